@@ -1,0 +1,181 @@
+//! Provisioner configuration, with Juju's defaults and validation.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::types::HarvestMode;
+
+/// Default size of the broker worker pool (Juju's `num-provision-workers`).
+pub const DEFAULT_WORKERS: usize = 16;
+/// Largest broker worker pool of the environ provisioner.
+pub const MAX_WORKERS: usize = 100;
+/// Default extra StartInstance rounds.
+pub const DEFAULT_RETRY_COUNT: u32 = 10;
+/// Default delay between StartInstance rounds.
+pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(10);
+/// Default interval between full cloud listings.
+pub const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Invalid configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// The worker pool size is out of range.
+    #[error("workers must be between 1 and {max}, got {value}")]
+    Workers {
+        /// The value given.
+        value: usize,
+        /// The largest valid value.
+        max: usize,
+    },
+    /// The backoff is inconsistent.
+    #[error("backoff initial delay {initial:?} must be positive and not above its cap {max:?}")]
+    Backoff {
+        /// The initial delay.
+        initial: Duration,
+        /// The cap.
+        max: Duration,
+    },
+    /// The resync interval is zero.
+    #[error("resync interval must be positive")]
+    ResyncInterval,
+    /// The model uuid is empty.
+    #[error("model uuid must not be empty")]
+    ModelUuid,
+}
+
+/// How StartInstance failures are retried (rules 71–74, contract semantics 8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryStrategy {
+    /// Extra rounds after the first.
+    pub count: u32,
+    /// Delay before a new round (not before a zone fail-over).
+    pub delay: Duration,
+}
+
+impl Default for RetryStrategy {
+    fn default() -> Self {
+        Self { count: DEFAULT_RETRY_COUNT, delay: DEFAULT_RETRY_DELAY }
+    }
+}
+
+/// Exponential backoff for calls that concern everything (listings, stops, model reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// First delay.
+    pub initial: Duration,
+    /// Cap.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self { initial: Duration::from_secs(1), max: Duration::from_secs(60) }
+    }
+}
+
+impl Backoff {
+    /// The delay before retry number `attempt` (0-based): initial · 2^attempt, capped.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX);
+        self.initial.saturating_mul(factor).min(self.max)
+    }
+}
+
+/// Everything a provisioner needs to know besides its ports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProvisionerConfig {
+    /// The model's uuid: tagged on every instance we start; instances without it are not ours.
+    pub model_uuid: String,
+    /// The tag of the host running the provisioner, the first half of every nonce.
+    pub host_tag: String,
+    /// Initial harvest mode.
+    pub harvest_mode: HarvestMode,
+    /// Broker worker pool size.
+    pub workers: usize,
+    /// Largest valid pool size (100 for the environ provisioner, 25 for containers).
+    pub max_workers: usize,
+    /// StartInstance retries.
+    pub retry: RetryStrategy,
+    /// Backoff for failed listings, stops and model calls.
+    pub backoff: Backoff,
+    /// Interval between full cloud listings (the view is otherwise kept current from broker
+    /// results).
+    pub resync_interval: Duration,
+    /// Seed of every random choice (zone tie-breaks, nonces).
+    pub seed: u64,
+}
+
+impl Default for ProvisionerConfig {
+    fn default() -> Self {
+        Self {
+            model_uuid: "00000000-0000-4000-8000-000000000000".into(),
+            host_tag: "machine-0".into(),
+            harvest_mode: HarvestMode::default(),
+            workers: DEFAULT_WORKERS,
+            max_workers: MAX_WORKERS,
+            retry: RetryStrategy::default(),
+            backoff: Backoff::default(),
+            resync_interval: DEFAULT_RESYNC_INTERVAL,
+            seed: 0,
+        }
+    }
+}
+
+impl ProvisionerConfig {
+    /// Checks every field; the error names the first one out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate_workers(self.workers, self.max_workers)?;
+        if self.backoff.initial.is_zero() || self.backoff.initial > self.backoff.max {
+            return Err(ConfigError::Backoff { initial: self.backoff.initial, max: self.backoff.max });
+        }
+        if self.resync_interval.is_zero() {
+            return Err(ConfigError::ResyncInterval);
+        }
+        if self.model_uuid.is_empty() {
+            return Err(ConfigError::ModelUuid);
+        }
+        Ok(())
+    }
+}
+
+/// Checks a pool size against `1..=max`.
+pub fn validate_workers(value: usize, max: usize) -> Result<(), ConfigError> {
+    if value == 0 || value > max {
+        Err(ConfigError::Workers { value, max })
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_jujus() {
+        let c = ProvisionerConfig::default();
+        assert_eq!(c.workers, 16);
+        assert_eq!(c.retry, RetryStrategy { count: 10, delay: Duration::from_secs(10) });
+        assert_eq!(c.harvest_mode, HarvestMode::Destroyed);
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn workers_must_be_within_one_to_max() {
+        assert!(validate_workers(0, 100).is_err());
+        assert!(validate_workers(1, 100).is_ok());
+        assert!(validate_workers(100, 100).is_ok());
+        let err = validate_workers(101, 100).unwrap_err();
+        assert_eq!(err.to_string(), "workers must be between 1 and 100, got 101");
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        let b = Backoff { initial: Duration::from_secs(1), max: Duration::from_secs(10) };
+        assert_eq!(b.delay(0), Duration::from_secs(1));
+        assert_eq!(b.delay(3), Duration::from_secs(8));
+        assert_eq!(b.delay(4), Duration::from_secs(10));
+        assert_eq!(b.delay(1000), Duration::from_secs(10));
+    }
+}

@@ -1,0 +1,429 @@
+//! The coordinator actor: sequences one batch at a time through the registry, lifecycle,
+//! harvest policy, allocator and pool, and turns job outcomes into follow-up work and events.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use super::messages::*;
+use super::state::BatchBook;
+use crate::config::ConfigError;
+use crate::events::ProvisionerEvent;
+use crate::harvest::{EndSafeMode, HarvestPlan, ModeChange, PlanDeadMachines, PlanUnknown, SetHarvestMode};
+use crate::lifecycle::{AfterStart, Deaths, ForgetLifecycle, ObserveDead, ObservePending, StartFinished};
+use crate::ports::ModelApi;
+use crate::registry::{ForgetMachines, InstancesGone, RecordInstance, Refresh, RegistryError, ViewRefreshed};
+use crate::types::{InstanceStatus, Machine, MachineId, MachineStatus};
+use crate::workers::{Enqueue, Job, JobDone, JobOutcome, ReleaseJob, ResizePool, StartJob, StopJob};
+use crate::zones::{PopulateZones, RefreshZones, ReleaseMachine};
+
+/// The coordinator's links to the other actors (all wiring happens in [`crate::wiring`]).
+#[derive(Clone)]
+pub struct Links {
+    /// The model, for provisioning info, distribution groups and transient retries.
+    pub model: Arc<dyn ModelApi>,
+    /// Registry: classify a batch.
+    pub refresh: Recipient<Refresh>,
+    /// Registry: our start produced an instance.
+    pub record: Recipient<RecordInstance>,
+    /// Registry: instances terminated.
+    pub gone: Recipient<InstancesGone>,
+    /// Registry: remove dead machines.
+    pub forget: Recipient<ForgetMachines>,
+    /// Allocator: reload zones.
+    pub refresh_zones: Recipient<RefreshZones>,
+    /// Allocator: count existing placements.
+    pub populate: Recipient<PopulateZones>,
+    /// Allocator: forget a machine.
+    pub release_zone: Recipient<ReleaseMachine>,
+    /// Harvest: plan dead machines.
+    pub plan_dead: Recipient<PlanDeadMachines>,
+    /// Harvest: plan unknown instances.
+    pub plan_unknown: Recipient<PlanUnknown>,
+    /// Harvest: change mode.
+    pub set_mode: Recipient<SetHarvestMode>,
+    /// Harvest: leave safe mode.
+    pub end_safe: Recipient<EndSafeMode>,
+    /// Lifecycle: pending machines.
+    pub observe_pending: Recipient<ObservePending>,
+    /// Lifecycle: dead machines.
+    pub observe_dead: Recipient<ObserveDead>,
+    /// Lifecycle: a start returned.
+    pub start_finished: Recipient<StartFinished>,
+    /// Lifecycle: machines removed.
+    pub forget_lifecycle: Recipient<ForgetLifecycle>,
+    /// Pool: queue a job.
+    pub enqueue: Recipient<Enqueue>,
+    /// Pool: resize.
+    pub resize: Recipient<ResizePool>,
+}
+
+/// Why a batch failed as a whole.
+#[derive(Debug, thiserror::Error)]
+enum BatchError {
+    #[error("refreshing zones: {0}")]
+    Zones(crate::ports::BrokerError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("actor unavailable: {0}")]
+    Mailbox(#[from] MailboxError),
+}
+
+struct BatchReport {
+    zones_loaded: bool,
+    retry_later: Vec<MachineId>,
+}
+
+/// The provisioner's front door.
+pub struct Coordinator {
+    book: BatchBook,
+    links: Links,
+    subscribers: Vec<Recipient<ProvisionerEvent>>,
+}
+
+impl Coordinator {
+    /// A coordinator over these links; `workers` is the pool's initial size.
+    pub fn new(links: Links, backoff: crate::config::Backoff, workers: usize) -> Self {
+        Self { book: BatchBook::new(backoff, workers), links, subscribers: Vec::new() }
+    }
+
+    fn publish(&self, event: ProvisionerEvent) {
+        tracing::debug!(event = event.name(), "provisioner event");
+        for s in &self.subscribers {
+            s.do_send(event.clone());
+        }
+    }
+
+    fn kick(&mut self, ctx: &mut Context<Self>) {
+        let Some(ids) = self.book.take_batch() else { return };
+        let links = self.links.clone();
+        let need_zones = !self.book.zones_loaded();
+        let fut = process_batch(links, ids.clone(), need_zones);
+        ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
+            match res {
+                Ok(report) => {
+                    if report.zones_loaded {
+                        act.book.set_zones_loaded();
+                    }
+                    if !report.retry_later.is_empty() {
+                        let delay = act.book.retry_later_delay();
+                        let later = report.retry_later;
+                        ctx.run_later(delay, move |act, ctx| {
+                            act.book.notify(later);
+                            act.kick(ctx);
+                        });
+                    }
+                    let first = act.book.batch_succeeded();
+                    act.publish(ProvisionerEvent::ProcessedMachines);
+                    if first {
+                        act.end_safe_mode(ctx);
+                    }
+                }
+                Err(e) => {
+                    let delay = act.book.batch_failed(ids);
+                    tracing::warn!(error = %e, retry_in = ?delay, "processing updated machines failed; will retry");
+                    ctx.run_later(delay, |act, ctx| act.kick(ctx));
+                }
+            }
+            act.kick(ctx);
+        }));
+    }
+
+    fn end_safe_mode(&mut self, ctx: &mut Context<Self>) {
+        let ask = self.links.end_safe.send(EndSafeMode);
+        ctx.spawn(ask.into_actor(self).map(|res, act, ctx| {
+            if let Ok(change) = res {
+                act.mode_changed(change, ctx);
+            }
+        }));
+    }
+
+    fn mode_changed(&mut self, change: ModeChange, ctx: &mut Context<Self>) {
+        let ModeChange::Changed { mode, harvest_unknown } = change else { return };
+        tracing::info!(%mode, "harvest mode changed");
+        self.publish(ProvisionerEvent::HarvestModeChanged { mode });
+        if harvest_unknown {
+            self.harvest_unknown(ctx, true);
+        }
+    }
+
+    fn harvest_unknown(&mut self, ctx: &mut Context<Self>, announce: bool) {
+        let ask = self.links.plan_unknown.send(PlanUnknown);
+        ctx.spawn(ask.into_actor(self).map(move |res, act, _ctx| {
+            if let Ok(plan) = res {
+                if !plan.stop.is_empty() {
+                    tracing::info!(instances = ?plan.stop, "harvesting unknown instances");
+                }
+                act.execute(plan);
+            }
+            if announce {
+                act.publish(ProvisionerEvent::ProcessedMachines);
+            }
+        }));
+    }
+
+    /// Performs a harvest plan: stops (then removals) through the pool, removals now.
+    fn execute(&mut self, plan: HarvestPlan) {
+        execute_plan(&self.links, plan.clone());
+        for m in plan.remove_now {
+            self.publish(ProvisionerEvent::MachineRemoved { machine: m });
+        }
+    }
+
+    fn after_start(&mut self, machine: MachineId, instance: Option<crate::types::InstanceId>, ctx: &mut Context<Self>) {
+        let ask = self.links.start_finished.send(StartFinished { machine, instance });
+        ctx.spawn(ask.into_actor(self).then(move |res, act, _ctx| {
+            let plan = match res {
+                Ok(AfterStart::StopDeferred { dead }) => {
+                    tracing::info!(machine = %dead.id, instance = ?dead.instance, "machine died while starting; harvesting its instance");
+                    Some(act.links.plan_dead.send(PlanDeadMachines { dead: vec![dead] }))
+                }
+                _ => None,
+            };
+            async move {
+                match plan {
+                    Some(p) => p.await.ok(),
+                    None => None,
+                }
+            }
+            .into_actor(act)
+            .map(|plan, act, _ctx| {
+                if let Some(plan) = plan {
+                    act.execute(plan);
+                }
+            })
+        }));
+    }
+}
+
+/// Enqueues a plan's work. Stops are queued ahead of starts by the pool.
+fn execute_plan(links: &Links, plan: HarvestPlan) {
+    if !plan.stop.is_empty() {
+        links.enqueue.do_send(Enqueue(Job::Stop(StopJob { instances: plan.stop, machines: plan.remove_after_stop, attempt: 0 })));
+    }
+    if !plan.release.is_empty() {
+        links.enqueue.do_send(Enqueue(Job::Release(ReleaseJob { instances: plan.release, attempt: 0 })));
+    }
+    forget(links, plan.remove_now);
+}
+
+fn forget(links: &Links, machines: Vec<MachineId>) {
+    if machines.is_empty() {
+        return;
+    }
+    for m in &machines {
+        links.release_zone.do_send(ReleaseMachine { machine: m.clone() });
+    }
+    links.forget_lifecycle.do_send(ForgetLifecycle { ids: machines.clone() });
+    links.forget.do_send(ForgetMachines { ids: machines });
+}
+
+/// One batch (rule 8): classify, harvest the dead, start the pending.
+async fn process_batch(links: Links, ids: Vec<MachineId>, need_zones: bool) -> Result<BatchReport, BatchError> {
+    let zones_loaded = if need_zones {
+        links.refresh_zones.send(RefreshZones).await?.map_err(BatchError::Zones)?;
+        true
+    } else {
+        false
+    };
+    let refreshed = links.refresh.send(Refresh { ids }).await??;
+    if !refreshed.placements.is_empty() {
+        links.populate.do_send(PopulateZones { placements: refreshed.placements.clone() });
+    }
+    if !refreshed.gone.is_empty() {
+        for m in &refreshed.gone {
+            links.release_zone.do_send(ReleaseMachine { machine: m.clone() });
+        }
+        links.forget_lifecycle.do_send(ForgetLifecycle { ids: refreshed.gone.clone() });
+    }
+
+    // Dead machines first, so their stops are queued ahead of the starts (rule 45).
+    if !refreshed.dead.is_empty() {
+        let Deaths { stop_now, deferred } = links.observe_dead.send(ObserveDead { dead: refreshed.dead }).await?;
+        if !deferred.is_empty() {
+            tracing::info!(machines = ?deferred, "machines died while starting; their stop waits for the start");
+        }
+        if !stop_now.is_empty() {
+            let plan = links.plan_dead.send(PlanDeadMachines { dead: stop_now }).await?;
+            execute_plan(&links, plan);
+        }
+    }
+
+    let mut retry_later = refreshed.retry_later;
+    if !refreshed.pending.is_empty() {
+        let ids = refreshed.pending.iter().map(|m| m.id.clone()).collect();
+        let to_start = links.observe_pending.send(ObservePending { ids }).await?;
+        let machines: Vec<Machine> = refreshed.pending.into_iter().filter(|m| to_start.contains(&m.id)).collect();
+        retry_later.extend(queue_starts(&links, machines).await);
+    }
+    Ok(BatchReport { zones_loaded, retry_later })
+}
+
+/// Reads provisioning info and distribution groups for machines cleared to start, in one
+/// batched call each, and queues their starts. A per-machine failure becomes that machine's
+/// provisioning error; a failed call leaves the machines to be retried later.
+async fn queue_starts(links: &Links, machines: Vec<Machine>) -> Vec<MachineId> {
+    if machines.is_empty() {
+        return Vec::new();
+    }
+    let ids: Vec<MachineId> = machines.iter().map(|m| m.id.clone()).collect();
+    let (infos, groups) =
+        futures::join!(links.model.provisioning_info(ids.clone()), links.model.distribution_groups(ids.clone()));
+    let (infos, groups) = match (infos, groups) {
+        (Ok(i), Ok(g)) if i.len() == ids.len() && g.len() == ids.len() => (i, g),
+        (i, g) => {
+            let err = i.err().or(g.err()).map(|e| e.to_string()).unwrap_or_else(|| "result count mismatch".into());
+            tracing::warn!(machines = ?ids, error = %err, "cannot read provisioning info; will retry");
+            links.forget_lifecycle.do_send(ForgetLifecycle { ids: ids.clone() });
+            return ids;
+        }
+    };
+    let mut failed = Vec::new();
+    for ((machine, info), group) in machines.into_iter().zip(infos).zip(groups) {
+        let err = match (info, group) {
+            (Ok(info), Ok(group)) => {
+                links.enqueue.do_send(Enqueue(Job::Start(StartJob { machine, info, group })));
+                continue;
+            }
+            (Err(e), _) => format!("fetching provisioning info for machine {:?}: {e}", machine.id.as_str()),
+            (_, Err(e)) => format!("fetching distribution groups for machine {:?}: {e}", machine.id.as_str()),
+        };
+        tracing::warn!(machine = %machine.id, "{err}");
+        let cause = err.rsplit(": ").next().unwrap_or(&err).to_owned();
+        let _ = links.model.set_instance_status(machine.id.clone(), InstanceStatus::provisioning_error(), cause.clone()).await;
+        let _ = links.model.set_status(machine.id.clone(), MachineStatus::Error, cause).await;
+        failed.push(machine.id);
+    }
+    if !failed.is_empty() {
+        links.forget_lifecycle.do_send(ForgetLifecycle { ids: failed });
+    }
+    Vec::new()
+}
+
+impl Actor for Coordinator {
+    type Context = Context<Self>;
+}
+
+impl Handler<MachinesChanged> for Coordinator {
+    type Result = ();
+    fn handle(&mut self, msg: MachinesChanged, ctx: &mut Self::Context) {
+        self.book.notify(msg.ids);
+        self.kick(ctx);
+    }
+}
+
+impl Handler<RetryTick> for Coordinator {
+    type Result = ();
+    fn handle(&mut self, _msg: RetryTick, ctx: &mut Self::Context) {
+        let model = self.links.model.clone();
+        let fut = async move {
+            let machines = match model.machines_with_transient_errors().await {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read machines with transient errors");
+                    return Vec::new();
+                }
+            };
+            let mut reset = Vec::new();
+            for m in machines {
+                let ok = model.set_status(m.id.clone(), MachineStatus::Pending, String::new()).await.is_ok()
+                    && model.set_instance_status(m.id.clone(), InstanceStatus::provisioning(), String::new()).await.is_ok();
+                if ok {
+                    reset.push(m.id);
+                } else {
+                    tracing::warn!(machine = %m.id, "cannot reset status for a retry; skipped");
+                }
+            }
+            reset
+        };
+        ctx.spawn(fut.into_actor(self).map(|ids, act, ctx| {
+            if ids.is_empty() {
+                return;
+            }
+            act.book.notify(ids);
+            act.kick(ctx);
+            act.publish(ProvisionerEvent::RetriedMachinesWithErrors);
+        }));
+    }
+}
+
+impl Handler<ChangeHarvestMode> for Coordinator {
+    type Result = ();
+    fn handle(&mut self, msg: ChangeHarvestMode, ctx: &mut Self::Context) {
+        let ask = self.links.set_mode.send(SetHarvestMode(msg.0));
+        ctx.spawn(ask.into_actor(self).map(|res, act, ctx| {
+            if let Ok(change) = res {
+                act.mode_changed(change, ctx);
+            }
+        }));
+    }
+}
+
+impl Handler<SetWorkers> for Coordinator {
+    type Result = ResponseActFuture<Self, Result<(), ConfigError>>;
+    fn handle(&mut self, msg: SetWorkers, _ctx: &mut Self::Context) -> Self::Result {
+        let n = msg.0;
+        if n == self.book.workers() {
+            return Box::pin(fut::ready(Ok(())));
+        }
+        let ask = self.links.resize.send(ResizePool(n));
+        Box::pin(ask.into_actor(self).map(move |res, act, _ctx| {
+            match res {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(ConfigError::Workers { value: n, max: 0 }),
+            }
+            if act.book.set_workers(n) {
+                act.publish(ProvisionerEvent::ResizedWorkerPool { size: n });
+            }
+            Ok(())
+        }))
+    }
+}
+
+impl Handler<Subscribe> for Coordinator {
+    type Result = ();
+    fn handle(&mut self, msg: Subscribe, _ctx: &mut Self::Context) {
+        self.subscribers.push(msg.0);
+    }
+}
+
+impl Handler<ViewRefreshed> for Coordinator {
+    type Result = ();
+    fn handle(&mut self, _msg: ViewRefreshed, ctx: &mut Self::Context) {
+        if self.book.first_done() {
+            self.harvest_unknown(ctx, false);
+        }
+    }
+}
+
+impl Handler<JobDone> for Coordinator {
+    type Result = ();
+    fn handle(&mut self, msg: JobDone, ctx: &mut Self::Context) {
+        match msg.0 {
+            JobOutcome::Started { machine, instance } => {
+                self.links.record.do_send(RecordInstance { machine: machine.clone(), instance: instance.clone() });
+                self.publish(ProvisionerEvent::MachineStarted {
+                    machine: machine.clone(),
+                    instance: instance.id.clone(),
+                    zone: instance.zone.clone(),
+                });
+                self.after_start(machine, Some(instance.id), ctx);
+            }
+            JobOutcome::StartFailed { machine, message } => {
+                self.publish(ProvisionerEvent::MachineFailed { machine: machine.clone(), message });
+                self.after_start(machine, None, ctx);
+            }
+            JobOutcome::StartAbandoned { machine } => self.after_start(machine, None, ctx),
+            JobOutcome::Stopped { instances, machines } => {
+                self.links.gone.do_send(InstancesGone { ids: instances.clone() });
+                forget(&self.links, machines.clone());
+                self.publish(ProvisionerEvent::InstancesStopped { instances });
+                for m in machines {
+                    self.publish(ProvisionerEvent::MachineRemoved { machine: m });
+                }
+            }
+            JobOutcome::Released { instances } => self.publish(ProvisionerEvent::InstancesReleased { instances }),
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! The coordinator's plain core: batching, coalescing and backoff of machine notifications.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use crate::config::Backoff;
+use crate::types::MachineId;
+
+/// Notifications waiting, the batch in flight, and dead machines whose stop is deferred.
+#[derive(Debug, Clone)]
+pub struct BatchBook {
+    pending: BTreeSet<MachineId>,
+    seen: bool,
+    in_flight: bool,
+    first_done: bool,
+    zones_loaded: bool,
+    failures: u32,
+    backoff: Backoff,
+    workers: usize,
+}
+
+impl BatchBook {
+    /// Nothing pending; `workers` is the pool's size.
+    pub fn new(backoff: Backoff, workers: usize) -> Self {
+        Self {
+            pending: BTreeSet::new(),
+            seen: false,
+            in_flight: false,
+            first_done: false,
+            zones_loaded: false,
+            failures: 0,
+            backoff,
+            workers,
+        }
+    }
+
+    /// Adds changed ids to the next batch.
+    pub fn notify(&mut self, ids: impl IntoIterator<Item = MachineId>) {
+        self.seen = true;
+        self.pending.extend(ids);
+    }
+
+    /// The next batch, if none is in flight and something is waiting. The first batch may be
+    /// empty (a model with no machines still ends safe mode).
+    pub fn take_batch(&mut self) -> Option<Vec<MachineId>> {
+        if self.in_flight || (self.pending.is_empty() && (self.first_done || !self.seen)) {
+            return None;
+        }
+        self.in_flight = true;
+        Some(std::mem::take(&mut self.pending).into_iter().collect())
+    }
+
+    /// The batch succeeded. Answers whether it was the first one.
+    pub fn batch_succeeded(&mut self) -> bool {
+        self.in_flight = false;
+        self.failures = 0;
+        !std::mem::replace(&mut self.first_done, true)
+    }
+
+    /// The batch failed as a whole: its ids wait again; answers the delay before the retry.
+    pub fn batch_failed(&mut self, ids: Vec<MachineId>) -> Duration {
+        self.in_flight = false;
+        self.pending.extend(ids);
+        let d = self.backoff.delay(self.failures);
+        self.failures += 1;
+        d
+    }
+
+    /// Whether the first full notification was processed.
+    pub fn first_done(&self) -> bool {
+        self.first_done
+    }
+
+    /// Whether the zone list has been loaded.
+    pub fn zones_loaded(&self) -> bool {
+        self.zones_loaded
+    }
+
+    /// The zone list was loaded.
+    pub fn set_zones_loaded(&mut self) {
+        self.zones_loaded = true;
+    }
+
+    /// Ids to retry later (a per-machine read failed): they wait for the next batch after a
+    /// backoff; answers that delay.
+    pub fn retry_later_delay(&self) -> Duration {
+        self.backoff.delay(self.failures)
+    }
+
+    /// The pool size in force.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Records a new pool size; answers whether it changed.
+    pub fn set_workers(&mut self, n: usize) -> bool {
+        std::mem::replace(&mut self.workers, n) != n
+    }
+}

@@ -1,0 +1,509 @@
+//! The fake cloud.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_rt::time::Instant;
+
+use crate::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+use crate::types::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
+
+/// A kind of broker call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CloudOp {
+    /// `all_instances`.
+    AllInstances,
+    /// `availability_zones`.
+    AvailabilityZones,
+    /// `derive_availability_zones`.
+    DeriveZones,
+    /// `start_instance`.
+    StartInstance,
+    /// `stop_instances`.
+    StopInstances,
+    /// `release_instances`.
+    ReleaseInstances,
+}
+
+impl CloudOp {
+    /// The name used in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloudOp::AllInstances => "all_instances",
+            CloudOp::AvailabilityZones => "availability_zones",
+            CloudOp::DeriveZones => "derive_zones",
+            CloudOp::StartInstance => "start_instance",
+            CloudOp::StopInstances => "stop_instances",
+            CloudOp::ReleaseInstances => "release_instances",
+        }
+    }
+}
+
+/// One broker call, as logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallRecord {
+    /// When it began, since the cloud was created.
+    pub at: Duration,
+    /// Which call.
+    pub op: CloudOp,
+    /// The machine (starts, derive).
+    pub machine: Option<MachineId>,
+    /// The zone (starts).
+    pub zone: Option<String>,
+    /// The instances (stops, releases), or the one a start made.
+    pub instances: Vec<InstanceId>,
+    /// Whether it succeeded (`None` while in flight).
+    pub ok: Option<bool>,
+    /// Its error text.
+    pub error: Option<String>,
+}
+
+/// A scripted StartInstance failure: the first `times` matching calls fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    /// The machine whose starts fail.
+    pub machine: MachineId,
+    /// How many matching calls fail.
+    pub times: u32,
+    /// Only calls into this zone match (and count).
+    pub zone: Option<String>,
+    /// The failure would happen in any zone.
+    pub zone_independent: bool,
+    /// The error text.
+    pub message: String,
+}
+
+/// An instance in the fake cloud.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeInstance {
+    /// Id, state, zone, tags.
+    pub instance: CloudInstance,
+    /// Belongs to another model or controller.
+    pub foreign: bool,
+}
+
+/// The fake cloud's state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CloudSnapshot {
+    /// Every instance that ever existed, by id.
+    pub instances: BTreeMap<InstanceId, FakeInstance>,
+    /// Every call, in the order made.
+    pub calls: Vec<CallRecord>,
+    /// The zones.
+    pub zones: Vec<AvailabilityZone>,
+}
+
+impl CloudSnapshot {
+    /// The calls of one kind.
+    pub fn calls_of(&self, op: CloudOp) -> Vec<&CallRecord> {
+        self.calls.iter().filter(|c| c.op == op).collect()
+    }
+
+    /// Instances (not terminated) started for a machine.
+    pub fn live_instances_of(&self, machine: &MachineId) -> Vec<&FakeInstance> {
+        self.instances
+            .values()
+            .filter(|i| i.instance.tags.machine.as_ref() == Some(machine) && i.instance.state != InstanceState::Terminated)
+            .collect()
+    }
+
+    /// An instance's state.
+    pub fn state_of(&self, id: &str) -> Option<InstanceState> {
+        self.instances.get(id).map(|i| i.instance.state)
+    }
+}
+
+struct CloudActor {
+    model_uuid: String,
+    zoned: bool,
+    zones: Vec<AvailabilityZone>,
+    instances: BTreeMap<InstanceId, FakeInstance>,
+    next_id: u64,
+    start_latency: Duration,
+    stop_latency: Duration,
+    faults: Vec<Fault>,
+    derived: BTreeMap<MachineId, Vec<String>>,
+    fail_next: BTreeMap<CloudOp, VecDeque<String>>,
+    tokens: BTreeMap<String, InstanceId>,
+    calls: Vec<CallRecord>,
+    epoch: Instant,
+}
+
+impl Actor for CloudActor {
+    type Context = Context<Self>;
+}
+
+impl CloudActor {
+    fn log(&mut self, op: CloudOp, machine: Option<MachineId>, zone: Option<String>, instances: Vec<InstanceId>) -> usize {
+        self.calls.push(CallRecord { at: self.epoch.elapsed(), op, machine, zone, instances, ok: None, error: None });
+        self.calls.len() - 1
+    }
+
+    fn finish(&mut self, idx: usize, error: Option<String>) {
+        if let Some(c) = self.calls.get_mut(idx) {
+            c.ok = Some(error.is_none());
+            c.error = error;
+        }
+    }
+
+    fn scripted_failure(&mut self, op: CloudOp) -> Option<String> {
+        let q = self.fail_next.get_mut(&op)?;
+        let msg = q.pop_front();
+        if q.is_empty() {
+            self.fail_next.remove(&op);
+        }
+        msg
+    }
+
+    fn ours(&self, i: &FakeInstance) -> bool {
+        !i.foreign && i.instance.tags.model.as_deref() == Some(self.model_uuid.as_str())
+    }
+
+    fn start_error(&mut self, params: &StartInstanceParams) -> Option<BrokerError> {
+        if let Some(msg) = self.scripted_failure(CloudOp::StartInstance) {
+            return Some(BrokerError::zone_independent(msg));
+        }
+        if let Some(zone) = params.zone.as_ref().filter(|_| self.zoned) {
+            if !self.zones.iter().any(|z| &z.name == zone && z.available) {
+                return Some(BrokerError::zone_specific(format!("zone {zone:?} is unavailable")));
+            }
+        }
+        let fault = self.faults.iter_mut().find(|f| {
+            f.times > 0 && f.machine == params.machine && f.zone.as_ref().is_none_or(|z| Some(z) == params.zone.as_ref())
+        })?;
+        fault.times -= 1;
+        Some(if fault.zone_independent {
+            BrokerError::zone_independent(fault.message.clone())
+        } else {
+            BrokerError::zone_specific(fault.message.clone())
+        })
+    }
+}
+
+macro_rules! msg {
+    ($name:ident { $($field:ident : $ty:ty),* } -> $res:literal) => {
+        #[derive(Message)]
+        #[rtype(result = $res)]
+        struct $name { $($field: $ty),* }
+    };
+}
+
+msg!(Start { params: StartInstanceParams } -> "Result<StartedInstance, BrokerError>");
+msg!(Stop { ids: Vec<InstanceId> } -> "Result<(), BrokerError>");
+msg!(List {} -> "Result<Vec<CloudInstance>, BrokerError>");
+msg!(Zones {} -> "Result<Vec<AvailabilityZone>, BrokerError>");
+msg!(Derive { machine: MachineId } -> "Result<Vec<String>, BrokerError>");
+msg!(Release { ids: Vec<InstanceId> } -> "Result<(), BrokerError>");
+msg!(Control { f: Box<dyn FnOnce(&mut CloudActor) + Send> } -> "()");
+msg!(Snapshot {} -> "CloudSnapshot");
+
+impl Handler<Start> for CloudActor {
+    type Result = ResponseActFuture<Self, Result<StartedInstance, BrokerError>>;
+    fn handle(&mut self, msg: Start, _ctx: &mut Self::Context) -> Self::Result {
+        let p = msg.params;
+        let idx = self.log(CloudOp::StartInstance, Some(p.machine.clone()), p.zone.clone(), Vec::new());
+        if let Some(existing) = self.tokens.get(&p.client_token).and_then(|id| self.instances.get(id)) {
+            let instance = existing.instance.clone();
+            self.calls[idx].instances = vec![instance.id.clone()];
+            self.finish(idx, None);
+            return Box::pin(fut::ready(Ok(StartedInstance { instance, display_name: String::new() })));
+        }
+        if let Some(err) = self.start_error(&p) {
+            self.finish(idx, Some(err.message()));
+            return Box::pin(fut::ready(Err(err)));
+        }
+        self.next_id += 1;
+        let id = InstanceId::new(format!("i-{}", self.next_id));
+        let instance = CloudInstance { id: id.clone(), state: InstanceState::Pending, zone: p.zone.clone(), tags: p.tags.clone() };
+        self.instances.insert(id.clone(), FakeInstance { instance, foreign: false });
+        self.tokens.insert(p.client_token.clone(), id.clone());
+        self.calls[idx].instances = vec![id.clone()];
+        let latency = self.start_latency;
+        Box::pin(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| {
+            act.finish(idx, None);
+            let inst = act.instances.get_mut(&id).map(|i| &mut i.instance);
+            let instance = match inst {
+                Some(i) => {
+                    if i.state == InstanceState::Pending {
+                        i.state = InstanceState::Running;
+                    }
+                    i.clone()
+                }
+                None => CloudInstance { id, state: InstanceState::Terminated, zone: None, tags: InstanceTags::default() },
+            };
+            Ok(StartedInstance { display_name: format!("fake-{}", instance.id), instance })
+        }))
+    }
+}
+
+impl Handler<Stop> for CloudActor {
+    type Result = ResponseActFuture<Self, Result<(), BrokerError>>;
+    fn handle(&mut self, msg: Stop, _ctx: &mut Self::Context) -> Self::Result {
+        let idx = self.log(CloudOp::StopInstances, None, None, msg.ids.clone());
+        if let Some(m) = self.scripted_failure(CloudOp::StopInstances) {
+            self.finish(idx, Some(m.clone()));
+            return Box::pin(fut::ready(Err(BrokerError::transient(m))));
+        }
+        let latency = self.stop_latency;
+        Box::pin(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| {
+            for id in &msg.ids {
+                if let Some(i) = act.instances.get_mut(id) {
+                    i.instance.state = InstanceState::Terminated;
+                }
+            }
+            act.finish(idx, None);
+            Ok(())
+        }))
+    }
+}
+
+impl Handler<List> for CloudActor {
+    type Result = Result<Vec<CloudInstance>, BrokerError>;
+    fn handle(&mut self, _msg: List, _ctx: &mut Self::Context) -> Self::Result {
+        let idx = self.log(CloudOp::AllInstances, None, None, Vec::new());
+        if let Some(m) = self.scripted_failure(CloudOp::AllInstances) {
+            self.finish(idx, Some(m.clone()));
+            return Err(BrokerError::transient(m));
+        }
+        self.finish(idx, None);
+        Ok(self
+            .instances
+            .values()
+            .filter(|i| self.ours(i) && i.instance.state != InstanceState::Terminated)
+            .map(|i| i.instance.clone())
+            .collect())
+    }
+}
+
+impl Handler<Zones> for CloudActor {
+    type Result = Result<Vec<AvailabilityZone>, BrokerError>;
+    fn handle(&mut self, _msg: Zones, _ctx: &mut Self::Context) -> Self::Result {
+        if !self.zoned {
+            return Err(BrokerError::NotSupported("availability_zones"));
+        }
+        let idx = self.log(CloudOp::AvailabilityZones, None, None, Vec::new());
+        if let Some(m) = self.scripted_failure(CloudOp::AvailabilityZones) {
+            self.finish(idx, Some(m.clone()));
+            return Err(BrokerError::transient(m));
+        }
+        self.finish(idx, None);
+        Ok(self.zones.clone())
+    }
+}
+
+impl Handler<Derive> for CloudActor {
+    type Result = Result<Vec<String>, BrokerError>;
+    fn handle(&mut self, msg: Derive, _ctx: &mut Self::Context) -> Self::Result {
+        let idx = self.log(CloudOp::DeriveZones, Some(msg.machine.clone()), None, Vec::new());
+        if let Some(m) = self.scripted_failure(CloudOp::DeriveZones) {
+            self.finish(idx, Some(m.clone()));
+            return Err(BrokerError::transient(m));
+        }
+        self.finish(idx, None);
+        Ok(self.derived.get(&msg.machine).cloned().unwrap_or_default())
+    }
+}
+
+impl Handler<Release> for CloudActor {
+    type Result = Result<(), BrokerError>;
+    fn handle(&mut self, msg: Release, _ctx: &mut Self::Context) -> Self::Result {
+        let idx = self.log(CloudOp::ReleaseInstances, None, None, msg.ids.clone());
+        if let Some(m) = self.scripted_failure(CloudOp::ReleaseInstances) {
+            self.finish(idx, Some(m.clone()));
+            return Err(BrokerError::transient(m));
+        }
+        for id in &msg.ids {
+            if let Some(i) = self.instances.get_mut(id) {
+                i.instance.tags.model = None;
+            }
+        }
+        self.finish(idx, None);
+        Ok(())
+    }
+}
+
+impl Handler<Control> for CloudActor {
+    type Result = ();
+    fn handle(&mut self, msg: Control, _ctx: &mut Self::Context) {
+        (msg.f)(self);
+    }
+}
+
+impl Handler<Snapshot> for CloudActor {
+    type Result = MessageResult<Snapshot>;
+    fn handle(&mut self, _msg: Snapshot, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(CloudSnapshot { instances: self.instances.clone(), calls: self.calls.clone(), zones: self.zones.clone() })
+    }
+}
+
+/// A handle on the fake cloud. Cheap to clone; every clone talks to the same cloud.
+#[derive(Clone)]
+pub struct FakeCloud {
+    addr: Addr<CloudActor>,
+    model_uuid: String,
+    zoned: bool,
+}
+
+impl FakeCloud {
+    /// A zoneless cloud for this model. Must be called inside an actix system.
+    pub fn new(model_uuid: &str) -> Self {
+        Self::build(model_uuid, false, &[])
+    }
+
+    /// A cloud with these (available) zones.
+    pub fn with_zones(model_uuid: &str, zones: &[&str]) -> Self {
+        Self::build(model_uuid, true, zones)
+    }
+
+    fn build(model_uuid: &str, zoned: bool, zones: &[&str]) -> Self {
+        let actor = CloudActor {
+            model_uuid: model_uuid.to_owned(),
+            zoned,
+            zones: zones.iter().map(|z| AvailabilityZone::available(*z)).collect(),
+            instances: BTreeMap::new(),
+            next_id: 0,
+            start_latency: Duration::ZERO,
+            stop_latency: Duration::ZERO,
+            faults: Vec::new(),
+            derived: BTreeMap::new(),
+            fail_next: BTreeMap::new(),
+            tokens: BTreeMap::new(),
+            calls: Vec::new(),
+            epoch: Instant::now(),
+        };
+        Self { addr: actor.start(), model_uuid: model_uuid.to_owned(), zoned }
+    }
+
+    /// The broker port over this cloud.
+    pub fn broker(&self) -> FakeBroker {
+        FakeBroker { addr: self.addr.clone(), zoned: self.zoned }
+    }
+
+    fn control(&self, f: impl FnOnce(&mut CloudActor) + Send + 'static) {
+        self.addr.do_send(Control { f: Box::new(f) });
+    }
+
+    /// Sets the start and stop latencies.
+    pub fn set_latency(&self, start: Duration, stop: Duration) {
+        self.control(move |c| {
+            c.start_latency = start;
+            c.stop_latency = stop;
+        });
+    }
+
+    /// Replaces the zone list: `available` zones first, then listed-but-unavailable ones.
+    pub fn set_zones(&self, available: &[&str], unavailable: &[&str]) {
+        let mut zones: Vec<AvailabilityZone> = available.iter().map(|z| AvailabilityZone::available(*z)).collect();
+        zones.extend(unavailable.iter().map(|z| AvailabilityZone { name: (*z).to_owned(), available: false }));
+        self.control(move |c| c.zones = zones);
+    }
+
+    /// Adds a scripted StartInstance fault.
+    pub fn add_fault(&self, fault: Fault) {
+        self.control(move |c| c.faults.push(fault));
+    }
+
+    /// Sets what DeriveAvailabilityZones returns for a machine.
+    pub fn set_derived_zones(&self, machine: &str, zones: &[&str]) {
+        let machine = MachineId::new(machine);
+        let zones: Vec<String> = zones.iter().map(|z| (*z).to_owned()).collect();
+        self.control(move |c| {
+            c.derived.insert(machine, zones);
+        });
+    }
+
+    /// The next `times` calls of `op` fail with `message`.
+    pub fn fail_next(&self, op: CloudOp, times: u32, message: &str) {
+        let message = message.to_owned();
+        self.control(move |c| {
+            let q = c.fail_next.entry(op).or_default();
+            q.extend((0..times).map(|_| message.clone()));
+        });
+    }
+
+    /// Puts an instance in the cloud directly (pre-existing, or launched out of band). With
+    /// `machine`, it carries our tags for that machine; `foreign` ones carry another model's.
+    pub fn launch(&self, id: &str, zone: Option<&str>, machine: Option<&str>, state: InstanceState, foreign: bool) {
+        let model = if foreign { "foreign-model".to_owned() } else { self.model_uuid.clone() };
+        let instance = CloudInstance {
+            id: InstanceId::new(id),
+            state,
+            zone: zone.map(str::to_owned),
+            tags: InstanceTags { model: Some(model), machine: machine.map(MachineId::new), start: None },
+        };
+        self.control(move |c| {
+            c.instances.insert(instance.id.clone(), FakeInstance { instance, foreign });
+        });
+    }
+
+    /// Changes an instance's state out of band (stop, start, terminate). A terminated
+    /// instance, or one already in that state, does not change.
+    pub fn set_state(&self, id: &str, state: InstanceState) {
+        let id = InstanceId::new(id);
+        self.control(move |c| {
+            if let Some(i) = c.instances.get_mut(&id) {
+                if i.instance.state != InstanceState::Terminated {
+                    i.instance.state = state;
+                }
+            }
+        });
+    }
+
+    /// Everything the cloud knows.
+    pub async fn snapshot(&self) -> CloudSnapshot {
+        self.addr.send(Snapshot {}).await.unwrap_or_default()
+    }
+
+    /// Whether the cloud has zones (fixed at creation).
+    pub fn is_zoned(&self) -> bool {
+        self.zoned
+    }
+}
+
+/// The [`Broker`] over a [`FakeCloud`].
+#[derive(Clone)]
+pub struct FakeBroker {
+    addr: Addr<CloudActor>,
+    zoned: bool,
+}
+
+fn mailbox(e: MailboxError) -> BrokerError {
+    BrokerError::transient(format!("fake cloud unavailable: {e}"))
+}
+
+impl Broker for FakeBroker {
+    fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
+        let req = self.addr.send(Start { params });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
+        let req = self.addr.send(Stop { ids });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
+        let req = self.addr.send(List {});
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn supports_zones(&self) -> bool {
+        self.zoned
+    }
+
+    fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
+        let req = self.addr.send(Zones {});
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn derive_availability_zones(&self, params: &StartInstanceParams) -> BrokerFuture<Vec<String>> {
+        let req = self.addr.send(Derive { machine: params.machine.clone() });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
+        let req = self.addr.send(Release { ids });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+}

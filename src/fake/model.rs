@@ -1,0 +1,446 @@
+//! The fake model.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use actix::prelude::*;
+
+use crate::coordinator::{MachinesChanged, RetryTick};
+use crate::ports::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};
+use crate::types::{InstanceStatus, Life, Machine, MachineId, MachineStatus, ProvisioningInfo};
+
+/// A kind of model call, for `fail_next`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ModelOp {
+    /// `machines`.
+    Machines,
+    /// `machines_with_transient_errors`.
+    TransientErrors,
+    /// `provisioning_info`.
+    ProvisioningInfo,
+    /// `distribution_groups`.
+    DistributionGroups,
+    /// `set_instance_info`.
+    SetInstanceInfo,
+    /// `set_status`.
+    SetStatus,
+    /// `set_instance_status`.
+    SetInstanceStatus,
+    /// `ensure_dead`.
+    EnsureDead,
+    /// `mark_for_removal`.
+    MarkForRemoval,
+}
+
+/// A machine in the fake model, with everything the provisioner may read or write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeMachine {
+    /// The machine as `machines` reports it.
+    pub machine: Machine,
+    /// Its provisioning info.
+    pub info: ProvisioningInfo,
+    /// Its distribution group, or the error looking it up returns.
+    pub group: Result<Vec<MachineId>, String>,
+    /// The machine status message.
+    pub status_message: String,
+    /// The instance status message.
+    pub instance_status_message: String,
+    /// The zone recorded with its instance.
+    pub zone: Option<String>,
+    /// Marked for removal.
+    pub removed: bool,
+    /// Its provisioning error was marked transient (`retry-provisioning`).
+    pub transient: bool,
+    /// Per-machine error returned by `machines` for it.
+    pub read_error: Option<String>,
+}
+
+impl FakeMachine {
+    /// A fake machine with empty provisioning info and no distribution group.
+    pub fn new(machine: Machine) -> Self {
+        Self {
+            machine,
+            info: ProvisioningInfo::default(),
+            group: Ok(Vec::new()),
+            status_message: String::new(),
+            instance_status_message: String::new(),
+            zone: None,
+            removed: false,
+            transient: false,
+            read_error: None,
+        }
+    }
+}
+
+/// The fake model's state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelSnapshot {
+    /// Every machine ever added, by id.
+    pub machines: BTreeMap<MachineId, FakeMachine>,
+    /// Machines EnsureDead was called for, in order.
+    pub ensure_dead: Vec<MachineId>,
+    /// Machines MarkForRemoval was called for, in order.
+    pub marked_for_removal: Vec<MachineId>,
+    /// How many `machines` calls were made.
+    pub machines_calls: usize,
+}
+
+impl ModelSnapshot {
+    /// A machine.
+    pub fn machine(&self, id: &str) -> Option<&FakeMachine> {
+        self.machines.get(id)
+    }
+}
+
+struct ModelActor {
+    machines: BTreeMap<MachineId, FakeMachine>,
+    watchers: Vec<Recipient<MachinesChanged>>,
+    retry_watchers: Vec<Recipient<RetryTick>>,
+    fail_next: BTreeMap<ModelOp, VecDeque<String>>,
+    ensure_dead: Vec<MachineId>,
+    marked: Vec<MachineId>,
+    machines_calls: usize,
+}
+
+impl Actor for ModelActor {
+    type Context = Context<Self>;
+}
+
+impl ModelActor {
+    fn scripted(&mut self, op: ModelOp) -> Result<(), ModelError> {
+        let Some(q) = self.fail_next.get_mut(&op) else { return Ok(()) };
+        let msg = q.pop_front();
+        if q.is_empty() {
+            self.fail_next.remove(&op);
+        }
+        match msg {
+            Some(m) => Err(ModelError::Other(m)),
+            None => Ok(()),
+        }
+    }
+
+    fn notify(&self, ids: Vec<MachineId>) {
+        for w in &self.watchers {
+            w.do_send(MachinesChanged { ids: ids.clone() });
+        }
+    }
+
+    fn live(&mut self, id: &MachineId) -> Result<&mut FakeMachine, ModelError> {
+        match self.machines.get_mut(id) {
+            Some(m) if !m.removed => Ok(m),
+            _ => Err(ModelError::NotFound(id.clone())),
+        }
+    }
+
+    fn handle_call(&mut self, call: Call) -> CallResult {
+        match call {
+            Call::Machines(ids) => {
+                self.machines_calls += 1;
+                self.scripted(ModelOp::Machines)?;
+                Ok(Answer::Machines(
+                    ids.iter()
+                        .map(|id| match self.machines.get(id) {
+                            Some(m) if !m.removed => match &m.read_error {
+                                Some(e) => Err(ModelError::Other(e.clone())),
+                                None => Ok(m.machine.clone()),
+                            },
+                            _ => Err(ModelError::NotFound(id.clone())),
+                        })
+                        .collect(),
+                ))
+            }
+            Call::TransientErrors => {
+                self.scripted(ModelOp::TransientErrors)?;
+                Ok(Answer::List(
+                    self.machines
+                        .values()
+                        .filter(|m| !m.removed && m.transient && m.machine.instance.is_none() && m.machine.instance_status.is_error())
+                        .map(|m| m.machine.clone())
+                        .collect(),
+                ))
+            }
+            Call::ProvisioningInfo(ids) => {
+                self.scripted(ModelOp::ProvisioningInfo)?;
+                Ok(Answer::Infos(
+                    ids.iter()
+                        .map(|id| self.machines.get(id).map(|m| m.info.clone()).ok_or_else(|| ModelError::NotFound(id.clone())))
+                        .collect(),
+                ))
+            }
+            Call::Groups(ids) => {
+                self.scripted(ModelOp::DistributionGroups)?;
+                Ok(Answer::Groups(
+                    ids.iter()
+                        .map(|id| match self.machines.get(id) {
+                            Some(m) => m.group.clone().map_err(ModelError::Other),
+                            None => Err(ModelError::NotFound(id.clone())),
+                        })
+                        .collect(),
+                ))
+            }
+            Call::SetInstanceInfo(id, info) => {
+                self.scripted(ModelOp::SetInstanceInfo)?;
+                let m = self.live(&id)?;
+                m.machine.instance = Some(info.instance);
+                m.zone = info.zone;
+                Ok(Answer::Done)
+            }
+            Call::SetStatus(id, status, message) => {
+                self.scripted(ModelOp::SetStatus)?;
+                let m = self.live(&id)?;
+                m.machine.status = status;
+                m.status_message = message;
+                if status == MachineStatus::Pending {
+                    m.transient = false;
+                }
+                Ok(Answer::Done)
+            }
+            Call::SetInstanceStatus(id, status, message) => {
+                self.scripted(ModelOp::SetInstanceStatus)?;
+                let m = self.live(&id)?;
+                m.machine.instance_status = status;
+                m.instance_status_message = message;
+                Ok(Answer::Done)
+            }
+            Call::EnsureDead(id) => {
+                self.scripted(ModelOp::EnsureDead)?;
+                let m = self.live(&id)?;
+                let changed = m.machine.life != Life::Dead;
+                m.machine.life = Life::Dead;
+                self.ensure_dead.push(id.clone());
+                if changed {
+                    self.notify(vec![id]);
+                }
+                Ok(Answer::Done)
+            }
+            Call::MarkForRemoval(id) => {
+                self.scripted(ModelOp::MarkForRemoval)?;
+                let m = self.live(&id)?;
+                if m.machine.life != Life::Dead {
+                    return Err(ModelError::Other(format!("machine {id} is not dead")));
+                }
+                m.removed = true;
+                self.marked.push(id);
+                Ok(Answer::Done)
+            }
+        }
+    }
+}
+
+enum Call {
+    Machines(Vec<MachineId>),
+    TransientErrors,
+    ProvisioningInfo(Vec<MachineId>),
+    Groups(Vec<MachineId>),
+    SetInstanceInfo(MachineId, ProvisionedInstance),
+    SetStatus(MachineId, MachineStatus, String),
+    SetInstanceStatus(MachineId, InstanceStatus, String),
+    EnsureDead(MachineId),
+    MarkForRemoval(MachineId),
+}
+
+enum Answer {
+    Machines(Vec<Result<Machine, ModelError>>),
+    List(Vec<Machine>),
+    Infos(Vec<Result<ProvisioningInfo, ModelError>>),
+    Groups(Vec<Result<Vec<MachineId>, ModelError>>),
+    Done,
+}
+
+type CallResult = Result<Answer, ModelError>;
+
+struct ApiCall(Call);
+impl Message for ApiCall {
+    type Result = CallResult;
+}
+
+impl Handler<ApiCall> for ModelActor {
+    type Result = CallResult;
+    fn handle(&mut self, msg: ApiCall, _ctx: &mut Self::Context) -> CallResult {
+        self.handle_call(msg.0)
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Control(Box<dyn FnOnce(&mut ModelActor) + Send>);
+
+impl Handler<Control> for ModelActor {
+    type Result = ();
+    fn handle(&mut self, msg: Control, _ctx: &mut Self::Context) {
+        (msg.0)(self);
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "ModelSnapshot")]
+struct Snapshot;
+
+impl Handler<Snapshot> for ModelActor {
+    type Result = MessageResult<Snapshot>;
+    fn handle(&mut self, _msg: Snapshot, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(ModelSnapshot {
+            machines: self.machines.clone(),
+            ensure_dead: self.ensure_dead.clone(),
+            marked_for_removal: self.marked.clone(),
+            machines_calls: self.machines_calls,
+        })
+    }
+}
+
+/// A handle on the fake model. Cheap to clone.
+#[derive(Clone)]
+pub struct FakeModel {
+    addr: Addr<ModelActor>,
+}
+
+impl FakeModel {
+    /// A model with these machines. Must be called inside an actix system.
+    pub fn new(machines: Vec<Machine>) -> Self {
+        Self::with_machines(machines.into_iter().map(FakeMachine::new).collect())
+    }
+
+    /// A model with these fully described machines.
+    pub fn with_machines(machines: Vec<FakeMachine>) -> Self {
+        let actor = ModelActor {
+            machines: machines.into_iter().map(|m| (m.machine.id.clone(), m)).collect(),
+            watchers: Vec::new(),
+            retry_watchers: Vec::new(),
+            fail_next: BTreeMap::new(),
+            ensure_dead: Vec::new(),
+            marked: Vec::new(),
+            machines_calls: 0,
+        };
+        Self { addr: actor.start() }
+    }
+
+    /// The model API port over this model.
+    pub fn api(&self) -> FakeModelApi {
+        FakeModelApi { addr: self.addr.clone() }
+    }
+
+    fn control(&self, f: impl FnOnce(&mut ModelActor) + Send + 'static) {
+        self.addr.do_send(Control(Box::new(f)));
+    }
+
+    /// Subscribes a machine watcher: it gets every machine now, then the ids that change.
+    pub fn watch(&self, to: Recipient<MachinesChanged>) {
+        self.control(move |m| {
+            let ids = m.machines.iter().filter(|(_, f)| !f.removed).map(|(id, _)| id.clone()).collect();
+            to.do_send(MachinesChanged { ids });
+            m.watchers.push(to);
+        });
+    }
+
+    /// Subscribes a transient-retry watcher.
+    pub fn watch_retries(&self, to: Recipient<RetryTick>) {
+        self.control(move |m| m.retry_watchers.push(to));
+    }
+
+    /// Adds a machine and notifies.
+    pub fn add_machine(&self, machine: FakeMachine) {
+        self.control(move |m| {
+            let id = machine.machine.id.clone();
+            m.machines.insert(id.clone(), machine);
+            m.notify(vec![id]);
+        });
+    }
+
+    /// Changes a machine's life and notifies.
+    pub fn set_life(&self, id: &str, life: Life) {
+        let id = MachineId::new(id);
+        self.control(move |m| {
+            if let Some(f) = m.machines.get_mut(&id) {
+                f.machine.life = life;
+                m.notify(vec![id]);
+            }
+        });
+    }
+
+    /// Changes a machine in place (no notification).
+    pub fn update(&self, id: &str, f: impl FnOnce(&mut FakeMachine) + Send + 'static) {
+        let id = MachineId::new(id);
+        self.control(move |m| {
+            if let Some(machine) = m.machines.get_mut(&id) {
+                f(machine);
+            }
+        });
+    }
+
+    /// Notifies watchers that these machines changed.
+    pub fn touch(&self, ids: &[&str]) {
+        let ids: Vec<MachineId> = ids.iter().map(|i| MachineId::new(*i)).collect();
+        self.control(move |m| m.notify(ids));
+    }
+
+    /// Marks these machines' provisioning errors transient and ticks the retry watchers.
+    pub fn retry_provisioning(&self, ids: &[&str]) {
+        let ids: Vec<MachineId> = ids.iter().map(|i| MachineId::new(*i)).collect();
+        self.control(move |m| {
+            for id in &ids {
+                if let Some(f) = m.machines.get_mut(id) {
+                    f.transient = true;
+                }
+            }
+            for w in &m.retry_watchers {
+                w.do_send(RetryTick);
+            }
+        });
+    }
+
+    /// The next `times` calls of `op` fail with `message`.
+    pub fn fail_next(&self, op: ModelOp, times: u32, message: &str) {
+        let message = message.to_owned();
+        self.control(move |m| m.fail_next.entry(op).or_default().extend((0..times).map(|_| message.clone())));
+    }
+
+    /// Everything the model knows.
+    pub async fn snapshot(&self) -> ModelSnapshot {
+        self.addr.send(Snapshot).await.unwrap_or_default()
+    }
+}
+
+/// The [`ModelApi`] over a [`FakeModel`].
+#[derive(Clone)]
+pub struct FakeModelApi {
+    addr: Addr<ModelActor>,
+}
+
+impl FakeModelApi {
+    fn call<T: Send + 'static>(&self, call: Call, pick: fn(Answer) -> Option<T>) -> ModelFuture<T> {
+        let req = self.addr.send(ApiCall(call));
+        Box::pin(async move {
+            let answer = req.await.map_err(|e| ModelError::Other(format!("fake model unavailable: {e}")))??;
+            pick(answer).ok_or_else(|| ModelError::Other("fake model answered the wrong call".into()))
+        })
+    }
+}
+
+impl ModelApi for FakeModelApi {
+    fn machines(&self, ids: Vec<MachineId>) -> ModelFuture<Vec<Result<Machine, ModelError>>> {
+        self.call(Call::Machines(ids), |a| if let Answer::Machines(m) = a { Some(m) } else { None })
+    }
+    fn machines_with_transient_errors(&self) -> ModelFuture<Vec<Machine>> {
+        self.call(Call::TransientErrors, |a| if let Answer::List(m) = a { Some(m) } else { None })
+    }
+    fn provisioning_info(&self, ids: Vec<MachineId>) -> ModelFuture<Vec<Result<ProvisioningInfo, ModelError>>> {
+        self.call(Call::ProvisioningInfo(ids), |a| if let Answer::Infos(m) = a { Some(m) } else { None })
+    }
+    fn distribution_groups(&self, ids: Vec<MachineId>) -> ModelFuture<Vec<Result<Vec<MachineId>, ModelError>>> {
+        self.call(Call::Groups(ids), |a| if let Answer::Groups(m) = a { Some(m) } else { None })
+    }
+    fn set_instance_info(&self, id: MachineId, info: ProvisionedInstance) -> ModelFuture<()> {
+        self.call(Call::SetInstanceInfo(id, info), |a| matches!(a, Answer::Done).then_some(()))
+    }
+    fn set_status(&self, id: MachineId, status: MachineStatus, message: String) -> ModelFuture<()> {
+        self.call(Call::SetStatus(id, status, message), |a| matches!(a, Answer::Done).then_some(()))
+    }
+    fn set_instance_status(&self, id: MachineId, status: InstanceStatus, message: String) -> ModelFuture<()> {
+        self.call(Call::SetInstanceStatus(id, status, message), |a| matches!(a, Answer::Done).then_some(()))
+    }
+    fn ensure_dead(&self, id: MachineId) -> ModelFuture<()> {
+        self.call(Call::EnsureDead(id), |a| matches!(a, Answer::Done).then_some(()))
+    }
+    fn mark_for_removal(&self, id: MachineId) -> ModelFuture<()> {
+        self.call(Call::MarkForRemoval(id), |a| matches!(a, Answer::Done).then_some(()))
+    }
+}

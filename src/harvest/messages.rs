@@ -1,0 +1,35 @@
+//! Messages the harvest policy handles.
+
+use actix::Message;
+
+use super::state::{HarvestPlan, ModeChange};
+use crate::registry::DeadMachine;
+use crate::types::HarvestMode;
+
+/// Plan the fate of these dead machines (and of unknown instances, if the mode says so).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "HarvestPlan")]
+pub struct PlanDeadMachines {
+    /// The dead machines.
+    pub dead: Vec<DeadMachine>,
+}
+
+/// Plan the harvest of unknown instances alone (after a mode change or a resync).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "HarvestPlan")]
+pub struct PlanUnknown;
+
+/// Change the harvest mode.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "ModeChange")]
+pub struct SetHarvestMode(pub HarvestMode);
+
+/// The first full notification was processed.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "ModeChange")]
+pub struct EndSafeMode;
+
+/// The mode in force.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "HarvestMode")]
+pub struct GetHarvestMode;

@@ -1,0 +1,15 @@
+//! The harvest policy actor: owns the harvest mode, safe mode and the set of released
+//! instances, and decides which instances to stop (rules 26–35, contract semantics 2–5).
+//!
+//! Safe mode: until the first full machine notification has been processed the cache is
+//! incomplete, so nothing unknown is harvested and a mode change waits (rule 32).
+
+mod actor;
+mod messages;
+mod state;
+#[cfg(test)]
+mod tests;
+
+pub use actor::HarvestPolicy;
+pub use messages::{EndSafeMode, GetHarvestMode, PlanDeadMachines, PlanUnknown, SetHarvestMode};
+pub use state::{HarvestBook, HarvestPlan, ModeChange};

@@ -1,0 +1,127 @@
+//! The harvest policy's plain core.
+
+use std::collections::BTreeSet;
+
+use crate::registry::DeadMachine;
+use crate::types::{HarvestMode, InstanceId, MachineId};
+
+/// What to do with dead machines and unknown instances.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HarvestPlan {
+    /// Instances to terminate, in one call: dead machines' first, then unknown ones (rule 31).
+    pub stop: Vec<InstanceId>,
+    /// Dead machines to mark for removal once `stop` succeeded.
+    pub remove_after_stop: Vec<MachineId>,
+    /// Dead machines to mark for removal now (nothing of theirs to stop).
+    pub remove_now: Vec<MachineId>,
+    /// Instances left alone on purpose: strip our identity so they are never harvested.
+    pub release: Vec<InstanceId>,
+}
+
+impl HarvestPlan {
+    /// Whether the plan does nothing.
+    pub fn is_empty(&self) -> bool {
+        self.stop.is_empty() && self.remove_after_stop.is_empty() && self.remove_now.is_empty() && self.release.is_empty()
+    }
+}
+
+/// The result of a mode change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModeChange {
+    /// Same mode: nothing happens, no event.
+    Unchanged,
+    /// In safe mode: applied after the first full notification.
+    Deferred,
+    /// Applied; `harvest_unknown` says whether unknown instances are to be harvested now.
+    Changed {
+        /// The new mode.
+        mode: HarvestMode,
+        /// The new mode harvests unknown instances: harvest them at once (semantics 3).
+        harvest_unknown: bool,
+    },
+}
+
+/// Harvest mode, safe mode and released instances.
+#[derive(Debug, Clone)]
+pub struct HarvestBook {
+    mode: HarvestMode,
+    safe: bool,
+    deferred: Option<HarvestMode>,
+    released: BTreeSet<InstanceId>,
+}
+
+impl HarvestBook {
+    /// A book in safe mode with this initial mode.
+    pub fn new(mode: HarvestMode) -> Self {
+        Self { mode, safe: true, deferred: None, released: BTreeSet::new() }
+    }
+
+    /// The mode in force.
+    pub fn mode(&self) -> HarvestMode {
+        self.mode
+    }
+
+    /// Whether unknown instances are harvested now.
+    pub fn wants_unknown(&self) -> bool {
+        !self.safe && self.mode.harvests_unknown()
+    }
+
+    /// Requests a mode change (rule 33).
+    pub fn set_mode(&mut self, mode: HarvestMode) -> ModeChange {
+        if self.safe {
+            self.deferred = Some(mode);
+            return ModeChange::Deferred;
+        }
+        if mode == self.mode {
+            return ModeChange::Unchanged;
+        }
+        self.mode = mode;
+        ModeChange::Changed { mode, harvest_unknown: mode.harvests_unknown() }
+    }
+
+    /// The first full notification was processed: leave safe mode, apply a deferred change.
+    pub fn end_safe_mode(&mut self) -> ModeChange {
+        if !self.safe {
+            return ModeChange::Unchanged;
+        }
+        self.safe = false;
+        match self.deferred.take() {
+            Some(mode) => self.set_mode(mode),
+            None => ModeChange::Unchanged,
+        }
+    }
+
+    /// Plans the fate of dead machines (and, given, unknown instances).
+    ///
+    /// A dead machine's instance is stopped in modes `destroyed`/`all` whatever its state
+    /// (semantics 4); kept (released) with keep-instance or in modes `none`/`unknown`
+    /// (semantics 5); a manual machine's is never touched. Every dead machine is removed.
+    pub fn plan(&mut self, dead: &[DeadMachine], unknown: &[InstanceId]) -> HarvestPlan {
+        let mut plan = HarvestPlan::default();
+        for m in dead {
+            match &m.instance {
+                Some(_) if m.manual => plan.remove_now.push(m.id.clone()),
+                Some(inst) if m.keep_instance || !self.mode.harvests_destroyed() => {
+                    if self.released.insert(inst.clone()) {
+                        plan.release.push(inst.clone());
+                    }
+                    plan.remove_now.push(m.id.clone());
+                }
+                Some(inst) if self.released.contains(inst) => plan.remove_now.push(m.id.clone()),
+                Some(inst) => {
+                    plan.stop.push(inst.clone());
+                    plan.remove_after_stop.push(m.id.clone());
+                }
+                None => plan.remove_now.push(m.id.clone()),
+            }
+        }
+        if self.wants_unknown() {
+            for inst in unknown {
+                if !self.released.contains(inst) && !plan.stop.contains(inst) {
+                    plan.stop.push(inst.clone());
+                }
+            }
+        }
+        plan
+    }
+}

@@ -1,0 +1,67 @@
+//! The lifecycle actor: a thin shell over [`LifecycleBook`].
+
+use actix::prelude::*;
+
+use super::messages::*;
+use super::state::LifecycleBook;
+
+/// Owns every machine's phase.
+#[derive(Default)]
+pub struct MachineLifecycle {
+    book: LifecycleBook,
+}
+
+impl MachineLifecycle {
+    /// No machine in any phase.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Actor for MachineLifecycle {
+    type Context = Context<Self>;
+}
+
+impl Handler<ObservePending> for MachineLifecycle {
+    type Result = MessageResult<ObservePending>;
+    fn handle(&mut self, msg: ObservePending, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(msg.ids.into_iter().filter(|id| self.book.want_start(id)).collect())
+    }
+}
+
+impl Handler<ObserveDead> for MachineLifecycle {
+    type Result = MessageResult<ObserveDead>;
+    fn handle(&mut self, msg: ObserveDead, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.on_deaths(&msg.dead))
+    }
+}
+
+impl Handler<StartFinished> for MachineLifecycle {
+    type Result = MessageResult<StartFinished>;
+    fn handle(&mut self, msg: StartFinished, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.start_finished(&msg.machine, msg.instance))
+    }
+}
+
+impl Handler<StillWanted> for MachineLifecycle {
+    type Result = bool;
+    fn handle(&mut self, msg: StillWanted, _ctx: &mut Self::Context) -> bool {
+        self.book.still_wanted(&msg.machine)
+    }
+}
+
+impl Handler<ForgetLifecycle> for MachineLifecycle {
+    type Result = ();
+    fn handle(&mut self, msg: ForgetLifecycle, _ctx: &mut Self::Context) {
+        for id in &msg.ids {
+            self.book.forget(id);
+        }
+    }
+}
+
+impl Handler<GetPhases> for MachineLifecycle {
+    type Result = MessageResult<GetPhases>;
+    fn handle(&mut self, _msg: GetPhases, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.phases().map(|(k, v)| (k.clone(), v.clone())).collect())
+    }
+}

@@ -1,0 +1,16 @@
+//! The machine lifecycle actor: the starting / stop-deferred / running / stopping state of
+//! every machine the provisioner is working on (rules 36–45).
+//!
+//! One actor owns a map of small per-machine state machines rather than one actor per
+//! machine: a batch of 10,000 changes is one message, not 10,000 mailboxes, iteration order is
+//! fixed, and memory per machine is one map entry (see ARCHITECTURE.md).
+
+mod actor;
+mod messages;
+mod state;
+#[cfg(test)]
+mod tests;
+
+pub use actor::MachineLifecycle;
+pub use messages::{ForgetLifecycle, GetPhases, ObserveDead, ObservePending, StartFinished, StillWanted};
+pub use state::{AfterStart, DeathDecision, Deaths, LifecycleBook, Phase};

@@ -1,0 +1,148 @@
+//! The lifecycle's plain core: one small state machine per machine.
+
+use std::collections::BTreeMap;
+
+use crate::registry::DeadMachine;
+use crate::types::{InstanceId, MachineId};
+
+/// Where a machine is in its life with the provisioner. Machines with no phase are idle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// A start is queued or in flight.
+    Starting,
+    /// The machine died while starting: stop what the start produces when it returns.
+    StopDeferred(DeadMachine),
+    /// The start produced this instance.
+    Running {
+        /// The instance.
+        instance: InstanceId,
+    },
+    /// Its instance is being stopped (or it is being removed).
+    Stopping,
+}
+
+/// What to do with a dead machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeathDecision {
+    /// Stop (harvest) it now.
+    StopNow,
+    /// It is starting: stop what the start produces when it returns.
+    Deferred,
+    /// Already being stopped: ignore (rule 40).
+    AlreadyStopping,
+}
+
+/// The decisions for a batch of dead machines.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Deaths {
+    /// To harvest now.
+    pub stop_now: Vec<DeadMachine>,
+    /// Deferred until their start returns.
+    pub deferred: Vec<MachineId>,
+}
+
+/// What follows a finished start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterStart {
+    /// Nothing more.
+    Done,
+    /// The machine died while starting: harvest it now, with the instance the start produced.
+    StopDeferred {
+        /// The dead machine, with the instance the start produced (if any).
+        dead: DeadMachine,
+    },
+}
+
+/// Every machine's phase.
+#[derive(Debug, Clone, Default)]
+pub struct LifecycleBook {
+    phases: BTreeMap<MachineId, Phase>,
+}
+
+impl LifecycleBook {
+    /// No machine in any phase.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A machine's phase.
+    pub fn phase(&self, id: &MachineId) -> Option<&Phase> {
+        self.phases.get(id)
+    }
+
+    /// Every phase, in id order.
+    pub fn phases(&self) -> impl Iterator<Item = (&MachineId, &Phase)> {
+        self.phases.iter()
+    }
+
+    /// A machine was classified pending: start it unless it is already starting, running or
+    /// stopping (semantics 1, fixing W7).
+    pub fn want_start(&mut self, id: &MachineId) -> bool {
+        if self.phases.contains_key(id) {
+            return false;
+        }
+        self.phases.insert(id.clone(), Phase::Starting);
+        true
+    }
+
+    /// A machine was seen dead (rules 38–40).
+    pub fn on_death(&mut self, dead: &DeadMachine) -> DeathDecision {
+        match self.phases.get(&dead.id) {
+            Some(Phase::Starting) => {
+                self.phases.insert(dead.id.clone(), Phase::StopDeferred(dead.clone()));
+                DeathDecision::Deferred
+            }
+            Some(Phase::StopDeferred(_)) => DeathDecision::Deferred,
+            Some(Phase::Stopping) => DeathDecision::AlreadyStopping,
+            Some(Phase::Running { .. }) | None => {
+                self.phases.insert(dead.id.clone(), Phase::Stopping);
+                DeathDecision::StopNow
+            }
+        }
+    }
+
+    /// Decides a batch of deaths.
+    pub fn on_deaths(&mut self, dead: &[DeadMachine]) -> Deaths {
+        let mut out = Deaths::default();
+        for d in dead {
+            match self.on_death(d) {
+                DeathDecision::StopNow => out.stop_now.push(d.clone()),
+                DeathDecision::Deferred => out.deferred.push(d.id.clone()),
+                DeathDecision::AlreadyStopping => {}
+            }
+        }
+        out
+    }
+
+    /// A start returned (rule 41), with the instance it produced if any (semantics 2, fixing W9).
+    pub fn start_finished(&mut self, id: &MachineId, instance: Option<InstanceId>) -> AfterStart {
+        match self.phases.remove(id) {
+            Some(Phase::StopDeferred(mut dead)) => {
+                dead.instance = instance.or(dead.instance);
+                self.phases.insert(id.clone(), Phase::Stopping);
+                AfterStart::StopDeferred { dead }
+            }
+            Some(Phase::Starting) => {
+                if let Some(instance) = instance {
+                    self.phases.insert(id.clone(), Phase::Running { instance });
+                }
+                AfterStart::Done
+            }
+            Some(other) => {
+                self.phases.insert(id.clone(), other);
+                AfterStart::Done
+            }
+            None => AfterStart::Done,
+        }
+    }
+
+    /// Whether a start in flight should keep retrying (the machine has not died).
+    pub fn still_wanted(&self, id: &MachineId) -> bool {
+        matches!(self.phases.get(id), Some(Phase::Starting))
+    }
+
+    /// The machine was removed: forget it.
+    pub fn forget(&mut self, id: &MachineId) {
+        self.phases.remove(id);
+    }
+}

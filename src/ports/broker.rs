@@ -1,0 +1,157 @@
+//! The cloud broker port.
+
+use std::collections::BTreeMap;
+
+use futures::future::BoxFuture;
+use thiserror::Error;
+
+use crate::types::{CloudInstance, Constraints, InstanceId, InstanceTags, MachineId, VolumeParams};
+
+/// A boxed broker call.
+pub type BrokerFuture<T> = BoxFuture<'static, Result<T, BrokerError>>;
+
+/// How a broker call failed. The kind decides what the provisioner does next.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum BrokerError {
+    /// The call failed because of the zone it targeted (capacity, zone unavailable): another
+    /// zone may work. Marks the zone as failed for this machine and fails over.
+    #[error("{message}")]
+    ZoneSpecific {
+        /// The cloud's message.
+        message: String,
+    },
+    /// The call would fail in any zone (quota, auth, bad image): uses up a retry round.
+    #[error("{message}")]
+    ZoneIndependent {
+        /// The cloud's message.
+        message: String,
+    },
+    /// The cloud throttled the call (`RequestLimitExceeded`): never a machine's failure; the
+    /// provisioner waits and tries again without using a round or marking a zone.
+    #[error("throttled: {message}")]
+    Throttled {
+        /// The cloud's message.
+        message: String,
+    },
+    /// A passing fault (timeout, connection reset): retried like a zone-independent failure
+    /// for starts, and with backoff for listings and stops.
+    #[error("{message}")]
+    Transient {
+        /// What went wrong.
+        message: String,
+    },
+    /// The broker does not implement this optional call (e.g. zones).
+    #[error("not supported by this broker: {0}")]
+    NotSupported(&'static str),
+}
+
+impl BrokerError {
+    /// A zone-specific failure.
+    pub fn zone_specific(message: impl Into<String>) -> Self {
+        Self::ZoneSpecific { message: message.into() }
+    }
+    /// A zone-independent failure.
+    pub fn zone_independent(message: impl Into<String>) -> Self {
+        Self::ZoneIndependent { message: message.into() }
+    }
+    /// A throttled call.
+    pub fn throttled(message: impl Into<String>) -> Self {
+        Self::Throttled { message: message.into() }
+    }
+    /// A transient failure.
+    pub fn transient(message: impl Into<String>) -> Self {
+        Self::Transient { message: message.into() }
+    }
+    /// The text written to a machine's status: the cloud's own message.
+    pub fn message(&self) -> String {
+        match self {
+            BrokerError::ZoneSpecific { message }
+            | BrokerError::ZoneIndependent { message }
+            | BrokerError::Transient { message } => message.clone(),
+            BrokerError::Throttled { .. } | BrokerError::NotSupported(_) => self.to_string(),
+        }
+    }
+}
+
+/// An availability zone and whether new instances may go there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AvailabilityZone {
+    /// Its name.
+    pub name: String,
+    /// Whether it accepts new instances.
+    pub available: bool,
+}
+
+impl AvailabilityZone {
+    /// An available zone.
+    pub fn available(name: impl Into<String>) -> Self {
+        Self { name: name.into(), available: true }
+    }
+}
+
+/// Everything a broker needs to start one instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartInstanceParams {
+    /// The machine the instance is for.
+    pub machine: MachineId,
+    /// The zone to start in; `None` on a zoneless cloud.
+    pub zone: Option<String>,
+    /// Hardware and placement constraints.
+    pub constraints: Constraints,
+    /// Placement directive.
+    pub placement: Option<String>,
+    /// Volumes to create.
+    pub volumes: Vec<VolumeParams>,
+    /// `<host-tag>:<uuid>`, the same for every attempt of one start.
+    pub nonce: String,
+    /// Identity tags (model, machine, start) the instance must carry.
+    pub tags: InstanceTags,
+    /// Extra tags from the model.
+    pub extra_tags: BTreeMap<String, String>,
+    /// An idempotency token, unique per call attempt: a retried call with the same token
+    /// returns the instance the first one made (EC2 `ClientToken`).
+    pub client_token: String,
+    /// The other machines of its distribution group.
+    pub distribution_group: Vec<MachineId>,
+}
+
+/// What a successful start returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartedInstance {
+    /// The new instance, as the cloud sees it.
+    pub instance: CloudInstance,
+    /// A display name, if the cloud has one.
+    pub display_name: String,
+}
+
+/// A cloud that can start and stop instances.
+///
+/// Implementations must list only instances tagged with their model's identity: foreign
+/// instances are invisible to the provisioner. Stopping an instance that is already gone
+/// succeeds.
+pub trait Broker: Send + Sync + 'static {
+    /// Starts one instance.
+    fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance>;
+    /// Terminates these instances (not "stop" in the EC2 sense: they are removed).
+    fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()>;
+    /// Every non-terminated instance of this model, with its state (pending, running, stopped).
+    fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>>;
+    /// Whether this cloud has availability zones; when false, the zone calls are not made.
+    fn supports_zones(&self) -> bool {
+        false
+    }
+    /// The cloud's zones, with availability.
+    fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
+        Box::pin(async { Err(BrokerError::NotSupported("availability_zones")) })
+    }
+    /// Zones implied by the start params (placement, volumes); empty = no restriction.
+    fn derive_availability_zones(&self, _params: &StartInstanceParams) -> BrokerFuture<Vec<String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    /// Removes our identity from instances left alone on purpose (keep-instance, or dead
+    /// while the harvest mode excluded `destroyed`), so that no later harvest, not even after
+    /// a restart, takes them for ours.
+    fn release_instances(&self, _ids: Vec<InstanceId>) -> BrokerFuture<()> {
+        Box::pin(async { Ok(()) })
+    }
+}

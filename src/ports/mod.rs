@@ -1,0 +1,20 @@
+//! The ports: what the provisioner needs from outside, as object-safe async traits.
+//!
+//! - [`Broker`]: the cloud. Starts and stops instances, lists ours with their state, and
+//!   optionally knows availability zones.
+//! - [`ModelApi`]: the model of machines. Reads machines and their provisioning info in
+//!   batches, writes instance info and statuses.
+//!
+//! The machine watcher is not a trait: whoever owns the model sends
+//! [`MachinesChanged`](crate::coordinator::MachinesChanged) to the provisioner (the first
+//! notification carries every machine, later ones the ids that changed), and
+//! [`RetryTick`](crate::coordinator::RetryTick) when machines were marked for a retry.
+//!
+//! Every method returns a `'static` boxed future, so implementations own what they need
+//! (an HTTP client, an actor address) and callers can hold `Arc<dyn Broker>`.
+
+mod broker;
+mod model;
+
+pub use broker::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+pub use model::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};

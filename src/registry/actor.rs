@@ -1,0 +1,220 @@
+//! The machine registry actor: a thin shell over [`MachineBook`] that performs the model and
+//! cloud calls.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use futures::future::join_all;
+
+use super::messages::*;
+use super::state::{classify, Class, MachineBook};
+use crate::config::Backoff;
+use crate::ports::{Broker, ModelApi, ModelError};
+use crate::types::MachineId;
+
+/// Owns the machine cache and the instance view.
+pub struct MachineRegistry {
+    book: MachineBook,
+    broker: Arc<dyn Broker>,
+    model: Arc<dyn ModelApi>,
+    backoff: Backoff,
+    resync_interval: std::time::Duration,
+    resync_failures: u32,
+    on_refresh: Option<Recipient<ViewRefreshed>>,
+}
+
+impl MachineRegistry {
+    /// A registry over these ports; `on_refresh` hears of every successful periodic listing.
+    pub fn new(
+        broker: Arc<dyn Broker>,
+        model: Arc<dyn ModelApi>,
+        backoff: Backoff,
+        resync_interval: std::time::Duration,
+        on_refresh: Option<Recipient<ViewRefreshed>>,
+    ) -> Self {
+        Self { book: MachineBook::new(), broker, model, backoff, resync_interval, resync_failures: 0, on_refresh }
+    }
+
+    fn schedule_resync(&self, ctx: &mut Context<Self>, after: std::time::Duration) {
+        ctx.run_later(after, |act, ctx| act.resync(ctx));
+    }
+
+    fn resync(&mut self, ctx: &mut Context<Self>) {
+        let listing = self.broker.all_instances();
+        ctx.spawn(listing.into_actor(self).map(|res, act, ctx| match res {
+            Ok(list) => {
+                act.book.load_view(list);
+                act.resync_failures = 0;
+                if let Some(r) = &act.on_refresh {
+                    r.do_send(ViewRefreshed);
+                }
+                act.schedule_resync(ctx, act.resync_interval);
+            }
+            Err(e) => {
+                act.book.mark_stale();
+                let delay = act.backoff.delay(act.resync_failures).min(act.resync_interval);
+                act.resync_failures += 1;
+                tracing::warn!(error = %e, retry_in = ?delay, "cloud listing failed; not harvesting until one succeeds");
+                act.schedule_resync(ctx, delay);
+            }
+        }));
+    }
+
+    fn mark_for_removal(&self, ctx: &mut Context<Self>, id: MachineId, attempt: u32) {
+        let call = self.model.mark_for_removal(id.clone());
+        ctx.spawn(call.into_actor(self).map(move |res, act, ctx| match res {
+            Ok(()) | Err(ModelError::NotFound(_)) => {}
+            Err(e) => {
+                let delay = act.backoff.delay(attempt);
+                tracing::warn!(machine = %id, error = %e, retry_in = ?delay, "mark for removal failed");
+                ctx.run_later(delay, move |act, ctx| act.mark_for_removal(ctx, id, attempt + 1));
+            }
+        }));
+    }
+}
+
+impl Actor for MachineRegistry {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let interval = self.resync_interval;
+        self.schedule_resync(ctx, interval);
+    }
+}
+
+impl Handler<Refresh> for MachineRegistry {
+    type Result = ResponseActFuture<Self, Result<Refreshed, RegistryError>>;
+
+    fn handle(&mut self, msg: Refresh, _ctx: &mut Self::Context) -> Self::Result {
+        let listing = (!self.book.loaded_once()).then(|| self.broker.all_instances());
+        let model = self.model.clone();
+        let ids = msg.ids;
+        let fut = async move {
+            let listing = match listing {
+                Some(call) => Some(call.await.map_err(RegistryError::Listing)?),
+                None => None,
+            };
+            let reads = model
+                .machines(ids.clone())
+                .await
+                .map_err(|source| RegistryError::Machines { ids: ids.clone(), source })?;
+            Ok((listing, ids, reads))
+        };
+        Box::pin(fut.into_actor(self).then(|res, act, _ctx| {
+            let model = act.model.clone();
+            let mut out = Refreshed::default();
+            let mut to_kill = Vec::new();
+            let mut failed = None;
+            match res {
+                Err(e) => {
+                    if matches!(e, RegistryError::Listing(_)) {
+                        act.book.mark_stale();
+                    }
+                    failed = Some(e);
+                }
+                Ok((listing, ids, reads)) => {
+                    if let Some(list) = listing {
+                        act.book.load_view(list);
+                    }
+                    for (id, read) in ids.into_iter().zip(reads) {
+                        match read {
+                            Ok(m) => {
+                                let class = classify(&m);
+                                act.book.upsert(m);
+                                if let Some(zone) = act.book.placement(&id) {
+                                    out.placements.push((id.clone(), zone));
+                                }
+                                match class {
+                                    Class::Pending => out.pending.extend(act.book.machine(&id).cloned()),
+                                    Class::Dead => out.dead.extend(act.book.machine(&id).map(DeadMachine::of)),
+                                    Class::DyingUnprovisioned => to_kill.push(id),
+                                    Class::None => {}
+                                }
+                            }
+                            Err(ModelError::NotFound(_) | ModelError::Unauthorized(_)) => {
+                                act.book.remove(&id);
+                                out.gone.push(id);
+                            }
+                            Err(e) => {
+                                tracing::warn!(machine = %id, error = %e, "reading machine failed; will retry");
+                                out.retry_later.push(id);
+                            }
+                        }
+                    }
+                }
+            }
+            let kills = join_all(to_kill.into_iter().map(move |id| {
+                let call = model.ensure_dead(id.clone());
+                async move { (id, call.await) }
+            }));
+            kills.into_actor(act).map(move |results, act, _ctx| {
+                if let Some(e) = failed {
+                    return Err(e);
+                }
+                for (id, res) in results {
+                    match res {
+                        Ok(()) => {
+                            tracing::info!(machine = %id, "killing dying, unprovisioned machine");
+                            act.book.set_dead(&id);
+                            out.dead.extend(act.book.machine(&id).map(DeadMachine::of));
+                        }
+                        Err(e) => {
+                            tracing::warn!(machine = %id, error = %e, "ensure dead failed; will retry");
+                            out.retry_later.push(id);
+                        }
+                    }
+                }
+                Ok(out)
+            })
+        }))
+    }
+}
+
+impl Handler<RecordInstance> for MachineRegistry {
+    type Result = ();
+    fn handle(&mut self, msg: RecordInstance, _ctx: &mut Self::Context) {
+        self.book.record_instance(&msg.machine, msg.instance);
+    }
+}
+
+impl Handler<InstancesGone> for MachineRegistry {
+    type Result = ();
+    fn handle(&mut self, msg: InstancesGone, _ctx: &mut Self::Context) {
+        self.book.instances_gone(&msg.ids);
+    }
+}
+
+impl Handler<ForgetMachines> for MachineRegistry {
+    type Result = ();
+    fn handle(&mut self, msg: ForgetMachines, ctx: &mut Self::Context) {
+        for id in msg.ids {
+            self.book.remove(&id);
+            self.mark_for_removal(ctx, id, 0);
+        }
+    }
+}
+
+impl Handler<UnknownInstances> for MachineRegistry {
+    type Result = Result<Vec<crate::types::InstanceId>, RegistryError>;
+    fn handle(&mut self, _msg: UnknownInstances, _ctx: &mut Self::Context) -> Self::Result {
+        self.book.unknown_instances().ok_or(RegistryError::ViewStale)
+    }
+}
+
+impl Handler<Adoptable> for MachineRegistry {
+    type Result = Option<crate::types::CloudInstance>;
+    fn handle(&mut self, msg: Adoptable, _ctx: &mut Self::Context) -> Self::Result {
+        self.book.adoptable(&msg.machine)
+    }
+}
+
+impl Handler<GetRegistrySnapshot> for MachineRegistry {
+    type Result = MessageResult<GetRegistrySnapshot>;
+    fn handle(&mut self, _msg: GetRegistrySnapshot, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(RegistrySnapshot {
+            machines: self.book.machines().cloned().collect(),
+            instances: self.book.instances().cloned().collect(),
+            fresh: self.book.is_fresh(),
+        })
+    }
+}

@@ -1,0 +1,130 @@
+//! Messages the machine registry handles.
+
+use actix::Message;
+use thiserror::Error;
+
+use crate::ports::{BrokerError, ModelError};
+use crate::types::{CloudInstance, InstanceId, Machine, MachineId};
+
+/// Why the registry could not answer.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RegistryError {
+    /// The cloud listing failed; nothing was classified.
+    #[error("listing instances: {0}")]
+    Listing(BrokerError),
+    /// The batched machines call failed; nothing was classified.
+    #[error("getting machines {ids:?}: {source}")]
+    Machines {
+        /// The ids asked for.
+        ids: Vec<MachineId>,
+        /// The model's error.
+        source: ModelError,
+    },
+    /// The last listing failed, so unknown instances cannot be told apart.
+    #[error("instance view is stale: the last cloud listing failed")]
+    ViewStale,
+}
+
+/// A dead machine, with what harvesting needs to know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadMachine {
+    /// The machine.
+    pub id: MachineId,
+    /// Its instance, if provisioned.
+    pub instance: Option<InstanceId>,
+    /// Leave the instance alone.
+    pub keep_instance: bool,
+    /// Manually provisioned: never stopped.
+    pub manual: bool,
+}
+
+impl DeadMachine {
+    /// The dead-machine view of a cached machine.
+    pub fn of(m: &Machine) -> Self {
+        Self { id: m.id.clone(), instance: m.instance.clone(), keep_instance: m.keep_instance, manual: m.manual }
+    }
+}
+
+/// Re-read these machines from the model (loading the instance view first if it never loaded)
+/// and classify them.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Refreshed, RegistryError>")]
+pub struct Refresh {
+    /// The ids that changed.
+    pub ids: Vec<MachineId>,
+}
+
+/// The classified batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Refreshed {
+    /// Machines to start.
+    pub pending: Vec<Machine>,
+    /// Dead machines (including dying unprovisioned ones taken to dead).
+    pub dead: Vec<DeadMachine>,
+    /// Ids whose read or EnsureDead failed: try them again later.
+    pub retry_later: Vec<MachineId>,
+    /// Ids no longer in the model.
+    pub gone: Vec<MachineId>,
+    /// Provisioned machines of the batch and the zones of their instances (for the allocator).
+    pub placements: Vec<(MachineId, String)>,
+}
+
+/// Our start produced this instance for this machine.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct RecordInstance {
+    /// The machine.
+    pub machine: MachineId,
+    /// The instance.
+    pub instance: CloudInstance,
+}
+
+/// These instances were terminated by us.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct InstancesGone {
+    /// The instances.
+    pub ids: Vec<InstanceId>,
+}
+
+/// Mark these dead machines for removal in the model (retried with backoff) and forget them.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct ForgetMachines {
+    /// The machines.
+    pub ids: Vec<MachineId>,
+}
+
+/// Unknown instances: ours, owned by no live machine.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "Result<Vec<InstanceId>, RegistryError>")]
+pub struct UnknownInstances;
+
+/// An instance tagged for this machine that it may adopt instead of starting another.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Option<CloudInstance>")]
+pub struct Adoptable {
+    /// The machine.
+    pub machine: MachineId,
+}
+
+/// Published by the registry after a successful periodic listing.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct ViewRefreshed;
+
+/// A copy of the registry's state, for status pages and tests.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "RegistrySnapshot")]
+pub struct GetRegistrySnapshot;
+
+/// The registry's state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RegistrySnapshot {
+    /// Cached machines, in id order.
+    pub machines: Vec<Machine>,
+    /// The instance view, in id order.
+    pub instances: Vec<CloudInstance>,
+    /// Whether the last listing succeeded.
+    pub fresh: bool,
+}

@@ -1,0 +1,208 @@
+//! The registry's plain core: the machine cache, the instance view and classification.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::types::{CloudInstance, InstanceId, InstanceState, Life, Machine, MachineId, MachineStatus};
+
+/// What a machine needs from the provisioner right now (rules 13–22).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Alive, unprovisioned, pending (or instance status `provisioning`): start it.
+    Pending,
+    /// Dead: stop its instance (by harvest mode) and mark it for removal.
+    Dead,
+    /// Dying and unprovisioned: take it to dead, then treat it as dead.
+    DyingUnprovisioned,
+    /// Nothing to do.
+    None,
+}
+
+/// Classifies one machine.
+///
+/// Manual machines are never started; a dead manual machine is still removed.
+pub fn classify(m: &Machine) -> Class {
+    match m.life {
+        Life::Dead => Class::Dead,
+        Life::Dying if m.instance.is_none() && !m.manual => Class::DyingUnprovisioned,
+        Life::Dying => Class::None,
+        Life::Alive if m.instance.is_some() || m.manual => Class::None,
+        Life::Alive if m.status == MachineStatus::Pending => Class::Pending,
+        Life::Alive if m.instance_status.is_provisioning() => Class::Pending,
+        Life::Alive => Class::None,
+    }
+}
+
+/// The machine cache and the instance view.
+#[derive(Debug, Default)]
+pub struct MachineBook {
+    machines: BTreeMap<MachineId, Machine>,
+    /// Instances we learnt of from our own starts: they win over an older model read.
+    recorded: BTreeMap<MachineId, InstanceId>,
+    /// Which cached machine owns each instance.
+    owner: BTreeMap<InstanceId, MachineId>,
+    instances: BTreeMap<InstanceId, CloudInstance>,
+    /// Instances by the machine named in their tags.
+    by_tag: BTreeMap<MachineId, BTreeSet<InstanceId>>,
+    loaded_once: bool,
+    fresh: bool,
+}
+
+impl MachineBook {
+    /// An empty book: no machines, no view.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether a listing ever succeeded (starts wait for it).
+    pub fn loaded_once(&self) -> bool {
+        self.loaded_once
+    }
+
+    /// Whether the last listing succeeded (unknown instances are only reported then).
+    pub fn is_fresh(&self) -> bool {
+        self.fresh
+    }
+
+    /// A cached machine.
+    pub fn machine(&self, id: &MachineId) -> Option<&Machine> {
+        self.machines.get(id)
+    }
+
+    /// Every cached machine, in id order.
+    pub fn machines(&self) -> impl Iterator<Item = &Machine> {
+        self.machines.values()
+    }
+
+    /// Every instance in the view, in id order.
+    pub fn instances(&self) -> impl Iterator<Item = &CloudInstance> {
+        self.instances.values()
+    }
+
+    /// Stores a machine read from the model. An instance we recorded ourselves wins over a
+    /// model read that predates it.
+    pub fn upsert(&mut self, mut m: Machine) {
+        if m.instance.is_none() {
+            if let Some(ours) = self.recorded.get(&m.id) {
+                m.instance = Some(ours.clone());
+            }
+        }
+        if let Some(old) = self.machines.get(&m.id).and_then(|o| o.instance.clone()) {
+            if Some(&old) != m.instance.as_ref() {
+                self.owner.remove(&old);
+            }
+        }
+        if let Some(inst) = &m.instance {
+            self.owner.insert(inst.clone(), m.id.clone());
+        }
+        self.machines.insert(m.id.clone(), m);
+    }
+
+    /// Marks a cached machine dead (after EnsureDead).
+    pub fn set_dead(&mut self, id: &MachineId) {
+        if let Some(m) = self.machines.get_mut(id) {
+            m.life = Life::Dead;
+        }
+    }
+
+    /// Forgets a machine (removed from the model, or marked for removal).
+    pub fn remove(&mut self, id: &MachineId) {
+        self.recorded.remove(id);
+        if let Some(m) = self.machines.remove(id) {
+            if let Some(inst) = m.instance {
+                if self.owner.get(&inst) == Some(id) {
+                    self.owner.remove(&inst);
+                }
+            }
+        }
+    }
+
+    /// Records the instance our start produced for a machine.
+    pub fn record_instance(&mut self, machine: &MachineId, instance: CloudInstance) {
+        self.recorded.insert(machine.clone(), instance.id.clone());
+        self.owner.insert(instance.id.clone(), machine.clone());
+        if let Some(m) = self.machines.get_mut(machine) {
+            m.instance = Some(instance.id.clone());
+        }
+        self.insert_instance(instance);
+    }
+
+    /// Replaces the view with a fresh listing (only non-terminated instances are kept).
+    pub fn load_view(&mut self, listing: Vec<CloudInstance>) {
+        self.instances.clear();
+        self.by_tag.clear();
+        for inst in listing {
+            if inst.state != InstanceState::Terminated {
+                self.insert_instance(inst);
+            }
+        }
+        self.loaded_once = true;
+        self.fresh = true;
+    }
+
+    /// A listing failed: nothing is harvested until one succeeds.
+    pub fn mark_stale(&mut self) {
+        self.fresh = false;
+    }
+
+    /// Instances that were terminated (by us).
+    pub fn instances_gone(&mut self, ids: &[InstanceId]) {
+        for id in ids {
+            if let Some(inst) = self.instances.remove(id) {
+                if let Some(m) = inst.tags.machine {
+                    if let Some(set) = self.by_tag.get_mut(&m) {
+                        set.remove(id);
+                        if set.is_empty() {
+                            self.by_tag.remove(&m);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn insert_instance(&mut self, inst: CloudInstance) {
+        if let Some(m) = &inst.tags.machine {
+            self.by_tag.entry(m.clone()).or_default().insert(inst.id.clone());
+        }
+        self.instances.insert(inst.id.clone(), inst);
+    }
+
+    /// Instances of ours that no cached machine owns and whose tag names no live cached
+    /// machine (which would be starting it, or would adopt it). `None` while the view is stale.
+    pub fn unknown_instances(&self) -> Option<Vec<InstanceId>> {
+        if !self.fresh {
+            return None;
+        }
+        let unknown = self
+            .instances
+            .values()
+            .filter(|i| !self.owner.contains_key(&i.id))
+            .filter(|i| match &i.tags.machine {
+                Some(m) => self.machines.get(m).is_none_or(|m| m.life == Life::Dead),
+                None => true,
+            })
+            .map(|i| i.id.clone())
+            .collect();
+        Some(unknown)
+    }
+
+    /// A non-terminated instance tagged with this machine that no other machine owns: the
+    /// product of a start whose result was lost (a crash), to adopt instead of starting again.
+    pub fn adoptable(&self, machine: &MachineId) -> Option<CloudInstance> {
+        self.by_tag.get(machine)?.iter().find_map(|id| {
+            let free = self.owner.get(id).is_none_or(|o| o == machine);
+            free.then(|| self.instances.get(id).cloned()).flatten()
+        })
+    }
+
+    /// The zone of a live machine's instance, if the view knows it.
+    pub fn placement(&self, id: &MachineId) -> Option<String> {
+        let m = self.machines.get(id).filter(|m| m.life != Life::Dead)?;
+        self.instances.get(m.instance.as_ref()?)?.zone.clone()
+    }
+
+    /// The view's record of an instance.
+    pub fn instance(&self, id: &InstanceId) -> Option<&CloudInstance> {
+        self.instances.get(id)
+    }
+}

@@ -1,0 +1,482 @@
+//! Vocabulary shared by every actor: identifiers, lives, statuses, constraints, the harvest
+//! mode and the cloud's view of an instance.
+//!
+//! Everything here is plain data (no actix), cheap to clone and ordered, so that maps keyed by
+//! these types iterate in a fixed order and a seed reproduces a run exactly.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Errors from parsing the textual forms of the types in this module.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ParseError {
+    /// A harvest mode other than `none`, `unknown`, `destroyed` or `all`.
+    #[error("invalid harvest mode {0:?}: expected one of none, unknown, destroyed, all")]
+    HarvestMode(String),
+    /// A life other than `alive`, `dying` or `dead`.
+    #[error("invalid life {0:?}: expected one of alive, dying, dead")]
+    Life(String),
+    /// A machine status other than `pending`, `started`, `error` or `stopped`.
+    #[error("invalid machine status {0:?}: expected one of pending, started, error, stopped")]
+    MachineStatus(String),
+    /// An instance state other than `pending`, `running`, `stopped` or `terminated`.
+    #[error("invalid instance state {0:?}: expected one of pending, running, stopped, terminated")]
+    InstanceState(String),
+}
+
+macro_rules! string_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Wraps an identifier.
+            pub fn new(id: impl Into<String>) -> Self {
+                Self(id.into())
+            }
+            /// The identifier as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        impl From<&str> for $name {
+            fn from(s: &str) -> Self {
+                Self(s.to_owned())
+            }
+        }
+        impl From<String> for $name {
+            fn from(s: String) -> Self {
+                Self(s)
+            }
+        }
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
+string_id!(
+    /// A machine's id in the model: `"3"` for a top-level machine, `"0/lxd/1"` for a container.
+    MachineId
+);
+string_id!(
+    /// A cloud instance id, as the broker names it.
+    InstanceId
+);
+
+impl MachineId {
+    /// For a container id `HOST/TYPE/N`, its host id and container type; `None` for a
+    /// top-level machine.
+    pub fn container_of(&self) -> Option<(MachineId, &str)> {
+        let mut parts = self.0.rsplitn(3, '/');
+        let _n = parts.next()?;
+        let kind = parts.next()?;
+        let host = parts.next()?;
+        Some((MachineId::new(host), kind))
+    }
+
+    /// Whether this is a container (`HOST/TYPE/N`).
+    pub fn is_container(&self) -> bool {
+        self.0.contains('/')
+    }
+
+    /// The Juju-style tag of the machine, used in nonces: `machine-3`, `machine-0-lxd-1`.
+    pub fn tag(&self) -> String {
+        format!("machine-{}", self.0.replace('/', "-"))
+    }
+}
+
+/// The life of a machine or of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Life {
+    /// In service.
+    #[default]
+    Alive,
+    /// Being destroyed; waits to become dead.
+    Dying,
+    /// Done; its instance may be stopped and its record removed.
+    Dead,
+}
+
+impl Life {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Life::Alive => "alive",
+            Life::Dying => "dying",
+            Life::Dead => "dead",
+        }
+    }
+}
+
+impl fmt::Display for Life {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Life {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "alive" => Ok(Life::Alive),
+            "dying" => Ok(Life::Dying),
+            "dead" => Ok(Life::Dead),
+            other => Err(ParseError::Life(other.to_owned())),
+        }
+    }
+}
+
+/// The machine (agent) status the provisioner reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum MachineStatus {
+    /// Waiting for an instance.
+    #[default]
+    Pending,
+    /// The machine agent runs.
+    Started,
+    /// Something failed; the provisioner skips the machine until the status is reset.
+    Error,
+    /// The machine agent is stopped.
+    Stopped,
+}
+
+impl MachineStatus {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MachineStatus::Pending => "pending",
+            MachineStatus::Started => "started",
+            MachineStatus::Error => "error",
+            MachineStatus::Stopped => "stopped",
+        }
+    }
+}
+
+impl fmt::Display for MachineStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for MachineStatus {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "pending" => Ok(MachineStatus::Pending),
+            "started" => Ok(MachineStatus::Started),
+            "error" => Ok(MachineStatus::Error),
+            "stopped" => Ok(MachineStatus::Stopped),
+            other => Err(ParseError::MachineStatus(other.to_owned())),
+        }
+    }
+}
+
+/// The instance status of a machine: free text in Juju, with a few values the provisioner
+/// itself writes or reads. Kept as a string so that any status a cloud reports round-trips.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+#[serde(transparent)]
+pub struct InstanceStatus(String);
+
+impl InstanceStatus {
+    /// No instance status yet (`""`).
+    pub fn empty() -> Self {
+        Self(String::new())
+    }
+    /// `provisioning`: a start is under way.
+    pub fn provisioning() -> Self {
+        Self("provisioning".into())
+    }
+    /// `provisioning error`: the start failed for good; the message says why.
+    pub fn provisioning_error() -> Self {
+        Self("provisioning error".into())
+    }
+    /// `running`.
+    pub fn running() -> Self {
+        Self("running".into())
+    }
+    /// Any other value, e.g. `stopped` for an instance stopped outside our control.
+    pub fn other(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    /// Whether this is `provisioning`.
+    pub fn is_provisioning(&self) -> bool {
+        self.0 == "provisioning"
+    }
+    /// Whether this is `provisioning error` (or Juju's older `error`).
+    pub fn is_error(&self) -> bool {
+        self.0 == "provisioning error" || self.0 == "error"
+    }
+}
+
+impl fmt::Display for InstanceStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for InstanceStatus {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+/// What the provisioner does with instances it does not need (rules 26–35).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum HarvestMode {
+    /// Stop nothing.
+    None,
+    /// Stop instances of ours that no live machine owns.
+    Unknown,
+    /// Stop the instances of dead machines (the default).
+    #[default]
+    Destroyed,
+    /// Both `unknown` and `destroyed`.
+    All,
+}
+
+impl HarvestMode {
+    /// Whether unknown instances are stopped.
+    pub fn harvests_unknown(self) -> bool {
+        matches!(self, HarvestMode::Unknown | HarvestMode::All)
+    }
+    /// Whether dead machines' instances are stopped.
+    pub fn harvests_destroyed(self) -> bool {
+        matches!(self, HarvestMode::Destroyed | HarvestMode::All)
+    }
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HarvestMode::None => "none",
+            HarvestMode::Unknown => "unknown",
+            HarvestMode::Destroyed => "destroyed",
+            HarvestMode::All => "all",
+        }
+    }
+}
+
+impl fmt::Display for HarvestMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for HarvestMode {
+    type Err = ParseError;
+    /// Case-insensitive, as Juju parses it.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "none" => Ok(HarvestMode::None),
+            "unknown" => Ok(HarvestMode::Unknown),
+            "destroyed" => Ok(HarvestMode::Destroyed),
+            "all" => Ok(HarvestMode::All),
+            _ => Err(ParseError::HarvestMode(s.to_owned())),
+        }
+    }
+}
+
+/// Hardware and placement constraints of a machine.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Constraints {
+    /// `zones=`: the machine may only be placed in one of these zones.
+    pub zones: Option<Vec<String>>,
+    /// `arch=`; `amd64` when absent.
+    pub arch: Option<String>,
+    /// `mem=` in MiB.
+    pub mem_mb: Option<u64>,
+    /// `cores=`.
+    pub cores: Option<u32>,
+    /// `root-disk=` in MiB.
+    pub root_disk_mb: Option<u64>,
+    /// `instance-type=`.
+    pub instance_type: Option<String>,
+    /// `spaces=`.
+    pub spaces: Vec<String>,
+}
+
+impl Constraints {
+    /// The architecture to start, `amd64` by default (rule 52).
+    pub fn arch_or_default(&self) -> &str {
+        self.arch.as_deref().unwrap_or("amd64")
+    }
+}
+
+/// A machine as the model API reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Machine {
+    /// Its id.
+    pub id: MachineId,
+    /// Its life.
+    pub life: Life,
+    /// Its (agent) status.
+    pub status: MachineStatus,
+    /// Its instance status.
+    pub instance_status: InstanceStatus,
+    /// The instance recorded for it, if provisioned.
+    pub instance: Option<InstanceId>,
+    /// On death, leave the instance alone.
+    pub keep_instance: bool,
+    /// Manually provisioned: never started or stopped by the provisioner.
+    pub manual: bool,
+    /// A controller machine.
+    pub controller: bool,
+}
+
+impl Machine {
+    /// A new alive, pending, unprovisioned machine.
+    pub fn pending(id: impl Into<MachineId>) -> Self {
+        Self {
+            id: id.into(),
+            life: Life::Alive,
+            status: MachineStatus::Pending,
+            instance_status: InstanceStatus::empty(),
+            instance: None,
+            keep_instance: false,
+            manual: false,
+            controller: false,
+        }
+    }
+}
+
+/// A volume to create with the instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeParams {
+    /// Volume tag, e.g. `volume-0`.
+    pub tag: String,
+    /// Size in MiB.
+    pub size_mb: u64,
+    /// Storage provider, e.g. `static`, `ebs`.
+    pub provider: String,
+}
+
+/// Everything the provisioner needs to start a machine, read from the model in one batched call.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ProvisioningInfo {
+    /// Constraints, including `zones=`.
+    pub constraints: Constraints,
+    /// Placement directive, e.g. `zone=az1`.
+    pub placement: Option<String>,
+    /// Volumes to create.
+    pub volumes: Vec<VolumeParams>,
+    /// Extra instance tags.
+    pub tags: std::collections::BTreeMap<String, String>,
+}
+
+/// An instance's state as the cloud reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InstanceState {
+    /// Being created (exists, tagged).
+    Pending,
+    /// Up.
+    Running,
+    /// Stopped or suspended outside the provisioner's control.
+    Stopped,
+    /// Gone for good.
+    Terminated,
+}
+
+impl InstanceState {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceState::Pending => "pending",
+            InstanceState::Running => "running",
+            InstanceState::Stopped => "stopped",
+            InstanceState::Terminated => "terminated",
+        }
+    }
+}
+
+impl fmt::Display for InstanceState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for InstanceState {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "pending" => Ok(InstanceState::Pending),
+            "running" => Ok(InstanceState::Running),
+            "stopped" => Ok(InstanceState::Stopped),
+            "terminated" => Ok(InstanceState::Terminated),
+            other => Err(ParseError::InstanceState(other.to_owned())),
+        }
+    }
+}
+
+/// The tags that identify an instance as ours: which model, which machine, which start.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct InstanceTags {
+    /// The model's uuid; instances without ours are invisible to the provisioner.
+    pub model: Option<String>,
+    /// The machine the instance was started for.
+    pub machine: Option<MachineId>,
+    /// The start (nonce) that produced it.
+    pub start: Option<String>,
+}
+
+/// One instance in the cloud's view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloudInstance {
+    /// Its id.
+    pub id: InstanceId,
+    /// Its state.
+    pub state: InstanceState,
+    /// Its availability zone, if the cloud has zones.
+    pub zone: Option<String>,
+    /// Its identity tags.
+    pub tags: InstanceTags,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn harvest_mode_parses_case_insensitively_and_rejects_others() {
+        assert_eq!("ALL".parse::<HarvestMode>(), Ok(HarvestMode::All));
+        assert_eq!("none".parse::<HarvestMode>(), Ok(HarvestMode::None));
+        let err = "sometimes".parse::<HarvestMode>().unwrap_err();
+        assert!(err.to_string().contains("sometimes"));
+        assert_eq!(HarvestMode::default(), HarvestMode::Destroyed);
+    }
+
+    #[test]
+    fn harvest_mode_bits_match_juju() {
+        assert!(!HarvestMode::None.harvests_unknown() && !HarvestMode::None.harvests_destroyed());
+        assert!(HarvestMode::Unknown.harvests_unknown() && !HarvestMode::Unknown.harvests_destroyed());
+        assert!(!HarvestMode::Destroyed.harvests_unknown() && HarvestMode::Destroyed.harvests_destroyed());
+        assert!(HarvestMode::All.harvests_unknown() && HarvestMode::All.harvests_destroyed());
+    }
+
+    #[test]
+    fn container_ids_split_into_host_and_type() {
+        let c = MachineId::new("0/lxd/1");
+        assert_eq!(c.container_of(), Some((MachineId::new("0"), "lxd")));
+        assert!(c.is_container());
+        assert_eq!(MachineId::new("3").container_of(), None);
+        assert_eq!(c.tag(), "machine-0-lxd-1");
+    }
+}

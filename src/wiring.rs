@@ -1,0 +1,179 @@
+//! All wiring in one place: builds the six actors, links them by `Recipient`s, and hands back
+//! a [`ProvisionerHandle`].
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use thiserror::Error;
+
+use crate::config::{ConfigError, ProvisionerConfig};
+use crate::coordinator::{ChangeHarvestMode, Coordinator, Links, MachinesChanged, RetryTick, SetWorkers, Subscribe};
+use crate::events::ProvisionerEvent;
+use crate::harvest::{GetHarvestMode, HarvestPolicy};
+use crate::lifecycle::{GetPhases, MachineLifecycle, Phase};
+use crate::ports::{Broker, ModelApi};
+use crate::registry::{GetRegistrySnapshot, MachineRegistry, RegistrySnapshot};
+use crate::types::{HarvestMode, MachineId};
+use crate::workers::{GetPoolStatus, PoolStatus, StartDeps, WorkerPool};
+use crate::zones::{GetZoneSnapshot, ZoneAllocator, ZoneSnapshot};
+use crate::Shutdown;
+
+/// Errors from talking to a running provisioner.
+#[derive(Debug, Error)]
+pub enum ProvisionerError {
+    /// The request was invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The provisioner has stopped.
+    #[error("provisioner is not running: {0}")]
+    Stopped(#[from] MailboxError),
+}
+
+/// A running provisioner: its inputs, its snapshots, and its off switch.
+#[derive(Clone)]
+pub struct ProvisionerHandle {
+    coordinator: Addr<Coordinator>,
+    registry: Addr<MachineRegistry>,
+    zones: Addr<ZoneAllocator>,
+    harvest: Addr<HarvestPolicy>,
+    lifecycle: Addr<MachineLifecycle>,
+    pool: Addr<WorkerPool>,
+}
+
+/// Starts a provisioner on the current actix system.
+///
+/// Nothing happens until the first [`MachinesChanged`] arrives (it must carry every machine);
+/// the cloud listing starts with it.
+pub fn start(config: ProvisionerConfig, broker: Arc<dyn Broker>, model: Arc<dyn ModelApi>) -> Result<ProvisionerHandle, ConfigError> {
+    config.validate()?;
+    let coord_ctx: Context<Coordinator> = Context::new();
+    let coord = coord_ctx.address();
+
+    let registry = MachineRegistry::new(
+        broker.clone(),
+        model.clone(),
+        config.backoff,
+        config.resync_interval,
+        Some(coord.clone().recipient()),
+    )
+    .start();
+    let zones = ZoneAllocator::new(broker.clone(), config.seed).start();
+    let harvest = HarvestPolicy::new(config.harvest_mode, registry.clone().recipient()).start();
+    let lifecycle = MachineLifecycle::new().start();
+    let deps = StartDeps {
+        broker: broker.clone(),
+        model: model.clone(),
+        choose: zones.clone().recipient(),
+        mark_failed: zones.clone().recipient(),
+        release_reservation: zones.clone().recipient(),
+        release_machine: zones.clone().recipient(),
+        still_wanted: lifecycle.clone().recipient(),
+        adoptable: registry.clone().recipient(),
+        retry: config.retry,
+        backoff: config.backoff,
+        model_uuid: config.model_uuid.clone(),
+        host_tag: config.host_tag.clone(),
+    };
+    let pool = WorkerPool::new(config.workers, config.max_workers, deps, coord.clone().recipient(), config.seed.wrapping_add(1))
+        .start();
+    let links = Links {
+        model,
+        refresh: registry.clone().recipient(),
+        record: registry.clone().recipient(),
+        gone: registry.clone().recipient(),
+        forget: registry.clone().recipient(),
+        refresh_zones: zones.clone().recipient(),
+        populate: zones.clone().recipient(),
+        release_zone: zones.clone().recipient(),
+        plan_dead: harvest.clone().recipient(),
+        plan_unknown: harvest.clone().recipient(),
+        set_mode: harvest.clone().recipient(),
+        end_safe: harvest.clone().recipient(),
+        observe_pending: lifecycle.clone().recipient(),
+        observe_dead: lifecycle.clone().recipient(),
+        start_finished: lifecycle.clone().recipient(),
+        forget_lifecycle: lifecycle.clone().recipient(),
+        enqueue: pool.clone().recipient(),
+        resize: pool.clone().recipient(),
+    };
+    let coordinator = coord_ctx.run(Coordinator::new(links, config.backoff, config.workers));
+    Ok(ProvisionerHandle { coordinator, registry, zones, harvest, lifecycle, pool })
+}
+
+impl ProvisionerHandle {
+    /// Where the machine watcher sends its events.
+    pub fn machines_changed(&self) -> Recipient<MachinesChanged> {
+        self.coordinator.clone().recipient()
+    }
+
+    /// Where the transient-retry watcher sends its ticks.
+    pub fn retry_ticks(&self) -> Recipient<RetryTick> {
+        self.coordinator.clone().recipient()
+    }
+
+    /// Notifies the provisioner that these machines changed.
+    pub fn notify<I: Into<MachineId>>(&self, ids: impl IntoIterator<Item = I>) {
+        self.coordinator.do_send(MachinesChanged::new(ids));
+    }
+
+    /// Sends one transient-retry tick.
+    pub fn retry_tick(&self) {
+        self.coordinator.do_send(RetryTick);
+    }
+
+    /// Changes the harvest mode (applied after the first full notification).
+    pub fn set_harvest_mode(&self, mode: HarvestMode) {
+        self.coordinator.do_send(ChangeHarvestMode(mode));
+    }
+
+    /// Resizes the broker worker pool; queued and in-flight work is kept.
+    pub async fn set_workers(&self, n: usize) -> Result<(), ProvisionerError> {
+        Ok(self.coordinator.send(SetWorkers(n)).await??)
+    }
+
+    /// Subscribes to every event.
+    pub fn subscribe(&self, to: Recipient<ProvisionerEvent>) {
+        self.coordinator.do_send(Subscribe(to));
+    }
+
+    /// The registry's machines and instance view.
+    pub async fn registry(&self) -> Result<RegistrySnapshot, ProvisionerError> {
+        Ok(self.registry.send(GetRegistrySnapshot).await?)
+    }
+
+    /// The zone book.
+    pub async fn zones(&self) -> Result<ZoneSnapshot, ProvisionerError> {
+        Ok(self.zones.send(GetZoneSnapshot).await?)
+    }
+
+    /// The pool's load.
+    pub async fn pool(&self) -> Result<PoolStatus, ProvisionerError> {
+        Ok(self.pool.send(GetPoolStatus).await?)
+    }
+
+    /// Every machine's lifecycle phase.
+    pub async fn phases(&self) -> Result<Vec<(MachineId, Phase)>, ProvisionerError> {
+        Ok(self.lifecycle.send(GetPhases).await?)
+    }
+
+    /// The harvest mode in force.
+    pub async fn harvest_mode(&self) -> Result<HarvestMode, ProvisionerError> {
+        Ok(self.harvest.send(GetHarvestMode).await?)
+    }
+
+    /// Stops every actor (a crash, as far as in-memory state goes). Cloud calls already made
+    /// complete in the cloud; their results are dropped.
+    pub fn shutdown(&self) {
+        self.coordinator.do_send(Shutdown);
+        self.registry.do_send(Shutdown);
+        self.zones.do_send(Shutdown);
+        self.harvest.do_send(Shutdown);
+        self.lifecycle.do_send(Shutdown);
+        self.pool.do_send(Shutdown);
+    }
+
+    /// Whether the provisioner's front door is still open.
+    pub fn is_running(&self) -> bool {
+        self.coordinator.connected()
+    }
+}

@@ -1,0 +1,147 @@
+//! The worker pool actor: a thin shell over [`PoolBook`] that runs jobs as futures on its own
+//! context (no extra threads or arbiters, so a paused test clock governs every wait).
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::messages::*;
+use super::start::run_start;
+use super::state::{Job, PoolBook, ReleaseJob, StopJob};
+use crate::config::{validate_workers, Backoff, ConfigError, RetryStrategy};
+use crate::lifecycle::StillWanted;
+use crate::ports::{Broker, ModelApi};
+use crate::registry::Adoptable;
+use crate::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation};
+
+/// Everything a start needs besides its job: the ports and the actors it consults.
+pub struct StartDeps {
+    /// The cloud.
+    pub broker: Arc<dyn Broker>,
+    /// The model.
+    pub model: Arc<dyn ModelApi>,
+    /// The allocator: choose a zone.
+    pub choose: Recipient<ChooseZone>,
+    /// The allocator: mark a zone failed.
+    pub mark_failed: Recipient<MarkZoneFailed>,
+    /// The allocator: drop a reservation.
+    pub release_reservation: Recipient<ReleaseReservation>,
+    /// The allocator: forget a machine.
+    pub release_machine: Recipient<ReleaseMachine>,
+    /// The lifecycle: is the start still wanted.
+    pub still_wanted: Recipient<StillWanted>,
+    /// The registry: an instance to adopt.
+    pub adoptable: Recipient<Adoptable>,
+    /// Start retries.
+    pub retry: RetryStrategy,
+    /// Backoff for throttling and failed stops.
+    pub backoff: Backoff,
+    /// Our model's uuid, tagged on every instance.
+    pub model_uuid: String,
+    /// The first half of every nonce.
+    pub host_tag: String,
+}
+
+/// Runs broker jobs.
+pub struct WorkerPool {
+    book: PoolBook,
+    max: usize,
+    deps: Arc<StartDeps>,
+    done: Recipient<JobDone>,
+    rng: StdRng,
+}
+
+impl WorkerPool {
+    /// A pool of `size` workers (valid `1..=max`), reporting to `done`.
+    pub fn new(size: usize, max: usize, deps: StartDeps, done: Recipient<JobDone>, seed: u64) -> Self {
+        Self { book: PoolBook::new(size), max, deps: Arc::new(deps), done, rng: StdRng::seed_from_u64(seed) }
+    }
+
+    fn nonce(&mut self) -> String {
+        let id = uuid::Builder::from_random_bytes(self.rng.random()).into_uuid();
+        format!("{}:{id}", self.deps.host_tag)
+    }
+
+    fn dispatch(&mut self, ctx: &mut Context<Self>) {
+        while let Some(job) = self.book.next() {
+            match job {
+                Job::Start(start) => {
+                    let nonce = self.nonce();
+                    let fut = run_start(self.deps.clone(), start, nonce);
+                    ctx.spawn(fut.into_actor(self).map(|outcome, act, ctx| {
+                        act.book.finished();
+                        act.done.do_send(JobDone(outcome));
+                        act.dispatch(ctx);
+                    }));
+                }
+                Job::Stop(stop) => {
+                    let call = self.deps.broker.stop_instances(stop.instances.clone());
+                    ctx.spawn(call.into_actor(self).map(move |res, act, ctx| {
+                        act.book.finished();
+                        match res {
+                            Ok(()) => act.done.do_send(JobDone(JobOutcome::Stopped { instances: stop.instances, machines: stop.machines })),
+                            Err(e) => {
+                                let delay = act.deps.backoff.delay(stop.attempt);
+                                tracing::warn!(instances = ?stop.instances, error = %e, retry_in = ?delay, "stopping instances failed; will retry");
+                                let again = StopJob { attempt: stop.attempt + 1, ..stop };
+                                ctx.run_later(delay, move |act, ctx| act.enqueue(Job::Stop(again), ctx));
+                            }
+                        }
+                        act.dispatch(ctx);
+                    }));
+                }
+                Job::Release(release) => {
+                    let call = self.deps.broker.release_instances(release.instances.clone());
+                    ctx.spawn(call.into_actor(self).map(move |res, act, ctx| {
+                        act.book.finished();
+                        match res {
+                            Ok(()) => act.done.do_send(JobDone(JobOutcome::Released { instances: release.instances })),
+                            Err(e) => {
+                                let delay = act.deps.backoff.delay(release.attempt);
+                                tracing::warn!(instances = ?release.instances, error = %e, retry_in = ?delay, "releasing instances failed; will retry");
+                                let again = ReleaseJob { attempt: release.attempt + 1, ..release };
+                                ctx.run_later(delay, move |act, ctx| act.enqueue(Job::Release(again), ctx));
+                            }
+                        }
+                        act.dispatch(ctx);
+                    }));
+                }
+            }
+        }
+    }
+
+    fn enqueue(&mut self, job: Job, ctx: &mut Context<Self>) {
+        self.book.push(job);
+        self.dispatch(ctx);
+    }
+}
+
+impl Actor for WorkerPool {
+    type Context = Context<Self>;
+}
+
+impl Handler<Enqueue> for WorkerPool {
+    type Result = ();
+    fn handle(&mut self, msg: Enqueue, ctx: &mut Self::Context) {
+        self.enqueue(msg.0, ctx);
+    }
+}
+
+impl Handler<ResizePool> for WorkerPool {
+    type Result = Result<(), ConfigError>;
+    fn handle(&mut self, msg: ResizePool, ctx: &mut Self::Context) -> Self::Result {
+        validate_workers(msg.0, self.max)?;
+        self.book.resize(msg.0);
+        self.dispatch(ctx);
+        Ok(())
+    }
+}
+
+impl Handler<GetPoolStatus> for WorkerPool {
+    type Result = MessageResult<GetPoolStatus>;
+    fn handle(&mut self, _msg: GetPoolStatus, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(PoolStatus { size: self.book.size(), in_flight: self.book.in_flight(), queued: self.book.queued() })
+    }
+}

@@ -1,0 +1,74 @@
+//! Messages the worker pool handles, and the outcome it reports.
+
+use actix::Message;
+
+use super::state::Job;
+use crate::config::ConfigError;
+use crate::types::{CloudInstance, InstanceId, MachineId};
+
+/// Queue a job.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct Enqueue(pub Job);
+
+/// Change the number of concurrent jobs (1..=max).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "Result<(), ConfigError>")]
+pub struct ResizePool(pub usize);
+
+/// The pool's load.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "PoolStatus")]
+pub struct GetPoolStatus;
+
+/// The pool's load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStatus {
+    /// Concurrency limit.
+    pub size: usize,
+    /// Jobs running.
+    pub in_flight: usize,
+    /// Jobs waiting.
+    pub queued: usize,
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobOutcome {
+    /// The machine has this instance (new, or adopted after a lost result).
+    Started {
+        /// The machine.
+        machine: MachineId,
+        /// Its instance.
+        instance: CloudInstance,
+    },
+    /// The start failed for good; the machine's status says why.
+    StartFailed {
+        /// The machine.
+        machine: MachineId,
+        /// The message written.
+        message: String,
+    },
+    /// The machine died before or during its start; nothing was left running.
+    StartAbandoned {
+        /// The machine.
+        machine: MachineId,
+    },
+    /// Instances are terminated.
+    Stopped {
+        /// The instances.
+        instances: Vec<InstanceId>,
+        /// Dead machines to remove now.
+        machines: Vec<MachineId>,
+    },
+    /// Instances were released.
+    Released {
+        /// The instances.
+        instances: Vec<InstanceId>,
+    },
+}
+
+/// Sent to the coordinator when a job ends.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct JobDone(pub JobOutcome);

@@ -1,0 +1,18 @@
+//! The broker worker pool actor: runs StartInstance and StopInstances jobs, at most `size` at
+//! a time, stops before starts (rule 45), with the start retry strategy and zone fail-over
+//! (rules 66–74, contract semantics 8 and 11).
+//!
+//! Resizing only changes how many jobs may run at once: queued jobs stay queued and jobs in
+//! flight finish (fixing W5/W6: no worker ever waits on the queue it feeds, nothing is
+//! dropped). A failed stop gives its slot back and is queued again after a backoff.
+
+mod actor;
+mod messages;
+mod start;
+mod state;
+#[cfg(test)]
+mod tests;
+
+pub use actor::{StartDeps, WorkerPool};
+pub use messages::{Enqueue, GetPoolStatus, JobDone, JobOutcome, PoolStatus, ResizePool};
+pub use state::{Attempts, FailureKind, Job, PoolBook, ReleaseJob, StartJob, Step, StopJob};

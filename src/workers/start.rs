@@ -1,0 +1,185 @@
+//! The start procedure one worker runs for one machine: adopt or start, retry, fail over,
+//! register. Every decision about rounds is made by [`Attempts`]; every decision about zones
+//! by the allocator.
+
+use std::time::Duration;
+
+use super::actor::StartDeps;
+use super::messages::JobOutcome;
+use super::state::{Attempts, FailureKind, StartJob, Step};
+use crate::lifecycle::StillWanted;
+use crate::ports::{BrokerError, ProvisionedInstance, StartInstanceParams};
+use crate::registry::Adoptable;
+use crate::types::{CloudInstance, InstanceStatus, InstanceTags, MachineId, MachineStatus};
+use crate::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation, ZoneRequest};
+
+/// How many times instance info is written before the instance is given up.
+const REGISTER_ATTEMPTS: u32 = 3;
+
+fn failure_kind(err: &BrokerError, zone: Option<&str>) -> FailureKind {
+    match err {
+        BrokerError::Throttled { .. } => FailureKind::Throttled,
+        BrokerError::ZoneSpecific { .. } if zone.is_some() => FailureKind::Zone,
+        _ => FailureKind::Independent,
+    }
+}
+
+async fn still_wanted(deps: &StartDeps, machine: &MachineId) -> bool {
+    deps.still_wanted.send(StillWanted { machine: machine.clone() }).await.unwrap_or(false)
+}
+
+async fn set_instance_status(deps: &StartDeps, machine: &MachineId, status: InstanceStatus, message: String) {
+    if let Err(e) = deps.model.set_instance_status(machine.clone(), status, message).await {
+        tracing::warn!(%machine, error = %e, "cannot set instance status");
+    }
+}
+
+/// Writes a final provisioning error (rule 47): instance status `provisioning error` and
+/// machine status `error`, both with the cause.
+async fn fail(deps: &StartDeps, machine: MachineId, message: String) -> JobOutcome {
+    tracing::warn!(%machine, error = %message, "cannot start instance for machine");
+    let _ = deps.release_machine.send(ReleaseMachine { machine: machine.clone() }).await;
+    set_instance_status(deps, &machine, InstanceStatus::provisioning_error(), message.clone()).await;
+    if let Err(e) = deps.model.set_status(machine.clone(), MachineStatus::Error, message.clone()).await {
+        tracing::warn!(%machine, error = %e, "cannot set machine status");
+    }
+    JobOutcome::StartFailed { machine, message }
+}
+
+async fn abandon(deps: &StartDeps, machine: MachineId) -> JobOutcome {
+    tracing::info!(%machine, "machine died before its start completed; not starting it");
+    let _ = deps.release_machine.send(ReleaseMachine { machine: machine.clone() }).await;
+    JobOutcome::StartAbandoned { machine }
+}
+
+/// Records the instance in the model, retrying a few times; gives the instance up (stops it)
+/// if that never works, so no unrecorded instance is left behind.
+async fn register(deps: &StartDeps, machine: MachineId, instance: CloudInstance, nonce: &str, name: String) -> JobOutcome {
+    let info = ProvisionedInstance { instance: instance.id.clone(), zone: instance.zone.clone(), nonce: nonce.to_owned(), display_name: name };
+    let mut last = None;
+    for attempt in 0..REGISTER_ATTEMPTS {
+        match deps.model.set_instance_info(machine.clone(), info.clone()).await {
+            Ok(()) => return JobOutcome::Started { machine, instance },
+            Err(e) => {
+                tracing::warn!(%machine, instance = %instance.id, error = %e, "cannot record instance");
+                last = Some(e);
+                if attempt + 1 < REGISTER_ATTEMPTS {
+                    actix_rt::time::sleep(deps.backoff.delay(attempt)).await;
+                }
+            }
+        }
+    }
+    let err = last.map(|e| e.to_string()).unwrap_or_default();
+    if let Err(e) = deps.broker.stop_instances(vec![instance.id.clone()]).await {
+        tracing::error!(%machine, instance = %instance.id, error = %e, "cannot stop unrecorded instance; it is tagged and will be adopted or harvested");
+    }
+    fail(deps, machine, format!("cannot record instance {}: {err}", instance.id)).await
+}
+
+/// Runs one start to its end. Never panics; every failure becomes the outcome.
+pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, nonce: String) -> JobOutcome {
+    let deps = &*deps;
+    let machine = job.machine.id.clone();
+    if !still_wanted(deps, &machine).await {
+        return abandon(deps, machine).await;
+    }
+
+    // A start whose result was lost (a crash) left a tagged instance: adopt it.
+    if let Ok(Some(instance)) = deps.adoptable.send(Adoptable { machine: machine.clone() }).await {
+        tracing::info!(%machine, instance = %instance.id, "adopting existing instance tagged for this machine");
+        let start_nonce = instance.tags.start.clone().unwrap_or_else(|| nonce.clone());
+        return register(deps, machine, instance, &start_nonce, String::new()).await;
+    }
+
+    set_instance_status(deps, &machine, InstanceStatus::provisioning(), "starting".into()).await;
+
+    let mut params = StartInstanceParams {
+        machine: machine.clone(),
+        zone: None,
+        constraints: job.info.constraints.clone(),
+        placement: job.info.placement.clone(),
+        volumes: job.info.volumes.clone(),
+        nonce: nonce.clone(),
+        tags: InstanceTags { model: Some(deps.model_uuid.clone()), machine: Some(machine.clone()), start: Some(nonce.clone()) },
+        extra_tags: job.info.tags.clone(),
+        client_token: String::new(),
+        distribution_group: job.group.clone(),
+    };
+
+    let derived = if deps.broker.supports_zones() {
+        match deps.broker.derive_availability_zones(&params).await {
+            Ok(z) => z,
+            Err(e) => return fail(deps, machine, format!("deriving availability zones: {}", e.message())).await,
+        }
+    } else {
+        Vec::new()
+    };
+    let request = ZoneRequest {
+        allowed: job.info.constraints.zones.clone(),
+        derived,
+        group: (!job.group.is_empty()).then(|| job.group.clone()),
+    };
+
+    let mut attempts = Attempts::new(deps.retry.count);
+    let mut call = 0u32;
+    loop {
+        let zone = match deps.choose.send(ChooseZone { machine: machine.clone(), request: request.clone() }).await {
+            Ok(Ok(zone)) => zone,
+            Ok(Err(e)) => return fail(deps, machine, e.to_string()).await,
+            Err(e) => return fail(deps, machine, format!("zone allocator unavailable: {e}")).await,
+        };
+        params.zone = zone.clone();
+        params.client_token = format!("{nonce}/{call}");
+        call += 1;
+        let err = match deps.broker.start_instance(params.clone()).await {
+            Ok(started) => {
+                tracing::info!(%machine, instance = %started.instance.id, zone = ?zone, "started instance");
+                return register(deps, machine, started.instance, &nonce, started.display_name).await;
+            }
+            Err(e) => e,
+        };
+        let mut step = attempts.on_failure(failure_kind(&err, zone.as_deref()));
+        if step == Step::MarkZone {
+            let zone = zone.clone().unwrap_or_default();
+            match deps.mark_failed.send(MarkZoneFailed { machine: machine.clone(), zone }).await {
+                Ok(outcome) => step = attempts.on_zone_outcome(outcome),
+                Err(e) => return fail(deps, machine, format!("zone allocator unavailable: {e}")).await,
+            }
+        } else {
+            let _ = deps.release_reservation.send(ReleaseReservation { machine: machine.clone() }).await;
+        }
+        let delay = match step {
+            Step::Final => return fail(deps, machine, err.message()).await,
+            Step::FailOver => {
+                let z = zone.as_deref().unwrap_or_default();
+                let msg = format!("failed to start machine {machine} in zone {z:?}, retrying with new availability zone: {}", err.message());
+                tracing::info!(%machine, "{msg}");
+                set_instance_status(deps, &machine, InstanceStatus::provisioning(), msg).await;
+                Duration::ZERO
+            }
+            Step::NewRound => {
+                let d = deps.retry.delay;
+                let msg = format!(
+                    "failed to start machine {machine} ({}), retrying in {d:?} ({} more attempts)",
+                    err.message(),
+                    attempts.rounds_left()
+                );
+                tracing::info!(%machine, "{msg}");
+                set_instance_status(deps, &machine, InstanceStatus::provisioning(), msg).await;
+                d
+            }
+            Step::Backoff => {
+                let d = deps.backoff.delay(attempts.throttled().saturating_sub(1));
+                tracing::debug!(%machine, retry_in = ?d, "start throttled by the cloud; waiting");
+                d
+            }
+            Step::MarkZone => return fail(deps, machine, "internal: zone failure left unresolved".into()).await,
+        };
+        if !delay.is_zero() {
+            actix_rt::time::sleep(delay).await;
+        }
+        if !still_wanted(deps, &machine).await {
+            return abandon(deps, machine).await;
+        }
+    }
+}

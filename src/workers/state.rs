@@ -1,0 +1,185 @@
+//! The pool's plain core: the job queues and the start retry arithmetic.
+
+use std::collections::VecDeque;
+
+use crate::types::{InstanceId, Machine, MachineId, ProvisioningInfo};
+use crate::zones::FailOutcome;
+
+/// Start one machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartJob {
+    /// The machine, as classified.
+    pub machine: Machine,
+    /// Its provisioning info.
+    pub info: ProvisioningInfo,
+    /// The other machines of its distribution group (empty = none).
+    pub group: Vec<MachineId>,
+}
+
+/// Terminate instances, then have their dead machines removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopJob {
+    /// The instances.
+    pub instances: Vec<InstanceId>,
+    /// Dead machines to remove once they are gone.
+    pub machines: Vec<MachineId>,
+    /// Failed tries so far (for the backoff).
+    pub attempt: u32,
+}
+
+/// Strip our identity from instances left alone on purpose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseJob {
+    /// The instances.
+    pub instances: Vec<InstanceId>,
+    /// Failed tries so far.
+    pub attempt: u32,
+}
+
+/// One unit of broker work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Job {
+    /// Start a machine.
+    Start(StartJob),
+    /// Stop instances.
+    Stop(StopJob),
+    /// Release instances.
+    Release(ReleaseJob),
+}
+
+/// The queues and the concurrency limit.
+#[derive(Debug, Clone)]
+pub struct PoolBook {
+    size: usize,
+    in_flight: usize,
+    urgent: VecDeque<Job>,
+    starts: VecDeque<Job>,
+}
+
+impl PoolBook {
+    /// An empty pool of this size.
+    pub fn new(size: usize) -> Self {
+        Self { size, in_flight: 0, urgent: VecDeque::new(), starts: VecDeque::new() }
+    }
+
+    /// Queues a job: stops and releases ahead of starts.
+    pub fn push(&mut self, job: Job) {
+        match job {
+            Job::Start(_) => self.starts.push_back(job),
+            _ => self.urgent.push_back(job),
+        }
+    }
+
+    /// The next job to run, if a worker is free.
+    pub fn next(&mut self) -> Option<Job> {
+        if self.in_flight >= self.size {
+            return None;
+        }
+        let job = self.urgent.pop_front().or_else(|| self.starts.pop_front())?;
+        self.in_flight += 1;
+        Some(job)
+    }
+
+    /// A job finished: its worker is free.
+    pub fn finished(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// Changes the limit; nothing queued or in flight is lost.
+    pub fn resize(&mut self, size: usize) {
+        self.size = size;
+    }
+
+    /// The limit.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Jobs running.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Jobs waiting.
+    pub fn queued(&self) -> usize {
+        self.urgent.len() + self.starts.len()
+    }
+}
+
+/// How a StartInstance call failed, as far as retrying goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Because of its zone (and it had one).
+    Zone,
+    /// For a reason any zone would share, or a passing fault.
+    Independent,
+    /// Throttled by the cloud.
+    Throttled,
+}
+
+/// What the start procedure does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Ask the allocator to mark the zone failed, then call [`Attempts::on_zone_outcome`].
+    MarkZone,
+    /// Try another zone at once, using no round.
+    FailOver,
+    /// Start a new round after the retry delay.
+    NewRound,
+    /// Wait (backoff) and try again, using no round.
+    Backoff,
+    /// Give up: the failure is final.
+    Final,
+}
+
+/// Round accounting for one start (contract semantics 8): with `count = N`, a machine that
+/// always fails gets N+1 calls without zones and N·Z+1 with Z eligible zones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempts {
+    rounds_left: u32,
+    throttled: u32,
+}
+
+impl Attempts {
+    /// `count` extra rounds.
+    pub fn new(count: u32) -> Self {
+        Self { rounds_left: count, throttled: 0 }
+    }
+
+    /// Rounds left.
+    pub fn rounds_left(&self) -> u32 {
+        self.rounds_left
+    }
+
+    /// Throttled calls so far (for the backoff).
+    pub fn throttled(&self) -> u32 {
+        self.throttled
+    }
+
+    /// A call failed.
+    pub fn on_failure(&mut self, kind: FailureKind) -> Step {
+        match kind {
+            FailureKind::Throttled => {
+                self.throttled += 1;
+                Step::Backoff
+            }
+            _ if self.rounds_left == 0 => Step::Final,
+            FailureKind::Zone => Step::MarkZone,
+            FailureKind::Independent => {
+                self.rounds_left -= 1;
+                Step::NewRound
+            }
+        }
+    }
+
+    /// The allocator's answer to a zone failure.
+    pub fn on_zone_outcome(&mut self, outcome: FailOutcome) -> Step {
+        match outcome {
+            FailOutcome::TryAnotherZone => Step::FailOver,
+            FailOutcome::RoundExhausted => {
+                self.rounds_left = self.rounds_left.saturating_sub(1);
+                Step::NewRound
+            }
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The allocator's plain core: the zone book.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use thiserror::Error;
+
+use crate::types::MachineId;
+
+/// Why no zone was chosen.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ZoneError {
+    /// Every zone is excluded by constraints, derived zones, failures or availability.
+    #[error("suitable availability zone for machine {0} not found")]
+    NoSuitableZone(MachineId),
+}
+
+/// What a machine asks of the allocator.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ZoneRequest {
+    /// `zones=` constraint.
+    pub allowed: Option<Vec<String>>,
+    /// Zones derived from placement or volumes; non-empty = only these.
+    pub derived: Vec<String>,
+    /// The other machines of its distribution group; `None` = count every machine.
+    pub group: Option<Vec<MachineId>>,
+}
+
+/// What a zone-specific failure leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailOutcome {
+    /// Another eligible zone is left untried this round: fail over now.
+    TryAnotherZone,
+    /// Every eligible zone failed: the marks were cleared; a round is used.
+    RoundExhausted,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Zone {
+    available: bool,
+    listed: bool,
+    machines: BTreeSet<MachineId>,
+    failed: BTreeSet<MachineId>,
+}
+
+/// A zone's state, for snapshots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneView {
+    /// Its name.
+    pub name: String,
+    /// Whether new machines may go there.
+    pub available: bool,
+    /// Machines placed or reserved there.
+    pub machines: Vec<MachineId>,
+    /// Machines that failed there this round.
+    pub failed: Vec<MachineId>,
+}
+
+/// Per-zone machine sets, failure marks and requests.
+#[derive(Debug)]
+pub struct ZoneBook {
+    zones: BTreeMap<String, Zone>,
+    placed: BTreeMap<MachineId, String>,
+    requests: BTreeMap<MachineId, ZoneRequest>,
+    rng: StdRng,
+}
+
+impl ZoneBook {
+    /// An empty book with a seeded tie-breaker.
+    pub fn new(seed: u64) -> Self {
+        Self { zones: BTreeMap::new(), placed: BTreeMap::new(), requests: BTreeMap::new(), rng: StdRng::seed_from_u64(seed) }
+    }
+
+    /// Whether the cloud has zones at all (none = start without a zone).
+    pub fn is_zoned(&self) -> bool {
+        !self.zones.is_empty()
+    }
+
+    /// Applies the cloud's zone list (rule 60, semantics 7): new zones are added empty; zones
+    /// no longer listed are dropped unless they hold machines (then kept, never chosen);
+    /// unavailable zones are never chosen.
+    pub fn update_zones(&mut self, list: &[(String, bool)]) {
+        for z in self.zones.values_mut() {
+            z.listed = false;
+            z.available = false;
+        }
+        for (name, available) in list {
+            let z = self.zones.entry(name.clone()).or_default();
+            z.listed = true;
+            z.available = *available;
+        }
+        self.zones.retain(|name, z| {
+            let keep = z.listed || !z.machines.is_empty();
+            if !keep {
+                tracing::debug!(zone = %name, "zone no longer listed; dropped");
+            } else if !z.listed {
+                tracing::warn!(zone = %name, "zone no longer listed but holds machines; kept, not chosen");
+            }
+            keep
+        });
+    }
+
+    /// Counts machines already in a zone (their instances' zones), e.g. after a restart.
+    pub fn populate(&mut self, placements: &[(MachineId, String)]) {
+        for (m, zone) in placements {
+            if let Some(z) = self.zones.get_mut(zone) {
+                z.machines.insert(m.clone());
+                self.placed.insert(m.clone(), zone.clone());
+            }
+        }
+    }
+
+    fn eligible(&self, machine: &MachineId, name: &str, z: &Zone, req: &ZoneRequest) -> bool {
+        z.available
+            && z.listed
+            && !z.failed.contains(machine)
+            && req.allowed.as_ref().is_none_or(|a| a.iter().any(|x| x == name))
+            && (req.derived.is_empty() || req.derived.iter().any(|x| x == name))
+    }
+
+    /// Chooses and reserves a zone for a machine: among eligible zones, the lowest population
+    /// (of its distribution group, or of all machines), ties broken at random. `Ok(None)` on a
+    /// zoneless cloud.
+    pub fn choose(&mut self, machine: &MachineId, req: ZoneRequest) -> Result<Option<String>, ZoneError> {
+        if !self.is_zoned() {
+            return Ok(None);
+        }
+        self.release_reservation(machine);
+        let group_counts: Option<BTreeMap<&str, usize>> = req.group.as_ref().map(|g| {
+            let mut counts = BTreeMap::new();
+            for m in g.iter().filter(|m| *m != machine) {
+                if let Some(z) = self.placed.get(m) {
+                    *counts.entry(z.as_str()).or_insert(0) += 1;
+                }
+            }
+            counts
+        });
+        let mut best: Vec<&str> = Vec::new();
+        let mut best_pop = usize::MAX;
+        for (name, z) in &self.zones {
+            if !self.eligible(machine, name, z, &req) {
+                continue;
+            }
+            let pop = match &group_counts {
+                Some(c) => c.get(name.as_str()).copied().unwrap_or(0),
+                None => z.machines.len(),
+            };
+            if pop < best_pop {
+                best_pop = pop;
+                best.clear();
+            }
+            if pop == best_pop {
+                best.push(name);
+            }
+        }
+        if best.is_empty() {
+            return Err(ZoneError::NoSuitableZone(machine.clone()));
+        }
+        let pick = if best.len() == 1 { 0 } else { self.rng.random_range(0..best.len()) };
+        let zone = best[pick].to_owned();
+        self.zones.get_mut(&zone).expect("chosen from the map").machines.insert(machine.clone());
+        self.placed.insert(machine.clone(), zone.clone());
+        self.requests.insert(machine.clone(), req);
+        Ok(Some(zone))
+    }
+
+    /// Drops the machine's reservation (its start failed or is retried elsewhere).
+    pub fn release_reservation(&mut self, machine: &MachineId) {
+        if let Some(zone) = self.placed.remove(machine) {
+            if let Some(z) = self.zones.get_mut(&zone) {
+                z.machines.remove(machine);
+            }
+        }
+    }
+
+    /// A zone-specific failure (rules 66–67): the machine leaves the zone and is marked failed
+    /// there; if no eligible zone is left, its marks are cleared and a round is used.
+    pub fn mark_failed(&mut self, machine: &MachineId, zone: &str) -> FailOutcome {
+        self.release_reservation(machine);
+        if let Some(z) = self.zones.get_mut(zone) {
+            z.failed.insert(machine.clone());
+        }
+        let req = self.requests.get(machine).cloned().unwrap_or_default();
+        let any_left = self.zones.iter().any(|(name, z)| self.eligible(machine, name, z, &req));
+        if any_left {
+            FailOutcome::TryAnotherZone
+        } else {
+            for z in self.zones.values_mut() {
+                z.failed.remove(machine);
+            }
+            FailOutcome::RoundExhausted
+        }
+    }
+
+    /// Forgets a machine everywhere (final failure, or removal): reservation, failure marks
+    /// and request.
+    pub fn release(&mut self, machine: &MachineId) {
+        self.release_reservation(machine);
+        self.requests.remove(machine);
+        for z in self.zones.values_mut() {
+            z.failed.remove(machine);
+        }
+        self.zones.retain(|_, z| z.listed || !z.machines.is_empty());
+    }
+
+    /// The zone a machine is placed in.
+    pub fn zone_of(&self, machine: &MachineId) -> Option<&str> {
+        self.placed.get(machine).map(String::as_str)
+    }
+
+    /// Every zone, in name order.
+    pub fn view(&self) -> Vec<ZoneView> {
+        self.zones
+            .iter()
+            .map(|(name, z)| ZoneView {
+                name: name.clone(),
+                available: z.available && z.listed,
+                machines: z.machines.iter().cloned().collect(),
+                failed: z.failed.iter().cloned().collect(),
+            })
+            .collect()
+    }
+}
