@@ -123,6 +123,13 @@ impl Default for ProvisionerConfig {
 }
 
 impl ProvisionerConfig {
+    /// The same configuration with a seed drawn from the operating system: what a long-running
+    /// service wants, so that two incarnations never draw the same nonces.
+    pub fn with_random_seed(mut self) -> Self {
+        self.seed = rand::random();
+        self
+    }
+
     /// Checks every field; the error names the first one out of range.
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate_workers(self.workers, self.max_workers)?;

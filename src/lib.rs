@@ -82,4 +82,11 @@ macro_rules! handle_shutdown {
         }
     )*};
 }
-handle_shutdown!(coordinator::Coordinator, registry::MachineRegistry, zones::ZoneAllocator, harvest::HarvestPolicy, lifecycle::MachineLifecycle, workers::WorkerPool);
+handle_shutdown!(
+    coordinator::Coordinator,
+    registry::MachineRegistry,
+    zones::ZoneAllocator,
+    harvest::HarvestPolicy,
+    lifecycle::MachineLifecycle,
+    workers::WorkerPool
+);

@@ -44,7 +44,11 @@ pub struct ProvisionerHandle {
 ///
 /// Nothing happens until the first [`MachinesChanged`] arrives (it must carry every machine);
 /// the cloud listing starts with it.
-pub fn start(config: ProvisionerConfig, broker: Arc<dyn Broker>, model: Arc<dyn ModelApi>) -> Result<ProvisionerHandle, ConfigError> {
+pub fn start(
+    config: ProvisionerConfig,
+    broker: Arc<dyn Broker>,
+    model: Arc<dyn ModelApi>,
+) -> Result<ProvisionerHandle, ConfigError> {
     config.validate()?;
     let coord_ctx: Context<Coordinator> = Context::new();
     let coord = coord_ctx.address();
@@ -57,7 +61,7 @@ pub fn start(config: ProvisionerConfig, broker: Arc<dyn Broker>, model: Arc<dyn 
         Some(coord.clone().recipient()),
     )
     .start();
-    let zones = ZoneAllocator::new(broker.clone(), config.seed).start();
+    let zones = ZoneAllocator::new(broker.clone(), config.seed, config.resync_interval).start();
     let harvest = HarvestPolicy::new(config.harvest_mode, registry.clone().recipient()).start();
     let lifecycle = MachineLifecycle::new().start();
     let deps = StartDeps {
@@ -74,8 +78,14 @@ pub fn start(config: ProvisionerConfig, broker: Arc<dyn Broker>, model: Arc<dyn 
         model_uuid: config.model_uuid.clone(),
         host_tag: config.host_tag.clone(),
     };
-    let pool = WorkerPool::new(config.workers, config.max_workers, deps, coord.clone().recipient(), config.seed.wrapping_add(1))
-        .start();
+    let pool = WorkerPool::new(
+        config.workers,
+        config.max_workers,
+        deps,
+        coord.clone().recipient(),
+        config.seed.wrapping_add(1),
+    )
+    .start();
     let links = Links {
         model,
         refresh: registry.clone().recipient(),
@@ -89,6 +99,7 @@ pub fn start(config: ProvisionerConfig, broker: Arc<dyn Broker>, model: Arc<dyn 
         plan_unknown: harvest.clone().recipient(),
         set_mode: harvest.clone().recipient(),
         end_safe: harvest.clone().recipient(),
+        stops_done: harvest.clone().recipient(),
         observe_pending: lifecycle.clone().recipient(),
         observe_dead: lifecycle.clone().recipient(),
         start_finished: lifecycle.clone().recipient(),

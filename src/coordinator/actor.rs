@@ -9,7 +9,7 @@ use super::messages::*;
 use super::state::BatchBook;
 use crate::config::ConfigError;
 use crate::events::ProvisionerEvent;
-use crate::harvest::{EndSafeMode, HarvestPlan, ModeChange, PlanDeadMachines, PlanUnknown, SetHarvestMode};
+use crate::harvest::{EndSafeMode, HarvestPlan, ModeChange, PlanDeadMachines, PlanUnknown, SetHarvestMode, StopsDone};
 use crate::lifecycle::{AfterStart, Deaths, ForgetLifecycle, ObserveDead, ObservePending, StartFinished};
 use crate::ports::ModelApi;
 use crate::registry::{ForgetMachines, InstancesGone, RecordInstance, Refresh, RegistryError, ViewRefreshed};
@@ -44,6 +44,8 @@ pub struct Links {
     pub set_mode: Recipient<SetHarvestMode>,
     /// Harvest: leave safe mode.
     pub end_safe: Recipient<EndSafeMode>,
+    /// Harvest: stops done.
+    pub stops_done: Recipient<StopsDone>,
     /// Lifecycle: pending machines.
     pub observe_pending: Recipient<ObservePending>,
     /// Lifecycle: dead machines.
@@ -72,6 +74,7 @@ enum BatchError {
 struct BatchReport {
     zones_loaded: bool,
     retry_later: Vec<MachineId>,
+    mode_change: Option<ModeChange>,
 }
 
 /// The provisioner's front door.
@@ -98,7 +101,8 @@ impl Coordinator {
         let Some(ids) = self.book.take_batch() else { return };
         let links = self.links.clone();
         let need_zones = !self.book.zones_loaded();
-        let fut = process_batch(links, ids.clone(), need_zones);
+        let first = !self.book.first_done();
+        let fut = process_batch(links, ids.clone(), need_zones, first);
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
             match res {
                 Ok(report) => {
@@ -113,28 +117,26 @@ impl Coordinator {
                             act.kick(ctx);
                         });
                     }
-                    let first = act.book.batch_succeeded();
+                    act.book.batch_succeeded();
                     act.publish(ProvisionerEvent::ProcessedMachines);
-                    if first {
-                        act.end_safe_mode(ctx);
+                    if let Some(change) = report.mode_change {
+                        // The cache is complete: unknown instances can be told apart now.
+                        if let ModeChange::Changed { mode, .. } = change {
+                            act.publish(ProvisionerEvent::HarvestModeChanged { mode });
+                        }
+                        act.harvest_unknown(ctx, false);
                     }
                 }
                 Err(e) => {
                     let delay = act.book.batch_failed(ids);
                     tracing::warn!(error = %e, retry_in = ?delay, "processing updated machines failed; will retry");
-                    ctx.run_later(delay, |act, ctx| act.kick(ctx));
+                    ctx.run_later(delay, |act, ctx| {
+                        act.book.backoff_over();
+                        act.kick(ctx);
+                    });
                 }
             }
             act.kick(ctx);
-        }));
-    }
-
-    fn end_safe_mode(&mut self, ctx: &mut Context<Self>) {
-        let ask = self.links.end_safe.send(EndSafeMode);
-        ctx.spawn(ask.into_actor(self).map(|res, act, ctx| {
-            if let Ok(change) = res {
-                act.mode_changed(change, ctx);
-            }
         }));
     }
 
@@ -199,7 +201,11 @@ impl Coordinator {
 /// Enqueues a plan's work. Stops are queued ahead of starts by the pool.
 fn execute_plan(links: &Links, plan: HarvestPlan) {
     if !plan.stop.is_empty() {
-        links.enqueue.do_send(Enqueue(Job::Stop(StopJob { instances: plan.stop, machines: plan.remove_after_stop, attempt: 0 })));
+        links.enqueue.do_send(Enqueue(Job::Stop(StopJob {
+            instances: plan.stop,
+            machines: plan.remove_after_stop,
+            attempt: 0,
+        })));
     }
     if !plan.release.is_empty() {
         links.enqueue.do_send(Enqueue(Job::Release(ReleaseJob { instances: plan.release, attempt: 0 })));
@@ -219,7 +225,12 @@ fn forget(links: &Links, machines: Vec<MachineId>) {
 }
 
 /// One batch (rule 8): classify, harvest the dead, start the pending.
-async fn process_batch(links: Links, ids: Vec<MachineId>, need_zones: bool) -> Result<BatchReport, BatchError> {
+async fn process_batch(
+    links: Links,
+    ids: Vec<MachineId>,
+    need_zones: bool,
+    first: bool,
+) -> Result<BatchReport, BatchError> {
     let zones_loaded = if need_zones {
         links.refresh_zones.send(RefreshZones).await?.map_err(BatchError::Zones)?;
         true
@@ -227,6 +238,8 @@ async fn process_batch(links: Links, ids: Vec<MachineId>, need_zones: bool) -> R
         false
     };
     let refreshed = links.refresh.send(Refresh { ids }).await??;
+    // The first full notification is in the cache: leave safe mode before harvesting.
+    let mode_change = if first { Some(links.end_safe.send(EndSafeMode).await?) } else { None };
     if !refreshed.placements.is_empty() {
         links.populate.do_send(PopulateZones { placements: refreshed.placements.clone() });
     }
@@ -256,7 +269,7 @@ async fn process_batch(links: Links, ids: Vec<MachineId>, need_zones: bool) -> R
         let machines: Vec<Machine> = refreshed.pending.into_iter().filter(|m| to_start.contains(&m.id)).collect();
         retry_later.extend(queue_starts(&links, machines).await);
     }
-    Ok(BatchReport { zones_loaded, retry_later })
+    Ok(BatchReport { zones_loaded, retry_later, mode_change })
 }
 
 /// Reads provisioning info and distribution groups for machines cleared to start, in one
@@ -290,7 +303,10 @@ async fn queue_starts(links: &Links, machines: Vec<Machine>) -> Vec<MachineId> {
         };
         tracing::warn!(machine = %machine.id, "{err}");
         let cause = err.rsplit(": ").next().unwrap_or(&err).to_owned();
-        let _ = links.model.set_instance_status(machine.id.clone(), InstanceStatus::provisioning_error(), cause.clone()).await;
+        let _ = links
+            .model
+            .set_instance_status(machine.id.clone(), InstanceStatus::provisioning_error(), cause.clone())
+            .await;
         let _ = links.model.set_status(machine.id.clone(), MachineStatus::Error, cause).await;
         failed.push(machine.id);
     }
@@ -327,7 +343,10 @@ impl Handler<RetryTick> for Coordinator {
             let mut reset = Vec::new();
             for m in machines {
                 let ok = model.set_status(m.id.clone(), MachineStatus::Pending, String::new()).await.is_ok()
-                    && model.set_instance_status(m.id.clone(), InstanceStatus::provisioning(), String::new()).await.is_ok();
+                    && model
+                        .set_instance_status(m.id.clone(), InstanceStatus::provisioning(), String::new())
+                        .await
+                        .is_ok();
                 if ok {
                     reset.push(m.id);
                 } else {
@@ -417,6 +436,7 @@ impl Handler<JobDone> for Coordinator {
             JobOutcome::StartAbandoned { machine } => self.after_start(machine, None, ctx),
             JobOutcome::Stopped { instances, machines } => {
                 self.links.gone.do_send(InstancesGone { ids: instances.clone() });
+                self.links.stops_done.do_send(StopsDone { instances: instances.clone() });
                 forget(&self.links, machines.clone());
                 self.publish(ProvisionerEvent::InstancesStopped { instances });
                 for m in machines {

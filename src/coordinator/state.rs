@@ -12,6 +12,7 @@ pub struct BatchBook {
     pending: BTreeSet<MachineId>,
     seen: bool,
     in_flight: bool,
+    backing_off: bool,
     first_done: bool,
     zones_loaded: bool,
     failures: u32,
@@ -26,6 +27,7 @@ impl BatchBook {
             pending: BTreeSet::new(),
             seen: false,
             in_flight: false,
+            backing_off: false,
             first_done: false,
             zones_loaded: false,
             failures: 0,
@@ -43,7 +45,7 @@ impl BatchBook {
     /// The next batch, if none is in flight and something is waiting. The first batch may be
     /// empty (a model with no machines still ends safe mode).
     pub fn take_batch(&mut self) -> Option<Vec<MachineId>> {
-        if self.in_flight || (self.pending.is_empty() && (self.first_done || !self.seen)) {
+        if self.in_flight || self.backing_off || (self.pending.is_empty() && (self.first_done || !self.seen)) {
             return None;
         }
         self.in_flight = true;
@@ -57,13 +59,20 @@ impl BatchBook {
         !std::mem::replace(&mut self.first_done, true)
     }
 
-    /// The batch failed as a whole: its ids wait again; answers the delay before the retry.
+    /// The batch failed as a whole: its ids wait again, and no batch is taken until
+    /// [`BatchBook::backoff_over`]; answers the delay before the retry.
     pub fn batch_failed(&mut self, ids: Vec<MachineId>) -> Duration {
         self.in_flight = false;
+        self.backing_off = true;
         self.pending.extend(ids);
         let d = self.backoff.delay(self.failures);
         self.failures += 1;
         d
+    }
+
+    /// The backoff after a failed batch has run out: batches may be taken again.
+    pub fn backoff_over(&mut self) {
+        self.backing_off = false;
     }
 
     /// Whether the first full notification was processed.

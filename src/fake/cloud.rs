@@ -57,6 +57,8 @@ pub struct CallRecord {
     pub ok: Option<bool>,
     /// Its error text.
     pub error: Option<String>,
+    /// The params of a start.
+    pub params: Option<StartInstanceParams>,
 }
 
 /// A scripted StartInstance failure: the first `times` matching calls fail.
@@ -104,7 +106,9 @@ impl CloudSnapshot {
     pub fn live_instances_of(&self, machine: &MachineId) -> Vec<&FakeInstance> {
         self.instances
             .values()
-            .filter(|i| i.instance.tags.machine.as_ref() == Some(machine) && i.instance.state != InstanceState::Terminated)
+            .filter(|i| {
+                i.instance.tags.machine.as_ref() == Some(machine) && i.instance.state != InstanceState::Terminated
+            })
             .collect()
     }
 
@@ -135,8 +139,23 @@ impl Actor for CloudActor {
 }
 
 impl CloudActor {
-    fn log(&mut self, op: CloudOp, machine: Option<MachineId>, zone: Option<String>, instances: Vec<InstanceId>) -> usize {
-        self.calls.push(CallRecord { at: self.epoch.elapsed(), op, machine, zone, instances, ok: None, error: None });
+    fn log(
+        &mut self,
+        op: CloudOp,
+        machine: Option<MachineId>,
+        zone: Option<String>,
+        instances: Vec<InstanceId>,
+    ) -> usize {
+        self.calls.push(CallRecord {
+            at: self.epoch.elapsed(),
+            op,
+            machine,
+            zone,
+            instances,
+            ok: None,
+            error: None,
+            params: None,
+        });
         self.calls.len() - 1
     }
 
@@ -170,7 +189,9 @@ impl CloudActor {
             }
         }
         let fault = self.faults.iter_mut().find(|f| {
-            f.times > 0 && f.machine == params.machine && f.zone.as_ref().is_none_or(|z| Some(z) == params.zone.as_ref())
+            f.times > 0
+                && f.machine == params.machine
+                && f.zone.as_ref().is_none_or(|z| Some(z) == params.zone.as_ref())
         })?;
         fault.times -= 1;
         Some(if fault.zone_independent {
@@ -203,7 +224,16 @@ impl Handler<Start> for CloudActor {
     fn handle(&mut self, msg: Start, _ctx: &mut Self::Context) -> Self::Result {
         let p = msg.params;
         let idx = self.log(CloudOp::StartInstance, Some(p.machine.clone()), p.zone.clone(), Vec::new());
+        self.calls[idx].params = Some(p.clone());
         if let Some(existing) = self.tokens.get(&p.client_token).and_then(|id| self.instances.get(id)) {
+            if existing.instance.tags.machine.as_ref() != Some(&p.machine) {
+                let err = BrokerError::zone_independent(format!(
+                    "IdempotentParameterMismatch: client token {} was used for another machine",
+                    p.client_token
+                ));
+                self.finish(idx, Some(err.message()));
+                return Box::pin(fut::ready(Err(err)));
+            }
             let instance = existing.instance.clone();
             self.calls[idx].instances = vec![instance.id.clone()];
             self.finish(idx, None);
@@ -215,7 +245,8 @@ impl Handler<Start> for CloudActor {
         }
         self.next_id += 1;
         let id = InstanceId::new(format!("i-{}", self.next_id));
-        let instance = CloudInstance { id: id.clone(), state: InstanceState::Pending, zone: p.zone.clone(), tags: p.tags.clone() };
+        let instance =
+            CloudInstance { id: id.clone(), state: InstanceState::Pending, zone: p.zone.clone(), tags: p.tags.clone() };
         self.instances.insert(id.clone(), FakeInstance { instance, foreign: false });
         self.tokens.insert(p.client_token.clone(), id.clone());
         self.calls[idx].instances = vec![id.clone()];
@@ -230,7 +261,9 @@ impl Handler<Start> for CloudActor {
                     }
                     i.clone()
                 }
-                None => CloudInstance { id, state: InstanceState::Terminated, zone: None, tags: InstanceTags::default() },
+                None => {
+                    CloudInstance { id, state: InstanceState::Terminated, zone: None, tags: InstanceTags::default() }
+                }
             };
             Ok(StartedInstance { display_name: format!("fake-{}", instance.id), instance })
         }))
@@ -333,7 +366,11 @@ impl Handler<Control> for CloudActor {
 impl Handler<Snapshot> for CloudActor {
     type Result = MessageResult<Snapshot>;
     fn handle(&mut self, _msg: Snapshot, _ctx: &mut Self::Context) -> Self::Result {
-        MessageResult(CloudSnapshot { instances: self.instances.clone(), calls: self.calls.clone(), zones: self.zones.clone() })
+        MessageResult(CloudSnapshot {
+            instances: self.instances.clone(),
+            calls: self.calls.clone(),
+            zones: self.zones.clone(),
+        })
     }
 }
 

@@ -15,5 +15,24 @@
 mod cloud;
 mod model;
 
-pub use cloud::{CallRecord, CloudOp, CloudSnapshot, Fault, FakeBroker, FakeCloud, FakeInstance};
+/// An actix system on a paused, current-thread tokio runtime: virtual time advances only when
+/// every task waits, so retry delays and latencies take no real time and runs are
+/// deterministic. Use it as `#[actix_rt::test(system = "provisioner::fake::PausedSystem")]`.
+pub struct PausedSystem;
+
+impl PausedSystem {
+    /// A system runner on a paused clock.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new() -> actix_rt::SystemRunner {
+        actix_rt::System::with_tokio_rt(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .expect("a current-thread runtime builds")
+        })
+    }
+}
+
+pub use cloud::{CallRecord, CloudOp, CloudSnapshot, FakeBroker, FakeCloud, FakeInstance, Fault};
 pub use model::{FakeMachine, FakeModel, FakeModelApi, ModelOp, ModelSnapshot};

@@ -153,7 +153,12 @@ impl ModelActor {
                 Ok(Answer::List(
                     self.machines
                         .values()
-                        .filter(|m| !m.removed && m.transient && m.machine.instance.is_none() && m.machine.instance_status.is_error())
+                        .filter(|m| {
+                            !m.removed
+                                && m.transient
+                                && m.machine.instance.is_none()
+                                && m.machine.instance_status.is_error()
+                        })
                         .map(|m| m.machine.clone())
                         .collect(),
                 ))
@@ -162,7 +167,12 @@ impl ModelActor {
                 self.scripted(ModelOp::ProvisioningInfo)?;
                 Ok(Answer::Infos(
                     ids.iter()
-                        .map(|id| self.machines.get(id).map(|m| m.info.clone()).ok_or_else(|| ModelError::NotFound(id.clone())))
+                        .map(|id| {
+                            self.machines
+                                .get(id)
+                                .map(|m| m.info.clone())
+                                .ok_or_else(|| ModelError::NotFound(id.clone()))
+                        })
                         .collect(),
                 ))
             }

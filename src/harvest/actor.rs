@@ -86,3 +86,10 @@ impl Handler<GetHarvestMode> for HarvestPolicy {
         MessageResult(self.book.mode())
     }
 }
+
+impl Handler<StopsDone> for HarvestPolicy {
+    type Result = ();
+    fn handle(&mut self, msg: StopsDone, _ctx: &mut Self::Context) {
+        self.book.stops_done(&msg.instances);
+    }
+}

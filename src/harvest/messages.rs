@@ -33,3 +33,11 @@ pub struct EndSafeMode;
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "HarvestMode")]
 pub struct GetHarvestMode;
+
+/// These instances were terminated.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct StopsDone {
+    /// The instances.
+    pub instances: Vec<crate::types::InstanceId>,
+}

@@ -11,5 +11,5 @@ mod state;
 mod tests;
 
 pub use actor::HarvestPolicy;
-pub use messages::{EndSafeMode, GetHarvestMode, PlanDeadMachines, PlanUnknown, SetHarvestMode};
+pub use messages::{EndSafeMode, GetHarvestMode, PlanDeadMachines, PlanUnknown, SetHarvestMode, StopsDone};
 pub use state::{HarvestBook, HarvestPlan, ModeChange};

@@ -21,7 +21,10 @@ pub struct HarvestPlan {
 impl HarvestPlan {
     /// Whether the plan does nothing.
     pub fn is_empty(&self) -> bool {
-        self.stop.is_empty() && self.remove_after_stop.is_empty() && self.remove_now.is_empty() && self.release.is_empty()
+        self.stop.is_empty()
+            && self.remove_after_stop.is_empty()
+            && self.remove_now.is_empty()
+            && self.release.is_empty()
     }
 }
 
@@ -48,12 +51,13 @@ pub struct HarvestBook {
     safe: bool,
     deferred: Option<HarvestMode>,
     released: BTreeSet<InstanceId>,
+    stopping: BTreeSet<InstanceId>,
 }
 
 impl HarvestBook {
     /// A book in safe mode with this initial mode.
     pub fn new(mode: HarvestMode) -> Self {
-        Self { mode, safe: true, deferred: None, released: BTreeSet::new() }
+        Self { mode, safe: true, deferred: None, released: BTreeSet::new(), stopping: BTreeSet::new() }
     }
 
     /// The mode in force.
@@ -117,11 +121,24 @@ impl HarvestBook {
         }
         if self.wants_unknown() {
             for inst in unknown {
-                if !self.released.contains(inst) && !plan.stop.contains(inst) {
+                if !self.released.contains(inst) && !self.stopping.contains(inst) && !plan.stop.contains(inst) {
                     plan.stop.push(inst.clone());
                 }
             }
         }
+        self.stopping.extend(plan.stop.iter().cloned());
         plan
+    }
+
+    /// These instances are gone: they may be planned again if they ever reappear.
+    pub fn stops_done(&mut self, ids: &[InstanceId]) {
+        for id in ids {
+            self.stopping.remove(id);
+        }
+    }
+
+    /// Instances whose stop is planned and not yet done (never planned twice as unknown).
+    pub fn stopping(&self) -> impl Iterator<Item = &InstanceId> {
+        self.stopping.iter()
     }
 }

@@ -65,7 +65,7 @@ impl WorkerPool {
     }
 
     fn dispatch(&mut self, ctx: &mut Context<Self>) {
-        while let Some(job) = self.book.next() {
+        while let Some(job) = self.book.take_next() {
             match job {
                 Job::Start(start) => {
                     let nonce = self.nonce();
@@ -142,6 +142,10 @@ impl Handler<ResizePool> for WorkerPool {
 impl Handler<GetPoolStatus> for WorkerPool {
     type Result = MessageResult<GetPoolStatus>;
     fn handle(&mut self, _msg: GetPoolStatus, _ctx: &mut Self::Context) -> Self::Result {
-        MessageResult(PoolStatus { size: self.book.size(), in_flight: self.book.in_flight(), queued: self.book.queued() })
+        MessageResult(PoolStatus {
+            size: self.book.size(),
+            in_flight: self.book.in_flight(),
+            queued: self.book.queued(),
+        })
     }
 }

@@ -54,8 +54,19 @@ async fn abandon(deps: &StartDeps, machine: MachineId) -> JobOutcome {
 
 /// Records the instance in the model, retrying a few times; gives the instance up (stops it)
 /// if that never works, so no unrecorded instance is left behind.
-async fn register(deps: &StartDeps, machine: MachineId, instance: CloudInstance, nonce: &str, name: String) -> JobOutcome {
-    let info = ProvisionedInstance { instance: instance.id.clone(), zone: instance.zone.clone(), nonce: nonce.to_owned(), display_name: name };
+async fn register(
+    deps: &StartDeps,
+    machine: MachineId,
+    instance: CloudInstance,
+    nonce: &str,
+    name: String,
+) -> JobOutcome {
+    let info = ProvisionedInstance {
+        instance: instance.id.clone(),
+        zone: instance.zone.clone(),
+        nonce: nonce.to_owned(),
+        display_name: name,
+    };
     let mut last = None;
     for attempt in 0..REGISTER_ATTEMPTS {
         match deps.model.set_instance_info(machine.clone(), info.clone()).await {
@@ -100,7 +111,11 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
         placement: job.info.placement.clone(),
         volumes: job.info.volumes.clone(),
         nonce: nonce.clone(),
-        tags: InstanceTags { model: Some(deps.model_uuid.clone()), machine: Some(machine.clone()), start: Some(nonce.clone()) },
+        tags: InstanceTags {
+            model: Some(deps.model_uuid.clone()),
+            machine: Some(machine.clone()),
+            start: Some(nonce.clone()),
+        },
         extra_tags: job.info.tags.clone(),
         client_token: String::new(),
         distribution_group: job.group.clone(),
@@ -129,7 +144,7 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
             Err(e) => return fail(deps, machine, format!("zone allocator unavailable: {e}")).await,
         };
         params.zone = zone.clone();
-        params.client_token = format!("{nonce}/{call}");
+        params.client_token = format!("{machine}/{nonce}/{call}");
         call += 1;
         let err = match deps.broker.start_instance(params.clone()).await {
             Ok(started) => {
@@ -152,7 +167,10 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
             Step::Final => return fail(deps, machine, err.message()).await,
             Step::FailOver => {
                 let z = zone.as_deref().unwrap_or_default();
-                let msg = format!("failed to start machine {machine} in zone {z:?}, retrying with new availability zone: {}", err.message());
+                let msg = format!(
+                    "failed to start machine {machine} in zone {z:?}, retrying with new availability zone: {}",
+                    err.message()
+                );
                 tracing::info!(%machine, "{msg}");
                 set_instance_status(deps, &machine, InstanceStatus::provisioning(), msg).await;
                 Duration::ZERO

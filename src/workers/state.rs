@@ -37,6 +37,8 @@ pub struct ReleaseJob {
 }
 
 /// One unit of broker work.
+// Starts dominate every queue, so boxing the large variant would save no memory.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Job {
     /// Start a machine.
@@ -71,7 +73,7 @@ impl PoolBook {
     }
 
     /// The next job to run, if a worker is free.
-    pub fn next(&mut self) -> Option<Job> {
+    pub fn take_next(&mut self) -> Option<Job> {
         if self.in_flight >= self.size {
             return None;
         }

@@ -12,17 +12,44 @@ use crate::ports::{Broker, BrokerError};
 pub struct ZoneAllocator {
     book: ZoneBook,
     broker: Arc<dyn Broker>,
+    refresh_interval: std::time::Duration,
 }
 
 impl ZoneAllocator {
-    /// An allocator over this broker, with a seeded tie-breaker.
-    pub fn new(broker: Arc<dyn Broker>, seed: u64) -> Self {
-        Self { book: ZoneBook::new(seed), broker }
+    /// An allocator over this broker, with a seeded tie-breaker, re-reading the zone list every
+    /// `refresh_interval` (rule 60) once it was first loaded.
+    pub fn new(broker: Arc<dyn Broker>, seed: u64, refresh_interval: std::time::Duration) -> Self {
+        Self { book: ZoneBook::new(seed), broker, refresh_interval }
+    }
+
+    fn schedule_refresh(&self, ctx: &mut Context<Self>) {
+        if !self.broker.supports_zones() {
+            return;
+        }
+        ctx.run_later(self.refresh_interval, |act, ctx| {
+            let call = act.broker.availability_zones();
+            ctx.spawn(call.into_actor(act).map(|res, act, ctx| {
+                match res {
+                    Ok(zones) => act.apply(zones),
+                    Err(e) => tracing::warn!(error = %e, "refreshing availability zones failed; keeping the last list"),
+                }
+                act.schedule_refresh(ctx);
+            }));
+        });
+    }
+
+    fn apply(&mut self, zones: Vec<crate::ports::AvailabilityZone>) {
+        let list: Vec<(String, bool)> = zones.into_iter().map(|z| (z.name, z.available)).collect();
+        self.book.update_zones(&list);
     }
 }
 
 impl Actor for ZoneAllocator {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.schedule_refresh(ctx);
+    }
 }
 
 impl Handler<RefreshZones> for ZoneAllocator {
@@ -35,8 +62,7 @@ impl Handler<RefreshZones> for ZoneAllocator {
         let call = self.broker.availability_zones();
         Box::pin(call.into_actor(self).map(|res, act, _ctx| match res {
             Ok(zones) => {
-                let list: Vec<(String, bool)> = zones.into_iter().map(|z| (z.name, z.available)).collect();
-                act.book.update_zones(&list);
+                act.apply(zones);
                 Ok(act.book.is_zoned())
             }
             Err(BrokerError::NotSupported(_)) => Ok(false),

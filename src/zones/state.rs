@@ -69,7 +69,12 @@ pub struct ZoneBook {
 impl ZoneBook {
     /// An empty book with a seeded tie-breaker.
     pub fn new(seed: u64) -> Self {
-        Self { zones: BTreeMap::new(), placed: BTreeMap::new(), requests: BTreeMap::new(), rng: StdRng::seed_from_u64(seed) }
+        Self {
+            zones: BTreeMap::new(),
+            placed: BTreeMap::new(),
+            requests: BTreeMap::new(),
+            rng: StdRng::seed_from_u64(seed),
+        }
     }
 
     /// Whether the cloud has zones at all (none = start without a zone).

@@ -1,1 +1,9 @@
+//! Actor-level tests: the real actors against the fake cloud and fake model, on a paused
+//! clock. Each test is named after the behaviour it proves; the Juju test or rule it ports is
+//! named in its doc comment.
 
+mod harvesting;
+mod resilience;
+mod starting;
+mod support;
+mod zones;

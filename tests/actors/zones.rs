@@ -1,0 +1,351 @@
+//! Availability zones: spreading, constraints, derived zones, fail-over, distribution groups.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use provisioner::fake::{CloudOp, FakeMachine, FakeModel, Fault};
+use provisioner::types::InstanceState;
+use provisioner::{Life, Machine, MachineId, MachineStatus, ProvisionerConfig, RetryStrategy};
+
+use crate::support::*;
+
+fn zone_counts(snap: &provisioner::fake::ModelSnapshot) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for m in snap.machines.values() {
+        if let Some(z) = &m.zone {
+            *counts.entry(z.clone()).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+fn all_provisioned(ids: &'static [&'static str]) -> impl Fn(&provisioner::fake::ModelSnapshot) -> bool {
+    move |m| ids.iter().all(|id| instance_of(m, id).is_some())
+}
+
+/// T4 `TestEvenZonePlacement`, P28: four machines over three zones use all three zones, each
+/// once or twice.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn machines_spread_evenly_over_zones() {
+    let h = Harness::zoned(test_config(), &["az1", "az2", "az3"], &["0", "1", "2", "3"]);
+    let model = h.until_model(Duration::from_secs(10), all_provisioned(&["0", "1", "2", "3"])).await;
+    let counts = zone_counts(&model);
+    assert_eq!(counts.len(), 3, "{counts:?}");
+    assert!(counts.values().all(|c| (1..=2).contains(c)), "{counts:?}");
+    assert_eq!(h.cloud().await.calls_of(CloudOp::DeriveZones).len(), 4);
+    let zones = h.handle.zones().await.unwrap();
+    for id in ["0", "1", "2", "3"] {
+        assert_eq!(zones.zone_of(&MachineId::new(id)), model.machine(id).unwrap().zone.as_deref());
+    }
+}
+
+/// The tie-break is random but seeded: the same seed places machines the same way, and
+/// different seeds do not all agree.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn zone_tie_breaks_are_reproducible_from_the_seed() {
+    let mut placements = Vec::new();
+    for seed in [7, 7, 8, 9, 10] {
+        let config = ProvisionerConfig { seed, workers: 1, ..test_config() };
+        let h = Harness::zoned(config, &["az1", "az2", "az3", "az4"], &["0", "1", "2"]);
+        let model = h.until_model(Duration::from_secs(10), all_provisioned(&["0", "1", "2"])).await;
+        placements.push(["0", "1", "2"].map(|id| model.machine(id).unwrap().zone.clone()));
+        h.handle.shutdown();
+    }
+    assert_eq!(placements[0], placements[1]);
+    assert!(placements[2..].iter().any(|p| p != &placements[0]), "{placements:?}");
+}
+
+/// T6 `TestZoneConstraintsNoZoneAvailable`, rule 64: no zone matches `zones=az9`: no start, and
+/// the instance status says which machine found no zone.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn no_matching_zone_is_a_provisioning_error_without_a_start() {
+    let mut m = FakeMachine::new(Machine::pending("0"));
+    m.info.constraints.zones = Some(vec!["az9".into()]);
+    let h = Harness::new(test_config(), zoned_cloud(&["az1", "az2", "az3"]), FakeModel::with_machines(vec![m]));
+    let model =
+        h.until_model(Duration::from_secs(10), |m| m.machine("0").unwrap().machine.instance_status.is_error()).await;
+    assert_eq!(
+        model.machine("0").unwrap().instance_status_message,
+        "suitable availability zone for machine 0 not found"
+    );
+    assert_eq!(h.cloud().await.calls_of(CloudOp::StartInstance).len(), 0);
+    assert!(h.handle.is_running());
+}
+
+/// T7, T9, T11: `zones=` constraints are honoured with and without distribution groups.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn zone_constraints_are_honoured() {
+    let mut a = FakeMachine::new(Machine::pending("0"));
+    a.info.constraints.zones = Some(vec!["az1".into()]);
+    let mut b = FakeMachine::new(Machine::pending("1"));
+    b.info.constraints.zones = Some(vec!["az1".into(), "az2".into()]);
+    b.group = Ok(vec!["az1".into()]);
+    let mut c = FakeMachine::new(Machine::pending("2"));
+    c.info.constraints.zones = Some(vec!["az2".into()]);
+    c.group = Ok(vec!["3".into()]);
+    let h = Harness::new(test_config(), zoned_cloud(&["az1", "az2", "az3"]), FakeModel::with_machines(vec![a, b, c]));
+    let model = h.until_model(Duration::from_secs(10), all_provisioned(&["0", "1", "2"])).await;
+    assert_eq!(model.machine("0").unwrap().zone.as_deref(), Some("az1"));
+    assert!(matches!(model.machine("1").unwrap().zone.as_deref(), Some("az1" | "az2")));
+    assert_eq!(model.machine("2").unwrap().zone.as_deref(), Some("az2"));
+}
+
+/// P8, rule 66: a zone-specific failure fails over to another zone at once, using no round
+/// (retry count 1) and no delay.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn zone_specific_failure_fails_over_to_another_zone_at_once() {
+    let config =
+        ProvisionerConfig { retry: RetryStrategy { count: 1, delay: Duration::from_secs(10) }, ..test_config() };
+    let cloud = zoned_cloud(&["az1", "az2", "az3"]);
+    cloud.add_fault(Fault {
+        machine: "0".into(),
+        times: 1,
+        zone: None,
+        zone_independent: false,
+        message: "no capacity".into(),
+    });
+    let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["0"])));
+    let model = h.until_model(Duration::from_secs(10), all_provisioned(&["0"])).await;
+    let cloud = h.cloud().await;
+    let starts = cloud.calls_of(CloudOp::StartInstance);
+    assert_eq!(starts.len(), 2);
+    assert_ne!(starts[0].zone, starts[1].zone);
+    assert_eq!(starts[1].at, starts[0].at, "fail-over waited");
+    assert_eq!(model.machine("0").unwrap().zone, starts[1].zone);
+}
+
+/// Contract semantics 8: a machine that always fails zone-specifically gets N·Z+1 calls with Z
+/// eligible zones, and N+1 when it fails zone-independently.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn always_failing_machine_gets_n_times_z_plus_one_calls() {
+    let config =
+        ProvisionerConfig { retry: RetryStrategy { count: 2, delay: Duration::from_secs(1) }, ..test_config() };
+    let cloud = zoned_cloud(&["az1", "az2", "az3"]);
+    cloud.add_fault(Fault {
+        machine: "0".into(),
+        times: 100,
+        zone: None,
+        zone_independent: false,
+        message: "zing".into(),
+    });
+    cloud.add_fault(Fault {
+        machine: "1".into(),
+        times: 100,
+        zone: None,
+        zone_independent: true,
+        message: "arf".into(),
+    });
+    let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["0", "1"])));
+    h.until_model(Duration::from_secs(60), |m| {
+        ["0", "1"].iter().all(|id| m.machine(id).unwrap().machine.status == MachineStatus::Error)
+    })
+    .await;
+    let cloud = h.cloud().await;
+    assert_eq!(starts_of(&cloud, "0"), 2 * 3 + 1);
+    assert_eq!(starts_of(&cloud, "1"), 2 + 1);
+    let zones = h.handle.zones().await.unwrap();
+    assert!(zones.zones.iter().all(|z| z.machines.is_empty() && z.failed.is_empty()), "{zones:?}");
+}
+
+/// P36 `TestProvisioningMachinesClearAZFailures`: zones zone1 (holding the controller),
+/// zone2 (unavailable), zone3, zone4; retry count 4; three failures: zone3 and zone4 (pop 0)
+/// fail, then zone1 fails, marks clear, and the next round succeeds in zone3 or zone4.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn failure_marks_clear_after_every_zone_failed() {
+    let config =
+        ProvisionerConfig { retry: RetryStrategy { count: 4, delay: Duration::from_millis(5) }, ..test_config() };
+    let cloud = zoned_cloud(&[]);
+    cloud.set_zones(&["zone1", "zone3", "zone4"], &["zone2"]);
+    cloud.launch("i-ctl", Some("zone1"), Some("0"), InstanceState::Running, false);
+    cloud.add_fault(Fault {
+        machine: "1".into(),
+        times: 3,
+        zone: None,
+        zone_independent: false,
+        message: "zing".into(),
+    });
+    let mut controller = Machine::pending("0");
+    controller.instance = Some("i-ctl".into());
+    controller.status = MachineStatus::Started;
+    controller.controller = true;
+    let h = Harness::new(config, cloud, FakeModel::new(vec![controller, Machine::pending("1")]));
+    let model = h.until_model(Duration::from_secs(10), all_provisioned(&["1"])).await;
+    let cloud = h.cloud().await;
+    let starts = cloud.calls_of(CloudOp::StartInstance);
+    assert_eq!(starts.len(), 4);
+    let zones: Vec<_> = starts.iter().map(|c| c.zone.clone().unwrap()).collect();
+    assert_eq!(zones[2], "zone1", "{zones:?}");
+    assert!(zones.iter().all(|z| z != "zone2"));
+    assert!(matches!(model.machine("1").unwrap().zone.as_deref(), Some("zone3" | "zone4")));
+}
+
+/// P37 `TestProvisioningMachinesDerivedAZ`: derived zones restrict placement; a machine whose
+/// derived zone does not exist is never started; zone-independent failures use a round.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn derived_zones_restrict_placement() {
+    let config =
+        ProvisionerConfig { retry: RetryStrategy { count: 2, delay: Duration::from_millis(5) }, ..test_config() };
+    let cloud = zoned_cloud(&[]);
+    cloud.set_zones(&["zone1", "zone3", "zone4"], &["zone2"]);
+    cloud.set_derived_zones("1", &["fail-zone"]);
+    cloud.set_derived_zones("2", &["zone4"]);
+    cloud.set_derived_zones("3", &["zone1", "zone4"]);
+    cloud.set_derived_zones("4", &["zone1"]);
+    cloud.set_derived_zones("5", &["zone3"]);
+    cloud.add_fault(Fault {
+        machine: "2".into(),
+        times: 3,
+        zone: None,
+        zone_independent: false,
+        message: "zing".into(),
+    });
+    cloud.add_fault(Fault {
+        machine: "3".into(),
+        times: 1,
+        zone: None,
+        zone_independent: false,
+        message: "zing".into(),
+    });
+    cloud.add_fault(Fault { machine: "5".into(), times: 1, zone: None, zone_independent: true, message: "arf".into() });
+    let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["1", "2", "3", "4", "5"])));
+    let model = h
+        .until_model(Duration::from_secs(30), |m| {
+            all_provisioned(&["3", "4", "5"])(m)
+                && ["1", "2"].iter().all(|id| m.machine(id).unwrap().machine.status == MachineStatus::Error)
+        })
+        .await;
+    let cloud = h.cloud().await;
+    assert_eq!(starts_of(&cloud, "1"), 0);
+    assert_eq!(
+        model.machine("1").unwrap().instance_status_message,
+        "suitable availability zone for machine 1 not found"
+    );
+    assert_eq!(starts_of(&cloud, "2"), 3);
+    assert_eq!(starts_of(&cloud, "3"), 2);
+    assert_eq!(starts_of(&cloud, "5"), 2);
+    assert_eq!(model.machine("4").unwrap().zone.as_deref(), Some("zone1"));
+    assert_eq!(model.machine("5").unwrap().zone.as_deref(), Some("zone3"));
+    assert!(matches!(model.machine("3").unwrap().zone.as_deref(), Some("zone1" | "zone4")));
+}
+
+/// P38 `TestProvisioningMachinesNoZonedEnviron`, rule 61: a zoneless cloud starts machines
+/// without a zone and the zone book stays empty.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn zoneless_cloud_starts_without_zones() {
+    let h = Harness::new(test_config(), zoneless_cloud(), FakeModel::with_machines(machines(&["0", "1", "2", "3"])));
+    h.until_model(Duration::from_secs(10), all_provisioned(&["0", "1", "2", "3"])).await;
+    let cloud = h.cloud().await;
+    assert!(cloud.calls_of(CloudOp::StartInstance).iter().all(|c| c.zone.is_none()));
+    assert!(cloud.calls_of(CloudOp::AvailabilityZones).is_empty());
+    assert!(h.handle.zones().await.unwrap().zones.is_empty());
+}
+
+/// P30/P31: distribution group members spread over zones (a group of up to three never shares
+/// a zone), even when a member fails once.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn distribution_group_members_spread_over_zones() {
+    let config =
+        ProvisionerConfig { retry: RetryStrategy { count: 2, delay: Duration::ZERO }, workers: 1, ..test_config() };
+    let groups: [(&str, &[&str]); 5] =
+        [("1", &["4", "5"]), ("2", &["3"]), ("3", &["2"]), ("4", &["1", "5"]), ("5", &["1", "4"])];
+    let ms = groups
+        .iter()
+        .map(|(id, g)| {
+            let mut m = FakeMachine::new(Machine::pending(*id));
+            m.group = Ok(g.iter().map(|x| MachineId::new(*x)).collect());
+            m
+        })
+        .collect();
+    let cloud = zoned_cloud(&["az1", "az2", "az3"]);
+    cloud.add_fault(Fault {
+        machine: "2".into(),
+        times: 1,
+        zone: None,
+        zone_independent: false,
+        message: "zing".into(),
+    });
+    let h = Harness::new(config, cloud, FakeModel::with_machines(ms));
+    let model = h.until_model(Duration::from_secs(10), all_provisioned(&["1", "2", "3", "4", "5"])).await;
+    let zone = |id: &str| model.machine(id).unwrap().zone.clone().unwrap();
+    for (id, g) in groups {
+        for other in g {
+            assert_ne!(zone(id), zone(other), "{id} and {other} share a zone");
+        }
+    }
+    let book = h.handle.zones().await.unwrap();
+    assert!(
+        book.zones.iter().any(|z| z.failed.contains(&MachineId::new("2"))),
+        "machine 2 keeps its failure mark: {book:?}"
+    );
+}
+
+/// P32 `TestProvisioningMachinesSingleMachineDGFailure`, rule 47: one machine's distribution
+/// group lookup fails: it gets a provisioning error, the others start.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn distribution_group_failure_errors_only_that_machine() {
+    let mut ms = machines(&["1", "2", "3", "4", "5"]);
+    ms[0].group = Err("machine 1 not found".into());
+    let h = Harness::new(test_config(), zoned_cloud(&["az1", "az2", "az3"]), FakeModel::with_machines(ms));
+    let model = h
+        .until_model(Duration::from_secs(10), |m| {
+            all_provisioned(&["2", "3", "4", "5"])(m) && m.machine("1").unwrap().machine.instance_status.is_error()
+        })
+        .await;
+    assert_eq!(model.machine("1").unwrap().instance_status_message, "machine 1 not found");
+    assert_eq!(starts_of(&h.cloud().await, "1"), 0);
+}
+
+/// P33, rule 70: a dead machine leaves its zone; the others stay.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn dead_machine_leaves_its_zone() {
+    let h = Harness::zoned(test_config(), &["az1", "az2", "az3"], &["1", "2", "3", "4"]);
+    let model = h.until_model(Duration::from_secs(10), all_provisioned(&["1", "2", "3", "4"])).await;
+    h.model.set_life("1", Life::Dead);
+    h.until_model(Duration::from_secs(10), |m| m.machine("1").unwrap().removed).await;
+    h.settle().await;
+    let book = h.handle.zones().await.unwrap();
+    assert_eq!(book.zone_of(&"1".into()), None);
+    for id in ["2", "3", "4"] {
+        assert_eq!(book.zone_of(&MachineId::new(id)), model.machine(id).unwrap().zone.as_deref());
+    }
+}
+
+/// P35 (made non-vacuous): after a restart the new allocator counts existing machines in their
+/// zones, so new machines still fill the emptiest zone.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn zone_populations_survive_a_restart() {
+    let h = Harness::zoned(test_config(), &["az1", "az2", "az3"], &["1", "2", "3", "4", "5"]);
+    let before = h.until_model(Duration::from_secs(10), all_provisioned(&["1", "2", "3", "4", "5"])).await;
+    let counts = zone_counts(&before);
+    let emptiest = counts.iter().min_by_key(|(_, c)| **c).map(|(z, _)| z.clone()).unwrap();
+    let book_before = h.handle.zones().await.unwrap();
+    let h = h.restart(test_config());
+    h.settle().await;
+    let book_after = h.handle.zones().await.unwrap();
+    assert_eq!(book_before, book_after);
+    h.model.add_machine(FakeMachine::new(Machine::pending("6")));
+    let after = h.until_model(Duration::from_secs(10), all_provisioned(&["6"])).await;
+    assert_eq!(after.machine("6").unwrap().zone.as_deref(), Some(emptiest.as_str()));
+}
+
+/// T16 `TestUpdatedZonesReflectedInAZMachineSlice`, rule 60, semantics 7: the zone list is
+/// re-read every resync interval; a zone that became unavailable is never chosen although it
+/// holds machines, and a new zone is used.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn zone_list_changes_are_picked_up_and_unavailable_zones_avoided() {
+    let config = ProvisionerConfig { resync_interval: Duration::from_secs(60), ..test_config() };
+    let h = Harness::zoned(config, &["az1"], &["0"]);
+    h.until_model(Duration::from_secs(10), all_provisioned(&["0"])).await;
+    h.cloud.set_zones(&["az2", "az3"], &["az1"]);
+    h.run_for(Duration::from_secs(61)).await;
+    let book = h.handle.zones().await.unwrap();
+    let names: Vec<_> = book.zones.iter().map(|z| (z.name.as_str(), z.available)).collect();
+    assert_eq!(names, vec![("az1", false), ("az2", true), ("az3", true)]);
+    for id in ["1", "2", "3"] {
+        h.model.add_machine(FakeMachine::new(Machine::pending(id)));
+    }
+    let model = h.until_model(Duration::from_secs(10), all_provisioned(&["1", "2", "3"])).await;
+    for id in ["1", "2", "3"] {
+        assert_ne!(model.machine(id).unwrap().zone.as_deref(), Some("az1"));
+    }
+}
