@@ -58,7 +58,11 @@ impl Handler<ProvisionerEvent> for Controller {
                         let m = model.snapshot().await;
                         let c = cloud.snapshot().await;
                         let live = c.instances.values().filter(|i| i.instance.state.as_str() != "terminated").count();
-                        println!("model: {} machines, {} removed; cloud: {live} live instances", m.machines.len(), m.marked_for_removal.len());
+                        println!(
+                            "model: {} machines, {} removed; cloud: {live} live instances",
+                            m.machines.len(),
+                            m.marked_for_removal.len()
+                        );
                         System::current().stop();
                     }
                     .into_actor(self),
@@ -72,7 +76,8 @@ impl Handler<ProvisionerEvent> for Controller {
 fn main() {
     let system = System::new();
     system.block_on(async {
-        let config = ProvisionerConfig { harvest_mode: HarvestMode::Destroyed, workers: 4, ..ProvisionerConfig::default() };
+        let config =
+            ProvisionerConfig { harvest_mode: HarvestMode::Destroyed, workers: 4, ..ProvisionerConfig::default() };
         let cloud = FakeCloud::with_zones(&config.model_uuid, &["az1", "az2", "az3"]);
         cloud.set_latency(Duration::from_millis(200), Duration::from_millis(50));
         let model = FakeModel::new(vec![]);

@@ -19,6 +19,7 @@
 //! - [`wiring`]: [`start`] builds and links the actors and returns a [`ProvisionerHandle`].
 //! - [`events`]: what subscribers hear.
 //! - `fake` (feature `test-util`): an in-process fake cloud and fake model, for tests.
+//! - `sim` (feature `sim`): the deterministic simulator behind `provisioner simulate`.
 //!
 //! Each actor is a thin shell over a plain struct (`ZoneBook`, `LifecycleBook`, ...) that holds
 //! its decisions and is unit-tested without a runtime.
@@ -56,6 +57,8 @@ pub mod harvest;
 pub mod lifecycle;
 pub mod ports;
 pub mod registry;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod types;
 pub mod wiring;
 pub mod workers;
@@ -71,6 +74,12 @@ pub use wiring::{start, ProvisionerError, ProvisionerHandle};
 #[derive(Debug, Clone, Copy, actix::Message)]
 #[rtype(result = "()")]
 pub struct Shutdown;
+
+/// How much one-shot work an actor still has (queued jobs, calls in flight, retries waiting
+/// on a timer). Periodic timers do not count. Zero everywhere = quiescent.
+#[derive(Debug, Clone, Copy, actix::Message)]
+#[rtype(result = "usize")]
+pub struct Busy;
 
 macro_rules! handle_shutdown {
     ($($actor:ty),*) => {$(

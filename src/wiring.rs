@@ -183,6 +183,17 @@ impl ProvisionerHandle {
         self.pool.do_send(Shutdown);
     }
 
+    /// Whether every actor is quiescent: no batch, job, call or one-shot retry pending
+    /// (periodic resyncs do not count). A stopped provisioner is idle.
+    pub async fn is_idle(&self) -> bool {
+        let (c, p, r) = futures::join!(
+            self.coordinator.send(crate::Busy),
+            self.pool.send(crate::Busy),
+            self.registry.send(crate::Busy)
+        );
+        [c, p, r].into_iter().all(|b| b.map(|n| n == 0).unwrap_or(true))
+    }
+
     /// Whether the provisioner's front door is still open.
     pub fn is_running(&self) -> bool {
         self.coordinator.connected()

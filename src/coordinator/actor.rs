@@ -82,12 +82,14 @@ pub struct Coordinator {
     book: BatchBook,
     links: Links,
     subscribers: Vec<Recipient<ProvisionerEvent>>,
+    /// Follow-up futures and one-shot timers not yet done (for quiescence checks).
+    outstanding: usize,
 }
 
 impl Coordinator {
     /// A coordinator over these links; `workers` is the pool's initial size.
     pub fn new(links: Links, backoff: crate::config::Backoff, workers: usize) -> Self {
-        Self { book: BatchBook::new(backoff, workers), links, subscribers: Vec::new() }
+        Self { book: BatchBook::new(backoff, workers), links, subscribers: Vec::new(), outstanding: 0 }
     }
 
     fn publish(&self, event: ProvisionerEvent) {
@@ -112,7 +114,9 @@ impl Coordinator {
                     if !report.retry_later.is_empty() {
                         let delay = act.book.retry_later_delay();
                         let later = report.retry_later;
+                        act.outstanding += 1;
                         ctx.run_later(delay, move |act, ctx| {
+                            act.outstanding -= 1;
                             act.book.notify(later);
                             act.kick(ctx);
                         });
@@ -151,7 +155,9 @@ impl Coordinator {
 
     fn harvest_unknown(&mut self, ctx: &mut Context<Self>, announce: bool) {
         let ask = self.links.plan_unknown.send(PlanUnknown);
+        self.outstanding += 1;
         ctx.spawn(ask.into_actor(self).map(move |res, act, _ctx| {
+            act.outstanding -= 1;
             if let Ok(plan) = res {
                 if !plan.stop.is_empty() {
                     tracing::info!(instances = ?plan.stop, "harvesting unknown instances");
@@ -174,6 +180,7 @@ impl Coordinator {
 
     fn after_start(&mut self, machine: MachineId, instance: Option<crate::types::InstanceId>, ctx: &mut Context<Self>) {
         let ask = self.links.start_finished.send(StartFinished { machine, instance });
+        self.outstanding += 1;
         ctx.spawn(ask.into_actor(self).then(move |res, act, _ctx| {
             let plan = match res {
                 Ok(AfterStart::StopDeferred { dead }) => {
@@ -190,6 +197,7 @@ impl Coordinator {
             }
             .into_actor(act)
             .map(|plan, act, _ctx| {
+                act.outstanding -= 1;
                 if let Some(plan) = plan {
                     act.execute(plan);
                 }
@@ -208,7 +216,11 @@ fn execute_plan(links: &Links, plan: HarvestPlan) {
         })));
     }
     if !plan.release.is_empty() {
-        links.enqueue.do_send(Enqueue(Job::Release(ReleaseJob { instances: plan.release, attempt: 0 })));
+        links.enqueue.do_send(Enqueue(Job::Release(ReleaseJob {
+            instances: plan.release,
+            machines: plan.remove_after_release,
+            attempt: 0,
+        })));
     }
     forget(links, plan.remove_now);
 }
@@ -355,7 +367,9 @@ impl Handler<RetryTick> for Coordinator {
             }
             reset
         };
+        self.outstanding += 1;
         ctx.spawn(fut.into_actor(self).map(|ids, act, ctx| {
+            act.outstanding -= 1;
             if ids.is_empty() {
                 return;
             }
@@ -370,7 +384,9 @@ impl Handler<ChangeHarvestMode> for Coordinator {
     type Result = ();
     fn handle(&mut self, msg: ChangeHarvestMode, ctx: &mut Self::Context) {
         let ask = self.links.set_mode.send(SetHarvestMode(msg.0));
+        self.outstanding += 1;
         ctx.spawn(ask.into_actor(self).map(|res, act, ctx| {
+            act.outstanding -= 1;
             if let Ok(change) = res {
                 act.mode_changed(change, ctx);
             }
@@ -443,7 +459,20 @@ impl Handler<JobDone> for Coordinator {
                     self.publish(ProvisionerEvent::MachineRemoved { machine: m });
                 }
             }
-            JobOutcome::Released { instances } => self.publish(ProvisionerEvent::InstancesReleased { instances }),
+            JobOutcome::Released { instances, machines } => {
+                forget(&self.links, machines.clone());
+                self.publish(ProvisionerEvent::InstancesReleased { instances });
+                for m in machines {
+                    self.publish(ProvisionerEvent::MachineRemoved { machine: m });
+                }
+            }
         }
+    }
+}
+
+impl Handler<crate::Busy> for Coordinator {
+    type Result = usize;
+    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
+        self.book.busy() + self.outstanding
     }
 }

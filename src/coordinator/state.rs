@@ -75,6 +75,11 @@ impl BatchBook {
         self.backing_off = false;
     }
 
+    /// Work not yet done: waiting ids, a batch in flight, a backoff running.
+    pub fn busy(&self) -> usize {
+        self.pending.len() + usize::from(self.in_flight) + usize::from(self.backing_off)
+    }
+
     /// Whether the first full notification was processed.
     pub fn first_done(&self) -> bool {
         self.first_done

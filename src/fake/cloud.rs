@@ -59,6 +59,41 @@ pub struct CallRecord {
     pub error: Option<String>,
     /// The params of a start.
     pub params: Option<StartInstanceParams>,
+    /// The cloud refused the call for lack of a rate-limit token.
+    pub throttled: bool,
+    /// When it completed (`None` while in flight).
+    pub done_at: Option<Duration>,
+}
+
+/// A token bucket: `burst` tokens, refilled at `per_second`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenBucket {
+    burst: f64,
+    per_second: f64,
+    tokens: f64,
+    last: Option<Instant>,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn new(burst: u32, per_second: f64) -> Self {
+        Self { burst: f64::from(burst), per_second, tokens: f64::from(burst), last: None }
+    }
+
+    /// Takes a token if one is there at `now`.
+    pub fn take(&mut self, now: Instant) -> bool {
+        if let Some(last) = self.last {
+            let elapsed = now.saturating_duration_since(last).as_secs_f64();
+            self.tokens = (self.tokens + elapsed * self.per_second).min(self.burst);
+        }
+        self.last = Some(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// A scripted StartInstance failure: the first `times` matching calls fail.
@@ -94,6 +129,12 @@ pub struct CloudSnapshot {
     pub calls: Vec<CallRecord>,
     /// The zones.
     pub zones: Vec<AvailabilityZone>,
+    /// Calls still in flight.
+    pub in_flight: usize,
+    /// When the cloud last changed or answered, since its creation.
+    pub last_activity: Duration,
+    /// Every moment a machine got a second live instance (invariant 1), as sentences.
+    pub duplicates: Vec<String>,
 }
 
 impl CloudSnapshot {
@@ -132,6 +173,11 @@ struct CloudActor {
     tokens: BTreeMap<String, InstanceId>,
     calls: Vec<CallRecord>,
     epoch: Instant,
+    start_bucket: Option<TokenBucket>,
+    stop_bucket: Option<TokenBucket>,
+    in_flight: usize,
+    last_activity: Duration,
+    duplicates: Vec<String>,
 }
 
 impl Actor for CloudActor {
@@ -146,8 +192,11 @@ impl CloudActor {
         zone: Option<String>,
         instances: Vec<InstanceId>,
     ) -> usize {
+        let at = self.epoch.elapsed();
+        self.last_activity = at;
+        self.in_flight += 1;
         self.calls.push(CallRecord {
-            at: self.epoch.elapsed(),
+            at,
             op,
             machine,
             zone,
@@ -155,15 +204,60 @@ impl CloudActor {
             ok: None,
             error: None,
             params: None,
+            throttled: false,
+            done_at: None,
         });
         self.calls.len() - 1
     }
 
     fn finish(&mut self, idx: usize, error: Option<String>) {
+        let now = self.epoch.elapsed();
+        self.last_activity = now;
+        self.in_flight = self.in_flight.saturating_sub(1);
         if let Some(c) = self.calls.get_mut(idx) {
             c.ok = Some(error.is_none());
             c.error = error;
+            c.done_at = Some(now);
         }
+    }
+
+    fn throttle(&mut self, idx: usize, kind: CloudOp) -> Option<BrokerError> {
+        let bucket = match kind {
+            CloudOp::StartInstance => self.start_bucket.as_mut(),
+            CloudOp::StopInstances => self.stop_bucket.as_mut(),
+            _ => None,
+        }?;
+        if bucket.take(Instant::now()) {
+            return None;
+        }
+        self.calls[idx].throttled = true;
+        self.finish(idx, Some("RequestLimitExceeded".into()));
+        Some(BrokerError::throttled("RequestLimitExceeded"))
+    }
+
+    /// Invariant 1, at the moment a start creates an instance: no other live instance of ours
+    /// is tagged for the same machine.
+    fn check_duplicate(&mut self, instance: &CloudInstance) {
+        let Some(m) = &instance.tags.machine else { return };
+        let others: Vec<String> = self
+            .instances
+            .values()
+            .filter(|i| self.ours(i) && i.instance.tags.machine.as_ref() == Some(m))
+            .filter(|i| i.instance.state != InstanceState::Terminated)
+            .map(|i| i.instance.id.to_string())
+            .collect();
+        if !others.is_empty() {
+            self.duplicates.push(format!(
+                "machine {m} has two live instances: {} and {}",
+                others.join(", "),
+                instance.id
+            ));
+        }
+    }
+
+    fn record_new(&mut self, instance: FakeInstance) {
+        self.last_activity = self.epoch.elapsed();
+        self.instances.insert(instance.instance.id.clone(), instance);
     }
 
     fn scripted_failure(&mut self, op: CloudOp) -> Option<String> {
@@ -218,6 +312,14 @@ msg!(Derive { machine: MachineId } -> "Result<Vec<String>, BrokerError>");
 msg!(Release { ids: Vec<InstanceId> } -> "Result<(), BrokerError>");
 msg!(Control { f: Box<dyn FnOnce(&mut CloudActor) + Send> } -> "()");
 msg!(Snapshot {} -> "CloudSnapshot");
+msg!(InFlight {} -> "usize");
+
+impl Handler<InFlight> for CloudActor {
+    type Result = usize;
+    fn handle(&mut self, _msg: InFlight, _ctx: &mut Self::Context) -> usize {
+        self.in_flight
+    }
+}
 
 impl Handler<Start> for CloudActor {
     type Result = ResponseActFuture<Self, Result<StartedInstance, BrokerError>>;
@@ -225,6 +327,9 @@ impl Handler<Start> for CloudActor {
         let p = msg.params;
         let idx = self.log(CloudOp::StartInstance, Some(p.machine.clone()), p.zone.clone(), Vec::new());
         self.calls[idx].params = Some(p.clone());
+        if let Some(err) = self.throttle(idx, CloudOp::StartInstance) {
+            return Box::pin(fut::ready(Err(err)));
+        }
         if let Some(existing) = self.tokens.get(&p.client_token).and_then(|id| self.instances.get(id)) {
             if existing.instance.tags.machine.as_ref() != Some(&p.machine) {
                 let err = BrokerError::zone_independent(format!(
@@ -247,7 +352,8 @@ impl Handler<Start> for CloudActor {
         let id = InstanceId::new(format!("i-{}", self.next_id));
         let instance =
             CloudInstance { id: id.clone(), state: InstanceState::Pending, zone: p.zone.clone(), tags: p.tags.clone() };
-        self.instances.insert(id.clone(), FakeInstance { instance, foreign: false });
+        self.check_duplicate(&instance);
+        self.record_new(FakeInstance { instance, foreign: false });
         self.tokens.insert(p.client_token.clone(), id.clone());
         self.calls[idx].instances = vec![id.clone()];
         let latency = self.start_latency;
@@ -274,6 +380,9 @@ impl Handler<Stop> for CloudActor {
     type Result = ResponseActFuture<Self, Result<(), BrokerError>>;
     fn handle(&mut self, msg: Stop, _ctx: &mut Self::Context) -> Self::Result {
         let idx = self.log(CloudOp::StopInstances, None, None, msg.ids.clone());
+        if let Some(err) = self.throttle(idx, CloudOp::StopInstances) {
+            return Box::pin(fut::ready(Err(err)));
+        }
         if let Some(m) = self.scripted_failure(CloudOp::StopInstances) {
             self.finish(idx, Some(m.clone()));
             return Box::pin(fut::ready(Err(BrokerError::transient(m))));
@@ -370,6 +479,9 @@ impl Handler<Snapshot> for CloudActor {
             instances: self.instances.clone(),
             calls: self.calls.clone(),
             zones: self.zones.clone(),
+            in_flight: self.in_flight,
+            last_activity: self.last_activity,
+            duplicates: self.duplicates.clone(),
         })
     }
 }
@@ -408,6 +520,11 @@ impl FakeCloud {
             tokens: BTreeMap::new(),
             calls: Vec::new(),
             epoch: Instant::now(),
+            start_bucket: None,
+            stop_bucket: None,
+            in_flight: 0,
+            last_activity: Duration::ZERO,
+            duplicates: Vec::new(),
         };
         Self { addr: actor.start(), model_uuid: model_uuid.to_owned(), zoned }
     }
@@ -469,8 +586,14 @@ impl FakeCloud {
             zone: zone.map(str::to_owned),
             tags: InstanceTags { model: Some(model), machine: machine.map(MachineId::new), start: None },
         };
+        self.control(move |c| c.record_new(FakeInstance { instance, foreign }));
+    }
+
+    /// Throttles starts and stops with token buckets (`(burst, per_second)`; `None` = unlimited).
+    pub fn set_rate_limit(&self, start: Option<(u32, f64)>, stop: Option<(u32, f64)>) {
         self.control(move |c| {
-            c.instances.insert(instance.id.clone(), FakeInstance { instance, foreign });
+            c.start_bucket = start.map(|(b, r)| TokenBucket::new(b, r));
+            c.stop_bucket = stop.map(|(b, r)| TokenBucket::new(b, r));
         });
     }
 
@@ -480,11 +603,17 @@ impl FakeCloud {
         let id = InstanceId::new(id);
         self.control(move |c| {
             if let Some(i) = c.instances.get_mut(&id) {
-                if i.instance.state != InstanceState::Terminated {
+                if i.instance.state != InstanceState::Terminated && i.instance.state != state {
                     i.instance.state = state;
+                    c.last_activity = c.epoch.elapsed();
                 }
             }
         });
+    }
+
+    /// Calls in flight.
+    pub async fn in_flight(&self) -> usize {
+        self.addr.send(InFlight {}).await.unwrap_or(0)
     }
 
     /// Everything the cloud knows.

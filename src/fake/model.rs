@@ -52,6 +52,10 @@ pub struct FakeMachine {
     pub transient: bool,
     /// Per-machine error returned by `machines` for it.
     pub read_error: Option<String>,
+    /// When it became dead, since the model was created.
+    pub died_at: Option<std::time::Duration>,
+    /// When it was marked for removal.
+    pub removed_at: Option<std::time::Duration>,
 }
 
 impl FakeMachine {
@@ -67,6 +71,8 @@ impl FakeMachine {
             removed: false,
             transient: false,
             read_error: None,
+            died_at: None,
+            removed_at: None,
         }
     }
 }
@@ -82,6 +88,8 @@ pub struct ModelSnapshot {
     pub marked_for_removal: Vec<MachineId>,
     /// How many `machines` calls were made.
     pub machines_calls: usize,
+    /// When the model last changed, since its creation.
+    pub last_activity: std::time::Duration,
 }
 
 impl ModelSnapshot {
@@ -99,6 +107,8 @@ struct ModelActor {
     ensure_dead: Vec<MachineId>,
     marked: Vec<MachineId>,
     machines_calls: usize,
+    epoch: actix_rt::time::Instant,
+    last_activity: std::time::Duration,
 }
 
 impl Actor for ModelActor {
@@ -116,6 +126,11 @@ impl ModelActor {
             Some(m) => Err(ModelError::Other(m)),
             None => Ok(()),
         }
+    }
+
+    fn touch_clock(&mut self) -> std::time::Duration {
+        self.last_activity = self.epoch.elapsed();
+        self.last_activity
     }
 
     fn notify(&self, ids: Vec<MachineId>) {
@@ -189,13 +204,17 @@ impl ModelActor {
             }
             Call::SetInstanceInfo(id, info) => {
                 self.scripted(ModelOp::SetInstanceInfo)?;
+                self.touch_clock();
                 let m = self.live(&id)?;
                 m.machine.instance = Some(info.instance);
                 m.zone = info.zone;
+                // The simulated machine agent comes up with its instance.
+                m.machine.status = MachineStatus::Started;
                 Ok(Answer::Done)
             }
             Call::SetStatus(id, status, message) => {
                 self.scripted(ModelOp::SetStatus)?;
+                self.touch_clock();
                 let m = self.live(&id)?;
                 m.machine.status = status;
                 m.status_message = message;
@@ -206,6 +225,7 @@ impl ModelActor {
             }
             Call::SetInstanceStatus(id, status, message) => {
                 self.scripted(ModelOp::SetInstanceStatus)?;
+                self.touch_clock();
                 let m = self.live(&id)?;
                 m.machine.instance_status = status;
                 m.instance_status_message = message;
@@ -213,9 +233,11 @@ impl ModelActor {
             }
             Call::EnsureDead(id) => {
                 self.scripted(ModelOp::EnsureDead)?;
+                let now = self.touch_clock();
                 let m = self.live(&id)?;
                 let changed = m.machine.life != Life::Dead;
                 m.machine.life = Life::Dead;
+                m.died_at.get_or_insert(now);
                 self.ensure_dead.push(id.clone());
                 if changed {
                     self.notify(vec![id]);
@@ -224,11 +246,13 @@ impl ModelActor {
             }
             Call::MarkForRemoval(id) => {
                 self.scripted(ModelOp::MarkForRemoval)?;
+                let now = self.touch_clock();
                 let m = self.live(&id)?;
                 if m.machine.life != Life::Dead {
                     return Err(ModelError::Other(format!("machine {id} is not dead")));
                 }
                 m.removed = true;
+                m.removed_at = Some(now);
                 self.marked.push(id);
                 Ok(Answer::Done)
             }
@@ -293,6 +317,7 @@ impl Handler<Snapshot> for ModelActor {
             ensure_dead: self.ensure_dead.clone(),
             marked_for_removal: self.marked.clone(),
             machines_calls: self.machines_calls,
+            last_activity: self.last_activity,
         })
     }
 }
@@ -319,6 +344,8 @@ impl FakeModel {
             ensure_dead: Vec::new(),
             marked: Vec::new(),
             machines_calls: 0,
+            epoch: actix_rt::time::Instant::now(),
+            last_activity: std::time::Duration::ZERO,
         };
         Self { addr: actor.start() }
     }
@@ -337,19 +364,24 @@ impl FakeModel {
         self.control(move |m| {
             let ids = m.machines.iter().filter(|(_, f)| !f.removed).map(|(id, _)| id.clone()).collect();
             to.do_send(MachinesChanged { ids });
+            m.watchers.retain(|w| w.connected());
             m.watchers.push(to);
         });
     }
 
     /// Subscribes a transient-retry watcher.
     pub fn watch_retries(&self, to: Recipient<RetryTick>) {
-        self.control(move |m| m.retry_watchers.push(to));
+        self.control(move |m| {
+            m.retry_watchers.retain(|w| w.connected());
+            m.retry_watchers.push(to);
+        });
     }
 
     /// Adds a machine and notifies.
     pub fn add_machine(&self, machine: FakeMachine) {
         self.control(move |m| {
             let id = machine.machine.id.clone();
+            m.touch_clock();
             m.machines.insert(id.clone(), machine);
             m.notify(vec![id]);
         });
@@ -359,8 +391,26 @@ impl FakeModel {
     pub fn set_life(&self, id: &str, life: Life) {
         let id = MachineId::new(id);
         self.control(move |m| {
+            let now = m.touch_clock();
             if let Some(f) = m.machines.get_mut(&id) {
-                f.machine.life = life;
+                if f.machine.life < life {
+                    f.machine.life = life;
+                    if life == Life::Dead {
+                        f.died_at.get_or_insert(now);
+                    }
+                    m.notify(vec![id]);
+                }
+            }
+        });
+    }
+
+    /// Changes a machine in place and notifies watchers (status written by someone else).
+    pub fn update_and_notify(&self, id: &str, f: impl FnOnce(&mut FakeMachine) + Send + 'static) {
+        let id = MachineId::new(id);
+        self.control(move |m| {
+            m.touch_clock();
+            if let Some(machine) = m.machines.get_mut(&id) {
+                f(machine);
                 m.notify(vec![id]);
             }
         });

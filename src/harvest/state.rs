@@ -16,6 +16,9 @@ pub struct HarvestPlan {
     pub remove_now: Vec<MachineId>,
     /// Instances left alone on purpose: strip our identity so they are never harvested.
     pub release: Vec<InstanceId>,
+    /// Dead machines to mark for removal once `release` succeeded (so that a crash in between
+    /// leaves them dead, to be released again, rather than their instances unknown).
+    pub remove_after_release: Vec<MachineId>,
 }
 
 impl HarvestPlan {
@@ -108,8 +111,10 @@ impl HarvestBook {
                 Some(inst) if m.keep_instance || !self.mode.harvests_destroyed() => {
                     if self.released.insert(inst.clone()) {
                         plan.release.push(inst.clone());
+                        plan.remove_after_release.push(m.id.clone());
+                    } else {
+                        plan.remove_now.push(m.id.clone());
                     }
-                    plan.remove_now.push(m.id.clone());
                 }
                 Some(inst) if self.released.contains(inst) => plan.remove_now.push(m.id.clone()),
                 Some(inst) => {

@@ -1,1 +1,304 @@
 use super::*;
+use crate::registry::DeadMachine;
+use crate::types::{HarvestMode, InstanceId, MachineId};
+
+const MODES: [HarvestMode; 4] = [HarvestMode::None, HarvestMode::Unknown, HarvestMode::Destroyed, HarvestMode::All];
+
+fn mid(s: &str) -> MachineId {
+    MachineId::new(s)
+}
+
+fn iid(s: &str) -> InstanceId {
+    InstanceId::new(s)
+}
+
+fn iids(v: &[&str]) -> Vec<InstanceId> {
+    v.iter().map(|s| iid(s)).collect()
+}
+
+fn mids(v: &[&str]) -> Vec<MachineId> {
+    v.iter().map(|s| mid(s)).collect()
+}
+
+fn dead(id: &str, instance: Option<&str>) -> DeadMachine {
+    DeadMachine { id: mid(id), instance: instance.map(iid), keep_instance: false, manual: false }
+}
+
+/// A book out of safe mode, in this mode.
+fn book(mode: HarvestMode) -> HarvestBook {
+    let mut b = HarvestBook::new(mode);
+    assert_eq!(b.end_safe_mode(), ModeChange::Unchanged);
+    b
+}
+
+#[test]
+fn harvest_mode_table_for_dead_machines_and_unknown_instances() {
+    let dead = [dead("0", Some("i-0"))];
+    let unknown = iids(&["u-1"]);
+    let expect = |stop: &[&str], after: &[&str], release: &[&str], after_release: &[&str]| HarvestPlan {
+        stop: iids(stop),
+        remove_after_stop: mids(after),
+        remove_now: Vec::new(),
+        release: iids(release),
+        remove_after_release: mids(after_release),
+    };
+    let table = [
+        // none: keep the dead machine's instance (released, then removed), ignore unknown ones.
+        (HarvestMode::None, expect(&[], &[], &["i-0"], &["0"])),
+        // unknown: keep the dead machine's instance, stop unknown ones.
+        (HarvestMode::Unknown, expect(&["u-1"], &[], &["i-0"], &["0"])),
+        // destroyed: stop the dead machine's instance, ignore unknown ones.
+        (HarvestMode::Destroyed, expect(&["i-0"], &["0"], &[], &[])),
+        // all: both, dead machines' first.
+        (HarvestMode::All, expect(&["i-0", "u-1"], &["0"], &[], &[])),
+    ];
+    for (mode, want) in table {
+        let mut b = book(mode);
+        assert_eq!(b.mode(), mode);
+        assert_eq!(b.wants_unknown(), mode.harvests_unknown(), "{mode}");
+        assert_eq!(b.plan(&dead, &unknown), want, "mode {mode}");
+    }
+}
+
+#[test]
+fn keep_instance_releases_then_removes_without_stopping() {
+    for mode in MODES {
+        let mut b = book(mode);
+        let m = DeadMachine { keep_instance: true, ..dead("0", Some("i-0")) };
+        let plan = b.plan(&[m], &[]);
+        assert!(plan.stop.is_empty(), "{mode}: stopped a kept instance");
+        assert!(plan.remove_after_stop.is_empty(), "{mode}");
+        assert!(plan.remove_now.is_empty(), "{mode}: removed before the release landed");
+        assert_eq!(plan.remove_after_release, mids(&["0"]), "{mode}");
+        assert_eq!(plan.release, iids(&["i-0"]), "{mode}");
+    }
+}
+
+#[test]
+fn released_instance_is_never_stopped_even_when_it_reappears_as_unknown() {
+    let mut b = book(HarvestMode::All);
+    let kept = DeadMachine { keep_instance: true, ..dead("0", Some("i-0")) };
+    assert_eq!(b.plan(&[kept], &[]).release, iids(&["i-0"]));
+
+    // Later the instance shows up as unknown (its machine is gone).
+    let plan = b.plan(&[], &iids(&["i-0", "u-1"]));
+    assert_eq!(plan.stop, iids(&["u-1"]));
+    assert!(plan.release.is_empty(), "released once only");
+
+    // Or the dead machine is seen again without keep-instance: still not stopped.
+    let plan = b.plan(&[dead("0", Some("i-0"))], &[]);
+    assert!(plan.stop.is_empty());
+    assert!(plan.remove_after_stop.is_empty());
+    assert_eq!(plan.remove_now, mids(&["0"]));
+    assert!(plan.release.is_empty());
+}
+
+#[test]
+fn instance_released_by_mode_none_is_not_stopped_after_switch_to_all() {
+    let mut b = book(HarvestMode::None);
+    assert_eq!(b.plan(&[dead("0", Some("i-0"))], &[]).release, iids(&["i-0"]));
+    assert!(matches!(b.set_mode(HarvestMode::All), ModeChange::Changed { .. }));
+    let plan = b.plan(&[dead("0", Some("i-0"))], &iids(&["i-0"]));
+    assert!(plan.stop.is_empty(), "a released instance is no longer ours to stop");
+    assert_eq!(plan.remove_now, mids(&["0"]));
+}
+
+#[test]
+fn release_is_planned_once_per_instance() {
+    let mut b = book(HarvestMode::None);
+    let first = b.plan(&[dead("0", Some("i-0"))], &[]);
+    assert_eq!(first.release, iids(&["i-0"]));
+    let second = b.plan(&[dead("0", Some("i-0"))], &[]);
+    assert!(second.release.is_empty());
+    assert_eq!(second.remove_now, mids(&["0"]));
+}
+
+#[test]
+fn manual_dead_machine_is_removed_but_neither_stopped_nor_released() {
+    for mode in MODES {
+        let mut b = book(mode);
+        let manual = DeadMachine { manual: true, ..dead("0", Some("manual:10.0.0.1")) };
+        let plan = b.plan(&[manual], &[]);
+        assert_eq!(plan, HarvestPlan { remove_now: mids(&["0"]), ..HarvestPlan::default() }, "{mode}");
+    }
+}
+
+#[test]
+fn manual_dead_machine_with_keep_instance_is_not_released() {
+    let mut b = book(HarvestMode::None);
+    let manual = DeadMachine { manual: true, keep_instance: true, ..dead("0", Some("manual:1")) };
+    assert_eq!(b.plan(&[manual], &[]), HarvestPlan { remove_now: mids(&["0"]), ..HarvestPlan::default() });
+}
+
+#[test]
+fn dead_machine_without_instance_is_removed_now() {
+    for mode in MODES {
+        let mut b = book(mode);
+        let plan = b.plan(&[dead("0", None), DeadMachine { keep_instance: true, ..dead("1", None) }], &[]);
+        assert_eq!(plan, HarvestPlan { remove_now: mids(&["0", "1"]), ..HarvestPlan::default() }, "{mode}");
+    }
+}
+
+#[test]
+fn mixed_dead_machines_each_go_their_way() {
+    let mut b = book(HarvestMode::Destroyed);
+    let plan = b.plan(
+        &[
+            dead("0", Some("i-0")),
+            DeadMachine { keep_instance: true, ..dead("1", Some("i-1")) },
+            dead("2", None),
+            DeadMachine { manual: true, ..dead("3", Some("m-3")) },
+            dead("4", Some("i-4")),
+        ],
+        &[],
+    );
+    assert_eq!(plan.stop, iids(&["i-0", "i-4"]));
+    assert_eq!(plan.remove_after_stop, mids(&["0", "4"]));
+    assert_eq!(plan.remove_now, mids(&["2", "3"]));
+    assert_eq!(plan.release, iids(&["i-1"]));
+    assert_eq!(plan.remove_after_release, mids(&["1"]));
+}
+
+#[test]
+fn safe_mode_harvests_no_unknown_instances() {
+    let mut b = HarvestBook::new(HarvestMode::All);
+    assert!(!b.wants_unknown());
+    let plan = b.plan(&[dead("0", Some("i-0"))], &iids(&["u-1"]));
+    assert_eq!(plan.stop, iids(&["i-0"]), "dead machines are harvested, unknown instances wait");
+    assert_eq!(plan.remove_after_stop, mids(&["0"]));
+
+    assert_eq!(b.end_safe_mode(), ModeChange::Unchanged);
+    assert!(b.wants_unknown());
+    assert_eq!(b.plan(&[], &iids(&["u-1"])).stop, iids(&["u-1"]));
+}
+
+#[test]
+fn safe_mode_defers_mode_change_until_it_ends() {
+    let mut b = HarvestBook::new(HarvestMode::Destroyed);
+    assert_eq!(b.set_mode(HarvestMode::All), ModeChange::Deferred);
+    assert_eq!(b.mode(), HarvestMode::Destroyed, "not applied yet");
+    assert!(!b.wants_unknown());
+    assert!(b.plan(&[], &iids(&["u-1"])).stop.is_empty());
+
+    assert_eq!(b.end_safe_mode(), ModeChange::Changed { mode: HarvestMode::All, harvest_unknown: true });
+    assert_eq!(b.mode(), HarvestMode::All);
+    assert!(b.wants_unknown());
+    assert_eq!(b.plan(&[], &iids(&["u-1"])).stop, iids(&["u-1"]));
+}
+
+#[test]
+fn deferred_unknown_mode_is_applied_with_harvest_unknown() {
+    let mut b = HarvestBook::new(HarvestMode::None);
+    assert_eq!(b.set_mode(HarvestMode::Unknown), ModeChange::Deferred);
+    assert_eq!(b.end_safe_mode(), ModeChange::Changed { mode: HarvestMode::Unknown, harvest_unknown: true });
+    assert!(b.wants_unknown());
+}
+
+#[test]
+fn deferred_mode_that_harvests_no_unknown_is_applied_without_harvest_unknown() {
+    let mut b = HarvestBook::new(HarvestMode::All);
+    assert_eq!(b.set_mode(HarvestMode::None), ModeChange::Deferred);
+    assert_eq!(b.end_safe_mode(), ModeChange::Changed { mode: HarvestMode::None, harvest_unknown: false });
+    assert!(!b.wants_unknown());
+}
+
+#[test]
+fn last_deferred_mode_wins() {
+    let mut b = HarvestBook::new(HarvestMode::Destroyed);
+    assert_eq!(b.set_mode(HarvestMode::None), ModeChange::Deferred);
+    assert_eq!(b.set_mode(HarvestMode::Unknown), ModeChange::Deferred);
+    assert_eq!(b.end_safe_mode(), ModeChange::Changed { mode: HarvestMode::Unknown, harvest_unknown: true });
+    assert_eq!(b.mode(), HarvestMode::Unknown);
+}
+
+#[test]
+fn deferred_change_to_the_current_mode_is_unchanged() {
+    let mut b = HarvestBook::new(HarvestMode::Destroyed);
+    assert_eq!(b.set_mode(HarvestMode::Destroyed), ModeChange::Deferred);
+    assert_eq!(b.end_safe_mode(), ModeChange::Unchanged);
+}
+
+#[test]
+fn end_safe_mode_twice_changes_nothing_the_second_time() {
+    let mut b = HarvestBook::new(HarvestMode::Destroyed);
+    b.set_mode(HarvestMode::All);
+    assert!(matches!(b.end_safe_mode(), ModeChange::Changed { .. }));
+    assert_eq!(b.end_safe_mode(), ModeChange::Unchanged);
+    assert_eq!(b.mode(), HarvestMode::All);
+}
+
+#[test]
+fn same_mode_is_unchanged() {
+    for mode in MODES {
+        let mut b = book(mode);
+        assert_eq!(b.set_mode(mode), ModeChange::Unchanged, "{mode}");
+        assert_eq!(b.mode(), mode);
+    }
+}
+
+#[test]
+fn set_mode_after_safe_mode_applies_at_once() {
+    let mut b = book(HarvestMode::Destroyed);
+    assert_eq!(
+        b.set_mode(HarvestMode::Unknown),
+        ModeChange::Changed { mode: HarvestMode::Unknown, harvest_unknown: true }
+    );
+    assert_eq!(b.mode(), HarvestMode::Unknown);
+    assert_eq!(
+        b.set_mode(HarvestMode::Destroyed),
+        ModeChange::Changed { mode: HarvestMode::Destroyed, harvest_unknown: false }
+    );
+    assert!(!b.wants_unknown());
+}
+
+#[test]
+fn unknown_instances_follow_dead_machines_instances_in_one_stop_without_duplicates() {
+    let mut b = book(HarvestMode::All);
+    let plan = b.plan(&[dead("0", Some("i-0")), dead("1", Some("i-1"))], &iids(&["u-9", "i-1", "u-0", "u-9"]));
+    assert_eq!(plan.stop, iids(&["i-0", "i-1", "u-9", "u-0"]));
+    assert_eq!(plan.remove_after_stop, mids(&["0", "1"]));
+}
+
+#[test]
+fn unknown_instance_is_not_planned_twice_while_its_stop_runs() {
+    let mut b = book(HarvestMode::Unknown);
+    assert_eq!(b.plan(&[], &iids(&["u-1"])).stop, iids(&["u-1"]));
+    assert_eq!(b.stopping().cloned().collect::<Vec<_>>(), iids(&["u-1"]));
+    // The next listing still shows it: it is not planned again.
+    let again = b.plan(&[], &iids(&["u-1", "u-2"]));
+    assert_eq!(again.stop, iids(&["u-2"]));
+    assert_eq!(b.stopping().cloned().collect::<Vec<_>>(), iids(&["u-1", "u-2"]));
+}
+
+#[test]
+fn dead_machine_instance_being_stopped_is_not_planned_again_as_unknown() {
+    let mut b = book(HarvestMode::All);
+    assert_eq!(b.plan(&[dead("0", Some("i-0"))], &[]).stop, iids(&["i-0"]));
+    // Its machine is removed; the instance still lists until the stop completes.
+    assert!(b.plan(&[], &iids(&["i-0"])).stop.is_empty());
+}
+
+#[test]
+fn stops_done_lets_a_reappearing_instance_be_planned_again() {
+    let mut b = book(HarvestMode::Unknown);
+    b.plan(&[], &iids(&["u-1", "u-2"]));
+    b.stops_done(&iids(&["u-1", "u-never-planned"]));
+    assert_eq!(b.stopping().cloned().collect::<Vec<_>>(), iids(&["u-2"]));
+    assert_eq!(b.plan(&[], &iids(&["u-1", "u-2"])).stop, iids(&["u-1"]));
+}
+
+#[test]
+fn planning_nothing_records_no_stop() {
+    let mut b = book(HarvestMode::None);
+    b.plan(&[dead("0", Some("i-0"))], &iids(&["u-1"]));
+    assert_eq!(b.stopping().count(), 0);
+}
+
+#[test]
+fn empty_plan_is_empty() {
+    let mut b = book(HarvestMode::All);
+    let plan = b.plan(&[], &[]);
+    assert!(plan.is_empty());
+    assert!(!b.plan(&[dead("0", None)], &[]).is_empty());
+    assert!(!HarvestPlan { release: iids(&["i"]), ..HarvestPlan::default() }.is_empty());
+}

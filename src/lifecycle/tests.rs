@@ -1,1 +1,187 @@
 use super::*;
+use crate::registry::DeadMachine;
+use crate::types::{InstanceId, MachineId};
+
+fn mid(s: &str) -> MachineId {
+    MachineId::new(s)
+}
+
+fn iid(s: &str) -> InstanceId {
+    InstanceId::new(s)
+}
+
+fn dead(id: &str) -> DeadMachine {
+    DeadMachine { id: mid(id), instance: None, keep_instance: false, manual: false }
+}
+
+/// A book with machine `id` running instance `instance`.
+fn running(id: &str, instance: &str) -> LifecycleBook {
+    let mut b = LifecycleBook::new();
+    assert!(b.want_start(&mid(id)));
+    assert_eq!(b.start_finished(&mid(id), Some(iid(instance))), AfterStart::Done);
+    b
+}
+
+#[test]
+fn want_start_is_true_once_then_false_while_starting() {
+    let mut b = LifecycleBook::new();
+    assert!(b.want_start(&mid("0")));
+    assert_eq!(b.phase(&mid("0")), Some(&Phase::Starting));
+    assert!(b.still_wanted(&mid("0")));
+    assert!(!b.want_start(&mid("0")));
+    assert!(!b.want_start(&mid("0")));
+    // Other machines are independent.
+    assert!(b.want_start(&mid("1")));
+}
+
+#[test]
+fn want_start_is_false_while_running() {
+    let mut b = running("0", "i-0");
+    assert_eq!(b.phase(&mid("0")), Some(&Phase::Running { instance: iid("i-0") }));
+    assert!(!b.want_start(&mid("0")));
+    assert_eq!(b.phase(&mid("0")), Some(&Phase::Running { instance: iid("i-0") }));
+}
+
+#[test]
+fn want_start_is_false_while_stopping() {
+    let mut b = LifecycleBook::new();
+    assert_eq!(b.on_death(&dead("0")), DeathDecision::StopNow);
+    assert_eq!(b.phase(&mid("0")), Some(&Phase::Stopping));
+    assert!(!b.want_start(&mid("0")));
+}
+
+#[test]
+fn want_start_is_false_while_stop_deferred() {
+    let mut b = LifecycleBook::new();
+    b.want_start(&mid("0"));
+    b.on_death(&dead("0"));
+    assert!(!b.want_start(&mid("0")));
+}
+
+#[test]
+fn death_while_starting_is_deferred_and_start_no_longer_wanted() {
+    let mut b = LifecycleBook::new();
+    b.want_start(&mid("0"));
+    let d = DeadMachine { keep_instance: true, ..dead("0") };
+    assert_eq!(b.on_death(&d), DeathDecision::Deferred);
+    assert!(!b.still_wanted(&mid("0")));
+    assert_eq!(b.phase(&mid("0")), Some(&Phase::StopDeferred(d.clone())));
+    // Seen dead again before the start returns: still deferred.
+    assert_eq!(b.on_death(&d), DeathDecision::Deferred);
+    assert!(!b.still_wanted(&mid("0")));
+}
+
+#[test]
+fn start_finished_on_deferred_machine_stops_the_produced_instance() {
+    let mut b = LifecycleBook::new();
+    b.want_start(&mid("0"));
+    b.on_death(&DeadMachine { keep_instance: true, ..dead("0") });
+
+    let after = b.start_finished(&mid("0"), Some(iid("i-new")));
+    let expected = DeadMachine { id: mid("0"), instance: Some(iid("i-new")), keep_instance: true, manual: false };
+    assert_eq!(after, AfterStart::StopDeferred { dead: expected });
+    assert_eq!(b.phase(&mid("0")), Some(&Phase::Stopping));
+    assert!(!b.want_start(&mid("0")));
+    // A second death report is ignored while the deferred stop runs.
+    assert_eq!(b.on_death(&dead("0")), DeathDecision::AlreadyStopping);
+}
+
+#[test]
+fn start_finished_without_instance_on_deferred_machine_keeps_known_instance() {
+    let mut b = LifecycleBook::new();
+    b.want_start(&mid("0"));
+    let d = DeadMachine { instance: Some(iid("i-old")), manual: true, ..dead("0") };
+    b.on_death(&d);
+    assert_eq!(b.start_finished(&mid("0"), None), AfterStart::StopDeferred { dead: d });
+
+    let mut b = LifecycleBook::new();
+    b.want_start(&mid("1"));
+    b.on_death(&dead("1"));
+    assert_eq!(b.start_finished(&mid("1"), None), AfterStart::StopDeferred { dead: dead("1") });
+}
+
+#[test]
+fn start_finished_success_runs_the_machine_without_a_second_start() {
+    let mut b = LifecycleBook::new();
+    b.want_start(&mid("0"));
+    assert_eq!(b.start_finished(&mid("0"), Some(iid("i-0"))), AfterStart::Done);
+    assert_eq!(b.phase(&mid("0")), Some(&Phase::Running { instance: iid("i-0") }));
+    assert!(!b.still_wanted(&mid("0")));
+    assert!(!b.want_start(&mid("0")));
+}
+
+#[test]
+fn start_finished_failure_returns_the_machine_to_idle() {
+    let mut b = LifecycleBook::new();
+    b.want_start(&mid("0"));
+    assert_eq!(b.start_finished(&mid("0"), None), AfterStart::Done);
+    assert_eq!(b.phase(&mid("0")), None);
+    assert!(!b.still_wanted(&mid("0")));
+    assert!(b.want_start(&mid("0")), "a failed start may be tried again later");
+}
+
+#[test]
+fn start_finished_does_not_disturb_a_stopping_or_unknown_machine() {
+    let mut b = LifecycleBook::new();
+    b.on_death(&dead("0"));
+    assert_eq!(b.start_finished(&mid("0"), Some(iid("i-0"))), AfterStart::Done);
+    assert_eq!(b.phase(&mid("0")), Some(&Phase::Stopping));
+
+    assert_eq!(b.start_finished(&mid("9"), Some(iid("i-9"))), AfterStart::Done);
+    assert_eq!(b.phase(&mid("9")), None);
+}
+
+#[test]
+fn death_while_stopping_is_already_stopping() {
+    let mut b = LifecycleBook::new();
+    assert_eq!(b.on_death(&dead("0")), DeathDecision::StopNow);
+    assert_eq!(b.on_death(&dead("0")), DeathDecision::AlreadyStopping);
+    assert_eq!(b.phase(&mid("0")), Some(&Phase::Stopping));
+}
+
+#[test]
+fn death_while_running_stops_now() {
+    let mut b = running("0", "i-0");
+    assert_eq!(b.on_death(&DeadMachine { instance: Some(iid("i-0")), ..dead("0") }), DeathDecision::StopNow);
+    assert_eq!(b.phase(&mid("0")), Some(&Phase::Stopping));
+}
+
+#[test]
+fn death_of_idle_machine_stops_now() {
+    let mut b = LifecycleBook::new();
+    assert_eq!(b.on_death(&dead("0")), DeathDecision::StopNow);
+    assert_eq!(b.phase(&mid("0")), Some(&Phase::Stopping));
+}
+
+#[test]
+fn on_deaths_sorts_a_batch_by_decision() {
+    let mut b = running("run", "i-run");
+    b.want_start(&mid("start"));
+    b.on_death(&dead("stop"));
+    let batch = [dead("run"), dead("start"), dead("stop"), dead("idle")];
+    let deaths = b.on_deaths(&batch);
+    assert_eq!(deaths.stop_now, vec![dead("run"), dead("idle")]);
+    assert_eq!(deaths.deferred, vec![mid("start")]);
+    assert!(matches!(b.phase(&mid("start")), Some(Phase::StopDeferred(_))));
+    assert_eq!(b.phase(&mid("run")), Some(&Phase::Stopping));
+    assert_eq!(b.phase(&mid("idle")), Some(&Phase::Stopping));
+}
+
+#[test]
+fn forget_returns_the_machine_to_idle() {
+    let mut b = LifecycleBook::new();
+    b.on_death(&dead("0"));
+    b.forget(&mid("0"));
+    assert_eq!(b.phase(&mid("0")), None);
+    assert!(b.want_start(&mid("0")));
+}
+
+#[test]
+fn phases_iterate_in_id_order() {
+    let mut b = LifecycleBook::new();
+    for id in ["2", "0", "1"] {
+        b.want_start(&mid(id));
+    }
+    let ids: Vec<&str> = b.phases().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["0", "1", "2"]);
+}

@@ -21,6 +21,8 @@ pub struct MachineRegistry {
     resync_interval: std::time::Duration,
     resync_failures: u32,
     on_refresh: Option<Recipient<ViewRefreshed>>,
+    /// Removals not yet acknowledged by the model.
+    removals: usize,
 }
 
 impl MachineRegistry {
@@ -32,7 +34,16 @@ impl MachineRegistry {
         resync_interval: std::time::Duration,
         on_refresh: Option<Recipient<ViewRefreshed>>,
     ) -> Self {
-        Self { book: MachineBook::new(), broker, model, backoff, resync_interval, resync_failures: 0, on_refresh }
+        Self {
+            book: MachineBook::new(),
+            broker,
+            model,
+            backoff,
+            resync_interval,
+            resync_failures: 0,
+            on_refresh,
+            removals: 0,
+        }
     }
 
     fn schedule_resync(&self, ctx: &mut Context<Self>, after: std::time::Duration) {
@@ -60,14 +71,18 @@ impl MachineRegistry {
         }));
     }
 
-    fn mark_for_removal(&self, ctx: &mut Context<Self>, id: MachineId, attempt: u32) {
+    fn mark_for_removal(&mut self, ctx: &mut Context<Self>, id: MachineId, attempt: u32) {
         let call = self.model.mark_for_removal(id.clone());
+        self.removals += 1;
         ctx.spawn(call.into_actor(self).map(move |res, act, ctx| match res {
-            Ok(()) | Err(ModelError::NotFound(_)) => {}
+            Ok(()) | Err(ModelError::NotFound(_)) => act.removals -= 1,
             Err(e) => {
                 let delay = act.backoff.delay(attempt);
                 tracing::warn!(machine = %id, error = %e, retry_in = ?delay, "mark for removal failed");
-                ctx.run_later(delay, move |act, ctx| act.mark_for_removal(ctx, id, attempt + 1));
+                ctx.run_later(delay, move |act, ctx| {
+                    act.removals -= 1;
+                    act.mark_for_removal(ctx, id, attempt + 1);
+                });
             }
         }));
     }
@@ -216,5 +231,13 @@ impl Handler<GetRegistrySnapshot> for MachineRegistry {
             instances: self.book.instances().cloned().collect(),
             fresh: self.book.is_fresh(),
         })
+    }
+}
+
+impl Handler<crate::Busy> for MachineRegistry {
+    type Result = usize;
+    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
+        // A stale view is a one-shot retry pending.
+        self.removals + usize::from(self.book.loaded_once() && !self.book.is_fresh())
     }
 }

@@ -19,8 +19,13 @@ pub enum Class {
 
 /// Classifies one machine.
 ///
-/// Manual machines are never started; a dead manual machine is still removed.
+/// Manual machines are never started; a dead manual machine is still removed. Containers
+/// (`HOST/TYPE/N`) belong to their host's container provisioner: the environ provisioner never
+/// acts on them (rule 7).
 pub fn classify(m: &Machine) -> Class {
+    if m.id.is_container() {
+        return Class::None;
+    }
     match m.life {
         Life::Dead => Class::Dead,
         Life::Dying if m.instance.is_none() && !m.manual => Class::DyingUnprovisioned,

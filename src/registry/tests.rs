@@ -1,1 +1,366 @@
 use super::*;
+use crate::types::{
+    CloudInstance, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine, MachineId, MachineStatus,
+};
+
+fn mid(s: &str) -> MachineId {
+    MachineId::new(s)
+}
+
+fn iid(s: &str) -> InstanceId {
+    InstanceId::new(s)
+}
+
+/// A machine with this life, otherwise as `Machine::pending` makes it.
+fn machine(id: &str, life: Life) -> Machine {
+    Machine { life, ..Machine::pending(id) }
+}
+
+/// A machine with this life that has an instance recorded.
+fn provisioned(id: &str, life: Life, instance: &str) -> Machine {
+    Machine {
+        life,
+        instance: Some(iid(instance)),
+        status: MachineStatus::Started,
+        instance_status: InstanceStatus::running(),
+        ..Machine::pending(id)
+    }
+}
+
+/// A running instance of ours, tagged with `machine` (if any), in `zone` (if any).
+fn instance(id: &str, machine: Option<&str>, zone: Option<&str>) -> CloudInstance {
+    CloudInstance {
+        id: iid(id),
+        state: InstanceState::Running,
+        zone: zone.map(str::to_owned),
+        tags: InstanceTags {
+            model: Some("model-uuid".into()),
+            machine: machine.map(MachineId::from),
+            start: Some("nonce".into()),
+        },
+    }
+}
+
+fn ids(v: &[&str]) -> Vec<InstanceId> {
+    v.iter().map(|s| iid(s)).collect()
+}
+
+// ---- classify -------------------------------------------------------------------------------
+
+#[test]
+fn classify_dead_machine_is_dead_whatever_else_it_has() {
+    assert_eq!(classify(&machine("0", Life::Dead)), Class::Dead);
+    assert_eq!(classify(&provisioned("1", Life::Dead, "i-1")), Class::Dead);
+    assert_eq!(classify(&Machine { manual: true, ..provisioned("2", Life::Dead, "i-2") }), Class::Dead);
+    assert_eq!(classify(&Machine { status: MachineStatus::Error, ..machine("3", Life::Dead) }), Class::Dead);
+}
+
+#[test]
+fn classify_dying_unprovisioned_machine_is_dying_unprovisioned() {
+    assert_eq!(classify(&machine("0", Life::Dying)), Class::DyingUnprovisioned);
+    let errored = Machine {
+        status: MachineStatus::Error,
+        instance_status: InstanceStatus::provisioning_error(),
+        ..machine("1", Life::Dying)
+    };
+    assert_eq!(classify(&errored), Class::DyingUnprovisioned);
+}
+
+#[test]
+fn classify_dying_machine_with_instance_needs_nothing() {
+    assert_eq!(classify(&provisioned("0", Life::Dying, "i-0")), Class::None);
+    // Even one whose status still reads pending.
+    let pending_looking = Machine { instance: Some(iid("i-1")), ..machine("1", Life::Dying) };
+    assert_eq!(classify(&pending_looking), Class::None);
+}
+
+#[test]
+fn classify_alive_machine_with_instance_needs_nothing() {
+    assert_eq!(classify(&provisioned("0", Life::Alive, "i-0")), Class::None);
+    // A pending status does not make a provisioned machine start again.
+    let pending_with_instance = Machine { instance: Some(iid("i-1")), ..Machine::pending("1") };
+    assert_eq!(pending_with_instance.status, MachineStatus::Pending);
+    assert_eq!(classify(&pending_with_instance), Class::None);
+    let provisioning_with_instance =
+        Machine { instance_status: InstanceStatus::provisioning(), ..pending_with_instance };
+    assert_eq!(classify(&provisioning_with_instance), Class::None);
+}
+
+#[test]
+fn classify_alive_pending_unprovisioned_machine_is_pending() {
+    assert_eq!(classify(&Machine::pending("0")), Class::Pending);
+    assert_eq!(classify(&Machine::pending("12")), Class::Pending);
+}
+
+#[test]
+fn classify_containers_are_left_to_their_host() {
+    assert_eq!(classify(&Machine::pending("0/lxd/1")), Class::None);
+    assert_eq!(classify(&machine("0/lxd/2", Life::Dead)), Class::None);
+    assert_eq!(classify(&machine("0/lxd/3", Life::Dying)), Class::None);
+}
+
+#[test]
+fn classify_alive_error_status_with_provisioning_instance_status_is_pending() {
+    let m = Machine {
+        status: MachineStatus::Error,
+        instance_status: InstanceStatus::provisioning(),
+        ..Machine::pending("0")
+    };
+    assert_eq!(classify(&m), Class::Pending);
+}
+
+#[test]
+fn classify_alive_error_status_with_provisioning_error_is_left_alone() {
+    let m = Machine {
+        status: MachineStatus::Error,
+        instance_status: InstanceStatus::provisioning_error(),
+        ..Machine::pending("0")
+    };
+    assert_eq!(classify(&m), Class::None);
+    // Juju's older spelling of the same thing.
+    let old = Machine { instance_status: InstanceStatus::other("error"), ..m };
+    assert_eq!(classify(&old), Class::None);
+}
+
+#[test]
+fn classify_alive_unprovisioned_machine_that_is_neither_pending_nor_provisioning_is_left_alone() {
+    let started = Machine { status: MachineStatus::Started, ..Machine::pending("0") };
+    assert_eq!(classify(&started), Class::None);
+    let stopped = Machine {
+        status: MachineStatus::Stopped,
+        instance_status: InstanceStatus::other("stopped"),
+        ..Machine::pending("1")
+    };
+    assert_eq!(classify(&stopped), Class::None);
+}
+
+#[test]
+fn classify_manual_machines_are_never_pending() {
+    let manual = Machine { manual: true, ..Machine::pending("0") };
+    assert_eq!(classify(&manual), Class::None);
+    let provisioning =
+        Machine { status: MachineStatus::Error, instance_status: InstanceStatus::provisioning(), ..manual.clone() };
+    assert_eq!(classify(&provisioning), Class::None);
+}
+
+#[test]
+fn classify_dying_manual_machine_is_left_alone() {
+    let unprovisioned = Machine { manual: true, ..machine("0", Life::Dying) };
+    assert_eq!(classify(&unprovisioned), Class::None);
+    let provisioned = Machine { manual: true, ..provisioned("1", Life::Dying, "manual:1") };
+    assert_eq!(classify(&provisioned), Class::None);
+}
+
+// ---- MachineBook: machines --------------------------------------------------------------------
+
+#[test]
+fn upsert_keeps_recorded_instance_over_stale_model_read() {
+    let mut book = MachineBook::new();
+    book.upsert(Machine::pending("0"));
+    book.record_instance(&mid("0"), instance("i-0", Some("0"), Some("az1")));
+    assert_eq!(book.machine(&mid("0")).unwrap().instance, Some(iid("i-0")));
+
+    // A model read that predates the start reports no instance: ours wins.
+    book.upsert(Machine::pending("0"));
+    let m = book.machine(&mid("0")).unwrap();
+    assert_eq!(m.instance, Some(iid("i-0")));
+    assert_eq!(classify(m), Class::None, "a machine we started is not started again");
+}
+
+#[test]
+fn upsert_applies_instance_recorded_before_the_machine_was_cached() {
+    let mut book = MachineBook::new();
+    book.record_instance(&mid("4"), instance("i-4", Some("4"), None));
+    book.upsert(Machine::pending("4"));
+    assert_eq!(book.machine(&mid("4")).unwrap().instance, Some(iid("i-4")));
+}
+
+#[test]
+fn remove_forgets_the_recorded_instance() {
+    let mut book = MachineBook::new();
+    book.upsert(Machine::pending("0"));
+    book.record_instance(&mid("0"), instance("i-0", None, None));
+    book.remove(&mid("0"));
+    assert!(book.machine(&mid("0")).is_none());
+    book.upsert(Machine::pending("0"));
+    assert_eq!(book.machine(&mid("0")).unwrap().instance, None);
+}
+
+#[test]
+fn upsert_with_new_instance_releases_ownership_of_the_old_one() {
+    let mut book = MachineBook::new();
+    book.upsert(provisioned("0", Life::Alive, "i-old"));
+    book.load_view(vec![instance("i-old", None, None), instance("i-new", None, None)]);
+    assert_eq!(book.unknown_instances(), Some(ids(&["i-new"])));
+    book.upsert(provisioned("0", Life::Alive, "i-new"));
+    assert_eq!(book.unknown_instances(), Some(ids(&["i-old"])));
+}
+
+#[test]
+fn set_dead_marks_cached_machine_dead() {
+    let mut book = MachineBook::new();
+    book.upsert(machine("0", Life::Dying));
+    book.set_dead(&mid("0"));
+    assert_eq!(book.machine(&mid("0")).unwrap().life, Life::Dead);
+    assert_eq!(classify(book.machine(&mid("0")).unwrap()), Class::Dead);
+}
+
+#[test]
+fn machines_iterate_in_id_order() {
+    let mut book = MachineBook::new();
+    for id in ["2", "0", "1"] {
+        book.upsert(Machine::pending(id));
+    }
+    let order: Vec<&str> = book.machines().map(|m| m.id.as_str()).collect();
+    assert_eq!(order, ["0", "1", "2"]);
+}
+
+// ---- MachineBook: instance view ---------------------------------------------------------------
+
+#[test]
+fn unknown_instances_is_none_before_first_listing() {
+    let mut book = MachineBook::new();
+    book.record_instance(&mid("0"), instance("i-0", Some("0"), None));
+    assert!(!book.loaded_once());
+    assert!(!book.is_fresh());
+    assert_eq!(book.unknown_instances(), None);
+}
+
+#[test]
+fn unknown_instances_is_none_after_mark_stale_until_next_listing() {
+    let mut book = MachineBook::new();
+    book.load_view(vec![instance("i-x", None, None)]);
+    assert!(book.loaded_once() && book.is_fresh());
+    assert_eq!(book.unknown_instances(), Some(ids(&["i-x"])));
+
+    book.mark_stale();
+    assert!(book.loaded_once(), "a failed listing does not undo the first load");
+    assert!(!book.is_fresh());
+    assert_eq!(book.unknown_instances(), None);
+
+    book.load_view(vec![instance("i-y", None, None)]);
+    assert_eq!(book.unknown_instances(), Some(ids(&["i-y"])), "a fresh listing replaces the view");
+}
+
+#[test]
+fn unknown_excludes_instances_owned_by_cached_machines() {
+    let mut book = MachineBook::new();
+    // Untagged, so only ownership can exclude it.
+    book.upsert(provisioned("0", Life::Alive, "i-0"));
+    book.upsert(Machine::pending("1"));
+    book.record_instance(&mid("1"), instance("i-1", None, None));
+    // Owned by a dead machine: the dead-machine path handles it, not the unknown one.
+    book.upsert(provisioned("2", Life::Dead, "i-2"));
+    book.load_view(vec![
+        instance("i-0", None, None),
+        instance("i-1", None, None),
+        instance("i-2", None, None),
+        instance("i-z", None, None),
+    ]);
+    assert_eq!(book.unknown_instances(), Some(ids(&["i-z"])));
+}
+
+#[test]
+fn unknown_excludes_instances_tagged_with_a_live_cached_machine() {
+    let mut book = MachineBook::new();
+    book.upsert(Machine::pending("1")); // alive, starting
+    book.upsert(machine("2", Life::Dying));
+    book.load_view(vec![instance("i-1", Some("1"), None), instance("i-2", Some("2"), None)]);
+    assert_eq!(book.unknown_instances(), Some(vec![]));
+}
+
+#[test]
+fn unknown_includes_instances_tagged_with_dead_or_uncached_machines_and_untagged_ones() {
+    let mut book = MachineBook::new();
+    book.upsert(machine("2", Life::Dead));
+    book.upsert(Machine::pending("3"));
+    book.load_view(vec![
+        instance("i-2", Some("2"), None),   // dead machine
+        instance("i-3", Some("3"), None),   // live machine: excluded
+        instance("i-9", Some("9"), None),   // machine not cached
+        instance("i-x", None, Some("az1")), // no machine tag
+    ]);
+    assert_eq!(book.unknown_instances(), Some(ids(&["i-2", "i-9", "i-x"])));
+}
+
+#[test]
+fn load_view_skips_terminated_instances() {
+    let mut book = MachineBook::new();
+    let gone = CloudInstance { state: InstanceState::Terminated, ..instance("i-t", Some("9"), None) };
+    book.load_view(vec![gone, instance("i-r", Some("9"), None)]);
+    assert!(book.instance(&iid("i-t")).is_none());
+    assert_eq!(book.unknown_instances(), Some(ids(&["i-r"])));
+    assert_eq!(book.adoptable(&mid("9")).map(|i| i.id), Some(iid("i-r")));
+}
+
+#[test]
+fn adoptable_finds_tagged_free_instance() {
+    let mut book = MachineBook::new();
+    book.upsert(Machine::pending("3"));
+    let tagged = instance("i-3", Some("3"), Some("az2"));
+    book.load_view(vec![tagged.clone(), instance("i-other", Some("4"), None)]);
+    assert_eq!(book.adoptable(&mid("3")), Some(tagged));
+    assert_eq!(book.adoptable(&mid("5")), None);
+}
+
+#[test]
+fn adoptable_skips_instance_owned_by_another_machine() {
+    let mut book = MachineBook::new();
+    book.upsert(Machine::pending("3"));
+    book.upsert(provisioned("7", Life::Alive, "i-3"));
+    book.load_view(vec![instance("i-3", Some("3"), None)]);
+    assert_eq!(book.adoptable(&mid("3")), None);
+}
+
+#[test]
+fn adoptable_returns_instance_the_machine_already_owns() {
+    let mut book = MachineBook::new();
+    book.upsert(Machine::pending("3"));
+    book.record_instance(&mid("3"), instance("i-3", Some("3"), None));
+    assert_eq!(book.adoptable(&mid("3")).map(|i| i.id), Some(iid("i-3")));
+}
+
+#[test]
+fn instances_gone_removes_from_view() {
+    let mut book = MachineBook::new();
+    book.load_view(vec![
+        instance("i-a", Some("3"), None),
+        instance("i-b", Some("3"), None),
+        instance("i-c", None, None),
+    ]);
+    assert_eq!(book.unknown_instances(), Some(ids(&["i-a", "i-b", "i-c"])));
+
+    book.instances_gone(&ids(&["i-a", "i-c", "i-never"]));
+    assert!(book.instance(&iid("i-a")).is_none());
+    assert!(book.instance(&iid("i-c")).is_none());
+    assert_eq!(book.instances().map(|i| i.id.clone()).collect::<Vec<_>>(), ids(&["i-b"]));
+    assert_eq!(book.unknown_instances(), Some(ids(&["i-b"])));
+    assert_eq!(book.adoptable(&mid("3")).map(|i| i.id), Some(iid("i-b")));
+
+    book.instances_gone(&ids(&["i-b"]));
+    assert_eq!(book.adoptable(&mid("3")), None);
+    assert_eq!(book.unknown_instances(), Some(vec![]));
+}
+
+#[test]
+fn placement_returns_zone_only_for_live_machines() {
+    let mut book = MachineBook::new();
+    book.upsert(provisioned("0", Life::Alive, "i-0"));
+    book.upsert(provisioned("1", Life::Dying, "i-1"));
+    book.upsert(Machine::pending("2"));
+    book.upsert(provisioned("3", Life::Alive, "i-3"));
+    book.load_view(vec![
+        instance("i-0", Some("0"), Some("az1")),
+        instance("i-1", Some("1"), Some("az2")),
+        instance("i-3", Some("3"), None),
+    ]);
+
+    assert_eq!(book.placement(&mid("0")), Some("az1".to_owned()));
+    assert_eq!(book.placement(&mid("1")), Some("az2".to_owned()), "dying is still live");
+    assert_eq!(book.placement(&mid("2")), None, "no instance");
+    assert_eq!(book.placement(&mid("3")), None, "instance without zone");
+    assert_eq!(book.placement(&mid("9")), None, "not cached");
+
+    book.set_dead(&mid("0"));
+    assert_eq!(book.placement(&mid("0")), None, "dead machines hold no zone");
+}

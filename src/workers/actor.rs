@@ -51,12 +51,21 @@ pub struct WorkerPool {
     deps: Arc<StartDeps>,
     done: Recipient<JobDone>,
     rng: StdRng,
+    /// Failed jobs waiting out their backoff before being queued again.
+    requeues: usize,
 }
 
 impl WorkerPool {
     /// A pool of `size` workers (valid `1..=max`), reporting to `done`.
     pub fn new(size: usize, max: usize, deps: StartDeps, done: Recipient<JobDone>, seed: u64) -> Self {
-        Self { book: PoolBook::new(size), max, deps: Arc::new(deps), done, rng: StdRng::seed_from_u64(seed) }
+        Self {
+            book: PoolBook::new(size),
+            max,
+            deps: Arc::new(deps),
+            done,
+            rng: StdRng::seed_from_u64(seed),
+            requeues: 0,
+        }
     }
 
     fn nonce(&mut self) -> String {
@@ -86,7 +95,7 @@ impl WorkerPool {
                                 let delay = act.deps.backoff.delay(stop.attempt);
                                 tracing::warn!(instances = ?stop.instances, error = %e, retry_in = ?delay, "stopping instances failed; will retry");
                                 let again = StopJob { attempt: stop.attempt + 1, ..stop };
-                                ctx.run_later(delay, move |act, ctx| act.enqueue(Job::Stop(again), ctx));
+                                act.requeue_later(Job::Stop(again), delay, ctx);
                             }
                         }
                         act.dispatch(ctx);
@@ -97,12 +106,15 @@ impl WorkerPool {
                     ctx.spawn(call.into_actor(self).map(move |res, act, ctx| {
                         act.book.finished();
                         match res {
-                            Ok(()) => act.done.do_send(JobDone(JobOutcome::Released { instances: release.instances })),
+                            Ok(()) => act.done.do_send(JobDone(JobOutcome::Released {
+                                instances: release.instances,
+                                machines: release.machines,
+                            })),
                             Err(e) => {
                                 let delay = act.deps.backoff.delay(release.attempt);
                                 tracing::warn!(instances = ?release.instances, error = %e, retry_in = ?delay, "releasing instances failed; will retry");
                                 let again = ReleaseJob { attempt: release.attempt + 1, ..release };
-                                ctx.run_later(delay, move |act, ctx| act.enqueue(Job::Release(again), ctx));
+                                act.requeue_later(Job::Release(again), delay, ctx);
                             }
                         }
                         act.dispatch(ctx);
@@ -110,6 +122,14 @@ impl WorkerPool {
                 }
             }
         }
+    }
+
+    fn requeue_later(&mut self, job: Job, delay: std::time::Duration, ctx: &mut Context<Self>) {
+        self.requeues += 1;
+        ctx.run_later(delay, move |act, ctx| {
+            act.requeues -= 1;
+            act.enqueue(job, ctx);
+        });
     }
 
     fn enqueue(&mut self, job: Job, ctx: &mut Context<Self>) {
@@ -147,5 +167,12 @@ impl Handler<GetPoolStatus> for WorkerPool {
             in_flight: self.book.in_flight(),
             queued: self.book.queued(),
         })
+    }
+}
+
+impl Handler<crate::Busy> for WorkerPool {
+    type Result = usize;
+    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
+        self.book.in_flight() + self.book.queued() + self.requeues
     }
 }

@@ -65,6 +65,8 @@ pub enum JobOutcome {
     Released {
         /// The instances.
         instances: Vec<InstanceId>,
+        /// Dead machines to remove now.
+        machines: Vec<MachineId>,
     },
 }
 

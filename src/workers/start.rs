@@ -70,7 +70,12 @@ async fn register(
     let mut last = None;
     for attempt in 0..REGISTER_ATTEMPTS {
         match deps.model.set_instance_info(machine.clone(), info.clone()).await {
-            Ok(()) => return JobOutcome::Started { machine, instance },
+            Ok(()) => {
+                // Clear the "provisioning"/retry message: the instance exists now.
+                set_instance_status(deps, &machine, InstanceStatus::other(instance.state.as_str()), String::new())
+                    .await;
+                return JobOutcome::Started { machine, instance };
+            }
             Err(e) => {
                 tracing::warn!(%machine, instance = %instance.id, error = %e, "cannot record instance");
                 last = Some(e);

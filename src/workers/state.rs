@@ -32,6 +32,8 @@ pub struct StopJob {
 pub struct ReleaseJob {
     /// The instances.
     pub instances: Vec<InstanceId>,
+    /// Dead machines to remove once they are released.
+    pub machines: Vec<MachineId>,
     /// Failed tries so far.
     pub attempt: u32,
 }

@@ -276,7 +276,10 @@ async fn set_instance_info_failure_is_retried() {
     model.fail_next(ModelOp::SetInstanceInfo, 1, "blip");
     let h = Harness::new(test_config(), zoneless_cloud(), model);
     let model = h.until_model(Duration::from_secs(60), |m| instance_of(m, "0").is_some()).await;
-    assert_eq!(model.machine("0").unwrap().machine.status, MachineStatus::Pending);
+    let m = model.machine("0").unwrap();
+    assert_ne!(m.machine.status, MachineStatus::Error);
+    assert_eq!(m.machine.instance_status, InstanceStatus::running());
+    assert_eq!(m.instance_status_message, "");
     assert_eq!(h.cloud().await.calls_of(CloudOp::StartInstance).len(), 1);
 }
 

@@ -1,0 +1,214 @@
+//! The contract's invariants, checked over the whole run: the cloud's call log and instance
+//! history (every moment, not samples) and the model's final state.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::scenario::{format_duration, Action, MachineSpec, Scenario};
+use crate::fake::{CloudOp, CloudSnapshot, ModelSnapshot};
+use crate::types::{HarvestMode, InstanceState, Life, MachineStatus};
+
+/// How long before a stop call its decision may have been taken (queueing, throttling).
+const DECISION_WINDOW: Duration = Duration::from_secs(120);
+
+/// The harvest mode in force over time (from the scenario's model-config changes).
+#[derive(Debug, Clone)]
+pub struct ModeTimeline {
+    changes: Vec<(Duration, HarvestMode)>,
+}
+
+impl ModeTimeline {
+    /// Starts in `initial`.
+    pub fn new(initial: HarvestMode) -> Self {
+        Self { changes: vec![(Duration::ZERO, initial)] }
+    }
+
+    /// The mode becomes `mode` at `at`.
+    pub fn set(&mut self, at: Duration, mode: HarvestMode) {
+        if at.is_zero() {
+            self.changes = vec![(Duration::ZERO, mode)];
+        } else {
+            self.changes.push((at, mode));
+        }
+    }
+
+    /// The mode at `t`.
+    pub fn at(&self, t: Duration) -> HarvestMode {
+        self.changes.iter().rev().find(|(at, _)| *at <= t).map(|(_, m)| *m).unwrap_or_default()
+    }
+
+    /// Whether some mode in force during `[from, to]` satisfies `f` (a stop decided under one
+    /// mode may land after a change).
+    pub fn any_between(&self, from: Duration, to: Duration, f: impl Fn(HarvestMode) -> bool) -> bool {
+        f(self.at(from)) || self.changes.iter().any(|(at, m)| *at >= from && *at <= to && f(*m))
+    }
+
+    /// Whether every mode in force during `[from, to]` satisfies `f`.
+    pub fn all_between(&self, from: Duration, to: Duration, f: impl Fn(HarvestMode) -> bool) -> bool {
+        f(self.at(from)) && self.changes.iter().all(|(at, m)| *at < from || *at > to || f(*m))
+    }
+}
+
+fn all_machines(s: &Scenario) -> BTreeMap<String, MachineSpec> {
+    let mut out: BTreeMap<String, MachineSpec> = s.machines.iter().map(|m| (m.id.clone(), m.clone())).collect();
+    for (_, a) in s.timeline() {
+        if let Action::AddMachine(m) = a {
+            out.insert(m.id.clone(), m);
+        }
+    }
+    out
+}
+
+/// Every broken invariant, as sentences naming the machine or instance.
+pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: &ModeTimeline) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    let specs = all_machines(s);
+    let derived: BTreeMap<&str, &Vec<String>> =
+        s.cloud.derived_zones.iter().map(|d| (d.machine.as_str(), &d.zones)).collect();
+
+    // Whose instance is it: the machine recording it (`recorder`), else the machine named in
+    // its tags (`owner`).
+    let mut recorder: BTreeMap<String, String> = BTreeMap::new();
+    for (id, m) in &model.machines {
+        if let Some(inst) = &m.machine.instance {
+            recorder.insert(inst.to_string(), id.to_string());
+        }
+    }
+    let mut owner = recorder.clone();
+    for (id, inst) in &cloud.instances {
+        if let Some(m) = &inst.instance.tags.machine {
+            owner.entry(id.to_string()).or_insert_with(|| m.to_string());
+        }
+    }
+    // Instances the provisioner started (invariant 1 is about those).
+    let started: BTreeSet<String> = cloud
+        .calls
+        .iter()
+        .filter(|c| c.op == CloudOp::StartInstance && c.ok == Some(true))
+        .flat_map(|c| c.instances.iter().map(ToString::to_string))
+        .collect();
+    let protected = |machine: &str, f: fn(&MachineSpec) -> bool| specs.get(machine).is_some_and(f);
+
+    // 1. Never two live instances for one machine (checked at every creation, and at the end).
+    v.extend(cloud.duplicates.iter().cloned());
+    let mut live: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (id, inst) in &cloud.instances {
+        if inst.foreign || inst.instance.state == InstanceState::Terminated {
+            continue;
+        }
+        let id = id.to_string();
+        let theirs = inst.instance.tags.machine.as_ref().map(ToString::to_string).filter(|_| started.contains(&id));
+        if let Some(m) = theirs.or_else(|| recorder.get(&id).cloned()) {
+            live.entry(m).or_default().push(id);
+        }
+    }
+    for (m, ids) in live {
+        if ids.len() > 1 && !cloud.duplicates.iter().any(|d| d.starts_with(&format!("machine {m} "))) {
+            v.push(format!("machine {m} has two live instances: {}", ids.join(", ")));
+        }
+    }
+
+    for call in &cloud.calls {
+        let at = format_duration(call.at);
+        match call.op {
+            CloudOp::StopInstances => {
+                for inst in &call.instances {
+                    let id = inst.to_string();
+                    let rec = cloud.instances.get(inst);
+                    // 2. Foreign instances are never stopped.
+                    if rec.is_some_and(|r| r.foreign) {
+                        v.push(format!("foreign instance {id} was stopped at {at}"));
+                        continue;
+                    }
+                    let own = owner.get(&id);
+                    // 3. / 4. Manual and keep-instance machines' instances are never stopped.
+                    if let Some(m) = recorder.get(&id) {
+                        if protected(m, |s| s.manual) {
+                            v.push(format!("instance {id} of manual machine {m} was stopped at {at}"));
+                        }
+                        if protected(m, |s| s.keep_instance) {
+                            v.push(format!("instance {id} of keep-instance machine {m} was stopped at {at}"));
+                        }
+                    }
+                    // 6. Unknown instances are stopped only in modes unknown and all.
+                    let known = own.is_some_and(|m| model.machines.contains_key(m.as_str()));
+                    let mode = modes.at(call.at);
+                    let window = call.at.saturating_sub(DECISION_WINDOW);
+                    if !known && !modes.any_between(window, call.at, HarvestMode::harvests_unknown) {
+                        v.push(format!("unknown instance {id} was stopped at {at} in mode {mode}"));
+                    }
+                }
+            }
+            CloudOp::StartInstance => {
+                let Some(m) = call.machine.as_ref().map(ToString::to_string) else { continue };
+                // 3. Manual machines are never started.
+                if protected(&m, |s| s.manual) {
+                    v.push(format!("manual machine {m} was started at {at}"));
+                }
+                // 8. Zones stay within the constraint and the derived zones.
+                if let Some(zone) = &call.zone {
+                    if let Some(allowed) = specs.get(&m).and_then(|s| s.zones.as_ref()) {
+                        if !allowed.contains(zone) {
+                            v.push(format!("machine {m} was started in zone {zone} outside its zones constraint {allowed:?} at {at}"));
+                        }
+                    }
+                    if let Some(d) = derived.get(m.as_str()).filter(|d| !d.is_empty()) {
+                        if !d.contains(zone) {
+                            v.push(format!(
+                                "machine {m} was started in zone {zone} outside its derived zones {d:?} at {at}"
+                            ));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    // 5. Removed machines' instances are terminated (modes destroyed/all at death, not kept).
+    for (id, m) in &model.machines {
+        if !m.removed || m.machine.keep_instance || m.machine.manual {
+            continue;
+        }
+        let died = m.died_at.unwrap_or_default();
+        let removed = m.removed_at.unwrap_or(died);
+        if !modes.all_between(died, removed, HarvestMode::harvests_destroyed) {
+            continue;
+        }
+        let mut theirs: BTreeSet<String> = BTreeSet::new();
+        if let Some(inst) = &m.machine.instance {
+            theirs.insert(inst.to_string());
+        }
+        for (iid, inst) in &cloud.instances {
+            if inst.instance.tags.machine.as_ref() == Some(id) && !inst.foreign {
+                theirs.insert(iid.to_string());
+            }
+        }
+        for inst in theirs {
+            if let Some(rec) = cloud.instances.get(inst.as_str()) {
+                if rec.instance.state != InstanceState::Terminated {
+                    v.push(format!("removed machine {id} left instance {inst} {}", rec.instance.state));
+                }
+            }
+        }
+    }
+
+    // 7. Every alive, non-manual machine that was pending is provisioned or in error.
+    for (id, spec) in &specs {
+        if spec.manual || spec.status != MachineStatus::Pending || spec.life != Life::Alive || id.contains('/') {
+            continue;
+        }
+        let Some(m) = model.machines.get(id.as_str()) else { continue };
+        if m.removed || m.machine.life != Life::Alive || m.machine.instance.is_some() {
+            continue;
+        }
+        let errored = m.machine.instance_status.is_error() && !m.instance_status_message.is_empty();
+        if !errored {
+            v.push(format!(
+                "machine {id} is alive and pending but neither provisioned nor in provisioning error (instance status {:?})",
+                m.machine.instance_status.as_str()
+            ));
+        }
+    }
+    v
+}

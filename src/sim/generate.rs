@@ -1,0 +1,196 @@
+//! Random scenarios for the property test: machines, deaths at random times, faults,
+//! restarts, zone changes, mode changes, resizes, throttling. A seed picks one scenario, so a
+//! failing seed is reproduced with `provisioner generate-scenario --seed N`.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::scenario::*;
+use crate::types::{HarvestMode, Life};
+
+fn pick<'a, T>(rng: &mut StdRng, items: &'a [T]) -> &'a T {
+    &items[rng.random_range(0..items.len())]
+}
+
+fn ms(rng: &mut StdRng, max_ms: u64) -> Duration {
+    Duration::from_millis(rng.random_range(0..=max_ms))
+}
+
+/// The scenario for a seed.
+pub fn generate(seed: u64) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let all_zones = ["az1", "az2", "az3", "az4"];
+    let zone_count = rng.random_range(0..=4usize);
+    let zones: Vec<String> = all_zones[..zone_count].iter().map(|z| (*z).to_owned()).collect();
+    let unavailable: Vec<String> =
+        if zone_count > 1 && rng.random_bool(0.3) { vec![zones[zone_count - 1].clone()] } else { Vec::new() };
+    let available: Vec<String> = zones.iter().filter(|z| !unavailable.contains(z)).cloned().collect();
+    let modes = [HarvestMode::None, HarvestMode::Unknown, HarvestMode::Destroyed, HarvestMode::All];
+
+    let machine_count = rng.random_range(1..=16usize);
+    let mut machines = Vec::new();
+    let mut instances = Vec::new();
+    for i in 0..machine_count {
+        let mut m = MachineSpec::pending(i.to_string());
+        if !zones.is_empty() && rng.random_bool(0.2) {
+            m.zones = Some(vec![pick(&mut rng, &zones).clone()]);
+        }
+        if rng.random_bool(0.15) {
+            m.keep_instance = true;
+        }
+        if rng.random_bool(0.2) && machine_count > 1 {
+            let other = rng.random_range(0..machine_count);
+            if other != i {
+                m.distribution_group = Some(vec![other.to_string()]);
+            }
+        }
+        if rng.random_bool(0.05) {
+            m.distribution_group_error = "distribution group lookup failed".into();
+        }
+        if rng.random_bool(0.1) {
+            m.manual = true;
+            m.instance = Some(format!("manual:10.0.0.{i}"));
+            m.status = crate::types::MachineStatus::Started;
+        } else if rng.random_bool(0.15) {
+            // Provisioned before the provisioner starts.
+            let id = format!("pre-{i}");
+            let zone = available.first().map(|_| pick(&mut rng, &available).clone());
+            m.instance = Some(id.clone());
+            m.status = crate::types::MachineStatus::Started;
+            instances.push(InstanceSpec {
+                id,
+                zone,
+                state: if rng.random_bool(0.2) { InitialState::Stopped } else { InitialState::Running },
+                machine: Some(m.id.clone()),
+                foreign: false,
+            });
+        }
+        machines.push(m);
+    }
+    for k in 0..rng.random_range(0..=3u32) {
+        let foreign = rng.random_bool(0.5);
+        // A tagged extra instance stands for a start whose result was lost: only a pending,
+        // unprovisioned, non-manual machine can have one.
+        let candidates: Vec<String> =
+            machines.iter().filter(|m| m.instance.is_none() && !m.manual).map(|m| m.id.clone()).collect();
+        let machine = if !candidates.is_empty() && rng.random_bool(0.5) {
+            Some(pick(&mut rng, &candidates).clone())
+        } else {
+            None
+        };
+        instances.push(InstanceSpec {
+            id: format!("extra-{k}"),
+            zone: available.first().cloned(),
+            state: InitialState::Running,
+            machine,
+            foreign,
+        });
+    }
+
+    let mut faults = Vec::new();
+    for _ in 0..rng.random_range(0..=4u32) {
+        let m = rng.random_range(0..machine_count).to_string();
+        faults.push(FaultSpec {
+            machine: m,
+            times: rng.random_range(1..=4),
+            zone: if !zones.is_empty() && rng.random_bool(0.3) { Some(pick(&mut rng, &zones).clone()) } else { None },
+            zone_independent: rng.random_bool(0.4),
+            message: "injected failure".into(),
+        });
+    }
+    let mut derived_zones = Vec::new();
+    if !zones.is_empty() && rng.random_bool(0.3) {
+        derived_zones.push(DerivedZonesSpec {
+            machine: rng.random_range(0..machine_count).to_string(),
+            zones: vec![pick(&mut rng, &zones).clone()],
+        });
+    }
+    let rate_limit = rng.random_bool(0.2).then(|| RateLimitSpec {
+        start_burst: Some(rng.random_range(1..=5)),
+        start_per_second: Some(f64::from(rng.random_range(1..=4u32))),
+        stop_burst: Some(rng.random_range(1..=5)),
+        stop_per_second: Some(f64::from(rng.random_range(1..=4u32))),
+    });
+
+    let mut events = Vec::new();
+    let mut next_id = machine_count;
+    for _ in 0..rng.random_range(0..=12u32) {
+        let at = ms(&mut rng, 120_000).max(Duration::from_millis(1));
+        let target = rng.random_range(0..next_id).to_string();
+        let action = match rng.random_range(0..100u32) {
+            0..=29 => Action::SetLife(SetLifeSpec {
+                machine: target,
+                life: if rng.random_bool(0.8) { Life::Dead } else { Life::Dying },
+            }),
+            30..=44 => {
+                let m = MachineSpec::pending(next_id.to_string());
+                next_id += 1;
+                Action::AddMachine(m)
+            }
+            45..=52 => Action::SetHarvestMode(*pick(&mut rng, &modes)),
+            53..=58 => Action::SetWorkers(rng.random_range(1..=8)),
+            59..=66 => Action::Restart,
+            67..=71 => Action::RetryProvisioning(vec![target]),
+            72..=76 if !zones.is_empty() => {
+                let cut = rng.random_range(0..zones.len());
+                Action::SetZones(SetZonesSpec {
+                    zones: zones.iter().enumerate().filter(|(i, _)| *i != cut).map(|(_, z)| z.clone()).collect(),
+                    unavailable_zones: vec![zones[cut].clone()],
+                })
+            }
+            77..=82 => Action::FailNext(FailNextSpec {
+                call: *pick(
+                    &mut rng,
+                    &[
+                        FailCall::AllInstances,
+                        FailCall::StopInstances,
+                        FailCall::AvailabilityZones,
+                        FailCall::Machines,
+                        FailCall::SetInstanceInfo,
+                        FailCall::ProvisioningInfo,
+                    ],
+                ),
+                times: rng.random_range(1..=3),
+                message: "injected call failure".into(),
+            }),
+            83..=87 => Action::CloudStop(format!("i-{}", rng.random_range(1..=machine_count))),
+            88..=90 => Action::CloudStart(format!("i-{}", rng.random_range(1..=machine_count))),
+            91..=94 => Action::CloudTerminate(format!("i-{}", rng.random_range(1..=machine_count))),
+            _ => Action::CloudLaunch(LaunchSpec {
+                id: format!("oob-{}", rng.random_range(0..1000u32)),
+                zone: available.first().cloned(),
+                machine: None,
+                foreign: rng.random_bool(0.5),
+            }),
+        };
+        events.push(EventSpec::new(at, action));
+    }
+    events.sort_by_key(|e| e.at);
+
+    Scenario {
+        name: Some(format!("generated scenario {seed}")),
+        seed,
+        until: Dur(Duration::from_secs(3 * 3600)),
+        provisioner: ProvisionerSpec {
+            harvest_mode: *pick(&mut rng, &modes),
+            workers: Workers(rng.random_range(1..=8)),
+            retry_count: rng.random_range(0..=3),
+            retry_delay: Dur(Duration::from_secs(rng.random_range(0..=20))),
+            resync_interval: Dur(Duration::from_secs(60)),
+        },
+        cloud: CloudSpec {
+            zones: available,
+            unavailable_zones: unavailable,
+            start_latency: Dur(ms(&mut rng, 30_000)),
+            stop_latency: Dur(ms(&mut rng, 5_000)),
+            rate_limit,
+            instances,
+            faults,
+            derived_zones,
+        },
+        machines,
+        events,
+    }
+}

@@ -1,0 +1,18 @@
+//! The deterministic simulator (feature `sim`): runs the real actors against the fake cloud
+//! and model on virtual time, from a scenario file (`shared/spec/scenario-format.md`), and
+//! reports what happened and which invariants broke.
+//!
+//! Same scenario + same seed = byte-identical JSON report: one thread, a paused clock, seeded
+//! RNGs, ordered maps everywhere.
+
+mod check;
+mod generate;
+mod report;
+mod run;
+pub mod scenario;
+
+pub use check::{check, ModeTimeline};
+pub use generate::generate;
+pub use report::{CallReport, InstanceReport, MachineReport, ModelReport, ProvisionerReport, Report};
+pub use run::{run, SIM_MODEL_UUID};
+pub use scenario::{Scenario, ScenarioError};

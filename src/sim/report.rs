@@ -1,0 +1,218 @@
+//! The report (`--json`) and its human rendering.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+/// The whole report, keys as the contract fixes them (plus additions).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// Scenario name.
+    pub name: String,
+    /// Seed used.
+    pub seed: u64,
+    /// When the run ended.
+    pub ended_at: String,
+    /// The provisioner's fate.
+    pub provisioner: ProvisionerReport,
+    /// Every broker call in order (`all_instances`, `availability_zones`, `derive_zones`,
+    /// `start_instance`, `stop_instances`).
+    pub calls: Vec<CallReport>,
+    /// Every machine ever in the model.
+    pub machines: BTreeMap<String, MachineReport>,
+    /// Every instance that ever existed.
+    pub instances: BTreeMap<String, InstanceReport>,
+    /// The provisioner's contract events (`processed-machines`, `retried-machines-with-errors`,
+    /// `resized-worker-pool`, `harvest-mode-changed`), in order.
+    pub events: Vec<String>,
+    /// The model's fate.
+    pub model: ModelReport,
+    /// Broken invariants, one sentence each.
+    pub violations: Vec<String>,
+    /// Addition: the richer events (machine-started, machine-failed, instances-stopped, ...).
+    pub activity: Vec<String>,
+    /// Addition: instances released (our identity removed), in call order.
+    pub released: Vec<String>,
+}
+
+/// `provisioner`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProvisionerReport {
+    /// Whether it still runs.
+    pub alive: bool,
+    /// Why it died, if it did.
+    pub error: Option<String>,
+    /// How many `restart` events it went through.
+    pub restarts: u32,
+}
+
+/// One broker call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallReport {
+    /// When it began.
+    pub at: String,
+    /// Which call.
+    pub op: String,
+    /// The machine (starts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+    /// The zone (starts; `null` on a zoneless cloud).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<Option<String>>,
+    /// The instances (stops).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instances: Option<Vec<String>>,
+    /// Whether it succeeded.
+    pub ok: bool,
+    /// The instance a start made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// Its error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Refused by the cloud's rate limit.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub throttled: bool,
+}
+
+/// One machine's final state.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MachineReport {
+    /// Life.
+    pub life: String,
+    /// Marked for removal.
+    pub removed: bool,
+    /// Recorded instance.
+    pub instance: Option<String>,
+    /// That instance's zone.
+    pub zone: Option<String>,
+    /// Machine status.
+    pub status: String,
+    /// Instance status.
+    pub instance_status: String,
+    /// Status message.
+    pub message: String,
+}
+
+/// One instance's final state.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstanceReport {
+    /// `pending`, `running`, `stopped` or `terminated`.
+    pub state: String,
+    /// Zone.
+    pub zone: Option<String>,
+    /// The machine it was started for.
+    pub machine: Option<String>,
+    /// Another model's.
+    pub foreign: bool,
+}
+
+/// `model`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelReport {
+    /// The model's life.
+    pub life: String,
+    /// Errors operations on the model returned, in order.
+    pub errors: Vec<String>,
+}
+
+impl Report {
+    /// The report as pretty JSON (byte-identical for the same scenario and seed).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+
+    /// A summary for people.
+    pub fn to_human(&self) -> String {
+        let mut out = String::new();
+        let title = if self.name.is_empty() { "scenario".to_owned() } else { self.name.clone() };
+        let _ = writeln!(out, "{title} (seed {}): ended at {}", self.seed, self.ended_at);
+        let p = &self.provisioner;
+        let _ = writeln!(
+            out,
+            "provisioner: {}{}",
+            if p.alive { "alive" } else { "dead" },
+            if p.restarts > 0 { format!(", restarted {} time(s)", p.restarts) } else { String::new() }
+        );
+
+        let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
+        let (mut provisioned, mut failed, mut removed) = (0, 0, 0);
+        for m in self.machines.values() {
+            if m.removed {
+                removed += 1;
+            } else if m.instance.is_some() {
+                provisioned += 1;
+                *per_zone.entry(m.zone.clone().unwrap_or_else(|| "(no zone)".into())).or_default() += 1;
+            } else if m.instance_status == "provisioning error" {
+                failed += 1;
+            }
+        }
+        let _ = writeln!(
+            out,
+            "machines: {} in all, {provisioned} provisioned, {failed} failed, {removed} removed",
+            self.machines.len()
+        );
+        if !per_zone.is_empty() {
+            let zones: Vec<String> = per_zone.iter().map(|(z, n)| format!("{z}: {n}")).collect();
+            let _ = writeln!(out, "  per zone: {}", zones.join(", "));
+        }
+        let mut states: BTreeMap<&str, usize> = BTreeMap::new();
+        for i in self.instances.values() {
+            *states.entry(i.state.as_str()).or_default() += 1;
+        }
+        let states: Vec<String> = states.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        let _ = writeln!(
+            out,
+            "instances: {} ({})",
+            self.instances.len(),
+            if states.is_empty() { "none".into() } else { states.join(", ") }
+        );
+        let mut calls: BTreeMap<&str, (usize, usize, usize)> = BTreeMap::new();
+        for c in &self.calls {
+            let e = calls.entry(c.op.as_str()).or_default();
+            e.0 += 1;
+            if !c.ok {
+                e.1 += 1;
+            }
+            if c.throttled {
+                e.2 += 1;
+            }
+        }
+        let _ = writeln!(out, "calls:");
+        for (op, (n, failed, throttled)) in &calls {
+            let mut line = format!("  {op}: {n}");
+            if *failed > 0 {
+                line.push_str(&format!(" ({failed} failed"));
+                if *throttled > 0 {
+                    line.push_str(&format!(", {throttled} throttled"));
+                }
+                line.push(')');
+            }
+            let _ = writeln!(out, "{line}");
+        }
+        let failures: Vec<(&String, &MachineReport)> =
+            self.machines.iter().filter(|(_, m)| m.instance_status == "provisioning error").take(5).collect();
+        if !failures.is_empty() {
+            let _ = writeln!(out, "first failures:");
+            for (id, m) in failures {
+                let _ = writeln!(out, "  machine {id}: {}", m.message);
+            }
+        }
+        if !self.model.errors.is_empty() {
+            let _ = writeln!(out, "model errors:");
+            for e in &self.model.errors {
+                let _ = writeln!(out, "  {e}");
+            }
+        }
+        if self.violations.is_empty() {
+            let _ = writeln!(out, "violations: none");
+        } else {
+            let _ = writeln!(out, "violations ({}):", self.violations.len());
+            for v in &self.violations {
+                let _ = writeln!(out, "  {v}");
+            }
+        }
+        out
+    }
+}

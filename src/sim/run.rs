@@ -1,0 +1,366 @@
+//! Runs a scenario: the real provisioner actors against the fake cloud and model, on a paused
+//! clock, with events applied at their virtual times.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_rt::time::Instant;
+
+use super::check::{check, ModeTimeline};
+use super::report::{CallReport, InstanceReport, MachineReport, ModelReport, ProvisionerReport, Report};
+use super::scenario::{format_duration, Action, FailCall, MachineSpec, Scenario};
+use crate::config::{ProvisionerConfig, RetryStrategy};
+use crate::events::ProvisionerEvent;
+use crate::fake::{CloudOp, FakeCloud, FakeMachine, FakeModel, Fault, ModelOp, PausedSystem};
+use crate::types::{InstanceState, InstanceStatus, Machine, MachineId};
+use crate::wiring::{start, ProvisionerHandle};
+
+/// The model uuid every simulated instance of ours carries.
+pub const SIM_MODEL_UUID: &str = "00000000-5151-4000-8000-000000000001";
+
+/// How often the driver looks for due events and quiescence, in virtual time.
+const TICK: Duration = Duration::from_secs(1);
+
+/// Runs a scenario to its end and reports. `seed` overrides the file's.
+pub fn run(scenario: &Scenario, seed: Option<u64>) -> Report {
+    let scenario = scenario.clone();
+    PausedSystem::new().block_on(async move { drive(&scenario, seed.unwrap_or(scenario.seed)).await })
+}
+
+#[derive(Default)]
+struct EventLog(Vec<ProvisionerEvent>);
+
+impl Actor for EventLog {
+    type Context = Context<Self>;
+}
+
+impl Handler<ProvisionerEvent> for EventLog {
+    type Result = ();
+    fn handle(&mut self, msg: ProvisionerEvent, _ctx: &mut Self::Context) {
+        self.0.push(msg);
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Vec<ProvisionerEvent>")]
+struct TakeEvents;
+
+impl Handler<TakeEvents> for EventLog {
+    type Result = MessageResult<TakeEvents>;
+    fn handle(&mut self, _msg: TakeEvents, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(std::mem::take(&mut self.0))
+    }
+}
+
+fn fake_machine(spec: &MachineSpec) -> FakeMachine {
+    let mut m = Machine::pending(spec.id.as_str());
+    m.life = spec.life;
+    m.status = spec.status;
+    m.instance_status = InstanceStatus::other(spec.instance_status.clone());
+    m.instance = spec.instance.as_deref().map(Into::into);
+    m.keep_instance = spec.keep_instance;
+    m.manual = spec.manual;
+    m.controller = spec.controller;
+    let mut f = FakeMachine::new(m);
+    f.info.constraints.zones = spec.zones.clone();
+    f.group = if spec.distribution_group_error.is_empty() {
+        Ok(spec.distribution_group.clone().unwrap_or_default().into_iter().map(MachineId::from).collect())
+    } else {
+        Err(spec.distribution_group_error.clone())
+    };
+    f
+}
+
+struct World {
+    cloud: FakeCloud,
+    model: FakeModel,
+    config: ProvisionerConfig,
+    handle: Option<ProvisionerHandle>,
+    log: Addr<EventLog>,
+    events: Vec<ProvisionerEvent>,
+    restarts: u32,
+    modes: ModeTimeline,
+    epoch: Instant,
+}
+
+impl World {
+    fn start_provisioner(&mut self) {
+        let mut config = self.config.clone();
+        // Each incarnation draws its own nonces.
+        config.seed = config.seed.wrapping_add(u64::from(self.restarts).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        match start(config, Arc::new(self.cloud.broker()), Arc::new(self.model.api())) {
+            Ok(h) => {
+                h.subscribe(self.log.clone().recipient());
+                self.model.watch(h.machines_changed());
+                self.model.watch_retries(h.retry_ticks());
+                self.handle = Some(h);
+            }
+            Err(e) => tracing::error!(error = %e, "cannot start the provisioner"),
+        }
+    }
+
+    async fn apply(&mut self, action: &Action, started: bool) {
+        let now = self.epoch.elapsed();
+        match action {
+            Action::AddMachine(m) => self.model.add_machine(fake_machine(m)),
+            Action::SetLife(s) => self.model.set_life(&s.machine, s.life),
+            Action::SetStatus(s) => {
+                let (status, inst) = (s.status, s.instance_status.clone());
+                self.model.update_and_notify(&s.machine, move |m| {
+                    if let Some(st) = status {
+                        m.machine.status = st;
+                    }
+                    if let Some(is) = inst {
+                        m.machine.instance_status = InstanceStatus::other(is);
+                    }
+                });
+            }
+            Action::SetHarvestMode(mode) => {
+                // The model config changes: a restarted provisioner reads the new value.
+                self.modes.set(now, *mode);
+                self.config.harvest_mode = *mode;
+                if let (Some(h), true) = (&self.handle, started) {
+                    h.set_harvest_mode(*mode);
+                }
+            }
+            Action::SetWorkers(n) => {
+                self.config.workers = *n;
+                if let (Some(h), true) = (&self.handle, started) {
+                    if let Err(e) = h.set_workers(*n).await {
+                        tracing::warn!(error = %e, "resize refused");
+                    }
+                }
+            }
+            Action::RetryProvisioning(ids) => {
+                let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+                self.model.retry_provisioning(&ids);
+            }
+            Action::SetZones(z) => {
+                let a: Vec<&str> = z.zones.iter().map(String::as_str).collect();
+                let u: Vec<&str> = z.unavailable_zones.iter().map(String::as_str).collect();
+                self.cloud.set_zones(&a, &u);
+            }
+            Action::CloudStop(id) => self.cloud.set_state(id, InstanceState::Stopped),
+            Action::CloudStart(id) => self.cloud.set_state(id, InstanceState::Running),
+            Action::CloudTerminate(id) => self.cloud.set_state(id, InstanceState::Terminated),
+            Action::CloudLaunch(l) => {
+                self.cloud.launch(&l.id, l.zone.as_deref(), l.machine.as_deref(), InstanceState::Running, l.foreign)
+            }
+            Action::FailNext(f) => match f.call {
+                FailCall::AllInstances => self.cloud.fail_next(CloudOp::AllInstances, f.times, &f.message),
+                FailCall::StopInstances => self.cloud.fail_next(CloudOp::StopInstances, f.times, &f.message),
+                FailCall::AvailabilityZones => self.cloud.fail_next(CloudOp::AvailabilityZones, f.times, &f.message),
+                FailCall::Machines => self.model.fail_next(ModelOp::Machines, f.times, &f.message),
+                FailCall::SetInstanceInfo => self.model.fail_next(ModelOp::SetInstanceInfo, f.times, &f.message),
+                FailCall::ProvisioningInfo => self.model.fail_next(ModelOp::ProvisioningInfo, f.times, &f.message),
+            },
+            Action::Restart => {
+                if started {
+                    if let Some(h) = self.handle.take() {
+                        h.shutdown();
+                    }
+                    self.events.extend(self.log.send(TakeEvents).await.unwrap_or_default());
+                    self.restarts += 1;
+                    self.start_provisioner();
+                }
+            }
+            Action::DestroyModel(_) => {
+                tracing::warn!("destroy_model is not simulated yet; event ignored");
+            }
+        }
+    }
+
+    async fn idle(&self) -> bool {
+        let in_flight = self.cloud.in_flight().await;
+        let prov = match &self.handle {
+            Some(h) => h.is_idle().await,
+            None => true,
+        };
+        in_flight == 0 && prov
+    }
+}
+
+async fn drive(s: &Scenario, seed: u64) -> Report {
+    let epoch = Instant::now();
+    let cloud = if s.cloud.zones.is_empty() && s.cloud.unavailable_zones.is_empty() {
+        FakeCloud::new(SIM_MODEL_UUID)
+    } else {
+        let c = FakeCloud::with_zones(SIM_MODEL_UUID, &[]);
+        let a: Vec<&str> = s.cloud.zones.iter().map(String::as_str).collect();
+        let u: Vec<&str> = s.cloud.unavailable_zones.iter().map(String::as_str).collect();
+        c.set_zones(&a, &u);
+        c
+    };
+    cloud.set_latency(s.cloud.start_latency.0, s.cloud.stop_latency.0);
+    if let Some(r) = &s.cloud.rate_limit {
+        let start = r.start_burst.map(|b| (b, r.start_per_second.unwrap_or(f64::from(b))));
+        let stop = r.stop_burst.map(|b| (b, r.stop_per_second.unwrap_or(f64::from(b))));
+        cloud.set_rate_limit(start, stop);
+    }
+    for i in &s.cloud.instances {
+        cloud.launch(&i.id, i.zone.as_deref(), i.machine.as_deref(), i.state.into(), i.foreign);
+    }
+    for f in &s.cloud.faults {
+        cloud.add_fault(Fault {
+            machine: f.machine.as_str().into(),
+            times: f.times,
+            zone: f.zone.clone(),
+            zone_independent: f.zone_independent,
+            message: f.message.clone(),
+        });
+    }
+    for d in &s.cloud.derived_zones {
+        let z: Vec<&str> = d.zones.iter().map(String::as_str).collect();
+        cloud.set_derived_zones(&d.machine, &z);
+    }
+    let model = FakeModel::with_machines(s.machines.iter().map(fake_machine).collect());
+    let config = ProvisionerConfig {
+        model_uuid: SIM_MODEL_UUID.into(),
+        harvest_mode: s.provisioner.harvest_mode,
+        workers: s.provisioner.workers.0,
+        retry: RetryStrategy { count: s.provisioner.retry_count, delay: s.provisioner.retry_delay.0 },
+        resync_interval: if s.provisioner.resync_interval.0.is_zero() {
+            Duration::from_secs(60)
+        } else {
+            s.provisioner.resync_interval.0
+        },
+        seed,
+        ..ProvisionerConfig::default()
+    };
+    let mut world = World {
+        cloud,
+        model,
+        modes: ModeTimeline::new(config.harvest_mode),
+        config,
+        handle: None,
+        log: EventLog::default().start(),
+        events: Vec::new(),
+        restarts: 0,
+        epoch,
+    };
+
+    let mut timeline = s.timeline().into_iter().peekable();
+    while let Some((_, action)) = timeline.next_if(|(at, _)| at.is_zero()) {
+        world.apply(&action, false).await;
+    }
+    world.start_provisioner();
+
+    let until = s.until.0;
+    let mut last_event = Duration::ZERO;
+    loop {
+        let now = epoch.elapsed();
+        while let Some((at, action)) = timeline.next_if(|(at, _)| *at <= now) {
+            last_event = at;
+            world.apply(&action, true).await;
+        }
+        if now >= until {
+            break;
+        }
+        if timeline.peek().is_none() && world.idle().await {
+            break;
+        }
+        let next = timeline.peek().map(|(at, _)| *at).unwrap_or(until);
+        let step = TICK.min(next.saturating_sub(now)).min(until.saturating_sub(now)).max(Duration::from_millis(1));
+        actix_rt::time::sleep(step).await;
+    }
+
+    let cloud = world.cloud.snapshot().await;
+    let model = world.model.snapshot().await;
+    world.events.extend(world.log.send(TakeEvents).await.unwrap_or_default());
+    let alive = world.handle.as_ref().is_some_and(ProvisionerHandle::is_running);
+    let ended =
+        if epoch.elapsed() >= until { until } else { cloud.last_activity.max(model.last_activity).max(last_event) };
+    let violations = check(s, &cloud, &model, &world.modes);
+    if let Some(h) = &world.handle {
+        h.shutdown();
+    }
+
+    let contract =
+        ["processed-machines", "retried-machines-with-errors", "resized-worker-pool", "harvest-mode-changed"];
+    let names: Vec<&str> = world.events.iter().map(ProvisionerEvent::name).collect();
+    Report {
+        name: s.name.clone().unwrap_or_default(),
+        seed,
+        ended_at: format_duration(ended),
+        provisioner: ProvisionerReport { alive, error: None, restarts: world.restarts },
+        calls: cloud
+            .calls
+            .iter()
+            .filter(|c| c.op != CloudOp::ReleaseInstances)
+            .map(|c| {
+                let start = c.op == CloudOp::StartInstance;
+                let stop = c.op == CloudOp::StopInstances;
+                CallReport {
+                    at: format_duration(c.at),
+                    op: c.op.as_str().into(),
+                    machine: c.machine.as_ref().filter(|_| start).map(ToString::to_string),
+                    zone: start.then(|| c.zone.clone()),
+                    instances: stop.then(|| c.instances.iter().map(ToString::to_string).collect()),
+                    ok: c.ok.unwrap_or(false),
+                    instance: if start && c.ok == Some(true) {
+                        c.instances.first().map(ToString::to_string)
+                    } else {
+                        None
+                    },
+                    error: c.error.clone(),
+                    throttled: c.throttled,
+                }
+            })
+            .collect(),
+        machines: model
+            .machines
+            .iter()
+            .map(|(id, m)| {
+                let instance = m.machine.instance.as_ref().map(ToString::to_string);
+                let zone = m.zone.clone().or_else(|| {
+                    let inst = m.machine.instance.as_ref()?;
+                    cloud.instances.get(inst).and_then(|i| i.instance.zone.clone())
+                });
+                let message = if m.instance_status_message.is_empty() {
+                    m.status_message.clone()
+                } else {
+                    m.instance_status_message.clone()
+                };
+                (
+                    id.to_string(),
+                    MachineReport {
+                        life: m.machine.life.to_string(),
+                        removed: m.removed,
+                        instance,
+                        zone,
+                        status: m.machine.status.to_string(),
+                        instance_status: m.machine.instance_status.to_string(),
+                        message,
+                    },
+                )
+            })
+            .collect(),
+        instances: cloud
+            .instances
+            .iter()
+            .map(|(id, i)| {
+                (
+                    id.to_string(),
+                    InstanceReport {
+                        state: i.instance.state.to_string(),
+                        zone: i.instance.zone.clone(),
+                        machine: i.instance.tags.machine.as_ref().map(ToString::to_string),
+                        foreign: i.foreign,
+                    },
+                )
+            })
+            .collect::<BTreeMap<_, _>>(),
+        events: names.iter().filter(|n| contract.contains(n)).map(|n| (*n).to_owned()).collect(),
+        activity: names.iter().filter(|n| !contract.contains(n)).map(|n| (*n).to_owned()).collect(),
+        released: cloud
+            .calls_of(CloudOp::ReleaseInstances)
+            .iter()
+            .filter(|c| c.ok == Some(true))
+            .flat_map(|c| c.instances.iter().map(ToString::to_string))
+            .collect(),
+        model: ModelReport { life: "alive".into(), errors: Vec::new() },
+        violations,
+    }
+}
