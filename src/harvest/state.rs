@@ -106,22 +106,18 @@ impl HarvestBook {
     pub fn plan(&mut self, dead: &[DeadMachine], unknown: &[InstanceId]) -> HarvestPlan {
         let mut plan = HarvestPlan::default();
         for m in dead {
-            match &m.instance {
-                Some(_) if m.manual => plan.remove_now.push(m.id.clone()),
-                Some(inst) if m.keep_instance || !self.mode.harvests_destroyed() => {
-                    if self.released.insert(inst.clone()) {
-                        plan.release.push(inst.clone());
-                        plan.remove_after_release.push(m.id.clone());
-                    } else {
-                        plan.remove_now.push(m.id.clone());
-                    }
+            let instances: Vec<&InstanceId> = m.instances().filter(|i| !self.released.contains(*i)).collect();
+            if m.manual || instances.is_empty() {
+                plan.remove_now.push(m.id.clone());
+            } else if m.keep_instance || !self.mode.harvests_destroyed() {
+                for inst in instances {
+                    self.released.insert(inst.clone());
+                    plan.release.push(inst.clone());
                 }
-                Some(inst) if self.released.contains(inst) => plan.remove_now.push(m.id.clone()),
-                Some(inst) => {
-                    plan.stop.push(inst.clone());
-                    plan.remove_after_stop.push(m.id.clone());
-                }
-                None => plan.remove_now.push(m.id.clone()),
+                plan.remove_after_release.push(m.id.clone());
+            } else {
+                plan.stop.extend(instances.into_iter().cloned());
+                plan.remove_after_stop.push(m.id.clone());
             }
         }
         if self.wants_unknown() {

@@ -21,7 +21,7 @@ fn mids(v: &[&str]) -> Vec<MachineId> {
 }
 
 fn dead(id: &str, instance: Option<&str>) -> DeadMachine {
-    DeadMachine { id: mid(id), instance: instance.map(iid), keep_instance: false, manual: false }
+    DeadMachine { id: mid(id), instance: instance.map(iid), keep_instance: false, manual: false, tagged: Vec::new() }
 }
 
 /// A book out of safe mode, in this mode.

@@ -11,7 +11,7 @@ fn iid(s: &str) -> InstanceId {
 }
 
 fn dead(id: &str) -> DeadMachine {
-    DeadMachine { id: mid(id), instance: None, keep_instance: false, manual: false }
+    DeadMachine { id: mid(id), instance: None, keep_instance: false, manual: false, tagged: Vec::new() }
 }
 
 /// A book with machine `id` running instance `instance`.
@@ -78,7 +78,7 @@ fn start_finished_on_deferred_machine_stops_the_produced_instance() {
     b.on_death(&DeadMachine { keep_instance: true, ..dead("0") });
 
     let after = b.start_finished(&mid("0"), Some(iid("i-new")));
-    let expected = DeadMachine { id: mid("0"), instance: Some(iid("i-new")), keep_instance: true, manual: false };
+    let expected = DeadMachine { id: mid("0"), instance: Some(iid("i-new")), keep_instance: true, manual: false, tagged: Vec::new() };
     assert_eq!(after, AfterStart::StopDeferred { dead: expected });
     assert_eq!(b.phase(&mid("0")), Some(&Phase::Stopping));
     assert!(!b.want_start(&mid("0")));

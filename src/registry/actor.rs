@@ -141,7 +141,7 @@ impl Handler<Refresh> for MachineRegistry {
                                 }
                                 match class {
                                     Class::Pending => out.pending.extend(act.book.machine(&id).cloned()),
-                                    Class::Dead => out.dead.extend(act.book.machine(&id).map(DeadMachine::of)),
+                                    Class::Dead => out.dead.extend(act.book.dead_machine(&id)),
                                     Class::DyingUnprovisioned => to_kill.push(id),
                                     Class::None => {}
                                 }
@@ -171,7 +171,7 @@ impl Handler<Refresh> for MachineRegistry {
                         Ok(()) => {
                             tracing::info!(machine = %id, "killing dying, unprovisioned machine");
                             act.book.set_dead(&id);
-                            out.dead.extend(act.book.machine(&id).map(DeadMachine::of));
+                            out.dead.extend(act.book.dead_machine(&id));
                         }
                         Err(e) => {
                             tracing::warn!(machine = %id, error = %e, "ensure dead failed; will retry");

@@ -36,12 +36,26 @@ pub struct DeadMachine {
     pub keep_instance: bool,
     /// Manually provisioned: never stopped.
     pub manual: bool,
+    /// Other live instances tagged for it that nobody owns (a start whose result was lost):
+    /// they share the machine's fate.
+    pub tagged: Vec<InstanceId>,
 }
 
 impl DeadMachine {
-    /// The dead-machine view of a cached machine.
+    /// The dead-machine view of a cached machine (no stray tagged instances).
     pub fn of(m: &Machine) -> Self {
-        Self { id: m.id.clone(), instance: m.instance.clone(), keep_instance: m.keep_instance, manual: m.manual }
+        Self {
+            id: m.id.clone(),
+            instance: m.instance.clone(),
+            keep_instance: m.keep_instance,
+            manual: m.manual,
+            tagged: Vec::new(),
+        }
+    }
+
+    /// Every instance of the machine: the recorded one, then the stray tagged ones.
+    pub fn instances(&self) -> impl Iterator<Item = &InstanceId> {
+        self.instance.iter().chain(self.tagged.iter().filter(move |t| Some(*t) != self.instance.as_ref()))
     }
 }
 

@@ -200,6 +200,23 @@ impl MachineBook {
         })
     }
 
+    /// The dead-machine view of a cached machine, with stray instances tagged for it.
+    pub fn dead_machine(&self, id: &MachineId) -> Option<crate::registry::DeadMachine> {
+        let m = self.machines.get(id)?;
+        let mut dead = crate::registry::DeadMachine::of(m);
+        if !m.manual {
+            dead.tagged = self
+                .by_tag
+                .get(id)
+                .into_iter()
+                .flatten()
+                .filter(|i| self.owner.get(*i).is_none_or(|o| o == id) && Some(*i) != m.instance.as_ref())
+                .cloned()
+                .collect();
+        }
+        Some(dead)
+    }
+
     /// The zone of a live machine's instance, if the view knows it.
     pub fn placement(&self, id: &MachineId) -> Option<String> {
         let m = self.machines.get(id).filter(|m| m.life != Life::Dead)?;

@@ -662,7 +662,15 @@ impl Scenario {
             }),
         };
         let scenario = parsed.map_err(|(line, message)| {
-            let field = line.and_then(|l| key_on_line(text, l)).map(|k| format!("{k}: ")).unwrap_or_default();
+            // JSON reports the line after a bad value; look back a little for its key.
+            let (line, key) = match line {
+                Some(l) => (0..3)
+                    .filter_map(|back| l.checked_sub(back).filter(|n| *n > 0))
+                    .find_map(|n| key_on_line(text, n).map(|k| (Some(n), Some(k))))
+                    .unwrap_or((Some(l), None)),
+                None => (None, None),
+            };
+            let field = key.map(|k| format!("{k}: ")).unwrap_or_default();
             let message = if message.is_empty() { format!("invalid {format}") } else { message };
             ScenarioError { file: file.to_owned(), line, field, message }
         })?;

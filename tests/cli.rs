@@ -1,0 +1,143 @@
+//! The binary, driven as a user would: exit codes and error messages for bad input
+//! (`shared/spec/cli.md`), and the quickstart run.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_provisioner"))
+}
+
+fn write(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("provisioner-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn simulate(path: &PathBuf, extra: &[&str]) -> Output {
+    bin().arg("simulate").arg(path).args(extra).output().unwrap()
+}
+
+/// Bad input: exit code 2, one line on stderr naming the file, the line and the field, and no
+/// report on stdout (no partial run).
+fn assert_bad(name: &str, text: &str, line: usize, needles: &[&str]) {
+    let path = write(name, text);
+    let out = simulate(&path, &["--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+    assert!(out.stdout.is_empty(), "{name}: a report was printed for bad input");
+    assert_eq!(err.trim().lines().count(), 1, "{name}: not one line: {err}");
+    assert!(err.contains(&format!("{name}:{line}:")), "{name}: line {line} not named: {err}");
+    for n in needles {
+        assert!(err.contains(n), "{name}: {n:?} not in {err}");
+    }
+}
+
+#[test]
+fn unknown_keys_are_named_with_their_line() {
+    assert_bad("unknown.toml", "name = \"x\"\nbogus = 1\n", 2, &["bogus", "unknown field"]);
+    assert_bad("unknown.json", "{\n  \"name\": \"x\",\n  \"extra\": 1\n}\n", 3, &["extra", "unknown field"]);
+    assert_bad("nested.toml", "[cloud]\nzones = [\"az1\"]\nzonez = [\"az2\"]\n", 3, &["zonez"]);
+}
+
+#[test]
+fn malformed_files_are_refused() {
+    assert_bad("malformed.toml", "name = \"x\n", 1, &["name"]);
+    assert_bad("malformed.json", "{\n  \"name\": \"x\",\n  \"seed\": \n}\n", 3, &["seed"]);
+}
+
+#[test]
+fn workers_out_of_range_are_refused() {
+    assert_bad("w0.toml", "[provisioner]\nworkers = 0\n", 2, &["workers", "between 1 and 100, got 0"]);
+    assert_bad("w101.toml", "[provisioner]\nworkers = 101\n", 2, &["workers", "got 101"]);
+    assert_bad("w0.json", "{\n  \"provisioner\": {\n    \"workers\": 0\n  }\n}\n", 3, &["workers", "got 0"]);
+    let ev = "[[events]]\nat = \"1s\"\nset_workers = 0\n";
+    assert_bad("w0event.toml", ev, 3, &["set_workers", "got 0"]);
+}
+
+#[test]
+fn durations_and_modes_that_do_not_parse_are_refused() {
+    assert_bad("dur.toml", "[provisioner]\nretry_delay = \"ten seconds\"\n", 2, &["retry_delay", "invalid duration"]);
+    assert_bad("until.toml", "until = \"forever\"\n", 1, &["until", "invalid duration"]);
+    assert_bad("mode.toml", "[provisioner]\nharvest_mode = \"sometimes\"\n", 2, &["harvest_mode", "sometimes"]);
+    assert_bad("life.toml", "[[machines]]\nid = \"0\"\nlife = \"undead\"\n", 3, &["life", "undead"]);
+}
+
+#[test]
+fn unknown_machine_ids_in_events_are_refused() {
+    let text = "[[machines]]\nid = \"0\"\n\n[[events]]\nat = \"5s\"\nset_life = { machine = \"7\", life = \"dead\" }\n";
+    assert_bad("unk.toml", text, 6, &["set_life", "unknown machine id \"7\""]);
+    let json = "{\"machines\": [{\"id\": \"0\"}], \"events\": [{\"at\": \"1s\",\n \"retry_provisioning\": [\"0\", \"9\"]}]}\n";
+    assert_bad("unk.json", json, 2, &["retry_provisioning", "\"9\""]);
+    let fault = "[[machines]]\nid = \"0\"\n[[cloud.faults]]\nmachine = \"5\"\n";
+    assert_bad("fault.toml", fault, 4, &["machine", "unknown machine \"5\""]);
+}
+
+#[test]
+fn events_need_exactly_one_action() {
+    assert_bad("none.toml", "[[events]]\nat = \"1s\"\n", 2, &["events[0]", "none"]);
+    assert_bad("two.toml", "[[events]]\nat = \"1s\"\nrestart = true\nset_workers = 3\n", 2, &["restart", "set_workers"]);
+}
+
+#[test]
+fn unknown_extension_and_missing_file_are_bad_input() {
+    let path = write("scenario.yaml", "name: x\n");
+    let out = simulate(&path, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(".toml or .json"));
+    let out = simulate(&PathBuf::from("/nonexistent/s.toml"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+}
+
+#[test]
+fn bad_usage_exits_2() {
+    let out = bin().args(["simulate"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = bin().args(["frobnicate"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = bin().args(["simulate", "--help"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--seed"));
+}
+
+#[test]
+fn quickstart_runs_readably_and_as_json() {
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/scenarios/quickstart.toml");
+    let out = simulate(&file, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in ["quickstart (seed 1)", "machines: 6 in all", "per zone:", "calls:", "start_instance:", "violations: none"] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    let a = simulate(&file, &["--json"]);
+    let b = simulate(&file, &["--json"]);
+    assert_eq!(a.stdout, b.stdout, "the JSON report is not byte-identical across runs");
+    let report: serde_json::Value = serde_json::from_slice(&a.stdout).unwrap();
+    for key in ["name", "seed", "ended_at", "provisioner", "calls", "machines", "instances", "events", "model", "violations"] {
+        assert!(report.get(key).is_some(), "report lacks {key}");
+    }
+    assert_eq!(report["violations"], serde_json::json!([]));
+    // Machine 4 died while starting: the instance its start produced was stopped.
+    let m4 = &report["machines"]["4"];
+    assert_eq!(m4["removed"], true);
+    let inst = m4["instance"].as_str().unwrap();
+    assert_eq!(report["instances"][inst]["state"], "terminated");
+    // The stray instance went when the mode became "all"; the kept one still runs.
+    assert_eq!(report["instances"]["stray-1"]["state"], "terminated");
+    let m5 = report["machines"]["5"]["instance"].as_str().unwrap();
+    assert_eq!(report["instances"][m5]["state"], "running");
+}
+
+#[test]
+fn generated_scenarios_reproduce_through_the_binary() {
+    let out = bin().args(["generate-scenario", "--seed", "17"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let path = write("gen17.toml", &String::from_utf8_lossy(&out.stdout));
+    let a = simulate(&path, &["--json"]);
+    assert_eq!(a.status.code(), Some(0), "{}", String::from_utf8_lossy(&a.stderr));
+    let report = provisioner::sim::run(&provisioner::sim::generate(17), None);
+    assert_eq!(String::from_utf8_lossy(&a.stdout).trim(), report.to_json().trim());
+}

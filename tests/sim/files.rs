@@ -1,0 +1,101 @@
+//! Every scenario under `tests/scenarios/` runs with no violation and matches its
+//! `NAME.expect.json`, if it has one.
+//!
+//! An expectation is a partial report: objects match key by key (keys not named are not
+//! checked), arrays and scalars match exactly. Three derived keys summarise the call log:
+//! `"$call_counts"` (op → number of calls), `"$stops"` (the instance lists of every
+//! `stop_instances` call, in order) and `"$starts"` (machine → number of `start_instance`
+//! calls). `"$violations_allowed": true` lets a scenario expect violations (then
+//! `"violations"` is matched like any key).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use provisioner::sim::{run, Report, Scenario};
+use serde_json::{json, Value};
+
+fn scenario_files() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            (name.ends_with(".toml") || name.ends_with(".json")) && !name.ends_with(".expect.json")
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn derived(report: &Report) -> Value {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut starts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut stops = Vec::new();
+    for c in &report.calls {
+        *counts.entry(c.op.clone()).or_default() += 1;
+        if c.op == "start_instance" {
+            *starts.entry(c.machine.clone().unwrap_or_default()).or_default() += 1;
+        }
+        if c.op == "stop_instances" {
+            stops.push(json!(c.instances.clone().unwrap_or_default()));
+        }
+    }
+    json!({ "$call_counts": counts, "$starts": starts, "$stops": stops })
+}
+
+fn matches(path: &str, want: &Value, got: &Value, errors: &mut Vec<String>) {
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => {
+            for (k, wv) in w {
+                match g.get(k) {
+                    Some(gv) => matches(&format!("{path}.{k}"), wv, gv, errors),
+                    None if wv.is_null() => {}
+                    None => errors.push(format!("{path}.{k}: missing, want {wv}")),
+                }
+            }
+        }
+        (w, g) if w == g => {}
+        (w, g) => errors.push(format!("{path}: got {g}, want {w}")),
+    }
+}
+
+#[test]
+fn scenario_files_meet_their_expectations() {
+    let files = scenario_files();
+    assert!(files.len() >= 10, "expected the scenario catalogue, found {} files", files.len());
+    let mut failures = Vec::new();
+    for file in &files {
+        let scenario = match Scenario::load(file) {
+            Ok(s) => s,
+            Err(e) => {
+                failures.push(format!("{e}"));
+                continue;
+            }
+        };
+        let report = run(&scenario, None);
+        let expect_path = file.with_file_name(format!("{}.expect.json", file.file_stem().unwrap().to_string_lossy()));
+        let expect: Value = match std::fs::read_to_string(&expect_path) {
+            Ok(text) => serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", expect_path.display())),
+            Err(_) => json!({}),
+        };
+        let mut got: Value = serde_json::from_str(&report.to_json()).unwrap();
+        if let (Value::Object(g), Value::Object(d)) = (&mut got, derived(&report)) {
+            g.extend(d);
+        }
+        let mut errors = Vec::new();
+        let allow = expect.get("$violations_allowed").and_then(Value::as_bool).unwrap_or(false);
+        if !allow && !report.violations.is_empty() {
+            errors.push(format!("violations: {:?}", report.violations));
+        }
+        let mut want = expect.clone();
+        if let Value::Object(w) = &mut want {
+            w.remove("$violations_allowed");
+        }
+        matches("", &want, &got, &mut errors);
+        if !errors.is_empty() {
+            failures.push(format!("{}:\n  {}", file.display(), errors.join("\n  ")));
+        }
+    }
+    assert!(failures.is_empty(), "{} scenario(s) failed:\n{}", failures.len(), failures.join("\n"));
+}

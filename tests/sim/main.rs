@@ -1,0 +1,5 @@
+//! The simulator end to end: determinism, the property test over random scenarios, and the
+//! scenario files under `tests/scenarios/` with their expected outcomes.
+
+mod files;
+mod property;
