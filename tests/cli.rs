@@ -69,7 +69,8 @@ fn durations_and_modes_that_do_not_parse_are_refused() {
 fn unknown_machine_ids_in_events_are_refused() {
     let text = "[[machines]]\nid = \"0\"\n\n[[events]]\nat = \"5s\"\nset_life = { machine = \"7\", life = \"dead\" }\n";
     assert_bad("unk.toml", text, 6, &["set_life", "unknown machine id \"7\""]);
-    let json = "{\"machines\": [{\"id\": \"0\"}], \"events\": [{\"at\": \"1s\",\n \"retry_provisioning\": [\"0\", \"9\"]}]}\n";
+    let json =
+        "{\"machines\": [{\"id\": \"0\"}], \"events\": [{\"at\": \"1s\",\n \"retry_provisioning\": [\"0\", \"9\"]}]}\n";
     assert_bad("unk.json", json, 2, &["retry_provisioning", "\"9\""]);
     let fault = "[[machines]]\nid = \"0\"\n[[cloud.faults]]\nmachine = \"5\"\n";
     assert_bad("fault.toml", fault, 4, &["machine", "unknown machine \"5\""]);
@@ -78,7 +79,12 @@ fn unknown_machine_ids_in_events_are_refused() {
 #[test]
 fn events_need_exactly_one_action() {
     assert_bad("none.toml", "[[events]]\nat = \"1s\"\n", 2, &["events[0]", "none"]);
-    assert_bad("two.toml", "[[events]]\nat = \"1s\"\nrestart = true\nset_workers = 3\n", 2, &["restart", "set_workers"]);
+    assert_bad(
+        "two.toml",
+        "[[events]]\nat = \"1s\"\nrestart = true\nset_workers = 3\n",
+        2,
+        &["restart", "set_workers"],
+    );
 }
 
 #[test]
@@ -109,14 +115,18 @@ fn quickstart_runs_readably_and_as_json() {
     let out = simulate(&file, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
-    for needle in ["quickstart (seed 1)", "machines: 6 in all", "per zone:", "calls:", "start_instance:", "violations: none"] {
+    for needle in
+        ["quickstart (seed 1)", "machines: 6 in all", "per zone:", "calls:", "start_instance:", "violations: none"]
+    {
         assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
     }
     let a = simulate(&file, &["--json"]);
     let b = simulate(&file, &["--json"]);
     assert_eq!(a.stdout, b.stdout, "the JSON report is not byte-identical across runs");
     let report: serde_json::Value = serde_json::from_slice(&a.stdout).unwrap();
-    for key in ["name", "seed", "ended_at", "provisioner", "calls", "machines", "instances", "events", "model", "violations"] {
+    for key in
+        ["name", "seed", "ended_at", "provisioner", "calls", "machines", "instances", "events", "model", "violations"]
+    {
         assert!(report.get(key).is_some(), "report lacks {key}");
     }
     assert_eq!(report["violations"], serde_json::json!([]));

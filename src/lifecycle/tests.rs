@@ -78,7 +78,13 @@ fn start_finished_on_deferred_machine_stops_the_produced_instance() {
     b.on_death(&DeadMachine { keep_instance: true, ..dead("0") });
 
     let after = b.start_finished(&mid("0"), Some(iid("i-new")));
-    let expected = DeadMachine { id: mid("0"), instance: Some(iid("i-new")), keep_instance: true, manual: false, tagged: Vec::new() };
+    let expected = DeadMachine {
+        id: mid("0"),
+        instance: Some(iid("i-new")),
+        keep_instance: true,
+        manual: false,
+        tagged: Vec::new(),
+    };
     assert_eq!(after, AfterStart::StopDeferred { dead: expected });
     assert_eq!(b.phase(&mid("0")), Some(&Phase::Stopping));
     assert!(!b.want_start(&mid("0")));
