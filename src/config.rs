@@ -4,7 +4,49 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::types::HarvestMode;
+use crate::types::{HarvestMode, MachineId};
+
+/// Largest broker worker pool of a container provisioner.
+pub const MAX_CONTAINER_WORKERS: usize = 25;
+/// Default broker worker pool of a container provisioner.
+pub const DEFAULT_CONTAINER_WORKERS: usize = 4;
+
+/// Which machines a provisioner is responsible for (rule 7).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// Top-level machines (the environ provisioner).
+    #[default]
+    Environ,
+    /// Containers of one type on one host (`HOST/KIND/N`).
+    Containers {
+        /// The host machine.
+        host: MachineId,
+        /// The container type, e.g. `lxd`.
+        kind: String,
+    },
+}
+
+impl Scope {
+    /// Whether this provisioner acts on the machine.
+    pub fn contains(&self, id: &MachineId) -> bool {
+        match self {
+            Scope::Environ => !id.is_container(),
+            Scope::Containers { host, kind } => {
+                id.container_of().is_some_and(|(h, k)| &h == host && k == kind.as_str())
+            }
+        }
+    }
+
+    /// Whether an instance tagged for `machine` (or untagged, `None`) is this provisioner's
+    /// business when looking for unknown instances.
+    pub fn judges(&self, machine: Option<&MachineId>) -> bool {
+        match (self, machine) {
+            (Scope::Environ, None) => true,
+            (Scope::Containers { .. }, None) => false,
+            (_, Some(m)) => self.contains(m),
+        }
+    }
+}
 
 /// Default size of the broker worker pool (Juju's `num-provision-workers`).
 pub const DEFAULT_WORKERS: usize = 16;
@@ -14,6 +56,8 @@ pub const MAX_WORKERS: usize = 100;
 pub const DEFAULT_RETRY_COUNT: u32 = 10;
 /// Default delay between StartInstance rounds.
 pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(10);
+/// Default maximum age of the listing unknown instances are judged on.
+pub const DEFAULT_HARVEST_LISTING_MAX_AGE: Duration = Duration::from_secs(10);
 /// Default interval between full cloud listings.
 pub const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -102,8 +146,15 @@ pub struct ProvisionerConfig {
     /// Interval between full cloud listings (the view is otherwise kept current from broker
     /// results).
     pub resync_interval: Duration,
+    /// Unknown instances are judged on a listing at most this old: a harvest that needs them
+    /// re-lists an older view first (so the cloud is listed at most once per this age).
+    pub harvest_listing_max_age: Duration,
     /// Seed of every random choice (zone tie-breaks, nonces).
     pub seed: u64,
+    /// Which machines this provisioner acts on.
+    pub scope: Scope,
+    /// Whether the transient-retry path runs (the container provisioner has none, rule 75).
+    pub retry_path: bool,
 }
 
 impl Default for ProvisionerConfig {
@@ -117,12 +168,27 @@ impl Default for ProvisionerConfig {
             retry: RetryStrategy::default(),
             backoff: Backoff::default(),
             resync_interval: DEFAULT_RESYNC_INTERVAL,
+            harvest_listing_max_age: DEFAULT_HARVEST_LISTING_MAX_AGE,
             seed: 0,
+            scope: Scope::Environ,
+            retry_path: true,
         }
     }
 }
 
 impl ProvisionerConfig {
+    /// A container provisioner's configuration for `kind` containers on `host`: 4 workers
+    /// (valid 1..=25), no transient-retry path, the rest from `self`.
+    pub fn for_containers(&self, host: MachineId, kind: &str) -> Self {
+        Self {
+            workers: DEFAULT_CONTAINER_WORKERS,
+            max_workers: MAX_CONTAINER_WORKERS,
+            scope: Scope::Containers { host, kind: kind.to_owned() },
+            retry_path: false,
+            ..self.clone()
+        }
+    }
+
     /// The same configuration with a seed drawn from the operating system: what a long-running
     /// service wants, so that two incarnations never draw the same nonces.
     pub fn with_random_seed(mut self) -> Self {

@@ -54,6 +54,7 @@ pub fn start(
     let coord = coord_ctx.address();
 
     let registry = MachineRegistry::new(
+        config.scope.clone(),
         broker.clone(),
         model.clone(),
         config.backoff,
@@ -62,7 +63,8 @@ pub fn start(
     )
     .start();
     let zones = ZoneAllocator::new(broker.clone(), config.seed, config.resync_interval).start();
-    let harvest = HarvestPolicy::new(config.harvest_mode, registry.clone().recipient()).start();
+    let harvest =
+        HarvestPolicy::new(config.harvest_mode, registry.clone().recipient(), config.harvest_listing_max_age).start();
     let lifecycle = MachineLifecycle::new().start();
     let deps = StartDeps {
         broker: broker.clone(),
@@ -100,6 +102,9 @@ pub fn start(
         set_mode: harvest.clone().recipient(),
         end_safe: harvest.clone().recipient(),
         stops_done: harvest.clone().recipient(),
+        plan_destroy: harvest.clone().recipient(),
+        prepare_destroy: registry.clone().recipient(),
+        observe_destroy: lifecycle.clone().recipient(),
         observe_pending: lifecycle.clone().recipient(),
         observe_dead: lifecycle.clone().recipient(),
         start_finished: lifecycle.clone().recipient(),
@@ -107,7 +112,7 @@ pub fn start(
         enqueue: pool.clone().recipient(),
         resize: pool.clone().recipient(),
     };
-    let coordinator = coord_ctx.run(Coordinator::new(links, config.backoff, config.workers));
+    let coordinator = coord_ctx.run(Coordinator::new(links, config.backoff, config.workers, config.retry_path));
     Ok(ProvisionerHandle { coordinator, registry, zones, harvest, lifecycle, pool })
 }
 
@@ -181,6 +186,17 @@ impl ProvisionerHandle {
         self.harvest.do_send(Shutdown);
         self.lifecycle.do_send(Shutdown);
         self.pool.do_send(Shutdown);
+    }
+
+    /// Destroys the model (seed 002): see [`DestroyModel`](crate::coordinator::DestroyModel).
+    pub async fn destroy_model(
+        &self,
+        force: bool,
+    ) -> Result<crate::coordinator::DestroySummary, crate::coordinator::DestroyError> {
+        self.coordinator
+            .send(crate::coordinator::DestroyModel { force })
+            .await
+            .map_err(|e| crate::coordinator::DestroyError::Unavailable(e.to_string()))?
     }
 
     /// Whether every actor is quiescent: no batch, job, call or one-shot retry pending

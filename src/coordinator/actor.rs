@@ -9,10 +9,16 @@ use super::messages::*;
 use super::state::BatchBook;
 use crate::config::ConfigError;
 use crate::events::ProvisionerEvent;
-use crate::harvest::{EndSafeMode, HarvestPlan, ModeChange, PlanDeadMachines, PlanUnknown, SetHarvestMode, StopsDone};
-use crate::lifecycle::{AfterStart, Deaths, ForgetLifecycle, ObserveDead, ObservePending, StartFinished};
+use crate::harvest::{
+    EndSafeMode, HarvestPlan, ModeChange, PlanDeadMachines, PlanDestroy, PlanUnknown, SetHarvestMode, StopsDone,
+};
+use crate::lifecycle::{
+    AfterStart, Deaths, ForgetLifecycle, ObserveDead, ObserveDestroy, ObservePending, StartFinished,
+};
 use crate::ports::ModelApi;
-use crate::registry::{ForgetMachines, InstancesGone, RecordInstance, Refresh, RegistryError, ViewRefreshed};
+use crate::registry::{
+    ForgetMachines, InstancesGone, PrepareDestroy, RecordInstance, Refresh, RegistryError, ViewRefreshed,
+};
 use crate::types::{InstanceStatus, Machine, MachineId, MachineStatus};
 use crate::workers::{Enqueue, Job, JobDone, JobOutcome, ReleaseJob, ResizePool, StartJob, StopJob};
 use crate::zones::{PopulateZones, RefreshZones, ReleaseMachine};
@@ -46,6 +52,12 @@ pub struct Links {
     pub end_safe: Recipient<EndSafeMode>,
     /// Harvest: stops done.
     pub stops_done: Recipient<StopsDone>,
+    /// Harvest: plan a model destruction.
+    pub plan_destroy: Recipient<PlanDestroy>,
+    /// Registry: the machines of a model being destroyed.
+    pub prepare_destroy: Recipient<PrepareDestroy>,
+    /// Lifecycle: the model is being destroyed.
+    pub observe_destroy: Recipient<ObserveDestroy>,
     /// Lifecycle: pending machines.
     pub observe_pending: Recipient<ObservePending>,
     /// Lifecycle: dead machines.
@@ -69,12 +81,15 @@ enum BatchError {
     Registry(#[from] RegistryError),
     #[error("actor unavailable: {0}")]
     Mailbox(#[from] MailboxError),
+    #[error("reading the model's life: {0}")]
+    Model(crate::ports::ModelError),
 }
 
 struct BatchReport {
     zones_loaded: bool,
     retry_later: Vec<MachineId>,
     mode_change: Option<ModeChange>,
+    model_dying: bool,
 }
 
 /// The provisioner's front door.
@@ -84,12 +99,23 @@ pub struct Coordinator {
     subscribers: Vec<Recipient<ProvisionerEvent>>,
     /// Follow-up futures and one-shot timers not yet done (for quiescence checks).
     outstanding: usize,
+    /// Whether transient-retry ticks are honoured (not for container provisioners).
+    retry_path: bool,
+    /// The model is dying: nothing new is started.
+    model_dying: bool,
 }
 
 impl Coordinator {
     /// A coordinator over these links; `workers` is the pool's initial size.
-    pub fn new(links: Links, backoff: crate::config::Backoff, workers: usize) -> Self {
-        Self { book: BatchBook::new(backoff, workers), links, subscribers: Vec::new(), outstanding: 0 }
+    pub fn new(links: Links, backoff: crate::config::Backoff, workers: usize, retry_path: bool) -> Self {
+        Self {
+            book: BatchBook::new(backoff, workers),
+            links,
+            subscribers: Vec::new(),
+            outstanding: 0,
+            retry_path,
+            model_dying: false,
+        }
     }
 
     fn publish(&self, event: ProvisionerEvent) {
@@ -104,10 +130,11 @@ impl Coordinator {
         let links = self.links.clone();
         let need_zones = !self.book.zones_loaded();
         let first = !self.book.first_done();
-        let fut = process_batch(links, ids.clone(), need_zones, first);
+        let fut = process_batch(links, ids.clone(), need_zones, first, self.model_dying);
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
             match res {
                 Ok(report) => {
+                    act.model_dying |= report.model_dying;
                     if report.zones_loaded {
                         act.book.set_zones_loaded();
                     }
@@ -185,7 +212,11 @@ impl Coordinator {
             let plan = match res {
                 Ok(AfterStart::StopDeferred { dead }) => {
                     tracing::info!(machine = %dead.id, instance = ?dead.instance, "machine died while starting; harvesting its instance");
-                    Some(act.links.plan_dead.send(PlanDeadMachines { dead: vec![dead] }))
+                    Some(futures::future::Either::Left(act.links.plan_dead.send(PlanDeadMachines { dead: vec![dead] })))
+                }
+                Ok(AfterStart::DestroyDeferred { machine }) => {
+                    tracing::info!(machine = %machine.id, instance = ?machine.instance, "model destroyed while starting; stopping the new instance");
+                    Some(futures::future::Either::Right(act.links.plan_destroy.send(PlanDestroy { machines: vec![machine] })))
                 }
                 _ => None,
             };
@@ -242,7 +273,12 @@ async fn process_batch(
     ids: Vec<MachineId>,
     need_zones: bool,
     first: bool,
+    mut model_dying: bool,
 ) -> Result<BatchReport, BatchError> {
+    if first {
+        // A dying model gets no new instances, even from a restarted provisioner.
+        model_dying |= links.model.model_life().await.map_err(BatchError::Model)? != crate::types::Life::Alive;
+    }
     let zones_loaded = if need_zones {
         links.refresh_zones.send(RefreshZones).await?.map_err(BatchError::Zones)?;
         true
@@ -275,13 +311,22 @@ async fn process_batch(
     }
 
     let mut retry_later = refreshed.retry_later;
-    if !refreshed.pending.is_empty() {
+    if model_dying && !refreshed.pending.is_empty() {
+        tracing::info!(machines = refreshed.pending.len(), "model is dying: not starting pending machines");
+    } else if !refreshed.pending.is_empty() {
         let ids = refreshed.pending.iter().map(|m| m.id.clone()).collect();
         let to_start = links.observe_pending.send(ObservePending { ids }).await?;
         let machines: Vec<Machine> = refreshed.pending.into_iter().filter(|m| to_start.contains(&m.id)).collect();
+        if !machines.is_empty() && !zones_loaded {
+            // Re-read the zone list once per batch of starts (rule 60, semantics 7), not per
+            // machine; a failure keeps the last list (the start fails over if a zone is gone).
+            if let Err(e) = links.refresh_zones.send(RefreshZones).await? {
+                tracing::warn!(error = %e, "refreshing availability zones failed; using the last list");
+            }
+        }
         retry_later.extend(queue_starts(&links, machines).await);
     }
-    Ok(BatchReport { zones_loaded, retry_later, mode_change })
+    Ok(BatchReport { zones_loaded, retry_later, mode_change, model_dying })
 }
 
 /// Reads provisioning info and distribution groups for machines cleared to start, in one
@@ -343,6 +388,10 @@ impl Handler<MachinesChanged> for Coordinator {
 impl Handler<RetryTick> for Coordinator {
     type Result = ();
     fn handle(&mut self, _msg: RetryTick, ctx: &mut Self::Context) {
+        if !self.retry_path {
+            tracing::debug!("retry tick ignored: this provisioner has no transient-retry path");
+            return;
+        }
         let model = self.links.model.clone();
         let fut = async move {
             let machines = match model.machines_with_transient_errors().await {
@@ -474,5 +523,40 @@ impl Handler<crate::Busy> for Coordinator {
     type Result = usize;
     fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
         self.book.busy() + self.outstanding
+    }
+}
+
+impl Handler<DestroyModel> for Coordinator {
+    type Result = ResponseActFuture<Self, Result<DestroySummary, DestroyError>>;
+
+    fn handle(&mut self, msg: DestroyModel, _ctx: &mut Self::Context) -> Self::Result {
+        let links = self.links.clone();
+        let fut = async move {
+            let machines = match links.model.destroy_model().await {
+                Ok(m) => m,
+                Err(crate::ports::ModelError::ModelDying) => return Err(DestroyError::AlreadyDying),
+                Err(e) => return Err(DestroyError::Model(e)),
+            };
+            let unavailable = |e: MailboxError| DestroyError::Unavailable(e.to_string());
+            let targets = links.prepare_destroy.send(PrepareDestroy { machines }).await.map_err(unavailable)?;
+            let deaths =
+                links.observe_destroy.send(ObserveDestroy { machines: targets.machines }).await.map_err(unavailable)?;
+            let plan = links.plan_destroy.send(PlanDestroy { machines: deaths.stop_now }).await.map_err(unavailable)?;
+            let summary = DestroySummary { stopping: plan.stop.clone(), awaiting_starts: deaths.deferred };
+            tracing::info!(stopping = ?summary.stopping, awaiting = ?summary.awaiting_starts, "model destroyed: stopping its instances");
+            execute_plan(&links, plan);
+            if !msg.force && !targets.manual.is_empty() {
+                return Err(DestroyError::ManualMachines { ids: targets.manual, summary });
+            }
+            Ok(summary)
+        };
+        self.model_dying = true;
+        Box::pin(fut.into_actor(self).map(|res, act, _ctx| {
+            if matches!(res, Err(DestroyError::AlreadyDying)) {
+                // Nothing changed by this call; the model was already dying.
+                act.model_dying = true;
+            }
+            res
+        }))
     }
 }

@@ -13,5 +13,7 @@ mod state;
 mod tests;
 
 pub use actor::{Coordinator, Links};
-pub use messages::{ChangeHarvestMode, MachinesChanged, RetryTick, SetWorkers, Subscribe};
+pub use messages::{
+    ChangeHarvestMode, DestroyError, DestroyModel, DestroySummary, MachinesChanged, RetryTick, SetWorkers, Subscribe,
+};
 pub use state::BatchBook;

@@ -29,6 +29,8 @@ pub enum ModelOp {
     EnsureDead,
     /// `mark_for_removal`.
     MarkForRemoval,
+    /// `destroy_model`.
+    DestroyModel,
 }
 
 /// A machine in the fake model, with everything the provisioner may read or write.
@@ -90,6 +92,10 @@ pub struct ModelSnapshot {
     pub machines_calls: usize,
     /// When the model last changed, since its creation.
     pub last_activity: std::time::Duration,
+    /// The model's life.
+    pub life: Life,
+    /// Every error an operation on the model returned, in order.
+    pub errors: Vec<String>,
 }
 
 impl ModelSnapshot {
@@ -109,6 +115,8 @@ struct ModelActor {
     machines_calls: usize,
     epoch: actix_rt::time::Instant,
     last_activity: std::time::Duration,
+    life: Life,
+    errors: Vec<String>,
 }
 
 impl Actor for ModelActor {
@@ -244,6 +252,16 @@ impl ModelActor {
                 }
                 Ok(Answer::Done)
             }
+            Call::ModelLife => Ok(Answer::Life(self.life)),
+            Call::Destroy => {
+                self.scripted(ModelOp::DestroyModel)?;
+                if self.life != Life::Alive {
+                    return Err(ModelError::ModelDying);
+                }
+                self.touch_clock();
+                self.life = Life::Dying;
+                Ok(Answer::List(self.machines.values().filter(|m| !m.removed).map(|m| m.machine.clone()).collect()))
+            }
             Call::MarkForRemoval(id) => {
                 self.scripted(ModelOp::MarkForRemoval)?;
                 let now = self.touch_clock();
@@ -270,6 +288,8 @@ enum Call {
     SetInstanceStatus(MachineId, InstanceStatus, String),
     EnsureDead(MachineId),
     MarkForRemoval(MachineId),
+    ModelLife,
+    Destroy,
 }
 
 enum Answer {
@@ -277,6 +297,7 @@ enum Answer {
     List(Vec<Machine>),
     Infos(Vec<Result<ProvisioningInfo, ModelError>>),
     Groups(Vec<Result<Vec<MachineId>, ModelError>>),
+    Life(Life),
     Done,
 }
 
@@ -318,6 +339,8 @@ impl Handler<Snapshot> for ModelActor {
             marked_for_removal: self.marked.clone(),
             machines_calls: self.machines_calls,
             last_activity: self.last_activity,
+            life: self.life,
+            errors: self.errors.clone(),
         })
     }
 }
@@ -346,6 +369,8 @@ impl FakeModel {
             machines_calls: 0,
             epoch: actix_rt::time::Instant::now(),
             last_activity: std::time::Duration::ZERO,
+            life: Life::Alive,
+            errors: Vec::new(),
         };
         Self { addr: actor.start() }
     }
@@ -377,10 +402,18 @@ impl FakeModel {
         });
     }
 
-    /// Adds a machine and notifies.
+    /// Adds a machine and notifies; a dying model refuses it (the refusal is in `errors`).
     pub fn add_machine(&self, machine: FakeMachine) {
         self.control(move |m| {
             let id = machine.machine.id.clone();
+            if m.life != Life::Alive {
+                m.errors.push(format!("cannot add machine {id}: model is dying"));
+                return;
+            }
+            if m.machines.contains_key(&id) {
+                m.errors.push(format!("cannot add machine {id}: it already exists"));
+                return;
+            }
             m.touch_clock();
             m.machines.insert(id.clone(), machine);
             m.notify(vec![id]);
@@ -453,6 +486,11 @@ impl FakeModel {
         self.control(move |m| m.fail_next.entry(op).or_default().extend((0..times).map(|_| message.clone())));
     }
 
+    /// Records an error an operation on the model returned (e.g. a refused destroy).
+    pub fn record_error(&self, error: String) {
+        self.control(move |m| m.errors.push(error));
+    }
+
     /// Everything the model knows.
     pub async fn snapshot(&self) -> ModelSnapshot {
         self.addr.send(Snapshot).await.unwrap_or_default()
@@ -502,5 +540,11 @@ impl ModelApi for FakeModelApi {
     }
     fn mark_for_removal(&self, id: MachineId) -> ModelFuture<()> {
         self.call(Call::MarkForRemoval(id), |a| matches!(a, Answer::Done).then_some(()))
+    }
+    fn model_life(&self) -> ModelFuture<Life> {
+        self.call(Call::ModelLife, |a| if let Answer::Life(l) = a { Some(l) } else { None })
+    }
+    fn destroy_model(&self) -> ModelFuture<Vec<Machine>> {
+        self.call(Call::Destroy, |a| if let Answer::List(m) = a { Some(m) } else { None })
     }
 }

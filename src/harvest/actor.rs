@@ -12,20 +12,22 @@ use crate::types::{HarvestMode, InstanceId};
 pub struct HarvestPolicy {
     book: HarvestBook,
     unknown: Recipient<UnknownInstances>,
+    listing_max_age: std::time::Duration,
 }
 
 impl HarvestPolicy {
     /// A policy starting in safe mode with this mode; `unknown` answers which instances no
     /// live machine owns.
-    pub fn new(mode: HarvestMode, unknown: Recipient<UnknownInstances>) -> Self {
-        Self { book: HarvestBook::new(mode), unknown }
+    /// Unknown instances are judged on a cloud listing at most `listing_max_age` old.
+    pub fn new(mode: HarvestMode, unknown: Recipient<UnknownInstances>, listing_max_age: std::time::Duration) -> Self {
+        Self { book: HarvestBook::new(mode), unknown, listing_max_age }
     }
 
     fn plan_with_unknown(&mut self, dead: Vec<crate::registry::DeadMachine>) -> ResponseActFuture<Self, HarvestPlan> {
         if !self.book.wants_unknown() {
             return Box::pin(fut::ready(self.book.plan(&dead, &[])));
         }
-        let ask = self.unknown.send(UnknownInstances);
+        let ask = self.unknown.send(UnknownInstances { fresher_than: Some(self.listing_max_age) });
         Box::pin(ask.into_actor(self).map(move |res, act, _ctx| {
             let unknown: Vec<InstanceId> = match res {
                 Ok(Ok(list)) => list,
@@ -91,5 +93,12 @@ impl Handler<StopsDone> for HarvestPolicy {
     type Result = ();
     fn handle(&mut self, msg: StopsDone, _ctx: &mut Self::Context) {
         self.book.stops_done(&msg.instances);
+    }
+}
+
+impl Handler<PlanDestroy> for HarvestPolicy {
+    type Result = MessageResult<PlanDestroy>;
+    fn handle(&mut self, msg: PlanDestroy, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.plan_destroy(&msg.machines))
     }
 }

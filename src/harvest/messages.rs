@@ -41,3 +41,11 @@ pub struct StopsDone {
     /// The instances.
     pub instances: Vec<crate::types::InstanceId>,
 }
+
+/// Plan the stop of everything these machines run (the model is being destroyed).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "HarvestPlan")]
+pub struct PlanDestroy {
+    /// The machines.
+    pub machines: Vec<DeadMachine>,
+}

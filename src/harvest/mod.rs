@@ -11,5 +11,7 @@ mod state;
 mod tests;
 
 pub use actor::HarvestPolicy;
-pub use messages::{EndSafeMode, GetHarvestMode, PlanDeadMachines, PlanUnknown, SetHarvestMode, StopsDone};
+pub use messages::{
+    EndSafeMode, GetHarvestMode, PlanDeadMachines, PlanDestroy, PlanUnknown, SetHarvestMode, StopsDone,
+};
 pub use state::{HarvestBook, HarvestPlan, ModeChange};

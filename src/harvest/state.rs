@@ -131,6 +131,28 @@ impl HarvestBook {
         plan
     }
 
+    /// The model is being destroyed: every instance of these machines is stopped, in one call,
+    /// whatever the mode; keep-instance ones are released; manual ones are untouched. Nothing is
+    /// marked for removal (the machines are not dead).
+    pub fn plan_destroy(&mut self, machines: &[DeadMachine]) -> HarvestPlan {
+        let mut plan = HarvestPlan::default();
+        for m in machines.iter().filter(|m| !m.manual) {
+            for inst in m.instances() {
+                if self.released.contains(inst) || self.stopping.contains(inst) || plan.stop.contains(inst) {
+                    continue;
+                }
+                if m.keep_instance {
+                    self.released.insert(inst.clone());
+                    plan.release.push(inst.clone());
+                } else {
+                    plan.stop.push(inst.clone());
+                }
+            }
+        }
+        self.stopping.extend(plan.stop.iter().cloned());
+        plan
+    }
+
     /// These instances are gone: they may be planned again if they ever reappear.
     pub fn stops_done(&mut self, ids: &[InstanceId]) {
         for id in ids {

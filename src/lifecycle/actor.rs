@@ -65,3 +65,10 @@ impl Handler<GetPhases> for MachineLifecycle {
         MessageResult(self.book.phases().map(|(k, v)| (k.clone(), v.clone())).collect())
     }
 }
+
+impl Handler<ObserveDestroy> for MachineLifecycle {
+    type Result = MessageResult<ObserveDestroy>;
+    fn handle(&mut self, msg: ObserveDestroy, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.on_destroy(&msg.machines))
+    }
+}

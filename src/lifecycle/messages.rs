@@ -52,3 +52,11 @@ pub struct ForgetLifecycle {
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "Vec<(MachineId, Phase)>")]
 pub struct GetPhases;
+
+/// The model is being destroyed: these are its non-manual, non-controller machines.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Deaths")]
+pub struct ObserveDestroy {
+    /// The machines, with their instances.
+    pub machines: Vec<DeadMachine>,
+}

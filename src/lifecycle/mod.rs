@@ -12,5 +12,7 @@ mod state;
 mod tests;
 
 pub use actor::MachineLifecycle;
-pub use messages::{ForgetLifecycle, GetPhases, ObserveDead, ObservePending, StartFinished, StillWanted};
+pub use messages::{
+    ForgetLifecycle, GetPhases, ObserveDead, ObserveDestroy, ObservePending, StartFinished, StillWanted,
+};
 pub use state::{AfterStart, DeathDecision, Deaths, LifecycleBook, Phase};

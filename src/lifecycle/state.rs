@@ -12,6 +12,8 @@ pub enum Phase {
     Starting,
     /// The machine died while starting: stop what the start produces when it returns.
     StopDeferred(DeadMachine),
+    /// The model is being destroyed while the machine starts: stop what the start produces.
+    DestroyDeferred(DeadMachine),
     /// The start produced this instance.
     Running {
         /// The instance.
@@ -50,6 +52,11 @@ pub enum AfterStart {
     StopDeferred {
         /// The dead machine, with the instance the start produced (if any).
         dead: DeadMachine,
+    },
+    /// The model is being destroyed: stop the instance the start produced, whatever the mode.
+    DestroyDeferred {
+        /// The machine, with the instance the start produced (if any).
+        machine: DeadMachine,
     },
 }
 
@@ -93,6 +100,13 @@ impl LifecycleBook {
                 DeathDecision::Deferred
             }
             Some(Phase::StopDeferred(_)) => DeathDecision::Deferred,
+            Some(Phase::DestroyDeferred(d)) => {
+                // Dead as well: the start's instance is stopped by the destruction; removal follows
+                // the ordinary way.
+                let d = DeadMachine { keep_instance: dead.keep_instance, ..d.clone() };
+                self.phases.insert(dead.id.clone(), Phase::StopDeferred(d));
+                DeathDecision::Deferred
+            }
             Some(Phase::Stopping) => DeathDecision::AlreadyStopping,
             Some(Phase::Running { .. }) | None => {
                 self.phases.insert(dead.id.clone(), Phase::Stopping);
@@ -122,6 +136,10 @@ impl LifecycleBook {
                 self.phases.insert(id.clone(), Phase::Stopping);
                 AfterStart::StopDeferred { dead }
             }
+            Some(Phase::DestroyDeferred(mut machine)) => {
+                machine.instance = instance.or(machine.instance);
+                AfterStart::DestroyDeferred { machine }
+            }
             Some(Phase::Starting) => {
                 if let Some(instance) = instance {
                     self.phases.insert(id.clone(), Phase::Running { instance });
@@ -134,6 +152,27 @@ impl LifecycleBook {
             }
             None => AfterStart::Done,
         }
+    }
+
+    /// The model is being destroyed: machines starting stop what their start produces when it
+    /// lands; the others are handed back to be stopped now (and go idle). Machines already
+    /// stopping or stop-deferred are left to that.
+    pub fn on_destroy(&mut self, machines: &[DeadMachine]) -> Deaths {
+        let mut out = Deaths::default();
+        for m in machines {
+            match self.phases.get(&m.id) {
+                Some(Phase::Starting) => {
+                    self.phases.insert(m.id.clone(), Phase::DestroyDeferred(m.clone()));
+                    out.deferred.push(m.id.clone());
+                }
+                Some(Phase::StopDeferred(_) | Phase::DestroyDeferred(_) | Phase::Stopping) => {}
+                Some(Phase::Running { .. }) | None => {
+                    self.phases.remove(&m.id);
+                    out.stop_now.push(m.clone());
+                }
+            }
+        }
+        out
     }
 
     /// Whether a start in flight should keep retrying (the machine has not died).

@@ -3,7 +3,7 @@
 use futures::future::BoxFuture;
 use thiserror::Error;
 
-use crate::types::{InstanceId, InstanceStatus, Machine, MachineId, MachineStatus, ProvisioningInfo};
+use crate::types::{InstanceId, InstanceStatus, Life, Machine, MachineId, MachineStatus, ProvisioningInfo};
 
 /// A boxed model call.
 pub type ModelFuture<T> = BoxFuture<'static, Result<T, ModelError>>;
@@ -60,4 +60,13 @@ pub trait ModelApi: Send + Sync + 'static {
     fn ensure_dead(&self, id: MachineId) -> ModelFuture<()>;
     /// Marks a dead machine for removal (its instance is gone or released).
     fn mark_for_removal(&self, id: MachineId) -> ModelFuture<()>;
+    /// The model's own life: a dying model gets no new instances.
+    fn model_life(&self) -> ModelFuture<Life> {
+        Box::pin(async { Ok(Life::Alive) })
+    }
+    /// Makes the model dying (it refuses new machines from then on) and returns every machine
+    /// it has at that moment, atomically. [`ModelError::ModelDying`] if it already is.
+    fn destroy_model(&self) -> ModelFuture<Vec<Machine>> {
+        Box::pin(async { Err(ModelError::Other("this model cannot be destroyed".into())) })
+    }
 }

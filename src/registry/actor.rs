@@ -23,11 +23,14 @@ pub struct MachineRegistry {
     on_refresh: Option<Recipient<ViewRefreshed>>,
     /// Removals not yet acknowledged by the model.
     removals: usize,
+    /// When the last successful listing was loaded.
+    listed_at: Option<actix_rt::time::Instant>,
 }
 
 impl MachineRegistry {
     /// A registry over these ports; `on_refresh` hears of every successful periodic listing.
     pub fn new(
+        scope: crate::config::Scope,
         broker: Arc<dyn Broker>,
         model: Arc<dyn ModelApi>,
         backoff: Backoff,
@@ -35,7 +38,7 @@ impl MachineRegistry {
         on_refresh: Option<Recipient<ViewRefreshed>>,
     ) -> Self {
         Self {
-            book: MachineBook::new(),
+            book: MachineBook::with_scope(scope),
             broker,
             model,
             backoff,
@@ -43,6 +46,7 @@ impl MachineRegistry {
             resync_failures: 0,
             on_refresh,
             removals: 0,
+            listed_at: None,
         }
     }
 
@@ -54,8 +58,9 @@ impl MachineRegistry {
         let listing = self.broker.all_instances();
         ctx.spawn(listing.into_actor(self).map(|res, act, ctx| match res {
             Ok(list) => {
-                act.book.load_view(list);
+                act.load(list);
                 act.resync_failures = 0;
+                act.report_status_changes(ctx);
                 if let Some(r) = &act.on_refresh {
                     r.do_send(ViewRefreshed);
                 }
@@ -69,6 +74,24 @@ impl MachineRegistry {
                 act.schedule_resync(ctx, delay);
             }
         }));
+    }
+
+    fn load(&mut self, list: Vec<crate::types::CloudInstance>) {
+        self.book.load_view(list);
+        self.listed_at = Some(actix_rt::time::Instant::now());
+    }
+
+    /// Writes instance statuses that changed outside our control (seed 000).
+    fn report_status_changes(&mut self, ctx: &mut Context<Self>) {
+        for (id, status, message) in self.book.status_changes() {
+            tracing::info!(machine = %id, %status, "instance status changed outside the provisioner");
+            let call = self.model.set_instance_status(id.clone(), status, message);
+            ctx.spawn(call.into_actor(self).map(move |res, _act, _ctx| {
+                if let Err(e) = res {
+                    tracing::warn!(machine = %id, error = %e, "cannot write instance status");
+                }
+            }));
+        }
     }
 
     fn mark_for_removal(&mut self, ctx: &mut Context<Self>, id: MachineId, attempt: u32) {
@@ -103,16 +126,21 @@ impl Handler<Refresh> for MachineRegistry {
     fn handle(&mut self, msg: Refresh, _ctx: &mut Self::Context) -> Self::Result {
         let listing = (!self.book.loaded_once()).then(|| self.broker.all_instances());
         let model = self.model.clone();
-        let ids = msg.ids;
+        // Machines outside this provisioner's scope are none of its business (rule 7).
+        let ids: Vec<MachineId> = msg.ids.into_iter().filter(|id| self.book.scope().contains(id)).collect();
         let fut = async move {
             let listing = match listing {
                 Some(call) => Some(call.await.map_err(RegistryError::Listing)?),
                 None => None,
             };
-            let reads = model
-                .machines(ids.clone())
-                .await
-                .map_err(|source| RegistryError::Machines { ids: ids.clone(), source })?;
+            let reads = if ids.is_empty() {
+                Vec::new()
+            } else {
+                model
+                    .machines(ids.clone())
+                    .await
+                    .map_err(|source| RegistryError::Machines { ids: ids.clone(), source })?
+            };
             Ok((listing, ids, reads))
         };
         Box::pin(fut.into_actor(self).then(|res, act, _ctx| {
@@ -129,7 +157,7 @@ impl Handler<Refresh> for MachineRegistry {
                 }
                 Ok((listing, ids, reads)) => {
                     if let Some(list) = listing {
-                        act.book.load_view(list);
+                        act.load(list);
                     }
                     for (id, read) in ids.into_iter().zip(reads) {
                         match read {
@@ -210,9 +238,28 @@ impl Handler<ForgetMachines> for MachineRegistry {
 }
 
 impl Handler<UnknownInstances> for MachineRegistry {
-    type Result = Result<Vec<crate::types::InstanceId>, RegistryError>;
-    fn handle(&mut self, _msg: UnknownInstances, _ctx: &mut Self::Context) -> Self::Result {
-        self.book.unknown_instances().ok_or(RegistryError::ViewStale)
+    type Result = ResponseActFuture<Self, Result<Vec<crate::types::InstanceId>, RegistryError>>;
+    fn handle(&mut self, msg: UnknownInstances, _ctx: &mut Self::Context) -> Self::Result {
+        let stale = match (msg.fresher_than, self.listed_at) {
+            (Some(max), Some(at)) => at.elapsed() > max,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if !stale {
+            return Box::pin(fut::ready(self.book.unknown_instances().ok_or(RegistryError::ViewStale)));
+        }
+        let listing = self.broker.all_instances();
+        Box::pin(listing.into_actor(self).map(|res, act, ctx| match res {
+            Ok(list) => {
+                act.load(list);
+                act.report_status_changes(ctx);
+                act.book.unknown_instances().ok_or(RegistryError::ViewStale)
+            }
+            Err(e) => {
+                act.book.mark_stale();
+                Err(RegistryError::Listing(e))
+            }
+        }))
     }
 }
 
@@ -239,5 +286,27 @@ impl Handler<crate::Busy> for MachineRegistry {
     fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
         // A stale view is a one-shot retry pending.
         self.removals + usize::from(self.book.loaded_once() && !self.book.is_fresh())
+    }
+}
+
+impl Handler<PrepareDestroy> for MachineRegistry {
+    type Result = MessageResult<PrepareDestroy>;
+    fn handle(&mut self, msg: PrepareDestroy, _ctx: &mut Self::Context) -> Self::Result {
+        let mut out = DestroyTargets::default();
+        let scope = self.book.scope().clone();
+        for m in msg.machines.into_iter().filter(|m| scope.contains(&m.id) && !m.controller) {
+            let id = m.id.clone();
+            let manual = m.manual;
+            let dead = m.life == crate::types::Life::Dead;
+            self.book.upsert(m);
+            if manual {
+                if !dead {
+                    out.manual.push(id);
+                }
+            } else if let Some(d) = self.book.dead_machine(&id) {
+                out.machines.push(d);
+            }
+        }
+        MessageResult(out)
     }
 }

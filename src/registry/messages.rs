@@ -109,10 +109,15 @@ pub struct ForgetMachines {
     pub ids: Vec<MachineId>,
 }
 
-/// Unknown instances: ours, owned by no live machine.
+/// Unknown instances: ours, owned by no live machine. With `fresher_than`, a view older than
+/// that is re-listed first (harvesting decides on recent knowledge, yet the cloud is listed at
+/// most once per that age, not once per event).
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "Result<Vec<InstanceId>, RegistryError>")]
-pub struct UnknownInstances;
+pub struct UnknownInstances {
+    /// The oldest acceptable view.
+    pub fresher_than: Option<std::time::Duration>,
+}
 
 /// An instance tagged for this machine that it may adopt instead of starting another.
 #[derive(Debug, Clone, Message)]
@@ -141,4 +146,21 @@ pub struct RegistrySnapshot {
     pub instances: Vec<CloudInstance>,
     /// Whether the last listing succeeded.
     pub fresh: bool,
+}
+
+/// The model is being destroyed and had these machines: cache them, and answer what to stop.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "DestroyTargets")]
+pub struct PrepareDestroy {
+    /// Every machine of the model at the moment it became dying.
+    pub machines: Vec<Machine>,
+}
+
+/// What the destruction concerns, within this provisioner's scope.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DestroyTargets {
+    /// Non-manual, non-controller machines, with their instances.
+    pub machines: Vec<DeadMachine>,
+    /// Manual, non-controller machines that are not dead.
+    pub manual: Vec<MachineId>,
 }

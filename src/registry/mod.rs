@@ -14,7 +14,7 @@ mod tests;
 
 pub use actor::MachineRegistry;
 pub use messages::{
-    Adoptable, DeadMachine, ForgetMachines, GetRegistrySnapshot, InstancesGone, RecordInstance, Refresh, Refreshed,
-    RegistryError, RegistrySnapshot, UnknownInstances, ViewRefreshed,
+    Adoptable, DeadMachine, DestroyTargets, ForgetMachines, GetRegistrySnapshot, InstancesGone, PrepareDestroy,
+    RecordInstance, Refresh, Refreshed, RegistryError, RegistrySnapshot, UnknownInstances, ViewRefreshed,
 };
 pub use state::{classify, Class, MachineBook};

@@ -2,7 +2,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::types::{CloudInstance, InstanceId, InstanceState, Life, Machine, MachineId, MachineStatus};
+use crate::config::Scope;
+use crate::types::{CloudInstance, InstanceId, InstanceState, InstanceStatus, Life, Machine, MachineId, MachineStatus};
 
 /// What a machine needs from the provisioner right now (rules 13–22).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,13 +20,9 @@ pub enum Class {
 
 /// Classifies one machine.
 ///
-/// Manual machines are never started; a dead manual machine is still removed. Containers
-/// (`HOST/TYPE/N`) belong to their host's container provisioner: the environ provisioner never
-/// acts on them (rule 7).
+/// Manual machines are never started; a dead manual machine is still removed. Which machines
+/// a provisioner looks at at all is its [`Scope`](crate::config::Scope)'s business.
 pub fn classify(m: &Machine) -> Class {
-    if m.id.is_container() {
-        return Class::None;
-    }
     match m.life {
         Life::Dead => Class::Dead,
         Life::Dying if m.instance.is_none() && !m.manual => Class::DyingUnprovisioned,
@@ -40,6 +37,7 @@ pub fn classify(m: &Machine) -> Class {
 /// The machine cache and the instance view.
 #[derive(Debug, Default)]
 pub struct MachineBook {
+    scope: Scope,
     machines: BTreeMap<MachineId, Machine>,
     /// Instances we learnt of from our own starts: they win over an older model read.
     recorded: BTreeMap<MachineId, InstanceId>,
@@ -53,9 +51,19 @@ pub struct MachineBook {
 }
 
 impl MachineBook {
-    /// An empty book: no machines, no view.
+    /// An empty book for the environ provisioner: no machines, no view.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty book for a scope.
+    pub fn with_scope(scope: Scope) -> Self {
+        Self { scope, ..Self::default() }
+    }
+
+    /// Which machines this book is about.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
     }
 
     /// Whether a listing ever succeeded (starts wait for it).
@@ -127,6 +135,7 @@ impl MachineBook {
         self.owner.insert(instance.id.clone(), machine.clone());
         if let Some(m) = self.machines.get_mut(machine) {
             m.instance = Some(instance.id.clone());
+            m.instance_status = InstanceStatus::other(instance.state.as_str());
         }
         self.insert_instance(instance);
     }
@@ -182,6 +191,7 @@ impl MachineBook {
             .instances
             .values()
             .filter(|i| !self.owner.contains_key(&i.id))
+            .filter(|i| self.scope.judges(i.tags.machine.as_ref()))
             .filter(|i| match &i.tags.machine {
                 Some(m) => self.machines.get(m).is_none_or(|m| m.life == Life::Dead),
                 None => true,
@@ -198,6 +208,36 @@ impl MachineBook {
             let free = self.owner.get(id).is_none_or(|o| o == machine);
             free.then(|| self.instances.get(id).cloned()).flatten()
         })
+    }
+
+    /// Live machines whose instance changed state outside our control since we last said
+    /// (seed 000): a stopped or suspended instance shows as `stopped`, one that came back as
+    /// `running`, one gone from a fresh listing as `missing`. The cache takes the new status;
+    /// the caller writes it to the model. Manual machines are not in the cloud and are skipped.
+    pub fn status_changes(&mut self) -> Vec<(MachineId, InstanceStatus, String)> {
+        let mut out = Vec::new();
+        for m in self.machines.values_mut() {
+            if m.life == Life::Dead || m.manual {
+                continue;
+            }
+            let Some(inst) = &m.instance else { continue };
+            let (status, message) = match self.instances.get(inst) {
+                Some(i) if i.state == InstanceState::Stopped => (
+                    InstanceStatus::other("stopped"),
+                    format!("instance {inst} is stopped or suspended outside the provisioner's control"),
+                ),
+                Some(i) => (InstanceStatus::other(i.state.as_str()), String::new()),
+                None if self.fresh => {
+                    (InstanceStatus::other("missing"), format!("instance {inst} is not in the cloud"))
+                }
+                None => continue,
+            };
+            if m.instance_status != status {
+                m.instance_status = status.clone();
+                out.push((m.id.clone(), status, message));
+            }
+        }
+        out
     }
 
     /// The dead-machine view of a cached machine, with stray instances tagged for it.

@@ -93,10 +93,27 @@ fn classify_alive_pending_unprovisioned_machine_is_pending() {
 }
 
 #[test]
-fn classify_containers_are_left_to_their_host() {
-    assert_eq!(classify(&Machine::pending("0/lxd/1")), Class::None);
-    assert_eq!(classify(&machine("0/lxd/2", Life::Dead)), Class::None);
-    assert_eq!(classify(&machine("0/lxd/3", Life::Dying)), Class::None);
+fn scopes_split_top_level_machines_from_containers() {
+    use crate::config::Scope;
+    let environ = Scope::Environ;
+    let lxd0 = Scope::Containers { host: MachineId::new("0"), kind: "lxd".into() };
+    assert!(environ.contains(&MachineId::new("3")));
+    assert!(!environ.contains(&MachineId::new("0/lxd/1")));
+    assert!(lxd0.contains(&MachineId::new("0/lxd/1")));
+    assert!(!lxd0.contains(&MachineId::new("0/kvm/1")));
+    assert!(!lxd0.contains(&MachineId::new("1/lxd/1")));
+    assert!(!lxd0.contains(&MachineId::new("0")));
+    // Unknown instances: untagged ones are the environ provisioner's to judge only.
+    assert!(environ.judges(None) && !lxd0.judges(None));
+    assert!(!environ.judges(Some(&MachineId::new("0/lxd/1"))));
+    assert!(lxd0.judges(Some(&MachineId::new("0/lxd/1"))));
+}
+
+#[test]
+fn container_instances_are_never_unknown_to_the_environ_provisioner() {
+    let mut book = MachineBook::new();
+    book.load_view(vec![instance("c-1", Some("0/lxd/1"), None), instance("stray", None, None)]);
+    assert_eq!(book.unknown_instances(), Some(vec![InstanceId::new("stray")]));
 }
 
 #[test]

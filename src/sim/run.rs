@@ -166,9 +166,19 @@ impl World {
                     self.start_provisioner();
                 }
             }
-            Action::DestroyModel(_) => {
-                tracing::warn!("destroy_model is not simulated yet; event ignored");
-            }
+            Action::DestroyModel(d) => match &self.handle {
+                Some(h) if started => {
+                    if let Err(e) = h.destroy_model(d.force).await {
+                        self.model.record_error(e.to_string());
+                    }
+                }
+                _ => {
+                    // Before the provisioner starts: the model is simply dying already.
+                    if let Err(e) = crate::ports::ModelApi::destroy_model(&self.model.api()).await {
+                        self.model.record_error(format!("destroying the model: {e}"));
+                    }
+                }
+            },
         }
     }
 
@@ -360,7 +370,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
             .filter(|c| c.ok == Some(true))
             .flat_map(|c| c.instances.iter().map(ToString::to_string))
             .collect(),
-        model: ModelReport { life: "alive".into(), errors: Vec::new() },
+        model: ModelReport { life: model.life.to_string(), errors: model.errors.clone() },
         violations,
     }
 }

@@ -36,9 +36,10 @@ async fn nothing_is_harvested_from_a_view_that_failed_to_load() {
     let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["0", "1"])));
     h.until_model(Duration::from_secs(10), |m| instance_of(m, "0").is_some()).await;
     h.cloud.launch("stray", None, None, InstanceState::Running, false);
-    h.cloud.fail_next(CloudOp::AllInstances, 1, "listing broke");
+    // The resync fails, and so does the fresh listing the next harvest asks for.
+    h.cloud.fail_next(CloudOp::AllInstances, 2, "listing broke");
     h.run_for(Duration::from_millis(60_500)).await;
-    // The resync failed: a death now must not reap the unknown instance from a stale view.
+    // A death now must not reap the unknown instance from a stale view.
     h.model.set_life("1", Life::Dead);
     h.until_model(Duration::from_secs(10), |m| m.machine("1").unwrap().removed).await;
     let cloud = h.cloud().await;
