@@ -17,6 +17,8 @@
 //!   - [`lifecycle`]: each machine's starting / stop-deferred / running / stopping phase.
 //!   - [`workers`]: the resizable broker worker pool and the start retry procedure.
 //! - [`wiring`]: [`start`] builds and links the actors and returns a [`ProvisionerHandle`].
+//! - [`containers`]: lazy container provisioners (a manager, and a supervisor per host and
+//!   container type running a provisioner scoped to those containers).
 //! - [`events`]: what subscribers hear.
 //! - `fake` (feature `test-util`): an in-process fake cloud and fake model, for tests.
 //! - `sim` (feature `sim`): the deterministic simulator behind `provisioner simulate`.
@@ -49,6 +51,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod containers;
 pub mod coordinator;
 pub mod events;
 #[cfg(feature = "test-util")]
@@ -68,7 +71,7 @@ pub use config::{Backoff, ConfigError, ProvisionerConfig, RetryStrategy};
 pub use events::ProvisionerEvent;
 pub use ports::{Broker, BrokerError, ModelApi, ModelError};
 pub use types::{CloudInstance, Constraints, HarvestMode, InstanceId, Life, Machine, MachineId, MachineStatus};
-pub use wiring::{start, ProvisionerError, ProvisionerHandle};
+pub use wiring::{start, start_containers, ContainersHandle, ProvisionerError, ProvisionerHandle};
 
 /// Stops an actor (every actor handles it).
 #[derive(Debug, Clone, Copy, actix::Message)]

@@ -215,3 +215,65 @@ impl ProvisionerHandle {
         self.coordinator.connected()
     }
 }
+
+/// Running container provisioning: the manager and, through it, every supervisor.
+#[derive(Clone)]
+pub struct ContainersHandle {
+    manager: Addr<crate::containers::manager::ContainerManager>,
+}
+
+/// Starts lazy container provisioning on the current actix system (seed 003): a supervisor per
+/// live host and type in `kinds`, each running a container provisioner once the first
+/// container of its type appears on its provisioned host. Feed it every machine notification
+/// ([`ContainersHandle::machines_changed`]) and the environ provisioner's events
+/// ([`ContainersHandle::provisioner_events`]).
+pub fn start_containers(
+    config: ProvisionerConfig,
+    brokers: crate::containers::BrokerFactory,
+    model: Arc<dyn ModelApi>,
+    initialiser: Arc<dyn crate::containers::ContainerInitialiser>,
+    kinds: Vec<String>,
+    subscribers: Vec<Recipient<ProvisionerEvent>>,
+) -> Result<ContainersHandle, ConfigError> {
+    config.validate()?;
+    let deps = crate::containers::supervisor::SupervisorDeps { model, brokers, initialiser, config, subscribers };
+    let manager = crate::containers::manager::ContainerManager::new(kinds, deps).start();
+    Ok(ContainersHandle { manager })
+}
+
+impl ContainersHandle {
+    /// Where the machine watcher sends its events (all machines, hosts and containers).
+    pub fn machines_changed(&self) -> Recipient<MachinesChanged> {
+        self.manager.clone().recipient()
+    }
+
+    /// Where the environ provisioner's events go (to learn when hosts are provisioned).
+    pub fn provisioner_events(&self) -> Recipient<ProvisionerEvent> {
+        self.manager.clone().recipient()
+    }
+
+    /// Every supervisor's stage, by host and type.
+    pub async fn supervisors(
+        &self,
+    ) -> Result<Vec<(MachineId, String, crate::containers::supervisor::Stage)>, ProvisionerError> {
+        let sups = self.manager.send(crate::containers::manager::GetSupervisors).await?;
+        let mut out = Vec::new();
+        for (host, kind, addr) in sups {
+            if let Ok(stage) = addr.send(crate::containers::supervisor::GetSupervisorState).await {
+                out.push((host, kind, stage));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether every supervisor and container provisioner is quiescent.
+    pub async fn is_idle(&self) -> bool {
+        self.manager.send(crate::Busy).await.map(|n| n == 0).unwrap_or(true)
+    }
+
+    /// Stops the manager, every supervisor and every container provisioner (a crash, as far as
+    /// in-memory state goes).
+    pub fn shutdown(&self) {
+        self.manager.do_send(Shutdown);
+    }
+}

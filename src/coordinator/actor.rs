@@ -155,7 +155,7 @@ impl Coordinator {
                         if let ModeChange::Changed { mode, .. } = change {
                             act.publish(ProvisionerEvent::HarvestModeChanged { mode });
                         }
-                        act.harvest_unknown(ctx, false);
+                        act.harvest_unknown(ctx, false, None);
                     }
                 }
                 Err(e) => {
@@ -176,12 +176,14 @@ impl Coordinator {
         tracing::info!(%mode, "harvest mode changed");
         self.publish(ProvisionerEvent::HarvestModeChanged { mode });
         if harvest_unknown {
-            self.harvest_unknown(ctx, true);
+            self.harvest_unknown(ctx, true, Some(std::time::Duration::ZERO));
         }
     }
 
-    fn harvest_unknown(&mut self, ctx: &mut Context<Self>, announce: bool) {
-        let ask = self.links.plan_unknown.send(PlanUnknown);
+    /// Harvests unknown instances (if the mode says so), judged on a listing at most
+    /// `fresher_than` old.
+    fn harvest_unknown(&mut self, ctx: &mut Context<Self>, announce: bool, fresher_than: Option<std::time::Duration>) {
+        let ask = self.links.plan_unknown.send(PlanUnknown { fresher_than });
         self.outstanding += 1;
         ctx.spawn(ask.into_actor(self).map(move |res, act, _ctx| {
             act.outstanding -= 1;
@@ -476,7 +478,7 @@ impl Handler<ViewRefreshed> for Coordinator {
     type Result = ();
     fn handle(&mut self, _msg: ViewRefreshed, ctx: &mut Self::Context) {
         if self.book.first_done() {
-            self.harvest_unknown(ctx, false);
+            self.harvest_unknown(ctx, false, None);
         }
     }
 }

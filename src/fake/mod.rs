@@ -13,6 +13,7 @@
 //!   EnsureDead and MarkForRemoval. [`FakeModel::api`] is its [`ModelApi`](crate::ports::ModelApi).
 
 mod cloud;
+mod initialiser;
 mod model;
 
 /// An actix system on a paused, current-thread tokio runtime: virtual time advances only when
@@ -35,4 +36,5 @@ impl PausedSystem {
 }
 
 pub use cloud::{CallRecord, CloudOp, CloudSnapshot, FakeBroker, FakeCloud, FakeInstance, Fault};
+pub use initialiser::FakeInitialiser;
 pub use model::{FakeMachine, FakeModel, FakeModelApi, ModelOp, ModelSnapshot};

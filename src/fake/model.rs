@@ -253,6 +253,7 @@ impl ModelActor {
                 Ok(Answer::Done)
             }
             Call::ModelLife => Ok(Answer::Life(self.life)),
+            Call::Zone(id) => Ok(Answer::Zone(self.machines.get(&id).and_then(|m| m.zone.clone()))),
             Call::Destroy => {
                 self.scripted(ModelOp::DestroyModel)?;
                 if self.life != Life::Alive {
@@ -289,6 +290,7 @@ enum Call {
     EnsureDead(MachineId),
     MarkForRemoval(MachineId),
     ModelLife,
+    Zone(MachineId),
     Destroy,
 }
 
@@ -298,6 +300,7 @@ enum Answer {
     Infos(Vec<Result<ProvisioningInfo, ModelError>>),
     Groups(Vec<Result<Vec<MachineId>, ModelError>>),
     Life(Life),
+    Zone(Option<String>),
     Done,
 }
 
@@ -540,6 +543,9 @@ impl ModelApi for FakeModelApi {
     }
     fn mark_for_removal(&self, id: MachineId) -> ModelFuture<()> {
         self.call(Call::MarkForRemoval(id), |a| matches!(a, Answer::Done).then_some(()))
+    }
+    fn availability_zone(&self, id: MachineId) -> ModelFuture<Option<String>> {
+        self.call(Call::Zone(id), |a| if let Answer::Zone(z) = a { Some(z) } else { None })
     }
     fn model_life(&self) -> ModelFuture<Life> {
         self.call(Call::ModelLife, |a| if let Answer::Life(l) = a { Some(l) } else { None })

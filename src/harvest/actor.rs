@@ -23,11 +23,15 @@ impl HarvestPolicy {
         Self { book: HarvestBook::new(mode), unknown, listing_max_age }
     }
 
-    fn plan_with_unknown(&mut self, dead: Vec<crate::registry::DeadMachine>) -> ResponseActFuture<Self, HarvestPlan> {
+    fn plan_with_unknown(
+        &mut self,
+        dead: Vec<crate::registry::DeadMachine>,
+        fresher_than: Option<std::time::Duration>,
+    ) -> ResponseActFuture<Self, HarvestPlan> {
         if !self.book.wants_unknown() {
             return Box::pin(fut::ready(self.book.plan(&dead, &[])));
         }
-        let ask = self.unknown.send(UnknownInstances { fresher_than: Some(self.listing_max_age) });
+        let ask = self.unknown.send(UnknownInstances { fresher_than });
         Box::pin(ask.into_actor(self).map(move |res, act, _ctx| {
             let unknown: Vec<InstanceId> = match res {
                 Ok(Ok(list)) => list,
@@ -56,14 +60,15 @@ impl Actor for HarvestPolicy {
 impl Handler<PlanDeadMachines> for HarvestPolicy {
     type Result = ResponseActFuture<Self, HarvestPlan>;
     fn handle(&mut self, msg: PlanDeadMachines, _ctx: &mut Self::Context) -> Self::Result {
-        self.plan_with_unknown(msg.dead)
+        let max_age = Some(self.listing_max_age);
+        self.plan_with_unknown(msg.dead, max_age)
     }
 }
 
 impl Handler<PlanUnknown> for HarvestPolicy {
     type Result = ResponseActFuture<Self, HarvestPlan>;
-    fn handle(&mut self, _msg: PlanUnknown, _ctx: &mut Self::Context) -> Self::Result {
-        self.plan_with_unknown(Vec::new())
+    fn handle(&mut self, msg: PlanUnknown, _ctx: &mut Self::Context) -> Self::Result {
+        self.plan_with_unknown(Vec::new(), msg.fresher_than)
     }
 }
 

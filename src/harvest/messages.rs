@@ -17,7 +17,11 @@ pub struct PlanDeadMachines {
 /// Plan the harvest of unknown instances alone (after a mode change or a resync).
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "HarvestPlan")]
-pub struct PlanUnknown;
+pub struct PlanUnknown {
+    /// Judge on a cloud listing at most this old (`None`: the view as it is, e.g. just after a
+    /// resync; `Some(ZERO)`: list now, e.g. on a mode switch).
+    pub fresher_than: Option<std::time::Duration>,
+}
 
 /// Change the harvest mode.
 #[derive(Debug, Clone, Copy, Message)]

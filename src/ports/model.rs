@@ -60,6 +60,11 @@ pub trait ModelApi: Send + Sync + 'static {
     fn ensure_dead(&self, id: MachineId) -> ModelFuture<()>;
     /// Marks a dead machine for removal (its instance is gone or released).
     fn mark_for_removal(&self, id: MachineId) -> ModelFuture<()>;
+    /// The availability zone of a provisioned machine's instance (containers take their
+    /// host's).
+    fn availability_zone(&self, _id: MachineId) -> ModelFuture<Option<String>> {
+        Box::pin(async { Ok(None) })
+    }
     /// The model's own life: a dying model gets no new instances.
     fn model_life(&self) -> ModelFuture<Life> {
         Box::pin(async { Ok(Life::Alive) })

@@ -196,8 +196,18 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
     // 7. Every alive, non-manual machine that was pending is provisioned or in error (a dying
     // model provisions nothing new).
     for (id, spec) in specs.iter().filter(|_| model.life == Life::Alive) {
-        if spec.manual || spec.status != MachineStatus::Pending || spec.life != Life::Alive || id.contains('/') {
+        if spec.manual || spec.status != MachineStatus::Pending || spec.life != Life::Alive {
             continue;
+        }
+        // A container is provisioned once its host is: only if the host is alive and has one.
+        if let Some((host, _)) = crate::types::MachineId::new(id.as_str()).container_of() {
+            let host_ready = model
+                .machines
+                .get(&host)
+                .is_some_and(|h| !h.removed && h.machine.life == Life::Alive && h.machine.instance.is_some());
+            if !host_ready {
+                continue;
+            }
         }
         let Some(m) = model.machines.get(id.as_str()) else { continue };
         if m.removed || m.machine.life != Life::Alive || m.machine.instance.is_some() {

@@ -69,6 +69,24 @@ pub fn generate(seed: u64) -> Scenario {
         }
         machines.push(m);
     }
+    // Containers on some hosts (lazy container provisioners, seed 003).
+    let mut init_faults = Vec::new();
+    let hosts: Vec<String> = machines.iter().filter(|m| !m.manual).map(|m| m.id.clone()).collect();
+    if !hosts.is_empty() && rng.random_bool(0.3) {
+        for n in 0..rng.random_range(1..=3u32) {
+            let host = pick(&mut rng, &hosts).clone();
+            let kind = *pick(&mut rng, &["lxd", "kvm"]);
+            machines.push(MachineSpec::pending(format!("{host}/{kind}/{n}")));
+            if rng.random_bool(0.3) {
+                init_faults.push(InitFaultSpec {
+                    host,
+                    kind: kind.to_owned(),
+                    times: rng.random_range(1..=2),
+                    message: "snap install lxd failed".into(),
+                });
+            }
+        }
+    }
     for k in 0..rng.random_range(0..=3u32) {
         let foreign = rng.random_bool(0.5);
         // A tagged extra instance stands for a start whose result was lost: only a pending,
@@ -189,6 +207,7 @@ pub fn generate(seed: u64) -> Scenario {
             instances,
             faults,
             derived_zones,
+            init_faults,
         },
         machines,
         events,

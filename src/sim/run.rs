@@ -12,10 +12,11 @@ use super::check::{check, ModeTimeline};
 use super::report::{CallReport, InstanceReport, MachineReport, ModelReport, ProvisionerReport, Report};
 use super::scenario::{format_duration, Action, FailCall, MachineSpec, Scenario};
 use crate::config::{ProvisionerConfig, RetryStrategy};
+use crate::containers::{HostZoneBroker, DEFAULT_CONTAINER_TYPES};
 use crate::events::ProvisionerEvent;
 use crate::fake::{CloudOp, FakeCloud, FakeMachine, FakeModel, Fault, ModelOp, PausedSystem};
 use crate::types::{InstanceState, InstanceStatus, Machine, MachineId};
-use crate::wiring::{start, ProvisionerHandle};
+use crate::wiring::{start, start_containers, ProvisionerHandle};
 
 /// The model uuid every simulated instance of ours carries.
 pub const SIM_MODEL_UUID: &str = "00000000-5151-4000-8000-000000000001";
@@ -78,6 +79,8 @@ struct World {
     model: FakeModel,
     config: ProvisionerConfig,
     handle: Option<ProvisionerHandle>,
+    containers: Option<crate::wiring::ContainersHandle>,
+    initialiser: crate::fake::FakeInitialiser,
     log: Addr<EventLog>,
     events: Vec<ProvisionerEvent>,
     restarts: u32,
@@ -90,14 +93,25 @@ impl World {
         let mut config = self.config.clone();
         // Each incarnation draws its own nonces.
         config.seed = config.seed.wrapping_add(u64::from(self.restarts).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        match start(config, Arc::new(self.cloud.broker()), Arc::new(self.model.api())) {
-            Ok(h) => {
+        let containers = start_containers(
+            config.clone(),
+            HostZoneBroker::factory(Arc::new(self.cloud.broker())),
+            Arc::new(self.model.api()),
+            Arc::new(self.initialiser.clone()),
+            DEFAULT_CONTAINER_TYPES.iter().map(|k| (*k).to_owned()).collect(),
+            vec![self.log.clone().recipient()],
+        );
+        match (start(config, Arc::new(self.cloud.broker()), Arc::new(self.model.api())), containers) {
+            (Ok(h), Ok(c)) => {
                 h.subscribe(self.log.clone().recipient());
+                h.subscribe(c.provisioner_events());
                 self.model.watch(h.machines_changed());
+                self.model.watch(c.machines_changed());
                 self.model.watch_retries(h.retry_ticks());
                 self.handle = Some(h);
+                self.containers = Some(c);
             }
-            Err(e) => tracing::error!(error = %e, "cannot start the provisioner"),
+            (Err(e), _) | (_, Err(e)) => tracing::error!(error = %e, "cannot start the provisioner"),
         }
     }
 
@@ -161,6 +175,9 @@ impl World {
                     if let Some(h) = self.handle.take() {
                         h.shutdown();
                     }
+                    if let Some(c) = self.containers.take() {
+                        c.shutdown();
+                    }
                     self.events.extend(self.log.send(TakeEvents).await.unwrap_or_default());
                     self.restarts += 1;
                     self.start_provisioner();
@@ -188,7 +205,11 @@ impl World {
             Some(h) => h.is_idle().await,
             None => true,
         };
-        in_flight == 0 && prov
+        let containers = match &self.containers {
+            Some(c) => c.is_idle().await,
+            None => true,
+        };
+        in_flight == 0 && prov && containers
     }
 }
 
@@ -225,7 +246,21 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         let z: Vec<&str> = d.zones.iter().map(String::as_str).collect();
         cloud.set_derived_zones(&d.machine, &z);
     }
-    let model = FakeModel::with_machines(s.machines.iter().map(fake_machine).collect());
+    let model = FakeModel::with_machines(
+        s.machines
+            .iter()
+            .map(|spec| {
+                let mut m = fake_machine(spec);
+                // A pre-provisioned machine's zone is its instance's.
+                m.zone = spec
+                    .instance
+                    .as_ref()
+                    .and_then(|i| s.cloud.instances.iter().find(|c| &c.id == i))
+                    .and_then(|c| c.zone.clone());
+                m
+            })
+            .collect(),
+    );
     let config = ProvisionerConfig {
         model_uuid: SIM_MODEL_UUID.into(),
         harvest_mode: s.provisioner.harvest_mode,
@@ -245,6 +280,10 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         modes: ModeTimeline::new(config.harvest_mode),
         config,
         handle: None,
+        containers: None,
+        initialiser: crate::fake::FakeInitialiser::new(
+            s.cloud.init_faults.iter().map(|f| (f.host.clone(), f.kind.clone(), f.times, f.message.clone())).collect(),
+        ),
         log: EventLog::default().start(),
         events: Vec::new(),
         restarts: 0,
@@ -285,6 +324,9 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
     let violations = check(s, &cloud, &model, &world.modes);
     if let Some(h) = &world.handle {
         h.shutdown();
+    }
+    if let Some(c) = &world.containers {
+        c.shutdown();
     }
 
     let contract =

@@ -192,6 +192,25 @@ pub struct CloudSpec {
     /// DeriveAvailabilityZones answers.
     #[serde(default)]
     pub derived_zones: Vec<DerivedZonesSpec>,
+    /// Addition: scripted failures of container host initialisation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub init_faults: Vec<InitFaultSpec>,
+}
+
+/// `[[cloud.init_faults]]`: the first `times` initialisations of `kind` on `host` fail.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitFaultSpec {
+    /// The host.
+    pub host: String,
+    /// The container type.
+    pub kind: String,
+    /// How many attempts fail.
+    #[serde(default = "default_times")]
+    pub times: u32,
+    /// The error text.
+    #[serde(default = "default_fault_message")]
+    pub message: String,
 }
 
 /// `[cloud.rate_limit]`: one token bucket per call kind; a missing kind is unlimited.
@@ -697,6 +716,30 @@ impl Scenario {
         for e in &self.events {
             if let Some(m) = &e.add_machine {
                 known.push(&m.id);
+            }
+        }
+        let containers = self
+            .machines
+            .iter()
+            .map(|m| m.id.as_str())
+            .chain(self.events.iter().filter_map(|e| e.add_machine.as_ref().map(|m| m.id.as_str())));
+        for id in containers {
+            let mid = crate::types::MachineId::new(id);
+            let Some((host, kind)) = mid.container_of() else { continue };
+            let value_err = |message: String| ScenarioError {
+                file: file.to_owned(),
+                line: line_of_value(text, "id", id),
+                field: "id: ".into(),
+                message,
+            };
+            if !crate::containers::DEFAULT_CONTAINER_TYPES.contains(&kind) {
+                return Err(value_err(format!(
+                    "unknown container type {kind:?} in {id:?}; supported: {}",
+                    crate::containers::DEFAULT_CONTAINER_TYPES.join(", ")
+                )));
+            }
+            if !known.contains(&host.as_str()) {
+                return Err(value_err(format!("container {id:?} names unknown host {:?}", host.as_str())));
             }
         }
         let value_err = |key: &str, value: &str, message: String| ScenarioError {

@@ -1,0 +1,173 @@
+//! The container supervisor actor: a thin shell over [`SupervisorBook`] that calls the
+//! initialiser, writes waiting statuses, and starts or stops the container provisioner.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use super::messages::*;
+use super::state::{Effect, SupervisorBook};
+use crate::config::ProvisionerConfig;
+use crate::containers::{BrokerFactory, ContainerInitialiser};
+use crate::events::ProvisionerEvent;
+use crate::ports::ModelApi;
+use crate::types::{InstanceStatus, MachineId};
+use crate::wiring::{start, ProvisionerHandle};
+
+/// What a supervisor needs.
+#[derive(Clone)]
+pub struct SupervisorDeps {
+    /// The model.
+    pub model: Arc<dyn ModelApi>,
+    /// Builds the container broker.
+    pub brokers: BrokerFactory,
+    /// Prepares hosts.
+    pub initialiser: Arc<dyn ContainerInitialiser>,
+    /// The environ provisioner's configuration, from which the container one is derived.
+    pub config: ProvisionerConfig,
+    /// Who hears the container provisioner's events.
+    pub subscribers: Vec<Recipient<ProvisionerEvent>>,
+}
+
+/// Supervises `kind` containers on `host`.
+pub struct ContainerSupervisor {
+    host: MachineId,
+    kind: String,
+    book: SupervisorBook,
+    deps: SupervisorDeps,
+    provisioner: Option<ProvisionerHandle>,
+    incarnation: u64,
+}
+
+impl ContainerSupervisor {
+    /// A listening supervisor; `host_zone` is `Some` if the host is already provisioned.
+    pub fn new(host: MachineId, kind: String, host_zone: Option<Option<String>>, deps: SupervisorDeps) -> Self {
+        let book = SupervisorBook::new(deps.config.backoff, host_zone);
+        Self { host, kind, book, deps, provisioner: None, incarnation: 0 }
+    }
+
+    fn perform(&mut self, effects: Vec<Effect>, ctx: &mut Context<Self>) {
+        for effect in effects {
+            match effect {
+                Effect::Initialise => {
+                    tracing::info!(host = %self.host, kind = %self.kind, "initialising host for containers");
+                    let call = self.deps.initialiser.initialise(self.host.clone(), self.kind.clone());
+                    ctx.spawn(call.into_actor(self).map(|res, act, ctx| {
+                        let effects = act.book.initialised(res);
+                        act.perform(effects, ctx);
+                    }));
+                }
+                Effect::RetryInitialise { after, message } => {
+                    let text = format!(
+                        "waiting for host {} to support {} containers: {message} (retrying in {after:?})",
+                        self.host, self.kind
+                    );
+                    tracing::warn!(host = %self.host, kind = %self.kind, error = %message, retry_in = ?after, "container initialisation failed");
+                    for c in self.book.containers().cloned().collect::<Vec<_>>() {
+                        let call = self.deps.model.set_instance_status(c, InstanceStatus::provisioning(), text.clone());
+                        ctx.spawn(call.into_actor(self).map(|_, _, _| ()));
+                    }
+                    ctx.run_later(after, |act, ctx| {
+                        let effects = act.book.retry_due();
+                        act.perform(effects, ctx);
+                    });
+                }
+                Effect::StartProvisioner { zone, containers } => {
+                    let broker = (self.deps.brokers)(&self.host, &self.kind, zone);
+                    let mut config = self.deps.config.for_containers(self.host.clone(), &self.kind);
+                    self.incarnation += 1;
+                    config.seed = config.seed.wrapping_add(self.incarnation.wrapping_mul(0x2545_F491_4F6C_DD1D));
+                    match start(config, broker, self.deps.model.clone()) {
+                        Ok(h) => {
+                            tracing::info!(host = %self.host, kind = %self.kind, "container provisioner running");
+                            for s in &self.deps.subscribers {
+                                h.subscribe(s.clone());
+                            }
+                            h.notify(containers);
+                            self.provisioner = Some(h);
+                        }
+                        Err(e) => {
+                            tracing::error!(host = %self.host, error = %e, "cannot start the container provisioner")
+                        }
+                    }
+                }
+                Effect::Forward(ids) => {
+                    if let Some(h) = &self.provisioner {
+                        h.notify(ids);
+                    }
+                }
+                Effect::StopProvisioner => {
+                    if let Some(h) = self.provisioner.take() {
+                        tracing::info!(host = %self.host, kind = %self.kind, "host died; stopping its container provisioner");
+                        h.shutdown();
+                    }
+                    ctx.stop();
+                }
+            }
+        }
+    }
+}
+
+impl Actor for ContainerSupervisor {
+    type Context = Context<Self>;
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        if let Some(h) = self.provisioner.take() {
+            h.shutdown();
+        }
+    }
+}
+
+impl Handler<ContainersChanged> for ContainerSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: ContainersChanged, ctx: &mut Self::Context) {
+        let effects = self.book.containers_changed(msg.0);
+        self.perform(effects, ctx);
+    }
+}
+
+impl Handler<HostProvisioned> for ContainerSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: HostProvisioned, ctx: &mut Self::Context) {
+        let effects = self.book.host_provisioned(msg.0);
+        self.perform(effects, ctx);
+    }
+}
+
+impl Handler<HostDied> for ContainerSupervisor {
+    type Result = ();
+    fn handle(&mut self, _msg: HostDied, ctx: &mut Self::Context) {
+        let effects = self.book.host_died();
+        self.perform(effects, ctx);
+        ctx.stop();
+    }
+}
+
+impl Handler<GetSupervisorState> for ContainerSupervisor {
+    type Result = MessageResult<GetSupervisorState>;
+    fn handle(&mut self, _msg: GetSupervisorState, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.stage().clone())
+    }
+}
+
+impl Handler<crate::Busy> for ContainerSupervisor {
+    type Result = ResponseFuture<usize>;
+    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> Self::Result {
+        let initialising = usize::from(matches!(self.book.stage(), super::Stage::Initialising { .. }));
+        let provisioner = self.provisioner.clone();
+        Box::pin(async move {
+            let busy = match provisioner {
+                Some(h) => usize::from(!h.is_idle().await),
+                None => 0,
+            };
+            initialising + busy
+        })
+    }
+}
+
+impl Handler<crate::Shutdown> for ContainerSupervisor {
+    type Result = ();
+    fn handle(&mut self, _msg: crate::Shutdown, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
