@@ -1,1 +1,82 @@
+use std::time::Duration;
+
 use super::*;
+use crate::config::Backoff;
+use crate::types::MachineId;
+
+fn ids(list: &[&str]) -> Vec<MachineId> {
+    list.iter().map(|i| MachineId::new(*i)).collect()
+}
+
+fn backoff() -> Backoff {
+    Backoff { initial: Duration::from_secs(1), max: Duration::from_secs(8) }
+}
+
+#[test]
+fn listens_until_the_first_container_on_a_provisioned_host() {
+    let mut b = SupervisorBook::new(backoff(), Some(Some("az1".into())));
+    assert_eq!(b.stage(), &Stage::Listening);
+    assert_eq!(b.containers_changed(ids(&["0/lxd/0"])), vec![Effect::Initialise]);
+    assert_eq!(b.stage(), &Stage::Initialising { failures: 0 });
+}
+
+#[test]
+fn waits_for_the_host_to_be_provisioned() {
+    let mut b = SupervisorBook::new(backoff(), None);
+    assert!(b.containers_changed(ids(&["0/lxd/0"])).is_empty(), "initialised before the host had an instance");
+    assert_eq!(b.stage(), &Stage::Listening);
+    assert_eq!(b.host_provisioned(Some("az2".into())), vec![Effect::Initialise]);
+}
+
+#[test]
+fn a_provisioned_host_without_containers_stays_listening() {
+    let mut b = SupervisorBook::new(backoff(), None);
+    assert!(b.host_provisioned(Some("az1".into())).is_empty());
+    assert_eq!(b.stage(), &Stage::Listening);
+}
+
+#[test]
+fn initialisation_failures_retry_with_growing_backoff_then_run_in_the_hosts_zone() {
+    let mut b = SupervisorBook::new(backoff(), Some(Some("az3".into())));
+    b.containers_changed(ids(&["0/lxd/0"]));
+    let first = b.initialised(Err("snap failed".into()));
+    assert_eq!(first, vec![Effect::RetryInitialise { after: Duration::from_secs(1), message: "snap failed".into() }]);
+    assert_eq!(b.retry_due(), vec![Effect::Initialise]);
+    let second = b.initialised(Err("snap failed".into()));
+    assert_eq!(second, vec![Effect::RetryInitialise { after: Duration::from_secs(2), message: "snap failed".into() }]);
+    // Containers arriving meanwhile are remembered, not lost.
+    assert!(b.containers_changed(ids(&["0/lxd/1"])).is_empty());
+    assert_eq!(
+        b.initialised(Ok(())),
+        vec![Effect::StartProvisioner { zone: Some("az3".into()), containers: ids(&["0/lxd/0", "0/lxd/1"]) }]
+    );
+    assert_eq!(b.stage(), &Stage::Running);
+    assert!(b.retry_due().is_empty(), "a stale retry timer re-initialised a running supervisor");
+}
+
+#[test]
+fn running_supervisor_forwards_changes() {
+    let mut b = SupervisorBook::new(backoff(), Some(None));
+    b.containers_changed(ids(&["0/kvm/0"]));
+    b.initialised(Ok(()));
+    assert_eq!(b.containers_changed(ids(&["0/kvm/1"])), vec![Effect::Forward(ids(&["0/kvm/1"]))]);
+}
+
+#[test]
+fn host_death_stops_a_running_provisioner_and_everything_after() {
+    let mut b = SupervisorBook::new(backoff(), Some(None));
+    b.containers_changed(ids(&["0/lxd/0"]));
+    b.initialised(Ok(()));
+    assert_eq!(b.host_died(), vec![Effect::StopProvisioner]);
+    assert_eq!(b.stage(), &Stage::Stopped);
+    assert!(b.containers_changed(ids(&["0/lxd/2"])).is_empty());
+    assert!(b.initialised(Ok(())).is_empty());
+}
+
+#[test]
+fn host_death_while_listening_stops_without_a_provisioner() {
+    let mut b = SupervisorBook::new(backoff(), None);
+    assert!(b.host_died().is_empty());
+    assert_eq!(b.stage(), &Stage::Stopped);
+    assert!(b.host_provisioned(None).is_empty());
+}
