@@ -56,6 +56,8 @@ pub const MAX_WORKERS: usize = 100;
 pub const DEFAULT_RETRY_COUNT: u32 = 10;
 /// Default delay between StartInstance rounds.
 pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(10);
+/// Default time a parked instance waits for reuse.
+pub const DEFAULT_REUSE_WINDOW: Duration = Duration::from_secs(300);
 /// Default maximum age of the listing unknown instances are judged on.
 pub const DEFAULT_HARVEST_LISTING_MAX_AGE: Duration = Duration::from_secs(10);
 /// Default interval between full cloud listings.
@@ -86,6 +88,12 @@ pub enum ConfigError {
     /// The model uuid is empty.
     #[error("model uuid must not be empty")]
     ModelUuid,
+    /// Machine reuse with a harvest mode that never stops dead machines' instances.
+    #[error("machine reuse needs harvest mode destroyed or all (got {0}): in other modes dead machines' instances are kept, not reused")]
+    Reuse(HarvestMode),
+    /// Machine reuse with a zero window.
+    #[error("the reuse window must be positive")]
+    ReuseWindow,
 }
 
 /// How StartInstance failures are retried (rules 71–74, contract semantics 8).
@@ -153,6 +161,12 @@ pub struct ProvisionerConfig {
     pub seed: u64,
     /// Which machines this provisioner acts on.
     pub scope: Scope,
+    /// Machine reuse (seed 001), off by default: a dead machine's clean instance is parked for
+    /// `reuse_window` and handed to a new pending machine with the same constraints and a
+    /// compatible zone, instead of stopping one instance and starting another.
+    pub reuse: bool,
+    /// How long a parked instance waits for a new machine before it is stopped.
+    pub reuse_window: Duration,
     /// Whether the transient-retry path runs (the container provisioner has none, rule 75).
     pub retry_path: bool,
 }
@@ -172,6 +186,8 @@ impl Default for ProvisionerConfig {
             seed: 0,
             scope: Scope::Environ,
             retry_path: true,
+            reuse: false,
+            reuse_window: DEFAULT_REUSE_WINDOW,
         }
     }
 }
@@ -207,6 +223,12 @@ impl ProvisionerConfig {
         }
         if self.model_uuid.is_empty() {
             return Err(ConfigError::ModelUuid);
+        }
+        if self.reuse && !self.harvest_mode.harvests_destroyed() {
+            return Err(ConfigError::Reuse(self.harvest_mode));
+        }
+        if self.reuse && self.reuse_window.is_zero() {
+            return Err(ConfigError::ReuseWindow);
         }
         Ok(())
     }

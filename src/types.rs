@@ -381,6 +381,27 @@ pub struct ProvisioningInfo {
     pub tags: std::collections::BTreeMap<String, String>,
 }
 
+/// A dead machine's clean instance, parked for reuse (seed 001, opt-in).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reusable {
+    /// The instance.
+    pub instance: InstanceId,
+    /// Its zone.
+    pub zone: Option<String>,
+    /// The constraints it was started with (a new machine must ask for the same).
+    pub constraints: Constraints,
+}
+
+impl Reusable {
+    /// Whether a machine with these constraints, zone constraint and derived zones may take it.
+    pub fn fits(&self, constraints: &Constraints, derived: &[String]) -> bool {
+        let same = Constraints { zones: None, ..self.constraints.clone() }
+            == Constraints { zones: None, ..constraints.clone() };
+        let zone_ok = |allowed: &[String]| self.zone.as_ref().is_some_and(|z| allowed.contains(z));
+        same && constraints.zones.as_deref().is_none_or(zone_ok) && (derived.is_empty() || zone_ok(derived))
+    }
+}
+
 /// An instance's state as the cloud reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -63,8 +63,12 @@ pub fn start(
     )
     .start();
     let zones = ZoneAllocator::new(broker.clone(), config.seed, config.resync_interval).start();
-    let harvest =
-        HarvestPolicy::new(config.harvest_mode, registry.clone().recipient(), config.harvest_listing_max_age).start();
+    let mut harvest =
+        HarvestPolicy::new(config.harvest_mode, registry.clone().recipient(), config.harvest_listing_max_age);
+    if config.reuse {
+        harvest = harvest.with_reuse(config.reuse_window, coord.clone().recipient());
+    }
+    let harvest = harvest.start();
     let lifecycle = MachineLifecycle::new().start();
     let deps = StartDeps {
         broker: broker.clone(),
@@ -75,6 +79,7 @@ pub fn start(
         release_machine: zones.clone().recipient(),
         still_wanted: lifecycle.clone().recipient(),
         adoptable: registry.clone().recipient(),
+        claim: config.reuse.then(|| harvest.clone().recipient()),
         retry: config.retry,
         backoff: config.backoff,
         model_uuid: config.model_uuid.clone(),
@@ -202,12 +207,13 @@ impl ProvisionerHandle {
     /// Whether every actor is quiescent: no batch, job, call or one-shot retry pending
     /// (periodic resyncs do not count). A stopped provisioner is idle.
     pub async fn is_idle(&self) -> bool {
-        let (c, p, r) = futures::join!(
+        let (c, p, r, h) = futures::join!(
             self.coordinator.send(crate::Busy),
             self.pool.send(crate::Busy),
-            self.registry.send(crate::Busy)
+            self.registry.send(crate::Busy),
+            self.harvest.send(crate::Busy)
         );
-        [c, p, r].into_iter().all(|b| b.map(|n| n == 0).unwrap_or(true))
+        [c, p, r, h].into_iter().all(|b| b.map(|n| n == 0).unwrap_or(true))
     }
 
     /// Whether the provisioner's front door is still open.

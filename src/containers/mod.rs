@@ -71,4 +71,7 @@ impl Broker for HostZoneBroker {
     fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
         self.inner.release_instances(ids)
     }
+    fn retag_instance(&self, id: InstanceId, tags: crate::types::InstanceTags) -> BrokerFuture<()> {
+        self.inner.retag_instance(id, tags)
+    }
 }

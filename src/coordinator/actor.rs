@@ -199,8 +199,19 @@ impl Coordinator {
         }));
     }
 
+    /// A dead machine whose parked instance was taken over (or given up) is removed.
+    fn retire(&mut self, retired: Option<MachineId>) {
+        if let Some(old) = retired {
+            forget(&self.links, vec![old.clone()]);
+            self.publish(ProvisionerEvent::MachineRemoved { machine: old });
+        }
+    }
+
     /// Performs a harvest plan: stops (then removals) through the pool, removals now.
     fn execute(&mut self, plan: HarvestPlan) {
+        for (m, r) in &plan.park {
+            tracing::info!(machine = %m, instance = %r.instance, "parking a dead machine's instance for reuse");
+        }
         execute_plan(&self.links, plan.clone());
         for m in plan.remove_now {
             self.publish(ProvisionerEvent::MachineRemoved { machine: m });
@@ -487,8 +498,17 @@ impl Handler<JobDone> for Coordinator {
     type Result = ();
     fn handle(&mut self, msg: JobDone, ctx: &mut Self::Context) {
         match msg.0 {
-            JobOutcome::Started { machine, instance } => {
-                self.links.record.do_send(RecordInstance { machine: machine.clone(), instance: instance.clone() });
+            JobOutcome::Started { machine, instance, constraints, retired } => {
+                self.retire(retired);
+                if let Some(zone) = &instance.zone {
+                    // Adopted and reused instances were never reserved: count them now.
+                    self.links.populate.do_send(PopulateZones { placements: vec![(machine.clone(), zone.clone())] });
+                }
+                self.links.record.do_send(RecordInstance {
+                    machine: machine.clone(),
+                    instance: instance.clone(),
+                    constraints,
+                });
                 self.publish(ProvisionerEvent::MachineStarted {
                     machine: machine.clone(),
                     instance: instance.id.clone(),
@@ -496,7 +516,8 @@ impl Handler<JobDone> for Coordinator {
                 });
                 self.after_start(machine, Some(instance.id), ctx);
             }
-            JobOutcome::StartFailed { machine, message } => {
+            JobOutcome::StartFailed { machine, message, retired } => {
+                self.retire(retired);
                 self.publish(ProvisionerEvent::MachineFailed { machine: machine.clone(), message });
                 self.after_start(machine, None, ctx);
             }
@@ -560,5 +581,12 @@ impl Handler<DestroyModel> for Coordinator {
             }
             res
         }))
+    }
+}
+
+impl Handler<crate::harvest::ExecutePlan> for Coordinator {
+    type Result = ();
+    fn handle(&mut self, msg: crate::harvest::ExecutePlan, _ctx: &mut Self::Context) {
+        self.execute(msg.0);
     }
 }

@@ -24,6 +24,8 @@ pub enum CloudOp {
     StopInstances,
     /// `release_instances`.
     ReleaseInstances,
+    /// `retag_instance`.
+    RetagInstance,
 }
 
 impl CloudOp {
@@ -36,6 +38,7 @@ impl CloudOp {
             CloudOp::StartInstance => "start_instance",
             CloudOp::StopInstances => "stop_instances",
             CloudOp::ReleaseInstances => "release_instances",
+            CloudOp::RetagInstance => "retag_instance",
         }
     }
 }
@@ -310,6 +313,27 @@ msg!(List {} -> "Result<Vec<CloudInstance>, BrokerError>");
 msg!(Zones {} -> "Result<Vec<AvailabilityZone>, BrokerError>");
 msg!(Derive { machine: MachineId } -> "Result<Vec<String>, BrokerError>");
 msg!(Release { ids: Vec<InstanceId> } -> "Result<(), BrokerError>");
+msg!(Retag { id: InstanceId, tags: InstanceTags } -> "Result<(), BrokerError>");
+
+impl Handler<Retag> for CloudActor {
+    type Result = Result<(), BrokerError>;
+    fn handle(&mut self, msg: Retag, _ctx: &mut Self::Context) -> Self::Result {
+        let idx = self.log(CloudOp::RetagInstance, msg.tags.machine.clone(), None, vec![msg.id.clone()]);
+        let live =
+            self.instances.get(&msg.id).is_some_and(|i| self.ours(i) && i.instance.state != InstanceState::Terminated);
+        if !live {
+            let err = BrokerError::zone_independent(format!("instance {} not found", msg.id));
+            self.finish(idx, Some(err.message()));
+            return Err(err);
+        }
+        if let Some(i) = self.instances.get_mut(&msg.id) {
+            i.instance.tags = msg.tags;
+        }
+        self.finish(idx, None);
+        Ok(())
+    }
+}
+
 msg!(Control { f: Box<dyn FnOnce(&mut CloudActor) + Send> } -> "()");
 msg!(Snapshot {} -> "CloudSnapshot");
 msg!(InFlight {} -> "usize");
@@ -670,6 +694,11 @@ impl Broker for FakeBroker {
 
     fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
         let req = self.addr.send(Release { ids });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn retag_instance(&self, id: InstanceId, tags: InstanceTags) -> BrokerFuture<()> {
+        let req = self.addr.send(Retag { id, tags });
         Box::pin(async move { req.await.map_err(mailbox)? })
     }
 }

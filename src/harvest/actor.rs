@@ -13,14 +13,45 @@ pub struct HarvestPolicy {
     book: HarvestBook,
     unknown: Recipient<UnknownInstances>,
     listing_max_age: std::time::Duration,
+    reuse_window: std::time::Duration,
+    /// Where plans made on its own (expired parkings) go to be executed.
+    executor: Option<Recipient<ExecutePlan>>,
 }
+
+/// A plan the harvest policy made on its own (a parked instance's window ran out), for the
+/// coordinator to execute.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct ExecutePlan(pub HarvestPlan);
 
 impl HarvestPolicy {
     /// A policy starting in safe mode with this mode; `unknown` answers which instances no
     /// live machine owns.
     /// Unknown instances are judged on a cloud listing at most `listing_max_age` old.
     pub fn new(mode: HarvestMode, unknown: Recipient<UnknownInstances>, listing_max_age: std::time::Duration) -> Self {
-        Self { book: HarvestBook::new(mode), unknown, listing_max_age }
+        Self {
+            book: HarvestBook::new(mode),
+            unknown,
+            listing_max_age,
+            reuse_window: std::time::Duration::from_secs(300),
+            executor: None,
+        }
+    }
+
+    /// Turns machine reuse on: parked instances wait `window`, then their stop is sent to
+    /// `executor`.
+    pub fn with_reuse(mut self, window: std::time::Duration, executor: Recipient<ExecutePlan>) -> Self {
+        self.book = self.book.with_reuse(true);
+        self.reuse_window = window;
+        self.executor = Some(executor);
+        self
+    }
+
+    /// Starts the reuse window of every instance the plan parks.
+    fn arm(&self, plan: &HarvestPlan, ctx: &mut Context<Self>) {
+        for (_, r) in &plan.park {
+            ctx.notify_later(ParkExpired(r.instance.clone()), self.reuse_window);
+        }
     }
 
     fn plan_with_unknown(
@@ -29,10 +60,14 @@ impl HarvestPolicy {
         fresher_than: Option<std::time::Duration>,
     ) -> ResponseActFuture<Self, HarvestPlan> {
         if !self.book.wants_unknown() {
-            return Box::pin(fut::ready(self.book.plan(&dead, &[])));
+            let plan = self.book.plan(&dead, &[]);
+            return Box::pin(fut::ready(plan).into_actor(self).map(|plan, act, ctx| {
+                act.arm(&plan, ctx);
+                plan
+            }));
         }
         let ask = self.unknown.send(UnknownInstances { fresher_than });
-        Box::pin(ask.into_actor(self).map(move |res, act, _ctx| {
+        Box::pin(ask.into_actor(self).map(move |res, act, ctx| {
             let unknown: Vec<InstanceId> = match res {
                 Ok(Ok(list)) => list,
                 Ok(Err(RegistryError::ViewStale)) => {
@@ -48,7 +83,9 @@ impl HarvestPolicy {
                     Vec::new()
                 }
             };
-            act.book.plan(&dead, &unknown)
+            let plan = act.book.plan(&dead, &unknown);
+            act.arm(&plan, ctx);
+            plan
         }))
     }
 }
@@ -105,5 +142,34 @@ impl Handler<PlanDestroy> for HarvestPolicy {
     type Result = MessageResult<PlanDestroy>;
     fn handle(&mut self, msg: PlanDestroy, _ctx: &mut Self::Context) -> Self::Result {
         MessageResult(self.book.plan_destroy(&msg.machines))
+    }
+}
+
+impl Handler<ClaimReusable> for HarvestPolicy {
+    type Result = MessageResult<ClaimReusable>;
+    fn handle(&mut self, msg: ClaimReusable, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.claim(&msg.constraints, &msg.derived))
+    }
+}
+
+impl Handler<ParkExpired> for HarvestPolicy {
+    type Result = ();
+    fn handle(&mut self, msg: ParkExpired, _ctx: &mut Self::Context) {
+        let plan = self.book.expire(&msg.0);
+        if plan.is_empty() {
+            return;
+        }
+        tracing::info!(instance = %msg.0, "no machine reused the parked instance in time; stopping it");
+        if let Some(e) = &self.executor {
+            e.do_send(ExecutePlan(plan));
+        }
+    }
+}
+
+impl Handler<crate::Busy> for HarvestPolicy {
+    type Result = usize;
+    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
+        // A parked instance is a one-shot timer pending.
+        self.book.parked().count()
     }
 }

@@ -38,6 +38,21 @@ pub struct EndSafeMode;
 #[rtype(result = "HarvestMode")]
 pub struct GetHarvestMode;
 
+/// A new machine looks for a parked instance to take over (machine reuse).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Option<(crate::types::MachineId, crate::types::Reusable)>")]
+pub struct ClaimReusable {
+    /// The new machine's constraints.
+    pub constraints: crate::types::Constraints,
+    /// Its derived zones.
+    pub derived: Vec<String>,
+}
+
+/// A parked instance's reuse window ran out.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct ParkExpired(pub crate::types::InstanceId);
+
 /// These instances were terminated.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]

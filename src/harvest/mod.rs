@@ -10,8 +10,9 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use actor::HarvestPolicy;
+pub use actor::{ExecutePlan, HarvestPolicy};
 pub use messages::{
-    EndSafeMode, GetHarvestMode, PlanDeadMachines, PlanDestroy, PlanUnknown, SetHarvestMode, StopsDone,
+    ClaimReusable, EndSafeMode, GetHarvestMode, ParkExpired, PlanDeadMachines, PlanDestroy, PlanUnknown,
+    SetHarvestMode, StopsDone,
 };
 pub use state::{HarvestBook, HarvestPlan, ModeChange};

@@ -1,9 +1,9 @@
 //! The harvest policy's plain core.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::registry::DeadMachine;
-use crate::types::{HarvestMode, InstanceId, MachineId};
+use crate::types::{HarvestMode, InstanceId, MachineId, Reusable};
 
 /// What to do with dead machines and unknown instances.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -19,6 +19,9 @@ pub struct HarvestPlan {
     /// Dead machines to mark for removal once `release` succeeded (so that a crash in between
     /// leaves them dead, to be released again, rather than their instances unknown).
     pub remove_after_release: Vec<MachineId>,
+    /// Dead machines whose clean instance is parked for reuse (removed once it is handed over
+    /// or, after the reuse window, stopped).
+    pub park: Vec<(MachineId, Reusable)>,
 }
 
 impl HarvestPlan {
@@ -28,6 +31,8 @@ impl HarvestPlan {
             && self.remove_after_stop.is_empty()
             && self.remove_now.is_empty()
             && self.release.is_empty()
+            && self.remove_after_release.is_empty()
+            && self.park.is_empty()
     }
 }
 
@@ -55,12 +60,63 @@ pub struct HarvestBook {
     deferred: Option<HarvestMode>,
     released: BTreeSet<InstanceId>,
     stopping: BTreeSet<InstanceId>,
+    reuse: bool,
+    parked: BTreeMap<InstanceId, (MachineId, Reusable)>,
 }
 
 impl HarvestBook {
     /// A book in safe mode with this initial mode.
     pub fn new(mode: HarvestMode) -> Self {
-        Self { mode, safe: true, deferred: None, released: BTreeSet::new(), stopping: BTreeSet::new() }
+        Self {
+            mode,
+            safe: true,
+            deferred: None,
+            released: BTreeSet::new(),
+            stopping: BTreeSet::new(),
+            reuse: false,
+            parked: BTreeMap::new(),
+        }
+    }
+
+    /// The same book with machine reuse on (seed 001).
+    pub fn with_reuse(mut self, reuse: bool) -> Self {
+        self.reuse = reuse;
+        self
+    }
+
+    /// Instances parked for reuse, in id order.
+    pub fn parked(&self) -> impl Iterator<Item = &InstanceId> {
+        self.parked.keys()
+    }
+
+    /// A new machine with these constraints and derived zones takes a parked instance, if one
+    /// fits (same constraints, a zone it may use). The dead machine it came from is returned
+    /// for removal.
+    pub fn claim(
+        &mut self,
+        constraints: &crate::types::Constraints,
+        derived: &[String],
+    ) -> Option<(MachineId, Reusable)> {
+        let id = self.parked.iter().find(|(_, (_, r))| r.fits(constraints, derived)).map(|(id, _)| id.clone())?;
+        self.parked.remove(&id)
+    }
+
+    /// The reuse window of a parked instance ran out: stop it (or release it, if the mode no
+    /// longer stops dead machines' instances), then remove its dead machine. Nothing if it was
+    /// claimed meanwhile.
+    pub fn expire(&mut self, instance: &InstanceId) -> HarvestPlan {
+        let mut plan = HarvestPlan::default();
+        let Some((machine, _)) = self.parked.remove(instance) else { return plan };
+        if self.mode.harvests_destroyed() {
+            self.stopping.insert(instance.clone());
+            plan.stop.push(instance.clone());
+            plan.remove_after_stop.push(machine);
+        } else {
+            self.released.insert(instance.clone());
+            plan.release.push(instance.clone());
+            plan.remove_after_release.push(machine);
+        }
+        plan
     }
 
     /// The mode in force.
@@ -115,6 +171,13 @@ impl HarvestBook {
                     plan.release.push(inst.clone());
                 }
                 plan.remove_after_release.push(m.id.clone());
+            } else if let Some(r) =
+                m.reusable.as_ref().filter(|r| self.reuse && m.tagged.is_empty() && instances == [&r.instance])
+            {
+                if !self.parked.contains_key(&r.instance) {
+                    self.parked.insert(r.instance.clone(), (m.id.clone(), r.clone()));
+                    plan.park.push((m.id.clone(), r.clone()));
+                }
             } else {
                 plan.stop.extend(instances.into_iter().cloned());
                 plan.remove_after_stop.push(m.id.clone());
@@ -122,7 +185,11 @@ impl HarvestBook {
         }
         if self.wants_unknown() {
             for inst in unknown {
-                if !self.released.contains(inst) && !self.stopping.contains(inst) && !plan.stop.contains(inst) {
+                if !self.released.contains(inst)
+                    && !self.stopping.contains(inst)
+                    && !self.parked.contains_key(inst)
+                    && !plan.stop.contains(inst)
+                {
                     plan.stop.push(inst.clone());
                 }
             }

@@ -21,7 +21,14 @@ fn mids(v: &[&str]) -> Vec<MachineId> {
 }
 
 fn dead(id: &str, instance: Option<&str>) -> DeadMachine {
-    DeadMachine { id: mid(id), instance: instance.map(iid), keep_instance: false, manual: false, tagged: Vec::new() }
+    DeadMachine {
+        id: mid(id),
+        instance: instance.map(iid),
+        keep_instance: false,
+        manual: false,
+        tagged: Vec::new(),
+        reusable: None,
+    }
 }
 
 /// A book out of safe mode, in this mode.
@@ -41,6 +48,7 @@ fn harvest_mode_table_for_dead_machines_and_unknown_instances() {
         remove_now: Vec::new(),
         release: iids(release),
         remove_after_release: mids(after_release),
+        park: Vec::new(),
     };
     let table = [
         // none: keep the dead machine's instance (released, then removed), ignore unknown ones.

@@ -11,7 +11,7 @@ fn iid(s: &str) -> InstanceId {
 }
 
 fn dead(id: &str) -> DeadMachine {
-    DeadMachine { id: mid(id), instance: None, keep_instance: false, manual: false, tagged: Vec::new() }
+    DeadMachine { id: mid(id), instance: None, keep_instance: false, manual: false, tagged: Vec::new(), reusable: None }
 }
 
 /// A book with machine `id` running instance `instance`.
@@ -84,6 +84,7 @@ fn start_finished_on_deferred_machine_stops_the_produced_instance() {
         keep_instance: true,
         manual: false,
         tagged: Vec::new(),
+        reusable: None,
     };
     assert_eq!(after, AfterStart::StopDeferred { dead: expected });
     assert_eq!(b.phase(&mid("0")), Some(&Phase::Stopping));

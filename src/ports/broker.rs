@@ -148,6 +148,10 @@ pub trait Broker: Send + Sync + 'static {
     fn derive_availability_zones(&self, _params: &StartInstanceParams) -> BrokerFuture<Vec<String>> {
         Box::pin(async { Ok(Vec::new()) })
     }
+    /// Gives an instance new identity tags (machine reuse hands it to another machine).
+    fn retag_instance(&self, _id: InstanceId, _tags: InstanceTags) -> BrokerFuture<()> {
+        Box::pin(async { Err(BrokerError::NotSupported("retag_instance")) })
+    }
     /// Removes our identity from instances left alone on purpose (keep-instance, or dead
     /// while the harvest mode excluded `destroyed`), so that no later harvest, not even after
     /// a restart, takes them for ours.

@@ -164,7 +164,15 @@ impl Handler<Refresh> for MachineRegistry {
                             Ok(m) => {
                                 let class = classify(&m);
                                 act.book.upsert(m);
-                                if let Some(zone) = act.book.placement(&id) {
+                                // Where it is, or where the instance it will adopt is: the
+                                // allocator counts both before any zone is chosen.
+                                let zone = act.book.placement(&id).or_else(|| {
+                                    (class == Class::Pending)
+                                        .then(|| act.book.adoptable(&id))
+                                        .flatten()
+                                        .and_then(|i| i.zone)
+                                });
+                                if let Some(zone) = zone {
                                     out.placements.push((id.clone(), zone));
                                 }
                                 match class {
@@ -216,7 +224,7 @@ impl Handler<Refresh> for MachineRegistry {
 impl Handler<RecordInstance> for MachineRegistry {
     type Result = ();
     fn handle(&mut self, msg: RecordInstance, _ctx: &mut Self::Context) {
-        self.book.record_instance(&msg.machine, msg.instance);
+        self.book.record_started(&msg.machine, msg.instance, msg.constraints);
     }
 }
 

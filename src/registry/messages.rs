@@ -39,6 +39,9 @@ pub struct DeadMachine {
     /// Other live instances tagged for it that nobody owns (a start whose result was lost):
     /// they share the machine's fate.
     pub tagged: Vec<InstanceId>,
+    /// Its instance, if it is clean enough to be reused (known constraints, running, the
+    /// machine not in error).
+    pub reusable: Option<crate::types::Reusable>,
 }
 
 impl DeadMachine {
@@ -50,6 +53,7 @@ impl DeadMachine {
             keep_instance: m.keep_instance,
             manual: m.manual,
             tagged: Vec::new(),
+            reusable: None,
         }
     }
 
@@ -91,6 +95,8 @@ pub struct RecordInstance {
     pub machine: MachineId,
     /// The instance.
     pub instance: CloudInstance,
+    /// The constraints it was started with (unknown for adopted instances).
+    pub constraints: Option<crate::types::Constraints>,
 }
 
 /// These instances were terminated by us.

@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::Scope;
-use crate::types::{CloudInstance, InstanceId, InstanceState, InstanceStatus, Life, Machine, MachineId, MachineStatus};
+use crate::types::{
+    CloudInstance, Constraints, InstanceId, InstanceState, InstanceStatus, Life, Machine, MachineId, MachineStatus,
+};
 
 /// What a machine needs from the provisioner right now (rules 13–22).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +50,8 @@ pub struct MachineBook {
     by_tag: BTreeMap<MachineId, BTreeSet<InstanceId>>,
     loaded_once: bool,
     fresh: bool,
+    /// The constraints our starts used, for machine reuse.
+    started_with: BTreeMap<MachineId, Constraints>,
 }
 
 impl MachineBook {
@@ -120,6 +124,7 @@ impl MachineBook {
     /// Forgets a machine (removed from the model, or marked for removal).
     pub fn remove(&mut self, id: &MachineId) {
         self.recorded.remove(id);
+        self.started_with.remove(id);
         if let Some(m) = self.machines.remove(id) {
             if let Some(inst) = m.instance {
                 if self.owner.get(&inst) == Some(id) {
@@ -127,6 +132,15 @@ impl MachineBook {
                 }
             }
         }
+    }
+
+    /// Records the instance our start produced for a machine, with the constraints it used.
+    pub fn record_started(&mut self, machine: &MachineId, instance: CloudInstance, constraints: Option<Constraints>) {
+        match constraints {
+            Some(c) => self.started_with.insert(machine.clone(), c),
+            None => self.started_with.remove(machine),
+        };
+        self.record_instance(machine, instance);
     }
 
     /// Records the instance our start produced for a machine.
@@ -253,6 +267,15 @@ impl MachineBook {
                 .filter(|i| self.owner.get(*i).is_none_or(|o| o == id) && Some(*i) != m.instance.as_ref())
                 .cloned()
                 .collect();
+            // Clean enough to reuse: started by us with known constraints, running, no error.
+            dead.reusable =
+                m.instance.as_ref().and_then(|inst| {
+                    let view = self.instances.get(inst).filter(|i| i.state == InstanceState::Running)?;
+                    let constraints = self.started_with.get(id)?.clone();
+                    (m.status != MachineStatus::Error && !m.instance_status.is_error()).then(|| {
+                        crate::types::Reusable { instance: inst.clone(), zone: view.zone.clone(), constraints }
+                    })
+                });
         }
         Some(dead)
     }

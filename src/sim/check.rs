@@ -69,7 +69,9 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
     // Whose instance is it: the machine recording it (`recorder`), else the machine named in
     // its tags (`owner`).
     let mut recorder: BTreeMap<String, String> = BTreeMap::new();
-    for (id, m) in &model.machines {
+    // Removed machines first: a live machine that took an instance over (reuse) wins.
+    let (gone, live): (Vec<_>, Vec<_>) = model.machines.iter().partition(|(_, m)| m.removed);
+    for (id, m) in gone.into_iter().chain(live) {
         if let Some(inst) = &m.machine.instance {
             recorder.insert(inst.to_string(), id.to_string());
         }
@@ -185,6 +187,10 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
             }
         }
         for inst in theirs {
+            // Handed over to another machine (machine reuse): no longer this one's.
+            if recorder.get(&inst).is_some_and(|r| r != &id.to_string()) {
+                continue;
+            }
             if let Some(rec) = cloud.instances.get(inst.as_str()) {
                 if rec.instance.state != InstanceState::Terminated {
                     v.push(format!("removed machine {id} left instance {inst} {}", rec.instance.state));

@@ -197,6 +197,8 @@ pub fn generate(seed: u64) -> Scenario {
             retry_count: rng.random_range(0..=3),
             retry_delay: Dur(Duration::from_secs(rng.random_range(0..=20))),
             resync_interval: Dur(Duration::from_secs(60)),
+            reuse: false,
+            reuse_window: Dur(crate::config::DEFAULT_REUSE_WINDOW),
         },
         cloud: CloudSpec {
             zones: available,

@@ -272,6 +272,8 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
             s.provisioner.resync_interval.0
         },
         seed,
+        reuse: s.provisioner.reuse,
+        reuse_window: s.provisioner.reuse_window.0,
         ..ProvisionerConfig::default()
     };
     let mut world = World {
@@ -340,7 +342,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         calls: cloud
             .calls
             .iter()
-            .filter(|c| c.op != CloudOp::ReleaseInstances)
+            .filter(|c| c.op != CloudOp::ReleaseInstances && c.op != CloudOp::RetagInstance)
             .map(|c| {
                 let start = c.op == CloudOp::StartInstance;
                 let stop = c.op == CloudOp::StopInstances;

@@ -94,6 +94,9 @@ fn default_retry_delay() -> Dur {
 fn default_resync() -> Dur {
     Dur(crate::config::DEFAULT_RESYNC_INTERVAL)
 }
+fn default_reuse_window() -> Dur {
+    Dur(crate::config::DEFAULT_REUSE_WINDOW)
+}
 fn default_times() -> u32 {
     1
 }
@@ -150,6 +153,12 @@ pub struct ProvisionerSpec {
     /// Interval between full cloud listings (an addition to the contract).
     #[serde(default = "default_resync")]
     pub resync_interval: Dur,
+    /// Machine reuse, off by default (an addition: seed 001).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reuse: bool,
+    /// How long a parked instance waits for reuse (an addition).
+    #[serde(default = "default_reuse_window")]
+    pub reuse_window: Dur,
 }
 
 impl Default for ProvisionerSpec {
@@ -160,6 +169,8 @@ impl Default for ProvisionerSpec {
             retry_count: default_retry_count(),
             retry_delay: default_retry_delay(),
             resync_interval: default_resync(),
+            reuse: false,
+            reuse_window: default_reuse_window(),
         }
     }
 }
@@ -697,8 +708,17 @@ impl Scenario {
         Ok(scenario)
     }
 
-    /// Cross-field checks: one action per event, machine ids that exist, unique ids.
+    /// Cross-field checks: one action per event, machine ids that exist, unique ids,
+    /// compatible settings.
     pub fn validate(&self, text: &str, file: &str) -> Result<(), ScenarioError> {
+        if self.provisioner.reuse && !self.provisioner.harvest_mode.harvests_destroyed() {
+            return Err(ScenarioError {
+                file: file.to_owned(),
+                line: line_of_key(text, "reuse", 0),
+                field: "reuse: ".into(),
+                message: crate::config::ConfigError::Reuse(self.provisioner.harvest_mode).to_string(),
+            });
+        }
         let fail = |key: &str, nth: usize, message: String| ScenarioError {
             file: file.to_owned(),
             line: line_of_key(text, key, nth),

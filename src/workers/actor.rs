@@ -34,6 +34,8 @@ pub struct StartDeps {
     pub still_wanted: Recipient<StillWanted>,
     /// The registry: an instance to adopt.
     pub adoptable: Recipient<Adoptable>,
+    /// The harvest policy: a parked instance to reuse (only with machine reuse on).
+    pub claim: Option<Recipient<crate::harvest::ClaimReusable>>,
     /// Start retries.
     pub retry: RetryStrategy,
     /// Backoff for throttling and failed stops.

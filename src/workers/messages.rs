@@ -35,12 +35,16 @@ pub struct PoolStatus {
 /// How a job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobOutcome {
-    /// The machine has this instance (new, or adopted after a lost result).
+    /// The machine has this instance (new, adopted after a lost result, or reused).
     Started {
         /// The machine.
         machine: MachineId,
         /// Its instance.
         instance: CloudInstance,
+        /// The constraints it was started with (`None` when adopted).
+        constraints: Option<crate::types::Constraints>,
+        /// A dead machine whose parked instance this start took over (or gave up): remove it.
+        retired: Option<MachineId>,
     },
     /// The start failed for good; the machine's status says why.
     StartFailed {
@@ -48,6 +52,8 @@ pub enum JobOutcome {
         machine: MachineId,
         /// The message written.
         message: String,
+        /// A dead machine whose parked instance this start gave up: remove it.
+        retired: Option<MachineId>,
     },
     /// The machine died before or during its start; nothing was left running.
     StartAbandoned {

@@ -37,13 +37,22 @@ async fn set_instance_status(deps: &StartDeps, machine: &MachineId, status: Inst
 /// Writes a final provisioning error (rule 47): instance status `provisioning error` and
 /// machine status `error`, both with the cause.
 async fn fail(deps: &StartDeps, machine: MachineId, message: String) -> JobOutcome {
+    fail_retiring(deps, machine, message, None).await
+}
+
+async fn fail_retiring(
+    deps: &StartDeps,
+    machine: MachineId,
+    message: String,
+    retired: Option<MachineId>,
+) -> JobOutcome {
     tracing::warn!(%machine, error = %message, "cannot start instance for machine");
     let _ = deps.release_machine.send(ReleaseMachine { machine: machine.clone() }).await;
     set_instance_status(deps, &machine, InstanceStatus::provisioning_error(), message.clone()).await;
     if let Err(e) = deps.model.set_status(machine.clone(), MachineStatus::Error, message.clone()).await {
         tracing::warn!(%machine, error = %e, "cannot set machine status");
     }
-    JobOutcome::StartFailed { machine, message }
+    JobOutcome::StartFailed { machine, message, retired }
 }
 
 async fn abandon(deps: &StartDeps, machine: MachineId) -> JobOutcome {
@@ -60,6 +69,7 @@ async fn register(
     instance: CloudInstance,
     nonce: &str,
     name: String,
+    started: Started,
 ) -> JobOutcome {
     let info = ProvisionedInstance {
         instance: instance.id.clone(),
@@ -74,7 +84,12 @@ async fn register(
                 // Clear the "provisioning"/retry message: the instance exists now.
                 set_instance_status(deps, &machine, InstanceStatus::other(instance.state.as_str()), String::new())
                     .await;
-                return JobOutcome::Started { machine, instance };
+                return JobOutcome::Started {
+                    machine,
+                    instance,
+                    constraints: started.constraints,
+                    retired: started.retired,
+                };
             }
             Err(e) => {
                 tracing::warn!(%machine, instance = %instance.id, error = %e, "cannot record instance");
@@ -89,7 +104,16 @@ async fn register(
     if let Err(e) = deps.broker.stop_instances(vec![instance.id.clone()]).await {
         tracing::error!(%machine, instance = %instance.id, error = %e, "cannot stop unrecorded instance; it is tagged and will be adopted or harvested");
     }
-    fail(deps, machine, format!("cannot record instance {}: {err}", instance.id)).await
+    fail_retiring(deps, machine, format!("cannot record instance {}: {err}", instance.id), started.retired).await
+}
+
+/// How the instance being registered came about.
+#[derive(Default)]
+struct Started {
+    /// The constraints it was started with (`None` for an adopted instance).
+    constraints: Option<crate::types::Constraints>,
+    /// The dead machine whose parked instance was taken over or given up.
+    retired: Option<MachineId>,
 }
 
 /// Runs one start to its end. Never panics; every failure becomes the outcome.
@@ -104,7 +128,7 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
     if let Ok(Some(instance)) = deps.adoptable.send(Adoptable { machine: machine.clone() }).await {
         tracing::info!(%machine, instance = %instance.id, "adopting existing instance tagged for this machine");
         let start_nonce = instance.tags.start.clone().unwrap_or_else(|| nonce.clone());
-        return register(deps, machine, instance, &start_nonce, String::new()).await;
+        return register(deps, machine, instance, &start_nonce, String::new(), Started::default()).await;
     }
 
     set_instance_status(deps, &machine, InstanceStatus::provisioning(), "starting".into()).await;
@@ -134,6 +158,34 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
     } else {
         Vec::new()
     };
+    // Machine reuse (seed 001, opt-in): take over a parked instance that fits.
+    let mut retired = None;
+    if let Some(claim) = &deps.claim {
+        let ask = crate::harvest::ClaimReusable { constraints: job.info.constraints.clone(), derived: derived.clone() };
+        if let Ok(Some((old, parked))) = claim.send(ask).await {
+            retired = Some(old.clone());
+            match deps.broker.retag_instance(parked.instance.clone(), params.tags.clone()).await {
+                Ok(()) => {
+                    tracing::info!(%machine, instance = %parked.instance, from = %old, "reusing the instance of a dead machine");
+                    let instance = CloudInstance {
+                        id: parked.instance,
+                        state: crate::types::InstanceState::Running,
+                        zone: parked.zone,
+                        tags: params.tags.clone(),
+                    };
+                    let started = Started { constraints: Some(job.info.constraints.clone()), retired };
+                    return register(deps, machine, instance, &nonce, String::new(), started).await;
+                }
+                Err(e) => {
+                    tracing::warn!(%machine, instance = %parked.instance, error = %e, "cannot hand the parked instance over; stopping it and starting anew");
+                    if let Err(e) = deps.broker.stop_instances(vec![parked.instance.clone()]).await {
+                        tracing::error!(instance = %parked.instance, error = %e, "cannot stop the parked instance; it stays tagged for its dead machine");
+                    }
+                }
+            }
+        }
+    }
+
     let request = ZoneRequest {
         allowed: job.info.constraints.zones.clone(),
         derived,
@@ -154,7 +206,8 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
         let err = match deps.broker.start_instance(params.clone()).await {
             Ok(started) => {
                 tracing::info!(%machine, instance = %started.instance.id, zone = ?zone, "started instance");
-                return register(deps, machine, started.instance, &nonce, started.display_name).await;
+                let how = Started { constraints: Some(job.info.constraints.clone()), retired };
+                return register(deps, machine, started.instance, &nonce, started.display_name, how).await;
             }
             Err(e) => e,
         };
@@ -169,7 +222,7 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
             let _ = deps.release_reservation.send(ReleaseReservation { machine: machine.clone() }).await;
         }
         let delay = match step {
-            Step::Final => return fail(deps, machine, err.message()).await,
+            Step::Final => return fail_retiring(deps, machine, err.message(), retired).await,
             Step::FailOver => {
                 let z = zone.as_deref().unwrap_or_default();
                 let msg = format!(
