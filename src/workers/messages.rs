@@ -33,6 +33,8 @@ pub struct PoolStatus {
 }
 
 /// How a job ended.
+// Outcomes are transient (one per job, handled at once): boxing `Started` saves nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobOutcome {
     /// The machine has this instance (new, adopted after a lost result, or reused).

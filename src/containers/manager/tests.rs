@@ -52,7 +52,7 @@ fn containers_are_routed_by_host_and_type() {
 fn unsupported_container_types_are_reported_once() {
     let mut b = book();
     let c: MachineId = "0/docker/0".into();
-    assert_eq!(b.containers_seen(&[c.clone()]), vec![HostEffect::Unsupported(c.clone(), "docker".into())]);
+    assert_eq!(b.containers_seen(std::slice::from_ref(&c)), vec![HostEffect::Unsupported(c.clone(), "docker".into())]);
     assert!(b.containers_seen(&[c]).is_empty());
 }
 
