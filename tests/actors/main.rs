@@ -4,6 +4,7 @@
 
 mod harvesting;
 mod resilience;
+mod seeds;
 mod starting;
 mod support;
 mod zones;

@@ -1,0 +1,334 @@
+//! The seeds' other systems: instances stopped outside our control (seed 000), model
+//! destruction (seed 002), lazy container provisioners (seed 003), machine reuse (seed 001).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use provisioner::containers::supervisor::Stage;
+use provisioner::containers::HostZoneBroker;
+use provisioner::coordinator::DestroyError;
+use provisioner::fake::{CloudOp, FakeInitialiser, FakeMachine, FakeModel};
+use provisioner::types::{Constraints, InstanceState, InstanceStatus};
+use provisioner::{
+    start_containers, ContainersHandle, HarvestMode, Life, Machine, MachineId, MachineStatus, ProvisionerConfig,
+};
+
+use crate::support::*;
+
+// ---------------------------------------------------------------- seed 000
+
+/// Seed 000: an instance stopped out of band is not replaced nor harvested while its machine
+/// lives; its instance status says `stopped`, then `running` when it comes back; when the
+/// machine dies the stopped instance is terminated.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn stopped_instance_is_shown_kept_and_terminated_on_death() {
+    let config = ProvisionerConfig { resync_interval: Duration::from_secs(60), ..with_mode(HarvestMode::All) };
+    let h = Harness::new(config, zoned_cloud(&["az1"]), FakeModel::with_machines(machines(&["0"])));
+    let model = h.until_model(Duration::from_secs(10), |m| instance_of(m, "0").is_some()).await;
+    let inst = instance_of(&model, "0").unwrap();
+    h.cloud.set_state(&inst, InstanceState::Stopped);
+    h.run_for(Duration::from_secs(61)).await;
+    let model = h.model().await;
+    let m = model.machine("0").unwrap();
+    assert_eq!(m.machine.instance_status, InstanceStatus::other("stopped"));
+    assert!(m.instance_status_message.contains("outside the provisioner's control"), "{}", m.instance_status_message);
+    h.model.touch(&["0"]);
+    h.run_for(Duration::from_secs(60)).await;
+    let cloud = h.cloud().await;
+    assert_eq!(starts_of(&cloud, "0"), 1, "a stopped instance was replaced");
+    assert!(stops(&cloud).is_empty(), "a stopped instance was harvested");
+
+    h.cloud.set_state(&inst, InstanceState::Running);
+    h.run_for(Duration::from_secs(60)).await;
+    assert_eq!(h.model().await.machine("0").unwrap().machine.instance_status, InstanceStatus::running());
+
+    h.cloud.set_state(&inst, InstanceState::Stopped);
+    h.model.set_life("0", Life::Dead);
+    h.until_model(Duration::from_secs(10), |m| m.machine("0").unwrap().removed).await;
+    assert_eq!(h.cloud().await.state_of(&inst), Some(InstanceState::Terminated));
+}
+
+// ---------------------------------------------------------------- seed 002
+
+fn destroy_model_fixture() -> Harness {
+    let cloud = zoned_cloud(&["az1", "az2"]);
+    cloud.launch("i-ctl", Some("az1"), Some("0"), InstanceState::Running, false);
+    let mut controller = Machine::pending("0");
+    controller.controller = true;
+    controller.instance = Some("i-ctl".into());
+    controller.status = MachineStatus::Started;
+    let mut manual3 = Machine::pending("3");
+    manual3.manual = true;
+    manual3.instance = Some("manual:10.0.0.3".into());
+    let mut manual7 = Machine::pending("7");
+    manual7.manual = true;
+    manual7.instance = Some("manual:10.0.0.7".into());
+    let model = FakeModel::new(vec![controller, Machine::pending("1"), Machine::pending("2"), manual3, manual7]);
+    Harness::new(test_config(), cloud, model)
+}
+
+/// Seed 002: destroying the model stops every non-manual, non-controller instance in one
+/// call, then complains about the manual machines, naming them; the model is dying and
+/// refuses new machines; a second destroy is refused and changes nothing.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn destroy_model_kills_what_it_can_then_names_manual_machines() {
+    let h = destroy_model_fixture();
+    h.until_model(Duration::from_secs(10), |m| instance_of(m, "1").is_some() && instance_of(m, "2").is_some()).await;
+    let err = h.handle.destroy_model(false).await.unwrap_err();
+    assert_eq!(err.to_string(), "manually provisioned machines must first be destroyed: 3, 7");
+    let DestroyError::ManualMachines { summary, .. } = err else { panic!("wrong error") };
+    assert_eq!(summary.stopping.len(), 2);
+    h.settle().await;
+    let cloud = h.cloud().await;
+    assert_eq!(stops(&cloud).len(), 1, "not one call: {:?}", stops(&cloud));
+    assert_eq!(stops(&cloud)[0].len(), 2);
+    assert_eq!(cloud.state_of("i-ctl"), Some(InstanceState::Running), "the controller was stopped");
+
+    h.model.add_machine(FakeMachine::new(Machine::pending("9")));
+    h.settle().await;
+    let model = h.model().await;
+    assert_eq!(model.life, Life::Dying);
+    assert!(model.errors.iter().any(|e| e == "cannot add machine 9: model is dying"), "{:?}", model.errors);
+    assert!(model.machine("9").is_none());
+
+    let again = h.handle.destroy_model(true).await.unwrap_err();
+    assert_eq!(again, DestroyError::AlreadyDying);
+    h.settle().await;
+    assert_eq!(stops(&h.cloud().await).len(), 1, "a refused destroy changed something");
+}
+
+/// Seed 002, force: no manual-machine complaint.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn forced_destroy_skips_the_manual_machine_check() {
+    let h = destroy_model_fixture();
+    h.until_model(Duration::from_secs(10), |m| instance_of(m, "1").is_some()).await;
+    let summary = h.handle.destroy_model(true).await.unwrap();
+    assert_eq!(summary.stopping.len(), 2);
+}
+
+/// Seed 002: starts in flight when the destruction begins are stopped as they land; machines
+/// added just before it, and queued starts, are never started.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn destroy_model_stops_starts_in_flight_as_they_land() {
+    let cloud = zoned_cloud(&["az1"]);
+    cloud.set_latency(Duration::from_secs(30), Duration::ZERO);
+    let config = ProvisionerConfig { workers: 2, ..test_config() };
+    let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["1", "2", "3", "4"])));
+    h.run_for(Duration::from_secs(5)).await;
+    let summary = h.handle.destroy_model(false).await.unwrap();
+    assert!(summary.stopping.is_empty());
+    assert_eq!(summary.awaiting_starts.len(), 4);
+    h.run_for(Duration::from_secs(120)).await;
+    let cloud = h.cloud().await;
+    assert_eq!(cloud.calls_of(CloudOp::StartInstance).len(), 2, "queued starts ran after the destruction");
+    for i in cloud.instances.values() {
+        assert_eq!(i.instance.state, InstanceState::Terminated, "{} left running", i.instance.id);
+    }
+    // A restarted provisioner on the dying model starts nothing either.
+    let h = h.restart(test_config());
+    h.settle().await;
+    assert_eq!(h.cloud().await.calls_of(CloudOp::StartInstance).len(), 2);
+}
+
+// ---------------------------------------------------------------- seed 003
+
+struct Containers {
+    h: Harness,
+    containers: ContainersHandle,
+    initialiser: FakeInitialiser,
+}
+
+fn with_containers(ids: &[&str], faults: Vec<(String, String, u32, String)>) -> Containers {
+    let cloud = zoned_cloud(&["az1", "az2", "az3"]);
+    cloud.set_latency(Duration::from_secs(10), Duration::ZERO);
+    let h = Harness::unwatched(test_config(), cloud, FakeModel::with_machines(machines(ids)));
+    let initialiser = FakeInitialiser::new(faults);
+    let containers = start_containers(
+        test_config(),
+        HostZoneBroker::factory(Arc::new(h.cloud.broker())),
+        Arc::new(h.model.api()),
+        Arc::new(initialiser.clone()),
+        vec!["lxd".into(), "kvm".into()],
+        vec![],
+    )
+    .unwrap();
+    h.handle.subscribe(containers.provisioner_events());
+    h.model.watch(containers.machines_changed());
+    h.watch();
+    Containers { h, containers, initialiser }
+}
+
+/// Seed 003, rule 7: the environ provisioner never starts containers; a container
+/// provisioner starts lazily on the first container, after initialising the host, and puts
+/// containers in the host's zone.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn containers_are_provisioned_lazily_in_their_hosts_zone() {
+    let c = with_containers(&["0", "1", "0/lxd/0"], vec![]);
+    let model = c.h.until_model(Duration::from_secs(60), |m| instance_of(m, "0/lxd/0").is_some()).await;
+    assert_eq!(model.machine("0/lxd/0").unwrap().zone, model.machine("0").unwrap().zone);
+    let sups = c.containers.supervisors().await.unwrap();
+    let stage = |host: &str, kind: &str| {
+        sups.iter().find(|(h, k, _)| h.as_str() == host && k == kind).map(|(_, _, s)| s.clone())
+    };
+    assert_eq!(stage("0", "lxd"), Some(Stage::Running));
+    assert_eq!(stage("0", "kvm"), Some(Stage::Listening), "kvm started without a kvm container");
+    assert_eq!(stage("1", "lxd"), Some(Stage::Listening));
+    assert_eq!(c.initialiser.calls(), 1);
+
+    c.h.model.add_machine(FakeMachine::new(Machine::pending("1/kvm/0")));
+    let model = c.h.until_model(Duration::from_secs(60), |m| instance_of(m, "1/kvm/0").is_some()).await;
+    assert_eq!(model.machine("1/kvm/0").unwrap().zone, model.machine("1").unwrap().zone);
+    let cloud = c.h.cloud().await;
+    for id in ["0/lxd/0", "1/kvm/0"] {
+        assert_eq!(starts_of(&cloud, id), 1);
+    }
+}
+
+/// Seed 003: a failing host initialisation is retried with backoff and shown on the
+/// containers' status; the containers start once it succeeds.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn failing_container_initialisation_is_retried_and_shown() {
+    let c = with_containers(&["0", "0/lxd/0"], vec![("0".into(), "lxd".into(), 2, "snap install lxd failed".into())]);
+    c.h.until_model(Duration::from_secs(60), |m| {
+        m.machine("0/lxd/0").unwrap().instance_status_message.contains("snap install lxd failed")
+    })
+    .await;
+    let model = c.h.until_model(Duration::from_secs(60), |m| instance_of(m, "0/lxd/0").is_some()).await;
+    assert_eq!(c.initialiser.calls(), 3);
+    assert_eq!(model.machine("0/lxd/0").unwrap().machine.status, MachineStatus::Started);
+}
+
+/// Seed 003: containers wait for their host's instance; a host that dies stops its
+/// supervisors; an unsupported container type gets a clear error.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn containers_wait_for_their_host_and_stop_with_it() {
+    let c = with_containers(&["0", "0/lxd/0", "0/docker/0"], vec![]);
+    c.h.run_for(Duration::from_secs(5)).await;
+    assert_eq!(starts_of(&c.h.cloud().await, "0/lxd/0"), 0, "a container started before its host had an instance");
+    c.h.until_model(Duration::from_secs(60), |m| instance_of(m, "0/lxd/0").is_some()).await;
+    let model = c.h.model().await;
+    let docker = model.machine("0/docker/0").unwrap();
+    assert_eq!(docker.machine.instance_status, InstanceStatus::provisioning_error());
+    assert!(docker.instance_status_message.contains("\"docker\""), "{}", docker.instance_status_message);
+
+    c.h.model.set_life("0/lxd/0", Life::Dead);
+    c.h.until_model(Duration::from_secs(30), |m| m.machine("0/lxd/0").unwrap().removed).await;
+    c.h.model.set_life("0", Life::Dead);
+    c.h.until_model(Duration::from_secs(30), |m| m.machine("0").unwrap().removed).await;
+    c.h.settle().await;
+    assert!(
+        c.containers.supervisors().await.unwrap().iter().all(|(h, _, _)| h.as_str() != "0"),
+        "supervisors outlived their host"
+    );
+    assert!(c.containers.is_idle().await);
+}
+
+/// Rule 75: container provisioners have no transient-retry path.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn container_provisioners_ignore_retry_ticks() {
+    let cloud = zoned_cloud(&["az1"]);
+    cloud.add_fault(provisioner::fake::Fault {
+        machine: "0/lxd/0".into(),
+        times: 1,
+        zone: None,
+        zone_independent: true,
+        message: "boom".into(),
+    });
+    let h = Harness::unwatched(test_config(), cloud, FakeModel::with_machines(machines(&["0", "0/lxd/0"])));
+    let containers = start_containers(
+        test_config(),
+        HostZoneBroker::factory(Arc::new(h.cloud.broker())),
+        Arc::new(h.model.api()),
+        Arc::new(FakeInitialiser::default()),
+        vec!["lxd".into()],
+        vec![],
+    )
+    .unwrap();
+    h.handle.subscribe(containers.provisioner_events());
+    h.model.watch(containers.machines_changed());
+    h.model.watch(h.handle.machines_changed());
+    // Retry ticks reach only the environ provisioner, which does not touch containers.
+    h.model.watch_retries(h.handle.retry_ticks());
+    h.until_model(Duration::from_secs(60), |m| m.machine("0/lxd/0").unwrap().machine.status == MachineStatus::Error)
+        .await;
+    h.model.retry_provisioning(&["0/lxd/0"]);
+    h.settle().await;
+    assert_eq!(starts_of(&h.cloud().await, "0/lxd/0"), 1);
+}
+
+// ---------------------------------------------------------------- seed 001
+
+fn reuse_config(reuse: bool) -> ProvisionerConfig {
+    ProvisionerConfig { reuse, reuse_window: Duration::from_secs(120), ..test_config() }
+}
+
+async fn die_then_add(h: &Harness, new: FakeMachine) {
+    h.until_model(Duration::from_secs(10), |m| instance_of(m, "0").is_some()).await;
+    h.model.set_life("0", Life::Dead);
+    h.run_for(Duration::from_secs(1)).await;
+    h.model.add_machine(new);
+    h.settle().await;
+}
+
+/// Seed 001: reuse is off by default: a dead machine's instance is stopped and a new one
+/// started for the new machine.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn without_reuse_dead_instances_are_stopped_and_new_ones_started() {
+    assert!(!ProvisionerConfig::default().reuse);
+    let h = Harness::zoned(reuse_config(false), &["az1"], &["0"]);
+    die_then_add(&h, FakeMachine::new(Machine::pending("1"))).await;
+    let cloud = h.cloud().await;
+    assert_eq!(starts_of(&cloud, "1"), 1);
+    assert_eq!(stops(&cloud), vec![vec!["i-1".to_string()]]);
+}
+
+/// Seed 001: with reuse on, a dead machine's clean instance is handed to a new machine with
+/// the same constraints: no stop, no start; the old machine is removed.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn with_reuse_a_clean_instance_is_handed_to_a_matching_machine() {
+    let h = Harness::zoned(reuse_config(true), &["az1"], &["0"]);
+    die_then_add(&h, FakeMachine::new(Machine::pending("1"))).await;
+    let cloud = h.cloud().await;
+    let model = h.model().await;
+    assert_eq!(starts_of(&cloud, "1"), 0);
+    assert!(stops(&cloud).is_empty());
+    assert_eq!(instance_of(&model, "1").as_deref(), Some("i-1"));
+    assert!(model.machine("0").unwrap().removed);
+    assert_eq!(cloud.instances["i-1"].instance.tags.machine, Some(MachineId::new("1")));
+}
+
+/// Seed 001: different constraints, or a zone the new machine may not use, means no reuse;
+/// an instance nobody takes is stopped when the window runs out.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn reuse_needs_matching_constraints_and_zone_and_expires() {
+    let config = ProvisionerConfig { reuse_window: Duration::from_secs(300), ..reuse_config(true) };
+    let h = Harness::zoned(config, &["az1", "az2"], &["0"]);
+    let mut bigger = FakeMachine::new(Machine::pending("1"));
+    bigger.info.constraints = Constraints { mem_mb: Some(16384), ..Constraints::default() };
+    die_then_add(&h, bigger).await;
+    let model = h.model().await;
+    let old_zone = model.machine("0").unwrap().zone.clone().unwrap();
+    let other_zone = if old_zone == "az1" { "az2" } else { "az1" };
+    let mut elsewhere = FakeMachine::new(Machine::pending("2"));
+    elsewhere.info.constraints.zones = Some(vec![other_zone.to_string()]);
+    h.model.add_machine(elsewhere);
+    h.settle().await;
+    let cloud = h.cloud().await;
+    assert_eq!(starts_of(&cloud, "1"), 1, "reused despite different constraints");
+    assert_eq!(starts_of(&cloud, "2"), 1, "reused outside the machine's zones");
+    assert!(stops(&cloud).is_empty(), "stopped before the reuse window ran out");
+    h.run_for(Duration::from_secs(300)).await;
+    let model = h.until_model(Duration::from_secs(10), |m| m.machine("0").unwrap().removed).await;
+    assert!(model.machine("0").unwrap().removed);
+    assert_eq!(h.cloud().await.state_of("i-1"), Some(InstanceState::Terminated));
+}
+
+/// Seed 001: reuse with a harvest mode that keeps dead machines' instances is refused.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn reuse_with_an_incompatible_mode_is_refused() {
+    let config = ProvisionerConfig { reuse: true, harvest_mode: HarvestMode::None, ..test_config() };
+    let cloud = zoneless_cloud();
+    let model = FakeModel::new(vec![]);
+    let err = provisioner::start(config, Arc::new(cloud.broker()), Arc::new(model.api())).err().unwrap();
+    assert!(err.to_string().contains("machine reuse needs harvest mode destroyed or all"), "{err}");
+}
