@@ -195,8 +195,9 @@ impl MachineBook {
         self.instances.insert(inst.id.clone(), inst);
     }
 
-    /// Instances of ours that no cached machine owns and whose tag names no live cached
-    /// machine (which would be starting it, or would adopt it). `None` while the view is stale.
+    /// Instances of ours that no cached machine owns and whose tag names no cached machine
+    /// (which would be starting it, adopt it, or harvest it with itself). `None` while the view
+    /// is stale.
     pub fn unknown_instances(&self) -> Option<Vec<InstanceId>> {
         if !self.fresh {
             return None;
@@ -206,10 +207,10 @@ impl MachineBook {
             .values()
             .filter(|i| !self.owner.contains_key(&i.id))
             .filter(|i| self.scope.judges(i.tags.machine.as_ref()))
-            .filter(|i| match &i.tags.machine {
-                Some(m) => self.machines.get(m).is_none_or(|m| m.life == Life::Dead),
-                None => true,
-            })
+            // An instance tagged for a machine we still know is that machine's business (a
+            // dead one's harvest takes its strays, a deferred stop takes a start in flight):
+            // only once the machine is gone is the instance unknown.
+            .filter(|i| i.tags.machine.as_ref().is_none_or(|m| !self.machines.contains_key(m)))
             .map(|i| i.id.clone())
             .collect();
         Some(unknown)

@@ -287,16 +287,19 @@ fn unknown_excludes_instances_tagged_with_a_live_cached_machine() {
 }
 
 #[test]
-fn unknown_includes_instances_tagged_with_dead_or_uncached_machines_and_untagged_ones() {
+fn unknown_includes_instances_tagged_with_uncached_machines_and_untagged_ones() {
     let mut book = MachineBook::new();
     book.upsert(machine("2", Life::Dead));
     book.upsert(Machine::pending("3"));
     book.load_view(vec![
-        instance("i-2", Some("2"), None),   // dead machine
+        instance("i-2", Some("2"), None),   // dead machine still known: its own harvest decides
         instance("i-3", Some("3"), None),   // live machine: excluded
         instance("i-9", Some("9"), None),   // machine not cached
         instance("i-x", None, Some("az1")), // no machine tag
     ]);
+    assert_eq!(book.unknown_instances(), Some(ids(&["i-9", "i-x"])));
+    // Once the dead machine is forgotten, a leftover tagged for it is unknown.
+    book.remove(&mid("2"));
     assert_eq!(book.unknown_instances(), Some(ids(&["i-2", "i-9", "i-x"])));
 }
 

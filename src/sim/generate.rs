@@ -175,7 +175,8 @@ pub fn generate(seed: u64) -> Scenario {
             }),
             83..=87 => Action::CloudStop(format!("i-{}", rng.random_range(1..=machine_count))),
             88..=90 => Action::CloudStart(format!("i-{}", rng.random_range(1..=machine_count))),
-            91..=94 => Action::CloudTerminate(format!("i-{}", rng.random_range(1..=machine_count))),
+            91..=93 => Action::CloudTerminate(format!("i-{}", rng.random_range(1..=machine_count))),
+            94 => Action::DestroyModel(DestroyModelSpec { force: rng.random_bool(0.5) }),
             _ => Action::CloudLaunch(LaunchSpec {
                 id: format!("oob-{}", rng.random_range(0..1000u32)),
                 zone: available.first().cloned(),
@@ -187,18 +188,25 @@ pub fn generate(seed: u64) -> Scenario {
     }
     events.sort_by_key(|e| e.at);
 
+    let harvest_mode = *pick(&mut rng, &modes);
+    // Machine reuse (seed 001) sometimes, where the mode allows it; the mode then never
+    // changes to one that keeps dead machines' instances.
+    let reuse = harvest_mode.harvests_destroyed() && rng.random_bool(0.2);
+    if reuse {
+        events.retain(|e| !e.set_harvest_mode.is_some_and(|m| !m.harvests_destroyed()));
+    }
     Scenario {
         name: Some(format!("generated scenario {seed}")),
         seed,
         until: Dur(Duration::from_secs(3 * 3600)),
         provisioner: ProvisionerSpec {
-            harvest_mode: *pick(&mut rng, &modes),
+            harvest_mode,
             workers: Workers(rng.random_range(1..=8)),
             retry_count: rng.random_range(0..=3),
             retry_delay: Dur(Duration::from_secs(rng.random_range(0..=20))),
             resync_interval: Dur(Duration::from_secs(60)),
-            reuse: false,
-            reuse_window: Dur(crate::config::DEFAULT_REUSE_WINDOW),
+            reuse,
+            reuse_window: Dur(Duration::from_secs(rng.random_range(10..=300))),
         },
         cloud: CloudSpec {
             zones: available,
