@@ -193,7 +193,7 @@ pub fn generate(seed: u64) -> Scenario {
     // changes to one that keeps dead machines' instances.
     let reuse = harvest_mode.harvests_destroyed() && rng.random_bool(0.2);
     if reuse {
-        events.retain(|e| !e.set_harvest_mode.is_some_and(|m| !m.harvests_destroyed()));
+        events.retain(|e| e.set_harvest_mode.is_none_or(|m| m.harvests_destroyed()));
     }
     Scenario {
         name: Some(format!("generated scenario {seed}")),
