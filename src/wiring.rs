@@ -78,7 +78,6 @@ pub fn start(
         release_reservation: zones.clone().recipient(),
         release_machine: zones.clone().recipient(),
         still_wanted: lifecycle.clone().recipient(),
-        adoptable: registry.clone().recipient(),
         claim: config.reuse.then(|| harvest.clone().recipient()),
         retry: config.retry,
         backoff: config.backoff,

@@ -329,6 +329,7 @@ async fn process_batch(
     } else if !refreshed.pending.is_empty() {
         let ids = refreshed.pending.iter().map(|m| m.id.clone()).collect();
         let to_start = links.observe_pending.send(ObservePending { ids }).await?;
+        let to_start: std::collections::BTreeSet<MachineId> = to_start.into_iter().collect();
         let machines: Vec<Machine> = refreshed.pending.into_iter().filter(|m| to_start.contains(&m.id)).collect();
         if !machines.is_empty() && !zones_loaded {
             // Re-read the zone list once per batch of starts (rule 60, semantics 7), not per
@@ -337,7 +338,9 @@ async fn process_batch(
                 tracing::warn!(error = %e, "refreshing availability zones failed; using the last list");
             }
         }
-        retry_later.extend(queue_starts(&links, machines).await);
+        let adopt: std::collections::BTreeMap<MachineId, crate::types::CloudInstance> =
+            refreshed.adopt.into_iter().collect();
+        retry_later.extend(queue_starts(&links, machines, adopt).await);
     }
     Ok(BatchReport { zones_loaded, retry_later, mode_change, model_dying })
 }
@@ -345,7 +348,11 @@ async fn process_batch(
 /// Reads provisioning info and distribution groups for machines cleared to start, in one
 /// batched call each, and queues their starts. A per-machine failure becomes that machine's
 /// provisioning error; a failed call leaves the machines to be retried later.
-async fn queue_starts(links: &Links, machines: Vec<Machine>) -> Vec<MachineId> {
+async fn queue_starts(
+    links: &Links,
+    machines: Vec<Machine>,
+    mut adopt: std::collections::BTreeMap<MachineId, crate::types::CloudInstance>,
+) -> Vec<MachineId> {
     if machines.is_empty() {
         return Vec::new();
     }
@@ -365,7 +372,8 @@ async fn queue_starts(links: &Links, machines: Vec<Machine>) -> Vec<MachineId> {
     for ((machine, info), group) in machines.into_iter().zip(infos).zip(groups) {
         let err = match (info, group) {
             (Ok(info), Ok(group)) => {
-                links.enqueue.do_send(Enqueue(Job::Start(StartJob { machine, info, group })));
+                let adopt = adopt.remove(&machine.id);
+                links.enqueue.do_send(Enqueue(Job::Start(StartJob { machine, info, group, adopt })));
                 continue;
             }
             (Err(e), _) => format!("fetching provisioning info for machine {:?}: {e}", machine.id.as_str()),
@@ -498,9 +506,9 @@ impl Handler<JobDone> for Coordinator {
     type Result = ();
     fn handle(&mut self, msg: JobDone, ctx: &mut Self::Context) {
         match msg.0 {
-            JobOutcome::Started { machine, instance, constraints, retired } => {
+            JobOutcome::Started { machine, instance, constraints, retired, reserved } => {
                 self.retire(retired);
-                if let Some(zone) = &instance.zone {
+                if let Some(zone) = instance.zone.as_ref().filter(|_| !reserved) {
                     // Adopted and reused instances were never reserved: count them now.
                     self.links.populate.do_send(PopulateZones { placements: vec![(machine.clone(), zone.clone())] });
                 }

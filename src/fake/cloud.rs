@@ -181,6 +181,10 @@ struct CloudActor {
     in_flight: usize,
     last_activity: Duration,
     duplicates: Vec<String>,
+    /// Instances by the machine first tagged on them (retags are rare and checked by tag).
+    by_machine: BTreeMap<MachineId, Vec<InstanceId>>,
+    /// Keep every start's params in the call log (off for benchmarks).
+    record_params: bool,
 }
 
 impl Actor for CloudActor {
@@ -243,8 +247,11 @@ impl CloudActor {
     fn check_duplicate(&mut self, instance: &CloudInstance) {
         let Some(m) = &instance.tags.machine else { return };
         let others: Vec<String> = self
-            .instances
-            .values()
+            .by_machine
+            .get(m)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.instances.get(id))
             .filter(|i| self.ours(i) && i.instance.tags.machine.as_ref() == Some(m))
             .filter(|i| i.instance.state != InstanceState::Terminated)
             .map(|i| i.instance.id.to_string())
@@ -260,6 +267,9 @@ impl CloudActor {
 
     fn record_new(&mut self, instance: FakeInstance) {
         self.last_activity = self.epoch.elapsed();
+        if let Some(m) = &instance.instance.tags.machine {
+            self.by_machine.entry(m.clone()).or_default().push(instance.instance.id.clone());
+        }
         self.instances.insert(instance.instance.id.clone(), instance);
     }
 
@@ -326,6 +336,9 @@ impl Handler<Retag> for CloudActor {
             self.finish(idx, Some(err.message()));
             return Err(err);
         }
+        if let Some(m) = &msg.tags.machine {
+            self.by_machine.entry(m.clone()).or_default().push(msg.id.clone());
+        }
         if let Some(i) = self.instances.get_mut(&msg.id) {
             i.instance.tags = msg.tags;
         }
@@ -350,7 +363,9 @@ impl Handler<Start> for CloudActor {
     fn handle(&mut self, msg: Start, _ctx: &mut Self::Context) -> Self::Result {
         let p = msg.params;
         let idx = self.log(CloudOp::StartInstance, Some(p.machine.clone()), p.zone.clone(), Vec::new());
-        self.calls[idx].params = Some(p.clone());
+        if self.record_params {
+            self.calls[idx].params = Some(p.clone());
+        }
         if let Some(err) = self.throttle(idx, CloudOp::StartInstance) {
             return Box::pin(fut::ready(Err(err)));
         }
@@ -381,22 +396,27 @@ impl Handler<Start> for CloudActor {
         self.tokens.insert(p.client_token.clone(), id.clone());
         self.calls[idx].instances = vec![id.clone()];
         let latency = self.start_latency;
-        Box::pin(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| {
-            act.finish(idx, None);
-            let inst = act.instances.get_mut(&id).map(|i| &mut i.instance);
-            let instance = match inst {
-                Some(i) => {
-                    if i.state == InstanceState::Pending {
-                        i.state = InstanceState::Running;
-                    }
-                    i.clone()
+        if latency.is_zero() {
+            return Box::pin(fut::ready(Ok(self.land(idx, id))));
+        }
+        Box::pin(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| Ok(act.land(idx, id))))
+    }
+}
+
+impl CloudActor {
+    /// A start's call returns: the instance is running (unless terminated meanwhile).
+    fn land(&mut self, idx: usize, id: InstanceId) -> StartedInstance {
+        self.finish(idx, None);
+        let instance = match self.instances.get_mut(&id).map(|i| &mut i.instance) {
+            Some(i) => {
+                if i.state == InstanceState::Pending {
+                    i.state = InstanceState::Running;
                 }
-                None => {
-                    CloudInstance { id, state: InstanceState::Terminated, zone: None, tags: InstanceTags::default() }
-                }
-            };
-            Ok(StartedInstance { display_name: format!("fake-{}", instance.id), instance })
-        }))
+                i.clone()
+            }
+            None => CloudInstance { id, state: InstanceState::Terminated, zone: None, tags: InstanceTags::default() },
+        };
+        StartedInstance { display_name: String::new(), instance }
     }
 }
 
@@ -549,6 +569,8 @@ impl FakeCloud {
             in_flight: 0,
             last_activity: Duration::ZERO,
             duplicates: Vec::new(),
+            by_machine: BTreeMap::new(),
+            record_params: true,
         };
         Self { addr: actor.start(), model_uuid: model_uuid.to_owned(), zoned }
     }
@@ -611,6 +633,12 @@ impl FakeCloud {
             tags: InstanceTags { model: Some(model), machine: machine.map(MachineId::new), start: None },
         };
         self.control(move |c| c.record_new(FakeInstance { instance, foreign }));
+    }
+
+    /// Whether every start's params are kept in the call log (on by default; benchmarks turn
+    /// it off to measure the provisioner rather than the log).
+    pub fn record_params(&self, on: bool) {
+        self.control(move |c| c.record_params = on);
     }
 
     /// Throttles starts and stops with token buckets (`(burst, per_second)`; `None` = unlimited).

@@ -166,14 +166,14 @@ impl Handler<Refresh> for MachineRegistry {
                                 act.book.upsert(m);
                                 // Where it is, or where the instance it will adopt is: the
                                 // allocator counts both before any zone is chosen.
-                                let zone = act.book.placement(&id).or_else(|| {
-                                    (class == Class::Pending)
-                                        .then(|| act.book.adoptable(&id))
-                                        .flatten()
-                                        .and_then(|i| i.zone)
-                                });
+                                let adopt = (class == Class::Pending).then(|| act.book.adoptable(&id)).flatten();
+                                let zone =
+                                    act.book.placement(&id).or_else(|| adopt.as_ref().and_then(|i| i.zone.clone()));
                                 if let Some(zone) = zone {
                                     out.placements.push((id.clone(), zone));
+                                }
+                                if let Some(instance) = adopt {
+                                    out.adopt.push((id.clone(), instance));
                                 }
                                 match class {
                                     Class::Pending => out.pending.extend(act.book.machine(&id).cloned()),

@@ -85,6 +85,9 @@ pub struct Refreshed {
     pub gone: Vec<MachineId>,
     /// Provisioned machines of the batch and the zones of their instances (for the allocator).
     pub placements: Vec<(MachineId, String)>,
+    /// Pending machines with an instance already tagged for them (a start whose result was
+    /// lost): they adopt it instead of starting another.
+    pub adopt: Vec<(MachineId, CloudInstance)>,
 }
 
 /// Our start produced this instance for this machine.

@@ -5,6 +5,7 @@
 //! Same scenario + same seed = byte-identical JSON report: one thread, a paused clock, seeded
 //! RNGs, ordered maps everywhere.
 
+pub mod bench;
 mod check;
 mod generate;
 mod report;

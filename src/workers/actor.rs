@@ -13,7 +13,6 @@ use super::state::{Job, PoolBook, ReleaseJob, StopJob};
 use crate::config::{validate_workers, Backoff, ConfigError, RetryStrategy};
 use crate::lifecycle::StillWanted;
 use crate::ports::{Broker, ModelApi};
-use crate::registry::Adoptable;
 use crate::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation};
 
 /// Everything a start needs besides its job: the ports and the actors it consults.
@@ -32,8 +31,6 @@ pub struct StartDeps {
     pub release_machine: Recipient<ReleaseMachine>,
     /// The lifecycle: is the start still wanted.
     pub still_wanted: Recipient<StillWanted>,
-    /// The registry: an instance to adopt.
-    pub adoptable: Recipient<Adoptable>,
     /// The harvest policy: a parked instance to reuse (only with machine reuse on).
     pub claim: Option<Recipient<crate::harvest::ClaimReusable>>,
     /// Start retries.

@@ -47,6 +47,8 @@ pub enum JobOutcome {
         constraints: Option<crate::types::Constraints>,
         /// A dead machine whose parked instance this start took over (or gave up): remove it.
         retired: Option<MachineId>,
+        /// Whether the allocator reserved its zone (not for adopted or reused instances).
+        reserved: bool,
     },
     /// The start failed for good; the machine's status says why.
     StartFailed {

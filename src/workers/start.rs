@@ -9,7 +9,6 @@ use super::messages::JobOutcome;
 use super::state::{Attempts, FailureKind, StartJob, Step};
 use crate::lifecycle::StillWanted;
 use crate::ports::{BrokerError, ProvisionedInstance, StartInstanceParams};
-use crate::registry::Adoptable;
 use crate::types::{CloudInstance, InstanceStatus, InstanceTags, MachineId, MachineStatus};
 use crate::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation, ZoneRequest};
 
@@ -89,6 +88,7 @@ async fn register(
                     instance,
                     constraints: started.constraints,
                     retired: started.retired,
+                    reserved: started.reserved,
                 };
             }
             Err(e) => {
@@ -114,6 +114,8 @@ struct Started {
     constraints: Option<crate::types::Constraints>,
     /// The dead machine whose parked instance was taken over or given up.
     retired: Option<MachineId>,
+    /// The allocator reserved its zone.
+    reserved: bool,
 }
 
 /// Runs one start to its end. Never panics; every failure becomes the outcome.
@@ -125,7 +127,7 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
     }
 
     // A start whose result was lost (a crash) left a tagged instance: adopt it.
-    if let Ok(Some(instance)) = deps.adoptable.send(Adoptable { machine: machine.clone() }).await {
+    if let Some(instance) = job.adopt.clone() {
         tracing::info!(%machine, instance = %instance.id, "adopting existing instance tagged for this machine");
         let start_nonce = instance.tags.start.clone().unwrap_or_else(|| nonce.clone());
         return register(deps, machine, instance, &start_nonce, String::new(), Started::default()).await;
@@ -173,7 +175,7 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
                         zone: parked.zone,
                         tags: params.tags.clone(),
                     };
-                    let started = Started { constraints: Some(job.info.constraints.clone()), retired };
+                    let started = Started { constraints: Some(job.info.constraints.clone()), retired, reserved: false };
                     return register(deps, machine, instance, &nonce, String::new(), started).await;
                 }
                 Err(e) => {
@@ -206,7 +208,9 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
         let err = match deps.broker.start_instance(params.clone()).await {
             Ok(started) => {
                 tracing::info!(%machine, instance = %started.instance.id, zone = ?zone, "started instance");
-                let how = Started { constraints: Some(job.info.constraints.clone()), retired };
+                // Constraints are only remembered where reuse may need them.
+                let constraints = deps.claim.is_some().then(|| job.info.constraints.clone());
+                let how = Started { constraints, retired, reserved: true };
                 return register(deps, machine, started.instance, &nonce, started.display_name, how).await;
             }
             Err(e) => e,

@@ -14,6 +14,8 @@ pub struct StartJob {
     pub info: ProvisioningInfo,
     /// The other machines of its distribution group (empty = none).
     pub group: Vec<MachineId>,
+    /// An instance already tagged for it, to adopt instead of starting one.
+    pub adopt: Option<crate::types::CloudInstance>,
 }
 
 /// Terminate instances, then have their dead machines removed.
