@@ -79,6 +79,8 @@ pub fn start(
         release_machine: zones.clone().recipient(),
         still_wanted: lifecycle.clone().recipient(),
         claim: config.reuse.then(|| harvest.clone().recipient()),
+        state_of: registry.clone().recipient(),
+        listing_max_age: config.harvest_listing_max_age,
         retry: config.retry,
         backoff: config.backoff,
         model_uuid: config.model_uuid.clone(),
@@ -108,6 +110,7 @@ pub fn start(
         stops_done: harvest.clone().recipient(),
         plan_destroy: harvest.clone().recipient(),
         prepare_destroy: registry.clone().recipient(),
+        sweep: registry.clone().recipient(),
         observe_destroy: lifecycle.clone().recipient(),
         observe_pending: lifecycle.clone().recipient(),
         observe_dead: lifecycle.clone().recipient(),
@@ -116,7 +119,8 @@ pub fn start(
         enqueue: pool.clone().recipient(),
         resize: pool.clone().recipient(),
     };
-    let coordinator = coord_ctx.run(Coordinator::new(links, config.backoff, config.workers, config.retry_path));
+    let coordinator =
+        coord_ctx.run(Coordinator::new(links, config.backoff, config.workers, config.retry_path, config.scope.clone()));
     Ok(ProvisionerHandle { coordinator, registry, zones, harvest, lifecycle, pool })
 }
 
@@ -201,6 +205,11 @@ impl ProvisionerHandle {
             .send(crate::coordinator::DestroyModel { force })
             .await
             .map_err(|e| crate::coordinator::DestroyError::Unavailable(e.to_string()))?
+    }
+
+    /// Starts nothing any more; dead machines are still harvested and removed.
+    pub fn close_starts(&self) {
+        self.coordinator.do_send(crate::coordinator::CloseStarts);
     }
 
     /// Whether every actor is quiescent: no batch, job, call or one-shot retry pending

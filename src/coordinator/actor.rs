@@ -17,7 +17,7 @@ use crate::lifecycle::{
 };
 use crate::ports::ModelApi;
 use crate::registry::{
-    ForgetMachines, InstancesGone, PrepareDestroy, RecordInstance, Refresh, RegistryError, ViewRefreshed,
+    ForgetMachines, InstancesGone, PrepareDestroy, RecordInstance, Refresh, RegistryError, SweepTargets, ViewRefreshed,
 };
 use crate::types::{InstanceStatus, Machine, MachineId, MachineStatus};
 use crate::workers::{Enqueue, Job, JobDone, JobOutcome, ReleaseJob, ResizePool, StartJob, StopJob};
@@ -56,6 +56,8 @@ pub struct Links {
     pub plan_destroy: Recipient<PlanDestroy>,
     /// Registry: the machines of a model being destroyed.
     pub prepare_destroy: Recipient<PrepareDestroy>,
+    /// Registry: what a dying model still runs, from the cache.
+    pub sweep: Recipient<SweepTargets>,
     /// Lifecycle: the model is being destroyed.
     pub observe_destroy: Recipient<ObserveDestroy>,
     /// Lifecycle: pending machines.
@@ -101,19 +103,28 @@ pub struct Coordinator {
     outstanding: usize,
     /// Whether transient-retry ticks are honoured (not for container provisioners).
     retry_path: bool,
+    /// Which machines this provisioner acts on.
+    scope: crate::config::Scope,
     /// The model is dying: nothing new is started.
     model_dying: bool,
 }
 
 impl Coordinator {
     /// A coordinator over these links; `workers` is the pool's initial size.
-    pub fn new(links: Links, backoff: crate::config::Backoff, workers: usize, retry_path: bool) -> Self {
+    pub fn new(
+        links: Links,
+        backoff: crate::config::Backoff,
+        workers: usize,
+        retry_path: bool,
+        scope: crate::config::Scope,
+    ) -> Self {
         Self {
             book: BatchBook::new(backoff, workers),
             links,
             subscribers: Vec::new(),
             outstanding: 0,
             retry_path,
+            scope,
             model_dying: false,
         }
     }
@@ -150,6 +161,11 @@ impl Coordinator {
                     }
                     act.book.batch_succeeded();
                     act.publish(ProvisionerEvent::ProcessedMachines);
+                    if report.mode_change.is_some() && act.model_dying {
+                        // A dying model found at start-up: finish its destruction (a crash may
+                        // have lost starts in flight or the destroy's own stop).
+                        act.sweep_dying_model(ctx);
+                    }
                     if let Some(change) = report.mode_change {
                         // The cache is complete: unknown instances can be told apart now.
                         if let ModeChange::Changed { mode, .. } = change {
@@ -195,6 +211,28 @@ impl Coordinator {
             }
             if announce {
                 act.publish(ProvisionerEvent::ProcessedMachines);
+            }
+        }));
+    }
+
+    /// Stops every instance of the (dying) model's non-manual, non-controller machines, as
+    /// the destruction did; idempotent.
+    fn sweep_dying_model(&mut self, ctx: &mut Context<Self>) {
+        let links = self.links.clone();
+        let fut = async move {
+            let targets = links.sweep.send(SweepTargets).await?;
+            let deaths = links.observe_destroy.send(ObserveDestroy { machines: targets }).await?;
+            let plan = links.plan_destroy.send(PlanDestroy { machines: deaths.stop_now }).await?;
+            Ok::<_, MailboxError>(plan)
+        };
+        self.outstanding += 1;
+        ctx.spawn(fut.into_actor(self).map(|res, act, _ctx| {
+            act.outstanding -= 1;
+            if let Ok(plan) = res {
+                if !plan.stop.is_empty() {
+                    tracing::info!(instances = ?plan.stop, "model is dying: stopping what its destruction left running");
+                }
+                act.execute(plan);
             }
         }));
     }
@@ -257,6 +295,7 @@ fn execute_plan(links: &Links, plan: HarvestPlan) {
             instances: plan.stop,
             machines: plan.remove_after_stop,
             attempt: 0,
+            eager: plan.eager,
         })));
     }
     if !plan.release.is_empty() {
@@ -414,9 +453,11 @@ impl Handler<RetryTick> for Coordinator {
             return;
         }
         let model = self.links.model.clone();
+        let scope = self.scope.clone();
         let fut = async move {
             let machines = match model.machines_with_transient_errors().await {
-                Ok(m) => m,
+                // Only this provisioner's machines: containers have no retry path (rule 75).
+                Ok(m) => m.into_iter().filter(|m| scope.contains(&m.id)).collect::<Vec<_>>(),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read machines with transient errors");
                     return Vec::new();
@@ -596,5 +637,12 @@ impl Handler<crate::harvest::ExecutePlan> for Coordinator {
     type Result = ();
     fn handle(&mut self, msg: crate::harvest::ExecutePlan, _ctx: &mut Self::Context) {
         self.execute(msg.0);
+    }
+}
+
+impl Handler<CloseStarts> for Coordinator {
+    type Result = ();
+    fn handle(&mut self, _msg: CloseStarts, _ctx: &mut Self::Context) {
+        self.model_dying = true;
     }
 }

@@ -40,6 +40,12 @@ pub struct ChangeHarvestMode(pub HarvestMode);
 #[rtype(result = "Result<(), ConfigError>")]
 pub struct SetWorkers(pub usize);
 
+/// Start nothing any more; keep stopping and removing (a container provisioner whose host
+/// died keeps reaping its containers).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct CloseStarts;
+
 /// Hear every [`ProvisionerEvent`].
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]

@@ -22,6 +22,8 @@ pub struct HarvestPlan {
     /// Dead machines whose clean instance is parked for reuse (removed once it is handed over
     /// or, after the reuse window, stopped).
     pub park: Vec<(MachineId, Reusable)>,
+    /// Stop at once, without waiting for a free worker (model destruction).
+    pub eager: bool,
 }
 
 impl HarvestPlan {
@@ -202,7 +204,7 @@ impl HarvestBook {
     /// whatever the mode; keep-instance ones are released; manual ones are untouched. Nothing is
     /// marked for removal (the machines are not dead).
     pub fn plan_destroy(&mut self, machines: &[DeadMachine]) -> HarvestPlan {
-        let mut plan = HarvestPlan::default();
+        let mut plan = HarvestPlan { eager: true, ..HarvestPlan::default() };
         for m in machines.iter().filter(|m| !m.manual) {
             for inst in m.instances() {
                 if self.released.contains(inst) || self.stopping.contains(inst) || plan.stop.contains(inst) {

@@ -49,6 +49,7 @@ fn harvest_mode_table_for_dead_machines_and_unknown_instances() {
         release: iids(release),
         remove_after_release: mids(after_release),
         park: Vec::new(),
+        eager: false,
     };
     let table = [
         // none: keep the dead machine's instance (released, then removed), ignore unknown ones.

@@ -318,3 +318,50 @@ impl Handler<PrepareDestroy> for MachineRegistry {
         MessageResult(out)
     }
 }
+
+impl Handler<InstanceStateOf> for MachineRegistry {
+    type Result = ResponseActFuture<Self, Option<crate::types::InstanceState>>;
+    fn handle(&mut self, msg: InstanceStateOf, _ctx: &mut Self::Context) -> Self::Result {
+        let fresh = self.listed_at.is_some_and(|at| at.elapsed() <= msg.fresher_than);
+        if fresh {
+            return Box::pin(fut::ready(self.book.instance(&msg.id).map(|i| i.state)));
+        }
+        let listing = self.broker.all_instances();
+        Box::pin(listing.into_actor(self).map(move |res, act, ctx| {
+            match res {
+                Ok(list) => {
+                    act.load(list);
+                    act.report_status_changes(ctx);
+                }
+                Err(e) => {
+                    act.book.mark_stale();
+                    tracing::warn!(error = %e, "cloud listing failed");
+                    return None;
+                }
+            }
+            act.book.instance(&msg.id).map(|i| i.state)
+        }))
+    }
+}
+
+impl Handler<SweepTargets> for MachineRegistry {
+    type Result = MessageResult<SweepTargets>;
+    fn handle(&mut self, _msg: SweepTargets, _ctx: &mut Self::Context) -> Self::Result {
+        let ids: Vec<MachineId> =
+            self.book.machines().filter(|m| !m.manual && !m.controller).map(|m| m.id.clone()).collect();
+        let live = |d: &mut DeadMachine| {
+            // Only what the cloud still has: no stop for an instance already gone.
+            d.instance = d.instance.take().filter(|i| self.book.instance(i).is_some());
+        };
+        MessageResult(
+            ids.iter()
+                .filter_map(|id| self.book.dead_machine(id))
+                .map(|mut d| {
+                    live(&mut d);
+                    d
+                })
+                .filter(|d| d.instances().next().is_some())
+                .collect(),
+        )
+    }
+}

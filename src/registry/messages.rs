@@ -136,6 +136,17 @@ pub struct Adoptable {
     pub machine: MachineId,
 }
 
+/// The view's state of an instance (`None`: not in the view, i.e. terminated or unknown),
+/// from a listing at most `fresher_than` old.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Option<crate::types::InstanceState>")]
+pub struct InstanceStateOf {
+    /// The instance.
+    pub id: InstanceId,
+    /// The oldest acceptable view.
+    pub fresher_than: std::time::Duration,
+}
+
 /// Published by the registry after a successful periodic listing.
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "()")]
@@ -164,6 +175,12 @@ pub struct PrepareDestroy {
     /// Every machine of the model at the moment it became dying.
     pub machines: Vec<Machine>,
 }
+
+/// The cached non-manual, non-controller machines of a dying model, with their instances
+/// (tagged strays included): what its destruction must have stopped.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "Vec<DeadMachine>")]
+pub struct SweepTargets;
 
 /// What the destruction concerns, within this provisioner's scope.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -14,7 +14,8 @@ mod tests;
 
 pub use actor::MachineRegistry;
 pub use messages::{
-    Adoptable, DeadMachine, DestroyTargets, ForgetMachines, GetRegistrySnapshot, InstancesGone, PrepareDestroy,
-    RecordInstance, Refresh, Refreshed, RegistryError, RegistrySnapshot, UnknownInstances, ViewRefreshed,
+    Adoptable, DeadMachine, DestroyTargets, ForgetMachines, GetRegistrySnapshot, InstanceStateOf, InstancesGone,
+    PrepareDestroy, RecordInstance, Refresh, Refreshed, RegistryError, RegistrySnapshot, SweepTargets,
+    UnknownInstances, ViewRefreshed,
 };
 pub use state::{classify, Class, MachineBook};

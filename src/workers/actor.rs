@@ -33,6 +33,10 @@ pub struct StartDeps {
     pub still_wanted: Recipient<StillWanted>,
     /// The harvest policy: a parked instance to reuse (only with machine reuse on).
     pub claim: Option<Recipient<crate::harvest::ClaimReusable>>,
+    /// The registry: the last known state of an instance (a claimed one must still run).
+    pub state_of: Recipient<crate::registry::InstanceStateOf>,
+    /// How old a listing may be to decide on it.
+    pub listing_max_age: std::time::Duration,
     /// Start retries.
     pub retry: RetryStrategy,
     /// Backoff for throttling and failed stops.

@@ -166,7 +166,17 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
         let ask = crate::harvest::ClaimReusable { constraints: job.info.constraints.clone(), derived: derived.clone() };
         if let Ok(Some((old, parked))) = claim.send(ask).await {
             retired = Some(old.clone());
-            match deps.broker.retag_instance(parked.instance.clone(), params.tags.clone()).await {
+            // Only a running instance is handed over: one stopped or gone since it was parked
+            // is given up (stopped) and the machine starts afresh.
+            let ask =
+                crate::registry::InstanceStateOf { id: parked.instance.clone(), fresher_than: deps.listing_max_age };
+            let state = deps.state_of.send(ask).await.ok().flatten();
+            let handed = if state == Some(crate::types::InstanceState::Running) {
+                deps.broker.retag_instance(parked.instance.clone(), params.tags.clone()).await
+            } else {
+                Err(BrokerError::zone_independent(format!("instance {} is no longer running", parked.instance)))
+            };
+            match handed {
                 Ok(()) => {
                     tracing::info!(%machine, instance = %parked.instance, from = %old, "reusing the instance of a dead machine");
                     let instance = CloudInstance {

@@ -27,6 +27,8 @@ pub struct StopJob {
     pub machines: Vec<MachineId>,
     /// Failed tries so far (for the backoff).
     pub attempt: u32,
+    /// Run at once even if every worker is busy (a model destruction kills eagerly).
+    pub eager: bool,
 }
 
 /// Strip our identity from instances left alone on purpose.
@@ -79,7 +81,10 @@ impl PoolBook {
     /// The next job to run, if a worker is free.
     pub fn take_next(&mut self) -> Option<Job> {
         if self.in_flight >= self.size {
-            return None;
+            // An eager stop does not wait for a free worker.
+            if !matches!(self.urgent.front(), Some(Job::Stop(StopJob { eager: true, .. }))) {
+                return None;
+            }
         }
         let job = self.urgent.pop_front().or_else(|| self.starts.pop_front())?;
         self.in_flight += 1;

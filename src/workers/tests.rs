@@ -14,7 +14,7 @@ fn start(id: &str) -> Job {
 }
 
 fn stop(instance: &str) -> Job {
-    Job::Stop(StopJob { instances: vec![InstanceId::new(instance)], machines: Vec::new(), attempt: 0 })
+    Job::Stop(StopJob { instances: vec![InstanceId::new(instance)], machines: Vec::new(), attempt: 0, eager: false })
 }
 
 fn release(instance: &str) -> Job {
@@ -290,4 +290,21 @@ fn independent_failure_uses_a_round() {
     assert_eq!(a.on_failure(FailureKind::Independent), Step::NewRound);
     assert_eq!(a.rounds_left(), 0);
     assert_eq!(a.on_failure(FailureKind::Independent), Step::Final);
+}
+
+#[test]
+fn an_eager_stop_runs_even_when_every_worker_is_busy() {
+    let mut pool = PoolBook::new(1);
+    pool.push(start("0"));
+    assert!(pool.take_next().is_some());
+    pool.push(Job::Stop(StopJob {
+        instances: vec![InstanceId::new("i-9")],
+        machines: Vec::new(),
+        attempt: 0,
+        eager: true,
+    }));
+    pool.push(stop("i-1"));
+    assert!(matches!(pool.take_next(), Some(Job::Stop(StopJob { eager: true, .. }))), "the eager stop waited");
+    assert!(pool.take_next().is_none(), "an ordinary stop jumped the limit too");
+    assert_eq!(pool.in_flight(), 2);
 }

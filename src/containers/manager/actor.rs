@@ -48,12 +48,13 @@ impl ContainerManager {
                     }
                 }
                 HostEffect::Died(host) => {
-                    let keys: Vec<_> = self.supervisors.keys().filter(|(h, _)| h == &host).cloned().collect();
-                    for k in keys {
-                        if let Some(sup) = self.supervisors.remove(&k) {
+                    // Supervisors stay reachable: a running one keeps reaping dead containers.
+                    for ((h, _), sup) in &self.supervisors {
+                        if h == &host {
                             sup.do_send(HostDied);
                         }
                     }
+                    self.supervisors.retain(|_, sup| sup.connected());
                 }
                 HostEffect::Unsupported(id, kind) => {
                     let msg = format!("container type {kind:?} is not supported on this host");

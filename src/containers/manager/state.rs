@@ -121,7 +121,8 @@ impl ManagerBook {
                 }
                 continue;
             }
-            if !self.ensure_host(&host, &mut out) {
+            // A dead host's supervisor still hears of its containers (to reap dead ones).
+            if !self.hosts.get(&host).is_some_and(|h| h.dead) && !self.ensure_host(&host, &mut out) {
                 continue;
             }
             routes.entry((host, kind.to_owned())).or_default().push(id.clone());

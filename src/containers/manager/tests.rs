@@ -57,14 +57,19 @@ fn unsupported_container_types_are_reported_once() {
 }
 
 #[test]
-fn a_dead_or_missing_host_stops_its_supervisors_for_good() {
+fn a_dead_or_missing_host_tells_its_supervisors_once() {
     let mut b = book();
     b.host_seen(&"0".into(), Some(&provisioned("0")), None);
     let mut dead = provisioned("0");
     dead.life = Life::Dead;
     assert_eq!(b.host_seen(&"0".into(), Some(&dead), None), vec![HostEffect::Died("0".into())]);
     assert!(b.host_seen(&"0".into(), None, None).is_empty(), "died twice");
-    assert!(b.containers_seen(&["0/lxd/5".into()]).is_empty(), "routed to a dead host");
+    // A dead host's containers still reach its supervisor (to reap dead ones), and no new
+    // supervisor is made for it.
+    assert_eq!(
+        b.containers_seen(&["0/lxd/5".into()]),
+        vec![HostEffect::Route { host: "0".into(), kind: "lxd".into(), ids: vec!["0/lxd/5".into()] }]
+    );
     b.host_seen(&"1".into(), Some(&provisioned("1")), None);
     assert_eq!(b.host_seen(&"1".into(), None, None), vec![HostEffect::Died("1".into())]);
 }

@@ -96,12 +96,41 @@ impl ContainerSupervisor {
                         h.notify(ids);
                     }
                 }
-                Effect::StopProvisioner => {
-                    if let Some(h) = self.provisioner.take() {
-                        tracing::info!(host = %self.host, kind = %self.kind, "host died; stopping its container provisioner");
-                        h.shutdown();
+                Effect::CloseStarts => {
+                    if let Some(h) = &self.provisioner {
+                        tracing::info!(host = %self.host, kind = %self.kind, "host died; its container provisioner only reaps now");
+                        h.close_starts();
                     }
-                    ctx.stop();
+                    // Once it has nothing left to reap, it goes.
+                    ctx.run_interval(std::time::Duration::from_secs(10), |act, ctx| {
+                        let Some(h) = act.provisioner.clone() else { return ctx.stop() };
+                        let check = async move {
+                            h.is_idle().await && h.registry().await.map(|r| r.machines.is_empty()).unwrap_or(true)
+                        };
+                        ctx.spawn(check.into_actor(act).map(|done, act, ctx| {
+                            if done {
+                                if let Some(h) = act.provisioner.take() {
+                                    h.shutdown();
+                                }
+                                ctx.stop();
+                            }
+                        }));
+                    });
+                }
+                Effect::GiveUp { containers, message } => {
+                    let text = format!("host {} cannot run {} containers: {message}", self.host, self.kind);
+                    tracing::error!(host = %self.host, kind = %self.kind, error = %message, "container initialisation failed for good");
+                    for c in containers {
+                        let model = self.deps.model.clone();
+                        let text = text.clone();
+                        let fut = async move {
+                            let _ = model
+                                .set_instance_status(c.clone(), InstanceStatus::provisioning_error(), text.clone())
+                                .await;
+                            let _ = model.set_status(c, crate::types::MachineStatus::Error, text).await;
+                        };
+                        ctx.spawn(fut.into_actor(self));
+                    }
                 }
             }
         }
@@ -139,7 +168,9 @@ impl Handler<HostDied> for ContainerSupervisor {
     fn handle(&mut self, _msg: HostDied, ctx: &mut Self::Context) {
         let effects = self.book.host_died();
         self.perform(effects, ctx);
-        ctx.stop();
+        if !self.book.is_running() {
+            ctx.stop();
+        }
     }
 }
 

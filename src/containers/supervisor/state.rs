@@ -6,6 +6,9 @@ use std::time::Duration;
 use crate::config::Backoff;
 use crate::types::MachineId;
 
+/// Failed host initialisations before its containers are given a provisioning error.
+pub const DEFAULT_MAX_INIT_FAILURES: u32 = 6;
+
 /// Where a supervisor is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stage {
@@ -18,7 +21,12 @@ pub enum Stage {
     },
     /// A container provisioner runs.
     Running,
-    /// The host died: nothing runs any more.
+    /// The host could not be made ready: its containers of this type are in error.
+    Failed {
+        /// The last initialisation error.
+        message: String,
+    },
+    /// The host died: nothing new starts; a running provisioner reaps dead containers.
     Stopped,
 }
 
@@ -43,8 +51,15 @@ pub enum Effect {
     },
     /// Tell the running provisioner of these changed containers.
     Forward(Vec<MachineId>),
-    /// Stop the container provisioner.
-    StopProvisioner,
+    /// Stop starting containers; keep reaping dead ones.
+    CloseStarts,
+    /// Initialisation failed for good: these containers get a provisioning error.
+    GiveUp {
+        /// The containers.
+        containers: Vec<MachineId>,
+        /// Why.
+        message: String,
+    },
 }
 
 /// The supervisor's state.
@@ -54,12 +69,27 @@ pub struct SupervisorBook {
     host_zone: Option<Option<String>>,
     containers: BTreeSet<MachineId>,
     backoff: Backoff,
+    max_failures: u32,
+    running: bool,
 }
 
 impl SupervisorBook {
     /// A listening supervisor; `host_zone` is `Some` once the host is provisioned.
     pub fn new(backoff: Backoff, host_zone: Option<Option<String>>) -> Self {
-        Self { stage: Stage::Listening, host_zone, containers: BTreeSet::new(), backoff }
+        Self {
+            stage: Stage::Listening,
+            host_zone,
+            containers: BTreeSet::new(),
+            backoff,
+            max_failures: DEFAULT_MAX_INIT_FAILURES,
+            running: false,
+        }
+    }
+
+    /// Gives up after this many failed initialisations.
+    pub fn with_max_failures(mut self, n: u32) -> Self {
+        self.max_failures = n.max(1);
+        self
     }
 
     /// Its stage.
@@ -83,11 +113,17 @@ impl SupervisorBook {
 
     /// Containers of this type on this host changed (the first ones wake the supervisor).
     pub fn containers_changed(&mut self, ids: Vec<MachineId>) -> Vec<Effect> {
+        let new: Vec<MachineId> = ids.iter().filter(|i| !self.containers.contains(*i)).cloned().collect();
         self.containers.extend(ids.iter().cloned());
-        match self.stage {
+        match &self.stage {
             Stage::Listening => self.maybe_initialise(),
             Stage::Running => vec![Effect::Forward(ids)],
-            Stage::Initialising { .. } | Stage::Stopped => Vec::new(),
+            // A dead host's provisioner still reaps its dead containers.
+            Stage::Stopped if self.running => vec![Effect::Forward(ids)],
+            Stage::Failed { message } if !new.is_empty() => {
+                vec![Effect::GiveUp { containers: new, message: message.clone() }]
+            }
+            Stage::Initialising { .. } | Stage::Stopped | Stage::Failed { .. } => Vec::new(),
         }
     }
 
@@ -105,10 +141,15 @@ impl SupervisorBook {
         match result {
             Ok(()) => {
                 self.stage = Stage::Running;
+                self.running = true;
                 vec![Effect::StartProvisioner {
                     zone: self.host_zone.clone().flatten(),
                     containers: self.containers.iter().cloned().collect(),
                 }]
+            }
+            Err(e) if failures + 1 >= self.max_failures => {
+                self.stage = Stage::Failed { message: e.clone() };
+                vec![Effect::GiveUp { containers: self.containers.iter().cloned().collect(), message: e }]
             }
             Err(e) => {
                 let after = self.backoff.delay(failures);
@@ -126,14 +167,18 @@ impl SupervisorBook {
         }
     }
 
-    /// The host died: stop.
+    /// The host died: nothing new starts; a running provisioner goes on reaping.
     pub fn host_died(&mut self) -> Vec<Effect> {
-        let was_running = self.stage == Stage::Running;
         self.stage = Stage::Stopped;
-        if was_running {
-            vec![Effect::StopProvisioner]
+        if self.running {
+            vec![Effect::CloseStarts]
         } else {
             Vec::new()
         }
+    }
+
+    /// Whether a container provisioner was started.
+    pub fn is_running(&self) -> bool {
+        self.running
     }
 }

@@ -63,14 +63,34 @@ fn running_supervisor_forwards_changes() {
 }
 
 #[test]
-fn host_death_stops_a_running_provisioner_and_everything_after() {
+fn host_death_closes_starts_but_keeps_reaping_containers() {
     let mut b = SupervisorBook::new(backoff(), Some(None));
     b.containers_changed(ids(&["0/lxd/0"]));
     b.initialised(Ok(()));
-    assert_eq!(b.host_died(), vec![Effect::StopProvisioner]);
+    assert_eq!(b.host_died(), vec![Effect::CloseStarts]);
     assert_eq!(b.stage(), &Stage::Stopped);
-    assert!(b.containers_changed(ids(&["0/lxd/2"])).is_empty());
+    // A container dying with its host is still handed to the provisioner to reap.
+    assert_eq!(b.containers_changed(ids(&["0/lxd/0"])), vec![Effect::Forward(ids(&["0/lxd/0"]))]);
     assert!(b.initialised(Ok(())).is_empty());
+}
+
+#[test]
+fn initialisation_gives_up_after_repeated_failures() {
+    let mut b = SupervisorBook::new(backoff(), Some(None)).with_max_failures(2);
+    b.containers_changed(ids(&["0/lxd/0"]));
+    assert!(matches!(b.initialised(Err("no".into()))[0], Effect::RetryInitialise { .. }));
+    assert_eq!(b.retry_due(), vec![Effect::Initialise]);
+    assert_eq!(
+        b.initialised(Err("still no".into())),
+        vec![Effect::GiveUp { containers: ids(&["0/lxd/0"]), message: "still no".into() }]
+    );
+    assert_eq!(b.stage(), &Stage::Failed { message: "still no".into() });
+    // Later containers of that type fail at once; known ones are not reported twice.
+    assert_eq!(
+        b.containers_changed(ids(&["0/lxd/0", "0/lxd/1"])),
+        vec![Effect::GiveUp { containers: ids(&["0/lxd/1"]), message: "still no".into() }]
+    );
+    assert!(b.retry_due().is_empty());
 }
 
 #[test]
