@@ -27,29 +27,88 @@ pub enum ParseError {
     InstanceState(String),
 }
 
+/// The sort key of an id: its length in the top byte, then its first seven bytes. Keys
+/// order ids shortlex (shorter first, then bytewise); ids longer than seven bytes with equal
+/// keys are then compared in full.
+#[inline]
+fn sort_key(s: &str) -> u64 {
+    let b = s.as_bytes();
+    let head = b.iter().take(7).fold(0u64, |x, &c| (x << 8) | u64::from(c)) << (8 * (7 - b.len().min(7)));
+    ((b.len().min(255) as u64) << 56) | head
+}
+
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
         ///
         /// Shared, immutable text: cloning is a reference-count bump, which matters when every
-        /// actor keeps the ids of 100,000 machines.
-        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        #[serde(transparent)]
-        pub struct $name(std::sync::Arc<str>);
+        /// actor keeps the ids of 100,000 machines. Ordered shortlex (shorter first, then
+        /// bytewise), so numeric ids sort numerically ("2" before "10"), through a precomputed
+        /// integer key: a map lookup compares integers, not strings.
+        #[derive(Clone)]
+        pub struct $name {
+            key: u64,
+            text: std::sync::Arc<str>,
+        }
 
         impl $name {
             /// Wraps an identifier.
             pub fn new(id: impl AsRef<str>) -> Self {
-                Self(std::sync::Arc::from(id.as_ref()))
+                Self::from_arc(std::sync::Arc::from(id.as_ref()))
+            }
+            fn from_arc(text: std::sync::Arc<str>) -> Self {
+                Self { key: sort_key(&text), text }
             }
             /// The identifier as text.
             pub fn as_str(&self) -> &str {
-                &self.0
+                &self.text
+            }
+        }
+        impl PartialEq for $name {
+            fn eq(&self, other: &Self) -> bool {
+                self.key == other.key && self.text == other.text
+            }
+        }
+        impl Eq for $name {}
+        impl std::hash::Hash for $name {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.text.hash(state);
+            }
+        }
+        impl Ord for $name {
+            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+                self.key.cmp(&other.key).then_with(|| {
+                    if self.text.len() > 7 {
+                        self.text.as_bytes().cmp(other.text.as_bytes())
+                    } else {
+                        std::cmp::Ordering::Equal
+                    }
+                })
+            }
+        }
+        impl PartialOrd for $name {
+            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({:?})", stringify!($name), &*self.text)
             }
         }
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
+                f.write_str(&self.text)
+            }
+        }
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.text)
+            }
+        }
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                Ok(Self::from(String::deserialize(d)?))
             }
         }
         impl From<&str> for $name {
@@ -59,12 +118,7 @@ macro_rules! string_id {
         }
         impl From<String> for $name {
             fn from(s: String) -> Self {
-                Self(std::sync::Arc::from(s))
-            }
-        }
-        impl std::borrow::Borrow<str> for $name {
-            fn borrow(&self) -> &str {
-                &self.0
+                Self::from_arc(std::sync::Arc::from(s))
             }
         }
     };
@@ -83,7 +137,7 @@ impl MachineId {
     /// For a container id `HOST/TYPE/N`, its host id and container type; `None` for a
     /// top-level machine.
     pub fn container_of(&self) -> Option<(MachineId, &str)> {
-        let mut parts = self.0.rsplitn(3, '/');
+        let mut parts = self.text.rsplitn(3, '/');
         let _n = parts.next()?;
         let kind = parts.next()?;
         let host = parts.next()?;
@@ -92,12 +146,12 @@ impl MachineId {
 
     /// Whether this is a container (`HOST/TYPE/N`).
     pub fn is_container(&self) -> bool {
-        self.0.contains('/')
+        self.text.contains('/')
     }
 
     /// The Juju-style tag of the machine, used in nonces: `machine-3`, `machine-0-lxd-1`.
     pub fn tag(&self) -> String {
-        format!("machine-{}", self.0.replace('/', "-"))
+        format!("machine-{}", self.text.replace('/', "-"))
     }
 }
 
@@ -493,6 +547,19 @@ mod tests {
         assert!(HarvestMode::Unknown.harvests_unknown() && !HarvestMode::Unknown.harvests_destroyed());
         assert!(!HarvestMode::Destroyed.harvests_unknown() && HarvestMode::Destroyed.harvests_destroyed());
         assert!(HarvestMode::All.harvests_unknown() && HarvestMode::All.harvests_destroyed());
+    }
+
+    #[test]
+    fn ids_sort_shortlex_so_numbers_sort_numerically() {
+        let mut ids: Vec<MachineId> = ["10", "9", "2", "0/lxd/10", "0/lxd/9", "100", "12345678", "12345679"]
+            .into_iter()
+            .map(MachineId::from)
+            .collect();
+        ids.sort();
+        let sorted: Vec<&str> = ids.iter().map(MachineId::as_str).collect();
+        assert_eq!(sorted, ["2", "9", "10", "100", "0/lxd/9", "0/lxd/10", "12345678", "12345679"]);
+        assert_eq!(MachineId::new("0/lxd/10"), MachineId::from("0/lxd/10".to_string()));
+        assert_ne!(MachineId::new("12345678"), MachineId::new("12345679"));
     }
 
     #[test]

@@ -158,7 +158,7 @@ impl CloudSnapshot {
 
     /// An instance's state.
     pub fn state_of(&self, id: &str) -> Option<InstanceState> {
-        self.instances.get(id).map(|i| i.instance.state)
+        self.instances.get(&InstanceId::new(id)).map(|i| i.instance.state)
     }
 }
 

@@ -101,7 +101,7 @@ pub struct ModelSnapshot {
 impl ModelSnapshot {
     /// A machine.
     pub fn machine(&self, id: &str) -> Option<&FakeMachine> {
-        self.machines.get(id)
+        self.machines.get(&MachineId::new(id))
     }
 }
 

@@ -133,7 +133,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         }
                     }
                     // 6. Unknown instances are stopped only in modes unknown and all.
-                    let known = own.is_some_and(|m| model.machines.contains_key(m.as_str()));
+                    let known = own.is_some_and(|m| model.machines.contains_key(&crate::types::MachineId::new(m)));
                     let mode = modes.at(call.at);
                     let window = call.at.saturating_sub(DECISION_WINDOW);
                     if !known && !modes.any_between(window, call.at, HarvestMode::harvests_unknown) {
@@ -191,7 +191,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
             if recorder.get(&inst).is_some_and(|r| r != &id.to_string()) {
                 continue;
             }
-            if let Some(rec) = cloud.instances.get(inst.as_str()) {
+            if let Some(rec) = cloud.instances.get(&crate::types::InstanceId::new(&inst)) {
                 if rec.instance.state != InstanceState::Terminated {
                     v.push(format!("removed machine {id} left instance {inst} {}", rec.instance.state));
                 }
@@ -215,7 +215,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                 continue;
             }
         }
-        let Some(m) = model.machines.get(id.as_str()) else { continue };
+        let Some(m) = model.machines.get(&crate::types::MachineId::new(id)) else { continue };
         if m.removed || m.machine.life != Life::Alive || m.machine.instance.is_some() {
             continue;
         }

@@ -294,7 +294,7 @@ async fn with_reuse_a_clean_instance_is_handed_to_a_matching_machine() {
     assert!(stops(&cloud).is_empty());
     assert_eq!(instance_of(&model, "1").as_deref(), Some("i-1"));
     assert!(model.machine("0").unwrap().removed);
-    assert_eq!(cloud.instances["i-1"].instance.tags.machine, Some(MachineId::new("1")));
+    assert_eq!(cloud.instances[&provisioner::InstanceId::new("i-1")].instance.tags.machine, Some(MachineId::new("1")));
 }
 
 /// Seed 001: different constraints, or a zone the new machine may not use, means no reuse;
