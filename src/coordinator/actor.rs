@@ -412,7 +412,7 @@ async fn queue_starts(
         let err = match (info, group) {
             (Ok(info), Ok(group)) => {
                 let adopt = adopt.remove(&machine.id);
-                links.enqueue.do_send(Enqueue(Job::Start(StartJob { machine, info, group, adopt })));
+                links.enqueue.do_send(Enqueue(Job::Start(Box::new(StartJob { machine, info, group, adopt }))));
                 continue;
             }
             (Err(e), _) => format!("fetching provisioning info for machine {:?}: {e}", machine.id.as_str()),

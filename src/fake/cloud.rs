@@ -61,7 +61,7 @@ pub struct CallRecord {
     /// Its error text.
     pub error: Option<String>,
     /// The params of a start.
-    pub params: Option<StartInstanceParams>,
+    pub params: Option<Box<StartInstanceParams>>,
     /// The cloud refused the call for lack of a rate-limit token.
     pub throttled: bool,
     /// When it completed (`None` while in flight).
@@ -364,7 +364,7 @@ impl Handler<Start> for CloudActor {
         let p = msg.params;
         let idx = self.log(CloudOp::StartInstance, Some(p.machine.clone()), p.zone.clone(), Vec::new());
         if self.record_params {
-            self.calls[idx].params = Some(p.clone());
+            self.calls[idx].params = Some(Box::new(p.clone()));
         }
         if let Some(err) = self.throttle(idx, CloudOp::StartInstance) {
             return Box::pin(fut::ready(Err(err)));

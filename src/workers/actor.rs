@@ -81,7 +81,7 @@ impl WorkerPool {
             match job {
                 Job::Start(start) => {
                     let nonce = self.nonce();
-                    let fut = run_start(self.deps.clone(), start, nonce);
+                    let fut = run_start(self.deps.clone(), *start, nonce);
                     ctx.spawn(fut.into_actor(self).map(|outcome, act, ctx| {
                         act.book.finished();
                         act.done.do_send(JobDone(outcome));

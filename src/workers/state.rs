@@ -43,12 +43,10 @@ pub struct ReleaseJob {
 }
 
 /// One unit of broker work.
-// Starts dominate every queue, so boxing the large variant would save no memory.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Job {
-    /// Start a machine.
-    Start(StartJob),
+    /// Start a machine (boxed: a queue of 100,000 starts moves pointers, not 440-byte jobs).
+    Start(Box<StartJob>),
     /// Stop instances.
     Stop(StopJob),
     /// Release instances.

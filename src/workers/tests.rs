@@ -5,12 +5,12 @@ use crate::types::{InstanceId, Machine, MachineId, ProvisioningInfo};
 use crate::zones::{FailOutcome, ZoneBook, ZoneRequest};
 
 fn start(id: &str) -> Job {
-    Job::Start(StartJob {
+    Job::Start(Box::new(StartJob {
         machine: Machine::pending(id),
         info: ProvisioningInfo::default(),
         group: Vec::new(),
         adopt: None,
-    })
+    }))
 }
 
 fn stop(instance: &str) -> Job {

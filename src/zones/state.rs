@@ -166,7 +166,10 @@ impl ZoneBook {
         let zone = best[pick].to_owned();
         self.zones.get_mut(&zone).expect("chosen from the map").machines.insert(machine.clone());
         self.placed.insert(machine.clone(), zone.clone());
-        self.requests.insert(machine.clone(), req);
+        // Only a restricted request changes which zones are eligible after a failure.
+        if req.allowed.is_some() || !req.derived.is_empty() {
+            self.requests.insert(machine.clone(), req);
+        }
         Ok(Some(zone))
     }
 

@@ -103,7 +103,11 @@ async fn keep_instance_is_released_never_harvested_even_after_restart() {
     h.settle().await;
     let cloud = h.cloud().await;
     assert_eq!(stops(&cloud), vec![vec!["zero".to_string()]]);
-    assert_eq!(cloud.instances[&provisioner::InstanceId::new("one")].instance.tags.model, None, "kept instance keeps our identity");
+    assert_eq!(
+        cloud.instances[&provisioner::InstanceId::new("one")].instance.tags.model,
+        None,
+        "kept instance keeps our identity"
+    );
     assert!(h.event_names().await.contains(&"instances-released"));
 
     // Later deaths in mode all, and a restart, never reap "one".
