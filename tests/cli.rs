@@ -151,3 +151,52 @@ fn generated_scenarios_reproduce_through_the_binary() {
     let report = provisioner::sim::run(&provisioner::sim::generate(17), None);
     assert_eq!(String::from_utf8_lossy(&a.stdout).trim(), report.to_json().trim());
 }
+
+#[test]
+fn bench_commands_print_the_contract_keys() {
+    let out = bin()
+        .args([
+            "bench",
+            "throughput",
+            "--machines",
+            "50",
+            "--workers",
+            "5",
+            "--zones",
+            "2",
+            "--start-latency",
+            "10s",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in
+        ["machines", "workers", "virtual_makespan_s", "ideal_makespan_s", "efficiency", "wall_s", "machines_per_wall_s"]
+    {
+        assert!(r.get(key).is_some(), "throughput report lacks {key}");
+    }
+    assert_eq!(r["ideal_makespan_s"], 100.0);
+    assert_eq!(r["efficiency"], 1.0);
+
+    let out = bin().args(["bench", "churn", "--machines", "50", "--events", "20", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in ["machines", "events", "wall_s", "per_event_us", "all_instances_calls"] {
+        assert!(r.get(key).is_some(), "churn report lacks {key}");
+    }
+    assert_eq!(r["events"], 20);
+}
+
+#[test]
+fn bench_rejects_bad_arguments() {
+    for args in [
+        vec!["bench", "throughput", "--machines", "5", "--workers", "0", "--zones", "1", "--start-latency", "1s"],
+        vec!["bench", "throughput", "--machines", "5", "--workers", "101", "--zones", "1", "--start-latency", "1s"],
+        vec!["bench", "throughput", "--machines", "5", "--workers", "4", "--zones", "1", "--start-latency", "soon"],
+    ] {
+        let out = bin().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+}

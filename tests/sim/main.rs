@@ -1,5 +1,6 @@
 //! The simulator end to end: determinism, the property test over random scenarios, and the
 //! scenario files under `tests/scenarios/` with their expected outcomes.
 
+mod bench;
 mod files;
 mod property;
