@@ -216,6 +216,8 @@ impl ModelActor {
                 let m = self.live(&id)?;
                 m.machine.instance = Some(info.instance);
                 m.zone = info.zone;
+                m.machine.instance_status = info.status;
+                m.instance_status_message.clear();
                 // The simulated machine agent comes up with its instance.
                 m.machine.status = MachineStatus::Started;
                 Ok(Answer::Done)

@@ -36,6 +36,9 @@ pub struct ProvisionedInstance {
     pub nonce: String,
     /// The cloud's display name.
     pub display_name: String,
+    /// The instance status to record with it (the instance's state, e.g. `running`), clearing
+    /// any "provisioning"/retry message.
+    pub status: InstanceStatus,
 }
 
 /// The model of machines the provisioner keeps the cloud in line with.
@@ -50,7 +53,8 @@ pub trait ModelApi: Send + Sync + 'static {
     fn provisioning_info(&self, ids: Vec<MachineId>) -> ModelFuture<Vec<Result<ProvisioningInfo, ModelError>>>;
     /// The other members of each machine's distribution group.
     fn distribution_groups(&self, ids: Vec<MachineId>) -> ModelFuture<Vec<Result<Vec<MachineId>, ModelError>>>;
-    /// Records the instance a machine was provisioned with.
+    /// Records the instance a machine was provisioned with, and its instance status (one call,
+    /// so that a provisioned machine never shows a stale retry message).
     fn set_instance_info(&self, id: MachineId, info: ProvisionedInstance) -> ModelFuture<()>;
     /// Writes the machine (agent) status.
     fn set_status(&self, id: MachineId, status: MachineStatus, message: String) -> ModelFuture<()>;

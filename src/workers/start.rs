@@ -75,14 +75,12 @@ async fn register(
         zone: instance.zone.clone(),
         nonce: nonce.to_owned(),
         display_name: name,
+        status: InstanceStatus::other(instance.state.as_str()),
     };
     let mut last = None;
     for attempt in 0..REGISTER_ATTEMPTS {
         match deps.model.set_instance_info(machine.clone(), info.clone()).await {
             Ok(()) => {
-                // Clear the "provisioning"/retry message: the instance exists now.
-                set_instance_status(deps, &machine, InstanceStatus::other(instance.state.as_str()), String::new())
-                    .await;
                 return JobOutcome::Started {
                     machine,
                     instance,
