@@ -7,7 +7,7 @@ use actix::prelude::*;
 use futures::future::join_all;
 
 use super::messages::*;
-use super::state::{classify, Class, MachineBook};
+use super::state::MachineBook;
 use crate::config::Backoff;
 use crate::ports::{Broker, ModelApi, ModelError};
 use crate::types::MachineId;
@@ -159,39 +159,9 @@ impl Handler<Refresh> for MachineRegistry {
                     if let Some(list) = listing {
                         act.load(list);
                     }
-                    for (id, read) in ids.into_iter().zip(reads) {
-                        match read {
-                            Ok(m) => {
-                                let class = classify(&m);
-                                act.book.upsert(m);
-                                // Where it is, or where the instance it will adopt is: the
-                                // allocator counts both before any zone is chosen.
-                                let adopt = (class == Class::Pending).then(|| act.book.adoptable(&id)).flatten();
-                                let zone =
-                                    act.book.placement(&id).or_else(|| adopt.as_ref().and_then(|i| i.zone.clone()));
-                                if let Some(zone) = zone {
-                                    out.placements.push((id.clone(), zone));
-                                }
-                                if let Some(instance) = adopt {
-                                    out.adopt.push((id.clone(), instance));
-                                }
-                                match class {
-                                    Class::Pending => out.pending.extend(act.book.machine(&id).cloned()),
-                                    Class::Dead => out.dead.extend(act.book.dead_machine(&id)),
-                                    Class::DyingUnprovisioned => to_kill.push(id),
-                                    Class::None => {}
-                                }
-                            }
-                            Err(ModelError::NotFound(_) | ModelError::Unauthorized(_)) => {
-                                act.book.remove(&id);
-                                out.gone.push(id);
-                            }
-                            Err(e) => {
-                                tracing::warn!(machine = %id, error = %e, "reading machine failed; will retry");
-                                out.retry_later.push(id);
-                            }
-                        }
-                    }
+                    let (refreshed, kill) = act.book.absorb(ids.into_iter().zip(reads));
+                    out = refreshed;
+                    to_kill = kill;
                 }
             }
             let kills = join_all(to_kill.into_iter().map(move |id| {

@@ -3,6 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::Scope;
+use crate::ports::ModelError;
+use crate::registry::Refreshed;
 use crate::types::{
     CloudInstance, Constraints, InstanceId, InstanceState, InstanceStatus, Life, Machine, MachineId, MachineStatus,
 };
@@ -112,6 +114,50 @@ impl MachineBook {
             self.owner.insert(inst.clone(), m.id.clone());
         }
         self.machines.insert(m.id.clone(), m);
+    }
+
+    /// Takes a batch of machine reads into the cache and classifies them (rules 13–22):
+    /// pending machines (with where they or the instance they will adopt are), dead ones (with
+    /// their instances), ids gone from the model, ids to read again later; and the dying,
+    /// unprovisioned machines to take to dead.
+    pub fn absorb(
+        &mut self,
+        reads: impl IntoIterator<Item = (MachineId, Result<Machine, ModelError>)>,
+    ) -> (Refreshed, Vec<MachineId>) {
+        let mut out = Refreshed::default();
+        let mut to_kill = Vec::new();
+        for (id, read) in reads {
+            match read {
+                Ok(m) => {
+                    let class = classify(&m);
+                    self.upsert(m);
+                    // Where it is, or where the instance it will adopt is: the allocator counts
+                    // both before any zone is chosen.
+                    let adopt = (class == Class::Pending).then(|| self.adoptable(&id)).flatten();
+                    if let Some(zone) = self.placement(&id).or_else(|| adopt.as_ref().and_then(|i| i.zone.clone())) {
+                        out.placements.push((id.clone(), zone));
+                    }
+                    if let Some(instance) = adopt {
+                        out.adopt.push((id.clone(), instance));
+                    }
+                    match class {
+                        Class::Pending => out.pending.extend(self.machine(&id).cloned()),
+                        Class::Dead => out.dead.extend(self.dead_machine(&id)),
+                        Class::DyingUnprovisioned => to_kill.push(id),
+                        Class::None => {}
+                    }
+                }
+                Err(ModelError::NotFound(_) | ModelError::Unauthorized(_)) => {
+                    self.remove(&id);
+                    out.gone.push(id);
+                }
+                Err(e) => {
+                    tracing::warn!(machine = %id, error = %e, "reading machine failed; will retry");
+                    out.retry_later.push(id);
+                }
+            }
+        }
+        (out, to_kill)
     }
 
     /// Marks a cached machine dead (after EnsureDead).

@@ -384,3 +384,34 @@ fn placement_returns_zone_only_for_live_machines() {
     book.set_dead(&mid("0"));
     assert_eq!(book.placement(&mid("0")), None, "dead machines hold no zone");
 }
+
+#[test]
+fn absorb_classifies_a_batch_and_sorts_out_reads_that_failed() {
+    use crate::ports::ModelError;
+    let mut book = MachineBook::new();
+    book.load_view(vec![instance("lost", Some("1"), Some("az2"))]);
+    let mut dying = Machine::pending("2");
+    dying.life = Life::Dying;
+    let reads = vec![
+        (mid("0"), Ok(Machine::pending("0"))),
+        (mid("1"), Ok(Machine::pending("1"))),
+        (mid("2"), Ok(dying)),
+        (mid("3"), Ok(machine("3", Life::Dead))),
+        (mid("4"), Err(ModelError::NotFound(mid("4")))),
+        (mid("5"), Err(ModelError::Other("timeout".into()))),
+    ];
+    let (out, kill) = book.absorb(reads);
+    let ids = |v: &[Machine]| v.iter().map(|m| m.id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&out.pending), vec![mid("0"), mid("1")]);
+    assert_eq!(out.dead.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), vec![mid("3")]);
+    assert_eq!(kill, vec![mid("2")]);
+    assert_eq!(out.gone, vec![mid("4")]);
+    assert_eq!(out.retry_later, vec![mid("5")]);
+    // Machine 1 adopts the instance tagged for it, and counts in its zone.
+    assert_eq!(
+        out.adopt.iter().map(|(m, i)| (m.clone(), i.id.clone())).collect::<Vec<_>>(),
+        vec![(mid("1"), iid("lost"))]
+    );
+    assert_eq!(out.placements, vec![(mid("1"), "az2".to_string())]);
+    assert!(book.machine(&mid("0")).is_some() && book.machine(&mid("4")).is_none());
+}
