@@ -311,3 +311,15 @@ fn empty_plan_is_empty() {
     assert!(!b.plan(&[dead("0", None)], &[]).is_empty());
     assert!(!HarvestPlan { release: iids(&["i"]), ..HarvestPlan::default() }.is_empty());
 }
+
+#[test]
+fn clean_dead_instance_is_parked_only_with_reuse_on() {
+    let reusable = crate::types::Reusable { instance: iid("i-0"), zone: None, constraints: Default::default() };
+    let d = [DeadMachine { reusable: Some(reusable), ..dead("0", Some("i-0")) }];
+    let off = book(HarvestMode::Destroyed).plan(&d, &[]);
+    assert_eq!((off.stop, off.park.len()), (iids(&["i-0"]), 0), "parked with reuse off");
+    let mut b = book(HarvestMode::Destroyed).with_reuse(true);
+    let on = b.plan(&d, &[]);
+    assert_eq!((on.stop, on.park.len()), (Vec::new(), 1), "not parked with reuse on");
+    assert_eq!(b.parked().cloned().collect::<Vec<_>>(), iids(&["i-0"]));
+}

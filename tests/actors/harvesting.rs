@@ -286,3 +286,21 @@ async fn unknown_instances_are_harvested_at_resync_without_listing_per_event() {
     assert_eq!(stops(&cloud), vec![vec!["stray".to_string()]]);
     assert_eq!(cloud.live_instances_of(&"0".into()).len(), 1);
 }
+
+/// Rule 32 (safe mode): a periodic listing before the first notification harvests nothing,
+/// even in mode all (with an empty cache every instance would look unknown).
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn a_resync_before_the_first_notification_harvests_nothing() {
+    let cloud = zoneless_cloud();
+    cloud.launch("i-0", None, Some("0"), InstanceState::Running, false);
+    let mut m = Machine::pending("0");
+    m.instance = Some("i-0".into());
+    m.status = MachineStatus::Started;
+    let config = provisioner::ProvisionerConfig { resync_interval: Duration::from_secs(10), ..with_mode(HarvestMode::All) };
+    let h = Harness::unwatched(config, cloud, FakeModel::new(vec![m]));
+    h.run_for(Duration::from_secs(25)).await;
+    let cloud = h.cloud().await;
+    assert!(!cloud.calls_of(CloudOp::AllInstances).is_empty(), "no resync happened");
+    assert!(stops(&cloud).is_empty(), "{:?}", stops(&cloud));
+    assert_eq!(cloud.state_of("i-0"), Some(InstanceState::Running));
+}

@@ -199,3 +199,24 @@ async fn invalid_configuration_is_refused() {
         .unwrap();
     assert_eq!(err.to_string(), "workers must be between 1 and 100, got 0");
 }
+
+/// Semantics 6: unknown instances are not harvested from a view whose last listing failed,
+/// even when the last good listing is younger than `harvest_listing_max_age`.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn nothing_is_harvested_from_a_young_view_after_a_failed_listing() {
+    let config = ProvisionerConfig {
+        resync_interval: Duration::from_secs(60),
+        harvest_listing_max_age: Duration::from_secs(3600),
+        ..with_mode(HarvestMode::Destroyed)
+    };
+    let h = Harness::new(config, zoneless_cloud(), FakeModel::with_machines(machines(&["0", "1"])));
+    h.until_model(Duration::from_secs(10), |m| instance_of(m, "1").is_some()).await;
+    h.cloud.launch("stray", None, None, InstanceState::Running, false);
+    h.run_for(Duration::from_secs(61)).await; // the resync at 60 s lists `stray`; mode destroyed keeps it
+    h.cloud.fail_next(CloudOp::AllInstances, 1, "listing broke");
+    h.handle.set_harvest_mode(HarvestMode::Unknown); // its fresh listing fails: the view is stale
+    h.run_for(Duration::from_secs(1)).await;
+    h.model.set_life("1", Life::Dead);
+    h.until_model(Duration::from_secs(10), |m| m.machine("1").unwrap().removed).await;
+    assert_eq!(h.cloud().await.state_of("stray"), Some(InstanceState::Running), "harvested from a stale view");
+}

@@ -349,3 +349,19 @@ async fn zone_list_changes_are_picked_up_and_unavailable_zones_avoided() {
         assert_ne!(model.machine(id).unwrap().zone.as_deref(), Some("az1"));
     }
 }
+
+/// "Zone reservations are released on every failed attempt": a machine waiting out the retry
+/// delay after a zone-independent failure holds no zone.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn zone_independent_failure_releases_the_reservation_during_the_retry_delay() {
+    let config =
+        ProvisionerConfig { retry: RetryStrategy { count: 1, delay: Duration::from_secs(10) }, ..test_config() };
+    let cloud = zoned_cloud(&["az1", "az2"]);
+    cloud.add_fault(Fault { machine: "0".into(), times: 1, zone: None, zone_independent: true, message: "arf".into() });
+    let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["0"])));
+    h.run_for(Duration::from_secs(5)).await;
+    assert_eq!(starts_of(&h.cloud().await, "0"), 1);
+    let zones = h.handle.zones().await.unwrap();
+    assert!(zones.zones.iter().all(|z| z.machines.is_empty()), "reservation kept during the delay: {zones:?}");
+    h.until_model(Duration::from_secs(30), all_provisioned(&["0"])).await;
+}

@@ -4,3 +4,4 @@
 mod bench;
 mod files;
 mod property;
+mod checker;
