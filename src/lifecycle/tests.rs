@@ -192,3 +192,20 @@ fn phases_iterate_in_id_order() {
     let ids: Vec<&str> = b.phases().map(|(id, _)| id.as_str()).collect();
     assert_eq!(ids, ["0", "1", "2"]);
 }
+
+#[test]
+fn destroy_defers_starting_machines_and_hands_back_the_others() {
+    let mut b = LifecycleBook::new();
+    assert!(b.want_start(&mid("0")));
+    assert!(b.want_start(&mid("1")));
+    b.start_finished(&mid("1"), Some(iid("i-1")));
+    let d0 = dead("0");
+    let d1 = DeadMachine { instance: Some(iid("i-1")), ..dead("1") };
+    let out = b.on_destroy(&[d0.clone(), d1.clone(), dead("2")]);
+    assert_eq!(out.deferred, vec![mid("0")]);
+    assert_eq!(out.stop_now, vec![d1, dead("2")]);
+    assert!(!b.still_wanted(&mid("0")), "a start kept going in a destroyed model");
+    // The start lands: its instance is stopped whatever the mode.
+    let after = b.start_finished(&mid("0"), Some(iid("i-0")));
+    assert_eq!(after, AfterStart::DestroyDeferred { machine: DeadMachine { instance: Some(iid("i-0")), ..d0 } });
+}

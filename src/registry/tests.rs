@@ -415,3 +415,23 @@ fn absorb_classifies_a_batch_and_sorts_out_reads_that_failed() {
     assert_eq!(out.placements, vec![(mid("1"), "az2".to_string())]);
     assert!(book.machine(&mid("0")).is_some() && book.machine(&mid("4")).is_none());
 }
+
+#[test]
+fn status_changes_report_instances_stopped_or_back_or_gone_once() {
+    let mut book = MachineBook::new();
+    let mut m = Machine::pending("0");
+    m.instance = Some(iid("i-0"));
+    m.instance_status = crate::types::InstanceStatus::running();
+    book.upsert(m);
+    book.load_view(vec![instance("i-0", Some("0"), None)]);
+    assert!(book.status_changes().is_empty(), "a running instance reported as changed");
+    book.load_view(vec![CloudInstance { state: InstanceState::Stopped, ..instance("i-0", Some("0"), None) }]);
+    let changes = book.status_changes();
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].1.as_str(), "stopped");
+    assert!(book.status_changes().is_empty(), "reported twice");
+    book.load_view(vec![instance("i-0", Some("0"), None)]);
+    assert_eq!(book.status_changes()[0].1.as_str(), "running");
+    book.load_view(vec![]);
+    assert_eq!(book.status_changes()[0].1.as_str(), "missing");
+}

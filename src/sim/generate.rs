@@ -134,6 +134,8 @@ pub fn generate(seed: u64) -> Scenario {
 
     let mut events = Vec::new();
     let mut next_id = machine_count;
+    // Out-of-band instance ids are unique: one id is never both ours and foreign.
+    let mut oob = 0u32;
     for _ in 0..rng.random_range(0..=12u32) {
         let at = ms(&mut rng, 120_000).max(Duration::from_millis(1));
         let target = rng.random_range(0..next_id).to_string();
@@ -178,7 +180,10 @@ pub fn generate(seed: u64) -> Scenario {
             91..=93 => Action::CloudTerminate(format!("i-{}", rng.random_range(1..=machine_count))),
             94 => Action::DestroyModel(DestroyModelSpec { force: rng.random_bool(0.5) }),
             _ => Action::CloudLaunch(LaunchSpec {
-                id: format!("oob-{}", rng.random_range(0..1000u32)),
+                id: {
+                    oob += 1;
+                    format!("oob-{oob}")
+                },
                 zone: available.first().cloned(),
                 machine: None,
                 foreign: rng.random_bool(0.5),

@@ -296,7 +296,8 @@ async fn a_resync_before_the_first_notification_harvests_nothing() {
     let mut m = Machine::pending("0");
     m.instance = Some("i-0".into());
     m.status = MachineStatus::Started;
-    let config = provisioner::ProvisionerConfig { resync_interval: Duration::from_secs(10), ..with_mode(HarvestMode::All) };
+    let config =
+        provisioner::ProvisionerConfig { resync_interval: Duration::from_secs(10), ..with_mode(HarvestMode::All) };
     let h = Harness::unwatched(config, cloud, FakeModel::new(vec![m]));
     h.run_for(Duration::from_secs(25)).await;
     let cloud = h.cloud().await;

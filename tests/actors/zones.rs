@@ -341,11 +341,14 @@ async fn zone_list_changes_are_picked_up_and_unavailable_zones_avoided() {
     let book = h.handle.zones().await.unwrap();
     let names: Vec<_> = book.zones.iter().map(|z| (z.name.as_str(), z.available)).collect();
     assert_eq!(names, vec![("az1", false), ("az2", true), ("az3", true)]);
-    for id in ["1", "2", "3"] {
+    // Enough machines that an unavailable az1 (holding one) would surely get some.
+    const NEW: [&str; 9] = ["1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    let new = NEW;
+    for id in new {
         h.model.add_machine(FakeMachine::new(Machine::pending(id)));
     }
-    let model = h.until_model(Duration::from_secs(10), all_provisioned(&["1", "2", "3"])).await;
-    for id in ["1", "2", "3"] {
+    let model = h.until_model(Duration::from_secs(10), all_provisioned(&NEW)).await;
+    for id in new {
         assert_ne!(model.machine(id).unwrap().zone.as_deref(), Some("az1"));
     }
 }

@@ -18,8 +18,16 @@ fn invariant_6_flags_an_unknown_instance_stopped_in_mode_destroyed() {
     cloud.instances.insert(id.clone(), FakeInstance { instance, foreign: false });
     let at = Duration::from_secs(300);
     cloud.calls.push(CallRecord {
-        at, op: CloudOp::StopInstances, machine: None, zone: None, instances: vec![id], ok: Some(true),
-        error: None, params: None, throttled: false, done_at: Some(at),
+        at,
+        op: CloudOp::StopInstances,
+        machine: None,
+        zone: None,
+        instances: vec![id],
+        ok: Some(true),
+        error: None,
+        params: None,
+        throttled: false,
+        done_at: Some(at),
     });
     let model = ModelSnapshot::default();
     let v = check(&s, &cloud, &model, &ModeTimeline::new(HarvestMode::Destroyed));

@@ -2,6 +2,6 @@
 //! scenario files under `tests/scenarios/` with their expected outcomes.
 
 mod bench;
+mod checker;
 mod files;
 mod property;
-mod checker;
