@@ -138,6 +138,8 @@ pub struct CloudSnapshot {
     pub last_activity: Duration,
     /// Every moment a machine got a second live instance (invariant 1), as sentences.
     pub duplicates: Vec<String>,
+    /// Calls made, by kind (kept even when the call log is off).
+    pub counts: BTreeMap<CloudOp, usize>,
 }
 
 impl CloudSnapshot {
@@ -185,6 +187,10 @@ struct CloudActor {
     by_machine: BTreeMap<MachineId, Vec<InstanceId>>,
     /// Keep every start's params in the call log (off for benchmarks).
     record_params: bool,
+    /// Keep the call log at all (off for benchmarks; the counts are always kept).
+    log_calls: bool,
+    /// Calls made, by kind.
+    counts: BTreeMap<CloudOp, usize>,
 }
 
 impl Actor for CloudActor {
@@ -202,6 +208,10 @@ impl CloudActor {
         let at = self.epoch.elapsed();
         self.last_activity = at;
         self.in_flight += 1;
+        *self.counts.entry(op).or_default() += 1;
+        if !self.log_calls {
+            return usize::MAX;
+        }
         self.calls.push(CallRecord {
             at,
             op,
@@ -237,7 +247,9 @@ impl CloudActor {
         if bucket.take(Instant::now()) {
             return None;
         }
-        self.calls[idx].throttled = true;
+        if let Some(c) = self.calls.get_mut(idx) {
+            c.throttled = true;
+        }
         self.finish(idx, Some("RequestLimitExceeded".into()));
         Some(BrokerError::throttled("RequestLimitExceeded"))
     }
@@ -364,7 +376,9 @@ impl Handler<Start> for CloudActor {
         let p = msg.params;
         let idx = self.log(CloudOp::StartInstance, Some(p.machine.clone()), p.zone.clone(), Vec::new());
         if self.record_params {
-            self.calls[idx].params = Some(Box::new(p.clone()));
+            if let Some(c) = self.calls.get_mut(idx) {
+                c.params = Some(Box::new(p.clone()));
+            }
         }
         if let Some(err) = self.throttle(idx, CloudOp::StartInstance) {
             return Box::pin(fut::ready(Err(err)));
@@ -379,7 +393,9 @@ impl Handler<Start> for CloudActor {
                 return Box::pin(fut::ready(Err(err)));
             }
             let instance = existing.instance.clone();
-            self.calls[idx].instances = vec![instance.id.clone()];
+            if let Some(c) = self.calls.get_mut(idx) {
+                c.instances = vec![instance.id.clone()];
+            }
             self.finish(idx, None);
             return Box::pin(fut::ready(Ok(StartedInstance { instance, display_name: String::new() })));
         }
@@ -394,7 +410,9 @@ impl Handler<Start> for CloudActor {
         self.check_duplicate(&instance);
         self.record_new(FakeInstance { instance, foreign: false });
         self.tokens.insert(p.client_token.clone(), id.clone());
-        self.calls[idx].instances = vec![id.clone()];
+        if let Some(c) = self.calls.get_mut(idx) {
+            c.instances = vec![id.clone()];
+        }
         let latency = self.start_latency;
         if latency.is_zero() {
             return Box::pin(fut::ready(Ok(self.land(idx, id))));
@@ -526,6 +544,7 @@ impl Handler<Snapshot> for CloudActor {
             in_flight: self.in_flight,
             last_activity: self.last_activity,
             duplicates: self.duplicates.clone(),
+            counts: self.counts.clone(),
         })
     }
 }
@@ -571,6 +590,8 @@ impl FakeCloud {
             duplicates: Vec::new(),
             by_machine: BTreeMap::new(),
             record_params: true,
+            log_calls: true,
+            counts: BTreeMap::new(),
         };
         Self { addr: actor.start(), model_uuid: model_uuid.to_owned(), zoned }
     }
@@ -639,6 +660,12 @@ impl FakeCloud {
     /// it off to measure the provisioner rather than the log).
     pub fn record_params(&self, on: bool) {
         self.control(move |c| c.record_params = on);
+    }
+
+    /// Whether calls are logged one by one (on by default; benchmarks turn it off and read
+    /// [`CloudSnapshot::counts`]).
+    pub fn log_calls(&self, on: bool) {
+        self.control(move |c| c.log_calls = on);
     }
 
     /// Throttles starts and stops with token buckets (`(burst, per_second)`; `None` = unlimited).
