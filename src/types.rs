@@ -247,28 +247,32 @@ impl FromStr for MachineStatus {
 /// itself writes or reads. Kept as a string so that any status a cloud reports round-trips.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
 #[serde(transparent)]
-pub struct InstanceStatus(String);
+pub struct InstanceStatus(std::borrow::Cow<'static, str>);
 
 impl InstanceStatus {
     /// No instance status yet (`""`).
     pub fn empty() -> Self {
-        Self(String::new())
+        Self::from_static("")
     }
     /// `provisioning`: a start is under way.
     pub fn provisioning() -> Self {
-        Self("provisioning".into())
+        Self::from_static("provisioning")
     }
     /// `provisioning error`: the start failed for good; the message says why.
     pub fn provisioning_error() -> Self {
-        Self("provisioning error".into())
+        Self::from_static("provisioning error")
     }
     /// `running`.
     pub fn running() -> Self {
-        Self("running".into())
+        Self::from_static("running")
+    }
+    /// A status known at compile time (no allocation).
+    pub fn from_static(s: &'static str) -> Self {
+        Self(std::borrow::Cow::Borrowed(s))
     }
     /// Any other value, e.g. `stopped` for an instance stopped outside our control.
     pub fn other(s: impl Into<String>) -> Self {
-        Self(s.into())
+        Self(std::borrow::Cow::Owned(s.into()))
     }
     /// The text.
     pub fn as_str(&self) -> &str {
@@ -292,7 +296,7 @@ impl fmt::Display for InstanceStatus {
 
 impl From<&str> for InstanceStatus {
     fn from(s: &str) -> Self {
-        Self(s.to_owned())
+        Self::other(s)
     }
 }
 

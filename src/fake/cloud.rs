@@ -175,7 +175,8 @@ struct CloudActor {
     faults: Vec<Fault>,
     derived: BTreeMap<MachineId, Vec<String>>,
     fail_next: BTreeMap<CloudOp, VecDeque<String>>,
-    tokens: BTreeMap<String, InstanceId>,
+    /// Client tokens seen (looked up, never iterated: a hash map keeps runs deterministic).
+    tokens: std::collections::HashMap<String, InstanceId>,
     calls: Vec<CallRecord>,
     epoch: Instant,
     start_bucket: Option<TokenBucket>,
@@ -580,7 +581,7 @@ impl FakeCloud {
             faults: Vec::new(),
             derived: BTreeMap::new(),
             fail_next: BTreeMap::new(),
-            tokens: BTreeMap::new(),
+            tokens: std::collections::HashMap::new(),
             calls: Vec::new(),
             epoch: Instant::now(),
             start_bucket: None,

@@ -130,6 +130,11 @@ impl LifecycleBook {
 
     /// A start returned (rule 41), with the instance it produced if any (semantics 2, fixing W9).
     pub fn start_finished(&mut self, id: &MachineId, instance: Option<InstanceId>) -> AfterStart {
+        // The common case in place: a plain start that produced an instance is now running.
+        if let (Some(phase @ Phase::Starting), Some(inst)) = (self.phases.get_mut(id), instance.as_ref()) {
+            *phase = Phase::Running { instance: inst.clone() };
+            return AfterStart::Done;
+        }
         match self.phases.remove(id) {
             Some(Phase::StopDeferred(mut dead)) => {
                 dead.instance = instance.or(dead.instance);

@@ -195,7 +195,7 @@ impl MachineBook {
         self.owner.insert(instance.id.clone(), machine.clone());
         if let Some(m) = self.machines.get_mut(machine) {
             m.instance = Some(instance.id.clone());
-            m.instance_status = InstanceStatus::other(instance.state.as_str());
+            m.instance_status = InstanceStatus::from_static(instance.state.as_str());
         }
         self.insert_instance(instance);
     }
@@ -287,9 +287,9 @@ impl MachineBook {
                     InstanceStatus::other("stopped"),
                     format!("instance {inst} is stopped or suspended outside the provisioner's control"),
                 ),
-                Some(i) => (InstanceStatus::other(i.state.as_str()), String::new()),
+                Some(i) => (InstanceStatus::from_static(i.state.as_str()), String::new()),
                 None if self.fresh => {
-                    (InstanceStatus::other("missing"), format!("instance {inst} is not in the cloud"))
+                    (InstanceStatus::from_static("missing"), format!("instance {inst} is not in the cloud"))
                 }
                 None => continue,
             };

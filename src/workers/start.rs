@@ -75,7 +75,7 @@ async fn register(
         zone: instance.zone.clone(),
         nonce: nonce.to_owned(),
         display_name: name,
-        status: InstanceStatus::other(instance.state.as_str()),
+        status: InstanceStatus::from_static(instance.state.as_str()),
     };
     let mut last = None;
     for attempt in 0..REGISTER_ATTEMPTS {
