@@ -33,6 +33,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print what the provisioner would do next from a scenario's initial state, without
+    /// doing it (events are not applied).
+    Plan {
+        /// The scenario (`.toml` or `.json`).
+        file: PathBuf,
+        /// Override the scenario's seed (zone tie-breaks).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Benchmarks on the simulated cloud.
     Bench {
         #[command(subcommand)]
@@ -136,6 +148,22 @@ fn main() -> ExitCode {
                     "{} machines, {} changes: wall {:.3}s, {:.1} µs per change, {} cloud listings over {:.0}s of virtual time; peak RSS {:.0} MiB",
                     r.machines, r.events, r.wall_s, r.per_event_us, r.all_instances_calls, r.virtual_s, r.peak_rss_mib
                 );
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Plan { file, seed, json } => {
+            let scenario = match Scenario::load(&file) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let p = sim::plan(&scenario, seed);
+            if json {
+                println!("{}", p.to_json());
+            } else {
+                print!("{}", p.to_human());
             }
             ExitCode::SUCCESS
         }

@@ -200,3 +200,21 @@ fn bench_rejects_bad_arguments() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
     }
 }
+
+#[test]
+fn plan_prints_the_next_step_and_refuses_bad_input() {
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/scenarios/quickstart.toml");
+    let out = bin().arg("plan").arg(&file).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().filter(|l| l.starts_with("start machine ")).count(), 6, "{text}");
+    assert!(text.contains("start machine 3 in az3"), "the zones= constraint is ignored: {text}");
+    let json = bin().arg("plan").arg(&file).arg("--json").output().unwrap();
+    let p: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(p["starts"].as_array().unwrap().len(), 6);
+    assert_eq!(p["stops"], serde_json::json!([]), "mode destroyed harvests no unknown instance");
+    let bad = write("bad-plan.toml", "[provisioner]\nworkers = 0\n");
+    let out = bin().arg("plan").arg(&bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+}

@@ -4,4 +4,5 @@
 mod bench;
 mod checker;
 mod files;
+mod plan;
 mod property;

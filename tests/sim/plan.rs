@@ -1,0 +1,86 @@
+//! `provisioner plan`: what the provisioner would do next agrees with what it then does.
+
+use provisioner::sim::scenario::Format;
+use provisioner::sim::{plan, run, Scenario};
+
+const SCENARIO: &str = r#"
+seed = 3
+[provisioner]
+harvest_mode = "all"
+retry_count = 0
+workers = 1
+[cloud]
+zones = ["az1", "az2", "az3"]
+unavailable_zones = ["az4"]
+[[cloud.instances]]
+id = "i-0"
+zone = "az1"
+machine = "0"
+[[cloud.instances]]
+id = "stray"
+[[cloud.instances]]
+id = "lost-2"
+zone = "az2"
+machine = "2"
+[[machines]]
+id = "0"
+instance = "i-0"
+status = "started"
+life = "dead"
+[[machines]]
+id = "1"
+zones = ["az2"]
+[[machines]]
+id = "2"
+[[machines]]
+id = "3"
+zones = ["az9"]
+[[machines]]
+id = "4"
+life = "dying"
+[[machines]]
+id = "5"
+[[machines]]
+id = "6"
+[[machines]]
+id = "7"
+"#;
+
+/// With one worker, starts choose their zones in queue order, so the plan's tie-breaks are the
+/// provisioner's exactly (with more workers the same zones are chosen, possibly by different
+/// machines, as concurrent starts interleave).
+#[test]
+fn the_plan_is_what_the_provisioner_then_does() {
+    let s = Scenario::parse(SCENARIO, Format::Toml, "plan.toml").unwrap();
+    let p = plan(&s, None);
+    let r = run(&s, None);
+
+    // Starts, with their zones, in order.
+    let planned: Vec<(String, Option<String>)> =
+        p.starts.iter().map(|st| (st.machine.clone(), st.zone.clone())).collect();
+    let done: Vec<(String, Option<String>)> = r
+        .calls
+        .iter()
+        .filter(|c| c.op == "start_instance")
+        .map(|c| (c.machine.clone().unwrap(), c.zone.clone().flatten()))
+        .collect();
+    assert_eq!(planned, done);
+    assert!(planned.iter().all(|(_, z)| z.as_deref() != Some("az4")));
+
+    // Adoption, failure, ensure-dead, one stop call, removals.
+    assert_eq!(
+        p.adoptions.iter().map(|a| (a.machine.as_str(), a.detail.as_str())).collect::<Vec<_>>(),
+        vec![("2", "lost-2")]
+    );
+    assert_eq!(r.machines["2"].instance.as_deref(), Some("lost-2"));
+    assert_eq!(p.failures.len(), 1);
+    assert_eq!(r.machines["3"].message, p.failures[0].detail);
+    assert_eq!(p.ensure_dead, vec!["4".to_string()]);
+    let stops: Vec<&Vec<String>> = r.calls.iter().filter_map(|c| c.instances.as_ref()).collect();
+    assert_eq!(stops, vec![&p.stops]);
+    let mut removals = p.removals.clone();
+    removals.sort();
+    let mut removed: Vec<String> = r.machines.iter().filter(|(_, m)| m.removed).map(|(id, _)| id.clone()).collect();
+    removed.sort();
+    assert_eq!(removals, removed);
+}
