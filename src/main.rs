@@ -102,17 +102,22 @@ fn init_logging() {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
+/// Loads a scenario; bad input is one line on stderr and exit code 2.
+fn load(file: &std::path::Path) -> Result<Scenario, ExitCode> {
+    Scenario::load(file).map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(2)
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     match cli.command {
         Command::Simulate { file, seed, json } => {
-            let scenario = match Scenario::load(&file) {
+            let scenario = match load(&file) {
                 Ok(s) => s,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(2);
-                }
+                Err(code) => return code,
             };
             let report = sim::run(&scenario, seed);
             if json {
@@ -152,12 +157,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Plan { file, seed, json } => {
-            let scenario = match Scenario::load(&file) {
+            let scenario = match load(&file) {
                 Ok(s) => s,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(2);
-                }
+                Err(code) => return code,
             };
             let p = sim::plan(&scenario, seed);
             if json {

@@ -8,7 +8,7 @@ use super::run::SIM_MODEL_UUID;
 use super::scenario::{InitialState, Scenario};
 use crate::harvest::HarvestBook;
 use crate::registry::MachineBook;
-use crate::types::{CloudInstance, InstanceState, InstanceStatus, InstanceTags, Machine, MachineId};
+use crate::types::{CloudInstance, InstanceState, InstanceTags, MachineId};
 use crate::zones::{ZoneBook, ZoneRequest};
 
 /// One start the provisioner would make.
@@ -73,14 +73,7 @@ pub fn plan(s: &Scenario, seed: Option<u64>) -> Plan {
             .collect(),
     );
     let reads = s.machines.iter().filter(|m| !m.id.contains('/')).map(|spec| {
-        let mut m = Machine::pending(spec.id.as_str());
-        m.life = spec.life;
-        m.status = spec.status;
-        m.instance_status = InstanceStatus::other(spec.instance_status.clone());
-        m.instance = spec.instance.as_deref().map(Into::into);
-        m.keep_instance = spec.keep_instance;
-        m.manual = spec.manual;
-        m.controller = spec.controller;
+        let m = spec.to_machine();
         (m.id.clone(), Ok(m))
     });
     let (refreshed, to_kill) = book.absorb(reads);

@@ -15,7 +15,7 @@ use crate::config::{ProvisionerConfig, RetryStrategy};
 use crate::containers::{HostZoneBroker, DEFAULT_CONTAINER_TYPES};
 use crate::events::ProvisionerEvent;
 use crate::fake::{CloudOp, FakeCloud, FakeMachine, FakeModel, Fault, ModelOp, PausedSystem};
-use crate::types::{InstanceState, InstanceStatus, Machine, MachineId};
+use crate::types::{InstanceState, InstanceStatus, MachineId};
 use crate::wiring::{start, start_containers, ProvisionerHandle};
 
 /// The model uuid every simulated instance of ours carries.
@@ -56,15 +56,7 @@ impl Handler<TakeEvents> for EventLog {
 }
 
 fn fake_machine(spec: &MachineSpec) -> FakeMachine {
-    let mut m = Machine::pending(spec.id.as_str());
-    m.life = spec.life;
-    m.status = spec.status;
-    m.instance_status = InstanceStatus::other(spec.instance_status.clone());
-    m.instance = spec.instance.as_deref().map(Into::into);
-    m.keep_instance = spec.keep_instance;
-    m.manual = spec.manual;
-    m.controller = spec.controller;
-    let mut f = FakeMachine::new(m);
+    let mut f = FakeMachine::new(spec.to_machine());
     f.info.constraints.zones = spec.zones.clone();
     f.group = if spec.distribution_group_error.is_empty() {
         Ok(spec.distribution_group.clone().unwrap_or_default().into_iter().map(MachineId::from).collect())

@@ -351,6 +351,19 @@ pub struct MachineSpec {
 }
 
 impl MachineSpec {
+    /// The machine as the model reports it.
+    pub fn to_machine(&self) -> crate::types::Machine {
+        let mut m = crate::types::Machine::pending(self.id.as_str());
+        m.life = self.life;
+        m.status = self.status;
+        m.instance_status = crate::types::InstanceStatus::other(self.instance_status.clone());
+        m.instance = self.instance.as_deref().map(Into::into);
+        m.keep_instance = self.keep_instance;
+        m.manual = self.manual;
+        m.controller = self.controller;
+        m
+    }
+
     /// A pending machine with defaults.
     pub fn pending(id: impl Into<String>) -> Self {
         Self {
