@@ -60,11 +60,20 @@ pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(10);
 pub const DEFAULT_REUSE_WINDOW: Duration = Duration::from_secs(300);
 /// Default maximum age of the listing unknown instances are judged on.
 pub const DEFAULT_HARVEST_LISTING_MAX_AGE: Duration = Duration::from_secs(10);
+/// Default grace period of an unknown instance, counted from its launch: younger ones are
+/// spared by harvests (a start of another incarnation may not be recorded yet).
+pub const DEFAULT_HARVEST_GRACE: Duration = Duration::from_secs(300);
+/// Default cap on unknown instances stopped in one harvest pass.
+pub const DEFAULT_HARVEST_MAX_STOPS: usize = 100;
+/// Default time a zone's capacity failure steers machines of the same shape elsewhere.
+pub const DEFAULT_CAPACITY_MEMORY: Duration = Duration::from_secs(180);
+/// Default cap on the delay between two StartInstance rounds.
+pub const DEFAULT_RETRY_MAX_DELAY: Duration = Duration::from_secs(120);
 /// Default interval between full cloud listings.
 pub const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Invalid configuration.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Clone, PartialEq, Error)]
 pub enum ConfigError {
     /// The worker pool size is out of range.
     #[error("workers must be between 1 and {max}, got {value}")]
@@ -94,21 +103,55 @@ pub enum ConfigError {
     /// Machine reuse with a zero window.
     #[error("the reuse window must be positive")]
     ReuseWindow,
+    /// A client-side rate limit is out of range.
+    #[error(transparent)]
+    RateLimit(#[from] crate::limiter::RateLimitError),
+    /// A harvest pass that may stop nothing.
+    #[error("harvest_max_stops must be at least 1")]
+    HarvestMaxStops,
 }
 
 /// How StartInstance failures are retried (rules 71–74, contract semantics 8).
+///
+/// Round `k` (0-based) waits a random time in `[0, min(delay · 2^k, max_delay)]` (exponential
+/// backoff with full jitter, drawn from the seeded RNG); a zone fail-over does not wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryStrategy {
     /// Extra rounds after the first.
     pub count: u32,
-    /// Delay before a new round (not before a zone fail-over).
+    /// Base delay before a new round (not before a zone fail-over).
     pub delay: Duration,
+    /// Cap on the delay before a new round.
+    pub max_delay: Duration,
 }
 
 impl Default for RetryStrategy {
     fn default() -> Self {
-        Self { count: DEFAULT_RETRY_COUNT, delay: DEFAULT_RETRY_DELAY }
+        Self { count: DEFAULT_RETRY_COUNT, delay: DEFAULT_RETRY_DELAY, max_delay: DEFAULT_RETRY_MAX_DELAY }
     }
+}
+
+impl RetryStrategy {
+    /// `count` extra rounds, `delay` as the backoff base, the default cap (never below `delay`).
+    pub fn new(count: u32, delay: Duration) -> Self {
+        Self { count, delay, max_delay: DEFAULT_RETRY_MAX_DELAY.max(delay) }
+    }
+
+    /// The delay before round `round` (0-based): full jitter over `delay · 2^round`, capped.
+    pub fn delay_before(&self, round: u32, rng: &mut impl rand::Rng) -> Duration {
+        jitter(exponential(self.delay, round, self.max_delay), rng)
+    }
+}
+
+fn exponential(base: Duration, attempt: u32, cap: Duration) -> Duration {
+    let factor = 1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX);
+    base.saturating_mul(factor).min(cap)
+}
+
+/// Full jitter: uniform in `[0, ceiling]`, at millisecond resolution.
+fn jitter(ceiling: Duration, rng: &mut impl rand::Rng) -> Duration {
+    let ms = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(rng.random_range(0..=ms))
 }
 
 /// Exponential backoff for calls that concern everything (listings, stops, model reads).
@@ -127,15 +170,20 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The delay before retry number `attempt` (0-based): initial · 2^attempt, capped.
-    pub fn delay(&self, attempt: u32) -> Duration {
-        let factor = 1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX);
-        self.initial.saturating_mul(factor).min(self.max)
+    /// The ceiling of retry number `attempt` (0-based): initial · 2^attempt, capped.
+    pub fn ceiling(&self, attempt: u32) -> Duration {
+        exponential(self.initial, attempt, self.max)
+    }
+
+    /// The delay before retry number `attempt`: full jitter over [`Backoff::ceiling`] (uniform
+    /// in `[0, ceiling]`), so that callers failing together do not retry together.
+    pub fn delay(&self, attempt: u32, rng: &mut impl rand::Rng) -> Duration {
+        jitter(self.ceiling(attempt), rng)
     }
 }
 
 /// Everything a provisioner needs to know besides its ports.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ProvisionerConfig {
     /// The model's uuid: tagged on every instance we start; instances without it are not ours.
     pub model_uuid: String,
@@ -169,6 +217,16 @@ pub struct ProvisionerConfig {
     pub reuse_window: Duration,
     /// Whether the transient-retry path runs (the container provisioner has none, rule 75).
     pub retry_path: bool,
+    /// Client-side rate limits per cloud API class (EC2-sized by default), adapted down when
+    /// the cloud throttles.
+    pub rate_limits: crate::limiter::RateLimits,
+    /// An unknown instance younger than this (from its launch) is not harvested yet.
+    pub harvest_grace: Duration,
+    /// Most unknown instances stopped in one harvest pass; the rest wait for the next pass.
+    pub harvest_max_stops: usize,
+    /// How long a zone that failed a start for its zone (e.g. no capacity) is avoided by other
+    /// machines of the same shape.
+    pub capacity_memory: Duration,
 }
 
 impl Default for ProvisionerConfig {
@@ -188,6 +246,10 @@ impl Default for ProvisionerConfig {
             retry_path: true,
             reuse: false,
             reuse_window: DEFAULT_REUSE_WINDOW,
+            rate_limits: crate::limiter::RateLimits::ec2(),
+            harvest_grace: DEFAULT_HARVEST_GRACE,
+            harvest_max_stops: DEFAULT_HARVEST_MAX_STOPS,
+            capacity_memory: DEFAULT_CAPACITY_MEMORY,
         }
     }
 }
@@ -230,6 +292,10 @@ impl ProvisionerConfig {
         if self.reuse && self.reuse_window.is_zero() {
             return Err(ConfigError::ReuseWindow);
         }
+        if self.harvest_max_stops == 0 {
+            return Err(ConfigError::HarvestMaxStops);
+        }
+        self.rate_limits.validate()?;
         Ok(())
     }
 }
@@ -251,7 +317,7 @@ mod tests {
     fn defaults_are_jujus() {
         let c = ProvisionerConfig::default();
         assert_eq!(c.workers, 16);
-        assert_eq!(c.retry, RetryStrategy { count: 10, delay: Duration::from_secs(10) });
+        assert_eq!((c.retry.count, c.retry.delay), (10, Duration::from_secs(10)));
         assert_eq!(c.harvest_mode, HarvestMode::Destroyed);
         assert_eq!(c.validate(), Ok(()));
     }
@@ -268,9 +334,41 @@ mod tests {
     #[test]
     fn backoff_doubles_up_to_its_cap() {
         let b = Backoff { initial: Duration::from_secs(1), max: Duration::from_secs(10) };
-        assert_eq!(b.delay(0), Duration::from_secs(1));
-        assert_eq!(b.delay(3), Duration::from_secs(8));
-        assert_eq!(b.delay(4), Duration::from_secs(10));
-        assert_eq!(b.delay(1000), Duration::from_secs(10));
+        assert_eq!(b.ceiling(0), Duration::from_secs(1));
+        assert_eq!(b.ceiling(3), Duration::from_secs(8));
+        assert_eq!(b.ceiling(4), Duration::from_secs(10));
+        assert_eq!(b.ceiling(1000), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn jitter_is_full_seeded_and_within_the_ceiling() {
+        use rand::SeedableRng;
+        let b = Backoff { initial: Duration::from_secs(1), max: Duration::from_secs(60) };
+        let draw = |seed| {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            (0..200).map(|a| b.delay(a % 8, &mut rng)).collect::<Vec<_>>()
+        };
+        let d = draw(7);
+        assert_eq!(d, draw(7), "a seed reproduces the delays");
+        assert_ne!(d, draw(8));
+        for (a, x) in d.iter().enumerate() {
+            assert!(*x <= b.ceiling(a as u32 % 8));
+        }
+        // Full jitter: short and long delays both occur at the same attempt.
+        let at5: Vec<_> = d.iter().skip(5).step_by(8).collect();
+        assert!(at5.iter().any(|x| **x < Duration::from_secs(8)) && at5.iter().any(|x| **x > Duration::from_secs(24)));
+        let r = RetryStrategy::new(3, Duration::from_secs(10));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        assert!((0..100).all(|k| r.delay_before(k, &mut rng) <= Duration::from_secs(120)));
+        assert_eq!(RetryStrategy::new(1, Duration::ZERO).delay_before(3, &mut rng), Duration::ZERO);
+    }
+
+    #[test]
+    fn bad_rate_limits_and_harvest_cap_are_refused() {
+        let mut c = ProvisionerConfig::default();
+        c.rate_limits.start = Some(crate::limiter::BucketLimit::new(0, 1.0));
+        assert_eq!(c.validate().unwrap_err().to_string(), "rate limit for start calls: burst must be at least 1, got 0");
+        let c = ProvisionerConfig { harvest_max_stops: 0, ..ProvisionerConfig::default() };
+        assert_eq!(c.validate(), Err(ConfigError::HarvestMaxStops));
     }
 }

@@ -58,6 +58,7 @@ pub mod events;
 pub mod fake;
 pub mod harvest;
 pub mod lifecycle;
+pub mod limiter;
 pub mod ports;
 pub mod registry;
 #[cfg(feature = "sim")]
@@ -100,5 +101,6 @@ handle_shutdown!(
     zones::ZoneAllocator,
     harvest::HarvestPolicy,
     lifecycle::MachineLifecycle,
+    limiter::RateLimiter,
     workers::WorkerPool
 );

@@ -11,6 +11,7 @@ use crate::coordinator::{ChangeHarvestMode, Coordinator, Links, MachinesChanged,
 use crate::events::ProvisionerEvent;
 use crate::harvest::{GetHarvestMode, HarvestPolicy};
 use crate::lifecycle::{GetPhases, MachineLifecycle, Phase};
+use crate::limiter::{GetLimiterSnapshot, LimitedBroker, LimiterSnapshot, RateLimiter};
 use crate::ports::{Broker, ModelApi};
 use crate::registry::{GetRegistrySnapshot, MachineRegistry, RegistrySnapshot};
 use crate::types::{HarvestMode, MachineId};
@@ -38,6 +39,7 @@ pub struct ProvisionerHandle {
     harvest: Addr<HarvestPolicy>,
     lifecycle: Addr<MachineLifecycle>,
     pool: Addr<WorkerPool>,
+    limiter: Option<Addr<RateLimiter>>,
 }
 
 /// Starts a provisioner on the current actix system.
@@ -53,6 +55,13 @@ pub fn start(
     let coord_ctx: Context<Coordinator> = Context::new();
     let coord = coord_ctx.address();
 
+    // Every cloud call is paced by the client-side limiter (unless every class is unlimited).
+    let limiter = config.rate_limits.any().then(|| RateLimiter::new(config.rate_limits).start());
+    let broker: Arc<dyn Broker> = match &limiter {
+        Some(l) => Arc::new(LimitedBroker::new(broker, l.clone().recipient(), l.clone().recipient())),
+        None => broker,
+    };
+
     let registry = MachineRegistry::new(
         config.scope.clone(),
         broker.clone(),
@@ -61,6 +70,7 @@ pub fn start(
         config.resync_interval,
         Some(coord.clone().recipient()),
     )
+    .with_seed(config.seed ^ 0x0072_6567_6973_7472)
     .start();
     let zones = ZoneAllocator::new(broker.clone(), config.seed, config.resync_interval).start();
     let mut harvest =
@@ -120,8 +130,11 @@ pub fn start(
         resize: pool.clone().recipient(),
     };
     let coordinator =
-        coord_ctx.run(Coordinator::new(links, config.backoff, config.workers, config.retry_path, config.scope.clone()));
-    Ok(ProvisionerHandle { coordinator, registry, zones, harvest, lifecycle, pool })
+        coord_ctx.run(
+            Coordinator::new(links, config.backoff, config.workers, config.retry_path, config.scope.clone())
+                .with_seed(config.seed ^ 0x636f_6f72_6469_6e61),
+        );
+    Ok(ProvisionerHandle { coordinator, registry, zones, harvest, lifecycle, pool, limiter })
 }
 
 impl ProvisionerHandle {
@@ -170,6 +183,14 @@ impl ProvisionerHandle {
         Ok(self.zones.send(GetZoneSnapshot).await?)
     }
 
+    /// The client-side rate limiter's classes (empty when every class is unlimited).
+    pub async fn limiter(&self) -> Result<LimiterSnapshot, ProvisionerError> {
+        match &self.limiter {
+            Some(l) => Ok(l.send(GetLimiterSnapshot).await?),
+            None => Ok(LimiterSnapshot::default()),
+        }
+    }
+
     /// The pool's load.
     pub async fn pool(&self) -> Result<PoolStatus, ProvisionerError> {
         Ok(self.pool.send(GetPoolStatus).await?)
@@ -194,6 +215,9 @@ impl ProvisionerHandle {
         self.harvest.do_send(Shutdown);
         self.lifecycle.do_send(Shutdown);
         self.pool.do_send(Shutdown);
+        if let Some(l) = &self.limiter {
+            l.do_send(Shutdown);
+        }
     }
 
     /// Destroys the model (seed 002): see [`DestroyModel`](crate::coordinator::DestroyModel).

@@ -129,6 +129,12 @@ impl Coordinator {
         }
     }
 
+    /// The same coordinator drawing its backoff jitter from this seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.book = self.book.with_seed(seed);
+        self
+    }
+
     fn publish(&self, event: ProvisionerEvent) {
         tracing::debug!(event = event.name(), "provisioner event");
         for s in &self.subscribers {

@@ -3,6 +3,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
 use crate::config::Backoff;
 use crate::types::MachineId;
 
@@ -17,6 +20,7 @@ pub struct BatchBook {
     zones_loaded: bool,
     failures: u32,
     backoff: Backoff,
+    rng: StdRng,
     workers: usize,
 }
 
@@ -32,8 +36,15 @@ impl BatchBook {
             zones_loaded: false,
             failures: 0,
             backoff,
+            rng: StdRng::seed_from_u64(0),
             workers,
         }
+    }
+
+    /// The same book drawing its backoff jitter from this seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.rng = StdRng::seed_from_u64(seed);
+        self
     }
 
     /// Adds changed ids to the next batch.
@@ -65,7 +76,7 @@ impl BatchBook {
         self.in_flight = false;
         self.backing_off = true;
         self.pending.extend(ids);
-        let d = self.backoff.delay(self.failures);
+        let d = self.backoff.delay(self.failures, &mut self.rng);
         self.failures += 1;
         d
     }
@@ -97,8 +108,8 @@ impl BatchBook {
 
     /// Ids to retry later (a per-machine read failed): they wait for the next batch after a
     /// backoff; answers that delay.
-    pub fn retry_later_delay(&self) -> Duration {
-        self.backoff.delay(self.failures)
+    pub fn retry_later_delay(&mut self) -> Duration {
+        self.backoff.delay(self.failures, &mut self.rng)
     }
 
     /// The pool size in force.

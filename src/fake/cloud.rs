@@ -6,6 +6,8 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_rt::time::Instant;
 
+use crate::limiter::{RateLimits, TokenBucket};
+
 use crate::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
 use crate::types::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
 
@@ -66,37 +68,6 @@ pub struct CallRecord {
     pub throttled: bool,
     /// When it completed (`None` while in flight).
     pub done_at: Option<Duration>,
-}
-
-/// A token bucket: `burst` tokens, refilled at `per_second`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenBucket {
-    burst: f64,
-    per_second: f64,
-    tokens: f64,
-    last: Option<Instant>,
-}
-
-impl TokenBucket {
-    /// A full bucket.
-    pub fn new(burst: u32, per_second: f64) -> Self {
-        Self { burst: f64::from(burst), per_second, tokens: f64::from(burst), last: None }
-    }
-
-    /// Takes a token if one is there at `now`.
-    pub fn take(&mut self, now: Instant) -> bool {
-        if let Some(last) = self.last {
-            let elapsed = now.saturating_duration_since(last).as_secs_f64();
-            self.tokens = (self.tokens + elapsed * self.per_second).min(self.burst);
-        }
-        self.last = Some(now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
 }
 
 /// A scripted StartInstance failure: the first `times` matching calls fail.
@@ -181,6 +152,7 @@ struct CloudActor {
     epoch: Instant,
     start_bucket: Option<TokenBucket>,
     stop_bucket: Option<TokenBucket>,
+    describe_bucket: Option<TokenBucket>,
     in_flight: usize,
     last_activity: Duration,
     duplicates: Vec<String>,
@@ -243,9 +215,10 @@ impl CloudActor {
         let bucket = match kind {
             CloudOp::StartInstance => self.start_bucket.as_mut(),
             CloudOp::StopInstances => self.stop_bucket.as_mut(),
-            _ => None,
+            CloudOp::AllInstances | CloudOp::AvailabilityZones | CloudOp::DeriveZones => self.describe_bucket.as_mut(),
+            CloudOp::ReleaseInstances | CloudOp::RetagInstance => None,
         }?;
-        if bucket.take(Instant::now()) {
+        if bucket.take(self.epoch.elapsed()) {
             return None;
         }
         if let Some(c) = self.calls.get_mut(idx) {
@@ -586,6 +559,7 @@ impl FakeCloud {
             epoch: Instant::now(),
             start_bucket: None,
             stop_bucket: None,
+            describe_bucket: None,
             in_flight: 0,
             last_activity: Duration::ZERO,
             duplicates: Vec::new(),
@@ -669,11 +643,13 @@ impl FakeCloud {
         self.control(move |c| c.log_calls = on);
     }
 
-    /// Throttles starts and stops with token buckets (`(burst, per_second)`; `None` = unlimited).
-    pub fn set_rate_limit(&self, start: Option<(u32, f64)>, stop: Option<(u32, f64)>) {
+    /// Throttles calls as EC2 does, with a token bucket per class (`None` = unlimited): starts,
+    /// stops, and listings/lookups. A call without a token fails with `RequestLimitExceeded`.
+    pub fn set_rate_limit(&self, limits: RateLimits) {
         self.control(move |c| {
-            c.start_bucket = start.map(|(b, r)| TokenBucket::new(b, r));
-            c.stop_bucket = stop.map(|(b, r)| TokenBucket::new(b, r));
+            c.start_bucket = limits.start.map(TokenBucket::new);
+            c.stop_bucket = limits.stop.map(TokenBucket::new);
+            c.describe_bucket = limits.describe.map(TokenBucket::new);
         });
     }
 

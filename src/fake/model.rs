@@ -96,6 +96,8 @@ pub struct ModelSnapshot {
     pub life: Life,
     /// Every error an operation on the model returned, in order.
     pub errors: Vec<String>,
+    /// Instance-info writes under way (see [`FakeModel::set_write_latency`]).
+    pub writes_in_flight: usize,
 }
 
 impl ModelSnapshot {
@@ -117,6 +119,10 @@ struct ModelActor {
     last_activity: std::time::Duration,
     life: Life,
     errors: Vec<String>,
+    /// How long an instance-info write takes (the instance is recorded when it ends).
+    write_latency: std::time::Duration,
+    /// Instance-info writes under way.
+    writes_in_flight: usize,
 }
 
 impl Actor for ModelActor {
@@ -314,9 +320,18 @@ impl Message for ApiCall {
 }
 
 impl Handler<ApiCall> for ModelActor {
-    type Result = CallResult;
-    fn handle(&mut self, msg: ApiCall, _ctx: &mut Self::Context) -> CallResult {
-        self.handle_call(msg.0)
+    type Result = ResponseActFuture<Self, CallResult>;
+    fn handle(&mut self, msg: ApiCall, _ctx: &mut Self::Context) -> Self::Result {
+        if matches!(msg.0, Call::SetInstanceInfo(..)) && !self.write_latency.is_zero() {
+            // The write lands after the latency even if the caller is gone by then (a crash).
+            self.writes_in_flight += 1;
+            let wait = actix_rt::time::sleep(self.write_latency);
+            return Box::pin(wait.into_actor(self).map(move |(), act, _ctx| {
+                act.writes_in_flight -= 1;
+                act.handle_call(msg.0)
+            }));
+        }
+        Box::pin(fut::ready(self.handle_call(msg.0)))
     }
 }
 
@@ -346,7 +361,19 @@ impl Handler<Snapshot> for ModelActor {
             last_activity: self.last_activity,
             life: self.life,
             errors: self.errors.clone(),
+            writes_in_flight: self.writes_in_flight,
         })
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "usize")]
+struct WritesInFlight;
+
+impl Handler<WritesInFlight> for ModelActor {
+    type Result = usize;
+    fn handle(&mut self, _msg: WritesInFlight, _ctx: &mut Self::Context) -> usize {
+        self.writes_in_flight
     }
 }
 
@@ -376,8 +403,21 @@ impl FakeModel {
             last_activity: std::time::Duration::ZERO,
             life: Life::Alive,
             errors: Vec::new(),
+            write_latency: std::time::Duration::ZERO,
+            writes_in_flight: 0,
         };
         Self { addr: actor.start() }
+    }
+
+    /// Makes every instance-info write take this long: the instance is recorded when it ends,
+    /// whether or not its caller is still there (a crash between a start and its record).
+    pub fn set_write_latency(&self, latency: std::time::Duration) {
+        self.control(move |m| m.write_latency = latency);
+    }
+
+    /// Instance-info writes under way.
+    pub async fn writes_in_flight(&self) -> usize {
+        self.addr.send(WritesInFlight).await.unwrap_or(0)
     }
 
     /// The model API port over this model.

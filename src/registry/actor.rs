@@ -18,6 +18,7 @@ pub struct MachineRegistry {
     broker: Arc<dyn Broker>,
     model: Arc<dyn ModelApi>,
     backoff: Backoff,
+    rng: rand::rngs::StdRng,
     resync_interval: std::time::Duration,
     resync_failures: u32,
     on_refresh: Option<Recipient<ViewRefreshed>>,
@@ -42,12 +43,19 @@ impl MachineRegistry {
             broker,
             model,
             backoff,
+            rng: rand::SeedableRng::seed_from_u64(0),
             resync_interval,
             resync_failures: 0,
             on_refresh,
             removals: 0,
             listed_at: None,
         }
+    }
+
+    /// The same registry drawing its backoff jitter from this seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.rng = rand::SeedableRng::seed_from_u64(seed);
+        self
     }
 
     fn schedule_resync(&self, ctx: &mut Context<Self>, after: std::time::Duration) {
@@ -68,7 +76,7 @@ impl MachineRegistry {
             }
             Err(e) => {
                 act.book.mark_stale();
-                let delay = act.backoff.delay(act.resync_failures).min(act.resync_interval);
+                let delay = act.backoff.delay(act.resync_failures, &mut act.rng).min(act.resync_interval);
                 act.resync_failures += 1;
                 tracing::warn!(error = %e, retry_in = ?delay, "cloud listing failed; not harvesting until one succeeds");
                 act.schedule_resync(ctx, delay);
@@ -100,7 +108,7 @@ impl MachineRegistry {
         ctx.spawn(call.into_actor(self).map(move |res, act, ctx| match res {
             Ok(()) | Err(ModelError::NotFound(_)) => act.removals -= 1,
             Err(e) => {
-                let delay = act.backoff.delay(attempt);
+                let delay = act.backoff.delay(attempt, &mut act.rng);
                 tracing::warn!(machine = %id, error = %e, retry_in = ?delay, "mark for removal failed");
                 ctx.run_later(delay, move |act, ctx| {
                     act.removals -= 1;

@@ -143,7 +143,9 @@ fn config(workers: usize) -> ProvisionerConfig {
     ProvisionerConfig {
         model_uuid: super::SIM_MODEL_UUID.into(),
         workers,
-        retry: RetryStrategy { count: 0, delay: Duration::ZERO },
+        retry: RetryStrategy::new(0, Duration::ZERO),
+        // The benchmark's cloud does not throttle: a client-side limit would only measure itself.
+        rate_limits: crate::limiter::RateLimits::unlimited(),
         ..ProvisionerConfig::default()
     }
 }

@@ -130,7 +130,21 @@ pub fn generate(seed: u64) -> Scenario {
         start_per_second: Some(f64::from(rng.random_range(1..=4u32))),
         stop_burst: Some(rng.random_range(1..=5)),
         stop_per_second: Some(f64::from(rng.random_range(1..=4u32))),
+        describe_burst: rng.random_bool(0.5).then(|| rng.random_range(1..=5)),
+        describe_per_second: Some(f64::from(rng.random_range(1..=4u32))),
+        enabled: None,
     });
+    // The client-side limiter: EC2 defaults, off, or tighter than the cloud.
+    let client_limit = match rng.random_range(0..4u32) {
+        0 => Some(RateLimitSpec { enabled: Some(false), ..RateLimitSpec::default() }),
+        1 => Some(RateLimitSpec {
+            start_burst: Some(rng.random_range(1..=4)),
+            start_per_second: Some(f64::from(rng.random_range(1..=3u32))),
+            describe_burst: Some(rng.random_range(1..=4)),
+            ..RateLimitSpec::default()
+        }),
+        _ => None,
+    };
 
     let mut events = Vec::new();
     let mut next_id = machine_count;
@@ -151,7 +165,14 @@ pub fn generate(seed: u64) -> Scenario {
             }
             45..=52 => Action::SetHarvestMode(*pick(&mut rng, &modes)),
             53..=58 => Action::SetWorkers(rng.random_range(1..=8)),
-            59..=66 => Action::Restart,
+            59..=66 => {
+                // Sometimes a second crash right after the first (recovery itself interrupted).
+                if rng.random_bool(0.3) {
+                    let again = at + Duration::from_millis(rng.random_range(0..=3_000));
+                    events.push(EventSpec::new(again, Action::Restart));
+                }
+                Action::Restart
+            }
             67..=71 => Action::RetryProvisioning(vec![target]),
             72..=76 if !zones.is_empty() => {
                 let cut = rng.random_range(0..zones.len());
@@ -212,7 +233,12 @@ pub fn generate(seed: u64) -> Scenario {
             resync_interval: Dur(Duration::from_secs(60)),
             reuse,
             reuse_window: Dur(Duration::from_secs(rng.random_range(10..=300))),
+            rate_limit: client_limit,
+            harvest_grace: Dur(Duration::from_secs(rng.random_range(0..=600))),
+            harvest_max_stops: rng.random_range(1..=4),
+            capacity_memory: Dur(Duration::from_secs(rng.random_range(0..=300))),
         },
+        model: ModelSpec { write_latency: Dur(if rng.random_bool(0.3) { ms(&mut rng, 5_000) } else { Duration::ZERO }) },
         cloud: CloudSpec {
             zones: available,
             unavailable_zones: unavailable,

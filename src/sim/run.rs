@@ -201,7 +201,8 @@ impl World {
             Some(c) => c.is_idle().await,
             None => true,
         };
-        in_flight == 0 && prov && containers
+        let writes = self.model.writes_in_flight().await;
+        in_flight == 0 && writes == 0 && prov && containers
     }
 }
 
@@ -218,9 +219,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
     };
     cloud.set_latency(s.cloud.start_latency.0, s.cloud.stop_latency.0);
     if let Some(r) = &s.cloud.rate_limit {
-        let start = r.start_burst.map(|b| (b, r.start_per_second.unwrap_or(f64::from(b))));
-        let stop = r.stop_burst.map(|b| (b, r.stop_per_second.unwrap_or(f64::from(b))));
-        cloud.set_rate_limit(start, stop);
+        cloud.set_rate_limit(r.limits(crate::limiter::RateLimits::unlimited()));
     }
     for i in &s.cloud.instances {
         cloud.launch(&i.id, i.zone.as_deref(), i.machine.as_deref(), i.state.into(), i.foreign);
@@ -253,11 +252,12 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
             })
             .collect(),
     );
+    model.set_write_latency(s.model.write_latency.0);
     let config = ProvisionerConfig {
         model_uuid: SIM_MODEL_UUID.into(),
         harvest_mode: s.provisioner.harvest_mode,
         workers: s.provisioner.workers.0,
-        retry: RetryStrategy { count: s.provisioner.retry_count, delay: s.provisioner.retry_delay.0 },
+        retry: RetryStrategy::new(s.provisioner.retry_count, s.provisioner.retry_delay.0),
         resync_interval: if s.provisioner.resync_interval.0.is_zero() {
             Duration::from_secs(60)
         } else {
@@ -266,6 +266,13 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         seed,
         reuse: s.provisioner.reuse,
         reuse_window: s.provisioner.reuse_window.0,
+        rate_limits: match &s.provisioner.rate_limit {
+            Some(r) => r.limits(crate::limiter::RateLimits::ec2()),
+            None => crate::limiter::RateLimits::ec2(),
+        },
+        harvest_grace: s.provisioner.harvest_grace.0,
+        harvest_max_stops: s.provisioner.harvest_max_stops,
+        capacity_memory: s.provisioner.capacity_memory.0,
         ..ProvisionerConfig::default()
     };
     let mut world = World {

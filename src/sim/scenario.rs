@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
+use crate::limiter::{BucketLimit, RateLimits};
 use crate::types::{HarvestMode, InstanceState, Life, MachineStatus};
 
 /// A bad scenario file: which file, which line, which field, and what is wrong.
@@ -97,6 +98,15 @@ fn default_resync() -> Dur {
 fn default_reuse_window() -> Dur {
     Dur(crate::config::DEFAULT_REUSE_WINDOW)
 }
+fn default_harvest_grace() -> Dur {
+    Dur(crate::config::DEFAULT_HARVEST_GRACE)
+}
+fn default_harvest_max_stops() -> usize {
+    crate::config::DEFAULT_HARVEST_MAX_STOPS
+}
+fn default_capacity_memory() -> Dur {
+    Dur(crate::config::DEFAULT_CAPACITY_MEMORY)
+}
 fn default_times() -> u32 {
     1
 }
@@ -126,12 +136,31 @@ pub struct Scenario {
     /// The simulated cloud.
     #[serde(default)]
     pub cloud: CloudSpec,
+    /// The simulated model (an addition).
+    #[serde(default, skip_serializing_if = "ModelSpec::is_default")]
+    pub model: ModelSpec,
     /// The model's machines at the start.
     #[serde(default)]
     pub machines: Vec<MachineSpec>,
     /// Timed events.
     #[serde(default)]
     pub events: Vec<EventSpec>,
+}
+
+/// `[model]` (an addition): how the simulated model behaves.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// How long recording an instance takes (SetInstanceInfo): a `restart` in that window
+    /// crashes the provisioner after its start succeeded but before the instance is recorded.
+    #[serde(default)]
+    pub write_latency: Dur,
+}
+
+impl ModelSpec {
+    fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
 }
 
 /// `[provisioner]`.
@@ -159,6 +188,18 @@ pub struct ProvisionerSpec {
     /// How long a parked instance waits for reuse (an addition).
     #[serde(default = "default_reuse_window")]
     pub reuse_window: Dur,
+    /// The client-side rate limiter (an addition; EC2-sized by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimitSpec>,
+    /// How young an unknown instance may be and still be spared by a harvest (an addition).
+    #[serde(default = "default_harvest_grace")]
+    pub harvest_grace: Dur,
+    /// Most unknown instances stopped in one harvest pass (an addition).
+    #[serde(default = "default_harvest_max_stops")]
+    pub harvest_max_stops: usize,
+    /// How long a zone's capacity failure steers machines of the same shape away (an addition).
+    #[serde(default = "default_capacity_memory")]
+    pub capacity_memory: Dur,
 }
 
 impl Default for ProvisionerSpec {
@@ -171,6 +212,10 @@ impl Default for ProvisionerSpec {
             resync_interval: default_resync(),
             reuse: false,
             reuse_window: default_reuse_window(),
+            rate_limit: None,
+            harvest_grace: default_harvest_grace(),
+            harvest_max_stops: default_harvest_max_stops(),
+            capacity_memory: default_capacity_memory(),
         }
     }
 }
@@ -224,10 +269,16 @@ pub struct InitFaultSpec {
     pub message: String,
 }
 
-/// `[cloud.rate_limit]`: one token bucket per call kind; a missing kind is unlimited.
+/// `[cloud.rate_limit]` (the cloud's buckets) or `[provisioner.rate_limit]` (the client's,
+/// an addition): one token bucket per call kind. In the cloud a missing kind is unlimited; in
+/// the provisioner it keeps its EC2-sized default, and `enabled = false` turns the client-side
+/// limiter off.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitSpec {
+    /// Provisioner side only: `false` = no client-side limiter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
     /// Start bucket size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_burst: Option<u32>,
@@ -240,6 +291,38 @@ pub struct RateLimitSpec {
     /// Stop refill rate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_per_second: Option<f64>,
+    /// Listing and lookup bucket size (an addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub describe_burst: Option<u32>,
+    /// Listing and lookup refill rate (an addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub describe_per_second: Option<f64>,
+}
+
+impl RateLimitSpec {
+    fn bucket(burst: Option<u32>, per_second: Option<f64>, base: Option<BucketLimit>) -> Option<BucketLimit> {
+        match (burst, per_second) {
+            (None, None) => base,
+            (b, r) => {
+                let burst = b.or(base.map(|l| l.burst)).unwrap_or_else(|| r.map_or(1, |r| r.ceil().max(1.0) as u32));
+                let per_second = r.or(base.map(|l| l.per_second)).unwrap_or(f64::from(burst));
+                Some(BucketLimit::new(burst, per_second))
+            }
+        }
+    }
+
+    /// The buckets, each kind given here overriding `base` (given burst without rate: the
+    /// rate is the burst per second; rate without burst: the burst is the rate, rounded up).
+    pub fn limits(&self, base: RateLimits) -> RateLimits {
+        if self.enabled == Some(false) {
+            return RateLimits::unlimited();
+        }
+        RateLimits {
+            start: Self::bucket(self.start_burst, self.start_per_second, base.start),
+            stop: Self::bucket(self.stop_burst, self.stop_per_second, base.stop),
+            describe: Self::bucket(self.describe_burst, self.describe_per_second, base.describe),
+        }
+    }
 }
 
 /// The state of a pre-existing instance.

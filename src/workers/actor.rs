@@ -81,7 +81,7 @@ impl WorkerPool {
             match job {
                 Job::Start(start) => {
                     let nonce = self.nonce();
-                    let fut = run_start(self.deps.clone(), *start, nonce);
+                    let fut = run_start(self.deps.clone(), *start, nonce, self.rng.random());
                     ctx.spawn(fut.into_actor(self).map(|outcome, act, ctx| {
                         act.book.finished();
                         act.done.do_send(JobDone(outcome));
@@ -95,7 +95,7 @@ impl WorkerPool {
                         match res {
                             Ok(()) => act.done.do_send(JobDone(JobOutcome::Stopped { instances: stop.instances, machines: stop.machines })),
                             Err(e) => {
-                                let delay = act.deps.backoff.delay(stop.attempt);
+                                let delay = act.deps.backoff.delay(stop.attempt, &mut act.rng);
                                 tracing::warn!(instances = ?stop.instances, error = %e, retry_in = ?delay, "stopping instances failed; will retry");
                                 let again = StopJob { attempt: stop.attempt + 1, ..stop };
                                 act.requeue_later(Job::Stop(again), delay, ctx);
@@ -114,7 +114,7 @@ impl WorkerPool {
                                 machines: release.machines,
                             })),
                             Err(e) => {
-                                let delay = act.deps.backoff.delay(release.attempt);
+                                let delay = act.deps.backoff.delay(release.attempt, &mut act.rng);
                                 tracing::warn!(instances = ?release.instances, error = %e, retry_in = ?delay, "releasing instances failed; will retry");
                                 let again = ReleaseJob { attempt: release.attempt + 1, ..release };
                                 act.requeue_later(Job::Release(again), delay, ctx);

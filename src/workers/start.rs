@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
 use super::actor::StartDeps;
 use super::messages::JobOutcome;
 use super::state::{Attempts, FailureKind, StartJob, Step};
@@ -69,6 +72,7 @@ async fn register(
     nonce: &str,
     name: String,
     started: Started,
+    rng: &mut StdRng,
 ) -> JobOutcome {
     let info = ProvisionedInstance {
         instance: instance.id.clone(),
@@ -93,7 +97,7 @@ async fn register(
                 tracing::warn!(%machine, instance = %instance.id, error = %e, "cannot record instance");
                 last = Some(e);
                 if attempt + 1 < REGISTER_ATTEMPTS {
-                    actix_rt::time::sleep(deps.backoff.delay(attempt)).await;
+                    actix_rt::time::sleep(deps.backoff.delay(attempt, rng)).await;
                 }
             }
         }
@@ -117,8 +121,11 @@ struct Started {
 }
 
 /// Runs one start to its end. Never panics; every failure becomes the outcome.
-pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, nonce: String) -> JobOutcome {
+///
+/// `seed` seeds the jitter of its backoffs, so a run is reproducible.
+pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, nonce: String, seed: u64) -> JobOutcome {
     let deps = &*deps;
+    let rng = &mut StdRng::seed_from_u64(seed);
     let machine = job.machine.id.clone();
     if !still_wanted(deps, &machine).await {
         return abandon(deps, machine).await;
@@ -128,7 +135,7 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
     if let Some(instance) = job.adopt.clone() {
         tracing::info!(%machine, instance = %instance.id, "adopting existing instance tagged for this machine");
         let start_nonce = instance.tags.start.clone().unwrap_or_else(|| nonce.clone());
-        return register(deps, machine, instance, &start_nonce, String::new(), Started::default()).await;
+        return register(deps, machine, instance, &start_nonce, String::new(), Started::default(), rng).await;
     }
 
     set_instance_status(deps, &machine, InstanceStatus::provisioning(), "starting".into()).await;
@@ -184,7 +191,7 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
                         tags: params.tags.clone(),
                     };
                     let started = Started { constraints: Some(job.info.constraints.clone()), retired, reserved: false };
-                    return register(deps, machine, instance, &nonce, String::new(), started).await;
+                    return register(deps, machine, instance, &nonce, String::new(), started, rng).await;
                 }
                 Err(e) => {
                     tracing::warn!(%machine, instance = %parked.instance, error = %e, "cannot hand the parked instance over; stopping it and starting anew");
@@ -219,7 +226,7 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
                 // Constraints are only remembered where reuse may need them.
                 let constraints = deps.claim.is_some().then(|| job.info.constraints.clone());
                 let how = Started { constraints, retired, reserved: true };
-                return register(deps, machine, started.instance, &nonce, started.display_name, how).await;
+                return register(deps, machine, started.instance, &nonce, started.display_name, how, rng).await;
             }
             Err(e) => e,
         };
@@ -246,7 +253,7 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
                 Duration::ZERO
             }
             Step::NewRound => {
-                let d = deps.retry.delay;
+                let d = deps.retry.delay_before(attempts.rounds_used().saturating_sub(1), rng);
                 let msg = format!(
                     "failed to start machine {machine} ({}), retrying in {d:?} ({} more attempts)",
                     err.message(),
@@ -257,7 +264,7 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
                 d
             }
             Step::Backoff => {
-                let d = deps.backoff.delay(attempts.throttled().saturating_sub(1));
+                let d = deps.backoff.delay(attempts.throttled().saturating_sub(1), rng);
                 tracing::debug!(%machine, retry_in = ?d, "start throttled by the cloud; waiting");
                 d
             }

@@ -145,6 +145,7 @@ pub enum Step {
 /// always fails gets N+1 calls without zones and N·Z+1 with Z eligible zones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attempts {
+    count: u32,
     rounds_left: u32,
     throttled: u32,
 }
@@ -152,12 +153,17 @@ pub struct Attempts {
 impl Attempts {
     /// `count` extra rounds.
     pub fn new(count: u32) -> Self {
-        Self { rounds_left: count, throttled: 0 }
+        Self { count, rounds_left: count, throttled: 0 }
     }
 
     /// Rounds left.
     pub fn rounds_left(&self) -> u32 {
         self.rounds_left
+    }
+
+    /// Rounds used up so far (the backoff before the next round grows with it).
+    pub fn rounds_used(&self) -> u32 {
+        self.count - self.rounds_left
     }
 
     /// Throttled calls so far (for the backoff).

@@ -21,9 +21,11 @@ async fn failing_listing_is_retried_with_backoff() {
     let lists = cloud.calls_of(CloudOp::AllInstances);
     assert_eq!(lists.len(), 4);
     assert_eq!(lists.iter().filter(|c| c.ok == Some(false)).count(), 3);
-    // Exponential backoff: 1 s, 2 s, 4 s.
-    assert_eq!(lists[1].at - lists[0].at, Duration::from_secs(1));
-    assert_eq!(lists[3].at - lists[2].at, Duration::from_secs(4));
+    // Exponential backoff with full jitter: under 1 s, 2 s, 4 s.
+    for (i, ceiling) in [1, 2, 4].into_iter().enumerate() {
+        let gap = lists[i + 1].at - lists[i].at;
+        assert!(gap <= Duration::from_secs(ceiling), "retry {i} after {gap:?}");
+    }
     assert!(h.handle.is_running());
 }
 
@@ -36,17 +38,18 @@ async fn nothing_is_harvested_from_a_view_that_failed_to_load() {
     let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["0", "1"])));
     h.until_model(Duration::from_secs(10), |m| instance_of(m, "0").is_some()).await;
     h.cloud.launch("stray", None, None, InstanceState::Running, false);
-    // The resync fails, and so does the fresh listing the next harvest asks for.
-    h.cloud.fail_next(CloudOp::AllInstances, 2, "listing broke");
+    // The resync fails, and so do its jittered retries and the fresh listing the next harvest
+    // asks for.
+    h.cloud.fail_next(CloudOp::AllInstances, 4, "listing broke");
     h.run_for(Duration::from_millis(60_500)).await;
     // A death now must not reap the unknown instance from a stale view.
     h.model.set_life("1", Life::Dead);
     h.until_model(Duration::from_secs(10), |m| m.machine("1").unwrap().removed).await;
     let cloud = h.cloud().await;
     assert!(stops(&cloud).iter().all(|s| !s.contains(&"stray".to_string())), "{:?}", stops(&cloud));
-    // The retried listing succeeds (1 s backoff): now it is harvested.
+    // A retried listing succeeds (backoff under 1 + 2 + 4 + 8 s): now it is harvested.
     assert_eq!(h.cloud().await.state_of("stray"), Some(InstanceState::Running));
-    h.run_for(Duration::from_secs(5)).await;
+    h.run_for(Duration::from_secs(20)).await;
     assert_eq!(h.cloud().await.state_of("stray"), Some(InstanceState::Terminated));
 }
 

@@ -42,7 +42,7 @@ pub fn test_config() -> ProvisionerConfig {
     ProvisionerConfig {
         model_uuid: MODEL.into(),
         workers: 4,
-        retry: RetryStrategy { count: 0, delay: Duration::ZERO },
+        retry: RetryStrategy::new(0, Duration::ZERO),
         resync_interval: Duration::from_secs(3600),
         ..ProvisionerConfig::default()
     }

@@ -95,7 +95,7 @@ async fn zone_constraints_are_honoured() {
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn zone_specific_failure_fails_over_to_another_zone_at_once() {
     let config =
-        ProvisionerConfig { retry: RetryStrategy { count: 1, delay: Duration::from_secs(10) }, ..test_config() };
+        ProvisionerConfig { retry: RetryStrategy::new(1, Duration::from_secs(10)), ..test_config() };
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
     cloud.add_fault(Fault {
         machine: "0".into(),
@@ -119,7 +119,7 @@ async fn zone_specific_failure_fails_over_to_another_zone_at_once() {
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn always_failing_machine_gets_n_times_z_plus_one_calls() {
     let config =
-        ProvisionerConfig { retry: RetryStrategy { count: 2, delay: Duration::from_secs(1) }, ..test_config() };
+        ProvisionerConfig { retry: RetryStrategy::new(2, Duration::from_secs(1)), ..test_config() };
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
     cloud.add_fault(Fault {
         machine: "0".into(),
@@ -153,7 +153,7 @@ async fn always_failing_machine_gets_n_times_z_plus_one_calls() {
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn failure_marks_clear_after_every_zone_failed() {
     let config =
-        ProvisionerConfig { retry: RetryStrategy { count: 4, delay: Duration::from_millis(5) }, ..test_config() };
+        ProvisionerConfig { retry: RetryStrategy::new(4, Duration::from_millis(5)), ..test_config() };
     let cloud = zoned_cloud(&[]);
     cloud.set_zones(&["zone1", "zone3", "zone4"], &["zone2"]);
     cloud.launch("i-ctl", Some("zone1"), Some("0"), InstanceState::Running, false);
@@ -184,7 +184,7 @@ async fn failure_marks_clear_after_every_zone_failed() {
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn derived_zones_restrict_placement() {
     let config =
-        ProvisionerConfig { retry: RetryStrategy { count: 2, delay: Duration::from_millis(5) }, ..test_config() };
+        ProvisionerConfig { retry: RetryStrategy::new(2, Duration::from_millis(5)), ..test_config() };
     let cloud = zoned_cloud(&[]);
     cloud.set_zones(&["zone1", "zone3", "zone4"], &["zone2"]);
     cloud.set_derived_zones("1", &["fail-zone"]);
@@ -245,7 +245,7 @@ async fn zoneless_cloud_starts_without_zones() {
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn distribution_group_members_spread_over_zones() {
     let config =
-        ProvisionerConfig { retry: RetryStrategy { count: 2, delay: Duration::ZERO }, workers: 1, ..test_config() };
+        ProvisionerConfig { retry: RetryStrategy::new(2, Duration::ZERO), workers: 1, ..test_config() };
     let groups: [(&str, &[&str]); 5] =
         [("1", &["4", "5"]), ("2", &["3"]), ("3", &["2"]), ("4", &["1", "5"]), ("5", &["1", "4"])];
     let ms = groups
@@ -357,8 +357,9 @@ async fn zone_list_changes_are_picked_up_and_unavailable_zones_avoided() {
 /// delay after a zone-independent failure holds no zone.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn zone_independent_failure_releases_the_reservation_during_the_retry_delay() {
+    // A long delay (jittered in [0, 1000 s]) leaves time to look.
     let config =
-        ProvisionerConfig { retry: RetryStrategy { count: 1, delay: Duration::from_secs(10) }, ..test_config() };
+        ProvisionerConfig { retry: RetryStrategy::new(1, Duration::from_secs(1000)), ..test_config() };
     let cloud = zoned_cloud(&["az1", "az2"]);
     cloud.add_fault(Fault { machine: "0".into(), times: 1, zone: None, zone_independent: true, message: "arf".into() });
     let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["0"])));
@@ -366,5 +367,5 @@ async fn zone_independent_failure_releases_the_reservation_during_the_retry_dela
     assert_eq!(starts_of(&h.cloud().await, "0"), 1);
     let zones = h.handle.zones().await.unwrap();
     assert!(zones.zones.iter().all(|z| z.machines.is_empty()), "reservation kept during the delay: {zones:?}");
-    h.until_model(Duration::from_secs(30), all_provisioned(&["0"])).await;
+    h.until_model(Duration::from_secs(1000), all_provisioned(&["0"])).await;
 }

@@ -42,7 +42,7 @@ pub struct ContainerSupervisor {
 impl ContainerSupervisor {
     /// A listening supervisor; `host_zone` is `Some` if the host is already provisioned.
     pub fn new(host: MachineId, kind: String, host_zone: Option<Option<String>>, deps: SupervisorDeps) -> Self {
-        let book = SupervisorBook::new(deps.config.backoff, host_zone);
+        let book = SupervisorBook::new(deps.config.backoff, host_zone).with_seed(deps.config.seed ^ 0x5u64);
         Self { host, kind, book, deps, provisioner: None, incarnation: 0 }
     }
 

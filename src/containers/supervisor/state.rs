@@ -3,6 +3,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
 use crate::config::Backoff;
 use crate::types::MachineId;
 
@@ -69,6 +72,7 @@ pub struct SupervisorBook {
     host_zone: Option<Option<String>>,
     containers: BTreeSet<MachineId>,
     backoff: Backoff,
+    rng: StdRng,
     max_failures: u32,
     running: bool,
 }
@@ -81,9 +85,16 @@ impl SupervisorBook {
             host_zone,
             containers: BTreeSet::new(),
             backoff,
+            rng: StdRng::seed_from_u64(0),
             max_failures: DEFAULT_MAX_INIT_FAILURES,
             running: false,
         }
+    }
+
+    /// The same book drawing its backoff jitter from this seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.rng = StdRng::seed_from_u64(seed);
+        self
     }
 
     /// Gives up after this many failed initialisations.
@@ -152,7 +163,7 @@ impl SupervisorBook {
                 vec![Effect::GiveUp { containers: self.containers.iter().cloned().collect(), message: e }]
             }
             Err(e) => {
-                let after = self.backoff.delay(failures);
+                let after = self.backoff.delay(failures, &mut self.rng);
                 self.stage = Stage::Initialising { failures: failures + 1 };
                 vec![Effect::RetryInitialise { after, message: e }]
             }
