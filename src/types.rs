@@ -375,6 +375,22 @@ pub struct Constraints {
 }
 
 impl Constraints {
+    /// What is asked of the cloud, zones aside: machines with one shape compete for the same
+    /// capacity (a zone out of capacity for one is, for a while, out of capacity for all).
+    pub fn shape(&self) -> String {
+        let mut s = format!("arch={}", self.arch_or_default());
+        let mut part = |k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                s.push_str(&format!(" {k}={v}"));
+            }
+        };
+        part("instance-type", self.instance_type.clone());
+        part("cores", self.cores.map(|c| c.to_string()));
+        part("mem", self.mem_mb.map(|m| format!("{m}M")));
+        part("root-disk", self.root_disk_mb.map(|m| format!("{m}M")));
+        s
+    }
+
     /// The architecture to start, `amd64` by default (rule 52).
     pub fn arch_or_default(&self) -> &str {
         self.arch.as_deref().unwrap_or("amd64")

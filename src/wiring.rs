@@ -72,7 +72,9 @@ pub fn start(
     )
     .with_seed(config.seed ^ 0x0072_6567_6973_7472)
     .start();
-    let zones = ZoneAllocator::new(broker.clone(), config.seed, config.resync_interval).start();
+    let zones = ZoneAllocator::new(broker.clone(), config.seed, config.resync_interval)
+        .with_capacity_memory(config.capacity_memory)
+        .start();
     let mut harvest =
         HarvestPolicy::new(config.harvest_mode, registry.clone().recipient(), config.harvest_listing_max_age);
     if config.reuse {

@@ -119,7 +119,7 @@ pub fn plan(s: &Scenario, seed: Option<u64>) -> Plan {
         let derived =
             s.cloud.derived_zones.iter().find(|d| d.machine == spec.id).map(|d| d.zones.clone()).unwrap_or_default();
         let group: Vec<MachineId> = spec.distribution_group.iter().flatten().map(MachineId::new).collect();
-        let request = ZoneRequest { allowed: spec.zones.clone(), derived, group: (!group.is_empty()).then_some(group) };
+        let request = ZoneRequest { allowed: spec.zones.clone(), derived, group: (!group.is_empty()).then_some(group), ..ZoneRequest::default() };
         match zones.choose(&m.id, request) {
             Ok(zone) => out.starts.push(PlannedStart { machine: m.id.to_string(), zone }),
             Err(e) => out.failures.push(MachineNote { machine: m.id.to_string(), detail: e.to_string() }),

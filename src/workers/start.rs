@@ -207,6 +207,7 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
         allowed: job.info.constraints.zones.clone(),
         derived,
         group: (!job.group.is_empty()).then(|| job.group.clone()),
+        shape: Some(job.info.constraints.shape()),
     };
 
     let mut attempts = Attempts::new(deps.retry.count);

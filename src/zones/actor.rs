@@ -11,6 +11,7 @@ use crate::ports::{Broker, BrokerError};
 /// Owns the zone book.
 pub struct ZoneAllocator {
     book: ZoneBook,
+    epoch: actix_rt::time::Instant,
     broker: Arc<dyn Broker>,
     refresh_interval: std::time::Duration,
 }
@@ -19,7 +20,17 @@ impl ZoneAllocator {
     /// An allocator over this broker, with a seeded tie-breaker, re-reading the zone list every
     /// `refresh_interval` (rule 60) once it was first loaded.
     pub fn new(broker: Arc<dyn Broker>, seed: u64, refresh_interval: std::time::Duration) -> Self {
-        Self { book: ZoneBook::new(seed), broker, refresh_interval }
+        Self { book: ZoneBook::new(seed), epoch: actix_rt::time::Instant::now(), broker, refresh_interval }
+    }
+
+    /// The same allocator with a capacity memory (see [`ZoneBook::with_capacity_memory`]).
+    pub fn with_capacity_memory(mut self, memory: std::time::Duration) -> Self {
+        self.book = self.book.with_capacity_memory(memory);
+        self
+    }
+
+    fn tick(&mut self) {
+        self.book.set_clock(self.epoch.elapsed());
     }
 
     fn schedule_refresh(&self, ctx: &mut Context<Self>) {
@@ -81,6 +92,7 @@ impl Handler<PopulateZones> for ZoneAllocator {
 impl Handler<ChooseZone> for ZoneAllocator {
     type Result = Result<Option<String>, super::ZoneError>;
     fn handle(&mut self, msg: ChooseZone, _ctx: &mut Self::Context) -> Self::Result {
+        self.tick();
         self.book.choose(&msg.machine, msg.request)
     }
 }
@@ -88,6 +100,7 @@ impl Handler<ChooseZone> for ZoneAllocator {
 impl Handler<MarkZoneFailed> for ZoneAllocator {
     type Result = MessageResult<MarkZoneFailed>;
     fn handle(&mut self, msg: MarkZoneFailed, _ctx: &mut Self::Context) -> Self::Result {
+        self.tick();
         MessageResult(self.book.mark_failed(&msg.machine, &msg.zone))
     }
 }

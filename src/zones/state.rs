@@ -1,6 +1,7 @@
 //! The allocator's plain core: the zone book.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -25,6 +26,11 @@ pub struct ZoneRequest {
     pub derived: Vec<String>,
     /// The other machines of its distribution group; `None` = count every machine.
     pub group: Option<Vec<MachineId>>,
+    /// What it asks the cloud for, zones aside (see [`Constraints::shape`]): machines of one
+    /// shape share the capacity memory. `None` = no memory.
+    ///
+    /// [`Constraints::shape`]: crate::types::Constraints::shape
+    pub shape: Option<String>,
 }
 
 /// What a zone-specific failure leads to.
@@ -57,13 +63,19 @@ pub struct ZoneView {
     pub failed: Vec<MachineId>,
 }
 
-/// Per-zone machine sets, failure marks and requests.
+/// Per-zone machine sets, failure marks, requests, and the capacity memory.
 #[derive(Debug)]
 pub struct ZoneBook {
     zones: BTreeMap<String, Zone>,
     placed: BTreeMap<MachineId, String>,
     requests: BTreeMap<MachineId, ZoneRequest>,
     rng: StdRng,
+    /// Shape of each machine that asked for a zone (for the capacity memory).
+    shapes: BTreeMap<MachineId, String>,
+    /// (shape, zone) → until when a zone failure steers that shape elsewhere.
+    capacity: BTreeMap<(String, String), Duration>,
+    memory: Duration,
+    now: Duration,
 }
 
 impl ZoneBook {
@@ -74,7 +86,36 @@ impl ZoneBook {
             placed: BTreeMap::new(),
             requests: BTreeMap::new(),
             rng: StdRng::seed_from_u64(seed),
+            shapes: BTreeMap::new(),
+            capacity: BTreeMap::new(),
+            memory: Duration::ZERO,
+            now: Duration::ZERO,
         }
+    }
+
+    /// The same book remembering, for `memory`, each zone where a start failed for its zone
+    /// (typically no capacity): machines of the same shape avoid it meanwhile, as long as
+    /// another eligible zone is left. Zero = no memory.
+    pub fn with_capacity_memory(mut self, memory: Duration) -> Self {
+        self.memory = memory;
+        self
+    }
+
+    /// The time the next decisions are taken at (the actor's clock); expired memories go.
+    pub fn set_clock(&mut self, now: Duration) {
+        self.now = now;
+        if self.capacity.values().any(|until| *until <= now) {
+            self.capacity.retain(|_, until| *until > now);
+        }
+    }
+
+    /// Zones this shape is steered away from now, in name order.
+    pub fn remembered(&self, shape: &str) -> Vec<&str> {
+        self.capacity
+            .iter()
+            .filter(|((s, _), until)| s == shape && **until > self.now)
+            .map(|((_, z), _)| z.as_str())
+            .collect()
     }
 
     /// Whether the cloud has zones at all (none = start without a zone).
@@ -141,10 +182,26 @@ impl ZoneBook {
             }
             counts
         });
+        // Zones recently out of capacity for this shape are skipped while others are eligible.
+        let avoid: Vec<&str> = match &req.shape {
+            Some(shape) if !self.capacity.is_empty() => {
+                let remembered = self.remembered(shape);
+                let spare = self
+                    .zones
+                    .iter()
+                    .any(|(name, z)| self.eligible(machine, name, z, &req) && !remembered.contains(&name.as_str()));
+                if spare {
+                    remembered
+                } else {
+                    Vec::new()
+                }
+            }
+            _ => Vec::new(),
+        };
         let mut best: Vec<&str> = Vec::new();
         let mut best_pop = usize::MAX;
         for (name, z) in &self.zones {
-            if !self.eligible(machine, name, z, &req) {
+            if !self.eligible(machine, name, z, &req) || avoid.contains(&name.as_str()) {
                 continue;
             }
             let pop = match &group_counts {
@@ -166,6 +223,11 @@ impl ZoneBook {
         let zone = best[pick].to_owned();
         self.zones.get_mut(&zone).expect("chosen from the map").machines.insert(machine.clone());
         self.placed.insert(machine.clone(), zone.clone());
+        if let Some(shape) = &req.shape {
+            if !self.memory.is_zero() && self.shapes.get(machine) != Some(shape) {
+                self.shapes.insert(machine.clone(), shape.clone());
+            }
+        }
         // Only a restricted request changes which zones are eligible after a failure.
         if req.allowed.is_some() || !req.derived.is_empty() {
             self.requests.insert(machine.clone(), req);
@@ -189,6 +251,10 @@ impl ZoneBook {
         if let Some(z) = self.zones.get_mut(zone) {
             z.failed.insert(machine.clone());
         }
+        if let Some(shape) = self.shapes.get(machine) {
+            tracing::info!(%zone, %shape, for_ = ?self.memory, "zone failed a start: machines of this shape avoid it for a while");
+            self.capacity.insert((shape.clone(), zone.to_owned()), self.now + self.memory);
+        }
         let req = self.requests.get(machine).cloned().unwrap_or_default();
         let any_left = self.zones.iter().any(|(name, z)| self.eligible(machine, name, z, &req));
         if any_left {
@@ -206,6 +272,7 @@ impl ZoneBook {
     pub fn release(&mut self, machine: &MachineId) {
         self.release_reservation(machine);
         self.requests.remove(machine);
+        self.shapes.remove(machine);
         for z in self.zones.values_mut() {
             z.failed.remove(machine);
         }

@@ -1,6 +1,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
+use std::time::Duration;
+
 use super::*;
+use crate::workers::{Attempts, FailureKind, Step};
 use crate::types::MachineId;
 
 fn mid(s: &str) -> MachineId {
@@ -150,9 +153,10 @@ fn zone_choice_needs_both_constraint_and_derived_zones() {
         allowed: Some(vec!["az1".into(), "az2".into()]),
         derived: vec!["az2".into(), "az3".into()],
         group: None,
+        shape: None,
     };
     assert_eq!(choose(&mut b, "0", both), "az2");
-    let disjoint = ZoneRequest { allowed: Some(vec!["az1".into()]), derived: vec!["az2".into()], group: None };
+    let disjoint = ZoneRequest { allowed: Some(vec!["az1".into()]), derived: vec!["az2".into()], group: None, shape: None };
     assert_eq!(b.choose(&mid("1"), disjoint), Err(ZoneError::NoSuitableZone(mid("1"))));
 }
 
@@ -374,4 +378,65 @@ fn no_suitable_zone_error_text() {
     let err = b.choose(&mid("0"), any()).unwrap_err();
     assert_eq!(err, ZoneError::NoSuitableZone(mid("0")));
     assert_eq!(err.to_string(), "suitable availability zone for machine 0 not found");
+}
+
+fn shaped(shape: &str) -> ZoneRequest {
+    ZoneRequest { shape: Some(shape.to_owned()), ..ZoneRequest::default() }
+}
+
+/// Issue 6 part 2: a zone that failed a start for its zone is avoided, for a while, by other
+/// machines of the same shape; not by other shapes, not once the memory expired, and never to
+/// the point of refusing a machine whose every eligible zone is remembered.
+#[test]
+fn capacity_memory_steers_the_same_shape_away_for_a_while() {
+    let mut b = book(0, &["az1", "az2"]).with_capacity_memory(Duration::from_secs(180));
+    b.set_clock(Duration::from_secs(10));
+    let first = choose(&mut b, "0", shaped("arch=amd64 instance-type=m5.large"));
+    assert_eq!(b.mark_failed(&mid("0"), &first), FailOutcome::TryAnotherZone);
+    let other = if first == "az1" { "az2" } else { "az1" };
+    assert_eq!(b.remembered("arch=amd64 instance-type=m5.large"), vec![first.as_str()]);
+    // Every later machine of that shape goes elsewhere, even as `other` fills up.
+    for i in 1..6 {
+        assert_eq!(choose(&mut b, &i.to_string(), shaped("arch=amd64 instance-type=m5.large")), other);
+    }
+    // Another shape is not steered: lowest population is `first` now.
+    assert_eq!(choose(&mut b, "small", shaped("arch=amd64 instance-type=t3.micro")), first);
+    // A machine that may only use the remembered zone still gets it.
+    let only = ZoneRequest { allowed: Some(vec![first.clone()]), ..shaped("arch=amd64 instance-type=m5.large") };
+    assert_eq!(choose(&mut b, "pinned", only), first);
+    // After the memory expires, population decides again.
+    b.set_clock(Duration::from_secs(190));
+    assert!(b.remembered("arch=amd64 instance-type=m5.large").is_empty());
+    assert_eq!(choose(&mut b, "late", shaped("arch=amd64 instance-type=m5.large")), first);
+}
+
+#[test]
+fn without_capacity_memory_failures_steer_only_their_machine() {
+    let mut b = book(0, &["az1", "az2"]);
+    let first = choose(&mut b, "0", shaped("s"));
+    b.mark_failed(&mid("0"), &first);
+    assert!(b.remembered("s").is_empty());
+    let picks: BTreeSet<String> = (1..8).map(|i| choose(&mut b, &i.to_string(), shaped("s"))).collect();
+    assert_eq!(picks.len(), 2, "both zones used: {picks:?}");
+}
+
+#[test]
+fn a_machine_failing_everywhere_still_gets_n_times_z_plus_one_calls() {
+    // With every zone remembered, the memory steers nothing: semantics 8 counts are unchanged.
+    let mut b = book(0, &["az1", "az2", "az3"]).with_capacity_memory(Duration::from_secs(180));
+    let mut attempts = Attempts::new(2);
+    let mut calls = 0;
+    loop {
+        let zone = choose(&mut b, "0", shaped("s"));
+        calls += 1;
+        match attempts.on_failure(FailureKind::Zone) {
+            Step::MarkZone => match attempts.on_zone_outcome(b.mark_failed(&mid("0"), &zone)) {
+                Step::FailOver | Step::NewRound => continue,
+                other => panic!("{other:?}"),
+            },
+            Step::Final => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(calls, 2 * 3 + 1);
 }

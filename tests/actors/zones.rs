@@ -369,3 +369,37 @@ async fn zone_independent_failure_releases_the_reservation_during_the_retry_dela
     assert!(zones.zones.iter().all(|z| z.machines.is_empty()), "reservation kept during the delay: {zones:?}");
     h.until_model(Duration::from_secs(1000), all_provisioned(&["0"])).await;
 }
+
+/// Issue 6 part 2: the capacity memory. Machine 0 is pinned to az2; machine 1 then goes to
+/// the emptier az1, finds it out of capacity and fails over to az2; machine 2, of the same shape,
+/// avoids az1 even though az1 is now the emptiest zone. With the memory off it takes az1, as
+/// population says.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn a_zone_out_of_capacity_is_avoided_by_machines_of_the_same_shape() {
+    for (memory, want) in [(Duration::from_secs(180), "az2"), (Duration::ZERO, "az1")] {
+        let config = ProvisionerConfig {
+            workers: 1,
+            capacity_memory: memory,
+            retry: RetryStrategy::new(1, Duration::ZERO),
+            ..test_config()
+        };
+        let cloud = zoned_cloud(&["az1", "az2"]);
+        cloud.add_fault(Fault {
+            machine: "1".into(),
+            times: 1,
+            zone: Some("az1".into()),
+            zone_independent: false,
+            message: "InsufficientInstanceCapacity".into(),
+        });
+        let mut ms = machines(&["0", "1", "2"]);
+        ms[0].info.constraints.zones = Some(vec!["az2".into()]);
+        let h = Harness::new(config, cloud, FakeModel::with_machines(ms));
+        let model = h.until_model(Duration::from_secs(10), all_provisioned(&["0", "1", "2"])).await;
+        let cloud = h.cloud().await;
+        let starts = cloud.calls_of(CloudOp::StartInstance);
+        let zones: Vec<_> = starts.iter().map(|c| c.zone.as_deref().unwrap_or_default()).collect();
+        assert_eq!(zones[..3], ["az2", "az1", "az2"], "machine 1 failed over from az1");
+        assert_eq!(model.machine("1").unwrap().zone.as_deref(), Some("az2"));
+        assert_eq!(model.machine("2").unwrap().zone.as_deref(), Some(want), "capacity memory {memory:?}");
+    }
+}
