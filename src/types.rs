@@ -546,6 +546,11 @@ pub struct CloudInstance {
     pub zone: Option<String>,
     /// Its identity tags.
     pub tags: InstanceTags,
+    /// How long before this answer it was launched, when the cloud says (EC2 `LaunchTime`).
+    /// Harvests spare an unknown instance younger than their grace period; one whose age is
+    /// not known is aged from the moment it was first listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age: Option<std::time::Duration>,
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use thiserror::Error;
 use crate::config::{ConfigError, ProvisionerConfig};
 use crate::coordinator::{ChangeHarvestMode, Coordinator, Links, MachinesChanged, RetryTick, SetWorkers, Subscribe};
 use crate::events::ProvisionerEvent;
-use crate::harvest::{GetHarvestMode, HarvestPolicy};
+use crate::harvest::{GetHarvestMode, HarvestPolicy, HarvestSafety};
 use crate::lifecycle::{GetPhases, MachineLifecycle, Phase};
 use crate::limiter::{GetLimiterSnapshot, LimitedBroker, LimiterSnapshot, RateLimiter};
 use crate::ports::{Broker, ModelApi};
@@ -75,10 +75,20 @@ pub fn start(
     let zones = ZoneAllocator::new(broker.clone(), config.seed, config.resync_interval)
         .with_capacity_memory(config.capacity_memory)
         .start();
-    let mut harvest =
-        HarvestPolicy::new(config.harvest_mode, registry.clone().recipient(), config.harvest_listing_max_age);
+    let safety = HarvestSafety {
+        grace: config.harvest_grace,
+        max_stops: config.harvest_max_stops,
+        pass_interval: config.resync_interval,
+    };
+    let mut harvest = HarvestPolicy::new(
+        config.harvest_mode,
+        registry.clone().recipient(),
+        config.harvest_listing_max_age,
+        coord.clone().recipient(),
+    )
+    .with_safety(safety);
     if config.reuse {
-        harvest = harvest.with_reuse(config.reuse_window, coord.clone().recipient());
+        harvest = harvest.with_reuse(config.reuse_window);
     }
     let harvest = harvest.start();
     let lifecycle = MachineLifecycle::new().start();

@@ -92,6 +92,15 @@ pub struct FakeInstance {
     pub instance: CloudInstance,
     /// Belongs to another model or controller.
     pub foreign: bool,
+    /// Its age at a time since the cloud's creation: `(when, age then)`.
+    pub born: (Duration, Duration),
+}
+
+impl FakeInstance {
+    /// Its age at `now` (since the cloud's creation).
+    pub fn age_at(&self, now: Duration) -> Duration {
+        self.born.1 + now.saturating_sub(self.born.0)
+    }
 }
 
 /// The fake cloud's state.
@@ -380,9 +389,16 @@ impl Handler<Start> for CloudActor {
         self.next_id += 1;
         let id = InstanceId::new(format!("i-{}", self.next_id));
         let instance =
-            CloudInstance { id: id.clone(), state: InstanceState::Pending, zone: p.zone.clone(), tags: p.tags.clone() };
+            CloudInstance {
+                id: id.clone(),
+                state: InstanceState::Pending,
+                zone: p.zone.clone(),
+                tags: p.tags.clone(),
+                age: None,
+            };
         self.check_duplicate(&instance);
-        self.record_new(FakeInstance { instance, foreign: false });
+        let born = (self.epoch.elapsed(), Duration::ZERO);
+        self.record_new(FakeInstance { instance, foreign: false, born });
         self.tokens.insert(p.client_token.clone(), id.clone());
         if let Some(c) = self.calls.get_mut(idx) {
             c.instances = vec![id.clone()];
@@ -406,7 +422,7 @@ impl CloudActor {
                 }
                 i.clone()
             }
-            None => CloudInstance { id, state: InstanceState::Terminated, zone: None, tags: InstanceTags::default() },
+            None => CloudInstance { id, state: InstanceState::Terminated, zone: None, tags: InstanceTags::default(), age: None },
         };
         StartedInstance { display_name: String::new(), instance }
     }
@@ -440,16 +456,20 @@ impl Handler<List> for CloudActor {
     type Result = Result<Vec<CloudInstance>, BrokerError>;
     fn handle(&mut self, _msg: List, _ctx: &mut Self::Context) -> Self::Result {
         let idx = self.log(CloudOp::AllInstances, None, None, Vec::new());
+        if let Some(err) = self.throttle(idx, CloudOp::AllInstances) {
+            return Err(err);
+        }
         if let Some(m) = self.scripted_failure(CloudOp::AllInstances) {
             self.finish(idx, Some(m.clone()));
             return Err(BrokerError::transient(m));
         }
         self.finish(idx, None);
+        let now = self.epoch.elapsed();
         Ok(self
             .instances
             .values()
             .filter(|i| self.ours(i) && i.instance.state != InstanceState::Terminated)
-            .map(|i| i.instance.clone())
+            .map(|i| CloudInstance { age: Some(i.age_at(now)), ..i.instance.clone() })
             .collect())
     }
 }
@@ -461,6 +481,9 @@ impl Handler<Zones> for CloudActor {
             return Err(BrokerError::NotSupported("availability_zones"));
         }
         let idx = self.log(CloudOp::AvailabilityZones, None, None, Vec::new());
+        if let Some(err) = self.throttle(idx, CloudOp::AvailabilityZones) {
+            return Err(err);
+        }
         if let Some(m) = self.scripted_failure(CloudOp::AvailabilityZones) {
             self.finish(idx, Some(m.clone()));
             return Err(BrokerError::transient(m));
@@ -474,6 +497,9 @@ impl Handler<Derive> for CloudActor {
     type Result = Result<Vec<String>, BrokerError>;
     fn handle(&mut self, msg: Derive, _ctx: &mut Self::Context) -> Self::Result {
         let idx = self.log(CloudOp::DeriveZones, Some(msg.machine.clone()), None, Vec::new());
+        if let Some(err) = self.throttle(idx, CloudOp::DeriveZones) {
+            return Err(err);
+        }
         if let Some(m) = self.scripted_failure(CloudOp::DeriveZones) {
             self.finish(idx, Some(m.clone()));
             return Err(BrokerError::transient(m));
@@ -620,15 +646,34 @@ impl FakeCloud {
 
     /// Puts an instance in the cloud directly (pre-existing, or launched out of band). With
     /// `machine`, it carries our tags for that machine; `foreign` ones carry another model's.
+    ///
+    /// It is launched now; see [`FakeCloud::launch_aged`] for an older one.
     pub fn launch(&self, id: &str, zone: Option<&str>, machine: Option<&str>, state: InstanceState, foreign: bool) {
+        self.launch_aged(id, zone, machine, state, foreign, Duration::ZERO);
+    }
+
+    /// [`FakeCloud::launch`] for an instance launched `age` ago (listings report its age).
+    pub fn launch_aged(
+        &self,
+        id: &str,
+        zone: Option<&str>,
+        machine: Option<&str>,
+        state: InstanceState,
+        foreign: bool,
+        age: Duration,
+    ) {
         let model = if foreign { "foreign-model".to_owned() } else { self.model_uuid.clone() };
         let instance = CloudInstance {
             id: InstanceId::new(id),
             state,
             zone: zone.map(str::to_owned),
             tags: InstanceTags { model: Some(model), machine: machine.map(MachineId::new), start: None },
+            age: None,
         };
-        self.control(move |c| c.record_new(FakeInstance { instance, foreign }));
+        self.control(move |c| {
+            let born = (c.epoch.elapsed(), age);
+            c.record_new(FakeInstance { instance, foreign, born });
+        });
     }
 
     /// Whether every start's params are kept in the call log (on by default; benchmarks turn

@@ -4,9 +4,9 @@
 use actix::prelude::*;
 
 use super::messages::*;
-use super::state::{HarvestBook, HarvestPlan, ModeChange};
+use super::state::{HarvestBook, HarvestPlan, HarvestSafety, ModeChange, UnknownInstance};
 use crate::registry::{RegistryError, UnknownInstances};
-use crate::types::{HarvestMode, InstanceId};
+use crate::types::HarvestMode;
 
 /// Owns the harvest mode, safe mode and released instances.
 pub struct HarvestPolicy {
@@ -14,9 +14,17 @@ pub struct HarvestPolicy {
     unknown: Recipient<UnknownInstances>,
     listing_max_age: std::time::Duration,
     reuse_window: std::time::Duration,
-    /// Where plans made on its own (expired parkings) go to be executed.
-    executor: Option<Recipient<ExecutePlan>>,
+    /// Where plans made on its own (expired parkings, rechecks of unknown instances) go to be
+    /// executed.
+    executor: Recipient<ExecutePlan>,
+    /// The pending recheck of unknown instances: when it is due, and its timer.
+    recheck: Option<(actix_rt::time::Instant, SpawnHandle)>,
 }
+
+/// Time to plan the unknown instances again (young ones grew old, or the cap held some back).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+struct Recheck;
 
 /// A plan the harvest policy made on its own (a parked instance's window ran out), for the
 /// coordinator to execute.
@@ -26,25 +34,49 @@ pub struct ExecutePlan(pub HarvestPlan);
 
 impl HarvestPolicy {
     /// A policy starting in safe mode with this mode; `unknown` answers which instances no
-    /// live machine owns.
+    /// live machine owns, `executor` carries out the plans it makes on its own.
     /// Unknown instances are judged on a cloud listing at most `listing_max_age` old.
-    pub fn new(mode: HarvestMode, unknown: Recipient<UnknownInstances>, listing_max_age: std::time::Duration) -> Self {
+    pub fn new(
+        mode: HarvestMode,
+        unknown: Recipient<UnknownInstances>,
+        listing_max_age: std::time::Duration,
+        executor: Recipient<ExecutePlan>,
+    ) -> Self {
         Self {
             book: HarvestBook::new(mode),
             unknown,
             listing_max_age,
             reuse_window: std::time::Duration::from_secs(300),
-            executor: None,
+            executor,
+            recheck: None,
         }
     }
 
-    /// Turns machine reuse on: parked instances wait `window`, then their stop is sent to
-    /// `executor`.
-    pub fn with_reuse(mut self, window: std::time::Duration, executor: Recipient<ExecutePlan>) -> Self {
+    /// Turns machine reuse on: parked instances wait `window`, then they are stopped.
+    pub fn with_reuse(mut self, window: std::time::Duration) -> Self {
         self.book = self.book.with_reuse(true);
         self.reuse_window = window;
-        self.executor = Some(executor);
         self
+    }
+
+    /// Sets the grace period and the cap on stops per pass for unknown instances.
+    pub fn with_safety(mut self, safety: HarvestSafety) -> Self {
+        self.book = self.book.with_safety(safety);
+        self
+    }
+
+    /// Arms (or brings forward) the recheck the plan asks for.
+    fn arm_recheck(&mut self, plan: &HarvestPlan, ctx: &mut Context<Self>) {
+        let Some(after) = plan.recheck_in else { return };
+        let due = actix_rt::time::Instant::now() + after;
+        if let Some((at, handle)) = self.recheck {
+            if at <= due {
+                return;
+            }
+            ctx.cancel_future(handle);
+        }
+        let handle = ctx.notify_later(Recheck, after);
+        self.recheck = Some((due, handle));
     }
 
     /// Starts the reuse window of every instance the plan parks.
@@ -68,8 +100,8 @@ impl HarvestPolicy {
         }
         let ask = self.unknown.send(UnknownInstances { fresher_than });
         Box::pin(ask.into_actor(self).map(move |res, act, ctx| {
-            let unknown: Vec<InstanceId> = match res {
-                Ok(Ok(list)) => list,
+            let unknown: Vec<UnknownInstance> = match res {
+                Ok(Ok(list)) => list.into_iter().map(|(id, age)| UnknownInstance { id, age }).collect(),
                 Ok(Err(RegistryError::ViewStale)) => {
                     tracing::warn!("instance view is stale; not harvesting unknown instances");
                     Vec::new()
@@ -85,7 +117,22 @@ impl HarvestPolicy {
             };
             let plan = act.book.plan(&dead, &unknown);
             act.arm(&plan, ctx);
+            act.arm_recheck(&plan, ctx);
             plan
+        }))
+    }
+}
+
+impl Handler<Recheck> for HarvestPolicy {
+    type Result = ResponseActFuture<Self, ()>;
+    fn handle(&mut self, _msg: Recheck, _ctx: &mut Self::Context) -> Self::Result {
+        self.recheck = None;
+        let max_age = Some(self.listing_max_age);
+        Box::pin(self.plan_with_unknown(Vec::new(), max_age).map(|plan, act, _ctx| {
+            if !plan.is_empty() {
+                tracing::info!(instances = ?plan.stop, "harvesting unknown instances that outgrew the grace period or waited for the cap");
+                act.executor.do_send(ExecutePlan(plan));
+            }
         }))
     }
 }
@@ -160,16 +207,14 @@ impl Handler<ParkExpired> for HarvestPolicy {
             return;
         }
         tracing::info!(instance = %msg.0, "no machine reused the parked instance in time; stopping it");
-        if let Some(e) = &self.executor {
-            e.do_send(ExecutePlan(plan));
-        }
+        self.executor.do_send(ExecutePlan(plan));
     }
 }
 
 impl Handler<crate::Busy> for HarvestPolicy {
     type Result = usize;
     fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
-        // A parked instance is a one-shot timer pending.
-        self.book.parked().count()
+        // A parked instance, or a recheck, is a one-shot timer pending.
+        self.book.parked().count() + usize::from(self.recheck.is_some())
     }
 }

@@ -15,4 +15,4 @@ pub use messages::{
     ClaimReusable, EndSafeMode, GetHarvestMode, ParkExpired, PlanDeadMachines, PlanDestroy, PlanUnknown,
     SetHarvestMode, StopsDone,
 };
-pub use state::{HarvestBook, HarvestPlan, ModeChange};
+pub use state::{HarvestBook, HarvestPlan, HarvestSafety, ModeChange, UnknownInstance};

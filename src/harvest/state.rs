@@ -1,6 +1,7 @@
 //! The harvest policy's plain core.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use crate::registry::DeadMachine;
 use crate::types::{HarvestMode, InstanceId, MachineId, Reusable};
@@ -24,6 +25,9 @@ pub struct HarvestPlan {
     pub park: Vec<(MachineId, Reusable)>,
     /// Stop at once, without waiting for a free worker (model destruction).
     pub eager: bool,
+    /// Plan the unknown instances again after this long: some were spared (younger than the
+    /// grace period) or held back by the cap on stops per pass.
+    pub recheck_in: Option<Duration>,
 }
 
 impl HarvestPlan {
@@ -54,6 +58,44 @@ pub enum ModeChange {
     },
 }
 
+/// An instance of ours that no live machine owns, and how long ago it was launched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownInstance {
+    /// Its id.
+    pub id: InstanceId,
+    /// Its age (see [`CloudInstance::age`](crate::types::CloudInstance::age)).
+    pub age: Duration,
+}
+
+impl UnknownInstance {
+    /// An instance launched `age` ago.
+    pub fn new(id: impl Into<InstanceId>, age: Duration) -> Self {
+        Self { id: id.into(), age }
+    }
+}
+
+/// How carefully unknown instances are harvested (issue 6 part 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HarvestSafety {
+    /// An unknown instance younger than this is spared (it may be a start of ours, or of
+    /// another incarnation, whose record is not written yet).
+    pub grace: Duration,
+    /// Most unknown instances stopped in one pass.
+    pub max_stops: usize,
+    /// How long the rest waits for the next pass when the cap is hit.
+    pub pass_interval: Duration,
+}
+
+impl Default for HarvestSafety {
+    fn default() -> Self {
+        Self {
+            grace: crate::config::DEFAULT_HARVEST_GRACE,
+            max_stops: crate::config::DEFAULT_HARVEST_MAX_STOPS,
+            pass_interval: crate::config::DEFAULT_RESYNC_INTERVAL,
+        }
+    }
+}
+
 /// Harvest mode, safe mode and released instances.
 #[derive(Debug, Clone)]
 pub struct HarvestBook {
@@ -64,6 +106,7 @@ pub struct HarvestBook {
     stopping: BTreeSet<InstanceId>,
     reuse: bool,
     parked: BTreeMap<InstanceId, (MachineId, Reusable)>,
+    safety: HarvestSafety,
 }
 
 impl HarvestBook {
@@ -77,7 +120,14 @@ impl HarvestBook {
             stopping: BTreeSet::new(),
             reuse: false,
             parked: BTreeMap::new(),
+            safety: HarvestSafety::default(),
         }
+    }
+
+    /// The same book with this grace period and cap.
+    pub fn with_safety(mut self, safety: HarvestSafety) -> Self {
+        self.safety = safety;
+        self
     }
 
     /// The same book with machine reuse on (seed 001).
@@ -161,7 +211,11 @@ impl HarvestBook {
     /// A dead machine's instance is stopped in modes `destroyed`/`all` whatever its state
     /// (semantics 4); kept (released) with keep-instance or in modes `none`/`unknown`
     /// (semantics 5); a manual machine's is never touched. Every dead machine is removed.
-    pub fn plan(&mut self, dead: &[DeadMachine], unknown: &[InstanceId]) -> HarvestPlan {
+    ///
+    /// Unknown instances (ours, no live machine) are stopped only in modes `unknown` and
+    /// `all`, only once older than the grace period, and at most `max_stops` per pass; the
+    /// plan's `recheck_in` says when to look again at those left.
+    pub fn plan(&mut self, dead: &[DeadMachine], unknown: &[UnknownInstance]) -> HarvestPlan {
         let mut plan = HarvestPlan::default();
         for m in dead {
             let instances: Vec<&InstanceId> = m.instances().filter(|i| !self.released.contains(*i)).collect();
@@ -186,15 +240,41 @@ impl HarvestBook {
             }
         }
         if self.wants_unknown() {
-            for inst in unknown {
-                if !self.released.contains(inst)
-                    && !self.stopping.contains(inst)
-                    && !self.parked.contains_key(inst)
-                    && !plan.stop.contains(inst)
+            let (mut taken, mut held, mut young) = (0usize, 0usize, 0usize);
+            let mut recheck: Option<Duration> = None;
+            let mut soonest = |d: Duration| recheck = Some(recheck.map_or(d, |r: Duration| r.min(d)));
+            for u in unknown {
+                let inst = &u.id;
+                if self.released.contains(inst)
+                    || self.stopping.contains(inst)
+                    || self.parked.contains_key(inst)
+                    || plan.stop.contains(inst)
                 {
+                    continue;
+                }
+                if u.age < self.safety.grace {
+                    young += 1;
+                    soonest(self.safety.grace - u.age);
+                } else if taken >= self.safety.max_stops {
+                    held += 1;
+                } else {
+                    taken += 1;
                     plan.stop.push(inst.clone());
                 }
             }
+            if young > 0 {
+                tracing::info!(instances = young, grace = ?self.safety.grace, "sparing unknown instances younger than the grace period");
+            }
+            if held > 0 {
+                tracing::warn!(
+                    stopping = taken,
+                    waiting = held,
+                    next_pass_in = ?self.safety.pass_interval,
+                    "harvest cap reached: stopping {taken} unknown instances in this pass; {held} more wait for the next pass (raise harvest_max_stops, or switch the harvest mode if this is unexpected)"
+                );
+                soonest(self.safety.pass_interval);
+            }
+            plan.recheck_in = recheck;
         }
         self.stopping.extend(plan.stop.iter().cloned());
         plan

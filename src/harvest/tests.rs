@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::*;
 use crate::registry::DeadMachine;
 use crate::types::{HarvestMode, InstanceId, MachineId};
@@ -14,6 +16,11 @@ fn iid(s: &str) -> InstanceId {
 
 fn iids(v: &[&str]) -> Vec<InstanceId> {
     v.iter().map(|s| iid(s)).collect()
+}
+
+/// Unknown instances older than any grace period.
+fn old(v: &[&str]) -> Vec<UnknownInstance> {
+    v.iter().map(|s| UnknownInstance::new(*s, Duration::from_secs(86_400))).collect()
 }
 
 fn mids(v: &[&str]) -> Vec<MachineId> {
@@ -41,7 +48,7 @@ fn book(mode: HarvestMode) -> HarvestBook {
 #[test]
 fn harvest_mode_table_for_dead_machines_and_unknown_instances() {
     let dead = [dead("0", Some("i-0"))];
-    let unknown = iids(&["u-1"]);
+    let unknown = old(&["u-1"]);
     let expect = |stop: &[&str], after: &[&str], release: &[&str], after_release: &[&str]| HarvestPlan {
         stop: iids(stop),
         remove_after_stop: mids(after),
@@ -50,6 +57,7 @@ fn harvest_mode_table_for_dead_machines_and_unknown_instances() {
         remove_after_release: mids(after_release),
         park: Vec::new(),
         eager: false,
+        recheck_in: None,
     };
     let table = [
         // none: keep the dead machine's instance (released, then removed), ignore unknown ones.
@@ -90,7 +98,7 @@ fn released_instance_is_never_stopped_even_when_it_reappears_as_unknown() {
     assert_eq!(b.plan(&[kept], &[]).release, iids(&["i-0"]));
 
     // Later the instance shows up as unknown (its machine is gone).
-    let plan = b.plan(&[], &iids(&["i-0", "u-1"]));
+    let plan = b.plan(&[], &old(&["i-0", "u-1"]));
     assert_eq!(plan.stop, iids(&["u-1"]));
     assert!(plan.release.is_empty(), "released once only");
 
@@ -107,7 +115,7 @@ fn instance_released_by_mode_none_is_not_stopped_after_switch_to_all() {
     let mut b = book(HarvestMode::None);
     assert_eq!(b.plan(&[dead("0", Some("i-0"))], &[]).release, iids(&["i-0"]));
     assert!(matches!(b.set_mode(HarvestMode::All), ModeChange::Changed { .. }));
-    let plan = b.plan(&[dead("0", Some("i-0"))], &iids(&["i-0"]));
+    let plan = b.plan(&[dead("0", Some("i-0"))], &old(&["i-0"]));
     assert!(plan.stop.is_empty(), "a released instance is no longer ours to stop");
     assert_eq!(plan.remove_now, mids(&["0"]));
 }
@@ -172,13 +180,13 @@ fn mixed_dead_machines_each_go_their_way() {
 fn safe_mode_harvests_no_unknown_instances() {
     let mut b = HarvestBook::new(HarvestMode::All);
     assert!(!b.wants_unknown());
-    let plan = b.plan(&[dead("0", Some("i-0"))], &iids(&["u-1"]));
+    let plan = b.plan(&[dead("0", Some("i-0"))], &old(&["u-1"]));
     assert_eq!(plan.stop, iids(&["i-0"]), "dead machines are harvested, unknown instances wait");
     assert_eq!(plan.remove_after_stop, mids(&["0"]));
 
     assert_eq!(b.end_safe_mode(), ModeChange::Unchanged);
     assert!(b.wants_unknown());
-    assert_eq!(b.plan(&[], &iids(&["u-1"])).stop, iids(&["u-1"]));
+    assert_eq!(b.plan(&[], &old(&["u-1"])).stop, iids(&["u-1"]));
 }
 
 #[test]
@@ -187,12 +195,12 @@ fn safe_mode_defers_mode_change_until_it_ends() {
     assert_eq!(b.set_mode(HarvestMode::All), ModeChange::Deferred);
     assert_eq!(b.mode(), HarvestMode::Destroyed, "not applied yet");
     assert!(!b.wants_unknown());
-    assert!(b.plan(&[], &iids(&["u-1"])).stop.is_empty());
+    assert!(b.plan(&[], &old(&["u-1"])).stop.is_empty());
 
     assert_eq!(b.end_safe_mode(), ModeChange::Changed { mode: HarvestMode::All, harvest_unknown: true });
     assert_eq!(b.mode(), HarvestMode::All);
     assert!(b.wants_unknown());
-    assert_eq!(b.plan(&[], &iids(&["u-1"])).stop, iids(&["u-1"]));
+    assert_eq!(b.plan(&[], &old(&["u-1"])).stop, iids(&["u-1"]));
 }
 
 #[test]
@@ -263,7 +271,7 @@ fn set_mode_after_safe_mode_applies_at_once() {
 #[test]
 fn unknown_instances_follow_dead_machines_instances_in_one_stop_without_duplicates() {
     let mut b = book(HarvestMode::All);
-    let plan = b.plan(&[dead("0", Some("i-0")), dead("1", Some("i-1"))], &iids(&["u-9", "i-1", "u-0", "u-9"]));
+    let plan = b.plan(&[dead("0", Some("i-0")), dead("1", Some("i-1"))], &old(&["u-9", "i-1", "u-0", "u-9"]));
     assert_eq!(plan.stop, iids(&["i-0", "i-1", "u-9", "u-0"]));
     assert_eq!(plan.remove_after_stop, mids(&["0", "1"]));
 }
@@ -271,10 +279,10 @@ fn unknown_instances_follow_dead_machines_instances_in_one_stop_without_duplicat
 #[test]
 fn unknown_instance_is_not_planned_twice_while_its_stop_runs() {
     let mut b = book(HarvestMode::Unknown);
-    assert_eq!(b.plan(&[], &iids(&["u-1"])).stop, iids(&["u-1"]));
+    assert_eq!(b.plan(&[], &old(&["u-1"])).stop, iids(&["u-1"]));
     assert_eq!(b.stopping().cloned().collect::<Vec<_>>(), iids(&["u-1"]));
     // The next listing still shows it: it is not planned again.
-    let again = b.plan(&[], &iids(&["u-1", "u-2"]));
+    let again = b.plan(&[], &old(&["u-1", "u-2"]));
     assert_eq!(again.stop, iids(&["u-2"]));
     assert_eq!(b.stopping().cloned().collect::<Vec<_>>(), iids(&["u-1", "u-2"]));
 }
@@ -284,22 +292,22 @@ fn dead_machine_instance_being_stopped_is_not_planned_again_as_unknown() {
     let mut b = book(HarvestMode::All);
     assert_eq!(b.plan(&[dead("0", Some("i-0"))], &[]).stop, iids(&["i-0"]));
     // Its machine is removed; the instance still lists until the stop completes.
-    assert!(b.plan(&[], &iids(&["i-0"])).stop.is_empty());
+    assert!(b.plan(&[], &old(&["i-0"])).stop.is_empty());
 }
 
 #[test]
 fn stops_done_lets_a_reappearing_instance_be_planned_again() {
     let mut b = book(HarvestMode::Unknown);
-    b.plan(&[], &iids(&["u-1", "u-2"]));
+    b.plan(&[], &old(&["u-1", "u-2"]));
     b.stops_done(&iids(&["u-1", "u-never-planned"]));
     assert_eq!(b.stopping().cloned().collect::<Vec<_>>(), iids(&["u-2"]));
-    assert_eq!(b.plan(&[], &iids(&["u-1", "u-2"])).stop, iids(&["u-1"]));
+    assert_eq!(b.plan(&[], &old(&["u-1", "u-2"])).stop, iids(&["u-1"]));
 }
 
 #[test]
 fn planning_nothing_records_no_stop() {
     let mut b = book(HarvestMode::None);
-    b.plan(&[dead("0", Some("i-0"))], &iids(&["u-1"]));
+    b.plan(&[dead("0", Some("i-0"))], &old(&["u-1"]));
     assert_eq!(b.stopping().count(), 0);
 }
 
@@ -322,4 +330,48 @@ fn clean_dead_instance_is_parked_only_with_reuse_on() {
     let on = b.plan(&d, &[]);
     assert_eq!((on.stop, on.park.len()), (Vec::new(), 1), "not parked with reuse on");
     assert_eq!(b.parked().cloned().collect::<Vec<_>>(), iids(&["i-0"]));
+}
+
+/// Issue 6 part 4: an unknown instance younger than the grace period is spared, and the plan
+/// says when to look again; an old one goes at once.
+#[test]
+fn unknown_instances_younger_than_the_grace_period_are_spared() {
+    let safety = HarvestSafety { grace: Duration::from_secs(300), max_stops: 100, pass_interval: Duration::from_secs(60) };
+    for mode in [HarvestMode::Unknown, HarvestMode::All] {
+        let mut b = book(mode).with_safety(safety);
+        let unknown = [
+            UnknownInstance::new("young", Duration::from_secs(100)),
+            UnknownInstance::new("old", Duration::from_secs(3600)),
+            UnknownInstance::new("younger", Duration::from_secs(250)),
+        ];
+        let plan = b.plan(&[], &unknown);
+        assert_eq!(plan.stop, iids(&["old"]), "{mode}");
+        assert_eq!(plan.recheck_in, Some(Duration::from_secs(50)), "when the first young one comes of age");
+        // At the grace period exactly, it goes.
+        let later = [UnknownInstance::new("younger", Duration::from_secs(300))];
+        assert_eq!(b.plan(&[], &later).stop, iids(&["younger"]));
+    }
+    // Modes that never harvest unknown instances spare them whatever their age, with no recheck.
+    for mode in [HarvestMode::None, HarvestMode::Destroyed] {
+        let mut b = book(mode).with_safety(safety);
+        let plan = b.plan(&[], &[UnknownInstance::new("young", Duration::from_secs(1))]);
+        assert!(plan.stop.is_empty() && plan.recheck_in.is_none(), "{mode}");
+    }
+}
+
+/// Issue 6 part 4: at most `max_stops` unknown instances per pass; the rest wait a pass
+/// interval. Dead machines' instances are not capped.
+#[test]
+fn the_cap_on_stops_per_pass_holds_the_rest_for_the_next_pass() {
+    let safety = HarvestSafety { grace: Duration::ZERO, max_stops: 2, pass_interval: Duration::from_secs(60) };
+    let mut b = book(HarvestMode::All).with_safety(safety);
+    let dead_ones = [dead("0", Some("i-0")), dead("1", Some("i-1")), dead("2", Some("i-2"))];
+    let plan = b.plan(&dead_ones, &old(&["u-1", "u-2", "u-3", "u-4", "u-5"]));
+    assert_eq!(plan.stop, iids(&["i-0", "i-1", "i-2", "u-1", "u-2"]));
+    assert_eq!(plan.recheck_in, Some(Duration::from_secs(60)));
+    // The next pass takes the next two (the first two are being stopped).
+    let plan = b.plan(&[], &old(&["u-1", "u-2", "u-3", "u-4", "u-5"]));
+    assert_eq!(plan.stop, iids(&["u-3", "u-4"]));
+    let plan = b.plan(&[], &old(&["u-5"]));
+    assert_eq!((plan.stop, plan.recheck_in), (iids(&["u-5"]), None));
 }

@@ -26,6 +26,8 @@ pub struct MachineRegistry {
     removals: usize,
     /// When the last successful listing was loaded.
     listed_at: Option<actix_rt::time::Instant>,
+    /// The book's clock starts here.
+    epoch: actix_rt::time::Instant,
 }
 
 impl MachineRegistry {
@@ -49,6 +51,7 @@ impl MachineRegistry {
             on_refresh,
             removals: 0,
             listed_at: None,
+            epoch: actix_rt::time::Instant::now(),
         }
     }
 
@@ -84,7 +87,12 @@ impl MachineRegistry {
         }));
     }
 
+    fn tick(&mut self) {
+        self.book.set_clock(self.epoch.elapsed());
+    }
+
     fn load(&mut self, list: Vec<crate::types::CloudInstance>) {
+        self.tick();
         self.book.load_view(list);
         self.listed_at = Some(actix_rt::time::Instant::now());
     }
@@ -224,22 +232,23 @@ impl Handler<ForgetMachines> for MachineRegistry {
 }
 
 impl Handler<UnknownInstances> for MachineRegistry {
-    type Result = ResponseActFuture<Self, Result<Vec<crate::types::InstanceId>, RegistryError>>;
+    type Result = ResponseActFuture<Self, Result<Vec<(crate::types::InstanceId, std::time::Duration)>, RegistryError>>;
     fn handle(&mut self, msg: UnknownInstances, _ctx: &mut Self::Context) -> Self::Result {
         let stale = match (msg.fresher_than, self.listed_at) {
             (Some(max), Some(at)) => at.elapsed() > max,
             (Some(_), None) => true,
             (None, _) => false,
         };
+        self.tick();
         if !stale {
-            return Box::pin(fut::ready(self.book.unknown_instances().ok_or(RegistryError::ViewStale)));
+            return Box::pin(fut::ready(self.book.unknown_with_ages().ok_or(RegistryError::ViewStale)));
         }
         let listing = self.broker.all_instances();
         Box::pin(listing.into_actor(self).map(|res, act, ctx| match res {
             Ok(list) => {
                 act.load(list);
                 act.report_status_changes(ctx);
-                act.book.unknown_instances().ok_or(RegistryError::ViewStale)
+                act.book.unknown_with_ages().ok_or(RegistryError::ViewStale)
             }
             Err(e) => {
                 act.book.mark_stale();

@@ -122,7 +122,7 @@ pub struct ForgetMachines {
 /// that is re-listed first (harvesting decides on recent knowledge, yet the cloud is listed at
 /// most once per that age, not once per event).
 #[derive(Debug, Clone, Copy, Message)]
-#[rtype(result = "Result<Vec<InstanceId>, RegistryError>")]
+#[rtype(result = "Result<Vec<(InstanceId, std::time::Duration)>, RegistryError>")]
 pub struct UnknownInstances {
     /// The oldest acceptable view.
     pub fresher_than: Option<std::time::Duration>,

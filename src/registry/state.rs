@@ -1,6 +1,7 @@
 //! The registry's plain core: the machine cache, the instance view and classification.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use crate::config::Scope;
 use crate::ports::ModelError;
@@ -54,6 +55,11 @@ pub struct MachineBook {
     fresh: bool,
     /// The constraints our starts used, for machine reuse.
     started_with: BTreeMap<MachineId, Constraints>,
+    /// The book's clock (set by its actor before each decision).
+    clock: Duration,
+    /// Each listed instance's age as of a time on the clock: `(when, age then)`. An instance
+    /// whose age the cloud does not give is aged from its first listing.
+    ages: BTreeMap<InstanceId, (Duration, Duration)>,
 }
 
 impl MachineBook {
@@ -65,6 +71,17 @@ impl MachineBook {
     /// An empty book for a scope.
     pub fn with_scope(scope: Scope) -> Self {
         Self { scope, ..Self::default() }
+    }
+
+    /// The time the next decisions are taken at (the actor's clock).
+    pub fn set_clock(&mut self, now: Duration) {
+        self.clock = self.clock.max(now);
+    }
+
+    /// How long ago a listed instance was launched (see [`CloudInstance::age`]).
+    pub fn age_of(&self, id: &InstanceId) -> Option<Duration> {
+        let (when, age) = self.ages.get(id)?;
+        Some(*age + self.clock.saturating_sub(*when))
     }
 
     /// Which machines this book is about.
@@ -204,11 +221,18 @@ impl MachineBook {
     pub fn load_view(&mut self, listing: Vec<CloudInstance>) {
         self.instances.clear();
         self.by_tag.clear();
+        let mut ages = BTreeMap::new();
         for inst in listing {
             if inst.state != InstanceState::Terminated {
+                let age = match inst.age {
+                    Some(age) => (self.clock, age),
+                    None => self.ages.get(&inst.id).copied().unwrap_or((self.clock, Duration::ZERO)),
+                };
+                ages.insert(inst.id.clone(), age);
                 self.insert_instance(inst);
             }
         }
+        self.ages = ages;
         self.loaded_once = true;
         self.fresh = true;
     }
@@ -260,6 +284,12 @@ impl MachineBook {
             .map(|i| i.id.clone())
             .collect();
         Some(unknown)
+    }
+
+    /// [`MachineBook::unknown_instances`] with each one's age (see [`MachineBook::age_of`]).
+    pub fn unknown_with_ages(&self) -> Option<Vec<(InstanceId, Duration)>> {
+        let unknown = self.unknown_instances()?;
+        Some(unknown.into_iter().map(|id| (self.age_of(&id).unwrap_or_default(), id)).map(|(age, id)| (id, age)).collect())
     }
 
     /// A non-terminated instance tagged with this machine that no other machine owns: the

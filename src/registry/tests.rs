@@ -38,6 +38,7 @@ fn instance(id: &str, machine: Option<&str>, zone: Option<&str>) -> CloudInstanc
             machine: machine.map(MachineId::from),
             start: Some("nonce".into()),
         },
+        age: None,
     }
 }
 

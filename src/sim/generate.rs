@@ -65,6 +65,7 @@ pub fn generate(seed: u64) -> Scenario {
                 state: if rng.random_bool(0.2) { InitialState::Stopped } else { InitialState::Running },
                 machine: Some(m.id.clone()),
                 foreign: false,
+                age: None,
             });
         }
         machines.push(m);
@@ -104,6 +105,8 @@ pub fn generate(seed: u64) -> Scenario {
             state: InitialState::Running,
             machine,
             foreign,
+            // Sometimes launched just before the start (a crashed incarnation's last starts).
+            age: rng.random_bool(0.3).then(|| Dur(ms(&mut rng, 600_000))),
         });
     }
 
@@ -208,6 +211,7 @@ pub fn generate(seed: u64) -> Scenario {
                 zone: available.first().cloned(),
                 machine: None,
                 foreign: rng.random_bool(0.5),
+                age: rng.random_bool(0.5).then(|| Dur(ms(&mut rng, 900_000))),
             }),
         };
         events.push(EventSpec::new(at, action));

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::run::SIM_MODEL_UUID;
 use super::scenario::{InitialState, Scenario};
-use crate::harvest::HarvestBook;
+use crate::harvest::{HarvestBook, HarvestSafety, UnknownInstance};
 use crate::registry::MachineBook;
 use crate::types::{CloudInstance, InstanceState, InstanceTags, MachineId};
 use crate::zones::{ZoneBook, ZoneRequest};
@@ -69,6 +69,7 @@ pub fn plan(s: &Scenario, seed: Option<u64>) -> Plan {
                     machine: i.machine.as_deref().map(MachineId::new),
                     start: None,
                 },
+                age: Some(i.age()),
             })
             .collect(),
     );
@@ -85,9 +86,20 @@ pub fn plan(s: &Scenario, seed: Option<u64>) -> Plan {
     }
 
     // Harvest: the first full notification ends safe mode.
-    let mut harvest = HarvestBook::new(s.provisioner.harvest_mode).with_reuse(s.provisioner.reuse);
+    let safety = HarvestSafety {
+        grace: s.provisioner.harvest_grace.0,
+        max_stops: s.provisioner.harvest_max_stops,
+        pass_interval: s.provisioner.resync_interval.0,
+    };
+    let mut harvest =
+        HarvestBook::new(s.provisioner.harvest_mode).with_reuse(s.provisioner.reuse).with_safety(safety);
     harvest.end_safe_mode();
-    let unknown = book.unknown_instances().unwrap_or_default();
+    let unknown: Vec<UnknownInstance> = book
+        .unknown_with_ages()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(id, age)| UnknownInstance { id, age })
+        .collect();
     let h = harvest.plan(&dead, &unknown);
     out.stops = h.stop.iter().map(ToString::to_string).collect();
     out.releases = h.release.iter().map(ToString::to_string).collect();

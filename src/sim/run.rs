@@ -152,7 +152,14 @@ impl World {
             Action::CloudStart(id) => self.cloud.set_state(id, InstanceState::Running),
             Action::CloudTerminate(id) => self.cloud.set_state(id, InstanceState::Terminated),
             Action::CloudLaunch(l) => {
-                self.cloud.launch(&l.id, l.zone.as_deref(), l.machine.as_deref(), InstanceState::Running, l.foreign)
+                self.cloud.launch_aged(
+                    &l.id,
+                    l.zone.as_deref(),
+                    l.machine.as_deref(),
+                    InstanceState::Running,
+                    l.foreign,
+                    l.age.map_or(Duration::ZERO, |a| a.0),
+                )
             }
             Action::FailNext(f) => match f.call {
                 FailCall::AllInstances => self.cloud.fail_next(CloudOp::AllInstances, f.times, &f.message),
@@ -222,7 +229,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         cloud.set_rate_limit(r.limits(crate::limiter::RateLimits::unlimited()));
     }
     for i in &s.cloud.instances {
-        cloud.launch(&i.id, i.zone.as_deref(), i.machine.as_deref(), i.state.into(), i.foreign);
+        cloud.launch_aged(&i.id, i.zone.as_deref(), i.machine.as_deref(), i.state.into(), i.foreign, i.age());
     }
     for f in &s.cloud.faults {
         cloud.add_fault(Fault {

@@ -363,7 +363,21 @@ pub struct InstanceSpec {
     /// Belongs to another model or controller.
     #[serde(default, skip_serializing_if = "is_false")]
     pub foreign: bool,
+    /// How long before the start it was launched (an addition; default a day: older than any
+    /// harvest grace period).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age: Option<Dur>,
 }
+
+impl InstanceSpec {
+    /// Its age when the provisioner starts.
+    pub fn age(&self) -> Duration {
+        self.age.map_or(PRE_EXISTING_AGE, |d| d.0)
+    }
+}
+
+/// The age of a pre-existing instance whose `age` is not given.
+pub const PRE_EXISTING_AGE: Duration = Duration::from_secs(24 * 3600);
 
 /// `[[cloud.faults]]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -516,6 +530,9 @@ pub struct LaunchSpec {
     /// Another model's.
     #[serde(default, skip_serializing_if = "is_false")]
     pub foreign: bool,
+    /// How long before the event it was launched (an addition; default: just now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age: Option<Dur>,
 }
 
 /// The calls `fail_next` can break.

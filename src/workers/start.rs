@@ -158,9 +158,22 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
     };
 
     let derived = if deps.broker.supports_zones() {
-        match deps.broker.derive_availability_zones(&params).await {
-            Ok(z) => z,
-            Err(e) => return fail(deps, machine, format!("deriving availability zones: {}", e.message())).await,
+        let mut throttled = 0;
+        loop {
+            match deps.broker.derive_availability_zones(&params).await {
+                Ok(z) => break z,
+                // Throttling is never the machine's failure (semantics 11): wait and ask again.
+                Err(BrokerError::Throttled { .. }) => {
+                    let d = deps.backoff.delay(throttled, rng);
+                    throttled += 1;
+                    tracing::debug!(%machine, retry_in = ?d, "deriving zones throttled by the cloud; waiting");
+                    actix_rt::time::sleep(d).await;
+                    if !still_wanted(deps, &machine).await {
+                        return abandon(deps, machine).await;
+                    }
+                }
+                Err(e) => return fail(deps, machine, format!("deriving availability zones: {}", e.message())).await,
+            }
         }
     } else {
         Vec::new()
@@ -189,6 +202,7 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
                         state: crate::types::InstanceState::Running,
                         zone: parked.zone,
                         tags: params.tags.clone(),
+                        age: None,
                     };
                     let started = Started { constraints: Some(job.info.constraints.clone()), retired, reserved: false };
                     return register(deps, machine, instance, &nonce, String::new(), started, rng).await;

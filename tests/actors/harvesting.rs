@@ -11,8 +11,8 @@ use crate::support::*;
 /// Machine 0 provisioned with instance `i-0`, plus an unknown instance of ours `999`.
 fn provisioned_with_unknown(mode: HarvestMode) -> Harness {
     let cloud = zoneless_cloud();
-    cloud.launch("i-0", None, Some("0"), InstanceState::Running, false);
-    cloud.launch("999", None, None, InstanceState::Running, false);
+    cloud.launch_aged("i-0", None, Some("0"), InstanceState::Running, false, OLD);
+    cloud.launch_aged("999", None, None, InstanceState::Running, false, OLD);
     let mut m = Machine::pending("0");
     m.instance = Some("i-0".into());
     m.status = MachineStatus::Started;
@@ -69,8 +69,8 @@ async fn harvest_destroyed_reaps_only_destroyed() {
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn harvest_all_reaps_all_the_things_in_one_call() {
     let cloud = zoneless_cloud();
-    cloud.launch("i-0", None, Some("0"), InstanceState::Running, false);
-    cloud.launch("999", None, None, InstanceState::Running, false);
+    cloud.launch_aged("i-0", None, Some("0"), InstanceState::Running, false, OLD);
+    cloud.launch_aged("999", None, None, InstanceState::Running, false, OLD);
     let mut m = Machine::pending("0");
     m.instance = Some("i-0".into());
     m.life = Life::Dead;
@@ -86,8 +86,8 @@ async fn harvest_all_reaps_all_the_things_in_one_call() {
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn keep_instance_is_released_never_harvested_even_after_restart() {
     let cloud = zoneless_cloud();
-    cloud.launch("zero", None, Some("0"), InstanceState::Running, false);
-    cloud.launch("one", None, Some("1"), InstanceState::Running, false);
+    cloud.launch_aged("zero", None, Some("0"), InstanceState::Running, false, OLD);
+    cloud.launch_aged("one", None, Some("1"), InstanceState::Running, false, OLD);
     let mut m0 = Machine::pending("0");
     m0.instance = Some("zero".into());
     m0.life = Life::Dead;
@@ -142,7 +142,7 @@ async fn instance_left_in_mode_none_is_not_reaped_after_switching_to_all() {
 async fn stop_requests_are_deduplicated() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.set_latency(Duration::ZERO, Duration::from_secs(10));
-    cloud.launch("0", Some("az1"), Some("0"), InstanceState::Running, false);
+    cloud.launch_aged("0", Some("az1"), Some("0"), InstanceState::Running, false, OLD);
     let mut m = Machine::pending("0");
     m.instance = Some("0".into());
     m.life = Life::Dead;
@@ -166,7 +166,7 @@ async fn stop_requests_are_deduplicated() {
 async fn deferred_stop_stops_the_instance_the_start_produced() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.set_latency(Duration::from_secs(30), Duration::ZERO);
-    cloud.launch("0", Some("az1"), None, InstanceState::Running, false);
+    cloud.launch_aged("0", Some("az1"), None, InstanceState::Running, false, OLD);
     let mut m = FakeMachine::new(Machine::pending("0"));
     m.info.constraints.zones = Some(vec!["az1".into()]);
     let h = Harness::new(test_config(), cloud, FakeModel::with_machines(vec![m]));
@@ -209,7 +209,7 @@ async fn switching_to_unknown_harvests_at_once() {
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn nothing_is_harvested_before_the_first_full_notification() {
     let cloud = zoneless_cloud();
-    cloud.launch("999", None, None, InstanceState::Running, false);
+    cloud.launch_aged("999", None, None, InstanceState::Running, false, OLD);
     let h = Harness::unwatched(test_config(), cloud, FakeModel::new(vec![]));
     h.handle.set_harvest_mode(HarvestMode::All);
     h.settle().await;
@@ -225,7 +225,7 @@ async fn nothing_is_harvested_before_the_first_full_notification() {
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn dead_machines_stopped_instance_is_terminated() {
     let cloud = zoneless_cloud();
-    cloud.launch("i-0", None, Some("0"), InstanceState::Stopped, false);
+    cloud.launch_aged("i-0", None, Some("0"), InstanceState::Stopped, false, OLD);
     let mut m = Machine::pending("0");
     m.instance = Some("i-0".into());
     let h = Harness::new(test_config(), cloud, FakeModel::new(vec![m]));
@@ -237,7 +237,7 @@ async fn dead_machines_stopped_instance_is_terminated() {
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn foreign_instances_are_invisible() {
     let cloud = zoned_cloud(&["az1", "az2"]);
-    cloud.launch("theirs", Some("az1"), Some("0"), InstanceState::Running, true);
+    cloud.launch_aged("theirs", Some("az1"), Some("0"), InstanceState::Running, true, OLD);
     let h = Harness::new(with_mode(HarvestMode::All), cloud, FakeModel::with_machines(machines(&["0"])));
     h.until_model(Duration::from_secs(10), |m| instance_of(m, "0").is_some()).await;
     h.handle.set_harvest_mode(HarvestMode::Unknown);
@@ -280,7 +280,7 @@ async fn unknown_instances_are_harvested_at_resync_without_listing_per_event() {
         h.run_for(Duration::from_secs(1)).await;
     }
     assert_eq!(h.cloud().await.calls_of(CloudOp::AllInstances).len(), 1, "listed per event");
-    h.cloud.launch("stray", None, None, InstanceState::Running, false);
+    h.cloud.launch_aged("stray", None, None, InstanceState::Running, false, OLD);
     h.run_for(Duration::from_secs(60)).await;
     let cloud = h.cloud().await;
     assert_eq!(stops(&cloud), vec![vec!["stray".to_string()]]);
@@ -292,7 +292,7 @@ async fn unknown_instances_are_harvested_at_resync_without_listing_per_event() {
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn a_resync_before_the_first_notification_harvests_nothing() {
     let cloud = zoneless_cloud();
-    cloud.launch("i-0", None, Some("0"), InstanceState::Running, false);
+    cloud.launch_aged("i-0", None, Some("0"), InstanceState::Running, false, OLD);
     let mut m = Machine::pending("0");
     m.instance = Some("i-0".into());
     m.status = MachineStatus::Started;

@@ -37,7 +37,7 @@ async fn nothing_is_harvested_from_a_view_that_failed_to_load() {
     let cloud = zoneless_cloud();
     let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["0", "1"])));
     h.until_model(Duration::from_secs(10), |m| instance_of(m, "0").is_some()).await;
-    h.cloud.launch("stray", None, None, InstanceState::Running, false);
+    h.cloud.launch_aged("stray", None, None, InstanceState::Running, false, OLD);
     // The resync fails, and so do its jittered retries and the fresh listing the next harvest
     // asks for.
     h.cloud.fail_next(CloudOp::AllInstances, 4, "listing broke");
@@ -58,7 +58,7 @@ async fn nothing_is_harvested_from_a_view_that_failed_to_load() {
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn machine_read_errors_retain_instances_and_are_retried() {
     let cloud = zoneless_cloud();
-    cloud.launch("999", None, None, InstanceState::Running, false);
+    cloud.launch_aged("999", None, None, InstanceState::Running, false, OLD);
     let mut m = FakeMachine::new(Machine::pending("0"));
     m.read_error = Some("some error".into());
     let h = Harness::new(with_mode(HarvestMode::All), cloud, FakeModel::with_machines(vec![m]));
@@ -214,7 +214,7 @@ async fn nothing_is_harvested_from_a_young_view_after_a_failed_listing() {
     };
     let h = Harness::new(config, zoneless_cloud(), FakeModel::with_machines(machines(&["0", "1"])));
     h.until_model(Duration::from_secs(10), |m| instance_of(m, "1").is_some()).await;
-    h.cloud.launch("stray", None, None, InstanceState::Running, false);
+    h.cloud.launch_aged("stray", None, None, InstanceState::Running, false, OLD);
     h.run_for(Duration::from_secs(61)).await; // the resync at 60 s lists `stray`; mode destroyed keeps it
     h.cloud.fail_next(CloudOp::AllInstances, 1, "listing broke");
     h.handle.set_harvest_mode(HarvestMode::Unknown); // its fresh listing fails: the view is stale

@@ -52,7 +52,7 @@ async fn stopped_instance_is_shown_kept_and_terminated_on_death() {
 
 fn destroy_model_fixture() -> Harness {
     let cloud = zoned_cloud(&["az1", "az2"]);
-    cloud.launch("i-ctl", Some("az1"), Some("0"), InstanceState::Running, false);
+    cloud.launch_aged("i-ctl", Some("az1"), Some("0"), InstanceState::Running, false, OLD);
     let mut controller = Machine::pending("0");
     controller.controller = true;
     controller.instance = Some("i-ctl".into());

@@ -114,7 +114,7 @@ async fn dying_unprovisioned_machine_is_ensured_dead_and_removed() {
     let mut unprovisioned = Machine::pending("1");
     unprovisioned.life = Life::Dying;
     let cloud = zoneless_cloud();
-    cloud.launch("i-0", None, Some("0"), InstanceState::Running, false);
+    cloud.launch_aged("i-0", None, Some("0"), InstanceState::Running, false, OLD);
     let h =
         Harness::new(with_mode(provisioner::HarvestMode::All), cloud, FakeModel::new(vec![provisioned, unprovisioned]));
     let model = h.until_model(Duration::from_secs(10), |m| m.machine("1").unwrap().removed).await;
@@ -290,7 +290,7 @@ async fn set_instance_info_failure_is_retried() {
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn instance_tagged_for_a_pending_machine_is_adopted() {
     let cloud = zoned_cloud(&["az1"]);
-    cloud.launch("i-lost", Some("az1"), Some("0"), InstanceState::Running, false);
+    cloud.launch_aged("i-lost", Some("az1"), Some("0"), InstanceState::Running, false, OLD);
     let h = Harness::new(with_mode(provisioner::HarvestMode::All), cloud, FakeModel::new(vec![Machine::pending("0")]));
     let model = h.until_model(Duration::from_secs(10), |m| instance_of(m, "0").is_some()).await;
     assert_eq!(instance_of(&model, "0").as_deref(), Some("i-lost"));

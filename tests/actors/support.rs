@@ -38,6 +38,10 @@ impl Handler<GetEvents> for EventLog {
 
 /// The configuration Juju's tests use: no retries, no delay, 4 workers; resync far away so
 /// call counts are exact.
+/// The age of instances a test puts in the cloud as existing state: older than any harvest
+/// grace period.
+pub const OLD: Duration = Duration::from_secs(86_400);
+
 pub fn test_config() -> ProvisionerConfig {
     ProvisionerConfig {
         model_uuid: MODEL.into(),

@@ -156,7 +156,7 @@ async fn failure_marks_clear_after_every_zone_failed() {
         ProvisionerConfig { retry: RetryStrategy::new(4, Duration::from_millis(5)), ..test_config() };
     let cloud = zoned_cloud(&[]);
     cloud.set_zones(&["zone1", "zone3", "zone4"], &["zone2"]);
-    cloud.launch("i-ctl", Some("zone1"), Some("0"), InstanceState::Running, false);
+    cloud.launch_aged("i-ctl", Some("zone1"), Some("0"), InstanceState::Running, false, OLD);
     cloud.add_fault(Fault {
         machine: "1".into(),
         times: 3,

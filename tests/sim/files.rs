@@ -5,8 +5,11 @@
 //! checked), arrays and scalars match exactly. Three derived keys summarise the call log:
 //! `"$call_counts"` (op → number of calls), `"$stops"` (the instance lists of every
 //! `stop_instances` call, in order) and `"$starts"` (machine → number of `start_instance`
-//! calls). `"$violations_allowed": true` lets a scenario expect violations (then
-//! `"violations"` is matched like any key).
+//! calls), plus two numbers, `"$throttled"` (calls the cloud throttled) and `"$ended_at_s"`.
+//! `"$at_most": { KEY: N }` bounds any of the derived numbers from above (for figures that
+//! depend on timing, such as how close to ideal a throttled run ends).
+//! `"$violations_allowed": true` lets a scenario expect violations (then `"violations"` is
+//! matched like any key).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -32,7 +35,9 @@ fn derived(report: &Report) -> Value {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut starts: BTreeMap<String, usize> = BTreeMap::new();
     let mut stops = Vec::new();
+    let mut throttled = 0;
     for c in &report.calls {
+        throttled += usize::from(c.throttled);
         *counts.entry(c.op.clone()).or_default() += 1;
         if c.op == "start_instance" {
             *starts.entry(c.machine.clone().unwrap_or_default()).or_default() += 1;
@@ -41,7 +46,25 @@ fn derived(report: &Report) -> Value {
             stops.push(json!(c.instances.clone().unwrap_or_default()));
         }
     }
-    json!({ "$call_counts": counts, "$starts": starts, "$stops": stops })
+    let ended = humantime::parse_duration(&report.ended_at).map(|d| d.as_secs_f64()).unwrap_or(f64::NAN);
+    json!({
+        "$call_counts": counts,
+        "$starts": starts,
+        "$stops": stops,
+        "$throttled": throttled,
+        "$ended_at_s": ended,
+    })
+}
+
+fn at_most(bounds: &Value, got: &Value, errors: &mut Vec<String>) {
+    let Value::Object(bounds) = bounds else { return errors.push(format!("$at_most: not an object: {bounds}")) };
+    for (k, max) in bounds {
+        match (got.get(k).and_then(Value::as_f64), max.as_f64()) {
+            (Some(g), Some(m)) if g <= m => {}
+            (Some(g), Some(m)) => errors.push(format!("{k}: got {g}, want at most {m}")),
+            _ => errors.push(format!("$at_most.{k}: no such derived number, or a bound that is not one")),
+        }
+    }
 }
 
 fn matches(path: &str, want: &Value, got: &Value, errors: &mut Vec<String>) {
@@ -91,6 +114,9 @@ fn scenario_files_meet_their_expectations() {
         let mut want = expect.clone();
         if let Value::Object(w) = &mut want {
             w.remove("$violations_allowed");
+            if let Some(bounds) = w.remove("$at_most") {
+                at_most(&bounds, &got, &mut errors);
+            }
         }
         matches("", &want, &got, &mut errors);
         if !errors.is_empty() {
