@@ -367,7 +367,10 @@ mod tests {
     fn bad_rate_limits_and_harvest_cap_are_refused() {
         let mut c = ProvisionerConfig::default();
         c.rate_limits.start = Some(crate::limiter::BucketLimit::new(0, 1.0));
-        assert_eq!(c.validate().unwrap_err().to_string(), "rate limit for start calls: burst must be at least 1, got 0");
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "rate limit for start calls: burst must be at least 1, got 0"
+        );
         let c = ProvisionerConfig { harvest_max_stops: 0, ..ProvisionerConfig::default() };
         assert_eq!(c.validate(), Err(ConfigError::HarvestMaxStops));
     }

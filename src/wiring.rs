@@ -141,11 +141,10 @@ pub fn start(
         enqueue: pool.clone().recipient(),
         resize: pool.clone().recipient(),
     };
-    let coordinator =
-        coord_ctx.run(
-            Coordinator::new(links, config.backoff, config.workers, config.retry_path, config.scope.clone())
-                .with_seed(config.seed ^ 0x636f_6f72_6469_6e61),
-        );
+    let coordinator = coord_ctx.run(
+        Coordinator::new(links, config.backoff, config.workers, config.retry_path, config.scope.clone())
+            .with_seed(config.seed ^ 0x636f_6f72_6469_6e61),
+    );
     Ok(ProvisionerHandle { coordinator, registry, zones, harvest, lifecycle, pool, limiter })
 }
 

@@ -388,14 +388,13 @@ impl Handler<Start> for CloudActor {
         }
         self.next_id += 1;
         let id = InstanceId::new(format!("i-{}", self.next_id));
-        let instance =
-            CloudInstance {
-                id: id.clone(),
-                state: InstanceState::Pending,
-                zone: p.zone.clone(),
-                tags: p.tags.clone(),
-                age: None,
-            };
+        let instance = CloudInstance {
+            id: id.clone(),
+            state: InstanceState::Pending,
+            zone: p.zone.clone(),
+            tags: p.tags.clone(),
+            age: None,
+        };
         self.check_duplicate(&instance);
         let born = (self.epoch.elapsed(), Duration::ZERO);
         self.record_new(FakeInstance { instance, foreign: false, born });
@@ -422,7 +421,13 @@ impl CloudActor {
                 }
                 i.clone()
             }
-            None => CloudInstance { id, state: InstanceState::Terminated, zone: None, tags: InstanceTags::default(), age: None },
+            None => CloudInstance {
+                id,
+                state: InstanceState::Terminated,
+                zone: None,
+                tags: InstanceTags::default(),
+                age: None,
+            },
         };
         StartedInstance { display_name: String::new(), instance }
     }

@@ -19,6 +19,8 @@ pub struct HarvestPolicy {
     executor: Recipient<ExecutePlan>,
     /// The pending recheck of unknown instances: when it is due, and its timer.
     recheck: Option<(actix_rt::time::Instant, SpawnHandle)>,
+    /// The book's clock starts here.
+    epoch: actix_rt::time::Instant,
 }
 
 /// Time to plan the unknown instances again (young ones grew old, or the cap held some back).
@@ -49,6 +51,7 @@ impl HarvestPolicy {
             reuse_window: std::time::Duration::from_secs(300),
             executor,
             recheck: None,
+            epoch: actix_rt::time::Instant::now(),
         }
     }
 
@@ -115,6 +118,7 @@ impl HarvestPolicy {
                     Vec::new()
                 }
             };
+            act.book.set_clock(act.epoch.elapsed());
             let plan = act.book.plan(&dead, &unknown);
             act.arm(&plan, ctx);
             act.arm_recheck(&plan, ctx);

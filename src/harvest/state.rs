@@ -107,6 +107,10 @@ pub struct HarvestBook {
     reuse: bool,
     parked: BTreeMap<InstanceId, (MachineId, Reusable)>,
     safety: HarvestSafety,
+    /// The book's clock (set by its actor before each decision).
+    clock: Duration,
+    /// After a pass that hit the cap, no unknown instance is stopped before this time.
+    next_pass: Option<Duration>,
 }
 
 impl HarvestBook {
@@ -121,7 +125,14 @@ impl HarvestBook {
             reuse: false,
             parked: BTreeMap::new(),
             safety: HarvestSafety::default(),
+            clock: Duration::ZERO,
+            next_pass: None,
         }
+    }
+
+    /// The time the next decisions are taken at (the actor's clock).
+    pub fn set_clock(&mut self, now: Duration) {
+        self.clock = self.clock.max(now);
     }
 
     /// The same book with this grace period and cap.
@@ -243,6 +254,9 @@ impl HarvestBook {
             let (mut taken, mut held, mut young) = (0usize, 0usize, 0usize);
             let mut recheck: Option<Duration> = None;
             let mut soonest = |d: Duration| recheck = Some(recheck.map_or(d, |r: Duration| r.min(d)));
+            // A pass that hit the cap holds unknown stops until the next pass is due, however
+            // many harvests are asked for meanwhile.
+            let waiting_pass = self.next_pass.filter(|at| *at > self.clock);
             for u in unknown {
                 let inst = &u.id;
                 if self.released.contains(inst)
@@ -255,7 +269,7 @@ impl HarvestBook {
                 if u.age < self.safety.grace {
                     young += 1;
                     soonest(self.safety.grace - u.age);
-                } else if taken >= self.safety.max_stops {
+                } else if taken >= self.safety.max_stops || waiting_pass.is_some() {
                     held += 1;
                 } else {
                     taken += 1;
@@ -265,7 +279,11 @@ impl HarvestBook {
             if young > 0 {
                 tracing::info!(instances = young, grace = ?self.safety.grace, "sparing unknown instances younger than the grace period");
             }
-            if held > 0 {
+            if let (Some(at), true) = (waiting_pass, held > 0) {
+                tracing::info!(waiting = held, next_pass_in = ?(at - self.clock), "unknown instances wait for the next harvest pass");
+                soonest(at - self.clock);
+            } else if held > 0 {
+                self.next_pass = Some(self.clock + self.safety.pass_interval);
                 tracing::warn!(
                     stopping = taken,
                     waiting = held,

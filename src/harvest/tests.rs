@@ -336,7 +336,8 @@ fn clean_dead_instance_is_parked_only_with_reuse_on() {
 /// says when to look again; an old one goes at once.
 #[test]
 fn unknown_instances_younger_than_the_grace_period_are_spared() {
-    let safety = HarvestSafety { grace: Duration::from_secs(300), max_stops: 100, pass_interval: Duration::from_secs(60) };
+    let safety =
+        HarvestSafety { grace: Duration::from_secs(300), max_stops: 100, pass_interval: Duration::from_secs(60) };
     for mode in [HarvestMode::Unknown, HarvestMode::All] {
         let mut b = book(mode).with_safety(safety);
         let unknown = [
@@ -369,9 +370,28 @@ fn the_cap_on_stops_per_pass_holds_the_rest_for_the_next_pass() {
     let plan = b.plan(&dead_ones, &old(&["u-1", "u-2", "u-3", "u-4", "u-5"]));
     assert_eq!(plan.stop, iids(&["i-0", "i-1", "i-2", "u-1", "u-2"]));
     assert_eq!(plan.recheck_in, Some(Duration::from_secs(60)));
-    // The next pass takes the next two (the first two are being stopped).
+    // The next pass, a pass interval later, takes the next two (the first two are being
+    // stopped).
+    b.set_clock(Duration::from_secs(60));
     let plan = b.plan(&[], &old(&["u-1", "u-2", "u-3", "u-4", "u-5"]));
     assert_eq!(plan.stop, iids(&["u-3", "u-4"]));
+    b.set_clock(Duration::from_secs(120));
     let plan = b.plan(&[], &old(&["u-5"]));
     assert_eq!((plan.stop, plan.recheck_in), (iids(&["u-5"]), None));
+}
+
+/// Harvests asked for between passes (a resync, a death) stop no unknown instance while the
+/// next pass is not due; the pass after it takes the next batch.
+#[test]
+fn a_capped_pass_holds_unknown_stops_until_the_next_pass_is_due() {
+    let safety = HarvestSafety { grace: Duration::ZERO, max_stops: 1, pass_interval: Duration::from_secs(60) };
+    let mut b = book(HarvestMode::All).with_safety(safety);
+    b.set_clock(Duration::from_secs(100));
+    assert_eq!(b.plan(&[], &old(&["u-1", "u-2", "u-3"])).stop, iids(&["u-1"]));
+    b.set_clock(Duration::from_secs(130));
+    // A dead machine's instance still goes; unknown ones wait the remaining 30 s.
+    let plan = b.plan(&[dead("0", Some("i-0"))], &old(&["u-2", "u-3"]));
+    assert_eq!((plan.stop, plan.recheck_in), (iids(&["i-0"]), Some(Duration::from_secs(30))));
+    b.set_clock(Duration::from_secs(160));
+    assert_eq!(b.plan(&[], &old(&["u-2", "u-3"])).stop, iids(&["u-2"]));
 }

@@ -22,7 +22,12 @@ pub struct RateLimiter {
 impl RateLimiter {
     /// A limiter with full buckets.
     pub fn new(limits: RateLimits) -> Self {
-        Self { book: LimiterBook::new(limits), epoch: Instant::now(), waiters: BTreeMap::new(), timers: BTreeMap::new() }
+        Self {
+            book: LimiterBook::new(limits),
+            epoch: Instant::now(),
+            waiters: BTreeMap::new(),
+            timers: BTreeMap::new(),
+        }
     }
 
     fn now(&self) -> std::time::Duration {

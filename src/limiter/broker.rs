@@ -7,9 +7,7 @@ use actix::Recipient;
 
 use super::messages::{Acquire, CallOutcome};
 use super::state::ApiClass;
-use crate::ports::{
-    AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance,
-};
+use crate::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
 use crate::types::{CloudInstance, InstanceId, InstanceTags};
 
 /// A broker whose calls are paced by a [`RateLimiter`](super::RateLimiter).

@@ -289,7 +289,13 @@ impl MachineBook {
     /// [`MachineBook::unknown_instances`] with each one's age (see [`MachineBook::age_of`]).
     pub fn unknown_with_ages(&self) -> Option<Vec<(InstanceId, Duration)>> {
         let unknown = self.unknown_instances()?;
-        Some(unknown.into_iter().map(|id| (self.age_of(&id).unwrap_or_default(), id)).map(|(age, id)| (id, age)).collect())
+        Some(
+            unknown
+                .into_iter()
+                .map(|id| (self.age_of(&id).unwrap_or_default(), id))
+                .map(|(age, id)| (id, age))
+                .collect(),
+        )
     }
 
     /// A non-terminated instance tagged with this machine that no other machine owns: the

@@ -436,3 +436,23 @@ fn status_changes_report_instances_stopped_or_back_or_gone_once() {
     book.load_view(vec![]);
     assert_eq!(book.status_changes()[0].1.as_str(), "missing");
 }
+
+/// Issue 6 part 4: ages. A reported age is taken as of the listing and grows with the clock;
+/// an instance whose age the cloud does not report is aged from its first listing (a later
+/// listing does not make it young again); an instance no longer listed is forgotten.
+#[test]
+fn instance_ages_come_from_the_cloud_or_from_the_first_listing() {
+    use std::time::Duration;
+    let mut book = MachineBook::new();
+    book.set_clock(Duration::from_secs(100));
+    let aged = CloudInstance { age: Some(Duration::from_secs(50)), ..instance("reported", None, None) };
+    book.load_view(vec![aged.clone(), instance("silent", None, None)]);
+    assert_eq!(book.age_of(&iid("reported")), Some(Duration::from_secs(50)));
+    assert_eq!(book.age_of(&iid("silent")), Some(Duration::ZERO));
+    book.set_clock(Duration::from_secs(130));
+    book.load_view(vec![instance("silent", None, None)]);
+    assert_eq!(book.age_of(&iid("silent")), Some(Duration::from_secs(30)), "aged from its first listing");
+    assert_eq!(book.age_of(&iid("reported")), None, "forgotten once no longer listed");
+    let unknown = book.unknown_with_ages().unwrap();
+    assert_eq!(unknown, vec![(iid("silent"), Duration::from_secs(30))]);
+}

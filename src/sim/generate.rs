@@ -242,7 +242,9 @@ pub fn generate(seed: u64) -> Scenario {
             harvest_max_stops: rng.random_range(1..=4),
             capacity_memory: Dur(Duration::from_secs(rng.random_range(0..=300))),
         },
-        model: ModelSpec { write_latency: Dur(if rng.random_bool(0.3) { ms(&mut rng, 5_000) } else { Duration::ZERO }) },
+        model: ModelSpec {
+            write_latency: Dur(if rng.random_bool(0.3) { ms(&mut rng, 5_000) } else { Duration::ZERO }),
+        },
         cloud: CloudSpec {
             zones: available,
             unavailable_zones: unavailable,

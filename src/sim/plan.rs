@@ -91,15 +91,10 @@ pub fn plan(s: &Scenario, seed: Option<u64>) -> Plan {
         max_stops: s.provisioner.harvest_max_stops,
         pass_interval: s.provisioner.resync_interval.0,
     };
-    let mut harvest =
-        HarvestBook::new(s.provisioner.harvest_mode).with_reuse(s.provisioner.reuse).with_safety(safety);
+    let mut harvest = HarvestBook::new(s.provisioner.harvest_mode).with_reuse(s.provisioner.reuse).with_safety(safety);
     harvest.end_safe_mode();
-    let unknown: Vec<UnknownInstance> = book
-        .unknown_with_ages()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(id, age)| UnknownInstance { id, age })
-        .collect();
+    let unknown: Vec<UnknownInstance> =
+        book.unknown_with_ages().unwrap_or_default().into_iter().map(|(id, age)| UnknownInstance { id, age }).collect();
     let h = harvest.plan(&dead, &unknown);
     out.stops = h.stop.iter().map(ToString::to_string).collect();
     out.releases = h.release.iter().map(ToString::to_string).collect();
@@ -131,7 +126,12 @@ pub fn plan(s: &Scenario, seed: Option<u64>) -> Plan {
         let derived =
             s.cloud.derived_zones.iter().find(|d| d.machine == spec.id).map(|d| d.zones.clone()).unwrap_or_default();
         let group: Vec<MachineId> = spec.distribution_group.iter().flatten().map(MachineId::new).collect();
-        let request = ZoneRequest { allowed: spec.zones.clone(), derived, group: (!group.is_empty()).then_some(group), ..ZoneRequest::default() };
+        let request = ZoneRequest {
+            allowed: spec.zones.clone(),
+            derived,
+            group: (!group.is_empty()).then_some(group),
+            ..ZoneRequest::default()
+        };
         match zones.choose(&m.id, request) {
             Ok(zone) => out.starts.push(PlannedStart { machine: m.id.to_string(), zone }),
             Err(e) => out.failures.push(MachineNote { machine: m.id.to_string(), detail: e.to_string() }),

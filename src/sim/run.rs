@@ -151,16 +151,14 @@ impl World {
             Action::CloudStop(id) => self.cloud.set_state(id, InstanceState::Stopped),
             Action::CloudStart(id) => self.cloud.set_state(id, InstanceState::Running),
             Action::CloudTerminate(id) => self.cloud.set_state(id, InstanceState::Terminated),
-            Action::CloudLaunch(l) => {
-                self.cloud.launch_aged(
-                    &l.id,
-                    l.zone.as_deref(),
-                    l.machine.as_deref(),
-                    InstanceState::Running,
-                    l.foreign,
-                    l.age.map_or(Duration::ZERO, |a| a.0),
-                )
-            }
+            Action::CloudLaunch(l) => self.cloud.launch_aged(
+                &l.id,
+                l.zone.as_deref(),
+                l.machine.as_deref(),
+                InstanceState::Running,
+                l.foreign,
+                l.age.map_or(Duration::ZERO, |a| a.0),
+            ),
             Action::FailNext(f) => match f.call {
                 FailCall::AllInstances => self.cloud.fail_next(CloudOp::AllInstances, f.times, &f.message),
                 FailCall::StopInstances => self.cloud.fail_next(CloudOp::StopInstances, f.times, &f.message),

@@ -3,8 +3,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::*;
-use crate::workers::{Attempts, FailureKind, Step};
 use crate::types::MachineId;
+use crate::workers::{Attempts, FailureKind, Step};
 
 fn mid(s: &str) -> MachineId {
     MachineId::new(s)
@@ -156,7 +156,8 @@ fn zone_choice_needs_both_constraint_and_derived_zones() {
         shape: None,
     };
     assert_eq!(choose(&mut b, "0", both), "az2");
-    let disjoint = ZoneRequest { allowed: Some(vec!["az1".into()]), derived: vec!["az2".into()], group: None, shape: None };
+    let disjoint =
+        ZoneRequest { allowed: Some(vec!["az1".into()]), derived: vec!["az2".into()], group: None, shape: None };
     assert_eq!(b.choose(&mid("1"), disjoint), Err(ZoneError::NoSuitableZone(mid("1"))));
 }
 

@@ -4,6 +4,7 @@
 
 mod harvesting;
 mod resilience;
+mod safety;
 mod seeds;
 mod starting;
 mod support;

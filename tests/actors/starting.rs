@@ -130,10 +130,8 @@ async fn dying_unprovisioned_machine_is_ensured_dead_and_removed() {
 /// independent) gets exactly N+1 calls; its status and instance status carry the last message.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn failing_start_is_retried_count_plus_one_times_then_errors() {
-    let config = provisioner::ProvisionerConfig {
-        retry: RetryStrategy::new(2, Duration::from_secs(10)),
-        ..test_config()
-    };
+    let config =
+        provisioner::ProvisionerConfig { retry: RetryStrategy::new(2, Duration::from_secs(10)), ..test_config() };
     let cloud = zoneless_cloud();
     for msg in [
         "container failed to start and was destroyed",
@@ -227,10 +225,8 @@ async fn machine_is_never_started_twice_while_its_start_is_in_flight() {
 /// not tried again, and nothing of it is left running.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn start_retries_stop_when_the_machine_dies() {
-    let config = provisioner::ProvisionerConfig {
-        retry: RetryStrategy::new(10, Duration::from_secs(10)),
-        ..test_config()
-    };
+    let config =
+        provisioner::ProvisionerConfig { retry: RetryStrategy::new(10, Duration::from_secs(10)), ..test_config() };
     let cloud = zoneless_cloud();
     cloud.add_fault(Fault {
         machine: "0".into(),

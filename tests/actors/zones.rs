@@ -94,8 +94,7 @@ async fn zone_constraints_are_honoured() {
 /// (retry count 1) and no delay.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn zone_specific_failure_fails_over_to_another_zone_at_once() {
-    let config =
-        ProvisionerConfig { retry: RetryStrategy::new(1, Duration::from_secs(10)), ..test_config() };
+    let config = ProvisionerConfig { retry: RetryStrategy::new(1, Duration::from_secs(10)), ..test_config() };
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
     cloud.add_fault(Fault {
         machine: "0".into(),
@@ -118,8 +117,7 @@ async fn zone_specific_failure_fails_over_to_another_zone_at_once() {
 /// eligible zones, and N+1 when it fails zone-independently.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn always_failing_machine_gets_n_times_z_plus_one_calls() {
-    let config =
-        ProvisionerConfig { retry: RetryStrategy::new(2, Duration::from_secs(1)), ..test_config() };
+    let config = ProvisionerConfig { retry: RetryStrategy::new(2, Duration::from_secs(1)), ..test_config() };
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
     cloud.add_fault(Fault {
         machine: "0".into(),
@@ -152,8 +150,7 @@ async fn always_failing_machine_gets_n_times_z_plus_one_calls() {
 /// fail, then zone1 fails, marks clear, and the next round succeeds in zone3 or zone4.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn failure_marks_clear_after_every_zone_failed() {
-    let config =
-        ProvisionerConfig { retry: RetryStrategy::new(4, Duration::from_millis(5)), ..test_config() };
+    let config = ProvisionerConfig { retry: RetryStrategy::new(4, Duration::from_millis(5)), ..test_config() };
     let cloud = zoned_cloud(&[]);
     cloud.set_zones(&["zone1", "zone3", "zone4"], &["zone2"]);
     cloud.launch_aged("i-ctl", Some("zone1"), Some("0"), InstanceState::Running, false, OLD);
@@ -183,8 +180,7 @@ async fn failure_marks_clear_after_every_zone_failed() {
 /// derived zone does not exist is never started; zone-independent failures use a round.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn derived_zones_restrict_placement() {
-    let config =
-        ProvisionerConfig { retry: RetryStrategy::new(2, Duration::from_millis(5)), ..test_config() };
+    let config = ProvisionerConfig { retry: RetryStrategy::new(2, Duration::from_millis(5)), ..test_config() };
     let cloud = zoned_cloud(&[]);
     cloud.set_zones(&["zone1", "zone3", "zone4"], &["zone2"]);
     cloud.set_derived_zones("1", &["fail-zone"]);
@@ -244,8 +240,7 @@ async fn zoneless_cloud_starts_without_zones() {
 /// a zone), even when a member fails once.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn distribution_group_members_spread_over_zones() {
-    let config =
-        ProvisionerConfig { retry: RetryStrategy::new(2, Duration::ZERO), workers: 1, ..test_config() };
+    let config = ProvisionerConfig { retry: RetryStrategy::new(2, Duration::ZERO), workers: 1, ..test_config() };
     let groups: [(&str, &[&str]); 5] =
         [("1", &["4", "5"]), ("2", &["3"]), ("3", &["2"]), ("4", &["1", "5"]), ("5", &["1", "4"])];
     let ms = groups
@@ -358,8 +353,7 @@ async fn zone_list_changes_are_picked_up_and_unavailable_zones_avoided() {
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn zone_independent_failure_releases_the_reservation_during_the_retry_delay() {
     // A long delay (jittered in [0, 1000 s]) leaves time to look.
-    let config =
-        ProvisionerConfig { retry: RetryStrategy::new(1, Duration::from_secs(1000)), ..test_config() };
+    let config = ProvisionerConfig { retry: RetryStrategy::new(1, Duration::from_secs(1000)), ..test_config() };
     let cloud = zoned_cloud(&["az1", "az2"]);
     cloud.add_fault(Fault { machine: "0".into(), times: 1, zone: None, zone_independent: true, message: "arf".into() });
     let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["0"])));

@@ -101,7 +101,9 @@ fn every_crash_point_is_recovered_once_or_twice() {
     let mut runs = 0;
     for step in 0..=80u64 {
         let first = Duration::from_millis(250 * step);
-        for second in [None, Some(Duration::from_millis(0)), Some(Duration::from_millis(700)), Some(Duration::from_millis(1500))] {
+        for second in
+            [None, Some(Duration::from_millis(0)), Some(Duration::from_millis(700)), Some(Duration::from_millis(1500))]
+        {
             let mut s = base.clone();
             s.machines = ["0", "1", "2"].iter().map(|id| MachineSpec::pending(*id)).collect();
             s.events = vec![EventSpec::new(

@@ -1,0 +1,155 @@
+//! Issue 6, cloud safety: the client-side rate limiter, jittered backoff, recovery from a crash
+//! between a start and its record, and safe harvesting (grace period, cap per pass).
+
+use std::time::Duration;
+
+use provisioner::fake::{CloudOp, FakeModel};
+use provisioner::limiter::{BucketLimit, RateLimits};
+use provisioner::types::InstanceState;
+use provisioner::{HarvestMode, Machine, MachineId, ProvisionerConfig};
+
+use crate::support::*;
+
+fn many(n: usize) -> Vec<String> {
+    (0..n).map(|i| i.to_string()).collect()
+}
+
+fn all_started(ids: &[String]) -> impl Fn(&provisioner::fake::ModelSnapshot) -> bool + '_ {
+    move |m| ids.iter().all(|id| instance_of(m, id).is_some())
+}
+
+/// Part 1: 100 starts against a cloud allowing 10 at once then 2 per second (ideal 45 s). The
+/// limiter, sized for EC2 (50 at once then 5 per second), learns the cloud's pace: the run
+/// ends close to the ideal with few throttled calls, and no machine fails.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn the_limiter_adapts_to_a_throttling_cloud() {
+    let cloud = zoned_cloud(&["az1", "az2", "az3"]);
+    cloud.set_rate_limit(RateLimits { start: Some(BucketLimit::new(10, 2.0)), ..RateLimits::unlimited() });
+    let ids = many(100);
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let config = ProvisionerConfig { workers: 16, ..test_config() };
+    let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&id_refs)));
+    let t0 = actix_rt::time::Instant::now();
+    h.until_model(Duration::from_secs(120), all_started(&ids)).await;
+    let took = t0.elapsed();
+    let cloud = h.cloud().await;
+    let starts = cloud.calls_of(CloudOp::StartInstance);
+    let throttled = starts.iter().filter(|c| c.throttled).count();
+    assert!(took <= Duration::from_secs(50), "took {took:?} against the 45 s ideal");
+    assert!(throttled <= 20, "{throttled} throttled calls");
+    assert_eq!(starts.len() - throttled, 100, "one successful start per machine");
+    let limiter = h.handle.limiter().await.unwrap();
+    let start = limiter.classes.iter().find(|c| c.class == provisioner::limiter::ApiClass::Start).unwrap();
+    assert!(start.rate < 5.0, "the start rate came down from its default: {}", start.rate);
+    assert_eq!(start.throttled as usize, throttled);
+}
+
+/// Part 1: with the limiter off the same cloud refuses many more calls (the limiter is what
+/// keeps them down), yet still no machine fails: a throttled call uses no round.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn without_the_limiter_throttling_costs_calls_but_no_machine() {
+    let cloud = zoned_cloud(&["az1", "az2", "az3"]);
+    cloud.set_rate_limit(RateLimits { start: Some(BucketLimit::new(10, 2.0)), ..RateLimits::unlimited() });
+    let ids = many(100);
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let config = ProvisionerConfig { workers: 16, rate_limits: RateLimits::unlimited(), ..test_config() };
+    let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&id_refs)));
+    h.until_model(Duration::from_secs(300), all_started(&ids)).await;
+    let cloud = h.cloud().await;
+    let throttled = cloud.calls_of(CloudOp::StartInstance).iter().filter(|c| c.throttled).count();
+    assert!(throttled > 50, "only {throttled} throttled calls without a client limit");
+    assert!(h.handle.limiter().await.unwrap().classes.is_empty());
+}
+
+/// Part 1: a client limit within the cloud's is never throttled, and paces calls exactly.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn a_client_limit_within_the_clouds_is_never_throttled() {
+    let cloud = zoned_cloud(&["az1"]);
+    cloud.set_rate_limit(RateLimits { start: Some(BucketLimit::new(2, 1.0)), ..RateLimits::unlimited() });
+    let limits = RateLimits { start: Some(BucketLimit::new(2, 1.0)), ..RateLimits::ec2() };
+    let ids = many(6);
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let h = Harness::new(
+        ProvisionerConfig { rate_limits: limits, ..test_config() },
+        cloud,
+        FakeModel::with_machines(machines(&id_refs)),
+    );
+    h.until_model(Duration::from_secs(30), all_started(&ids)).await;
+    let cloud = h.cloud().await;
+    let starts = cloud.calls_of(CloudOp::StartInstance);
+    assert_eq!(starts.len(), 6);
+    assert!(starts.iter().all(|c| !c.throttled));
+    // Two at once, then one per second.
+    let secs: Vec<u64> = starts.iter().map(|c| c.at.as_secs()).collect();
+    assert_eq!(secs, vec![0, 0, 1, 2, 3, 4]);
+}
+
+/// Part 3: a crash after StartInstance returned but before SetInstanceInfo landed. The new
+/// incarnation adopts the tagged instance: one start, one instance.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn a_crash_between_a_start_and_its_record_adopts_the_instance() {
+    let cloud = zoned_cloud(&["az1"]);
+    cloud.set_latency(Duration::from_secs(10), Duration::ZERO);
+    let model = FakeModel::new(vec![Machine::pending("0")]);
+    model.set_write_latency(Duration::from_secs(5));
+    let h = Harness::new(test_config(), cloud, model);
+    h.run_for(Duration::from_secs(12)).await;
+    // The start returned at 10 s; its record is still on its way.
+    assert_eq!(h.cloud().await.calls_of(CloudOp::StartInstance).len(), 1);
+    assert_eq!(instance_of(&h.model().await, "0"), None);
+    let h = h.restart(test_config());
+    let model = h.until_model(Duration::from_secs(60), |m| instance_of(m, "0").is_some()).await;
+    h.settle().await;
+    let cloud = h.cloud().await;
+    assert_eq!(cloud.calls_of(CloudOp::StartInstance).len(), 1, "started twice");
+    assert_eq!(cloud.live_instances_of(&MachineId::new("0")).len(), 1);
+    assert_eq!(instance_of(&model, "0").as_deref(), Some("i-1"));
+}
+
+/// Part 4: in mode unknown an unknown instance younger than the grace period is spared and
+/// harvested once it has aged past it (on a fresh listing); an old one goes at once.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn young_unknown_instances_wait_out_the_grace_period() {
+    let config = ProvisionerConfig { harvest_grace: Duration::from_secs(300), ..with_mode(HarvestMode::Unknown) };
+    let cloud = zoneless_cloud();
+    cloud.launch_aged("old", None, None, InstanceState::Running, false, OLD);
+    cloud.launch_aged("young", None, None, InstanceState::Running, false, Duration::from_secs(100));
+    let h = Harness::new(config, cloud, FakeModel::new(Vec::new()));
+    h.run_for(Duration::from_secs(10)).await;
+    let cloud = h.cloud().await;
+    assert_eq!(cloud.state_of("old"), Some(InstanceState::Terminated));
+    assert_eq!(cloud.state_of("young"), Some(InstanceState::Running));
+    // 200 s later it is 300 s old: harvested then, not before.
+    h.run_for(Duration::from_secs(185)).await;
+    assert_eq!(h.cloud().await.state_of("young"), Some(InstanceState::Running));
+    h.run_for(Duration::from_secs(10)).await;
+    assert_eq!(h.cloud().await.state_of("young"), Some(InstanceState::Terminated));
+    assert_eq!(stops(&h.cloud().await), vec![vec!["old".to_string()], vec!["young".to_string()]]);
+}
+
+/// Part 4: a harvest pass stops at most `harvest_max_stops` unknown instances; the rest go one
+/// pass interval (the resync interval) per batch, however many harvests are asked for
+/// meanwhile, and no timer is left once all are gone.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn a_harvest_pass_stops_at_most_the_cap() {
+    let config = ProvisionerConfig {
+        harvest_grace: Duration::ZERO,
+        harvest_max_stops: 3,
+        resync_interval: Duration::from_secs(60),
+        ..with_mode(HarvestMode::All)
+    };
+    let cloud = zoneless_cloud();
+    for i in 0..7 {
+        cloud.launch_aged(&format!("u-{i}"), None, None, InstanceState::Running, false, OLD);
+    }
+    let h = Harness::new(config, cloud, FakeModel::new(Vec::new()));
+    h.run_for(Duration::from_secs(10)).await;
+    assert_eq!(stops(&h.cloud().await), vec![vec!["u-0", "u-1", "u-2"]]);
+    h.run_for(Duration::from_secs(60)).await;
+    assert_eq!(stops(&h.cloud().await).len(), 2);
+    h.run_for(Duration::from_secs(60)).await;
+    let all = stops(&h.cloud().await);
+    assert_eq!(all, vec![vec!["u-0", "u-1", "u-2"], vec!["u-3", "u-4", "u-5"], vec!["u-6"]]);
+    h.settle().await;
+    assert!(h.handle.is_idle().await, "no recheck left pending");
+}
