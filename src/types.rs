@@ -378,16 +378,25 @@ impl Constraints {
     /// What is asked of the cloud, zones aside: machines with one shape compete for the same
     /// capacity (a zone out of capacity for one is, for a while, out of capacity for all).
     pub fn shape(&self) -> String {
-        let mut s = format!("arch={}", self.arch_or_default());
-        let mut part = |k: &str, v: Option<String>| {
-            if let Some(v) = v {
-                s.push_str(&format!(" {k}={v}"));
-            }
-        };
-        part("instance-type", self.instance_type.clone());
-        part("cores", self.cores.map(|c| c.to_string()));
-        part("mem", self.mem_mb.map(|m| format!("{m}M")));
-        part("root-disk", self.root_disk_mb.map(|m| format!("{m}M")));
+        use std::fmt::Write;
+        let arch = self.arch_or_default();
+        let mut s = String::with_capacity(5 + arch.len());
+        s.push_str("arch=");
+        s.push_str(arch);
+        if let Some(t) = &self.instance_type {
+            s.push_str(" instance-type=");
+            s.push_str(t);
+        }
+        // Writing to a String cannot fail.
+        if let Some(c) = self.cores {
+            let _ = write!(s, " cores={c}");
+        }
+        if let Some(m) = self.mem_mb {
+            let _ = write!(s, " mem={m}M");
+        }
+        if let Some(m) = self.root_disk_mb {
+            let _ = write!(s, " root-disk={m}M");
+        }
         s
     }
 
@@ -594,5 +603,18 @@ mod tests {
         assert!(c.is_container());
         assert_eq!(MachineId::new("3").container_of(), None);
         assert_eq!(c.tag(), "machine-0-lxd-1");
+    }
+
+    #[test]
+    fn shape_is_the_constraints_but_zones() {
+        let mut c = Constraints { zones: Some(vec!["az1".into()]), ..Constraints::default() };
+        assert_eq!(c.shape(), "arch=amd64");
+        let other_zone = Constraints { zones: Some(vec!["az2".into()]), ..c.clone() };
+        assert_eq!(other_zone.shape(), c.shape(), "zones are not part of the shape");
+        c.instance_type = Some("m5.large".into());
+        c.cores = Some(2);
+        c.mem_mb = Some(8192);
+        c.root_disk_mb = Some(10240);
+        assert_eq!(c.shape(), "arch=amd64 instance-type=m5.large cores=2 mem=8192M root-disk=10240M");
     }
 }

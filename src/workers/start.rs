@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use rand::rngs::StdRng;
+use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use super::actor::StartDeps;
@@ -72,7 +72,7 @@ async fn register(
     nonce: &str,
     name: String,
     started: Started,
-    rng: &mut StdRng,
+    rng: &mut SmallRng,
 ) -> JobOutcome {
     let info = ProvisionedInstance {
         instance: instance.id.clone(),
@@ -125,7 +125,7 @@ struct Started {
 /// `seed` seeds the jitter of its backoffs, so a run is reproducible.
 pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, nonce: String, seed: u64) -> JobOutcome {
     let deps = &*deps;
-    let rng = &mut StdRng::seed_from_u64(seed);
+    let rng = &mut SmallRng::seed_from_u64(seed);
     let machine = job.machine.id.clone();
     if !still_wanted(deps, &machine).await {
         return abandon(deps, machine).await;
@@ -248,7 +248,8 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
         let mut step = attempts.on_failure(failure_kind(&err, zone.as_deref()));
         if step == Step::MarkZone {
             let zone = zone.clone().unwrap_or_default();
-            match deps.mark_failed.send(MarkZoneFailed { machine: machine.clone(), zone }).await {
+            let shape = request.shape.clone();
+            match deps.mark_failed.send(MarkZoneFailed { machine: machine.clone(), zone, shape }).await {
                 Ok(outcome) => step = attempts.on_zone_outcome(outcome),
                 Err(e) => return fail(deps, machine, format!("zone allocator unavailable: {e}")).await,
             }

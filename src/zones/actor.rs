@@ -101,6 +101,9 @@ impl Handler<MarkZoneFailed> for ZoneAllocator {
     type Result = MessageResult<MarkZoneFailed>;
     fn handle(&mut self, msg: MarkZoneFailed, _ctx: &mut Self::Context) -> Self::Result {
         self.tick();
+        if let Some(shape) = &msg.shape {
+            self.book.remember_capacity(shape, &msg.zone);
+        }
         MessageResult(self.book.mark_failed(&msg.machine, &msg.zone))
     }
 }

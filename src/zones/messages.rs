@@ -37,6 +37,8 @@ pub struct MarkZoneFailed {
     pub machine: MachineId,
     /// The zone that failed.
     pub zone: String,
+    /// The machine's shape (see [`ZoneRequest::shape`]), for the capacity memory.
+    pub shape: Option<String>,
 }
 
 /// A start failed for a reason unrelated to its zone: drop the reservation.

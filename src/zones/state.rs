@@ -70,8 +70,6 @@ pub struct ZoneBook {
     placed: BTreeMap<MachineId, String>,
     requests: BTreeMap<MachineId, ZoneRequest>,
     rng: StdRng,
-    /// Shape of each machine that asked for a zone (for the capacity memory).
-    shapes: BTreeMap<MachineId, String>,
     /// (shape, zone) → until when a zone failure steers that shape elsewhere.
     capacity: BTreeMap<(String, String), Duration>,
     memory: Duration,
@@ -86,7 +84,6 @@ impl ZoneBook {
             placed: BTreeMap::new(),
             requests: BTreeMap::new(),
             rng: StdRng::seed_from_u64(seed),
-            shapes: BTreeMap::new(),
             capacity: BTreeMap::new(),
             memory: Duration::ZERO,
             now: Duration::ZERO,
@@ -223,11 +220,6 @@ impl ZoneBook {
         let zone = best[pick].to_owned();
         self.zones.get_mut(&zone).expect("chosen from the map").machines.insert(machine.clone());
         self.placed.insert(machine.clone(), zone.clone());
-        if let Some(shape) = &req.shape {
-            if !self.memory.is_zero() && self.shapes.get(machine) != Some(shape) {
-                self.shapes.insert(machine.clone(), shape.clone());
-            }
-        }
         // Only a restricted request changes which zones are eligible after a failure.
         if req.allowed.is_some() || !req.derived.is_empty() {
             self.requests.insert(machine.clone(), req);
@@ -251,10 +243,6 @@ impl ZoneBook {
         if let Some(z) = self.zones.get_mut(zone) {
             z.failed.insert(machine.clone());
         }
-        if let Some(shape) = self.shapes.get(machine) {
-            tracing::info!(%zone, %shape, for_ = ?self.memory, "zone failed a start: machines of this shape avoid it for a while");
-            self.capacity.insert((shape.clone(), zone.to_owned()), self.now + self.memory);
-        }
         let req = self.requests.get(machine).cloned().unwrap_or_default();
         let any_left = self.zones.iter().any(|(name, z)| self.eligible(machine, name, z, &req));
         if any_left {
@@ -267,12 +255,21 @@ impl ZoneBook {
         }
     }
 
+    /// A start of this shape failed in `zone` for the zone's sake (typically no capacity):
+    /// machines of the shape avoid the zone for the memory's length (nothing if it is zero).
+    pub fn remember_capacity(&mut self, shape: &str, zone: &str) {
+        if self.memory.is_zero() {
+            return;
+        }
+        tracing::info!(%zone, %shape, for_ = ?self.memory, "zone failed a start: machines of this shape avoid it for a while");
+        self.capacity.insert((shape.to_owned(), zone.to_owned()), self.now + self.memory);
+    }
+
     /// Forgets a machine everywhere (final failure, or removal): reservation, failure marks
     /// and request.
     pub fn release(&mut self, machine: &MachineId) {
         self.release_reservation(machine);
         self.requests.remove(machine);
-        self.shapes.remove(machine);
         for z in self.zones.values_mut() {
             z.failed.remove(machine);
         }

@@ -393,6 +393,7 @@ fn capacity_memory_steers_the_same_shape_away_for_a_while() {
     let mut b = book(0, &["az1", "az2"]).with_capacity_memory(Duration::from_secs(180));
     b.set_clock(Duration::from_secs(10));
     let first = choose(&mut b, "0", shaped("arch=amd64 instance-type=m5.large"));
+    b.remember_capacity("arch=amd64 instance-type=m5.large", &first);
     assert_eq!(b.mark_failed(&mid("0"), &first), FailOutcome::TryAnotherZone);
     let other = if first == "az1" { "az2" } else { "az1" };
     assert_eq!(b.remembered("arch=amd64 instance-type=m5.large"), vec![first.as_str()]);
@@ -415,6 +416,7 @@ fn capacity_memory_steers_the_same_shape_away_for_a_while() {
 fn without_capacity_memory_failures_steer_only_their_machine() {
     let mut b = book(0, &["az1", "az2"]);
     let first = choose(&mut b, "0", shaped("s"));
+    b.remember_capacity("s", &first);
     b.mark_failed(&mid("0"), &first);
     assert!(b.remembered("s").is_empty());
     let picks: BTreeSet<String> = (1..8).map(|i| choose(&mut b, &i.to_string(), shaped("s"))).collect();
@@ -431,7 +433,10 @@ fn a_machine_failing_everywhere_still_gets_n_times_z_plus_one_calls() {
         let zone = choose(&mut b, "0", shaped("s"));
         calls += 1;
         match attempts.on_failure(FailureKind::Zone) {
-            Step::MarkZone => match attempts.on_zone_outcome(b.mark_failed(&mid("0"), &zone)) {
+            Step::MarkZone => match attempts.on_zone_outcome({
+                b.remember_capacity("s", &zone);
+                b.mark_failed(&mid("0"), &zone)
+            }) {
                 Step::FailOver | Step::NewRound => continue,
                 other => panic!("{other:?}"),
             },
