@@ -184,6 +184,38 @@ async fn containers_are_provisioned_lazily_in_their_hosts_zone() {
     }
 }
 
+/// Seed 003 with contract semantics 6: the container manager's read of a host that is already
+/// provisioned fails (the model's `machines` call); the read is retried with backoff, not
+/// dropped, so the host's containers are still started, in its zone.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn a_failed_host_read_is_retried_so_containers_still_start() {
+    let cloud = zoned_cloud(&["az1", "az2"]);
+    cloud.launch_aged("i-0", Some("az2"), Some("0"), InstanceState::Running, false, OLD);
+    let mut host = FakeMachine::new(Machine::pending("0"));
+    host.machine.instance = Some("i-0".into());
+    host.machine.status = MachineStatus::Started;
+    host.zone = Some("az2".into());
+    let model = FakeModel::with_machines(vec![host, FakeMachine::new(Machine::pending("0/lxd/0"))]);
+    let h = Harness::unwatched(test_config(), cloud, model);
+    let containers = start_containers(
+        test_config(),
+        HostZoneBroker::factory(Arc::new(h.cloud.broker())),
+        Arc::new(h.model.api()),
+        Arc::new(FakeInitialiser::new(vec![])),
+        vec!["lxd".into()],
+        vec![],
+    )
+    .unwrap();
+    // Enough failures for the manager's first read (and the provisioner's) to fail.
+    h.model.fail_next(provisioner::fake::ModelOp::Machines, 3, "model unavailable");
+    h.handle.subscribe(containers.provisioner_events());
+    h.model.watch(containers.machines_changed());
+    h.watch();
+    let model = h.until_model(Duration::from_secs(120), |m| instance_of(m, "0/lxd/0").is_some()).await;
+    assert_eq!(model.machine("0/lxd/0").unwrap().zone.as_deref(), Some("az2"));
+    assert_eq!(starts_of(&h.cloud().await, "0/lxd/0"), 1);
+}
+
 /// Seed 003: a failing host initialisation is retried with backoff and shown on the
 /// containers' status; the containers start once it succeeds.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]

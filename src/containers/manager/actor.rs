@@ -18,13 +18,58 @@ pub struct ContainerManager {
     book: ManagerBook,
     deps: SupervisorDeps,
     supervisors: BTreeMap<(MachineId, String), Addr<ContainerSupervisor>>,
+    /// Host reads in flight or waiting out their backoff.
     reads: usize,
+    rng: rand::rngs::StdRng,
 }
 
 impl ContainerManager {
     /// A manager for hosts supporting `kinds`.
     pub fn new(kinds: Vec<String>, deps: SupervisorDeps) -> Self {
-        Self { book: ManagerBook::new(kinds), deps, supervisors: BTreeMap::new(), reads: 0 }
+        let rng = rand::SeedableRng::seed_from_u64(deps.config.seed ^ 0x6d61_6e61_6765_7221);
+        Self { book: ManagerBook::new(kinds), deps, supervisors: BTreeMap::new(), reads: 0, rng }
+    }
+
+    /// Reads hosts (and their instances' zones); a failed read is retried with backoff
+    /// (contract semantics 6), never dropped: a host not read is a host whose containers wait.
+    fn read_hosts(&mut self, hosts: Vec<MachineId>, attempt: u32, ctx: &mut Context<Self>) {
+        let model = self.deps.model.clone();
+        let again = hosts.clone();
+        let fut = async move {
+            let reads = model.machines(hosts.clone()).await.map_err(|e| e.to_string())?;
+            let mut out = Vec::new();
+            for (id, read) in hosts.into_iter().zip(reads) {
+                let zone = match &read {
+                    Ok(m) if m.instance.is_some() => {
+                        model.availability_zone(id.clone()).await.map_err(|e| e.to_string())?
+                    }
+                    _ => None,
+                };
+                out.push((id, read.ok(), zone));
+            }
+            Ok::<_, String>(out)
+        };
+        self.reads += 1;
+        ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
+            act.reads -= 1;
+            match res {
+                Ok(hosts) => {
+                    for (id, machine, zone) in hosts {
+                        let effects = act.book.host_seen(&id, machine.as_ref(), zone);
+                        act.perform(effects, ctx);
+                    }
+                }
+                Err(e) => {
+                    let delay = act.deps.config.backoff.delay(attempt, &mut act.rng);
+                    tracing::warn!(error = %e, retry_in = ?delay, "reading container hosts failed; will retry");
+                    act.reads += 1;
+                    ctx.run_later(delay, move |act, ctx| {
+                        act.reads -= 1;
+                        act.read_hosts(again, attempt + 1, ctx);
+                    });
+                }
+            }
+        }));
     }
 
     fn perform(&mut self, effects: Vec<HostEffect>, ctx: &mut Context<Self>) {
@@ -87,27 +132,7 @@ impl Handler<MachinesChanged> for ContainerManager {
         if hosts.is_empty() {
             return;
         }
-        let model = self.deps.model.clone();
-        let fut = async move {
-            let reads = model.machines(hosts.clone()).await.unwrap_or_default();
-            let mut out = Vec::new();
-            for (id, read) in hosts.into_iter().zip(reads) {
-                let zone = match &read {
-                    Ok(m) if m.instance.is_some() => model.availability_zone(id.clone()).await.ok().flatten(),
-                    _ => None,
-                };
-                out.push((id, read.ok(), zone));
-            }
-            out
-        };
-        self.reads += 1;
-        ctx.spawn(fut.into_actor(self).map(|hosts, act, ctx| {
-            act.reads -= 1;
-            for (id, machine, zone) in hosts {
-                let effects = act.book.host_seen(&id, machine.as_ref(), zone);
-                act.perform(effects, ctx);
-            }
-        }));
+        self.read_hosts(hosts, 0, ctx);
     }
 }
 
