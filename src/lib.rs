@@ -53,6 +53,8 @@
 pub mod config;
 pub mod containers;
 pub mod coordinator;
+#[cfg(feature = "ec2")]
+pub mod ec2;
 pub mod events;
 #[cfg(feature = "test-util")]
 pub mod fake;

@@ -1,0 +1,61 @@
+//! What the EC2 broker needs to know, and its validation.
+
+use thiserror::Error;
+
+/// The EC2 broker's settings. Credentials are not here: they come from the standard AWS chain
+/// (environment, shared config and credentials files, SSO, instance or container role).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Ec2Config {
+    /// The model's uuid, tagged on every instance; instances without it are not ours.
+    pub model_uuid: String,
+    /// The region, e.g. `us-east-1`. `None`: from the AWS chain (`AWS_REGION`, profile).
+    pub region: Option<String>,
+    /// An EC2-compatible endpoint instead of AWS's (e.g. a local moto server).
+    pub endpoint: Option<String>,
+    /// The image (AMI) every instance starts from.
+    pub image_id: String,
+    /// The instance type, e.g. `t3.micro`.
+    pub instance_type: String,
+    /// A subnet to start instances in (its zone then wins over the chosen one).
+    pub subnet_id: Option<String>,
+    /// Security groups for new instances.
+    pub security_group_ids: Vec<String>,
+}
+
+/// Settings that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Ec2ConfigError {
+    /// A required setting is empty.
+    #[error("EC2 broker: {0} is required (see `provisioner serve --help`)")]
+    Missing(&'static str),
+    /// The endpoint is not a URL.
+    #[error("EC2 broker: endpoint {0:?} is not an http(s) URL")]
+    Endpoint(String),
+    /// No region given and none in the AWS chain.
+    #[error("EC2 broker: no region: pass --region or set AWS_REGION")]
+    NoRegion,
+}
+
+impl Ec2Config {
+    /// Checks every field; the error names the first problem.
+    pub fn validate(&self) -> Result<(), Ec2ConfigError> {
+        if self.model_uuid.trim().is_empty() {
+            return Err(Ec2ConfigError::Missing("the model uuid"));
+        }
+        if self.image_id.trim().is_empty() {
+            return Err(Ec2ConfigError::Missing("an image (--ec2-image AMI)"));
+        }
+        if self.instance_type.trim().is_empty() {
+            return Err(Ec2ConfigError::Missing("an instance type (--ec2-instance-type TYPE)"));
+        }
+        if let Some(e) = &self.endpoint {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                return Err(Ec2ConfigError::Endpoint(e.clone()));
+            }
+        }
+        if self.region.as_deref().is_some_and(|r| r.trim().is_empty()) {
+            return Err(Ec2ConfigError::NoRegion);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,263 @@
+//! The EC2 broker against moto's EC2 server (`tests/ec2/moto_server.py`, installed into a
+//! virtualenv by `.ci/moto-venv` on first use): the real provisioner actors, the real AWS SDK,
+//! an EC2-compatible endpoint on loopback, in real time. The tests share one server (it starts
+//! in seconds, but five at once on two cores take a minute) and each uses its own model uuid,
+//! so none sees another's instances or faults.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use aws_sdk_ec2::types::{Filter, InstanceStateName};
+use provisioner::ec2::{Ec2Broker, Ec2Config, TAG_MACHINE};
+use provisioner::fake::{FakeMachine, FakeModel, ModelSnapshot};
+use provisioner::{start, HarvestMode, Life, Machine, ProvisionerConfig, ProvisionerHandle};
+
+const IMAGE: &str = "ami-1e749f67";
+/// The model of the capacity test, whose starts into us-east-1a fail.
+const CAPACITY_MODEL: &str = "model-capacity";
+
+/// The virtualenv's python, installed once per test run.
+fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out = Command::new(root.join(".ci/moto-venv"))
+            .current_dir(root)
+            .output()
+            .expect(".ci/moto-venv runs (needs python3 with venv and access to PyPI)");
+        assert!(out.status.success(), ".ci/moto-venv failed: {}", String::from_utf8_lossy(&out.stderr));
+        let path = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        // Credentials for the standard AWS chain; moto accepts any.
+        for (k, v) in
+            [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_REGION", "us-east-1")]
+        {
+            std::env::set_var(k, v);
+        }
+        root.join(path)
+    })
+}
+
+/// The moto EC2 server on a free loopback port (it exits with this process).
+struct Moto {
+    _child: Child,
+    endpoint: String,
+}
+
+impl Moto {
+    fn shared() -> &'static Moto {
+        static MOTO: OnceLock<Moto> = OnceLock::new();
+        MOTO.get_or_init(|| Moto::start(&[&format!("{CAPACITY_MODEL}:us-east-1a")]))
+    }
+
+    // Runs once, before the calling test has started any actor: waiting for the server to
+    // listen may block this thread.
+    #[allow(clippy::disallowed_methods)]
+    fn start(fail_zones: &[&str]) -> Moto {
+        let python = python();
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(python)
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ec2/moto_server.py"))
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .env("MOTO_FAIL_ZONES", fail_zones.join(","))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto server starts");
+        let moto = Moto { _child: child, endpoint: format!("http://127.0.0.1:{port}") };
+        for _ in 0..300 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return moto;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("moto server did not listen on {port} within 30 s");
+    }
+
+    async fn broker(&self, model: &str) -> Ec2Broker {
+        Ec2Broker::connect(Ec2Config {
+            model_uuid: model.into(),
+            region: Some("us-east-1".into()),
+            endpoint: Some(self.endpoint.clone()),
+            image_id: IMAGE.into(),
+            instance_type: "t3.micro".into(),
+            ..Ec2Config::default()
+        })
+        .await
+        .expect("connects")
+    }
+}
+
+fn config(model: &str, mode: HarvestMode) -> ProvisionerConfig {
+    ProvisionerConfig {
+        model_uuid: model.into(),
+        harvest_mode: mode,
+        workers: 4,
+        retry: provisioner::RetryStrategy::new(3, Duration::from_millis(200)),
+        harvest_grace: Duration::ZERO,
+        ..ProvisionerConfig::default()
+    }
+}
+
+fn pending(ids: &[String]) -> FakeModel {
+    FakeModel::with_machines(ids.iter().map(|id| FakeMachine::new(Machine::pending(id.as_str()))).collect())
+}
+
+fn ids(n: usize) -> Vec<String> {
+    (0..n).map(|i| i.to_string()).collect()
+}
+
+fn run(uuid: &str, broker: &Ec2Broker, model: &FakeModel, mode: HarvestMode) -> ProvisionerHandle {
+    let handle = start(config(uuid, mode), Arc::new(broker.clone()), Arc::new(model.api())).expect("valid config");
+    model.watch(handle.machines_changed());
+    handle
+}
+
+/// Polls the model (real time) until `cond` holds; panics after 60 s.
+async fn until(model: &FakeModel, cond: impl Fn(&ModelSnapshot) -> bool) -> ModelSnapshot {
+    for _ in 0..600 {
+        let snap = model.snapshot().await;
+        if cond(&snap) {
+            return snap;
+        }
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("condition not met within 60 s: {:#?}", model.snapshot().await);
+}
+
+fn all_provisioned(ids: &[String]) -> impl Fn(&ModelSnapshot) -> bool + '_ {
+    move |m| ids.iter().all(|id| m.machine(id).is_some_and(|f| f.machine.instance.is_some()))
+}
+
+/// Every instance of this model in moto (any state), with its state, zone and machine tag.
+async fn cloud(broker: &Ec2Broker, model: &str) -> Vec<(String, InstanceStateName, String, Option<String>)> {
+    let ours = Filter::builder().name("tag:provisioner-model").values(model).build();
+    let out = broker.client().describe_instances().filters(ours).send().await.unwrap();
+    out.reservations()
+        .iter()
+        .flat_map(|r| r.instances())
+        .map(|i| {
+            let machine =
+                i.tags().iter().find(|t| t.key() == Some(TAG_MACHINE)).and_then(|t| t.value()).map(str::to_owned);
+            (
+                i.instance_id().unwrap().to_owned(),
+                i.state().and_then(|s| s.name()).cloned().unwrap(),
+                i.placement().and_then(|p| p.availability_zone()).unwrap_or_default().to_owned(),
+                machine,
+            )
+        })
+        .collect()
+}
+
+/// Machines are spread over the available zones: lowest population first.
+#[actix_rt::test]
+async fn machines_spread_over_the_available_zones() {
+    let uuid = "model-spread";
+    let broker = Moto::shared().broker(uuid).await;
+    let zones = provisioner::Broker::availability_zones(&broker).await.unwrap();
+    let available: Vec<_> = zones.iter().filter(|z| z.available).map(|z| z.name.clone()).collect();
+    assert!(available.len() >= 3, "{zones:?}");
+    let ids = ids(2 * available.len());
+    let model = pending(&ids);
+    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
+    let snap = until(&model, all_provisioned(&ids)).await;
+    let mut per_zone = std::collections::BTreeMap::new();
+    for id in &ids {
+        *per_zone.entry(snap.machine(id).unwrap().zone.clone().unwrap()).or_insert(0) += 1;
+    }
+    assert_eq!(per_zone.len(), available.len(), "{per_zone:?}");
+    assert!(per_zone.values().all(|n| *n == 2), "{per_zone:?}");
+    assert_eq!(cloud(&broker, uuid).await.len(), ids.len(), "one instance per machine");
+    handle.shutdown();
+}
+
+/// A zone out of capacity (InsufficientInstanceCapacity) is failed over, not fatal, and
+/// avoided: every machine ends up elsewhere.
+#[actix_rt::test]
+async fn a_zone_out_of_capacity_is_avoided() {
+    let broker = Moto::shared().broker(CAPACITY_MODEL).await;
+    let ids = ids(8);
+    let model = pending(&ids);
+    let handle = run(CAPACITY_MODEL, &broker, &model, HarvestMode::Destroyed);
+    let snap = until(&model, all_provisioned(&ids)).await;
+    for id in &ids {
+        let m = snap.machine(id).unwrap();
+        assert_ne!(m.zone.as_deref(), Some("us-east-1a"), "machine {id}");
+        assert!(!m.machine.instance_status.is_error(), "machine {id}: {}", m.instance_status_message);
+    }
+    let instances = cloud(&broker, CAPACITY_MODEL).await;
+    assert_eq!(instances.len(), 8);
+    assert!(instances.iter().all(|(_, _, zone, _)| zone != "us-east-1a"), "{instances:?}");
+    handle.shutdown();
+}
+
+/// An instance without our model tag is invisible: harvest mode `all` leaves it running.
+#[actix_rt::test]
+async fn an_untagged_instance_survives_harvest_mode_all() {
+    let uuid = "model-untagged";
+    let broker = Moto::shared().broker(uuid).await;
+    let theirs = broker.client().run_instances().image_id(IMAGE).min_count(1).max_count(1).send().await.unwrap();
+    let theirs = theirs.instances()[0].instance_id().unwrap().to_owned();
+    let ids = ids(2);
+    let model = pending(&ids);
+    let handle = run(uuid, &broker, &model, HarvestMode::All);
+    until(&model, all_provisioned(&ids)).await;
+    handle.set_harvest_mode(HarvestMode::All);
+    actix_rt::time::sleep(Duration::from_secs(2)).await;
+    let listed = provisioner::Broker::all_instances(&broker).await.unwrap();
+    assert!(listed.iter().all(|i| i.id.to_string() != theirs), "listed as ours");
+    let out = broker.client().describe_instances().instance_ids(theirs.clone()).send().await.unwrap();
+    let state = out.reservations()[0].instances()[0].state().and_then(|s| s.name()).cloned();
+    assert_eq!(state, Some(InstanceStateName::Running));
+    handle.shutdown();
+}
+
+/// A machine that is removed (dead) has its instance terminated.
+#[actix_rt::test]
+async fn removing_machines_terminates_their_instances() {
+    let uuid = "model-remove";
+    let broker = Moto::shared().broker(uuid).await;
+    let ids = ids(3);
+    let model = pending(&ids);
+    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
+    let snap = until(&model, all_provisioned(&ids)).await;
+    let gone = snap.machine("1").unwrap().machine.instance.clone().unwrap().to_string();
+    model.set_life("1", Life::Dead);
+    until(&model, |m| m.machine("1").unwrap().removed).await;
+    let states: Vec<_> = cloud(&broker, uuid).await;
+    let state = states.iter().find(|(id, ..)| *id == gone).map(|(_, s, ..)| s.clone());
+    assert!(matches!(state, Some(InstanceStateName::Terminated | InstanceStateName::ShuttingDown)), "{state:?}");
+    let running = states.iter().filter(|(_, s, ..)| *s == InstanceStateName::Running).count();
+    assert_eq!(running, 2);
+    handle.shutdown();
+}
+
+/// A restart whose model lost the instance records (a crash between a start and its record)
+/// adopts the running, tagged instances instead of starting new ones.
+#[actix_rt::test]
+async fn a_restart_adopts_running_instances() {
+    let uuid = "model-restart";
+    let broker = Moto::shared().broker(uuid).await;
+    let ids = ids(4);
+    let first_model = pending(&ids);
+    let handle = run(uuid, &broker, &first_model, HarvestMode::All);
+    until(&first_model, all_provisioned(&ids)).await;
+    handle.shutdown();
+    let before = cloud(&broker, uuid).await;
+    assert_eq!(before.len(), 4);
+    // The new incarnation's model knows the machines but none of their instances.
+    let model = pending(&ids);
+    let handle = run(uuid, &broker, &model, HarvestMode::All);
+    let snap = until(&model, all_provisioned(&ids)).await;
+    actix_rt::time::sleep(Duration::from_secs(2)).await;
+    let after = cloud(&broker, uuid).await;
+    assert_eq!(after.len(), 4, "no new instance: {after:?}");
+    for (id, state, _, machine) in &after {
+        assert_eq!(*state, InstanceStateName::Running, "{id}");
+        let machine = machine.clone().unwrap();
+        assert_eq!(snap.machine(&machine).unwrap().machine.instance.as_ref().unwrap().to_string(), *id);
+    }
+    handle.shutdown();
+}
