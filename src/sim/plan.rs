@@ -46,6 +46,11 @@ pub struct Plan {
     pub releases: Vec<String>,
     /// Dead machines that would be marked for removal.
     pub removals: Vec<String>,
+    /// Unknown instances that would be harvested later, not now: younger than the harvest
+    /// grace period, or held back by the cap on stops per pass.
+    pub harvest_later: Vec<String>,
+    /// When the harvest would look at them again (a duration such as `"4m 10s"`).
+    pub harvest_again_in: Option<String>,
 }
 
 /// Plans the next step from the scenario's initial state (`seed` overrides the file's).
@@ -97,6 +102,10 @@ pub fn plan(s: &Scenario, seed: Option<u64>) -> Plan {
         book.unknown_with_ages().unwrap_or_default().into_iter().map(|(id, age)| UnknownInstance { id, age }).collect();
     let h = harvest.plan(&dead, &unknown);
     out.stops = h.stop.iter().map(ToString::to_string).collect();
+    if harvest.wants_unknown() {
+        out.harvest_later = unknown.iter().filter(|u| !h.stop.contains(&u.id)).map(|u| u.id.to_string()).collect();
+        out.harvest_again_in = h.recheck_in.map(super::scenario::format_duration);
+    }
     out.releases = h.release.iter().map(ToString::to_string).collect();
     out.removals = h
         .remove_now
@@ -172,6 +181,13 @@ impl Plan {
         }
         for m in &self.removals {
             lines.push(format!("remove dead machine {m}"));
+        }
+        if !self.harvest_later.is_empty() {
+            let when = self.harvest_again_in.as_deref().map(|d| format!(", looking again in {d}")).unwrap_or_default();
+            lines.push(format!(
+                "harvest later (younger than the grace period, or over the cap per pass): {}{when}",
+                self.harvest_later.join(", ")
+            ));
         }
         lines.join("\n") + "\n"
     }

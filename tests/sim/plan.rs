@@ -84,3 +84,42 @@ fn the_plan_is_what_the_provisioner_then_does() {
     removed.sort();
     assert_eq!(removals, removed);
 }
+
+/// Issue 6 part 4 in the plan: unknown instances younger than the grace period, or over the
+/// cap per pass, are listed as harvested later, with when the harvest looks again; the
+/// simulation then stops them at that time.
+#[test]
+fn the_plan_shows_what_the_harvest_holds_back_and_when_it_looks_again() {
+    let text = r#"
+        [provisioner]
+        harvest_mode = "all"
+        harvest_max_stops = 1
+        [[cloud.instances]]
+        id = "old-1"
+        [[cloud.instances]]
+        id = "old-2"
+        [[cloud.instances]]
+        id = "young"
+        age = "4m"
+    "#;
+    let s = Scenario::parse(text, Format::Toml, "harvest.toml").unwrap();
+    let p = plan(&s, None);
+    assert_eq!(p.stops, vec!["old-1"]);
+    assert_eq!(p.harvest_later, vec!["old-2", "young"]);
+    assert_eq!(
+        p.harvest_again_in.as_deref(),
+        Some("1m"),
+        "the young one is due in 1m too; the pass interval wins ties"
+    );
+    assert!(p.to_human().contains("harvest later"));
+    let r = run(&s, None);
+    let stops: Vec<(String, Vec<String>)> = r
+        .calls
+        .iter()
+        .filter(|c| c.op == "stop_instances")
+        .map(|c| (c.at.clone(), c.instances.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(stops[0], ("0s".to_owned(), vec!["old-1".to_owned()]));
+    assert_eq!(stops[1].0, "1m");
+    assert_eq!(stops.iter().map(|(_, i)| i.len()).sum::<usize>(), 3);
+}
