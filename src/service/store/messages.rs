@@ -1,0 +1,25 @@
+//! What the store actor handles.
+
+use actix::prelude::*;
+
+use super::state::{StoreCore, StoreError};
+use crate::coordinator::{MachinesChanged, RetryTick};
+
+/// Runs one unit of work on the store's connection: a read, or a write that has committed
+/// (and been fsynced) when the answer arrives. Watchers hear about the machines it changed
+/// right after.
+pub struct Exec<T>(pub Box<dyn FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send>);
+
+impl<T: Send + 'static> Message for Exec<T> {
+    type Result = Result<T, StoreError>;
+}
+
+/// Subscribes a machine watcher: it gets every machine now, then the ids that change.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Watch(pub Recipient<MachinesChanged>);
+
+/// Subscribes a transient-retry watcher: it gets a tick after each `retry`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WatchRetries(pub Recipient<RetryTick>);
