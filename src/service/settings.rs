@@ -165,7 +165,7 @@ impl ServeOptions {
     fn apply_file(&mut self, path: &Path, text: &str) -> Result<(), ServeError> {
         let f: ConfigFile = toml::from_str(text).map_err(|e| {
             let msg = e.message().to_owned();
-            let line = e.span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+            let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
             ServeError::Config(match line {
                 Some(l) => format!("{}:{l}: {msg}", path.display()),
                 None => format!("{}: {msg}", path.display()),
