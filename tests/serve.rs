@@ -158,7 +158,8 @@ fn assert_provisioned_once(s: &Server, ids: &[String]) {
         live.entry(field(i, "machine").to_owned()).or_default().push(field(i, "id").to_owned());
     }
     for id in ids {
-        let m = machines.iter().find(|m| field(m, "id") == id).unwrap_or_else(|| panic!("machine {id} lost: {machines:?}"));
+        let m =
+            machines.iter().find(|m| field(m, "id") == id).unwrap_or_else(|| panic!("machine {id} lost: {machines:?}"));
         assert_eq!(field(m, "life"), "alive", "{m}");
         assert_eq!(field(m, "status"), "started", "{m}");
         let instance = field(m, "instance");
@@ -204,10 +205,7 @@ fn health_is_public_and_every_v1_request_needs_the_token() {
     assert!(metrics.contains("code=\"401\""), "{metrics}");
 
     // A client with a wrong token fails at run time (1), in one sentence.
-    let out = bin()
-        .args(["machine", "list", "--server", &s.url, "--token", "wrong"])
-        .output()
-        .unwrap();
+    let out = bin().args(["machine", "list", "--server", &s.url, "--token", "wrong"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
@@ -261,7 +259,9 @@ fn machines_are_added_provisioned_listed_and_removed() {
     assert!(metrics.contains("provisioner_events_total{event=\"machine-started\"} 5"), "{metrics}");
 
     // Bad input: exit 2 and one sentence.
-    for args in [&["machine", "remove", "77"][..], &["machine", "add", "--zones", "nowhere"], &["machine", "retry", "2"]] {
+    for args in
+        [&["machine", "remove", "77"][..], &["machine", "add", "--zones", "nowhere"], &["machine", "retry", "2"]]
+    {
         let out = s.cli(args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
@@ -342,7 +342,8 @@ fn a_crash_with_starts_in_flight_loses_nothing_and_duplicates_nothing() {
     eventually(Duration::from_secs(20), "every acknowledged machine to be provisioned", || {
         let m = s.machines();
         acknowledged.iter().all(|id| {
-            m.iter().any(|m| field(m, "id") == id && field(m, "status") == "started" && !field(m, "instance").is_empty())
+            m.iter()
+                .any(|m| field(m, "id") == id && field(m, "status") == "started" && !field(m, "instance").is_empty())
         })
     });
     assert_provisioned_once(&s, &acknowledged);
@@ -405,7 +406,12 @@ fn serve_refuses_bad_usage_with_exit_2_and_one_sentence() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("no API token"), "{err}");
 
-    for cmd in [&["serve", "--help"][..], &["machine", "add", "--help"], &["config", "set", "--help"], &["destroy-model", "--help"]] {
+    for cmd in [
+        &["serve", "--help"][..],
+        &["machine", "add", "--help"],
+        &["config", "set", "--help"],
+        &["destroy-model", "--help"],
+    ] {
         let (code, _) = run(cmd);
         assert_eq!(code, Some(0), "{cmd:?}");
     }

@@ -144,6 +144,8 @@ pub enum ConfigCmd {
 
 /// A client command.
 #[derive(Debug)]
+// Without the `serve` feature the commands are parsed (for `--help`) but never run.
+#[cfg_attr(not(feature = "serve"), allow(dead_code))]
 pub enum ClientCmd {
     /// `machine ...`.
     Machine(MachineCmd),
@@ -217,8 +219,14 @@ pub fn run_client(conn: Conn, cmd: ClientCmd) -> ExitCode {
     }
     #[cfg(not(feature = "serve"))]
     {
-        let _ = (conn, cmd);
-        no_service("serve")
+        let _ = conn;
+        no_service(match cmd {
+            ClientCmd::Machine(_) => "machine",
+            ClientCmd::Instance(_) => "instance",
+            ClientCmd::Config(_) => "config",
+            ClientCmd::Status { .. } => "status",
+            ClientCmd::DestroyModel { .. } => "destroy-model",
+        })
     }
 }
 

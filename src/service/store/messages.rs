@@ -5,10 +5,13 @@ use actix::prelude::*;
 use super::state::{StoreCore, StoreError};
 use crate::coordinator::{MachinesChanged, RetryTick};
 
+/// A unit of work on the store's core.
+pub type Work<T> = Box<dyn FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send>;
+
 /// Runs one unit of work on the store's connection: a read, or a write that has committed
 /// (and been fsynced) when the answer arrives. Watchers hear about the machines it changed
 /// right after.
-pub struct Exec<T>(pub Box<dyn FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send>);
+pub struct Exec<T>(pub Work<T>);
 
 impl<T: Send + 'static> Message for Exec<T> {
     type Result = Result<T, StoreError>;

@@ -79,7 +79,7 @@ fn machines_round_trip_and_ids_are_never_reused() {
     assert_eq!(rec.message(), "");
 
     // Removal: dead, then gone; the next id is still new.
-    s.remove_machines(&[m0.clone()], false, false).unwrap();
+    s.remove_machines(std::slice::from_ref(&m0), false, false).unwrap();
     assert_eq!(s.take_outbox().0, vec![m0.clone()]);
     assert_eq!(s.machine(&m0).unwrap().unwrap().machine.life, Life::Dead);
     s.mark_for_removal(&m0).unwrap();
@@ -148,7 +148,7 @@ fn instances_are_idempotent_by_client_token_and_listed_by_model() {
     // A terminated instance does not come back to life when its late landing arrives.
     assert_eq!(s.land_instance(&a.instance.id).unwrap().unwrap().instance.state, InstanceState::Terminated);
     assert!(!s.retag_instance(&a.instance.id, &tags("m", "5")).unwrap());
-    s.release_instances(&[b.instance.id.clone()]).unwrap();
+    s.release_instances(std::slice::from_ref(&b.instance.id)).unwrap();
     assert_eq!(s.instance(&b.instance.id).unwrap().unwrap().instance.tags.model, None);
 }
 
