@@ -431,3 +431,44 @@ fn destroying_the_model_stops_every_instance_and_refuses_new_machines() {
     let out = s.cli(&["destroy-model"]);
     assert_eq!(out.status.code(), Some(1), "a second destroy is refused");
 }
+
+/// SIGTERM with starts in flight waits for them: after the restart the machines are already
+/// provisioned with running instances (an instance adopted after a crash would show the
+/// `pending` state it was listed in until the next resync, 60 s away).
+#[test]
+fn sigterm_waits_for_starts_in_flight() {
+    let dir = temp_dir("drain");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "1s"]);
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "4", "--json"]));
+    eventually(Duration::from_secs(5), "starts to be in flight", || {
+        !s.metrics().contains("provisioner_broker_calls_in_flight 0\n")
+    });
+    let began = Instant::now();
+    assert_eq!(s.terminate().code(), Some(0), "{}", s.log_text());
+    assert!(began.elapsed() >= Duration::from_millis(300), "SIGTERM did not wait for the starts");
+    let s = Server::start(&dir, &["--sim-start-latency", "30s"]);
+    let machines = s.machines();
+    for id in &ids {
+        let m = machines.iter().find(|m| field(m, "id") == id).unwrap();
+        assert_eq!(field(m, "status"), "started", "{m}");
+        assert_eq!(field(m, "instance_status"), "running", "{m}");
+    }
+    assert_provisioned_once(&s, &ids);
+}
+
+/// Two services on one data directory would provision the same model twice: the second is
+/// refused at start (exit 1), and the first goes on.
+#[test]
+fn a_second_service_on_the_same_data_directory_is_refused() {
+    let dir = temp_dir("twice");
+    let s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    let out = bin()
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port()), "--data-dir"])
+        .arg(&s.dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("another provisioner service"), "{err}");
+    assert_eq!(s.json(&["machine", "add", "--wait", "--json"]), serde_json::json!(["0"]));
+}

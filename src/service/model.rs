@@ -1,5 +1,7 @@
 //! The [`ModelApi`] over the store: the provisioner reads and writes the model in the
-//! database. Each write has committed (and been fsynced) when its future resolves.
+//! database. Each write has committed when its future resolves; the provisioner's own writes
+//! are not fsynced one by one (they survive a process crash, and what a power cut could take
+//! is re-derived at the next start), the model's destruction is.
 
 use crate::ports::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};
 use crate::service::store::{Store, StoreError};
@@ -32,11 +34,12 @@ fn per_id<T>(ids: &[MachineId], found: Vec<Option<T>>) -> Vec<Result<T, ModelErr
 }
 
 impl StoreModel {
+    /// The provisioner's own reads and writes: lazy commits (see [`Store::exec_lazy`]).
     fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut crate::service::store::StoreCore) -> Result<T, StoreError> + Send + 'static,
     ) -> ModelFuture<T> {
-        let fut = self.store.exec(f);
+        let fut = self.store.exec_lazy(f);
         Box::pin(async move { fut.await.map_err(model_error) })
     }
 }
@@ -80,6 +83,8 @@ impl ModelApi for StoreModel {
         self.run(|s| s.model_life())
     }
     fn destroy_model(&self) -> ModelFuture<Vec<Machine>> {
-        self.run(|s| s.destroy_model())
+        // An operator's request: on disk before the answer.
+        let fut = self.store.exec(|s| s.destroy_model());
+        Box::pin(async move { fut.await.map_err(model_error) })
     }
 }

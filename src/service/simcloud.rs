@@ -63,7 +63,7 @@ impl SimCloud {
 
     /// Lands, after the start latency, every instance a crash left pending. Returns how many.
     pub async fn resume(&self) -> Result<usize, StoreError> {
-        let pending = self.store.exec(|s| s.pending_instances()).await?;
+        let pending = self.store.exec_lazy(|s| s.pending_instances()).await?;
         let n = pending.len();
         if n > 0 {
             let store = self.store.clone();
@@ -71,7 +71,7 @@ impl SimCloud {
             actix_rt::spawn(async move {
                 actix_rt::time::sleep(latency).await;
                 for id in pending {
-                    if let Err(e) = store.exec(move |s| s.land_instance(&id)).await {
+                    if let Err(e) = store.exec_lazy(move |s| s.land_instance(&id)).await {
                         tracing::warn!(error = %e, "cannot land a resumed instance");
                     }
                 }
@@ -82,7 +82,7 @@ impl SimCloud {
 
     /// Every instance ever created, terminated and released ones included.
     pub async fn all_records(&self) -> Result<Vec<crate::service::store::InstanceRecord>, StoreError> {
-        self.store.exec(|s| s.all_instances()).await
+        self.store.exec_lazy(|s| s.all_instances()).await
     }
 }
 
@@ -95,8 +95,10 @@ impl Broker for SimCloud {
             check?;
             let (token, zone, tags, machine) =
                 (params.client_token.clone(), params.zone.clone(), params.tags.clone(), params.machine.clone());
-            let (record, new) =
-                store.exec(move |s| s.create_instance(&token, zone.as_deref(), &tags)).await.map_err(cloud_error)?;
+            let (record, new) = store
+                .exec_lazy(move |s| s.create_instance(&token, zone.as_deref(), &tags))
+                .await
+                .map_err(cloud_error)?;
             if record.instance.tags.machine.as_ref() != Some(&machine) {
                 return Err(BrokerError::zone_independent(format!(
                     "IdempotentParameterMismatch: client token {} was used for another machine",
@@ -107,7 +109,7 @@ impl Broker for SimCloud {
                 actix_rt::time::sleep(latency).await;
             }
             let id = record.instance.id.clone();
-            let landed = store.exec(move |s| s.land_instance(&id)).await.map_err(cloud_error)?;
+            let landed = store.exec_lazy(move |s| s.land_instance(&id)).await.map_err(cloud_error)?;
             let instance = landed.map(|r| r.instance).unwrap_or(record.instance);
             Ok(StartedInstance { display_name: format!("sim-{}", instance.id), instance })
         })
@@ -120,14 +122,14 @@ impl Broker for SimCloud {
             if !latency.is_zero() {
                 actix_rt::time::sleep(latency).await;
             }
-            store.exec(move |s| s.terminate_instances(&ids)).await.map_err(cloud_error)
+            store.exec_lazy(move |s| s.terminate_instances(&ids)).await.map_err(cloud_error)
         })
     }
 
     fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
         let store = self.store.clone();
         let model = self.model_uuid.clone();
-        Box::pin(async move { store.exec(move |s| s.live_instances(&model)).await.map_err(cloud_error) })
+        Box::pin(async move { store.exec_lazy(move |s| s.live_instances(&model)).await.map_err(cloud_error) })
     }
 
     fn supports_zones(&self) -> bool {
@@ -143,7 +145,7 @@ impl Broker for SimCloud {
         let store = self.store.clone();
         Box::pin(async move {
             let what = id.clone();
-            match store.exec(move |s| s.retag_instance(&id, &tags)).await.map_err(cloud_error)? {
+            match store.exec_lazy(move |s| s.retag_instance(&id, &tags)).await.map_err(cloud_error)? {
                 true => Ok(()),
                 false => Err(BrokerError::zone_independent(format!("instance {what} not found"))),
             }
@@ -152,7 +154,7 @@ impl Broker for SimCloud {
 
     fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
         let store = self.store.clone();
-        Box::pin(async move { store.exec(move |s| s.release_instances(&ids)).await.map_err(cloud_error) })
+        Box::pin(async move { store.exec_lazy(move |s| s.release_instances(&ids)).await.map_err(cloud_error) })
     }
 }
 

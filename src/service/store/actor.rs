@@ -49,7 +49,7 @@ impl<T: Send + 'static> Handler<Exec<T>> for StoreActor {
     type Result = Result<T, StoreError>;
     fn handle(&mut self, msg: Exec<T>, _ctx: &mut Self::Context) -> Self::Result {
         let result = match self.core.as_mut() {
-            Ok(core) => (msg.0)(core),
+            Ok(core) => core.set_durable(msg.durable).and_then(|()| (msg.work)(core)),
             Err(e) => Err(e.clone()),
         };
         self.publish();
@@ -100,12 +100,26 @@ impl Store {
         Ok(Self { addr })
     }
 
-    /// Runs `f` on the store's thread and answers its result.
+    /// Runs `f` on the store's thread and answers its result; a write it makes is on disk
+    /// (fsynced) before the answer. For what an operator's request acknowledges.
     pub fn exec<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
-        let req = self.addr.send(Exec(Box::new(f)));
+        let req = self.addr.send(Exec { work: Box::new(f), durable: true });
+        async move { req.await.map_err(|e| StoreError::Unavailable(e.to_string()))? }
+    }
+
+    /// Runs `f` like [`Store::exec`], but a write it makes is committed without waiting for
+    /// the disk: it survives a crash of the process, and a power cut loses at most a suffix of
+    /// such writes (the WAL keeps commits in order). For the provisioner's and the simulated
+    /// cloud's own writes, which a restarted provisioner re-derives (tagged instances are
+    /// adopted, dead machines harvested again).
+    pub fn exec_lazy<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send + 'static,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
+        let req = self.addr.send(Exec { work: Box::new(f), durable: false });
         async move { req.await.map_err(|e| StoreError::Unavailable(e.to_string()))? }
     }
 

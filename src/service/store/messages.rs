@@ -9,9 +9,16 @@ use crate::coordinator::{MachinesChanged, RetryTick};
 pub type Work<T> = Box<dyn FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send>;
 
 /// Runs one unit of work on the store's connection: a read, or a write that has committed
-/// (and been fsynced) when the answer arrives. Watchers hear about the machines it changed
-/// right after.
-pub struct Exec<T>(pub Work<T>);
+/// when the answer arrives. Watchers hear about the machines it changed right after.
+pub struct Exec<T> {
+    /// The work.
+    pub work: Work<T>,
+    /// Whether its commit must be on disk before the answer (`synchronous=FULL`: what an
+    /// operator's request acknowledges), or only in the operating system's hands
+    /// (`synchronous=NORMAL`: survives a process crash; a power cut may lose it, and everything
+    /// after it, which the provisioner re-derives at its next start).
+    pub durable: bool,
+}
 
 impl<T: Send + 'static> Message for Exec<T> {
     type Result = Result<T, StoreError>;

@@ -76,6 +76,11 @@ pub enum StoreError {
     /// A request the model's state forbids, with the reason.
     #[error("{0}")]
     Refused(String),
+    /// Another process holds the database (another service on the same data directory).
+    #[error(
+        "the database is in use by another process (is another provisioner service running on this data directory?)"
+    )]
+    InUse,
     /// The store's thread is gone.
     #[error("the store is not running: {0}")]
     Unavailable(String),
@@ -136,6 +141,8 @@ pub struct InstanceRecord {
 /// The store's core. One per database; every method is one statement or one transaction.
 pub struct StoreCore {
     conn: Connection,
+    /// Whether commits are fsynced now (`synchronous=FULL`) or not (`NORMAL`).
+    durable: bool,
     /// Machines changed since the outbox was last taken (the watcher's next notification).
     changed: BTreeSet<MachineId>,
     /// A retry tick is due.
@@ -229,9 +236,17 @@ impl StoreCore {
     }
 
     fn init(mut conn: Connection) -> Result<Self, StoreError> {
+        // One process at a time: the exclusive lock is taken at the first access and held until
+        // the connection closes (the operating system drops it if the process dies).
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(StoreError::sql("setting the locking mode"))?;
+        // Fail at once if another process holds it (rusqlite would wait 5 s by default).
+        conn.busy_timeout(std::time::Duration::ZERO).map_err(StoreError::sql("setting the busy timeout"))?;
         // WAL: readers never block the writer; FULL: the WAL is fsynced at every commit, so a
         // write that returned survives a process kill and a power cut alike.
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(StoreError::sql("setting the journal mode"))?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => StoreError::InUse,
+            _ => StoreError::sql("setting the journal mode")(e),
+        })?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(StoreError::sql("setting synchronous mode"))?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(StoreError::sql("enabling foreign keys"))?;
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(StoreError::sql("setting the busy timeout"))?;
@@ -250,7 +265,29 @@ impl StoreCore {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(StoreError::sql("writing the schema version"))?;
         tx.commit().map_err(StoreError::sql("creating the schema"))?;
-        Ok(Self { conn, changed: BTreeSet::new(), retry_due: false })
+        Ok(Self { conn, durable: true, changed: BTreeSet::new(), retry_due: false })
+    }
+
+    /// Makes the next commits fsynced (`true`, `synchronous=FULL`) or not (`NORMAL`: still in
+    /// order, still surviving a process crash). In WAL mode a durable commit also makes every
+    /// earlier one durable.
+    pub fn set_durable(&mut self, durable: bool) -> Result<(), StoreError> {
+        if self.durable != durable {
+            let mode = if durable { "FULL" } else { "NORMAL" };
+            self.conn.pragma_update(None, "synchronous", mode).map_err(StoreError::sql("setting synchronous mode"))?;
+            self.durable = durable;
+        }
+        Ok(())
+    }
+
+    #[cfg(test)]
+    pub(super) fn conn_for_tests(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Whether commits are fsynced now.
+    pub fn is_durable(&self) -> bool {
+        self.durable
     }
 
     /// Takes what the watchers must hear: the machines changed since the last call, and

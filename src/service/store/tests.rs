@@ -42,6 +42,15 @@ fn schema_is_created_versioned_and_in_wal_mode() {
 }
 
 #[test]
+fn one_process_at_a_time() {
+    let d = dir("lock");
+    let first = StoreCore::open(&d.join("p.db")).unwrap();
+    assert!(matches!(StoreCore::open(&d.join("p.db")), Err(StoreError::InUse)));
+    drop(first);
+    assert!(StoreCore::open(&d.join("p.db")).is_ok(), "the lock goes with the connection");
+}
+
+#[test]
 fn model_uuid_is_kept_across_opens() {
     let d = dir("uuid");
     let a = StoreCore::open(&d.join("p.db")).unwrap().model_uuid().unwrap();
@@ -162,20 +171,46 @@ fn settings_round_trip() {
     assert_eq!((got.workers, got.harvest_mode), (Some(4), Some(HarvestMode::All)));
 }
 
-/// An acknowledged write is on disk: a second connection (another process would do the same)
-/// sees it at once, and it survives the writer vanishing without closing (`mem::forget`: no
-/// checkpoint, no orderly close, as after `kill -9`).
+/// Acknowledged writes survive the process dying abruptly: a child process (this very test,
+/// re-run with an environment variable) writes, then aborts without closing anything, as
+/// after `kill -9`; the parent reopens the database and finds every write, the unsynced one
+/// included (it was in the operating system's hands).
 #[test]
 fn acknowledged_writes_survive_an_abrupt_end() {
+    const CHILD: &str = "PROVISIONER_STORE_ABORT_CHILD";
+    if let Ok(path) = std::env::var(CHILD) {
+        let mut s = StoreCore::open(std::path::Path::new(&path)).unwrap();
+        s.add_machines(3, None).unwrap();
+        s.set_workers(7).unwrap();
+        s.set_durable(false).unwrap();
+        s.create_instance("0/n/1", Some("az1"), &tags("m", "0")).unwrap();
+        std::process::abort();
+    }
     let d = dir("durable");
     let path = d.join("p.db");
-    let mut s = StoreCore::open(&path).unwrap();
-    let added = s.add_machines(3, None).unwrap();
-    s.set_workers(7).unwrap();
-    s.create_instance("0/n/1", Some("az1"), &tags("m", "0")).unwrap();
-    std::mem::forget(s);
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "service::store::tests::acknowledged_writes_survive_an_abrupt_end", "--nocapture"])
+        .env(CHILD, &path)
+        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the child was meant to abort");
     let reopened = StoreCore::open(&path).unwrap();
-    assert_eq!(reopened.machine_ids().unwrap(), added);
+    assert_eq!(ids(&reopened.machine_ids().unwrap()), ["0", "1", "2"]);
     assert_eq!(reopened.settings().unwrap().workers, Some(7));
     assert_eq!(reopened.pending_instances().unwrap().len(), 1);
+}
+
+#[test]
+fn commits_are_fsynced_unless_asked_otherwise() {
+    let mut s = StoreCore::in_memory().unwrap();
+    let sync =
+        |s: &StoreCore| -> i64 { s.conn_for_tests().pragma_query_value(None, "synchronous", |r| r.get(0)).unwrap() };
+    assert!(s.is_durable());
+    assert_eq!(sync(&s), 2, "FULL");
+    s.set_durable(false).unwrap();
+    assert_eq!(sync(&s), 1, "NORMAL");
+    s.set_durable(true).unwrap();
+    assert_eq!(sync(&s), 2, "FULL");
 }
