@@ -472,3 +472,82 @@ fn a_second_service_on_the_same_data_directory_is_refused() {
     assert!(err.contains("another provisioner service"), "{err}");
     assert_eq!(s.json(&["machine", "add", "--wait", "--json"]), serde_json::json!(["0"]));
 }
+
+/// A machine whose only zone is unavailable ends in provisioning error (`--wait` exits 1 and
+/// names it); it stays in error across a restart (errors are not retried on their own, as in
+/// Juju), and `machine retry` starts it once its zone is back.
+#[test]
+fn a_failed_machine_stays_failed_until_retried() {
+    let dir = temp_dir("retry");
+    let down = dir.join("down.toml");
+    std::fs::write(&down, "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\n")
+        .unwrap();
+    let down = down.to_str().unwrap().to_owned();
+    let mut s = Server::start(&dir, &["--sim-start-latency", "100ms", "--config", &down]);
+    let out = s.cli(&["machine", "add", "--zones", "az3", "--wait", "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("1 of 1 new machines failed to provision") && err.contains("0 ("), "{err}");
+    let ids = ids_of(&serde_json::from_slice(&out.stdout).unwrap());
+    assert_eq!(ids, ["0"], "the ids are printed even when a machine failed");
+    let m = s.machines().remove(0);
+    assert_eq!(field(&m, "status"), "error", "{m}");
+    assert_eq!(field(&m, "instance_status"), "provisioning error", "{m}");
+    assert!(field(&m, "message").contains("zone"), "{m}");
+    assert_eq!(s.json(&["status", "--json"])["machines_in_error"], 1);
+
+    // Its zone comes back with a restart: still in error until retried.
+    assert_eq!(s.terminate().code(), Some(0));
+    let s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(field(&s.machines()[0], "status"), "error");
+    assert!(s.instances().is_empty());
+    let out = s.cli(&["machine", "retry", "0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eventually(Duration::from_secs(10), "the retried machine to be provisioned", || {
+        field(&s.machines()[0], "status") == "started"
+    });
+    assert_provisioned_once(&s, &ids);
+    assert_eq!(field(&s.machines()[0], "zone"), "az3");
+}
+
+/// `GET /v1/events` streams provisioner events as server-sent events; SIGTERM ends the stream
+/// and still exits promptly.
+#[test]
+fn events_are_streamed_to_connected_clients() {
+    use std::io::BufRead;
+    let dir = temp_dir("events");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    let agent = ureq::AgentBuilder::new().timeout_read(Duration::from_secs(10)).build();
+    let unauthorized = agent.get(&format!("{}/v1/events", s.url)).call();
+    assert!(matches!(unauthorized, Err(ureq::Error::Status(401, _))));
+    let resp = agent
+        .get(&format!("{}/v1/events", s.url))
+        .set("Authorization", &format!("Bearer {}", s.token()))
+        .call()
+        .unwrap();
+    assert_eq!(resp.content_type(), "text/event-stream");
+    let mut lines = std::io::BufReader::new(resp.into_reader()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), ": connected");
+    s.json(&["machine", "add", "-n", "2", "--json"]);
+    let mut started = Vec::new();
+    while started.len() < 2 {
+        let line = lines.next().expect("stream ended early").unwrap();
+        if let Some(json) = line.strip_prefix("data: ") {
+            let v: Value = serde_json::from_str(json).unwrap();
+            if v["event"] == "machine-started" {
+                assert!(v["instance"].as_str().is_some_and(|i| i.starts_with("i-")), "{v}");
+                started.push(v["machine"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    started.sort();
+    assert_eq!(started, ["0", "1"]);
+    let began = Instant::now();
+    assert_eq!(s.terminate().code(), Some(0));
+    assert!(began.elapsed() < Duration::from_secs(5), "an open event stream held up the shutdown");
+    // The stream ends with the service.
+    assert!(lines.all(
+        |l| l.is_ok_and(|l| l.is_empty() || l.starts_with(':') || l.starts_with("event") || l.starts_with("data"))
+    ));
+}

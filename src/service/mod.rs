@@ -7,12 +7,14 @@
 //!   the model's machine watcher.
 //! - [`model`]: [`ModelApi`](crate::ports::ModelApi) over the store.
 //! - [`simcloud`]: [`Broker`](crate::ports::Broker) over the store: the simulated cloud.
+//! - [`events`]: the server-sent event stream of provisioner events.
 //! - [`metrics`]: counters, histograms and the text format; the metered broker decorator.
 //! - [`api`]: the HTTP API (routes, bearer-token check, JSON types shared with the client).
 //! - [`settings`]: the `serve` options: flags, config file, defaults.
 //! - [`run`]: [`serve`], which wires it all and runs until SIGTERM.
 
 pub mod api;
+pub mod events;
 pub mod metrics;
 pub mod model;
 pub mod run;

@@ -157,6 +157,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     .with_random_seed();
     let handle = crate::wiring::start(config, Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
     handle.subscribe(metrics.clone().recipient());
+    let events = crate::service::events::EventHub::default().start();
+    handle.subscribe(events.clone().recipient());
     store.watch(handle.machines_changed());
     store.watch_retries(handle.retry_ticks());
 
@@ -165,8 +167,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         handle: handle.clone(),
         broker: broker.clone(),
         metrics,
+        events: events.clone(),
         token,
-        zones: opts.sim.zones.clone(),
+        zones: opts.sim.known_zones(),
         broker_name: "sim".into(),
         model_uuid: model_uuid.clone(),
         started,
@@ -190,6 +193,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
 
     let signal = terminated().await?;
     tracing::info!(%signal, "shutting down");
+    // Event streams never end on their own: end them, so the server need not wait for them.
+    let _ = events.send(crate::service::events::CloseStreams).await;
     server_handle.stop(true).await;
     drop(server_task);
     handle.close_starts();

@@ -82,6 +82,7 @@ struct RetryFile {
 #[serde(deny_unknown_fields)]
 struct SimFile {
     zones: Option<Vec<String>>,
+    unavailable_zones: Option<Vec<String>>,
     start_latency: Option<String>,
     stop_latency: Option<String>,
 }
@@ -204,6 +205,9 @@ impl ServeOptions {
         if let Some(s) = f.sim {
             if let Some(z) = s.zones {
                 self.sim.zones = z;
+            }
+            if let Some(z) = s.unavailable_zones {
+                self.sim.unavailable_zones = z;
             }
             if let Some(l) = s.start_latency {
                 self.sim.start_latency = duration(path, "sim.start_latency", &l)?;

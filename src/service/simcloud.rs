@@ -17,6 +17,9 @@ use crate::types::{CloudInstance, InstanceId, InstanceTags};
 pub struct SimSettings {
     /// Its availability zones (empty: a zoneless cloud).
     pub zones: Vec<String>,
+    /// Zones it lists as unavailable: no instance starts there (a start that targets one
+    /// fails as a zone-specific failure).
+    pub unavailable_zones: Vec<String>,
     /// How long a start takes.
     pub start_latency: Duration,
     /// How long a stop takes.
@@ -27,6 +30,7 @@ impl Default for SimSettings {
     fn default() -> Self {
         Self {
             zones: vec!["az1".into(), "az2".into(), "az3".into()],
+            unavailable_zones: Vec::new(),
             start_latency: Duration::from_secs(2),
             stop_latency: Duration::ZERO,
         }
@@ -45,10 +49,20 @@ fn cloud_error(e: StoreError) -> BrokerError {
     BrokerError::transient(format!("simulated cloud: {e}"))
 }
 
+impl SimSettings {
+    /// Every zone the cloud lists, available or not.
+    pub fn known_zones(&self) -> Vec<String> {
+        self.zones.iter().chain(&self.unavailable_zones).cloned().collect()
+    }
+}
+
 /// Why a start would be refused before it reaches the cloud's records, if it would.
-pub fn check_start(zones: &[String], params: &StartInstanceParams) -> Result<(), BrokerError> {
+pub fn check_start(settings: &SimSettings, params: &StartInstanceParams) -> Result<(), BrokerError> {
     match &params.zone {
-        Some(z) if !zones.is_empty() && !zones.contains(z) => {
+        Some(z) if settings.unavailable_zones.contains(z) => {
+            Err(BrokerError::zone_specific(format!("zone {z:?} is unavailable")))
+        }
+        Some(z) if !settings.zones.is_empty() && !settings.zones.contains(z) => {
             Err(BrokerError::zone_specific(format!("zone {z:?} is not one of this cloud's zones")))
         }
         _ => Ok(()),
@@ -90,7 +104,7 @@ impl Broker for SimCloud {
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         let store = self.store.clone();
         let latency = self.settings.start_latency;
-        let check = check_start(&self.settings.zones, &params);
+        let check = check_start(&self.settings, &params);
         Box::pin(async move {
             check?;
             let (token, zone, tags, machine) =
@@ -133,11 +147,14 @@ impl Broker for SimCloud {
     }
 
     fn supports_zones(&self) -> bool {
-        !self.settings.zones.is_empty()
+        !self.settings.known_zones().is_empty()
     }
 
     fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
-        let zones = self.settings.zones.iter().map(AvailabilityZone::available).collect();
+        let mut zones: Vec<AvailabilityZone> = self.settings.zones.iter().map(AvailabilityZone::available).collect();
+        zones.extend(
+            self.settings.unavailable_zones.iter().map(|z| AvailabilityZone { name: z.clone(), available: false }),
+        );
         Box::pin(async move { Ok(zones) })
     }
 
@@ -179,13 +196,21 @@ mod tests {
     }
 
     #[test]
-    fn starts_outside_the_clouds_zones_fail_over() {
-        let zones = vec!["az1".to_owned(), "az2".to_owned()];
+    fn starts_outside_the_clouds_available_zones_fail_over() {
+        let zones = SimSettings {
+            zones: vec!["az1".to_owned(), "az2".to_owned()],
+            unavailable_zones: vec!["az3".to_owned()],
+            ..SimSettings::default()
+        };
         assert_eq!(check_start(&zones, &params(Some("az1"))), Ok(()));
         let err = check_start(&zones, &params(Some("az9"))).unwrap_err();
         assert!(matches!(err, BrokerError::ZoneSpecific { .. }), "{err:?}");
         assert!(err.message().contains("az9"));
-        assert_eq!(check_start(&[], &params(Some("anything"))), Ok(()));
+        let err = check_start(&zones, &params(Some("az3"))).unwrap_err();
+        assert!(matches!(err, BrokerError::ZoneSpecific { .. }) && err.message().contains("unavailable"), "{err:?}");
+        assert_eq!(zones.known_zones(), ["az1", "az2", "az3"]);
+        let zoneless = SimSettings { zones: Vec::new(), ..SimSettings::default() };
+        assert_eq!(check_start(&zoneless, &params(Some("anything"))), Ok(()));
         assert_eq!(check_start(&zones, &params(None)), Ok(()));
     }
 }

@@ -14,6 +14,7 @@
 //! | `PUT /v1/config/{key}` | `ConfigValue` (`value`) | `ConfigValue` |
 //! | `GET /v1/status` | | `StatusView` |
 //! | `POST /v1/destroy-model` | `DestroyRequest` | `DestroyView` |
+//! | `GET /v1/events` | | `text/event-stream` of `EventView`s |
 //!
 //! Errors are `{"error": "one sentence"}` with 400 (bad input), 401 (no or wrong token), 404
 //! (no such machine or route), 409 (the model's state refuses it) or 500.
@@ -54,6 +55,8 @@ pub struct AppState {
     pub broker: MeteredBroker,
     /// The metrics actor.
     pub metrics: actix::Addr<Metrics>,
+    /// The event streams.
+    pub events: actix::Addr<crate::service::events::EventHub>,
     /// The API token.
     pub token: String,
     /// The cloud's zones.
@@ -333,6 +336,19 @@ async fn destroy_model(_: Authorized, st: State, body: Option<web::Json<DestroyR
     }
 }
 
+async fn events(_: Authorized, st: State) -> Result<HttpResponse> {
+    use futures::StreamExt;
+    let rx = st
+        .events
+        .send(crate::service::events::OpenStream)
+        .await
+        .map_err(|e| ApiError::internal(format!("event stream: {e}")))?;
+    Ok(HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("Cache-Control", "no-cache"))
+        .streaming(rx.map(|frame| Ok::<_, actix_web::Error>(web::Bytes::from(frame)))))
+}
+
 async fn metrics(st: State) -> Result<HttpResponse> {
     let (machines, instances, life) =
         st.store.exec(|s| Ok((s.list_machines()?, s.all_instances()?, s.model_life()?))).await?;
@@ -388,6 +404,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/config/{key}", web::put().to(set_config))
             .route("/status", web::get().to(status))
             .route("/destroy-model", web::post().to(destroy_model))
+            .route("/events", web::get().to(events))
             .default_service(web::to(v1_not_found)),
     );
 }
