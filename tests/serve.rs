@@ -331,11 +331,11 @@ fn a_crash_with_starts_in_flight_loses_nothing_and_duplicates_nothing() {
     let cfg = cfg.to_str().unwrap().to_owned();
     let mut s = Server::start(&dir, &["--sim-start-latency", "1s", "--config", &cfg]);
     let mut acknowledged = ids_of(&s.json(&["machine", "add", "-n", "6", "--json"]));
-    std::thread::sleep(Duration::from_millis(300));
+    // Crash while starts are in flight (each takes 1 s), right after acknowledging more.
+    eventually(Duration::from_secs(10), "starts to be in flight", || {
+        !s.metrics().contains("provisioner_broker_calls_in_flight 0\n")
+    });
     acknowledged.extend(ids_of(&s.json(&["machine", "add", "-n", "4", "--json"])));
-    // Starts are in flight now (each takes 1 s).
-    let m = s.metrics();
-    assert!(!m.contains("provisioner_broker_calls_in_flight 0\n"), "no start in flight at the crash: {m}");
     s.crash();
 
     let mut s = Server::start(&dir, &["--sim-start-latency", "1s", "--config", &cfg]);
