@@ -197,6 +197,8 @@ fn health_is_public_and_every_v1_request_needs_the_token() {
         assert_eq!(status(path, Some("Bearer not-the-token")), 401, "{path} with a wrong token");
     }
     assert_eq!(status("/v1/machines", Some(&format!("Bearer {token}"))), 200);
+    assert_eq!(status("/v1/machines", Some(&format!("bearer {token}"))), 200, "the scheme is case-insensitive");
+    assert_eq!(status("/v1/machines", Some(&format!("Basic {token}"))), 401);
     assert_eq!(status("/v1/nothing-here", Some(&format!("Bearer {token}"))), 404);
     assert_eq!(status("/healthz", None), 200);
     let metrics = s.metrics();
@@ -550,4 +552,34 @@ fn events_are_streamed_to_connected_clients() {
     assert!(lines.all(
         |l| l.is_ok_and(|l| l.is_empty() || l.starts_with(':') || l.starts_with("event") || l.starts_with("data"))
     ));
+}
+
+/// `bench serve` runs end to end (a service of its own, clients, a report); no timing is
+/// asserted, only that every request succeeded and every machine was provisioned.
+#[test]
+fn bench_serve_reports_a_clean_run() {
+    let out = bin()
+        .args([
+            "bench",
+            "serve",
+            "--requests",
+            "40",
+            "--clients",
+            "2",
+            "--list-every",
+            "4",
+            "--start-latency",
+            "10ms",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["errors"], 0, "{r}");
+    assert_eq!(r["add_requests"], 30, "{r}");
+    assert_eq!(r["list_requests"], 10, "{r}");
+    assert_eq!(r["machines"], 30, "{r}");
+    assert_eq!(r["machines_in_error"], 0, "{r}");
+    assert!(r["add_p50_ms"].as_f64().unwrap() > 0.0, "{r}");
 }

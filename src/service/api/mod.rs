@@ -134,8 +134,10 @@ fn check_token(req: &HttpRequest) -> Result<Authorized, ApiError> {
         .headers()
         .get(actix_web::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(|v| v.split_once(' '))
+        // The scheme is case-insensitive (RFC 9110 11.1).
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
     match given {
         Some(t) if same_token(t.as_bytes(), state.token.as_bytes()) => Ok(Authorized),
         Some(_) => Err(ApiError::new(401, "the API token is wrong")),
