@@ -583,3 +583,29 @@ fn bench_serve_reports_a_clean_run() {
     assert_eq!(r["machines_in_error"], 0, "{r}");
     assert!(r["add_p50_ms"].as_f64().unwrap() > 0.0, "{r}");
 }
+
+/// `kill -9` while the instances of removed machines are being stopped: after a restart the
+/// removal is finished (instances terminated, machines gone) and nothing else is touched.
+#[test]
+fn a_crash_with_stops_in_flight_finishes_the_removal() {
+    let dir = temp_dir("crash-stop");
+    let cfg = dir.join("serve.toml");
+    std::fs::write(&cfg, "[sim]\nstop_latency = \"1s\"\n").unwrap();
+    let cfg = cfg.to_str().unwrap().to_owned();
+    let mut s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", &cfg]);
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "3", "--wait", "--json"]));
+    assert!(s.cli(&["machine", "remove", "0", "1"]).status.success());
+    eventually(Duration::from_secs(10), "the stop to be in flight", || {
+        !s.metrics().contains("provisioner_broker_calls_in_flight 0\n")
+    });
+    s.crash();
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", &cfg]);
+    eventually(Duration::from_secs(15), "the removal to finish", || {
+        s.machines().iter().map(|m| field(m, "id").to_owned()).collect::<Vec<_>>() == ["2"]
+    });
+    assert_provisioned_once(&s, &ids[2..]);
+    assert_eq!(s.instances().len(), 1);
+    let m = s.metrics();
+    assert!(m.contains("provisioner_instances{state=\"terminated\"} 2"), "{m}");
+    assert!(m.contains("provisioner_instances{state=\"running\"} 1"), "{m}");
+}
