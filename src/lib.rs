@@ -22,6 +22,8 @@
 //! - [`events`]: what subscribers hear.
 //! - `fake` (feature `test-util`): an in-process fake cloud and fake model, for tests.
 //! - `sim` (feature `sim`): the deterministic simulator behind `provisioner simulate`.
+//! - `service` (feature `serve`): the standalone service behind `provisioner serve` (embedded
+//!   store, simulated cloud in real time, HTTP API, metrics).
 //!
 //! Each actor is a thin shell over a plain struct (`ZoneBook`, `LifecycleBook`, ...) that holds
 //! its decisions and is unit-tested without a runtime.
@@ -63,6 +65,8 @@ pub mod lifecycle;
 pub mod limiter;
 pub mod ports;
 pub mod registry;
+#[cfg(feature = "serve")]
+pub mod service;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod types;

@@ -8,6 +8,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod cli;
+
 // The actors allocate many small, short-lived messages: mimalloc halves the cost of that.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -56,6 +58,48 @@ enum Command {
         #[arg(long)]
         seed: u64,
     },
+    /// Run the provisioner as a service: embedded store, HTTP API, metrics (feature `serve`).
+    Serve(cli::ServeArgs),
+    /// Add, list, remove or retry machines of a running service.
+    Machine {
+        #[command(subcommand)]
+        cmd: cli::MachineCmd,
+        #[command(flatten)]
+        conn: cli::Conn,
+    },
+    /// List the cloud's instances, as a running service's broker sees them.
+    Instance {
+        #[command(subcommand)]
+        cmd: cli::InstanceCmd,
+        #[command(flatten)]
+        conn: cli::Conn,
+    },
+    /// Read or change a running service's settings (harvest-mode, workers).
+    Config {
+        #[command(subcommand)]
+        cmd: cli::ConfigCmd,
+        #[command(flatten)]
+        conn: cli::Conn,
+    },
+    /// Summarise a running service: model, machines, instances, pool.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: cli::Conn,
+    },
+    /// Destroy the model of a running service: every instance is stopped, no machine is added.
+    DestroyModel {
+        /// Do not fail on machines that cannot be destroyed.
+        #[arg(long)]
+        force: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: cli::Conn,
+    },
 }
 
 #[derive(Subcommand)]
@@ -90,16 +134,20 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Start a service on loopback and measure HTTP request throughput and latency.
+    Serve(cli::BenchServeArgs),
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }
 
-fn init_logging() {
+/// Logs to stderr; `PROVISIONER_LOG` overrides `default` (`off`, or `info` for `serve`).
+fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PROVISIONER_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
 }
 
 /// Loads a scenario; bad input is one line on stderr and exit code 2.
@@ -112,8 +160,17 @@ fn load(file: &std::path::Path) -> Result<Scenario, ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    init_logging(if matches!(cli.command, Command::Serve(_)) { "info" } else { "off" });
     match cli.command {
+        Command::Serve(args) => cli::run_serve(args),
+        Command::Machine { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Machine(cmd)),
+        Command::Instance { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Instance(cmd)),
+        Command::Config { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Config(cmd)),
+        Command::Status { json, conn } => cli::run_client(conn, cli::ClientCmd::Status { json }),
+        Command::DestroyModel { force, json, conn } => {
+            cli::run_client(conn, cli::ClientCmd::DestroyModel { force, json })
+        }
+        Command::Bench { which: Bench::Serve(args) } => cli::run_bench(args),
         Command::Simulate { file, seed, json } => {
             let scenario = match load(&file) {
                 Ok(s) => s,

@@ -1,0 +1,342 @@
+//! The client commands: blocking HTTP calls to a running service (`ureq`), human or JSON
+//! output, and `machine add --wait` with a progress bar when stderr is a terminal.
+
+use std::collections::BTreeSet;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use provisioner::service::api::types::{
+    AddMachines, AddedMachines, ConfigValue, DestroyRequest, DestroyView, ErrorBody, InstanceView, MachineView,
+    RemoveMachines, RetryMachines, StatusView,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{ClientCmd, ConfigCmd, Conn, InstanceCmd, MachineCmd};
+
+/// The default service URL.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:7878";
+
+/// A client failure: one sentence and the exit code (2 bad input, 1 run-time failure).
+#[derive(Debug)]
+pub struct Failure {
+    /// The exit code.
+    pub code: u8,
+    /// The sentence.
+    pub message: String,
+}
+
+impl Failure {
+    fn usage(message: impl Into<String>) -> Self {
+        Self { code: 2, message: message.into() }
+    }
+    fn runtime(message: impl Into<String>) -> Self {
+        Self { code: 1, message: message.into() }
+    }
+}
+
+/// Talks to one service.
+pub struct Client {
+    base: String,
+    token: String,
+    agent: ureq::Agent,
+}
+
+fn non_empty(v: Option<String>) -> Option<String> {
+    v.filter(|s| !s.trim().is_empty())
+}
+
+impl Client {
+    /// The server from `--server`, `$PROVISIONER_URL` or the default; the token from `--token`,
+    /// `$PROVISIONER_TOKEN` or `DIR/token`.
+    pub fn from_conn(conn: &Conn) -> Result<Self, Failure> {
+        let base = non_empty(conn.server.clone())
+            .or_else(|| non_empty(std::env::var("PROVISIONER_URL").ok()))
+            .unwrap_or_else(|| DEFAULT_URL.to_owned());
+        let base = base.trim_end_matches('/').to_owned();
+        if !base.starts_with("http://") && !base.starts_with("https://") {
+            return Err(Failure::usage(format!("invalid server URL {base:?}: it must start with http://")));
+        }
+        let token = match non_empty(conn.token.clone()).or_else(|| non_empty(std::env::var("PROVISIONER_TOKEN").ok())) {
+            Some(t) => t.trim().to_owned(),
+            None => {
+                let dir = conn.data_dir.clone().unwrap_or_else(|| PathBuf::from("./provisioner-data"));
+                let path = dir.join("token");
+                std::fs::read_to_string(&path).map(|t| t.trim().to_owned()).map_err(|e| {
+                    Failure::usage(format!(
+                        "no API token: pass --token, set PROVISIONER_TOKEN, or point --data-dir at the service's data directory (cannot read {}: {e})",
+                        path.display()
+                    ))
+                })?
+            }
+        };
+        let agent =
+            ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(5)).timeout(Duration::from_secs(60)).build();
+        Ok(Self { base, token, agent })
+    }
+
+    fn request(&self, method: &str, path: &str) -> ureq::Request {
+        self.agent
+            .request(method, &format!("{}{path}", self.base))
+            .set("Authorization", &format!("Bearer {}", self.token))
+    }
+
+    fn answer(&self, result: Result<ureq::Response, ureq::Error>) -> Result<ureq::Response, Failure> {
+        match result {
+            Ok(r) => Ok(r),
+            Err(ureq::Error::Status(status, r)) => {
+                let text = r.into_string().unwrap_or_default();
+                let message = serde_json::from_str::<ErrorBody>(&text)
+                    .map(|b| b.error)
+                    .unwrap_or_else(|_| format!("the service answered {status}: {}", text.trim()));
+                Err(match status {
+                    400 | 404 => Failure::usage(message),
+                    401 => Failure::runtime(format!("the service refused the API token: {message}")),
+                    _ => Failure::runtime(message),
+                })
+            }
+            Err(e) => Err(Failure::runtime(format!("cannot reach the provisioner service at {}: {e}", self.base))),
+        }
+    }
+
+    fn decode<T: DeserializeOwned>(r: ureq::Response) -> Result<T, Failure> {
+        r.into_json().map_err(|e| Failure::runtime(format!("the service's answer is not what was expected: {e}")))
+    }
+
+    /// `GET path`, decoded.
+    pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, Failure> {
+        Self::decode(self.answer(self.request("GET", path).call())?)
+    }
+
+    /// `METHOD path` with a JSON body, decoded.
+    pub fn send<B: Serialize, T: DeserializeOwned>(&self, method: &str, path: &str, body: &B) -> Result<T, Failure> {
+        Self::decode(self.answer(self.request(method, path).send_json(body))?)
+    }
+
+    /// `METHOD path` with a JSON body, answer ignored.
+    pub fn send_only<B: Serialize>(&self, method: &str, path: &str, body: &B) -> Result<(), Failure> {
+        self.answer(self.request(method, path).send_json(body)).map(drop)
+    }
+}
+
+fn print_json<T: Serialize>(v: &T) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+fn table(header: &[&str], rows: Vec<Vec<String>>) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut out = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(c);
+            } else {
+                out.push_str(&format!("{c:<w$}  "));
+            }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(header.iter().map(|h| (*h).to_owned()).collect());
+    for r in rows {
+        line(r);
+    }
+}
+
+fn dash(v: &Option<String>) -> String {
+    v.clone().unwrap_or_else(|| "-".into())
+}
+
+/// Runs a client command.
+pub fn run(conn: Conn, cmd: ClientCmd) -> ExitCode {
+    let result = Client::from_conn(&conn).and_then(|c| dispatch(&c, cmd));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
+    match cmd {
+        ClientCmd::Machine(MachineCmd::Add { n, zones, wait, timeout, json }) => {
+            let zones = zones.map(|z| z.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect());
+            let body = AddMachines { count: n as usize, zones };
+            let added: AddedMachines = c.send("POST", "/v1/machines", &body)?;
+            let waited = if wait { Some(wait_for(c, &added.ids, timeout)?) } else { None };
+            if json {
+                print_json(&added.ids);
+            } else {
+                for id in &added.ids {
+                    println!("{id}");
+                }
+            }
+            match waited {
+                Some(failed) if !failed.is_empty() => Err(Failure::runtime(format!(
+                    "{} of {} new machines failed to provision: {}",
+                    failed.len(),
+                    added.ids.len(),
+                    failed.iter().map(|m| format!("{} ({})", m.id, m.message)).collect::<Vec<_>>().join("; ")
+                ))),
+                _ => Ok(()),
+            }
+        }
+        ClientCmd::Machine(MachineCmd::List { json }) => {
+            let list: Vec<MachineView> = c.get("/v1/machines")?;
+            if json {
+                print_json(&list);
+            } else {
+                table(
+                    &["ID", "LIFE", "STATUS", "INSTANCE", "ZONE", "INSTANCE-STATUS", "MESSAGE"],
+                    list.iter()
+                        .map(|m| {
+                            vec![
+                                m.id.clone(),
+                                m.life.clone(),
+                                m.status.clone(),
+                                dash(&m.instance),
+                                dash(&m.zone),
+                                if m.instance_status.is_empty() { "-".into() } else { m.instance_status.clone() },
+                                m.message.clone(),
+                            ]
+                        })
+                        .collect(),
+                );
+            }
+            Ok(())
+        }
+        ClientCmd::Machine(MachineCmd::Remove { ids, keep_instance, force }) => {
+            c.send_only("POST", "/v1/machines/remove", &RemoveMachines { ids: ids.clone(), keep_instance, force })?;
+            let what = if keep_instance { "its instance is kept" } else { "its instance is stopped" };
+            for id in ids {
+                println!("removing machine {id} ({what})");
+            }
+            Ok(())
+        }
+        ClientCmd::Machine(MachineCmd::Retry { ids }) => {
+            c.send_only("POST", "/v1/machines/retry", &RetryMachines { ids: ids.clone() })?;
+            for id in ids {
+                println!("retrying machine {id}");
+            }
+            Ok(())
+        }
+        ClientCmd::Instance(InstanceCmd::List { json }) => {
+            let list: Vec<InstanceView> = c.get("/v1/instances")?;
+            if json {
+                print_json(&list);
+            } else {
+                table(
+                    &["ID", "STATE", "ZONE", "MACHINE"],
+                    list.iter().map(|i| vec![i.id.clone(), i.state.clone(), dash(&i.zone), dash(&i.machine)]).collect(),
+                );
+            }
+            Ok(())
+        }
+        ClientCmd::Config(ConfigCmd::Get { key }) => {
+            let v: ConfigValue = c.get(&format!("/v1/config/{key}"))?;
+            println!("{}", v.value);
+            Ok(())
+        }
+        ClientCmd::Config(ConfigCmd::Set { key, value }) => {
+            let v: ConfigValue =
+                c.send("PUT", &format!("/v1/config/{key}"), &ConfigValue { key: key.clone(), value })?;
+            println!("{key} = {}", v.value);
+            Ok(())
+        }
+        ClientCmd::Status { json } => {
+            let s: StatusView = c.get("/v1/status")?;
+            if json {
+                print_json(&s);
+            } else {
+                let by_status: Vec<String> = s.machines_by_status.iter().map(|(k, v)| format!("{v} {k}")).collect();
+                println!("model:     {} ({})", s.model_uuid, s.model_life);
+                println!(
+                    "cloud:     {} (zones: {})",
+                    s.broker,
+                    if s.zones.is_empty() { "none".into() } else { s.zones.join(", ") }
+                );
+                println!(
+                    "machines:  {} ({}); {} in error",
+                    s.machines,
+                    if by_status.is_empty() { "none".into() } else { by_status.join(", ") },
+                    s.machines_in_error
+                );
+                println!("instances: {}", s.instances);
+                println!(
+                    "workers:   {} ({} jobs running, {} queued; {} cloud calls in flight)",
+                    s.workers, s.jobs_in_flight, s.jobs_queued, s.broker_calls_in_flight
+                );
+                println!("harvest:   {}", s.harvest_mode);
+                println!("state:     {} (up {:.0} s)", if s.idle { "idle" } else { "busy" }, s.uptime_s);
+            }
+            Ok(())
+        }
+        ClientCmd::DestroyModel { force, json } => {
+            let d: DestroyView = c.send("POST", "/v1/destroy-model", &DestroyRequest { force })?;
+            if json {
+                print_json(&d);
+            } else {
+                println!(
+                    "the model is dying: stopping {} instance(s); {} start(s) in flight will be stopped as they land",
+                    d.stopping.len(),
+                    d.awaiting_starts.len()
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Polls until every machine in `ids` is provisioned or in error; returns those in error.
+/// A machine that disappears (removed meanwhile) counts as settled.
+fn wait_for(c: &Client, ids: &[String], timeout: Option<Duration>) -> Result<Vec<MachineView>, Failure> {
+    let wanted: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+    let bar = if std::io::stderr().is_terminal() {
+        let b = indicatif::ProgressBar::new(ids.len() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} machines {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    // The client is a blocking command-line program, not an actor: wall-clock time and sleeping
+    // are what it needs here.
+    #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+    let began = std::time::Instant::now();
+    loop {
+        let list: Vec<MachineView> = c.get("/v1/machines")?;
+        let mine: Vec<&MachineView> = list.iter().filter(|m| wanted.contains(m.id.as_str())).collect();
+        let settled = mine.iter().filter(|m| m.settled()).count() + (wanted.len() - mine.len());
+        let failed: Vec<MachineView> = mine.iter().filter(|m| m.is_error()).map(|m| (*m).clone()).collect();
+        bar.set_position(settled as u64);
+        if !failed.is_empty() {
+            bar.set_message(format!("({} failed)", failed.len()));
+        }
+        if settled == wanted.len() {
+            bar.finish_and_clear();
+            return Ok(failed);
+        }
+        if timeout.is_some_and(|t| began.elapsed() >= t) {
+            bar.abandon();
+            return Err(Failure::runtime(format!(
+                "gave up waiting: {} of {} new machines are provisioned or in error",
+                settled,
+                wanted.len()
+            )));
+        }
+        #[allow(clippy::disallowed_methods)]
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

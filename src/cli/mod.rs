@@ -1,0 +1,245 @@
+//! The binary's service commands (contract: `shared/spec/cli.md`, "The service" and "Client
+//! commands"): `serve`, the client commands that talk to a running service over HTTP, and
+//! `bench serve`. The arguments are always defined (so `--help` works in every build); running
+//! them needs the `serve` feature, and a build without it says so and exits 2.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+#[cfg(feature = "serve")]
+mod client;
+#[cfg(feature = "serve")]
+mod serve;
+
+/// `provisioner serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// A TOML config file (keys mirror the flags; see the README).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Where the database and the API token live [default: ./provisioner-data].
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The HTTP API's address [default: 127.0.0.1:7878].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The cloud: `sim` (simulated, in real time, persisted in DIR) or `ec2` [default: sim].
+    #[arg(long, value_name = "sim|ec2", value_parser = ["sim", "ec2"])]
+    pub broker: Option<String>,
+    /// The simulated cloud's zones, comma-separated (empty: no zones) [default: az1,az2,az3].
+    #[arg(long, value_name = "a,b,c")]
+    pub sim_zones: Option<String>,
+    /// How long a simulated start takes, e.g. 2s or 500ms [default: 2s].
+    #[arg(long, value_name = "DUR", value_parser = crate::parse_duration)]
+    pub sim_start_latency: Option<std::time::Duration>,
+    /// EC2: an EC2-compatible endpoint instead of AWS's (with `--broker ec2`; needs a build
+    /// with the `ec2` feature). Credentials come from the standard AWS chain.
+    #[arg(long, value_name = "URL")]
+    pub ec2_endpoint: Option<String>,
+    /// EC2: the region.
+    #[arg(long)]
+    pub region: Option<String>,
+    /// EC2: the image.
+    #[arg(long, value_name = "AMI")]
+    pub ec2_image: Option<String>,
+    /// EC2: the instance type.
+    #[arg(long, value_name = "TYPE")]
+    pub ec2_instance_type: Option<String>,
+}
+
+/// Where the service is and how to authenticate.
+#[derive(Args, Debug, Clone)]
+pub struct Conn {
+    /// The service's URL [default: $PROVISIONER_URL, else http://127.0.0.1:7878].
+    #[arg(long, global = true, value_name = "URL")]
+    pub server: Option<String>,
+    /// The API token [default: $PROVISIONER_TOKEN, else read from DIR/token].
+    #[arg(long, global = true, value_name = "T")]
+    pub token: Option<String>,
+    /// The service's data directory, to read the token from [default: ./provisioner-data].
+    #[arg(long, global = true, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+}
+
+/// `provisioner machine ...`.
+#[derive(Subcommand, Debug)]
+pub enum MachineCmd {
+    /// Add machines; prints the new ids.
+    Add {
+        /// How many.
+        #[arg(short = 'n', default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        n: u64,
+        /// Restrict them to these zones (comma-separated).
+        #[arg(long, value_name = "a,b")]
+        zones: Option<String>,
+        /// Wait until every new machine is provisioned or in error.
+        #[arg(long)]
+        wait: bool,
+        /// With --wait, give up after this long (e.g. 5m); exit 1.
+        #[arg(long, value_name = "DUR", value_parser = crate::parse_duration, requires = "wait")]
+        timeout: Option<std::time::Duration>,
+        /// Print JSON (a list of ids).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the machines.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove machines: they become dead; their instances are stopped (or released).
+    Remove {
+        /// The machines.
+        #[arg(required = true, value_name = "ID")]
+        ids: Vec<String>,
+        /// Leave the instances running, released from the model.
+        #[arg(long)]
+        keep_instance: bool,
+        /// Ask again for machines already being removed.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Start machines in provisioning error again.
+    Retry {
+        /// The machines.
+        #[arg(required = true, value_name = "ID")]
+        ids: Vec<String>,
+    },
+}
+
+/// `provisioner instance ...`.
+#[derive(Subcommand, Debug)]
+pub enum InstanceCmd {
+    /// The cloud's instances as the broker sees them.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The model settings `config` reads and writes.
+pub const CONFIG_KEYS: [&str; 2] = ["harvest-mode", "workers"];
+
+/// `provisioner config ...`.
+#[derive(Subcommand, Debug)]
+pub enum ConfigCmd {
+    /// Print a setting.
+    Get {
+        /// harvest-mode or workers.
+        #[arg(value_parser = CONFIG_KEYS)]
+        key: String,
+    },
+    /// Change a setting (applied at once, kept across restarts).
+    Set {
+        /// harvest-mode or workers.
+        #[arg(value_parser = CONFIG_KEYS)]
+        key: String,
+        /// The new value (harvest-mode: none, unknown, destroyed, all; workers: 1..=100).
+        value: String,
+    },
+}
+
+/// A client command.
+#[derive(Debug)]
+// Without the `serve` feature the commands are parsed (for `--help`) but never run.
+#[cfg_attr(not(feature = "serve"), allow(dead_code))]
+pub enum ClientCmd {
+    /// `machine ...`.
+    Machine(MachineCmd),
+    /// `instance ...`.
+    Instance(InstanceCmd),
+    /// `config ...`.
+    Config(ConfigCmd),
+    /// `status`.
+    Status {
+        /// Print JSON.
+        json: bool,
+    },
+    /// `destroy-model`.
+    DestroyModel {
+        /// Do not fail on machines that cannot be destroyed.
+        force: bool,
+        /// Print JSON.
+        json: bool,
+    },
+}
+
+/// `provisioner bench serve`.
+#[derive(Args, Debug)]
+pub struct BenchServeArgs {
+    /// Requests in all (machine adds, with a list every `--list-every`).
+    #[arg(long, default_value_t = 2000)]
+    pub requests: usize,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 8)]
+    pub clients: usize,
+    /// Machines per add request.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// One request in this many is a `machine list` (0: none).
+    #[arg(long, default_value_t = 10)]
+    pub list_every: usize,
+    /// The simulated cloud's start latency.
+    #[arg(long, default_value = "100ms", value_parser = crate::parse_duration)]
+    pub start_latency: std::time::Duration,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(not(feature = "serve"))]
+fn no_service(what: &str) -> ExitCode {
+    eprintln!(
+        "error: `provisioner {what}` needs the service, which this build leaves out; rebuild with the serve feature: cargo run --features serve -- {what}"
+    );
+    ExitCode::from(2)
+}
+
+/// Runs `serve`.
+pub fn run_serve(args: ServeArgs) -> ExitCode {
+    #[cfg(feature = "serve")]
+    {
+        serve::run(args)
+    }
+    #[cfg(not(feature = "serve"))]
+    {
+        let _ = args;
+        no_service("serve")
+    }
+}
+
+/// Runs a client command.
+pub fn run_client(conn: Conn, cmd: ClientCmd) -> ExitCode {
+    #[cfg(feature = "serve")]
+    {
+        client::run(conn, cmd)
+    }
+    #[cfg(not(feature = "serve"))]
+    {
+        let _ = conn;
+        no_service(match cmd {
+            ClientCmd::Machine(_) => "machine",
+            ClientCmd::Instance(_) => "instance",
+            ClientCmd::Config(_) => "config",
+            ClientCmd::Status { .. } => "status",
+            ClientCmd::DestroyModel { .. } => "destroy-model",
+        })
+    }
+}
+
+/// Runs `bench serve`.
+pub fn run_bench(args: BenchServeArgs) -> ExitCode {
+    #[cfg(feature = "serve")]
+    {
+        serve::bench(args)
+    }
+    #[cfg(not(feature = "serve"))]
+    {
+        let _ = args;
+        no_service("bench serve")
+    }
+}

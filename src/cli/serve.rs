@@ -1,0 +1,220 @@
+//! `provisioner serve` (runs [`provisioner::service::serve`] on an actix system) and
+//! `provisioner bench serve` (starts a service on loopback and measures its HTTP API).
+
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::Duration;
+
+use provisioner::service::api::types::{AddMachines, StatusView};
+use provisioner::service::{BrokerKind, ServeFlags, ServeOptions};
+use serde::Serialize;
+
+use super::client::{Client, Failure};
+use super::{BenchServeArgs, Conn, ServeArgs};
+
+/// Runs the service until SIGTERM.
+pub fn run(args: ServeArgs) -> ExitCode {
+    let flags = ServeFlags {
+        config: args.config,
+        data_dir: args.data_dir,
+        listen: args.listen,
+        broker: args.broker.as_deref().map(|b| if b == "ec2" { BrokerKind::Ec2 } else { BrokerKind::Sim }),
+        sim_zones: args
+            .sim_zones
+            .map(|z| z.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect()),
+        sim_start_latency: args.sim_start_latency,
+        ec2_endpoint: args.ec2_endpoint,
+        region: args.region,
+        ec2_image: args.ec2_image,
+        ec2_instance_type: args.ec2_instance_type,
+    };
+    let opts = match ServeOptions::resolve(flags) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(e.exit_code());
+        }
+    };
+    match actix_rt::System::new().block_on(provisioner::service::serve(opts)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// What `bench serve` measured.
+#[derive(Debug, Serialize)]
+struct BenchReport {
+    requests: usize,
+    clients: usize,
+    batch: usize,
+    add_requests: usize,
+    list_requests: usize,
+    errors: usize,
+    wall_s: f64,
+    requests_per_s: f64,
+    add_p50_ms: f64,
+    add_p90_ms: f64,
+    add_p99_ms: f64,
+    add_max_ms: f64,
+    list_p50_ms: f64,
+    list_p99_ms: f64,
+    machines: usize,
+    machines_in_error: usize,
+    all_provisioned_s: f64,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// A child service that is sent SIGTERM (and reaped) when dropped.
+struct Service(Child);
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.0.id().to_string()).status();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a service on a free loopback port with a fresh data dir, runs the load, reports.
+// A benchmark measures wall-clock time and polls: both are what it is for.
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+pub fn bench(args: BenchServeArgs) -> ExitCode {
+    match bench_inner(&args) {
+        Ok(r) => {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+            } else {
+                println!(
+                    "{} requests ({} adds of {} machine(s), {} lists) from {} clients in {:.2}s: {:.0} requests/s; add p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms; list p50 {:.2} ms, p99 {:.2} ms; {} errors; {} machines all provisioned after {:.2}s",
+                    r.requests, r.add_requests, r.batch, r.list_requests, r.clients, r.wall_s, r.requests_per_s,
+                    r.add_p50_ms, r.add_p90_ms, r.add_p99_ms, r.add_max_ms, r.list_p50_ms, r.list_p99_ms, r.errors,
+                    r.machines, r.all_provisioned_s
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
+    let runtime = |m: String| Failure { code: 1, message: m };
+    if args.clients == 0 || args.requests == 0 || args.batch == 0 {
+        return Err(Failure { code: 2, message: "--requests, --clients and --batch must be positive".into() });
+    }
+    let dir = std::env::temp_dir().join(format!("provisioner-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| runtime(format!("cannot find a free port: {e}")))?
+        .port();
+    let exe = std::env::current_exe().map_err(|e| runtime(format!("cannot find this program: {e}")))?;
+    let latency = humantime::format_duration(args.start_latency).to_string();
+    let child = Command::new(exe)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--sim-start-latency", &latency, "--data-dir"])
+        .arg(&dir)
+        .env("PROVISIONER_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| runtime(format!("cannot start the service: {e}")))?;
+    let service = Service(child);
+    let url = format!("http://127.0.0.1:{port}");
+    let began = std::time::Instant::now();
+    loop {
+        if ureq::get(&format!("{url}/healthz")).call().is_ok() && dir.join("token").exists() {
+            break;
+        }
+        if began.elapsed() > Duration::from_secs(30) {
+            return Err(runtime("the service did not become ready within 30 s".into()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let conn = Conn { server: Some(url), token: None, data_dir: Some(dir.clone()) };
+
+    let per_client = args.requests.div_ceil(args.clients);
+    let began = std::time::Instant::now();
+    let results: Vec<(Vec<f64>, Vec<f64>, usize)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..args.clients)
+            .map(|k| {
+                let conn = conn.clone();
+                s.spawn(move || {
+                    let (mut adds, mut lists, mut errors) = (Vec::new(), Vec::new(), 0);
+                    let Ok(client) = Client::from_conn(&conn) else { return (adds, lists, per_client) };
+                    for i in 0..per_client {
+                        if k * per_client + i >= args.requests {
+                            break;
+                        }
+                        let t = std::time::Instant::now();
+                        let list = args.list_every > 0 && (k * per_client + i) % args.list_every == args.list_every - 1;
+                        let ok = if list {
+                            client.get::<serde_json::Value>("/v1/machines").is_ok()
+                        } else {
+                            let body = AddMachines { count: args.batch, zones: None };
+                            client.send::<_, serde_json::Value>("POST", "/v1/machines", &body).is_ok()
+                        };
+                        let ms = t.elapsed().as_secs_f64() * 1000.0;
+                        match (ok, list) {
+                            (false, _) => errors += 1,
+                            (true, true) => lists.push(ms),
+                            (true, false) => adds.push(ms),
+                        }
+                    }
+                    (adds, lists, errors)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_default()).collect()
+    });
+    let wall = began.elapsed().as_secs_f64();
+    let mut adds: Vec<f64> = results.iter().flat_map(|r| r.0.iter().copied()).collect();
+    let mut lists: Vec<f64> = results.iter().flat_map(|r| r.1.iter().copied()).collect();
+    let errors: usize = results.iter().map(|r| r.2).sum();
+    adds.sort_by(f64::total_cmp);
+    lists.sort_by(f64::total_cmp);
+
+    // Then the end-to-end figure: how long until the provisioner has started every machine.
+    let client = Client::from_conn(&conn)?;
+    let status = loop {
+        let s: StatusView = client.get("/v1/status")?;
+        let started = s.machines_by_status.get("started").copied().unwrap_or(0);
+        if started + s.machines_in_error >= s.machines || began.elapsed() > Duration::from_secs(600) {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let all_provisioned_s = began.elapsed().as_secs_f64();
+    drop(service);
+    let _ = std::fs::remove_dir_all(&dir);
+    let done = adds.len() + lists.len();
+    Ok(BenchReport {
+        requests: done + errors,
+        clients: args.clients,
+        batch: args.batch,
+        add_requests: adds.len(),
+        list_requests: lists.len(),
+        errors,
+        wall_s: wall,
+        requests_per_s: done as f64 / wall,
+        add_p50_ms: percentile(&adds, 0.50),
+        add_p90_ms: percentile(&adds, 0.90),
+        add_p99_ms: percentile(&adds, 0.99),
+        add_max_ms: adds.last().copied().unwrap_or(0.0),
+        list_p50_ms: percentile(&lists, 0.50),
+        list_p99_ms: percentile(&lists, 0.99),
+        machines: status.machines,
+        machines_in_error: status.machines_in_error,
+        all_provisioned_s,
+    })
+}

@@ -1,0 +1,163 @@
+//! The JSON bodies of the HTTP API, shared by the server and the client commands.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A machine, as `GET /v1/machines` and `machine list --json` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineView {
+    /// Its id.
+    pub id: String,
+    /// `alive`, `dying` or `dead`.
+    pub life: String,
+    /// `pending`, `started`, `error` or `stopped`.
+    pub status: String,
+    /// Its instance, once provisioned.
+    pub instance: Option<String>,
+    /// Its instance's zone.
+    pub zone: Option<String>,
+    /// `provisioning`, `running`, `provisioning error`, ...
+    pub instance_status: String,
+    /// The latest message (the instance status's, else the machine status's).
+    pub message: String,
+}
+
+impl MachineView {
+    /// Whether the provisioner is done with it: provisioned, or in error.
+    pub fn settled(&self) -> bool {
+        (self.instance.is_some() && self.status == "started") || self.is_error()
+    }
+    /// Whether its start failed.
+    pub fn is_error(&self) -> bool {
+        self.status == "error" || self.instance_status == "provisioning error"
+    }
+}
+
+/// An instance, as `GET /v1/instances` and `instance list --json` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceView {
+    /// Its id.
+    pub id: String,
+    /// `pending`, `running`, `stopped` (terminated ones are not listed).
+    pub state: String,
+    /// Its zone.
+    pub zone: Option<String>,
+    /// The machine it is tagged for.
+    pub machine: Option<String>,
+}
+
+/// `POST /v1/machines`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddMachines {
+    /// How many (1..=10000).
+    #[serde(default = "one")]
+    pub count: usize,
+    /// A `zones=` constraint for each.
+    #[serde(default)]
+    pub zones: Option<Vec<String>>,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// The answer to `POST /v1/machines`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddedMachines {
+    /// The new machines' ids.
+    pub ids: Vec<String>,
+}
+
+/// `POST /v1/machines/remove`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveMachines {
+    /// The machines.
+    pub ids: Vec<String>,
+    /// Leave their instances running (released from the model).
+    #[serde(default)]
+    pub keep_instance: bool,
+    /// Also ask again for machines already being removed.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// `POST /v1/machines/retry`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryMachines {
+    /// The machines (each in provisioning error).
+    pub ids: Vec<String>,
+}
+
+/// A model setting: `GET /v1/config/{key}`, and the body of `PUT` (`key` ignored there).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigValue {
+    /// `harvest-mode` or `workers`.
+    #[serde(default)]
+    pub key: String,
+    /// Its value, as text.
+    pub value: String,
+}
+
+/// `POST /v1/destroy-model`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DestroyRequest {
+    /// Do not fail on machines that cannot be destroyed.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// What a model destruction set in motion.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DestroyView {
+    /// Instances being stopped.
+    pub stopping: Vec<String>,
+    /// Machines whose start is in flight: their instances are stopped as they land.
+    pub awaiting_starts: Vec<String>,
+}
+
+/// `GET /v1/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusView {
+    /// The model's uuid (tagged on its instances).
+    pub model_uuid: String,
+    /// `alive` or `dying`.
+    pub model_life: String,
+    /// `sim`.
+    pub broker: String,
+    /// The cloud's zones.
+    pub zones: Vec<String>,
+    /// The harvest mode in force.
+    pub harvest_mode: String,
+    /// The worker pool size.
+    pub workers: usize,
+    /// Machines in the model.
+    pub machines: usize,
+    /// Machines by status.
+    pub machines_by_status: BTreeMap<String, usize>,
+    /// Machines in provisioning error.
+    pub machines_in_error: usize,
+    /// The cloud's live instances of this model.
+    pub instances: usize,
+    /// Start and stop jobs running.
+    pub jobs_in_flight: usize,
+    /// Start and stop jobs waiting for a worker.
+    pub jobs_queued: usize,
+    /// Broker calls in flight.
+    pub broker_calls_in_flight: usize,
+    /// Whether the provisioner has nothing left to do.
+    pub idle: bool,
+    /// Seconds since the service started.
+    pub uptime_s: f64,
+}
+
+/// The body of every error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// One sentence.
+    pub error: String,
+}

@@ -1,0 +1,36 @@
+//! What the metrics actor handles (besides `ProvisionerEvent`, which it counts).
+
+use actix::prelude::*;
+
+use super::state::Gauges;
+
+/// One HTTP request answered.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct HttpDone {
+    /// The method.
+    pub method: String,
+    /// The matched route pattern (`/v1/machines`), or `unmatched`.
+    pub route: String,
+    /// The status code.
+    pub code: u16,
+    /// How long it took.
+    pub seconds: f64,
+}
+
+/// One broker call completed.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct BrokerCallDone {
+    /// The operation (`start_instance`, ...).
+    pub op: &'static str,
+    /// Whether it succeeded.
+    pub ok: bool,
+    /// How long it took.
+    pub seconds: f64,
+}
+
+/// Renders every metric with these gauges.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "String")]
+pub struct Render(pub Gauges);

@@ -1,0 +1,90 @@
+//! The [`ModelApi`] over the store: the provisioner reads and writes the model in the
+//! database. Each write has committed when its future resolves; the provisioner's own writes
+//! are not fsynced one by one (they survive a process crash, and what a power cut could take
+//! is re-derived at the next start), the model's destruction is.
+
+use crate::ports::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};
+use crate::service::store::{Store, StoreError};
+use crate::types::{InstanceStatus, Life, Machine, MachineId, MachineStatus, ProvisioningInfo};
+
+/// The model in the service's database.
+#[derive(Clone)]
+pub struct StoreModel {
+    store: Store,
+}
+
+impl StoreModel {
+    /// The model API over this store.
+    pub fn new(store: Store) -> Self {
+        Self { store }
+    }
+}
+
+/// How a store failure reads to the provisioner.
+pub fn model_error(e: StoreError) -> ModelError {
+    match e {
+        StoreError::NotFound(id) => ModelError::NotFound(id),
+        StoreError::ModelDying => ModelError::ModelDying,
+        other => ModelError::Other(other.to_string()),
+    }
+}
+
+fn per_id<T>(ids: &[MachineId], found: Vec<Option<T>>) -> Vec<Result<T, ModelError>> {
+    ids.iter().zip(found).map(|(id, m)| m.ok_or_else(|| ModelError::NotFound(id.clone()))).collect()
+}
+
+impl StoreModel {
+    /// The provisioner's own reads and writes: lazy commits (see [`Store::exec_lazy`]).
+    fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut crate::service::store::StoreCore) -> Result<T, StoreError> + Send + 'static,
+    ) -> ModelFuture<T> {
+        let fut = self.store.exec_lazy(f);
+        Box::pin(async move { fut.await.map_err(model_error) })
+    }
+}
+
+impl ModelApi for StoreModel {
+    fn machines(&self, ids: Vec<MachineId>) -> ModelFuture<Vec<Result<Machine, ModelError>>> {
+        self.run(move |s| {
+            let found = s.machines(&ids)?.into_iter().map(|m| m.map(|m| m.machine)).collect();
+            Ok(per_id(&ids, found))
+        })
+    }
+    fn machines_with_transient_errors(&self) -> ModelFuture<Vec<Machine>> {
+        self.run(|s| s.transient_errors())
+    }
+    fn provisioning_info(&self, ids: Vec<MachineId>) -> ModelFuture<Vec<Result<ProvisioningInfo, ModelError>>> {
+        self.run(move |s| Ok(per_id(&ids, s.provisioning_info(&ids)?)))
+    }
+    fn distribution_groups(&self, ids: Vec<MachineId>) -> ModelFuture<Vec<Result<Vec<MachineId>, ModelError>>> {
+        // The service has no applications, hence no distribution groups.
+        self.run(move |s| Ok(per_id(&ids, s.machines(&ids)?.into_iter().map(|m| m.map(|_| Vec::new())).collect())))
+    }
+    fn set_instance_info(&self, id: MachineId, info: ProvisionedInstance) -> ModelFuture<()> {
+        self.run(move |s| s.set_instance_info(&id, &info))
+    }
+    fn set_status(&self, id: MachineId, status: MachineStatus, message: String) -> ModelFuture<()> {
+        self.run(move |s| s.set_status(&id, status, &message))
+    }
+    fn set_instance_status(&self, id: MachineId, status: InstanceStatus, message: String) -> ModelFuture<()> {
+        self.run(move |s| s.set_instance_status(&id, &status, &message))
+    }
+    fn ensure_dead(&self, id: MachineId) -> ModelFuture<()> {
+        self.run(move |s| s.ensure_dead(&id))
+    }
+    fn mark_for_removal(&self, id: MachineId) -> ModelFuture<()> {
+        self.run(move |s| s.mark_for_removal(&id))
+    }
+    fn availability_zone(&self, id: MachineId) -> ModelFuture<Option<String>> {
+        self.run(move |s| s.availability_zone(&id))
+    }
+    fn model_life(&self) -> ModelFuture<Life> {
+        self.run(|s| s.model_life())
+    }
+    fn destroy_model(&self) -> ModelFuture<Vec<Machine>> {
+        // An operator's request: on disk before the answer.
+        let fut = self.store.exec(|s| s.destroy_model());
+        Box::pin(async move { fut.await.map_err(model_error) })
+    }
+}

@@ -1,0 +1,253 @@
+//! `provisioner serve`: opens the data directory, wires the store, the simulated cloud, the
+//! provisioner and the HTTP API, and runs until SIGTERM (or SIGINT), then shuts down in order:
+//! the HTTP server stops taking requests, the provisioner starts nothing new, in-flight cloud
+//! calls are given `shutdown_grace` to finish and be recorded, then the actors stop.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use actix::Actor;
+use actix_rt::time::Instant;
+use thiserror::Error;
+
+use crate::config::ProvisionerConfig;
+use crate::service::api::{self, AppState};
+use crate::service::metrics::{MeteredBroker, Metrics};
+use crate::service::model::StoreModel;
+use crate::service::settings::{BrokerKind, ServeOptions};
+use crate::service::simcloud::SimCloud;
+use crate::service::store::{Store, StoreError, DB_FILE};
+
+/// The token file's name inside the data directory.
+pub const TOKEN_FILE: &str = "token";
+
+/// Why the service could not start or run. [`ServeError::exit_code`] says how the binary exits.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    /// The config file or a flag is wrong (exit 2).
+    #[error("{0}")]
+    Config(String),
+    /// Asked for something this build cannot do (exit 2).
+    #[error("{0}")]
+    Unsupported(String),
+    /// The data directory cannot be used (exit 1).
+    #[error("cannot use data directory {path}: {message}")]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// The database failed (exit 1).
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    /// The provisioner refused its configuration (exit 2).
+    #[error("invalid provisioner configuration: {0}")]
+    Provisioner(#[from] crate::config::ConfigError),
+    /// The listen address cannot be bound (exit 1).
+    #[error("cannot listen on {addr}: {message}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// Why.
+        message: String,
+    },
+    /// Signals cannot be watched, or the server failed (exit 1).
+    #[error("{0}")]
+    Runtime(String),
+}
+
+impl ServeError {
+    /// 2 for bad usage or input, 1 for a failure at run time.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ServeError::Config(_) | ServeError::Unsupported(_) | ServeError::Provisioner(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+fn data_dir_error(path: &Path, e: impl std::fmt::Display) -> ServeError {
+    ServeError::DataDir { path: path.to_owned(), message: e.to_string() }
+}
+
+/// Reads the API token from `dir/token`, or creates it (32 random bytes, hex; mode 0600).
+pub fn ensure_token(dir: &Path) -> Result<String, ServeError> {
+    let path = dir.join(TOKEN_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_owned()),
+        Ok(_) => return Err(data_dir_error(dir, format!("{} is empty; delete it to get a new token", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(data_dir_error(dir, format!("cannot read {}: {e}", path.display()))),
+    }
+    let bytes: [u8; 32] = rand::random();
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts.open(&path).map_err(|e| data_dir_error(dir, format!("cannot create {}: {e}", path.display())))?;
+    f.write_all(format!("{token}\n").as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| data_dir_error(dir, format!("cannot write {}: {e}", path.display())))?;
+    Ok(token)
+}
+
+/// Waits for SIGTERM or SIGINT.
+async fn terminated() -> Result<&'static str, ServeError> {
+    #[cfg(unix)]
+    {
+        use actix_rt::signal::unix::{signal, SignalKind};
+        let mut term =
+            signal(SignalKind::terminate()).map_err(|e| ServeError::Runtime(format!("cannot watch SIGTERM: {e}")))?;
+        let mut int =
+            signal(SignalKind::interrupt()).map_err(|e| ServeError::Runtime(format!("cannot watch SIGINT: {e}")))?;
+        Ok(tokio_select(term.recv(), int.recv()).await)
+    }
+    #[cfg(not(unix))]
+    {
+        actix_rt::signal::ctrl_c().await.map_err(|e| ServeError::Runtime(format!("cannot watch Ctrl-C: {e}")))?;
+        Ok("Ctrl-C")
+    }
+}
+
+#[cfg(unix)]
+async fn tokio_select(
+    term: impl std::future::Future<Output = Option<()>>,
+    int: impl std::future::Future<Output = Option<()>>,
+) -> &'static str {
+    futures::pin_mut!(term, int);
+    match futures::future::select(term, int).await {
+        futures::future::Either::Left(_) => "SIGTERM",
+        futures::future::Either::Right(_) => "SIGINT",
+    }
+}
+
+/// Connects the EC2 broker and reads its zones (the ones machines may ask for).
+#[cfg(feature = "ec2")]
+async fn ec2_broker(
+    s: &crate::service::settings::Ec2Settings,
+    model_uuid: &str,
+) -> Result<(crate::ec2::Ec2Broker, Vec<String>), ServeError> {
+    let config = crate::ec2::Ec2Config {
+        model_uuid: model_uuid.to_owned(),
+        region: s.region.clone(),
+        endpoint: s.endpoint.clone(),
+        image_id: s.image.clone().unwrap_or_default(),
+        instance_type: s.instance_type.clone().unwrap_or_default(),
+        subnet_id: s.subnet.clone(),
+        security_group_ids: s.security_groups.clone(),
+    };
+    let broker = crate::ec2::Ec2Broker::connect(config).await.map_err(|e| ServeError::Config(e.to_string()))?;
+    let zones = crate::ports::Broker::availability_zones(&broker)
+        .await
+        .map_err(|e| ServeError::Runtime(format!("EC2: cannot list availability zones: {e}")))?;
+    Ok((broker, zones.into_iter().map(|z| z.name).collect()))
+}
+
+/// Runs the service until SIGTERM or SIGINT. Must be called inside an actix system.
+pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
+    #[cfg(not(feature = "ec2"))]
+    if opts.broker == BrokerKind::Ec2 {
+        return Err(ServeError::Unsupported(
+            "this build has no EC2 broker: build with `--features serve,ec2`, or use --broker sim".into(),
+        ));
+    }
+    let started = Instant::now();
+    let dir = &opts.data_dir;
+    std::fs::create_dir_all(dir).map_err(|e| data_dir_error(dir, e))?;
+    let token = ensure_token(dir)?;
+    let store = Store::start(&dir.join(DB_FILE))?;
+    let model_uuid = store.exec(|s| s.model_uuid()).await?;
+    let settings = store.exec(|s| s.settings()).await?;
+
+    let metrics = Metrics::default().start();
+    let (cloud, zones, broker_name): (Arc<dyn crate::ports::Broker>, Vec<String>, &str) = match opts.broker {
+        BrokerKind::Sim => {
+            let sim = SimCloud::new(store.clone(), model_uuid.clone(), opts.sim.clone());
+            let resumed = sim.resume().await?;
+            if resumed > 0 {
+                tracing::info!(instances = resumed, "resuming starts a previous run left pending");
+            }
+            (Arc::new(sim), opts.sim.known_zones(), "sim")
+        }
+        #[cfg(feature = "ec2")]
+        BrokerKind::Ec2 => {
+            let (ec2, zones) = ec2_broker(&opts.ec2, &model_uuid).await?;
+            (Arc::new(ec2), zones, "ec2")
+        }
+        #[cfg(not(feature = "ec2"))]
+        BrokerKind::Ec2 => unreachable!("refused above"),
+    };
+    let broker = MeteredBroker::new(cloud, metrics.clone().recipient());
+    let config = ProvisionerConfig {
+        model_uuid: model_uuid.clone(),
+        harvest_mode: settings.harvest_mode.unwrap_or(opts.harvest_mode),
+        workers: settings.workers.unwrap_or(opts.workers),
+        retry: opts.retry,
+        resync_interval: opts.resync,
+        ..ProvisionerConfig::default()
+    }
+    .with_random_seed();
+    let handle = crate::wiring::start(config, Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
+    handle.subscribe(metrics.clone().recipient());
+    let events = crate::service::events::EventHub::default().start();
+    handle.subscribe(events.clone().recipient());
+    store.watch(handle.machines_changed());
+    store.watch_retries(handle.retry_ticks());
+
+    let state = AppState {
+        store: store.clone(),
+        handle: handle.clone(),
+        broker: broker.clone(),
+        metrics,
+        events: events.clone(),
+        token,
+        zones,
+        broker_name: broker_name.into(),
+        model_uuid: model_uuid.clone(),
+        started,
+    };
+    let server = actix_web::HttpServer::new(move || api::app(state.clone()))
+        .workers(2)
+        .disable_signals()
+        .shutdown_timeout(opts.shutdown_grace.as_secs().max(1))
+        .bind(&opts.listen)
+        .map_err(|e| ServeError::Listen { addr: opts.listen.clone(), message: e.to_string() })?
+        .run();
+    let server_handle = server.handle();
+    let server_task = actix_rt::spawn(server);
+    tracing::info!(
+        listen = %opts.listen,
+        data_dir = %dir.display(),
+        model = %model_uuid,
+        "provisioner service ready; the API token is in {}",
+        dir.join(TOKEN_FILE).display()
+    );
+
+    let signal = terminated().await?;
+    tracing::info!(%signal, "shutting down");
+    // Event streams never end on their own: end them, so the server need not wait for them.
+    let _ = events.send(crate::service::events::CloseStreams).await;
+    server_handle.stop(true).await;
+    drop(server_task);
+    handle.close_starts();
+    let deadline = Instant::now() + opts.shutdown_grace;
+    loop {
+        let drained = broker.in_flight() == 0 && handle.is_idle().await;
+        if drained || Instant::now() >= deadline {
+            if !drained {
+                tracing::warn!(
+                    in_flight = broker.in_flight(),
+                    "shutdown grace over; cloud calls still in flight are resumed at the next start"
+                );
+            }
+            break;
+        }
+        actix_rt::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    handle.shutdown();
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,216 @@
+//! The simulated cloud in real time (`--broker sim`): a [`Broker`] whose instances live in the
+//! service's database, so that a restart or a crash of the service loses none of them.
+//!
+//! A start creates the instance at once (pending, tagged with the model, the machine and the
+//! start's nonce, keyed by the client token so that a repeated call returns the same
+//! instance), then waits the start latency and marks it running. An instance whose landing a
+//! crash interrupted is landed by [`SimCloud::resume`] when the service comes back.
+
+use std::time::Duration;
+
+use crate::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+use crate::service::store::{Store, StoreError};
+use crate::types::{CloudInstance, InstanceId, InstanceTags};
+
+/// The simulated cloud's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimSettings {
+    /// Its availability zones (empty: a zoneless cloud).
+    pub zones: Vec<String>,
+    /// Zones it lists as unavailable: no instance starts there (a start that targets one
+    /// fails as a zone-specific failure).
+    pub unavailable_zones: Vec<String>,
+    /// How long a start takes.
+    pub start_latency: Duration,
+    /// How long a stop takes.
+    pub stop_latency: Duration,
+}
+
+impl Default for SimSettings {
+    fn default() -> Self {
+        Self {
+            zones: vec!["az1".into(), "az2".into(), "az3".into()],
+            unavailable_zones: Vec::new(),
+            start_latency: Duration::from_secs(2),
+            stop_latency: Duration::ZERO,
+        }
+    }
+}
+
+/// The broker over the simulated cloud.
+#[derive(Clone)]
+pub struct SimCloud {
+    store: Store,
+    model_uuid: String,
+    settings: SimSettings,
+}
+
+fn cloud_error(e: StoreError) -> BrokerError {
+    BrokerError::transient(format!("simulated cloud: {e}"))
+}
+
+impl SimSettings {
+    /// Every zone the cloud lists, available or not.
+    pub fn known_zones(&self) -> Vec<String> {
+        self.zones.iter().chain(&self.unavailable_zones).cloned().collect()
+    }
+}
+
+/// Why a start would be refused before it reaches the cloud's records, if it would.
+pub fn check_start(settings: &SimSettings, params: &StartInstanceParams) -> Result<(), BrokerError> {
+    match &params.zone {
+        Some(z) if settings.unavailable_zones.contains(z) => {
+            Err(BrokerError::zone_specific(format!("zone {z:?} is unavailable")))
+        }
+        Some(z) if !settings.zones.is_empty() && !settings.zones.contains(z) => {
+            Err(BrokerError::zone_specific(format!("zone {z:?} is not one of this cloud's zones")))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl SimCloud {
+    /// A simulated cloud for the model `model_uuid` over `store`.
+    pub fn new(store: Store, model_uuid: String, settings: SimSettings) -> Self {
+        Self { store, model_uuid, settings }
+    }
+
+    /// Lands, after the start latency, every instance a crash left pending. Returns how many.
+    pub async fn resume(&self) -> Result<usize, StoreError> {
+        let pending = self.store.exec_lazy(|s| s.pending_instances()).await?;
+        let n = pending.len();
+        if n > 0 {
+            let store = self.store.clone();
+            let latency = self.settings.start_latency;
+            actix_rt::spawn(async move {
+                actix_rt::time::sleep(latency).await;
+                for id in pending {
+                    if let Err(e) = store.exec_lazy(move |s| s.land_instance(&id)).await {
+                        tracing::warn!(error = %e, "cannot land a resumed instance");
+                    }
+                }
+            });
+        }
+        Ok(n)
+    }
+
+    /// Every instance ever created, terminated and released ones included.
+    pub async fn all_records(&self) -> Result<Vec<crate::service::store::InstanceRecord>, StoreError> {
+        self.store.exec_lazy(|s| s.all_instances()).await
+    }
+}
+
+impl Broker for SimCloud {
+    fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
+        let store = self.store.clone();
+        let latency = self.settings.start_latency;
+        let check = check_start(&self.settings, &params);
+        Box::pin(async move {
+            check?;
+            let (token, zone, tags, machine) =
+                (params.client_token.clone(), params.zone.clone(), params.tags.clone(), params.machine.clone());
+            let (record, new) = store
+                .exec_lazy(move |s| s.create_instance(&token, zone.as_deref(), &tags))
+                .await
+                .map_err(cloud_error)?;
+            if record.instance.tags.machine.as_ref() != Some(&machine) {
+                return Err(BrokerError::zone_independent(format!(
+                    "IdempotentParameterMismatch: client token {} was used for another machine",
+                    params.client_token
+                )));
+            }
+            if new && !latency.is_zero() {
+                actix_rt::time::sleep(latency).await;
+            }
+            let id = record.instance.id.clone();
+            let landed = store.exec_lazy(move |s| s.land_instance(&id)).await.map_err(cloud_error)?;
+            let instance = landed.map(|r| r.instance).unwrap_or(record.instance);
+            Ok(StartedInstance { display_name: format!("sim-{}", instance.id), instance })
+        })
+    }
+
+    fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
+        let store = self.store.clone();
+        let latency = self.settings.stop_latency;
+        Box::pin(async move {
+            if !latency.is_zero() {
+                actix_rt::time::sleep(latency).await;
+            }
+            store.exec_lazy(move |s| s.terminate_instances(&ids)).await.map_err(cloud_error)
+        })
+    }
+
+    fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
+        let store = self.store.clone();
+        let model = self.model_uuid.clone();
+        Box::pin(async move { store.exec_lazy(move |s| s.live_instances(&model)).await.map_err(cloud_error) })
+    }
+
+    fn supports_zones(&self) -> bool {
+        !self.settings.known_zones().is_empty()
+    }
+
+    fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
+        let mut zones: Vec<AvailabilityZone> = self.settings.zones.iter().map(AvailabilityZone::available).collect();
+        zones.extend(
+            self.settings.unavailable_zones.iter().map(|z| AvailabilityZone { name: z.clone(), available: false }),
+        );
+        Box::pin(async move { Ok(zones) })
+    }
+
+    fn retag_instance(&self, id: InstanceId, tags: InstanceTags) -> BrokerFuture<()> {
+        let store = self.store.clone();
+        Box::pin(async move {
+            let what = id.clone();
+            match store.exec_lazy(move |s| s.retag_instance(&id, &tags)).await.map_err(cloud_error)? {
+                true => Ok(()),
+                false => Err(BrokerError::zone_independent(format!("instance {what} not found"))),
+            }
+        })
+    }
+
+    fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
+        let store = self.store.clone();
+        Box::pin(async move { store.exec_lazy(move |s| s.release_instances(&ids)).await.map_err(cloud_error) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::MachineId;
+
+    fn params(zone: Option<&str>) -> StartInstanceParams {
+        StartInstanceParams {
+            machine: MachineId::new("0"),
+            zone: zone.map(str::to_owned),
+            constraints: Default::default(),
+            placement: None,
+            volumes: Vec::new(),
+            nonce: "machine-0:n".into(),
+            tags: InstanceTags::default(),
+            extra_tags: Default::default(),
+            client_token: "0/n/1".into(),
+            distribution_group: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn starts_outside_the_clouds_available_zones_fail_over() {
+        let zones = SimSettings {
+            zones: vec!["az1".to_owned(), "az2".to_owned()],
+            unavailable_zones: vec!["az3".to_owned()],
+            ..SimSettings::default()
+        };
+        assert_eq!(check_start(&zones, &params(Some("az1"))), Ok(()));
+        let err = check_start(&zones, &params(Some("az9"))).unwrap_err();
+        assert!(matches!(err, BrokerError::ZoneSpecific { .. }), "{err:?}");
+        assert!(err.message().contains("az9"));
+        let err = check_start(&zones, &params(Some("az3"))).unwrap_err();
+        assert!(matches!(err, BrokerError::ZoneSpecific { .. }) && err.message().contains("unavailable"), "{err:?}");
+        assert_eq!(zones.known_zones(), ["az1", "az2", "az3"]);
+        let zoneless = SimSettings { zones: Vec::new(), ..SimSettings::default() };
+        assert_eq!(check_start(&zoneless, &params(Some("anything"))), Ok(()));
+        assert_eq!(check_start(&zones, &params(None)), Ok(()));
+    }
+}

@@ -1,0 +1,135 @@
+//! The store actor: owns the SQLite connection on its own thread, and notifies watchers.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+
+use actix::prelude::*;
+
+use super::messages::{Exec, Watch, WatchRetries};
+use super::state::{StoreCore, StoreError};
+use crate::coordinator::{MachinesChanged, RetryTick};
+
+/// Owns the connection (one `SyncArbiter` thread: SQLite calls block) and the watchers.
+pub struct StoreActor {
+    core: Result<StoreCore, StoreError>,
+    watchers: Vec<Recipient<MachinesChanged>>,
+    retry_watchers: Vec<Recipient<RetryTick>>,
+}
+
+impl Actor for StoreActor {
+    type Context = SyncContext<Self>;
+}
+
+impl StoreActor {
+    /// An actor over an open core.
+    pub fn new(core: StoreCore) -> Self {
+        Self { core: Ok(core), watchers: Vec::new(), retry_watchers: Vec::new() }
+    }
+
+    /// Sends the outbox to the watchers.
+    fn publish(&mut self) {
+        let Ok(core) = self.core.as_mut() else { return };
+        let (ids, tick) = core.take_outbox();
+        if !ids.is_empty() {
+            self.watchers.retain(|w| w.connected());
+            for w in &self.watchers {
+                w.do_send(MachinesChanged { ids: ids.clone() });
+            }
+        }
+        if tick {
+            self.retry_watchers.retain(|w| w.connected());
+            for w in &self.retry_watchers {
+                w.do_send(RetryTick);
+            }
+        }
+    }
+}
+
+impl<T: Send + 'static> Handler<Exec<T>> for StoreActor {
+    type Result = Result<T, StoreError>;
+    fn handle(&mut self, msg: Exec<T>, _ctx: &mut Self::Context) -> Self::Result {
+        let result = match self.core.as_mut() {
+            Ok(core) => core.set_durable(msg.durable).and_then(|()| (msg.work)(core)),
+            Err(e) => Err(e.clone()),
+        };
+        self.publish();
+        result
+    }
+}
+
+impl Handler<Watch> for StoreActor {
+    type Result = ();
+    fn handle(&mut self, msg: Watch, _ctx: &mut Self::Context) {
+        match self.core.as_ref().map_err(Clone::clone).and_then(StoreCore::machine_ids) {
+            Ok(ids) => {
+                msg.0.do_send(MachinesChanged { ids });
+                self.watchers.push(msg.0);
+            }
+            Err(e) => tracing::error!(error = %e, "cannot list machines for a new watcher"),
+        }
+    }
+}
+
+impl Handler<WatchRetries> for StoreActor {
+    type Result = ();
+    fn handle(&mut self, msg: WatchRetries, _ctx: &mut Self::Context) {
+        self.retry_watchers.push(msg.0);
+    }
+}
+
+/// A handle on the running store. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    addr: Addr<StoreActor>,
+}
+
+impl Store {
+    /// Opens the database at `path` (creating it and its schema if needed) and starts the
+    /// store's thread. Must be called inside an actix system. The database is opened here
+    /// first, so that a bad path or a too-new schema is an error now, not on the first call.
+    pub fn start(path: &Path) -> Result<Self, StoreError> {
+        drop(StoreCore::open(path)?);
+        let path: PathBuf = path.to_owned();
+        let addr = SyncArbiter::start(1, move || match StoreCore::open(&path) {
+            Ok(core) => StoreActor::new(core),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot open the database");
+                StoreActor { core: Err(e), watchers: Vec::new(), retry_watchers: Vec::new() }
+            }
+        });
+        Ok(Self { addr })
+    }
+
+    /// Runs `f` on the store's thread and answers its result; a write it makes is on disk
+    /// (fsynced) before the answer. For what an operator's request acknowledges.
+    pub fn exec<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send + 'static,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
+        let req = self.addr.send(Exec { work: Box::new(f), durable: true });
+        async move { req.await.map_err(|e| StoreError::Unavailable(e.to_string()))? }
+    }
+
+    /// Runs `f` like [`Store::exec`], but a write it makes is committed without waiting for
+    /// the disk: it survives a crash of the process, and a power cut loses at most a suffix of
+    /// such writes (the WAL keeps commits in order). For the provisioner's and the simulated
+    /// cloud's own writes, which a restarted provisioner re-derives (tagged instances are
+    /// adopted, dead machines harvested again).
+    pub fn exec_lazy<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send + 'static,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
+        let req = self.addr.send(Exec { work: Box::new(f), durable: false });
+        async move { req.await.map_err(|e| StoreError::Unavailable(e.to_string()))? }
+    }
+
+    /// Subscribes a machine watcher (it hears every machine at once).
+    pub fn watch(&self, to: Recipient<MachinesChanged>) {
+        self.addr.do_send(Watch(to));
+    }
+
+    /// Subscribes a transient-retry watcher.
+    pub fn watch_retries(&self, to: Recipient<RetryTick>) {
+        self.addr.do_send(WatchRetries(to));
+    }
+}

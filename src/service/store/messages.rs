@@ -1,0 +1,35 @@
+//! What the store actor handles.
+
+use actix::prelude::*;
+
+use super::state::{StoreCore, StoreError};
+use crate::coordinator::{MachinesChanged, RetryTick};
+
+/// A unit of work on the store's core.
+pub type Work<T> = Box<dyn FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send>;
+
+/// Runs one unit of work on the store's connection: a read, or a write that has committed
+/// when the answer arrives. Watchers hear about the machines it changed right after.
+pub struct Exec<T> {
+    /// The work.
+    pub work: Work<T>,
+    /// Whether its commit must be on disk before the answer (`synchronous=FULL`: what an
+    /// operator's request acknowledges), or only in the operating system's hands
+    /// (`synchronous=NORMAL`: survives a process crash; a power cut may lose it, and everything
+    /// after it, which the provisioner re-derives at its next start).
+    pub durable: bool,
+}
+
+impl<T: Send + 'static> Message for Exec<T> {
+    type Result = Result<T, StoreError>;
+}
+
+/// Subscribes a machine watcher: it gets every machine now, then the ids that change.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Watch(pub Recipient<MachinesChanged>);
+
+/// Subscribes a transient-retry watcher: it gets a tick after each `retry`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WatchRetries(pub Recipient<RetryTick>);

@@ -1,0 +1,20 @@
+//! The embedded store: one SQLite database in the data directory holding the model (machines,
+//! lives, statuses, instance ids, settings) and the simulated cloud's instances.
+//!
+//! [`StoreCore`] is the plain core: every read and write as a method over one
+//! `rusqlite::Connection`, each write one transaction (WAL journal, `synchronous=FULL`: a
+//! transaction that returned has been fsynced, so it survives `kill -9` and a power cut).
+//! [`StoreActor`] owns the core on a `SyncArbiter` thread of its own (SQLite calls block), and
+//! [`Store`] is the cheap, cloneable client every other part of the service talks to. The
+//! actor also plays the model's machine watcher: after each committed change it sends
+//! `MachinesChanged` (and `RetryTick` after a retry) to its watchers, as Juju's model does.
+
+mod actor;
+mod messages;
+mod state;
+#[cfg(test)]
+mod tests;
+
+pub use actor::{Store, StoreActor};
+pub use messages::{Exec, Watch, WatchRetries};
+pub use state::{InstanceRecord, MachineRecord, Settings, StoreCore, StoreError, DB_FILE, SCHEMA_VERSION};

@@ -1,0 +1,705 @@
+//! The store's plain core: the schema and every query, over one SQLite connection. No actix.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension, Row, Transaction};
+use thiserror::Error;
+
+use crate::ports::ProvisionedInstance;
+use crate::types::{
+    CloudInstance, Constraints, HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine,
+    MachineId, MachineStatus, ProvisioningInfo,
+};
+
+/// The database file's name inside the data directory.
+pub const DB_FILE: &str = "provisioner.db";
+/// The schema version this build writes (`PRAGMA user_version`).
+pub const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS machines (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    life TEXT NOT NULL DEFAULT 'alive',
+    status TEXT NOT NULL DEFAULT 'pending',
+    status_message TEXT NOT NULL DEFAULT '',
+    instance_status TEXT NOT NULL DEFAULT '',
+    instance_status_message TEXT NOT NULL DEFAULT '',
+    instance TEXT,
+    zone TEXT,
+    nonce TEXT,
+    display_name TEXT NOT NULL DEFAULT '',
+    zones TEXT,
+    keep_instance INTEGER NOT NULL DEFAULT 0,
+    transient INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS instances (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    state TEXT NOT NULL,
+    zone TEXT,
+    model TEXT,
+    machine TEXT,
+    start TEXT,
+    client_token TEXT UNIQUE
+);
+";
+
+/// What went wrong in the store. Every variant says what was being done.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum StoreError {
+    /// SQLite failed.
+    #[error("database error while {context}: {message}")]
+    Sqlite {
+        /// What the store was doing.
+        context: &'static str,
+        /// SQLite's message.
+        message: String,
+    },
+    /// The database was written by a newer build.
+    #[error("the database has schema version {found}, newer than this build's {SCHEMA_VERSION}; upgrade the binary")]
+    TooNew {
+        /// The version found.
+        found: i64,
+    },
+    /// No such machine (or it was removed).
+    #[error("machine {0} not found")]
+    NotFound(MachineId),
+    /// The model is dying: it refuses new machines and changes.
+    #[error("the model is dying")]
+    ModelDying,
+    /// A request the model's state forbids, with the reason.
+    #[error("{0}")]
+    Refused(String),
+    /// Another process holds the database (another service on the same data directory).
+    #[error(
+        "the database is in use by another process (is another provisioner service running on this data directory?)"
+    )]
+    InUse,
+    /// The store's thread is gone.
+    #[error("the store is not running: {0}")]
+    Unavailable(String),
+}
+
+impl StoreError {
+    fn sql(context: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
+        move |e| StoreError::Sqlite { context, message: e.to_string() }
+    }
+}
+
+/// The model settings an operator changes at run time (`provisioner config`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// Harvest mode, if ever set.
+    pub harvest_mode: Option<HarvestMode>,
+    /// Worker pool size, if ever set.
+    pub workers: Option<usize>,
+}
+
+/// A machine with everything the service shows about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineRecord {
+    /// The machine as the provisioner reads it.
+    pub machine: Machine,
+    /// The zone its instance landed in.
+    pub zone: Option<String>,
+    /// Its `zones=` constraint.
+    pub zones: Option<Vec<String>>,
+    /// The machine status message.
+    pub status_message: String,
+    /// The instance status message.
+    pub instance_status_message: String,
+    /// Marked for another start (`retry-provisioning`).
+    pub transient: bool,
+}
+
+impl MachineRecord {
+    /// The message an operator wants to see: the instance status's, else the machine's.
+    pub fn message(&self) -> &str {
+        if self.instance_status_message.is_empty() {
+            &self.status_message
+        } else {
+            &self.instance_status_message
+        }
+    }
+}
+
+/// A simulated cloud instance as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceRecord {
+    /// Id, state, zone and tags.
+    pub instance: CloudInstance,
+    /// The idempotency token of the start that made it.
+    pub client_token: Option<String>,
+}
+
+/// The store's core. One per database; every method is one statement or one transaction.
+pub struct StoreCore {
+    conn: Connection,
+    /// Whether commits are fsynced now (`synchronous=FULL`) or not (`NORMAL`).
+    durable: bool,
+    /// Machines changed since the outbox was last taken (the watcher's next notification).
+    changed: BTreeSet<MachineId>,
+    /// A retry tick is due.
+    retry_due: bool,
+}
+
+fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
+    let parse_err = |i: usize, e: crate::types::ParseError| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+    };
+    let life: String = r.get(1)?;
+    let status: String = r.get(2)?;
+    let zones: Option<String> = r.get(10)?;
+    Ok(MachineRecord {
+        machine: Machine {
+            id: MachineId::from(r.get::<_, String>(0)?),
+            life: life.parse().map_err(|e| parse_err(1, e))?,
+            status: status.parse().map_err(|e| parse_err(2, e))?,
+            instance_status: InstanceStatus::other(r.get::<_, String>(4)?),
+            instance: r.get::<_, Option<String>>(6)?.map(InstanceId::from),
+            keep_instance: r.get(8)?,
+            manual: false,
+            controller: false,
+        },
+        status_message: r.get(3)?,
+        instance_status_message: r.get(5)?,
+        zone: r.get(7)?,
+        transient: r.get(9)?,
+        zones: zones.map(|z| z.split(',').map(str::to_owned).collect()),
+    })
+}
+
+const MACHINE_COLUMNS: &str = "id, life, status, status_message, instance_status, instance_status_message, instance, \
+                               zone, keep_instance, transient, zones";
+
+fn instance_from_row(r: &Row<'_>) -> rusqlite::Result<InstanceRecord> {
+    let state: String = r.get(1)?;
+    Ok(InstanceRecord {
+        instance: CloudInstance {
+            id: InstanceId::from(r.get::<_, String>(0)?),
+            state: state
+                .parse()
+                .map_err(|e| rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, Box::new(e)))?,
+            zone: r.get(2)?,
+            tags: InstanceTags {
+                model: r.get(3)?,
+                machine: r.get::<_, Option<String>>(4)?.map(MachineId::from),
+                start: r.get(5)?,
+            },
+            // Not stored: the provisioner ages the instance from its first listing.
+            age: None,
+        },
+        client_token: r.get(6)?,
+    })
+}
+
+const INSTANCE_COLUMNS: &str = "id, state, zone, model, machine, start, client_token";
+
+fn meta_get(tx: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
+    tx.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional()
+}
+
+fn meta_set(tx: &Connection, key: &str, value: &str) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        [key, value],
+    )
+    .map(|_| ())
+}
+
+fn next_counter(tx: &Transaction<'_>, key: &str) -> rusqlite::Result<u64> {
+    let n: u64 = meta_get(tx, key)?.and_then(|v| v.parse().ok()).unwrap_or(0);
+    meta_set(tx, key, &(n + 1).to_string())?;
+    Ok(n)
+}
+
+/// A random version-4 uuid, from the operating system's randomness.
+fn random_uuid() -> String {
+    uuid::Builder::from_random_bytes(rand::random()).into_uuid().to_string()
+}
+
+impl StoreCore {
+    /// Opens (creating if needed) the database at `path`: WAL journal, full fsync on every
+    /// commit, the schema, and a model uuid drawn on first open.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let conn = Connection::open(path).map_err(StoreError::sql("opening the database"))?;
+        Self::init(conn)
+    }
+
+    /// An in-memory store (tests).
+    pub fn in_memory() -> Result<Self, StoreError> {
+        Self::init(Connection::open_in_memory().map_err(StoreError::sql("opening the database"))?)
+    }
+
+    fn init(mut conn: Connection) -> Result<Self, StoreError> {
+        // One process at a time: the exclusive lock is taken at the first access and held until
+        // the connection closes (the operating system drops it if the process dies).
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(StoreError::sql("setting the locking mode"))?;
+        // Fail at once if another process holds it (rusqlite would wait 5 s by default).
+        conn.busy_timeout(std::time::Duration::ZERO).map_err(StoreError::sql("setting the busy timeout"))?;
+        // WAL: readers never block the writer; FULL: the WAL is fsynced at every commit, so a
+        // write that returned survives a process kill and a power cut alike.
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => StoreError::InUse,
+            _ => StoreError::sql("setting the journal mode")(e),
+        })?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(StoreError::sql("setting synchronous mode"))?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(StoreError::sql("enabling foreign keys"))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(StoreError::sql("setting the busy timeout"))?;
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(StoreError::sql("reading the schema version"))?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::TooNew { found: version });
+        }
+        let tx = conn.transaction().map_err(StoreError::sql("creating the schema"))?;
+        tx.execute_batch(SCHEMA).map_err(StoreError::sql("creating the schema"))?;
+        if meta_get(&tx, "model_uuid").map_err(StoreError::sql("reading the model uuid"))?.is_none() {
+            meta_set(&tx, "model_uuid", &random_uuid()).map_err(StoreError::sql("writing the model uuid"))?;
+            meta_set(&tx, "model_life", Life::Alive.as_str()).map_err(StoreError::sql("writing the model life"))?;
+        }
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(StoreError::sql("writing the schema version"))?;
+        tx.commit().map_err(StoreError::sql("creating the schema"))?;
+        Ok(Self { conn, durable: true, changed: BTreeSet::new(), retry_due: false })
+    }
+
+    /// Makes the next commits fsynced (`true`, `synchronous=FULL`) or not (`NORMAL`: still in
+    /// order, still surviving a process crash). In WAL mode a durable commit also makes every
+    /// earlier one durable.
+    pub fn set_durable(&mut self, durable: bool) -> Result<(), StoreError> {
+        if self.durable != durable {
+            let mode = if durable { "FULL" } else { "NORMAL" };
+            self.conn.pragma_update(None, "synchronous", mode).map_err(StoreError::sql("setting synchronous mode"))?;
+            self.durable = durable;
+        }
+        Ok(())
+    }
+
+    #[cfg(test)]
+    pub(super) fn conn_for_tests(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Whether commits are fsynced now.
+    pub fn is_durable(&self) -> bool {
+        self.durable
+    }
+
+    /// Takes what the watchers must hear: the machines changed since the last call, and
+    /// whether a retry tick is due.
+    pub fn take_outbox(&mut self) -> (Vec<MachineId>, bool) {
+        (std::mem::take(&mut self.changed).into_iter().collect(), std::mem::take(&mut self.retry_due))
+    }
+
+    // ---- the model -------------------------------------------------------------------------
+
+    /// The model's uuid (tagged on every instance).
+    pub fn model_uuid(&self) -> Result<String, StoreError> {
+        meta_get(&self.conn, "model_uuid")
+            .map_err(StoreError::sql("reading the model uuid"))?
+            .ok_or_else(|| StoreError::Refused("the database has no model uuid".into()))
+    }
+
+    /// The model's life.
+    pub fn model_life(&self) -> Result<Life, StoreError> {
+        let life = meta_get(&self.conn, "model_life").map_err(StoreError::sql("reading the model life"))?;
+        Ok(life.and_then(|l| l.parse().ok()).unwrap_or(Life::Alive))
+    }
+
+    /// Adds `count` new alive, pending machines (ids never reused), each with this `zones=`
+    /// constraint. Refused while the model is dying.
+    pub fn add_machines(&mut self, count: usize, zones: Option<&[String]>) -> Result<Vec<MachineId>, StoreError> {
+        if self.model_life()? != Life::Alive {
+            return Err(StoreError::ModelDying);
+        }
+        let zones = zones.map(|z| z.join(","));
+        let tx = self.conn.transaction().map_err(StoreError::sql("adding machines"))?;
+        let mut ids = Vec::with_capacity(count);
+        {
+            let mut insert = tx
+                .prepare_cached("INSERT INTO machines (seq, id, zones) VALUES (?1, ?2, ?3)")
+                .map_err(StoreError::sql("adding machines"))?;
+            for _ in 0..count {
+                let n = next_counter(&tx, "next_machine").map_err(StoreError::sql("allocating a machine id"))?;
+                let id = n.to_string();
+                insert.execute(params![n as i64, id, zones]).map_err(StoreError::sql("adding machines"))?;
+                ids.push(MachineId::from(id));
+            }
+        }
+        tx.commit().map_err(StoreError::sql("adding machines"))?;
+        self.changed.extend(ids.iter().cloned());
+        Ok(ids)
+    }
+
+    /// One machine.
+    pub fn machine(&self, id: &MachineId) -> Result<Option<MachineRecord>, StoreError> {
+        self.conn
+            .prepare_cached(&format!("SELECT {MACHINE_COLUMNS} FROM machines WHERE id = ?1"))
+            .and_then(|mut s| s.query_row([id.as_str()], machine_from_row).optional())
+            .map_err(StoreError::sql("reading a machine"))
+    }
+
+    /// Every machine, in id order.
+    pub fn list_machines(&self) -> Result<Vec<MachineRecord>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!("SELECT {MACHINE_COLUMNS} FROM machines ORDER BY seq"))
+            .map_err(StoreError::sql("listing machines"))?;
+        let rows = stmt.query_map([], machine_from_row).map_err(StoreError::sql("listing machines"))?;
+        rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing machines"))
+    }
+
+    /// Every machine's id.
+    pub fn machine_ids(&self) -> Result<Vec<MachineId>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT id FROM machines ORDER BY seq")
+            .map_err(StoreError::sql("listing machines"))?;
+        let rows = stmt
+            .query_map([], |r| r.get::<_, String>(0).map(MachineId::from))
+            .map_err(StoreError::sql("listing machines"))?;
+        rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing machines"))
+    }
+
+    /// These machines, in request order (`None` for a missing one).
+    pub fn machines(&self, ids: &[MachineId]) -> Result<Vec<Option<MachineRecord>>, StoreError> {
+        ids.iter().map(|id| self.machine(id)).collect()
+    }
+
+    /// Alive, unprovisioned machines in provisioning error that were marked for a retry.
+    pub fn transient_errors(&self) -> Result<Vec<Machine>, StoreError> {
+        Ok(self
+            .list_machines()?
+            .into_iter()
+            .filter(|m| m.transient && m.machine.instance.is_none() && m.machine.instance_status.is_error())
+            .map(|m| m.machine)
+            .collect())
+    }
+
+    /// Provisioning info: the `zones=` constraint.
+    pub fn provisioning_info(&self, ids: &[MachineId]) -> Result<Vec<Option<ProvisioningInfo>>, StoreError> {
+        Ok(self
+            .machines(ids)?
+            .into_iter()
+            .map(|m| {
+                m.map(|m| ProvisioningInfo {
+                    constraints: Constraints { zones: m.zones, ..Constraints::default() },
+                    ..ProvisioningInfo::default()
+                })
+            })
+            .collect())
+    }
+
+    fn update_machine(
+        &mut self,
+        id: &MachineId,
+        context: &'static str,
+        sql: &str,
+        p: &[&dyn rusqlite::ToSql],
+    ) -> Result<(), StoreError> {
+        let n = self.conn.prepare_cached(sql).and_then(|mut s| s.execute(p)).map_err(StoreError::sql(context))?;
+        if n == 0 {
+            return Err(StoreError::NotFound(id.clone()));
+        }
+        Ok(())
+    }
+
+    /// Records a machine's instance and instance status. The service stands in for the
+    /// machine agent, which would come up with its instance: the machine becomes `started`.
+    pub fn set_instance_info(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError> {
+        self.update_machine(
+            id,
+            "recording an instance",
+            "UPDATE machines SET instance = ?2, zone = ?3, nonce = ?4, display_name = ?5, instance_status = ?6, \
+             instance_status_message = '', status = 'started', status_message = '', transient = 0 WHERE id = ?1",
+            &[
+                &id.as_str(),
+                &info.instance.as_str(),
+                &info.zone,
+                &info.nonce,
+                &info.display_name,
+                &info.status.as_str(),
+            ],
+        )
+    }
+
+    /// Writes a machine status.
+    pub fn set_status(&mut self, id: &MachineId, status: MachineStatus, message: &str) -> Result<(), StoreError> {
+        // A reset to pending ends a retry request.
+        self.update_machine(
+            id,
+            "writing a machine status",
+            "UPDATE machines SET status = ?2, status_message = ?3, \
+             transient = CASE WHEN ?2 = 'pending' THEN 0 ELSE transient END WHERE id = ?1",
+            &[&id.as_str(), &status.as_str(), &message],
+        )
+    }
+
+    /// Writes an instance status.
+    pub fn set_instance_status(
+        &mut self,
+        id: &MachineId,
+        status: &InstanceStatus,
+        message: &str,
+    ) -> Result<(), StoreError> {
+        self.update_machine(
+            id,
+            "writing an instance status",
+            "UPDATE machines SET instance_status = ?2, instance_status_message = ?3 WHERE id = ?1",
+            &[&id.as_str(), &status.as_str(), &message],
+        )
+    }
+
+    /// Takes a machine to dead (notifies if it was not).
+    pub fn ensure_dead(&mut self, id: &MachineId) -> Result<(), StoreError> {
+        let before = self.machine(id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
+        if before.machine.life != Life::Dead {
+            self.update_machine(
+                id,
+                "taking a machine to dead",
+                "UPDATE machines SET life = 'dead' WHERE id = ?1",
+                &[&id.as_str()],
+            )?;
+            self.changed.insert(id.clone());
+        }
+        Ok(())
+    }
+
+    /// Removes a dead machine for good (its instance is gone or released).
+    pub fn mark_for_removal(&mut self, id: &MachineId) -> Result<(), StoreError> {
+        let m = self.machine(id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
+        if m.machine.life != Life::Dead {
+            return Err(StoreError::Refused(format!("machine {id} is not dead")));
+        }
+        self.update_machine(id, "removing a machine", "DELETE FROM machines WHERE id = ?1", &[&id.as_str()])
+    }
+
+    /// The zone recorded with a machine's instance.
+    pub fn availability_zone(&self, id: &MachineId) -> Result<Option<String>, StoreError> {
+        Ok(self.machine(id)?.and_then(|m| m.zone))
+    }
+
+    /// Makes the model dying and returns every machine at that moment, in one transaction.
+    pub fn destroy_model(&mut self) -> Result<Vec<Machine>, StoreError> {
+        if self.model_life()? != Life::Alive {
+            return Err(StoreError::ModelDying);
+        }
+        let tx = self.conn.transaction().map_err(StoreError::sql("destroying the model"))?;
+        meta_set(&tx, "model_life", Life::Dying.as_str()).map_err(StoreError::sql("destroying the model"))?;
+        tx.commit().map_err(StoreError::sql("destroying the model"))?;
+        Ok(self.list_machines()?.into_iter().map(|m| m.machine).collect())
+    }
+
+    /// Asks for these machines to be removed, all or none: each becomes dead (the service
+    /// stands in for the machine agents, which would take a dying machine to dead), with
+    /// `keep_instance` if asked. Without `force`, a machine already dead is refused.
+    pub fn remove_machines(&mut self, ids: &[MachineId], keep_instance: bool, force: bool) -> Result<(), StoreError> {
+        let tx = self.conn.transaction().map_err(StoreError::sql("removing machines"))?;
+        for id in ids {
+            let life: Option<String> = tx
+                .query_row("SELECT life FROM machines WHERE id = ?1", [id.as_str()], |r| r.get(0))
+                .optional()
+                .map_err(StoreError::sql("removing machines"))?;
+            match life.as_deref() {
+                None => return Err(StoreError::NotFound(id.clone())),
+                Some("dead") if !force => {
+                    return Err(StoreError::Refused(format!(
+                        "machine {id} is already being removed (use --force to ask again)"
+                    )))
+                }
+                _ => {}
+            }
+            tx.execute(
+                "UPDATE machines SET life = 'dead', keep_instance = (keep_instance OR ?2) WHERE id = ?1",
+                params![id.as_str(), keep_instance],
+            )
+            .map_err(StoreError::sql("removing machines"))?;
+        }
+        tx.commit().map_err(StoreError::sql("removing machines"))?;
+        self.changed.extend(ids.iter().cloned());
+        Ok(())
+    }
+
+    /// Marks machines in provisioning error for another start (`retry-provisioning`), all or
+    /// none; a retry tick is then due.
+    pub fn retry_machines(&mut self, ids: &[MachineId]) -> Result<(), StoreError> {
+        let tx = self.conn.transaction().map_err(StoreError::sql("marking machines for retry"))?;
+        for id in ids {
+            let row: Option<(String, Option<String>, String)> = tx
+                .query_row("SELECT life, instance, instance_status FROM machines WHERE id = ?1", [id.as_str()], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .optional()
+                .map_err(StoreError::sql("marking machines for retry"))?;
+            let Some((life, instance, status)) = row else { return Err(StoreError::NotFound(id.clone())) };
+            if life != "alive" || instance.is_some() || !InstanceStatus::other(status).is_error() {
+                return Err(StoreError::Refused(format!("machine {id} is not in a provisioning error")));
+            }
+            tx.execute("UPDATE machines SET transient = 1 WHERE id = ?1", [id.as_str()])
+                .map_err(StoreError::sql("marking machines for retry"))?;
+        }
+        tx.commit().map_err(StoreError::sql("marking machines for retry"))?;
+        self.retry_due = true;
+        Ok(())
+    }
+
+    /// The settings changed at run time.
+    pub fn settings(&self) -> Result<Settings, StoreError> {
+        let mode = meta_get(&self.conn, "harvest_mode").map_err(StoreError::sql("reading settings"))?;
+        let workers = meta_get(&self.conn, "workers").map_err(StoreError::sql("reading settings"))?;
+        Ok(Settings { harvest_mode: mode.and_then(|m| m.parse().ok()), workers: workers.and_then(|w| w.parse().ok()) })
+    }
+
+    /// Persists the harvest mode.
+    pub fn set_harvest_mode(&mut self, mode: HarvestMode) -> Result<(), StoreError> {
+        meta_set(&self.conn, "harvest_mode", mode.as_str()).map_err(StoreError::sql("writing the harvest mode"))
+    }
+
+    /// Persists the worker pool size.
+    pub fn set_workers(&mut self, workers: usize) -> Result<(), StoreError> {
+        meta_set(&self.conn, "workers", &workers.to_string()).map_err(StoreError::sql("writing the worker count"))
+    }
+
+    // ---- the simulated cloud's instances -----------------------------------------------------
+
+    /// Creates a pending instance for a start, or returns the one this client token already
+    /// made (`false`: not new).
+    pub fn create_instance(
+        &mut self,
+        client_token: &str,
+        zone: Option<&str>,
+        tags: &InstanceTags,
+    ) -> Result<(InstanceRecord, bool), StoreError> {
+        let tx = self.conn.transaction().map_err(StoreError::sql("creating an instance"))?;
+        let existing = tx
+            .query_row(
+                &format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE client_token = ?1"),
+                [client_token],
+                instance_from_row,
+            )
+            .optional()
+            .map_err(StoreError::sql("looking up a client token"))?;
+        if let Some(existing) = existing {
+            return Ok((existing, false));
+        }
+        let n = next_counter(&tx, "next_instance").map_err(StoreError::sql("allocating an instance id"))?;
+        let id = format!("i-{:08x}", n + 1);
+        tx.execute(
+            "INSERT INTO instances (seq, id, state, zone, model, machine, start, client_token) \
+             VALUES (?1, ?2, 'pending', ?3, ?4, ?5, ?6, ?7)",
+            params![
+                n as i64,
+                id,
+                zone,
+                tags.model,
+                tags.machine.as_ref().map(MachineId::as_str),
+                tags.start,
+                client_token
+            ],
+        )
+        .map_err(StoreError::sql("creating an instance"))?;
+        tx.commit().map_err(StoreError::sql("creating an instance"))?;
+        let record = InstanceRecord {
+            instance: CloudInstance {
+                id: InstanceId::from(id),
+                state: InstanceState::Pending,
+                zone: zone.map(str::to_owned),
+                tags: tags.clone(),
+                age: None,
+            },
+            client_token: Some(client_token.to_owned()),
+        };
+        Ok((record, true))
+    }
+
+    /// One instance.
+    pub fn instance(&self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError> {
+        self.conn
+            .prepare_cached(&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE id = ?1"))
+            .and_then(|mut s| s.query_row([id.as_str()], instance_from_row).optional())
+            .map_err(StoreError::sql("reading an instance"))
+    }
+
+    /// A pending instance comes up: it becomes running (any other state is kept). Returns it.
+    pub fn land_instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError> {
+        self.conn
+            .execute("UPDATE instances SET state = 'running' WHERE id = ?1 AND state = 'pending'", [id.as_str()])
+            .map_err(StoreError::sql("landing an instance"))?;
+        self.instance(id)
+    }
+
+    /// Every instance ever created, terminated ones included, in creation order.
+    pub fn all_instances(&self) -> Result<Vec<InstanceRecord>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!("SELECT {INSTANCE_COLUMNS} FROM instances ORDER BY seq"))
+            .map_err(StoreError::sql("listing instances"))?;
+        let rows = stmt.query_map([], instance_from_row).map_err(StoreError::sql("listing instances"))?;
+        rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing instances"))
+    }
+
+    /// The non-terminated instances tagged with this model.
+    pub fn live_instances(&self, model: &str) -> Result<Vec<CloudInstance>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {INSTANCE_COLUMNS} FROM instances WHERE model = ?1 AND state != 'terminated' ORDER BY seq"
+            ))
+            .map_err(StoreError::sql("listing instances"))?;
+        let rows = stmt
+            .query_map([model], |r| instance_from_row(r).map(|i| i.instance))
+            .map_err(StoreError::sql("listing instances"))?;
+        rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing instances"))
+    }
+
+    /// Terminates instances (unknown ids are ignored: stopping a gone instance succeeds).
+    pub fn terminate_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError> {
+        let tx = self.conn.transaction().map_err(StoreError::sql("terminating instances"))?;
+        for id in ids {
+            tx.execute("UPDATE instances SET state = 'terminated' WHERE id = ?1", [id.as_str()])
+                .map_err(StoreError::sql("terminating instances"))?;
+        }
+        tx.commit().map_err(StoreError::sql("terminating instances"))
+    }
+
+    /// Removes our model's tag from instances left alone on purpose.
+    pub fn release_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError> {
+        let tx = self.conn.transaction().map_err(StoreError::sql("releasing instances"))?;
+        for id in ids {
+            tx.execute("UPDATE instances SET model = NULL WHERE id = ?1", [id.as_str()])
+                .map_err(StoreError::sql("releasing instances"))?;
+        }
+        tx.commit().map_err(StoreError::sql("releasing instances"))
+    }
+
+    /// Gives a live instance new identity tags; `false` if it is not there or terminated.
+    pub fn retag_instance(&mut self, id: &InstanceId, tags: &InstanceTags) -> Result<bool, StoreError> {
+        let n = self
+            .conn
+            .execute(
+                "UPDATE instances SET model = ?2, machine = ?3, start = ?4 WHERE id = ?1 AND state != 'terminated'",
+                params![id.as_str(), tags.model, tags.machine.as_ref().map(MachineId::as_str), tags.start],
+            )
+            .map_err(StoreError::sql("retagging an instance"))?;
+        Ok(n > 0)
+    }
+
+    /// The ids of instances still pending (their start's landing was lost with a crash).
+    pub fn pending_instances(&self) -> Result<Vec<InstanceId>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT id FROM instances WHERE state = 'pending' ORDER BY seq")
+            .map_err(StoreError::sql("listing pending instances"))?;
+        let rows = stmt
+            .query_map([], |r| r.get::<_, String>(0).map(InstanceId::from))
+            .map_err(StoreError::sql("listing pending instances"))?;
+        rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing pending instances"))
+    }
+}

@@ -1,0 +1,216 @@
+//! Unit tests of the store core: schema, round trips, all-or-nothing requests, durability.
+
+use super::state::{StoreCore, StoreError, SCHEMA_VERSION};
+use crate::ports::ProvisionedInstance;
+use crate::types::{
+    HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, MachineId, MachineStatus,
+};
+
+fn dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("provisioner-store-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn ids(v: &[MachineId]) -> Vec<&str> {
+    v.iter().map(MachineId::as_str).collect()
+}
+
+fn tags(uuid: &str, machine: &str) -> InstanceTags {
+    InstanceTags { model: Some(uuid.into()), machine: Some(MachineId::new(machine)), start: Some("n".into()) }
+}
+
+#[test]
+fn schema_is_created_versioned_and_in_wal_mode() {
+    let d = dir("schema");
+    let path = d.join("p.db");
+    let s = StoreCore::open(&path).unwrap();
+    let uuid = s.model_uuid().unwrap();
+    assert_eq!(uuid.len(), 36, "{uuid}");
+    assert_eq!(s.model_life().unwrap(), Life::Alive);
+    drop(s);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let v: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
+    let mode: String = conn.pragma_query_value(None, "journal_mode", |r| r.get(0)).unwrap();
+    assert_eq!(mode, "wal");
+    // A newer schema is refused, not misread.
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
+    drop(conn);
+    assert!(matches!(StoreCore::open(&path), Err(StoreError::TooNew { .. })));
+}
+
+#[test]
+fn one_process_at_a_time() {
+    let d = dir("lock");
+    let first = StoreCore::open(&d.join("p.db")).unwrap();
+    assert!(matches!(StoreCore::open(&d.join("p.db")), Err(StoreError::InUse)));
+    drop(first);
+    assert!(StoreCore::open(&d.join("p.db")).is_ok(), "the lock goes with the connection");
+}
+
+#[test]
+fn model_uuid_is_kept_across_opens() {
+    let d = dir("uuid");
+    let a = StoreCore::open(&d.join("p.db")).unwrap().model_uuid().unwrap();
+    let b = StoreCore::open(&d.join("p.db")).unwrap().model_uuid().unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn machines_round_trip_and_ids_are_never_reused() {
+    let mut s = StoreCore::in_memory().unwrap();
+    let zones = vec!["az1".to_owned(), "az2".to_owned()];
+    let added = s.add_machines(3, Some(&zones)).unwrap();
+    assert_eq!(ids(&added), ["0", "1", "2"]);
+    assert_eq!(s.take_outbox(), (added.clone(), false));
+    let info = s.provisioning_info(&added[..1]).unwrap();
+    assert_eq!(info[0].as_ref().unwrap().constraints.zones, Some(zones));
+
+    let m0 = MachineId::new("0");
+    s.set_instance_status(&m0, &InstanceStatus::provisioning(), "starting").unwrap();
+    let rec = s.machine(&m0).unwrap().unwrap();
+    assert_eq!(rec.machine.instance_status, InstanceStatus::provisioning());
+    assert_eq!(rec.message(), "starting");
+    let info = ProvisionedInstance {
+        instance: InstanceId::new("i-1"),
+        zone: Some("az2".into()),
+        nonce: "machine-0:x".into(),
+        display_name: "sim-i-1".into(),
+        status: InstanceStatus::running(),
+    };
+    s.set_instance_info(&m0, &info).unwrap();
+    let rec = s.machine(&m0).unwrap().unwrap();
+    assert_eq!(rec.machine.instance, Some(InstanceId::new("i-1")));
+    assert_eq!(rec.machine.status, MachineStatus::Started);
+    assert_eq!(rec.zone.as_deref(), Some("az2"));
+    assert_eq!(rec.message(), "");
+
+    // Removal: dead, then gone; the next id is still new.
+    s.remove_machines(std::slice::from_ref(&m0), false, false).unwrap();
+    assert_eq!(s.take_outbox().0, vec![m0.clone()]);
+    assert_eq!(s.machine(&m0).unwrap().unwrap().machine.life, Life::Dead);
+    s.mark_for_removal(&m0).unwrap();
+    assert!(s.machine(&m0).unwrap().is_none());
+    assert_eq!(ids(&s.add_machines(1, None).unwrap()), ["3"]);
+    assert!(matches!(s.set_status(&m0, MachineStatus::Error, "x"), Err(StoreError::NotFound(_))));
+}
+
+#[test]
+fn removal_and_retry_are_all_or_nothing() {
+    let mut s = StoreCore::in_memory().unwrap();
+    let added = s.add_machines(2, None).unwrap();
+    s.take_outbox();
+    let err = s.remove_machines(&[added[0].clone(), MachineId::new("9")], false, false).unwrap_err();
+    assert_eq!(err, StoreError::NotFound(MachineId::new("9")));
+    assert_eq!(s.machine(&added[0]).unwrap().unwrap().machine.life, Life::Alive, "the first was removed anyway");
+    assert_eq!(s.take_outbox().0, Vec::<MachineId>::new());
+
+    // Retry needs a provisioning error.
+    assert!(matches!(s.retry_machines(&added[..1]), Err(StoreError::Refused(_))));
+    s.set_instance_status(&added[0], &InstanceStatus::provisioning_error(), "no capacity").unwrap();
+    s.set_status(&added[0], MachineStatus::Error, "no capacity").unwrap();
+    s.retry_machines(&added[..1]).unwrap();
+    assert_eq!(s.take_outbox(), (Vec::new(), true));
+    assert_eq!(s.transient_errors().unwrap().len(), 1);
+    // The provisioner resets it to pending: the retry request ends.
+    s.set_status(&added[0], MachineStatus::Pending, "").unwrap();
+    assert!(!s.machine(&added[0]).unwrap().unwrap().transient);
+
+    // A second removal needs --force.
+    s.remove_machines(&added[1..], true, false).unwrap();
+    assert!(s.machine(&added[1]).unwrap().unwrap().machine.keep_instance);
+    assert!(matches!(s.remove_machines(&added[1..], false, false), Err(StoreError::Refused(_))));
+    s.remove_machines(&added[1..], false, true).unwrap();
+}
+
+#[test]
+fn a_dying_model_refuses_machines_and_destroys_once() {
+    let mut s = StoreCore::in_memory().unwrap();
+    s.add_machines(2, None).unwrap();
+    assert_eq!(s.destroy_model().unwrap().len(), 2);
+    assert_eq!(s.model_life().unwrap(), Life::Dying);
+    assert_eq!(s.destroy_model().unwrap_err(), StoreError::ModelDying);
+    assert_eq!(s.add_machines(1, None).unwrap_err(), StoreError::ModelDying);
+}
+
+#[test]
+fn instances_are_idempotent_by_client_token_and_listed_by_model() {
+    let mut s = StoreCore::in_memory().unwrap();
+    let (a, new) = s.create_instance("0/n/1", Some("az1"), &tags("m", "0")).unwrap();
+    assert!(new);
+    assert_eq!(a.instance.state, InstanceState::Pending);
+    let (again, new) = s.create_instance("0/n/1", Some("az1"), &tags("m", "0")).unwrap();
+    assert!(!new);
+    assert_eq!(again.instance.id, a.instance.id);
+    let (b, _) = s.create_instance("1/n/1", None, &tags("other-model", "1")).unwrap();
+    assert_ne!(a.instance.id, b.instance.id);
+    assert_eq!(s.pending_instances().unwrap().len(), 2);
+    let landed = s.land_instance(&a.instance.id).unwrap().unwrap();
+    assert_eq!(landed.instance.state, InstanceState::Running);
+    let live = s.live_instances("m").unwrap();
+    assert_eq!(live.len(), 1, "only our model's instances are listed");
+    assert_eq!(live[0].tags.machine, Some(MachineId::new("0")));
+    s.terminate_instances(&[a.instance.id.clone(), InstanceId::new("i-gone")]).unwrap();
+    assert!(s.live_instances("m").unwrap().is_empty());
+    // A terminated instance does not come back to life when its late landing arrives.
+    assert_eq!(s.land_instance(&a.instance.id).unwrap().unwrap().instance.state, InstanceState::Terminated);
+    assert!(!s.retag_instance(&a.instance.id, &tags("m", "5")).unwrap());
+    s.release_instances(std::slice::from_ref(&b.instance.id)).unwrap();
+    assert_eq!(s.instance(&b.instance.id).unwrap().unwrap().instance.tags.model, None);
+}
+
+#[test]
+fn settings_round_trip() {
+    let mut s = StoreCore::in_memory().unwrap();
+    assert_eq!(s.settings().unwrap().workers, None);
+    s.set_workers(4).unwrap();
+    s.set_harvest_mode(HarvestMode::All).unwrap();
+    let got = s.settings().unwrap();
+    assert_eq!((got.workers, got.harvest_mode), (Some(4), Some(HarvestMode::All)));
+}
+
+/// Acknowledged writes survive the process dying abruptly: a child process (this very test,
+/// re-run with an environment variable) writes, then aborts without closing anything, as
+/// after `kill -9`; the parent reopens the database and finds every write, the unsynced one
+/// included (it was in the operating system's hands).
+#[test]
+fn acknowledged_writes_survive_an_abrupt_end() {
+    const CHILD: &str = "PROVISIONER_STORE_ABORT_CHILD";
+    if let Ok(path) = std::env::var(CHILD) {
+        let mut s = StoreCore::open(std::path::Path::new(&path)).unwrap();
+        s.add_machines(3, None).unwrap();
+        s.set_workers(7).unwrap();
+        s.set_durable(false).unwrap();
+        s.create_instance("0/n/1", Some("az1"), &tags("m", "0")).unwrap();
+        std::process::abort();
+    }
+    let d = dir("durable");
+    let path = d.join("p.db");
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "service::store::tests::acknowledged_writes_survive_an_abrupt_end", "--nocapture"])
+        .env(CHILD, &path)
+        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the child was meant to abort");
+    let reopened = StoreCore::open(&path).unwrap();
+    assert_eq!(ids(&reopened.machine_ids().unwrap()), ["0", "1", "2"]);
+    assert_eq!(reopened.settings().unwrap().workers, Some(7));
+    assert_eq!(reopened.pending_instances().unwrap().len(), 1);
+}
+
+#[test]
+fn commits_are_fsynced_unless_asked_otherwise() {
+    let mut s = StoreCore::in_memory().unwrap();
+    let sync =
+        |s: &StoreCore| -> i64 { s.conn_for_tests().pragma_query_value(None, "synchronous", |r| r.get(0)).unwrap() };
+    assert!(s.is_durable());
+    assert_eq!(sync(&s), 2, "FULL");
+    s.set_durable(false).unwrap();
+    assert_eq!(sync(&s), 1, "NORMAL");
+    s.set_durable(true).unwrap();
+    assert_eq!(sync(&s), 2, "FULL");
+}

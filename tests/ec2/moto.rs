@@ -1,0 +1,88 @@
+//! The moto EC2 server shared by the EC2 tests (`tests/ec2/main.rs`, and the service's in
+//! `tests/serve.rs`): installed into a virtualenv by `.ci/moto-venv` on first use, started once
+//! per test binary on a free loopback port, gone when the test process is.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use provisioner::ec2::{Ec2Broker, Ec2Config};
+
+/// An image moto knows.
+pub const IMAGE: &str = "ami-1e749f67";
+/// The model whose starts into us-east-1a fail with InsufficientInstanceCapacity.
+pub const CAPACITY_MODEL: &str = "model-capacity";
+
+/// The virtualenv's python, installed once per test run.
+fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out = Command::new(root.join(".ci/moto-venv"))
+            .current_dir(root)
+            .output()
+            .expect(".ci/moto-venv runs (needs python3 with venv and access to PyPI)");
+        assert!(out.status.success(), ".ci/moto-venv failed: {}", String::from_utf8_lossy(&out.stderr));
+        let path = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        // Credentials for the standard AWS chain; moto accepts any.
+        for (k, v) in
+            [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_REGION", "us-east-1")]
+        {
+            std::env::set_var(k, v);
+        }
+        root.join(path)
+    })
+}
+
+/// The moto EC2 server on a free loopback port (it exits with this process).
+pub struct Moto {
+    _child: Child,
+    pub endpoint: String,
+}
+
+impl Moto {
+    pub fn shared() -> &'static Moto {
+        static MOTO: OnceLock<Moto> = OnceLock::new();
+        MOTO.get_or_init(|| Moto::start(&[&format!("{CAPACITY_MODEL}:us-east-1a")]))
+    }
+
+    // Runs once, before the calling test has started any actor: waiting for the server to
+    // listen may block this thread.
+    #[allow(clippy::disallowed_methods)]
+    fn start(fail_zones: &[&str]) -> Moto {
+        let python = python();
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(python)
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ec2/moto_server.py"))
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .env("MOTO_FAIL_ZONES", fail_zones.join(","))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto server starts");
+        let moto = Moto { _child: child, endpoint: format!("http://127.0.0.1:{port}") };
+        for _ in 0..300 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return moto;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("moto server did not listen on {port} within 30 s");
+    }
+
+    #[allow(dead_code)] // not every test binary uses it
+    pub async fn broker(&self, model: &str) -> Ec2Broker {
+        Ec2Broker::connect(Ec2Config {
+            model_uuid: model.into(),
+            region: Some("us-east-1".into()),
+            endpoint: Some(self.endpoint.clone()),
+            image_id: IMAGE.into(),
+            instance_type: "t3.micro".into(),
+            ..Ec2Config::default()
+        })
+        .await
+        .expect("connects")
+    }
+}

@@ -1,0 +1,684 @@
+//! The service, driven as an operator would: the real binary's `serve` on a temporary data
+//! directory and a free loopback port, and the client commands against it
+//! (`shared/spec/cli.md`, "The service" and "Client commands"). Includes the crash-safety
+//! checks: `kill -9` with starts in flight, then a restart on the same directory.
+
+// These tests drive real processes in real time: they sleep and read the wall clock.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_provisioner"))
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("provisioner-serve-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A running `provisioner serve`; killed (SIGKILL) if still running when dropped.
+struct Server {
+    child: Option<Child>,
+    dir: PathBuf,
+    url: String,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Starts a service on `dir/data` and waits until `/healthz` answers 200.
+    fn start(dir: &Path, extra: &[&str]) -> Server {
+        let port = free_port();
+        let data = dir.join("data");
+        let log = dir.join(format!("serve-{port}.log"));
+        let child = bin()
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .arg(&data)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut s = Server { child: Some(child), dir: data, url: format!("http://127.0.0.1:{port}"), log };
+        let began = Instant::now();
+        loop {
+            if matches!(ureq::get(&format!("{}/healthz", s.url)).call(), Ok(r) if r.status() == 200) {
+                return s;
+            }
+            if let Some(status) = s.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                panic!("serve exited with {status}: {}", s.log_text());
+            }
+            assert!(began.elapsed() < Duration::from_secs(30), "serve not ready: {}", s.log_text());
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn token(&self) -> String {
+        std::fs::read_to_string(self.dir.join("token")).unwrap().trim().to_owned()
+    }
+
+    /// Runs a client command against this server (token read from the data dir).
+    fn cli(&self, args: &[&str]) -> Output {
+        bin().args(args).arg("--server").arg(&self.url).arg("--data-dir").arg(&self.dir).output().unwrap()
+    }
+
+    /// Runs a client command that must succeed, and parses its JSON output.
+    fn json(&self, args: &[&str]) -> Value {
+        let out = self.cli(args);
+        assert!(out.status.success(), "{args:?}: {}\n{}", String::from_utf8_lossy(&out.stderr), self.log_text());
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {:?}", out.stdout))
+    }
+
+    fn machines(&self) -> Vec<Value> {
+        self.json(&["machine", "list", "--json"]).as_array().unwrap().clone()
+    }
+
+    fn instances(&self) -> Vec<Value> {
+        self.json(&["instance", "list", "--json"]).as_array().unwrap().clone()
+    }
+
+    fn metrics(&self) -> String {
+        ureq::get(&format!("{}/metrics", self.url)).call().unwrap().into_string().unwrap()
+    }
+
+    /// `kill -9`: no shutdown of any kind.
+    fn crash(&mut self) {
+        let mut c = self.child.take().unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
+    /// SIGTERM, and the exit status (within 20 s).
+    fn terminate(&mut self) -> ExitStatus {
+        let mut c = self.child.take().unwrap();
+        let ok = Command::new("kill").args(["-TERM", &c.id().to_string()]).status().unwrap();
+        assert!(ok.success());
+        let began = Instant::now();
+        loop {
+            if let Some(status) = c.try_wait().unwrap() {
+                return status;
+            }
+            if began.elapsed() > Duration::from_secs(20) {
+                let _ = c.kill();
+                panic!("serve did not stop within 20 s of SIGTERM: {}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Waits until `done` holds (polling every 50 ms), or fails after `limit`.
+fn eventually(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let began = Instant::now();
+    while !done() {
+        assert!(began.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn field<'a>(v: &'a Value, k: &str) -> &'a str {
+    v[k].as_str().unwrap_or("")
+}
+
+fn ids_of(v: &Value) -> Vec<String> {
+    v.as_array().unwrap().iter().map(|i| i.as_str().unwrap().to_owned()).collect()
+}
+
+/// Every machine is started with an instance in one of the cloud's zones, and each has
+/// exactly one live instance in the cloud, the one recorded for it.
+fn assert_provisioned_once(s: &Server, ids: &[String]) {
+    let machines = s.machines();
+    let instances = s.instances();
+    let mut live: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for i in &instances {
+        live.entry(field(i, "machine").to_owned()).or_default().push(field(i, "id").to_owned());
+    }
+    for id in ids {
+        let m =
+            machines.iter().find(|m| field(m, "id") == id).unwrap_or_else(|| panic!("machine {id} lost: {machines:?}"));
+        assert_eq!(field(m, "life"), "alive", "{m}");
+        assert_eq!(field(m, "status"), "started", "{m}");
+        let instance = field(m, "instance");
+        assert!(!instance.is_empty(), "{m}");
+        assert!(["az1", "az2", "az3"].contains(&field(m, "zone")), "{m}");
+        assert_eq!(live.get(id.as_str()), Some(&vec![instance.to_owned()]), "machine {id}: live instances {live:?}");
+    }
+}
+
+#[test]
+fn health_is_public_and_every_v1_request_needs_the_token() {
+    let dir = temp_dir("auth");
+    let s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    let token = s.token();
+    assert_eq!(token.len(), 64);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(s.dir.join("token")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "token mode {mode:o}");
+    }
+    let status = |path: &str, auth: Option<&str>| {
+        let mut req = ureq::get(&format!("{}{path}", s.url));
+        if let Some(a) = auth {
+            req = req.set("Authorization", a);
+        }
+        match req.call() {
+            Ok(r) => r.status(),
+            Err(ureq::Error::Status(code, _)) => code,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    for path in ["/v1/machines", "/v1/instances", "/v1/status", "/v1/config/workers", "/v1/nothing-here"] {
+        assert_eq!(status(path, None), 401, "{path} without a token");
+        assert_eq!(status(path, Some("Bearer not-the-token")), 401, "{path} with a wrong token");
+    }
+    assert_eq!(status("/v1/machines", Some(&format!("Bearer {token}"))), 200);
+    assert_eq!(status("/v1/machines", Some(&format!("bearer {token}"))), 200, "the scheme is case-insensitive");
+    assert_eq!(status("/v1/machines", Some(&format!("Basic {token}"))), 401);
+    assert_eq!(status("/v1/nothing-here", Some(&format!("Bearer {token}"))), 404);
+    assert_eq!(status("/healthz", None), 200);
+    let metrics = s.metrics();
+    assert!(metrics.contains("# TYPE provisioner_http_requests_total counter"), "{metrics}");
+    assert!(metrics.contains("provisioner_workers 16"), "{metrics}");
+    assert!(metrics.contains("code=\"401\""), "{metrics}");
+
+    // A client with a wrong token fails at run time (1), in one sentence.
+    let out = bin().args(["machine", "list", "--server", &s.url, "--token", "wrong"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("token"), "{err}");
+}
+
+#[test]
+fn machines_are_added_provisioned_listed_and_removed() {
+    let dir = temp_dir("machines");
+    let s = Server::start(&dir, &["--sim-start-latency", "200ms"]);
+    let began = Instant::now();
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "5", "--wait", "--json"]));
+    assert_eq!(ids, ["0", "1", "2", "3", "4"]);
+    assert!(began.elapsed() < Duration::from_secs(10));
+    // --wait returned: every machine is already provisioned.
+    assert_provisioned_once(&s, &ids);
+    let machines = s.machines();
+    for m in &machines {
+        for key in ["id", "life", "status", "instance", "zone", "instance_status", "message"] {
+            assert!(m.get(key).is_some(), "key {key} missing from {m}");
+        }
+        assert_eq!(field(m, "instance_status"), "running");
+    }
+    let zones: std::collections::BTreeSet<&str> = machines.iter().map(|m| field(m, "zone")).collect();
+    assert!(zones.len() >= 2, "five machines over three zones landed in {zones:?}");
+    for i in s.instances() {
+        for key in ["id", "state", "zone", "machine"] {
+            assert!(i.get(key).is_some(), "key {key} missing from {i}");
+        }
+        assert_eq!(field(&i, "state"), "running");
+    }
+
+    // Remove one: its instance is stopped, then the machine is gone. Keep another's instance.
+    let victim = s.machines().into_iter().find(|m| field(m, "id") == "0").unwrap();
+    let victim_instance = field(&victim, "instance").to_owned();
+    let out = s.cli(&["machine", "remove", "0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = s.cli(&["machine", "remove", "1", "--keep-instance"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eventually(Duration::from_secs(10), "machines 0 and 1 to be removed", || {
+        let m = s.machines();
+        !m.iter().any(|m| ["0", "1"].contains(&field(m, "id")))
+    });
+    let instances = s.instances();
+    assert!(!instances.iter().any(|i| field(i, "id") == victim_instance), "{instances:?}");
+    assert_eq!(instances.len(), 3, "the kept instance is released: no longer ours to list");
+    // The cloud itself: one terminated, four still running (one of them released).
+    let metrics = s.metrics();
+    assert!(metrics.contains("provisioner_instances{state=\"terminated\"} 1"), "{metrics}");
+    assert!(metrics.contains("provisioner_instances{state=\"running\"} 4"), "{metrics}");
+    assert!(metrics.contains("provisioner_events_total{event=\"machine-started\"} 5"), "{metrics}");
+
+    // Bad input: exit 2 and one sentence.
+    for args in
+        [&["machine", "remove", "77"][..], &["machine", "add", "--zones", "nowhere"], &["machine", "retry", "2"]]
+    {
+        let out = s.cli(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{err}");
+        assert_ne!(out.status.code(), Some(0), "{args:?}");
+    }
+    assert_eq!(s.cli(&["machine", "remove", "77"]).status.code(), Some(2));
+}
+
+#[test]
+fn config_changes_apply_at_once_and_survive_a_restart() {
+    let dir = temp_dir("config");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    let get = |s: &Server, key: &str| {
+        let out = s.cli(&["config", "get", key]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(get(&s, "workers"), "16");
+    assert_eq!(get(&s, "harvest-mode"), "destroyed");
+    assert!(s.cli(&["config", "set", "workers", "4"]).status.success());
+    assert_eq!(get(&s, "workers"), "4");
+    assert!(s.metrics().contains("provisioner_workers 4"));
+    assert!(s.cli(&["config", "set", "harvest-mode", "all"]).status.success());
+    assert_eq!(get(&s, "harvest-mode"), "all");
+    let out = s.cli(&["config", "set", "workers", "101"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("between 1 and 100"));
+    assert_eq!(get(&s, "workers"), "4", "a refused value changes nothing");
+    assert_eq!(s.cli(&["config", "set", "harvest-mode", "sometimes"]).status.code(), Some(2));
+    assert_eq!(s.cli(&["config", "get", "colour"]).status.code(), Some(2));
+
+    assert_eq!(s.terminate().code(), Some(0));
+    let s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    assert_eq!(get(&s, "workers"), "4");
+    assert_eq!(get(&s, "harvest-mode"), "all");
+}
+
+#[test]
+fn sigterm_stops_cleanly_and_a_restart_finds_everything() {
+    let dir = temp_dir("sigterm");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "3", "--wait", "--json"]));
+    let before = s.machines();
+    assert_eq!(s.terminate().code(), Some(0), "{}", s.log_text());
+    let s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    assert_eq!(s.machines(), before, "the model changed across a clean restart");
+    assert_provisioned_once(&s, &ids);
+    let more = ids_of(&s.json(&["machine", "add", "--wait", "--json"]));
+    assert_eq!(more, ["3"], "machine ids are never reused");
+    let all: Vec<String> = (0..4).map(|i| i.to_string()).collect();
+    assert_provisioned_once(&s, &all);
+    assert_eq!(s.instances().len(), 4);
+    let status = s.json(&["status", "--json"]);
+    assert_eq!(status["machines"], 4);
+    assert_eq!(status["model_life"], "alive");
+}
+
+/// `kill -9` while starts are in flight (1 s latency): after a restart on the same data
+/// directory every acknowledged machine is there and ends provisioned, and no machine ever has
+/// two live instances (the restarted provisioner adopts the instances the crash left behind).
+#[test]
+fn a_crash_with_starts_in_flight_loses_nothing_and_duplicates_nothing() {
+    let dir = temp_dir("crash");
+    let cfg = dir.join("serve.toml");
+    std::fs::write(&cfg, "resync = \"1s\"\n[retry]\ndelay = \"1s\"\n").unwrap();
+    let cfg = cfg.to_str().unwrap().to_owned();
+    let mut s = Server::start(&dir, &["--sim-start-latency", "1s", "--config", &cfg]);
+    let mut acknowledged = ids_of(&s.json(&["machine", "add", "-n", "6", "--json"]));
+    // Crash while starts are in flight (each takes 1 s), right after acknowledging more.
+    eventually(Duration::from_secs(10), "starts to be in flight", || {
+        !s.metrics().contains("provisioner_broker_calls_in_flight 0\n")
+    });
+    acknowledged.extend(ids_of(&s.json(&["machine", "add", "-n", "4", "--json"])));
+    s.crash();
+
+    let mut s = Server::start(&dir, &["--sim-start-latency", "1s", "--config", &cfg]);
+    eventually(Duration::from_secs(20), "every acknowledged machine to be provisioned", || {
+        let m = s.machines();
+        acknowledged.iter().all(|id| {
+            m.iter()
+                .any(|m| field(m, "id") == id && field(m, "status") == "started" && !field(m, "instance").is_empty())
+        })
+    });
+    assert_provisioned_once(&s, &acknowledged);
+    let live = s.instances();
+    assert_eq!(live.len(), acknowledged.len(), "one live instance per machine: {live:?}");
+
+    // A second crash, right after adding more, then a clean stop and start: still exact.
+    acknowledged.extend(ids_of(&s.json(&["machine", "add", "-n", "3", "--json"])));
+    s.crash();
+    let mut s = Server::start(&dir, &["--sim-start-latency", "1s", "--config", &cfg]);
+    eventually(Duration::from_secs(20), "the machines added before the second crash", || {
+        s.machines().iter().filter(|m| field(m, "status") == "started").count() == acknowledged.len()
+    });
+    assert_provisioned_once(&s, &acknowledged);
+    assert_eq!(s.terminate().code(), Some(0));
+    let s = Server::start(&dir, &["--sim-start-latency", "1s", "--config", &cfg]);
+    assert_provisioned_once(&s, &acknowledged);
+    assert_eq!(s.instances().len(), acknowledged.len());
+}
+
+#[test]
+fn serve_refuses_bad_usage_with_exit_2_and_one_sentence() {
+    let dir = temp_dir("usage");
+    let run = |args: &[&str]| {
+        let out = bin().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        (out.status.code(), err)
+    };
+    let data = dir.join("d");
+    let data = data.to_str().unwrap();
+    let (code, err) = run(&["serve", "--broker", "ec2", "--data-dir", data, "--listen", "127.0.0.1:0"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    if cfg!(feature = "ec2") {
+        // Built with EC2: what is missing is named.
+        assert!(err.contains("EC2 broker") && err.contains("--ec2-image"), "{err}");
+    } else {
+        assert!(err.contains("no EC2 broker") && err.contains("--features serve,ec2"), "{err}");
+    }
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "workers = 4\nlisten_on = \"x\"\n").unwrap();
+    let (code, err) = run(&["serve", "--config", bad.to_str().unwrap(), "--data-dir", data]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("bad.toml:2") && err.contains("listen_on"), "{err}");
+
+    let (code, err) = run(&["serve", "--sim-start-latency", "soon", "--data-dir", data]);
+    assert_eq!(code, Some(2), "{err}");
+
+    // Listening on a port already taken is a run-time failure.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (code, err) = run(&["serve", "--listen", &addr, "--data-dir", data]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("cannot listen on"), "{err}");
+
+    // No service there: a run-time failure, in one sentence.
+    let (code, err) = run(&["status", "--server", "http://127.0.0.1:9", "--token", "t"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("cannot reach"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
+    // No token anywhere: bad usage.
+    let (code, err) = run(&["machine", "list", "--data-dir", dir.join("nowhere").to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no API token"), "{err}");
+
+    for cmd in [
+        &["serve", "--help"][..],
+        &["machine", "add", "--help"],
+        &["config", "set", "--help"],
+        &["destroy-model", "--help"],
+    ] {
+        let (code, _) = run(cmd);
+        assert_eq!(code, Some(0), "{cmd:?}");
+    }
+}
+
+#[test]
+fn destroying_the_model_stops_every_instance_and_refuses_new_machines() {
+    let dir = temp_dir("destroy");
+    let s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    s.json(&["machine", "add", "-n", "3", "--wait", "--json"]);
+    let d = s.json(&["destroy-model", "--json"]);
+    assert_eq!(d["stopping"].as_array().unwrap().len(), 3, "{d}");
+    eventually(Duration::from_secs(10), "every instance to be stopped", || s.instances().is_empty());
+    let out = s.cli(&["machine", "add"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("dying"));
+    let out = s.cli(&["destroy-model"]);
+    assert_eq!(out.status.code(), Some(1), "a second destroy is refused");
+}
+
+/// SIGTERM with starts in flight waits for them: after the restart the machines are already
+/// provisioned with running instances (an instance adopted after a crash would show the
+/// `pending` state it was listed in until the next resync, 60 s away).
+#[test]
+fn sigterm_waits_for_starts_in_flight() {
+    let dir = temp_dir("drain");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "1s"]);
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "4", "--json"]));
+    eventually(Duration::from_secs(5), "starts to be in flight", || {
+        !s.metrics().contains("provisioner_broker_calls_in_flight 0\n")
+    });
+    let began = Instant::now();
+    assert_eq!(s.terminate().code(), Some(0), "{}", s.log_text());
+    assert!(began.elapsed() >= Duration::from_millis(300), "SIGTERM did not wait for the starts");
+    let s = Server::start(&dir, &["--sim-start-latency", "30s"]);
+    let machines = s.machines();
+    for id in &ids {
+        let m = machines.iter().find(|m| field(m, "id") == id).unwrap();
+        assert_eq!(field(m, "status"), "started", "{m}");
+        assert_eq!(field(m, "instance_status"), "running", "{m}");
+    }
+    assert_provisioned_once(&s, &ids);
+}
+
+/// Two services on one data directory would provision the same model twice: the second is
+/// refused at start (exit 1), and the first goes on.
+#[test]
+fn a_second_service_on_the_same_data_directory_is_refused() {
+    let dir = temp_dir("twice");
+    let s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    let out = bin()
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port()), "--data-dir"])
+        .arg(&s.dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("another provisioner service"), "{err}");
+    assert_eq!(s.json(&["machine", "add", "--wait", "--json"]), serde_json::json!(["0"]));
+}
+
+/// A machine whose only zone is unavailable ends in provisioning error (`--wait` exits 1 and
+/// names it); it stays in error across a restart (errors are not retried on their own, as in
+/// Juju), and `machine retry` starts it once its zone is back.
+#[test]
+fn a_failed_machine_stays_failed_until_retried() {
+    let dir = temp_dir("retry");
+    let down = dir.join("down.toml");
+    std::fs::write(&down, "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\n")
+        .unwrap();
+    let down = down.to_str().unwrap().to_owned();
+    let mut s = Server::start(&dir, &["--sim-start-latency", "100ms", "--config", &down]);
+    let out = s.cli(&["machine", "add", "--zones", "az3", "--wait", "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("1 of 1 new machines failed to provision") && err.contains("0 ("), "{err}");
+    let ids = ids_of(&serde_json::from_slice(&out.stdout).unwrap());
+    assert_eq!(ids, ["0"], "the ids are printed even when a machine failed");
+    let m = s.machines().remove(0);
+    assert_eq!(field(&m, "status"), "error", "{m}");
+    assert_eq!(field(&m, "instance_status"), "provisioning error", "{m}");
+    assert!(field(&m, "message").contains("zone"), "{m}");
+    assert_eq!(s.json(&["status", "--json"])["machines_in_error"], 1);
+
+    // Its zone comes back with a restart: still in error until retried.
+    assert_eq!(s.terminate().code(), Some(0));
+    let s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(field(&s.machines()[0], "status"), "error");
+    assert!(s.instances().is_empty());
+    let out = s.cli(&["machine", "retry", "0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eventually(Duration::from_secs(10), "the retried machine to be provisioned", || {
+        field(&s.machines()[0], "status") == "started"
+    });
+    assert_provisioned_once(&s, &ids);
+    assert_eq!(field(&s.machines()[0], "zone"), "az3");
+}
+
+/// `GET /v1/events` streams provisioner events as server-sent events; SIGTERM ends the stream
+/// and still exits promptly.
+#[test]
+fn events_are_streamed_to_connected_clients() {
+    use std::io::BufRead;
+    let dir = temp_dir("events");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    let agent = ureq::AgentBuilder::new().timeout_read(Duration::from_secs(10)).build();
+    let unauthorized = agent.get(&format!("{}/v1/events", s.url)).call();
+    assert!(matches!(unauthorized, Err(ureq::Error::Status(401, _))));
+    let resp = agent
+        .get(&format!("{}/v1/events", s.url))
+        .set("Authorization", &format!("Bearer {}", s.token()))
+        .call()
+        .unwrap();
+    assert_eq!(resp.content_type(), "text/event-stream");
+    let mut lines = std::io::BufReader::new(resp.into_reader()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), ": connected");
+    s.json(&["machine", "add", "-n", "2", "--json"]);
+    let mut started = Vec::new();
+    while started.len() < 2 {
+        let line = lines.next().expect("stream ended early").unwrap();
+        if let Some(json) = line.strip_prefix("data: ") {
+            let v: Value = serde_json::from_str(json).unwrap();
+            if v["event"] == "machine-started" {
+                assert!(v["instance"].as_str().is_some_and(|i| i.starts_with("i-")), "{v}");
+                started.push(v["machine"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    started.sort();
+    assert_eq!(started, ["0", "1"]);
+    let began = Instant::now();
+    assert_eq!(s.terminate().code(), Some(0));
+    assert!(began.elapsed() < Duration::from_secs(5), "an open event stream held up the shutdown");
+    // The stream ends with the service.
+    assert!(lines.all(
+        |l| l.is_ok_and(|l| l.is_empty() || l.starts_with(':') || l.starts_with("event") || l.starts_with("data"))
+    ));
+}
+
+/// `bench serve` runs end to end (a service of its own, clients, a report); no timing is
+/// asserted, only that every request succeeded and every machine was provisioned.
+#[test]
+fn bench_serve_reports_a_clean_run() {
+    let out = bin()
+        .args([
+            "bench",
+            "serve",
+            "--requests",
+            "40",
+            "--clients",
+            "2",
+            "--list-every",
+            "4",
+            "--start-latency",
+            "10ms",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["errors"], 0, "{r}");
+    assert_eq!(r["add_requests"], 30, "{r}");
+    assert_eq!(r["list_requests"], 10, "{r}");
+    assert_eq!(r["machines"], 30, "{r}");
+    assert_eq!(r["machines_in_error"], 0, "{r}");
+    assert!(r["add_p50_ms"].as_f64().unwrap() > 0.0, "{r}");
+}
+
+/// `kill -9` while the instances of removed machines are being stopped: after a restart the
+/// removal is finished (instances terminated, machines gone) and nothing else is touched.
+#[test]
+fn a_crash_with_stops_in_flight_finishes_the_removal() {
+    let dir = temp_dir("crash-stop");
+    let cfg = dir.join("serve.toml");
+    std::fs::write(&cfg, "[sim]\nstop_latency = \"1s\"\n").unwrap();
+    let cfg = cfg.to_str().unwrap().to_owned();
+    let mut s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", &cfg]);
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "3", "--wait", "--json"]));
+    assert!(s.cli(&["machine", "remove", "0", "1"]).status.success());
+    eventually(Duration::from_secs(10), "the stop to be in flight", || {
+        !s.metrics().contains("provisioner_broker_calls_in_flight 0\n")
+    });
+    s.crash();
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", &cfg]);
+    eventually(Duration::from_secs(15), "the removal to finish", || {
+        s.machines().iter().map(|m| field(m, "id").to_owned()).collect::<Vec<_>>() == ["2"]
+    });
+    assert_provisioned_once(&s, &ids[2..]);
+    assert_eq!(s.instances().len(), 1);
+    let m = s.metrics();
+    assert!(m.contains("provisioner_instances{state=\"terminated\"} 2"), "{m}");
+    assert!(m.contains("provisioner_instances{state=\"running\"} 1"), "{m}");
+}
+
+/// Issue 8 through the service: `serve --broker ec2` against moto's EC2 server. Machines are
+/// added, the service is killed (`kill -9`) while their starts are under way, and restarted:
+/// every machine ends with exactly one instance in the cloud (those started before the crash
+/// are adopted, not started again), and removing a machine terminates its instance.
+#[cfg(feature = "ec2")]
+#[path = "ec2/moto.rs"]
+mod moto;
+
+#[cfg(feature = "ec2")]
+#[test]
+fn the_ec2_broker_service_adopts_after_a_crash_and_terminates_on_removal() {
+    let moto = moto::Moto::shared();
+    let dir = temp_dir("ec2");
+    let args = [
+        "--broker",
+        "ec2",
+        "--ec2-endpoint",
+        moto.endpoint.as_str(),
+        "--region",
+        "us-east-1",
+        "--ec2-image",
+        moto::IMAGE,
+        "--ec2-instance-type",
+        "t3.micro",
+    ];
+    let mut s = Server::start(&dir, &args);
+    let added = s.json(&["machine", "add", "-n", "8", "--json"]);
+    assert_eq!(added.as_array().unwrap().len(), 8);
+    std::thread::sleep(Duration::from_millis(150));
+    s.crash();
+    let s = Server::start(&dir, &args);
+    let began = Instant::now();
+    let machines = loop {
+        let ms = s.machines();
+        if ms.iter().all(|m| m["instance"].is_string()) {
+            break ms;
+        }
+        assert!(began.elapsed() < Duration::from_secs(60), "not all provisioned: {ms:?}\n{}", s.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // The cloud's own view, by the service's instance list (our model's tag only).
+    let instances = s.instances();
+    let live: Vec<&Value> = instances.iter().filter(|i| i["state"] != "terminated").collect();
+    assert_eq!(live.len(), 8, "one instance per machine: {instances:?}");
+    let mut per_machine = BTreeMap::new();
+    for i in &live {
+        *per_machine.entry(i["machine"].as_str().unwrap().to_owned()).or_insert(0) += 1;
+    }
+    assert!(per_machine.values().all(|n| *n == 1), "{per_machine:?}");
+    for m in &machines {
+        assert!(m["zone"].as_str().unwrap().starts_with("us-east-1"), "{m}");
+    }
+    // Removing a machine terminates its instance in the cloud.
+    let first = machines[0]["id"].as_str().unwrap().to_owned();
+    let gone = machines[0]["instance"].as_str().unwrap().to_owned();
+    let out = s.cli(&["machine", "remove", &first]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let began = Instant::now();
+    loop {
+        let still = s.instances().iter().any(|i| i["id"] == gone.as_str() && i["state"] != "terminated");
+        if !still {
+            break;
+        }
+        assert!(began.elapsed() < Duration::from_secs(30), "instance {gone} not terminated");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
