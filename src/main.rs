@@ -18,6 +18,10 @@ use provisioner::sim::{self, Scenario};
 #[derive(Parser)]
 #[command(name = "provisioner", version, about = "A machine provisioner built from actix actors")]
 struct Cli {
+    /// How log lines are written to stderr: `text`, or `json` (one object per line, for log
+    /// collectors). Levels: `PROVISIONER_LOG` (e.g. `debug`, `provisioner=debug,actix_web=warn`).
+    #[arg(long, global = true, value_name = "text|json", value_parser = ["text", "json"], default_value = "text", env = "PROVISIONER_LOG_FORMAT")]
+    log_format: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -142,12 +146,17 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }
 
-/// Logs to stderr; `PROVISIONER_LOG` overrides `default` (`off`, or `info` for `serve`).
-fn init_logging(default: &str) {
+/// Logs to stderr, as text or JSON lines; `PROVISIONER_LOG` overrides `default` (`off`, or
+/// `info` for `serve`).
+fn init_logging(default: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PROVISIONER_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().with_current_span(true).try_init()
+    } else {
+        builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).try_init()
+    };
 }
 
 /// Loads a scenario; bad input is one line on stderr and exit code 2.
@@ -160,7 +169,7 @@ fn load(file: &std::path::Path) -> Result<Scenario, ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(if matches!(cli.command, Command::Serve(_)) { "info" } else { "off" });
+    init_logging(if matches!(cli.command, Command::Serve(_)) { "info" } else { "off" }, cli.log_format == "json");
     match cli.command {
         Command::Serve(args) => cli::run_serve(args),
         Command::Machine { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Machine(cmd)),

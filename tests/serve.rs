@@ -332,16 +332,19 @@ fn a_crash_with_starts_in_flight_loses_nothing_and_duplicates_nothing() {
     std::fs::write(&cfg, "resync = \"1s\"\n[retry]\ndelay = \"1s\"\n").unwrap();
     let cfg = cfg.to_str().unwrap().to_owned();
     let mut s = Server::start(&dir, &["--sim-start-latency", "1s", "--config", &cfg]);
-    let mut acknowledged = ids_of(&s.json(&["machine", "add", "-n", "6", "--json"]));
+    // Issue 7: 30 machines, kill -9 while their starts are in flight, restart: all 30
+    // provisioned, each with exactly one instance, no orphan.
+    let mut acknowledged = ids_of(&s.json(&["machine", "add", "-n", "20", "--json"]));
     // Crash while starts are in flight (each takes 1 s), right after acknowledging more.
     eventually(Duration::from_secs(10), "starts to be in flight", || {
         !s.metrics().contains("provisioner_broker_calls_in_flight 0\n")
     });
-    acknowledged.extend(ids_of(&s.json(&["machine", "add", "-n", "4", "--json"])));
+    acknowledged.extend(ids_of(&s.json(&["machine", "add", "-n", "10", "--json"])));
+    assert_eq!(acknowledged.len(), 30);
     s.crash();
 
     let mut s = Server::start(&dir, &["--sim-start-latency", "1s", "--config", &cfg]);
-    eventually(Duration::from_secs(20), "every acknowledged machine to be provisioned", || {
+    eventually(Duration::from_secs(40), "every acknowledged machine to be provisioned", || {
         let m = s.machines();
         acknowledged.iter().all(|id| {
             m.iter()

@@ -17,35 +17,35 @@ mod serve;
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// A TOML config file (keys mirror the flags; see the README).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, env = "PROVISIONER_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Where the database and the API token live [default: ./provisioner-data].
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, env = "PROVISIONER_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// The HTTP API's address [default: 127.0.0.1:7878].
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, env = "PROVISIONER_LISTEN", value_name = "ADDR")]
     pub listen: Option<String>,
     /// The cloud: `sim` (simulated, in real time, persisted in DIR) or `ec2` [default: sim].
-    #[arg(long, value_name = "sim|ec2", value_parser = ["sim", "ec2"])]
+    #[arg(long, env = "PROVISIONER_BROKER", value_name = "sim|ec2", value_parser = ["sim", "ec2"])]
     pub broker: Option<String>,
     /// The simulated cloud's zones, comma-separated (empty: no zones) [default: az1,az2,az3].
-    #[arg(long, value_name = "a,b,c")]
+    #[arg(long, env = "PROVISIONER_SIM_ZONES", value_name = "a,b,c")]
     pub sim_zones: Option<String>,
     /// How long a simulated start takes, e.g. 2s or 500ms [default: 2s].
-    #[arg(long, value_name = "DUR", value_parser = crate::parse_duration)]
+    #[arg(long, env = "PROVISIONER_SIM_START_LATENCY", value_name = "DUR", value_parser = crate::parse_duration)]
     pub sim_start_latency: Option<std::time::Duration>,
     /// EC2: an EC2-compatible endpoint instead of AWS's (with `--broker ec2`; needs a build
     /// with the `ec2` feature). Credentials come from the standard AWS chain.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, env = "PROVISIONER_EC2_ENDPOINT", value_name = "URL")]
     pub ec2_endpoint: Option<String>,
     /// EC2: the region.
-    #[arg(long)]
+    #[arg(long, env = "AWS_REGION")]
     pub region: Option<String>,
     /// EC2: the image.
-    #[arg(long, value_name = "AMI")]
+    #[arg(long, env = "PROVISIONER_EC2_IMAGE", value_name = "AMI")]
     pub ec2_image: Option<String>,
     /// EC2: the instance type.
-    #[arg(long, value_name = "TYPE")]
+    #[arg(long, env = "PROVISIONER_EC2_INSTANCE_TYPE", value_name = "TYPE")]
     pub ec2_instance_type: Option<String>,
 }
 
@@ -183,6 +183,14 @@ pub struct BenchServeArgs {
     /// One request in this many is a `machine list` (0: none).
     #[arg(long, default_value_t = 10)]
     pub list_every: usize,
+    /// Open loop: send at this many requests per second in all (0: each client as fast as it
+    /// can). Request i is due at i/rate; its latency counts from then, so a service that falls
+    /// behind shows it (no coordinated omission).
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
+    /// With `--rate`: send for this long (the number of requests is rate × duration).
+    #[arg(long, value_parser = crate::parse_duration)]
+    pub duration: Option<std::time::Duration>,
     /// The simulated cloud's start latency.
     #[arg(long, default_value = "100ms", value_parser = crate::parse_duration)]
     pub start_latency: std::time::Duration,

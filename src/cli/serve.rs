@@ -46,6 +46,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
 /// What `bench serve` measured.
 #[derive(Debug, Serialize)]
 struct BenchReport {
+    target_rate: f64,
     requests: usize,
     clients: usize,
     batch: usize,
@@ -114,6 +115,14 @@ fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
     if args.clients == 0 || args.requests == 0 || args.batch == 0 {
         return Err(Failure { code: 2, message: "--requests, --clients and --batch must be positive".into() });
     }
+    if !(args.rate.is_finite() && args.rate >= 0.0) {
+        return Err(Failure { code: 2, message: "--rate must be a non-negative number of requests per second".into() });
+    }
+    let total = match (args.rate > 0.0, args.duration) {
+        (true, Some(d)) => ((args.rate * d.as_secs_f64()).round() as usize).max(1),
+        (false, Some(_)) => return Err(Failure { code: 2, message: "--duration needs --rate".into() }),
+        _ => args.requests,
+    };
     let dir = std::env::temp_dir().join(format!("provisioner-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -143,7 +152,8 @@ fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
     }
     let conn = Conn { server: Some(url), token: None, data_dir: Some(dir.clone()) };
 
-    let per_client = args.requests.div_ceil(args.clients);
+    let clients = args.clients;
+    let per_client = total.div_ceil(clients);
     let began = std::time::Instant::now();
     let results: Vec<(Vec<f64>, Vec<f64>, usize)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..args.clients)
@@ -153,11 +163,22 @@ fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
                     let (mut adds, mut lists, mut errors) = (Vec::new(), Vec::new(), 0);
                     let Ok(client) = Client::from_conn(&conn) else { return (adds, lists, per_client) };
                     for i in 0..per_client {
-                        if k * per_client + i >= args.requests {
+                        // Requests are dealt round-robin: client k sends k, k + clients, ...
+                        let n = i * clients + k;
+                        if n >= total {
                             break;
                         }
-                        let t = std::time::Instant::now();
-                        let list = args.list_every > 0 && (k * per_client + i) % args.list_every == args.list_every - 1;
+                        let t = if args.rate > 0.0 {
+                            let due = began + Duration::from_secs_f64(n as f64 / args.rate);
+                            let now = std::time::Instant::now();
+                            if due > now {
+                                std::thread::sleep(due - now);
+                            }
+                            due
+                        } else {
+                            std::time::Instant::now()
+                        };
+                        let list = args.list_every > 0 && n % args.list_every == args.list_every - 1;
                         let ok = if list {
                             client.get::<serde_json::Value>("/v1/machines").is_ok()
                         } else {
@@ -189,7 +210,7 @@ fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
     let status = loop {
         let s: StatusView = client.get("/v1/status")?;
         let started = s.machines_by_status.get("started").copied().unwrap_or(0);
-        if started + s.machines_in_error >= s.machines || began.elapsed() > Duration::from_secs(600) {
+        if started + s.machines_in_error >= s.machines || began.elapsed() > Duration::from_secs(300) {
             break s;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -199,6 +220,7 @@ fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
     let _ = std::fs::remove_dir_all(&dir);
     let done = adds.len() + lists.len();
     Ok(BenchReport {
+        target_rate: args.rate,
         requests: done + errors,
         clients: args.clients,
         batch: args.batch,

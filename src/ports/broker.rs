@@ -62,6 +62,18 @@ impl BrokerError {
     pub fn transient(message: impl Into<String>) -> Self {
         Self::Transient { message: message.into() }
     }
+    /// The kind, as a metrics label: `zone_specific`, `zone_independent`, `throttled`,
+    /// `transient` or `not_supported`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BrokerError::ZoneSpecific { .. } => "zone_specific",
+            BrokerError::ZoneIndependent { .. } => "zone_independent",
+            BrokerError::Throttled { .. } => "throttled",
+            BrokerError::Transient { .. } => "transient",
+            BrokerError::NotSupported(_) => "not_supported",
+        }
+    }
+
     /// The text written to a machine's status: the cloud's own message.
     pub fn message(&self) -> String {
         match self {

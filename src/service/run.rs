@@ -187,6 +187,12 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         workers: settings.workers.unwrap_or(opts.workers),
         retry: opts.retry,
         resync_interval: opts.resync,
+        // The simulated cloud does not throttle: pacing it like EC2 would only slow it down.
+        // Against EC2 the client-side limiter keeps its EC2-sized defaults.
+        rate_limits: match opts.broker {
+            BrokerKind::Sim => crate::limiter::RateLimits::unlimited(),
+            BrokerKind::Ec2 => crate::limiter::RateLimits::ec2(),
+        },
         ..ProvisionerConfig::default()
     }
     .with_random_seed();

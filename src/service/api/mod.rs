@@ -372,6 +372,9 @@ async fn metrics(st: State) -> Result<HttpResponse> {
     for i in &instances {
         *g.instances_by_state.entry(i.instance.state.to_string()).or_default() += 1;
     }
+    for c in st.handle.limiter().await?.classes {
+        g.rate_limits.insert(c.class.to_string(), (c.rate, c.waiting as u64, c.throttled));
+    }
     let text = st.metrics.send(Render(g)).await.map_err(|e| ApiError::internal(format!("metrics: {e}")))?;
     Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(text))
 }

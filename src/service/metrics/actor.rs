@@ -26,7 +26,7 @@ impl Handler<HttpDone> for Metrics {
 impl Handler<BrokerCallDone> for Metrics {
     type Result = ();
     fn handle(&mut self, m: BrokerCallDone, _ctx: &mut Self::Context) {
-        self.book.broker(m.op, m.ok, m.seconds);
+        self.book.broker(m.op, m.result, m.seconds);
     }
 }
 

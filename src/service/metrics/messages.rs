@@ -24,8 +24,8 @@ pub struct HttpDone {
 pub struct BrokerCallDone {
     /// The operation (`start_instance`, ...).
     pub op: &'static str,
-    /// Whether it succeeded.
-    pub ok: bool,
+    /// `ok`, or the kind of failure ([`BrokerError::kind`](crate::ports::BrokerError::kind)).
+    pub result: &'static str,
     /// How long it took.
     pub seconds: f64,
 }

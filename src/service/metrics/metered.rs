@@ -37,7 +37,11 @@ impl MeteredBroker {
         Box::pin(async move {
             let began = Instant::now();
             let result = call.await;
-            metrics.do_send(BrokerCallDone { op, ok: result.is_ok(), seconds: began.elapsed().as_secs_f64() });
+            let kind = match &result {
+                Ok(_) => "ok",
+                Err(e) => e.kind(),
+            };
+            metrics.do_send(BrokerCallDone { op, result: kind, seconds: began.elapsed().as_secs_f64() });
             drop(guard);
             result
         })

@@ -66,6 +66,9 @@ pub struct Gauges {
     pub model_life: String,
     /// Seconds since the service started.
     pub uptime_seconds: f64,
+    /// The client-side rate limiter: per API class, (current rate per second, calls waiting,
+    /// calls the cloud throttled).
+    pub rate_limits: BTreeMap<String, (f64, u64, u64)>,
 }
 
 /// Every counter and histogram.
@@ -73,7 +76,7 @@ pub struct Gauges {
 pub struct MetricsBook {
     http: BTreeMap<(String, String, u16), u64>,
     http_latency: BTreeMap<String, Histogram>,
-    broker: BTreeMap<(&'static str, bool), u64>,
+    broker: BTreeMap<(&'static str, &'static str), u64>,
     broker_latency: BTreeMap<&'static str, Histogram>,
     events: BTreeMap<&'static str, u64>,
 }
@@ -95,8 +98,9 @@ impl MetricsBook {
     }
 
     /// Counts one broker call.
-    pub fn broker(&mut self, op: &'static str, ok: bool, seconds: f64) {
-        *self.broker.entry((op, ok)).or_default() += 1;
+    /// `result` is `ok` or the kind of failure (`throttled`, `zone_specific`, ...).
+    pub fn broker(&mut self, op: &'static str, result: &'static str, seconds: f64) {
+        *self.broker.entry((op, result)).or_default() += 1;
         self.broker_latency.entry(op).or_default().observe(seconds);
     }
 
@@ -131,9 +135,13 @@ impl MetricsBook {
         for (route, h) in &self.http_latency {
             h.render(&mut out, "provisioner_http_request_duration_seconds", &format!("route=\"{}\"", escape(route)));
         }
-        header(&mut out, "provisioner_broker_calls_total", "counter", "Cloud broker calls by operation and result.");
-        for ((op, ok), n) in &self.broker {
-            let result = if *ok { "ok" } else { "error" };
+        header(
+            &mut out,
+            "provisioner_broker_calls_total",
+            "counter",
+            "Cloud broker calls by operation and result (ok, or the kind of failure).",
+        );
+        for ((op, result), n) in &self.broker {
             let _ = writeln!(out, "provisioner_broker_calls_total{{op=\"{op}\",result=\"{result}\"}} {n}");
         }
         header(
@@ -169,6 +177,33 @@ impl MetricsBook {
         let _ = writeln!(out, "provisioner_jobs_in_flight {}", g.jobs_in_flight);
         header(&mut out, "provisioner_jobs_queued", "gauge", "Start and stop jobs waiting for a worker.");
         let _ = writeln!(out, "provisioner_jobs_queued {}", g.jobs_queued);
+        header(
+            &mut out,
+            "provisioner_rate_limit_per_second",
+            "gauge",
+            "Client-side rate limit in force, by API class (adapted down when the cloud throttles).",
+        );
+        for (class, (rate, _, _)) in &g.rate_limits {
+            let _ = writeln!(out, "provisioner_rate_limit_per_second{{class=\"{class}\"}} {rate}");
+        }
+        header(
+            &mut out,
+            "provisioner_rate_limit_waiting",
+            "gauge",
+            "Cloud calls waiting for a rate-limit token, by API class.",
+        );
+        for (class, (_, waiting, _)) in &g.rate_limits {
+            let _ = writeln!(out, "provisioner_rate_limit_waiting{{class=\"{class}\"}} {waiting}");
+        }
+        header(
+            &mut out,
+            "provisioner_throttled_calls_total",
+            "counter",
+            "Cloud calls refused with RequestLimitExceeded, by API class.",
+        );
+        for (class, (_, _, throttled)) in &g.rate_limits {
+            let _ = writeln!(out, "provisioner_throttled_calls_total{{class=\"{class}\"}} {throttled}");
+        }
         header(&mut out, "provisioner_harvest_mode", "gauge", "The harvest mode in force (1 for the mode in force).");
         let _ = writeln!(out, "provisioner_harvest_mode{{mode=\"{}\"}} 1", escape(&g.harvest_mode));
         header(&mut out, "provisioner_model_life", "gauge", "The model's life (1 for its life).");

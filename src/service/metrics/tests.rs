@@ -9,9 +9,9 @@ fn histogram_buckets_are_cumulative_and_count_everything() {
     h.observe(0.2);
     h.observe(100.0);
     let mut book = MetricsBook::default();
-    book.broker("start_instance", true, 0.0005);
-    book.broker("start_instance", true, 0.2);
-    book.broker("start_instance", false, 100.0);
+    book.broker("start_instance", "ok", 0.0005);
+    book.broker("start_instance", "ok", 0.2);
+    book.broker("start_instance", "throttled", 100.0);
     let text = book.render(&Gauges::default());
     assert!(
         text.contains("provisioner_broker_call_duration_seconds_bucket{op=\"start_instance\",le=\"0.001\"} 1"),
@@ -26,7 +26,7 @@ fn histogram_buckets_are_cumulative_and_count_everything() {
         "{text}"
     );
     assert!(text.contains("provisioner_broker_call_duration_seconds_count{op=\"start_instance\"} 3"), "{text}");
-    assert!(text.contains("provisioner_broker_calls_total{op=\"start_instance\",result=\"error\"} 1"), "{text}");
+    assert!(text.contains("provisioner_broker_calls_total{op=\"start_instance\",result=\"throttled\"} 1"), "{text}");
     assert!(text.contains("provisioner_broker_calls_total{op=\"start_instance\",result=\"ok\"} 2"), "{text}");
     assert_eq!(h.count(), 3);
 }
@@ -58,4 +58,14 @@ fn render_has_a_type_line_per_family_and_escapes_labels() {
         assert!(value.parse::<f64>().is_ok(), "not a sample: {line}");
     }
     assert_eq!(book.http_count("/v1/machines"), 2);
+}
+
+#[test]
+fn the_rate_limiter_shows_its_rate_waiting_calls_and_throttling_per_class() {
+    let mut g = Gauges::default();
+    g.rate_limits.insert("start".into(), (3.5, 2, 6));
+    let text = MetricsBook::default().render(&g);
+    assert!(text.contains("provisioner_rate_limit_per_second{class=\"start\"} 3.5"), "{text}");
+    assert!(text.contains("provisioner_rate_limit_waiting{class=\"start\"} 2"), "{text}");
+    assert!(text.contains("provisioner_throttled_calls_total{class=\"start\"} 6"), "{text}");
 }
