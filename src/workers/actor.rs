@@ -6,6 +6,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tracing::Instrument;
 
 use super::messages::*;
 use super::start::run_start;
@@ -81,7 +82,9 @@ impl WorkerPool {
             match job {
                 Job::Start(start) => {
                     let nonce = self.nonce();
-                    let fut = run_start(self.deps.clone(), *start, nonce, self.rng.random());
+                    // One span per machine operation: every line the start logs carries it.
+                    let span = tracing::info_span!("start", machine = %start.machine.id);
+                    let fut = run_start(self.deps.clone(), *start, nonce, self.rng.random()).instrument(span);
                     ctx.spawn(fut.into_actor(self).map(|outcome, act, ctx| {
                         act.book.finished();
                         act.done.do_send(JobDone(outcome));
@@ -89,7 +92,8 @@ impl WorkerPool {
                     }));
                 }
                 Job::Stop(stop) => {
-                    let call = self.deps.broker.stop_instances(stop.instances.clone());
+                    let span = tracing::info_span!("stop", instances = ?stop.instances, machines = ?stop.machines);
+                    let call = self.deps.broker.stop_instances(stop.instances.clone()).instrument(span);
                     ctx.spawn(call.into_actor(self).map(move |res, act, ctx| {
                         act.book.finished();
                         match res {
