@@ -292,8 +292,10 @@ impl MachineBook {
         Some(
             unknown
                 .into_iter()
-                .map(|id| (self.age_of(&id).unwrap_or_default(), id))
-                .map(|(age, id)| (id, age))
+                .map(|id| {
+                    let age = self.age_of(&id).unwrap_or_default();
+                    (id, age)
+                })
                 .collect(),
         )
     }

@@ -177,32 +177,32 @@ impl MetricsBook {
         let _ = writeln!(out, "provisioner_jobs_in_flight {}", g.jobs_in_flight);
         header(&mut out, "provisioner_jobs_queued", "gauge", "Start and stop jobs waiting for a worker.");
         let _ = writeln!(out, "provisioner_jobs_queued {}", g.jobs_queued);
-        header(
-            &mut out,
-            "provisioner_rate_limit_per_second",
-            "gauge",
-            "Client-side rate limit in force, by API class (adapted down when the cloud throttles).",
-        );
-        for (class, (rate, _, _)) in &g.rate_limits {
-            let _ = writeln!(out, "provisioner_rate_limit_per_second{{class=\"{class}\"}} {rate}");
-        }
-        header(
-            &mut out,
-            "provisioner_rate_limit_waiting",
-            "gauge",
-            "Cloud calls waiting for a rate-limit token, by API class.",
-        );
-        for (class, (_, waiting, _)) in &g.rate_limits {
-            let _ = writeln!(out, "provisioner_rate_limit_waiting{{class=\"{class}\"}} {waiting}");
-        }
-        header(
-            &mut out,
-            "provisioner_throttled_calls_total",
-            "counter",
-            "Cloud calls refused with RequestLimitExceeded, by API class.",
-        );
-        for (class, (_, _, throttled)) in &g.rate_limits {
-            let _ = writeln!(out, "provisioner_throttled_calls_total{{class=\"{class}\"}} {throttled}");
+        type Pick = fn(&(f64, u64, u64)) -> String;
+        let limiter: [(&str, &str, &str, Pick); 3] = [
+            (
+                "provisioner_rate_limit_per_second",
+                "gauge",
+                "Client-side rate limit in force, by API class (adapted down when the cloud throttles).",
+                |c| c.0.to_string(),
+            ),
+            (
+                "provisioner_rate_limit_waiting",
+                "gauge",
+                "Cloud calls waiting for a rate-limit token, by API class.",
+                |c| c.1.to_string(),
+            ),
+            (
+                "provisioner_throttled_calls_total",
+                "counter",
+                "Cloud calls refused with RequestLimitExceeded, by API class.",
+                |c| c.2.to_string(),
+            ),
+        ];
+        for (name, kind, help, pick) in limiter {
+            header(&mut out, name, kind, help);
+            for (class, c) in &g.rate_limits {
+                let _ = writeln!(out, "{name}{{class=\"{}\"}} {}", escape(class), pick(c));
+            }
         }
         header(&mut out, "provisioner_harvest_mode", "gauge", "The harvest mode in force (1 for the mode in force).");
         let _ = writeln!(out, "provisioner_harvest_mode{{mode=\"{}\"}} 1", escape(&g.harvest_mode));
