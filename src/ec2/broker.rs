@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aws_config::{BehaviorVersion, Region};
+use aws_sdk_ec2::config::http::HttpResponse;
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types::{
     AvailabilityZoneState, Filter, Instance, InstanceStateName, InstanceType, Placement, ResourceType, Tag,
@@ -46,17 +47,21 @@ impl std::fmt::Debug for Ec2Broker {
     }
 }
 
-fn sdk_error<E, R>(err: SdkError<E, R>, zone: Option<&str>) -> BrokerError
+fn sdk_error<E>(err: SdkError<E, HttpResponse>, zone: Option<&str>) -> BrokerError
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
-    R: std::fmt::Debug,
 {
     let code = err.code().map(str::to_owned);
     let message = match err.message() {
         Some(m) => m.to_owned(),
         None => DisplayErrorContext(&err).to_string(),
     };
-    classify(code.as_deref(), &message, zone)
+    let server_fault = err.raw_response().is_some_and(|r| r.status().is_server_error());
+    match classify(code.as_deref(), &message, zone) {
+        // A 5xx answer is ambiguous whatever its code: the call may have taken effect.
+        BrokerError::ZoneIndependent { message } if server_fault => BrokerError::Transient { message },
+        other => other,
+    }
 }
 
 fn tag(key: &str, value: impl Into<String>) -> Tag {
@@ -219,6 +224,37 @@ impl Broker for Ec2Broker {
                 }
             }
             Ok(out)
+        })
+    }
+
+    fn instances_of_start(&self, machine: MachineId, nonce: String) -> BrokerFuture<Vec<CloudInstance>> {
+        let client = self.client.clone();
+        let model = self.config.model_uuid.clone();
+        Box::pin(async move {
+            let tag = |k: &str, v: String| Filter::builder().name(format!("tag:{k}")).values(v).build();
+            let states = Filter::builder()
+                .name("instance-state-name")
+                .values("pending")
+                .values("running")
+                .values("stopping")
+                .values("stopped")
+                .build();
+            let out = client
+                .describe_instances()
+                .filters(tag(TAG_MODEL, model.clone()))
+                .filters(tag(TAG_MACHINE, machine.to_string()))
+                .filters(tag(TAG_START, nonce))
+                .filters(states)
+                .send()
+                .await
+                .map_err(|e| sdk_error(e, None))?;
+            let now = wall_clock();
+            Ok(out
+                .reservations()
+                .iter()
+                .flat_map(|r| r.instances())
+                .filter_map(|i| to_cloud_instance(i, &model, now))
+                .collect())
         })
     }
 

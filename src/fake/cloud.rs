@@ -83,6 +83,9 @@ pub struct Fault {
     pub zone_independent: bool,
     /// The error text.
     pub message: String,
+    /// The call makes the instance (tagged, listed, its client token remembered) and then
+    /// fails with a transient error, as a call whose response was lost would.
+    pub lost_response: bool,
 }
 
 /// An instance in the fake cloud.
@@ -281,26 +284,60 @@ impl CloudActor {
         !i.foreign && i.instance.tags.model.as_deref() == Some(self.model_uuid.as_str())
     }
 
-    fn start_error(&mut self, params: &StartInstanceParams) -> Option<BrokerError> {
+    /// Whether a start is refused (`Err`), goes through (`Ok(None)`), or makes its instance and
+    /// then loses its response (`Ok(Some(message))`).
+    fn start_error(&mut self, params: &StartInstanceParams) -> Result<Option<String>, BrokerError> {
         if let Some(msg) = self.scripted_failure(CloudOp::StartInstance) {
-            return Some(BrokerError::zone_independent(msg));
+            return Err(BrokerError::zone_independent(msg));
         }
         if let Some(zone) = params.zone.as_ref().filter(|_| self.zoned) {
-            if !self.zones.iter().any(|z| &z.name == zone && z.available) {
-                return Some(BrokerError::zone_specific(format!("zone {zone:?} is unavailable")));
+            // A zone listed as unavailable takes no new instance, whatever else lists it.
+            let listed = self.zones.iter().any(|z| &z.name == zone);
+            if !listed || self.zones.iter().any(|z| &z.name == zone && !z.available) {
+                return Err(BrokerError::zone_specific(format!("zone {zone:?} is unavailable")));
             }
         }
+        let Some(fault) = self.faults.iter_mut().find(|f| {
+            f.times > 0
+                && f.machine == params.machine
+                && f.zone.as_ref().is_none_or(|z| Some(z) == params.zone.as_ref())
+        }) else {
+            return Ok(None);
+        };
+        fault.times -= 1;
+        if fault.lost_response {
+            return Ok(Some(fault.message.clone()));
+        }
+        Err(if fault.zone_independent {
+            BrokerError::zone_independent(fault.message.clone())
+        } else {
+            BrokerError::zone_specific(fault.message.clone())
+        })
+    }
+
+    /// Uses up a matching `lost_response` fault, if any, for a call that repeats a known token.
+    fn lost_answer(&mut self, params: &StartInstanceParams) -> Option<String> {
         let fault = self.faults.iter_mut().find(|f| {
             f.times > 0
                 && f.machine == params.machine
                 && f.zone.as_ref().is_none_or(|z| Some(z) == params.zone.as_ref())
         })?;
+        if !fault.lost_response {
+            return None;
+        }
         fault.times -= 1;
-        Some(if fault.zone_independent {
-            BrokerError::zone_independent(fault.message.clone())
-        } else {
-            BrokerError::zone_specific(fault.message.clone())
-        })
+        Some(fault.message.clone())
+    }
+
+    /// A fresh instance id: never one that exists or existed (pre-existing ids included).
+    fn fresh_id(&mut self) -> InstanceId {
+        loop {
+            self.next_id += 1;
+            let id = InstanceId::new(format!("i-{}", self.next_id));
+            if !self.instances.contains_key(&id) {
+                return id;
+            }
+        }
     }
 }
 
@@ -379,15 +416,23 @@ impl Handler<Start> for CloudActor {
             if let Some(c) = self.calls.get_mut(idx) {
                 c.instances = vec![instance.id.clone()];
             }
+            // A repeat can lose its answer too (it makes nothing new: the token is known).
+            if let Some(message) = self.lost_answer(&p) {
+                let err = BrokerError::transient(message);
+                self.finish(idx, Some(err.message()));
+                return Box::pin(fut::ready(Err(err)));
+            }
             self.finish(idx, None);
             return Box::pin(fut::ready(Ok(StartedInstance { instance, display_name: String::new() })));
         }
-        if let Some(err) = self.start_error(&p) {
-            self.finish(idx, Some(err.message()));
-            return Box::pin(fut::ready(Err(err)));
-        }
-        self.next_id += 1;
-        let id = InstanceId::new(format!("i-{}", self.next_id));
+        let lost = match self.start_error(&p) {
+            Ok(lost) => lost,
+            Err(err) => {
+                self.finish(idx, Some(err.message()));
+                return Box::pin(fut::ready(Err(err)));
+            }
+        };
+        let id = self.fresh_id();
         let instance = CloudInstance {
             id: id.clone(),
             state: InstanceState::Pending,
@@ -403,10 +448,25 @@ impl Handler<Start> for CloudActor {
             c.instances = vec![id.clone()];
         }
         let latency = self.start_latency;
+        let answer = move |act: &mut Self| {
+            let started = act.land(idx, id);
+            match lost {
+                // The instance is there; only the answer is lost.
+                Some(message) => {
+                    let err = BrokerError::transient(message);
+                    if let Some(c) = act.calls.get_mut(idx) {
+                        c.ok = Some(false);
+                        c.error = Some(err.message());
+                    }
+                    Err(err)
+                }
+                None => Ok(started),
+            }
+        };
         if latency.is_zero() {
-            return Box::pin(fut::ready(Ok(self.land(idx, id))));
+            return Box::pin(fut::ready(answer(self)));
         }
-        Box::pin(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| Ok(act.land(idx, id))))
+        Box::pin(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| answer(act)))
     }
 }
 
@@ -619,10 +679,17 @@ impl FakeCloud {
         });
     }
 
-    /// Replaces the zone list: `available` zones first, then listed-but-unavailable ones.
+    /// Replaces the zone list: the `available` zones not also named `unavailable` first, then
+    /// the listed-but-unavailable ones (a zone named in both lists is listed once, unavailable,
+    /// as the scenario format's version 2 fixes it).
     pub fn set_zones(&self, available: &[&str], unavailable: &[&str]) {
-        let mut zones: Vec<AvailabilityZone> = available.iter().map(|z| AvailabilityZone::available(*z)).collect();
-        zones.extend(unavailable.iter().map(|z| AvailabilityZone { name: (*z).to_owned(), available: false }));
+        let mut zones: Vec<AvailabilityZone> =
+            available.iter().filter(|z| !unavailable.contains(z)).map(|z| AvailabilityZone::available(*z)).collect();
+        for z in unavailable {
+            if !zones.iter().any(|a| a.name == *z) {
+                zones.push(AvailabilityZone { name: (*z).to_owned(), available: false });
+            }
+        }
         self.control(move |c| c.zones = zones);
     }
 

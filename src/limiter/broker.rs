@@ -58,6 +58,10 @@ impl Broker for LimitedBroker {
         self.gated(ApiClass::Describe, |b| b.all_instances())
     }
 
+    fn instances_of_start(&self, machine: crate::types::MachineId, nonce: String) -> BrokerFuture<Vec<CloudInstance>> {
+        self.gated(ApiClass::Describe, move |b| b.instances_of_start(machine, nonce))
+    }
+
     fn supports_zones(&self) -> bool {
         self.inner.supports_zones()
     }

@@ -33,8 +33,10 @@ pub enum BrokerError {
         /// The cloud's message.
         message: String,
     },
-    /// A passing fault (timeout, connection reset): retried like a zone-independent failure
-    /// for starts, and with backoff for listings and stops.
+    /// A passing or ambiguous fault (timeout, connection reset, a lost response, a 5xx): the
+    /// call may have taken effect. A start retries it with the same client token and the same
+    /// parameters (the cloud then returns the instance the first call made), using a round as
+    /// a zone-independent failure does; listings and stops retry with backoff.
     #[error("{message}")]
     Transient {
         /// What went wrong.
@@ -46,6 +48,13 @@ pub enum BrokerError {
 }
 
 impl BrokerError {
+    /// Whether the call may have taken effect although it failed (a transient failure: the
+    /// response may have been lost). Zone-specific, zone-independent and throttled failures
+    /// are definite: the cloud refused the call.
+    pub fn is_ambiguous(&self) -> bool {
+        matches!(self, BrokerError::Transient { .. })
+    }
+
     /// A zone-specific failure.
     pub fn zone_specific(message: impl Into<String>) -> Self {
         Self::ZoneSpecific { message: message.into() }
@@ -120,8 +129,9 @@ pub struct StartInstanceParams {
     pub tags: InstanceTags,
     /// Extra tags from the model.
     pub extra_tags: BTreeMap<String, String>,
-    /// An idempotency token, unique per call attempt: a retried call with the same token
-    /// returns the instance the first one made (EC2 `ClientToken`).
+    /// An idempotency token (EC2 `ClientToken`): a call with the same token and parameters
+    /// returns the instance the first one made. A start keeps its token across retries of an
+    /// ambiguous (transient) failure and takes a new one only after a definite failure.
     pub client_token: String,
     /// The other machines of its distribution group.
     pub distribution_group: Vec<MachineId>,
@@ -148,6 +158,23 @@ pub trait Broker: Send + Sync + 'static {
     fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()>;
     /// Every non-terminated instance of this model, with its state (pending, running, stopped).
     fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>>;
+    /// The non-terminated instances tagged for this start (`machine` and the start's `nonce`),
+    /// looked up before a start tries again with a new client token after an ambiguous
+    /// failure ("look before you create again"). The default filters [`Broker::all_instances`];
+    /// a cloud that can filter by tag on its side should.
+    fn instances_of_start(&self, machine: MachineId, nonce: String) -> BrokerFuture<Vec<CloudInstance>> {
+        let all = self.all_instances();
+        Box::pin(async move {
+            Ok(all
+                .await?
+                .into_iter()
+                .filter(|i| {
+                    i.tags.machine.as_ref() == Some(&machine) && i.tags.start.as_deref() == Some(nonce.as_str())
+                })
+                .filter(|i| i.state != crate::types::InstanceState::Terminated)
+                .collect())
+        })
+    }
     /// Whether this cloud has availability zones; when false, the zone calls are not made.
     fn supports_zones(&self) -> bool {
         false

@@ -119,6 +119,8 @@ pub fn generate(seed: u64) -> Scenario {
             zone: if !zones.is_empty() && rng.random_bool(0.3) { Some(pick(&mut rng, &zones).clone()) } else { None },
             zone_independent: rng.random_bool(0.4),
             message: "injected failure".into(),
+            // The call makes the instance and loses its answer (issue 12, item 2).
+            lost_response: rng.random_bool(0.25),
         });
     }
     let mut derived_zones = Vec::new();

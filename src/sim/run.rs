@@ -236,6 +236,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
             zone: f.zone.clone(),
             zone_independent: f.zone_independent,
             message: f.message.clone(),
+            lost_response: f.lost_response,
         });
     }
     for d in &s.cloud.derived_zones {

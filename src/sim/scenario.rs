@@ -397,6 +397,10 @@ pub struct FaultSpec {
     /// The error text.
     #[serde(default = "default_fault_message")]
     pub message: String,
+    /// The call makes the instance (tagged, listed), then fails as a transient error, as a
+    /// call whose response was lost would (version 2).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub lost_response: bool,
 }
 
 /// `[[cloud.derived_zones]]`.

@@ -226,27 +226,56 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
 
     let mut attempts = Attempts::new(deps.retry.count);
     let mut call = 0u32;
+    // The zone and client token of a call whose failure was ambiguous (it may have made the
+    // instance): the next call repeats it exactly, so the cloud returns what it made.
+    let mut repeat: Option<(Option<String>, String)> = None;
+    // Some call of this start failed ambiguously: before a call with a new token, look for an
+    // instance tagged for this start.
+    let mut unsure = false;
+    // Constraints are only remembered where reuse may need them.
+    let own = deps.claim.is_some().then(|| job.info.constraints.clone());
     loop {
-        let zone = match deps.choose.send(ChooseZone { machine: machine.clone(), request: request.clone() }).await {
-            Ok(Ok(zone)) => zone,
-            Ok(Err(e)) => return fail(deps, machine, e.to_string()).await,
-            Err(e) => return fail(deps, machine, format!("zone allocator unavailable: {e}")).await,
+        let repeating = repeat.is_some();
+        let zone = if let Some((zone, token)) = repeat.take() {
+            params.client_token = token;
+            zone
+        } else {
+            if unsure {
+                match look_for_own(deps, &machine, &nonce, rng).await {
+                    Ok(Some(found)) => {
+                        return adopt_own(deps, machine, found, &nonce, (own.clone(), retired), rng).await
+                    }
+                    // Nothing was made: a new token is safe.
+                    Ok(None) => unsure = false,
+                    Err(e) => return fail_retiring(deps, machine, e, retired).await,
+                }
+            }
+            let zone = match deps.choose.send(ChooseZone { machine: machine.clone(), request: request.clone() }).await {
+                Ok(Ok(zone)) => zone,
+                Ok(Err(e)) => return fail(deps, machine, e.to_string()).await,
+                Err(e) => return fail(deps, machine, format!("zone allocator unavailable: {e}")).await,
+            };
+            params.client_token = format!("{machine}/{nonce}/{call}");
+            call += 1;
+            zone
         };
         params.zone = zone.clone();
-        params.client_token = format!("{machine}/{nonce}/{call}");
-        call += 1;
         let err = match deps.broker.start_instance(params.clone()).await {
             Ok(started) => {
                 tracing::info!(%machine, instance = %started.instance.id, zone = ?zone, "started instance");
-                // Constraints are only remembered where reuse may need them.
-                let constraints = deps.claim.is_some().then(|| job.info.constraints.clone());
-                let how = Started { constraints, retired, reserved: true };
+                let how = Started { constraints: own, retired, reserved: true };
                 return register(deps, machine, started.instance, &nonce, started.display_name, how, rng).await;
             }
             Err(e) => e,
         };
+        let ambiguous = err.is_ambiguous();
+        unsure |= ambiguous;
         let mut step = attempts.on_failure(failure_kind(&err, zone.as_deref()));
-        if step == Step::MarkZone {
+        if ambiguous || (repeating && step == Step::Backoff) {
+            // The call may have made the instance: the next one repeats it (same zone, same
+            // token, same parameters), keeping the zone's reservation.
+            repeat = Some((zone.clone(), params.client_token.clone()));
+        } else if step == Step::MarkZone {
             let zone = zone.clone().unwrap_or_default();
             let shape = request.shape.clone();
             match deps.mark_failed.send(MarkZoneFailed { machine: machine.clone(), zone, shape }).await {
@@ -257,6 +286,16 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
             let _ = deps.release_reservation.send(ReleaseReservation { machine: machine.clone() }).await;
         }
         let delay = match step {
+            Step::Final if unsure => {
+                // Out of rounds, but an earlier call may have made the instance: look first.
+                match look_for_own(deps, &machine, &nonce, rng).await {
+                    Ok(Some(found)) => {
+                        return adopt_own(deps, machine, found, &nonce, (own.clone(), retired), rng).await
+                    }
+                    Ok(None) => return fail_retiring(deps, machine, err.message(), retired).await,
+                    Err(e) => return fail_retiring(deps, machine, e, retired).await,
+                }
+            }
             Step::Final => return fail_retiring(deps, machine, err.message(), retired).await,
             Step::FailOver => {
                 let z = zone.as_deref().unwrap_or_default();
@@ -290,7 +329,57 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
             actix_rt::time::sleep(delay).await;
         }
         if !still_wanted(deps, &machine).await {
+            if unsure {
+                // The machine died meanwhile, but an earlier call may have made its instance:
+                // hand it on as the start's product, so that it is harvested with the machine.
+                if let Ok(Some(found)) = look_for_own(deps, &machine, &nonce, rng).await {
+                    return adopt_own(deps, machine, found, &nonce, (own.clone(), retired), rng).await;
+                }
+            }
             return abandon(deps, machine).await;
         }
     }
+}
+
+/// How many times the lookup for an instance tagged for this start is made before the start
+/// gives up (each failure backs off).
+const LOOKUP_ATTEMPTS: u32 = 5;
+
+/// Looks for a live instance tagged for this start (machine and nonce), retrying a failed or
+/// throttled lookup with backoff. `Err` carries the message for the machine's status.
+async fn look_for_own(
+    deps: &StartDeps,
+    machine: &MachineId,
+    nonce: &str,
+    rng: &mut SmallRng,
+) -> Result<Option<CloudInstance>, String> {
+    let mut last = String::new();
+    for attempt in 0..LOOKUP_ATTEMPTS {
+        match deps.broker.instances_of_start(machine.clone(), nonce.to_owned()).await {
+            Ok(found) => return Ok(found.into_iter().next()),
+            Err(e) => {
+                tracing::warn!(%machine, error = %e, "cannot look for an instance of this start");
+                last = e.message();
+                if attempt + 1 < LOOKUP_ATTEMPTS {
+                    actix_rt::time::sleep(deps.backoff.delay(attempt, rng)).await;
+                }
+            }
+        }
+    }
+    Err(format!("cannot tell whether the cloud made an instance for this start: {last}"))
+}
+
+/// Takes the instance an ambiguous call made (found by its tags) as the start's product.
+async fn adopt_own(
+    deps: &StartDeps,
+    machine: MachineId,
+    instance: CloudInstance,
+    nonce: &str,
+    (constraints, retired): (Option<crate::types::Constraints>, Option<MachineId>),
+    rng: &mut SmallRng,
+) -> JobOutcome {
+    tracing::info!(%machine, instance = %instance.id, "a start that failed ambiguously made this instance; keeping it");
+    // Counted in its zone by the coordinator (the reservation may have been let go meanwhile).
+    let how = Started { constraints, retired, reserved: false };
+    register(deps, machine, instance, nonce, String::new(), how, rng).await
 }

@@ -153,3 +153,108 @@ async fn a_harvest_pass_stops_at_most_the_cap() {
     h.settle().await;
     assert!(h.handle.is_idle().await, "no recheck left pending");
 }
+
+/// A start fault whose call makes the instance and then loses its answer (issue 12, item 2).
+fn lost(machine: &str, times: u32) -> provisioner::fake::Fault {
+    provisioner::fake::Fault {
+        machine: machine.into(),
+        times,
+        zone: None,
+        zone_independent: false,
+        message: "connection reset before the answer".into(),
+        lost_response: true,
+    }
+}
+
+/// Every instance the cloud ever made for `machine`, terminated ones included.
+fn ever_made_for(cloud: &provisioner::fake::CloudSnapshot, machine: &str) -> Vec<String> {
+    let m = MachineId::new(machine);
+    cloud
+        .instances
+        .values()
+        .filter(|i| i.instance.tags.machine.as_ref() == Some(&m))
+        .map(|i| i.instance.id.to_string())
+        .collect()
+}
+
+/// Issue 12, item 2: a start whose call made the instance but failed transiently (the answer
+/// was lost) is repeated with the same client token, zone and parameters, so the cloud answers
+/// with the instance it made: the machine ends with exactly one instance ever made for it.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn a_lost_answer_is_retried_with_the_same_token_and_zone() {
+    let cloud = zoned_cloud(&["az1", "az2", "az3"]);
+    cloud.add_fault(lost("0", 1));
+    let config =
+        ProvisionerConfig { retry: provisioner::RetryStrategy::new(3, Duration::from_secs(10)), ..test_config() };
+    let h = Harness::new(config, cloud, FakeModel::new(vec![Machine::pending("0")]));
+    let model = h.until_model(Duration::from_secs(120), |m| instance_of(m, "0").is_some()).await;
+    let cloud = h.cloud().await;
+    let starts = cloud.calls_of(CloudOp::StartInstance);
+    assert_eq!(starts.len(), 2, "one lost answer, one repeat");
+    let (a, b) = (starts[0].params.as_ref().unwrap(), starts[1].params.as_ref().unwrap());
+    assert_eq!(a.client_token, b.client_token, "the repeat reuses the client token");
+    assert_eq!(a.zone, b.zone, "and the zone");
+    assert_eq!(**a, **b, "and every other parameter");
+    assert_eq!(ever_made_for(&cloud, "0"), vec![instance_of(&model, "0").unwrap()]);
+    assert!(cloud.duplicates.is_empty(), "{:?}", cloud.duplicates);
+}
+
+/// Four lost answers in a row (the issue saw 13 instances for 9 machines on moto): still one
+/// instance ever made per machine, each recorded and running.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn lost_answers_four_times_in_a_row_make_one_instance_per_machine() {
+    let cloud = zoned_cloud(&["az1", "az2"]);
+    let ids = many(9);
+    for id in &ids {
+        cloud.add_fault(lost(id, 4));
+    }
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let config =
+        ProvisionerConfig { retry: provisioner::RetryStrategy::new(10, Duration::from_secs(1)), ..test_config() };
+    let h = Harness::new(config, cloud, FakeModel::new(id_refs.iter().map(|i| Machine::pending(*i)).collect()));
+    let model = h.until_model(Duration::from_secs(600), all_started(&ids)).await;
+    let cloud = h.cloud().await;
+    for id in &ids {
+        let made = ever_made_for(&cloud, id);
+        assert_eq!(made, vec![instance_of(&model, id).unwrap()], "machine {id}");
+        assert_eq!(cloud.state_of(&made[0]), Some(InstanceState::Running));
+    }
+    assert!(cloud.duplicates.is_empty(), "{:?}", cloud.duplicates);
+}
+
+/// Out of rounds after a lost answer (retry count 0): before giving up, the start looks for an
+/// instance tagged for it and keeps the one the lost call made instead of erroring.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn out_of_rounds_after_a_lost_answer_the_start_looks_before_failing() {
+    let cloud = zoned_cloud(&["az1"]);
+    cloud.add_fault(lost("0", 1));
+    let config =
+        ProvisionerConfig { retry: provisioner::RetryStrategy::new(0, Duration::from_secs(10)), ..test_config() };
+    let h = Harness::new(config, cloud, FakeModel::new(vec![Machine::pending("0")]));
+    let model = h.until_model(Duration::from_secs(60), |m| instance_of(m, "0").is_some()).await;
+    let cloud = h.cloud().await;
+    assert_eq!(cloud.calls_of(CloudOp::StartInstance).len(), 1);
+    assert_eq!(ever_made_for(&cloud, "0"), vec![instance_of(&model, "0").unwrap()]);
+    assert_eq!(model.machine("0").unwrap().machine.status, provisioner::MachineStatus::Started);
+}
+
+/// The machine dies while a start call whose answer will be lost is in flight: the instance
+/// that call made is found by its tags and stopped with the machine (default mode), not left
+/// running.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn a_machine_that_dies_after_a_lost_answer_takes_its_instance_with_it() {
+    let cloud = zoned_cloud(&["az1"]);
+    cloud.set_latency(Duration::from_secs(5), Duration::ZERO);
+    cloud.add_fault(lost("0", 1));
+    let config =
+        ProvisionerConfig { retry: provisioner::RetryStrategy::new(3, Duration::from_secs(30)), ..test_config() };
+    let h = Harness::new(config, cloud, FakeModel::new(vec![Machine::pending("0")]));
+    h.run_for(Duration::from_secs(2)).await;
+    assert_eq!(h.cloud().await.calls_of(CloudOp::StartInstance).len(), 1, "the call is in flight");
+    h.model.set_life("0", provisioner::Life::Dead);
+    let model = h.until_model(Duration::from_secs(300), |m| m.machine("0").unwrap().removed).await;
+    let cloud = h.cloud().await;
+    let made = ever_made_for(&cloud, "0");
+    assert_eq!(made.len(), 1);
+    assert_eq!(cloud.state_of(&made[0]), Some(InstanceState::Terminated), "{:?}", model.machine("0"));
+}

@@ -265,6 +265,7 @@ async fn container_provisioners_ignore_retry_ticks() {
         zone: None,
         zone_independent: true,
         message: "boom".into(),
+        lost_response: false,
     });
     let h = Harness::unwatched(test_config(), cloud, FakeModel::with_machines(machines(&["0", "0/lxd/0"])));
     let containers = start_containers(

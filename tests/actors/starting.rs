@@ -144,6 +144,7 @@ async fn failing_start_is_retried_count_plus_one_times_then_errors() {
             zone: None,
             zone_independent: true,
             message: msg.into(),
+            lost_response: false,
         });
     }
     let h = Harness::new(config, cloud, FakeModel::new(vec![Machine::pending("0")]));
@@ -177,6 +178,7 @@ async fn retry_tick_restarts_machines_marked_transient() {
         zone: None,
         zone_independent: true,
         message: "oh no".into(),
+        lost_response: false,
     });
     let mut m = FakeMachine::new(Machine::pending("0"));
     m.info.constraints.zones = Some(vec!["az1".into()]);
@@ -234,6 +236,7 @@ async fn start_retries_stop_when_the_machine_dies() {
         zone: None,
         zone_independent: true,
         message: "nope".into(),
+        lost_response: false,
     });
     let h = Harness::new(config, cloud, FakeModel::new(vec![Machine::pending("0")]));
     h.run_for(Duration::from_secs(15)).await;

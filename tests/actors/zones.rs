@@ -102,6 +102,7 @@ async fn zone_specific_failure_fails_over_to_another_zone_at_once() {
         zone: None,
         zone_independent: false,
         message: "no capacity".into(),
+        lost_response: false,
     });
     let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["0"])));
     let model = h.until_model(Duration::from_secs(10), all_provisioned(&["0"])).await;
@@ -125,6 +126,7 @@ async fn always_failing_machine_gets_n_times_z_plus_one_calls() {
         zone: None,
         zone_independent: false,
         message: "zing".into(),
+        lost_response: false,
     });
     cloud.add_fault(Fault {
         machine: "1".into(),
@@ -132,6 +134,7 @@ async fn always_failing_machine_gets_n_times_z_plus_one_calls() {
         zone: None,
         zone_independent: true,
         message: "arf".into(),
+        lost_response: false,
     });
     let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["0", "1"])));
     h.until_model(Duration::from_secs(60), |m| {
@@ -160,6 +163,7 @@ async fn failure_marks_clear_after_every_zone_failed() {
         zone: None,
         zone_independent: false,
         message: "zing".into(),
+        lost_response: false,
     });
     let mut controller = Machine::pending("0");
     controller.instance = Some("i-ctl".into());
@@ -194,6 +198,7 @@ async fn derived_zones_restrict_placement() {
         zone: None,
         zone_independent: false,
         message: "zing".into(),
+        lost_response: false,
     });
     cloud.add_fault(Fault {
         machine: "3".into(),
@@ -201,8 +206,16 @@ async fn derived_zones_restrict_placement() {
         zone: None,
         zone_independent: false,
         message: "zing".into(),
+        lost_response: false,
     });
-    cloud.add_fault(Fault { machine: "5".into(), times: 1, zone: None, zone_independent: true, message: "arf".into() });
+    cloud.add_fault(Fault {
+        machine: "5".into(),
+        times: 1,
+        zone: None,
+        zone_independent: true,
+        message: "arf".into(),
+        lost_response: false,
+    });
     let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["1", "2", "3", "4", "5"])));
     let model = h
         .until_model(Duration::from_secs(30), |m| {
@@ -258,6 +271,7 @@ async fn distribution_group_members_spread_over_zones() {
         zone: None,
         zone_independent: false,
         message: "zing".into(),
+        lost_response: false,
     });
     let h = Harness::new(config, cloud, FakeModel::with_machines(ms));
     let model = h.until_model(Duration::from_secs(10), all_provisioned(&["1", "2", "3", "4", "5"])).await;
@@ -355,7 +369,14 @@ async fn zone_independent_failure_releases_the_reservation_during_the_retry_dela
     // A long delay (jittered in [0, 1000 s]) leaves time to look.
     let config = ProvisionerConfig { retry: RetryStrategy::new(1, Duration::from_secs(1000)), ..test_config() };
     let cloud = zoned_cloud(&["az1", "az2"]);
-    cloud.add_fault(Fault { machine: "0".into(), times: 1, zone: None, zone_independent: true, message: "arf".into() });
+    cloud.add_fault(Fault {
+        machine: "0".into(),
+        times: 1,
+        zone: None,
+        zone_independent: true,
+        message: "arf".into(),
+        lost_response: false,
+    });
     let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["0"])));
     h.run_for(Duration::from_secs(5)).await;
     assert_eq!(starts_of(&h.cloud().await, "0"), 1);
@@ -384,6 +405,7 @@ async fn a_zone_out_of_capacity_is_avoided_by_machines_of_the_same_shape() {
             zone: Some("az1".into()),
             zone_independent: false,
             message: "InsufficientInstanceCapacity".into(),
+            lost_response: false,
         });
         let mut ms = machines(&["0", "1", "2"]);
         ms[0].info.constraints.zones = Some(vec!["az2".into()]);

@@ -187,3 +187,27 @@ async fn a_restart_adopts_running_instances() {
     }
     handle.shutdown();
 }
+
+/// Issue 12, item 2, on moto made idempotent by client token (as EC2 is) and losing the first
+/// four RunInstances answers of every machine after the call took effect: each machine ends
+/// with exactly one instance ever made for it (before the fix, a retry with a new token made
+/// another: 13 live instances for 9 machines).
+#[actix_rt::test]
+async fn lost_answers_make_one_instance_per_machine() {
+    let uuid = moto::LOSSY_MODEL;
+    let broker = Moto::shared().broker(uuid).await;
+    let ids = ids(9);
+    let model = pending(&ids);
+    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
+    let snap = until(&model, all_provisioned(&ids)).await;
+    actix_rt::time::sleep(Duration::from_secs(2)).await;
+    let all = cloud(&broker, uuid).await;
+    assert_eq!(all.len(), 9, "one instance ever made per machine: {all:?}");
+    for id in &ids {
+        let of: Vec<_> = all.iter().filter(|(_, _, _, m)| m.as_deref() == Some(id.as_str())).collect();
+        assert_eq!(of.len(), 1, "machine {id}: {of:?}");
+        assert_eq!(of[0].1, InstanceStateName::Running, "machine {id}");
+        assert_eq!(snap.machine(id).unwrap().machine.instance.as_ref().unwrap().to_string(), of[0].0);
+    }
+    handle.shutdown();
+}

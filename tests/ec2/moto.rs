@@ -14,6 +14,8 @@ use provisioner::ec2::{Ec2Broker, Ec2Config};
 pub const IMAGE: &str = "ami-1e749f67";
 /// The model whose starts into us-east-1a fail with InsufficientInstanceCapacity.
 pub const CAPACITY_MODEL: &str = "model-capacity";
+/// The model whose first four RunInstances calls per machine take effect and lose their answer.
+pub const LOSSY_MODEL: &str = "model-lossy";
 
 /// The virtualenv's python, installed once per test run.
 fn python() -> &'static Path {
@@ -45,19 +47,20 @@ pub struct Moto {
 impl Moto {
     pub fn shared() -> &'static Moto {
         static MOTO: OnceLock<Moto> = OnceLock::new();
-        MOTO.get_or_init(|| Moto::start(&[&format!("{CAPACITY_MODEL}:us-east-1a")]))
+        MOTO.get_or_init(|| Moto::start(&[&format!("{CAPACITY_MODEL}:us-east-1a")], &[&format!("{LOSSY_MODEL}:4")]))
     }
 
     // Runs once, before the calling test has started any actor: waiting for the server to
     // listen may block this thread.
     #[allow(clippy::disallowed_methods)]
-    fn start(fail_zones: &[&str]) -> Moto {
+    fn start(fail_zones: &[&str], lose: &[&str]) -> Moto {
         let python = python();
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = Command::new(python)
             .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ec2/moto_server.py"))
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .env("MOTO_FAIL_ZONES", fail_zones.join(","))
+            .env("MOTO_LOSE_RESPONSES", lose.join(","))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -4,6 +4,13 @@
   for an instance tagged provisioner-model=MODEL into ZONE fail with
   InsufficientInstanceCapacity, as EC2 does when a zone is out of capacity. Keyed by model, so
   tests sharing one server do not see each other's faults.
+- Idempotent RunInstances, as EC2 is and moto is not (moto records ClientToken but a repeated
+  token makes another instance): a call with a ClientToken seen before answers what the first
+  call answered and makes nothing.
+- Lost answers: MOTO_LOSE_RESPONSES="MODEL:N,..." makes the first N RunInstances calls for each
+  machine (tag provisioner-machine) of model MODEL fail with InternalError after the call took
+  effect (the first of them makes the instance; repeats of its token are answered from the
+  record above, and also fail while the count lasts), as a call whose answer was lost would.
 - The server exits when the process that started it is gone (no stray servers after a test
   run, even one that was killed).
 
@@ -24,18 +31,42 @@ FAIL = {
     for item in os.environ.get("MOTO_FAIL_ZONES", "").split(",")
     if ":" in item
 }
+LOSE = {
+    model: int(n)
+    for model, n in (
+        item.split(":", 1) for item in os.environ.get("MOTO_LOSE_RESPONSES", "").split(",") if ":" in item
+    )
+}
 _run_instances = InstanceResponse.run_instances
+# ClientToken -> the first call's answer; (model, machine) -> answers lost so far.
+ANSWERS = {}
+LOST = {}
+LOCK = threading.Lock()
 
 
 def run_instances(self):
     zone = self._get_param("Placement.AvailabilityZone")
-    model = self._parse_tag_specification().get("instance", {}).get("provisioner-model")
-    if (model, zone) in FAIL:
-        raise EC2ClientError(
-            "InsufficientInstanceCapacity",
-            f"We currently do not have sufficient capacity in the Availability Zone you requested ({zone}).",
-        )
-    return _run_instances(self)
+    tags = self._parse_tag_specification().get("instance", {})
+    model = tags.get("provisioner-model")
+    machine = tags.get("provisioner-machine")
+    token = self._get_param("ClientToken")
+    with LOCK:
+        if token and token in ANSWERS:
+            answer = ANSWERS[token]
+        else:
+            if (model, zone) in FAIL:
+                raise EC2ClientError(
+                    "InsufficientInstanceCapacity",
+                    f"We currently do not have sufficient capacity in the Availability Zone you requested ({zone}).",
+                )
+            answer = _run_instances(self)
+            if token:
+                ANSWERS[token] = answer
+        lost = LOST.get((model, machine), 0)
+        if lost < LOSE.get(model, 0):
+            LOST[(model, machine)] = lost + 1
+            raise EC2ClientError("InternalError", "An internal error has occurred (the answer was lost).")
+    return answer
 
 
 InstanceResponse.run_instances = run_instances
