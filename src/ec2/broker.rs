@@ -27,11 +27,14 @@ pub const TAG_START: &str = "provisioner-start";
 /// Most instance ids one `TerminateInstances` call takes.
 const TERMINATE_BATCH: usize = 1000;
 
-/// EC2's `ClientToken` for one call attempt: at most 64 ASCII characters, so the provisioner's
-/// token (`<machine>/<nonce>/<call>`, longer than that) is turned into a name-based UUID. The
-/// same token always gives the same `ClientToken`, so a retried call is idempotent.
-pub fn client_token(token: &str) -> String {
-    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, token.as_bytes()).to_string()
+/// EC2's `ClientToken` for one call of model `model`: at most 64 ASCII characters, so the
+/// provisioner's token (`<machine>/<nonce>/<call>`, longer than that) and the model's uuid are
+/// turned into a name-based UUID. The same model and token always give the same `ClientToken`,
+/// so a repeated call is idempotent; client tokens are scoped to the account, so the model's
+/// uuid keeps two models (whose machine ids and seeded nonces may coincide) apart.
+pub fn client_token(model: &str, token: &str) -> String {
+    let name = format!("{model}\n{token}");
+    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).to_string()
 }
 
 /// A [`Broker`] over EC2.
@@ -174,7 +177,7 @@ impl Broker for Ec2Broker {
                 .instance_type(InstanceType::from(config.instance_type.as_str()))
                 .min_count(1)
                 .max_count(1)
-                .client_token(client_token(&params.client_token))
+                .client_token(client_token(&config.model_uuid, &params.client_token))
                 .tag_specifications(spec);
             if let Some(zone) = &params.zone {
                 call = call.placement(Placement::builder().availability_zone(zone.clone()).build());

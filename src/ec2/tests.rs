@@ -36,11 +36,14 @@ fn errors_map_onto_failure_kinds_with_the_aws_message() {
 }
 
 #[test]
-fn client_tokens_are_short_stable_and_distinct_per_attempt() {
-    let a = client_token("machine-12/machine-0:6f1c2a9e-0b7d-4a57-9b1e-3c2d1e0f9a8b/0");
+fn client_tokens_are_short_stable_and_distinct_per_attempt_and_model() {
+    let t = "machine-12/machine-0:6f1c2a9e-0b7d-4a57-9b1e-3c2d1e0f9a8b/0";
+    let a = client_token("model-a", t);
     assert!(a.len() <= 64 && a.is_ascii());
-    assert_eq!(a, client_token("machine-12/machine-0:6f1c2a9e-0b7d-4a57-9b1e-3c2d1e0f9a8b/0"));
-    assert_ne!(a, client_token("machine-12/machine-0:6f1c2a9e-0b7d-4a57-9b1e-3c2d1e0f9a8b/1"));
+    assert_eq!(a, client_token("model-a", t));
+    assert_ne!(a, client_token("model-a", "machine-12/machine-0:6f1c2a9e-0b7d-4a57-9b1e-3c2d1e0f9a8b/1"));
+    // Tokens are scoped to the account: two models' equal tokens must not collide.
+    assert_ne!(a, client_token("model-b", t));
 }
 
 fn instance(id: &str, state: InstanceStateName, tags: &[(&str, &str)]) -> Instance {
