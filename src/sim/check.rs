@@ -59,6 +59,86 @@ fn all_machines(s: &Scenario) -> BTreeMap<String, MachineSpec> {
     out
 }
 
+/// The zones open to new instances over time: the cloud's list less its unavailable zones,
+/// from the scenario's initial cloud and its `set_zones` events (contract semantics 12).
+struct ZoneTimeline {
+    changes: Vec<(Duration, BTreeSet<String>)>,
+}
+
+impl ZoneTimeline {
+    fn new(s: &Scenario) -> Self {
+        let open = |zones: &[String], unavailable: &[String]| -> BTreeSet<String> {
+            zones.iter().filter(|z| !unavailable.contains(z)).cloned().collect()
+        };
+        let mut changes = vec![(Duration::ZERO, open(&s.cloud.zones, &s.cloud.unavailable_zones))];
+        for (at, a) in s.timeline() {
+            if let Action::SetZones(z) = a {
+                changes.push((at, open(&z.zones, &z.unavailable_zones)));
+            }
+        }
+        Self { changes }
+    }
+
+    /// Whether `zone` was closed at `t`, under the list in force then and under the one before
+    /// a change made at that very instant (either order of two events at one instant is fine).
+    fn closed_at(&self, zone: &str, t: Duration) -> bool {
+        let mut closed = true;
+        let mut seen = false;
+        for (at, open) in self.changes.iter().filter(|(at, _)| *at <= t).rev() {
+            closed &= !open.contains(zone);
+            if seen || *at < t {
+                break;
+            }
+            seen = true;
+        }
+        closed
+    }
+}
+
+/// The simulated cloud's own contract (semantics 12, 13): no start is accepted into a zone
+/// closed to new instances, and no new instance takes the id of one that exists or existed.
+fn check_cloud(s: &Scenario, cloud: &CloudSnapshot, v: &mut Vec<String>) {
+    if !s.cloud.zones.is_empty() || !s.cloud.unavailable_zones.is_empty() {
+        let zones = ZoneTimeline::new(s);
+        // The call that made an instance is the first to name it (a repeat of its client token
+        // names it again later, when the zone may have closed meanwhile).
+        let mut made: BTreeSet<&crate::types::InstanceId> = BTreeSet::new();
+        for call in cloud.calls.iter().filter(|c| c.op == CloudOp::StartInstance) {
+            let new = call.instances.iter().fold(false, |any, id| made.insert(id) || any);
+            if let (true, Some(zone), Some(m)) = (new, &call.zone, &call.machine) {
+                if zones.closed_at(zone, call.at) {
+                    let at = format_duration(call.at);
+                    v.push(format!("machine {m} was started in zone {zone}, closed to new instances, at {at}"));
+                }
+            }
+        }
+    }
+    let mut preexisting: BTreeSet<String> = s.cloud.instances.iter().map(|i| i.id.clone()).collect();
+    for (_, a) in s.timeline() {
+        if let Action::CloudLaunch(l) = a {
+            preexisting.insert(l.id);
+        }
+    }
+    let mut made_for: BTreeMap<String, String> = BTreeMap::new();
+    for call in cloud.calls.iter().filter(|c| c.op == CloudOp::StartInstance && c.ok == Some(true)) {
+        let m = call.machine.as_ref().map(ToString::to_string).unwrap_or_default();
+        for inst in &call.instances {
+            let id = inst.to_string();
+            if preexisting.contains(&id) {
+                v.push(format!("the cloud gave machine {m}'s new instance the id {id} of an existing instance"));
+            }
+            match made_for.get(&id) {
+                Some(other) if *other != m => {
+                    v.push(format!("the cloud gave instance id {id} to machines {other} and {m}"));
+                }
+                _ => {
+                    made_for.insert(id, m.clone());
+                }
+            }
+        }
+    }
+}
+
 /// Every broken invariant, as sentences naming the machine or instance.
 pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: &ModeTimeline) -> Vec<String> {
     let mut v: Vec<String> = Vec::new();
@@ -90,6 +170,8 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         .flat_map(|c| c.instances.iter().map(ToString::to_string))
         .collect();
     let protected = |machine: &str, f: fn(&MachineSpec) -> bool| specs.get(machine).is_some_and(f);
+
+    check_cloud(s, cloud, &mut v);
 
     // 1. Never two live instances for one machine (checked at every creation, and at the end).
     v.extend(cloud.duplicates.iter().cloned());

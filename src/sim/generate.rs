@@ -55,7 +55,8 @@ pub fn generate(seed: u64) -> Scenario {
             m.status = crate::types::MachineStatus::Started;
         } else if rng.random_bool(0.15) {
             // Provisioned before the provisioner starts.
-            let id = format!("pre-{i}");
+            // Sometimes an id the cloud's own counter would give (semantics 13: never reused).
+            let id = if rng.random_bool(0.3) { format!("i-{}", i + 1) } else { format!("pre-{i}") };
             let zone = available.first().map(|_| pick(&mut rng, &available).clone());
             m.instance = Some(id.clone());
             m.status = crate::types::MachineStatus::Started;
@@ -181,8 +182,15 @@ pub fn generate(seed: u64) -> Scenario {
             67..=71 => Action::RetryProvisioning(vec![target]),
             72..=76 if !zones.is_empty() => {
                 let cut = rng.random_range(0..zones.len());
+                // Sometimes the closed zone is named in both lists (semantics 12).
+                let both = rng.random_bool(0.5);
                 Action::SetZones(SetZonesSpec {
-                    zones: zones.iter().enumerate().filter(|(i, _)| *i != cut).map(|(_, z)| z.clone()).collect(),
+                    zones: zones
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| both || *i != cut)
+                        .map(|(_, z)| z.clone())
+                        .collect(),
                     unavailable_zones: vec![zones[cut].clone()],
                 })
             }
@@ -217,6 +225,16 @@ pub fn generate(seed: u64) -> Scenario {
             }),
         };
         events.push(EventSpec::new(at, action));
+    }
+    // A zone closed early while starts still wait for a worker (the provisioner's zone view
+    // is then stale), named in both lists: the cloud must refuse it (semantics 12).
+    if zones.len() > 1 && rng.random_bool(0.2) {
+        let at = ms(&mut rng, 10_000).max(Duration::from_millis(1));
+        let closed = pick(&mut rng, &zones).clone();
+        events.push(EventSpec::new(
+            at,
+            Action::SetZones(SetZonesSpec { zones: zones.clone(), unavailable_zones: vec![closed] }),
+        ));
     }
     events.sort_by_key(|e| e.at);
 
