@@ -104,7 +104,7 @@ fn check_cloud(s: &Scenario, cloud: &CloudSnapshot, v: &mut Vec<String>) {
         // names it again later, when the zone may have closed meanwhile).
         let mut made: BTreeSet<&crate::types::InstanceId> = BTreeSet::new();
         for call in cloud.calls.iter().filter(|c| c.op == CloudOp::StartInstance) {
-            let new = call.instances.iter().fold(false, |any, id| made.insert(id) || any);
+            let new = call.instances.iter().filter(|id| made.insert(id)).count() > 0;
             if let (true, Some(zone), Some(m)) = (new, &call.zone, &call.machine) {
                 if zones.closed_at(zone, call.at) {
                     let at = format_duration(call.at);
