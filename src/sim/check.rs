@@ -110,13 +110,44 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         }
     }
 
+    // When the model was destroyed (destroy_model wins over releases and harvest modes).
+    let destroyed_at: Option<Duration> =
+        s.timeline().into_iter().find(|(_, a)| matches!(a, Action::DestroyModel(_))).map(|(at, _)| at);
+    let destroyed_by = |t: Duration| destroyed_at.is_some_and(|d| d <= t);
+    // Instances released so far, in call order (semantics 5: never stopped later).
+    let mut released: BTreeSet<String> = BTreeSet::new();
     for call in &cloud.calls {
         let at = format_duration(call.at);
         match call.op {
+            CloudOp::ReleaseInstances if call.ok == Some(true) => {
+                released.extend(call.instances.iter().map(ToString::to_string));
+            }
             CloudOp::StopInstances => {
                 for inst in &call.instances {
                     let id = inst.to_string();
                     let rec = cloud.instances.get(inst);
+                    // Semantics 5: a released instance is left alone for good.
+                    if released.contains(&id) {
+                        v.push(format!("released instance {id} was stopped at {at}"));
+                    }
+                    // Semantics 5 and 14: the instance of a machine that died while the mode
+                    // excluded `destroyed` is released, not stopped (unless the model is
+                    // destroyed by then: semantics 15).
+                    if let Some(m) = recorder.get(&id).or_else(|| owner.get(&id)) {
+                        let dead = model.machines.get(&crate::types::MachineId::new(m)).and_then(|f| f.died_at);
+                        if let Some(died) = dead.filter(|d| *d <= call.at) {
+                            if !destroyed_by(call.at)
+                                && !modes.any_between(died, call.at, HarvestMode::harvests_destroyed)
+                            {
+                                v.push(format!(
+                                    "instance {id} of machine {m}, dead since {} in mode {}, was stopped at {at} in mode {}",
+                                    format_duration(died),
+                                    modes.at(died),
+                                    modes.at(call.at)
+                                ));
+                            }
+                        }
+                    }
                     // 2. Foreign instances are never stopped.
                     if rec.is_some_and(|r| r.foreign) {
                         v.push(format!("foreign instance {id} was stopped at {at}"));
@@ -167,13 +198,15 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         }
     }
 
-    // 5. Removed machines' instances are terminated (modes destroyed/all at death, not kept).
+    // 5. Removed machines' instances are terminated (modes destroyed/all at death, not kept);
+    // so are those of machines dead at the end but not removed (containers included).
     for (id, m) in &model.machines {
-        if !m.removed || m.machine.keep_instance || m.machine.manual {
+        let dead = m.removed || m.machine.life == Life::Dead;
+        if !dead || m.machine.keep_instance || m.machine.manual {
             continue;
         }
         let died = m.died_at.unwrap_or_default();
-        let removed = m.removed_at.unwrap_or(died);
+        let removed = if m.removed { m.removed_at.unwrap_or(died) } else { Duration::MAX };
         if !modes.all_between(died, removed, HarvestMode::harvests_destroyed) {
             continue;
         }
@@ -193,8 +226,64 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
             }
             if let Some(rec) = cloud.instances.get(&crate::types::InstanceId::new(&inst)) {
                 if rec.instance.state != InstanceState::Terminated {
-                    v.push(format!("removed machine {id} left instance {inst} {}", rec.instance.state));
+                    let what = if m.removed { "removed" } else { "dead" };
+                    v.push(format!("{what} machine {id} left instance {inst} {}", rec.instance.state));
                 }
+            }
+        }
+    }
+
+    // Semantics 16: a host that dies takes its containers with it (they end dead and marked
+    // for removal; their instances are judged by invariant 5 above).
+    for (id, m) in &model.machines {
+        let Some((host, _)) = id.container_of() else { continue };
+        let host_gone = model.machines.get(&host).is_some_and(|h| h.removed || h.machine.life == Life::Dead);
+        if host_gone && !m.removed {
+            v.push(format!("container {id} of dead host {host} is {} and not marked for removal", m.machine.life));
+        }
+    }
+
+    // Semantics 15: once the model is destroyed, every instance of a non-manual, non-controller,
+    // non-keep-instance machine (containers included) ends terminated, whatever the harvest
+    // mode; only instances released before the destruction are no longer ours.
+    if let Some(destroyed) = destroyed_at.filter(|_| model.life != Life::Alive) {
+        let released_before: BTreeSet<String> = cloud
+            .calls
+            .iter()
+            .filter(|c| c.op == CloudOp::ReleaseInstances && c.ok == Some(true) && c.at < destroyed)
+            .flat_map(|c| c.instances.iter().map(ToString::to_string))
+            .collect();
+        // Launched out of band after the destruction: not an instance the destruction knew.
+        let launched_after: BTreeSet<String> = s
+            .timeline()
+            .into_iter()
+            .filter_map(|(at, a)| match a {
+                Action::CloudLaunch(l) if at >= destroyed => Some(l.id),
+                _ => None,
+            })
+            .collect();
+        for (iid, inst) in &cloud.instances {
+            let iid = iid.to_string();
+            let skip = inst.foreign
+                || inst.instance.state == InstanceState::Terminated
+                || released_before.contains(&iid)
+                || launched_after.contains(&iid);
+            if skip {
+                continue;
+            }
+            let Some(m) = recorder.get(&iid).or_else(|| owner.get(&iid)) else { continue };
+            let Some(f) = model.machines.get(&crate::types::MachineId::new(m)) else { continue };
+            let spec = specs.get(m.as_str());
+            let exempt = f.machine.manual
+                || f.machine.controller
+                || f.machine.keep_instance
+                || spec.is_some_and(|s| s.manual || s.controller || s.keep_instance);
+            if !exempt {
+                v.push(format!(
+                    "model destroyed at {} but instance {iid} of machine {m} is {}",
+                    format_duration(destroyed),
+                    inst.instance.state
+                ));
             }
         }
     }
