@@ -344,6 +344,11 @@ async fn process_batch(
     if first {
         // A dying model gets no new instances, even from a restarted provisioner.
         model_dying |= links.model.model_life().await.map_err(BatchError::Model)? != crate::types::Life::Alive;
+        if model_dying {
+            // The destruction wins over releases from the first plan on (semantics 15): an
+            // empty destroy plan tells the harvest policy so.
+            links.plan_destroy.send(PlanDestroy { machines: Vec::new() }).await?;
+        }
     }
     let zones_loaded = if need_zones {
         links.refresh_zones.send(RefreshZones).await?.map_err(BatchError::Zones)?;

@@ -136,8 +136,18 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                     if let Some(m) = recorder.get(&id).or_else(|| owner.get(&id)) {
                         let dead = model.machines.get(&crate::types::MachineId::new(m)).and_then(|f| f.died_at);
                         if let Some(died) = dead.filter(|d| *d <= call.at) {
-                            if !destroyed_by(call.at)
-                                && !modes.any_between(died, call.at, HarvestMode::harvests_destroyed)
+                            // The mode at its death decides, or, if a start of it was in flight
+                            // then, the mode in force when that start landed (semantics 14):
+                            // any mode from its death to this stop.
+                            let starting = cloud.calls.iter().any(|c| {
+                                c.op == CloudOp::StartInstance
+                                    && c.machine.as_ref().is_some_and(|x| x.as_str() == m)
+                                    && c.at <= died
+                                    && c.done_at.is_none_or(|d| d >= died)
+                            });
+                            let decided = if starting { call.at } else { died };
+                            let from = died.saturating_sub(Duration::from_millis(1));
+                            if !destroyed_by(call.at) && !modes.any_between(from, decided, HarvestMode::harvests_destroyed)
                             {
                                 v.push(format!(
                                     "instance {id} of machine {m}, dead since {} in mode {}, was stopped at {at} in mode {}",
@@ -317,4 +327,192 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    //! The checker fires on bad runs (hand-made snapshots standing for a broken provisioner)
+    //! and stays quiet on the good ones next to them.
+
+    use super::*;
+    use crate::fake::{CallRecord, FakeInstance, FakeMachine};
+    use crate::sim::scenario::Format;
+    use crate::types::{CloudInstance, InstanceId, InstanceTags, Machine, MachineId};
+
+    fn scenario(text: &str) -> Scenario {
+        Scenario::parse(text, Format::Toml, "t.toml").unwrap()
+    }
+
+    fn instance(id: &str, machine: &str, state: InstanceState) -> (InstanceId, FakeInstance) {
+        let tags = InstanceTags { model: Some("m".into()), machine: Some(MachineId::new(machine)), start: None };
+        let instance = CloudInstance { id: InstanceId::new(id), state, zone: None, tags, age: None };
+        (InstanceId::new(id), FakeInstance { instance, foreign: false, born: (Duration::ZERO, Duration::ZERO) })
+    }
+
+    fn call(op: CloudOp, at: u64, instances: &[&str]) -> CallRecord {
+        CallRecord {
+            at: Duration::from_secs(at),
+            op,
+            machine: None,
+            zone: None,
+            instances: instances.iter().map(|i| InstanceId::new(*i)).collect(),
+            ok: Some(true),
+            error: None,
+            params: None,
+            throttled: false,
+            done_at: Some(Duration::from_secs(at)),
+        }
+    }
+
+    fn machine(id: &str, life: Life, instance: Option<&str>, died: Option<u64>, removed: bool) -> (MachineId, FakeMachine) {
+        let mut m = Machine::pending(id);
+        m.life = life;
+        m.instance = instance.map(InstanceId::new);
+        let mut f = FakeMachine::new(m);
+        f.died_at = died.map(Duration::from_secs);
+        f.removed = removed;
+        f.removed_at = removed.then(|| Duration::from_secs(died.unwrap_or(0)));
+        (MachineId::new(id), f)
+    }
+
+    const HOST_AND_CONTAINER: &str = r#"
+        [[machines]]
+        id = "0"
+        [[machines]]
+        id = "0/lxd/0"
+    "#;
+
+    #[test]
+    fn a_dead_hosts_container_left_alive_with_its_instance_is_caught() {
+        // The run of dead_host_container_not_reaped_after_restart before the fix: the host is
+        // removed, its container dead (not removed) with its instance running.
+        let s = scenario(HOST_AND_CONTAINER);
+        let modes = ModeTimeline::new(HarvestMode::Destroyed);
+        let cloud = CloudSnapshot {
+            instances: [instance("i-h0", "0", InstanceState::Terminated), instance("i-1", "0/lxd/0", InstanceState::Running)]
+                .into_iter()
+                .collect(),
+            ..CloudSnapshot::default()
+        };
+        let mut model = ModelSnapshot {
+            machines: [
+                machine("0", Life::Dead, Some("i-h0"), Some(10), true),
+                machine("0/lxd/0", Life::Dead, Some("i-1"), Some(20), false),
+            ]
+            .into_iter()
+            .collect(),
+            ..ModelSnapshot::default()
+        };
+        let v = check(&s, &cloud, &model, &modes);
+        assert!(v.contains(&"dead machine 0/lxd/0 left instance i-1 running".to_owned()), "{v:?}");
+        assert!(v.iter().any(|x| x.starts_with("container 0/lxd/0 of dead host 0 is dead and not marked")), "{v:?}");
+        // An alive container of a dead host is caught too.
+        model.machines.get_mut(&MachineId::new("0/lxd/0")).unwrap().machine.life = Life::Alive;
+        let v = check(&s, &cloud, &model, &modes);
+        assert!(v.iter().any(|x| x.starts_with("container 0/lxd/0 of dead host 0 is alive")), "{v:?}");
+        // The good run: terminated and removed.
+        let mut good_cloud = cloud.clone();
+        good_cloud.instances.get_mut(&InstanceId::new("i-1")).unwrap().instance.state = InstanceState::Terminated;
+        let good = ModelSnapshot {
+            machines: [
+                machine("0", Life::Dead, Some("i-h0"), Some(10), true),
+                machine("0/lxd/0", Life::Dead, Some("i-1"), Some(10), true),
+            ]
+            .into_iter()
+            .collect(),
+            ..ModelSnapshot::default()
+        };
+        assert_eq!(check(&s, &good_cloud, &good, &modes), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_stop_in_a_mode_that_excludes_destroyed_or_after_a_release_is_caught() {
+        // container_stops_after_switch_to_none before the fix: the container died at 20s in mode
+        // none (switched at 10s) and its instance was stopped.
+        let s = scenario(HOST_AND_CONTAINER);
+        let mut modes = ModeTimeline::new(HarvestMode::Destroyed);
+        modes.set(Duration::from_secs(10), HarvestMode::None);
+        let cloud = CloudSnapshot {
+            instances: [instance("i-1", "0/lxd/0", InstanceState::Terminated)].into_iter().collect(),
+            calls: vec![call(CloudOp::StopInstances, 20, &["i-1"])],
+            ..CloudSnapshot::default()
+        };
+        let model = ModelSnapshot {
+            machines: [machine("0/lxd/0", Life::Dead, Some("i-1"), Some(20), true)].into_iter().collect(),
+            ..ModelSnapshot::default()
+        };
+        let v = check(&s, &cloud, &model, &modes);
+        assert!(v.iter().any(|x| x.starts_with("instance i-1 of machine 0/lxd/0, dead since 20s in mode none")), "{v:?}");
+        // Released first, stopped later (semantics 5).
+        let mut released = cloud.clone();
+        released.calls.insert(0, call(CloudOp::ReleaseInstances, 20, &["i-1"]));
+        let v = check(&s, &released, &model, &ModeTimeline::new(HarvestMode::Destroyed));
+        assert_eq!(v, vec!["released instance i-1 was stopped at 20s".to_owned()]);
+        // Died in mode destroyed: the stop is right.
+        assert_eq!(check(&s, &cloud, &model, &ModeTimeline::new(HarvestMode::Destroyed)), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_container_instance_left_running_in_a_destroyed_model_is_caught() {
+        // seed002_destroy_force before the fix: the container's instance survived destroy_model.
+        let s = scenario(&format!(
+            "{HOST_AND_CONTAINER}
+            [[machines]]
+            id = \"1\"
+            keep_instance = true
+            [[events]]
+            at = \"10s\"
+            destroy_model = {{ force = true }}"
+        ));
+        let modes = ModeTimeline::new(HarvestMode::None);
+        let mut cloud = CloudSnapshot {
+            instances: [
+                instance("i-h0", "0", InstanceState::Terminated),
+                instance("i-1", "0/lxd/0", InstanceState::Running),
+                instance("i-k", "1", InstanceState::Running),
+            ]
+            .into_iter()
+            .collect(),
+            ..CloudSnapshot::default()
+        };
+        let mut kept = Machine::pending("1");
+        kept.keep_instance = true;
+        kept.instance = Some(InstanceId::new("i-k"));
+        let model = ModelSnapshot {
+            machines: [
+                machine("0", Life::Alive, Some("i-h0"), None, false),
+                machine("0/lxd/0", Life::Alive, Some("i-1"), None, false),
+                (MachineId::new("1"), FakeMachine::new(kept)),
+            ]
+            .into_iter()
+            .collect(),
+            life: Life::Dying,
+            ..ModelSnapshot::default()
+        };
+        let v = check(&s, &cloud, &model, &modes);
+        assert_eq!(v, vec!["model destroyed at 10s but instance i-1 of machine 0/lxd/0 is running".to_owned()]);
+        // Released before the destruction: no longer ours.
+        cloud.calls.push(call(CloudOp::ReleaseInstances, 5, &["i-1"]));
+        assert_eq!(check(&s, &cloud, &model, &modes), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_container_of_a_ready_host_left_pending_without_an_error_is_caught() {
+        // Invariant 7 covers containers whose host is alive and provisioned (semantics 20: a host
+        // that never initialises leaves them in provisioning error, with a message).
+        let s = scenario(HOST_AND_CONTAINER);
+        let mut model = ModelSnapshot {
+            machines: [machine("0", Life::Alive, Some("i-h0"), None, false), machine("0/lxd/0", Life::Alive, None, None, false)]
+                .into_iter()
+                .collect(),
+            ..ModelSnapshot::default()
+        };
+        let modes = ModeTimeline::new(HarvestMode::Destroyed);
+        let v = check(&s, &CloudSnapshot::default(), &model, &modes);
+        assert!(v.iter().any(|x| x.starts_with("machine 0/lxd/0 is alive and pending")), "{v:?}");
+        let c = model.machines.get_mut(&MachineId::new("0/lxd/0")).unwrap();
+        c.machine.instance_status = crate::types::InstanceStatus::provisioning_error();
+        c.instance_status_message = "host 0 cannot run lxd containers: no".into();
+        assert_eq!(check(&s, &CloudSnapshot::default(), &model, &modes), Vec::<String>::new());
+    }
 }

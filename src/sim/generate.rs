@@ -18,6 +18,58 @@ fn ms(rng: &mut StdRng, max_ms: u64) -> Duration {
     Duration::from_millis(rng.random_range(0..=max_ms))
 }
 
+/// Events around containers (issue 12 items 7, 9, 12): host deaths while containers live (with
+/// restarts around them), harvest-mode switches while containers live, destroys while
+/// containers start, containers added later. Drawn from an RNG of their own, so the rest of a
+/// seed's scenario is the same as before these were added.
+fn container_events(seed: u64, machines: &[MachineSpec], events: &mut Vec<EventSpec>) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x636f_6e74_6169_6e72);
+    let containers: Vec<&MachineSpec> = machines.iter().filter(|m| m.id.contains('/')).collect();
+    if containers.is_empty() {
+        return;
+    }
+    let hosts: Vec<String> = containers.iter().filter_map(|c| c.id.split('/').next()).map(str::to_owned).collect();
+    let modes = [HarvestMode::None, HarvestMode::Unknown, HarvestMode::Destroyed, HarvestMode::All];
+    // Containers start once their host has an instance and its initialiser ran: within the
+    // first minute or so.
+    let at = |rng: &mut StdRng| ms(rng, 60_000).max(Duration::from_millis(1));
+    if rng.random_bool(0.4) {
+        let host = pick(&mut rng, &hosts).clone();
+        let when = at(&mut rng);
+        events.push(EventSpec::new(when, Action::SetLife(SetLifeSpec { machine: host, life: Life::Dead })));
+        match rng.random_range(0..4u32) {
+            0 => events.push(EventSpec::new(
+                when.saturating_sub(ms(&mut rng, 3_000)).max(Duration::from_millis(1)),
+                Action::Restart,
+            )),
+            1 => events.push(EventSpec::new(when + ms(&mut rng, 10_000), Action::Restart)),
+            _ => {}
+        }
+        if rng.random_bool(0.5) {
+            // A container of it dies later, or one is added to the dead host.
+            let c = pick(&mut rng, &containers).id.clone();
+            let later = when + ms(&mut rng, 20_000);
+            events.push(EventSpec::new(later, Action::SetLife(SetLifeSpec { machine: c, life: Life::Dead })));
+        }
+    }
+    if rng.random_bool(0.4) {
+        events.push(EventSpec::new(at(&mut rng), Action::SetHarvestMode(*pick(&mut rng, &modes))));
+        let c = pick(&mut rng, &containers).id.clone();
+        events.push(EventSpec::new(at(&mut rng), Action::SetLife(SetLifeSpec { machine: c, life: Life::Dead })));
+    }
+    if rng.random_bool(0.3) {
+        let host = pick(&mut rng, &hosts).clone();
+        let kind = *pick(&mut rng, &["lxd", "kvm"]);
+        let id = format!("{host}/{kind}/{}", 10 + rng.random_range(0..10u32));
+        if !machines.iter().any(|m| m.id == id) {
+            events.push(EventSpec::new(at(&mut rng), Action::AddMachine(MachineSpec::pending(id))));
+        }
+    }
+    if rng.random_bool(0.15) {
+        events.push(EventSpec::new(at(&mut rng), Action::DestroyModel(DestroyModelSpec { force: rng.random_bool(0.5) })));
+    }
+}
+
 /// The scenario for a seed.
 pub fn generate(seed: u64) -> Scenario {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -216,6 +268,7 @@ pub fn generate(seed: u64) -> Scenario {
         };
         events.push(EventSpec::new(at, action));
     }
+    container_events(seed, &machines, &mut events);
     events.sort_by_key(|e| e.at);
 
     let harvest_mode = *pick(&mut rng, &modes);
