@@ -114,6 +114,15 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
     let destroyed_at: Option<Duration> =
         s.timeline().into_iter().find(|(_, a)| matches!(a, Action::DestroyModel(_))).map(|(at, _)| at);
     let destroyed_by = |t: Duration| destroyed_at.is_some_and(|d| d <= t);
+    // Whether a start of `machine` was in flight at `t` (its instance did not exist yet).
+    let starting_at = |machine: &str, t: Duration| {
+        cloud.calls.iter().any(|c| {
+            c.op == CloudOp::StartInstance
+                && c.machine.as_ref().is_some_and(|x| x.as_str() == machine)
+                && c.at <= t
+                && c.done_at.is_none_or(|d| d >= t)
+        })
+    };
     // Instances released so far, in call order (semantics 5: never stopped later).
     let mut released: BTreeSet<String> = BTreeSet::new();
     for call in &cloud.calls {
@@ -139,13 +148,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                             // The mode at its death decides, or, if a start of it was in flight
                             // then, the mode in force when that start landed (semantics 14):
                             // any mode from its death to this stop.
-                            let starting = cloud.calls.iter().any(|c| {
-                                c.op == CloudOp::StartInstance
-                                    && c.machine.as_ref().is_some_and(|x| x.as_str() == m)
-                                    && c.at <= died
-                                    && c.done_at.is_none_or(|d| d >= died)
-                            });
-                            let decided = if starting { call.at } else { died };
+                            let decided = if starting_at(m, died) { call.at } else { died };
                             let from = died.saturating_sub(Duration::from_millis(1));
                             if !destroyed_by(call.at) && !modes.any_between(from, decided, HarvestMode::harvests_destroyed)
                             {
@@ -272,6 +275,12 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                 _ => None,
             })
             .collect();
+        let released_ever: BTreeSet<String> = cloud
+            .calls
+            .iter()
+            .filter(|c| c.op == CloudOp::ReleaseInstances && c.ok == Some(true))
+            .flat_map(|c| c.instances.iter().map(ToString::to_string))
+            .collect();
         for (iid, inst) in &cloud.instances {
             let iid = iid.to_string();
             let skip = inst.foreign
@@ -283,6 +292,22 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
             }
             let Some(m) = recorder.get(&iid).or_else(|| owner.get(&iid)) else { continue };
             let Some(f) = model.machines.get(&crate::types::MachineId::new(m)) else { continue };
+            // Its release was decided before the destruction (the machine died before it in a
+            // mode that excludes destroyed, and any start in flight then had landed before it),
+            // even if carried out after.
+            let landed_before = |d: Duration| {
+                !cloud.calls.iter().any(|c| {
+                    c.op == CloudOp::StartInstance
+                        && c.machine.as_ref().is_some_and(|x| x.as_str() == m.as_str())
+                        && c.at <= d
+                        && c.done_at.is_none_or(|done| done >= destroyed)
+                })
+            };
+            let decided_release = released_ever.contains(&iid)
+                && f.died_at.is_some_and(|d| d < destroyed && !modes.at(d).harvests_destroyed() && landed_before(d));
+            if decided_release {
+                continue;
+            }
             let spec = specs.get(m.as_str());
             let exempt = f.machine.manual
                 || f.machine.controller

@@ -143,9 +143,13 @@ pub fn generate(seed: u64) -> Scenario {
     for k in 0..rng.random_range(0..=3u32) {
         let foreign = rng.random_bool(0.5);
         // A tagged extra instance stands for a start whose result was lost: only a pending,
-        // unprovisioned, non-manual machine can have one.
-        let candidates: Vec<String> =
-            machines.iter().filter(|m| m.instance.is_none() && !m.manual).map(|m| m.id.clone()).collect();
+        // unprovisioned, non-manual machine can have one, and not a container (a container
+        // provisioner runs only on a provisioned host, which a generated host may never be).
+        let candidates: Vec<String> = machines
+            .iter()
+            .filter(|m| m.instance.is_none() && !m.manual && !m.id.contains('/'))
+            .map(|m| m.id.clone())
+            .collect();
         let machine = if !candidates.is_empty() && rng.random_bool(0.5) {
             Some(pick(&mut rng, &candidates).clone())
         } else {
