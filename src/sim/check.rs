@@ -141,8 +141,11 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                     }
                     // Semantics 5 and 14: the instance of a machine that died while the mode
                     // excluded `destroyed` is released, not stopped (unless the model is
-                    // destroyed by then: semantics 15).
-                    if let Some(m) = recorder.get(&id).or_else(|| owner.get(&id)) {
+                    // destroyed by then: semantics 15). An instance never recorded because its
+                    // record failed is an orphan, stopped whatever the mode (semantics 18): only
+                    // recorded instances and strays that predate the death are judged here.
+                    let judged = recorder.get(&id).or_else(|| owner.get(&id).filter(|_| !started.contains(&id)));
+                    if let Some(m) = judged {
                         let dead = model.machines.get(&crate::types::MachineId::new(m)).and_then(|f| f.died_at);
                         if let Some(died) = dead.filter(|d| *d <= call.at) {
                             // The mode at its death decides, or, if a start of it was in flight
