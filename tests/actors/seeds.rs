@@ -231,7 +231,9 @@ async fn failing_container_initialisation_is_retried_and_shown() {
 }
 
 /// Seed 003: containers wait for their host's instance; a host that dies stops its
-/// supervisors; an unsupported container type gets a clear error.
+/// supervisors' starts (they only reap from then on: a container added to the dead host dies
+/// with it and is removed, contract semantics 16); an unsupported container type gets a clear
+/// error.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn containers_wait_for_their_host_and_stop_with_it() {
     let c = with_containers(&["0", "0/lxd/0", "0/docker/0"], vec![]);
@@ -249,10 +251,14 @@ async fn containers_wait_for_their_host_and_stop_with_it() {
     c.h.until_model(Duration::from_secs(30), |m| m.machine("0").unwrap().removed).await;
     c.h.settle().await;
     assert!(
-        c.containers.supervisors().await.unwrap().iter().all(|(h, _, _)| h.as_str() != "0"),
-        "supervisors outlived their host"
+        c.containers.supervisors().await.unwrap().iter().all(|(h, _, stage)| h.as_str() != "0" || *stage == Stage::Stopped),
+        "a supervisor of a dead host still starts containers"
     );
     assert!(c.containers.is_idle().await);
+    c.h.model.add_machine(FakeMachine::new(Machine::pending("0/lxd/1")));
+    let model = c.h.until_model(Duration::from_secs(60), |m| m.machine("0/lxd/1").unwrap().removed).await;
+    assert_eq!(model.machine("0/lxd/1").unwrap().machine.life, Life::Dead);
+    assert_eq!(starts_of(&c.h.cloud().await, "0/lxd/1"), 0, "a container of a dead host was started");
 }
 
 /// Rule 75: container provisioners have no transient-retry path.
