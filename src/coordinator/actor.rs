@@ -383,7 +383,10 @@ async fn process_batch(
 
     let mut retry_later = refreshed.retry_later;
     if (model_dying || starts_closed) && !refreshed.pending.is_empty() {
-        tracing::info!(machines = refreshed.pending.len(), "model is dying or starts are closed: not starting pending machines");
+        tracing::info!(
+            machines = refreshed.pending.len(),
+            "model is dying or starts are closed: not starting pending machines"
+        );
     } else if !refreshed.pending.is_empty() {
         let ids = refreshed.pending.iter().map(|m| m.id.clone()).collect();
         let to_start = links.observe_pending.send(ObservePending { ids }).await?;

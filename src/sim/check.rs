@@ -153,7 +153,8 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                             // any mode from its death to this stop.
                             let decided = if starting_at(m, died) { call.at } else { died };
                             let from = died.saturating_sub(Duration::from_millis(1));
-                            if !destroyed_by(call.at) && !modes.any_between(from, decided, HarvestMode::harvests_destroyed)
+                            if !destroyed_by(call.at)
+                                && !modes.any_between(from, decided, HarvestMode::harvests_destroyed)
                             {
                                 v.push(format!(
                                     "instance {id} of machine {m}, dead since {} in mode {}, was stopped at {at} in mode {}",
@@ -392,7 +393,13 @@ mod tests {
         }
     }
 
-    fn machine(id: &str, life: Life, instance: Option<&str>, died: Option<u64>, removed: bool) -> (MachineId, FakeMachine) {
+    fn machine(
+        id: &str,
+        life: Life,
+        instance: Option<&str>,
+        died: Option<u64>,
+        removed: bool,
+    ) -> (MachineId, FakeMachine) {
         let mut m = Machine::pending(id);
         m.life = life;
         m.instance = instance.map(InstanceId::new);
@@ -417,9 +424,12 @@ mod tests {
         let s = scenario(HOST_AND_CONTAINER);
         let modes = ModeTimeline::new(HarvestMode::Destroyed);
         let cloud = CloudSnapshot {
-            instances: [instance("i-h0", "0", InstanceState::Terminated), instance("i-1", "0/lxd/0", InstanceState::Running)]
-                .into_iter()
-                .collect(),
+            instances: [
+                instance("i-h0", "0", InstanceState::Terminated),
+                instance("i-1", "0/lxd/0", InstanceState::Running),
+            ]
+            .into_iter()
+            .collect(),
             ..CloudSnapshot::default()
         };
         let mut model = ModelSnapshot {
@@ -470,7 +480,10 @@ mod tests {
             ..ModelSnapshot::default()
         };
         let v = check(&s, &cloud, &model, &modes);
-        assert!(v.iter().any(|x| x.starts_with("instance i-1 of machine 0/lxd/0, dead since 20s in mode none")), "{v:?}");
+        assert!(
+            v.iter().any(|x| x.starts_with("instance i-1 of machine 0/lxd/0, dead since 20s in mode none")),
+            "{v:?}"
+        );
         // Released first, stopped later (semantics 5).
         let mut released = cloud.clone();
         released.calls.insert(0, call(CloudOp::ReleaseInstances, 20, &["i-1"]));
@@ -530,9 +543,12 @@ mod tests {
         // that never initialises leaves them in provisioning error, with a message).
         let s = scenario(HOST_AND_CONTAINER);
         let mut model = ModelSnapshot {
-            machines: [machine("0", Life::Alive, Some("i-h0"), None, false), machine("0/lxd/0", Life::Alive, None, None, false)]
-                .into_iter()
-                .collect(),
+            machines: [
+                machine("0", Life::Alive, Some("i-h0"), None, false),
+                machine("0/lxd/0", Life::Alive, None, None, false),
+            ]
+            .into_iter()
+            .collect(),
             ..ModelSnapshot::default()
         };
         let modes = ModeTimeline::new(HarvestMode::Destroyed);

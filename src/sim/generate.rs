@@ -66,7 +66,8 @@ fn container_events(seed: u64, machines: &[MachineSpec], events: &mut Vec<EventS
         }
     }
     if rng.random_bool(0.15) {
-        events.push(EventSpec::new(at(&mut rng), Action::DestroyModel(DestroyModelSpec { force: rng.random_bool(0.5) })));
+        events
+            .push(EventSpec::new(at(&mut rng), Action::DestroyModel(DestroyModelSpec { force: rng.random_bool(0.5) })));
     }
 }
 

@@ -191,7 +191,9 @@ impl World {
                     }
                     // Containers are in the destruction's scope too (semantics 15).
                     let life = crate::ports::ModelApi::model_life(&self.model.api()).await;
-                    if let (Some(c), Ok(crate::types::Life::Dying | crate::types::Life::Dead)) = (&self.containers, life) {
+                    if let (Some(c), Ok(crate::types::Life::Dying | crate::types::Life::Dead)) =
+                        (&self.containers, life)
+                    {
                         c.model_destroyed();
                     }
                 }

@@ -251,7 +251,12 @@ async fn containers_wait_for_their_host_and_stop_with_it() {
     c.h.until_model(Duration::from_secs(30), |m| m.machine("0").unwrap().removed).await;
     c.h.settle().await;
     assert!(
-        c.containers.supervisors().await.unwrap().iter().all(|(h, _, stage)| h.as_str() != "0" || *stage == Stage::Stopped),
+        c.containers
+            .supervisors()
+            .await
+            .unwrap()
+            .iter()
+            .all(|(h, _, stage)| h.as_str() != "0" || *stage == Stage::Stopped),
         "a supervisor of a dead host still starts containers"
     );
     assert!(c.containers.is_idle().await);

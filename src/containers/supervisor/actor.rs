@@ -49,7 +49,12 @@ impl ContainerSupervisor {
     }
 
     /// A supervisor for a host already dead: it only reaps the host's containers.
-    pub fn for_dead_host(host: MachineId, kind: String, host_zone: Option<Option<String>>, deps: SupervisorDeps) -> Self {
+    pub fn for_dead_host(
+        host: MachineId,
+        kind: String,
+        host_zone: Option<Option<String>>,
+        deps: SupervisorDeps,
+    ) -> Self {
         let mut s = Self::new(host, kind, host_zone, deps);
         s.book = s.book.for_dead_host();
         s

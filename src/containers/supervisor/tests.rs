@@ -50,7 +50,11 @@ fn initialisation_failures_retry_with_growing_backoff_then_run_in_the_hosts_zone
     assert!(b.containers_changed(ids(&["0/lxd/1"])).is_empty());
     assert_eq!(
         b.initialised(Ok(())),
-        vec![Effect::StartProvisioner { zone: Some("az3".into()), containers: ids(&["0/lxd/0", "0/lxd/1"]), reap: false }]
+        vec![Effect::StartProvisioner {
+            zone: Some("az3".into()),
+            containers: ids(&["0/lxd/0", "0/lxd/1"]),
+            reap: false
+        }]
     );
     assert_eq!(b.stage(), &Stage::Running);
     assert!(b.retry_due().is_empty(), "a stale retry timer re-initialised a running supervisor");
