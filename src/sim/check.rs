@@ -123,6 +123,18 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                 && c.done_at.is_none_or(|d| d >= t)
         })
     };
+    // Whether the provisioner in charge at `t` had processed a batch since it started (it had
+    // started or stopped something: it could have processed a death at `t`; before that, it
+    // processes the death under whatever mode is in force once it can).
+    let restarts: Vec<Duration> =
+        s.timeline().into_iter().filter(|(_, a)| matches!(a, Action::Restart)).map(|(at, _)| at).collect();
+    let seen_in_time = |t: Duration| {
+        let since = restarts.iter().copied().filter(|r| *r <= t).max().unwrap_or_default();
+        cloud
+            .calls
+            .iter()
+            .any(|c| matches!(c.op, CloudOp::StartInstance | CloudOp::StopInstances) && c.at >= since && c.at <= t)
+    };
     // Instances released so far, in call order (semantics 5: never stopped later).
     let mut released: BTreeSet<String> = BTreeSet::new();
     for call in &cloud.calls {
@@ -148,10 +160,18 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                     if let Some(m) = judged {
                         let dead = model.machines.get(&crate::types::MachineId::new(m)).and_then(|f| f.died_at);
                         if let Some(died) = dead.filter(|d| *d <= call.at) {
-                            // The mode at its death decides, or, if a start of it was in flight
-                            // then, the mode in force when that start landed (semantics 14):
-                            // any mode from its death to this stop.
-                            let decided = if starting_at(m, died) { call.at } else { died };
+                            // The mode at its death decides the fate of the instance recorded for
+                            // it. If it may have been starting then (a start call in flight, or a
+                            // stray tagged for a pending machine, whose start may have been queued),
+                            // the mode in force when that start landed decides (semantics 14): any
+                            // mode from its death to this stop.
+                            // Only a provisioner that could see the death then is held to that
+                            // mode (one whose listings had succeeded since its last restart); a
+                            // container provisioner's readiness is not in the call log.
+                            let recorded = recorder.get(&id).is_some_and(|r| r == m);
+                            let container = crate::types::MachineId::new(m).is_container();
+                            let strict = recorded && !container && !starting_at(m, died) && seen_in_time(died);
+                            let decided = if strict { died } else { call.at };
                             let from = died.saturating_sub(Duration::from_millis(1));
                             if !destroyed_by(call.at)
                                 && !modes.any_between(from, decided, HarvestMode::harvests_destroyed)
@@ -491,6 +511,48 @@ mod tests {
         assert_eq!(v, vec!["released instance i-1 was stopped at 20s".to_owned()]);
         // Died in mode destroyed: the stop is right.
         assert_eq!(check(&s, &cloud, &model, &ModeTimeline::new(HarvestMode::Destroyed)), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_mode_at_a_machines_death_decides_even_if_the_stop_comes_after_a_switch() {
+        // released_instance_stopped_after_restart (issue 12 item 13): machine 0 died at 5s in
+        // mode none; its release waited; the mode became destroyed at 10s; the instance was
+        // stopped at 20s. The provisioner had processed a batch by then (a start at 0s).
+        let s = scenario("[[machines]]\nid = \"0\"\n[[machines]]\nid = \"1\"");
+        let mut modes = ModeTimeline::new(HarvestMode::None);
+        modes.set(Duration::from_secs(10), HarvestMode::Destroyed);
+        let mut start = call(CloudOp::StartInstance, 0, &["i-1"]);
+        start.machine = Some(MachineId::new("1"));
+        let cloud = CloudSnapshot {
+            instances: [
+                instance("pre-0", "0", InstanceState::Terminated),
+                instance("i-1", "1", InstanceState::Running),
+            ]
+            .into_iter()
+            .collect(),
+            calls: vec![start, call(CloudOp::StopInstances, 20, &["pre-0"])],
+            ..CloudSnapshot::default()
+        };
+        let model = ModelSnapshot {
+            machines: [
+                machine("0", Life::Dead, Some("pre-0"), Some(5), true),
+                machine("1", Life::Alive, Some("i-1"), None, false),
+            ]
+            .into_iter()
+            .collect(),
+            ..ModelSnapshot::default()
+        };
+        let v = check(&s, &cloud, &model, &modes);
+        assert_eq!(
+            v,
+            vec!["instance pre-0 of machine 0, dead since 5s in mode none, was stopped at 20s in mode destroyed"
+                .to_owned()]
+        );
+        // A provisioner that had processed nothing yet when the machine died (its listings
+        // failing, say) judges the death under the mode in force once it can.
+        let mut late = cloud.clone();
+        late.calls.remove(0);
+        assert_eq!(check(&s, &late, &model, &modes), Vec::<String>::new());
     }
 
     #[test]
