@@ -126,7 +126,7 @@ pub fn generate(seed: u64) -> Scenario {
     // Containers on some hosts (lazy container provisioners, seed 003).
     let mut init_faults = Vec::new();
     let hosts: Vec<String> = machines.iter().filter(|m| !m.manual).map(|m| m.id.clone()).collect();
-    if !hosts.is_empty() && (rng.random_bool(0.3) || std::env::var("HUNT").is_ok()) {
+    if !hosts.is_empty() && rng.random_bool(0.3) {
         for n in 0..rng.random_range(1..=3u32) {
             let host = pick(&mut rng, &hosts).clone();
             let kind = *pick(&mut rng, &["lxd", "kvm"]);
