@@ -1,6 +1,8 @@
 //! Random scenarios for the property test: machines, deaths at random times, faults,
-//! restarts, zone changes, mode changes, resizes, throttling. A seed picks one scenario, so a
-//! failing seed is reproduced with `provisioner generate-scenario --seed N`.
+//! restarts, zone changes, mode changes, resizes, throttling, and containers (host deaths
+//! under them with restarts around, mode switches while they live, destroys while they start,
+//! containers added later). A seed picks one scenario, so a failing seed is reproduced with
+//! `provisioner generate-scenario --seed N`.
 
 use std::time::Duration;
 
