@@ -156,7 +156,11 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                     // destroyed by then: semantics 15). An instance never recorded because its
                     // record failed is an orphan, stopped whatever the mode (semantics 18): only
                     // recorded instances and strays that predate the death are judged here.
-                    let judged = recorder.get(&id).or_else(|| owner.get(&id).filter(|_| !started.contains(&id)));
+                    // (Manual and keep-instance machines have checks of their own below.)
+                    let judged = recorder
+                        .get(&id)
+                        .or_else(|| owner.get(&id).filter(|_| !started.contains(&id)))
+                        .filter(|m| !protected(m, |s| s.manual || s.keep_instance));
                     if let Some(m) = judged {
                         let dead = model.machines.get(&crate::types::MachineId::new(m)).and_then(|f| f.died_at);
                         if let Some(died) = dead.filter(|d| *d <= call.at) {
@@ -166,8 +170,8 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                             // the mode in force when that start landed decides (semantics 14): any
                             // mode from its death to this stop.
                             // Only a provisioner that could see the death then is held to that
-                            // mode (one whose listings had succeeded since its last restart); a
-                            // container provisioner's readiness is not in the call log.
+                            // mode (one that had started or stopped something since its last
+                            // restart); a container provisioner's readiness is not in the call log.
                             let recorded = recorder.get(&id).is_some_and(|r| r == m);
                             let container = crate::types::MachineId::new(m).is_container();
                             let strict = recorded && !container && !starting_at(m, died) && seen_in_time(died);
