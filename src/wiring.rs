@@ -247,6 +247,13 @@ impl ProvisionerHandle {
         self.coordinator.do_send(crate::coordinator::CloseStarts);
     }
 
+    /// The model was destroyed by someone else (the environ provisioner, for a container
+    /// provisioner): starts nothing more and stops every instance in scope whatever the mode,
+    /// those of starts in flight as they land (contract semantics 15).
+    pub fn model_destroyed(&self) {
+        self.coordinator.do_send(crate::coordinator::ModelDestroyed);
+    }
+
     /// Whether every actor is quiescent: no batch, job, call or one-shot retry pending
     /// (periodic resyncs do not count). A stopped provisioner is idle.
     pub async fn is_idle(&self) -> bool {
@@ -299,6 +306,19 @@ impl ContainersHandle {
     /// Where the environ provisioner's events go (to learn when hosts are provisioned).
     pub fn provisioner_events(&self) -> Recipient<ProvisionerEvent> {
         self.manager.clone().recipient()
+    }
+
+    /// The harvest mode changed (model config): every running container provisioner and every
+    /// later one uses it from now on (contract semantics 14).
+    pub fn set_harvest_mode(&self, mode: HarvestMode) {
+        self.manager.do_send(crate::containers::manager::SetContainersHarvestMode(mode));
+    }
+
+    /// The model was destroyed (by the environ provisioner's
+    /// [`ProvisionerHandle::destroy_model`]): every container's instance is stopped whatever
+    /// the mode, including those of starts in flight as they land; nothing new starts.
+    pub fn model_destroyed(&self) {
+        self.manager.do_send(crate::containers::manager::ContainersModelDestroyed);
     }
 
     /// Every supervisor's stage, by host and type.

@@ -107,6 +107,9 @@ pub struct Coordinator {
     scope: crate::config::Scope,
     /// The model is dying: nothing new is started.
     model_dying: bool,
+    /// Starts are closed (a container provisioner whose host died): nothing new is started,
+    /// but the harvest mode still decides what happens to dead machines' instances.
+    starts_closed: bool,
 }
 
 impl Coordinator {
@@ -126,6 +129,7 @@ impl Coordinator {
             retry_path,
             scope,
             model_dying: false,
+            starts_closed: false,
         }
     }
 
@@ -147,7 +151,7 @@ impl Coordinator {
         let links = self.links.clone();
         let need_zones = !self.book.zones_loaded();
         let first = !self.book.first_done();
-        let fut = process_batch(links, ids.clone(), need_zones, first, self.model_dying);
+        let fut = process_batch(links, ids.clone(), need_zones, first, self.model_dying, self.starts_closed);
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
             match res {
                 Ok(report) => {
@@ -226,9 +230,12 @@ impl Coordinator {
     fn sweep_dying_model(&mut self, ctx: &mut Context<Self>) {
         let links = self.links.clone();
         let fut = async move {
+            // Every machine in scope, those without an instance included: the ones starting
+            // stop what their start produces when it lands.
             let targets = links.sweep.send(SweepTargets).await?;
             let deaths = links.observe_destroy.send(ObserveDestroy { machines: targets }).await?;
-            let plan = links.plan_destroy.send(PlanDestroy { machines: deaths.stop_now }).await?;
+            let stop_now = deaths.stop_now.into_iter().filter(|d| d.instances().next().is_some()).collect();
+            let plan = links.plan_destroy.send(PlanDestroy { machines: stop_now }).await?;
             Ok::<_, MailboxError>(plan)
         };
         self.outstanding += 1;
@@ -332,10 +339,16 @@ async fn process_batch(
     need_zones: bool,
     first: bool,
     mut model_dying: bool,
+    starts_closed: bool,
 ) -> Result<BatchReport, BatchError> {
     if first {
         // A dying model gets no new instances, even from a restarted provisioner.
         model_dying |= links.model.model_life().await.map_err(BatchError::Model)? != crate::types::Life::Alive;
+        if model_dying {
+            // The destruction wins over releases from the first plan on (semantics 15): an
+            // empty destroy plan tells the harvest policy so.
+            links.plan_destroy.send(PlanDestroy { machines: Vec::new() }).await?;
+        }
     }
     let zones_loaded = if need_zones {
         links.refresh_zones.send(RefreshZones).await?.map_err(BatchError::Zones)?;
@@ -369,8 +382,11 @@ async fn process_batch(
     }
 
     let mut retry_later = refreshed.retry_later;
-    if model_dying && !refreshed.pending.is_empty() {
-        tracing::info!(machines = refreshed.pending.len(), "model is dying: not starting pending machines");
+    if (model_dying || starts_closed) && !refreshed.pending.is_empty() {
+        tracing::info!(
+            machines = refreshed.pending.len(),
+            "model is dying or starts are closed: not starting pending machines"
+        );
     } else if !refreshed.pending.is_empty() {
         let ids = refreshed.pending.iter().map(|m| m.id.clone()).collect();
         let to_start = links.observe_pending.send(ObservePending { ids }).await?;
@@ -649,6 +665,18 @@ impl Handler<crate::harvest::ExecutePlan> for Coordinator {
 impl Handler<CloseStarts> for Coordinator {
     type Result = ();
     fn handle(&mut self, _msg: CloseStarts, _ctx: &mut Self::Context) {
+        self.starts_closed = true;
+    }
+}
+
+impl Handler<ModelDestroyed> for Coordinator {
+    type Result = ();
+    fn handle(&mut self, _msg: ModelDestroyed, ctx: &mut Self::Context) {
         self.model_dying = true;
+        // Before the first batch the cache is incomplete: that batch reads the model's life
+        // and sweeps then.
+        if self.book.first_done() {
+            self.sweep_dying_model(ctx);
+        }
     }
 }

@@ -46,6 +46,14 @@ pub struct SetWorkers(pub usize);
 #[rtype(result = "()")]
 pub struct CloseStarts;
 
+/// The model was destroyed by someone else (a container provisioner hears of the environ
+/// provisioner's `destroy_model`): start nothing more and stop every instance in scope,
+/// whatever the harvest mode, including those of starts still in flight as they land
+/// (contract semantics 15). Idempotent.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct ModelDestroyed;
+
 /// Hear every [`ProvisionerEvent`].
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]

@@ -14,7 +14,7 @@ mod tests;
 
 pub use actor::{Coordinator, Links};
 pub use messages::{
-    ChangeHarvestMode, CloseStarts, DestroyError, DestroyModel, DestroySummary, MachinesChanged, RetryTick, SetWorkers,
-    Subscribe,
+    ChangeHarvestMode, CloseStarts, DestroyError, DestroyModel, DestroySummary, MachinesChanged, ModelDestroyed,
+    RetryTick, SetWorkers, Subscribe,
 };
 pub use state::BatchBook;

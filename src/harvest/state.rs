@@ -111,6 +111,8 @@ pub struct HarvestBook {
     clock: Duration,
     /// After a pass that hit the cap, no unknown instance is stopped before this time.
     next_pass: Option<Duration>,
+    /// The model was destroyed: dead machines' instances are stopped whatever the mode.
+    destroyed: bool,
 }
 
 impl HarvestBook {
@@ -127,6 +129,7 @@ impl HarvestBook {
             safety: HarvestSafety::default(),
             clock: Duration::ZERO,
             next_pass: None,
+            destroyed: false,
         }
     }
 
@@ -170,7 +173,7 @@ impl HarvestBook {
     pub fn expire(&mut self, instance: &InstanceId) -> HarvestPlan {
         let mut plan = HarvestPlan::default();
         let Some((machine, _)) = self.parked.remove(instance) else { return plan };
-        if self.mode.harvests_destroyed() {
+        if self.destroyed || self.mode.harvests_destroyed() {
             self.stopping.insert(instance.clone());
             plan.stop.push(instance.clone());
             plan.remove_after_stop.push(machine);
@@ -232,7 +235,7 @@ impl HarvestBook {
             let instances: Vec<&InstanceId> = m.instances().filter(|i| !self.released.contains(*i)).collect();
             if m.manual || instances.is_empty() {
                 plan.remove_now.push(m.id.clone());
-            } else if m.keep_instance || !self.mode.harvests_destroyed() {
+            } else if m.keep_instance || !(self.destroyed || self.mode.harvests_destroyed()) {
                 for inst in instances {
                     self.released.insert(inst.clone());
                     plan.release.push(inst.clone());
@@ -301,7 +304,11 @@ impl HarvestBook {
     /// The model is being destroyed: every instance of these machines is stopped, in one call,
     /// whatever the mode; keep-instance ones are released; manual ones are untouched. Nothing is
     /// marked for removal (the machines are not dead).
+    ///
+    /// From then on the destruction wins over releases (semantics 15): a machine dying later,
+    /// or whose start lands later, has its instance stopped whatever the mode.
     pub fn plan_destroy(&mut self, machines: &[DeadMachine]) -> HarvestPlan {
+        self.destroyed = true;
         let mut plan = HarvestPlan { eager: true, ..HarvestPlan::default() };
         for m in machines.iter().filter(|m| !m.manual) {
             for inst in m.instances() {

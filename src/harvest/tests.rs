@@ -395,3 +395,17 @@ fn a_capped_pass_holds_unknown_stops_until_the_next_pass_is_due() {
     b.set_clock(Duration::from_secs(160));
     assert_eq!(b.plan(&[], &old(&["u-2", "u-3"])).stop, iids(&["u-2"]));
 }
+
+#[test]
+fn after_a_destruction_dead_machines_instances_are_stopped_whatever_the_mode() {
+    // Contract semantics 15: a machine that dies (or whose start lands) after destroy_model has
+    // its instance stopped even in mode none; keep-instance ones are still released.
+    let mut b = HarvestBook::new(HarvestMode::None);
+    b.end_safe_mode();
+    b.plan_destroy(&[]);
+    let plan = b.plan(&[dead("1", Some("i-1"))], &[]);
+    assert_eq!(plan.stop, vec![iid("i-1")]);
+    assert!(plan.release.is_empty());
+    let kept = DeadMachine { keep_instance: true, ..dead("2", Some("i-2")) };
+    assert_eq!(b.plan(&[kept], &[]).release, vec![iid("i-2")]);
+}

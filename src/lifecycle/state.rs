@@ -64,6 +64,9 @@ pub enum AfterStart {
 #[derive(Debug, Clone, Default)]
 pub struct LifecycleBook {
     phases: BTreeMap<MachineId, Phase>,
+    /// The model was destroyed: nothing starts any more (a batch read before the destruction
+    /// may still ask).
+    destroyed: bool,
 }
 
 impl LifecycleBook {
@@ -83,9 +86,9 @@ impl LifecycleBook {
     }
 
     /// A machine was classified pending: start it unless it is already starting, running or
-    /// stopping (semantics 1, fixing W7).
+    /// stopping (semantics 1, fixing W7), or the model was destroyed (semantics 15).
     pub fn want_start(&mut self, id: &MachineId) -> bool {
-        if self.phases.contains_key(id) {
+        if self.destroyed || self.phases.contains_key(id) {
             return false;
         }
         self.phases.insert(id.clone(), Phase::Starting);
@@ -163,6 +166,7 @@ impl LifecycleBook {
     /// lands; the others are handed back to be stopped now (and go idle). Machines already
     /// stopping or stop-deferred are left to that.
     pub fn on_destroy(&mut self, machines: &[DeadMachine]) -> Deaths {
+        self.destroyed = true;
         let mut out = Deaths::default();
         for m in machines {
             match self.phases.get(&m.id) {

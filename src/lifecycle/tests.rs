@@ -209,3 +209,12 @@ fn destroy_defers_starting_machines_and_hands_back_the_others() {
     let after = b.start_finished(&mid("0"), Some(iid("i-0")));
     assert_eq!(after, AfterStart::DestroyDeferred { machine: DeadMachine { instance: Some(iid("i-0")), ..d0 } });
 }
+
+#[test]
+fn nothing_starts_after_the_model_is_destroyed() {
+    // A batch read before the destruction may still ask to start a machine (contract
+    // semantics 15: nothing new in a dying model).
+    let mut b = LifecycleBook::new();
+    b.on_destroy(&[dead("0")]);
+    assert!(!b.want_start(&mid("1")), "a machine started after the model was destroyed");
+}

@@ -347,7 +347,6 @@ impl Handler<SweepTargets> for MachineRegistry {
                     live(&mut d);
                     d
                 })
-                .filter(|d| d.instances().next().is_some())
                 .collect(),
         )
     }

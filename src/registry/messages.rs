@@ -176,8 +176,9 @@ pub struct PrepareDestroy {
     pub machines: Vec<Machine>,
 }
 
-/// The cached non-manual, non-controller machines of a dying model, with their instances
-/// (tagged strays included): what its destruction must have stopped.
+/// The cached non-manual, non-controller machines of a dying model, with their instances still
+/// in the cloud (tagged strays included), those without one too (they may be starting): what
+/// its destruction must have stopped.
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "Vec<DeadMachine>")]
 pub struct SweepTargets;

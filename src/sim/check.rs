@@ -192,13 +192,85 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         }
     }
 
+    // When the model was destroyed (destroy_model wins over releases and harvest modes).
+    let destroyed_at: Option<Duration> =
+        s.timeline().into_iter().find(|(_, a)| matches!(a, Action::DestroyModel(_))).map(|(at, _)| at);
+    let destroyed_by = |t: Duration| destroyed_at.is_some_and(|d| d <= t);
+    // Whether a start of `machine` was in flight at `t` (its instance did not exist yet).
+    let starting_at = |machine: &str, t: Duration| {
+        cloud.calls.iter().any(|c| {
+            c.op == CloudOp::StartInstance
+                && c.machine.as_ref().is_some_and(|x| x.as_str() == machine)
+                && c.at <= t
+                && c.done_at.is_none_or(|d| d >= t)
+        })
+    };
+    // Whether the provisioner in charge at `t` had processed a batch since it started (it had
+    // started or stopped something: it could have processed a death at `t`; before that, it
+    // processes the death under whatever mode is in force once it can).
+    let restarts: Vec<Duration> =
+        s.timeline().into_iter().filter(|(_, a)| matches!(a, Action::Restart)).map(|(at, _)| at).collect();
+    let seen_in_time = |t: Duration| {
+        let since = restarts.iter().copied().filter(|r| *r <= t).max().unwrap_or_default();
+        cloud
+            .calls
+            .iter()
+            .any(|c| matches!(c.op, CloudOp::StartInstance | CloudOp::StopInstances) && c.at >= since && c.at <= t)
+    };
+    // Instances released so far, in call order (semantics 5: never stopped later).
+    let mut released: BTreeSet<String> = BTreeSet::new();
     for call in &cloud.calls {
         let at = format_duration(call.at);
         match call.op {
+            CloudOp::ReleaseInstances if call.ok == Some(true) => {
+                released.extend(call.instances.iter().map(ToString::to_string));
+            }
             CloudOp::StopInstances => {
                 for inst in &call.instances {
                     let id = inst.to_string();
                     let rec = cloud.instances.get(inst);
+                    // Semantics 5: a released instance is left alone for good.
+                    if released.contains(&id) {
+                        v.push(format!("released instance {id} was stopped at {at}"));
+                    }
+                    // Semantics 5 and 14: the instance of a machine that died while the mode
+                    // excluded `destroyed` is released, not stopped (unless the model is
+                    // destroyed by then: semantics 15). An instance never recorded because its
+                    // record failed is an orphan, stopped whatever the mode (semantics 18): only
+                    // recorded instances and strays that predate the death are judged here.
+                    // (Manual and keep-instance machines have checks of their own below.)
+                    let judged = recorder
+                        .get(&id)
+                        .or_else(|| owner.get(&id).filter(|_| !started.contains(&id)))
+                        .filter(|m| !protected(m, |s| s.manual || s.keep_instance));
+                    if let Some(m) = judged {
+                        let dead = model.machines.get(&crate::types::MachineId::new(m)).and_then(|f| f.died_at);
+                        if let Some(died) = dead.filter(|d| *d <= call.at) {
+                            // The mode at its death decides the fate of the instance recorded for
+                            // it. If it may have been starting then (a start call in flight, or a
+                            // stray tagged for a pending machine, whose start may have been queued),
+                            // the mode in force when that start landed decides (semantics 14): any
+                            // mode from its death to this stop.
+                            // Only a provisioner that could see the death then is held to that
+                            // mode (one that had started or stopped something since its last
+                            // restart); a container provisioner's readiness is not in the call log.
+                            let recorded = recorder.get(&id).is_some_and(|r| r == m);
+                            let container = crate::types::MachineId::new(m).is_container();
+                            let strict = recorded && !container && !starting_at(m, died) && seen_in_time(died);
+                            let decided = if strict { died } else { call.at };
+                            let from = died.saturating_sub(Duration::from_millis(1));
+                            if !destroyed_by(call.at)
+                                && !modes.any_between(from, decided, HarvestMode::harvests_destroyed)
+                            {
+                                v.push(format!(
+                                    "instance {id} of machine {m}, dead since {} in mode {}, was stopped at {at} in mode {}",
+                                    format_duration(died),
+                                    modes.at(died),
+                                    modes.at(call.at)
+                                ));
+                            }
+                        }
+                    }
                     // 2. Foreign instances are never stopped.
                     if rec.is_some_and(|r| r.foreign) {
                         v.push(format!("foreign instance {id} was stopped at {at}"));
@@ -249,13 +321,15 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         }
     }
 
-    // 5. Removed machines' instances are terminated (modes destroyed/all at death, not kept).
+    // 5. Removed machines' instances are terminated (modes destroyed/all at death, not kept);
+    // so are those of machines dead at the end but not removed (containers included).
     for (id, m) in &model.machines {
-        if !m.removed || m.machine.keep_instance || m.machine.manual {
+        let dead = m.removed || m.machine.life == Life::Dead;
+        if !dead || m.machine.keep_instance || m.machine.manual {
             continue;
         }
         let died = m.died_at.unwrap_or_default();
-        let removed = m.removed_at.unwrap_or(died);
+        let removed = if m.removed { m.removed_at.unwrap_or(died) } else { Duration::MAX };
         if !modes.all_between(died, removed, HarvestMode::harvests_destroyed) {
             continue;
         }
@@ -275,8 +349,86 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
             }
             if let Some(rec) = cloud.instances.get(&crate::types::InstanceId::new(&inst)) {
                 if rec.instance.state != InstanceState::Terminated {
-                    v.push(format!("removed machine {id} left instance {inst} {}", rec.instance.state));
+                    let what = if m.removed { "removed" } else { "dead" };
+                    v.push(format!("{what} machine {id} left instance {inst} {}", rec.instance.state));
                 }
+            }
+        }
+    }
+
+    // Semantics 16: a host that dies takes its containers with it (they end dead and marked
+    // for removal; their instances are judged by invariant 5 above).
+    for (id, m) in &model.machines {
+        let Some((host, _)) = id.container_of() else { continue };
+        let host_gone = model.machines.get(&host).is_some_and(|h| h.removed || h.machine.life == Life::Dead);
+        if host_gone && !m.removed {
+            v.push(format!("container {id} of dead host {host} is {} and not marked for removal", m.machine.life));
+        }
+    }
+
+    // Semantics 15: once the model is destroyed, every instance of a non-manual, non-controller,
+    // non-keep-instance machine (containers included) ends terminated, whatever the harvest
+    // mode; only instances released before the destruction are no longer ours.
+    if let Some(destroyed) = destroyed_at.filter(|_| model.life != Life::Alive) {
+        let released_before: BTreeSet<String> = cloud
+            .calls
+            .iter()
+            .filter(|c| c.op == CloudOp::ReleaseInstances && c.ok == Some(true) && c.at < destroyed)
+            .flat_map(|c| c.instances.iter().map(ToString::to_string))
+            .collect();
+        // Launched out of band after the destruction: not an instance the destruction knew.
+        let launched_after: BTreeSet<String> = s
+            .timeline()
+            .into_iter()
+            .filter_map(|(at, a)| match a {
+                Action::CloudLaunch(l) if at >= destroyed => Some(l.id),
+                _ => None,
+            })
+            .collect();
+        let released_ever: BTreeSet<String> = cloud
+            .calls
+            .iter()
+            .filter(|c| c.op == CloudOp::ReleaseInstances && c.ok == Some(true))
+            .flat_map(|c| c.instances.iter().map(ToString::to_string))
+            .collect();
+        for (iid, inst) in &cloud.instances {
+            let iid = iid.to_string();
+            let skip = inst.foreign
+                || inst.instance.state == InstanceState::Terminated
+                || released_before.contains(&iid)
+                || launched_after.contains(&iid);
+            if skip {
+                continue;
+            }
+            let Some(m) = recorder.get(&iid).or_else(|| owner.get(&iid)) else { continue };
+            let Some(f) = model.machines.get(&crate::types::MachineId::new(m)) else { continue };
+            // Its release was decided before the destruction (the machine died before it in a
+            // mode that excludes destroyed, and any start in flight then had landed before it),
+            // even if carried out after.
+            let landed_before = |d: Duration| {
+                !cloud.calls.iter().any(|c| {
+                    c.op == CloudOp::StartInstance
+                        && c.machine.as_ref().is_some_and(|x| x.as_str() == m.as_str())
+                        && c.at <= d
+                        && c.done_at.is_none_or(|done| done >= destroyed)
+                })
+            };
+            let decided_release = released_ever.contains(&iid)
+                && f.died_at.is_some_and(|d| d < destroyed && !modes.at(d).harvests_destroyed() && landed_before(d));
+            if decided_release {
+                continue;
+            }
+            let spec = specs.get(m.as_str());
+            let exempt = f.machine.manual
+                || f.machine.controller
+                || f.machine.keep_instance
+                || spec.is_some_and(|s| s.manual || s.controller || s.keep_instance);
+            if !exempt {
+                v.push(format!(
+                    "model destroyed at {} but instance {iid} of machine {m} is {}",
+                    format_duration(destroyed),
+                    inst.instance.state
+                ));
             }
         }
     }
@@ -310,4 +462,249 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    //! The checker fires on bad runs (hand-made snapshots standing for a broken provisioner)
+    //! and stays quiet on the good ones next to them.
+
+    use super::*;
+    use crate::fake::{CallRecord, FakeInstance, FakeMachine};
+    use crate::sim::scenario::Format;
+    use crate::types::{CloudInstance, InstanceId, InstanceTags, Machine, MachineId};
+
+    fn scenario(text: &str) -> Scenario {
+        Scenario::parse(text, Format::Toml, "t.toml").unwrap()
+    }
+
+    fn instance(id: &str, machine: &str, state: InstanceState) -> (InstanceId, FakeInstance) {
+        let tags = InstanceTags { model: Some("m".into()), machine: Some(MachineId::new(machine)), start: None };
+        let instance = CloudInstance { id: InstanceId::new(id), state, zone: None, tags, age: None };
+        (InstanceId::new(id), FakeInstance { instance, foreign: false, born: (Duration::ZERO, Duration::ZERO) })
+    }
+
+    fn call(op: CloudOp, at: u64, instances: &[&str]) -> CallRecord {
+        CallRecord {
+            at: Duration::from_secs(at),
+            op,
+            machine: None,
+            zone: None,
+            instances: instances.iter().map(|i| InstanceId::new(*i)).collect(),
+            ok: Some(true),
+            error: None,
+            params: None,
+            throttled: false,
+            done_at: Some(Duration::from_secs(at)),
+        }
+    }
+
+    fn machine(
+        id: &str,
+        life: Life,
+        instance: Option<&str>,
+        died: Option<u64>,
+        removed: bool,
+    ) -> (MachineId, FakeMachine) {
+        let mut m = Machine::pending(id);
+        m.life = life;
+        m.instance = instance.map(InstanceId::new);
+        let mut f = FakeMachine::new(m);
+        f.died_at = died.map(Duration::from_secs);
+        f.removed = removed;
+        f.removed_at = removed.then(|| Duration::from_secs(died.unwrap_or(0)));
+        (MachineId::new(id), f)
+    }
+
+    const HOST_AND_CONTAINER: &str = r#"
+        [[machines]]
+        id = "0"
+        [[machines]]
+        id = "0/lxd/0"
+    "#;
+
+    #[test]
+    fn a_dead_hosts_container_left_alive_with_its_instance_is_caught() {
+        // The run of dead_host_container_not_reaped_after_restart before the fix: the host is
+        // removed, its container dead (not removed) with its instance running.
+        let s = scenario(HOST_AND_CONTAINER);
+        let modes = ModeTimeline::new(HarvestMode::Destroyed);
+        let cloud = CloudSnapshot {
+            instances: [
+                instance("i-h0", "0", InstanceState::Terminated),
+                instance("i-1", "0/lxd/0", InstanceState::Running),
+            ]
+            .into_iter()
+            .collect(),
+            ..CloudSnapshot::default()
+        };
+        let mut model = ModelSnapshot {
+            machines: [
+                machine("0", Life::Dead, Some("i-h0"), Some(10), true),
+                machine("0/lxd/0", Life::Dead, Some("i-1"), Some(20), false),
+            ]
+            .into_iter()
+            .collect(),
+            ..ModelSnapshot::default()
+        };
+        let v = check(&s, &cloud, &model, &modes);
+        assert!(v.contains(&"dead machine 0/lxd/0 left instance i-1 running".to_owned()), "{v:?}");
+        assert!(v.iter().any(|x| x.starts_with("container 0/lxd/0 of dead host 0 is dead and not marked")), "{v:?}");
+        // An alive container of a dead host is caught too.
+        model.machines.get_mut(&MachineId::new("0/lxd/0")).unwrap().machine.life = Life::Alive;
+        let v = check(&s, &cloud, &model, &modes);
+        assert!(v.iter().any(|x| x.starts_with("container 0/lxd/0 of dead host 0 is alive")), "{v:?}");
+        // The good run: terminated and removed.
+        let mut good_cloud = cloud.clone();
+        good_cloud.instances.get_mut(&InstanceId::new("i-1")).unwrap().instance.state = InstanceState::Terminated;
+        let good = ModelSnapshot {
+            machines: [
+                machine("0", Life::Dead, Some("i-h0"), Some(10), true),
+                machine("0/lxd/0", Life::Dead, Some("i-1"), Some(10), true),
+            ]
+            .into_iter()
+            .collect(),
+            ..ModelSnapshot::default()
+        };
+        assert_eq!(check(&s, &good_cloud, &good, &modes), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_stop_in_a_mode_that_excludes_destroyed_or_after_a_release_is_caught() {
+        // container_stops_after_switch_to_none before the fix: the container died at 20s in mode
+        // none (switched at 10s) and its instance was stopped.
+        let s = scenario(HOST_AND_CONTAINER);
+        let mut modes = ModeTimeline::new(HarvestMode::Destroyed);
+        modes.set(Duration::from_secs(10), HarvestMode::None);
+        let cloud = CloudSnapshot {
+            instances: [instance("i-1", "0/lxd/0", InstanceState::Terminated)].into_iter().collect(),
+            calls: vec![call(CloudOp::StopInstances, 20, &["i-1"])],
+            ..CloudSnapshot::default()
+        };
+        let model = ModelSnapshot {
+            machines: [machine("0/lxd/0", Life::Dead, Some("i-1"), Some(20), true)].into_iter().collect(),
+            ..ModelSnapshot::default()
+        };
+        let v = check(&s, &cloud, &model, &modes);
+        assert!(
+            v.iter().any(|x| x.starts_with("instance i-1 of machine 0/lxd/0, dead since 20s in mode none")),
+            "{v:?}"
+        );
+        // Released first, stopped later (semantics 5).
+        let mut released = cloud.clone();
+        released.calls.insert(0, call(CloudOp::ReleaseInstances, 20, &["i-1"]));
+        let v = check(&s, &released, &model, &ModeTimeline::new(HarvestMode::Destroyed));
+        assert_eq!(v, vec!["released instance i-1 was stopped at 20s".to_owned()]);
+        // Died in mode destroyed: the stop is right.
+        assert_eq!(check(&s, &cloud, &model, &ModeTimeline::new(HarvestMode::Destroyed)), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_mode_at_a_machines_death_decides_even_if_the_stop_comes_after_a_switch() {
+        // released_instance_stopped_after_restart (issue 12 item 13): machine 0 died at 5s in
+        // mode none; its release waited; the mode became destroyed at 10s; the instance was
+        // stopped at 20s. The provisioner had processed a batch by then (a start at 0s).
+        let s = scenario("[[machines]]\nid = \"0\"\n[[machines]]\nid = \"1\"");
+        let mut modes = ModeTimeline::new(HarvestMode::None);
+        modes.set(Duration::from_secs(10), HarvestMode::Destroyed);
+        let mut start = call(CloudOp::StartInstance, 0, &["i-1"]);
+        start.machine = Some(MachineId::new("1"));
+        let cloud = CloudSnapshot {
+            instances: [
+                instance("pre-0", "0", InstanceState::Terminated),
+                instance("i-1", "1", InstanceState::Running),
+            ]
+            .into_iter()
+            .collect(),
+            calls: vec![start, call(CloudOp::StopInstances, 20, &["pre-0"])],
+            ..CloudSnapshot::default()
+        };
+        let model = ModelSnapshot {
+            machines: [
+                machine("0", Life::Dead, Some("pre-0"), Some(5), true),
+                machine("1", Life::Alive, Some("i-1"), None, false),
+            ]
+            .into_iter()
+            .collect(),
+            ..ModelSnapshot::default()
+        };
+        let v = check(&s, &cloud, &model, &modes);
+        assert_eq!(
+            v,
+            vec!["instance pre-0 of machine 0, dead since 5s in mode none, was stopped at 20s in mode destroyed"
+                .to_owned()]
+        );
+        // A provisioner that had processed nothing yet when the machine died (its listings
+        // failing, say) judges the death under the mode in force once it can.
+        let mut late = cloud.clone();
+        late.calls.remove(0);
+        assert_eq!(check(&s, &late, &model, &modes), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_container_instance_left_running_in_a_destroyed_model_is_caught() {
+        // seed002_destroy_force before the fix: the container's instance survived destroy_model.
+        let s = scenario(&format!(
+            "{HOST_AND_CONTAINER}
+            [[machines]]
+            id = \"1\"
+            keep_instance = true
+            [[events]]
+            at = \"10s\"
+            destroy_model = {{ force = true }}"
+        ));
+        let modes = ModeTimeline::new(HarvestMode::None);
+        let mut cloud = CloudSnapshot {
+            instances: [
+                instance("i-h0", "0", InstanceState::Terminated),
+                instance("i-1", "0/lxd/0", InstanceState::Running),
+                instance("i-k", "1", InstanceState::Running),
+            ]
+            .into_iter()
+            .collect(),
+            ..CloudSnapshot::default()
+        };
+        let mut kept = Machine::pending("1");
+        kept.keep_instance = true;
+        kept.instance = Some(InstanceId::new("i-k"));
+        let model = ModelSnapshot {
+            machines: [
+                machine("0", Life::Alive, Some("i-h0"), None, false),
+                machine("0/lxd/0", Life::Alive, Some("i-1"), None, false),
+                (MachineId::new("1"), FakeMachine::new(kept)),
+            ]
+            .into_iter()
+            .collect(),
+            life: Life::Dying,
+            ..ModelSnapshot::default()
+        };
+        let v = check(&s, &cloud, &model, &modes);
+        assert_eq!(v, vec!["model destroyed at 10s but instance i-1 of machine 0/lxd/0 is running".to_owned()]);
+        // Released before the destruction: no longer ours.
+        cloud.calls.push(call(CloudOp::ReleaseInstances, 5, &["i-1"]));
+        assert_eq!(check(&s, &cloud, &model, &modes), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_container_of_a_ready_host_left_pending_without_an_error_is_caught() {
+        // Invariant 7 covers containers whose host is alive and provisioned (semantics 20: a host
+        // that never initialises leaves them in provisioning error, with a message).
+        let s = scenario(HOST_AND_CONTAINER);
+        let mut model = ModelSnapshot {
+            machines: [
+                machine("0", Life::Alive, Some("i-h0"), None, false),
+                machine("0/lxd/0", Life::Alive, None, None, false),
+            ]
+            .into_iter()
+            .collect(),
+            ..ModelSnapshot::default()
+        };
+        let modes = ModeTimeline::new(HarvestMode::Destroyed);
+        let v = check(&s, &CloudSnapshot::default(), &model, &modes);
+        assert!(v.iter().any(|x| x.starts_with("machine 0/lxd/0 is alive and pending")), "{v:?}");
+        let c = model.machines.get_mut(&MachineId::new("0/lxd/0")).unwrap();
+        c.machine.instance_status = crate::types::InstanceStatus::provisioning_error();
+        c.instance_status_message = "host 0 cannot run lxd containers: no".into();
+        assert_eq!(check(&s, &CloudSnapshot::default(), &model, &modes), Vec::<String>::new());
+    }
 }

@@ -1,6 +1,8 @@
 //! Random scenarios for the property test: machines, deaths at random times, faults,
-//! restarts, zone changes, mode changes, resizes, throttling. A seed picks one scenario, so a
-//! failing seed is reproduced with `provisioner generate-scenario --seed N`.
+//! restarts, zone changes, mode changes, resizes, throttling, and containers (host deaths
+//! under them with restarts around, mode switches while they live, destroys while they start,
+//! containers added later). A seed picks one scenario, so a failing seed is reproduced with
+//! `provisioner generate-scenario --seed N`.
 
 use std::time::Duration;
 
@@ -16,6 +18,59 @@ fn pick<'a, T>(rng: &mut StdRng, items: &'a [T]) -> &'a T {
 
 fn ms(rng: &mut StdRng, max_ms: u64) -> Duration {
     Duration::from_millis(rng.random_range(0..=max_ms))
+}
+
+/// Events around containers (issue 12 items 7, 9, 12): host deaths while containers live (with
+/// restarts around them), harvest-mode switches while containers live, destroys while
+/// containers start, containers added later. Drawn from an RNG of their own, so the rest of a
+/// seed's scenario is the same as before these were added.
+fn container_events(seed: u64, machines: &[MachineSpec], events: &mut Vec<EventSpec>) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x636f_6e74_6169_6e72);
+    let containers: Vec<&MachineSpec> = machines.iter().filter(|m| m.id.contains('/')).collect();
+    if containers.is_empty() {
+        return;
+    }
+    let hosts: Vec<String> = containers.iter().filter_map(|c| c.id.split('/').next()).map(str::to_owned).collect();
+    let modes = [HarvestMode::None, HarvestMode::Unknown, HarvestMode::Destroyed, HarvestMode::All];
+    // Containers start once their host has an instance and its initialiser ran: within the
+    // first minute or so.
+    let at = |rng: &mut StdRng| ms(rng, 60_000).max(Duration::from_millis(1));
+    if rng.random_bool(0.4) {
+        let host = pick(&mut rng, &hosts).clone();
+        let when = at(&mut rng);
+        events.push(EventSpec::new(when, Action::SetLife(SetLifeSpec { machine: host, life: Life::Dead })));
+        match rng.random_range(0..4u32) {
+            0 => events.push(EventSpec::new(
+                when.saturating_sub(ms(&mut rng, 3_000)).max(Duration::from_millis(1)),
+                Action::Restart,
+            )),
+            1 => events.push(EventSpec::new(when + ms(&mut rng, 10_000), Action::Restart)),
+            _ => {}
+        }
+        if rng.random_bool(0.5) {
+            // A container of it dies later, or one is added to the dead host.
+            let c = pick(&mut rng, &containers).id.clone();
+            let later = when + ms(&mut rng, 20_000);
+            events.push(EventSpec::new(later, Action::SetLife(SetLifeSpec { machine: c, life: Life::Dead })));
+        }
+    }
+    if rng.random_bool(0.4) {
+        events.push(EventSpec::new(at(&mut rng), Action::SetHarvestMode(*pick(&mut rng, &modes))));
+        let c = pick(&mut rng, &containers).id.clone();
+        events.push(EventSpec::new(at(&mut rng), Action::SetLife(SetLifeSpec { machine: c, life: Life::Dead })));
+    }
+    if rng.random_bool(0.3) {
+        let host = pick(&mut rng, &hosts).clone();
+        let kind = *pick(&mut rng, &["lxd", "kvm"]);
+        let id = format!("{host}/{kind}/{}", 10 + rng.random_range(0..10u32));
+        if !machines.iter().any(|m| m.id == id) {
+            events.push(EventSpec::new(at(&mut rng), Action::AddMachine(MachineSpec::pending(id))));
+        }
+    }
+    if rng.random_bool(0.15) {
+        events
+            .push(EventSpec::new(at(&mut rng), Action::DestroyModel(DestroyModelSpec { force: rng.random_bool(0.5) })));
+    }
 }
 
 /// The scenario for a seed.
@@ -92,9 +147,13 @@ pub fn generate(seed: u64) -> Scenario {
     for k in 0..rng.random_range(0..=3u32) {
         let foreign = rng.random_bool(0.5);
         // A tagged extra instance stands for a start whose result was lost: only a pending,
-        // unprovisioned, non-manual machine can have one.
-        let candidates: Vec<String> =
-            machines.iter().filter(|m| m.instance.is_none() && !m.manual).map(|m| m.id.clone()).collect();
+        // unprovisioned, non-manual machine can have one, and not a container (a container
+        // provisioner runs only on a provisioned host, which a generated host may never be).
+        let candidates: Vec<String> = machines
+            .iter()
+            .filter(|m| m.instance.is_none() && !m.manual && !m.id.contains('/'))
+            .map(|m| m.id.clone())
+            .collect();
         let machine = if !candidates.is_empty() && rng.random_bool(0.5) {
             Some(pick(&mut rng, &candidates).clone())
         } else {
@@ -236,6 +295,7 @@ pub fn generate(seed: u64) -> Scenario {
             Action::SetZones(SetZonesSpec { zones: zones.clone(), unavailable_zones: vec![closed] }),
         ));
     }
+    container_events(seed, &machines, &mut events);
     events.sort_by_key(|e| e.at);
 
     let harvest_mode = *pick(&mut rng, &modes);

@@ -130,6 +130,10 @@ impl World {
                 if let (Some(h), true) = (&self.handle, started) {
                     h.set_harvest_mode(*mode);
                 }
+                // Container provisioners honour it from the same moment (semantics 14).
+                if let (Some(c), true) = (&self.containers, started) {
+                    c.set_harvest_mode(*mode);
+                }
             }
             Action::SetWorkers(n) => {
                 self.config.workers = *n;
@@ -184,6 +188,13 @@ impl World {
                 Some(h) if started => {
                     if let Err(e) = h.destroy_model(d.force).await {
                         self.model.record_error(e.to_string());
+                    }
+                    // Containers are in the destruction's scope too (semantics 15).
+                    let life = crate::ports::ModelApi::model_life(&self.model.api()).await;
+                    if let (Some(c), Ok(crate::types::Life::Dying | crate::types::Life::Dead)) =
+                        (&self.containers, life)
+                    {
+                        c.model_destroyed();
                     }
                 }
                 _ => {

@@ -231,7 +231,9 @@ async fn failing_container_initialisation_is_retried_and_shown() {
 }
 
 /// Seed 003: containers wait for their host's instance; a host that dies stops its
-/// supervisors; an unsupported container type gets a clear error.
+/// supervisors' starts (they only reap from then on: a container added to the dead host dies
+/// with it and is removed, contract semantics 16); an unsupported container type gets a clear
+/// error.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn containers_wait_for_their_host_and_stop_with_it() {
     let c = with_containers(&["0", "0/lxd/0", "0/docker/0"], vec![]);
@@ -249,10 +251,68 @@ async fn containers_wait_for_their_host_and_stop_with_it() {
     c.h.until_model(Duration::from_secs(30), |m| m.machine("0").unwrap().removed).await;
     c.h.settle().await;
     assert!(
-        c.containers.supervisors().await.unwrap().iter().all(|(h, _, _)| h.as_str() != "0"),
-        "supervisors outlived their host"
+        c.containers
+            .supervisors()
+            .await
+            .unwrap()
+            .iter()
+            .all(|(h, _, stage)| h.as_str() != "0" || *stage == Stage::Stopped),
+        "a supervisor of a dead host still starts containers"
     );
     assert!(c.containers.is_idle().await);
+    c.h.model.add_machine(FakeMachine::new(Machine::pending("0/lxd/1")));
+    let model = c.h.until_model(Duration::from_secs(60), |m| m.machine("0/lxd/1").unwrap().removed).await;
+    assert_eq!(model.machine("0/lxd/1").unwrap().machine.life, Life::Dead);
+    assert_eq!(starts_of(&c.h.cloud().await, "0/lxd/1"), 0, "a container of a dead host was started");
+}
+
+/// Contract semantics 14 (issue 12 item 7): `ContainersHandle::set_harvest_mode` reaches the
+/// running container provisioners and the ones started later. The test config's mode is
+/// `destroyed`; after a switch to `none`, a running container that dies has its instance
+/// released (left running), and so does one of a provisioner started after the switch.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn container_provisioners_honour_harvest_mode_changes() {
+    let c = with_containers(&["0", "0/lxd/0"], vec![]);
+    let model = c.h.until_model(Duration::from_secs(60), |m| instance_of(m, "0/lxd/0").is_some()).await;
+    let lxd = instance_of(&model, "0/lxd/0").unwrap();
+    c.h.handle.set_harvest_mode(HarvestMode::None);
+    c.containers.set_harvest_mode(HarvestMode::None);
+    c.h.run_for(Duration::from_secs(1)).await;
+    // A kvm container: its provisioner starts after the switch.
+    c.h.model.add_machine(FakeMachine::new(Machine::pending("0/kvm/0")));
+    let model = c.h.until_model(Duration::from_secs(60), |m| instance_of(m, "0/kvm/0").is_some()).await;
+    let kvm = instance_of(&model, "0/kvm/0").unwrap();
+    c.h.model.set_life("0/lxd/0", Life::Dead);
+    c.h.model.set_life("0/kvm/0", Life::Dead);
+    c.h.until_model(Duration::from_secs(60), |m| {
+        m.machine("0/lxd/0").unwrap().removed && m.machine("0/kvm/0").unwrap().removed
+    })
+    .await;
+    let cloud = c.h.cloud().await;
+    assert!(cloud.calls_of(CloudOp::StopInstances).is_empty(), "a container's instance was stopped in mode none");
+    for inst in [lxd, kvm] {
+        assert_eq!(
+            cloud.instances[&provisioner::types::InstanceId::new(&inst)].instance.state,
+            InstanceState::Running,
+            "{inst} not left running"
+        );
+    }
+}
+
+/// Contract semantics 15 (issue 12 item 9): `ContainersHandle::model_destroyed` makes every
+/// container provisioner stop its containers' instances, whatever the mode (here `none`).
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn container_provisioners_stop_their_instances_when_the_model_is_destroyed() {
+    let c = with_containers(&["0", "0/lxd/0"], vec![]);
+    c.h.handle.set_harvest_mode(HarvestMode::None);
+    c.containers.set_harvest_mode(HarvestMode::None);
+    let model = c.h.until_model(Duration::from_secs(60), |m| instance_of(m, "0/lxd/0").is_some()).await;
+    let lxd = instance_of(&model, "0/lxd/0").unwrap();
+    c.h.handle.destroy_model(true).await.unwrap();
+    c.containers.model_destroyed();
+    c.h.settle().await;
+    let cloud = c.h.cloud().await;
+    assert_eq!(cloud.instances[&provisioner::types::InstanceId::new(&lxd)].instance.state, InstanceState::Terminated);
 }
 
 /// Rule 75: container provisioners have no transient-retry path.

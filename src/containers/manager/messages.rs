@@ -10,3 +10,13 @@ use crate::types::MachineId;
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "Vec<(MachineId, String, Addr<ContainerSupervisor>)>")]
 pub struct GetSupervisors;
+
+/// The harvest mode changed (model config): every container provisioner uses it from now on.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct SetContainersHarvestMode(pub crate::types::HarvestMode);
+
+/// The model was destroyed: every container provisioner stops its containers' instances.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct ContainersModelDestroyed;

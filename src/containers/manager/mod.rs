@@ -9,5 +9,5 @@ mod state;
 mod tests;
 
 pub use actor::ContainerManager;
-pub use messages::GetSupervisors;
+pub use messages::{ContainersModelDestroyed, GetSupervisors, SetContainersHarvestMode};
 pub use state::{HostEffect, ManagerBook};

@@ -1,4 +1,5 @@
-//! The manager's plain core: hosts, their zones, and where container changes go.
+//! The manager's plain core: hosts, their zones, their containers, and where container
+//! changes go.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -7,7 +8,7 @@ use crate::types::{Life, Machine, MachineId};
 /// What the actor must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostEffect {
-    /// Create a listening supervisor for `kind` on `host` (zone known if provisioned).
+    /// Create a supervisor for `kind` on `host` (zone known if provisioned).
     Supervise {
         /// The host.
         host: MachineId,
@@ -15,6 +16,9 @@ pub enum HostEffect {
         kind: String,
         /// `Some(zone)` once the host is provisioned.
         zone: Option<Option<String>>,
+        /// The host is dead already: the supervisor only reaps (a restarted manager finding a
+        /// dead host with containers).
+        dead: bool,
     },
     /// The host got its instance.
     Provisioned {
@@ -32,16 +36,26 @@ pub enum HostEffect {
         /// The containers.
         ids: Vec<MachineId>,
     },
-    /// The host is dead or gone: stop its supervisors.
+    /// The host is dead or gone: its supervisors start nothing more and reap.
     Died(MachineId),
+    /// Containers of a dead host: take them to dead (the host takes its containers with it,
+    /// contract semantics 16); their supervisors then stop their instances by harvest mode and
+    /// mark them for removal.
+    EnsureDead(Vec<MachineId>),
     /// A container of a type no host supports: tell its status.
     Unsupported(MachineId, String),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Host {
     zone: Option<Option<String>>,
     dead: bool,
+    /// Whether its supervisors exist.
+    supervised: bool,
+    /// Every container of it seen so far.
+    containers: BTreeSet<MachineId>,
+    /// Containers already asked to die (a dead host's).
+    killed: BTreeSet<MachineId>,
 }
 
 /// Hosts and supported types.
@@ -58,17 +72,39 @@ impl ManagerBook {
         Self { kinds, hosts: BTreeMap::new(), unsupported: BTreeSet::new() }
     }
 
+    fn supervise(&mut self, id: &MachineId, out: &mut Vec<HostEffect>) {
+        let host = self.hosts.entry(id.clone()).or_default();
+        if host.supervised {
+            return;
+        }
+        host.supervised = true;
+        for kind in &self.kinds {
+            out.push(HostEffect::Supervise {
+                host: id.clone(),
+                kind: kind.clone(),
+                zone: host.zone.clone(),
+                dead: host.dead,
+            });
+        }
+    }
+
     fn ensure_host(&mut self, id: &MachineId, out: &mut Vec<HostEffect>) -> bool {
         if self.hosts.get(id).is_some_and(|h| h.dead) {
             return false;
         }
-        if !self.hosts.contains_key(id) {
-            self.hosts.insert(id.clone(), Host { zone: None, dead: false });
-            for kind in &self.kinds {
-                out.push(HostEffect::Supervise { host: id.clone(), kind: kind.clone(), zone: None });
-            }
-        }
+        self.supervise(id, out);
         true
+    }
+
+    /// The host's containers not yet asked to die.
+    fn kill(&mut self, id: &MachineId) -> Vec<HostEffect> {
+        let Some(host) = self.hosts.get_mut(id) else { return Vec::new() };
+        let doomed: Vec<MachineId> = host.containers.difference(&host.killed).cloned().collect();
+        if doomed.is_empty() {
+            return Vec::new();
+        }
+        host.killed.extend(doomed.iter().cloned());
+        vec![HostEffect::EnsureDead(doomed)]
     }
 
     /// A top-level machine was read (`None` = not found) with the zone of its instance.
@@ -84,11 +120,13 @@ impl ManagerBook {
                 }
             }
             _ => {
-                if let Some(h) = self.hosts.get_mut(id) {
-                    if !h.dead {
-                        h.dead = true;
+                let host = self.hosts.entry(id.clone()).or_default();
+                if !host.dead {
+                    host.dead = true;
+                    if host.supervised {
                         out.push(HostEffect::Died(id.clone()));
                     }
+                    out.extend(self.kill(id));
                 }
             }
         }
@@ -109,10 +147,12 @@ impl ManagerBook {
         out
     }
 
-    /// Containers changed: route them by host and type.
+    /// Containers changed: route them by host and type. Containers of a dead host are taken
+    /// to dead (once each) and still routed, so that its supervisors reap them.
     pub fn containers_seen(&mut self, ids: &[MachineId]) -> Vec<HostEffect> {
         let mut out = Vec::new();
         let mut routes: BTreeMap<(MachineId, String), Vec<MachineId>> = BTreeMap::new();
+        let mut dead_hosts = BTreeSet::new();
         for id in ids {
             let Some((host, kind)) = id.container_of() else { continue };
             if !self.kinds.iter().any(|k| k == kind) {
@@ -121,14 +161,32 @@ impl ManagerBook {
                 }
                 continue;
             }
-            // A dead host's supervisor still hears of its containers (to reap dead ones).
-            if !self.hosts.get(&host).is_some_and(|h| h.dead) && !self.ensure_host(&host, &mut out) {
-                continue;
+            if self.hosts.get(&host).is_some_and(|h| h.dead) {
+                // A dead host's supervisors reap: made now if a restart found the host dead.
+                self.supervise(&host, &mut out);
+                dead_hosts.insert(host.clone());
+            } else {
+                self.ensure_host(&host, &mut out);
             }
+            self.hosts.get_mut(&host).expect("ensured above").containers.insert(id.clone());
             routes.entry((host, kind.to_owned())).or_default().push(id.clone());
+        }
+        for host in &dead_hosts {
+            out.extend(self.kill(host));
         }
         out.extend(routes.into_iter().map(|((host, kind), ids)| HostEffect::Route { host, kind, ids }));
         out
+    }
+
+    /// Live hosts not known to be provisioned that have containers waiting: worth reading
+    /// again (a restarted provisioner may find a host already provisioned by its predecessor,
+    /// whose record landed after this manager last read it, and then announces no start).
+    pub fn waiting_hosts(&self) -> Vec<MachineId> {
+        self.hosts
+            .iter()
+            .filter(|(_, h)| !h.dead && h.zone.is_none() && !h.containers.is_empty())
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// The zone recorded for a provisioned host.

@@ -18,8 +18,8 @@ fn a_live_host_gets_a_listening_supervisor_per_type() {
     assert_eq!(
         effects,
         vec![
-            HostEffect::Supervise { host: "0".into(), kind: "lxd".into(), zone: None },
-            HostEffect::Supervise { host: "0".into(), kind: "kvm".into(), zone: None },
+            HostEffect::Supervise { host: "0".into(), kind: "lxd".into(), zone: None, dead: false },
+            HostEffect::Supervise { host: "0".into(), kind: "kvm".into(), zone: None, dead: false },
         ]
     );
     assert!(b.host_seen(&"0".into(), Some(&Machine::pending("0")), None).is_empty(), "supervisors created twice");
@@ -64,12 +64,75 @@ fn a_dead_or_missing_host_tells_its_supervisors_once() {
     dead.life = Life::Dead;
     assert_eq!(b.host_seen(&"0".into(), Some(&dead), None), vec![HostEffect::Died("0".into())]);
     assert!(b.host_seen(&"0".into(), None, None).is_empty(), "died twice");
-    // A dead host's containers still reach its supervisor (to reap dead ones), and no new
-    // supervisor is made for it.
+    // A dead host's containers still reach its supervisor (to reap them), and no new
+    // supervisor is made for it; a container added to a dead host dies with it.
     assert_eq!(
         b.containers_seen(&["0/lxd/5".into()]),
-        vec![HostEffect::Route { host: "0".into(), kind: "lxd".into(), ids: vec!["0/lxd/5".into()] }]
+        vec![
+            HostEffect::EnsureDead(vec!["0/lxd/5".into()]),
+            HostEffect::Route { host: "0".into(), kind: "lxd".into(), ids: vec!["0/lxd/5".into()] }
+        ]
     );
     b.host_seen(&"1".into(), Some(&provisioned("1")), None);
     assert_eq!(b.host_seen(&"1".into(), None, None), vec![HostEffect::Died("1".into())]);
+}
+
+fn dead(id: &str) -> Machine {
+    let mut m = provisioned(id);
+    m.life = Life::Dead;
+    m
+}
+
+#[test]
+fn a_host_that_dies_takes_its_containers_with_it_once() {
+    // Contract semantics 16: the containers are taken to dead (then reaped by the supervisors).
+    let mut b = book();
+    b.host_seen(&"0".into(), Some(&provisioned("0")), Some("az1".into()));
+    b.containers_seen(&["0/lxd/0".into(), "0/kvm/1".into()]);
+    assert_eq!(
+        b.host_seen(&"0".into(), Some(&dead("0")), None),
+        vec![HostEffect::Died("0".into()), HostEffect::EnsureDead(vec!["0/kvm/1".into(), "0/lxd/0".into()])]
+    );
+    // Their own death notifications are routed (to be reaped), not killed again.
+    assert_eq!(
+        b.containers_seen(&["0/lxd/0".into()]),
+        vec![HostEffect::Route { host: "0".into(), kind: "lxd".into(), ids: vec!["0/lxd/0".into()] }]
+    );
+}
+
+#[test]
+fn a_restarted_manager_finding_a_dead_host_makes_reaping_supervisors() {
+    // After a restart the first notification carries the dead host and its live container;
+    // the host is read after the containers were seen.
+    let mut b = book();
+    let seen = b.containers_seen(&["0/lxd/0".into()]);
+    assert!(seen.contains(&HostEffect::Supervise { host: "0".into(), kind: "lxd".into(), zone: None, dead: false }));
+    assert_eq!(
+        b.host_seen(&"0".into(), Some(&dead("0")), None),
+        vec![HostEffect::Died("0".into()), HostEffect::EnsureDead(vec!["0/lxd/0".into()])]
+    );
+    // A host first seen dead (no container yet) gets dead supervisors with its first container.
+    let mut b = book();
+    assert!(b.host_seen(&"1".into(), None, None).is_empty());
+    assert_eq!(
+        b.containers_seen(&["1/kvm/0".into()]),
+        vec![
+            HostEffect::Supervise { host: "1".into(), kind: "lxd".into(), zone: None, dead: true },
+            HostEffect::Supervise { host: "1".into(), kind: "kvm".into(), zone: None, dead: true },
+            HostEffect::EnsureDead(vec!["1/kvm/0".into()]),
+            HostEffect::Route { host: "1".into(), kind: "kvm".into(), ids: vec!["1/kvm/0".into()] },
+        ]
+    );
+}
+
+#[test]
+fn unprovisioned_hosts_with_waiting_containers_are_read_again() {
+    let mut b = book();
+    b.host_seen(&"0".into(), Some(&Machine::pending("0")), None);
+    b.host_seen(&"1".into(), Some(&Machine::pending("1")), None);
+    assert!(b.waiting_hosts().is_empty(), "a host without containers is worth no read");
+    b.containers_seen(&["0/lxd/0".into()]);
+    assert_eq!(b.waiting_hosts(), vec![MachineId::from("0")]);
+    b.host_seen(&"0".into(), Some(&provisioned("0")), Some("az1".into()));
+    assert!(b.waiting_hosts().is_empty(), "a provisioned host was read again");
 }

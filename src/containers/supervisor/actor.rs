@@ -37,13 +37,53 @@ pub struct ContainerSupervisor {
     deps: SupervisorDeps,
     provisioner: Option<ProvisionerHandle>,
     incarnation: u64,
+    /// The timer that retires a dead host's reaper once it has nothing left.
+    done_check: Option<SpawnHandle>,
 }
 
 impl ContainerSupervisor {
     /// A listening supervisor; `host_zone` is `Some` if the host is already provisioned.
     pub fn new(host: MachineId, kind: String, host_zone: Option<Option<String>>, deps: SupervisorDeps) -> Self {
         let book = SupervisorBook::new(deps.config.backoff, host_zone).with_seed(deps.config.seed ^ 0x5u64);
-        Self { host, kind, book, deps, provisioner: None, incarnation: 0 }
+        Self { host, kind, book, deps, provisioner: None, incarnation: 0, done_check: None }
+    }
+
+    /// A supervisor for a host already dead: it only reaps the host's containers.
+    pub fn for_dead_host(
+        host: MachineId,
+        kind: String,
+        host_zone: Option<Option<String>>,
+        deps: SupervisorDeps,
+    ) -> Self {
+        let mut s = Self::new(host, kind, host_zone, deps);
+        s.book = s.book.for_dead_host();
+        s
+    }
+
+    /// Once the host is dead, retires the reaper when it has nothing left to reap (checked
+    /// every 10 s; a periodic timer, so it holds no simulation open).
+    fn watch_done(&mut self, ctx: &mut Context<Self>) {
+        if self.done_check.is_some() || !self.book.host_dead() || !self.book.is_running() {
+            return;
+        }
+        let handle = ctx.run_interval(std::time::Duration::from_secs(10), |act, ctx| {
+            let Some(h) = act.provisioner.clone() else { return };
+            let generation = act.book.generation();
+            let check =
+                async move { h.is_idle().await && h.registry().await.map(|r| r.machines.is_empty()).unwrap_or(true) };
+            ctx.spawn(check.into_actor(act).map(move |done, act, ctx| {
+                if done && act.book.reaper_done(generation) {
+                    tracing::info!(host = %act.host, kind = %act.kind, "dead host's containers reaped; its provisioner stops");
+                    if let Some(h) = act.provisioner.take() {
+                        h.shutdown();
+                    }
+                    if let Some(t) = act.done_check.take() {
+                        ctx.cancel_future(t);
+                    }
+                }
+            }));
+        });
+        self.done_check = Some(handle);
     }
 
     fn perform(&mut self, effects: Vec<Effect>, ctx: &mut Context<Self>) {
@@ -72,19 +112,27 @@ impl ContainerSupervisor {
                         act.perform(effects, ctx);
                     });
                 }
-                Effect::StartProvisioner { zone, containers } => {
+                Effect::StartProvisioner { zone, containers, reap } => {
                     let broker = (self.deps.brokers)(&self.host, &self.kind, zone);
                     let mut config = self.deps.config.for_containers(self.host.clone(), &self.kind);
                     self.incarnation += 1;
                     config.seed = config.seed.wrapping_add(self.incarnation.wrapping_mul(0x2545_F491_4F6C_DD1D));
                     match start(config, broker, self.deps.model.clone()) {
                         Ok(h) => {
-                            tracing::info!(host = %self.host, kind = %self.kind, "container provisioner running");
+                            tracing::info!(host = %self.host, kind = %self.kind, reap, "container provisioner running");
                             for s in &self.deps.subscribers {
                                 h.subscribe(s.clone());
                             }
+                            // Before the first notification, so that nothing starts.
+                            if reap {
+                                h.close_starts();
+                            }
+                            if self.book.model_dying() {
+                                h.model_destroyed();
+                            }
                             h.notify(containers);
                             self.provisioner = Some(h);
+                            self.watch_done(ctx);
                         }
                         Err(e) => {
                             tracing::error!(host = %self.host, error = %e, "cannot start the container provisioner")
@@ -102,20 +150,13 @@ impl ContainerSupervisor {
                         h.close_starts();
                     }
                     // Once it has nothing left to reap, it goes.
-                    ctx.run_interval(std::time::Duration::from_secs(10), |act, ctx| {
-                        let Some(h) = act.provisioner.clone() else { return ctx.stop() };
-                        let check = async move {
-                            h.is_idle().await && h.registry().await.map(|r| r.machines.is_empty()).unwrap_or(true)
-                        };
-                        ctx.spawn(check.into_actor(act).map(|done, act, ctx| {
-                            if done {
-                                if let Some(h) = act.provisioner.take() {
-                                    h.shutdown();
-                                }
-                                ctx.stop();
-                            }
-                        }));
-                    });
+                    self.watch_done(ctx);
+                }
+                Effect::Destroyed => {
+                    if let Some(h) = &self.provisioner {
+                        tracing::info!(host = %self.host, kind = %self.kind, "model destroyed; stopping every container's instance");
+                        h.model_destroyed();
+                    }
                 }
                 Effect::GiveUp { containers, message } => {
                     let text = format!("host {} cannot run {} containers: {message}", self.host, self.kind);
@@ -166,11 +207,27 @@ impl Handler<HostProvisioned> for ContainerSupervisor {
 impl Handler<HostDied> for ContainerSupervisor {
     type Result = ();
     fn handle(&mut self, _msg: HostDied, ctx: &mut Self::Context) {
+        // It stays: containers added to the dead host later are reaped too.
         let effects = self.book.host_died();
         self.perform(effects, ctx);
-        if !self.book.is_running() {
-            ctx.stop();
+    }
+}
+
+impl Handler<SetSupervisorMode> for ContainerSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: SetSupervisorMode, _ctx: &mut Self::Context) {
+        self.deps.config.harvest_mode = msg.0;
+        if let Some(h) = &self.provisioner {
+            h.set_harvest_mode(msg.0);
         }
+    }
+}
+
+impl Handler<ModelDying> for ContainerSupervisor {
+    type Result = ();
+    fn handle(&mut self, _msg: ModelDying, ctx: &mut Self::Context) {
+        let effects = self.book.model_destroyed();
+        self.perform(effects, ctx);
     }
 }
 

@@ -24,3 +24,13 @@ pub struct HostDied;
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "Stage")]
 pub struct GetSupervisorState;
+
+/// The harvest mode changed (model config): the running provisioner and any later one use it.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct SetSupervisorMode(pub crate::types::HarvestMode);
+
+/// The model was destroyed: stop every container's instance, start nothing more.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct ModelDying;

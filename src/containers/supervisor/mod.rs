@@ -8,5 +8,5 @@ mod state;
 mod tests;
 
 pub use actor::{ContainerSupervisor, SupervisorDeps};
-pub use messages::{ContainersChanged, GetSupervisorState, HostDied, HostProvisioned};
+pub use messages::{ContainersChanged, GetSupervisorState, HostDied, HostProvisioned, ModelDying, SetSupervisorMode};
 pub use state::{Effect, Stage, SupervisorBook};

@@ -29,7 +29,8 @@ pub enum Stage {
         /// The last initialisation error.
         message: String,
     },
-    /// The host died: nothing new starts; a running provisioner reaps dead containers.
+    /// The host died or the model is dying: nothing new starts; a provisioner (started without
+    /// initialising the host, if none ran) reaps the containers.
     Stopped,
 }
 
@@ -51,11 +52,15 @@ pub enum Effect {
         zone: Option<String>,
         /// Every container seen so far.
         containers: Vec<MachineId>,
+        /// Only to reap (the host is dead or the model dying): starts closed from the outset.
+        reap: bool,
     },
     /// Tell the running provisioner of these changed containers.
     Forward(Vec<MachineId>),
     /// Stop starting containers; keep reaping dead ones.
     CloseStarts,
+    /// The model was destroyed: the running provisioner stops every container's instance.
+    Destroyed,
     /// Initialisation failed for good: these containers get a provisioning error.
     GiveUp {
         /// The containers.
@@ -75,6 +80,10 @@ pub struct SupervisorBook {
     rng: StdRng,
     max_failures: u32,
     running: bool,
+    host_dead: bool,
+    model_dying: bool,
+    /// Bumped by every container change (a reaper is retired only if none came meanwhile).
+    generation: u64,
 }
 
 impl SupervisorBook {
@@ -88,7 +97,17 @@ impl SupervisorBook {
             rng: StdRng::seed_from_u64(0),
             max_failures: DEFAULT_MAX_INIT_FAILURES,
             running: false,
+            host_dead: false,
+            model_dying: false,
+            generation: 0,
         }
+    }
+
+    /// The same book for a host already dead: it only ever reaps.
+    pub fn for_dead_host(mut self) -> Self {
+        self.stage = Stage::Stopped;
+        self.host_dead = true;
+        self
     }
 
     /// The same book drawing its backoff jitter from this seed.
@@ -114,7 +133,12 @@ impl SupervisorBook {
     }
 
     fn maybe_initialise(&mut self) -> Vec<Effect> {
-        if self.stage == Stage::Listening && !self.containers.is_empty() && self.host_zone.is_some() {
+        if self.stage == Stage::Listening
+            && !self.containers.is_empty()
+            && self.host_zone.is_some()
+            && !self.host_dead
+            && !self.model_dying
+        {
             self.stage = Stage::Initialising { failures: 0 };
             vec![Effect::Initialise]
         } else {
@@ -126,16 +150,33 @@ impl SupervisorBook {
     pub fn containers_changed(&mut self, ids: Vec<MachineId>) -> Vec<Effect> {
         let new: Vec<MachineId> = ids.iter().filter(|i| !self.containers.contains(*i)).cloned().collect();
         self.containers.extend(ids.iter().cloned());
+        self.generation += 1;
         match &self.stage {
             Stage::Listening => self.maybe_initialise(),
             Stage::Running => vec![Effect::Forward(ids)],
             // A dead host's provisioner still reaps its dead containers.
             Stage::Stopped if self.running => vec![Effect::Forward(ids)],
+            // A reaper, started when there is something to reap.
+            Stage::Stopped => self.start_reaper(),
             Stage::Failed { message } if !new.is_empty() => {
                 vec![Effect::GiveUp { containers: new, message: message.clone() }]
             }
-            Stage::Initialising { .. } | Stage::Stopped | Stage::Failed { .. } => Vec::new(),
+            Stage::Initialising { .. } | Stage::Failed { .. } => Vec::new(),
         }
+    }
+
+    /// A provisioner that only reaps, needing no initialised host (nothing starts), for every
+    /// container seen so far: if none runs and there is something to reap.
+    fn start_reaper(&mut self) -> Vec<Effect> {
+        if self.running || self.containers.is_empty() {
+            return Vec::new();
+        }
+        self.running = true;
+        vec![Effect::StartProvisioner {
+            zone: self.host_zone.clone().flatten(),
+            containers: self.containers.iter().cloned().collect(),
+            reap: true,
+        }]
     }
 
     /// The host got its instance (in this zone).
@@ -156,6 +197,7 @@ impl SupervisorBook {
                 vec![Effect::StartProvisioner {
                     zone: self.host_zone.clone().flatten(),
                     containers: self.containers.iter().cloned().collect(),
+                    reap: false,
                 }]
             }
             Err(e) if failures + 1 >= self.max_failures => {
@@ -178,18 +220,61 @@ impl SupervisorBook {
         }
     }
 
-    /// The host died: nothing new starts; a running provisioner goes on reaping.
+    /// The host died: nothing new starts; a running provisioner goes on reaping, and one is
+    /// started (without initialising the host) if none runs and containers are known: a host
+    /// takes its containers with it (contract semantics 16).
     pub fn host_died(&mut self) -> Vec<Effect> {
+        self.host_dead = true;
         self.stage = Stage::Stopped;
         if self.running {
             vec![Effect::CloseStarts]
         } else {
-            Vec::new()
+            self.start_reaper()
         }
     }
 
-    /// Whether a container provisioner was started.
+    /// The model was destroyed: nothing new starts; the running provisioner stops every
+    /// container's instance, and one is started to do so if none runs (contract semantics 15).
+    pub fn model_destroyed(&mut self) -> Vec<Effect> {
+        if self.model_dying {
+            return Vec::new();
+        }
+        self.model_dying = true;
+        self.stage = Stage::Stopped;
+        if self.running {
+            vec![Effect::Destroyed]
+        } else {
+            self.start_reaper()
+        }
+    }
+
+    /// The reaper of a dead host has nothing left (every container it knew is removed) and was
+    /// shut down, unless a container changed since `generation` (then it goes on).
+    pub fn reaper_done(&mut self, generation: u64) -> bool {
+        if generation != self.generation || !self.running || !self.host_dead {
+            return false;
+        }
+        self.running = false;
+        true
+    }
+
+    /// The container-change count (see [`SupervisorBook::reaper_done`]).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Whether a container provisioner runs.
     pub fn is_running(&self) -> bool {
         self.running
+    }
+
+    /// Whether the host is dead.
+    pub fn host_dead(&self) -> bool {
+        self.host_dead
+    }
+
+    /// Whether the model is dying.
+    pub fn model_dying(&self) -> bool {
+        self.model_dying
     }
 }

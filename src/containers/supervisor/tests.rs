@@ -50,7 +50,11 @@ fn initialisation_failures_retry_with_growing_backoff_then_run_in_the_hosts_zone
     assert!(b.containers_changed(ids(&["0/lxd/1"])).is_empty());
     assert_eq!(
         b.initialised(Ok(())),
-        vec![Effect::StartProvisioner { zone: Some("az3".into()), containers: ids(&["0/lxd/0", "0/lxd/1"]) }]
+        vec![Effect::StartProvisioner {
+            zone: Some("az3".into()),
+            containers: ids(&["0/lxd/0", "0/lxd/1"]),
+            reap: false
+        }]
     );
     assert_eq!(b.stage(), &Stage::Running);
     assert!(b.retry_due().is_empty(), "a stale retry timer re-initialised a running supervisor");
@@ -101,4 +105,56 @@ fn host_death_while_listening_stops_without_a_provisioner() {
     assert!(b.host_died().is_empty());
     assert_eq!(b.stage(), &Stage::Stopped);
     assert!(b.host_provisioned(None).is_empty());
+}
+
+#[test]
+fn host_death_before_the_provisioner_runs_starts_a_reaper_without_initialising() {
+    // Contract semantics 16: the containers die with the host and must be reaped, even if the
+    // host never finished initialising (or a restart found it dead).
+    let mut b = SupervisorBook::new(backoff(), Some(Some("az1".into())));
+    assert_eq!(b.containers_changed(ids(&["0/lxd/0"])), vec![Effect::Initialise]);
+    assert_eq!(
+        b.host_died(),
+        vec![Effect::StartProvisioner { zone: Some("az1".into()), containers: ids(&["0/lxd/0"]), reap: true }]
+    );
+    assert!(b.initialised(Ok(())).is_empty(), "a late initialisation started a second provisioner");
+    assert_eq!(b.containers_changed(ids(&["0/lxd/0"])), vec![Effect::Forward(ids(&["0/lxd/0"]))]);
+}
+
+#[test]
+fn a_dead_hosts_supervisor_reaps_on_demand_and_retires_its_reaper() {
+    let mut b = SupervisorBook::new(backoff(), None).for_dead_host();
+    assert_eq!(
+        b.containers_changed(ids(&["0/lxd/0"])),
+        vec![Effect::StartProvisioner { zone: None, containers: ids(&["0/lxd/0"]), reap: true }]
+    );
+    let generation = b.generation();
+    b.containers_changed(ids(&["0/lxd/1"]));
+    assert!(!b.reaper_done(generation), "retired although a container came meanwhile");
+    assert!(b.reaper_done(b.generation()));
+    // A container added later gets a new reaper, told of every container.
+    assert_eq!(
+        b.containers_changed(ids(&["0/lxd/2"])),
+        vec![Effect::StartProvisioner { zone: None, containers: ids(&["0/lxd/0", "0/lxd/1", "0/lxd/2"]), reap: true }]
+    );
+}
+
+#[test]
+fn model_destruction_reaches_the_running_provisioner_or_starts_a_reaper() {
+    // Contract semantics 15: containers are in the destruction's scope.
+    let mut b = SupervisorBook::new(backoff(), Some(None));
+    b.containers_changed(ids(&["0/lxd/0"]));
+    b.initialised(Ok(()));
+    assert_eq!(b.model_destroyed(), vec![Effect::Destroyed]);
+    assert!(b.model_destroyed().is_empty(), "destroyed twice");
+    assert!(b.containers_changed(ids(&["0/lxd/1"])) == vec![Effect::Forward(ids(&["0/lxd/1"]))]);
+
+    // Still initialising (a restarted supervisor): a reaper, without waiting for the host.
+    let mut b = SupervisorBook::new(backoff(), Some(None));
+    b.containers_changed(ids(&["0/lxd/0"]));
+    assert_eq!(
+        b.model_destroyed(),
+        vec![Effect::StartProvisioner { zone: None, containers: ids(&["0/lxd/0"]), reap: true }]
+    );
+    assert!(b.initialised(Ok(())).is_empty());
 }
