@@ -1,6 +1,6 @@
 //! The store's plain core: the schema and every query, over one SQLite connection. No actix.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use rusqlite::{params, Connection, OptionalExtension, Row, Transaction};
@@ -84,11 +84,66 @@ pub enum StoreError {
     /// The store's thread is gone.
     #[error("the store is not running: {0}")]
     Unavailable(String),
+    /// The database file is damaged (SQLite found a corrupt page, or it is not a database).
+    #[error("the database is damaged ({context}: {message})")]
+    Damaged {
+        /// What the store was doing.
+        context: &'static str,
+        /// What SQLite found.
+        message: String,
+    },
 }
 
 impl StoreError {
     fn sql(context: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
-        move |e| StoreError::Sqlite { context, message: e.to_string() }
+        move |e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
+                StoreError::Damaged { context, message: e.to_string() }
+            }
+            _ => StoreError::Sqlite { context, message: e.to_string() },
+        }
+    }
+}
+
+/// The counts behind the metrics' state gauges, kept by the store as it writes (loaded once
+/// when the database is opened), so that a scrape reads them instead of scanning tables.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreCounts {
+    /// Machines by status (`pending`, `started`, ...).
+    pub machines_by_status: BTreeMap<String, u64>,
+    /// Machines by life.
+    pub machines_by_life: BTreeMap<String, u64>,
+    /// The simulated cloud's instances by state, terminated ones included.
+    pub instances_by_state: BTreeMap<String, u64>,
+    /// The model's life.
+    pub model_life: String,
+}
+
+/// Adds `delta` to one count; a count that reaches 0 goes (as a recount would not have it).
+fn bump(map: &mut BTreeMap<String, u64>, key: &str, delta: i64) {
+    let n = map.entry(key.to_owned()).or_default();
+    *n = n.saturating_add_signed(delta);
+    if *n == 0 {
+        map.remove(key);
+    }
+}
+
+impl StoreCounts {
+    fn machine_moved(&mut self, from: Option<(&str, &str)>, to: Option<(&str, &str)>) {
+        if let Some((status, life)) = from {
+            bump(&mut self.machines_by_status, status, -1);
+            bump(&mut self.machines_by_life, life, -1);
+        }
+        if let Some((status, life)) = to {
+            bump(&mut self.machines_by_status, status, 1);
+            bump(&mut self.machines_by_life, life, 1);
+        }
+    }
+    fn instance_moved(&mut self, from: Option<&str>, to: &str) {
+        if let Some(f) = from {
+            bump(&mut self.instances_by_state, f, -1);
+        }
+        bump(&mut self.instances_by_state, to, 1);
     }
 }
 
@@ -147,6 +202,12 @@ pub struct StoreCore {
     changed: BTreeSet<MachineId>,
     /// A retry tick is due.
     retry_due: bool,
+    /// The gauges' counts, kept as the writes commit.
+    counts: StoreCounts,
+    /// The counts changed since they were last taken.
+    counts_changed: bool,
+    /// Damage seen by an earlier call (sticky: a damaged database does not heal).
+    damaged: Option<StoreError>,
 }
 
 fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
@@ -258,16 +319,120 @@ impl StoreCore {
         if version > SCHEMA_VERSION {
             return Err(StoreError::TooNew { found: version });
         }
+        // A database that has tables was written before: check it whole before trusting it.
+        let tables: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+            .map_err(StoreError::sql("reading the schema"))?;
+        if tables > 0 {
+            let problems: Vec<String> = conn
+                .prepare("PRAGMA quick_check(5)")
+                .and_then(|mut st| st.query_map([], |r| r.get::<_, String>(0))?.collect())
+                .map_err(StoreError::sql("checking the database"))?;
+            if problems != ["ok"] {
+                return Err(StoreError::Damaged { context: "checking the database", message: problems.join("; ") });
+            }
+        }
         let tx = conn.transaction().map_err(StoreError::sql("creating the schema"))?;
         tx.execute_batch(SCHEMA).map_err(StoreError::sql("creating the schema"))?;
         if meta_get(&tx, "model_uuid").map_err(StoreError::sql("reading the model uuid"))?.is_none() {
+            if tables > 0 {
+                // Never a new model in place of one whose identity was lost.
+                return Err(StoreError::Damaged {
+                    context: "reading the model uuid",
+                    message: "the database has tables but no model uuid".into(),
+                });
+            }
             meta_set(&tx, "model_uuid", &random_uuid()).map_err(StoreError::sql("writing the model uuid"))?;
             meta_set(&tx, "model_life", Life::Alive.as_str()).map_err(StoreError::sql("writing the model life"))?;
         }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(StoreError::sql("writing the schema version"))?;
         tx.commit().map_err(StoreError::sql("creating the schema"))?;
-        Ok(Self { conn, durable: true, changed: BTreeSet::new(), retry_due: false })
+        let mut core = Self {
+            conn,
+            durable: true,
+            changed: BTreeSet::new(),
+            retry_due: false,
+            counts: StoreCounts::default(),
+            counts_changed: true,
+            damaged: None,
+        };
+        core.counts = core.recount()?;
+        Ok(core)
+    }
+
+    /// Counts every machine and instance (one scan: at open, and in tests).
+    pub fn recount(&self) -> Result<StoreCounts, StoreError> {
+        let group = |sql: &str| -> Result<BTreeMap<String, u64>, StoreError> {
+            let mut st = self.conn.prepare(sql).map_err(StoreError::sql("counting"))?;
+            let rows = st
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)))
+                .map_err(StoreError::sql("counting"))?;
+            rows.collect::<Result<_, _>>().map_err(StoreError::sql("counting"))
+        };
+        Ok(StoreCounts {
+            machines_by_status: group("SELECT status, count(*) FROM machines GROUP BY status")?,
+            machines_by_life: group("SELECT life, count(*) FROM machines GROUP BY life")?,
+            instances_by_state: group("SELECT state, count(*) FROM instances GROUP BY state")?,
+            model_life: self.model_life()?.to_string(),
+        })
+    }
+
+    /// The gauges' counts as of the last commit.
+    pub fn counts(&self) -> &StoreCounts {
+        &self.counts
+    }
+
+    /// The counts, if they changed since the last call.
+    pub fn take_counts(&mut self) -> Option<StoreCounts> {
+        std::mem::take(&mut self.counts_changed).then(|| self.counts.clone())
+    }
+
+    /// Remembers damage an operation ran into: from then on [`StoreCore::check_readable`] fails.
+    pub fn note_damage(&mut self, e: &StoreError) {
+        if matches!(e, StoreError::Damaged { .. }) && self.damaged.is_none() {
+            self.damaged = Some(e.clone());
+        }
+    }
+
+    /// Whether the store can be read (`/healthz`): no damage seen so far, and the model's
+    /// identity and both tables' newest rows read now (a few pages, no scan).
+    pub fn check_readable(&mut self) -> Result<(), StoreError> {
+        if let Some(e) = &self.damaged {
+            return Err(e.clone());
+        }
+        let probe = (|| -> Result<(), StoreError> {
+            self.model_uuid()?;
+            for sql in ["SELECT max(seq) FROM machines", "SELECT max(seq) FROM instances"] {
+                self.conn
+                    .query_row(sql, [], |r| r.get::<_, Option<i64>>(0))
+                    .map_err(StoreError::sql("reading the database"))?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = &probe {
+            self.note_damage(e);
+        }
+        probe
+    }
+
+    /// A machine's status and life, if it exists.
+    fn status_life(&self, id: &MachineId) -> Result<Option<(String, String)>, StoreError> {
+        self.conn
+            .prepare_cached("SELECT status, life FROM machines WHERE id = ?1")
+            .and_then(|mut s| s.query_row([id.as_str()], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+            .map_err(StoreError::sql("reading a machine"))
+    }
+
+    /// Counts a machine's change of status or life (after its write committed).
+    fn count_machine(&mut self, before: Option<(String, String)>, status: Option<&str>, life: Option<&str>) {
+        if let Some((s, l)) = before {
+            let after = (status.unwrap_or(&s).to_owned(), life.unwrap_or(&l).to_owned());
+            if after != (s.clone(), l.clone()) {
+                self.counts.machine_moved(Some((&s, &l)), Some((&after.0, &after.1)));
+                self.counts_changed = true;
+            }
+        }
     }
 
     /// Makes the next commits fsynced (`true`, `synchronous=FULL`) or not (`NORMAL`: still in
@@ -335,6 +500,9 @@ impl StoreCore {
         }
         tx.commit().map_err(StoreError::sql("adding machines"))?;
         self.changed.extend(ids.iter().cloned());
+        bump(&mut self.counts.machines_by_status, MachineStatus::Pending.as_str(), ids.len() as i64);
+        bump(&mut self.counts.machines_by_life, Life::Alive.as_str(), ids.len() as i64);
+        self.counts_changed = true;
         Ok(ids)
     }
 
@@ -414,6 +582,7 @@ impl StoreCore {
     /// Records a machine's instance and instance status. The service stands in for the
     /// machine agent, which would come up with its instance: the machine becomes `started`.
     pub fn set_instance_info(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError> {
+        let before = self.status_life(id)?;
         self.update_machine(
             id,
             "recording an instance",
@@ -427,19 +596,24 @@ impl StoreCore {
                 &info.display_name,
                 &info.status.as_str(),
             ],
-        )
+        )?;
+        self.count_machine(before, Some(MachineStatus::Started.as_str()), None);
+        Ok(())
     }
 
     /// Writes a machine status.
     pub fn set_status(&mut self, id: &MachineId, status: MachineStatus, message: &str) -> Result<(), StoreError> {
         // A reset to pending ends a retry request.
+        let before = self.status_life(id)?;
         self.update_machine(
             id,
             "writing a machine status",
             "UPDATE machines SET status = ?2, status_message = ?3, \
              transient = CASE WHEN ?2 = 'pending' THEN 0 ELSE transient END WHERE id = ?1",
             &[&id.as_str(), &status.as_str(), &message],
-        )
+        )?;
+        self.count_machine(before, Some(status.as_str()), None);
+        Ok(())
     }
 
     /// Writes an instance status.
@@ -467,6 +641,8 @@ impl StoreCore {
                 "UPDATE machines SET life = 'dead' WHERE id = ?1",
                 &[&id.as_str()],
             )?;
+            let was = (before.machine.status.as_str().to_owned(), before.machine.life.as_str().to_owned());
+            self.count_machine(Some(was), None, Some(Life::Dead.as_str()));
             self.changed.insert(id.clone());
         }
         Ok(())
@@ -478,7 +654,10 @@ impl StoreCore {
         if m.machine.life != Life::Dead {
             return Err(StoreError::Refused(format!("machine {id} is not dead")));
         }
-        self.update_machine(id, "removing a machine", "DELETE FROM machines WHERE id = ?1", &[&id.as_str()])
+        self.update_machine(id, "removing a machine", "DELETE FROM machines WHERE id = ?1", &[&id.as_str()])?;
+        self.counts.machine_moved(Some((m.machine.status.as_str(), m.machine.life.as_str())), None);
+        self.counts_changed = true;
+        Ok(())
     }
 
     /// The zone recorded with a machine's instance.
@@ -494,6 +673,8 @@ impl StoreCore {
         let tx = self.conn.transaction().map_err(StoreError::sql("destroying the model"))?;
         meta_set(&tx, "model_life", Life::Dying.as_str()).map_err(StoreError::sql("destroying the model"))?;
         tx.commit().map_err(StoreError::sql("destroying the model"))?;
+        self.counts.model_life = Life::Dying.to_string();
+        self.counts_changed = true;
         Ok(self.list_machines()?.into_iter().map(|m| m.machine).collect())
     }
 
@@ -502,11 +683,22 @@ impl StoreCore {
     /// `keep_instance` if asked. Without `force`, a machine already dead is refused.
     pub fn remove_machines(&mut self, ids: &[MachineId], keep_instance: bool, force: bool) -> Result<(), StoreError> {
         let tx = self.conn.transaction().map_err(StoreError::sql("removing machines"))?;
+        let mut seen = BTreeSet::new();
+        let mut moved = Vec::new();
         for id in ids {
-            let life: Option<String> = tx
-                .query_row("SELECT life FROM machines WHERE id = ?1", [id.as_str()], |r| r.get(0))
+            if !seen.insert(id) {
+                continue; // `remove 3 3` is `remove 3`
+            }
+            let row: Option<(String, String)> = tx
+                .query_row("SELECT life, status FROM machines WHERE id = ?1", [id.as_str()], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
                 .optional()
                 .map_err(StoreError::sql("removing machines"))?;
+            let life = row.as_ref().map(|(l, _)| l.clone());
+            if let Some((l, s)) = row {
+                moved.push((s, l));
+            }
             match life.as_deref() {
                 None => return Err(StoreError::NotFound(id.clone())),
                 Some("dead") if !force => {
@@ -523,6 +715,9 @@ impl StoreCore {
             .map_err(StoreError::sql("removing machines"))?;
         }
         tx.commit().map_err(StoreError::sql("removing machines"))?;
+        for before in moved {
+            self.count_machine(Some(before), None, Some(Life::Dead.as_str()));
+        }
         self.changed.extend(ids.iter().cloned());
         Ok(())
     }
@@ -531,7 +726,7 @@ impl StoreCore {
     /// none; a retry tick is then due.
     pub fn retry_machines(&mut self, ids: &[MachineId]) -> Result<(), StoreError> {
         let tx = self.conn.transaction().map_err(StoreError::sql("marking machines for retry"))?;
-        for id in ids {
+        for id in ids.iter().collect::<BTreeSet<_>>() {
             let row: Option<(String, Option<String>, String)> = tx
                 .query_row("SELECT life, instance, instance_status FROM machines WHERE id = ?1", [id.as_str()], |r| {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?))
@@ -606,6 +801,8 @@ impl StoreCore {
         )
         .map_err(StoreError::sql("creating an instance"))?;
         tx.commit().map_err(StoreError::sql("creating an instance"))?;
+        self.counts.instance_moved(None, InstanceState::Pending.as_str());
+        self.counts_changed = true;
         let record = InstanceRecord {
             instance: CloudInstance {
                 id: InstanceId::from(id),
@@ -629,9 +826,14 @@ impl StoreCore {
 
     /// A pending instance comes up: it becomes running (any other state is kept). Returns it.
     pub fn land_instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError> {
-        self.conn
+        let n = self
+            .conn
             .execute("UPDATE instances SET state = 'running' WHERE id = ?1 AND state = 'pending'", [id.as_str()])
             .map_err(StoreError::sql("landing an instance"))?;
+        if n > 0 {
+            self.counts.instance_moved(Some(InstanceState::Pending.as_str()), InstanceState::Running.as_str());
+            self.counts_changed = true;
+        }
         self.instance(id)
     }
 
@@ -662,11 +864,24 @@ impl StoreCore {
     /// Terminates instances (unknown ids are ignored: stopping a gone instance succeeds).
     pub fn terminate_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError> {
         let tx = self.conn.transaction().map_err(StoreError::sql("terminating instances"))?;
-        for id in ids {
-            tx.execute("UPDATE instances SET state = 'terminated' WHERE id = ?1", [id.as_str()])
+        let mut moved = Vec::new();
+        for id in ids.iter().collect::<BTreeSet<_>>() {
+            let state: Option<String> = tx
+                .query_row("SELECT state FROM instances WHERE id = ?1", [id.as_str()], |r| r.get(0))
+                .optional()
                 .map_err(StoreError::sql("terminating instances"))?;
+            if let Some(state) = state.filter(|s| s != InstanceState::Terminated.as_str()) {
+                tx.execute("UPDATE instances SET state = 'terminated' WHERE id = ?1", [id.as_str()])
+                    .map_err(StoreError::sql("terminating instances"))?;
+                moved.push(state);
+            }
         }
-        tx.commit().map_err(StoreError::sql("terminating instances"))
+        tx.commit().map_err(StoreError::sql("terminating instances"))?;
+        for state in moved {
+            self.counts.instance_moved(Some(&state), InstanceState::Terminated.as_str());
+            self.counts_changed = true;
+        }
+        Ok(())
     }
 
     /// Removes our model's tag from instances left alone on purpose.

@@ -214,3 +214,85 @@ fn commits_are_fsynced_unless_asked_otherwise() {
     s.set_durable(true).unwrap();
     assert_eq!(sync(&s), 2, "FULL");
 }
+
+/// Issue 12, item 3: the gauges' counts kept as the store writes always equal a full recount,
+/// whatever the writes (random ones, from a seeded RNG, failed ones included).
+#[test]
+fn counts_kept_as_writes_commit_match_a_full_recount() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(12);
+    let mut s = StoreCore::in_memory().unwrap();
+    let statuses = [MachineStatus::Pending, MachineStatus::Started, MachineStatus::Error, MachineStatus::Stopped];
+    let mut instances: Vec<InstanceId> = Vec::new();
+    for step in 0..2_000 {
+        let machine = MachineId::new(rng.random_range(0..40u32).to_string());
+        // Errors (unknown machines, refusals) are part of the test: they must count nothing.
+        let _ = match rng.random_range(0..11) {
+            0 => s.add_machines(rng.random_range(1..4), None).map(drop),
+            1 => s.set_status(&machine, statuses[rng.random_range(0..statuses.len())], "x"),
+            2 => s.set_instance_info(
+                &machine,
+                &ProvisionedInstance {
+                    instance: InstanceId::new(format!("i-{step}")),
+                    zone: None,
+                    nonce: "n".into(),
+                    display_name: String::new(),
+                    status: InstanceStatus::running(),
+                },
+            ),
+            3 => s.ensure_dead(&machine),
+            4 => s.mark_for_removal(&machine),
+            5 => s.remove_machines(&[machine.clone(), machine.clone()], rng.random_bool(0.5), rng.random_bool(0.5)),
+            6 => s
+                .create_instance(&format!("t{}", rng.random_range(0..60u32)), None, &tags("m", machine.as_str()))
+                .map(|(r, _)| instances.push(r.instance.id)),
+            7 if !instances.is_empty() => {
+                let id = instances[rng.random_range(0..instances.len())].clone();
+                s.land_instance(&id).map(drop)
+            }
+            8 if !instances.is_empty() => {
+                let id = instances[rng.random_range(0..instances.len())].clone();
+                s.terminate_instances(&[id.clone(), id, InstanceId::new("i-gone")])
+            }
+            9 if step > 1_500 => s.destroy_model().map(drop),
+            _ => s.set_instance_status(&machine, &InstanceStatus::provisioning(), "starting"),
+        };
+        assert_eq!(s.counts(), &s.recount().unwrap(), "after step {step}");
+    }
+    assert!(s.counts().machines_by_status.values().sum::<u64>() > 0);
+    assert!(s.counts().instances_by_state.get("terminated").copied().unwrap_or(0) > 0);
+    assert_eq!(s.counts().model_life, "dying");
+}
+
+/// Issue 12, item 5: a database with a corrupt page is refused at open (not opened as if
+/// whole), and a database that lost its model's identity is not given a new one.
+#[test]
+fn a_damaged_database_is_refused_at_open() {
+    let d = dir("damaged");
+    let path = d.join("p.db");
+    {
+        let mut s = StoreCore::open(&path).unwrap();
+        s.add_machines(200, Some(&["az1".to_owned()])).unwrap();
+    }
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert!(bytes.len() > 3 * 4096);
+    for b in &mut bytes[2 * 4096 + 8..2 * 4096 + 2000] {
+        *b = 0xa5;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let err = StoreCore::open(&path).err().expect("a damaged database was opened");
+    assert!(matches!(err, StoreError::Damaged { .. }), "{err:?}");
+
+    let path = d.join("no-uuid.db");
+    drop(StoreCore::open(&path).unwrap());
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute("DELETE FROM meta WHERE key = 'model_uuid'", []).unwrap();
+    drop(conn);
+    assert!(matches!(StoreCore::open(&path), Err(StoreError::Damaged { .. })), "a lost identity got a new uuid");
+
+    // Damage seen by a later call makes the store unreadable for good (/healthz).
+    let mut s = StoreCore::in_memory().unwrap();
+    assert_eq!(s.check_readable(), Ok(()));
+    s.note_damage(&StoreError::Damaged { context: "reading a machine", message: "malformed".into() });
+    assert!(matches!(s.check_readable(), Err(StoreError::Damaged { .. })));
+}
