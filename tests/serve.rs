@@ -1162,3 +1162,27 @@ fn a_full_disk_during_starts_gives_no_machine_a_second_instance() {
     assert_eq!(made, ids.len() as f64, "instances ever created for {} machines:\n{m}\n{}", ids.len(), s.log_text());
     assert!(s.log_text().contains("full") || s.log_text().contains("disk"), "the disk never filled: {}", s.log_text());
 }
+
+/// Issue 12, item 5: `/healthz` fails (503, saying why) when the store cannot be read, here
+/// because the database file was replaced under the running service (by a file that is not a
+/// database); a restart then refuses the damaged file.
+#[test]
+fn healthz_fails_when_the_database_cannot_be_read() {
+    let dir = temp_dir("health-damaged");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    s.json(&["machine", "add", "-n", "2", "--wait", "--json"]);
+    assert_eq!(raw_http(&s, "GET", "/healthz", false, None).0, 200);
+    let db = s.dir.join("provisioner.db");
+    std::fs::remove_file(&db).unwrap();
+    std::fs::write(&db, "this is not a database\n".repeat(1000)).unwrap();
+    let (code, _, text) = raw_http(&s, "GET", "/healthz", false, None);
+    assert_eq!(code, 503, "{text}");
+    assert!(text.contains("database"), "{text}");
+    s.crash();
+    // (With its WAL, SQLite could still read every page written since the service started;
+    // without it, what is left is not a database.)
+    std::fs::remove_file(s.dir.join("provisioner.db-wal")).unwrap();
+    let (code, err) = serve_output(&s.dir, &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("damaged") && err.contains("--init"), "{err}");
+}

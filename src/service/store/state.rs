@@ -1,7 +1,7 @@
 //! The store's plain core: the schema and every query, over one SQLite connection. No actix.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OptionalExtension, Row, Transaction};
 use thiserror::Error;
@@ -15,13 +15,19 @@ use crate::types::{
 /// The database file's name inside the data directory.
 pub const DB_FILE: &str = "provisioner.db";
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+/// Version 2 added the `constraints` table (a constraint shared by many machines is stored
+/// once); a version-1 database is upgraded in place when opened.
+pub const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS constraints (
+    id INTEGER PRIMARY KEY,
+    zones TEXT NOT NULL UNIQUE
+);
 CREATE TABLE IF NOT EXISTS machines (
     seq INTEGER PRIMARY KEY,
     id TEXT NOT NULL UNIQUE,
@@ -36,7 +42,8 @@ CREATE TABLE IF NOT EXISTS machines (
     display_name TEXT NOT NULL DEFAULT '',
     zones TEXT,
     keep_instance INTEGER NOT NULL DEFAULT 0,
-    transient INTEGER NOT NULL DEFAULT 0
+    transient INTEGER NOT NULL DEFAULT 0,
+    constraints_id INTEGER REFERENCES constraints(id)
 );
 CREATE TABLE IF NOT EXISTS instances (
     seq INTEGER PRIMARY KEY,
@@ -208,6 +215,22 @@ pub struct StoreCore {
     counts_changed: bool,
     /// Damage seen by an earlier call (sticky: a damaged database does not heal).
     damaged: Option<StoreError>,
+    /// The database file and its identity (inode) when opened; `None` in memory.
+    file: Option<(PathBuf, Option<u64>)>,
+}
+
+/// The identity of a file: its inode where there is one.
+fn file_identity(path: &Path) -> std::io::Result<Option<u64>> {
+    let meta = std::fs::metadata(path)?;
+    #[cfg(unix)]
+    {
+        Ok(Some(std::os::unix::fs::MetadataExt::ino(&meta)))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        Ok(None)
+    }
 }
 
 fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
@@ -236,8 +259,11 @@ fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
     })
 }
 
-const MACHINE_COLUMNS: &str = "id, life, status, status_message, instance_status, instance_status_message, instance, \
-                               zone, keep_instance, transient, zones";
+const MACHINE_COLUMNS: &str = "m.id, m.life, m.status, m.status_message, m.instance_status, \
+                               m.instance_status_message, m.instance, m.zone, m.keep_instance, m.transient, \
+                               COALESCE(c.zones, m.zones)";
+/// Machines with their shared constraints (`m.zones` holds those of version-1 rows).
+const MACHINE_FROM: &str = "machines m LEFT JOIN constraints c ON c.id = m.constraints_id";
 
 fn instance_from_row(r: &Row<'_>) -> rusqlite::Result<InstanceRecord> {
     let state: String = r.get(1)?;
@@ -290,7 +316,9 @@ impl StoreCore {
     /// commit, the schema, and a model uuid drawn on first open.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let conn = Connection::open(path).map_err(StoreError::sql("opening the database"))?;
-        Self::init(conn)
+        let mut core = Self::init(conn)?;
+        core.file = Some((path.to_owned(), file_identity(path).ok().flatten()));
+        Ok(core)
     }
 
     /// An in-memory store (tests).
@@ -334,6 +362,16 @@ impl StoreCore {
         }
         let tx = conn.transaction().map_err(StoreError::sql("creating the schema"))?;
         tx.execute_batch(SCHEMA).map_err(StoreError::sql("creating the schema"))?;
+        let has_constraints: i64 = tx
+            .query_row("SELECT count(*) FROM pragma_table_info('machines') WHERE name = 'constraints_id'", [], |r| {
+                r.get(0)
+            })
+            .map_err(StoreError::sql("reading the schema"))?;
+        if has_constraints == 0 {
+            // Version 1: machines kept their zones in a column of their own.
+            tx.execute_batch("ALTER TABLE machines ADD COLUMN constraints_id INTEGER REFERENCES constraints(id)")
+                .map_err(StoreError::sql("upgrading the schema"))?;
+        }
         if meta_get(&tx, "model_uuid").map_err(StoreError::sql("reading the model uuid"))?.is_none() {
             if tables > 0 {
                 // Never a new model in place of one whose identity was lost.
@@ -356,6 +394,7 @@ impl StoreCore {
             counts: StoreCounts::default(),
             counts_changed: true,
             damaged: None,
+            file: None,
         };
         core.counts = core.recount()?;
         Ok(core)
@@ -402,6 +441,21 @@ impl StoreCore {
             return Err(e.clone());
         }
         let probe = (|| -> Result<(), StoreError> {
+            // The page cache could hide a file that was deleted, replaced or truncated: look at
+            // the file itself (its identity and its size), then read through SQLite.
+            if let Some((path, identity)) = &self.file {
+                let damaged = |message: String| StoreError::Damaged { context: "reading the database file", message };
+                let now = file_identity(path).map_err(|e| damaged(format!("{}: {e}", path.display())))?;
+                if now != *identity {
+                    return Err(damaged(format!("{} was replaced since the service opened it", path.display())));
+                }
+                // Truncated: the pages not in the log are gone. (The header itself may be stale
+                // or even overwritten while the log holds page 1: that is SQLite's to judge.)
+                let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+                if len < 512 {
+                    return Err(damaged(format!("{} was truncated to {len} bytes", path.display())));
+                }
+            }
             self.model_uuid()?;
             for sql in ["SELECT max(seq) FROM machines", "SELECT max(seq) FROM instances"] {
                 self.conn
@@ -486,15 +540,27 @@ impl StoreCore {
         }
         let zones = zones.map(|z| z.join(","));
         let tx = self.conn.transaction().map_err(StoreError::sql("adding machines"))?;
+        // The constraint once, shared by every machine that has it.
+        let constraint: Option<i64> = match &zones {
+            None => None,
+            Some(z) => {
+                tx.execute("INSERT INTO constraints (zones) VALUES (?1) ON CONFLICT(zones) DO NOTHING", [z])
+                    .map_err(StoreError::sql("storing a constraint"))?;
+                Some(
+                    tx.query_row("SELECT id FROM constraints WHERE zones = ?1", [z], |r| r.get(0))
+                        .map_err(StoreError::sql("storing a constraint"))?,
+                )
+            }
+        };
         let mut ids = Vec::with_capacity(count);
         {
             let mut insert = tx
-                .prepare_cached("INSERT INTO machines (seq, id, zones) VALUES (?1, ?2, ?3)")
+                .prepare_cached("INSERT INTO machines (seq, id, constraints_id) VALUES (?1, ?2, ?3)")
                 .map_err(StoreError::sql("adding machines"))?;
             for _ in 0..count {
                 let n = next_counter(&tx, "next_machine").map_err(StoreError::sql("allocating a machine id"))?;
                 let id = n.to_string();
-                insert.execute(params![n as i64, id, zones]).map_err(StoreError::sql("adding machines"))?;
+                insert.execute(params![n as i64, id, constraint]).map_err(StoreError::sql("adding machines"))?;
                 ids.push(MachineId::from(id));
             }
         }
@@ -509,7 +575,7 @@ impl StoreCore {
     /// One machine.
     pub fn machine(&self, id: &MachineId) -> Result<Option<MachineRecord>, StoreError> {
         self.conn
-            .prepare_cached(&format!("SELECT {MACHINE_COLUMNS} FROM machines WHERE id = ?1"))
+            .prepare_cached(&format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} WHERE m.id = ?1"))
             .and_then(|mut s| s.query_row([id.as_str()], machine_from_row).optional())
             .map_err(StoreError::sql("reading a machine"))
     }
@@ -518,7 +584,7 @@ impl StoreCore {
     pub fn list_machines(&self) -> Result<Vec<MachineRecord>, StoreError> {
         let mut stmt = self
             .conn
-            .prepare_cached(&format!("SELECT {MACHINE_COLUMNS} FROM machines ORDER BY seq"))
+            .prepare_cached(&format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} ORDER BY m.seq"))
             .map_err(StoreError::sql("listing machines"))?;
         let rows = stmt.query_map([], machine_from_row).map_err(StoreError::sql("listing machines"))?;
         rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing machines"))

@@ -296,3 +296,55 @@ fn a_damaged_database_is_refused_at_open() {
     s.note_damage(&StoreError::Damaged { context: "reading a machine", message: "malformed".into() });
     assert!(matches!(s.check_readable(), Err(StoreError::Damaged { .. })));
 }
+
+/// Issue 12, item 4: a constraint shared by many machines is stored once.
+#[test]
+fn shared_constraints_are_stored_once() {
+    let mut s = StoreCore::in_memory().unwrap();
+    let zones = vec!["az1".to_owned(), "az2".to_owned()];
+    let a = s.add_machines(100, Some(&zones)).unwrap();
+    s.add_machines(50, Some(&zones)).unwrap();
+    s.add_machines(5, Some(&["az3".to_owned()])).unwrap();
+    s.add_machines(5, None).unwrap();
+    let rows: i64 = s.conn_for_tests().query_row("SELECT count(*) FROM constraints", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 2, "one row per distinct constraint");
+    let per_machine: i64 = s
+        .conn_for_tests()
+        .query_row("SELECT count(*) FROM machines WHERE zones IS NOT NULL", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(per_machine, 0, "no machine keeps a copy");
+    assert_eq!(s.machine(&a[99]).unwrap().unwrap().zones, Some(zones.clone()));
+    assert_eq!(s.list_machines().unwrap().iter().filter(|m| m.zones.as_ref() == Some(&zones)).count(), 150);
+    assert_eq!(s.provisioning_info(&a[..1]).unwrap()[0].as_ref().unwrap().constraints.zones, Some(zones));
+}
+
+/// A version-1 database (zones in a column of each machine) is upgraded in place and reads the
+/// same.
+#[test]
+fn a_version_1_database_is_upgraded() {
+    let d = dir("v1");
+    let path = d.join("p.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+             CREATE TABLE machines (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE,
+                 life TEXT NOT NULL DEFAULT 'alive', status TEXT NOT NULL DEFAULT 'pending',
+                 status_message TEXT NOT NULL DEFAULT '', instance_status TEXT NOT NULL DEFAULT '',
+                 instance_status_message TEXT NOT NULL DEFAULT '', instance TEXT, zone TEXT, nonce TEXT,
+                 display_name TEXT NOT NULL DEFAULT '', zones TEXT, keep_instance INTEGER NOT NULL DEFAULT 0,
+                 transient INTEGER NOT NULL DEFAULT 0);
+             INSERT INTO meta VALUES ('model_uuid', 'u-1'), ('model_life', 'alive'), ('next_machine', '1');
+             INSERT INTO machines (seq, id, zones) VALUES (0, '0', 'az1,az3');
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let mut s = StoreCore::open(&path).unwrap();
+    assert_eq!(s.model_uuid().unwrap(), "u-1");
+    let zones = s.machine(&MachineId::new("0")).unwrap().unwrap().zones;
+    assert_eq!(zones, Some(vec!["az1".to_owned(), "az3".to_owned()]));
+    assert_eq!(ids(&s.add_machines(1, Some(&["az2".to_owned()])).unwrap()), ["1"]);
+    assert_eq!(s.machine(&MachineId::new("1")).unwrap().unwrap().zones, Some(vec!["az2".to_owned()]));
+    assert_eq!(s.counts().machines_by_status.get("pending"), Some(&2));
+}
