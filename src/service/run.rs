@@ -169,18 +169,16 @@ pub fn prepare_data_dir(dir: &Path, init: bool) -> Result<(), ServeError> {
     let recover = "restore it from a backup; or, to create a new model (the old model's instances in the cloud \
                    will no longer be managed), start with `serve --init`";
     match size {
-        Some(n) if n > 0 => {
-            if init {
-                return Err(ServeError::Config(format!(
-                    "--init creates a new model only in a data directory without one, and {} already holds model \
-                     database {}; to start over, stop the service and move provisioner.db, provisioner.db-wal and \
-                     provisioner.db-shm aside first",
-                    dir.display(),
-                    db.display()
-                )));
-            }
+        Some(n) if n > 0 && init => {
+            return Err(ServeError::Config(format!(
+                "--init creates a new model only in a data directory without one, and {} already holds model \
+                 database {}; to start over, stop the service and move provisioner.db, provisioner.db-wal and \
+                 provisioner.db-shm aside first",
+                dir.display(),
+                db.display()
+            )));
         }
-        Some(_) if !init => {
+        Some(0) if !init => {
             return Err(data_dir_error(
                 dir,
                 format!("the database {} is empty (zero length): the model it held is lost; {recover}", db.display()),

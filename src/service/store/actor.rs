@@ -121,13 +121,14 @@ impl Store {
     /// store's thread. Must be called inside an actix system. The database is opened here
     /// first, so that a bad path or a too-new schema is an error now, not on the first call.
     pub fn start(path: &Path) -> Result<Self, StoreError> {
-        // Opened (and checked) once here, handed to the store's thread: one open, one check.
-        let core = std::sync::Mutex::new(Some(StoreCore::open(path)?));
+        // Opened (and checked whole) here first, so that a damaged database is an error now;
+        // the store's thread then opens it again without repeating the check.
+        drop(StoreCore::open(path)?);
         let path: PathBuf = path.to_owned();
         let operations = Arc::new(AtomicU64::new(0));
         let ops = operations.clone();
         let addr = SyncArbiter::start(1, move || {
-            let core = core.lock().ok().and_then(|mut c| c.take()).map_or_else(|| StoreCore::open(&path), Ok);
+            let core = StoreCore::open_checked_before(&path);
             if let Err(e) = &core {
                 tracing::error!(error = %e, "cannot open the database");
             }

@@ -315,18 +315,28 @@ impl StoreCore {
     /// Opens (creating if needed) the database at `path`: WAL journal, full fsync on every
     /// commit, the schema, and a model uuid drawn on first open.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_file(path, true)
+    }
+
+    /// Opens the database at `path` that [`StoreCore::open`] has just checked (and closed),
+    /// without reading it whole again.
+    pub fn open_checked_before(path: &Path) -> Result<Self, StoreError> {
+        Self::open_file(path, false)
+    }
+
+    fn open_file(path: &Path, check: bool) -> Result<Self, StoreError> {
         let conn = Connection::open(path).map_err(StoreError::sql("opening the database"))?;
-        let mut core = Self::init(conn)?;
+        let mut core = Self::init(conn, check)?;
         core.file = Some((path.to_owned(), file_identity(path).ok().flatten()));
         Ok(core)
     }
 
     /// An in-memory store (tests).
     pub fn in_memory() -> Result<Self, StoreError> {
-        Self::init(Connection::open_in_memory().map_err(StoreError::sql("opening the database"))?)
+        Self::init(Connection::open_in_memory().map_err(StoreError::sql("opening the database"))?, true)
     }
 
-    fn init(mut conn: Connection) -> Result<Self, StoreError> {
+    fn init(mut conn: Connection, check: bool) -> Result<Self, StoreError> {
         // One process at a time: the exclusive lock is taken at the first access and held until
         // the connection closes (the operating system drops it if the process dies).
         conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(StoreError::sql("setting the locking mode"))?;
@@ -351,7 +361,7 @@ impl StoreCore {
         let tables: i64 = conn
             .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
             .map_err(StoreError::sql("reading the schema"))?;
-        if tables > 0 {
+        if tables > 0 && check {
             let problems: Vec<String> = conn
                 .prepare("PRAGMA quick_check(5)")
                 .and_then(|mut st| st.query_map([], |r| r.get::<_, String>(0))?.collect())
