@@ -39,9 +39,14 @@ struct Server {
 impl Server {
     /// Starts a service on `dir/data` and waits until `/healthz` answers 200.
     fn start(dir: &Path, extra: &[&str]) -> Server {
+        Server::start_on(&dir.join("data"), dir, extra)
+    }
+
+    /// Starts a service on `data`, logging into `logs`.
+    fn start_on(data: &Path, logs: &Path, extra: &[&str]) -> Server {
         let port = free_port();
-        let data = dir.join("data");
-        let log = dir.join(format!("serve-{port}.log"));
+        let data = data.to_owned();
+        let log = logs.join(format!("serve-{port}.log"));
         let child = bin()
             .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
             .arg(&data)
@@ -684,4 +689,483 @@ fn the_ec2_broker_service_adopts_after_a_crash_and_terminates_on_removal() {
         assert!(began.elapsed() < Duration::from_secs(30), "instance {gone} not terminated");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+// ---- issue 12: hardening ----------------------------------------------------------------
+
+/// One raw HTTP/1.1 exchange (`Connection: close`): the status, the headers (lower-case
+/// names) and the body. Raw, so that made-up methods and odd bodies reach the service as sent.
+fn raw_http(
+    s: &Server,
+    method: &str,
+    path: &str,
+    token: bool,
+    body: Option<&[u8]>,
+) -> (u16, Vec<(String, String)>, String) {
+    use std::io::{Read, Write};
+    let addr = s.url.trim_start_matches("http://");
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if token {
+        head.push_str(&format!("Authorization: Bearer {}\r\n", s.token()));
+    }
+    if let Some(b) = body {
+        head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()));
+    }
+    head.push_str("\r\n");
+    conn.write_all(head.as_bytes()).unwrap();
+    if let Some(b) = body {
+        // The service may answer (413) and close before reading all of an oversized body.
+        let _ = conn.write_all(b);
+    }
+    let mut raw = Vec::new();
+    let _ = conn.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers, body.to_owned())
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// The value of one sample of /metrics (`name{labels}` exactly as rendered).
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.parse().ok()))
+}
+
+/// Issue 12, item 1: a body that does not parse (unknown field, wrong type, not JSON) is a 400
+/// naming what is wrong, and changes nothing; an empty body means the defaults.
+#[test]
+fn an_invalid_body_is_refused_and_changes_nothing() {
+    let dir = temp_dir("bad-body");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "2", "--wait", "--json"]));
+    for (body, names) in [
+        (&br#"{"forse": true}"#[..], "forse"),
+        (br#"{"force": "yes"}"#, "force"),
+        (b"{bad json", "JSON"),
+        (br#"{"force": true, "extra": 1}"#, "extra"),
+    ] {
+        let (code, _, text) = raw_http(&s, "POST", "/v1/destroy-model", true, Some(body));
+        assert_eq!(code, 400, "{}: {text}", String::from_utf8_lossy(body));
+        assert!(text.contains(names), "the error names {names}: {text}");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let status = s.json(&["status", "--json"]);
+    assert_eq!(status["model_life"], "alive", "a refused destroy changed the model: {status}");
+    assert_provisioned_once(&s, &ids);
+    // Every other body: unknown fields and wrong types refused, nothing written.
+    for (method, path, body, names) in [
+        ("PUT", "/v1/config/workers", &br#"{"value": "4", "colour": "red"}"#[..], "colour"),
+        ("PUT", "/v1/config/workers", br#"{"value": 4}"#, "value"),
+        ("POST", "/v1/machines", br#"{"count": "3"}"#, "count"),
+        ("POST", "/v1/machines", br#"{"count": 3, "zone": ["az1"]}"#, "zone"),
+        ("POST", "/v1/machines/remove", br#"{"ids": ["0"], "keep": true}"#, "keep"),
+        ("POST", "/v1/machines/remove", br#"{"ids": "0"}"#, "ids"),
+        ("POST", "/v1/machines/retry", br#"{"ids": ["0"], "all": true}"#, "all"),
+    ] {
+        let (code, _, text) = raw_http(&s, method, path, true, Some(body));
+        assert_eq!(code, 400, "{method} {path} {}: {text}", String::from_utf8_lossy(body));
+        assert!(text.contains(names), "the error names {names}: {text}");
+    }
+    assert_eq!(String::from_utf8_lossy(&s.cli(&["config", "get", "workers"]).stdout).trim(), "16");
+    assert_eq!(s.machines().len(), 2);
+    assert_provisioned_once(&s, &ids);
+    // An empty body means the defaults (force = false): the model is destroyed.
+    let (code, _, text) = raw_http(&s, "POST", "/v1/destroy-model", true, Some(b""));
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(s.json(&["status", "--json"])["model_life"], "dying");
+}
+
+/// Issue 12, item 3: made-up HTTP methods do not add series (every label is bounded), and a
+/// scrape reads counters kept up to date by the store's writes, not the database.
+#[test]
+fn metrics_labels_are_bounded_and_a_scrape_reads_no_database() {
+    let dir = temp_dir("metrics-bounds");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "3", "--wait", "--json"]));
+    let series = |m: &str| m.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).count();
+    // Every family and label set a made-up method can reach exists after one such request.
+    raw_http(&s, "MADEUP", "/nowhere", false, None);
+    s.metrics();
+    let before = series(&s.metrics());
+    for i in 0..300 {
+        let (code, _, _) = raw_http(&s, &format!("MADEUP{i}"), &format!("/nowhere/{i}"), false, None);
+        assert!(code >= 400, "{code}");
+    }
+    let m = s.metrics();
+    let http: Vec<&str> = m.lines().filter(|l| l.starts_with("provisioner_http_requests_total{")).collect();
+    for l in &http {
+        let method = l.split("method=\"").nth(1).and_then(|r| r.split('"').next()).unwrap();
+        assert!(
+            ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other"].contains(&method),
+            "unbounded method label: {l}"
+        );
+    }
+    assert_eq!(series(&m), before, "300 made-up methods added series:\n{m}");
+    assert_eq!(
+        sample(&m, "provisioner_http_requests_total{method=\"other\",route=\"unmatched\",code=\"404\"}"),
+        Some(301.0),
+        "{m}"
+    );
+    // The gauges are right, and come from counters: a scrape makes no store call.
+    assert_eq!(sample(&m, "provisioner_machines{status=\"started\"}"), Some(3.0), "{m}");
+    assert_eq!(sample(&m, "provisioner_instances{state=\"running\"}"), Some(3.0), "{m}");
+    assert_eq!(sample(&m, "provisioner_machines_by_life{life=\"alive\"}"), Some(3.0), "{m}");
+    let ops =
+        |m: &str| sample(m, "provisioner_store_operations_total").unwrap_or_else(|| panic!("no store counter: {m}"));
+    let first = ops(&s.metrics());
+    for _ in 0..20 {
+        s.metrics();
+    }
+    let after = ops(&s.metrics());
+    assert_eq!(after, first, "scrapes ran {} store operations", after - first);
+    assert!(s.cli(&["machine", "remove", &ids[0]]).status.success());
+    eventually(Duration::from_secs(10), "the gauges to follow the removal", || {
+        let m = s.metrics();
+        sample(&m, "provisioner_instances{state=\"terminated\"}") == Some(1.0)
+            && sample(&m, "provisioner_machines{status=\"started\"}") == Some(2.0)
+    });
+}
+
+/// Issue 12, item 4: list fields are deduplicated and bounded, a body over the limit is 413,
+/// and one request cannot grow the database by more than its few rows.
+#[test]
+fn one_request_cannot_blow_up_the_database() {
+    let dir = temp_dir("blowup");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    let size = |s: &Server| -> u64 {
+        ["provisioner.db", "provisioner.db-wal"]
+            .iter()
+            .map(|f| std::fs::metadata(s.dir.join(f)).map(|m| m.len()).unwrap_or(0))
+            .sum()
+    };
+    let zones = |n: usize| serde_json::to_vec(&serde_json::json!({"count": 100, "zones": vec!["az1"; n]})).unwrap();
+    // The issue's request: 145,000 copies of one zone (1 MB): over the body limit.
+    let (code, _, text) = raw_http(&s, "POST", "/v1/machines", true, Some(&zones(145_000)));
+    assert_eq!(code, 413, "{text}");
+    assert!(s.machines().is_empty(), "a refused request wrote machines");
+    // Under the limit: the duplicates collapse, each machine stores one short constraint.
+    let before = size(&s);
+    let (code, _, text) = raw_http(&s, "POST", "/v1/machines", true, Some(&zones(30_000)));
+    assert_eq!(code, 201, "{text}");
+    let grew = size(&s).saturating_sub(before);
+    assert!(grew < 1 << 20, "100 machines grew the database by {grew} bytes");
+    let began = Instant::now();
+    assert_eq!(s.machines().len(), 100);
+    assert!(began.elapsed() < Duration::from_secs(2), "machine list took {:?}", began.elapsed());
+    eventually(Duration::from_secs(20), "the 100 machines to be provisioned", || {
+        s.machines().iter().all(|m| field(m, "status") == "started")
+    });
+    assert!(s.machines().iter().all(|m| field(m, "zone") == "az1"));
+    // An unknown zone among many is named; too many ids in one removal are refused.
+    let (code, _, text) =
+        raw_http(&s, "POST", "/v1/machines", true, Some(br#"{"count": 1, "zones": ["az1", "az1", "nowhere"]}"#));
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("nowhere"), "{text}");
+    let many: Vec<String> = (0..20_000).map(|i| i.to_string()).collect();
+    let body = serde_json::to_vec(&serde_json::json!({ "ids": many })).unwrap();
+    let (code, _, text) = raw_http(&s, "POST", "/v1/machines/remove", true, Some(&body));
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("10000"), "the cap is named: {text}");
+    assert_eq!(s.machines().len(), 100, "a refused removal removed machines");
+}
+
+fn serve_output(data: &Path, extra: &[&str]) -> (Option<i32>, String) {
+    // A service that starts is a failure of these checks: it is stopped after 5 s.
+    let mut child = bin()
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port()), "--data-dir"])
+        .arg(data)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let began = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            return (status.code(), err);
+        }
+        if began.elapsed() > Duration::from_secs(5) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (None, "serve started and kept running".into());
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// Issue 12, item 5: a damaged database is refused at start with a message that says what to
+/// do; a missing or empty database next to a WAL or a token is not silently a new model;
+/// `serve --init` creates one on purpose.
+#[test]
+fn a_damaged_or_missing_database_is_refused_at_start() {
+    let dir = temp_dir("damaged");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    s.json(&["machine", "add", "-n", "50", "--wait", "--json"]);
+    let uuid = s.json(&["status", "--json"])["model_uuid"].as_str().unwrap().to_owned();
+    assert_eq!(s.terminate().code(), Some(0));
+    let data = s.dir.clone();
+    let db = data.join("provisioner.db");
+    // Everything into the database file itself (the WAL checkpointed and gone).
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.pragma_update(None, "journal_mode", "DELETE").unwrap();
+    drop(conn);
+    assert!(!data.join("provisioner.db-wal").exists());
+    let pristine = std::fs::read(&db).unwrap();
+    assert!(pristine.len() >= 4 * 4096, "{}", pristine.len());
+
+    // One corrupt page (the second, a table's root): refused, exit 1, says what to do.
+    let mut bad = pristine.clone();
+    for b in &mut bad[4096 + 8..4096 + 1000] {
+        *b = 0x5a;
+    }
+    std::fs::write(&db, &bad).unwrap();
+    let (code, err) = serve_output(&data, &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("damaged") && err.contains("backup") && err.contains("--init"), "{err}");
+    assert_eq!(err.trim().lines().filter(|l| l.starts_with("error")).count(), 1, "{err}");
+
+    // A zero-length database: refused, not a new model.
+    std::fs::write(&db, b"").unwrap();
+    let (code, err) = serve_output(&data, &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("empty") && err.contains("--init"), "{err}");
+    assert_eq!(std::fs::metadata(&db).unwrap().len(), 0, "the refused start wrote a model");
+
+    // Deleted, with its WAL left behind (a crash, then a careless clean-up): refused.
+    std::fs::write(&db, &pristine).unwrap();
+    let mut s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    assert_eq!(s.json(&["status", "--json"])["model_uuid"], uuid.as_str(), "the restored copy is the model");
+    s.json(&["machine", "add", "--json"]);
+    s.crash();
+    assert!(data.join("provisioner.db-wal").exists());
+    std::fs::remove_file(&db).unwrap();
+    let (code, err) = serve_output(&data, &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("provisioner.db-wal") && err.contains("--init"), "{err}");
+    assert!(!db.exists(), "the refused start created a database");
+
+    // On purpose: --init makes a new model (the leftover WAL is moved aside, not replayed).
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms", "--init"]);
+    let fresh = s.json(&["status", "--json"]);
+    assert_ne!(fresh["model_uuid"], uuid.as_str());
+    assert_eq!(fresh["machines"], 0);
+    drop(s);
+    // --init on a data directory that holds a model is refused: it would orphan its instances.
+    let (code, err) = serve_output(&data, &["--init"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("already holds model"), "{err}");
+    // A fresh, empty data directory needs no --init.
+    let other = temp_dir("damaged-fresh");
+    let s = Server::start(&other, &["--sim-start-latency", "50ms"]);
+    assert_eq!(s.json(&["status", "--json"])["machines"], 0);
+}
+
+/// Issue 12, item 6: 413 for a body over the limit, 405 with `Allow` for a wrong method.
+#[test]
+fn oversized_bodies_are_413_and_wrong_methods_405_with_allow() {
+    let dir = temp_dir("413-405");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    let big = vec![b' '; 2 << 20];
+    let (code, _, text) = raw_http(&s, "POST", "/v1/machines", true, Some(&big));
+    assert_eq!(code, 413, "{text}");
+    let (code, _, text) = raw_http(&s, "POST", "/v1/destroy-model", true, Some(&big));
+    assert_eq!(code, 413, "{text}");
+    assert_eq!(s.json(&["status", "--json"])["model_life"], "alive");
+    for (method, path, allow) in [
+        ("DELETE", "/v1/machines", "GET, POST"),
+        ("GET", "/v1/destroy-model", "POST"),
+        ("POST", "/v1/status", "GET"),
+        ("DELETE", "/v1/config/workers", "GET, PUT"),
+        ("POST", "/healthz", "GET"),
+        ("PUT", "/metrics", "GET"),
+    ] {
+        let (code, headers, text) = raw_http(&s, method, path, true, None);
+        assert_eq!(code, 405, "{method} {path}: {text}");
+        assert_eq!(header(&headers, "allow"), Some(allow), "{method} {path}: {headers:?}");
+    }
+    // Without the token a /v1 path still answers 401 first.
+    assert_eq!(raw_http(&s, "DELETE", "/v1/machines", false, None).0, 401);
+    assert_eq!(raw_http(&s, "GET", "/v1/nothing", true, None).0, 404);
+}
+
+/// Issue 12, item 6: `machine remove 3 3` collapses the duplicate; `config set workers +4` is
+/// refused (it reads like a relative change, which is not supported).
+#[test]
+fn duplicate_ids_collapse_and_signed_workers_are_refused() {
+    let dir = temp_dir("dups");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    s.json(&["machine", "add", "-n", "4", "--wait", "--json"]);
+    let out = s.cli(&["machine", "remove", "3", "3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eventually(Duration::from_secs(10), "machine 3 to be removed", || {
+        !s.machines().iter().any(|m| field(m, "id") == "3")
+    });
+    let out = s.cli(&["config", "set", "workers", "+4"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("whole number"));
+    assert_eq!(String::from_utf8_lossy(&s.cli(&["config", "get", "workers"]).stdout).trim(), "16");
+    let out = s.cli(&["config", "set", "workers", "8"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "workers = 8");
+}
+
+/// Issue 12, item 6: the database and its WAL are private (0600) like the token, and a token
+/// file others can read is warned about.
+#[cfg(unix)]
+#[test]
+fn database_files_are_private_and_a_readable_token_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir("modes");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    s.json(&["machine", "add", "--wait", "--json"]);
+    for f in ["provisioner.db", "provisioner.db-wal", "token"] {
+        let mode = std::fs::metadata(s.dir.join(f)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{f}: mode {mode:o}");
+    }
+    assert!(!s.log_text().contains("readable by others"));
+    assert_eq!(s.terminate().code(), Some(0));
+    std::fs::set_permissions(s.dir.join("token"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    eventually(Duration::from_secs(5), "the warning", || s.log_text().contains("readable by others"));
+}
+
+/// Issue 12, item 6: a client of the event stream that stops reading is not buffered without
+/// bound: past its queue's limit it is dropped, with a final event saying so.
+#[test]
+fn a_slow_event_client_is_dropped_with_a_final_event() {
+    use std::io::{Read, Write};
+    let dir = temp_dir("slow-events");
+    let s = Server::start(&dir, &["--sim-start-latency", "0s"]);
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        conn,
+        "GET /v1/events HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {}\r\n\r\n",
+        s.token()
+    )
+    .unwrap();
+    // Never read while machines are provisioned, 10,000 at a time, until the client has been
+    // dropped: the kernel's socket buffers (up to 4 MiB here) take the first events, then the
+    // service's queue for the client fills.
+    let mut added = 0;
+    while sample(&s.metrics(), "provisioner_event_streams_dropped_total") == Some(0.0) {
+        assert!(added < 80_000, "{added} machines' events and the slow client is still queued for");
+        s.json(&["machine", "add", "-n", "10000", "--json"]);
+        added += 10_000;
+        eventually(Duration::from_secs(120), "the machines to be provisioned", || {
+            sample(&s.metrics(), "provisioner_events_total{event=\"machine-started\"}") == Some(added as f64)
+        });
+    }
+    conn.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut got = Vec::new();
+    let _ = conn.read_to_end(&mut got);
+    let text = String::from_utf8_lossy(&got);
+    let started = text.matches("event: machine-started").count();
+    assert!(started < added, "the slow client got every event: was it buffered without bound?");
+    assert!(text.contains("event: stream-dropped"), "no final event: ...{}", &text[text.len().saturating_sub(500)..]);
+    let last = text.trim_end().lines().rev().find(|l| l.starts_with("data: ")).unwrap_or("");
+    assert!(last.contains("stream-dropped") && last.contains("reconnect"), "{last}");
+}
+
+/// Unmounts (lazily) when dropped.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Issue 12, item 2 (the service's part). The data directory's disk fills while starts are in
+/// flight: the simulated cloud has written each instance, then cannot record its landing, and
+/// answers a transient error. When the disk frees up, every machine must end with exactly one
+/// instance ever created for it: the retried start must reuse the client token (and the cloud
+/// return the instance already made for it) instead of making a second one.
+///
+/// NOTE: this test depends on the engine's fix of issue 12 item 2 (`src/workers/start.rs`:
+/// reuse the client token after an ambiguous failure), done on another branch; until that is
+/// merged it FAILS here with machines that have two instances.
+///
+/// The data directory is a 8 MiB tmpfs (needs root and `mount`; without them the test says so
+/// and passes without checking anything).
+#[test]
+fn a_full_disk_during_starts_gives_no_machine_a_second_instance() {
+    let dir = temp_dir("disk-full");
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"]).arg(&mnt).status();
+    if !matches!(mounted, Ok(s) if s.success()) {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root): the full-disk test checked nothing");
+        return;
+    }
+    let _unmount = Mounted(mnt.clone());
+    let cfg = dir.join("serve.toml");
+    std::fs::write(&cfg, "resync = \"1s\"\n[retry]\ncount = 30\ndelay = \"500ms\"\n").unwrap();
+    let cfg = cfg.to_str().unwrap().to_owned();
+    let s = Server::start_on(&mnt.join("data"), &dir, &["--sim-start-latency", "1s", "--config", &cfg]);
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "12", "--json"]));
+    eventually(Duration::from_secs(10), "starts to be in flight", || {
+        sample(&s.metrics(), "provisioner_broker_calls_in_flight").unwrap_or(0.0) >= 1.0
+    });
+    // Fill the disk while the starts wait for their instances to come up.
+    let filler = mnt.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0u8; 16 << 10];
+        while f.write_all(&chunk).and_then(|()| f.flush()).is_ok() {}
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    std::fs::remove_file(&filler).unwrap();
+    eventually(Duration::from_secs(60), "every machine to be provisioned after the disk freed up", || {
+        let m = s.machines();
+        m.len() == ids.len() && m.iter().all(|m| field(m, "status") == "started")
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_provisioned_once(&s, &ids);
+    // Every instance the cloud ever made, whatever its state: one per machine.
+    let m = s.metrics();
+    let made: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("provisioner_instances{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(made, ids.len() as f64, "instances ever created for {} machines:\n{m}\n{}", ids.len(), s.log_text());
+    assert!(s.log_text().contains("full") || s.log_text().contains("disk"), "the disk never filled: {}", s.log_text());
+}
+
+/// Issue 12, item 5: `/healthz` fails (503, saying why) when the store cannot be read, here
+/// because the database file was replaced under the running service (by a file that is not a
+/// database); a restart then refuses the damaged file.
+#[test]
+fn healthz_fails_when_the_database_cannot_be_read() {
+    let dir = temp_dir("health-damaged");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    s.json(&["machine", "add", "-n", "2", "--wait", "--json"]);
+    assert_eq!(raw_http(&s, "GET", "/healthz", false, None).0, 200);
+    let db = s.dir.join("provisioner.db");
+    std::fs::remove_file(&db).unwrap();
+    std::fs::write(&db, "this is not a database\n".repeat(1000)).unwrap();
+    let (code, _, text) = raw_http(&s, "GET", "/healthz", false, None);
+    assert_eq!(code, 503, "{text}");
+    assert!(text.contains("database"), "{text}");
+    s.crash();
+    // (With its WAL, SQLite could still read every page written since the service started;
+    // without it, what is left is not a database.)
+    std::fs::remove_file(s.dir.join("provisioner.db-wal")).unwrap();
+    let (code, err) = serve_output(&s.dir, &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("damaged") && err.contains("--init"), "{err}");
 }

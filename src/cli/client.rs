@@ -92,7 +92,7 @@ impl Client {
                     .map(|b| b.error)
                     .unwrap_or_else(|_| format!("the service answered {status}: {}", text.trim()));
                 Err(match status {
-                    400 | 404 => Failure::usage(message),
+                    400 | 404 | 413 => Failure::usage(message),
                     401 => Failure::runtime(format!("the service refused the API token: {message}")),
                     _ => Failure::runtime(message),
                 })
@@ -269,7 +269,12 @@ fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
                     if by_status.is_empty() { "none".into() } else { by_status.join(", ") },
                     s.machines_in_error
                 );
-                println!("instances: {}", s.instances);
+                match (s.instances, &s.instances_error) {
+                    (Some(n), _) => println!("instances: {n}"),
+                    (None, why) => {
+                        println!("instances: unknown ({})", why.as_deref().unwrap_or("listing the cloud failed"))
+                    }
+                }
                 println!(
                     "workers:   {} ({} jobs running, {} queued; {} cloud calls in flight)",
                     s.workers, s.jobs_in_flight, s.jobs_queued, s.broker_calls_in_flight

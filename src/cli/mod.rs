@@ -47,6 +47,13 @@ pub struct ServeArgs {
     /// EC2: the instance type.
     #[arg(long, env = "PROVISIONER_EC2_INSTANCE_TYPE", value_name = "TYPE")]
     pub ec2_instance_type: Option<String>,
+    /// Create a new model where the data directory has none it can use: a database that is
+    /// empty or missing next to an old run's WAL or token (the old model's instances in the
+    /// cloud are no longer managed). Refused where a database is there. Without it, a new model
+    /// is created only in an empty data directory. (No environment variable: it must be asked
+    /// for on purpose, once.)
+    #[arg(long)]
+    pub init: bool,
 }
 
 /// Where the service is and how to authenticate.

@@ -26,6 +26,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
         region: args.region,
         ec2_image: args.ec2_image,
         ec2_instance_type: args.ec2_instance_type,
+        init: args.init,
     };
     let opts = match ServeOptions::resolve(flags) {
         Ok(o) => o,

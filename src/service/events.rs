@@ -5,18 +5,31 @@
 //! connected streams (one channel each), fans events out, drops streams whose client went
 //! away (a comment line every 15 s finds them), and closes them all at shutdown so that the
 //! HTTP server can stop without waiting for streams that never end.
+//!
+//! Each client's queue is bounded ([`QUEUE_LIMIT`] frames not yet taken by its connection): a
+//! client that stops reading is dropped once its queue is full, with a last `stream-dropped`
+//! event telling it to reconnect, so that it costs at most that many frames of memory.
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use actix::prelude::*;
 use futures::channel::mpsc::{unbounded, UnboundedReceiver, UnboundedSender};
+use futures::Stream;
 use serde::{Deserialize, Serialize};
 
 use crate::events::ProvisionerEvent;
 
 /// How often an idle stream gets a comment line (to find clients that went away).
 pub const HEARTBEAT: Duration = Duration::from_secs(15);
+/// The most frames queued for one client (about 150 bytes each) before it is dropped.
+pub const QUEUE_LIMIT: usize = 1024;
+/// The name of the last event a dropped client gets.
+pub const DROPPED: &str = "stream-dropped";
 
 /// One event, as the stream carries it. Fields that do not apply are left out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,18 +98,86 @@ pub fn sse_frame(v: &EventView) -> String {
     format!("event: {}\ndata: {json}\n\n", v.event)
 }
 
+/// The last frame of a client that fell [`QUEUE_LIMIT`] frames behind.
+pub fn dropped_frame() -> String {
+    sse_frame(&EventView {
+        event: DROPPED.to_owned(),
+        machine: None,
+        instance: None,
+        zone: None,
+        instances: Vec::new(),
+        message: Some(format!(
+            "this client fell {QUEUE_LIMIT} events behind and was dropped; reconnect (the events in between are lost)"
+        )),
+        size: None,
+        mode: None,
+    })
+}
+
+/// One client's queue: the channel, and how many frames in it its connection has not taken.
+struct Client {
+    tx: UnboundedSender<String>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Client {
+    /// Queues a frame; `false` when the client is gone, or was dropped because its queue is
+    /// full (then its last frame says so).
+    fn send(&self, frame: &str) -> bool {
+        if self.queued.load(Ordering::SeqCst) >= QUEUE_LIMIT {
+            self.queued.fetch_add(1, Ordering::SeqCst);
+            let _ = self.tx.unbounded_send(dropped_frame());
+            return false;
+        }
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        self.tx.unbounded_send(frame.to_owned()).is_ok()
+    }
+}
+
+/// A client's side of its stream: the frames, each counted off its queue as it is taken.
+pub struct EventStream {
+    rx: UnboundedReceiver<String>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Stream for EventStream {
+    type Item = String;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<String>> {
+        let polled = Pin::new(&mut self.rx).poll_next(cx);
+        if let Poll::Ready(Some(_)) = &polled {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        polled
+    }
+}
+
 /// Keeps the connected streams.
 #[derive(Default)]
 pub struct EventHub {
-    streams: BTreeMap<u64, UnboundedSender<String>>,
+    streams: BTreeMap<u64, Client>,
     next: u64,
     /// Shutting down: new streams end at once.
     closed: bool,
+    /// Clients dropped for falling behind (shared with the metrics).
+    dropped: Arc<AtomicU64>,
 }
 
 impl EventHub {
+    /// The count of clients dropped for falling behind, as it grows.
+    pub fn dropped_counter(&self) -> Arc<AtomicU64> {
+        self.dropped.clone()
+    }
+
     fn broadcast(&mut self, frame: &str) {
-        self.streams.retain(|_, tx| tx.unbounded_send(frame.to_owned()).is_ok());
+        let dropped = &self.dropped;
+        self.streams.retain(|_, client| {
+            let kept = client.send(frame);
+            if !kept && !client.tx.is_closed() {
+                dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(limit = QUEUE_LIMIT, "an event-stream client fell behind and was dropped");
+            }
+            kept
+        });
     }
 }
 
@@ -107,9 +188,9 @@ impl Actor for EventHub {
     }
 }
 
-/// Opens a stream: the receiver gets every event from now on.
+/// Opens a stream: it gets every event from now on (unless it falls too far behind).
 #[derive(Message)]
-#[rtype(result = "UnboundedReceiver<String>")]
+#[rtype(result = "EventStream")]
 pub struct OpenStream;
 
 /// Ends every stream (shutdown).
@@ -121,14 +202,17 @@ impl Handler<OpenStream> for EventHub {
     type Result = MessageResult<OpenStream>;
     fn handle(&mut self, _msg: OpenStream, _ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = unbounded();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let stream = EventStream { rx, queued: queued.clone() };
         if self.closed {
-            return MessageResult(rx);
+            return MessageResult(stream);
         }
+        let client = Client { tx, queued };
         // A first comment line: the client sees the stream is open before any event.
-        let _ = tx.unbounded_send(": connected\n\n".to_owned());
+        client.send(": connected\n\n");
         self.next += 1;
-        self.streams.insert(self.next, tx);
-        MessageResult(rx)
+        self.streams.insert(self.next, client);
+        MessageResult(stream)
     }
 }
 
@@ -153,6 +237,27 @@ impl Handler<ProvisionerEvent> for EventHub {
 mod tests {
     use super::*;
     use crate::types::{HarvestMode, InstanceId, MachineId};
+
+    #[test]
+    fn a_client_that_stops_reading_is_dropped_with_a_last_event() {
+        use futures::StreamExt;
+        let (tx, rx) = unbounded();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let client = Client { tx, queued: queued.clone() };
+        let mut stream = EventStream { rx, queued };
+        for i in 0..QUEUE_LIMIT {
+            assert!(client.send(&format!("frame {i}\n\n")), "dropped at {i}");
+        }
+        // Reading one frame makes room for one more.
+        assert_eq!(futures::executor::block_on(stream.next()).as_deref(), Some("frame 0\n\n"));
+        assert!(client.send("one more\n\n"));
+        assert!(!client.send("too many\n\n"), "a full queue drops the client");
+        drop(client);
+        let rest: Vec<String> = futures::executor::block_on(stream.collect());
+        assert_eq!(rest.len(), QUEUE_LIMIT + 1, "the queue held at most its limit, then the last event");
+        let last = rest.last().unwrap();
+        assert!(last.starts_with("event: stream-dropped\n") && last.contains("reconnect"), "{last}");
+    }
 
     #[test]
     fn events_become_one_json_data_line_each() {

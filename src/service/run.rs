@@ -42,6 +42,20 @@ pub enum ServeError {
     /// The database failed (exit 1).
     #[error("{0}")]
     Store(#[from] StoreError),
+    /// The database is damaged: the service will not run on it (exit 1).
+    #[error(
+        "the database {path} is damaged, so the service will not run on it ({source}). Restore provisioner.db \
+         (with its provisioner.db-wal, if any) from a backup; or, to give up this model (its instances in the \
+         cloud will no longer be managed), move provisioner.db, provisioner.db-wal and provisioner.db-shm aside \
+         and start with `serve --init` to create a new model"
+    )]
+    Damaged {
+        /// The database file.
+        path: PathBuf,
+        /// What the check found.
+        #[source]
+        source: StoreError,
+    },
     /// The provisioner refused its configuration (exit 2).
     #[error("invalid provisioner configuration: {0}")]
     Provisioner(#[from] crate::config::ConfigError),
@@ -72,11 +86,36 @@ fn data_dir_error(path: &Path, e: impl std::fmt::Display) -> ServeError {
     ServeError::DataDir { path: path.to_owned(), message: e.to_string() }
 }
 
-/// Reads the API token from `dir/token`, or creates it (32 random bytes, hex; mode 0600).
+/// The permission bits others than the owner have on `path` (0 where there are no such bits).
+fn shared_mode(path: &Path) -> Option<u32> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path).ok().map(|m| m.permissions().mode() & 0o777).filter(|m| m & 0o077 != 0)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
+    }
+}
+
+/// Reads the API token from `dir/token`, or creates it (32 random bytes, hex; mode 0600). An
+/// existing token file that others can read is used, with a warning.
 pub fn ensure_token(dir: &Path) -> Result<String, ServeError> {
     let path = dir.join(TOKEN_FILE);
     match std::fs::read_to_string(&path) {
-        Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_owned()),
+        Ok(t) if !t.trim().is_empty() => {
+            if let Some(mode) = shared_mode(&path) {
+                tracing::warn!(
+                    "the API token file {} is readable by others (mode {mode:o}): anyone who can read it can drive \
+                     the API; make it private with `chmod 600 {}`",
+                    path.display(),
+                    path.display()
+                );
+            }
+            return Ok(t.trim().to_owned());
+        }
         Ok(_) => return Err(data_dir_error(dir, format!("{} is empty; delete it to get a new token", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(data_dir_error(dir, format!("cannot read {}: {e}", path.display()))),
@@ -92,6 +131,113 @@ pub fn ensure_token(dir: &Path) -> Result<String, ServeError> {
         .and_then(|()| f.sync_all())
         .map_err(|e| data_dir_error(dir, format!("cannot write {}: {e}", path.display())))?;
     Ok(token)
+}
+
+/// `name`, or `name.1`, `name.2`... : the first that does not exist.
+fn aside(path: &Path) -> PathBuf {
+    let base = path.with_file_name(format!(
+        "{}.orphaned",
+        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    ));
+    let mut candidate = base.clone();
+    let mut n = 0;
+    while candidate.exists() {
+        n += 1;
+        candidate = PathBuf::from(format!("{}.{n}", base.display()));
+    }
+    candidate
+}
+
+/// Decides whether the data directory may be opened as it is, before anything is written to
+/// it. A new model is created only in a directory with no database, no WAL and no token, or
+/// with `init`; a zero-length database, or a WAL or token without their database, mean a model
+/// existed here and was lost, so that is refused (its instances would be orphaned). With
+/// `init` on such a directory, the leftovers are cleared (a WAL is moved aside, not replayed
+/// into the new model). `init` on a directory that holds a database is refused.
+/// A new database file is created private (0600; SQLite gives its WAL the same mode), and an
+/// existing one that others can read is made private.
+pub fn prepare_data_dir(dir: &Path, init: bool) -> Result<(), ServeError> {
+    let db = dir.join(DB_FILE);
+    let wal = dir.join(format!("{DB_FILE}-wal"));
+    let shm = dir.join(format!("{DB_FILE}-shm"));
+    let token = dir.join(TOKEN_FILE);
+    let size = match std::fs::metadata(&db) {
+        Ok(m) => Some(m.len()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(data_dir_error(dir, format!("cannot read {}: {e}", db.display()))),
+    };
+    let recover = "restore it from a backup; or, to create a new model (the old model's instances in the cloud \
+                   will no longer be managed), start with `serve --init`";
+    match size {
+        Some(n) if n > 0 && init => {
+            return Err(ServeError::Config(format!(
+                "--init creates a new model only in a data directory without one, and {} already holds model \
+                 database {}; to start over, stop the service and move provisioner.db, provisioner.db-wal and \
+                 provisioner.db-shm aside first",
+                dir.display(),
+                db.display()
+            )));
+        }
+        Some(0) if !init => {
+            return Err(data_dir_error(
+                dir,
+                format!("the database {} is empty (zero length): the model it held is lost; {recover}", db.display()),
+            ))
+        }
+        None if !init && (wal.exists() || token.exists()) => {
+            let left: Vec<String> = [&wal, &token]
+                .iter()
+                .filter(|p| p.exists())
+                .map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned())
+                .collect();
+            return Err(data_dir_error(
+                dir,
+                format!(
+                    "the database {} is missing, but {} from an earlier run {} still there: the model is lost unless \
+                     you {recover}",
+                    db.display(),
+                    left.join(" and "),
+                    if left.len() > 1 { "are" } else { "is" }
+                ),
+            ));
+        }
+        _ => {}
+    }
+    if size.is_some_and(|n| n == 0) {
+        std::fs::remove_file(&db).map_err(|e| data_dir_error(dir, format!("cannot remove {}: {e}", db.display())))?;
+    }
+    if size.is_none_or(|n| n == 0) {
+        // A new model: no leftovers of the old one may be replayed into it.
+        if wal.exists() {
+            let to = aside(&wal);
+            std::fs::rename(&wal, &to)
+                .map_err(|e| data_dir_error(dir, format!("cannot move {} aside: {e}", wal.display())))?;
+            tracing::warn!(from = %wal.display(), to = %to.display(), "moved the old model's write-ahead log aside");
+        }
+        if shm.exists() {
+            std::fs::remove_file(&shm)
+                .map_err(|e| data_dir_error(dir, format!("cannot remove {}: {e}", shm.display())))?;
+        }
+        let mut opts = std::fs::OpenOptions::new();
+        opts.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+        opts.open(&db).map_err(|e| data_dir_error(dir, format!("cannot create {}: {e}", db.display())))?;
+        if init {
+            tracing::info!(database = %db.display(), "--init: creating a new model");
+        }
+    } else {
+        #[cfg(unix)]
+        for f in [&db, &wal, &shm] {
+            if let Some(mode) = shared_mode(f) {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600))
+                    .map_err(|e| data_dir_error(dir, format!("cannot make {} private: {e}", f.display())))?;
+                tracing::warn!(file = %f.display(), "the file was readable by others (mode {mode:o}); made it 0600");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Waits for SIGTERM or SIGINT.
@@ -157,12 +303,19 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     let started = Instant::now();
     let dir = &opts.data_dir;
     std::fs::create_dir_all(dir).map_err(|e| data_dir_error(dir, e))?;
+    prepare_data_dir(dir, opts.init)?;
+    let db = dir.join(DB_FILE);
+    let store = Store::start(&db).map_err(|e| match e {
+        e @ StoreError::Damaged { .. } => ServeError::Damaged { path: db.clone(), source: e },
+        other => ServeError::Store(other),
+    })?;
+    // The token after the database: a token without a database means a lost model.
     let token = ensure_token(dir)?;
-    let store = Store::start(&dir.join(DB_FILE))?;
     let model_uuid = store.exec(|s| s.model_uuid()).await?;
     let settings = store.exec(|s| s.settings()).await?;
 
     let metrics = Metrics::default().start();
+    store.watch_counts(metrics.clone().recipient());
     let (cloud, zones, broker_name): (Arc<dyn crate::ports::Broker>, Vec<String>, &str) = match opts.broker {
         BrokerKind::Sim => {
             let sim = SimCloud::new(store.clone(), model_uuid.clone(), opts.sim.clone());
@@ -198,7 +351,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     .with_random_seed();
     let handle = crate::wiring::start(config, Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
     handle.subscribe(metrics.clone().recipient());
-    let events = crate::service::events::EventHub::default().start();
+    let hub = crate::service::events::EventHub::default();
+    let events_dropped = hub.dropped_counter();
+    let events = hub.start();
     handle.subscribe(events.clone().recipient());
     store.watch(handle.machines_changed());
     store.watch_retries(handle.retry_ticks());
@@ -209,6 +364,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         broker: broker.clone(),
         metrics,
         events: events.clone(),
+        events_dropped,
         token,
         zones,
         broker_name: broker_name.into(),

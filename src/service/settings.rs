@@ -62,6 +62,8 @@ pub struct ServeFlags {
     pub ec2_image: Option<String>,
     /// `--ec2-instance-type TYPE`.
     pub ec2_instance_type: Option<String>,
+    /// `--init`: create a new model even where an old one's leftovers are.
+    pub init: bool,
 }
 
 /// The EC2 broker's settings (used with `--broker ec2`; credentials come from the standard AWS
@@ -148,6 +150,8 @@ pub struct ServeOptions {
     pub sim: SimSettings,
     /// The EC2 broker.
     pub ec2: Ec2Settings,
+    /// Create a new model where the data directory has no usable database (`--init`).
+    pub init: bool,
 }
 
 impl Default for ServeOptions {
@@ -163,6 +167,7 @@ impl Default for ServeOptions {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             sim: SimSettings::default(),
             ec2: Ec2Settings::default(),
+            init: false,
         }
     }
 }
@@ -208,6 +213,7 @@ impl ServeOptions {
         if let Some(t) = flags.ec2_instance_type {
             o.ec2.instance_type = Some(t);
         }
+        o.init = flags.init;
         crate::config::validate_workers(o.workers, crate::config::MAX_WORKERS)
             .map_err(|e| ServeError::Config(format!("config: {e}")))?;
         if o.resync.is_zero() {

@@ -5,6 +5,14 @@
 //! start's nonce, keyed by the client token so that a repeated call returns the same
 //! instance), then waits the start latency and marks it running. An instance whose landing a
 //! crash interrupted is landed by [`SimCloud::resume`] when the service comes back.
+//!
+//! As EC2 does, it is idempotent by client token: a start repeated with the token of one that
+//! already made an instance (whatever became of the first call's answer) returns that instance,
+//! landing it if it is still pending, and creates nothing; the same token with other
+//! parameters (another machine or zone) is refused (`IdempotentParameterMismatch`). Any failure
+//! after the instance was written (its landing could not be recorded: a full disk, say) is
+//! transient, so the provisioner treats the start as ambiguous and repeats it with the same
+//! token.
 
 use std::time::Duration;
 
@@ -119,6 +127,13 @@ impl Broker for SimCloud {
                     params.client_token
                 )));
             }
+            if !new && record.instance.zone != params.zone {
+                return Err(BrokerError::zone_independent(format!(
+                    "IdempotentParameterMismatch: client token {} was used for a start in another zone ({})",
+                    params.client_token,
+                    record.instance.zone.as_deref().unwrap_or("none")
+                )));
+            }
             if new && !latency.is_zero() {
                 actix_rt::time::sleep(latency).await;
             }
@@ -193,6 +208,44 @@ mod tests {
             client_token: "0/n/1".into(),
             distribution_group: Vec::new(),
         }
+    }
+
+    /// Issue 12, item 2: a start repeated with its client token (after an ambiguous failure)
+    /// gets the instance the first one made, landed if it was left pending, and nothing new;
+    /// the same token with another zone is refused.
+    #[test]
+    fn a_repeated_client_token_returns_the_instance_already_made() {
+        let dir = std::env::temp_dir().join(format!("provisioner-simcloud-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        actix_rt::System::new().block_on(async move {
+            let store = Store::start(&dir.join("p.db")).unwrap();
+            let settings = SimSettings { start_latency: Duration::ZERO, ..SimSettings::default() };
+            let cloud = SimCloud::new(store.clone(), "m".into(), settings);
+            let tags = InstanceTags { model: Some("m".into()), machine: Some(MachineId::new("0")), start: None };
+            let p = StartInstanceParams { tags: tags.clone(), ..params(Some("az1")) };
+            let first = cloud.start_instance(p.clone()).await.unwrap();
+            let again = cloud.start_instance(p.clone()).await.unwrap();
+            assert_eq!(again.instance.id, first.instance.id);
+            assert_eq!(cloud.all_records().await.unwrap().len(), 1);
+
+            // A start whose instance was written but whose landing failed: the repeat lands it.
+            let t = tags.clone();
+            let (left, _) = store.exec(move |s| s.create_instance("0/n/2", Some("az1"), &t)).await.unwrap();
+            assert_eq!(left.instance.state, crate::types::InstanceState::Pending);
+            let p2 = StartInstanceParams { client_token: "0/n/2".into(), ..p.clone() };
+            let landed = cloud.start_instance(p2.clone()).await.unwrap();
+            assert_eq!(landed.instance.id, left.instance.id);
+            assert_eq!(landed.instance.state, crate::types::InstanceState::Running);
+            assert_eq!(cloud.all_records().await.unwrap().len(), 2, "the repeat created nothing");
+
+            // The same token for another zone is a definite failure, and creates nothing.
+            let elsewhere = StartInstanceParams { zone: Some("az2".into()), ..p2 };
+            let err = cloud.start_instance(elsewhere).await.unwrap_err();
+            assert!(err.message().contains("IdempotentParameterMismatch"), "{err:?}");
+            assert_eq!(err.kind(), "zone_independent", "{err:?}");
+            assert_eq!(cloud.all_records().await.unwrap().len(), 2);
+        });
     }
 
     #[test]

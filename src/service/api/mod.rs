@@ -16,8 +16,11 @@
 //! | `POST /v1/destroy-model` | `DestroyRequest` | `DestroyView` |
 //! | `GET /v1/events` | | `text/event-stream` of `EventView`s |
 //!
-//! Errors are `{"error": "one sentence"}` with 400 (bad input), 401 (no or wrong token), 404
-//! (no such machine or route), 409 (the model's state refuses it) or 500.
+//! Errors are `{"error": "one sentence"}` with 400 (bad input: a body that does not parse, an
+//! unknown field, a wrong type, a value out of range), 401 (no or wrong token), 404 (no such
+//! machine or route), 405 (a method the route does not take; `Allow` lists those it does), 409
+//! (the model's state refuses it), 413 (a body over [`BODY_LIMIT`]), 500, or 503 (`/healthz`:
+//! the store cannot be read). A refused request writes nothing.
 
 pub mod types;
 
@@ -26,7 +29,8 @@ use std::future::{ready, Ready};
 
 use actix_rt::time::Instant;
 use actix_web::dev::{Payload, Service, ServiceRequest, ServiceResponse};
-use actix_web::http::StatusCode;
+use actix_web::http::header::{ALLOW, CONTENT_LENGTH};
+use actix_web::http::{Method, StatusCode};
 use actix_web::{web, App, FromRequest, HttpRequest, HttpResponse, ResponseError};
 
 use crate::config::{validate_workers, MAX_WORKERS};
@@ -43,6 +47,10 @@ use types::{
 
 /// The most machines one `POST /v1/machines` may add.
 pub const MAX_ADD: usize = 10_000;
+/// The most machine ids one removal or retry may name.
+pub const MAX_IDS: usize = 10_000;
+/// The largest request body, in bytes (larger: 413). 10,000 machine ids fit comfortably.
+pub const BODY_LIMIT: usize = 256 << 10;
 
 /// Everything the handlers share (cheap to clone: handles and addresses).
 #[derive(Clone)]
@@ -57,6 +65,8 @@ pub struct AppState {
     pub metrics: actix::Addr<Metrics>,
     /// The event streams.
     pub events: actix::Addr<crate::service::events::EventHub>,
+    /// Event-stream clients dropped for falling behind.
+    pub events_dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// The API token.
     pub token: String,
     /// The cloud's zones.
@@ -75,11 +85,19 @@ pub struct AppState {
 pub struct ApiError {
     status: u16,
     message: String,
+    /// The methods the route takes (a 405's `Allow`).
+    allow: Option<&'static str>,
 }
 
 impl ApiError {
     fn new(status: u16, message: impl Into<String>) -> Self {
-        Self { status, message: message.into() }
+        Self { status, message: message.into(), allow: None }
+    }
+    fn too_large() -> Self {
+        Self::new(413, format!("the request body is over the limit of {BODY_LIMIT} bytes"))
+    }
+    fn not_allowed(method: &Method, allow: &'static str) -> Self {
+        Self { allow: Some(allow), ..Self::new(405, format!("method {method} is not allowed here: use {allow}")) }
     }
     fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, message)
@@ -94,7 +112,11 @@ impl ResponseError for ApiError {
         StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status_code()).json(ErrorBody { error: self.message.clone() })
+        let mut res = HttpResponse::build(self.status_code());
+        if let Some(allow) = self.allow {
+            res.insert_header((ALLOW, allow));
+        }
+        res.json(ErrorBody { error: self.message.clone() })
     }
 }
 
@@ -168,15 +190,83 @@ fn view(m: &MachineRecord) -> MachineView {
     }
 }
 
+/// The machine ids of a request, each once (in the order first given), at most [`MAX_IDS`].
 fn ids(raw: &[String]) -> Result<Vec<MachineId>> {
     if raw.is_empty() {
         return Err(ApiError::bad_request("no machine ids given"));
     }
-    Ok(raw.iter().map(|s| MachineId::new(s.trim())).collect())
+    if raw.len() > MAX_IDS {
+        return Err(ApiError::bad_request(format!("at most {MAX_IDS} machine ids per request, got {}", raw.len())));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    Ok(raw.iter().map(|s| s.trim()).filter(|s| seen.insert(*s)).map(MachineId::new).collect())
 }
 
-async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().content_type("text/plain").body("ok\n")
+/// Reads a request body of at most [`BODY_LIMIT`] bytes (413 past it, before reading it all
+/// when the length is announced).
+async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<web::Bytes> {
+    use futures::StreamExt;
+    let announced = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > BODY_LIMIT as u64) {
+        return Err(ApiError::too_large());
+    }
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| match e {
+            actix_web::error::PayloadError::Overflow => ApiError::too_large(),
+            other => ApiError::bad_request(format!("cannot read the request body: {other}")),
+        })?;
+        if body.len() + chunk.len() > BODY_LIMIT {
+            return Err(ApiError::too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// The key of the JSON object member whose value starts before byte `offset` (flat bodies:
+/// the last `"key":` before it), to name the field a type error is about.
+fn key_before(body: &[u8], offset: usize) -> Option<String> {
+    let text = std::str::from_utf8(&body[..offset.min(body.len())]).ok()?;
+    let colon = text.rfind(':')?;
+    let key = text[..colon].trim_end().strip_suffix('"')?;
+    let start = key.rfind('"')?;
+    Some(key[start + 1..].to_owned())
+}
+
+/// Parses a body strictly (unknown fields and wrong types are refused, naming the field).
+/// An empty body means `empty`, if the request has defaults; otherwise it is refused.
+fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8], empty: Option<T>) -> Result<T> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return empty.ok_or_else(|| ApiError::bad_request("a JSON body is required"));
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        let mut message = e.to_string();
+        if e.classify() == serde_json::error::Category::Data && !message.contains("field") {
+            let offset =
+                body.split(|b| *b == b'\n').take(e.line().saturating_sub(1)).map(|l| l.len() + 1).sum::<usize>()
+                    + e.column();
+            if let Some(key) = key_before(body, offset) {
+                message = format!("field {key:?}: {message}");
+            }
+        }
+        ApiError::bad_request(format!("invalid JSON body: {message}"))
+    })
+}
+
+/// Reads and parses a body that must be given.
+async fn json_body<T: serde::de::DeserializeOwned>(req: &HttpRequest, payload: web::Payload) -> Result<T> {
+    parse_body(&read_body(req, payload).await?, None)
+}
+
+/// 200 `ok` while the store can be read; 503 with the reason otherwise.
+async fn healthz(st: State) -> HttpResponse {
+    match st.store.exec_lazy(|s| s.check_readable()).await {
+        Ok(()) => HttpResponse::Ok().content_type("text/plain").body("ok\n"),
+        Err(e) => HttpResponse::ServiceUnavailable()
+            .content_type("text/plain")
+            .body(format!("the database cannot be read: {e}\n")),
+    }
 }
 
 async fn list_machines(_: Authorized, st: State) -> Result<HttpResponse> {
@@ -184,8 +274,8 @@ async fn list_machines(_: Authorized, st: State) -> Result<HttpResponse> {
     Ok(HttpResponse::Ok().json(machines.iter().map(view).collect::<Vec<_>>()))
 }
 
-async fn add_machines(_: Authorized, st: State, body: web::Json<AddMachines>) -> Result<HttpResponse> {
-    let AddMachines { count, zones } = body.into_inner();
+async fn add_machines(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
+    let AddMachines { count, zones } = json_body(&req, payload).await?;
     if count == 0 || count > MAX_ADD {
         return Err(ApiError::bad_request(format!("count must be between 1 and {MAX_ADD}, got {count}")));
     }
@@ -203,18 +293,24 @@ async fn add_machines(_: Authorized, st: State, body: web::Json<AddMachines>) ->
             )));
         }
     }
+    // Each zone once, in the order first given (so at most the cloud's zones).
+    let zones = zones.map(|z| {
+        let mut seen = std::collections::BTreeSet::new();
+        z.into_iter().filter(|z| seen.insert(z.clone())).collect::<Vec<_>>()
+    });
     let added = st.store.exec(move |s| s.add_machines(count, zones.as_deref())).await?;
     Ok(HttpResponse::Created().json(AddedMachines { ids: added.iter().map(ToString::to_string).collect() }))
 }
 
-async fn remove_machines(_: Authorized, st: State, body: web::Json<RemoveMachines>) -> Result<HttpResponse> {
-    let RemoveMachines { ids: raw, keep_instance, force } = body.into_inner();
+async fn remove_machines(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
+    let RemoveMachines { ids: raw, keep_instance, force } = json_body(&req, payload).await?;
     let ids = ids(&raw)?;
     st.store.exec(move |s| s.remove_machines(&ids, keep_instance, force)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
-async fn retry_machines(_: Authorized, st: State, body: web::Json<RetryMachines>) -> Result<HttpResponse> {
+async fn retry_machines(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
+    let body: RetryMachines = json_body(&req, payload).await?;
     let ids = ids(&body.ids)?;
     st.store.exec(move |s| s.retry_machines(&ids)).await?;
     Ok(HttpResponse::NoContent().finish())
@@ -267,8 +363,10 @@ async fn set_config(
     _: Authorized,
     st: State,
     key: web::Path<String>,
-    body: web::Json<ConfigValue>,
+    req: HttpRequest,
+    payload: web::Payload,
 ) -> Result<HttpResponse> {
+    let body: ConfigValue = json_body(&req, payload).await?;
     let mut value = body.value.trim().to_owned();
     match key.as_str() {
         "harvest-mode" => {
@@ -279,9 +377,16 @@ async fn set_config(
             value = mode.to_string();
         }
         "workers" => {
-            let n: usize = value
-                .parse()
-                .map_err(|_| ApiError::bad_request(format!("workers must be a whole number, got {value:?}")))?;
+            // Digits only: `+4` reads like "four more", which is not what would be stored.
+            let n: usize = Some(&value)
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "workers must be a whole number such as 4 (no sign: relative changes are not supported), got {value:?}"
+                    ))
+                })?;
+            value = n.to_string();
             validate_workers(n, MAX_WORKERS).map_err(|e| ApiError::bad_request(e.to_string()))?;
             st.store.exec(move |s| s.set_workers(n)).await?;
             st.handle.set_workers(n).await?;
@@ -298,7 +403,7 @@ async fn set_config(
 
 async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
     let (machines, life) = st.store.exec(|s| Ok((s.list_machines()?, s.model_life()?))).await?;
-    let instances = st.broker.all_instances().await.map(|l| l.len()).unwrap_or(0);
+    let (instances, instances_error) = instance_count(st.broker.all_instances().await.map(|l| l.len()));
     let pool = st.handle.pool().await?;
     let mut by_status = BTreeMap::new();
     for m in &machines {
@@ -315,6 +420,7 @@ async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
         machines_in_error: machines.iter().filter(|m| view(m).is_error()).count(),
         machines_by_status: by_status,
         instances,
+        instances_error,
         jobs_in_flight: pool.in_flight,
         jobs_queued: pool.queued,
         broker_calls_in_flight: st.broker.in_flight(),
@@ -324,8 +430,18 @@ async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
     Ok(HttpResponse::Ok().json(view))
 }
 
-async fn destroy_model(_: Authorized, st: State, body: Option<web::Json<DestroyRequest>>) -> Result<HttpResponse> {
-    let force = body.map(|b| b.force).unwrap_or(false);
+/// The status's instance count: the count, or no count and why the listing failed (never a
+/// count of 0 that only means "unknown").
+fn instance_count(listed: std::result::Result<usize, crate::ports::BrokerError>) -> (Option<usize>, Option<String>) {
+    match listed {
+        Ok(n) => (Some(n), None),
+        Err(e) => (None, Some(format!("listing the cloud failed: {e}"))),
+    }
+}
+
+async fn destroy_model(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
+    // No body (or an empty one) means the defaults; anything else must parse, or nothing happens.
+    let DestroyRequest { force } = parse_body(&read_body(&req, payload).await?, Some(DestroyRequest::default()))?;
     match st.handle.destroy_model(force).await {
         Ok(s) => Ok(HttpResponse::Ok().json(DestroyView {
             stopping: s.stopping.iter().map(ToString::to_string).collect(),
@@ -351,9 +467,9 @@ async fn events(_: Authorized, st: State) -> Result<HttpResponse> {
         .streaming(rx.map(|frame| Ok::<_, actix_web::Error>(web::Bytes::from(frame)))))
 }
 
+/// Reads no table: the state gauges are the counts the store keeps as it writes, held by the
+/// metrics actor; the rest comes from the actors' own state.
 async fn metrics(st: State) -> Result<HttpResponse> {
-    let (machines, instances, life) =
-        st.store.exec(|s| Ok((s.list_machines()?, s.all_instances()?, s.model_life()?))).await?;
     let pool = st.handle.pool().await?;
     let mut g = Gauges {
         workers: pool.size as u64,
@@ -361,17 +477,11 @@ async fn metrics(st: State) -> Result<HttpResponse> {
         jobs_queued: pool.queued as u64,
         broker_in_flight: st.broker.in_flight() as u64,
         harvest_mode: st.handle.harvest_mode().await?.to_string(),
-        model_life: life.to_string(),
         uptime_seconds: st.started.elapsed().as_secs_f64(),
+        store_operations: st.store.operations(),
+        event_streams_dropped: st.events_dropped.load(std::sync::atomic::Ordering::Relaxed),
         ..Gauges::default()
     };
-    for m in &machines {
-        *g.machines_by_status.entry(m.machine.status.to_string()).or_default() += 1;
-        *g.machines_by_life.entry(m.machine.life.to_string()).or_default() += 1;
-    }
-    for i in &instances {
-        *g.instances_by_state.entry(i.instance.state.to_string()).or_default() += 1;
-    }
     for c in st.handle.limiter().await?.classes {
         g.rate_limits.insert(c.class.to_string(), (c.rate, c.waiting as u64, c.throttled));
     }
@@ -387,31 +497,64 @@ async fn not_found(req: HttpRequest) -> Result<HttpResponse> {
     Err(ApiError::new(404, format!("no such endpoint: {} {}", req.method(), req.path())))
 }
 
-fn json_error(err: actix_web::error::JsonPayloadError, _req: &HttpRequest) -> actix_web::Error {
-    ApiError::bad_request(format!("invalid JSON body: {err}")).into()
-}
-
 fn path_error(err: actix_web::error::PathError, _req: &HttpRequest) -> actix_web::Error {
     ApiError::bad_request(format!("invalid path: {err}")).into()
 }
 
+/// A resource whose other methods answer 405 with `Allow` (after the token check under `/v1`).
+fn resource(path: &str, allow: &'static str, v1: bool) -> actix_web::Resource {
+    let r = web::resource(path);
+    if v1 {
+        r.default_service(web::to(move |_: Authorized, req: HttpRequest| async move {
+            Err::<HttpResponse, _>(ApiError::not_allowed(req.method(), allow))
+        }))
+    } else {
+        r.default_service(web::to(move |req: HttpRequest| async move {
+            Err::<HttpResponse, _>(ApiError::not_allowed(req.method(), allow))
+        }))
+    }
+}
+
 /// Configures the routes (for `App::configure`).
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/healthz", web::get().to(healthz)).route("/metrics", web::get().to(metrics)).service(
-        web::scope("/v1")
-            .route("/machines", web::get().to(list_machines))
-            .route("/machines", web::post().to(add_machines))
-            .route("/machines/remove", web::post().to(remove_machines))
-            .route("/machines/retry", web::post().to(retry_machines))
-            .route("/instances", web::get().to(list_instances))
-            .route("/config", web::get().to(list_config))
-            .route("/config/{key}", web::get().to(get_config))
-            .route("/config/{key}", web::put().to(set_config))
-            .route("/status", web::get().to(status))
-            .route("/destroy-model", web::post().to(destroy_model))
-            .route("/events", web::get().to(events))
-            .default_service(web::to(v1_not_found)),
-    );
+    cfg.service(resource("/healthz", "GET", false).route(web::get().to(healthz)))
+        .service(resource("/metrics", "GET", false).route(web::get().to(metrics)))
+        .service(
+            web::scope("/v1")
+                .service(
+                    resource("/machines", "GET, POST", true)
+                        .route(web::get().to(list_machines))
+                        .route(web::post().to(add_machines)),
+                )
+                .service(resource("/machines/remove", "POST", true).route(web::post().to(remove_machines)))
+                .service(resource("/machines/retry", "POST", true).route(web::post().to(retry_machines)))
+                .service(resource("/instances", "GET", true).route(web::get().to(list_instances)))
+                .service(resource("/config", "GET", true).route(web::get().to(list_config)))
+                .service(
+                    resource("/config/{key}", "GET, PUT", true)
+                        .route(web::get().to(get_config))
+                        .route(web::put().to(set_config)),
+                )
+                .service(resource("/status", "GET", true).route(web::get().to(status)))
+                .service(resource("/destroy-model", "POST", true).route(web::post().to(destroy_model)))
+                .service(resource("/events", "GET", true).route(web::get().to(events)))
+                .default_service(web::to(v1_not_found)),
+        );
+}
+
+/// The method as a metrics label: one of the methods the API knows, else `other` (a label
+/// from the request itself would let any caller add series without bound).
+pub fn method_label(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
 }
 
 /// The application: the routes, JSON error handling and request metrics.
@@ -429,13 +572,12 @@ pub fn app(
     let metrics = state.metrics.clone();
     App::new()
         .app_data(web::Data::new(state))
-        .app_data(web::JsonConfig::default().limit(1 << 20).error_handler(json_error))
         .app_data(web::PathConfig::default().error_handler(path_error))
         .configure(routes)
         .default_service(web::to(not_found))
         .wrap_fn(move |req, srv| {
             let began = Instant::now();
-            let method = req.method().to_string();
+            let method = method_label(req.method());
             let call = srv.call(req);
             let metrics = metrics.clone();
             async move {
@@ -462,6 +604,49 @@ mod tests {
         assert!(!same_token(b"abc", b"abd"));
         assert!(!same_token(b"abc", b"abcd"));
         assert!(!same_token(b"", b"a"));
+    }
+
+    #[test]
+    fn a_failed_listing_is_no_count_and_says_so() {
+        assert_eq!(instance_count(Ok(3)), (Some(3), None));
+        let (n, why) = instance_count(Err(crate::ports::BrokerError::transient("the cloud is down")));
+        assert_eq!(n, None);
+        assert!(why.is_some_and(|w| w.contains("listing the cloud failed") && w.contains("the cloud is down")));
+        let view = StatusView {
+            model_uuid: "u".into(),
+            model_life: "alive".into(),
+            broker: "sim".into(),
+            zones: Vec::new(),
+            harvest_mode: "destroyed".into(),
+            workers: 1,
+            machines: 0,
+            machines_by_status: BTreeMap::new(),
+            machines_in_error: 0,
+            instances: None,
+            instances_error: Some("listing the cloud failed: x".into()),
+            jobs_in_flight: 0,
+            jobs_queued: 0,
+            broker_calls_in_flight: 0,
+            idle: true,
+            uptime_s: 0.0,
+        };
+        let json = serde_json::to_value(&view).unwrap();
+        assert_eq!(json["instances"], serde_json::Value::Null);
+        assert_eq!(json["instances_error"], "listing the cloud failed: x");
+    }
+
+    #[test]
+    fn type_errors_name_their_field_and_empty_bodies_take_the_defaults() {
+        let e = parse_body::<DestroyRequest>(br#"{"force": "yes"}"#, None).unwrap_err();
+        assert!(e.message.contains("\"force\""), "{e}");
+        let e = parse_body::<DestroyRequest>(br#"{"forse": true}"#, None).unwrap_err();
+        assert!(e.message.contains("forse"), "{e}");
+        let e = parse_body::<RemoveMachines>(b"{\n  \"ids\": [\"1\"],\n  \"force\": 3\n}", None).unwrap_err();
+        assert!(e.message.contains("\"force\""), "{e}");
+        assert_eq!(parse_body(b"  ", Some(DestroyRequest::default())).unwrap(), DestroyRequest::default());
+        assert_eq!(parse_body::<DestroyRequest>(b"", None).unwrap_err().status, 400);
+        assert_eq!(ids(&["3".into(), "3".into(), " 4".into()]).unwrap(), [MachineId::new("3"), MachineId::new("4")]);
+        assert_eq!(method_label(&Method::from_bytes(b"MADEUP").unwrap()), "other");
     }
 
     #[test]

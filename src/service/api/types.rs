@@ -94,6 +94,7 @@ pub struct RetryMachines {
 
 /// A model setting: `GET /v1/config/{key}`, and the body of `PUT` (`key` ignored there).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConfigValue {
     /// `harvest-mode` or `workers`.
     #[serde(default)]
@@ -141,8 +142,12 @@ pub struct StatusView {
     pub machines_by_status: BTreeMap<String, usize>,
     /// Machines in provisioning error.
     pub machines_in_error: usize,
-    /// The cloud's live instances of this model.
-    pub instances: usize,
+    /// The cloud's live instances of this model; `null` when the cloud could not be listed
+    /// (`instances_error` says why).
+    pub instances: Option<usize>,
+    /// Why the cloud could not be listed (absent when it was).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instances_error: Option<String>,
     /// Start and stop jobs running.
     pub jobs_in_flight: usize,
     /// Start and stop jobs waiting for a worker.

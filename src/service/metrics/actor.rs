@@ -5,11 +5,21 @@ use actix::prelude::*;
 use super::messages::{BrokerCallDone, HttpDone, Render};
 use super::state::MetricsBook;
 use crate::events::ProvisionerEvent;
+use crate::service::store::{CountsChanged, StoreCounts};
 
-/// Owns the counters; everything that counts sends it a message.
+/// Owns the counters; everything that counts sends it a message. The state gauges come from
+/// the counts the store publishes after its writes (a scrape reads no table).
 #[derive(Default)]
 pub struct Metrics {
     book: MetricsBook,
+    counts: StoreCounts,
+}
+
+impl Handler<CountsChanged> for Metrics {
+    type Result = ();
+    fn handle(&mut self, m: CountsChanged, _ctx: &mut Self::Context) {
+        self.counts = m.0;
+    }
 }
 
 impl Actor for Metrics {
@@ -19,7 +29,7 @@ impl Actor for Metrics {
 impl Handler<HttpDone> for Metrics {
     type Result = ();
     fn handle(&mut self, m: HttpDone, _ctx: &mut Self::Context) {
-        self.book.http(&m.method, &m.route, m.code, m.seconds);
+        self.book.http(m.method, &m.route, m.code, m.seconds);
     }
 }
 
@@ -40,6 +50,11 @@ impl Handler<ProvisionerEvent> for Metrics {
 impl Handler<Render> for Metrics {
     type Result = String;
     fn handle(&mut self, m: Render, _ctx: &mut Self::Context) -> String {
-        self.book.render(&m.0)
+        let mut g = m.0;
+        g.machines_by_status = self.counts.machines_by_status.clone();
+        g.machines_by_life = self.counts.machines_by_life.clone();
+        g.instances_by_state = self.counts.instances_by_state.clone();
+        g.model_life = self.counts.model_life.clone();
+        self.book.render(&g)
     }
 }

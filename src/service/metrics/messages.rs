@@ -8,8 +8,8 @@ use super::state::Gauges;
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 pub struct HttpDone {
-    /// The method.
-    pub method: String,
+    /// The method's label (`GET`, ..., or `other`: see `api::method_label`).
+    pub method: &'static str,
     /// The matched route pattern (`/v1/machines`), or `unmatched`.
     pub route: String,
     /// The status code.

@@ -69,12 +69,17 @@ pub struct Gauges {
     /// The client-side rate limiter: per API class, (current rate per second, calls waiting,
     /// calls the cloud throttled).
     pub rate_limits: BTreeMap<String, (f64, u64, u64)>,
+    /// Operations the store has run (a scrape adds none: the state gauges above come from
+    /// counts the store keeps as it writes).
+    pub store_operations: u64,
+    /// Event-stream clients dropped for falling behind.
+    pub event_streams_dropped: u64,
 }
 
 /// Every counter and histogram.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MetricsBook {
-    http: BTreeMap<(String, String, u16), u64>,
+    http: BTreeMap<(&'static str, String, u16), u64>,
     http_latency: BTreeMap<String, Histogram>,
     broker: BTreeMap<(&'static str, &'static str), u64>,
     broker_latency: BTreeMap<&'static str, Histogram>,
@@ -91,9 +96,11 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 impl MetricsBook {
-    /// Counts one HTTP request on `route` (the matched pattern, not the raw path).
-    pub fn http(&mut self, method: &str, route: &str, code: u16, seconds: f64) {
-        *self.http.entry((method.to_owned(), route.to_owned(), code)).or_default() += 1;
+    /// Counts one HTTP request on `route` (the matched pattern, not the raw path). `method`
+    /// is one of a fixed set of labels (the caller maps the rest to `other`), `code` the
+    /// status the service answered: every label takes a bounded set of values.
+    pub fn http(&mut self, method: &'static str, route: &str, code: u16, seconds: f64) {
+        *self.http.entry((method, route.to_owned(), code)).or_default() += 1;
         self.http_latency.entry(route.to_owned()).or_default().observe(seconds);
     }
 
@@ -210,6 +217,20 @@ impl MetricsBook {
         let _ = writeln!(out, "provisioner_model_life{{life=\"{}\"}} 1", escape(&g.model_life));
         header(&mut out, "provisioner_uptime_seconds", "gauge", "Seconds since the service started.");
         let _ = writeln!(out, "provisioner_uptime_seconds {:.3}", g.uptime_seconds);
+        header(
+            &mut out,
+            "provisioner_store_operations_total",
+            "counter",
+            "Operations the database thread has run (reads and writes; a scrape runs none).",
+        );
+        let _ = writeln!(out, "provisioner_store_operations_total {}", g.store_operations);
+        header(
+            &mut out,
+            "provisioner_event_streams_dropped_total",
+            "counter",
+            "Event-stream clients dropped because they fell too far behind.",
+        );
+        let _ = writeln!(out, "provisioner_event_streams_dropped_total {}", g.event_streams_dropped);
         out
     }
 }

@@ -2,10 +2,12 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::messages::{Exec, Watch, WatchRetries};
+use super::messages::{CountsChanged, Exec, Watch, WatchCounts, WatchRetries};
 use super::state::{StoreCore, StoreError};
 use crate::coordinator::{MachinesChanged, RetryTick};
 
@@ -14,6 +16,9 @@ pub struct StoreActor {
     core: Result<StoreCore, StoreError>,
     watchers: Vec<Recipient<MachinesChanged>>,
     retry_watchers: Vec<Recipient<RetryTick>>,
+    count_watchers: Vec<Recipient<CountsChanged>>,
+    /// Operations run (every `Exec`), shared with the clients.
+    operations: Arc<AtomicU64>,
 }
 
 impl Actor for StoreActor {
@@ -23,7 +28,11 @@ impl Actor for StoreActor {
 impl StoreActor {
     /// An actor over an open core.
     pub fn new(core: StoreCore) -> Self {
-        Self { core: Ok(core), watchers: Vec::new(), retry_watchers: Vec::new() }
+        Self::over(Ok(core), Arc::default())
+    }
+
+    fn over(core: Result<StoreCore, StoreError>, operations: Arc<AtomicU64>) -> Self {
+        Self { core, watchers: Vec::new(), retry_watchers: Vec::new(), count_watchers: Vec::new(), operations }
     }
 
     /// Sends the outbox to the watchers.
@@ -42,14 +51,27 @@ impl StoreActor {
                 w.do_send(RetryTick);
             }
         }
+        if let Some(counts) = core.take_counts() {
+            self.count_watchers.retain(|w| w.connected());
+            for w in &self.count_watchers {
+                w.do_send(CountsChanged(counts.clone()));
+            }
+        }
     }
 }
 
 impl<T: Send + 'static> Handler<Exec<T>> for StoreActor {
     type Result = Result<T, StoreError>;
     fn handle(&mut self, msg: Exec<T>, _ctx: &mut Self::Context) -> Self::Result {
+        self.operations.fetch_add(1, Ordering::Relaxed);
         let result = match self.core.as_mut() {
-            Ok(core) => core.set_durable(msg.durable).and_then(|()| (msg.work)(core)),
+            Ok(core) => {
+                let result = core.set_durable(msg.durable).and_then(|()| (msg.work)(core));
+                if let Err(e) = &result {
+                    core.note_damage(e);
+                }
+                result
+            }
             Err(e) => Err(e.clone()),
         };
         self.publish();
@@ -70,6 +92,16 @@ impl Handler<Watch> for StoreActor {
     }
 }
 
+impl Handler<WatchCounts> for StoreActor {
+    type Result = ();
+    fn handle(&mut self, msg: WatchCounts, _ctx: &mut Self::Context) {
+        if let Ok(core) = &self.core {
+            msg.0.do_send(CountsChanged(core.counts().clone()));
+        }
+        self.count_watchers.push(msg.0);
+    }
+}
+
 impl Handler<WatchRetries> for StoreActor {
     type Result = ();
     fn handle(&mut self, msg: WatchRetries, _ctx: &mut Self::Context) {
@@ -81,6 +113,7 @@ impl Handler<WatchRetries> for StoreActor {
 #[derive(Clone)]
 pub struct Store {
     addr: Addr<StoreActor>,
+    operations: Arc<AtomicU64>,
 }
 
 impl Store {
@@ -88,16 +121,30 @@ impl Store {
     /// store's thread. Must be called inside an actix system. The database is opened here
     /// first, so that a bad path or a too-new schema is an error now, not on the first call.
     pub fn start(path: &Path) -> Result<Self, StoreError> {
+        // Opened (and checked whole) here first, so that a damaged database is an error now;
+        // the store's thread then opens it again without repeating the check.
         drop(StoreCore::open(path)?);
         let path: PathBuf = path.to_owned();
-        let addr = SyncArbiter::start(1, move || match StoreCore::open(&path) {
-            Ok(core) => StoreActor::new(core),
-            Err(e) => {
+        let operations = Arc::new(AtomicU64::new(0));
+        let ops = operations.clone();
+        let addr = SyncArbiter::start(1, move || {
+            let core = StoreCore::open_checked_before(&path);
+            if let Err(e) = &core {
                 tracing::error!(error = %e, "cannot open the database");
-                StoreActor { core: Err(e), watchers: Vec::new(), retry_watchers: Vec::new() }
             }
+            StoreActor::over(core, ops.clone())
         });
-        Ok(Self { addr })
+        Ok(Self { addr, operations })
+    }
+
+    /// How many operations the store has run (reads and writes alike).
+    pub fn operations(&self) -> u64 {
+        self.operations.load(Ordering::Relaxed)
+    }
+
+    /// Subscribes to the gauges' counts: the current ones now, then each change.
+    pub fn watch_counts(&self, to: Recipient<CountsChanged>) {
+        self.addr.do_send(WatchCounts(to));
     }
 
     /// Runs `f` on the store's thread and answers its result; a write it makes is on disk

@@ -2,7 +2,7 @@
 
 use actix::prelude::*;
 
-use super::state::{StoreCore, StoreError};
+use super::state::{StoreCore, StoreCounts, StoreError};
 use crate::coordinator::{MachinesChanged, RetryTick};
 
 /// A unit of work on the store's core.
@@ -33,3 +33,13 @@ pub struct Watch(pub Recipient<MachinesChanged>);
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct WatchRetries(pub Recipient<RetryTick>);
+
+/// Subscribes to the gauges' counts: the current ones at once, then every change.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WatchCounts(pub Recipient<CountsChanged>);
+
+/// The gauges' counts after a write changed them.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct CountsChanged(pub StoreCounts);

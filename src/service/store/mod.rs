@@ -16,5 +16,5 @@ mod state;
 mod tests;
 
 pub use actor::{Store, StoreActor};
-pub use messages::{Exec, Watch, WatchRetries};
-pub use state::{InstanceRecord, MachineRecord, Settings, StoreCore, StoreError, DB_FILE, SCHEMA_VERSION};
+pub use messages::{CountsChanged, Exec, Watch, WatchCounts, WatchRetries};
+pub use state::{InstanceRecord, MachineRecord, Settings, StoreCore, StoreCounts, StoreError, DB_FILE, SCHEMA_VERSION};

@@ -1,7 +1,7 @@
 //! The store's plain core: the schema and every query, over one SQLite connection. No actix.
 
-use std::collections::BTreeSet;
-use std::path::Path;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OptionalExtension, Row, Transaction};
 use thiserror::Error;
@@ -15,13 +15,19 @@ use crate::types::{
 /// The database file's name inside the data directory.
 pub const DB_FILE: &str = "provisioner.db";
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+/// Version 2 added the `constraints` table (a constraint shared by many machines is stored
+/// once); a version-1 database is upgraded in place when opened.
+pub const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS constraints (
+    id INTEGER PRIMARY KEY,
+    zones TEXT NOT NULL UNIQUE
+);
 CREATE TABLE IF NOT EXISTS machines (
     seq INTEGER PRIMARY KEY,
     id TEXT NOT NULL UNIQUE,
@@ -36,7 +42,8 @@ CREATE TABLE IF NOT EXISTS machines (
     display_name TEXT NOT NULL DEFAULT '',
     zones TEXT,
     keep_instance INTEGER NOT NULL DEFAULT 0,
-    transient INTEGER NOT NULL DEFAULT 0
+    transient INTEGER NOT NULL DEFAULT 0,
+    constraints_id INTEGER REFERENCES constraints(id)
 );
 CREATE TABLE IF NOT EXISTS instances (
     seq INTEGER PRIMARY KEY,
@@ -84,11 +91,66 @@ pub enum StoreError {
     /// The store's thread is gone.
     #[error("the store is not running: {0}")]
     Unavailable(String),
+    /// The database file is damaged (SQLite found a corrupt page, or it is not a database).
+    #[error("the database is damaged ({context}: {message})")]
+    Damaged {
+        /// What the store was doing.
+        context: &'static str,
+        /// What SQLite found.
+        message: String,
+    },
 }
 
 impl StoreError {
     fn sql(context: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
-        move |e| StoreError::Sqlite { context, message: e.to_string() }
+        move |e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
+                StoreError::Damaged { context, message: e.to_string() }
+            }
+            _ => StoreError::Sqlite { context, message: e.to_string() },
+        }
+    }
+}
+
+/// The counts behind the metrics' state gauges, kept by the store as it writes (loaded once
+/// when the database is opened), so that a scrape reads them instead of scanning tables.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreCounts {
+    /// Machines by status (`pending`, `started`, ...).
+    pub machines_by_status: BTreeMap<String, u64>,
+    /// Machines by life.
+    pub machines_by_life: BTreeMap<String, u64>,
+    /// The simulated cloud's instances by state, terminated ones included.
+    pub instances_by_state: BTreeMap<String, u64>,
+    /// The model's life.
+    pub model_life: String,
+}
+
+/// Adds `delta` to one count; a count that reaches 0 goes (as a recount would not have it).
+fn bump(map: &mut BTreeMap<String, u64>, key: &str, delta: i64) {
+    let n = map.entry(key.to_owned()).or_default();
+    *n = n.saturating_add_signed(delta);
+    if *n == 0 {
+        map.remove(key);
+    }
+}
+
+impl StoreCounts {
+    fn machine_moved(&mut self, from: Option<(&str, &str)>, to: Option<(&str, &str)>) {
+        if let Some((status, life)) = from {
+            bump(&mut self.machines_by_status, status, -1);
+            bump(&mut self.machines_by_life, life, -1);
+        }
+        if let Some((status, life)) = to {
+            bump(&mut self.machines_by_status, status, 1);
+            bump(&mut self.machines_by_life, life, 1);
+        }
+    }
+    fn instance_moved(&mut self, from: Option<&str>, to: &str) {
+        if let Some(f) = from {
+            bump(&mut self.instances_by_state, f, -1);
+        }
+        bump(&mut self.instances_by_state, to, 1);
     }
 }
 
@@ -147,6 +209,28 @@ pub struct StoreCore {
     changed: BTreeSet<MachineId>,
     /// A retry tick is due.
     retry_due: bool,
+    /// The gauges' counts, kept as the writes commit.
+    counts: StoreCounts,
+    /// The counts changed since they were last taken.
+    counts_changed: bool,
+    /// Damage seen by an earlier call (sticky: a damaged database does not heal).
+    damaged: Option<StoreError>,
+    /// The database file and its identity (inode) when opened; `None` in memory.
+    file: Option<(PathBuf, Option<u64>)>,
+}
+
+/// The identity of a file: its inode where there is one.
+fn file_identity(path: &Path) -> std::io::Result<Option<u64>> {
+    let meta = std::fs::metadata(path)?;
+    #[cfg(unix)]
+    {
+        Ok(Some(std::os::unix::fs::MetadataExt::ino(&meta)))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        Ok(None)
+    }
 }
 
 fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
@@ -175,8 +259,11 @@ fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
     })
 }
 
-const MACHINE_COLUMNS: &str = "id, life, status, status_message, instance_status, instance_status_message, instance, \
-                               zone, keep_instance, transient, zones";
+const MACHINE_COLUMNS: &str = "m.id, m.life, m.status, m.status_message, m.instance_status, \
+                               m.instance_status_message, m.instance, m.zone, m.keep_instance, m.transient, \
+                               COALESCE(c.zones, m.zones)";
+/// Machines with their shared constraints (`m.zones` holds those of version-1 rows).
+const MACHINE_FROM: &str = "machines m LEFT JOIN constraints c ON c.id = m.constraints_id";
 
 fn instance_from_row(r: &Row<'_>) -> rusqlite::Result<InstanceRecord> {
     let state: String = r.get(1)?;
@@ -228,16 +315,28 @@ impl StoreCore {
     /// Opens (creating if needed) the database at `path`: WAL journal, full fsync on every
     /// commit, the schema, and a model uuid drawn on first open.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_file(path, true)
+    }
+
+    /// Opens the database at `path` that [`StoreCore::open`] has just checked (and closed),
+    /// without reading it whole again.
+    pub fn open_checked_before(path: &Path) -> Result<Self, StoreError> {
+        Self::open_file(path, false)
+    }
+
+    fn open_file(path: &Path, check: bool) -> Result<Self, StoreError> {
         let conn = Connection::open(path).map_err(StoreError::sql("opening the database"))?;
-        Self::init(conn)
+        let mut core = Self::init(conn, check)?;
+        core.file = Some((path.to_owned(), file_identity(path).ok().flatten()));
+        Ok(core)
     }
 
     /// An in-memory store (tests).
     pub fn in_memory() -> Result<Self, StoreError> {
-        Self::init(Connection::open_in_memory().map_err(StoreError::sql("opening the database"))?)
+        Self::init(Connection::open_in_memory().map_err(StoreError::sql("opening the database"))?, true)
     }
 
-    fn init(mut conn: Connection) -> Result<Self, StoreError> {
+    fn init(mut conn: Connection, check: bool) -> Result<Self, StoreError> {
         // One process at a time: the exclusive lock is taken at the first access and held until
         // the connection closes (the operating system drops it if the process dies).
         conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(StoreError::sql("setting the locking mode"))?;
@@ -258,16 +357,146 @@ impl StoreCore {
         if version > SCHEMA_VERSION {
             return Err(StoreError::TooNew { found: version });
         }
+        // A database that has tables was written before: check it whole before trusting it.
+        let tables: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+            .map_err(StoreError::sql("reading the schema"))?;
+        if tables > 0 && check {
+            let problems: Vec<String> = conn
+                .prepare("PRAGMA quick_check(5)")
+                .and_then(|mut st| st.query_map([], |r| r.get::<_, String>(0))?.collect())
+                .map_err(StoreError::sql("checking the database"))?;
+            if problems != ["ok"] {
+                return Err(StoreError::Damaged { context: "checking the database", message: problems.join("; ") });
+            }
+        }
         let tx = conn.transaction().map_err(StoreError::sql("creating the schema"))?;
         tx.execute_batch(SCHEMA).map_err(StoreError::sql("creating the schema"))?;
+        let has_constraints: i64 = tx
+            .query_row("SELECT count(*) FROM pragma_table_info('machines') WHERE name = 'constraints_id'", [], |r| {
+                r.get(0)
+            })
+            .map_err(StoreError::sql("reading the schema"))?;
+        if has_constraints == 0 {
+            // Version 1: machines kept their zones in a column of their own.
+            tx.execute_batch("ALTER TABLE machines ADD COLUMN constraints_id INTEGER REFERENCES constraints(id)")
+                .map_err(StoreError::sql("upgrading the schema"))?;
+        }
         if meta_get(&tx, "model_uuid").map_err(StoreError::sql("reading the model uuid"))?.is_none() {
+            if tables > 0 {
+                // Never a new model in place of one whose identity was lost.
+                return Err(StoreError::Damaged {
+                    context: "reading the model uuid",
+                    message: "the database has tables but no model uuid".into(),
+                });
+            }
             meta_set(&tx, "model_uuid", &random_uuid()).map_err(StoreError::sql("writing the model uuid"))?;
             meta_set(&tx, "model_life", Life::Alive.as_str()).map_err(StoreError::sql("writing the model life"))?;
         }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(StoreError::sql("writing the schema version"))?;
         tx.commit().map_err(StoreError::sql("creating the schema"))?;
-        Ok(Self { conn, durable: true, changed: BTreeSet::new(), retry_due: false })
+        let mut core = Self {
+            conn,
+            durable: true,
+            changed: BTreeSet::new(),
+            retry_due: false,
+            counts: StoreCounts::default(),
+            counts_changed: true,
+            damaged: None,
+            file: None,
+        };
+        core.counts = core.recount()?;
+        Ok(core)
+    }
+
+    /// Counts every machine and instance (one scan: at open, and in tests).
+    pub fn recount(&self) -> Result<StoreCounts, StoreError> {
+        let group = |sql: &str| -> Result<BTreeMap<String, u64>, StoreError> {
+            let mut st = self.conn.prepare(sql).map_err(StoreError::sql("counting"))?;
+            let rows = st
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)))
+                .map_err(StoreError::sql("counting"))?;
+            rows.collect::<Result<_, _>>().map_err(StoreError::sql("counting"))
+        };
+        Ok(StoreCounts {
+            machines_by_status: group("SELECT status, count(*) FROM machines GROUP BY status")?,
+            machines_by_life: group("SELECT life, count(*) FROM machines GROUP BY life")?,
+            instances_by_state: group("SELECT state, count(*) FROM instances GROUP BY state")?,
+            model_life: self.model_life()?.to_string(),
+        })
+    }
+
+    /// The gauges' counts as of the last commit.
+    pub fn counts(&self) -> &StoreCounts {
+        &self.counts
+    }
+
+    /// The counts, if they changed since the last call.
+    pub fn take_counts(&mut self) -> Option<StoreCounts> {
+        std::mem::take(&mut self.counts_changed).then(|| self.counts.clone())
+    }
+
+    /// Remembers damage an operation ran into: from then on [`StoreCore::check_readable`] fails.
+    pub fn note_damage(&mut self, e: &StoreError) {
+        if matches!(e, StoreError::Damaged { .. }) && self.damaged.is_none() {
+            self.damaged = Some(e.clone());
+        }
+    }
+
+    /// Whether the store can be read (`/healthz`): no damage seen so far, and the model's
+    /// identity and both tables' newest rows read now (a few pages, no scan).
+    pub fn check_readable(&mut self) -> Result<(), StoreError> {
+        if let Some(e) = &self.damaged {
+            return Err(e.clone());
+        }
+        let probe = (|| -> Result<(), StoreError> {
+            // The page cache could hide a file that was deleted, replaced or truncated: look at
+            // the file itself (its identity and its size), then read through SQLite.
+            if let Some((path, identity)) = &self.file {
+                let damaged = |message: String| StoreError::Damaged { context: "reading the database file", message };
+                let now = file_identity(path).map_err(|e| damaged(format!("{}: {e}", path.display())))?;
+                if now != *identity {
+                    return Err(damaged(format!("{} was replaced since the service opened it", path.display())));
+                }
+                // Truncated: the pages not in the log are gone. (The header itself may be stale
+                // or even overwritten while the log holds page 1: that is SQLite's to judge.)
+                let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+                if len < 512 {
+                    return Err(damaged(format!("{} was truncated to {len} bytes", path.display())));
+                }
+            }
+            self.model_uuid()?;
+            for sql in ["SELECT max(seq) FROM machines", "SELECT max(seq) FROM instances"] {
+                self.conn
+                    .query_row(sql, [], |r| r.get::<_, Option<i64>>(0))
+                    .map_err(StoreError::sql("reading the database"))?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = &probe {
+            self.note_damage(e);
+        }
+        probe
+    }
+
+    /// A machine's status and life, if it exists.
+    fn status_life(&self, id: &MachineId) -> Result<Option<(String, String)>, StoreError> {
+        self.conn
+            .prepare_cached("SELECT status, life FROM machines WHERE id = ?1")
+            .and_then(|mut s| s.query_row([id.as_str()], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+            .map_err(StoreError::sql("reading a machine"))
+    }
+
+    /// Counts a machine's change of status or life (after its write committed).
+    fn count_machine(&mut self, before: Option<(String, String)>, status: Option<&str>, life: Option<&str>) {
+        if let Some((s, l)) = before {
+            let after = (status.unwrap_or(&s).to_owned(), life.unwrap_or(&l).to_owned());
+            if after != (s.clone(), l.clone()) {
+                self.counts.machine_moved(Some((&s, &l)), Some((&after.0, &after.1)));
+                self.counts_changed = true;
+            }
+        }
     }
 
     /// Makes the next commits fsynced (`true`, `synchronous=FULL`) or not (`NORMAL`: still in
@@ -321,27 +550,42 @@ impl StoreCore {
         }
         let zones = zones.map(|z| z.join(","));
         let tx = self.conn.transaction().map_err(StoreError::sql("adding machines"))?;
+        // The constraint once, shared by every machine that has it.
+        let constraint: Option<i64> = match &zones {
+            None => None,
+            Some(z) => {
+                tx.execute("INSERT INTO constraints (zones) VALUES (?1) ON CONFLICT(zones) DO NOTHING", [z])
+                    .map_err(StoreError::sql("storing a constraint"))?;
+                Some(
+                    tx.query_row("SELECT id FROM constraints WHERE zones = ?1", [z], |r| r.get(0))
+                        .map_err(StoreError::sql("storing a constraint"))?,
+                )
+            }
+        };
         let mut ids = Vec::with_capacity(count);
         {
             let mut insert = tx
-                .prepare_cached("INSERT INTO machines (seq, id, zones) VALUES (?1, ?2, ?3)")
+                .prepare_cached("INSERT INTO machines (seq, id, constraints_id) VALUES (?1, ?2, ?3)")
                 .map_err(StoreError::sql("adding machines"))?;
             for _ in 0..count {
                 let n = next_counter(&tx, "next_machine").map_err(StoreError::sql("allocating a machine id"))?;
                 let id = n.to_string();
-                insert.execute(params![n as i64, id, zones]).map_err(StoreError::sql("adding machines"))?;
+                insert.execute(params![n as i64, id, constraint]).map_err(StoreError::sql("adding machines"))?;
                 ids.push(MachineId::from(id));
             }
         }
         tx.commit().map_err(StoreError::sql("adding machines"))?;
         self.changed.extend(ids.iter().cloned());
+        bump(&mut self.counts.machines_by_status, MachineStatus::Pending.as_str(), ids.len() as i64);
+        bump(&mut self.counts.machines_by_life, Life::Alive.as_str(), ids.len() as i64);
+        self.counts_changed = true;
         Ok(ids)
     }
 
     /// One machine.
     pub fn machine(&self, id: &MachineId) -> Result<Option<MachineRecord>, StoreError> {
         self.conn
-            .prepare_cached(&format!("SELECT {MACHINE_COLUMNS} FROM machines WHERE id = ?1"))
+            .prepare_cached(&format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} WHERE m.id = ?1"))
             .and_then(|mut s| s.query_row([id.as_str()], machine_from_row).optional())
             .map_err(StoreError::sql("reading a machine"))
     }
@@ -350,7 +594,7 @@ impl StoreCore {
     pub fn list_machines(&self) -> Result<Vec<MachineRecord>, StoreError> {
         let mut stmt = self
             .conn
-            .prepare_cached(&format!("SELECT {MACHINE_COLUMNS} FROM machines ORDER BY seq"))
+            .prepare_cached(&format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} ORDER BY m.seq"))
             .map_err(StoreError::sql("listing machines"))?;
         let rows = stmt.query_map([], machine_from_row).map_err(StoreError::sql("listing machines"))?;
         rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing machines"))
@@ -414,6 +658,7 @@ impl StoreCore {
     /// Records a machine's instance and instance status. The service stands in for the
     /// machine agent, which would come up with its instance: the machine becomes `started`.
     pub fn set_instance_info(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError> {
+        let before = self.status_life(id)?;
         self.update_machine(
             id,
             "recording an instance",
@@ -427,19 +672,24 @@ impl StoreCore {
                 &info.display_name,
                 &info.status.as_str(),
             ],
-        )
+        )?;
+        self.count_machine(before, Some(MachineStatus::Started.as_str()), None);
+        Ok(())
     }
 
     /// Writes a machine status.
     pub fn set_status(&mut self, id: &MachineId, status: MachineStatus, message: &str) -> Result<(), StoreError> {
         // A reset to pending ends a retry request.
+        let before = self.status_life(id)?;
         self.update_machine(
             id,
             "writing a machine status",
             "UPDATE machines SET status = ?2, status_message = ?3, \
              transient = CASE WHEN ?2 = 'pending' THEN 0 ELSE transient END WHERE id = ?1",
             &[&id.as_str(), &status.as_str(), &message],
-        )
+        )?;
+        self.count_machine(before, Some(status.as_str()), None);
+        Ok(())
     }
 
     /// Writes an instance status.
@@ -467,6 +717,8 @@ impl StoreCore {
                 "UPDATE machines SET life = 'dead' WHERE id = ?1",
                 &[&id.as_str()],
             )?;
+            let was = (before.machine.status.as_str().to_owned(), before.machine.life.as_str().to_owned());
+            self.count_machine(Some(was), None, Some(Life::Dead.as_str()));
             self.changed.insert(id.clone());
         }
         Ok(())
@@ -478,7 +730,10 @@ impl StoreCore {
         if m.machine.life != Life::Dead {
             return Err(StoreError::Refused(format!("machine {id} is not dead")));
         }
-        self.update_machine(id, "removing a machine", "DELETE FROM machines WHERE id = ?1", &[&id.as_str()])
+        self.update_machine(id, "removing a machine", "DELETE FROM machines WHERE id = ?1", &[&id.as_str()])?;
+        self.counts.machine_moved(Some((m.machine.status.as_str(), m.machine.life.as_str())), None);
+        self.counts_changed = true;
+        Ok(())
     }
 
     /// The zone recorded with a machine's instance.
@@ -494,6 +749,8 @@ impl StoreCore {
         let tx = self.conn.transaction().map_err(StoreError::sql("destroying the model"))?;
         meta_set(&tx, "model_life", Life::Dying.as_str()).map_err(StoreError::sql("destroying the model"))?;
         tx.commit().map_err(StoreError::sql("destroying the model"))?;
+        self.counts.model_life = Life::Dying.to_string();
+        self.counts_changed = true;
         Ok(self.list_machines()?.into_iter().map(|m| m.machine).collect())
     }
 
@@ -502,11 +759,22 @@ impl StoreCore {
     /// `keep_instance` if asked. Without `force`, a machine already dead is refused.
     pub fn remove_machines(&mut self, ids: &[MachineId], keep_instance: bool, force: bool) -> Result<(), StoreError> {
         let tx = self.conn.transaction().map_err(StoreError::sql("removing machines"))?;
+        let mut seen = BTreeSet::new();
+        let mut moved = Vec::new();
         for id in ids {
-            let life: Option<String> = tx
-                .query_row("SELECT life FROM machines WHERE id = ?1", [id.as_str()], |r| r.get(0))
+            if !seen.insert(id) {
+                continue; // `remove 3 3` is `remove 3`
+            }
+            let row: Option<(String, String)> = tx
+                .query_row("SELECT life, status FROM machines WHERE id = ?1", [id.as_str()], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
                 .optional()
                 .map_err(StoreError::sql("removing machines"))?;
+            let life = row.as_ref().map(|(l, _)| l.clone());
+            if let Some((l, s)) = row {
+                moved.push((s, l));
+            }
             match life.as_deref() {
                 None => return Err(StoreError::NotFound(id.clone())),
                 Some("dead") if !force => {
@@ -523,6 +791,9 @@ impl StoreCore {
             .map_err(StoreError::sql("removing machines"))?;
         }
         tx.commit().map_err(StoreError::sql("removing machines"))?;
+        for before in moved {
+            self.count_machine(Some(before), None, Some(Life::Dead.as_str()));
+        }
         self.changed.extend(ids.iter().cloned());
         Ok(())
     }
@@ -531,7 +802,7 @@ impl StoreCore {
     /// none; a retry tick is then due.
     pub fn retry_machines(&mut self, ids: &[MachineId]) -> Result<(), StoreError> {
         let tx = self.conn.transaction().map_err(StoreError::sql("marking machines for retry"))?;
-        for id in ids {
+        for id in ids.iter().collect::<BTreeSet<_>>() {
             let row: Option<(String, Option<String>, String)> = tx
                 .query_row("SELECT life, instance, instance_status FROM machines WHERE id = ?1", [id.as_str()], |r| {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?))
@@ -606,6 +877,8 @@ impl StoreCore {
         )
         .map_err(StoreError::sql("creating an instance"))?;
         tx.commit().map_err(StoreError::sql("creating an instance"))?;
+        self.counts.instance_moved(None, InstanceState::Pending.as_str());
+        self.counts_changed = true;
         let record = InstanceRecord {
             instance: CloudInstance {
                 id: InstanceId::from(id),
@@ -629,9 +902,14 @@ impl StoreCore {
 
     /// A pending instance comes up: it becomes running (any other state is kept). Returns it.
     pub fn land_instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError> {
-        self.conn
+        let n = self
+            .conn
             .execute("UPDATE instances SET state = 'running' WHERE id = ?1 AND state = 'pending'", [id.as_str()])
             .map_err(StoreError::sql("landing an instance"))?;
+        if n > 0 {
+            self.counts.instance_moved(Some(InstanceState::Pending.as_str()), InstanceState::Running.as_str());
+            self.counts_changed = true;
+        }
         self.instance(id)
     }
 
@@ -662,11 +940,24 @@ impl StoreCore {
     /// Terminates instances (unknown ids are ignored: stopping a gone instance succeeds).
     pub fn terminate_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError> {
         let tx = self.conn.transaction().map_err(StoreError::sql("terminating instances"))?;
-        for id in ids {
-            tx.execute("UPDATE instances SET state = 'terminated' WHERE id = ?1", [id.as_str()])
+        let mut moved = Vec::new();
+        for id in ids.iter().collect::<BTreeSet<_>>() {
+            let state: Option<String> = tx
+                .query_row("SELECT state FROM instances WHERE id = ?1", [id.as_str()], |r| r.get(0))
+                .optional()
                 .map_err(StoreError::sql("terminating instances"))?;
+            if let Some(state) = state.filter(|s| s != InstanceState::Terminated.as_str()) {
+                tx.execute("UPDATE instances SET state = 'terminated' WHERE id = ?1", [id.as_str()])
+                    .map_err(StoreError::sql("terminating instances"))?;
+                moved.push(state);
+            }
         }
-        tx.commit().map_err(StoreError::sql("terminating instances"))
+        tx.commit().map_err(StoreError::sql("terminating instances"))?;
+        for state in moved {
+            self.counts.instance_moved(Some(&state), InstanceState::Terminated.as_str());
+            self.counts_changed = true;
+        }
+        Ok(())
     }
 
     /// Removes our model's tag from instances left alone on purpose.

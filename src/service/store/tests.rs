@@ -214,3 +214,137 @@ fn commits_are_fsynced_unless_asked_otherwise() {
     s.set_durable(true).unwrap();
     assert_eq!(sync(&s), 2, "FULL");
 }
+
+/// Issue 12, item 3: the gauges' counts kept as the store writes always equal a full recount,
+/// whatever the writes (random ones, from a seeded RNG, failed ones included).
+#[test]
+fn counts_kept_as_writes_commit_match_a_full_recount() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(12);
+    let mut s = StoreCore::in_memory().unwrap();
+    let statuses = [MachineStatus::Pending, MachineStatus::Started, MachineStatus::Error, MachineStatus::Stopped];
+    let mut instances: Vec<InstanceId> = Vec::new();
+    for step in 0..2_000 {
+        let machine = MachineId::new(rng.random_range(0..40u32).to_string());
+        // Errors (unknown machines, refusals) are part of the test: they must count nothing.
+        let _ = match rng.random_range(0..11) {
+            0 => s.add_machines(rng.random_range(1..4), None).map(drop),
+            1 => s.set_status(&machine, statuses[rng.random_range(0..statuses.len())], "x"),
+            2 => s.set_instance_info(
+                &machine,
+                &ProvisionedInstance {
+                    instance: InstanceId::new(format!("i-{step}")),
+                    zone: None,
+                    nonce: "n".into(),
+                    display_name: String::new(),
+                    status: InstanceStatus::running(),
+                },
+            ),
+            3 => s.ensure_dead(&machine),
+            4 => s.mark_for_removal(&machine),
+            5 => s.remove_machines(&[machine.clone(), machine.clone()], rng.random_bool(0.5), rng.random_bool(0.5)),
+            6 => s
+                .create_instance(&format!("t{}", rng.random_range(0..60u32)), None, &tags("m", machine.as_str()))
+                .map(|(r, _)| instances.push(r.instance.id)),
+            7 if !instances.is_empty() => {
+                let id = instances[rng.random_range(0..instances.len())].clone();
+                s.land_instance(&id).map(drop)
+            }
+            8 if !instances.is_empty() => {
+                let id = instances[rng.random_range(0..instances.len())].clone();
+                s.terminate_instances(&[id.clone(), id, InstanceId::new("i-gone")])
+            }
+            9 if step > 1_500 => s.destroy_model().map(drop),
+            _ => s.set_instance_status(&machine, &InstanceStatus::provisioning(), "starting"),
+        };
+        assert_eq!(s.counts(), &s.recount().unwrap(), "after step {step}");
+    }
+    assert!(s.counts().machines_by_status.values().sum::<u64>() > 0);
+    assert!(s.counts().instances_by_state.get("terminated").copied().unwrap_or(0) > 0);
+    assert_eq!(s.counts().model_life, "dying");
+}
+
+/// Issue 12, item 5: a database with a corrupt page is refused at open (not opened as if
+/// whole), and a database that lost its model's identity is not given a new one.
+#[test]
+fn a_damaged_database_is_refused_at_open() {
+    let d = dir("damaged");
+    let path = d.join("p.db");
+    {
+        let mut s = StoreCore::open(&path).unwrap();
+        s.add_machines(200, Some(&["az1".to_owned()])).unwrap();
+    }
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert!(bytes.len() > 3 * 4096);
+    for b in &mut bytes[2 * 4096 + 8..2 * 4096 + 2000] {
+        *b = 0xa5;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let err = StoreCore::open(&path).err().expect("a damaged database was opened");
+    assert!(matches!(err, StoreError::Damaged { .. }), "{err:?}");
+
+    let path = d.join("no-uuid.db");
+    drop(StoreCore::open(&path).unwrap());
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute("DELETE FROM meta WHERE key = 'model_uuid'", []).unwrap();
+    drop(conn);
+    assert!(matches!(StoreCore::open(&path), Err(StoreError::Damaged { .. })), "a lost identity got a new uuid");
+
+    // Damage seen by a later call makes the store unreadable for good (/healthz).
+    let mut s = StoreCore::in_memory().unwrap();
+    assert_eq!(s.check_readable(), Ok(()));
+    s.note_damage(&StoreError::Damaged { context: "reading a machine", message: "malformed".into() });
+    assert!(matches!(s.check_readable(), Err(StoreError::Damaged { .. })));
+}
+
+/// Issue 12, item 4: a constraint shared by many machines is stored once.
+#[test]
+fn shared_constraints_are_stored_once() {
+    let mut s = StoreCore::in_memory().unwrap();
+    let zones = vec!["az1".to_owned(), "az2".to_owned()];
+    let a = s.add_machines(100, Some(&zones)).unwrap();
+    s.add_machines(50, Some(&zones)).unwrap();
+    s.add_machines(5, Some(&["az3".to_owned()])).unwrap();
+    s.add_machines(5, None).unwrap();
+    let rows: i64 = s.conn_for_tests().query_row("SELECT count(*) FROM constraints", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 2, "one row per distinct constraint");
+    let per_machine: i64 = s
+        .conn_for_tests()
+        .query_row("SELECT count(*) FROM machines WHERE zones IS NOT NULL", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(per_machine, 0, "no machine keeps a copy");
+    assert_eq!(s.machine(&a[99]).unwrap().unwrap().zones, Some(zones.clone()));
+    assert_eq!(s.list_machines().unwrap().iter().filter(|m| m.zones.as_ref() == Some(&zones)).count(), 150);
+    assert_eq!(s.provisioning_info(&a[..1]).unwrap()[0].as_ref().unwrap().constraints.zones, Some(zones));
+}
+
+/// A version-1 database (zones in a column of each machine) is upgraded in place and reads the
+/// same.
+#[test]
+fn a_version_1_database_is_upgraded() {
+    let d = dir("v1");
+    let path = d.join("p.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+             CREATE TABLE machines (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE,
+                 life TEXT NOT NULL DEFAULT 'alive', status TEXT NOT NULL DEFAULT 'pending',
+                 status_message TEXT NOT NULL DEFAULT '', instance_status TEXT NOT NULL DEFAULT '',
+                 instance_status_message TEXT NOT NULL DEFAULT '', instance TEXT, zone TEXT, nonce TEXT,
+                 display_name TEXT NOT NULL DEFAULT '', zones TEXT, keep_instance INTEGER NOT NULL DEFAULT 0,
+                 transient INTEGER NOT NULL DEFAULT 0);
+             INSERT INTO meta VALUES ('model_uuid', 'u-1'), ('model_life', 'alive'), ('next_machine', '1');
+             INSERT INTO machines (seq, id, zones) VALUES (0, '0', 'az1,az3');
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let mut s = StoreCore::open(&path).unwrap();
+    assert_eq!(s.model_uuid().unwrap(), "u-1");
+    let zones = s.machine(&MachineId::new("0")).unwrap().unwrap().zones;
+    assert_eq!(zones, Some(vec!["az1".to_owned(), "az3".to_owned()]));
+    assert_eq!(ids(&s.add_machines(1, Some(&["az2".to_owned()])).unwrap()), ["1"]);
+    assert_eq!(s.machine(&MachineId::new("1")).unwrap().unwrap().zones, Some(vec!["az2".to_owned()]));
+    assert_eq!(s.counts().machines_by_status.get("pending"), Some(&2));
+}
