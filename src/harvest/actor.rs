@@ -196,6 +196,13 @@ impl Handler<PlanDestroy> for HarvestPolicy {
     }
 }
 
+impl Handler<PlanStops> for HarvestPolicy {
+    type Result = MessageResult<PlanStops>;
+    fn handle(&mut self, msg: PlanStops, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.plan_stops(&msg.instances, &msg.remove_after))
+    }
+}
+
 impl Handler<ClaimReusable> for HarvestPolicy {
     type Result = MessageResult<ClaimReusable>;
     fn handle(&mut self, msg: ClaimReusable, _ctx: &mut Self::Context) -> Self::Result {

@@ -320,6 +320,27 @@ impl HarvestBook {
         plan
     }
 
+    /// Stops the provisioner decided outside a harvest (an orphan whose record failed, a
+    /// parked instance a start gave up): one stop of those not already being stopped or
+    /// released, then `remove_after` is marked for removal (at once if nothing is left to stop).
+    /// Like every stop, it is retried until it succeeds (semantics 18).
+    pub fn plan_stops(&mut self, instances: &[InstanceId], remove_after: &[MachineId]) -> HarvestPlan {
+        let mut plan = HarvestPlan::default();
+        for inst in instances {
+            if self.released.contains(inst) || self.stopping.contains(inst) || plan.stop.contains(inst) {
+                continue;
+            }
+            plan.stop.push(inst.clone());
+        }
+        if plan.stop.is_empty() {
+            plan.remove_now = remove_after.to_vec();
+        } else {
+            plan.remove_after_stop = remove_after.to_vec();
+        }
+        self.stopping.extend(plan.stop.iter().cloned());
+        plan
+    }
+
     /// These instances are gone: they may be planned again if they ever reappear.
     pub fn stops_done(&mut self, ids: &[InstanceId]) {
         for id in ids {

@@ -39,6 +39,13 @@ pub fn classify(m: &Machine) -> Class {
     }
 }
 
+/// Whether a machine stops a model destruction without `force` from completing: a manual,
+/// non-controller machine in scope that is not dead (seed 002). The destruction kills what it
+/// can, then names these.
+pub fn blocks_destroy(m: &Machine, scope: &Scope) -> bool {
+    scope.contains(&m.id) && !m.controller && m.manual && m.life != Life::Dead
+}
+
 /// The machine cache and the instance view.
 #[derive(Debug, Default)]
 pub struct MachineBook {
@@ -60,6 +67,9 @@ pub struct MachineBook {
     /// Each listed instance's age as of a time on the clock: `(when, age then)`. An instance
     /// whose age the cloud does not give is aged from its first listing.
     ages: BTreeMap<InstanceId, (Duration, Duration)>,
+    /// Instances whose stop this provisioner decided and has not seen through, with the
+    /// machine they are tagged for when known: never adopted (semantics 17).
+    stopping: BTreeMap<InstanceId, Option<MachineId>>,
 }
 
 impl MachineBook {
@@ -158,10 +168,13 @@ impl MachineBook {
                         out.adopt.push((id.clone(), instance));
                     }
                     match class {
+                        // Its tagged instance is being stopped: a new start waits until the stop
+                        // is seen through (never two live instances for one machine).
+                        Class::Pending if self.stop_in_flight_for(&id) => out.retry_later.push(id.clone()),
                         Class::Pending => out.pending.extend(self.machine(&id).cloned()),
+                        Class::None => out.orphans.extend(self.orphans_of(&id).into_iter().map(|i| (id.clone(), i))),
                         Class::Dead => out.dead.extend(self.dead_machine(&id)),
                         Class::DyingUnprovisioned => to_kill.push(id),
-                        Class::None => {}
                     }
                 }
                 Err(ModelError::NotFound(_) | ModelError::Unauthorized(_)) => {
@@ -242,9 +255,44 @@ impl MachineBook {
         self.fresh = false;
     }
 
+    /// The provisioner decided to stop these instances (tagged for `machine`, when known):
+    /// they are never adopted, and their machine is not started again before the stop is done.
+    pub fn stops_planned(&mut self, ids: &[InstanceId], machine: Option<&MachineId>) {
+        for id in ids {
+            let tagged = machine.cloned().or_else(|| self.instances.get(id).and_then(|i| i.tags.machine.clone()));
+            self.stopping.insert(id.clone(), tagged);
+        }
+    }
+
+    /// Whether a stop the provisioner decided is in flight for an instance of this machine.
+    pub fn stop_in_flight_for(&self, machine: &MachineId) -> bool {
+        self.stopping.iter().any(|(id, m)| {
+            m.as_ref() == Some(machine) || self.instances.get(id).and_then(|i| i.tags.machine.as_ref()) == Some(machine)
+        })
+    }
+
+    /// Instances tagged for a live machine in provisioning error that records none: the product
+    /// of a start whose record failed (its stop was decided, maybe by a predecessor that
+    /// crashed before seeing it through). They are stopped, never adopted (semantics 17, 18).
+    pub fn orphans_of(&self, machine: &MachineId) -> Vec<InstanceId> {
+        let Some(m) = self.machines.get(machine) else { return Vec::new() };
+        let failed = m.status == MachineStatus::Error || m.instance_status.is_error();
+        if m.life != Life::Alive || m.manual || m.instance.is_some() || !failed || !self.fresh {
+            return Vec::new();
+        }
+        self.by_tag
+            .get(machine)
+            .into_iter()
+            .flatten()
+            .filter(|i| !self.owner.contains_key(*i) && !self.stopping.contains_key(*i))
+            .cloned()
+            .collect()
+    }
+
     /// Instances that were terminated (by us).
     pub fn instances_gone(&mut self, ids: &[InstanceId]) {
         for id in ids {
+            self.stopping.remove(id);
             if let Some(inst) = self.instances.remove(id) {
                 if let Some(m) = inst.tags.machine {
                     if let Some(set) = self.by_tag.get_mut(&m) {
@@ -304,7 +352,7 @@ impl MachineBook {
     /// product of a start whose result was lost (a crash), to adopt instead of starting again.
     pub fn adoptable(&self, machine: &MachineId) -> Option<CloudInstance> {
         self.by_tag.get(machine)?.iter().find_map(|id| {
-            let free = self.owner.get(id).is_none_or(|o| o == machine);
+            let free = self.owner.get(id).is_none_or(|o| o == machine) && !self.stopping.contains_key(id);
             free.then(|| self.instances.get(id).cloned()).flatten()
         })
     }
