@@ -102,6 +102,7 @@ impl HarvestPolicy {
             }));
         }
         let ask = self.unknown.send(UnknownInstances { fresher_than });
+        self.book.ask_sent();
         Box::pin(ask.into_actor(self).map(move |res, act, ctx| {
             let unknown: Vec<UnknownInstance> = match res {
                 Ok(Ok(list)) => list.into_iter().map(|(id, age)| UnknownInstance { id, age }).collect(),
@@ -118,6 +119,7 @@ impl HarvestPolicy {
                     Vec::new()
                 }
             };
+            let unknown = act.book.ask_answered(unknown);
             act.book.set_clock(act.epoch.elapsed());
             let plan = act.book.plan(&dead, &unknown);
             act.arm(&plan, ctx);

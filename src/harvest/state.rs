@@ -111,6 +111,11 @@ pub struct HarvestBook {
     clock: Duration,
     /// After a pass that hit the cap, no unknown instance is stopped before this time.
     next_pass: Option<Duration>,
+    /// Questions for unknown instances sent to the registry and not yet answered.
+    asks: usize,
+    /// Instances whose stop was seen through while a question was out: an answer read before
+    /// the registry heard of it may still list them, and they must not be stopped twice.
+    gone_meanwhile: BTreeSet<InstanceId>,
 }
 
 impl HarvestBook {
@@ -127,6 +132,8 @@ impl HarvestBook {
             safety: HarvestSafety::default(),
             clock: Duration::ZERO,
             next_pass: None,
+            asks: 0,
+            gone_meanwhile: BTreeSet::new(),
         }
     }
 
@@ -341,11 +348,31 @@ impl HarvestBook {
         plan
     }
 
-    /// These instances are gone: they may be planned again if they ever reappear.
+    /// These instances are gone: they may be planned again if they ever reappear (in an answer
+    /// asked for after this).
     pub fn stops_done(&mut self, ids: &[InstanceId]) {
         for id in ids {
             self.stopping.remove(id);
+            if self.asks > 0 {
+                self.gone_meanwhile.insert(id.clone());
+            }
         }
+    }
+
+    /// The registry is asked for unknown instances (see [`HarvestBook::ask_answered`]).
+    pub fn ask_sent(&mut self) {
+        self.asks += 1;
+    }
+
+    /// The registry's answer to a question: instances whose stop was seen through since it
+    /// was sent are dropped (the answer may predate the registry hearing of it).
+    pub fn ask_answered(&mut self, unknown: Vec<UnknownInstance>) -> Vec<UnknownInstance> {
+        let unknown = unknown.into_iter().filter(|u| !self.gone_meanwhile.contains(&u.id)).collect();
+        self.asks = self.asks.saturating_sub(1);
+        if self.asks == 0 {
+            self.gone_meanwhile.clear();
+        }
+        unknown
     }
 
     /// Instances whose stop is planned and not yet done (never planned twice as unknown).

@@ -164,6 +164,10 @@ impl MachineBook {
                     if let Some(zone) = self.placement(&id).or_else(|| adopt.as_ref().and_then(|i| i.zone.clone())) {
                         out.placements.push((id.clone(), zone));
                     }
+                    if matches!(class, Class::Pending | Class::None) {
+                        let keeps = adopt.as_ref().map(|i| &i.id);
+                        out.orphans.extend(self.orphans_of(&id, keeps).into_iter().map(|i| (id.clone(), i)));
+                    }
                     if let Some(instance) = adopt {
                         out.adopt.push((id.clone(), instance));
                     }
@@ -172,9 +176,9 @@ impl MachineBook {
                         // is seen through (never two live instances for one machine).
                         Class::Pending if self.stop_in_flight_for(&id) => out.retry_later.push(id.clone()),
                         Class::Pending => out.pending.extend(self.machine(&id).cloned()),
-                        Class::None => out.orphans.extend(self.orphans_of(&id).into_iter().map(|i| (id.clone(), i))),
                         Class::Dead => out.dead.extend(self.dead_machine(&id)),
                         Class::DyingUnprovisioned => to_kill.push(id),
+                        Class::None => {}
                     }
                 }
                 Err(ModelError::NotFound(_) | ModelError::Unauthorized(_)) => {
@@ -271,20 +275,26 @@ impl MachineBook {
         })
     }
 
-    /// Instances tagged for a live machine in provisioning error that records none: the product
-    /// of a start whose record failed (its stop was decided, maybe by a predecessor that
-    /// crashed before seeing it through). They are stopped, never adopted (semantics 17, 18).
-    pub fn orphans_of(&self, machine: &MachineId) -> Vec<InstanceId> {
+    /// Instances tagged for a live machine that it will never own: besides the one it records
+    /// (or is about to adopt, `keeps`), every other unowned one (a second start whose result a
+    /// crash lost); and all of them if it records none and is in provisioning error (a start
+    /// whose record failed: its stop was decided, maybe by a predecessor that crashed before
+    /// seeing it through). They are stopped, never adopted (semantics 17, 18).
+    pub fn orphans_of(&self, machine: &MachineId, keeps: Option<&InstanceId>) -> Vec<InstanceId> {
         let Some(m) = self.machines.get(machine) else { return Vec::new() };
+        if m.life != Life::Alive || m.manual || !self.fresh {
+            return Vec::new();
+        }
         let failed = m.status == MachineStatus::Error || m.instance_status.is_error();
-        if m.life != Life::Alive || m.manual || m.instance.is_some() || !failed || !self.fresh {
+        let keeps = m.instance.as_ref().or(keeps);
+        if keeps.is_none() && !failed {
             return Vec::new();
         }
         self.by_tag
             .get(machine)
             .into_iter()
             .flatten()
-            .filter(|i| !self.owner.contains_key(*i) && !self.stopping.contains_key(*i))
+            .filter(|i| Some(*i) != keeps && !self.owner.contains_key(*i) && !self.stopping.contains_key(*i))
             .cloned()
             .collect()
     }

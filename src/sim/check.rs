@@ -90,6 +90,39 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         .flat_map(|c| c.instances.iter().map(ToString::to_string))
         .collect();
     let protected = |machine: &str, f: fn(&MachineSpec) -> bool| specs.get(machine).is_some_and(f);
+    // Instances a stop call of ours terminated.
+    let stopped_by_us: BTreeSet<String> = cloud
+        .calls
+        .iter()
+        .filter(|c| c.op == CloudOp::StopInstances && c.ok == Some(true))
+        .flat_map(|c| c.instances.iter().map(ToString::to_string))
+        .collect();
+    // From the first destroy_model on, every instance is stopped whatever the mode (semantics 15).
+    let destroyed_from: Option<Duration> =
+        s.timeline().into_iter().find(|(_, a)| matches!(a, Action::DestroyModel(_))).map(|(at, _)| at);
+    // When each instance of ours landed: its start call's end (pre-existing ones: at 0).
+    let landed: BTreeMap<String, Duration> = cloud
+        .calls
+        .iter()
+        .filter(|c| c.op == CloudOp::StartInstance && c.ok == Some(true))
+        .flat_map(|c| c.instances.iter().map(move |i| (i.to_string(), c.done_at.unwrap_or(c.at))))
+        .collect();
+    // Instances launched out of band during the run, and when (not the provisioner's doing).
+    let launched: BTreeMap<String, Duration> = s
+        .timeline()
+        .into_iter()
+        .filter_map(|(at, a)| match a {
+            Action::CloudLaunch(l) => Some((l.id.clone(), at)),
+            _ => None,
+        })
+        .collect();
+    // The first stop call naming each instance.
+    let mut first_stop: BTreeMap<String, Duration> = BTreeMap::new();
+    for c in cloud.calls.iter().filter(|c| c.op == CloudOp::StopInstances) {
+        for i in &c.instances {
+            first_stop.entry(i.to_string()).or_insert(c.at);
+        }
+    }
 
     // 1. Never two live instances for one machine (checked at every creation, and at the end).
     v.extend(cloud.duplicates.iter().cloned());
@@ -130,6 +163,25 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         }
                         if protected(m, |s| s.keep_instance) {
                             v.push(format!("instance {id} of keep-instance machine {m} was stopped at {at}"));
+                        }
+                    }
+                    // 5. An instance left alone on purpose is never stopped later, not after a restart
+                    // either (semantics 5): one that had landed when its machine died in a mode
+                    // excluding destroyed, unless a destroy_model came first (semantics 15) or its
+                    // stop was decided while the machine was alive.
+                    if let Some(m) = own.and_then(|m| model.machines.get(&crate::types::MachineId::new(m))) {
+                        let landed_at = landed.get(&id).copied().unwrap_or_default();
+                        let first = first_stop.get(&id).copied().unwrap_or(call.at);
+                        if let Some(died) = m.died_at.filter(|d| landed_at <= *d && first >= *d) {
+                            let kept = modes.all_between(died, died, |md| !md.harvests_destroyed());
+                            let destroying = destroyed_from.is_some_and(|d| d <= call.at);
+                            if kept && !destroying && !m.machine.keep_instance && !m.machine.manual {
+                                v.push(format!(
+                                    "instance {id} of machine {}, which died in mode {}, was stopped at {at}",
+                                    m.machine.id,
+                                    modes.at(died)
+                                ));
+                            }
                         }
                     }
                     // 6. Unknown instances are stopped only in modes unknown and all.
@@ -216,7 +268,20 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
             }
         }
         let Some(m) = model.machines.get(&crate::types::MachineId::new(id)) else { continue };
-        if m.removed || m.machine.life != Life::Alive || m.machine.instance.is_some() {
+        // A recorded instance that we terminated provisions nothing (a restart that adopted an
+        // instance being stopped, semantics 17).
+        let lost = m.machine.instance.as_ref().is_some_and(|i| {
+            stopped_by_us.contains(i.as_str())
+                && cloud.instances.get(i).is_some_and(|r| r.instance.state == InstanceState::Terminated)
+        });
+        if m.removed || m.machine.life != Life::Alive || (m.machine.instance.is_some() && !lost) {
+            continue;
+        }
+        if lost {
+            v.push(format!(
+                "machine {id} is alive and records instance {}, which the provisioner stopped: it is not provisioned",
+                m.machine.instance.as_ref().map(|i| i.as_str()).unwrap_or_default()
+            ));
             continue;
         }
         let errored = m.machine.instance_status.is_error() && !m.instance_status_message.is_empty();
@@ -226,6 +291,79 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                 m.machine.instance_status.as_str()
             ));
         }
+    }
+    // 10. A model destruction stops every instance of its non-manual, non-controller,
+    // non-keep-instance machines, starts landing at that instant included (semantics 15), and,
+    // without force, names the manual machines left (at 0s as later). Containers are left to
+    // the container provisioners' own checks.
+    let first_destroy = s.timeline().into_iter().find_map(|(at, a)| match a {
+        Action::DestroyModel(d) => Some((at, d.force)),
+        _ => None,
+    });
+    if let Some((at, force)) = first_destroy {
+        for (iid, inst) in &cloud.instances {
+            if inst.foreign || inst.instance.state == InstanceState::Terminated || inst.instance.tags.model.is_none() {
+                continue;
+            }
+            let Some(m) = owner.get(iid.as_str()) else { continue };
+            if launched.get(iid.as_str()).is_some_and(|l| *l > at) {
+                continue;
+            }
+            let spared = specs.get(m).is_none_or(|s| s.manual || s.controller || s.keep_instance);
+            if spared || crate::types::MachineId::new(m.as_str()).container_of().is_some() {
+                continue;
+            }
+            v.push(format!("instance {iid} of machine {m} still {} after destroy_model", inst.instance.state));
+        }
+        if !force {
+            let manual: Vec<&str> = model
+                .machines
+                .iter()
+                .filter(|(id, m)| {
+                    m.machine.manual
+                        && !m.machine.controller
+                        && id.container_of().is_none()
+                        && m.died_at.is_none_or(|d| d > at)
+                        && specs.get(id.as_str()).is_some_and(|s| m.died_at.is_some() || s.life != Life::Dead)
+                })
+                .map(|(id, _)| id.as_str())
+                .collect();
+            let named = model.errors.iter().any(|e| {
+                e.contains("manually provisioned machines") && manual.iter().all(|m| e.split([' ', ',']).any(|w| w == *m))
+            });
+            if !manual.is_empty() && !named {
+                v.push(format!(
+                    "destroy_model at {} without force left manual machines {} unnamed in the model's errors",
+                    format_duration(at),
+                    manual.join(", ")
+                ));
+            }
+        }
+    }
+
+    // 9. No leak: an instance of ours tagged for a live machine is that machine's, recorded by
+    // it, or gone (an orphan whose record failed is stopped, semantics 18).
+    for (iid, inst) in &cloud.instances {
+        if inst.foreign || inst.instance.state == InstanceState::Terminated || inst.instance.tags.model.is_none() {
+            continue;
+        }
+        let Some(tagged) = &inst.instance.tags.machine else { continue };
+        let Some(m) = model.machines.get(tagged) else { continue };
+        if launched.contains_key(iid.as_str()) {
+            continue;
+        }
+        // A container whose host died goes with its host (semantics 16), and one whose host
+        // never got an instance has no container provisioner (as for invariant 7).
+        let host_gone = tagged.container_of().is_some_and(|(host, _)| {
+            model.machines.get(&host).is_none_or(|h| h.removed || h.machine.life != Life::Alive || h.machine.instance.is_none())
+        });
+        if host_gone {
+            continue;
+        }
+        if m.removed || m.machine.life != Life::Alive || m.machine.manual || recorder.contains_key(iid.as_str()) {
+            continue;
+        }
+        v.push(format!("instance {iid} tagged for live machine {tagged} is recorded by no machine (leaked)"));
     }
     v
 }
