@@ -251,7 +251,12 @@ impl Coordinator {
 
     /// A dead machine whose parked instance was taken over is removed; one whose parked
     /// instance was given up is removed once that instance is stopped.
-    fn retire(&mut self, retired: Option<MachineId>, given_up: Option<crate::types::InstanceId>, ctx: &mut Context<Self>) {
+    fn retire(
+        &mut self,
+        retired: Option<MachineId>,
+        given_up: Option<crate::types::InstanceId>,
+        ctx: &mut Context<Self>,
+    ) {
         match (retired, given_up) {
             (retired, Some(instance)) => {
                 let remove_after: Vec<MachineId> = retired.into_iter().collect();

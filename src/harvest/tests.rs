@@ -395,3 +395,35 @@ fn a_capped_pass_holds_unknown_stops_until_the_next_pass_is_due() {
     b.set_clock(Duration::from_secs(160));
     assert_eq!(b.plan(&[], &old(&["u-2", "u-3"])).stop, iids(&["u-2"]));
 }
+
+// ---- stops decided outside a harvest (issue 12 item 10) ---------------------------------------
+
+#[test]
+fn plan_stops_stops_each_instance_once_then_removes_its_machines() {
+    let mut b = book(HarvestMode::None);
+    let plan = b.plan_stops(&iids(&["orphan", "parked"]), &mids(&["9"]));
+    assert_eq!(plan.stop, iids(&["orphan", "parked"]));
+    assert_eq!(plan.remove_after_stop, mids(&["9"]));
+    assert!(plan.remove_now.is_empty());
+    // Being stopped: neither planned again nor harvested as unknown.
+    let again = b.plan_stops(&iids(&["orphan"]), &mids(&["8"]));
+    assert!(again.stop.is_empty());
+    assert_eq!(again.remove_now, mids(&["8"]));
+    b.set_mode(HarvestMode::All);
+    assert!(b.plan(&[], &old(&["orphan"])).stop.is_empty());
+}
+
+#[test]
+fn an_answer_asked_for_before_a_stop_was_seen_through_does_not_stop_it_again() {
+    let mut b = book(HarvestMode::All);
+    assert_eq!(b.plan(&[], &old(&["u-1"])).stop, iids(&["u-1"]));
+    b.ask_sent();
+    // The stop lands before the registry's answer, which still lists u-1.
+    b.stops_done(&iids(&["u-1"]));
+    let unknown = b.ask_answered(old(&["u-1", "u-2"]));
+    assert_eq!(b.plan(&[], &unknown).stop, iids(&["u-2"]));
+    // A later question may plan it again, should it ever reappear.
+    b.ask_sent();
+    let unknown = b.ask_answered(old(&["u-1"]));
+    assert_eq!(b.plan(&[], &unknown).stop, iids(&["u-1"]));
+}

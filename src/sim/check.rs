@@ -329,7 +329,8 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                 .map(|(id, _)| id.as_str())
                 .collect();
             let named = model.errors.iter().any(|e| {
-                e.contains("manually provisioned machines") && manual.iter().all(|m| e.split([' ', ',']).any(|w| w == *m))
+                e.contains("manually provisioned machines")
+                    && manual.iter().all(|m| e.split([' ', ',']).any(|w| w == *m))
             });
             if !manual.is_empty() && !named {
                 v.push(format!(
@@ -355,7 +356,10 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         // A container whose host died goes with its host (semantics 16), and one whose host
         // never got an instance has no container provisioner (as for invariant 7).
         let host_gone = tagged.container_of().is_some_and(|(host, _)| {
-            model.machines.get(&host).is_none_or(|h| h.removed || h.machine.life != Life::Alive || h.machine.instance.is_none())
+            model
+                .machines
+                .get(&host)
+                .is_none_or(|h| h.removed || h.machine.life != Life::Alive || h.machine.instance.is_none())
         });
         if host_gone {
             continue;

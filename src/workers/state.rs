@@ -82,7 +82,10 @@ impl PoolBook {
             // An eager stop does not wait for a free worker, nor does a release: a decision to
             // leave an instance alone is made durable (untagged) at once, so that no restart in
             // between re-decides it under a later harvest mode (semantics 5).
-            let pos = self.urgent.iter().position(|j| matches!(j, Job::Stop(StopJob { eager: true, .. }) | Job::Release(_)))?;
+            let pos = self
+                .urgent
+                .iter()
+                .position(|j| matches!(j, Job::Stop(StopJob { eager: true, .. }) | Job::Release(_)))?;
             let job = self.urgent.remove(pos)?;
             self.in_flight += 1;
             return Some(job);
