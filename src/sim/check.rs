@@ -49,6 +49,23 @@ impl ModeTimeline {
     }
 }
 
+/// Whether the provisioner may not have seen a death before the mode next stopped dead
+/// machines' instances: a cloud or zone listing failed in between (its batch failed and was
+/// retried). It then decides under the mode in force when it first can.
+fn blind_until_switch(cloud: &CloudSnapshot, modes: &ModeTimeline, died: Duration) -> bool {
+    let Some(switch) = modes.changes.iter().map(|(at, m)| (*at, *m)).find(|(at, m)| *at > died && m.harvests_destroyed())
+    else {
+        return false;
+    };
+    let tries: Vec<&crate::fake::CallRecord> = cloud
+        .calls
+        .iter()
+        .filter(|c| matches!(c.op, CloudOp::AllInstances | CloudOp::AvailabilityZones))
+        .filter(|c| c.at >= died && c.at <= switch.0)
+        .collect();
+    tries.iter().any(|c| c.ok == Some(false))
+}
+
 fn all_machines(s: &Scenario) -> BTreeMap<String, MachineSpec> {
     let mut out: BTreeMap<String, MachineSpec> = s.machines.iter().map(|m| (m.id.clone(), m.clone())).collect();
     for (_, a) in s.timeline() {
@@ -169,11 +186,15 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                     // either (semantics 5): one that had landed when its machine died in a mode
                     // excluding destroyed, unless a destroy_model came first (semantics 15) or its
                     // stop was decided while the machine was alive.
-                    if let Some(m) = own.and_then(|m| model.machines.get(&crate::types::MachineId::new(m))) {
+                    // Only the instance its machine records: an orphan (never recorded) may have had
+                    // its stop decided while the machine was alive (semantics 18).
+                    let machine_of = own.and_then(|m| model.machines.get(&crate::types::MachineId::new(m)));
+                    if let Some(m) = machine_of.filter(|m| m.machine.instance.as_ref() == Some(inst)) {
                         let landed_at = landed.get(&id).copied().unwrap_or_default();
                         let first = first_stop.get(&id).copied().unwrap_or(call.at);
                         if let Some(died) = m.died_at.filter(|d| landed_at <= *d && first >= *d) {
-                            let kept = modes.all_between(died, died, |md| !md.harvests_destroyed());
+                            let kept = modes.all_between(died, died, |md| !md.harvests_destroyed())
+                                && !blind_until_switch(cloud, modes, died);
                             let destroying = destroyed_from.is_some_and(|d| d <= call.at);
                             if kept && !destroying && !m.machine.keep_instance && !m.machine.manual {
                                 v.push(format!(
