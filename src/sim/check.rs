@@ -53,7 +53,8 @@ impl ModeTimeline {
 /// machines' instances: a cloud or zone listing failed in between (its batch failed and was
 /// retried). It then decides under the mode in force when it first can.
 fn blind_until_switch(cloud: &CloudSnapshot, modes: &ModeTimeline, died: Duration) -> bool {
-    let Some(switch) = modes.changes.iter().map(|(at, m)| (*at, *m)).find(|(at, m)| *at > died && m.harvests_destroyed())
+    let Some(switch) =
+        modes.changes.iter().map(|(at, m)| (*at, *m)).find(|(at, m)| *at > died && m.harvests_destroyed())
     else {
         return false;
     };

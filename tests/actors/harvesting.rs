@@ -324,7 +324,11 @@ async fn a_release_does_not_wait_for_a_busy_worker_and_survives_a_restart() {
     h.run_for(Duration::from_secs(1)).await;
     let cloud = h.cloud().await;
     assert_eq!(cloud.calls_of(CloudOp::StartInstance).iter().filter(|c| c.ok.is_none()).count(), 1, "start in flight");
-    assert_eq!(cloud.instances[&provisioner::InstanceId::new("pre-0")].instance.tags.model, None, "released at once, while the start is in flight");
+    assert_eq!(
+        cloud.instances[&provisioner::InstanceId::new("pre-0")].instance.tags.model,
+        None,
+        "released at once, while the start is in flight"
+    );
     let h = h.restart(ProvisionerConfig { harvest_mode: HarvestMode::Destroyed, ..config });
     h.run_for(Duration::from_secs(60)).await;
     let cloud = h.cloud().await;
