@@ -70,6 +70,8 @@ pub struct MachineBook {
     /// Instances whose stop this provisioner decided and has not seen through, with the
     /// machine they are tagged for when known: never adopted (semantics 17).
     stopping: BTreeMap<InstanceId, Option<MachineId>>,
+    /// The same, by the machine they are tagged for.
+    stopping_for: BTreeMap<MachineId, BTreeSet<InstanceId>>,
 }
 
 impl MachineBook {
@@ -263,16 +265,20 @@ impl MachineBook {
     /// they are never adopted, and their machine is not started again before the stop is done.
     pub fn stops_planned(&mut self, ids: &[InstanceId], machine: Option<&MachineId>) {
         for id in ids {
-            let tagged = machine.cloned().or_else(|| self.instances.get(id).and_then(|i| i.tags.machine.clone()));
+            let tagged = machine
+                .cloned()
+                .or_else(|| self.stopping.get(id).cloned().flatten())
+                .or_else(|| self.instances.get(id).and_then(|i| i.tags.machine.clone()));
+            if let Some(m) = &tagged {
+                self.stopping_for.entry(m.clone()).or_default().insert(id.clone());
+            }
             self.stopping.insert(id.clone(), tagged);
         }
     }
 
     /// Whether a stop the provisioner decided is in flight for an instance of this machine.
     pub fn stop_in_flight_for(&self, machine: &MachineId) -> bool {
-        self.stopping.iter().any(|(id, m)| {
-            m.as_ref() == Some(machine) || self.instances.get(id).and_then(|i| i.tags.machine.as_ref()) == Some(machine)
-        })
+        self.stopping_for.contains_key(machine)
     }
 
     /// Instances tagged for a live machine that it will never own: besides the one it records
@@ -302,7 +308,14 @@ impl MachineBook {
     /// Instances that were terminated (by us).
     pub fn instances_gone(&mut self, ids: &[InstanceId]) {
         for id in ids {
-            self.stopping.remove(id);
+            if let Some(Some(m)) = self.stopping.remove(id) {
+                if let Some(set) = self.stopping_for.get_mut(&m) {
+                    set.remove(id);
+                    if set.is_empty() {
+                        self.stopping_for.remove(&m);
+                    }
+                }
+            }
             if let Some(inst) = self.instances.remove(id) {
                 if let Some(m) = inst.tags.machine {
                     if let Some(set) = self.by_tag.get_mut(&m) {

@@ -482,6 +482,10 @@ fn a_stop_planned_for_an_unlisted_instance_names_its_machine() {
     book.stops_planned(&ids(&["orphan"]), Some(&mid("0")));
     assert!(book.stop_in_flight_for(&mid("0")));
     assert!(!book.stop_in_flight_for(&mid("1")));
+    // Planned again without the machine (the harvest's stop job): still known, and cleared
+    // once gone.
+    book.stops_planned(&ids(&["orphan"]), None);
+    assert!(book.stop_in_flight_for(&mid("0")));
     book.instances_gone(&ids(&["orphan"]));
     assert!(!book.stop_in_flight_for(&mid("0")));
 }

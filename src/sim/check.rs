@@ -11,6 +11,11 @@ use crate::types::{HarvestMode, InstanceState, Life, MachineStatus};
 /// How long before a stop call its decision may have been taken (queueing, throttling).
 const DECISION_WINDOW: Duration = Duration::from_secs(120);
 
+/// How long after a death the provisioner may take to decide its instance's fate (the batch
+/// that sees it, a start still recording its instance). A mode switch within it may decide; a
+/// decision made before a later switch holds, across restarts too (semantics 5).
+const DECIDE_WINDOW: Duration = Duration::from_secs(2);
+
 /// The harvest mode in force over time (from the scenario's model-config changes).
 #[derive(Debug, Clone)]
 pub struct ModeTimeline {
@@ -194,7 +199,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         let landed_at = landed.get(&id).copied().unwrap_or_default();
                         let first = first_stop.get(&id).copied().unwrap_or(call.at);
                         if let Some(died) = m.died_at.filter(|d| landed_at <= *d && first >= *d) {
-                            let kept = modes.all_between(died, died, |md| !md.harvests_destroyed())
+                            let kept = modes.all_between(died, died + DECIDE_WINDOW, |md| !md.harvests_destroyed())
                                 && !blind_until_switch(cloud, modes, died);
                             let destroying = destroyed_from.is_some_and(|d| d <= call.at);
                             if kept && !destroying && !m.machine.keep_instance && !m.machine.manual {
