@@ -176,7 +176,9 @@ impl MachineBook {
                     match class {
                         // Its tagged instance is being stopped: a new start waits until the stop
                         // is seen through (never two live instances for one machine).
-                        Class::Pending if self.stop_in_flight_for(&id) => out.retry_later.push(id.clone()),
+                        Class::Pending if self.stop_in_flight_for(&id) || self.tagged_held_by_dead(&id) => {
+                            out.retry_later.push(id.clone())
+                        }
                         Class::Pending => out.pending.extend(self.machine(&id).cloned()),
                         Class::Dead => out.dead.extend(self.dead_machine(&id)),
                         Class::DyingUnprovisioned => to_kill.push(id),
@@ -274,6 +276,19 @@ impl MachineBook {
             }
             self.stopping.insert(id.clone(), tagged);
         }
+    }
+
+    /// Whether an instance tagged for this machine is still recorded by a dead machine (a reuse
+    /// handover a crash interrupted): it goes with the dead machine, and this one is started
+    /// only once it is gone (never two live instances for one machine).
+    pub fn tagged_held_by_dead(&self, machine: &MachineId) -> bool {
+        self.by_tag.get(machine).into_iter().flatten().any(|i| {
+            self.owner
+                .get(i)
+                .filter(|o| *o != machine)
+                .and_then(|o| self.machines.get(o))
+                .is_some_and(|o| o.life == Life::Dead)
+        })
     }
 
     /// Whether a stop the provisioner decided is in flight for an instance of this machine.

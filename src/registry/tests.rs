@@ -541,3 +541,19 @@ fn only_live_manual_non_controller_machines_in_scope_block_a_destroy() {
     assert!(!blocks_destroy(&Machine::pending("2"), &scope));
     assert!(!blocks_destroy(&Machine { manual: true, ..Machine::pending("0/lxd/0") }, &scope));
 }
+
+#[test]
+fn a_machine_whose_tagged_instance_a_dead_machine_still_records_waits_for_it() {
+    // A reuse handover a crash interrupted: "i-4" is retagged for 6, still recorded by dead 4.
+    let mut book = MachineBook::new();
+    book.load_view(vec![instance("i-4", Some("6"), None)]);
+    let (_, _) = book.absorb(vec![(mid("4"), Ok(provisioned("4", Life::Dead, "i-4")))]);
+    let (out, _) = book.absorb(vec![(mid("6"), Ok(Machine::pending("6")))]);
+    assert!(out.pending.is_empty() && out.adopt.is_empty(), "{out:?}");
+    assert_eq!(out.retry_later, vec![mid("6")]);
+    // Once the dead machine's stop is seen through and it is forgotten, machine 6 starts.
+    book.instances_gone(&ids(&["i-4"]));
+    book.remove(&mid("4"));
+    let (out, _) = book.absorb(vec![(mid("6"), Ok(Machine::pending("6")))]);
+    assert_eq!(out.pending.len(), 1);
+}
