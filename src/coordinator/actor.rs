@@ -315,10 +315,6 @@ impl Coordinator {
         ctx: &mut Context<Self>,
     ) {
         let id = machine.clone();
-        if let Some(o) = &orphan {
-            // Never adopted from now on, not even before the harvest policy plans its stop.
-            self.links.stops_planned.do_send(StopsPlanned { ids: vec![o.clone()], machine: Some(id.clone()) });
-        }
         let ask = self.links.start_finished.send(StartFinished { machine, instance });
         self.outstanding += 1;
         ctx.spawn(ask.into_actor(self).then(move |res, act, ctx| {
