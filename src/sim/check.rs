@@ -189,11 +189,12 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         }
                     }
                     // 5. An instance left alone on purpose is never stopped later, not after a restart
-                    // either (semantics 5): one that had landed when its machine died in a mode
-                    // excluding destroyed, unless a destroy_model came first (semantics 15) or its
-                    // stop was decided while the machine was alive.
-                    // Only the instance its machine records: an orphan (never recorded) may have had
-                    // its stop decided while the machine was alive (semantics 18).
+                    // either (semantics 5): the instance a machine records, landed before the machine
+                    // died in a mode excluding destroyed (for DECIDE_WINDOW, and with no failed listing
+                    // keeping the provisioner from seeing the death before a switch), unless a
+                    // destroy_model came first (semantics 15) or a stop of it was sent before the death.
+                    // An orphan (never recorded) may have had its stop decided while its machine lived
+                    // (semantics 18).
                     let machine_of = own.and_then(|m| model.machines.get(&crate::types::MachineId::new(m)));
                     if let Some(m) = machine_of.filter(|m| m.machine.instance.as_ref() == Some(inst)) {
                         let landed_at = landed.get(&id).copied().unwrap_or_default();
