@@ -389,7 +389,9 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                 .get(&host)
                 .is_none_or(|h| h.removed || h.machine.life != Life::Alive || h.machine.instance.is_none())
         });
-        if host_gone {
+        // In a dying model the destruction check covers top-level machines; containers are the
+        // container provisioners' (semantics 15).
+        if host_gone || (model.life != Life::Alive && tagged.container_of().is_some()) {
             continue;
         }
         if m.removed || m.machine.life != Life::Alive || m.machine.manual || recorder.contains_key(iid.as_str()) {
