@@ -22,7 +22,7 @@ use crate::registry::{
     ViewRefreshed,
 };
 use crate::types::{InstanceStatus, Machine, MachineId, MachineStatus};
-use crate::workers::{Enqueue, Job, JobDone, JobOutcome, ReleaseJob, ResizePool, StartJob, StopJob};
+use crate::workers::{Enqueue, GivenUp, Job, JobDone, JobOutcome, ReleaseJob, ResizePool, StartJob, StopJob};
 use crate::zones::{PopulateZones, RefreshZones, ReleaseMachine};
 
 /// The coordinator's links to the other actors (all wiring happens in [`crate::wiring`]).
@@ -251,17 +251,9 @@ impl Coordinator {
 
     /// A dead machine whose parked instance was taken over is removed; one whose parked
     /// instance was given up is removed once that instance is stopped.
-    fn retire(
-        &mut self,
-        retired: Option<MachineId>,
-        given_up: Option<crate::types::InstanceId>,
-        ctx: &mut Context<Self>,
-    ) {
+    fn retire(&mut self, retired: Option<MachineId>, given_up: Option<GivenUp>, ctx: &mut Context<Self>) {
         match (retired, given_up) {
-            (retired, Some(instance)) => {
-                let remove_after: Vec<MachineId> = retired.into_iter().collect();
-                self.plan_stops(vec![instance], remove_after, None, ctx);
-            }
+            (_, Some(GivenUp { instance, retired })) => self.plan_stops(vec![instance], vec![retired], None, ctx),
             (Some(old), None) => {
                 forget(&self.links, vec![old.clone()]);
                 self.publish(ProvisionerEvent::MachineRemoved { machine: old });

@@ -51,7 +51,7 @@ pub enum JobOutcome {
         reserved: bool,
         /// A parked instance this start tried to take over and gave up: stop it (then remove
         /// `retired`).
-        given_up: Option<InstanceId>,
+        given_up: Option<GivenUp>,
     },
     /// The start failed for good; the machine's status says why.
     StartFailed {
@@ -64,14 +64,14 @@ pub enum JobOutcome {
         /// The instance it started (or adopted) but could not record: stop it (semantics 18).
         orphan: Option<InstanceId>,
         /// A parked instance this start gave up: stop it (then remove `retired`).
-        given_up: Option<InstanceId>,
+        given_up: Option<GivenUp>,
     },
     /// The machine died before or during its start; nothing was left running.
     StartAbandoned {
         /// The machine.
         machine: MachineId,
         /// A parked instance this start gave up: stop it.
-        given_up: Option<InstanceId>,
+        given_up: Option<GivenUp>,
     },
     /// Instances are terminated.
     Stopped {
@@ -89,9 +89,19 @@ pub enum JobOutcome {
     },
 }
 
+/// A parked instance a start tried to take over (machine reuse) and gave up, with the dead
+/// machine it came from: the instance is stopped, then the machine removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GivenUp {
+    /// The parked instance.
+    pub instance: InstanceId,
+    /// Its dead machine.
+    pub retired: MachineId,
+}
+
 impl JobOutcome {
     /// The same outcome, naming a parked instance the start gave up (if any).
-    pub fn with_given_up(mut self, instance: Option<InstanceId>) -> Self {
+    pub fn with_given_up(mut self, instance: Option<GivenUp>) -> Self {
         if instance.is_some() {
             match &mut self {
                 JobOutcome::Started { given_up, .. }

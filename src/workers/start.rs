@@ -136,13 +136,14 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
 }
 
 /// [`run_start`]'s body; a parked instance it gives up (machine reuse) is left in `given_up`
-/// for the coordinator to stop (no stop is fire-and-forget).
+/// for the coordinator to stop, then remove its dead machine, however the start ends (no stop is
+/// fire-and-forget).
 async fn start_or_adopt(
     deps: std::sync::Arc<StartDeps>,
     job: StartJob,
     nonce: String,
     seed: u64,
-    given_up: &mut Option<crate::types::InstanceId>,
+    given_up: &mut Option<super::messages::GivenUp>,
 ) -> JobOutcome {
     let deps = &*deps;
     let rng = &mut SmallRng::seed_from_u64(seed);
@@ -229,7 +230,7 @@ async fn start_or_adopt(
                 }
                 Err(e) => {
                     tracing::warn!(%machine, instance = %parked.instance, error = %e, "cannot hand the parked instance over; stopping it and starting anew");
-                    *given_up = Some(parked.instance.clone());
+                    *given_up = Some(super::messages::GivenUp { instance: parked.instance.clone(), retired: old });
                 }
             }
         }

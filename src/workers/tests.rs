@@ -334,7 +334,7 @@ fn pool_runs_releases_and_eager_stops_even_when_every_worker_is_busy() {
 
 #[test]
 fn an_outcome_names_the_parked_instance_its_start_gave_up() {
-    let given = Some(InstanceId::new("parked"));
+    let given = Some(GivenUp { instance: InstanceId::new("parked"), retired: MachineId::new("9") });
     let failed = JobOutcome::StartFailed {
         machine: MachineId::new("0"),
         message: "no".into(),
