@@ -425,18 +425,14 @@ async fn process_batch(
         }
     }
 
-    // Orphans of starts whose record failed (maybe a predecessor's, whose stop a crash lost):
-    // stopped, never adopted (semantics 17, 18).
-    if !refreshed.orphans.is_empty() {
-        let mut instances = Vec::new();
-        for (machine, inst) in refreshed.orphans {
-            links.stops_planned.do_send(StopsPlanned { ids: vec![inst.clone()], machine: Some(machine) });
-            instances.push(inst);
-        }
-        tracing::info!(instances = ?instances, "stopping instances tagged for machines in error that record none");
-        let plan = links.plan_stops.send(PlanStops { instances, remove_after: Vec::new() }).await?;
-        execute_plan(&links, plan);
-    }
+    // Orphans (instances tagged for a live machine that it will never own: a record that failed,
+    // maybe a predecessor's whose stop a crash lost, or a second start whose result was lost):
+    // stopped, never adopted (semantics 17, 18). A pending machine's only once the lifecycle
+    // clears it to start (or adopt) now: never while a start of its own is in flight.
+    let pending_ids: std::collections::BTreeSet<MachineId> = refreshed.pending.iter().map(|m| m.id.clone()).collect();
+    let (mut pending_orphans, orphans): (Vec<_>, Vec<_>) =
+        refreshed.orphans.into_iter().partition(|(m, _)| pending_ids.contains(m));
+    stop_orphans(&links, orphans).await?;
 
     let mut retry_later = refreshed.retry_later;
     if model_dying && !refreshed.pending.is_empty() {
@@ -445,6 +441,8 @@ async fn process_batch(
         let ids = refreshed.pending.iter().map(|m| m.id.clone()).collect();
         let to_start = links.observe_pending.send(ObservePending { ids }).await?;
         let to_start: std::collections::BTreeSet<MachineId> = to_start.into_iter().collect();
+        pending_orphans.retain(|(m, _)| to_start.contains(m));
+        stop_orphans(&links, std::mem::take(&mut pending_orphans)).await?;
         let machines: Vec<Machine> = refreshed.pending.into_iter().filter(|m| to_start.contains(&m.id)).collect();
         if !machines.is_empty() && !zones_loaded {
             // Re-read the zone list once per batch of starts (rule 60, semantics 7), not per
@@ -458,6 +456,22 @@ async fn process_batch(
         retry_later.extend(queue_starts(&links, machines, adopt).await);
     }
     Ok(BatchReport { zones_loaded, retry_later, mode_change, model_dying })
+}
+
+/// Has the harvest policy plan the stop of orphaned instances, and queues it.
+async fn stop_orphans(links: &Links, orphans: Vec<(MachineId, crate::types::InstanceId)>) -> Result<(), BatchError> {
+    if orphans.is_empty() {
+        return Ok(());
+    }
+    let mut instances = Vec::new();
+    for (machine, inst) in orphans {
+        links.stops_planned.do_send(StopsPlanned { ids: vec![inst.clone()], machine: Some(machine) });
+        instances.push(inst);
+    }
+    tracing::info!(instances = ?instances, "stopping instances tagged for live machines that will never own them");
+    let plan = links.plan_stops.send(PlanStops { instances, remove_after: Vec::new() }).await?;
+    execute_plan(links, plan);
+    Ok(())
 }
 
 /// Reads provisioning info and distribution groups for machines cleared to start, in one
