@@ -131,6 +131,8 @@ pub fn start(
         end_safe: harvest.clone().recipient(),
         stops_done: harvest.clone().recipient(),
         plan_destroy: harvest.clone().recipient(),
+        plan_stops: harvest.clone().recipient(),
+        stops_planned: registry.clone().recipient(),
         prepare_destroy: registry.clone().recipient(),
         sweep: registry.clone().recipient(),
         observe_destroy: lifecycle.clone().recipient(),

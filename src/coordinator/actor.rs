@@ -10,17 +10,19 @@ use super::state::BatchBook;
 use crate::config::ConfigError;
 use crate::events::ProvisionerEvent;
 use crate::harvest::{
-    EndSafeMode, HarvestPlan, ModeChange, PlanDeadMachines, PlanDestroy, PlanUnknown, SetHarvestMode, StopsDone,
+    EndSafeMode, HarvestPlan, ModeChange, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown, SetHarvestMode,
+    StopsDone,
 };
 use crate::lifecycle::{
     AfterStart, Deaths, ForgetLifecycle, ObserveDead, ObserveDestroy, ObservePending, StartFinished,
 };
 use crate::ports::ModelApi;
 use crate::registry::{
-    ForgetMachines, InstancesGone, PrepareDestroy, RecordInstance, Refresh, RegistryError, SweepTargets, ViewRefreshed,
+    ForgetMachines, InstancesGone, PrepareDestroy, RecordInstance, Refresh, RegistryError, StopsPlanned, SweepTargets,
+    ViewRefreshed,
 };
 use crate::types::{InstanceStatus, Machine, MachineId, MachineStatus};
-use crate::workers::{Enqueue, Job, JobDone, JobOutcome, ReleaseJob, ResizePool, StartJob, StopJob};
+use crate::workers::{Enqueue, GivenUp, Job, JobDone, JobOutcome, ReleaseJob, ResizePool, StartJob, StopJob};
 use crate::zones::{PopulateZones, RefreshZones, ReleaseMachine};
 
 /// The coordinator's links to the other actors (all wiring happens in [`crate::wiring`]).
@@ -54,6 +56,10 @@ pub struct Links {
     pub stops_done: Recipient<StopsDone>,
     /// Harvest: plan a model destruction.
     pub plan_destroy: Recipient<PlanDestroy>,
+    /// Harvest: plan stops decided outside a harvest (orphans, given-up parked instances).
+    pub plan_stops: Recipient<PlanStops>,
+    /// Registry: stops decided (their instances are never adopted).
+    pub stops_planned: Recipient<StopsPlanned>,
     /// Registry: the machines of a model being destroyed.
     pub prepare_destroy: Recipient<PrepareDestroy>,
     /// Registry: what a dying model still runs, from the cache.
@@ -250,12 +256,41 @@ impl Coordinator {
         }));
     }
 
-    /// A dead machine whose parked instance was taken over (or given up) is removed.
-    fn retire(&mut self, retired: Option<MachineId>) {
-        if let Some(old) = retired {
-            forget(&self.links, vec![old.clone()]);
-            self.publish(ProvisionerEvent::MachineRemoved { machine: old });
+    /// A dead machine whose parked instance was taken over is removed; one whose parked
+    /// instance was given up is removed once that instance is stopped.
+    fn retire(&mut self, retired: Option<MachineId>, given_up: Option<GivenUp>, ctx: &mut Context<Self>) {
+        match (retired, given_up) {
+            (_, Some(GivenUp { instance, retired })) => self.plan_stops(vec![instance], vec![retired], None, ctx),
+            (Some(old), None) => {
+                forget(&self.links, vec![old.clone()]);
+                self.publish(ProvisionerEvent::MachineRemoved { machine: old });
+            }
+            (None, None) => {}
         }
+    }
+
+    /// Stops decided outside a harvest (semantics 18): through the harvest policy (so they are
+    /// never planned twice) into a normal stop job, retried with backoff until it succeeds.
+    fn plan_stops(
+        &mut self,
+        instances: Vec<crate::types::InstanceId>,
+        remove_after: Vec<MachineId>,
+        machine: Option<MachineId>,
+        ctx: &mut Context<Self>,
+    ) {
+        if instances.is_empty() {
+            return;
+        }
+        tracing::info!(instances = ?instances, "stopping instances given up");
+        self.links.stops_planned.do_send(StopsPlanned { ids: instances.clone(), machine });
+        let ask = self.links.plan_stops.send(PlanStops { instances, remove_after });
+        self.outstanding += 1;
+        ctx.spawn(ask.into_actor(self).map(|res, act, _ctx| {
+            act.outstanding -= 1;
+            if let Ok(plan) = res {
+                act.execute(plan);
+            }
+        }));
     }
 
     /// Performs a harvest plan: stops (then removals) through the pool, removals now.
@@ -269,20 +304,41 @@ impl Coordinator {
         }
     }
 
-    fn after_start(&mut self, machine: MachineId, instance: Option<crate::types::InstanceId>, ctx: &mut Context<Self>) {
+    /// A start returned, with the instance it produced, or the orphan it could not record (to
+    /// be stopped, or released if its machine died meanwhile in a mode that keeps instances).
+    fn after_start(
+        &mut self,
+        machine: MachineId,
+        instance: Option<crate::types::InstanceId>,
+        orphan: Option<crate::types::InstanceId>,
+        ctx: &mut Context<Self>,
+    ) {
+        let id = machine.clone();
         let ask = self.links.start_finished.send(StartFinished { machine, instance });
         self.outstanding += 1;
-        ctx.spawn(ask.into_actor(self).then(move |res, act, _ctx| {
+        ctx.spawn(ask.into_actor(self).then(move |res, act, ctx| {
+            let with_orphan = |d: &mut crate::registry::DeadMachine| {
+                if let Some(o) = orphan.clone().filter(|o| d.instance.as_ref() != Some(o) && !d.tagged.contains(o)) {
+                    d.tagged.push(o);
+                }
+            };
             let plan = match res {
-                Ok(AfterStart::StopDeferred { dead }) => {
+                Ok(AfterStart::StopDeferred { mut dead }) => {
+                    with_orphan(&mut dead);
                     tracing::info!(machine = %dead.id, instance = ?dead.instance, "machine died while starting; harvesting its instance");
                     Some(futures::future::Either::Left(act.links.plan_dead.send(PlanDeadMachines { dead: vec![dead] })))
                 }
-                Ok(AfterStart::DestroyDeferred { machine }) => {
+                Ok(AfterStart::DestroyDeferred { mut machine }) => {
+                    with_orphan(&mut machine);
                     tracing::info!(machine = %machine.id, instance = ?machine.instance, "model destroyed while starting; stopping the new instance");
                     Some(futures::future::Either::Right(act.links.plan_destroy.send(PlanDestroy { machines: vec![machine] })))
                 }
-                _ => None,
+                _ => {
+                    if let Some(o) = orphan.clone() {
+                        act.plan_stops(vec![o], Vec::new(), Some(id.clone()), ctx);
+                    }
+                    None
+                }
             };
             async move {
                 match plan {
@@ -304,6 +360,7 @@ impl Coordinator {
 /// Enqueues a plan's work. Stops are queued ahead of starts by the pool.
 fn execute_plan(links: &Links, plan: HarvestPlan) {
     if !plan.stop.is_empty() {
+        links.stops_planned.do_send(StopsPlanned { ids: plan.stop.clone(), machine: None });
         links.enqueue.do_send(Enqueue(Job::Stop(StopJob {
             instances: plan.stop,
             machines: plan.remove_after_stop,
@@ -381,6 +438,15 @@ async fn process_batch(
         }
     }
 
+    // Orphans (instances tagged for a live machine that it will never own: a record that failed,
+    // maybe a predecessor's whose stop a crash lost, or a second start whose result was lost):
+    // stopped, never adopted (semantics 17, 18). A pending machine's only once the lifecycle
+    // clears it to start (or adopt) now: never while a start of its own is in flight.
+    let pending_ids: std::collections::BTreeSet<MachineId> = refreshed.pending.iter().map(|m| m.id.clone()).collect();
+    let (mut pending_orphans, orphans): (Vec<_>, Vec<_>) =
+        refreshed.orphans.into_iter().partition(|(m, _)| pending_ids.contains(m));
+    stop_orphans(&links, orphans).await?;
+
     let mut retry_later = refreshed.retry_later;
     if (model_dying || starts_closed) && !refreshed.pending.is_empty() {
         tracing::info!(
@@ -391,6 +457,8 @@ async fn process_batch(
         let ids = refreshed.pending.iter().map(|m| m.id.clone()).collect();
         let to_start = links.observe_pending.send(ObservePending { ids }).await?;
         let to_start: std::collections::BTreeSet<MachineId> = to_start.into_iter().collect();
+        pending_orphans.retain(|(m, _)| to_start.contains(m));
+        stop_orphans(&links, std::mem::take(&mut pending_orphans)).await?;
         let machines: Vec<Machine> = refreshed.pending.into_iter().filter(|m| to_start.contains(&m.id)).collect();
         if !machines.is_empty() && !zones_loaded {
             // Re-read the zone list once per batch of starts (rule 60, semantics 7), not per
@@ -406,6 +474,22 @@ async fn process_batch(
     Ok(BatchReport { zones_loaded, retry_later, mode_change, model_dying })
 }
 
+/// Has the harvest policy plan the stop of orphaned instances, and queues it.
+async fn stop_orphans(links: &Links, orphans: Vec<(MachineId, crate::types::InstanceId)>) -> Result<(), BatchError> {
+    if orphans.is_empty() {
+        return Ok(());
+    }
+    let mut instances = Vec::new();
+    for (machine, inst) in orphans {
+        links.stops_planned.do_send(StopsPlanned { ids: vec![inst.clone()], machine: Some(machine) });
+        instances.push(inst);
+    }
+    tracing::info!(instances = ?instances, "stopping instances tagged for live machines that will never own them");
+    let plan = links.plan_stops.send(PlanStops { instances, remove_after: Vec::new() }).await?;
+    execute_plan(links, plan);
+    Ok(())
+}
+
 /// Reads provisioning info and distribution groups for machines cleared to start, in one
 /// batched call each, and queues their starts. A per-machine failure becomes that machine's
 /// provisioning error; a failed call leaves the machines to be retried later.
@@ -414,6 +498,16 @@ async fn queue_starts(
     machines: Vec<Machine>,
     mut adopt: std::collections::BTreeMap<MachineId, crate::types::CloudInstance>,
 ) -> Vec<MachineId> {
+    // A machine with an instance already tagged for it adopts that instance: it needs neither
+    // provisioning info nor a distribution group (semantics 19), so no failing lookup can leave
+    // the tagged instance unowned.
+    let (adopters, machines): (Vec<Machine>, Vec<Machine>) =
+        machines.into_iter().partition(|m| adopt.contains_key(&m.id));
+    for machine in adopters {
+        let adopt = adopt.remove(&machine.id);
+        let job = StartJob { machine, info: Default::default(), group: Vec::new(), adopt };
+        links.enqueue.do_send(Enqueue(Job::Start(Box::new(job))));
+    }
     if machines.is_empty() {
         return Vec::new();
     }
@@ -433,8 +527,7 @@ async fn queue_starts(
     for ((machine, info), group) in machines.into_iter().zip(infos).zip(groups) {
         let err = match (info, group) {
             (Ok(info), Ok(group)) => {
-                let adopt = adopt.remove(&machine.id);
-                links.enqueue.do_send(Enqueue(Job::Start(Box::new(StartJob { machine, info, group, adopt }))));
+                links.enqueue.do_send(Enqueue(Job::Start(Box::new(StartJob { machine, info, group, adopt: None }))));
                 continue;
             }
             (Err(e), _) => format!("fetching provisioning info for machine {:?}: {e}", machine.id.as_str()),
@@ -569,8 +662,8 @@ impl Handler<JobDone> for Coordinator {
     type Result = ();
     fn handle(&mut self, msg: JobDone, ctx: &mut Self::Context) {
         match msg.0 {
-            JobOutcome::Started { machine, instance, constraints, retired, reserved } => {
-                self.retire(retired);
+            JobOutcome::Started { machine, instance, constraints, retired, reserved, given_up } => {
+                self.retire(retired, given_up, ctx);
                 if let Some(zone) = instance.zone.as_ref().filter(|_| !reserved) {
                     // Adopted and reused instances were never reserved: count them now.
                     self.links.populate.do_send(PopulateZones { placements: vec![(machine.clone(), zone.clone())] });
@@ -585,14 +678,17 @@ impl Handler<JobDone> for Coordinator {
                     instance: instance.id.clone(),
                     zone: instance.zone.clone(),
                 });
-                self.after_start(machine, Some(instance.id), ctx);
+                self.after_start(machine, Some(instance.id), None, ctx);
             }
-            JobOutcome::StartFailed { machine, message, retired } => {
-                self.retire(retired);
+            JobOutcome::StartFailed { machine, message, retired, orphan, given_up } => {
+                self.retire(retired, given_up, ctx);
                 self.publish(ProvisionerEvent::MachineFailed { machine: machine.clone(), message });
-                self.after_start(machine, None, ctx);
+                self.after_start(machine, None, orphan, ctx);
             }
-            JobOutcome::StartAbandoned { machine } => self.after_start(machine, None, ctx),
+            JobOutcome::StartAbandoned { machine, given_up } => {
+                self.retire(None, given_up, ctx);
+                self.after_start(machine, None, None, ctx);
+            }
             JobOutcome::Stopped { instances, machines } => {
                 self.links.gone.do_send(InstancesGone { ids: instances.clone() });
                 self.links.stops_done.do_send(StopsDone { instances: instances.clone() });

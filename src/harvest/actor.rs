@@ -102,6 +102,7 @@ impl HarvestPolicy {
             }));
         }
         let ask = self.unknown.send(UnknownInstances { fresher_than });
+        self.book.ask_sent();
         Box::pin(ask.into_actor(self).map(move |res, act, ctx| {
             let unknown: Vec<UnknownInstance> = match res {
                 Ok(Ok(list)) => list.into_iter().map(|(id, age)| UnknownInstance { id, age }).collect(),
@@ -118,6 +119,7 @@ impl HarvestPolicy {
                     Vec::new()
                 }
             };
+            let unknown = act.book.ask_answered(unknown);
             act.book.set_clock(act.epoch.elapsed());
             let plan = act.book.plan(&dead, &unknown);
             act.arm(&plan, ctx);
@@ -193,6 +195,13 @@ impl Handler<PlanDestroy> for HarvestPolicy {
     type Result = MessageResult<PlanDestroy>;
     fn handle(&mut self, msg: PlanDestroy, _ctx: &mut Self::Context) -> Self::Result {
         MessageResult(self.book.plan_destroy(&msg.machines))
+    }
+}
+
+impl Handler<PlanStops> for HarvestPolicy {
+    type Result = MessageResult<PlanStops>;
+    fn handle(&mut self, msg: PlanStops, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.plan_stops(&msg.instances, &msg.remove_after))
     }
 }
 

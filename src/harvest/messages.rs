@@ -68,3 +68,14 @@ pub struct PlanDestroy {
     /// The machines.
     pub machines: Vec<DeadMachine>,
 }
+
+/// Plan the stop of instances the provisioner gave up outside a harvest (an orphan whose record
+/// failed, a parked instance a start could not take over), then the removal of these machines.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "HarvestPlan")]
+pub struct PlanStops {
+    /// The instances.
+    pub instances: Vec<crate::types::InstanceId>,
+    /// Dead machines to mark for removal once they are stopped.
+    pub remove_after: Vec<crate::types::MachineId>,
+}

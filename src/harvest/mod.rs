@@ -12,7 +12,7 @@ mod tests;
 
 pub use actor::{ExecutePlan, HarvestPolicy};
 pub use messages::{
-    ClaimReusable, EndSafeMode, GetHarvestMode, ParkExpired, PlanDeadMachines, PlanDestroy, PlanUnknown,
+    ClaimReusable, EndSafeMode, GetHarvestMode, ParkExpired, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown,
     SetHarvestMode, StopsDone,
 };
 pub use state::{HarvestBook, HarvestPlan, HarvestSafety, ModeChange, UnknownInstance};

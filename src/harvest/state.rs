@@ -113,6 +113,11 @@ pub struct HarvestBook {
     next_pass: Option<Duration>,
     /// The model was destroyed: dead machines' instances are stopped whatever the mode.
     destroyed: bool,
+    /// Questions for unknown instances sent to the registry and not yet answered.
+    asks: usize,
+    /// Instances whose stop was seen through while a question was out: an answer read before
+    /// the registry heard of it may still list them, and they must not be stopped twice.
+    gone_meanwhile: BTreeSet<InstanceId>,
 }
 
 impl HarvestBook {
@@ -130,6 +135,8 @@ impl HarvestBook {
             clock: Duration::ZERO,
             next_pass: None,
             destroyed: false,
+            asks: 0,
+            gone_meanwhile: BTreeSet::new(),
         }
     }
 
@@ -232,7 +239,11 @@ impl HarvestBook {
     pub fn plan(&mut self, dead: &[DeadMachine], unknown: &[UnknownInstance]) -> HarvestPlan {
         let mut plan = HarvestPlan::default();
         for m in dead {
-            let instances: Vec<&InstanceId> = m.instances().filter(|i| !self.released.contains(*i)).collect();
+            // An instance whose stop is already decided (an orphan whose record failed, say) is
+            // stopped by that stop, retried until it succeeds: neither released nor stopped
+            // again (semantics 5 and 18).
+            let instances: Vec<&InstanceId> =
+                m.instances().filter(|i| !self.released.contains(*i) && !self.stopping.contains(*i)).collect();
             if m.manual || instances.is_empty() {
                 plan.remove_now.push(m.id.clone());
             } else if m.keep_instance || !(self.destroyed || self.mode.harvests_destroyed()) {
@@ -327,11 +338,52 @@ impl HarvestBook {
         plan
     }
 
-    /// These instances are gone: they may be planned again if they ever reappear.
+    /// Stops the provisioner decided outside a harvest (an orphan whose record failed, a
+    /// parked instance a start gave up): one stop of those not already being stopped or
+    /// released, then `remove_after` is marked for removal (at once if nothing is left to stop).
+    /// Like every stop, it is retried until it succeeds (semantics 18).
+    pub fn plan_stops(&mut self, instances: &[InstanceId], remove_after: &[MachineId]) -> HarvestPlan {
+        let mut plan = HarvestPlan::default();
+        for inst in instances {
+            if self.released.contains(inst) || self.stopping.contains(inst) || plan.stop.contains(inst) {
+                continue;
+            }
+            plan.stop.push(inst.clone());
+        }
+        if plan.stop.is_empty() {
+            plan.remove_now = remove_after.to_vec();
+        } else {
+            plan.remove_after_stop = remove_after.to_vec();
+        }
+        self.stopping.extend(plan.stop.iter().cloned());
+        plan
+    }
+
+    /// These instances are gone: they may be planned again if they ever reappear (in an answer
+    /// asked for after this).
     pub fn stops_done(&mut self, ids: &[InstanceId]) {
         for id in ids {
             self.stopping.remove(id);
+            if self.asks > 0 {
+                self.gone_meanwhile.insert(id.clone());
+            }
         }
+    }
+
+    /// The registry is asked for unknown instances (see [`HarvestBook::ask_answered`]).
+    pub fn ask_sent(&mut self) {
+        self.asks += 1;
+    }
+
+    /// The registry's answer to a question: instances whose stop was seen through since it
+    /// was sent are dropped (the answer may predate the registry hearing of it).
+    pub fn ask_answered(&mut self, unknown: Vec<UnknownInstance>) -> Vec<UnknownInstance> {
+        let unknown = unknown.into_iter().filter(|u| !self.gone_meanwhile.contains(&u.id)).collect();
+        self.asks = self.asks.saturating_sub(1);
+        if self.asks == 0 {
+            self.gone_meanwhile.clear();
+        }
+        unknown
     }
 
     /// Instances whose stop is planned and not yet done (never planned twice as unknown).

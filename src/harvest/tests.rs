@@ -409,3 +409,48 @@ fn after_a_destruction_dead_machines_instances_are_stopped_whatever_the_mode() {
     let kept = DeadMachine { keep_instance: true, ..dead("2", Some("i-2")) };
     assert_eq!(b.plan(&[kept], &[]).release, vec![iid("i-2")]);
 }
+
+// ---- stops decided outside a harvest (issue 12 item 10) ---------------------------------------
+
+#[test]
+fn plan_stops_stops_each_instance_once_then_removes_its_machines() {
+    let mut b = book(HarvestMode::None);
+    let plan = b.plan_stops(&iids(&["orphan", "parked"]), &mids(&["9"]));
+    assert_eq!(plan.stop, iids(&["orphan", "parked"]));
+    assert_eq!(plan.remove_after_stop, mids(&["9"]));
+    assert!(plan.remove_now.is_empty());
+    // Being stopped: neither planned again nor harvested as unknown.
+    let again = b.plan_stops(&iids(&["orphan"]), &mids(&["8"]));
+    assert!(again.stop.is_empty());
+    assert_eq!(again.remove_now, mids(&["8"]));
+    b.set_mode(HarvestMode::All);
+    assert!(b.plan(&[], &old(&["orphan"])).stop.is_empty());
+}
+
+#[test]
+fn an_answer_asked_for_before_a_stop_was_seen_through_does_not_stop_it_again() {
+    let mut b = book(HarvestMode::All);
+    assert_eq!(b.plan(&[], &old(&["u-1"])).stop, iids(&["u-1"]));
+    b.ask_sent();
+    // The stop lands before the registry's answer, which still lists u-1.
+    b.stops_done(&iids(&["u-1"]));
+    let unknown = b.ask_answered(old(&["u-1", "u-2"]));
+    assert_eq!(b.plan(&[], &unknown).stop, iids(&["u-2"]));
+    // A later question may plan it again, should it ever reappear.
+    b.ask_sent();
+    let unknown = b.ask_answered(old(&["u-1"]));
+    assert_eq!(b.plan(&[], &unknown).stop, iids(&["u-1"]));
+}
+
+#[test]
+fn a_dead_machines_instance_whose_stop_is_decided_is_neither_released_nor_stopped_again() {
+    // The orphan of a failed record is being stopped (retried while throttled); its machine
+    // then dies in mode none: the decided stop stands, nothing is released, the machine goes.
+    let mut b = book(HarvestMode::None);
+    assert_eq!(b.plan_stops(&iids(&["orphan"]), &[]).stop, iids(&["orphan"]));
+    let m = DeadMachine { tagged: iids(&["orphan"]), ..dead("0", None) };
+    let plan = b.plan(&[m], &[]);
+    assert!(plan.release.is_empty(), "{plan:?}");
+    assert!(plan.stop.is_empty(), "{plan:?}");
+    assert_eq!(plan.remove_now, mids(&["0"]));
+}

@@ -175,7 +175,17 @@ impl LifecycleBook {
                     out.deferred.push(m.id.clone());
                 }
                 Some(Phase::StopDeferred(_) | Phase::DestroyDeferred(_) | Phase::Stopping) => {}
-                Some(Phase::Running { .. }) | None => {
+                Some(Phase::Running { instance }) => {
+                    // Its start landed at this very instant: the registry may not have recorded
+                    // the instance yet, the lifecycle has (semantics 15).
+                    let mut m = m.clone();
+                    if m.instance.as_ref() != Some(instance) && !m.tagged.contains(instance) {
+                        m.tagged.push(instance.clone());
+                    }
+                    self.phases.remove(&m.id);
+                    out.stop_now.push(m);
+                }
+                None => {
                     self.phases.remove(&m.id);
                     out.stop_now.push(m.clone());
                 }

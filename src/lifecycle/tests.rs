@@ -218,3 +218,19 @@ fn nothing_starts_after_the_model_is_destroyed() {
     b.on_destroy(&[dead("0")]);
     assert!(!b.want_start(&mid("1")), "a machine started after the model was destroyed");
 }
+
+/// Issue 12 item 9, semantics 15: a start that landed at the instant of the destruction is
+/// running in the lifecycle before the registry has its instance: the destruction stops it.
+#[test]
+fn destroy_of_a_machine_whose_start_just_landed_stops_the_instance_it_landed() {
+    let mut b = running("0", "i-1");
+    let out = b.on_destroy(&[dead("0")]);
+    assert_eq!(out.stop_now.len(), 1);
+    assert_eq!(out.stop_now[0].instances().cloned().collect::<Vec<_>>(), vec![iid("i-1")]);
+    // Known to the registry already: not named twice.
+    let mut b = running("0", "i-1");
+    let known = DeadMachine { instance: Some(iid("i-1")), ..dead("0") };
+    let out = b.on_destroy(&[known]);
+    assert_eq!(out.stop_now[0].instances().cloned().collect::<Vec<_>>(), vec![iid("i-1")]);
+    assert!(out.stop_now[0].tagged.is_empty());
+}

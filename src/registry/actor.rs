@@ -221,6 +221,13 @@ impl Handler<InstancesGone> for MachineRegistry {
     }
 }
 
+impl Handler<StopsPlanned> for MachineRegistry {
+    type Result = ();
+    fn handle(&mut self, msg: StopsPlanned, _ctx: &mut Self::Context) {
+        self.book.stops_planned(&msg.ids, msg.machine.as_ref());
+    }
+}
+
 impl Handler<ForgetMachines> for MachineRegistry {
     type Result = ();
     fn handle(&mut self, msg: ForgetMachines, ctx: &mut Self::Context) {
@@ -292,10 +299,10 @@ impl Handler<PrepareDestroy> for MachineRegistry {
         for m in msg.machines.into_iter().filter(|m| scope.contains(&m.id) && !m.controller) {
             let id = m.id.clone();
             let manual = m.manual;
-            let dead = m.life == crate::types::Life::Dead;
+            let blocks = super::blocks_destroy(&m, &scope);
             self.book.upsert(m);
             if manual {
-                if !dead {
+                if blocks {
                     out.manual.push(id);
                 }
             } else if let Some(d) = self.book.dead_machine(&id) {

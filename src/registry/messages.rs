@@ -88,6 +88,9 @@ pub struct Refreshed {
     /// Pending machines with an instance already tagged for them (a start whose result was
     /// lost): they adopt it instead of starting another.
     pub adopt: Vec<(MachineId, CloudInstance)>,
+    /// Live machines in provisioning error and the unrecorded instances tagged for them (a
+    /// start whose record failed): stop them.
+    pub orphans: Vec<(MachineId, InstanceId)>,
 }
 
 /// Our start produced this instance for this machine.
@@ -190,4 +193,15 @@ pub struct DestroyTargets {
     pub machines: Vec<DeadMachine>,
     /// Manual, non-controller machines that are not dead.
     pub manual: Vec<MachineId>,
+}
+
+/// The provisioner decided to stop these instances: never adopt them, and start no machine
+/// they are tagged for before the stop is done.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct StopsPlanned {
+    /// The instances.
+    pub ids: Vec<InstanceId>,
+    /// The machine they are tagged for, when the sender knows it.
+    pub machine: Option<MachineId>,
 }

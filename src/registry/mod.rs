@@ -15,7 +15,7 @@ mod tests;
 pub use actor::MachineRegistry;
 pub use messages::{
     Adoptable, DeadMachine, DestroyTargets, ForgetMachines, GetRegistrySnapshot, InstanceStateOf, InstancesGone,
-    PrepareDestroy, RecordInstance, Refresh, Refreshed, RegistryError, RegistrySnapshot, SweepTargets,
+    PrepareDestroy, RecordInstance, Refresh, Refreshed, RegistryError, RegistrySnapshot, StopsPlanned, SweepTargets,
     UnknownInstances, ViewRefreshed,
 };
-pub use state::{classify, Class, MachineBook};
+pub use state::{blocks_destroy, classify, Class, MachineBook};

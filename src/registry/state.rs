@@ -39,6 +39,13 @@ pub fn classify(m: &Machine) -> Class {
     }
 }
 
+/// Whether a machine stops a model destruction without `force` from completing: a manual,
+/// non-controller machine in scope that is not dead (seed 002). The destruction kills what it
+/// can, then names these.
+pub fn blocks_destroy(m: &Machine, scope: &Scope) -> bool {
+    scope.contains(&m.id) && !m.controller && m.manual && m.life != Life::Dead
+}
+
 /// The machine cache and the instance view.
 #[derive(Debug, Default)]
 pub struct MachineBook {
@@ -60,6 +67,11 @@ pub struct MachineBook {
     /// Each listed instance's age as of a time on the clock: `(when, age then)`. An instance
     /// whose age the cloud does not give is aged from its first listing.
     ages: BTreeMap<InstanceId, (Duration, Duration)>,
+    /// Instances whose stop this provisioner decided and has not seen through, with the
+    /// machine they are tagged for when known: never adopted (semantics 17).
+    stopping: BTreeMap<InstanceId, Option<MachineId>>,
+    /// The same, by the machine they are tagged for.
+    stopping_for: BTreeMap<MachineId, BTreeSet<InstanceId>>,
 }
 
 impl MachineBook {
@@ -154,10 +166,19 @@ impl MachineBook {
                     if let Some(zone) = self.placement(&id).or_else(|| adopt.as_ref().and_then(|i| i.zone.clone())) {
                         out.placements.push((id.clone(), zone));
                     }
+                    if matches!(class, Class::Pending | Class::None) {
+                        let keeps = adopt.as_ref().map(|i| &i.id);
+                        out.orphans.extend(self.orphans_of(&id, keeps).into_iter().map(|i| (id.clone(), i)));
+                    }
                     if let Some(instance) = adopt {
                         out.adopt.push((id.clone(), instance));
                     }
                     match class {
+                        // Its tagged instance is being stopped: a new start waits until the stop
+                        // is seen through (never two live instances for one machine).
+                        Class::Pending if self.stop_in_flight_for(&id) || self.tagged_held_by_dead(&id) => {
+                            out.retry_later.push(id.clone())
+                        }
                         Class::Pending => out.pending.extend(self.machine(&id).cloned()),
                         Class::Dead => out.dead.extend(self.dead_machine(&id)),
                         Class::DyingUnprovisioned => to_kill.push(id),
@@ -242,9 +263,74 @@ impl MachineBook {
         self.fresh = false;
     }
 
+    /// The provisioner decided to stop these instances (tagged for `machine`, when known):
+    /// they are never adopted, and their machine is not started again before the stop is done.
+    pub fn stops_planned(&mut self, ids: &[InstanceId], machine: Option<&MachineId>) {
+        for id in ids {
+            let tagged = machine
+                .cloned()
+                .or_else(|| self.stopping.get(id).cloned().flatten())
+                .or_else(|| self.instances.get(id).and_then(|i| i.tags.machine.clone()));
+            if let Some(m) = &tagged {
+                self.stopping_for.entry(m.clone()).or_default().insert(id.clone());
+            }
+            self.stopping.insert(id.clone(), tagged);
+        }
+    }
+
+    /// Whether an instance tagged for this machine is still recorded by a dead machine (a reuse
+    /// handover a crash interrupted): it goes with the dead machine, and this one is started
+    /// only once it is gone (never two live instances for one machine).
+    pub fn tagged_held_by_dead(&self, machine: &MachineId) -> bool {
+        self.by_tag.get(machine).into_iter().flatten().any(|i| {
+            self.owner
+                .get(i)
+                .filter(|o| *o != machine)
+                .and_then(|o| self.machines.get(o))
+                .is_some_and(|o| o.life == Life::Dead)
+        })
+    }
+
+    /// Whether a stop the provisioner decided is in flight for an instance of this machine.
+    pub fn stop_in_flight_for(&self, machine: &MachineId) -> bool {
+        self.stopping_for.contains_key(machine)
+    }
+
+    /// Instances tagged for a live machine that it will never own: besides the one it records
+    /// (or is about to adopt, `keeps`), every other unowned one (a second start whose result a
+    /// crash lost); and all of them if it records none and is in provisioning error (a start
+    /// whose record failed: its stop was decided, maybe by a predecessor that crashed before
+    /// seeing it through). They are stopped, never adopted (semantics 17, 18).
+    pub fn orphans_of(&self, machine: &MachineId, keeps: Option<&InstanceId>) -> Vec<InstanceId> {
+        let Some(m) = self.machines.get(machine) else { return Vec::new() };
+        if m.life != Life::Alive || m.manual || !self.fresh {
+            return Vec::new();
+        }
+        let failed = m.status == MachineStatus::Error || m.instance_status.is_error();
+        let keeps = m.instance.as_ref().or(keeps);
+        if keeps.is_none() && !failed {
+            return Vec::new();
+        }
+        self.by_tag
+            .get(machine)
+            .into_iter()
+            .flatten()
+            .filter(|i| Some(*i) != keeps && !self.owner.contains_key(*i) && !self.stopping.contains_key(*i))
+            .cloned()
+            .collect()
+    }
+
     /// Instances that were terminated (by us).
     pub fn instances_gone(&mut self, ids: &[InstanceId]) {
         for id in ids {
+            if let Some(Some(m)) = self.stopping.remove(id) {
+                if let Some(set) = self.stopping_for.get_mut(&m) {
+                    set.remove(id);
+                    if set.is_empty() {
+                        self.stopping_for.remove(&m);
+                    }
+                }
+            }
             if let Some(inst) = self.instances.remove(id) {
                 if let Some(m) = inst.tags.machine {
                     if let Some(set) = self.by_tag.get_mut(&m) {
@@ -304,7 +390,7 @@ impl MachineBook {
     /// product of a start whose result was lost (a crash), to adopt instead of starting again.
     pub fn adoptable(&self, machine: &MachineId) -> Option<CloudInstance> {
         self.by_tag.get(machine)?.iter().find_map(|id| {
-            let free = self.owner.get(id).is_none_or(|o| o == machine);
+            let free = self.owner.get(id).is_none_or(|o| o == machine) && !self.stopping.contains_key(id);
             free.then(|| self.instances.get(id).cloned()).flatten()
         })
     }

@@ -456,3 +456,104 @@ fn instance_ages_come_from_the_cloud_or_from_the_first_listing() {
     let unknown = book.unknown_with_ages().unwrap();
     assert_eq!(unknown, vec![(iid("silent"), Duration::from_secs(30))]);
 }
+
+// ---- stops in flight and orphans (issue 12 items 8, 10, 11) -----------------------------------
+
+#[test]
+fn an_instance_being_stopped_is_never_adopted_and_its_machine_waits_for_the_stop() {
+    let mut book = MachineBook::new();
+    book.load_view(vec![instance("i-1", Some("0"), None)]);
+    book.stops_planned(&ids(&["i-1"]), None);
+    assert_eq!(book.adoptable(&mid("0")), None);
+    let (out, _) = book.absorb(vec![(mid("0"), Ok(Machine::pending("0")))]);
+    assert!(out.adopt.is_empty() && out.pending.is_empty(), "{out:?}");
+    assert_eq!(out.retry_later, vec![mid("0")]);
+    // The stop is seen through: a new start.
+    book.instances_gone(&ids(&["i-1"]));
+    let (out, _) = book.absorb(vec![(mid("0"), Ok(Machine::pending("0")))]);
+    assert_eq!(out.pending.len(), 1);
+    assert!(out.retry_later.is_empty());
+}
+
+#[test]
+fn a_stop_planned_for_an_unlisted_instance_names_its_machine() {
+    let mut book = MachineBook::new();
+    book.load_view(Vec::new());
+    book.stops_planned(&ids(&["orphan"]), Some(&mid("0")));
+    assert!(book.stop_in_flight_for(&mid("0")));
+    assert!(!book.stop_in_flight_for(&mid("1")));
+    // Planned again without the machine (the harvest's stop job): still known, and cleared
+    // once gone.
+    book.stops_planned(&ids(&["orphan"]), None);
+    assert!(book.stop_in_flight_for(&mid("0")));
+    book.instances_gone(&ids(&["orphan"]));
+    assert!(!book.stop_in_flight_for(&mid("0")));
+}
+
+#[test]
+fn an_unrecorded_instance_of_a_machine_in_error_is_an_orphan_to_stop() {
+    let mut book = MachineBook::new();
+    book.load_view(vec![instance("i-1", Some("0"), None), instance("i-2", Some("1"), None)]);
+    let failed = Machine {
+        status: MachineStatus::Error,
+        instance_status: InstanceStatus::provisioning_error(),
+        ..Machine::pending("0")
+    };
+    let started_elsewhere = Machine { status: MachineStatus::Started, ..Machine::pending("1") };
+    let (out, _) = book.absorb(vec![(mid("0"), Ok(failed)), (mid("1"), Ok(started_elsewhere))]);
+    // Machine 0 is in error and records none: its tagged instance is an orphan, not adopted.
+    // Machine 1 records none but is not in error: left alone.
+    assert_eq!(out.orphans, vec![(mid("0"), iid("i-1"))]);
+    assert!(out.adopt.is_empty() && out.pending.is_empty());
+    // Once its stop is planned it is not reported again.
+    book.stops_planned(&ids(&["i-1"]), None);
+    assert!(book.orphans_of(&mid("0"), None).is_empty());
+}
+
+#[test]
+fn extra_tagged_instances_of_a_machine_beside_the_one_it_keeps_are_orphans() {
+    let mut book = MachineBook::new();
+    book.load_view(vec![
+        instance("a", Some("0"), None),
+        instance("b", Some("0"), None),
+        instance("i-9", Some("9"), None),
+        instance("x", Some("9"), None),
+    ]);
+    // Pending machine 0 adopts one and the other is stopped.
+    let (out, _) = book.absorb(vec![(mid("0"), Ok(Machine::pending("0")))]);
+    assert_eq!(out.adopt.iter().map(|(_, i)| i.id.clone()).collect::<Vec<_>>(), ids(&["a"]));
+    assert_eq!(out.orphans, vec![(mid("0"), iid("b"))]);
+    // Provisioned machine 9 keeps the instance it records.
+    let (out, _) = book.absorb(vec![(mid("9"), Ok(provisioned("9", Life::Alive, "i-9")))]);
+    assert_eq!(out.orphans, vec![(mid("9"), iid("x"))]);
+    // Nothing is an orphan from a stale view.
+    book.mark_stale();
+    assert!(book.orphans_of(&mid("9"), None).is_empty());
+}
+
+#[test]
+fn only_live_manual_non_controller_machines_in_scope_block_a_destroy() {
+    let scope = crate::config::Scope::Environ;
+    let manual = Machine { manual: true, ..Machine::pending("1") };
+    assert!(blocks_destroy(&manual, &scope));
+    assert!(!blocks_destroy(&Machine { life: Life::Dead, ..manual.clone() }, &scope));
+    assert!(!blocks_destroy(&Machine { controller: true, ..manual.clone() }, &scope));
+    assert!(!blocks_destroy(&Machine::pending("2"), &scope));
+    assert!(!blocks_destroy(&Machine { manual: true, ..Machine::pending("0/lxd/0") }, &scope));
+}
+
+#[test]
+fn a_machine_whose_tagged_instance_a_dead_machine_still_records_waits_for_it() {
+    // A reuse handover a crash interrupted: "i-4" is retagged for 6, still recorded by dead 4.
+    let mut book = MachineBook::new();
+    book.load_view(vec![instance("i-4", Some("6"), None)]);
+    let (_, _) = book.absorb(vec![(mid("4"), Ok(provisioned("4", Life::Dead, "i-4")))]);
+    let (out, _) = book.absorb(vec![(mid("6"), Ok(Machine::pending("6")))]);
+    assert!(out.pending.is_empty() && out.adopt.is_empty(), "{out:?}");
+    assert_eq!(out.retry_later, vec![mid("6")]);
+    // Once the dead machine's stop is seen through and it is forgotten, machine 6 starts.
+    book.instances_gone(&ids(&["i-4"]));
+    book.remove(&mid("4"));
+    let (out, _) = book.absorb(vec![(mid("6"), Ok(Machine::pending("6")))]);
+    assert_eq!(out.pending.len(), 1);
+}

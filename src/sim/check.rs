@@ -11,6 +11,11 @@ use crate::types::{HarvestMode, InstanceState, Life, MachineStatus};
 /// How long before a stop call its decision may have been taken (queueing, throttling).
 const DECISION_WINDOW: Duration = Duration::from_secs(120);
 
+/// How long after a death the provisioner may take to decide its instance's fate (the batch
+/// that sees it, a start still recording its instance). A mode switch within it may decide; a
+/// decision made before a later switch holds, across restarts too (semantics 5).
+const DECIDE_WINDOW: Duration = Duration::from_secs(2);
+
 /// The harvest mode in force over time (from the scenario's model-config changes).
 #[derive(Debug, Clone)]
 pub struct ModeTimeline {
@@ -47,6 +52,24 @@ impl ModeTimeline {
     pub fn all_between(&self, from: Duration, to: Duration, f: impl Fn(HarvestMode) -> bool) -> bool {
         f(self.at(from)) && self.changes.iter().all(|(at, m)| *at < from || *at > to || f(*m))
     }
+}
+
+/// Whether the provisioner may not have seen a death before the mode next stopped dead
+/// machines' instances: a cloud or zone listing failed in between (its batch failed and was
+/// retried). It then decides under the mode in force when it first can.
+fn blind_until_switch(cloud: &CloudSnapshot, modes: &ModeTimeline, died: Duration) -> bool {
+    let Some(switch) =
+        modes.changes.iter().map(|(at, m)| (*at, *m)).find(|(at, m)| *at > died && m.harvests_destroyed())
+    else {
+        return false;
+    };
+    let tries: Vec<&crate::fake::CallRecord> = cloud
+        .calls
+        .iter()
+        .filter(|c| matches!(c.op, CloudOp::AllInstances | CloudOp::AvailabilityZones))
+        .filter(|c| c.at >= died && c.at <= switch.0)
+        .collect();
+    tries.iter().any(|c| c.ok == Some(false))
 }
 
 fn all_machines(s: &Scenario) -> BTreeMap<String, MachineSpec> {
@@ -170,6 +193,39 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         .flat_map(|c| c.instances.iter().map(ToString::to_string))
         .collect();
     let protected = |machine: &str, f: fn(&MachineSpec) -> bool| specs.get(machine).is_some_and(f);
+    // Instances a stop call of ours terminated.
+    let stopped_by_us: BTreeSet<String> = cloud
+        .calls
+        .iter()
+        .filter(|c| c.op == CloudOp::StopInstances && c.ok == Some(true))
+        .flat_map(|c| c.instances.iter().map(ToString::to_string))
+        .collect();
+    // From the first destroy_model on, every instance is stopped whatever the mode (semantics 15).
+    let destroyed_from: Option<Duration> =
+        s.timeline().into_iter().find(|(_, a)| matches!(a, Action::DestroyModel(_))).map(|(at, _)| at);
+    // When each instance of ours landed: its start call's end (pre-existing ones: at 0).
+    let landed: BTreeMap<String, Duration> = cloud
+        .calls
+        .iter()
+        .filter(|c| c.op == CloudOp::StartInstance && c.ok == Some(true))
+        .flat_map(|c| c.instances.iter().map(move |i| (i.to_string(), c.done_at.unwrap_or(c.at))))
+        .collect();
+    // Instances launched out of band during the run, and when (not the provisioner's doing).
+    let launched: BTreeMap<String, Duration> = s
+        .timeline()
+        .into_iter()
+        .filter_map(|(at, a)| match a {
+            Action::CloudLaunch(l) => Some((l.id.clone(), at)),
+            _ => None,
+        })
+        .collect();
+    // The first stop call naming each instance.
+    let mut first_stop: BTreeMap<String, Duration> = BTreeMap::new();
+    for c in cloud.calls.iter().filter(|c| c.op == CloudOp::StopInstances) {
+        for i in &c.instances {
+            first_stop.entry(i.to_string()).or_insert(c.at);
+        }
+    }
 
     check_cloud(s, cloud, &mut v);
 
@@ -243,6 +299,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         .get(&id)
                         .or_else(|| owner.get(&id).filter(|_| !started.contains(&id)))
                         .filter(|m| !protected(m, |s| s.manual || s.keep_instance));
+                    let mut judged_stopped = false;
                     if let Some(m) = judged {
                         let dead = model.machines.get(&crate::types::MachineId::new(m)).and_then(|f| f.died_at);
                         if let Some(died) = dead.filter(|d| *d <= call.at) {
@@ -262,6 +319,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                             if !destroyed_by(call.at)
                                 && !modes.any_between(from, decided, HarvestMode::harvests_destroyed)
                             {
+                                judged_stopped = true;
                                 v.push(format!(
                                     "instance {id} of machine {m}, dead since {} in mode {}, was stopped at {at} in mode {}",
                                     format_duration(died),
@@ -284,6 +342,33 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         }
                         if protected(m, |s| s.keep_instance) {
                             v.push(format!("instance {id} of keep-instance machine {m} was stopped at {at}"));
+                        }
+                    }
+                    // 5. An instance left alone on purpose is never stopped later, not after a restart
+                    // either (semantics 5): the instance a machine records, landed before the machine
+                    // died in a mode excluding destroyed (for DECIDE_WINDOW, and with no failed listing
+                    // keeping the provisioner from seeing the death before a switch), unless a
+                    // destroy_model came first (semantics 15) or a stop of it was sent before the death.
+                    // An orphan (never recorded) may have had its stop decided while its machine lived
+                    // (semantics 18).
+                    // (Not said twice: the check above may have flagged this stop already.)
+                    let machine_of = own
+                        .and_then(|m| model.machines.get(&crate::types::MachineId::new(m)))
+                        .filter(|_| !judged_stopped);
+                    if let Some(m) = machine_of.filter(|m| m.machine.instance.as_ref() == Some(inst)) {
+                        let landed_at = landed.get(&id).copied().unwrap_or_default();
+                        let first = first_stop.get(&id).copied().unwrap_or(call.at);
+                        if let Some(died) = m.died_at.filter(|d| landed_at <= *d && first >= *d) {
+                            let kept = modes.all_between(died, died + DECIDE_WINDOW, |md| !md.harvests_destroyed())
+                                && !blind_until_switch(cloud, modes, died);
+                            let destroying = destroyed_from.is_some_and(|d| d <= call.at);
+                            if kept && !destroying && !m.machine.keep_instance && !m.machine.manual {
+                                v.push(format!(
+                                    "instance {id} of machine {}, which died in mode {}, was stopped at {at}",
+                                    m.machine.id,
+                                    modes.at(died)
+                                ));
+                            }
                         }
                     }
                     // 6. Unknown instances are stopped only in modes unknown and all.
@@ -450,7 +535,20 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
             }
         }
         let Some(m) = model.machines.get(&crate::types::MachineId::new(id)) else { continue };
-        if m.removed || m.machine.life != Life::Alive || m.machine.instance.is_some() {
+        // A recorded instance that we terminated provisions nothing (a restart that adopted an
+        // instance being stopped, semantics 17).
+        let lost = m.machine.instance.as_ref().is_some_and(|i| {
+            stopped_by_us.contains(i.as_str())
+                && cloud.instances.get(i).is_some_and(|r| r.instance.state == InstanceState::Terminated)
+        });
+        if m.removed || m.machine.life != Life::Alive || (m.machine.instance.is_some() && !lost) {
+            continue;
+        }
+        if lost {
+            v.push(format!(
+                "machine {id} is alive and records instance {}, which the provisioner stopped: it is not provisioned",
+                m.machine.instance.as_ref().map(|i| i.as_str()).unwrap_or_default()
+            ));
             continue;
         }
         let errored = m.machine.instance_status.is_error() && !m.instance_status_message.is_empty();
@@ -460,6 +558,70 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                 m.machine.instance_status.as_str()
             ));
         }
+    }
+    // 10. A model destruction without force names the manual machines left (at 0s as later).
+    let first_destroy = s.timeline().into_iter().find_map(|(at, a)| match a {
+        Action::DestroyModel(d) => Some((at, d.force)),
+        _ => None,
+    });
+    // (Instances left running are flagged by the destroyed-model check above, containers
+    // included; this one names the manual machines.)
+    if let Some((at, force)) = first_destroy {
+        if !force {
+            let manual: Vec<&str> = model
+                .machines
+                .iter()
+                .filter(|(id, m)| {
+                    m.machine.manual
+                        && !m.machine.controller
+                        && id.container_of().is_none()
+                        && m.died_at.is_none_or(|d| d > at)
+                        && specs.get(id.as_str()).is_some_and(|s| m.died_at.is_some() || s.life != Life::Dead)
+                })
+                .map(|(id, _)| id.as_str())
+                .collect();
+            let named = model.errors.iter().any(|e| {
+                e.contains("manually provisioned machines")
+                    && manual.iter().all(|m| e.split([' ', ',']).any(|w| w == *m))
+            });
+            if !manual.is_empty() && !named {
+                v.push(format!(
+                    "destroy_model at {} without force left manual machines {} unnamed in the model's errors",
+                    format_duration(at),
+                    manual.join(", ")
+                ));
+            }
+        }
+    }
+
+    // 9. No leak: an instance of ours tagged for a live machine is that machine's, recorded by
+    // it, or gone (an orphan whose record failed is stopped, semantics 18).
+    for (iid, inst) in &cloud.instances {
+        if inst.foreign || inst.instance.state == InstanceState::Terminated || inst.instance.tags.model.is_none() {
+            continue;
+        }
+        let Some(tagged) = &inst.instance.tags.machine else { continue };
+        let Some(m) = model.machines.get(tagged) else { continue };
+        if launched.contains_key(iid.as_str()) {
+            continue;
+        }
+        // A container whose host died goes with its host (semantics 16), and one whose host
+        // never got an instance has no container provisioner (as for invariant 7).
+        let host_gone = tagged.container_of().is_some_and(|(host, _)| {
+            model
+                .machines
+                .get(&host)
+                .is_none_or(|h| h.removed || h.machine.life != Life::Alive || h.machine.instance.is_none())
+        });
+        // In a dying model the destruction check covers top-level machines; containers are the
+        // container provisioners' (semantics 15).
+        if host_gone || (model.life != Life::Alive && tagged.container_of().is_some()) {
+            continue;
+        }
+        if m.removed || m.machine.life != Life::Alive || m.machine.manual || recorder.contains_key(iid.as_str()) {
+            continue;
+        }
+        v.push(format!("instance {iid} tagged for live machine {tagged} is recorded by no machine (leaked)"));
     }
     v
 }
@@ -638,6 +800,9 @@ mod tests {
         // failing, say) judges the death under the mode in force once it can.
         let mut late = cloud.clone();
         late.calls.remove(0);
+        let mut listing = call(CloudOp::AllInstances, 6, &[]);
+        listing.ok = Some(false);
+        late.calls.insert(0, listing);
         assert_eq!(check(&s, &late, &model, &modes), Vec::<String>::new());
     }
 

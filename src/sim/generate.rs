@@ -1,7 +1,10 @@
 //! Random scenarios for the property test: machines, deaths at random times, faults,
-//! restarts, zone changes, mode changes, resizes, throttling, and containers (host deaths
-//! under them with restarts around, mode switches while they live, destroys while they start,
-//! containers added later). A seed picks one scenario, so a failing seed is reproduced with
+//! restarts, zone changes, mode changes, resizes, throttling, lost answers; containers (host
+//! deaths under them with restarts around, mode switches while they live, destroys while they
+//! start, containers added later); and lifecycle races (restarts while stops and releases are
+//! queued or in flight, destroys at the instant a start lands, failing lookups for machines
+//! with tagged instances, failed records followed by failed or throttled stops, zones closed
+//! while starts wait). A seed picks one scenario, so a failing seed is reproduced with
 //! `provisioner generate-scenario --seed N`.
 
 use std::time::Duration;
@@ -305,7 +308,7 @@ pub fn generate(seed: u64) -> Scenario {
     if reuse {
         events.retain(|e| e.set_harvest_mode.is_none_or(|m| m.harvests_destroyed()));
     }
-    Scenario {
+    let mut scenario = Scenario {
         name: Some(format!("generated scenario {seed}")),
         seed,
         until: Dur(Duration::from_secs(3 * 3600)),
@@ -338,5 +341,78 @@ pub fn generate(seed: u64) -> Scenario {
         },
         machines,
         events,
+    };
+    add_lifecycle_races(&mut scenario, seed);
+    scenario
+}
+
+/// Issue 12's lifecycle races, drawn from their own RNG so that the rest of a seed's scenario
+/// stays what it was.
+fn add_lifecycle_races(s: &mut Scenario, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6c69_6665_6379_636c);
+    let modes = [HarvestMode::None, HarvestMode::Unknown, HarvestMode::Destroyed, HarvestMode::All];
+    let top_level = s.machines.iter().filter(|m| !m.id.contains('/')).count();
+    // A failing lookup for a pending machine with an instance already tagged for it (semantics 19).
+    if rng.random_bool(0.2) {
+        let candidates: Vec<usize> = (0..s.machines.len())
+            .filter(|i| {
+                let m = &s.machines[*i];
+                m.instance.is_none() && !m.manual && !m.id.contains('/')
+            })
+            .collect();
+        if !candidates.is_empty() {
+            let i = *pick(&mut rng, &candidates);
+            if rng.random_bool(0.7) {
+                s.machines[i].distribution_group_error = "distribution group lookup failed".into();
+            }
+            s.cloud.instances.push(InstanceSpec {
+                id: format!("tagged-{i}"),
+                zone: s.cloud.zones.first().cloned(),
+                state: InitialState::Running,
+                machine: Some(s.machines[i].id.clone()),
+                foreign: false,
+                age: None,
+            });
+        }
     }
+    // Failed records followed by failed or throttled stops of their orphans (semantics 18).
+    if rng.random_bool(0.2) {
+        let at = if rng.random_bool(0.5) { Duration::ZERO } else { ms(&mut rng, 60_000) };
+        let record = FailNextSpec { call: FailCall::SetInstanceInfo, times: 3, message: "model write failed".into() };
+        s.events.push(EventSpec::new(at, Action::FailNext(record)));
+        if rng.random_bool(0.5) {
+            let times = rng.random_range(1..=3);
+            let stop = FailNextSpec { call: FailCall::StopInstances, times, message: "cloud says no".into() };
+            s.events.push(EventSpec::new(at, Action::FailNext(stop)));
+        } else {
+            let limit = s.cloud.rate_limit.get_or_insert_with(RateLimitSpec::default);
+            limit.stop_burst = Some(1);
+            limit.stop_per_second = Some(*pick(&mut rng, &[0.1, 0.2, 0.5]));
+        }
+    }
+    // Restarts while stops and releases are queued behind busy workers or in flight (slow
+    // stops), sometimes across a mode switch (semantics 5, 17).
+    if rng.random_bool(0.25) && top_level > 0 {
+        s.cloud.stop_latency = Dur(Duration::from_millis(rng.random_range(2_000..=10_000)));
+        if rng.random_bool(0.5) {
+            s.provisioner.workers = Workers(rng.random_range(1..=2));
+            s.cloud.start_latency = Dur(Duration::from_millis(rng.random_range(10_000..=40_000)));
+        }
+        let died = ms(&mut rng, 20_000).max(Duration::from_millis(1));
+        let target = rng.random_range(0..top_level).to_string();
+        s.events.push(EventSpec::new(died, Action::SetLife(SetLifeSpec { machine: target, life: Life::Dead })));
+        let window = u64::try_from(s.cloud.stop_latency.0.as_millis()).unwrap_or(u64::MAX).saturating_add(1_000);
+        let restart = died + ms(&mut rng, window);
+        if rng.random_bool(0.5) && !s.provisioner.reuse {
+            let switch = died + (restart - died) / 2;
+            s.events.push(EventSpec::new(switch, Action::SetHarvestMode(*pick(&mut rng, &modes))));
+        }
+        s.events.push(EventSpec::new(restart, Action::Restart));
+    }
+    // A destruction at the very instant the first starts land, or at 0s (semantics 15).
+    if rng.random_bool(0.08) {
+        let at = if rng.random_bool(0.7) { s.cloud.start_latency.0 } else { Duration::ZERO };
+        s.events.push(EventSpec::new(at, Action::DestroyModel(DestroyModelSpec { force: rng.random_bool(0.3) })));
+    }
+    s.events.sort_by_key(|e| e.at);
 }

@@ -198,9 +198,25 @@ impl World {
                     }
                 }
                 _ => {
-                    // Before the provisioner starts: the model is simply dying already.
-                    if let Err(e) = crate::ports::ModelApi::destroy_model(&self.model.api()).await {
-                        self.model.record_error(format!("destroying the model: {e}"));
+                    // Before the provisioner starts: the model is simply dying already (the
+                    // provisioner finds it so and sweeps it), and the manual-machines check
+                    // reports as it does later (semantics 15).
+                    match crate::ports::ModelApi::destroy_model(&self.model.api()).await {
+                        Ok(machines) if !d.force => {
+                            let scope = crate::config::Scope::Environ;
+                            let ids: Vec<MachineId> = machines
+                                .iter()
+                                .filter(|m| crate::registry::blocks_destroy(m, &scope))
+                                .map(|m| m.id.clone())
+                                .collect();
+                            if !ids.is_empty() {
+                                let summary = crate::coordinator::DestroySummary::default();
+                                let e = crate::coordinator::DestroyError::ManualMachines { ids, summary };
+                                self.model.record_error(e.to_string());
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => self.model.record_error(format!("destroying the model: {e}")),
                     }
                 }
             },

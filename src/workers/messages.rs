@@ -49,6 +49,9 @@ pub enum JobOutcome {
         retired: Option<MachineId>,
         /// Whether the allocator reserved its zone (not for adopted or reused instances).
         reserved: bool,
+        /// A parked instance this start tried to take over and gave up: stop it (then remove
+        /// `retired`).
+        given_up: Option<GivenUp>,
     },
     /// The start failed for good; the machine's status says why.
     StartFailed {
@@ -58,11 +61,17 @@ pub enum JobOutcome {
         message: String,
         /// A dead machine whose parked instance this start gave up: remove it.
         retired: Option<MachineId>,
+        /// The instance it started (or adopted) but could not record: stop it (semantics 18).
+        orphan: Option<InstanceId>,
+        /// A parked instance this start gave up: stop it (then remove `retired`).
+        given_up: Option<GivenUp>,
     },
     /// The machine died before or during its start; nothing was left running.
     StartAbandoned {
         /// The machine.
         machine: MachineId,
+        /// A parked instance this start gave up: stop it.
+        given_up: Option<GivenUp>,
     },
     /// Instances are terminated.
     Stopped {
@@ -78,6 +87,31 @@ pub enum JobOutcome {
         /// Dead machines to remove now.
         machines: Vec<MachineId>,
     },
+}
+
+/// A parked instance a start tried to take over (machine reuse) and gave up, with the dead
+/// machine it came from: the instance is stopped, then the machine removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GivenUp {
+    /// The parked instance.
+    pub instance: InstanceId,
+    /// Its dead machine.
+    pub retired: MachineId,
+}
+
+impl JobOutcome {
+    /// The same outcome, naming a parked instance the start gave up (if any).
+    pub fn with_given_up(mut self, instance: Option<GivenUp>) -> Self {
+        if instance.is_some() {
+            match &mut self {
+                JobOutcome::Started { given_up, .. }
+                | JobOutcome::StartFailed { given_up, .. }
+                | JobOutcome::StartAbandoned { given_up, .. } => *given_up = instance,
+                JobOutcome::Stopped { .. } | JobOutcome::Released { .. } => {}
+            }
+        }
+        self
+    }
 }
 
 /// Sent to the coordinator when a job ends.

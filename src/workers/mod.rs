@@ -14,5 +14,5 @@ mod state;
 mod tests;
 
 pub use actor::{StartDeps, WorkerPool};
-pub use messages::{Enqueue, GetPoolStatus, JobDone, JobOutcome, PoolStatus, ResizePool};
+pub use messages::{Enqueue, GetPoolStatus, GivenUp, JobDone, JobOutcome, PoolStatus, ResizePool};
 pub use state::{Attempts, FailureKind, Job, PoolBook, ReleaseJob, StartJob, Step, StopJob};

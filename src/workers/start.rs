@@ -54,17 +54,19 @@ async fn fail_retiring(
     if let Err(e) = deps.model.set_status(machine.clone(), MachineStatus::Error, message.clone()).await {
         tracing::warn!(%machine, error = %e, "cannot set machine status");
     }
-    JobOutcome::StartFailed { machine, message, retired }
+    JobOutcome::StartFailed { machine, message, retired, orphan: None, given_up: None }
 }
 
 async fn abandon(deps: &StartDeps, machine: MachineId) -> JobOutcome {
     tracing::info!(%machine, "machine died before its start completed; not starting it");
     let _ = deps.release_machine.send(ReleaseMachine { machine: machine.clone() }).await;
-    JobOutcome::StartAbandoned { machine }
+    JobOutcome::StartAbandoned { machine, given_up: None }
 }
 
-/// Records the instance in the model, retrying a few times; gives the instance up (stops it)
-/// if that never works, so no unrecorded instance is left behind.
+/// Records the instance in the model, retrying a few times; gives the instance up if that never
+/// works: the machine's provisioning error is written first (so no restarted provisioner takes
+/// the machine for pending and adopts the instance), then the outcome names the instance as the
+/// orphan, which the coordinator has stopped like any other stop (retried until it succeeds).
 async fn register(
     deps: &StartDeps,
     machine: MachineId,
@@ -91,6 +93,7 @@ async fn register(
                     constraints: started.constraints,
                     retired: started.retired,
                     reserved: started.reserved,
+                    given_up: None,
                 };
             }
             Err(e) => {
@@ -103,10 +106,13 @@ async fn register(
         }
     }
     let err = last.map(|e| e.to_string()).unwrap_or_default();
-    if let Err(e) = deps.broker.stop_instances(vec![instance.id.clone()]).await {
-        tracing::error!(%machine, instance = %instance.id, error = %e, "cannot stop unrecorded instance; it is tagged and will be adopted or harvested");
+    let message = format!("cannot record instance {}: {err}", instance.id);
+    match fail_retiring(deps, machine, message, started.retired).await {
+        JobOutcome::StartFailed { machine, message, retired, given_up, .. } => {
+            JobOutcome::StartFailed { machine, message, retired, orphan: Some(instance.id), given_up }
+        }
+        other => other,
     }
-    fail_retiring(deps, machine, format!("cannot record instance {}: {err}", instance.id), started.retired).await
 }
 
 /// How the instance being registered came about.
@@ -124,6 +130,21 @@ struct Started {
 ///
 /// `seed` seeds the jitter of its backoffs, so a run is reproducible.
 pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, nonce: String, seed: u64) -> JobOutcome {
+    let mut given_up = None;
+    let outcome = start_or_adopt(deps, job, nonce, seed, &mut given_up).await;
+    outcome.with_given_up(given_up)
+}
+
+/// [`run_start`]'s body; a parked instance it gives up (machine reuse) is left in `given_up`
+/// for the coordinator to stop, then remove its dead machine, however the start ends (no stop is
+/// fire-and-forget).
+async fn start_or_adopt(
+    deps: std::sync::Arc<StartDeps>,
+    job: StartJob,
+    nonce: String,
+    seed: u64,
+    given_up: &mut Option<super::messages::GivenUp>,
+) -> JobOutcome {
     let deps = &*deps;
     let rng = &mut SmallRng::seed_from_u64(seed);
     let machine = job.machine.id.clone();
@@ -209,9 +230,7 @@ pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, no
                 }
                 Err(e) => {
                     tracing::warn!(%machine, instance = %parked.instance, error = %e, "cannot hand the parked instance over; stopping it and starting anew");
-                    if let Err(e) = deps.broker.stop_instances(vec![parked.instance.clone()]).await {
-                        tracing::error!(instance = %parked.instance, error = %e, "cannot stop the parked instance; it stays tagged for its dead machine");
-                    }
+                    *given_up = Some(super::messages::GivenUp { instance: parked.instance.clone(), retired: old });
                 }
             }
         }

@@ -79,10 +79,16 @@ impl PoolBook {
     /// The next job to run, if a worker is free.
     pub fn take_next(&mut self) -> Option<Job> {
         if self.in_flight >= self.size {
-            // An eager stop does not wait for a free worker.
-            if !matches!(self.urgent.front(), Some(Job::Stop(StopJob { eager: true, .. }))) {
-                return None;
-            }
+            // An eager stop does not wait for a free worker, nor does a release: a decision to
+            // leave an instance alone is made durable (untagged) at once, so that no restart in
+            // between re-decides it under a later harvest mode (semantics 5).
+            let pos = self
+                .urgent
+                .iter()
+                .position(|j| matches!(j, Job::Stop(StopJob { eager: true, .. }) | Job::Release(_)))?;
+            let job = self.urgent.remove(pos)?;
+            self.in_flight += 1;
+            return Some(job);
         }
         let job = self.urgent.pop_front().or_else(|| self.starts.pop_front())?;
         self.in_flight += 1;

@@ -308,3 +308,47 @@ fn an_eager_stop_runs_even_when_every_worker_is_busy() {
     assert!(pool.take_next().is_none(), "an ordinary stop jumped the limit too");
     assert_eq!(pool.in_flight(), 2);
 }
+
+/// Issue 12 item 13, semantics 5: a release never waits for a free worker (a restart must not
+/// find its decision undone), nor does an eager stop queued behind a plain one.
+#[test]
+fn pool_runs_releases_and_eager_stops_even_when_every_worker_is_busy() {
+    let mut pool = PoolBook::new(1);
+    pool.push(start("0"));
+    assert_eq!(pool.take_next().map(|j| name(&j)).as_deref(), Some("start 0"));
+    pool.push(stop("i-a"));
+    pool.push(release("i-b"));
+    pool.push(Job::Stop(StopJob {
+        eager: true,
+        ..StopJob { instances: vec![InstanceId::new("i-c")], machines: Vec::new(), attempt: 0, eager: false }
+    }));
+    assert_eq!(pool.take_next().map(|j| name(&j)).as_deref(), Some("release i-b"));
+    assert_eq!(pool.take_next().map(|j| name(&j)).as_deref(), Some("stop i-c"));
+    assert!(pool.take_next().is_none(), "the plain stop waits for a worker");
+    assert_eq!(pool.in_flight(), 3);
+    pool.finished();
+    pool.finished();
+    pool.finished();
+    assert_eq!(pool.take_next().map(|j| name(&j)).as_deref(), Some("stop i-a"));
+}
+
+#[test]
+fn an_outcome_names_the_parked_instance_its_start_gave_up() {
+    let given = Some(GivenUp { instance: InstanceId::new("parked"), retired: MachineId::new("9") });
+    let failed = JobOutcome::StartFailed {
+        machine: MachineId::new("0"),
+        message: "no".into(),
+        retired: Some(MachineId::new("9")),
+        orphan: None,
+        given_up: None,
+    };
+    match failed.with_given_up(given.clone()) {
+        JobOutcome::StartFailed { given_up, retired, .. } => {
+            assert_eq!(given_up, given);
+            assert_eq!(retired, Some(MachineId::new("9")));
+        }
+        other => panic!("{other:?}"),
+    }
+    let abandoned = JobOutcome::StartAbandoned { machine: MachineId::new("0"), given_up: None };
+    assert_eq!(abandoned.clone().with_given_up(None), abandoned);
+}

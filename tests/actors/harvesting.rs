@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use provisioner::fake::{CloudOp, FakeMachine, FakeModel, ModelSnapshot};
 use provisioner::types::InstanceState;
-use provisioner::{HarvestMode, Life, Machine, MachineId, MachineStatus};
+use provisioner::{HarvestMode, Life, Machine, MachineId, MachineStatus, ProvisionerConfig};
 
 use crate::support::*;
 
@@ -304,4 +304,34 @@ async fn a_resync_before_the_first_notification_harvests_nothing() {
     assert!(!cloud.calls_of(CloudOp::AllInstances).is_empty(), "no resync happened");
     assert!(stops(&cloud).is_empty(), "{:?}", stops(&cloud));
     assert_eq!(cloud.state_of("i-0"), Some(InstanceState::Running));
+}
+
+/// Issue 12 item 13, semantics 5: a machine dying in mode `none` while every worker is busy has
+/// its instance released at once (a release waits for no worker), so a restart after a switch
+/// to `destroyed` finds it released and never stops it.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn a_release_does_not_wait_for_a_busy_worker_and_survives_a_restart() {
+    let cloud = zoned_cloud(&["az1"]);
+    cloud.set_latency(Duration::from_secs(30), Duration::ZERO);
+    cloud.launch_aged("pre-0", Some("az1"), Some("0"), InstanceState::Running, false, OLD);
+    let mut m0 = Machine::pending("0");
+    m0.instance = Some("pre-0".into());
+    m0.status = MachineStatus::Started;
+    let config = ProvisionerConfig { workers: 1, ..with_mode(HarvestMode::None) };
+    let h = Harness::new(config.clone(), cloud, FakeModel::new(vec![m0, Machine::pending("1")]));
+    h.run_for(Duration::from_secs(5)).await;
+    h.model.set_life("0", Life::Dead);
+    h.run_for(Duration::from_secs(1)).await;
+    let cloud = h.cloud().await;
+    assert_eq!(cloud.calls_of(CloudOp::StartInstance).iter().filter(|c| c.ok.is_none()).count(), 1, "start in flight");
+    assert_eq!(
+        cloud.instances[&provisioner::InstanceId::new("pre-0")].instance.tags.model,
+        None,
+        "released at once, while the start is in flight"
+    );
+    let h = h.restart(ProvisionerConfig { harvest_mode: HarvestMode::Destroyed, ..config });
+    h.run_for(Duration::from_secs(60)).await;
+    let cloud = h.cloud().await;
+    assert!(stops(&cloud).is_empty(), "{:?}", stops(&cloud));
+    assert_eq!(cloud.state_of("pre-0"), Some(InstanceState::Running));
 }

@@ -223,3 +223,47 @@ async fn nothing_is_harvested_from_a_young_view_after_a_failed_listing() {
     h.until_model(Duration::from_secs(10), |m| m.machine("1").unwrap().removed).await;
     assert_eq!(h.cloud().await.state_of("stray"), Some(InstanceState::Running), "harvested from a stale view");
 }
+
+/// Issue 12 item 10, semantics 6, 18: the orphan of a failed `set_instance_info` is stopped
+/// through a normal stop job: a failed stop is retried with backoff until it succeeds.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn the_orphan_of_a_failed_record_is_stopped_until_the_stop_succeeds() {
+    let model = FakeModel::with_machines(machines(&["0"]));
+    model.fail_next(ModelOp::SetInstanceInfo, 3, "model write failed");
+    let cloud = zoneless_cloud();
+    cloud.fail_next(CloudOp::StopInstances, 2, "cloud says no");
+    let h = Harness::new(test_config(), cloud, model);
+    h.run_for(Duration::from_secs(60)).await;
+    let cloud = h.cloud().await;
+    assert_eq!(stops(&cloud), vec![vec!["i-1".to_string()]; 3]);
+    assert_eq!(cloud.state_of("i-1"), Some(InstanceState::Terminated));
+    let model = h.model().await;
+    let m = model.machine("0").unwrap();
+    assert_eq!(m.machine.instance, None);
+    assert_eq!(m.machine.status, MachineStatus::Error);
+    assert_eq!(m.instance_status_message, "cannot record instance i-1: model write failed");
+    assert!(h.handle.is_running());
+}
+
+/// Issue 12 item 11, semantics 17: a restart while the orphan's stop is in flight (the cloud
+/// still lists it as running) never adopts it: the machine's error was written before the stop
+/// was sent, and the new incarnation stops the orphan of a machine in error itself.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn a_restart_never_adopts_an_orphan_being_stopped() {
+    let model = FakeModel::with_machines(machines(&["0"]));
+    model.fail_next(ModelOp::SetInstanceInfo, 3, "state gone");
+    let cloud = zoneless_cloud();
+    cloud.set_latency(Duration::ZERO, Duration::from_secs(5));
+    let h = Harness::new(test_config(), cloud, model);
+    h.run_for(Duration::from_secs(3)).await;
+    assert_eq!(h.cloud().await.state_of("i-1"), Some(InstanceState::Running), "stop still in flight");
+    let h = h.restart(test_config());
+    h.run_for(Duration::from_secs(30)).await;
+    let cloud = h.cloud().await;
+    assert_eq!(cloud.state_of("i-1"), Some(InstanceState::Terminated));
+    assert_eq!(cloud.calls_of(CloudOp::StartInstance).len(), 1);
+    let model = h.model().await;
+    let m = model.machine("0").unwrap();
+    assert_eq!(m.machine.instance, None, "adopted an instance being stopped");
+    assert_eq!(m.machine.status, MachineStatus::Error);
+}

@@ -425,3 +425,18 @@ async fn reuse_with_an_incompatible_mode_is_refused() {
     let err = provisioner::start(config, Arc::new(cloud.broker()), Arc::new(model.api())).err().unwrap();
     assert!(err.to_string().contains("machine reuse needs harvest mode destroyed or all"), "{err}");
 }
+
+/// Issue 12 item 9, semantics 15: a destruction at the very instant a start lands stops the
+/// instance it produced (the lifecycle knows it before the registry does).
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn destroy_model_at_the_instant_a_start_lands_stops_its_instance() {
+    let cloud = zoned_cloud(&["az1"]);
+    cloud.set_latency(Duration::from_secs(1), Duration::ZERO);
+    let h = Harness::new(test_config(), cloud, FakeModel::with_machines(machines(&["0"])));
+    h.run_for(Duration::from_secs(1)).await;
+    let _ = h.handle.destroy_model(false).await;
+    h.run_for(Duration::from_secs(30)).await;
+    let cloud = h.cloud().await;
+    assert_eq!(cloud.calls_of(CloudOp::StartInstance).len(), 1);
+    assert_eq!(cloud.state_of("i-1"), Some(InstanceState::Terminated), "{:?}", stops(&cloud));
+}

@@ -321,3 +321,28 @@ async fn restart_during_starts_adopts_instead_of_duplicating() {
         assert_eq!(Some(live[0].instance.id.to_string()), instance_of(&model, id));
     }
 }
+
+/// Issue 12 item 8, semantics 19: a pending machine with an instance already tagged for it (a
+/// crash lost the start's result) adopts it even though its distribution-group lookup fails:
+/// adopting needs no lookup, so the failure cannot leave the instance unowned.
+#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+async fn a_failing_group_lookup_does_not_stop_the_adoption_of_a_tagged_instance() {
+    let cloud = zoned_cloud(&["az1"]);
+    cloud.launch_aged("tag-0", Some("az1"), Some("0"), InstanceState::Running, false, OLD);
+    let mut m = FakeMachine::new(Machine::pending("0"));
+    m.group = Err("group lookup failed".into());
+    let mut other = FakeMachine::new(Machine::pending("1"));
+    other.group = Err("group lookup failed".into());
+    let h = Harness::new(test_config(), cloud, FakeModel::with_machines(vec![m, other]));
+    let model = h.until_model(Duration::from_secs(10), |m| instance_of(m, "0").is_some()).await;
+    assert_eq!(instance_of(&model, "0").as_deref(), Some("tag-0"));
+    assert_eq!(model.machine("0").unwrap().machine.status, MachineStatus::Started);
+    // The machine that needs a new start still fails on its lookup.
+    let model = h
+        .until_model(Duration::from_secs(10), |m| m.machine("1").unwrap().machine.status == MachineStatus::Error)
+        .await;
+    assert_eq!(model.machine("1").unwrap().instance_status_message, "group lookup failed");
+    let cloud = h.cloud().await;
+    assert!(cloud.calls_of(CloudOp::StartInstance).is_empty());
+    assert!(stops(&cloud).is_empty());
+}

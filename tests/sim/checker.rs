@@ -53,6 +53,32 @@ fn start_call(at_s: u64, machine: &str, zone: Option<&str>, instance: &str) -> C
     }
 }
 
+fn ours(id: &str, machine: Option<&str>, state: InstanceState) -> (InstanceId, FakeInstance) {
+    let tags = InstanceTags {
+        model: Some(SIM_MODEL_UUID.into()),
+        machine: machine.map(provisioner::MachineId::new),
+        start: None,
+    };
+    let instance = CloudInstance { id: InstanceId::new(id), state, zone: None, tags, age: None };
+    (InstanceId::new(id), FakeInstance { instance, foreign: false, born: (Duration::ZERO, Duration::ZERO) })
+}
+
+fn stop_call(at_s: u64, ids: &[&str]) -> CallRecord {
+    let at = Duration::from_secs(at_s);
+    CallRecord {
+        at,
+        op: CloudOp::StopInstances,
+        machine: None,
+        zone: None,
+        instances: ids.iter().map(|i| InstanceId::new(*i)).collect(),
+        ok: Some(true),
+        error: None,
+        params: None,
+        throttled: false,
+        done_at: Some(at),
+    }
+}
+
 /// Semantics 12: a start the cloud accepted into a zone that `set_zones` had closed (named in
 /// both lists, as the shared bug `fake_cloud_accepts_start_in_unavailable_zone` has it) is a
 /// violation; the same start before the change, or into an open zone, is not.
@@ -113,4 +139,107 @@ id = "3"
     let v = check(&s, &cloud, &model, &modes);
     assert!(v.iter().any(|m| m.contains("instance id i-2 to machines 2 and 3")), "{v:?}");
     assert_eq!(v.iter().filter(|m| m.contains("i-2")).count(), 1, "{v:?}");
+}
+
+fn model_of(machines: Vec<provisioner::fake::FakeMachine>) -> ModelSnapshot {
+    ModelSnapshot { machines: machines.into_iter().map(|m| (m.machine.id.clone(), m)).collect(), ..Default::default() }
+}
+
+fn scenario(toml: &str) -> Scenario {
+    Scenario::parse(toml, Format::Toml, "t.toml").unwrap()
+}
+
+/// Issue 12 items 8, 10: an instance of ours tagged for a live machine that records none (the
+/// instance a failed group lookup left unadopted, or an orphan whose stop was fire-and-forget)
+/// is a leak.
+#[test]
+fn a_tagged_instance_of_a_live_machine_nobody_records_is_a_leak() {
+    let s = scenario("[[machines]]\nid = \"0\"\n");
+    let mut cloud = CloudSnapshot::default();
+    cloud.instances.extend([ours("tag-0", Some("0"), InstanceState::Running)]);
+    let mut m = provisioner::fake::FakeMachine::new(provisioner::Machine::pending("0"));
+    m.machine.status = provisioner::MachineStatus::Error;
+    m.machine.instance_status = provisioner::types::InstanceStatus::provisioning_error();
+    m.instance_status_message = "group lookup failed".into();
+    let v = check(&s, &cloud, &model_of(vec![m.clone()]), &ModeTimeline::new(HarvestMode::Destroyed));
+    assert_eq!(v, vec!["instance tag-0 tagged for live machine 0 is recorded by no machine (leaked)".to_string()]);
+    // Recorded by its machine, or terminated: no leak.
+    let mut adopted = m.clone();
+    adopted.machine.instance = Some(InstanceId::new("tag-0"));
+    adopted.machine.status = provisioner::MachineStatus::Started;
+    assert!(check(&s, &cloud, &model_of(vec![adopted]), &ModeTimeline::new(HarvestMode::Destroyed)).is_empty());
+    cloud.instances.extend([ours("tag-0", Some("0"), InstanceState::Terminated)]);
+    assert!(check(&s, &cloud, &model_of(vec![m]), &ModeTimeline::new(HarvestMode::Destroyed)).is_empty());
+}
+
+/// Issue 12 item 11, invariant 7: a machine that records an instance the provisioner stopped
+/// (a restart adopted an instance being stopped) is not provisioned; one terminated out of band
+/// is (seed 000: it is not replaced).
+#[test]
+fn invariant_7_counts_a_recorded_instance_we_stopped_as_not_provisioned() {
+    let s = scenario("[[machines]]\nid = \"0\"\n");
+    let mut cloud = CloudSnapshot::default();
+    cloud.instances.extend([ours("i-1", Some("0"), InstanceState::Terminated)]);
+    let mut m = provisioner::fake::FakeMachine::new(provisioner::Machine::pending("0"));
+    m.machine.instance = Some(InstanceId::new("i-1"));
+    m.machine.status = provisioner::MachineStatus::Started;
+    let model = model_of(vec![m]);
+    let modes = ModeTimeline::new(HarvestMode::Destroyed);
+    assert!(check(&s, &cloud, &model, &modes).is_empty(), "terminated out of band");
+    cloud.calls.push(stop_call(6, &["i-1"]));
+    let v = check(&s, &cloud, &model, &modes);
+    assert!(v.iter().any(|m| m.contains("records instance i-1, which the provisioner stopped")), "{v:?}");
+}
+
+/// Issue 12 item 13, semantics 5: the instance of a machine that died in mode none is never
+/// stopped, whatever the mode later (the history of modes decides, not the mode at the stop).
+#[test]
+fn an_instance_whose_machine_died_in_mode_none_is_never_stopped() {
+    let s = scenario("[[machines]]\nid = \"0\"\nstatus = \"started\"\ninstance = \"pre-0\"\n");
+    let mut cloud = CloudSnapshot::default();
+    cloud.instances.extend([ours("pre-0", Some("0"), InstanceState::Terminated)]);
+    cloud.calls.push(stop_call(20, &["pre-0"]));
+    let mut m = provisioner::fake::FakeMachine::new(provisioner::Machine::pending("0"));
+    m.machine.instance = Some(InstanceId::new("pre-0"));
+    m.machine.life = provisioner::Life::Dead;
+    m.died_at = Some(Duration::from_secs(5));
+    m.removed = true;
+    m.removed_at = Some(Duration::from_secs(20));
+    let model = model_of(vec![m]);
+    let mut modes = ModeTimeline::new(HarvestMode::None);
+    modes.set(Duration::from_secs(10), HarvestMode::Destroyed);
+    let v = check(&s, &cloud, &model, &modes);
+    assert_eq!(v, vec!["instance pre-0 of machine 0, which died in mode none, was stopped at 20s".to_string()]);
+    // Died in mode destroyed: stopping it is the point.
+    assert!(check(&s, &cloud, &model, &ModeTimeline::new(HarvestMode::Destroyed)).is_empty());
+}
+
+/// Issue 12 item 9, semantics 15: after a destroy_model nothing of a non-manual machine runs
+/// (a start landing at that instant included), and without force the manual machines are named.
+#[test]
+fn destroy_model_leaves_nothing_running_and_names_manual_machines() {
+    let s = scenario(
+        "[[machines]]\nid = \"0\"\n[[machines]]\nid = \"1\"\nmanual = true\nstatus = \"started\"\ninstance = \"manual:1\"\n\
+         [[events]]\nat = \"1s\"\ndestroy_model = { force = false }\n",
+    );
+    let mut cloud = CloudSnapshot::default();
+    cloud.instances.extend([ours("i-1", Some("0"), InstanceState::Running)]);
+    let mut m0 = provisioner::fake::FakeMachine::new(provisioner::Machine::pending("0"));
+    m0.machine.instance = Some(InstanceId::new("i-1"));
+    let mut m1 = provisioner::fake::FakeMachine::new(provisioner::Machine::pending("1"));
+    m1.machine.manual = true;
+    let mut model = model_of(vec![m0, m1]);
+    model.life = provisioner::Life::Dying;
+    let modes = ModeTimeline::new(HarvestMode::Destroyed);
+    let v = check(&s, &cloud, &model, &modes);
+    assert_eq!(
+        v,
+        vec![
+            "model destroyed at 1s but instance i-1 of machine 0 is running".to_string(),
+            "destroy_model at 1s without force left manual machines 1 unnamed in the model's errors".to_string(),
+        ]
+    );
+    cloud.instances.extend([ours("i-1", Some("0"), InstanceState::Terminated)]);
+    model.errors.push("manually provisioned machines must first be destroyed: 1".into());
+    assert!(check(&s, &cloud, &model, &modes).is_empty());
 }
