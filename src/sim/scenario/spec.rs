@@ -8,9 +8,8 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::defaults::{
-    default_capacity_memory, default_fault_message, default_harvest_grace, default_harvest_max_stops,
-    default_retry_count, default_retry_delay, default_resync, default_reuse_window, default_times, is_false,
-    PRE_EXISTING_AGE,
+    default_capacity_memory, default_fault_message, default_harvest_grace, default_harvest_max_stops, default_resync,
+    default_retry_count, default_retry_delay, default_reuse_window, default_times, is_false, PRE_EXISTING_AGE,
 };
 use crate::limiter::{BucketLimit, RateLimits};
 use crate::types::{HarvestMode, InstanceState, Life, MachineStatus};

@@ -93,7 +93,8 @@ impl Checks<'_> {
     fn faults_name_known_machines(&self, known: &[&str]) -> Result<(), ScenarioError> {
         let cloud = &self.s.cloud;
         let faults = cloud.faults.iter().enumerate().map(|(i, f)| ("faults", "fault", i, &f.machine));
-        let derived = cloud.derived_zones.iter().enumerate().map(|(i, d)| ("derived_zones", "derived_zones", i, &d.machine));
+        let derived =
+            cloud.derived_zones.iter().enumerate().map(|(i, d)| ("derived_zones", "derived_zones", i, &d.machine));
         for (table, what, i, machine) in faults.chain(derived) {
             if !known.contains(&machine.as_str()) {
                 let path = format!("cloud.{table}[{i}].machine");
@@ -106,15 +107,20 @@ impl Checks<'_> {
     /// One event: exactly one action, whose machine ids exist (or, for `add_machine`, are new
     /// and well-formed).
     fn event(&self, i: usize, e: &EventSpec, known: &[&str]) -> Result<(), ScenarioError> {
-        let action = e.action().map_err(|err| self.err(&format!("events[{i}].at"), &format!("events[{i}]"), err.to_string()))?;
+        let action =
+            e.action().map_err(|err| self.err(&format!("events[{i}].at"), &format!("events[{i}]"), err.to_string()))?;
         let key = action.key();
         let path = format!("events[{i}].{key}");
         let unknown = |at: String, id: &str| {
             self.err(&at, key, format!("unknown machine id {id:?} in event {i} (at {})", format_duration(e.at.0)))
         };
         match &action {
-            Action::SetLife(s) if !known.contains(&s.machine.as_str()) => Err(unknown(format!("{path}.machine"), &s.machine)),
-            Action::SetStatus(s) if !known.contains(&s.machine.as_str()) => Err(unknown(format!("{path}.machine"), &s.machine)),
+            Action::SetLife(s) if !known.contains(&s.machine.as_str()) => {
+                Err(unknown(format!("{path}.machine"), &s.machine))
+            }
+            Action::SetStatus(s) if !known.contains(&s.machine.as_str()) => {
+                Err(unknown(format!("{path}.machine"), &s.machine))
+            }
             Action::RetryProvisioning(ids) => match ids.iter().position(|id| !known.contains(&id.as_str())) {
                 Some(j) => Err(unknown(format!("{path}[{j}]"), &ids[j])),
                 None => Ok(()),
