@@ -1,5 +1,5 @@
 //! `[[events]]`: an event is `at` plus exactly one action key, and [`Action`] is that key's
-//! meaning once validated. One table, [`event_actions!`]'s invocation below, maps every key to
+//! meaning once validated. One table, the invocation of `event_actions!` below, maps every key to
 //! its action: the event struct's fields, the action enum, [`Action::key`] (naming),
 //! [`EventSpec::new`] (what the generator writes) and [`EventSpec::action`] (reading) all come
 //! from it, so a new action is one line there.

@@ -97,8 +97,9 @@ pub struct ProvisionerSpec {
     /// Interval between full cloud listings (an addition to the contract).
     #[serde(default = "default_resync")]
     pub resync_interval: Dur,
-    /// Machine reuse: a dead machine's instance is parked and handed to the next pending machine
-    /// of the same shape instead of being stopped; off by default (an addition).
+    /// Machine reuse, off by default (an addition): a dead machine's clean instance is parked
+    /// for `reuse_window` and handed to a new pending machine with the same constraints and a
+    /// compatible zone, instead of stopping one instance and starting another.
     #[serde(default, skip_serializing_if = "is_false")]
     pub reuse: bool,
     /// How long a parked instance waits for reuse (an addition).
