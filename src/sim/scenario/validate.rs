@@ -5,7 +5,7 @@
 
 use super::events::Action;
 use super::location::Locations;
-use super::spec::{format_duration, MachineSpec};
+use super::spec::{format_duration, MachineSpec, SetLifeSpec, SetStatusSpec};
 use super::{EventSpec, Scenario, ScenarioError};
 
 /// Runs every check in order; the first failure is the error.
@@ -115,11 +115,10 @@ impl Checks<'_> {
             self.err(&at, key, format!("unknown machine id {id:?} in event {i} (at {})", format_duration(e.at.0)))
         };
         match &action {
-            Action::SetLife(s) if !known.contains(&s.machine.as_str()) => {
-                Err(unknown(format!("{path}.machine"), &s.machine))
-            }
-            Action::SetStatus(s) if !known.contains(&s.machine.as_str()) => {
-                Err(unknown(format!("{path}.machine"), &s.machine))
+            Action::SetLife(SetLifeSpec { machine, .. }) | Action::SetStatus(SetStatusSpec { machine, .. })
+                if !known.contains(&machine.as_str()) =>
+            {
+                Err(unknown(format!("{path}.machine"), machine))
             }
             Action::RetryProvisioning(ids) => match ids.iter().position(|id| !known.contains(&id.as_str())) {
                 Some(j) => Err(unknown(format!("{path}[{j}]"), &ids[j])),
