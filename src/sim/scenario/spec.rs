@@ -1,0 +1,477 @@
+//! The serde types of the scenario file format: one struct per table, each refusing unknown
+//! keys, so the parser's own error names an unknown key and its line. Values that can be
+//! checked alone (durations, modes, pool sizes, lives) are checked while parsing, for the same
+//! reason. The events and their actions are in `events.rs`, the defaults in `defaults.rs`.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::defaults::{
+    default_capacity_memory, default_fault_message, default_harvest_grace, default_harvest_max_stops, default_resync,
+    default_retry_count, default_retry_delay, default_reuse_window, default_times, is_false, PRE_EXISTING_AGE,
+};
+use crate::limiter::{BucketLimit, RateLimits};
+use crate::types::{HarvestMode, InstanceState, Life, MachineStatus};
+
+/// A humantime duration (`"0s"`, `"250ms"`, `"10s"`, `"2m"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Dur(pub Duration);
+
+impl Serialize for Dur {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_duration(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map(Dur).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration {text:?} ({e}); use e.g. \"0s\", \"250ms\", \"10s\", \"2m\""
+            ))
+        })
+    }
+}
+
+/// Formats a duration as the report does: `0s`, `35s`, `1m 5s`, `250ms`.
+pub fn format_duration(d: Duration) -> String {
+    if d.is_zero() {
+        "0s".into()
+    } else {
+        humantime::format_duration(d).to_string()
+    }
+}
+
+/// A worker pool size, checked to be in `1..=100` while parsing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Workers(pub usize);
+
+impl<'de> Deserialize<'de> for Workers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = i64::deserialize(d)?;
+        if !(1..=crate::config::MAX_WORKERS as i64).contains(&n) {
+            return Err(serde::de::Error::custom(format!(
+                "workers must be between 1 and {}, got {n}",
+                crate::config::MAX_WORKERS
+            )));
+        }
+        Ok(Workers(n as usize))
+    }
+}
+
+/// `[model]` (an addition): how the simulated model behaves.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// How long recording an instance takes (SetInstanceInfo): a `restart` in that window
+    /// crashes the provisioner after its start succeeded but before the instance is recorded.
+    #[serde(default)]
+    pub write_latency: Dur,
+}
+
+impl ModelSpec {
+    pub(super) fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// `[provisioner]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProvisionerSpec {
+    /// Harvest mode.
+    #[serde(default)]
+    pub harvest_mode: HarvestMode,
+    /// Pool size.
+    #[serde(default)]
+    pub workers: Workers,
+    /// Extra StartInstance rounds.
+    #[serde(default = "default_retry_count")]
+    pub retry_count: u32,
+    /// Delay between rounds.
+    #[serde(default = "default_retry_delay")]
+    pub retry_delay: Dur,
+    /// Interval between full cloud listings (an addition to the contract).
+    #[serde(default = "default_resync")]
+    pub resync_interval: Dur,
+    /// Machine reuse, off by default (an addition): a dead machine's clean instance is parked
+    /// for `reuse_window` and handed to a new pending machine with the same constraints and a
+    /// compatible zone, instead of stopping one instance and starting another.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reuse: bool,
+    /// How long a parked instance waits for reuse (an addition).
+    #[serde(default = "default_reuse_window")]
+    pub reuse_window: Dur,
+    /// The client-side rate limiter (an addition; EC2-sized by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimitSpec>,
+    /// How young an unknown instance may be and still be spared by a harvest (an addition).
+    #[serde(default = "default_harvest_grace")]
+    pub harvest_grace: Dur,
+    /// Most unknown instances stopped in one harvest pass (an addition).
+    #[serde(default = "default_harvest_max_stops")]
+    pub harvest_max_stops: usize,
+    /// How long a zone's capacity failure steers machines of the same shape away (an addition).
+    #[serde(default = "default_capacity_memory")]
+    pub capacity_memory: Dur,
+}
+
+/// `[cloud]`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloudSpec {
+    /// Zones; empty = a zoneless cloud.
+    #[serde(default)]
+    pub zones: Vec<String>,
+    /// Zones listed but not available.
+    #[serde(default)]
+    pub unavailable_zones: Vec<String>,
+    /// One StartInstance's duration.
+    #[serde(default)]
+    pub start_latency: Dur,
+    /// One StopInstances' duration.
+    #[serde(default)]
+    pub stop_latency: Dur,
+    /// API throttling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimitSpec>,
+    /// Instances that exist before the provisioner starts.
+    #[serde(default)]
+    pub instances: Vec<InstanceSpec>,
+    /// Scripted StartInstance failures.
+    #[serde(default)]
+    pub faults: Vec<FaultSpec>,
+    /// DeriveAvailabilityZones answers.
+    #[serde(default)]
+    pub derived_zones: Vec<DerivedZonesSpec>,
+    /// Addition: scripted failures of container host initialisation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub init_faults: Vec<InitFaultSpec>,
+}
+
+/// `[[cloud.init_faults]]`: the first `times` initialisations of `kind` on `host` fail.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitFaultSpec {
+    /// The host.
+    pub host: String,
+    /// The container type.
+    pub kind: String,
+    /// How many attempts fail.
+    #[serde(default = "default_times")]
+    pub times: u32,
+    /// The error text.
+    #[serde(default = "default_fault_message")]
+    pub message: String,
+}
+
+/// `[cloud.rate_limit]` (the cloud's buckets) or `[provisioner.rate_limit]` (the client's,
+/// an addition): one token bucket per call kind. In the cloud a missing kind is unlimited; in
+/// the provisioner it keeps its EC2-sized default, and `enabled = false` turns the client-side
+/// limiter off.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSpec {
+    /// Provisioner side only: `false` = no client-side limiter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Start bucket size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_burst: Option<u32>,
+    /// Start refill rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_per_second: Option<f64>,
+    /// Stop bucket size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_burst: Option<u32>,
+    /// Stop refill rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_per_second: Option<f64>,
+    /// Listing and lookup bucket size (an addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub describe_burst: Option<u32>,
+    /// Listing and lookup refill rate (an addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub describe_per_second: Option<f64>,
+}
+
+impl RateLimitSpec {
+    fn bucket(burst: Option<u32>, per_second: Option<f64>, base: Option<BucketLimit>) -> Option<BucketLimit> {
+        match (burst, per_second) {
+            (None, None) => base,
+            (b, r) => {
+                let burst = b.or(base.map(|l| l.burst)).unwrap_or_else(|| r.map_or(1, |r| r.ceil().max(1.0) as u32));
+                let per_second = r.or(base.map(|l| l.per_second)).unwrap_or(f64::from(burst));
+                Some(BucketLimit::new(burst, per_second))
+            }
+        }
+    }
+
+    /// The buckets, each kind given here overriding `base` (given burst without rate: the
+    /// rate is the burst per second; rate without burst: the burst is the rate, rounded up).
+    pub fn limits(&self, base: RateLimits) -> RateLimits {
+        if self.enabled == Some(false) {
+            return RateLimits::unlimited();
+        }
+        RateLimits {
+            start: Self::bucket(self.start_burst, self.start_per_second, base.start),
+            stop: Self::bucket(self.stop_burst, self.stop_per_second, base.stop),
+            describe: Self::bucket(self.describe_burst, self.describe_per_second, base.describe),
+        }
+    }
+}
+
+/// The state of a pre-existing instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InitialState {
+    /// Running.
+    #[default]
+    Running,
+    /// Stopped (or suspended).
+    Stopped,
+}
+
+impl From<InitialState> for InstanceState {
+    fn from(s: InitialState) -> Self {
+        match s {
+            InitialState::Running => InstanceState::Running,
+            InitialState::Stopped => InstanceState::Stopped,
+        }
+    }
+}
+
+/// `[[cloud.instances]]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceSpec {
+    /// Its id.
+    pub id: String,
+    /// Its zone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// Its state.
+    #[serde(default)]
+    pub state: InitialState,
+    /// The machine it was started for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+    /// Belongs to another model or controller.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub foreign: bool,
+    /// How long before the start it was launched (an addition; default a day: older than any
+    /// harvest grace period).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age: Option<Dur>,
+}
+
+impl InstanceSpec {
+    /// Its age when the provisioner starts.
+    pub fn age(&self) -> Duration {
+        self.age.map_or(PRE_EXISTING_AGE, |d| d.0)
+    }
+}
+
+/// `[[cloud.faults]]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSpec {
+    /// The machine whose starts fail.
+    pub machine: String,
+    /// How many matching calls fail.
+    #[serde(default = "default_times")]
+    pub times: u32,
+    /// Only calls into this zone match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// "Would fail in any zone".
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub zone_independent: bool,
+    /// The error text.
+    #[serde(default = "default_fault_message")]
+    pub message: String,
+    /// The call makes the instance (tagged, listed), then fails as a transient error, as a
+    /// call whose response was lost would.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub lost_response: bool,
+}
+
+/// `[[cloud.derived_zones]]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DerivedZonesSpec {
+    /// The machine.
+    pub machine: String,
+    /// Its derived zones.
+    pub zones: Vec<String>,
+}
+
+/// `[[machines]]` and `add_machine`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineSpec {
+    /// Its id.
+    pub id: String,
+    /// Its life.
+    #[serde(default)]
+    pub life: Life,
+    /// Its status.
+    #[serde(default)]
+    pub status: MachineStatus,
+    /// Its instance status.
+    #[serde(default)]
+    pub instance_status: String,
+    /// Its instance, if provisioned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// `zones=` constraint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zones: Option<Vec<String>>,
+    /// The other machines of its distribution group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distribution_group: Option<Vec<String>>,
+    /// Non-empty: the distribution-group lookup fails with this text.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub distribution_group_error: String,
+    /// On death, leave the instance running.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub keep_instance: bool,
+    /// Manually provisioned.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub manual: bool,
+    /// A controller machine.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub controller: bool,
+}
+
+impl MachineSpec {
+    /// The machine as the model reports it.
+    pub fn to_machine(&self) -> crate::types::Machine {
+        let mut m = crate::types::Machine::pending(self.id.as_str());
+        m.life = self.life;
+        m.status = self.status;
+        m.instance_status = crate::types::InstanceStatus::other(self.instance_status.clone());
+        m.instance = self.instance.as_deref().map(Into::into);
+        m.keep_instance = self.keep_instance;
+        m.manual = self.manual;
+        m.controller = self.controller;
+        m
+    }
+
+    /// A pending machine with defaults.
+    pub fn pending(id: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            life: Life::Alive,
+            status: MachineStatus::Pending,
+            instance_status: String::new(),
+            instance: None,
+            zones: None,
+            distribution_group: None,
+            distribution_group_error: String::new(),
+            keep_instance: false,
+            manual: false,
+            controller: false,
+        }
+    }
+}
+
+/// `set_life`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetLifeSpec {
+    /// The machine.
+    pub machine: String,
+    /// Its new life.
+    pub life: Life,
+}
+
+/// `set_status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetStatusSpec {
+    /// The machine.
+    pub machine: String,
+    /// New machine status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<MachineStatus>,
+    /// New instance status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_status: Option<String>,
+}
+
+/// `set_zones`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetZonesSpec {
+    /// Available zones.
+    #[serde(default)]
+    pub zones: Vec<String>,
+    /// Listed, unavailable zones.
+    #[serde(default)]
+    pub unavailable_zones: Vec<String>,
+}
+
+/// `cloud_launch`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchSpec {
+    /// Instance id.
+    pub id: String,
+    /// Zone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// Machine it is tagged for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+    /// Another model's.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub foreign: bool,
+    /// How long before the event it was launched (an addition; default: just now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age: Option<Dur>,
+}
+
+/// The calls `fail_next` can break.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailCall {
+    /// Cloud listing.
+    AllInstances,
+    /// Cloud stop.
+    StopInstances,
+    /// Cloud zones.
+    AvailabilityZones,
+    /// Model machines read.
+    Machines,
+    /// Model SetInstanceInfo.
+    SetInstanceInfo,
+    /// Model provisioning info.
+    ProvisioningInfo,
+}
+
+/// `fail_next`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailNextSpec {
+    /// Which call.
+    pub call: FailCall,
+    /// How many.
+    #[serde(default = "default_times")]
+    pub times: u32,
+    /// Error text.
+    #[serde(default = "default_fault_message")]
+    pub message: String,
+}
+
+/// `destroy_model`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DestroyModelSpec {
+    /// Skip the manual-machine check.
+    #[serde(default)]
+    pub force: bool,
+}

@@ -1,0 +1,98 @@
+//! Unit tests of parsing, the action table and error locations.
+
+use super::*;
+use crate::types::{HarvestMode, Life};
+
+fn toml_err(text: &str) -> ScenarioError {
+    Scenario::parse(text, Format::Toml, "t.toml").unwrap_err()
+}
+
+fn json_err(text: &str) -> ScenarioError {
+    Scenario::parse(text, Format::Json, "t.json").unwrap_err()
+}
+
+fn every_action() -> Vec<Action> {
+    vec![
+        Action::AddMachine(MachineSpec::pending("9")),
+        Action::SetLife(SetLifeSpec { machine: "0".into(), life: Life::Dead }),
+        Action::SetStatus(SetStatusSpec { machine: "0".into(), status: None, instance_status: Some("x".into()) }),
+        Action::SetHarvestMode(HarvestMode::All),
+        Action::SetWorkers(3),
+        Action::RetryProvisioning(vec!["0".into()]),
+        Action::SetZones(SetZonesSpec { zones: vec!["az1".into()], unavailable_zones: vec![] }),
+        Action::CloudStop("i-1".into()),
+        Action::CloudStart("i-1".into()),
+        Action::CloudTerminate("i-1".into()),
+        Action::CloudLaunch(LaunchSpec { id: "i-2".into(), zone: None, machine: None, foreign: true, age: None }),
+        Action::FailNext(FailNextSpec { call: FailCall::Machines, times: 2, message: "no".into() }),
+        Action::Restart,
+        Action::DestroyModel(DestroyModelSpec { force: true }),
+    ]
+}
+
+#[test]
+fn every_action_survives_a_trip_through_a_toml_file_under_its_own_key() {
+    let mut s = Scenario::parse("[[machines]]\nid = \"0\"\n", Format::Toml, "t.toml").unwrap();
+    let actions = every_action();
+    s.events = actions.iter().map(|a| EventSpec::new(Duration::from_secs(1), a.clone())).collect();
+    let text = s.to_toml();
+    for a in &actions {
+        assert!(text.contains(a.key()), "{} not written:\n{text}", a.key());
+    }
+    let back = Scenario::parse(&text, Format::Toml, "t.toml").unwrap();
+    assert_eq!(back, s);
+    let read: Vec<Action> = back.timeline().into_iter().map(|(_, a)| a).collect();
+    assert_eq!(read, actions);
+}
+
+#[test]
+fn an_event_without_exactly_one_action_has_no_action() {
+    let none = EventSpec::default();
+    assert_eq!(none.action(), Err(EventError::NoAction));
+    let mut two = EventSpec::new(Duration::ZERO, Action::Restart);
+    two.set_workers = Some(Workers(3));
+    assert_eq!(two.action(), Err(EventError::SeveralActions(vec!["set_workers", "restart"])));
+    // A scenario built in code with such events runs none of them (never a made-up restart).
+    let mut s = Scenario::parse("", Format::Toml, "t.toml").unwrap();
+    s.events = vec![none, two, EventSpec::new(Duration::from_secs(2), Action::SetWorkers(4))];
+    assert_eq!(s.timeline(), vec![(Duration::from_secs(2), Action::SetWorkers(4))]);
+}
+
+#[test]
+fn a_duplicate_machine_is_named_at_its_own_line_after_instances_with_ids() {
+    // An instance's `id` key comes first in the file: the duplicate is still the machine's.
+    let e = toml_err("[[cloud.instances]]\nid = \"i-1\"\n[[machines]]\nid = \"0\"\n[[machines]]\nid = \"0\"\n");
+    assert_eq!(e.to_string(), "t.toml:6: id: machine id \"0\" appears twice");
+}
+
+#[test]
+fn an_added_machine_in_its_own_table_is_located() {
+    let text = "[[machines]]\nid = \"0\"\n[[events]]\nat = \"1s\"\n[events.add_machine]\nid = \"0\"\n";
+    assert_eq!(toml_err(text).to_string(), "t.toml:5: add_machine: machine id \"0\" already exists");
+}
+
+#[test]
+fn a_container_is_located_at_its_own_id() {
+    // An instance whose id is the same string, earlier in the file, must not be taken for it.
+    let text = "[[cloud.instances]]\nid = \"3/lxd/1\"\n[[machines]]\nid = \"0\"\n[[machines]]\nid = \"3/lxd/1\"\n";
+    assert_eq!(toml_err(text).to_string(), "t.toml:6: id: container \"3/lxd/1\" names unknown host \"3\"");
+}
+
+#[test]
+fn json_errors_name_the_line_of_the_value() {
+    let text = "{\"machines\": [{\"id\": \"0\"}],\n \"cloud\": {\"faults\": [\n  {\"machine\": \"0\"},\n  {\"machine\": \"6\"}]}}\n";
+    assert_eq!(json_err(text).to_string(), "t.json:4: machine: fault names unknown machine \"6\"");
+    let text = "{\"machines\": [{\"id\": \"0\"}], \"events\": [\n {\"at\": \"1s\", \"restart\": true},\n {\"at\": \"2s\",\n  \"set_status\": {\n   \"machine\": \"8\"}}]}\n";
+    assert_eq!(json_err(text).to_string(), "t.json:5: set_status: unknown machine id \"8\" in event 1 (at 2s)");
+    let text = "{\"events\": [{\"at\": \"1s\"},\n {\"at\": \"2s\"}]}\n";
+    assert!(json_err(text).to_string().starts_with("t.json:1: events[0]: an event needs exactly one action key"));
+}
+
+#[test]
+fn parse_errors_name_the_key_before_them() {
+    let e = toml_err("[cloud]\nzones = [\n \"a\",\n 3,\n]\n");
+    assert_eq!(e.line, Some(4));
+    assert_eq!(e.field, "zones: ");
+    let e = json_err("{\"machines\": [{\"id\": \"0\"}], \"seed\": \"x\"}");
+    assert_eq!((e.line, e.field.as_str()), (Some(1), "seed: "));
+}
