@@ -7,7 +7,7 @@
 //! # Layout
 //!
 //! - [`types`]: identifiers, lives, statuses, constraints, harvest modes, cloud instances.
-//! - [`ports`]: the [`Broker`](ports::Broker) (cloud) and [`ModelApi`](ports::ModelApi) traits
+//! - [`ports`]: the [`Broker`] (cloud) and [`ModelApi`] traits
 //!   an embedder implements.
 //! - The actors, one folder each (`mod.rs`, `actor.rs`, `messages.rs`, `state.rs`, tests):
 //!   - [`coordinator`]: the front door; batches notifications and sequences the others.

@@ -6,7 +6,7 @@ use std::fmt::Write;
 /// Upper bounds of the latency histograms' buckets, in seconds.
 pub const BUCKETS: [f64; 14] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
-/// A latency histogram with [`BUCKETS`].
+/// A latency histogram with fixed buckets (`BUCKETS`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Histogram {
     counts: [u64; BUCKETS.len()],
