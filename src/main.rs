@@ -71,7 +71,7 @@ enum Command {
         seed: u64,
     },
     /// Run the provisioner as a service: embedded store, HTTP API, metrics (feature `serve`).
-    Serve(provisioner::service::ServeSettings),
+    Serve(Box<provisioner::service::ServeSettings>),
     /// Add, list, remove or retry machines of a running service.
     Machine {
         #[command(subcommand)]
@@ -175,7 +175,10 @@ fn main() -> ExitCode {
     // The matches are kept: `serve` layers its config file under the flags given in them.
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
-    init_logging(if matches!(cli.command, Command::Serve(_)) { "info" } else { "off" }, cli.log_format == LogFormat::Json);
+    init_logging(
+        if matches!(cli.command, Command::Serve(_)) { "info" } else { "off" },
+        cli.log_format == LogFormat::Json,
+    );
     match cli.command {
         Command::Serve(_) => cli::run_serve(matches.subcommand_matches("serve").unwrap_or(&matches)),
         Command::Machine { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Machine(cmd)),

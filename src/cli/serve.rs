@@ -4,8 +4,8 @@
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::Duration;
 
-use provisioner::service::api::types::{AddMachines, StatusView};
 use clap::ArgMatches;
+use provisioner::service::api::types::{AddMachines, StatusView};
 use provisioner::service::ServeSettings;
 use serde::Serialize;
 

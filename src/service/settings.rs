@@ -90,7 +90,7 @@ pub enum SettingsError {
         key: Option<String>,
         /// The parser's error.
         #[source]
-        source: toml::de::Error,
+        source: Box<toml::de::Error>,
     },
     /// The worker pool size is out of range.
     #[error("config: {0}")]
@@ -234,8 +234,12 @@ pub struct Ec2Settings {
     #[arg(id = "ec2_image", long = "ec2-image", env = "PROVISIONER_EC2_IMAGE", value_name = "AMI")]
     pub image: Option<String>,
     /// EC2: the instance type.
-    #[arg(id = "ec2_instance_type", long = "ec2-instance-type", env = "PROVISIONER_EC2_INSTANCE_TYPE",
-          value_name = "TYPE")]
+    #[arg(
+        id = "ec2_instance_type",
+        long = "ec2-instance-type",
+        env = "PROVISIONER_EC2_INSTANCE_TYPE",
+        value_name = "TYPE"
+    )]
     pub instance_type: Option<String>,
     /// A subnet for new instances.
     #[arg(skip)]
@@ -278,12 +282,14 @@ impl ServeSettings {
 
     /// Parses a config file's text (`path` names it in errors).
     pub fn from_file(path: &Path, text: &str) -> Result<Self, SettingsError> {
-        serde_path_to_error::deserialize(toml::Deserializer::parse(text).map_err(|source| file_error(path, text, None, source))?)
-            .map_err(|e| {
-                let key = e.path().to_string();
-                let key = (key != ".").then_some(key);
-                file_error(path, text, key, e.into_inner())
-            })
+        serde_path_to_error::deserialize(
+            toml::Deserializer::parse(text).map_err(|source| file_error(path, text, None, source))?,
+        )
+        .map_err(|e| {
+            let key = e.path().to_string();
+            let key = (key != ".").then_some(key);
+            file_error(path, text, key, e.into_inner())
+        })
     }
 
     fn check(&self) -> Result<(), SettingsError> {
@@ -326,7 +332,7 @@ fn file_error(path: &Path, text: &str, key: Option<String>, source: toml::de::Er
     let line = source.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
     // An unknown key's message names it already (and the path would end at its parent).
     let key = key.filter(|_| !source.message().starts_with("unknown field"));
-    SettingsError::File { path: path.to_owned(), line, key, source }
+    SettingsError::File { path: path.to_owned(), line, key, source: Box::new(source) }
 }
 
 #[cfg(test)]
@@ -414,6 +420,25 @@ mod tests {
         assert_eq!(o.sim.zones(), ZoneList::new(), "an empty flag is a zoneless cloud");
     }
 
+    /// An environment variable sits between the flag and the file. (The test renames the
+    /// variable of `--listen`, so that no other test sees it.)
+    #[test]
+    fn a_variable_wins_over_the_file_and_loses_to_the_flag() {
+        let var: &'static str = format!("PROVISIONER_TEST_LISTEN_{}", std::process::id()).leak();
+        std::env::set_var(var, "127.0.0.1:2");
+        let p = file("env.toml", "listen = \"127.0.0.1:9999\"\nworkers = 3\n");
+        let command = || Cli::command().mut_arg("listen", |a| a.env(var));
+        let load = |args: &[&str]| {
+            let matches = command().get_matches_from(["serve", "--config", p.to_str().unwrap()].iter().chain(args));
+            ServeSettings::load(&matches).unwrap()
+        };
+        let from_var = load(&[]);
+        let from_flag = load(&["--listen", "127.0.0.1:3"]);
+        std::env::remove_var(var);
+        assert_eq!((from_var.listen(), from_var.workers), ("127.0.0.1:2", 3), "the variable over the file");
+        assert_eq!(from_flag.listen(), "127.0.0.1:3", "the flag over the variable");
+    }
+
     #[test]
     fn bad_files_name_the_file_line_and_key() {
         let e = with_file("bad.toml", "workers = 4\nwrokers = 5\n", &[]).unwrap_err();
@@ -424,7 +449,10 @@ mod tests {
         assert_eq!(e.to_string(), "config: workers must be between 1 and 100, got 0");
         assert!(std::error::Error::source(&e).is_some(), "the config error is kept as the source");
         let e = with_file("d.toml", "[sim]\nstart_latency = \"soon\"\n", &[]).unwrap_err();
-        assert!(e.to_string().ends_with("d.toml:2: sim.start_latency: invalid duration \"soon\": expected number at 0"), "{e}");
+        assert!(
+            e.to_string().ends_with("d.toml:2: sim.start_latency: invalid duration \"soon\": expected number at 0"),
+            "{e}"
+        );
         let e = with_file("r.toml", "[retry]\ndelay = 5\n", &[]).unwrap_err();
         assert!(e.to_string().ends_with("r.toml:2: retry.delay: invalid type: integer `5`, expected a string"), "{e}");
         let e = with_file("b.toml", "broker = \"gce\"\n", &[]).unwrap_err();
