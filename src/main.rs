@@ -1,4 +1,6 @@
-//! The `provisioner` binary (contract: `shared/spec/cli.md`).
+//! The `provisioner` binary: the offline commands (`simulate`, `plan`, `bench`,
+//! `generate-scenario`) and, in `cli`, the service and its client commands. Every command has
+//! `--help`; errors are one sentence on stderr.
 //!
 //! Exit codes: 0 success, 1 a failure at run time (including a simulation that broke an
 //! invariant), 2 bad usage or input.
