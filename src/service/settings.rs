@@ -98,6 +98,10 @@ pub enum SettingsError {
     /// `resync` is zero.
     #[error("config: resync must be positive")]
     ZeroResync,
+    /// The matches given to [`ServeSettings::load`] are not those of these settings' arguments
+    /// (a mistake of the caller, not of the user).
+    #[error("the arguments do not match the serve settings: {0}")]
+    Arguments(#[source] Box<clap::Error>),
 }
 
 /// Every setting of `provisioner serve`: the flags and the config file's keys (doc comments
@@ -266,16 +270,17 @@ impl ServeSettings {
     /// any, under the flags and variables in `matches` (the `serve` subcommand's), over the
     /// defaults; then checked.
     pub fn load(matches: &ArgMatches) -> Result<Self, SettingsError> {
-        let config = matches.get_one::<PathBuf>("config");
-        let mut settings = match config {
+        let arguments = |e| SettingsError::Arguments(Box::new(e));
+        let flags = Self::from_arg_matches(matches).map_err(arguments)?;
+        let mut settings = match &flags.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|source| SettingsError::Read { path: path.clone(), source })?;
                 Self::from_file(path, &text)?
             }
-            None => Self::default(),
+            None => flags,
         };
-        settings.update_from_arg_matches(matches).unwrap_or_else(|e| e.exit());
+        settings.update_from_arg_matches(matches).map_err(arguments)?;
         settings.check()?;
         Ok(settings)
     }
