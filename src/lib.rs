@@ -23,7 +23,8 @@
 //! - `fake` (feature `test-util`): an in-process fake cloud and fake model, for tests.
 //! - `sim` (feature `sim`): the deterministic simulator behind `provisioner simulate`.
 //! - `service` (feature `serve`): the standalone service behind `provisioner serve` (embedded
-//!   store, simulated cloud in real time, HTTP API, metrics).
+//!   store, simulated cloud in real time, HTTP API, metrics); its `settings` (the flags and
+//!   config file of `serve`) are built with the binary (feature `cli`) alone too.
 //!
 //! Each actor is a thin shell over a plain struct (`ZoneBook`, `LifecycleBook`, ...) that holds
 //! its decisions and is unit-tested without a runtime.
@@ -65,7 +66,7 @@ pub mod lifecycle;
 pub mod limiter;
 pub mod ports;
 pub mod registry;
-#[cfg(feature = "serve")]
+#[cfg(feature = "cli")]
 pub mod service;
 #[cfg(feature = "sim")]
 pub mod sim;

@@ -1,4 +1,6 @@
-//! The `provisioner` binary (contract: `shared/spec/cli.md`).
+//! The `provisioner` binary: the offline commands (`simulate`, `plan`, `bench`,
+//! `generate-scenario`) and, in `cli`, the service and its client commands. Every command has
+//! `--help`; errors are one sentence on stderr.
 //!
 //! Exit codes: 0 success, 1 a failure at run time (including a simulation that broke an
 //! invariant), 2 bad usage or input.
@@ -6,7 +8,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use provisioner::service::settings::parse_duration;
 
 mod cli;
 
@@ -20,10 +23,17 @@ use provisioner::sim::{self, Scenario};
 struct Cli {
     /// How log lines are written to stderr: `text`, or `json` (one object per line, for log
     /// collectors). Levels: `PROVISIONER_LOG` (e.g. `debug`, `provisioner=debug,actix_web=warn`).
-    #[arg(long, global = true, value_name = "text|json", value_parser = ["text", "json"], default_value = "text", env = "PROVISIONER_LOG_FORMAT")]
-    log_format: String,
+    #[arg(long, global = true, value_name = "text|json", value_enum, default_value_t = LogFormat::Text, env = "PROVISIONER_LOG_FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written (`--log-format`'s help says it; the values have none of their own).
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -63,7 +73,7 @@ enum Command {
         seed: u64,
     },
     /// Run the provisioner as a service: embedded store, HTTP API, metrics (feature `serve`).
-    Serve(cli::ServeArgs),
+    Serve(Box<provisioner::service::ServeSettings>),
     /// Add, list, remove or retry machines of a running service.
     Machine {
         #[command(subcommand)]
@@ -142,10 +152,6 @@ enum Bench {
     Serve(cli::BenchServeArgs),
 }
 
-fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
-}
-
 /// Logs to stderr, as text or JSON lines; `PROVISIONER_LOG` overrides `default` (`off`, or
 /// `info` for `serve`).
 fn init_logging(default: &str, json: bool) {
@@ -168,10 +174,15 @@ fn load(file: &std::path::Path) -> Result<Scenario, ExitCode> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging(if matches!(cli.command, Command::Serve(_)) { "info" } else { "off" }, cli.log_format == "json");
+    // The matches are kept: `serve` layers its config file under the flags given in them.
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
+    init_logging(
+        if matches!(cli.command, Command::Serve(_)) { "info" } else { "off" },
+        cli.log_format == LogFormat::Json,
+    );
     match cli.command {
-        Command::Serve(args) => cli::run_serve(args),
+        Command::Serve(_) => cli::run_serve(matches.subcommand_matches("serve").unwrap_or(&matches)),
         Command::Machine { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Machine(cmd)),
         Command::Instance { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Instance(cmd)),
         Command::Config { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Config(cmd)),

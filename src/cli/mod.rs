@@ -1,60 +1,21 @@
-//! The binary's service commands (contract: `shared/spec/cli.md`, "The service" and "Client
-//! commands"): `serve`, the client commands that talk to a running service over HTTP, and
-//! `bench serve`. The arguments are always defined (so `--help` works in every build); running
-//! them needs the `serve` feature, and a build without it says so and exits 2.
+//! The binary's service commands: `serve` (its arguments are the library's
+//! [`ServeSettings`](provisioner::service::ServeSettings)), the client commands that talk to a
+//! running service over HTTP (server from `--server`, else `$PROVISIONER_URL`, else
+//! `http://127.0.0.1:7878`; token from `--token`, else `$PROVISIONER_TOKEN`, else the data
+//! directory's `token` file), and `bench serve`. The arguments are always defined (so `--help`
+//! works in every build); running them needs the `serve` feature, and a build without it says
+//! so and exits 2.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Subcommand};
+use clap::{ArgMatches, Args, Subcommand};
+use provisioner::service::settings::parse_duration;
 
 #[cfg(feature = "serve")]
 mod client;
 #[cfg(feature = "serve")]
 mod serve;
-
-/// `provisioner serve`.
-#[derive(Args, Debug)]
-pub struct ServeArgs {
-    /// A TOML config file (keys mirror the flags; see the README).
-    #[arg(long, env = "PROVISIONER_CONFIG", value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Where the database and the API token live [default: ./provisioner-data].
-    #[arg(long, env = "PROVISIONER_DATA_DIR", value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// The HTTP API's address [default: 127.0.0.1:7878].
-    #[arg(long, env = "PROVISIONER_LISTEN", value_name = "ADDR")]
-    pub listen: Option<String>,
-    /// The cloud: `sim` (simulated, in real time, persisted in DIR) or `ec2` [default: sim].
-    #[arg(long, env = "PROVISIONER_BROKER", value_name = "sim|ec2", value_parser = ["sim", "ec2"])]
-    pub broker: Option<String>,
-    /// The simulated cloud's zones, comma-separated (empty: no zones) [default: az1,az2,az3].
-    #[arg(long, env = "PROVISIONER_SIM_ZONES", value_name = "a,b,c")]
-    pub sim_zones: Option<String>,
-    /// How long a simulated start takes, e.g. 2s or 500ms [default: 2s].
-    #[arg(long, env = "PROVISIONER_SIM_START_LATENCY", value_name = "DUR", value_parser = crate::parse_duration)]
-    pub sim_start_latency: Option<std::time::Duration>,
-    /// EC2: an EC2-compatible endpoint instead of AWS's (with `--broker ec2`; needs a build
-    /// with the `ec2` feature). Credentials come from the standard AWS chain.
-    #[arg(long, env = "PROVISIONER_EC2_ENDPOINT", value_name = "URL")]
-    pub ec2_endpoint: Option<String>,
-    /// EC2: the region.
-    #[arg(long, env = "AWS_REGION")]
-    pub region: Option<String>,
-    /// EC2: the image.
-    #[arg(long, env = "PROVISIONER_EC2_IMAGE", value_name = "AMI")]
-    pub ec2_image: Option<String>,
-    /// EC2: the instance type.
-    #[arg(long, env = "PROVISIONER_EC2_INSTANCE_TYPE", value_name = "TYPE")]
-    pub ec2_instance_type: Option<String>,
-    /// Create a new model where the data directory has none it can use: a database that is
-    /// empty or missing next to an old run's WAL or token (the old model's instances in the
-    /// cloud are no longer managed). Refused where a database is there. Without it, a new model
-    /// is created only in an empty data directory. (No environment variable: it must be asked
-    /// for on purpose, once.)
-    #[arg(long)]
-    pub init: bool,
-}
 
 /// Where the service is and how to authenticate.
 #[derive(Args, Debug, Clone)]
@@ -85,7 +46,7 @@ pub enum MachineCmd {
         #[arg(long)]
         wait: bool,
         /// With --wait, give up after this long (e.g. 5m); exit 1.
-        #[arg(long, value_name = "DUR", value_parser = crate::parse_duration, requires = "wait")]
+        #[arg(long, value_name = "DUR", value_parser = parse_duration, requires = "wait")]
         timeout: Option<std::time::Duration>,
         /// Print JSON (a list of ids).
         #[arg(long)]
@@ -196,10 +157,10 @@ pub struct BenchServeArgs {
     #[arg(long, default_value_t = 0.0)]
     pub rate: f64,
     /// With `--rate`: send for this long (the number of requests is rate × duration).
-    #[arg(long, value_parser = crate::parse_duration)]
+    #[arg(long, value_parser = parse_duration)]
     pub duration: Option<std::time::Duration>,
     /// The simulated cloud's start latency.
-    #[arg(long, default_value = "100ms", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub start_latency: std::time::Duration,
     /// Print JSON.
     #[arg(long)]
@@ -214,15 +175,16 @@ fn no_service(what: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
-/// Runs `serve`.
-pub fn run_serve(args: ServeArgs) -> ExitCode {
+/// Runs `serve` with the settings its arguments (`matches`, the `serve` subcommand's) and
+/// config file give.
+pub fn run_serve(matches: &ArgMatches) -> ExitCode {
     #[cfg(feature = "serve")]
     {
-        serve::run(args)
+        serve::run(matches)
     }
     #[cfg(not(feature = "serve"))]
     {
-        let _ = args;
+        let _ = matches;
         no_service("serve")
     }
 }

@@ -4,35 +4,21 @@
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::Duration;
 
+use clap::ArgMatches;
 use provisioner::service::api::types::{AddMachines, StatusView};
-use provisioner::service::{BrokerKind, ServeFlags, ServeOptions};
+use provisioner::service::ServeSettings;
 use serde::Serialize;
 
 use super::client::{Client, Failure};
-use super::{BenchServeArgs, Conn, ServeArgs};
+use super::{BenchServeArgs, Conn};
 
 /// Runs the service until SIGTERM.
-pub fn run(args: ServeArgs) -> ExitCode {
-    let flags = ServeFlags {
-        config: args.config,
-        data_dir: args.data_dir,
-        listen: args.listen,
-        broker: args.broker.as_deref().map(|b| if b == "ec2" { BrokerKind::Ec2 } else { BrokerKind::Sim }),
-        sim_zones: args
-            .sim_zones
-            .map(|z| z.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect()),
-        sim_start_latency: args.sim_start_latency,
-        ec2_endpoint: args.ec2_endpoint,
-        region: args.region,
-        ec2_image: args.ec2_image,
-        ec2_instance_type: args.ec2_instance_type,
-        init: args.init,
-    };
-    let opts = match ServeOptions::resolve(flags) {
+pub fn run(matches: &ArgMatches) -> ExitCode {
+    let opts = match ServeSettings::load(matches) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::from(e.exit_code());
+            return ExitCode::from(2);
         }
     };
     match actix_rt::System::new().block_on(provisioner::service::serve(opts)) {

@@ -3,24 +3,34 @@
 //! whose instances are persisted beside it, an HTTP API for operators and the client
 //! commands, and Prometheus metrics.
 //!
-//! - [`store`]: the database (one connection, owned by a store actor on its own thread) and
+//! - [`settings`]: the settings of `serve`, defined once (flags, environment, config file,
+//!   defaults). Built with the binary (feature `cli`) even without the service, so that
+//!   `serve --help` works in every build.
+//! - `store`: the database (one connection, owned by a store actor on its own thread) and
 //!   the model's machine watcher.
-//! - [`model`]: [`ModelApi`](crate::ports::ModelApi) over the store.
-//! - [`simcloud`]: [`Broker`](crate::ports::Broker) over the store: the simulated cloud.
-//! - [`events`]: the server-sent event stream of provisioner events.
-//! - [`metrics`]: counters, histograms and the text format; the metered broker decorator.
-//! - [`api`]: the HTTP API (routes, bearer-token check, JSON types shared with the client).
-//! - [`settings`]: the `serve` options: flags, config file, defaults.
-//! - [`run`]: [`serve`], which wires it all and runs until SIGTERM.
+//! - `model`: [`ModelApi`](crate::ports::ModelApi) over the store.
+//! - `simcloud`: [`Broker`](crate::ports::Broker) over the store: the simulated cloud.
+//! - `events`: the server-sent event stream of provisioner events.
+//! - `metrics`: counters, histograms and the text format; the metered broker decorator.
+//! - `api`: the HTTP API (routes, bearer-token check, JSON types shared with the client).
+//! - `run`: `serve`, which wires it all and runs until SIGTERM.
 
+#[cfg(feature = "serve")]
 pub mod api;
+#[cfg(feature = "serve")]
 pub mod events;
+#[cfg(feature = "serve")]
 pub mod metrics;
+#[cfg(feature = "serve")]
 pub mod model;
+#[cfg(feature = "serve")]
 pub mod run;
 pub mod settings;
+#[cfg(feature = "serve")]
 pub mod simcloud;
+#[cfg(feature = "serve")]
 pub mod store;
 
+#[cfg(feature = "serve")]
 pub use run::{serve, ServeError};
-pub use settings::{BrokerKind, Ec2Settings, ServeFlags, ServeOptions};
+pub use settings::{BrokerKind, Ec2Settings, ServeSettings, SettingsError};

@@ -15,8 +15,8 @@ use crate::config::ProvisionerConfig;
 use crate::service::api::{self, AppState};
 use crate::service::metrics::{MeteredBroker, Metrics};
 use crate::service::model::StoreModel;
-use crate::service::settings::{BrokerKind, ServeOptions};
-use crate::service::simcloud::SimCloud;
+use crate::service::settings::{BrokerKind, ServeSettings};
+use crate::service::simcloud::{SimCloud, SimSettings};
 use crate::service::store::{Store, StoreError, DB_FILE};
 
 /// The token file's name inside the data directory.
@@ -25,12 +25,30 @@ pub const TOKEN_FILE: &str = "token";
 /// Why the service could not start or run. [`ServeError::exit_code`] says how the binary exits.
 #[derive(Debug, Error)]
 pub enum ServeError {
-    /// The config file or a flag is wrong (exit 2).
+    /// `--broker ec2` in a build without the EC2 broker (exit 2).
+    #[error("this build has no EC2 broker: build with `--features serve,ec2`, or use --broker sim")]
+    NoEc2Broker,
+    /// The EC2 broker's settings are incomplete or wrong (exit 2).
+    #[cfg(feature = "ec2")]
     #[error("{0}")]
-    Config(String),
-    /// Asked for something this build cannot do (exit 2).
-    #[error("{0}")]
-    Unsupported(String),
+    Ec2Settings(#[source] crate::ec2::Ec2ConfigError),
+    /// The EC2 broker cannot list its availability zones (exit 1).
+    #[cfg(feature = "ec2")]
+    #[error("EC2: cannot list availability zones: {0}")]
+    Ec2Zones(#[source] crate::ports::BrokerError),
+    /// `--init` on a data directory that holds a model's database (exit 2).
+    #[error(
+        "--init creates a new model only in a data directory without one, and {} already holds model database {}; \
+         to start over, stop the service and move provisioner.db, provisioner.db-wal and provisioner.db-shm aside first",
+        dir.display(),
+        db.display()
+    )]
+    InitOverModel {
+        /// The data directory.
+        dir: PathBuf,
+        /// Its database.
+        db: PathBuf,
+    },
     /// The data directory cannot be used (exit 1).
     #[error("cannot use data directory {path}: {message}")]
     DataDir {
@@ -60,23 +78,32 @@ pub enum ServeError {
     #[error("invalid provisioner configuration: {0}")]
     Provisioner(#[from] crate::config::ConfigError),
     /// The listen address cannot be bound (exit 1).
-    #[error("cannot listen on {addr}: {message}")]
+    #[error("cannot listen on {addr}: {source}")]
     Listen {
         /// The address.
         addr: String,
         /// Why.
-        message: String,
+        #[source]
+        source: std::io::Error,
     },
-    /// Signals cannot be watched, or the server failed (exit 1).
-    #[error("{0}")]
-    Runtime(String),
+    /// Signals cannot be watched (exit 1).
+    #[error("cannot watch {signal}: {source}")]
+    Signals {
+        /// `SIGTERM`, `SIGINT` or `Ctrl-C`.
+        signal: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl ServeError {
     /// 2 for bad usage or input, 1 for a failure at run time.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ServeError::Config(_) | ServeError::Unsupported(_) | ServeError::Provisioner(_) => 2,
+            ServeError::NoEc2Broker | ServeError::InitOverModel { .. } | ServeError::Provisioner(_) => 2,
+            #[cfg(feature = "ec2")]
+            ServeError::Ec2Settings(_) => 2,
             _ => 1,
         }
     }
@@ -170,13 +197,7 @@ pub fn prepare_data_dir(dir: &Path, init: bool) -> Result<(), ServeError> {
                    will no longer be managed), start with `serve --init`";
     match size {
         Some(n) if n > 0 && init => {
-            return Err(ServeError::Config(format!(
-                "--init creates a new model only in a data directory without one, and {} already holds model \
-                 database {}; to start over, stop the service and move provisioner.db, provisioner.db-wal and \
-                 provisioner.db-shm aside first",
-                dir.display(),
-                db.display()
-            )));
+            return Err(ServeError::InitOverModel { dir: dir.to_owned(), db });
         }
         Some(0) if !init => {
             return Err(data_dir_error(
@@ -244,16 +265,15 @@ pub fn prepare_data_dir(dir: &Path, init: bool) -> Result<(), ServeError> {
 async fn terminated() -> Result<&'static str, ServeError> {
     #[cfg(unix)]
     {
-        use actix_rt::signal::unix::{signal, SignalKind};
-        let mut term =
-            signal(SignalKind::terminate()).map_err(|e| ServeError::Runtime(format!("cannot watch SIGTERM: {e}")))?;
-        let mut int =
-            signal(SignalKind::interrupt()).map_err(|e| ServeError::Runtime(format!("cannot watch SIGINT: {e}")))?;
+        use actix_rt::signal::unix::{signal as signal_stream, SignalKind};
+        let watch = |kind, signal| signal_stream(kind).map_err(|source| ServeError::Signals { signal, source });
+        let mut term = watch(SignalKind::terminate(), "SIGTERM")?;
+        let mut int = watch(SignalKind::interrupt(), "SIGINT")?;
         Ok(tokio_select(term.recv(), int.recv()).await)
     }
     #[cfg(not(unix))]
     {
-        actix_rt::signal::ctrl_c().await.map_err(|e| ServeError::Runtime(format!("cannot watch Ctrl-C: {e}")))?;
+        actix_rt::signal::ctrl_c().await.map_err(|source| ServeError::Signals { signal: "Ctrl-C", source })?;
         Ok("Ctrl-C")
     }
 }
@@ -285,23 +305,19 @@ async fn ec2_broker(
         subnet_id: s.subnet.clone(),
         security_group_ids: s.security_groups.clone(),
     };
-    let broker = crate::ec2::Ec2Broker::connect(config).await.map_err(|e| ServeError::Config(e.to_string()))?;
-    let zones = crate::ports::Broker::availability_zones(&broker)
-        .await
-        .map_err(|e| ServeError::Runtime(format!("EC2: cannot list availability zones: {e}")))?;
+    let broker = crate::ec2::Ec2Broker::connect(config).await.map_err(ServeError::Ec2Settings)?;
+    let zones = crate::ports::Broker::availability_zones(&broker).await.map_err(ServeError::Ec2Zones)?;
     Ok((broker, zones.into_iter().map(|z| z.name).collect()))
 }
 
 /// Runs the service until SIGTERM or SIGINT. Must be called inside an actix system.
-pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
+pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     #[cfg(not(feature = "ec2"))]
-    if opts.broker == BrokerKind::Ec2 {
-        return Err(ServeError::Unsupported(
-            "this build has no EC2 broker: build with `--features serve,ec2`, or use --broker sim".into(),
-        ));
+    if opts.broker() == BrokerKind::Ec2 {
+        return Err(ServeError::NoEc2Broker);
     }
     let started = Instant::now();
-    let dir = &opts.data_dir;
+    let dir = opts.data_dir();
     std::fs::create_dir_all(dir).map_err(|e| data_dir_error(dir, e))?;
     prepare_data_dir(dir, opts.init)?;
     let db = dir.join(DB_FILE);
@@ -316,14 +332,21 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
 
     let metrics = Metrics::default().start();
     store.watch_counts(metrics.clone().recipient());
-    let (cloud, zones, broker_name): (Arc<dyn crate::ports::Broker>, Vec<String>, &str) = match opts.broker {
+    let (cloud, zones, broker_name): (Arc<dyn crate::ports::Broker>, Vec<String>, &str) = match opts.broker() {
         BrokerKind::Sim => {
-            let sim = SimCloud::new(store.clone(), model_uuid.clone(), opts.sim.clone());
+            let settings = SimSettings {
+                zones: opts.sim.zones(),
+                unavailable_zones: opts.sim.unavailable_zones.clone(),
+                start_latency: opts.sim.start_latency(),
+                stop_latency: opts.sim.stop_latency,
+            };
+            let zones = settings.known_zones();
+            let sim = SimCloud::new(store.clone(), model_uuid.clone(), settings);
             let resumed = sim.resume().await?;
             if resumed > 0 {
                 tracing::info!(instances = resumed, "resuming starts a previous run left pending");
             }
-            (Arc::new(sim), opts.sim.known_zones(), "sim")
+            (Arc::new(sim), zones, "sim")
         }
         #[cfg(feature = "ec2")]
         BrokerKind::Ec2 => {
@@ -338,11 +361,11 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         model_uuid: model_uuid.clone(),
         harvest_mode: settings.harvest_mode.unwrap_or(opts.harvest_mode),
         workers: settings.workers.unwrap_or(opts.workers),
-        retry: opts.retry,
+        retry: opts.retry.strategy(),
         resync_interval: opts.resync,
         // The simulated cloud does not throttle: pacing it like EC2 would only slow it down.
         // Against EC2 the client-side limiter keeps its EC2-sized defaults.
-        rate_limits: match opts.broker {
+        rate_limits: match opts.broker() {
             BrokerKind::Sim => crate::limiter::RateLimits::unlimited(),
             BrokerKind::Ec2 => crate::limiter::RateLimits::ec2(),
         },
@@ -375,13 +398,13 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         .workers(2)
         .disable_signals()
         .shutdown_timeout(opts.shutdown_grace.as_secs().max(1))
-        .bind(&opts.listen)
-        .map_err(|e| ServeError::Listen { addr: opts.listen.clone(), message: e.to_string() })?
+        .bind(opts.listen())
+        .map_err(|source| ServeError::Listen { addr: opts.listen().to_owned(), source })?
         .run();
     let server_handle = server.handle();
     let server_task = actix_rt::spawn(server);
     tracing::info!(
-        listen = %opts.listen,
+        listen = %opts.listen(),
         data_dir = %dir.display(),
         model = %model_uuid,
         "provisioner service ready; the API token is in {}",

@@ -1,15 +1,30 @@
-//! The options of `provisioner serve`: command-line flags over a TOML config file over the
-//! defaults (`shared/spec/cli.md`). Model settings changed at run time with
-//! `provisioner config set` are kept in the database and win over the file at the next start.
+//! The settings of `provisioner serve`, defined once: [`ServeSettings`] is both the clap
+//! arguments of `serve` (each flag with its `PROVISIONER_...` environment variable) and the
+//! serde shape of the TOML config file. Layers, highest first: a flag, its environment
+//! variable, the config file, the defaults. Model settings changed at run time with
+//! `provisioner config set` (harvest mode, workers) are kept in the database and win over the
+//! file at the next start.
+//!
+//! How the layers are merged: the file is deserialised into a `ServeSettings` whose missing
+//! keys take the defaults (serde's container `default`), then clap's
+//! [`FromArgMatches::update_from_arg_matches`] overwrites exactly the fields whose flag or
+//! environment variable was given (clap's own precedence puts a flag over its variable).
+//! Keys with no flag (`workers`, `resync`, `[retry]`, ...) are `#[arg(skip)]`; flags with no
+//! key (`--config`, `--init`) are `#[serde(skip)]`.
+//!
+//! This module is built with the binary (feature `cli`) even without the service, so that
+//! `provisioner serve --help` lists the flags in every build.
 
+use std::fmt::Display;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
-use serde::Deserialize;
+use clap::{ArgMatches, Args, FromArgMatches, ValueEnum};
+use serde::{Deserialize, Deserializer};
+use thiserror::Error;
 
-use crate::config::{RetryStrategy, DEFAULT_RESYNC_INTERVAL, DEFAULT_WORKERS};
-use crate::service::run::ServeError;
-use crate::service::simcloud::SimSettings;
+use crate::config::{ConfigError, RetryStrategy, DEFAULT_RESYNC_INTERVAL, DEFAULT_WORKERS, MAX_WORKERS};
 use crate::types::HarvestMode;
 
 /// The default data directory.
@@ -18,281 +33,323 @@ pub const DEFAULT_DATA_DIR: &str = "./provisioner-data";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
 /// How long a graceful shutdown waits for in-flight cloud calls by default.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// The simulated cloud's zones by default.
+pub const DEFAULT_SIM_ZONES: [&str; 3] = ["az1", "az2", "az3"];
+/// How long a simulated start takes by default.
+pub const DEFAULT_SIM_START_LATENCY: Duration = Duration::from_secs(2);
 
-/// Which cloud the service drives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Parses a duration as every flag and config key spells it (humantime: `500ms`, `2s`, `1m`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+/// A list of zones; on the command line comma-separated, blanks dropped (`""`: no zones).
+/// (A named type, so that clap takes it as one value, not as a repeated flag.)
+pub type ZoneList = Vec<String>;
+
+fn parse_zone_list(s: &str) -> Result<ZoneList, String> {
+    Ok(s.split(',').map(|z| z.trim().to_owned()).filter(|z| !z.is_empty()).collect())
+}
+
+/// Which cloud the service drives. (The values carry no help of their own in `--help`: the
+/// flag's says what they mean, on one line.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum BrokerKind {
     /// The simulated cloud, in real time, persisted in the data directory.
+    #[default]
+    #[value(help = None::<&str>)]
     Sim,
-    /// EC2 (not in this build).
+    /// EC2 (a build with the `ec2` feature).
+    #[value(help = None::<&str>)]
     Ec2,
 }
 
-impl std::str::FromStr for BrokerKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "sim" => Ok(BrokerKind::Sim),
-            "ec2" => Ok(BrokerKind::Ec2),
-            other => Err(format!("invalid broker {other:?}: expected sim or ec2")),
-        }
-    }
+/// Why the settings cannot be used. Every case is bad usage or input (the binary exits 2).
+#[derive(Debug, Error)]
+pub enum SettingsError {
+    /// The config file cannot be read.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not TOML, has an unknown key, or a key has a bad value.
+    #[error("{}{}: {}{}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default(),
+            key.as_deref().map(|k| format!("{k}: ")).unwrap_or_default(), source.message())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The line the error is on, where the parser knows it.
+        line: Option<usize>,
+        /// The key whose value is wrong (`retry.delay`); `None` for a syntax error or an
+        /// unknown key (whose message names it).
+        key: Option<String>,
+        /// The parser's error.
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    /// The worker pool size is out of range.
+    #[error("config: {0}")]
+    Workers(#[source] ConfigError),
+    /// `resync` is zero.
+    #[error("config: resync must be positive")]
+    ZeroResync,
+    /// The matches given to [`ServeSettings::load`] are not those of these settings' arguments
+    /// (a mistake of the caller, not of the user).
+    #[error("the arguments do not match the serve settings: {0}")]
+    Arguments(#[source] Box<clap::Error>),
 }
 
-/// What was given on the command line (`None`: not given).
-#[derive(Debug, Clone, Default)]
-pub struct ServeFlags {
-    /// `--config FILE`.
+/// Every setting of `provisioner serve`: the flags and the config file's keys (doc comments
+/// of flags are their `--help`).
+#[derive(Debug, Clone, PartialEq, Eq, Args, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeSettings {
+    /// A TOML config file (keys mirror the flags; see the README).
+    #[arg(long, env = "PROVISIONER_CONFIG", value_name = "FILE")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// `--data-dir DIR`.
+    /// Where the database and the API token live [default: ./provisioner-data].
+    #[arg(long, env = "PROVISIONER_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// `--listen ADDR`.
+    /// The HTTP API's address [default: 127.0.0.1:7878].
+    #[arg(long, env = "PROVISIONER_LISTEN", value_name = "ADDR")]
     pub listen: Option<String>,
-    /// `--broker sim|ec2`.
+    /// The cloud: `sim` (simulated, in real time, persisted in DIR) or `ec2` [default: sim].
+    #[arg(long, env = "PROVISIONER_BROKER", value_name = "sim|ec2", value_enum)]
     pub broker: Option<BrokerKind>,
-    /// `--sim-zones a,b,c` (empty: a zoneless cloud).
-    pub sim_zones: Option<Vec<String>>,
-    /// `--sim-start-latency DUR`.
-    pub sim_start_latency: Option<Duration>,
-    /// `--ec2-endpoint URL`.
-    pub ec2_endpoint: Option<String>,
-    /// `--region REGION`.
-    pub region: Option<String>,
-    /// `--ec2-image AMI`.
-    pub ec2_image: Option<String>,
-    /// `--ec2-instance-type TYPE`.
-    pub ec2_instance_type: Option<String>,
-    /// `--init`: create a new model even where an old one's leftovers are.
-    pub init: bool,
-}
-
-/// The EC2 broker's settings (used with `--broker ec2`; credentials come from the standard AWS
-/// chain, never from here).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Ec2Settings {
-    /// An EC2-compatible endpoint instead of AWS's.
-    pub endpoint: Option<String>,
-    /// The region (`None`: from `AWS_REGION` or the profile).
-    pub region: Option<String>,
-    /// The image every instance starts from.
-    pub image: Option<String>,
-    /// The instance type.
-    pub instance_type: Option<String>,
-    /// A subnet for new instances.
-    pub subnet: Option<String>,
-    /// Security groups for new instances.
-    pub security_groups: Vec<String>,
-}
-
-/// The config file (every key optional; unknown keys are an error).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ConfigFile {
-    data_dir: Option<PathBuf>,
-    listen: Option<String>,
-    broker: Option<String>,
-    harvest_mode: Option<String>,
-    workers: Option<usize>,
-    resync: Option<String>,
-    shutdown_grace: Option<String>,
-    retry: Option<RetryFile>,
-    sim: Option<SimFile>,
-    ec2: Option<Ec2File>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Ec2File {
-    endpoint: Option<String>,
-    region: Option<String>,
-    image: Option<String>,
-    instance_type: Option<String>,
-    subnet: Option<String>,
-    security_groups: Option<Vec<String>>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RetryFile {
-    count: Option<u32>,
-    delay: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SimFile {
-    zones: Option<Vec<String>>,
-    unavailable_zones: Option<Vec<String>>,
-    start_latency: Option<String>,
-    stop_latency: Option<String>,
-}
-
-/// Everything `serve` runs with, resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServeOptions {
-    /// The data directory (database, token).
-    pub data_dir: PathBuf,
-    /// The HTTP listen address.
-    pub listen: String,
-    /// The cloud.
-    pub broker: BrokerKind,
-    /// Initial harvest mode (a value set with `config set` wins).
+    /// Initial harvest mode (a value set with `config set` wins); case-insensitive.
+    #[arg(skip)]
+    #[serde(deserialize_with = "from_str")]
     pub harvest_mode: HarvestMode,
     /// Initial worker pool size (a value set with `config set` wins).
+    #[arg(skip = DEFAULT_WORKERS)]
     pub workers: usize,
-    /// StartInstance retries.
-    pub retry: RetryStrategy,
     /// Interval between full cloud listings.
+    #[arg(skip = DEFAULT_RESYNC_INTERVAL)]
+    #[serde(deserialize_with = "duration")]
     pub resync: Duration,
     /// How long SIGTERM waits for in-flight cloud calls.
+    #[arg(skip = DEFAULT_SHUTDOWN_GRACE)]
+    #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
-    /// The simulated cloud.
-    pub sim: SimSettings,
-    /// The EC2 broker.
+    /// StartInstance retries (`[retry]`).
+    #[arg(skip)]
+    pub retry: RetrySettings,
+    /// The simulated cloud (`[sim]`, `--sim-...`).
+    #[command(flatten)]
+    pub sim: SimSection,
+    /// The EC2 broker (`[ec2]`, `--ec2-...`, `--region`).
+    #[command(flatten)]
     pub ec2: Ec2Settings,
-    /// Create a new model where the data directory has no usable database (`--init`).
+    /// Create a new model where the data directory has none it can use: a database that is
+    /// empty or missing next to an old run's WAL or token (the old model's instances in the
+    /// cloud are no longer managed). Refused where a database is there. Without it, a new model
+    /// is created only in an empty data directory. (No environment variable: it must be asked
+    /// for on purpose, once.)
+    #[arg(long)]
+    #[serde(skip)]
     pub init: bool,
 }
 
-impl Default for ServeOptions {
+impl Default for ServeSettings {
     fn default() -> Self {
         Self {
-            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
-            listen: DEFAULT_LISTEN.into(),
-            broker: BrokerKind::Sim,
+            config: None,
+            data_dir: None,
+            listen: None,
+            broker: None,
             harvest_mode: HarvestMode::default(),
             workers: DEFAULT_WORKERS,
-            retry: RetryStrategy::default(),
             resync: DEFAULT_RESYNC_INTERVAL,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
-            sim: SimSettings::default(),
+            retry: RetrySettings::default(),
+            sim: SimSection::default(),
             ec2: Ec2Settings::default(),
             init: false,
         }
     }
 }
 
-fn duration(file: &Path, key: &str, v: &str) -> Result<Duration, ServeError> {
-    humantime::parse_duration(v)
-        .map_err(|e| ServeError::Config(format!("{}: {key}: invalid duration {v:?}: {e}", file.display())))
+/// StartInstance retries (`[retry]` in the config file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetrySettings {
+    /// Extra rounds after the first.
+    pub count: u32,
+    /// Base delay before a new round.
+    #[serde(deserialize_with = "duration")]
+    pub delay: Duration,
 }
 
-impl ServeOptions {
-    /// Resolves the flags over the config file (if any) over the defaults.
-    pub fn resolve(flags: ServeFlags) -> Result<Self, ServeError> {
-        let mut o = ServeOptions::default();
-        if let Some(path) = &flags.config {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| ServeError::Config(format!("cannot read config file {}: {e}", path.display())))?;
-            o.apply_file(path, &text)?;
-        }
-        if let Some(d) = flags.data_dir {
-            o.data_dir = d;
-        }
-        if let Some(l) = flags.listen {
-            o.listen = l;
-        }
-        if let Some(b) = flags.broker {
-            o.broker = b;
-        }
-        if let Some(z) = flags.sim_zones {
-            o.sim.zones = z;
-        }
-        if let Some(l) = flags.sim_start_latency {
-            o.sim.start_latency = l;
-        }
-        if let Some(e) = flags.ec2_endpoint {
-            o.ec2.endpoint = Some(e);
-        }
-        if let Some(r) = flags.region {
-            o.ec2.region = Some(r);
-        }
-        if let Some(i) = flags.ec2_image {
-            o.ec2.image = Some(i);
-        }
-        if let Some(t) = flags.ec2_instance_type {
-            o.ec2.instance_type = Some(t);
-        }
-        o.init = flags.init;
-        crate::config::validate_workers(o.workers, crate::config::MAX_WORKERS)
-            .map_err(|e| ServeError::Config(format!("config: {e}")))?;
-        if o.resync.is_zero() {
-            return Err(ServeError::Config("config: resync must be positive".into()));
-        }
-        Ok(o)
+impl Default for RetrySettings {
+    fn default() -> Self {
+        let r = RetryStrategy::default();
+        Self { count: r.count, delay: r.delay }
+    }
+}
+
+impl RetrySettings {
+    /// The retry strategy (the delay's cap is the default one).
+    pub fn strategy(&self) -> RetryStrategy {
+        RetryStrategy { count: self.count, delay: self.delay, ..RetryStrategy::default() }
+    }
+}
+
+/// The simulated cloud (`[sim]`, `--sim-zones`, `--sim-start-latency`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimSection {
+    /// The simulated cloud's zones, comma-separated (empty: no zones) [default: az1,az2,az3].
+    #[arg(id = "sim_zones", long = "sim-zones", env = "PROVISIONER_SIM_ZONES", value_name = "a,b,c",
+          value_parser = parse_zone_list)]
+    pub zones: Option<ZoneList>,
+    /// Zones listed but refusing starts.
+    #[arg(skip)]
+    pub unavailable_zones: Vec<String>,
+    /// How long a simulated start takes, e.g. 2s or 500ms [default: 2s].
+    #[arg(id = "sim_start_latency", long = "sim-start-latency", env = "PROVISIONER_SIM_START_LATENCY",
+          value_name = "DUR", value_parser = parse_duration)]
+    #[serde(deserialize_with = "optional_duration")]
+    pub start_latency: Option<Duration>,
+    /// How long a simulated stop takes.
+    #[arg(skip)]
+    #[serde(deserialize_with = "duration")]
+    pub stop_latency: Duration,
+}
+
+/// The EC2 broker's settings (used with `--broker ec2`; credentials come from the standard AWS
+/// chain, never from here).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Ec2Settings {
+    /// EC2: an EC2-compatible endpoint instead of AWS's (with `--broker ec2`; needs a build
+    /// with the `ec2` feature). Credentials come from the standard AWS chain.
+    #[arg(id = "ec2_endpoint", long = "ec2-endpoint", env = "PROVISIONER_EC2_ENDPOINT", value_name = "URL")]
+    pub endpoint: Option<String>,
+    /// EC2: the region.
+    #[arg(long, env = "AWS_REGION")]
+    pub region: Option<String>,
+    /// EC2: the image.
+    #[arg(id = "ec2_image", long = "ec2-image", env = "PROVISIONER_EC2_IMAGE", value_name = "AMI")]
+    pub image: Option<String>,
+    /// EC2: the instance type.
+    #[arg(
+        id = "ec2_instance_type",
+        long = "ec2-instance-type",
+        env = "PROVISIONER_EC2_INSTANCE_TYPE",
+        value_name = "TYPE"
+    )]
+    pub instance_type: Option<String>,
+    /// A subnet for new instances.
+    #[arg(skip)]
+    pub subnet: Option<String>,
+    /// Security groups for new instances.
+    #[arg(skip)]
+    pub security_groups: Vec<String>,
+}
+
+fn from_str<'de, D: Deserializer<'de>, T: FromStr<Err: Display>>(d: D) -> Result<T, D::Error> {
+    String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    parse_duration(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+}
+
+fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
+impl ServeSettings {
+    /// The settings `serve` runs with: the file named by `--config` (or its variable), if
+    /// any, under the flags and variables in `matches` (the `serve` subcommand's), over the
+    /// defaults; then checked.
+    pub fn load(matches: &ArgMatches) -> Result<Self, SettingsError> {
+        let arguments = |e| SettingsError::Arguments(Box::new(e));
+        let flags = Self::from_arg_matches(matches).map_err(arguments)?;
+        let mut settings = match &flags.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| SettingsError::Read { path: path.clone(), source })?;
+                Self::from_file(path, &text)?
+            }
+            None => flags,
+        };
+        settings.update_from_arg_matches(matches).map_err(arguments)?;
+        settings.check()?;
+        Ok(settings)
     }
 
-    fn apply_file(&mut self, path: &Path, text: &str) -> Result<(), ServeError> {
-        let f: ConfigFile = toml::from_str(text).map_err(|e| {
-            let msg = e.message().to_owned();
-            let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-            ServeError::Config(match line {
-                Some(l) => format!("{}:{l}: {msg}", path.display()),
-                None => format!("{}: {msg}", path.display()),
-            })
-        })?;
-        if let Some(d) = f.data_dir {
-            self.data_dir = d;
-        }
-        if let Some(l) = f.listen {
-            self.listen = l;
-        }
-        if let Some(b) = f.broker {
-            self.broker = b.parse().map_err(|e| ServeError::Config(format!("{}: broker: {e}", path.display())))?;
-        }
-        if let Some(m) = f.harvest_mode {
-            self.harvest_mode =
-                m.parse().map_err(|e| ServeError::Config(format!("{}: harvest_mode: {e}", path.display())))?;
-        }
-        if let Some(w) = f.workers {
-            self.workers = w;
-        }
-        if let Some(r) = f.resync {
-            self.resync = duration(path, "resync", &r)?;
-        }
-        if let Some(g) = f.shutdown_grace {
-            self.shutdown_grace = duration(path, "shutdown_grace", &g)?;
-        }
-        if let Some(r) = f.retry {
-            if let Some(c) = r.count {
-                self.retry.count = c;
-            }
-            if let Some(d) = r.delay {
-                self.retry.delay = duration(path, "retry.delay", &d)?;
-            }
-        }
-        if let Some(s) = f.sim {
-            if let Some(z) = s.zones {
-                self.sim.zones = z;
-            }
-            if let Some(z) = s.unavailable_zones {
-                self.sim.unavailable_zones = z;
-            }
-            if let Some(l) = s.start_latency {
-                self.sim.start_latency = duration(path, "sim.start_latency", &l)?;
-            }
-            if let Some(l) = s.stop_latency {
-                self.sim.stop_latency = duration(path, "sim.stop_latency", &l)?;
-            }
-        }
-        if let Some(e) = f.ec2 {
-            let ec2 = &mut self.ec2;
-            ec2.endpoint = e.endpoint.or(ec2.endpoint.take());
-            ec2.region = e.region.or(ec2.region.take());
-            ec2.image = e.image.or(ec2.image.take());
-            ec2.instance_type = e.instance_type.or(ec2.instance_type.take());
-            ec2.subnet = e.subnet.or(ec2.subnet.take());
-            if let Some(g) = e.security_groups {
-                ec2.security_groups = g;
-            }
+    /// Parses a config file's text (`path` names it in errors).
+    pub fn from_file(path: &Path, text: &str) -> Result<Self, SettingsError> {
+        serde_path_to_error::deserialize(
+            toml::Deserializer::parse(text).map_err(|source| file_error(path, text, None, source))?,
+        )
+        .map_err(|e| {
+            let key = e.path().to_string();
+            let key = (key != ".").then_some(key);
+            file_error(path, text, key, e.into_inner())
+        })
+    }
+
+    fn check(&self) -> Result<(), SettingsError> {
+        crate::config::validate_workers(self.workers, MAX_WORKERS).map_err(SettingsError::Workers)?;
+        if self.resync.is_zero() {
+            return Err(SettingsError::ZeroResync);
         }
         Ok(())
     }
+
+    /// The data directory (database, token).
+    pub fn data_dir(&self) -> &Path {
+        self.data_dir.as_deref().unwrap_or(Path::new(DEFAULT_DATA_DIR))
+    }
+
+    /// The HTTP listen address.
+    pub fn listen(&self) -> &str {
+        self.listen.as_deref().unwrap_or(DEFAULT_LISTEN)
+    }
+
+    /// The cloud.
+    pub fn broker(&self) -> BrokerKind {
+        self.broker.unwrap_or_default()
+    }
+}
+
+impl SimSection {
+    /// The zones the simulated cloud has available.
+    pub fn zones(&self) -> ZoneList {
+        self.zones.clone().unwrap_or_else(|| DEFAULT_SIM_ZONES.map(String::from).to_vec())
+    }
+
+    /// How long a simulated start takes.
+    pub fn start_latency(&self) -> Duration {
+        self.start_latency.unwrap_or(DEFAULT_SIM_START_LATENCY)
+    }
+}
+
+fn file_error(path: &Path, text: &str, key: Option<String>, source: toml::de::Error) -> SettingsError {
+    let line = source.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+    // An unknown key's message names it already (and the path would end at its parent).
+    let key = key.filter(|_| !source.message().starts_with("unknown field"));
+    SettingsError::File { path: path.to_owned(), line, key, source: Box::new(source) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeSettings,
+    }
 
     fn file(name: &str, text: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("provisioner-settings-{}", std::process::id()));
@@ -302,30 +359,43 @@ mod tests {
         p
     }
 
+    /// Loads the settings as `serve ARGS` would (no environment variable is set in tests).
+    fn load(args: &[&str]) -> Result<ServeSettings, SettingsError> {
+        let matches = Cli::command().get_matches_from(std::iter::once("serve").chain(args.iter().copied()));
+        ServeSettings::load(&matches)
+    }
+
+    fn with_file(name: &str, text: &str, args: &[&str]) -> Result<ServeSettings, SettingsError> {
+        let p = file(name, text);
+        let mut all = vec!["--config", p.to_str().unwrap()];
+        all.extend_from_slice(args);
+        load(&all)
+    }
+
     #[test]
     fn defaults_are_the_contracts() {
-        let o = ServeOptions::resolve(ServeFlags::default()).unwrap();
-        assert_eq!(o.data_dir, PathBuf::from("./provisioner-data"));
-        assert_eq!(o.listen, "127.0.0.1:7878");
-        assert_eq!(o.broker, BrokerKind::Sim);
-        assert_eq!(o.sim.zones, ["az1", "az2", "az3"]);
-        assert_eq!(o.sim.start_latency, Duration::from_secs(2));
+        let o = load(&[]).unwrap();
+        assert_eq!(o.data_dir(), Path::new("./provisioner-data"));
+        assert_eq!(o.listen(), "127.0.0.1:7878");
+        assert_eq!(o.broker(), BrokerKind::Sim);
+        assert_eq!(o.sim.zones(), ["az1", "az2", "az3"]);
+        assert_eq!(o.sim.start_latency(), Duration::from_secs(2));
+        assert_eq!((o.workers, o.harvest_mode, o.resync), (16, HarvestMode::Destroyed, Duration::from_secs(60)));
+        assert_eq!(o.retry.strategy(), RetryStrategy::default());
+        assert_eq!(o, ServeSettings::default(), "clap's skipped fields hold the same defaults");
+        let parsed = Cli::try_parse_from(["serve"]).unwrap().serve;
+        assert_eq!(parsed, ServeSettings::default(), "a parse without the file layer holds the defaults too");
     }
 
     #[test]
     fn ec2_settings_come_from_the_file_and_the_flags() {
-        let p = file(
+        let o = with_file(
             "ec2.toml",
             "broker = \"ec2\"\n[ec2]\nregion = \"eu-west-1\"\nimage = \"ami-1\"\ninstance_type = \"t3.micro\"\nsubnet = \"subnet-9\"\nsecurity_groups = [\"sg-1\"]\n",
-        );
-        let o = ServeOptions::resolve(ServeFlags {
-            config: Some(p),
-            ec2_image: Some("ami-2".into()),
-            ec2_endpoint: Some("http://127.0.0.1:5000".into()),
-            ..ServeFlags::default()
-        })
+            &["--ec2-image", "ami-2", "--ec2-endpoint", "http://127.0.0.1:5000"],
+        )
         .unwrap();
-        assert_eq!(o.broker, BrokerKind::Ec2);
+        assert_eq!(o.broker(), BrokerKind::Ec2);
         assert_eq!(o.ec2.region.as_deref(), Some("eu-west-1"));
         assert_eq!(o.ec2.image.as_deref(), Some("ami-2"), "the flag wins");
         assert_eq!(o.ec2.instance_type.as_deref(), Some("t3.micro"));
@@ -336,37 +406,69 @@ mod tests {
 
     #[test]
     fn flags_win_over_the_file_which_wins_over_defaults() {
-        let p = file(
+        let o = with_file(
             "ok.toml",
-            "listen = \"127.0.0.1:9999\"\nworkers = 4\nharvest_mode = \"all\"\nresync = \"5s\"\n[retry]\ncount = 2\ndelay = \"1s\"\n[sim]\nzones = [\"a\"]\nstart_latency = \"100ms\"\n",
-        );
-        let o = ServeOptions::resolve(ServeFlags {
-            config: Some(p),
-            listen: Some("127.0.0.1:1".into()),
-            ..ServeFlags::default()
-        })
+            "listen = \"127.0.0.1:9999\"\nworkers = 4\nharvest_mode = \"ALL\"\nresync = \"5s\"\nbroker = \"ec2\"\n[retry]\ncount = 2\ndelay = \"1s\"\n[sim]\nzones = [\"a\"]\nstart_latency = \"100ms\"\n",
+            &["--listen", "127.0.0.1:1", "--broker", "sim", "--sim-zones", " b, ,c "],
+        )
         .unwrap();
-        assert_eq!(o.listen, "127.0.0.1:1");
+        assert_eq!(o.listen(), "127.0.0.1:1");
+        assert_eq!(o.broker(), BrokerKind::Sim);
         assert_eq!(o.workers, 4);
-        assert_eq!(o.harvest_mode, HarvestMode::All);
+        assert_eq!(o.harvest_mode, HarvestMode::All, "harvest modes are case-insensitive");
         assert_eq!(o.resync, Duration::from_secs(5));
         assert_eq!((o.retry.count, o.retry.delay), (2, Duration::from_secs(1)));
-        assert_eq!(o.sim.zones, ["a"]);
-        assert_eq!(o.sim.start_latency, Duration::from_millis(100));
+        assert_eq!(o.sim.zones(), ["b", "c"]);
+        assert_eq!(o.sim.start_latency(), Duration::from_millis(100));
+        assert_eq!(o.data_dir(), Path::new(DEFAULT_DATA_DIR));
+        let o = with_file("zoneless.toml", "[sim]\nzones = [\"a\"]\n", &["--sim-zones", ""]).unwrap();
+        assert_eq!(o.sim.zones(), ZoneList::new(), "an empty flag is a zoneless cloud");
+    }
+
+    /// An environment variable sits between the flag and the file. (The test renames the
+    /// variable of `--listen`, so that no other test sees it.)
+    #[test]
+    fn a_variable_wins_over_the_file_and_loses_to_the_flag() {
+        let var: &'static str = format!("PROVISIONER_TEST_LISTEN_{}", std::process::id()).leak();
+        std::env::set_var(var, "127.0.0.1:2");
+        let p = file("env.toml", "listen = \"127.0.0.1:9999\"\nworkers = 3\n");
+        let command = || Cli::command().mut_arg("listen", |a| a.env(var));
+        let load = |args: &[&str]| {
+            let matches = command().get_matches_from(["serve", "--config", p.to_str().unwrap()].iter().chain(args));
+            ServeSettings::load(&matches).unwrap()
+        };
+        let from_var = load(&[]);
+        let from_flag = load(&["--listen", "127.0.0.1:3"]);
+        std::env::remove_var(var);
+        assert_eq!((from_var.listen(), from_var.workers), ("127.0.0.1:2", 3), "the variable over the file");
+        assert_eq!(from_flag.listen(), "127.0.0.1:3", "the flag over the variable");
     }
 
     #[test]
     fn bad_files_name_the_file_line_and_key() {
-        let p = file("bad.toml", "workers = 4\nwrokers = 5\n");
-        let e = ServeOptions::resolve(ServeFlags { config: Some(p), ..ServeFlags::default() }).unwrap_err();
+        let e = with_file("bad.toml", "workers = 4\nwrokers = 5\n", &[]).unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("bad.toml:2") && msg.contains("wrokers"), "{msg}");
-        assert_eq!(e.exit_code(), 2);
-        let p = file("w.toml", "workers = 0\n");
-        let e = ServeOptions::resolve(ServeFlags { config: Some(p), ..ServeFlags::default() }).unwrap_err();
-        assert!(e.to_string().contains("workers must be between 1 and 100, got 0"), "{e}");
-        let p = file("d.toml", "[sim]\nstart_latency = \"soon\"\n");
-        let e = ServeOptions::resolve(ServeFlags { config: Some(p), ..ServeFlags::default() }).unwrap_err();
-        assert!(e.to_string().contains("sim.start_latency"), "{e}");
+        assert!(msg.contains("bad.toml:2: unknown field `wrokers`"), "{msg}");
+        assert!(matches!(&e, SettingsError::File { source, .. } if source.span().is_some()), "{e:?}");
+        let e = with_file("w.toml", "workers = 0\n", &[]).unwrap_err();
+        assert_eq!(e.to_string(), "config: workers must be between 1 and 100, got 0");
+        assert!(std::error::Error::source(&e).is_some(), "the config error is kept as the source");
+        let e = with_file("d.toml", "[sim]\nstart_latency = \"soon\"\n", &[]).unwrap_err();
+        assert!(
+            e.to_string().ends_with("d.toml:2: sim.start_latency: invalid duration \"soon\": expected number at 0"),
+            "{e}"
+        );
+        let e = with_file("r.toml", "[retry]\ndelay = 5\n", &[]).unwrap_err();
+        assert!(e.to_string().ends_with("r.toml:2: retry.delay: invalid type: integer `5`, expected a string"), "{e}");
+        let e = with_file("b.toml", "broker = \"gce\"\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("b.toml:1: broker: unknown variant `gce`"), "{e}");
+        let e = with_file("h.toml", "harvest_mode = \"sometimes\"\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("h.toml:1: harvest_mode: invalid harvest mode \"sometimes\""), "{e}");
+        let e = with_file("s.toml", "workers = \n", &[]).unwrap_err();
+        assert!(e.to_string().contains("s.toml:1: "), "{e}");
+        let e = with_file("z.toml", "resync = \"0s\"\n", &[]).unwrap_err();
+        assert_eq!(e.to_string(), "config: resync must be positive");
+        let e = load(&["--config", "/nonexistent/p.toml"]).unwrap_err();
+        assert!(matches!(e, SettingsError::Read { .. }) && e.to_string().contains("cannot read config file"), "{e}");
     }
 }

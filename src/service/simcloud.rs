@@ -17,6 +17,7 @@
 use std::time::Duration;
 
 use crate::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+use crate::service::settings::{DEFAULT_SIM_START_LATENCY, DEFAULT_SIM_ZONES};
 use crate::service::store::{Store, StoreError};
 use crate::types::{CloudInstance, InstanceId, InstanceTags};
 
@@ -37,9 +38,9 @@ pub struct SimSettings {
 impl Default for SimSettings {
     fn default() -> Self {
         Self {
-            zones: vec!["az1".into(), "az2".into(), "az3".into()],
+            zones: DEFAULT_SIM_ZONES.map(String::from).to_vec(),
             unavailable_zones: Vec::new(),
-            start_latency: Duration::from_secs(2),
+            start_latency: DEFAULT_SIM_START_LATENCY,
             stop_latency: Duration::ZERO,
         }
     }
