@@ -11,7 +11,11 @@
 //! - [`FakeModel`]: machines with lives, statuses, provisioning info, distribution groups;
 //!   notifies watchers as a machine watcher would; `fail_next` for any call; a log of
 //!   EnsureDead and MarkForRemoval. [`FakeModel::api`] is its [`ModelApi`](crate::ports::ModelApi).
+//! - [`broker_contract`]: the broker contract suite, what every
+//!   [`Broker`](crate::ports::Broker) must do, to run against a broker of your own (this crate
+//!   runs it against [`FakeCloud`], the service's simulated cloud and the EC2 broker on moto).
 
+pub mod broker_contract;
 mod cloud;
 mod initialiser;
 mod model;

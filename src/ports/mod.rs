@@ -17,4 +17,5 @@ mod broker;
 mod model;
 
 pub use broker::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+pub(crate) use broker::{repeated_start, token_key};
 pub use model::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};

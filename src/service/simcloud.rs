@@ -9,14 +9,20 @@
 //! As EC2 does, it is idempotent by client token: a start repeated with the token of one that
 //! already made an instance (whatever became of the first call's answer) returns that instance,
 //! landing it if it is still pending, and creates nothing; the same token with other
-//! parameters (another machine or zone) is refused (`IdempotentParameterMismatch`). Any failure
+//! parameters (another machine or zone) is refused (`IdempotentParameterMismatch`). Tokens are
+//! the model's own (stored under a model-scoped key, `ports::token_key`), and the
+//! decision on a repeat is the one the fake cloud takes too (`ports::repeated_start`); the
+//! broker contract suite (`fake::broker_contract`) checks both. Any failure
 //! after the instance was written (its landing could not be recorded: a full disk, say) is
 //! transient, so the provisioner treats the start as ambiguous and repeats it with the same
 //! token.
 
 use std::time::Duration;
 
-use crate::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+use crate::ports::{
+    repeated_start, token_key, AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams,
+    StartedInstance,
+};
 use crate::service::store::{Store, StoreError};
 use crate::types::{CloudInstance, InstanceId, InstanceTags};
 
@@ -113,27 +119,15 @@ impl Broker for SimCloud {
         let store = self.store.clone();
         let latency = self.settings.start_latency;
         let check = check_start(&self.settings, &params);
+        let token = token_key(&self.model_uuid, &params.client_token);
         Box::pin(async move {
             check?;
-            let (token, zone, tags, machine) =
-                (params.client_token.clone(), params.zone.clone(), params.tags.clone(), params.machine.clone());
+            let (zone, tags) = (params.zone.clone(), params.tags.clone());
             let (record, new) = store
                 .exec_lazy(move |s| s.create_instance(&token, zone.as_deref(), &tags))
                 .await
                 .map_err(cloud_error)?;
-            if record.instance.tags.machine.as_ref() != Some(&machine) {
-                return Err(BrokerError::zone_independent(format!(
-                    "IdempotentParameterMismatch: client token {} was used for another machine",
-                    params.client_token
-                )));
-            }
-            if !new && record.instance.zone != params.zone {
-                return Err(BrokerError::zone_independent(format!(
-                    "IdempotentParameterMismatch: client token {} was used for a start in another zone ({})",
-                    params.client_token,
-                    record.instance.zone.as_deref().unwrap_or("none")
-                )));
-            }
+            repeated_start(&params, &record.instance)?;
             if new && !latency.is_zero() {
                 actix_rt::time::sleep(latency).await;
             }
@@ -231,7 +225,7 @@ mod tests {
 
             // A start whose instance was written but whose landing failed: the repeat lands it.
             let t = tags.clone();
-            let (left, _) = store.exec(move |s| s.create_instance("0/n/2", Some("az1"), &t)).await.unwrap();
+            let (left, _) = store.exec(move |s| s.create_instance(&token_key("m", "0/n/2"), Some("az1"), &t)).await.unwrap();
             assert_eq!(left.instance.state, crate::types::InstanceState::Pending);
             let p2 = StartInstanceParams { client_token: "0/n/2".into(), ..p.clone() };
             let landed = cloud.start_instance(p2.clone()).await.unwrap();
