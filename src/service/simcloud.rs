@@ -242,6 +242,38 @@ mod tests {
         });
     }
 
+    /// The broker contract suite against the simulated cloud, zoned (one zone listed as
+    /// unavailable) and zoneless, with a second model's cloud on the same store as the
+    /// stranger.
+    #[test]
+    fn the_simulated_cloud_keeps_the_broker_contract() {
+        use crate::fake::broker_contract::{run_all, ContractConfig, Property};
+        let dir = std::env::temp_dir().join(format!("provisioner-simcloud-contract-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        actix_rt::System::new().block_on(async move {
+            let store = Store::start(&dir.join("p.db")).unwrap();
+            let zoned = SimSettings {
+                zones: vec!["az1".into(), "az2".into()],
+                unavailable_zones: vec!["az3".into()],
+                start_latency: Duration::from_millis(5),
+                stop_latency: Duration::ZERO,
+            };
+            let zoneless = SimSettings { zones: Vec::new(), unavailable_zones: Vec::new(), ..zoned.clone() };
+            for (run, settings) in [("zoned", zoned), ("zoneless", zoneless)] {
+                let (ours, theirs) = (format!("m-{run}"), format!("other-{run}"));
+                let cloud = SimCloud::new(store.clone(), ours.clone(), settings.clone());
+                let stranger = SimCloud::new(store.clone(), theirs.clone(), settings.clone());
+                let config = ContractConfig { poll_interval: Duration::from_millis(10), ..ContractConfig::new(ours, theirs) };
+                let report = run_all(&cloud, &stranger, config).await.unwrap_or_else(|e| panic!("{run}: {e}"));
+                match run {
+                    "zoned" => assert!(report.all_passed(), "{report}"),
+                    _ => assert_eq!(report.not_supported(), [(Property::ZonesAreHonoured, "zones")], "{report}"),
+                }
+            }
+        });
+    }
+
     #[test]
     fn starts_outside_the_clouds_available_zones_fail_over() {
         let zones = SimSettings {
