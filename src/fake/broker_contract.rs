@@ -310,7 +310,8 @@ impl<'a> BrokerContract<'a> {
             }
         };
         let after = self.config.timeout;
-        let outcome = actix_rt::time::timeout(after, body).await.unwrap_or(Err(ContractError::TimedOut { property, after }));
+        let outcome =
+            actix_rt::time::timeout(after, body).await.unwrap_or(Err(ContractError::TimedOut { property, after }));
         self.clean_up().await;
         outcome
     }
@@ -434,7 +435,12 @@ impl Check<'_, '_> {
         self.call("all_instances", self.suite.broker(side).all_instances().await)
     }
 
-    async fn of_start(&self, side: Side, machine: &MachineId, nonce: &str) -> Result<Vec<CloudInstance>, ContractError> {
+    async fn of_start(
+        &self,
+        side: Side,
+        machine: &MachineId,
+        nonce: &str,
+    ) -> Result<Vec<CloudInstance>, ContractError> {
         let res = self.suite.broker(side).instances_of_start(machine.clone(), nonce.to_owned()).await;
         self.call("instances_of_start", res)
     }
@@ -499,7 +505,9 @@ impl Check<'_, '_> {
         let Some(it) = listed.iter().find(|i| i.id == id) else { return Err(self.violated("listed and gone")) };
         self.ensure(it.tags == *want, || format!("{id} is listed with tags {:?}, not {want:?}", it.tags))?;
         self.ensure(live(it.state), || format!("{id} is listed {}", it.state))?;
-        self.ensure(it.zone == got.zone, || format!("{id} is listed in zone {:?}, started in {:?}", it.zone, got.zone))?;
+        self.ensure(it.zone == got.zone, || {
+            format!("{id} is listed in zone {:?}, started in {:?}", it.zone, got.zone)
+        })?;
         Ok(Outcome::Passed)
     }
 
@@ -548,23 +556,29 @@ impl Check<'_, '_> {
     async fn stop_terminates(&self) -> Result<Outcome, ContractError> {
         let a = self.run_new().await?.1.instance.id;
         let b = self.run_new().await?.1.instance.id;
-        self.eventually(Side::Ours, |l| ids(l).is_superset(&BTreeSet::from([a.clone(), b.clone()])), |l| {
-            format!("{a} and {b} are not both listed: {:?}", ids(l))
-        })
+        self.eventually(
+            Side::Ours,
+            |l| ids(l).is_superset(&BTreeSet::from([a.clone(), b.clone()])),
+            |l| format!("{a} and {b} are not both listed: {:?}", ids(l)),
+        )
         .await?;
         self.stop(vec![a.clone()]).await?;
-        self.eventually(Side::Ours, |l| !ids(l).contains(&a) && ids(l).contains(&b), |l| {
-            format!("after stopping {a} (only), the listing is {:?}", ids(l))
-        })
+        self.eventually(
+            Side::Ours,
+            |l| !ids(l).contains(&a) && ids(l).contains(&b),
+            |l| format!("after stopping {a} (only), the listing is {:?}", ids(l)),
+        )
         .await?;
         // Again (a stop whose answer was lost is repeated), and with an id that never was.
         self.stop(vec![a.clone()]).await?;
         let missing = self.suite.config.missing_instance.clone();
         self.stop(vec![a.clone(), missing, b.clone()]).await?;
         self.stop(Vec::new()).await?;
-        self.eventually(Side::Ours, |l| !ids(l).contains(&a) && !ids(l).contains(&b), |l| {
-            format!("after stopping {a} and {b}, the listing is {:?}", ids(l))
-        })
+        self.eventually(
+            Side::Ours,
+            |l| !ids(l).contains(&a) && !ids(l).contains(&b),
+            |l| format!("after stopping {a} and {b}, the listing is {:?}", ids(l)),
+        )
         .await?;
         Ok(Outcome::Passed)
     }
@@ -576,9 +590,11 @@ impl Check<'_, '_> {
         let res = self.suite.ours.release_instances(vec![a.clone()]).await;
         self.call("release_instances", res)?;
         self.call("release_instances", self.suite.ours.release_instances(Vec::new()).await)?;
-        self.eventually(Side::Ours, |l| !ids(l).contains(&a), |l| {
-            format!("{a} is still listed after its release: {:?}", ids(l))
-        })
+        self.eventually(
+            Side::Ours,
+            |l| !ids(l).contains(&a),
+            |l| format!("{a} is still listed after its release: {:?}", ids(l)),
+        )
         .await?;
         self.eventually_of_start(&start.machine, &start.nonce, &BTreeSet::new()).await?;
         Ok(Outcome::Passed)
@@ -593,10 +609,14 @@ impl Check<'_, '_> {
             res => self.call("retag_instance", res)?,
         }
         let want = next.params.tags.clone();
-        self.eventually(Side::Ours, |l| l.iter().any(|i| i.id == a && i.tags == want), |l| {
-            let now = l.iter().find(|i| i.id == a).map(|i| &i.tags);
-            format!("{a} is listed with tags {now:?} after its retag, not {want:?}")
-        })
+        self.eventually(
+            Side::Ours,
+            |l| l.iter().any(|i| i.id == a && i.tags == want),
+            |l| {
+                let now = l.iter().find(|i| i.id == a).map(|i| &i.tags);
+                format!("{a} is listed with tags {now:?} after its retag, not {want:?}")
+            },
+        )
         .await?;
         self.eventually_of_start(&next.machine, &next.nonce, &BTreeSet::from([a])).await?;
         self.eventually_of_start(&start.machine, &start.nonce, &BTreeSet::new()).await?;
@@ -616,9 +636,11 @@ impl Check<'_, '_> {
             format!("another model's start with the same client token got our instance {a}")
         })?;
         let b = b.instance.id;
-        self.eventually(Side::Theirs, |l| ids(l).contains(&b), |l| {
-            format!("the other model's broker does not list its {b}: {:?}", ids(l))
-        })
+        self.eventually(
+            Side::Theirs,
+            |l| ids(l).contains(&b),
+            |l| format!("the other model's broker does not list its {b}: {:?}", ids(l)),
+        )
         .await?;
         let listed = self
             .eventually(Side::Ours, |l| ids(l).contains(&a), |l| format!("{a} is not listed: {:?}", ids(l)))
@@ -651,11 +673,17 @@ impl Check<'_, '_> {
             let start = self.suite.start(Side::Ours, &self.suite.machine(), None, Some(zone.clone()));
             let got = self.run(Side::Ours, &start).await?.instance;
             let id = got.id.clone();
-            self.ensure(got.zone.as_ref() == Some(zone), || format!("a start into {zone} made {id} in {:?}", got.zone))?;
-            self.eventually(Side::Ours, |l| l.iter().any(|i| i.id == id && i.zone.as_ref() == Some(zone)), |l| {
-                let now = l.iter().find(|i| i.id == id).map(|i| &i.zone);
-                format!("{id}, started into {zone}, is listed in {now:?}")
-            })
+            self.ensure(got.zone.as_ref() == Some(zone), || {
+                format!("a start into {zone} made {id} in {:?}", got.zone)
+            })?;
+            self.eventually(
+                Side::Ours,
+                |l| l.iter().any(|i| i.id == id && i.zone.as_ref() == Some(zone)),
+                |l| {
+                    let now = l.iter().find(|i| i.id == id).map(|i| &i.zone);
+                    format!("{id}, started into {zone}, is listed in {now:?}")
+                },
+            )
             .await?;
         }
         Ok(Outcome::Passed)

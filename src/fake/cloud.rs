@@ -365,8 +365,10 @@ impl Handler<Retag> for CloudActor {
     type Result = Result<(), BrokerError>;
     fn handle(&mut self, msg: Retag, _ctx: &mut Self::Context) -> Self::Result {
         let idx = self.log(CloudOp::RetagInstance, msg.tags.machine.clone(), None, vec![msg.id.clone()]);
-        let live =
-            self.instances.get(&msg.id).is_some_and(|i| ours(i, &msg.model) && i.instance.state != InstanceState::Terminated);
+        let live = self
+            .instances
+            .get(&msg.id)
+            .is_some_and(|i| ours(i, &msg.model) && i.instance.state != InstanceState::Terminated);
         if !live {
             let err = BrokerError::zone_independent(format!("instance {} not found", msg.id));
             self.finish(idx, Some(err.message()));

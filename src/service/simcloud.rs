@@ -225,7 +225,8 @@ mod tests {
 
             // A start whose instance was written but whose landing failed: the repeat lands it.
             let t = tags.clone();
-            let (left, _) = store.exec(move |s| s.create_instance(&token_key("m", "0/n/2"), Some("az1"), &t)).await.unwrap();
+            let (left, _) =
+                store.exec(move |s| s.create_instance(&token_key("m", "0/n/2"), Some("az1"), &t)).await.unwrap();
             assert_eq!(left.instance.state, crate::types::InstanceState::Pending);
             let p2 = StartInstanceParams { client_token: "0/n/2".into(), ..p.clone() };
             let landed = cloud.start_instance(p2.clone()).await.unwrap();
@@ -264,7 +265,8 @@ mod tests {
                 let (ours, theirs) = (format!("m-{run}"), format!("other-{run}"));
                 let cloud = SimCloud::new(store.clone(), ours.clone(), settings.clone());
                 let stranger = SimCloud::new(store.clone(), theirs.clone(), settings.clone());
-                let config = ContractConfig { poll_interval: Duration::from_millis(10), ..ContractConfig::new(ours, theirs) };
+                let config =
+                    ContractConfig { poll_interval: Duration::from_millis(10), ..ContractConfig::new(ours, theirs) };
                 let report = run_all(&cloud, &stranger, config).await.unwrap_or_else(|e| panic!("{run}: {e}"));
                 match run {
                     "zoned" => assert!(report.all_passed(), "{report}"),

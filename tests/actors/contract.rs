@@ -98,7 +98,9 @@ impl Broker for Mutant {
             return self.inner.instances_of_start(machine, nonce);
         }
         let all = self.inner.all_instances();
-        Box::pin(async move { Ok(all.await?.into_iter().filter(|i| i.tags.machine.as_ref() == Some(&machine)).collect()) })
+        Box::pin(
+            async move { Ok(all.await?.into_iter().filter(|i| i.tags.machine.as_ref() == Some(&machine)).collect()) },
+        )
     }
     fn supports_zones(&self) -> bool {
         self.inner.supports_zones()
