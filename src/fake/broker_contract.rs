@@ -54,10 +54,10 @@
 //! cloud that remembers client tokens across runs (EC2 does, for a while) a fresh
 //! [`ContractConfig::run_id`] too.
 
+use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -258,8 +258,6 @@ pub struct BrokerContract<'a> {
     ours: &'a dyn Broker,
     theirs: &'a dyn Broker,
     config: ContractConfig,
-    /// Instances the current check made (`true`: through `ours`), stopped when it ends.
-    made: Mutex<Vec<(bool, InstanceId)>>,
     /// Numbers the machines and nonces of this run's starts.
     seq: AtomicU32,
 }
@@ -281,7 +279,7 @@ enum Side {
 impl<'a> BrokerContract<'a> {
     /// The suite for `ours`, with `theirs` (another model, same cloud) as the stranger.
     pub fn new(ours: &'a dyn Broker, theirs: &'a dyn Broker, config: ContractConfig) -> Self {
-        Self { ours, theirs, config, made: Mutex::new(Vec::new()), seq: AtomicU32::new(0) }
+        Self { ours, theirs, config, seq: AtomicU32::new(0) }
     }
 
     /// Every property, in order; stops at the first broken one.
@@ -296,8 +294,8 @@ impl<'a> BrokerContract<'a> {
     /// Checks one property within [`ContractConfig::timeout`], then stops the instances the
     /// check made (whatever its outcome).
     pub async fn check(&self, property: Property) -> Result<Outcome, ContractError> {
+        let c = Check { suite: self, property, made: RefCell::new(Vec::new()) };
         let body = async {
-            let c = Check { suite: self, property };
             match property {
                 Property::StartIsTaggedAndListed => c.start_is_tagged_and_listed().await,
                 Property::RepeatedTokenIsIdempotent => c.repeated_token_is_idempotent().await,
@@ -312,13 +310,12 @@ impl<'a> BrokerContract<'a> {
         let after = self.config.timeout;
         let outcome =
             actix_rt::time::timeout(after, body).await.unwrap_or(Err(ContractError::TimedOut { property, after }));
-        self.clean_up().await;
+        self.clean_up(c.made.take()).await;
         outcome
     }
 
-    /// Stops what the last check made (best effort: bounded by the timeout, errors ignored).
-    async fn clean_up(&self) {
-        let made = std::mem::take(&mut *self.made.lock().unwrap_or_else(|e| e.into_inner()));
+    /// Stops what a check made (best effort: bounded by the timeout, errors ignored).
+    async fn clean_up(&self, made: Vec<(bool, InstanceId)>) {
         for (side, broker) in [(true, self.ours), (false, self.theirs)] {
             let ids: Vec<InstanceId> = made.iter().filter(|(s, _)| *s == side).map(|(_, id)| id.clone()).collect();
             if !ids.is_empty() {
@@ -377,6 +374,9 @@ impl<'a> BrokerContract<'a> {
 struct Check<'s, 'a> {
     suite: &'s BrokerContract<'a>,
     property: Property,
+    /// The instances it made (`true`: through `ours`), stopped when it ends. The check runs on
+    /// one task: a cell, no lock.
+    made: RefCell<Vec<(bool, InstanceId)>>,
 }
 
 fn ids(instances: &[CloudInstance]) -> BTreeSet<InstanceId> {
@@ -419,7 +419,7 @@ impl Check<'_, '_> {
         let res = self.suite.broker(side).start_instance(start.params.clone()).await;
         let started = self.call("start_instance", res)?;
         let made = (side == Side::Ours, started.instance.id.clone());
-        self.suite.made.lock().unwrap_or_else(|e| e.into_inner()).push(made);
+        self.made.borrow_mut().push(made);
         Ok(started)
     }
 
