@@ -150,7 +150,9 @@ pub struct StartedInstance {
 ///
 /// Implementations must list only instances tagged with their model's identity: foreign
 /// instances are invisible to the provisioner. Stopping an instance that is already gone
-/// succeeds.
+/// succeeds. Client tokens are the model's own: another model's start with the same token
+/// makes its own instance. The broker contract suite (`fake::broker_contract`, feature
+/// `test-util`) checks these promises on any implementation.
 pub trait Broker: Send + Sync + 'static {
     /// Starts one instance.
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance>;
