@@ -204,16 +204,22 @@ mod tests {
         }
     }
 
+    /// The path of a database in a new, empty directory of its own.
+    fn fresh_db(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("provisioner-simcloud-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("p.db")
+    }
+
     /// Issue 12, item 2: a start repeated with its client token (after an ambiguous failure)
     /// gets the instance the first one made, landed if it was left pending, and nothing new;
     /// the same token with another zone is refused.
     #[test]
     fn a_repeated_client_token_returns_the_instance_already_made() {
-        let dir = std::env::temp_dir().join(format!("provisioner-simcloud-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let db = fresh_db("tokens");
         actix_rt::System::new().block_on(async move {
-            let store = Store::start(&dir.join("p.db")).unwrap();
+            let store = Store::start(&db).unwrap();
             let settings = SimSettings { start_latency: Duration::ZERO, ..SimSettings::default() };
             let cloud = SimCloud::new(store.clone(), "m".into(), settings);
             let tags = InstanceTags { model: Some("m".into()), machine: Some(MachineId::new("0")), start: None };
@@ -249,11 +255,9 @@ mod tests {
     #[test]
     fn the_simulated_cloud_keeps_the_broker_contract() {
         use crate::fake::broker_contract::{run_all, ContractConfig, Property};
-        let dir = std::env::temp_dir().join(format!("provisioner-simcloud-contract-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let db = fresh_db("contract");
         actix_rt::System::new().block_on(async move {
-            let store = Store::start(&dir.join("p.db")).unwrap();
+            let store = Store::start(&db).unwrap();
             let zoned = SimSettings {
                 zones: vec!["az1".into(), "az2".into()],
                 unavailable_zones: vec!["az3".into()],

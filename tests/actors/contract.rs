@@ -130,50 +130,31 @@ async fn broken(flaw: Flaw) -> ContractError {
     }
 }
 
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
-async fn a_broker_that_ignores_client_tokens_fails_idempotency() {
-    let err = broken(Flaw::IgnoresClientTokens).await;
-    assert_eq!(err.property(), Property::RepeatedTokenIsIdempotent, "{err}");
-    assert!(err.to_string().contains("a repeat of client token"), "{err}");
+fn says(e: &ContractError, what: &str) -> bool {
+    e.to_string().contains(what)
 }
 
+/// Each mutant fails the property it breaks, with the error that says how (a hanging broker
+/// in bounded time, not never).
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
-async fn a_broker_that_lists_foreign_instances_fails() {
-    let err = broken(Flaw::ListsForeignInstances).await;
-    assert_eq!(err.property(), Property::OnlyOurModelIsListed, "{err}");
-    assert!(err.to_string().contains("is listed as ours"), "{err}");
-}
-
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
-async fn a_broker_whose_release_does_nothing_fails() {
-    let err = broken(Flaw::ReleaseDoesNothing).await;
-    assert_eq!(err.property(), Property::ReleaseRemovesIdentity, "{err}");
-}
-
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
-async fn a_lookup_that_ignores_the_nonce_fails() {
-    let err = broken(Flaw::LooksUpByMachineOnly).await;
-    assert_eq!(err.property(), Property::InstancesOfStart, "{err}");
-}
-
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
-async fn a_stop_that_refuses_gone_ids_fails() {
-    let err = broken(Flaw::StopRefusesMissingIds).await;
-    assert_eq!(err.property(), Property::StopTerminates, "{err}");
-    assert!(matches!(err, ContractError::Call { call: "stop_instances", .. }), "{err:?}");
-}
-
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
-async fn a_broker_that_ignores_zones_fails() {
-    let err = broken(Flaw::IgnoresZones).await;
-    assert_eq!(err.property(), Property::ZonesAreHonoured, "{err}");
-}
-
-/// A hanging broker fails in bounded time, not never.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
-async fn a_broker_that_hangs_times_out() {
-    let err = broken(Flaw::HangsOnListings).await;
-    assert!(matches!(err, ContractError::TimedOut { property: Property::StartIsTaggedAndListed, .. }), "{err:?}");
+async fn every_broken_broker_fails_the_property_it_breaks() {
+    type Matches = fn(&ContractError) -> bool;
+    let cases: [(Flaw, Property, Matches); 7] = [
+        (Flaw::IgnoresClientTokens, Property::RepeatedTokenIsIdempotent, |e| says(e, "a repeat of client token")),
+        (Flaw::ListsForeignInstances, Property::OnlyOurModelIsListed, |e| says(e, "is listed as ours")),
+        (Flaw::ReleaseDoesNothing, Property::ReleaseRemovesIdentity, |e| says(e, "still listed after its release")),
+        (Flaw::LooksUpByMachineOnly, Property::InstancesOfStart, |e| says(e, "instances_of_start(")),
+        (Flaw::StopRefusesMissingIds, Property::StopTerminates, |e| {
+            matches!(e, ContractError::Call { call: "stop_instances", .. })
+        }),
+        (Flaw::IgnoresZones, Property::ZonesAreHonoured, |e| says(e, "a start into az2 made")),
+        (Flaw::HangsOnListings, Property::StartIsTaggedAndListed, |e| matches!(e, ContractError::TimedOut { .. })),
+    ];
+    for (flaw, property, matches) in cases {
+        let err = broken(flaw).await;
+        assert_eq!(err.property(), property, "{err}");
+        assert!(matches(&err), "{property}: {err:?}");
+    }
 }
 
 /// One property at a time, as an embedder's `#[test]` per property would; a broker without
