@@ -6,8 +6,9 @@
 //!
 //! - [`FakeCloud`]: zones with availability, start/stop latencies, instances with tags and
 //!   states, scripted StartInstance faults, derived zones, `fail_next` for any call,
-//!   out-of-band stop/start/terminate/launch, idempotent client tokens, and a log of every
-//!   call. [`FakeCloud::broker`] is its [`Broker`](crate::ports::Broker).
+//!   out-of-band stop/start/terminate/launch, idempotent client tokens (the model's own), and a
+//!   log of every call. [`FakeCloud::broker`] is its [`Broker`](crate::ports::Broker);
+//!   [`FakeCloud::broker_for`] a broker for another model on the same cloud.
 //! - [`FakeModel`]: machines with lives, statuses, provisioning info, distribution groups;
 //!   notifies watchers as a machine watcher would; `fail_next` for any call; a log of
 //!   EnsureDead and MarkForRemoval. [`FakeModel::api`] is its [`ModelApi`](crate::ports::ModelApi).
