@@ -20,7 +20,8 @@
 //! - [`containers`]: lazy container provisioners (a manager, and a supervisor per host and
 //!   container type running a provisioner scoped to those containers).
 //! - [`events`]: what subscribers hear.
-//! - `fake` (feature `test-util`): an in-process fake cloud and fake model, for tests.
+//! - `fake` (feature `test-util`): an in-process fake cloud and fake model, for tests, and
+//!   `fake::broker_contract`, the suite every broker must pass (run it on your own).
 //! - `sim` (feature `sim`): the deterministic simulator behind `provisioner simulate`.
 //! - `service` (feature `serve`): the standalone service behind `provisioner serve` (embedded
 //!   store, simulated cloud in real time, HTTP API, metrics); its `settings` (the flags and

@@ -8,7 +8,10 @@ use actix_rt::time::Instant;
 
 use crate::limiter::{RateLimits, TokenBucket};
 
-use crate::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+use crate::ports::{
+    repeated_start, token_key, AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams,
+    StartedInstance,
+};
 use crate::types::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
 
 /// A kind of broker call.
@@ -147,6 +150,11 @@ impl CloudSnapshot {
     }
 }
 
+/// Whether an instance carries the identity of `model` (and was not launched as foreign).
+fn ours(i: &FakeInstance, model: &str) -> bool {
+    !i.foreign && i.instance.tags.model.as_deref() == Some(model)
+}
+
 struct CloudActor {
     model_uuid: String,
     zoned: bool,
@@ -250,7 +258,7 @@ impl CloudActor {
             .into_iter()
             .flatten()
             .filter_map(|id| self.instances.get(id))
-            .filter(|i| self.ours(i) && i.instance.tags.machine.as_ref() == Some(m))
+            .filter(|i| ours(i, &self.model_uuid) && i.instance.tags.machine.as_ref() == Some(m))
             .filter(|i| i.instance.state != InstanceState::Terminated)
             .map(|i| i.instance.id.to_string())
             .collect();
@@ -278,10 +286,6 @@ impl CloudActor {
             self.fail_next.remove(&op);
         }
         msg
-    }
-
-    fn ours(&self, i: &FakeInstance) -> bool {
-        !i.foreign && i.instance.tags.model.as_deref() == Some(self.model_uuid.as_str())
     }
 
     /// Whether a start is refused (`Err`), goes through (`Ok(None)`), or makes its instance and
@@ -349,20 +353,22 @@ macro_rules! msg {
     };
 }
 
-msg!(Start { params: StartInstanceParams } -> "Result<StartedInstance, BrokerError>");
+msg!(Start { model: String, params: StartInstanceParams } -> "Result<StartedInstance, BrokerError>");
 msg!(Stop { ids: Vec<InstanceId> } -> "Result<(), BrokerError>");
-msg!(List {} -> "Result<Vec<CloudInstance>, BrokerError>");
+msg!(List { model: String } -> "Result<Vec<CloudInstance>, BrokerError>");
 msg!(Zones {} -> "Result<Vec<AvailabilityZone>, BrokerError>");
 msg!(Derive { machine: MachineId } -> "Result<Vec<String>, BrokerError>");
 msg!(Release { ids: Vec<InstanceId> } -> "Result<(), BrokerError>");
-msg!(Retag { id: InstanceId, tags: InstanceTags } -> "Result<(), BrokerError>");
+msg!(Retag { model: String, id: InstanceId, tags: InstanceTags } -> "Result<(), BrokerError>");
 
 impl Handler<Retag> for CloudActor {
     type Result = Result<(), BrokerError>;
     fn handle(&mut self, msg: Retag, _ctx: &mut Self::Context) -> Self::Result {
         let idx = self.log(CloudOp::RetagInstance, msg.tags.machine.clone(), None, vec![msg.id.clone()]);
-        let live =
-            self.instances.get(&msg.id).is_some_and(|i| self.ours(i) && i.instance.state != InstanceState::Terminated);
+        let live = self
+            .instances
+            .get(&msg.id)
+            .is_some_and(|i| ours(i, &msg.model) && i.instance.state != InstanceState::Terminated);
         if !live {
             let err = BrokerError::zone_independent(format!("instance {} not found", msg.id));
             self.finish(idx, Some(err.message()));
@@ -403,12 +409,9 @@ impl Handler<Start> for CloudActor {
         if let Some(err) = self.throttle(idx, CloudOp::StartInstance) {
             return Box::pin(fut::ready(Err(err)));
         }
-        if let Some(existing) = self.tokens.get(&p.client_token).and_then(|id| self.instances.get(id)) {
-            if existing.instance.tags.machine.as_ref() != Some(&p.machine) {
-                let err = BrokerError::zone_independent(format!(
-                    "IdempotentParameterMismatch: client token {} was used for another machine",
-                    p.client_token
-                ));
+        let token = token_key(&msg.model, &p.client_token);
+        if let Some(existing) = self.tokens.get(&token).and_then(|id| self.instances.get(id)) {
+            if let Err(err) = repeated_start(&p, &existing.instance) {
                 self.finish(idx, Some(err.message()));
                 return Box::pin(fut::ready(Err(err)));
             }
@@ -443,7 +446,7 @@ impl Handler<Start> for CloudActor {
         self.check_duplicate(&instance);
         let born = (self.epoch.elapsed(), Duration::ZERO);
         self.record_new(FakeInstance { instance, foreign: false, born });
-        self.tokens.insert(p.client_token.clone(), id.clone());
+        self.tokens.insert(token, id.clone());
         if let Some(c) = self.calls.get_mut(idx) {
             c.instances = vec![id.clone()];
         }
@@ -519,7 +522,7 @@ impl Handler<Stop> for CloudActor {
 
 impl Handler<List> for CloudActor {
     type Result = Result<Vec<CloudInstance>, BrokerError>;
-    fn handle(&mut self, _msg: List, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: List, _ctx: &mut Self::Context) -> Self::Result {
         let idx = self.log(CloudOp::AllInstances, None, None, Vec::new());
         if let Some(err) = self.throttle(idx, CloudOp::AllInstances) {
             return Err(err);
@@ -533,7 +536,7 @@ impl Handler<List> for CloudActor {
         Ok(self
             .instances
             .values()
-            .filter(|i| self.ours(i) && i.instance.state != InstanceState::Terminated)
+            .filter(|i| ours(i, &msg.model) && i.instance.state != InstanceState::Terminated)
             .map(|i| CloudInstance { age: Some(i.age_at(now)), ..i.instance.clone() })
             .collect())
     }
@@ -662,9 +665,16 @@ impl FakeCloud {
         Self { addr: actor.start(), model_uuid: model_uuid.to_owned(), zoned }
     }
 
-    /// The broker port over this cloud.
+    /// The broker port over this cloud, for its model.
     pub fn broker(&self) -> FakeBroker {
-        FakeBroker { addr: self.addr.clone(), zoned: self.zoned }
+        self.broker_for(&self.model_uuid)
+    }
+
+    /// A broker over the same cloud for another model: it lists and retags only that
+    /// model's instances, its client tokens are its own, and what it starts is foreign to
+    /// this cloud's model (as the broker contract's check of foreign instances needs).
+    pub fn broker_for(&self, model_uuid: &str) -> FakeBroker {
+        FakeBroker { addr: self.addr.clone(), zoned: self.zoned, model: model_uuid.into() }
     }
 
     fn control(&self, f: impl FnOnce(&mut CloudActor) + Send + 'static) {
@@ -805,6 +815,7 @@ impl FakeCloud {
 pub struct FakeBroker {
     addr: Addr<CloudActor>,
     zoned: bool,
+    model: String,
 }
 
 fn mailbox(e: MailboxError) -> BrokerError {
@@ -813,7 +824,7 @@ fn mailbox(e: MailboxError) -> BrokerError {
 
 impl Broker for FakeBroker {
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
-        let req = self.addr.send(Start { params });
+        let req = self.addr.send(Start { model: self.model.clone(), params });
         Box::pin(async move { req.await.map_err(mailbox)? })
     }
 
@@ -823,7 +834,7 @@ impl Broker for FakeBroker {
     }
 
     fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
-        let req = self.addr.send(List {});
+        let req = self.addr.send(List { model: self.model.clone() });
         Box::pin(async move { req.await.map_err(mailbox)? })
     }
 
@@ -847,7 +858,7 @@ impl Broker for FakeBroker {
     }
 
     fn retag_instance(&self, id: InstanceId, tags: InstanceTags) -> BrokerFuture<()> {
-        let req = self.addr.send(Retag { id, tags });
+        let req = self.addr.send(Retag { model: self.model.clone(), id, tags });
         Box::pin(async move { req.await.map_err(mailbox)? })
     }
 }

@@ -6,12 +6,17 @@
 //!
 //! - [`FakeCloud`]: zones with availability, start/stop latencies, instances with tags and
 //!   states, scripted StartInstance faults, derived zones, `fail_next` for any call,
-//!   out-of-band stop/start/terminate/launch, idempotent client tokens, and a log of every
-//!   call. [`FakeCloud::broker`] is its [`Broker`](crate::ports::Broker).
+//!   out-of-band stop/start/terminate/launch, idempotent client tokens (the model's own), and a
+//!   log of every call. [`FakeCloud::broker`] is its [`Broker`](crate::ports::Broker);
+//!   [`FakeCloud::broker_for`] a broker for another model on the same cloud.
 //! - [`FakeModel`]: machines with lives, statuses, provisioning info, distribution groups;
 //!   notifies watchers as a machine watcher would; `fail_next` for any call; a log of
 //!   EnsureDead and MarkForRemoval. [`FakeModel::api`] is its [`ModelApi`](crate::ports::ModelApi).
+//! - [`broker_contract`]: the broker contract suite, what every
+//!   [`Broker`](crate::ports::Broker) must do, to run against a broker of your own (this crate
+//!   runs it against [`FakeCloud`], the service's simulated cloud and the EC2 broker on moto).
 
+pub mod broker_contract;
 mod cloud;
 mod initialiser;
 mod model;

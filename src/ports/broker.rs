@@ -150,7 +150,9 @@ pub struct StartedInstance {
 ///
 /// Implementations must list only instances tagged with their model's identity: foreign
 /// instances are invisible to the provisioner. Stopping an instance that is already gone
-/// succeeds.
+/// succeeds. Client tokens are the model's own: another model's start with the same token
+/// makes its own instance. The broker contract suite (`fake::broker_contract`, feature
+/// `test-util`) checks these promises on any implementation.
 pub trait Broker: Send + Sync + 'static {
     /// Starts one instance.
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance>;
@@ -193,8 +195,37 @@ pub trait Broker: Send + Sync + 'static {
     }
     /// Removes our identity from instances left alone on purpose (keep-instance, or dead
     /// while the harvest mode excluded `destroyed`), so that no later harvest, not even after
-    /// a restart, takes them for ours.
-    fn release_instances(&self, _ids: Vec<InstanceId>) -> BrokerFuture<()> {
-        Box::pin(async { Ok(()) })
+    /// a restart, takes them for ours: [`Broker::all_instances`] lists them no more. Required:
+    /// a broker that could not release would have its kept instances harvested later.
+    fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()>;
+}
+
+/// What a simulated cloud answers to a start whose client token already made `made` (the
+/// instance of the first call with that token): `Ok` (the repeat returns `made` and creates
+/// nothing) when the parameters are the same machine and zone, else EC2's
+/// `IdempotentParameterMismatch`, a definite failure. Shared by the fake cloud and the
+/// service's simulated cloud so that both keep tokens as EC2 does.
+pub(crate) fn repeated_start(params: &StartInstanceParams, made: &CloudInstance) -> Result<(), BrokerError> {
+    let mismatch = |what: String| {
+        BrokerError::zone_independent(format!(
+            "IdempotentParameterMismatch: client token {} was used for {what}",
+            params.client_token
+        ))
+    };
+    if made.tags.machine.as_ref() != Some(&params.machine) {
+        return Err(mismatch("another machine".into()));
     }
+    if made.zone != params.zone {
+        let zone = made.zone.as_deref().unwrap_or("none");
+        return Err(mismatch(format!("a start in another zone ({zone})")));
+    }
+    Ok(())
+}
+
+/// The key under which a simulated cloud remembers a client token: tokens are the model's
+/// own (EC2 scopes them to the account, and the EC2 broker folds the model's uuid into
+/// them), so two models whose machine ids and seeded nonces coincide never get each
+/// other's instance.
+pub(crate) fn token_key(model: &str, client_token: &str) -> String {
+    format!("{model}\n{client_token}")
 }

@@ -16,5 +16,6 @@
 mod broker;
 mod model;
 
+pub(crate) use broker::{repeated_start, token_key};
 pub use broker::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
 pub use model::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};

@@ -9,14 +9,20 @@
 //! As EC2 does, it is idempotent by client token: a start repeated with the token of one that
 //! already made an instance (whatever became of the first call's answer) returns that instance,
 //! landing it if it is still pending, and creates nothing; the same token with other
-//! parameters (another machine or zone) is refused (`IdempotentParameterMismatch`). Any failure
+//! parameters (another machine or zone) is refused (`IdempotentParameterMismatch`). Tokens are
+//! the model's own (stored under a model-scoped key, `ports::token_key`), and the
+//! decision on a repeat is the one the fake cloud takes too (`ports::repeated_start`); the
+//! broker contract suite (`fake::broker_contract`) checks both. Any failure
 //! after the instance was written (its landing could not be recorded: a full disk, say) is
 //! transient, so the provisioner treats the start as ambiguous and repeats it with the same
 //! token.
 
 use std::time::Duration;
 
-use crate::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+use crate::ports::{
+    repeated_start, token_key, AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams,
+    StartedInstance,
+};
 use crate::service::settings::{DEFAULT_SIM_START_LATENCY, DEFAULT_SIM_ZONES};
 use crate::service::store::{Store, StoreError};
 use crate::types::{CloudInstance, InstanceId, InstanceTags};
@@ -114,27 +120,15 @@ impl Broker for SimCloud {
         let store = self.store.clone();
         let latency = self.settings.start_latency;
         let check = check_start(&self.settings, &params);
+        let token = token_key(&self.model_uuid, &params.client_token);
         Box::pin(async move {
             check?;
-            let (token, zone, tags, machine) =
-                (params.client_token.clone(), params.zone.clone(), params.tags.clone(), params.machine.clone());
+            let (zone, tags) = (params.zone.clone(), params.tags.clone());
             let (record, new) = store
                 .exec_lazy(move |s| s.create_instance(&token, zone.as_deref(), &tags))
                 .await
                 .map_err(cloud_error)?;
-            if record.instance.tags.machine.as_ref() != Some(&machine) {
-                return Err(BrokerError::zone_independent(format!(
-                    "IdempotentParameterMismatch: client token {} was used for another machine",
-                    params.client_token
-                )));
-            }
-            if !new && record.instance.zone != params.zone {
-                return Err(BrokerError::zone_independent(format!(
-                    "IdempotentParameterMismatch: client token {} was used for a start in another zone ({})",
-                    params.client_token,
-                    record.instance.zone.as_deref().unwrap_or("none")
-                )));
-            }
+            repeated_start(&params, &record.instance)?;
             if new && !latency.is_zero() {
                 actix_rt::time::sleep(latency).await;
             }
@@ -211,16 +205,22 @@ mod tests {
         }
     }
 
+    /// The path of a database in a new, empty directory of its own.
+    fn fresh_db(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("provisioner-simcloud-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("p.db")
+    }
+
     /// Issue 12, item 2: a start repeated with its client token (after an ambiguous failure)
     /// gets the instance the first one made, landed if it was left pending, and nothing new;
     /// the same token with another zone is refused.
     #[test]
     fn a_repeated_client_token_returns_the_instance_already_made() {
-        let dir = std::env::temp_dir().join(format!("provisioner-simcloud-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let db = fresh_db("tokens");
         actix_rt::System::new().block_on(async move {
-            let store = Store::start(&dir.join("p.db")).unwrap();
+            let store = Store::start(&db).unwrap();
             let settings = SimSettings { start_latency: Duration::ZERO, ..SimSettings::default() };
             let cloud = SimCloud::new(store.clone(), "m".into(), settings);
             let tags = InstanceTags { model: Some("m".into()), machine: Some(MachineId::new("0")), start: None };
@@ -232,7 +232,8 @@ mod tests {
 
             // A start whose instance was written but whose landing failed: the repeat lands it.
             let t = tags.clone();
-            let (left, _) = store.exec(move |s| s.create_instance("0/n/2", Some("az1"), &t)).await.unwrap();
+            let (left, _) =
+                store.exec(move |s| s.create_instance(&token_key("m", "0/n/2"), Some("az1"), &t)).await.unwrap();
             assert_eq!(left.instance.state, crate::types::InstanceState::Pending);
             let p2 = StartInstanceParams { client_token: "0/n/2".into(), ..p.clone() };
             let landed = cloud.start_instance(p2.clone()).await.unwrap();
@@ -246,6 +247,37 @@ mod tests {
             assert!(err.message().contains("IdempotentParameterMismatch"), "{err:?}");
             assert_eq!(err.kind(), "zone_independent", "{err:?}");
             assert_eq!(cloud.all_records().await.unwrap().len(), 2);
+        });
+    }
+
+    /// The broker contract suite against the simulated cloud, zoned (one zone listed as
+    /// unavailable) and zoneless, with a second model's cloud on the same store as the
+    /// stranger.
+    #[test]
+    fn the_simulated_cloud_keeps_the_broker_contract() {
+        use crate::fake::broker_contract::{run_all, ContractConfig, Property};
+        let db = fresh_db("contract");
+        actix_rt::System::new().block_on(async move {
+            let store = Store::start(&db).unwrap();
+            let zoned = SimSettings {
+                zones: vec!["az1".into(), "az2".into()],
+                unavailable_zones: vec!["az3".into()],
+                start_latency: Duration::from_millis(5),
+                stop_latency: Duration::ZERO,
+            };
+            let zoneless = SimSettings { zones: Vec::new(), unavailable_zones: Vec::new(), ..zoned.clone() };
+            for (run, settings) in [("zoned", zoned), ("zoneless", zoneless)] {
+                let (ours, theirs) = (format!("m-{run}"), format!("other-{run}"));
+                let cloud = SimCloud::new(store.clone(), ours.clone(), settings.clone());
+                let stranger = SimCloud::new(store.clone(), theirs.clone(), settings.clone());
+                let config =
+                    ContractConfig { poll_interval: Duration::from_millis(10), ..ContractConfig::new(ours, theirs) };
+                let report = run_all(&cloud, &stranger, config).await.unwrap_or_else(|e| panic!("{run}: {e}"));
+                match run {
+                    "zoned" => assert!(report.all_passed(), "{report}"),
+                    _ => assert_eq!(report.not_supported(), [(Property::ZonesAreHonoured, "zones")], "{report}"),
+                }
+            }
         });
     }
 

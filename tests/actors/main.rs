@@ -2,6 +2,7 @@
 //! clock. Each test is named after the behaviour it proves; the Juju test or rule it ports is
 //! named in its doc comment.
 
+mod contract;
 mod harvesting;
 mod resilience;
 mod safety;

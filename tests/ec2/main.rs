@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use aws_sdk_ec2::types::{Filter, InstanceStateName};
 use provisioner::ec2::{Ec2Broker, TAG_MACHINE};
+use provisioner::fake::broker_contract::{run_all, ContractConfig};
 use provisioner::fake::{FakeMachine, FakeModel, ModelSnapshot};
 use provisioner::{start, HarvestMode, Life, Machine, ProvisionerConfig, ProvisionerHandle};
 
@@ -210,4 +211,21 @@ async fn lost_answers_make_one_instance_per_machine() {
         assert_eq!(snap.machine(id).unwrap().machine.instance.as_ref().unwrap().to_string(), of[0].0);
     }
     handle.shutdown();
+}
+
+/// The broker contract suite (`provisioner::fake::broker_contract`) against the EC2 broker on
+/// moto, with a broker for another model on the same server as the stranger: every property
+/// holds, zones and retags included.
+#[actix_rt::test]
+async fn the_ec2_broker_keeps_the_broker_contract() {
+    let (uuid, other) = ("model-contract", "model-contract-stranger");
+    let broker = Moto::shared().broker(uuid).await;
+    let stranger = Moto::shared().broker(other).await;
+    let config = ContractConfig { poll_interval: Duration::from_millis(100), ..ContractConfig::new(uuid, other) };
+    let report = run_all(&broker, &stranger, config).await.unwrap_or_else(|e| panic!("{e}: {e:?}"));
+    assert!(report.all_passed(), "{report}");
+    // Everything the suite made is terminated again.
+    let left: Vec<_> =
+        cloud(&broker, uuid).await.into_iter().filter(|(_, s, ..)| *s == InstanceStateName::Running).collect();
+    assert!(left.is_empty(), "{left:?}");
 }
