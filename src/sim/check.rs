@@ -293,7 +293,9 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                     // excluded `destroyed` is released, not stopped (unless the model is
                     // destroyed by then: semantics 15). An instance never recorded because its
                     // record failed is an orphan, stopped whatever the mode (semantics 18): only
-                    // recorded instances and strays that predate the death are judged here.
+                    // recorded instances and strays that predate the death are judged here, and
+                    // a stray only if it did not become such an orphan (an adoption whose record
+                    // failed) or have its stop sent while its machine lived.
                     // (Manual and keep-instance machines have checks of their own below.)
                     let judged = recorder
                         .get(&id)
@@ -301,8 +303,21 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         .filter(|m| !protected(m, |s| s.manual || s.keep_instance));
                     let mut judged_stopped = false;
                     if let Some(m) = judged {
-                        let dead = model.machines.get(&crate::types::MachineId::new(m)).and_then(|f| f.died_at);
-                        if let Some(died) = dead.filter(|d| *d <= call.at) {
+                        let fake = model.machines.get(&crate::types::MachineId::new(m));
+                        let dead = fake.and_then(|f| f.died_at);
+                        // A stray its machine does not record whose stop was decided while the
+                        // machine lived is stopped by that decision, retried until it succeeds
+                        // (semantics 18), whatever the mode at the death: an adoption whose
+                        // record failed made it an orphan (the failed write shows it), or a stop
+                        // of it was sent before the death. (A record that failed only after the
+                        // death leaves an orphan that follows its machine: judged.)
+                        let decided_alive = |died: Duration| {
+                            let record_failed =
+                                fake.is_some_and(|f| f.record_failures.iter().any(|(at, i)| i == inst && *at <= died));
+                            let stop_sent = first_stop.get(&id).is_some_and(|first| *first < died);
+                            recorder.get(&id).is_none_or(|r| r != m) && (record_failed || stop_sent)
+                        };
+                        if let Some(died) = dead.filter(|d| *d <= call.at && !decided_alive(*d)) {
                             // The mode at its death decides the fate of the instance recorded for
                             // it. If it may have been starting then (a start call in flight, or a
                             // stray tagged for a pending machine, whose start may have been queued),
@@ -804,6 +819,47 @@ mod tests {
         listing.ok = Some(false);
         late.calls.insert(0, listing);
         assert_eq!(check(&s, &late, &model, &modes), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_strays_stop_decided_while_its_machine_lived_holds_after_its_death() {
+        // Seeds 1361, 2052, 3771 of the merged property test: stray-0, tagged for pending machine
+        // 0, was adopted; the record failed (at 1s), so its stop was decided then (semantics
+        // 18); the machine died at 5s in mode none; the stop went out at 9s. Not a release
+        // broken: the orphan was never the dead machine's to release.
+        let s = scenario("[[machines]]\nid = \"0\"");
+        let modes = ModeTimeline::new(HarvestMode::None);
+        let cloud = CloudSnapshot {
+            instances: [instance("stray-0", "0", InstanceState::Terminated)].into_iter().collect(),
+            calls: vec![call(CloudOp::StopInstances, 9, &["stray-0"])],
+            ..CloudSnapshot::default()
+        };
+        let (id, mut dead) = machine("0", Life::Dead, None, Some(5), true);
+        dead.record_failures.push((Duration::from_secs(1), InstanceId::new("stray-0")));
+        let model =
+            ModelSnapshot { machines: [(id.clone(), dead.clone())].into_iter().collect(), ..ModelSnapshot::default() };
+        assert_eq!(check(&s, &cloud, &model, &modes), Vec::<String>::new());
+        // A record that failed only after the death leaves an orphan that follows its machine
+        // (released in mode none): stopping it is caught, as is a stray never adopted.
+        let flagged = vec![
+            "instance stray-0 of machine 0, dead since 5s in mode none, was stopped at 9s in mode none".to_owned()
+        ];
+        let mut late = dead.clone();
+        late.record_failures = vec![(Duration::from_secs(6), InstanceId::new("stray-0"))];
+        let model_late =
+            ModelSnapshot { machines: [(id.clone(), late)].into_iter().collect(), ..ModelSnapshot::default() };
+        assert_eq!(check(&s, &cloud, &model_late, &modes), flagged);
+        let mut never = dead.clone();
+        never.record_failures.clear();
+        let model_never = ModelSnapshot { machines: [(id, never)].into_iter().collect(), ..ModelSnapshot::default() };
+        assert_eq!(check(&s, &cloud, &model_never, &modes), flagged);
+        // A stop first sent (and failed) while the machine lived, retried after its death: the
+        // decision predates the death.
+        let mut retried = cloud.clone();
+        let mut first = call(CloudOp::StopInstances, 3, &["stray-0"]);
+        first.ok = Some(false);
+        retried.calls.insert(0, first);
+        assert_eq!(check(&s, &retried, &model_never, &modes), Vec::<String>::new());
     }
 
     #[test]
