@@ -62,6 +62,8 @@ pub struct FakeMachine {
     /// instance it would have recorded. A record that failed makes that instance an orphan
     /// whose stop the provisioner decides then (semantics 18).
     pub record_failures: Vec<(std::time::Duration, InstanceId)>,
+    /// When its instance was last recorded (the end of the instance-info write).
+    pub recorded_at: Option<std::time::Duration>,
 }
 
 impl FakeMachine {
@@ -80,6 +82,7 @@ impl FakeMachine {
             died_at: None,
             removed_at: None,
             record_failures: Vec::new(),
+            recorded_at: None,
         }
     }
 }
@@ -223,8 +226,11 @@ impl ModelActor {
             }
             Call::SetInstanceInfo(id, info) => {
                 let written = self.scripted(ModelOp::SetInstanceInfo).map(|()| self.touch_clock());
-                let m = match written.and_then(|_| self.live(&id)) {
-                    Ok(m) => m,
+                let m = match written.and_then(|now| self.live(&id).map(|m| (m, now))) {
+                    Ok((m, now)) => {
+                        m.recorded_at = Some(now);
+                        m
+                    }
                     Err(e) => {
                         let now = self.epoch.elapsed();
                         if let Some(m) = self.machines.get_mut(&id) {

@@ -69,7 +69,16 @@ fn blind_until_switch(cloud: &CloudSnapshot, modes: &ModeTimeline, died: Duratio
         .filter(|c| matches!(c.op, CloudOp::AllInstances | CloudOp::AvailabilityZones))
         .filter(|c| c.at >= died && c.at <= switch.0)
         .collect();
-    tries.iter().any(|c| c.ok == Some(false))
+    // A batch failing when the machine died (its last listing before the death failed) is
+    // retried with backoff, maybe only after the switch: blind too.
+    let failing_then = cloud
+        .calls
+        .iter()
+        .filter(|c| matches!(c.op, CloudOp::AllInstances | CloudOp::AvailabilityZones))
+        .filter(|c| c.at <= died)
+        .last()
+        .is_some_and(|c| c.ok == Some(false));
+    failing_then || tries.iter().any(|c| c.ok == Some(false))
 }
 
 fn all_machines(s: &Scenario) -> BTreeMap<String, MachineSpec> {
@@ -203,11 +212,12 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
     // From the first destroy_model on, every instance is stopped whatever the mode (semantics 15).
     let destroyed_from: Option<Duration> =
         s.timeline().into_iter().find(|(_, a)| matches!(a, Action::DestroyModel(_))).map(|(at, _)| at);
-    // When each instance of ours landed: its start call's end (pre-existing ones: at 0).
+    // When each instance of ours landed: the end of the last start call naming it, a call
+    // whose answer was lost included (pre-existing ones: at 0).
     let landed: BTreeMap<String, Duration> = cloud
         .calls
         .iter()
-        .filter(|c| c.op == CloudOp::StartInstance && c.ok == Some(true))
+        .filter(|c| c.op == CloudOp::StartInstance)
         .flat_map(|c| c.instances.iter().map(move |i| (i.to_string(), c.done_at.unwrap_or(c.at))))
         .collect();
     // Instances launched out of band during the run, and when (not the provisioner's doing).
@@ -328,7 +338,11 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                             // restart); a container provisioner's readiness is not in the call log.
                             let recorded = recorder.get(&id).is_some_and(|r| r == m);
                             let container = crate::types::MachineId::new(m).is_container();
-                            let strict = recorded && !container && !starting_at(m, died) && seen_in_time(died);
+                            // A record landing after the death (an adoption's, or a start's
+                            // still being written) is a start in flight at the death too.
+                            let recorded_by = fake.and_then(|f| f.recorded_at).is_none_or(|r| r <= died);
+                            let strict =
+                                recorded && recorded_by && !container && !starting_at(m, died) && seen_in_time(died);
                             let decided = if strict { died } else { call.at };
                             let from = died.saturating_sub(Duration::from_millis(1));
                             if !destroyed_by(call.at)
@@ -371,7 +385,10 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         .and_then(|m| model.machines.get(&crate::types::MachineId::new(m)))
                         .filter(|_| !judged_stopped);
                     if let Some(m) = machine_of.filter(|m| m.machine.instance.as_ref() == Some(inst)) {
-                        let landed_at = landed.get(&id).copied().unwrap_or_default();
+                        // It landed for the provisioner once its start returned and its record
+                        // was written (an adoption has only the record).
+                        let landed_at =
+                            landed.get(&id).copied().unwrap_or_default().max(m.recorded_at.unwrap_or_default());
                         let first = first_stop.get(&id).copied().unwrap_or(call.at);
                         if let Some(died) = m.died_at.filter(|d| landed_at <= *d && first >= *d) {
                             let kept = modes.all_between(died, died + DECIDE_WINDOW, |md| !md.harvests_destroyed())
