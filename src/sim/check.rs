@@ -655,6 +655,26 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         }
         v.push(format!("instance {iid} tagged for live machine {tagged} is recorded by no machine (leaked)"));
     }
+    // 10. A decided stop is seen through (semantics 18), across restarts too: an instance whose
+    // record failed while its machine lived (an orphan, its stop decided then) is not left
+    // running with our tag once that machine is dead, unless some machine recorded it later.
+    for (iid, inst) in &cloud.instances {
+        if inst.foreign || inst.instance.state == InstanceState::Terminated || inst.instance.tags.model.is_none() {
+            continue;
+        }
+        let Some(tagged) = &inst.instance.tags.machine else { continue };
+        let Some(m) = model.machines.get(tagged) else { continue };
+        if m.machine.manual || recorder.contains_key(iid.as_str()) {
+            continue;
+        }
+        let Some(died) = m.died_at.filter(|_| m.removed || m.machine.life == Life::Dead) else { continue };
+        if let Some((failed, _)) = m.record_failures.iter().find(|(at, i)| i == iid && *at <= died) {
+            v.push(format!(
+                "orphan {iid} of machine {tagged}, whose record failed at {}, was left running after its machine died (its stop was decided)",
+                format_duration(*failed)
+            ));
+        }
+    }
     v
 }
 
