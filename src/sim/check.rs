@@ -75,8 +75,7 @@ fn blind_until_switch(cloud: &CloudSnapshot, modes: &ModeTimeline, died: Duratio
         .calls
         .iter()
         .filter(|c| matches!(c.op, CloudOp::AllInstances | CloudOp::AvailabilityZones))
-        .filter(|c| c.at <= died)
-        .last()
+        .rfind(|c| c.at <= died)
         .is_some_and(|c| c.ok == Some(false));
     failing_then || tries.iter().any(|c| c.ok == Some(false))
 }
