@@ -426,6 +426,17 @@ async fn process_batch(
         links.forget_lifecycle.do_send(ForgetLifecycle { ids: refreshed.gone.clone() });
     }
 
+    // Orphans (instances tagged for a live machine that it will never own: a record that failed,
+    // maybe a predecessor's whose stop a crash lost, or a second start whose result was lost;
+    // or for a dead machine in provisioning error): stopped, never adopted (semantics 17, 18).
+    // A pending machine's only once the lifecycle clears it to start (or adopt) now: never
+    // while a start of its own is in flight. Planned before the dead machines, so that a dead
+    // machine's removal waits for its orphans' stops.
+    let pending_ids: std::collections::BTreeSet<MachineId> = refreshed.pending.iter().map(|m| m.id.clone()).collect();
+    let (mut pending_orphans, orphans): (Vec<_>, Vec<_>) =
+        refreshed.orphans.into_iter().partition(|(m, _)| pending_ids.contains(m));
+    stop_orphans(&links, orphans).await?;
+
     // Dead machines first, so their stops are queued ahead of the starts (rule 45).
     if !refreshed.dead.is_empty() {
         let Deaths { stop_now, deferred } = links.observe_dead.send(ObserveDead { dead: refreshed.dead }).await?;
@@ -437,15 +448,6 @@ async fn process_batch(
             execute_plan(&links, plan);
         }
     }
-
-    // Orphans (instances tagged for a live machine that it will never own: a record that failed,
-    // maybe a predecessor's whose stop a crash lost, or a second start whose result was lost):
-    // stopped, never adopted (semantics 17, 18). A pending machine's only once the lifecycle
-    // clears it to start (or adopt) now: never while a start of its own is in flight.
-    let pending_ids: std::collections::BTreeSet<MachineId> = refreshed.pending.iter().map(|m| m.id.clone()).collect();
-    let (mut pending_orphans, orphans): (Vec<_>, Vec<_>) =
-        refreshed.orphans.into_iter().partition(|(m, _)| pending_ids.contains(m));
-    stop_orphans(&links, orphans).await?;
 
     let mut retry_later = refreshed.retry_later;
     if (model_dying || starts_closed) && !refreshed.pending.is_empty() {
@@ -484,7 +486,7 @@ async fn stop_orphans(links: &Links, orphans: Vec<(MachineId, crate::types::Inst
         links.stops_planned.do_send(StopsPlanned { ids: vec![inst.clone()], machine: Some(machine) });
         instances.push(inst);
     }
-    tracing::info!(instances = ?instances, "stopping instances tagged for live machines that will never own them");
+    tracing::info!(instances = ?instances, "stopping instances tagged for machines that will never own them");
     let plan = links.plan_stops.send(PlanStops { instances, remove_after: Vec::new() }).await?;
     execute_plan(links, plan);
     Ok(())
@@ -691,7 +693,17 @@ impl Handler<JobDone> for Coordinator {
             }
             JobOutcome::Stopped { instances, machines } => {
                 self.links.gone.do_send(InstancesGone { ids: instances.clone() });
-                self.links.stops_done.do_send(StopsDone { instances: instances.clone() });
+                // Dead machines whose removal waited for these stops (an orphan's) go now.
+                let ask = self.links.stops_done.send(StopsDone { instances: instances.clone() });
+                self.outstanding += 1;
+                ctx.spawn(ask.into_actor(self).map(|res, act, _ctx| {
+                    act.outstanding -= 1;
+                    let waited = res.unwrap_or_default();
+                    forget(&act.links, waited.clone());
+                    for m in waited {
+                        act.publish(ProvisionerEvent::MachineRemoved { machine: m });
+                    }
+                }));
                 forget(&self.links, machines.clone());
                 self.publish(ProvisionerEvent::InstancesStopped { instances });
                 for m in machines {

@@ -6,7 +6,7 @@ use actix::prelude::*;
 
 use crate::coordinator::{MachinesChanged, RetryTick};
 use crate::ports::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};
-use crate::types::{InstanceStatus, Life, Machine, MachineId, MachineStatus, ProvisioningInfo};
+use crate::types::{InstanceId, InstanceStatus, Life, Machine, MachineId, MachineStatus, ProvisioningInfo};
 
 /// A kind of model call, for `fail_next`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -58,6 +58,12 @@ pub struct FakeMachine {
     pub died_at: Option<std::time::Duration>,
     /// When it was marked for removal.
     pub removed_at: Option<std::time::Duration>,
+    /// Every instance-info write for it that failed: when (the end of the write) and the
+    /// instance it would have recorded. A record that failed makes that instance an orphan
+    /// whose stop the provisioner decides then (semantics 18).
+    pub record_failures: Vec<(std::time::Duration, InstanceId)>,
+    /// When its instance was last recorded (the end of the instance-info write).
+    pub recorded_at: Option<std::time::Duration>,
 }
 
 impl FakeMachine {
@@ -75,6 +81,8 @@ impl FakeMachine {
             read_error: None,
             died_at: None,
             removed_at: None,
+            record_failures: Vec::new(),
+            recorded_at: None,
         }
     }
 }
@@ -217,9 +225,20 @@ impl ModelActor {
                 ))
             }
             Call::SetInstanceInfo(id, info) => {
-                self.scripted(ModelOp::SetInstanceInfo)?;
-                self.touch_clock();
-                let m = self.live(&id)?;
+                let written = self.scripted(ModelOp::SetInstanceInfo).map(|()| self.touch_clock());
+                let m = match written.and_then(|now| self.live(&id).map(|m| (m, now))) {
+                    Ok((m, now)) => {
+                        m.recorded_at = Some(now);
+                        m
+                    }
+                    Err(e) => {
+                        let now = self.epoch.elapsed();
+                        if let Some(m) = self.machines.get_mut(&id) {
+                            m.record_failures.push((now, info.instance));
+                        }
+                        return Err(e);
+                    }
+                };
                 m.machine.instance = Some(info.instance);
                 m.zone = info.zone;
                 m.machine.instance_status = info.status;

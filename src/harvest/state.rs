@@ -118,6 +118,11 @@ pub struct HarvestBook {
     /// Instances whose stop was seen through while a question was out: an answer read before
     /// the registry heard of it may still list them, and they must not be stopped twice.
     gone_meanwhile: BTreeSet<InstanceId>,
+    /// Dead machines left with nothing to decide but instances whose stop was decided before
+    /// (an orphan whose record failed): marked for removal once those stops are seen through,
+    /// so that a crash meanwhile leaves the machine dead with its tagged instance, not an
+    /// unknown instance of a removed machine (semantics 5, 18).
+    awaiting: BTreeMap<MachineId, BTreeSet<InstanceId>>,
 }
 
 impl HarvestBook {
@@ -137,6 +142,7 @@ impl HarvestBook {
             destroyed: false,
             asks: 0,
             gone_meanwhile: BTreeSet::new(),
+            awaiting: BTreeMap::new(),
         }
     }
 
@@ -244,7 +250,11 @@ impl HarvestBook {
             // again (semantics 5 and 18).
             let instances: Vec<&InstanceId> =
                 m.instances().filter(|i| !self.released.contains(*i) && !self.stopping.contains(*i)).collect();
-            if m.manual || instances.is_empty() {
+            let decided: BTreeSet<InstanceId> =
+                m.instances().filter(|i| !self.released.contains(*i) && self.stopping.contains(*i)).cloned().collect();
+            if !m.manual && instances.is_empty() && !decided.is_empty() {
+                self.awaiting.insert(m.id.clone(), decided);
+            } else if m.manual || instances.is_empty() {
                 plan.remove_now.push(m.id.clone());
             } else if m.keep_instance || !(self.destroyed || self.mode.harvests_destroyed()) {
                 for inst in instances {
@@ -360,14 +370,26 @@ impl HarvestBook {
     }
 
     /// These instances are gone: they may be planned again if they ever reappear (in an answer
-    /// asked for after this).
-    pub fn stops_done(&mut self, ids: &[InstanceId]) {
+    /// asked for after this). Returns the dead machines whose removal waited for these stops
+    /// (see [`HarvestBook::plan`]), to be marked for removal now.
+    pub fn stops_done(&mut self, ids: &[InstanceId]) -> Vec<MachineId> {
         for id in ids {
             self.stopping.remove(id);
             if self.asks > 0 {
                 self.gone_meanwhile.insert(id.clone());
             }
         }
+        let mut done = Vec::new();
+        self.awaiting.retain(|m, waiting| {
+            for id in ids {
+                waiting.remove(id);
+            }
+            if waiting.is_empty() {
+                done.push(m.clone());
+            }
+            !waiting.is_empty()
+        });
+        done
     }
 
     /// The registry is asked for unknown instances (see [`HarvestBook::ask_answered`]).

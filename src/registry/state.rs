@@ -170,6 +170,9 @@ impl MachineBook {
                         let keeps = adopt.as_ref().map(|i| &i.id);
                         out.orphans.extend(self.orphans_of(&id, keeps).into_iter().map(|i| (id.clone(), i)));
                     }
+                    if class == Class::Dead {
+                        out.orphans.extend(self.dead_orphans_of(&id).into_iter().map(|i| (id.clone(), i)));
+                    }
                     if let Some(instance) = adopt {
                         out.adopt.push((id.clone(), instance));
                     }
@@ -316,6 +319,26 @@ impl MachineBook {
             .into_iter()
             .flatten()
             .filter(|i| Some(*i) != keeps && !self.owner.contains_key(*i) && !self.stopping.contains_key(*i))
+            .cloned()
+            .collect()
+    }
+
+    /// Instances tagged for a dead machine in provisioning error that records none: orphans of
+    /// a start whose record failed, whose stop was decided (maybe by a predecessor that crashed
+    /// before seeing it through, having left the machine dead until then). They are stopped
+    /// whatever the mode, as for a live machine (semantics 18); they stay in the dead machine's
+    /// view too, so that its removal waits for their stop.
+    pub fn dead_orphans_of(&self, machine: &MachineId) -> Vec<InstanceId> {
+        let Some(m) = self.machines.get(machine) else { return Vec::new() };
+        let failed = m.status == MachineStatus::Error || m.instance_status.is_error();
+        if m.life != Life::Dead || m.manual || !self.fresh || m.instance.is_some() || !failed {
+            return Vec::new();
+        }
+        self.by_tag
+            .get(machine)
+            .into_iter()
+            .flatten()
+            .filter(|i| !self.owner.contains_key(*i) && !self.stopping.contains_key(*i))
             .cloned()
             .collect()
     }

@@ -511,6 +511,30 @@ fn an_unrecorded_instance_of_a_machine_in_error_is_an_orphan_to_stop() {
 }
 
 #[test]
+fn an_unrecorded_instance_of_a_dead_machine_in_error_is_an_orphan_to_stop_and_stays_its_instance() {
+    // Seed 4066: a restarted provisioner finds dead machine 0 in provisioning error with the
+    // orphan of a failed record still tagged for it (its predecessor's stop lost to the crash).
+    let mut book = MachineBook::new();
+    book.load_view(vec![instance("i-1", Some("0"), None), instance("i-2", Some("1"), None)]);
+    let failed = Machine {
+        life: Life::Dead,
+        status: MachineStatus::Error,
+        instance_status: InstanceStatus::provisioning_error(),
+        ..Machine::pending("0")
+    };
+    let dead_fine = Machine { life: Life::Dead, ..Machine::pending("1") };
+    let (out, _) = book.absorb(vec![(mid("0"), Ok(failed)), (mid("1"), Ok(dead_fine))]);
+    // Machine 0's is an orphan (stopped whatever the mode) and still its dead instance (its
+    // removal waits for that stop); machine 1 is not in error: its instance only goes with it.
+    assert_eq!(out.orphans, vec![(mid("0"), iid("i-1"))]);
+    let tagged: Vec<(MachineId, Vec<InstanceId>)> = out.dead.iter().map(|d| (d.id.clone(), d.tagged.clone())).collect();
+    assert_eq!(tagged, vec![(mid("0"), ids(&["i-1"])), (mid("1"), ids(&["i-2"]))]);
+    // Once its stop is planned it is not reported again.
+    book.stops_planned(&ids(&["i-1"]), None);
+    assert!(book.dead_orphans_of(&mid("0")).is_empty());
+}
+
+#[test]
 fn extra_tagged_instances_of_a_machine_beside_the_one_it_keeps_are_orphans() {
     let mut book = MachineBook::new();
     book.load_view(vec![

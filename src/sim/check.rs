@@ -69,7 +69,15 @@ fn blind_until_switch(cloud: &CloudSnapshot, modes: &ModeTimeline, died: Duratio
         .filter(|c| matches!(c.op, CloudOp::AllInstances | CloudOp::AvailabilityZones))
         .filter(|c| c.at >= died && c.at <= switch.0)
         .collect();
-    tries.iter().any(|c| c.ok == Some(false))
+    // A batch failing when the machine died (its last listing before the death failed) is
+    // retried with backoff, maybe only after the switch: blind too.
+    let failing_then = cloud
+        .calls
+        .iter()
+        .filter(|c| matches!(c.op, CloudOp::AllInstances | CloudOp::AvailabilityZones))
+        .rfind(|c| c.at <= died)
+        .is_some_and(|c| c.ok == Some(false));
+    failing_then || tries.iter().any(|c| c.ok == Some(false))
 }
 
 fn all_machines(s: &Scenario) -> BTreeMap<String, MachineSpec> {
@@ -203,11 +211,12 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
     // From the first destroy_model on, every instance is stopped whatever the mode (semantics 15).
     let destroyed_from: Option<Duration> =
         s.timeline().into_iter().find(|(_, a)| matches!(a, Action::DestroyModel(_))).map(|(at, _)| at);
-    // When each instance of ours landed: its start call's end (pre-existing ones: at 0).
+    // When each instance of ours landed: the end of the last start call naming it, a call
+    // whose answer was lost included (pre-existing ones: at 0).
     let landed: BTreeMap<String, Duration> = cloud
         .calls
         .iter()
-        .filter(|c| c.op == CloudOp::StartInstance && c.ok == Some(true))
+        .filter(|c| c.op == CloudOp::StartInstance)
         .flat_map(|c| c.instances.iter().map(move |i| (i.to_string(), c.done_at.unwrap_or(c.at))))
         .collect();
     // Instances launched out of band during the run, and when (not the provisioner's doing).
@@ -293,7 +302,9 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                     // excluded `destroyed` is released, not stopped (unless the model is
                     // destroyed by then: semantics 15). An instance never recorded because its
                     // record failed is an orphan, stopped whatever the mode (semantics 18): only
-                    // recorded instances and strays that predate the death are judged here.
+                    // recorded instances and strays that predate the death are judged here, and
+                    // a stray only if it did not become such an orphan (an adoption whose record
+                    // failed) or have its stop sent while its machine lived.
                     // (Manual and keep-instance machines have checks of their own below.)
                     let judged = recorder
                         .get(&id)
@@ -301,8 +312,21 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         .filter(|m| !protected(m, |s| s.manual || s.keep_instance));
                     let mut judged_stopped = false;
                     if let Some(m) = judged {
-                        let dead = model.machines.get(&crate::types::MachineId::new(m)).and_then(|f| f.died_at);
-                        if let Some(died) = dead.filter(|d| *d <= call.at) {
+                        let fake = model.machines.get(&crate::types::MachineId::new(m));
+                        let dead = fake.and_then(|f| f.died_at);
+                        // A stray its machine does not record whose stop was decided while the
+                        // machine lived is stopped by that decision, retried until it succeeds
+                        // (semantics 18), whatever the mode at the death: an adoption whose
+                        // record failed made it an orphan (the failed write shows it), or a stop
+                        // of it was sent before the death. (A record that failed only after the
+                        // death leaves an orphan that follows its machine: judged.)
+                        let decided_alive = |died: Duration| {
+                            let record_failed =
+                                fake.is_some_and(|f| f.record_failures.iter().any(|(at, i)| i == inst && *at <= died));
+                            let stop_sent = first_stop.get(&id).is_some_and(|first| *first < died);
+                            recorder.get(&id).is_none_or(|r| r != m) && (record_failed || stop_sent)
+                        };
+                        if let Some(died) = dead.filter(|d| *d <= call.at && !decided_alive(*d)) {
                             // The mode at its death decides the fate of the instance recorded for
                             // it. If it may have been starting then (a start call in flight, or a
                             // stray tagged for a pending machine, whose start may have been queued),
@@ -313,7 +337,11 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                             // restart); a container provisioner's readiness is not in the call log.
                             let recorded = recorder.get(&id).is_some_and(|r| r == m);
                             let container = crate::types::MachineId::new(m).is_container();
-                            let strict = recorded && !container && !starting_at(m, died) && seen_in_time(died);
+                            // A record landing after the death (an adoption's, or a start's
+                            // still being written) is a start in flight at the death too.
+                            let recorded_by = fake.and_then(|f| f.recorded_at).is_none_or(|r| r <= died);
+                            let strict =
+                                recorded && recorded_by && !container && !starting_at(m, died) && seen_in_time(died);
                             let decided = if strict { died } else { call.at };
                             let from = died.saturating_sub(Duration::from_millis(1));
                             if !destroyed_by(call.at)
@@ -356,7 +384,10 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         .and_then(|m| model.machines.get(&crate::types::MachineId::new(m)))
                         .filter(|_| !judged_stopped);
                     if let Some(m) = machine_of.filter(|m| m.machine.instance.as_ref() == Some(inst)) {
-                        let landed_at = landed.get(&id).copied().unwrap_or_default();
+                        // It landed for the provisioner once its start returned and its record
+                        // was written (an adoption has only the record).
+                        let landed_at =
+                            landed.get(&id).copied().unwrap_or_default().max(m.recorded_at.unwrap_or_default());
                         let first = first_stop.get(&id).copied().unwrap_or(call.at);
                         if let Some(died) = m.died_at.filter(|d| landed_at <= *d && first >= *d) {
                             let kept = modes.all_between(died, died + DECIDE_WINDOW, |md| !md.harvests_destroyed())
@@ -623,6 +654,26 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         }
         v.push(format!("instance {iid} tagged for live machine {tagged} is recorded by no machine (leaked)"));
     }
+    // 10. A decided stop is seen through (semantics 18), across restarts too: an instance whose
+    // record failed while its machine lived (an orphan, its stop decided then) is not left
+    // running with our tag once that machine is dead, unless some machine recorded it later.
+    for (iid, inst) in &cloud.instances {
+        if inst.foreign || inst.instance.state == InstanceState::Terminated || inst.instance.tags.model.is_none() {
+            continue;
+        }
+        let Some(tagged) = &inst.instance.tags.machine else { continue };
+        let Some(m) = model.machines.get(tagged) else { continue };
+        if m.machine.manual || recorder.contains_key(iid.as_str()) {
+            continue;
+        }
+        let Some(died) = m.died_at.filter(|_| m.removed || m.machine.life == Life::Dead) else { continue };
+        if let Some((failed, _)) = m.record_failures.iter().find(|(at, i)| i == iid && *at <= died) {
+            v.push(format!(
+                "orphan {iid} of machine {tagged}, whose record failed at {}, was left running after its machine died (its stop was decided)",
+                format_duration(*failed)
+            ));
+        }
+    }
     v
 }
 
@@ -804,6 +855,47 @@ mod tests {
         listing.ok = Some(false);
         late.calls.insert(0, listing);
         assert_eq!(check(&s, &late, &model, &modes), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_strays_stop_decided_while_its_machine_lived_holds_after_its_death() {
+        // Seeds 1361, 2052, 3771 of the merged property test: stray-0, tagged for pending machine
+        // 0, was adopted; the record failed (at 1s), so its stop was decided then (semantics
+        // 18); the machine died at 5s in mode none; the stop went out at 9s. Not a release
+        // broken: the orphan was never the dead machine's to release.
+        let s = scenario("[[machines]]\nid = \"0\"");
+        let modes = ModeTimeline::new(HarvestMode::None);
+        let cloud = CloudSnapshot {
+            instances: [instance("stray-0", "0", InstanceState::Terminated)].into_iter().collect(),
+            calls: vec![call(CloudOp::StopInstances, 9, &["stray-0"])],
+            ..CloudSnapshot::default()
+        };
+        let (id, mut dead) = machine("0", Life::Dead, None, Some(5), true);
+        dead.record_failures.push((Duration::from_secs(1), InstanceId::new("stray-0")));
+        let model =
+            ModelSnapshot { machines: [(id.clone(), dead.clone())].into_iter().collect(), ..ModelSnapshot::default() };
+        assert_eq!(check(&s, &cloud, &model, &modes), Vec::<String>::new());
+        // A record that failed only after the death leaves an orphan that follows its machine
+        // (released in mode none): stopping it is caught, as is a stray never adopted.
+        let flagged = vec![
+            "instance stray-0 of machine 0, dead since 5s in mode none, was stopped at 9s in mode none".to_owned()
+        ];
+        let mut late = dead.clone();
+        late.record_failures = vec![(Duration::from_secs(6), InstanceId::new("stray-0"))];
+        let model_late =
+            ModelSnapshot { machines: [(id.clone(), late)].into_iter().collect(), ..ModelSnapshot::default() };
+        assert_eq!(check(&s, &cloud, &model_late, &modes), flagged);
+        let mut never = dead.clone();
+        never.record_failures.clear();
+        let model_never = ModelSnapshot { machines: [(id, never)].into_iter().collect(), ..ModelSnapshot::default() };
+        assert_eq!(check(&s, &cloud, &model_never, &modes), flagged);
+        // A stop first sent (and failed) while the machine lived, retried after its death: the
+        // decision predates the death.
+        let mut retried = cloud.clone();
+        let mut first = call(CloudOp::StopInstances, 3, &["stray-0"]);
+        first.ok = Some(false);
+        retried.calls.insert(0, first);
+        assert_eq!(check(&s, &retried, &model_never, &modes), Vec::<String>::new());
     }
 
     #[test]
