@@ -409,6 +409,13 @@ fn serve_refuses_bad_usage_with_exit_2_and_one_sentence() {
     let (code, err) = run(&["serve", "--listen", &addr, "--data-dir", data]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("cannot listen on"), "{err}");
+    // ... said in one sentence, the provisioner stopped cleanly (it used to panic on the way
+    // out: its actors were dropped after the runtime).
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let (code, err) = run(&["serve", "--listen", "256.0.0.1:1", "--data-dir", data]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("cannot listen on 256.0.0.1:1") && !err.contains("panicked"), "{err}");
 
     // No service there: a run-time failure, in one sentence.
     let (code, err) = run(&["status", "--server", "http://127.0.0.1:9", "--token", "t"]);

@@ -394,13 +394,22 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         model_uuid: model_uuid.clone(),
         started,
     };
-    let server = actix_web::HttpServer::new(move || api::app(state.clone()))
+    let bound = actix_web::HttpServer::new(move || api::app(state.clone()))
         .workers(2)
         .disable_signals()
         .shutdown_timeout(opts.shutdown_grace.as_secs().max(1))
-        .bind(opts.listen())
-        .map_err(|source| ServeError::Listen { addr: opts.listen().to_owned(), source })?
-        .run();
+        .bind(opts.listen());
+    let server = match bound {
+        Ok(server) => server.run(),
+        Err(source) => {
+            // The provisioner's actors are running: stop them while the runtime is still
+            // here (dropped with it, their timers would panic), then say why.
+            handle.shutdown();
+            let _ = events.send(crate::service::events::CloseStreams).await;
+            actix_rt::time::sleep(std::time::Duration::from_millis(50)).await;
+            return Err(ServeError::Listen { addr: opts.listen().to_owned(), source });
+        }
+    };
     let server_handle = server.handle();
     let server_task = actix_rt::spawn(server);
     tracing::info!(
