@@ -185,9 +185,9 @@ impl Handler<GetHarvestMode> for HarvestPolicy {
 }
 
 impl Handler<StopsDone> for HarvestPolicy {
-    type Result = ();
-    fn handle(&mut self, msg: StopsDone, _ctx: &mut Self::Context) {
-        self.book.stops_done(&msg.instances);
+    type Result = MessageResult<StopsDone>;
+    fn handle(&mut self, msg: StopsDone, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.stops_done(&msg.instances))
     }
 }
 

@@ -53,9 +53,10 @@ pub struct ClaimReusable {
 #[rtype(result = "()")]
 pub struct ParkExpired(pub crate::types::InstanceId);
 
-/// These instances were terminated.
+/// These instances were terminated. Answers the dead machines that waited for these stops
+/// (planned while they were in flight) and are to be marked for removal now.
 #[derive(Debug, Clone, Message)]
-#[rtype(result = "()")]
+#[rtype(result = "Vec<crate::types::MachineId>")]
 pub struct StopsDone {
     /// The instances.
     pub instances: Vec<crate::types::InstanceId>,

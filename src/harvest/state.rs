@@ -118,6 +118,12 @@ pub struct HarvestBook {
     /// Instances whose stop was seen through while a question was out: an answer read before
     /// the registry heard of it may still list them, and they must not be stopped twice.
     gone_meanwhile: BTreeSet<InstanceId>,
+    /// Dead machines planned while stops of their instances were already in flight (the
+    /// destruction's, an orphan's), with the stops they wait for: marked for removal only once
+    /// every one is seen through ([`HarvestBook::stops_done`]). Removed earlier, a crash that
+    /// lost the stop would leave a running instance tagged for a machine no longer in the model:
+    /// unknown, never stopped in modes `none` and `destroyed` (semantics 15, invariant 5).
+    awaiting: BTreeMap<MachineId, BTreeSet<InstanceId>>,
 }
 
 impl HarvestBook {
@@ -137,6 +143,7 @@ impl HarvestBook {
             destroyed: false,
             asks: 0,
             gone_meanwhile: BTreeSet::new(),
+            awaiting: BTreeMap::new(),
         }
     }
 
@@ -239,26 +246,45 @@ impl HarvestBook {
     pub fn plan(&mut self, dead: &[DeadMachine], unknown: &[UnknownInstance]) -> HarvestPlan {
         let mut plan = HarvestPlan::default();
         for m in dead {
-            // An instance whose stop is already decided (an orphan whose record failed, say) is
-            // stopped by that stop, retried until it succeeds: neither released nor stopped
-            // again (semantics 5 and 18).
+            // An instance whose stop is already decided (an orphan whose record failed, the
+            // destruction's) is stopped by that stop, retried until it succeeds: neither
+            // released nor stopped again (semantics 5 and 18); the machine waits for it.
             let instances: Vec<&InstanceId> =
                 m.instances().filter(|i| !self.released.contains(*i) && !self.stopping.contains(*i)).collect();
+            let in_flight: BTreeSet<InstanceId> = if m.manual {
+                BTreeSet::new()
+            } else {
+                m.instances().filter(|i| !self.released.contains(*i) && self.stopping.contains(*i)).cloned().collect()
+            };
+            let waits = !in_flight.is_empty();
+            if waits {
+                self.awaiting.entry(m.id.clone()).or_default().extend(in_flight);
+            }
             if m.manual || instances.is_empty() {
-                plan.remove_now.push(m.id.clone());
+                if !waits {
+                    plan.remove_now.push(m.id.clone());
+                }
             } else if m.keep_instance || !(self.destroyed || self.mode.harvests_destroyed()) {
                 for inst in instances {
                     self.released.insert(inst.clone());
                     plan.release.push(inst.clone());
                 }
-                plan.remove_after_release.push(m.id.clone());
-            } else if let Some(r) =
-                m.reusable.as_ref().filter(|r| self.reuse && m.tagged.is_empty() && instances == [&r.instance])
+                if !waits {
+                    plan.remove_after_release.push(m.id.clone());
+                }
+            } else if let Some(r) = m
+                .reusable
+                .as_ref()
+                .filter(|r| self.reuse && !waits && m.tagged.is_empty() && instances == [&r.instance])
             {
                 if !self.parked.contains_key(&r.instance) {
                     self.parked.insert(r.instance.clone(), (m.id.clone(), r.clone()));
                     plan.park.push((m.id.clone(), r.clone()));
                 }
+            } else if waits {
+                // Removed once the stops in flight and this one are all seen through.
+                self.awaiting.entry(m.id.clone()).or_default().extend(instances.iter().map(|i| (*i).clone()));
+                plan.stop.extend(instances.into_iter().cloned());
             } else {
                 plan.stop.extend(instances.into_iter().cloned());
                 plan.remove_after_stop.push(m.id.clone());
@@ -344,30 +370,61 @@ impl HarvestBook {
     /// Like every stop, it is retried until it succeeds (semantics 18).
     pub fn plan_stops(&mut self, instances: &[InstanceId], remove_after: &[MachineId]) -> HarvestPlan {
         let mut plan = HarvestPlan::default();
+        let mut in_flight = BTreeSet::new();
         for inst in instances {
-            if self.released.contains(inst) || self.stopping.contains(inst) || plan.stop.contains(inst) {
+            if self.released.contains(inst) || plan.stop.contains(inst) {
+                continue;
+            }
+            if self.stopping.contains(inst) {
+                in_flight.insert(inst.clone());
                 continue;
             }
             plan.stop.push(inst.clone());
         }
-        if plan.stop.is_empty() {
+        self.stopping.extend(plan.stop.iter().cloned());
+        if !in_flight.is_empty() {
+            // A stop already in flight: the machines wait for it as well as for this one.
+            in_flight.extend(plan.stop.iter().cloned());
+            for m in remove_after {
+                self.awaiting.entry(m.clone()).or_default().extend(in_flight.iter().cloned());
+            }
+        } else if plan.stop.is_empty() {
             plan.remove_now = remove_after.to_vec();
         } else {
             plan.remove_after_stop = remove_after.to_vec();
         }
-        self.stopping.extend(plan.stop.iter().cloned());
         plan
     }
 
     /// These instances are gone: they may be planned again if they ever reappear (in an answer
-    /// asked for after this).
-    pub fn stops_done(&mut self, ids: &[InstanceId]) {
+    /// asked for after this). Returns the dead machines that waited for these stops and wait
+    /// for nothing more: to be marked for removal now.
+    pub fn stops_done(&mut self, ids: &[InstanceId]) -> Vec<MachineId> {
         for id in ids {
             self.stopping.remove(id);
             if self.asks > 0 {
                 self.gone_meanwhile.insert(id.clone());
             }
         }
+        let mut done = Vec::new();
+        self.awaiting.retain(|m, waits| {
+            for id in ids {
+                waits.remove(id);
+            }
+            // An instance no longer being stopped (its stop done by an earlier call) waits
+            // for nothing either.
+            waits.retain(|i| self.stopping.contains(i));
+            if waits.is_empty() {
+                done.push(m.clone());
+            }
+            !waits.is_empty()
+        });
+        done
+    }
+
+    /// Dead machines waiting for stops in flight before they are marked for removal.
+    pub fn awaiting_removal(&self) -> impl Iterator<Item = &MachineId> {
+        self.awaiting.keys()
     }
 
     /// The registry is asked for unknown instances (see [`HarvestBook::ask_answered`]).
