@@ -124,6 +124,14 @@ pub struct HarvestBook {
     /// lost the stop would leave a running instance tagged for a machine no longer in the model:
     /// unknown, never stopped in modes `none` and `destroyed` (semantics 15, invariant 5).
     awaiting: BTreeMap<MachineId, BTreeSet<InstanceId>>,
+    /// Instances released by the mode (not keep-instance) at the book's current instant. A
+    /// destruction at that same instant wins over them (semantics 15: starts that land at the
+    /// instant of `destroy_model` are stopped): a container provisioner hears of a destruction
+    /// only after the environ provisioner applied it, and may have released a landing instance
+    /// meanwhile.
+    released_now: BTreeSet<InstanceId>,
+    /// The instant `released_now` is about.
+    released_now_at: Duration,
 }
 
 impl HarvestBook {
@@ -144,12 +152,23 @@ impl HarvestBook {
             asks: 0,
             gone_meanwhile: BTreeSet::new(),
             awaiting: BTreeMap::new(),
+            released_now: BTreeSet::new(),
+            released_now_at: Duration::ZERO,
         }
     }
 
     /// The time the next decisions are taken at (the actor's clock).
     pub fn set_clock(&mut self, now: Duration) {
         self.clock = self.clock.max(now);
+    }
+
+    /// Records a release the mode decided (a destruction at this same instant wins over it).
+    fn released_by_mode(&mut self, inst: &InstanceId) {
+        if self.released_now_at != self.clock {
+            self.released_now.clear();
+            self.released_now_at = self.clock;
+        }
+        self.released_now.insert(inst.clone());
     }
 
     /// The same book with this grace period and cap.
@@ -193,6 +212,7 @@ impl HarvestBook {
             plan.remove_after_stop.push(machine);
         } else {
             self.released.insert(instance.clone());
+            self.released_by_mode(instance);
             plan.release.push(instance.clone());
             plan.remove_after_release.push(machine);
         }
@@ -267,6 +287,9 @@ impl HarvestBook {
             } else if m.keep_instance || !(self.destroyed || self.mode.harvests_destroyed()) {
                 for inst in instances {
                     self.released.insert(inst.clone());
+                    if !m.keep_instance {
+                        self.released_by_mode(inst);
+                    }
                     plan.release.push(inst.clone());
                 }
                 if !waits {
@@ -343,10 +366,20 @@ impl HarvestBook {
     /// marked for removal (the machines are not dead).
     ///
     /// From then on the destruction wins over releases (semantics 15): a machine dying later,
-    /// or whose start lands later, has its instance stopped whatever the mode.
+    /// or whose start lands later, has its instance stopped whatever the mode. So does one
+    /// released by the mode at this very instant (a start that landed, a machine that died, at
+    /// the instant of the destruction, decided before this provisioner heard of it): it is
+    /// stopped after all.
     pub fn plan_destroy(&mut self, machines: &[DeadMachine]) -> HarvestPlan {
         self.destroyed = true;
         let mut plan = HarvestPlan { eager: true, ..HarvestPlan::default() };
+        if self.released_now_at == self.clock {
+            for inst in std::mem::take(&mut self.released_now) {
+                tracing::info!(instance = %inst, "released at the instant of the destruction: stopping it after all");
+                self.released.remove(&inst);
+                plan.stop.push(inst);
+            }
+        }
         for m in machines.iter().filter(|m| !m.manual) {
             for inst in m.instances() {
                 if self.released.contains(inst) || self.stopping.contains(inst) || plan.stop.contains(inst) {

@@ -492,3 +492,30 @@ fn a_dead_machine_with_a_stop_in_flight_and_a_new_one_waits_for_both() {
     assert!(b.stops_done(&iids(&["i-0"])).is_empty());
     assert_eq!(b.stops_done(&iids(&["orphan"])), mids(&["0"]));
 }
+
+#[test]
+fn a_release_the_mode_decided_at_the_instant_of_the_destruction_is_overridden() {
+    // Seeds 10239, 11869, 13915 (semantics 15): a container died while starting in mode none;
+    // its start lands at the very instant of destroy_model, and its provisioner, not told yet,
+    // releases the instance. The destruction, planned at that same instant, stops it after all.
+    let mut b = book(HarvestMode::None);
+    b.set_clock(Duration::from_secs(1));
+    assert_eq!(b.plan(&[dead("0/lxd/0", Some("i-1"))], &[]).release, iids(&["i-1"]));
+    let kept = DeadMachine { keep_instance: true, ..dead("0/lxd/1", Some("i-2")) };
+    assert_eq!(b.plan(&[kept], &[]).release, iids(&["i-2"]));
+    let plan = b.plan_destroy(&[]);
+    // The keep-instance one stays released (invariant 4).
+    assert_eq!(plan.stop, iids(&["i-1"]));
+    assert!(plan.eager);
+    // Not planned twice; never released again.
+    assert!(b.plan_destroy(&[dead("0/lxd/0", Some("i-1"))]).stop.is_empty());
+}
+
+#[test]
+fn a_release_decided_before_the_instant_of_the_destruction_stands() {
+    let mut b = book(HarvestMode::None);
+    b.set_clock(Duration::from_millis(999));
+    assert_eq!(b.plan(&[dead("0", Some("i-1"))], &[]).release, iids(&["i-1"]));
+    b.set_clock(Duration::from_secs(1));
+    assert!(b.plan_destroy(&[dead("0", Some("i-1"))]).stop.is_empty());
+}
