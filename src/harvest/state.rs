@@ -277,11 +277,10 @@ impl HarvestBook {
                 m.instances().filter(|i| !self.released.contains(*i) && self.stopping.contains(*i)).cloned().collect()
             };
             let waits = !in_flight.is_empty();
-            if waits {
-                self.awaiting.entry(m.id.clone()).or_default().extend(in_flight);
-            }
             if m.manual || instances.is_empty() {
-                if !waits {
+                if waits {
+                    self.awaiting.entry(m.id.clone()).or_default().extend(in_flight);
+                } else {
                     plan.remove_now.push(m.id.clone());
                 }
             } else if m.keep_instance || !(self.destroyed || self.mode.harvests_destroyed()) {
@@ -292,9 +291,12 @@ impl HarvestBook {
                     }
                     plan.release.push(inst.clone());
                 }
-                if !waits {
-                    plan.remove_after_release.push(m.id.clone());
-                }
+                // Removed once the release lands, even with a stop of another of its instances
+                // in flight: a machine still dead after a crash would have its released
+                // instance (which it still records) decided again, maybe stopped after a switch
+                // to a mode that stops them (semantics 5). That stop is retried until it
+                // succeeds meanwhile.
+                plan.remove_after_release.push(m.id.clone());
             } else if let Some(r) = m
                 .reusable
                 .as_ref()
@@ -306,7 +308,8 @@ impl HarvestBook {
                 }
             } else if waits {
                 // Removed once the stops in flight and this one are all seen through.
-                self.awaiting.entry(m.id.clone()).or_default().extend(instances.iter().map(|i| (*i).clone()));
+                let all = in_flight.into_iter().chain(instances.iter().map(|i| (*i).clone()));
+                self.awaiting.entry(m.id.clone()).or_default().extend(all);
                 plan.stop.extend(instances.into_iter().cloned());
             } else {
                 plan.stop.extend(instances.into_iter().cloned());

@@ -519,3 +519,20 @@ fn a_release_decided_before_the_instant_of_the_destruction_stands() {
     b.set_clock(Duration::from_secs(1));
     assert!(b.plan_destroy(&[dead("0", Some("i-1"))]).stop.is_empty());
 }
+
+#[test]
+fn a_dead_machine_releasing_an_instance_is_removed_once_the_release_lands_even_with_a_stop_in_flight() {
+    // Seed 18709 (semantics 5): machine 1 adopted extra-0, its second tagged instance tagged-1 is
+    // an orphan being stopped; it dies in mode none. extra-0 is released and the machine removed
+    // once that lands: kept dead until tagged-1's stop is seen through, a crash in between would
+    // leave it recording the released extra-0, stopped by a successor after a switch to all.
+    let mut b = book(HarvestMode::None);
+    assert_eq!(b.plan_stops(&iids(&["tagged-1"]), &[]).stop, iids(&["tagged-1"]));
+    let m = DeadMachine { tagged: iids(&["tagged-1"]), ..dead("1", Some("extra-0")) };
+    let plan = b.plan(&[m], &[]);
+    assert_eq!(plan.release, iids(&["extra-0"]));
+    assert!(plan.stop.is_empty(), "{plan:?}");
+    assert_eq!(plan.remove_after_release, mids(&["1"]));
+    assert_eq!(b.awaiting_removal().count(), 0);
+    assert!(b.stops_done(&iids(&["tagged-1"])).is_empty());
+}
