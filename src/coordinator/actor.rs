@@ -293,6 +293,25 @@ impl Coordinator {
         }));
     }
 
+    /// Tells the harvest policy these stops are seen through, and marks for removal the dead
+    /// machines that waited for them (planned while the stops were in flight).
+    fn stops_done(&mut self, instances: Vec<crate::types::InstanceId>, ctx: &mut Context<Self>) {
+        let ask = self.links.stops_done.send(StopsDone { instances });
+        self.outstanding += 1;
+        ctx.spawn(ask.into_actor(self).map(|res, act, _ctx| {
+            act.outstanding -= 1;
+            let Ok(machines) = res else { return };
+            if machines.is_empty() {
+                return;
+            }
+            tracing::info!(machines = ?machines, "the stops dead machines waited for are seen through; removing them");
+            forget(&act.links, machines.clone());
+            for m in machines {
+                act.publish(ProvisionerEvent::MachineRemoved { machine: m });
+            }
+        }));
+    }
+
     /// Performs a harvest plan: stops (then removals) through the pool, removals now.
     fn execute(&mut self, plan: HarvestPlan) {
         for (m, r) in &plan.park {
@@ -693,17 +712,7 @@ impl Handler<JobDone> for Coordinator {
             }
             JobOutcome::Stopped { instances, machines } => {
                 self.links.gone.do_send(InstancesGone { ids: instances.clone() });
-                // Dead machines whose removal waited for these stops (an orphan's) go now.
-                let ask = self.links.stops_done.send(StopsDone { instances: instances.clone() });
-                self.outstanding += 1;
-                ctx.spawn(ask.into_actor(self).map(|res, act, _ctx| {
-                    act.outstanding -= 1;
-                    let waited = res.unwrap_or_default();
-                    forget(&act.links, waited.clone());
-                    for m in waited {
-                        act.publish(ProvisionerEvent::MachineRemoved { machine: m });
-                    }
-                }));
+                self.stops_done(instances.clone(), ctx);
                 forget(&self.links, machines.clone());
                 self.publish(ProvisionerEvent::InstancesStopped { instances });
                 for m in machines {

@@ -95,6 +95,7 @@ impl HarvestPolicy {
         fresher_than: Option<std::time::Duration>,
     ) -> ResponseActFuture<Self, HarvestPlan> {
         if !self.book.wants_unknown() {
+            self.book.set_clock(self.epoch.elapsed());
             let plan = self.book.plan(&dead, &[]);
             return Box::pin(fut::ready(plan).into_actor(self).map(|plan, act, ctx| {
                 act.arm(&plan, ctx);
@@ -194,6 +195,7 @@ impl Handler<StopsDone> for HarvestPolicy {
 impl Handler<PlanDestroy> for HarvestPolicy {
     type Result = MessageResult<PlanDestroy>;
     fn handle(&mut self, msg: PlanDestroy, _ctx: &mut Self::Context) -> Self::Result {
+        self.book.set_clock(self.epoch.elapsed());
         MessageResult(self.book.plan_destroy(&msg.machines))
     }
 }
@@ -215,6 +217,7 @@ impl Handler<ClaimReusable> for HarvestPolicy {
 impl Handler<ParkExpired> for HarvestPolicy {
     type Result = ();
     fn handle(&mut self, msg: ParkExpired, _ctx: &mut Self::Context) {
+        self.book.set_clock(self.epoch.elapsed());
         let plan = self.book.expire(&msg.0);
         if plan.is_empty() {
             return;

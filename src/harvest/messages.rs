@@ -53,8 +53,8 @@ pub struct ClaimReusable {
 #[rtype(result = "()")]
 pub struct ParkExpired(pub crate::types::InstanceId);
 
-/// These instances were terminated. Answers the dead machines whose removal waited for
-/// these stops (to be marked for removal now).
+/// These instances were terminated. Answers the dead machines that waited for these stops
+/// (planned while they were in flight) and are to be marked for removal now.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Vec<crate::types::MachineId>")]
 pub struct StopsDone {

@@ -118,11 +118,20 @@ pub struct HarvestBook {
     /// Instances whose stop was seen through while a question was out: an answer read before
     /// the registry heard of it may still list them, and they must not be stopped twice.
     gone_meanwhile: BTreeSet<InstanceId>,
-    /// Dead machines left with nothing to decide but instances whose stop was decided before
-    /// (an orphan whose record failed): marked for removal once those stops are seen through,
-    /// so that a crash meanwhile leaves the machine dead with its tagged instance, not an
-    /// unknown instance of a removed machine (semantics 5, 18).
+    /// Dead machines planned while stops of their instances were already in flight (the
+    /// destruction's, an orphan's), with the stops they wait for: marked for removal only once
+    /// every one is seen through ([`HarvestBook::stops_done`]). Removed earlier, a crash that
+    /// lost the stop would leave a running instance tagged for a machine no longer in the model:
+    /// unknown, never stopped in modes `none` and `destroyed` (semantics 15, invariant 5).
     awaiting: BTreeMap<MachineId, BTreeSet<InstanceId>>,
+    /// Instances released by the mode (not keep-instance) at the book's current instant. A
+    /// destruction at that same instant wins over them (semantics 15: starts that land at the
+    /// instant of `destroy_model` are stopped): a container provisioner hears of a destruction
+    /// only after the environ provisioner applied it, and may have released a landing instance
+    /// meanwhile.
+    released_now: BTreeSet<InstanceId>,
+    /// The instant `released_now` is about.
+    released_now_at: Duration,
 }
 
 impl HarvestBook {
@@ -143,12 +152,23 @@ impl HarvestBook {
             asks: 0,
             gone_meanwhile: BTreeSet::new(),
             awaiting: BTreeMap::new(),
+            released_now: BTreeSet::new(),
+            released_now_at: Duration::ZERO,
         }
     }
 
     /// The time the next decisions are taken at (the actor's clock).
     pub fn set_clock(&mut self, now: Duration) {
         self.clock = self.clock.max(now);
+    }
+
+    /// Records a release the mode decided (a destruction at this same instant wins over it).
+    fn released_by_mode(&mut self, inst: &InstanceId) {
+        if self.released_now_at != self.clock {
+            self.released_now.clear();
+            self.released_now_at = self.clock;
+        }
+        self.released_now.insert(inst.clone());
     }
 
     /// The same book with this grace period and cap.
@@ -192,6 +212,7 @@ impl HarvestBook {
             plan.remove_after_stop.push(machine);
         } else {
             self.released.insert(instance.clone());
+            self.released_by_mode(instance);
             plan.release.push(instance.clone());
             plan.remove_after_release.push(machine);
         }
@@ -245,30 +266,51 @@ impl HarvestBook {
     pub fn plan(&mut self, dead: &[DeadMachine], unknown: &[UnknownInstance]) -> HarvestPlan {
         let mut plan = HarvestPlan::default();
         for m in dead {
-            // An instance whose stop is already decided (an orphan whose record failed, say) is
-            // stopped by that stop, retried until it succeeds: neither released nor stopped
-            // again (semantics 5 and 18).
+            // An instance whose stop is already decided (an orphan whose record failed, the
+            // destruction's) is stopped by that stop, retried until it succeeds: neither
+            // released nor stopped again (semantics 5 and 18); the machine waits for it.
             let instances: Vec<&InstanceId> =
                 m.instances().filter(|i| !self.released.contains(*i) && !self.stopping.contains(*i)).collect();
-            let decided: BTreeSet<InstanceId> =
-                m.instances().filter(|i| !self.released.contains(*i) && self.stopping.contains(*i)).cloned().collect();
-            if !m.manual && instances.is_empty() && !decided.is_empty() {
-                self.awaiting.insert(m.id.clone(), decided);
-            } else if m.manual || instances.is_empty() {
-                plan.remove_now.push(m.id.clone());
+            let in_flight: BTreeSet<InstanceId> = if m.manual {
+                BTreeSet::new()
+            } else {
+                m.instances().filter(|i| !self.released.contains(*i) && self.stopping.contains(*i)).cloned().collect()
+            };
+            let waits = !in_flight.is_empty();
+            if m.manual || instances.is_empty() {
+                if waits {
+                    self.awaiting.entry(m.id.clone()).or_default().extend(in_flight);
+                } else {
+                    plan.remove_now.push(m.id.clone());
+                }
             } else if m.keep_instance || !(self.destroyed || self.mode.harvests_destroyed()) {
                 for inst in instances {
                     self.released.insert(inst.clone());
+                    if !m.keep_instance {
+                        self.released_by_mode(inst);
+                    }
                     plan.release.push(inst.clone());
                 }
+                // Removed once the release lands, even with a stop of another of its instances
+                // in flight: a machine still dead after a crash would have its released
+                // instance (which it still records) decided again, maybe stopped after a switch
+                // to a mode that stops them (semantics 5). That stop is retried until it
+                // succeeds meanwhile.
                 plan.remove_after_release.push(m.id.clone());
-            } else if let Some(r) =
-                m.reusable.as_ref().filter(|r| self.reuse && m.tagged.is_empty() && instances == [&r.instance])
+            } else if let Some(r) = m
+                .reusable
+                .as_ref()
+                .filter(|r| self.reuse && !waits && m.tagged.is_empty() && instances == [&r.instance])
             {
                 if !self.parked.contains_key(&r.instance) {
                     self.parked.insert(r.instance.clone(), (m.id.clone(), r.clone()));
                     plan.park.push((m.id.clone(), r.clone()));
                 }
+            } else if waits {
+                // Removed once the stops in flight and this one are all seen through.
+                let all = in_flight.into_iter().chain(instances.iter().map(|i| (*i).clone()));
+                self.awaiting.entry(m.id.clone()).or_default().extend(all);
+                plan.stop.extend(instances.into_iter().cloned());
             } else {
                 plan.stop.extend(instances.into_iter().cloned());
                 plan.remove_after_stop.push(m.id.clone());
@@ -327,10 +369,20 @@ impl HarvestBook {
     /// marked for removal (the machines are not dead).
     ///
     /// From then on the destruction wins over releases (semantics 15): a machine dying later,
-    /// or whose start lands later, has its instance stopped whatever the mode.
+    /// or whose start lands later, has its instance stopped whatever the mode. So does one
+    /// released by the mode at this very instant (a start that landed, a machine that died, at
+    /// the instant of the destruction, decided before this provisioner heard of it): it is
+    /// stopped after all.
     pub fn plan_destroy(&mut self, machines: &[DeadMachine]) -> HarvestPlan {
         self.destroyed = true;
         let mut plan = HarvestPlan { eager: true, ..HarvestPlan::default() };
+        if self.released_now_at == self.clock {
+            for inst in std::mem::take(&mut self.released_now) {
+                tracing::info!(instance = %inst, "released at the instant of the destruction: stopping it after all");
+                self.released.remove(&inst);
+                plan.stop.push(inst);
+            }
+        }
         for m in machines.iter().filter(|m| !m.manual) {
             for inst in m.instances() {
                 if self.released.contains(inst) || self.stopping.contains(inst) || plan.stop.contains(inst) {
@@ -354,24 +406,35 @@ impl HarvestBook {
     /// Like every stop, it is retried until it succeeds (semantics 18).
     pub fn plan_stops(&mut self, instances: &[InstanceId], remove_after: &[MachineId]) -> HarvestPlan {
         let mut plan = HarvestPlan::default();
+        let mut in_flight = BTreeSet::new();
         for inst in instances {
-            if self.released.contains(inst) || self.stopping.contains(inst) || plan.stop.contains(inst) {
+            if self.released.contains(inst) || plan.stop.contains(inst) {
+                continue;
+            }
+            if self.stopping.contains(inst) {
+                in_flight.insert(inst.clone());
                 continue;
             }
             plan.stop.push(inst.clone());
         }
-        if plan.stop.is_empty() {
+        self.stopping.extend(plan.stop.iter().cloned());
+        if !in_flight.is_empty() {
+            // A stop already in flight: the machines wait for it as well as for this one.
+            in_flight.extend(plan.stop.iter().cloned());
+            for m in remove_after {
+                self.awaiting.entry(m.clone()).or_default().extend(in_flight.iter().cloned());
+            }
+        } else if plan.stop.is_empty() {
             plan.remove_now = remove_after.to_vec();
         } else {
             plan.remove_after_stop = remove_after.to_vec();
         }
-        self.stopping.extend(plan.stop.iter().cloned());
         plan
     }
 
     /// These instances are gone: they may be planned again if they ever reappear (in an answer
-    /// asked for after this). Returns the dead machines whose removal waited for these stops
-    /// (see [`HarvestBook::plan`]), to be marked for removal now.
+    /// asked for after this). Returns the dead machines that waited for these stops and wait
+    /// for nothing more: to be marked for removal now.
     pub fn stops_done(&mut self, ids: &[InstanceId]) -> Vec<MachineId> {
         for id in ids {
             self.stopping.remove(id);
@@ -380,16 +443,24 @@ impl HarvestBook {
             }
         }
         let mut done = Vec::new();
-        self.awaiting.retain(|m, waiting| {
+        self.awaiting.retain(|m, waits| {
             for id in ids {
-                waiting.remove(id);
+                waits.remove(id);
             }
-            if waiting.is_empty() {
+            // An instance no longer being stopped (its stop done by an earlier call) waits
+            // for nothing either.
+            waits.retain(|i| self.stopping.contains(i));
+            if waits.is_empty() {
                 done.push(m.clone());
             }
-            !waiting.is_empty()
+            !waits.is_empty()
         });
         done
+    }
+
+    /// Dead machines waiting for stops in flight before they are marked for removal.
+    pub fn awaiting_removal(&self) -> impl Iterator<Item = &MachineId> {
+        self.awaiting.keys()
     }
 
     /// The registry is asked for unknown instances (see [`HarvestBook::ask_answered`]).

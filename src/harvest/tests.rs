@@ -419,12 +419,15 @@ fn plan_stops_stops_each_instance_once_then_removes_its_machines() {
     assert_eq!(plan.stop, iids(&["orphan", "parked"]));
     assert_eq!(plan.remove_after_stop, mids(&["9"]));
     assert!(plan.remove_now.is_empty());
-    // Being stopped: neither planned again nor harvested as unknown.
+    // Being stopped: neither planned again nor harvested as unknown; machine 8 is removed
+    // once that stop is seen through, not before.
     let again = b.plan_stops(&iids(&["orphan"]), &mids(&["8"]));
     assert!(again.stop.is_empty());
-    assert_eq!(again.remove_now, mids(&["8"]));
+    assert!(again.remove_now.is_empty() && again.remove_after_stop.is_empty(), "{again:?}");
     b.set_mode(HarvestMode::All);
     assert!(b.plan(&[], &old(&["orphan"])).stop.is_empty());
+    assert!(b.stops_done(&iids(&["parked"])).is_empty());
+    assert_eq!(b.stops_done(&iids(&["orphan"])), mids(&["8"]));
 }
 
 #[test]
@@ -460,4 +463,81 @@ fn a_dead_machines_instance_whose_stop_is_decided_is_neither_released_nor_stoppe
     assert!(b.stops_done(&iids(&["other"])).is_empty());
     assert_eq!(b.stops_done(&iids(&["orphan"])), mids(&["0"]));
     assert!(b.stops_done(&iids(&["orphan"])).is_empty());
+}
+
+#[test]
+fn a_dead_machine_whose_instance_is_being_stopped_is_removed_only_once_the_stop_is_seen_through() {
+    // Seeds 396, 580, 1554, 1740, 2052 (semantics 15, invariant 5): the destruction's stop of
+    // i-1 is retried (throttled) when machine 0 dies in mode none. Marked for removal at once,
+    // a crash that lost the stop would leave i-1 running, tagged for a machine no longer in the
+    // model: an unknown instance, never stopped in modes none and destroyed.
+    let mut b = book(HarvestMode::None);
+    assert_eq!(b.plan_destroy(&[dead("0", Some("i-1"))]).stop, iids(&["i-1"]));
+    let plan = b.plan(&[dead("0", Some("i-1"))], &[]);
+    assert!(plan.stop.is_empty() && plan.release.is_empty(), "{plan:?}");
+    assert!(plan.remove_now.is_empty() && plan.remove_after_stop.is_empty(), "{plan:?}");
+    // Notified again meanwhile: still waiting, nothing planned twice.
+    assert!(b.plan(&[dead("0", Some("i-1"))], &[]).is_empty());
+    assert_eq!(b.awaiting_removal().cloned().collect::<Vec<_>>(), mids(&["0"]));
+    // The stop is seen through: now it goes.
+    assert_eq!(b.stops_done(&iids(&["i-1"])), mids(&["0"]));
+    assert_eq!(b.awaiting_removal().count(), 0);
+}
+
+#[test]
+fn a_dead_machine_with_a_stop_in_flight_and_a_new_one_waits_for_both() {
+    // Its orphan is being stopped; it dies (mode destroyed) with its recorded instance too: the
+    // new stop is planned, and the machine goes only once both are seen through.
+    let mut b = book(HarvestMode::Destroyed);
+    assert_eq!(b.plan_stops(&iids(&["orphan"]), &[]).stop, iids(&["orphan"]));
+    let m = DeadMachine { tagged: iids(&["orphan"]), ..dead("0", Some("i-0")) };
+    let plan = b.plan(&[m], &[]);
+    assert_eq!(plan.stop, iids(&["i-0"]));
+    assert!(plan.remove_after_stop.is_empty() && plan.remove_now.is_empty(), "{plan:?}");
+    assert!(b.stops_done(&iids(&["i-0"])).is_empty());
+    assert_eq!(b.stops_done(&iids(&["orphan"])), mids(&["0"]));
+}
+
+#[test]
+fn a_release_the_mode_decided_at_the_instant_of_the_destruction_is_overridden() {
+    // Seeds 10239, 11869, 13915 (semantics 15): a container died while starting in mode none;
+    // its start lands at the very instant of destroy_model, and its provisioner, not told yet,
+    // releases the instance. The destruction, planned at that same instant, stops it after all.
+    let mut b = book(HarvestMode::None);
+    b.set_clock(Duration::from_secs(1));
+    assert_eq!(b.plan(&[dead("0/lxd/0", Some("i-1"))], &[]).release, iids(&["i-1"]));
+    let kept = DeadMachine { keep_instance: true, ..dead("0/lxd/1", Some("i-2")) };
+    assert_eq!(b.plan(&[kept], &[]).release, iids(&["i-2"]));
+    let plan = b.plan_destroy(&[]);
+    // The keep-instance one stays released (invariant 4).
+    assert_eq!(plan.stop, iids(&["i-1"]));
+    assert!(plan.eager);
+    // Not planned twice; never released again.
+    assert!(b.plan_destroy(&[dead("0/lxd/0", Some("i-1"))]).stop.is_empty());
+}
+
+#[test]
+fn a_release_decided_before_the_instant_of_the_destruction_stands() {
+    let mut b = book(HarvestMode::None);
+    b.set_clock(Duration::from_millis(999));
+    assert_eq!(b.plan(&[dead("0", Some("i-1"))], &[]).release, iids(&["i-1"]));
+    b.set_clock(Duration::from_secs(1));
+    assert!(b.plan_destroy(&[dead("0", Some("i-1"))]).stop.is_empty());
+}
+
+#[test]
+fn a_dead_machine_releasing_an_instance_is_removed_once_the_release_lands_even_with_a_stop_in_flight() {
+    // Seed 18709 (semantics 5): machine 1 adopted extra-0, its second tagged instance tagged-1 is
+    // an orphan being stopped; it dies in mode none. extra-0 is released and the machine removed
+    // once that lands: kept dead until tagged-1's stop is seen through, a crash in between would
+    // leave it recording the released extra-0, stopped by a successor after a switch to all.
+    let mut b = book(HarvestMode::None);
+    assert_eq!(b.plan_stops(&iids(&["tagged-1"]), &[]).stop, iids(&["tagged-1"]));
+    let m = DeadMachine { tagged: iids(&["tagged-1"]), ..dead("1", Some("extra-0")) };
+    let plan = b.plan(&[m], &[]);
+    assert_eq!(plan.release, iids(&["extra-0"]));
+    assert!(plan.stop.is_empty(), "{plan:?}");
+    assert_eq!(plan.remove_after_release, mids(&["1"]));
+    assert_eq!(b.awaiting_removal().count(), 0);
+    assert!(b.stops_done(&iids(&["tagged-1"])).is_empty());
 }

@@ -461,6 +461,13 @@ impl MachineBook {
                 .filter(|i| self.owner.get(*i).is_none_or(|o| o == id) && Some(*i) != m.instance.as_ref())
                 .cloned()
                 .collect();
+            // Those whose stop is decided and not seen through, even if no listing shows them yet
+            // (an orphan whose record failed): the machine is removed only after that stop.
+            for inst in self.stopping_for.get(id).into_iter().flatten() {
+                if Some(inst) != m.instance.as_ref() && !dead.tagged.contains(inst) {
+                    dead.tagged.push(inst.clone());
+                }
+            }
             // Clean enough to reuse: started by us with known constraints, running, no error.
             dead.reusable =
                 m.instance.as_ref().and_then(|inst| {

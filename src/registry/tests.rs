@@ -581,3 +581,20 @@ fn a_machine_whose_tagged_instance_a_dead_machine_still_records_waits_for_it() {
     let (out, _) = book.absorb(vec![(mid("6"), Ok(Machine::pending("6")))]);
     assert_eq!(out.pending.len(), 1);
 }
+
+#[test]
+fn a_dead_machine_carries_the_unlisted_orphan_whose_stop_is_in_flight() {
+    // Its start's record failed: the orphan "i-1" is being stopped, but no listing has shown
+    // it. When the machine dies, its dead view names i-1, so the harvest removes the machine
+    // only once that stop is seen through (not at once, which a crash losing the stop would
+    // turn into a running instance of a removed machine).
+    let mut book = MachineBook::new();
+    book.load_view(Vec::new());
+    book.stops_planned(&ids(&["i-1"]), Some(&mid("0")));
+    let (out, _) = book.absorb(vec![(mid("0"), Ok(machine("0", Life::Dead)))]);
+    assert_eq!(out.dead.len(), 1, "{out:?}");
+    assert_eq!(out.dead[0].tagged, ids(&["i-1"]));
+    // Seen through: no longer carried.
+    book.instances_gone(&ids(&["i-1"]));
+    assert!(book.dead_machine(&mid("0")).unwrap().tagged.is_empty());
+}

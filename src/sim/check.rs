@@ -287,8 +287,15 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
     for call in &cloud.calls {
         let at = format_duration(call.at);
         match call.op {
+            // A release at or after the destruction's instant is not one the contract keeps:
+            // from then on every instance is stopped whatever the mode (semantics 15; the
+            // semantics-15 check below holds such an instance to be terminated), keep-instance
+            // ones excepted.
             CloudOp::ReleaseInstances if call.ok == Some(true) => {
-                released.extend(call.instances.iter().map(ToString::to_string));
+                let kept_for_good = |id: &String| {
+                    !destroyed_by(call.at) || owner.get(id).is_some_and(|m| protected(m, |s| s.keep_instance))
+                };
+                released.extend(call.instances.iter().map(ToString::to_string).filter(kept_for_good));
             }
             CloudOp::StopInstances => {
                 for inst in &call.instances {
@@ -940,6 +947,73 @@ mod tests {
         // Released before the destruction: no longer ours.
         cloud.calls.push(call(CloudOp::ReleaseInstances, 5, &["i-1"]));
         assert_eq!(check(&s, &cloud, &model, &modes), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_release_at_the_instant_of_the_destruction_is_no_release_the_destruction_keeps() {
+        // Seeds 10239, 11869, 13915 (semantics 15): container 0/lxd/0 died at 5s while starting
+        // in mode none; its start landed at 10s, the instant of destroy_model, and its provisioner
+        // released it before hearing of the destruction.
+        let s = scenario(&format!(
+            "{HOST_AND_CONTAINER}
+            [[machines]]
+            id = \"1\"
+            keep_instance = true
+            [[events]]
+            at = \"10s\"
+            destroy_model = {{ force = true }}"
+        ));
+        let modes = ModeTimeline::new(HarvestMode::None);
+        let mut start = call(CloudOp::StartInstance, 0, &["i-1"]);
+        start.machine = Some(MachineId::new("0/lxd/0"));
+        start.done_at = Some(Duration::from_secs(10));
+        let mut kept = Machine::pending("1");
+        kept.keep_instance = true;
+        kept.instance = Some(InstanceId::new("i-k"));
+        let model = ModelSnapshot {
+            machines: [
+                machine("0", Life::Alive, Some("i-h0"), None, false),
+                machine("0/lxd/0", Life::Dead, Some("i-1"), Some(5), true),
+                (MachineId::new("1"), FakeMachine::new(kept)),
+            ]
+            .into_iter()
+            .collect(),
+            life: Life::Dying,
+            ..ModelSnapshot::default()
+        };
+        let released = CloudSnapshot {
+            instances: [
+                instance("i-h0", "0", InstanceState::Terminated),
+                instance("i-1", "0/lxd/0", InstanceState::Running),
+                instance("i-k", "1", InstanceState::Running),
+            ]
+            .into_iter()
+            .collect(),
+            calls: vec![
+                start,
+                call(CloudOp::ReleaseInstances, 10, &["i-1", "i-k"]),
+                call(CloudOp::StopInstances, 10, &["i-h0"]),
+            ],
+            ..CloudSnapshot::default()
+        };
+        // Left running: the destruction lost to the release.
+        let v = check(&s, &released, &model, &modes);
+        assert_eq!(v, vec!["model destroyed at 10s but instance i-1 of machine 0/lxd/0 is running".to_owned()]);
+        // Stopped after all, as the destruction requires: not a released instance stopped.
+        let mut stopped = released.clone();
+        stopped.calls.push(call(CloudOp::StopInstances, 10, &["i-1"]));
+        stopped.instances.insert(InstanceId::new("i-1"), instance("i-1", "0/lxd/0", InstanceState::Terminated).1);
+        assert_eq!(check(&s, &stopped, &model, &modes), Vec::<String>::new());
+        // A keep-instance release at that instant still holds.
+        let mut kept_stopped = stopped.clone();
+        kept_stopped.calls.push(call(CloudOp::StopInstances, 11, &["i-k"]));
+        let v = check(&s, &kept_stopped, &model, &modes);
+        assert!(v.contains(&"released instance i-k was stopped at 11s".to_owned()), "{v:?}");
+        // A release before the destruction holds too.
+        let mut early = stopped.clone();
+        early.calls[1] = call(CloudOp::ReleaseInstances, 9, &["i-1", "i-k"]);
+        let v = check(&s, &early, &model, &modes);
+        assert!(v.contains(&"released instance i-1 was stopped at 10s".to_owned()), "{v:?}");
     }
 
     #[test]
