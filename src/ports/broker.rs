@@ -205,6 +205,7 @@ pub trait Broker: Send + Sync + 'static {
 /// nothing) when the parameters are the same machine and zone, else EC2's
 /// `IdempotentParameterMismatch`, a definite failure. Shared by the fake cloud and the
 /// service's simulated cloud so that both keep tokens as EC2 does.
+#[cfg(any(feature = "test-util", feature = "serve"))]
 pub(crate) fn repeated_start(params: &StartInstanceParams, made: &CloudInstance) -> Result<(), BrokerError> {
     let mismatch = |what: String| {
         BrokerError::zone_independent(format!(
@@ -226,6 +227,7 @@ pub(crate) fn repeated_start(params: &StartInstanceParams, made: &CloudInstance)
 /// own (EC2 scopes them to the account, and the EC2 broker folds the model's uuid into
 /// them), so two models whose machine ids and seeded nonces coincide never get each
 /// other's instance.
+#[cfg(any(feature = "test-util", feature = "serve"))]
 pub(crate) fn token_key(model: &str, client_token: &str) -> String {
     format!("{model}\n{client_token}")
 }

@@ -16,6 +16,7 @@
 mod broker;
 mod model;
 
+#[cfg(any(feature = "test-util", feature = "serve"))]
 pub(crate) use broker::{repeated_start, token_key};
 pub use broker::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
 pub use model::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};
