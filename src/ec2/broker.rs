@@ -67,6 +67,17 @@ where
     }
 }
 
+/// The states of an instance that is not gone (`shutting-down` and `terminated` are gone).
+fn live_states() -> Filter {
+    Filter::builder()
+        .name("instance-state-name")
+        .values("pending")
+        .values("running")
+        .values("stopping")
+        .values("stopped")
+        .build()
+}
+
 fn tag(key: &str, value: impl Into<String>) -> Tag {
     Tag::builder().key(key).value(value).build()
 }
@@ -209,15 +220,13 @@ impl Broker for Ec2Broker {
         let model = self.config.model_uuid.clone();
         Box::pin(async move {
             let ours = Filter::builder().name(format!("tag:{TAG_MODEL}")).values(model.clone()).build();
-            let states = Filter::builder()
-                .name("instance-state-name")
-                .values("pending")
-                .values("running")
-                .values("stopping")
-                .values("stopped")
-                .build();
-            let mut pages =
-                client.describe_instances().filters(ours).filters(states).max_results(1000).into_paginator().send();
+            let mut pages = client
+                .describe_instances()
+                .filters(ours)
+                .filters(live_states())
+                .max_results(1000)
+                .into_paginator()
+                .send();
             let now = wall_clock();
             let mut out = Vec::new();
             while let Some(page) = pages.next().await {
@@ -235,19 +244,12 @@ impl Broker for Ec2Broker {
         let model = self.config.model_uuid.clone();
         Box::pin(async move {
             let tag = |k: &str, v: String| Filter::builder().name(format!("tag:{k}")).values(v).build();
-            let states = Filter::builder()
-                .name("instance-state-name")
-                .values("pending")
-                .values("running")
-                .values("stopping")
-                .values("stopped")
-                .build();
             let out = client
                 .describe_instances()
                 .filters(tag(TAG_MODEL, model.clone()))
                 .filters(tag(TAG_MACHINE, machine.to_string()))
                 .filters(tag(TAG_START, nonce))
-                .filters(states)
+                .filters(live_states())
                 .send()
                 .await
                 .map_err(|e| sdk_error(e, None))?;
