@@ -6,6 +6,7 @@
 //!
 //! # Layout
 //!
+//! - [`actor_messages`]: `Shutdown` and `Busy`, which every actor handles.
 //! - [`types`]: identifiers, lives, statuses, constraints, harvest modes, cloud instances.
 //! - [`ports`]: the [`Broker`] (cloud) and [`ModelApi`] traits
 //!   an embedder implements.
@@ -54,6 +55,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod actor_messages;
 pub mod config;
 pub mod containers;
 pub mod coordinator;
@@ -82,16 +84,7 @@ pub use ports::{Broker, BrokerError, ModelApi, ModelError};
 pub use types::{CloudInstance, Constraints, HarvestMode, InstanceId, Life, Machine, MachineId, MachineStatus};
 pub use wiring::{start, start_containers, ContainersHandle, ProvisionerError, ProvisionerHandle};
 
-/// Stops an actor (every actor handles it).
-#[derive(Debug, Clone, Copy, actix::Message)]
-#[rtype(result = "()")]
-pub struct Shutdown;
-
-/// How much one-shot work an actor still has (queued jobs, calls in flight, retries waiting
-/// on a timer). Periodic timers do not count. Zero everywhere = quiescent.
-#[derive(Debug, Clone, Copy, actix::Message)]
-#[rtype(result = "usize")]
-pub struct Busy;
+pub use actor_messages::{Busy, Shutdown};
 
 macro_rules! handle_shutdown {
     ($($actor:ty),*) => {$(

@@ -730,9 +730,9 @@ impl Handler<JobDone> for Coordinator {
     }
 }
 
-impl Handler<crate::Busy> for Coordinator {
+impl Handler<crate::actor_messages::Busy> for Coordinator {
     type Result = usize;
-    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
+    fn handle(&mut self, _msg: crate::actor_messages::Busy, _ctx: &mut Self::Context) -> usize {
         self.book.busy() + self.outstanding
     }
 }

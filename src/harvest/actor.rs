@@ -227,9 +227,9 @@ impl Handler<ParkExpired> for HarvestPolicy {
     }
 }
 
-impl Handler<crate::Busy> for HarvestPolicy {
+impl Handler<crate::actor_messages::Busy> for HarvestPolicy {
     type Result = usize;
-    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
+    fn handle(&mut self, _msg: crate::actor_messages::Busy, _ctx: &mut Self::Context) -> usize {
         // A parked instance, or a recheck, is a one-shot timer pending.
         self.book.parked().count() + usize::from(self.recheck.is_some())
     }

@@ -106,9 +106,9 @@ impl Handler<GetLimiterSnapshot> for RateLimiter {
     }
 }
 
-impl Handler<crate::Busy> for RateLimiter {
+impl Handler<crate::actor_messages::Busy> for RateLimiter {
     type Result = usize;
-    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
+    fn handle(&mut self, _msg: crate::actor_messages::Busy, _ctx: &mut Self::Context) -> usize {
         // Waiting calls are counted by whoever waits for them; nothing of its own.
         0
     }

@@ -283,9 +283,9 @@ impl Handler<GetRegistrySnapshot> for MachineRegistry {
     }
 }
 
-impl Handler<crate::Busy> for MachineRegistry {
+impl Handler<crate::actor_messages::Busy> for MachineRegistry {
     type Result = usize;
-    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
+    fn handle(&mut self, _msg: crate::actor_messages::Busy, _ctx: &mut Self::Context) -> usize {
         // A stale view is a one-shot retry pending.
         self.removals + usize::from(self.book.loaded_once() && !self.book.is_fresh())
     }

@@ -177,9 +177,9 @@ impl Handler<GetPoolStatus> for WorkerPool {
     }
 }
 
-impl Handler<crate::Busy> for WorkerPool {
+impl Handler<crate::actor_messages::Busy> for WorkerPool {
     type Result = usize;
-    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
+    fn handle(&mut self, _msg: crate::actor_messages::Busy, _ctx: &mut Self::Context) -> usize {
         self.book.in_flight() + self.book.queued() + self.requeues
     }
 }

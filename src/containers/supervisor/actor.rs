@@ -238,9 +238,9 @@ impl Handler<GetSupervisorState> for ContainerSupervisor {
     }
 }
 
-impl Handler<crate::Busy> for ContainerSupervisor {
+impl Handler<crate::actor_messages::Busy> for ContainerSupervisor {
     type Result = ResponseFuture<usize>;
-    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, _msg: crate::actor_messages::Busy, _ctx: &mut Self::Context) -> Self::Result {
         let initialising = usize::from(matches!(self.book.stage(), super::Stage::Initialising { .. }));
         let provisioner = self.provisioner.clone();
         Box::pin(async move {
@@ -253,9 +253,9 @@ impl Handler<crate::Busy> for ContainerSupervisor {
     }
 }
 
-impl Handler<crate::Shutdown> for ContainerSupervisor {
+impl Handler<crate::actor_messages::Shutdown> for ContainerSupervisor {
     type Result = ();
-    fn handle(&mut self, _msg: crate::Shutdown, ctx: &mut Self::Context) {
+    fn handle(&mut self, _msg: crate::actor_messages::Shutdown, ctx: &mut Self::Context) {
         ctx.stop();
     }
 }
