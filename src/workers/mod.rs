@@ -13,6 +13,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use actor::{StartDeps, WorkerPool};
+pub use actor::WorkerPool;
 pub use messages::{Enqueue, GetPoolStatus, GivenUp, JobDone, JobOutcome, PoolStatus, ResizePool};
+pub use start::StartDeps;
 pub use state::{Attempts, FailureKind, Job, PoolBook, ReleaseJob, StartJob, Step, StopJob};
