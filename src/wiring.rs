@@ -294,9 +294,48 @@ pub fn start_containers(
     subscribers: Vec<Recipient<ProvisionerEvent>>,
 ) -> Result<ContainersHandle, ConfigError> {
     config.validate()?;
-    let deps = crate::containers::supervisor::SupervisorDeps { model, brokers, initialiser, config, subscribers };
+    let provisioners: crate::containers::ProvisionerFactory = Arc::new(|config, broker, model| {
+        start(config, broker, model).map(|h| Arc::new(h) as Arc<dyn crate::containers::ContainerProvisioner>)
+    });
+    let deps = crate::containers::supervisor::SupervisorDeps {
+        model,
+        brokers,
+        provisioners,
+        initialiser,
+        config,
+        subscribers,
+    };
     let manager = crate::containers::manager::ContainerManager::new(kinds, deps).start();
     Ok(ContainersHandle { manager })
+}
+
+impl crate::containers::ContainerProvisioner for ProvisionerHandle {
+    fn notify(&self, ids: Vec<MachineId>) {
+        ProvisionerHandle::notify(self, ids);
+    }
+    fn set_harvest_mode(&self, mode: HarvestMode) {
+        ProvisionerHandle::set_harvest_mode(self, mode);
+    }
+    fn subscribe(&self, to: Recipient<ProvisionerEvent>) {
+        ProvisionerHandle::subscribe(self, to);
+    }
+    fn close_starts(&self) {
+        ProvisionerHandle::close_starts(self);
+    }
+    fn model_destroyed(&self) {
+        ProvisionerHandle::model_destroyed(self);
+    }
+    fn shutdown(&self) {
+        ProvisionerHandle::shutdown(self);
+    }
+    fn is_idle(&self) -> futures::future::BoxFuture<'static, bool> {
+        let h = self.clone();
+        Box::pin(async move { h.is_idle().await })
+    }
+    fn holds_no_machine(&self) -> futures::future::BoxFuture<'static, bool> {
+        let h = self.clone();
+        Box::pin(async move { h.registry().await.map(|r| r.machines.is_empty()).unwrap_or(true) })
+    }
 }
 
 impl ContainersHandle {
