@@ -1,12 +1,15 @@
-//! Messages the coordinator handles: the provisioner's public inputs.
+//! Messages the coordinator handles: the provisioner's public inputs, and what the other
+//! actors report to it (a job's outcome, a fresh cloud view, a plan to execute).
 
 use actix::prelude::*;
 
 use crate::config::ConfigError;
 use crate::events::ProvisionerEvent;
+use crate::harvest::HarvestPlan;
 use crate::ports::ModelError;
 use crate::types::InstanceId;
 use crate::types::{HarvestMode, MachineId};
+use crate::workers::JobOutcome;
 
 /// Machines changed in the model (the machine watcher's event). The first one must carry every
 /// machine: until it is processed nothing unknown is harvested.
@@ -99,3 +102,19 @@ pub enum DestroyError {
     #[error("provisioner unavailable: {0}")]
     Unavailable(String),
 }
+
+/// Sent to the coordinator when a job ends.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct JobDone(pub JobOutcome);
+
+/// Published by the registry after a successful periodic listing.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct ViewRefreshed;
+
+/// A plan the harvest policy made on its own (a parked instance's window ran out), for the
+/// coordinator to execute.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct ExecutePlan(pub HarvestPlan);

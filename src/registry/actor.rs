@@ -7,9 +7,11 @@ use actix::prelude::*;
 use futures::future::join_all;
 
 use super::messages::*;
-use super::state::MachineBook;
+use super::state::{DestroyTargets, MachineBook, Refreshed, RegistryError, RegistrySnapshot};
 use crate::config::Backoff;
+use crate::coordinator::ViewRefreshed;
 use crate::ports::{Broker, ModelApi, ModelError};
+use crate::types::DeadMachine;
 use crate::types::MachineId;
 
 /// Owns the machine cache and the instance view.

@@ -10,8 +10,9 @@ use tracing::Instrument;
 
 use super::messages::*;
 use super::start::{run_start, StartDeps};
-use super::state::{Job, PoolBook, ReleaseJob, StopJob};
+use super::state::{Job, JobOutcome, PoolBook, PoolStatus, ReleaseJob, StopJob};
 use crate::config::{validate_workers, ConfigError};
+use crate::coordinator::JobDone;
 
 /// Runs broker jobs.
 pub struct WorkerPool {

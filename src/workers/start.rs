@@ -10,7 +10,7 @@ use actix::Recipient;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
-use super::messages::JobOutcome;
+use super::state::JobOutcome;
 use super::state::{Attempts, FailureKind, StartJob, Step};
 use crate::config::{Backoff, RetryStrategy};
 use crate::lifecycle::StillWanted;
@@ -178,7 +178,7 @@ async fn start_or_adopt(
     job: StartJob,
     nonce: String,
     seed: u64,
-    given_up: &mut Option<super::messages::GivenUp>,
+    given_up: &mut Option<super::state::GivenUp>,
 ) -> JobOutcome {
     let deps = &*deps;
     let rng = &mut SmallRng::seed_from_u64(seed);
@@ -265,7 +265,7 @@ async fn start_or_adopt(
                 }
                 Err(e) => {
                     tracing::warn!(%machine, instance = %parked.instance, error = %e, "cannot hand the parked instance over; stopping it and starting anew");
-                    *given_up = Some(super::messages::GivenUp { instance: parked.instance.clone(), retired: old });
+                    *given_up = Some(super::state::GivenUp { instance: parked.instance.clone(), retired: old });
                 }
             }
         }

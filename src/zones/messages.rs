@@ -2,8 +2,9 @@
 
 use actix::Message;
 
-use super::state::{FailOutcome, ZoneError, ZoneRequest, ZoneView};
+use super::state::{ZoneError, ZoneRequest, ZoneView};
 use crate::ports::BrokerError;
+use crate::types::FailOutcome;
 use crate::types::MachineId;
 
 /// Re-read the cloud's zone list. Answers `Ok(false)` for a zoneless cloud.
