@@ -6,7 +6,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::messages::*;
-use super::state::BatchBook;
+use super::state::{BatchBook, DestroyError, DestroySummary};
 use crate::config::ConfigError;
 use crate::events::ProvisionerEvent;
 use crate::harvest::{

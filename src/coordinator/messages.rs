@@ -3,11 +3,10 @@
 
 use actix::prelude::*;
 
+use super::state::{DestroyError, DestroySummary};
 use crate::config::ConfigError;
 use crate::events::ProvisionerEvent;
 use crate::harvest::HarvestPlan;
-use crate::ports::ModelError;
-use crate::types::InstanceId;
 use crate::types::{HarvestMode, MachineId};
 use crate::workers::JobOutcome;
 
@@ -70,37 +69,6 @@ pub struct Subscribe(pub Recipient<ProvisionerEvent>);
 pub struct DestroyModel {
     /// Skip the manual-machine check.
     pub force: bool,
-}
-
-/// What a destruction set in motion.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DestroySummary {
-    /// Instances being stopped (one call).
-    pub stopping: Vec<InstanceId>,
-    /// Machines whose start is in flight: their instances are stopped as they land.
-    pub awaiting_starts: Vec<MachineId>,
-}
-
-/// Why a destruction was refused or is incomplete.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DestroyError {
-    /// The model is already dying: nothing changed.
-    #[error("model is already dying")]
-    AlreadyDying,
-    /// The model refused.
-    #[error("destroying the model: {0}")]
-    Model(ModelError),
-    /// Everything killable is being stopped, but manual machines remain.
-    #[error("manually provisioned machines must first be destroyed: {}", ids.iter().map(|i| i.as_str()).collect::<Vec<_>>().join(", "))]
-    ManualMachines {
-        /// The manual machines.
-        ids: Vec<MachineId>,
-        /// What was set in motion anyway.
-        summary: DestroySummary,
-    },
-    /// The provisioner stopped.
-    #[error("provisioner unavailable: {0}")]
-    Unavailable(String),
 }
 
 /// Sent to the coordinator when a job ends.

@@ -9,7 +9,7 @@ use actix_rt::time::Instant;
 use futures::channel::oneshot;
 
 use super::messages::*;
-use super::state::{ApiClass, Grant, LimiterBook, RateLimits};
+use super::state::{ApiClass, Grant, LimiterBook, LimiterSnapshot, RateLimits};
 
 /// Paces cloud calls per API class.
 pub struct RateLimiter {

@@ -21,5 +21,8 @@ mod tests;
 
 pub use actor::RateLimiter;
 pub use broker::LimitedBroker;
-pub use messages::{Acquire, CallOutcome, GetLimiterSnapshot, LimiterSnapshot};
-pub use state::{ApiClass, BucketLimit, ClassView, Grant, LimiterBook, RateLimitError, RateLimits, TokenBucket, Wake};
+pub use messages::{Acquire, CallOutcome, GetLimiterSnapshot};
+pub use state::{
+    ApiClass, BucketLimit, ClassView, Grant, LimiterBook, LimiterSnapshot, RateLimitError, RateLimits, TokenBucket,
+    Wake,
+};

@@ -383,3 +383,10 @@ impl LimiterBook {
             .collect()
     }
 }
+
+/// Every limited class, in a fixed order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LimiterSnapshot {
+    /// Each class's state.
+    pub classes: Vec<ClassView>,
+}

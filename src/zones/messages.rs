@@ -2,7 +2,7 @@
 
 use actix::Message;
 
-use super::state::{ZoneError, ZoneRequest, ZoneView};
+use super::state::{ZoneError, ZoneRequest, ZoneSnapshot};
 use crate::ports::BrokerError;
 use crate::types::FailOutcome;
 use crate::types::MachineId;
@@ -62,13 +62,6 @@ pub struct ReleaseMachine {
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "ZoneSnapshot")]
 pub struct GetZoneSnapshot;
-
-/// The zones, in name order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ZoneSnapshot {
-    /// Each zone's state.
-    pub zones: Vec<ZoneView>,
-}
 
 impl ZoneSnapshot {
     /// The zone a machine is placed in.

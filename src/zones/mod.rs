@@ -15,6 +15,5 @@ pub use crate::types::FailOutcome;
 pub use actor::ZoneAllocator;
 pub use messages::{
     ChooseZone, GetZoneSnapshot, MarkZoneFailed, PopulateZones, RefreshZones, ReleaseMachine, ReleaseReservation,
-    ZoneSnapshot,
 };
-pub use state::{ZoneBook, ZoneError, ZoneRequest, ZoneView};
+pub use state::{ZoneBook, ZoneError, ZoneRequest, ZoneSnapshot, ZoneView};

@@ -285,3 +285,10 @@ impl ZoneBook {
             .collect()
     }
 }
+
+/// The zones, in name order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ZoneSnapshot {
+    /// Each zone's state.
+    pub zones: Vec<ZoneView>,
+}
