@@ -8,6 +8,7 @@
 //!
 //! - [`actor_messages`]: `Shutdown` and `Busy`, which every actor handles.
 //! - [`types`]: identifiers, lives, statuses, constraints, harvest modes, cloud instances.
+//! - [`rate_limits`]: the client-side rate limits as configured (enforced by `limiter`).
 //! - [`ports`]: the [`Broker`] (cloud) and [`ModelApi`] traits
 //!   an embedder implements.
 //! - The actors, one folder each (`mod.rs`, `actor.rs`, `messages.rs`, `state.rs`, tests):
@@ -68,6 +69,7 @@ pub mod harvest;
 pub mod lifecycle;
 pub mod limiter;
 pub mod ports;
+pub mod rate_limits;
 pub mod registry;
 #[cfg(feature = "cli")]
 pub mod service;

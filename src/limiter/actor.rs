@@ -9,7 +9,8 @@ use actix_rt::time::Instant;
 use futures::channel::oneshot;
 
 use super::messages::*;
-use super::state::{ApiClass, Grant, LimiterBook, LimiterSnapshot, RateLimits};
+use super::state::{Grant, LimiterBook, LimiterSnapshot};
+use crate::rate_limits::{ApiClass, RateLimits};
 
 /// Paces cloud calls per API class.
 pub struct RateLimiter {

@@ -2,7 +2,8 @@
 
 use actix::Message;
 
-use super::state::{ApiClass, LimiterSnapshot};
+use super::state::LimiterSnapshot;
+use crate::rate_limits::ApiClass;
 
 /// Wait for a token of this class. Answers the rate epoch the call is sent under, to be
 /// reported back with [`CallOutcome`].
