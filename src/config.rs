@@ -105,7 +105,7 @@ pub enum ConfigError {
     ReuseWindow,
     /// A client-side rate limit is out of range.
     #[error(transparent)]
-    RateLimit(#[from] crate::limiter::RateLimitError),
+    RateLimit(#[from] crate::rate_limits::RateLimitError),
     /// A harvest pass that may stop nothing.
     #[error("harvest_max_stops must be at least 1")]
     HarvestMaxStops,
@@ -219,7 +219,7 @@ pub struct ProvisionerConfig {
     pub retry_path: bool,
     /// Client-side rate limits per cloud API class (EC2-sized by default), adapted down when
     /// the cloud throttles.
-    pub rate_limits: crate::limiter::RateLimits,
+    pub rate_limits: crate::rate_limits::RateLimits,
     /// An unknown instance younger than this (from its launch) is not harvested yet.
     pub harvest_grace: Duration,
     /// Most unknown instances stopped in one harvest pass; the rest wait for the next pass.
@@ -246,7 +246,7 @@ impl Default for ProvisionerConfig {
             retry_path: true,
             reuse: false,
             reuse_window: DEFAULT_REUSE_WINDOW,
-            rate_limits: crate::limiter::RateLimits::ec2(),
+            rate_limits: crate::rate_limits::RateLimits::ec2(),
             harvest_grace: DEFAULT_HARVEST_GRACE,
             harvest_max_stops: DEFAULT_HARVEST_MAX_STOPS,
             capacity_memory: DEFAULT_CAPACITY_MEMORY,
@@ -366,7 +366,7 @@ mod tests {
     #[test]
     fn bad_rate_limits_and_harvest_cap_are_refused() {
         let mut c = ProvisionerConfig::default();
-        c.rate_limits.start = Some(crate::limiter::BucketLimit::new(0, 1.0));
+        c.rate_limits.start = Some(crate::rate_limits::BucketLimit::new(0, 1.0));
         assert_eq!(
             c.validate().unwrap_err().to_string(),
             "rate limit for start calls: burst must be at least 1, got 0"

@@ -6,7 +6,9 @@
 //!
 //! # Layout
 //!
+//! - [`actor_messages`]: `Shutdown` and `Busy`, which every actor handles.
 //! - [`types`]: identifiers, lives, statuses, constraints, harvest modes, cloud instances.
+//! - [`rate_limits`]: the client-side rate limits as configured (enforced by `limiter`).
 //! - [`ports`]: the [`Broker`] (cloud) and [`ModelApi`] traits
 //!   an embedder implements.
 //! - The actors, one folder each (`mod.rs`, `actor.rs`, `messages.rs`, `state.rs`, tests):
@@ -54,6 +56,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod actor_messages;
 pub mod config;
 pub mod containers;
 pub mod coordinator;
@@ -66,6 +69,7 @@ pub mod harvest;
 pub mod lifecycle;
 pub mod limiter;
 pub mod ports;
+pub mod rate_limits;
 pub mod registry;
 #[cfg(feature = "cli")]
 pub mod service;
@@ -82,16 +86,7 @@ pub use ports::{Broker, BrokerError, ModelApi, ModelError};
 pub use types::{CloudInstance, Constraints, HarvestMode, InstanceId, Life, Machine, MachineId, MachineStatus};
 pub use wiring::{start, start_containers, ContainersHandle, ProvisionerError, ProvisionerHandle};
 
-/// Stops an actor (every actor handles it).
-#[derive(Debug, Clone, Copy, actix::Message)]
-#[rtype(result = "()")]
-pub struct Shutdown;
-
-/// How much one-shot work an actor still has (queued jobs, calls in flight, retries waiting
-/// on a timer). Periodic timers do not count. Zero everywhere = quiescent.
-#[derive(Debug, Clone, Copy, actix::Message)]
-#[rtype(result = "usize")]
-pub struct Busy;
+pub use actor_messages::{Busy, Shutdown};
 
 macro_rules! handle_shutdown {
     ($($actor:ty),*) => {$(

@@ -618,3 +618,50 @@ mod tests {
         assert_eq!(c.shape(), "arch=amd64 instance-type=m5.large cores=2 mem=8192M root-disk=10240M");
     }
 }
+
+/// A dead machine, with what harvesting needs to know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadMachine {
+    /// The machine.
+    pub id: MachineId,
+    /// Its instance, if provisioned.
+    pub instance: Option<InstanceId>,
+    /// Leave the instance alone.
+    pub keep_instance: bool,
+    /// Manually provisioned: never stopped.
+    pub manual: bool,
+    /// Other live instances tagged for it that nobody owns (a start whose result was lost):
+    /// they share the machine's fate.
+    pub tagged: Vec<InstanceId>,
+    /// Its instance, if it is clean enough to be reused (known constraints, running, the
+    /// machine not in error).
+    pub reusable: Option<crate::types::Reusable>,
+}
+
+impl DeadMachine {
+    /// The dead-machine view of a cached machine (no stray tagged instances).
+    pub fn of(m: &Machine) -> Self {
+        Self {
+            id: m.id.clone(),
+            instance: m.instance.clone(),
+            keep_instance: m.keep_instance,
+            manual: m.manual,
+            tagged: Vec::new(),
+            reusable: None,
+        }
+    }
+
+    /// Every instance of the machine: the recorded one, then the stray tagged ones.
+    pub fn instances(&self) -> impl Iterator<Item = &InstanceId> {
+        self.instance.iter().chain(self.tagged.iter().filter(move |t| Some(*t) != self.instance.as_ref()))
+    }
+}
+
+/// What a zone-specific failure leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailOutcome {
+    /// Another eligible zone is left untried this round: fail over now.
+    TryAnotherZone,
+    /// Every eligible zone failed: the marks were cleared; a round is used.
+    RoundExhausted,
+}

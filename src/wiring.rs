@@ -6,6 +6,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use thiserror::Error;
 
+use crate::actor_messages::Shutdown;
 use crate::config::{ConfigError, ProvisionerConfig};
 use crate::coordinator::{ChangeHarvestMode, Coordinator, Links, MachinesChanged, RetryTick, SetWorkers, Subscribe};
 use crate::events::ProvisionerEvent;
@@ -17,7 +18,6 @@ use crate::registry::{GetRegistrySnapshot, MachineRegistry, RegistrySnapshot};
 use crate::types::{HarvestMode, MachineId};
 use crate::workers::{GetPoolStatus, PoolStatus, StartDeps, WorkerPool};
 use crate::zones::{GetZoneSnapshot, ZoneAllocator, ZoneSnapshot};
-use crate::Shutdown;
 
 /// Errors from talking to a running provisioner.
 #[derive(Debug, Error)]
@@ -260,10 +260,10 @@ impl ProvisionerHandle {
     /// (periodic resyncs do not count). A stopped provisioner is idle.
     pub async fn is_idle(&self) -> bool {
         let (c, p, r, h) = futures::join!(
-            self.coordinator.send(crate::Busy),
-            self.pool.send(crate::Busy),
-            self.registry.send(crate::Busy),
-            self.harvest.send(crate::Busy)
+            self.coordinator.send(crate::actor_messages::Busy),
+            self.pool.send(crate::actor_messages::Busy),
+            self.registry.send(crate::actor_messages::Busy),
+            self.harvest.send(crate::actor_messages::Busy)
         );
         [c, p, r, h].into_iter().all(|b| b.map(|n| n == 0).unwrap_or(true))
     }
@@ -294,9 +294,48 @@ pub fn start_containers(
     subscribers: Vec<Recipient<ProvisionerEvent>>,
 ) -> Result<ContainersHandle, ConfigError> {
     config.validate()?;
-    let deps = crate::containers::supervisor::SupervisorDeps { model, brokers, initialiser, config, subscribers };
+    let provisioners: crate::containers::ProvisionerFactory = Arc::new(|config, broker, model| {
+        start(config, broker, model).map(|h| Arc::new(h) as Arc<dyn crate::containers::ContainerProvisioner>)
+    });
+    let deps = crate::containers::supervisor::SupervisorDeps {
+        model,
+        brokers,
+        provisioners,
+        initialiser,
+        config,
+        subscribers,
+    };
     let manager = crate::containers::manager::ContainerManager::new(kinds, deps).start();
     Ok(ContainersHandle { manager })
+}
+
+impl crate::containers::ContainerProvisioner for ProvisionerHandle {
+    fn notify(&self, ids: Vec<MachineId>) {
+        ProvisionerHandle::notify(self, ids);
+    }
+    fn set_harvest_mode(&self, mode: HarvestMode) {
+        ProvisionerHandle::set_harvest_mode(self, mode);
+    }
+    fn subscribe(&self, to: Recipient<ProvisionerEvent>) {
+        ProvisionerHandle::subscribe(self, to);
+    }
+    fn close_starts(&self) {
+        ProvisionerHandle::close_starts(self);
+    }
+    fn model_destroyed(&self) {
+        ProvisionerHandle::model_destroyed(self);
+    }
+    fn shutdown(&self) {
+        ProvisionerHandle::shutdown(self);
+    }
+    fn is_idle(&self) -> futures::future::BoxFuture<'static, bool> {
+        let h = self.clone();
+        Box::pin(async move { h.is_idle().await })
+    }
+    fn holds_no_machine(&self) -> futures::future::BoxFuture<'static, bool> {
+        let h = self.clone();
+        Box::pin(async move { h.registry().await.map(|r| r.machines.is_empty()).unwrap_or(true) })
+    }
 }
 
 impl ContainersHandle {
@@ -339,7 +378,7 @@ impl ContainersHandle {
 
     /// Whether every supervisor and container provisioner is quiescent.
     pub async fn is_idle(&self) -> bool {
-        self.manager.send(crate::Busy).await.map(|n| n == 0).unwrap_or(true)
+        self.manager.send(crate::actor_messages::Busy).await.map(|n| n == 0).unwrap_or(true)
     }
 
     /// Stops the manager, every supervisor and every container provisioner (a crash, as far as

@@ -18,8 +18,12 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use crate::ports::{AvailabilityZone, Broker, BrokerFuture, StartInstanceParams, StartedInstance};
-use crate::types::{CloudInstance, InstanceId, MachineId};
+use actix::Recipient;
+
+use crate::config::{ConfigError, ProvisionerConfig};
+use crate::events::ProvisionerEvent;
+use crate::ports::{AvailabilityZone, Broker, BrokerFuture, ModelApi, StartInstanceParams, StartedInstance};
+use crate::types::{CloudInstance, HarvestMode, InstanceId, MachineId};
 
 /// The container types a host can run unless told otherwise.
 pub const DEFAULT_CONTAINER_TYPES: &[&str] = &["lxd", "kvm"];
@@ -34,6 +38,36 @@ pub trait ContainerInitialiser: Send + Sync + 'static {
 /// Builds the broker a container provisioner uses for `kind` containers on `host`, whose
 /// instance is in `zone`.
 pub type BrokerFactory = Arc<dyn Fn(&MachineId, &str, Option<String>) -> Arc<dyn Broker> + Send + Sync>;
+
+/// A running container provisioner, as its supervisor drives it. Implemented by
+/// [`ProvisionerHandle`](crate::wiring::ProvisionerHandle); injected through a
+/// [`ProvisionerFactory`] so that the supervisor never imports the wiring that builds it.
+pub trait ContainerProvisioner: Send + Sync + 'static {
+    /// Forward machine changes.
+    fn notify(&self, ids: Vec<MachineId>);
+    /// The harvest mode changed.
+    fn set_harvest_mode(&self, mode: HarvestMode);
+    /// Hear its events.
+    fn subscribe(&self, to: Recipient<ProvisionerEvent>);
+    /// Start nothing any more.
+    fn close_starts(&self);
+    /// The model was destroyed.
+    fn model_destroyed(&self);
+    /// Stop it.
+    fn shutdown(&self);
+    /// Whether it is quiescent.
+    fn is_idle(&self) -> BoxFuture<'static, bool>;
+    /// Whether its registry caches no machine (also when it cannot be asked).
+    fn holds_no_machine(&self) -> BoxFuture<'static, bool>;
+}
+
+/// Starts a container provisioner from its configuration, broker and model (built in
+/// [`crate::wiring`], over [`crate::wiring::start`]).
+pub type ProvisionerFactory = Arc<
+    dyn Fn(ProvisionerConfig, Arc<dyn Broker>, Arc<dyn ModelApi>) -> Result<Arc<dyn ContainerProvisioner>, ConfigError>
+        + Send
+        + Sync,
+>;
 
 /// A broker for containers on one host: every container takes the host's zone, and there is
 /// no zone choice to make (the allocator sees a zoneless cloud).

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::messages::*;
-use super::state::BatchBook;
+use super::state::{BatchBook, DestroyError, DestroySummary};
 use crate::config::ConfigError;
 use crate::events::ProvisionerEvent;
 use crate::harvest::{
@@ -19,10 +19,9 @@ use crate::lifecycle::{
 use crate::ports::ModelApi;
 use crate::registry::{
     ForgetMachines, InstancesGone, PrepareDestroy, RecordInstance, Refresh, RegistryError, StopsPlanned, SweepTargets,
-    ViewRefreshed,
 };
 use crate::types::{InstanceStatus, Machine, MachineId, MachineStatus};
-use crate::workers::{Enqueue, GivenUp, Job, JobDone, JobOutcome, ReleaseJob, ResizePool, StartJob, StopJob};
+use crate::workers::{Enqueue, GivenUp, Job, JobOutcome, ReleaseJob, ResizePool, StartJob, StopJob};
 use crate::zones::{PopulateZones, RefreshZones, ReleaseMachine};
 
 /// The coordinator's links to the other actors (all wiring happens in [`crate::wiring`]).
@@ -336,7 +335,7 @@ impl Coordinator {
         let ask = self.links.start_finished.send(StartFinished { machine, instance });
         self.outstanding += 1;
         ctx.spawn(ask.into_actor(self).then(move |res, act, ctx| {
-            let with_orphan = |d: &mut crate::registry::DeadMachine| {
+            let with_orphan = |d: &mut crate::types::DeadMachine| {
                 if let Some(o) = orphan.clone().filter(|o| d.instance.as_ref() != Some(o) && !d.tagged.contains(o)) {
                     d.tagged.push(o);
                 }
@@ -730,9 +729,9 @@ impl Handler<JobDone> for Coordinator {
     }
 }
 
-impl Handler<crate::Busy> for Coordinator {
+impl Handler<crate::actor_messages::Busy> for Coordinator {
     type Result = usize;
-    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
+    fn handle(&mut self, _msg: crate::actor_messages::Busy, _ctx: &mut Self::Context) -> usize {
         self.book.busy() + self.outstanding
     }
 }
@@ -772,9 +771,9 @@ impl Handler<DestroyModel> for Coordinator {
     }
 }
 
-impl Handler<crate::harvest::ExecutePlan> for Coordinator {
+impl Handler<ExecutePlan> for Coordinator {
     type Result = ();
-    fn handle(&mut self, msg: crate::harvest::ExecutePlan, _ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: ExecutePlan, _ctx: &mut Self::Context) {
         self.execute(msg.0);
     }
 }

@@ -1,12 +1,14 @@
-//! Messages the coordinator handles: the provisioner's public inputs.
+//! Messages the coordinator handles: the provisioner's public inputs, and what the other
+//! actors report to it (a job's outcome, a fresh cloud view, a plan to execute).
 
 use actix::prelude::*;
 
+use super::state::{DestroyError, DestroySummary};
 use crate::config::ConfigError;
 use crate::events::ProvisionerEvent;
-use crate::ports::ModelError;
-use crate::types::InstanceId;
+use crate::harvest::HarvestPlan;
 use crate::types::{HarvestMode, MachineId};
+use crate::workers::JobOutcome;
 
 /// Machines changed in the model (the machine watcher's event). The first one must carry every
 /// machine: until it is processed nothing unknown is harvested.
@@ -69,33 +71,18 @@ pub struct DestroyModel {
     pub force: bool,
 }
 
-/// What a destruction set in motion.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DestroySummary {
-    /// Instances being stopped (one call).
-    pub stopping: Vec<InstanceId>,
-    /// Machines whose start is in flight: their instances are stopped as they land.
-    pub awaiting_starts: Vec<MachineId>,
-}
+/// Sent to the coordinator when a job ends.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct JobDone(pub JobOutcome);
 
-/// Why a destruction was refused or is incomplete.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DestroyError {
-    /// The model is already dying: nothing changed.
-    #[error("model is already dying")]
-    AlreadyDying,
-    /// The model refused.
-    #[error("destroying the model: {0}")]
-    Model(ModelError),
-    /// Everything killable is being stopped, but manual machines remain.
-    #[error("manually provisioned machines must first be destroyed: {}", ids.iter().map(|i| i.as_str()).collect::<Vec<_>>().join(", "))]
-    ManualMachines {
-        /// The manual machines.
-        ids: Vec<MachineId>,
-        /// What was set in motion anyway.
-        summary: DestroySummary,
-    },
-    /// The provisioner stopped.
-    #[error("provisioner unavailable: {0}")]
-    Unavailable(String),
-}
+/// Published by the registry after a successful periodic listing.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct ViewRefreshed;
+
+/// A plan the harvest policy made on its own (a parked instance's window ran out), for the
+/// coordinator to execute.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct ExecutePlan(pub HarvestPlan);

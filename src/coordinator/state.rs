@@ -7,7 +7,8 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::config::Backoff;
-use crate::types::MachineId;
+use crate::ports::ModelError;
+use crate::types::{InstanceId, MachineId};
 
 /// Notifications waiting, the batch in flight, and dead machines whose stop is deferred.
 #[derive(Debug, Clone)]
@@ -121,4 +122,35 @@ impl BatchBook {
     pub fn set_workers(&mut self, n: usize) -> bool {
         std::mem::replace(&mut self.workers, n) != n
     }
+}
+
+/// What a destruction set in motion.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DestroySummary {
+    /// Instances being stopped (one call).
+    pub stopping: Vec<InstanceId>,
+    /// Machines whose start is in flight: their instances are stopped as they land.
+    pub awaiting_starts: Vec<MachineId>,
+}
+
+/// Why a destruction was refused or is incomplete.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DestroyError {
+    /// The model is already dying: nothing changed.
+    #[error("model is already dying")]
+    AlreadyDying,
+    /// The model refused.
+    #[error("destroying the model: {0}")]
+    Model(ModelError),
+    /// Everything killable is being stopped, but manual machines remain.
+    #[error("manually provisioned machines must first be destroyed: {}", ids.iter().map(|i| i.as_str()).collect::<Vec<_>>().join(", "))]
+    ManualMachines {
+        /// The manual machines.
+        ids: Vec<MachineId>,
+        /// What was set in motion anyway.
+        summary: DestroySummary,
+    },
+    /// The provisioner stopped.
+    #[error("provisioner unavailable: {0}")]
+    Unavailable(String),
 }

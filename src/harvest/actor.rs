@@ -5,6 +5,7 @@ use actix::prelude::*;
 
 use super::messages::*;
 use super::state::{HarvestBook, HarvestPlan, HarvestSafety, ModeChange, UnknownInstance};
+use crate::coordinator::ExecutePlan;
 use crate::registry::{RegistryError, UnknownInstances};
 use crate::types::HarvestMode;
 
@@ -27,12 +28,6 @@ pub struct HarvestPolicy {
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "()")]
 struct Recheck;
-
-/// A plan the harvest policy made on its own (a parked instance's window ran out), for the
-/// coordinator to execute.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "()")]
-pub struct ExecutePlan(pub HarvestPlan);
 
 impl HarvestPolicy {
     /// A policy starting in safe mode with this mode; `unknown` answers which instances no
@@ -91,7 +86,7 @@ impl HarvestPolicy {
 
     fn plan_with_unknown(
         &mut self,
-        dead: Vec<crate::registry::DeadMachine>,
+        dead: Vec<crate::types::DeadMachine>,
         fresher_than: Option<std::time::Duration>,
     ) -> ResponseActFuture<Self, HarvestPlan> {
         if !self.book.wants_unknown() {
@@ -227,9 +222,9 @@ impl Handler<ParkExpired> for HarvestPolicy {
     }
 }
 
-impl Handler<crate::Busy> for HarvestPolicy {
+impl Handler<crate::actor_messages::Busy> for HarvestPolicy {
     type Result = usize;
-    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
+    fn handle(&mut self, _msg: crate::actor_messages::Busy, _ctx: &mut Self::Context) -> usize {
         // A parked instance, or a recheck, is a one-shot timer pending.
         self.book.parked().count() + usize::from(self.recheck.is_some())
     }

@@ -3,7 +3,7 @@
 use actix::Message;
 
 use super::state::{HarvestPlan, ModeChange};
-use crate::registry::DeadMachine;
+use crate::types::DeadMachine;
 use crate::types::HarvestMode;
 
 /// Plan the fate of these dead machines (and of unknown instances, if the mode says so).

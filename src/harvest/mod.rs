@@ -10,7 +10,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use actor::{ExecutePlan, HarvestPolicy};
+pub use actor::HarvestPolicy;
 pub use messages::{
     ClaimReusable, EndSafeMode, GetHarvestMode, ParkExpired, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown,
     SetHarvestMode, StopsDone,

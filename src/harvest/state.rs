@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::registry::DeadMachine;
+use crate::types::DeadMachine;
 use crate::types::{HarvestMode, InstanceId, MachineId, Reusable};
 
 /// What to do with dead machines and unknown instances.

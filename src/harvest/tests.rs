@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::registry::DeadMachine;
+use crate::types::DeadMachine;
 use crate::types::{HarvestMode, InstanceId, MachineId};
 
 const MODES: [HarvestMode; 4] = [HarvestMode::None, HarvestMode::Unknown, HarvestMode::Destroyed, HarvestMode::All];

@@ -3,7 +3,7 @@
 use actix::Message;
 
 use super::state::{AfterStart, Deaths, Phase};
-use crate::registry::DeadMachine;
+use crate::types::DeadMachine;
 use crate::types::{InstanceId, MachineId};
 
 /// Machines classified pending: answers those to start now.

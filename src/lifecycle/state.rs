@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::registry::DeadMachine;
+use crate::types::DeadMachine;
 use crate::types::{InstanceId, MachineId};
 
 /// Where a machine is in its life with the provisioner. Machines with no phase are idle.

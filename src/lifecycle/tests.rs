@@ -1,5 +1,5 @@
 use super::*;
-use crate::registry::DeadMachine;
+use crate::types::DeadMachine;
 use crate::types::{InstanceId, MachineId};
 
 fn mid(s: &str) -> MachineId {

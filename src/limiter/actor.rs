@@ -9,7 +9,8 @@ use actix_rt::time::Instant;
 use futures::channel::oneshot;
 
 use super::messages::*;
-use super::state::{ApiClass, Grant, LimiterBook, RateLimits};
+use super::state::{Grant, LimiterBook, LimiterSnapshot};
+use crate::rate_limits::{ApiClass, RateLimits};
 
 /// Paces cloud calls per API class.
 pub struct RateLimiter {
@@ -106,9 +107,9 @@ impl Handler<GetLimiterSnapshot> for RateLimiter {
     }
 }
 
-impl Handler<crate::Busy> for RateLimiter {
+impl Handler<crate::actor_messages::Busy> for RateLimiter {
     type Result = usize;
-    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
+    fn handle(&mut self, _msg: crate::actor_messages::Busy, _ctx: &mut Self::Context) -> usize {
         // Waiting calls are counted by whoever waits for them; nothing of its own.
         0
     }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use actix::Recipient;
 
 use super::messages::{Acquire, CallOutcome};
-use super::state::ApiClass;
 use crate::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+use crate::rate_limits::ApiClass;
 use crate::types::{CloudInstance, InstanceId, InstanceTags};
 
 /// A broker whose calls are paced by a [`RateLimiter`](super::RateLimiter).

@@ -2,7 +2,8 @@
 
 use actix::Message;
 
-use super::state::{ApiClass, ClassView};
+use super::state::LimiterSnapshot;
+use crate::rate_limits::ApiClass;
 
 /// Wait for a token of this class. Answers the rate epoch the call is sent under, to be
 /// reported back with [`CallOutcome`].
@@ -29,10 +30,3 @@ pub struct CallOutcome {
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "LimiterSnapshot")]
 pub struct GetLimiterSnapshot;
-
-/// Every limited class, in a fixed order.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct LimiterSnapshot {
-    /// Each class's state.
-    pub classes: Vec<ClassView>,
-}

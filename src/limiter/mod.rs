@@ -19,7 +19,8 @@ mod state;
 #[cfg(test)]
 mod tests;
 
+pub use crate::rate_limits::{ApiClass, BucketLimit, RateLimitError, RateLimits};
 pub use actor::RateLimiter;
 pub use broker::LimitedBroker;
-pub use messages::{Acquire, CallOutcome, GetLimiterSnapshot, LimiterSnapshot};
-pub use state::{ApiClass, BucketLimit, ClassView, Grant, LimiterBook, RateLimitError, RateLimits, TokenBucket, Wake};
+pub use messages::{Acquire, CallOutcome, GetLimiterSnapshot};
+pub use state::{ClassView, Grant, LimiterBook, LimiterSnapshot, TokenBucket, Wake};

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::state::*;
+use crate::rate_limits::*;
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)

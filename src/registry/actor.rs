@@ -7,9 +7,11 @@ use actix::prelude::*;
 use futures::future::join_all;
 
 use super::messages::*;
-use super::state::MachineBook;
+use super::state::{DestroyTargets, MachineBook, Refreshed, RegistryError, RegistrySnapshot};
 use crate::config::Backoff;
+use crate::coordinator::ViewRefreshed;
 use crate::ports::{Broker, ModelApi, ModelError};
+use crate::types::DeadMachine;
 use crate::types::MachineId;
 
 /// Owns the machine cache and the instance view.
@@ -283,9 +285,9 @@ impl Handler<GetRegistrySnapshot> for MachineRegistry {
     }
 }
 
-impl Handler<crate::Busy> for MachineRegistry {
+impl Handler<crate::actor_messages::Busy> for MachineRegistry {
     type Result = usize;
-    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
+    fn handle(&mut self, _msg: crate::actor_messages::Busy, _ctx: &mut Self::Context) -> usize {
         // A stale view is a one-shot retry pending.
         self.removals + usize::from(self.book.loaded_once() && !self.book.is_fresh())
     }

@@ -1,67 +1,8 @@
 //! Messages the machine registry handles.
 
+use super::state::{DestroyTargets, Refreshed, RegistryError, RegistrySnapshot};
+use crate::types::{CloudInstance, DeadMachine, InstanceId, Machine, MachineId};
 use actix::Message;
-use thiserror::Error;
-
-use crate::ports::{BrokerError, ModelError};
-use crate::types::{CloudInstance, InstanceId, Machine, MachineId};
-
-/// Why the registry could not answer.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum RegistryError {
-    /// The cloud listing failed; nothing was classified.
-    #[error("listing instances: {0}")]
-    Listing(BrokerError),
-    /// The batched machines call failed; nothing was classified.
-    #[error("getting machines {ids:?}: {source}")]
-    Machines {
-        /// The ids asked for.
-        ids: Vec<MachineId>,
-        /// The model's error.
-        source: ModelError,
-    },
-    /// The last listing failed, so unknown instances cannot be told apart.
-    #[error("instance view is stale: the last cloud listing failed")]
-    ViewStale,
-}
-
-/// A dead machine, with what harvesting needs to know.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadMachine {
-    /// The machine.
-    pub id: MachineId,
-    /// Its instance, if provisioned.
-    pub instance: Option<InstanceId>,
-    /// Leave the instance alone.
-    pub keep_instance: bool,
-    /// Manually provisioned: never stopped.
-    pub manual: bool,
-    /// Other live instances tagged for it that nobody owns (a start whose result was lost):
-    /// they share the machine's fate.
-    pub tagged: Vec<InstanceId>,
-    /// Its instance, if it is clean enough to be reused (known constraints, running, the
-    /// machine not in error).
-    pub reusable: Option<crate::types::Reusable>,
-}
-
-impl DeadMachine {
-    /// The dead-machine view of a cached machine (no stray tagged instances).
-    pub fn of(m: &Machine) -> Self {
-        Self {
-            id: m.id.clone(),
-            instance: m.instance.clone(),
-            keep_instance: m.keep_instance,
-            manual: m.manual,
-            tagged: Vec::new(),
-            reusable: None,
-        }
-    }
-
-    /// Every instance of the machine: the recorded one, then the stray tagged ones.
-    pub fn instances(&self) -> impl Iterator<Item = &InstanceId> {
-        self.instance.iter().chain(self.tagged.iter().filter(move |t| Some(*t) != self.instance.as_ref()))
-    }
-}
 
 /// Re-read these machines from the model (loading the instance view first if it never loaded)
 /// and classify them.
@@ -70,27 +11,6 @@ impl DeadMachine {
 pub struct Refresh {
     /// The ids that changed.
     pub ids: Vec<MachineId>,
-}
-
-/// The classified batch.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Refreshed {
-    /// Machines to start.
-    pub pending: Vec<Machine>,
-    /// Dead machines (including dying unprovisioned ones taken to dead).
-    pub dead: Vec<DeadMachine>,
-    /// Ids whose read or EnsureDead failed: try them again later.
-    pub retry_later: Vec<MachineId>,
-    /// Ids no longer in the model.
-    pub gone: Vec<MachineId>,
-    /// Provisioned machines of the batch and the zones of their instances (for the allocator).
-    pub placements: Vec<(MachineId, String)>,
-    /// Pending machines with an instance already tagged for them (a start whose result was
-    /// lost): they adopt it instead of starting another.
-    pub adopt: Vec<(MachineId, CloudInstance)>,
-    /// Live machines in provisioning error and the unrecorded instances tagged for them (a
-    /// start whose record failed): stop them.
-    pub orphans: Vec<(MachineId, InstanceId)>,
 }
 
 /// Our start produced this instance for this machine.
@@ -150,26 +70,10 @@ pub struct InstanceStateOf {
     pub fresher_than: std::time::Duration,
 }
 
-/// Published by the registry after a successful periodic listing.
-#[derive(Debug, Clone, Copy, Message)]
-#[rtype(result = "()")]
-pub struct ViewRefreshed;
-
 /// A copy of the registry's state, for status pages and tests.
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "RegistrySnapshot")]
 pub struct GetRegistrySnapshot;
-
-/// The registry's state.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RegistrySnapshot {
-    /// Cached machines, in id order.
-    pub machines: Vec<Machine>,
-    /// The instance view, in id order.
-    pub instances: Vec<CloudInstance>,
-    /// Whether the last listing succeeded.
-    pub fresh: bool,
-}
 
 /// The model is being destroyed and had these machines: cache them, and answer what to stop.
 #[derive(Debug, Clone, Message)]
@@ -185,15 +89,6 @@ pub struct PrepareDestroy {
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "Vec<DeadMachine>")]
 pub struct SweepTargets;
-
-/// What the destruction concerns, within this provisioner's scope.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DestroyTargets {
-    /// Non-manual, non-controller machines, with their instances.
-    pub machines: Vec<DeadMachine>,
-    /// Manual, non-controller machines that are not dead.
-    pub manual: Vec<MachineId>,
-}
 
 /// The provisioner decided to stop these instances: never adopt them, and start no machine
 /// they are tagged for before the stop is done.

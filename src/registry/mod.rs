@@ -12,10 +12,12 @@ mod state;
 #[cfg(test)]
 mod tests;
 
+pub use crate::types::DeadMachine;
 pub use actor::MachineRegistry;
 pub use messages::{
-    Adoptable, DeadMachine, DestroyTargets, ForgetMachines, GetRegistrySnapshot, InstanceStateOf, InstancesGone,
-    PrepareDestroy, RecordInstance, Refresh, Refreshed, RegistryError, RegistrySnapshot, StopsPlanned, SweepTargets,
-    UnknownInstances, ViewRefreshed,
+    Adoptable, ForgetMachines, GetRegistrySnapshot, InstanceStateOf, InstancesGone, PrepareDestroy, RecordInstance,
+    Refresh, StopsPlanned, SweepTargets, UnknownInstances,
 };
-pub use state::{blocks_destroy, classify, Class, MachineBook};
+pub use state::{
+    blocks_destroy, classify, Class, DestroyTargets, MachineBook, Refreshed, RegistryError, RegistrySnapshot,
+};

@@ -4,10 +4,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::config::Scope;
-use crate::ports::ModelError;
-use crate::registry::Refreshed;
+use thiserror::Error;
+
+use crate::ports::{BrokerError, ModelError};
 use crate::types::{
-    CloudInstance, Constraints, InstanceId, InstanceState, InstanceStatus, Life, Machine, MachineId, MachineStatus,
+    CloudInstance, Constraints, DeadMachine, InstanceId, InstanceState, InstanceStatus, Life, Machine, MachineId,
+    MachineStatus,
 };
 
 /// What a machine needs from the provisioner right now (rules 13–22).
@@ -449,9 +451,9 @@ impl MachineBook {
     }
 
     /// The dead-machine view of a cached machine, with stray instances tagged for it.
-    pub fn dead_machine(&self, id: &MachineId) -> Option<crate::registry::DeadMachine> {
+    pub fn dead_machine(&self, id: &MachineId) -> Option<DeadMachine> {
         let m = self.machines.get(id)?;
-        let mut dead = crate::registry::DeadMachine::of(m);
+        let mut dead = DeadMachine::of(m);
         if !m.manual {
             dead.tagged = self
                 .by_tag
@@ -491,4 +493,64 @@ impl MachineBook {
     pub fn instance(&self, id: &InstanceId) -> Option<&CloudInstance> {
         self.instances.get(id)
     }
+}
+
+/// Why the registry could not answer.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RegistryError {
+    /// The cloud listing failed; nothing was classified.
+    #[error("listing instances: {0}")]
+    Listing(BrokerError),
+    /// The batched machines call failed; nothing was classified.
+    #[error("getting machines {ids:?}: {source}")]
+    Machines {
+        /// The ids asked for.
+        ids: Vec<MachineId>,
+        /// The model's error.
+        source: ModelError,
+    },
+    /// The last listing failed, so unknown instances cannot be told apart.
+    #[error("instance view is stale: the last cloud listing failed")]
+    ViewStale,
+}
+
+/// The classified batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Refreshed {
+    /// Machines to start.
+    pub pending: Vec<Machine>,
+    /// Dead machines (including dying unprovisioned ones taken to dead).
+    pub dead: Vec<DeadMachine>,
+    /// Ids whose read or EnsureDead failed: try them again later.
+    pub retry_later: Vec<MachineId>,
+    /// Ids no longer in the model.
+    pub gone: Vec<MachineId>,
+    /// Provisioned machines of the batch and the zones of their instances (for the allocator).
+    pub placements: Vec<(MachineId, String)>,
+    /// Pending machines with an instance already tagged for them (a start whose result was
+    /// lost): they adopt it instead of starting another.
+    pub adopt: Vec<(MachineId, CloudInstance)>,
+    /// Live machines in provisioning error and the unrecorded instances tagged for them (a
+    /// start whose record failed): stop them.
+    pub orphans: Vec<(MachineId, InstanceId)>,
+}
+
+/// The registry's state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RegistrySnapshot {
+    /// Cached machines, in id order.
+    pub machines: Vec<Machine>,
+    /// The instance view, in id order.
+    pub instances: Vec<CloudInstance>,
+    /// Whether the last listing succeeded.
+    pub fresh: bool,
+}
+
+/// What the destruction concerns, within this provisioner's scope.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DestroyTargets {
+    /// Non-manual, non-controller machines, with their instances.
+    pub machines: Vec<DeadMachine>,
+    /// Manual, non-controller machines that are not dead.
+    pub manual: Vec<MachineId>,
 }

@@ -9,44 +9,10 @@ use rand::{Rng, SeedableRng};
 use tracing::Instrument;
 
 use super::messages::*;
-use super::start::run_start;
-use super::state::{Job, PoolBook, ReleaseJob, StopJob};
-use crate::config::{validate_workers, Backoff, ConfigError, RetryStrategy};
-use crate::lifecycle::StillWanted;
-use crate::ports::{Broker, ModelApi};
-use crate::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation};
-
-/// Everything a start needs besides its job: the ports and the actors it consults.
-pub struct StartDeps {
-    /// The cloud.
-    pub broker: Arc<dyn Broker>,
-    /// The model.
-    pub model: Arc<dyn ModelApi>,
-    /// The allocator: choose a zone.
-    pub choose: Recipient<ChooseZone>,
-    /// The allocator: mark a zone failed.
-    pub mark_failed: Recipient<MarkZoneFailed>,
-    /// The allocator: drop a reservation.
-    pub release_reservation: Recipient<ReleaseReservation>,
-    /// The allocator: forget a machine.
-    pub release_machine: Recipient<ReleaseMachine>,
-    /// The lifecycle: is the start still wanted.
-    pub still_wanted: Recipient<StillWanted>,
-    /// The harvest policy: a parked instance to reuse (only with machine reuse on).
-    pub claim: Option<Recipient<crate::harvest::ClaimReusable>>,
-    /// The registry: the last known state of an instance (a claimed one must still run).
-    pub state_of: Recipient<crate::registry::InstanceStateOf>,
-    /// How old a listing may be to decide on it.
-    pub listing_max_age: std::time::Duration,
-    /// Start retries.
-    pub retry: RetryStrategy,
-    /// Backoff for throttling and failed stops.
-    pub backoff: Backoff,
-    /// Our model's uuid, tagged on every instance.
-    pub model_uuid: String,
-    /// The first half of every nonce.
-    pub host_tag: String,
-}
+use super::start::{run_start, StartDeps};
+use super::state::{Job, JobOutcome, PoolBook, PoolStatus, ReleaseJob, StopJob};
+use crate::config::{validate_workers, ConfigError};
+use crate::coordinator::JobDone;
 
 /// Runs broker jobs.
 pub struct WorkerPool {
@@ -177,9 +143,9 @@ impl Handler<GetPoolStatus> for WorkerPool {
     }
 }
 
-impl Handler<crate::Busy> for WorkerPool {
+impl Handler<crate::actor_messages::Busy> for WorkerPool {
     type Result = usize;
-    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> usize {
+    fn handle(&mut self, _msg: crate::actor_messages::Busy, _ctx: &mut Self::Context) -> usize {
         self.book.in_flight() + self.book.queued() + self.requeues
     }
 }

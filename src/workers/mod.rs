@@ -13,6 +13,9 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use actor::{StartDeps, WorkerPool};
-pub use messages::{Enqueue, GetPoolStatus, GivenUp, JobDone, JobOutcome, PoolStatus, ResizePool};
-pub use state::{Attempts, FailureKind, Job, PoolBook, ReleaseJob, StartJob, Step, StopJob};
+pub use actor::WorkerPool;
+pub use messages::{Enqueue, GetPoolStatus, ResizePool};
+pub use start::StartDeps;
+pub use state::{
+    Attempts, FailureKind, GivenUp, Job, JobOutcome, PoolBook, PoolStatus, ReleaseJob, StartJob, Step, StopJob,
+};

@@ -2,18 +2,53 @@
 //! register. Every decision about rounds is made by [`Attempts`]; every decision about zones
 //! by the allocator.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use actix::Recipient;
 
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
-use super::actor::StartDeps;
-use super::messages::JobOutcome;
+use super::state::JobOutcome;
 use super::state::{Attempts, FailureKind, StartJob, Step};
+use crate::config::{Backoff, RetryStrategy};
 use crate::lifecycle::StillWanted;
-use crate::ports::{BrokerError, ProvisionedInstance, StartInstanceParams};
+use crate::ports::{Broker, BrokerError, ModelApi, ProvisionedInstance, StartInstanceParams};
 use crate::types::{CloudInstance, InstanceStatus, InstanceTags, MachineId, MachineStatus};
 use crate::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation, ZoneRequest};
+
+/// Everything a start needs besides its job: the ports and the actors it consults.
+pub struct StartDeps {
+    /// The cloud.
+    pub broker: Arc<dyn Broker>,
+    /// The model.
+    pub model: Arc<dyn ModelApi>,
+    /// The allocator: choose a zone.
+    pub choose: Recipient<ChooseZone>,
+    /// The allocator: mark a zone failed.
+    pub mark_failed: Recipient<MarkZoneFailed>,
+    /// The allocator: drop a reservation.
+    pub release_reservation: Recipient<ReleaseReservation>,
+    /// The allocator: forget a machine.
+    pub release_machine: Recipient<ReleaseMachine>,
+    /// The lifecycle: is the start still wanted.
+    pub still_wanted: Recipient<StillWanted>,
+    /// The harvest policy: a parked instance to reuse (only with machine reuse on).
+    pub claim: Option<Recipient<crate::harvest::ClaimReusable>>,
+    /// The registry: the last known state of an instance (a claimed one must still run).
+    pub state_of: Recipient<crate::registry::InstanceStateOf>,
+    /// How old a listing may be to decide on it.
+    pub listing_max_age: std::time::Duration,
+    /// Start retries.
+    pub retry: RetryStrategy,
+    /// Backoff for throttling and failed stops.
+    pub backoff: Backoff,
+    /// Our model's uuid, tagged on every instance.
+    pub model_uuid: String,
+    /// The first half of every nonce.
+    pub host_tag: String,
+}
 
 /// How many times instance info is written before the instance is given up.
 const REGISTER_ATTEMPTS: u32 = 3;
@@ -143,7 +178,7 @@ async fn start_or_adopt(
     job: StartJob,
     nonce: String,
     seed: u64,
-    given_up: &mut Option<super::messages::GivenUp>,
+    given_up: &mut Option<super::state::GivenUp>,
 ) -> JobOutcome {
     let deps = &*deps;
     let rng = &mut SmallRng::seed_from_u64(seed);
@@ -230,7 +265,7 @@ async fn start_or_adopt(
                 }
                 Err(e) => {
                     tracing::warn!(%machine, instance = %parked.instance, error = %e, "cannot hand the parked instance over; stopping it and starting anew");
-                    *given_up = Some(super::messages::GivenUp { instance: parked.instance.clone(), retired: old });
+                    *given_up = Some(super::state::GivenUp { instance: parked.instance.clone(), retired: old });
                 }
             }
         }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::messages::*;
-use super::state::ZoneBook;
+use super::state::{ZoneBook, ZoneSnapshot};
 use crate::ports::{Broker, BrokerError};
 
 /// Owns the zone book.

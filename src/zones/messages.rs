@@ -2,8 +2,9 @@
 
 use actix::Message;
 
-use super::state::{FailOutcome, ZoneError, ZoneRequest, ZoneView};
+use super::state::{ZoneError, ZoneRequest, ZoneSnapshot};
 use crate::ports::BrokerError;
+use crate::types::FailOutcome;
 use crate::types::MachineId;
 
 /// Re-read the cloud's zone list. Answers `Ok(false)` for a zoneless cloud.
@@ -61,13 +62,6 @@ pub struct ReleaseMachine {
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "ZoneSnapshot")]
 pub struct GetZoneSnapshot;
-
-/// The zones, in name order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ZoneSnapshot {
-    /// Each zone's state.
-    pub zones: Vec<ZoneView>,
-}
 
 impl ZoneSnapshot {
     /// The zone a machine is placed in.

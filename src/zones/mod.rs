@@ -11,9 +11,9 @@ mod state;
 #[cfg(test)]
 mod tests;
 
+pub use crate::types::FailOutcome;
 pub use actor::ZoneAllocator;
 pub use messages::{
     ChooseZone, GetZoneSnapshot, MarkZoneFailed, PopulateZones, RefreshZones, ReleaseMachine, ReleaseReservation,
-    ZoneSnapshot,
 };
-pub use state::{FailOutcome, ZoneBook, ZoneError, ZoneRequest, ZoneView};
+pub use state::{ZoneBook, ZoneError, ZoneRequest, ZoneSnapshot, ZoneView};

@@ -7,7 +7,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use thiserror::Error;
 
-use crate::types::MachineId;
+use crate::types::{FailOutcome, MachineId};
 
 /// Why no zone was chosen.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -31,15 +31,6 @@ pub struct ZoneRequest {
     ///
     /// [`Constraints::shape`]: crate::types::Constraints::shape
     pub shape: Option<String>,
-}
-
-/// What a zone-specific failure leads to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailOutcome {
-    /// Another eligible zone is left untried this round: fail over now.
-    TryAnotherZone,
-    /// Every eligible zone failed: the marks were cleared; a round is used.
-    RoundExhausted,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -293,4 +284,11 @@ impl ZoneBook {
             })
             .collect()
     }
+}
+
+/// The zones, in name order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ZoneSnapshot {
+    /// Each zone's state.
+    pub zones: Vec<ZoneView>,
 }

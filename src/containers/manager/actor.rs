@@ -277,26 +277,26 @@ impl Handler<GetSupervisors> for ContainerManager {
     }
 }
 
-impl Handler<crate::Busy> for ContainerManager {
+impl Handler<crate::actor_messages::Busy> for ContainerManager {
     type Result = ResponseFuture<usize>;
-    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, _msg: crate::actor_messages::Busy, _ctx: &mut Self::Context) -> Self::Result {
         let sups: Vec<_> = self.supervisors.values().cloned().collect();
         let own = self.reads;
         Box::pin(async move {
             let mut busy = own;
             for s in sups {
-                busy += s.send(crate::Busy).await.unwrap_or(0);
+                busy += s.send(crate::actor_messages::Busy).await.unwrap_or(0);
             }
             busy
         })
     }
 }
 
-impl Handler<crate::Shutdown> for ContainerManager {
+impl Handler<crate::actor_messages::Shutdown> for ContainerManager {
     type Result = ();
-    fn handle(&mut self, _msg: crate::Shutdown, ctx: &mut Self::Context) {
+    fn handle(&mut self, _msg: crate::actor_messages::Shutdown, ctx: &mut Self::Context) {
         for s in self.supervisors.values() {
-            s.do_send(crate::Shutdown);
+            s.do_send(crate::actor_messages::Shutdown);
         }
         ctx.stop();
     }

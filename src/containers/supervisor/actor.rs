@@ -8,11 +8,10 @@ use actix::prelude::*;
 use super::messages::*;
 use super::state::{Effect, SupervisorBook};
 use crate::config::ProvisionerConfig;
-use crate::containers::{BrokerFactory, ContainerInitialiser};
+use crate::containers::{BrokerFactory, ContainerInitialiser, ContainerProvisioner, ProvisionerFactory};
 use crate::events::ProvisionerEvent;
 use crate::ports::ModelApi;
 use crate::types::{InstanceStatus, MachineId};
-use crate::wiring::{start, ProvisionerHandle};
 
 /// What a supervisor needs.
 #[derive(Clone)]
@@ -21,6 +20,8 @@ pub struct SupervisorDeps {
     pub model: Arc<dyn ModelApi>,
     /// Builds the container broker.
     pub brokers: BrokerFactory,
+    /// Starts the container provisioner.
+    pub provisioners: ProvisionerFactory,
     /// Prepares hosts.
     pub initialiser: Arc<dyn ContainerInitialiser>,
     /// The environ provisioner's configuration, from which the container one is derived.
@@ -35,7 +36,7 @@ pub struct ContainerSupervisor {
     kind: String,
     book: SupervisorBook,
     deps: SupervisorDeps,
-    provisioner: Option<ProvisionerHandle>,
+    provisioner: Option<Arc<dyn ContainerProvisioner>>,
     incarnation: u64,
     /// The timer that retires a dead host's reaper once it has nothing left.
     done_check: Option<SpawnHandle>,
@@ -70,7 +71,7 @@ impl ContainerSupervisor {
             let Some(h) = act.provisioner.clone() else { return };
             let generation = act.book.generation();
             let check =
-                async move { h.is_idle().await && h.registry().await.map(|r| r.machines.is_empty()).unwrap_or(true) };
+                async move { h.is_idle().await && h.holds_no_machine().await };
             ctx.spawn(check.into_actor(act).map(move |done, act, ctx| {
                 if done && act.book.reaper_done(generation) {
                     tracing::info!(host = %act.host, kind = %act.kind, "dead host's containers reaped; its provisioner stops");
@@ -117,7 +118,7 @@ impl ContainerSupervisor {
                     let mut config = self.deps.config.for_containers(self.host.clone(), &self.kind);
                     self.incarnation += 1;
                     config.seed = config.seed.wrapping_add(self.incarnation.wrapping_mul(0x2545_F491_4F6C_DD1D));
-                    match start(config, broker, self.deps.model.clone()) {
+                    match (self.deps.provisioners)(config, broker, self.deps.model.clone()) {
                         Ok(h) => {
                             tracing::info!(host = %self.host, kind = %self.kind, reap, "container provisioner running");
                             for s in &self.deps.subscribers {
@@ -238,9 +239,9 @@ impl Handler<GetSupervisorState> for ContainerSupervisor {
     }
 }
 
-impl Handler<crate::Busy> for ContainerSupervisor {
+impl Handler<crate::actor_messages::Busy> for ContainerSupervisor {
     type Result = ResponseFuture<usize>;
-    fn handle(&mut self, _msg: crate::Busy, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, _msg: crate::actor_messages::Busy, _ctx: &mut Self::Context) -> Self::Result {
         let initialising = usize::from(matches!(self.book.stage(), super::Stage::Initialising { .. }));
         let provisioner = self.provisioner.clone();
         Box::pin(async move {
@@ -253,9 +254,9 @@ impl Handler<crate::Busy> for ContainerSupervisor {
     }
 }
 
-impl Handler<crate::Shutdown> for ContainerSupervisor {
+impl Handler<crate::actor_messages::Shutdown> for ContainerSupervisor {
     type Result = ();
-    fn handle(&mut self, _msg: crate::Shutdown, ctx: &mut Self::Context) {
+    fn handle(&mut self, _msg: crate::actor_messages::Shutdown, ctx: &mut Self::Context) {
         ctx.stop();
     }
 }

@@ -1,0 +1,14 @@
+//! The messages every actor handles: the actors' shared vocabulary for shutting down and for
+//! telling whether they are quiescent. Defined below every actor, so that none imports the
+//! crate root for them.
+
+/// Stops an actor (every actor handles it).
+#[derive(Debug, Clone, Copy, actix::Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+/// How much one-shot work an actor still has (queued jobs, calls in flight, retries waiting
+/// on a timer). Periodic timers do not count. Zero everywhere = quiescent.
+#[derive(Debug, Clone, Copy, actix::Message)]
+#[rtype(result = "usize")]
+pub struct Busy;
