@@ -1,4 +1,4 @@
-//! Lazy container provisioners (seed 003).
+//! Lazy container provisioners: one per host and container type, started on its first container.
 //!
 //! Container machines (`HOST/TYPE/N`) are not the environ provisioner's business. For every
 //! host and container type a [`supervisor`] listens until the first container of that type

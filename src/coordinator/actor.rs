@@ -268,8 +268,8 @@ impl Coordinator {
         }
     }
 
-    /// Stops decided outside a harvest (semantics 18): through the harvest policy (so they are
-    /// never planned twice) into a normal stop job, retried with backoff until it succeeds.
+    /// Stops decided outside a harvest: through the harvest policy (so they are never planned
+    /// twice) into a normal stop job, retried with backoff until it succeeds.
     fn plan_stops(
         &mut self,
         instances: Vec<crate::types::InstanceId>,
@@ -407,7 +407,7 @@ fn forget(links: &Links, machines: Vec<MachineId>) {
     links.forget.do_send(ForgetMachines { ids: machines });
 }
 
-/// One batch (rule 8): classify, harvest the dead, start the pending.
+/// One batch of machine ids: classify, harvest the dead, start the pending.
 async fn process_batch(
     links: Links,
     ids: Vec<MachineId>,
@@ -420,8 +420,8 @@ async fn process_batch(
         // A dying model gets no new instances, even from a restarted provisioner.
         model_dying |= links.model.model_life().await.map_err(BatchError::Model)? != crate::types::Life::Alive;
         if model_dying {
-            // The destruction wins over releases from the first plan on (semantics 15): an
-            // empty destroy plan tells the harvest policy so.
+            // The destruction wins over releases from the first plan on (every instance stopped,
+            // whatever the mode): an empty destroy plan tells the harvest policy so.
             links.plan_destroy.send(PlanDestroy { machines: Vec::new() }).await?;
         }
     }
@@ -446,7 +446,7 @@ async fn process_batch(
 
     // Orphans (instances tagged for a live machine that it will never own: a record that failed,
     // maybe a predecessor's whose stop a crash lost, or a second start whose result was lost;
-    // or for a dead machine in provisioning error): stopped, never adopted (semantics 17, 18).
+    // or for a dead machine in provisioning error): stopped until the stop succeeds, never adopted.
     // A pending machine's only once the lifecycle clears it to start (or adopt) now: never
     // while a start of its own is in flight. Planned before the dead machines, so that a dead
     // machine's removal waits for its orphans' stops.
@@ -455,7 +455,8 @@ async fn process_batch(
         refreshed.orphans.into_iter().partition(|(m, _)| pending_ids.contains(m));
     stop_orphans(&links, orphans).await?;
 
-    // Dead machines first, so their stops are queued ahead of the starts (rule 45).
+    // Dead machines first, so their stops are queued ahead of the starts (so no instance is
+    // duplicated).
     if !refreshed.dead.is_empty() {
         let Deaths { stop_now, deferred } = links.observe_dead.send(ObserveDead { dead: refreshed.dead }).await?;
         if !deferred.is_empty() {
@@ -481,8 +482,9 @@ async fn process_batch(
         stop_orphans(&links, std::mem::take(&mut pending_orphans)).await?;
         let machines: Vec<Machine> = refreshed.pending.into_iter().filter(|m| to_start.contains(&m.id)).collect();
         if !machines.is_empty() && !zones_loaded {
-            // Re-read the zone list once per batch of starts (rule 60, semantics 7), not per
-            // machine; a failure keeps the last list (the start fails over if a zone is gone).
+            // Re-read the zone list once per batch of starts (a zone no longer available is not
+            // chosen), not per machine; a failure keeps the last list (the start fails over if a
+            // zone is gone).
             if let Err(e) = links.refresh_zones.send(RefreshZones).await? {
                 tracing::warn!(error = %e, "refreshing availability zones failed; using the last list");
             }
@@ -519,8 +521,8 @@ async fn queue_starts(
     mut adopt: std::collections::BTreeMap<MachineId, crate::types::CloudInstance>,
 ) -> Vec<MachineId> {
     // A machine with an instance already tagged for it adopts that instance: it needs neither
-    // provisioning info nor a distribution group (semantics 19), so no failing lookup can leave
-    // the tagged instance unowned.
+    // provisioning info nor a distribution group (the tagged instance is adopted first), so no
+    // failing lookup can leave the tagged instance unowned.
     let (adopters, machines): (Vec<Machine>, Vec<Machine>) =
         machines.into_iter().partition(|m| adopt.contains_key(&m.id));
     for machine in adopters {
@@ -591,7 +593,7 @@ impl Handler<RetryTick> for Coordinator {
         let scope = self.scope.clone();
         let fut = async move {
             let machines = match model.machines_with_transient_errors().await {
-                // Only this provisioner's machines: containers have no retry path (rule 75).
+                // Only this provisioner's machines: containers have no retry path (as in Juju).
                 Ok(m) => m.into_iter().filter(|m| scope.contains(&m.id)).collect::<Vec<_>>(),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read machines with transient errors");

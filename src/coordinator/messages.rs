@@ -51,7 +51,7 @@ pub struct CloseStarts;
 /// The model was destroyed by someone else (a container provisioner hears of the environ
 /// provisioner's `destroy_model`): start nothing more and stop every instance in scope,
 /// whatever the harvest mode, including those of starts still in flight as they land
-/// (contract semantics 15). Idempotent.
+/// (from then on the destruction wins over releases). Idempotent.
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "()")]
 pub struct ModelDestroyed;
@@ -61,7 +61,7 @@ pub struct ModelDestroyed;
 #[rtype(result = "()")]
 pub struct Subscribe(pub Recipient<ProvisionerEvent>);
 
-/// Destroy the model (seed 002): it becomes dying and refuses new machines; every instance of
+/// Destroy the model: it becomes dying and refuses new machines; every instance of
 /// a non-manual, non-controller machine is stopped in one call, starts in flight are stopped
 /// as they land; then, unless `force`, manual machines that remain are an error.
 #[derive(Debug, Clone, Copy, Message)]

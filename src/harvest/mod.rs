@@ -1,8 +1,9 @@
 //! The harvest policy actor: owns the harvest mode, safe mode and the set of released
-//! instances, and decides which instances to stop (rules 26–35, contract semantics 2–5).
+//! instances, and decides which instances to stop by harvest mode.
 //!
-//! Safe mode: until the first full machine notification has been processed the cache is
-//! incomplete, so nothing unknown is harvested and a mode change waits (rule 32).
+//! Safe mode: until the first full machine notification has been processed the cache is incomplete,
+//! so nothing unknown is harvested and a mode change waits (Juju's safe mode before the first
+//! batch).
 
 mod actor;
 mod messages;

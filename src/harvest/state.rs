@@ -9,7 +9,8 @@ use crate::types::{HarvestMode, InstanceId, MachineId, Reusable};
 /// What to do with dead machines and unknown instances.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HarvestPlan {
-    /// Instances to terminate, in one call: dead machines' first, then unknown ones (rule 31).
+    /// Instances to terminate, in one call: dead machines' first, then unknown ones (as Juju's
+    /// `TestHarvestAllReapsAllTheThings`).
     pub stop: Vec<InstanceId>,
     /// Dead machines to mark for removal once `stop` succeeded.
     pub remove_after_stop: Vec<MachineId>,
@@ -53,7 +54,8 @@ pub enum ModeChange {
     Changed {
         /// The new mode.
         mode: HarvestMode,
-        /// The new mode harvests unknown instances: harvest them at once (semantics 3).
+        /// The new mode harvests unknown instances: harvest them at once, not only when some
+        /// machine dies.
         harvest_unknown: bool,
     },
 }
@@ -74,7 +76,7 @@ impl UnknownInstance {
     }
 }
 
-/// How carefully unknown instances are harvested (issue 6 part 4).
+/// How carefully unknown instances are harvested.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HarvestSafety {
     /// An unknown instance younger than this is spared (it may be a start of ours, or of
@@ -120,12 +122,13 @@ pub struct HarvestBook {
     gone_meanwhile: BTreeSet<InstanceId>,
     /// Dead machines planned while stops of their instances were already in flight (the
     /// destruction's, an orphan's), with the stops they wait for: marked for removal only once
-    /// every one is seen through ([`HarvestBook::stops_done`]). Removed earlier, a crash that
-    /// lost the stop would leave a running instance tagged for a machine no longer in the model:
-    /// unknown, never stopped in modes `none` and `destroyed` (semantics 15, invariant 5).
+    /// every one is seen through ([`HarvestBook::stops_done`]). Removed earlier, a crash that lost
+    /// the stop would leave a running instance tagged for a machine no longer in the model:
+    /// unknown, never stopped in modes `none` and `destroyed` (the destruction wins over releases,
+    /// invariant 5).
     awaiting: BTreeMap<MachineId, BTreeSet<InstanceId>>,
     /// Instances released by the mode (not keep-instance) at the book's current instant. A
-    /// destruction at that same instant wins over them (semantics 15: starts that land at the
+    /// destruction at that same instant wins over them (starts that land at the
     /// instant of `destroy_model` are stopped): a container provisioner hears of a destruction
     /// only after the environ provisioner applied it, and may have released a landing instance
     /// meanwhile.
@@ -177,7 +180,7 @@ impl HarvestBook {
         self
     }
 
-    /// The same book with machine reuse on (seed 001).
+    /// The same book with machine reuse on (a dead machine's clean instance parked for reuse).
     pub fn with_reuse(mut self, reuse: bool) -> Self {
         self.reuse = reuse;
         self
@@ -229,7 +232,7 @@ impl HarvestBook {
         !self.safe && self.mode.harvests_unknown()
     }
 
-    /// Requests a mode change (rule 33).
+    /// Requests a mode change (the same mode is a no-op).
     pub fn set_mode(&mut self, mode: HarvestMode) -> ModeChange {
         if self.safe {
             self.deferred = Some(mode);
@@ -257,8 +260,9 @@ impl HarvestBook {
     /// Plans the fate of dead machines (and, given, unknown instances).
     ///
     /// A dead machine's instance is stopped in modes `destroyed`/`all` whatever its state
-    /// (semantics 4); kept (released) with keep-instance or in modes `none`/`unknown`
-    /// (semantics 5); a manual machine's is never touched. Every dead machine is removed.
+    /// (running or stopped/suspended); kept (released) with keep-instance or in modes
+    /// `none`/`unknown` (released: never stopped later); a manual machine's is never touched. Every
+    /// dead machine is removed.
     ///
     /// Unknown instances (ours, no live machine) are stopped only in modes `unknown` and
     /// `all`, only once older than the grace period, and at most `max_stops` per pass; the
@@ -267,8 +271,8 @@ impl HarvestBook {
         let mut plan = HarvestPlan::default();
         for m in dead {
             // An instance whose stop is already decided (an orphan whose record failed, the
-            // destruction's) is stopped by that stop, retried until it succeeds: neither
-            // released nor stopped again (semantics 5 and 18); the machine waits for it.
+            // destruction's) is stopped by that stop, retried until it succeeds: neither released
+            // (a decided stop stands) nor stopped again; the machine waits for it.
             let instances: Vec<&InstanceId> =
                 m.instances().filter(|i| !self.released.contains(*i) && !self.stopping.contains(*i)).collect();
             let in_flight: BTreeSet<InstanceId> = if m.manual {
@@ -294,7 +298,7 @@ impl HarvestBook {
                 // Removed once the release lands, even with a stop of another of its instances
                 // in flight: a machine still dead after a crash would have its released
                 // instance (which it still records) decided again, maybe stopped after a switch
-                // to a mode that stops them (semantics 5). That stop is retried until it
+                // to a mode that stops them (a release is final). That stop is retried until it
                 // succeeds meanwhile.
                 plan.remove_after_release.push(m.id.clone());
             } else if let Some(r) = m
@@ -368,7 +372,7 @@ impl HarvestBook {
     /// whatever the mode; keep-instance ones are released; manual ones are untouched. Nothing is
     /// marked for removal (the machines are not dead).
     ///
-    /// From then on the destruction wins over releases (semantics 15): a machine dying later,
+    /// From then on the destruction wins over releases: a machine dying later,
     /// or whose start lands later, has its instance stopped whatever the mode. So does one
     /// released by the mode at this very instant (a start that landed, a machine that died, at
     /// the instant of the destruction, decided before this provisioner heard of it): it is
@@ -403,7 +407,7 @@ impl HarvestBook {
     /// Stops the provisioner decided outside a harvest (an orphan whose record failed, a
     /// parked instance a start gave up): one stop of those not already being stopped or
     /// released, then `remove_after` is marked for removal (at once if nothing is left to stop).
-    /// Like every stop, it is retried until it succeeds (semantics 18).
+    /// Like every stop, it is retried until it succeeds.
     pub fn plan_stops(&mut self, instances: &[InstanceId], remove_after: &[MachineId]) -> HarvestPlan {
         let mut plan = HarvestPlan::default();
         let mut in_flight = BTreeSet::new();

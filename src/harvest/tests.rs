@@ -398,8 +398,9 @@ fn a_capped_pass_holds_unknown_stops_until_the_next_pass_is_due() {
 
 #[test]
 fn after_a_destruction_dead_machines_instances_are_stopped_whatever_the_mode() {
-    // Contract semantics 15: a machine that dies (or whose start lands) after destroy_model has
-    // its instance stopped even in mode none; keep-instance ones are still released.
+    // The destruction wins over releases: a machine that dies (or whose start lands) after
+    // destroy_model has its instance stopped even in mode none; keep-instance ones are still
+    // released.
     let mut b = HarvestBook::new(HarvestMode::None);
     b.end_safe_mode();
     b.plan_destroy(&[]);
@@ -410,7 +411,7 @@ fn after_a_destruction_dead_machines_instances_are_stopped_whatever_the_mode() {
     assert_eq!(b.plan(&[kept], &[]).release, vec![iid("i-2")]);
 }
 
-// ---- stops decided outside a harvest (issue 12 item 10) ---------------------------------------
+// ---- stops decided outside a harvest: an orphan's stop is retried until it succeeds ----------
 
 #[test]
 fn plan_stops_stops_each_instance_once_then_removes_its_machines() {
@@ -447,9 +448,9 @@ fn an_answer_asked_for_before_a_stop_was_seen_through_does_not_stop_it_again() {
 
 #[test]
 fn a_dead_machines_instance_whose_stop_is_decided_is_neither_released_nor_stopped_again() {
-    // The orphan of a failed record is being stopped (retried while throttled); its machine
-    // then dies in mode none: the decided stop stands, nothing is released, and the machine
-    // goes once that stop is seen through (seed 4066: removed at once, a crash before the stop
+    // The orphan of a failed record is being stopped (retried while throttled); its machine then
+    // dies in mode none: the decided stop stands, nothing is released, and the machine goes once
+    // that stop is seen through (property-test seed 4066: removed at once, a crash before the stop
     // left the orphan an unknown instance nobody stopped).
     let mut b = book(HarvestMode::None);
     assert_eq!(b.plan_stops(&iids(&["orphan"]), &[]).stop, iids(&["orphan"]));
@@ -467,10 +468,11 @@ fn a_dead_machines_instance_whose_stop_is_decided_is_neither_released_nor_stoppe
 
 #[test]
 fn a_dead_machine_whose_instance_is_being_stopped_is_removed_only_once_the_stop_is_seen_through() {
-    // Seeds 396, 580, 1554, 1740, 2052 (semantics 15, invariant 5): the destruction's stop of
-    // i-1 is retried (throttled) when machine 0 dies in mode none. Marked for removal at once,
-    // a crash that lost the stop would leave i-1 running, tagged for a machine no longer in the
-    // model: an unknown instance, never stopped in modes none and destroyed.
+    // Property-test seeds 396, 580, 1554, 1740, 2052 (the destruction stops whatever the mode,
+    // invariant 5): the destruction's stop of i-1 is retried (throttled) when machine 0 dies in
+    // mode none. Marked for removal at once, a crash that lost the stop would leave i-1 running,
+    // tagged for a machine no longer in the model: an unknown instance, never stopped in modes none
+    // and destroyed.
     let mut b = book(HarvestMode::None);
     assert_eq!(b.plan_destroy(&[dead("0", Some("i-1"))]).stop, iids(&["i-1"]));
     let plan = b.plan(&[dead("0", Some("i-1"))], &[]);
@@ -500,9 +502,10 @@ fn a_dead_machine_with_a_stop_in_flight_and_a_new_one_waits_for_both() {
 
 #[test]
 fn a_release_the_mode_decided_at_the_instant_of_the_destruction_is_overridden() {
-    // Seeds 10239, 11869, 13915 (semantics 15): a container died while starting in mode none;
-    // its start lands at the very instant of destroy_model, and its provisioner, not told yet,
-    // releases the instance. The destruction, planned at that same instant, stops it after all.
+    // Property-test seeds 10239, 11869, 13915 (the destruction stops whatever the mode): a
+    // container died while starting in mode none; its start lands at the very instant of
+    // destroy_model, and its provisioner, not told yet, releases the instance. The destruction,
+    // planned at that same instant, stops it after all.
     let mut b = book(HarvestMode::None);
     b.set_clock(Duration::from_secs(1));
     assert_eq!(b.plan(&[dead("0/lxd/0", Some("i-1"))], &[]).release, iids(&["i-1"]));
@@ -527,10 +530,11 @@ fn a_release_decided_before_the_instant_of_the_destruction_stands() {
 
 #[test]
 fn a_dead_machine_releasing_an_instance_is_removed_once_the_release_lands_even_with_a_stop_in_flight() {
-    // Seed 18709 (semantics 5): machine 1 adopted extra-0, its second tagged instance tagged-1 is
-    // an orphan being stopped; it dies in mode none. extra-0 is released and the machine removed
-    // once that lands: kept dead until tagged-1's stop is seen through, a crash in between would
-    // leave it recording the released extra-0, stopped by a successor after a switch to all.
+    // Property-test seed 18709 (a released instance is never stopped later): machine 1 adopted
+    // extra-0, its second tagged instance tagged-1 is an orphan being stopped; it dies in mode
+    // none. extra-0 is released and the machine removed once that lands: kept dead until tagged-1's
+    // stop is seen through, a crash in between would leave it recording the released extra-0,
+    // stopped by a successor after a switch to all.
     let mut b = book(HarvestMode::None);
     assert_eq!(b.plan_stops(&iids(&["tagged-1"]), &[]).stop, iids(&["tagged-1"]));
     let m = DeadMachine { tagged: iids(&["tagged-1"]), ..dead("1", Some("extra-0")) };

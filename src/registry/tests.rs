@@ -457,7 +457,7 @@ fn instance_ages_come_from_the_cloud_or_from_the_first_listing() {
     assert_eq!(unknown, vec![(iid("silent"), Duration::from_secs(30))]);
 }
 
-// ---- stops in flight and orphans (issue 12 items 8, 10, 11) -----------------------------------
+// ---- stops in flight and orphans: never adopted, each stop retried until it succeeds ----------
 
 #[test]
 fn an_instance_being_stopped_is_never_adopted_and_its_machine_waits_for_the_stop() {

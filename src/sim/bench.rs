@@ -1,4 +1,4 @@
-//! Benchmarks on the simulated cloud (contract: `shared/spec/cli.md`): the real actors,
+//! Benchmarks on the simulated cloud: the real actors,
 //! virtual time for the cloud's latency, real time for our own CPU.
 //!
 //! - [`throughput`]: provision N pending machines with W workers over Z zones.

@@ -23,10 +23,10 @@ fn ms(rng: &mut StdRng, max_ms: u64) -> Duration {
     Duration::from_millis(rng.random_range(0..=max_ms))
 }
 
-/// Events around containers (issue 12 items 7, 9, 12): host deaths while containers live (with
-/// restarts around them), harvest-mode switches while containers live, destroys while
-/// containers start, containers added later. Drawn from an RNG of their own, so the rest of a
-/// seed's scenario is the same as before these were added.
+/// Events around containers (harvest-mode switches, destructions, host deaths): host deaths while
+/// containers live (with restarts around them), harvest-mode switches while containers live,
+/// destroys while containers start, containers added later. Drawn from an RNG of their own, so the
+/// rest of a seed's scenario is the same as before these were added.
 fn container_events(seed: u64, machines: &[MachineSpec], events: &mut Vec<EventSpec>) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x636f_6e74_6169_6e72);
     let containers: Vec<&MachineSpec> = machines.iter().filter(|m| m.id.contains('/')).collect();
@@ -113,7 +113,7 @@ pub fn generate(seed: u64) -> Scenario {
             m.status = crate::types::MachineStatus::Started;
         } else if rng.random_bool(0.15) {
             // Provisioned before the provisioner starts.
-            // Sometimes an id the cloud's own counter would give (semantics 13: never reused).
+            // Sometimes an id the cloud's own counter would give (instance ids are never reused).
             let id = if rng.random_bool(0.3) { format!("i-{}", i + 1) } else { format!("pre-{i}") };
             let zone = available.first().map(|_| pick(&mut rng, &available).clone());
             m.instance = Some(id.clone());
@@ -129,7 +129,7 @@ pub fn generate(seed: u64) -> Scenario {
         }
         machines.push(m);
     }
-    // Containers on some hosts (lazy container provisioners, seed 003).
+    // Containers on some hosts (lazy container provisioners).
     let mut init_faults = Vec::new();
     let hosts: Vec<String> = machines.iter().filter(|m| !m.manual).map(|m| m.id.clone()).collect();
     if !hosts.is_empty() && rng.random_bool(0.3) {
@@ -182,7 +182,7 @@ pub fn generate(seed: u64) -> Scenario {
             zone: if !zones.is_empty() && rng.random_bool(0.3) { Some(pick(&mut rng, &zones).clone()) } else { None },
             zone_independent: rng.random_bool(0.4),
             message: "injected failure".into(),
-            // The call makes the instance and loses its answer (issue 12, item 2).
+            // The call makes the instance and loses its answer (a lost response).
             lost_response: rng.random_bool(0.25),
         });
     }
@@ -244,7 +244,8 @@ pub fn generate(seed: u64) -> Scenario {
             67..=71 => Action::RetryProvisioning(vec![target]),
             72..=76 if !zones.is_empty() => {
                 let cut = rng.random_range(0..zones.len());
-                // Sometimes the closed zone is named in both lists (semantics 12).
+                // Sometimes the closed zone is named in both lists (it is unavailable: the cloud
+                // refuses starts there).
                 let both = rng.random_bool(0.5);
                 Action::SetZones(SetZonesSpec {
                     zones: zones
@@ -289,7 +290,7 @@ pub fn generate(seed: u64) -> Scenario {
         events.push(EventSpec::new(at, action));
     }
     // A zone closed early while starts still wait for a worker (the provisioner's zone view
-    // is then stale), named in both lists: the cloud must refuse it (semantics 12).
+    // is then stale), named in both lists: the cloud must refuse it.
     if zones.len() > 1 && rng.random_bool(0.2) {
         let at = ms(&mut rng, 10_000).max(Duration::from_millis(1));
         let closed = pick(&mut rng, &zones).clone();
@@ -302,7 +303,7 @@ pub fn generate(seed: u64) -> Scenario {
     events.sort_by_key(|e| e.at);
 
     let harvest_mode = *pick(&mut rng, &modes);
-    // Machine reuse (seed 001) sometimes, where the mode allows it; the mode then never
+    // Machine reuse sometimes, where the mode allows it; the mode then never
     // changes to one that keeps dead machines' instances.
     let reuse = harvest_mode.harvests_destroyed() && rng.random_bool(0.2);
     if reuse {
@@ -352,7 +353,8 @@ fn add_lifecycle_races(s: &mut Scenario, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x6c69_6665_6379_636c);
     let modes = [HarvestMode::None, HarvestMode::Unknown, HarvestMode::Destroyed, HarvestMode::All];
     let top_level = s.machines.iter().filter(|m| !m.id.contains('/')).count();
-    // A failing lookup for a pending machine with an instance already tagged for it (semantics 19).
+    // A failing lookup for a pending machine with an instance already tagged for it (it must adopt
+    // that instance).
     if rng.random_bool(0.2) {
         let candidates: Vec<usize> = (0..s.machines.len())
             .filter(|i| {
@@ -375,7 +377,8 @@ fn add_lifecycle_races(s: &mut Scenario, seed: u64) {
             });
         }
     }
-    // Failed records followed by failed or throttled stops of their orphans (semantics 18).
+    // Failed records followed by failed or throttled stops of their orphans (each stop retried
+    // until it succeeds).
     if rng.random_bool(0.2) {
         let at = if rng.random_bool(0.5) { Duration::ZERO } else { ms(&mut rng, 60_000) };
         let record = FailNextSpec { call: FailCall::SetInstanceInfo, times: 3, message: "model write failed".into() };
@@ -390,8 +393,9 @@ fn add_lifecycle_races(s: &mut Scenario, seed: u64) {
             limit.stop_per_second = Some(*pick(&mut rng, &[0.1, 0.2, 0.5]));
         }
     }
-    // Restarts while stops and releases are queued behind busy workers or in flight (slow
-    // stops), sometimes across a mode switch (semantics 5, 17).
+    // Restarts while stops and releases are queued behind busy workers or in flight (slow stops),
+    // sometimes across a mode switch (releases are final; an instance being stopped is never
+    // adopted).
     if rng.random_bool(0.25) && top_level > 0 {
         s.cloud.stop_latency = Dur(Duration::from_millis(rng.random_range(2_000..=10_000)));
         if rng.random_bool(0.5) {
@@ -409,7 +413,8 @@ fn add_lifecycle_races(s: &mut Scenario, seed: u64) {
         }
         s.events.push(EventSpec::new(restart, Action::Restart));
     }
-    // A destruction at the very instant the first starts land, or at 0s (semantics 15).
+    // A destruction at the very instant the first starts land, or at 0s (the destruction wins over
+    // those starts too).
     if rng.random_bool(0.08) {
         let at = if rng.random_bool(0.7) { s.cloud.start_latency.0 } else { Duration::ZERO };
         s.events.push(EventSpec::new(at, Action::DestroyModel(DestroyModelSpec { force: rng.random_bool(0.3) })));

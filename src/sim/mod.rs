@@ -1,5 +1,5 @@
 //! The deterministic simulator (feature `sim`): runs the real actors against the fake cloud
-//! and model on virtual time, from a scenario file (`shared/spec/scenario-format.md`), and
+//! and model on virtual time, from a scenario file, and
 //! reports what happened and which invariants broke.
 //!
 //! Same scenario + same seed = byte-identical JSON report: one thread, a paused clock, seeded

@@ -130,7 +130,7 @@ impl World {
                 if let (Some(h), true) = (&self.handle, started) {
                     h.set_harvest_mode(*mode);
                 }
-                // Container provisioners honour it from the same moment (semantics 14).
+                // Container provisioners honour it from the same moment.
                 if let (Some(c), true) = (&self.containers, started) {
                     c.set_harvest_mode(*mode);
                 }
@@ -189,7 +189,7 @@ impl World {
                     if let Err(e) = h.destroy_model(d.force).await {
                         self.model.record_error(e.to_string());
                     }
-                    // Containers are in the destruction's scope too (semantics 15).
+                    // Containers are in the destruction's scope too.
                     let life = crate::ports::ModelApi::model_life(&self.model.api()).await;
                     if let (Some(c), Ok(crate::types::Life::Dying | crate::types::Life::Dead)) =
                         (&self.containers, life)
@@ -200,7 +200,7 @@ impl World {
                 _ => {
                     // Before the provisioner starts: the model is simply dying already (the
                     // provisioner finds it so and sweeps it), and the manual-machines check
-                    // reports as it does later (semantics 15).
+                    // reports as it does later.
                     match crate::ports::ModelApi::destroy_model(&self.model.api()).await {
                         Ok(machines) if !d.force => {
                             let scope = crate::config::Scope::Environ;

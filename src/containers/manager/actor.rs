@@ -109,8 +109,9 @@ impl ContainerManager {
         }));
     }
 
-    /// Reads hosts (and their instances' zones); a failed read is retried with backoff
-    /// (contract semantics 6), never dropped: a host not read is a host whose containers wait.
+    /// Reads hosts (and their instances' zones); a failed read is retried with backoff (a failed
+    /// call that concerns everything is retried with backoff), never dropped: a host not read is a
+    /// host whose containers wait.
     fn read_hosts(&mut self, hosts: Vec<MachineId>, attempt: u32, ctx: &mut Context<Self>) {
         let model = self.deps.model.clone();
         let again = hosts.clone();

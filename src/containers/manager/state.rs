@@ -39,7 +39,7 @@ pub enum HostEffect {
     /// The host is dead or gone: its supervisors start nothing more and reap.
     Died(MachineId),
     /// Containers of a dead host: take them to dead (the host takes its containers with it,
-    /// contract semantics 16); their supervisors then stop their instances by harvest mode and
+    /// its containers die with it); their supervisors then stop their instances by harvest mode and
     /// mark them for removal.
     EnsureDead(Vec<MachineId>),
     /// A container of a type no host supports: tell its status.

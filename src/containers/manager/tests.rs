@@ -85,7 +85,8 @@ fn dead(id: &str) -> Machine {
 
 #[test]
 fn a_host_that_dies_takes_its_containers_with_it_once() {
-    // Contract semantics 16: the containers are taken to dead (then reaped by the supervisors).
+    // A host that dies takes its containers with it: they are taken to dead (then reaped by the
+    // supervisors).
     let mut b = book();
     b.host_seen(&"0".into(), Some(&provisioned("0")), Some("az1".into()));
     b.containers_seen(&["0/lxd/0".into(), "0/kvm/1".into()]);

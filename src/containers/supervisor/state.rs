@@ -222,7 +222,7 @@ impl SupervisorBook {
 
     /// The host died: nothing new starts; a running provisioner goes on reaping, and one is
     /// started (without initialising the host) if none runs and containers are known: a host
-    /// takes its containers with it (contract semantics 16).
+    /// takes its containers with it, across restarts too.
     pub fn host_died(&mut self) -> Vec<Effect> {
         self.host_dead = true;
         self.stage = Stage::Stopped;
@@ -233,8 +233,8 @@ impl SupervisorBook {
         }
     }
 
-    /// The model was destroyed: nothing new starts; the running provisioner stops every
-    /// container's instance, and one is started to do so if none runs (contract semantics 15).
+    /// The model was destroyed: nothing new starts; the running provisioner stops every container's
+    /// instance, and one is started to do so if none runs (the destruction wins over releases).
     pub fn model_destroyed(&mut self) -> Vec<Effect> {
         if self.model_dying {
             return Vec::new();

@@ -109,8 +109,8 @@ fn host_death_while_listening_stops_without_a_provisioner() {
 
 #[test]
 fn host_death_before_the_provisioner_runs_starts_a_reaper_without_initialising() {
-    // Contract semantics 16: the containers die with the host and must be reaped, even if the
-    // host never finished initialising (or a restart found it dead).
+    // A host that dies takes its containers with it: they die with the host and must be reaped,
+    // even if the host never finished initialising (or a restart found it dead).
     let mut b = SupervisorBook::new(backoff(), Some(Some("az1".into())));
     assert_eq!(b.containers_changed(ids(&["0/lxd/0"])), vec![Effect::Initialise]);
     assert_eq!(
@@ -141,7 +141,7 @@ fn a_dead_hosts_supervisor_reaps_on_demand_and_retires_its_reaper() {
 
 #[test]
 fn model_destruction_reaches_the_running_provisioner_or_starts_a_reaper() {
-    // Contract semantics 15: containers are in the destruction's scope.
+    // The destruction stops every instance whatever the mode: containers are in its scope.
     let mut b = SupervisorBook::new(backoff(), Some(None));
     b.containers_changed(ids(&["0/lxd/0"]));
     b.initialised(Ok(()));
