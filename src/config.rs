@@ -11,7 +11,8 @@ pub const MAX_CONTAINER_WORKERS: usize = 25;
 /// Default broker worker pool of a container provisioner.
 pub const DEFAULT_CONTAINER_WORKERS: usize = 4;
 
-/// Which machines a provisioner is responsible for (rule 7).
+/// Which machines a provisioner is responsible for (the environ provisioner: top-level machines
+/// only).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Scope {
     /// Top-level machines (the environ provisioner).
@@ -111,7 +112,8 @@ pub enum ConfigError {
     HarvestMaxStops,
 }
 
-/// How StartInstance failures are retried (rules 71–74, contract semantics 8).
+/// How StartInstance failures are retried (a zone-specific failure moves on to another zone without
+/// using up a round).
 ///
 /// Round `k` (0-based) waits a random time in `[0, min(delay · 2^k, max_delay)]` (exponential
 /// backoff with full jitter, drawn from the seeded RNG); a zone fail-over does not wait.
@@ -209,13 +211,13 @@ pub struct ProvisionerConfig {
     pub seed: u64,
     /// Which machines this provisioner acts on.
     pub scope: Scope,
-    /// Machine reuse (seed 001), off by default: a dead machine's clean instance is parked for
+    /// Machine reuse, off by default: a dead machine's clean instance is parked for
     /// `reuse_window` and handed to a new pending machine with the same constraints and a
     /// compatible zone, instead of stopping one instance and starting another.
     pub reuse: bool,
     /// How long a parked instance waits for a new machine before it is stopped.
     pub reuse_window: Duration,
-    /// Whether the transient-retry path runs (the container provisioner has none, rule 75).
+    /// Whether the transient-retry path runs (the container provisioner has none, as in Juju).
     pub retry_path: bool,
     /// Client-side rate limits per cloud API class (EC2-sized by default), adapted down when
     /// the cloud throttles.

@@ -300,7 +300,7 @@ impl From<&str> for InstanceStatus {
     }
 }
 
-/// What the provisioner does with instances it does not need (rules 26–35).
+/// What the provisioner does with instances it does not need (Juju's `provisioner-harvest-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum HarvestMode {
@@ -400,7 +400,7 @@ impl Constraints {
         s
     }
 
-    /// The architecture to start, `amd64` by default (rule 52).
+    /// The architecture to start, `amd64` by default (as Juju looks tools up).
     pub fn arch_or_default(&self) -> &str {
         self.arch.as_deref().unwrap_or("amd64")
     }
@@ -467,7 +467,7 @@ pub struct ProvisioningInfo {
     pub tags: std::collections::BTreeMap<String, String>,
 }
 
-/// A dead machine's clean instance, parked for reuse (seed 001, opt-in).
+/// A dead machine's clean instance, parked for reuse (machine reuse, opt-in).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reusable {
     /// The instance.

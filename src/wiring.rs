@@ -233,7 +233,7 @@ impl ProvisionerHandle {
         }
     }
 
-    /// Destroys the model (seed 002): see [`DestroyModel`](crate::coordinator::DestroyModel).
+    /// Destroys the model: see [`DestroyModel`](crate::coordinator::DestroyModel).
     pub async fn destroy_model(
         &self,
         force: bool,
@@ -251,7 +251,7 @@ impl ProvisionerHandle {
 
     /// The model was destroyed by someone else (the environ provisioner, for a container
     /// provisioner): starts nothing more and stops every instance in scope whatever the mode,
-    /// those of starts in flight as they land (contract semantics 15).
+    /// those of starts in flight as they land (the destruction wins over releases).
     pub fn model_destroyed(&self) {
         self.coordinator.do_send(crate::coordinator::ModelDestroyed);
     }
@@ -280,7 +280,7 @@ pub struct ContainersHandle {
     manager: Addr<crate::containers::manager::ContainerManager>,
 }
 
-/// Starts lazy container provisioning on the current actix system (seed 003): a supervisor per
+/// Starts lazy container provisioning on the current actix system: a supervisor per
 /// live host and type in `kinds`, each running a container provisioner once the first
 /// container of its type appears on its provisioned host. Feed it every machine notification
 /// ([`ContainersHandle::machines_changed`]) and the environ provisioner's events
@@ -350,7 +350,7 @@ impl ContainersHandle {
     }
 
     /// The harvest mode changed (model config): every running container provisioner and every
-    /// later one uses it from now on (contract semantics 14).
+    /// later one uses it from now on (every component honours a mode change at once).
     pub fn set_harvest_mode(&self, mode: HarvestMode) {
         self.manager.do_send(crate::containers::manager::SetContainersHarvestMode(mode));
     }

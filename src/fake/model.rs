@@ -60,7 +60,7 @@ pub struct FakeMachine {
     pub removed_at: Option<std::time::Duration>,
     /// Every instance-info write for it that failed: when (the end of the write) and the
     /// instance it would have recorded. A record that failed makes that instance an orphan
-    /// whose stop the provisioner decides then (semantics 18).
+    /// whose stop the provisioner decides then (and retries until it succeeds).
     pub record_failures: Vec<(std::time::Duration, InstanceId)>,
     /// When its instance was last recorded (the end of the instance-info write).
     pub recorded_at: Option<std::time::Duration>,

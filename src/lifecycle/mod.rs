@@ -1,5 +1,6 @@
-//! The machine lifecycle actor: the starting / stop-deferred / running / stopping state of
-//! every machine the provisioner is working on (rules 36–45).
+//! The machine lifecycle actor: the starting / stop-deferred / running / stopping state of every
+//! machine the provisioner is working on (starting, stopping, and stops deferred while a start is
+//! in flight).
 //!
 //! One actor owns a map of small per-machine state machines rather than one actor per
 //! machine: a batch of 10,000 changes is one message, not 10,000 mailboxes, iteration order is

@@ -30,7 +30,8 @@ pub enum DeathDecision {
     StopNow,
     /// It is starting: stop what the start produces when it returns.
     Deferred,
-    /// Already being stopped: ignore (rule 40).
+    /// Already being stopped: ignore (de-duplicates stop requests, as Juju's
+    /// `TestDedupStopRequests`).
     AlreadyStopping,
 }
 
@@ -86,7 +87,7 @@ impl LifecycleBook {
     }
 
     /// A machine was classified pending: start it unless it is already starting, running or
-    /// stopping (semantics 1, fixing W7), or the model was destroyed (semantics 15).
+    /// stopping (a machine is never started twice, fixing W7), or the model was destroyed.
     pub fn want_start(&mut self, id: &MachineId) -> bool {
         if self.destroyed || self.phases.contains_key(id) {
             return false;
@@ -95,7 +96,7 @@ impl LifecycleBook {
         true
     }
 
-    /// A machine was seen dead (rules 38–40).
+    /// A machine was seen dead (its stop deferred while its start is in flight).
     pub fn on_death(&mut self, dead: &DeadMachine) -> DeathDecision {
         match self.phases.get(&dead.id) {
             Some(Phase::Starting) => {
@@ -131,7 +132,8 @@ impl LifecycleBook {
         out
     }
 
-    /// A start returned (rule 41), with the instance it produced if any (semantics 2, fixing W9).
+    /// A start returned, with the instance it produced if any (stopped at once if its machine died
+    /// meanwhile, fixing W9).
     pub fn start_finished(&mut self, id: &MachineId, instance: Option<InstanceId>) -> AfterStart {
         // The common case in place: a plain start that produced an instance is now running.
         if let (Some(phase @ Phase::Starting), Some(inst)) = (self.phases.get_mut(id), instance.as_ref()) {
@@ -177,7 +179,7 @@ impl LifecycleBook {
                 Some(Phase::StopDeferred(_) | Phase::DestroyDeferred(_) | Phase::Stopping) => {}
                 Some(Phase::Running { instance }) => {
                     // Its start landed at this very instant: the registry may not have recorded
-                    // the instance yet, the lifecycle has (semantics 15).
+                    // the instance yet, the lifecycle has (it wins over releases).
                     let mut m = m.clone();
                     if m.instance.as_ref() != Some(instance) && !m.tagged.contains(instance) {
                         m.tagged.push(instance.clone());

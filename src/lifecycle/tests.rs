@@ -213,13 +213,13 @@ fn destroy_defers_starting_machines_and_hands_back_the_others() {
 #[test]
 fn nothing_starts_after_the_model_is_destroyed() {
     // A batch read before the destruction may still ask to start a machine (contract
-    // semantics 15: nothing new in a dying model).
+    // nothing new in a dying model).
     let mut b = LifecycleBook::new();
     b.on_destroy(&[dead("0")]);
     assert!(!b.want_start(&mid("1")), "a machine started after the model was destroyed");
 }
 
-/// Issue 12 item 9, semantics 15: a start that landed at the instant of the destruction is
+/// The destruction wins over releases: a start that landed at the instant of the destruction is
 /// running in the lifecycle before the registry has its instance: the destruction stops it.
 #[test]
 fn destroy_of_a_machine_whose_start_just_landed_stops_the_instance_it_landed() {

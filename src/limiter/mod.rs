@@ -1,6 +1,6 @@
-//! The client-side rate limiter actor: one adaptive token bucket per cloud API class
-//! (start, stop, describe), so the provisioner paces its own calls instead of learning the
-//! cloud's limits from `RequestLimitExceeded` errors (issue 6, contract semantics 11).
+//! The client-side rate limiter actor: one adaptive token bucket per cloud API class (start, stop,
+//! describe), so the provisioner paces its own calls instead of learning the cloud's limits from
+//! `RequestLimitExceeded` errors; a throttled call is never a machine's failure, only a slowdown.
 //!
 //! Every broker call passes through [`LimitedBroker`], which asks the limiter for a token
 //! ([`Acquire`]), makes the call, and reports whether the cloud throttled it

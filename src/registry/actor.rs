@@ -99,7 +99,8 @@ impl MachineRegistry {
         self.listed_at = Some(actix_rt::time::Instant::now());
     }
 
-    /// Writes instance statuses that changed outside our control (seed 000).
+    /// Writes instance statuses that changed outside our control (an instance stopped in the cloud
+    /// shows as `stopped`).
     fn report_status_changes(&mut self, ctx: &mut Context<Self>) {
         for (id, status, message) in self.book.status_changes() {
             tracing::info!(machine = %id, %status, "instance status changed outside the provisioner");
@@ -144,7 +145,7 @@ impl Handler<Refresh> for MachineRegistry {
     fn handle(&mut self, msg: Refresh, _ctx: &mut Self::Context) -> Self::Result {
         let listing = (!self.book.loaded_once()).then(|| self.broker.all_instances());
         let model = self.model.clone();
-        // Machines outside this provisioner's scope are none of its business (rule 7).
+        // Machines outside this provisioner's scope are none of its business.
         let ids: Vec<MachineId> = msg.ids.into_iter().filter(|id| self.book.scope().contains(id)).collect();
         let fut = async move {
             let listing = match listing {

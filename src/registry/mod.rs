@@ -1,5 +1,5 @@
 //! The machine registry actor: owns the machine cache fed from the model and the cloud's
-//! instance view, and classifies machines (rules 13–22).
+//! instance view, and classifies machines (what each needs: a start, a stop, nothing).
 //!
 //! The instance view is loaded once before anything is started (so that an instance made by a
 //! crashed predecessor is adopted, not duplicated), kept current from broker results, and

@@ -12,7 +12,7 @@ use crate::types::{
     MachineStatus,
 };
 
-/// What a machine needs from the provisioner right now (rules 13–22).
+/// What a machine needs from the provisioner right now (Juju's classification of machines).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
     /// Alive, unprovisioned, pending (or instance status `provisioning`): start it.
@@ -42,7 +42,7 @@ pub fn classify(m: &Machine) -> Class {
 }
 
 /// Whether a machine stops a model destruction without `force` from completing: a manual,
-/// non-controller machine in scope that is not dead (seed 002). The destruction kills what it
+/// non-controller machine in scope that is not dead. The destruction kills what it
 /// can, then names these.
 pub fn blocks_destroy(m: &Machine, scope: &Scope) -> bool {
     scope.contains(&m.id) && !m.controller && m.manual && m.life != Life::Dead
@@ -70,7 +70,7 @@ pub struct MachineBook {
     /// whose age the cloud does not give is aged from its first listing.
     ages: BTreeMap<InstanceId, (Duration, Duration)>,
     /// Instances whose stop this provisioner decided and has not seen through, with the
-    /// machine they are tagged for when known: never adopted (semantics 17).
+    /// machine they are tagged for when known: never adopted, not after a restart either.
     stopping: BTreeMap<InstanceId, Option<MachineId>>,
     /// The same, by the machine they are tagged for.
     stopping_for: BTreeMap<MachineId, BTreeSet<InstanceId>>,
@@ -147,10 +147,10 @@ impl MachineBook {
         self.machines.insert(m.id.clone(), m);
     }
 
-    /// Takes a batch of machine reads into the cache and classifies them (rules 13–22):
-    /// pending machines (with where they or the instance they will adopt are), dead ones (with
-    /// their instances), ids gone from the model, ids to read again later; and the dying,
-    /// unprovisioned machines to take to dead.
+    /// Takes a batch of machine reads into the cache and classifies them (as Juju's
+    /// `classifyMachine`): pending machines (with where they or the instance they will adopt are),
+    /// dead ones (with their instances), ids gone from the model, ids to read again later; and the
+    /// dying, unprovisioned machines to take to dead.
     pub fn absorb(
         &mut self,
         reads: impl IntoIterator<Item = (MachineId, Result<Machine, ModelError>)>,
@@ -305,7 +305,7 @@ impl MachineBook {
     /// (or is about to adopt, `keeps`), every other unowned one (a second start whose result a
     /// crash lost); and all of them if it records none and is in provisioning error (a start
     /// whose record failed: its stop was decided, maybe by a predecessor that crashed before
-    /// seeing it through). They are stopped, never adopted (semantics 17, 18).
+    /// seeing it through). They are stopped, never adopted, each stop retried until it succeeds.
     pub fn orphans_of(&self, machine: &MachineId, keeps: Option<&InstanceId>) -> Vec<InstanceId> {
         let Some(m) = self.machines.get(machine) else { return Vec::new() };
         if m.life != Life::Alive || m.manual || !self.fresh {
@@ -325,11 +325,11 @@ impl MachineBook {
             .collect()
     }
 
-    /// Instances tagged for a dead machine in provisioning error that records none: orphans of
-    /// a start whose record failed, whose stop was decided (maybe by a predecessor that crashed
+    /// Instances tagged for a dead machine in provisioning error that records none: orphans of a
+    /// start whose record failed, whose stop was decided (maybe by a predecessor that crashed
     /// before seeing it through, having left the machine dead until then). They are stopped
-    /// whatever the mode, as for a live machine (semantics 18); they stay in the dead machine's
-    /// view too, so that its removal waits for their stop.
+    /// whatever the mode, as for a live machine, retried until it succeeds; they stay in the dead
+    /// machine's view too, so that its removal waits for their stop.
     pub fn dead_orphans_of(&self, machine: &MachineId) -> Vec<InstanceId> {
         let Some(m) = self.machines.get(machine) else { return Vec::new() };
         let failed = m.status == MachineStatus::Error || m.instance_status.is_error();
@@ -420,10 +420,11 @@ impl MachineBook {
         })
     }
 
-    /// Live machines whose instance changed state outside our control since we last said
-    /// (seed 000): a stopped or suspended instance shows as `stopped`, one that came back as
-    /// `running`, one gone from a fresh listing as `missing`. The cache takes the new status;
-    /// the caller writes it to the model. Manual machines are not in the cloud and are skipped.
+    /// Live machines whose instance changed state outside our control since we last said (instances
+    /// stopped outside our control): a stopped or suspended instance shows as `stopped`, one that
+    /// came back as `running`, one gone from a fresh listing as `missing`. The cache takes the new
+    /// status; the caller writes it to the model. Manual machines are not in the cloud and are
+    /// skipped.
     pub fn status_changes(&mut self) -> Vec<(MachineId, InstanceStatus, String)> {
         let mut out = Vec::new();
         for m in self.machines.values_mut() {

@@ -213,7 +213,7 @@ mod tests {
         dir.join("p.db")
     }
 
-    /// Issue 12, item 2: a start repeated with its client token (after an ambiguous failure)
+    /// A start repeated with its client token (after an ambiguous failure)
     /// gets the instance the first one made, landed if it was left pending, and nothing new;
     /// the same token with another zone is refused.
     #[test]

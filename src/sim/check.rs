@@ -13,7 +13,7 @@ const DECISION_WINDOW: Duration = Duration::from_secs(120);
 
 /// How long after a death the provisioner may take to decide its instance's fate (the batch
 /// that sees it, a start still recording its instance). A mode switch within it may decide; a
-/// decision made before a later switch holds, across restarts too (semantics 5).
+/// decision made before a later switch holds, across restarts too (a release is never undone).
 const DECIDE_WINDOW: Duration = Duration::from_secs(2);
 
 /// The harvest mode in force over time (from the scenario's model-config changes).
@@ -90,8 +90,9 @@ fn all_machines(s: &Scenario) -> BTreeMap<String, MachineSpec> {
     out
 }
 
-/// The zones open to new instances over time: the cloud's list less its unavailable zones,
-/// from the scenario's initial cloud and its `set_zones` events (contract semantics 12).
+/// The zones open to new instances over time: the cloud's list less its unavailable zones, from the
+/// scenario's initial cloud and its `set_zones` events (a zone listed as unavailable takes no new
+/// instance).
 struct ZoneTimeline {
     changes: Vec<(Duration, BTreeSet<String>)>,
 }
@@ -126,7 +127,7 @@ impl ZoneTimeline {
     }
 }
 
-/// The simulated cloud's own contract (semantics 12, 13): no start is accepted into a zone
+/// The simulated cloud's own contract: no start is accepted into a zone
 /// closed to new instances, and no new instance takes the id of one that exists or existed.
 fn check_cloud(s: &Scenario, cloud: &CloudSnapshot, v: &mut Vec<String>) {
     if !s.cloud.zones.is_empty() || !s.cloud.unavailable_zones.is_empty() {
@@ -208,7 +209,8 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         .filter(|c| c.op == CloudOp::StopInstances && c.ok == Some(true))
         .flat_map(|c| c.instances.iter().map(ToString::to_string))
         .collect();
-    // From the first destroy_model on, every instance is stopped whatever the mode (semantics 15).
+    // From the first destroy_model on, every instance is stopped whatever the mode, releases
+    // included.
     let destroyed_from: Option<Duration> =
         s.timeline().into_iter().find(|(_, a)| matches!(a, Action::DestroyModel(_))).map(|(at, _)| at);
     // When each instance of ours landed: the end of the last start call naming it, a call
@@ -282,14 +284,14 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
             .iter()
             .any(|c| matches!(c.op, CloudOp::StartInstance | CloudOp::StopInstances) && c.at >= since && c.at <= t)
     };
-    // Instances released so far, in call order (semantics 5: never stopped later).
+    // Instances released so far, in call order (a released instance is never stopped later).
     let mut released: BTreeSet<String> = BTreeSet::new();
     for call in &cloud.calls {
         let at = format_duration(call.at);
         match call.op {
             // A release at or after the destruction's instant is not one the contract keeps:
-            // from then on every instance is stopped whatever the mode (semantics 15; the
-            // semantics-15 check below holds such an instance to be terminated), keep-instance
+            // from then on every instance is stopped whatever the mode (the
+            // destruction check below holds such an instance to be terminated), keep-instance
             // ones excepted.
             CloudOp::ReleaseInstances if call.ok == Some(true) => {
                 let kept_for_good = |id: &String| {
@@ -305,14 +307,15 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                     if released.contains(&id) {
                         v.push(format!("released instance {id} was stopped at {at}"));
                     }
-                    // Semantics 5 and 14: the instance of a machine that died while the mode
-                    // excluded `destroyed` is released, not stopped (unless the model is
-                    // destroyed by then: semantics 15). An instance never recorded because its
-                    // record failed is an orphan, stopped whatever the mode (semantics 18): only
-                    // recorded instances and strays that predate the death are judged here, and
-                    // a stray only if it did not become such an orphan (an adoption whose record
-                    // failed) or have its stop sent while its machine lived.
-                    // (Manual and keep-instance machines have checks of their own below.)
+                    // A release is final, and the mode in force when a start lands decides: the
+                    // instance of a machine that died while the mode excluded `destroyed` is
+                    // released, not stopped (unless the model is destroyed by then: the destruction
+                    // wins over releases). An instance never recorded because its record failed is
+                    // an orphan, stopped whatever the mode and its stop retried until it succeeds:
+                    // only recorded instances and strays that predate the death are judged here,
+                    // and a stray only if it did not become such an orphan (an adoption whose
+                    // record failed) or have its stop sent while its machine lived. (Manual and
+                    // keep-instance machines have checks of their own below.)
                     let judged = recorder
                         .get(&id)
                         .or_else(|| owner.get(&id).filter(|_| !started.contains(&id)))
@@ -322,8 +325,8 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         let fake = model.machines.get(&crate::types::MachineId::new(m));
                         let dead = fake.and_then(|f| f.died_at);
                         // A stray its machine does not record whose stop was decided while the
-                        // machine lived is stopped by that decision, retried until it succeeds
-                        // (semantics 18), whatever the mode at the death: an adoption whose
+                        // machine lived is stopped by that decision, retried until it succeeds,
+                        // whatever the mode at the death: an adoption whose
                         // record failed made it an orphan (the failed write shows it), or a stop
                         // of it was sent before the death. (A record that failed only after the
                         // death leaves an orphan that follows its machine: judged.)
@@ -337,7 +340,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                             // The mode at its death decides the fate of the instance recorded for
                             // it. If it may have been starting then (a start call in flight, or a
                             // stray tagged for a pending machine, whose start may have been queued),
-                            // the mode in force when that start landed decides (semantics 14): any
+                            // the mode in force when that start landed decides: any
                             // mode from its death to this stop.
                             // Only a provisioner that could see the death then is held to that
                             // mode (one that had started or stopped something since its last
@@ -380,13 +383,13 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         }
                     }
                     // 5. An instance left alone on purpose is never stopped later, not after a restart
-                    // either (semantics 5): the instance a machine records, landed before the machine
-                    // died in a mode excluding destroyed (for DECIDE_WINDOW, and with no failed listing
+                    // either: the instance a machine records, landed before the machine died in a
+                    // mode excluding destroyed (for DECIDE_WINDOW, and with no failed listing
                     // keeping the provisioner from seeing the death before a switch), unless a
-                    // destroy_model came first (semantics 15) or a stop of it was sent before the death.
-                    // An orphan (never recorded) may have had its stop decided while its machine lived
-                    // (semantics 18).
-                    // (Not said twice: the check above may have flagged this stop already.)
+                    // destroy_model came first (it wins over releases) or a stop of it was sent
+                    // before the death. An orphan (never recorded) may have had its stop decided
+                    // while its machine lived (its stop is then retried until it succeeds). (Not
+                    // said twice: the check above may have flagged this stop already.)
                     let machine_of = own
                         .and_then(|m| model.machines.get(&crate::types::MachineId::new(m)))
                         .filter(|_| !judged_stopped);
@@ -574,7 +577,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         }
         let Some(m) = model.machines.get(&crate::types::MachineId::new(id)) else { continue };
         // A recorded instance that we terminated provisions nothing (a restart that adopted an
-        // instance being stopped, semantics 17).
+        // instance being stopped: such an instance is never adopted).
         let lost = m.machine.instance.as_ref().is_some_and(|i| {
             stopped_by_us.contains(i.as_str())
                 && cloud.instances.get(i).is_some_and(|r| r.instance.state == InstanceState::Terminated)
@@ -633,7 +636,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
     }
 
     // 9. No leak: an instance of ours tagged for a live machine is that machine's, recorded by
-    // it, or gone (an orphan whose record failed is stopped, semantics 18).
+    // it, or gone (an orphan whose record failed is stopped, retried until it succeeds).
     for (iid, inst) in &cloud.instances {
         if inst.foreign || inst.instance.state == InstanceState::Terminated || inst.instance.tags.model.is_none() {
             continue;
@@ -643,8 +646,9 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         if launched.contains_key(iid.as_str()) {
             continue;
         }
-        // A container whose host died goes with its host (semantics 16), and one whose host
-        // never got an instance has no container provisioner (as for invariant 7).
+        // A container whose host died goes with its host (its instance stopped, itself marked for
+        // removal), and one whose host never got an instance has no container provisioner (as for
+        // invariant 7).
         let host_gone = tagged.container_of().is_some_and(|(host, _)| {
             model
                 .machines
@@ -652,7 +656,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                 .is_none_or(|h| h.removed || h.machine.life != Life::Alive || h.machine.instance.is_none())
         });
         // In a dying model the destruction check covers top-level machines; containers are the
-        // container provisioners' (semantics 15).
+        // container provisioners'.
         if host_gone || (model.life != Life::Alive && tagged.container_of().is_some()) {
             continue;
         }
@@ -661,7 +665,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         }
         v.push(format!("instance {iid} tagged for live machine {tagged} is recorded by no machine (leaked)"));
     }
-    // 10. A decided stop is seen through (semantics 18), across restarts too: an instance whose
+    // 10. A decided stop is retried until it succeeds, across restarts too: an instance whose
     // record failed while its machine lived (an orphan, its stop decided then) is not left
     // running with our tag once that machine is dead, unless some machine recorded it later.
     for (iid, inst) in &cloud.instances {
@@ -810,7 +814,7 @@ mod tests {
             v.iter().any(|x| x.starts_with("instance i-1 of machine 0/lxd/0, dead since 20s in mode none")),
             "{v:?}"
         );
-        // Released first, stopped later (semantics 5).
+        // Released first, stopped later: a release must be final.
         let mut released = cloud.clone();
         released.calls.insert(0, call(CloudOp::ReleaseInstances, 20, &["i-1"]));
         let v = check(&s, &released, &model, &ModeTimeline::new(HarvestMode::Destroyed));
@@ -821,9 +825,10 @@ mod tests {
 
     #[test]
     fn the_mode_at_a_machines_death_decides_even_if_the_stop_comes_after_a_switch() {
-        // released_instance_stopped_after_restart (issue 12 item 13): machine 0 died at 5s in
-        // mode none; its release waited; the mode became destroyed at 10s; the instance was
-        // stopped at 20s. The provisioner had processed a batch by then (a start at 0s).
+        // released_instance_stopped_after_restart (a queued release lost across a restart): machine
+        // 0 died at 5s in mode none; its release waited; the mode became destroyed at 10s; the
+        // instance was stopped at 20s. The provisioner had processed a batch by then (a start at
+        // 0s).
         let s = scenario("[[machines]]\nid = \"0\"\n[[machines]]\nid = \"1\"");
         let mut modes = ModeTimeline::new(HarvestMode::None);
         modes.set(Duration::from_secs(10), HarvestMode::Destroyed);
@@ -951,9 +956,9 @@ mod tests {
 
     #[test]
     fn a_release_at_the_instant_of_the_destruction_is_no_release_the_destruction_keeps() {
-        // Seeds 10239, 11869, 13915 (semantics 15): container 0/lxd/0 died at 5s while starting
-        // in mode none; its start landed at 10s, the instant of destroy_model, and its provisioner
-        // released it before hearing of the destruction.
+        // Property-test seeds 10239, 11869, 13915 (the destruction wins over releases): container
+        // 0/lxd/0 died at 5s while starting in mode none; its start landed at 10s, the instant of
+        // destroy_model, and its provisioner released it before hearing of the destruction.
         let s = scenario(&format!(
             "{HOST_AND_CONTAINER}
             [[machines]]
@@ -1018,7 +1023,7 @@ mod tests {
 
     #[test]
     fn a_container_of_a_ready_host_left_pending_without_an_error_is_caught() {
-        // Invariant 7 covers containers whose host is alive and provisioned (semantics 20: a host
+        // Invariant 7 covers containers whose host is alive and provisioned (a host
         // that never initialises leaves them in provisioning error, with a message).
         let s = scenario(HOST_AND_CONTAINER);
         let mut model = ModelSnapshot {

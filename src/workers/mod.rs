@@ -1,6 +1,6 @@
-//! The broker worker pool actor: runs StartInstance and StopInstances jobs, at most `size` at
-//! a time, stops before starts (rule 45), with the start retry strategy and zone fail-over
-//! (rules 66–74, contract semantics 8 and 11).
+//! The broker worker pool actor: runs StartInstance and StopInstances jobs, at most `size` at a
+//! time, stops before starts (so no instance is duplicated), with the start retry strategy and zone
+//! fail-over (throttling costs time, never a round).
 //!
 //! Resizing only changes how many jobs may run at once: queued jobs stay queued and jobs in
 //! flight finish (fixing W5/W6: no worker ever waits on the queue it feeds, nothing is

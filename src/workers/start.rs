@@ -71,7 +71,7 @@ async fn set_instance_status(deps: &StartDeps, machine: &MachineId, status: Inst
     }
 }
 
-/// Writes a final provisioning error (rule 47): instance status `provisioning error` and
+/// Writes a final provisioning error: instance status `provisioning error` and
 /// machine status `error`, both with the cause.
 async fn fail(deps: &StartDeps, machine: MachineId, message: String) -> JobOutcome {
     fail_retiring(deps, machine, message, None).await
@@ -218,7 +218,8 @@ async fn start_or_adopt(
         loop {
             match deps.broker.derive_availability_zones(&params).await {
                 Ok(z) => break z,
-                // Throttling is never the machine's failure (semantics 11): wait and ask again.
+                // Throttling is never the machine's failure (no round used, no zone marked): wait
+                // and ask again.
                 Err(BrokerError::Throttled { .. }) => {
                     let d = deps.backoff.delay(throttled, rng);
                     throttled += 1;
@@ -234,7 +235,7 @@ async fn start_or_adopt(
     } else {
         Vec::new()
     };
-    // Machine reuse (seed 001, opt-in): take over a parked instance that fits.
+    // Machine reuse (opt-in): take over a parked instance that fits.
     let mut retired = None;
     if let Some(claim) = &deps.claim {
         let ask = crate::harvest::ClaimReusable { constraints: job.info.constraints.clone(), derived: derived.clone() };

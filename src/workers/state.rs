@@ -80,7 +80,7 @@ impl PoolBook {
         if self.in_flight >= self.size {
             // An eager stop does not wait for a free worker, nor does a release: a decision to
             // leave an instance alone is made durable (untagged) at once, so that no restart in
-            // between re-decides it under a later harvest mode (semantics 5).
+            // between re-decides it under a later harvest mode (a release is final).
             let pos = self
                 .urgent
                 .iter()
@@ -146,7 +146,7 @@ pub enum Step {
     Final,
 }
 
-/// Round accounting for one start (contract semantics 8): with `count = N`, a machine that
+/// Round accounting for one start: with `count = N`, a machine that
 /// always fails gets N+1 calls without zones and N·Z+1 with Z eligible zones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attempts {
@@ -233,7 +233,8 @@ pub enum JobOutcome {
         message: String,
         /// A dead machine whose parked instance this start gave up: remove it.
         retired: Option<MachineId>,
-        /// The instance it started (or adopted) but could not record: stop it (semantics 18).
+        /// The instance it started (or adopted) but could not record: stop it, retried until it
+        /// succeeds.
         orphan: Option<InstanceId>,
         /// A parked instance this start gave up: stop it (then remove `retired`).
         given_up: Option<GivenUp>,

@@ -309,7 +309,7 @@ fn an_eager_stop_runs_even_when_every_worker_is_busy() {
     assert_eq!(pool.in_flight(), 2);
 }
 
-/// Issue 12 item 13, semantics 5: a release never waits for a free worker (a restart must not
+/// A release is final: a release never waits for a free worker (a restart must not
 /// find its decision undone), nor does an eager stop queued behind a plain one.
 #[test]
 fn pool_runs_releases_and_eager_stops_even_when_every_worker_is_busy() {

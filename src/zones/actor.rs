@@ -18,7 +18,8 @@ pub struct ZoneAllocator {
 
 impl ZoneAllocator {
     /// An allocator over this broker, with a seeded tie-breaker, re-reading the zone list every
-    /// `refresh_interval` (rule 60) once it was first loaded.
+    /// `refresh_interval` (the zone list only, as Juju does for later batches) once it was first
+    /// loaded.
     pub fn new(broker: Arc<dyn Broker>, seed: u64, refresh_interval: std::time::Duration) -> Self {
         Self { book: ZoneBook::new(seed), epoch: actix_rt::time::Instant::now(), broker, refresh_interval }
     }

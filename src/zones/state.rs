@@ -111,9 +111,9 @@ impl ZoneBook {
         !self.zones.is_empty()
     }
 
-    /// Applies the cloud's zone list (rule 60, semantics 7): new zones are added empty; zones
-    /// no longer listed are dropped unless they hold machines (then kept, never chosen);
-    /// unavailable zones are never chosen.
+    /// Applies the cloud's zone list (a zone no longer available is not chosen): new zones are
+    /// added empty; zones no longer listed are dropped unless they hold machines (then kept, never
+    /// chosen); unavailable zones are never chosen.
     pub fn update_zones(&mut self, list: &[(String, bool)]) {
         for z in self.zones.values_mut() {
             z.listed = false;
@@ -227,7 +227,7 @@ impl ZoneBook {
         }
     }
 
-    /// A zone-specific failure (rules 66–67): the machine leaves the zone and is marked failed
+    /// A zone-specific failure: the machine leaves the zone and is marked failed
     /// there; if no eligible zone is left, its marks are cleared and a round is used.
     pub fn mark_failed(&mut self, machine: &MachineId, zone: &str) -> FailOutcome {
         self.release_reservation(machine);

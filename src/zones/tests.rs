@@ -425,7 +425,8 @@ fn without_capacity_memory_failures_steer_only_their_machine() {
 
 #[test]
 fn a_machine_failing_everywhere_still_gets_n_times_z_plus_one_calls() {
-    // With every zone remembered, the memory steers nothing: semantics 8 counts are unchanged.
+    // With every zone remembered, the memory steers nothing: the retry call counts (N·Z+1) are
+    // unchanged.
     let mut b = book(0, &["az1", "az2", "az3"]).with_capacity_memory(Duration::from_secs(180));
     let mut attempts = Attempts::new(2);
     let mut calls = 0;

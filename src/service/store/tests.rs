@@ -215,7 +215,7 @@ fn commits_are_fsynced_unless_asked_otherwise() {
     assert_eq!(sync(&s), 2, "FULL");
 }
 
-/// Issue 12, item 3: the gauges' counts kept as the store writes always equal a full recount,
+/// The gauges' counts kept as the store writes always equal a full recount,
 /// whatever the writes (random ones, from a seeded RNG, failed ones included).
 #[test]
 fn counts_kept_as_writes_commit_match_a_full_recount() {
@@ -264,7 +264,7 @@ fn counts_kept_as_writes_commit_match_a_full_recount() {
     assert_eq!(s.counts().model_life, "dying");
 }
 
-/// Issue 12, item 5: a database with a corrupt page is refused at open (not opened as if
+/// A database with a corrupt page is refused at open (not opened as if
 /// whole), and a database that lost its model's identity is not given a new one.
 #[test]
 fn a_damaged_database_is_refused_at_open() {
@@ -297,7 +297,7 @@ fn a_damaged_database_is_refused_at_open() {
     assert!(matches!(s.check_readable(), Err(StoreError::Damaged { .. })));
 }
 
-/// Issue 12, item 4: a constraint shared by many machines is stored once.
+/// A constraint shared by many machines is stored once.
 #[test]
 fn shared_constraints_are_stored_once() {
     let mut s = StoreCore::in_memory().unwrap();
