@@ -1,5 +1,5 @@
 //! The binary, driven as a user would: exit codes and error messages for bad input
-//! (`shared/spec/cli.md`), and the quickstart run.
+//! (as the command-line contract fixes them), and the quickstart run.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

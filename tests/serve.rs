@@ -1,7 +1,6 @@
 //! The service, driven as an operator would: the real binary's `serve` on a temporary data
-//! directory and a free loopback port, and the client commands against it
-//! (`shared/spec/cli.md`, "The service" and "Client commands"). Includes the crash-safety
-//! checks: `kill -9` with starts in flight, then a restart on the same directory.
+//! directory and a free loopback port, and the client commands against it. Includes the
+//! crash-safety checks: `kill -9` with starts in flight, then a restart on the same directory.
 
 // These tests drive real processes in real time: they sleep and read the wall clock.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
@@ -698,7 +697,7 @@ fn the_ec2_broker_service_adopts_after_a_crash_and_terminates_on_removal() {
     }
 }
 
-// ---- issue 12: hardening ----------------------------------------------------------------
+// ---- hardening: bad input, bounded resources, damaged databases ------------------------
 
 /// One raw HTTP/1.1 exchange (`Connection: close`): the status, the headers (lower-case
 /// names) and the body. Raw, so that made-up methods and odd bodies reach the service as sent.
@@ -748,7 +747,7 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.parse().ok()))
 }
 
-/// Issue 12, item 1: a body that does not parse (unknown field, wrong type, not JSON) is a 400
+/// A body that does not parse (unknown field, wrong type, not JSON) is a 400
 /// naming what is wrong, and changes nothing; an empty body means the defaults.
 #[test]
 fn an_invalid_body_is_refused_and_changes_nothing() {
@@ -792,7 +791,7 @@ fn an_invalid_body_is_refused_and_changes_nothing() {
     assert_eq!(s.json(&["status", "--json"])["model_life"], "dying");
 }
 
-/// Issue 12, item 3: made-up HTTP methods do not add series (every label is bounded), and a
+/// Made-up HTTP methods do not add series (every label is bounded), and a
 /// scrape reads counters kept up to date by the store's writes, not the database.
 #[test]
 fn metrics_labels_are_bounded_and_a_scrape_reads_no_database() {
@@ -843,7 +842,7 @@ fn metrics_labels_are_bounded_and_a_scrape_reads_no_database() {
     });
 }
 
-/// Issue 12, item 4: list fields are deduplicated and bounded, a body over the limit is 413,
+/// List fields are deduplicated and bounded, a body over the limit is 413,
 /// and one request cannot grow the database by more than its few rows.
 #[test]
 fn one_request_cannot_blow_up_the_database() {
@@ -913,7 +912,7 @@ fn serve_output(data: &Path, extra: &[&str]) -> (Option<i32>, String) {
     }
 }
 
-/// Issue 12, item 5: a damaged database is refused at start with a message that says what to
+/// A damaged database is refused at start with a message that says what to
 /// do; a missing or empty database next to a WAL or a token is not silently a new model;
 /// `serve --init` creates one on purpose.
 #[test]
@@ -980,7 +979,7 @@ fn a_damaged_or_missing_database_is_refused_at_start() {
     assert_eq!(s.json(&["status", "--json"])["machines"], 0);
 }
 
-/// Issue 12, item 6: 413 for a body over the limit, 405 with `Allow` for a wrong method.
+/// 413 for a body over the limit, 405 with `Allow` for a wrong method.
 #[test]
 fn oversized_bodies_are_413_and_wrong_methods_405_with_allow() {
     let dir = temp_dir("413-405");
@@ -1008,7 +1007,7 @@ fn oversized_bodies_are_413_and_wrong_methods_405_with_allow() {
     assert_eq!(raw_http(&s, "GET", "/v1/nothing", true, None).0, 404);
 }
 
-/// Issue 12, item 6: `machine remove 3 3` collapses the duplicate; `config set workers +4` is
+/// `machine remove 3 3` collapses the duplicate; `config set workers +4` is
 /// refused (it reads like a relative change, which is not supported).
 #[test]
 fn duplicate_ids_collapse_and_signed_workers_are_refused() {
@@ -1028,7 +1027,7 @@ fn duplicate_ids_collapse_and_signed_workers_are_refused() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "workers = 8");
 }
 
-/// Issue 12, item 6: the database and its WAL are private (0600) like the token, and a token
+/// The database and its WAL are private (0600) like the token, and a token
 /// file others can read is warned about.
 #[cfg(unix)]
 #[test]
@@ -1048,7 +1047,7 @@ fn database_files_are_private_and_a_readable_token_is_warned_about() {
     eventually(Duration::from_secs(5), "the warning", || s.log_text().contains("readable by others"));
 }
 
-/// Issue 12, item 6: a client of the event stream that stops reading is not buffered without
+/// A client of the event stream that stops reading is not buffered without
 /// bound: past its queue's limit it is dropped, with a final event saying so.
 #[test]
 fn a_slow_event_client_is_dropped_with_a_final_event() {
@@ -1095,13 +1094,14 @@ impl Drop for Mounted {
     }
 }
 
-/// Issue 12, item 2 (the service's part). The data directory's disk fills while starts are in
-/// flight: the simulated cloud has written each instance, then cannot record its landing, and
-/// answers a transient error. When the disk frees up, every machine must end with exactly one
-/// instance ever created for it: the retried start must reuse the client token (and the cloud
-/// return the instance already made for it) instead of making a second one.
+/// A start whose call made the instance and lost its answer (the service's part). The data
+/// directory's disk fills while starts are in flight: the simulated cloud has written each
+/// instance, then cannot record its landing, and answers a transient error. When the disk frees up,
+/// every machine must end with exactly one instance ever created for it: the retried start must
+/// reuse the client token (and the cloud return the instance already made for it) instead of making
+/// a second one.
 ///
-/// NOTE: this test depends on the engine's fix of issue 12 item 2 (`src/workers/start.rs`:
+/// NOTE: this test depends on the engine's fix for lost start responses (`src/workers/start.rs`:
 /// reuse the client token after an ambiguous failure), done on another branch; until that is
 /// merged it FAILS here with machines that have two instances.
 ///
@@ -1153,7 +1153,7 @@ fn a_full_disk_during_starts_gives_no_machine_a_second_instance() {
     assert!(s.log_text().contains("full") || s.log_text().contains("disk"), "the disk never filled: {}", s.log_text());
 }
 
-/// Issue 12, item 5: `/healthz` fails (503, saying why) when the store cannot be read, here
+/// `/healthz` fails (503, saying why) when the store cannot be read, here
 /// because the database file was replaced under the running service (by a file that is not a
 /// database); a restart then refuses the damaged file.
 #[test]

@@ -64,7 +64,7 @@ async fn harvest_destroyed_reaps_only_destroyed() {
     assert_eq!(cloud.state_of("999"), Some(InstanceState::Running));
 }
 
-/// P26 / 4.0 `TestHarvestAllReapsAllTheThings`, rule 31: one call stopping the dead machine's
+/// P26 / 4.0 `TestHarvestAllReapsAllTheThings`: one call stopping the dead machine's
 /// instance and the unknown one.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn harvest_all_reaps_all_the_things_in_one_call() {
@@ -80,7 +80,7 @@ async fn harvest_all_reaps_all_the_things_in_one_call() {
     assert_eq!(stops(&h.cloud().await), vec![vec!["i-0".to_string(), "999".to_string()]]);
 }
 
-/// T2 `TestStopInstancesIgnoresMachinesWithKeep`, W11, semantics 5: a keep-instance machine's
+/// T2 `TestStopInstancesIgnoresMachinesWithKeep`, W11: a keep-instance machine's
 /// instance is never stopped, both machines are removed, and the kept instance is released
 /// (stripped of our identity) so it is not harvested later as unknown, even after a restart.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
@@ -136,7 +136,7 @@ async fn instance_left_in_mode_none_is_not_reaped_after_switching_to_all() {
     assert_eq!(cloud.state_of("i-0"), Some(InstanceState::Running));
 }
 
-/// T13 `TestDedupStopRequests`, rule 40: a second notification while the stop is in flight
+/// T13 `TestDedupStopRequests`: a second notification while the stop is in flight
 /// does not stop again, and is still processed.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn stop_requests_are_deduplicated() {
@@ -159,7 +159,7 @@ async fn stop_requests_are_deduplicated() {
     assert!(h.handle.is_running());
 }
 
-/// T14 `TestDeferStopRequestsForMachinesStillProvisioning`, W9, semantics 2: a machine that
+/// T14 `TestDeferStopRequestsForMachinesStillProvisioning`, W9: a machine that
 /// dies while starting is not stopped then; when the start returns, exactly the instance it
 /// produced is stopped, in the default mode, and the machine is removed.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
@@ -184,7 +184,7 @@ async fn deferred_stop_stops_the_instance_the_start_produced() {
     assert!(model.machine("0").unwrap().removed);
 }
 
-/// W10, semantics 3: switching to `unknown` harvests unknown instances at once, with
+/// W10: switching to `unknown` harvests unknown instances at once, with
 /// `harvest-mode-changed` then `processed-machines`.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn switching_to_unknown_harvests_at_once() {
@@ -221,7 +221,7 @@ async fn nothing_is_harvested_before_the_first_full_notification() {
     assert_eq!(h.handle.harvest_mode().await.unwrap(), HarvestMode::All);
 }
 
-/// W12, semantics 4: a dead machine's stopped (suspended) instance is terminated too.
+/// W12: a dead machine's stopped (suspended) instance is terminated too.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn dead_machines_stopped_instance_is_terminated() {
     let cloud = zoneless_cloud();
@@ -306,7 +306,7 @@ async fn a_resync_before_the_first_notification_harvests_nothing() {
     assert_eq!(cloud.state_of("i-0"), Some(InstanceState::Running));
 }
 
-/// Issue 12 item 13, semantics 5: a machine dying in mode `none` while every worker is busy has
+/// A release is final: a machine dying in mode `none` while every worker is busy has
 /// its instance released at once (a release waits for no worker), so a restart after a switch
 /// to `destroyed` finds it released and never stops it.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]

@@ -29,7 +29,7 @@ async fn failing_listing_is_retried_with_backoff() {
     assert!(h.handle.is_running());
 }
 
-/// W14, semantics 6: nothing unknown is harvested from a view that failed to load; once a
+/// W14: nothing unknown is harvested from a view that failed to load; once a
 /// listing succeeds the harvest goes ahead.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn nothing_is_harvested_from_a_view_that_failed_to_load() {
@@ -224,8 +224,9 @@ async fn nothing_is_harvested_from_a_young_view_after_a_failed_listing() {
     assert_eq!(h.cloud().await.state_of("stray"), Some(InstanceState::Running), "harvested from a stale view");
 }
 
-/// Issue 12 item 10, semantics 6, 18: the orphan of a failed `set_instance_info` is stopped
-/// through a normal stop job: a failed stop is retried with backoff until it succeeds.
+/// A failed record is that machine's error, and every stop is retried until it succeeds: the orphan
+/// of a failed `set_instance_info` is stopped through a normal stop job: a failed stop is retried
+/// with backoff until it succeeds.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn the_orphan_of_a_failed_record_is_stopped_until_the_stop_succeeds() {
     let model = FakeModel::with_machines(machines(&["0"]));
@@ -245,9 +246,9 @@ async fn the_orphan_of_a_failed_record_is_stopped_until_the_stop_succeeds() {
     assert!(h.handle.is_running());
 }
 
-/// Issue 12 item 11, semantics 17: a restart while the orphan's stop is in flight (the cloud
-/// still lists it as running) never adopts it: the machine's error was written before the stop
-/// was sent, and the new incarnation stops the orphan of a machine in error itself.
+/// An instance being stopped is never adopted: a restart while the orphan's stop is in flight (the
+/// cloud still lists it as running) never adopts it: the machine's error was written before the
+/// stop was sent, and the new incarnation stops the orphan of a machine in error itself.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn a_restart_never_adopts_an_orphan_being_stopped() {
     let model = FakeModel::with_machines(machines(&["0"]));

@@ -154,7 +154,7 @@ async fn a_harvest_pass_stops_at_most_the_cap() {
     assert!(h.handle.is_idle().await, "no recheck left pending");
 }
 
-/// A start fault whose call makes the instance and then loses its answer (issue 12, item 2).
+/// A start fault whose call makes the instance and then loses its answer (a lost response).
 fn lost(machine: &str, times: u32) -> provisioner::fake::Fault {
     provisioner::fake::Fault {
         machine: machine.into(),
@@ -177,7 +177,7 @@ fn ever_made_for(cloud: &provisioner::fake::CloudSnapshot, machine: &str) -> Vec
         .collect()
 }
 
-/// Issue 12, item 2: a start whose call made the instance but failed transiently (the answer
+/// A start whose call made the instance but failed transiently (the answer
 /// was lost) is repeated with the same client token, zone and parameters, so the cloud answers
 /// with the instance it made: the machine ends with exactly one instance ever made for it.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]

@@ -1,5 +1,5 @@
-//! The seeds' other systems: instances stopped outside our control (seed 000), model
-//! destruction (seed 002), lazy container provisioners (seed 003), machine reuse (seed 001).
+//! The other systems around the provisioner: instances stopped outside our control, model
+//! destruction, lazy container provisioners, machine reuse.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +15,7 @@ use provisioner::{
 
 use crate::support::*;
 
-// ---------------------------------------------------------------- seed 000
+// ----------------------------------- instances stopped outside our control
 
 /// Seed 000: an instance stopped out of band is not replaced nor harvested while its machine
 /// lives; its instance status says `stopped`, then `running` when it comes back; when the
@@ -48,7 +48,7 @@ async fn stopped_instance_is_shown_kept_and_terminated_on_death() {
     assert_eq!(h.cloud().await.state_of(&inst), Some(InstanceState::Terminated));
 }
 
-// ---------------------------------------------------------------- seed 002
+// ------------------------------------------------------- model destruction
 
 fn destroy_model_fixture() -> Harness {
     let cloud = zoned_cloud(&["az1", "az2"]);
@@ -130,7 +130,7 @@ async fn destroy_model_stops_starts_in_flight_as_they_land() {
     assert_eq!(h.cloud().await.calls_of(CloudOp::StartInstance).len(), 2);
 }
 
-// ---------------------------------------------------------------- seed 003
+// --------------------------------------------- lazy container provisioners
 
 struct Containers {
     h: Harness,
@@ -158,9 +158,9 @@ fn with_containers(ids: &[&str], faults: Vec<(String, String, u32, String)>) -> 
     Containers { h, containers, initialiser }
 }
 
-/// Seed 003, rule 7: the environ provisioner never starts containers; a container
-/// provisioner starts lazily on the first container, after initialising the host, and puts
-/// containers in the host's zone.
+/// Lazy container provisioners: the environ provisioner (top-level machines only) never starts
+/// containers; a container provisioner starts lazily on the first container, after initialising the
+/// host, and puts containers in the host's zone.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn containers_are_provisioned_lazily_in_their_hosts_zone() {
     let c = with_containers(&["0", "1", "0/lxd/0"], vec![]);
@@ -184,9 +184,10 @@ async fn containers_are_provisioned_lazily_in_their_hosts_zone() {
     }
 }
 
-/// Seed 003 with contract semantics 6: the container manager's read of a host that is already
-/// provisioned fails (the model's `machines` call); the read is retried with backoff, not
-/// dropped, so the host's containers are still started, in its zone.
+/// Lazy container provisioners, where a failed call that concerns everything is retried: the
+/// container manager's read of a host that is already provisioned fails (the model's `machines`
+/// call); the read is retried with backoff, not dropped, so the host's containers are still
+/// started, in its zone.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn a_failed_host_read_is_retried_so_containers_still_start() {
     let cloud = zoned_cloud(&["az1", "az2"]);
@@ -232,7 +233,7 @@ async fn failing_container_initialisation_is_retried_and_shown() {
 
 /// Seed 003: containers wait for their host's instance; a host that dies stops its
 /// supervisors' starts (they only reap from then on: a container added to the dead host dies
-/// with it and is removed, contract semantics 16); an unsupported container type gets a clear
+/// with it and is removed, across restarts too); an unsupported container type gets a clear
 /// error.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn containers_wait_for_their_host_and_stop_with_it() {
@@ -266,10 +267,10 @@ async fn containers_wait_for_their_host_and_stop_with_it() {
     assert_eq!(starts_of(&c.h.cloud().await, "0/lxd/1"), 0, "a container of a dead host was started");
 }
 
-/// Contract semantics 14 (issue 12 item 7): `ContainersHandle::set_harvest_mode` reaches the
-/// running container provisioners and the ones started later. The test config's mode is
-/// `destroyed`; after a switch to `none`, a running container that dies has its instance
-/// released (left running), and so does one of a provisioner started after the switch.
+/// Every component honours a harvest-mode change at once: `ContainersHandle::set_harvest_mode`
+/// reaches the running container provisioners and the ones started later. The test config's mode is
+/// `destroyed`; after a switch to `none`, a running container that dies has its instance released
+/// (left running), and so does one of a provisioner started after the switch.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn container_provisioners_honour_harvest_mode_changes() {
     let c = with_containers(&["0", "0/lxd/0"], vec![]);
@@ -299,7 +300,7 @@ async fn container_provisioners_honour_harvest_mode_changes() {
     }
 }
 
-/// Contract semantics 15 (issue 12 item 9): `ContainersHandle::model_destroyed` makes every
+/// The destruction wins over releases: `ContainersHandle::model_destroyed` makes every
 /// container provisioner stop its containers' instances, whatever the mode (here `none`).
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn container_provisioners_stop_their_instances_when_the_model_is_destroyed() {
@@ -349,7 +350,7 @@ async fn container_provisioners_ignore_retry_ticks() {
     assert_eq!(starts_of(&h.cloud().await, "0/lxd/0"), 1);
 }
 
-// ---------------------------------------------------------------- seed 001
+// ----------------------------------------------------------- machine reuse
 
 fn reuse_config(reuse: bool) -> ProvisionerConfig {
     ProvisionerConfig { reuse, reuse_window: Duration::from_secs(120), ..test_config() }
@@ -426,7 +427,7 @@ async fn reuse_with_an_incompatible_mode_is_refused() {
     assert!(err.to_string().contains("machine reuse needs harvest mode destroyed or all"), "{err}");
 }
 
-/// Issue 12 item 9, semantics 15: a destruction at the very instant a start lands stops the
+/// A destruction at the very instant a start lands stops the
 /// instance it produced (the lifecycle knows it before the registry does).
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn destroy_model_at_the_instant_a_start_lands_stops_its_instance() {

@@ -74,7 +74,7 @@ async fn start_params_carry_constraints_placement_volumes_and_tags() {
     assert_eq!(p.extra_tags.get("hello").map(String::as_str), Some("world"));
 }
 
-/// P18 / 4.0 `TestProvisioningDoesNotProvisionTheSameMachineAfterRestart`, rule 22: a machine
+/// P18 / 4.0 `TestProvisioningDoesNotProvisionTheSameMachineAfterRestart`: a machine
 /// that already has an instance is read but never started.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn provisioned_machine_is_not_started_again() {
@@ -166,7 +166,7 @@ async fn failing_start_is_retried_count_plus_one_times_then_errors() {
     assert!(h.handle.is_running());
 }
 
-/// T8 `TestZoneConstraintsNoDistributionGroupRetry`, rules 75–79: a machine in provisioning
+/// T8 `TestZoneConstraintsNoDistributionGroupRetry`: a machine in provisioning
 /// error marked for retry is started again on the next retry tick; with retry count 0 each tick
 /// gives exactly one attempt.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
@@ -200,8 +200,8 @@ async fn retry_tick_restarts_machines_marked_transient() {
     assert!(h.event_names().await.contains(&"retried-machines-with-errors"));
 }
 
-/// W7 / contract semantics 1: notifications that arrive while a start is in flight never cause
-/// a second start.
+/// W7 (a machine is never started twice): notifications that arrive while a start is in flight
+/// never cause a second start.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn machine_is_never_started_twice_while_its_start_is_in_flight() {
     let cloud = zoned_cloud(&["az1", "az2"]);
@@ -322,9 +322,10 @@ async fn restart_during_starts_adopts_instead_of_duplicating() {
     }
 }
 
-/// Issue 12 item 8, semantics 19: a pending machine with an instance already tagged for it (a
-/// crash lost the start's result) adopts it even though its distribution-group lookup fails:
-/// adopting needs no lookup, so the failure cannot leave the instance unowned.
+/// A tagged instance is adopted before any lookup a new start needs: a pending machine with an
+/// instance already tagged for it (a crash lost the start's result) adopts it even though its
+/// distribution-group lookup fails: adopting needs no lookup, so the failure cannot leave the
+/// instance unowned.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn a_failing_group_lookup_does_not_stop_the_adoption_of_a_tagged_instance() {
     let cloud = zoned_cloud(&["az1"]);

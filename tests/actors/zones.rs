@@ -55,7 +55,7 @@ async fn zone_tie_breaks_are_reproducible_from_the_seed() {
     assert!(placements[2..].iter().any(|p| p != &placements[0]), "{placements:?}");
 }
 
-/// T6 `TestZoneConstraintsNoZoneAvailable`, rule 64: no zone matches `zones=az9`: no start, and
+/// T6 `TestZoneConstraintsNoZoneAvailable`: no zone matches `zones=az9`: no start, and
 /// the instance status says which machine found no zone.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn no_matching_zone_is_a_provisioning_error_without_a_start() {
@@ -90,7 +90,7 @@ async fn zone_constraints_are_honoured() {
     assert_eq!(model.machine("2").unwrap().zone.as_deref(), Some("az2"));
 }
 
-/// P8, rule 66: a zone-specific failure fails over to another zone at once, using no round
+/// P8: a zone-specific failure fails over to another zone at once, using no round
 /// (retry count 1) and no delay.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn zone_specific_failure_fails_over_to_another_zone_at_once() {
@@ -114,7 +114,7 @@ async fn zone_specific_failure_fails_over_to_another_zone_at_once() {
     assert_eq!(model.machine("0").unwrap().zone, starts[1].zone);
 }
 
-/// Contract semantics 8: a machine that always fails zone-specifically gets N·Z+1 calls with Z
+/// Retry rounds: a machine that always fails zone-specifically gets N·Z+1 calls with Z
 /// eligible zones, and N+1 when it fails zone-independently.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn always_failing_machine_gets_n_times_z_plus_one_calls() {
@@ -237,7 +237,7 @@ async fn derived_zones_restrict_placement() {
     assert!(matches!(model.machine("3").unwrap().zone.as_deref(), Some("zone1" | "zone4")));
 }
 
-/// P38 `TestProvisioningMachinesNoZonedEnviron`, rule 61: a zoneless cloud starts machines
+/// P38 `TestProvisioningMachinesNoZonedEnviron`: a zoneless cloud starts machines
 /// without a zone and the zone book stays empty.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn zoneless_cloud_starts_without_zones() {
@@ -288,7 +288,7 @@ async fn distribution_group_members_spread_over_zones() {
     );
 }
 
-/// P32 `TestProvisioningMachinesSingleMachineDGFailure`, rule 47: one machine's distribution
+/// P32 `TestProvisioningMachinesSingleMachineDGFailure`: one machine's distribution
 /// group lookup fails: it gets a provisioning error, the others start.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn distribution_group_failure_errors_only_that_machine() {
@@ -304,7 +304,7 @@ async fn distribution_group_failure_errors_only_that_machine() {
     assert_eq!(starts_of(&h.cloud().await, "1"), 0);
 }
 
-/// P33, rule 70: a dead machine leaves its zone; the others stay.
+/// P33: a dead machine leaves its zone; the others stay.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn dead_machine_leaves_its_zone() {
     let h = Harness::zoned(test_config(), &["az1", "az2", "az3"], &["1", "2", "3", "4"]);
@@ -337,9 +337,9 @@ async fn zone_populations_survive_a_restart() {
     assert_eq!(after.machine("6").unwrap().zone.as_deref(), Some(emptiest.as_str()));
 }
 
-/// T16 `TestUpdatedZonesReflectedInAZMachineSlice`, rule 60, semantics 7: the zone list is
-/// re-read every resync interval; a zone that became unavailable is never chosen although it
-/// holds machines, and a new zone is used.
+/// T16 `TestUpdatedZonesReflectedInAZMachineSlice` (a zone no longer available is not chosen): the
+/// zone list is re-read every resync interval; a zone that became unavailable is never chosen
+/// although it holds machines, and a new zone is used.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn zone_list_changes_are_picked_up_and_unavailable_zones_avoided() {
     let config = ProvisionerConfig { resync_interval: Duration::from_secs(60), ..test_config() };

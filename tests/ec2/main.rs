@@ -189,7 +189,7 @@ async fn a_restart_adopts_running_instances() {
     handle.shutdown();
 }
 
-/// Issue 12, item 2, on moto made idempotent by client token (as EC2 is) and losing the first
+/// A lost response, on moto made idempotent by client token (as EC2 is) and losing the first
 /// four RunInstances answers of every machine after the call took effect: each machine ends
 /// with exactly one instance ever made for it (before the fix, a retry with a new token made
 /// another: 13 live instances for 9 machines).

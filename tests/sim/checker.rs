@@ -172,9 +172,9 @@ fn a_tagged_instance_of_a_live_machine_nobody_records_is_a_leak() {
     assert!(check(&s, &cloud, &model_of(vec![m]), &ModeTimeline::new(HarvestMode::Destroyed)).is_empty());
 }
 
-/// Issue 12 item 11, invariant 7: a machine that records an instance the provisioner stopped
+/// Invariant 7: a machine that records an instance the provisioner stopped
 /// (a restart adopted an instance being stopped) is not provisioned; one terminated out of band
-/// is (seed 000: it is not replaced).
+/// is (as for an instance stopped outside our control: it is not replaced).
 #[test]
 fn invariant_7_counts_a_recorded_instance_we_stopped_as_not_provisioned() {
     let s = scenario("[[machines]]\nid = \"0\"\n");
@@ -191,7 +191,7 @@ fn invariant_7_counts_a_recorded_instance_we_stopped_as_not_provisioned() {
     assert!(v.iter().any(|m| m.contains("records instance i-1, which the provisioner stopped")), "{v:?}");
 }
 
-/// Issue 12 item 13, semantics 5: the instance of a machine that died in mode none is never
+/// A release is final: the instance of a machine that died in mode none is never
 /// stopped, whatever the mode later (the history of modes decides, not the mode at the stop).
 #[test]
 fn an_instance_whose_machine_died_in_mode_none_is_never_stopped() {
@@ -214,7 +214,7 @@ fn an_instance_whose_machine_died_in_mode_none_is_never_stopped() {
     assert!(check(&s, &cloud, &model, &ModeTimeline::new(HarvestMode::Destroyed)).is_empty());
 }
 
-/// Issue 12 item 9, semantics 15: after a destroy_model nothing of a non-manual machine runs
+/// The destruction wins over releases: after a destroy_model nothing of a non-manual machine runs
 /// (a start landing at that instant included), and without force the manual machines are named.
 #[test]
 fn destroy_model_leaves_nothing_running_and_names_manual_machines() {
