@@ -336,7 +336,7 @@ fn a_crash_with_starts_in_flight_loses_nothing_and_duplicates_nothing() {
     std::fs::write(&cfg, "resync = \"1s\"\n[retry]\ndelay = \"1s\"\n").unwrap();
     let cfg = cfg.to_str().unwrap().to_owned();
     let mut s = Server::start(&dir, &["--sim-start-latency", "1s", "--config", &cfg]);
-    // Issue 7: 30 machines, kill -9 while their starts are in flight, restart: all 30
+    // Crash safety: 30 machines, kill -9 while their starts are in flight, restart: all 30
     // provisioned, each with exactly one instance, no orphan.
     let mut acknowledged = ids_of(&s.json(&["machine", "add", "-n", "20", "--json"]));
     // Crash while starts are in flight (each takes 1 s), right after acknowledging more.
@@ -629,7 +629,7 @@ fn a_crash_with_stops_in_flight_finishes_the_removal() {
     assert!(m.contains("provisioner_instances{state=\"running\"} 1"), "{m}");
 }
 
-/// Issue 8 through the service: `serve --broker ec2` against moto's EC2 server. Machines are
+/// The EC2 broker through the service: `serve --broker ec2` against moto's EC2 server. Machines are
 /// added, the service is killed (`kill -9`) while their starts are under way, and restarted:
 /// every machine ends with exactly one instance in the cloud (those started before the crash
 /// are adopted, not started again), and removing a machine terminates its instance.

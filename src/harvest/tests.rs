@@ -332,7 +332,7 @@ fn clean_dead_instance_is_parked_only_with_reuse_on() {
     assert_eq!(b.parked().cloned().collect::<Vec<_>>(), iids(&["i-0"]));
 }
 
-/// Issue 6 part 4: an unknown instance younger than the grace period is spared, and the plan
+/// Careful harvesting: an unknown instance younger than the grace period is spared, and the plan
 /// says when to look again; an old one goes at once.
 #[test]
 fn unknown_instances_younger_than_the_grace_period_are_spared() {
@@ -360,7 +360,7 @@ fn unknown_instances_younger_than_the_grace_period_are_spared() {
     }
 }
 
-/// Issue 6 part 4: at most `max_stops` unknown instances per pass; the rest wait a pass
+/// Careful harvesting: at most `max_stops` unknown instances per pass; the rest wait a pass
 /// interval. Dead machines' instances are not capped.
 #[test]
 fn the_cap_on_stops_per_pass_holds_the_rest_for_the_next_pass() {

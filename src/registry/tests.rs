@@ -437,7 +437,7 @@ fn status_changes_report_instances_stopped_or_back_or_gone_once() {
     assert_eq!(book.status_changes()[0].1.as_str(), "missing");
 }
 
-/// Issue 6 part 4: ages. A reported age is taken as of the listing and grows with the clock;
+/// Careful harvesting, ages: a reported age is taken as of the listing and grows with the clock;
 /// an instance whose age the cloud does not report is aged from its first listing (a later
 /// listing does not make it young again); an instance no longer listed is forgotten.
 #[test]

@@ -303,7 +303,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                 for inst in &call.instances {
                     let id = inst.to_string();
                     let rec = cloud.instances.get(inst);
-                    // Semantics 5: a released instance is left alone for good.
+                    // A released instance is left alone for good.
                     if released.contains(&id) {
                         v.push(format!("released instance {id} was stopped at {at}"));
                     }
@@ -482,7 +482,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         }
     }
 
-    // Semantics 16: a host that dies takes its containers with it (they end dead and marked
+    // A host that dies takes its containers with it (they end dead and marked
     // for removal; their instances are judged by invariant 5 above).
     for (id, m) in &model.machines {
         let Some((host, _)) = id.container_of() else { continue };
@@ -492,7 +492,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         }
     }
 
-    // Semantics 15: once the model is destroyed, every instance of a non-manual, non-controller,
+    // Once the model is destroyed, every instance of a non-manual, non-controller,
     // non-keep-instance machine (containers included) ends terminated, whatever the harvest
     // mode; only instances released before the destruction are no longer ours.
     if let Some(destroyed) = destroyed_at.filter(|_| model.life != Life::Alive) {

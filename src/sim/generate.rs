@@ -347,8 +347,8 @@ pub fn generate(seed: u64) -> Scenario {
     scenario
 }
 
-/// Issue 12's lifecycle races, drawn from their own RNG so that the rest of a seed's scenario
-/// stays what it was.
+/// Lifecycle races (failed lookups, orphans, restarts around stops, destructions as starts land),
+/// drawn from their own RNG so that the rest of a seed's scenario stays what it was.
 fn add_lifecycle_races(s: &mut Scenario, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x6c69_6665_6379_636c);
     let modes = [HarvestMode::None, HarvestMode::Unknown, HarvestMode::Destroyed, HarvestMode::All];

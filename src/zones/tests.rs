@@ -385,7 +385,7 @@ fn shaped(shape: &str) -> ZoneRequest {
     ZoneRequest { shape: Some(shape.to_owned()), ..ZoneRequest::default() }
 }
 
-/// Issue 6 part 2: a zone that failed a start for its zone is avoided, for a while, by other
+/// The capacity memory: a zone that failed a start for its zone is avoided, for a while, by other
 /// machines of the same shape; not by other shapes, not once the memory expired, and never to
 /// the point of refusing a machine whose every eligible zone is remembered.
 #[test]

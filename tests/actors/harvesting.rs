@@ -123,7 +123,7 @@ async fn keep_instance_is_released_never_harvested_even_after_restart() {
     assert_eq!(h.cloud().await.state_of("one"), Some(InstanceState::Running));
 }
 
-/// Semantics 5: a machine that dies in mode `none` has its instance released; switching to
+/// A release is final: a machine that dies in mode `none` has its instance released; switching to
 /// `all` later does not reap it.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn instance_left_in_mode_none_is_not_reaped_after_switching_to_all() {
@@ -204,7 +204,7 @@ async fn switching_to_unknown_harvests_at_once() {
     assert_eq!(h.event_names().await.iter().filter(|e| **e == "harvest-mode-changed").count(), 1);
 }
 
-/// Rule 32 (safe mode): a mode change before the first notification waits for it; nothing is
+/// Safe mode: a mode change before the first notification waits for it; nothing is
 /// harvested before the cache is complete.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn nothing_is_harvested_before_the_first_full_notification() {
@@ -287,7 +287,7 @@ async fn unknown_instances_are_harvested_at_resync_without_listing_per_event() {
     assert_eq!(cloud.live_instances_of(&"0".into()).len(), 1);
 }
 
-/// Rule 32 (safe mode): a periodic listing before the first notification harvests nothing,
+/// Safe mode: a periodic listing before the first notification harvests nothing,
 /// even in mode all (with an empty cache every instance would look unknown).
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn a_resync_before_the_first_notification_harvests_nothing() {

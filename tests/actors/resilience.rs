@@ -178,7 +178,7 @@ async fn resizing_with_work_in_flight_loses_nothing() {
     }
 }
 
-/// Rule 85: `processed-machines` fires after every batch, including the first empty one.
+/// `processed-machines` fires after every batch, including the first empty one.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn processed_machines_fires_after_each_batch() {
     let h = Harness::new(test_config(), zoneless_cloud(), FakeModel::new(vec![]));
@@ -203,7 +203,7 @@ async fn invalid_configuration_is_refused() {
     assert_eq!(err.to_string(), "workers must be between 1 and 100, got 0");
 }
 
-/// Semantics 6: unknown instances are not harvested from a view whose last listing failed,
+/// Unknown instances are not harvested from a view whose last listing failed,
 /// even when the last good listing is younger than `harvest_listing_max_age`.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn nothing_is_harvested_from_a_young_view_after_a_failed_listing() {

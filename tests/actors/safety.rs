@@ -1,4 +1,4 @@
-//! Issue 6, cloud safety: the client-side rate limiter, jittered backoff, recovery from a crash
+//! Cloud safety: the client-side rate limiter, jittered backoff, recovery from a crash
 //! between a start and its record, and safe harvesting (grace period, cap per pass).
 
 use std::time::Duration;

@@ -17,9 +17,9 @@ use crate::support::*;
 
 // ----------------------------------- instances stopped outside our control
 
-/// Seed 000: an instance stopped out of band is not replaced nor harvested while its machine
-/// lives; its instance status says `stopped`, then `running` when it comes back; when the
-/// machine dies the stopped instance is terminated.
+/// Instances stopped outside our control: one stopped out of band is not replaced nor harvested
+/// while its machine lives; its instance status says `stopped`, then `running` when it comes back;
+/// when the machine dies the stopped instance is terminated.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn stopped_instance_is_shown_kept_and_terminated_on_death() {
     let config = ProvisionerConfig { resync_interval: Duration::from_secs(60), ..with_mode(HarvestMode::All) };
@@ -67,7 +67,7 @@ fn destroy_model_fixture() -> Harness {
     Harness::new(test_config(), cloud, model)
 }
 
-/// Seed 002: destroying the model stops every non-manual, non-controller instance in one
+/// Model destruction: destroying the model stops every non-manual, non-controller instance in one
 /// call, then complains about the manual machines, naming them; the model is dying and
 /// refuses new machines; a second destroy is refused and changes nothing.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
@@ -97,7 +97,7 @@ async fn destroy_model_kills_what_it_can_then_names_manual_machines() {
     assert_eq!(stops(&h.cloud().await).len(), 1, "a refused destroy changed something");
 }
 
-/// Seed 002, force: no manual-machine complaint.
+/// Model destruction with force: no manual-machine complaint.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn forced_destroy_skips_the_manual_machine_check() {
     let h = destroy_model_fixture();
@@ -106,8 +106,8 @@ async fn forced_destroy_skips_the_manual_machine_check() {
     assert_eq!(summary.stopping.len(), 2);
 }
 
-/// Seed 002: starts in flight when the destruction begins are stopped as they land; machines
-/// added just before it, and queued starts, are never started.
+/// Model destruction: starts in flight when the destruction begins are stopped as they land;
+/// machines added just before it, and queued starts, are never started.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn destroy_model_stops_starts_in_flight_as_they_land() {
     let cloud = zoned_cloud(&["az1"]);
@@ -217,8 +217,8 @@ async fn a_failed_host_read_is_retried_so_containers_still_start() {
     assert_eq!(starts_of(&h.cloud().await, "0/lxd/0"), 1);
 }
 
-/// Seed 003: a failing host initialisation is retried with backoff and shown on the
-/// containers' status; the containers start once it succeeds.
+/// Lazy container provisioners: a failing host initialisation is retried with backoff and shown on
+/// the containers' status; the containers start once it succeeds.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn failing_container_initialisation_is_retried_and_shown() {
     let c = with_containers(&["0", "0/lxd/0"], vec![("0".into(), "lxd".into(), 2, "snap install lxd failed".into())]);
@@ -231,10 +231,9 @@ async fn failing_container_initialisation_is_retried_and_shown() {
     assert_eq!(model.machine("0/lxd/0").unwrap().machine.status, MachineStatus::Started);
 }
 
-/// Seed 003: containers wait for their host's instance; a host that dies stops its
-/// supervisors' starts (they only reap from then on: a container added to the dead host dies
-/// with it and is removed, across restarts too); an unsupported container type gets a clear
-/// error.
+/// Lazy container provisioners: containers wait for their host's instance; a host that dies stops
+/// its supervisors' starts (they only reap from then on: a container added to the dead host dies
+/// with it and is removed, across restarts too); an unsupported container type gets a clear error.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn containers_wait_for_their_host_and_stop_with_it() {
     let c = with_containers(&["0", "0/lxd/0", "0/docker/0"], vec![]);
@@ -316,7 +315,7 @@ async fn container_provisioners_stop_their_instances_when_the_model_is_destroyed
     assert_eq!(cloud.instances[&provisioner::types::InstanceId::new(&lxd)].instance.state, InstanceState::Terminated);
 }
 
-/// Rule 75: container provisioners have no transient-retry path.
+/// Container provisioners have no transient-retry path.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn container_provisioners_ignore_retry_ticks() {
     let cloud = zoned_cloud(&["az1"]);
@@ -364,7 +363,7 @@ async fn die_then_add(h: &Harness, new: FakeMachine) {
     h.settle().await;
 }
 
-/// Seed 001: reuse is off by default: a dead machine's instance is stopped and a new one
+/// Machine reuse is off by default: a dead machine's instance is stopped and a new one
 /// started for the new machine.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn without_reuse_dead_instances_are_stopped_and_new_ones_started() {
@@ -376,7 +375,7 @@ async fn without_reuse_dead_instances_are_stopped_and_new_ones_started() {
     assert_eq!(stops(&cloud), vec![vec!["i-1".to_string()]]);
 }
 
-/// Seed 001: with reuse on, a dead machine's clean instance is handed to a new machine with
+/// Machine reuse: with reuse on, a dead machine's clean instance is handed to a new machine with
 /// the same constraints: no stop, no start; the old machine is removed.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn with_reuse_a_clean_instance_is_handed_to_a_matching_machine() {
@@ -391,7 +390,7 @@ async fn with_reuse_a_clean_instance_is_handed_to_a_matching_machine() {
     assert_eq!(cloud.instances[&provisioner::InstanceId::new("i-1")].instance.tags.machine, Some(MachineId::new("1")));
 }
 
-/// Seed 001: different constraints, or a zone the new machine may not use, means no reuse;
+/// Machine reuse: different constraints, or a zone the new machine may not use, means no reuse;
 /// an instance nobody takes is stopped when the window runs out.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn reuse_needs_matching_constraints_and_zone_and_expires() {
@@ -417,7 +416,7 @@ async fn reuse_needs_matching_constraints_and_zone_and_expires() {
     assert_eq!(h.cloud().await.state_of("i-1"), Some(InstanceState::Terminated));
 }
 
-/// Seed 001: reuse with a harvest mode that keeps dead machines' instances is refused.
+/// Machine reuse with a harvest mode that keeps dead machines' instances is refused.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn reuse_with_an_incompatible_mode_is_refused() {
     let config = ProvisionerConfig { reuse: true, harvest_mode: HarvestMode::None, ..test_config() };

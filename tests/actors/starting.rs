@@ -87,7 +87,7 @@ async fn provisioned_machine_is_not_started_again() {
     assert_eq!(starts_of(&h.cloud().await, "0"), 0);
 }
 
-/// Rules 17–19: a machine in `error` is skipped until its status is reset; one whose instance
+/// A machine in `error` is skipped until its status is reset; one whose instance
 /// status is `provisioning` is started even if its machine status is not pending.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn machines_in_error_are_skipped_and_provisioning_ones_started() {
@@ -284,8 +284,8 @@ async fn set_instance_info_failure_is_retried() {
     assert_eq!(h.cloud().await.calls_of(CloudOp::StartInstance).len(), 1);
 }
 
-/// Semantics 10: an instance tagged for a pending machine (its start's result was lost in a
-/// crash) is adopted, not duplicated.
+/// Restarts lose no instance: an instance tagged for a pending machine (its start's result was lost
+/// in a crash) is adopted, not duplicated.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn instance_tagged_for_a_pending_machine_is_adopted() {
     let cloud = zoned_cloud(&["az1"]);

@@ -385,7 +385,7 @@ async fn zone_independent_failure_releases_the_reservation_during_the_retry_dela
     h.until_model(Duration::from_secs(1000), all_provisioned(&["0"])).await;
 }
 
-/// Issue 6 part 2: the capacity memory. Machine 0 is pinned to az2; machine 1 then goes to
+/// The capacity memory. Machine 0 is pinned to az2; machine 1 then goes to
 /// the emptier az1, finds it out of capacity and fails over to az2; machine 2, of the same shape,
 /// avoids az1 even though az1 is now the emptiest zone. With the memory off it takes az1, as
 /// population says.

@@ -79,9 +79,10 @@ fn stop_call(at_s: u64, ids: &[&str]) -> CallRecord {
     }
 }
 
-/// Semantics 12: a start the cloud accepted into a zone that `set_zones` had closed (named in
-/// both lists, as the shared bug `fake_cloud_accepts_start_in_unavailable_zone` has it) is a
-/// violation; the same start before the change, or into an open zone, is not.
+/// An unavailable zone takes no new instance: a start the cloud accepted into a zone that
+/// `set_zones` had closed (named in both lists, as the shared bug
+/// `fake_cloud_accepts_start_in_unavailable_zone` has it) is a violation; the same start before the
+/// change, or into an open zone, is not.
 #[test]
 fn the_checker_flags_a_start_accepted_into_a_closed_zone() {
     let text = r#"
@@ -108,8 +109,9 @@ set_zones = { zones = ["az1", "az2"], unavailable_zones = ["az2"] }
     }
 }
 
-/// Semantics 13: a new instance that takes a pre-existing instance's id, or one id handed to
-/// two machines, is a violation (the shared bug `fake_cloud_reuses_existing_instance_id`).
+/// Instance ids are never reused: a new instance that takes a pre-existing instance's id, or one id
+/// handed to two machines, is a violation (the shared bug
+/// `fake_cloud_reuses_existing_instance_id`).
 #[test]
 fn the_checker_flags_a_reused_instance_id() {
     let text = r#"
@@ -149,7 +151,7 @@ fn scenario(toml: &str) -> Scenario {
     Scenario::parse(toml, Format::Toml, "t.toml").unwrap()
 }
 
-/// Issue 12 items 8, 10: an instance of ours tagged for a live machine that records none (the
+/// No leak: an instance of ours tagged for a live machine that records none (the
 /// instance a failed group lookup left unadopted, or an orphan whose stop was fire-and-forget)
 /// is a leak.
 #[test]

@@ -85,7 +85,7 @@ fn the_plan_is_what_the_provisioner_then_does() {
     assert_eq!(removals, removed);
 }
 
-/// Issue 6 part 4 in the plan: unknown instances younger than the grace period, or over the
+/// Careful harvesting in the plan: unknown instances younger than the grace period, or over the
 /// cap per pass, are listed as harvested later, with when the harvest looks again; the
 /// simulation then stops them at that time.
 #[test]

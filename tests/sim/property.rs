@@ -68,7 +68,7 @@ fn the_seed_option_overrides_the_files_seed_and_changes_tie_breaks() {
     assert_eq!(zones(3), zones(3));
 }
 
-/// Issue 6 part 3: a crash at every point of a start's life is recovered without a second
+/// Crash recovery: a crash at every point of a start's life is recovered without a second
 /// instance or a lost machine. Three machines start (10 s each, recorded 3 s later, a 2-start
 /// burst cloud), one of them dies at 7 s; the provisioner crashes once at every 250 ms from
 /// 0 to 20 s (before the calls, during them, between a start's return and its record, after),
