@@ -87,7 +87,8 @@ impl LifecycleBook {
     }
 
     /// A machine was classified pending: start it unless it is already starting, running or
-    /// stopping (a machine is never started twice, fixing W7), or the model was destroyed.
+    /// stopping (a machine is never started twice, where Juju may queue a second start), or the
+    /// model was destroyed.
     pub fn want_start(&mut self, id: &MachineId) -> bool {
         if self.destroyed || self.phases.contains_key(id) {
             return false;
@@ -133,7 +134,7 @@ impl LifecycleBook {
     }
 
     /// A start returned, with the instance it produced if any (stopped at once if its machine died
-    /// meanwhile, fixing W9).
+    /// meanwhile, where Juju's deferred stop misses that new instance).
     pub fn start_finished(&mut self, id: &MachineId, instance: Option<InstanceId>) -> AfterStart {
         // The common case in place: a plain start that produced an instance is now running.
         if let (Some(phase @ Phase::Starting), Some(inst)) = (self.phases.get_mut(id), instance.as_ref()) {

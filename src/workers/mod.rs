@@ -2,9 +2,10 @@
 //! time, stops before starts (so no instance is duplicated), with the start retry strategy and zone
 //! fail-over (throttling costs time, never a round).
 //!
-//! Resizing only changes how many jobs may run at once: queued jobs stay queued and jobs in
-//! flight finish (fixing W5/W6: no worker ever waits on the queue it feeds, nothing is
-//! dropped). A failed stop gives its slot back and is queued again after a backoff.
+//! Resizing only changes how many jobs may run at once: queued jobs stay queued and jobs in flight
+//! finish: no worker ever waits on the queue it feeds, nothing is dropped (Juju's resize closes the
+//! pool and waits for the starts in flight). A failed stop gives its slot back and is queued again
+//! after a backoff.
 
 mod actor;
 mod messages;

@@ -80,7 +80,7 @@ async fn harvest_all_reaps_all_the_things_in_one_call() {
     assert_eq!(stops(&h.cloud().await), vec![vec!["i-0".to_string(), "999".to_string()]]);
 }
 
-/// T2 `TestStopInstancesIgnoresMachinesWithKeep`, W11: a keep-instance machine's
+/// T2 `TestStopInstancesIgnoresMachinesWithKeep`: a keep-instance machine's
 /// instance is never stopped, both machines are removed, and the kept instance is released
 /// (stripped of our identity) so it is not harvested later as unknown, even after a restart.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
@@ -159,7 +159,7 @@ async fn stop_requests_are_deduplicated() {
     assert!(h.handle.is_running());
 }
 
-/// T14 `TestDeferStopRequestsForMachinesStillProvisioning`, W9: a machine that
+/// T14 `TestDeferStopRequestsForMachinesStillProvisioning`: a machine that
 /// dies while starting is not stopped then; when the start returns, exactly the instance it
 /// produced is stopped, in the default mode, and the machine is removed.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
@@ -184,7 +184,7 @@ async fn deferred_stop_stops_the_instance_the_start_produced() {
     assert!(model.machine("0").unwrap().removed);
 }
 
-/// W10: switching to `unknown` harvests unknown instances at once, with
+/// Switching to `unknown` harvests unknown instances at once, with
 /// `harvest-mode-changed` then `processed-machines`.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn switching_to_unknown_harvests_at_once() {
@@ -221,7 +221,7 @@ async fn nothing_is_harvested_before_the_first_full_notification() {
     assert_eq!(h.handle.harvest_mode().await.unwrap(), HarvestMode::All);
 }
 
-/// W12: a dead machine's stopped (suspended) instance is terminated too.
+/// A dead machine's stopped (suspended) instance is terminated too.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn dead_machines_stopped_instance_is_terminated() {
     let cloud = zoneless_cloud();

@@ -9,7 +9,7 @@ use provisioner::{HarvestMode, Life, Machine, MachineStatus, ProvisionerConfig, 
 
 use crate::support::*;
 
-/// T12 (fixed, W14): a failing cloud listing no longer kills the provisioner: the batch is
+/// T12: a failing cloud listing no longer kills the provisioner (as it does in Juju): the batch is
 /// retried with backoff and the machine is started once a listing succeeds.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn failing_listing_is_retried_with_backoff() {
@@ -29,7 +29,7 @@ async fn failing_listing_is_retried_with_backoff() {
     assert!(h.handle.is_running());
 }
 
-/// W14: nothing unknown is harvested from a view that failed to load; once a
+/// Nothing unknown is harvested from a view that failed to load; once a
 /// listing succeeds the harvest goes ahead.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn nothing_is_harvested_from_a_view_that_failed_to_load() {
@@ -69,7 +69,7 @@ async fn machine_read_errors_retain_instances_and_are_retried() {
     h.until_model(Duration::from_secs(60), |m| instance_of(m, "0").is_some()).await;
 }
 
-/// W14: a failing `machines` call is retried with backoff; no machine is lost.
+/// A failing `machines` call is retried with backoff; no machine is lost.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn failing_machines_call_is_retried() {
     let model = FakeModel::with_machines(machines(&["0", "1", "2"]));
@@ -79,7 +79,7 @@ async fn failing_machines_call_is_retried() {
     assert!(h.handle.is_running());
 }
 
-/// W14: a failing provisioning-info call leaves the machines to a later retry; they start.
+/// A failing provisioning-info call leaves the machines to a later retry; they start.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn failing_provisioning_info_call_is_retried() {
     let model = FakeModel::with_machines(machines(&["0", "1"]));
@@ -91,7 +91,7 @@ async fn failing_provisioning_info_call_is_retried() {
     assert_eq!(starts_of(&cloud, "1"), 1);
 }
 
-/// W14: a failing StopInstances no longer kills the provisioner: it is retried with backoff
+/// A failing StopInstances no longer kills the provisioner: it is retried with backoff
 /// and the machine is removed once the stop lands; starts meanwhile go on.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn failing_stop_is_retried_and_other_work_goes_on() {
@@ -109,7 +109,7 @@ async fn failing_stop_is_retried_and_other_work_goes_on() {
     assert_eq!(cloud.state_of(&inst), Some(InstanceState::Terminated));
 }
 
-/// W14: a failing MarkForRemoval is retried until it lands.
+/// A failing MarkForRemoval is retried until it lands.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn failing_mark_for_removal_is_retried() {
     let mut m = Machine::pending("0");
@@ -120,7 +120,7 @@ async fn failing_mark_for_removal_is_retried() {
     h.until_model(Duration::from_secs(60), |m| m.machine("0").unwrap().removed).await;
 }
 
-/// W14: a DeriveAvailabilityZones failure becomes that machine's provisioning error.
+/// A DeriveAvailabilityZones failure becomes that machine's provisioning error.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn derive_zones_failure_errors_only_that_machine() {
     let cloud = zoned_cloud(&["az1"]);
@@ -153,8 +153,8 @@ async fn resize_worker_pool_validates_and_announces() {
     assert_eq!(resized, vec![&ProvisionerEvent::ResizedWorkerPool { size: 5 }]);
 }
 
-/// W5/W6: resizing with starts queued and in flight loses nothing, waits for nothing, and
-/// raises concurrency at once.
+/// Resizing (which in Juju closes the pool) with starts queued and in flight loses nothing, waits
+/// for nothing, and raises concurrency at once.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn resizing_with_work_in_flight_loses_nothing() {
     let cloud = zoned_cloud(&["az1", "az2"]);

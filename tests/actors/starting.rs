@@ -200,8 +200,8 @@ async fn retry_tick_restarts_machines_marked_transient() {
     assert!(h.event_names().await.contains(&"retried-machines-with-errors"));
 }
 
-/// W7 (a machine is never started twice): notifications that arrive while a start is in flight
-/// never cause a second start.
+/// A machine is never started twice (Juju may queue a second start): notifications that arrive
+/// while a start is in flight never cause a second start.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn machine_is_never_started_twice_while_its_start_is_in_flight() {
     let cloud = zoned_cloud(&["az1", "az2"]);
@@ -250,7 +250,7 @@ async fn start_retries_stop_when_the_machine_dies() {
     assert!(cloud.live_instances_of(&"0".into()).is_empty());
 }
 
-/// W14: a failing SetInstanceInfo is retried; when it keeps failing the new instance is stopped
+/// A failing SetInstanceInfo is retried; when it keeps failing the new instance is stopped
 /// (never left unrecorded) and the machine gets a provisioning error; the provisioner lives on.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn unrecordable_instance_is_stopped_and_the_machine_errors() {
@@ -270,7 +270,7 @@ async fn unrecordable_instance_is_stopped_and_the_machine_errors() {
     assert!(h.handle.is_running());
 }
 
-/// W14: a SetInstanceInfo that fails once is retried and the machine is provisioned.
+/// A SetInstanceInfo that fails once is retried and the machine is provisioned.
 #[actix_rt::test(system = "provisioner::fake::PausedSystem")]
 async fn set_instance_info_failure_is_retried() {
     let model = FakeModel::new(vec![Machine::pending("0")]);
