@@ -1101,9 +1101,8 @@ impl Drop for Mounted {
 /// reuse the client token (and the cloud return the instance already made for it) instead of making
 /// a second one.
 ///
-/// NOTE: this test depends on the engine's fix for lost start responses (`src/workers/start.rs`:
-/// reuse the client token after an ambiguous failure), done on another branch; until that is
-/// merged it FAILS here with machines that have two instances.
+/// Before the start procedure repeated an ambiguous failure with the same client token, every
+/// machine here ended with two instances.
 ///
 /// The data directory is a 8 MiB tmpfs (needs root and `mount`; without them the test says so
 /// and passes without checking anything).
