@@ -24,6 +24,39 @@ use crate::types::{InstanceStatus, Machine, MachineId, MachineStatus};
 use crate::workers::{Enqueue, GivenUp, Job, JobOutcome, ReleaseJob, ResizePool, StartJob, StopJob};
 use crate::zones::{PopulateZones, RefreshZones, ReleaseMachine};
 
+/// Why a machine's start could not be prepared: a per-machine model read failed. The status line
+/// shows the model's error (the cause); the log shows which read failed.
+#[derive(Debug, thiserror::Error)]
+enum StartInfoError {
+    /// Reading the machine's provisioning info failed.
+    #[error("fetching provisioning info for machine {:?}: {source}", machine.as_str())]
+    ProvisioningInfo {
+        /// The machine.
+        machine: MachineId,
+        /// The model's error.
+        #[source]
+        source: crate::ports::ModelError,
+    },
+    /// Reading the machine's distribution group failed.
+    #[error("fetching distribution groups for machine {:?}: {source}", machine.as_str())]
+    DistributionGroups {
+        /// The machine.
+        machine: MachineId,
+        /// The model's error.
+        #[source]
+        source: crate::ports::ModelError,
+    },
+}
+
+impl StartInfoError {
+    /// The model's error, shown in the machine's status.
+    fn cause(&self) -> &crate::ports::ModelError {
+        match self {
+            Self::ProvisioningInfo { source, .. } | Self::DistributionGroups { source, .. } => source,
+        }
+    }
+}
+
 /// The coordinator's links to the other actors (all wiring happens in [`crate::wiring`]).
 #[derive(Clone)]
 pub struct Links {
@@ -552,11 +585,11 @@ async fn queue_starts(
                 links.enqueue.do_send(Enqueue(Job::Start(Box::new(StartJob { machine, info, group, adopt: None }))));
                 continue;
             }
-            (Err(e), _) => format!("fetching provisioning info for machine {:?}: {e}", machine.id.as_str()),
-            (_, Err(e)) => format!("fetching distribution groups for machine {:?}: {e}", machine.id.as_str()),
+            (Err(source), _) => StartInfoError::ProvisioningInfo { machine: machine.id.clone(), source },
+            (_, Err(source)) => StartInfoError::DistributionGroups { machine: machine.id.clone(), source },
         };
         tracing::warn!(machine = %machine.id, "{err}");
-        let cause = err.rsplit(": ").next().unwrap_or(&err).to_owned();
+        let cause = err.cause().to_string();
         let _ = links
             .model
             .set_instance_status(machine.id.clone(), InstanceStatus::provisioning_error(), cause.clone())
