@@ -7,7 +7,6 @@ use actix::prelude::*;
 
 use super::messages::*;
 use super::state::{BatchBook, DestroyError, DestroySummary};
-use crate::config::ConfigError;
 use crate::events::ProvisionerEvent;
 use crate::harvest::{
     EndSafeMode, HarvestPlan, ModeChange, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown, SetHarvestMode,
@@ -676,7 +675,7 @@ impl Handler<ChangeHarvestMode> for Coordinator {
 }
 
 impl Handler<SetWorkers> for Coordinator {
-    type Result = ResponseActFuture<Self, Result<(), ConfigError>>;
+    type Result = ResponseActFuture<Self, Result<(), ResizeError>>;
     fn handle(&mut self, msg: SetWorkers, _ctx: &mut Self::Context) -> Self::Result {
         let n = msg.0;
         if n == self.book.workers() {
@@ -686,8 +685,8 @@ impl Handler<SetWorkers> for Coordinator {
         Box::pin(ask.into_actor(self).map(move |res, act, _ctx| {
             match res {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(ConfigError::Workers { value: n, max: 0 }),
+                Ok(Err(e)) => return Err(ResizeError::Invalid(e)),
+                Err(e) => return Err(ResizeError::Stopped(e)),
             }
             if act.book.set_workers(n) {
                 act.publish(ProvisionerEvent::ResizedWorkerPool { size: n });
