@@ -248,7 +248,7 @@ impl ProvisionerHandle {
         self.coordinator
             .send(crate::coordinator::DestroyModel { force })
             .await
-            .map_err(|e| crate::coordinator::DestroyError::Unavailable(e.to_string()))?
+            .map_err(crate::coordinator::DestroyError::Unavailable)?
     }
 
     /// Starts nothing any more; dead machines are still harvested and removed.

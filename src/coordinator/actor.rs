@@ -781,7 +781,7 @@ impl Handler<DestroyModel> for Coordinator {
                 Err(crate::ports::ModelError::ModelDying) => return Err(DestroyError::AlreadyDying),
                 Err(e) => return Err(DestroyError::Model(e)),
             };
-            let unavailable = |e: MailboxError| DestroyError::Unavailable(e.to_string());
+            let unavailable = DestroyError::Unavailable;
             let targets = links.prepare_destroy.send(PrepareDestroy { machines }).await.map_err(unavailable)?;
             let deaths =
                 links.observe_destroy.send(ObserveDestroy { machines: targets.machines }).await.map_err(unavailable)?;
