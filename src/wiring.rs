@@ -8,7 +8,9 @@ use thiserror::Error;
 
 use crate::actor_messages::Shutdown;
 use crate::config::{ConfigError, ProvisionerConfig};
-use crate::coordinator::{ChangeHarvestMode, Coordinator, Links, MachinesChanged, RetryTick, SetWorkers, Subscribe};
+use crate::coordinator::{
+    ChangeHarvestMode, Coordinator, Links, MachinesChanged, ResizeError, RetryTick, SetWorkers, Subscribe,
+};
 use crate::events::ProvisionerEvent;
 use crate::harvest::{GetHarvestMode, HarvestPolicy, HarvestSafety};
 use crate::lifecycle::{GetPhases, MachineLifecycle, Phase};
@@ -178,7 +180,12 @@ impl ProvisionerHandle {
 
     /// Resizes the broker worker pool; queued and in-flight work is kept.
     pub async fn set_workers(&self, n: usize) -> Result<(), ProvisionerError> {
-        Ok(self.coordinator.send(SetWorkers(n)).await??)
+        match self.coordinator.send(SetWorkers(n)).await? {
+            Ok(()) => Ok(()),
+            Err(ResizeError::Invalid(e)) => Err(ProvisionerError::Config(e)),
+            // The pool stopped before the coordinator: the provisioner is shutting down.
+            Err(ResizeError::Stopped(e)) => Err(ProvisionerError::Stopped(e)),
+        }
     }
 
     /// Subscribes to every event.
@@ -241,7 +248,7 @@ impl ProvisionerHandle {
         self.coordinator
             .send(crate::coordinator::DestroyModel { force })
             .await
-            .map_err(|e| crate::coordinator::DestroyError::Unavailable(e.to_string()))?
+            .map_err(crate::coordinator::DestroyError::Unavailable)?
     }
 
     /// Starts nothing any more; dead machines are still harvested and removed.

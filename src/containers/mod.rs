@@ -31,8 +31,50 @@ pub const DEFAULT_CONTAINER_TYPES: &[&str] = &["lxd", "kvm"];
 /// Makes a host ready to run containers of a type (installs and configures LXD, ...).
 /// Must be idempotent: it is called again after a failure, and after a restart.
 pub trait ContainerInitialiser: Send + Sync + 'static {
-    /// Prepares `host` for `kind` containers; the error text is shown on their status.
-    fn initialise(&self, host: MachineId, kind: String) -> BoxFuture<'static, Result<(), String>>;
+    /// Prepares `host` for `kind` containers; the error's message is shown on their status.
+    fn initialise(&self, host: MachineId, kind: String) -> BoxFuture<'static, Result<(), InitialiseError>>;
+}
+
+/// Why a host could not be made ready for containers: a message for the containers' status
+/// line and, when there is one, the error that caused it.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct InitialiseError {
+    message: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl InitialiseError {
+    /// A failure described by `message` alone.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self { message: message.into(), source: None }
+    }
+
+    /// A failure described by `message`, caused by `source`.
+    pub fn with_source(
+        message: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        Self { message: message.into(), source: Some(source.into()) }
+    }
+
+    /// The text shown on the containers' status.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl From<String> for InitialiseError {
+    fn from(message: String) -> Self {
+        Self::new(message)
+    }
+}
+
+impl From<&str> for InitialiseError {
+    fn from(message: &str) -> Self {
+        Self::new(message)
+    }
 }
 
 /// Builds the broker a container provisioner uses for `kind` containers on `host`, whose

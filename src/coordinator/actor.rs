@@ -7,7 +7,6 @@ use actix::prelude::*;
 
 use super::messages::*;
 use super::state::{BatchBook, DestroyError, DestroySummary};
-use crate::config::ConfigError;
 use crate::events::ProvisionerEvent;
 use crate::harvest::{
     EndSafeMode, HarvestPlan, ModeChange, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown, SetHarvestMode,
@@ -23,6 +22,39 @@ use crate::registry::{
 use crate::types::{InstanceStatus, Machine, MachineId, MachineStatus};
 use crate::workers::{Enqueue, GivenUp, Job, JobOutcome, ReleaseJob, ResizePool, StartJob, StopJob};
 use crate::zones::{PopulateZones, RefreshZones, ReleaseMachine};
+
+/// Why a machine's start could not be prepared: a per-machine model read failed. The status line
+/// shows the model's error (the cause); the log shows which read failed.
+#[derive(Debug, thiserror::Error)]
+enum StartInfoError {
+    /// Reading the machine's provisioning info failed.
+    #[error("fetching provisioning info for machine {:?}: {source}", machine.as_str())]
+    ProvisioningInfo {
+        /// The machine.
+        machine: MachineId,
+        /// The model's error.
+        #[source]
+        source: crate::ports::ModelError,
+    },
+    /// Reading the machine's distribution group failed.
+    #[error("fetching distribution groups for machine {:?}: {source}", machine.as_str())]
+    DistributionGroups {
+        /// The machine.
+        machine: MachineId,
+        /// The model's error.
+        #[source]
+        source: crate::ports::ModelError,
+    },
+}
+
+impl StartInfoError {
+    /// The model's error, shown in the machine's status.
+    fn cause(&self) -> &crate::ports::ModelError {
+        match self {
+            Self::ProvisioningInfo { source, .. } | Self::DistributionGroups { source, .. } => source,
+        }
+    }
+}
 
 /// The coordinator's links to the other actors (all wiring happens in [`crate::wiring`]).
 #[derive(Clone)]
@@ -552,11 +584,11 @@ async fn queue_starts(
                 links.enqueue.do_send(Enqueue(Job::Start(Box::new(StartJob { machine, info, group, adopt: None }))));
                 continue;
             }
-            (Err(e), _) => format!("fetching provisioning info for machine {:?}: {e}", machine.id.as_str()),
-            (_, Err(e)) => format!("fetching distribution groups for machine {:?}: {e}", machine.id.as_str()),
+            (Err(source), _) => StartInfoError::ProvisioningInfo { machine: machine.id.clone(), source },
+            (_, Err(source)) => StartInfoError::DistributionGroups { machine: machine.id.clone(), source },
         };
         tracing::warn!(machine = %machine.id, "{err}");
-        let cause = err.rsplit(": ").next().unwrap_or(&err).to_owned();
+        let cause = err.cause().to_string();
         let _ = links
             .model
             .set_instance_status(machine.id.clone(), InstanceStatus::provisioning_error(), cause.clone())
@@ -643,7 +675,7 @@ impl Handler<ChangeHarvestMode> for Coordinator {
 }
 
 impl Handler<SetWorkers> for Coordinator {
-    type Result = ResponseActFuture<Self, Result<(), ConfigError>>;
+    type Result = ResponseActFuture<Self, Result<(), ResizeError>>;
     fn handle(&mut self, msg: SetWorkers, _ctx: &mut Self::Context) -> Self::Result {
         let n = msg.0;
         if n == self.book.workers() {
@@ -653,8 +685,8 @@ impl Handler<SetWorkers> for Coordinator {
         Box::pin(ask.into_actor(self).map(move |res, act, _ctx| {
             match res {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(ConfigError::Workers { value: n, max: 0 }),
+                Ok(Err(e)) => return Err(ResizeError::Invalid(e)),
+                Err(e) => return Err(ResizeError::Stopped(e)),
             }
             if act.book.set_workers(n) {
                 act.publish(ProvisionerEvent::ResizedWorkerPool { size: n });
@@ -749,7 +781,7 @@ impl Handler<DestroyModel> for Coordinator {
                 Err(crate::ports::ModelError::ModelDying) => return Err(DestroyError::AlreadyDying),
                 Err(e) => return Err(DestroyError::Model(e)),
             };
-            let unavailable = |e: MailboxError| DestroyError::Unavailable(e.to_string());
+            let unavailable = DestroyError::Unavailable;
             let targets = links.prepare_destroy.send(PrepareDestroy { machines }).await.map_err(unavailable)?;
             let deaths =
                 links.observe_destroy.send(ObserveDestroy { machines: targets.machines }).await.map_err(unavailable)?;

@@ -39,8 +39,19 @@ pub struct ChangeHarvestMode(pub HarvestMode);
 
 /// The worker count changed in the model config.
 #[derive(Debug, Clone, Copy, Message)]
-#[rtype(result = "Result<(), ConfigError>")]
+#[rtype(result = "Result<(), ResizeError>")]
 pub struct SetWorkers(pub usize);
+
+/// Why a pool resize ([`SetWorkers`]) was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ResizeError {
+    /// The size is out of range.
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
+    /// The worker pool has stopped (the provisioner is shutting down).
+    #[error("the worker pool has stopped")]
+    Stopped(#[source] MailboxError),
+}
 
 /// Start nothing any more; keep stopping and removing (a container provisioner whose host
 /// died keeps reaping its containers).

@@ -14,7 +14,7 @@ mod tests;
 
 pub use actor::{Coordinator, Links};
 pub use messages::{
-    ChangeHarvestMode, CloseStarts, DestroyModel, ExecutePlan, JobDone, MachinesChanged, ModelDestroyed, RetryTick,
-    SetWorkers, Subscribe, ViewRefreshed,
+    ChangeHarvestMode, CloseStarts, DestroyModel, ExecutePlan, JobDone, MachinesChanged, ModelDestroyed, ResizeError,
+    RetryTick, SetWorkers, Subscribe, ViewRefreshed,
 };
 pub use state::{BatchBook, DestroyError, DestroySummary};

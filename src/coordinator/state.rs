@@ -141,7 +141,7 @@ pub enum DestroyError {
     AlreadyDying,
     /// The model refused.
     #[error("destroying the model: {0}")]
-    Model(ModelError),
+    Model(#[source] ModelError),
     /// Everything killable is being stopped, but manual machines remain.
     #[error("manually provisioned machines must first be destroyed: {}", ids.iter().map(|i| i.as_str()).collect::<Vec<_>>().join(", "))]
     ManualMachines {
@@ -150,7 +150,7 @@ pub enum DestroyError {
         /// What was set in motion anyway.
         summary: DestroySummary,
     },
-    /// The provisioner stopped.
+    /// The provisioner stopped (an actor it needs no longer takes messages).
     #[error("provisioner unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] actix::MailboxError),
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use crate::containers::ContainerInitialiser;
+use crate::containers::{ContainerInitialiser, InitialiseError};
 use crate::types::MachineId;
 
 /// Succeeds, except for the first `times` calls per scripted host and type.
@@ -31,12 +31,12 @@ impl FakeInitialiser {
 }
 
 impl ContainerInitialiser for FakeInitialiser {
-    fn initialise(&self, host: MachineId, kind: String) -> BoxFuture<'static, Result<(), String>> {
+    fn initialise(&self, host: MachineId, kind: String) -> BoxFuture<'static, Result<(), InitialiseError>> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let result = match self.faults.get(&(host.to_string(), kind)) {
             Some((left, message)) if left.load(Ordering::Relaxed) > 0 => {
                 left.fetch_sub(1, Ordering::Relaxed);
-                Err(message.clone())
+                Err(InitialiseError::new(message.clone()))
             }
             _ => Ok(()),
         };

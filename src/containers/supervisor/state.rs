@@ -7,6 +7,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::config::Backoff;
+use crate::containers::InitialiseError;
 use crate::types::MachineId;
 
 /// Failed host initialisations before its containers are given a provisioning error.
@@ -188,7 +189,7 @@ impl SupervisorBook {
     }
 
     /// The initialiser answered.
-    pub fn initialised(&mut self, result: Result<(), String>) -> Vec<Effect> {
+    pub fn initialised(&mut self, result: Result<(), InitialiseError>) -> Vec<Effect> {
         let Stage::Initialising { failures } = self.stage else { return Vec::new() };
         match result {
             Ok(()) => {
@@ -201,13 +202,14 @@ impl SupervisorBook {
                 }]
             }
             Err(e) if failures + 1 >= self.max_failures => {
-                self.stage = Stage::Failed { message: e.clone() };
-                vec![Effect::GiveUp { containers: self.containers.iter().cloned().collect(), message: e }]
+                let message = e.message().to_owned();
+                self.stage = Stage::Failed { message: message.clone() };
+                vec![Effect::GiveUp { containers: self.containers.iter().cloned().collect(), message }]
             }
             Err(e) => {
                 let after = self.backoff.delay(failures, &mut self.rng);
                 self.stage = Stage::Initialising { failures: failures + 1 };
-                vec![Effect::RetryInitialise { after, message: e }]
+                vec![Effect::RetryInitialise { after, message: e.message().to_owned() }]
             }
         }
     }
