@@ -910,10 +910,9 @@ mod tests {
         assert_eq!(check(&s, &retried, &model_never, &modes), Vec::<String>::new());
     }
 
-    #[test]
-    fn a_container_instance_left_running_in_a_destroyed_model_is_caught() {
-        // seed002_destroy_force before the fix: the container's instance survived destroy_model.
-        let s = scenario(&format!(
+    /// A host with a container and a keep-instance machine; the model is destroyed (force) at 10s.
+    fn destroyed_with_container_and_kept() -> Scenario {
+        scenario(&format!(
             "{HOST_AND_CONTAINER}
             [[machines]]
             id = \"1\"
@@ -921,26 +920,39 @@ mod tests {
             [[events]]
             at = \"10s\"
             destroy_model = {{ force = true }}"
-        ));
-        let modes = ModeTimeline::new(HarvestMode::None);
-        let mut cloud = CloudSnapshot {
-            instances: [
-                instance("i-h0", "0", InstanceState::Terminated),
-                instance("i-1", "0/lxd/0", InstanceState::Running),
-                instance("i-k", "1", InstanceState::Running),
-            ]
-            .into_iter()
-            .collect(),
-            ..CloudSnapshot::default()
-        };
+        ))
+    }
+
+    /// The host's instance gone, the container's and the keep-instance machine's running.
+    fn host_container_and_kept_instances() -> BTreeMap<InstanceId, FakeInstance> {
+        [
+            instance("i-h0", "0", InstanceState::Terminated),
+            instance("i-1", "0/lxd/0", InstanceState::Running),
+            instance("i-k", "1", InstanceState::Running),
+        ]
+        .into_iter()
+        .collect()
+    }
+
+    /// Keep-instance machine 1 with its instance i-k.
+    fn kept_machine() -> (MachineId, FakeMachine) {
         let mut kept = Machine::pending("1");
         kept.keep_instance = true;
         kept.instance = Some(InstanceId::new("i-k"));
+        (MachineId::new("1"), FakeMachine::new(kept))
+    }
+
+    #[test]
+    fn a_container_instance_left_running_in_a_destroyed_model_is_caught() {
+        // seed002_destroy_force before the fix: the container's instance survived destroy_model.
+        let s = destroyed_with_container_and_kept();
+        let modes = ModeTimeline::new(HarvestMode::None);
+        let mut cloud = CloudSnapshot { instances: host_container_and_kept_instances(), ..CloudSnapshot::default() };
         let model = ModelSnapshot {
             machines: [
                 machine("0", Life::Alive, Some("i-h0"), None, false),
                 machine("0/lxd/0", Life::Alive, Some("i-1"), None, false),
-                (MachineId::new("1"), FakeMachine::new(kept)),
+                kept_machine(),
             ]
             .into_iter()
             .collect(),
@@ -959,27 +971,16 @@ mod tests {
         // Property-test seeds 10239, 11869, 13915 (the destruction wins over releases): container
         // 0/lxd/0 died at 5s while starting in mode none; its start landed at 10s, the instant of
         // destroy_model, and its provisioner released it before hearing of the destruction.
-        let s = scenario(&format!(
-            "{HOST_AND_CONTAINER}
-            [[machines]]
-            id = \"1\"
-            keep_instance = true
-            [[events]]
-            at = \"10s\"
-            destroy_model = {{ force = true }}"
-        ));
+        let s = destroyed_with_container_and_kept();
         let modes = ModeTimeline::new(HarvestMode::None);
         let mut start = call(CloudOp::StartInstance, 0, &["i-1"]);
         start.machine = Some(MachineId::new("0/lxd/0"));
         start.done_at = Some(Duration::from_secs(10));
-        let mut kept = Machine::pending("1");
-        kept.keep_instance = true;
-        kept.instance = Some(InstanceId::new("i-k"));
         let model = ModelSnapshot {
             machines: [
                 machine("0", Life::Alive, Some("i-h0"), None, false),
                 machine("0/lxd/0", Life::Dead, Some("i-1"), Some(5), true),
-                (MachineId::new("1"), FakeMachine::new(kept)),
+                kept_machine(),
             ]
             .into_iter()
             .collect(),
@@ -987,13 +988,7 @@ mod tests {
             ..ModelSnapshot::default()
         };
         let released = CloudSnapshot {
-            instances: [
-                instance("i-h0", "0", InstanceState::Terminated),
-                instance("i-1", "0/lxd/0", InstanceState::Running),
-                instance("i-k", "1", InstanceState::Running),
-            ]
-            .into_iter()
-            .collect(),
+            instances: host_container_and_kept_instances(),
             calls: vec![
                 start,
                 call(CloudOp::ReleaseInstances, 10, &["i-1", "i-k"]),
