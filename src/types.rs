@@ -657,6 +657,15 @@ impl DeadMachine {
     }
 }
 
+/// Why the allocator chose no zone (here, not in the allocator's folder, because a failed
+/// start carries it: the workers' error has it as its source).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ZoneError {
+    /// Every zone is excluded by constraints, derived zones, failures or availability.
+    #[error("suitable availability zone for machine {0} not found")]
+    NoSuitableZone(MachineId),
+}
+
 /// What a zone-specific failure leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailOutcome {

@@ -56,6 +56,18 @@ impl StartInfoError {
     }
 }
 
+/// Why a batch's provisioning info or distribution groups could not be read at all (the
+/// machines are read again later).
+#[derive(Debug, thiserror::Error)]
+enum BatchInfoError {
+    /// The model refused one of the two calls.
+    #[error("{0}")]
+    Model(#[source] crate::ports::ModelError),
+    /// The model answered for a different number of machines than it was asked about.
+    #[error("result count mismatch")]
+    CountMismatch,
+}
+
 /// The coordinator's links to the other actors (all wiring happens in [`crate::wiring`]).
 #[derive(Clone)]
 pub struct Links {
@@ -118,8 +130,9 @@ enum BatchError {
     Zones(crate::ports::BrokerError),
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// The provisioner stopped: an actor the batch needs no longer takes messages.
     #[error("actor unavailable: {0}")]
-    Mailbox(#[from] MailboxError),
+    Stopped(#[from] MailboxError),
     #[error("reading the model's life: {0}")]
     Model(crate::ports::ModelError),
 }
@@ -571,7 +584,7 @@ async fn queue_starts(
     let (infos, groups) = match (infos, groups) {
         (Ok(i), Ok(g)) if i.len() == ids.len() && g.len() == ids.len() => (i, g),
         (i, g) => {
-            let err = i.err().or(g.err()).map(|e| e.to_string()).unwrap_or_else(|| "result count mismatch".into());
+            let err = i.err().or(g.err()).map_or(BatchInfoError::CountMismatch, BatchInfoError::Model);
             tracing::warn!(machines = ?ids, error = %err, "cannot read provisioning info; will retry");
             links.forget_lifecycle.do_send(ForgetLifecycle { ids: ids.clone() });
             return ids;
@@ -734,8 +747,10 @@ impl Handler<JobDone> for Coordinator {
                 });
                 self.after_start(machine, Some(instance.id), None, ctx);
             }
-            JobOutcome::StartFailed { machine, message, retired, orphan, given_up } => {
+            JobOutcome::StartFailed { machine, error, retired, orphan, given_up } => {
                 self.retire(retired, given_up, ctx);
+                // The event says what the machine's status says: the error's text.
+                let message = error.to_string();
                 self.publish(ProvisionerEvent::MachineFailed { machine: machine.clone(), message });
                 self.after_start(machine, None, orphan, ctx);
             }

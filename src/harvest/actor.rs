@@ -9,6 +9,18 @@ use crate::coordinator::ExecutePlan;
 use crate::registry::{RegistryError, UnknownInstances};
 use crate::types::HarvestMode;
 
+/// What can fail in the harvest policy: asking the registry for unknown instances (then none
+/// is harvested this time).
+#[derive(Debug, thiserror::Error)]
+enum HarvestError {
+    /// The registry answered with an error (its view is stale, or its listing failed).
+    #[error("cannot list unknown instances: {0}")]
+    Registry(#[source] RegistryError),
+    /// The provisioner stopped: the registry no longer takes messages.
+    #[error("registry unavailable: {0}")]
+    Stopped(#[source] MailboxError),
+}
+
 /// Owns the harvest mode, safe mode and released instances.
 pub struct HarvestPolicy {
     book: HarvestBook,
@@ -100,21 +112,14 @@ impl HarvestPolicy {
         let ask = self.unknown.send(UnknownInstances { fresher_than });
         self.book.ask_sent();
         Box::pin(ask.into_actor(self).map(move |res, act, ctx| {
-            let unknown: Vec<UnknownInstance> = match res {
-                Ok(Ok(list)) => list.into_iter().map(|(id, age)| UnknownInstance { id, age }).collect(),
-                Ok(Err(RegistryError::ViewStale)) => {
-                    tracing::warn!("instance view is stale; not harvesting unknown instances");
-                    Vec::new()
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "cannot list unknown instances");
-                    Vec::new()
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "registry unreachable; not harvesting unknown instances");
-                    Vec::new()
-                }
-            };
+            let unknown: Vec<UnknownInstance> =
+                match res.map_err(HarvestError::Stopped).and_then(|r| r.map_err(HarvestError::Registry)) {
+                    Ok(list) => list.into_iter().map(|(id, age)| UnknownInstance { id, age }).collect(),
+                    Err(error) => {
+                        tracing::warn!(%error, "not harvesting unknown instances");
+                        Vec::new()
+                    }
+                };
             let unknown = act.book.ask_answered(unknown);
             act.book.set_clock(act.epoch.elapsed());
             let plan = act.book.plan(&dead, &unknown);

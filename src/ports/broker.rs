@@ -71,16 +71,21 @@ impl BrokerError {
     pub fn transient(message: impl Into<String>) -> Self {
         Self::Transient { message: message.into() }
     }
+    /// The kind, as a value.
+    pub fn failure_kind(&self) -> BrokerErrorKind {
+        match self {
+            BrokerError::ZoneSpecific { .. } => BrokerErrorKind::ZoneSpecific,
+            BrokerError::ZoneIndependent { .. } => BrokerErrorKind::ZoneIndependent,
+            BrokerError::Throttled { .. } => BrokerErrorKind::Throttled,
+            BrokerError::Transient { .. } => BrokerErrorKind::Transient,
+            BrokerError::NotSupported(_) => BrokerErrorKind::NotSupported,
+        }
+    }
+
     /// The kind, as a metrics label: `zone_specific`, `zone_independent`, `throttled`,
     /// `transient` or `not_supported`.
     pub fn kind(&self) -> &'static str {
-        match self {
-            BrokerError::ZoneSpecific { .. } => "zone_specific",
-            BrokerError::ZoneIndependent { .. } => "zone_independent",
-            BrokerError::Throttled { .. } => "throttled",
-            BrokerError::Transient { .. } => "transient",
-            BrokerError::NotSupported(_) => "not_supported",
-        }
+        self.failure_kind().label()
     }
 
     /// The text written to a machine's status: the cloud's own message.
@@ -90,6 +95,35 @@ impl BrokerError {
             | BrokerError::ZoneIndependent { message }
             | BrokerError::Transient { message } => message.clone(),
             BrokerError::Throttled { .. } | BrokerError::NotSupported(_) => self.to_string(),
+        }
+    }
+}
+
+/// The kind of a [`BrokerError`], without its message: what the provisioner decides on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BrokerErrorKind {
+    /// [`BrokerError::ZoneSpecific`].
+    ZoneSpecific,
+    /// [`BrokerError::ZoneIndependent`].
+    ZoneIndependent,
+    /// [`BrokerError::Throttled`].
+    Throttled,
+    /// [`BrokerError::Transient`].
+    Transient,
+    /// [`BrokerError::NotSupported`].
+    NotSupported,
+}
+
+impl BrokerErrorKind {
+    /// The kind as a label (metrics): `zone_specific`, `zone_independent`, `throttled`,
+    /// `transient` or `not_supported`.
+    pub fn label(self) -> &'static str {
+        match self {
+            BrokerErrorKind::ZoneSpecific => "zone_specific",
+            BrokerErrorKind::ZoneIndependent => "zone_independent",
+            BrokerErrorKind::Throttled => "throttled",
+            BrokerErrorKind::Transient => "transient",
+            BrokerErrorKind::NotSupported => "not_supported",
         }
     }
 }

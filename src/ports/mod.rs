@@ -18,5 +18,7 @@ mod model;
 
 #[cfg(any(feature = "test-util", feature = "serve"))]
 pub(crate) use broker::{repeated_start, token_key};
-pub use broker::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+pub use broker::{
+    AvailabilityZone, Broker, BrokerError, BrokerErrorKind, BrokerFuture, StartInstanceParams, StartedInstance,
+};
 pub use model::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};

@@ -216,7 +216,7 @@ impl World {
                             }
                         }
                         Ok(_) => {}
-                        Err(e) => self.model.record_error(format!("destroying the model: {e}")),
+                        Err(e) => self.model.record_error(crate::coordinator::DestroyError::Model(e).to_string()),
                     }
                 }
             },

@@ -19,4 +19,5 @@ pub use messages::{Enqueue, GetPoolStatus, ResizePool};
 pub use start::StartDeps;
 pub use state::{
     Attempts, FailureKind, GivenUp, Job, JobOutcome, PoolBook, PoolStatus, ReleaseJob, StartJob, Step, StopJob,
+    WorkerError,
 };

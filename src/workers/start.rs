@@ -11,7 +11,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use super::state::JobOutcome;
-use super::state::{Attempts, FailureKind, StartJob, Step};
+use super::state::{Attempts, FailureKind, StartJob, Step, WorkerError};
 use crate::config::{Backoff, RetryStrategy};
 use crate::lifecycle::StillWanted;
 use crate::ports::{Broker, BrokerError, ModelApi, ProvisionedInstance, StartInstanceParams};
@@ -72,24 +72,25 @@ async fn set_instance_status(deps: &StartDeps, machine: &MachineId, status: Inst
 }
 
 /// Writes a final provisioning error: instance status `provisioning error` and
-/// machine status `error`, both with the cause.
-async fn fail(deps: &StartDeps, machine: MachineId, message: String) -> JobOutcome {
-    fail_retiring(deps, machine, message, None).await
+/// machine status `error`, both with the cause (the error's text).
+async fn fail(deps: &StartDeps, machine: MachineId, error: WorkerError) -> JobOutcome {
+    fail_retiring(deps, machine, error, None).await
 }
 
 async fn fail_retiring(
     deps: &StartDeps,
     machine: MachineId,
-    message: String,
+    error: WorkerError,
     retired: Option<MachineId>,
 ) -> JobOutcome {
-    tracing::warn!(%machine, error = %message, "cannot start instance for machine");
+    tracing::warn!(%machine, %error, kind = ?error.kind(), "cannot start instance for machine");
     let _ = deps.release_machine.send(ReleaseMachine { machine: machine.clone() }).await;
+    let message = error.to_string();
     set_instance_status(deps, &machine, InstanceStatus::provisioning_error(), message.clone()).await;
-    if let Err(e) = deps.model.set_status(machine.clone(), MachineStatus::Error, message.clone()).await {
+    if let Err(e) = deps.model.set_status(machine.clone(), MachineStatus::Error, message).await {
         tracing::warn!(%machine, error = %e, "cannot set machine status");
     }
-    JobOutcome::StartFailed { machine, message, retired, orphan: None, given_up: None }
+    JobOutcome::StartFailed { machine, error, retired, orphan: None, given_up: None }
 }
 
 async fn abandon(deps: &StartDeps, machine: MachineId) -> JobOutcome {
@@ -118,8 +119,8 @@ async fn register(
         display_name: name,
         status: InstanceStatus::from_static(instance.state.as_str()),
     };
-    let mut last = None;
-    for attempt in 0..REGISTER_ATTEMPTS {
+    let mut attempt = 0;
+    let source = loop {
         match deps.model.set_instance_info(machine.clone(), info.clone()).await {
             Ok(()) => {
                 return JobOutcome::Started {
@@ -133,18 +134,18 @@ async fn register(
             }
             Err(e) => {
                 tracing::warn!(%machine, instance = %instance.id, error = %e, "cannot record instance");
-                last = Some(e);
-                if attempt + 1 < REGISTER_ATTEMPTS {
-                    actix_rt::time::sleep(deps.backoff.delay(attempt, rng)).await;
+                attempt += 1;
+                if attempt == REGISTER_ATTEMPTS {
+                    break e;
                 }
+                actix_rt::time::sleep(deps.backoff.delay(attempt - 1, rng)).await;
             }
         }
-    }
-    let err = last.map(|e| e.to_string()).unwrap_or_default();
-    let message = format!("cannot record instance {}: {err}", instance.id);
-    match fail_retiring(deps, machine, message, started.retired).await {
-        JobOutcome::StartFailed { machine, message, retired, given_up, .. } => {
-            JobOutcome::StartFailed { machine, message, retired, orphan: Some(instance.id), given_up }
+    };
+    let error = WorkerError::Record { instance: instance.id.clone(), source };
+    match fail_retiring(deps, machine, error, started.retired).await {
+        JobOutcome::StartFailed { machine, error, retired, given_up, .. } => {
+            JobOutcome::StartFailed { machine, error, retired, orphan: Some(instance.id), given_up }
         }
         other => other,
     }
@@ -229,7 +230,7 @@ async fn start_or_adopt(
                         return abandon(deps, machine).await;
                     }
                 }
-                Err(e) => return fail(deps, machine, format!("deriving availability zones: {}", e.message())).await,
+                Err(e) => return fail(deps, machine, WorkerError::DeriveZones(e)).await,
             }
         }
     } else {
@@ -307,8 +308,8 @@ async fn start_or_adopt(
             }
             let zone = match deps.choose.send(ChooseZone { machine: machine.clone(), request: request.clone() }).await {
                 Ok(Ok(zone)) => zone,
-                Ok(Err(e)) => return fail(deps, machine, e.to_string()).await,
-                Err(e) => return fail(deps, machine, format!("zone allocator unavailable: {e}")).await,
+                Ok(Err(e)) => return fail(deps, machine, WorkerError::NoZone(e)).await,
+                Err(e) => return fail(deps, machine, WorkerError::Stopped(e)).await,
             };
             params.client_token = format!("{machine}/{nonce}/{call}");
             call += 1;
@@ -335,7 +336,7 @@ async fn start_or_adopt(
             let shape = request.shape.clone();
             match deps.mark_failed.send(MarkZoneFailed { machine: machine.clone(), zone, shape }).await {
                 Ok(outcome) => step = attempts.on_zone_outcome(outcome),
-                Err(e) => return fail(deps, machine, format!("zone allocator unavailable: {e}")).await,
+                Err(e) => return fail(deps, machine, WorkerError::Stopped(e)).await,
             }
         } else {
             let _ = deps.release_reservation.send(ReleaseReservation { machine: machine.clone() }).await;
@@ -347,11 +348,11 @@ async fn start_or_adopt(
                     Ok(Some(found)) => {
                         return adopt_own(deps, machine, found, &nonce, (own.clone(), retired), rng).await
                     }
-                    Ok(None) => return fail_retiring(deps, machine, err.message(), retired).await,
+                    Ok(None) => return fail_retiring(deps, machine, WorkerError::Cloud(err), retired).await,
                     Err(e) => return fail_retiring(deps, machine, e, retired).await,
                 }
             }
-            Step::Final => return fail_retiring(deps, machine, err.message(), retired).await,
+            Step::Final => return fail_retiring(deps, machine, WorkerError::Cloud(err), retired).await,
             Step::FailOver => {
                 let z = zone.as_deref().unwrap_or_default();
                 let msg = format!(
@@ -378,7 +379,7 @@ async fn start_or_adopt(
                 tracing::debug!(%machine, retry_in = ?d, "start throttled by the cloud; waiting");
                 d
             }
-            Step::MarkZone => return fail(deps, machine, "internal: zone failure left unresolved".into()).await,
+            Step::MarkZone => return fail(deps, machine, WorkerError::Unresolved).await,
         };
         if !delay.is_zero() {
             actix_rt::time::sleep(delay).await;
@@ -401,27 +402,27 @@ async fn start_or_adopt(
 const LOOKUP_ATTEMPTS: u32 = 5;
 
 /// Looks for a live instance tagged for this start (machine and nonce), retrying a failed or
-/// throttled lookup with backoff. `Err` carries the message for the machine's status.
+/// throttled lookup with backoff. `Err` is the last lookup's failure.
 async fn look_for_own(
     deps: &StartDeps,
     machine: &MachineId,
     nonce: &str,
     rng: &mut SmallRng,
-) -> Result<Option<CloudInstance>, String> {
-    let mut last = String::new();
-    for attempt in 0..LOOKUP_ATTEMPTS {
+) -> Result<Option<CloudInstance>, WorkerError> {
+    let mut attempt = 0;
+    loop {
         match deps.broker.instances_of_start(machine.clone(), nonce.to_owned()).await {
             Ok(found) => return Ok(found.into_iter().next()),
             Err(e) => {
                 tracing::warn!(%machine, error = %e, "cannot look for an instance of this start");
-                last = e.message();
-                if attempt + 1 < LOOKUP_ATTEMPTS {
-                    actix_rt::time::sleep(deps.backoff.delay(attempt, rng)).await;
+                attempt += 1;
+                if attempt == LOOKUP_ATTEMPTS {
+                    return Err(WorkerError::Lookup(e));
                 }
+                actix_rt::time::sleep(deps.backoff.delay(attempt - 1, rng)).await;
             }
         }
     }
-    Err(format!("cannot tell whether the cloud made an instance for this start: {last}"))
 }
 
 /// Takes the instance an ambiguous call made (found by its tags) as the start's product.

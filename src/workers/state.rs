@@ -2,7 +2,8 @@
 
 use std::collections::VecDeque;
 
-use crate::types::{CloudInstance, FailOutcome, InstanceId, Machine, MachineId, ProvisioningInfo};
+use crate::ports::{BrokerError, BrokerErrorKind, ModelError};
+use crate::types::{CloudInstance, FailOutcome, InstanceId, Machine, MachineId, ProvisioningInfo, ZoneError};
 
 /// Start one machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -225,12 +226,12 @@ pub enum JobOutcome {
         /// `retired`).
         given_up: Option<GivenUp>,
     },
-    /// The start failed for good; the machine's status says why.
+    /// The start failed for good; the machine's status says why (the error's text).
     StartFailed {
         /// The machine.
         machine: MachineId,
-        /// The message written.
-        message: String,
+        /// Why: its text is the message written to the machine's status.
+        error: WorkerError,
         /// A dead machine whose parked instance this start gave up: remove it.
         retired: Option<MachineId>,
         /// The instance it started (or adopted) but could not record: stop it, retried until it
@@ -260,6 +261,59 @@ pub enum JobOutcome {
         /// Dead machines to remove now.
         machines: Vec<MachineId>,
     },
+}
+
+/// What can fail in the pool: why a start failed for good. Its text is what the machine's
+/// status (and the `machine-failed` event) says; the cloud's failure, when there is one, is
+/// kept as the source, with its kind ([`WorkerError::kind`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkerError {
+    /// The cloud refused the start for good: the last attempt's failure, rounds used up.
+    #[error("{0}")]
+    Cloud(#[source] BrokerError),
+    /// The cloud could not derive the machine's availability zones.
+    #[error("deriving availability zones: {0}")]
+    DeriveZones(#[source] BrokerError),
+    /// The allocator found no zone for the machine.
+    #[error("{0}")]
+    NoZone(#[source] ZoneError),
+    /// A call failed ambiguously, and looking for the instance it may have made failed every
+    /// time (the last lookup's failure).
+    #[error("cannot tell whether the cloud made an instance for this start: {0}")]
+    Lookup(#[source] BrokerError),
+    /// The instance could not be recorded in the model (the last attempt's failure).
+    #[error("cannot record instance {instance}: {source}")]
+    Record {
+        /// The instance, left unrecorded: the start's orphan.
+        instance: InstanceId,
+        /// The model's error.
+        #[source]
+        source: ModelError,
+    },
+    /// The provisioner stopped: the zone allocator no longer takes messages.
+    #[error("zone allocator unavailable: {0}")]
+    Stopped(#[source] actix::MailboxError),
+    /// The allocator's answer to a zone failure left the start with nothing to do (a bug).
+    #[error("internal: zone failure left unresolved")]
+    Unresolved,
+}
+
+impl WorkerError {
+    /// The cloud's failure behind it, if the cloud failed.
+    pub fn broker_error(&self) -> Option<&BrokerError> {
+        match self {
+            WorkerError::Cloud(e) | WorkerError::DeriveZones(e) | WorkerError::Lookup(e) => Some(e),
+            WorkerError::NoZone(_) | WorkerError::Record { .. } | WorkerError::Stopped(_) | WorkerError::Unresolved => {
+                None
+            }
+        }
+    }
+
+    /// The kind of the cloud's failure behind it (zone-specific, zone-independent, throttled,
+    /// transient), if the cloud failed.
+    pub fn kind(&self) -> Option<BrokerErrorKind> {
+        self.broker_error().map(BrokerError::failure_kind)
+    }
 }
 
 /// A parked instance a start tried to take over (machine reuse) and gave up, with the dead

@@ -337,7 +337,7 @@ fn an_outcome_names_the_parked_instance_its_start_gave_up() {
     let given = Some(GivenUp { instance: InstanceId::new("parked"), retired: MachineId::new("9") });
     let failed = JobOutcome::StartFailed {
         machine: MachineId::new("0"),
-        message: "no".into(),
+        error: WorkerError::Cloud(crate::ports::BrokerError::zone_independent("no")),
         retired: Some(MachineId::new("9")),
         orphan: None,
         given_up: None,
@@ -351,4 +351,51 @@ fn an_outcome_names_the_parked_instance_its_start_gave_up() {
     }
     let abandoned = JobOutcome::StartAbandoned { machine: MachineId::new("0"), given_up: None };
     assert_eq!(abandoned.clone().with_given_up(None), abandoned);
+}
+
+#[test]
+fn a_failed_start_carries_its_cause_and_prints_the_status_line() {
+    use crate::ports::{BrokerError, BrokerErrorKind, ModelError};
+    use crate::types::ZoneError;
+    let cases = [
+        (WorkerError::Cloud(BrokerError::zone_independent("quota exceeded")), "quota exceeded"),
+        (WorkerError::Cloud(BrokerError::zone_specific("no capacity")), "no capacity"),
+        (WorkerError::DeriveZones(BrokerError::transient("timeout")), "deriving availability zones: timeout"),
+        (
+            WorkerError::NoZone(ZoneError::NoSuitableZone(MachineId::new("3"))),
+            "suitable availability zone for machine 3 not found",
+        ),
+        (
+            WorkerError::Lookup(BrokerError::throttled("slow down")),
+            "cannot tell whether the cloud made an instance for this start: throttled: slow down",
+        ),
+        (
+            WorkerError::Record { instance: InstanceId::new("i-1"), source: ModelError::Other("db locked".into()) },
+            "cannot record instance i-1: db locked",
+        ),
+        (WorkerError::Stopped(actix::MailboxError::Closed), "zone allocator unavailable: Mailbox has closed"),
+        (WorkerError::Unresolved, "internal: zone failure left unresolved"),
+    ];
+    for (error, text) in &cases {
+        assert_eq!(error.to_string(), *text);
+    }
+    let kinds: Vec<Option<BrokerErrorKind>> = cases.iter().map(|(e, _)| e.kind()).collect();
+    assert_eq!(
+        kinds,
+        [
+            Some(BrokerErrorKind::ZoneIndependent),
+            Some(BrokerErrorKind::ZoneSpecific),
+            Some(BrokerErrorKind::Transient),
+            None,
+            Some(BrokerErrorKind::Throttled),
+            None,
+            None,
+            None,
+        ]
+    );
+    // The cause is kept as the source, not flattened into the text.
+    let record = &cases[5].0;
+    let source = std::error::Error::source(record).map(ToString::to_string);
+    assert_eq!(source.as_deref(), Some("db locked"));
+    assert_eq!(cases[0].0.broker_error(), Some(&BrokerError::zone_independent("quota exceeded")));
 }

@@ -5,17 +5,10 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use thiserror::Error;
 
 use crate::types::{FailOutcome, MachineId};
 
-/// Why no zone was chosen.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum ZoneError {
-    /// Every zone is excluded by constraints, derived zones, failures or availability.
-    #[error("suitable availability zone for machine {0} not found")]
-    NoSuitableZone(MachineId),
-}
+pub use crate::types::ZoneError;
 
 /// What a machine asks of the allocator.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -11,7 +11,44 @@ use crate::containers::supervisor::{
 };
 use crate::coordinator::MachinesChanged;
 use crate::events::ProvisionerEvent;
+use crate::ports::ModelError;
 use crate::types::{InstanceStatus, MachineId, MachineStatus};
+
+/// What can fail in the container manager: its model reads and writes (each retried with
+/// backoff), and a container of a type its host does not run (the container's status).
+#[derive(Debug, thiserror::Error)]
+enum ManagerError {
+    /// Reading whether the model is dying failed.
+    #[error("reading the model's life: {0}")]
+    ModelLife(#[source] ModelError),
+    /// Taking a dead host's container to dead failed.
+    #[error("cannot take container {machine} of a dead host to dead: {source}")]
+    EnsureDead {
+        /// The container.
+        machine: MachineId,
+        /// The model's error.
+        #[source]
+        source: ModelError,
+    },
+    /// Reading the hosts failed.
+    #[error("reading container hosts: {0}")]
+    Hosts(#[source] ModelError),
+    /// Reading a provisioned host's zone failed.
+    #[error("reading the zone of host {host}: {source}")]
+    HostZone {
+        /// The host.
+        host: MachineId,
+        /// The model's error.
+        #[source]
+        source: ModelError,
+    },
+    /// The container's type is not one its host runs: the text is the container's status.
+    #[error("container type {kind:?} is not supported on this host")]
+    Unsupported {
+        /// The container type.
+        kind: String,
+    },
+}
 
 /// Watches hosts and routes containers to their supervisors.
 pub struct ContainerManager {
@@ -66,7 +103,8 @@ impl ContainerManager {
                 Ok(_) => {}
                 Err(e) => {
                     let delay = act.deps.config.backoff.delay(attempt, &mut act.rng);
-                    tracing::warn!(error = %e, retry_in = ?delay, "reading the model's life failed; will retry");
+                    let error = ManagerError::ModelLife(e);
+                    tracing::warn!(%error, retry_in = ?delay, "will retry");
                     act.reads += 1;
                     ctx.run_later(delay, move |act, ctx| {
                         act.reads -= 1;
@@ -85,9 +123,10 @@ impl ContainerManager {
             let mut failed = Vec::new();
             for id in ids {
                 match model.ensure_dead(id.clone()).await {
-                    Ok(()) | Err(crate::ports::ModelError::NotFound(_)) => {}
-                    Err(e) => {
-                        tracing::warn!(machine = %id, error = %e, "cannot take a dead host's container to dead");
+                    Ok(()) | Err(ModelError::NotFound(_)) => {}
+                    Err(source) => {
+                        let error = ManagerError::EnsureDead { machine: id.clone(), source };
+                        tracing::warn!(%error, "will retry");
                         failed.push(id);
                     }
                 }
@@ -116,18 +155,19 @@ impl ContainerManager {
         let model = self.deps.model.clone();
         let again = hosts.clone();
         let fut = async move {
-            let reads = model.machines(hosts.clone()).await.map_err(|e| e.to_string())?;
+            let reads = model.machines(hosts.clone()).await.map_err(ManagerError::Hosts)?;
             let mut out = Vec::new();
             for (id, read) in hosts.into_iter().zip(reads) {
                 let zone = match &read {
                     Ok(m) if m.instance.is_some() => {
-                        model.availability_zone(id.clone()).await.map_err(|e| e.to_string())?
+                        let zone = model.availability_zone(id.clone()).await;
+                        zone.map_err(|source| ManagerError::HostZone { host: id.clone(), source })?
                     }
                     _ => None,
                 };
                 out.push((id, read.ok(), zone));
             }
-            Ok::<_, String>(out)
+            Ok::<_, ManagerError>(out)
         };
         self.reads += 1;
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
@@ -139,9 +179,9 @@ impl ContainerManager {
                         act.perform(effects, ctx);
                     }
                 }
-                Err(e) => {
+                Err(error) => {
                     let delay = act.deps.config.backoff.delay(attempt, &mut act.rng);
-                    tracing::warn!(error = %e, retry_in = ?delay, "reading container hosts failed; will retry");
+                    tracing::warn!(%error, retry_in = ?delay, "will retry");
                     act.reads += 1;
                     ctx.run_later(delay, move |act, ctx| {
                         act.reads -= 1;
@@ -195,8 +235,9 @@ impl ContainerManager {
                     self.ensure_dead(ids, 0, ctx);
                 }
                 HostEffect::Unsupported(id, kind) => {
-                    let msg = format!("container type {kind:?} is not supported on this host");
-                    tracing::warn!(machine = %id, "{msg}");
+                    let error = ManagerError::Unsupported { kind };
+                    tracing::warn!(machine = %id, %error);
+                    let msg = error.to_string();
                     let model = self.deps.model.clone();
                     let fut = async move {
                         let _ = model

@@ -13,6 +13,45 @@ use crate::events::ProvisionerEvent;
 use crate::ports::ModelApi;
 use crate::types::{InstanceStatus, MachineId};
 
+/// What can fail in a supervisor: the host's initialisation (retried, then given up; the text
+/// is the containers' status) and starting its provisioner.
+#[derive(Debug, thiserror::Error)]
+enum SupervisorError {
+    /// The initialiser failed; it is called again after `after`.
+    #[error("waiting for host {host} to support {kind} containers: {message} (retrying in {after:?})")]
+    Initialising {
+        /// The host.
+        host: MachineId,
+        /// The container type.
+        kind: String,
+        /// The initialiser's message.
+        message: String,
+        /// The delay before the next try.
+        after: std::time::Duration,
+    },
+    /// The initialiser failed too often: the containers are in error.
+    #[error("host {host} cannot run {kind} containers: {message}")]
+    GaveUp {
+        /// The host.
+        host: MachineId,
+        /// The container type.
+        kind: String,
+        /// The last initialiser message.
+        message: String,
+    },
+    /// The container provisioner refused its configuration.
+    #[error("cannot start the {kind} container provisioner of host {host}: {source}")]
+    Provisioner {
+        /// The host.
+        host: MachineId,
+        /// The container type.
+        kind: String,
+        /// Why.
+        #[source]
+        source: crate::config::ConfigError,
+    },
+}
+
 /// What a supervisor needs.
 #[derive(Clone)]
 pub struct SupervisorDeps {
@@ -99,11 +138,9 @@ impl ContainerSupervisor {
                     }));
                 }
                 Effect::RetryInitialise { after, message } => {
-                    let text = format!(
-                        "waiting for host {} to support {} containers: {message} (retrying in {after:?})",
-                        self.host, self.kind
-                    );
-                    tracing::warn!(host = %self.host, kind = %self.kind, error = %message, retry_in = ?after, "container initialisation failed");
+                    let (host, kind) = (self.host.clone(), self.kind.clone());
+                    let text = SupervisorError::Initialising { host, kind, message, after }.to_string();
+                    tracing::warn!(error = %text, "container initialisation failed");
                     for c in self.book.containers().cloned().collect::<Vec<_>>() {
                         let call = self.deps.model.set_instance_status(c, InstanceStatus::provisioning(), text.clone());
                         ctx.spawn(call.into_actor(self).map(|_, _, _| ()));
@@ -135,8 +172,10 @@ impl ContainerSupervisor {
                             self.provisioner = Some(h);
                             self.watch_done(ctx);
                         }
-                        Err(e) => {
-                            tracing::error!(host = %self.host, error = %e, "cannot start the container provisioner")
+                        Err(source) => {
+                            let (host, kind) = (self.host.clone(), self.kind.clone());
+                            let error = SupervisorError::Provisioner { host, kind, source };
+                            tracing::error!(%error)
                         }
                     }
                 }
@@ -160,8 +199,9 @@ impl ContainerSupervisor {
                     }
                 }
                 Effect::GiveUp { containers, message } => {
-                    let text = format!("host {} cannot run {} containers: {message}", self.host, self.kind);
-                    tracing::error!(host = %self.host, kind = %self.kind, error = %message, "container initialisation failed for good");
+                    let (host, kind) = (self.host.clone(), self.kind.clone());
+                    let text = SupervisorError::GaveUp { host, kind, message }.to_string();
+                    tracing::error!(error = %text, "container initialisation failed for good");
                     for c in containers {
                         let model = self.deps.model.clone();
                         let text = text.clone();
