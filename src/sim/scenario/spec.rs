@@ -152,20 +152,35 @@ pub struct CloudSpec {
     pub init_faults: Vec<InitFaultSpec>,
 }
 
-/// `[[cloud.init_faults]]`: the first `times` initialisations of `kind` on `host` fail.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InitFaultSpec {
-    /// The host.
-    pub host: String,
-    /// The container type.
-    pub kind: String,
-    /// How many attempts fail.
-    #[serde(default = "default_times")]
-    pub times: u32,
-    /// The error text.
-    #[serde(default = "default_fault_message")]
-    pub message: String,
+/// Declares a scripted fault's spec: the fields it is given, then the two every fault ends with,
+/// `times` (how many matching calls fail, default 1) and `message` (the error text). A macro,
+/// not a `#[serde(flatten)]` struct: flattening would lose the parsers' positions (file:line of
+/// a bad field) and the list of expected fields in an unknown-field error.
+macro_rules! fault_spec {
+    ($(#[$attr:meta])* pub struct $name:ident { $($(#[$field_attr:meta])* pub $field:ident: $ty:ty,)* }) => {
+        $(#[$attr])*
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $($(#[$field_attr])* pub $field: $ty,)*
+            /// How many matching calls fail.
+            #[serde(default = "default_times")]
+            pub times: u32,
+            /// The error text.
+            #[serde(default = "default_fault_message")]
+            pub message: String,
+        }
+    };
+}
+
+fault_spec! {
+    /// `[[cloud.init_faults]]`: the first `times` initialisations of `kind` on `host` fail.
+    pub struct InitFaultSpec {
+        /// The host.
+        pub host: String,
+        /// The container type.
+        pub kind: String,
+    }
 }
 
 /// `[cloud.rate_limit]` (the cloud's buckets) or `[provisioner.rate_limit]` (the client's,
@@ -453,18 +468,12 @@ pub enum FailCall {
     ProvisioningInfo,
 }
 
-/// `fail_next`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FailNextSpec {
-    /// Which call.
-    pub call: FailCall,
-    /// How many.
-    #[serde(default = "default_times")]
-    pub times: u32,
-    /// Error text.
-    #[serde(default = "default_fault_message")]
-    pub message: String,
+fault_spec! {
+    /// `fail_next`: the next `times` calls of `call` fail.
+    pub struct FailNextSpec {
+        /// Which call.
+        pub call: FailCall,
+    }
 }
 
 /// `destroy_model`.

@@ -96,3 +96,20 @@ fn parse_errors_name_the_key_before_them() {
     let e = json_err("{\"machines\": [{\"id\": \"0\"}], \"seed\": \"x\"}");
     assert_eq!((e.line, e.field.as_str()), (Some(1), "seed: "));
 }
+
+#[test]
+fn a_fault_spec_names_a_bad_field_with_its_line_and_the_shared_fields() {
+    let text = "name = \"x\"\n[[machines]]\nid = \"0\"\n[[events]]\nat = \"1s\"\n\
+                fail_next = { call = \"machines\", times = 2, mesage = \"x\" }\n";
+    assert_eq!(
+        toml_err(text).to_string(),
+        "t.toml:6: mesage: unknown field `mesage`, expected one of `call`, `times`, `message`"
+    );
+    let text = "name = \"x\"\n[[machines]]\nid = \"0/lxd/0\"\n[[machines]]\nid = \"0\"\n\
+                [[cloud.init_faults]]\nhost = \"0\"\nkind = \"lxd\"\ntimes = \"two\"\n";
+    assert_eq!(toml_err(text).to_string(), "t.toml:9: times: invalid type: string \"two\", expected u32");
+    let text = "name = \"x\"\n[[machines]]\nid = \"0/lxd/0\"\n[[machines]]\nid = \"0\"\n\
+                [[cloud.init_faults]]\nhost = \"0\"\nkind = \"lxd\"\n";
+    let s = Scenario::parse(text, Format::Toml, "t.toml").unwrap();
+    assert_eq!((s.cloud.init_faults[0].times, s.cloud.init_faults[0].message.as_str()), (1, "injected failure"));
+}
