@@ -6,10 +6,10 @@ use serde::Serialize;
 
 use super::run::SIM_MODEL_UUID;
 use super::scenario::{InitialState, Scenario};
-use crate::harvest::{HarvestBook, HarvestSafety, UnknownInstance};
-use crate::registry::MachineBook;
-use crate::types::{CloudInstance, InstanceState, InstanceTags, MachineId};
-use crate::zones::{ZoneBook, ZoneRequest};
+use crate::actors::harvest::{HarvestBook, HarvestSafety, UnknownInstance};
+use crate::actors::registry::MachineBook;
+use crate::actors::zones::{ZoneBook, ZoneRequest};
+use crate::model::{CloudInstance, InstanceState, InstanceTags, MachineId};
 
 /// One start the provisioner would make.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
