@@ -49,13 +49,27 @@ pub enum ServeError {
         /// Its database.
         db: PathBuf,
     },
-    /// The data directory cannot be used (exit 1).
+    /// The data directory cannot be used as it is (exit 1): a model it held is lost, or its
+    /// token file is empty.
     #[error("cannot use data directory {path}: {message}")]
     DataDir {
         /// The directory.
         path: PathBuf,
-        /// Why.
+        /// Why, and what to do.
         message: String,
+    },
+    /// A file operation in the data directory failed (exit 1).
+    #[error("cannot use data directory {path}: {}{source}", op.context(file))]
+    DataDirIo {
+        /// The directory.
+        path: PathBuf,
+        /// What was being done.
+        op: FileOp,
+        /// To which file (the directory itself for [`FileOp::CreateDir`]).
+        file: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
     },
     /// The database failed (exit 1).
     #[error("{0}")]
@@ -109,8 +123,49 @@ impl ServeError {
     }
 }
 
-fn data_dir_error(path: &Path, e: impl std::fmt::Display) -> ServeError {
-    ServeError::DataDir { path: path.to_owned(), message: e.to_string() }
+/// A file operation on the data directory, as [`ServeError::DataDirIo`] names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileOp {
+    /// Creating the directory.
+    CreateDir,
+    /// Reading a file.
+    Read,
+    /// Creating a file.
+    Create,
+    /// Writing a file.
+    Write,
+    /// Removing a file.
+    Remove,
+    /// Moving a file aside.
+    MoveAside,
+    /// Making a file private (0600).
+    MakePrivate,
+}
+
+impl FileOp {
+    /// What was being done to `file`, as the error's text says it before the cause.
+    fn context(self, file: &Path) -> String {
+        let f = file.display();
+        match self {
+            FileOp::CreateDir => String::new(),
+            FileOp::Read => format!("cannot read {f}: "),
+            FileOp::Create => format!("cannot create {f}: "),
+            FileOp::Write => format!("cannot write {f}: "),
+            FileOp::Remove => format!("cannot remove {f}: "),
+            FileOp::MoveAside => format!("cannot move {f} aside: "),
+            FileOp::MakePrivate => format!("cannot make {f} private: "),
+        }
+    }
+}
+
+fn data_dir_error(path: &Path, message: String) -> ServeError {
+    ServeError::DataDir { path: path.to_owned(), message }
+}
+
+/// The error of `op` on `file` in the data directory `path`.
+fn data_dir_io(path: &Path, op: FileOp, file: &Path) -> impl FnOnce(std::io::Error) -> ServeError {
+    let (path, file) = (path.to_owned(), file.to_owned());
+    move |source| ServeError::DataDirIo { path, op, file, source }
 }
 
 /// The permission bits others than the owner have on `path` (0 where there are no such bits).
@@ -145,7 +200,7 @@ pub fn ensure_token(dir: &Path) -> Result<String, ServeError> {
         }
         Ok(_) => return Err(data_dir_error(dir, format!("{} is empty; delete it to get a new token", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(data_dir_error(dir, format!("cannot read {}: {e}", path.display()))),
+        Err(e) => return Err(data_dir_io(dir, FileOp::Read, &path)(e)),
     }
     let bytes: [u8; 32] = rand::random();
     let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
@@ -153,10 +208,12 @@ pub fn ensure_token(dir: &Path) -> Result<String, ServeError> {
     opts.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-    let mut f = opts.open(&path).map_err(|e| data_dir_error(dir, format!("cannot create {}: {e}", path.display())))?;
-    f.write_all(format!("{token}\n").as_bytes())
-        .and_then(|()| f.sync_all())
-        .map_err(|e| data_dir_error(dir, format!("cannot write {}: {e}", path.display())))?;
+    let mut f = opts.open(&path).map_err(data_dir_io(dir, FileOp::Create, &path))?;
+    f.write_all(format!("{token}\n").as_bytes()).and_then(|()| f.sync_all()).map_err(data_dir_io(
+        dir,
+        FileOp::Write,
+        &path,
+    ))?;
     Ok(token)
 }
 
@@ -191,7 +248,7 @@ pub fn prepare_data_dir(dir: &Path, init: bool) -> Result<(), ServeError> {
     let size = match std::fs::metadata(&db) {
         Ok(m) => Some(m.len()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(data_dir_error(dir, format!("cannot read {}: {e}", db.display()))),
+        Err(e) => return Err(data_dir_io(dir, FileOp::Read, &db)(e)),
     };
     let recover = "restore it from a backup; or, to create a new model (the old model's instances in the cloud \
                    will no longer be managed), start with `serve --init`";
@@ -225,25 +282,23 @@ pub fn prepare_data_dir(dir: &Path, init: bool) -> Result<(), ServeError> {
         _ => {}
     }
     if size.is_some_and(|n| n == 0) {
-        std::fs::remove_file(&db).map_err(|e| data_dir_error(dir, format!("cannot remove {}: {e}", db.display())))?;
+        std::fs::remove_file(&db).map_err(data_dir_io(dir, FileOp::Remove, &db))?;
     }
     if size.is_none_or(|n| n == 0) {
         // A new model: no leftovers of the old one may be replayed into it.
         if wal.exists() {
             let to = aside(&wal);
-            std::fs::rename(&wal, &to)
-                .map_err(|e| data_dir_error(dir, format!("cannot move {} aside: {e}", wal.display())))?;
+            std::fs::rename(&wal, &to).map_err(data_dir_io(dir, FileOp::MoveAside, &wal))?;
             tracing::warn!(from = %wal.display(), to = %to.display(), "moved the old model's write-ahead log aside");
         }
         if shm.exists() {
-            std::fs::remove_file(&shm)
-                .map_err(|e| data_dir_error(dir, format!("cannot remove {}: {e}", shm.display())))?;
+            std::fs::remove_file(&shm).map_err(data_dir_io(dir, FileOp::Remove, &shm))?;
         }
         let mut opts = std::fs::OpenOptions::new();
         opts.write(true).create_new(true);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-        opts.open(&db).map_err(|e| data_dir_error(dir, format!("cannot create {}: {e}", db.display())))?;
+        opts.open(&db).map_err(data_dir_io(dir, FileOp::Create, &db))?;
         if init {
             tracing::info!(database = %db.display(), "--init: creating a new model");
         }
@@ -252,8 +307,11 @@ pub fn prepare_data_dir(dir: &Path, init: bool) -> Result<(), ServeError> {
         for f in [&db, &wal, &shm] {
             if let Some(mode) = shared_mode(f) {
                 use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600))
-                    .map_err(|e| data_dir_error(dir, format!("cannot make {} private: {e}", f.display())))?;
+                std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600)).map_err(data_dir_io(
+                    dir,
+                    FileOp::MakePrivate,
+                    f,
+                ))?;
                 tracing::warn!(file = %f.display(), "the file was readable by others (mode {mode:o}); made it 0600");
             }
         }
@@ -318,7 +376,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     }
     let started = Instant::now();
     let dir = opts.data_dir();
-    std::fs::create_dir_all(dir).map_err(|e| data_dir_error(dir, e))?;
+    std::fs::create_dir_all(dir).map_err(data_dir_io(dir, FileOp::CreateDir, dir))?;
     prepare_data_dir(dir, opts.init)?;
     let db = dir.join(DB_FILE);
     let store = Store::start(&db).map_err(|e| match e {
@@ -444,4 +502,35 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     handle.shutdown();
     tracing::info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_file_operation_keeps_the_io_error_as_its_source() {
+        let dir = std::env::temp_dir().join(format!("provisioner-run-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // The token file is a directory: reading it fails, and not because it is missing.
+        std::fs::create_dir_all(dir.join(TOKEN_FILE)).unwrap();
+        let err = ensure_token(&dir).unwrap_err();
+        let source = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<std::io::Error>());
+        let io = source.expect("the io::Error is the source");
+        assert!(matches!(err, ServeError::DataDirIo { op: FileOp::Read, .. }), "{err:?}");
+        let token = dir.join(TOKEN_FILE);
+        assert_eq!(
+            err.to_string(),
+            format!("cannot use data directory {}: cannot read {}: {io}", dir.display(), token.display())
+        );
+        assert_eq!(err.exit_code(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_stopped_store_is_reported_as_stopped() {
+        let e = StoreError::Stopped(actix::MailboxError::Closed);
+        assert_eq!(e.to_string(), "the store is not running: Mailbox has closed");
+        assert!(std::error::Error::source(&e).is_some());
+    }
 }

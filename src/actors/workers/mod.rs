@@ -18,5 +18,5 @@ pub use actor::WorkerPool;
 pub use messages::{Enqueue, GetPoolStatus, ResizePool};
 pub use start::StartDeps;
 #[cfg(test)]
-pub(crate) use state::{Attempts, FailureKind, Step, WorkerError};
+pub(crate) use state::{Attempts, FailureKind, Step};
 pub use state::{GivenUp, Job, JobOutcome, PoolStatus, ReleaseJob, StartJob, StopJob};

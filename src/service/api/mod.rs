@@ -653,6 +653,6 @@ mod tests {
     fn store_errors_map_to_statuses() {
         assert_eq!(ApiError::from(StoreError::NotFound(MachineId::new("3"))).status, 404);
         assert_eq!(ApiError::from(StoreError::ModelDying).status, 409);
-        assert_eq!(ApiError::from(StoreError::Unavailable("x".into())).status, 500);
+        assert_eq!(ApiError::from(StoreError::Stopped(actix::MailboxError::Closed)).status, 500);
     }
 }

@@ -154,7 +154,7 @@ impl Store {
         f: impl FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
         let req = self.addr.send(Exec { work: Box::new(f), durable: true });
-        async move { req.await.map_err(|e| StoreError::Unavailable(e.to_string()))? }
+        async move { req.await.map_err(StoreError::Stopped)? }
     }
 
     /// Runs `f` like [`Store::exec`], but a write it makes is committed without waiting for
@@ -167,7 +167,7 @@ impl Store {
         f: impl FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
         let req = self.addr.send(Exec { work: Box::new(f), durable: false });
-        async move { req.await.map_err(|e| StoreError::Unavailable(e.to_string()))? }
+        async move { req.await.map_err(StoreError::Stopped)? }
     }
 
     /// Subscribes a machine watcher (it hears every machine at once).

@@ -58,15 +58,16 @@ CREATE TABLE IF NOT EXISTS instances (
 ";
 
 /// What went wrong in the store. Every variant says what was being done.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Clone, PartialEq, Error)]
 pub enum StoreError {
     /// SQLite failed.
-    #[error("database error while {context}: {message}")]
+    #[error("database error while {context}: {source}")]
     Sqlite {
         /// What the store was doing.
         context: &'static str,
-        /// SQLite's message.
-        message: String,
+        /// SQLite's error (shared: a store that failed to open answers it to every request).
+        #[source]
+        source: std::sync::Arc<rusqlite::Error>,
     },
     /// The database was written by a newer build.
     #[error("the database has schema version {found}, newer than this build's {SCHEMA_VERSION}; upgrade the binary")]
@@ -88,9 +89,9 @@ pub enum StoreError {
         "the database is in use by another process (is another provisioner service running on this data directory?)"
     )]
     InUse,
-    /// The store's thread is gone.
+    /// The store stopped: its actor no longer takes messages.
     #[error("the store is not running: {0}")]
-    Unavailable(String),
+    Stopped(#[source] actix::MailboxError),
     /// The database file is damaged (SQLite found a corrupt page, or it is not a database).
     #[error("the database is damaged ({context}: {message})")]
     Damaged {
@@ -107,7 +108,7 @@ impl StoreError {
             Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
                 StoreError::Damaged { context, message: e.to_string() }
             }
-            _ => StoreError::Sqlite { context, message: e.to_string() },
+            _ => StoreError::Sqlite { context, source: std::sync::Arc::new(e) },
         }
     }
 }
