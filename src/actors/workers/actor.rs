@@ -10,9 +10,10 @@ use tracing::Instrument;
 
 use super::messages::*;
 use super::start::{run_start, StartDeps};
-use super::state::{Job, JobOutcome, PoolBook, PoolStatus, ReleaseJob, StopJob};
+use super::state::{Job, JobOutcome, PoolBook, PoolStatus, ReleaseJob, StopJob, WorkerError};
 use crate::actors::coordinator::JobDone;
 use crate::config::{validate_workers, ConfigError};
+use crate::ports::BrokerError;
 
 /// Runs broker jobs.
 pub struct WorkerPool {
@@ -60,41 +61,53 @@ impl WorkerPool {
                 Job::Stop(stop) => {
                     let span = tracing::info_span!("stop", instances = ?stop.instances, machines = ?stop.machines);
                     let call = self.deps.broker.stop_instances(stop.instances.clone()).instrument(span);
-                    ctx.spawn(call.into_actor(self).map(move |res, act, ctx| {
-                        act.book.finished();
-                        match res {
-                            Ok(()) => act.done.do_send(JobDone(JobOutcome::Stopped { instances: stop.instances, machines: stop.machines })),
-                            Err(e) => {
-                                let delay = act.deps.backoff.delay(stop.attempt, &mut act.rng);
-                                tracing::warn!(instances = ?stop.instances, error = %e, retry_in = ?delay, "stopping instances failed; will retry");
-                                let again = StopJob { attempt: stop.attempt + 1, ..stop };
-                                act.requeue_later(Job::Stop(again), delay, ctx);
-                            }
-                        }
-                        act.dispatch(ctx);
-                    }));
+                    let done =
+                        JobOutcome::Stopped { instances: stop.instances.clone(), machines: stop.machines.clone() };
+                    self.spawn_cloud_job(call, done, ctx, move |source| {
+                        let (failed, instances) = (stop.attempt, stop.instances.clone());
+                        let again = Job::Stop(StopJob { attempt: failed + 1, ..stop });
+                        (again, failed, WorkerError::Stop { instances, source })
+                    });
                 }
                 Job::Release(release) => {
                     let call = self.deps.broker.release_instances(release.instances.clone());
-                    ctx.spawn(call.into_actor(self).map(move |res, act, ctx| {
-                        act.book.finished();
-                        match res {
-                            Ok(()) => act.done.do_send(JobDone(JobOutcome::Released {
-                                instances: release.instances,
-                                machines: release.machines,
-                            })),
-                            Err(e) => {
-                                let delay = act.deps.backoff.delay(release.attempt, &mut act.rng);
-                                tracing::warn!(instances = ?release.instances, error = %e, retry_in = ?delay, "releasing instances failed; will retry");
-                                let again = ReleaseJob { attempt: release.attempt + 1, ..release };
-                                act.requeue_later(Job::Release(again), delay, ctx);
-                            }
-                        }
-                        act.dispatch(ctx);
-                    }));
+                    let done = JobOutcome::Released {
+                        instances: release.instances.clone(),
+                        machines: release.machines.clone(),
+                    };
+                    self.spawn_cloud_job(call, done, ctx, move |source| {
+                        let (failed, instances) = (release.attempt, release.instances.clone());
+                        let again = Job::Release(ReleaseJob { attempt: failed + 1, ..release });
+                        (again, failed, WorkerError::Release { instances, source })
+                    });
                 }
             }
         }
+    }
+
+    /// Runs a stop or a release: reports `done` when the call succeeds; otherwise the job gives
+    /// its slot back and is queued again after a backoff, as `retry` rebuilds it (with the tries
+    /// failed so far, and the error to log).
+    fn spawn_cloud_job(
+        &mut self,
+        call: impl std::future::Future<Output = Result<(), BrokerError>> + 'static,
+        done: JobOutcome,
+        ctx: &mut Context<Self>,
+        retry: impl FnOnce(BrokerError) -> (Job, u32, WorkerError) + 'static,
+    ) {
+        ctx.spawn(call.into_actor(self).map(move |res, act, ctx| {
+            act.book.finished();
+            match res {
+                Ok(()) => act.done.do_send(JobDone(done)),
+                Err(source) => {
+                    let (again, failed, error) = retry(source);
+                    let delay = act.deps.backoff.delay(failed, &mut act.rng);
+                    tracing::warn!(%error, retry_in = ?delay, "will retry");
+                    act.requeue_later(again, delay, ctx);
+                }
+            }
+            act.dispatch(ctx);
+        }));
     }
 
     fn requeue_later(&mut self, job: Job, delay: std::time::Duration, ctx: &mut Context<Self>) {

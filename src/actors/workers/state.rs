@@ -263,9 +263,10 @@ pub enum JobOutcome {
     },
 }
 
-/// What can fail in the pool: why a start failed for good. Its text is what the machine's
-/// status (and the `machine-failed` event) says; the cloud's failure, when there is one, is
-/// kept as the source, with its kind ([`WorkerError::kind`]).
+/// What can fail in the pool: why a start failed for good (its text is what the machine's
+/// status and the `machine-failed` event say), or why a stop or release is tried again. The
+/// cloud's failure, when there is one, is kept as the source, with its kind
+/// ([`WorkerError::kind`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WorkerError {
     /// The cloud refused the start for good: the last attempt's failure, rounds used up.
@@ -296,13 +297,35 @@ pub enum WorkerError {
     /// The allocator's answer to a zone failure left the start with nothing to do (a bug).
     #[error("internal: zone failure left unresolved")]
     Unresolved,
+    /// Stopping instances failed: the stop is queued again after a backoff.
+    #[error("stopping instances {instances:?}: {source}")]
+    Stop {
+        /// The instances.
+        instances: Vec<InstanceId>,
+        /// The cloud's error.
+        #[source]
+        source: BrokerError,
+    },
+    /// Releasing instances failed: the release is queued again after a backoff.
+    #[error("releasing instances {instances:?}: {source}")]
+    Release {
+        /// The instances.
+        instances: Vec<InstanceId>,
+        /// The cloud's error.
+        #[source]
+        source: BrokerError,
+    },
 }
 
 impl WorkerError {
     /// The cloud's failure behind it, if the cloud failed.
     pub fn broker_error(&self) -> Option<&BrokerError> {
         match self {
-            WorkerError::Cloud(e) | WorkerError::DeriveZones(e) | WorkerError::Lookup(e) => Some(e),
+            WorkerError::Cloud(e)
+            | WorkerError::DeriveZones(e)
+            | WorkerError::Lookup(e)
+            | WorkerError::Stop { source: e, .. }
+            | WorkerError::Release { source: e, .. } => Some(e),
             WorkerError::NoZone(_) | WorkerError::Record { .. } | WorkerError::Stopped(_) | WorkerError::Unresolved => {
                 None
             }
