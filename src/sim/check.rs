@@ -621,10 +621,8 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                 })
                 .map(|(id, _)| id.as_str())
                 .collect();
-            let named = model.errors.iter().any(|e| {
-                e.contains("manually provisioned machines")
-                    && manual.iter().all(|m| e.split([' ', ',']).any(|w| w == *m))
-            });
+            let named =
+                model.refused_destroys.iter().any(|ids| manual.iter().all(|m| ids.iter().any(|id| id.as_str() == *m)));
             if !manual.is_empty() && !named {
                 v.push(format!(
                     "destroy_model at {} without force left manual machines {} unnamed in the model's errors",

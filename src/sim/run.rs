@@ -187,7 +187,7 @@ impl World {
             Action::DestroyModel(d) => match &self.handle {
                 Some(h) if started => {
                     if let Err(e) = h.destroy_model(d.force).await {
-                        self.model.record_error(e.to_string());
+                        self.model.record_destroy_error(&e);
                     }
                     // Containers are in the destruction's scope too.
                     let life = crate::ports::ModelApi::model_life(&self.model.api()).await;
@@ -212,11 +212,11 @@ impl World {
                             if !ids.is_empty() {
                                 let summary = crate::DestroySummary::default();
                                 let e = crate::DestroyError::ManualMachines { ids, summary };
-                                self.model.record_error(e.to_string());
+                                self.model.record_destroy_error(&e);
                             }
                         }
                         Ok(_) => {}
-                        Err(e) => self.model.record_error(crate::DestroyError::Model(e).to_string()),
+                        Err(e) => self.model.record_destroy_error(&crate::DestroyError::Model(e)),
                     }
                 }
             },

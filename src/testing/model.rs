@@ -104,6 +104,9 @@ pub struct ModelSnapshot {
     pub life: Life,
     /// Every error an operation on the model returned, in order.
     pub errors: Vec<String>,
+    /// The manual machines each destruction refused without `force` named, in order (their
+    /// error's text is in `errors` too).
+    pub refused_destroys: Vec<Vec<MachineId>>,
     /// Instance-info writes under way (see [`FakeModel::set_write_latency`]).
     pub writes_in_flight: usize,
 }
@@ -127,6 +130,7 @@ struct ModelActor {
     last_activity: std::time::Duration,
     life: Life,
     errors: Vec<String>,
+    refused_destroys: Vec<Vec<MachineId>>,
     /// How long an instance-info write takes (the instance is recorded when it ends).
     write_latency: std::time::Duration,
     /// Instance-info writes under way.
@@ -380,6 +384,7 @@ impl Handler<Snapshot> for ModelActor {
             last_activity: self.last_activity,
             life: self.life,
             errors: self.errors.clone(),
+            refused_destroys: self.refused_destroys.clone(),
             writes_in_flight: self.writes_in_flight,
         })
     }
@@ -422,6 +427,7 @@ impl FakeModel {
             last_activity: std::time::Duration::ZERO,
             life: Life::Alive,
             errors: Vec::new(),
+            refused_destroys: Vec::new(),
             write_latency: std::time::Duration::ZERO,
             writes_in_flight: 0,
         };
@@ -553,6 +559,20 @@ impl FakeModel {
     /// Records an error an operation on the model returned (e.g. a refused destroy).
     pub fn record_error(&self, error: String) {
         self.control(move |m| m.errors.push(error));
+    }
+
+    /// Records the error a destruction returned: its text, and the manual machines it named
+    /// if it refused them.
+    pub fn record_destroy_error(&self, error: &crate::DestroyError) {
+        let manual = match error {
+            crate::DestroyError::ManualMachines { ids, .. } => Some(ids.clone()),
+            _ => None,
+        };
+        let text = error.to_string();
+        self.control(move |m| {
+            m.errors.push(text);
+            m.refused_destroys.extend(manual);
+        });
     }
 
     /// Everything the model knows.

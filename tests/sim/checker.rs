@@ -243,5 +243,6 @@ fn destroy_model_leaves_nothing_running_and_names_manual_machines() {
     );
     cloud.instances.extend([ours("i-1", Some("0"), InstanceState::Terminated)]);
     model.errors.push("manually provisioned machines must first be destroyed: 1".into());
+    model.refused_destroys.push(vec![provisioner::MachineId::new("1")]);
     assert!(check(&s, &cloud, &model, &modes).is_empty());
 }
