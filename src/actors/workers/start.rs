@@ -61,8 +61,21 @@ fn failure_kind(err: &BrokerError, zone: Option<&str>) -> FailureKind {
     }
 }
 
+/// Whether the lifecycle still wants the machine started: not if it died meanwhile, nor if
+/// the lifecycle stopped (the provisioner is stopping).
 async fn still_wanted(deps: &StartDeps, machine: &MachineId) -> bool {
-    deps.still_wanted.send(StillWanted { machine: machine.clone() }).await.unwrap_or(false)
+    match deps.still_wanted.send(StillWanted { machine: machine.clone() }).await {
+        Ok(true) => true,
+        Ok(false) => {
+            tracing::info!(%machine, "machine died before its start completed; not starting it");
+            false
+        }
+        Err(source) => {
+            let error = WorkerError::Stopped { actor: "lifecycle", source };
+            tracing::info!(%machine, %error, "not starting it");
+            false
+        }
+    }
 }
 
 async fn set_instance_status(deps: &StartDeps, machine: &MachineId, status: InstanceStatus, message: String) {
@@ -93,8 +106,8 @@ async fn fail_retiring(
     JobOutcome::StartFailed { machine, error, retired, orphan: None, given_up: None }
 }
 
+/// Ends a start the lifecycle no longer wants ([`still_wanted`] said why).
 async fn abandon(deps: &StartDeps, machine: MachineId) -> JobOutcome {
-    tracing::info!(%machine, "machine died before its start completed; not starting it");
     let _ = deps.release_machine.send(ReleaseMachine { machine: machine.clone() }).await;
     JobOutcome::StartAbandoned { machine, given_up: None }
 }
@@ -251,11 +264,14 @@ async fn start_or_adopt(
                 id: parked.instance.clone(),
                 fresher_than: deps.listing_max_age,
             };
-            let state = deps.state_of.send(ask).await.ok().flatten();
-            let handed = if state == Some(crate::model::InstanceState::Running) {
-                deps.broker.retag_instance(parked.instance.clone(), params.tags.clone()).await
-            } else {
-                Err(BrokerError::zone_independent(format!("instance {} is no longer running", parked.instance)))
+            let handed = match deps.state_of.send(ask).await {
+                Ok(Some(crate::model::InstanceState::Running)) => deps
+                    .broker
+                    .retag_instance(parked.instance.clone(), params.tags.clone())
+                    .await
+                    .map_err(WorkerError::Retag),
+                Ok(_) => Err(WorkerError::NotRunning(parked.instance.clone())),
+                Err(source) => Err(WorkerError::Stopped { actor: "registry", source }),
             };
             match handed {
                 Ok(()) => {
@@ -314,7 +330,9 @@ async fn start_or_adopt(
             let zone = match deps.choose.send(ChooseZone { machine: machine.clone(), request: request.clone() }).await {
                 Ok(Ok(zone)) => zone,
                 Ok(Err(e)) => return fail(deps, machine, WorkerError::NoZone(e)).await,
-                Err(e) => return fail(deps, machine, WorkerError::Stopped(e)).await,
+                Err(source) => {
+                    return fail(deps, machine, WorkerError::Stopped { actor: "zone allocator", source }).await
+                }
             };
             params.client_token = format!("{machine}/{nonce}/{call}");
             call += 1;
@@ -341,7 +359,9 @@ async fn start_or_adopt(
             let shape = request.shape.clone();
             match deps.mark_failed.send(MarkZoneFailed { machine: machine.clone(), zone, shape }).await {
                 Ok(outcome) => step = attempts.on_zone_outcome(outcome),
-                Err(e) => return fail(deps, machine, WorkerError::Stopped(e)).await,
+                Err(source) => {
+                    return fail(deps, machine, WorkerError::Stopped { actor: "zone allocator", source }).await
+                }
             }
         } else {
             let _ = deps.release_reservation.send(ReleaseReservation { machine: machine.clone() }).await;

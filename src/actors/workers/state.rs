@@ -291,9 +291,23 @@ pub enum WorkerError {
         #[source]
         source: ModelError,
     },
-    /// The provisioner stopped: the zone allocator no longer takes messages.
-    #[error("zone allocator unavailable: {0}")]
-    Stopped(#[source] actix::MailboxError),
+    /// The provisioner stopped: an actor the start asks (the zone allocator, the lifecycle,
+    /// the registry) no longer takes messages.
+    #[error("{actor} unavailable: {source}")]
+    Stopped {
+        /// The actor, as the text names it.
+        actor: &'static str,
+        /// The mailbox's error.
+        #[source]
+        source: actix::MailboxError,
+    },
+    /// A parked instance could not be handed over (machine reuse): the cloud refused its new
+    /// tags. It is given up (stopped) and the machine starts afresh.
+    #[error("{0}")]
+    Retag(#[source] BrokerError),
+    /// A parked instance is no longer running: it is given up, and the machine starts afresh.
+    #[error("instance {0} is no longer running")]
+    NotRunning(InstanceId),
     /// The allocator's answer to a zone failure left the start with nothing to do (a bug).
     #[error("internal: zone failure left unresolved")]
     Unresolved,
@@ -324,11 +338,14 @@ impl WorkerError {
             WorkerError::Cloud(e)
             | WorkerError::DeriveZones(e)
             | WorkerError::Lookup(e)
+            | WorkerError::Retag(e)
             | WorkerError::Stop { source: e, .. }
             | WorkerError::Release { source: e, .. } => Some(e),
-            WorkerError::NoZone(_) | WorkerError::Record { .. } | WorkerError::Stopped(_) | WorkerError::Unresolved => {
-                None
-            }
+            WorkerError::NoZone(_)
+            | WorkerError::Record { .. }
+            | WorkerError::Stopped { .. }
+            | WorkerError::NotRunning(_)
+            | WorkerError::Unresolved => None,
         }
     }
 

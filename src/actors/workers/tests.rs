@@ -374,7 +374,10 @@ fn a_failed_start_carries_its_cause_and_prints_the_status_line() {
             WorkerError::Record { instance: InstanceId::new("i-1"), source: ModelError::Other("db locked".into()) },
             "cannot record instance i-1: db locked",
         ),
-        (WorkerError::Stopped(actix::MailboxError::Closed), "zone allocator unavailable: Mailbox has closed"),
+        (
+            WorkerError::Stopped { actor: "zone allocator", source: actix::MailboxError::Closed },
+            "zone allocator unavailable: Mailbox has closed",
+        ),
         (WorkerError::Unresolved, "internal: zone failure left unresolved"),
     ];
     for (error, text) in &cases {
