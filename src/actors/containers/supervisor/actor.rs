@@ -133,6 +133,10 @@ impl ContainerSupervisor {
                     tracing::info!(host = %self.host, kind = %self.kind, "initialising host for containers");
                     let call = self.deps.initialiser.initialise(self.host.clone(), self.kind.clone());
                     ctx.spawn(call.into_actor(self).map(|res, act, ctx| {
+                        // The core keeps the message (the containers' status); the cause is logged here.
+                        if let Some(cause) = res.as_ref().err().and_then(std::error::Error::source) {
+                            tracing::debug!(host = %act.host, kind = %act.kind, %cause, "container initialisation failed");
+                        }
                         let effects = act.book.initialised(res);
                         act.perform(effects, ctx);
                     }));
