@@ -1,135 +1,21 @@
 //! The coordinator actor: sequences one batch at a time through the registry, lifecycle,
 //! harvest policy, allocator and pool, and turns job outcomes into follow-up work and events.
 
-use std::sync::Arc;
-
 use actix::prelude::*;
 
+use super::batch::BatchStart;
+use super::links::{execute_plan, forget, run_batch, Links};
 use super::messages::*;
 use super::state::{BatchBook, DestroyError, DestroySummary};
 use crate::events::ProvisionerEvent;
 use crate::harvest::{
-    EndSafeMode, HarvestPlan, ModeChange, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown, SetHarvestMode,
-    StopsDone,
+    HarvestPlan, ModeChange, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown, SetHarvestMode, StopsDone,
 };
-use crate::lifecycle::{
-    AfterStart, Deaths, ForgetLifecycle, ObserveDead, ObserveDestroy, ObservePending, StartFinished,
-};
-use crate::ports::ModelApi;
-use crate::registry::{
-    ForgetMachines, InstancesGone, PrepareDestroy, RecordInstance, Refresh, RegistryError, StopsPlanned, SweepTargets,
-};
-use crate::types::{InstanceStatus, Machine, MachineId, MachineStatus};
-use crate::workers::{Enqueue, GivenUp, Job, JobOutcome, ReleaseJob, ResizePool, StartJob, StopJob};
-use crate::zones::{PopulateZones, RefreshZones, ReleaseMachine};
-
-/// Why a machine's start could not be prepared: a per-machine model read failed. The status line
-/// shows the model's error (the cause); the log shows which read failed.
-#[derive(Debug, thiserror::Error)]
-enum StartInfoError {
-    /// Reading the machine's provisioning info failed.
-    #[error("fetching provisioning info for machine {:?}: {source}", machine.as_str())]
-    ProvisioningInfo {
-        /// The machine.
-        machine: MachineId,
-        /// The model's error.
-        #[source]
-        source: crate::ports::ModelError,
-    },
-    /// Reading the machine's distribution group failed.
-    #[error("fetching distribution groups for machine {:?}: {source}", machine.as_str())]
-    DistributionGroups {
-        /// The machine.
-        machine: MachineId,
-        /// The model's error.
-        #[source]
-        source: crate::ports::ModelError,
-    },
-}
-
-impl StartInfoError {
-    /// The model's error, shown in the machine's status.
-    fn cause(&self) -> &crate::ports::ModelError {
-        match self {
-            Self::ProvisioningInfo { source, .. } | Self::DistributionGroups { source, .. } => source,
-        }
-    }
-}
-
-/// The coordinator's links to the other actors (all wiring happens in [`crate::wiring`]).
-#[derive(Clone)]
-pub struct Links {
-    /// The model, for provisioning info, distribution groups and transient retries.
-    pub model: Arc<dyn ModelApi>,
-    /// Registry: classify a batch.
-    pub refresh: Recipient<Refresh>,
-    /// Registry: our start produced an instance.
-    pub record: Recipient<RecordInstance>,
-    /// Registry: instances terminated.
-    pub gone: Recipient<InstancesGone>,
-    /// Registry: remove dead machines.
-    pub forget: Recipient<ForgetMachines>,
-    /// Allocator: reload zones.
-    pub refresh_zones: Recipient<RefreshZones>,
-    /// Allocator: count existing placements.
-    pub populate: Recipient<PopulateZones>,
-    /// Allocator: forget a machine.
-    pub release_zone: Recipient<ReleaseMachine>,
-    /// Harvest: plan dead machines.
-    pub plan_dead: Recipient<PlanDeadMachines>,
-    /// Harvest: plan unknown instances.
-    pub plan_unknown: Recipient<PlanUnknown>,
-    /// Harvest: change mode.
-    pub set_mode: Recipient<SetHarvestMode>,
-    /// Harvest: leave safe mode.
-    pub end_safe: Recipient<EndSafeMode>,
-    /// Harvest: stops done.
-    pub stops_done: Recipient<StopsDone>,
-    /// Harvest: plan a model destruction.
-    pub plan_destroy: Recipient<PlanDestroy>,
-    /// Harvest: plan stops decided outside a harvest (orphans, given-up parked instances).
-    pub plan_stops: Recipient<PlanStops>,
-    /// Registry: stops decided (their instances are never adopted).
-    pub stops_planned: Recipient<StopsPlanned>,
-    /// Registry: the machines of a model being destroyed.
-    pub prepare_destroy: Recipient<PrepareDestroy>,
-    /// Registry: what a dying model still runs, from the cache.
-    pub sweep: Recipient<SweepTargets>,
-    /// Lifecycle: the model is being destroyed.
-    pub observe_destroy: Recipient<ObserveDestroy>,
-    /// Lifecycle: pending machines.
-    pub observe_pending: Recipient<ObservePending>,
-    /// Lifecycle: dead machines.
-    pub observe_dead: Recipient<ObserveDead>,
-    /// Lifecycle: a start returned.
-    pub start_finished: Recipient<StartFinished>,
-    /// Lifecycle: machines removed.
-    pub forget_lifecycle: Recipient<ForgetLifecycle>,
-    /// Pool: queue a job.
-    pub enqueue: Recipient<Enqueue>,
-    /// Pool: resize.
-    pub resize: Recipient<ResizePool>,
-}
-
-/// Why a batch failed as a whole.
-#[derive(Debug, thiserror::Error)]
-enum BatchError {
-    #[error("refreshing zones: {0}")]
-    Zones(crate::ports::BrokerError),
-    #[error(transparent)]
-    Registry(#[from] RegistryError),
-    #[error("actor unavailable: {0}")]
-    Mailbox(#[from] MailboxError),
-    #[error("reading the model's life: {0}")]
-    Model(crate::ports::ModelError),
-}
-
-struct BatchReport {
-    zones_loaded: bool,
-    retry_later: Vec<MachineId>,
-    mode_change: Option<ModeChange>,
-    model_dying: bool,
-}
+use crate::lifecycle::{AfterStart, ObserveDestroy, StartFinished};
+use crate::registry::{InstancesGone, PrepareDestroy, RecordInstance, StopsPlanned, SweepTargets};
+use crate::types::{InstanceStatus, MachineId, MachineStatus};
+use crate::workers::{GivenUp, JobOutcome, ResizePool};
+use crate::zones::PopulateZones;
 
 /// The provisioner's front door.
 pub struct Coordinator {
@@ -188,7 +74,8 @@ impl Coordinator {
         let links = self.links.clone();
         let need_zones = !self.book.zones_loaded();
         let first = !self.book.first_done();
-        let fut = process_batch(links, ids.clone(), need_zones, first, self.model_dying, self.starts_closed);
+        let start = BatchStart { ids: ids.clone(), first, need_zones, model_dying: self.model_dying, starts_closed: self.starts_closed };
+        let fut = run_batch(links, start);
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
             match res {
                 Ok(report) => {
@@ -405,201 +292,6 @@ impl Coordinator {
             })
         }));
     }
-}
-
-/// Enqueues a plan's work. Stops are queued ahead of starts by the pool.
-fn execute_plan(links: &Links, plan: HarvestPlan) {
-    if !plan.stop.is_empty() {
-        links.stops_planned.do_send(StopsPlanned { ids: plan.stop.clone(), machine: None });
-        links.enqueue.do_send(Enqueue(Job::Stop(StopJob {
-            instances: plan.stop,
-            machines: plan.remove_after_stop,
-            attempt: 0,
-            eager: plan.eager,
-        })));
-    }
-    if !plan.release.is_empty() {
-        links.enqueue.do_send(Enqueue(Job::Release(ReleaseJob {
-            instances: plan.release,
-            machines: plan.remove_after_release,
-            attempt: 0,
-        })));
-    }
-    forget(links, plan.remove_now);
-}
-
-fn forget(links: &Links, machines: Vec<MachineId>) {
-    if machines.is_empty() {
-        return;
-    }
-    for m in &machines {
-        links.release_zone.do_send(ReleaseMachine { machine: m.clone() });
-    }
-    links.forget_lifecycle.do_send(ForgetLifecycle { ids: machines.clone() });
-    links.forget.do_send(ForgetMachines { ids: machines });
-}
-
-/// One batch of machine ids: classify, harvest the dead, start the pending.
-async fn process_batch(
-    links: Links,
-    ids: Vec<MachineId>,
-    need_zones: bool,
-    first: bool,
-    mut model_dying: bool,
-    starts_closed: bool,
-) -> Result<BatchReport, BatchError> {
-    if first {
-        // A dying model gets no new instances, even from a restarted provisioner.
-        model_dying |= links.model.model_life().await.map_err(BatchError::Model)? != crate::types::Life::Alive;
-        if model_dying {
-            // The destruction wins over releases from the first plan on (every instance stopped,
-            // whatever the mode): an empty destroy plan tells the harvest policy so.
-            links.plan_destroy.send(PlanDestroy { machines: Vec::new() }).await?;
-        }
-    }
-    let zones_loaded = if need_zones {
-        links.refresh_zones.send(RefreshZones).await?.map_err(BatchError::Zones)?;
-        true
-    } else {
-        false
-    };
-    let refreshed = links.refresh.send(Refresh { ids }).await??;
-    // The first full notification is in the cache: leave safe mode before harvesting.
-    let mode_change = if first { Some(links.end_safe.send(EndSafeMode).await?) } else { None };
-    if !refreshed.placements.is_empty() {
-        links.populate.do_send(PopulateZones { placements: refreshed.placements.clone() });
-    }
-    if !refreshed.gone.is_empty() {
-        for m in &refreshed.gone {
-            links.release_zone.do_send(ReleaseMachine { machine: m.clone() });
-        }
-        links.forget_lifecycle.do_send(ForgetLifecycle { ids: refreshed.gone.clone() });
-    }
-
-    // Orphans (instances tagged for a live machine that it will never own: a record that failed,
-    // maybe a predecessor's whose stop a crash lost, or a second start whose result was lost;
-    // or for a dead machine in provisioning error): stopped until the stop succeeds, never adopted.
-    // A pending machine's only once the lifecycle clears it to start (or adopt) now: never
-    // while a start of its own is in flight. Planned before the dead machines, so that a dead
-    // machine's removal waits for its orphans' stops.
-    let pending_ids: std::collections::BTreeSet<MachineId> = refreshed.pending.iter().map(|m| m.id.clone()).collect();
-    let (mut pending_orphans, orphans): (Vec<_>, Vec<_>) =
-        refreshed.orphans.into_iter().partition(|(m, _)| pending_ids.contains(m));
-    stop_orphans(&links, orphans).await?;
-
-    // Dead machines first, so their stops are queued ahead of the starts (so no instance is
-    // duplicated).
-    if !refreshed.dead.is_empty() {
-        let Deaths { stop_now, deferred } = links.observe_dead.send(ObserveDead { dead: refreshed.dead }).await?;
-        if !deferred.is_empty() {
-            tracing::info!(machines = ?deferred, "machines died while starting; their stop waits for the start");
-        }
-        if !stop_now.is_empty() {
-            let plan = links.plan_dead.send(PlanDeadMachines { dead: stop_now }).await?;
-            execute_plan(&links, plan);
-        }
-    }
-
-    let mut retry_later = refreshed.retry_later;
-    if (model_dying || starts_closed) && !refreshed.pending.is_empty() {
-        tracing::info!(
-            machines = refreshed.pending.len(),
-            "model is dying or starts are closed: not starting pending machines"
-        );
-    } else if !refreshed.pending.is_empty() {
-        let ids = refreshed.pending.iter().map(|m| m.id.clone()).collect();
-        let to_start = links.observe_pending.send(ObservePending { ids }).await?;
-        let to_start: std::collections::BTreeSet<MachineId> = to_start.into_iter().collect();
-        pending_orphans.retain(|(m, _)| to_start.contains(m));
-        stop_orphans(&links, std::mem::take(&mut pending_orphans)).await?;
-        let machines: Vec<Machine> = refreshed.pending.into_iter().filter(|m| to_start.contains(&m.id)).collect();
-        if !machines.is_empty() && !zones_loaded {
-            // Re-read the zone list once per batch of starts (a zone no longer available is not
-            // chosen), not per machine; a failure keeps the last list (the start fails over if a
-            // zone is gone).
-            if let Err(e) = links.refresh_zones.send(RefreshZones).await? {
-                tracing::warn!(error = %e, "refreshing availability zones failed; using the last list");
-            }
-        }
-        let adopt: std::collections::BTreeMap<MachineId, crate::types::CloudInstance> =
-            refreshed.adopt.into_iter().collect();
-        retry_later.extend(queue_starts(&links, machines, adopt).await);
-    }
-    Ok(BatchReport { zones_loaded, retry_later, mode_change, model_dying })
-}
-
-/// Has the harvest policy plan the stop of orphaned instances, and queues it.
-async fn stop_orphans(links: &Links, orphans: Vec<(MachineId, crate::types::InstanceId)>) -> Result<(), BatchError> {
-    if orphans.is_empty() {
-        return Ok(());
-    }
-    let mut instances = Vec::new();
-    for (machine, inst) in orphans {
-        links.stops_planned.do_send(StopsPlanned { ids: vec![inst.clone()], machine: Some(machine) });
-        instances.push(inst);
-    }
-    tracing::info!(instances = ?instances, "stopping instances tagged for machines that will never own them");
-    let plan = links.plan_stops.send(PlanStops { instances, remove_after: Vec::new() }).await?;
-    execute_plan(links, plan);
-    Ok(())
-}
-
-/// Reads provisioning info and distribution groups for machines cleared to start, in one
-/// batched call each, and queues their starts. A per-machine failure becomes that machine's
-/// provisioning error; a failed call leaves the machines to be retried later.
-async fn queue_starts(
-    links: &Links,
-    machines: Vec<Machine>,
-    mut adopt: std::collections::BTreeMap<MachineId, crate::types::CloudInstance>,
-) -> Vec<MachineId> {
-    // A machine with an instance already tagged for it adopts that instance: it needs neither
-    // provisioning info nor a distribution group (the tagged instance is adopted first), so no
-    // failing lookup can leave the tagged instance unowned.
-    let (adopters, machines): (Vec<Machine>, Vec<Machine>) =
-        machines.into_iter().partition(|m| adopt.contains_key(&m.id));
-    for machine in adopters {
-        let adopt = adopt.remove(&machine.id);
-        let job = StartJob { machine, info: Default::default(), group: Vec::new(), adopt };
-        links.enqueue.do_send(Enqueue(Job::Start(Box::new(job))));
-    }
-    if machines.is_empty() {
-        return Vec::new();
-    }
-    let ids: Vec<MachineId> = machines.iter().map(|m| m.id.clone()).collect();
-    let (infos, groups) =
-        futures::join!(links.model.provisioning_info(ids.clone()), links.model.distribution_groups(ids.clone()));
-    let (infos, groups) = match (infos, groups) {
-        (Ok(i), Ok(g)) if i.len() == ids.len() && g.len() == ids.len() => (i, g),
-        (i, g) => {
-            let err = i.err().or(g.err()).map(|e| e.to_string()).unwrap_or_else(|| "result count mismatch".into());
-            tracing::warn!(machines = ?ids, error = %err, "cannot read provisioning info; will retry");
-            links.forget_lifecycle.do_send(ForgetLifecycle { ids: ids.clone() });
-            return ids;
-        }
-    };
-    let mut failed = Vec::new();
-    for ((machine, info), group) in machines.into_iter().zip(infos).zip(groups) {
-        let err = match (info, group) {
-            (Ok(info), Ok(group)) => {
-                links.enqueue.do_send(Enqueue(Job::Start(Box::new(StartJob { machine, info, group, adopt: None }))));
-                continue;
-            }
-            (Err(source), _) => StartInfoError::ProvisioningInfo { machine: machine.id.clone(), source },
-            (_, Err(source)) => StartInfoError::DistributionGroups { machine: machine.id.clone(), source },
-        };
-        tracing::warn!(machine = %machine.id, "{err}");
-        let cause = err.cause().to_string();
-        let _ = links
-            .model
-            .set_instance_status(machine.id.clone(), InstanceStatus::provisioning_error(), cause.clone())
-            .await;
-        let _ = links.model.set_status(machine.id.clone(), MachineStatus::Error, cause).await;
-        failed.push(machine.id);
-    }
-    if !failed.is_empty() {
-        links.forget_lifecycle.do_send(ForgetLifecycle { ids: failed });
-    }
-    Vec::new()
 }
 
 impl Actor for Coordinator {

@@ -146,7 +146,7 @@ impl Handler<Refresh> for MachineRegistry {
         let listing = (!self.book.loaded_once()).then(|| self.broker.all_instances());
         let model = self.model.clone();
         // Machines outside this provisioner's scope are none of its business.
-        let ids: Vec<MachineId> = msg.ids.into_iter().filter(|id| self.book.scope().contains(id)).collect();
+        let ids = self.book.in_scope(msg.ids);
         let fut = async move {
             let listing = match listing {
                 Some(call) => Some(call.await.map_err(RegistryError::Listing)?),

@@ -103,6 +103,12 @@ impl MachineBook {
         &self.scope
     }
 
+    /// The ids of a notification this provisioner acts on (machines outside its scope are none
+    /// of its business), in the order given.
+    pub fn in_scope(&self, ids: impl IntoIterator<Item = MachineId>) -> Vec<MachineId> {
+        ids.into_iter().filter(|id| self.scope.contains(id)).collect()
+    }
+
     /// Whether a listing ever succeeded (starts wait for it).
     pub fn loaded_once(&self) -> bool {
         self.loaded_once

@@ -16,7 +16,7 @@ use crate::config::{Backoff, RetryStrategy};
 use crate::lifecycle::StillWanted;
 use crate::ports::{Broker, BrokerError, ModelApi, ProvisionedInstance, StartInstanceParams};
 use crate::types::{CloudInstance, InstanceStatus, InstanceTags, MachineId, MachineStatus};
-use crate::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation, ZoneRequest};
+use crate::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation};
 
 /// Everything a start needs besides its job: the ports and the actors it consults.
 pub struct StartDeps {
@@ -272,12 +272,7 @@ async fn start_or_adopt(
         }
     }
 
-    let request = ZoneRequest {
-        allowed: job.info.constraints.zones.clone(),
-        derived,
-        group: (!job.group.is_empty()).then(|| job.group.clone()),
-        shape: Some(job.info.constraints.shape()),
-    };
+    let request = job.zone_request(derived);
 
     let mut attempts = Attempts::new(deps.retry.count);
     let mut call = 0u32;

@@ -17,6 +17,13 @@ pub struct StartJob {
     pub adopt: Option<crate::types::CloudInstance>,
 }
 
+impl StartJob {
+    /// What this start asks of the allocator, given the zones derived for it.
+    pub fn zone_request(&self, derived: Vec<String>) -> crate::types::ZoneRequest {
+        crate::types::ZoneRequest::for_start(&self.info, &self.group, derived)
+    }
+}
+
 /// Terminate instances, then have their dead machines removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StopJob {

@@ -7,6 +7,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use thiserror::Error;
 
+pub use crate::types::ZoneRequest;
 use crate::types::{FailOutcome, MachineId};
 
 /// Why no zone was chosen.
@@ -15,22 +16,6 @@ pub enum ZoneError {
     /// Every zone is excluded by constraints, derived zones, failures or availability.
     #[error("suitable availability zone for machine {0} not found")]
     NoSuitableZone(MachineId),
-}
-
-/// What a machine asks of the allocator.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ZoneRequest {
-    /// `zones=` constraint.
-    pub allowed: Option<Vec<String>>,
-    /// Zones derived from placement or volumes; non-empty = only these.
-    pub derived: Vec<String>,
-    /// The other machines of its distribution group; `None` = count every machine.
-    pub group: Option<Vec<MachineId>>,
-    /// What it asks the cloud for, zones aside (see [`Constraints::shape`]): machines of one
-    /// shape share the capacity memory. `None` = no memory.
-    ///
-    /// [`Constraints::shape`]: crate::types::Constraints::shape
-    pub shape: Option<String>,
 }
 
 #[derive(Debug, Clone, Default)]
