@@ -74,7 +74,13 @@ impl Coordinator {
         let links = self.links.clone();
         let need_zones = !self.book.zones_loaded();
         let first = !self.book.first_done();
-        let start = BatchStart { ids: ids.clone(), first, need_zones, model_dying: self.model_dying, starts_closed: self.starts_closed };
+        let start = BatchStart {
+            ids: ids.clone(),
+            first,
+            need_zones,
+            model_dying: self.model_dying,
+            starts_closed: self.starts_closed,
+        };
         let fut = run_batch(links, start);
         ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
             match res {

@@ -358,8 +358,11 @@ impl BatchRun {
                     }
                     (i, g) => {
                         let ids: Vec<MachineId> = machines.into_iter().map(|m| m.id).collect();
-                        let err =
-                            i.err().or(g.err()).map(|e| e.to_string()).unwrap_or_else(|| "result count mismatch".into());
+                        let err = i
+                            .err()
+                            .or(g.err())
+                            .map(|e| e.to_string())
+                            .unwrap_or_else(|| "result count mismatch".into());
                         tracing::warn!(machines = ?ids, error = %err, "cannot read provisioning info; will retry");
                         effects.push(Effect::ForgetLifecycle(ids.clone()));
                         self.outcome.retry_later.extend(ids);
@@ -474,7 +477,9 @@ impl BatchRun {
                                 effects.push(Effect::Start(Box::new(StartJob { machine, info, group, adopt: None })));
                                 continue;
                             }
-                            (Err(source), _) => StartInfoError::ProvisioningInfo { machine: machine.id.clone(), source },
+                            (Err(source), _) => {
+                                StartInfoError::ProvisioningInfo { machine: machine.id.clone(), source }
+                            }
                             (_, Err(source)) => {
                                 StartInfoError::DistributionGroups { machine: machine.id.clone(), source }
                             }

@@ -73,7 +73,6 @@ pub struct Links {
     pub resize: Recipient<ResizePool>,
 }
 
-
 /// Why a batch failed as a whole.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum BatchError {
@@ -177,4 +176,3 @@ pub(super) fn forget(links: &Links, machines: Vec<MachineId>) {
     links.forget_lifecycle.do_send(ForgetLifecycle { ids: machines.clone() });
     links.forget.do_send(ForgetMachines { ids: machines });
 }
-
