@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use provisioner::fake::{FakeCloud, FakeMachine, FakeModel};
+use provisioner::testing::{FakeCloud, FakeMachine, FakeModel};
 use provisioner::{start, HarvestMode, Life, Machine, ProvisionerConfig, ProvisionerEvent, ProvisionerHandle};
 
 /// The embedding controller: owns the model, reacts to provisioner events.

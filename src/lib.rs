@@ -6,31 +6,27 @@
 //!
 //! # Layout
 //!
-//! - [`actor_messages`]: `Shutdown` and `Busy`, which every actor handles.
-//! - [`types`]: identifiers, lives, statuses, constraints, harvest modes, cloud instances.
-//! - [`rate_limits`]: the client-side rate limits as configured (enforced by `limiter`).
-//! - [`ports`]: the [`Broker`] (cloud) and [`ModelApi`] traits
-//!   an embedder implements.
-//! - The actors, one folder each (`mod.rs`, `actor.rs`, `messages.rs`, `state.rs`, tests):
-//!   - [`coordinator`]: the front door; batches notifications and sequences the others.
-//!   - [`registry`]: the machine cache and the cloud's instance view; classification.
-//!   - [`zones`]: the availability-zone allocator.
-//!   - [`harvest`]: the harvest policy (mode, safe mode, released instances).
-//!   - [`lifecycle`]: each machine's starting / stop-deferred / running / stopping phase.
-//!   - [`workers`]: the resizable broker worker pool and the start retry procedure.
-//! - [`wiring`]: [`start`] builds and links the actors and returns a [`ProvisionerHandle`].
-//! - [`containers`]: lazy container provisioners (a manager, and a supervisor per host and
-//!   container type running a provisioner scoped to those containers).
-//! - [`events`]: what subscribers hear.
-//! - `fake` (feature `test-util`): an in-process fake cloud and fake model, for tests, and
-//!   `fake::broker_contract`, the suite every broker must pass (run it on your own).
+//! The public API is what an embedder needs; everything else is crate-private.
+//!
+//! - [`model`]: the vocabulary every layer shares: identifiers, lives, statuses, constraints,
+//!   harvest modes, cloud instances, and the [`ProvisionerEvent`]s subscribers hear.
+//! - [`config`]: [`ProvisionerConfig`] with Juju's defaults, and the client-side rate limits.
+//! - [`ports`]: the [`Broker`] (cloud) and [`ModelApi`] traits an embedder implements.
+//! - [`start`] builds the actors and returns a [`ProvisionerHandle`]; [`start_containers`]
+//!   runs the lazy container provisioners ([`containers`] has what they are built from); the
+//!   handles answer with the read-only views in [`snapshots`].
+//! - `actors` (crate-private): the seven actors, one folder each, a thin actix shell over a
+//!   plain core (`BatchBook`, `ZoneBook`, `LifecycleBook`, ...) that makes the decisions and is
+//!   unit-tested without a runtime, and the wiring that links them.
+//! - [`adapters`]: ports implemented for real clouds (`adapters::ec2`, feature `ec2`).
+//! - `testing` (feature `test-util`): an in-process fake cloud and fake model for tests, and
+//!   `testing::broker_contract`, the suite every broker must pass (run it on your own).
 //! - `sim` (feature `sim`): the deterministic simulator behind `provisioner simulate`.
 //! - `service` (feature `serve`): the standalone service behind `provisioner serve` (embedded
 //!   store, simulated cloud in real time, HTTP API, metrics); its `settings` (the flags and
 //!   config file of `serve`) are built with the binary (feature `cli`) alone too.
 //!
-//! Each actor is a thin shell over a plain struct (`ZoneBook`, `LifecycleBook`, ...) that holds
-//! its decisions and is unit-tested without a runtime.
+//! The binary (`src/bin/provisioner/`) is a client of this library like any other.
 //!
 //! # Example
 //!
@@ -38,7 +34,7 @@
 //! # #[cfg(feature = "test-util")]
 //! # fn main() {
 //! use std::sync::Arc;
-//! use provisioner::fake::{FakeCloud, FakeModel};
+//! use provisioner::testing::{FakeCloud, FakeModel};
 //! use provisioner::{start, ProvisionerConfig, Machine};
 //!
 //! actix::System::new().block_on(async {
@@ -56,54 +52,43 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod actor_messages;
+// The simulator (`plan`, `bench`) drives some cores directly: without it they look unused.
+#[cfg_attr(not(feature = "sim"), allow(dead_code, unused_imports))]
+mod actors;
+pub mod adapters;
 pub mod config;
-pub mod containers;
-pub mod coordinator;
-#[cfg(feature = "ec2")]
-pub mod ec2;
-pub mod events;
-#[cfg(feature = "test-util")]
-pub mod fake;
-pub mod harvest;
-pub mod lifecycle;
-pub mod limiter;
+pub mod model;
 pub mod ports;
-pub mod rate_limits;
-pub mod registry;
 #[cfg(feature = "cli")]
 pub mod service;
 #[cfg(feature = "sim")]
 pub mod sim;
-pub mod types;
-pub mod wiring;
-pub mod workers;
-pub mod zones;
+#[cfg(feature = "test-util")]
+pub mod testing;
 
+pub use actors::coordinator::{DestroyError, DestroySummary, MachinesChanged, RetryTick};
+pub use actors::wiring::{start, start_containers, ContainersHandle, ProvisionerError, ProvisionerHandle};
 pub use config::{Backoff, ConfigError, ProvisionerConfig, RetryStrategy};
-pub use events::ProvisionerEvent;
+pub use model::{
+    CloudInstance, Constraints, HarvestMode, InstanceId, Life, Machine, MachineId, MachineStatus, ProvisionerEvent,
+};
 pub use ports::{Broker, BrokerError, ModelApi, ModelError};
-pub use types::{CloudInstance, Constraints, HarvestMode, InstanceId, Life, Machine, MachineId, MachineStatus};
-pub use wiring::{start, start_containers, ContainersHandle, ProvisionerError, ProvisionerHandle};
 
-pub use actor_messages::{Busy, Shutdown};
-
-macro_rules! handle_shutdown {
-    ($($actor:ty),*) => {$(
-        impl actix::Handler<Shutdown> for $actor {
-            type Result = ();
-            fn handle(&mut self, _msg: Shutdown, ctx: &mut Self::Context) {
-                actix::ActorContext::stop(ctx);
-            }
-        }
-    )*};
+/// What the lazy container provisioners are built from: the host preparation an embedder
+/// plugs in, the broker and provisioner factories, and the supervisors' stages.
+pub mod containers {
+    pub use crate::actors::containers::supervisor::Stage;
+    pub use crate::actors::containers::{
+        BrokerFactory, ContainerInitialiser, ContainerProvisioner, HostZoneBroker, InitialiseError, ProvisionerFactory,
+        DEFAULT_CONTAINER_TYPES,
+    };
 }
-handle_shutdown!(
-    coordinator::Coordinator,
-    registry::MachineRegistry,
-    zones::ZoneAllocator,
-    harvest::HarvestPolicy,
-    lifecycle::MachineLifecycle,
-    limiter::RateLimiter,
-    workers::WorkerPool
-);
+
+/// The read-only views of the actors' state that [`ProvisionerHandle`] answers with.
+pub mod snapshots {
+    pub use crate::actors::lifecycle::Phase;
+    pub use crate::actors::limiter::{ClassView, LimiterSnapshot};
+    pub use crate::actors::registry::RegistrySnapshot;
+    pub use crate::actors::workers::PoolStatus;
+    pub use crate::actors::zones::{ZoneSnapshot, ZoneView};
+}

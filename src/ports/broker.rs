@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use futures::future::BoxFuture;
 use thiserror::Error;
 
-use crate::types::{CloudInstance, Constraints, InstanceId, InstanceTags, MachineId, VolumeParams};
+use crate::model::{CloudInstance, Constraints, InstanceId, InstanceTags, MachineId, VolumeParams};
 
 /// A boxed broker call.
 pub type BrokerFuture<T> = BoxFuture<'static, Result<T, BrokerError>>;
@@ -151,7 +151,7 @@ pub struct StartedInstance {
 /// Implementations must list only instances tagged with their model's identity: foreign
 /// instances are invisible to the provisioner. Stopping an instance that is already gone
 /// succeeds. Client tokens are the model's own: another model's start with the same token
-/// makes its own instance. The broker contract suite (`fake::broker_contract`, feature
+/// makes its own instance. The broker contract suite (`testing::broker_contract`, feature
 /// `test-util`) checks these promises on any implementation.
 pub trait Broker: Send + Sync + 'static {
     /// Starts one instance.
@@ -173,7 +173,7 @@ pub trait Broker: Send + Sync + 'static {
                 .filter(|i| {
                     i.tags.machine.as_ref() == Some(&machine) && i.tags.start.as_deref() == Some(nonce.as_str())
                 })
-                .filter(|i| i.state != crate::types::InstanceState::Terminated)
+                .filter(|i| i.state != crate::model::InstanceState::Terminated)
                 .collect())
         })
     }

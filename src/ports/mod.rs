@@ -6,9 +6,9 @@
 //!   batches, writes instance info and statuses.
 //!
 //! The machine watcher is not a trait: whoever owns the model sends
-//! [`MachinesChanged`](crate::coordinator::MachinesChanged) to the provisioner (the first
+//! [`MachinesChanged`](crate::MachinesChanged) to the provisioner (the first
 //! notification carries every machine, later ones the ids that changed), and
-//! [`RetryTick`](crate::coordinator::RetryTick) when machines were marked for a retry.
+//! [`RetryTick`](crate::RetryTick) when machines were marked for a retry.
 //!
 //! Every method returns a `'static` boxed future, so implementations own what they need
 //! (an HTTP client, an actor address) and callers can hold `Arc<dyn Broker>`.

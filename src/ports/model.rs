@@ -3,7 +3,7 @@
 use futures::future::BoxFuture;
 use thiserror::Error;
 
-use crate::types::{InstanceId, InstanceStatus, Life, Machine, MachineId, MachineStatus, ProvisioningInfo};
+use crate::model::{InstanceId, InstanceStatus, Life, Machine, MachineId, MachineStatus, ProvisioningInfo};
 
 /// A boxed model call.
 pub type ModelFuture<T> = BoxFuture<'static, Result<T, ModelError>>;

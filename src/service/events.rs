@@ -22,7 +22,7 @@ use futures::channel::mpsc::{unbounded, UnboundedReceiver, UnboundedSender};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 
-use crate::events::ProvisionerEvent;
+use crate::model::events::ProvisionerEvent;
 
 /// How often an idle stream gets a comment line (to find clients that went away).
 pub const HEARTBEAT: Duration = Duration::from_secs(15);
@@ -236,7 +236,7 @@ impl Handler<ProvisionerEvent> for EventHub {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{HarvestMode, InstanceId, MachineId};
+    use crate::model::{HarvestMode, InstanceId, MachineId};
 
     #[test]
     fn a_client_that_stops_reading_is_dropped_with_a_last_event() {

@@ -3,9 +3,9 @@
 //! are not fsynced one by one (they survive a process crash, and what a power cut could take
 //! is re-derived at the next start), the model's destruction is.
 
+use crate::model::{InstanceStatus, Life, Machine, MachineId, MachineStatus, ProvisioningInfo};
 use crate::ports::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};
 use crate::service::store::{Store, StoreError};
-use crate::types::{InstanceStatus, Life, Machine, MachineId, MachineStatus, ProvisioningInfo};
 
 /// The model in the service's database.
 #[derive(Clone)]

@@ -31,7 +31,7 @@ pub enum ServeError {
     /// The EC2 broker's settings are incomplete or wrong (exit 2).
     #[cfg(feature = "ec2")]
     #[error("{0}")]
-    Ec2Settings(#[source] crate::ec2::Ec2ConfigError),
+    Ec2Settings(#[source] crate::adapters::ec2::Ec2ConfigError),
     /// The EC2 broker cannot list its availability zones (exit 1).
     #[cfg(feature = "ec2")]
     #[error("EC2: cannot list availability zones: {0}")]
@@ -295,8 +295,8 @@ async fn tokio_select(
 async fn ec2_broker(
     s: &crate::service::settings::Ec2Settings,
     model_uuid: &str,
-) -> Result<(crate::ec2::Ec2Broker, Vec<String>), ServeError> {
-    let config = crate::ec2::Ec2Config {
+) -> Result<(crate::adapters::ec2::Ec2Broker, Vec<String>), ServeError> {
+    let config = crate::adapters::ec2::Ec2Config {
         model_uuid: model_uuid.to_owned(),
         region: s.region.clone(),
         endpoint: s.endpoint.clone(),
@@ -305,7 +305,7 @@ async fn ec2_broker(
         subnet_id: s.subnet.clone(),
         security_group_ids: s.security_groups.clone(),
     };
-    let broker = crate::ec2::Ec2Broker::connect(config).await.map_err(ServeError::Ec2Settings)?;
+    let broker = crate::adapters::ec2::Ec2Broker::connect(config).await.map_err(ServeError::Ec2Settings)?;
     let zones = crate::ports::Broker::availability_zones(&broker).await.map_err(ServeError::Ec2Zones)?;
     Ok((broker, zones.into_iter().map(|z| z.name).collect()))
 }
@@ -366,13 +366,13 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         // The simulated cloud does not throttle: pacing it like EC2 would only slow it down.
         // Against EC2 the client-side limiter keeps its EC2-sized defaults.
         rate_limits: match opts.broker() {
-            BrokerKind::Sim => crate::limiter::RateLimits::unlimited(),
-            BrokerKind::Ec2 => crate::limiter::RateLimits::ec2(),
+            BrokerKind::Sim => crate::config::rate_limits::RateLimits::unlimited(),
+            BrokerKind::Ec2 => crate::config::rate_limits::RateLimits::ec2(),
         },
         ..ProvisionerConfig::default()
     }
     .with_random_seed();
-    let handle = crate::wiring::start(config, Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
+    let handle = crate::start(config, Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
     handle.subscribe(metrics.clone().recipient());
     let hub = crate::service::events::EventHub::default();
     let events_dropped = hub.dropped_counter();

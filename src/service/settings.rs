@@ -25,7 +25,7 @@ use serde::{Deserialize, Deserializer};
 use thiserror::Error;
 
 use crate::config::{ConfigError, RetryStrategy, DEFAULT_RESYNC_INTERVAL, DEFAULT_WORKERS, MAX_WORKERS};
-use crate::types::HarvestMode;
+use crate::model::HarvestMode;
 
 /// The default data directory.
 pub const DEFAULT_DATA_DIR: &str = "./provisioner-data";

@@ -12,20 +12,20 @@
 //! parameters (another machine or zone) is refused (`IdempotentParameterMismatch`). Tokens are
 //! the model's own (stored under a model-scoped key, `ports::token_key`), and the
 //! decision on a repeat is the one the fake cloud takes too (`ports::repeated_start`); the
-//! broker contract suite (`fake::broker_contract`) checks both. Any failure
+//! broker contract suite (`testing::broker_contract`) checks both. Any failure
 //! after the instance was written (its landing could not be recorded: a full disk, say) is
 //! transient, so the provisioner treats the start as ambiguous and repeats it with the same
 //! token.
 
 use std::time::Duration;
 
+use crate::model::{CloudInstance, InstanceId, InstanceTags};
 use crate::ports::{
     repeated_start, token_key, AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams,
     StartedInstance,
 };
 use crate::service::settings::{DEFAULT_SIM_START_LATENCY, DEFAULT_SIM_ZONES};
 use crate::service::store::{Store, StoreError};
-use crate::types::{CloudInstance, InstanceId, InstanceTags};
 
 /// The simulated cloud's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,7 +188,7 @@ impl Broker for SimCloud {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::MachineId;
+    use crate::model::MachineId;
 
     fn params(zone: Option<&str>) -> StartInstanceParams {
         StartInstanceParams {
@@ -234,11 +234,11 @@ mod tests {
             let t = tags.clone();
             let (left, _) =
                 store.exec(move |s| s.create_instance(&token_key("m", "0/n/2"), Some("az1"), &t)).await.unwrap();
-            assert_eq!(left.instance.state, crate::types::InstanceState::Pending);
+            assert_eq!(left.instance.state, crate::model::InstanceState::Pending);
             let p2 = StartInstanceParams { client_token: "0/n/2".into(), ..p.clone() };
             let landed = cloud.start_instance(p2.clone()).await.unwrap();
             assert_eq!(landed.instance.id, left.instance.id);
-            assert_eq!(landed.instance.state, crate::types::InstanceState::Running);
+            assert_eq!(landed.instance.state, crate::model::InstanceState::Running);
             assert_eq!(cloud.all_records().await.unwrap().len(), 2, "the repeat created nothing");
 
             // The same token for another zone is a definite failure, and creates nothing.
@@ -255,7 +255,7 @@ mod tests {
     /// stranger.
     #[test]
     fn the_simulated_cloud_keeps_the_broker_contract() {
-        use crate::fake::broker_contract::{run_all, ContractConfig, Property};
+        use crate::testing::broker_contract::{run_all, ContractConfig, Property};
         let db = fresh_db("contract");
         actix_rt::System::new().block_on(async move {
             let store = Store::start(&db).unwrap();

@@ -16,10 +16,10 @@ use futures::channel::oneshot;
 use serde::Serialize;
 
 use crate::config::{ProvisionerConfig, RetryStrategy};
-use crate::events::ProvisionerEvent;
-use crate::fake::{CloudOp, FakeCloud, FakeMachine, FakeModel, PausedSystem};
-use crate::types::{Life, Machine, MachineId};
-use crate::wiring::start;
+use crate::model::events::ProvisionerEvent;
+use crate::model::{Life, Machine, MachineId};
+use crate::start;
+use crate::testing::{CloudOp, FakeCloud, FakeMachine, FakeModel, PausedSystem};
 
 /// `bench throughput` output.
 #[derive(Debug, Clone, Serialize)]
@@ -145,7 +145,7 @@ fn config(workers: usize) -> ProvisionerConfig {
         workers,
         retry: RetryStrategy::new(0, Duration::ZERO),
         // The benchmark's cloud does not throttle: a client-side limit would only measure itself.
-        rate_limits: crate::limiter::RateLimits::unlimited(),
+        rate_limits: crate::config::rate_limits::RateLimits::unlimited(),
         ..ProvisionerConfig::default()
     }
 }

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::scenario::{format_duration, Action, MachineSpec, Scenario};
-use crate::fake::{CloudOp, CloudSnapshot, ModelSnapshot};
-use crate::types::{HarvestMode, InstanceState, Life, MachineStatus};
+use crate::model::{HarvestMode, InstanceState, Life, MachineStatus};
+use crate::testing::{CloudOp, CloudSnapshot, ModelSnapshot};
 
 /// How long before a stop call its decision may have been taken (queueing, throttling).
 const DECISION_WINDOW: Duration = Duration::from_secs(120);
@@ -63,7 +63,7 @@ fn blind_until_switch(cloud: &CloudSnapshot, modes: &ModeTimeline, died: Duratio
     else {
         return false;
     };
-    let tries: Vec<&crate::fake::CallRecord> = cloud
+    let tries: Vec<&crate::testing::CallRecord> = cloud
         .calls
         .iter()
         .filter(|c| matches!(c.op, CloudOp::AllInstances | CloudOp::AvailabilityZones))
@@ -134,7 +134,7 @@ fn check_cloud(s: &Scenario, cloud: &CloudSnapshot, v: &mut Vec<String>) {
         let zones = ZoneTimeline::new(s);
         // The call that made an instance is the first to name it (a repeat of its client token
         // names it again later, when the zone may have closed meanwhile).
-        let mut made: BTreeSet<&crate::types::InstanceId> = BTreeSet::new();
+        let mut made: BTreeSet<&crate::model::InstanceId> = BTreeSet::new();
         for call in cloud.calls.iter().filter(|c| c.op == CloudOp::StartInstance) {
             let new = call.instances.iter().filter(|id| made.insert(id)).count() > 0;
             if let (true, Some(zone), Some(m)) = (new, &call.zone, &call.machine) {
@@ -322,7 +322,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         .filter(|m| !protected(m, |s| s.manual || s.keep_instance));
                     let mut judged_stopped = false;
                     if let Some(m) = judged {
-                        let fake = model.machines.get(&crate::types::MachineId::new(m));
+                        let fake = model.machines.get(&crate::model::MachineId::new(m));
                         let dead = fake.and_then(|f| f.died_at);
                         // A stray its machine does not record whose stop was decided while the
                         // machine lived is stopped by that decision, retried until it succeeds,
@@ -346,7 +346,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                             // mode (one that had started or stopped something since its last
                             // restart); a container provisioner's readiness is not in the call log.
                             let recorded = recorder.get(&id).is_some_and(|r| r == m);
-                            let container = crate::types::MachineId::new(m).is_container();
+                            let container = crate::model::MachineId::new(m).is_container();
                             // A record landing after the death (an adoption's, or a start's
                             // still being written) is a start in flight at the death too.
                             let recorded_by = fake.and_then(|f| f.recorded_at).is_none_or(|r| r <= died);
@@ -391,7 +391,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                     // while its machine lived (its stop is then retried until it succeeds). (Not
                     // said twice: the check above may have flagged this stop already.)
                     let machine_of = own
-                        .and_then(|m| model.machines.get(&crate::types::MachineId::new(m)))
+                        .and_then(|m| model.machines.get(&crate::model::MachineId::new(m)))
                         .filter(|_| !judged_stopped);
                     if let Some(m) = machine_of.filter(|m| m.machine.instance.as_ref() == Some(inst)) {
                         // It landed for the provisioner once its start returned and its record
@@ -413,7 +413,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         }
                     }
                     // 6. Unknown instances are stopped only in modes unknown and all.
-                    let known = own.is_some_and(|m| model.machines.contains_key(&crate::types::MachineId::new(m)));
+                    let known = own.is_some_and(|m| model.machines.contains_key(&crate::model::MachineId::new(m)));
                     let mode = modes.at(call.at);
                     let window = call.at.saturating_sub(DECISION_WINDOW);
                     if !known && !modes.any_between(window, call.at, HarvestMode::harvests_unknown) {
@@ -473,7 +473,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
             if recorder.get(&inst).is_some_and(|r| r != &id.to_string()) {
                 continue;
             }
-            if let Some(rec) = cloud.instances.get(&crate::types::InstanceId::new(&inst)) {
+            if let Some(rec) = cloud.instances.get(&crate::model::InstanceId::new(&inst)) {
                 if rec.instance.state != InstanceState::Terminated {
                     let what = if m.removed { "removed" } else { "dead" };
                     v.push(format!("{what} machine {id} left instance {inst} {}", rec.instance.state));
@@ -527,7 +527,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                 continue;
             }
             let Some(m) = recorder.get(&iid).or_else(|| owner.get(&iid)) else { continue };
-            let Some(f) = model.machines.get(&crate::types::MachineId::new(m)) else { continue };
+            let Some(f) = model.machines.get(&crate::model::MachineId::new(m)) else { continue };
             // Its release was decided before the destruction (the machine died before it in a
             // mode that excludes destroyed, and any start in flight then had landed before it),
             // even if carried out after.
@@ -566,7 +566,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
             continue;
         }
         // A container is provisioned once its host is: only if the host is alive and has one.
-        if let Some((host, _)) = crate::types::MachineId::new(id.as_str()).container_of() {
+        if let Some((host, _)) = crate::model::MachineId::new(id.as_str()).container_of() {
             let host_ready = model
                 .machines
                 .get(&host)
@@ -575,7 +575,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                 continue;
             }
         }
-        let Some(m) = model.machines.get(&crate::types::MachineId::new(id)) else { continue };
+        let Some(m) = model.machines.get(&crate::model::MachineId::new(id)) else { continue };
         // A recorded instance that we terminated provisions nothing (a restart that adopted an
         // instance being stopped: such an instance is never adopted).
         let lost = m.machine.instance.as_ref().is_some_and(|i| {
@@ -694,9 +694,9 @@ mod tests {
     //! and stays quiet on the good ones next to them.
 
     use super::*;
-    use crate::fake::{CallRecord, FakeInstance, FakeMachine};
+    use crate::model::{CloudInstance, InstanceId, InstanceTags, Machine, MachineId};
     use crate::sim::scenario::Format;
-    use crate::types::{CloudInstance, InstanceId, InstanceTags, Machine, MachineId};
+    use crate::testing::{CallRecord, FakeInstance, FakeMachine};
 
     fn scenario(text: &str) -> Scenario {
         Scenario::parse(text, Format::Toml, "t.toml").unwrap()
@@ -1034,7 +1034,7 @@ mod tests {
         let v = check(&s, &CloudSnapshot::default(), &model, &modes);
         assert!(v.iter().any(|x| x.starts_with("machine 0/lxd/0 is alive and pending")), "{v:?}");
         let c = model.machines.get_mut(&MachineId::new("0/lxd/0")).unwrap();
-        c.machine.instance_status = crate::types::InstanceStatus::provisioning_error();
+        c.machine.instance_status = crate::model::InstanceStatus::provisioning_error();
         c.instance_status_message = "host 0 cannot run lxd containers: no".into();
         assert_eq!(check(&s, &CloudSnapshot::default(), &model, &modes), Vec::<String>::new());
     }

@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::scenario::*;
-use crate::types::{HarvestMode, Life};
+use crate::model::{HarvestMode, Life};
 
 fn pick<'a, T>(rng: &mut StdRng, items: &'a [T]) -> &'a T {
     &items[rng.random_range(0..items.len())]
@@ -110,14 +110,14 @@ pub fn generate(seed: u64) -> Scenario {
         if rng.random_bool(0.1) {
             m.manual = true;
             m.instance = Some(format!("manual:10.0.0.{i}"));
-            m.status = crate::types::MachineStatus::Started;
+            m.status = crate::model::MachineStatus::Started;
         } else if rng.random_bool(0.15) {
             // Provisioned before the provisioner starts.
             // Sometimes an id the cloud's own counter would give (instance ids are never reused).
             let id = if rng.random_bool(0.3) { format!("i-{}", i + 1) } else { format!("pre-{i}") };
             let zone = available.first().map(|_| pick(&mut rng, &available).clone());
             m.instance = Some(id.clone());
-            m.status = crate::types::MachineStatus::Started;
+            m.status = crate::model::MachineStatus::Started;
             instances.push(InstanceSpec {
                 id,
                 zone,

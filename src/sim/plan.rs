@@ -8,15 +8,15 @@ use serde::Serialize;
 
 use super::run::SIM_MODEL_UUID;
 use super::scenario::{InitialState, MachineSpec, Scenario};
+use crate::actors::coordinator::batch::{Answer, Ask, BatchRun, BatchStart, Effect, Next};
+use crate::actors::coordinator::BatchBook;
+use crate::actors::harvest::{HarvestBook, HarvestPlan, HarvestSafety, UnknownInstance};
+use crate::actors::lifecycle::LifecycleBook;
+use crate::actors::registry::MachineBook;
+use crate::actors::zones::ZoneBook;
 use crate::config::Scope;
-use crate::coordinator::batch::{Answer, Ask, BatchRun, BatchStart, Effect, Next};
-use crate::coordinator::BatchBook;
-use crate::harvest::{HarvestBook, HarvestPlan, HarvestSafety, UnknownInstance};
-use crate::lifecycle::LifecycleBook;
+use crate::model::{CloudInstance, DeadMachine, InstanceId, InstanceState, InstanceTags, MachineId, ProvisioningInfo};
 use crate::ports::ModelError;
-use crate::registry::MachineBook;
-use crate::types::{CloudInstance, DeadMachine, InstanceId, InstanceState, InstanceTags, MachineId, ProvisioningInfo};
-use crate::zones::ZoneBook;
 
 /// One start the provisioner would make.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -142,7 +142,7 @@ impl<'a> PlanWorld<'a> {
             s,
             book,
             harvest,
-            lifecycle: LifecycleBook::new(),
+            lifecycle: LifecycleBook::default(),
             zones: ZoneBook::new(seed),
             out: Plan::default(),
             unknown: Vec::new(),
@@ -181,7 +181,7 @@ impl<'a> PlanWorld<'a> {
     fn answer(&mut self, ask: Ask) -> Answer {
         match ask {
             // A scenario's model starts alive.
-            Ask::ModelLife => Answer::Life(Ok(crate::types::Life::Alive)),
+            Ask::ModelLife => Answer::Life(Ok(crate::model::Life::Alive)),
             Ask::DestroyWins => Answer::Plan(self.harvest.plan_destroy(&[])),
             Ask::RefreshZones => {
                 let mut listed: Vec<(String, bool)> = self.s.cloud.zones.iter().map(|z| (z.clone(), true)).collect();

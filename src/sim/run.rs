@@ -11,12 +11,12 @@ use actix_rt::time::Instant;
 use super::check::{check, ModeTimeline};
 use super::report::{CallReport, InstanceReport, MachineReport, ModelReport, ProvisionerReport, Report};
 use super::scenario::{format_duration, Action, FailCall, MachineSpec, Scenario};
+use crate::actors::containers::{HostZoneBroker, DEFAULT_CONTAINER_TYPES};
+use crate::actors::wiring::{start, start_containers, ProvisionerHandle};
 use crate::config::{ProvisionerConfig, RetryStrategy};
-use crate::containers::{HostZoneBroker, DEFAULT_CONTAINER_TYPES};
-use crate::events::ProvisionerEvent;
-use crate::fake::{CloudOp, FakeCloud, FakeMachine, FakeModel, Fault, ModelOp, PausedSystem};
-use crate::types::{InstanceState, InstanceStatus, MachineId};
-use crate::wiring::{start, start_containers, ProvisionerHandle};
+use crate::model::events::ProvisionerEvent;
+use crate::model::{InstanceState, InstanceStatus, MachineId};
+use crate::testing::{CloudOp, FakeCloud, FakeMachine, FakeModel, Fault, ModelOp, PausedSystem};
 
 /// The model uuid every simulated instance of ours carries.
 pub const SIM_MODEL_UUID: &str = "00000000-5151-4000-8000-000000000001";
@@ -71,8 +71,8 @@ struct World {
     model: FakeModel,
     config: ProvisionerConfig,
     handle: Option<ProvisionerHandle>,
-    containers: Option<crate::wiring::ContainersHandle>,
-    initialiser: crate::fake::FakeInitialiser,
+    containers: Option<crate::ContainersHandle>,
+    initialiser: crate::testing::FakeInitialiser,
     log: Addr<EventLog>,
     events: Vec<ProvisionerEvent>,
     restarts: u32,
@@ -191,7 +191,7 @@ impl World {
                     }
                     // Containers are in the destruction's scope too.
                     let life = crate::ports::ModelApi::model_life(&self.model.api()).await;
-                    if let (Some(c), Ok(crate::types::Life::Dying | crate::types::Life::Dead)) =
+                    if let (Some(c), Ok(crate::model::Life::Dying | crate::model::Life::Dead)) =
                         (&self.containers, life)
                     {
                         c.model_destroyed();
@@ -206,12 +206,12 @@ impl World {
                             let scope = crate::config::Scope::Environ;
                             let ids: Vec<MachineId> = machines
                                 .iter()
-                                .filter(|m| crate::registry::blocks_destroy(m, &scope))
+                                .filter(|m| crate::actors::registry::blocks_destroy(m, &scope))
                                 .map(|m| m.id.clone())
                                 .collect();
                             if !ids.is_empty() {
-                                let summary = crate::coordinator::DestroySummary::default();
-                                let e = crate::coordinator::DestroyError::ManualMachines { ids, summary };
+                                let summary = crate::DestroySummary::default();
+                                let e = crate::DestroyError::ManualMachines { ids, summary };
                                 self.model.record_error(e.to_string());
                             }
                         }
@@ -251,7 +251,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
     };
     cloud.set_latency(s.cloud.start_latency.0, s.cloud.stop_latency.0);
     if let Some(r) = &s.cloud.rate_limit {
-        cloud.set_rate_limit(r.limits(crate::limiter::RateLimits::unlimited()));
+        cloud.set_rate_limit(r.limits(crate::config::rate_limits::RateLimits::unlimited()));
     }
     for i in &s.cloud.instances {
         cloud.launch_aged(&i.id, i.zone.as_deref(), i.machine.as_deref(), i.state.into(), i.foreign, i.age());
@@ -300,8 +300,8 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         reuse: s.provisioner.reuse,
         reuse_window: s.provisioner.reuse_window.0,
         rate_limits: match &s.provisioner.rate_limit {
-            Some(r) => r.limits(crate::limiter::RateLimits::ec2()),
-            None => crate::limiter::RateLimits::ec2(),
+            Some(r) => r.limits(crate::config::rate_limits::RateLimits::ec2()),
+            None => crate::config::rate_limits::RateLimits::ec2(),
         },
         harvest_grace: s.provisioner.harvest_grace.0,
         harvest_max_stops: s.provisioner.harvest_max_stops,
@@ -315,7 +315,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         config,
         handle: None,
         containers: None,
-        initialiser: crate::fake::FakeInitialiser::new(
+        initialiser: crate::testing::FakeInitialiser::new(
             s.cloud.init_faults.iter().map(|f| (f.host.clone(), f.kind.clone(), f.times, f.message.clone())).collect(),
         ),
         log: EventLog::default().start(),

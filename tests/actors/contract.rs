@@ -1,14 +1,16 @@
-//! The broker contract suite (`provisioner::fake::broker_contract`) against the fake cloud,
+//! The broker contract suite (`provisioner::testing::broker_contract`) against the fake cloud,
 //! zoned and zoneless, and against brokers broken on purpose: each mutant must fail the
 //! property it breaks, so the suite is shown to catch what it claims to.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use provisioner::fake::broker_contract::{run_all, BrokerContract, ContractConfig, ContractError, Outcome, Property};
-use provisioner::fake::{FakeBroker, FakeCloud};
+use provisioner::model::{CloudInstance, InstanceId, InstanceTags, MachineId};
 use provisioner::ports::{AvailabilityZone, BrokerFuture, StartInstanceParams, StartedInstance};
-use provisioner::types::{CloudInstance, InstanceId, InstanceTags, MachineId};
+use provisioner::testing::broker_contract::{
+    run_all, BrokerContract, ContractConfig, ContractError, Outcome, Property,
+};
+use provisioner::testing::{FakeBroker, FakeCloud};
 use provisioner::Broker;
 
 const OURS: &str = "model-contract";
@@ -19,7 +21,7 @@ fn config() -> ContractConfig {
 }
 
 /// The zoned fake cloud keeps every promise, with latencies (a paused clock: no real time).
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn the_fake_cloud_keeps_the_broker_contract() {
     let cloud = FakeCloud::with_zones(OURS, &["az1", "az2", "az3"]);
     cloud.set_zones(&["az1", "az2"], &["az3"]);
@@ -29,11 +31,11 @@ async fn the_fake_cloud_keeps_the_broker_contract() {
     assert_eq!(report.outcomes.len(), Property::ALL.len());
     // Everything the suite made is stopped again.
     let snap = cloud.snapshot().await;
-    assert!(snap.instances.values().all(|i| i.instance.state == provisioner::types::InstanceState::Terminated));
+    assert!(snap.instances.values().all(|i| i.instance.state == provisioner::model::InstanceState::Terminated));
 }
 
 /// A zoneless fake cloud passes too, with zones reported as not supported.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_zoneless_fake_cloud_reports_zones_as_not_supported() {
     let cloud = FakeCloud::new(OURS);
     let report = run_all(&cloud.broker(), &cloud.broker_for(THEIRS), config()).await.unwrap();
@@ -136,7 +138,7 @@ fn says(e: &ContractError, what: &str) -> bool {
 
 /// Each mutant fails the property it breaks, with the error that says how (a hanging broker
 /// in bounded time, not never).
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn every_broken_broker_fails_the_property_it_breaks() {
     type Matches = fn(&ContractError) -> bool;
     let cases: [(Flaw, Property, Matches); 7] = [
@@ -159,7 +161,7 @@ async fn every_broken_broker_fails_the_property_it_breaks() {
 
 /// One property at a time, as an embedder's `#[test]` per property would; a broker without
 /// retags reports it as not supported.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn properties_run_one_at_a_time_and_a_missing_retag_is_reported() {
     struct NoRetag(FakeBroker);
     impl Broker for NoRetag {

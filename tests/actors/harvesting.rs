@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use provisioner::fake::{CloudOp, FakeMachine, FakeModel, ModelSnapshot};
-use provisioner::types::InstanceState;
+use provisioner::model::InstanceState;
+use provisioner::testing::{CloudOp, FakeMachine, FakeModel, ModelSnapshot};
 use provisioner::{HarvestMode, Life, Machine, MachineId, MachineStatus, ProvisionerConfig};
 
 use crate::support::*;
@@ -28,7 +28,7 @@ async fn kill_machine_0(h: &Harness) -> ModelSnapshot {
 }
 
 /// P23 `TestHarvestNoneReapsNothing`: mode none stops nothing; the dead machine is still removed.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn harvest_none_reaps_nothing() {
     let h = provisioned_with_unknown(HarvestMode::None);
     let model = kill_machine_0(&h).await;
@@ -40,7 +40,7 @@ async fn harvest_none_reaps_nothing() {
 }
 
 /// P24 / 4.0 `TestHarvestUnknownReapsOnlyUnknown`: exactly `StopInstances(["999"])`.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn harvest_unknown_reaps_only_unknown() {
     let h = provisioned_with_unknown(HarvestMode::Unknown);
     let model = kill_machine_0(&h).await;
@@ -52,7 +52,7 @@ async fn harvest_unknown_reaps_only_unknown() {
 
 /// P25 / 4.0 `TestHarvestDestroyedReapsOnlyDestroyed`: a first notification does nothing;
 /// after death, exactly `StopInstances(["i-0"])`.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn harvest_destroyed_reaps_only_destroyed() {
     let h = provisioned_with_unknown(HarvestMode::Destroyed);
     h.settle().await;
@@ -66,7 +66,7 @@ async fn harvest_destroyed_reaps_only_destroyed() {
 
 /// P26 / 4.0 `TestHarvestAllReapsAllTheThings`: one call stopping the dead machine's
 /// instance and the unknown one.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn harvest_all_reaps_all_the_things_in_one_call() {
     let cloud = zoneless_cloud();
     cloud.launch_aged("i-0", None, Some("0"), InstanceState::Running, false, OLD);
@@ -83,7 +83,7 @@ async fn harvest_all_reaps_all_the_things_in_one_call() {
 /// T2 `TestStopInstancesIgnoresMachinesWithKeep`: a keep-instance machine's
 /// instance is never stopped, both machines are removed, and the kept instance is released
 /// (stripped of our identity) so it is not harvested later as unknown, even after a restart.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn keep_instance_is_released_never_harvested_even_after_restart() {
     let cloud = zoneless_cloud();
     cloud.launch_aged("zero", None, Some("0"), InstanceState::Running, false, OLD);
@@ -125,7 +125,7 @@ async fn keep_instance_is_released_never_harvested_even_after_restart() {
 
 /// A release is final: a machine that dies in mode `none` has its instance released; switching to
 /// `all` later does not reap it.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn instance_left_in_mode_none_is_not_reaped_after_switching_to_all() {
     let h = provisioned_with_unknown(HarvestMode::None);
     kill_machine_0(&h).await;
@@ -138,7 +138,7 @@ async fn instance_left_in_mode_none_is_not_reaped_after_switching_to_all() {
 
 /// T13 `TestDedupStopRequests`: a second notification while the stop is in flight
 /// does not stop again, and is still processed.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn stop_requests_are_deduplicated() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.set_latency(Duration::ZERO, Duration::from_secs(10));
@@ -162,7 +162,7 @@ async fn stop_requests_are_deduplicated() {
 /// T14 `TestDeferStopRequestsForMachinesStillProvisioning`: a machine that
 /// dies while starting is not stopped then; when the start returns, exactly the instance it
 /// produced is stopped, in the default mode, and the machine is removed.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn deferred_stop_stops_the_instance_the_start_produced() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.set_latency(Duration::from_secs(30), Duration::ZERO);
@@ -186,7 +186,7 @@ async fn deferred_stop_stops_the_instance_the_start_produced() {
 
 /// Switching to `unknown` harvests unknown instances at once, with
 /// `harvest-mode-changed` then `processed-machines`.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn switching_to_unknown_harvests_at_once() {
     let h = provisioned_with_unknown(HarvestMode::Destroyed);
     h.settle().await;
@@ -206,7 +206,7 @@ async fn switching_to_unknown_harvests_at_once() {
 
 /// Safe mode: a mode change before the first notification waits for it; nothing is
 /// harvested before the cache is complete.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn nothing_is_harvested_before_the_first_full_notification() {
     let cloud = zoneless_cloud();
     cloud.launch_aged("999", None, None, InstanceState::Running, false, OLD);
@@ -222,7 +222,7 @@ async fn nothing_is_harvested_before_the_first_full_notification() {
 }
 
 /// A dead machine's stopped (suspended) instance is terminated too.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn dead_machines_stopped_instance_is_terminated() {
     let cloud = zoneless_cloud();
     cloud.launch_aged("i-0", None, Some("0"), InstanceState::Stopped, false, OLD);
@@ -234,7 +234,7 @@ async fn dead_machines_stopped_instance_is_terminated() {
 }
 
 /// Invariant 2: foreign instances are never listed, stopped or counted, even in mode all.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn foreign_instances_are_invisible() {
     let cloud = zoned_cloud(&["az1", "az2"]);
     cloud.launch_aged("theirs", Some("az1"), Some("0"), InstanceState::Running, true, OLD);
@@ -251,7 +251,7 @@ async fn foreign_instances_are_invisible() {
 }
 
 /// Manual machines are never started or stopped (invariant 3), and are removed when dead.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn manual_machines_are_never_started_or_stopped() {
     let mut dead = Machine::pending("0");
     dead.manual = true;
@@ -269,7 +269,7 @@ async fn manual_machines_are_never_started_or_stopped() {
 
 /// Periodic resync in mode `unknown`: an instance launched out of band later is harvested at
 /// the next listing, and only then (no listing per event).
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn unknown_instances_are_harvested_at_resync_without_listing_per_event() {
     let config =
         provisioner::ProvisionerConfig { resync_interval: Duration::from_secs(60), ..with_mode(HarvestMode::Unknown) };
@@ -289,7 +289,7 @@ async fn unknown_instances_are_harvested_at_resync_without_listing_per_event() {
 
 /// Safe mode: a periodic listing before the first notification harvests nothing,
 /// even in mode all (with an empty cache every instance would look unknown).
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_resync_before_the_first_notification_harvests_nothing() {
     let cloud = zoneless_cloud();
     cloud.launch_aged("i-0", None, Some("0"), InstanceState::Running, false, OLD);
@@ -309,7 +309,7 @@ async fn a_resync_before_the_first_notification_harvests_nothing() {
 /// A release is final: a machine dying in mode `none` while every worker is busy has
 /// its instance released at once (a release waits for no worker), so a restart after a switch
 /// to `destroyed` finds it released and never stops it.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_release_does_not_wait_for_a_busy_worker_and_survives_a_restart() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.set_latency(Duration::from_secs(30), Duration::ZERO);

@@ -3,15 +3,15 @@
 
 use std::time::Duration;
 
-use provisioner::fake::{CloudOp, FakeMachine, FakeModel, ModelOp};
-use provisioner::types::InstanceState;
+use provisioner::model::InstanceState;
+use provisioner::testing::{CloudOp, FakeMachine, FakeModel, ModelOp};
 use provisioner::{HarvestMode, Life, Machine, MachineStatus, ProvisionerConfig, ProvisionerError, ProvisionerEvent};
 
 use crate::support::*;
 
 /// T12: a failing cloud listing no longer kills the provisioner (as it does in Juju): the batch is
 /// retried with backoff and the machine is started once a listing succeeds.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn failing_listing_is_retried_with_backoff() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.fail_next(CloudOp::AllInstances, 3, "boom");
@@ -31,7 +31,7 @@ async fn failing_listing_is_retried_with_backoff() {
 
 /// Nothing unknown is harvested from a view that failed to load; once a
 /// listing succeeds the harvest goes ahead.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn nothing_is_harvested_from_a_view_that_failed_to_load() {
     let config = ProvisionerConfig { resync_interval: Duration::from_secs(60), ..with_mode(HarvestMode::All) };
     let cloud = zoneless_cloud();
@@ -55,7 +55,7 @@ async fn nothing_is_harvested_from_a_view_that_failed_to_load() {
 
 /// `TestMachineErrorsRetainInstances` (fixed): a per-machine read error stops nothing, does not
 /// kill the provisioner, and the machine is processed once it reads again.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn machine_read_errors_retain_instances_and_are_retried() {
     let cloud = zoneless_cloud();
     cloud.launch_aged("999", None, None, InstanceState::Running, false, OLD);
@@ -70,7 +70,7 @@ async fn machine_read_errors_retain_instances_and_are_retried() {
 }
 
 /// A failing `machines` call is retried with backoff; no machine is lost.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn failing_machines_call_is_retried() {
     let model = FakeModel::with_machines(machines(&["0", "1", "2"]));
     model.fail_next(ModelOp::Machines, 2, "api down");
@@ -80,7 +80,7 @@ async fn failing_machines_call_is_retried() {
 }
 
 /// A failing provisioning-info call leaves the machines to a later retry; they start.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn failing_provisioning_info_call_is_retried() {
     let model = FakeModel::with_machines(machines(&["0", "1"]));
     model.fail_next(ModelOp::ProvisioningInfo, 1, "info down");
@@ -93,7 +93,7 @@ async fn failing_provisioning_info_call_is_retried() {
 
 /// A failing StopInstances no longer kills the provisioner: it is retried with backoff
 /// and the machine is removed once the stop lands; starts meanwhile go on.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn failing_stop_is_retried_and_other_work_goes_on() {
     let h = Harness::new(test_config(), zoneless_cloud(), FakeModel::with_machines(machines(&["0"])));
     let model = h.until_model(Duration::from_secs(10), |m| instance_of(m, "0").is_some()).await;
@@ -110,7 +110,7 @@ async fn failing_stop_is_retried_and_other_work_goes_on() {
 }
 
 /// A failing MarkForRemoval is retried until it lands.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn failing_mark_for_removal_is_retried() {
     let mut m = Machine::pending("0");
     m.life = Life::Dead;
@@ -121,7 +121,7 @@ async fn failing_mark_for_removal_is_retried() {
 }
 
 /// A DeriveAvailabilityZones failure becomes that machine's provisioning error.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn derive_zones_failure_errors_only_that_machine() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.fail_next(CloudOp::DeriveZones, 1, "derive broke");
@@ -136,7 +136,7 @@ async fn derive_zones_failure_errors_only_that_machine() {
 
 /// T15 `TestResizeWorkerPool`: resizing fires `resized-worker-pool`; the same size again fires
 /// nothing; out-of-range sizes are refused and change nothing.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn resize_worker_pool_validates_and_announces() {
     let h = Harness::zoned(test_config(), &["az1"], &[]);
     h.handle.set_workers(5).await.unwrap();
@@ -155,7 +155,7 @@ async fn resize_worker_pool_validates_and_announces() {
 
 /// Resizing (which in Juju closes the pool) with starts queued and in flight loses nothing, waits
 /// for nothing, and raises concurrency at once.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn resizing_with_work_in_flight_loses_nothing() {
     let cloud = zoned_cloud(&["az1", "az2"]);
     cloud.set_latency(Duration::from_secs(10), Duration::ZERO);
@@ -179,7 +179,7 @@ async fn resizing_with_work_in_flight_loses_nothing() {
 }
 
 /// `processed-machines` fires after every batch, including the first empty one.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn processed_machines_fires_after_each_batch() {
     let h = Harness::new(test_config(), zoneless_cloud(), FakeModel::new(vec![]));
     h.settle().await;
@@ -192,7 +192,7 @@ async fn processed_machines_fires_after_each_batch() {
 }
 
 /// An invalid configuration is refused before anything starts.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn invalid_configuration_is_refused() {
     let cloud = zoneless_cloud();
     let model = FakeModel::new(vec![]);
@@ -205,7 +205,7 @@ async fn invalid_configuration_is_refused() {
 
 /// Unknown instances are not harvested from a view whose last listing failed,
 /// even when the last good listing is younger than `harvest_listing_max_age`.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn nothing_is_harvested_from_a_young_view_after_a_failed_listing() {
     let config = ProvisionerConfig {
         resync_interval: Duration::from_secs(60),
@@ -227,7 +227,7 @@ async fn nothing_is_harvested_from_a_young_view_after_a_failed_listing() {
 /// A failed record is that machine's error, and every stop is retried until it succeeds: the orphan
 /// of a failed `set_instance_info` is stopped through a normal stop job: a failed stop is retried
 /// with backoff until it succeeds.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn the_orphan_of_a_failed_record_is_stopped_until_the_stop_succeeds() {
     let model = FakeModel::with_machines(machines(&["0"]));
     model.fail_next(ModelOp::SetInstanceInfo, 3, "model write failed");
@@ -249,7 +249,7 @@ async fn the_orphan_of_a_failed_record_is_stopped_until_the_stop_succeeds() {
 /// An instance being stopped is never adopted: a restart while the orphan's stop is in flight (the
 /// cloud still lists it as running) never adopts it: the machine's error was written before the
 /// stop was sent, and the new incarnation stops the orphan of a machine in error itself.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_restart_never_adopts_an_orphan_being_stopped() {
     let model = FakeModel::with_machines(machines(&["0"]));
     model.fail_next(ModelOp::SetInstanceInfo, 3, "state gone");

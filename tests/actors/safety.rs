@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use provisioner::fake::{CloudOp, FakeModel};
-use provisioner::limiter::{BucketLimit, RateLimits};
-use provisioner::types::InstanceState;
+use provisioner::config::rate_limits::{BucketLimit, RateLimits};
+use provisioner::model::InstanceState;
+use provisioner::testing::{CloudOp, FakeModel};
 use provisioner::{HarvestMode, Machine, MachineId, ProvisionerConfig};
 
 use crate::support::*;
@@ -14,14 +14,14 @@ fn many(n: usize) -> Vec<String> {
     (0..n).map(|i| i.to_string()).collect()
 }
 
-fn all_started(ids: &[String]) -> impl Fn(&provisioner::fake::ModelSnapshot) -> bool + '_ {
+fn all_started(ids: &[String]) -> impl Fn(&provisioner::testing::ModelSnapshot) -> bool + '_ {
     move |m| ids.iter().all(|id| instance_of(m, id).is_some())
 }
 
 /// Part 1: 100 starts against a cloud allowing 10 at once then 2 per second (ideal 45 s). The
 /// limiter, sized for EC2 (50 at once then 5 per second), learns the cloud's pace: the run
 /// ends close to the ideal with few throttled calls, and no machine fails.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn the_limiter_adapts_to_a_throttling_cloud() {
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
     cloud.set_rate_limit(RateLimits { start: Some(BucketLimit::new(10, 2.0)), ..RateLimits::unlimited() });
@@ -39,14 +39,14 @@ async fn the_limiter_adapts_to_a_throttling_cloud() {
     assert!(throttled <= 20, "{throttled} throttled calls");
     assert_eq!(starts.len() - throttled, 100, "one successful start per machine");
     let limiter = h.handle.limiter().await.unwrap();
-    let start = limiter.classes.iter().find(|c| c.class == provisioner::limiter::ApiClass::Start).unwrap();
+    let start = limiter.classes.iter().find(|c| c.class == provisioner::config::rate_limits::ApiClass::Start).unwrap();
     assert!(start.rate < 5.0, "the start rate came down from its default: {}", start.rate);
     assert_eq!(start.throttled as usize, throttled);
 }
 
 /// Part 1: with the limiter off the same cloud refuses many more calls (the limiter is what
 /// keeps them down), yet still no machine fails: a throttled call uses no round.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn without_the_limiter_throttling_costs_calls_but_no_machine() {
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
     cloud.set_rate_limit(RateLimits { start: Some(BucketLimit::new(10, 2.0)), ..RateLimits::unlimited() });
@@ -62,7 +62,7 @@ async fn without_the_limiter_throttling_costs_calls_but_no_machine() {
 }
 
 /// Part 1: a client limit within the cloud's is never throttled, and paces calls exactly.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_client_limit_within_the_clouds_is_never_throttled() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.set_rate_limit(RateLimits { start: Some(BucketLimit::new(2, 1.0)), ..RateLimits::unlimited() });
@@ -86,7 +86,7 @@ async fn a_client_limit_within_the_clouds_is_never_throttled() {
 
 /// Part 3: a crash after StartInstance returned but before SetInstanceInfo landed. The new
 /// incarnation adopts the tagged instance: one start, one instance.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_crash_between_a_start_and_its_record_adopts_the_instance() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.set_latency(Duration::from_secs(10), Duration::ZERO);
@@ -108,7 +108,7 @@ async fn a_crash_between_a_start_and_its_record_adopts_the_instance() {
 
 /// Part 4: in mode unknown an unknown instance younger than the grace period is spared and
 /// harvested once it has aged past it (on a fresh listing); an old one goes at once.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn young_unknown_instances_wait_out_the_grace_period() {
     let config = ProvisionerConfig { harvest_grace: Duration::from_secs(300), ..with_mode(HarvestMode::Unknown) };
     let cloud = zoneless_cloud();
@@ -130,7 +130,7 @@ async fn young_unknown_instances_wait_out_the_grace_period() {
 /// Part 4: a harvest pass stops at most `harvest_max_stops` unknown instances; the rest go one
 /// pass interval (the resync interval) per batch, however many harvests are asked for
 /// meanwhile, and no timer is left once all are gone.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_harvest_pass_stops_at_most_the_cap() {
     let config = ProvisionerConfig {
         harvest_grace: Duration::ZERO,
@@ -155,8 +155,8 @@ async fn a_harvest_pass_stops_at_most_the_cap() {
 }
 
 /// A start fault whose call makes the instance and then loses its answer (a lost response).
-fn lost(machine: &str, times: u32) -> provisioner::fake::Fault {
-    provisioner::fake::Fault {
+fn lost(machine: &str, times: u32) -> provisioner::testing::Fault {
+    provisioner::testing::Fault {
         machine: machine.into(),
         times,
         zone: None,
@@ -167,7 +167,7 @@ fn lost(machine: &str, times: u32) -> provisioner::fake::Fault {
 }
 
 /// Every instance the cloud ever made for `machine`, terminated ones included.
-fn ever_made_for(cloud: &provisioner::fake::CloudSnapshot, machine: &str) -> Vec<String> {
+fn ever_made_for(cloud: &provisioner::testing::CloudSnapshot, machine: &str) -> Vec<String> {
     let m = MachineId::new(machine);
     cloud
         .instances
@@ -180,7 +180,7 @@ fn ever_made_for(cloud: &provisioner::fake::CloudSnapshot, machine: &str) -> Vec
 /// A start whose call made the instance but failed transiently (the answer
 /// was lost) is repeated with the same client token, zone and parameters, so the cloud answers
 /// with the instance it made: the machine ends with exactly one instance ever made for it.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_lost_answer_is_retried_with_the_same_token_and_zone() {
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
     cloud.add_fault(lost("0", 1));
@@ -201,7 +201,7 @@ async fn a_lost_answer_is_retried_with_the_same_token_and_zone() {
 
 /// Four lost answers in a row (the issue saw 13 instances for 9 machines on moto): still one
 /// instance ever made per machine, each recorded and running.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn lost_answers_four_times_in_a_row_make_one_instance_per_machine() {
     let cloud = zoned_cloud(&["az1", "az2"]);
     let ids = many(9);
@@ -224,7 +224,7 @@ async fn lost_answers_four_times_in_a_row_make_one_instance_per_machine() {
 
 /// Out of rounds after a lost answer (retry count 0): before giving up, the start looks for an
 /// instance tagged for it and keeps the one the lost call made instead of erroring.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn out_of_rounds_after_a_lost_answer_the_start_looks_before_failing() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.add_fault(lost("0", 1));
@@ -241,7 +241,7 @@ async fn out_of_rounds_after_a_lost_answer_the_start_looks_before_failing() {
 /// The machine dies while a start call whose answer will be lost is in flight: the instance
 /// that call made is found by its tags and stopped with the machine (default mode), not left
 /// running.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_machine_that_dies_after_a_lost_answer_takes_its_instance_with_it() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.set_latency(Duration::from_secs(5), Duration::ZERO);

@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use provisioner::containers::supervisor::Stage;
 use provisioner::containers::HostZoneBroker;
-use provisioner::coordinator::DestroyError;
-use provisioner::fake::{CloudOp, FakeInitialiser, FakeMachine, FakeModel};
-use provisioner::types::{Constraints, InstanceState, InstanceStatus};
+use provisioner::containers::Stage;
+use provisioner::model::{Constraints, InstanceState, InstanceStatus};
+use provisioner::testing::{CloudOp, FakeInitialiser, FakeMachine, FakeModel};
+use provisioner::DestroyError;
 use provisioner::{
     start_containers, ContainersHandle, HarvestMode, Life, Machine, MachineId, MachineStatus, ProvisionerConfig,
 };
@@ -20,7 +20,7 @@ use crate::support::*;
 /// Instances stopped outside our control: one stopped out of band is not replaced nor harvested
 /// while its machine lives; its instance status says `stopped`, then `running` when it comes back;
 /// when the machine dies the stopped instance is terminated.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn stopped_instance_is_shown_kept_and_terminated_on_death() {
     let config = ProvisionerConfig { resync_interval: Duration::from_secs(60), ..with_mode(HarvestMode::All) };
     let h = Harness::new(config, zoned_cloud(&["az1"]), FakeModel::with_machines(machines(&["0"])));
@@ -70,7 +70,7 @@ fn destroy_model_fixture() -> Harness {
 /// Model destruction: destroying the model stops every non-manual, non-controller instance in one
 /// call, then complains about the manual machines, naming them; the model is dying and
 /// refuses new machines; a second destroy is refused and changes nothing.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn destroy_model_kills_what_it_can_then_names_manual_machines() {
     let h = destroy_model_fixture();
     h.until_model(Duration::from_secs(10), |m| instance_of(m, "1").is_some() && instance_of(m, "2").is_some()).await;
@@ -98,7 +98,7 @@ async fn destroy_model_kills_what_it_can_then_names_manual_machines() {
 }
 
 /// Model destruction with force: no manual-machine complaint.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn forced_destroy_skips_the_manual_machine_check() {
     let h = destroy_model_fixture();
     h.until_model(Duration::from_secs(10), |m| instance_of(m, "1").is_some()).await;
@@ -108,7 +108,7 @@ async fn forced_destroy_skips_the_manual_machine_check() {
 
 /// Model destruction: starts in flight when the destruction begins are stopped as they land;
 /// machines added just before it, and queued starts, are never started.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn destroy_model_stops_starts_in_flight_as_they_land() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.set_latency(Duration::from_secs(30), Duration::ZERO);
@@ -161,7 +161,7 @@ fn with_containers(ids: &[&str], faults: Vec<(String, String, u32, String)>) -> 
 /// Lazy container provisioners: the environ provisioner (top-level machines only) never starts
 /// containers; a container provisioner starts lazily on the first container, after initialising the
 /// host, and puts containers in the host's zone.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn containers_are_provisioned_lazily_in_their_hosts_zone() {
     let c = with_containers(&["0", "1", "0/lxd/0"], vec![]);
     let model = c.h.until_model(Duration::from_secs(60), |m| instance_of(m, "0/lxd/0").is_some()).await;
@@ -188,7 +188,7 @@ async fn containers_are_provisioned_lazily_in_their_hosts_zone() {
 /// container manager's read of a host that is already provisioned fails (the model's `machines`
 /// call); the read is retried with backoff, not dropped, so the host's containers are still
 /// started, in its zone.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_failed_host_read_is_retried_so_containers_still_start() {
     let cloud = zoned_cloud(&["az1", "az2"]);
     cloud.launch_aged("i-0", Some("az2"), Some("0"), InstanceState::Running, false, OLD);
@@ -208,7 +208,7 @@ async fn a_failed_host_read_is_retried_so_containers_still_start() {
     )
     .unwrap();
     // Enough failures for the manager's first read (and the provisioner's) to fail.
-    h.model.fail_next(provisioner::fake::ModelOp::Machines, 3, "model unavailable");
+    h.model.fail_next(provisioner::testing::ModelOp::Machines, 3, "model unavailable");
     h.handle.subscribe(containers.provisioner_events());
     h.model.watch(containers.machines_changed());
     h.watch();
@@ -219,7 +219,7 @@ async fn a_failed_host_read_is_retried_so_containers_still_start() {
 
 /// Lazy container provisioners: a failing host initialisation is retried with backoff and shown on
 /// the containers' status; the containers start once it succeeds.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn failing_container_initialisation_is_retried_and_shown() {
     let c = with_containers(&["0", "0/lxd/0"], vec![("0".into(), "lxd".into(), 2, "snap install lxd failed".into())]);
     c.h.until_model(Duration::from_secs(60), |m| {
@@ -234,7 +234,7 @@ async fn failing_container_initialisation_is_retried_and_shown() {
 /// Lazy container provisioners: containers wait for their host's instance; a host that dies stops
 /// its supervisors' starts (they only reap from then on: a container added to the dead host dies
 /// with it and is removed, across restarts too); an unsupported container type gets a clear error.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn containers_wait_for_their_host_and_stop_with_it() {
     let c = with_containers(&["0", "0/lxd/0", "0/docker/0"], vec![]);
     c.h.run_for(Duration::from_secs(5)).await;
@@ -270,7 +270,7 @@ async fn containers_wait_for_their_host_and_stop_with_it() {
 /// reaches the running container provisioners and the ones started later. The test config's mode is
 /// `destroyed`; after a switch to `none`, a running container that dies has its instance released
 /// (left running), and so does one of a provisioner started after the switch.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn container_provisioners_honour_harvest_mode_changes() {
     let c = with_containers(&["0", "0/lxd/0"], vec![]);
     let model = c.h.until_model(Duration::from_secs(60), |m| instance_of(m, "0/lxd/0").is_some()).await;
@@ -292,7 +292,7 @@ async fn container_provisioners_honour_harvest_mode_changes() {
     assert!(cloud.calls_of(CloudOp::StopInstances).is_empty(), "a container's instance was stopped in mode none");
     for inst in [lxd, kvm] {
         assert_eq!(
-            cloud.instances[&provisioner::types::InstanceId::new(&inst)].instance.state,
+            cloud.instances[&provisioner::model::InstanceId::new(&inst)].instance.state,
             InstanceState::Running,
             "{inst} not left running"
         );
@@ -301,7 +301,7 @@ async fn container_provisioners_honour_harvest_mode_changes() {
 
 /// The destruction wins over releases: `ContainersHandle::model_destroyed` makes every
 /// container provisioner stop its containers' instances, whatever the mode (here `none`).
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn container_provisioners_stop_their_instances_when_the_model_is_destroyed() {
     let c = with_containers(&["0", "0/lxd/0"], vec![]);
     c.h.handle.set_harvest_mode(HarvestMode::None);
@@ -312,14 +312,14 @@ async fn container_provisioners_stop_their_instances_when_the_model_is_destroyed
     c.containers.model_destroyed();
     c.h.settle().await;
     let cloud = c.h.cloud().await;
-    assert_eq!(cloud.instances[&provisioner::types::InstanceId::new(&lxd)].instance.state, InstanceState::Terminated);
+    assert_eq!(cloud.instances[&provisioner::model::InstanceId::new(&lxd)].instance.state, InstanceState::Terminated);
 }
 
 /// Container provisioners have no transient-retry path.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn container_provisioners_ignore_retry_ticks() {
     let cloud = zoned_cloud(&["az1"]);
-    cloud.add_fault(provisioner::fake::Fault {
+    cloud.add_fault(provisioner::testing::Fault {
         machine: "0/lxd/0".into(),
         times: 1,
         zone: None,
@@ -365,7 +365,7 @@ async fn die_then_add(h: &Harness, new: FakeMachine) {
 
 /// Machine reuse is off by default: a dead machine's instance is stopped and a new one
 /// started for the new machine.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn without_reuse_dead_instances_are_stopped_and_new_ones_started() {
     assert!(!ProvisionerConfig::default().reuse);
     let h = Harness::zoned(reuse_config(false), &["az1"], &["0"]);
@@ -377,7 +377,7 @@ async fn without_reuse_dead_instances_are_stopped_and_new_ones_started() {
 
 /// Machine reuse: with reuse on, a dead machine's clean instance is handed to a new machine with
 /// the same constraints: no stop, no start; the old machine is removed.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn with_reuse_a_clean_instance_is_handed_to_a_matching_machine() {
     let h = Harness::zoned(reuse_config(true), &["az1"], &["0"]);
     die_then_add(&h, FakeMachine::new(Machine::pending("1"))).await;
@@ -392,7 +392,7 @@ async fn with_reuse_a_clean_instance_is_handed_to_a_matching_machine() {
 
 /// Machine reuse: different constraints, or a zone the new machine may not use, means no reuse;
 /// an instance nobody takes is stopped when the window runs out.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn reuse_needs_matching_constraints_and_zone_and_expires() {
     let config = ProvisionerConfig { reuse_window: Duration::from_secs(300), ..reuse_config(true) };
     let h = Harness::zoned(config, &["az1", "az2"], &["0"]);
@@ -417,7 +417,7 @@ async fn reuse_needs_matching_constraints_and_zone_and_expires() {
 }
 
 /// Machine reuse with a harvest mode that keeps dead machines' instances is refused.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn reuse_with_an_incompatible_mode_is_refused() {
     let config = ProvisionerConfig { reuse: true, harvest_mode: HarvestMode::None, ..test_config() };
     let cloud = zoneless_cloud();
@@ -428,7 +428,7 @@ async fn reuse_with_an_incompatible_mode_is_refused() {
 
 /// A destruction at the very instant a start lands stops the
 /// instance it produced (the lifecycle knows it before the registry does).
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn destroy_model_at_the_instant_a_start_lands_stops_its_instance() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.set_latency(Duration::from_secs(1), Duration::ZERO);

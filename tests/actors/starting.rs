@@ -2,15 +2,15 @@
 
 use std::time::Duration;
 
-use provisioner::fake::{CloudOp, FakeMachine, FakeModel, Fault, ModelOp};
-use provisioner::types::{Constraints, InstanceState, InstanceStatus, ProvisioningInfo, VolumeParams};
+use provisioner::model::{Constraints, InstanceState, InstanceStatus, ProvisioningInfo, VolumeParams};
+use provisioner::testing::{CloudOp, FakeMachine, FakeModel, Fault, ModelOp};
 use provisioner::{Life, Machine, MachineId, MachineStatus, RetryStrategy};
 
 use crate::support::*;
 
 /// T1 `TestStartStop`: a provisioner that has not heard from its watcher makes no cloud call,
 /// and stops cleanly.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn no_broker_calls_before_the_first_notification() {
     let h = Harness::unwatched(test_config(), zoned_cloud(&["az1"]), FakeModel::new(vec![Machine::pending("0")]));
     h.settle().await;
@@ -24,7 +24,7 @@ async fn no_broker_calls_before_the_first_notification() {
 /// P2 `TestSimple` / `TestMachineStartedAndStopped`: a pending machine is started with a nonce
 /// `<host-tag>:<uuid>` and tags naming model and machine; its instance is recorded; when it
 /// dies its instance is stopped and it is marked for removal.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn pending_machine_is_started_then_stopped_when_dead() {
     let h = Harness::new(test_config(), zoneless_cloud(), FakeModel::new(vec![Machine::pending("1")]));
     let model = h.until_model(Duration::from_secs(10), |m| instance_of(m, "1").is_some()).await;
@@ -49,7 +49,7 @@ async fn pending_machine_is_started_then_stopped_when_dead() {
 
 /// P3 `TestConstraints`, `TestSetUpToStartMachine`, P16/P17 root disk and volumes: the start
 /// params carry the machine's constraints, placement, volumes and extra tags.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn start_params_carry_constraints_placement_volumes_and_tags() {
     let mut m = FakeMachine::new(Machine::pending("0"));
     m.info = ProvisioningInfo {
@@ -76,7 +76,7 @@ async fn start_params_carry_constraints_placement_volumes_and_tags() {
 
 /// P18 / 4.0 `TestProvisioningDoesNotProvisionTheSameMachineAfterRestart`: a machine
 /// that already has an instance is read but never started.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn provisioned_machine_is_not_started_again() {
     let mut m = Machine::pending("0");
     m.instance = Some("i-0".into());
@@ -89,7 +89,7 @@ async fn provisioned_machine_is_not_started_again() {
 
 /// A machine in `error` is skipped until its status is reset; one whose instance
 /// status is `provisioning` is started even if its machine status is not pending.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn machines_in_error_are_skipped_and_provisioning_ones_started() {
     let mut errored = Machine::pending("0");
     errored.status = MachineStatus::Error;
@@ -106,7 +106,7 @@ async fn machines_in_error_are_skipped_and_provisioning_ones_started() {
 
 /// P19 / 4.0 `TestDyingMachines`: a dying unprovisioned machine is taken to dead and removed; a
 /// dying provisioned one is left alone; no instance is stopped.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn dying_unprovisioned_machine_is_ensured_dead_and_removed() {
     let mut provisioned = Machine::pending("0");
     provisioned.life = Life::Dying;
@@ -128,7 +128,7 @@ async fn dying_unprovisioned_machine_is_ensured_dead_and_removed() {
 
 /// T3 `TestProvisionerRetries`, P7: with retry count N a machine that always fails (zone
 /// independent) gets exactly N+1 calls; its status and instance status carry the last message.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn failing_start_is_retried_count_plus_one_times_then_errors() {
     let config =
         provisioner::ProvisionerConfig { retry: RetryStrategy::new(2, Duration::from_secs(10)), ..test_config() };
@@ -169,7 +169,7 @@ async fn failing_start_is_retried_count_plus_one_times_then_errors() {
 /// T8 `TestZoneConstraintsNoDistributionGroupRetry`: a machine in provisioning
 /// error marked for retry is started again on the next retry tick; with retry count 0 each tick
 /// gives exactly one attempt.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn retry_tick_restarts_machines_marked_transient() {
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
     cloud.add_fault(Fault {
@@ -202,7 +202,7 @@ async fn retry_tick_restarts_machines_marked_transient() {
 
 /// A machine is never started twice (Juju may queue a second start): notifications that arrive
 /// while a start is in flight never cause a second start.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn machine_is_never_started_twice_while_its_start_is_in_flight() {
     let cloud = zoned_cloud(&["az1", "az2"]);
     cloud.set_latency(Duration::from_secs(30), Duration::ZERO);
@@ -225,7 +225,7 @@ async fn machine_is_never_started_twice_while_its_start_is_in_flight() {
 
 /// P9 / 4.0 `TestProvisionerStopRetryingIfDying`: a machine that dies between retry rounds is
 /// not tried again, and nothing of it is left running.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn start_retries_stop_when_the_machine_dies() {
     let config =
         provisioner::ProvisionerConfig { retry: RetryStrategy::new(10, Duration::from_secs(10)), ..test_config() };
@@ -252,7 +252,7 @@ async fn start_retries_stop_when_the_machine_dies() {
 
 /// A failing SetInstanceInfo is retried; when it keeps failing the new instance is stopped
 /// (never left unrecorded) and the machine gets a provisioning error; the provisioner lives on.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn unrecordable_instance_is_stopped_and_the_machine_errors() {
     let model = FakeModel::new(vec![Machine::pending("0"), Machine::pending("1")]);
     model.fail_next(ModelOp::SetInstanceInfo, 3, "state unavailable");
@@ -271,7 +271,7 @@ async fn unrecordable_instance_is_stopped_and_the_machine_errors() {
 }
 
 /// A SetInstanceInfo that fails once is retried and the machine is provisioned.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn set_instance_info_failure_is_retried() {
     let model = FakeModel::new(vec![Machine::pending("0")]);
     model.fail_next(ModelOp::SetInstanceInfo, 1, "blip");
@@ -286,7 +286,7 @@ async fn set_instance_info_failure_is_retried() {
 
 /// Restarts lose no instance: an instance tagged for a pending machine (its start's result was lost
 /// in a crash) is adopted, not duplicated.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn instance_tagged_for_a_pending_machine_is_adopted() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.launch_aged("i-lost", Some("az1"), Some("0"), InstanceState::Running, false, OLD);
@@ -301,7 +301,7 @@ async fn instance_tagged_for_a_pending_machine_is_adopted() {
 
 /// Restart with starts in flight: the new provisioner adopts what the old one started and
 /// never starts a machine twice.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn restart_during_starts_adopts_instead_of_duplicating() {
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
     cloud.set_latency(Duration::from_secs(20), Duration::ZERO);
@@ -326,7 +326,7 @@ async fn restart_during_starts_adopts_instead_of_duplicating() {
 /// instance already tagged for it (a crash lost the start's result) adopts it even though its
 /// distribution-group lookup fails: adopting needs no lookup, so the failure cannot leave the
 /// instance unowned.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_failing_group_lookup_does_not_stop_the_adoption_of_a_tagged_instance() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.launch_aged("tag-0", Some("az1"), Some("0"), InstanceState::Running, false, OLD);

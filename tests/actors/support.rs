@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use actix::prelude::*;
-use provisioner::fake::{CloudOp, CloudSnapshot, FakeCloud, FakeMachine, FakeModel, ModelSnapshot};
+use provisioner::testing::{CloudOp, CloudSnapshot, FakeCloud, FakeMachine, FakeModel, ModelSnapshot};
 use provisioner::{start, HarvestMode, Machine, ProvisionerConfig, ProvisionerEvent, ProvisionerHandle, RetryStrategy};
 
 pub const MODEL: &str = "model-uuid-1";

@@ -3,13 +3,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use provisioner::fake::{CloudOp, FakeMachine, FakeModel, Fault};
-use provisioner::types::InstanceState;
+use provisioner::model::InstanceState;
+use provisioner::testing::{CloudOp, FakeMachine, FakeModel, Fault};
 use provisioner::{Life, Machine, MachineId, MachineStatus, ProvisionerConfig, RetryStrategy};
 
 use crate::support::*;
 
-fn zone_counts(snap: &provisioner::fake::ModelSnapshot) -> BTreeMap<String, usize> {
+fn zone_counts(snap: &provisioner::testing::ModelSnapshot) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
     for m in snap.machines.values() {
         if let Some(z) = &m.zone {
@@ -19,13 +19,13 @@ fn zone_counts(snap: &provisioner::fake::ModelSnapshot) -> BTreeMap<String, usiz
     counts
 }
 
-fn all_provisioned(ids: &'static [&'static str]) -> impl Fn(&provisioner::fake::ModelSnapshot) -> bool {
+fn all_provisioned(ids: &'static [&'static str]) -> impl Fn(&provisioner::testing::ModelSnapshot) -> bool {
     move |m| ids.iter().all(|id| instance_of(m, id).is_some())
 }
 
 /// T4 `TestEvenZonePlacement`, P28: four machines over three zones use all three zones, each
 /// once or twice.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn machines_spread_evenly_over_zones() {
     let h = Harness::zoned(test_config(), &["az1", "az2", "az3"], &["0", "1", "2", "3"]);
     let model = h.until_model(Duration::from_secs(10), all_provisioned(&["0", "1", "2", "3"])).await;
@@ -41,7 +41,7 @@ async fn machines_spread_evenly_over_zones() {
 
 /// The tie-break is random but seeded: the same seed places machines the same way, and
 /// different seeds do not all agree.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn zone_tie_breaks_are_reproducible_from_the_seed() {
     let mut placements = Vec::new();
     for seed in [7, 7, 8, 9, 10] {
@@ -57,7 +57,7 @@ async fn zone_tie_breaks_are_reproducible_from_the_seed() {
 
 /// T6 `TestZoneConstraintsNoZoneAvailable`: no zone matches `zones=az9`: no start, and
 /// the instance status says which machine found no zone.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn no_matching_zone_is_a_provisioning_error_without_a_start() {
     let mut m = FakeMachine::new(Machine::pending("0"));
     m.info.constraints.zones = Some(vec!["az9".into()]);
@@ -73,7 +73,7 @@ async fn no_matching_zone_is_a_provisioning_error_without_a_start() {
 }
 
 /// T7, T9, T11: `zones=` constraints are honoured with and without distribution groups.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn zone_constraints_are_honoured() {
     let mut a = FakeMachine::new(Machine::pending("0"));
     a.info.constraints.zones = Some(vec!["az1".into()]);
@@ -92,7 +92,7 @@ async fn zone_constraints_are_honoured() {
 
 /// P8: a zone-specific failure fails over to another zone at once, using no round
 /// (retry count 1) and no delay.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn zone_specific_failure_fails_over_to_another_zone_at_once() {
     let config = ProvisionerConfig { retry: RetryStrategy::new(1, Duration::from_secs(10)), ..test_config() };
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
@@ -116,7 +116,7 @@ async fn zone_specific_failure_fails_over_to_another_zone_at_once() {
 
 /// Retry rounds: a machine that always fails zone-specifically gets N·Z+1 calls with Z
 /// eligible zones, and N+1 when it fails zone-independently.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn always_failing_machine_gets_n_times_z_plus_one_calls() {
     let config = ProvisionerConfig { retry: RetryStrategy::new(2, Duration::from_secs(1)), ..test_config() };
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
@@ -151,7 +151,7 @@ async fn always_failing_machine_gets_n_times_z_plus_one_calls() {
 /// P36 `TestProvisioningMachinesClearAZFailures`: zones zone1 (holding the controller),
 /// zone2 (unavailable), zone3, zone4; retry count 4; three failures: zone3 and zone4 (pop 0)
 /// fail, then zone1 fails, marks clear, and the next round succeeds in zone3 or zone4.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn failure_marks_clear_after_every_zone_failed() {
     let config = ProvisionerConfig { retry: RetryStrategy::new(4, Duration::from_millis(5)), ..test_config() };
     let cloud = zoned_cloud(&[]);
@@ -182,7 +182,7 @@ async fn failure_marks_clear_after_every_zone_failed() {
 
 /// P37 `TestProvisioningMachinesDerivedAZ`: derived zones restrict placement; a machine whose
 /// derived zone does not exist is never started; zone-independent failures use a round.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn derived_zones_restrict_placement() {
     let config = ProvisionerConfig { retry: RetryStrategy::new(2, Duration::from_millis(5)), ..test_config() };
     let cloud = zoned_cloud(&[]);
@@ -239,7 +239,7 @@ async fn derived_zones_restrict_placement() {
 
 /// P38 `TestProvisioningMachinesNoZonedEnviron`: a zoneless cloud starts machines
 /// without a zone and the zone book stays empty.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn zoneless_cloud_starts_without_zones() {
     let h = Harness::new(test_config(), zoneless_cloud(), FakeModel::with_machines(machines(&["0", "1", "2", "3"])));
     h.until_model(Duration::from_secs(10), all_provisioned(&["0", "1", "2", "3"])).await;
@@ -251,7 +251,7 @@ async fn zoneless_cloud_starts_without_zones() {
 
 /// P30/P31: distribution group members spread over zones (a group of up to three never shares
 /// a zone), even when a member fails once.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn distribution_group_members_spread_over_zones() {
     let config = ProvisionerConfig { retry: RetryStrategy::new(2, Duration::ZERO), workers: 1, ..test_config() };
     let groups: [(&str, &[&str]); 5] =
@@ -290,7 +290,7 @@ async fn distribution_group_members_spread_over_zones() {
 
 /// P32 `TestProvisioningMachinesSingleMachineDGFailure`: one machine's distribution
 /// group lookup fails: it gets a provisioning error, the others start.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn distribution_group_failure_errors_only_that_machine() {
     let mut ms = machines(&["1", "2", "3", "4", "5"]);
     ms[0].group = Err("machine 1 not found".into());
@@ -305,7 +305,7 @@ async fn distribution_group_failure_errors_only_that_machine() {
 }
 
 /// P33: a dead machine leaves its zone; the others stay.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn dead_machine_leaves_its_zone() {
     let h = Harness::zoned(test_config(), &["az1", "az2", "az3"], &["1", "2", "3", "4"]);
     let model = h.until_model(Duration::from_secs(10), all_provisioned(&["1", "2", "3", "4"])).await;
@@ -321,7 +321,7 @@ async fn dead_machine_leaves_its_zone() {
 
 /// P35 (made non-vacuous): after a restart the new allocator counts existing machines in their
 /// zones, so new machines still fill the emptiest zone.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn zone_populations_survive_a_restart() {
     let h = Harness::zoned(test_config(), &["az1", "az2", "az3"], &["1", "2", "3", "4", "5"]);
     let before = h.until_model(Duration::from_secs(10), all_provisioned(&["1", "2", "3", "4", "5"])).await;
@@ -340,7 +340,7 @@ async fn zone_populations_survive_a_restart() {
 /// T16 `TestUpdatedZonesReflectedInAZMachineSlice` (a zone no longer available is not chosen): the
 /// zone list is re-read every resync interval; a zone that became unavailable is never chosen
 /// although it holds machines, and a new zone is used.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn zone_list_changes_are_picked_up_and_unavailable_zones_avoided() {
     let config = ProvisionerConfig { resync_interval: Duration::from_secs(60), ..test_config() };
     let h = Harness::zoned(config, &["az1"], &["0"]);
@@ -364,7 +364,7 @@ async fn zone_list_changes_are_picked_up_and_unavailable_zones_avoided() {
 
 /// "Zone reservations are released on every failed attempt": a machine waiting out the retry
 /// delay after a zone-independent failure holds no zone.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn zone_independent_failure_releases_the_reservation_during_the_retry_delay() {
     // A long delay (jittered in [0, 1000 s]) leaves time to look.
     let config = ProvisionerConfig { retry: RetryStrategy::new(1, Duration::from_secs(1000)), ..test_config() };
@@ -389,7 +389,7 @@ async fn zone_independent_failure_releases_the_reservation_during_the_retry_dela
 /// the emptier az1, finds it out of capacity and fails over to az2; machine 2, of the same shape,
 /// avoids az1 even though az1 is now the emptiest zone. With the memory off it takes az1, as
 /// population says.
-#[actix_rt::test(system = "provisioner::fake::PausedSystem")]
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_zone_out_of_capacity_is_avoided_by_machines_of_the_same_shape() {
     for (memory, want) in [(Duration::from_secs(180), "az2"), (Duration::ZERO, "az1")] {
         let config = ProvisionerConfig {

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_ec2::types::{Filter, InstanceStateName};
-use provisioner::ec2::{Ec2Broker, TAG_MACHINE};
-use provisioner::fake::broker_contract::{run_all, ContractConfig};
-use provisioner::fake::{FakeMachine, FakeModel, ModelSnapshot};
+use provisioner::adapters::ec2::{Ec2Broker, TAG_MACHINE};
+use provisioner::testing::broker_contract::{run_all, ContractConfig};
+use provisioner::testing::{FakeMachine, FakeModel, ModelSnapshot};
 use provisioner::{start, HarvestMode, Life, Machine, ProvisionerConfig, ProvisionerHandle};
 
 mod moto;
@@ -213,7 +213,7 @@ async fn lost_answers_make_one_instance_per_machine() {
     handle.shutdown();
 }
 
-/// The broker contract suite (`provisioner::fake::broker_contract`) against the EC2 broker on
+/// The broker contract suite (`provisioner::testing::broker_contract`) against the EC2 broker on
 /// moto, with a broker for another model on the same server as the stranger: every property
 /// holds, zones and retags included.
 #[actix_rt::test]

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use provisioner::ec2::{Ec2Broker, Ec2Config};
+use provisioner::adapters::ec2::{Ec2Broker, Ec2Config};
 
 /// An image moto knows.
 pub const IMAGE: &str = "ami-1e749f67";

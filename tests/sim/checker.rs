@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use provisioner::fake::{CallRecord, CloudOp, CloudSnapshot, FakeInstance, ModelSnapshot};
+use provisioner::model::{InstanceState, InstanceTags};
 use provisioner::sim::scenario::Format;
 use provisioner::sim::{check, ModeTimeline, Scenario, SIM_MODEL_UUID};
-use provisioner::types::{InstanceState, InstanceTags};
+use provisioner::testing::{CallRecord, CloudOp, CloudSnapshot, FakeInstance, ModelSnapshot};
 use provisioner::{CloudInstance, HarvestMode, InstanceId};
 
 #[test]
@@ -143,7 +143,7 @@ id = "3"
     assert_eq!(v.iter().filter(|m| m.contains("i-2")).count(), 1, "{v:?}");
 }
 
-fn model_of(machines: Vec<provisioner::fake::FakeMachine>) -> ModelSnapshot {
+fn model_of(machines: Vec<provisioner::testing::FakeMachine>) -> ModelSnapshot {
     ModelSnapshot { machines: machines.into_iter().map(|m| (m.machine.id.clone(), m)).collect(), ..Default::default() }
 }
 
@@ -159,9 +159,9 @@ fn a_tagged_instance_of_a_live_machine_nobody_records_is_a_leak() {
     let s = scenario("[[machines]]\nid = \"0\"\n");
     let mut cloud = CloudSnapshot::default();
     cloud.instances.extend([ours("tag-0", Some("0"), InstanceState::Running)]);
-    let mut m = provisioner::fake::FakeMachine::new(provisioner::Machine::pending("0"));
+    let mut m = provisioner::testing::FakeMachine::new(provisioner::Machine::pending("0"));
     m.machine.status = provisioner::MachineStatus::Error;
-    m.machine.instance_status = provisioner::types::InstanceStatus::provisioning_error();
+    m.machine.instance_status = provisioner::model::InstanceStatus::provisioning_error();
     m.instance_status_message = "group lookup failed".into();
     let v = check(&s, &cloud, &model_of(vec![m.clone()]), &ModeTimeline::new(HarvestMode::Destroyed));
     assert_eq!(v, vec!["instance tag-0 tagged for live machine 0 is recorded by no machine (leaked)".to_string()]);
@@ -182,7 +182,7 @@ fn invariant_7_counts_a_recorded_instance_we_stopped_as_not_provisioned() {
     let s = scenario("[[machines]]\nid = \"0\"\n");
     let mut cloud = CloudSnapshot::default();
     cloud.instances.extend([ours("i-1", Some("0"), InstanceState::Terminated)]);
-    let mut m = provisioner::fake::FakeMachine::new(provisioner::Machine::pending("0"));
+    let mut m = provisioner::testing::FakeMachine::new(provisioner::Machine::pending("0"));
     m.machine.instance = Some(InstanceId::new("i-1"));
     m.machine.status = provisioner::MachineStatus::Started;
     let model = model_of(vec![m]);
@@ -201,7 +201,7 @@ fn an_instance_whose_machine_died_in_mode_none_is_never_stopped() {
     let mut cloud = CloudSnapshot::default();
     cloud.instances.extend([ours("pre-0", Some("0"), InstanceState::Terminated)]);
     cloud.calls.push(stop_call(20, &["pre-0"]));
-    let mut m = provisioner::fake::FakeMachine::new(provisioner::Machine::pending("0"));
+    let mut m = provisioner::testing::FakeMachine::new(provisioner::Machine::pending("0"));
     m.machine.instance = Some(InstanceId::new("pre-0"));
     m.machine.life = provisioner::Life::Dead;
     m.died_at = Some(Duration::from_secs(5));
@@ -226,9 +226,9 @@ fn destroy_model_leaves_nothing_running_and_names_manual_machines() {
     );
     let mut cloud = CloudSnapshot::default();
     cloud.instances.extend([ours("i-1", Some("0"), InstanceState::Running)]);
-    let mut m0 = provisioner::fake::FakeMachine::new(provisioner::Machine::pending("0"));
+    let mut m0 = provisioner::testing::FakeMachine::new(provisioner::Machine::pending("0"));
     m0.machine.instance = Some(InstanceId::new("i-1"));
-    let mut m1 = provisioner::fake::FakeMachine::new(provisioner::Machine::pending("1"));
+    let mut m1 = provisioner::testing::FakeMachine::new(provisioner::Machine::pending("1"));
     m1.machine.manual = true;
     let mut model = model_of(vec![m0, m1]);
     model.life = provisioner::Life::Dying;

@@ -77,8 +77,8 @@ fn the_seed_option_overrides_the_files_seed_and_changes_tie_breaks() {
 /// instance each, and leave the dead machine's instance terminated.
 #[test]
 fn every_crash_point_is_recovered_once_or_twice() {
+    use provisioner::model::Life;
     use provisioner::sim::scenario::{Action, Dur, EventSpec, MachineSpec, SetLifeSpec};
-    use provisioner::types::Life;
     use std::time::Duration;
 
     let base = provisioner::sim::Scenario::parse(

@@ -34,12 +34,12 @@ use actix_web::http::{Method, StatusCode};
 use actix_web::{web, App, FromRequest, HttpRequest, HttpResponse, ResponseError};
 
 use crate::config::{validate_workers, MAX_WORKERS};
-use crate::coordinator::DestroyError;
+use crate::model::{HarvestMode, MachineId};
 use crate::service::metrics::{Gauges, HttpDone, MeteredBroker, Metrics, Render};
 use crate::service::store::{MachineRecord, Store, StoreError};
-use crate::types::{HarvestMode, MachineId};
-use crate::wiring::ProvisionerHandle;
 use crate::Broker;
+use crate::DestroyError;
+use crate::ProvisionerHandle;
 use types::{
     AddMachines, AddedMachines, ConfigValue, DestroyRequest, DestroyView, ErrorBody, InstanceView, MachineView,
     RemoveMachines, RetryMachines, StatusView,
@@ -131,10 +131,10 @@ impl From<StoreError> for ApiError {
     }
 }
 
-impl From<crate::wiring::ProvisionerError> for ApiError {
-    fn from(e: crate::wiring::ProvisionerError) -> Self {
+impl From<crate::ProvisionerError> for ApiError {
+    fn from(e: crate::ProvisionerError) -> Self {
         match e {
-            crate::wiring::ProvisionerError::Config(c) => Self::bad_request(c.to_string()),
+            crate::ProvisionerError::Config(c) => Self::bad_request(c.to_string()),
             other => Self::internal(other.to_string()),
         }
     }
@@ -371,7 +371,7 @@ async fn set_config(
     match key.as_str() {
         "harvest-mode" => {
             let mode: HarvestMode =
-                value.parse().map_err(|e: crate::types::ParseError| ApiError::bad_request(e.to_string()))?;
+                value.parse().map_err(|e: crate::model::ParseError| ApiError::bad_request(e.to_string()))?;
             st.store.exec(move |s| s.set_harvest_mode(mode)).await?;
             st.handle.set_harvest_mode(mode);
             value = mode.to_string();

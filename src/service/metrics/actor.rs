@@ -4,7 +4,7 @@ use actix::prelude::*;
 
 use super::messages::{BrokerCallDone, HttpDone, Render};
 use super::state::MetricsBook;
-use crate::events::ProvisionerEvent;
+use crate::model::events::ProvisionerEvent;
 use crate::service::store::{CountsChanged, StoreCounts};
 
 /// Owns the counters; everything that counts sends it a message. The state gauges come from

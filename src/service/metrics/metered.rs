@@ -7,8 +7,8 @@ use actix::Recipient;
 use actix_rt::time::Instant;
 
 use super::messages::BrokerCallDone;
+use crate::model::{CloudInstance, InstanceId, InstanceTags};
 use crate::ports::{AvailabilityZone, Broker, BrokerFuture, StartInstanceParams, StartedInstance};
-use crate::types::{CloudInstance, InstanceId, InstanceTags};
 
 /// Wraps a broker; every call is timed and counted.
 #[derive(Clone)]

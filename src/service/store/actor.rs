@@ -9,7 +9,7 @@ use actix::prelude::*;
 
 use super::messages::{CountsChanged, Exec, Watch, WatchCounts, WatchRetries};
 use super::state::{StoreCore, StoreError};
-use crate::coordinator::{MachinesChanged, RetryTick};
+use crate::{MachinesChanged, RetryTick};
 
 /// Owns the connection (one `SyncArbiter` thread: SQLite calls block) and the watchers.
 pub struct StoreActor {

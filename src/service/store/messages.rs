@@ -3,7 +3,7 @@
 use actix::prelude::*;
 
 use super::state::{StoreCore, StoreCounts, StoreError};
-use crate::coordinator::{MachinesChanged, RetryTick};
+use crate::{MachinesChanged, RetryTick};
 
 /// A unit of work on the store's core.
 pub type Work<T> = Box<dyn FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send>;

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use rusqlite::{params, Connection, OptionalExtension, Row, Transaction};
 use thiserror::Error;
 
-use crate::ports::ProvisionedInstance;
-use crate::types::{
+use crate::model::{
     CloudInstance, Constraints, HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine,
     MachineId, MachineStatus, ProvisioningInfo,
 };
+use crate::ports::ProvisionedInstance;
 
 /// The database file's name inside the data directory.
 pub const DB_FILE: &str = "provisioner.db";
@@ -234,7 +234,7 @@ fn file_identity(path: &Path) -> std::io::Result<Option<u64>> {
 }
 
 fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
-    let parse_err = |i: usize, e: crate::types::ParseError| {
+    let parse_err = |i: usize, e: crate::model::ParseError| {
         rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
     };
     let life: String = r.get(1)?;

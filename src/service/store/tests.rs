@@ -1,10 +1,10 @@
 //! Unit tests of the store core: schema, round trips, all-or-nothing requests, durability.
 
 use super::state::{StoreCore, StoreError, SCHEMA_VERSION};
-use crate::ports::ProvisionedInstance;
-use crate::types::{
+use crate::model::{
     HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, MachineId, MachineStatus,
 };
+use crate::ports::ProvisionedInstance;
 
 fn dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("provisioner-store-{}-{name}", std::process::id()));

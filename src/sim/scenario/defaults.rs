@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::spec::{Dur, ProvisionerSpec, Workers};
-use crate::types::HarvestMode;
+use crate::model::HarvestMode;
 
 /// The age of a pre-existing instance whose `age` is not given.
 pub const PRE_EXISTING_AGE: Duration = Duration::from_secs(24 * 3600);

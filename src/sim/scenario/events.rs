@@ -15,7 +15,7 @@ use thiserror::Error;
 use super::spec::{
     DestroyModelSpec, Dur, FailNextSpec, LaunchSpec, MachineSpec, SetLifeSpec, SetStatusSpec, SetZonesSpec, Workers,
 };
-use crate::types::HarvestMode;
+use crate::model::HarvestMode;
 
 /// An event that does not have exactly one action key.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

@@ -11,8 +11,8 @@ use super::defaults::{
     default_capacity_memory, default_fault_message, default_harvest_grace, default_harvest_max_stops, default_resync,
     default_retry_count, default_retry_delay, default_reuse_window, default_times, is_false, PRE_EXISTING_AGE,
 };
-use crate::limiter::{BucketLimit, RateLimits};
-use crate::types::{HarvestMode, InstanceState, Life, MachineStatus};
+use crate::actors::limiter::{BucketLimit, RateLimits};
+use crate::model::{HarvestMode, InstanceState, Life, MachineStatus};
 
 /// A humantime duration (`"0s"`, `"250ms"`, `"10s"`, `"2m"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -349,11 +349,11 @@ pub struct MachineSpec {
 
 impl MachineSpec {
     /// The machine as the model reports it.
-    pub fn to_machine(&self) -> crate::types::Machine {
-        let mut m = crate::types::Machine::pending(self.id.as_str());
+    pub fn to_machine(&self) -> crate::model::Machine {
+        let mut m = crate::model::Machine::pending(self.id.as_str());
         m.life = self.life;
         m.status = self.status;
-        m.instance_status = crate::types::InstanceStatus::other(self.instance_status.clone());
+        m.instance_status = crate::model::InstanceStatus::other(self.instance_status.clone());
         m.instance = self.instance.as_deref().map(Into::into);
         m.keep_instance = self.keep_instance;
         m.manual = self.manual;

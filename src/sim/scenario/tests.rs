@@ -1,7 +1,7 @@
 //! Unit tests of parsing, the action table and error locations.
 
 use super::*;
-use crate::types::{HarvestMode, Life};
+use crate::model::{HarvestMode, Life};
 
 fn toml_err(text: &str) -> ScenarioError {
     Scenario::parse(text, Format::Toml, "t.toml").unwrap_err()

@@ -75,7 +75,7 @@ impl Checks<'_> {
         let types = crate::containers::DEFAULT_CONTAINER_TYPES;
         for (path, m) in self.machines_with_paths() {
             let id = m.id.as_str();
-            let mid = crate::types::MachineId::new(id);
+            let mid = crate::model::MachineId::new(id);
             let Some((host, kind)) = mid.container_of() else { continue };
             if !types.contains(&kind) {
                 let message = format!("unknown container type {kind:?} in {id:?}; supported: {}", types.join(", "));

@@ -1,0 +1,304 @@
+//! The container manager actor: a thin shell over [`ManagerBook`].
+
+use std::collections::BTreeMap;
+
+use actix::prelude::*;
+
+use super::messages::*;
+use super::state::{HostEffect, ManagerBook};
+use crate::actors::containers::supervisor::{
+    ContainerSupervisor, ContainersChanged, HostDied, HostProvisioned, ModelDying, SetSupervisorMode, SupervisorDeps,
+};
+use crate::actors::coordinator::MachinesChanged;
+use crate::model::events::ProvisionerEvent;
+use crate::model::{InstanceStatus, MachineId, MachineStatus};
+
+/// Watches hosts and routes containers to their supervisors.
+pub struct ContainerManager {
+    book: ManagerBook,
+    deps: SupervisorDeps,
+    supervisors: BTreeMap<(MachineId, String), Addr<ContainerSupervisor>>,
+    /// Host reads, model-life reads and EnsureDead calls in flight or waiting out their
+    /// backoff.
+    reads: usize,
+    rng: rand::rngs::StdRng,
+    /// The model is dying (destroyed, or found dying by the first notification).
+    model_dying: bool,
+    /// Whether the first notification (and the model-life read it triggers) came.
+    first_seen: bool,
+}
+
+impl ContainerManager {
+    /// A manager for hosts supporting `kinds`.
+    pub fn new(kinds: Vec<String>, deps: SupervisorDeps) -> Self {
+        let rng = rand::SeedableRng::seed_from_u64(deps.config.seed ^ 0x6d61_6e61_6765_7221);
+        Self {
+            book: ManagerBook::new(kinds),
+            deps,
+            supervisors: BTreeMap::new(),
+            reads: 0,
+            rng,
+            model_dying: false,
+            first_seen: false,
+        }
+    }
+
+    /// The model is dying: every supervisor, and every later one, stops its containers'
+    /// instances.
+    fn model_destroyed(&mut self) {
+        if self.model_dying {
+            return;
+        }
+        self.model_dying = true;
+        for s in self.supervisors.values() {
+            s.do_send(ModelDying);
+        }
+    }
+
+    /// A restarted manager learns whether the model is dying (retried with backoff).
+    fn read_model_life(&mut self, attempt: u32, ctx: &mut Context<Self>) {
+        let call = self.deps.model.model_life();
+        self.reads += 1;
+        ctx.spawn(call.into_actor(self).map(move |res, act, ctx| {
+            act.reads -= 1;
+            match res {
+                Ok(life) if life != crate::model::Life::Alive => act.model_destroyed(),
+                Ok(_) => {}
+                Err(e) => {
+                    let delay = act.deps.config.backoff.delay(attempt, &mut act.rng);
+                    tracing::warn!(error = %e, retry_in = ?delay, "reading the model's life failed; will retry");
+                    act.reads += 1;
+                    ctx.run_later(delay, move |act, ctx| {
+                        act.reads -= 1;
+                        act.read_model_life(attempt + 1, ctx);
+                    });
+                }
+            }
+        }));
+    }
+
+    /// Takes a dead host's containers to dead; a failure is retried with backoff (a container
+    /// already gone is done).
+    fn ensure_dead(&mut self, ids: Vec<MachineId>, attempt: u32, ctx: &mut Context<Self>) {
+        let model = self.deps.model.clone();
+        let fut = async move {
+            let mut failed = Vec::new();
+            for id in ids {
+                match model.ensure_dead(id.clone()).await {
+                    Ok(()) | Err(crate::ports::ModelError::NotFound(_)) => {}
+                    Err(e) => {
+                        tracing::warn!(machine = %id, error = %e, "cannot take a dead host's container to dead");
+                        failed.push(id);
+                    }
+                }
+            }
+            failed
+        };
+        self.reads += 1;
+        ctx.spawn(fut.into_actor(self).map(move |failed, act, ctx| {
+            act.reads -= 1;
+            if failed.is_empty() {
+                return;
+            }
+            let delay = act.deps.config.backoff.delay(attempt, &mut act.rng);
+            act.reads += 1;
+            ctx.run_later(delay, move |act, ctx| {
+                act.reads -= 1;
+                act.ensure_dead(failed, attempt + 1, ctx);
+            });
+        }));
+    }
+
+    /// Reads hosts (and their instances' zones); a failed read is retried with backoff (a failed
+    /// call that concerns everything is retried with backoff), never dropped: a host not read is a
+    /// host whose containers wait.
+    fn read_hosts(&mut self, hosts: Vec<MachineId>, attempt: u32, ctx: &mut Context<Self>) {
+        let model = self.deps.model.clone();
+        let again = hosts.clone();
+        let fut = async move {
+            let reads = model.machines(hosts.clone()).await.map_err(|e| e.to_string())?;
+            let mut out = Vec::new();
+            for (id, read) in hosts.into_iter().zip(reads) {
+                let zone = match &read {
+                    Ok(m) if m.instance.is_some() => {
+                        model.availability_zone(id.clone()).await.map_err(|e| e.to_string())?
+                    }
+                    _ => None,
+                };
+                out.push((id, read.ok(), zone));
+            }
+            Ok::<_, String>(out)
+        };
+        self.reads += 1;
+        ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
+            act.reads -= 1;
+            match res {
+                Ok(hosts) => {
+                    for (id, machine, zone) in hosts {
+                        let effects = act.book.host_seen(&id, machine.as_ref(), zone);
+                        act.perform(effects, ctx);
+                    }
+                }
+                Err(e) => {
+                    let delay = act.deps.config.backoff.delay(attempt, &mut act.rng);
+                    tracing::warn!(error = %e, retry_in = ?delay, "reading container hosts failed; will retry");
+                    act.reads += 1;
+                    ctx.run_later(delay, move |act, ctx| {
+                        act.reads -= 1;
+                        act.read_hosts(again, attempt + 1, ctx);
+                    });
+                }
+            }
+        }));
+    }
+
+    fn perform(&mut self, effects: Vec<HostEffect>, ctx: &mut Context<Self>) {
+        for effect in effects {
+            match effect {
+                HostEffect::Supervise { host, kind, zone, dead } => {
+                    let (h, k, deps) = (host.clone(), kind.clone(), self.deps.clone());
+                    let sup = if dead {
+                        ContainerSupervisor::for_dead_host(h, k, zone, deps)
+                    } else {
+                        ContainerSupervisor::new(h, k, zone, deps)
+                    }
+                    .start();
+                    if self.model_dying {
+                        sup.do_send(ModelDying);
+                    }
+                    self.supervisors.insert((host, kind), sup);
+                }
+                HostEffect::Provisioned { host, zone } => {
+                    for ((h, _), sup) in self.supervisors.range((host.clone(), String::new())..) {
+                        if h != &host {
+                            break;
+                        }
+                        sup.do_send(HostProvisioned(zone.clone()));
+                    }
+                }
+                HostEffect::Route { host, kind, ids } => {
+                    if let Some(sup) = self.supervisors.get(&(host, kind)) {
+                        sup.do_send(ContainersChanged(ids));
+                    }
+                }
+                HostEffect::Died(host) => {
+                    // Supervisors stay: they reap the host's containers, later ones included.
+                    for ((h, _), sup) in self.supervisors.range((host.clone(), String::new())..) {
+                        if h != &host {
+                            break;
+                        }
+                        sup.do_send(HostDied);
+                    }
+                }
+                HostEffect::EnsureDead(ids) => {
+                    tracing::info!(containers = ?ids, "host is dead: its containers die with it");
+                    self.ensure_dead(ids, 0, ctx);
+                }
+                HostEffect::Unsupported(id, kind) => {
+                    let msg = format!("container type {kind:?} is not supported on this host");
+                    tracing::warn!(machine = %id, "{msg}");
+                    let model = self.deps.model.clone();
+                    let fut = async move {
+                        let _ = model
+                            .set_instance_status(id.clone(), InstanceStatus::provisioning_error(), msg.clone())
+                            .await;
+                        let _ = model.set_status(id, MachineStatus::Error, msg).await;
+                    };
+                    ctx.spawn(fut.into_actor(self));
+                }
+            }
+        }
+    }
+}
+
+impl Actor for ContainerManager {
+    type Context = Context<Self>;
+}
+
+impl Handler<MachinesChanged> for ContainerManager {
+    type Result = ();
+    fn handle(&mut self, msg: MachinesChanged, ctx: &mut Self::Context) {
+        if !self.first_seen {
+            self.first_seen = true;
+            self.read_model_life(0, ctx);
+        }
+        let (containers, hosts): (Vec<MachineId>, Vec<MachineId>) =
+            msg.ids.into_iter().partition(MachineId::is_container);
+        let effects = self.book.containers_seen(&containers);
+        self.perform(effects, ctx);
+        if hosts.is_empty() {
+            return;
+        }
+        self.read_hosts(hosts, 0, ctx);
+    }
+}
+
+impl Handler<ProvisionerEvent> for ContainerManager {
+    type Result = ();
+    fn handle(&mut self, msg: ProvisionerEvent, ctx: &mut Self::Context) {
+        match msg {
+            ProvisionerEvent::MachineStarted { machine, zone, .. } if !machine.is_container() => {
+                let effects = self.book.provisioned(&machine, zone);
+                self.perform(effects, ctx);
+            }
+            ProvisionerEvent::ProcessedMachines => {
+                // The environ provisioner has read the model: a host it found provisioned
+                // without starting it (its predecessor's start) is provisioned for us too.
+                let waiting = self.book.waiting_hosts();
+                if !waiting.is_empty() {
+                    self.read_hosts(waiting, 0, ctx);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Handler<SetContainersHarvestMode> for ContainerManager {
+    type Result = ();
+    fn handle(&mut self, msg: SetContainersHarvestMode, _ctx: &mut Self::Context) {
+        self.deps.config.harvest_mode = msg.0;
+        for s in self.supervisors.values() {
+            s.do_send(SetSupervisorMode(msg.0));
+        }
+    }
+}
+
+impl Handler<ContainersModelDestroyed> for ContainerManager {
+    type Result = ();
+    fn handle(&mut self, _msg: ContainersModelDestroyed, _ctx: &mut Self::Context) {
+        self.model_destroyed();
+    }
+}
+
+impl Handler<GetSupervisors> for ContainerManager {
+    type Result = MessageResult<GetSupervisors>;
+    fn handle(&mut self, _msg: GetSupervisors, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.supervisors.iter().map(|((h, k), a)| (h.clone(), k.clone(), a.clone())).collect())
+    }
+}
+
+impl Handler<crate::actors::messages::Busy> for ContainerManager {
+    type Result = ResponseFuture<usize>;
+    fn handle(&mut self, _msg: crate::actors::messages::Busy, _ctx: &mut Self::Context) -> Self::Result {
+        let sups: Vec<_> = self.supervisors.values().cloned().collect();
+        let own = self.reads;
+        Box::pin(async move {
+            let mut busy = own;
+            for s in sups {
+                busy += s.send(crate::actors::messages::Busy).await.unwrap_or(0);
+            }
+            busy
+        })
+    }
+}
+
+impl Handler<crate::actors::messages::Shutdown> for ContainerManager {
+    type Result = ();
+    fn handle(&mut self, _msg: crate::actors::messages::Shutdown, ctx: &mut Self::Context) {
+        for s in self.supervisors.values() {
+            s.do_send(crate::actors::messages::Shutdown);
+        }
+        ctx.stop();
+    }
+}

@@ -1,0 +1,197 @@
+//! The manager's plain core: hosts, their zones, their containers, and where container
+//! changes go.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::model::{Life, Machine, MachineId};
+
+/// What the actor must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostEffect {
+    /// Create a supervisor for `kind` on `host` (zone known if provisioned).
+    Supervise {
+        /// The host.
+        host: MachineId,
+        /// The container type.
+        kind: String,
+        /// `Some(zone)` once the host is provisioned.
+        zone: Option<Option<String>>,
+        /// The host is dead already: the supervisor only reaps (a restarted manager finding a
+        /// dead host with containers).
+        dead: bool,
+    },
+    /// The host got its instance.
+    Provisioned {
+        /// The host.
+        host: MachineId,
+        /// Its zone.
+        zone: Option<String>,
+    },
+    /// Containers of `kind` on `host` changed.
+    Route {
+        /// The host.
+        host: MachineId,
+        /// The type.
+        kind: String,
+        /// The containers.
+        ids: Vec<MachineId>,
+    },
+    /// The host is dead or gone: its supervisors start nothing more and reap.
+    Died(MachineId),
+    /// Containers of a dead host: take them to dead (the host takes its containers with it,
+    /// its containers die with it); their supervisors then stop their instances by harvest mode and
+    /// mark them for removal.
+    EnsureDead(Vec<MachineId>),
+    /// A container of a type no host supports: tell its status.
+    Unsupported(MachineId, String),
+}
+
+#[derive(Debug, Clone, Default)]
+struct Host {
+    zone: Option<Option<String>>,
+    dead: bool,
+    /// Whether its supervisors exist.
+    supervised: bool,
+    /// Every container of it seen so far.
+    containers: BTreeSet<MachineId>,
+    /// Containers already asked to die (a dead host's).
+    killed: BTreeSet<MachineId>,
+}
+
+/// Hosts and supported types.
+#[derive(Debug, Clone)]
+pub struct ManagerBook {
+    kinds: Vec<String>,
+    hosts: BTreeMap<MachineId, Host>,
+    unsupported: BTreeSet<MachineId>,
+}
+
+impl ManagerBook {
+    /// A book for hosts that support these container types.
+    pub fn new(kinds: Vec<String>) -> Self {
+        Self { kinds, hosts: BTreeMap::new(), unsupported: BTreeSet::new() }
+    }
+
+    fn supervise(&mut self, id: &MachineId, out: &mut Vec<HostEffect>) {
+        let host = self.hosts.entry(id.clone()).or_default();
+        if host.supervised {
+            return;
+        }
+        host.supervised = true;
+        for kind in &self.kinds {
+            out.push(HostEffect::Supervise {
+                host: id.clone(),
+                kind: kind.clone(),
+                zone: host.zone.clone(),
+                dead: host.dead,
+            });
+        }
+    }
+
+    fn ensure_host(&mut self, id: &MachineId, out: &mut Vec<HostEffect>) -> bool {
+        if self.hosts.get(id).is_some_and(|h| h.dead) {
+            return false;
+        }
+        self.supervise(id, out);
+        true
+    }
+
+    /// The host's containers not yet asked to die.
+    fn kill(&mut self, id: &MachineId) -> Vec<HostEffect> {
+        let Some(host) = self.hosts.get_mut(id) else { return Vec::new() };
+        let doomed: Vec<MachineId> = host.containers.difference(&host.killed).cloned().collect();
+        if doomed.is_empty() {
+            return Vec::new();
+        }
+        host.killed.extend(doomed.iter().cloned());
+        vec![HostEffect::EnsureDead(doomed)]
+    }
+
+    /// A top-level machine was read (`None` = not found) with the zone of its instance.
+    pub fn host_seen(&mut self, id: &MachineId, machine: Option<&Machine>, zone: Option<String>) -> Vec<HostEffect> {
+        let mut out = Vec::new();
+        match machine {
+            Some(m) if m.life != Life::Dead => {
+                if !self.ensure_host(id, &mut out) {
+                    return out;
+                }
+                if m.instance.is_some() {
+                    out.extend(self.provisioned(id, zone));
+                }
+            }
+            _ => {
+                let host = self.hosts.entry(id.clone()).or_default();
+                if !host.dead {
+                    host.dead = true;
+                    if host.supervised {
+                        out.push(HostEffect::Died(id.clone()));
+                    }
+                    out.extend(self.kill(id));
+                }
+            }
+        }
+        out
+    }
+
+    /// The host got its instance in `zone`.
+    pub fn provisioned(&mut self, id: &MachineId, zone: Option<String>) -> Vec<HostEffect> {
+        let mut out = Vec::new();
+        if !self.ensure_host(id, &mut out) {
+            return out;
+        }
+        let host = self.hosts.get_mut(id).expect("ensured above");
+        if host.zone.is_none() {
+            host.zone = Some(zone.clone());
+            out.push(HostEffect::Provisioned { host: id.clone(), zone });
+        }
+        out
+    }
+
+    /// Containers changed: route them by host and type. Containers of a dead host are taken
+    /// to dead (once each) and still routed, so that its supervisors reap them.
+    pub fn containers_seen(&mut self, ids: &[MachineId]) -> Vec<HostEffect> {
+        let mut out = Vec::new();
+        let mut routes: BTreeMap<(MachineId, String), Vec<MachineId>> = BTreeMap::new();
+        let mut dead_hosts = BTreeSet::new();
+        for id in ids {
+            let Some((host, kind)) = id.container_of() else { continue };
+            if !self.kinds.iter().any(|k| k == kind) {
+                if self.unsupported.insert(id.clone()) {
+                    out.push(HostEffect::Unsupported(id.clone(), kind.to_owned()));
+                }
+                continue;
+            }
+            if self.hosts.get(&host).is_some_and(|h| h.dead) {
+                // A dead host's supervisors reap: made now if a restart found the host dead.
+                self.supervise(&host, &mut out);
+                dead_hosts.insert(host.clone());
+            } else {
+                self.ensure_host(&host, &mut out);
+            }
+            self.hosts.get_mut(&host).expect("ensured above").containers.insert(id.clone());
+            routes.entry((host, kind.to_owned())).or_default().push(id.clone());
+        }
+        for host in &dead_hosts {
+            out.extend(self.kill(host));
+        }
+        out.extend(routes.into_iter().map(|((host, kind), ids)| HostEffect::Route { host, kind, ids }));
+        out
+    }
+
+    /// Live hosts not known to be provisioned that have containers waiting: worth reading
+    /// again (a restarted provisioner may find a host already provisioned by its predecessor,
+    /// whose record landed after this manager last read it, and then announces no start).
+    pub fn waiting_hosts(&self) -> Vec<MachineId> {
+        self.hosts
+            .iter()
+            .filter(|(_, h)| !h.dead && h.zone.is_none() && !h.containers.is_empty())
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// The zone recorded for a provisioned host.
+    #[cfg(test)]
+    pub fn zone_of(&self, host: &MachineId) -> Option<Option<String>> {
+        self.hosts.get(host).and_then(|h| h.zone.clone())
+    }
+}

@@ -1,0 +1,139 @@
+use super::state::*;
+use crate::model::{Life, Machine, MachineId};
+
+fn book() -> ManagerBook {
+    ManagerBook::new(vec!["lxd".into(), "kvm".into()])
+}
+
+fn provisioned(id: &str) -> Machine {
+    let mut m = Machine::pending(id);
+    m.instance = Some(format!("i-{id}").as_str().into());
+    m
+}
+
+#[test]
+fn a_live_host_gets_a_listening_supervisor_per_type() {
+    let mut b = book();
+    let effects = b.host_seen(&"0".into(), Some(&Machine::pending("0")), None);
+    assert_eq!(
+        effects,
+        vec![
+            HostEffect::Supervise { host: "0".into(), kind: "lxd".into(), zone: None, dead: false },
+            HostEffect::Supervise { host: "0".into(), kind: "kvm".into(), zone: None, dead: false },
+        ]
+    );
+    assert!(b.host_seen(&"0".into(), Some(&Machine::pending("0")), None).is_empty(), "supervisors created twice");
+}
+
+#[test]
+fn a_provisioned_host_announces_its_zone_once() {
+    let mut b = book();
+    let effects = b.host_seen(&"0".into(), Some(&provisioned("0")), Some("az2".into()));
+    assert!(effects.contains(&HostEffect::Provisioned { host: "0".into(), zone: Some("az2".into()) }));
+    assert!(b.provisioned(&"0".into(), Some("az2".into())).is_empty());
+    assert_eq!(b.zone_of(&"0".into()), Some(Some("az2".into())));
+}
+
+#[test]
+fn containers_are_routed_by_host_and_type() {
+    let mut b = book();
+    b.host_seen(&"0".into(), Some(&provisioned("0")), None);
+    let effects = b.containers_seen(&["0/lxd/0".into(), "0/kvm/0".into(), "0/lxd/1".into()]);
+    assert_eq!(
+        effects,
+        vec![
+            HostEffect::Route { host: "0".into(), kind: "kvm".into(), ids: vec!["0/kvm/0".into()] },
+            HostEffect::Route { host: "0".into(), kind: "lxd".into(), ids: vec!["0/lxd/0".into(), "0/lxd/1".into()] },
+        ]
+    );
+}
+
+#[test]
+fn unsupported_container_types_are_reported_once() {
+    let mut b = book();
+    let c: MachineId = "0/docker/0".into();
+    assert_eq!(b.containers_seen(std::slice::from_ref(&c)), vec![HostEffect::Unsupported(c.clone(), "docker".into())]);
+    assert!(b.containers_seen(&[c]).is_empty());
+}
+
+#[test]
+fn a_dead_or_missing_host_tells_its_supervisors_once() {
+    let mut b = book();
+    b.host_seen(&"0".into(), Some(&provisioned("0")), None);
+    let mut dead = provisioned("0");
+    dead.life = Life::Dead;
+    assert_eq!(b.host_seen(&"0".into(), Some(&dead), None), vec![HostEffect::Died("0".into())]);
+    assert!(b.host_seen(&"0".into(), None, None).is_empty(), "died twice");
+    // A dead host's containers still reach its supervisor (to reap them), and no new
+    // supervisor is made for it; a container added to a dead host dies with it.
+    assert_eq!(
+        b.containers_seen(&["0/lxd/5".into()]),
+        vec![
+            HostEffect::EnsureDead(vec!["0/lxd/5".into()]),
+            HostEffect::Route { host: "0".into(), kind: "lxd".into(), ids: vec!["0/lxd/5".into()] }
+        ]
+    );
+    b.host_seen(&"1".into(), Some(&provisioned("1")), None);
+    assert_eq!(b.host_seen(&"1".into(), None, None), vec![HostEffect::Died("1".into())]);
+}
+
+fn dead(id: &str) -> Machine {
+    let mut m = provisioned(id);
+    m.life = Life::Dead;
+    m
+}
+
+#[test]
+fn a_host_that_dies_takes_its_containers_with_it_once() {
+    // A host that dies takes its containers with it: they are taken to dead (then reaped by the
+    // supervisors).
+    let mut b = book();
+    b.host_seen(&"0".into(), Some(&provisioned("0")), Some("az1".into()));
+    b.containers_seen(&["0/lxd/0".into(), "0/kvm/1".into()]);
+    assert_eq!(
+        b.host_seen(&"0".into(), Some(&dead("0")), None),
+        vec![HostEffect::Died("0".into()), HostEffect::EnsureDead(vec!["0/kvm/1".into(), "0/lxd/0".into()])]
+    );
+    // Their own death notifications are routed (to be reaped), not killed again.
+    assert_eq!(
+        b.containers_seen(&["0/lxd/0".into()]),
+        vec![HostEffect::Route { host: "0".into(), kind: "lxd".into(), ids: vec!["0/lxd/0".into()] }]
+    );
+}
+
+#[test]
+fn a_restarted_manager_finding_a_dead_host_makes_reaping_supervisors() {
+    // After a restart the first notification carries the dead host and its live container;
+    // the host is read after the containers were seen.
+    let mut b = book();
+    let seen = b.containers_seen(&["0/lxd/0".into()]);
+    assert!(seen.contains(&HostEffect::Supervise { host: "0".into(), kind: "lxd".into(), zone: None, dead: false }));
+    assert_eq!(
+        b.host_seen(&"0".into(), Some(&dead("0")), None),
+        vec![HostEffect::Died("0".into()), HostEffect::EnsureDead(vec!["0/lxd/0".into()])]
+    );
+    // A host first seen dead (no container yet) gets dead supervisors with its first container.
+    let mut b = book();
+    assert!(b.host_seen(&"1".into(), None, None).is_empty());
+    assert_eq!(
+        b.containers_seen(&["1/kvm/0".into()]),
+        vec![
+            HostEffect::Supervise { host: "1".into(), kind: "lxd".into(), zone: None, dead: true },
+            HostEffect::Supervise { host: "1".into(), kind: "kvm".into(), zone: None, dead: true },
+            HostEffect::EnsureDead(vec!["1/kvm/0".into()]),
+            HostEffect::Route { host: "1".into(), kind: "kvm".into(), ids: vec!["1/kvm/0".into()] },
+        ]
+    );
+}
+
+#[test]
+fn unprovisioned_hosts_with_waiting_containers_are_read_again() {
+    let mut b = book();
+    b.host_seen(&"0".into(), Some(&Machine::pending("0")), None);
+    b.host_seen(&"1".into(), Some(&Machine::pending("1")), None);
+    assert!(b.waiting_hosts().is_empty(), "a host without containers is worth no read");
+    b.containers_seen(&["0/lxd/0".into()]);
+    assert_eq!(b.waiting_hosts(), vec![MachineId::from("0")]);
+    b.host_seen(&"0".into(), Some(&provisioned("0")), Some("az1".into()));
+    assert!(b.waiting_hosts().is_empty(), "a provisioned host was read again");
+}

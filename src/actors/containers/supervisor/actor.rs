@@ -1,0 +1,262 @@
+//! The container supervisor actor: a thin shell over [`SupervisorBook`] that calls the
+//! initialiser, writes waiting statuses, and starts or stops the container provisioner.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use super::messages::*;
+use super::state::{Effect, SupervisorBook};
+use crate::actors::containers::{BrokerFactory, ContainerInitialiser, ContainerProvisioner, ProvisionerFactory};
+use crate::config::ProvisionerConfig;
+use crate::model::events::ProvisionerEvent;
+use crate::model::{InstanceStatus, MachineId};
+use crate::ports::ModelApi;
+
+/// What a supervisor needs.
+#[derive(Clone)]
+pub struct SupervisorDeps {
+    /// The model.
+    pub model: Arc<dyn ModelApi>,
+    /// Builds the container broker.
+    pub brokers: BrokerFactory,
+    /// Starts the container provisioner.
+    pub provisioners: ProvisionerFactory,
+    /// Prepares hosts.
+    pub initialiser: Arc<dyn ContainerInitialiser>,
+    /// The environ provisioner's configuration, from which the container one is derived.
+    pub config: ProvisionerConfig,
+    /// Who hears the container provisioner's events.
+    pub subscribers: Vec<Recipient<ProvisionerEvent>>,
+}
+
+/// Supervises `kind` containers on `host`.
+pub struct ContainerSupervisor {
+    host: MachineId,
+    kind: String,
+    book: SupervisorBook,
+    deps: SupervisorDeps,
+    provisioner: Option<Arc<dyn ContainerProvisioner>>,
+    incarnation: u64,
+    /// The timer that retires a dead host's reaper once it has nothing left.
+    done_check: Option<SpawnHandle>,
+}
+
+impl ContainerSupervisor {
+    /// A listening supervisor; `host_zone` is `Some` if the host is already provisioned.
+    pub fn new(host: MachineId, kind: String, host_zone: Option<Option<String>>, deps: SupervisorDeps) -> Self {
+        let book = SupervisorBook::new(deps.config.backoff, host_zone).with_seed(deps.config.seed ^ 0x5u64);
+        Self { host, kind, book, deps, provisioner: None, incarnation: 0, done_check: None }
+    }
+
+    /// A supervisor for a host already dead: it only reaps the host's containers.
+    pub fn for_dead_host(
+        host: MachineId,
+        kind: String,
+        host_zone: Option<Option<String>>,
+        deps: SupervisorDeps,
+    ) -> Self {
+        let mut s = Self::new(host, kind, host_zone, deps);
+        s.book = s.book.for_dead_host();
+        s
+    }
+
+    /// Once the host is dead, retires the reaper when it has nothing left to reap (checked
+    /// every 10 s; a periodic timer, so it holds no simulation open).
+    fn watch_done(&mut self, ctx: &mut Context<Self>) {
+        if self.done_check.is_some() || !self.book.host_dead() || !self.book.is_running() {
+            return;
+        }
+        let handle = ctx.run_interval(std::time::Duration::from_secs(10), |act, ctx| {
+            let Some(h) = act.provisioner.clone() else { return };
+            let generation = act.book.generation();
+            let check =
+                async move { h.is_idle().await && h.holds_no_machine().await };
+            ctx.spawn(check.into_actor(act).map(move |done, act, ctx| {
+                if done && act.book.reaper_done(generation) {
+                    tracing::info!(host = %act.host, kind = %act.kind, "dead host's containers reaped; its provisioner stops");
+                    if let Some(h) = act.provisioner.take() {
+                        h.shutdown();
+                    }
+                    if let Some(t) = act.done_check.take() {
+                        ctx.cancel_future(t);
+                    }
+                }
+            }));
+        });
+        self.done_check = Some(handle);
+    }
+
+    fn perform(&mut self, effects: Vec<Effect>, ctx: &mut Context<Self>) {
+        for effect in effects {
+            match effect {
+                Effect::Initialise => {
+                    tracing::info!(host = %self.host, kind = %self.kind, "initialising host for containers");
+                    let call = self.deps.initialiser.initialise(self.host.clone(), self.kind.clone());
+                    ctx.spawn(call.into_actor(self).map(|res, act, ctx| {
+                        let effects = act.book.initialised(res);
+                        act.perform(effects, ctx);
+                    }));
+                }
+                Effect::RetryInitialise { after, message } => {
+                    let text = format!(
+                        "waiting for host {} to support {} containers: {message} (retrying in {after:?})",
+                        self.host, self.kind
+                    );
+                    tracing::warn!(host = %self.host, kind = %self.kind, error = %message, retry_in = ?after, "container initialisation failed");
+                    for c in self.book.containers().cloned().collect::<Vec<_>>() {
+                        let call = self.deps.model.set_instance_status(c, InstanceStatus::provisioning(), text.clone());
+                        ctx.spawn(call.into_actor(self).map(|_, _, _| ()));
+                    }
+                    ctx.run_later(after, |act, ctx| {
+                        let effects = act.book.retry_due();
+                        act.perform(effects, ctx);
+                    });
+                }
+                Effect::StartProvisioner { zone, containers, reap } => {
+                    let broker = (self.deps.brokers)(&self.host, &self.kind, zone);
+                    let mut config = self.deps.config.for_containers(self.host.clone(), &self.kind);
+                    self.incarnation += 1;
+                    config.seed = config.seed.wrapping_add(self.incarnation.wrapping_mul(0x2545_F491_4F6C_DD1D));
+                    match (self.deps.provisioners)(config, broker, self.deps.model.clone()) {
+                        Ok(h) => {
+                            tracing::info!(host = %self.host, kind = %self.kind, reap, "container provisioner running");
+                            for s in &self.deps.subscribers {
+                                h.subscribe(s.clone());
+                            }
+                            // Before the first notification, so that nothing starts.
+                            if reap {
+                                h.close_starts();
+                            }
+                            if self.book.model_dying() {
+                                h.model_destroyed();
+                            }
+                            h.notify(containers);
+                            self.provisioner = Some(h);
+                            self.watch_done(ctx);
+                        }
+                        Err(e) => {
+                            tracing::error!(host = %self.host, error = %e, "cannot start the container provisioner")
+                        }
+                    }
+                }
+                Effect::Forward(ids) => {
+                    if let Some(h) = &self.provisioner {
+                        h.notify(ids);
+                    }
+                }
+                Effect::CloseStarts => {
+                    if let Some(h) = &self.provisioner {
+                        tracing::info!(host = %self.host, kind = %self.kind, "host died; its container provisioner only reaps now");
+                        h.close_starts();
+                    }
+                    // Once it has nothing left to reap, it goes.
+                    self.watch_done(ctx);
+                }
+                Effect::Destroyed => {
+                    if let Some(h) = &self.provisioner {
+                        tracing::info!(host = %self.host, kind = %self.kind, "model destroyed; stopping every container's instance");
+                        h.model_destroyed();
+                    }
+                }
+                Effect::GiveUp { containers, message } => {
+                    let text = format!("host {} cannot run {} containers: {message}", self.host, self.kind);
+                    tracing::error!(host = %self.host, kind = %self.kind, error = %message, "container initialisation failed for good");
+                    for c in containers {
+                        let model = self.deps.model.clone();
+                        let text = text.clone();
+                        let fut = async move {
+                            let _ = model
+                                .set_instance_status(c.clone(), InstanceStatus::provisioning_error(), text.clone())
+                                .await;
+                            let _ = model.set_status(c, crate::model::MachineStatus::Error, text).await;
+                        };
+                        ctx.spawn(fut.into_actor(self));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Actor for ContainerSupervisor {
+    type Context = Context<Self>;
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        if let Some(h) = self.provisioner.take() {
+            h.shutdown();
+        }
+    }
+}
+
+impl Handler<ContainersChanged> for ContainerSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: ContainersChanged, ctx: &mut Self::Context) {
+        let effects = self.book.containers_changed(msg.0);
+        self.perform(effects, ctx);
+    }
+}
+
+impl Handler<HostProvisioned> for ContainerSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: HostProvisioned, ctx: &mut Self::Context) {
+        let effects = self.book.host_provisioned(msg.0);
+        self.perform(effects, ctx);
+    }
+}
+
+impl Handler<HostDied> for ContainerSupervisor {
+    type Result = ();
+    fn handle(&mut self, _msg: HostDied, ctx: &mut Self::Context) {
+        // It stays: containers added to the dead host later are reaped too.
+        let effects = self.book.host_died();
+        self.perform(effects, ctx);
+    }
+}
+
+impl Handler<SetSupervisorMode> for ContainerSupervisor {
+    type Result = ();
+    fn handle(&mut self, msg: SetSupervisorMode, _ctx: &mut Self::Context) {
+        self.deps.config.harvest_mode = msg.0;
+        if let Some(h) = &self.provisioner {
+            h.set_harvest_mode(msg.0);
+        }
+    }
+}
+
+impl Handler<ModelDying> for ContainerSupervisor {
+    type Result = ();
+    fn handle(&mut self, _msg: ModelDying, ctx: &mut Self::Context) {
+        let effects = self.book.model_destroyed();
+        self.perform(effects, ctx);
+    }
+}
+
+impl Handler<GetSupervisorState> for ContainerSupervisor {
+    type Result = MessageResult<GetSupervisorState>;
+    fn handle(&mut self, _msg: GetSupervisorState, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.stage().clone())
+    }
+}
+
+impl Handler<crate::actors::messages::Busy> for ContainerSupervisor {
+    type Result = ResponseFuture<usize>;
+    fn handle(&mut self, _msg: crate::actors::messages::Busy, _ctx: &mut Self::Context) -> Self::Result {
+        let initialising = usize::from(matches!(self.book.stage(), super::Stage::Initialising { .. }));
+        let provisioner = self.provisioner.clone();
+        Box::pin(async move {
+            let busy = match provisioner {
+                Some(h) => usize::from(!h.is_idle().await),
+                None => 0,
+            };
+            initialising + busy
+        })
+    }
+}
+
+impl Handler<crate::actors::messages::Shutdown> for ContainerSupervisor {
+    type Result = ();
+    fn handle(&mut self, _msg: crate::actors::messages::Shutdown, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}

@@ -1,0 +1,156 @@
+//! The coordinator's plain core: batching, coalescing and backoff of machine notifications.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use crate::config::Backoff;
+use crate::model::{InstanceId, MachineId};
+use crate::ports::ModelError;
+
+/// Notifications waiting, the batch in flight, and dead machines whose stop is deferred.
+#[derive(Debug, Clone)]
+pub struct BatchBook {
+    pending: BTreeSet<MachineId>,
+    seen: bool,
+    in_flight: bool,
+    backing_off: bool,
+    first_done: bool,
+    zones_loaded: bool,
+    failures: u32,
+    backoff: Backoff,
+    rng: StdRng,
+    workers: usize,
+}
+
+impl BatchBook {
+    /// Nothing pending; `workers` is the pool's size.
+    pub fn new(backoff: Backoff, workers: usize) -> Self {
+        Self {
+            pending: BTreeSet::new(),
+            seen: false,
+            in_flight: false,
+            backing_off: false,
+            first_done: false,
+            zones_loaded: false,
+            failures: 0,
+            backoff,
+            rng: StdRng::seed_from_u64(0),
+            workers,
+        }
+    }
+
+    /// The same book drawing its backoff jitter from this seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.rng = StdRng::seed_from_u64(seed);
+        self
+    }
+
+    /// Adds changed ids to the next batch.
+    pub fn notify(&mut self, ids: impl IntoIterator<Item = MachineId>) {
+        self.seen = true;
+        self.pending.extend(ids);
+    }
+
+    /// The next batch, if none is in flight and something is waiting. The first batch may be
+    /// empty (a model with no machines still ends safe mode).
+    pub fn take_batch(&mut self) -> Option<Vec<MachineId>> {
+        if self.in_flight || self.backing_off || (self.pending.is_empty() && (self.first_done || !self.seen)) {
+            return None;
+        }
+        self.in_flight = true;
+        Some(std::mem::take(&mut self.pending).into_iter().collect())
+    }
+
+    /// The batch succeeded. Answers whether it was the first one.
+    pub fn batch_succeeded(&mut self) -> bool {
+        self.in_flight = false;
+        self.failures = 0;
+        !std::mem::replace(&mut self.first_done, true)
+    }
+
+    /// The batch failed as a whole: its ids wait again, and no batch is taken until
+    /// [`BatchBook::backoff_over`]; answers the delay before the retry.
+    pub fn batch_failed(&mut self, ids: Vec<MachineId>) -> Duration {
+        self.in_flight = false;
+        self.backing_off = true;
+        self.pending.extend(ids);
+        let d = self.backoff.delay(self.failures, &mut self.rng);
+        self.failures += 1;
+        d
+    }
+
+    /// The backoff after a failed batch has run out: batches may be taken again.
+    pub fn backoff_over(&mut self) {
+        self.backing_off = false;
+    }
+
+    /// Work not yet done: waiting ids, a batch in flight, a backoff running.
+    pub fn busy(&self) -> usize {
+        self.pending.len() + usize::from(self.in_flight) + usize::from(self.backing_off)
+    }
+
+    /// Whether the first full notification was processed.
+    pub fn first_done(&self) -> bool {
+        self.first_done
+    }
+
+    /// Whether the zone list has been loaded.
+    pub fn zones_loaded(&self) -> bool {
+        self.zones_loaded
+    }
+
+    /// The zone list was loaded.
+    pub fn set_zones_loaded(&mut self) {
+        self.zones_loaded = true;
+    }
+
+    /// Ids to retry later (a per-machine read failed): they wait for the next batch after a
+    /// backoff; answers that delay.
+    pub fn retry_later_delay(&mut self) -> Duration {
+        self.backoff.delay(self.failures, &mut self.rng)
+    }
+
+    /// The pool size in force.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Records a new pool size; answers whether it changed.
+    pub fn set_workers(&mut self, n: usize) -> bool {
+        std::mem::replace(&mut self.workers, n) != n
+    }
+}
+
+/// What a destruction set in motion.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DestroySummary {
+    /// Instances being stopped (one call).
+    pub stopping: Vec<InstanceId>,
+    /// Machines whose start is in flight: their instances are stopped as they land.
+    pub awaiting_starts: Vec<MachineId>,
+}
+
+/// Why a destruction was refused or is incomplete.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DestroyError {
+    /// The model is already dying: nothing changed.
+    #[error("model is already dying")]
+    AlreadyDying,
+    /// The model refused.
+    #[error("destroying the model: {0}")]
+    Model(#[source] ModelError),
+    /// Everything killable is being stopped, but manual machines remain.
+    #[error("manually provisioned machines must first be destroyed: {}", ids.iter().map(|i| i.as_str()).collect::<Vec<_>>().join(", "))]
+    ManualMachines {
+        /// The manual machines.
+        ids: Vec<MachineId>,
+        /// What was set in motion anyway.
+        summary: DestroySummary,
+    },
+    /// The provisioner stopped (an actor it needs no longer takes messages).
+    #[error("provisioner unavailable: {0}")]
+    Unavailable(#[source] actix::MailboxError),
+}

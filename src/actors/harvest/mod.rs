@@ -1,0 +1,19 @@
+//! The harvest policy actor: owns the harvest mode, safe mode and the set of released
+//! instances, and decides which instances to stop by harvest mode.
+//!
+//! Safe mode: until the first full machine notification has been processed the cache is incomplete,
+//! so nothing unknown is harvested and a mode change waits (Juju's safe mode before the first
+//! batch).
+
+mod actor;
+mod messages;
+mod state;
+#[cfg(test)]
+mod tests;
+
+pub use actor::HarvestPolicy;
+pub use messages::{
+    ClaimReusable, EndSafeMode, GetHarvestMode, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown, SetHarvestMode,
+    StopsDone,
+};
+pub use state::{HarvestBook, HarvestPlan, HarvestSafety, ModeChange, UnknownInstance};

@@ -1,0 +1,62 @@
+//! Messages the lifecycle handles.
+
+use actix::Message;
+
+use super::state::{AfterStart, Deaths, Phase};
+use crate::model::DeadMachine;
+use crate::model::{InstanceId, MachineId};
+
+/// Machines classified pending: answers those to start now.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Vec<MachineId>")]
+pub struct ObservePending {
+    /// The machines.
+    pub ids: Vec<MachineId>,
+}
+
+/// Machines seen dead: answers which to harvest now and which are deferred.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Deaths")]
+pub struct ObserveDead {
+    /// The machines.
+    pub dead: Vec<DeadMachine>,
+}
+
+/// A start returned.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "AfterStart")]
+pub struct StartFinished {
+    /// The machine.
+    pub machine: MachineId,
+    /// The instance it produced, if any.
+    pub instance: Option<InstanceId>,
+}
+
+/// Whether a start in flight should go on retrying.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "bool")]
+pub struct StillWanted {
+    /// The machine.
+    pub machine: MachineId,
+}
+
+/// These machines were removed.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct ForgetLifecycle {
+    /// The machines.
+    pub ids: Vec<MachineId>,
+}
+
+/// Every machine's phase, in id order.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "Vec<(MachineId, Phase)>")]
+pub struct GetPhases;
+
+/// The model is being destroyed: these are its non-manual, non-controller machines.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Deaths")]
+pub struct ObserveDestroy {
+    /// The machines, with their instances.
+    pub machines: Vec<DeadMachine>,
+}

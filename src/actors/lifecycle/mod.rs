@@ -1,0 +1,19 @@
+//! The machine lifecycle actor: the starting / stop-deferred / running / stopping state of every
+//! machine the provisioner is working on (starting, stopping, and stops deferred while a start is
+//! in flight).
+//!
+//! One actor owns a map of small per-machine state machines rather than one actor per
+//! machine: a batch of 10,000 changes is one message, not 10,000 mailboxes, iteration order is
+//! fixed, and memory per machine is one map entry (see ARCHITECTURE.md).
+
+mod actor;
+mod messages;
+mod state;
+#[cfg(test)]
+mod tests;
+
+pub use actor::MachineLifecycle;
+pub use messages::{
+    ForgetLifecycle, GetPhases, ObserveDead, ObserveDestroy, ObservePending, StartFinished, StillWanted,
+};
+pub use state::{AfterStart, Deaths, LifecycleBook, Phase};

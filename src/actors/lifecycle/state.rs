@@ -1,0 +1,211 @@
+//! The lifecycle's plain core: one small state machine per machine.
+
+use std::collections::BTreeMap;
+
+use crate::model::DeadMachine;
+use crate::model::{InstanceId, MachineId};
+
+/// Where a machine is in its life with the provisioner. Machines with no phase are idle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// A start is queued or in flight.
+    Starting,
+    /// The machine died while starting: stop what the start produces when it returns.
+    StopDeferred(DeadMachine),
+    /// The model is being destroyed while the machine starts: stop what the start produces.
+    DestroyDeferred(DeadMachine),
+    /// The start produced this instance.
+    Running {
+        /// The instance.
+        instance: InstanceId,
+    },
+    /// Its instance is being stopped (or it is being removed).
+    Stopping,
+}
+
+/// What to do with a dead machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeathDecision {
+    /// Stop (harvest) it now.
+    StopNow,
+    /// It is starting: stop what the start produces when it returns.
+    Deferred,
+    /// Already being stopped: ignore (de-duplicates stop requests, as Juju's
+    /// `TestDedupStopRequests`).
+    AlreadyStopping,
+}
+
+/// The decisions for a batch of dead machines.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Deaths {
+    /// To harvest now.
+    pub stop_now: Vec<DeadMachine>,
+    /// Deferred until their start returns.
+    pub deferred: Vec<MachineId>,
+}
+
+/// What follows a finished start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterStart {
+    /// Nothing more.
+    Done,
+    /// The machine died while starting: harvest it now, with the instance the start produced.
+    StopDeferred {
+        /// The dead machine, with the instance the start produced (if any).
+        dead: DeadMachine,
+    },
+    /// The model is being destroyed: stop the instance the start produced, whatever the mode.
+    DestroyDeferred {
+        /// The machine, with the instance the start produced (if any).
+        machine: DeadMachine,
+    },
+}
+
+/// Every machine's phase.
+#[derive(Debug, Clone, Default)]
+pub struct LifecycleBook {
+    phases: BTreeMap<MachineId, Phase>,
+    /// The model was destroyed: nothing starts any more (a batch read before the destruction
+    /// may still ask).
+    destroyed: bool,
+}
+
+impl LifecycleBook {
+    /// No machine in any phase.
+    #[cfg(test)]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A machine's phase.
+    #[cfg(test)]
+    pub fn phase(&self, id: &MachineId) -> Option<&Phase> {
+        self.phases.get(id)
+    }
+
+    /// Every phase, in id order.
+    pub fn phases(&self) -> impl Iterator<Item = (&MachineId, &Phase)> {
+        self.phases.iter()
+    }
+
+    /// A machine was classified pending: start it unless it is already starting, running or
+    /// stopping (a machine is never started twice, where Juju may queue a second start), or the
+    /// model was destroyed.
+    pub fn want_start(&mut self, id: &MachineId) -> bool {
+        if self.destroyed || self.phases.contains_key(id) {
+            return false;
+        }
+        self.phases.insert(id.clone(), Phase::Starting);
+        true
+    }
+
+    /// A machine was seen dead (its stop deferred while its start is in flight).
+    pub fn on_death(&mut self, dead: &DeadMachine) -> DeathDecision {
+        match self.phases.get(&dead.id) {
+            Some(Phase::Starting) => {
+                self.phases.insert(dead.id.clone(), Phase::StopDeferred(dead.clone()));
+                DeathDecision::Deferred
+            }
+            Some(Phase::StopDeferred(_)) => DeathDecision::Deferred,
+            Some(Phase::DestroyDeferred(d)) => {
+                // Dead as well: the start's instance is stopped by the destruction; removal follows
+                // the ordinary way.
+                let d = DeadMachine { keep_instance: dead.keep_instance, ..d.clone() };
+                self.phases.insert(dead.id.clone(), Phase::StopDeferred(d));
+                DeathDecision::Deferred
+            }
+            Some(Phase::Stopping) => DeathDecision::AlreadyStopping,
+            Some(Phase::Running { .. }) | None => {
+                self.phases.insert(dead.id.clone(), Phase::Stopping);
+                DeathDecision::StopNow
+            }
+        }
+    }
+
+    /// Decides a batch of deaths.
+    pub fn on_deaths(&mut self, dead: &[DeadMachine]) -> Deaths {
+        let mut out = Deaths::default();
+        for d in dead {
+            match self.on_death(d) {
+                DeathDecision::StopNow => out.stop_now.push(d.clone()),
+                DeathDecision::Deferred => out.deferred.push(d.id.clone()),
+                DeathDecision::AlreadyStopping => {}
+            }
+        }
+        out
+    }
+
+    /// A start returned, with the instance it produced if any (stopped at once if its machine died
+    /// meanwhile, where Juju's deferred stop misses that new instance).
+    pub fn start_finished(&mut self, id: &MachineId, instance: Option<InstanceId>) -> AfterStart {
+        // The common case in place: a plain start that produced an instance is now running.
+        if let (Some(phase @ Phase::Starting), Some(inst)) = (self.phases.get_mut(id), instance.as_ref()) {
+            *phase = Phase::Running { instance: inst.clone() };
+            return AfterStart::Done;
+        }
+        match self.phases.remove(id) {
+            Some(Phase::StopDeferred(mut dead)) => {
+                dead.instance = instance.or(dead.instance);
+                self.phases.insert(id.clone(), Phase::Stopping);
+                AfterStart::StopDeferred { dead }
+            }
+            Some(Phase::DestroyDeferred(mut machine)) => {
+                machine.instance = instance.or(machine.instance);
+                AfterStart::DestroyDeferred { machine }
+            }
+            Some(Phase::Starting) => {
+                if let Some(instance) = instance {
+                    self.phases.insert(id.clone(), Phase::Running { instance });
+                }
+                AfterStart::Done
+            }
+            Some(other) => {
+                self.phases.insert(id.clone(), other);
+                AfterStart::Done
+            }
+            None => AfterStart::Done,
+        }
+    }
+
+    /// The model is being destroyed: machines starting stop what their start produces when it
+    /// lands; the others are handed back to be stopped now (and go idle). Machines already
+    /// stopping or stop-deferred are left to that.
+    pub fn on_destroy(&mut self, machines: &[DeadMachine]) -> Deaths {
+        self.destroyed = true;
+        let mut out = Deaths::default();
+        for m in machines {
+            match self.phases.get(&m.id) {
+                Some(Phase::Starting) => {
+                    self.phases.insert(m.id.clone(), Phase::DestroyDeferred(m.clone()));
+                    out.deferred.push(m.id.clone());
+                }
+                Some(Phase::StopDeferred(_) | Phase::DestroyDeferred(_) | Phase::Stopping) => {}
+                Some(Phase::Running { instance }) => {
+                    // Its start landed at this very instant: the registry may not have recorded
+                    // the instance yet, the lifecycle has (it wins over releases).
+                    let mut m = m.clone();
+                    if m.instance.as_ref() != Some(instance) && !m.tagged.contains(instance) {
+                        m.tagged.push(instance.clone());
+                    }
+                    self.phases.remove(&m.id);
+                    out.stop_now.push(m);
+                }
+                None => {
+                    self.phases.remove(&m.id);
+                    out.stop_now.push(m.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether a start in flight should keep retrying (the machine has not died).
+    pub fn still_wanted(&self, id: &MachineId) -> bool {
+        matches!(self.phases.get(id), Some(Phase::Starting))
+    }
+
+    /// The machine was removed: forget it.
+    pub fn forget(&mut self, id: &MachineId) {
+        self.phases.remove(id);
+    }
+}

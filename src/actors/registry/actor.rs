@@ -1,0 +1,363 @@
+//! The machine registry actor: a thin shell over [`MachineBook`] that performs the model and
+//! cloud calls.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use futures::future::join_all;
+
+use super::messages::*;
+use super::state::{DestroyTargets, MachineBook, Refreshed, RegistryError, RegistrySnapshot};
+use crate::actors::coordinator::ViewRefreshed;
+use crate::config::Backoff;
+use crate::model::DeadMachine;
+use crate::model::MachineId;
+use crate::ports::{Broker, ModelApi, ModelError};
+
+/// Owns the machine cache and the instance view.
+pub struct MachineRegistry {
+    book: MachineBook,
+    broker: Arc<dyn Broker>,
+    model: Arc<dyn ModelApi>,
+    backoff: Backoff,
+    rng: rand::rngs::StdRng,
+    resync_interval: std::time::Duration,
+    resync_failures: u32,
+    on_refresh: Option<Recipient<ViewRefreshed>>,
+    /// Removals not yet acknowledged by the model.
+    removals: usize,
+    /// When the last successful listing was loaded.
+    listed_at: Option<actix_rt::time::Instant>,
+    /// The book's clock starts here.
+    epoch: actix_rt::time::Instant,
+}
+
+impl MachineRegistry {
+    /// A registry over these ports; `on_refresh` hears of every successful periodic listing.
+    pub fn new(
+        scope: crate::config::Scope,
+        broker: Arc<dyn Broker>,
+        model: Arc<dyn ModelApi>,
+        backoff: Backoff,
+        resync_interval: std::time::Duration,
+        on_refresh: Option<Recipient<ViewRefreshed>>,
+    ) -> Self {
+        Self {
+            book: MachineBook::with_scope(scope),
+            broker,
+            model,
+            backoff,
+            rng: rand::SeedableRng::seed_from_u64(0),
+            resync_interval,
+            resync_failures: 0,
+            on_refresh,
+            removals: 0,
+            listed_at: None,
+            epoch: actix_rt::time::Instant::now(),
+        }
+    }
+
+    /// The same registry drawing its backoff jitter from this seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.rng = rand::SeedableRng::seed_from_u64(seed);
+        self
+    }
+
+    fn schedule_resync(&self, ctx: &mut Context<Self>, after: std::time::Duration) {
+        ctx.run_later(after, |act, ctx| act.resync(ctx));
+    }
+
+    fn resync(&mut self, ctx: &mut Context<Self>) {
+        let listing = self.broker.all_instances();
+        ctx.spawn(listing.into_actor(self).map(|res, act, ctx| match res {
+            Ok(list) => {
+                act.load(list);
+                act.resync_failures = 0;
+                act.report_status_changes(ctx);
+                if let Some(r) = &act.on_refresh {
+                    r.do_send(ViewRefreshed);
+                }
+                act.schedule_resync(ctx, act.resync_interval);
+            }
+            Err(e) => {
+                act.book.mark_stale();
+                let delay = act.backoff.delay(act.resync_failures, &mut act.rng).min(act.resync_interval);
+                act.resync_failures += 1;
+                tracing::warn!(error = %e, retry_in = ?delay, "cloud listing failed; not harvesting until one succeeds");
+                act.schedule_resync(ctx, delay);
+            }
+        }));
+    }
+
+    fn tick(&mut self) {
+        self.book.set_clock(self.epoch.elapsed());
+    }
+
+    fn load(&mut self, list: Vec<crate::model::CloudInstance>) {
+        self.tick();
+        self.book.load_view(list);
+        self.listed_at = Some(actix_rt::time::Instant::now());
+    }
+
+    /// Writes instance statuses that changed outside our control (an instance stopped in the cloud
+    /// shows as `stopped`).
+    fn report_status_changes(&mut self, ctx: &mut Context<Self>) {
+        for (id, status, message) in self.book.status_changes() {
+            tracing::info!(machine = %id, %status, "instance status changed outside the provisioner");
+            let call = self.model.set_instance_status(id.clone(), status, message);
+            ctx.spawn(call.into_actor(self).map(move |res, _act, _ctx| {
+                if let Err(e) = res {
+                    tracing::warn!(machine = %id, error = %e, "cannot write instance status");
+                }
+            }));
+        }
+    }
+
+    fn mark_for_removal(&mut self, ctx: &mut Context<Self>, id: MachineId, attempt: u32) {
+        let call = self.model.mark_for_removal(id.clone());
+        self.removals += 1;
+        ctx.spawn(call.into_actor(self).map(move |res, act, ctx| match res {
+            Ok(()) | Err(ModelError::NotFound(_)) => act.removals -= 1,
+            Err(e) => {
+                let delay = act.backoff.delay(attempt, &mut act.rng);
+                tracing::warn!(machine = %id, error = %e, retry_in = ?delay, "mark for removal failed");
+                ctx.run_later(delay, move |act, ctx| {
+                    act.removals -= 1;
+                    act.mark_for_removal(ctx, id, attempt + 1);
+                });
+            }
+        }));
+    }
+}
+
+impl Actor for MachineRegistry {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let interval = self.resync_interval;
+        self.schedule_resync(ctx, interval);
+    }
+}
+
+impl Handler<Refresh> for MachineRegistry {
+    type Result = ResponseActFuture<Self, Result<Refreshed, RegistryError>>;
+
+    fn handle(&mut self, msg: Refresh, _ctx: &mut Self::Context) -> Self::Result {
+        let listing = (!self.book.loaded_once()).then(|| self.broker.all_instances());
+        let model = self.model.clone();
+        // Machines outside this provisioner's scope are none of its business.
+        let ids = self.book.in_scope(msg.ids);
+        let fut = async move {
+            let listing = match listing {
+                Some(call) => Some(call.await.map_err(RegistryError::Listing)?),
+                None => None,
+            };
+            let reads = if ids.is_empty() {
+                Vec::new()
+            } else {
+                model
+                    .machines(ids.clone())
+                    .await
+                    .map_err(|source| RegistryError::Machines { ids: ids.clone(), source })?
+            };
+            Ok((listing, ids, reads))
+        };
+        Box::pin(fut.into_actor(self).then(|res, act, _ctx| {
+            let model = act.model.clone();
+            let mut out = Refreshed::default();
+            let mut to_kill = Vec::new();
+            let mut failed = None;
+            match res {
+                Err(e) => {
+                    if matches!(e, RegistryError::Listing(_)) {
+                        act.book.mark_stale();
+                    }
+                    failed = Some(e);
+                }
+                Ok((listing, ids, reads)) => {
+                    if let Some(list) = listing {
+                        act.load(list);
+                    }
+                    let (refreshed, kill) = act.book.absorb(ids.into_iter().zip(reads));
+                    out = refreshed;
+                    to_kill = kill;
+                }
+            }
+            let kills = join_all(to_kill.into_iter().map(move |id| {
+                let call = model.ensure_dead(id.clone());
+                async move { (id, call.await) }
+            }));
+            kills.into_actor(act).map(move |results, act, _ctx| {
+                if let Some(e) = failed {
+                    return Err(e);
+                }
+                for (id, res) in results {
+                    match res {
+                        Ok(()) => {
+                            tracing::info!(machine = %id, "killing dying, unprovisioned machine");
+                            act.book.set_dead(&id);
+                            out.dead.extend(act.book.dead_machine(&id));
+                        }
+                        Err(e) => {
+                            tracing::warn!(machine = %id, error = %e, "ensure dead failed; will retry");
+                            out.retry_later.push(id);
+                        }
+                    }
+                }
+                Ok(out)
+            })
+        }))
+    }
+}
+
+impl Handler<RecordInstance> for MachineRegistry {
+    type Result = ();
+    fn handle(&mut self, msg: RecordInstance, _ctx: &mut Self::Context) {
+        self.book.record_started(&msg.machine, msg.instance, msg.constraints);
+    }
+}
+
+impl Handler<InstancesGone> for MachineRegistry {
+    type Result = ();
+    fn handle(&mut self, msg: InstancesGone, _ctx: &mut Self::Context) {
+        self.book.instances_gone(&msg.ids);
+    }
+}
+
+impl Handler<StopsPlanned> for MachineRegistry {
+    type Result = ();
+    fn handle(&mut self, msg: StopsPlanned, _ctx: &mut Self::Context) {
+        self.book.stops_planned(&msg.ids, msg.machine.as_ref());
+    }
+}
+
+impl Handler<ForgetMachines> for MachineRegistry {
+    type Result = ();
+    fn handle(&mut self, msg: ForgetMachines, ctx: &mut Self::Context) {
+        for id in msg.ids {
+            self.book.remove(&id);
+            self.mark_for_removal(ctx, id, 0);
+        }
+    }
+}
+
+impl Handler<UnknownInstances> for MachineRegistry {
+    type Result = ResponseActFuture<Self, Result<Vec<(crate::model::InstanceId, std::time::Duration)>, RegistryError>>;
+    fn handle(&mut self, msg: UnknownInstances, _ctx: &mut Self::Context) -> Self::Result {
+        let stale = match (msg.fresher_than, self.listed_at) {
+            (Some(max), Some(at)) => at.elapsed() > max,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        self.tick();
+        if !stale {
+            return Box::pin(fut::ready(self.book.unknown_with_ages().ok_or(RegistryError::ViewStale)));
+        }
+        let listing = self.broker.all_instances();
+        Box::pin(listing.into_actor(self).map(|res, act, ctx| match res {
+            Ok(list) => {
+                act.load(list);
+                act.report_status_changes(ctx);
+                act.book.unknown_with_ages().ok_or(RegistryError::ViewStale)
+            }
+            Err(e) => {
+                act.book.mark_stale();
+                Err(RegistryError::Listing(e))
+            }
+        }))
+    }
+}
+
+impl Handler<Adoptable> for MachineRegistry {
+    type Result = Option<crate::model::CloudInstance>;
+    fn handle(&mut self, msg: Adoptable, _ctx: &mut Self::Context) -> Self::Result {
+        self.book.adoptable(&msg.machine)
+    }
+}
+
+impl Handler<GetRegistrySnapshot> for MachineRegistry {
+    type Result = MessageResult<GetRegistrySnapshot>;
+    fn handle(&mut self, _msg: GetRegistrySnapshot, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(RegistrySnapshot {
+            machines: self.book.machines().cloned().collect(),
+            instances: self.book.instances().cloned().collect(),
+            fresh: self.book.is_fresh(),
+        })
+    }
+}
+
+impl Handler<crate::actors::messages::Busy> for MachineRegistry {
+    type Result = usize;
+    fn handle(&mut self, _msg: crate::actors::messages::Busy, _ctx: &mut Self::Context) -> usize {
+        // A stale view is a one-shot retry pending.
+        self.removals + usize::from(self.book.loaded_once() && !self.book.is_fresh())
+    }
+}
+
+impl Handler<PrepareDestroy> for MachineRegistry {
+    type Result = MessageResult<PrepareDestroy>;
+    fn handle(&mut self, msg: PrepareDestroy, _ctx: &mut Self::Context) -> Self::Result {
+        let mut out = DestroyTargets::default();
+        let scope = self.book.scope().clone();
+        for m in msg.machines.into_iter().filter(|m| scope.contains(&m.id) && !m.controller) {
+            let id = m.id.clone();
+            let manual = m.manual;
+            let blocks = super::blocks_destroy(&m, &scope);
+            self.book.upsert(m);
+            if manual {
+                if blocks {
+                    out.manual.push(id);
+                }
+            } else if let Some(d) = self.book.dead_machine(&id) {
+                out.machines.push(d);
+            }
+        }
+        MessageResult(out)
+    }
+}
+
+impl Handler<InstanceStateOf> for MachineRegistry {
+    type Result = ResponseActFuture<Self, Option<crate::model::InstanceState>>;
+    fn handle(&mut self, msg: InstanceStateOf, _ctx: &mut Self::Context) -> Self::Result {
+        let fresh = self.listed_at.is_some_and(|at| at.elapsed() <= msg.fresher_than);
+        if fresh {
+            return Box::pin(fut::ready(self.book.instance(&msg.id).map(|i| i.state)));
+        }
+        let listing = self.broker.all_instances();
+        Box::pin(listing.into_actor(self).map(move |res, act, ctx| {
+            match res {
+                Ok(list) => {
+                    act.load(list);
+                    act.report_status_changes(ctx);
+                }
+                Err(e) => {
+                    act.book.mark_stale();
+                    tracing::warn!(error = %e, "cloud listing failed");
+                    return None;
+                }
+            }
+            act.book.instance(&msg.id).map(|i| i.state)
+        }))
+    }
+}
+
+impl Handler<SweepTargets> for MachineRegistry {
+    type Result = MessageResult<SweepTargets>;
+    fn handle(&mut self, _msg: SweepTargets, _ctx: &mut Self::Context) -> Self::Result {
+        let ids: Vec<MachineId> =
+            self.book.machines().filter(|m| !m.manual && !m.controller).map(|m| m.id.clone()).collect();
+        let live = |d: &mut DeadMachine| {
+            // Only what the cloud still has: no stop for an instance already gone.
+            d.instance = d.instance.take().filter(|i| self.book.instance(i).is_some());
+        };
+        MessageResult(
+            ids.iter()
+                .filter_map(|id| self.book.dead_machine(id))
+                .map(|mut d| {
+                    live(&mut d);
+                    d
+                })
+                .collect(),
+        )
+    }
+}

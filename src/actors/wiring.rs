@@ -1,0 +1,399 @@
+//! All wiring in one place: builds the seven actors, links them by `Recipient`s, and hands back
+//! a [`ProvisionerHandle`].
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use thiserror::Error;
+
+use crate::actors::coordinator::{
+    ChangeHarvestMode, Coordinator, Links, MachinesChanged, ResizeError, RetryTick, SetWorkers, Subscribe,
+};
+use crate::actors::harvest::{GetHarvestMode, HarvestPolicy, HarvestSafety};
+use crate::actors::lifecycle::{GetPhases, MachineLifecycle, Phase};
+use crate::actors::limiter::{GetLimiterSnapshot, LimitedBroker, LimiterSnapshot, RateLimiter};
+use crate::actors::messages::Shutdown;
+use crate::actors::registry::{GetRegistrySnapshot, MachineRegistry, RegistrySnapshot};
+use crate::actors::workers::{GetPoolStatus, PoolStatus, StartDeps, WorkerPool};
+use crate::actors::zones::{GetZoneSnapshot, ZoneAllocator, ZoneSnapshot};
+use crate::config::{ConfigError, ProvisionerConfig};
+use crate::model::events::ProvisionerEvent;
+use crate::model::{HarvestMode, MachineId};
+use crate::ports::{Broker, ModelApi};
+
+/// Errors from talking to a running provisioner.
+#[derive(Debug, Error)]
+pub enum ProvisionerError {
+    /// The request was invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The provisioner has stopped.
+    #[error("provisioner is not running: {0}")]
+    Stopped(#[from] MailboxError),
+}
+
+/// A running provisioner: its inputs, its snapshots, and its off switch.
+#[derive(Clone)]
+pub struct ProvisionerHandle {
+    coordinator: Addr<Coordinator>,
+    registry: Addr<MachineRegistry>,
+    zones: Addr<ZoneAllocator>,
+    harvest: Addr<HarvestPolicy>,
+    lifecycle: Addr<MachineLifecycle>,
+    pool: Addr<WorkerPool>,
+    limiter: Option<Addr<RateLimiter>>,
+}
+
+/// Starts a provisioner on the current actix system.
+///
+/// Nothing happens until the first [`MachinesChanged`] arrives (it must carry every machine);
+/// the cloud listing starts with it.
+pub fn start(
+    config: ProvisionerConfig,
+    broker: Arc<dyn Broker>,
+    model: Arc<dyn ModelApi>,
+) -> Result<ProvisionerHandle, ConfigError> {
+    config.validate()?;
+    let coord_ctx: Context<Coordinator> = Context::new();
+    let coord = coord_ctx.address();
+
+    // Every cloud call is paced by the client-side limiter (unless every class is unlimited).
+    let limiter = config.rate_limits.any().then(|| RateLimiter::new(config.rate_limits).start());
+    let broker: Arc<dyn Broker> = match &limiter {
+        Some(l) => Arc::new(LimitedBroker::new(broker, l.clone().recipient(), l.clone().recipient())),
+        None => broker,
+    };
+
+    let registry = MachineRegistry::new(
+        config.scope.clone(),
+        broker.clone(),
+        model.clone(),
+        config.backoff,
+        config.resync_interval,
+        Some(coord.clone().recipient()),
+    )
+    .with_seed(config.seed ^ 0x0072_6567_6973_7472)
+    .start();
+    let zones = ZoneAllocator::new(broker.clone(), config.seed, config.resync_interval)
+        .with_capacity_memory(config.capacity_memory)
+        .start();
+    let safety = HarvestSafety {
+        grace: config.harvest_grace,
+        max_stops: config.harvest_max_stops,
+        pass_interval: config.resync_interval,
+    };
+    let mut harvest = HarvestPolicy::new(
+        config.harvest_mode,
+        registry.clone().recipient(),
+        config.harvest_listing_max_age,
+        coord.clone().recipient(),
+    )
+    .with_safety(safety);
+    if config.reuse {
+        harvest = harvest.with_reuse(config.reuse_window);
+    }
+    let harvest = harvest.start();
+    let lifecycle = MachineLifecycle::new().start();
+    let deps = StartDeps {
+        broker: broker.clone(),
+        model: model.clone(),
+        choose: zones.clone().recipient(),
+        mark_failed: zones.clone().recipient(),
+        release_reservation: zones.clone().recipient(),
+        release_machine: zones.clone().recipient(),
+        still_wanted: lifecycle.clone().recipient(),
+        claim: config.reuse.then(|| harvest.clone().recipient()),
+        state_of: registry.clone().recipient(),
+        listing_max_age: config.harvest_listing_max_age,
+        retry: config.retry,
+        backoff: config.backoff,
+        model_uuid: config.model_uuid.clone(),
+        host_tag: config.host_tag.clone(),
+    };
+    let pool = WorkerPool::new(
+        config.workers,
+        config.max_workers,
+        deps,
+        coord.clone().recipient(),
+        config.seed.wrapping_add(1),
+    )
+    .start();
+    let links = Links {
+        model,
+        refresh: registry.clone().recipient(),
+        record: registry.clone().recipient(),
+        gone: registry.clone().recipient(),
+        forget: registry.clone().recipient(),
+        refresh_zones: zones.clone().recipient(),
+        populate: zones.clone().recipient(),
+        release_zone: zones.clone().recipient(),
+        plan_dead: harvest.clone().recipient(),
+        plan_unknown: harvest.clone().recipient(),
+        set_mode: harvest.clone().recipient(),
+        end_safe: harvest.clone().recipient(),
+        stops_done: harvest.clone().recipient(),
+        plan_destroy: harvest.clone().recipient(),
+        plan_stops: harvest.clone().recipient(),
+        stops_planned: registry.clone().recipient(),
+        prepare_destroy: registry.clone().recipient(),
+        sweep: registry.clone().recipient(),
+        observe_destroy: lifecycle.clone().recipient(),
+        observe_pending: lifecycle.clone().recipient(),
+        observe_dead: lifecycle.clone().recipient(),
+        start_finished: lifecycle.clone().recipient(),
+        forget_lifecycle: lifecycle.clone().recipient(),
+        enqueue: pool.clone().recipient(),
+        resize: pool.clone().recipient(),
+    };
+    let coordinator = coord_ctx.run(
+        Coordinator::new(links, config.backoff, config.workers, config.retry_path, config.scope.clone())
+            .with_seed(config.seed ^ 0x636f_6f72_6469_6e61),
+    );
+    Ok(ProvisionerHandle { coordinator, registry, zones, harvest, lifecycle, pool, limiter })
+}
+
+impl ProvisionerHandle {
+    /// Where the machine watcher sends its events.
+    pub fn machines_changed(&self) -> Recipient<MachinesChanged> {
+        self.coordinator.clone().recipient()
+    }
+
+    /// Where the transient-retry watcher sends its ticks.
+    pub fn retry_ticks(&self) -> Recipient<RetryTick> {
+        self.coordinator.clone().recipient()
+    }
+
+    /// Notifies the provisioner that these machines changed.
+    pub fn notify<I: Into<MachineId>>(&self, ids: impl IntoIterator<Item = I>) {
+        self.coordinator.do_send(MachinesChanged::new(ids));
+    }
+
+    /// Sends one transient-retry tick.
+    pub fn retry_tick(&self) {
+        self.coordinator.do_send(RetryTick);
+    }
+
+    /// Changes the harvest mode (applied after the first full notification).
+    pub fn set_harvest_mode(&self, mode: HarvestMode) {
+        self.coordinator.do_send(ChangeHarvestMode(mode));
+    }
+
+    /// Resizes the broker worker pool; queued and in-flight work is kept.
+    pub async fn set_workers(&self, n: usize) -> Result<(), ProvisionerError> {
+        match self.coordinator.send(SetWorkers(n)).await? {
+            Ok(()) => Ok(()),
+            Err(ResizeError::Invalid(e)) => Err(ProvisionerError::Config(e)),
+            // The pool stopped before the coordinator: the provisioner is shutting down.
+            Err(ResizeError::Stopped(e)) => Err(ProvisionerError::Stopped(e)),
+        }
+    }
+
+    /// Subscribes to every event.
+    pub fn subscribe(&self, to: Recipient<ProvisionerEvent>) {
+        self.coordinator.do_send(Subscribe(to));
+    }
+
+    /// The registry's machines and instance view.
+    pub async fn registry(&self) -> Result<RegistrySnapshot, ProvisionerError> {
+        Ok(self.registry.send(GetRegistrySnapshot).await?)
+    }
+
+    /// The zone book.
+    pub async fn zones(&self) -> Result<ZoneSnapshot, ProvisionerError> {
+        Ok(self.zones.send(GetZoneSnapshot).await?)
+    }
+
+    /// The client-side rate limiter's classes (empty when every class is unlimited).
+    pub async fn limiter(&self) -> Result<LimiterSnapshot, ProvisionerError> {
+        match &self.limiter {
+            Some(l) => Ok(l.send(GetLimiterSnapshot).await?),
+            None => Ok(LimiterSnapshot::default()),
+        }
+    }
+
+    /// The pool's load.
+    pub async fn pool(&self) -> Result<PoolStatus, ProvisionerError> {
+        Ok(self.pool.send(GetPoolStatus).await?)
+    }
+
+    /// Every machine's lifecycle phase.
+    pub async fn phases(&self) -> Result<Vec<(MachineId, Phase)>, ProvisionerError> {
+        Ok(self.lifecycle.send(GetPhases).await?)
+    }
+
+    /// The harvest mode in force.
+    pub async fn harvest_mode(&self) -> Result<HarvestMode, ProvisionerError> {
+        Ok(self.harvest.send(GetHarvestMode).await?)
+    }
+
+    /// Stops every actor (a crash, as far as in-memory state goes). Cloud calls already made
+    /// complete in the cloud; their results are dropped.
+    pub fn shutdown(&self) {
+        self.coordinator.do_send(Shutdown);
+        self.registry.do_send(Shutdown);
+        self.zones.do_send(Shutdown);
+        self.harvest.do_send(Shutdown);
+        self.lifecycle.do_send(Shutdown);
+        self.pool.do_send(Shutdown);
+        if let Some(l) = &self.limiter {
+            l.do_send(Shutdown);
+        }
+    }
+
+    /// Destroys the model: it becomes dying and refuses new machines; every instance of a
+    /// non-manual, non-controller machine is stopped in one call, starts in flight are stopped
+    /// as they land; then, unless `force`, manual machines that remain are an error
+    /// ([`DestroyError::ManualMachines`](crate::DestroyError::ManualMachines)).
+    pub async fn destroy_model(
+        &self,
+        force: bool,
+    ) -> Result<crate::actors::coordinator::DestroySummary, crate::actors::coordinator::DestroyError> {
+        self.coordinator
+            .send(crate::actors::coordinator::DestroyModel { force })
+            .await
+            .map_err(crate::actors::coordinator::DestroyError::Unavailable)?
+    }
+
+    /// Starts nothing any more; dead machines are still harvested and removed.
+    pub fn close_starts(&self) {
+        self.coordinator.do_send(crate::actors::coordinator::CloseStarts);
+    }
+
+    /// The model was destroyed by someone else (the environ provisioner, for a container
+    /// provisioner): starts nothing more and stops every instance in scope whatever the mode,
+    /// those of starts in flight as they land (the destruction wins over releases).
+    pub fn model_destroyed(&self) {
+        self.coordinator.do_send(crate::actors::coordinator::ModelDestroyed);
+    }
+
+    /// Whether every actor is quiescent: no batch, job, call or one-shot retry pending
+    /// (periodic resyncs do not count). A stopped provisioner is idle.
+    pub async fn is_idle(&self) -> bool {
+        let (c, p, r, h) = futures::join!(
+            self.coordinator.send(crate::actors::messages::Busy),
+            self.pool.send(crate::actors::messages::Busy),
+            self.registry.send(crate::actors::messages::Busy),
+            self.harvest.send(crate::actors::messages::Busy)
+        );
+        [c, p, r, h].into_iter().all(|b| b.map(|n| n == 0).unwrap_or(true))
+    }
+
+    /// Whether the provisioner's front door is still open.
+    pub fn is_running(&self) -> bool {
+        self.coordinator.connected()
+    }
+}
+
+/// Running container provisioning: the manager and, through it, every supervisor.
+#[derive(Clone)]
+pub struct ContainersHandle {
+    manager: Addr<crate::actors::containers::manager::ContainerManager>,
+}
+
+/// Starts lazy container provisioning on the current actix system: a supervisor per
+/// live host and type in `kinds`, each running a container provisioner once the first
+/// container of its type appears on its provisioned host. Feed it every machine notification
+/// ([`ContainersHandle::machines_changed`]) and the environ provisioner's events
+/// ([`ContainersHandle::provisioner_events`]).
+pub fn start_containers(
+    config: ProvisionerConfig,
+    brokers: crate::actors::containers::BrokerFactory,
+    model: Arc<dyn ModelApi>,
+    initialiser: Arc<dyn crate::actors::containers::ContainerInitialiser>,
+    kinds: Vec<String>,
+    subscribers: Vec<Recipient<ProvisionerEvent>>,
+) -> Result<ContainersHandle, ConfigError> {
+    config.validate()?;
+    let provisioners: crate::actors::containers::ProvisionerFactory = Arc::new(|config, broker, model| {
+        start(config, broker, model).map(|h| Arc::new(h) as Arc<dyn crate::actors::containers::ContainerProvisioner>)
+    });
+    let deps = crate::actors::containers::supervisor::SupervisorDeps {
+        model,
+        brokers,
+        provisioners,
+        initialiser,
+        config,
+        subscribers,
+    };
+    let manager = crate::actors::containers::manager::ContainerManager::new(kinds, deps).start();
+    Ok(ContainersHandle { manager })
+}
+
+impl crate::actors::containers::ContainerProvisioner for ProvisionerHandle {
+    fn notify(&self, ids: Vec<MachineId>) {
+        ProvisionerHandle::notify(self, ids);
+    }
+    fn set_harvest_mode(&self, mode: HarvestMode) {
+        ProvisionerHandle::set_harvest_mode(self, mode);
+    }
+    fn subscribe(&self, to: Recipient<ProvisionerEvent>) {
+        ProvisionerHandle::subscribe(self, to);
+    }
+    fn close_starts(&self) {
+        ProvisionerHandle::close_starts(self);
+    }
+    fn model_destroyed(&self) {
+        ProvisionerHandle::model_destroyed(self);
+    }
+    fn shutdown(&self) {
+        ProvisionerHandle::shutdown(self);
+    }
+    fn is_idle(&self) -> futures::future::BoxFuture<'static, bool> {
+        let h = self.clone();
+        Box::pin(async move { h.is_idle().await })
+    }
+    fn holds_no_machine(&self) -> futures::future::BoxFuture<'static, bool> {
+        let h = self.clone();
+        Box::pin(async move { h.registry().await.map(|r| r.machines.is_empty()).unwrap_or(true) })
+    }
+}
+
+impl ContainersHandle {
+    /// Where the machine watcher sends its events (all machines, hosts and containers).
+    pub fn machines_changed(&self) -> Recipient<MachinesChanged> {
+        self.manager.clone().recipient()
+    }
+
+    /// Where the environ provisioner's events go (to learn when hosts are provisioned).
+    pub fn provisioner_events(&self) -> Recipient<ProvisionerEvent> {
+        self.manager.clone().recipient()
+    }
+
+    /// The harvest mode changed (model config): every running container provisioner and every
+    /// later one uses it from now on (every component honours a mode change at once).
+    pub fn set_harvest_mode(&self, mode: HarvestMode) {
+        self.manager.do_send(crate::actors::containers::manager::SetContainersHarvestMode(mode));
+    }
+
+    /// The model was destroyed (by the environ provisioner's
+    /// [`ProvisionerHandle::destroy_model`]): every container's instance is stopped whatever
+    /// the mode, including those of starts in flight as they land; nothing new starts.
+    pub fn model_destroyed(&self) {
+        self.manager.do_send(crate::actors::containers::manager::ContainersModelDestroyed);
+    }
+
+    /// Every supervisor's stage, by host and type.
+    pub async fn supervisors(
+        &self,
+    ) -> Result<Vec<(MachineId, String, crate::actors::containers::supervisor::Stage)>, ProvisionerError> {
+        let sups = self.manager.send(crate::actors::containers::manager::GetSupervisors).await?;
+        let mut out = Vec::new();
+        for (host, kind, addr) in sups {
+            if let Ok(stage) = addr.send(crate::actors::containers::supervisor::GetSupervisorState).await {
+                out.push((host, kind, stage));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether every supervisor and container provisioner is quiescent.
+    pub async fn is_idle(&self) -> bool {
+        self.manager.send(crate::actors::messages::Busy).await.map(|n| n == 0).unwrap_or(true)
+    }
+
+    /// Stops the manager, every supervisor and every container provisioner (a crash, as far as
+    /// in-memory state goes).
+    pub fn shutdown(&self) {
+        self.manager.do_send(Shutdown);
+    }
+}

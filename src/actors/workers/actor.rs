@@ -1,0 +1,151 @@
+//! The worker pool actor: a thin shell over [`PoolBook`] that runs jobs as futures on its own
+//! context (no extra threads or arbiters, so a paused test clock governs every wait).
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tracing::Instrument;
+
+use super::messages::*;
+use super::start::{run_start, StartDeps};
+use super::state::{Job, JobOutcome, PoolBook, PoolStatus, ReleaseJob, StopJob};
+use crate::actors::coordinator::JobDone;
+use crate::config::{validate_workers, ConfigError};
+
+/// Runs broker jobs.
+pub struct WorkerPool {
+    book: PoolBook,
+    max: usize,
+    deps: Arc<StartDeps>,
+    done: Recipient<JobDone>,
+    rng: StdRng,
+    /// Failed jobs waiting out their backoff before being queued again.
+    requeues: usize,
+}
+
+impl WorkerPool {
+    /// A pool of `size` workers (valid `1..=max`), reporting to `done`.
+    pub fn new(size: usize, max: usize, deps: StartDeps, done: Recipient<JobDone>, seed: u64) -> Self {
+        Self {
+            book: PoolBook::new(size),
+            max,
+            deps: Arc::new(deps),
+            done,
+            rng: StdRng::seed_from_u64(seed),
+            requeues: 0,
+        }
+    }
+
+    fn nonce(&mut self) -> String {
+        let id = uuid::Builder::from_random_bytes(self.rng.random()).into_uuid();
+        format!("{}:{id}", self.deps.host_tag)
+    }
+
+    fn dispatch(&mut self, ctx: &mut Context<Self>) {
+        while let Some(job) = self.book.take_next() {
+            match job {
+                Job::Start(start) => {
+                    let nonce = self.nonce();
+                    // One span per machine operation: every line the start logs carries it.
+                    let span = tracing::info_span!("start", machine = %start.machine.id);
+                    let fut = run_start(self.deps.clone(), *start, nonce, self.rng.random()).instrument(span);
+                    ctx.spawn(fut.into_actor(self).map(|outcome, act, ctx| {
+                        act.book.finished();
+                        act.done.do_send(JobDone(outcome));
+                        act.dispatch(ctx);
+                    }));
+                }
+                Job::Stop(stop) => {
+                    let span = tracing::info_span!("stop", instances = ?stop.instances, machines = ?stop.machines);
+                    let call = self.deps.broker.stop_instances(stop.instances.clone()).instrument(span);
+                    ctx.spawn(call.into_actor(self).map(move |res, act, ctx| {
+                        act.book.finished();
+                        match res {
+                            Ok(()) => act.done.do_send(JobDone(JobOutcome::Stopped { instances: stop.instances, machines: stop.machines })),
+                            Err(e) => {
+                                let delay = act.deps.backoff.delay(stop.attempt, &mut act.rng);
+                                tracing::warn!(instances = ?stop.instances, error = %e, retry_in = ?delay, "stopping instances failed; will retry");
+                                let again = StopJob { attempt: stop.attempt + 1, ..stop };
+                                act.requeue_later(Job::Stop(again), delay, ctx);
+                            }
+                        }
+                        act.dispatch(ctx);
+                    }));
+                }
+                Job::Release(release) => {
+                    let call = self.deps.broker.release_instances(release.instances.clone());
+                    ctx.spawn(call.into_actor(self).map(move |res, act, ctx| {
+                        act.book.finished();
+                        match res {
+                            Ok(()) => act.done.do_send(JobDone(JobOutcome::Released {
+                                instances: release.instances,
+                                machines: release.machines,
+                            })),
+                            Err(e) => {
+                                let delay = act.deps.backoff.delay(release.attempt, &mut act.rng);
+                                tracing::warn!(instances = ?release.instances, error = %e, retry_in = ?delay, "releasing instances failed; will retry");
+                                let again = ReleaseJob { attempt: release.attempt + 1, ..release };
+                                act.requeue_later(Job::Release(again), delay, ctx);
+                            }
+                        }
+                        act.dispatch(ctx);
+                    }));
+                }
+            }
+        }
+    }
+
+    fn requeue_later(&mut self, job: Job, delay: std::time::Duration, ctx: &mut Context<Self>) {
+        self.requeues += 1;
+        ctx.run_later(delay, move |act, ctx| {
+            act.requeues -= 1;
+            act.enqueue(job, ctx);
+        });
+    }
+
+    fn enqueue(&mut self, job: Job, ctx: &mut Context<Self>) {
+        self.book.push(job);
+        self.dispatch(ctx);
+    }
+}
+
+impl Actor for WorkerPool {
+    type Context = Context<Self>;
+}
+
+impl Handler<Enqueue> for WorkerPool {
+    type Result = ();
+    fn handle(&mut self, msg: Enqueue, ctx: &mut Self::Context) {
+        self.enqueue(msg.0, ctx);
+    }
+}
+
+impl Handler<ResizePool> for WorkerPool {
+    type Result = Result<(), ConfigError>;
+    fn handle(&mut self, msg: ResizePool, ctx: &mut Self::Context) -> Self::Result {
+        validate_workers(msg.0, self.max)?;
+        self.book.resize(msg.0);
+        self.dispatch(ctx);
+        Ok(())
+    }
+}
+
+impl Handler<GetPoolStatus> for WorkerPool {
+    type Result = MessageResult<GetPoolStatus>;
+    fn handle(&mut self, _msg: GetPoolStatus, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(PoolStatus {
+            size: self.book.size(),
+            in_flight: self.book.in_flight(),
+            queued: self.book.queued(),
+        })
+    }
+}
+
+impl Handler<crate::actors::messages::Busy> for WorkerPool {
+    type Result = usize;
+    fn handle(&mut self, _msg: crate::actors::messages::Busy, _ctx: &mut Self::Context) -> usize {
+        self.book.in_flight() + self.book.queued() + self.requeues
+    }
+}

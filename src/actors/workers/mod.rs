@@ -1,0 +1,22 @@
+//! The broker worker pool actor: runs StartInstance and StopInstances jobs, at most `size` at a
+//! time, stops before starts (so no instance is duplicated), with the start retry strategy and zone
+//! fail-over (throttling costs time, never a round).
+//!
+//! Resizing only changes how many jobs may run at once: queued jobs stay queued and jobs in flight
+//! finish: no worker ever waits on the queue it feeds, nothing is dropped (Juju's resize closes the
+//! pool and waits for the starts in flight). A failed stop gives its slot back and is queued again
+//! after a backoff.
+
+mod actor;
+mod messages;
+mod start;
+mod state;
+#[cfg(test)]
+mod tests;
+
+pub use actor::WorkerPool;
+pub use messages::{Enqueue, GetPoolStatus, ResizePool};
+pub use start::StartDeps;
+#[cfg(test)]
+pub(crate) use state::{Attempts, FailureKind, Step};
+pub use state::{GivenUp, Job, JobOutcome, PoolStatus, ReleaseJob, StartJob, StopJob};

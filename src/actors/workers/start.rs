@@ -1,0 +1,440 @@
+//! The start procedure one worker runs for one machine: adopt or start, retry, fail over,
+//! register. Every decision about rounds is made by [`Attempts`]; every decision about zones
+//! by the allocator.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Recipient;
+
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+
+use super::state::JobOutcome;
+use super::state::{Attempts, FailureKind, StartJob, Step};
+use crate::actors::lifecycle::StillWanted;
+use crate::actors::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation};
+use crate::config::{Backoff, RetryStrategy};
+use crate::model::{CloudInstance, InstanceStatus, InstanceTags, MachineId, MachineStatus};
+use crate::ports::{Broker, BrokerError, ModelApi, ProvisionedInstance, StartInstanceParams};
+
+/// Everything a start needs besides its job: the ports and the actors it consults.
+pub struct StartDeps {
+    /// The cloud.
+    pub broker: Arc<dyn Broker>,
+    /// The model.
+    pub model: Arc<dyn ModelApi>,
+    /// The allocator: choose a zone.
+    pub choose: Recipient<ChooseZone>,
+    /// The allocator: mark a zone failed.
+    pub mark_failed: Recipient<MarkZoneFailed>,
+    /// The allocator: drop a reservation.
+    pub release_reservation: Recipient<ReleaseReservation>,
+    /// The allocator: forget a machine.
+    pub release_machine: Recipient<ReleaseMachine>,
+    /// The lifecycle: is the start still wanted.
+    pub still_wanted: Recipient<StillWanted>,
+    /// The harvest policy: a parked instance to reuse (only with machine reuse on).
+    pub claim: Option<Recipient<crate::actors::harvest::ClaimReusable>>,
+    /// The registry: the last known state of an instance (a claimed one must still run).
+    pub state_of: Recipient<crate::actors::registry::InstanceStateOf>,
+    /// How old a listing may be to decide on it.
+    pub listing_max_age: std::time::Duration,
+    /// Start retries.
+    pub retry: RetryStrategy,
+    /// Backoff for throttling and failed stops.
+    pub backoff: Backoff,
+    /// Our model's uuid, tagged on every instance.
+    pub model_uuid: String,
+    /// The first half of every nonce.
+    pub host_tag: String,
+}
+
+/// How many times instance info is written before the instance is given up.
+const REGISTER_ATTEMPTS: u32 = 3;
+
+fn failure_kind(err: &BrokerError, zone: Option<&str>) -> FailureKind {
+    match err {
+        BrokerError::Throttled { .. } => FailureKind::Throttled,
+        BrokerError::ZoneSpecific { .. } if zone.is_some() => FailureKind::Zone,
+        _ => FailureKind::Independent,
+    }
+}
+
+async fn still_wanted(deps: &StartDeps, machine: &MachineId) -> bool {
+    deps.still_wanted.send(StillWanted { machine: machine.clone() }).await.unwrap_or(false)
+}
+
+async fn set_instance_status(deps: &StartDeps, machine: &MachineId, status: InstanceStatus, message: String) {
+    if let Err(e) = deps.model.set_instance_status(machine.clone(), status, message).await {
+        tracing::warn!(%machine, error = %e, "cannot set instance status");
+    }
+}
+
+/// Writes a final provisioning error: instance status `provisioning error` and
+/// machine status `error`, both with the cause.
+async fn fail(deps: &StartDeps, machine: MachineId, message: String) -> JobOutcome {
+    fail_retiring(deps, machine, message, None).await
+}
+
+async fn fail_retiring(
+    deps: &StartDeps,
+    machine: MachineId,
+    message: String,
+    retired: Option<MachineId>,
+) -> JobOutcome {
+    tracing::warn!(%machine, error = %message, "cannot start instance for machine");
+    let _ = deps.release_machine.send(ReleaseMachine { machine: machine.clone() }).await;
+    set_instance_status(deps, &machine, InstanceStatus::provisioning_error(), message.clone()).await;
+    if let Err(e) = deps.model.set_status(machine.clone(), MachineStatus::Error, message.clone()).await {
+        tracing::warn!(%machine, error = %e, "cannot set machine status");
+    }
+    JobOutcome::StartFailed { machine, message, retired, orphan: None, given_up: None }
+}
+
+async fn abandon(deps: &StartDeps, machine: MachineId) -> JobOutcome {
+    tracing::info!(%machine, "machine died before its start completed; not starting it");
+    let _ = deps.release_machine.send(ReleaseMachine { machine: machine.clone() }).await;
+    JobOutcome::StartAbandoned { machine, given_up: None }
+}
+
+/// Records the instance in the model, retrying a few times; gives the instance up if that never
+/// works: the machine's provisioning error is written first (so no restarted provisioner takes
+/// the machine for pending and adopts the instance), then the outcome names the instance as the
+/// orphan, which the coordinator has stopped like any other stop (retried until it succeeds).
+async fn register(
+    deps: &StartDeps,
+    machine: MachineId,
+    instance: CloudInstance,
+    nonce: &str,
+    name: String,
+    started: Started,
+    rng: &mut SmallRng,
+) -> JobOutcome {
+    let info = ProvisionedInstance {
+        instance: instance.id.clone(),
+        zone: instance.zone.clone(),
+        nonce: nonce.to_owned(),
+        display_name: name,
+        status: InstanceStatus::from_static(instance.state.as_str()),
+    };
+    let mut last = None;
+    for attempt in 0..REGISTER_ATTEMPTS {
+        match deps.model.set_instance_info(machine.clone(), info.clone()).await {
+            Ok(()) => {
+                return JobOutcome::Started {
+                    machine,
+                    instance,
+                    constraints: started.constraints,
+                    retired: started.retired,
+                    reserved: started.reserved,
+                    given_up: None,
+                };
+            }
+            Err(e) => {
+                tracing::warn!(%machine, instance = %instance.id, error = %e, "cannot record instance");
+                last = Some(e);
+                if attempt + 1 < REGISTER_ATTEMPTS {
+                    actix_rt::time::sleep(deps.backoff.delay(attempt, rng)).await;
+                }
+            }
+        }
+    }
+    let err = last.map(|e| e.to_string()).unwrap_or_default();
+    let message = format!("cannot record instance {}: {err}", instance.id);
+    match fail_retiring(deps, machine, message, started.retired).await {
+        JobOutcome::StartFailed { machine, message, retired, given_up, .. } => {
+            JobOutcome::StartFailed { machine, message, retired, orphan: Some(instance.id), given_up }
+        }
+        other => other,
+    }
+}
+
+/// How the instance being registered came about.
+#[derive(Default)]
+struct Started {
+    /// The constraints it was started with (`None` for an adopted instance).
+    constraints: Option<crate::model::Constraints>,
+    /// The dead machine whose parked instance was taken over or given up.
+    retired: Option<MachineId>,
+    /// The allocator reserved its zone.
+    reserved: bool,
+}
+
+/// Runs one start to its end. Never panics; every failure becomes the outcome.
+///
+/// `seed` seeds the jitter of its backoffs, so a run is reproducible.
+pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, nonce: String, seed: u64) -> JobOutcome {
+    let mut given_up = None;
+    let outcome = start_or_adopt(deps, job, nonce, seed, &mut given_up).await;
+    outcome.with_given_up(given_up)
+}
+
+/// [`run_start`]'s body; a parked instance it gives up (machine reuse) is left in `given_up`
+/// for the coordinator to stop, then remove its dead machine, however the start ends (no stop is
+/// fire-and-forget).
+async fn start_or_adopt(
+    deps: std::sync::Arc<StartDeps>,
+    job: StartJob,
+    nonce: String,
+    seed: u64,
+    given_up: &mut Option<super::state::GivenUp>,
+) -> JobOutcome {
+    let deps = &*deps;
+    let rng = &mut SmallRng::seed_from_u64(seed);
+    let machine = job.machine.id.clone();
+    if !still_wanted(deps, &machine).await {
+        return abandon(deps, machine).await;
+    }
+
+    // A start whose result was lost (a crash) left a tagged instance: adopt it.
+    if let Some(instance) = job.adopt.clone() {
+        tracing::info!(%machine, instance = %instance.id, "adopting existing instance tagged for this machine");
+        let start_nonce = instance.tags.start.clone().unwrap_or_else(|| nonce.clone());
+        return register(deps, machine, instance, &start_nonce, String::new(), Started::default(), rng).await;
+    }
+
+    set_instance_status(deps, &machine, InstanceStatus::provisioning(), "starting".into()).await;
+
+    let mut params = StartInstanceParams {
+        machine: machine.clone(),
+        zone: None,
+        constraints: job.info.constraints.clone(),
+        placement: job.info.placement.clone(),
+        volumes: job.info.volumes.clone(),
+        nonce: nonce.clone(),
+        tags: InstanceTags {
+            model: Some(deps.model_uuid.clone()),
+            machine: Some(machine.clone()),
+            start: Some(nonce.clone()),
+        },
+        extra_tags: job.info.tags.clone(),
+        client_token: String::new(),
+        distribution_group: job.group.clone(),
+    };
+
+    let derived = if deps.broker.supports_zones() {
+        let mut throttled = 0;
+        loop {
+            match deps.broker.derive_availability_zones(&params).await {
+                Ok(z) => break z,
+                // Throttling is never the machine's failure (no round used, no zone marked): wait
+                // and ask again.
+                Err(BrokerError::Throttled { .. }) => {
+                    let d = deps.backoff.delay(throttled, rng);
+                    throttled += 1;
+                    tracing::debug!(%machine, retry_in = ?d, "deriving zones throttled by the cloud; waiting");
+                    actix_rt::time::sleep(d).await;
+                    if !still_wanted(deps, &machine).await {
+                        return abandon(deps, machine).await;
+                    }
+                }
+                Err(e) => return fail(deps, machine, format!("deriving availability zones: {}", e.message())).await,
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    // Machine reuse (opt-in): take over a parked instance that fits.
+    let mut retired = None;
+    if let Some(claim) = &deps.claim {
+        let ask = crate::actors::harvest::ClaimReusable {
+            constraints: job.info.constraints.clone(),
+            derived: derived.clone(),
+        };
+        if let Ok(Some((old, parked))) = claim.send(ask).await {
+            retired = Some(old.clone());
+            // Only a running instance is handed over: one stopped or gone since it was parked
+            // is given up (stopped) and the machine starts afresh.
+            let ask = crate::actors::registry::InstanceStateOf {
+                id: parked.instance.clone(),
+                fresher_than: deps.listing_max_age,
+            };
+            let state = deps.state_of.send(ask).await.ok().flatten();
+            let handed = if state == Some(crate::model::InstanceState::Running) {
+                deps.broker.retag_instance(parked.instance.clone(), params.tags.clone()).await
+            } else {
+                Err(BrokerError::zone_independent(format!("instance {} is no longer running", parked.instance)))
+            };
+            match handed {
+                Ok(()) => {
+                    tracing::info!(%machine, instance = %parked.instance, from = %old, "reusing the instance of a dead machine");
+                    let instance = CloudInstance {
+                        id: parked.instance,
+                        state: crate::model::InstanceState::Running,
+                        zone: parked.zone,
+                        tags: params.tags.clone(),
+                        age: None,
+                    };
+                    let started = Started { constraints: Some(job.info.constraints.clone()), retired, reserved: false };
+                    return register(deps, machine, instance, &nonce, String::new(), started, rng).await;
+                }
+                Err(e) => {
+                    tracing::warn!(%machine, instance = %parked.instance, error = %e, "cannot hand the parked instance over; stopping it and starting anew");
+                    *given_up = Some(super::state::GivenUp { instance: parked.instance.clone(), retired: old });
+                }
+            }
+        }
+    }
+
+    let request = job.zone_request(derived);
+
+    let mut attempts = Attempts::new(deps.retry.count);
+    let mut call = 0u32;
+    // The zone and client token of a call whose failure was ambiguous (it may have made the
+    // instance): the next call repeats it exactly, so the cloud returns what it made.
+    let mut repeat: Option<(Option<String>, String)> = None;
+    // Some call of this start failed ambiguously: before a call with a new token, look for an
+    // instance tagged for this start.
+    let mut unsure = false;
+    // Constraints are only remembered where reuse may need them.
+    let own = deps.claim.is_some().then(|| job.info.constraints.clone());
+    loop {
+        let repeating = repeat.is_some();
+        let zone = if let Some((zone, token)) = repeat.take() {
+            params.client_token = token;
+            zone
+        } else {
+            if unsure {
+                match look_for_own(deps, &machine, &nonce, rng).await {
+                    Ok(Some(found)) => {
+                        return adopt_own(deps, machine, found, &nonce, (own.clone(), retired), rng).await
+                    }
+                    // Nothing was made: a new token is safe.
+                    Ok(None) => unsure = false,
+                    Err(e) => return fail_retiring(deps, machine, e, retired).await,
+                }
+            }
+            let zone = match deps.choose.send(ChooseZone { machine: machine.clone(), request: request.clone() }).await {
+                Ok(Ok(zone)) => zone,
+                Ok(Err(e)) => return fail(deps, machine, e.to_string()).await,
+                Err(e) => return fail(deps, machine, format!("zone allocator unavailable: {e}")).await,
+            };
+            params.client_token = format!("{machine}/{nonce}/{call}");
+            call += 1;
+            zone
+        };
+        params.zone = zone.clone();
+        let err = match deps.broker.start_instance(params.clone()).await {
+            Ok(started) => {
+                tracing::info!(%machine, instance = %started.instance.id, zone = ?zone, "started instance");
+                let how = Started { constraints: own, retired, reserved: true };
+                return register(deps, machine, started.instance, &nonce, started.display_name, how, rng).await;
+            }
+            Err(e) => e,
+        };
+        let ambiguous = err.is_ambiguous();
+        unsure |= ambiguous;
+        let mut step = attempts.on_failure(failure_kind(&err, zone.as_deref()));
+        if ambiguous || (repeating && step == Step::Backoff) {
+            // The call may have made the instance: the next one repeats it (same zone, same
+            // token, same parameters), keeping the zone's reservation.
+            repeat = Some((zone.clone(), params.client_token.clone()));
+        } else if step == Step::MarkZone {
+            let zone = zone.clone().unwrap_or_default();
+            let shape = request.shape.clone();
+            match deps.mark_failed.send(MarkZoneFailed { machine: machine.clone(), zone, shape }).await {
+                Ok(outcome) => step = attempts.on_zone_outcome(outcome),
+                Err(e) => return fail(deps, machine, format!("zone allocator unavailable: {e}")).await,
+            }
+        } else {
+            let _ = deps.release_reservation.send(ReleaseReservation { machine: machine.clone() }).await;
+        }
+        let delay = match step {
+            Step::Final if unsure => {
+                // Out of rounds, but an earlier call may have made the instance: look first.
+                match look_for_own(deps, &machine, &nonce, rng).await {
+                    Ok(Some(found)) => {
+                        return adopt_own(deps, machine, found, &nonce, (own.clone(), retired), rng).await
+                    }
+                    Ok(None) => return fail_retiring(deps, machine, err.message(), retired).await,
+                    Err(e) => return fail_retiring(deps, machine, e, retired).await,
+                }
+            }
+            Step::Final => return fail_retiring(deps, machine, err.message(), retired).await,
+            Step::FailOver => {
+                let z = zone.as_deref().unwrap_or_default();
+                let msg = format!(
+                    "failed to start machine {machine} in zone {z:?}, retrying with new availability zone: {}",
+                    err.message()
+                );
+                tracing::info!(%machine, "{msg}");
+                set_instance_status(deps, &machine, InstanceStatus::provisioning(), msg).await;
+                Duration::ZERO
+            }
+            Step::NewRound => {
+                let d = deps.retry.delay_before(attempts.rounds_used().saturating_sub(1), rng);
+                let msg = format!(
+                    "failed to start machine {machine} ({}), retrying in {d:?} ({} more attempts)",
+                    err.message(),
+                    attempts.rounds_left()
+                );
+                tracing::info!(%machine, "{msg}");
+                set_instance_status(deps, &machine, InstanceStatus::provisioning(), msg).await;
+                d
+            }
+            Step::Backoff => {
+                let d = deps.backoff.delay(attempts.throttled().saturating_sub(1), rng);
+                tracing::debug!(%machine, retry_in = ?d, "start throttled by the cloud; waiting");
+                d
+            }
+            Step::MarkZone => return fail(deps, machine, "internal: zone failure left unresolved".into()).await,
+        };
+        if !delay.is_zero() {
+            actix_rt::time::sleep(delay).await;
+        }
+        if !still_wanted(deps, &machine).await {
+            if unsure {
+                // The machine died meanwhile, but an earlier call may have made its instance:
+                // hand it on as the start's product, so that it is harvested with the machine.
+                if let Ok(Some(found)) = look_for_own(deps, &machine, &nonce, rng).await {
+                    return adopt_own(deps, machine, found, &nonce, (own.clone(), retired), rng).await;
+                }
+            }
+            return abandon(deps, machine).await;
+        }
+    }
+}
+
+/// How many times the lookup for an instance tagged for this start is made before the start
+/// gives up (each failure backs off).
+const LOOKUP_ATTEMPTS: u32 = 5;
+
+/// Looks for a live instance tagged for this start (machine and nonce), retrying a failed or
+/// throttled lookup with backoff. `Err` carries the message for the machine's status.
+async fn look_for_own(
+    deps: &StartDeps,
+    machine: &MachineId,
+    nonce: &str,
+    rng: &mut SmallRng,
+) -> Result<Option<CloudInstance>, String> {
+    let mut last = String::new();
+    for attempt in 0..LOOKUP_ATTEMPTS {
+        match deps.broker.instances_of_start(machine.clone(), nonce.to_owned()).await {
+            Ok(found) => return Ok(found.into_iter().next()),
+            Err(e) => {
+                tracing::warn!(%machine, error = %e, "cannot look for an instance of this start");
+                last = e.message();
+                if attempt + 1 < LOOKUP_ATTEMPTS {
+                    actix_rt::time::sleep(deps.backoff.delay(attempt, rng)).await;
+                }
+            }
+        }
+    }
+    Err(format!("cannot tell whether the cloud made an instance for this start: {last}"))
+}
+
+/// Takes the instance an ambiguous call made (found by its tags) as the start's product.
+async fn adopt_own(
+    deps: &StartDeps,
+    machine: MachineId,
+    instance: CloudInstance,
+    nonce: &str,
+    (constraints, retired): (Option<crate::model::Constraints>, Option<MachineId>),
+    rng: &mut SmallRng,
+) -> JobOutcome {
+    tracing::info!(%machine, instance = %instance.id, "a start that failed ambiguously made this instance; keeping it");
+    // Counted in its zone by the coordinator (the reservation may have been let go meanwhile).
+    let how = Started { constraints, retired, reserved: false };
+    register(deps, machine, instance, nonce, String::new(), how, rng).await
+}

@@ -1,0 +1,306 @@
+//! The pool's plain core: the job queues and the start retry arithmetic.
+
+use std::collections::VecDeque;
+
+use crate::model::{CloudInstance, FailOutcome, InstanceId, Machine, MachineId, ProvisioningInfo};
+
+/// Start one machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartJob {
+    /// The machine, as classified.
+    pub machine: Machine,
+    /// Its provisioning info.
+    pub info: ProvisioningInfo,
+    /// The other machines of its distribution group (empty = none).
+    pub group: Vec<MachineId>,
+    /// An instance already tagged for it, to adopt instead of starting one.
+    pub adopt: Option<crate::model::CloudInstance>,
+}
+
+impl StartJob {
+    /// What this start asks of the allocator, given the zones derived for it.
+    pub fn zone_request(&self, derived: Vec<String>) -> crate::model::ZoneRequest {
+        crate::model::ZoneRequest::for_start(&self.info, &self.group, derived)
+    }
+}
+
+/// Terminate instances, then have their dead machines removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopJob {
+    /// The instances.
+    pub instances: Vec<InstanceId>,
+    /// Dead machines to remove once they are gone.
+    pub machines: Vec<MachineId>,
+    /// Failed tries so far (for the backoff).
+    pub attempt: u32,
+    /// Run at once even if every worker is busy (a model destruction kills eagerly).
+    pub eager: bool,
+}
+
+/// Strip our identity from instances left alone on purpose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseJob {
+    /// The instances.
+    pub instances: Vec<InstanceId>,
+    /// Dead machines to remove once they are released.
+    pub machines: Vec<MachineId>,
+    /// Failed tries so far.
+    pub attempt: u32,
+}
+
+/// One unit of broker work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Job {
+    /// Start a machine (boxed: a queue of 100,000 starts moves pointers, not 440-byte jobs).
+    Start(Box<StartJob>),
+    /// Stop instances.
+    Stop(StopJob),
+    /// Release instances.
+    Release(ReleaseJob),
+}
+
+/// The queues and the concurrency limit.
+#[derive(Debug, Clone)]
+pub struct PoolBook {
+    size: usize,
+    in_flight: usize,
+    urgent: VecDeque<Job>,
+    starts: VecDeque<Job>,
+}
+
+impl PoolBook {
+    /// An empty pool of this size.
+    pub fn new(size: usize) -> Self {
+        Self { size, in_flight: 0, urgent: VecDeque::new(), starts: VecDeque::new() }
+    }
+
+    /// Queues a job: stops and releases ahead of starts.
+    pub fn push(&mut self, job: Job) {
+        match job {
+            Job::Start(_) => self.starts.push_back(job),
+            _ => self.urgent.push_back(job),
+        }
+    }
+
+    /// The next job to run, if a worker is free.
+    pub fn take_next(&mut self) -> Option<Job> {
+        if self.in_flight >= self.size {
+            // An eager stop does not wait for a free worker, nor does a release: a decision to
+            // leave an instance alone is made durable (untagged) at once, so that no restart in
+            // between re-decides it under a later harvest mode (a release is final).
+            let pos = self
+                .urgent
+                .iter()
+                .position(|j| matches!(j, Job::Stop(StopJob { eager: true, .. }) | Job::Release(_)))?;
+            let job = self.urgent.remove(pos)?;
+            self.in_flight += 1;
+            return Some(job);
+        }
+        let job = self.urgent.pop_front().or_else(|| self.starts.pop_front())?;
+        self.in_flight += 1;
+        Some(job)
+    }
+
+    /// A job finished: its worker is free.
+    pub fn finished(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// Changes the limit; nothing queued or in flight is lost.
+    pub fn resize(&mut self, size: usize) {
+        self.size = size;
+    }
+
+    /// The limit.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Jobs running.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Jobs waiting.
+    pub fn queued(&self) -> usize {
+        self.urgent.len() + self.starts.len()
+    }
+}
+
+/// How a StartInstance call failed, as far as retrying goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Because of its zone (and it had one).
+    Zone,
+    /// For a reason any zone would share, or a passing fault.
+    Independent,
+    /// Throttled by the cloud.
+    Throttled,
+}
+
+/// What the start procedure does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Ask the allocator to mark the zone failed, then call [`Attempts::on_zone_outcome`].
+    MarkZone,
+    /// Try another zone at once, using no round.
+    FailOver,
+    /// Start a new round after the retry delay.
+    NewRound,
+    /// Wait (backoff) and try again, using no round.
+    Backoff,
+    /// Give up: the failure is final.
+    Final,
+}
+
+/// Round accounting for one start: with `count = N`, a machine that
+/// always fails gets N+1 calls without zones and N·Z+1 with Z eligible zones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempts {
+    count: u32,
+    rounds_left: u32,
+    throttled: u32,
+}
+
+impl Attempts {
+    /// `count` extra rounds.
+    pub fn new(count: u32) -> Self {
+        Self { count, rounds_left: count, throttled: 0 }
+    }
+
+    /// Rounds left.
+    pub fn rounds_left(&self) -> u32 {
+        self.rounds_left
+    }
+
+    /// Rounds used up so far (the backoff before the next round grows with it).
+    pub fn rounds_used(&self) -> u32 {
+        self.count - self.rounds_left
+    }
+
+    /// Throttled calls so far (for the backoff).
+    pub fn throttled(&self) -> u32 {
+        self.throttled
+    }
+
+    /// A call failed.
+    pub fn on_failure(&mut self, kind: FailureKind) -> Step {
+        match kind {
+            FailureKind::Throttled => {
+                self.throttled += 1;
+                Step::Backoff
+            }
+            _ if self.rounds_left == 0 => Step::Final,
+            FailureKind::Zone => Step::MarkZone,
+            FailureKind::Independent => {
+                self.rounds_left -= 1;
+                Step::NewRound
+            }
+        }
+    }
+
+    /// The allocator's answer to a zone failure.
+    pub fn on_zone_outcome(&mut self, outcome: FailOutcome) -> Step {
+        match outcome {
+            FailOutcome::TryAnotherZone => Step::FailOver,
+            FailOutcome::RoundExhausted => {
+                self.rounds_left = self.rounds_left.saturating_sub(1);
+                Step::NewRound
+            }
+        }
+    }
+}
+
+/// How a job ended.
+// Outcomes are transient (one per job, handled at once): boxing `Started` saves nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobOutcome {
+    /// The machine has this instance (new, adopted after a lost result, or reused).
+    Started {
+        /// The machine.
+        machine: MachineId,
+        /// Its instance.
+        instance: CloudInstance,
+        /// The constraints it was started with (`None` when adopted).
+        constraints: Option<crate::model::Constraints>,
+        /// A dead machine whose parked instance this start took over (or gave up): remove it.
+        retired: Option<MachineId>,
+        /// Whether the allocator reserved its zone (not for adopted or reused instances).
+        reserved: bool,
+        /// A parked instance this start tried to take over and gave up: stop it (then remove
+        /// `retired`).
+        given_up: Option<GivenUp>,
+    },
+    /// The start failed for good; the machine's status says why.
+    StartFailed {
+        /// The machine.
+        machine: MachineId,
+        /// The message written.
+        message: String,
+        /// A dead machine whose parked instance this start gave up: remove it.
+        retired: Option<MachineId>,
+        /// The instance it started (or adopted) but could not record: stop it, retried until it
+        /// succeeds.
+        orphan: Option<InstanceId>,
+        /// A parked instance this start gave up: stop it (then remove `retired`).
+        given_up: Option<GivenUp>,
+    },
+    /// The machine died before or during its start; nothing was left running.
+    StartAbandoned {
+        /// The machine.
+        machine: MachineId,
+        /// A parked instance this start gave up: stop it.
+        given_up: Option<GivenUp>,
+    },
+    /// Instances are terminated.
+    Stopped {
+        /// The instances.
+        instances: Vec<InstanceId>,
+        /// Dead machines to remove now.
+        machines: Vec<MachineId>,
+    },
+    /// Instances were released.
+    Released {
+        /// The instances.
+        instances: Vec<InstanceId>,
+        /// Dead machines to remove now.
+        machines: Vec<MachineId>,
+    },
+}
+
+/// A parked instance a start tried to take over (machine reuse) and gave up, with the dead
+/// machine it came from: the instance is stopped, then the machine removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GivenUp {
+    /// The parked instance.
+    pub instance: InstanceId,
+    /// Its dead machine.
+    pub retired: MachineId,
+}
+
+impl JobOutcome {
+    /// The same outcome, naming a parked instance the start gave up (if any).
+    pub fn with_given_up(mut self, instance: Option<GivenUp>) -> Self {
+        if instance.is_some() {
+            match &mut self {
+                JobOutcome::Started { given_up, .. }
+                | JobOutcome::StartFailed { given_up, .. }
+                | JobOutcome::StartAbandoned { given_up, .. } => *given_up = instance,
+                JobOutcome::Stopped { .. } | JobOutcome::Released { .. } => {}
+            }
+        }
+        self
+    }
+}
+
+/// The pool's load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStatus {
+    /// Concurrency limit.
+    pub size: usize,
+    /// Jobs running.
+    pub in_flight: usize,
+    /// Jobs waiting.
+    pub queued: usize,
+}

@@ -1,0 +1,356 @@
+use std::collections::BTreeSet;
+
+use super::state::*;
+use crate::actors::zones::ZoneBook;
+use crate::model::FailOutcome;
+use crate::model::ZoneRequest;
+use crate::model::{InstanceId, Machine, MachineId, ProvisioningInfo};
+
+fn start(id: &str) -> Job {
+    Job::Start(Box::new(StartJob {
+        machine: Machine::pending(id),
+        info: ProvisioningInfo::default(),
+        group: Vec::new(),
+        adopt: None,
+    }))
+}
+
+fn stop(instance: &str) -> Job {
+    Job::Stop(StopJob { instances: vec![InstanceId::new(instance)], machines: Vec::new(), attempt: 0, eager: false })
+}
+
+fn release(instance: &str) -> Job {
+    Job::Release(ReleaseJob { instances: vec![InstanceId::new(instance)], machines: Vec::new(), attempt: 0 })
+}
+
+/// A short name for a job, to compare orders.
+fn name(job: &Job) -> String {
+    match job {
+        Job::Start(s) => format!("start {}", s.machine.id),
+        Job::Stop(s) => format!("stop {}", s.instances[0]),
+        Job::Release(r) => format!("release {}", r.instances[0]),
+    }
+}
+
+// ---- PoolBook ---------------------------------------------------------------------------------
+
+#[test]
+fn pool_never_runs_more_than_its_size() {
+    let mut pool = PoolBook::new(2);
+    for i in 0..5 {
+        pool.push(start(&i.to_string()));
+    }
+    assert_eq!(pool.queued(), 5);
+    assert!(pool.take_next().is_some());
+    assert!(pool.take_next().is_some());
+    assert!(pool.take_next().is_none(), "a third job while two run");
+    assert_eq!(pool.in_flight(), 2);
+    assert_eq!(pool.queued(), 3);
+
+    pool.finished();
+    assert_eq!(pool.in_flight(), 1);
+    assert!(pool.take_next().is_some());
+    assert!(pool.take_next().is_none());
+
+    // Drain: never more than two at once, every job run exactly once.
+    let mut ran = 3;
+    while pool.queued() > 0 {
+        pool.finished();
+        while let Some(_job) = pool.take_next() {
+            ran += 1;
+            assert!(pool.in_flight() <= pool.size());
+        }
+    }
+    assert_eq!(ran, 5);
+}
+
+#[test]
+fn pool_runs_stops_and_releases_before_queued_starts() {
+    let mut pool = PoolBook::new(10);
+    pool.push(start("0"));
+    pool.push(start("1"));
+    pool.push(stop("i-a"));
+    pool.push(release("i-b"));
+    pool.push(stop("i-c"));
+    let order: Vec<String> = std::iter::from_fn(|| pool.take_next()).map(|j| name(&j)).collect();
+    assert_eq!(order, ["stop i-a", "release i-b", "stop i-c", "start 0", "start 1"]);
+}
+
+#[test]
+fn pool_runs_a_stop_queued_behind_starts_as_soon_as_a_worker_frees() {
+    let mut pool = PoolBook::new(1);
+    pool.push(start("0"));
+    pool.push(start("1"));
+    assert_eq!(name(&pool.take_next().unwrap()), "start 0");
+    pool.push(stop("i-x"));
+    assert!(pool.take_next().is_none());
+    pool.finished();
+    assert_eq!(name(&pool.take_next().unwrap()), "stop i-x");
+}
+
+#[test]
+fn pool_resize_down_keeps_queued_and_in_flight_jobs() {
+    let mut pool = PoolBook::new(3);
+    for i in 0..5 {
+        pool.push(start(&i.to_string()));
+    }
+    let mut ran: Vec<String> = (0..3).map(|_| name(&pool.take_next().unwrap())).collect();
+    pool.resize(1);
+    assert_eq!(pool.size(), 1);
+    assert_eq!(pool.in_flight(), 3, "jobs in flight are not dropped");
+    assert_eq!(pool.queued(), 2, "queued jobs are not dropped");
+    assert!(pool.take_next().is_none());
+
+    pool.finished();
+    pool.finished();
+    assert_eq!(pool.in_flight(), 1);
+    assert!(pool.take_next().is_none(), "still at the new limit");
+
+    while pool.queued() > 0 {
+        pool.finished();
+        let job = pool.take_next().expect("a free worker takes the next job");
+        ran.push(name(&job));
+        assert_eq!(pool.in_flight(), 1);
+    }
+    let all: BTreeSet<String> = ran.iter().cloned().collect();
+    assert_eq!(ran.len(), 5);
+    assert_eq!(all, (0..5).map(|i| format!("start {i}")).collect::<BTreeSet<_>>());
+}
+
+#[test]
+fn pool_resize_up_lets_more_run() {
+    let mut pool = PoolBook::new(1);
+    for i in 0..4 {
+        pool.push(start(&i.to_string()));
+    }
+    assert!(pool.take_next().is_some());
+    assert!(pool.take_next().is_none());
+    pool.resize(3);
+    assert!(pool.take_next().is_some());
+    assert!(pool.take_next().is_some());
+    assert!(pool.take_next().is_none());
+    assert_eq!(pool.in_flight(), 3);
+    assert_eq!(pool.queued(), 1);
+}
+
+#[test]
+fn pool_finished_never_goes_below_zero() {
+    let mut pool = PoolBook::new(1);
+    pool.finished();
+    assert_eq!(pool.in_flight(), 0);
+    pool.push(start("0"));
+    assert!(pool.take_next().is_some());
+    assert_eq!(pool.in_flight(), 1);
+}
+
+// ---- Attempts ---------------------------------------------------------------------------------
+
+/// What a simulated start did.
+#[derive(Debug, Default)]
+struct Run {
+    /// Every StartInstance call, with the zone it was given.
+    calls: Vec<Option<String>>,
+    fail_overs: u32,
+    new_rounds: u32,
+    backoffs: u32,
+}
+
+/// Runs the start procedure's loop (as `workers::start::run_start` does) against a real
+/// `ZoneBook` and a cloud whose every call fails with `failure(call_number)`, until the
+/// failure is final.
+fn simulate(count: u32, zones: &[&str], mut failure: impl FnMut(usize) -> FailureKind) -> Run {
+    let mut book = ZoneBook::new(42);
+    book.update_zones(&zones.iter().map(|z| ((*z).to_owned(), true)).collect::<Vec<_>>());
+    let machine = MachineId::new("0");
+    let mut attempts = Attempts::new(count);
+    let mut run = Run::default();
+    loop {
+        assert!(run.calls.len() < 10_000, "the start never gives up");
+        let zone = book.choose(&machine, ZoneRequest::default()).expect("a suitable zone");
+        run.calls.push(zone.clone());
+        // A zone-specific error without a zone counts as independent (as in run_start).
+        let kind = match failure(run.calls.len()) {
+            FailureKind::Zone if zone.is_none() => FailureKind::Independent,
+            k => k,
+        };
+        let mut step = attempts.on_failure(kind);
+        if step == Step::MarkZone {
+            step = attempts.on_zone_outcome(book.mark_failed(&machine, zone.as_deref().unwrap()));
+        } else {
+            book.release_reservation(&machine);
+        }
+        match step {
+            Step::Final => break,
+            Step::FailOver => run.fail_overs += 1,
+            Step::NewRound => run.new_rounds += 1,
+            Step::Backoff => run.backoffs += 1,
+            Step::MarkZone => panic!("zone failure left unresolved"),
+        }
+    }
+    book.release(&machine);
+    run
+}
+
+#[test]
+fn attempts_without_zones_make_count_plus_one_calls() {
+    for n in 0..6 {
+        let run = simulate(n, &[], |_| FailureKind::Independent);
+        assert_eq!(run.calls.len(), n as usize + 1, "count {n}");
+        assert_eq!(run.new_rounds, n);
+        assert!(run.calls.iter().all(Option::is_none));
+        // A "zone-specific" error on a zoneless cloud is just another failure.
+        let run = simulate(n, &[], |_| FailureKind::Zone);
+        assert_eq!(run.calls.len(), n as usize + 1, "count {n}, zone errors without zones");
+    }
+}
+
+#[test]
+fn attempts_with_zones_make_count_times_zones_plus_one_calls() {
+    let all = ["az1", "az2", "az3", "az4"];
+    for z in 1..=all.len() {
+        for n in 0..5u32 {
+            let run = simulate(n, &all[..z], |_| FailureKind::Zone);
+            assert_eq!(run.calls.len(), n as usize * z + 1, "count {n}, {z} zones");
+            assert_eq!(run.new_rounds, n, "one round per pass over the zones");
+            assert_eq!(run.fail_overs as usize, n as usize * (z - 1));
+            // Within each round every eligible zone is tried exactly once.
+            for round in run.calls[..n as usize * z].chunks(z) {
+                let distinct: BTreeSet<&Option<String>> = round.iter().collect();
+                assert_eq!(distinct.len(), z, "count {n}, {z} zones: a zone was retried within a round: {round:?}");
+                assert!(round.iter().all(Option::is_some));
+            }
+        }
+    }
+}
+
+#[test]
+fn attempts_with_independent_failures_use_a_round_per_call_even_with_zones() {
+    let run = simulate(2, &["az1", "az2", "az3"], |_| FailureKind::Independent);
+    assert_eq!(run.calls.len(), 3);
+    assert_eq!(run.fail_overs, 0);
+    assert_eq!(run.new_rounds, 2);
+}
+
+#[test]
+fn throttled_failures_never_consume_rounds() {
+    let mut a = Attempts::new(2);
+    for i in 1..=5 {
+        assert_eq!(a.on_failure(FailureKind::Throttled), Step::Backoff);
+        assert_eq!(a.throttled(), i);
+        assert_eq!(a.rounds_left(), 2);
+    }
+    // Even with no rounds left, throttling only waits.
+    let mut a = Attempts::new(0);
+    assert_eq!(a.on_failure(FailureKind::Throttled), Step::Backoff);
+    assert_eq!(a.rounds_left(), 0);
+
+    // Every other call throttled: still N+1 real failures, plus one throttled call before each.
+    for n in 0..4u32 {
+        let run =
+            simulate(n, &[], |call| if call % 2 == 1 { FailureKind::Throttled } else { FailureKind::Independent });
+        assert_eq!(run.backoffs, n + 1);
+        assert_eq!(run.calls.len(), 2 * (n as usize + 1), "count {n}");
+        assert_eq!(run.new_rounds, n);
+    }
+    // Throttling between zone fail-overs neither uses a round nor marks the zone.
+    let run =
+        simulate(1, &["az1", "az2"], |call| if call % 3 == 0 { FailureKind::Throttled } else { FailureKind::Zone });
+    let real = run.calls.len() - run.backoffs as usize;
+    assert_eq!(real, 2 + 1, "N·Z+1 real calls, throttled ones aside");
+}
+
+#[test]
+fn count_zero_makes_the_first_failure_final_even_with_zones_left() {
+    let mut a = Attempts::new(0);
+    assert_eq!(a.on_failure(FailureKind::Zone), Step::Final);
+    let mut a = Attempts::new(0);
+    assert_eq!(a.on_failure(FailureKind::Independent), Step::Final);
+
+    let run = simulate(0, &["az1", "az2", "az3"], |_| FailureKind::Zone);
+    assert_eq!(run.calls.len(), 1);
+    assert_eq!(run.fail_overs, 0);
+}
+
+#[test]
+fn attempts_zone_failure_asks_the_allocator_and_follows_its_answer() {
+    let mut a = Attempts::new(1);
+    assert_eq!(a.on_failure(FailureKind::Zone), Step::MarkZone);
+    assert_eq!(a.rounds_left(), 1, "marking a zone uses no round by itself");
+    assert_eq!(a.on_zone_outcome(FailOutcome::TryAnotherZone), Step::FailOver);
+    assert_eq!(a.rounds_left(), 1, "failing over uses no round");
+    assert_eq!(a.on_failure(FailureKind::Zone), Step::MarkZone);
+    assert_eq!(a.on_zone_outcome(FailOutcome::RoundExhausted), Step::NewRound);
+    assert_eq!(a.rounds_left(), 0);
+    assert_eq!(a.on_failure(FailureKind::Zone), Step::Final);
+}
+
+#[test]
+fn independent_failure_uses_a_round() {
+    let mut a = Attempts::new(2);
+    assert_eq!(a.on_failure(FailureKind::Independent), Step::NewRound);
+    assert_eq!(a.rounds_left(), 1);
+    assert_eq!(a.on_failure(FailureKind::Independent), Step::NewRound);
+    assert_eq!(a.rounds_left(), 0);
+    assert_eq!(a.on_failure(FailureKind::Independent), Step::Final);
+}
+
+#[test]
+fn an_eager_stop_runs_even_when_every_worker_is_busy() {
+    let mut pool = PoolBook::new(1);
+    pool.push(start("0"));
+    assert!(pool.take_next().is_some());
+    pool.push(Job::Stop(StopJob {
+        instances: vec![InstanceId::new("i-9")],
+        machines: Vec::new(),
+        attempt: 0,
+        eager: true,
+    }));
+    pool.push(stop("i-1"));
+    assert!(matches!(pool.take_next(), Some(Job::Stop(StopJob { eager: true, .. }))), "the eager stop waited");
+    assert!(pool.take_next().is_none(), "an ordinary stop jumped the limit too");
+    assert_eq!(pool.in_flight(), 2);
+}
+
+/// A release is final: a release never waits for a free worker (a restart must not
+/// find its decision undone), nor does an eager stop queued behind a plain one.
+#[test]
+fn pool_runs_releases_and_eager_stops_even_when_every_worker_is_busy() {
+    let mut pool = PoolBook::new(1);
+    pool.push(start("0"));
+    assert_eq!(pool.take_next().map(|j| name(&j)).as_deref(), Some("start 0"));
+    pool.push(stop("i-a"));
+    pool.push(release("i-b"));
+    pool.push(Job::Stop(StopJob {
+        eager: true,
+        ..StopJob { instances: vec![InstanceId::new("i-c")], machines: Vec::new(), attempt: 0, eager: false }
+    }));
+    assert_eq!(pool.take_next().map(|j| name(&j)).as_deref(), Some("release i-b"));
+    assert_eq!(pool.take_next().map(|j| name(&j)).as_deref(), Some("stop i-c"));
+    assert!(pool.take_next().is_none(), "the plain stop waits for a worker");
+    assert_eq!(pool.in_flight(), 3);
+    pool.finished();
+    pool.finished();
+    pool.finished();
+    assert_eq!(pool.take_next().map(|j| name(&j)).as_deref(), Some("stop i-a"));
+}
+
+#[test]
+fn an_outcome_names_the_parked_instance_its_start_gave_up() {
+    let given = Some(GivenUp { instance: InstanceId::new("parked"), retired: MachineId::new("9") });
+    let failed = JobOutcome::StartFailed {
+        machine: MachineId::new("0"),
+        message: "no".into(),
+        retired: Some(MachineId::new("9")),
+        orphan: None,
+        given_up: None,
+    };
+    match failed.with_given_up(given.clone()) {
+        JobOutcome::StartFailed { given_up, retired, .. } => {
+            assert_eq!(given_up, given);
+            assert_eq!(retired, Some(MachineId::new("9")));
+        }
+        other => panic!("{other:?}"),
+    }
+    let abandoned = JobOutcome::StartAbandoned { machine: MachineId::new("0"), given_up: None };
+    assert_eq!(abandoned.clone().with_given_up(None), abandoned);
+}

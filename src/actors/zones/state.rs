@@ -1,0 +1,280 @@
+//! The allocator's plain core: the zone book.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use thiserror::Error;
+
+pub use crate::model::ZoneRequest;
+use crate::model::{FailOutcome, MachineId};
+
+/// Why no zone was chosen.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ZoneError {
+    /// Every zone is excluded by constraints, derived zones, failures or availability.
+    #[error("suitable availability zone for machine {0} not found")]
+    NoSuitableZone(MachineId),
+}
+
+#[derive(Debug, Clone, Default)]
+struct Zone {
+    available: bool,
+    listed: bool,
+    machines: BTreeSet<MachineId>,
+    failed: BTreeSet<MachineId>,
+}
+
+/// A zone's state, for snapshots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneView {
+    /// Its name.
+    pub name: String,
+    /// Whether new machines may go there.
+    pub available: bool,
+    /// Machines placed or reserved there.
+    pub machines: Vec<MachineId>,
+    /// Machines that failed there this round.
+    pub failed: Vec<MachineId>,
+}
+
+/// Per-zone machine sets, failure marks, requests, and the capacity memory.
+#[derive(Debug)]
+pub struct ZoneBook {
+    zones: BTreeMap<String, Zone>,
+    placed: BTreeMap<MachineId, String>,
+    requests: BTreeMap<MachineId, ZoneRequest>,
+    rng: StdRng,
+    /// (shape, zone) → until when a zone failure steers that shape elsewhere.
+    capacity: BTreeMap<(String, String), Duration>,
+    memory: Duration,
+    now: Duration,
+}
+
+impl ZoneBook {
+    /// An empty book with a seeded tie-breaker.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            zones: BTreeMap::new(),
+            placed: BTreeMap::new(),
+            requests: BTreeMap::new(),
+            rng: StdRng::seed_from_u64(seed),
+            capacity: BTreeMap::new(),
+            memory: Duration::ZERO,
+            now: Duration::ZERO,
+        }
+    }
+
+    /// The same book remembering, for `memory`, each zone where a start failed for its zone
+    /// (typically no capacity): machines of the same shape avoid it meanwhile, as long as
+    /// another eligible zone is left. Zero = no memory.
+    pub fn with_capacity_memory(mut self, memory: Duration) -> Self {
+        self.memory = memory;
+        self
+    }
+
+    /// The time the next decisions are taken at (the actor's clock); expired memories go.
+    pub fn set_clock(&mut self, now: Duration) {
+        self.now = now;
+        if self.capacity.values().any(|until| *until <= now) {
+            self.capacity.retain(|_, until| *until > now);
+        }
+    }
+
+    /// Zones this shape is steered away from now, in name order.
+    pub fn remembered(&self, shape: &str) -> Vec<&str> {
+        self.capacity
+            .iter()
+            .filter(|((s, _), until)| s == shape && **until > self.now)
+            .map(|((_, z), _)| z.as_str())
+            .collect()
+    }
+
+    /// Whether the cloud has zones at all (none = start without a zone).
+    pub fn is_zoned(&self) -> bool {
+        !self.zones.is_empty()
+    }
+
+    /// Applies the cloud's zone list (a zone no longer available is not chosen): new zones are
+    /// added empty; zones no longer listed are dropped unless they hold machines (then kept, never
+    /// chosen); unavailable zones are never chosen.
+    pub fn update_zones(&mut self, list: &[(String, bool)]) {
+        for z in self.zones.values_mut() {
+            z.listed = false;
+            z.available = false;
+        }
+        for (name, available) in list {
+            let z = self.zones.entry(name.clone()).or_default();
+            z.listed = true;
+            z.available = *available;
+        }
+        self.zones.retain(|name, z| {
+            let keep = z.listed || !z.machines.is_empty();
+            if !keep {
+                tracing::debug!(zone = %name, "zone no longer listed; dropped");
+            } else if !z.listed {
+                tracing::warn!(zone = %name, "zone no longer listed but holds machines; kept, not chosen");
+            }
+            keep
+        });
+    }
+
+    /// Counts machines already in a zone (their instances' zones), e.g. after a restart.
+    pub fn populate(&mut self, placements: &[(MachineId, String)]) {
+        for (m, zone) in placements {
+            if let Some(z) = self.zones.get_mut(zone) {
+                z.machines.insert(m.clone());
+                self.placed.insert(m.clone(), zone.clone());
+            }
+        }
+    }
+
+    fn eligible(&self, machine: &MachineId, name: &str, z: &Zone, req: &ZoneRequest) -> bool {
+        z.available
+            && z.listed
+            && !z.failed.contains(machine)
+            && req.allowed.as_ref().is_none_or(|a| a.iter().any(|x| x == name))
+            && (req.derived.is_empty() || req.derived.iter().any(|x| x == name))
+    }
+
+    /// Chooses and reserves a zone for a machine: among eligible zones, the lowest population
+    /// (of its distribution group, or of all machines), ties broken at random. `Ok(None)` on a
+    /// zoneless cloud.
+    pub fn choose(&mut self, machine: &MachineId, req: ZoneRequest) -> Result<Option<String>, ZoneError> {
+        if !self.is_zoned() {
+            return Ok(None);
+        }
+        self.release_reservation(machine);
+        let group_counts: Option<BTreeMap<&str, usize>> = req.group.as_ref().map(|g| {
+            let mut counts = BTreeMap::new();
+            for m in g.iter().filter(|m| *m != machine) {
+                if let Some(z) = self.placed.get(m) {
+                    *counts.entry(z.as_str()).or_insert(0) += 1;
+                }
+            }
+            counts
+        });
+        // Zones recently out of capacity for this shape are skipped while others are eligible.
+        let avoid: Vec<&str> = match &req.shape {
+            Some(shape) if !self.capacity.is_empty() => {
+                let remembered = self.remembered(shape);
+                let spare = self
+                    .zones
+                    .iter()
+                    .any(|(name, z)| self.eligible(machine, name, z, &req) && !remembered.contains(&name.as_str()));
+                if spare {
+                    remembered
+                } else {
+                    Vec::new()
+                }
+            }
+            _ => Vec::new(),
+        };
+        let mut best: Vec<&str> = Vec::new();
+        let mut best_pop = usize::MAX;
+        for (name, z) in &self.zones {
+            if !self.eligible(machine, name, z, &req) || avoid.contains(&name.as_str()) {
+                continue;
+            }
+            let pop = match &group_counts {
+                Some(c) => c.get(name.as_str()).copied().unwrap_or(0),
+                None => z.machines.len(),
+            };
+            if pop < best_pop {
+                best_pop = pop;
+                best.clear();
+            }
+            if pop == best_pop {
+                best.push(name);
+            }
+        }
+        if best.is_empty() {
+            return Err(ZoneError::NoSuitableZone(machine.clone()));
+        }
+        let pick = if best.len() == 1 { 0 } else { self.rng.random_range(0..best.len()) };
+        let zone = best[pick].to_owned();
+        self.zones.get_mut(&zone).expect("chosen from the map").machines.insert(machine.clone());
+        self.placed.insert(machine.clone(), zone.clone());
+        // Only a restricted request changes which zones are eligible after a failure.
+        if req.allowed.is_some() || !req.derived.is_empty() {
+            self.requests.insert(machine.clone(), req);
+        }
+        Ok(Some(zone))
+    }
+
+    /// Drops the machine's reservation (its start failed or is retried elsewhere).
+    pub fn release_reservation(&mut self, machine: &MachineId) {
+        if let Some(zone) = self.placed.remove(machine) {
+            if let Some(z) = self.zones.get_mut(&zone) {
+                z.machines.remove(machine);
+            }
+        }
+    }
+
+    /// A zone-specific failure: the machine leaves the zone and is marked failed
+    /// there; if no eligible zone is left, its marks are cleared and a round is used.
+    pub fn mark_failed(&mut self, machine: &MachineId, zone: &str) -> FailOutcome {
+        self.release_reservation(machine);
+        if let Some(z) = self.zones.get_mut(zone) {
+            z.failed.insert(machine.clone());
+        }
+        let req = self.requests.get(machine).cloned().unwrap_or_default();
+        let any_left = self.zones.iter().any(|(name, z)| self.eligible(machine, name, z, &req));
+        if any_left {
+            FailOutcome::TryAnotherZone
+        } else {
+            for z in self.zones.values_mut() {
+                z.failed.remove(machine);
+            }
+            FailOutcome::RoundExhausted
+        }
+    }
+
+    /// A start of this shape failed in `zone` for the zone's sake (typically no capacity):
+    /// machines of the shape avoid the zone for the memory's length (nothing if it is zero).
+    pub fn remember_capacity(&mut self, shape: &str, zone: &str) {
+        if self.memory.is_zero() {
+            return;
+        }
+        tracing::info!(%zone, %shape, for_ = ?self.memory, "zone failed a start: machines of this shape avoid it for a while");
+        self.capacity.insert((shape.to_owned(), zone.to_owned()), self.now + self.memory);
+    }
+
+    /// Forgets a machine everywhere (final failure, or removal): reservation, failure marks
+    /// and request.
+    pub fn release(&mut self, machine: &MachineId) {
+        self.release_reservation(machine);
+        self.requests.remove(machine);
+        for z in self.zones.values_mut() {
+            z.failed.remove(machine);
+        }
+        self.zones.retain(|_, z| z.listed || !z.machines.is_empty());
+    }
+
+    /// The zone a machine is placed in.
+    #[cfg(test)]
+    pub fn zone_of(&self, machine: &MachineId) -> Option<&str> {
+        self.placed.get(machine).map(String::as_str)
+    }
+
+    /// Every zone, in name order.
+    pub fn view(&self) -> Vec<ZoneView> {
+        self.zones
+            .iter()
+            .map(|(name, z)| ZoneView {
+                name: name.clone(),
+                available: z.available && z.listed,
+                machines: z.machines.iter().cloned().collect(),
+                failed: z.failed.iter().cloned().collect(),
+            })
+            .collect()
+    }
+}
+
+/// The zones, in name order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ZoneSnapshot {
+    /// Each zone's state.
+    pub zones: Vec<ZoneView>,
+}

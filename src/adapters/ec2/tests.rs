@@ -1,0 +1,97 @@
+//! Unit tests of the EC2 broker's pure parts: error mapping, tokens, instance mapping, config.
+
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_ec2::types::{Instance, InstanceState as AwsState, InstanceStateName, Placement, Tag};
+
+use super::broker::to_cloud_instance;
+use super::*;
+use crate::model::InstanceState;
+use crate::ports::BrokerError;
+
+#[test]
+fn errors_map_onto_failure_kinds_with_the_aws_message() {
+    let capacity = classify(Some("InsufficientInstanceCapacity"), "no m5.large in us-east-1a", Some("us-east-1a"));
+    assert_eq!(capacity, BrokerError::zone_specific("InsufficientInstanceCapacity: no m5.large in us-east-1a"));
+    assert!(matches!(classify(Some("Unsupported"), "x", Some("az1")), BrokerError::ZoneSpecific { .. }));
+    assert!(matches!(
+        classify(Some("InvalidParameterValue"), "Invalid availability zone: [us-east-1x]", Some("us-east-1x")),
+        BrokerError::ZoneSpecific { .. }
+    ));
+    assert!(matches!(
+        classify(Some("InvalidParameterValue"), "Invalid value for instance type", Some("us-east-1a")),
+        BrokerError::ZoneIndependent { .. }
+    ));
+    for code in ["RequestLimitExceeded", "Throttling", "ThrottlingException"] {
+        assert!(matches!(classify(Some(code), "slow down", None), BrokerError::Throttled { .. }), "{code}");
+    }
+    for code in
+        ["UnauthorizedOperation", "AuthFailure", "InstanceLimitExceeded", "VcpuLimitExceeded", "InvalidAMIID.NotFound"]
+    {
+        let e = classify(Some(code), "denied", Some("az1"));
+        assert_eq!(e, BrokerError::zone_independent(format!("{code}: denied")), "{code}");
+    }
+    assert!(matches!(classify(Some("InternalError"), "oops", None), BrokerError::Transient { .. }));
+    assert!(matches!(classify(None, "connection refused", None), BrokerError::Transient { .. }));
+}
+
+#[test]
+fn client_tokens_are_short_stable_and_distinct_per_attempt_and_model() {
+    let t = "machine-12/machine-0:6f1c2a9e-0b7d-4a57-9b1e-3c2d1e0f9a8b/0";
+    let a = client_token("model-a", t);
+    assert!(a.len() <= 64 && a.is_ascii());
+    assert_eq!(a, client_token("model-a", t));
+    assert_ne!(a, client_token("model-a", "machine-12/machine-0:6f1c2a9e-0b7d-4a57-9b1e-3c2d1e0f9a8b/1"));
+    // Tokens are scoped to the account: two models' equal tokens must not collide.
+    assert_ne!(a, client_token("model-b", t));
+}
+
+fn instance(id: &str, state: InstanceStateName, tags: &[(&str, &str)]) -> Instance {
+    Instance::builder()
+        .instance_id(id)
+        .state(AwsState::builder().name(state).build())
+        .placement(Placement::builder().availability_zone("us-east-1b").build())
+        .set_tags(Some(tags.iter().map(|(k, v)| Tag::builder().key(*k).value(*v).build()).collect()))
+        .launch_time(aws_sdk_ec2::primitives::DateTime::from_secs(1_000))
+        .build()
+}
+
+#[test]
+fn only_instances_with_our_model_tag_are_ours() {
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_600);
+    let ours = instance(
+        "i-1",
+        InstanceStateName::Stopping,
+        &[(TAG_MODEL, "m-uuid"), (TAG_MACHINE, "7"), (TAG_START, "machine-0:n")],
+    );
+    let got = to_cloud_instance(&ours, "m-uuid", now).unwrap();
+    assert_eq!(got.id.to_string(), "i-1");
+    assert_eq!(got.state, InstanceState::Stopped);
+    assert_eq!(got.zone.as_deref(), Some("us-east-1b"));
+    assert_eq!(got.tags.machine.map(|m| m.to_string()).as_deref(), Some("7"));
+    assert_eq!(got.tags.start.as_deref(), Some("machine-0:n"));
+    assert_eq!(got.age, Some(Duration::from_secs(600)), "aged from LaunchTime");
+    let theirs = instance("i-2", InstanceStateName::Running, &[(TAG_MODEL, "another-model"), (TAG_MACHINE, "7")]);
+    assert_eq!(to_cloud_instance(&theirs, "m-uuid", now), None);
+    let untagged = instance("i-3", InstanceStateName::Running, &[]);
+    assert_eq!(to_cloud_instance(&untagged, "m-uuid", now), None);
+}
+
+#[test]
+fn config_errors_name_what_is_missing() {
+    let ok = Ec2Config {
+        model_uuid: "u".into(),
+        region: Some("us-east-1".into()),
+        image_id: "ami-123".into(),
+        instance_type: "t3.micro".into(),
+        ..Ec2Config::default()
+    };
+    assert_eq!(ok.validate(), Ok(()));
+    let no_image = Ec2Config { image_id: String::new(), ..ok.clone() };
+    assert_eq!(
+        no_image.validate().unwrap_err().to_string(),
+        "EC2 broker: an image (--ec2-image AMI) is required (see `provisioner serve --help`)"
+    );
+    let bad_endpoint = Ec2Config { endpoint: Some("localhost:5000".into()), ..ok.clone() };
+    assert!(bad_endpoint.validate().unwrap_err().to_string().contains("not an http(s) URL"));
+}

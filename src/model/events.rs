@@ -1,0 +1,77 @@
+//! Events the provisioner publishes to its subscribers.
+//!
+//! The four Juju events (`processed-machines`, `retried-machines-with-errors`,
+//! `resized-worker-pool`, `harvest-mode-changed`) fire after the work they name has been
+//! queued, as in Juju; the richer events fire when the cloud or model work is done.
+
+use actix::Message;
+
+use crate::model::{HarvestMode, InstanceId, MachineId};
+
+/// One thing the provisioner did.
+#[derive(Debug, Clone, PartialEq, Eq, Message)]
+#[rtype(result = "()")]
+pub enum ProvisionerEvent {
+    /// A batch of machine changes was processed (its starts and stops queued).
+    ProcessedMachines,
+    /// Machines with transient errors were queued for another start.
+    RetriedMachinesWithErrors,
+    /// The broker worker pool was resized.
+    ResizedWorkerPool {
+        /// The new size.
+        size: usize,
+    },
+    /// The harvest mode changed.
+    HarvestModeChanged {
+        /// The new mode.
+        mode: HarvestMode,
+    },
+    /// A machine got its instance.
+    MachineStarted {
+        /// The machine.
+        machine: MachineId,
+        /// Its instance.
+        instance: InstanceId,
+        /// The instance's zone.
+        zone: Option<String>,
+    },
+    /// A machine's start failed for good; its status says why.
+    MachineFailed {
+        /// The machine.
+        machine: MachineId,
+        /// The error message written to its instance status.
+        message: String,
+    },
+    /// Instances were terminated.
+    InstancesStopped {
+        /// The instances.
+        instances: Vec<InstanceId>,
+    },
+    /// Instances were released: left running on purpose and stripped of our identity.
+    InstancesReleased {
+        /// The instances.
+        instances: Vec<InstanceId>,
+    },
+    /// A dead machine was marked for removal.
+    MachineRemoved {
+        /// The machine.
+        machine: MachineId,
+    },
+}
+
+impl ProvisionerEvent {
+    /// The event's name: Juju's for the four Juju events, kebab-case for the others.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ProvisionerEvent::ProcessedMachines => "processed-machines",
+            ProvisionerEvent::RetriedMachinesWithErrors => "retried-machines-with-errors",
+            ProvisionerEvent::ResizedWorkerPool { .. } => "resized-worker-pool",
+            ProvisionerEvent::HarvestModeChanged { .. } => "harvest-mode-changed",
+            ProvisionerEvent::MachineStarted { .. } => "machine-started",
+            ProvisionerEvent::MachineFailed { .. } => "machine-failed",
+            ProvisionerEvent::InstancesStopped { .. } => "instances-stopped",
+            ProvisionerEvent::InstancesReleased { .. } => "instances-released",
+            ProvisionerEvent::MachineRemoved { .. } => "machine-removed",
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! The model's vocabulary, shared by every layer: identifiers, lives, statuses, constraints,
+//! harvest modes, the cloud's view of an instance ([`types`], re-exported here), and the events
+//! the provisioner publishes ([`events`]).
+//!
+//! Everything here is plain data with no actix import; every other module may use it, and it
+//! uses nothing above it.
+
+pub mod events;
+pub mod types;
+
+pub use events::ProvisionerEvent;
+pub use types::*;

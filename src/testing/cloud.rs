@@ -1,0 +1,864 @@
+//! The fake cloud.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_rt::time::Instant;
+
+use crate::actors::limiter::{RateLimits, TokenBucket};
+
+use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
+use crate::ports::{
+    repeated_start, token_key, AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams,
+    StartedInstance,
+};
+
+/// A kind of broker call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CloudOp {
+    /// `all_instances`.
+    AllInstances,
+    /// `availability_zones`.
+    AvailabilityZones,
+    /// `derive_availability_zones`.
+    DeriveZones,
+    /// `start_instance`.
+    StartInstance,
+    /// `stop_instances`.
+    StopInstances,
+    /// `release_instances`.
+    ReleaseInstances,
+    /// `retag_instance`.
+    RetagInstance,
+}
+
+impl CloudOp {
+    /// The name used in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloudOp::AllInstances => "all_instances",
+            CloudOp::AvailabilityZones => "availability_zones",
+            CloudOp::DeriveZones => "derive_zones",
+            CloudOp::StartInstance => "start_instance",
+            CloudOp::StopInstances => "stop_instances",
+            CloudOp::ReleaseInstances => "release_instances",
+            CloudOp::RetagInstance => "retag_instance",
+        }
+    }
+}
+
+/// One broker call, as logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallRecord {
+    /// When it began, since the cloud was created.
+    pub at: Duration,
+    /// Which call.
+    pub op: CloudOp,
+    /// The machine (starts, derive).
+    pub machine: Option<MachineId>,
+    /// The zone (starts).
+    pub zone: Option<String>,
+    /// The instances (stops, releases), or the one a start made.
+    pub instances: Vec<InstanceId>,
+    /// Whether it succeeded (`None` while in flight).
+    pub ok: Option<bool>,
+    /// Its error text.
+    pub error: Option<String>,
+    /// The params of a start.
+    pub params: Option<Box<StartInstanceParams>>,
+    /// The cloud refused the call for lack of a rate-limit token.
+    pub throttled: bool,
+    /// When it completed (`None` while in flight).
+    pub done_at: Option<Duration>,
+}
+
+/// A scripted StartInstance failure: the first `times` matching calls fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    /// The machine whose starts fail.
+    pub machine: MachineId,
+    /// How many matching calls fail.
+    pub times: u32,
+    /// Only calls into this zone match (and count).
+    pub zone: Option<String>,
+    /// The failure would happen in any zone.
+    pub zone_independent: bool,
+    /// The error text.
+    pub message: String,
+    /// The call makes the instance (tagged, listed, its client token remembered) and then
+    /// fails with a transient error, as a call whose response was lost would.
+    pub lost_response: bool,
+}
+
+/// An instance in the fake cloud.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeInstance {
+    /// Id, state, zone, tags.
+    pub instance: CloudInstance,
+    /// Belongs to another model or controller.
+    pub foreign: bool,
+    /// Its age at a time since the cloud's creation: `(when, age then)`.
+    pub born: (Duration, Duration),
+}
+
+impl FakeInstance {
+    /// Its age at `now` (since the cloud's creation).
+    pub fn age_at(&self, now: Duration) -> Duration {
+        self.born.1 + now.saturating_sub(self.born.0)
+    }
+}
+
+/// The fake cloud's state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CloudSnapshot {
+    /// Every instance that ever existed, by id.
+    pub instances: BTreeMap<InstanceId, FakeInstance>,
+    /// Every call, in the order made.
+    pub calls: Vec<CallRecord>,
+    /// The zones.
+    pub zones: Vec<AvailabilityZone>,
+    /// Calls still in flight.
+    pub in_flight: usize,
+    /// When the cloud last changed or answered, since its creation.
+    pub last_activity: Duration,
+    /// Every moment a machine got a second live instance (invariant 1), as sentences.
+    pub duplicates: Vec<String>,
+    /// Calls made, by kind (kept even when the call log is off).
+    pub counts: BTreeMap<CloudOp, usize>,
+}
+
+impl CloudSnapshot {
+    /// The calls of one kind.
+    pub fn calls_of(&self, op: CloudOp) -> Vec<&CallRecord> {
+        self.calls.iter().filter(|c| c.op == op).collect()
+    }
+
+    /// Instances (not terminated) started for a machine.
+    pub fn live_instances_of(&self, machine: &MachineId) -> Vec<&FakeInstance> {
+        self.instances
+            .values()
+            .filter(|i| {
+                i.instance.tags.machine.as_ref() == Some(machine) && i.instance.state != InstanceState::Terminated
+            })
+            .collect()
+    }
+
+    /// An instance's state.
+    pub fn state_of(&self, id: &str) -> Option<InstanceState> {
+        self.instances.get(&InstanceId::new(id)).map(|i| i.instance.state)
+    }
+}
+
+/// Whether an instance carries the identity of `model` (and was not launched as foreign).
+fn ours(i: &FakeInstance, model: &str) -> bool {
+    !i.foreign && i.instance.tags.model.as_deref() == Some(model)
+}
+
+struct CloudActor {
+    model_uuid: String,
+    zoned: bool,
+    zones: Vec<AvailabilityZone>,
+    instances: BTreeMap<InstanceId, FakeInstance>,
+    next_id: u64,
+    start_latency: Duration,
+    stop_latency: Duration,
+    faults: Vec<Fault>,
+    derived: BTreeMap<MachineId, Vec<String>>,
+    fail_next: BTreeMap<CloudOp, VecDeque<String>>,
+    /// Client tokens seen (looked up, never iterated: a hash map keeps runs deterministic).
+    tokens: std::collections::HashMap<String, InstanceId>,
+    calls: Vec<CallRecord>,
+    epoch: Instant,
+    start_bucket: Option<TokenBucket>,
+    stop_bucket: Option<TokenBucket>,
+    describe_bucket: Option<TokenBucket>,
+    in_flight: usize,
+    last_activity: Duration,
+    duplicates: Vec<String>,
+    /// Instances by the machine first tagged on them (retags are rare and checked by tag).
+    by_machine: BTreeMap<MachineId, Vec<InstanceId>>,
+    /// Keep every start's params in the call log (off for benchmarks).
+    record_params: bool,
+    /// Keep the call log at all (off for benchmarks; the counts are always kept).
+    log_calls: bool,
+    /// Calls made, by kind.
+    counts: BTreeMap<CloudOp, usize>,
+}
+
+impl Actor for CloudActor {
+    type Context = Context<Self>;
+}
+
+impl CloudActor {
+    fn log(
+        &mut self,
+        op: CloudOp,
+        machine: Option<MachineId>,
+        zone: Option<String>,
+        instances: Vec<InstanceId>,
+    ) -> usize {
+        let at = self.epoch.elapsed();
+        self.last_activity = at;
+        self.in_flight += 1;
+        *self.counts.entry(op).or_default() += 1;
+        if !self.log_calls {
+            return usize::MAX;
+        }
+        self.calls.push(CallRecord {
+            at,
+            op,
+            machine,
+            zone,
+            instances,
+            ok: None,
+            error: None,
+            params: None,
+            throttled: false,
+            done_at: None,
+        });
+        self.calls.len() - 1
+    }
+
+    fn finish(&mut self, idx: usize, error: Option<String>) {
+        let now = self.epoch.elapsed();
+        self.last_activity = now;
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if let Some(c) = self.calls.get_mut(idx) {
+            c.ok = Some(error.is_none());
+            c.error = error;
+            c.done_at = Some(now);
+        }
+    }
+
+    fn throttle(&mut self, idx: usize, kind: CloudOp) -> Option<BrokerError> {
+        let bucket = match kind {
+            CloudOp::StartInstance => self.start_bucket.as_mut(),
+            CloudOp::StopInstances => self.stop_bucket.as_mut(),
+            CloudOp::AllInstances | CloudOp::AvailabilityZones | CloudOp::DeriveZones => self.describe_bucket.as_mut(),
+            CloudOp::ReleaseInstances | CloudOp::RetagInstance => None,
+        }?;
+        if bucket.take(self.epoch.elapsed()) {
+            return None;
+        }
+        if let Some(c) = self.calls.get_mut(idx) {
+            c.throttled = true;
+        }
+        self.finish(idx, Some("RequestLimitExceeded".into()));
+        Some(BrokerError::throttled("RequestLimitExceeded"))
+    }
+
+    /// Invariant 1, at the moment a start creates an instance: no other live instance of ours
+    /// is tagged for the same machine.
+    fn check_duplicate(&mut self, instance: &CloudInstance) {
+        let Some(m) = &instance.tags.machine else { return };
+        let others: Vec<String> = self
+            .by_machine
+            .get(m)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.instances.get(id))
+            .filter(|i| ours(i, &self.model_uuid) && i.instance.tags.machine.as_ref() == Some(m))
+            .filter(|i| i.instance.state != InstanceState::Terminated)
+            .map(|i| i.instance.id.to_string())
+            .collect();
+        if !others.is_empty() {
+            self.duplicates.push(format!(
+                "machine {m} has two live instances: {} and {}",
+                others.join(", "),
+                instance.id
+            ));
+        }
+    }
+
+    fn record_new(&mut self, instance: FakeInstance) {
+        self.last_activity = self.epoch.elapsed();
+        if let Some(m) = &instance.instance.tags.machine {
+            self.by_machine.entry(m.clone()).or_default().push(instance.instance.id.clone());
+        }
+        self.instances.insert(instance.instance.id.clone(), instance);
+    }
+
+    fn scripted_failure(&mut self, op: CloudOp) -> Option<String> {
+        let q = self.fail_next.get_mut(&op)?;
+        let msg = q.pop_front();
+        if q.is_empty() {
+            self.fail_next.remove(&op);
+        }
+        msg
+    }
+
+    /// Whether a start is refused (`Err`), goes through (`Ok(None)`), or makes its instance and
+    /// then loses its response (`Ok(Some(message))`).
+    fn start_error(&mut self, params: &StartInstanceParams) -> Result<Option<String>, BrokerError> {
+        if let Some(msg) = self.scripted_failure(CloudOp::StartInstance) {
+            return Err(BrokerError::zone_independent(msg));
+        }
+        if let Some(zone) = params.zone.as_ref().filter(|_| self.zoned) {
+            // A zone listed as unavailable takes no new instance, whatever else lists it.
+            let listed = self.zones.iter().any(|z| &z.name == zone);
+            if !listed || self.zones.iter().any(|z| &z.name == zone && !z.available) {
+                return Err(BrokerError::zone_specific(format!("zone {zone:?} is unavailable")));
+            }
+        }
+        let Some(fault) = self.faults.iter_mut().find(|f| {
+            f.times > 0
+                && f.machine == params.machine
+                && f.zone.as_ref().is_none_or(|z| Some(z) == params.zone.as_ref())
+        }) else {
+            return Ok(None);
+        };
+        fault.times -= 1;
+        if fault.lost_response {
+            return Ok(Some(fault.message.clone()));
+        }
+        Err(if fault.zone_independent {
+            BrokerError::zone_independent(fault.message.clone())
+        } else {
+            BrokerError::zone_specific(fault.message.clone())
+        })
+    }
+
+    /// Uses up a matching `lost_response` fault, if any, for a call that repeats a known token.
+    fn lost_answer(&mut self, params: &StartInstanceParams) -> Option<String> {
+        let fault = self.faults.iter_mut().find(|f| {
+            f.times > 0
+                && f.machine == params.machine
+                && f.zone.as_ref().is_none_or(|z| Some(z) == params.zone.as_ref())
+        })?;
+        if !fault.lost_response {
+            return None;
+        }
+        fault.times -= 1;
+        Some(fault.message.clone())
+    }
+
+    /// A fresh instance id: never one that exists or existed (pre-existing ids included).
+    fn fresh_id(&mut self) -> InstanceId {
+        loop {
+            self.next_id += 1;
+            let id = InstanceId::new(format!("i-{}", self.next_id));
+            if !self.instances.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+}
+
+macro_rules! msg {
+    ($name:ident { $($field:ident : $ty:ty),* } -> $res:literal) => {
+        #[derive(Message)]
+        #[rtype(result = $res)]
+        struct $name { $($field: $ty),* }
+    };
+}
+
+msg!(Start { model: String, params: StartInstanceParams } -> "Result<StartedInstance, BrokerError>");
+msg!(Stop { ids: Vec<InstanceId> } -> "Result<(), BrokerError>");
+msg!(List { model: String } -> "Result<Vec<CloudInstance>, BrokerError>");
+msg!(Zones {} -> "Result<Vec<AvailabilityZone>, BrokerError>");
+msg!(Derive { machine: MachineId } -> "Result<Vec<String>, BrokerError>");
+msg!(Release { ids: Vec<InstanceId> } -> "Result<(), BrokerError>");
+msg!(Retag { model: String, id: InstanceId, tags: InstanceTags } -> "Result<(), BrokerError>");
+
+impl Handler<Retag> for CloudActor {
+    type Result = Result<(), BrokerError>;
+    fn handle(&mut self, msg: Retag, _ctx: &mut Self::Context) -> Self::Result {
+        let idx = self.log(CloudOp::RetagInstance, msg.tags.machine.clone(), None, vec![msg.id.clone()]);
+        let live = self
+            .instances
+            .get(&msg.id)
+            .is_some_and(|i| ours(i, &msg.model) && i.instance.state != InstanceState::Terminated);
+        if !live {
+            let err = BrokerError::zone_independent(format!("instance {} not found", msg.id));
+            self.finish(idx, Some(err.message()));
+            return Err(err);
+        }
+        if let Some(m) = &msg.tags.machine {
+            self.by_machine.entry(m.clone()).or_default().push(msg.id.clone());
+        }
+        if let Some(i) = self.instances.get_mut(&msg.id) {
+            i.instance.tags = msg.tags;
+        }
+        self.finish(idx, None);
+        Ok(())
+    }
+}
+
+msg!(Control { f: Box<dyn FnOnce(&mut CloudActor) + Send> } -> "()");
+msg!(Snapshot {} -> "CloudSnapshot");
+msg!(InFlight {} -> "usize");
+
+impl Handler<InFlight> for CloudActor {
+    type Result = usize;
+    fn handle(&mut self, _msg: InFlight, _ctx: &mut Self::Context) -> usize {
+        self.in_flight
+    }
+}
+
+impl Handler<Start> for CloudActor {
+    type Result = ResponseActFuture<Self, Result<StartedInstance, BrokerError>>;
+    fn handle(&mut self, msg: Start, _ctx: &mut Self::Context) -> Self::Result {
+        let p = msg.params;
+        let idx = self.log(CloudOp::StartInstance, Some(p.machine.clone()), p.zone.clone(), Vec::new());
+        if self.record_params {
+            if let Some(c) = self.calls.get_mut(idx) {
+                c.params = Some(Box::new(p.clone()));
+            }
+        }
+        if let Some(err) = self.throttle(idx, CloudOp::StartInstance) {
+            return Box::pin(fut::ready(Err(err)));
+        }
+        let token = token_key(&msg.model, &p.client_token);
+        if let Some(existing) = self.tokens.get(&token).and_then(|id| self.instances.get(id)) {
+            if let Err(err) = repeated_start(&p, &existing.instance) {
+                self.finish(idx, Some(err.message()));
+                return Box::pin(fut::ready(Err(err)));
+            }
+            let instance = existing.instance.clone();
+            if let Some(c) = self.calls.get_mut(idx) {
+                c.instances = vec![instance.id.clone()];
+            }
+            // A repeat can lose its answer too (it makes nothing new: the token is known).
+            if let Some(message) = self.lost_answer(&p) {
+                let err = BrokerError::transient(message);
+                self.finish(idx, Some(err.message()));
+                return Box::pin(fut::ready(Err(err)));
+            }
+            self.finish(idx, None);
+            return Box::pin(fut::ready(Ok(StartedInstance { instance, display_name: String::new() })));
+        }
+        let lost = match self.start_error(&p) {
+            Ok(lost) => lost,
+            Err(err) => {
+                self.finish(idx, Some(err.message()));
+                return Box::pin(fut::ready(Err(err)));
+            }
+        };
+        let id = self.fresh_id();
+        let instance = CloudInstance {
+            id: id.clone(),
+            state: InstanceState::Pending,
+            zone: p.zone.clone(),
+            tags: p.tags.clone(),
+            age: None,
+        };
+        self.check_duplicate(&instance);
+        let born = (self.epoch.elapsed(), Duration::ZERO);
+        self.record_new(FakeInstance { instance, foreign: false, born });
+        self.tokens.insert(token, id.clone());
+        if let Some(c) = self.calls.get_mut(idx) {
+            c.instances = vec![id.clone()];
+        }
+        let latency = self.start_latency;
+        let answer = move |act: &mut Self| {
+            let started = act.land(idx, id);
+            match lost {
+                // The instance is there; only the answer is lost.
+                Some(message) => {
+                    let err = BrokerError::transient(message);
+                    if let Some(c) = act.calls.get_mut(idx) {
+                        c.ok = Some(false);
+                        c.error = Some(err.message());
+                    }
+                    Err(err)
+                }
+                None => Ok(started),
+            }
+        };
+        if latency.is_zero() {
+            return Box::pin(fut::ready(answer(self)));
+        }
+        Box::pin(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| answer(act)))
+    }
+}
+
+impl CloudActor {
+    /// A start's call returns: the instance is running (unless terminated meanwhile).
+    fn land(&mut self, idx: usize, id: InstanceId) -> StartedInstance {
+        self.finish(idx, None);
+        let instance = match self.instances.get_mut(&id).map(|i| &mut i.instance) {
+            Some(i) => {
+                if i.state == InstanceState::Pending {
+                    i.state = InstanceState::Running;
+                }
+                i.clone()
+            }
+            None => CloudInstance {
+                id,
+                state: InstanceState::Terminated,
+                zone: None,
+                tags: InstanceTags::default(),
+                age: None,
+            },
+        };
+        StartedInstance { display_name: String::new(), instance }
+    }
+}
+
+impl Handler<Stop> for CloudActor {
+    type Result = ResponseActFuture<Self, Result<(), BrokerError>>;
+    fn handle(&mut self, msg: Stop, _ctx: &mut Self::Context) -> Self::Result {
+        let idx = self.log(CloudOp::StopInstances, None, None, msg.ids.clone());
+        if let Some(err) = self.throttle(idx, CloudOp::StopInstances) {
+            return Box::pin(fut::ready(Err(err)));
+        }
+        if let Some(m) = self.scripted_failure(CloudOp::StopInstances) {
+            self.finish(idx, Some(m.clone()));
+            return Box::pin(fut::ready(Err(BrokerError::transient(m))));
+        }
+        let latency = self.stop_latency;
+        Box::pin(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| {
+            for id in &msg.ids {
+                if let Some(i) = act.instances.get_mut(id) {
+                    i.instance.state = InstanceState::Terminated;
+                }
+            }
+            act.finish(idx, None);
+            Ok(())
+        }))
+    }
+}
+
+impl Handler<List> for CloudActor {
+    type Result = Result<Vec<CloudInstance>, BrokerError>;
+    fn handle(&mut self, msg: List, _ctx: &mut Self::Context) -> Self::Result {
+        let idx = self.log(CloudOp::AllInstances, None, None, Vec::new());
+        if let Some(err) = self.throttle(idx, CloudOp::AllInstances) {
+            return Err(err);
+        }
+        if let Some(m) = self.scripted_failure(CloudOp::AllInstances) {
+            self.finish(idx, Some(m.clone()));
+            return Err(BrokerError::transient(m));
+        }
+        self.finish(idx, None);
+        let now = self.epoch.elapsed();
+        Ok(self
+            .instances
+            .values()
+            .filter(|i| ours(i, &msg.model) && i.instance.state != InstanceState::Terminated)
+            .map(|i| CloudInstance { age: Some(i.age_at(now)), ..i.instance.clone() })
+            .collect())
+    }
+}
+
+impl Handler<Zones> for CloudActor {
+    type Result = Result<Vec<AvailabilityZone>, BrokerError>;
+    fn handle(&mut self, _msg: Zones, _ctx: &mut Self::Context) -> Self::Result {
+        if !self.zoned {
+            return Err(BrokerError::NotSupported("availability_zones"));
+        }
+        let idx = self.log(CloudOp::AvailabilityZones, None, None, Vec::new());
+        if let Some(err) = self.throttle(idx, CloudOp::AvailabilityZones) {
+            return Err(err);
+        }
+        if let Some(m) = self.scripted_failure(CloudOp::AvailabilityZones) {
+            self.finish(idx, Some(m.clone()));
+            return Err(BrokerError::transient(m));
+        }
+        self.finish(idx, None);
+        Ok(self.zones.clone())
+    }
+}
+
+impl Handler<Derive> for CloudActor {
+    type Result = Result<Vec<String>, BrokerError>;
+    fn handle(&mut self, msg: Derive, _ctx: &mut Self::Context) -> Self::Result {
+        let idx = self.log(CloudOp::DeriveZones, Some(msg.machine.clone()), None, Vec::new());
+        if let Some(err) = self.throttle(idx, CloudOp::DeriveZones) {
+            return Err(err);
+        }
+        if let Some(m) = self.scripted_failure(CloudOp::DeriveZones) {
+            self.finish(idx, Some(m.clone()));
+            return Err(BrokerError::transient(m));
+        }
+        self.finish(idx, None);
+        Ok(self.derived.get(&msg.machine).cloned().unwrap_or_default())
+    }
+}
+
+impl Handler<Release> for CloudActor {
+    type Result = Result<(), BrokerError>;
+    fn handle(&mut self, msg: Release, _ctx: &mut Self::Context) -> Self::Result {
+        let idx = self.log(CloudOp::ReleaseInstances, None, None, msg.ids.clone());
+        if let Some(m) = self.scripted_failure(CloudOp::ReleaseInstances) {
+            self.finish(idx, Some(m.clone()));
+            return Err(BrokerError::transient(m));
+        }
+        for id in &msg.ids {
+            if let Some(i) = self.instances.get_mut(id) {
+                i.instance.tags.model = None;
+            }
+        }
+        self.finish(idx, None);
+        Ok(())
+    }
+}
+
+impl Handler<Control> for CloudActor {
+    type Result = ();
+    fn handle(&mut self, msg: Control, _ctx: &mut Self::Context) {
+        (msg.f)(self);
+    }
+}
+
+impl Handler<Snapshot> for CloudActor {
+    type Result = MessageResult<Snapshot>;
+    fn handle(&mut self, _msg: Snapshot, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(CloudSnapshot {
+            instances: self.instances.clone(),
+            calls: self.calls.clone(),
+            zones: self.zones.clone(),
+            in_flight: self.in_flight,
+            last_activity: self.last_activity,
+            duplicates: self.duplicates.clone(),
+            counts: self.counts.clone(),
+        })
+    }
+}
+
+/// A handle on the fake cloud. Cheap to clone; every clone talks to the same cloud.
+#[derive(Clone)]
+pub struct FakeCloud {
+    addr: Addr<CloudActor>,
+    model_uuid: String,
+    zoned: bool,
+}
+
+impl FakeCloud {
+    /// A zoneless cloud for this model. Must be called inside an actix system.
+    pub fn new(model_uuid: &str) -> Self {
+        Self::build(model_uuid, false, &[])
+    }
+
+    /// A cloud with these (available) zones.
+    pub fn with_zones(model_uuid: &str, zones: &[&str]) -> Self {
+        Self::build(model_uuid, true, zones)
+    }
+
+    fn build(model_uuid: &str, zoned: bool, zones: &[&str]) -> Self {
+        let actor = CloudActor {
+            model_uuid: model_uuid.to_owned(),
+            zoned,
+            zones: zones.iter().map(|z| AvailabilityZone::available(*z)).collect(),
+            instances: BTreeMap::new(),
+            next_id: 0,
+            start_latency: Duration::ZERO,
+            stop_latency: Duration::ZERO,
+            faults: Vec::new(),
+            derived: BTreeMap::new(),
+            fail_next: BTreeMap::new(),
+            tokens: std::collections::HashMap::new(),
+            calls: Vec::new(),
+            epoch: Instant::now(),
+            start_bucket: None,
+            stop_bucket: None,
+            describe_bucket: None,
+            in_flight: 0,
+            last_activity: Duration::ZERO,
+            duplicates: Vec::new(),
+            by_machine: BTreeMap::new(),
+            record_params: true,
+            log_calls: true,
+            counts: BTreeMap::new(),
+        };
+        Self { addr: actor.start(), model_uuid: model_uuid.to_owned(), zoned }
+    }
+
+    /// The broker port over this cloud, for its model.
+    pub fn broker(&self) -> FakeBroker {
+        self.broker_for(&self.model_uuid)
+    }
+
+    /// A broker over the same cloud for another model: it lists and retags only that
+    /// model's instances, its client tokens are its own, and what it starts is foreign to
+    /// this cloud's model (as the broker contract's check of foreign instances needs).
+    pub fn broker_for(&self, model_uuid: &str) -> FakeBroker {
+        FakeBroker { addr: self.addr.clone(), zoned: self.zoned, model: model_uuid.into() }
+    }
+
+    fn control(&self, f: impl FnOnce(&mut CloudActor) + Send + 'static) {
+        self.addr.do_send(Control { f: Box::new(f) });
+    }
+
+    /// Sets the start and stop latencies.
+    pub fn set_latency(&self, start: Duration, stop: Duration) {
+        self.control(move |c| {
+            c.start_latency = start;
+            c.stop_latency = stop;
+        });
+    }
+
+    /// Replaces the zone list: the `available` zones not also named `unavailable` first, then
+    /// the listed-but-unavailable ones (a zone named in both lists is listed once, unavailable,
+    /// as the scenario format's version 2 fixes it).
+    pub fn set_zones(&self, available: &[&str], unavailable: &[&str]) {
+        let mut zones: Vec<AvailabilityZone> =
+            available.iter().filter(|z| !unavailable.contains(z)).map(|z| AvailabilityZone::available(*z)).collect();
+        for z in unavailable {
+            if !zones.iter().any(|a| a.name == *z) {
+                zones.push(AvailabilityZone { name: (*z).to_owned(), available: false });
+            }
+        }
+        self.control(move |c| c.zones = zones);
+    }
+
+    /// Adds a scripted StartInstance fault.
+    pub fn add_fault(&self, fault: Fault) {
+        self.control(move |c| c.faults.push(fault));
+    }
+
+    /// Sets what DeriveAvailabilityZones returns for a machine.
+    pub fn set_derived_zones(&self, machine: &str, zones: &[&str]) {
+        let machine = MachineId::new(machine);
+        let zones: Vec<String> = zones.iter().map(|z| (*z).to_owned()).collect();
+        self.control(move |c| {
+            c.derived.insert(machine, zones);
+        });
+    }
+
+    /// The next `times` calls of `op` fail with `message`.
+    pub fn fail_next(&self, op: CloudOp, times: u32, message: &str) {
+        let message = message.to_owned();
+        self.control(move |c| {
+            let q = c.fail_next.entry(op).or_default();
+            q.extend((0..times).map(|_| message.clone()));
+        });
+    }
+
+    /// Puts an instance in the cloud directly (pre-existing, or launched out of band). With
+    /// `machine`, it carries our tags for that machine; `foreign` ones carry another model's.
+    ///
+    /// It is launched now; see [`FakeCloud::launch_aged`] for an older one.
+    pub fn launch(&self, id: &str, zone: Option<&str>, machine: Option<&str>, state: InstanceState, foreign: bool) {
+        self.launch_aged(id, zone, machine, state, foreign, Duration::ZERO);
+    }
+
+    /// [`FakeCloud::launch`] for an instance launched `age` ago (listings report its age).
+    pub fn launch_aged(
+        &self,
+        id: &str,
+        zone: Option<&str>,
+        machine: Option<&str>,
+        state: InstanceState,
+        foreign: bool,
+        age: Duration,
+    ) {
+        let model = if foreign { "foreign-model".to_owned() } else { self.model_uuid.clone() };
+        let instance = CloudInstance {
+            id: InstanceId::new(id),
+            state,
+            zone: zone.map(str::to_owned),
+            tags: InstanceTags { model: Some(model), machine: machine.map(MachineId::new), start: None },
+            age: None,
+        };
+        self.control(move |c| {
+            let born = (c.epoch.elapsed(), age);
+            c.record_new(FakeInstance { instance, foreign, born });
+        });
+    }
+
+    /// Whether every start's params are kept in the call log (on by default; benchmarks turn
+    /// it off to measure the provisioner rather than the log).
+    pub fn record_params(&self, on: bool) {
+        self.control(move |c| c.record_params = on);
+    }
+
+    /// Whether calls are logged one by one (on by default; benchmarks turn it off and read
+    /// [`CloudSnapshot::counts`]).
+    pub fn log_calls(&self, on: bool) {
+        self.control(move |c| c.log_calls = on);
+    }
+
+    /// Throttles calls as EC2 does, with a token bucket per class (`None` = unlimited): starts,
+    /// stops, and listings/lookups. A call without a token fails with `RequestLimitExceeded`.
+    pub fn set_rate_limit(&self, limits: RateLimits) {
+        self.control(move |c| {
+            c.start_bucket = limits.start.map(TokenBucket::new);
+            c.stop_bucket = limits.stop.map(TokenBucket::new);
+            c.describe_bucket = limits.describe.map(TokenBucket::new);
+        });
+    }
+
+    /// Changes an instance's state out of band (stop, start, terminate). A terminated
+    /// instance, or one already in that state, does not change.
+    pub fn set_state(&self, id: &str, state: InstanceState) {
+        let id = InstanceId::new(id);
+        self.control(move |c| {
+            if let Some(i) = c.instances.get_mut(&id) {
+                if i.instance.state != InstanceState::Terminated && i.instance.state != state {
+                    i.instance.state = state;
+                    c.last_activity = c.epoch.elapsed();
+                }
+            }
+        });
+    }
+
+    /// Calls in flight.
+    pub async fn in_flight(&self) -> usize {
+        self.addr.send(InFlight {}).await.unwrap_or(0)
+    }
+
+    /// Everything the cloud knows.
+    pub async fn snapshot(&self) -> CloudSnapshot {
+        self.addr.send(Snapshot {}).await.unwrap_or_default()
+    }
+
+    /// Whether the cloud has zones (fixed at creation).
+    pub fn is_zoned(&self) -> bool {
+        self.zoned
+    }
+}
+
+/// The [`Broker`] over a [`FakeCloud`].
+#[derive(Clone)]
+pub struct FakeBroker {
+    addr: Addr<CloudActor>,
+    zoned: bool,
+    model: String,
+}
+
+fn mailbox(e: MailboxError) -> BrokerError {
+    BrokerError::transient(format!("fake cloud unavailable: {e}"))
+}
+
+impl Broker for FakeBroker {
+    fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
+        let req = self.addr.send(Start { model: self.model.clone(), params });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
+        let req = self.addr.send(Stop { ids });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
+        let req = self.addr.send(List { model: self.model.clone() });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn supports_zones(&self) -> bool {
+        self.zoned
+    }
+
+    fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
+        let req = self.addr.send(Zones {});
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn derive_availability_zones(&self, params: &StartInstanceParams) -> BrokerFuture<Vec<String>> {
+        let req = self.addr.send(Derive { machine: params.machine.clone() });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
+        let req = self.addr.send(Release { ids });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn retag_instance(&self, id: InstanceId, tags: InstanceTags) -> BrokerFuture<()> {
+        let req = self.addr.send(Retag { model: self.model.clone(), id, tags });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+}

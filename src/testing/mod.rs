@@ -1,0 +1,45 @@
+//! An in-process fake cloud and fake model (feature `test-util`), for actor-level tests here
+//! and in embedding controllers.
+//!
+//! Both are actors on the current actix system, so they run on the same (possibly paused)
+//! clock as the provisioner: a start latency of 30 s takes no real time in a paused test.
+//!
+//! - [`FakeCloud`]: zones with availability, start/stop latencies, instances with tags and
+//!   states, scripted StartInstance faults, derived zones, `fail_next` for any call,
+//!   out-of-band stop/start/terminate/launch, idempotent client tokens (the model's own), and a
+//!   log of every call. [`FakeCloud::broker`] is its [`Broker`](crate::ports::Broker);
+//!   [`FakeCloud::broker_for`] a broker for another model on the same cloud.
+//! - [`FakeModel`]: machines with lives, statuses, provisioning info, distribution groups;
+//!   notifies watchers as a machine watcher would; `fail_next` for any call; a log of
+//!   EnsureDead and MarkForRemoval. [`FakeModel::api`] is its [`ModelApi`](crate::ports::ModelApi).
+//! - [`broker_contract`]: the broker contract suite, what every
+//!   [`Broker`](crate::ports::Broker) must do, to run against a broker of your own (this crate
+//!   runs it against [`FakeCloud`], the service's simulated cloud and the EC2 broker on moto).
+
+pub mod broker_contract;
+mod cloud;
+mod initialiser;
+mod model;
+
+/// An actix system on a paused, current-thread tokio runtime: virtual time advances only when
+/// every task waits, so retry delays and latencies take no real time and runs are
+/// deterministic. Use it as `#[actix_rt::test(system = "provisioner::testing::PausedSystem")]`.
+pub struct PausedSystem;
+
+impl PausedSystem {
+    /// A system runner on a paused clock.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new() -> actix_rt::SystemRunner {
+        actix_rt::System::with_tokio_rt(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .expect("a current-thread runtime builds")
+        })
+    }
+}
+
+pub use cloud::{CallRecord, CloudOp, CloudSnapshot, FakeBroker, FakeCloud, FakeInstance, Fault};
+pub use initialiser::FakeInitialiser;
+pub use model::{FakeMachine, FakeModel, FakeModelApi, ModelOp, ModelSnapshot};

@@ -1,0 +1,617 @@
+//! The fake model.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use actix::prelude::*;
+
+use crate::model::{InstanceId, InstanceStatus, Life, Machine, MachineId, MachineStatus, ProvisioningInfo};
+use crate::ports::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};
+use crate::{MachinesChanged, RetryTick};
+
+/// A kind of model call, for `fail_next`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ModelOp {
+    /// `machines`.
+    Machines,
+    /// `machines_with_transient_errors`.
+    TransientErrors,
+    /// `provisioning_info`.
+    ProvisioningInfo,
+    /// `distribution_groups`.
+    DistributionGroups,
+    /// `set_instance_info`.
+    SetInstanceInfo,
+    /// `set_status`.
+    SetStatus,
+    /// `set_instance_status`.
+    SetInstanceStatus,
+    /// `ensure_dead`.
+    EnsureDead,
+    /// `mark_for_removal`.
+    MarkForRemoval,
+    /// `destroy_model`.
+    DestroyModel,
+}
+
+/// A machine in the fake model, with everything the provisioner may read or write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeMachine {
+    /// The machine as `machines` reports it.
+    pub machine: Machine,
+    /// Its provisioning info.
+    pub info: ProvisioningInfo,
+    /// Its distribution group, or the error looking it up returns.
+    pub group: Result<Vec<MachineId>, String>,
+    /// The machine status message.
+    pub status_message: String,
+    /// The instance status message.
+    pub instance_status_message: String,
+    /// The zone recorded with its instance.
+    pub zone: Option<String>,
+    /// Marked for removal.
+    pub removed: bool,
+    /// Its provisioning error was marked transient (`retry-provisioning`).
+    pub transient: bool,
+    /// Per-machine error returned by `machines` for it.
+    pub read_error: Option<String>,
+    /// When it became dead, since the model was created.
+    pub died_at: Option<std::time::Duration>,
+    /// When it was marked for removal.
+    pub removed_at: Option<std::time::Duration>,
+    /// Every instance-info write for it that failed: when (the end of the write) and the
+    /// instance it would have recorded. A record that failed makes that instance an orphan
+    /// whose stop the provisioner decides then (and retries until it succeeds).
+    pub record_failures: Vec<(std::time::Duration, InstanceId)>,
+    /// When its instance was last recorded (the end of the instance-info write).
+    pub recorded_at: Option<std::time::Duration>,
+}
+
+impl FakeMachine {
+    /// A fake machine with empty provisioning info and no distribution group.
+    pub fn new(machine: Machine) -> Self {
+        Self {
+            machine,
+            info: ProvisioningInfo::default(),
+            group: Ok(Vec::new()),
+            status_message: String::new(),
+            instance_status_message: String::new(),
+            zone: None,
+            removed: false,
+            transient: false,
+            read_error: None,
+            died_at: None,
+            removed_at: None,
+            record_failures: Vec::new(),
+            recorded_at: None,
+        }
+    }
+}
+
+/// The fake model's state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelSnapshot {
+    /// Every machine ever added, by id.
+    pub machines: BTreeMap<MachineId, FakeMachine>,
+    /// Machines EnsureDead was called for, in order.
+    pub ensure_dead: Vec<MachineId>,
+    /// Machines MarkForRemoval was called for, in order.
+    pub marked_for_removal: Vec<MachineId>,
+    /// How many `machines` calls were made.
+    pub machines_calls: usize,
+    /// When the model last changed, since its creation.
+    pub last_activity: std::time::Duration,
+    /// The model's life.
+    pub life: Life,
+    /// Every error an operation on the model returned, in order.
+    pub errors: Vec<String>,
+    /// Instance-info writes under way (see [`FakeModel::set_write_latency`]).
+    pub writes_in_flight: usize,
+}
+
+impl ModelSnapshot {
+    /// A machine.
+    pub fn machine(&self, id: &str) -> Option<&FakeMachine> {
+        self.machines.get(&MachineId::new(id))
+    }
+}
+
+struct ModelActor {
+    machines: BTreeMap<MachineId, FakeMachine>,
+    watchers: Vec<Recipient<MachinesChanged>>,
+    retry_watchers: Vec<Recipient<RetryTick>>,
+    fail_next: BTreeMap<ModelOp, VecDeque<String>>,
+    ensure_dead: Vec<MachineId>,
+    marked: Vec<MachineId>,
+    machines_calls: usize,
+    epoch: actix_rt::time::Instant,
+    last_activity: std::time::Duration,
+    life: Life,
+    errors: Vec<String>,
+    /// How long an instance-info write takes (the instance is recorded when it ends).
+    write_latency: std::time::Duration,
+    /// Instance-info writes under way.
+    writes_in_flight: usize,
+}
+
+impl Actor for ModelActor {
+    type Context = Context<Self>;
+}
+
+impl ModelActor {
+    fn scripted(&mut self, op: ModelOp) -> Result<(), ModelError> {
+        let Some(q) = self.fail_next.get_mut(&op) else { return Ok(()) };
+        let msg = q.pop_front();
+        if q.is_empty() {
+            self.fail_next.remove(&op);
+        }
+        match msg {
+            Some(m) => Err(ModelError::Other(m)),
+            None => Ok(()),
+        }
+    }
+
+    fn touch_clock(&mut self) -> std::time::Duration {
+        self.last_activity = self.epoch.elapsed();
+        self.last_activity
+    }
+
+    fn notify(&self, ids: Vec<MachineId>) {
+        for w in &self.watchers {
+            w.do_send(MachinesChanged { ids: ids.clone() });
+        }
+    }
+
+    fn live(&mut self, id: &MachineId) -> Result<&mut FakeMachine, ModelError> {
+        match self.machines.get_mut(id) {
+            Some(m) if !m.removed => Ok(m),
+            _ => Err(ModelError::NotFound(id.clone())),
+        }
+    }
+
+    fn handle_call(&mut self, call: Call) -> CallResult {
+        match call {
+            Call::Machines(ids) => {
+                self.machines_calls += 1;
+                self.scripted(ModelOp::Machines)?;
+                Ok(Answer::Machines(
+                    ids.iter()
+                        .map(|id| match self.machines.get(id) {
+                            Some(m) if !m.removed => match &m.read_error {
+                                Some(e) => Err(ModelError::Other(e.clone())),
+                                None => Ok(m.machine.clone()),
+                            },
+                            _ => Err(ModelError::NotFound(id.clone())),
+                        })
+                        .collect(),
+                ))
+            }
+            Call::TransientErrors => {
+                self.scripted(ModelOp::TransientErrors)?;
+                Ok(Answer::List(
+                    self.machines
+                        .values()
+                        .filter(|m| {
+                            !m.removed
+                                && m.transient
+                                && m.machine.instance.is_none()
+                                && m.machine.instance_status.is_error()
+                        })
+                        .map(|m| m.machine.clone())
+                        .collect(),
+                ))
+            }
+            Call::ProvisioningInfo(ids) => {
+                self.scripted(ModelOp::ProvisioningInfo)?;
+                Ok(Answer::Infos(
+                    ids.iter()
+                        .map(|id| {
+                            self.machines
+                                .get(id)
+                                .map(|m| m.info.clone())
+                                .ok_or_else(|| ModelError::NotFound(id.clone()))
+                        })
+                        .collect(),
+                ))
+            }
+            Call::Groups(ids) => {
+                self.scripted(ModelOp::DistributionGroups)?;
+                Ok(Answer::Groups(
+                    ids.iter()
+                        .map(|id| match self.machines.get(id) {
+                            Some(m) => m.group.clone().map_err(ModelError::Other),
+                            None => Err(ModelError::NotFound(id.clone())),
+                        })
+                        .collect(),
+                ))
+            }
+            Call::SetInstanceInfo(id, info) => {
+                let written = self.scripted(ModelOp::SetInstanceInfo).map(|()| self.touch_clock());
+                let m = match written.and_then(|now| self.live(&id).map(|m| (m, now))) {
+                    Ok((m, now)) => {
+                        m.recorded_at = Some(now);
+                        m
+                    }
+                    Err(e) => {
+                        let now = self.epoch.elapsed();
+                        if let Some(m) = self.machines.get_mut(&id) {
+                            m.record_failures.push((now, info.instance));
+                        }
+                        return Err(e);
+                    }
+                };
+                m.machine.instance = Some(info.instance);
+                m.zone = info.zone;
+                m.machine.instance_status = info.status;
+                m.instance_status_message.clear();
+                // The simulated machine agent comes up with its instance.
+                m.machine.status = MachineStatus::Started;
+                Ok(Answer::Done)
+            }
+            Call::SetStatus(id, status, message) => {
+                self.scripted(ModelOp::SetStatus)?;
+                self.touch_clock();
+                let m = self.live(&id)?;
+                m.machine.status = status;
+                m.status_message = message;
+                if status == MachineStatus::Pending {
+                    m.transient = false;
+                }
+                Ok(Answer::Done)
+            }
+            Call::SetInstanceStatus(id, status, message) => {
+                self.scripted(ModelOp::SetInstanceStatus)?;
+                self.touch_clock();
+                let m = self.live(&id)?;
+                m.machine.instance_status = status;
+                m.instance_status_message = message;
+                Ok(Answer::Done)
+            }
+            Call::EnsureDead(id) => {
+                self.scripted(ModelOp::EnsureDead)?;
+                let now = self.touch_clock();
+                let m = self.live(&id)?;
+                let changed = m.machine.life != Life::Dead;
+                m.machine.life = Life::Dead;
+                m.died_at.get_or_insert(now);
+                self.ensure_dead.push(id.clone());
+                if changed {
+                    self.notify(vec![id]);
+                }
+                Ok(Answer::Done)
+            }
+            Call::ModelLife => Ok(Answer::Life(self.life)),
+            Call::Zone(id) => Ok(Answer::Zone(self.machines.get(&id).and_then(|m| m.zone.clone()))),
+            Call::Destroy => {
+                self.scripted(ModelOp::DestroyModel)?;
+                if self.life != Life::Alive {
+                    return Err(ModelError::ModelDying);
+                }
+                self.touch_clock();
+                self.life = Life::Dying;
+                Ok(Answer::List(self.machines.values().filter(|m| !m.removed).map(|m| m.machine.clone()).collect()))
+            }
+            Call::MarkForRemoval(id) => {
+                self.scripted(ModelOp::MarkForRemoval)?;
+                let now = self.touch_clock();
+                let m = self.live(&id)?;
+                if m.machine.life != Life::Dead {
+                    return Err(ModelError::Other(format!("machine {id} is not dead")));
+                }
+                m.removed = true;
+                m.removed_at = Some(now);
+                self.marked.push(id);
+                Ok(Answer::Done)
+            }
+        }
+    }
+}
+
+enum Call {
+    Machines(Vec<MachineId>),
+    TransientErrors,
+    ProvisioningInfo(Vec<MachineId>),
+    Groups(Vec<MachineId>),
+    SetInstanceInfo(MachineId, ProvisionedInstance),
+    SetStatus(MachineId, MachineStatus, String),
+    SetInstanceStatus(MachineId, InstanceStatus, String),
+    EnsureDead(MachineId),
+    MarkForRemoval(MachineId),
+    ModelLife,
+    Zone(MachineId),
+    Destroy,
+}
+
+enum Answer {
+    Machines(Vec<Result<Machine, ModelError>>),
+    List(Vec<Machine>),
+    Infos(Vec<Result<ProvisioningInfo, ModelError>>),
+    Groups(Vec<Result<Vec<MachineId>, ModelError>>),
+    Life(Life),
+    Zone(Option<String>),
+    Done,
+}
+
+type CallResult = Result<Answer, ModelError>;
+
+struct ApiCall(Call);
+impl Message for ApiCall {
+    type Result = CallResult;
+}
+
+impl Handler<ApiCall> for ModelActor {
+    type Result = ResponseActFuture<Self, CallResult>;
+    fn handle(&mut self, msg: ApiCall, _ctx: &mut Self::Context) -> Self::Result {
+        if matches!(msg.0, Call::SetInstanceInfo(..)) && !self.write_latency.is_zero() {
+            // The write lands after the latency even if the caller is gone by then (a crash).
+            self.writes_in_flight += 1;
+            let wait = actix_rt::time::sleep(self.write_latency);
+            return Box::pin(wait.into_actor(self).map(move |(), act, _ctx| {
+                act.writes_in_flight -= 1;
+                act.handle_call(msg.0)
+            }));
+        }
+        Box::pin(fut::ready(self.handle_call(msg.0)))
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Control(Box<dyn FnOnce(&mut ModelActor) + Send>);
+
+impl Handler<Control> for ModelActor {
+    type Result = ();
+    fn handle(&mut self, msg: Control, _ctx: &mut Self::Context) {
+        (msg.0)(self);
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "ModelSnapshot")]
+struct Snapshot;
+
+impl Handler<Snapshot> for ModelActor {
+    type Result = MessageResult<Snapshot>;
+    fn handle(&mut self, _msg: Snapshot, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(ModelSnapshot {
+            machines: self.machines.clone(),
+            ensure_dead: self.ensure_dead.clone(),
+            marked_for_removal: self.marked.clone(),
+            machines_calls: self.machines_calls,
+            last_activity: self.last_activity,
+            life: self.life,
+            errors: self.errors.clone(),
+            writes_in_flight: self.writes_in_flight,
+        })
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "usize")]
+struct WritesInFlight;
+
+impl Handler<WritesInFlight> for ModelActor {
+    type Result = usize;
+    fn handle(&mut self, _msg: WritesInFlight, _ctx: &mut Self::Context) -> usize {
+        self.writes_in_flight
+    }
+}
+
+/// A handle on the fake model. Cheap to clone.
+#[derive(Clone)]
+pub struct FakeModel {
+    addr: Addr<ModelActor>,
+}
+
+impl FakeModel {
+    /// A model with these machines. Must be called inside an actix system.
+    pub fn new(machines: Vec<Machine>) -> Self {
+        Self::with_machines(machines.into_iter().map(FakeMachine::new).collect())
+    }
+
+    /// A model with these fully described machines.
+    pub fn with_machines(machines: Vec<FakeMachine>) -> Self {
+        let actor = ModelActor {
+            machines: machines.into_iter().map(|m| (m.machine.id.clone(), m)).collect(),
+            watchers: Vec::new(),
+            retry_watchers: Vec::new(),
+            fail_next: BTreeMap::new(),
+            ensure_dead: Vec::new(),
+            marked: Vec::new(),
+            machines_calls: 0,
+            epoch: actix_rt::time::Instant::now(),
+            last_activity: std::time::Duration::ZERO,
+            life: Life::Alive,
+            errors: Vec::new(),
+            write_latency: std::time::Duration::ZERO,
+            writes_in_flight: 0,
+        };
+        Self { addr: actor.start() }
+    }
+
+    /// Makes every instance-info write take this long: the instance is recorded when it ends,
+    /// whether or not its caller is still there (a crash between a start and its record).
+    pub fn set_write_latency(&self, latency: std::time::Duration) {
+        self.control(move |m| m.write_latency = latency);
+    }
+
+    /// Instance-info writes under way.
+    pub async fn writes_in_flight(&self) -> usize {
+        self.addr.send(WritesInFlight).await.unwrap_or(0)
+    }
+
+    /// The model API port over this model.
+    pub fn api(&self) -> FakeModelApi {
+        FakeModelApi { addr: self.addr.clone() }
+    }
+
+    fn control(&self, f: impl FnOnce(&mut ModelActor) + Send + 'static) {
+        self.addr.do_send(Control(Box::new(f)));
+    }
+
+    /// Subscribes a machine watcher: it gets every machine now, then the ids that change.
+    pub fn watch(&self, to: Recipient<MachinesChanged>) {
+        self.control(move |m| {
+            let ids = m.machines.iter().filter(|(_, f)| !f.removed).map(|(id, _)| id.clone()).collect();
+            to.do_send(MachinesChanged { ids });
+            m.watchers.retain(|w| w.connected());
+            m.watchers.push(to);
+        });
+    }
+
+    /// Subscribes a transient-retry watcher.
+    pub fn watch_retries(&self, to: Recipient<RetryTick>) {
+        self.control(move |m| {
+            m.retry_watchers.retain(|w| w.connected());
+            m.retry_watchers.push(to);
+        });
+    }
+
+    /// Adds a machine and notifies; a dying model refuses it (the refusal is in `errors`).
+    pub fn add_machine(&self, machine: FakeMachine) {
+        self.control(move |m| {
+            let id = machine.machine.id.clone();
+            if m.life != Life::Alive {
+                m.errors.push(format!("cannot add machine {id}: model is dying"));
+                return;
+            }
+            if m.machines.contains_key(&id) {
+                m.errors.push(format!("cannot add machine {id}: it already exists"));
+                return;
+            }
+            m.touch_clock();
+            m.machines.insert(id.clone(), machine);
+            m.notify(vec![id]);
+        });
+    }
+
+    /// Changes a machine's life and notifies.
+    pub fn set_life(&self, id: &str, life: Life) {
+        let id = MachineId::new(id);
+        self.control(move |m| {
+            let now = m.touch_clock();
+            if let Some(f) = m.machines.get_mut(&id) {
+                if f.machine.life < life {
+                    f.machine.life = life;
+                    if life == Life::Dead {
+                        f.died_at.get_or_insert(now);
+                    }
+                    m.notify(vec![id]);
+                }
+            }
+        });
+    }
+
+    /// Changes a machine in place and notifies watchers (status written by someone else).
+    pub fn update_and_notify(&self, id: &str, f: impl FnOnce(&mut FakeMachine) + Send + 'static) {
+        let id = MachineId::new(id);
+        self.control(move |m| {
+            m.touch_clock();
+            if let Some(machine) = m.machines.get_mut(&id) {
+                f(machine);
+                m.notify(vec![id]);
+            }
+        });
+    }
+
+    /// Changes a machine in place (no notification).
+    pub fn update(&self, id: &str, f: impl FnOnce(&mut FakeMachine) + Send + 'static) {
+        let id = MachineId::new(id);
+        self.control(move |m| {
+            if let Some(machine) = m.machines.get_mut(&id) {
+                f(machine);
+            }
+        });
+    }
+
+    /// Notifies watchers that these machines changed.
+    pub fn touch(&self, ids: &[&str]) {
+        let ids: Vec<MachineId> = ids.iter().map(|i| MachineId::new(*i)).collect();
+        self.control(move |m| m.notify(ids));
+    }
+
+    /// Marks these machines' provisioning errors transient and ticks the retry watchers.
+    pub fn retry_provisioning(&self, ids: &[&str]) {
+        let ids: Vec<MachineId> = ids.iter().map(|i| MachineId::new(*i)).collect();
+        self.control(move |m| {
+            for id in &ids {
+                if let Some(f) = m.machines.get_mut(id) {
+                    f.transient = true;
+                }
+            }
+            for w in &m.retry_watchers {
+                w.do_send(RetryTick);
+            }
+        });
+    }
+
+    /// The next `times` calls of `op` fail with `message`.
+    pub fn fail_next(&self, op: ModelOp, times: u32, message: &str) {
+        let message = message.to_owned();
+        self.control(move |m| m.fail_next.entry(op).or_default().extend((0..times).map(|_| message.clone())));
+    }
+
+    /// Records an error an operation on the model returned (e.g. a refused destroy).
+    pub fn record_error(&self, error: String) {
+        self.control(move |m| m.errors.push(error));
+    }
+
+    /// Everything the model knows.
+    pub async fn snapshot(&self) -> ModelSnapshot {
+        self.addr.send(Snapshot).await.unwrap_or_default()
+    }
+}
+
+/// The [`ModelApi`] over a [`FakeModel`].
+#[derive(Clone)]
+pub struct FakeModelApi {
+    addr: Addr<ModelActor>,
+}
+
+impl FakeModelApi {
+    fn call<T: Send + 'static>(&self, call: Call, pick: fn(Answer) -> Option<T>) -> ModelFuture<T> {
+        let req = self.addr.send(ApiCall(call));
+        Box::pin(async move {
+            let answer = req.await.map_err(|e| ModelError::Other(format!("fake model unavailable: {e}")))??;
+            pick(answer).ok_or_else(|| ModelError::Other("fake model answered the wrong call".into()))
+        })
+    }
+}
+
+impl ModelApi for FakeModelApi {
+    fn machines(&self, ids: Vec<MachineId>) -> ModelFuture<Vec<Result<Machine, ModelError>>> {
+        self.call(Call::Machines(ids), |a| if let Answer::Machines(m) = a { Some(m) } else { None })
+    }
+    fn machines_with_transient_errors(&self) -> ModelFuture<Vec<Machine>> {
+        self.call(Call::TransientErrors, |a| if let Answer::List(m) = a { Some(m) } else { None })
+    }
+    fn provisioning_info(&self, ids: Vec<MachineId>) -> ModelFuture<Vec<Result<ProvisioningInfo, ModelError>>> {
+        self.call(Call::ProvisioningInfo(ids), |a| if let Answer::Infos(m) = a { Some(m) } else { None })
+    }
+    fn distribution_groups(&self, ids: Vec<MachineId>) -> ModelFuture<Vec<Result<Vec<MachineId>, ModelError>>> {
+        self.call(Call::Groups(ids), |a| if let Answer::Groups(m) = a { Some(m) } else { None })
+    }
+    fn set_instance_info(&self, id: MachineId, info: ProvisionedInstance) -> ModelFuture<()> {
+        self.call(Call::SetInstanceInfo(id, info), |a| matches!(a, Answer::Done).then_some(()))
+    }
+    fn set_status(&self, id: MachineId, status: MachineStatus, message: String) -> ModelFuture<()> {
+        self.call(Call::SetStatus(id, status, message), |a| matches!(a, Answer::Done).then_some(()))
+    }
+    fn set_instance_status(&self, id: MachineId, status: InstanceStatus, message: String) -> ModelFuture<()> {
+        self.call(Call::SetInstanceStatus(id, status, message), |a| matches!(a, Answer::Done).then_some(()))
+    }
+    fn ensure_dead(&self, id: MachineId) -> ModelFuture<()> {
+        self.call(Call::EnsureDead(id), |a| matches!(a, Answer::Done).then_some(()))
+    }
+    fn mark_for_removal(&self, id: MachineId) -> ModelFuture<()> {
+        self.call(Call::MarkForRemoval(id), |a| matches!(a, Answer::Done).then_some(()))
+    }
+    fn availability_zone(&self, id: MachineId) -> ModelFuture<Option<String>> {
+        self.call(Call::Zone(id), |a| if let Answer::Zone(z) = a { Some(z) } else { None })
+    }
+    fn model_life(&self) -> ModelFuture<Life> {
+        self.call(Call::ModelLife, |a| if let Answer::Life(l) = a { Some(l) } else { None })
+    }
+    fn destroy_model(&self) -> ModelFuture<Vec<Machine>> {
+        self.call(Call::Destroy, |a| if let Answer::List(m) = a { Some(m) } else { None })
+    }
+}
