@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::run::SIM_MODEL_UUID;
 use super::scenario::{InitialState, MachineSpec, Scenario};
-use crate::actors::coordinator::batch::{Answer, Ask, BatchRun, BatchStart, Effect, Next};
+use crate::actors::coordinator::batch::{Answer, Ask, BatchRun, Effect, Next};
 use crate::actors::coordinator::BatchBook;
 use crate::actors::harvest::{HarvestBook, HarvestPlan, HarvestSafety, UnknownInstance};
 use crate::actors::lifecycle::LifecycleBook;
@@ -69,8 +69,7 @@ pub fn plan(s: &Scenario, seed: Option<u64>) -> Plan {
     let config = crate::config::ProvisionerConfig::default();
     let mut batches = BatchBook::new(config.backoff, config.workers);
     batches.notify(s.machines.iter().map(|m| MachineId::new(m.id.as_str())));
-    let ids = batches.take_batch().unwrap_or_default();
-    let start = BatchStart { ids, first: true, need_zones: true, model_dying: false, starts_closed: false };
+    let Some(start) = batches.start_batch() else { return world.finish() };
     let (mut run, mut steps) = BatchRun::new(start);
     let outcome = loop {
         for effect in std::mem::take(&mut steps.effects) {

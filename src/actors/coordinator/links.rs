@@ -6,6 +6,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::batch::{Answer, Ask, BatchFailure, BatchOutcome, BatchRun, BatchStart, Effect, Next};
+use super::state::{DestroyError, DestroySummary};
 use crate::actors::harvest::{
     EndSafeMode, HarvestPlan, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown, SetHarvestMode, StopsDone,
 };
@@ -175,4 +176,59 @@ pub(super) fn forget(links: &Links, machines: Vec<MachineId>) {
     }
     links.forget_lifecycle.do_send(ForgetLifecycle { ids: machines.clone() });
     links.forget.do_send(ForgetMachines { ids: machines });
+}
+
+/// What the (dying) model still runs, planned for stopping: every machine in scope, those
+/// without an instance included (the ones starting stop what their start produces when it
+/// lands).
+pub(super) async fn plan_sweep(links: Links) -> Result<HarvestPlan, MailboxError> {
+    let targets = links.sweep.send(SweepTargets).await?;
+    let deaths = links.observe_destroy.send(ObserveDestroy { machines: targets }).await?;
+    let stop_now = deaths.stop_now.into_iter().filter(|d| d.instances().next().is_some()).collect();
+    links.plan_destroy.send(PlanDestroy { machines: stop_now }).await
+}
+
+/// Resets the status of this provisioner's machines with transient errors, for a retry;
+/// answers those reset.
+pub(super) async fn reset_transient(model: Arc<dyn ModelApi>, scope: crate::config::Scope) -> Vec<MachineId> {
+    let machines = match model.machines_with_transient_errors().await {
+        // Only this provisioner's machines: containers have no retry path (as in Juju).
+        Ok(m) => m.into_iter().filter(|m| scope.contains(&m.id)).collect::<Vec<_>>(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read machines with transient errors");
+            return Vec::new();
+        }
+    };
+    let mut reset = Vec::new();
+    for m in machines {
+        let ok = model.set_status(m.id.clone(), MachineStatus::Pending, String::new()).await.is_ok()
+            && model.set_instance_status(m.id.clone(), InstanceStatus::provisioning(), String::new()).await.is_ok();
+        if ok {
+            reset.push(m.id);
+        } else {
+            tracing::warn!(machine = %m.id, "cannot reset status for a retry; skipped");
+        }
+    }
+    reset
+}
+
+/// Destroys the model and stops what it runs (see [`DestroyModel`](super::DestroyModel)).
+pub(super) async fn destroy(links: Links, force: bool) -> Result<DestroySummary, DestroyError> {
+    let machines = match links.model.destroy_model().await {
+        Ok(m) => m,
+        Err(crate::ports::ModelError::ModelDying) => return Err(DestroyError::AlreadyDying),
+        Err(e) => return Err(DestroyError::Model(e)),
+    };
+    let unavailable = DestroyError::Unavailable;
+    let targets = links.prepare_destroy.send(PrepareDestroy { machines }).await.map_err(unavailable)?;
+    let deaths =
+        links.observe_destroy.send(ObserveDestroy { machines: targets.machines }).await.map_err(unavailable)?;
+    let plan = links.plan_destroy.send(PlanDestroy { machines: deaths.stop_now }).await.map_err(unavailable)?;
+    let summary = DestroySummary { stopping: plan.stop.clone(), awaiting_starts: deaths.deferred };
+    tracing::info!(stopping = ?summary.stopping, awaiting = ?summary.awaiting_starts, "model destroyed: stopping its instances");
+    execute_plan(&links, plan);
+    if !force && !targets.manual.is_empty() {
+        return Err(DestroyError::ManualMachines { ids: targets.manual, summary });
+    }
+    Ok(summary)
 }

@@ -8,6 +8,7 @@
 
 mod actor;
 pub mod batch;
+mod followup;
 mod links;
 mod messages;
 mod state;
