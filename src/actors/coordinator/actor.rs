@@ -6,12 +6,10 @@
 use actix::prelude::*;
 
 use super::followup::{after_start, on_job_done, on_mode_change, removed, AfterStartStep, Followup};
-use super::links::{destroy, execute_plan, forget, plan_sweep, reset_transient, run_batch, Links};
+use super::links::{destroy, execute_plan, forget, plan_after_start, plan_sweep, reset_transient, run_batch, Links};
 use super::messages::*;
 use super::state::{BatchBook, DestroyError, DestroySummary};
-use crate::actors::harvest::{
-    HarvestPlan, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown, SetHarvestMode, StopsDone,
-};
+use crate::actors::harvest::{HarvestPlan, PlanStops, PlanUnknown, SetHarvestMode, StopsDone};
 use crate::actors::lifecycle::StartFinished;
 use crate::actors::messages::{Busy, WhenIdle};
 use crate::actors::registry::{InstancesGone, RecordInstance, StopsPlanned};
@@ -160,26 +158,19 @@ impl Coordinator {
                     let fut = self.links.start_finished.send(StartFinished { machine, instance }).into_actor(self);
                     let work = self.work.guard();
                     ctx.spawn(fut.then(move |res, act, ctx| {
-                        let plan = match after_start(res.ok(), id, orphan) {
-                            AfterStartStep::PlanDead(dead) => Some(futures::future::Either::Left(
-                                act.links.plan_dead.send(PlanDeadMachines { dead: vec![dead] }),
-                            )),
-                            AfterStartStep::PlanDestroy(machine) => Some(futures::future::Either::Right(
-                                act.links.plan_destroy.send(PlanDestroy { machines: vec![machine] }),
-                            )),
+                        let step = match after_start(res.ok(), id, orphan) {
                             AfterStartStep::Then(next) => {
                                 act.follow(next, ctx);
                                 None
                             }
+                            step => Some(step),
                         };
-                        async move { futures::future::OptionFuture::from(plan).await.and_then(Result::ok) }
-                            .into_actor(act)
-                            .map(move |plan, act, _ctx| {
-                                if let Some(plan) = plan {
-                                    act.execute(plan);
-                                }
-                                drop(work);
-                            })
+                        plan_after_start(act.links.clone(), step).into_actor(act).map(move |plan, act, _ctx| {
+                            if let Some(plan) = plan {
+                                act.execute(plan);
+                            }
+                            drop(work);
+                        })
                     }));
                 }
                 Followup::InstancesGone(ids) => self.links.gone.do_send(InstancesGone { ids }),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::batch::{Answer, Ask, BatchFailure, BatchOutcome, BatchRun, BatchStart, Effect, Next};
+use super::followup::AfterStartStep;
 use super::state::{DestroyError, DestroySummary};
 use crate::actors::harvest::{
     EndSafeMode, HarvestPlan, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown, SetHarvestMode, StopsDone,
@@ -231,4 +232,17 @@ pub(super) async fn destroy(links: Links, force: bool) -> Result<DestroySummary,
         return Err(DestroyError::ManualMachines { ids: targets.manual, summary });
     }
     Ok(summary)
+}
+
+/// Has the harvest policy plan what a finished start left behind (see
+/// [`after_start`](super::followup::after_start)): a machine that died, or a model destroyed,
+/// while it started.
+pub(super) async fn plan_after_start(links: Links, step: Option<AfterStartStep>) -> Option<HarvestPlan> {
+    match step? {
+        AfterStartStep::PlanDead(dead) => links.plan_dead.send(PlanDeadMachines { dead: vec![dead] }).await.ok(),
+        AfterStartStep::PlanDestroy(machine) => {
+            links.plan_destroy.send(PlanDestroy { machines: vec![machine] }).await.ok()
+        }
+        AfterStartStep::Then(_) => None,
+    }
 }

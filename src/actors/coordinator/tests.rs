@@ -545,3 +545,192 @@ mod planner {
         assert!(run.answer(Answer::Refreshed(Ok(Refreshed::default()))).is_ok());
     }
 }
+
+/// What follows a batch, a job and a finished start, without a runtime.
+mod followups {
+    use super::super::batch::BatchOutcome;
+    use super::super::followup::*;
+    use super::{after_first_batch, book, ids};
+    use crate::actors::harvest::ModeChange;
+    use crate::actors::lifecycle::AfterStart;
+    use crate::actors::workers::{GivenUp, JobOutcome};
+    use crate::model::events::ProvisionerEvent;
+    use crate::model::{
+        CloudInstance, DeadMachine, HarvestMode, InstanceId, InstanceState, InstanceTags, Machine, MachineId,
+    };
+
+    fn iid(s: &str) -> InstanceId {
+        InstanceId::from(s)
+    }
+
+    fn removed_event(m: &str) -> Followup {
+        Followup::Publish(ProvisionerEvent::MachineRemoved { machine: MachineId::new(m) })
+    }
+
+    #[test]
+    fn the_first_batch_tells_the_planner_to_load_zones_and_read_the_life() {
+        let mut b = book();
+        b.notify(ids(&["1", "0", "1"]));
+        let start = b.start_batch().unwrap();
+        assert_eq!(start.ids, ids(&["0", "1"]), "sorted and deduplicated");
+        assert!(start.first && start.need_zones && !start.model_dying && !start.starts_closed);
+        assert!(b.start_batch().is_none(), "one batch at a time");
+    }
+
+    #[test]
+    fn a_batch_after_the_first_knows_the_zones_the_dying_model_and_closed_starts() {
+        let mut b = book();
+        b.notify(ids(&["0"]));
+        b.start_batch().unwrap();
+        b.batch_done(BatchOutcome { zones_loaded: true, model_dying: true, ..BatchOutcome::default() });
+        b.close_starts();
+        b.notify(ids(&["1"]));
+        let start = b.start_batch().unwrap();
+        assert!(!start.first && !start.need_zones && start.model_dying && start.starts_closed);
+    }
+
+    #[test]
+    fn the_first_batch_done_sweeps_a_dying_model_then_harvests_unknown_instances() {
+        let mut b = book();
+        b.notify(ids(&[]));
+        b.start_batch().unwrap();
+        let change = ModeChange::Changed { mode: HarvestMode::All, harvest_unknown: true };
+        let next = b.batch_done(BatchOutcome {
+            mode_change: Some(change),
+            model_dying: true,
+            retry_later: ids(&["7"]),
+            ..BatchOutcome::default()
+        });
+        assert!(matches!(&next[0], Followup::RetryLater { ids: later, .. } if *later == super::ids(&["7"])));
+        assert_eq!(
+            next[1..],
+            [
+                Followup::Publish(ProvisionerEvent::ProcessedMachines),
+                Followup::SweepDyingModel,
+                Followup::Publish(ProvisionerEvent::HarvestModeChanged { mode: HarvestMode::All }),
+                Followup::HarvestUnknown { announce: false, fresher_than: None },
+            ]
+        );
+        assert!(b.first_done());
+        assert_eq!(b.busy(), 0, "the retry is the timer's work, not the book's");
+    }
+
+    #[test]
+    fn a_later_batch_done_only_announces() {
+        let mut b = after_first_batch();
+        b.notify(ids(&["0"]));
+        b.start_batch().unwrap();
+        assert_eq!(b.batch_done(BatchOutcome::default()), vec![Followup::Publish(ProvisionerEvent::ProcessedMachines)]);
+    }
+
+    #[test]
+    fn a_started_machine_is_recorded_announced_and_told_to_the_lifecycle_after_its_retiree() {
+        let instance = CloudInstance {
+            id: iid("i-1"),
+            state: InstanceState::Running,
+            zone: Some("az1".into()),
+            tags: InstanceTags::default(),
+            age: None,
+        };
+        let outcome = JobOutcome::Started {
+            machine: MachineId::new("1"),
+            instance: instance.clone(),
+            constraints: None,
+            retired: Some(MachineId::new("old")),
+            reserved: false,
+            given_up: None,
+        };
+        let next = on_job_done(outcome);
+        assert_eq!(
+            next,
+            vec![
+                Followup::Forget(ids(&["old"])),
+                removed_event("old"),
+                // Not reserved (reused): the allocator counts it now.
+                Followup::Populate(vec![(MachineId::new("1"), "az1".into())]),
+                Followup::Record { machine: MachineId::new("1"), instance: Box::new(instance), constraints: None },
+                Followup::Publish(ProvisionerEvent::MachineStarted {
+                    machine: MachineId::new("1"),
+                    instance: iid("i-1"),
+                    zone: Some("az1".into()),
+                }),
+                Followup::StartFinished { machine: MachineId::new("1"), instance: Some(iid("i-1")), orphan: None },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_given_up_parked_instance_is_stopped_before_its_machine_is_removed() {
+        let given_up = Some(GivenUp { instance: iid("parked"), retired: MachineId::new("old") });
+        let next = on_job_done(JobOutcome::StartAbandoned { machine: MachineId::new("1"), given_up });
+        assert_eq!(
+            next[0],
+            Followup::PlanStops { instances: vec![iid("parked")], remove_after: ids(&["old"]), machine: None }
+        );
+        assert!(!next.iter().any(|f| matches!(f, Followup::Forget(_))), "removed only once stopped: {next:?}");
+    }
+
+    #[test]
+    fn a_stop_tells_the_registry_and_the_harvest_then_removes_its_machines() {
+        let next = on_job_done(JobOutcome::Stopped { instances: vec![iid("i-0")], machines: ids(&["0"]) });
+        assert_eq!(
+            next,
+            vec![
+                Followup::InstancesGone(vec![iid("i-0")]),
+                Followup::StopsDone(vec![iid("i-0")]),
+                Followup::Forget(ids(&["0"])),
+                Followup::Publish(ProvisionerEvent::InstancesStopped { instances: vec![iid("i-0")] }),
+                removed_event("0"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_mode_change_that_harvests_unknown_instances_does_so_on_a_fresh_listing() {
+        assert!(on_mode_change(ModeChange::Unchanged).is_empty());
+        assert!(on_mode_change(ModeChange::Deferred).is_empty());
+        let next = on_mode_change(ModeChange::Changed { mode: HarvestMode::Unknown, harvest_unknown: true });
+        assert_eq!(
+            next,
+            vec![
+                Followup::Publish(ProvisionerEvent::HarvestModeChanged { mode: HarvestMode::Unknown }),
+                Followup::HarvestUnknown { announce: true, fresher_than: Some(std::time::Duration::ZERO) },
+            ]
+        );
+    }
+
+    fn dead(id: &str, instance: Option<&str>) -> DeadMachine {
+        let mut m = Machine::pending(id);
+        m.instance = instance.map(InstanceId::from);
+        DeadMachine::of(&m)
+    }
+
+    #[test]
+    fn an_orphan_joins_its_machine_if_it_died_meanwhile_or_is_stopped_on_its_own() {
+        let m = MachineId::new("1");
+        let step =
+            after_start(Some(AfterStart::StopDeferred { dead: dead("1", Some("i-1")) }), m.clone(), Some(iid("o-1")));
+        let AfterStartStep::PlanDead(d) = step else { panic!("{step:?}") };
+        assert_eq!(d.tagged, vec![iid("o-1")]);
+        // Not twice: the orphan is already the machine's instance.
+        let step = after_start(
+            Some(AfterStart::DestroyDeferred { machine: dead("1", Some("o-1")) }),
+            m.clone(),
+            Some(iid("o-1")),
+        );
+        let AfterStartStep::PlanDestroy(d) = step else { panic!("{step:?}") };
+        assert!(d.tagged.is_empty());
+        // The lifecycle unreachable or done: the orphan is stopped on its own, tagged for its machine.
+        for answer in [None, Some(AfterStart::Done)] {
+            assert_eq!(
+                after_start(answer, m.clone(), Some(iid("o-1"))),
+                AfterStartStep::Then(vec![Followup::PlanStops {
+                    instances: vec![iid("o-1")],
+                    remove_after: Vec::new(),
+                    machine: Some(m.clone()),
+                }])
+            );
+        }
+        assert_eq!(after_start(Some(AfterStart::Done), m, None), AfterStartStep::Then(Vec::new()));
+    }
+}
