@@ -12,3 +12,10 @@ pub struct Shutdown;
 #[derive(Debug, Clone, Copy, actix::Message)]
 #[rtype(result = "usize")]
 pub struct Busy;
+
+/// Answered once the provisioner has no one-shot work left: the total of its actors'
+/// [`WorkCount`](crate::actors::work::WorkCount)s reaches zero (at once if it is zero). Handled
+/// by the coordinator, which owns the count its siblings share.
+#[derive(Debug, Clone, Copy, actix::Message)]
+#[rtype(result = "()")]
+pub struct WhenIdle;

@@ -24,6 +24,7 @@ pub mod limiter;
 pub mod messages;
 pub mod registry;
 pub mod wiring;
+pub mod work;
 pub mod workers;
 pub mod zones;
 

@@ -56,6 +56,8 @@ pub fn start(
     config.validate()?;
     let coord_ctx: Context<Coordinator> = Context::new();
     let coord = coord_ctx.address();
+    // One count of work in flight for the whole provisioner: each actor holds its own part.
+    let work = crate::actors::work::WorkCount::new();
 
     // Every cloud call is paced by the client-side limiter (unless every class is unlimited).
     let limiter = config.rate_limits.any().then(|| RateLimiter::new(config.rate_limits).start());
@@ -73,6 +75,7 @@ pub fn start(
         Some(coord.clone().recipient()),
     )
     .with_seed(config.seed ^ 0x0072_6567_6973_7472)
+    .with_work(work.sibling())
     .start();
     let zones = ZoneAllocator::new(broker.clone(), config.seed, config.resync_interval)
         .with_capacity_memory(config.capacity_memory)
@@ -88,7 +91,8 @@ pub fn start(
         config.harvest_listing_max_age,
         coord.clone().recipient(),
     )
-    .with_safety(safety);
+    .with_safety(safety)
+    .with_work(work.sibling());
     if config.reuse {
         harvest = harvest.with_reuse(config.reuse_window);
     }
@@ -117,6 +121,7 @@ pub fn start(
         coord.clone().recipient(),
         config.seed.wrapping_add(1),
     )
+    .with_work(work.sibling())
     .start();
     let links = Links {
         model,
@@ -146,7 +151,7 @@ pub fn start(
         resize: pool.clone().recipient(),
     };
     let coordinator = coord_ctx.run(
-        Coordinator::new(links, config.backoff, config.workers, config.retry_path, config.scope.clone())
+        Coordinator::new(links, config.backoff, config.workers, config.retry_path, config.scope.clone(), work)
             .with_seed(config.seed ^ 0x636f_6f72_6469_6e61),
     );
     Ok(ProvisionerHandle { coordinator, registry, zones, harvest, lifecycle, pool, limiter })
@@ -278,6 +283,19 @@ impl ProvisionerHandle {
         [c, p, r, h].into_iter().all(|b| b.map(|n| n == 0).unwrap_or(true))
     }
 
+    /// Resolves once every actor is quiescent (as [`ProvisionerHandle::is_idle`] tells), at
+    /// once if it is or if the provisioner stopped. Nothing polls: the coordinator answers when
+    /// the provisioner's work count (every actor's guards) reaches zero, and the answer is
+    /// confirmed by [`ProvisionerHandle::is_idle`] (work handed from one actor to another by
+    /// message counts once its receiver has it), waiting again if work was on its way.
+    pub async fn wait_idle(&self) {
+        loop {
+            if self.coordinator.send(crate::actors::messages::WhenIdle).await.is_err() || self.is_idle().await {
+                return;
+            }
+        }
+    }
+
     /// Whether the provisioner's front door is still open.
     pub fn is_running(&self) -> bool {
         self.coordinator.connected()
@@ -341,6 +359,10 @@ impl crate::actors::containers::ContainerProvisioner for ProvisionerHandle {
     fn is_idle(&self) -> futures::future::BoxFuture<'static, bool> {
         let h = self.clone();
         Box::pin(async move { h.is_idle().await })
+    }
+    fn wait_idle(&self) -> futures::future::BoxFuture<'static, ()> {
+        let h = self.clone();
+        Box::pin(async move { h.wait_idle().await })
     }
     fn holds_no_machine(&self) -> futures::future::BoxFuture<'static, bool> {
         let h = self.clone();

@@ -467,6 +467,36 @@ pub struct ProvisioningInfo {
     pub tags: std::collections::BTreeMap<String, String>,
 }
 
+/// What a machine asks of the allocator.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ZoneRequest {
+    /// `zones=` constraint.
+    pub allowed: Option<Vec<String>>,
+    /// Zones derived from placement or volumes; non-empty = only these.
+    pub derived: Vec<String>,
+    /// The other machines of its distribution group; `None` = count every machine.
+    pub group: Option<Vec<MachineId>>,
+    /// What it asks the cloud for, zones aside (see [`Constraints::shape`]): machines of one
+    /// shape share the capacity memory. `None` = no memory.
+    ///
+    /// [`Constraints::shape`]: Constraints::shape
+    pub shape: Option<String>,
+}
+
+impl ZoneRequest {
+    /// What a start asks of the allocator: its `zones=` constraint, the zones derived from its
+    /// placement or volumes, its distribution group (empty = none) and its shape. The one
+    /// place a start's request is built (the pool's start and `provisioner plan` both use it).
+    pub fn for_start(info: &ProvisioningInfo, group: &[MachineId], derived: Vec<String>) -> Self {
+        Self {
+            allowed: info.constraints.zones.clone(),
+            derived,
+            group: (!group.is_empty()).then(|| group.to_vec()),
+            shape: Some(info.constraints.shape()),
+        }
+    }
+}
+
 /// A dead machine's clean instance, parked for reuse (machine reuse, opt-in).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reusable {

@@ -485,19 +485,15 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     server_handle.stop(true).await;
     drop(server_task);
     handle.close_starts();
-    let deadline = Instant::now() + opts.shutdown_grace;
-    loop {
-        let drained = broker.in_flight() == 0 && handle.is_idle().await;
-        if drained || Instant::now() >= deadline {
-            if !drained {
-                tracing::warn!(
-                    in_flight = broker.in_flight(),
-                    "shutdown grace over; cloud calls still in flight are resumed at the next start"
-                );
-            }
-            break;
-        }
-        actix_rt::time::sleep(std::time::Duration::from_millis(50)).await;
+    // The provisioner says when it is idle (its jobs, and so its cloud calls, are done); the
+    // grace period bounds the wait.
+    // (A periodic listing still in flight is only a read.)
+    let idle = actix_rt::time::timeout(opts.shutdown_grace, handle.wait_idle()).await.is_ok();
+    if !idle {
+        tracing::warn!(
+            in_flight = broker.in_flight(),
+            "shutdown grace over; cloud calls still in flight are resumed at the next start"
+        );
     }
     handle.shutdown();
     tracing::info!("stopped");

@@ -2,14 +2,21 @@
 //! state — starts with their chosen zones, adoptions, stops, releases, removals — computed by
 //! the same plain cores the actors use, without doing any of it. Events are not applied.
 
+use std::collections::BTreeSet;
+
 use serde::Serialize;
 
 use super::run::SIM_MODEL_UUID;
-use super::scenario::{InitialState, Scenario};
-use crate::actors::harvest::{HarvestBook, HarvestSafety, UnknownInstance};
+use super::scenario::{InitialState, MachineSpec, Scenario};
+use crate::actors::coordinator::batch::{Answer, Ask, BatchRun, Effect, Next};
+use crate::actors::coordinator::BatchBook;
+use crate::actors::harvest::{HarvestBook, HarvestPlan, HarvestSafety, UnknownInstance};
+use crate::actors::lifecycle::LifecycleBook;
 use crate::actors::registry::MachineBook;
-use crate::actors::zones::{ZoneBook, ZoneRequest};
-use crate::model::{CloudInstance, InstanceState, InstanceTags, MachineId};
+use crate::actors::zones::ZoneBook;
+use crate::config::Scope;
+use crate::model::{CloudInstance, DeadMachine, InstanceId, InstanceState, InstanceTags, MachineId, ProvisioningInfo};
+use crate::ports::ModelError;
 
 /// One start the provisioner would make.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -53,100 +60,237 @@ pub struct Plan {
     pub harvest_again_in: Option<String>,
 }
 
-/// Plans the next step from the scenario's initial state (`seed` overrides the file's).
+/// Plans the next step from the scenario's initial state (`seed` overrides the file's): the
+/// coordinator's own batch planner ([`BatchRun`]) runs the first batch, its questions answered
+/// by the plain cores the actors would consult, its effects recorded instead of carried out.
 pub fn plan(s: &Scenario, seed: Option<u64>) -> Plan {
-    let mut out = Plan::default();
-    let mut book = MachineBook::new();
-    book.load_view(
-        s.cloud
-            .instances
-            .iter()
-            .filter(|i| !i.foreign)
-            .map(|i| CloudInstance {
-                id: i.id.as_str().into(),
-                state: match i.state {
-                    InitialState::Running => InstanceState::Running,
-                    InitialState::Stopped => InstanceState::Stopped,
-                },
-                zone: i.zone.clone(),
-                tags: InstanceTags {
-                    model: Some(SIM_MODEL_UUID.into()),
-                    machine: i.machine.as_deref().map(MachineId::new),
-                    start: None,
-                },
-                age: Some(i.age()),
-            })
-            .collect(),
-    );
-    let reads = s.machines.iter().filter(|m| !m.id.contains('/')).map(|spec| {
-        let m = spec.to_machine();
-        (m.id.clone(), Ok(m))
-    });
-    let (refreshed, to_kill) = book.absorb(reads);
-    let mut dead = refreshed.dead;
-    for id in to_kill {
-        out.ensure_dead.push(id.to_string());
-        book.set_dead(&id);
-        dead.extend(book.dead_machine(&id));
-    }
-
-    // Harvest: the first full notification ends safe mode.
-    let safety = HarvestSafety {
-        grace: s.provisioner.harvest_grace.0,
-        max_stops: s.provisioner.harvest_max_stops,
-        pass_interval: s.provisioner.resync_interval.0,
-    };
-    let mut harvest = HarvestBook::new(s.provisioner.harvest_mode).with_reuse(s.provisioner.reuse).with_safety(safety);
-    harvest.end_safe_mode();
-    let unknown: Vec<UnknownInstance> =
-        book.unknown_with_ages().unwrap_or_default().into_iter().map(|(id, age)| UnknownInstance { id, age }).collect();
-    let h = harvest.plan(&dead, &unknown);
-    out.stops = h.stop.iter().map(ToString::to_string).collect();
-    if harvest.wants_unknown() {
-        out.harvest_later = unknown.iter().filter(|u| !h.stop.contains(&u.id)).map(|u| u.id.to_string()).collect();
-        out.harvest_again_in = h.recheck_in.map(super::scenario::format_duration);
-    }
-    out.releases = h.release.iter().map(ToString::to_string).collect();
-    out.removals = h
-        .remove_now
-        .iter()
-        .chain(&h.remove_after_stop)
-        .chain(&h.remove_after_release)
-        .map(ToString::to_string)
-        .collect();
-
-    // Starts, in the order the batch would queue them, through the zone book.
-    let mut zones = ZoneBook::new(seed.unwrap_or(s.seed));
-    let mut listed: Vec<(String, bool)> = s.cloud.zones.iter().map(|z| (z.clone(), true)).collect();
-    listed.extend(s.cloud.unavailable_zones.iter().map(|z| (z.clone(), false)));
-    zones.update_zones(&listed);
-    zones.populate(&refreshed.placements);
-    let adopt: std::collections::BTreeMap<MachineId, CloudInstance> = refreshed.adopt.into_iter().collect();
-    for m in refreshed.pending {
-        if let Some(inst) = adopt.get(&m.id) {
-            out.adoptions.push(MachineNote { machine: m.id.to_string(), detail: inst.id.to_string() });
-            continue;
+    let mut world = PlanWorld::new(s, seed.unwrap_or(s.seed));
+    // The first notification carries every machine, batched as the coordinator batches it.
+    let config = crate::config::ProvisionerConfig::default();
+    let mut batches = BatchBook::new(config.backoff, config.workers);
+    batches.notify(s.machines.iter().map(|m| MachineId::new(m.id.as_str())));
+    let Some(start) = batches.start_batch() else { return world.finish() };
+    let (mut run, mut steps) = BatchRun::new(start);
+    let outcome = loop {
+        for effect in std::mem::take(&mut steps.effects) {
+            world.apply(effect);
         }
-        let Some(spec) = s.machines.iter().find(|x| x.id == m.id.as_str()) else { continue };
-        if !spec.distribution_group_error.is_empty() {
-            out.failures.push(MachineNote { machine: m.id.to_string(), detail: spec.distribution_group_error.clone() });
-            continue;
-        }
-        let derived =
-            s.cloud.derived_zones.iter().find(|d| d.machine == spec.id).map(|d| d.zones.clone()).unwrap_or_default();
-        let group: Vec<MachineId> = spec.distribution_group.iter().flatten().map(MachineId::new).collect();
-        let request = ZoneRequest {
-            allowed: spec.zones.clone(),
-            derived,
-            group: (!group.is_empty()).then_some(group),
-            ..ZoneRequest::default()
+        let ask = match steps.next {
+            Next::Done(outcome) => break Some(outcome),
+            Next::Ask(ask) => ask,
         };
-        match zones.choose(&m.id, request) {
-            Ok(zone) => out.starts.push(PlannedStart { machine: m.id.to_string(), zone }),
-            Err(e) => out.failures.push(MachineNote { machine: m.id.to_string(), detail: e.to_string() }),
+        let answer = world.answer(ask);
+        match run.answer(answer) {
+            Ok(next) => steps = next,
+            // The batch would be retried as a whole: nothing more to plan now.
+            Err(_) => break None,
+        }
+    };
+    if outcome.is_some_and(|o| o.mode_change.is_some()) {
+        // The cache is complete: the coordinator has the unknown instances harvested next.
+        let plan = world.plan_harvest(&[]);
+        world.apply(Effect::Execute(plan));
+    }
+    world.finish()
+}
+
+/// The plain cores the actors would consult, and what the plan records.
+struct PlanWorld<'a> {
+    s: &'a Scenario,
+    book: MachineBook,
+    harvest: HarvestBook,
+    lifecycle: LifecycleBook,
+    zones: ZoneBook,
+    out: Plan,
+    unknown: Vec<InstanceId>,
+    stopped: BTreeSet<InstanceId>,
+    recheck_in: Option<std::time::Duration>,
+}
+
+impl<'a> PlanWorld<'a> {
+    fn new(s: &'a Scenario, seed: u64) -> Self {
+        let mut book = MachineBook::with_scope(Scope::Environ);
+        book.load_view(
+            s.cloud
+                .instances
+                .iter()
+                .filter(|i| !i.foreign)
+                .map(|i| CloudInstance {
+                    id: i.id.as_str().into(),
+                    state: match i.state {
+                        InitialState::Running => InstanceState::Running,
+                        InitialState::Stopped => InstanceState::Stopped,
+                    },
+                    zone: i.zone.clone(),
+                    tags: InstanceTags {
+                        model: Some(SIM_MODEL_UUID.into()),
+                        machine: i.machine.as_deref().map(MachineId::new),
+                        start: None,
+                    },
+                    age: Some(i.age()),
+                })
+                .collect(),
+        );
+        let safety = HarvestSafety {
+            grace: s.provisioner.harvest_grace.0,
+            max_stops: s.provisioner.harvest_max_stops,
+            pass_interval: s.provisioner.resync_interval.0,
+        };
+        let harvest = HarvestBook::new(s.provisioner.harvest_mode).with_reuse(s.provisioner.reuse).with_safety(safety);
+        Self {
+            s,
+            book,
+            harvest,
+            lifecycle: LifecycleBook::default(),
+            zones: ZoneBook::new(seed),
+            out: Plan::default(),
+            unknown: Vec::new(),
+            stopped: BTreeSet::new(),
+            recheck_in: None,
         }
     }
-    out
+
+    fn spec(&self, id: &MachineId) -> Option<&'a MachineSpec> {
+        self.s.machines.iter().find(|m| m.id == id.as_str())
+    }
+
+    /// Plans dead machines and the unknown instances of the instance view, as the harvest
+    /// policy does.
+    fn plan_harvest(&mut self, dead: &[DeadMachine]) -> HarvestPlan {
+        let unknown: Vec<UnknownInstance> = self
+            .book
+            .unknown_with_ages()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(id, age)| UnknownInstance { id, age })
+            .collect();
+        let plan = self.harvest.plan(dead, &unknown);
+        if self.harvest.wants_unknown() {
+            for u in unknown {
+                if !self.unknown.contains(&u.id) {
+                    self.unknown.push(u.id);
+                }
+            }
+            self.recheck_in = plan.recheck_in.or(self.recheck_in);
+        }
+        plan
+    }
+
+    /// Answers the batch planner's question from the plain cores.
+    fn answer(&mut self, ask: Ask) -> Answer {
+        match ask {
+            // A scenario's model starts alive.
+            Ask::ModelLife => Answer::Life(Ok(crate::model::Life::Alive)),
+            Ask::DestroyWins => Answer::Plan(self.harvest.plan_destroy(&[])),
+            Ask::RefreshZones => {
+                let mut listed: Vec<(String, bool)> = self.s.cloud.zones.iter().map(|z| (z.clone(), true)).collect();
+                listed.extend(self.s.cloud.unavailable_zones.iter().map(|z| (z.clone(), false)));
+                self.zones.update_zones(&listed);
+                Answer::Zones(Ok(()))
+            }
+            Ask::Refresh(ids) => {
+                let ids = self.book.in_scope(ids);
+                let reads: Vec<_> = ids
+                    .into_iter()
+                    .filter_map(|id| self.spec(&id).map(|spec| (id, Ok::<_, ModelError>(spec.to_machine()))))
+                    .collect();
+                let (mut refreshed, to_kill) = self.book.absorb(reads);
+                for id in to_kill {
+                    self.out.ensure_dead.push(id.to_string());
+                    self.book.set_dead(&id);
+                    refreshed.dead.extend(self.book.dead_machine(&id));
+                }
+                Answer::Refreshed(Ok(refreshed))
+            }
+            Ask::EndSafeMode => Answer::ModeChange(self.harvest.end_safe_mode()),
+            Ask::PlanOrphanStops(instances) => Answer::Plan(self.harvest.plan_stops(&instances, &[])),
+            Ask::ObserveDead(dead) => Answer::Deaths(self.lifecycle.on_deaths(&dead)),
+            Ask::PlanDead(dead) => Answer::Plan(self.plan_harvest(&dead)),
+            Ask::ObservePending(ids) => {
+                Answer::ToStart(ids.into_iter().filter(|id| self.lifecycle.want_start(id)).collect())
+            }
+            Ask::StartInfo(ids) => {
+                let specs: Vec<Option<&MachineSpec>> = ids.iter().map(|id| self.spec(id)).collect();
+                let infos = specs
+                    .iter()
+                    .map(|spec| {
+                        let mut info = ProvisioningInfo::default();
+                        info.constraints.zones = spec.and_then(|s| s.zones.clone());
+                        Ok(info)
+                    })
+                    .collect();
+                let groups = specs
+                    .iter()
+                    .map(|spec| match spec {
+                        Some(s) if !s.distribution_group_error.is_empty() => {
+                            Err(ModelError::Other(s.distribution_group_error.clone()))
+                        }
+                        Some(s) => Ok(s.distribution_group.iter().flatten().map(MachineId::new).collect()),
+                        None => Ok(Vec::new()),
+                    })
+                    .collect();
+                Answer::StartInfo { infos: Ok(infos), groups: Ok(groups) }
+            }
+            Ask::WriteError { machine, message } => {
+                self.out.failures.push(MachineNote { machine: machine.to_string(), detail: message });
+                Answer::Written
+            }
+        }
+    }
+
+    /// Records what the batch would do.
+    fn apply(&mut self, effect: Effect) {
+        match effect {
+            Effect::Populate(placements) => self.zones.populate(&placements),
+            Effect::Gone(ids) | Effect::ForgetLifecycle(ids) => {
+                for id in &ids {
+                    self.lifecycle.forget(id);
+                }
+            }
+            Effect::StopsPlanned { ids, machine } => self.book.stops_planned(&ids, machine.as_ref()),
+            Effect::Execute(h) => {
+                self.book.stops_planned(&h.stop, None);
+                self.stopped.extend(h.stop.iter().cloned());
+                self.out.stops.extend(h.stop.iter().map(ToString::to_string));
+                self.out.releases.extend(h.release.iter().map(ToString::to_string));
+                self.out.removals.extend(
+                    h.remove_now
+                        .iter()
+                        .chain(&h.remove_after_stop)
+                        .chain(&h.remove_after_release)
+                        .map(ToString::to_string),
+                );
+            }
+            Effect::Start(job) => {
+                let id = job.machine.id.clone();
+                if let Some(inst) = &job.adopt {
+                    self.out.adoptions.push(MachineNote { machine: id.to_string(), detail: inst.id.to_string() });
+                    return;
+                }
+                let derived = self
+                    .s
+                    .cloud
+                    .derived_zones
+                    .iter()
+                    .find(|d| d.machine == id.as_str())
+                    .map(|d| d.zones.clone())
+                    .unwrap_or_default();
+                match self.zones.choose(&id, job.zone_request(derived)) {
+                    Ok(zone) => self.out.starts.push(PlannedStart { machine: id.to_string(), zone }),
+                    Err(e) => self.out.failures.push(MachineNote { machine: id.to_string(), detail: e.to_string() }),
+                }
+            }
+        }
+    }
+
+    fn finish(mut self) -> Plan {
+        if self.harvest.wants_unknown() {
+            self.out.harvest_later =
+                self.unknown.iter().filter(|u| !self.stopped.contains(*u)).map(ToString::to_string).collect();
+            self.out.harvest_again_in = self.recheck_in.map(super::scenario::format_duration);
+        }
+        self.out
+    }
 }
 
 impl Plan {

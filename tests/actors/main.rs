@@ -4,6 +4,7 @@
 
 mod contract;
 mod harvesting;
+mod idle;
 mod resilience;
 mod safety;
 mod seeds;

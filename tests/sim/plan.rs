@@ -123,3 +123,43 @@ fn the_plan_shows_what_the_harvest_holds_back_and_when_it_looks_again() {
     assert_eq!(stops[1].0, "1m");
     assert_eq!(stops.iter().map(|(_, i)| i.len()).sum::<usize>(), 3);
 }
+
+/// The plan runs the coordinator's own batch planner: machines listed out of order in the file
+/// are started in the order the coordinator batches them (sorted ids, not the file's order),
+/// container machines are left to their own provisioners, and the zones are the ones the run
+/// then picks.
+#[test]
+fn the_plan_follows_the_coordinators_batch_order_and_scope() {
+    let text = r#"
+        seed = 5
+        [provisioner]
+        workers = 1
+        retry_count = 0
+        [cloud]
+        zones = ["az1", "az2"]
+        [[machines]]
+        id = "2"
+        [[machines]]
+        id = "0"
+        [[machines]]
+        id = "1"
+        zones = ["az2"]
+        [[machines]]
+        id = "0/lxd/0"
+    "#;
+    let s = Scenario::parse(text, Format::Toml, "order.toml").unwrap();
+    let p = plan(&s, None);
+    let r = run(&s, None);
+    let planned: Vec<(String, Option<String>)> =
+        p.starts.iter().map(|st| (st.machine.clone(), st.zone.clone())).collect();
+    let done: Vec<(String, Option<String>)> = r
+        .calls
+        .iter()
+        .filter(|c| c.op == "start_instance")
+        .map(|c| (c.machine.clone().unwrap(), c.zone.clone().flatten()))
+        // The container is started by its host's container provisioner, not planned here.
+        .filter(|(m, _)| !m.contains('/'))
+        .collect();
+    assert_eq!(planned, done);
+    assert_eq!(planned.iter().map(|(m, _)| m.as_str()).collect::<Vec<_>>(), vec!["0", "1", "2"]);
+}

@@ -99,6 +99,8 @@ pub trait ContainerProvisioner: Send + Sync + 'static {
     fn shutdown(&self);
     /// Whether it is quiescent.
     fn is_idle(&self) -> BoxFuture<'static, bool>;
+    /// Resolves once it is quiescent (at once if it is, or if it stopped), without polling.
+    fn wait_idle(&self) -> BoxFuture<'static, ()>;
     /// Whether its registry caches no machine (also when it cannot be asked).
     fn holds_no_machine(&self) -> BoxFuture<'static, bool>;
 }

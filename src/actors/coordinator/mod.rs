@@ -7,14 +7,18 @@
 //! backoff; nothing in it is lost. Per-machine failures never fail a batch.
 
 mod actor;
+pub mod batch;
+mod followup;
+mod links;
 mod messages;
 mod state;
 #[cfg(test)]
 mod tests;
 
-pub use actor::{Coordinator, Links};
+pub use actor::Coordinator;
+pub use links::Links;
 pub use messages::{
     ChangeHarvestMode, CloseStarts, DestroyModel, ExecutePlan, JobDone, MachinesChanged, ModelDestroyed, ResizeError,
     RetryTick, SetWorkers, Subscribe, ViewRefreshed,
 };
-pub use state::{DestroyError, DestroySummary};
+pub use state::{BatchBook, DestroyError, DestroySummary};

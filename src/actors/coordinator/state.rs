@@ -6,7 +6,11 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use super::batch::{BatchOutcome, BatchStart};
+use super::followup::Followup;
+use crate::actors::harvest::ModeChange;
 use crate::config::Backoff;
+use crate::model::events::ProvisionerEvent;
 use crate::model::{InstanceId, MachineId};
 use crate::ports::ModelError;
 
@@ -23,6 +27,8 @@ pub struct BatchBook {
     backoff: Backoff,
     rng: StdRng,
     workers: usize,
+    model_dying: bool,
+    starts_closed: bool,
 }
 
 impl BatchBook {
@@ -39,6 +45,8 @@ impl BatchBook {
             backoff,
             rng: StdRng::seed_from_u64(0),
             workers,
+            model_dying: false,
+            starts_closed: false,
         }
     }
 
@@ -62,6 +70,55 @@ impl BatchBook {
         }
         self.in_flight = true;
         Some(std::mem::take(&mut self.pending).into_iter().collect())
+    }
+
+    /// The next batch to run (see [`BatchBook::take_batch`]), with what the batch planner
+    /// needs to know.
+    pub fn start_batch(&mut self) -> Option<BatchStart> {
+        let ids = self.take_batch()?;
+        Some(BatchStart {
+            ids,
+            first: !self.first_done,
+            need_zones: !self.zones_loaded,
+            model_dying: self.model_dying,
+            starts_closed: self.starts_closed,
+        })
+    }
+
+    /// The batch ran to its end: what follows, in order (a retry of the ids it could not
+    /// settle, the event, and after the first batch the dying model's sweep and the first
+    /// harvest of unknown instances, the cache being complete).
+    pub fn batch_done(&mut self, outcome: BatchOutcome) -> Vec<Followup> {
+        self.model_dying |= outcome.model_dying;
+        self.zones_loaded |= outcome.zones_loaded;
+        let mut out = Vec::new();
+        if !outcome.retry_later.is_empty() {
+            out.push(Followup::RetryLater { delay: self.retry_later_delay(), ids: outcome.retry_later });
+        }
+        self.batch_succeeded();
+        out.push(Followup::Publish(ProvisionerEvent::ProcessedMachines));
+        if let Some(change) = outcome.mode_change {
+            if self.model_dying {
+                // A dying model found at start-up: finish its destruction (a crash may have
+                // lost starts in flight or the destroy's own stop).
+                out.push(Followup::SweepDyingModel);
+            }
+            if let ModeChange::Changed { mode, .. } = change {
+                out.push(Followup::Publish(ProvisionerEvent::HarvestModeChanged { mode }));
+            }
+            out.push(Followup::HarvestUnknown { announce: false, fresher_than: None });
+        }
+        out
+    }
+
+    /// The model is dying (destroyed here or elsewhere): no batch starts anything any more.
+    pub fn set_model_dying(&mut self) {
+        self.model_dying = true;
+    }
+
+    /// Starts are closed: no batch starts anything any more.
+    pub fn close_starts(&mut self) {
+        self.starts_closed = true;
     }
 
     /// The batch succeeded. Answers whether it was the first one.
@@ -98,11 +155,13 @@ impl BatchBook {
     }
 
     /// Whether the zone list has been loaded.
+    #[cfg(test)]
     pub fn zones_loaded(&self) -> bool {
         self.zones_loaded
     }
 
     /// The zone list was loaded.
+    #[cfg(test)]
     pub fn set_zones_loaded(&mut self) {
         self.zones_loaded = true;
     }

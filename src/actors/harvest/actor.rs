@@ -7,6 +7,7 @@ use super::messages::*;
 use super::state::{HarvestBook, HarvestPlan, HarvestSafety, ModeChange, UnknownInstance};
 use crate::actors::coordinator::ExecutePlan;
 use crate::actors::registry::{RegistryError, UnknownInstances};
+use crate::actors::work::{BusyState, WorkCount, WorkGuard};
 use crate::model::HarvestMode;
 
 /// What can fail in the harvest policy: asking the registry for unknown instances (then none
@@ -30,8 +31,12 @@ pub struct HarvestPolicy {
     /// Where plans made on its own (expired parkings, rechecks of unknown instances) go to be
     /// executed.
     executor: Recipient<ExecutePlan>,
-    /// The pending recheck of unknown instances: when it is due, and its timer.
-    recheck: Option<(actix_rt::time::Instant, SpawnHandle)>,
+    /// The pending recheck of unknown instances: when it is due, its timer, and the work it is.
+    recheck: Option<(actix_rt::time::Instant, SpawnHandle, WorkGuard)>,
+    /// Counts the recheck in the provisioner's total.
+    work: WorkCount,
+    /// Instances parked for reuse (each waits out its window), in the provisioner's total.
+    parked: BusyState,
     /// The book's clock starts here.
     epoch: actix_rt::time::Instant,
 }
@@ -51,7 +56,10 @@ impl HarvestPolicy {
         listing_max_age: std::time::Duration,
         executor: Recipient<ExecutePlan>,
     ) -> Self {
+        let work = WorkCount::new();
         Self {
+            parked: BusyState::new(&work),
+            work,
             book: HarvestBook::new(mode),
             unknown,
             listing_max_age,
@@ -60,6 +68,13 @@ impl HarvestPolicy {
             recheck: None,
             epoch: actix_rt::time::Instant::now(),
         }
+    }
+
+    /// The same policy counting its work in `work`'s total (its provisioner's).
+    pub fn with_work(mut self, work: WorkCount) -> Self {
+        self.parked = BusyState::new(&work);
+        self.work = work;
+        self
     }
 
     /// Turns machine reuse on: parked instances wait `window`, then they are stopped.
@@ -79,21 +94,27 @@ impl HarvestPolicy {
     fn arm_recheck(&mut self, plan: &HarvestPlan, ctx: &mut Context<Self>) {
         let Some(after) = plan.recheck_in else { return };
         let due = actix_rt::time::Instant::now() + after;
-        if let Some((at, handle)) = self.recheck {
-            if at <= due {
+        if let Some((at, handle, _)) = &self.recheck {
+            if *at <= due {
                 return;
             }
-            ctx.cancel_future(handle);
+            ctx.cancel_future(*handle);
         }
         let handle = ctx.notify_later(Recheck, after);
-        self.recheck = Some((due, handle));
+        self.recheck = Some((due, handle, self.work.guard()));
     }
 
     /// Starts the reuse window of every instance the plan parks.
-    fn arm(&self, plan: &HarvestPlan, ctx: &mut Context<Self>) {
+    fn arm(&mut self, plan: &HarvestPlan, ctx: &mut Context<Self>) {
         for (_, r) in &plan.park {
             ctx.notify_later(ParkExpired(r.instance.clone()), self.reuse_window);
         }
+        self.sync_parked();
+    }
+
+    /// Parked instances are work until claimed or expired.
+    fn sync_parked(&mut self) {
+        self.parked.set(self.book.parked().next().is_some());
     }
 
     fn plan_with_unknown(
@@ -210,7 +231,9 @@ impl Handler<PlanStops> for HarvestPolicy {
 impl Handler<ClaimReusable> for HarvestPolicy {
     type Result = MessageResult<ClaimReusable>;
     fn handle(&mut self, msg: ClaimReusable, _ctx: &mut Self::Context) -> Self::Result {
-        MessageResult(self.book.claim(&msg.constraints, &msg.derived))
+        let claimed = self.book.claim(&msg.constraints, &msg.derived);
+        self.sync_parked();
+        MessageResult(claimed)
     }
 }
 
@@ -219,6 +242,7 @@ impl Handler<ParkExpired> for HarvestPolicy {
     fn handle(&mut self, msg: ParkExpired, _ctx: &mut Self::Context) {
         self.book.set_clock(self.epoch.elapsed());
         let plan = self.book.expire(&msg.0);
+        self.sync_parked();
         if plan.is_empty() {
             return;
         }

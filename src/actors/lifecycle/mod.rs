@@ -16,4 +16,4 @@ pub use actor::MachineLifecycle;
 pub use messages::{
     ForgetLifecycle, GetPhases, ObserveDead, ObserveDestroy, ObservePending, StartFinished, StillWanted,
 };
-pub use state::{AfterStart, Deaths, Phase};
+pub use state::{AfterStart, Deaths, LifecycleBook, Phase};

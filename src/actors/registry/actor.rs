@@ -9,6 +9,7 @@ use futures::future::join_all;
 use super::messages::*;
 use super::state::{DestroyTargets, MachineBook, Refreshed, RegistryError, RegistrySnapshot};
 use crate::actors::coordinator::ViewRefreshed;
+use crate::actors::work::{BusyState, WorkCount};
 use crate::config::Backoff;
 use crate::model::DeadMachine;
 use crate::model::MachineId;
@@ -24,8 +25,10 @@ pub struct MachineRegistry {
     resync_interval: std::time::Duration,
     resync_failures: u32,
     on_refresh: Option<Recipient<ViewRefreshed>>,
-    /// Removals not yet acknowledged by the model.
-    removals: usize,
+    /// Removals not yet acknowledged by the model, one guard each.
+    removals: WorkCount,
+    /// A stale view (a listing failed after one succeeded), in the provisioner's total.
+    stale: BusyState,
     /// When the last successful listing was loaded.
     listed_at: Option<actix_rt::time::Instant>,
     /// The book's clock starts here.
@@ -42,6 +45,7 @@ impl MachineRegistry {
         resync_interval: std::time::Duration,
         on_refresh: Option<Recipient<ViewRefreshed>>,
     ) -> Self {
+        let removals = WorkCount::new();
         Self {
             book: MachineBook::with_scope(scope),
             broker,
@@ -51,10 +55,18 @@ impl MachineRegistry {
             resync_interval,
             resync_failures: 0,
             on_refresh,
-            removals: 0,
+            stale: BusyState::new(&removals),
+            removals,
             listed_at: None,
             epoch: actix_rt::time::Instant::now(),
         }
+    }
+
+    /// The same registry counting its work in `work`'s total (its provisioner's).
+    pub fn with_work(mut self, work: WorkCount) -> Self {
+        self.stale = BusyState::new(&work);
+        self.removals = work;
+        self
     }
 
     /// The same registry drawing its backoff jitter from this seed.
@@ -80,7 +92,7 @@ impl MachineRegistry {
                 act.schedule_resync(ctx, act.resync_interval);
             }
             Err(e) => {
-                act.book.mark_stale();
+                act.mark_stale();
                 let delay = act.backoff.delay(act.resync_failures, &mut act.rng).min(act.resync_interval);
                 act.resync_failures += 1;
                 tracing::warn!(error = %e, retry_in = ?delay, "cloud listing failed; not harvesting until one succeeds");
@@ -97,6 +109,13 @@ impl MachineRegistry {
         self.tick();
         self.book.load_view(list);
         self.listed_at = Some(actix_rt::time::Instant::now());
+        self.stale.set(false);
+    }
+
+    /// The last listing failed: the resync retries it, work in flight until it succeeds.
+    fn mark_stale(&mut self) {
+        self.book.mark_stale();
+        self.stale.set(self.book.loaded_once() && !self.book.is_fresh());
     }
 
     /// Writes instance statuses that changed outside our control (an instance stopped in the cloud
@@ -115,15 +134,15 @@ impl MachineRegistry {
 
     fn mark_for_removal(&mut self, ctx: &mut Context<Self>, id: MachineId, attempt: u32) {
         let call = self.model.mark_for_removal(id.clone());
-        self.removals += 1;
+        let removal = self.removals.guard();
         ctx.spawn(call.into_actor(self).map(move |res, act, ctx| match res {
-            Ok(()) | Err(ModelError::NotFound(_)) => act.removals -= 1,
+            Ok(()) | Err(ModelError::NotFound(_)) => drop(removal),
             Err(e) => {
                 let delay = act.backoff.delay(attempt, &mut act.rng);
                 tracing::warn!(machine = %id, error = %e, retry_in = ?delay, "mark for removal failed");
                 ctx.run_later(delay, move |act, ctx| {
-                    act.removals -= 1;
                     act.mark_for_removal(ctx, id, attempt + 1);
+                    drop(removal);
                 });
             }
         }));
@@ -146,7 +165,7 @@ impl Handler<Refresh> for MachineRegistry {
         let listing = (!self.book.loaded_once()).then(|| self.broker.all_instances());
         let model = self.model.clone();
         // Machines outside this provisioner's scope are none of its business.
-        let ids: Vec<MachineId> = msg.ids.into_iter().filter(|id| self.book.scope().contains(id)).collect();
+        let ids = self.book.in_scope(msg.ids);
         let fut = async move {
             let listing = match listing {
                 Some(call) => Some(call.await.map_err(RegistryError::Listing)?),
@@ -170,7 +189,7 @@ impl Handler<Refresh> for MachineRegistry {
             match res {
                 Err(e) => {
                     if matches!(e, RegistryError::Listing(_)) {
-                        act.book.mark_stale();
+                        act.mark_stale();
                     }
                     failed = Some(e);
                 }
@@ -261,7 +280,7 @@ impl Handler<UnknownInstances> for MachineRegistry {
                 act.book.unknown_with_ages().ok_or(RegistryError::ViewStale)
             }
             Err(e) => {
-                act.book.mark_stale();
+                act.mark_stale();
                 Err(RegistryError::Listing(e))
             }
         }))
@@ -290,7 +309,7 @@ impl Handler<crate::actors::messages::Busy> for MachineRegistry {
     type Result = usize;
     fn handle(&mut self, _msg: crate::actors::messages::Busy, _ctx: &mut Self::Context) -> usize {
         // A stale view is a one-shot retry pending.
-        self.removals + usize::from(self.book.loaded_once() && !self.book.is_fresh())
+        self.removals.count() + usize::from(self.book.loaded_once() && !self.book.is_fresh())
     }
 }
 
@@ -331,7 +350,7 @@ impl Handler<InstanceStateOf> for MachineRegistry {
                     act.report_status_changes(ctx);
                 }
                 Err(e) => {
-                    act.book.mark_stale();
+                    act.mark_stale();
                     tracing::warn!(error = %e, "cloud listing failed");
                     return None;
                 }

@@ -17,4 +17,4 @@ pub use messages::{
     ForgetMachines, GetRegistrySnapshot, InstanceStateOf, InstancesGone, PrepareDestroy, RecordInstance, Refresh,
     StopsPlanned, SweepTargets, UnknownInstances,
 };
-pub use state::{blocks_destroy, MachineBook, RegistryError, RegistrySnapshot};
+pub use state::{blocks_destroy, MachineBook, Refreshed, RegistryError, RegistrySnapshot};

@@ -78,6 +78,7 @@ pub struct MachineBook {
 
 impl MachineBook {
     /// An empty book for the environ provisioner: no machines, no view.
+    #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
     }
@@ -101,6 +102,12 @@ impl MachineBook {
     /// Which machines this book is about.
     pub fn scope(&self) -> &Scope {
         &self.scope
+    }
+
+    /// The ids of a notification this provisioner acts on (machines outside its scope are none
+    /// of its business), in the order given.
+    pub fn in_scope(&self, ids: impl IntoIterator<Item = MachineId>) -> Vec<MachineId> {
+        ids.into_iter().filter(|id| self.scope.contains(id)).collect()
     }
 
     /// Whether a listing ever succeeded (starts wait for it).

@@ -598,3 +598,13 @@ fn a_dead_machine_carries_the_unlisted_orphan_whose_stop_is_in_flight() {
     book.instances_gone(&ids(&["i-1"]));
     assert!(book.dead_machine(&mid("0")).unwrap().tagged.is_empty());
 }
+
+#[test]
+fn a_notification_is_filtered_to_the_books_scope_in_order() {
+    let ids = |v: &[&str]| v.iter().map(|s| MachineId::new(*s)).collect::<Vec<_>>();
+    let environ = MachineBook::with_scope(crate::config::Scope::Environ);
+    assert_eq!(environ.in_scope(ids(&["2", "0/lxd/0", "0", "1/kvm/3"])), ids(&["2", "0"]));
+    let lxd =
+        MachineBook::with_scope(crate::config::Scope::Containers { host: MachineId::new("0"), kind: "lxd".into() });
+    assert_eq!(lxd.in_scope(ids(&["2", "0/lxd/0", "0", "1/lxd/3", "0/kvm/1"])), ids(&["0/lxd/0"]));
+}

@@ -12,6 +12,7 @@ use super::messages::*;
 use super::start::{run_start, StartDeps};
 use super::state::{Job, JobOutcome, PoolBook, PoolStatus, ReleaseJob, StopJob, WorkerError};
 use crate::actors::coordinator::JobDone;
+use crate::actors::work::{BusyState, WorkCount};
 use crate::config::{validate_workers, ConfigError};
 use crate::ports::BrokerError;
 
@@ -22,21 +23,32 @@ pub struct WorkerPool {
     deps: Arc<StartDeps>,
     done: Recipient<JobDone>,
     rng: StdRng,
-    /// Failed jobs waiting out their backoff before being queued again.
-    requeues: usize,
+    /// Failed jobs waiting out their backoff before being queued again, one guard each.
+    requeues: WorkCount,
+    /// The book's jobs (queued or in flight), in the provisioner's total.
+    jobs: BusyState,
 }
 
 impl WorkerPool {
     /// A pool of `size` workers (valid `1..=max`), reporting to `done`.
     pub fn new(size: usize, max: usize, deps: StartDeps, done: Recipient<JobDone>, seed: u64) -> Self {
+        let requeues = WorkCount::new();
         Self {
             book: PoolBook::new(size),
             max,
             deps: Arc::new(deps),
             done,
             rng: StdRng::seed_from_u64(seed),
-            requeues: 0,
+            jobs: BusyState::new(&requeues),
+            requeues,
         }
+    }
+
+    /// The same pool counting its work in `work`'s total (its provisioner's).
+    pub fn with_work(mut self, work: WorkCount) -> Self {
+        self.jobs = BusyState::new(&work);
+        self.requeues = work;
+        self
     }
 
     fn nonce(&mut self) -> String {
@@ -83,6 +95,8 @@ impl WorkerPool {
                 }
             }
         }
+        // Queued and running jobs are work in flight until the book is empty.
+        self.jobs.set(self.book.in_flight() + self.book.queued() > 0);
     }
 
     /// Runs a stop or a release: reports `done` when the call succeeds; otherwise the job gives
@@ -111,10 +125,10 @@ impl WorkerPool {
     }
 
     fn requeue_later(&mut self, job: Job, delay: std::time::Duration, ctx: &mut Context<Self>) {
-        self.requeues += 1;
+        let waiting = self.requeues.guard();
         ctx.run_later(delay, move |act, ctx| {
-            act.requeues -= 1;
             act.enqueue(job, ctx);
+            drop(waiting);
         });
     }
 
@@ -159,6 +173,6 @@ impl Handler<GetPoolStatus> for WorkerPool {
 impl Handler<crate::actors::messages::Busy> for WorkerPool {
     type Result = usize;
     fn handle(&mut self, _msg: crate::actors::messages::Busy, _ctx: &mut Self::Context) -> usize {
-        self.book.in_flight() + self.book.queued() + self.requeues
+        self.book.in_flight() + self.book.queued() + self.requeues.count()
     }
 }

@@ -13,7 +13,7 @@ use rand::SeedableRng;
 use super::state::JobOutcome;
 use super::state::{Attempts, FailureKind, StartJob, Step, WorkerError};
 use crate::actors::lifecycle::StillWanted;
-use crate::actors::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation, ZoneRequest};
+use crate::actors::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation};
 use crate::config::{Backoff, RetryStrategy};
 use crate::model::{CloudInstance, InstanceStatus, InstanceTags, MachineId, MachineStatus};
 use crate::ports::{Broker, BrokerError, ModelApi, ProvisionedInstance, StartInstanceParams};
@@ -294,12 +294,7 @@ async fn start_or_adopt(
         }
     }
 
-    let request = ZoneRequest {
-        allowed: job.info.constraints.zones.clone(),
-        derived,
-        group: (!job.group.is_empty()).then(|| job.group.clone()),
-        shape: Some(job.info.constraints.shape()),
-    };
+    let request = job.zone_request(derived);
 
     let mut attempts = Attempts::new(deps.retry.count);
     let mut call = 0u32;

@@ -18,6 +18,13 @@ pub struct StartJob {
     pub adopt: Option<crate::model::CloudInstance>,
 }
 
+impl StartJob {
+    /// What this start asks of the allocator, given the zones derived for it.
+    pub fn zone_request(&self, derived: Vec<String>) -> crate::model::ZoneRequest {
+        crate::model::ZoneRequest::for_start(&self.info, &self.group, derived)
+    }
+}
+
 /// Terminate instances, then have their dead machines removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StopJob {

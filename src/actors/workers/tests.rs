@@ -1,8 +1,9 @@
 use std::collections::BTreeSet;
 
 use super::state::*;
-use crate::actors::zones::{ZoneBook, ZoneRequest};
+use crate::actors::zones::ZoneBook;
 use crate::model::FailOutcome;
+use crate::model::ZoneRequest;
 use crate::model::{InstanceId, Machine, MachineId, ProvisioningInfo};
 
 fn start(id: &str) -> Job {

@@ -15,4 +15,4 @@ pub use actor::ZoneAllocator;
 pub use messages::{
     ChooseZone, GetZoneSnapshot, MarkZoneFailed, PopulateZones, RefreshZones, ReleaseMachine, ReleaseReservation,
 };
-pub use state::{ZoneBook, ZoneError, ZoneRequest, ZoneSnapshot, ZoneView};
+pub use state::{ZoneBook, ZoneError, ZoneSnapshot, ZoneView};

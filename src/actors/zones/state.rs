@@ -6,25 +6,10 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+pub use crate::model::ZoneRequest;
 use crate::model::{FailOutcome, MachineId};
 
 pub use crate::model::ZoneError;
-
-/// What a machine asks of the allocator.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ZoneRequest {
-    /// `zones=` constraint.
-    pub allowed: Option<Vec<String>>,
-    /// Zones derived from placement or volumes; non-empty = only these.
-    pub derived: Vec<String>,
-    /// The other machines of its distribution group; `None` = count every machine.
-    pub group: Option<Vec<MachineId>>,
-    /// What it asks the cloud for, zones aside (see [`Constraints::shape`]): machines of one
-    /// shape share the capacity memory. `None` = no memory.
-    ///
-    /// [`Constraints::shape`]: crate::model::Constraints::shape
-    pub shape: Option<String>,
-}
 
 #[derive(Debug, Clone, Default)]
 struct Zone {

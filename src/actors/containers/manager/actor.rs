@@ -1,5 +1,6 @@
 //! The container manager actor: a thin shell over [`ManagerBook`].
 
+use crate::actors::work::WorkCount;
 use std::collections::BTreeMap;
 
 use actix::prelude::*;
@@ -56,8 +57,8 @@ pub struct ContainerManager {
     deps: SupervisorDeps,
     supervisors: BTreeMap<(MachineId, String), Addr<ContainerSupervisor>>,
     /// Host reads, model-life reads and EnsureDead calls in flight or waiting out their
-    /// backoff.
-    reads: usize,
+    /// backoff, one guard each.
+    reads: WorkCount,
     rng: rand::rngs::StdRng,
     /// The model is dying (destroyed, or found dying by the first notification).
     model_dying: bool,
@@ -73,7 +74,7 @@ impl ContainerManager {
             book: ManagerBook::new(kinds),
             deps,
             supervisors: BTreeMap::new(),
-            reads: 0,
+            reads: WorkCount::new(),
             rng,
             model_dying: false,
             first_seen: false,
@@ -95,22 +96,18 @@ impl ContainerManager {
     /// A restarted manager learns whether the model is dying (retried with backoff).
     fn read_model_life(&mut self, attempt: u32, ctx: &mut Context<Self>) {
         let call = self.deps.model.model_life();
-        self.reads += 1;
-        ctx.spawn(call.into_actor(self).map(move |res, act, ctx| {
-            act.reads -= 1;
-            match res {
-                Ok(life) if life != crate::model::Life::Alive => act.model_destroyed(),
-                Ok(_) => {}
-                Err(e) => {
-                    let delay = act.deps.config.backoff.delay(attempt, &mut act.rng);
-                    let error = ManagerError::ModelLife(e);
-                    tracing::warn!(%error, retry_in = ?delay, "will retry");
-                    act.reads += 1;
-                    ctx.run_later(delay, move |act, ctx| {
-                        act.reads -= 1;
-                        act.read_model_life(attempt + 1, ctx);
-                    });
-                }
+        let read = self.reads.guard();
+        ctx.spawn(call.into_actor(self).map(move |res, act, ctx| match res {
+            Ok(life) if life != crate::model::Life::Alive => act.model_destroyed(),
+            Ok(_) => {}
+            Err(e) => {
+                let delay = act.deps.config.backoff.delay(attempt, &mut act.rng);
+                let error = ManagerError::ModelLife(e);
+                tracing::warn!(%error, retry_in = ?delay, "will retry");
+                ctx.run_later(delay, move |act, ctx| {
+                    act.read_model_life(attempt + 1, ctx);
+                    drop(read);
+                });
             }
         }));
     }
@@ -133,17 +130,15 @@ impl ContainerManager {
             }
             failed
         };
-        self.reads += 1;
+        let call = self.reads.guard();
         ctx.spawn(fut.into_actor(self).map(move |failed, act, ctx| {
-            act.reads -= 1;
             if failed.is_empty() {
                 return;
             }
             let delay = act.deps.config.backoff.delay(attempt, &mut act.rng);
-            act.reads += 1;
             ctx.run_later(delay, move |act, ctx| {
-                act.reads -= 1;
                 act.ensure_dead(failed, attempt + 1, ctx);
+                drop(call);
             });
         }));
     }
@@ -169,25 +164,21 @@ impl ContainerManager {
             }
             Ok::<_, ManagerError>(out)
         };
-        self.reads += 1;
-        ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| {
-            act.reads -= 1;
-            match res {
-                Ok(hosts) => {
-                    for (id, machine, zone) in hosts {
-                        let effects = act.book.host_seen(&id, machine.as_ref(), zone);
-                        act.perform(effects, ctx);
-                    }
+        let read = self.reads.guard();
+        ctx.spawn(fut.into_actor(self).map(move |res, act, ctx| match res {
+            Ok(hosts) => {
+                for (id, machine, zone) in hosts {
+                    let effects = act.book.host_seen(&id, machine.as_ref(), zone);
+                    act.perform(effects, ctx);
                 }
-                Err(error) => {
-                    let delay = act.deps.config.backoff.delay(attempt, &mut act.rng);
-                    tracing::warn!(%error, retry_in = ?delay, "will retry");
-                    act.reads += 1;
-                    ctx.run_later(delay, move |act, ctx| {
-                        act.reads -= 1;
-                        act.read_hosts(again, attempt + 1, ctx);
-                    });
-                }
+            }
+            Err(error) => {
+                let delay = act.deps.config.backoff.delay(attempt, &mut act.rng);
+                tracing::warn!(%error, retry_in = ?delay, "will retry");
+                ctx.run_later(delay, move |act, ctx| {
+                    act.read_hosts(again, attempt + 1, ctx);
+                    drop(read);
+                });
             }
         }));
     }
@@ -323,7 +314,7 @@ impl Handler<crate::actors::messages::Busy> for ContainerManager {
     type Result = ResponseFuture<usize>;
     fn handle(&mut self, _msg: crate::actors::messages::Busy, _ctx: &mut Self::Context) -> Self::Result {
         let sups: Vec<_> = self.supervisors.values().cloned().collect();
-        let own = self.reads;
+        let own = self.reads.count();
         Box::pin(async move {
             let mut busy = own;
             for s in sups {

@@ -77,15 +77,26 @@ pub struct ContainerSupervisor {
     deps: SupervisorDeps,
     provisioner: Option<Arc<dyn ContainerProvisioner>>,
     incarnation: u64,
-    /// The timer that retires a dead host's reaper once it has nothing left.
+    /// The check that retires a dead host's reaper once it has nothing left, in flight.
     done_check: Option<SpawnHandle>,
+    /// Something changed while that check was in flight: check again.
+    changed_during_check: bool,
 }
 
 impl ContainerSupervisor {
     /// A listening supervisor; `host_zone` is `Some` if the host is already provisioned.
     pub fn new(host: MachineId, kind: String, host_zone: Option<Option<String>>, deps: SupervisorDeps) -> Self {
         let book = SupervisorBook::new(deps.config.backoff, host_zone).with_seed(deps.config.seed ^ 0x5u64);
-        Self { host, kind, book, deps, provisioner: None, incarnation: 0, done_check: None }
+        Self {
+            host,
+            kind,
+            book,
+            deps,
+            provisioner: None,
+            incarnation: 0,
+            done_check: None,
+            changed_during_check: false,
+        }
     }
 
     /// A supervisor for a host already dead: it only reaps the host's containers.
@@ -100,29 +111,35 @@ impl ContainerSupervisor {
         s
     }
 
-    /// Once the host is dead, retires the reaper when it has nothing left to reap (checked
-    /// every 10 s; a periodic timer, so it holds no simulation open).
+    /// Once the host is dead, retires the reaper when it has nothing left to reap: checked
+    /// once its provisioner is idle (it says when; nothing polls), and again whenever what it
+    /// holds may have changed since (a container changed, or it published an event).
     fn watch_done(&mut self, ctx: &mut Context<Self>) {
-        if self.done_check.is_some() || !self.book.host_dead() || !self.book.is_running() {
+        if !self.book.host_dead() || !self.book.is_running() {
             return;
         }
-        let handle = ctx.run_interval(std::time::Duration::from_secs(10), |act, ctx| {
-            let Some(h) = act.provisioner.clone() else { return };
-            let generation = act.book.generation();
-            let check =
-                async move { h.is_idle().await && h.holds_no_machine().await };
-            ctx.spawn(check.into_actor(act).map(move |done, act, ctx| {
-                if done && act.book.reaper_done(generation) {
-                    tracing::info!(host = %act.host, kind = %act.kind, "dead host's containers reaped; its provisioner stops");
-                    if let Some(h) = act.provisioner.take() {
-                        h.shutdown();
-                    }
-                    if let Some(t) = act.done_check.take() {
-                        ctx.cancel_future(t);
-                    }
+        if self.done_check.is_some() {
+            self.changed_during_check = true;
+            return;
+        }
+        let Some(h) = self.provisioner.clone() else { return };
+        self.changed_during_check = false;
+        let generation = self.book.generation();
+        let check = async move {
+            h.wait_idle().await;
+            h.holds_no_machine().await
+        };
+        let handle = ctx.spawn(check.into_actor(self).map(move |done, act, ctx| {
+            act.done_check = None;
+            if done && act.book.reaper_done(generation) {
+                tracing::info!(host = %act.host, kind = %act.kind, "dead host's containers reaped; its provisioner stops");
+                if let Some(h) = act.provisioner.take() {
+                    h.shutdown();
                 }
-            }));
-        });
+            } else if std::mem::take(&mut act.changed_during_check) {
+                act.watch_done(ctx);
+            }
+        }));
         self.done_check = Some(handle);
     }
 
@@ -165,6 +182,8 @@ impl ContainerSupervisor {
                             for s in &self.deps.subscribers {
                                 h.subscribe(s.clone());
                             }
+                            // Its events may mean its reaping is done.
+                            h.subscribe(ctx.address().recipient());
                             // Before the first notification, so that nothing starts.
                             if reap {
                                 h.close_starts();
@@ -187,6 +206,7 @@ impl ContainerSupervisor {
                     if let Some(h) = &self.provisioner {
                         h.notify(ids);
                     }
+                    self.watch_done(ctx);
                 }
                 Effect::CloseStarts => {
                     if let Some(h) = &self.provisioner {
@@ -295,6 +315,13 @@ impl Handler<crate::actors::messages::Busy> for ContainerSupervisor {
             };
             initialising + busy
         })
+    }
+}
+
+impl Handler<ProvisionerEvent> for ContainerSupervisor {
+    type Result = ();
+    fn handle(&mut self, _msg: ProvisionerEvent, ctx: &mut Self::Context) {
+        self.watch_done(ctx);
     }
 }
 

@@ -1,0 +1,248 @@
+//! The coordinator's links to the other actors, and how the shell carries out what its cores
+//! decide over them: a batch's [`Ask`]s and [`Effect`]s, a harvest plan, a removal.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use super::batch::{Answer, Ask, BatchFailure, BatchOutcome, BatchRun, BatchStart, Effect, Next};
+use super::followup::AfterStartStep;
+use super::state::{DestroyError, DestroySummary};
+use crate::actors::harvest::{
+    EndSafeMode, HarvestPlan, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown, SetHarvestMode, StopsDone,
+};
+use crate::actors::lifecycle::{ForgetLifecycle, ObserveDead, ObserveDestroy, ObservePending, StartFinished};
+use crate::actors::registry::{
+    ForgetMachines, InstancesGone, PrepareDestroy, RecordInstance, Refresh, StopsPlanned, SweepTargets,
+};
+use crate::actors::workers::{Enqueue, Job, ReleaseJob, ResizePool, StopJob};
+use crate::actors::zones::{PopulateZones, RefreshZones, ReleaseMachine};
+use crate::model::{InstanceStatus, MachineId, MachineStatus};
+use crate::ports::ModelApi;
+
+/// The coordinator's links to the other actors (all wiring happens in [`crate::wiring`]).
+#[derive(Clone)]
+pub struct Links {
+    /// The model, for provisioning info, distribution groups and transient retries.
+    pub model: Arc<dyn ModelApi>,
+    /// Registry: classify a batch.
+    pub refresh: Recipient<Refresh>,
+    /// Registry: our start produced an instance.
+    pub record: Recipient<RecordInstance>,
+    /// Registry: instances terminated.
+    pub gone: Recipient<InstancesGone>,
+    /// Registry: remove dead machines.
+    pub forget: Recipient<ForgetMachines>,
+    /// Allocator: reload zones.
+    pub refresh_zones: Recipient<RefreshZones>,
+    /// Allocator: count existing placements.
+    pub populate: Recipient<PopulateZones>,
+    /// Allocator: forget a machine.
+    pub release_zone: Recipient<ReleaseMachine>,
+    /// Harvest: plan dead machines.
+    pub plan_dead: Recipient<PlanDeadMachines>,
+    /// Harvest: plan unknown instances.
+    pub plan_unknown: Recipient<PlanUnknown>,
+    /// Harvest: change mode.
+    pub set_mode: Recipient<SetHarvestMode>,
+    /// Harvest: leave safe mode.
+    pub end_safe: Recipient<EndSafeMode>,
+    /// Harvest: stops done.
+    pub stops_done: Recipient<StopsDone>,
+    /// Harvest: plan a model destruction.
+    pub plan_destroy: Recipient<PlanDestroy>,
+    /// Harvest: plan stops decided outside a harvest (orphans, given-up parked instances).
+    pub plan_stops: Recipient<PlanStops>,
+    /// Registry: stops decided (their instances are never adopted).
+    pub stops_planned: Recipient<StopsPlanned>,
+    /// Registry: the machines of a model being destroyed.
+    pub prepare_destroy: Recipient<PrepareDestroy>,
+    /// Registry: what a dying model still runs, from the cache.
+    pub sweep: Recipient<SweepTargets>,
+    /// Lifecycle: the model is being destroyed.
+    pub observe_destroy: Recipient<ObserveDestroy>,
+    /// Lifecycle: pending machines.
+    pub observe_pending: Recipient<ObservePending>,
+    /// Lifecycle: dead machines.
+    pub observe_dead: Recipient<ObserveDead>,
+    /// Lifecycle: a start returned.
+    pub start_finished: Recipient<StartFinished>,
+    /// Lifecycle: machines removed.
+    pub forget_lifecycle: Recipient<ForgetLifecycle>,
+    /// Pool: queue a job.
+    pub enqueue: Recipient<Enqueue>,
+    /// Pool: resize.
+    pub resize: Recipient<ResizePool>,
+}
+
+/// Why a batch failed as a whole.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum BatchError {
+    /// The planner's reason.
+    #[error(transparent)]
+    Failed(#[from] BatchFailure),
+    /// The provisioner stopped: an actor the batch asked no longer takes messages.
+    #[error("actor unavailable: {0}")]
+    Stopped(#[from] MailboxError),
+}
+
+/// Runs one batch: carries out the planner's effects in order and answers its questions.
+pub(super) async fn run_batch(links: Links, start: BatchStart) -> Result<BatchOutcome, BatchError> {
+    let (mut run, mut steps) = BatchRun::new(start);
+    loop {
+        for effect in steps.effects {
+            perform(&links, effect);
+        }
+        let ask = match steps.next {
+            Next::Done(outcome) => return Ok(outcome),
+            Next::Ask(ask) => ask,
+        };
+        let answer = ask_links(&links, ask).await?;
+        steps = run.answer(answer)?;
+    }
+}
+
+/// Asks what the planner asks.
+async fn ask_links(links: &Links, ask: Ask) -> Result<Answer, MailboxError> {
+    Ok(match ask {
+        Ask::ModelLife => Answer::Life(links.model.model_life().await),
+        Ask::DestroyWins => Answer::Plan(links.plan_destroy.send(PlanDestroy { machines: Vec::new() }).await?),
+        Ask::RefreshZones => Answer::Zones(links.refresh_zones.send(RefreshZones).await?.map(drop)),
+        Ask::Refresh(ids) => Answer::Refreshed(links.refresh.send(Refresh { ids }).await?),
+        Ask::EndSafeMode => Answer::ModeChange(links.end_safe.send(EndSafeMode).await?),
+        Ask::PlanOrphanStops(instances) => {
+            Answer::Plan(links.plan_stops.send(PlanStops { instances, remove_after: Vec::new() }).await?)
+        }
+        Ask::ObserveDead(dead) => Answer::Deaths(links.observe_dead.send(ObserveDead { dead }).await?),
+        Ask::PlanDead(dead) => Answer::Plan(links.plan_dead.send(PlanDeadMachines { dead }).await?),
+        Ask::ObservePending(ids) => Answer::ToStart(links.observe_pending.send(ObservePending { ids }).await?),
+        Ask::StartInfo(ids) => {
+            let (infos, groups) =
+                futures::join!(links.model.provisioning_info(ids.clone()), links.model.distribution_groups(ids));
+            Answer::StartInfo { infos, groups }
+        }
+        Ask::WriteError { machine, message } => {
+            let status = InstanceStatus::provisioning_error();
+            let _ = links.model.set_instance_status(machine.clone(), status, message.clone()).await;
+            let _ = links.model.set_status(machine, MachineStatus::Error, message).await;
+            Answer::Written
+        }
+    })
+}
+
+/// Carries out one effect.
+pub(super) fn perform(links: &Links, effect: Effect) {
+    match effect {
+        Effect::Populate(placements) => links.populate.do_send(PopulateZones { placements }),
+        Effect::Gone(ids) => {
+            for m in &ids {
+                links.release_zone.do_send(ReleaseMachine { machine: m.clone() });
+            }
+            links.forget_lifecycle.do_send(ForgetLifecycle { ids });
+        }
+        Effect::StopsPlanned { ids, machine } => links.stops_planned.do_send(StopsPlanned { ids, machine }),
+        Effect::Execute(plan) => execute_plan(links, plan),
+        Effect::Start(job) => links.enqueue.do_send(Enqueue(Job::Start(job))),
+        Effect::ForgetLifecycle(ids) => links.forget_lifecycle.do_send(ForgetLifecycle { ids }),
+    }
+}
+
+/// Enqueues a plan's work. Stops are queued ahead of starts by the pool.
+pub(super) fn execute_plan(links: &Links, plan: HarvestPlan) {
+    if !plan.stop.is_empty() {
+        links.stops_planned.do_send(StopsPlanned { ids: plan.stop.clone(), machine: None });
+        links.enqueue.do_send(Enqueue(Job::Stop(StopJob {
+            instances: plan.stop,
+            machines: plan.remove_after_stop,
+            attempt: 0,
+            eager: plan.eager,
+        })));
+    }
+    if !plan.release.is_empty() {
+        links.enqueue.do_send(Enqueue(Job::Release(ReleaseJob {
+            instances: plan.release,
+            machines: plan.remove_after_release,
+            attempt: 0,
+        })));
+    }
+    forget(links, plan.remove_now);
+}
+
+pub(super) fn forget(links: &Links, machines: Vec<MachineId>) {
+    if machines.is_empty() {
+        return;
+    }
+    for m in &machines {
+        links.release_zone.do_send(ReleaseMachine { machine: m.clone() });
+    }
+    links.forget_lifecycle.do_send(ForgetLifecycle { ids: machines.clone() });
+    links.forget.do_send(ForgetMachines { ids: machines });
+}
+
+/// What the (dying) model still runs, planned for stopping: every machine in scope, those
+/// without an instance included (the ones starting stop what their start produces when it
+/// lands).
+pub(super) async fn plan_sweep(links: Links) -> Result<HarvestPlan, MailboxError> {
+    let targets = links.sweep.send(SweepTargets).await?;
+    let deaths = links.observe_destroy.send(ObserveDestroy { machines: targets }).await?;
+    let stop_now = deaths.stop_now.into_iter().filter(|d| d.instances().next().is_some()).collect();
+    links.plan_destroy.send(PlanDestroy { machines: stop_now }).await
+}
+
+/// Resets the status of this provisioner's machines with transient errors, for a retry;
+/// answers those reset.
+pub(super) async fn reset_transient(model: Arc<dyn ModelApi>, scope: crate::config::Scope) -> Vec<MachineId> {
+    let machines = match model.machines_with_transient_errors().await {
+        // Only this provisioner's machines: containers have no retry path (as in Juju).
+        Ok(m) => m.into_iter().filter(|m| scope.contains(&m.id)).collect::<Vec<_>>(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read machines with transient errors");
+            return Vec::new();
+        }
+    };
+    let mut reset = Vec::new();
+    for m in machines {
+        let ok = model.set_status(m.id.clone(), MachineStatus::Pending, String::new()).await.is_ok()
+            && model.set_instance_status(m.id.clone(), InstanceStatus::provisioning(), String::new()).await.is_ok();
+        if ok {
+            reset.push(m.id);
+        } else {
+            tracing::warn!(machine = %m.id, "cannot reset status for a retry; skipped");
+        }
+    }
+    reset
+}
+
+/// Destroys the model and stops what it runs (see [`DestroyModel`](super::DestroyModel)).
+pub(super) async fn destroy(links: Links, force: bool) -> Result<DestroySummary, DestroyError> {
+    let machines = match links.model.destroy_model().await {
+        Ok(m) => m,
+        Err(crate::ports::ModelError::ModelDying) => return Err(DestroyError::AlreadyDying),
+        Err(e) => return Err(DestroyError::Model(e)),
+    };
+    let unavailable = DestroyError::Unavailable;
+    let targets = links.prepare_destroy.send(PrepareDestroy { machines }).await.map_err(unavailable)?;
+    let deaths =
+        links.observe_destroy.send(ObserveDestroy { machines: targets.machines }).await.map_err(unavailable)?;
+    let plan = links.plan_destroy.send(PlanDestroy { machines: deaths.stop_now }).await.map_err(unavailable)?;
+    let summary = DestroySummary { stopping: plan.stop.clone(), awaiting_starts: deaths.deferred };
+    tracing::info!(stopping = ?summary.stopping, awaiting = ?summary.awaiting_starts, "model destroyed: stopping its instances");
+    execute_plan(&links, plan);
+    if !force && !targets.manual.is_empty() {
+        return Err(DestroyError::ManualMachines { ids: targets.manual, summary });
+    }
+    Ok(summary)
+}
+
+/// Has the harvest policy plan what a finished start left behind (see
+/// [`after_start`](super::followup::after_start)): a machine that died, or a model destroyed,
+/// while it started.
+pub(super) async fn plan_after_start(links: Links, step: Option<AfterStartStep>) -> Option<HarvestPlan> {
+    match step? {
+        AfterStartStep::PlanDead(dead) => links.plan_dead.send(PlanDeadMachines { dead: vec![dead] }).await.ok(),
+        AfterStartStep::PlanDestroy(machine) => {
+            links.plan_destroy.send(PlanDestroy { machines: vec![machine] }).await.ok()
+        }
+        AfterStartStep::Then(_) => None,
+    }
+}
