@@ -429,7 +429,7 @@ fn application(c: &Client, cmd: ApplicationCmd) -> Result<(), Failure> {
                 AddApplication { name, units: units as usize, constraints: constraints.map(serde_json::Value::String) };
             let added: ApplicationView = c.send("POST", "/v1/applications", &body)?;
             if json {
-                print_json(&added);
+                print_json(&added.machines);
             } else {
                 for id in &added.machines {
                     println!("{id}");

@@ -119,7 +119,7 @@ pub enum ApplicationCmd {
         /// Constraints for its machines, in Juju's syntax (as `machine add --constraints`).
         #[arg(long, value_name = "\"key=value ...\"")]
         constraints: Option<String>,
-        /// Print JSON (the application, with its machines).
+        /// Print JSON (a list of the new machines' ids).
         #[arg(long)]
         json: bool,
     },
