@@ -93,7 +93,11 @@ pub fn parse_size(key: &'static str, value: &str) -> Result<u64, ConstraintsErro
 }
 
 fn parse_cores(value: &str) -> Result<u32, ConstraintsError> {
-    let bad = || ConstraintsError::BadValue { key: "cores", value: value.to_owned(), reason: "must be a non-negative integer" };
+    let bad = || ConstraintsError::BadValue {
+        key: "cores",
+        value: value.to_owned(),
+        reason: "must be a non-negative integer",
+    };
     if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
         return Err(bad());
     }
@@ -104,7 +108,11 @@ fn check_arch(value: &str) -> Result<(), ConstraintsError> {
     if ARCHES.contains(&value) {
         Ok(())
     } else {
-        Err(ConstraintsError::BadValue { key: "arch", value: value.to_owned(), reason: "is not a known architecture (amd64, arm64, ppc64el, s390x, riscv64)" })
+        Err(ConstraintsError::BadValue {
+            key: "arch",
+            value: value.to_owned(),
+            reason: "is not a known architecture (amd64, arm64, ppc64el, s390x, riscv64)",
+        })
     }
 }
 
@@ -191,11 +199,18 @@ impl Constraints {
         if let Some(t) = &self.instance_type {
             check_name("instance-type", t, false)?;
         }
-        let lists: [(&'static str, Option<&Vec<String>>, bool); 3] =
-            [("zones", self.zones.as_ref(), false), ("spaces", Some(&self.spaces), true), ("tags", Some(&self.tags), true)];
+        let lists: [(&'static str, Option<&Vec<String>>, bool); 3] = [
+            ("zones", self.zones.as_ref(), false),
+            ("spaces", Some(&self.spaces), true),
+            ("tags", Some(&self.tags), true),
+        ];
         for (key, list, negatable) in lists {
             if key == "zones" && list.is_some_and(Vec::is_empty) {
-                return Err(ConstraintsError::BadValue { key, value: String::new(), reason: "must not be empty when given" });
+                return Err(ConstraintsError::BadValue {
+                    key,
+                    value: String::new(),
+                    reason: "must not be empty when given",
+                });
             }
             for item in list.into_iter().flatten() {
                 check_name(key, item, negatable)?;
@@ -319,7 +334,9 @@ mod tests {
 
     #[test]
     fn the_canonical_form_parses_back_to_the_same() {
-        let c = parse("zones=az1,az2 tags=ssd,^gpu mem=0.5G cores=4 arch=arm64 root-disk=8G instance-type=m5.large spaces=db");
+        let c = parse(
+            "zones=az1,az2 tags=ssd,^gpu mem=0.5G cores=4 arch=arm64 root-disk=8G instance-type=m5.large spaces=db",
+        );
         let text = c.to_string();
         assert_eq!(
             text,

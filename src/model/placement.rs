@@ -32,7 +32,8 @@ impl Placement {
     pub fn parse(text: &str) -> Result<Placement, PlacementError> {
         let invalid = || PlacementError::Invalid(text.to_owned());
         let (kind, value) = text.trim().split_once('=').ok_or_else(invalid)?;
-        let ok = !value.is_empty() && value.chars().all(|c| !c.is_whitespace() && !c.is_control() && c != '=' && c != ',');
+        let ok =
+            !value.is_empty() && value.chars().all(|c| !c.is_whitespace() && !c.is_control() && c != '=' && c != ',');
         match kind {
             "zone" if ok => Ok(Placement::Zone(value.to_owned())),
             "subnet" if ok => Ok(Placement::Subnet(value.to_owned())),

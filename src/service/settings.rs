@@ -357,9 +357,9 @@ impl SimSection {
 
     /// The simulated cloud's subnets: as configured, else `subnet-ZONE` for each zone it lists.
     pub fn subnets(&self) -> std::collections::BTreeMap<String, Vec<String>> {
-        self.subnets.clone().unwrap_or_else(|| {
-            self.known_zones().into_iter().map(|z| (format!("subnet-{z}"), vec![z])).collect()
-        })
+        self.subnets
+            .clone()
+            .unwrap_or_else(|| self.known_zones().into_iter().map(|z| (format!("subnet-{z}"), vec![z])).collect())
     }
 
     fn check_subnets(&self) -> Result<(), SettingsError> {
@@ -437,7 +437,8 @@ mod tests {
         let want: std::collections::BTreeMap<String, Vec<String>> =
             [("subnet-a".to_owned(), vec!["a".to_owned()]), ("subnet-b".to_owned(), vec!["b".to_owned()])].into();
         assert_eq!(o.sim.subnets(), want);
-        let o = with_file("subnets.toml", "[sim]\nzones = [\"a\", \"b\"]\nsubnets = { wide = [\"a\", \"b\"] }\n", &[]).unwrap();
+        let o = with_file("subnets.toml", "[sim]\nzones = [\"a\", \"b\"]\nsubnets = { wide = [\"a\", \"b\"] }\n", &[])
+            .unwrap();
         assert_eq!(o.sim.subnets().get("wide").map(Vec::len), Some(2));
         let e = with_file("badsubnets.toml", "[sim]\nzones = [\"a\"]\nsubnets = { s = [\"zz\"] }\n", &[]).unwrap_err();
         assert!(matches!(e, SettingsError::SimSubnet { .. }) && e.to_string().contains("\"zz\""), "{e}");

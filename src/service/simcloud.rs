@@ -330,7 +330,11 @@ mod tests {
     #[test]
     fn placements_derive_their_zones() {
         let settings = SimSettings {
-            subnets: [("subnet-az1".to_owned(), vec!["az1".to_owned()]), ("wide".to_owned(), vec!["az1".to_owned(), "az3".to_owned()])].into(),
+            subnets: [
+                ("subnet-az1".to_owned(), vec!["az1".to_owned()]),
+                ("wide".to_owned(), vec!["az1".to_owned(), "az3".to_owned()]),
+            ]
+            .into(),
             ..SimSettings::default()
         };
         let placed = |p: &str| StartInstanceParams { placement: Some(p.to_owned()), ..params(None) };

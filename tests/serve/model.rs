@@ -26,9 +26,10 @@ fn zone_of(s: &Server, id: &str) -> String {
 }
 
 fn settled(s: &Server, ids: &[String]) -> bool {
-    s.machines().iter().filter(|m| ids.contains(&field(m, "id").to_owned())).all(|m| {
-        field(m, "status") == "started" || field(m, "instance_status") == "provisioning error"
-    })
+    s.machines()
+        .iter()
+        .filter(|m| ids.contains(&field(m, "id").to_owned()))
+        .all(|m| field(m, "status") == "started" || field(m, "instance_status") == "provisioning error")
 }
 
 /// `machine add --constraints ... --to zone=...` stores every constraint and the placement,
@@ -207,11 +208,21 @@ fn an_applications_units_spread_over_zones_and_go_with_it() {
     assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
     assert_eq!((field(&listed[0], "name"), listed[0]["units"].clone()), ("web", 3.into()));
     assert_eq!(listed[0]["constraints"]["cores"], 2);
-    let web: Vec<String> =
-        s.json(&["machine", "list", "--application", "web", "--json"]).as_array().unwrap().iter().map(|m| field(m, "id").to_owned()).collect();
+    let web: Vec<String> = s
+        .json(&["machine", "list", "--application", "web", "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| field(m, "id").to_owned())
+        .collect();
     assert_eq!(web, units);
-    let in_az1: Vec<String> =
-        s.json(&["machine", "list", "--zone", "az1", "--json"]).as_array().unwrap().iter().map(|m| field(m, "id").to_owned()).collect();
+    let in_az1: Vec<String> = s
+        .json(&["machine", "list", "--zone", "az1", "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| field(m, "id").to_owned())
+        .collect();
     assert_eq!(in_az1.len(), 4, "{in_az1:?}");
     let out = s.cli(&["application", "list"]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -284,8 +295,13 @@ fn machine_lists_page_in_id_order() {
         };
         let (code, _, text) = raw_http(&s, "GET", &path, true, None);
         assert_eq!(code, 200, "{text}");
-        let page: Vec<String> =
-            serde_json::from_str::<Value>(&text).unwrap().as_array().unwrap().iter().map(|m| field(m, "id").to_owned()).collect();
+        let page: Vec<String> = serde_json::from_str::<Value>(&text)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| field(m, "id").to_owned())
+            .collect();
         assert!(page.len() <= 5);
         seen.extend(page.iter().cloned());
         if page.len() < 5 {

@@ -522,8 +522,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                         .route(web::post().to(model::add_application)),
                 )
                 .service(
-                    resource("/applications/{name}", "DELETE", true)
-                        .route(web::delete().to(model::remove_application)),
+                    resource("/applications/{name}", "DELETE", true).route(web::delete().to(model::remove_application)),
                 )
                 .service(resource("/instances", "GET", true).route(web::get().to(list_instances)))
                 .service(resource("/config", "GET", true).route(web::get().to(list_config)))

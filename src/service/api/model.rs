@@ -73,9 +73,7 @@ pub fn new_machine(
     let mut constraints = constraints_from_json(constraints)?;
     if let Some(z) = zones {
         if constraints.zones.is_some() {
-            return Err(ApiError::bad_request(
-                "zones: given both as zones and in constraints; give them once",
-            ));
+            return Err(ApiError::bad_request("zones: given both as zones and in constraints; give them once"));
         }
         if z.is_empty() {
             return Err(ApiError::bad_request("zones must not be empty when given"));
@@ -179,7 +177,9 @@ impl MachineQuery {
                     .and_then(|v| v.parse::<usize>().ok())
                     .filter(|n| (1..=MAX_IDS).contains(n))
                     .ok_or_else(|| {
-                        ApiError::bad_request(format!("limit must be a whole number between 1 and {MAX_IDS}, got {l:?}"))
+                        ApiError::bad_request(format!(
+                            "limit must be a whole number between 1 and {MAX_IDS}, got {l:?}"
+                        ))
                     })?,
             ),
         };
@@ -190,7 +190,10 @@ impl MachineQuery {
 impl MachineFilter {
     fn keeps(&self, m: &MachineRecord) -> bool {
         self.application.as_ref().is_none_or(|a| m.application.as_ref() == Some(a))
-            && self.status.as_ref().is_none_or(|s| m.machine.status.as_str() == s || m.machine.instance_status.as_str() == s)
+            && self
+                .status
+                .as_ref()
+                .is_none_or(|s| m.machine.status.as_str() == s || m.machine.instance_status.as_str() == s)
             && self.zone.as_ref().is_none_or(|z| m.zone.as_ref() == Some(z))
             && self.after.as_ref().is_none_or(|a| &m.machine.id > a)
     }
@@ -275,7 +278,12 @@ pub fn check_application(cloud: &CloudShape, body: AddApplication) -> Result<(St
 }
 
 /// `POST /v1/applications`: the application and a machine for each unit, in one transaction.
-pub async fn add_application(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
+pub async fn add_application(
+    _: Authorized,
+    st: State,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse> {
     let body: AddApplication = json_body(&req, payload).await?;
     let (name, units, constraints) = check_application(&cloud(&st), body)?;
     let c = constraints.clone();
@@ -303,7 +311,8 @@ pub async fn remove_application(_: Authorized, st: State, name: web::Path<String
             Ok((constraints, s.remove_application(&n)?))
         })
         .await?;
-    let view = application_view(&ApplicationRecord { name, constraints: constraints.unwrap_or_default(), machines: ids });
+    let view =
+        application_view(&ApplicationRecord { name, constraints: constraints.unwrap_or_default(), machines: ids });
     Ok(HttpResponse::Ok().json(view))
 }
 
@@ -352,12 +361,21 @@ mod tests {
         assert_eq!(ok.constraints.zones, Some(vec!["az2".to_owned(), "az1".to_owned()]));
         assert_eq!(ok.placement.as_deref(), Some("zone=az2"));
         let ok = new_machine(&c, Some(vec!["az3".into()]), None, Some(" subnet=subnet-az1".into())).unwrap();
-        assert_eq!((ok.constraints.zones.as_deref(), ok.placement.as_deref()), (Some(&["az3".to_owned()][..]), Some("subnet=subnet-az1")));
-        assert!(bad(new_machine(&c, None, None, Some("zone=az9".into()))).starts_with("placement: unknown zone \"az9\""));
-        assert!(bad(new_machine(&c, None, None, Some("subnet=nope".into()))).starts_with("placement: unknown subnet \"nope\""));
+        assert_eq!(
+            (ok.constraints.zones.as_deref(), ok.placement.as_deref()),
+            (Some(&["az3".to_owned()][..]), Some("subnet=subnet-az1"))
+        );
+        assert!(
+            bad(new_machine(&c, None, None, Some("zone=az9".into()))).starts_with("placement: unknown zone \"az9\"")
+        );
+        assert!(bad(new_machine(&c, None, None, Some("subnet=nope".into())))
+            .starts_with("placement: unknown subnet \"nope\""));
         assert!(bad(new_machine(&c, None, None, Some("rack=4".into()))).starts_with("placement: invalid placement"));
-        assert!(bad(new_machine(&c, None, Some(serde_json::json!("zones=az9")), None)).starts_with("zones: unknown zone"));
-        assert!(bad(new_machine(&c, Some(vec!["az1".into()]), Some(serde_json::json!("zones=az1")), None)).starts_with("zones: given both"));
+        assert!(
+            bad(new_machine(&c, None, Some(serde_json::json!("zones=az9")), None)).starts_with("zones: unknown zone")
+        );
+        assert!(bad(new_machine(&c, Some(vec!["az1".into()]), Some(serde_json::json!("zones=az1")), None))
+            .starts_with("zones: given both"));
         let any_subnet = CloudShape { subnets: None, ..cloud() };
         assert!(new_machine(&any_subnet, None, None, Some("subnet=whatever".into())).is_ok());
         let zoneless = CloudShape::default();
@@ -425,7 +443,21 @@ mod tests {
         let d = detail(&record("3/lxd/0", None, None, MachineStatus::Pending));
         assert_eq!((d.container_type.as_deref(), d.host.as_deref(), d.manual), (Some("lxd"), Some("3"), false));
         let json = serde_json::to_value(detail(&record("4", Some("web"), None, MachineStatus::Pending))).unwrap();
-        for key in ["id", "life", "status", "instance", "zone", "instance_status", "message", "constraints", "placement", "application", "container_type", "host", "manual"] {
+        for key in [
+            "id",
+            "life",
+            "status",
+            "instance",
+            "zone",
+            "instance_status",
+            "message",
+            "constraints",
+            "placement",
+            "application",
+            "container_type",
+            "host",
+            "manual",
+        ] {
             assert!(json.get(key).is_some(), "{key} missing from {json}");
         }
         assert_eq!(json["constraints"]["mem_mb"], serde_json::Value::Null);
@@ -434,11 +466,16 @@ mod tests {
 
     #[test]
     fn applications_are_checked() {
-        let body = |name: &str, units: usize, c: Option<serde_json::Value>| AddApplication { name: name.into(), units, constraints: c };
+        let body = |name: &str, units: usize, c: Option<serde_json::Value>| AddApplication {
+            name: name.into(),
+            units,
+            constraints: c,
+        };
         let (name, units, c) = check_application(&cloud(), body("web", 3, Some(serde_json::json!("cores=2")))).unwrap();
         assert_eq!((name.as_str(), units, c.cores), ("web", 3, Some(2)));
         assert!(bad(check_application(&cloud(), body("Web", 3, None))).starts_with("name: invalid application name"));
         assert!(bad(check_application(&cloud(), body("web", 0, None))).starts_with("units must be"));
-        assert!(bad(check_application(&cloud(), body("web", 1, Some(serde_json::json!("mem=lots"))))).starts_with("constraints:"));
+        assert!(bad(check_application(&cloud(), body("web", 1, Some(serde_json::json!("mem=lots")))))
+            .starts_with("constraints:"));
     }
 }

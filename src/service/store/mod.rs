@@ -18,4 +18,6 @@ mod tests;
 pub use actor::{Store, StoreActor};
 pub use messages::{CountsChanged, Exec, Watch, WatchCounts, WatchRetries};
 pub use state::{
-    ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCore, StoreCounts, StoreError, DB_FILE, SCHEMA_VERSION};
+    ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCore, StoreCounts, StoreError,
+    DB_FILE, SCHEMA_VERSION,
+};

@@ -72,8 +72,7 @@ CREATE TABLE IF NOT EXISTS instances (
 ";
 
 /// Version 3's additions to `machines` (added to older tables in place), then what needs them.
-const MACHINE_COLUMNS_V3: [(&str, &str); 3] =
-    [("placement", "TEXT"), ("application", "TEXT"), ("changed_at", "TEXT")];
+const MACHINE_COLUMNS_V3: [(&str, &str); 3] = [("placement", "TEXT"), ("application", "TEXT"), ("changed_at", "TEXT")];
 
 /// `changed_at` is kept by the database itself: every insert and update of a machine stamps it
 /// (UTC, milliseconds), whoever writes.
@@ -951,7 +950,8 @@ impl StoreCore {
             .map_err(StoreError::sql(ctx))?;
         for (name, kind) in MACHINE_COLUMNS_V3 {
             if !have.iter().any(|c| c == name) {
-                tx.execute_batch(&format!("ALTER TABLE machines ADD COLUMN {name} {kind}")).map_err(StoreError::sql(ctx))?;
+                tx.execute_batch(&format!("ALTER TABLE machines ADD COLUMN {name} {kind}"))
+                    .map_err(StoreError::sql(ctx))?;
             }
         }
         tx.execute_batch(SCHEMA_V3_AFTER_COLUMNS).map_err(StoreError::sql(ctx))
@@ -1052,8 +1052,11 @@ impl StoreCore {
         let constraint = Self::constraint_row(&tx, constraints)?;
         tx.execute("INSERT INTO applications (name, constraints_id) VALUES (?1, ?2)", params![name, constraint])
             .map_err(StoreError::sql(ctx))?;
-        let spec =
-            NewMachine { constraints: constraints.clone(), application: Some(name.to_owned()), ..NewMachine::default() };
+        let spec = NewMachine {
+            constraints: constraints.clone(),
+            application: Some(name.to_owned()),
+            ..NewMachine::default()
+        };
         let ids = Self::insert_machines(&tx, units, &spec)?;
         tx.commit().map_err(StoreError::sql(ctx))?;
         self.added(&ids);

@@ -353,10 +353,13 @@ fn a_version_1_database_is_upgraded() {
 /// row, and the placement and the time of the last change are kept per machine.
 #[test]
 fn whole_constraint_sets_and_placements_are_stored() {
-    use crate::model::Constraints;
     use super::state::NewMachine;
+    use crate::model::Constraints;
     let mut s = StoreCore::in_memory().unwrap();
-    let c = Constraints::parse("arch=arm64 cores=4 mem=16G root-disk=64G instance-type=m5.large zones=az1,az2 spaces=db,^dmz tags=ssd,^gpu").unwrap();
+    let c = Constraints::parse(
+        "arch=arm64 cores=4 mem=16G root-disk=64G instance-type=m5.large zones=az1,az2 spaces=db,^dmz tags=ssd,^gpu",
+    )
+    .unwrap();
     let spec = NewMachine { constraints: c.clone(), placement: Some("zone=az2".into()), ..NewMachine::default() };
     let a = s.add_new_machines(3, &spec).unwrap();
     s.add_new_machines(2, &NewMachine { placement: None, ..spec.clone() }).unwrap();
@@ -373,7 +376,9 @@ fn whole_constraint_sets_and_placements_are_stored() {
     let info = s.provisioning_info(&a[..1]).unwrap()[0].clone().unwrap();
     assert_eq!((info.constraints, info.placement.as_deref()), (c, Some("zone=az2")));
     // A write stamps it again (the database does it, whoever writes).
-    s.conn_for_tests().execute("UPDATE machines SET changed_at = '2000-01-01T00:00:00.000Z' WHERE id = '0'", []).unwrap();
+    s.conn_for_tests()
+        .execute("UPDATE machines SET changed_at = '2000-01-01T00:00:00.000Z' WHERE id = '0'", [])
+        .unwrap();
     s.set_status(&a[0], MachineStatus::Error, "x").unwrap();
     let later = s.machine(&a[0]).unwrap().unwrap().changed_at.unwrap();
     assert!(later.as_str() > "2000-01-01T00:00:00.000Z", "{later}");
@@ -391,7 +396,8 @@ fn applications_group_their_machines_and_go_with_them() {
     assert_eq!(ids(&web), ["1", "2", "3"]);
     assert!(matches!(s.add_application("web", 1, &c), Err(StoreError::Refused(_))));
     let db = s.add_application("db", 1, &Constraints::default()).unwrap();
-    let groups = s.distribution_groups(&[web[0].clone(), MachineId::new("0"), db[0].clone(), MachineId::new("9")]).unwrap();
+    let groups =
+        s.distribution_groups(&[web[0].clone(), MachineId::new("0"), db[0].clone(), MachineId::new("9")]).unwrap();
     assert_eq!(groups[0].as_deref().map(ids), Some(vec!["2", "3"]));
     assert_eq!(groups[1], Some(Vec::new()), "a machine of no application has no group");
     assert_eq!(groups[2], Some(Vec::new()));
@@ -450,7 +456,9 @@ fn a_version_2_database_is_upgraded() {
     assert_eq!(ids(&s.add_machines(1, zones.as_deref()).unwrap()), ["2"]);
     let shared: i64 = s
         .conn_for_tests()
-        .query_row("SELECT count(DISTINCT constraints_id) FROM machines WHERE constraints_id IS NOT NULL", [], |r| r.get(0))
+        .query_row("SELECT count(DISTINCT constraints_id) FROM machines WHERE constraints_id IS NOT NULL", [], |r| {
+            r.get(0)
+        })
         .unwrap();
     assert_eq!(shared, 1, "the new machine shares the upgraded row");
     let fk: i64 = s.conn_for_tests().pragma_query_value(None, "foreign_keys", |r| r.get(0)).unwrap();

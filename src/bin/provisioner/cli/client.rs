@@ -397,7 +397,8 @@ fn show_machine(c: &Client, id: &str, json: bool) -> Result<(), Failure> {
         return Ok(());
     }
     let v = &m.machine;
-    let status = |s: &str, msg: &str| if msg.is_empty() { or_dash(Some(s)) } else { format!("{} ({msg})", or_dash(Some(s))) };
+    let status =
+        |s: &str, msg: &str| if msg.is_empty() { or_dash(Some(s)) } else { format!("{} ({msg})", or_dash(Some(s))) };
     let rows: Vec<(&str, String)> = vec![
         ("id", v.id.clone()),
         ("life", v.life.clone()),
@@ -464,7 +465,10 @@ fn application(c: &Client, cmd: ApplicationCmd) -> Result<(), Failure> {
             if gone.machines.is_empty() {
                 println!("removing application {name}");
             } else {
-                println!("removing application {name} and its machines {} (their instances are stopped)", gone.machines.join(", "));
+                println!(
+                    "removing application {name} and its machines {} (their instances are stopped)",
+                    gone.machines.join(", ")
+                );
             }
             Ok(())
         }
