@@ -86,7 +86,7 @@ pub fn parse_size(key: &'static str, value: &str) -> Result<u64, ConstraintsErro
     }
     let n: f64 = number.parse().map_err(|_| bad())?;
     let mib = (n * factor).ceil();
-    if !mib.is_finite() || mib >= u64::MAX as f64 {
+    if !mib.is_finite() || mib >= i64::MAX as f64 {
         return Err(bad());
     }
     Ok(mib as u64)
@@ -198,6 +198,12 @@ impl Constraints {
         }
         if let Some(t) = &self.instance_type {
             check_name("instance-type", t, false)?;
+        }
+        // Sizes as the string form could give them (a store keeps them as signed 64-bit).
+        for (key, size) in [("mem", self.mem_mb), ("root-disk", self.root_disk_mb)] {
+            if let Some(n) = size.filter(|n| *n > i64::MAX as u64) {
+                return Err(ConstraintsError::BadValue { key, value: format!("{n}M"), reason: SIZE });
+            }
         }
         let lists: [(&'static str, Option<&Vec<String>>, bool); 3] = [
             ("zones", self.zones.as_ref(), false),
@@ -357,5 +363,8 @@ mod tests {
         assert_eq!(c.validate().unwrap_err().key(), Some("zones"));
         let c = Constraints { instance_type: Some("^m5".into()), ..Constraints::default() };
         assert_eq!(c.validate().unwrap_err().key(), Some("instance-type"));
+        let c = Constraints { mem_mb: Some(u64::MAX), ..Constraints::default() };
+        assert_eq!(c.validate().unwrap_err().key(), Some("mem"));
+        assert_eq!(parse_size("root-disk", "99999999999999999999P").unwrap_err().key(), Some("root-disk"));
     }
 }

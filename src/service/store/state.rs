@@ -1145,11 +1145,14 @@ impl StoreCore {
             let group = match m.application {
                 None => Vec::new(),
                 Some(app) => {
-                    if !groups.contains_key(&app) {
-                        let members = self.application_machines(&app)?;
-                        groups.insert(app.clone(), members);
-                    }
-                    groups[&app].iter().filter(|g| *g != id).cloned().collect()
+                    let members = match groups.entry(app) {
+                        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                        std::collections::btree_map::Entry::Vacant(e) => {
+                            let members = self.application_machines(e.key())?;
+                            e.insert(members)
+                        }
+                    };
+                    members.iter().filter(|g| *g != id).cloned().collect()
                 }
             };
             out.push(Some(group));
