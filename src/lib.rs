@@ -8,8 +8,10 @@
 //!
 //! The public API is what an embedder needs; everything else is crate-private.
 //!
-//! - [`model`]: the vocabulary every layer shares: identifiers, lives, statuses, constraints,
-//!   harvest modes, cloud instances, and the [`ProvisionerEvent`]s subscribers hear.
+//! - [`model`]: the vocabulary every layer shares: identifiers, lives, statuses, constraints
+//!   (with their parser in Juju's syntax, `model::constraints`), placement directives and
+//!   application names (`model::placement`), harvest modes, cloud instances, and the
+//!   [`ProvisionerEvent`]s subscribers hear.
 //! - [`config`]: [`ProvisionerConfig`] with Juju's defaults, and the client-side rate limits.
 //! - [`ports`]: the [`Broker`] (cloud) and [`ModelApi`] traits an embedder implements.
 //! - [`start`] builds the actors and returns a [`ProvisionerHandle`]; [`start_containers`]

@@ -1175,3 +1175,7 @@ fn healthz_fails_when_the_database_cannot_be_read() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("damaged") && err.contains("--init"), "{err}");
 }
+
+/// Constraints, placement, `machine show`, list filters and pages, applications (issue 14).
+#[path = "serve/model.rs"]
+mod model;

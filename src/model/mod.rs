@@ -5,8 +5,12 @@
 //! Everything here is plain data with no actix import; every other module may use it, and it
 //! uses nothing above it.
 
+pub mod constraints;
 pub mod events;
+pub mod placement;
 pub mod types;
 
+pub use constraints::ConstraintsError;
 pub use events::ProvisionerEvent;
+pub use placement::{check_application_name, Placement, PlacementError};
 pub use types::*;

@@ -372,6 +372,10 @@ pub struct Constraints {
     pub instance_type: Option<String>,
     /// `spaces=`.
     pub spaces: Vec<String>,
+    /// `tags=`: instance tags the machine needs (`^tag`: one it must not have). Left out of
+    /// serialisations when empty, so that data written before it existed reads the same.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
 }
 
 impl Constraints {
@@ -396,6 +400,11 @@ impl Constraints {
         }
         if let Some(m) = self.root_disk_mb {
             let _ = write!(s, " root-disk={m}M");
+        }
+        // Only when given: machines without tags keep the shape they always had.
+        if !self.tags.is_empty() {
+            s.push_str(" tags=");
+            s.push_str(&self.tags.join(","));
         }
         s
     }
@@ -646,6 +655,8 @@ mod tests {
         c.mem_mb = Some(8192);
         c.root_disk_mb = Some(10240);
         assert_eq!(c.shape(), "arch=amd64 instance-type=m5.large cores=2 mem=8192M root-disk=10240M");
+        c.tags = vec!["ssd".into(), "^gpu".into()];
+        assert_eq!(c.shape(), "arch=amd64 instance-type=m5.large cores=2 mem=8192M root-disk=10240M tags=ssd,^gpu");
     }
 }
 

@@ -58,8 +58,8 @@ impl ModelApi for StoreModel {
         self.run(move |s| Ok(per_id(&ids, s.provisioning_info(&ids)?)))
     }
     fn distribution_groups(&self, ids: Vec<MachineId>) -> ModelFuture<Vec<Result<Vec<MachineId>, ModelError>>> {
-        // The service has no applications, hence no distribution groups.
-        self.run(move |s| Ok(per_id(&ids, s.machines(&ids)?.into_iter().map(|m| m.map(|_| Vec::new())).collect())))
+        // The machines hosting one application's units form its distribution group.
+        self.run(move |s| Ok(per_id(&ids, s.distribution_groups(&ids)?)))
     }
     fn set_instance_info(&self, id: MachineId, info: ProvisionedInstance) -> ModelFuture<()> {
         self.run(move |s| s.set_instance_info(&id, &info))

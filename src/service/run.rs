@@ -397,6 +397,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
                 unavailable_zones: opts.sim.unavailable_zones.clone(),
                 start_latency: opts.sim.start_latency(),
                 stop_latency: opts.sim.stop_latency,
+                subnets: opts.sim.subnets(),
             };
             let zones = settings.known_zones();
             let sim = SimCloud::new(store.clone(), model_uuid.clone(), settings);
@@ -448,6 +449,9 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         events_dropped,
         token,
         zones,
+        // The simulated cloud's subnets are known (`--to subnet=` is checked against them);
+        // another cloud's are the broker's to judge.
+        subnets: matches!(opts.broker(), BrokerKind::Sim).then(|| opts.sim.subnets()),
         broker_name: broker_name.into(),
         model_uuid: model_uuid.clone(),
         started,

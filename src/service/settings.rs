@@ -98,6 +98,16 @@ pub enum SettingsError {
     /// `resync` is zero.
     #[error("config: resync must be positive")]
     ZeroResync,
+    /// A `[sim] subnets` entry names no zone, or one the simulated cloud does not have.
+    #[error("config: sim.subnets: subnet {subnet:?} must be in one or more of the simulated cloud's zones ({zones}), got {got:?}")]
+    SimSubnet {
+        /// The subnet.
+        subnet: String,
+        /// Its zones as given.
+        got: Vec<String>,
+        /// The cloud's zones.
+        zones: String,
+    },
     /// The matches given to [`ServeSettings::load`] are not those of these settings' arguments
     /// (a mistake of the caller, not of the user).
     #[error("the arguments do not match the serve settings: {0}")]
@@ -220,6 +230,11 @@ pub struct SimSection {
     #[arg(skip)]
     #[serde(deserialize_with = "duration")]
     pub stop_latency: Duration,
+    /// The simulated cloud's subnets and the zones each is in (`--to subnet=ID`); by default
+    /// one per zone, `subnet-ZONE` in `ZONE`.
+    #[arg(skip)]
+    #[serde(default)]
+    pub subnets: Option<std::collections::BTreeMap<String, Vec<String>>>,
 }
 
 /// The EC2 broker's settings (used with `--broker ec2`; credentials come from the standard AWS
@@ -302,6 +317,7 @@ impl ServeSettings {
         if self.resync.is_zero() {
             return Err(SettingsError::ZeroResync);
         }
+        self.sim.check_subnets()?;
         Ok(())
     }
 
@@ -330,6 +346,34 @@ impl SimSection {
     /// How long a simulated start takes.
     pub fn start_latency(&self) -> Duration {
         self.start_latency.unwrap_or(DEFAULT_SIM_START_LATENCY)
+    }
+
+    /// Every zone the simulated cloud lists, available or not.
+    pub fn known_zones(&self) -> ZoneList {
+        let mut all = self.zones();
+        all.extend(self.unavailable_zones.iter().filter(|z| !all.contains(z)).cloned().collect::<Vec<_>>());
+        all
+    }
+
+    /// The simulated cloud's subnets: as configured, else `subnet-ZONE` for each zone it lists.
+    pub fn subnets(&self) -> std::collections::BTreeMap<String, Vec<String>> {
+        self.subnets
+            .clone()
+            .unwrap_or_else(|| self.known_zones().into_iter().map(|z| (format!("subnet-{z}"), vec![z])).collect())
+    }
+
+    fn check_subnets(&self) -> Result<(), SettingsError> {
+        let known = self.known_zones();
+        for (subnet, zones) in self.subnets.iter().flatten() {
+            if zones.is_empty() || zones.iter().any(|z| !known.contains(z)) {
+                return Err(SettingsError::SimSubnet {
+                    subnet: subnet.clone(),
+                    got: zones.clone(),
+                    zones: known.join(", "),
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -385,6 +429,19 @@ mod tests {
         assert_eq!(o, ServeSettings::default(), "clap's skipped fields hold the same defaults");
         let parsed = Cli::try_parse_from(["serve"]).unwrap().serve;
         assert_eq!(parsed, ServeSettings::default(), "a parse without the file layer holds the defaults too");
+    }
+
+    #[test]
+    fn sim_subnets_default_to_one_per_zone_and_are_checked() {
+        let o = load(&["--sim-zones", "a,b"]).unwrap();
+        let want: std::collections::BTreeMap<String, Vec<String>> =
+            [("subnet-a".to_owned(), vec!["a".to_owned()]), ("subnet-b".to_owned(), vec!["b".to_owned()])].into();
+        assert_eq!(o.sim.subnets(), want);
+        let o = with_file("subnets.toml", "[sim]\nzones = [\"a\", \"b\"]\nsubnets = { wide = [\"a\", \"b\"] }\n", &[])
+            .unwrap();
+        assert_eq!(o.sim.subnets().get("wide").map(Vec::len), Some(2));
+        let e = with_file("badsubnets.toml", "[sim]\nzones = [\"a\"]\nsubnets = { s = [\"zz\"] }\n", &[]).unwrap_err();
+        assert!(matches!(e, SettingsError::SimSubnet { .. }) && e.to_string().contains("\"zz\""), "{e}");
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! transient, so the provisioner treats the start as ambiguous and repeats it with the same
 //! token.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::model::{CloudInstance, InstanceId, InstanceTags};
@@ -39,6 +40,9 @@ pub struct SimSettings {
     pub start_latency: Duration,
     /// How long a stop takes.
     pub stop_latency: Duration,
+    /// Its subnets and the zones each is in (`subnet=ID` placements derive their zones from
+    /// it, as `DeriveAvailabilityZones` does).
+    pub subnets: BTreeMap<String, Vec<String>>,
 }
 
 impl Default for SimSettings {
@@ -48,6 +52,7 @@ impl Default for SimSettings {
             unavailable_zones: Vec::new(),
             start_latency: DEFAULT_SIM_START_LATENCY,
             stop_latency: Duration::ZERO,
+            subnets: DEFAULT_SIM_ZONES.iter().map(|z| (format!("subnet-{z}"), vec![(*z).to_owned()])).collect(),
         }
     }
 }
@@ -69,6 +74,22 @@ impl SimSettings {
     pub fn known_zones(&self) -> Vec<String> {
         self.zones.iter().chain(&self.unavailable_zones).cloned().collect()
     }
+}
+
+/// The zones a start's placement implies (`DeriveAvailabilityZones`): `zone=Z` pins `Z`,
+/// `subnet=S` the zones of `S`; nothing else restricts (empty). An unknown subnet is a
+/// definite failure.
+pub fn derive_zones(settings: &SimSettings, params: &StartInstanceParams) -> Result<Vec<String>, BrokerError> {
+    let Some(placement) = params.placement.as_deref() else { return Ok(Vec::new()) };
+    if let Some(zone) = placement.strip_prefix("zone=") {
+        return Ok(vec![zone.to_owned()]);
+    }
+    if let Some(subnet) = placement.strip_prefix("subnet=") {
+        return settings.subnets.get(subnet).cloned().ok_or_else(|| {
+            BrokerError::zone_independent(format!("subnet {subnet:?} is not one of this cloud's subnets"))
+        });
+    }
+    Ok(Vec::new())
 }
 
 /// Why a start would be refused before it reaches the cloud's records, if it would.
@@ -168,6 +189,11 @@ impl Broker for SimCloud {
         Box::pin(async move { Ok(zones) })
     }
 
+    fn derive_availability_zones(&self, params: &StartInstanceParams) -> BrokerFuture<Vec<String>> {
+        let derived = derive_zones(&self.settings, params);
+        Box::pin(async move { derived })
+    }
+
     fn retag_instance(&self, id: InstanceId, tags: InstanceTags) -> BrokerFuture<()> {
         let store = self.store.clone();
         Box::pin(async move {
@@ -264,6 +290,7 @@ mod tests {
                 unavailable_zones: vec!["az3".into()],
                 start_latency: Duration::from_millis(5),
                 stop_latency: Duration::ZERO,
+                subnets: BTreeMap::new(),
             };
             let zoneless = SimSettings { zones: Vec::new(), unavailable_zones: Vec::new(), ..zoned.clone() };
             for (run, settings) in [("zoned", zoned), ("zoneless", zoneless)] {
@@ -298,5 +325,25 @@ mod tests {
         let zoneless = SimSettings { zones: Vec::new(), ..SimSettings::default() };
         assert_eq!(check_start(&zoneless, &params(Some("anything"))), Ok(()));
         assert_eq!(check_start(&zones, &params(None)), Ok(()));
+    }
+
+    #[test]
+    fn placements_derive_their_zones() {
+        let settings = SimSettings {
+            subnets: [
+                ("subnet-az1".to_owned(), vec!["az1".to_owned()]),
+                ("wide".to_owned(), vec!["az1".to_owned(), "az3".to_owned()]),
+            ]
+            .into(),
+            ..SimSettings::default()
+        };
+        let placed = |p: &str| StartInstanceParams { placement: Some(p.to_owned()), ..params(None) };
+        assert_eq!(derive_zones(&settings, &params(None)), Ok(Vec::new()));
+        assert_eq!(derive_zones(&settings, &placed("zone=az2")), Ok(vec!["az2".to_owned()]));
+        assert_eq!(derive_zones(&settings, &placed("subnet=subnet-az1")), Ok(vec!["az1".to_owned()]));
+        assert_eq!(derive_zones(&settings, &placed("subnet=wide")).unwrap().len(), 2);
+        let e = derive_zones(&settings, &placed("subnet=nope")).unwrap_err();
+        assert!(matches!(e, BrokerError::ZoneIndependent { .. }) && e.message().contains("nope"), "{e:?}");
+        assert_eq!(SimSettings::default().subnets.get("subnet-az2"), Some(&vec!["az2".to_owned()]));
     }
 }

@@ -81,6 +81,14 @@ enum Command {
         #[command(flatten)]
         conn: cli::Conn,
     },
+    /// Add, list or remove applications of a running service (their units' machines spread
+    /// over zones).
+    Application {
+        #[command(subcommand)]
+        cmd: cli::ApplicationCmd,
+        #[command(flatten)]
+        conn: cli::Conn,
+    },
     /// List the cloud's instances, as a running service's broker sees them.
     Instance {
         #[command(subcommand)]
@@ -185,6 +193,7 @@ fn main() -> ExitCode {
         Command::Serve(_) => cli::run_serve(matches.subcommand_matches("serve").unwrap_or(&matches)),
         Command::Machine { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Machine(cmd)),
         Command::Instance { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Instance(cmd)),
+        Command::Application { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Application(cmd)),
         Command::Config { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Config(cmd)),
         Command::Status { json, conn } => cli::run_client(conn, cli::ClientCmd::Status { json }),
         Command::DestroyModel { force, json, conn } => {

@@ -4,8 +4,12 @@
 //! |---|---|---|
 //! | `GET /healthz` | | `ok` (no token needed) |
 //! | `GET /metrics` | | Prometheus text (no token needed) |
-//! | `GET /v1/machines` | | `[MachineView]` |
+//! | `GET /v1/machines?application=&status=&zone=&after=&limit=` | | `[MachineView]` |
 //! | `POST /v1/machines` | `AddMachines` | `201 AddedMachines` |
+//! | `GET /v1/machines/{id}` | | `MachineDetail` (`{id}` may hold `/`: `3/lxd/0`) |
+//! | `GET /v1/applications` | | `[ApplicationView]` |
+//! | `POST /v1/applications` | `AddApplication` | `201 ApplicationView` |
+//! | `DELETE /v1/applications/{name}` | | `ApplicationView` (the machines taken to dead) |
 //! | `POST /v1/machines/remove` | `RemoveMachines` | `204` |
 //! | `POST /v1/machines/retry` | `RetryMachines` | `204` |
 //! | `GET /v1/instances` | | `[InstanceView]` |
@@ -22,6 +26,7 @@
 //! (the model's state refuses it), 413 (a body over [`BODY_LIMIT`]), 500, or 503 (`/healthz`:
 //! the store cannot be read). A refused request writes nothing.
 
+pub mod model;
 pub mod types;
 
 use std::collections::BTreeMap;
@@ -71,6 +76,8 @@ pub struct AppState {
     pub token: String,
     /// The cloud's zones.
     pub zones: Vec<String>,
+    /// The cloud's subnets and their zones, where the service knows them (the simulated cloud).
+    pub subnets: Option<BTreeMap<String, Vec<String>>>,
     /// `sim`.
     pub broker_name: String,
     /// The model's uuid.
@@ -123,7 +130,7 @@ impl ResponseError for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         let status = match &e {
-            StoreError::NotFound(_) => 404,
+            StoreError::NotFound(_) | StoreError::NoApplication(_) => 404,
             StoreError::ModelDying | StoreError::Refused(_) => 409,
             _ => 500,
         };
@@ -269,36 +276,15 @@ async fn healthz(st: State) -> HttpResponse {
     }
 }
 
-async fn list_machines(_: Authorized, st: State) -> Result<HttpResponse> {
-    let machines = st.store.exec(|s| s.list_machines()).await?;
-    Ok(HttpResponse::Ok().json(machines.iter().map(view).collect::<Vec<_>>()))
-}
-
 async fn add_machines(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
-    let AddMachines { count, zones } = json_body(&req, payload).await?;
+    let AddMachines { count, zones, constraints, placement } = json_body(&req, payload).await?;
     if count == 0 || count > MAX_ADD {
         return Err(ApiError::bad_request(format!("count must be between 1 and {MAX_ADD}, got {count}")));
     }
-    if let Some(z) = &zones {
-        if z.is_empty() {
-            return Err(ApiError::bad_request("zones must not be empty when given"));
-        }
-        if st.zones.is_empty() {
-            return Err(ApiError::bad_request("this cloud has no availability zones"));
-        }
-        if let Some(bad) = z.iter().find(|z| !st.zones.contains(z)) {
-            return Err(ApiError::bad_request(format!(
-                "unknown zone {bad:?}: this cloud's zones are {}",
-                st.zones.join(", ")
-            )));
-        }
-    }
-    // Each zone once, in the order first given (so at most the cloud's zones).
-    let zones = zones.map(|z| {
-        let mut seen = std::collections::BTreeSet::new();
-        z.into_iter().filter(|z| seen.insert(z.clone())).collect::<Vec<_>>()
-    });
-    let added = st.store.exec(move |s| s.add_machines(count, zones.as_deref())).await?;
+    // Constraints (zones among them) and placement, checked against the cloud.
+    let cloud = model::CloudShape { zones: st.zones.clone(), subnets: st.subnets.clone() };
+    let spec = model::new_machine(&cloud, zones, constraints, placement)?;
+    let added = st.store.exec(move |s| s.add_new_machines(count, &spec)).await?;
     Ok(HttpResponse::Created().json(AddedMachines { ids: added.iter().map(ToString::to_string).collect() }))
 }
 
@@ -523,11 +509,21 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             web::scope("/v1")
                 .service(
                     resource("/machines", "GET, POST", true)
-                        .route(web::get().to(list_machines))
+                        .route(web::get().to(model::list_machines))
                         .route(web::post().to(add_machines)),
                 )
                 .service(resource("/machines/remove", "POST", true).route(web::post().to(remove_machines)))
                 .service(resource("/machines/retry", "POST", true).route(web::post().to(retry_machines)))
+                // After the two above: a container's id holds `/` (`3/lxd/0`).
+                .service(resource("/machines/{id:.+}", "GET", true).route(web::get().to(model::show_machine)))
+                .service(
+                    resource("/applications", "GET, POST", true)
+                        .route(web::get().to(model::list_applications))
+                        .route(web::post().to(model::add_application)),
+                )
+                .service(
+                    resource("/applications/{name}", "DELETE", true).route(web::delete().to(model::remove_application)),
+                )
                 .service(resource("/instances", "GET", true).route(web::get().to(list_instances)))
                 .service(resource("/config", "GET", true).route(web::get().to(list_config)))
                 .service(

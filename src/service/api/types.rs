@@ -57,6 +57,13 @@ pub struct AddMachines {
     /// A `zones=` constraint for each.
     #[serde(default)]
     pub zones: Option<Vec<String>>,
+    /// Their constraints: a string in Juju's syntax (`"cores=4 mem=16G"`) or an object with
+    /// the keys of [`ConstraintsView`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraints: Option<serde_json::Value>,
+    /// A placement directive: `zone=NAME` or `subnet=ID`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
 }
 
 fn one() -> usize {
@@ -165,4 +172,126 @@ pub struct StatusView {
 pub struct ErrorBody {
     /// One sentence.
     pub error: String,
+}
+
+/// A machine's (or an application's) constraints as JSON: every key, absent ones `null`
+/// (sizes in MiB). Also what `POST /v1/machines` and `POST /v1/applications` take as an object.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConstraintsView {
+    /// `arch=`.
+    #[serde(default)]
+    pub arch: Option<String>,
+    /// `cores=`.
+    #[serde(default)]
+    pub cores: Option<u32>,
+    /// `mem=`, in MiB.
+    #[serde(default)]
+    pub mem_mb: Option<u64>,
+    /// `root-disk=`, in MiB.
+    #[serde(default)]
+    pub root_disk_mb: Option<u64>,
+    /// `instance-type=`.
+    #[serde(default)]
+    pub instance_type: Option<String>,
+    /// `zones=`.
+    #[serde(default)]
+    pub zones: Option<Vec<String>>,
+    /// `spaces=` (`^space`: not in it).
+    #[serde(default)]
+    pub spaces: Option<Vec<String>>,
+    /// `tags=` (`^tag`: without it).
+    #[serde(default)]
+    pub tags: Option<Vec<String>>,
+}
+
+impl From<&crate::model::Constraints> for ConstraintsView {
+    fn from(c: &crate::model::Constraints) -> Self {
+        let list = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
+        Self {
+            arch: c.arch.clone(),
+            cores: c.cores,
+            mem_mb: c.mem_mb,
+            root_disk_mb: c.root_disk_mb,
+            instance_type: c.instance_type.clone(),
+            zones: c.zones.clone(),
+            spaces: list(&c.spaces),
+            tags: list(&c.tags),
+        }
+    }
+}
+
+impl From<ConstraintsView> for crate::model::Constraints {
+    fn from(v: ConstraintsView) -> Self {
+        Self {
+            zones: v.zones,
+            arch: v.arch,
+            mem_mb: v.mem_mb,
+            cores: v.cores,
+            root_disk_mb: v.root_disk_mb,
+            instance_type: v.instance_type,
+            spaces: v.spaces.unwrap_or_default(),
+            tags: v.tags.unwrap_or_default(),
+        }
+    }
+}
+
+/// One machine with everything the store holds for it: `GET /v1/machines/{id}` and
+/// `machine show --json` (the keys of [`MachineView`] and more).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineDetail {
+    /// What `machine list` shows.
+    #[serde(flatten)]
+    pub machine: MachineView,
+    /// Every constraint (absent ones `null`).
+    pub constraints: ConstraintsView,
+    /// The constraints in Juju's syntax (`""`: none).
+    pub constraints_text: String,
+    /// Its placement directive (`zone=az2`, `subnet=...`).
+    pub placement: Option<String>,
+    /// The application whose unit it hosts.
+    pub application: Option<String>,
+    /// A container's type (`lxd`), `null` for a machine.
+    pub container_type: Option<String>,
+    /// A container's host, `null` for a machine.
+    pub host: Option<String>,
+    /// Manually provisioned (never started or stopped by the provisioner).
+    pub manual: bool,
+    /// The machine status's message.
+    pub status_message: String,
+    /// The instance status's message.
+    pub instance_status_message: String,
+    /// Its instance is left running when it is removed.
+    pub keep_instance: bool,
+    /// Marked for another start (`machine retry`), not yet picked up.
+    pub retry_requested: bool,
+    /// When the store last changed it (UTC, RFC 3339).
+    pub changed_at: Option<String>,
+}
+
+/// `POST /v1/applications`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddApplication {
+    /// Its name (Juju's rule: lowercase letters, digits and hyphens, starting with a letter).
+    pub name: String,
+    /// How many units, each on a new machine (1..=10000).
+    pub units: usize,
+    /// Their constraints, as in [`AddMachines::constraints`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraints: Option<serde_json::Value>,
+}
+
+/// An application: `GET /v1/applications`, `application list --json`; the answer to `POST`
+/// (201) and `DELETE /v1/applications/{name}` (the machines it added or took to dead).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplicationView {
+    /// Its name.
+    pub name: String,
+    /// Its units (one machine each).
+    pub units: usize,
+    /// The machines hosting them (not dead ones), in id order.
+    pub machines: Vec<String>,
+    /// Its constraints (absent ones `null`).
+    pub constraints: ConstraintsView,
 }

@@ -17,4 +17,7 @@ mod tests;
 
 pub use actor::{Store, StoreActor};
 pub use messages::{CountsChanged, Exec, Watch, WatchCounts, WatchRetries};
-pub use state::{InstanceRecord, MachineRecord, Settings, StoreCore, StoreCounts, StoreError, DB_FILE, SCHEMA_VERSION};
+pub use state::{
+    ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCore, StoreCounts, StoreError,
+    DB_FILE, SCHEMA_VERSION,
+};

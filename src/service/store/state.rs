@@ -16,8 +16,10 @@ use crate::ports::ProvisionedInstance;
 pub const DB_FILE: &str = "provisioner.db";
 /// The schema version this build writes (`PRAGMA user_version`).
 /// Version 2 added the `constraints` table (a constraint shared by many machines is stored
-/// once); a version-1 database is upgraded in place when opened.
-pub const SCHEMA_VERSION: i64 = 2;
+/// once); version 3 made its rows whole constraint sets (every key, keyed by the canonical
+/// text), and gave machines a placement, an application and the time they last changed, with
+/// an `applications` table. Older databases are upgraded in place when opened.
+pub const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (
@@ -26,8 +28,20 @@ CREATE TABLE IF NOT EXISTS meta (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS constraints (
     id INTEGER PRIMARY KEY,
-    zones TEXT NOT NULL UNIQUE
+    spec TEXT NOT NULL UNIQUE,
+    zones TEXT,
+    arch TEXT,
+    cores INTEGER,
+    mem_mb INTEGER,
+    root_disk_mb INTEGER,
+    instance_type TEXT,
+    spaces TEXT,
+    tags TEXT
 );
+CREATE TABLE IF NOT EXISTS applications (
+    name TEXT PRIMARY KEY,
+    constraints_id INTEGER REFERENCES constraints(id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS machines (
     seq INTEGER PRIMARY KEY,
     id TEXT NOT NULL UNIQUE,
@@ -55,6 +69,44 @@ CREATE TABLE IF NOT EXISTS instances (
     start TEXT,
     client_token TEXT UNIQUE
 );
+";
+
+/// Version 3's additions to `machines` (added to older tables in place), then what needs them.
+const MACHINE_COLUMNS_V3: [(&str, &str); 3] = [("placement", "TEXT"), ("application", "TEXT"), ("changed_at", "TEXT")];
+
+/// `changed_at` is kept by the database itself: every insert and update of a machine stamps it
+/// (UTC, milliseconds), whoever writes.
+const SCHEMA_V3_AFTER_COLUMNS: &str = "
+CREATE INDEX IF NOT EXISTS machines_by_application ON machines(application) WHERE application IS NOT NULL;
+CREATE TRIGGER IF NOT EXISTS machines_stamp_insert AFTER INSERT ON machines WHEN NEW.changed_at IS NULL
+BEGIN
+    UPDATE machines SET changed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE seq = NEW.seq;
+END;
+CREATE TRIGGER IF NOT EXISTS machines_stamp_update AFTER UPDATE ON machines WHEN NEW.changed_at IS OLD.changed_at
+BEGIN
+    UPDATE machines SET changed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE seq = NEW.seq;
+END;
+";
+
+/// Version 2's `constraints` rows held a `zones=` constraint alone (`zones` unique): rebuilt
+/// as version 3's whole constraint sets, ids kept (the machines point at them). Runs with
+/// foreign keys off (SQLite's way to rebuild a table others reference).
+const UPGRADE_CONSTRAINTS_V2: &str = "
+CREATE TABLE constraints_v3 (
+    id INTEGER PRIMARY KEY,
+    spec TEXT NOT NULL UNIQUE,
+    zones TEXT,
+    arch TEXT,
+    cores INTEGER,
+    mem_mb INTEGER,
+    root_disk_mb INTEGER,
+    instance_type TEXT,
+    spaces TEXT,
+    tags TEXT
+);
+INSERT INTO constraints_v3 (id, spec, zones) SELECT id, 'zones=' || zones, zones FROM constraints;
+DROP TABLE constraints;
+ALTER TABLE constraints_v3 RENAME TO constraints;
 ";
 
 /// What went wrong in the store. Every variant says what was being done.
@@ -89,6 +141,9 @@ pub enum StoreError {
         "the database is in use by another process (is another provisioner service running on this data directory?)"
     )]
     InUse,
+    /// No such application.
+    #[error("application {0:?} not found")]
+    NoApplication(String),
     /// The store stopped: its actor no longer takes messages.
     #[error("the store is not running: {0}")]
     Stopped(#[source] actix::MailboxError),
@@ -179,6 +234,14 @@ pub struct MachineRecord {
     pub instance_status_message: String,
     /// Marked for another start (`retry-provisioning`).
     pub transient: bool,
+    /// Every constraint (its `zones` are [`MachineRecord::zones`]).
+    pub constraints: Constraints,
+    /// Its placement directive (`zone=az2`, `subnet=...`).
+    pub placement: Option<String>,
+    /// The application whose unit it hosts.
+    pub application: Option<String>,
+    /// When its row last changed (UTC, RFC 3339), as the database stamped it.
+    pub changed_at: Option<String>,
 }
 
 impl MachineRecord {
@@ -190,6 +253,28 @@ impl MachineRecord {
             &self.instance_status_message
         }
     }
+}
+
+/// What new machines ask for (`POST /v1/machines`, `application add`); validated by the caller.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NewMachine {
+    /// Their constraints.
+    pub constraints: Constraints,
+    /// Their placement directive (`zone=az2`, `subnet=...`).
+    pub placement: Option<String>,
+    /// The application whose units they host.
+    pub application: Option<String>,
+}
+
+/// An application, as `application list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplicationRecord {
+    /// Its name.
+    pub name: String,
+    /// The constraints its machines were added with.
+    pub constraints: Constraints,
+    /// Its machines that are not dead, in id order.
+    pub machines: Vec<MachineId>,
 }
 
 /// A simulated cloud instance as stored.
@@ -241,6 +326,20 @@ fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
     let life: String = r.get(1)?;
     let status: String = r.get(2)?;
     let zones: Option<String> = r.get(10)?;
+    let zones: Option<Vec<String>> = zones.map(|z| z.split(',').map(str::to_owned).collect());
+    let list = |s: Option<String>| -> Vec<String> {
+        s.filter(|s| !s.is_empty()).map(|s| s.split(',').map(str::to_owned).collect()).unwrap_or_default()
+    };
+    let constraints = Constraints {
+        zones: zones.clone(),
+        arch: r.get(11)?,
+        cores: r.get(12)?,
+        mem_mb: r.get::<_, Option<i64>>(13)?.map(|n| n as u64),
+        root_disk_mb: r.get::<_, Option<i64>>(14)?.map(|n| n as u64),
+        instance_type: r.get(15)?,
+        spaces: list(r.get(16)?),
+        tags: list(r.get(17)?),
+    };
     Ok(MachineRecord {
         machine: Machine {
             id: MachineId::from(r.get::<_, String>(0)?),
@@ -256,13 +355,18 @@ fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
         instance_status_message: r.get(5)?,
         zone: r.get(7)?,
         transient: r.get(9)?,
-        zones: zones.map(|z| z.split(',').map(str::to_owned).collect()),
+        zones,
+        constraints,
+        placement: r.get(18)?,
+        application: r.get(19)?,
+        changed_at: r.get(20)?,
     })
 }
 
 const MACHINE_COLUMNS: &str = "m.id, m.life, m.status, m.status_message, m.instance_status, \
                                m.instance_status_message, m.instance, m.zone, m.keep_instance, m.transient, \
-                               COALESCE(c.zones, m.zones)";
+                               COALESCE(c.zones, m.zones), c.arch, c.cores, c.mem_mb, c.root_disk_mb, \
+                               c.instance_type, c.spaces, c.tags, m.placement, m.application, m.changed_at";
 /// Machines with their shared constraints (`m.zones` holds those of version-1 rows).
 const MACHINE_FROM: &str = "machines m LEFT JOIN constraints c ON c.id = m.constraints_id";
 
@@ -371,6 +475,7 @@ impl StoreCore {
                 return Err(StoreError::Damaged { context: "checking the database", message: problems.join("; ") });
             }
         }
+        Self::upgrade_constraints_v2(&mut conn)?;
         let tx = conn.transaction().map_err(StoreError::sql("creating the schema"))?;
         tx.execute_batch(SCHEMA).map_err(StoreError::sql("creating the schema"))?;
         let has_constraints: i64 = tx
@@ -383,6 +488,7 @@ impl StoreCore {
             tx.execute_batch("ALTER TABLE machines ADD COLUMN constraints_id INTEGER REFERENCES constraints(id)")
                 .map_err(StoreError::sql("upgrading the schema"))?;
         }
+        Self::add_machine_columns_v3(&tx)?;
         if meta_get(&tx, "model_uuid").map_err(StoreError::sql("reading the model uuid"))?.is_none() {
             if tables > 0 {
                 // Never a new model in place of one whose identity was lost.
@@ -546,41 +652,11 @@ impl StoreCore {
     /// Adds `count` new alive, pending machines (ids never reused), each with this `zones=`
     /// constraint. Refused while the model is dying.
     pub fn add_machines(&mut self, count: usize, zones: Option<&[String]>) -> Result<Vec<MachineId>, StoreError> {
-        if self.model_life()? != Life::Alive {
-            return Err(StoreError::ModelDying);
-        }
-        let zones = zones.map(|z| z.join(","));
-        let tx = self.conn.transaction().map_err(StoreError::sql("adding machines"))?;
-        // The constraint once, shared by every machine that has it.
-        let constraint: Option<i64> = match &zones {
-            None => None,
-            Some(z) => {
-                tx.execute("INSERT INTO constraints (zones) VALUES (?1) ON CONFLICT(zones) DO NOTHING", [z])
-                    .map_err(StoreError::sql("storing a constraint"))?;
-                Some(
-                    tx.query_row("SELECT id FROM constraints WHERE zones = ?1", [z], |r| r.get(0))
-                        .map_err(StoreError::sql("storing a constraint"))?,
-                )
-            }
+        let spec = NewMachine {
+            constraints: Constraints { zones: zones.map(<[String]>::to_vec), ..Constraints::default() },
+            ..NewMachine::default()
         };
-        let mut ids = Vec::with_capacity(count);
-        {
-            let mut insert = tx
-                .prepare_cached("INSERT INTO machines (seq, id, constraints_id) VALUES (?1, ?2, ?3)")
-                .map_err(StoreError::sql("adding machines"))?;
-            for _ in 0..count {
-                let n = next_counter(&tx, "next_machine").map_err(StoreError::sql("allocating a machine id"))?;
-                let id = n.to_string();
-                insert.execute(params![n as i64, id, constraint]).map_err(StoreError::sql("adding machines"))?;
-                ids.push(MachineId::from(id));
-            }
-        }
-        tx.commit().map_err(StoreError::sql("adding machines"))?;
-        self.changed.extend(ids.iter().cloned());
-        bump(&mut self.counts.machines_by_status, MachineStatus::Pending.as_str(), ids.len() as i64);
-        bump(&mut self.counts.machines_by_life, Life::Alive.as_str(), ids.len() as i64);
-        self.counts_changed = true;
-        Ok(ids)
+        self.add_new_machines(count, &spec)
     }
 
     /// One machine.
@@ -628,14 +704,15 @@ impl StoreCore {
             .collect())
     }
 
-    /// Provisioning info: the `zones=` constraint.
+    /// Provisioning info: the constraints and the placement directive.
     pub fn provisioning_info(&self, ids: &[MachineId]) -> Result<Vec<Option<ProvisioningInfo>>, StoreError> {
         Ok(self
             .machines(ids)?
             .into_iter()
             .map(|m| {
                 m.map(|m| ProvisioningInfo {
-                    constraints: Constraints { zones: m.zones, ..Constraints::default() },
+                    constraints: m.constraints,
+                    placement: m.placement,
                     ..ProvisioningInfo::default()
                 })
             })
@@ -837,6 +914,251 @@ impl StoreCore {
     /// Persists the worker pool size.
     pub fn set_workers(&mut self, workers: usize) -> Result<(), StoreError> {
         meta_set(&self.conn, "workers", &workers.to_string()).map_err(StoreError::sql("writing the worker count"))
+    }
+
+    // ---- constraints, placement and applications (schema version 3) -------------------------
+
+    /// Rebuilds a version-2 `constraints` table (zones alone) as version 3's, if there is one.
+    fn upgrade_constraints_v2(conn: &mut Connection) -> Result<(), StoreError> {
+        let ctx = "upgrading the constraints table";
+        let columns = |conn: &Connection| -> Result<Vec<String>, StoreError> {
+            conn.prepare("SELECT name FROM pragma_table_info('constraints')")
+                .and_then(|mut st| st.query_map([], |r| r.get::<_, String>(0))?.collect())
+                .map_err(StoreError::sql(ctx))
+        };
+        let cols = columns(conn)?;
+        if cols.is_empty() || cols.iter().any(|c| c == "spec") {
+            return Ok(()); // none yet (created whole below), or already version 3
+        }
+        // Foreign keys cannot be switched inside a transaction: off around it, on again after.
+        conn.pragma_update(None, "foreign_keys", "OFF").map_err(StoreError::sql(ctx))?;
+        let upgraded = (|| {
+            let tx = conn.transaction().map_err(StoreError::sql(ctx))?;
+            tx.execute_batch(UPGRADE_CONSTRAINTS_V2).map_err(StoreError::sql(ctx))?;
+            tx.commit().map_err(StoreError::sql(ctx))
+        })();
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(StoreError::sql("enabling foreign keys"))?;
+        upgraded
+    }
+
+    /// Adds version 3's machine columns a table made by an older version lacks, then their
+    /// index and the `changed_at` triggers.
+    fn add_machine_columns_v3(tx: &Transaction<'_>) -> Result<(), StoreError> {
+        let ctx = "upgrading the machines table";
+        let have: Vec<String> = tx
+            .prepare("SELECT name FROM pragma_table_info('machines')")
+            .and_then(|mut st| st.query_map([], |r| r.get::<_, String>(0))?.collect())
+            .map_err(StoreError::sql(ctx))?;
+        for (name, kind) in MACHINE_COLUMNS_V3 {
+            if !have.iter().any(|c| c == name) {
+                tx.execute_batch(&format!("ALTER TABLE machines ADD COLUMN {name} {kind}"))
+                    .map_err(StoreError::sql(ctx))?;
+            }
+        }
+        tx.execute_batch(SCHEMA_V3_AFTER_COLUMNS).map_err(StoreError::sql(ctx))
+    }
+
+    /// The id of the row holding this constraint set (made if new); `None` for no constraint.
+    fn constraint_row(tx: &Transaction<'_>, c: &Constraints) -> Result<Option<i64>, StoreError> {
+        if c.is_empty() {
+            return Ok(None);
+        }
+        let ctx = "storing a constraint";
+        let spec = c.to_string();
+        let list = |v: &[String]| (!v.is_empty()).then(|| v.join(","));
+        tx.execute(
+            "INSERT INTO constraints (spec, zones, arch, cores, mem_mb, root_disk_mb, instance_type, spaces, tags) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT(spec) DO NOTHING",
+            params![
+                spec,
+                c.zones.as_ref().map(|z| z.join(",")),
+                c.arch,
+                c.cores,
+                c.mem_mb.map(|n| n as i64),
+                c.root_disk_mb.map(|n| n as i64),
+                c.instance_type,
+                list(&c.spaces),
+                list(&c.tags),
+            ],
+        )
+        .map_err(StoreError::sql(ctx))?;
+        tx.query_row("SELECT id FROM constraints WHERE spec = ?1", [&spec], |r| r.get(0))
+            .map(Some)
+            .map_err(StoreError::sql(ctx))
+    }
+
+    /// Inserts `count` machines like `spec` in `tx` (ids never reused).
+    fn insert_machines(tx: &Transaction<'_>, count: usize, spec: &NewMachine) -> Result<Vec<MachineId>, StoreError> {
+        let constraint = Self::constraint_row(tx, &spec.constraints)?;
+        let mut ids = Vec::with_capacity(count);
+        let mut insert = tx
+            .prepare_cached(
+                "INSERT INTO machines (seq, id, constraints_id, placement, application, changed_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+            )
+            .map_err(StoreError::sql("adding machines"))?;
+        for _ in 0..count {
+            let n = next_counter(tx, "next_machine").map_err(StoreError::sql("allocating a machine id"))?;
+            let id = n.to_string();
+            insert
+                .execute(params![n as i64, id, constraint, spec.placement, spec.application])
+                .map_err(StoreError::sql("adding machines"))?;
+            ids.push(MachineId::from(id));
+        }
+        Ok(ids)
+    }
+
+    /// Counts and notifies machines just added.
+    fn added(&mut self, ids: &[MachineId]) {
+        self.changed.extend(ids.iter().cloned());
+        bump(&mut self.counts.machines_by_status, MachineStatus::Pending.as_str(), ids.len() as i64);
+        bump(&mut self.counts.machines_by_life, Life::Alive.as_str(), ids.len() as i64);
+        self.counts_changed = true;
+    }
+
+    /// Adds `count` new alive, pending machines like `spec` (constraints, placement,
+    /// application), in one transaction. Refused while the model is dying. The caller has
+    /// validated `spec`.
+    pub fn add_new_machines(&mut self, count: usize, spec: &NewMachine) -> Result<Vec<MachineId>, StoreError> {
+        if self.model_life()? != Life::Alive {
+            return Err(StoreError::ModelDying);
+        }
+        let tx = self.conn.transaction().map_err(StoreError::sql("adding machines"))?;
+        let ids = Self::insert_machines(&tx, count, spec)?;
+        tx.commit().map_err(StoreError::sql("adding machines"))?;
+        self.added(&ids);
+        Ok(ids)
+    }
+
+    /// Adds an application and `units` machines for its units, each with its constraints, in
+    /// one transaction. Refused while the model is dying, or if the application exists.
+    pub fn add_application(
+        &mut self,
+        name: &str,
+        units: usize,
+        constraints: &Constraints,
+    ) -> Result<Vec<MachineId>, StoreError> {
+        if self.model_life()? != Life::Alive {
+            return Err(StoreError::ModelDying);
+        }
+        let ctx = "adding an application";
+        let tx = self.conn.transaction().map_err(StoreError::sql(ctx))?;
+        let exists: bool = tx
+            .query_row("SELECT count(*) FROM applications WHERE name = ?1", [name], |r| r.get::<_, i64>(0))
+            .map_err(StoreError::sql(ctx))?
+            > 0;
+        if exists {
+            return Err(StoreError::Refused(format!("application {name:?} already exists")));
+        }
+        let constraint = Self::constraint_row(&tx, constraints)?;
+        tx.execute("INSERT INTO applications (name, constraints_id) VALUES (?1, ?2)", params![name, constraint])
+            .map_err(StoreError::sql(ctx))?;
+        let spec = NewMachine {
+            constraints: constraints.clone(),
+            application: Some(name.to_owned()),
+            ..NewMachine::default()
+        };
+        let ids = Self::insert_machines(&tx, units, &spec)?;
+        tx.commit().map_err(StoreError::sql(ctx))?;
+        self.added(&ids);
+        Ok(ids)
+    }
+
+    /// Every application, by name, with its constraints and its machines that are not dead.
+    pub fn applications(&self) -> Result<Vec<ApplicationRecord>, StoreError> {
+        let ctx = "listing applications";
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT a.name, c.spec FROM applications a LEFT JOIN constraints c ON c.id = a.constraints_id ORDER BY a.name")
+            .map_err(StoreError::sql(ctx))?;
+        let rows: Vec<(String, Option<String>)> = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(|rows| rows.collect())
+            .map_err(StoreError::sql(ctx))?;
+        rows.into_iter()
+            .map(|(name, spec)| {
+                // Written from a parsed set: it parses back (an unreadable row shows unconstrained).
+                let constraints = spec.and_then(|s| Constraints::parse(&s).ok()).unwrap_or_default();
+                let machines = self.application_machines(&name)?;
+                Ok(ApplicationRecord { name, constraints, machines })
+            })
+            .collect()
+    }
+
+    /// The machines of an application that are not dead, in id order.
+    fn application_machines(&self, name: &str) -> Result<Vec<MachineId>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT id FROM machines WHERE application = ?1 AND life != 'dead' ORDER BY seq")
+            .map_err(StoreError::sql("reading an application's machines"))?;
+        let ids = st
+            .query_map([name], |r| r.get::<_, String>(0).map(MachineId::from))
+            .and_then(|rows| rows.collect())
+            .map_err(StoreError::sql("reading an application's machines"));
+        ids
+    }
+
+    /// Removes an application: its machines become dead (the provisioner stops their
+    /// instances, then removes them) and it is forgotten, in one transaction. Returns the
+    /// machines it took to dead.
+    pub fn remove_application(&mut self, name: &str) -> Result<Vec<MachineId>, StoreError> {
+        let ctx = "removing an application";
+        let tx = self.conn.transaction().map_err(StoreError::sql(ctx))?;
+        let n = tx.execute("DELETE FROM applications WHERE name = ?1", [name]).map_err(StoreError::sql(ctx))?;
+        if n == 0 {
+            return Err(StoreError::NoApplication(name.to_owned()));
+        }
+        let mut moved = Vec::new();
+        {
+            let mut st = tx
+                .prepare("SELECT id, status, life FROM machines WHERE application = ?1 AND life != 'dead' ORDER BY seq")
+                .map_err(StoreError::sql(ctx))?;
+            let rows = st
+                .query_map([name], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)))
+                .map_err(StoreError::sql(ctx))?;
+            for row in rows {
+                moved.push(row.map_err(StoreError::sql(ctx))?);
+            }
+        }
+        tx.execute("UPDATE machines SET life = 'dead' WHERE application = ?1 AND life != 'dead'", [name])
+            .map_err(StoreError::sql(ctx))?;
+        tx.commit().map_err(StoreError::sql(ctx))?;
+        let mut ids = Vec::with_capacity(moved.len());
+        for (id, status, life) in moved {
+            self.count_machine(Some((status, life)), None, Some(Life::Dead.as_str()));
+            ids.push(MachineId::from(id));
+        }
+        self.changed.extend(ids.iter().cloned());
+        Ok(ids)
+    }
+
+    /// Each machine's distribution group: the other machines (not dead) hosting units of its
+    /// application, as in Juju; empty for a machine of no application. `None` for a missing
+    /// machine.
+    pub fn distribution_groups(&self, ids: &[MachineId]) -> Result<Vec<Option<Vec<MachineId>>>, StoreError> {
+        let mut groups: BTreeMap<String, Vec<MachineId>> = BTreeMap::new();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let Some(m) = self.machine(id)? else {
+                out.push(None);
+                continue;
+            };
+            let group = match m.application {
+                None => Vec::new(),
+                Some(app) => {
+                    let members = match groups.entry(app) {
+                        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                        std::collections::btree_map::Entry::Vacant(e) => {
+                            let members = self.application_machines(e.key())?;
+                            e.insert(members)
+                        }
+                    };
+                    members.iter().filter(|g| *g != id).cloned().collect()
+                }
+            };
+            out.push(Some(group));
+        }
+        Ok(out)
     }
 
     // ---- the simulated cloud's instances -----------------------------------------------------

@@ -348,3 +348,131 @@ fn a_version_1_database_is_upgraded() {
     assert_eq!(s.machine(&MachineId::new("1")).unwrap().unwrap().zones, Some(vec!["az2".to_owned()]));
     assert_eq!(s.counts().machines_by_status.get("pending"), Some(&2));
 }
+
+/// Every constraint key round-trips through the store, a set shared by many machines is one
+/// row, and the placement and the time of the last change are kept per machine.
+#[test]
+fn whole_constraint_sets_and_placements_are_stored() {
+    use super::state::NewMachine;
+    use crate::model::Constraints;
+    let mut s = StoreCore::in_memory().unwrap();
+    let c = Constraints::parse(
+        "arch=arm64 cores=4 mem=16G root-disk=64G instance-type=m5.large zones=az1,az2 spaces=db,^dmz tags=ssd,^gpu",
+    )
+    .unwrap();
+    let spec = NewMachine { constraints: c.clone(), placement: Some("zone=az2".into()), ..NewMachine::default() };
+    let a = s.add_new_machines(3, &spec).unwrap();
+    s.add_new_machines(2, &NewMachine { placement: None, ..spec.clone() }).unwrap();
+    s.add_machines(1, Some(&["az1".to_owned(), "az2".to_owned()])).unwrap();
+    let rows: i64 = s.conn_for_tests().query_row("SELECT count(*) FROM constraints", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 2, "one row per distinct constraint set");
+    let m = s.machine(&a[0]).unwrap().unwrap();
+    assert_eq!(m.constraints, c);
+    assert_eq!(m.zones, c.zones);
+    assert_eq!(m.placement.as_deref(), Some("zone=az2"));
+    assert_eq!(m.application, None);
+    let stamp = m.changed_at.clone().expect("stamped at insert");
+    assert!(stamp.ends_with('Z') && stamp.len() == 24, "{stamp}");
+    let info = s.provisioning_info(&a[..1]).unwrap()[0].clone().unwrap();
+    assert_eq!((info.constraints, info.placement.as_deref()), (c, Some("zone=az2")));
+    // A write stamps it again (the database does it, whoever writes).
+    s.conn_for_tests()
+        .execute("UPDATE machines SET changed_at = '2000-01-01T00:00:00.000Z' WHERE id = '0'", [])
+        .unwrap();
+    s.set_status(&a[0], MachineStatus::Error, "x").unwrap();
+    let later = s.machine(&a[0]).unwrap().unwrap().changed_at.unwrap();
+    assert!(later.as_str() > "2000-01-01T00:00:00.000Z", "{later}");
+}
+
+/// An application's machines are its distribution group; removing it takes them to dead, all
+/// at once, and a second one of the same name is refused while it exists.
+#[test]
+fn applications_group_their_machines_and_go_with_them() {
+    use crate::model::Constraints;
+    let mut s = StoreCore::in_memory().unwrap();
+    s.add_machines(1, None).unwrap();
+    let c = Constraints::parse("cores=2").unwrap();
+    let web = s.add_application("web", 3, &c).unwrap();
+    assert_eq!(ids(&web), ["1", "2", "3"]);
+    assert!(matches!(s.add_application("web", 1, &c), Err(StoreError::Refused(_))));
+    let db = s.add_application("db", 1, &Constraints::default()).unwrap();
+    let groups =
+        s.distribution_groups(&[web[0].clone(), MachineId::new("0"), db[0].clone(), MachineId::new("9")]).unwrap();
+    assert_eq!(groups[0].as_deref().map(ids), Some(vec!["2", "3"]));
+    assert_eq!(groups[1], Some(Vec::new()), "a machine of no application has no group");
+    assert_eq!(groups[2], Some(Vec::new()));
+    assert_eq!(groups[3], None);
+    let apps = s.applications().unwrap();
+    assert_eq!(apps.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["db", "web"]);
+    assert_eq!((apps[1].constraints.cores, ids(&apps[1].machines)), (Some(2), vec!["1", "2", "3"]));
+    assert_eq!(s.machine(&web[1]).unwrap().unwrap().application.as_deref(), Some("web"));
+    let _ = s.take_outbox();
+    assert_eq!(ids(&s.remove_application("web").unwrap()), ["1", "2", "3"]);
+    assert_eq!(ids(&s.take_outbox().0), ["1", "2", "3"], "the watcher hears of them");
+    assert!(web.iter().all(|m| s.machine(m).unwrap().unwrap().machine.life == Life::Dead));
+    assert_eq!(s.remove_application("web"), Err(StoreError::NoApplication("web".into())));
+    assert_eq!(s.counts(), &s.recount().unwrap());
+    // Its dying machines are no group of a new application of the same name.
+    let again = s.add_application("web", 1, &c).unwrap();
+    assert_eq!(s.distribution_groups(&again).unwrap()[0], Some(Vec::new()));
+    s.destroy_model().unwrap();
+    assert_eq!(s.add_application("late", 1, &c), Err(StoreError::ModelDying));
+}
+
+/// A version-2 database (a `constraints` table of zones alone) is upgraded in place: its rows
+/// become whole constraint sets with the same ids, its machines read the same, and new machines
+/// share the upgraded rows.
+#[test]
+fn a_version_2_database_is_upgraded() {
+    let d = dir("v2");
+    let path = d.join("p.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+             CREATE TABLE constraints (id INTEGER PRIMARY KEY, zones TEXT NOT NULL UNIQUE);
+             CREATE TABLE machines (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE,
+                 life TEXT NOT NULL DEFAULT 'alive', status TEXT NOT NULL DEFAULT 'pending',
+                 status_message TEXT NOT NULL DEFAULT '', instance_status TEXT NOT NULL DEFAULT '',
+                 instance_status_message TEXT NOT NULL DEFAULT '', instance TEXT, zone TEXT, nonce TEXT,
+                 display_name TEXT NOT NULL DEFAULT '', zones TEXT, keep_instance INTEGER NOT NULL DEFAULT 0,
+                 transient INTEGER NOT NULL DEFAULT 0, constraints_id INTEGER REFERENCES constraints(id));
+             CREATE TABLE instances (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, state TEXT NOT NULL,
+                 zone TEXT, model TEXT, machine TEXT, start TEXT, client_token TEXT UNIQUE);
+             INSERT INTO meta VALUES ('model_uuid', 'u-2'), ('model_life', 'alive'), ('next_machine', '2');
+             INSERT INTO constraints VALUES (7, 'az1,az3');
+             INSERT INTO machines (seq, id, constraints_id) VALUES (0, '0', 7), (1, '1', NULL);
+             PRAGMA user_version = 2;",
+        )
+        .unwrap();
+    }
+    let mut s = StoreCore::open(&path).unwrap();
+    assert_eq!(s.model_uuid().unwrap(), "u-2");
+    let zones = Some(vec!["az1".to_owned(), "az3".to_owned()]);
+    let m0 = s.machine(&MachineId::new("0")).unwrap().unwrap();
+    assert_eq!((m0.zones.clone(), m0.constraints.zones.clone()), (zones.clone(), zones.clone()));
+    assert_eq!((m0.placement, m0.application), (None, None));
+    assert_eq!(s.machine(&MachineId::new("1")).unwrap().unwrap().zones, None);
+    assert_eq!(ids(&s.add_machines(1, zones.as_deref()).unwrap()), ["2"]);
+    let shared: i64 = s
+        .conn_for_tests()
+        .query_row("SELECT count(DISTINCT constraints_id) FROM machines WHERE constraints_id IS NOT NULL", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(shared, 1, "the new machine shares the upgraded row");
+    let fk: i64 = s.conn_for_tests().pragma_query_value(None, "foreign_keys", |r| r.get(0)).unwrap();
+    assert_eq!(fk, 1, "foreign keys are on again");
+    let problems: i64 =
+        s.conn_for_tests().query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| r.get(0)).unwrap();
+    assert_eq!(problems, 0);
+    s.add_application("web", 1, &crate::model::Constraints::default()).unwrap();
+    drop(s);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let v: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
+    drop(conn);
+    // Opening it again changes nothing.
+    let s = StoreCore::open(&path).unwrap();
+    assert_eq!(s.machine(&MachineId::new("0")).unwrap().unwrap().zones, zones);
+}

@@ -8,13 +8,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use provisioner::service::api::types::{
-    AddMachines, AddedMachines, ConfigValue, DestroyRequest, DestroyView, ErrorBody, InstanceView, MachineView,
-    RemoveMachines, RetryMachines, StatusView,
+    AddApplication, AddMachines, AddedMachines, ApplicationView, ConfigValue, DestroyRequest, DestroyView, ErrorBody,
+    InstanceView, MachineDetail, MachineView, RemoveMachines, RetryMachines, StatusView,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{ClientCmd, ConfigCmd, Conn, InstanceCmd, MachineCmd};
+use super::{ApplicationCmd, ClientCmd, ConfigCmd, Conn, InstanceCmd, MachineCmd};
 
 /// The default service URL.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:7878";
@@ -110,6 +110,22 @@ impl Client {
         Self::decode(self.answer(self.request("GET", path).call())?)
     }
 
+    /// `GET path?k=v...` (the values given, encoded), decoded.
+    pub fn get_query<T: DeserializeOwned>(&self, path: &str, query: &[(&str, Option<String>)]) -> Result<T, Failure> {
+        let mut req = self.request("GET", path);
+        for (k, v) in query {
+            if let Some(v) = v {
+                req = req.query(k, v);
+            }
+        }
+        Self::decode(self.answer(req.call())?)
+    }
+
+    /// `DELETE path`, decoded.
+    pub fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, Failure> {
+        Self::decode(self.answer(self.request("DELETE", path).call())?)
+    }
+
     /// `METHOD path` with a JSON body, decoded.
     pub fn send<B: Serialize, T: DeserializeOwned>(&self, method: &str, path: &str, body: &B) -> Result<T, Failure> {
         Self::decode(self.answer(self.request(method, path).send_json(body))?)
@@ -167,9 +183,15 @@ pub fn run(conn: Conn, cmd: ClientCmd) -> ExitCode {
 
 fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
     match cmd {
-        ClientCmd::Machine(MachineCmd::Add { n, zones, wait, timeout, json }) => {
+        ClientCmd::Machine(MachineCmd::Add { n, zones, constraints, to, wait, timeout, json }) => {
             let zones = zones.map(|z| z.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect());
-            let body = AddMachines { count: n as usize, zones };
+            // The service parses the constraints and checks the placement (one set of rules).
+            let body = AddMachines {
+                count: n as usize,
+                zones,
+                constraints: constraints.map(serde_json::Value::String),
+                placement: to,
+            };
             let added: AddedMachines = c.send("POST", "/v1/machines", &body)?;
             let waited = if wait { Some(wait_for(c, &added.ids, timeout)?) } else { None };
             if json {
@@ -189,8 +211,11 @@ fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
                 _ => Ok(()),
             }
         }
-        ClientCmd::Machine(MachineCmd::List { json }) => {
-            let list: Vec<MachineView> = c.get("/v1/machines")?;
+        ClientCmd::Machine(MachineCmd::Show { id, json }) => show_machine(c, &id, json),
+        ClientCmd::Application(cmd) => application(c, cmd),
+        ClientCmd::Machine(MachineCmd::List { application, status, zone, json }) => {
+            let filters = [("application", application), ("status", status), ("zone", zone)];
+            let list: Vec<MachineView> = c.get_query("/v1/machines", &filters)?;
             if json {
                 print_json(&list);
             } else {
@@ -343,5 +368,109 @@ fn wait_for(c: &Client, ids: &[String], timeout: Option<Duration>) -> Result<Vec
         }
         #[allow(clippy::disallowed_methods)]
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A path segment with everything but unreserved characters percent-encoded (a container id's
+/// `/` becomes `%2F`).
+fn encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn or_dash(v: Option<&str>) -> String {
+    v.filter(|s| !s.is_empty()).unwrap_or("-").to_owned()
+}
+
+/// `machine show ID [--json]`.
+fn show_machine(c: &Client, id: &str, json: bool) -> Result<(), Failure> {
+    let m: MachineDetail = c.get(&format!("/v1/machines/{}", encode_segment(id)))?;
+    if json {
+        print_json(&m);
+        return Ok(());
+    }
+    let v = &m.machine;
+    let status =
+        |s: &str, msg: &str| if msg.is_empty() { or_dash(Some(s)) } else { format!("{} ({msg})", or_dash(Some(s))) };
+    let rows: Vec<(&str, String)> = vec![
+        ("id", v.id.clone()),
+        ("life", v.life.clone()),
+        ("status", status(&v.status, &m.status_message)),
+        ("instance", or_dash(v.instance.as_deref())),
+        ("zone", or_dash(v.zone.as_deref())),
+        ("instance-status", status(&v.instance_status, &m.instance_status_message)),
+        ("constraints", if m.constraints_text.is_empty() { "-".into() } else { m.constraints_text.clone() }),
+        ("placement", or_dash(m.placement.as_deref())),
+        ("application", or_dash(m.application.as_deref())),
+        ("container-type", or_dash(m.container_type.as_deref())),
+        ("host", or_dash(m.host.as_deref())),
+        ("manual", m.manual.to_string()),
+        ("keep-instance", m.keep_instance.to_string()),
+        ("retry-requested", m.retry_requested.to_string()),
+        ("changed", or_dash(m.changed_at.as_deref())),
+    ];
+    for (k, val) in rows {
+        println!("{:<16} {val}", format!("{k}:"));
+    }
+    Ok(())
+}
+
+/// `application add|list|remove`.
+fn application(c: &Client, cmd: ApplicationCmd) -> Result<(), Failure> {
+    match cmd {
+        ApplicationCmd::Add { name, units, constraints, json } => {
+            let body =
+                AddApplication { name, units: units as usize, constraints: constraints.map(serde_json::Value::String) };
+            let added: ApplicationView = c.send("POST", "/v1/applications", &body)?;
+            if json {
+                print_json(&added.machines);
+            } else {
+                for id in &added.machines {
+                    println!("{id}");
+                }
+            }
+            Ok(())
+        }
+        ApplicationCmd::List { json } => {
+            let list: Vec<ApplicationView> = c.get("/v1/applications")?;
+            if json {
+                print_json(&list);
+            } else {
+                table(
+                    &["NAME", "UNITS", "MACHINES", "CONSTRAINTS"],
+                    list.iter()
+                        .map(|a| {
+                            let text = provisioner::model::Constraints::from(a.constraints.clone()).to_string();
+                            vec![
+                                a.name.clone(),
+                                a.units.to_string(),
+                                if a.machines.is_empty() { "-".into() } else { a.machines.join(",") },
+                                if text.is_empty() { "-".into() } else { text },
+                            ]
+                        })
+                        .collect(),
+                );
+            }
+            Ok(())
+        }
+        ApplicationCmd::Remove { name } => {
+            let gone: ApplicationView = c.delete(&format!("/v1/applications/{}", encode_segment(&name)))?;
+            if gone.machines.is_empty() {
+                println!("removing application {name}");
+            } else {
+                println!(
+                    "removing application {name} and its machines {} (their instances are stopped)",
+                    gone.machines.join(", ")
+                );
+            }
+            Ok(())
+        }
     }
 }

@@ -42,6 +42,14 @@ pub enum MachineCmd {
         /// Restrict them to these zones (comma-separated).
         #[arg(long, value_name = "a,b")]
         zones: Option<String>,
+        /// Constraints in Juju's syntax, e.g. "cores=4 mem=16G zones=az1,az2" (keys: arch,
+        /// cores, mem, root-disk, instance-type, zones, spaces, tags; sizes in MiB, or with M,
+        /// G, T, P).
+        #[arg(long, value_name = "\"key=value ...\"")]
+        constraints: Option<String>,
+        /// Placement: zone=ZONE or subnet=SUBNET.
+        #[arg(long = "to", value_name = "zone=Z|subnet=S")]
+        to: Option<String>,
         /// Wait until every new machine is provisioned or in error.
         #[arg(long)]
         wait: bool,
@@ -54,6 +62,25 @@ pub enum MachineCmd {
     },
     /// List the machines.
     List {
+        /// Only the machines of this application.
+        #[arg(long, value_name = "A")]
+        application: Option<String>,
+        /// Only machines with this machine status (pending, started, error, stopped) or
+        /// instance status (provisioning, "provisioning error", running, ...).
+        #[arg(long, value_name = "S")]
+        status: Option<String>,
+        /// Only machines whose instance is in this zone.
+        #[arg(long, value_name = "Z")]
+        zone: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show everything the service holds for one machine.
+    Show {
+        /// The machine (a container's id is HOST/TYPE/N).
+        #[arg(value_name = "ID")]
+        id: String,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -75,6 +102,37 @@ pub enum MachineCmd {
         /// The machines.
         #[arg(required = true, value_name = "ID")]
         ids: Vec<String>,
+    },
+}
+
+/// `provisioner application ...`.
+#[derive(Subcommand, Debug)]
+pub enum ApplicationCmd {
+    /// Add an application with N units, each on a new machine; prints the new machines' ids.
+    /// The machines of one application form its distribution group: they spread over zones.
+    Add {
+        /// Its name: lowercase letters, digits and hyphens, starting with a letter.
+        name: String,
+        /// How many units (machines).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        units: u64,
+        /// Constraints for its machines, in Juju's syntax (as `machine add --constraints`).
+        #[arg(long, value_name = "\"key=value ...\"")]
+        constraints: Option<String>,
+        /// Print JSON (a list of the new machines' ids).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the applications.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an application: its machines are removed (their instances stopped).
+    Remove {
+        /// The application.
+        name: String,
     },
 }
 
@@ -120,6 +178,8 @@ pub enum ClientCmd {
     Machine(MachineCmd),
     /// `instance ...`.
     Instance(InstanceCmd),
+    /// `application ...`.
+    Application(ApplicationCmd),
     /// `config ...`.
     Config(ConfigCmd),
     /// `status`.
@@ -201,6 +261,7 @@ pub fn run_client(conn: Conn, cmd: ClientCmd) -> ExitCode {
         no_service(match cmd {
             ClientCmd::Machine(_) => "machine",
             ClientCmd::Instance(_) => "instance",
+            ClientCmd::Application(_) => "application",
             ClientCmd::Config(_) => "config",
             ClientCmd::Status { .. } => "status",
             ClientCmd::DestroyModel { .. } => "destroy-model",

@@ -1,0 +1,315 @@
+//! The service speaks the model (issue 14): constraints in Juju's syntax and as JSON,
+//! placement, `machine show` and `GET /v1/machines/{id}`, list filters and pages, and
+//! applications whose machines form a distribution group, driven on the real binary. Every
+//! refusal is checked for its exit code or status, the field it names, and that nothing was
+//! written.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{eventually, field, ids_of, raw_http, temp_dir, Server};
+
+/// Runs a client command that must fail with `code`; returns its stderr.
+fn refused(s: &Server, args: &[&str], code: i32) -> String {
+    let out = s.cli(args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+    assert!(out.stdout.is_empty(), "{args:?} printed {:?}", String::from_utf8_lossy(&out.stdout));
+    err
+}
+
+fn zone_of(s: &Server, id: &str) -> String {
+    let m = s.json(&["machine", "show", id, "--json"]);
+    field(&m, "zone").to_owned()
+}
+
+fn settled(s: &Server, ids: &[String]) -> bool {
+    s.machines()
+        .iter()
+        .filter(|m| ids.contains(&field(m, "id").to_owned()))
+        .all(|m| field(m, "status") == "started" || field(m, "instance_status") == "provisioning error")
+}
+
+/// `machine add --constraints ... --to zone=...` stores every constraint and the placement,
+/// the provisioner honours them, and `machine show --json` (the same as `GET
+/// /v1/machines/{id}`) shows everything the store holds: the list's keys and more.
+#[test]
+fn machines_take_constraints_and_placement_and_show_everything() {
+    let dir = temp_dir("model-show");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    let added = s.json(&[
+        "machine",
+        "add",
+        "-n",
+        "2",
+        "--constraints",
+        "cores=4 mem=0.5G root-disk=8G arch=arm64 instance-type=m5.large zones=az1,az2 spaces=db tags=ssd,^gpu",
+        "--to",
+        "zone=az2",
+        "--wait",
+        "--json",
+    ]);
+    assert_eq!(ids_of(&added), ["0", "1"]);
+    let m = s.json(&["machine", "show", "1", "--json"]);
+    let listed = s.machines().into_iter().find(|l| field(l, "id") == "1").unwrap();
+    for key in ["id", "life", "status", "instance", "zone", "instance_status", "message"] {
+        assert_eq!(m[key], listed[key], "{key}: show {m} list {listed}");
+    }
+    assert_eq!(field(&m, "status"), "started", "{m}");
+    assert_eq!(field(&m, "zone"), "az2", "placed in az2: {m}");
+    let c = &m["constraints"];
+    assert_eq!(c["cores"], 4);
+    assert_eq!(c["mem_mb"], 512, "0.5G is 512 MiB as Juju reads it");
+    assert_eq!(c["root_disk_mb"], 8192);
+    assert_eq!((field(c, "arch"), field(c, "instance_type")), ("arm64", "m5.large"));
+    assert_eq!(c["zones"], serde_json::json!(["az1", "az2"]));
+    assert_eq!(c["spaces"], serde_json::json!(["db"]));
+    assert_eq!(c["tags"], serde_json::json!(["ssd", "^gpu"]));
+    assert_eq!(field(&m, "placement"), "zone=az2");
+    assert_eq!((&m["application"], &m["container_type"], &m["host"]), (&Value::Null, &Value::Null, &Value::Null));
+    assert_eq!(m["manual"], false);
+    assert!(field(&m, "changed_at").ends_with('Z'), "{m}");
+    // The API answers the same document.
+    let (code, _, text) = raw_http(&s, "GET", "/v1/machines/1", true, None);
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), m);
+    // The human form names the constraints in Juju's syntax.
+    let out = s.cli(&["machine", "show", "1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("placement:") && text.contains("zone=az2"), "{text}");
+    assert!(text.contains("cores=4 mem=512M root-disk=8192M tags=ssd,^gpu"), "{text}");
+
+    // As a JSON object, with a machine that has none.
+    let body = br#"{"count": 1, "constraints": {"cores": 2, "mem_mb": 4096, "tags": ["a"]}, "placement": "subnet=subnet-az3"}"#;
+    let (code, _, text) = raw_http(&s, "POST", "/v1/machines", true, Some(body));
+    assert_eq!(code, 201, "{text}");
+    let plain = s.json(&["machine", "add", "--json"]);
+    eventually(Duration::from_secs(10), "the new machines to start", || settled(&s, &["2".into(), "3".into()]));
+    let m2 = s.json(&["machine", "show", "2", "--json"]);
+    assert_eq!((m2["constraints"]["cores"].clone(), m2["constraints"]["mem_mb"].clone()), (2.into(), 4096.into()));
+    assert_eq!(field(&m2, "placement"), "subnet=subnet-az3");
+    assert_eq!(field(&m2, "zone"), "az3", "the subnet's zone: {m2}");
+    let m3 = s.json(&["machine", "show", &ids_of(&plain)[0], "--json"]);
+    assert!(m3["constraints"].as_object().unwrap().values().all(Value::is_null), "{m3}");
+    assert_eq!(m3["placement"], Value::Null);
+}
+
+/// Bad input is refused (exit 2 / 400, or 404 for an unknown machine), naming the field, and
+/// writes nothing.
+#[test]
+fn bad_model_input_is_refused_naming_the_field_and_writes_nothing() {
+    let dir = temp_dir("model-bad");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    let err = refused(&s, &["machine", "add", "--constraints", "cores=4 colour=blue"], 2);
+    assert!(err.contains("constraints") && err.contains("\"colour\""), "{err}");
+    let err = refused(&s, &["machine", "add", "--constraints", "mem=lots"], 2);
+    assert!(err.contains("\"mem\"") && err.contains("\"lots\""), "{err}");
+    let err = refused(&s, &["machine", "add", "--constraints", "cores=-1"], 2);
+    assert!(err.contains("\"cores\""), "{err}");
+    let err = refused(&s, &["machine", "add", "--constraints", "mem=1G mem=2G"], 2);
+    assert!(err.contains("\"mem\"") && err.contains("already set"), "{err}");
+    let err = refused(&s, &["machine", "add", "--to", "zone=az9"], 2);
+    assert!(err.contains("placement") && err.contains("\"az9\""), "{err}");
+    let err = refused(&s, &["machine", "add", "--to", "subnet=subnet-nowhere"], 2);
+    assert!(err.contains("placement") && err.contains("\"subnet-nowhere\""), "{err}");
+    let err = refused(&s, &["machine", "add", "--to", "rack=4"], 2);
+    assert!(err.contains("placement"), "{err}");
+    let err = refused(&s, &["machine", "add", "--constraints", "zones=az9"], 2);
+    assert!(err.contains("zones") && err.contains("\"az9\""), "{err}");
+    let err = refused(&s, &["application", "add", "Web", "--units", "2"], 2);
+    assert!(err.contains("name") && err.contains("\"Web\""), "{err}");
+    let err = refused(&s, &["application", "add", "web", "--units", "2", "--constraints", "mem=lots"], 2);
+    assert!(err.contains("\"mem\""), "{err}");
+    let err = refused(&s, &["application", "remove", "nope"], 2);
+    assert!(err.contains("\"nope\"") && err.contains("not found"), "{err}");
+    let err = refused(&s, &["machine", "show", "42"], 2);
+    assert!(err.contains("machine 42 not found"), "{err}");
+    let err = refused(&s, &["machine", "show", "3/lxd/0"], 2);
+    assert!(err.contains("machine 3/lxd/0 not found"), "{err}");
+    let err = refused(&s, &["machine", "list", "--zone", "az9"], 2);
+    assert!(err.contains("zone") && err.contains("\"az9\""), "{err}");
+    let err = refused(&s, &["machine", "list", "--status", "sleepy"], 2);
+    assert!(err.contains("status") && err.contains("\"sleepy\""), "{err}");
+
+    // The API: the same refusals, with the field named in the JSON error.
+    for (body, names) in [
+        (&br#"{"count": 1, "constraints": "colour=blue"}"#[..], "colour"),
+        (br#"{"count": 1, "constraints": {"colour": "blue"}}"#, "colour"),
+        (br#"{"count": 1, "constraints": {"cores": -1}}"#, "constraints.cores"),
+        (br#"{"count": 1, "constraints": {"mem_mb": "lots"}}"#, "constraints.mem_mb"),
+        (br#"{"count": 1, "constraints": 7}"#, "constraints"),
+        (br#"{"count": 1, "placement": "zone=az9"}"#, "placement"),
+        (br#"{"count": 1, "zones": ["az1"], "constraints": "zones=az2"}"#, "zones"),
+    ] {
+        let (code, _, text) = raw_http(&s, "POST", "/v1/machines", true, Some(body));
+        assert_eq!(code, 400, "{}: {text}", String::from_utf8_lossy(body));
+        let error = field(&serde_json::from_str::<Value>(&text).unwrap(), "error").to_owned();
+        assert!(error.contains(names), "{}: {error}", String::from_utf8_lossy(body));
+    }
+    for (body, names) in [
+        (&br#"{"name": "2web", "units": 1}"#[..], "name"),
+        (br#"{"name": "web", "units": 0}"#, "units"),
+        (br#"{"name": "web", "units": 1, "colour": 1}"#, "colour"),
+        (br#"{"name": "web"}"#, "units"),
+    ] {
+        let (code, _, text) = raw_http(&s, "POST", "/v1/applications", true, Some(body));
+        assert_eq!(code, 400, "{}: {text}", String::from_utf8_lossy(body));
+        assert!(text.contains(names), "{text}");
+    }
+    for (path, status, names) in [
+        ("/v1/machines/42", 404, "machine 42 not found"),
+        ("/v1/machines/3%2Flxd%2F0", 404, "machine 3/lxd/0 not found"),
+        ("/v1/machines?limit=0", 400, "limit"),
+        ("/v1/machines?limit=lots", 400, "limit"),
+        ("/v1/machines?colour=blue", 400, "colour"),
+        ("/v1/machines?application=Web", 400, "application"),
+        ("/v1/applications/nope", 405, "DELETE"),
+    ] {
+        let (code, _, text) = raw_http(&s, "GET", path, true, None);
+        assert_eq!(code, status, "{path}: {text}");
+        assert!(text.contains(names), "{path}: {text}");
+    }
+    let (code, _, text) = raw_http(&s, "DELETE", "/v1/applications/nope", true, None);
+    assert_eq!(code, 404, "{text}");
+
+    // Nothing was written.
+    assert!(s.machines().is_empty(), "a refused request wrote machines");
+    assert_eq!(s.json(&["application", "list", "--json"]), serde_json::json!([]));
+    assert!(s.instances().is_empty());
+    // And a good request after them gets the first id: no id was used up by a refusal.
+    assert_eq!(ids_of(&s.json(&["machine", "add", "--json"])), ["0"]);
+}
+
+/// The machines of one application form its distribution group, so its units spread over
+/// the zones whatever else the zones hold: three units over three zones land one per zone,
+/// even with az1 already holding three machines (without the group they would avoid az1).
+/// `application remove` takes its machines with it.
+#[test]
+fn an_applications_units_spread_over_zones_and_go_with_it() {
+    let dir = temp_dir("model-apps");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    let others = ids_of(&s.json(&["machine", "add", "-n", "3", "--to", "zone=az1", "--wait", "--json"]));
+    assert!(others.iter().all(|id| zone_of(&s, id) == "az1"));
+    let app = s.json(&["application", "add", "web", "--units", "3", "--constraints", "cores=2 mem=4G", "--json"]);
+    let units = ids_of(&app);
+    assert_eq!(units, ["3", "4", "5"]);
+    eventually(Duration::from_secs(10), "the units to start", || settled(&s, &units));
+    let zones: BTreeSet<String> = units.iter().map(|id| zone_of(&s, id)).collect();
+    assert_eq!(zones, ["az1", "az2", "az3"].map(String::from).into(), "one unit per zone");
+    for id in &units {
+        let m = s.json(&["machine", "show", id, "--json"]);
+        assert_eq!(field(&m, "application"), "web", "{m}");
+        assert_eq!((m["constraints"]["cores"].clone(), m["constraints"]["mem_mb"].clone()), (2.into(), 4096.into()));
+    }
+    // Listed, and the list filters by application and zone.
+    let listed = s.json(&["application", "list", "--json"]);
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!((field(&listed[0], "name"), listed[0]["units"].clone()), ("web", 3.into()));
+    assert_eq!(listed[0]["constraints"]["cores"], 2);
+    let web: Vec<String> = s
+        .json(&["machine", "list", "--application", "web", "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| field(m, "id").to_owned())
+        .collect();
+    assert_eq!(web, units);
+    let in_az1: Vec<String> = s
+        .json(&["machine", "list", "--zone", "az1", "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| field(m, "id").to_owned())
+        .collect();
+    assert_eq!(in_az1.len(), 4, "{in_az1:?}");
+    let out = s.cli(&["application", "list"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("web") && text.contains("cores=2 mem=4096M"), "{text}");
+    // A second application of the same name is refused (409: exit 1), and writes nothing.
+    let err = refused(&s, &["application", "add", "web", "--units", "1"], 1);
+    assert!(err.contains("already exists"), "{err}");
+    assert_eq!(s.machines().len(), 6);
+
+    // Removed: its machines die, their instances are stopped, then they go.
+    let out = s.cli(&["application", "remove", "web"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("3, 4, 5"));
+    assert_eq!(s.json(&["application", "list", "--json"]), serde_json::json!([]));
+    eventually(Duration::from_secs(10), "the units' machines to be removed", || s.machines().len() == 3);
+    let live: BTreeSet<String> = s.instances().iter().map(|i| field(i, "machine").to_owned()).collect();
+    assert_eq!(live, others.iter().cloned().collect(), "only the other machines keep instances");
+}
+
+/// A placement no zone satisfies is that machine's provisioning error, as the engine does: a
+/// subnet whose only zone is unavailable, or a zone that is; a subnet in an available zone
+/// starts there. `machine list --status` finds them.
+#[test]
+fn a_placement_no_zone_satisfies_is_the_machines_provisioning_error() {
+    let dir = temp_dir("model-placement");
+    let config = dir.join("down.toml");
+    std::fs::write(
+        &config,
+        "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\nsubnets = { subnet-a = [\"az1\"], subnet-down = [\"az3\"] }\n",
+    )
+    .unwrap();
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", config.to_str().unwrap()]);
+    for to in ["subnet=subnet-down", "zone=az3"] {
+        let out = s.cli(&["machine", "add", "--to", to, "--wait", "--json"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{to}: {err}");
+        assert!(err.contains("failed to provision"), "{to}: {err}");
+    }
+    let ok = s.json(&["machine", "add", "--to", "subnet=subnet-a", "--wait", "--json"]);
+    assert_eq!(zone_of(&s, &ids_of(&ok)[0]), "az1");
+    // The default `subnet-ZONE` names are replaced by the configured ones.
+    let err = refused(&s, &["machine", "add", "--to", "subnet=subnet-az1"], 2);
+    assert!(err.contains("subnet-a, subnet-down"), "{err}");
+    for id in ["0", "1"] {
+        let m = s.json(&["machine", "show", id, "--json"]);
+        assert_eq!(field(&m, "instance_status"), "provisioning error", "{m}");
+        assert!(field(&m, "instance_status_message").contains("zone"), "{m}");
+        assert_eq!(m["instance"], Value::Null);
+    }
+    let failed = s.json(&["machine", "list", "--status", "provisioning error", "--json"]);
+    assert_eq!(failed.as_array().unwrap().iter().map(|m| field(m, "id")).collect::<Vec<_>>(), ["0", "1"]);
+    let started = s.json(&["machine", "list", "--status", "started", "--json"]);
+    assert_eq!(started.as_array().unwrap().iter().map(|m| field(m, "id")).collect::<Vec<_>>(), ["2"]);
+    assert_eq!(s.instances().len(), 1);
+}
+
+/// `GET /v1/machines` pages in id order (numbers numerically): `after` the last id of a page
+/// gives the next one, a short page is the last.
+#[test]
+fn machine_lists_page_in_id_order() {
+    let dir = temp_dir("model-pages");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    let all = ids_of(&s.json(&["machine", "add", "-n", "12", "--json"]));
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = match &after {
+            Some(a) => format!("/v1/machines?limit=5&after={a}"),
+            None => "/v1/machines?limit=5".to_owned(),
+        };
+        let (code, _, text) = raw_http(&s, "GET", &path, true, None);
+        assert_eq!(code, 200, "{text}");
+        let page: Vec<String> = serde_json::from_str::<Value>(&text)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| field(m, "id").to_owned())
+            .collect();
+        assert!(page.len() <= 5);
+        seen.extend(page.iter().cloned());
+        if page.len() < 5 {
+            break;
+        }
+        after = page.last().cloned();
+    }
+    assert_eq!(seen, all, "every machine once, in order: 0..=11 (10 after 9)");
+    let (_, _, text) = raw_http(&s, "GET", "/v1/machines?after=9&limit=1", true, None);
+    assert_eq!(field(&serde_json::from_str::<Value>(&text).unwrap()[0], "id"), "10");
+}
