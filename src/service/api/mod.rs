@@ -22,6 +22,7 @@
 //! (the model's state refuses it), 413 (a body over [`BODY_LIMIT`]), 500, or 503 (`/healthz`:
 //! the store cannot be read). A refused request writes nothing.
 
+pub mod add;
 pub mod types;
 
 use std::collections::BTreeMap;
@@ -77,6 +78,9 @@ pub struct AppState {
     pub model_uuid: String,
     /// When the service started.
     pub started: Instant,
+    /// The lazy container provisioners (`None`: this service runs no containers, and refuses
+    /// to add them).
+    pub containers: Option<crate::ContainersHandle>,
 }
 
 /// An API error: a status and one sentence.
@@ -125,6 +129,7 @@ impl From<StoreError> for ApiError {
         let status = match &e {
             StoreError::NotFound(_) => 404,
             StoreError::ModelDying | StoreError::Refused(_) => 409,
+            StoreError::Invalid { .. } => 400,
             _ => 500,
         };
         Self::new(status, e.to_string())
@@ -187,6 +192,9 @@ fn view(m: &MachineRecord) -> MachineView {
         zone: m.zone.clone(),
         instance_status: m.machine.instance_status.to_string(),
         message: m.message().to_owned(),
+        container_type: m.machine.id.container_of().map(|(_, kind)| kind.to_owned()),
+        host: m.machine.id.container_of().map(|(host, _)| host.to_string()),
+        manual: m.machine.manual,
     }
 }
 
@@ -275,10 +283,14 @@ async fn list_machines(_: Authorized, st: State) -> Result<HttpResponse> {
 }
 
 async fn add_machines(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
-    let AddMachines { count, zones } = json_body(&req, payload).await?;
-    if count == 0 || count > MAX_ADD {
-        return Err(ApiError::bad_request(format!("count must be between 1 and {MAX_ADD}, got {count}")));
+    let body: AddMachines = json_body(&req, payload).await?;
+    if body.count == 0 || body.count > MAX_ADD {
+        return Err(ApiError::bad_request(format!("count must be between 1 and {MAX_ADD}, got {}", body.count)));
     }
+    if body.is_container_or_manual() {
+        return add_containers_or_manual(&st, &body).await;
+    }
+    let AddMachines { count, zones, .. } = body;
     if let Some(z) = &zones {
         if z.is_empty() {
             return Err(ApiError::bad_request("zones must not be empty when given"));
@@ -299,6 +311,28 @@ async fn add_machines(_: Authorized, st: State, req: HttpRequest, payload: web::
         z.into_iter().filter(|z| seen.insert(z.clone())).collect::<Vec<_>>()
     });
     let added = st.store.exec(move |s| s.add_machines(count, zones.as_deref())).await?;
+    Ok(HttpResponse::Created().json(AddedMachines { ids: added.iter().map(ToString::to_string).collect() }))
+}
+
+/// `POST /v1/machines` with `container` and `host` (containers on a host), or with `manual`
+/// and `address` (a manual machine): each field checked ([`add::container_or_manual`]), then
+/// the store checks the host (exists, alive) or the address (not a live manual machine's yet)
+/// in the transaction that adds. Every refusal is a 400 naming its field, nothing written.
+async fn add_containers_or_manual(st: &AppState, body: &AddMachines) -> Result<HttpResponse> {
+    let kinds = crate::containers::DEFAULT_CONTAINER_TYPES;
+    let request = add::container_or_manual(body, kinds).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let added = match request {
+        add::SpecialAdd::Containers { kind, host, count } => {
+            if st.containers.is_none() {
+                return Err(ApiError::bad_request(format!(
+                    "field \"container\": this service's cloud ({}) runs no containers; use --broker sim",
+                    st.broker_name
+                )));
+            }
+            st.store.exec(move |s| s.add_containers(&host, &kind, count)).await?
+        }
+        add::SpecialAdd::Manual { address } => vec![st.store.exec(move |s| s.add_manual(&address)).await?],
+    };
     Ok(HttpResponse::Created().json(AddedMachines { ids: added.iter().map(ToString::to_string).collect() }))
 }
 
@@ -374,6 +408,9 @@ async fn set_config(
                 value.parse().map_err(|e: crate::model::ParseError| ApiError::bad_request(e.to_string()))?;
             st.store.exec(move |s| s.set_harvest_mode(mode)).await?;
             st.handle.set_harvest_mode(mode);
+            if let Some(c) = &st.containers {
+                c.set_harvest_mode(mode);
+            }
             value = mode.to_string();
         }
         "workers" => {
@@ -442,16 +479,47 @@ fn instance_count(listed: std::result::Result<usize, crate::ports::BrokerError>)
 async fn destroy_model(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
     // No body (or an empty one) means the defaults; anything else must parse, or nothing happens.
     let DestroyRequest { force } = parse_body(&read_body(&req, payload).await?, Some(DestroyRequest::default()))?;
-    match st.handle.destroy_model(force).await {
+    let manual = refuse_destroy_with_manual_machines(&st, force).await?;
+    let result = st.handle.destroy_model(force).await;
+    if let (Some(c), Ok(_) | Err(DestroyError::ManualMachines { .. })) = (&st.containers, &result) {
+        // Containers are in the destruction's scope too.
+        c.model_destroyed();
+    }
+    match result {
         Ok(s) => Ok(HttpResponse::Ok().json(DestroyView {
             stopping: s.stopping.iter().map(ToString::to_string).collect(),
             awaiting_starts: s.awaiting_starts.iter().map(ToString::to_string).collect(),
+            manual_machines: manual.iter().map(ToString::to_string).collect(),
         })),
-        Err(e @ (DestroyError::AlreadyDying | DestroyError::ManualMachines { .. })) => {
-            Err(ApiError::new(409, e.to_string()))
-        }
+        Err(DestroyError::ManualMachines { ids, .. }) => Err(ApiError::new(409, manual_machines_message(&ids, true))),
+        Err(e @ DestroyError::AlreadyDying) => Err(ApiError::new(409, e.to_string())),
         Err(e) => Err(ApiError::internal(e.to_string())),
     }
+}
+
+/// Juju's check before a model destruction: without `force`, live manual machines refuse it
+/// (409 naming them) and nothing changes (the model stays alive); with `force` the
+/// destruction goes on and leaves them as they are (answered in `manual_machines`). A manual
+/// machine added after this check is caught by the engine's own check, which answers the same
+/// way (the model is dying by then).
+async fn refuse_destroy_with_manual_machines(st: &AppState, force: bool) -> Result<Vec<MachineId>> {
+    let manual = st.store.exec(|s| s.live_manual_machines()).await?;
+    if !force && !manual.is_empty() {
+        return Err(ApiError::new(409, manual_machines_message(&manual, false)));
+    }
+    Ok(manual)
+}
+
+/// The refusal naming the manual machines, as Juju words it, with what to do.
+fn manual_machines_message(ids: &[MachineId], dying: bool) -> String {
+    let names: Vec<&str> = ids.iter().map(MachineId::as_str).collect();
+    format!(
+        "manually provisioned machines must first be destroyed with `provisioner machine remove {}`, or the model \
+         destroyed with --force, which leaves them as they are: {}{}",
+        names.join(" "),
+        names.join(", "),
+        if dying { " (the model is dying; its other instances are being stopped)" } else { " (nothing was changed)" }
+    )
 }
 
 async fn events(_: Authorized, st: State) -> Result<HttpResponse> {

@@ -21,6 +21,16 @@ pub struct MachineView {
     pub instance_status: String,
     /// The latest message (the instance status's, else the machine status's).
     pub message: String,
+    /// A container's type (`lxd`, `kvm`); `null` for a machine that is not a container.
+    #[serde(default)]
+    pub container_type: Option<String>,
+    /// A container's host machine; `null` for a machine that is not a container.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Manually provisioned (`machine add --manual`): never started or stopped by the
+    /// provisioner.
+    #[serde(default)]
+    pub manual: bool,
 }
 
 impl MachineView {
@@ -57,6 +67,30 @@ pub struct AddMachines {
     /// A `zones=` constraint for each.
     #[serde(default)]
     pub zones: Option<Vec<String>>,
+    /// Containers of this type (`lxd` or `kvm`) on `host`, instead of top-level machines.
+    #[serde(default)]
+    pub container: Option<String>,
+    /// The host of the new containers (with `container`): an existing, alive machine.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Register one manually provisioned machine at `address` (never started or stopped).
+    #[serde(default)]
+    pub manual: bool,
+    /// The manual machine's address: an IP address or a hostname (with `manual`).
+    #[serde(default)]
+    pub address: Option<String>,
+}
+
+impl AddMachines {
+    /// `count` plain machines, each with this `zones=` constraint.
+    pub fn plain(count: usize, zones: Option<Vec<String>>) -> Self {
+        Self { count, zones, container: None, host: None, manual: false, address: None }
+    }
+
+    /// Whether the request asks for containers or a manual machine (any of their fields given).
+    pub fn is_container_or_manual(&self) -> bool {
+        self.container.is_some() || self.host.is_some() || self.manual || self.address.is_some()
+    }
 }
 
 fn one() -> usize {
@@ -119,6 +153,10 @@ pub struct DestroyView {
     pub stopping: Vec<String>,
     /// Machines whose start is in flight: their instances are stopped as they land.
     pub awaiting_starts: Vec<String>,
+    /// Manually provisioned machines left as they are (`destroy-model --force`; without it
+    /// they refuse the destruction).
+    #[serde(default)]
+    pub manual_machines: Vec<String>,
 }
 
 /// `GET /v1/status`.

@@ -167,9 +167,9 @@ pub fn run(conn: Conn, cmd: ClientCmd) -> ExitCode {
 
 fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
     match cmd {
-        ClientCmd::Machine(MachineCmd::Add { n, zones, wait, timeout, json }) => {
+        ClientCmd::Machine(MachineCmd::Add { n, zones, container, host, manual, address, wait, timeout, json }) => {
             let zones = zones.map(|z| z.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect());
-            let body = AddMachines { count: n as usize, zones };
+            let body = AddMachines { container, host, manual, address, ..AddMachines::plain(n as usize, zones) };
             let added: AddedMachines = c.send("POST", "/v1/machines", &body)?;
             let waited = if wait { Some(wait_for(c, &added.ids, timeout)?) } else { None };
             if json {
@@ -294,6 +294,12 @@ fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
                     d.stopping.len(),
                     d.awaiting_starts.len()
                 );
+                if !d.manual_machines.is_empty() {
+                    println!(
+                        "manually provisioned machines left as they are (--force): {}",
+                        d.manual_machines.join(", ")
+                    );
+                }
             }
             Ok(())
         }
