@@ -1207,7 +1207,11 @@ fn containers_start_on_their_prepared_host_in_its_zone() {
     for id in &ids {
         let list = s.machines();
         let m = machine(&list, id);
-        assert_eq!((field(m, "status"), &m["instance"]), ("pending", &Value::Null), "started before its host was prepared: {m}");
+        assert_eq!(
+            (field(m, "status"), &m["instance"]),
+            ("pending", &Value::Null),
+            "started before its host was prepared: {m}"
+        );
         assert!(instances_of(&s, id).is_empty());
     }
     eventually(Duration::from_secs(20), "the containers to start", || started(&s, &ids));
@@ -1217,7 +1221,11 @@ fn containers_start_on_their_prepared_host_in_its_zone() {
     assert!(["az1", "az2", "az3"].contains(&host_zone.as_str()), "{list:?}");
     for id in &ids {
         let m = machine(&list, id);
-        assert_eq!((field(m, "container_type"), field(m, "host"), &m["manual"]), ("lxd", "0", &Value::Bool(false)), "{m}");
+        assert_eq!(
+            (field(m, "container_type"), field(m, "host"), &m["manual"]),
+            ("lxd", "0", &Value::Bool(false)),
+            "{m}"
+        );
         assert_eq!(field(m, "zone"), host_zone, "a container takes its host's zone: {m}");
         let live = instances_of(&s, id);
         assert_eq!(live.len(), 1, "{id}: {live:?}");
@@ -1298,7 +1306,10 @@ fn a_manual_machine_is_never_started_and_destroy_model_names_it() {
     let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
     assert_eq!(ids_of(&s.json(&["machine", "add", "--manual", "--address", "10.0.0.5", "--json"])), ["0"]);
     assert_eq!(ids_of(&s.json(&["machine", "add", "--wait", "--json"])), ["1"]);
-    assert_eq!(ids_of(&s.json(&["machine", "add", "--manual", "--address", "DB-1.example.", "--wait", "--json"])), ["2"]);
+    assert_eq!(
+        ids_of(&s.json(&["machine", "add", "--manual", "--address", "DB-1.example.", "--wait", "--json"])),
+        ["2"]
+    );
     std::thread::sleep(Duration::from_millis(300));
     let list = s.machines();
     for (id, address) in [("0", "10.0.0.5"), ("2", "db-1.example")] {
@@ -1369,7 +1380,8 @@ fn bad_container_and_manual_requests_are_refused_naming_the_field() {
     assert_eq!(ids_of(&s.json(&["machine", "add", "--container", "lxd", "--host", "0", "--json"])), ["0/lxd/0"]);
     assert_eq!(ids_of(&s.json(&["machine", "add", "--manual", "--address", "10.0.0.5", "--json"])), ["1"]);
     // The same address twice, and a host that is gone, are refused too.
-    let (code, _, text) = raw_http(&s, "POST", "/v1/machines", true, Some(br#"{"manual": true, "address": "10.0.0.5"}"#));
+    let (code, _, text) =
+        raw_http(&s, "POST", "/v1/machines", true, Some(br#"{"manual": true, "address": "10.0.0.5"}"#));
     assert!(code == 400 && text.contains("already manual machine 1"), "{code}: {text}");
     let out = s.cli(&["machine", "remove", "0", "--force"]);
     assert!(out.status.success());

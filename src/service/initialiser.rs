@@ -81,9 +81,8 @@ impl ContainerInitialiser for SimInitialiser {
         let plan = self.plan;
         let attempt = self.attempts.send(NextAttempt(host.clone(), kind.clone()));
         Box::pin(async move {
-            let attempt = attempt
-                .await
-                .map_err(|e| InitialiseError::with_source("the simulated initialiser stopped", e))?;
+            let attempt =
+                attempt.await.map_err(|e| InitialiseError::with_source("the simulated initialiser stopped", e))?;
             actix_rt::time::sleep(plan.delay).await;
             plan.outcome(&host, &kind, attempt)
         })

@@ -231,8 +231,12 @@ pub struct SimSection {
     /// Fault injection: the first N preparations of each host for each container type fail
     /// (retried with backoff, shown on the containers' status; 6 failures in a row give up)
     /// [default: 0].
-    #[arg(id = "sim_container_init_failures", long = "sim-container-init-failures",
-          env = "PROVISIONER_SIM_CONTAINER_INIT_FAILURES", value_name = "N")]
+    #[arg(
+        id = "sim_container_init_failures",
+        long = "sim-container-init-failures",
+        env = "PROVISIONER_SIM_CONTAINER_INIT_FAILURES",
+        value_name = "N"
+    )]
     pub container_init_failures: Option<u32>,
 }
 

@@ -50,14 +50,20 @@ pub fn container_or_manual(body: &AddMachines, kinds: &[&str]) -> Result<Special
     if body.manual {
         if container.is_some() || host.is_some() {
             let field = if container.is_some() { "container" } else { "host" };
-            return refuse(field, "a manual machine is not a container: give manual and address, or container and host");
+            return refuse(
+                field,
+                "a manual machine is not a container: give manual and address, or container and host",
+            );
         }
         let Some(address) = body.address.as_deref() else {
             return refuse("address", "a manual machine needs an address (an IP address or a hostname)");
         };
         let address = parse_address(address).map_err(|message| FieldError { field: "address", message })?;
         if body.count != 1 {
-            return refuse("count", format!("manual machines are registered one at a time (count 1), got {}", body.count));
+            return refuse(
+                "count",
+                format!("manual machines are registered one at a time (count 1), got {}", body.count),
+            );
         }
         if body.zones.is_some() {
             return refuse("zones", "a manual machine is where it is: zones do not apply to it");
@@ -181,7 +187,10 @@ mod tests {
             b.manual = true;
             b.address = Some("Host-1.Example.com.".into());
         });
-        assert_eq!(container_or_manual(&ok, KINDS).unwrap(), SpecialAdd::Manual { address: "host-1.example.com".into() });
+        assert_eq!(
+            container_or_manual(&ok, KINDS).unwrap(),
+            SpecialAdd::Manual { address: "host-1.example.com".into() }
+        );
         assert_eq!(field_of(body(|b| b.manual = true)), "address");
         assert_eq!(field_of(body(|b| b.address = Some("10.0.0.5".into()))), "address");
         let bad = body(|b| {

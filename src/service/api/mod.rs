@@ -5,15 +5,15 @@
 //! | `GET /healthz` | | `ok` (no token needed) |
 //! | `GET /metrics` | | Prometheus text (no token needed) |
 //! | `GET /v1/machines` | | `[MachineView]` |
-//! | `POST /v1/machines` | `AddMachines` | `201 AddedMachines` |
-//! | `POST /v1/machines/remove` | `RemoveMachines` | `204` |
+//! | `POST /v1/machines` | `AddMachines` (`count`, `zones`; or `container` and `host`; or `manual` and `address`) | `201 AddedMachines` |
+//! | `POST /v1/machines/remove` | `RemoveMachines` (`force` also takes a host's live containers) | `204` |
 //! | `POST /v1/machines/retry` | `RetryMachines` | `204` |
 //! | `GET /v1/instances` | | `[InstanceView]` |
 //! | `GET /v1/config` | | `[ConfigValue]` |
 //! | `GET /v1/config/{key}` | | `ConfigValue` |
 //! | `PUT /v1/config/{key}` | `ConfigValue` (`value`) | `ConfigValue` |
 //! | `GET /v1/status` | | `StatusView` |
-//! | `POST /v1/destroy-model` | `DestroyRequest` | `DestroyView` |
+//! | `POST /v1/destroy-model` | `DestroyRequest` | `DestroyView` (409 naming live manual machines unless `force`) |
 //! | `GET /v1/events` | | `text/event-stream` of `EventView`s |
 //!
 //! Errors are `{"error": "one sentence"}` with 400 (bad input: a body that does not parse, an

@@ -1069,7 +1069,8 @@ impl StoreCore {
             let key = format!("next_container/{host}/{kind}");
             for _ in 0..count {
                 let n = next_counter(&tx, &key).map_err(StoreError::sql("allocating a container id"))?;
-                let seq = next_counter(&tx, "next_container_seq").map_err(StoreError::sql("allocating a container id"))?;
+                let seq =
+                    next_counter(&tx, "next_container_seq").map_err(StoreError::sql("allocating a container id"))?;
                 let id = format!("{host}/{kind}/{n}");
                 insert
                     .execute(params![CONTAINER_SEQ_BASE + seq as i64, id])
@@ -1162,8 +1163,12 @@ impl StoreCore {
     fn refuse_hosts_with_live_containers(&self, ids: &[MachineId]) -> Result<(), StoreError> {
         let asked: BTreeSet<&MachineId> = ids.iter().collect();
         for id in ids.iter().collect::<BTreeSet<_>>() {
-            let left: Vec<String> =
-                self.live_containers_of(id)?.into_iter().filter(|c| !asked.contains(c)).map(|c| c.to_string()).collect();
+            let left: Vec<String> = self
+                .live_containers_of(id)?
+                .into_iter()
+                .filter(|c| !asked.contains(c))
+                .map(|c| c.to_string())
+                .collect();
             if !left.is_empty() {
                 return Err(StoreError::Refused(format!(
                     "machine {id} hosts live containers {}: remove them first, or remove the host with --force \
