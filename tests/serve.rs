@@ -1333,6 +1333,9 @@ fn a_manual_machine_is_never_started_and_destroy_model_names_it() {
     let d = s.json(&["destroy-model", "--force", "--json"]);
     assert_eq!(d["manual_machines"], serde_json::json!(["0", "2"]), "{d}");
     assert_eq!(s.json(&["status", "--json"])["model_life"], "dying");
+    let again = s.cli(&["destroy-model"]);
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(err.contains("already") && !err.contains("nothing was changed"), "a dying model is already dying: {err}");
     eventually(Duration::from_secs(20), "the cloud's instances to stop", || s.instances().is_empty());
     let list = s.machines();
     assert_eq!(field(machine(&list, "0"), "instance"), "manual:10.0.0.5", "left as it is: {list:?}");
@@ -1387,4 +1390,37 @@ fn bad_container_and_manual_requests_are_refused_naming_the_field() {
     assert!(out.status.success());
     let (code, _, text) = raw_http(&s, "POST", "/v1/machines", true, Some(br#"{"container": "kvm", "host": "0"}"#));
     assert!(code == 400 && text.contains("host"), "{code}: {text}");
+}
+
+/// A crash (`kill -9`) after containers started, and a restart: the container provisioners come
+/// back, adopt what they had (no container gets a second instance) and go on numbering.
+#[test]
+fn containers_survive_a_crash_without_a_second_instance() {
+    let dir = temp_dir("container-crash");
+    let flags = ["--sim-start-latency", "50ms", "--sim-container-init-delay", "200ms"];
+    let mut s = Server::start(&dir, &flags);
+    s.json(&["machine", "add", "--wait", "--json"]);
+    let mut ids = ids_of(&s.json(&["machine", "add", "--container", "lxd", "--host", "0", "-n", "2", "--json"]));
+    eventually(Duration::from_secs(20), "the containers to start", || started(&s, &ids));
+    let before: Vec<Value> = s.instances();
+    s.crash();
+    let s = Server::start(&dir, &flags);
+    ids.extend(ids_of(&s.json(&["machine", "add", "--container", "lxd", "--host", "0", "--json"])));
+    assert_eq!(ids, ["0/lxd/0", "0/lxd/1", "0/lxd/2"]);
+    eventually(Duration::from_secs(20), "the new container to start", || started(&s, &ids));
+    std::thread::sleep(Duration::from_millis(500));
+    let list = s.machines();
+    for id in &ids {
+        let live = instances_of(&s, id);
+        assert_eq!(live.len(), 1, "{id}: {live:?}");
+        assert_eq!(field(&live[0], "id"), field(machine(&list, id), "instance"), "{id}");
+    }
+    for i in &before {
+        assert!(s.instances().contains(i), "an instance from before the crash is kept: {i}");
+    }
+    assert_eq!(s.instances().len(), 4);
+    // A model destruction stops the containers' instances too.
+    let d = s.json(&["destroy-model", "--json"]);
+    assert_eq!(d["manual_machines"], serde_json::json!([]), "{d}");
+    eventually(Duration::from_secs(20), "every instance, containers' included, to stop", || s.instances().is_empty());
 }

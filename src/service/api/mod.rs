@@ -503,8 +503,9 @@ async fn destroy_model(_: Authorized, st: State, req: HttpRequest, payload: web:
 /// machine added after this check is caught by the engine's own check, which answers the same
 /// way (the model is dying by then).
 async fn refuse_destroy_with_manual_machines(st: &AppState, force: bool) -> Result<Vec<MachineId>> {
-    let manual = st.store.exec(|s| s.live_manual_machines()).await?;
-    if !force && !manual.is_empty() {
+    let (manual, life) = st.store.exec(|s| Ok((s.live_manual_machines()?, s.model_life()?))).await?;
+    // A dying model is the engine's to answer (already dying).
+    if !force && !manual.is_empty() && life == crate::model::Life::Alive {
         return Err(ApiError::new(409, manual_machines_message(&manual, false)));
     }
     Ok(manual)
