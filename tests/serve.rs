@@ -1382,6 +1382,9 @@ fn bad_container_and_manual_requests_are_refused_naming_the_field() {
     // No id was used up by a refusal.
     assert_eq!(ids_of(&s.json(&["machine", "add", "--container", "lxd", "--host", "0", "--json"])), ["0/lxd/0"]);
     assert_eq!(ids_of(&s.json(&["machine", "add", "--manual", "--address", "10.0.0.5", "--json"])), ["1"]);
+    // Containers have no retry path: a retry of one is refused.
+    let (code, _, text) = raw_http(&s, "POST", "/v1/machines/retry", true, Some(br#"{"ids": ["0/lxd/0"]}"#));
+    assert!(code == 400 && text.contains("0/lxd/0") && text.contains("retry"), "{code}: {text}");
     // The same address twice, and a host that is gone, are refused too.
     let (code, _, text) =
         raw_http(&s, "POST", "/v1/machines", true, Some(br#"{"manual": true, "address": "10.0.0.5"}"#));

@@ -346,8 +346,21 @@ async fn remove_machines(_: Authorized, st: State, req: HttpRequest, payload: we
 async fn retry_machines(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
     let body: RetryMachines = json_body(&req, payload).await?;
     let ids = ids(&body.ids)?;
+    refuse_container_retries(&ids)?;
     st.store.exec(move |s| s.retry_machines(&ids)).await?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+/// Containers have no retry path (Juju's container provisioner has no retry watcher): a retry
+/// of one would be accepted and never happen, so it is refused (400 naming it).
+fn refuse_container_retries(ids: &[MachineId]) -> Result<()> {
+    match ids.iter().find(|id| id.is_container()) {
+        Some(c) => Err(ApiError::bad_request(format!(
+            "field \"ids\": machine {c} is a container, and containers have no retry-provisioning path (as in Juju): \
+             remove it and add another"
+        ))),
+        None => Ok(()),
+    }
 }
 
 async fn list_instances(_: Authorized, st: State) -> Result<HttpResponse> {
