@@ -11,6 +11,8 @@
 //! - `model`: [`ModelApi`](crate::ports::ModelApi) over the store.
 //! - `simcloud`: [`Broker`](crate::ports::Broker) over the store: the simulated cloud.
 //! - `events`: the server-sent event stream of provisioner events.
+//! - `initialiser`: the simulated container initialiser (delay and fault injection) that the
+//!   container provisioners run with beside the simulated cloud.
 //! - `metrics`: counters, histograms and the text format; the metered broker decorator.
 //! - `api`: the HTTP API (routes, bearer-token check, JSON types shared with the client).
 //! - `run`: `serve`, which wires it all and runs until SIGTERM.
@@ -19,6 +21,8 @@
 pub mod api;
 #[cfg(feature = "serve")]
 pub mod events;
+#[cfg(feature = "serve")]
+pub mod initialiser;
 #[cfg(feature = "serve")]
 pub mod metrics;
 #[cfg(feature = "serve")]

@@ -368,6 +368,42 @@ async fn ec2_broker(
     Ok((broker, zones.into_iter().map(|z| z.name).collect()))
 }
 
+/// Starts the lazy container provisioners beside the environ provisioner `handle`, with the
+/// simulated cloud only (`None` with EC2: no real container initialiser exists yet, so the API
+/// refuses containers there). They hear every store change (as the environ provisioner does)
+/// and its events (to learn when a host is provisioned); each host and container type gets its
+/// supervisor, which prepares the host through the simulated initialiser
+/// (`--sim-container-init-delay`, `--sim-container-init-failures`) on the first container of
+/// that type, then runs a container provisioner whose broker is the same metered cloud, every
+/// container in its host's zone (`HostZoneBroker`).
+fn start_container_provisioners(
+    opts: &ServeSettings,
+    config: ProvisionerConfig,
+    broker: &MeteredBroker,
+    store: &Store,
+    handle: &crate::ProvisionerHandle,
+    subscribers: Vec<actix::Recipient<crate::ProvisionerEvent>>,
+) -> Result<Option<crate::ContainersHandle>, ServeError> {
+    if opts.broker() != BrokerKind::Sim {
+        return Ok(None);
+    }
+    let plan = crate::service::initialiser::SimInitPlan {
+        delay: opts.sim.container_init_delay(),
+        failures: opts.sim.container_init_failures(),
+    };
+    let containers = crate::start_containers(
+        config,
+        crate::containers::HostZoneBroker::factory(Arc::new(broker.clone())),
+        Arc::new(StoreModel::new(store.clone())),
+        Arc::new(crate::service::initialiser::SimInitialiser::start(plan)),
+        crate::containers::DEFAULT_CONTAINER_TYPES.iter().map(|k| (*k).to_owned()).collect(),
+        subscribers,
+    )?;
+    handle.subscribe(containers.provisioner_events());
+    store.watch(containers.machines_changed());
+    Ok(Some(containers))
+}
+
 /// Runs the service until SIGTERM or SIGINT. Must be called inside an actix system.
 pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     #[cfg(not(feature = "ec2"))]
@@ -431,12 +467,20 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         ..ProvisionerConfig::default()
     }
     .with_random_seed();
-    let handle = crate::start(config, Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
+    let handle = crate::start(config.clone(), Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
     handle.subscribe(metrics.clone().recipient());
     let hub = crate::service::events::EventHub::default();
     let events_dropped = hub.dropped_counter();
     let events = hub.start();
     handle.subscribe(events.clone().recipient());
+    let containers = start_container_provisioners(
+        &opts,
+        config,
+        &broker,
+        &store,
+        &handle,
+        vec![metrics.clone().recipient(), events.clone().recipient()],
+    )?;
     store.watch(handle.machines_changed());
     store.watch_retries(handle.retry_ticks());
 
@@ -455,6 +499,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         broker_name: broker_name.into(),
         model_uuid: model_uuid.clone(),
         started,
+        containers: containers.clone(),
     };
     let bound = actix_web::HttpServer::new(move || api::app(state.clone()))
         .workers(2)
@@ -467,6 +512,9 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
             // The provisioner's actors are running: stop them while the runtime is still
             // here (dropped with it, their timers would panic), then say why.
             handle.shutdown();
+            if let Some(c) = &containers {
+                c.shutdown();
+            }
             let _ = events.send(crate::service::events::CloseStreams).await;
             actix_rt::time::sleep(std::time::Duration::from_millis(50)).await;
             return Err(ServeError::Listen { addr: opts.listen().to_owned(), source });
@@ -490,9 +538,20 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     drop(server_task);
     handle.close_starts();
     // The provisioner says when it is idle (its jobs, and so its cloud calls, are done); the
-    // grace period bounds the wait.
-    // (A periodic listing still in flight is only a read.)
-    let idle = actix_rt::time::timeout(opts.shutdown_grace, handle.wait_idle()).await.is_ok();
+    // grace period bounds the wait. (A periodic listing still in flight is only a read.)
+    // Container provisioners have no "tell me when idle" of their own yet: when they run, they
+    // are checked every 50 ms within the same grace period.
+    let deadline = Instant::now() + opts.shutdown_grace;
+    let mut idle = actix_rt::time::timeout(opts.shutdown_grace, handle.wait_idle()).await.is_ok();
+    if let Some(c) = &containers {
+        while idle && !c.is_idle().await {
+            if Instant::now() >= deadline {
+                idle = false;
+                break;
+            }
+            actix_rt::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
     if !idle {
         tracing::warn!(
             in_flight = broker.in_flight(),
@@ -500,6 +559,9 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         );
     }
     handle.shutdown();
+    if let Some(c) = &containers {
+        c.shutdown();
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -37,6 +37,8 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub const DEFAULT_SIM_ZONES: [&str; 3] = ["az1", "az2", "az3"];
 /// How long a simulated start takes by default.
 pub const DEFAULT_SIM_START_LATENCY: Duration = Duration::from_secs(2);
+/// How long the simulated preparation of a host for containers takes by default.
+pub const DEFAULT_SIM_CONTAINER_INIT_DELAY: Duration = Duration::from_secs(1);
 
 /// Parses a duration as every flag and config key spells it (humantime: `500ms`, `2s`, `1m`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -235,6 +237,22 @@ pub struct SimSection {
     #[arg(skip)]
     #[serde(default)]
     pub subnets: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    /// How long preparing a host for containers of a type takes (the simulated initialiser
+    /// run before a host's first container of that type starts), e.g. 2s [default: 1s].
+    #[arg(id = "sim_container_init_delay", long = "sim-container-init-delay",
+          env = "PROVISIONER_SIM_CONTAINER_INIT_DELAY", value_name = "DUR", value_parser = parse_duration)]
+    #[serde(deserialize_with = "optional_duration")]
+    pub container_init_delay: Option<Duration>,
+    /// Fault injection: the first N preparations of each host for each container type fail
+    /// (retried with backoff, shown on the containers' status; 6 failures in a row give up)
+    /// [default: 0].
+    #[arg(
+        id = "sim_container_init_failures",
+        long = "sim-container-init-failures",
+        env = "PROVISIONER_SIM_CONTAINER_INIT_FAILURES",
+        value_name = "N"
+    )]
+    pub container_init_failures: Option<u32>,
 }
 
 /// The EC2 broker's settings (used with `--broker ec2`; credentials come from the standard AWS
@@ -375,6 +393,16 @@ impl SimSection {
         }
         Ok(())
     }
+
+    /// How long the simulated preparation of a host for containers takes.
+    pub fn container_init_delay(&self) -> Duration {
+        self.container_init_delay.unwrap_or(DEFAULT_SIM_CONTAINER_INIT_DELAY)
+    }
+
+    /// How many preparations of each host and container type fail first.
+    pub fn container_init_failures(&self) -> u32 {
+        self.container_init_failures.unwrap_or(0)
+    }
 }
 
 fn file_error(path: &Path, text: &str, key: Option<String>, source: toml::de::Error) -> SettingsError {
@@ -480,6 +508,23 @@ mod tests {
         assert_eq!(o.data_dir(), Path::new(DEFAULT_DATA_DIR));
         let o = with_file("zoneless.toml", "[sim]\nzones = [\"a\"]\n", &["--sim-zones", ""]).unwrap();
         assert_eq!(o.sim.zones(), ZoneList::new(), "an empty flag is a zoneless cloud");
+    }
+
+    #[test]
+    fn container_initialiser_settings_come_from_the_file_and_the_flags() {
+        let o = load(&[]).unwrap();
+        assert_eq!((o.sim.container_init_delay(), o.sim.container_init_failures()), (Duration::from_secs(1), 0));
+        let o = with_file(
+            "containers.toml",
+            "[sim]\ncontainer_init_delay = \"3s\"\ncontainer_init_failures = 2\n",
+            &["--sim-container-init-delay", "250ms"],
+        )
+        .unwrap();
+        assert_eq!(o.sim.container_init_delay(), Duration::from_millis(250), "the flag wins");
+        assert_eq!(o.sim.container_init_failures(), 2);
+        let o = load(&["--sim-container-init-failures", "4"]).unwrap();
+        assert_eq!(o.sim.container_init_failures(), 4);
+        assert!(Cli::command().try_get_matches_from(["serve", "--sim-container-init-failures", "-1"]).is_err());
     }
 
     /// An environment variable sits between the flag and the file. (The test renames the

@@ -5,19 +5,19 @@
 //! | `GET /healthz` | | `ok` (no token needed) |
 //! | `GET /metrics` | | Prometheus text (no token needed) |
 //! | `GET /v1/machines?application=&status=&zone=&after=&limit=` | | `[MachineView]` |
-//! | `POST /v1/machines` | `AddMachines` | `201 AddedMachines` |
+//! | `POST /v1/machines` | `AddMachines` (`count`, `zones`, `constraints`, `placement`; or `container` and `host`; or `manual` and `address`) | `201 AddedMachines` |
 //! | `GET /v1/machines/{id}` | | `MachineDetail` (`{id}` may hold `/`: `3/lxd/0`) |
 //! | `GET /v1/applications` | | `[ApplicationView]` |
 //! | `POST /v1/applications` | `AddApplication` | `201 ApplicationView` |
 //! | `DELETE /v1/applications/{name}` | | `ApplicationView` (the machines taken to dead) |
-//! | `POST /v1/machines/remove` | `RemoveMachines` | `204` |
+//! | `POST /v1/machines/remove` | `RemoveMachines` (`force` also takes a host's live containers) | `204` |
 //! | `POST /v1/machines/retry` | `RetryMachines` | `204` |
 //! | `GET /v1/instances` | | `[InstanceView]` |
 //! | `GET /v1/config` | | `[ConfigValue]` |
 //! | `GET /v1/config/{key}` | | `ConfigValue` |
 //! | `PUT /v1/config/{key}` | `ConfigValue` (`value`) | `ConfigValue` |
 //! | `GET /v1/status` | | `StatusView` |
-//! | `POST /v1/destroy-model` | `DestroyRequest` | `DestroyView` |
+//! | `POST /v1/destroy-model` | `DestroyRequest` | `DestroyView` (409 naming live manual machines unless `force`) |
 //! | `GET /v1/events` | | `text/event-stream` of `EventView`s |
 //!
 //! Errors are `{"error": "one sentence"}` with 400 (bad input: a body that does not parse, an
@@ -26,6 +26,7 @@
 //! (the model's state refuses it), 413 (a body over [`BODY_LIMIT`]), 500, or 503 (`/healthz`:
 //! the store cannot be read). A refused request writes nothing.
 
+pub mod add;
 pub mod model;
 pub mod types;
 
@@ -84,6 +85,9 @@ pub struct AppState {
     pub model_uuid: String,
     /// When the service started.
     pub started: Instant,
+    /// The lazy container provisioners (`None`: this service runs no containers, and refuses
+    /// to add them).
+    pub containers: Option<crate::ContainersHandle>,
 }
 
 /// An API error: a status and one sentence.
@@ -132,6 +136,7 @@ impl From<StoreError> for ApiError {
         let status = match &e {
             StoreError::NotFound(_) | StoreError::NoApplication(_) => 404,
             StoreError::ModelDying | StoreError::Refused(_) => 409,
+            StoreError::Invalid { .. } => 400,
             _ => 500,
         };
         Self::new(status, e.to_string())
@@ -194,6 +199,9 @@ fn view(m: &MachineRecord) -> MachineView {
         zone: m.zone.clone(),
         instance_status: m.machine.instance_status.to_string(),
         message: m.message().to_owned(),
+        container_type: m.machine.id.container_of().map(|(_, kind)| kind.to_owned()),
+        host: m.machine.id.container_of().map(|(host, _)| host.to_string()),
+        manual: m.machine.manual,
     }
 }
 
@@ -277,14 +285,40 @@ async fn healthz(st: State) -> HttpResponse {
 }
 
 async fn add_machines(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
-    let AddMachines { count, zones, constraints, placement } = json_body(&req, payload).await?;
-    if count == 0 || count > MAX_ADD {
-        return Err(ApiError::bad_request(format!("count must be between 1 and {MAX_ADD}, got {count}")));
+    let body: AddMachines = json_body(&req, payload).await?;
+    if body.count == 0 || body.count > MAX_ADD {
+        return Err(ApiError::bad_request(format!("count must be between 1 and {MAX_ADD}, got {}", body.count)));
     }
+    if body.is_container_or_manual() {
+        return add_containers_or_manual(&st, &body).await;
+    }
+    let AddMachines { count, zones, constraints, placement, .. } = body;
     // Constraints (zones among them) and placement, checked against the cloud.
     let cloud = model::CloudShape { zones: st.zones.clone(), subnets: st.subnets.clone() };
     let spec = model::new_machine(&cloud, zones, constraints, placement)?;
     let added = st.store.exec(move |s| s.add_new_machines(count, &spec)).await?;
+    Ok(HttpResponse::Created().json(AddedMachines { ids: added.iter().map(ToString::to_string).collect() }))
+}
+
+/// `POST /v1/machines` with `container` and `host` (containers on a host), or with `manual`
+/// and `address` (a manual machine): each field checked ([`add::container_or_manual`]), then
+/// the store checks the host (exists, alive) or the address (not a live manual machine's yet)
+/// in the transaction that adds. Every refusal is a 400 naming its field, nothing written.
+async fn add_containers_or_manual(st: &AppState, body: &AddMachines) -> Result<HttpResponse> {
+    let kinds = crate::containers::DEFAULT_CONTAINER_TYPES;
+    let request = add::container_or_manual(body, kinds).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let added = match request {
+        add::SpecialAdd::Containers { kind, host, count } => {
+            if st.containers.is_none() {
+                return Err(ApiError::bad_request(format!(
+                    "field \"container\": this service's cloud ({}) runs no containers; use --broker sim",
+                    st.broker_name
+                )));
+            }
+            st.store.exec(move |s| s.add_containers(&host, &kind, count)).await?
+        }
+        add::SpecialAdd::Manual { address } => vec![st.store.exec(move |s| s.add_manual(&address)).await?],
+    };
     Ok(HttpResponse::Created().json(AddedMachines { ids: added.iter().map(ToString::to_string).collect() }))
 }
 
@@ -298,8 +332,21 @@ async fn remove_machines(_: Authorized, st: State, req: HttpRequest, payload: we
 async fn retry_machines(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
     let body: RetryMachines = json_body(&req, payload).await?;
     let ids = ids(&body.ids)?;
+    refuse_container_retries(&ids)?;
     st.store.exec(move |s| s.retry_machines(&ids)).await?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+/// Containers have no retry path (Juju's container provisioner has no retry watcher): a retry
+/// of one would be accepted and never happen, so it is refused (400 naming it).
+fn refuse_container_retries(ids: &[MachineId]) -> Result<()> {
+    match ids.iter().find(|id| id.is_container()) {
+        Some(c) => Err(ApiError::bad_request(format!(
+            "field \"ids\": machine {c} is a container, and containers have no retry-provisioning path (as in Juju): \
+             remove it and add another"
+        ))),
+        None => Ok(()),
+    }
 }
 
 async fn list_instances(_: Authorized, st: State) -> Result<HttpResponse> {
@@ -360,6 +407,9 @@ async fn set_config(
                 value.parse().map_err(|e: crate::model::ParseError| ApiError::bad_request(e.to_string()))?;
             st.store.exec(move |s| s.set_harvest_mode(mode)).await?;
             st.handle.set_harvest_mode(mode);
+            if let Some(c) = &st.containers {
+                c.set_harvest_mode(mode);
+            }
             value = mode.to_string();
         }
         "workers" => {
@@ -428,16 +478,48 @@ fn instance_count(listed: std::result::Result<usize, crate::ports::BrokerError>)
 async fn destroy_model(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
     // No body (or an empty one) means the defaults; anything else must parse, or nothing happens.
     let DestroyRequest { force } = parse_body(&read_body(&req, payload).await?, Some(DestroyRequest::default()))?;
-    match st.handle.destroy_model(force).await {
+    let manual = refuse_destroy_with_manual_machines(&st, force).await?;
+    let result = st.handle.destroy_model(force).await;
+    if let (Some(c), Ok(_) | Err(DestroyError::ManualMachines { .. })) = (&st.containers, &result) {
+        // Containers are in the destruction's scope too.
+        c.model_destroyed();
+    }
+    match result {
         Ok(s) => Ok(HttpResponse::Ok().json(DestroyView {
             stopping: s.stopping.iter().map(ToString::to_string).collect(),
             awaiting_starts: s.awaiting_starts.iter().map(ToString::to_string).collect(),
+            manual_machines: manual.iter().map(ToString::to_string).collect(),
         })),
-        Err(e @ (DestroyError::AlreadyDying | DestroyError::ManualMachines { .. })) => {
-            Err(ApiError::new(409, e.to_string()))
-        }
+        Err(DestroyError::ManualMachines { ids, .. }) => Err(ApiError::new(409, manual_machines_message(&ids, true))),
+        Err(e @ DestroyError::AlreadyDying) => Err(ApiError::new(409, e.to_string())),
         Err(e) => Err(ApiError::internal(e.to_string())),
     }
+}
+
+/// Juju's check before a model destruction: without `force`, live manual machines refuse it
+/// (409 naming them) and nothing changes (the model stays alive); with `force` the
+/// destruction goes on and leaves them as they are (answered in `manual_machines`). A manual
+/// machine added after this check is caught by the engine's own check, which answers the same
+/// way (the model is dying by then).
+async fn refuse_destroy_with_manual_machines(st: &AppState, force: bool) -> Result<Vec<MachineId>> {
+    let (manual, life) = st.store.exec(|s| Ok((s.live_manual_machines()?, s.model_life()?))).await?;
+    // A dying model is the engine's to answer (already dying).
+    if !force && !manual.is_empty() && life == crate::model::Life::Alive {
+        return Err(ApiError::new(409, manual_machines_message(&manual, false)));
+    }
+    Ok(manual)
+}
+
+/// The refusal naming the manual machines, as Juju words it, with what to do.
+fn manual_machines_message(ids: &[MachineId], dying: bool) -> String {
+    let names: Vec<&str> = ids.iter().map(MachineId::as_str).collect();
+    format!(
+        "manually provisioned machines must first be destroyed with `provisioner machine remove {}`, or the model \
+         destroyed with --force, which leaves them as they are: {}{}",
+        names.join(" "),
+        names.join(", "),
+        if dying { " (the model is dying; its other instances are being stopped)" } else { " (nothing was changed)" }
+    )
 }
 
 async fn events(_: Authorized, st: State) -> Result<HttpResponse> {

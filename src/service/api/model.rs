@@ -228,9 +228,7 @@ pub fn detail(m: &MachineRecord) -> MachineDetail {
         constraints_text: m.constraints.to_string(),
         placement: m.placement.clone(),
         application: m.application.clone(),
-        container_type: m.machine.id.container_of().map(|(_, kind)| kind.to_owned()),
-        host: m.machine.id.container_of().map(|(host, _)| host.to_string()),
-        manual: m.machine.manual,
+        address: m.address.clone(),
         status_message: m.status_message.clone(),
         instance_status_message: m.instance_status_message.clone(),
         keep_instance: m.machine.keep_instance,
@@ -396,6 +394,7 @@ mod tests {
             placement: None,
             application: app.map(str::to_owned),
             changed_at: None,
+            address: None,
         }
     }
 
@@ -441,7 +440,10 @@ mod tests {
         assert_eq!(machine_id_of_path("7").unwrap(), MachineId::new("7"));
         assert!(machine_id_of_path("").is_err());
         let d = detail(&record("3/lxd/0", None, None, MachineStatus::Pending));
-        assert_eq!((d.container_type.as_deref(), d.host.as_deref(), d.manual), (Some("lxd"), Some("3"), false));
+        assert_eq!(
+            (d.machine.container_type.as_deref(), d.machine.host.as_deref(), d.machine.manual),
+            (Some("lxd"), Some("3"), false)
+        );
         let json = serde_json::to_value(detail(&record("4", Some("web"), None, MachineStatus::Pending))).unwrap();
         for key in [
             "id",

@@ -21,6 +21,16 @@ pub struct MachineView {
     pub instance_status: String,
     /// The latest message (the instance status's, else the machine status's).
     pub message: String,
+    /// A container's type (`lxd`, `kvm`); `null` for a machine that is not a container.
+    #[serde(default)]
+    pub container_type: Option<String>,
+    /// A container's host machine; `null` for a machine that is not a container.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Manually provisioned (`machine add --manual`): never started or stopped by the
+    /// provisioner.
+    #[serde(default)]
+    pub manual: bool,
 }
 
 impl MachineView {
@@ -64,6 +74,39 @@ pub struct AddMachines {
     /// A placement directive: `zone=NAME` or `subnet=ID`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<String>,
+    /// Containers of this type (`lxd` or `kvm`) on `host`, instead of top-level machines.
+    #[serde(default)]
+    pub container: Option<String>,
+    /// The host of the new containers (with `container`): an existing, alive machine.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Register one manually provisioned machine at `address` (never started or stopped).
+    #[serde(default)]
+    pub manual: bool,
+    /// The manual machine's address: an IP address or a hostname (with `manual`).
+    #[serde(default)]
+    pub address: Option<String>,
+}
+
+impl AddMachines {
+    /// `count` plain machines, each with this `zones=` constraint.
+    pub fn plain(count: usize, zones: Option<Vec<String>>) -> Self {
+        Self {
+            count,
+            zones,
+            constraints: None,
+            placement: None,
+            container: None,
+            host: None,
+            manual: false,
+            address: None,
+        }
+    }
+
+    /// Whether the request asks for containers or a manual machine (any of their fields given).
+    pub fn is_container_or_manual(&self) -> bool {
+        self.container.is_some() || self.host.is_some() || self.manual || self.address.is_some()
+    }
 }
 
 fn one() -> usize {
@@ -126,6 +169,10 @@ pub struct DestroyView {
     pub stopping: Vec<String>,
     /// Machines whose start is in flight: their instances are stopped as they land.
     pub awaiting_starts: Vec<String>,
+    /// Manually provisioned machines left as they are (`destroy-model --force`; without it
+    /// they refuse the destruction).
+    #[serde(default)]
+    pub manual_machines: Vec<String>,
 }
 
 /// `GET /v1/status`.
@@ -251,12 +298,8 @@ pub struct MachineDetail {
     pub placement: Option<String>,
     /// The application whose unit it hosts.
     pub application: Option<String>,
-    /// A container's type (`lxd`), `null` for a machine.
-    pub container_type: Option<String>,
-    /// A container's host, `null` for a machine.
-    pub host: Option<String>,
-    /// Manually provisioned (never started or stopped by the provisioner).
-    pub manual: bool,
+    /// A manual machine's address, `null` for others.
+    pub address: Option<String>,
     /// The machine status's message.
     pub status_message: String,
     /// The instance status's message.

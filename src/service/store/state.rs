@@ -19,7 +19,33 @@ pub const DB_FILE: &str = "provisioner.db";
 /// once); version 3 made its rows whole constraint sets (every key, keyed by the canonical
 /// text), and gave machines a placement, an application and the time they last changed, with
 /// an `applications` table. Older databases are upgraded in place when opened.
+/// Version 3 also added the `manual` and `address` columns of manual machines ([`upgrade_manual_machines`], idempotent:
+/// it adds only the columns a database lacks).
 pub const SCHEMA_VERSION: i64 = 3;
+
+/// Containers' `seq` values start here (machines' equal their numeric ids, which never get this
+/// far), so that a container never takes a `seq` a later machine's id needs: machines list in
+/// id order, then containers in the order they were added.
+pub const CONTAINER_SEQ_BASE: i64 = 1 << 40;
+
+/// Schema step of version 3: manual machines (`machine add --manual --address HOST`) keep the
+/// flag and their address. Adds each column only if missing, so it composes with any other
+/// step that adds columns of its own.
+fn upgrade_manual_machines(tx: &Transaction<'_>) -> Result<(), StoreError> {
+    let columns: Vec<String> = tx
+        .prepare("SELECT name FROM pragma_table_info('machines')")
+        .and_then(|mut st| st.query_map([], |r| r.get::<_, String>(0))?.collect())
+        .map_err(StoreError::sql("reading the schema"))?;
+    for (name, ddl) in [
+        ("manual", "ALTER TABLE machines ADD COLUMN manual INTEGER NOT NULL DEFAULT 0"),
+        ("address", "ALTER TABLE machines ADD COLUMN address TEXT"),
+    ] {
+        if !columns.iter().any(|c| c == name) {
+            tx.execute_batch(ddl).map_err(StoreError::sql("upgrading the schema"))?;
+        }
+    }
+    Ok(())
+}
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (
@@ -136,6 +162,16 @@ pub enum StoreError {
     /// A request the model's state forbids, with the reason.
     #[error("{0}")]
     Refused(String),
+    /// A request field names something the model does not allow (a container's host that
+    /// does not exist or is not alive, a manual machine's address already registered): bad
+    /// input, refused before anything is written.
+    #[error("field {field:?}: {message}")]
+    Invalid {
+        /// The request's field.
+        field: &'static str,
+        /// Why.
+        message: String,
+    },
     /// Another process holds the database (another service on the same data directory).
     #[error(
         "the database is in use by another process (is another provisioner service running on this data directory?)"
@@ -242,6 +278,8 @@ pub struct MachineRecord {
     pub application: Option<String>,
     /// When its row last changed (UTC, RFC 3339), as the database stamped it.
     pub changed_at: Option<String>,
+    /// A manual machine's address (`machine.manual` is set).
+    pub address: Option<String>,
 }
 
 impl MachineRecord {
@@ -348,7 +386,7 @@ fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
             instance_status: InstanceStatus::other(r.get::<_, String>(4)?),
             instance: r.get::<_, Option<String>>(6)?.map(InstanceId::from),
             keep_instance: r.get(8)?,
-            manual: false,
+            manual: r.get(21)?,
             controller: false,
         },
         status_message: r.get(3)?,
@@ -360,13 +398,15 @@ fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
         placement: r.get(18)?,
         application: r.get(19)?,
         changed_at: r.get(20)?,
+        address: r.get(22)?,
     })
 }
 
 const MACHINE_COLUMNS: &str = "m.id, m.life, m.status, m.status_message, m.instance_status, \
                                m.instance_status_message, m.instance, m.zone, m.keep_instance, m.transient, \
                                COALESCE(c.zones, m.zones), c.arch, c.cores, c.mem_mb, c.root_disk_mb, \
-                               c.instance_type, c.spaces, c.tags, m.placement, m.application, m.changed_at";
+                               c.instance_type, c.spaces, c.tags, m.placement, m.application, m.changed_at, \
+                               m.manual, m.address";
 /// Machines with their shared constraints (`m.zones` holds those of version-1 rows).
 const MACHINE_FROM: &str = "machines m LEFT JOIN constraints c ON c.id = m.constraints_id";
 
@@ -489,6 +529,7 @@ impl StoreCore {
                 .map_err(StoreError::sql("upgrading the schema"))?;
         }
         Self::add_machine_columns_v3(&tx)?;
+        upgrade_manual_machines(&tx)?;
         if meta_get(&tx, "model_uuid").map_err(StoreError::sql("reading the model uuid"))?.is_none() {
             if tables > 0 {
                 // Never a new model in place of one whose identity was lost.
@@ -836,6 +877,9 @@ impl StoreCore {
     /// stands in for the machine agents, which would take a dying machine to dead), with
     /// `keep_instance` if asked. Without `force`, a machine already dead is refused.
     pub fn remove_machines(&mut self, ids: &[MachineId], keep_instance: bool, force: bool) -> Result<(), StoreError> {
+        if !force {
+            self.refuse_hosts_with_live_containers(ids)?;
+        }
         let tx = self.conn.transaction().map_err(StoreError::sql("removing machines"))?;
         let mut seen = BTreeSet::new();
         let mut moved = Vec::new();
@@ -1315,5 +1359,148 @@ impl StoreCore {
             .query_map([], |r| r.get::<_, String>(0).map(InstanceId::from))
             .map_err(StoreError::sql("listing pending instances"))?;
         rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing pending instances"))
+    }
+}
+
+/// Containers and manual machines (issue 14).
+impl StoreCore {
+    /// Adds `count` alive, pending containers of `kind` on `host`: `HOST/KIND/N`, numbered per
+    /// host and type from 0 (never reused). The host must exist and be alive (else
+    /// [`StoreError::Invalid`] naming `host`, nothing written); refused while the model is
+    /// dying.
+    pub fn add_containers(&mut self, host: &MachineId, kind: &str, count: usize) -> Result<Vec<MachineId>, StoreError> {
+        if self.model_life()? != Life::Alive {
+            return Err(StoreError::ModelDying);
+        }
+        match self.machine(host)? {
+            None => {
+                return Err(StoreError::Invalid { field: "host", message: format!("machine {host} does not exist") })
+            }
+            Some(h) if h.machine.life != Life::Alive => {
+                return Err(StoreError::Invalid {
+                    field: "host",
+                    message: format!("machine {host} is {}: containers need an alive host", h.machine.life),
+                })
+            }
+            Some(_) => {}
+        }
+        let tx = self.conn.transaction().map_err(StoreError::sql("adding containers"))?;
+        let mut ids = Vec::with_capacity(count);
+        {
+            let mut insert = tx
+                .prepare_cached("INSERT INTO machines (seq, id) VALUES (?1, ?2)")
+                .map_err(StoreError::sql("adding containers"))?;
+            let key = format!("next_container/{host}/{kind}");
+            for _ in 0..count {
+                let n = next_counter(&tx, &key).map_err(StoreError::sql("allocating a container id"))?;
+                let seq =
+                    next_counter(&tx, "next_container_seq").map_err(StoreError::sql("allocating a container id"))?;
+                let id = format!("{host}/{kind}/{n}");
+                insert
+                    .execute(params![CONTAINER_SEQ_BASE + seq as i64, id])
+                    .map_err(StoreError::sql("adding containers"))?;
+                ids.push(MachineId::from(id));
+            }
+        }
+        tx.commit().map_err(StoreError::sql("adding containers"))?;
+        self.changed.extend(ids.iter().cloned());
+        bump(&mut self.counts.machines_by_status, MachineStatus::Pending.as_str(), ids.len() as i64);
+        bump(&mut self.counts.machines_by_life, Life::Alive.as_str(), ids.len() as i64);
+        self.counts_changed = true;
+        Ok(ids)
+    }
+
+    /// Registers a manually provisioned machine at `address` (validated by the caller): a new
+    /// top-level id, shown as Juju's manual provider shows one (status `started`, instance
+    /// `manual:ADDRESS`, instance status `running`); the provisioner never starts or stops it.
+    /// An address already a live manual machine's is [`StoreError::Invalid`] naming `address`.
+    pub fn add_manual(&mut self, address: &str) -> Result<MachineId, StoreError> {
+        if self.model_life()? != Life::Alive {
+            return Err(StoreError::ModelDying);
+        }
+        let taken: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT id FROM machines WHERE manual = 1 AND address = ?1 AND life != 'dead' ORDER BY seq LIMIT 1",
+                [address],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(StoreError::sql("adding a manual machine"))?;
+        if let Some(id) = taken {
+            return Err(StoreError::Invalid {
+                field: "address",
+                message: format!("{address} is already manual machine {id}"),
+            });
+        }
+        let tx = self.conn.transaction().map_err(StoreError::sql("adding a manual machine"))?;
+        let n = next_counter(&tx, "next_machine").map_err(StoreError::sql("allocating a machine id"))?;
+        let id = MachineId::from(n.to_string());
+        tx.execute(
+            "INSERT INTO machines (seq, id, status, status_message, instance, instance_status, manual, address) \
+             VALUES (?1, ?2, 'started', ?3, ?4, ?5, 1, ?6)",
+            params![
+                n as i64,
+                id.as_str(),
+                format!("manually provisioned at {address}"),
+                format!("manual:{address}"),
+                InstanceStatus::running().as_str(),
+                address
+            ],
+        )
+        .map_err(StoreError::sql("adding a manual machine"))?;
+        tx.commit().map_err(StoreError::sql("adding a manual machine"))?;
+        self.changed.insert(id.clone());
+        bump(&mut self.counts.machines_by_status, MachineStatus::Started.as_str(), 1);
+        bump(&mut self.counts.machines_by_life, Life::Alive.as_str(), 1);
+        self.counts_changed = true;
+        Ok(id)
+    }
+
+    /// The containers on `host` that are not dead, in id order.
+    pub fn live_containers_of(&self, host: &MachineId) -> Result<Vec<MachineId>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT id FROM machines WHERE substr(id, 1, length(?1) + 1) = ?1 || '/' AND life != 'dead' ORDER BY seq")
+            .map_err(StoreError::sql("listing containers"))?;
+        let rows = stmt
+            .query_map([host.as_str()], |r| r.get::<_, String>(0).map(MachineId::from))
+            .map_err(StoreError::sql("listing containers"))?;
+        let ids: Vec<MachineId> = rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing containers"))?;
+        Ok(ids.into_iter().filter(|c| c.container_of().is_some_and(|(h, _)| &h == host)).collect())
+    }
+
+    /// The live manual machines (they refuse a model destruction without `force`), in id order.
+    pub fn live_manual_machines(&self) -> Result<Vec<MachineId>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT id FROM machines WHERE manual = 1 AND life != 'dead' ORDER BY seq")
+            .map_err(StoreError::sql("listing manual machines"))?;
+        let rows = stmt
+            .query_map([], |r| r.get::<_, String>(0).map(MachineId::from))
+            .map_err(StoreError::sql("listing manual machines"))?;
+        rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing manual machines"))
+    }
+
+    /// Refuses (nothing written) the removal of a host whose live containers are not removed
+    /// with it: a removal without `force` must name them, or they would die unasked.
+    fn refuse_hosts_with_live_containers(&self, ids: &[MachineId]) -> Result<(), StoreError> {
+        let asked: BTreeSet<&MachineId> = ids.iter().collect();
+        for id in ids.iter().collect::<BTreeSet<_>>() {
+            let left: Vec<String> = self
+                .live_containers_of(id)?
+                .into_iter()
+                .filter(|c| !asked.contains(c))
+                .map(|c| c.to_string())
+                .collect();
+            if !left.is_empty() {
+                return Err(StoreError::Refused(format!(
+                    "machine {id} hosts live containers {}: remove them first, or remove the host with --force \
+                     (API: \"force\": true) to take them with it",
+                    left.join(", ")
+                )));
+            }
+        }
+        Ok(())
     }
 }

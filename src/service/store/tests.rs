@@ -467,6 +467,11 @@ fn a_version_2_database_is_upgraded() {
         s.conn_for_tests().query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| r.get(0)).unwrap();
     assert_eq!(problems, 0);
     s.add_application("web", 1, &crate::model::Constraints::default()).unwrap();
+    // It gained the manual machines' columns too.
+    assert!(!s.machine(&MachineId::new("0")).unwrap().unwrap().machine.manual);
+    let manual = s.add_manual("db-1").unwrap();
+    let m = s.machine(&manual).unwrap().unwrap();
+    assert!(m.machine.manual && m.address.as_deref() == Some("db-1"), "{m:?}");
     drop(s);
     let conn = rusqlite::Connection::open(&path).unwrap();
     let v: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
@@ -475,4 +480,93 @@ fn a_version_2_database_is_upgraded() {
     // Opening it again changes nothing.
     let s = StoreCore::open(&path).unwrap();
     assert_eq!(s.machine(&MachineId::new("0")).unwrap().unwrap().zones, zones);
+}
+
+/// Containers are numbered per host and type, never reused; a missing or dead host is refused
+/// naming the `host` field, and nothing is written (no id is used up).
+#[test]
+fn containers_are_numbered_per_host_and_type_on_alive_hosts_only() {
+    let mut s = StoreCore::in_memory().unwrap();
+    let hosts = s.add_machines(2, None).unwrap();
+    let (h0, h1) = (&hosts[0], &hosts[1]);
+    assert_eq!(ids(&s.add_containers(h0, "lxd", 2).unwrap()), ["0/lxd/0", "0/lxd/1"]);
+    assert_eq!(ids(&s.add_containers(h0, "kvm", 1).unwrap()), ["0/kvm/0"]);
+    assert_eq!(ids(&s.add_containers(h1, "lxd", 1).unwrap()), ["1/lxd/0"]);
+    let (changed, _) = s.take_outbox();
+    assert_eq!(changed.len(), 6, "the watchers hear of every new machine: {changed:?}");
+    let missing = s.add_containers(&MachineId::new("7"), "lxd", 1).unwrap_err();
+    assert!(matches!(&missing, StoreError::Invalid { field: "host", .. }), "{missing:?}");
+    assert!(missing.to_string().contains("machine 7 does not exist"), "{missing}");
+    s.remove_machines(std::slice::from_ref(h1), false, true).unwrap();
+    let dead = s.add_containers(h1, "lxd", 1).unwrap_err();
+    assert!(matches!(&dead, StoreError::Invalid { field: "host", .. }), "{dead:?}");
+    assert_eq!(s.list_machines().unwrap().len(), 6, "nothing written by a refusal");
+    // Ids are never reused, and machines keep their own numbering.
+    s.ensure_dead(&MachineId::new("0/lxd/1")).unwrap();
+    s.mark_for_removal(&MachineId::new("0/lxd/1")).unwrap();
+    assert_eq!(ids(&s.add_containers(h0, "lxd", 1).unwrap()), ["0/lxd/2"]);
+    assert_eq!(ids(&s.add_machines(1, None).unwrap()), ["2"]);
+    // Listed machines first (in id order), then containers in the order they came.
+    let listed: Vec<String> = s.list_machines().unwrap().iter().map(|m| m.machine.id.to_string()).collect();
+    assert_eq!(listed, ["0", "1", "2", "0/lxd/0", "0/kvm/0", "1/lxd/0", "0/lxd/2"]);
+    assert_eq!(s.counts(), &s.recount().unwrap());
+}
+
+/// A host with live containers is not removed without force (nothing written); removed with
+/// them, or with force, it is.
+#[test]
+fn a_host_with_live_containers_is_removed_only_with_them_or_with_force() {
+    let mut s = StoreCore::in_memory().unwrap();
+    let hosts = s.add_machines(11, None).unwrap();
+    let c = s.add_containers(&hosts[1], "lxd", 2).unwrap();
+    s.add_containers(&hosts[10], "lxd", 1).unwrap();
+    assert_eq!(ids(&s.live_containers_of(&hosts[1]).unwrap()), ["1/lxd/0", "1/lxd/1"], "10/lxd/0 is not 1's");
+    s.take_outbox();
+    let e = s.remove_machines(std::slice::from_ref(&hosts[1]), false, false).unwrap_err();
+    assert!(matches!(&e, StoreError::Refused(m) if m.contains("1/lxd/0, 1/lxd/1") && m.contains("--force")), "{e:?}");
+    let e = s.remove_machines(&[hosts[1].clone(), c[0].clone()], false, false).unwrap_err();
+    assert!(matches!(&e, StoreError::Refused(m) if m.contains("1/lxd/1") && !m.contains("1/lxd/0")), "{e:?}");
+    assert!(s.list_machines().unwrap().iter().all(|m| m.machine.life == Life::Alive), "nothing written");
+    assert!(s.take_outbox().0.is_empty());
+    // A dead container does not hold its host.
+    s.remove_machines(std::slice::from_ref(&c[0]), false, false).unwrap();
+    s.remove_machines(&[hosts[1].clone(), c[1].clone()], false, false).unwrap();
+    s.remove_machines(std::slice::from_ref(&hosts[10]), false, true).unwrap();
+    let live: Vec<String> = s
+        .list_machines()
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.machine.life == Life::Alive)
+        .map(|m| m.machine.id.to_string())
+        .collect();
+    assert!(!live.contains(&"1".to_owned()) && !live.contains(&"10".to_owned()), "{live:?}");
+    assert!(live.contains(&"10/lxd/0".to_owned()), "the engine takes a dead host's containers to dead: {live:?}");
+}
+
+/// A manual machine is registered as Juju's manual provider shows it, takes a machine id, and
+/// an address already a live manual machine's is refused.
+#[test]
+fn a_manual_machine_is_registered_started_with_its_address() {
+    let mut s = StoreCore::in_memory().unwrap();
+    s.add_machines(1, None).unwrap();
+    let id = s.add_manual("10.0.0.5").unwrap();
+    assert_eq!(id.as_str(), "1");
+    let m = s.machine(&id).unwrap().unwrap();
+    assert!(m.machine.manual);
+    assert_eq!(m.machine.status, MachineStatus::Started);
+    assert_eq!(m.machine.instance, Some(InstanceId::new("manual:10.0.0.5")));
+    assert_eq!(m.machine.instance_status, InstanceStatus::running());
+    assert_eq!(m.address.as_deref(), Some("10.0.0.5"));
+    assert_eq!(m.zone, None);
+    assert!(!s.machine(&MachineId::new("0")).unwrap().unwrap().machine.manual);
+    let e = s.add_manual("10.0.0.5").unwrap_err();
+    assert!(matches!(&e, StoreError::Invalid { field: "address", message } if message.contains("machine 1")), "{e:?}");
+    assert_eq!(ids(&s.live_manual_machines().unwrap()), ["1"]);
+    s.remove_machines(std::slice::from_ref(&id), false, false).unwrap();
+    assert!(s.live_manual_machines().unwrap().is_empty(), "a dead one no longer blocks a destruction");
+    assert_eq!(s.add_manual("10.0.0.5").unwrap().as_str(), "2", "a dead one's address can be registered again");
+    assert_eq!(s.counts(), &s.recount().unwrap());
+    s.destroy_model().unwrap();
+    assert_eq!(s.add_manual("host-9").unwrap_err(), StoreError::ModelDying);
+    assert_eq!(s.add_containers(&MachineId::new("0"), "lxd", 1).unwrap_err(), StoreError::ModelDying);
 }

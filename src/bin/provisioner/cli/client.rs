@@ -183,14 +183,29 @@ pub fn run(conn: Conn, cmd: ClientCmd) -> ExitCode {
 
 fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
     match cmd {
-        ClientCmd::Machine(MachineCmd::Add { n, zones, constraints, to, wait, timeout, json }) => {
+        ClientCmd::Machine(MachineCmd::Add {
+            n,
+            zones,
+            constraints,
+            to,
+            container,
+            host,
+            manual,
+            address,
+            wait,
+            timeout,
+            json,
+        }) => {
             let zones = zones.map(|z| z.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect());
             // The service parses the constraints and checks the placement (one set of rules).
             let body = AddMachines {
-                count: n as usize,
-                zones,
                 constraints: constraints.map(serde_json::Value::String),
                 placement: to,
+                container,
+                host,
+                manual,
+                address,
+                ..AddMachines::plain(n as usize, zones)
             };
             let added: AddedMachines = c.send("POST", "/v1/machines", &body)?;
             let waited = if wait { Some(wait_for(c, &added.ids, timeout)?) } else { None };
@@ -319,6 +334,12 @@ fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
                     d.stopping.len(),
                     d.awaiting_starts.len()
                 );
+                if !d.manual_machines.is_empty() {
+                    println!(
+                        "manually provisioned machines left as they are (--force): {}",
+                        d.manual_machines.join(", ")
+                    );
+                }
             }
             Ok(())
         }
@@ -409,9 +430,10 @@ fn show_machine(c: &Client, id: &str, json: bool) -> Result<(), Failure> {
         ("constraints", if m.constraints_text.is_empty() { "-".into() } else { m.constraints_text.clone() }),
         ("placement", or_dash(m.placement.as_deref())),
         ("application", or_dash(m.application.as_deref())),
-        ("container-type", or_dash(m.container_type.as_deref())),
-        ("host", or_dash(m.host.as_deref())),
-        ("manual", m.manual.to_string()),
+        ("container-type", or_dash(v.container_type.as_deref())),
+        ("host", or_dash(v.host.as_deref())),
+        ("address", or_dash(m.address.as_deref())),
+        ("manual", v.manual.to_string()),
         ("keep-instance", m.keep_instance.to_string()),
         ("retry-requested", m.retry_requested.to_string()),
         ("changed", or_dash(m.changed_at.as_deref())),

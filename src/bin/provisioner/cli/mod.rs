@@ -50,6 +50,19 @@ pub enum MachineCmd {
         /// Placement: zone=ZONE or subnet=SUBNET.
         #[arg(long = "to", value_name = "zone=Z|subnet=S")]
         to: Option<String>,
+        /// Add containers of this type (lxd or kvm) on --host instead: HOST/TYPE/N.
+        #[arg(long, value_name = "TYPE")]
+        container: Option<String>,
+        /// The machine the containers go on (with --container); it must exist and be alive.
+        #[arg(long, value_name = "ID")]
+        host: Option<String>,
+        /// Register a manually provisioned machine at --address: the provisioner never starts
+        /// or stops it.
+        #[arg(long)]
+        manual: bool,
+        /// The manual machine's address, an IP address or a hostname (with --manual).
+        #[arg(long, value_name = "HOST")]
+        address: Option<String>,
         /// Wait until every new machine is provisioned or in error.
         #[arg(long)]
         wait: bool,
@@ -93,7 +106,8 @@ pub enum MachineCmd {
         /// Leave the instances running, released from the model.
         #[arg(long)]
         keep_instance: bool,
-        /// Ask again for machines already being removed.
+        /// Ask again for machines already being removed; remove a host together with its
+        /// live containers (without it, a host with containers is refused).
         #[arg(long)]
         force: bool,
     },

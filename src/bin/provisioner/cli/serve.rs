@@ -169,8 +169,7 @@ fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
                         let ok = if list {
                             client.get::<serde_json::Value>("/v1/machines").is_ok()
                         } else {
-                            let body =
-                                AddMachines { count: args.batch, zones: None, constraints: None, placement: None };
+                            let body = AddMachines::plain(args.batch, None);
                             client.send::<_, serde_json::Value>("POST", "/v1/machines", &body).is_ok()
                         };
                         let ms = t.elapsed().as_secs_f64() * 1000.0;
