@@ -15,11 +15,14 @@
 //! - [`broker_contract`]: the broker contract suite, what every
 //!   [`Broker`](crate::ports::Broker) must do, to run against a broker of your own (this crate
 //!   runs it against [`FakeCloud`], the service's simulated cloud and the EC2 broker on moto).
+//! - [`TempPostgres`]: a throwaway PostgreSQL server on a free loopback port, for tests of the
+//!   PostgreSQL store.
 
 pub mod broker_contract;
 mod cloud;
 mod initialiser;
 mod model;
+mod postgres;
 
 /// An actix system on a paused, current-thread tokio runtime: virtual time advances only when
 /// every task waits, so retry delays and latencies take no real time and runs are
@@ -43,3 +46,4 @@ impl PausedSystem {
 pub use cloud::{CallRecord, CloudOp, CloudSnapshot, FakeBroker, FakeCloud, FakeInstance, Fault};
 pub use initialiser::FakeInitialiser;
 pub use model::{FakeMachine, FakeModel, FakeModelApi, ModelOp, ModelSnapshot};
+pub use postgres::{TempPostgres, TempPostgresError};

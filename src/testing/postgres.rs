@@ -1,0 +1,139 @@
+//! A throwaway PostgreSQL server for tests: a cluster of its own in a temporary directory, on a
+//! free loopback port, started with `.ci/pg-cluster` (which installs Debian's packages when
+//! they are missing and runs the server as the `postgres` user, since `initdb` refuses root),
+//! and stopped when the value is dropped.
+//!
+//! ```no_run
+//! let pg = provisioner::testing::TempPostgres::start("my-test").unwrap();
+//! let url = pg.url(); // postgres://postgres@127.0.0.1:PORT/postgres
+//! ```
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A running PostgreSQL cluster of one test's own.
+#[derive(Debug)]
+pub struct TempPostgres {
+    dir: PathBuf,
+    url: String,
+    stopped: bool,
+}
+
+/// Why the test server could not be started or restarted.
+#[derive(Debug, thiserror::Error)]
+pub enum TempPostgresError {
+    /// The helper script could not be run.
+    #[error("cannot run {script}: {source}")]
+    Spawn {
+        /// The script's path.
+        script: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The helper script failed.
+    #[error("{script} {action} failed: {stderr}")]
+    Failed {
+        /// The script's path.
+        script: PathBuf,
+        /// What it was asked to do.
+        action: &'static str,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci").join("pg-cluster")
+}
+
+fn run(action: &'static str, dir: &Path) -> Result<String, TempPostgresError> {
+    let script = script();
+    let out = Command::new(&script)
+        .arg(action)
+        .arg(dir)
+        .output()
+        .map_err(|source| TempPostgresError::Spawn { script: script.clone(), source })?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        return Err(TempPostgresError::Failed { script, action, stderr });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+impl TempPostgres {
+    /// Starts a new cluster under the system's temporary directory (`name` and the process id
+    /// keep concurrent tests apart); any leftover of an earlier run with the same name is
+    /// removed first.
+    pub fn start(name: &str) -> Result<Self, TempPostgresError> {
+        let dir = std::env::temp_dir().join(format!("provisioner-pg-{}-{name}", std::process::id()));
+        if dir.exists() {
+            let _ = run("stop", &dir);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let url = run("start", &dir)?;
+        Ok(Self { dir, url, stopped: false })
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.url.rsplit(':').next().and_then(|p| p.split('/').next()).and_then(|p| p.parse().ok()).unwrap_or(0)
+    }
+
+    /// Stops the server at once (as a crash would: `pg_ctl -m immediate`).
+    pub fn stop(&mut self) -> Result<(), TempPostgresError> {
+        run("stop", &self.dir)?;
+        self.stopped = true;
+        Ok(())
+    }
+
+    /// Restarts the server on the same port and data (a clean shutdown, then a start).
+    pub fn restart(&mut self) -> Result<(), TempPostgresError> {
+        if self.stopped {
+            run("start", &self.dir)?;
+        } else {
+            run("restart", &self.dir)?;
+        }
+        self.stopped = false;
+        Ok(())
+    }
+}
+
+impl Drop for TempPostgres {
+    fn drop(&mut self) {
+        let _ = run("stop", &self.dir);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(url: &str) -> Option<String> {
+        let out = Command::new("psql").arg(url).args(["-tAc", "SELECT 40 + 2"]).output().ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// The server answers on its port, is down after `stop`, up again after `restart`, and its
+    /// directory is gone once dropped.
+    #[test]
+    fn a_temporary_server_starts_stops_restarts_and_cleans_up() {
+        let mut pg = TempPostgres::start("selftest").unwrap();
+        assert!(pg.url().starts_with("postgres://postgres@127.0.0.1:") && pg.port() > 0, "{}", pg.url());
+        assert_eq!(query(pg.url()).as_deref(), Some("42"));
+        pg.stop().unwrap();
+        assert_eq!(query(pg.url()), None, "stopped");
+        pg.restart().unwrap();
+        assert_eq!(query(pg.url()).as_deref(), Some("42"), "restarted on the same port");
+        let dir = pg.dir.clone();
+        drop(pg);
+        assert!(!dir.exists());
+    }
+}
