@@ -21,7 +21,8 @@ use crate::model::events::ProvisionerEvent;
 /// The provisioner's front door.
 pub struct Coordinator {
     book: BatchBook,
-    links: Links,
+    /// Shared with the futures it spawns (one `Arc` clone, not two dozen recipients).
+    links: std::sync::Arc<Links>,
     subscribers: Vec<Recipient<ProvisionerEvent>>,
     /// Follow-up futures and one-shot timers in flight; its total is the provisioner's.
     work: WorkCount,
@@ -46,7 +47,7 @@ impl Coordinator {
     ) -> Self {
         let book = BatchBook::new(backoff, workers);
         let batching = BusyState::new(&work);
-        Self { book, links, subscribers: Vec::new(), work, batching, retry_path, scope }
+        Self { book, links: std::sync::Arc::new(links), subscribers: Vec::new(), work, batching, retry_path, scope }
     }
 
     /// The same coordinator drawing its backoff jitter from this seed.
@@ -160,12 +161,19 @@ impl Coordinator {
                     ctx.spawn(fut.then(move |res, act, ctx| {
                         let step = match after_start(res.ok(), id, orphan) {
                             AfterStartStep::Then(next) => {
+                                // The common case: nothing for the harvest policy to plan.
                                 act.follow(next, ctx);
                                 None
                             }
-                            step => Some(step),
+                            step => Some((act.links.clone(), step)),
                         };
-                        plan_after_start(act.links.clone(), step).into_actor(act).map(move |plan, act, _ctx| {
+                        let plan = async move {
+                            match step {
+                                Some((links, step)) => plan_after_start(links, step).await,
+                                None => None,
+                            }
+                        };
+                        plan.into_actor(act).map(move |plan, act, _ctx| {
                             if let Some(plan) = plan {
                                 act.execute(plan);
                             }

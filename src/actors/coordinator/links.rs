@@ -87,7 +87,7 @@ pub(super) enum BatchError {
 }
 
 /// Runs one batch: carries out the planner's effects in order and answers its questions.
-pub(super) async fn run_batch(links: Links, start: BatchStart) -> Result<BatchOutcome, BatchError> {
+pub(super) async fn run_batch(links: Arc<Links>, start: BatchStart) -> Result<BatchOutcome, BatchError> {
     let (mut run, mut steps) = BatchRun::new(start);
     loop {
         for effect in steps.effects {
@@ -182,7 +182,7 @@ pub(super) fn forget(links: &Links, machines: Vec<MachineId>) {
 /// What the (dying) model still runs, planned for stopping: every machine in scope, those
 /// without an instance included (the ones starting stop what their start produces when it
 /// lands).
-pub(super) async fn plan_sweep(links: Links) -> Result<HarvestPlan, MailboxError> {
+pub(super) async fn plan_sweep(links: Arc<Links>) -> Result<HarvestPlan, MailboxError> {
     let targets = links.sweep.send(SweepTargets).await?;
     let deaths = links.observe_destroy.send(ObserveDestroy { machines: targets }).await?;
     let stop_now = deaths.stop_now.into_iter().filter(|d| d.instances().next().is_some()).collect();
@@ -214,7 +214,7 @@ pub(super) async fn reset_transient(model: Arc<dyn ModelApi>, scope: crate::conf
 }
 
 /// Destroys the model and stops what it runs (see [`DestroyModel`](super::DestroyModel)).
-pub(super) async fn destroy(links: Links, force: bool) -> Result<DestroySummary, DestroyError> {
+pub(super) async fn destroy(links: Arc<Links>, force: bool) -> Result<DestroySummary, DestroyError> {
     let machines = match links.model.destroy_model().await {
         Ok(m) => m,
         Err(crate::ports::ModelError::ModelDying) => return Err(DestroyError::AlreadyDying),
@@ -237,8 +237,8 @@ pub(super) async fn destroy(links: Links, force: bool) -> Result<DestroySummary,
 /// Has the harvest policy plan what a finished start left behind (see
 /// [`after_start`](super::followup::after_start)): a machine that died, or a model destroyed,
 /// while it started.
-pub(super) async fn plan_after_start(links: Links, step: Option<AfterStartStep>) -> Option<HarvestPlan> {
-    match step? {
+pub(super) async fn plan_after_start(links: Arc<Links>, step: AfterStartStep) -> Option<HarvestPlan> {
+    match step {
         AfterStartStep::PlanDead(dead) => links.plan_dead.send(PlanDeadMachines { dead: vec![dead] }).await.ok(),
         AfterStartStep::PlanDestroy(machine) => {
             links.plan_destroy.send(PlanDestroy { machines: vec![machine] }).await.ok()
