@@ -75,6 +75,7 @@ pub fn plan(s: &Scenario, seed: Option<u64>) -> Plan {
                     start: None,
                 },
                 age: Some(i.age()),
+                instance_type: None,
             })
             .collect(),
     );

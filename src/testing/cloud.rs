@@ -442,6 +442,7 @@ impl Handler<Start> for CloudActor {
             zone: p.zone.clone(),
             tags: p.tags.clone(),
             age: None,
+            instance_type: None,
         };
         self.check_duplicate(&instance);
         let born = (self.epoch.elapsed(), Duration::ZERO);
@@ -490,6 +491,7 @@ impl CloudActor {
                 zone: None,
                 tags: InstanceTags::default(),
                 age: None,
+                instance_type: None,
             },
         };
         StartedInstance { display_name: String::new(), instance }
@@ -751,6 +753,7 @@ impl FakeCloud {
             zone: zone.map(str::to_owned),
             tags: InstanceTags { model: Some(model), machine: machine.map(MachineId::new), start: None },
             age: None,
+            instance_type: None,
         };
         self.control(move |c| {
             let born = (c.epoch.elapsed(), age);
