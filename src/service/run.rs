@@ -301,9 +301,10 @@ async fn ec2_broker(
         region: s.region.clone(),
         endpoint: s.endpoint.clone(),
         image_id: s.image.clone().unwrap_or_default(),
-        instance_type: s.instance_type.clone().unwrap_or_default(),
+        instance_type: s.instance_type.clone(),
         subnet_id: s.subnet.clone(),
         security_group_ids: s.security_groups.clone(),
+        ..crate::adapters::ec2::Ec2Config::default()
     };
     let broker = crate::adapters::ec2::Ec2Broker::connect(config).await.map_err(ServeError::Ec2Settings)?;
     let zones = crate::ports::Broker::availability_zones(&broker).await.map_err(ServeError::Ec2Zones)?;
