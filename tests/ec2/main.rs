@@ -322,7 +322,13 @@ async fn a_type_out_of_capacity_in_a_zone_fails_over_to_the_next_type_there() {
         with_constraints("1", pinned),
         with_constraints("2", elsewhere),
     ]);
-    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
+    // No retry round: the fail-over happens within the one start, not on a later round.
+    let config = ProvisionerConfig {
+        retry: provisioner::RetryStrategy::new(0, Duration::from_millis(200)),
+        ..config(uuid, HarvestMode::Destroyed)
+    };
+    let handle = start(config, Arc::new(broker.clone()), Arc::new(model.api())).expect("valid config");
+    model.watch(handle.machines_changed());
     let ids = ids(3);
     let snap = until(&model, all_provisioned(&ids)).await;
     for (id, zone, ty) in [("0", "us-east-1a", "m5.large"), ("1", "us-east-1a", "m5.large"), ("2", "us-east-1b", "t3.large")]
