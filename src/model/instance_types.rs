@@ -27,6 +27,14 @@ use thiserror::Error;
 
 use super::Constraints;
 
+/// How long a `(type, zone)` pair out of capacity is tried last, by default (as the engine's
+/// capacity memory of a zone).
+pub const DEFAULT_CAPACITY_MEMORY: Duration = Duration::from_secs(180);
+
+/// Most candidate types one start tries in one zone, by default, before the zone counts as
+/// failed for it.
+pub const DEFAULT_TYPES_PER_ZONE: usize = 4;
+
 /// Least memory of the type chosen when a machine has no hardware constraint and no default
 /// type is configured (Juju's minimum-memory heuristic, 1 GiB).
 pub const MIN_MEM_MB: u64 = 1024;

@@ -720,6 +720,8 @@ mod tests {
             params: None,
             throttled: false,
             done_at: Some(Duration::from_secs(at)),
+            instance_type: None,
+            failed_types: Vec::new(),
         }
     }
 

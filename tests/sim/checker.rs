@@ -30,6 +30,8 @@ fn invariant_6_flags_an_unknown_instance_stopped_in_mode_destroyed() {
         params: None,
         throttled: false,
         done_at: Some(at),
+        instance_type: None,
+        failed_types: Vec::new(),
     });
     let model = ModelSnapshot::default();
     let v = check(&s, &cloud, &model, &ModeTimeline::new(HarvestMode::Destroyed));
@@ -50,6 +52,8 @@ fn start_call(at_s: u64, machine: &str, zone: Option<&str>, instance: &str) -> C
         params: None,
         throttled: false,
         done_at: Some(at),
+        instance_type: None,
+        failed_types: Vec::new(),
     }
 }
 
@@ -76,6 +80,8 @@ fn stop_call(at_s: u64, ids: &[&str]) -> CallRecord {
         params: None,
         throttled: false,
         done_at: Some(at),
+        instance_type: None,
+        failed_types: Vec::new(),
     }
 }
 

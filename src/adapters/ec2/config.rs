@@ -4,12 +4,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-/// How long a `(type, zone)` pair out of capacity is tried last by default (as the engine's
-/// capacity memory of a zone).
-pub const DEFAULT_CAPACITY_MEMORY: Duration = Duration::from_secs(180);
-
-/// Most instance types one start tries in one zone before the zone counts as failed.
-pub const DEFAULT_TYPES_PER_ZONE: usize = 4;
+pub use crate::model::instance_types::{DEFAULT_CAPACITY_MEMORY, DEFAULT_TYPES_PER_ZONE};
 
 /// The EC2 broker's settings. Credentials are not here: they come from the standard AWS chain
 /// (environment, shared config and credentials files, SSO, instance or container role).
