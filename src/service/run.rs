@@ -28,6 +28,9 @@ pub enum ServeError {
     /// `--broker ec2` in a build without the EC2 broker (exit 2).
     #[error("this build has no EC2 broker: build with `--features serve,ec2`, or use --broker sim")]
     NoEc2Broker,
+    /// `[sim] out_of_capacity` has an entry that is not `TYPE:ZONE` (exit 2).
+    #[error("[sim] out_of_capacity: every entry must be TYPE:ZONE, e.g. \"m5.large:az1\"")]
+    SimOutOfCapacity,
     /// The EC2 broker's settings are incomplete or wrong (exit 2).
     #[cfg(feature = "ec2")]
     #[error("{0}")]
@@ -102,6 +105,7 @@ impl ServeError {
     pub fn exit_code(&self) -> u8 {
         match self {
             ServeError::NoEc2Broker | ServeError::InitOverModel { .. } | ServeError::Provisioner(_) => 2,
+            ServeError::SimOutOfCapacity => 2,
             #[cfg(feature = "ec2")]
             ServeError::Ec2Settings(_) => 2,
             _ => 1,
@@ -340,6 +344,9 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
                 unavailable_zones: opts.sim.unavailable_zones.clone(),
                 start_latency: opts.sim.start_latency(),
                 stop_latency: opts.sim.stop_latency,
+                instance_type: opts.sim.instance_type.clone(),
+                out_of_capacity: crate::service::simcloud::parse_out_of_capacity(&opts.sim.out_of_capacity)
+                    .ok_or(ServeError::SimOutOfCapacity)?,
             };
             let zones = settings.known_zones();
             let sim = SimCloud::new(store.clone(), model_uuid.clone(), settings);

@@ -220,6 +220,12 @@ pub struct SimSection {
     #[arg(skip)]
     #[serde(deserialize_with = "duration")]
     pub stop_latency: Duration,
+    /// The instance type of machines without hardware constraints (file only; unset: no type).
+    #[arg(skip)]
+    pub instance_type: Option<String>,
+    /// `TYPE:ZONE` pairs out of capacity (file only): starts try the next fitting type there.
+    #[arg(skip)]
+    pub out_of_capacity: Vec<String>,
 }
 
 /// The EC2 broker's settings (used with `--broker ec2`; credentials come from the standard AWS
