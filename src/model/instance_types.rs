@@ -330,7 +330,10 @@ mod tests {
         assert_eq!(choose(&unknown, &shipped(), None), Err(ChooseError::UnknownType("x9.huge".into())));
         let small = Constraints { instance_type: Some("t3.micro".into()), ..c(None, Some(4096)) };
         let err = choose(&small, &shipped(), None).unwrap_err();
-        assert_eq!(err.to_string(), "instance type \"t3.micro\" does not satisfy the constraints: mem=4096M (it has 1024M)");
+        assert_eq!(
+            err.to_string(),
+            "instance type \"t3.micro\" does not satisfy the constraints: mem=4096M (it has 1024M)"
+        );
         let arm = Constraints { instance_type: Some("m5.large".into()), arch: Some("arm64".into()), ..c(None, None) };
         assert!(matches!(choose(&arm, &shipped(), None), Err(ChooseError::Unsatisfied { .. })));
     }
@@ -368,7 +371,10 @@ mod tests {
             t("p.priced", 16, 65536, Some(1.0)),
             t("a.same", 2, 4096, None),
         ];
-        assert_eq!(names(&choose(&c(Some(2), None), &cat, None).unwrap()), ["p.priced", "a.same", "c.mid", "a.small", "b.big"]);
+        assert_eq!(
+            names(&choose(&c(Some(2), None), &cat, None).unwrap()),
+            ["p.priced", "a.same", "c.mid", "a.small", "b.big"]
+        );
         assert_eq!(price_per_hour("m5.large"), Some(0.096));
         assert_eq!(price_per_hour("nope.large"), None);
     }

@@ -243,7 +243,8 @@ pub struct Ec2Settings {
     /// EC2: the image.
     #[arg(id = "ec2_image", long = "ec2-image", env = "PROVISIONER_EC2_IMAGE", value_name = "AMI")]
     pub image: Option<String>,
-    /// EC2: the instance type.
+    /// EC2: the instance type of machines without hardware constraints (optional; others get
+    /// the cheapest type that satisfies their constraints).
     #[arg(
         id = "ec2_instance_type",
         long = "ec2-instance-type",

@@ -142,7 +142,11 @@ impl SimCloud {
         let mut failover = self.failover.lock().await;
         let mut last = None;
         for attempt in failover.order(now, zone, &params.client_token, &candidates) {
-            let out = self.settings.out_of_capacity.iter().any(|(t, z)| *t == attempt.instance_type && Some(z.as_str()) == zone);
+            let out = self
+                .settings
+                .out_of_capacity
+                .iter()
+                .any(|(t, z)| *t == attempt.instance_type && Some(z.as_str()) == zone);
             if !out {
                 return Ok(Some((attempt.instance_type, attempt.client_token)));
             }

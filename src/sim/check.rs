@@ -704,7 +704,8 @@ mod tests {
 
     fn instance(id: &str, machine: &str, state: InstanceState) -> (InstanceId, FakeInstance) {
         let tags = InstanceTags { model: Some("m".into()), machine: Some(MachineId::new(machine)), start: None };
-        let instance = CloudInstance { id: InstanceId::new(id), state, zone: None, tags, age: None, instance_type: None };
+        let instance =
+            CloudInstance { id: InstanceId::new(id), state, zone: None, tags, age: None, instance_type: None };
         (InstanceId::new(id), FakeInstance { instance, foreign: false, born: (Duration::ZERO, Duration::ZERO) })
     }
 

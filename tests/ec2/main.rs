@@ -331,7 +331,8 @@ async fn a_type_out_of_capacity_in_a_zone_fails_over_to_the_next_type_there() {
     model.watch(handle.machines_changed());
     let ids = ids(3);
     let snap = until(&model, all_provisioned(&ids)).await;
-    for (id, zone, ty) in [("0", "us-east-1a", "m5.large"), ("1", "us-east-1a", "m5.large"), ("2", "us-east-1b", "t3.large")]
+    for (id, zone, ty) in
+        [("0", "us-east-1a", "m5.large"), ("1", "us-east-1a", "m5.large"), ("2", "us-east-1b", "t3.large")]
     {
         let m = snap.machine(id).unwrap();
         assert!(!m.machine.instance_status.is_error(), "machine {id}: {}", m.instance_status_message);

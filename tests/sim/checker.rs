@@ -14,7 +14,14 @@ fn invariant_6_flags_an_unknown_instance_stopped_in_mode_destroyed() {
     let id = InstanceId::new("stray");
     let tags = InstanceTags { model: Some(SIM_MODEL_UUID.into()), machine: None, start: None };
     let mut cloud = CloudSnapshot::default();
-    let instance = CloudInstance { id: id.clone(), state: InstanceState::Terminated, zone: None, tags, age: None, instance_type: None };
+    let instance = CloudInstance {
+        id: id.clone(),
+        state: InstanceState::Terminated,
+        zone: None,
+        tags,
+        age: None,
+        instance_type: None,
+    };
     cloud
         .instances
         .insert(id.clone(), FakeInstance { instance, foreign: false, born: (Duration::ZERO, Duration::ZERO) });

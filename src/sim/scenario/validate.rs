@@ -95,7 +95,9 @@ impl Checks<'_> {
         for (i, f) in cloud.faults.iter().enumerate().filter(|(_, f)| f.instance_type.is_some()) {
             if f.lost_response || f.zone_independent {
                 let path = format!("cloud.faults[{i}].instance_type");
-                let message = "a fault of an instance type is a capacity fault: it cannot be lost_response or zone_independent".to_owned();
+                let message =
+                    "a fault of an instance type is a capacity fault: it cannot be lost_response or zone_independent"
+                        .to_owned();
                 return Err(self.err(&path, "instance_type", message));
             }
         }
