@@ -370,3 +370,51 @@ async fn root_disk_sizes_the_root_volume_and_tags_become_instance_tags() {
     assert_eq!(s.instance_type, "t3.micro");
     handle.shutdown();
 }
+
+/// At-least-once safety across the per-type fail-over: t3.large is out of capacity in
+/// us-east-1a and the first two answers of the calls that take effect (m5.large, under the
+/// token derived for it) are lost. The retries repeat that same call (same type, same derived
+/// token), which moto, idempotent by token as EC2 is, answers with the instance it made: one
+/// instance per machine, m5.large in us-east-1a.
+#[actix_rt::test]
+async fn lost_answers_after_a_type_fail_over_make_one_instance_per_machine() {
+    use provisioner::Constraints;
+    let uuid = moto::TYPE_LOSSY_MODEL;
+    let broker = Moto::shared().broker(uuid).await;
+    let pinned = Constraints {
+        cores: Some(2),
+        mem_mb: Some(8192),
+        zones: Some(vec!["us-east-1a".into()]),
+        ..Constraints::default()
+    };
+    let ids = ids(3);
+    let model = FakeModel::with_machines(ids.iter().map(|id| with_constraints(id, pinned.clone())).collect());
+    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
+    let snap = until(&model, all_provisioned(&ids)).await;
+    actix_rt::time::sleep(Duration::from_secs(2)).await;
+    let all = cloud(&broker, uuid).await;
+    assert_eq!(all.len(), 3, "one instance ever made per machine: {all:?}");
+    for id in &ids {
+        let recorded = snap.machine(id).unwrap().machine.instance.clone().unwrap().to_string();
+        let s = shown(&broker, &recorded).await;
+        assert_eq!((s.zone.as_str(), s.instance_type.as_str()), ("us-east-1a", "m5.large"), "machine {id}");
+    }
+    handle.shutdown();
+}
+
+/// Without `--ec2-instance-type`, a machine without hardware constraints gets the cheapest
+/// amd64 type with at least 1 GiB (t3.micro), from the catalogue moto lists.
+#[actix_rt::test]
+async fn no_default_type_takes_the_cheapest_amd64_type_with_a_gib() {
+    let uuid = "model-no-default-type";
+    let broker = Moto::shared().broker_with(uuid, |c| c.instance_type = None).await;
+    let catalogue = broker.catalogue().await.unwrap();
+    let t3 = catalogue.iter().find(|t| t.name == "t3.large").expect("moto lists t3.large");
+    assert_eq!((t3.arch.as_str(), t3.cores, t3.mem_mb, t3.price_per_hour), ("amd64", 2, 8192, Some(0.0832)));
+    let model = pending(&ids(1));
+    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
+    let snap = until(&model, all_provisioned(&ids(1))).await;
+    let s = shown(&broker, &snap.machine("0").unwrap().machine.instance.clone().unwrap().to_string()).await;
+    assert_eq!(s.instance_type, "t3.micro");
+    handle.shutdown();
+}

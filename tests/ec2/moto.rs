@@ -16,6 +16,9 @@ pub const IMAGE: &str = "ami-1e749f67";
 pub const CAPACITY_MODEL: &str = "model-capacity";
 /// The model whose starts of t3.large into us-east-1a fail with InsufficientInstanceCapacity.
 pub const TYPE_CAPACITY_MODEL: &str = "model-type-capacity";
+/// The model whose starts of t3.large into us-east-1a fail with InsufficientInstanceCapacity
+/// and whose first two RunInstances calls per machine that take effect lose their answer.
+pub const TYPE_LOSSY_MODEL: &str = "model-type-lossy";
 /// The model whose first four RunInstances calls per machine take effect and lose their answer.
 pub const LOSSY_MODEL: &str = "model-lossy";
 
@@ -52,8 +55,11 @@ impl Moto {
         MOTO.get_or_init(|| {
             Moto::start(
                 &[&format!("{CAPACITY_MODEL}:us-east-1a")],
-                &[&format!("{LOSSY_MODEL}:4")],
-                &[&format!("{TYPE_CAPACITY_MODEL}:t3.large:us-east-1a")],
+                &[&format!("{LOSSY_MODEL}:4"), &format!("{TYPE_LOSSY_MODEL}:2")],
+                &[
+                    &format!("{TYPE_CAPACITY_MODEL}:t3.large:us-east-1a"),
+                    &format!("{TYPE_LOSSY_MODEL}:t3.large:us-east-1a"),
+                ],
             )
         })
     }
@@ -86,15 +92,21 @@ impl Moto {
 
     #[allow(dead_code)] // not every test binary uses it
     pub async fn broker(&self, model: &str) -> Ec2Broker {
-        Ec2Broker::connect(Ec2Config {
+        self.broker_with(model, |_| {}).await
+    }
+
+    /// A broker whose configuration `adjust` changes first.
+    #[allow(dead_code)] // not every test binary uses it
+    pub async fn broker_with(&self, model: &str, adjust: impl FnOnce(&mut Ec2Config)) -> Ec2Broker {
+        let mut config = Ec2Config {
             model_uuid: model.into(),
             region: Some("us-east-1".into()),
             endpoint: Some(self.endpoint.clone()),
             image_id: IMAGE.into(),
             instance_type: Some("t3.micro".into()),
             ..Ec2Config::default()
-        })
-        .await
-        .expect("connects")
+        };
+        adjust(&mut config);
+        Ec2Broker::connect(config).await.expect("connects")
     }
 }
