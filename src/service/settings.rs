@@ -412,6 +412,17 @@ mod tests {
     }
 
     #[test]
+    fn sim_instance_types_come_from_the_file() {
+        let o =
+            with_file("types.toml", "[sim]\ninstance_type = \"m5.large\"\nout_of_capacity = [\"m5.large:az1\"]\n", &[])
+                .unwrap();
+        assert_eq!(o.sim.instance_type.as_deref(), Some("m5.large"));
+        assert_eq!(o.sim.out_of_capacity, ["m5.large:az1"]);
+        let none = ServeSettings::default();
+        assert_eq!((none.sim.instance_type, none.sim.out_of_capacity.len()), (None, 0));
+    }
+
+    #[test]
     fn flags_win_over_the_file_which_wins_over_defaults() {
         let o = with_file(
             "ok.toml",

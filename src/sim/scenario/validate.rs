@@ -92,6 +92,10 @@ impl Checks<'_> {
     /// Scripted start faults and derived zones name machines that exist.
     fn faults_name_known_machines(&self, known: &[&str]) -> Result<(), ScenarioError> {
         let cloud = &self.s.cloud;
+        if let Some(i) = cloud.faults.iter().position(|f| f.machine.is_empty() && f.instance_type.is_none()) {
+            let message = "a fault names a machine, an instance_type, or both".to_owned();
+            return Err(self.err(&format!("cloud.faults[{i}]"), "fault", message));
+        }
         for (i, f) in cloud.faults.iter().enumerate().filter(|(_, f)| f.instance_type.is_some()) {
             if f.lost_response || f.zone_independent {
                 let path = format!("cloud.faults[{i}].instance_type");
