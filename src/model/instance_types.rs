@@ -15,7 +15,7 @@
 //!   `amd64` type with at least [`MIN_MEM_MB`] of memory (Juju's minimum-memory heuristic:
 //!   never a tiny instance by accident).
 //! - Otherwise every type whose architecture is `arch` (default `amd64`), with at least `cores`
-//!   vCPUs and `mem` MiB of memory, cheapest first. Types without a known price come after every
+//!   vCPUs and `mem` MiB of memory (without `mem=`, at least [`MIN_MEM_MB`]), cheapest first. Types without a known price come after every
 //!   priced one, ordered by cores, then memory, then name (smallest first). Burstable types
 //!   (t3, t4g) are included, as in Juju. `root-disk` does not choose a type: it sizes the root
 //!   volume.
@@ -126,19 +126,18 @@ pub fn choose(
         }
         return Ok(vec![t.clone()]);
     }
-    let floor;
-    let wanted = if has_hardware_constraint(constraints) {
-        constraints
-    } else if let Some(name) = default_type {
-        let t = catalogue.iter().find(|t| t.name == name).cloned().unwrap_or_else(|| InstanceType::named(name));
-        return Ok(vec![t]);
-    } else {
-        floor = Constraints { mem_mb: Some(MIN_MEM_MB), ..constraints.clone() };
-        &floor
-    };
+    if !has_hardware_constraint(constraints) {
+        if let Some(name) = default_type {
+            let t = catalogue.iter().find(|t| t.name == name).cloned().unwrap_or_else(|| InstanceType::named(name));
+            return Ok(vec![t]);
+        }
+    }
+    // No `mem=`: at least a GiB, as Juju's minimum-memory heuristic has it.
+    let wanted = Constraints { mem_mb: Some(constraints.mem_mb.unwrap_or(MIN_MEM_MB)), ..constraints.clone() };
+    let wanted = &wanted;
     let mut fit: Vec<InstanceType> = catalogue.iter().filter(|t| t.unsatisfied(wanted).is_none()).cloned().collect();
     if fit.is_empty() {
-        return Err(ChooseError::NoMatch(wanted.shape()));
+        return Err(ChooseError::NoMatch(constraints.shape()));
     }
     fit.sort_by(cheapest_first);
     Ok(fit)
@@ -320,6 +319,9 @@ mod tests {
         assert_eq!(names(&choose(&arm, &shipped(), None).unwrap())[..2], ["t4g.large", "m6g.large"]);
         let big = choose(&c(Some(16), None), &shipped(), None).unwrap();
         assert_eq!(names(&big), ["c5.4xlarge", "m5.4xlarge"]);
+        // Without `mem=`, at least a GiB: t3.micro, not the cheaper t3.nano (512 MiB).
+        assert_eq!(names(&choose(&c(Some(2), None), &shipped(), Some("m5.large")).unwrap())[0], "t3.micro");
+        assert_eq!(names(&choose(&c(None, Some(512)), &shipped(), None).unwrap())[0], "t3.nano");
     }
 
     #[test]
