@@ -1431,3 +1431,37 @@ fn containers_survive_a_crash_without_a_second_instance() {
     assert_eq!(d["manual_machines"], serde_json::json!([]), "{d}");
     eventually(Duration::from_secs(20), "every instance, containers' included, to stop", || s.instances().is_empty());
 }
+
+/// The simulated cloud's instance types (issue 14): with `[sim] instance_type = "m5.large"`
+/// every machine gets m5.large, and with m5.large out of capacity in az1 (its only candidate)
+/// every start there fails zone-specifically, so the provisioner places all the machines in
+/// az2 and az3. A malformed `out_of_capacity` entry is refused with exit 2.
+#[test]
+fn the_simulated_cloud_fails_over_when_its_only_type_is_out_of_capacity() {
+    let dir = temp_dir("types");
+    let cfg = dir.join("serve.toml");
+    std::fs::write(&cfg, "[sim]\ninstance_type = \"m5.large\"\nout_of_capacity = [\"m5.large:az1\"]\n").unwrap();
+    let cfg = cfg.to_str().unwrap().to_owned();
+    let mut s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", &cfg]);
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "6", "--json"]));
+    eventually(Duration::from_secs(20), "every machine to be provisioned", || {
+        let m = s.machines();
+        ids.iter().all(|id| m.iter().any(|m| field(m, "id") == id && field(m, "status") == "started"))
+    });
+    for m in s.machines() {
+        assert!(["az2", "az3"].contains(&field(&m, "zone")), "{m}");
+    }
+    assert_eq!(s.terminate().code(), Some(0));
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[sim]\nout_of_capacity = [\"m5.large\"]\n").unwrap();
+    let data = dir.join("d2");
+    let out = bin()
+        .args(["serve", "--config", bad.to_str().unwrap(), "--data-dir", data.to_str().unwrap()])
+        .args(["--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("out_of_capacity") && err.contains("TYPE:ZONE"), "{err}");
+}

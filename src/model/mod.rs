@@ -1,12 +1,14 @@
 //! The model's vocabulary, shared by every layer: identifiers, lives, statuses, constraints,
-//! harvest modes, the cloud's view of an instance ([`types`], re-exported here), and the events
-//! the provisioner publishes ([`events`]).
+//! harvest modes, the cloud's view of an instance ([`types`], re-exported here), the events
+//! the provisioner publishes ([`events`]), and the instance-type catalogue with its per-type
+//! capacity fail-over ([`instance_types`]).
 //!
 //! Everything here is plain data with no actix import; every other module may use it, and it
 //! uses nothing above it.
 
 pub mod constraints;
 pub mod events;
+pub mod instance_types;
 pub mod placement;
 pub mod types;
 

@@ -599,6 +599,10 @@ pub struct CloudInstance {
     /// not known is aged from the moment it was first listed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub age: Option<std::time::Duration>,
+    /// Its instance type, when the cloud says (EC2 `InstanceType`; the simulated clouds when
+    /// the machine's constraints chose one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_type: Option<String>,
 }
 
 #[cfg(test)]

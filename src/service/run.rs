@@ -28,6 +28,9 @@ pub enum ServeError {
     /// `--broker ec2` in a build without the EC2 broker (exit 2).
     #[error("this build has no EC2 broker: build with `--features serve,ec2`, or use --broker sim")]
     NoEc2Broker,
+    /// `[sim] out_of_capacity` has an entry that is not `TYPE:ZONE` (exit 2).
+    #[error("[sim] out_of_capacity: every entry must be TYPE:ZONE, e.g. \"m5.large:az1\"")]
+    SimOutOfCapacity,
     /// The EC2 broker's settings are incomplete or wrong (exit 2).
     #[cfg(feature = "ec2")]
     #[error("{0}")]
@@ -116,6 +119,7 @@ impl ServeError {
     pub fn exit_code(&self) -> u8 {
         match self {
             ServeError::NoEc2Broker | ServeError::InitOverModel { .. } | ServeError::Provisioner(_) => 2,
+            ServeError::SimOutOfCapacity => 2,
             #[cfg(feature = "ec2")]
             ServeError::Ec2Settings(_) => 2,
             _ => 1,
@@ -359,9 +363,10 @@ async fn ec2_broker(
         region: s.region.clone(),
         endpoint: s.endpoint.clone(),
         image_id: s.image.clone().unwrap_or_default(),
-        instance_type: s.instance_type.clone().unwrap_or_default(),
+        instance_type: s.instance_type.clone(),
         subnet_id: s.subnet.clone(),
         security_group_ids: s.security_groups.clone(),
+        ..crate::adapters::ec2::Ec2Config::default()
     };
     let broker = crate::adapters::ec2::Ec2Broker::connect(config).await.map_err(ServeError::Ec2Settings)?;
     let zones = crate::ports::Broker::availability_zones(&broker).await.map_err(ServeError::Ec2Zones)?;
@@ -434,6 +439,9 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
                 start_latency: opts.sim.start_latency(),
                 stop_latency: opts.sim.stop_latency,
                 subnets: opts.sim.subnets(),
+                instance_type: opts.sim.instance_type.clone(),
+                out_of_capacity: crate::service::simcloud::parse_out_of_capacity(&opts.sim.out_of_capacity)
+                    .ok_or(ServeError::SimOutOfCapacity)?,
             };
             let zones = settings.known_zones();
             let sim = SimCloud::new(store.clone(), model_uuid.clone(), settings);

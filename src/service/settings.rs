@@ -253,6 +253,12 @@ pub struct SimSection {
         value_name = "N"
     )]
     pub container_init_failures: Option<u32>,
+    /// The instance type of machines without hardware constraints (file only; unset: no type).
+    #[arg(skip)]
+    pub instance_type: Option<String>,
+    /// `TYPE:ZONE` pairs out of capacity (file only): starts try the next fitting type there.
+    #[arg(skip)]
+    pub out_of_capacity: Vec<String>,
 }
 
 /// The EC2 broker's settings (used with `--broker ec2`; credentials come from the standard AWS
@@ -270,7 +276,8 @@ pub struct Ec2Settings {
     /// EC2: the image.
     #[arg(id = "ec2_image", long = "ec2-image", env = "PROVISIONER_EC2_IMAGE", value_name = "AMI")]
     pub image: Option<String>,
-    /// EC2: the instance type.
+    /// EC2: the instance type of machines without hardware constraints (optional; others get
+    /// the cheapest type that satisfies their constraints).
     #[arg(
         id = "ec2_instance_type",
         long = "ec2-instance-type",
@@ -487,6 +494,17 @@ mod tests {
         assert_eq!(o.ec2.subnet.as_deref(), Some("subnet-9"));
         assert_eq!(o.ec2.security_groups, ["sg-1"]);
         assert_eq!(o.ec2.endpoint.as_deref(), Some("http://127.0.0.1:5000"));
+    }
+
+    #[test]
+    fn sim_instance_types_come_from_the_file() {
+        let o =
+            with_file("types.toml", "[sim]\ninstance_type = \"m5.large\"\nout_of_capacity = [\"m5.large:az1\"]\n", &[])
+                .unwrap();
+        assert_eq!(o.sim.instance_type.as_deref(), Some("m5.large"));
+        assert_eq!(o.sim.out_of_capacity, ["m5.large:az1"]);
+        let none = ServeSettings::default();
+        assert_eq!((none.sim.instance_type, none.sim.out_of_capacity.len()), (None, 0));
     }
 
     #[test]

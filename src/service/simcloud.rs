@@ -16,10 +16,23 @@
 //! after the instance was written (its landing could not be recorded: a full disk, say) is
 //! transient, so the provisioner treats the start as ambiguous and repeats it with the same
 //! token.
+//!
+//! Instance types: a machine with hardware constraints (`arch`, `cores`, `mem`,
+//! `instance-type`), or any machine when `[sim] instance_type` sets a default, gets a type
+//! from the shipped catalogue ([`crate::model::instance_types`]), cheapest first, with the EC2
+//! broker's per-type capacity fail-over: `[sim] out_of_capacity = ["TYPE:ZONE", ...]` makes a
+//! type permanently out of capacity in a zone, and the start tries the next fitting type in the
+//! same zone (under a token derived from its own, as the EC2 broker does) before failing
+//! zone-specifically. The type is on the start's answer; the store does not keep it (a listing
+//! shows none).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::lock::Mutex;
+
+use crate::model::instance_types::{self, has_hardware_constraint, TypeFailover};
 use crate::model::{CloudInstance, InstanceId, InstanceTags};
 use crate::ports::{
     repeated_start, token_key, AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams,
@@ -43,6 +56,12 @@ pub struct SimSettings {
     /// Its subnets and the zones each is in (`subnet=ID` placements derive their zones from
     /// it, as `DeriveAvailabilityZones` does).
     pub subnets: BTreeMap<String, Vec<String>>,
+    /// The type of machines without hardware constraints (`None`: their instances have no
+    /// type).
+    pub instance_type: Option<String>,
+    /// `(type, zone)` pairs out of capacity: a start of that type into that zone fails
+    /// zone-specifically and the start tries its next fitting type.
+    pub out_of_capacity: Vec<(String, String)>,
 }
 
 impl Default for SimSettings {
@@ -53,6 +72,8 @@ impl Default for SimSettings {
             start_latency: DEFAULT_SIM_START_LATENCY,
             stop_latency: Duration::ZERO,
             subnets: DEFAULT_SIM_ZONES.iter().map(|z| (format!("subnet-{z}"), vec![(*z).to_owned()])).collect(),
+            instance_type: None,
+            out_of_capacity: Vec::new(),
         }
     }
 }
@@ -63,6 +84,21 @@ pub struct SimCloud {
     store: Store,
     model_uuid: String,
     settings: SimSettings,
+    failover: Arc<Mutex<TypeFailover>>,
+    epoch: actix_rt::time::Instant,
+}
+
+/// Parses `[sim] out_of_capacity` entries, `TYPE:ZONE`; `None` for a malformed one.
+pub fn parse_out_of_capacity(entries: &[String]) -> Option<Vec<(String, String)>> {
+    entries
+        .iter()
+        .map(|e| match e.split_once(':') {
+            Some((t, z)) if !t.trim().is_empty() && !z.trim().is_empty() => {
+                Some((t.trim().to_owned(), z.trim().to_owned()))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 fn cloud_error(e: StoreError) -> BrokerError {
@@ -108,7 +144,41 @@ pub fn check_start(settings: &SimSettings, params: &StartInstanceParams) -> Resu
 impl SimCloud {
     /// A simulated cloud for the model `model_uuid` over `store`.
     pub fn new(store: Store, model_uuid: String, settings: SimSettings) -> Self {
-        Self { store, model_uuid, settings }
+        let failover = Arc::new(Mutex::new(TypeFailover::new(instance_types::DEFAULT_CAPACITY_MEMORY)));
+        Self { store, model_uuid, settings, failover, epoch: actix_rt::time::Instant::now() }
+    }
+
+    /// The type and client token a start uses after the per-type fail-over in its zone:
+    /// `Ok(None)` when no type is asked for (the start's own token then).
+    async fn pick_type(&self, params: &StartInstanceParams) -> Result<Option<(String, String)>, BrokerError> {
+        let default = self.settings.instance_type.as_deref();
+        if !has_hardware_constraint(&params.constraints) && default.is_none() {
+            return Ok(None);
+        }
+        let mut candidates = instance_types::choose(&params.constraints, &instance_types::shipped(), default)
+            .map_err(|e| BrokerError::zone_independent(e.to_string()))?;
+        candidates.truncate(instance_types::DEFAULT_TYPES_PER_ZONE);
+        let zone = params.zone.as_deref();
+        let now = self.epoch.elapsed();
+        let mut failover = self.failover.lock().await;
+        let mut last = None;
+        for attempt in failover.order(now, zone, &params.client_token, &candidates) {
+            let out = self
+                .settings
+                .out_of_capacity
+                .iter()
+                .any(|(t, z)| *t == attempt.instance_type && Some(z.as_str()) == zone);
+            if !out {
+                return Ok(Some((attempt.instance_type, attempt.client_token)));
+            }
+            failover.capacity_failed(now, &attempt.instance_type, zone);
+            last = Some(attempt.instance_type);
+        }
+        let t = last.unwrap_or_default();
+        Err(BrokerError::zone_specific(format!(
+            "InsufficientInstanceCapacity: no {t} capacity in {}",
+            zone.unwrap_or("this cloud")
+        )))
     }
 
     /// Lands, after the start latency, every instance a crash left pending. Returns how many.
@@ -141,9 +211,12 @@ impl Broker for SimCloud {
         let store = self.store.clone();
         let latency = self.settings.start_latency;
         let check = check_start(&self.settings, &params);
-        let token = token_key(&self.model_uuid, &params.client_token);
+        let cloud = self.clone();
         Box::pin(async move {
             check?;
+            let picked = cloud.pick_type(&params).await?;
+            let token = token_key(&cloud.model_uuid, picked.as_ref().map_or(&params.client_token, |(_, t)| t));
+            let instance_type = picked.map(|(t, _)| t);
             let (zone, tags) = (params.zone.clone(), params.tags.clone());
             let (record, new) = store
                 .exec_lazy(move |s| s.create_instance(&token, zone.as_deref(), &tags))
@@ -155,7 +228,7 @@ impl Broker for SimCloud {
             }
             let id = record.instance.id.clone();
             let landed = store.exec_lazy(move |s| s.land_instance(&id)).await.map_err(cloud_error)?;
-            let instance = landed.map(|r| r.instance).unwrap_or(record.instance);
+            let instance = CloudInstance { instance_type, ..landed.map(|r| r.instance).unwrap_or(record.instance) };
             Ok(StartedInstance { display_name: format!("sim-{}", instance.id), instance })
         })
     }
@@ -291,6 +364,7 @@ mod tests {
                 start_latency: Duration::from_millis(5),
                 stop_latency: Duration::ZERO,
                 subnets: BTreeMap::new(),
+                ..SimSettings::default()
             };
             let zoneless = SimSettings { zones: Vec::new(), unavailable_zones: Vec::new(), ..zoned.clone() };
             for (run, settings) in [("zoned", zoned), ("zoneless", zoneless)] {
@@ -306,6 +380,48 @@ mod tests {
                 }
             }
         });
+    }
+
+    /// Constraints pick the cheapest fitting type of the shipped catalogue; a type out of
+    /// capacity in a zone makes the same start take the next fitting type there (under a
+    /// token of its own); only when every fitting type is out does the start fail
+    /// zone-specifically.
+    #[test]
+    fn constraints_pick_a_type_and_capacity_fails_over_to_the_next_type() {
+        let db = fresh_db("types");
+        actix_rt::System::new().block_on(async move {
+            let store = Store::start(&db).unwrap();
+            let settings = SimSettings {
+                start_latency: Duration::ZERO,
+                out_of_capacity: parse_out_of_capacity(&["t3.large:az1".into(), "c5.large:az1".into()]).unwrap(),
+                ..SimSettings::default()
+            };
+            let cloud = SimCloud::new(store.clone(), "m".into(), settings);
+            let tags = InstanceTags { model: Some("m".into()), machine: Some(MachineId::new("0")), start: None };
+            let shape = crate::model::Constraints { cores: Some(2), mem_mb: Some(8192), ..Default::default() };
+            let p = |zone: &str, token: &str, c: &crate::model::Constraints| StartInstanceParams {
+                tags: tags.clone(),
+                constraints: c.clone(),
+                client_token: token.into(),
+                ..params(Some(zone))
+            };
+            let az2 = cloud.start_instance(p("az2", "0/n/1", &shape)).await.unwrap();
+            assert_eq!(az2.instance.instance_type.as_deref(), Some("t3.large"));
+            let az1 = cloud.start_instance(p("az1", "0/n/2", &shape)).await.unwrap();
+            assert_eq!(az1.instance.instance_type.as_deref(), Some("m5.large"), "the next type, same zone");
+            assert_eq!(az1.instance.zone.as_deref(), Some("az1"));
+            // A repeat of that start (its answer lost) is the same call: the same instance.
+            let again = cloud.start_instance(p("az1", "0/n/2", &shape)).await.unwrap();
+            assert_eq!(again.instance.id, az1.instance.id);
+            let only = crate::model::Constraints { instance_type: Some("c5.large".into()), ..Default::default() };
+            let err = cloud.start_instance(p("az1", "0/n/3", &only)).await.unwrap_err();
+            assert_eq!(err.kind(), "zone_specific", "{err:?}");
+            assert!(err.message().contains("c5.large"), "{err:?}");
+            let none = cloud.start_instance(p("az1", "0/n/4", &Default::default())).await.unwrap();
+            assert_eq!(none.instance.instance_type, None, "no hardware asked, no default type");
+            assert_eq!(cloud.all_records().await.unwrap().len(), 3);
+        });
+        assert_eq!(parse_out_of_capacity(&["m5.large".into()]), None);
     }
 
     #[test]

@@ -171,6 +171,38 @@ fn check_cloud(s: &Scenario, cloud: &CloudSnapshot, v: &mut Vec<String>) {
     }
 }
 
+/// The constraints a machine spec asks the cloud for.
+fn spec_constraints(m: &MachineSpec) -> crate::model::Constraints {
+    crate::model::Constraints {
+        zones: m.zones.clone(),
+        arch: m.arch.clone(),
+        cores: m.cores,
+        mem_mb: m.mem_mb,
+        instance_type: m.instance_type.clone(),
+        ..crate::model::Constraints::default()
+    }
+}
+
+/// Instance types (an addition): an instance a start made with a type has a type its
+/// machine's constraints allow: one `choose` returns for them from the shipped catalogue and
+/// the cloud's default type (the explicit `instance_type` only, when one is asked for).
+fn check_types(s: &Scenario, cloud: &CloudSnapshot, specs: &BTreeMap<String, MachineSpec>, v: &mut Vec<String>) {
+    use crate::model::instance_types::{choose, shipped};
+    let catalogue = shipped();
+    for call in cloud.calls.iter().filter(|c| c.op == CloudOp::StartInstance && c.ok == Some(true)) {
+        let (Some(t), Some(m)) = (&call.instance_type, &call.machine) else { continue };
+        let Some(spec) = specs.get(m.as_str()) else { continue };
+        let allowed = choose(&spec_constraints(spec), &catalogue, s.cloud.instance_type.as_deref());
+        if !allowed.as_ref().is_ok_and(|a| a.iter().any(|x| &x.name == t)) {
+            let why = match allowed {
+                Ok(a) => format!("it may have {}", a.iter().map(|x| x.name.as_str()).collect::<Vec<_>>().join(", ")),
+                Err(e) => e.to_string(),
+            };
+            v.push(format!("machine {m} got an instance of type {t}, which its constraints do not allow ({why})"));
+        }
+    }
+}
+
 /// Every broken invariant, as sentences naming the machine or instance.
 pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: &ModeTimeline) -> Vec<String> {
     let mut v: Vec<String> = Vec::new();
@@ -239,6 +271,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
     }
 
     check_cloud(s, cloud, &mut v);
+    check_types(s, cloud, &specs, &mut v);
 
     // 1. Never two live instances for one machine (checked at every creation, and at the end).
     v.extend(cloud.duplicates.iter().cloned());
@@ -702,7 +735,8 @@ mod tests {
 
     fn instance(id: &str, machine: &str, state: InstanceState) -> (InstanceId, FakeInstance) {
         let tags = InstanceTags { model: Some("m".into()), machine: Some(MachineId::new(machine)), start: None };
-        let instance = CloudInstance { id: InstanceId::new(id), state, zone: None, tags, age: None };
+        let instance =
+            CloudInstance { id: InstanceId::new(id), state, zone: None, tags, age: None, instance_type: None };
         (InstanceId::new(id), FakeInstance { instance, foreign: false, born: (Duration::ZERO, Duration::ZERO) })
     }
 
@@ -718,6 +752,8 @@ mod tests {
             params: None,
             throttled: false,
             done_at: Some(Duration::from_secs(at)),
+            instance_type: None,
+            failed_types: Vec::new(),
         }
     }
 
@@ -744,6 +780,42 @@ mod tests {
         [[machines]]
         id = "0/lxd/0"
     "#;
+
+    #[test]
+    fn an_instance_of_a_type_the_constraints_do_not_allow_is_caught() {
+        // A mutant cloud ignoring the constraints: machine 0 asks for cores=2 mem=8G and gets
+        // t3.micro; machine 1 asks for instance_type=m5.large and gets t3.large. Machine 2's
+        // m5.large (the second cheapest fit, after a capacity fail-over) is fine.
+        let s = scenario(
+            r#"
+            [[machines]]
+            id = "0"
+            cores = 2
+            mem_mb = 8192
+            [[machines]]
+            id = "1"
+            instance_type = "m5.large"
+            [[machines]]
+            id = "2"
+            cores = 2
+            mem_mb = 8192
+        "#,
+        );
+        let start = |m: &str, t: &str, i: &str| CallRecord {
+            machine: Some(MachineId::new(m)),
+            instance_type: Some(t.into()),
+            ..call(CloudOp::StartInstance, 1, &[i])
+        };
+        let cloud = CloudSnapshot {
+            calls: vec![start("0", "t3.micro", "i-1"), start("1", "t3.large", "i-2"), start("2", "m5.large", "i-3")],
+            ..CloudSnapshot::default()
+        };
+        let mut v = Vec::new();
+        check_types(&s, &cloud, &all_machines(&s), &mut v);
+        assert_eq!(v.len(), 2, "{v:#?}");
+        assert!(v[0].starts_with("machine 0 got an instance of type t3.micro"), "{v:#?}");
+        assert!(v[1].contains("machine 1 got an instance of type t3.large") && v[1].contains("m5.large"), "{v:#?}");
+    }
 
     #[test]
     fn a_dead_hosts_container_left_alive_with_its_instance_is_caught() {

@@ -178,6 +178,7 @@ pub fn generate(seed: u64) -> Scenario {
         let m = rng.random_range(0..machine_count).to_string();
         faults.push(FaultSpec {
             machine: m,
+            instance_type: None,
             times: rng.random_range(1..=4),
             zone: if !zones.is_empty() && rng.random_bool(0.3) { Some(pick(&mut rng, &zones).clone()) } else { None },
             zone_independent: rng.random_bool(0.4),
@@ -339,6 +340,7 @@ pub fn generate(seed: u64) -> Scenario {
             faults,
             derived_zones,
             init_faults,
+            instance_type: None,
         },
         machines,
         events,

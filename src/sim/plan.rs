@@ -128,6 +128,7 @@ impl<'a> PlanWorld<'a> {
                         start: None,
                     },
                     age: Some(i.age()),
+                    instance_type: None,
                 })
                 .collect(),
         );

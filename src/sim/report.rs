@@ -74,6 +74,12 @@ pub struct CallReport {
     /// Refused by the cloud's rate limit.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub throttled: bool,
+    /// Addition: the instance type a start made its instance with (when one was chosen).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance_type: Option<String>,
+    /// Addition: the types a start tried first that were out of capacity in its zone.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failed_types: Vec<String>,
 }
 
 /// One machine's final state.
@@ -106,6 +112,9 @@ pub struct InstanceReport {
     pub machine: Option<String>,
     /// Another model's.
     pub foreign: bool,
+    /// Addition: its instance type (when one was chosen).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance_type: Option<String>,
 }
 
 /// `model`.

@@ -58,6 +58,10 @@ impl Handler<TakeEvents> for EventLog {
 fn fake_machine(spec: &MachineSpec) -> FakeMachine {
     let mut f = FakeMachine::new(spec.to_machine());
     f.info.constraints.zones = spec.zones.clone();
+    f.info.constraints.arch = spec.arch.clone();
+    f.info.constraints.cores = spec.cores;
+    f.info.constraints.mem_mb = spec.mem_mb;
+    f.info.constraints.instance_type = spec.instance_type.clone();
     f.group = if spec.distribution_group_error.is_empty() {
         Ok(spec.distribution_group.clone().unwrap_or_default().into_iter().map(MachineId::from).collect())
     } else {
@@ -256,7 +260,17 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
     for i in &s.cloud.instances {
         cloud.launch_aged(&i.id, i.zone.as_deref(), i.machine.as_deref(), i.state.into(), i.foreign, i.age());
     }
-    for f in &s.cloud.faults {
+    cloud.set_default_instance_type(s.cloud.instance_type.as_deref());
+    for f in s.cloud.faults.iter().filter(|f| f.instance_type.is_some()) {
+        cloud.add_type_fault(crate::testing::TypeFault {
+            instance_type: f.instance_type.clone().unwrap_or_default(),
+            zone: f.zone.clone(),
+            machine: (!f.machine.is_empty()).then(|| f.machine.as_str().into()),
+            times: f.times,
+            message: f.message.clone(),
+        });
+    }
+    for f in s.cloud.faults.iter().filter(|f| f.instance_type.is_none()) {
         cloud.add_fault(Fault {
             machine: f.machine.as_str().into(),
             times: f.times,
@@ -392,6 +406,8 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
                     },
                     error: c.error.clone(),
                     throttled: c.throttled,
+                    instance_type: c.instance_type.clone(),
+                    failed_types: c.failed_types.clone(),
                 }
             })
             .collect(),
@@ -434,6 +450,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
                         zone: i.instance.zone.clone(),
                         machine: i.instance.tags.machine.as_ref().map(ToString::to_string),
                         foreign: i.foreign,
+                        instance_type: i.instance.instance_type.clone(),
                     },
                 )
             })

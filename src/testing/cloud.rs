@@ -8,6 +8,7 @@ use actix_rt::time::Instant;
 
 use crate::actors::limiter::{RateLimits, TokenBucket};
 
+use crate::model::instance_types::{self, has_hardware_constraint, InstanceType, TypeFailover};
 use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
 use crate::ports::{
     repeated_start, token_key, AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams,
@@ -71,6 +72,12 @@ pub struct CallRecord {
     pub throttled: bool,
     /// When it completed (`None` while in flight).
     pub done_at: Option<Duration>,
+    /// The instance type a start made its instance with (when its constraints or the cloud's
+    /// default type chose one).
+    pub instance_type: Option<String>,
+    /// The instance types a start tried first that were out of capacity in its zone, in order
+    /// (the per-type fail-over within the one call).
+    pub failed_types: Vec<String>,
 }
 
 /// A scripted StartInstance failure: the first `times` matching calls fail.
@@ -89,6 +96,23 @@ pub struct Fault {
     /// The call makes the instance (tagged, listed, its client token remembered) and then
     /// fails with a transient error, as a call whose response was lost would.
     pub lost_response: bool,
+}
+
+/// A scripted capacity failure of one instance type: the first `times` starts that try
+/// `instance_type` (in `zone`, for `machine`, when given) fail there zone-specifically, and the
+/// start moves on to the next type that satisfies its constraints in the same zone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeFault {
+    /// The instance type out of capacity.
+    pub instance_type: String,
+    /// Only tries into this zone match (and count).
+    pub zone: Option<String>,
+    /// Only this machine's tries match.
+    pub machine: Option<MachineId>,
+    /// How many matching tries fail.
+    pub times: u32,
+    /// The error text.
+    pub message: String,
 }
 
 /// An instance in the fake cloud.
@@ -184,6 +208,15 @@ struct CloudActor {
     log_calls: bool,
     /// Calls made, by kind.
     counts: BTreeMap<CloudOp, usize>,
+    /// The instance-type catalogue (the shipped one).
+    catalogue: Vec<InstanceType>,
+    /// The type of a machine without hardware constraints; `None`: such a machine's instance
+    /// has no type (as before types existed).
+    default_type: Option<String>,
+    /// Scripted capacity failures per instance type.
+    type_faults: Vec<TypeFault>,
+    /// The per-type capacity fail-over (order and memory), as the EC2 broker keeps it.
+    failover: TypeFailover,
 }
 
 impl Actor for CloudActor {
@@ -216,6 +249,8 @@ impl CloudActor {
             params: None,
             throttled: false,
             done_at: None,
+            instance_type: None,
+            failed_types: Vec::new(),
         });
         self.calls.len() - 1
     }
@@ -317,6 +352,53 @@ impl CloudActor {
         } else {
             BrokerError::zone_specific(fault.message.clone())
         })
+    }
+
+    /// The instance type a start makes its instance with, after the per-type fail-over in its
+    /// zone: `Ok(None)` when neither its constraints nor a default type ask for one; an error
+    /// when no type fits (zone-independent) or every candidate is out of capacity in the zone
+    /// (zone-specific, the last type's message).
+    fn choose_type(&mut self, idx: usize, p: &StartInstanceParams) -> Result<Option<String>, BrokerError> {
+        if !has_hardware_constraint(&p.constraints) && self.default_type.is_none() {
+            return Ok(None);
+        }
+        let mut candidates = instance_types::choose(&p.constraints, &self.catalogue, self.default_type.as_deref())
+            .map_err(|e| BrokerError::zone_independent(e.to_string()))?;
+        candidates.truncate(instance_types::DEFAULT_TYPES_PER_ZONE);
+        let now = self.epoch.elapsed();
+        let zone = p.zone.as_deref();
+        let order = self.failover.order(now, zone, &p.client_token, &candidates);
+        let mut failed = Vec::new();
+        let mut last = None;
+        for attempt in order {
+            let t = attempt.instance_type;
+            let fault = self.type_faults.iter_mut().find(|f| {
+                f.times > 0
+                    && f.instance_type == t
+                    && f.zone.as_deref().is_none_or(|z| Some(z) == zone)
+                    && f.machine.as_ref().is_none_or(|m| *m == p.machine)
+            });
+            match fault {
+                Some(f) => {
+                    f.times -= 1;
+                    last = Some(f.message.clone());
+                    self.failover.capacity_failed(now, &t, zone);
+                    failed.push(t);
+                }
+                None => {
+                    self.failover.settled(&p.client_token);
+                    if let Some(c) = self.calls.get_mut(idx) {
+                        c.instance_type = Some(t.clone());
+                        c.failed_types = failed;
+                    }
+                    return Ok(Some(t));
+                }
+            }
+        }
+        if let Some(c) = self.calls.get_mut(idx) {
+            c.failed_types = failed;
+        }
+        Err(BrokerError::zone_specific(last.unwrap_or_else(|| "no instance type".into())))
     }
 
     /// Uses up a matching `lost_response` fault, if any, for a call that repeats a known token.
@@ -435,6 +517,13 @@ impl Handler<Start> for CloudActor {
                 return Box::pin(fut::ready(Err(err)));
             }
         };
+        let instance_type = match self.choose_type(idx, &p) {
+            Ok(t) => t,
+            Err(err) => {
+                self.finish(idx, Some(err.message()));
+                return Box::pin(fut::ready(Err(err)));
+            }
+        };
         let id = self.fresh_id();
         let instance = CloudInstance {
             id: id.clone(),
@@ -442,6 +531,7 @@ impl Handler<Start> for CloudActor {
             zone: p.zone.clone(),
             tags: p.tags.clone(),
             age: None,
+            instance_type,
         };
         self.check_duplicate(&instance);
         let born = (self.epoch.elapsed(), Duration::ZERO);
@@ -490,6 +580,7 @@ impl CloudActor {
                 zone: None,
                 tags: InstanceTags::default(),
                 age: None,
+                instance_type: None,
             },
         };
         StartedInstance { display_name: String::new(), instance }
@@ -661,6 +752,10 @@ impl FakeCloud {
             record_params: true,
             log_calls: true,
             counts: BTreeMap::new(),
+            catalogue: instance_types::shipped(),
+            default_type: None,
+            type_faults: Vec::new(),
+            failover: TypeFailover::new(instance_types::DEFAULT_CAPACITY_MEMORY),
         };
         Self { addr: actor.start(), model_uuid: model_uuid.to_owned(), zoned }
     }
@@ -708,6 +803,19 @@ impl FakeCloud {
         self.control(move |c| c.faults.push(fault));
     }
 
+    /// Adds a scripted capacity failure of one instance type.
+    pub fn add_type_fault(&self, fault: TypeFault) {
+        self.control(move |c| c.type_faults.push(fault));
+    }
+
+    /// Sets the instance type of machines without hardware constraints (`None`, the default:
+    /// their instances have no type, and the catalogue is only used by machines that ask for
+    /// hardware).
+    pub fn set_default_instance_type(&self, instance_type: Option<&str>) {
+        let t = instance_type.map(str::to_owned);
+        self.control(move |c| c.default_type = t);
+    }
+
     /// Sets what DeriveAvailabilityZones returns for a machine.
     pub fn set_derived_zones(&self, machine: &str, zones: &[&str]) {
         let machine = MachineId::new(machine);
@@ -751,6 +859,7 @@ impl FakeCloud {
             zone: zone.map(str::to_owned),
             tags: InstanceTags { model: Some(model), machine: machine.map(MachineId::new), start: None },
             age: None,
+            instance_type: None,
         };
         self.control(move |c| {
             let born = (c.epoch.elapsed(), age);

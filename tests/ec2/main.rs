@@ -229,3 +229,192 @@ async fn the_ec2_broker_keeps_the_broker_contract() {
         cloud(&broker, uuid).await.into_iter().filter(|(_, s, ..)| *s == InstanceStateName::Running).collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// What moto shows of one instance: its type, zone, tags, and the sizes (GiB) of its volumes
+/// by device.
+struct Shown {
+    instance_type: String,
+    zone: String,
+    tags: std::collections::BTreeMap<String, String>,
+    volumes: std::collections::BTreeMap<String, i32>,
+}
+
+async fn shown(broker: &Ec2Broker, id: &str) -> Shown {
+    let out = broker.client().describe_instances().instance_ids(id).send().await.unwrap();
+    let i = &out.reservations()[0].instances()[0];
+    let tags = i.tags().iter().map(|t| (t.key().unwrap().to_owned(), t.value().unwrap_or("").to_owned())).collect();
+    let attached = Filter::builder().name("attachment.instance-id").values(id).build();
+    let vols = broker.client().describe_volumes().filters(attached).send().await.unwrap();
+    let volumes = vols
+        .volumes()
+        .iter()
+        .flat_map(|v| v.attachments().iter().map(move |a| (a.device().unwrap_or("").to_owned(), v.size().unwrap_or(0))))
+        .collect();
+    Shown {
+        instance_type: i.instance_type().unwrap().as_str().to_owned(),
+        zone: i.placement().and_then(|p| p.availability_zone()).unwrap_or("").to_owned(),
+        tags,
+        volumes,
+    }
+}
+
+fn with_constraints(id: &str, c: provisioner::Constraints) -> FakeMachine {
+    let mut m = FakeMachine::new(Machine::pending(id));
+    m.info.constraints = c;
+    m
+}
+
+/// Constraints choose the instance type as Juju does, on the types moto's
+/// `DescribeInstanceTypes` lists priced by the shipped table: `cores=2 mem=8G` gets the
+/// cheapest such amd64 type (t3.large), `arch=arm64` the cheapest arm64 one (t4g.large), an
+/// explicit `instance-type` that type, no hardware constraint the configured default
+/// (t3.micro); an `instance-type` moto does not know is the machine's provisioning error.
+#[actix_rt::test]
+async fn constraints_pick_the_cheapest_satisfying_instance_type() {
+    use provisioner::Constraints;
+    let uuid = "model-types";
+    let broker = Moto::shared().broker(uuid).await;
+    let c2m8 = Constraints { cores: Some(2), mem_mb: Some(8192), ..Constraints::default() };
+    let model = FakeModel::with_machines(vec![
+        with_constraints("0", c2m8.clone()),
+        with_constraints("1", Constraints { arch: Some("arm64".into()), ..c2m8.clone() }),
+        with_constraints("2", Constraints { instance_type: Some("m5.xlarge".into()), ..Constraints::default() }),
+        with_constraints("3", Constraints::default()),
+        with_constraints("4", Constraints { instance_type: Some("x9.nonesuch".into()), ..Constraints::default() }),
+    ]);
+    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
+    let started: Vec<String> = ids(4);
+    let snap = until(&model, |m| {
+        all_provisioned(&started)(m) && m.machine("4").is_some_and(|f| f.machine.instance_status.is_error())
+    })
+    .await;
+    for (id, want) in [("0", "t3.large"), ("1", "t4g.large"), ("2", "m5.xlarge"), ("3", "t3.micro")] {
+        let i = snap.machine(id).unwrap().machine.instance.clone().unwrap().to_string();
+        assert_eq!(shown(&broker, &i).await.instance_type, want, "machine {id}");
+    }
+    let failed = snap.machine("4").unwrap();
+    assert!(failed.instance_status_message.contains("x9.nonesuch"), "{}", failed.instance_status_message);
+    assert_eq!(cloud(&broker, uuid).await.len(), 4, "nothing started for machine 4");
+    // The listing shows the type too.
+    let listed = provisioner::Broker::all_instances(&broker).await.unwrap();
+    assert!(listed.iter().any(|i| i.instance_type.as_deref() == Some("t4g.large")), "{listed:?}");
+    handle.shutdown();
+}
+
+/// A capacity fault on one type in one zone (moto made to fail t3.large in us-east-1a with
+/// InsufficientInstanceCapacity) moves the start to the next type that satisfies the
+/// constraints in the same zone (m5.large, as Karpenter does), instead of moving zone or
+/// failing: the machines are pinned to us-east-1a and still start there.
+#[actix_rt::test]
+async fn a_type_out_of_capacity_in_a_zone_fails_over_to_the_next_type_there() {
+    use provisioner::Constraints;
+    let uuid = moto::TYPE_CAPACITY_MODEL;
+    let broker = Moto::shared().broker(uuid).await;
+    let pinned = Constraints {
+        cores: Some(2),
+        mem_mb: Some(8192),
+        zones: Some(vec!["us-east-1a".into()]),
+        ..Constraints::default()
+    };
+    let elsewhere = Constraints { zones: Some(vec!["us-east-1b".into()]), ..pinned.clone() };
+    let model = FakeModel::with_machines(vec![
+        with_constraints("0", pinned.clone()),
+        with_constraints("1", pinned),
+        with_constraints("2", elsewhere),
+    ]);
+    // No retry round: the fail-over happens within the one start, not on a later round.
+    let config = ProvisionerConfig {
+        retry: provisioner::RetryStrategy::new(0, Duration::from_millis(200)),
+        ..config(uuid, HarvestMode::Destroyed)
+    };
+    let handle = start(config, Arc::new(broker.clone()), Arc::new(model.api())).expect("valid config");
+    model.watch(handle.machines_changed());
+    let ids = ids(3);
+    let snap = until(&model, all_provisioned(&ids)).await;
+    for (id, zone, ty) in
+        [("0", "us-east-1a", "m5.large"), ("1", "us-east-1a", "m5.large"), ("2", "us-east-1b", "t3.large")]
+    {
+        let m = snap.machine(id).unwrap();
+        assert!(!m.machine.instance_status.is_error(), "machine {id}: {}", m.instance_status_message);
+        let s = shown(&broker, &m.machine.instance.clone().unwrap().to_string()).await;
+        assert_eq!((s.zone.as_str(), s.instance_type.as_str()), (zone, ty), "machine {id}");
+    }
+    assert_eq!(cloud(&broker, uuid).await.len(), 3, "one instance per machine");
+    handle.shutdown();
+}
+
+/// `root-disk=20G` becomes a 20 GiB root volume on the image's root device; the `tags`
+/// constraint and the model's tags become instance tags (`KEY=VALUE` as is, a bare name as
+/// `juju-tag-NAME=true`), the provisioner's identity tags untouched.
+#[actix_rt::test]
+async fn root_disk_sizes_the_root_volume_and_tags_become_instance_tags() {
+    use provisioner::Constraints;
+    let uuid = "model-disk-tags";
+    let broker = Moto::shared().broker(uuid).await;
+    let c = Constraints {
+        root_disk_mb: Some(20 * 1024),
+        tags: vec!["team=web".into(), "gpu".into(), "provisioner-machine=9".into()],
+        ..Constraints::default()
+    };
+    let mut m = with_constraints("0", c);
+    m.info.tags.insert("owner".into(), "alice".into());
+    let model = FakeModel::with_machines(vec![m]);
+    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
+    let snap = until(&model, all_provisioned(&ids(1))).await;
+    let s = shown(&broker, &snap.machine("0").unwrap().machine.instance.clone().unwrap().to_string()).await;
+    assert_eq!(s.volumes.get("/dev/sda1"), Some(&20), "{:?}", s.volumes);
+    assert_eq!(s.tags.get("team").map(String::as_str), Some("web"), "{:?}", s.tags);
+    assert_eq!(s.tags.get("juju-tag-gpu").map(String::as_str), Some("true"), "{:?}", s.tags);
+    assert_eq!(s.tags.get("owner").map(String::as_str), Some("alice"), "{:?}", s.tags);
+    assert_eq!(s.tags.get(TAG_MACHINE).map(String::as_str), Some("0"), "identity untouched");
+    assert_eq!(s.instance_type, "t3.micro");
+    handle.shutdown();
+}
+
+/// At-least-once safety across the per-type fail-over: t3.large is out of capacity in
+/// us-east-1a and the first two answers of the calls that take effect (m5.large, under the
+/// token derived for it) are lost. The retries repeat that same call (same type, same derived
+/// token), which moto, idempotent by token as EC2 is, answers with the instance it made: one
+/// instance per machine, m5.large in us-east-1a.
+#[actix_rt::test]
+async fn lost_answers_after_a_type_fail_over_make_one_instance_per_machine() {
+    use provisioner::Constraints;
+    let uuid = moto::TYPE_LOSSY_MODEL;
+    let broker = Moto::shared().broker(uuid).await;
+    let pinned = Constraints {
+        cores: Some(2),
+        mem_mb: Some(8192),
+        zones: Some(vec!["us-east-1a".into()]),
+        ..Constraints::default()
+    };
+    let ids = ids(3);
+    let model = FakeModel::with_machines(ids.iter().map(|id| with_constraints(id, pinned.clone())).collect());
+    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
+    let snap = until(&model, all_provisioned(&ids)).await;
+    actix_rt::time::sleep(Duration::from_secs(2)).await;
+    let all = cloud(&broker, uuid).await;
+    assert_eq!(all.len(), 3, "one instance ever made per machine: {all:?}");
+    for id in &ids {
+        let recorded = snap.machine(id).unwrap().machine.instance.clone().unwrap().to_string();
+        let s = shown(&broker, &recorded).await;
+        assert_eq!((s.zone.as_str(), s.instance_type.as_str()), ("us-east-1a", "m5.large"), "machine {id}");
+    }
+    handle.shutdown();
+}
+
+/// Without `--ec2-instance-type`, a machine without hardware constraints gets the cheapest
+/// amd64 type with at least 1 GiB (t3.micro), from the catalogue moto lists.
+#[actix_rt::test]
+async fn no_default_type_takes_the_cheapest_amd64_type_with_a_gib() {
+    let uuid = "model-no-default-type";
+    let broker = Moto::shared().broker_with(uuid, |c| c.instance_type = None).await;
+    let catalogue = broker.catalogue().await.unwrap();
+    let t3 = catalogue.iter().find(|t| t.name == "t3.large").expect("moto lists t3.large");
+    assert_eq!((t3.arch.as_str(), t3.cores, t3.mem_mb, t3.price_per_hour), ("amd64", 2, 8192, Some(0.0832)));
+    let model = pending(&ids(1));
+    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
+    let snap = until(&model, all_provisioned(&ids(1))).await;
+    let s = shown(&broker, &snap.machine("0").unwrap().machine.instance.clone().unwrap().to_string()).await;
+    assert_eq!(s.instance_type, "t3.micro");
+    handle.shutdown();
+}

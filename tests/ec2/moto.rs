@@ -14,6 +14,11 @@ use provisioner::adapters::ec2::{Ec2Broker, Ec2Config};
 pub const IMAGE: &str = "ami-1e749f67";
 /// The model whose starts into us-east-1a fail with InsufficientInstanceCapacity.
 pub const CAPACITY_MODEL: &str = "model-capacity";
+/// The model whose starts of t3.large into us-east-1a fail with InsufficientInstanceCapacity.
+pub const TYPE_CAPACITY_MODEL: &str = "model-type-capacity";
+/// The model whose starts of t3.large into us-east-1a fail with InsufficientInstanceCapacity
+/// and whose first two RunInstances calls per machine that take effect lose their answer.
+pub const TYPE_LOSSY_MODEL: &str = "model-type-lossy";
 /// The model whose first four RunInstances calls per machine take effect and lose their answer.
 pub const LOSSY_MODEL: &str = "model-lossy";
 
@@ -47,13 +52,22 @@ pub struct Moto {
 impl Moto {
     pub fn shared() -> &'static Moto {
         static MOTO: OnceLock<Moto> = OnceLock::new();
-        MOTO.get_or_init(|| Moto::start(&[&format!("{CAPACITY_MODEL}:us-east-1a")], &[&format!("{LOSSY_MODEL}:4")]))
+        MOTO.get_or_init(|| {
+            Moto::start(
+                &[&format!("{CAPACITY_MODEL}:us-east-1a")],
+                &[&format!("{LOSSY_MODEL}:4"), &format!("{TYPE_LOSSY_MODEL}:2")],
+                &[
+                    &format!("{TYPE_CAPACITY_MODEL}:t3.large:us-east-1a"),
+                    &format!("{TYPE_LOSSY_MODEL}:t3.large:us-east-1a"),
+                ],
+            )
+        })
     }
 
     // Runs once, before the calling test has started any actor: waiting for the server to
     // listen may block this thread.
     #[allow(clippy::disallowed_methods)]
-    fn start(fail_zones: &[&str], lose: &[&str]) -> Moto {
+    fn start(fail_zones: &[&str], lose: &[&str], fail_types: &[&str]) -> Moto {
         let python = python();
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = Command::new(python)
@@ -61,6 +75,7 @@ impl Moto {
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .env("MOTO_FAIL_ZONES", fail_zones.join(","))
             .env("MOTO_LOSE_RESPONSES", lose.join(","))
+            .env("MOTO_FAIL_TYPES", fail_types.join(","))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -77,15 +92,21 @@ impl Moto {
 
     #[allow(dead_code)] // not every test binary uses it
     pub async fn broker(&self, model: &str) -> Ec2Broker {
-        Ec2Broker::connect(Ec2Config {
+        self.broker_with(model, |_| {}).await
+    }
+
+    /// A broker whose configuration `adjust` changes first.
+    #[allow(dead_code)] // not every test binary uses it
+    pub async fn broker_with(&self, model: &str, adjust: impl FnOnce(&mut Ec2Config)) -> Ec2Broker {
+        let mut config = Ec2Config {
             model_uuid: model.into(),
             region: Some("us-east-1".into()),
             endpoint: Some(self.endpoint.clone()),
             image_id: IMAGE.into(),
-            instance_type: "t3.micro".into(),
+            instance_type: Some("t3.micro".into()),
             ..Ec2Config::default()
-        })
-        .await
-        .expect("connects")
+        };
+        adjust(&mut config);
+        Ec2Broker::connect(config).await.expect("connects")
     }
 }

@@ -4,6 +4,9 @@
   for an instance tagged provisioner-model=MODEL into ZONE fail with
   InsufficientInstanceCapacity, as EC2 does when a zone is out of capacity. Keyed by model, so
   tests sharing one server do not see each other's faults.
+- Capacity failures of one instance type: MOTO_FAIL_TYPES="MODEL:TYPE:ZONE,..." makes
+  RunInstances of TYPE into ZONE for model MODEL fail with InsufficientInstanceCapacity (other
+  types in that zone, and that type in other zones, still start).
 - Idempotent RunInstances, as EC2 is and moto is not (moto records ClientToken but a repeated
   token makes another instance): a call with a ClientToken seen before answers what the first
   call answered and makes nothing.
@@ -37,6 +40,11 @@ LOSE = {
         item.split(":", 1) for item in os.environ.get("MOTO_LOSE_RESPONSES", "").split(",") if ":" in item
     )
 }
+FAIL_TYPES = {
+    tuple(item.split(":", 2))
+    for item in os.environ.get("MOTO_FAIL_TYPES", "").split(",")
+    if item.count(":") == 2
+}
 _run_instances = InstanceResponse.run_instances
 # ClientToken -> the first call's answer; (model, machine) -> answers lost so far.
 ANSWERS = {}
@@ -54,6 +62,12 @@ def run_instances(self):
         if token and token in ANSWERS:
             answer = ANSWERS[token]
         else:
+            instance_type = self._get_param("InstanceType")
+            if (model, instance_type, zone) in FAIL_TYPES:
+                raise EC2ClientError(
+                    "InsufficientInstanceCapacity",
+                    f"We currently do not have sufficient {instance_type} capacity in the Availability Zone you requested ({zone}).",
+                )
             if (model, zone) in FAIL:
                 raise EC2ClientError(
                     "InsufficientInstanceCapacity",

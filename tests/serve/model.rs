@@ -45,7 +45,7 @@ fn machines_take_constraints_and_placement_and_show_everything() {
         "-n",
         "2",
         "--constraints",
-        "cores=4 mem=0.5G root-disk=8G arch=arm64 instance-type=m5.large zones=az1,az2 spaces=db tags=ssd,^gpu",
+        "cores=4 mem=0.5G root-disk=8G arch=arm64 instance-type=m6g.xlarge zones=az1,az2 spaces=db tags=ssd,^gpu",
         "--to",
         "zone=az2",
         "--wait",
@@ -63,7 +63,7 @@ fn machines_take_constraints_and_placement_and_show_everything() {
     assert_eq!(c["cores"], 4);
     assert_eq!(c["mem_mb"], 512, "0.5G is 512 MiB as Juju reads it");
     assert_eq!(c["root_disk_mb"], 8192);
-    assert_eq!((field(c, "arch"), field(c, "instance_type")), ("arm64", "m5.large"));
+    assert_eq!((field(c, "arch"), field(c, "instance_type")), ("arm64", "m6g.xlarge"));
     assert_eq!(c["zones"], serde_json::json!(["az1", "az2"]));
     assert_eq!(c["spaces"], serde_json::json!(["db"]));
     assert_eq!(c["tags"], serde_json::json!(["ssd", "^gpu"]));

@@ -14,7 +14,14 @@ fn invariant_6_flags_an_unknown_instance_stopped_in_mode_destroyed() {
     let id = InstanceId::new("stray");
     let tags = InstanceTags { model: Some(SIM_MODEL_UUID.into()), machine: None, start: None };
     let mut cloud = CloudSnapshot::default();
-    let instance = CloudInstance { id: id.clone(), state: InstanceState::Terminated, zone: None, tags, age: None };
+    let instance = CloudInstance {
+        id: id.clone(),
+        state: InstanceState::Terminated,
+        zone: None,
+        tags,
+        age: None,
+        instance_type: None,
+    };
     cloud
         .instances
         .insert(id.clone(), FakeInstance { instance, foreign: false, born: (Duration::ZERO, Duration::ZERO) });
@@ -30,6 +37,8 @@ fn invariant_6_flags_an_unknown_instance_stopped_in_mode_destroyed() {
         params: None,
         throttled: false,
         done_at: Some(at),
+        instance_type: None,
+        failed_types: Vec::new(),
     });
     let model = ModelSnapshot::default();
     let v = check(&s, &cloud, &model, &ModeTimeline::new(HarvestMode::Destroyed));
@@ -50,6 +59,8 @@ fn start_call(at_s: u64, machine: &str, zone: Option<&str>, instance: &str) -> C
         params: None,
         throttled: false,
         done_at: Some(at),
+        instance_type: None,
+        failed_types: Vec::new(),
     }
 }
 
@@ -59,7 +70,7 @@ fn ours(id: &str, machine: Option<&str>, state: InstanceState) -> (InstanceId, F
         machine: machine.map(provisioner::MachineId::new),
         start: None,
     };
-    let instance = CloudInstance { id: InstanceId::new(id), state, zone: None, tags, age: None };
+    let instance = CloudInstance { id: InstanceId::new(id), state, zone: None, tags, age: None, instance_type: None };
     (InstanceId::new(id), FakeInstance { instance, foreign: false, born: (Duration::ZERO, Duration::ZERO) })
 }
 
@@ -76,6 +87,8 @@ fn stop_call(at_s: u64, ids: &[&str]) -> CallRecord {
         params: None,
         throttled: false,
         done_at: Some(at),
+        instance_type: None,
+        failed_types: Vec::new(),
     }
 }
 

@@ -406,6 +406,7 @@ mod planner {
             zone: None,
             tags: InstanceTags::default(),
             age: None,
+            instance_type: None,
         };
         r.adopt = vec![(mid("1"), inst.clone())];
         let mut w = world(r, Life::Alive);
@@ -631,6 +632,7 @@ mod followups {
             zone: Some("az1".into()),
             tags: InstanceTags::default(),
             age: None,
+            instance_type: None,
         };
         let outcome = JobOutcome::Started {
             machine: MachineId::new("1"),

@@ -39,6 +39,7 @@ fn instance(id: &str, machine: Option<&str>, zone: Option<&str>) -> CloudInstanc
             start: Some("nonce".into()),
         },
         age: None,
+        instance_type: None,
     }
 }
 

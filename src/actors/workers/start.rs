@@ -282,6 +282,7 @@ async fn start_or_adopt(
                         zone: parked.zone,
                         tags: params.tags.clone(),
                         age: None,
+                        instance_type: None,
                     };
                     let started = Started { constraints: Some(job.info.constraints.clone()), retired, reserved: false };
                     return register(deps, machine, instance, &nonce, String::new(), started, rng).await;

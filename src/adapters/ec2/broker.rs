@@ -7,13 +7,15 @@ use aws_config::{BehaviorVersion, Region};
 use aws_sdk_ec2::config::http::HttpResponse;
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types::{
-    AvailabilityZoneState, Filter, Instance, InstanceStateName, InstanceType, Placement, ResourceType, Tag,
-    TagSpecification,
+    ArchitectureType, AvailabilityZoneState, BlockDeviceMapping, EbsBlockDevice, Filter, Instance, InstanceStateName,
+    InstanceType, Placement, ResourceType, Tag, TagSpecification,
 };
 use aws_sdk_ec2::Client;
+use futures::lock::Mutex;
 
-use super::config::{Ec2Config, Ec2ConfigError};
+use super::config::{Ec2Config, Ec2ConfigError, DEFAULT_CAPACITY_MEMORY, DEFAULT_TYPES_PER_ZONE};
 use super::errors::classify;
+use crate::model::instance_types::{self, has_hardware_constraint, TypeAttempt, TypeFailover};
 use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
 use crate::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
 
@@ -37,11 +39,58 @@ pub fn client_token(model: &str, token: &str) -> String {
     uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).to_string()
 }
 
+/// Tag key prefix of a bare `tags=` constraint entry `NAME`: the instance gets the tag
+/// `juju-tag-NAME` = `true` (an entry `KEY=VALUE` is the tag `KEY` = `VALUE`).
+pub const TAG_CONSTRAINT_PREFIX: &str = "juju-tag-";
+
+/// The root device name when the image's is not known (`DescribeImages` failed): Ubuntu's and
+/// most HVM images' (Amazon Linux uses `/dev/xvda`).
+pub const DEFAULT_ROOT_DEVICE: &str = "/dev/sda1";
+
 /// A [`Broker`] over EC2.
 #[derive(Clone)]
 pub struct Ec2Broker {
     client: Client,
     config: Arc<Ec2Config>,
+    state: Arc<Shared>,
+}
+
+/// What the broker learns once and remembers: the catalogue, the image's root device, and the
+/// per-type capacity fail-over.
+struct Shared {
+    catalogue: Mutex<Option<Arc<Vec<instance_types::InstanceType>>>>,
+    root_device: Mutex<Option<String>>,
+    failover: Mutex<TypeFailover>,
+    epoch: actix_rt::time::Instant,
+}
+
+/// The instance tags a `tags=` constraint asks for: `KEY=VALUE` is the tag `KEY` = `VALUE`, a
+/// bare `NAME` the tag `juju-tag-NAME` = `true` (Juju's `tags=` picks MAAS nodes by tag; on
+/// EC2 the instance carries them instead). The provisioner's identity keys cannot be set so.
+pub fn constraint_tags(tags: &[String]) -> Vec<(String, String)> {
+    tags.iter()
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| match t.split_once('=') {
+            Some((k, v)) => (k.trim().to_owned(), v.trim().to_owned()),
+            None => (format!("{TAG_CONSTRAINT_PREFIX}{}", t.trim()), "true".to_owned()),
+        })
+        .filter(|(k, _)| ![TAG_MODEL, TAG_MACHINE, TAG_START].contains(&k.as_str()))
+        .collect()
+}
+
+/// The root volume size in GiB for `root-disk=` in MiB (rounded up).
+pub fn root_disk_gib(mb: u64) -> i32 {
+    i32::try_from(mb.div_ceil(1024).max(1)).unwrap_or(i32::MAX)
+}
+
+/// Juju's architecture name for EC2's.
+fn juju_arch(a: &ArchitectureType) -> Option<&'static str> {
+    match a {
+        ArchitectureType::X8664 => Some("amd64"),
+        ArchitectureType::Arm64 => Some("arm64"),
+        ArchitectureType::I386 => Some("i386"),
+        _ => None,
+    }
 }
 
 impl std::fmt::Debug for Ec2Broker {
@@ -103,11 +152,12 @@ pub(super) fn to_cloud_instance(i: &Instance, model: &str, now: SystemTime) -> O
         return None;
     }
     let zone = i.placement().and_then(|p| p.availability_zone()).map(str::to_owned);
+    let instance_type = i.instance_type().map(|t| t.as_str().to_owned());
     let age = i
         .launch_time()
         .and_then(|t| SystemTime::try_from(*t).ok())
         .map(|launched| now.duration_since(launched).unwrap_or(Duration::ZERO));
-    Some(CloudInstance { id: InstanceId::new(id), state, zone, tags, age })
+    Some(CloudInstance { id: InstanceId::new(id), state, zone, tags, age, instance_type })
 }
 
 /// The wall clock, to age instances from their `LaunchTime` (a wall-clock timestamp). The one
@@ -134,7 +184,185 @@ impl Ec2Broker {
         if sdk.region().is_none() {
             return Err(Ec2ConfigError::NoRegion);
         }
-        Ok(Self { client: Client::new(&sdk), config: Arc::new(config) })
+        let memory = config.capacity_memory.unwrap_or(DEFAULT_CAPACITY_MEMORY);
+        let state = Shared {
+            catalogue: Mutex::new(None),
+            root_device: Mutex::new(None),
+            failover: Mutex::new(TypeFailover::new(memory)),
+            epoch: actix_rt::time::Instant::now(),
+        };
+        Ok(Self { client: Client::new(&sdk), config: Arc::new(config), state: Arc::new(state) })
+    }
+
+    /// The catalogue: every type `DescribeInstanceTypes` lists, with its architecture, vCPUs
+    /// and memory, priced from the shipped table. Read once per broker (a failed read is tried
+    /// again by the next start that needs it).
+    pub async fn catalogue(&self) -> Result<Arc<Vec<instance_types::InstanceType>>, BrokerError> {
+        let mut cached = self.state.catalogue.lock().await;
+        if let Some(c) = cached.as_ref() {
+            return Ok(c.clone());
+        }
+        let mut pages = self.client.describe_instance_types().max_results(100).into_paginator().send();
+        let mut out = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| sdk_error(e, None))?;
+            for t in page.instance_types() {
+                let Some(name) = t.instance_type().map(|n| n.as_str().to_owned()) else { continue };
+                let archs = t.processor_info().map(|p| p.supported_architectures()).unwrap_or_default();
+                let Some(arch) = archs.iter().find_map(juju_arch) else { continue };
+                let cores = t.v_cpu_info().and_then(|v| v.default_v_cpus()).unwrap_or(0);
+                let mem_mb = t.memory_info().and_then(|m| m.size_in_mib()).unwrap_or(0);
+                out.push(instance_types::InstanceType {
+                    price_per_hour: instance_types::price_per_hour(&name),
+                    name,
+                    arch: arch.to_owned(),
+                    cores: u32::try_from(cores).unwrap_or(0),
+                    mem_mb: u64::try_from(mem_mb).unwrap_or(0),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        let out = Arc::new(out);
+        *cached = Some(out.clone());
+        Ok(out)
+    }
+
+    /// The image's root device name (`DescribeImages`, once), [`DEFAULT_ROOT_DEVICE`] when it
+    /// cannot be read.
+    async fn root_device(&self) -> String {
+        let mut cached = self.state.root_device.lock().await;
+        if let Some(d) = cached.as_ref() {
+            return d.clone();
+        }
+        let read = self.client.describe_images().image_ids(self.config.image_id.clone()).send().await;
+        match read.ok().and_then(|o| o.images().first().and_then(|i| i.root_device_name()).map(str::to_owned)) {
+            Some(d) => {
+                *cached = Some(d.clone());
+                d
+            }
+            None => DEFAULT_ROOT_DEVICE.to_owned(),
+        }
+    }
+
+    /// The types a start may use, best first, at most `types_per_zone`.
+    async fn candidates(&self, params: &StartInstanceParams) -> Result<Vec<instance_types::InstanceType>, BrokerError> {
+        let default = self.config.instance_type.as_deref();
+        let mut c = match default {
+            Some(t) if !has_hardware_constraint(&params.constraints) => vec![instance_types::InstanceType::named(t)],
+            _ => {
+                let catalogue = self.catalogue().await?;
+                instance_types::choose(&params.constraints, &catalogue, default)
+                    .map_err(|e| BrokerError::zone_independent(e.to_string()))?
+            }
+        };
+        c.truncate(self.config.types_per_zone.unwrap_or(DEFAULT_TYPES_PER_ZONE).max(1));
+        Ok(c)
+    }
+
+    fn now(&self) -> Duration {
+        self.state.epoch.elapsed()
+    }
+
+    /// One `RunInstances` call: one instance of `attempt`'s type under its client token.
+    async fn run_one(
+        &self,
+        params: &StartInstanceParams,
+        attempt: &TypeAttempt,
+        root_device: Option<&str>,
+    ) -> Result<StartedInstance, BrokerError> {
+        let config = &self.config;
+        let mut tags = vec![
+            tag(TAG_MODEL, config.model_uuid.clone()),
+            tag(TAG_MACHINE, params.machine.to_string()),
+            tag("Name", format!("provisioner-{}", params.machine)),
+        ];
+        if let Some(start) = &params.tags.start {
+            tags.push(tag(TAG_START, start.clone()));
+        }
+        let reserved = |k: &str| [TAG_MODEL, TAG_MACHINE, TAG_START].contains(&k);
+        for (k, v) in &params.extra_tags {
+            if !reserved(k) {
+                tags.push(tag(k, v.clone()));
+            }
+        }
+        for (k, v) in constraint_tags(&params.constraints.tags) {
+            if !tags.iter().any(|t| t.key() == Some(k.as_str())) {
+                tags.push(tag(&k, v));
+            }
+        }
+        let spec = TagSpecification::builder().resource_type(ResourceType::Instance).set_tags(Some(tags)).build();
+        let mut call = self
+            .client
+            .run_instances()
+            .image_id(config.image_id.clone())
+            .instance_type(InstanceType::from(attempt.instance_type.as_str()))
+            .min_count(1)
+            .max_count(1)
+            .client_token(client_token(&config.model_uuid, &attempt.client_token))
+            .tag_specifications(spec);
+        if let (Some(mb), Some(device)) = (params.constraints.root_disk_mb, root_device) {
+            let ebs = EbsBlockDevice::builder().volume_size(root_disk_gib(mb)).delete_on_termination(true).build();
+            call = call.block_device_mappings(BlockDeviceMapping::builder().device_name(device).ebs(ebs).build());
+        }
+        if let Some(zone) = &params.zone {
+            call = call.placement(Placement::builder().availability_zone(zone.clone()).build());
+        }
+        if let Some(subnet) = &config.subnet_id {
+            call = call.subnet_id(subnet.clone());
+        }
+        if !config.security_group_ids.is_empty() {
+            call = call.set_security_group_ids(Some(config.security_group_ids.clone()));
+        }
+        let out = call.send().await.map_err(|e| sdk_error(e, params.zone.as_deref()))?;
+        let instance = out
+            .instances()
+            .first()
+            .and_then(|i| to_cloud_instance(i, &config.model_uuid, wall_clock()))
+            .ok_or_else(|| BrokerError::transient("RunInstances answered without an instance of ours"))?;
+        let display_name = format!("provisioner-{}", params.machine);
+        Ok(StartedInstance { instance: CloudInstance { age: None, ..instance }, display_name })
+    }
+
+    /// A start: the candidate types in the fail-over's order, each its own `RunInstances`
+    /// call, until one makes the instance. A zone-specific failure (no capacity for that type
+    /// there) moves to the next type in the same zone and is remembered; any other failure
+    /// ends the start (an ambiguous one is retried by the provisioner with the same token,
+    /// and then the same type comes first again). Only when every candidate failed in the
+    /// zone does the start fail zone-specifically, and the provisioner move zone.
+    async fn start(&self, params: StartInstanceParams) -> Result<StartedInstance, BrokerError> {
+        let candidates = self.candidates(&params).await?;
+        let root_device = match params.constraints.root_disk_mb {
+            Some(_) => Some(self.root_device().await),
+            None => None,
+        };
+        let zone = params.zone.as_deref();
+        let token = params.client_token.as_str();
+        let attempts = self.state.failover.lock().await.order(self.now(), zone, token, &candidates);
+        let mut last = None;
+        for attempt in &attempts {
+            let result = self.run_one(&params, attempt, root_device.as_deref()).await;
+            let mut failover = self.state.failover.lock().await;
+            match result {
+                Ok(started) => {
+                    failover.settled(token);
+                    return Ok(started);
+                }
+                Err(e @ BrokerError::ZoneSpecific { .. }) => {
+                    failover.capacity_failed(self.now(), &attempt.instance_type, zone);
+                    last = Some(e);
+                }
+                Err(e) if e.is_ambiguous() => {
+                    failover.ambiguous(self.now(), token, &attempt.instance_type);
+                    return Err(e);
+                }
+                Err(e) => {
+                    failover.settled(token);
+                    return Err(e);
+                }
+            }
+        }
+        self.state.failover.lock().await.settled(token);
+        Err(last.unwrap_or_else(|| BrokerError::zone_independent("no instance type to start")))
     }
 
     /// The SDK client (for tests and tools that inspect the cloud directly).
@@ -167,47 +395,8 @@ impl Ec2Broker {
 
 impl Broker for Ec2Broker {
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
-        let client = self.client.clone();
-        let config = self.config.clone();
-        Box::pin(async move {
-            let mut tags = vec![
-                tag(TAG_MODEL, config.model_uuid.clone()),
-                tag(TAG_MACHINE, params.machine.to_string()),
-                tag("Name", format!("provisioner-{}", params.machine)),
-            ];
-            if let Some(start) = &params.tags.start {
-                tags.push(tag(TAG_START, start.clone()));
-            }
-            for (k, v) in &params.extra_tags {
-                tags.push(tag(k, v.clone()));
-            }
-            let spec = TagSpecification::builder().resource_type(ResourceType::Instance).set_tags(Some(tags)).build();
-            let mut call = client
-                .run_instances()
-                .image_id(config.image_id.clone())
-                .instance_type(InstanceType::from(config.instance_type.as_str()))
-                .min_count(1)
-                .max_count(1)
-                .client_token(client_token(&config.model_uuid, &params.client_token))
-                .tag_specifications(spec);
-            if let Some(zone) = &params.zone {
-                call = call.placement(Placement::builder().availability_zone(zone.clone()).build());
-            }
-            if let Some(subnet) = &config.subnet_id {
-                call = call.subnet_id(subnet.clone());
-            }
-            if !config.security_group_ids.is_empty() {
-                call = call.set_security_group_ids(Some(config.security_group_ids.clone()));
-            }
-            let out = call.send().await.map_err(|e| sdk_error(e, params.zone.as_deref()))?;
-            let instance = out
-                .instances()
-                .first()
-                .and_then(|i| to_cloud_instance(i, &config.model_uuid, wall_clock()))
-                .ok_or_else(|| BrokerError::transient("RunInstances answered without an instance of ours"))?;
-            let display_name = format!("provisioner-{}", params.machine);
-            Ok(StartedInstance { instance: CloudInstance { age: None, ..instance }, display_name })
-        })
+        let broker = self.clone();
+        Box::pin(async move { broker.start(params).await })
     }
 
     fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {

@@ -1,6 +1,10 @@
 //! What the EC2 broker needs to know, and its validation.
 
+use std::time::Duration;
+
 use thiserror::Error;
+
+pub use crate::model::instance_types::{DEFAULT_CAPACITY_MEMORY, DEFAULT_TYPES_PER_ZONE};
 
 /// The EC2 broker's settings. Credentials are not here: they come from the standard AWS chain
 /// (environment, shared config and credentials files, SSO, instance or container role).
@@ -14,12 +18,20 @@ pub struct Ec2Config {
     pub endpoint: Option<String>,
     /// The image (AMI) every instance starts from.
     pub image_id: String,
-    /// The instance type, e.g. `t3.micro`.
-    pub instance_type: String,
+    /// The instance type of a machine without hardware constraints, e.g. `t3.micro`. `None`:
+    /// the cheapest `amd64` type with at least 1 GiB (see [`crate::model::instance_types`]).
+    /// Machines with `arch`/`cores`/`mem`/`instance-type` constraints get the cheapest type
+    /// that satisfies them from `DescribeInstanceTypes` and the shipped price table.
+    pub instance_type: Option<String>,
     /// A subnet to start instances in (its zone then wins over the chosen one).
     pub subnet_id: Option<String>,
     /// Security groups for new instances.
     pub security_group_ids: Vec<String>,
+    /// How long a type that ran out of capacity in a zone is tried last there; `None`:
+    /// [`DEFAULT_CAPACITY_MEMORY`]; zero: no memory.
+    pub capacity_memory: Option<Duration>,
+    /// Most candidate types one start tries in one zone; `None`: [`DEFAULT_TYPES_PER_ZONE`].
+    pub types_per_zone: Option<usize>,
 }
 
 /// Settings that cannot work.
@@ -45,8 +57,11 @@ impl Ec2Config {
         if self.image_id.trim().is_empty() {
             return Err(Ec2ConfigError::Missing("an image (--ec2-image AMI)"));
         }
-        if self.instance_type.trim().is_empty() {
-            return Err(Ec2ConfigError::Missing("an instance type (--ec2-instance-type TYPE)"));
+        if self.instance_type.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return Err(Ec2ConfigError::Missing("an instance type (--ec2-instance-type TYPE, or leave it out)"));
+        }
+        if self.types_per_zone == Some(0) {
+            return Err(Ec2ConfigError::Missing("at least one instance type per zone"));
         }
         if let Some(e) = &self.endpoint {
             if !(e.starts_with("http://") || e.starts_with("https://")) {

@@ -3,10 +3,23 @@
 //!
 //! - Zones: `DescribeAvailabilityZones`; only zones in state `available` take new instances.
 //! - Starts: `RunInstances` of one instance with `Placement.AvailabilityZone`, the configured
-//!   image and instance type (and optional subnet and security groups), a `ClientToken` derived
-//!   from the provisioner's per-attempt token (so a retried call returns the instance the first
-//!   one made), and `TagSpecifications` carrying the model uuid, the machine id and the start
-//!   nonce ([`TAG_MODEL`], [`TAG_MACHINE`], [`TAG_START`]).
+//!   image (and optional subnet and security groups), a `ClientToken` derived from the
+//!   provisioner's per-attempt token (so a retried call returns the instance the first one
+//!   made), and `TagSpecifications` carrying the model uuid, the machine id and the start
+//!   nonce ([`TAG_MODEL`], [`TAG_MACHINE`], [`TAG_START`]), the model's tags and the `tags=`
+//!   constraint ([`constraint_tags`]).
+//! - Instance types: a machine without hardware constraints gets the configured type
+//!   (`--ec2-instance-type`; without one, the cheapest `amd64` type with 1 GiB); one with
+//!   `arch`/`cores`/`mem` the cheapest type that satisfies them, from `DescribeInstanceTypes`
+//!   (read once per broker) priced by the shipped table; `instance-type=` that type only (see
+//!   [`crate::model::instance_types`]). `root-disk=` sizes the root volume
+//!   (`BlockDeviceMappings` on the image's root device, [`DEFAULT_ROOT_DEVICE`] if unknown).
+//! - Capacity fail-over per type: `InsufficientInstanceCapacity` (any zone-specific error) for
+//!   one type in a zone makes the start try the next satisfying type in the same zone (at most
+//!   [`DEFAULT_TYPES_PER_ZONE`]), each under its own client token (the start's token for the
+//!   best type, `<token>/<type>` for the others, so a retried call repeats exactly); the pair is
+//!   tried last for [`DEFAULT_CAPACITY_MEMORY`]. Only when every type failed there does the
+//!   start fail zone-specifically and the provisioner move zone.
 //! - Listings: `DescribeInstances` filtered by our model tag and the states pending, running,
 //!   stopping and stopped, every page. Instances without our model tag are never listed, so
 //!   they can never be adopted or harvested.
@@ -25,6 +38,9 @@ mod errors;
 #[cfg(test)]
 mod tests;
 
-pub use broker::{client_token, Ec2Broker, TAG_MACHINE, TAG_MODEL, TAG_START};
-pub use config::{Ec2Config, Ec2ConfigError};
+pub use broker::{
+    client_token, constraint_tags, root_disk_gib, Ec2Broker, DEFAULT_ROOT_DEVICE, TAG_CONSTRAINT_PREFIX, TAG_MACHINE,
+    TAG_MODEL, TAG_START,
+};
+pub use config::{Ec2Config, Ec2ConfigError, DEFAULT_CAPACITY_MEMORY, DEFAULT_TYPES_PER_ZONE};
 pub use errors::classify;

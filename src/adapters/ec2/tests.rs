@@ -83,7 +83,7 @@ fn config_errors_name_what_is_missing() {
         model_uuid: "u".into(),
         region: Some("us-east-1".into()),
         image_id: "ami-123".into(),
-        instance_type: "t3.micro".into(),
+        instance_type: Some("t3.micro".into()),
         ..Ec2Config::default()
     };
     assert_eq!(ok.validate(), Ok(()));
@@ -94,4 +94,26 @@ fn config_errors_name_what_is_missing() {
     );
     let bad_endpoint = Ec2Config { endpoint: Some("localhost:5000".into()), ..ok.clone() };
     assert!(bad_endpoint.validate().unwrap_err().to_string().contains("not an http(s) URL"));
+}
+
+#[test]
+fn tags_constraints_become_instance_tags_without_touching_our_identity() {
+    let got = constraint_tags(&["team=web".into(), "gpu".into(), " ".into(), format!("{TAG_MODEL}=theirs")]);
+    assert_eq!(got, [("team".to_owned(), "web".to_owned()), ("juju-tag-gpu".to_owned(), "true".to_owned())]);
+}
+
+#[test]
+fn root_disk_rounds_up_to_whole_gib() {
+    assert_eq!(root_disk_gib(20 * 1024), 20);
+    assert_eq!(root_disk_gib(10_000), 10);
+    assert_eq!(root_disk_gib(1), 1);
+    assert_eq!(root_disk_gib(0), 1);
+}
+
+#[test]
+fn an_empty_instance_type_is_refused_and_none_is_fine() {
+    let base = Ec2Config { model_uuid: "u".into(), image_id: "ami-1".into(), ..Ec2Config::default() };
+    assert_eq!(base.validate(), Ok(()));
+    let empty = Ec2Config { instance_type: Some(" ".into()), ..base };
+    assert!(empty.validate().unwrap_err().to_string().contains("instance type"));
 }

@@ -426,6 +426,8 @@ fn instance_from_row(r: &Row<'_>) -> rusqlite::Result<InstanceRecord> {
             },
             // Not stored: the provisioner ages the instance from its first listing.
             age: None,
+            // Not stored (yet): the simulated cloud's type is shown on the start's answer.
+            instance_type: None,
         },
         client_token: r.get(6)?,
     })
@@ -1253,6 +1255,7 @@ impl StoreCore {
                 zone: zone.map(str::to_owned),
                 tags: tags.clone(),
                 age: None,
+                instance_type: None,
             },
             client_token: Some(client_token.to_owned()),
         };

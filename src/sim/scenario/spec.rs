@@ -150,6 +150,11 @@ pub struct CloudSpec {
     /// Addition: scripted failures of container host initialisation.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub init_faults: Vec<InitFaultSpec>,
+    /// Addition: the instance type of machines without hardware constraints. Unset (the
+    /// default): their instances have no type; machines with `arch`/`cores`/`mem_mb`/
+    /// `instance_type` get the cheapest type of the shipped catalogue that satisfies them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_type: Option<String>,
 }
 
 /// Declares a scripted fault's spec: the fields it is given, then the two every fault ends with,
@@ -294,8 +299,15 @@ impl InstanceSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FaultSpec {
-    /// The machine whose starts fail.
+    /// The machine whose starts fail. May be left out (empty) by a fault with an
+    /// `instance_type`: then every machine's tries of that type match.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub machine: String,
+    /// Addition: only tries of this instance type match: the type is out of capacity (in
+    /// `zone`, if given), a zone-specific failure of that type alone; the start tries the next
+    /// type that satisfies the machine's constraints in the same zone before it fails over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_type: Option<String>,
     /// How many matching calls fail.
     #[serde(default = "default_times")]
     pub times: u32,
@@ -345,6 +357,18 @@ pub struct MachineSpec {
     /// `zones=` constraint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zones: Option<Vec<String>>,
+    /// Addition: `arch=` constraint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<String>,
+    /// Addition: `cores=` constraint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cores: Option<u32>,
+    /// Addition: `mem=` constraint, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_mb: Option<u64>,
+    /// Addition: `instance-type=` constraint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_type: Option<String>,
     /// The other machines of its distribution group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distribution_group: Option<Vec<String>>,
@@ -385,6 +409,10 @@ impl MachineSpec {
             instance_status: String::new(),
             instance: None,
             zones: None,
+            arch: None,
+            cores: None,
+            mem_mb: None,
+            instance_type: None,
             distribution_group: None,
             distribution_group_error: String::new(),
             keep_instance: false,

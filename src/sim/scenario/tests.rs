@@ -113,3 +113,22 @@ fn a_fault_spec_names_a_bad_field_with_its_line_and_the_shared_fields() {
     let s = Scenario::parse(text, Format::Toml, "t.toml").unwrap();
     assert_eq!((s.cloud.init_faults[0].times, s.cloud.init_faults[0].message.as_str()), (1, "injected failure"));
 }
+
+#[test]
+fn instance_type_faults_are_capacity_faults_and_a_fault_names_something() {
+    let ok = "[[machines]]\nid = \"0\"\ncores = 2\nmem_mb = 8192\n[cloud]\nzones = [\"az1\"]\ninstance_type = \"t3.micro\"\n[[cloud.faults]]\ninstance_type = \"t3.large\"\nzone = \"az1\"\n";
+    let s = Scenario::parse(ok, Format::Toml, "t.toml").unwrap();
+    assert_eq!(s.cloud.faults[0].machine, "");
+    assert_eq!(s.cloud.instance_type.as_deref(), Some("t3.micro"));
+    assert_eq!((s.machines[0].cores, s.machines[0].mem_mb), (Some(2), Some(8192)));
+    let again = Scenario::parse(&s.to_toml(), Format::Toml, "t.toml").unwrap();
+    assert_eq!(again.cloud, s.cloud, "round-trips");
+    let lost = "[[machines]]\nid = \"0\"\n[[cloud.faults]]\ninstance_type = \"t3.large\"\nlost_response = true\n";
+    assert!(toml_err(lost).to_string().contains("instance_type: a fault of an instance type is a capacity fault"));
+    let nothing = "[[machines]]\nid = \"0\"\n[[cloud.faults]]\ntimes = 2\n";
+    assert!(
+        toml_err(nothing).to_string().contains("a fault names a machine, an instance_type, or both"),
+        "{}",
+        toml_err(nothing)
+    );
+}

@@ -92,7 +92,25 @@ impl Checks<'_> {
     /// Scripted start faults and derived zones name machines that exist.
     fn faults_name_known_machines(&self, known: &[&str]) -> Result<(), ScenarioError> {
         let cloud = &self.s.cloud;
-        let faults = cloud.faults.iter().enumerate().map(|(i, f)| ("faults", "fault", i, &f.machine));
+        if let Some(i) = cloud.faults.iter().position(|f| f.machine.is_empty() && f.instance_type.is_none()) {
+            let message = "a fault names a machine, an instance_type, or both".to_owned();
+            return Err(self.err(&format!("cloud.faults[{i}]"), "fault", message));
+        }
+        for (i, f) in cloud.faults.iter().enumerate().filter(|(_, f)| f.instance_type.is_some()) {
+            if f.lost_response || f.zone_independent {
+                let path = format!("cloud.faults[{i}].instance_type");
+                let message =
+                    "a fault of an instance type is a capacity fault: it cannot be lost_response or zone_independent"
+                        .to_owned();
+                return Err(self.err(&path, "instance_type", message));
+            }
+        }
+        let faults = cloud
+            .faults
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| !(f.machine.is_empty() && f.instance_type.is_some()))
+            .map(|(i, f)| ("faults", "fault", i, &f.machine));
         let derived =
             cloud.derived_zones.iter().enumerate().map(|(i, d)| ("derived_zones", "derived_zones", i, &d.machine));
         for (table, what, i, machine) in faults.chain(derived) {
