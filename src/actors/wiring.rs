@@ -408,6 +408,18 @@ impl ContainersHandle {
         Ok(out)
     }
 
+    /// Resolves once every supervisor and container provisioner is quiescent (as
+    /// [`ContainersHandle::is_idle`] tells), or at once if the manager stopped. Nothing polls:
+    /// each round waits on the manager's and the supervisors' `WhenIdle` (real progress: a read
+    /// done, a host prepared, a provisioner idle), then confirms.
+    pub async fn wait_idle(&self) {
+        loop {
+            if self.manager.send(crate::actors::messages::WhenIdle).await.is_err() || self.is_idle().await {
+                return;
+            }
+        }
+    }
+
     /// Whether every supervisor and container provisioner is quiescent.
     pub async fn is_idle(&self) -> bool {
         self.manager.send(crate::actors::messages::Busy).await.map(|n| n == 0).unwrap_or(true)

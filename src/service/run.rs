@@ -545,21 +545,15 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     server_handle.stop(true).await;
     drop(server_task);
     handle.close_starts();
-    // The provisioner says when it is idle (its jobs, and so its cloud calls, are done); the
-    // grace period bounds the wait. (A periodic listing still in flight is only a read.)
-    // Container provisioners have no "tell me when idle" of their own yet: when they run, they
-    // are checked every 50 ms within the same grace period.
-    let deadline = Instant::now() + opts.shutdown_grace;
-    let mut idle = actix_rt::time::timeout(opts.shutdown_grace, handle.wait_idle()).await.is_ok();
-    if let Some(c) = &containers {
-        while idle && !c.is_idle().await {
-            if Instant::now() >= deadline {
-                idle = false;
-                break;
-            }
-            actix_rt::time::sleep(std::time::Duration::from_millis(50)).await;
+    // The provisioners say when they are idle (their jobs, and so their cloud calls, are done);
+    // the grace period bounds the wait. (A periodic listing still in flight is only a read.)
+    let drained = async {
+        handle.wait_idle().await;
+        if let Some(c) = &containers {
+            c.wait_idle().await;
         }
-    }
+    };
+    let idle = actix_rt::time::timeout(opts.shutdown_grace, drained).await.is_ok();
     if !idle {
         tracing::warn!(
             in_flight = broker.in_flight(),

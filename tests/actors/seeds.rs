@@ -440,3 +440,20 @@ async fn destroy_model_at_the_instant_a_start_lands_stops_its_instance() {
     assert_eq!(cloud.calls_of(CloudOp::StartInstance).len(), 1);
     assert_eq!(cloud.state_of("i-1"), Some(InstanceState::Terminated), "{:?}", stops(&cloud));
 }
+
+/// "Tell me when idle" for the container provisioners: `ContainersHandle::wait_idle` answers
+/// only once the host's preparation (failing twice, retried with backoff) is done and the
+/// container's start has landed, not at the first moment nothing happens to be in flight.
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
+async fn containers_wait_idle_waits_for_the_host_and_the_containers_start() {
+    let c = with_containers(&["0", "0/lxd/0"], vec![("0".into(), "lxd".into(), 2, "not yet".into())]);
+    c.h.handle.wait_idle().await;
+    // The host's provisioned instance reaches the container manager as an event.
+    c.h.run_for(Duration::from_millis(1)).await;
+    assert!(!c.containers.is_idle().await, "the host's preparation is under way");
+    c.containers.wait_idle().await;
+    assert!(c.containers.is_idle().await);
+    let model = c.h.model().await;
+    assert!(instance_of(&model, "0/lxd/0").is_some(), "answered before the container started: {model:#?}");
+    assert_eq!(c.initialiser.calls(), 3, "two failures, then success");
+}

@@ -325,6 +325,23 @@ impl Handler<crate::actors::messages::Busy> for ContainerManager {
     }
 }
 
+/// Answered once the manager's own reads are done and every supervisor answered its own
+/// `WhenIdle` (see [`ContainersHandle::wait_idle`](crate::ContainersHandle::wait_idle)).
+impl Handler<crate::actors::messages::WhenIdle> for ContainerManager {
+    type Result = ResponseFuture<()>;
+    fn handle(&mut self, _msg: crate::actors::messages::WhenIdle, _ctx: &mut Self::Context) -> Self::Result {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        self.reads.when_idle(tx);
+        let sups: Vec<_> = self.supervisors.values().cloned().collect();
+        Box::pin(async move {
+            let _ = rx.await;
+            for s in sups {
+                let _ = s.send(crate::actors::messages::WhenIdle).await;
+            }
+        })
+    }
+}
+
 impl Handler<crate::actors::messages::Shutdown> for ContainerManager {
     type Result = ();
     fn handle(&mut self, _msg: crate::actors::messages::Shutdown, ctx: &mut Self::Context) {

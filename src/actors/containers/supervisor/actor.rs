@@ -8,6 +8,7 @@ use actix::prelude::*;
 use super::messages::*;
 use super::state::{Effect, SupervisorBook};
 use crate::actors::containers::{BrokerFactory, ContainerInitialiser, ContainerProvisioner, ProvisionerFactory};
+use crate::actors::work::{BusyState, WorkCount};
 use crate::config::ProvisionerConfig;
 use crate::model::events::ProvisionerEvent;
 use crate::model::{InstanceStatus, MachineId};
@@ -81,12 +82,18 @@ pub struct ContainerSupervisor {
     done_check: Option<SpawnHandle>,
     /// Something changed while that check was in flight: check again.
     changed_during_check: bool,
+    /// Whether the host is being prepared (its initialisation or a retry's timer in flight),
+    /// as one guard of `work`, whose waiters [`WhenIdle`](crate::actors::messages::WhenIdle)
+    /// registers.
+    work: WorkCount,
+    initialising: BusyState,
 }
 
 impl ContainerSupervisor {
     /// A listening supervisor; `host_zone` is `Some` if the host is already provisioned.
     pub fn new(host: MachineId, kind: String, host_zone: Option<Option<String>>, deps: SupervisorDeps) -> Self {
         let book = SupervisorBook::new(deps.config.backoff, host_zone).with_seed(deps.config.seed ^ 0x5u64);
+        let work = WorkCount::new();
         Self {
             host,
             kind,
@@ -96,6 +103,8 @@ impl ContainerSupervisor {
             incarnation: 0,
             done_check: None,
             changed_during_check: false,
+            initialising: BusyState::new(&work),
+            work,
         }
     }
 
@@ -144,6 +153,11 @@ impl ContainerSupervisor {
     }
 
     fn perform(&mut self, effects: Vec<Effect>, ctx: &mut Context<Self>) {
+        self.perform_effects(effects, ctx);
+        self.initialising.set(matches!(self.book.stage(), super::Stage::Initialising { .. }));
+    }
+
+    fn perform_effects(&mut self, effects: Vec<Effect>, ctx: &mut Context<Self>) {
         for effect in effects {
             match effect {
                 Effect::Initialise => {
@@ -314,6 +328,24 @@ impl Handler<crate::actors::messages::Busy> for ContainerSupervisor {
                 None => 0,
             };
             initialising + busy
+        })
+    }
+}
+
+/// Answered once the host is prepared (or given up on) and the container provisioner, if one
+/// runs, is idle. A provisioner started meanwhile is not waited for: the containers' handle
+/// asks again until everything is idle (each ask waits for real progress; nothing polls).
+impl Handler<crate::actors::messages::WhenIdle> for ContainerSupervisor {
+    type Result = ResponseFuture<()>;
+    fn handle(&mut self, _msg: crate::actors::messages::WhenIdle, _ctx: &mut Self::Context) -> Self::Result {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        self.work.when_idle(tx);
+        let provisioner = self.provisioner.clone();
+        Box::pin(async move {
+            let _ = rx.await;
+            if let Some(p) = provisioner {
+                p.wait_idle().await;
+            }
         })
     }
 }
