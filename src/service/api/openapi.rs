@@ -59,7 +59,7 @@ pub enum ConfigKey {
         super::destroy_model,
         super::events,
     ),
-    components(schemas(crate::service::events::EventView, ErrorBody)),
+    components(schemas(crate::service::events::EventView, ErrorBody, ConfigKey, super::model::StatusFilter)),
     modifiers(&Shared),
     tags(
         (name = "machines", description = "The model's machines"),
@@ -87,13 +87,6 @@ pub const LINKS: &[LinkSpec] = &[
         from: ("add_machines", "201"),
         name: "RemoveMachines",
         to: "remove_machines",
-        parameters: &[],
-        body: Some(r#"{"ids": "$response.body#/ids"}"#),
-    },
-    LinkSpec {
-        from: ("add_machines", "201"),
-        name: "RetryMachines",
-        to: "retry_machines",
         parameters: &[],
         body: Some(r#"{"ids": "$response.body#/ids"}"#),
     },
@@ -149,6 +142,9 @@ pub struct LinkSpec {
     pub body: Option<&'static str>,
 }
 
+/// The routes whose body may be left out (no body, or an empty one, means the defaults).
+const OPTIONAL_BODIES: &[&str] = &["/v1/destroy-model"];
+
 /// What every operation shares: security, 401, 413, 500; and the [`LINKS`].
 struct Shared;
 
@@ -192,6 +188,17 @@ impl Modify for Shared {
                 if secured {
                     op.security = Some(vec![SecurityRequirement::new("bearer", Vec::<String>::new())]);
                     answers.insert("401".into(), error("No API token, or a wrong one"));
+                }
+                if let Some(body) = op.request_body.as_mut().filter(|_| OPTIONAL_BODIES.contains(&path.as_str())) {
+                    // An optional body is no body or an empty one, not JSON `null`: the schema is
+                    // the type's, the body not required.
+                    body.required = Some(utoipa::openapi::Required::False);
+                    for content in body.content.values_mut() {
+                        if let Some(RefOr::T(utoipa::openapi::schema::Schema::OneOf(one))) = &content.schema {
+                            let not_null = one.items.iter().find(|s| matches!(s, RefOr::Ref(_))).cloned();
+                            content.schema = not_null;
+                        }
+                    }
                 }
                 if op.request_body.is_some() {
                     answers.insert(

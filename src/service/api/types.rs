@@ -66,8 +66,9 @@ pub struct AddMachines {
     #[serde(default = "one")]
     #[schema(minimum = 1, maximum = 10000, default = 1)]
     pub count: usize,
-    /// A `zones=` constraint for each.
+    /// A `zones=` constraint for each (the cloud's zones: `GET /v1/status`).
     #[serde(default)]
+    #[schema(min_items = 1)]
     pub zones: Option<Vec<String>>,
     /// Their constraints: a string in Juju's syntax (`"cores=4 mem=16G"`) or an object with
     /// the keys of [`ConstraintsView`].
@@ -127,7 +128,8 @@ pub struct AddedMachines {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RemoveMachines {
-    /// The machines.
+    /// The machines (1..=10000 ids; each counted once).
+    #[schema(min_items = 1, max_items = 10000)]
     pub ids: Vec<String>,
     /// Leave their instances running (released from the model).
     #[serde(default)]
@@ -141,7 +143,9 @@ pub struct RemoveMachines {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetryMachines {
-    /// The machines (each in provisioning error).
+    /// The machines (each in provisioning error; 1..=10000 ids; no container: containers have no
+    /// retry).
+    #[schema(min_items = 1, max_items = 10000, value_type = Vec<TopLevelId>)]
     pub ids: Vec<String>,
 }
 
@@ -152,7 +156,9 @@ pub struct ConfigValue {
     /// `harvest-mode` or `workers`.
     #[serde(default)]
     pub key: String,
-    /// Its value, as text.
+    /// Its value, as text: a harvest mode (`none`, `unknown`, `destroyed`, `all`, any case) for
+    /// `harvest-mode`, a whole number 1..=100 (digits only) for `workers`.
+    #[schema(pattern = r"^\s*([Nn][Oo][Nn][Ee]|[Uu][Nn][Kk][Nn][Oo][Ww][Nn]|[Dd][Ee][Ss][Tt][Rr][Oo][Yy][Ee][Dd]|[Aa][Ll][Ll]|0*([1-9][0-9]?|100))\s*$")]
     pub value: String,
 }
 
@@ -230,6 +236,12 @@ pub enum ConstraintsInput {
     /// The keys of `machine show --json`'s `constraints`.
     Object(ConstraintsView),
 }
+
+/// The id of a machine that is not a container (no `/`). Only the OpenAPI document uses
+/// this type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(pattern = "^[^/]*$")]
+pub struct TopLevelId(pub String);
 
 /// The body of every error answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -334,6 +346,7 @@ pub struct MachineDetail {
 #[serde(deny_unknown_fields)]
 pub struct AddApplication {
     /// Its name (Juju's rule: lowercase letters, digits and hyphens, starting with a letter).
+    #[schema(pattern = r"^[a-z][a-z0-9]*(-[a-z0-9]*[a-z][a-z0-9]*)*$")]
     pub name: String,
     /// How many units, each on a new machine (1..=10000).
     #[schema(minimum = 1, maximum = 10000)]
