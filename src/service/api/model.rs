@@ -291,9 +291,11 @@ pub fn machine_id_of_path(raw: &str) -> Result<MachineId> {
 
 /// `GET /v1/machines/{id}`.
 #[utoipa::path(get, path = "/v1/machines/{id}", tag = "machines", operation_id = "show_machine",
-    params(("id" = String, Path, description = "A machine id (`3`; a container's `3/lxd/0`, as is or encoded)")),
+    params(("id" = String, Path, description = "A machine id (`3`; a container's `3/lxd/0`, as is or encoded). \
+        `remove` and `retry` are routes of their own (`POST` only: `GET` on them is 405)")),
     responses(
         (status = 200, description = "Everything the store holds for the machine", body = MachineDetail),
+        (status = 400, description = "No machine id: the path's id is only slashes (`%2F`)", body = ErrorBody),
         (status = 404, description = "No such machine", body = ErrorBody),
     ))]
 pub async fn show_machine(_: Authorized, st: State, req: HttpRequest) -> Result<HttpResponse> {

@@ -3,7 +3,7 @@
 //! committed as `docs/openapi.json` (a test keeps the copy in step: `UPDATE_OPENAPI=1 cargo
 //! test --lib --features serve openapi` rewrites it).
 //!
-//! What every operation shares is added here, not per handler ([`Shared`]): the bearer scheme
+//! What every operation shares is added here, not per handler (one `Modify`): the bearer scheme
 //! and its 401 on every `/v1` route, the 413 of every body, the JSON error body of a 500. The
 //! links between operations (what schemathesis's stateful phase follows) are one table
 //! ([`LINKS`]). A new route is one line in [`ApiDoc`]'s `paths(...)`.
@@ -355,6 +355,30 @@ mod tests {
         let link = &doc["paths"]["/v1/machines"]["post"]["responses"]["201"]["links"]["ShowFirstMachine"];
         assert_eq!(link["operationId"], "show_machine");
         assert_eq!(link["parameters"]["id"], "$response.body#/ids/0");
+    }
+
+    /// schemathesis found these: the document said `destroy-model` takes JSON `null` (the
+    /// service refuses it: no body means the defaults), and left out the 400 of an empty
+    /// machine id.
+    #[test]
+    fn the_document_says_what_the_service_does_where_fuzzing_found_it_did_not() {
+        let doc: serde_json::Value = serde_json::from_str(&document_json()).unwrap();
+        let body = &doc["paths"]["/v1/destroy-model"]["post"]["requestBody"];
+        assert_eq!(body["required"], false, "{body}");
+        assert_eq!(
+            body["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/DestroyRequest",
+            "{body}"
+        );
+        let e = super::super::parse_body::<crate::service::api::types::DestroyRequest>(b"null", None).unwrap_err();
+        assert_eq!(e.status, 400, "the service refuses null");
+        assert!(doc["paths"]["/v1/machines/{id}"]["get"]["responses"]["400"].is_object());
+        assert_eq!(super::super::model::machine_id_of_path("%2F").unwrap_err().status, 400);
+        // Every body the service takes is strict: the document says so (additionalProperties).
+        for name in
+            ["AddMachines", "RemoveMachines", "RetryMachines", "ConfigValue", "DestroyRequest", "AddApplication"]
+        {
+            assert_eq!(doc["components"]["schemas"][name]["additionalProperties"], false, "{name}");
+        }
     }
 
     #[test]

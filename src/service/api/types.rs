@@ -158,7 +158,9 @@ pub struct ConfigValue {
     pub key: String,
     /// Its value, as text: a harvest mode (`none`, `unknown`, `destroyed`, `all`, any case) for
     /// `harvest-mode`, a whole number 1..=100 (digits only) for `workers`.
-    #[schema(pattern = r"^\s*([Nn][Oo][Nn][Ee]|[Uu][Nn][Kk][Nn][Oo][Ww][Nn]|[Dd][Ee][Ss][Tt][Rr][Oo][Yy][Ee][Dd]|[Aa][Ll][Ll]|0*([1-9][0-9]?|100))\s*$")]
+    #[schema(
+        pattern = r"^\s*([Nn][Oo][Nn][Ee]|[Uu][Nn][Kk][Nn][Oo][Ww][Nn]|[Dd][Ee][Ss][Tt][Rr][Oo][Yy][Ee][Dd]|[Aa][Ll][Ll]|0*([1-9][0-9]?|100))\s*$"
+    )]
     pub value: String,
 }
 
