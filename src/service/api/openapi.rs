@@ -299,8 +299,7 @@ mod tests {
         assert!(
             committed == generated,
             "docs/openapi.json differs from the API the code defines; refresh it with \
-             `UPDATE_OPENAPI=1 cargo test --lib --features serve openapi` (or `provisioner openapi > \
-             docs/openapi.json`) and commit it"
+             `UPDATE_OPENAPI=1 cargo test --lib --features serve openapi` and commit it"
         );
     }
 
