@@ -1465,3 +1465,41 @@ fn the_simulated_cloud_fails_over_when_its_only_type_is_out_of_capacity() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("out_of_capacity") && err.contains("TYPE:ZONE"), "{err}");
 }
+
+// ---- the OpenAPI contract (issue 16) -------------------------------------------------------
+
+/// `GET /v1/openapi.json` needs no token and serves the committed `docs/openapi.json`; every
+/// route it names answers (with the token) something it documents, and a refused request
+/// that schemathesis's stateful phase makes (a body naming a missing machine) changes nothing.
+#[test]
+fn the_openapi_document_is_served_without_a_token_and_is_the_committed_copy() {
+    let dir = temp_dir("openapi");
+    let s = Server::start(&dir, &["--sim-start-latency", "20ms"]);
+    let (code, headers, text) = raw_http(&s, "GET", "/v1/openapi.json", false, None);
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(header(&headers, "content-type"), Some("application/json"));
+    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json")).unwrap();
+    assert_eq!(text, committed, "the served document is the committed one");
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let (code, headers, _) = raw_http(&s, "POST", "/v1/openapi.json", false, None);
+    assert_eq!((code, header(&headers, "allow")), (405, Some("GET")));
+    // Each documented GET without parameters answers a documented status.
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let Some(get) = item.get("get") else { continue };
+        if path.contains('{') || path == "/v1/events" {
+            continue;
+        }
+        let (code, _, text) = raw_http(&s, "GET", path, true, None);
+        assert!(get["responses"].get(code.to_string()).is_some(), "GET {path}: {code} is not documented: {text}");
+    }
+    // A removal naming one machine that exists and one that does not is a 404, and the
+    // machine that exists is left as it was.
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "1", "--json"]));
+    let body = serde_json::to_vec(&serde_json::json!({"ids": [ids[0], "no-such-machine"]})).unwrap();
+    let (code, _, text) = raw_http(&s, "POST", "/v1/machines/remove", true, Some(&body));
+    assert_eq!(code, 404, "{text}");
+    assert!(doc["paths"]["/v1/machines/remove"]["post"]["responses"]["404"].is_object());
+    let m = s.json(&["machine", "show", &ids[0], "--json"]);
+    assert_eq!(m["life"], "alive", "a refused removal changed the machine: {m}");
+}

@@ -32,7 +32,7 @@ pub const QUEUE_LIMIT: usize = 1024;
 pub const DROPPED: &str = "stream-dropped";
 
 /// One event, as the stream carries it. Fields that do not apply are left out.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EventView {
     /// `machine-started`, `machine-failed`, `instances-stopped`, ...
     pub event: String,

@@ -19,6 +19,7 @@
 //! | `GET /v1/status` | | `StatusView` |
 //! | `POST /v1/destroy-model` | `DestroyRequest` | `DestroyView` (409 naming live manual machines unless `force`) |
 //! | `GET /v1/events` | | `text/event-stream` of `EventView`s |
+//! | `GET /v1/openapi.json` | | this table as an OpenAPI 3.1 document ([`openapi`]; no token needed) |
 //!
 //! Errors are `{"error": "one sentence"}` with 400 (bad input: a body that does not parse, an
 //! unknown field, a wrong type, a value out of range), 401 (no or wrong token), 404 (no such
@@ -28,6 +29,7 @@
 
 pub mod add;
 pub mod model;
+pub mod openapi;
 pub mod types;
 
 use std::collections::BTreeMap;
@@ -46,6 +48,7 @@ use crate::service::store::{MachineRecord, Store, StoreError};
 use crate::Broker;
 use crate::DestroyError;
 use crate::ProvisionerHandle;
+use openapi::ConfigKey;
 use types::{
     AddMachines, AddedMachines, ConfigValue, DestroyRequest, DestroyView, ErrorBody, InstanceView, MachineView,
     RemoveMachines, RetryMachines, StatusView,
@@ -275,6 +278,11 @@ async fn json_body<T: serde::de::DeserializeOwned>(req: &HttpRequest, payload: w
 }
 
 /// 200 `ok` while the store can be read; 503 with the reason otherwise.
+#[utoipa::path(get, path = "/healthz", tag = "service", operation_id = "healthz",
+    responses(
+        (status = 200, description = "The store can be read", content_type = "text/plain", body = String, example = "ok\n"),
+        (status = 503, description = "The store cannot be read (the reason)", content_type = "text/plain", body = String),
+    ))]
 async fn healthz(st: State) -> HttpResponse {
     match st.store.exec_lazy(|s| s.check_readable()).await {
         Ok(()) => HttpResponse::Ok().content_type("text/plain").body("ok\n"),
@@ -284,6 +292,14 @@ async fn healthz(st: State) -> HttpResponse {
     }
 }
 
+#[utoipa::path(post, path = "/v1/machines", tag = "machines", operation_id = "add_machines",
+    request_body = AddMachines,
+    responses(
+        (status = 201, description = "The new machines' ids", body = AddedMachines),
+        (status = 400, description = "A field is wrong (named), or names what the cloud or model lacks: a zone, a \
+            subnet, a host that is not an alive top-level machine, an address already registered", body = ErrorBody),
+        (status = 409, description = "The model is dying", body = ErrorBody),
+    ))]
 async fn add_machines(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
     let body: AddMachines = json_body(&req, payload).await?;
     if body.count == 0 || body.count > MAX_ADD {
@@ -322,6 +338,15 @@ async fn add_containers_or_manual(st: &AppState, body: &AddMachines) -> Result<H
     Ok(HttpResponse::Created().json(AddedMachines { ids: added.iter().map(ToString::to_string).collect() }))
 }
 
+#[utoipa::path(post, path = "/v1/machines/remove", tag = "machines", operation_id = "remove_machines",
+    request_body = RemoveMachines,
+    responses(
+        (status = 204, description = "The machines are dying (or dead): their instances are stopped, then they are removed"),
+        (status = 400, description = "No ids, too many, or a body that does not parse", body = ErrorBody),
+        (status = 404, description = "No such machine (nothing was changed)", body = ErrorBody),
+        (status = 409, description = "The model's state refuses it (a host with live containers without `force`, \
+            a manual machine's instance to keep, the model dying); nothing was changed", body = ErrorBody),
+    ))]
 async fn remove_machines(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
     let RemoveMachines { ids: raw, keep_instance, force } = json_body(&req, payload).await?;
     let ids = ids(&raw)?;
@@ -329,6 +354,14 @@ async fn remove_machines(_: Authorized, st: State, req: HttpRequest, payload: we
     Ok(HttpResponse::NoContent().finish())
 }
 
+#[utoipa::path(post, path = "/v1/machines/retry", tag = "machines", operation_id = "retry_machines",
+    request_body = RetryMachines,
+    responses(
+        (status = 204, description = "The machines will be started again"),
+        (status = 400, description = "No ids, too many, a container, or a body that does not parse", body = ErrorBody),
+        (status = 404, description = "No such machine (nothing was changed)", body = ErrorBody),
+        (status = 409, description = "A machine is not in provisioning error, or the model is dying; nothing was changed", body = ErrorBody),
+    ))]
 async fn retry_machines(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
     let body: RetryMachines = json_body(&req, payload).await?;
     let ids = ids(&body.ids)?;
@@ -349,6 +382,8 @@ fn refuse_container_retries(ids: &[MachineId]) -> Result<()> {
     }
 }
 
+#[utoipa::path(get, path = "/v1/instances", tag = "instances", operation_id = "list_instances",
+    responses((status = 200, description = "The cloud's instances of this model", body = Vec<InstanceView>)))]
 async fn list_instances(_: Authorized, st: State) -> Result<HttpResponse> {
     let list = st.broker.all_instances().await.map_err(|e| ApiError::internal(format!("listing the cloud: {e}")))?;
     let views: Vec<InstanceView> = list
@@ -379,10 +414,18 @@ async fn config_value(st: &AppState, key: &str) -> Result<ConfigValue> {
     Ok(ConfigValue { key: key.to_owned(), value })
 }
 
+#[utoipa::path(get, path = "/v1/config/{key}", tag = "config", operation_id = "get_config",
+    params(("key" = ConfigKey, Path, description = "The setting")),
+    responses(
+        (status = 200, description = "The setting's value", body = ConfigValue),
+        (status = 404, description = "No such setting", body = ErrorBody),
+    ))]
 async fn get_config(_: Authorized, st: State, key: web::Path<String>) -> Result<HttpResponse> {
     Ok(HttpResponse::Ok().json(config_value(&st, &key).await?))
 }
 
+#[utoipa::path(get, path = "/v1/config", tag = "config", operation_id = "list_config",
+    responses((status = 200, description = "Every setting", body = Vec<ConfigValue>)))]
 async fn list_config(_: Authorized, st: State) -> Result<HttpResponse> {
     let mut out = Vec::new();
     for key in CONFIG_KEYS {
@@ -391,6 +434,15 @@ async fn list_config(_: Authorized, st: State) -> Result<HttpResponse> {
     Ok(HttpResponse::Ok().json(out))
 }
 
+#[utoipa::path(put, path = "/v1/config/{key}", tag = "config", operation_id = "set_config",
+    params(("key" = ConfigKey, Path, description = "The setting")),
+    request_body(content = ConfigValue, description = "`value`: a harvest mode (`none`, `unknown`, `destroyed`, \
+        `all`) or a worker count (1..=100, digits only); `key`, if given, is ignored"),
+    responses(
+        (status = 200, description = "The value now in force", body = ConfigValue),
+        (status = 400, description = "The value is wrong for the setting, or the body does not parse", body = ErrorBody),
+        (status = 404, description = "No such setting", body = ErrorBody),
+    ))]
 /// Validates, persists (so the value survives a restart), then applies.
 async fn set_config(
     _: Authorized,
@@ -437,6 +489,8 @@ async fn set_config(
     Ok(HttpResponse::Ok().json(ConfigValue { key: key.into_inner(), value }))
 }
 
+#[utoipa::path(get, path = "/v1/status", tag = "service", operation_id = "status",
+    responses((status = 200, description = "The model, its machines, the cloud and the pool", body = StatusView)))]
 async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
     let (machines, life) = st.store.exec(|s| Ok((s.list_machines()?, s.model_life()?))).await?;
     let (instances, instances_error) = instance_count(st.broker.all_instances().await.map(|l| l.len()));
@@ -475,6 +529,13 @@ fn instance_count(listed: std::result::Result<usize, crate::ports::BrokerError>)
     }
 }
 
+#[utoipa::path(post, path = "/v1/destroy-model", tag = "model", operation_id = "destroy_model",
+    request_body(content = Option<DestroyRequest>, description = "Optional: no body (or an empty one) means `force: false`"),
+    responses(
+        (status = 200, description = "The model is dying: what the destruction set in motion", body = DestroyView),
+        (status = 400, description = "A body that does not parse", body = ErrorBody),
+        (status = 409, description = "The model is already dying, or live manual machines refuse it (named) without `force`", body = ErrorBody),
+    ))]
 async fn destroy_model(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
     // No body (or an empty one) means the defaults; anything else must parse, or nothing happens.
     let DestroyRequest { force } = parse_body(&read_body(&req, payload).await?, Some(DestroyRequest::default()))?;
@@ -522,6 +583,9 @@ fn manual_machines_message(ids: &[MachineId], dying: bool) -> String {
     )
 }
 
+#[utoipa::path(get, path = "/v1/events", tag = "service", operation_id = "events",
+    responses((status = 200, description = "Server-sent events, one `EventView` (JSON) per `data:` line, until the \
+        client disconnects or falls behind", content_type = "text/event-stream", body = String)))]
 async fn events(_: Authorized, st: State) -> Result<HttpResponse> {
     use futures::StreamExt;
     let rx = st
@@ -535,6 +599,9 @@ async fn events(_: Authorized, st: State) -> Result<HttpResponse> {
         .streaming(rx.map(|frame| Ok::<_, actix_web::Error>(web::Bytes::from(frame)))))
 }
 
+#[utoipa::path(get, path = "/metrics", tag = "service", operation_id = "metrics",
+    responses((status = 200, description = "Prometheus text exposition format 0.0.4",
+        content_type = "text/plain; version=0.0.4", body = String)))]
 /// Reads no table: the state gauges are the counts the store keeps as it writes, held by the
 /// metrics actor; the rest comes from the actors' own state.
 async fn metrics(st: State) -> Result<HttpResponse> {
@@ -589,6 +656,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .service(resource("/metrics", "GET", false).route(web::get().to(metrics)))
         .service(
             web::scope("/v1")
+                .service(resource("/openapi.json", "GET", false).route(web::get().to(openapi::openapi_json)))
                 .service(
                     resource("/machines", "GET, POST", true)
                         .route(web::get().to(model::list_machines))

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
+use utoipa::IntoParams;
 
-use super::types::{AddApplication, ApplicationView, ConstraintsView, MachineDetail};
+use super::types::{AddApplication, ApplicationView, ConstraintsView, ErrorBody, MachineDetail, MachineView};
 use super::{json_body, view, ApiError, Authorized, Result, State, MAX_ADD, MAX_IDS};
 use crate::model::{check_application_name, Constraints, MachineId, MachineStatus, Placement};
 use crate::service::store::{ApplicationRecord, MachineRecord, NewMachine, StoreError};
@@ -113,19 +114,53 @@ pub fn new_machine(
 }
 
 /// `GET /v1/machines` query parameters, all optional.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct MachineQuery {
     /// Only the machines of this application.
+    #[param(pattern = r"^[a-z][a-z0-9]*(-[a-z0-9]*[a-z][a-z0-9]*)*$")]
     pub application: Option<String>,
     /// Only machines with this machine status or instance status.
+    #[param(value_type = Option<StatusFilter>)]
     pub status: Option<String>,
-    /// Only machines whose instance is in this zone.
+    /// Only machines whose instance is in this zone (one of the cloud's zones: `GET /v1/status`).
     pub zone: Option<String>,
     /// The page starts after this machine id (id order).
+    #[param(pattern = r"\S")]
     pub after: Option<String>,
     /// At most this many (1..=10000).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 10000)]
     pub limit: Option<String>,
+}
+
+/// What a `status` filter may name: a machine status or an instance status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize, utoipa::ToSchema)]
+pub enum StatusFilter {
+    /// Machine status.
+    #[serde(rename = "pending")]
+    Pending,
+    /// Machine status.
+    #[serde(rename = "started")]
+    Started,
+    /// Machine status.
+    #[serde(rename = "error")]
+    Error,
+    /// Machine status (and instance status).
+    #[serde(rename = "stopped")]
+    Stopped,
+    /// Instance status.
+    #[serde(rename = "provisioning")]
+    Provisioning,
+    /// Instance status.
+    #[serde(rename = "provisioning error")]
+    ProvisioningError,
+    /// Instance status.
+    #[serde(rename = "running")]
+    Running,
+    /// Instance status.
+    #[serde(rename = "missing")]
+    Missing,
 }
 
 /// The instance statuses a `status` filter may name (besides the machine statuses).
@@ -214,6 +249,12 @@ fn cloud(st: &State) -> CloudShape {
 }
 
 /// `GET /v1/machines[?application=&status=&zone=&after=&limit=]`.
+#[utoipa::path(get, path = "/v1/machines", tag = "machines", operation_id = "list_machines",
+    params(MachineQuery),
+    responses(
+        (status = 200, description = "The machines the filters keep, one page in id order", body = Vec<MachineView>),
+        (status = 400, description = "A parameter is wrong (named): an unknown one, a zone the cloud does not have", body = ErrorBody),
+    ))]
 pub async fn list_machines(_: Authorized, st: State, req: HttpRequest) -> Result<HttpResponse> {
     let filter = MachineQuery::from_query_string(req.query_string())?.check(&cloud(&st))?;
     let machines = st.store.exec(|s| s.list_machines()).await?;
@@ -249,6 +290,14 @@ pub fn machine_id_of_path(raw: &str) -> Result<MachineId> {
 }
 
 /// `GET /v1/machines/{id}`.
+#[utoipa::path(get, path = "/v1/machines/{id}", tag = "machines", operation_id = "show_machine",
+    params(("id" = String, Path, description = "A machine id (`3`; a container's `3/lxd/0`, as is or encoded). \
+        `remove` and `retry` are routes of their own (`POST` only: `GET` on them is 405)")),
+    responses(
+        (status = 200, description = "Everything the store holds for the machine", body = MachineDetail),
+        (status = 400, description = "No machine id: the path's id is only slashes (`%2F`)", body = ErrorBody),
+        (status = 404, description = "No such machine", body = ErrorBody),
+    ))]
 pub async fn show_machine(_: Authorized, st: State, req: HttpRequest) -> Result<HttpResponse> {
     let id = machine_id_of_path(req.match_info().get("id").unwrap_or_default())?;
     let wanted = id.clone();
@@ -275,6 +324,13 @@ pub fn check_application(cloud: &CloudShape, body: AddApplication) -> Result<(St
     Ok((body.name, body.units, spec.constraints))
 }
 
+#[utoipa::path(post, path = "/v1/applications", tag = "applications", operation_id = "add_application",
+    request_body = AddApplication,
+    responses(
+        (status = 201, description = "The application and its units' new machines", body = ApplicationView),
+        (status = 400, description = "A field is wrong (named), or names a zone the cloud does not have", body = ErrorBody),
+        (status = 409, description = "The application exists, or the model is dying", body = ErrorBody),
+    ))]
 /// `POST /v1/applications`: the application and a machine for each unit, in one transaction.
 pub async fn add_application(
     _: Authorized,
@@ -291,11 +347,21 @@ pub async fn add_application(
 }
 
 /// `GET /v1/applications`.
+#[utoipa::path(get, path = "/v1/applications", tag = "applications", operation_id = "list_applications",
+    responses((status = 200, description = "Every application", body = Vec<ApplicationView>)))]
 pub async fn list_applications(_: Authorized, st: State) -> Result<HttpResponse> {
     let apps = st.store.exec(|s| s.applications()).await?;
     Ok(HttpResponse::Ok().json(apps.iter().map(application_view).collect::<Vec<_>>()))
 }
 
+#[utoipa::path(delete, path = "/v1/applications/{name}", tag = "applications", operation_id = "remove_application",
+    params(("name" = String, Path, description = "The application", pattern = r"^[a-z][a-z0-9]*(-[a-z0-9]*[a-z][a-z0-9]*)*$")),
+    responses(
+        (status = 200, description = "The machines taken to dead (the application is forgotten)", body = ApplicationView),
+        (status = 400, description = "Not an application name", body = ErrorBody),
+        (status = 404, description = "No such application", body = ErrorBody),
+        (status = 409, description = "The model is dying", body = ErrorBody),
+    ))]
 /// `DELETE /v1/applications/{name}`: its machines become dead (their instances are stopped,
 /// then they are removed) and it is forgotten. Answers the machines it took to dead.
 pub async fn remove_application(_: Authorized, st: State, name: web::Path<String>) -> Result<HttpResponse> {

@@ -3,9 +3,10 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// A machine, as `GET /v1/machines` and `machine list --json` show it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct MachineView {
     /// Its id.
     pub id: String,
@@ -45,7 +46,7 @@ impl MachineView {
 }
 
 /// An instance, as `GET /v1/instances` and `instance list --json` show it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct InstanceView {
     /// Its id.
     pub id: String,
@@ -58,18 +59,21 @@ pub struct InstanceView {
 }
 
 /// `POST /v1/machines`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddMachines {
     /// How many (1..=10000).
     #[serde(default = "one")]
+    #[schema(minimum = 1, maximum = 10000, default = 1)]
     pub count: usize,
-    /// A `zones=` constraint for each.
+    /// A `zones=` constraint for each (the cloud's zones: `GET /v1/status`).
     #[serde(default)]
+    #[schema(min_items = 1)]
     pub zones: Option<Vec<String>>,
     /// Their constraints: a string in Juju's syntax (`"cores=4 mem=16G"`) or an object with
     /// the keys of [`ConstraintsView`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<ConstraintsInput>)]
     pub constraints: Option<serde_json::Value>,
     /// A placement directive: `zone=NAME` or `subnet=ID`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -114,17 +118,18 @@ fn one() -> usize {
 }
 
 /// The answer to `POST /v1/machines`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct AddedMachines {
     /// The new machines' ids.
     pub ids: Vec<String>,
 }
 
 /// `POST /v1/machines/remove`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RemoveMachines {
-    /// The machines.
+    /// The machines (1..=10000 ids; each counted once).
+    #[schema(min_items = 1, max_items = 10000)]
     pub ids: Vec<String>,
     /// Leave their instances running (released from the model).
     #[serde(default)]
@@ -135,26 +140,32 @@ pub struct RemoveMachines {
 }
 
 /// `POST /v1/machines/retry`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetryMachines {
-    /// The machines (each in provisioning error).
+    /// The machines (each in provisioning error; 1..=10000 ids; no container: containers have no
+    /// retry).
+    #[schema(min_items = 1, max_items = 10000, value_type = Vec<TopLevelId>)]
     pub ids: Vec<String>,
 }
 
 /// A model setting: `GET /v1/config/{key}`, and the body of `PUT` (`key` ignored there).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigValue {
     /// `harvest-mode` or `workers`.
     #[serde(default)]
     pub key: String,
-    /// Its value, as text.
+    /// Its value, as text: a harvest mode (`none`, `unknown`, `destroyed`, `all`, any case) for
+    /// `harvest-mode`, a whole number 1..=100 (digits only) for `workers`.
+    #[schema(
+        pattern = r"^\s*([Nn][Oo][Nn][Ee]|[Uu][Nn][Kk][Nn][Oo][Ww][Nn]|[Dd][Ee][Ss][Tt][Rr][Oo][Yy][Ee][Dd]|[Aa][Ll][Ll]|0*([1-9][0-9]?|100))\s*$"
+    )]
     pub value: String,
 }
 
 /// `POST /v1/destroy-model`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DestroyRequest {
     /// Do not fail on machines that cannot be destroyed.
@@ -163,7 +174,7 @@ pub struct DestroyRequest {
 }
 
 /// What a model destruction set in motion.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct DestroyView {
     /// Instances being stopped.
     pub stopping: Vec<String>,
@@ -176,7 +187,7 @@ pub struct DestroyView {
 }
 
 /// `GET /v1/status`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct StatusView {
     /// The model's uuid (tagged on its instances).
     pub model_uuid: String,
@@ -214,8 +225,28 @@ pub struct StatusView {
     pub uptime_s: f64,
 }
 
+/// Constraints as a request gives them (`constraints` of `POST /v1/machines` and
+/// `POST /v1/applications`): a string in Juju's syntax or an object. Only the OpenAPI
+/// document uses this type; the handlers read the JSON value as it comes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum ConstraintsInput {
+    /// Juju's syntax: `cores=4 mem=16G zones=az1,az2` (keys `arch`, `cores`, `mem`,
+    /// `root-disk`, `instance-type`, `zones`, `spaces`, `tags`; sizes with `M`, `G`, `T`, MiB
+    /// when bare).
+    Text(String),
+    /// The keys of `machine show --json`'s `constraints`.
+    Object(ConstraintsView),
+}
+
+/// The id of a machine that is not a container (no `/`). Only the OpenAPI document uses
+/// this type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(pattern = "^[^/]*$")]
+pub struct TopLevelId(pub String);
+
 /// The body of every error answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     /// One sentence.
     pub error: String,
@@ -223,7 +254,7 @@ pub struct ErrorBody {
 
 /// A machine's (or an application's) constraints as JSON: every key, absent ones `null`
 /// (sizes in MiB). Also what `POST /v1/machines` and `POST /v1/applications` take as an object.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConstraintsView {
     /// `arch=`.
@@ -285,7 +316,7 @@ impl From<ConstraintsView> for crate::model::Constraints {
 
 /// One machine with everything the store holds for it: `GET /v1/machines/{id}` and
 /// `machine show --json` (the keys of [`MachineView`] and more).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct MachineDetail {
     /// What `machine list` shows.
     #[serde(flatten)]
@@ -313,21 +344,24 @@ pub struct MachineDetail {
 }
 
 /// `POST /v1/applications`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddApplication {
     /// Its name (Juju's rule: lowercase letters, digits and hyphens, starting with a letter).
+    #[schema(pattern = r"^[a-z][a-z0-9]*(-[a-z0-9]*[a-z][a-z0-9]*)*$")]
     pub name: String,
     /// How many units, each on a new machine (1..=10000).
+    #[schema(minimum = 1, maximum = 10000)]
     pub units: usize,
     /// Their constraints, as in [`AddMachines::constraints`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<ConstraintsInput>)]
     pub constraints: Option<serde_json::Value>,
 }
 
 /// An application: `GET /v1/applications`, `application list --json`; the answer to `POST`
 /// (201) and `DELETE /v1/applications/{name}` (the machines it added or took to dead).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ApplicationView {
     /// Its name.
     pub name: String,
