@@ -1176,6 +1176,11 @@ fn healthz_fails_when_the_database_cannot_be_read() {
     assert!(err.contains("damaged") && err.contains("--init"), "{err}");
 }
 
+/// The service on PostgreSQL (issue 15): `--store postgres://...`.
+#[cfg(feature = "postgres")]
+#[path = "serve/postgres.rs"]
+mod postgres;
+
 /// Constraints, placement, `machine show`, list filters and pages, applications (issue 14).
 #[path = "serve/model.rs"]
 mod model;
