@@ -200,19 +200,35 @@ macro_rules! run_over {
     ($ty:ty, $client:ident, $cache:ident) => {
         impl Run for $ty {
             fn execute(&mut self, sql: &str, p: Params<'_>) -> Result<u64, postgres::Error> {
-                let st = prepared(&mut self.$client, BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache), sql)?;
+                let st = prepared(
+                    &mut self.$client,
+                    BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
+                    sql,
+                )?;
                 self.$client.execute(&st, p)
             }
             fn query(&mut self, sql: &str, p: Params<'_>) -> Result<Vec<Row>, postgres::Error> {
-                let st = prepared(&mut self.$client, BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache), sql)?;
+                let st = prepared(
+                    &mut self.$client,
+                    BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
+                    sql,
+                )?;
                 self.$client.query(&st, p)
             }
             fn query_opt(&mut self, sql: &str, p: Params<'_>) -> Result<Option<Row>, postgres::Error> {
-                let st = prepared(&mut self.$client, BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache), sql)?;
+                let st = prepared(
+                    &mut self.$client,
+                    BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
+                    sql,
+                )?;
                 self.$client.query_opt(&st, p)
             }
             fn query_one(&mut self, sql: &str, p: Params<'_>) -> Result<Row, postgres::Error> {
-                let st = prepared(&mut self.$client, BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache), sql)?;
+                let st = prepared(
+                    &mut self.$client,
+                    BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
+                    sql,
+                )?;
                 self.$client.query_one(&st, p)
             }
         }
@@ -622,11 +638,7 @@ impl PgStore {
             .map_err(pg(ctx))
     }
 
-    fn insert_machines(
-        tx: &mut Tx<'_>,
-        count: usize,
-        spec: &NewMachine,
-    ) -> Result<Vec<MachineId>, StoreError> {
+    fn insert_machines(tx: &mut Tx<'_>, count: usize, spec: &NewMachine) -> Result<Vec<MachineId>, StoreError> {
         let constraint = Self::constraint_row(tx, &spec.constraints)?;
         let mut ids = Vec::with_capacity(count);
         for _ in 0..count {
