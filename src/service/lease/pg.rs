@@ -33,6 +33,9 @@ pub const CREATE_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
     expires_at TIMESTAMPTZ NOT NULL
 )";
 
+/// The advisory lock key under which the table is created.
+const LEASE_TABLE_LOCK: i64 = 0x6c65_6173_6501;
+
 /// Acquire when free or expired: `$1` model uuid, `$2` holder, `$3` the lease in milliseconds.
 pub const ACQUIRE_SQL: &str = "INSERT INTO leader_lease AS l (model_uuid, holder, epoch, expires_at)
     VALUES ($1, $2, 1, now() + $3::bigint * interval '1 millisecond')
@@ -111,7 +114,12 @@ impl PgLease {
         let mut config: postgres::Config = url.parse().map_err(LeaseSqlError::Url)?;
         config.connect_timeout(connect_timeout);
         let mut client = config.connect(NoTls)?;
-        client.batch_execute(CREATE_TABLE_SQL)?;
+        // Replicas starting together would race on `CREATE TABLE IF NOT EXISTS` (it can fail
+        // on the catalogue's unique index): one at a time, under an advisory lock.
+        let mut tx = client.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LEASE_TABLE_LOCK])?;
+        tx.batch_execute(CREATE_TABLE_SQL)?;
+        tx.commit()?;
         Ok(Self { client, model_uuid: model_uuid.to_owned(), holder: holder.to_owned() })
     }
 
@@ -200,9 +208,9 @@ mod tests {
                 .map(|h| {
                     let (url, barrier) = (pg.url().to_owned(), barrier.clone());
                     std::thread::spawn(move || {
-                        let mut l = PgLease::connect(&url, TIMEOUT, MODEL, h).unwrap();
+                        let l = PgLease::connect(&url, TIMEOUT, MODEL, h);
                         barrier.wait();
-                        (h, l.acquire(LEASE).unwrap())
+                        (h, l.unwrap().acquire(LEASE).unwrap())
                     })
                 })
                 .collect();
