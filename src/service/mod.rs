@@ -16,7 +16,7 @@
 //! - `metrics`: counters, histograms and the text format; the metered broker decorator.
 //! - `api`: the HTTP API (routes, bearer-token check, JSON types shared with the client).
 //! - [`lease`]: the leader lease of replicas on PostgreSQL: its plain core (built with the
-//!   binary, for the settings) and its SQL (feature `lease`).
+//!   binary, for the settings) and its SQL (feature `postgres`).
 //! - `run`: `serve`, which wires it all and runs until SIGTERM.
 
 #[cfg(feature = "serve")]

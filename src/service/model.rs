@@ -37,7 +37,7 @@ impl StoreModel {
     /// The provisioner's own reads and writes: lazy commits (see [`Store::exec_lazy`]).
     fn run<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut crate::service::store::StoreCore) -> Result<T, StoreError> + Send + 'static,
+        f: impl FnOnce(&mut dyn crate::service::store::StoreBackend) -> Result<T, StoreError> + Send + 'static,
     ) -> ModelFuture<T> {
         let fut = self.store.exec_lazy(f);
         Box::pin(async move { fut.await.map_err(model_error) })

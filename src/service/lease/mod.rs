@@ -5,10 +5,10 @@
 //! - [`state`]: the plain core, [`LeaseBook`]: what to ask next, when to step down, each
 //!   transition; and [`LeaseTimings`], the checked `lease`, `renew_deadline`, `retry`. Built
 //!   with the binary (feature `cli`), since the settings check the timings.
-//! - `pg` (feature `lease`): the lease's SQL on the database's clock (acquire when free or
+//! - `pg` (feature `postgres`): the lease's SQL on the database's clock (acquire when free or
 //!   expired with epoch + 1, renew by the holder at its epoch, release keeping the epoch).
 
-#[cfg(feature = "lease")]
+#[cfg(feature = "postgres")]
 pub mod pg;
 pub mod state;
 #[cfg(test)]

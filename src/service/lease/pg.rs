@@ -1,4 +1,4 @@
-//! The leader lease's SQL (feature `lease`), on PostgreSQL's clock: one `leader_lease` row per
+//! The leader lease's SQL (feature `postgres`), on PostgreSQL's clock: one `leader_lease` row per
 //! model (`model_uuid` the key, `holder` a replica id, `epoch` growing at each acquisition,
 //! `expires_at`). Every statement is a single one, so it is atomic on its own; every time is
 //! the database's `now()`, never a replica's clock.

@@ -1,4 +1,5 @@
-//! The store actor: owns the SQLite connection on its own thread, and notifies watchers.
+//! The store actor: owns the backend (SQLite or PostgreSQL) on its own thread, and notifies
+//! watchers.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -7,13 +8,14 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::messages::{CountsChanged, Exec, Watch, WatchCounts, WatchRetries};
+use super::backend::{Fence, StoreBackend};
+use super::messages::{CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
 use super::state::{StoreCore, StoreError};
 use crate::{MachinesChanged, RetryTick};
 
-/// Owns the connection (one `SyncArbiter` thread: SQLite calls block) and the watchers.
+/// Owns the backend (one `SyncArbiter` thread: both backends' calls block) and the watchers.
 pub struct StoreActor {
-    core: Result<StoreCore, StoreError>,
+    core: Result<Box<dyn StoreBackend>, StoreError>,
     watchers: Vec<Recipient<MachinesChanged>>,
     retry_watchers: Vec<Recipient<RetryTick>>,
     count_watchers: Vec<Recipient<CountsChanged>>,
@@ -27,11 +29,11 @@ impl Actor for StoreActor {
 
 impl StoreActor {
     /// An actor over an open core.
-    pub fn new(core: StoreCore) -> Self {
-        Self::over(Ok(core), Arc::default())
+    pub fn new(core: impl StoreBackend + 'static) -> Self {
+        Self::over(Ok(Box::new(core)), Arc::default())
     }
 
-    fn over(core: Result<StoreCore, StoreError>, operations: Arc<AtomicU64>) -> Self {
+    fn over(core: Result<Box<dyn StoreBackend>, StoreError>, operations: Arc<AtomicU64>) -> Self {
         Self { core, watchers: Vec::new(), retry_watchers: Vec::new(), count_watchers: Vec::new(), operations }
     }
 
@@ -66,7 +68,8 @@ impl<T: Send + 'static> Handler<Exec<T>> for StoreActor {
         self.operations.fetch_add(1, Ordering::Relaxed);
         let result = match self.core.as_mut() {
             Ok(core) => {
-                let result = core.set_durable(msg.durable).and_then(|()| (msg.work)(core));
+                core.set_fenced(msg.fenced);
+                let result = core.set_durable(msg.durable).and_then(|()| (msg.work)(core.as_mut()));
                 if let Err(e) = &result {
                     core.note_damage(e);
                 }
@@ -79,10 +82,20 @@ impl<T: Send + 'static> Handler<Exec<T>> for StoreActor {
     }
 }
 
+impl Handler<SetFence> for StoreActor {
+    type Result = Result<(), StoreError>;
+    fn handle(&mut self, msg: SetFence, _ctx: &mut Self::Context) -> Self::Result {
+        match self.core.as_mut() {
+            Ok(core) => core.set_fence(msg.0),
+            Err(e) => Err(e.clone()),
+        }
+    }
+}
+
 impl Handler<Watch> for StoreActor {
     type Result = ();
     fn handle(&mut self, msg: Watch, _ctx: &mut Self::Context) {
-        match self.core.as_ref().map_err(Clone::clone).and_then(StoreCore::machine_ids) {
+        match self.core.as_mut().map_err(|e| e.clone()).and_then(|c| c.machine_ids()) {
             Ok(ids) => {
                 msg.0.do_send(MachinesChanged { ids });
                 self.watchers.push(msg.0);
@@ -132,9 +145,43 @@ impl Store {
             if let Err(e) = &core {
                 tracing::error!(error = %e, "cannot open the database");
             }
-            StoreActor::over(core, ops.clone())
+            StoreActor::over(core.map(|c| Box::new(c) as Box<dyn StoreBackend>), ops.clone())
         });
         Ok(Self { addr, operations })
+    }
+
+    /// Starts the store's thread over a backend that `open` makes there (called again if the
+    /// thread's actor restarts). For a backend that connects lazily (PostgreSQL), `open` does
+    /// not fail on an unreachable server: its operations answer [`StoreError::Unavailable`]
+    /// until it reconnects.
+    pub fn start_with(open: impl Fn() -> Result<Box<dyn StoreBackend>, StoreError> + Send + Sync + 'static) -> Self {
+        let operations = Arc::new(AtomicU64::new(0));
+        let ops = operations.clone();
+        let addr = SyncArbiter::start(1, move || {
+            let core = open();
+            if let Err(e) = &core {
+                tracing::error!(error = %e, "cannot open the database");
+            }
+            StoreActor::over(core, ops.clone())
+        });
+        Self { addr, operations }
+    }
+
+    /// Opens the PostgreSQL store at `url` (feature `postgres`): the URL is parsed now (a bad
+    /// one is an error now); the server is reached from the store's thread, with backoff.
+    #[cfg(feature = "postgres")]
+    pub fn start_postgres(url: &str) -> Result<Self, StoreError> {
+        let config = super::pg::PgStore::config(url)?;
+        Ok(Self::start_with(move || Ok(Box::new(super::pg::PgStore::new(config.clone())) as Box<dyn StoreBackend>)))
+    }
+
+    /// Sets (`Some`) or clears (`None`) the leader's fence: every later write of
+    /// [`Store::exec_lazy`] (the provisioner's and the simulated cloud's) commits only while
+    /// the `leader_lease` row names this holder at this epoch and has not expired, else fails
+    /// with [`StoreError::Fenced`] having written nothing. PostgreSQL only.
+    pub fn set_fence(&self, fence: Option<Fence>) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        let req = self.addr.send(SetFence(fence));
+        async move { req.await.map_err(StoreError::Stopped)? }
     }
 
     /// How many operations the store has run (reads and writes alike).
@@ -151,9 +198,9 @@ impl Store {
     /// (fsynced) before the answer. For what an operator's request acknowledges.
     pub fn exec<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send + 'static,
+        f: impl FnOnce(&mut dyn StoreBackend) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
-        let req = self.addr.send(Exec { work: Box::new(f), durable: true });
+        let req = self.addr.send(Exec { work: Box::new(f), durable: true, fenced: false });
         async move { req.await.map_err(StoreError::Stopped)? }
     }
 
@@ -161,12 +208,13 @@ impl Store {
     /// the disk: it survives a crash of the process, and a power cut loses at most a suffix of
     /// such writes (the WAL keeps commits in order). For the provisioner's and the simulated
     /// cloud's own writes, which a restarted provisioner re-derives (tagged instances are
-    /// adopted, dead machines harvested again).
+    /// adopted, dead machines harvested again). Its writes are fenced: while a fence is set
+    /// ([`Store::set_fence`]), they commit only under the lease it names.
     pub fn exec_lazy<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send + 'static,
+        f: impl FnOnce(&mut dyn StoreBackend) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
-        let req = self.addr.send(Exec { work: Box::new(f), durable: false });
+        let req = self.addr.send(Exec { work: Box::new(f), durable: false, fenced: true });
         async move { req.await.map_err(StoreError::Stopped)? }
     }
 

@@ -2,11 +2,12 @@
 
 use actix::prelude::*;
 
-use super::state::{StoreCore, StoreCounts, StoreError};
+use super::backend::{Fence, StoreBackend};
+use super::state::{StoreCounts, StoreError};
 use crate::{MachinesChanged, RetryTick};
 
 /// A unit of work on the store's core.
-pub type Work<T> = Box<dyn FnOnce(&mut StoreCore) -> Result<T, StoreError> + Send>;
+pub type Work<T> = Box<dyn FnOnce(&mut dyn StoreBackend) -> Result<T, StoreError> + Send>;
 
 /// Runs one unit of work on the store's connection: a read, or a write that has committed
 /// when the answer arrives. Watchers hear about the machines it changed right after.
@@ -18,6 +19,10 @@ pub struct Exec<T> {
     /// (`synchronous=NORMAL`: survives a process crash; a power cut may lose it, and everything
     /// after it, which the provisioner re-derives at its next start).
     pub durable: bool,
+    /// Whether its writes are the provisioner's own (the model port's and the simulated
+    /// cloud's): checked against the leader's fence, if one is set. Writes of desired state
+    /// from the API are not.
+    pub fenced: bool,
 }
 
 impl<T: Send + 'static> Message for Exec<T> {
@@ -43,3 +48,9 @@ pub struct WatchCounts(pub Recipient<CountsChanged>);
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 pub struct CountsChanged(pub StoreCounts);
+
+/// Sets (or clears) the leader's fence: from then on every fenced write commits only while
+/// the lease still names this holder at this epoch (PostgreSQL only; SQLite refuses a fence).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<(), StoreError>")]
+pub struct SetFence(pub Option<Fence>);

@@ -10,14 +10,22 @@
 //! `MachinesChanged` (and `RetryTick` after a retry) to its watchers, as Juju's model does.
 
 mod actor;
+mod backend;
 mod messages;
+#[cfg(feature = "postgres")]
+mod pg;
+#[cfg(all(test, feature = "postgres"))]
+mod pg_tests;
 mod state;
 #[cfg(test)]
 mod tests;
 
 pub use actor::{Store, StoreActor};
-pub use messages::{CountsChanged, Exec, Watch, WatchCounts, WatchRetries};
+pub use backend::{Fence, StoreBackend};
+pub use messages::{CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
+#[cfg(feature = "postgres")]
+pub use pg::{PgStore, PG_SCHEMA_VERSION};
 pub use state::{
-    ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCore, StoreCounts, StoreError,
-    DB_FILE, SCHEMA_VERSION,
+    ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings, StoreCore, StoreCounts,
+    StoreError, DB_FILE, SCHEMA_VERSION,
 };

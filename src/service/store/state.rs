@@ -148,10 +148,36 @@ pub enum StoreError {
         source: std::sync::Arc<rusqlite::Error>,
     },
     /// The database was written by a newer build.
-    #[error("the database has schema version {found}, newer than this build's {SCHEMA_VERSION}; upgrade the binary")]
+    #[error("the database has schema version {found}, newer than this build's {supported}; upgrade the binary")]
     TooNew {
         /// The version found.
         found: i64,
+        /// The newest version this build knows (the backend's).
+        supported: i64,
+    },
+    /// PostgreSQL failed (or could not be reached).
+    #[error("database error while {context}: {source}")]
+    Postgres {
+        /// What the store was doing.
+        context: &'static str,
+        /// What the server or the connection said.
+        #[source]
+        source: PgFailure,
+    },
+    /// The database cannot be reached now (the store reconnects with backoff): nothing was
+    /// read or written.
+    #[error("the database is unreachable: {0}")]
+    Unavailable(String),
+    /// A provisioner write under a fence that no longer holds: the lease this replica acts on
+    /// has another holder, a newer epoch, or has expired. Nothing was written.
+    #[error("fenced: the leader lease of model {model_uuid} is no longer held by {holder} at epoch {epoch}")]
+    Fenced {
+        /// The lease's model.
+        model_uuid: String,
+        /// The holder the write was made for.
+        holder: String,
+        /// The epoch the write was made under.
+        epoch: i64,
     },
     /// No such machine (or it was removed).
     #[error("machine {0} not found")]
@@ -204,6 +230,19 @@ impl StoreError {
     }
 }
 
+/// A PostgreSQL failure as the store keeps it (comparable and cloneable, like every
+/// [`StoreError`]): its SQLSTATE code if the server sent one, and the client's message.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{message}")]
+pub struct PgFailure {
+    /// The SQLSTATE code (`40001`, `57P01`, ...), if the server answered.
+    pub code: Option<String>,
+    /// The message.
+    pub message: String,
+    /// The connection is gone (closed, reset, refused): the store reconnects.
+    pub connection_lost: bool,
+}
+
 /// The counts behind the metrics' state gauges, kept by the store as it writes (loaded once
 /// when the database is opened), so that a scrape reads them instead of scanning tables.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -219,7 +258,7 @@ pub struct StoreCounts {
 }
 
 /// Adds `delta` to one count; a count that reaches 0 goes (as a recount would not have it).
-fn bump(map: &mut BTreeMap<String, u64>, key: &str, delta: i64) {
+pub(super) fn bump(map: &mut BTreeMap<String, u64>, key: &str, delta: i64) {
     let n = map.entry(key.to_owned()).or_default();
     *n = n.saturating_add_signed(delta);
     if *n == 0 {
@@ -243,6 +282,64 @@ impl StoreCounts {
             bump(&mut self.instances_by_state, f, -1);
         }
         bump(&mut self.instances_by_state, to, 1);
+    }
+}
+
+/// What a backend's commits leave for the store actor to publish: the machines changed (the
+/// watchers' next notification), whether a retry tick is due, and the gauges' counts. Shared by
+/// both backends, so that they count and notify alike.
+#[derive(Debug, Clone, Default)]
+pub struct Book {
+    /// Machines changed since the outbox was last taken (the watcher's next notification).
+    pub(super) changed: BTreeSet<MachineId>,
+    /// A retry tick is due.
+    pub(super) retry_due: bool,
+    /// The gauges' counts, kept as the writes commit.
+    pub(super) counts: StoreCounts,
+    /// The counts changed since they were last taken.
+    pub(super) counts_changed: bool,
+}
+
+impl Book {
+    /// Counts a machine's change of status or life (after its write committed).
+    pub(super) fn count_machine(&mut self, before: Option<(String, String)>, status: Option<&str>, life: Option<&str>) {
+        if let Some((s, l)) = before {
+            let after = (status.unwrap_or(&s).to_owned(), life.unwrap_or(&l).to_owned());
+            if after != (s.clone(), l.clone()) {
+                self.counts.machine_moved(Some((&s, &l)), Some((&after.0, &after.1)));
+                self.counts_changed = true;
+            }
+        }
+    }
+
+    /// Counts and notifies machines just added in `status` (alive).
+    pub(super) fn added(&mut self, ids: &[MachineId], status: MachineStatus) {
+        self.changed.extend(ids.iter().cloned());
+        bump(&mut self.counts.machines_by_status, status.as_str(), ids.len() as i64);
+        bump(&mut self.counts.machines_by_life, Life::Alive.as_str(), ids.len() as i64);
+        self.counts_changed = true;
+    }
+
+    /// A machine removed for good.
+    pub(super) fn removed(&mut self, status: &str, life: &str) {
+        self.counts.machine_moved(Some((status, life)), None);
+        self.counts_changed = true;
+    }
+
+    /// An instance created (`from` = `None`) or moved between states.
+    pub(super) fn instance_moved(&mut self, from: Option<&str>, to: &str) {
+        self.counts.instance_moved(from, to);
+        self.counts_changed = true;
+    }
+
+    /// Takes what the watchers must hear.
+    pub(super) fn take_outbox(&mut self) -> (Vec<MachineId>, bool) {
+        (std::mem::take(&mut self.changed).into_iter().collect(), std::mem::take(&mut self.retry_due))
+    }
+
+    /// The counts, if they changed since the last call.
+    pub(super) fn take_counts(&mut self) -> Option<StoreCounts> {
+        std::mem::take(&mut self.counts_changed).then(|| self.counts.clone())
     }
 }
 
@@ -329,14 +426,8 @@ pub struct StoreCore {
     conn: Connection,
     /// Whether commits are fsynced now (`synchronous=FULL`) or not (`NORMAL`).
     durable: bool,
-    /// Machines changed since the outbox was last taken (the watcher's next notification).
-    changed: BTreeSet<MachineId>,
-    /// A retry tick is due.
-    retry_due: bool,
-    /// The gauges' counts, kept as the writes commit.
-    counts: StoreCounts,
-    /// The counts changed since they were last taken.
-    counts_changed: bool,
+    /// What the watchers and the gauges must hear next.
+    book: Book,
     /// Damage seen by an earlier call (sticky: a damaged database does not heal).
     damaged: Option<StoreError>,
     /// The database file and its identity (inode) when opened; `None` in memory.
@@ -452,7 +543,7 @@ fn next_counter(tx: &Transaction<'_>, key: &str) -> rusqlite::Result<u64> {
 }
 
 /// A random version-4 uuid, from the operating system's randomness.
-fn random_uuid() -> String {
+pub(super) fn random_uuid() -> String {
     uuid::Builder::from_random_bytes(rand::random()).into_uuid().to_string()
 }
 
@@ -500,7 +591,7 @@ impl StoreCore {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(StoreError::sql("reading the schema version"))?;
         if version > SCHEMA_VERSION {
-            return Err(StoreError::TooNew { found: version });
+            return Err(StoreError::TooNew { found: version, supported: SCHEMA_VERSION });
         }
         // A database that has tables was written before: check it whole before trusting it.
         let tables: i64 = conn
@@ -547,14 +638,11 @@ impl StoreCore {
         let mut core = Self {
             conn,
             durable: true,
-            changed: BTreeSet::new(),
-            retry_due: false,
-            counts: StoreCounts::default(),
-            counts_changed: true,
+            book: Book { counts_changed: true, ..Book::default() },
             damaged: None,
             file: None,
         };
-        core.counts = core.recount()?;
+        core.book.counts = core.recount()?;
         Ok(core)
     }
 
@@ -577,12 +665,12 @@ impl StoreCore {
 
     /// The gauges' counts as of the last commit.
     pub fn counts(&self) -> &StoreCounts {
-        &self.counts
+        &self.book.counts
     }
 
     /// The counts, if they changed since the last call.
     pub fn take_counts(&mut self) -> Option<StoreCounts> {
-        std::mem::take(&mut self.counts_changed).then(|| self.counts.clone())
+        self.book.take_counts()
     }
 
     /// Remembers damage an operation ran into: from then on [`StoreCore::check_readable`] fails.
@@ -636,15 +724,8 @@ impl StoreCore {
             .map_err(StoreError::sql("reading a machine"))
     }
 
-    /// Counts a machine's change of status or life (after its write committed).
     fn count_machine(&mut self, before: Option<(String, String)>, status: Option<&str>, life: Option<&str>) {
-        if let Some((s, l)) = before {
-            let after = (status.unwrap_or(&s).to_owned(), life.unwrap_or(&l).to_owned());
-            if after != (s.clone(), l.clone()) {
-                self.counts.machine_moved(Some((&s, &l)), Some((&after.0, &after.1)));
-                self.counts_changed = true;
-            }
-        }
+        self.book.count_machine(before, status, life);
     }
 
     /// Makes the next commits fsynced (`true`, `synchronous=FULL`) or not (`NORMAL`: still in
@@ -672,7 +753,7 @@ impl StoreCore {
     /// Takes what the watchers must hear: the machines changed since the last call, and
     /// whether a retry tick is due.
     pub fn take_outbox(&mut self) -> (Vec<MachineId>, bool) {
-        (std::mem::take(&mut self.changed).into_iter().collect(), std::mem::take(&mut self.retry_due))
+        self.book.take_outbox()
     }
 
     // ---- the model -------------------------------------------------------------------------
@@ -838,7 +919,7 @@ impl StoreCore {
             )?;
             let was = (before.machine.status.as_str().to_owned(), before.machine.life.as_str().to_owned());
             self.count_machine(Some(was), None, Some(Life::Dead.as_str()));
-            self.changed.insert(id.clone());
+            self.book.changed.insert(id.clone());
         }
         Ok(())
     }
@@ -850,8 +931,7 @@ impl StoreCore {
             return Err(StoreError::Refused(format!("machine {id} is not dead")));
         }
         self.update_machine(id, "removing a machine", "DELETE FROM machines WHERE id = ?1", &[&id.as_str()])?;
-        self.counts.machine_moved(Some((m.machine.status.as_str(), m.machine.life.as_str())), None);
-        self.counts_changed = true;
+        self.book.removed(m.machine.status.as_str(), m.machine.life.as_str());
         Ok(())
     }
 
@@ -868,8 +948,8 @@ impl StoreCore {
         let tx = self.conn.transaction().map_err(StoreError::sql("destroying the model"))?;
         meta_set(&tx, "model_life", Life::Dying.as_str()).map_err(StoreError::sql("destroying the model"))?;
         tx.commit().map_err(StoreError::sql("destroying the model"))?;
-        self.counts.model_life = Life::Dying.to_string();
-        self.counts_changed = true;
+        self.book.counts.model_life = Life::Dying.to_string();
+        self.book.counts_changed = true;
         Ok(self.list_machines()?.into_iter().map(|m| m.machine).collect())
     }
 
@@ -878,7 +958,7 @@ impl StoreCore {
     /// `keep_instance` if asked. Without `force`, a machine already dead is refused.
     pub fn remove_machines(&mut self, ids: &[MachineId], keep_instance: bool, force: bool) -> Result<(), StoreError> {
         if !force {
-            self.refuse_hosts_with_live_containers(ids)?;
+            super::backend::refuse_hosts_with_live_containers(self, ids)?;
         }
         let tx = self.conn.transaction().map_err(StoreError::sql("removing machines"))?;
         let mut seen = BTreeSet::new();
@@ -916,7 +996,7 @@ impl StoreCore {
         for before in moved {
             self.count_machine(Some(before), None, Some(Life::Dead.as_str()));
         }
-        self.changed.extend(ids.iter().cloned());
+        self.book.changed.extend(ids.iter().cloned());
         Ok(())
     }
 
@@ -939,7 +1019,7 @@ impl StoreCore {
                 .map_err(StoreError::sql("marking machines for retry"))?;
         }
         tx.commit().map_err(StoreError::sql("marking machines for retry"))?;
-        self.retry_due = true;
+        self.book.retry_due = true;
         Ok(())
     }
 
@@ -1054,10 +1134,7 @@ impl StoreCore {
 
     /// Counts and notifies machines just added.
     fn added(&mut self, ids: &[MachineId]) {
-        self.changed.extend(ids.iter().cloned());
-        bump(&mut self.counts.machines_by_status, MachineStatus::Pending.as_str(), ids.len() as i64);
-        bump(&mut self.counts.machines_by_life, Life::Alive.as_str(), ids.len() as i64);
-        self.counts_changed = true;
+        self.book.added(ids, MachineStatus::Pending);
     }
 
     /// Adds `count` new alive, pending machines like `spec` (constraints, placement,
@@ -1130,7 +1207,7 @@ impl StoreCore {
     }
 
     /// The machines of an application that are not dead, in id order.
-    fn application_machines(&self, name: &str) -> Result<Vec<MachineId>, StoreError> {
+    pub(super) fn application_machines(&self, name: &str) -> Result<Vec<MachineId>, StoreError> {
         let mut st = self
             .conn
             .prepare_cached("SELECT id FROM machines WHERE application = ?1 AND life != 'dead' ORDER BY seq")
@@ -1172,7 +1249,7 @@ impl StoreCore {
             self.count_machine(Some((status, life)), None, Some(Life::Dead.as_str()));
             ids.push(MachineId::from(id));
         }
-        self.changed.extend(ids.iter().cloned());
+        self.book.changed.extend(ids.iter().cloned());
         Ok(ids)
     }
 
@@ -1244,8 +1321,7 @@ impl StoreCore {
         )
         .map_err(StoreError::sql("creating an instance"))?;
         tx.commit().map_err(StoreError::sql("creating an instance"))?;
-        self.counts.instance_moved(None, InstanceState::Pending.as_str());
-        self.counts_changed = true;
+        self.book.instance_moved(None, InstanceState::Pending.as_str());
         let record = InstanceRecord {
             instance: CloudInstance {
                 id: InstanceId::from(id),
@@ -1274,8 +1350,7 @@ impl StoreCore {
             .execute("UPDATE instances SET state = 'running' WHERE id = ?1 AND state = 'pending'", [id.as_str()])
             .map_err(StoreError::sql("landing an instance"))?;
         if n > 0 {
-            self.counts.instance_moved(Some(InstanceState::Pending.as_str()), InstanceState::Running.as_str());
-            self.counts_changed = true;
+            self.book.instance_moved(Some(InstanceState::Pending.as_str()), InstanceState::Running.as_str());
         }
         self.instance(id)
     }
@@ -1321,8 +1396,7 @@ impl StoreCore {
         }
         tx.commit().map_err(StoreError::sql("terminating instances"))?;
         for state in moved {
-            self.counts.instance_moved(Some(&state), InstanceState::Terminated.as_str());
-            self.counts_changed = true;
+            self.book.instance_moved(Some(&state), InstanceState::Terminated.as_str());
         }
         Ok(())
     }
@@ -1403,10 +1477,7 @@ impl StoreCore {
             }
         }
         tx.commit().map_err(StoreError::sql("adding containers"))?;
-        self.changed.extend(ids.iter().cloned());
-        bump(&mut self.counts.machines_by_status, MachineStatus::Pending.as_str(), ids.len() as i64);
-        bump(&mut self.counts.machines_by_life, Life::Alive.as_str(), ids.len() as i64);
-        self.counts_changed = true;
+        self.book.added(&ids, MachineStatus::Pending);
         Ok(ids)
     }
 
@@ -1450,10 +1521,7 @@ impl StoreCore {
         )
         .map_err(StoreError::sql("adding a manual machine"))?;
         tx.commit().map_err(StoreError::sql("adding a manual machine"))?;
-        self.changed.insert(id.clone());
-        bump(&mut self.counts.machines_by_status, MachineStatus::Started.as_str(), 1);
-        bump(&mut self.counts.machines_by_life, Life::Alive.as_str(), 1);
-        self.counts_changed = true;
+        self.book.added(std::slice::from_ref(&id), MachineStatus::Started);
         Ok(id)
     }
 
@@ -1480,27 +1548,5 @@ impl StoreCore {
             .query_map([], |r| r.get::<_, String>(0).map(MachineId::from))
             .map_err(StoreError::sql("listing manual machines"))?;
         rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing manual machines"))
-    }
-
-    /// Refuses (nothing written) the removal of a host whose live containers are not removed
-    /// with it: a removal without `force` must name them, or they would die unasked.
-    fn refuse_hosts_with_live_containers(&self, ids: &[MachineId]) -> Result<(), StoreError> {
-        let asked: BTreeSet<&MachineId> = ids.iter().collect();
-        for id in ids.iter().collect::<BTreeSet<_>>() {
-            let left: Vec<String> = self
-                .live_containers_of(id)?
-                .into_iter()
-                .filter(|c| !asked.contains(c))
-                .map(|c| c.to_string())
-                .collect();
-            if !left.is_empty() {
-                return Err(StoreError::Refused(format!(
-                    "machine {id} hosts live containers {}: remove them first, or remove the host with --force \
-                     (API: \"force\": true) to take them with it",
-                    left.join(", ")
-                )));
-            }
-        }
-        Ok(())
     }
 }

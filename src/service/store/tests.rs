@@ -1,5 +1,6 @@
 //! Unit tests of the store core: schema, round trips, all-or-nothing requests, durability.
 
+use super::backend::StoreBackend;
 use super::state::{StoreCore, StoreError, SCHEMA_VERSION};
 use crate::model::{
     HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, MachineId, MachineStatus,
@@ -58,9 +59,7 @@ fn model_uuid_is_kept_across_opens() {
     assert_eq!(a, b);
 }
 
-#[test]
-fn machines_round_trip_and_ids_are_never_reused() {
-    let mut s = StoreCore::in_memory().unwrap();
+fn machines_round_trip_and_ids_are_never_reused(s: &mut dyn StoreBackend) {
     let zones = vec!["az1".to_owned(), "az2".to_owned()];
     let added = s.add_machines(3, Some(&zones)).unwrap();
     assert_eq!(ids(&added), ["0", "1", "2"]);
@@ -97,9 +96,7 @@ fn machines_round_trip_and_ids_are_never_reused() {
     assert!(matches!(s.set_status(&m0, MachineStatus::Error, "x"), Err(StoreError::NotFound(_))));
 }
 
-#[test]
-fn removal_and_retry_are_all_or_nothing() {
-    let mut s = StoreCore::in_memory().unwrap();
+fn removal_and_retry_are_all_or_nothing(s: &mut dyn StoreBackend) {
     let added = s.add_machines(2, None).unwrap();
     s.take_outbox();
     let err = s.remove_machines(&[added[0].clone(), MachineId::new("9")], false, false).unwrap_err();
@@ -125,9 +122,7 @@ fn removal_and_retry_are_all_or_nothing() {
     s.remove_machines(&added[1..], false, true).unwrap();
 }
 
-#[test]
-fn a_dying_model_refuses_machines_and_destroys_once() {
-    let mut s = StoreCore::in_memory().unwrap();
+fn a_dying_model_refuses_machines_and_destroys_once(s: &mut dyn StoreBackend) {
     s.add_machines(2, None).unwrap();
     assert_eq!(s.destroy_model().unwrap().len(), 2);
     assert_eq!(s.model_life().unwrap(), Life::Dying);
@@ -135,9 +130,7 @@ fn a_dying_model_refuses_machines_and_destroys_once() {
     assert_eq!(s.add_machines(1, None).unwrap_err(), StoreError::ModelDying);
 }
 
-#[test]
-fn instances_are_idempotent_by_client_token_and_listed_by_model() {
-    let mut s = StoreCore::in_memory().unwrap();
+fn instances_are_idempotent_by_client_token_and_listed_by_model(s: &mut dyn StoreBackend) {
     let (a, new) = s.create_instance("0/n/1", Some("az1"), &tags("m", "0")).unwrap();
     assert!(new);
     assert_eq!(a.instance.state, InstanceState::Pending);
@@ -161,9 +154,7 @@ fn instances_are_idempotent_by_client_token_and_listed_by_model() {
     assert_eq!(s.instance(&b.instance.id).unwrap().unwrap().instance.tags.model, None);
 }
 
-#[test]
-fn settings_round_trip() {
-    let mut s = StoreCore::in_memory().unwrap();
+fn settings_round_trip(s: &mut dyn StoreBackend) {
     assert_eq!(s.settings().unwrap().workers, None);
     s.set_workers(4).unwrap();
     s.set_harvest_mode(HarvestMode::All).unwrap();
@@ -217,11 +208,9 @@ fn commits_are_fsynced_unless_asked_otherwise() {
 
 /// The gauges' counts kept as the store writes always equal a full recount,
 /// whatever the writes (random ones, from a seeded RNG, failed ones included).
-#[test]
-fn counts_kept_as_writes_commit_match_a_full_recount() {
+fn counts_kept_as_writes_commit_match_a_full_recount(s: &mut dyn StoreBackend) {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::SmallRng::seed_from_u64(12);
-    let mut s = StoreCore::in_memory().unwrap();
     let statuses = [MachineStatus::Pending, MachineStatus::Started, MachineStatus::Error, MachineStatus::Stopped];
     let mut instances: Vec<InstanceId> = Vec::new();
     for step in 0..2_000 {
@@ -257,7 +246,8 @@ fn counts_kept_as_writes_commit_match_a_full_recount() {
             9 if step > 1_500 => s.destroy_model().map(drop),
             _ => s.set_instance_status(&machine, &InstanceStatus::provisioning(), "starting"),
         };
-        assert_eq!(s.counts(), &s.recount().unwrap(), "after step {step}");
+        let recount = s.recount().unwrap();
+        assert_eq!(s.counts(), &recount, "after step {step}");
     }
     assert!(s.counts().machines_by_status.values().sum::<u64>() > 0);
     assert!(s.counts().instances_by_state.get("terminated").copied().unwrap_or(0) > 0);
@@ -386,10 +376,8 @@ fn whole_constraint_sets_and_placements_are_stored() {
 
 /// An application's machines are its distribution group; removing it takes them to dead, all
 /// at once, and a second one of the same name is refused while it exists.
-#[test]
-fn applications_group_their_machines_and_go_with_them() {
+fn applications_group_their_machines_and_go_with_them(s: &mut dyn StoreBackend) {
     use crate::model::Constraints;
-    let mut s = StoreCore::in_memory().unwrap();
     s.add_machines(1, None).unwrap();
     let c = Constraints::parse("cores=2").unwrap();
     let web = s.add_application("web", 3, &c).unwrap();
@@ -411,7 +399,8 @@ fn applications_group_their_machines_and_go_with_them() {
     assert_eq!(ids(&s.take_outbox().0), ["1", "2", "3"], "the watcher hears of them");
     assert!(web.iter().all(|m| s.machine(m).unwrap().unwrap().machine.life == Life::Dead));
     assert_eq!(s.remove_application("web"), Err(StoreError::NoApplication("web".into())));
-    assert_eq!(s.counts(), &s.recount().unwrap());
+    let recount = s.recount().unwrap();
+    assert_eq!(s.counts(), &recount);
     // Its dying machines are no group of a new application of the same name.
     let again = s.add_application("web", 1, &c).unwrap();
     assert_eq!(s.distribution_groups(&again).unwrap()[0], Some(Vec::new()));
@@ -484,9 +473,7 @@ fn a_version_2_database_is_upgraded() {
 
 /// Containers are numbered per host and type, never reused; a missing or dead host is refused
 /// naming the `host` field, and nothing is written (no id is used up).
-#[test]
-fn containers_are_numbered_per_host_and_type_on_alive_hosts_only() {
-    let mut s = StoreCore::in_memory().unwrap();
+fn containers_are_numbered_per_host_and_type_on_alive_hosts_only(s: &mut dyn StoreBackend) {
     let hosts = s.add_machines(2, None).unwrap();
     let (h0, h1) = (&hosts[0], &hosts[1]);
     assert_eq!(ids(&s.add_containers(h0, "lxd", 2).unwrap()), ["0/lxd/0", "0/lxd/1"]);
@@ -509,14 +496,13 @@ fn containers_are_numbered_per_host_and_type_on_alive_hosts_only() {
     // Listed machines first (in id order), then containers in the order they came.
     let listed: Vec<String> = s.list_machines().unwrap().iter().map(|m| m.machine.id.to_string()).collect();
     assert_eq!(listed, ["0", "1", "2", "0/lxd/0", "0/kvm/0", "1/lxd/0", "0/lxd/2"]);
-    assert_eq!(s.counts(), &s.recount().unwrap());
+    let recount = s.recount().unwrap();
+    assert_eq!(s.counts(), &recount);
 }
 
 /// A host with live containers is not removed without force (nothing written); removed with
 /// them, or with force, it is.
-#[test]
-fn a_host_with_live_containers_is_removed_only_with_them_or_with_force() {
-    let mut s = StoreCore::in_memory().unwrap();
+fn a_host_with_live_containers_is_removed_only_with_them_or_with_force(s: &mut dyn StoreBackend) {
     let hosts = s.add_machines(11, None).unwrap();
     let c = s.add_containers(&hosts[1], "lxd", 2).unwrap();
     s.add_containers(&hosts[10], "lxd", 1).unwrap();
@@ -545,9 +531,7 @@ fn a_host_with_live_containers_is_removed_only_with_them_or_with_force() {
 
 /// A manual machine is registered as Juju's manual provider shows it, takes a machine id, and
 /// an address already a live manual machine's is refused.
-#[test]
-fn a_manual_machine_is_registered_started_with_its_address() {
-    let mut s = StoreCore::in_memory().unwrap();
+fn a_manual_machine_is_registered_started_with_its_address(s: &mut dyn StoreBackend) {
     s.add_machines(1, None).unwrap();
     let id = s.add_manual("10.0.0.5").unwrap();
     assert_eq!(id.as_str(), "1");
@@ -565,8 +549,40 @@ fn a_manual_machine_is_registered_started_with_its_address() {
     s.remove_machines(std::slice::from_ref(&id), false, false).unwrap();
     assert!(s.live_manual_machines().unwrap().is_empty(), "a dead one no longer blocks a destruction");
     assert_eq!(s.add_manual("10.0.0.5").unwrap().as_str(), "2", "a dead one's address can be registered again");
-    assert_eq!(s.counts(), &s.recount().unwrap());
+    let recount = s.recount().unwrap();
+    assert_eq!(s.counts(), &recount);
     s.destroy_model().unwrap();
     assert_eq!(s.add_manual("host-9").unwrap_err(), StoreError::ModelDying);
     assert_eq!(s.add_containers(&MachineId::new("0"), "lxd", 1).unwrap_err(), StoreError::ModelDying);
 }
+
+/// The behaviour tests above, each run against SQLite (a test each, in memory) and against
+/// PostgreSQL (feature `postgres`: one cluster for the lot, a fresh database per test).
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(&mut super::StoreCore::in_memory().unwrap());
+                }
+            )*
+        }
+        /// The same tests against PostgreSQL.
+        #[cfg(feature = "postgres")]
+        pub(super) const BEHAVIOURS: &[(&str, fn(&mut dyn StoreBackend))] = &[$((stringify!($name), $name)),*];
+    };
+}
+
+on_both_backends!(
+    machines_round_trip_and_ids_are_never_reused,
+    removal_and_retry_are_all_or_nothing,
+    a_dying_model_refuses_machines_and_destroys_once,
+    instances_are_idempotent_by_client_token_and_listed_by_model,
+    settings_round_trip,
+    counts_kept_as_writes_commit_match_a_full_recount,
+    applications_group_their_machines_and_go_with_them,
+    containers_are_numbered_per_host_and_type_on_alive_hosts_only,
+    a_host_with_live_containers_is_removed_only_with_them_or_with_force,
+    a_manual_machine_is_registered_started_with_its_address,
+);

@@ -1,0 +1,288 @@
+//! The store's operations as one trait, [`StoreBackend`], with two implementations: SQLite in
+//! the data directory ([`StoreCore`], the embedded default) and PostgreSQL (`PgStore`, feature
+//! `postgres`). Both are plain and synchronous: the store actor owns one on its own thread and
+//! runs every closure the API, the model port and the simulated cloud send it against
+//! `&mut dyn StoreBackend`. No actix here.
+
+use std::collections::BTreeMap;
+
+use super::state::{
+    ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCore, StoreCounts, StoreError,
+};
+use crate::model::{
+    CloudInstance, Constraints, HarvestMode, InstanceId, InstanceStatus, InstanceTags, Life, Machine, MachineId,
+    MachineStatus, ProvisioningInfo,
+};
+use crate::ports::ProvisionedInstance;
+
+/// The leader's fence: writes made on behalf of the provisioner commit only while this lease
+/// row (`leader_lease`) still names this holder at this epoch and has not expired, checked in
+/// the write's own transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The model whose lease it is.
+    pub model_uuid: String,
+    /// This replica's holder name.
+    pub holder: String,
+    /// The epoch it acquired.
+    pub epoch: i64,
+}
+
+/// Every read and write the service makes on its store. Each write is one transaction: it has
+/// committed (or changed nothing) when the method returns. Reads take `&mut self` too (a
+/// PostgreSQL client needs it).
+pub trait StoreBackend: Send {
+    /// `sqlite` or `postgres`.
+    fn kind(&self) -> &'static str;
+
+    // ---- the store's own state ---------------------------------------------------------------
+
+    /// Makes the next commits fsynced before they return (`true`) or not.
+    fn set_durable(&mut self, durable: bool) -> Result<(), StoreError>;
+    /// Whether the next writes are the provisioner's own (checked against the fence, if one
+    /// is set): the store actor says so before each unit of work.
+    fn set_fenced(&mut self, _fenced: bool) {}
+    /// Sets or clears the leader's fence. Only PostgreSQL has leases.
+    fn set_fence(&mut self, _fence: Option<Fence>) -> Result<(), StoreError> {
+        Err(StoreError::Refused(format!("the {} store has no leader lease to fence with", self.kind())))
+    }
+    /// Takes what the watchers must hear: the machines changed since the last call, and
+    /// whether a retry tick is due.
+    fn take_outbox(&mut self) -> (Vec<MachineId>, bool);
+    /// The gauges' counts as of the last commit.
+    fn counts(&self) -> &StoreCounts;
+    /// The counts, if they changed since the last call.
+    fn take_counts(&mut self) -> Option<StoreCounts>;
+    /// Counts every machine and instance (one scan).
+    fn recount(&mut self) -> Result<StoreCounts, StoreError>;
+    /// Remembers damage an operation ran into.
+    fn note_damage(&mut self, e: &StoreError);
+    /// Whether the store can be read now (`/healthz`, `/readyz`).
+    fn check_readable(&mut self) -> Result<(), StoreError>;
+
+    // ---- the model ---------------------------------------------------------------------------
+
+    /// The model's uuid (tagged on every instance).
+    fn model_uuid(&mut self) -> Result<String, StoreError>;
+    /// The model's life.
+    fn model_life(&mut self) -> Result<Life, StoreError>;
+    /// One machine.
+    fn machine(&mut self, id: &MachineId) -> Result<Option<MachineRecord>, StoreError>;
+    /// Every machine, in id order.
+    fn list_machines(&mut self) -> Result<Vec<MachineRecord>, StoreError>;
+    /// Every machine's id, in id order.
+    fn machine_ids(&mut self) -> Result<Vec<MachineId>, StoreError>;
+    /// Records a machine's instance; the machine becomes `started`.
+    fn set_instance_info(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError>;
+    /// Writes a machine status.
+    fn set_status(&mut self, id: &MachineId, status: MachineStatus, message: &str) -> Result<(), StoreError>;
+    /// Writes an instance status.
+    fn set_instance_status(&mut self, id: &MachineId, status: &InstanceStatus, message: &str)
+        -> Result<(), StoreError>;
+    /// Takes a machine to dead (notifies if it was not).
+    fn ensure_dead(&mut self, id: &MachineId) -> Result<(), StoreError>;
+    /// Removes a dead machine for good.
+    fn mark_for_removal(&mut self, id: &MachineId) -> Result<(), StoreError>;
+    /// Makes the model dying and returns every machine at that moment.
+    fn destroy_model(&mut self) -> Result<Vec<Machine>, StoreError>;
+    /// Asks for these machines to be removed, all or none.
+    fn remove_machines(&mut self, ids: &[MachineId], keep_instance: bool, force: bool) -> Result<(), StoreError>;
+    /// Marks machines in provisioning error for another start, all or none.
+    fn retry_machines(&mut self, ids: &[MachineId]) -> Result<(), StoreError>;
+    /// The settings changed at run time.
+    fn settings(&mut self) -> Result<Settings, StoreError>;
+    /// Persists the harvest mode.
+    fn set_harvest_mode(&mut self, mode: HarvestMode) -> Result<(), StoreError>;
+    /// Persists the worker pool size.
+    fn set_workers(&mut self, workers: usize) -> Result<(), StoreError>;
+    /// Adds `count` new alive, pending machines like `spec`, in one transaction.
+    fn add_new_machines(&mut self, count: usize, spec: &NewMachine) -> Result<Vec<MachineId>, StoreError>;
+    /// Adds an application and machines for its units, in one transaction.
+    fn add_application(
+        &mut self,
+        name: &str,
+        units: usize,
+        constraints: &Constraints,
+    ) -> Result<Vec<MachineId>, StoreError>;
+    /// Every application, by name.
+    fn applications(&mut self) -> Result<Vec<ApplicationRecord>, StoreError>;
+    /// The machines of an application that are not dead, in id order.
+    fn application_machines(&mut self, name: &str) -> Result<Vec<MachineId>, StoreError>;
+    /// Removes an application: its machines become dead. Returns them.
+    fn remove_application(&mut self, name: &str) -> Result<Vec<MachineId>, StoreError>;
+    /// Adds containers of `kind` on an alive `host`.
+    fn add_containers(&mut self, host: &MachineId, kind: &str, count: usize) -> Result<Vec<MachineId>, StoreError>;
+    /// Registers a manually provisioned machine.
+    fn add_manual(&mut self, address: &str) -> Result<MachineId, StoreError>;
+    /// The containers on `host` that are not dead, in id order.
+    fn live_containers_of(&mut self, host: &MachineId) -> Result<Vec<MachineId>, StoreError>;
+    /// The live manual machines, in id order.
+    fn live_manual_machines(&mut self) -> Result<Vec<MachineId>, StoreError>;
+
+    // ---- the simulated cloud's instances -----------------------------------------------------
+
+    /// Creates a pending instance for a start, or returns the one this client token made.
+    fn create_instance(
+        &mut self,
+        client_token: &str,
+        zone: Option<&str>,
+        tags: &InstanceTags,
+    ) -> Result<(InstanceRecord, bool), StoreError>;
+    /// One instance.
+    fn instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError>;
+    /// A pending instance comes up. Returns it.
+    fn land_instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError>;
+    /// Every instance ever created, in creation order.
+    fn all_instances(&mut self) -> Result<Vec<InstanceRecord>, StoreError>;
+    /// The non-terminated instances tagged with this model.
+    fn live_instances(&mut self, model: &str) -> Result<Vec<CloudInstance>, StoreError>;
+    /// Terminates instances (unknown ids are ignored).
+    fn terminate_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError>;
+    /// Removes our model's tag from instances.
+    fn release_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError>;
+    /// Gives a live instance new identity tags; `false` if it is not there or terminated.
+    fn retag_instance(&mut self, id: &InstanceId, tags: &InstanceTags) -> Result<bool, StoreError>;
+    /// The ids of instances still pending.
+    fn pending_instances(&mut self) -> Result<Vec<InstanceId>, StoreError>;
+
+    // ---- derived: the same for both backends ---------------------------------------------------
+
+    /// Adds `count` machines with this `zones=` constraint.
+    fn add_machines(&mut self, count: usize, zones: Option<&[String]>) -> Result<Vec<MachineId>, StoreError> {
+        let spec = NewMachine {
+            constraints: Constraints { zones: zones.map(<[String]>::to_vec), ..Constraints::default() },
+            ..NewMachine::default()
+        };
+        self.add_new_machines(count, &spec)
+    }
+    /// These machines, in request order (`None` for a missing one).
+    fn machines(&mut self, ids: &[MachineId]) -> Result<Vec<Option<MachineRecord>>, StoreError> {
+        ids.iter().map(|id| self.machine(id)).collect()
+    }
+    /// Alive, unprovisioned machines in provisioning error that were marked for a retry.
+    fn transient_errors(&mut self) -> Result<Vec<Machine>, StoreError> {
+        Ok(self
+            .list_machines()?
+            .into_iter()
+            .filter(|m| m.transient && m.machine.instance.is_none() && m.machine.instance_status.is_error())
+            .map(|m| m.machine)
+            .collect())
+    }
+    /// Provisioning info: the constraints and the placement directive.
+    fn provisioning_info(&mut self, ids: &[MachineId]) -> Result<Vec<Option<ProvisioningInfo>>, StoreError> {
+        Ok(self
+            .machines(ids)?
+            .into_iter()
+            .map(|m| {
+                m.map(|m| ProvisioningInfo {
+                    constraints: m.constraints,
+                    placement: m.placement,
+                    ..ProvisioningInfo::default()
+                })
+            })
+            .collect())
+    }
+    /// The zone recorded with a machine's instance.
+    fn availability_zone(&mut self, id: &MachineId) -> Result<Option<String>, StoreError> {
+        Ok(self.machine(id)?.and_then(|m| m.zone))
+    }
+    /// Each machine's distribution group (the other live machines of its application).
+    fn distribution_groups(&mut self, ids: &[MachineId]) -> Result<Vec<Option<Vec<MachineId>>>, StoreError> {
+        let mut groups: BTreeMap<String, Vec<MachineId>> = BTreeMap::new();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let Some(m) = self.machine(id)? else {
+                out.push(None);
+                continue;
+            };
+            let group = match m.application {
+                None => Vec::new(),
+                Some(app) => {
+                    if !groups.contains_key(&app) {
+                        let members = self.application_machines(&app)?;
+                        groups.insert(app.clone(), members);
+                    }
+                    groups[&app].iter().filter(|g| *g != id).cloned().collect()
+                }
+            };
+            out.push(Some(group));
+        }
+        Ok(out)
+    }
+}
+
+/// Forwards every trait method to `StoreCore`'s own (inherent methods win over trait methods).
+macro_rules! forward {
+    ($( fn $name:ident(&mut self $(, $arg:ident: $ty:ty)*) -> $ret:ty; )*) => {
+        $( fn $name(&mut self $(, $arg: $ty)*) -> $ret { StoreCore::$name(self $(, $arg)*) } )*
+    };
+}
+
+impl StoreBackend for StoreCore {
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+    fn counts(&self) -> &StoreCounts {
+        StoreCore::counts(self)
+    }
+    forward! {
+        fn set_durable(&mut self, durable: bool) -> Result<(), StoreError>;
+        fn take_outbox(&mut self) -> (Vec<MachineId>, bool);
+        fn take_counts(&mut self) -> Option<StoreCounts>;
+        fn recount(&mut self) -> Result<StoreCounts, StoreError>;
+        fn note_damage(&mut self, e: &StoreError) -> ();
+        fn check_readable(&mut self) -> Result<(), StoreError>;
+        fn model_uuid(&mut self) -> Result<String, StoreError>;
+        fn model_life(&mut self) -> Result<Life, StoreError>;
+        fn machine(&mut self, id: &MachineId) -> Result<Option<MachineRecord>, StoreError>;
+        fn list_machines(&mut self) -> Result<Vec<MachineRecord>, StoreError>;
+        fn machine_ids(&mut self) -> Result<Vec<MachineId>, StoreError>;
+        fn set_instance_info(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError>;
+        fn set_status(&mut self, id: &MachineId, status: MachineStatus, message: &str) -> Result<(), StoreError>;
+        fn set_instance_status(&mut self, id: &MachineId, status: &InstanceStatus, message: &str) -> Result<(), StoreError>;
+        fn ensure_dead(&mut self, id: &MachineId) -> Result<(), StoreError>;
+        fn mark_for_removal(&mut self, id: &MachineId) -> Result<(), StoreError>;
+        fn destroy_model(&mut self) -> Result<Vec<Machine>, StoreError>;
+        fn remove_machines(&mut self, ids: &[MachineId], keep_instance: bool, force: bool) -> Result<(), StoreError>;
+        fn retry_machines(&mut self, ids: &[MachineId]) -> Result<(), StoreError>;
+        fn settings(&mut self) -> Result<Settings, StoreError>;
+        fn set_harvest_mode(&mut self, mode: HarvestMode) -> Result<(), StoreError>;
+        fn set_workers(&mut self, workers: usize) -> Result<(), StoreError>;
+        fn add_new_machines(&mut self, count: usize, spec: &NewMachine) -> Result<Vec<MachineId>, StoreError>;
+        fn add_application(&mut self, name: &str, units: usize, constraints: &Constraints) -> Result<Vec<MachineId>, StoreError>;
+        fn applications(&mut self) -> Result<Vec<ApplicationRecord>, StoreError>;
+        fn application_machines(&mut self, name: &str) -> Result<Vec<MachineId>, StoreError>;
+        fn remove_application(&mut self, name: &str) -> Result<Vec<MachineId>, StoreError>;
+        fn add_containers(&mut self, host: &MachineId, kind: &str, count: usize) -> Result<Vec<MachineId>, StoreError>;
+        fn add_manual(&mut self, address: &str) -> Result<MachineId, StoreError>;
+        fn live_containers_of(&mut self, host: &MachineId) -> Result<Vec<MachineId>, StoreError>;
+        fn live_manual_machines(&mut self) -> Result<Vec<MachineId>, StoreError>;
+        fn create_instance(&mut self, client_token: &str, zone: Option<&str>, tags: &InstanceTags) -> Result<(InstanceRecord, bool), StoreError>;
+        fn instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError>;
+        fn land_instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError>;
+        fn all_instances(&mut self) -> Result<Vec<InstanceRecord>, StoreError>;
+        fn live_instances(&mut self, model: &str) -> Result<Vec<CloudInstance>, StoreError>;
+        fn terminate_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError>;
+        fn release_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError>;
+        fn retag_instance(&mut self, id: &InstanceId, tags: &InstanceTags) -> Result<bool, StoreError>;
+        fn pending_instances(&mut self) -> Result<Vec<InstanceId>, StoreError>;
+    }
+}
+
+/// Refuses (nothing written) the removal of a host whose live containers are not removed with
+/// it: a removal without `force` must name them, or they would die unasked. Both backends.
+pub(super) fn refuse_hosts_with_live_containers(s: &mut dyn StoreBackend, ids: &[MachineId]) -> Result<(), StoreError> {
+    let asked: std::collections::BTreeSet<&MachineId> = ids.iter().collect();
+    for id in ids.iter().collect::<std::collections::BTreeSet<_>>() {
+        let left: Vec<String> =
+            s.live_containers_of(id)?.into_iter().filter(|c| !asked.contains(c)).map(|c| c.to_string()).collect();
+        if !left.is_empty() {
+            return Err(StoreError::Refused(format!(
+                "machine {id} hosts live containers {}: remove them first, or remove the host with --force \
+                 (API: \"force\": true) to take them with it",
+                left.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,1143 @@
+//! The PostgreSQL backend (feature `postgres`): the same operations as the SQLite core, over one
+//! connection of the synchronous `postgres` client owned by the store's thread.
+//!
+//! Why the sync client: the store already runs each unit of work synchronously on a dedicated
+//! thread (`SyncArbiter`), one transaction at a time; the `postgres` crate is the blocking
+//! facade of `tokio-postgres` (same maintainers, same protocol code), so both backends keep one
+//! shape (one connection, owned by that thread), with no pool and no second runtime to wire.
+//! When the connection drops, the next operation reconnects, with backoff between attempts
+//! (the operations in between answer [`StoreError::Unavailable`]: never stale data).
+//!
+//! Schema: versioned migrations ([`PG_SCHEMA_VERSION`], table `schema_migrations`), applied at
+//! each connection in one transaction under `pg_advisory_xact_lock`, so replicas starting
+//! together do not race; a database whose schema is newer than this build is refused, naming
+//! both versions. The schema includes `leader_lease`, the lease the fence checks.
+//!
+//! Fencing: with a [`Fence`] set, every write the actor marks as the provisioner's own runs
+//! `SELECT 1 FROM leader_lease WHERE model_uuid=$1 AND holder=$2 AND epoch=$3 AND expires_at >
+//! now() FOR SHARE` first, in its own transaction, and fails with [`StoreError::Fenced`]
+//! (nothing written) if no row matches.
+//!
+//! Change notification: every transaction that changes machines (or the model's life, or the
+//! settings) runs `pg_notify('provisioner_changes', JSON)` before its commit, so the
+//! notification is delivered exactly when (and only if) the change commits. The JSON is
+//! [`Notice`]: `{"model_uuid": "...", "kind": "machines"|"model"|"settings", "ids": [...],
+//! "all": false}`; `all: true` (ids empty) when the ids would not fit in a payload.
+
+use std::time::Duration;
+
+use postgres::{Client, Config, NoTls, Row, Transaction};
+use tokio::time::Instant;
+
+use super::backend::{refuse_hosts_with_live_containers, Fence, StoreBackend};
+use super::state::{
+    random_uuid, ApplicationRecord, Book, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings, StoreCounts,
+    StoreError, CONTAINER_SEQ_BASE,
+};
+use crate::model::{
+    CloudInstance, Constraints, HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine,
+    MachineId, MachineStatus,
+};
+use crate::ports::ProvisionedInstance;
+
+/// The newest schema version this build knows (rows of `schema_migrations`).
+pub const PG_SCHEMA_VERSION: i64 = 1;
+
+/// The channel of change notifications.
+pub const CHANGES_CHANNEL: &str = "provisioner_changes";
+
+/// The advisory lock key migrations hold (`pg_advisory_xact_lock`): "prov" in ASCII.
+const MIGRATION_LOCK: i64 = 0x7072_6f76;
+
+/// The longest wait between two connection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// The first wait after a failed attempt.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// Ids per notification at most (a payload must stay under 8000 bytes).
+const MAX_NOTIFIED_IDS: usize = 200;
+
+/// Version 1: the whole model, the simulated cloud, and the leader lease.
+const SCHEMA_V1: &str = r#"
+CREATE TABLE meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE constraints (
+    id BIGSERIAL PRIMARY KEY,
+    spec TEXT NOT NULL UNIQUE,
+    zones TEXT,
+    arch TEXT,
+    cores BIGINT,
+    mem_mb BIGINT,
+    root_disk_mb BIGINT,
+    instance_type TEXT,
+    spaces TEXT,
+    tags TEXT
+);
+CREATE TABLE applications (
+    name TEXT PRIMARY KEY,
+    constraints_id BIGINT REFERENCES constraints(id)
+);
+CREATE TABLE machines (
+    seq BIGINT PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    life TEXT NOT NULL DEFAULT 'alive',
+    status TEXT NOT NULL DEFAULT 'pending',
+    status_message TEXT NOT NULL DEFAULT '',
+    instance_status TEXT NOT NULL DEFAULT '',
+    instance_status_message TEXT NOT NULL DEFAULT '',
+    instance TEXT,
+    zone TEXT,
+    nonce TEXT,
+    display_name TEXT NOT NULL DEFAULT '',
+    zones TEXT,
+    keep_instance BOOLEAN NOT NULL DEFAULT false,
+    transient BOOLEAN NOT NULL DEFAULT false,
+    constraints_id BIGINT REFERENCES constraints(id),
+    placement TEXT,
+    application TEXT,
+    changed_at TEXT,
+    manual BOOLEAN NOT NULL DEFAULT false,
+    address TEXT
+);
+CREATE INDEX machines_by_application ON machines(application) WHERE application IS NOT NULL;
+CREATE FUNCTION machines_stamp() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF (TG_OP = 'INSERT' AND NEW.changed_at IS NULL)
+       OR (TG_OP = 'UPDATE' AND NEW.changed_at IS NOT DISTINCT FROM OLD.changed_at) THEN
+        NEW.changed_at := to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"');
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER machines_stamp BEFORE INSERT OR UPDATE ON machines
+    FOR EACH ROW EXECUTE FUNCTION machines_stamp();
+CREATE TABLE instances (
+    seq BIGINT PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    state TEXT NOT NULL,
+    zone TEXT,
+    model TEXT,
+    machine TEXT,
+    start TEXT,
+    client_token TEXT UNIQUE
+);
+CREATE TABLE leader_lease (
+    model_uuid TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    epoch BIGINT NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL
+);
+"#;
+
+/// Every migration, in order: version `n` takes a database from `n - 1` to `n`.
+const MIGRATIONS: &[(i64, &str)] = &[(1, SCHEMA_V1)];
+
+/// A change notification's payload (JSON on channel [`CHANGES_CHANNEL`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Notice {
+    /// The model changed.
+    pub model_uuid: String,
+    /// What changed: `machines`, `model` (its life) or `settings`.
+    pub kind: String,
+    /// The machines changed (empty when `all`, or for `model` and `settings`).
+    pub ids: Vec<String>,
+    /// Too many ids for one payload: re-read every machine.
+    pub all: bool,
+}
+
+fn failure(e: &postgres::Error) -> PgFailure {
+    let code = e.code().map(|c| c.code().to_owned());
+    // No server answer (closed, reset, refused, timed out), or the server going away.
+    let connection_lost = e.is_closed()
+        || e.as_db_error().is_none()
+        || code.as_deref().is_some_and(|c| c.starts_with("08") || c.starts_with("57P"));
+    let message = match e.as_db_error() {
+        Some(db) => db.to_string(),
+        None => match std::error::Error::source(e) {
+            Some(s) => format!("{e}: {s}"),
+            None => e.to_string(),
+        },
+    };
+    PgFailure { code, message, connection_lost }
+}
+
+/// Maps a client error onto the store's, naming what was being done.
+fn pg(context: &'static str) -> impl Fn(postgres::Error) -> StoreError {
+    move |e| StoreError::Postgres { context, source: failure(&e) }
+}
+
+const MACHINE_COLUMNS: &str = "m.id, m.life, m.status, m.status_message, m.instance_status, \
+                               m.instance_status_message, m.instance, m.zone, m.keep_instance, m.transient, \
+                               COALESCE(c.zones, m.zones), c.arch, c.cores, c.mem_mb, c.root_disk_mb, \
+                               c.instance_type, c.spaces, c.tags, m.placement, m.application, m.changed_at, \
+                               m.manual, m.address";
+const MACHINE_FROM: &str = "machines m LEFT JOIN constraints c ON c.id = m.constraints_id";
+const INSTANCE_COLUMNS: &str = "id, state, zone, model, machine, start, client_token";
+
+fn bad_row(context: &'static str, message: String) -> StoreError {
+    StoreError::Damaged { context, message }
+}
+
+fn machine_from_row(r: &Row) -> Result<MachineRecord, StoreError> {
+    let ctx = "reading a machine";
+    let get = |e: postgres::Error| pg(ctx)(e);
+    let life: String = r.try_get(1).map_err(get)?;
+    let status: String = r.try_get(2).map_err(get)?;
+    let zones: Option<String> = r.try_get(10).map_err(get)?;
+    let zones: Option<Vec<String>> = zones.map(|z| z.split(',').map(str::to_owned).collect());
+    let list = |s: Option<String>| -> Vec<String> {
+        s.filter(|s| !s.is_empty()).map(|s| s.split(',').map(str::to_owned).collect()).unwrap_or_default()
+    };
+    let constraints = Constraints {
+        zones: zones.clone(),
+        arch: r.try_get(11).map_err(get)?,
+        cores: r.try_get::<_, Option<i64>>(12).map_err(get)?.map(|n| n as u32),
+        mem_mb: r.try_get::<_, Option<i64>>(13).map_err(get)?.map(|n| n as u64),
+        root_disk_mb: r.try_get::<_, Option<i64>>(14).map_err(get)?.map(|n| n as u64),
+        instance_type: r.try_get(15).map_err(get)?,
+        spaces: list(r.try_get(16).map_err(get)?),
+        tags: list(r.try_get(17).map_err(get)?),
+    };
+    Ok(MachineRecord {
+        machine: Machine {
+            id: MachineId::from(r.try_get::<_, String>(0).map_err(get)?),
+            life: life.parse().map_err(|e| bad_row(ctx, format!("life {life:?}: {e}")))?,
+            status: status.parse().map_err(|e| bad_row(ctx, format!("status {status:?}: {e}")))?,
+            instance_status: InstanceStatus::other(r.try_get::<_, String>(4).map_err(get)?),
+            instance: r.try_get::<_, Option<String>>(6).map_err(get)?.map(InstanceId::from),
+            keep_instance: r.try_get(8).map_err(get)?,
+            manual: r.try_get(21).map_err(get)?,
+            controller: false,
+        },
+        status_message: r.try_get(3).map_err(get)?,
+        instance_status_message: r.try_get(5).map_err(get)?,
+        zone: r.try_get(7).map_err(get)?,
+        transient: r.try_get(9).map_err(get)?,
+        zones,
+        constraints,
+        placement: r.try_get(18).map_err(get)?,
+        application: r.try_get(19).map_err(get)?,
+        changed_at: r.try_get(20).map_err(get)?,
+        address: r.try_get(22).map_err(get)?,
+    })
+}
+
+fn instance_from_row(r: &Row) -> Result<InstanceRecord, StoreError> {
+    let ctx = "reading an instance";
+    let get = |e: postgres::Error| pg(ctx)(e);
+    let state: String = r.try_get(1).map_err(get)?;
+    Ok(InstanceRecord {
+        instance: CloudInstance {
+            id: InstanceId::from(r.try_get::<_, String>(0).map_err(get)?),
+            state: state.parse().map_err(|e| bad_row(ctx, format!("state {state:?}: {e}")))?,
+            zone: r.try_get(2).map_err(get)?,
+            tags: InstanceTags {
+                model: r.try_get(3).map_err(get)?,
+                machine: r.try_get::<_, Option<String>>(4).map_err(get)?.map(MachineId::from),
+                start: r.try_get(5).map_err(get)?,
+            },
+            age: None,
+        },
+        client_token: r.try_get(6).map_err(get)?,
+    })
+}
+
+fn ids_of(rows: Vec<Row>, ctx: &'static str) -> Result<Vec<MachineId>, StoreError> {
+    rows.iter().map(|r| r.try_get::<_, String>(0).map(MachineId::from).map_err(pg(ctx))).collect()
+}
+
+fn meta_get(c: &mut impl postgres::GenericClient, key: &str) -> Result<Option<String>, postgres::Error> {
+    Ok(c.query_opt("SELECT value FROM meta WHERE key = $1", &[&key])?.map(|r| r.get(0)))
+}
+
+fn meta_set(c: &mut impl postgres::GenericClient, key: &str, value: &str) -> Result<(), postgres::Error> {
+    c.execute(
+        "INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        &[&key, &value],
+    )
+    .map(|_| ())
+}
+
+/// Takes the next value of a counter kept in `meta` (0 first), atomically.
+fn next_counter(tx: &mut Transaction<'_>, key: &str) -> Result<i64, postgres::Error> {
+    let row = tx.query_one(
+        "INSERT INTO meta (key, value) VALUES ($1, '1') \
+         ON CONFLICT (key) DO UPDATE SET value = ((meta.value)::bigint + 1)::text RETURNING (value)::bigint - 1",
+        &[&key],
+    )?;
+    row.try_get(0)
+}
+
+/// Sends a change notification from `tx` (delivered at its commit, not before, not without).
+fn notify(tx: &mut Transaction<'_>, model_uuid: &str, kind: &str, ids: &[MachineId]) -> Result<(), StoreError> {
+    let all = ids.len() > MAX_NOTIFIED_IDS;
+    let notice = Notice {
+        model_uuid: model_uuid.to_owned(),
+        kind: kind.to_owned(),
+        ids: if all { Vec::new() } else { ids.iter().map(ToString::to_string).collect() },
+        all,
+    };
+    let payload = serde_json::to_string(&notice).unwrap_or_default();
+    tx.execute("SELECT pg_notify($1, $2)", &[&CHANGES_CHANNEL, &payload]).map_err(pg("notifying a change"))?;
+    Ok(())
+}
+
+/// The model's life as `tx` sees it (locked against a concurrent destruction until it ends).
+fn life_in(tx: &mut Transaction<'_>) -> Result<Life, StoreError> {
+    let life = tx
+        .query_opt("SELECT value FROM meta WHERE key = 'model_life' FOR SHARE", &[])
+        .map_err(pg("reading the model life"))?
+        .map(|r| r.get::<_, String>(0));
+    Ok(life.and_then(|l| l.parse().ok()).unwrap_or(Life::Alive))
+}
+
+/// The store over PostgreSQL. One connection, (re)made on demand with backoff.
+pub struct PgStore {
+    config: Config,
+    client: Option<Client>,
+    /// The model's uuid, read at the first connection (it never changes).
+    model_uuid: Option<String>,
+    book: Book,
+    /// The leader's fence, if set.
+    fence: Option<Fence>,
+    /// Whether the current unit of work is the provisioner's (checked against the fence).
+    fenced: bool,
+    /// Whether commits wait for the server's disk (`synchronous_commit`).
+    durable: bool,
+    /// The session's `synchronous_commit` (`None`: not set on this connection yet).
+    session_durable: Option<bool>,
+    /// Connection backoff: the next wait, and when the next attempt may be made.
+    backoff: Duration,
+    next_attempt: Option<Instant>,
+    /// Why the last attempt failed.
+    last_failure: Option<String>,
+    /// This store created the model (applied the first migration on an empty database).
+    created: bool,
+}
+
+impl PgStore {
+    /// Parses a `postgres://` URL (or a key=value connection string). A bad one is
+    /// [`StoreError::Invalid`] naming `store`.
+    pub fn config(url: &str) -> Result<Config, StoreError> {
+        let mut config: Config = url
+            .parse()
+            .map_err(|e: postgres::Error| StoreError::Invalid { field: "store", message: format!("{url:?}: {e}") })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(5));
+        }
+        config.keepalives(true).keepalives_idle(Duration::from_secs(10));
+        if config.get_application_name().is_none() {
+            config.application_name("provisioner");
+        }
+        Ok(config)
+    }
+
+    /// A store that connects at its first operation.
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            client: None,
+            model_uuid: None,
+            book: Book { counts_changed: true, ..Book::default() },
+            fence: None,
+            fenced: false,
+            durable: true,
+            session_durable: None,
+            backoff: FIRST_BACKOFF,
+            next_attempt: None,
+            last_failure: None,
+            created: false,
+        }
+    }
+
+    /// Connects now (tests and start-up): the store, or why not.
+    pub fn open(url: &str) -> Result<Self, StoreError> {
+        let mut s = Self::new(Self::config(url)?);
+        s.client()?;
+        Ok(s)
+    }
+
+    /// Whether this store created the model (it found an empty database).
+    pub fn created_model(&self) -> bool {
+        self.created
+    }
+
+    /// The connection, made now if there is none (and the backoff allows an attempt).
+    fn client(&mut self) -> Result<&mut Client, StoreError> {
+        if self.client.as_ref().is_some_and(Client::is_closed) {
+            self.client = None;
+            self.session_durable = None;
+        }
+        if self.client.is_none() {
+            self.connect()?;
+        }
+        let want = self.durable;
+        let Some(client) = self.client.as_mut() else {
+            return Err(StoreError::Unavailable("no connection".into()));
+        };
+        if self.session_durable != Some(want) {
+            let sql = if want { "SET synchronous_commit TO on" } else { "SET synchronous_commit TO off" };
+            client.batch_execute(sql).map_err(pg("setting synchronous_commit"))?;
+            self.session_durable = Some(want);
+        }
+        Ok(client)
+    }
+
+    fn connect(&mut self) -> Result<(), StoreError> {
+        let now = Instant::now();
+        if let Some(at) = self.next_attempt.filter(|at| now < *at) {
+            let why = self.last_failure.clone().unwrap_or_default();
+            return Err(StoreError::Unavailable(format!("{why} (next attempt in {} ms)", (at - now).as_millis())));
+        }
+        match self.open_client() {
+            Ok(client) => {
+                if self.last_failure.take().is_some() {
+                    tracing::info!("the database is reachable again");
+                }
+                self.client = Some(client);
+                self.session_durable = None;
+                self.backoff = FIRST_BACKOFF;
+                self.next_attempt = None;
+                // Other writers may have changed anything while we were away.
+                self.book.counts = self.recount()?;
+                self.book.counts_changed = true;
+                Ok(())
+            }
+            Err(StoreError::Postgres { context, source }) if source.connection_lost => {
+                let why = format!("{context}: {}", source.message);
+                tracing::warn!(error = %why, retry_in_ms = self.backoff.as_millis() as u64, "cannot reach the database; retrying with backoff");
+                self.last_failure = Some(why.clone());
+                self.next_attempt = Some(now + self.backoff);
+                self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                Err(StoreError::Unavailable(why))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Connects, applies the migrations this database lacks, and reads (or draws) the model.
+    fn open_client(&mut self) -> Result<Client, StoreError> {
+        let mut client = self.config.connect(NoTls).map_err(pg("connecting to the database"))?;
+        let ctx = "migrating the schema";
+        let mut tx = client.transaction().map_err(pg(ctx))?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).map_err(pg(ctx))?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, \
+             applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        )
+        .map_err(pg(ctx))?;
+        let found: i64 = tx
+            .query_one("SELECT COALESCE(max(version), 0) FROM schema_migrations", &[])
+            .and_then(|r| r.try_get(0))
+            .map_err(pg(ctx))?;
+        if found > PG_SCHEMA_VERSION {
+            return Err(StoreError::TooNew { found, supported: PG_SCHEMA_VERSION });
+        }
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
+            tx.batch_execute(sql).map_err(pg(ctx))?;
+            tx.execute("INSERT INTO schema_migrations (version) VALUES ($1)", &[version]).map_err(pg(ctx))?;
+        }
+        let uuid = match meta_get(&mut tx, "model_uuid").map_err(pg("reading the model uuid"))? {
+            Some(u) => u,
+            None if found > 0 => {
+                return Err(StoreError::Damaged {
+                    context: "reading the model uuid",
+                    message: "the database has a schema but no model uuid".into(),
+                })
+            }
+            None => {
+                let u = random_uuid();
+                meta_set(&mut tx, "model_uuid", &u).map_err(pg("writing the model uuid"))?;
+                meta_set(&mut tx, "model_life", Life::Alive.as_str()).map_err(pg("writing the model life"))?;
+                self.created = true;
+                u
+            }
+        };
+        tx.commit().map_err(pg(ctx))?;
+        self.model_uuid = Some(uuid);
+        Ok(client)
+    }
+
+    fn uuid(&self) -> String {
+        self.model_uuid.clone().unwrap_or_default()
+    }
+
+    /// A write's transaction: begun, and checked against the fence when the work is the
+    /// provisioner's and a fence is set.
+    fn begin(&mut self, ctx: &'static str) -> Result<Transaction<'_>, StoreError> {
+        let fence = if self.fenced { self.fence.clone() } else { None };
+        let mut tx = self.client()?.transaction().map_err(pg(ctx))?;
+        if let Some(f) = fence {
+            let held = tx
+                .query_opt(
+                    "SELECT 1 FROM leader_lease WHERE model_uuid = $1 AND holder = $2 AND epoch = $3 \
+                     AND expires_at > now() FOR SHARE",
+                    &[&f.model_uuid, &f.holder, &f.epoch],
+                )
+                .map_err(pg("checking the leader lease"))?;
+            if held.is_none() {
+                return Err(StoreError::Fenced { model_uuid: f.model_uuid, holder: f.holder, epoch: f.epoch });
+            }
+        }
+        Ok(tx)
+    }
+
+    fn status_life_in(tx: &mut Transaction<'_>, id: &MachineId) -> Result<Option<(String, String)>, StoreError> {
+        Ok(tx
+            .query_opt("SELECT status, life FROM machines WHERE id = $1 FOR UPDATE", &[&id.as_str()])
+            .map_err(pg("reading a machine"))?
+            .map(|r| (r.get(0), r.get(1))))
+    }
+
+    /// One machine update in its own (fenced) transaction, notified; `NotFound` if no row.
+    fn update_machine(
+        &mut self,
+        id: &MachineId,
+        ctx: &'static str,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Option<(String, String)>, StoreError> {
+        let uuid = self.uuid();
+        let mut tx = self.begin(ctx)?;
+        let before = Self::status_life_in(&mut tx, id)?;
+        let n = tx.execute(sql, params).map_err(pg(ctx))?;
+        if n == 0 {
+            return Err(StoreError::NotFound(id.clone()));
+        }
+        notify(&mut tx, &uuid, "machines", std::slice::from_ref(id))?;
+        tx.commit().map_err(pg(ctx))?;
+        Ok(before)
+    }
+
+    fn constraint_row(tx: &mut Transaction<'_>, c: &Constraints) -> Result<Option<i64>, StoreError> {
+        if c.is_empty() {
+            return Ok(None);
+        }
+        let ctx = "storing a constraint";
+        let spec = c.to_string();
+        let list = |v: &[String]| (!v.is_empty()).then(|| v.join(","));
+        tx.execute(
+            "INSERT INTO constraints (spec, zones, arch, cores, mem_mb, root_disk_mb, instance_type, spaces, tags) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (spec) DO NOTHING",
+            &[
+                &spec,
+                &c.zones.as_ref().map(|z| z.join(",")),
+                &c.arch,
+                &c.cores.map(i64::from),
+                &c.mem_mb.map(|n| n as i64),
+                &c.root_disk_mb.map(|n| n as i64),
+                &c.instance_type,
+                &list(&c.spaces),
+                &list(&c.tags),
+            ],
+        )
+        .map_err(pg(ctx))?;
+        tx.query_one("SELECT id FROM constraints WHERE spec = $1", &[&spec])
+            .and_then(|r| r.try_get(0))
+            .map(Some)
+            .map_err(pg(ctx))
+    }
+
+    fn insert_machines(
+        tx: &mut Transaction<'_>,
+        count: usize,
+        spec: &NewMachine,
+    ) -> Result<Vec<MachineId>, StoreError> {
+        let constraint = Self::constraint_row(tx, &spec.constraints)?;
+        let mut ids = Vec::with_capacity(count);
+        for _ in 0..count {
+            let n = next_counter(tx, "next_machine").map_err(pg("allocating a machine id"))?;
+            let id = n.to_string();
+            tx.execute(
+                "INSERT INTO machines (seq, id, constraints_id, placement, application) VALUES ($1, $2, $3, $4, $5)",
+                &[&n, &id, &constraint, &spec.placement, &spec.application],
+            )
+            .map_err(pg("adding machines"))?;
+            ids.push(MachineId::from(id));
+        }
+        Ok(ids)
+    }
+
+    fn query_ids(
+        &mut self,
+        ctx: &'static str,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<MachineId>, StoreError> {
+        let rows = self.client()?.query(sql, params).map_err(pg(ctx))?;
+        ids_of(rows, ctx)
+    }
+}
+
+impl StoreBackend for PgStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn set_durable(&mut self, durable: bool) -> Result<(), StoreError> {
+        self.durable = durable; // applied to the session before the next statement
+        Ok(())
+    }
+    fn set_fenced(&mut self, fenced: bool) {
+        self.fenced = fenced;
+    }
+    fn set_fence(&mut self, fence: Option<Fence>) -> Result<(), StoreError> {
+        self.fence = fence;
+        Ok(())
+    }
+    fn take_outbox(&mut self) -> (Vec<MachineId>, bool) {
+        self.book.take_outbox()
+    }
+    fn counts(&self) -> &StoreCounts {
+        &self.book.counts
+    }
+    fn take_counts(&mut self) -> Option<StoreCounts> {
+        self.book.take_counts()
+    }
+    fn recount(&mut self) -> Result<StoreCounts, StoreError> {
+        let client = self.client.as_mut().ok_or_else(|| StoreError::Unavailable("no connection".into()))?;
+        let mut group = |sql: &str| -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
+            let rows = client.query(sql, &[]).map_err(pg("counting"))?;
+            Ok(rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64)).collect())
+        };
+        let machines_by_status = group("SELECT status, count(*) FROM machines GROUP BY status")?;
+        let machines_by_life = group("SELECT life, count(*) FROM machines GROUP BY life")?;
+        let instances_by_state = group("SELECT state, count(*) FROM instances GROUP BY state")?;
+        let life = meta_get(client, "model_life").map_err(pg("reading the model life"))?;
+        let model_life = life.and_then(|l| l.parse::<Life>().ok()).unwrap_or(Life::Alive).to_string();
+        Ok(StoreCounts { machines_by_status, machines_by_life, instances_by_state, model_life })
+    }
+    fn note_damage(&mut self, e: &StoreError) {
+        // A lost connection is not damage: drop it, the next operation reconnects.
+        if let StoreError::Postgres { source, .. } = e {
+            if source.connection_lost {
+                self.client = None;
+                self.session_durable = None;
+            }
+        }
+    }
+    fn check_readable(&mut self) -> Result<(), StoreError> {
+        let r = self
+            .client()?
+            .query_opt("SELECT value FROM meta WHERE key = 'model_uuid'", &[])
+            .map_err(pg("reading the database"));
+        if let Err(e) = &r {
+            self.note_damage(e);
+        }
+        r?.map(|_| ()).ok_or_else(|| StoreError::Refused("the database has no model uuid".into()))
+    }
+
+    fn model_uuid(&mut self) -> Result<String, StoreError> {
+        self.client()?;
+        self.model_uuid.clone().ok_or_else(|| StoreError::Refused("the database has no model uuid".into()))
+    }
+    fn model_life(&mut self) -> Result<Life, StoreError> {
+        let life = meta_get(self.client()?, "model_life").map_err(pg("reading the model life"))?;
+        Ok(life.and_then(|l| l.parse().ok()).unwrap_or(Life::Alive))
+    }
+    fn machine(&mut self, id: &MachineId) -> Result<Option<MachineRecord>, StoreError> {
+        let row = self
+            .client()?
+            .query_opt(&format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} WHERE m.id = $1"), &[&id.as_str()])
+            .map_err(pg("reading a machine"))?;
+        row.as_ref().map(machine_from_row).transpose()
+    }
+    fn list_machines(&mut self) -> Result<Vec<MachineRecord>, StoreError> {
+        let rows = self
+            .client()?
+            .query(&format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} ORDER BY m.seq"), &[])
+            .map_err(pg("listing machines"))?;
+        rows.iter().map(machine_from_row).collect()
+    }
+    fn machine_ids(&mut self) -> Result<Vec<MachineId>, StoreError> {
+        self.query_ids("listing machines", "SELECT id FROM machines ORDER BY seq", &[])
+    }
+    fn set_instance_info(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError> {
+        let before = self.update_machine(
+            id,
+            "recording an instance",
+            "UPDATE machines SET instance = $2, zone = $3, nonce = $4, display_name = $5, instance_status = $6, \
+             instance_status_message = '', status = 'started', status_message = '', transient = false WHERE id = $1",
+            &[
+                &id.as_str(),
+                &info.instance.as_str(),
+                &info.zone,
+                &info.nonce,
+                &info.display_name,
+                &info.status.as_str(),
+            ],
+        )?;
+        self.book.count_machine(before, Some(MachineStatus::Started.as_str()), None);
+        Ok(())
+    }
+    fn set_status(&mut self, id: &MachineId, status: MachineStatus, message: &str) -> Result<(), StoreError> {
+        let before = self.update_machine(
+            id,
+            "writing a machine status",
+            "UPDATE machines SET status = $2, status_message = $3, \
+             transient = CASE WHEN $2 = 'pending' THEN false ELSE transient END WHERE id = $1",
+            &[&id.as_str(), &status.as_str(), &message],
+        )?;
+        self.book.count_machine(before, Some(status.as_str()), None);
+        Ok(())
+    }
+    fn set_instance_status(
+        &mut self,
+        id: &MachineId,
+        status: &InstanceStatus,
+        message: &str,
+    ) -> Result<(), StoreError> {
+        self.update_machine(
+            id,
+            "writing an instance status",
+            "UPDATE machines SET instance_status = $2, instance_status_message = $3 WHERE id = $1",
+            &[&id.as_str(), &status.as_str(), &message],
+        )
+        .map(|_| ())
+    }
+    fn ensure_dead(&mut self, id: &MachineId) -> Result<(), StoreError> {
+        let ctx = "taking a machine to dead";
+        let uuid = self.uuid();
+        let mut tx = self.begin(ctx)?;
+        let before = Self::status_life_in(&mut tx, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
+        if before.1 == Life::Dead.as_str() {
+            return Ok(()); // nothing to write (the transaction rolls back)
+        }
+        tx.execute("UPDATE machines SET life = 'dead' WHERE id = $1", &[&id.as_str()]).map_err(pg(ctx))?;
+        notify(&mut tx, &uuid, "machines", std::slice::from_ref(id))?;
+        tx.commit().map_err(pg(ctx))?;
+        self.book.count_machine(Some(before), None, Some(Life::Dead.as_str()));
+        self.book.changed.insert(id.clone());
+        Ok(())
+    }
+    fn mark_for_removal(&mut self, id: &MachineId) -> Result<(), StoreError> {
+        let ctx = "removing a machine";
+        let uuid = self.uuid();
+        let mut tx = self.begin(ctx)?;
+        let (status, life) = Self::status_life_in(&mut tx, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
+        if life != Life::Dead.as_str() {
+            return Err(StoreError::Refused(format!("machine {id} is not dead")));
+        }
+        tx.execute("DELETE FROM machines WHERE id = $1", &[&id.as_str()]).map_err(pg(ctx))?;
+        notify(&mut tx, &uuid, "machines", std::slice::from_ref(id))?;
+        tx.commit().map_err(pg(ctx))?;
+        self.book.removed(&status, &life);
+        Ok(())
+    }
+    fn destroy_model(&mut self) -> Result<Vec<Machine>, StoreError> {
+        let ctx = "destroying the model";
+        let uuid = self.uuid();
+        let mut tx = self.begin(ctx)?;
+        if life_in(&mut tx)? != Life::Alive {
+            return Err(StoreError::ModelDying);
+        }
+        meta_set(&mut tx, "model_life", Life::Dying.as_str()).map_err(pg(ctx))?;
+        let rows =
+            tx.query(&format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} ORDER BY m.seq"), &[]).map_err(pg(ctx))?;
+        let machines = rows.iter().map(|r| machine_from_row(r).map(|m| m.machine)).collect::<Result<Vec<_>, _>>()?;
+        notify(&mut tx, &uuid, "model", &[])?;
+        tx.commit().map_err(pg(ctx))?;
+        self.book.counts.model_life = Life::Dying.to_string();
+        self.book.counts_changed = true;
+        Ok(machines)
+    }
+    fn remove_machines(&mut self, ids: &[MachineId], keep_instance: bool, force: bool) -> Result<(), StoreError> {
+        if !force {
+            refuse_hosts_with_live_containers(self, ids)?;
+        }
+        let ctx = "removing machines";
+        let uuid = self.uuid();
+        let mut tx = self.begin(ctx)?;
+        let mut seen = std::collections::BTreeSet::new();
+        let mut moved = Vec::new();
+        for id in ids {
+            if !seen.insert(id) {
+                continue;
+            }
+            let Some((status, life)) = Self::status_life_in(&mut tx, id)? else {
+                return Err(StoreError::NotFound(id.clone()));
+            };
+            if life == "dead" && !force {
+                return Err(StoreError::Refused(format!(
+                    "machine {id} is already being removed (use --force to ask again)"
+                )));
+            }
+            tx.execute(
+                "UPDATE machines SET life = 'dead', keep_instance = (keep_instance OR $2) WHERE id = $1",
+                &[&id.as_str(), &keep_instance],
+            )
+            .map_err(pg(ctx))?;
+            moved.push((status, life));
+        }
+        notify(&mut tx, &uuid, "machines", ids)?;
+        tx.commit().map_err(pg(ctx))?;
+        for before in moved {
+            self.book.count_machine(Some(before), None, Some(Life::Dead.as_str()));
+        }
+        self.book.changed.extend(ids.iter().cloned());
+        Ok(())
+    }
+    fn retry_machines(&mut self, ids: &[MachineId]) -> Result<(), StoreError> {
+        let ctx = "marking machines for retry";
+        let uuid = self.uuid();
+        let mut tx = self.begin(ctx)?;
+        for id in ids.iter().collect::<std::collections::BTreeSet<_>>() {
+            let row = tx
+                .query_opt(
+                    "SELECT life, instance, instance_status FROM machines WHERE id = $1 FOR UPDATE",
+                    &[&id.as_str()],
+                )
+                .map_err(pg(ctx))?;
+            let Some(row) = row else { return Err(StoreError::NotFound(id.clone())) };
+            let (life, instance, status): (String, Option<String>, String) = (row.get(0), row.get(1), row.get(2));
+            if life != "alive" || instance.is_some() || !InstanceStatus::other(status).is_error() {
+                return Err(StoreError::Refused(format!("machine {id} is not in a provisioning error")));
+            }
+            tx.execute("UPDATE machines SET transient = true WHERE id = $1", &[&id.as_str()]).map_err(pg(ctx))?;
+        }
+        notify(&mut tx, &uuid, "machines", ids)?;
+        tx.commit().map_err(pg(ctx))?;
+        self.book.retry_due = true;
+        Ok(())
+    }
+    fn settings(&mut self) -> Result<Settings, StoreError> {
+        let client = self.client()?;
+        let mode = meta_get(client, "harvest_mode").map_err(pg("reading settings"))?;
+        let workers = meta_get(client, "workers").map_err(pg("reading settings"))?;
+        Ok(Settings { harvest_mode: mode.and_then(|m| m.parse().ok()), workers: workers.and_then(|w| w.parse().ok()) })
+    }
+    fn set_harvest_mode(&mut self, mode: HarvestMode) -> Result<(), StoreError> {
+        let ctx = "writing the harvest mode";
+        let uuid = self.uuid();
+        let mut tx = self.begin(ctx)?;
+        meta_set(&mut tx, "harvest_mode", mode.as_str()).map_err(pg(ctx))?;
+        notify(&mut tx, &uuid, "settings", &[])?;
+        tx.commit().map_err(pg(ctx))
+    }
+    fn set_workers(&mut self, workers: usize) -> Result<(), StoreError> {
+        let ctx = "writing the worker count";
+        let uuid = self.uuid();
+        let mut tx = self.begin(ctx)?;
+        meta_set(&mut tx, "workers", &workers.to_string()).map_err(pg(ctx))?;
+        notify(&mut tx, &uuid, "settings", &[])?;
+        tx.commit().map_err(pg(ctx))
+    }
+    fn add_new_machines(&mut self, count: usize, spec: &NewMachine) -> Result<Vec<MachineId>, StoreError> {
+        let ctx = "adding machines";
+        let uuid = self.uuid();
+        let mut tx = self.begin(ctx)?;
+        if life_in(&mut tx)? != Life::Alive {
+            return Err(StoreError::ModelDying);
+        }
+        let ids = Self::insert_machines(&mut tx, count, spec)?;
+        notify(&mut tx, &uuid, "machines", &ids)?;
+        tx.commit().map_err(pg(ctx))?;
+        self.book.added(&ids, MachineStatus::Pending);
+        Ok(ids)
+    }
+    fn add_application(
+        &mut self,
+        name: &str,
+        units: usize,
+        constraints: &Constraints,
+    ) -> Result<Vec<MachineId>, StoreError> {
+        let ctx = "adding an application";
+        let uuid = self.uuid();
+        let mut tx = self.begin(ctx)?;
+        if life_in(&mut tx)? != Life::Alive {
+            return Err(StoreError::ModelDying);
+        }
+        let constraint = Self::constraint_row(&mut tx, constraints)?;
+        let n = tx
+            .execute(
+                "INSERT INTO applications (name, constraints_id) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+                &[&name, &constraint],
+            )
+            .map_err(pg(ctx))?;
+        if n == 0 {
+            return Err(StoreError::Refused(format!("application {name:?} already exists")));
+        }
+        let spec = NewMachine {
+            constraints: constraints.clone(),
+            application: Some(name.to_owned()),
+            ..NewMachine::default()
+        };
+        let ids = Self::insert_machines(&mut tx, units, &spec)?;
+        notify(&mut tx, &uuid, "machines", &ids)?;
+        tx.commit().map_err(pg(ctx))?;
+        self.book.added(&ids, MachineStatus::Pending);
+        Ok(ids)
+    }
+    fn applications(&mut self) -> Result<Vec<ApplicationRecord>, StoreError> {
+        let ctx = "listing applications";
+        let rows = self
+            .client()?
+            .query(
+                "SELECT a.name, c.spec FROM applications a LEFT JOIN constraints c ON c.id = a.constraints_id \
+                 ORDER BY a.name",
+                &[],
+            )
+            .map_err(pg(ctx))?;
+        let apps: Vec<(String, Option<String>)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        apps.into_iter()
+            .map(|(name, spec)| {
+                let constraints = spec.and_then(|s| Constraints::parse(&s).ok()).unwrap_or_default();
+                let machines = self.application_machines(&name)?;
+                Ok(ApplicationRecord { name, constraints, machines })
+            })
+            .collect()
+    }
+    fn application_machines(&mut self, name: &str) -> Result<Vec<MachineId>, StoreError> {
+        self.query_ids(
+            "reading an application's machines",
+            "SELECT id FROM machines WHERE application = $1 AND life != 'dead' ORDER BY seq",
+            &[&name],
+        )
+    }
+    fn remove_application(&mut self, name: &str) -> Result<Vec<MachineId>, StoreError> {
+        let ctx = "removing an application";
+        let uuid = self.uuid();
+        let mut tx = self.begin(ctx)?;
+        let n = tx.execute("DELETE FROM applications WHERE name = $1", &[&name]).map_err(pg(ctx))?;
+        if n == 0 {
+            return Err(StoreError::NoApplication(name.to_owned()));
+        }
+        let rows = tx
+            .query(
+                "SELECT id, status, life FROM machines WHERE application = $1 AND life != 'dead' ORDER BY seq \
+                 FOR UPDATE",
+                &[&name],
+            )
+            .map_err(pg(ctx))?;
+        let moved: Vec<(String, String, String)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+        tx.execute("UPDATE machines SET life = 'dead' WHERE application = $1 AND life != 'dead'", &[&name])
+            .map_err(pg(ctx))?;
+        let ids: Vec<MachineId> = moved.iter().map(|(id, _, _)| MachineId::from(id.clone())).collect();
+        notify(&mut tx, &uuid, "machines", &ids)?;
+        tx.commit().map_err(pg(ctx))?;
+        for (_, status, life) in moved {
+            self.book.count_machine(Some((status, life)), None, Some(Life::Dead.as_str()));
+        }
+        self.book.changed.extend(ids.iter().cloned());
+        Ok(ids)
+    }
+    fn add_containers(&mut self, host: &MachineId, kind: &str, count: usize) -> Result<Vec<MachineId>, StoreError> {
+        let ctx = "adding containers";
+        let uuid = self.uuid();
+        let mut tx = self.begin(ctx)?;
+        if life_in(&mut tx)? != Life::Alive {
+            return Err(StoreError::ModelDying);
+        }
+        match Self::status_life_in(&mut tx, host)? {
+            None => {
+                return Err(StoreError::Invalid { field: "host", message: format!("machine {host} does not exist") })
+            }
+            Some((_, life)) if life != Life::Alive.as_str() => {
+                return Err(StoreError::Invalid {
+                    field: "host",
+                    message: format!("machine {host} is {life}: containers need an alive host"),
+                })
+            }
+            Some(_) => {}
+        }
+        let key = format!("next_container/{host}/{kind}");
+        let mut ids = Vec::with_capacity(count);
+        for _ in 0..count {
+            let n = next_counter(&mut tx, &key).map_err(pg("allocating a container id"))?;
+            let seq = next_counter(&mut tx, "next_container_seq").map_err(pg("allocating a container id"))?;
+            let id = format!("{host}/{kind}/{n}");
+            tx.execute("INSERT INTO machines (seq, id) VALUES ($1, $2)", &[&(CONTAINER_SEQ_BASE + seq), &id])
+                .map_err(pg(ctx))?;
+            ids.push(MachineId::from(id));
+        }
+        notify(&mut tx, &uuid, "machines", &ids)?;
+        tx.commit().map_err(pg(ctx))?;
+        self.book.added(&ids, MachineStatus::Pending);
+        Ok(ids)
+    }
+    fn add_manual(&mut self, address: &str) -> Result<MachineId, StoreError> {
+        let ctx = "adding a manual machine";
+        let uuid = self.uuid();
+        let mut tx = self.begin(ctx)?;
+        if life_in(&mut tx)? != Life::Alive {
+            return Err(StoreError::ModelDying);
+        }
+        // One registration of an address at a time, across replicas.
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&address]).map_err(pg(ctx))?;
+        let taken = tx
+            .query_opt(
+                "SELECT id FROM machines WHERE manual AND address = $1 AND life != 'dead' ORDER BY seq LIMIT 1",
+                &[&address],
+            )
+            .map_err(pg(ctx))?;
+        if let Some(row) = taken {
+            let id: String = row.get(0);
+            return Err(StoreError::Invalid {
+                field: "address",
+                message: format!("{address} is already manual machine {id}"),
+            });
+        }
+        let n = next_counter(&mut tx, "next_machine").map_err(pg("allocating a machine id"))?;
+        let id = MachineId::from(n.to_string());
+        tx.execute(
+            "INSERT INTO machines (seq, id, status, status_message, instance, instance_status, manual, address) \
+             VALUES ($1, $2, 'started', $3, $4, $5, true, $6)",
+            &[
+                &n,
+                &id.as_str(),
+                &format!("manually provisioned at {address}"),
+                &format!("manual:{address}"),
+                &InstanceStatus::running().as_str(),
+                &address,
+            ],
+        )
+        .map_err(pg(ctx))?;
+        notify(&mut tx, &uuid, "machines", std::slice::from_ref(&id))?;
+        tx.commit().map_err(pg(ctx))?;
+        self.book.added(std::slice::from_ref(&id), MachineStatus::Started);
+        Ok(id)
+    }
+    fn live_containers_of(&mut self, host: &MachineId) -> Result<Vec<MachineId>, StoreError> {
+        let prefix = format!("{host}/");
+        let ids = self.query_ids(
+            "listing containers",
+            "SELECT id FROM machines WHERE starts_with(id, $1) AND life != 'dead' ORDER BY seq",
+            &[&prefix],
+        )?;
+        Ok(ids.into_iter().filter(|c| c.container_of().is_some_and(|(h, _)| &h == host)).collect())
+    }
+    fn live_manual_machines(&mut self) -> Result<Vec<MachineId>, StoreError> {
+        self.query_ids(
+            "listing manual machines",
+            "SELECT id FROM machines WHERE manual AND life != 'dead' ORDER BY seq",
+            &[],
+        )
+    }
+
+    fn create_instance(
+        &mut self,
+        client_token: &str,
+        zone: Option<&str>,
+        tags: &InstanceTags,
+    ) -> Result<(InstanceRecord, bool), StoreError> {
+        let ctx = "creating an instance";
+        let mut tx = self.begin(ctx)?;
+        // One start per token at a time, across replicas: the second waits, then finds the first's.
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&client_token]).map_err(pg(ctx))?;
+        let existing = tx
+            .query_opt(&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE client_token = $1"), &[&client_token])
+            .map_err(pg("looking up a client token"))?;
+        if let Some(row) = existing {
+            return Ok((instance_from_row(&row)?, false));
+        }
+        let n = next_counter(&mut tx, "next_instance").map_err(pg("allocating an instance id"))?;
+        let id = format!("i-{:08x}", n + 1);
+        tx.execute(
+            "INSERT INTO instances (seq, id, state, zone, model, machine, start, client_token) \
+             VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7)",
+            &[&n, &id, &zone, &tags.model, &tags.machine.as_ref().map(MachineId::as_str), &tags.start, &client_token],
+        )
+        .map_err(pg(ctx))?;
+        tx.commit().map_err(pg(ctx))?;
+        self.book.instance_moved(None, InstanceState::Pending.as_str());
+        let record = InstanceRecord {
+            instance: CloudInstance {
+                id: InstanceId::from(id),
+                state: InstanceState::Pending,
+                zone: zone.map(str::to_owned),
+                tags: tags.clone(),
+                age: None,
+            },
+            client_token: Some(client_token.to_owned()),
+        };
+        Ok((record, true))
+    }
+    fn instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError> {
+        let row = self
+            .client()?
+            .query_opt(&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE id = $1"), &[&id.as_str()])
+            .map_err(pg("reading an instance"))?;
+        row.as_ref().map(instance_from_row).transpose()
+    }
+    fn land_instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError> {
+        let ctx = "landing an instance";
+        let mut tx = self.begin(ctx)?;
+        let n = tx
+            .execute("UPDATE instances SET state = 'running' WHERE id = $1 AND state = 'pending'", &[&id.as_str()])
+            .map_err(pg(ctx))?;
+        tx.commit().map_err(pg(ctx))?;
+        if n > 0 {
+            self.book.instance_moved(Some(InstanceState::Pending.as_str()), InstanceState::Running.as_str());
+        }
+        self.instance(id)
+    }
+    fn all_instances(&mut self) -> Result<Vec<InstanceRecord>, StoreError> {
+        let rows = self
+            .client()?
+            .query(&format!("SELECT {INSTANCE_COLUMNS} FROM instances ORDER BY seq"), &[])
+            .map_err(pg("listing instances"))?;
+        rows.iter().map(instance_from_row).collect()
+    }
+    fn live_instances(&mut self, model: &str) -> Result<Vec<CloudInstance>, StoreError> {
+        let rows = self
+            .client()?
+            .query(
+                &format!(
+                    "SELECT {INSTANCE_COLUMNS} FROM instances WHERE model = $1 AND state != 'terminated' ORDER BY seq"
+                ),
+                &[&model],
+            )
+            .map_err(pg("listing instances"))?;
+        rows.iter().map(|r| instance_from_row(r).map(|i| i.instance)).collect()
+    }
+    fn terminate_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError> {
+        let ctx = "terminating instances";
+        let mut tx = self.begin(ctx)?;
+        let mut moved = Vec::new();
+        for id in ids.iter().collect::<std::collections::BTreeSet<_>>() {
+            let row = tx
+                .query_opt(
+                    "UPDATE instances i SET state = 'terminated' FROM (SELECT id, state FROM instances WHERE id = $1 \
+                     FOR UPDATE) old WHERE i.id = old.id AND old.state != 'terminated' RETURNING old.state",
+                    &[&id.as_str()],
+                )
+                .map_err(pg(ctx))?;
+            if let Some(row) = row {
+                moved.push(row.get::<_, String>(0));
+            }
+        }
+        tx.commit().map_err(pg(ctx))?;
+        for state in moved {
+            self.book.instance_moved(Some(&state), InstanceState::Terminated.as_str());
+        }
+        Ok(())
+    }
+    fn release_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError> {
+        let ctx = "releasing instances";
+        let mut tx = self.begin(ctx)?;
+        for id in ids {
+            tx.execute("UPDATE instances SET model = NULL WHERE id = $1", &[&id.as_str()]).map_err(pg(ctx))?;
+        }
+        tx.commit().map_err(pg(ctx))
+    }
+    fn retag_instance(&mut self, id: &InstanceId, tags: &InstanceTags) -> Result<bool, StoreError> {
+        let ctx = "retagging an instance";
+        let mut tx = self.begin(ctx)?;
+        let n = tx
+            .execute(
+                "UPDATE instances SET model = $2, machine = $3, start = $4 WHERE id = $1 AND state != 'terminated'",
+                &[&id.as_str(), &tags.model, &tags.machine.as_ref().map(MachineId::as_str), &tags.start],
+            )
+            .map_err(pg(ctx))?;
+        tx.commit().map_err(pg(ctx))?;
+        Ok(n > 0)
+    }
+    fn pending_instances(&mut self) -> Result<Vec<InstanceId>, StoreError> {
+        let ctx = "listing pending instances";
+        let rows = self
+            .client()?
+            .query("SELECT id FROM instances WHERE state = 'pending' ORDER BY seq", &[])
+            .map_err(pg(ctx))?;
+        rows.iter().map(|r| r.try_get::<_, String>(0).map(InstanceId::from).map_err(pg(ctx))).collect()
+    }
+}

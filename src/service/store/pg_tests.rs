@@ -1,0 +1,256 @@
+//! Unit tests of the PostgreSQL backend: the shared behaviour tests, then what only it has
+//! (migrations under a lock, a too-new schema, the fence, change notifications, reconnection).
+//! One throwaway cluster is shared by the tests running at the same time (started by the first,
+//! stopped when the last lets go); every test gets a fresh database of its own.
+// A real server on the wall clock, and one cluster shared by the test threads.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use super::backend::{Fence, StoreBackend};
+use super::pg::{Notice, PgStore, CHANGES_CHANNEL, PG_SCHEMA_VERSION};
+use super::state::StoreError;
+use crate::model::{InstanceStatus, InstanceTags, Life, MachineId, MachineStatus};
+use crate::ports::ProvisionedInstance;
+use crate::testing::TempPostgres;
+
+static CLUSTER: Mutex<Weak<TempPostgres>> = Mutex::new(Weak::new());
+static STARTS: AtomicUsize = AtomicUsize::new(0);
+static DATABASES: AtomicUsize = AtomicUsize::new(0);
+
+/// The shared cluster (started now if no test holds it).
+fn cluster() -> Arc<TempPostgres> {
+    let mut slot = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(pg) = slot.upgrade() {
+        return pg;
+    }
+    let n = STARTS.fetch_add(1, Ordering::Relaxed);
+    let pg = Arc::new(TempPostgres::start(&format!("store-unit-{n}")).expect("start a PostgreSQL cluster"));
+    *slot = Arc::downgrade(&pg);
+    pg
+}
+
+/// A fresh, empty database on `pg`: its URL.
+fn fresh_db(pg: &TempPostgres) -> String {
+    let name = format!("t_{}", DATABASES.fetch_add(1, Ordering::Relaxed));
+    let mut admin = postgres::Client::connect(pg.url(), postgres::NoTls).expect("connect as admin");
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("create a database");
+    let base = pg.url().rsplit_once('/').map(|(b, _)| b).unwrap_or(pg.url());
+    format!("{base}/{name}")
+}
+
+fn raw(url: &str) -> postgres::Client {
+    postgres::Client::connect(url, postgres::NoTls).expect("connect")
+}
+
+/// Every behaviour test SQLite passes, against PostgreSQL, each in a database of its own.
+#[test]
+fn the_behaviour_tests_pass_on_postgres() {
+    let pg = cluster();
+    let mut failed = Vec::new();
+    for (name, test) in super::tests::BEHAVIOURS {
+        let url = fresh_db(&pg);
+        let result = std::panic::catch_unwind(|| {
+            let mut s = PgStore::open(&url).expect("open the store");
+            test(&mut s);
+        });
+        if result.is_err() {
+            failed.push(*name);
+        }
+    }
+    assert!(failed.is_empty(), "failed on PostgreSQL: {failed:?}");
+}
+
+#[test]
+fn migrations_are_versioned_and_the_model_kept_across_opens() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let first = PgStore::open(&url).unwrap();
+    assert!(first.created_model(), "the first store on an empty database creates the model");
+    let mut first = first;
+    let uuid = first.model_uuid().unwrap();
+    assert_eq!(uuid.len(), 36, "{uuid}");
+    let mut second = PgStore::open(&url).unwrap();
+    assert!(!second.created_model(), "the next ones find it");
+    assert_eq!(second.model_uuid().unwrap(), uuid);
+    let versions: Vec<i64> = raw(&url)
+        .query("SELECT version FROM schema_migrations ORDER BY version", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, (1..=PG_SCHEMA_VERSION).collect::<Vec<_>>());
+    // The database stamps each machine's change.
+    let id = first.add_machines(1, None).unwrap().remove(0);
+    let stamp = second.machine(&id).unwrap().unwrap().changed_at.expect("stamped at insert");
+    assert!(stamp.ends_with('Z') && stamp.len() == 24, "{stamp}");
+}
+
+/// Replicas starting together on an empty database: the advisory lock makes one of them
+/// migrate and create the model, and every one then sees the same model.
+#[test]
+fn replicas_starting_together_migrate_once() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let opened: Vec<(bool, String)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut s = PgStore::open(&url).expect("open");
+                    (s.created_model(), s.model_uuid().unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(opened.iter().filter(|(created, _)| *created).count(), 1, "{opened:?}");
+    assert!(opened.iter().all(|(_, u)| *u == opened[0].1), "{opened:?}");
+}
+
+/// A schema newer than the binary is refused, and the message names both versions.
+#[test]
+fn a_newer_schema_is_refused_naming_both_versions() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    drop(PgStore::open(&url).unwrap());
+    raw(&url).execute("INSERT INTO schema_migrations (version) VALUES ($1)", &[&(PG_SCHEMA_VERSION + 7)]).unwrap();
+    let err = PgStore::open(&url).err().expect("a newer schema was opened");
+    assert_eq!(err, StoreError::TooNew { found: PG_SCHEMA_VERSION + 7, supported: PG_SCHEMA_VERSION });
+    let text = err.to_string();
+    assert!(
+        text.contains(&(PG_SCHEMA_VERSION + 7).to_string()) && text.contains(&PG_SCHEMA_VERSION.to_string()),
+        "{text}"
+    );
+}
+
+fn lease(url: &str, model: &str, holder: &str, epoch: i64, secs: i64) {
+    raw(url)
+        .execute(
+            "INSERT INTO leader_lease (model_uuid, holder, epoch, expires_at) \
+             VALUES ($1, $2, $3, now() + make_interval(secs => $4)) ON CONFLICT (model_uuid) DO UPDATE \
+             SET holder = excluded.holder, epoch = excluded.epoch, expires_at = excluded.expires_at",
+            &[&model, &holder, &epoch, &(secs as f64)],
+        )
+        .unwrap();
+}
+
+/// With a fence set, the provisioner's writes commit only under the lease it names: a wrong
+/// epoch, another holder or an expired lease refuses them with `Fenced`, and nothing is
+/// written; the API's writes of desired state are not fenced.
+#[test]
+fn fenced_writes_commit_only_under_the_lease() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let mut s = PgStore::open(&url).unwrap();
+    let model = s.model_uuid().unwrap();
+    let m = s.add_machines(2, None).unwrap();
+    lease(&url, &model, "replica-a", 3, 30);
+    s.set_fence(Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch: 3 })).unwrap();
+    s.set_fenced(true);
+    s.set_status(&m[0], MachineStatus::Error, "under the lease").unwrap();
+    assert_eq!(s.machine(&m[0]).unwrap().unwrap().status_message, "under the lease");
+
+    // Another replica took the lease (epoch 4): every provisioner write is refused, unwritten.
+    lease(&url, &model, "replica-b", 4, 30);
+    let info = ProvisionedInstance {
+        instance: crate::model::InstanceId::new("i-1"),
+        zone: None,
+        nonce: "n".into(),
+        display_name: String::new(),
+        status: InstanceStatus::running(),
+    };
+    let tags = InstanceTags { model: Some(model.clone()), machine: Some(m[1].clone()), start: Some("n".into()) };
+    let fenced = StoreError::Fenced { model_uuid: model.clone(), holder: "replica-a".into(), epoch: 3 };
+    assert_eq!(s.set_status(&m[0], MachineStatus::Started, "stale"), Err(fenced.clone()));
+    assert_eq!(s.set_instance_info(&m[1], &info), Err(fenced.clone()));
+    assert_eq!(s.set_instance_status(&m[1], &InstanceStatus::provisioning(), "x"), Err(fenced.clone()));
+    assert_eq!(s.create_instance("tok", None, &tags).map(|_| ()), Err(fenced.clone()));
+    assert_eq!(s.ensure_dead(&m[1]), Err(fenced.clone()));
+    let before = s.recount().unwrap();
+    assert_eq!(s.counts(), &before, "a refused write counts nothing");
+    let rec = s.machine(&m[0]).unwrap().unwrap();
+    assert_eq!((rec.status_message.as_str(), rec.machine.status), ("under the lease", MachineStatus::Error));
+    let m1 = s.machine(&m[1]).unwrap().unwrap();
+    assert_eq!((m1.machine.instance, m1.machine.life), (None, Life::Alive), "nothing written");
+    assert!(s.all_instances().unwrap().is_empty(), "no instance created");
+
+    // Writes of desired state from the API are not fenced.
+    s.set_fenced(false);
+    s.add_machines(1, None).unwrap();
+    s.remove_machines(&m[1..], false, false).unwrap();
+
+    // Our own lease again, but expired: still refused.
+    lease(&url, &model, "replica-a", 3, -1);
+    s.set_fenced(true);
+    assert_eq!(s.mark_for_removal(&m[1]), Err(fenced));
+    // No fence at all: the provisioner's writes go through.
+    s.set_fence(None).unwrap();
+    s.mark_for_removal(&m[1]).unwrap();
+}
+
+/// Each commit that changes machines notifies `provisioner_changes` with the model and the ids,
+/// delivered at the commit; a refused write notifies nothing.
+#[test]
+fn changes_are_notified_at_commit() {
+    use postgres::fallible_iterator::FallibleIterator;
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let mut s = PgStore::open(&url).unwrap();
+    let model = s.model_uuid().unwrap();
+    let mut listener = raw(&url);
+    listener.batch_execute(&format!("LISTEN {CHANGES_CHANNEL}")).unwrap();
+    let added = s.add_machines(2, None).unwrap();
+    let _ = s.remove_machines(&[added[0].clone(), MachineId::new("77")], false, false).unwrap_err();
+    s.set_status(&added[1], MachineStatus::Error, "x").unwrap();
+    s.set_workers(3).unwrap();
+    let mut got = Vec::new();
+    let mut n = listener.notifications();
+    let mut it = n.timeout_iter(std::time::Duration::from_secs(2));
+    while let Some(note) = it.next().unwrap() {
+        assert_eq!(note.channel(), CHANGES_CHANNEL);
+        got.push(serde_json::from_str::<Notice>(note.payload()).unwrap());
+        if got.len() == 3 {
+            break;
+        }
+    }
+    let notice = |kind: &str, ids: &[&str]| Notice {
+        model_uuid: model.clone(),
+        kind: kind.into(),
+        ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+        all: false,
+    };
+    assert_eq!(got, [notice("machines", &["0", "1"]), notice("machines", &["1"]), notice("settings", &[])]);
+}
+
+/// An unreachable server: operations answer `Unavailable` (never stale data) with the reason,
+/// attempts back off, and the store reconnects by itself once the server is back.
+#[test]
+fn a_lost_database_is_unavailable_then_reconnected() {
+    let mut pg = TempPostgres::start("store-unit-lost").unwrap();
+    let url = fresh_db(&pg);
+    let mut s = PgStore::open(&url).unwrap();
+    s.add_machines(1, None).unwrap();
+    pg.stop().unwrap();
+    let first = s.list_machines().unwrap_err();
+    s.note_damage(&first);
+    let second = s.list_machines().unwrap_err();
+    assert!(matches!(second, StoreError::Unavailable(_)), "{first:?} then {second:?}");
+    assert!(matches!(s.check_readable(), Err(StoreError::Unavailable(_))));
+    pg.restart().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match s.list_machines() {
+            Ok(list) => {
+                assert_eq!(list.len(), 1);
+                break;
+            }
+            Err(e) => {
+                s.note_damage(&e);
+                assert!(std::time::Instant::now() < deadline, "never reconnected: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+    }
+    assert_eq!(s.check_readable(), Ok(()));
+}
