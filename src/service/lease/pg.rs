@@ -104,15 +104,20 @@ fn millis(d: Duration) -> Result<i64, LeaseSqlError> {
 }
 
 impl PgLease {
-    /// Connects (within `connect_timeout`) and makes sure the table is there.
-    pub fn connect(
-        url: &str,
-        connect_timeout: Duration,
-        model_uuid: &str,
-        holder: &str,
-    ) -> Result<Self, LeaseSqlError> {
+    /// Connects and makes sure the table is there. The connection commits synchronously. `timeout` bounds the connection, every
+    /// statement (`statement_timeout`) and unacknowledged sends (`tcp_user_timeout`), so that a
+    /// database cut off answers an error rather than hang for ever.
+    pub fn connect(url: &str, timeout: Duration, model_uuid: &str, holder: &str) -> Result<Self, LeaseSqlError> {
         let mut config: postgres::Config = url.parse().map_err(LeaseSqlError::Url)?;
-        config.connect_timeout(connect_timeout);
+        let ms = millis(timeout)?.max(1);
+        config
+            .connect_timeout(timeout)
+            .tcp_user_timeout(timeout)
+            .keepalives_idle(timeout.max(Duration::from_secs(1)))
+            // The epoch must never be handed out twice: every lease commit is flushed before it
+            // answers, whatever the server's default (a lost acquisition would reuse its epoch).
+            .options(&format!("-c statement_timeout={ms} -c lock_timeout={ms} -c synchronous_commit=on"))
+            .application_name("provisioner-lease");
         let mut client = config.connect(NoTls)?;
         // Replicas starting together would race on `CREATE TABLE IF NOT EXISTS` (it can fail
         // on the catalogue's unique index): one at a time, under an advisory lock.
