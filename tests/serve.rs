@@ -1161,12 +1161,15 @@ fn healthz_fails_when_the_database_cannot_be_read() {
     let mut s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
     s.json(&["machine", "add", "-n", "2", "--wait", "--json"]);
     assert_eq!(raw_http(&s, "GET", "/healthz", false, None).0, 200);
+    assert_eq!(raw_http(&s, "GET", "/readyz", false, None).0, 200, "the store is readable: ready");
     let db = s.dir.join("provisioner.db");
     std::fs::remove_file(&db).unwrap();
     std::fs::write(&db, "this is not a database\n".repeat(1000)).unwrap();
     let (code, _, text) = raw_http(&s, "GET", "/healthz", false, None);
     assert_eq!(code, 503, "{text}");
     assert!(text.contains("database"), "{text}");
+    let (code, _, text) = raw_http(&s, "GET", "/readyz", false, None);
+    assert_eq!(code, 503, "not ready on an unreadable store: {text}");
     s.crash();
     // (With its WAL, SQLite could still read every page written since the service started;
     // without it, what is left is not a database.)
@@ -1175,6 +1178,11 @@ fn healthz_fails_when_the_database_cannot_be_read() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("damaged") && err.contains("--init"), "{err}");
 }
+
+/// The service on PostgreSQL (issue 15): `--store postgres://...`.
+#[cfg(feature = "postgres")]
+#[path = "serve/postgres.rs"]
+mod postgres;
 
 /// Constraints, placement, `machine show`, list filters and pages, applications (issue 14).
 #[path = "serve/model.rs"]

@@ -7,7 +7,10 @@
 //!   defaults). Built with the binary (feature `cli`) even without the service, so that
 //!   `serve --help` works in every build.
 //! - `store`: the database (one connection, owned by a store actor on its own thread) and
-//!   the model's machine watcher.
+//!   the model's machine watcher; the `StoreBackend` trait with its two implementations,
+//!   SQLite in the data directory (the default) and PostgreSQL (`--store postgres://...`,
+//!   feature `postgres`).
+//! - `token` (feature `postgres`): the API token's hash, as replicas on PostgreSQL keep it.
 //! - `model`: [`ModelApi`](crate::ports::ModelApi) over the store.
 //! - `simcloud`: [`Broker`](crate::ports::Broker) over the store: the simulated cloud.
 //! - `events`: the server-sent event stream of provisioner events.
@@ -37,6 +40,8 @@ pub mod settings;
 pub mod simcloud;
 #[cfg(feature = "serve")]
 pub mod store;
+#[cfg(feature = "postgres")]
+pub mod token;
 
 #[cfg(feature = "serve")]
 pub use run::{serve, ServeError};

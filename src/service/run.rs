@@ -15,7 +15,7 @@ use crate::config::ProvisionerConfig;
 use crate::service::api::{self, AppState};
 use crate::service::metrics::{MeteredBroker, Metrics};
 use crate::service::model::StoreModel;
-use crate::service::settings::{BrokerKind, ServeSettings};
+use crate::service::settings::{BrokerKind, ServeSettings, StoreUrl};
 use crate::service::simcloud::{SimCloud, SimSettings};
 use crate::service::store::{Store, StoreError, DB_FILE};
 
@@ -74,6 +74,12 @@ pub enum ServeError {
     /// The database failed (exit 1).
     #[error("{0}")]
     Store(#[from] StoreError),
+    /// `--store` names a store this build cannot open (exit 2).
+    #[error("--store: {0}")]
+    StoreUrl(String),
+    /// `--store postgres://...` in a build without PostgreSQL (exit 2).
+    #[error("--store: this build has no PostgreSQL store: build with `--features postgres`, or use --store sqlite")]
+    NoPostgres,
     /// The database is damaged: the service will not run on it (exit 1).
     #[error(
         "the database {path} is damaged, so the service will not run on it ({source}). Restore provisioner.db \
@@ -115,7 +121,11 @@ impl ServeError {
     /// 2 for bad usage or input, 1 for a failure at run time.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ServeError::NoEc2Broker | ServeError::InitOverModel { .. } | ServeError::Provisioner(_) => 2,
+            ServeError::NoEc2Broker
+            | ServeError::InitOverModel { .. }
+            | ServeError::Provisioner(_)
+            | ServeError::StoreUrl(_)
+            | ServeError::NoPostgres => 2,
             #[cfg(feature = "ec2")]
             ServeError::Ec2Settings(_) => 2,
             _ => 1,
@@ -185,6 +195,14 @@ fn shared_mode(path: &Path) -> Option<u32> {
 /// Reads the API token from `dir/token`, or creates it (32 random bytes, hex; mode 0600). An
 /// existing token file that others can read is used, with a warning.
 pub fn ensure_token(dir: &Path) -> Result<String, ServeError> {
+    match read_token(dir)? {
+        Some(token) => Ok(token),
+        None => write_new_token(dir),
+    }
+}
+
+/// Reads the API token from `dir/token`, if there is one (an empty file is an error).
+fn read_token(dir: &Path) -> Result<Option<String>, ServeError> {
     let path = dir.join(TOKEN_FILE);
     match std::fs::read_to_string(&path) {
         Ok(t) if !t.trim().is_empty() => {
@@ -196,14 +214,27 @@ pub fn ensure_token(dir: &Path) -> Result<String, ServeError> {
                     path.display()
                 );
             }
-            return Ok(t.trim().to_owned());
+            Ok(Some(t.trim().to_owned()))
         }
-        Ok(_) => return Err(data_dir_error(dir, format!("{} is empty; delete it to get a new token", path.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(data_dir_io(dir, FileOp::Read, &path)(e)),
+        Ok(_) => Err(data_dir_error(dir, format!("{} is empty; delete it to get a new token", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(data_dir_io(dir, FileOp::Read, &path)(e)),
     }
+}
+
+/// A new random token (32 random bytes, hex).
+fn new_token() -> String {
     let bytes: [u8; 32] = rand::random();
-    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes a new API token to `dir/token` (mode 0600, fsynced) and answers it.
+fn write_new_token(dir: &Path) -> Result<String, ServeError> {
+    write_token(dir, new_token())
+}
+
+fn write_token(dir: &Path, token: String) -> Result<String, ServeError> {
+    let path = dir.join(TOKEN_FILE);
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
     #[cfg(unix)]
@@ -404,6 +435,85 @@ fn start_container_provisioners(
     Ok(Some(containers))
 }
 
+/// The store `serve` runs on, and the API token as this replica knows it.
+struct OpenedStore {
+    store: Store,
+    /// The token itself (empty when this replica only knows its hash).
+    token: String,
+    /// The token's hash (SHA-256, hex) when this replica does not hold the token.
+    token_sha256: Option<String>,
+}
+
+/// Opens the store `--store` names: SQLite in the data directory (checked as it always was),
+/// or PostgreSQL (waited for while it cannot be reached, see [`open_postgres`]).
+async fn open_store(opts: &ServeSettings, dir: &Path) -> Result<OpenedStore, ServeError> {
+    match opts.store.url() {
+        StoreUrl::Sqlite => {
+            prepare_data_dir(dir, opts.init)?;
+            let db = dir.join(DB_FILE);
+            let store = Store::start(&db).map_err(|e| match e {
+                e @ StoreError::Damaged { .. } => ServeError::Damaged { path: db.clone(), source: e },
+                other => ServeError::Store(other),
+            })?;
+            // The token after the database: a token without a database means a lost model.
+            let token = ensure_token(dir)?;
+            Ok(OpenedStore { store, token, token_sha256: None })
+        }
+        #[cfg(feature = "postgres")]
+        StoreUrl::Postgres(url) => open_postgres(opts, dir, &url).await,
+        #[cfg(not(feature = "postgres"))]
+        StoreUrl::Postgres(_) => Err(ServeError::NoPostgres),
+    }
+}
+
+/// Opens the PostgreSQL store: the URL is checked now (a bad one exits 2 naming `--store`);
+/// while the database cannot be reached, the service answers `/healthz` and `/readyz` with 503
+/// and the reason on the listen address, and the store retries with backoff (logging why).
+/// Then the API token: the replica that finds no token's hash in the database (it initialises
+/// it) writes a new token to its data directory and its hash to the database; the others use
+/// their token file if it holds that token, else the hash alone.
+#[cfg(feature = "postgres")]
+async fn open_postgres(opts: &ServeSettings, dir: &Path, url: &str) -> Result<OpenedStore, ServeError> {
+    let shown = opts.store.url().redacted();
+    let store = Store::start_postgres(url).map_err(|e| ServeError::StoreUrl(e.to_string()))?;
+    let waiting = crate::service::api::start_waiting_server(store.clone(), opts.listen())
+        .map_err(|source| ServeError::Listen { addr: opts.listen().to_owned(), source })?;
+    let mut logged = false;
+    let reached = loop {
+        match store.exec(|s| s.model_uuid()).await {
+            Ok(_) => break Ok(()),
+            Err(StoreError::Unavailable(why)) => {
+                if !logged {
+                    tracing::warn!(store = %shown, reason = %why, "waiting for the database; /readyz answers 503 meanwhile");
+                    logged = true;
+                }
+                actix_rt::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    waiting.stop(false).await;
+    reached?;
+    let file = read_token(dir)?;
+    let offered = file.clone().unwrap_or_else(new_token);
+    let hash = crate::service::token::sha256_hex(&offered);
+    let offer = hash.clone();
+    let kept = store.exec(move |s| s.api_token_hash(&offer)).await?;
+    Ok(match file {
+        Some(token) if kept == hash => OpenedStore { store, token, token_sha256: None },
+        Some(_) => {
+            tracing::warn!(
+                "the token file in {} is not this database's API token: requests need the database's token",
+                dir.display()
+            );
+            OpenedStore { store, token: String::new(), token_sha256: Some(kept) }
+        }
+        // This replica initialised the token: it keeps the token file.
+        None if kept == hash => OpenedStore { token: write_token(dir, offered)?, store, token_sha256: None },
+        None => OpenedStore { store, token: String::new(), token_sha256: Some(kept) },
+    })
+}
+
 /// Runs the service until SIGTERM or SIGINT. Must be called inside an actix system.
 pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     #[cfg(not(feature = "ec2"))]
@@ -413,14 +523,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     let started = Instant::now();
     let dir = opts.data_dir();
     std::fs::create_dir_all(dir).map_err(data_dir_io(dir, FileOp::CreateDir, dir))?;
-    prepare_data_dir(dir, opts.init)?;
-    let db = dir.join(DB_FILE);
-    let store = Store::start(&db).map_err(|e| match e {
-        e @ StoreError::Damaged { .. } => ServeError::Damaged { path: db.clone(), source: e },
-        other => ServeError::Store(other),
-    })?;
-    // The token after the database: a token without a database means a lost model.
-    let token = ensure_token(dir)?;
+    let OpenedStore { store, token, token_sha256 } = open_store(&opts, dir).await?;
     let model_uuid = store.exec(|s| s.model_uuid()).await?;
     let settings = store.exec(|s| s.settings()).await?;
 
@@ -492,6 +595,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         events: events.clone(),
         events_dropped,
         token,
+        token_sha256,
         zones,
         // The simulated cloud's subnets are known (`--to subnet=` is checked against them);
         // another cloud's are the broker's to judge.

@@ -165,6 +165,9 @@ pub struct ServeSettings {
     /// The leader lease of replicas on PostgreSQL (`[lease]`, `--lease...`, `--replica-id`).
     #[command(flatten)]
     pub lease: LeaseSettings,
+    /// Where the model lives (`[store]`, `--store`).
+    #[command(flatten)]
+    pub store: StoreSection,
     /// Create a new model where the data directory has none it can use: a database that is
     /// empty or missing next to an old run's WAL or token (the old model's instances in the
     /// cloud are no longer managed). Refused where a database is there. Without it, a new model
@@ -190,6 +193,7 @@ impl Default for ServeSettings {
             sim: SimSection::default(),
             ec2: Ec2Settings::default(),
             lease: LeaseSettings::default(),
+            store: StoreSection::default(),
             init: false,
         }
     }
@@ -329,6 +333,121 @@ impl LeaseSettings {
             self.retry.unwrap_or(d.retry()),
         )
     }
+}
+
+/// Where the service keeps the model, its API token's hash, its settings and the simulated
+/// cloud (`[store]` in the config file, `--store`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreSection {
+    /// The store: `sqlite` (the embedded database in the data directory) or a PostgreSQL URL,
+    /// postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (a build with the `postgres` feature)
+    /// [default: sqlite].
+    #[arg(id = "store", long = "store", env = "PROVISIONER_STORE", value_name = "sqlite|postgres://...",
+          value_parser = StoreUrl::from_str)]
+    #[serde(deserialize_with = "optional_from_str")]
+    pub url: Option<StoreUrl>,
+}
+
+impl StoreSection {
+    /// The store to use.
+    pub fn url(&self) -> StoreUrl {
+        self.url.clone().unwrap_or_default()
+    }
+}
+
+/// A store, as `--store` names it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// SQLite in the data directory.
+    #[default]
+    Sqlite,
+    /// PostgreSQL at this URL (`postgres://` or `postgresql://`).
+    Postgres(String),
+}
+
+impl StoreUrl {
+    /// The URL with its password masked, for logs and messages.
+    pub fn redacted(&self) -> String {
+        match self {
+            StoreUrl::Sqlite => "sqlite".into(),
+            StoreUrl::Postgres(url) => redact_password(url),
+        }
+    }
+}
+
+/// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`.
+fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+impl std::fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl FromStr for StoreUrl {
+    type Err = String;
+    /// `sqlite`, or a `postgres://` / `postgresql://` URL with a host (and a numeric port, if
+    /// any); with the `postgres` feature, also whatever the PostgreSQL client itself refuses.
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "sqlite" {
+            return Ok(StoreUrl::Sqlite);
+        }
+        let expected = "expected `sqlite` or postgres://USER@HOST[:PORT]/DATABASE";
+        let Some(rest) = s.strip_prefix("postgres://").or_else(|| s.strip_prefix("postgresql://")) else {
+            return Err(format!("unknown store {:?}: {expected}", redact_password(s)));
+        };
+        let shown = redact_password(s);
+        if s.chars().any(char::is_whitespace) {
+            return Err(format!("{shown:?} has white space in it: {expected}"));
+        }
+        let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+        let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        let (host, port) = match hostport.strip_prefix('[') {
+            // [::1]:5432
+            Some(v6) => match v6.split_once(']') {
+                Some((h, p)) => (h, p.strip_prefix(':')),
+                None => return Err(format!("{shown:?} has an unclosed [ in its host: {expected}")),
+            },
+            None => match hostport.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (hostport, None),
+            },
+        };
+        if host.is_empty() {
+            return Err(format!("{shown:?} names no host: {expected}"));
+        }
+        if let Some(p) = port {
+            if p.parse::<u16>().map_or(true, |p| p == 0) {
+                return Err(format!("{shown:?} has a bad port {p:?}: {expected}"));
+            }
+        }
+        #[cfg(feature = "postgres")]
+        if let Err(e) = s.parse::<postgres::Config>() {
+            return Err(format!("{shown:?}: {e}"));
+        }
+        #[cfg(not(feature = "postgres"))]
+        return Err(format!(
+            "{shown:?}: this build has no PostgreSQL store: build with `--features postgres`, or use `sqlite`"
+        ));
+        #[cfg(feature = "postgres")]
+        Ok(StoreUrl::Postgres(s.to_owned()))
+    }
+}
+
+fn optional_from_str<'de, D: Deserializer<'de>, T: FromStr<Err: Display>>(d: D) -> Result<Option<T>, D::Error> {
+    from_str(d).map(Some)
 }
 
 fn from_str<'de, D: Deserializer<'de>, T: FromStr<Err: Display>>(d: D) -> Result<T, D::Error> {
@@ -622,6 +741,37 @@ mod tests {
         std::env::remove_var(var);
         assert_eq!((from_var.listen(), from_var.workers), ("127.0.0.1:2", 3), "the variable over the file");
         assert_eq!(from_flag.listen(), "127.0.0.1:3", "the flag over the variable");
+    }
+
+    #[test]
+    fn the_store_is_sqlite_unless_a_postgres_url_is_given() {
+        assert_eq!(load(&[]).unwrap().store.url(), StoreUrl::Sqlite);
+        assert_eq!(load(&["--store", "sqlite"]).unwrap().store.url(), StoreUrl::Sqlite);
+        for bad in ["mysql://h/db", "postgres://", "postgres:///db", "postgres://h:99999/db", "postgres://h:x/db", "pg"]
+        {
+            let e = Cli::command().try_get_matches_from(["serve", "--store", bad]).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{bad}: {e}");
+            assert!(e.to_string().contains("--store"), "the message names the flag: {e}");
+        }
+        let e = with_file("store.toml", "[store]\nurl = \"postgres://:5432/x\"\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("store.toml:2: store.url: "), "{e}");
+        // The password is never shown.
+        let e = StoreUrl::from_str("postgres://u:hunter2@/db").unwrap_err();
+        assert!(e.contains("u:***@") && !e.contains("hunter2"), "{e}");
+        #[cfg(feature = "postgres")]
+        {
+            let url = "postgres://u:hunter2@127.0.0.1:5432/prov";
+            let o = with_file("pg.toml", "[store]\nurl = \"postgres://h/file\"\n", &["--store", url]).unwrap();
+            assert_eq!(o.store.url(), StoreUrl::Postgres(url.into()), "the flag wins");
+            assert_eq!(format!("{:?}", o.store.url()), "postgres://u:***@127.0.0.1:5432/prov");
+            let o = with_file("pg2.toml", "[store]\nurl = \"postgresql://h/file\"\n", &[]).unwrap();
+            assert_eq!(o.store.url(), StoreUrl::Postgres("postgresql://h/file".into()));
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            let e = Cli::command().try_get_matches_from(["serve", "--store", "postgres://h/db"]).unwrap_err();
+            assert!(e.to_string().contains("--features postgres"), "{e}");
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! | method and path | body | answer |
 //! |---|---|---|
 //! | `GET /healthz` | | `ok` (no token needed) |
+//! | `GET /readyz` | | `ready` when this replica can serve (its store reachable), else 503 (no token needed) |
 //! | `GET /metrics` | | Prometheus text (no token needed) |
 //! | `GET /v1/machines?application=&status=&zone=&after=&limit=` | | `[MachineView]` |
 //! | `POST /v1/machines` | `AddMachines` (`count`, `zones`, `constraints`, `placement`; or `container` and `host`; or `manual` and `address`) | `201 AddedMachines` |
@@ -23,8 +24,9 @@
 //! Errors are `{"error": "one sentence"}` with 400 (bad input: a body that does not parse, an
 //! unknown field, a wrong type, a value out of range), 401 (no or wrong token), 404 (no such
 //! machine or route), 405 (a method the route does not take; `Allow` lists those it does), 409
-//! (the model's state refuses it), 413 (a body over [`BODY_LIMIT`]), 500, or 503 (`/healthz`:
-//! the store cannot be read). A refused request writes nothing.
+//! (the model's state refuses it), 413 (a body over [`BODY_LIMIT`]), 500, or 503 (`/healthz`,
+//! `/readyz`: the store cannot be read; any request: the database cannot be reached, so no
+//! answer is given rather than a stale one). A refused request writes nothing.
 
 pub mod add;
 pub mod model;
@@ -73,8 +75,11 @@ pub struct AppState {
     pub events: actix::Addr<crate::service::events::EventHub>,
     /// Event-stream clients dropped for falling behind.
     pub events_dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// The API token.
+    /// The API token (empty when this replica knows only its hash).
     pub token: String,
+    /// The API token's hash (SHA-256, hex), when this replica does not hold the token itself
+    /// (replicas on PostgreSQL other than the one that initialised the database).
+    pub token_sha256: Option<String>,
     /// The cloud's zones.
     pub zones: Vec<String>,
     /// The cloud's subnets and their zones, where the service knows them (the simulated cloud).
@@ -137,6 +142,9 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound(_) | StoreError::NoApplication(_) => 404,
             StoreError::ModelDying | StoreError::Refused(_) => 409,
             StoreError::Invalid { .. } => 400,
+            // The database cannot be reached: no answer rather than a stale one.
+            StoreError::Unavailable(_) => 503,
+            StoreError::Postgres { source, .. } if source.connection_lost => 503,
             _ => 500,
         };
         Self::new(status, e.to_string())
@@ -157,6 +165,18 @@ fn same_token(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Whether `given` is the API token: compared with the token itself, or by hash where this
+/// replica holds only the hash.
+fn token_matches(state: &AppState, given: &str) -> bool {
+    match &state.token_sha256 {
+        #[cfg(feature = "postgres")]
+        Some(hash) => same_token(crate::service::token::sha256_hex(given).as_bytes(), hash.as_bytes()),
+        #[cfg(not(feature = "postgres"))]
+        Some(_) => false,
+        None => !state.token.is_empty() && same_token(given.as_bytes(), state.token.as_bytes()),
+    }
+}
+
 /// Proof that the request carried the API token (`Authorization: Bearer TOKEN`).
 pub struct Authorized;
 
@@ -173,7 +193,7 @@ fn check_token(req: &HttpRequest) -> Result<Authorized, ApiError> {
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim());
     match given {
-        Some(t) if same_token(t.as_bytes(), state.token.as_bytes()) => Ok(Authorized),
+        Some(t) if token_matches(state, t) => Ok(Authorized),
         Some(_) => Err(ApiError::new(401, "the API token is wrong")),
         None => Err(ApiError::new(401, "an API token is required: send Authorization: Bearer TOKEN")),
     }
@@ -282,6 +302,48 @@ async fn healthz(st: State) -> HttpResponse {
             .content_type("text/plain")
             .body(format!("the database cannot be read: {e}\n")),
     }
+}
+
+/// `/readyz`: 200 `ready` when this replica can serve (its store is reachable and readable),
+/// 503 with the reason otherwise.
+async fn readyz(st: State) -> HttpResponse {
+    readiness(&st.store).await
+}
+
+async fn readiness(store: &Store) -> HttpResponse {
+    match store.exec_lazy(|s| s.check_readable()).await {
+        Ok(()) => HttpResponse::Ok().content_type("text/plain").body("ready\n"),
+        Err(e) => HttpResponse::ServiceUnavailable().content_type("text/plain").body(format!("not ready: {e}\n")),
+    }
+}
+
+/// While the service waits for its database at start (PostgreSQL not reachable yet), this
+/// server answers on the listen address: `/readyz` and `/healthz` 503 with the reason, every
+/// other path 503 too. Stop it before binding the real one.
+#[cfg(feature = "postgres")]
+pub fn start_waiting_server(store: Store, listen: &str) -> std::io::Result<actix_web::dev::ServerHandle> {
+    let server = actix_web::HttpServer::new(move || {
+        let store = store.clone();
+        App::new().default_service(web::to(move || {
+            let store = store.clone();
+            async move {
+                match store.exec_lazy(|s| s.check_readable()).await {
+                    Ok(()) => HttpResponse::ServiceUnavailable().content_type("text/plain").body("starting\n"),
+                    Err(e) => HttpResponse::ServiceUnavailable()
+                        .content_type("text/plain")
+                        .body(format!("not ready: waiting for the database: {e}\n")),
+                }
+            }
+        }))
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(1)
+    .bind(listen)?
+    .run();
+    let handle = server.handle();
+    actix_rt::spawn(server);
+    Ok(handle)
 }
 
 async fn add_machines(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
@@ -586,6 +648,7 @@ fn resource(path: &str, allow: &'static str, v1: bool) -> actix_web::Resource {
 /// Configures the routes (for `App::configure`).
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(resource("/healthz", "GET", false).route(web::get().to(healthz)))
+        .service(resource("/readyz", "GET", false).route(web::get().to(readyz)))
         .service(resource("/metrics", "GET", false).route(web::get().to(metrics)))
         .service(
             web::scope("/v1")

@@ -46,6 +46,12 @@ pub trait StoreBackend: Send {
     fn set_fence(&mut self, _fence: Option<Fence>) -> Result<(), StoreError> {
         Err(StoreError::Refused(format!("the {} store has no leader lease to fence with", self.kind())))
     }
+    /// Keeps `offer` as the API token's hash (SHA-256, hex) unless the database keeps one
+    /// already, and answers the one it keeps. SQLite keeps none (the token file in the data
+    /// directory is the token): it answers `offer`.
+    fn api_token_hash(&mut self, offer: &str) -> Result<String, StoreError> {
+        Ok(offer.to_owned())
+    }
     /// Takes what the watchers must hear: the machines changed since the last call, and
     /// whether a retry tick is due.
     fn take_outbox(&mut self) -> (Vec<MachineId>, bool);

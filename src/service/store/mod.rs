@@ -24,7 +24,7 @@ pub use actor::{Store, StoreActor};
 pub use backend::{Fence, StoreBackend};
 pub use messages::{CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
 #[cfg(feature = "postgres")]
-pub use pg::{PgStore, PG_SCHEMA_VERSION};
+pub use pg::{Notice, PgStore, CHANGES_CHANNEL, PG_SCHEMA_VERSION};
 pub use state::{
     ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings, StoreCore, StoreCounts,
     StoreError, DB_FILE, SCHEMA_VERSION,

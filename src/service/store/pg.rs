@@ -585,6 +585,18 @@ impl StoreBackend for PgStore {
         self.fence = fence;
         Ok(())
     }
+    fn api_token_hash(&mut self, offer: &str) -> Result<String, StoreError> {
+        let ctx = "keeping the API token's hash";
+        let mut tx = self.client()?.transaction().map_err(pg(ctx))?;
+        tx.execute(
+            "INSERT INTO meta (key, value) VALUES ('api_token_sha256', $1) ON CONFLICT (key) DO NOTHING",
+            &[&offer],
+        )
+        .map_err(pg(ctx))?;
+        let kept = meta_get(&mut tx, "api_token_sha256").map_err(pg(ctx))?.unwrap_or_else(|| offer.to_owned());
+        tx.commit().map_err(pg(ctx))?;
+        Ok(kept)
+    }
     fn take_outbox(&mut self) -> (Vec<MachineId>, bool) {
         self.book.take_outbox()
     }

@@ -236,6 +236,10 @@ pub struct BenchServeArgs {
     /// The simulated cloud's start latency.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub start_latency: std::time::Duration,
+    /// The store the measured service runs on: `sqlite` (a fresh data directory) or the URL of
+    /// an empty PostgreSQL database (a build with the `postgres` feature).
+    #[arg(long, default_value = "sqlite", value_name = "sqlite|postgres://...")]
+    pub store: String,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

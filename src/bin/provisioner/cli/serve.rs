@@ -121,6 +121,7 @@ fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
     let child = Command::new(exe)
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--sim-start-latency", &latency, "--data-dir"])
         .arg(&dir)
+        .args(["--store", &args.store])
         .env("PROVISIONER_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
@@ -128,9 +129,23 @@ fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
     let service = Service(child);
     let url = format!("http://127.0.0.1:{port}");
     let began = std::time::Instant::now();
+    let mut service = service;
+    let mut healthy_since = None;
     loop {
-        if ureq::get(&format!("{url}/healthz")).call().is_ok() && dir.join("token").exists() {
+        let healthy = ureq::get(&format!("{url}/healthz")).call().is_ok();
+        if healthy && dir.join("token").exists() {
             break;
+        }
+        if let Ok(Some(status)) = service.0.try_wait() {
+            return Err(Failure { code: 2, message: format!("the service exited with {status} (is --store right?)") });
+        }
+        let since = healthy.then(|| *healthy_since.get_or_insert_with(std::time::Instant::now));
+        if since.is_some_and(|t| t.elapsed() > Duration::from_secs(5)) {
+            // The service runs but wrote no token: it found a model (and its token) in the database.
+            return Err(Failure {
+                code: 2,
+                message: "the database --store names holds a model already: give the benchmark an empty one".into(),
+            });
         }
         if began.elapsed() > Duration::from_secs(30) {
             return Err(runtime("the service did not become ready within 30 s".into()));

@@ -1,0 +1,230 @@
+//! The service on PostgreSQL (`serve --store postgres://...`, feature `postgres`): the same
+//! operator's flows as on SQLite (add, list, remove, retry; a crash with starts in flight and a
+//! restart with no duplicate instance), and the store's bad days: a database unreachable at
+//! start (waited for, `/readyz` 503 with the reason, the log says why), a database lost while
+//! serving (503, never stale answers), a schema newer than the binary (refused naming both
+//! versions), and a second replica that knows the API token only by its hash.
+//!
+//! One throwaway cluster is shared by the tests running at the same time (started by the
+//! first, stopped when the last lets go); every test gets a fresh database of its own.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use provisioner::testing::TempPostgres;
+
+use super::*;
+
+static CLUSTER: Mutex<Weak<TempPostgres>> = Mutex::new(Weak::new());
+static STARTS: AtomicUsize = AtomicUsize::new(0);
+static DATABASES: AtomicUsize = AtomicUsize::new(0);
+
+fn cluster() -> Arc<TempPostgres> {
+    let mut slot = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(pg) = slot.upgrade() {
+        return pg;
+    }
+    let n = STARTS.fetch_add(1, Ordering::Relaxed);
+    let pg = Arc::new(TempPostgres::start(&format!("serve-{n}")).expect("start a PostgreSQL cluster"));
+    *slot = Arc::downgrade(&pg);
+    pg
+}
+
+/// A fresh database on `pg`: its URL.
+fn fresh_db(pg: &TempPostgres) -> String {
+    let name = format!("s_{}", DATABASES.fetch_add(1, Ordering::Relaxed));
+    let mut admin = ::postgres::Client::connect(pg.url(), ::postgres::NoTls).expect("connect as admin");
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("create a database");
+    let base = pg.url().rsplit_once('/').map(|(b, _)| b).unwrap_or(pg.url());
+    format!("{base}/{name}")
+}
+
+/// `serve` on PostgreSQL at `url`, its data directory `dir/data`.
+fn start(dir: &Path, url: &str, extra: &[&str]) -> Server {
+    let mut args = vec!["--store", url];
+    args.extend_from_slice(extra);
+    Server::start(dir, &args)
+}
+
+#[test]
+fn on_postgres_machines_are_added_provisioned_retried_and_removed() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let dir = temp_dir("pg-machines");
+    let down = dir.join("down.toml");
+    std::fs::write(&down, "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\n")
+        .unwrap();
+    let down = down.to_str().unwrap().to_owned();
+    let mut s = start(&dir, &url, &["--sim-start-latency", "100ms", "--config", &down]);
+    assert!(s.dir.join("token").exists(), "the replica that initialised the database keeps the token");
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "4", "--zones", "az1,az2", "--wait", "--json"]));
+    assert_eq!(ids, ["0", "1", "2", "3"]);
+    assert_eq!(s.machines().len(), 4);
+    assert!(s.machines().iter().all(|m| field(m, "status") == "started"), "{:?}", s.machines());
+    // One fails (its zone is down), and stays failed until retried after its zone is back.
+    let out = s.cli(&["machine", "add", "--zones", "az3", "--wait", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(field(machine(&s.machines(), "4"), "status"), "error");
+    // Remove two: their instances stop and they go.
+    assert!(s.cli(&["machine", "remove", "0", "1"]).status.success());
+    eventually(Duration::from_secs(10), "machines 0 and 1 to be removed", || {
+        !s.machines().iter().any(|m| ["0", "1"].contains(&field(m, "id")))
+    });
+    assert_eq!(s.terminate().code(), Some(0), "{}", s.log_text());
+
+    let s = start(&dir, &url, &["--sim-start-latency", "100ms"]);
+    assert_eq!(field(machine(&s.machines(), "4"), "status"), "error", "still failed after a restart");
+    let out = s.cli(&["machine", "retry", "4"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eventually(Duration::from_secs(10), "the retried machine to be provisioned", || {
+        field(machine(&s.machines(), "4"), "status") == "started"
+    });
+    let left: Vec<String> = ["2", "3", "4"].map(String::from).to_vec();
+    assert_provisioned_once(&s, &left);
+    assert_eq!(s.instances().len(), 3);
+    let config = s.cli(&["config", "set", "workers", "5"]);
+    assert!(config.status.success());
+    assert_eq!(s.json(&["status", "--json"])["machines"], 3);
+    assert_eq!(raw_http(&s, "GET", "/readyz", false, None).0, 200);
+}
+
+/// `kill -9` with starts in flight, on PostgreSQL: after a restart every acknowledged machine
+/// ends provisioned, each with exactly one live instance.
+#[test]
+fn on_postgres_a_crash_with_starts_in_flight_duplicates_nothing() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let dir = temp_dir("pg-crash");
+    let cfg = dir.join("serve.toml");
+    std::fs::write(&cfg, "resync = \"1s\"\n[retry]\ndelay = \"1s\"\n").unwrap();
+    let cfg = cfg.to_str().unwrap().to_owned();
+    let mut s = start(&dir, &url, &["--sim-start-latency", "1s", "--config", &cfg]);
+    let mut acknowledged = ids_of(&s.json(&["machine", "add", "-n", "15", "--json"]));
+    eventually(Duration::from_secs(10), "starts to be in flight", || {
+        !s.metrics().contains("provisioner_broker_calls_in_flight 0\n")
+    });
+    acknowledged.extend(ids_of(&s.json(&["machine", "add", "-n", "5", "--json"])));
+    s.crash();
+    let s = start(&dir, &url, &["--sim-start-latency", "1s", "--config", &cfg]);
+    eventually(Duration::from_secs(40), "every acknowledged machine to be provisioned", || {
+        let m = s.machines();
+        acknowledged.iter().all(|id| m.iter().any(|m| field(m, "id") == id && field(m, "status") == "started"))
+    });
+    assert_provisioned_once(&s, &acknowledged);
+    assert_eq!(s.instances().len(), acknowledged.len(), "one live instance per machine");
+}
+
+/// A database that cannot be reached at start: the service waits (retrying with backoff),
+/// answers `/readyz` (and `/healthz`) 503 with the reason meanwhile, logs why, and serves as
+/// soon as the database is there.
+#[test]
+fn an_unreachable_database_at_start_is_waited_for_with_readyz_503() {
+    let mut pg = TempPostgres::start("serve-late").unwrap();
+    let url = fresh_db(&pg);
+    pg.stop().unwrap();
+    let dir = temp_dir("pg-late");
+    let port = free_port();
+    let log = dir.join("serve.log");
+    let child = bin()
+        .args(["serve", "--store", &url, "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(dir.join("data"))
+        .args(["--sim-start-latency", "50ms"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut s = Server { child: Some(child), dir: dir.join("data"), url: format!("http://127.0.0.1:{port}"), log };
+    let mut seen = None;
+    eventually(Duration::from_secs(20), "/readyz to answer", || {
+        if let Ok(mut conn) = std::net::TcpStream::connect(format!("127.0.0.1:{port}")) {
+            drop(conn.set_read_timeout(Some(Duration::from_secs(5))));
+            use std::io::{Read, Write};
+            let _ = conn.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut text = String::new();
+            let _ = conn.read_to_string(&mut text);
+            if !text.is_empty() {
+                seen = Some(text);
+            }
+        }
+        seen.is_some()
+    });
+    let text = seen.unwrap();
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(text.contains("unreachable"), "the reason is given: {text}");
+    assert_eq!(raw_http(&s, "GET", "/healthz", false, None).0, 503);
+    eventually(Duration::from_secs(10), "the log to say why it waits", || {
+        s.log_text().contains("waiting for the database")
+    });
+    assert!(s.child.as_mut().unwrap().try_wait().unwrap().is_none(), "it waits, it does not exit");
+    pg.restart().unwrap();
+    eventually(Duration::from_secs(20), "the service to be ready", || {
+        std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_ok()
+            && raw_http(&s, "GET", "/readyz", false, None).0 == 200
+    });
+    eventually(Duration::from_secs(10), "the token file", || s.dir.join("token").exists());
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "2", "--wait", "--json"]));
+    assert_provisioned_once(&s, &ids);
+    assert_eq!(s.terminate().code(), Some(0));
+}
+
+/// A replica whose database goes away answers 503, never stale data, and serves again once the
+/// database is back.
+#[test]
+fn a_lost_database_answers_503_never_stale_data() {
+    let mut pg = TempPostgres::start("serve-lost").unwrap();
+    let url = fresh_db(&pg);
+    let dir = temp_dir("pg-lost");
+    let mut s = start(&dir, &url, &["--sim-start-latency", "50ms"]);
+    s.json(&["machine", "add", "-n", "2", "--wait", "--json"]);
+    pg.stop().unwrap();
+    let (code, _, body) = raw_http(&s, "GET", "/v1/machines", true, None);
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("database"), "{body}");
+    assert_eq!(raw_http(&s, "GET", "/readyz", false, None).0, 503);
+    let out = s.cli(&["machine", "list", "--json"]);
+    assert!(!out.status.success(), "a list was answered without its database: {:?}", out.stdout);
+    pg.restart().unwrap();
+    eventually(Duration::from_secs(20), "the replica to serve again", || {
+        raw_http(&s, "GET", "/readyz", false, None).0 == 200
+    });
+    assert_eq!(s.machines().len(), 2);
+    assert_eq!(s.terminate().code(), Some(0));
+}
+
+/// A database migrated by a newer build is refused at start, naming both versions.
+#[test]
+fn a_newer_schema_is_refused_at_start_naming_both_versions() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let dir = temp_dir("pg-newer");
+    let mut s = start(&dir, &url, &[]);
+    assert_eq!(s.terminate().code(), Some(0));
+    let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
+    c.execute("INSERT INTO schema_migrations (version) VALUES (42)", &[]).unwrap();
+    let (code, err) = serve_output(&dir.join("data"), &["--store", &url]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("schema version 42") && err.contains("this build's 1"), "{err}");
+}
+
+/// A second replica on the same database has no token file: it reads the token's hash from
+/// the database, and takes the first replica's token (and only it).
+#[test]
+fn a_second_replica_knows_the_token_by_its_hash() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let dir = temp_dir("pg-replicas");
+    let first = start(&dir, &url, &[]);
+    let other = dir.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let second = Server::start_on(&other.join("data"), &other, &["--store", &url]);
+    assert!(!second.dir.join("token").exists(), "only the initialising replica writes the token");
+    let list = |token: &str| {
+        let out =
+            bin().args(["machine", "list", "--json", "--server", &second.url, "--token", token]).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    assert_eq!(list(&first.token()).0, Some(0), "the first replica's token works on the second");
+    let (code, err) = list("not-the-token");
+    assert_ne!(code, Some(0));
+    assert!(err.contains("token"), "{err}");
+}
