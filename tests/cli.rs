@@ -228,7 +228,8 @@ fn a_malformed_store_url_exits_2_naming_the_flag() {
     let data = std::env::temp_dir().join(format!("provisioner-cli-store-{}", std::process::id()));
     let data = data.to_str().unwrap();
     for bad in ["mysql://h/db", "postgres://", "postgres://u:hunter2@/db", "postgres://h:99999/db", "sqlite3"] {
-        let out = bin().args(["serve", "--store", bad, "--data-dir", data, "--listen", "127.0.0.1:0"]).output().unwrap();
+        let out =
+            bin().args(["serve", "--store", bad, "--data-dir", data, "--listen", "127.0.0.1:0"]).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
         assert!(err.contains("--store"), "{bad}: {err}");

@@ -8,6 +8,8 @@
 //! - `actor` (feature `postgres`): the replica's role, `LeaseActor`, driving the book on a
 //!   timer and the SQL on a thread of its own, handing each transition to the service's
 //!   `RoleHooks` (leader: fence and start the provisioner; follower: stop it).
+//! - `leading` (feature `serve`): `Leading`, the provisioner actors of the epoch this replica
+//!   leads, stopped at once when it no longer does.
 //! - `listen` (feature `postgres`): `LISTEN provisioner_changes` on a dedicated connection and
 //!   thread, forwarding each notification (how followers learn of changes, not by polling).
 //! - `pg` (feature `postgres`): the lease's SQL on the database's clock (acquire when free or
@@ -17,6 +19,8 @@
 pub mod actor;
 #[cfg(all(test, feature = "postgres"))]
 mod actor_tests;
+#[cfg(feature = "serve")]
+pub mod leading;
 #[cfg(feature = "postgres")]
 pub mod listen;
 #[cfg(feature = "postgres")]
