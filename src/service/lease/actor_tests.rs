@@ -126,6 +126,6 @@ fn replicas_share_one_lease_hand_it_over_and_step_down_without_the_database() {
         .await
         .unwrap();
         assert_eq!(next(&mut rx).await, Event::Lead("b", 3));
-        assert!(rx.try_next().is_err(), "no other transition");
+        assert!(rx.try_recv().is_err(), "no other transition");
     });
 }
