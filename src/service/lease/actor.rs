@@ -191,8 +191,13 @@ pub struct GetLeaseStatus;
 impl Handler<GetLeaseStatus> for LeaseActor {
     type Result = MessageResult<GetLeaseStatus>;
 
-    fn handle(&mut self, _msg: GetLeaseStatus, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, _msg: GetLeaseStatus, ctx: &mut Self::Context) -> Self::Result {
         let now = Instant::now();
+        // A leader past its deadline whose timer has not fired yet (a process just resumed)
+        // steps down now rather than report a role it may no longer act in.
+        if matches!(self.book.role(), Role::Leader { .. }) && !self.book.may_act(now) {
+            self.tick(ctx);
+        }
         let (leader, epoch) = match (self.book.role(), self.book.holder()) {
             (Role::Leader { epoch }, _) => (Some(self.replica.clone()), Some(epoch)),
             (Role::Follower, Some((h, e))) if h != self.replica => (Some(h.to_owned()), Some(e)),
