@@ -539,7 +539,11 @@ fn start_replica(
             .replica_id
             .clone()
             .unwrap_or_else(|| uuid::Builder::from_random_bytes(rand::random()).into_uuid().to_string());
-        let leading = crate::service::lease::leading::Leading::default().start();
+        let leading = crate::service::lease::leading::Leading::new(store.clone()).start();
+        // What the other replicas commit (adds, removals, retries through their API) reaches
+        // the leader's provisioners by LISTEN/NOTIFY, not by polling.
+        crate::service::lease::listen::listen(url.clone(), timings.retry(), leading.clone().recipient())
+            .map_err(|e| ServeError::StoreUrl(format!("cannot start the LISTEN thread: {e}")))?;
         metrics.do_send(crate::service::metrics::LeaderChanged { leader: false, transition: false });
         let hooks = ReplicaHooks {
             opts: opts.clone(),

@@ -1,7 +1,8 @@
 //! Replicas of `serve` on one PostgreSQL with one fenced leader (issue 15), on the real
 //! binary: three replicas with the simulated cloud; while machines are added through random
 //! replicas, the leader is killed (`kill -9`) with starts in flight, paused (SIGSTOP) for
-//! longer than its lease and resumed, and stopped cleanly (SIGTERM). Each time another
+//! longer than its lease and resumed, and stopped cleanly (SIGTERM); and PostgreSQL itself is
+//! restarted under them. Each time another
 //! replica takes over; at the end every acknowledged add is there and each machine has
 //! exactly one live instance, the one recorded (no duplicate create across the faults).
 //!
@@ -25,7 +26,7 @@ fn runs() -> usize {
 }
 
 struct Cluster {
-    _pg: TempPostgres,
+    pg: TempPostgres,
     url: String,
     base: PathBuf,
     replicas: Vec<Option<Server>>,
@@ -40,7 +41,7 @@ impl Cluster {
         let url = pg.url().to_owned();
         let base = temp_dir(name);
         let mut c =
-            Cluster { _pg: pg, url, base: base.clone(), replicas: Vec::new(), token_dir: base.join("r0"), started: 0 };
+            Cluster { pg, url, base: base.clone(), replicas: Vec::new(), token_dir: base.join("r0"), started: 0 };
         for _ in 0..n {
             c.spawn();
         }
@@ -225,4 +226,34 @@ fn a_paused_leader_is_fenced_out_and_steps_down() {
     // The ex-leaders' logs say they stopped acting.
     let logs: String = c.alive().map(|(_, s)| s.log_text()).collect();
     assert!(logs.contains("no longer the leader") || logs.contains("role changed"), "{logs}");
+}
+
+#[test]
+fn a_database_restart_under_the_replicas_keeps_one_leader_and_duplicates_nothing() {
+    let mut c = Cluster::start("ha-pgrestart", 3);
+    let (leader, epoch) = c.leader(0, Duration::from_secs(20));
+    let mut acked = Vec::new();
+    for run in 0..runs() {
+        acked.extend(c.add(c.follower(leader, run), 3));
+        std::thread::sleep(Duration::from_millis(300));
+        c.pg.restart().expect("restart PostgreSQL");
+        // Some replica leads again (the same one if it renewed in time, else another at a
+        // higher epoch), and exactly one says so.
+        let began = Instant::now();
+        loop {
+            let leaders: Vec<i64> = c
+                .alive()
+                .filter_map(|(i, _)| c.status(i))
+                .filter(|s| s["role"] == "leader")
+                .filter_map(|s| s["epoch"].as_i64())
+                .collect();
+            assert!(leaders.len() <= 1, "at most one replica says it leads: {leaders:?}");
+            if leaders.first().is_some_and(|e| *e >= epoch) {
+                break;
+            }
+            assert!(began.elapsed() < Duration::from_secs(30), "no leader after the restart");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    assert_all_provisioned_once(&c, &acked);
 }

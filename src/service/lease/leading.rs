@@ -27,10 +27,28 @@ impl Provisioners {
 }
 
 /// Keeps the leader's provisioners.
-#[derive(Default)]
 pub struct Leading {
     epoch: Option<i64>,
     running: Option<Provisioners>,
+    /// The store, to re-read every machine id after a notification that covers them all.
+    store: crate::service::store::Store,
+}
+
+impl Leading {
+    /// Nothing led yet.
+    pub fn new(store: crate::service::store::Store) -> Self {
+        Self { epoch: None, running: None, store }
+    }
+
+    fn machines_changed(&self, ids: Vec<crate::model::MachineId>) {
+        if let Some(p) = &self.running {
+            let msg = crate::MachinesChanged { ids };
+            p.handle.machines_changed().do_send(msg.clone());
+            if let Some(c) = &p.containers {
+                c.machines_changed().do_send(msg);
+            }
+        }
+    }
 }
 
 impl Actor for Leading {
@@ -95,5 +113,30 @@ impl Handler<Current> for Leading {
     type Result = MessageResult<Current>;
     fn handle(&mut self, _m: Current, _ctx: &mut Self::Context) -> Self::Result {
         MessageResult(self.running.clone())
+    }
+}
+
+/// A change another replica committed (the API's writes on a follower), heard by `LISTEN
+/// provisioner_changes`: the leader's provisioners hear it as they hear their own store's
+/// changes. A notice for every machine (`all`, a model change) or a reconnection (`resync`,
+/// notices may have been missed) re-reads every machine id. Followers ignore them.
+#[cfg(feature = "postgres")]
+impl Handler<super::listen::Changed> for Leading {
+    type Result = ();
+    fn handle(&mut self, m: super::listen::Changed, ctx: &mut Self::Context) {
+        if self.running.is_none() {
+            return;
+        }
+        let notice: Option<crate::service::store::Notice> = serde_json::from_str(&m.payload).ok();
+        let everything = m.resync || notice.as_ref().is_some_and(|n| n.all || n.kind == "model");
+        if everything {
+            let read = self.store.exec(|s| s.machine_ids());
+            ctx.spawn(actix::fut::wrap_future::<_, Self>(read).map(|ids, act, _ctx| match ids {
+                Ok(ids) => act.machines_changed(ids),
+                Err(e) => tracing::warn!(error = %e, "cannot re-read the machines after a change notice"),
+            }));
+        } else if let Some(n) = notice.filter(|n| n.kind == "machines" && !n.ids.is_empty()) {
+            self.machines_changed(n.ids.into_iter().map(crate::model::MachineId::new).collect());
+        }
     }
 }
