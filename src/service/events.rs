@@ -90,13 +90,19 @@ impl Handler<RoleChanged> for EventHub {
     type Result = ();
     fn handle(&mut self, e: RoleChanged, _ctx: &mut Self::Context) {
         if !self.streams.is_empty() {
-            let mut v = EventView::named(ROLE_CHANGED);
-            v.role = Some(e.role.to_owned());
-            v.epoch = e.epoch;
-            v.replica = Some(e.replica);
-            v.message = Some(e.why.to_owned());
-            self.broadcast(&sse_frame(&v));
+            self.broadcast(&sse_frame(&role_view(e)));
         }
+    }
+}
+
+/// The stream's view of a change of role.
+pub fn role_view(e: RoleChanged) -> EventView {
+    EventView {
+        role: Some(e.role.to_owned()),
+        epoch: e.epoch,
+        replica: Some(e.replica),
+        message: Some(e.why.to_owned()),
+        ..EventView::named(ROLE_CHANGED)
     }
 }
 
@@ -323,5 +329,14 @@ mod tests {
         let failed = ProvisionerEvent::MachineFailed { machine: MachineId::new("1"), message: "no\nroom".into() };
         let frame = sse_frame(&event_view(&failed));
         assert_eq!(frame.matches('\n').count(), 3, "a message's newline must not break the frame: {frame:?}");
+    }
+
+    #[test]
+    fn a_change_of_role_is_one_event_naming_role_epoch_replica_and_why() {
+        let e = RoleChanged { role: "leader", epoch: Some(4), replica: "b".into(), why: "acquired" };
+        assert_eq!(
+            sse_frame(&role_view(e)),
+            "event: role-changed\ndata: {\"event\":\"role-changed\",\"message\":\"acquired\",\"role\":\"leader\",\"epoch\":4,\"replica\":\"b\"}\n\n"
+        );
     }
 }
