@@ -341,7 +341,7 @@ impl LeaseSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct StoreSection {
     /// The store: `sqlite` (the embedded database in the data directory) or a PostgreSQL URL,
-    /// postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (a build with the `postgres` feature)
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` (a build with the `postgres` feature)
     /// [default: sqlite].
     #[arg(id = "store", long = "store", env = "PROVISIONER_STORE", value_name = "sqlite|postgres://...",
           value_parser = StoreUrl::from_str)]

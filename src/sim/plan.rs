@@ -61,7 +61,7 @@ pub struct Plan {
 }
 
 /// Plans the next step from the scenario's initial state (`seed` overrides the file's): the
-/// coordinator's own batch planner ([`BatchRun`]) runs the first batch, its questions answered
+/// coordinator's own batch planner (`BatchRun`) runs the first batch, its questions answered
 /// by the plain cores the actors would consult, its effects recorded instead of carried out.
 pub fn plan(s: &Scenario, seed: Option<u64>) -> Plan {
     let mut world = PlanWorld::new(s, seed.unwrap_or(s.seed));

@@ -228,3 +228,26 @@ fn a_second_replica_knows_the_token_by_its_hash() {
     assert_ne!(code, Some(0));
     assert!(err.contains("token"), "{err}");
 }
+
+/// `bench serve --store URL` measures a service on PostgreSQL (an empty database), and refuses
+/// one that holds a model already.
+#[test]
+fn bench_serve_runs_on_postgres() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let bench = |url: &str| {
+        bin()
+            .args(["bench", "serve", "--requests", "40", "--clients", "2", "--list-every", "4"])
+            .args(["--start-latency", "10ms", "--store", url, "--json"])
+            .output()
+            .unwrap()
+    };
+    let out = bench(&url);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((r["errors"].as_u64(), r["machines"].as_u64()), (Some(0), Some(30)), "{r}");
+    let out = bench(&url);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("holds a model already"), "{err}");
+}

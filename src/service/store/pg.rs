@@ -26,7 +26,11 @@
 
 use std::time::Duration;
 
-use postgres::{Client, Config, NoTls, Row, Transaction};
+use std::borrow::BorrowMut;
+use std::collections::HashMap;
+
+use postgres::types::ToSql;
+use postgres::{Client, Config, GenericClient, NoTls, Row, Statement, Transaction};
 use tokio::time::Instant;
 
 use super::backend::{refuse_hosts_with_live_containers, Fence, StoreBackend};
@@ -166,6 +170,101 @@ fn pg(context: &'static str) -> impl Fn(postgres::Error) -> StoreError {
     move |e| StoreError::Postgres { context, source: failure(&e) }
 }
 
+type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
+/// A statement prepared once per connection (the client would prepare each text again: one
+/// more round trip per statement).
+fn prepared(
+    c: &mut impl GenericClient,
+    cache: &mut HashMap<String, Statement>,
+    sql: &str,
+) -> Result<Statement, postgres::Error> {
+    if let Some(st) = cache.get(sql) {
+        return Ok(st.clone());
+    }
+    let st = c.prepare(sql)?;
+    cache.insert(sql.to_owned(), st.clone());
+    Ok(st)
+}
+
+/// Runs statements, prepared once per connection: on the connection ([`Conn`]) or in a
+/// transaction ([`Tx`]).
+trait Run {
+    fn execute(&mut self, sql: &str, p: Params<'_>) -> Result<u64, postgres::Error>;
+    fn query(&mut self, sql: &str, p: Params<'_>) -> Result<Vec<Row>, postgres::Error>;
+    fn query_opt(&mut self, sql: &str, p: Params<'_>) -> Result<Option<Row>, postgres::Error>;
+    fn query_one(&mut self, sql: &str, p: Params<'_>) -> Result<Row, postgres::Error>;
+}
+
+macro_rules! run_over {
+    ($ty:ty, $client:ident, $cache:ident) => {
+        impl Run for $ty {
+            fn execute(&mut self, sql: &str, p: Params<'_>) -> Result<u64, postgres::Error> {
+                let st = prepared(
+                    &mut self.$client,
+                    BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
+                    sql,
+                )?;
+                self.$client.execute(&st, p)
+            }
+            fn query(&mut self, sql: &str, p: Params<'_>) -> Result<Vec<Row>, postgres::Error> {
+                let st = prepared(
+                    &mut self.$client,
+                    BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
+                    sql,
+                )?;
+                self.$client.query(&st, p)
+            }
+            fn query_opt(&mut self, sql: &str, p: Params<'_>) -> Result<Option<Row>, postgres::Error> {
+                let st = prepared(
+                    &mut self.$client,
+                    BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
+                    sql,
+                )?;
+                self.$client.query_opt(&st, p)
+            }
+            fn query_one(&mut self, sql: &str, p: Params<'_>) -> Result<Row, postgres::Error> {
+                let st = prepared(
+                    &mut self.$client,
+                    BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
+                    sql,
+                )?;
+                self.$client.query_one(&st, p)
+            }
+        }
+    };
+}
+
+/// The connection and the statements prepared on it.
+struct Conn {
+    client: Client,
+    statements: HashMap<String, Statement>,
+}
+
+/// A transaction on a [`Conn`].
+struct Tx<'a> {
+    tx: Transaction<'a>,
+    statements: &'a mut HashMap<String, Statement>,
+}
+
+impl Tx<'_> {
+    fn commit(self) -> Result<(), postgres::Error> {
+        self.tx.commit()
+    }
+    fn batch_execute(&mut self, sql: &str) -> Result<(), postgres::Error> {
+        self.tx.batch_execute(sql)
+    }
+}
+
+run_over!(Conn, client, statements);
+run_over!(Tx<'_>, tx, statements);
+
+impl Conn {
+    fn transaction(&mut self) -> Result<Tx<'_>, postgres::Error> {
+        Ok(Tx { tx: self.client.transaction()?, statements: &mut self.statements })
+    }
+}
+
 const MACHINE_COLUMNS: &str = "m.id, m.life, m.status, m.status_message, m.instance_status, \
                                m.instance_status_message, m.instance, m.zone, m.keep_instance, m.transient, \
                                COALESCE(c.zones, m.zones), c.arch, c.cores, c.mem_mb, c.root_disk_mb, \
@@ -246,11 +345,11 @@ fn ids_of(rows: Vec<Row>, ctx: &'static str) -> Result<Vec<MachineId>, StoreErro
     rows.iter().map(|r| r.try_get::<_, String>(0).map(MachineId::from).map_err(pg(ctx))).collect()
 }
 
-fn meta_get(c: &mut impl postgres::GenericClient, key: &str) -> Result<Option<String>, postgres::Error> {
+fn meta_get(c: &mut impl Run, key: &str) -> Result<Option<String>, postgres::Error> {
     Ok(c.query_opt("SELECT value FROM meta WHERE key = $1", &[&key])?.map(|r| r.get(0)))
 }
 
-fn meta_set(c: &mut impl postgres::GenericClient, key: &str, value: &str) -> Result<(), postgres::Error> {
+fn meta_set(c: &mut impl Run, key: &str, value: &str) -> Result<(), postgres::Error> {
     c.execute(
         "INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
         &[&key, &value],
@@ -259,7 +358,7 @@ fn meta_set(c: &mut impl postgres::GenericClient, key: &str, value: &str) -> Res
 }
 
 /// Takes the next value of a counter kept in `meta` (0 first), atomically.
-fn next_counter(tx: &mut Transaction<'_>, key: &str) -> Result<i64, postgres::Error> {
+fn next_counter(tx: &mut Tx<'_>, key: &str) -> Result<i64, postgres::Error> {
     let row = tx.query_one(
         "INSERT INTO meta (key, value) VALUES ($1, '1') \
          ON CONFLICT (key) DO UPDATE SET value = ((meta.value)::bigint + 1)::text RETURNING (value)::bigint - 1",
@@ -269,7 +368,7 @@ fn next_counter(tx: &mut Transaction<'_>, key: &str) -> Result<i64, postgres::Er
 }
 
 /// Sends a change notification from `tx` (delivered at its commit, not before, not without).
-fn notify(tx: &mut Transaction<'_>, model_uuid: &str, kind: &str, ids: &[MachineId]) -> Result<(), StoreError> {
+fn notify(tx: &mut Tx<'_>, model_uuid: &str, kind: &str, ids: &[MachineId]) -> Result<(), StoreError> {
     let all = ids.len() > MAX_NOTIFIED_IDS;
     let notice = Notice {
         model_uuid: model_uuid.to_owned(),
@@ -283,7 +382,7 @@ fn notify(tx: &mut Transaction<'_>, model_uuid: &str, kind: &str, ids: &[Machine
 }
 
 /// The model's life as `tx` sees it (locked against a concurrent destruction until it ends).
-fn life_in(tx: &mut Transaction<'_>) -> Result<Life, StoreError> {
+fn life_in(tx: &mut Tx<'_>) -> Result<Life, StoreError> {
     let life = tx
         .query_opt("SELECT value FROM meta WHERE key = 'model_life' FOR SHARE", &[])
         .map_err(pg("reading the model life"))?
@@ -294,7 +393,7 @@ fn life_in(tx: &mut Transaction<'_>) -> Result<Life, StoreError> {
 /// The store over PostgreSQL. One connection, (re)made on demand with backoff.
 pub struct PgStore {
     config: Config,
-    client: Option<Client>,
+    client: Option<Conn>,
     /// The model's uuid, read at the first connection (it never changes).
     model_uuid: Option<String>,
     book: Book,
@@ -363,8 +462,8 @@ impl PgStore {
     }
 
     /// The connection, made now if there is none (and the backoff allows an attempt).
-    fn client(&mut self) -> Result<&mut Client, StoreError> {
-        if self.client.as_ref().is_some_and(Client::is_closed) {
+    fn client(&mut self) -> Result<&mut Conn, StoreError> {
+        if self.client.as_ref().is_some_and(|c| c.client.is_closed()) {
             self.client = None;
             self.session_durable = None;
         }
@@ -377,7 +476,7 @@ impl PgStore {
         };
         if self.session_durable != Some(want) {
             let sql = if want { "SET synchronous_commit TO on" } else { "SET synchronous_commit TO off" };
-            client.batch_execute(sql).map_err(pg("setting synchronous_commit"))?;
+            client.client.batch_execute(sql).map_err(pg("setting synchronous_commit"))?;
             self.session_durable = Some(want);
         }
         Ok(client)
@@ -416,10 +515,11 @@ impl PgStore {
     }
 
     /// Connects, applies the migrations this database lacks, and reads (or draws) the model.
-    fn open_client(&mut self) -> Result<Client, StoreError> {
-        let mut client = self.config.connect(NoTls).map_err(pg("connecting to the database"))?;
+    fn open_client(&mut self) -> Result<Conn, StoreError> {
+        let client = self.config.connect(NoTls).map_err(pg("connecting to the database"))?;
+        let mut conn = Conn { client, statements: HashMap::new() };
         let ctx = "migrating the schema";
-        let mut tx = client.transaction().map_err(pg(ctx))?;
+        let mut tx = conn.transaction().map_err(pg(ctx))?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).map_err(pg(ctx))?;
         tx.batch_execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, \
@@ -455,7 +555,7 @@ impl PgStore {
         };
         tx.commit().map_err(pg(ctx))?;
         self.model_uuid = Some(uuid);
-        Ok(client)
+        Ok(conn)
     }
 
     fn uuid(&self) -> String {
@@ -464,7 +564,7 @@ impl PgStore {
 
     /// A write's transaction: begun, and checked against the fence when the work is the
     /// provisioner's and a fence is set.
-    fn begin(&mut self, ctx: &'static str) -> Result<Transaction<'_>, StoreError> {
+    fn begin(&mut self, ctx: &'static str) -> Result<Tx<'_>, StoreError> {
         let fence = if self.fenced { self.fence.clone() } else { None };
         let mut tx = self.client()?.transaction().map_err(pg(ctx))?;
         if let Some(f) = fence {
@@ -482,7 +582,7 @@ impl PgStore {
         Ok(tx)
     }
 
-    fn status_life_in(tx: &mut Transaction<'_>, id: &MachineId) -> Result<Option<(String, String)>, StoreError> {
+    fn status_life_in(tx: &mut Tx<'_>, id: &MachineId) -> Result<Option<(String, String)>, StoreError> {
         Ok(tx
             .query_opt("SELECT status, life FROM machines WHERE id = $1 FOR UPDATE", &[&id.as_str()])
             .map_err(pg("reading a machine"))?
@@ -509,7 +609,7 @@ impl PgStore {
         Ok(before)
     }
 
-    fn constraint_row(tx: &mut Transaction<'_>, c: &Constraints) -> Result<Option<i64>, StoreError> {
+    fn constraint_row(tx: &mut Tx<'_>, c: &Constraints) -> Result<Option<i64>, StoreError> {
         if c.is_empty() {
             return Ok(None);
         }
@@ -538,11 +638,7 @@ impl PgStore {
             .map_err(pg(ctx))
     }
 
-    fn insert_machines(
-        tx: &mut Transaction<'_>,
-        count: usize,
-        spec: &NewMachine,
-    ) -> Result<Vec<MachineId>, StoreError> {
+    fn insert_machines(tx: &mut Tx<'_>, count: usize, spec: &NewMachine) -> Result<Vec<MachineId>, StoreError> {
         let constraint = Self::constraint_row(tx, &spec.constraints)?;
         let mut ids = Vec::with_capacity(count);
         for _ in 0..count {

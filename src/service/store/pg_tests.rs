@@ -254,3 +254,41 @@ fn a_lost_database_is_unavailable_then_reconnected() {
     }
     assert_eq!(s.check_readable(), Ok(()));
 }
+
+/// Through the store actor, as the service and the lease use it: `Store::set_fence` fences the
+/// provisioner's writes (`exec_lazy`: the model port, the simulated cloud) and not the API's
+/// (`exec`); SQLite refuses a fence.
+#[test]
+fn the_store_actor_fences_exec_lazy_and_not_exec() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    // (The sync client may not run on the runtime's thread: the lease is written before.)
+    let model = PgStore::open(&url).unwrap().model_uuid().unwrap();
+    lease(&url, &model, "replica-a", 7, 30);
+    actix::System::new().block_on(async move {
+        let store = super::Store::start_postgres(&url).unwrap();
+        let ids = store.exec(|s| s.add_machines(1, None)).await.unwrap();
+        let fence = |epoch| Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch });
+        store.set_fence(fence(7)).await.unwrap();
+        let id = ids[0].clone();
+        store.exec_lazy(move |s| s.set_status(&id, MachineStatus::Error, "under the lease")).await.unwrap();
+        store.set_fence(fence(6)).await.unwrap();
+        let id = ids[0].clone();
+        let refused = store.exec_lazy(move |s| s.set_status(&id, MachineStatus::Started, "stale")).await;
+        assert!(matches!(refused, Err(StoreError::Fenced { epoch: 6, .. })), "{refused:?}");
+        let id = ids[0].clone();
+        let rec = store.exec(move |s| s.machine(&id)).await.unwrap().unwrap();
+        assert_eq!(rec.status_message, "under the lease", "the fenced write wrote nothing");
+        // The API's writes of desired state are not fenced.
+        let id = ids[0].clone();
+        store.exec(move |s| s.remove_machines(&[id], false, false)).await.unwrap();
+        store.exec(|s| s.set_workers(3)).await.unwrap();
+
+        let dir = std::env::temp_dir().join(format!("provisioner-pg-fence-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let sqlite = super::Store::start(&dir.join("p.db")).unwrap();
+        assert!(matches!(sqlite.set_fence(fence(7)).await, Err(StoreError::Refused(_))));
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}

@@ -19,7 +19,7 @@ pub const DB_FILE: &str = "provisioner.db";
 /// once); version 3 made its rows whole constraint sets (every key, keyed by the canonical
 /// text), and gave machines a placement, an application and the time they last changed, with
 /// an `applications` table. Older databases are upgraded in place when opened.
-/// Version 3 also added the `manual` and `address` columns of manual machines ([`upgrade_manual_machines`], idempotent:
+/// Version 3 also added the `manual` and `address` columns of manual machines (`upgrade_manual_machines`, idempotent:
 /// it adds only the columns a database lacks).
 pub const SCHEMA_VERSION: i64 = 3;
 
