@@ -1179,6 +1179,10 @@ fn healthz_fails_when_the_database_cannot_be_read() {
     assert!(err.contains("damaged") && err.contains("--init"), "{err}");
 }
 
+/// Replicas on PostgreSQL with one fenced leader (issue 15): fail-over under faults.
+#[cfg(feature = "postgres")]
+#[path = "serve/ha.rs"]
+mod ha;
 /// The service on PostgreSQL (issue 15): `--store postgres://...`.
 #[cfg(feature = "postgres")]
 #[path = "serve/postgres.rs"]

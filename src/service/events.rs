@@ -57,20 +57,77 @@ pub struct EventView {
     /// The new harvest mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
+    /// `role-changed` (replicas): this replica's new role, `leader` or `follower`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// `role-changed`: the lease's epoch (the new one when leading, the lost one otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<i64>,
+    /// `role-changed`: this replica's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
+}
+
+/// The name of the event a replica's change of role sends.
+pub const ROLE_CHANGED: &str = "role-changed";
+
+/// A replica's change of role, sent on its event stream (`message` says why: `acquired`,
+/// `refused`, `renew_deadline`, `released`).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct RoleChanged {
+    /// `leader` or `follower`.
+    pub role: &'static str,
+    /// The epoch.
+    pub epoch: Option<i64>,
+    /// This replica's id.
+    pub replica: String,
+    /// Why.
+    pub why: &'static str,
+}
+
+impl Handler<RoleChanged> for EventHub {
+    type Result = ();
+    fn handle(&mut self, e: RoleChanged, _ctx: &mut Self::Context) {
+        if !self.streams.is_empty() {
+            self.broadcast(&sse_frame(&role_view(e)));
+        }
+    }
+}
+
+/// The stream's view of a change of role.
+pub fn role_view(e: RoleChanged) -> EventView {
+    EventView {
+        role: Some(e.role.to_owned()),
+        epoch: e.epoch,
+        replica: Some(e.replica),
+        message: Some(e.why.to_owned()),
+        ..EventView::named(ROLE_CHANGED)
+    }
+}
+
+impl EventView {
+    /// An event with this name and no other field.
+    pub fn named(event: &str) -> Self {
+        Self {
+            event: event.to_owned(),
+            machine: None,
+            instance: None,
+            zone: None,
+            instances: Vec::new(),
+            message: None,
+            size: None,
+            mode: None,
+            role: None,
+            epoch: None,
+            replica: None,
+        }
+    }
 }
 
 /// The stream's view of an event.
 pub fn event_view(e: &ProvisionerEvent) -> EventView {
-    let mut v = EventView {
-        event: e.name().to_owned(),
-        machine: None,
-        instance: None,
-        zone: None,
-        instances: Vec::new(),
-        message: None,
-        size: None,
-        mode: None,
-    };
+    let mut v = EventView::named(e.name());
     match e {
         ProvisionerEvent::ProcessedMachines | ProvisionerEvent::RetriedMachinesWithErrors => {}
         ProvisionerEvent::ResizedWorkerPool { size } => v.size = Some(*size),
@@ -101,16 +158,10 @@ pub fn sse_frame(v: &EventView) -> String {
 /// The last frame of a client that fell [`QUEUE_LIMIT`] frames behind.
 pub fn dropped_frame() -> String {
     sse_frame(&EventView {
-        event: DROPPED.to_owned(),
-        machine: None,
-        instance: None,
-        zone: None,
-        instances: Vec::new(),
         message: Some(format!(
             "this client fell {QUEUE_LIMIT} events behind and was dropped; reconnect (the events in between are lost)"
         )),
-        size: None,
-        mode: None,
+        ..EventView::named(DROPPED)
     })
 }
 
@@ -278,5 +329,14 @@ mod tests {
         let failed = ProvisionerEvent::MachineFailed { machine: MachineId::new("1"), message: "no\nroom".into() };
         let frame = sse_frame(&event_view(&failed));
         assert_eq!(frame.matches('\n').count(), 3, "a message's newline must not break the frame: {frame:?}");
+    }
+
+    #[test]
+    fn a_change_of_role_is_one_event_naming_role_epoch_replica_and_why() {
+        let e = RoleChanged { role: "leader", epoch: Some(4), replica: "b".into(), why: "acquired" };
+        assert_eq!(
+            sse_frame(&role_view(e)),
+            "event: role-changed\ndata: {\"event\":\"role-changed\",\"message\":\"acquired\",\"role\":\"leader\",\"epoch\":4,\"replica\":\"b\"}\n\n"
+        );
     }
 }

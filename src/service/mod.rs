@@ -18,6 +18,8 @@
 //!   container provisioners run with beside the simulated cloud.
 //! - `metrics`: counters, histograms and the text format; the metered broker decorator.
 //! - `api`: the HTTP API (routes, bearer-token check, JSON types shared with the client).
+//! - [`lease`]: the leader lease of replicas on PostgreSQL: its plain core (built with the
+//!   binary, for the settings) and its SQL (feature `postgres`).
 //! - `run`: `serve`, which wires it all and runs until SIGTERM.
 
 #[cfg(feature = "serve")]
@@ -26,6 +28,7 @@ pub mod api;
 pub mod events;
 #[cfg(feature = "serve")]
 pub mod initialiser;
+pub mod lease;
 #[cfg(feature = "serve")]
 pub mod metrics;
 #[cfg(feature = "serve")]
@@ -42,4 +45,4 @@ pub mod token;
 
 #[cfg(feature = "serve")]
 pub use run::{serve, ServeError};
-pub use settings::{BrokerKind, Ec2Settings, ServeSettings, SettingsError};
+pub use settings::{BrokerKind, Ec2Settings, LeaseSettings, ServeSettings, SettingsError};

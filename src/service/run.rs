@@ -519,6 +519,165 @@ async fn open_postgres(opts: &ServeSettings, dir: &Path, url: &str) -> Result<Op
     })
 }
 
+/// On PostgreSQL, makes this service one replica of many: its lease actor contends for the
+/// model's leader lease, and the hooks below start the provisioner (the environ provisioner,
+/// the container provisioners, the simulated cloud's resumption) only while it leads, after
+/// setting the store's fence for the epoch; on losing the lease they stop it at once (the fence
+/// stays: nothing it still tries to write commits). `None` on SQLite.
+#[allow(clippy::too_many_arguments)]
+fn start_replica(
+    opts: &ServeSettings,
+    store: &Store,
+    model_uuid: &str,
+    config: &ProvisionerConfig,
+    broker: &MeteredBroker,
+    sim: &Option<SimCloud>,
+    metrics: &actix::Addr<Metrics>,
+    events: &actix::Addr<crate::service::events::EventHub>,
+) -> Result<Option<api::ReplicaState>, ServeError> {
+    #[cfg(feature = "postgres")]
+    if let StoreUrl::Postgres(url) = opts.store.url() {
+        use crate::service::lease::actor::{LeaseActor, LeaseConfig};
+        let timings = opts.lease.timings().map_err(|e| ServeError::StoreUrl(e.to_string()))?;
+        let replica = opts
+            .lease
+            .replica_id
+            .clone()
+            .unwrap_or_else(|| uuid::Builder::from_random_bytes(rand::random()).into_uuid().to_string());
+        let leading = crate::service::lease::leading::Leading::new(store.clone()).start();
+        // What the other replicas commit (adds, removals, retries through their API) reaches
+        // the leader's provisioners by LISTEN/NOTIFY, not by polling.
+        crate::service::lease::listen::listen(url.clone(), timings.retry(), leading.clone().recipient())
+            .map_err(|e| ServeError::StoreUrl(format!("cannot start the LISTEN thread: {e}")))?;
+        metrics.do_send(crate::service::metrics::LeaderChanged { leader: false, transition: false });
+        let hooks = ReplicaHooks {
+            opts: opts.clone(),
+            store: store.clone(),
+            model_uuid: model_uuid.to_owned(),
+            replica: replica.clone(),
+            config: config.clone(),
+            broker: broker.clone(),
+            sim: sim.clone(),
+            metrics: metrics.clone(),
+            events: events.clone(),
+            leading: leading.clone(),
+        };
+        tracing::info!(%replica, lease = ?timings.lease(), renew_deadline = ?timings.renew_deadline(),
+                       retry = ?timings.retry(), "replica: contending for the leader lease");
+        let lease = LeaseActor::start(
+            LeaseConfig { url, model_uuid: model_uuid.to_owned(), replica, timings },
+            Box::new(hooks),
+        );
+        return Ok(Some(api::ReplicaState { lease, leading }));
+    }
+    let _ = (opts, store, model_uuid, config, broker, sim, metrics, events);
+    Ok(None)
+}
+
+/// Releases a replica's lease (stopping its provisioner), waiting at most two retry periods
+/// for the database to answer.
+async fn release_lease(r: &api::ReplicaState, opts: &ServeSettings) {
+    #[cfg(feature = "postgres")]
+    {
+        let wait = opts.lease.timings().map(|t| t.retry() * 2).unwrap_or(std::time::Duration::from_secs(4));
+        if actix_rt::time::timeout(wait, r.lease.send(crate::service::lease::actor::ReleaseLease)).await.is_err() {
+            tracing::warn!("the lease's release did not answer in time: it expires on its own");
+        }
+        r.leading.do_send(crate::service::lease::leading::Follow);
+    }
+    #[cfg(not(feature = "postgres"))]
+    let _ = (r, opts);
+}
+
+/// What a replica does at each change of role.
+#[cfg(feature = "postgres")]
+struct ReplicaHooks {
+    opts: ServeSettings,
+    store: Store,
+    model_uuid: String,
+    replica: String,
+    config: ProvisionerConfig,
+    broker: MeteredBroker,
+    sim: Option<SimCloud>,
+    metrics: actix::Addr<Metrics>,
+    events: actix::Addr<crate::service::events::EventHub>,
+    leading: actix::Addr<crate::service::lease::leading::Leading>,
+}
+
+#[cfg(feature = "postgres")]
+impl ReplicaHooks {
+    fn announce(&self, role: &'static str, epoch: Option<i64>, why: &'static str) {
+        self.metrics.do_send(crate::service::metrics::LeaderChanged { leader: role == "leader", transition: true });
+        self.events.do_send(crate::service::events::RoleChanged { role, epoch, replica: self.replica.clone(), why });
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
+    fn lead(&mut self, epoch: i64, t: crate::service::lease::Transition) {
+        use crate::service::lease::leading::{Lead, Provisioners, Started};
+        self.leading.do_send(Lead(epoch));
+        self.announce("leader", Some(epoch), t.why.name());
+        let fence =
+            crate::service::store::Fence { model_uuid: self.model_uuid.clone(), holder: self.replica.clone(), epoch };
+        let (store, broker, sim, opts) = (self.store.clone(), self.broker.clone(), self.sim.clone(), self.opts.clone());
+        let (metrics, events, leading) = (self.metrics.clone(), self.events.clone(), self.leading.clone());
+        let config = self.config.clone().with_random_seed();
+        actix_rt::spawn(async move {
+            // The fence first: from here on every write of this provisioner commits only under
+            // this epoch.
+            if let Err(e) = store.set_fence(Some(fence)).await {
+                tracing::error!(error = %e, "cannot set the leader's fence: not acting");
+                return;
+            }
+            // The starts an earlier leader left in flight (their client tokens were written,
+            // fenced, before the cloud call): landed now, once.
+            if let Some(sim) = &sim {
+                match sim.resume().await {
+                    Ok(n) if n > 0 => {
+                        tracing::info!(instances = n, epoch, "resuming starts an earlier leader left pending")
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "cannot resume pending starts"),
+                }
+            }
+            let started = (|| {
+                let handle =
+                    crate::start(config.clone(), Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
+                handle.subscribe(metrics.clone().recipient());
+                handle.subscribe(events.clone().recipient());
+                let containers = start_container_provisioners(
+                    &opts,
+                    config,
+                    &broker,
+                    &store,
+                    &handle,
+                    vec![metrics.clone().recipient(), events.clone().recipient()],
+                )?;
+                store.watch(handle.machines_changed());
+                store.watch_retries(handle.retry_ticks());
+                Ok::<_, ServeError>(Provisioners { handle, containers })
+            })();
+            match started {
+                Ok(p) => {
+                    tracing::info!(epoch, "leading: the provisioner runs");
+                    leading.do_send(Started(epoch, p));
+                }
+                Err(e) => tracing::error!(error = %e, "cannot start the provisioner"),
+            }
+        });
+    }
+
+    fn follow(&mut self, why: crate::service::lease::Why, t: crate::service::lease::Transition) {
+        self.leading.do_send(crate::service::lease::leading::Follow);
+        let epoch = match t.from {
+            crate::service::lease::Role::Leader { epoch } => Some(epoch),
+            crate::service::lease::Role::Follower => None,
+        };
+        self.announce("follower", epoch, why.name());
+    }
+}
+
 /// Runs the service until SIGTERM or SIGINT. Must be called inside an actix system.
 pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     #[cfg(not(feature = "ec2"))]
@@ -534,6 +693,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
 
     let metrics = Metrics::default().start();
     store.watch_counts(metrics.clone().recipient());
+    let sim: Option<SimCloud>;
     let (cloud, zones, broker_name): (Arc<dyn crate::ports::Broker>, Vec<String>, &str) = match opts.broker() {
         BrokerKind::Sim => {
             let settings = SimSettings {
@@ -547,16 +707,21 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
                     .ok_or(ServeError::SimOutOfCapacity)?,
             };
             let zones = settings.known_zones();
-            let sim = SimCloud::new(store.clone(), model_uuid.clone(), settings);
-            let resumed = sim.resume().await?;
-            if resumed > 0 {
-                tracing::info!(instances = resumed, "resuming starts a previous run left pending");
+            let cloud = SimCloud::new(store.clone(), model_uuid.clone(), settings);
+            // Replicas: the leader resumes them, at each epoch it leads (its writes fenced).
+            if !matches!(opts.store.url(), StoreUrl::Postgres(_)) {
+                let resumed = cloud.resume().await?;
+                if resumed > 0 {
+                    tracing::info!(instances = resumed, "resuming starts a previous run left pending");
+                }
             }
-            (Arc::new(sim), zones, "sim")
+            sim = Some(cloud.clone());
+            (Arc::new(cloud), zones, "sim")
         }
         #[cfg(feature = "ec2")]
         BrokerKind::Ec2 => {
             let (ec2, zones) = ec2_broker(&opts.ec2, &model_uuid).await?;
+            sim = None;
             (Arc::new(ec2), zones, "ec2")
         }
         #[cfg(not(feature = "ec2"))]
@@ -578,26 +743,37 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         ..ProvisionerConfig::default()
     }
     .with_random_seed();
-    let handle = crate::start(config.clone(), Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
-    handle.subscribe(metrics.clone().recipient());
     let hub = crate::service::events::EventHub::default();
     let events_dropped = hub.dropped_counter();
     let events = hub.start();
-    handle.subscribe(events.clone().recipient());
-    let containers = start_container_provisioners(
-        &opts,
-        config,
-        &broker,
-        &store,
-        &handle,
-        vec![metrics.clone().recipient(), events.clone().recipient()],
-    )?;
-    store.watch(handle.machines_changed());
-    store.watch_retries(handle.retry_ticks());
+    // On PostgreSQL the service is one replica of many: only the lease's holder runs the
+    // provisioner (see `start_replica`); on SQLite it runs it, as the only one.
+    let replica = start_replica(&opts, &store, &model_uuid, &config, &broker, &sim, &metrics, &events)?;
+    let (handle, containers) = match &replica {
+        Some(_) => (None, None),
+        None => {
+            let handle =
+                crate::start(config.clone(), Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
+            handle.subscribe(metrics.clone().recipient());
+            handle.subscribe(events.clone().recipient());
+            let containers = start_container_provisioners(
+                &opts,
+                config,
+                &broker,
+                &store,
+                &handle,
+                vec![metrics.clone().recipient(), events.clone().recipient()],
+            )?;
+            store.watch(handle.machines_changed());
+            store.watch_retries(handle.retry_ticks());
+            (Some(handle), containers)
+        }
+    };
 
     let state = AppState {
         store: store.clone(),
         handle: handle.clone(),
+        replica: replica.clone(),
         broker: broker.clone(),
         metrics,
         events: events.clone(),
@@ -623,7 +799,12 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         Err(source) => {
             // The provisioner's actors are running: stop them while the runtime is still
             // here (dropped with it, their timers would panic), then say why.
-            handle.shutdown();
+            if let Some(r) = &replica {
+                release_lease(r, &opts).await;
+            }
+            if let Some(h) = &handle {
+                h.shutdown();
+            }
             if let Some(c) = &containers {
                 c.shutdown();
             }
@@ -644,6 +825,18 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
 
     let signal = terminated().await?;
     tracing::info!(%signal, "shutting down");
+    // A replica releases its lease at once, so that another takes over within one retry; its
+    // provisioner stops now (what it left in flight the next leader resumes by client token).
+    let Some(handle) = handle else {
+        if let Some(r) = &replica {
+            release_lease(r, &opts).await;
+        }
+        let _ = events.send(crate::service::events::CloseStreams).await;
+        server_handle.stop(true).await;
+        drop(server_task);
+        tracing::info!("stopped");
+        return Ok(());
+    };
     // Event streams never end on their own: end them, so the server need not wait for them.
     let _ = events.send(crate::service::events::CloseStreams).await;
     server_handle.stop(true).await;

@@ -26,6 +26,7 @@ use thiserror::Error;
 
 use crate::config::{ConfigError, RetryStrategy, DEFAULT_RESYNC_INTERVAL, DEFAULT_WORKERS, MAX_WORKERS};
 use crate::model::HarvestMode;
+use crate::service::lease::{LeaseTimings, LeaseTimingsError};
 
 /// The default data directory.
 pub const DEFAULT_DATA_DIR: &str = "./provisioner-data";
@@ -110,6 +111,9 @@ pub enum SettingsError {
         /// The cloud's zones.
         zones: String,
     },
+    /// The lease's timings are out of order (`lease > renew_deadline > 1.2 × retry`) or zero.
+    #[error("{0}")]
+    Lease(#[source] LeaseTimingsError),
     /// The matches given to [`ServeSettings::load`] are not those of these settings' arguments
     /// (a mistake of the caller, not of the user).
     #[error("the arguments do not match the serve settings: {0}")]
@@ -158,6 +162,9 @@ pub struct ServeSettings {
     /// The EC2 broker (`[ec2]`, `--ec2-...`, `--region`).
     #[command(flatten)]
     pub ec2: Ec2Settings,
+    /// The leader lease of replicas on PostgreSQL (`[lease]`, `--lease...`, `--replica-id`).
+    #[command(flatten)]
+    pub lease: LeaseSettings,
     /// Where the model lives (`[store]`, `--store`).
     #[command(flatten)]
     pub store: StoreSection,
@@ -185,6 +192,7 @@ impl Default for ServeSettings {
             retry: RetrySettings::default(),
             sim: SimSection::default(),
             ec2: Ec2Settings::default(),
+            lease: LeaseSettings::default(),
             store: StoreSection::default(),
             init: false,
         }
@@ -295,6 +303,43 @@ pub struct Ec2Settings {
     /// Security groups for new instances.
     #[arg(skip)]
     pub security_groups: Vec<String>,
+}
+
+/// The leader lease of replicas on PostgreSQL (`[lease]` in the config file: `duration`,
+/// `renew_deadline`, `retry`, `replica_id`). Checked: `lease > renew_deadline > 1.2 × retry`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LeaseSettings {
+    /// Replicas: how long the leader's lease lasts on the database's clock [default: 10s].
+    #[arg(id = "lease_duration", long = "lease", env = "PROVISIONER_LEASE", value_name = "DUR",
+          value_parser = parse_duration)]
+    #[serde(deserialize_with = "optional_duration")]
+    pub duration: Option<Duration>,
+    /// Replicas: a leader that has not renewed its lease for this long stops acting [default: 8s].
+    #[arg(id = "lease_renew_deadline", long = "lease-renew-deadline", env = "PROVISIONER_LEASE_RENEW_DEADLINE",
+          value_name = "DUR", value_parser = parse_duration)]
+    #[serde(deserialize_with = "optional_duration")]
+    pub renew_deadline: Option<Duration>,
+    /// Replicas: the interval between attempts to acquire or renew the lease [default: 2s].
+    #[arg(id = "lease_retry", long = "lease-retry", env = "PROVISIONER_LEASE_RETRY", value_name = "DUR",
+          value_parser = parse_duration)]
+    #[serde(deserialize_with = "optional_duration")]
+    pub retry: Option<Duration>,
+    /// Replicas: this replica's id (the lease's holder) [default: a random uuid per process].
+    #[arg(id = "replica_id", long = "replica-id", env = "PROVISIONER_REPLICA_ID", value_name = "ID")]
+    pub replica_id: Option<String>,
+}
+
+impl LeaseSettings {
+    /// The lease's timings, checked.
+    pub fn timings(&self) -> Result<LeaseTimings, LeaseTimingsError> {
+        let d = LeaseTimings::default();
+        LeaseTimings::new(
+            self.duration.unwrap_or(d.lease()),
+            self.renew_deadline.unwrap_or(d.renew_deadline()),
+            self.retry.unwrap_or(d.retry()),
+        )
+    }
 }
 
 /// Where the service keeps the model, its API token's hash, its settings and the simulated
@@ -462,6 +507,7 @@ impl ServeSettings {
             return Err(SettingsError::ZeroResync);
         }
         self.sim.check_subnets()?;
+        self.lease.timings().map_err(SettingsError::Lease)?;
         Ok(())
     }
 
@@ -662,6 +708,38 @@ mod tests {
         let o = load(&["--sim-container-init-failures", "4"]).unwrap();
         assert_eq!(o.sim.container_init_failures(), 4);
         assert!(Cli::command().try_get_matches_from(["serve", "--sim-container-init-failures", "-1"]).is_err());
+    }
+
+    #[test]
+    fn lease_settings_come_from_the_file_and_the_flags_and_are_checked() {
+        let o = load(&[]).unwrap();
+        assert_eq!(o.lease.timings(), Ok(LeaseTimings::default()));
+        assert_eq!(o.lease.replica_id, None);
+        let o = with_file(
+            "lease.toml",
+            "[lease]\nduration = \"20s\"\nrenew_deadline = \"15s\"\nretry = \"3s\"\nreplica_id = \"r1\"\n",
+            &["--lease-retry", "1s", "--replica-id", "r2"],
+        )
+        .unwrap();
+        let t = o.lease.timings().unwrap();
+        assert_eq!((t.lease(), t.renew_deadline(), t.retry()), (secs(20), secs(15), secs(1)), "the flag wins");
+        assert_eq!(o.lease.replica_id.as_deref(), Some("r2"));
+        let o = load(&["--lease", "4s", "--lease-renew-deadline", "3s", "--lease-retry", "500ms"]).unwrap();
+        assert_eq!(o.lease.timings().map(|t| t.lease()), Ok(secs(4)));
+        let e = load(&["--lease", "8s"]).unwrap_err();
+        assert!(matches!(e, SettingsError::Lease(LeaseTimingsError::LeaseNotAboveDeadline { .. })), "{e:?}");
+        assert_eq!(e.to_string(), "config: lease.duration (8s) must be longer than lease.renew_deadline (8s)");
+        assert!(std::error::Error::source(&e).is_some(), "the timings' error is kept as the source");
+        let e = with_file("badlease.toml", "[lease]\nretry = \"7s\"\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("lease.renew_deadline (8s) must be longer than 1.2 × lease.retry (7s)"), "{e}");
+        let e = with_file("zerolease.toml", "[lease]\nretry = \"0s\"\n", &[]).unwrap_err();
+        assert_eq!(e.to_string(), "config: lease.retry must be positive");
+        let e = with_file("unknownlease.toml", "[lease]\nttl = \"1s\"\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("unknown field `ttl`"), "{e}");
+    }
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
     }
 
     /// An environment variable sits between the flag and the file. (The test renames the

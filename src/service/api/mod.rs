@@ -68,8 +68,8 @@ pub const BODY_LIMIT: usize = 256 << 10;
 pub struct AppState {
     /// The database.
     pub store: Store,
-    /// The running provisioner.
-    pub handle: ProvisionerHandle,
+    /// The running provisioner (`None` with replicas: the leader's is in `replica`).
+    pub handle: Option<ProvisionerHandle>,
     /// The cloud, metered.
     pub broker: MeteredBroker,
     /// The metrics actor.
@@ -96,6 +96,41 @@ pub struct AppState {
     /// The lazy container provisioners (`None`: this service runs no containers, and refuses
     /// to add them).
     pub containers: Option<crate::ContainersHandle>,
+    /// With replicas on PostgreSQL: the lease and the leader's provisioners.
+    pub replica: Option<ReplicaState>,
+}
+
+/// A replica's lease and, while it leads, its provisioners.
+#[derive(Clone)]
+pub struct ReplicaState {
+    /// The lease actor (role, holder, epoch).
+    pub lease: actix::Addr<crate::service::lease::actor::LeaseActor>,
+    /// The provisioners of the epoch this replica leads.
+    pub leading: actix::Addr<crate::service::lease::leading::Leading>,
+}
+
+impl AppState {
+    /// The provisioners this replica runs: the service's own, or with replicas the leader's
+    /// of the current epoch; a follower answers 503 naming the leader.
+    pub async fn running(&self) -> Result<crate::service::lease::leading::Provisioners> {
+        use crate::service::lease::leading::{Current, Provisioners};
+        match (&self.handle, &self.replica) {
+            (Some(handle), _) => Ok(Provisioners { handle: handle.clone(), containers: self.containers.clone() }),
+            (None, Some(r)) => match r.leading.send(Current).await {
+                Ok(Some(p)) => Ok(p),
+                Ok(None) => {
+                    let lease = r.lease.send(crate::service::lease::actor::GetLeaseStatus).await.ok();
+                    let leader = lease.and_then(|l| l.leader).unwrap_or_else(|| "none yet".to_owned());
+                    Err(ApiError::new(
+                        503,
+                        format!("this replica is a follower (the leader is {leader}): ask the leader's replica"),
+                    ))
+                }
+                Err(e) => Err(ApiError::internal(format!("the leader's provisioners: {e}"))),
+            },
+            (None, None) => Err(ApiError::internal("no provisioner runs here")),
+        }
+    }
 }
 
 /// An API error: a status and one sentence.
@@ -464,8 +499,8 @@ const CONFIG_KEYS: [&str; 2] = ["harvest-mode", "workers"];
 
 async fn config_value(st: &AppState, key: &str) -> Result<ConfigValue> {
     let value = match key {
-        "harvest-mode" => st.handle.harvest_mode().await?.to_string(),
-        "workers" => st.handle.pool().await?.size.to_string(),
+        "harvest-mode" => st.running().await?.handle.harvest_mode().await?.to_string(),
+        "workers" => st.running().await?.handle.pool().await?.size.to_string(),
         other => {
             return Err(ApiError::new(
                 404,
@@ -519,9 +554,10 @@ async fn set_config(
         "harvest-mode" => {
             let mode: HarvestMode =
                 value.parse().map_err(|e: crate::model::ParseError| ApiError::bad_request(e.to_string()))?;
+            let running = st.running().await?;
             st.store.exec(move |s| s.set_harvest_mode(mode)).await?;
-            st.handle.set_harvest_mode(mode);
-            if let Some(c) = &st.containers {
+            running.handle.set_harvest_mode(mode);
+            if let Some(c) = &running.containers {
                 c.set_harvest_mode(mode);
             }
             value = mode.to_string();
@@ -538,8 +574,9 @@ async fn set_config(
                 })?;
             value = n.to_string();
             validate_workers(n, MAX_WORKERS).map_err(|e| ApiError::bad_request(e.to_string()))?;
+            let running = st.running().await?;
             st.store.exec(move |s| s.set_workers(n)).await?;
-            st.handle.set_workers(n).await?;
+            running.handle.set_workers(n).await?;
         }
         other => {
             return Err(ApiError::new(
@@ -556,7 +593,30 @@ async fn set_config(
 async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
     let (machines, life) = st.store.exec(|s| Ok((s.list_machines()?, s.model_life()?))).await?;
     let (instances, instances_error) = instance_count(st.broker.all_instances().await.map(|l| l.len()));
-    let pool = st.handle.pool().await?;
+    let lease = match &st.replica {
+        Some(r) => Some(
+            r.lease
+                .send(crate::service::lease::actor::GetLeaseStatus)
+                .await
+                .map_err(|e| ApiError::internal(format!("the lease: {e}")))?,
+        ),
+        None => None,
+    };
+    // A follower runs no provisioner: its pool and mode are the stored settings, and it is
+    // never "idle" (it does not know what the leader has left to do).
+    let running = if lease.as_ref().is_some_and(|l| l.role != "leader") { None } else { Some(st.running().await?) };
+    let (pool, harvest_mode, idle) = match &running {
+        Some(p) => (p.handle.pool().await?, p.handle.harvest_mode().await?.to_string(), p.handle.is_idle().await),
+        None => {
+            let settings = st.store.exec(|s| s.settings()).await?;
+            let pool = crate::snapshots::PoolStatus {
+                size: settings.workers.unwrap_or(crate::config::DEFAULT_WORKERS),
+                in_flight: 0,
+                queued: 0,
+            };
+            (pool, settings.harvest_mode.unwrap_or_default().to_string(), false)
+        }
+    };
     let mut by_status = BTreeMap::new();
     for m in &machines {
         *by_status.entry(m.machine.status.to_string()).or_insert(0) += 1;
@@ -566,7 +626,7 @@ async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
         model_life: life.to_string(),
         broker: st.broker_name.clone(),
         zones: st.zones.clone(),
-        harvest_mode: st.handle.harvest_mode().await?.to_string(),
+        harvest_mode,
         workers: pool.size,
         machines: machines.len(),
         machines_in_error: machines.iter().filter(|m| view(m).is_error()).count(),
@@ -576,8 +636,21 @@ async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
         jobs_in_flight: pool.in_flight,
         jobs_queued: pool.queued,
         broker_calls_in_flight: st.broker.in_flight(),
-        idle: st.handle.is_idle().await,
+        idle,
         uptime_s: st.started.elapsed().as_secs_f64(),
+        role: lease.as_ref().map(|l| l.role.to_owned()),
+        leader: lease.as_ref().and_then(|l| l.leader.clone()),
+        epoch: lease.as_ref().and_then(|l| l.epoch),
+        replica: lease.as_ref().map(|l| l.replica.clone()),
+        last_transition: lease.as_ref().and_then(|l| l.last_transition).map(|(from, to, why, ago)| {
+            crate::service::api::types::TransitionView {
+                from: from.to_owned(),
+                to: to.to_owned(),
+                why: why.to_owned(),
+                seconds_ago: ago.as_secs_f64(),
+            }
+        }),
+        transitions: lease.as_ref().map(|l| l.transitions),
     };
     Ok(HttpResponse::Ok().json(view))
 }
@@ -602,8 +675,9 @@ async fn destroy_model(_: Authorized, st: State, req: HttpRequest, payload: web:
     // No body (or an empty one) means the defaults; anything else must parse, or nothing happens.
     let DestroyRequest { force } = parse_body(&read_body(&req, payload).await?, Some(DestroyRequest::default()))?;
     let manual = refuse_destroy_with_manual_machines(&st, force).await?;
-    let result = st.handle.destroy_model(force).await;
-    if let (Some(c), Ok(_) | Err(DestroyError::ManualMachines { .. })) = (&st.containers, &result) {
+    let running = st.running().await?;
+    let result = running.handle.destroy_model(force).await;
+    if let (Some(c), Ok(_) | Err(DestroyError::ManualMachines { .. })) = (&running.containers, &result) {
         // Containers are in the destruction's scope too.
         c.model_destroyed();
     }
@@ -667,19 +741,32 @@ async fn events(_: Authorized, st: State) -> Result<HttpResponse> {
 /// Reads no table: the state gauges are the counts the store keeps as it writes, held by the
 /// metrics actor; the rest comes from the actors' own state.
 async fn metrics(st: State) -> Result<HttpResponse> {
-    let pool = st.handle.pool().await?;
+    // A follower has no provisioner: its pool and rate gauges are zero, its mode the stored one.
+    let running = st.running().await.ok();
+    let pool = match &running {
+        Some(p) => p.handle.pool().await?,
+        None => crate::snapshots::PoolStatus { size: 0, in_flight: 0, queued: 0 },
+    };
+    let harvest_mode = match &running {
+        Some(p) => p.handle.harvest_mode().await?.to_string(),
+        None => st.store.exec(|s| s.settings()).await?.harvest_mode.unwrap_or_default().to_string(),
+    };
     let mut g = Gauges {
         workers: pool.size as u64,
         jobs_in_flight: pool.in_flight as u64,
         jobs_queued: pool.queued as u64,
         broker_in_flight: st.broker.in_flight() as u64,
-        harvest_mode: st.handle.harvest_mode().await?.to_string(),
+        harvest_mode,
         uptime_seconds: st.started.elapsed().as_secs_f64(),
         store_operations: st.store.operations(),
         event_streams_dropped: st.events_dropped.load(std::sync::atomic::Ordering::Relaxed),
         ..Gauges::default()
     };
-    for c in st.handle.limiter().await?.classes {
+    let classes = match &running {
+        Some(p) => p.handle.limiter().await?.classes,
+        None => Vec::new(),
+    };
+    for c in classes {
         g.rate_limits.insert(c.class.to_string(), (c.rate, c.waiting as u64, c.throttled));
     }
     let text = st.metrics.send(Render(g)).await.map_err(|e| ApiError::internal(format!("metrics: {e}")))?;
@@ -838,6 +925,12 @@ mod tests {
             broker_calls_in_flight: 0,
             idle: true,
             uptime_s: 0.0,
+            role: None,
+            leader: None,
+            epoch: None,
+            replica: None,
+            last_transition: None,
+            transitions: None,
         };
         let json = serde_json::to_value(&view).unwrap();
         assert_eq!(json["instances"], serde_json::Value::Null);

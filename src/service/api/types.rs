@@ -223,6 +223,37 @@ pub struct StatusView {
     pub idle: bool,
     /// Seconds since the service started.
     pub uptime_s: f64,
+    /// With replicas on PostgreSQL: `leader` or `follower`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// With replicas: the lease holder's replica id (absent while nobody is known to hold it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// With replicas: the lease's epoch (grows at each transition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<i64>,
+    /// With replicas: this replica's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
+    /// With replicas: this replica's last change of role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition: Option<TransitionView>,
+    /// With replicas: this replica's changes of role so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transitions: Option<u64>,
+}
+
+/// A replica's change of role, as the status shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TransitionView {
+    /// The role before.
+    pub from: String,
+    /// The role after.
+    pub to: String,
+    /// Why: `acquired`, `refused`, `renew_deadline`, `released`.
+    pub why: String,
+    /// How long ago.
+    pub seconds_ago: f64,
 }
 
 /// Constraints as a request gives them (`constraints` of `POST /v1/machines` and

@@ -2,7 +2,7 @@
 
 use actix::prelude::*;
 
-use super::messages::{BrokerCallDone, HttpDone, Render};
+use super::messages::{BrokerCallDone, HttpDone, LeaderChanged, Render};
 use super::state::MetricsBook;
 use crate::model::events::ProvisionerEvent;
 use crate::service::store::{CountsChanged, StoreCounts};
@@ -44,6 +44,13 @@ impl Handler<ProvisionerEvent> for Metrics {
     type Result = ();
     fn handle(&mut self, e: ProvisionerEvent, _ctx: &mut Self::Context) {
         self.book.event(e.name());
+    }
+}
+
+impl Handler<LeaderChanged> for Metrics {
+    type Result = ();
+    fn handle(&mut self, m: LeaderChanged, _ctx: &mut Self::Context) {
+        self.book.leader(m.leader, m.transition);
     }
 }
 

@@ -34,3 +34,14 @@ pub struct BrokerCallDone {
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "String")]
 pub struct Render(pub Gauges);
+
+/// This replica's role changed (replicas on PostgreSQL): `provisioner_leader` and
+/// `provisioner_leader_transitions_total`.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct LeaderChanged {
+    /// Whether it leads now.
+    pub leader: bool,
+    /// Whether this is a transition (`false`: the first report, as a follower).
+    pub transition: bool,
+}

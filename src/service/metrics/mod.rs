@@ -14,6 +14,6 @@ mod state;
 mod tests;
 
 pub use actor::Metrics;
-pub use messages::{BrokerCallDone, HttpDone, Render};
+pub use messages::{BrokerCallDone, HttpDone, LeaderChanged, Render};
 pub use metered::MeteredBroker;
 pub use state::{Gauges, Histogram, MetricsBook};

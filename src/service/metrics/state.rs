@@ -84,6 +84,8 @@ pub struct MetricsBook {
     broker: BTreeMap<(&'static str, &'static str), u64>,
     broker_latency: BTreeMap<&'static str, Histogram>,
     events: BTreeMap<&'static str, u64>,
+    /// With replicas: whether this replica leads, and its transitions so far.
+    lease: Option<(bool, u64)>,
 }
 
 fn escape(v: &str) -> String {
@@ -114,6 +116,15 @@ impl MetricsBook {
     /// Counts one provisioner event.
     pub fn event(&mut self, name: &'static str) {
         *self.events.entry(name).or_default() += 1;
+    }
+
+    /// This replica's role (replicas on PostgreSQL only; the lease metrics appear with it).
+    pub fn leader(&mut self, leader: bool, transition: bool) {
+        let (l, n) = self.lease.get_or_insert((false, 0));
+        *l = leader;
+        if transition {
+            *n += 1;
+        }
     }
 
     /// The HTTP requests counted for `route`.
@@ -215,6 +226,17 @@ impl MetricsBook {
         let _ = writeln!(out, "provisioner_harvest_mode{{mode=\"{}\"}} 1", escape(&g.harvest_mode));
         header(&mut out, "provisioner_model_life", "gauge", "The model's life (1 for its life).");
         let _ = writeln!(out, "provisioner_model_life{{life=\"{}\"}} 1", escape(&g.model_life));
+        if let Some((leader, transitions)) = self.lease {
+            header(&mut out, "provisioner_leader", "gauge", "1 while this replica holds the leader lease, else 0.");
+            let _ = writeln!(out, "provisioner_leader {}", u8::from(leader));
+            header(
+                &mut out,
+                "provisioner_leader_transitions_total",
+                "counter",
+                "Changes of this replica's role (leader to follower and back).",
+            );
+            let _ = writeln!(out, "provisioner_leader_transitions_total {transitions}");
+        }
         header(&mut out, "provisioner_uptime_seconds", "gauge", "Seconds since the service started.");
         let _ = writeln!(out, "provisioner_uptime_seconds {:.3}", g.uptime_seconds);
         header(

@@ -69,3 +69,20 @@ fn the_rate_limiter_shows_its_rate_waiting_calls_and_throttling_per_class() {
     assert!(text.contains("provisioner_rate_limit_waiting{class=\"start\"} 2"), "{text}");
     assert!(text.contains("provisioner_throttled_calls_total{class=\"start\"} 6"), "{text}");
 }
+
+#[test]
+fn the_lease_metrics_appear_with_replicas_only_and_count_transitions() {
+    let mut book = MetricsBook::default();
+    assert!(!book.render(&Gauges::default()).contains("provisioner_leader"), "no lease metrics on SQLite");
+    book.leader(false, false);
+    let text = book.render(&Gauges::default());
+    assert!(text.contains("# TYPE provisioner_leader gauge\nprovisioner_leader 0\n"), "{text}");
+    assert!(text.contains("# TYPE provisioner_leader_transitions_total counter\n"), "{text}");
+    assert!(text.contains("provisioner_leader_transitions_total 0\n"), "{text}");
+    book.leader(true, true);
+    book.leader(false, true);
+    book.leader(true, true);
+    let text = book.render(&Gauges::default());
+    assert!(text.contains("provisioner_leader 1\n"), "{text}");
+    assert!(text.contains("provisioner_leader_transitions_total 3\n"), "{text}");
+}

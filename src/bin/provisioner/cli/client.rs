@@ -321,6 +321,7 @@ fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
                 );
                 println!("harvest:   {}", s.harvest_mode);
                 println!("state:     {} (up {:.0} s)", if s.idle { "idle" } else { "busy" }, s.uptime_s);
+                print_replica(&s);
             }
             Ok(())
         }
@@ -494,5 +495,19 @@ fn application(c: &Client, cmd: ApplicationCmd) -> Result<(), Failure> {
             }
             Ok(())
         }
+    }
+}
+
+/// The replica's lines of `status` (replicas on PostgreSQL only).
+fn print_replica(s: &StatusView) {
+    let Some(role) = &s.role else { return };
+    println!(
+        "replica:   {} ({role}; leader {}, epoch {})",
+        s.replica.as_deref().unwrap_or("?"),
+        s.leader.as_deref().unwrap_or("unknown"),
+        s.epoch.map_or_else(|| "none".to_owned(), |e| e.to_string())
+    );
+    if let Some(t) = &s.last_transition {
+        println!("last role change: {} -> {} ({}, {:.0} s ago)", t.from, t.to, t.why, t.seconds_ago);
     }
 }

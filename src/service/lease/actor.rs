@@ -1,0 +1,245 @@
+//! The replica's role, an actor over [`LeaseBook`]: it ticks the book on a timer, carries out
+//! each [`Step`] on a thread of its own (the sync PostgreSQL client there; a hung call never
+//! blocks the actor, and the renew deadline is kept by the timer, not by the call), feeds the
+//! answers back, and hands every [`Transition`] to the service's [`RoleHooks`] at once: to
+//! leader ⇒ set the fence and start the provisioner; to follower ⇒ stop it.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_rt::time::Instant;
+use futures::channel::oneshot;
+
+use super::pg::PgLease;
+use super::state::{Answer, LeaseBook, LeaseTimings, Role, Step, Transition, Why};
+
+/// What a change of role asks of the service. Called on the lease actor's thread, at once.
+pub trait RoleHooks: 'static {
+    /// This replica leads at `epoch`: set the store's fence, start the provisioner and the
+    /// cloud.
+    fn lead(&mut self, epoch: i64, transition: Transition);
+    /// This replica no longer leads: stop the provisioner at once (in-flight cloud calls
+    /// abandoned; the fence stays set, so nothing more it writes commits).
+    fn follow(&mut self, why: Why, transition: Transition);
+}
+
+/// Where and who: the lease of `model_uuid` on the database at `url`, held as `replica`.
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    /// The PostgreSQL URL.
+    pub url: String,
+    /// The model whose lease it is.
+    pub model_uuid: String,
+    /// This replica's id.
+    pub replica: String,
+    /// The timings.
+    pub timings: LeaseTimings,
+}
+
+/// The role as `/v1/status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseStatus {
+    /// `leader` or `follower`.
+    pub role: &'static str,
+    /// The holder last seen (this replica's id when leader).
+    pub leader: Option<String>,
+    /// The holder's epoch.
+    pub epoch: Option<i64>,
+    /// This replica's id.
+    pub replica: String,
+    /// The last transition: from, to, why, and how long ago.
+    pub last_transition: Option<(&'static str, &'static str, &'static str, Duration)>,
+    /// Transitions so far.
+    pub transitions: u64,
+}
+
+/// The replica's role actor.
+pub struct LeaseActor {
+    book: LeaseBook,
+    replica: String,
+    steps: mpsc::Sender<Step>,
+    hooks: Box<dyn RoleHooks>,
+    timer: Option<SpawnHandle>,
+    released: Vec<oneshot::Sender<()>>,
+}
+
+impl LeaseActor {
+    /// Starts the actor and its SQL thread; it tries to acquire at once.
+    pub fn start(config: LeaseConfig, hooks: Box<dyn RoleHooks>) -> Addr<Self> {
+        LeaseActor::create(move |ctx| {
+            let (steps, rx) = mpsc::channel();
+            let answers = ctx.address().recipient();
+            let sql = config.clone();
+            std::thread::Builder::new()
+                .name("lease".into())
+                .spawn(move || sql_thread(sql, rx, answers))
+                .expect("spawning the lease thread");
+            LeaseActor {
+                book: LeaseBook::new(config.timings),
+                replica: config.replica,
+                steps,
+                hooks,
+                timer: None,
+                released: Vec::new(),
+            }
+        })
+    }
+
+    fn apply(&mut self, t: Option<Transition>) {
+        let Some(t) = t else { return };
+        tracing::info!(replica = %self.replica, from = t.from.name(), to = t.to.name(), why = t.why.name(),
+                       "lease: role changed");
+        match t.to {
+            Role::Leader { epoch } => self.hooks.lead(epoch, t),
+            Role::Follower => self.hooks.follow(t.why, t),
+        }
+    }
+
+    fn send(&mut self, step: Step) {
+        if step != Step::Wait && self.steps.send(step).is_err() {
+            tracing::error!("lease: the SQL thread is gone");
+        }
+    }
+
+    /// Ticks the book, then sets the timer for the next tick.
+    fn tick(&mut self, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        let (t, step) = self.book.tick(now);
+        self.apply(t);
+        self.send(step);
+        self.schedule(ctx, now);
+    }
+
+    fn schedule(&mut self, ctx: &mut Context<Self>, now: Instant) {
+        if let Some(h) = self.timer.take() {
+            ctx.cancel_future(h);
+        }
+        let wait = self.book.next_tick(now).saturating_duration_since(now);
+        self.timer = Some(ctx.run_later(wait, |act, ctx| {
+            act.timer = None;
+            act.tick(ctx);
+        }));
+    }
+}
+
+impl Actor for LeaseActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.tick(ctx);
+    }
+}
+
+/// The SQL thread's answer.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Answered(pub Answer);
+
+impl Handler<Answered> for LeaseActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Answered, ctx: &mut Self::Context) {
+        let now = Instant::now();
+        if let Answer::Failed(why) = &msg.0 {
+            tracing::warn!(replica = %self.replica, reason = %why, "lease: the database did not answer");
+        }
+        // The release answered (or the database did not): a shutdown waits no longer.
+        let release_done = matches!(msg.0, Answer::Released | Answer::Failed(_));
+        let t = self.book.answer(&self.replica, now, msg.0);
+        self.apply(t);
+        if release_done {
+            for tx in self.released.drain(..) {
+                let _ = tx.send(());
+            }
+        }
+        self.schedule(ctx, now);
+    }
+}
+
+/// Clean shutdown: a leader stops acting and releases its lease; answers once the release
+/// answered (or at once for a follower). The caller bounds the wait.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReleaseLease;
+
+impl Handler<ReleaseLease> for LeaseActor {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _msg: ReleaseLease, _ctx: &mut Self::Context) -> Self::Result {
+        let (t, step) = self.book.shutdown(Instant::now());
+        let releasing = matches!(step, Step::Release { .. });
+        self.apply(t);
+        self.send(step);
+        let (tx, rx) = oneshot::channel();
+        if releasing {
+            self.released.push(tx);
+        } else {
+            let _ = tx.send(());
+        }
+        Box::pin(async move {
+            let _ = rx.await;
+        })
+    }
+}
+
+/// The role as the status shows it.
+#[derive(Message)]
+#[rtype(result = "LeaseStatus")]
+pub struct GetLeaseStatus;
+
+impl Handler<GetLeaseStatus> for LeaseActor {
+    type Result = MessageResult<GetLeaseStatus>;
+
+    fn handle(&mut self, _msg: GetLeaseStatus, ctx: &mut Self::Context) -> Self::Result {
+        let now = Instant::now();
+        // A leader past its deadline whose timer has not fired yet (a process just resumed)
+        // steps down now rather than report a role it may no longer act in.
+        if matches!(self.book.role(), Role::Leader { .. }) && !self.book.may_act(now) {
+            self.tick(ctx);
+        }
+        let (leader, epoch) = match (self.book.role(), self.book.holder()) {
+            (Role::Leader { epoch }, _) => (Some(self.replica.clone()), Some(epoch)),
+            (Role::Follower, Some((h, e))) if h != self.replica => (Some(h.to_owned()), Some(e)),
+            (Role::Follower, Some((_, e))) => (None, Some(e)),
+            (Role::Follower, None) => (None, None),
+        };
+        MessageResult(LeaseStatus {
+            role: self.book.role().name(),
+            leader,
+            epoch,
+            replica: self.replica.clone(),
+            last_transition: self
+                .book
+                .last_transition()
+                .map(|t| (t.from.name(), t.to.name(), t.why.name(), now.saturating_duration_since(t.at))),
+            transitions: self.book.transitions(),
+        })
+    }
+}
+
+/// Carries out the steps on the database, one at a time, reconnecting after a failure.
+fn sql_thread(config: LeaseConfig, steps: mpsc::Receiver<Step>, answers: Recipient<Answered>) {
+    let timeout = config.timings.retry();
+    let lease = config.timings.lease();
+    let mut conn: Option<PgLease> = None;
+    while let Ok(step) = steps.recv() {
+        let answer = (|| {
+            let l = match conn.as_mut() {
+                Some(l) => l,
+                None => conn.insert(PgLease::connect(&config.url, timeout, &config.model_uuid, &config.replica)?),
+            };
+            match step {
+                Step::Acquire => l.acquire(lease),
+                Step::Renew { epoch } => l.renew(epoch, lease),
+                Step::Release { epoch } => l.release(epoch),
+                Step::Wait => Ok(Answer::Failed("nothing asked".into())),
+            }
+        })();
+        let answer = answer.unwrap_or_else(|e| {
+            conn = None;
+            Answer::Failed(e.to_string())
+        });
+        answers.do_send(Answered(answer));
+    }
+}

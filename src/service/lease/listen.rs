@@ -1,0 +1,76 @@
+//! How followers learn of changes: `LISTEN provisioner_changes` on a dedicated connection, on
+//! a thread of its own, forwarding each notification's payload (the store's JSON notice) to a
+//! recipient, e.g. to refresh the event stream or caches a follower serves. Not polling: the
+//! thread blocks on the connection until a notification arrives; a lost connection is
+//! reconnected after `retry` (and a [`Changed`] with `resync: true` tells the recipient that
+//! it may have missed some, so that it reads afresh).
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::{Client, NoTls};
+
+/// The channel the store notifies on.
+pub const CHANNEL: &str = "provisioner_changes";
+
+/// A change notification (or a reconnection, after which changes may have been missed).
+#[derive(Debug, Clone, PartialEq, Eq, Message)]
+#[rtype(result = "()")]
+pub struct Changed {
+    /// The notification's payload (empty on a resync).
+    pub payload: String,
+    /// The connection was (re)established: read everything afresh.
+    pub resync: bool,
+}
+
+/// Starts the listening thread; it runs while the recipient is alive.
+pub fn listen(url: String, retry: Duration, to: Recipient<Changed>) -> std::io::Result<()> {
+    std::thread::Builder::new().name("listen".into()).spawn(move || loop {
+        match listen_once(&url, retry, &to) {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(reason = %e, "LISTEN {CHANNEL}: connection lost; reconnecting");
+                // A blocking wait on this thread of its own (no actor runs here).
+                let (tx, rx) = std::sync::mpsc::channel::<()>();
+                let _keep = tx;
+                let _ = rx.recv_timeout(retry);
+            }
+        }
+    })?;
+    Ok(())
+}
+
+/// One connection's life: `Ok` when the recipient is gone, `Err` when the connection is.
+fn listen_once(url: &str, retry: Duration, to: &Recipient<Changed>) -> Result<(), String> {
+    let mut config: postgres::Config = url.parse().map_err(|e: postgres::Error| e.to_string())?;
+    config
+        .connect_timeout(retry)
+        .keepalives_idle(retry.max(Duration::from_secs(1)))
+        .application_name("provisioner-listen");
+    let mut client: Client = config.connect(NoTls).map_err(|e| e.to_string())?;
+    client.batch_execute(&format!("LISTEN {CHANNEL}")).map_err(|e| e.to_string())?;
+    let gone = |sent: Result<(), SendError<Changed>>| sent.is_err() && !to.connected();
+    if gone(to.try_send(Changed { payload: String::new(), resync: true })) {
+        return Ok(());
+    }
+    loop {
+        // Blocks until a notification arrives or `retry` passes (then the recipient and the
+        // connection are checked).
+        {
+            let mut notifications = client.notifications();
+            let mut it = notifications.timeout_iter(retry);
+            while let Some(n) = it.next().map_err(|e| e.to_string())? {
+                if gone(to.try_send(Changed { payload: n.payload().to_owned(), resync: false })) {
+                    return Ok(());
+                }
+            }
+        }
+        if !to.connected() {
+            return Ok(());
+        }
+        if client.is_closed() {
+            return Err("the connection closed".to_owned());
+        }
+    }
+}

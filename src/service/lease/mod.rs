@@ -1,0 +1,35 @@
+//! The leader lease of replicas on PostgreSQL (issue 15): one lease per model, keyed by the
+//! model's uuid, with an epoch that grows at each acquisition; the leader's writes are fenced
+//! with it.
+//!
+//! - [`state`]: the plain core, [`LeaseBook`]: what to ask next, when to step down, each
+//!   transition; and [`LeaseTimings`], the checked `lease`, `renew_deadline`, `retry`. Built
+//!   with the binary (feature `cli`), since the settings check the timings.
+//! - `actor` (feature `postgres`): the replica's role, `LeaseActor`, driving the book on a
+//!   timer and the SQL on a thread of its own, handing each transition to the service's
+//!   `RoleHooks` (leader: fence and start the provisioner; follower: stop it).
+//! - `leading` (feature `serve`): `Leading`, the provisioner actors of the epoch this replica
+//!   leads, stopped at once when it no longer does.
+//! - `listen` (feature `postgres`): `LISTEN provisioner_changes` on a dedicated connection and
+//!   thread, forwarding each notification (how followers learn of changes, not by polling).
+//! - `pg` (feature `postgres`): the lease's SQL on the database's clock (acquire when free or
+//!   expired with epoch + 1, renew by the holder at its epoch, release keeping the epoch).
+
+#[cfg(feature = "postgres")]
+pub mod actor;
+#[cfg(all(test, feature = "postgres"))]
+mod actor_tests;
+#[cfg(feature = "serve")]
+pub mod leading;
+#[cfg(feature = "postgres")]
+pub mod listen;
+#[cfg(feature = "postgres")]
+pub mod pg;
+pub mod state;
+#[cfg(test)]
+mod tests;
+
+pub use state::{
+    Answer, LeaseBook, LeaseTimings, LeaseTimingsError, Role, Step, Transition, Why, DEFAULT_LEASE,
+    DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY,
+};

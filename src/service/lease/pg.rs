@@ -1,0 +1,284 @@
+//! The leader lease's SQL (feature `postgres`), on PostgreSQL's clock: one `leader_lease` row per
+//! model (`model_uuid` the key, `holder` a replica id, `epoch` growing at each acquisition,
+//! `expires_at`). Every statement is a single one, so it is atomic on its own; every time is
+//! the database's `now()`, never a replica's clock.
+//!
+//! - acquire: insert the row, or take it over with `epoch + 1` only where it has expired
+//!   (`ON CONFLICT ... DO UPDATE ... WHERE expires_at < now()`); two contenders at once are
+//!   serialised by the row's lock, so exactly one wins.
+//! - renew: extend the expiry only as the holder, at its epoch, before it expired.
+//! - release: expire the lease now, keeping the epoch, so that the next acquisition is at
+//!   `epoch + 1` at once.
+//! - [`FENCE_SQL`]: what a fenced write runs first in its transaction (the holder and epoch
+//!   still hold an unexpired lease; the row is share-locked, so a takeover waits for the write
+//!   to commit, and a write after a takeover finds nothing).
+//!
+//! The client is the sync `postgres` crate: the lease's shell runs it on a thread of its own,
+//! so a hung call never blocks the actors, and the renew deadline is kept by a timer, not by
+//! the call.
+
+use std::time::Duration;
+
+use postgres::{Client, NoTls};
+use thiserror::Error;
+
+use super::state::Answer;
+
+/// The table, as the store's migrations create it (created here too where missing, so that
+/// the lease can be used and tested on its own).
+pub const CREATE_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
+    model_uuid TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    epoch BIGINT NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL
+)";
+
+/// The advisory lock key under which the table is created.
+const LEASE_TABLE_LOCK: i64 = 0x6c65_6173_6501;
+
+/// Acquire when free or expired: `$1` model uuid, `$2` holder, `$3` the lease in milliseconds.
+pub const ACQUIRE_SQL: &str = "INSERT INTO leader_lease AS l (model_uuid, holder, epoch, expires_at)
+    VALUES ($1, $2, 1, now() + $3::bigint * interval '1 millisecond')
+    ON CONFLICT (model_uuid) DO UPDATE
+        SET holder = EXCLUDED.holder, epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at
+        WHERE l.expires_at < now()
+    RETURNING epoch";
+
+/// Renew by the holder at its epoch, before expiry: `$1` model, `$2` holder, `$3` epoch,
+/// `$4` the lease in milliseconds.
+pub const RENEW_SQL: &str = "UPDATE leader_lease SET expires_at = now() + $4::bigint * interval '1 millisecond'
+    WHERE model_uuid = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()";
+
+/// Release (expire now, keep the epoch): `$1` model, `$2` holder, `$3` epoch.
+pub const RELEASE_SQL: &str = "UPDATE leader_lease SET expires_at = now()
+    WHERE model_uuid = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()";
+
+/// The fence a leader's write checks first, in the same transaction: one row while `$2` at
+/// epoch `$3` holds an unexpired lease on model `$1`, none otherwise (the write is refused).
+pub const FENCE_SQL: &str = "SELECT epoch FROM leader_lease
+    WHERE model_uuid = $1 AND holder = $2 AND epoch = $3 AND expires_at > now() FOR SHARE";
+
+/// Who holds the lease.
+const CURRENT_SQL: &str = "SELECT holder, epoch, expires_at > now() FROM leader_lease WHERE model_uuid = $1";
+
+/// Why the lease's SQL failed.
+#[derive(Debug, Error)]
+pub enum LeaseSqlError {
+    /// The URL is not a PostgreSQL connection string.
+    #[error("invalid PostgreSQL URL: {0}")]
+    Url(#[source] postgres::Error),
+    /// The database cannot be reached or refused the statement.
+    #[error("lease: {0}")]
+    Database(#[from] postgres::Error),
+    /// The lease's duration does not fit the database's arithmetic.
+    #[error("lease: duration {0:?} is too long")]
+    Duration(Duration),
+}
+
+/// The lease's row as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRow {
+    /// The holder's replica id.
+    pub holder: String,
+    /// The epoch.
+    pub epoch: i64,
+    /// Whether it has not expired (on the database's clock).
+    pub live: bool,
+}
+
+/// One replica's lease on one model, over a connection of its own.
+pub struct PgLease {
+    client: Client,
+    model_uuid: String,
+    holder: String,
+}
+
+impl std::fmt::Debug for PgLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLease").field("model_uuid", &self.model_uuid).field("holder", &self.holder).finish()
+    }
+}
+
+fn millis(d: Duration) -> Result<i64, LeaseSqlError> {
+    i64::try_from(d.as_millis()).map_err(|_| LeaseSqlError::Duration(d))
+}
+
+impl PgLease {
+    /// Connects and makes sure the table is there. The connection commits synchronously. `timeout` bounds the connection, every
+    /// statement (`statement_timeout`) and unacknowledged sends (`tcp_user_timeout`), so that a
+    /// database cut off answers an error rather than hang for ever.
+    pub fn connect(url: &str, timeout: Duration, model_uuid: &str, holder: &str) -> Result<Self, LeaseSqlError> {
+        let mut config: postgres::Config = url.parse().map_err(LeaseSqlError::Url)?;
+        let ms = millis(timeout)?.max(1);
+        config
+            .connect_timeout(timeout)
+            .tcp_user_timeout(timeout)
+            .keepalives_idle(timeout.max(Duration::from_secs(1)))
+            // The epoch must never be handed out twice: every lease commit is flushed before it
+            // answers, whatever the server's default (a lost acquisition would reuse its epoch).
+            .options(&format!("-c statement_timeout={ms} -c lock_timeout={ms} -c synchronous_commit=on"))
+            .application_name("provisioner-lease");
+        let mut client = config.connect(NoTls)?;
+        // Replicas starting together would race on `CREATE TABLE IF NOT EXISTS` (it can fail
+        // on the catalogue's unique index): one at a time, under an advisory lock.
+        let mut tx = client.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LEASE_TABLE_LOCK])?;
+        tx.batch_execute(CREATE_TABLE_SQL)?;
+        tx.commit()?;
+        Ok(Self { client, model_uuid: model_uuid.to_owned(), holder: holder.to_owned() })
+    }
+
+    /// This replica's id.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// Tries to take the lease for `lease`: [`Answer::Acquired`] with the new epoch, or
+    /// [`Answer::HeldBy`] whoever holds it unexpired.
+    pub fn acquire(&mut self, lease: Duration) -> Result<Answer, LeaseSqlError> {
+        let ms = millis(lease)?;
+        let row = self.client.query_opt(ACQUIRE_SQL, &[&self.model_uuid, &self.holder, &ms])?;
+        if let Some(row) = row {
+            return Ok(Answer::Acquired { epoch: row.get(0) });
+        }
+        Ok(match self.current()? {
+            Some(LeaseRow { holder, epoch, .. }) => Answer::HeldBy { holder, epoch },
+            // Deleted in between (by hand): nothing known, the next attempt inserts it.
+            None => Answer::Failed("the lease row vanished".to_owned()),
+        })
+    }
+
+    /// Renews the lease held at `epoch` for `lease`: [`Answer::Renewed`] or [`Answer::Refused`].
+    pub fn renew(&mut self, epoch: i64, lease: Duration) -> Result<Answer, LeaseSqlError> {
+        let ms = millis(lease)?;
+        let n = self.client.execute(RENEW_SQL, &[&self.model_uuid, &self.holder, &epoch, &ms])?;
+        Ok(if n == 1 { Answer::Renewed } else { Answer::Refused })
+    }
+
+    /// Releases the lease held at `epoch` (a lease no longer ours is left alone).
+    pub fn release(&mut self, epoch: i64) -> Result<Answer, LeaseSqlError> {
+        self.client.execute(RELEASE_SQL, &[&self.model_uuid, &self.holder, &epoch])?;
+        Ok(Answer::Released)
+    }
+
+    /// The lease's row, if any.
+    pub fn current(&mut self) -> Result<Option<LeaseRow>, LeaseSqlError> {
+        let row = self.client.query_opt(CURRENT_SQL, &[&self.model_uuid])?;
+        Ok(row.map(|r| LeaseRow { holder: r.get(0), epoch: r.get(1), live: r.get(2) }))
+    }
+
+    /// Whether `holder` at `epoch` may write now: [`FENCE_SQL`] in a transaction of its own
+    /// (a store runs the same statement first in each fenced write's transaction).
+    pub fn fence_holds(&mut self, holder: &str, epoch: i64) -> Result<bool, LeaseSqlError> {
+        let mut tx = self.client.transaction()?;
+        let ok = tx.query_opt(FENCE_SQL, &[&self.model_uuid, &holder, &epoch])?.is_some();
+        tx.commit()?;
+        Ok(ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::TempPostgres;
+
+    const MODEL: &str = "9f1c2e3a-0000-4000-8000-000000000001";
+    const LEASE: Duration = Duration::from_secs(10);
+    const TIMEOUT: Duration = Duration::from_secs(10);
+
+    fn lease(pg: &TempPostgres, holder: &str) -> PgLease {
+        PgLease::connect(pg.url(), TIMEOUT, MODEL, holder).unwrap()
+    }
+
+    /// Makes the lease expire as if its time had passed (on the database's clock).
+    fn expire(pg: &TempPostgres) {
+        let mut c = Client::connect(pg.url(), NoTls).unwrap();
+        c.execute("UPDATE leader_lease SET expires_at = now() - interval '1 second' WHERE model_uuid = $1", &[&MODEL])
+            .unwrap();
+    }
+
+    /// A cluster of the test's own, stopped at the end.
+    fn with_pg(name: &str, f: impl FnOnce(&TempPostgres)) {
+        let pg = TempPostgres::start(name).unwrap();
+        f(&pg);
+    }
+
+    #[test]
+    fn lease_sql_on_a_real_postgres() {
+        with_pg("lease-sql", |pg| {
+            // Two contenders at once: exactly one wins, at epoch 1.
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let threads: Vec<_> = ["a", "b"]
+                .into_iter()
+                .map(|h| {
+                    let (url, barrier) = (pg.url().to_owned(), barrier.clone());
+                    std::thread::spawn(move || {
+                        let l = PgLease::connect(&url, TIMEOUT, MODEL, h);
+                        barrier.wait();
+                        (h, l.unwrap().acquire(LEASE).unwrap())
+                    })
+                })
+                .collect();
+            let answers: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+            let winners: Vec<_> = answers.iter().filter(|(_, a)| matches!(a, Answer::Acquired { .. })).collect();
+            assert_eq!(winners.len(), 1, "{answers:?}");
+            let (winner, _) = winners[0];
+            let loser = if *winner == "a" { "b" } else { "a" };
+            assert!(answers.contains(&(*winner, Answer::Acquired { epoch: 1 })), "{answers:?}");
+            assert!(
+                answers.contains(&(loser, Answer::HeldBy { holder: winner.to_string(), epoch: 1 })),
+                "the loser learns who holds it: {answers:?}"
+            );
+
+            let (mut w, mut l) = (lease(pg, winner), lease(pg, loser));
+            // The holder renews; the loser cannot renew, whatever epoch it names, nor take it.
+            assert_eq!(w.renew(1, LEASE).unwrap(), Answer::Renewed);
+            assert_eq!(l.renew(1, LEASE).unwrap(), Answer::Refused);
+            assert_eq!(l.renew(2, LEASE).unwrap(), Answer::Refused);
+            assert_eq!(l.acquire(LEASE).unwrap(), Answer::HeldBy { holder: winner.to_string(), epoch: 1 });
+            assert_eq!(w.renew(2, LEASE).unwrap(), Answer::Refused, "a renewal at another epoch is refused");
+            // The fence holds for the holder at its epoch only.
+            assert!(w.fence_holds(winner, 1).unwrap());
+            assert!(!w.fence_holds(loser, 1).unwrap());
+            assert!(!w.fence_holds(winner, 0).unwrap());
+
+            // A release lets the other in at once, at epoch + 1.
+            assert_eq!(w.release(1).unwrap(), Answer::Released);
+            assert_eq!(w.current().unwrap().map(|r| (r.epoch, r.live)), Some((1, false)), "the epoch is kept");
+            assert!(!w.fence_holds(winner, 1).unwrap(), "a released lease fences its old holder out");
+            assert_eq!(l.acquire(LEASE).unwrap(), Answer::Acquired { epoch: 2 });
+            assert_eq!(w.renew(1, LEASE).unwrap(), Answer::Refused, "the old holder cannot renew");
+            assert_eq!(w.release(1).unwrap(), Answer::Released, "nor release the new holder's lease");
+            assert_eq!(
+                w.current().unwrap(),
+                Some(LeaseRow { holder: loser.to_string(), epoch: 2, live: true }),
+                "the stale release left the new lease alone"
+            );
+
+            // An expired lease is taken by the next contender with epoch + 1, and the holder
+            // whose lease expired can neither renew it nor pass the fence.
+            expire(pg);
+            assert!(!l.fence_holds(loser, 2).unwrap(), "an expired lease fences its holder out");
+            assert_eq!(l.renew(2, LEASE).unwrap(), Answer::Refused, "an expired lease is not renewed");
+            assert_eq!(w.acquire(LEASE).unwrap(), Answer::Acquired { epoch: 3 });
+            assert!(w.fence_holds(winner, 3).unwrap());
+            assert!(!w.fence_holds(loser, 2).unwrap(), "the old epoch stays fenced out");
+
+            // The lease is keyed by the model: another model's lease is independent.
+            let mut other = PgLease::connect(pg.url(), TIMEOUT, "another-model", loser).unwrap();
+            assert_eq!(other.acquire(LEASE).unwrap(), Answer::Acquired { epoch: 1 });
+            assert_eq!(w.current().unwrap().map(|r| r.epoch), Some(3));
+        });
+    }
+
+    #[test]
+    fn a_bad_url_and_an_unreachable_database_are_errors() {
+        let e = PgLease::connect("postgres://[::1", TIMEOUT, MODEL, "a").unwrap_err();
+        assert!(matches!(e, LeaseSqlError::Url(_)), "{e:?}");
+        // A free loopback port with nothing listening.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+        let e = PgLease::connect(&url, Duration::from_secs(2), MODEL, "a").unwrap_err();
+        assert!(matches!(e, LeaseSqlError::Database(_)), "{e:?}");
+    }
+}

@@ -1,0 +1,386 @@
+//! The leader lease's plain core: [`LeaseBook`] decides, from the time, the last successful
+//! renewal and the database's answers, what a replica does next (try to acquire, renew, step
+//! down, release), and says each change of role as a [`Transition`]. No actix, no SQL: the
+//! shell (`actor.rs`) carries out the [`Step`]s on the database and feeds the answers back.
+//!
+//! The safety rule: a leader stops acting once `renew_deadline` has passed since the *sending*
+//! of its last renewal that succeeded. The database set that renewal's expiry to its own
+//! `now() + lease`, no earlier than the sending, so the replica stops at least
+//! `lease - renew_deadline` before anyone else can take the lease (clocks that run at the same
+//! rate assumed; fencing covers the rest).
+
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio::time::Instant;
+
+/// The lease's duration by default.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+/// How long a leader goes on acting without a successful renewal, by default.
+pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(8);
+/// The interval between attempts (acquire or renew), by default.
+pub const DEFAULT_RETRY: Duration = Duration::from_secs(2);
+
+/// The lease's timings, checked: `lease > renew_deadline > 1.2 × retry`, all positive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTimings {
+    lease: Duration,
+    renew_deadline: Duration,
+    retry: Duration,
+}
+
+/// Why lease timings cannot be used; each names the setting at fault as the config file's
+/// `[lease]` table spells it (`lease.duration`, `lease.renew_deadline`, `lease.retry`; the
+/// flags are `--lease`, `--lease-renew-deadline`, `--lease-retry`).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LeaseTimingsError {
+    /// A duration is zero.
+    #[error("config: {setting} must be positive")]
+    Zero {
+        /// The setting.
+        setting: &'static str,
+    },
+    /// The lease does not outlast the renew deadline.
+    #[error("config: lease.duration ({lease:?}) must be longer than lease.renew_deadline ({renew_deadline:?})")]
+    LeaseNotAboveDeadline {
+        /// The lease.
+        lease: Duration,
+        /// The renew deadline.
+        renew_deadline: Duration,
+    },
+    /// The renew deadline leaves no room for a retry.
+    #[error("config: lease.renew_deadline ({renew_deadline:?}) must be longer than 1.2 × lease.retry ({retry:?})")]
+    DeadlineNotAboveRetry {
+        /// The renew deadline.
+        renew_deadline: Duration,
+        /// The retry interval.
+        retry: Duration,
+    },
+}
+
+impl Default for LeaseTimings {
+    fn default() -> Self {
+        Self { lease: DEFAULT_LEASE, renew_deadline: DEFAULT_RENEW_DEADLINE, retry: DEFAULT_RETRY }
+    }
+}
+
+impl LeaseTimings {
+    /// Checks the timings.
+    pub fn new(lease: Duration, renew_deadline: Duration, retry: Duration) -> Result<Self, LeaseTimingsError> {
+        for (setting, d) in
+            [("lease.duration", lease), ("lease.renew_deadline", renew_deadline), ("lease.retry", retry)]
+        {
+            if d.is_zero() {
+                return Err(LeaseTimingsError::Zero { setting });
+            }
+        }
+        if lease <= renew_deadline {
+            return Err(LeaseTimingsError::LeaseNotAboveDeadline { lease, renew_deadline });
+        }
+        // renew_deadline > 1.2 × retry, in whole nanoseconds: 5 × deadline > 6 × retry.
+        if renew_deadline.as_nanos() * 5 <= retry.as_nanos() * 6 {
+            return Err(LeaseTimingsError::DeadlineNotAboveRetry { renew_deadline, retry });
+        }
+        Ok(Self { lease, renew_deadline, retry })
+    }
+
+    /// How long an acquired or renewed lease lasts (on the database's clock).
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// How long a leader acts without a successful renewal.
+    pub fn renew_deadline(&self) -> Duration {
+        self.renew_deadline
+    }
+
+    /// The interval between attempts.
+    pub fn retry(&self) -> Duration {
+        self.retry
+    }
+}
+
+/// This replica's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Serves the API; runs no provisioner actors.
+    Follower,
+    /// Holds the lease at `epoch`: runs the actors, its writes are fenced with the epoch.
+    Leader {
+        /// The lease's epoch.
+        epoch: i64,
+    },
+}
+
+impl Role {
+    /// `leader` or `follower` (the status' `role`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Role::Follower => "follower",
+            Role::Leader { .. } => "leader",
+        }
+    }
+}
+
+/// What the shell does now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Try to take the lease (it is taken only if free or expired).
+    Acquire,
+    /// Renew the lease held at `epoch`.
+    Renew {
+        /// The epoch held.
+        epoch: i64,
+    },
+    /// Release the lease held at `epoch` (its expiry set to now, the epoch kept).
+    Release {
+        /// The epoch held.
+        epoch: i64,
+    },
+    /// Nothing until the next tick (an attempt is in flight, or the book is shut down).
+    Wait,
+}
+
+/// The database's answer to a [`Step`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// The lease was taken, at this epoch.
+    Acquired {
+        /// The new epoch.
+        epoch: i64,
+    },
+    /// The lease is someone else's (not expired): `holder` at `epoch`, where known.
+    HeldBy {
+        /// The holder's replica id.
+        holder: String,
+        /// Its epoch.
+        epoch: i64,
+    },
+    /// The renewal succeeded.
+    Renewed,
+    /// The renewal was refused: the lease is no longer ours at our epoch.
+    Refused,
+    /// The lease was released.
+    Released,
+    /// The database could not be asked (unreachable, timed out): nothing is known.
+    Failed(String),
+}
+
+/// Why a replica changed role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// It took a free or expired lease.
+    Acquired,
+    /// Its renewal was refused (someone else holds the lease now).
+    Refused,
+    /// `renew_deadline` passed without a successful renewal.
+    DeadlinePassed,
+    /// It released the lease (clean shutdown).
+    Released,
+}
+
+impl Why {
+    /// A short word for logs, events and the status.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Why::Acquired => "acquired",
+            Why::Refused => "refused",
+            Why::DeadlinePassed => "renew_deadline",
+            Why::Released => "released",
+        }
+    }
+}
+
+/// A change of role, to carry out at once: to leader ⇒ set the fence and start the actors; to
+/// follower ⇒ stop the actors (in-flight cloud calls abandoned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    /// The role before.
+    pub from: Role,
+    /// The role after.
+    pub to: Role,
+    /// Why.
+    pub why: Why,
+    /// When.
+    pub at: Instant,
+}
+
+/// The lease's core for one model.
+#[derive(Debug, Clone)]
+pub struct LeaseBook {
+    timings: LeaseTimings,
+    role: Role,
+    /// When the last successful acquire or renewal was sent (a leader's only).
+    renewed_sent_at: Option<Instant>,
+    /// An attempt is in flight, sent at this time.
+    in_flight: Option<Instant>,
+    /// The last holder seen (ours when leader).
+    holder: Option<(String, i64)>,
+    /// Shut down: no more acquiring.
+    shut_down: bool,
+    /// A lease acquired after shutdown, to release at the next tick.
+    release_due: Option<i64>,
+    transitions: u64,
+    last: Option<Transition>,
+}
+
+impl LeaseBook {
+    /// A follower that has not asked yet.
+    pub fn new(timings: LeaseTimings) -> Self {
+        Self {
+            timings,
+            role: Role::Follower,
+            renewed_sent_at: None,
+            in_flight: None,
+            holder: None,
+            shut_down: false,
+            release_due: None,
+            transitions: 0,
+            last: None,
+        }
+    }
+
+    /// The timings.
+    pub fn timings(&self) -> LeaseTimings {
+        self.timings
+    }
+
+    /// The role now.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The last holder seen and its epoch (this replica's when leader).
+    pub fn holder(&self) -> Option<(&str, i64)> {
+        self.holder.as_ref().map(|(h, e)| (h.as_str(), *e))
+    }
+
+    /// How many transitions so far.
+    pub fn transitions(&self) -> u64 {
+        self.transitions
+    }
+
+    /// The last transition.
+    pub fn last_transition(&self) -> Option<Transition> {
+        self.last
+    }
+
+    /// Whether the replica may act as leader at `now`: a leader whose renew deadline has not
+    /// passed. (The shell asks before each step too, so that a late timer never lets it act.)
+    pub fn may_act(&self, now: Instant) -> bool {
+        matches!(self.role, Role::Leader { .. })
+            && self.renewed_sent_at.is_some_and(|t| now.saturating_duration_since(t) < self.timings.renew_deadline)
+    }
+
+    /// The time at which a leader must stop acting, if it is one.
+    pub fn acting_deadline(&self) -> Option<Instant> {
+        match self.role {
+            Role::Leader { .. } => self.renewed_sent_at.map(|t| t + self.timings.renew_deadline),
+            Role::Follower => None,
+        }
+    }
+
+    /// When the shell calls [`LeaseBook::tick`] next: after one retry, or at the acting
+    /// deadline if that comes first.
+    pub fn next_tick(&self, now: Instant) -> Instant {
+        let retry = now + self.timings.retry;
+        self.acting_deadline().map_or(retry, |d| d.min(retry).max(now))
+    }
+
+    /// The clock ticked: steps down a leader past its deadline, then says what to ask.
+    pub fn tick(&mut self, now: Instant) -> (Option<Transition>, Step) {
+        let mut transition = None;
+        if matches!(self.role, Role::Leader { .. }) && !self.may_act(now) {
+            transition = Some(self.become_follower(Why::DeadlinePassed, now));
+        }
+        if self.in_flight.is_some() {
+            return (transition, Step::Wait);
+        }
+        if self.shut_down {
+            return match self.release_due.take() {
+                Some(epoch) => {
+                    self.in_flight = Some(now);
+                    (transition, Step::Release { epoch })
+                }
+                None => (transition, Step::Wait),
+            };
+        }
+        self.in_flight = Some(now);
+        let step = match self.role {
+            Role::Leader { epoch } => Step::Renew { epoch },
+            Role::Follower => Step::Acquire,
+        };
+        (transition, step)
+    }
+
+    /// The answer to the step sent last (`id` is this replica's id).
+    pub fn answer(&mut self, id: &str, now: Instant, answer: Answer) -> Option<Transition> {
+        let sent_at = self.in_flight.take().unwrap_or(now);
+        match (answer, self.role) {
+            (Answer::Acquired { epoch }, Role::Follower) if self.shut_down => {
+                // Taken while shutting down: never acted on, released at the next tick.
+                self.release_due = Some(epoch);
+                None
+            }
+            (Answer::Acquired { epoch }, Role::Follower) => {
+                self.holder = Some((id.to_owned(), epoch));
+                // An answer that arrives after the deadline is no lease to act on: it expires
+                // on its own, and the next attempt is refused until then.
+                if now.saturating_duration_since(sent_at) >= self.timings.renew_deadline {
+                    return None;
+                }
+                self.renewed_sent_at = Some(sent_at);
+                Some(self.transition(Role::Leader { epoch }, Why::Acquired, now))
+            }
+            (Answer::Renewed, Role::Leader { .. }) => {
+                if self.may_act(now) {
+                    self.renewed_sent_at = Some(sent_at);
+                    None
+                } else {
+                    // Too late: the deadline passed while the renewal was in flight.
+                    Some(self.become_follower(Why::DeadlinePassed, now))
+                }
+            }
+            (Answer::Refused, Role::Leader { .. }) => Some(self.become_follower(Why::Refused, now)),
+            (Answer::HeldBy { holder, epoch }, _) => {
+                self.holder = Some((holder, epoch));
+                match self.role {
+                    Role::Leader { .. } => Some(self.become_follower(Why::Refused, now)),
+                    Role::Follower => None,
+                }
+            }
+            (Answer::Released, Role::Leader { .. }) => Some(self.become_follower(Why::Released, now)),
+            (Answer::Failed(_), Role::Leader { .. }) if !self.may_act(now) => {
+                Some(self.become_follower(Why::DeadlinePassed, now))
+            }
+            _ => None,
+        }
+    }
+
+    /// Clean shutdown: a leader releases its lease (and stops acting at once); a follower
+    /// stops asking. Returns the step to carry out.
+    pub fn shutdown(&mut self, now: Instant) -> (Option<Transition>, Step) {
+        self.shut_down = true;
+        match self.role {
+            Role::Leader { epoch } => {
+                let t = self.become_follower(Why::Released, now);
+                self.in_flight = Some(now);
+                (Some(t), Step::Release { epoch })
+            }
+            Role::Follower => (None, Step::Wait),
+        }
+    }
+
+    fn become_follower(&mut self, why: Why, now: Instant) -> Transition {
+        self.renewed_sent_at = None;
+        self.transition(Role::Follower, why, now)
+    }
+
+    fn transition(&mut self, to: Role, why: Why, at: Instant) -> Transition {
+        let t = Transition { from: self.role, to, why, at };
+        self.role = to;
+        self.transitions += 1;
+        self.last = Some(t);
+        t
+    }
+}

@@ -1,0 +1,227 @@
+//! Unit tests of the lease core: every transition, without a runtime or a database.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::state::*;
+
+const ME: &str = "replica-a";
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn ms(m: u64) -> Duration {
+    Duration::from_millis(m)
+}
+
+fn book() -> LeaseBook {
+    LeaseBook::new(LeaseTimings::default())
+}
+
+/// A book that acquired epoch 7 with an attempt sent at `t0`.
+fn leader(t0: Instant) -> LeaseBook {
+    let mut b = book();
+    assert_eq!(b.tick(t0), (None, Step::Acquire));
+    let t = b.answer(ME, t0 + ms(5), Answer::Acquired { epoch: 7 }).unwrap();
+    assert_eq!((t.from, t.to, t.why), (Role::Follower, Role::Leader { epoch: 7 }, Why::Acquired));
+    b
+}
+
+#[test]
+fn timings_default_to_the_issues_and_are_checked_naming_the_setting() {
+    let t = LeaseTimings::default();
+    assert_eq!((t.lease(), t.renew_deadline(), t.retry()), (secs(10), secs(8), secs(2)));
+    assert_eq!(LeaseTimings::new(secs(10), secs(8), secs(2)), Ok(t));
+    let e = LeaseTimings::new(secs(8), secs(8), secs(2)).unwrap_err();
+    assert!(matches!(e, LeaseTimingsError::LeaseNotAboveDeadline { .. }), "{e:?}");
+    assert!(e.to_string().contains("lease.duration (8s) must be longer than lease.renew_deadline (8s)"), "{e}");
+    // 1.2 × 5 s = 6 s: a deadline of exactly 6 s is refused, 6.001 s accepted.
+    let e = LeaseTimings::new(secs(10), secs(6), secs(5)).unwrap_err();
+    assert!(matches!(e, LeaseTimingsError::DeadlineNotAboveRetry { .. }), "{e:?}");
+    assert!(e.to_string().contains("lease.renew_deadline (6s) must be longer than 1.2 × lease.retry (5s)"), "{e}");
+    assert!(LeaseTimings::new(secs(10), ms(6001), secs(5)).is_ok());
+    for (l, d, r, setting) in
+        [(0, 8, 2, "lease.duration"), (10, 0, 2, "lease.renew_deadline"), (10, 8, 0, "lease.retry")]
+    {
+        assert_eq!(
+            LeaseTimings::new(secs(l), secs(d), secs(r)),
+            Err(LeaseTimingsError::Zero { setting }),
+            "{l} {d} {r}"
+        );
+    }
+}
+
+#[test]
+fn a_follower_tries_to_acquire_every_retry_and_waits_for_the_answer() {
+    let t0 = Instant::now();
+    let mut b = book();
+    assert_eq!(b.role(), Role::Follower);
+    assert_eq!(b.tick(t0), (None, Step::Acquire));
+    assert_eq!(b.tick(t0 + ms(100)), (None, Step::Wait), "one attempt in flight at a time");
+    let held = Answer::HeldBy { holder: "replica-b".into(), epoch: 3 };
+    assert_eq!(b.answer(ME, t0 + ms(200), held), None);
+    assert_eq!(b.holder(), Some(("replica-b", 3)));
+    assert_eq!(b.next_tick(t0 + ms(200)), t0 + ms(2200), "a follower asks again after one retry");
+    assert_eq!(b.tick(t0 + ms(2200)), (None, Step::Acquire));
+    assert_eq!(b.answer(ME, t0 + ms(2300), Answer::Failed("down".into())), None, "a failure changes nothing");
+    assert_eq!(b.role(), Role::Follower);
+    assert_eq!(b.transitions(), 0);
+}
+
+#[test]
+fn acquiring_makes_a_leader_that_renews_every_retry() {
+    let t0 = Instant::now();
+    let mut b = leader(t0);
+    assert_eq!(b.holder(), Some((ME, 7)));
+    assert_eq!(b.transitions(), 1);
+    assert!(b.may_act(t0 + ms(5)));
+    assert_eq!(b.acting_deadline(), Some(t0 + secs(8)), "the deadline counts from the sending");
+    assert_eq!(b.next_tick(t0 + ms(5)), t0 + ms(2005));
+    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Renew { epoch: 7 }));
+    assert_eq!(b.answer(ME, t0 + secs(3), Answer::Renewed), None);
+    assert_eq!(b.acting_deadline(), Some(t0 + secs(10)), "renewed as of its sending, at 2 s");
+    assert_eq!(b.role(), Role::Leader { epoch: 7 });
+}
+
+/// The safety rule: a leader that cannot renew stops acting at its renew deadline, which is
+/// before the lease it last renewed can expire for anyone else (renew_deadline < lease, both
+/// counted from no later than the database's `now()` of that renewal).
+#[test]
+fn a_leader_that_cannot_renew_stops_acting_before_its_lease_can_expire_for_others() {
+    let t0 = Instant::now();
+    let mut b = leader(t0);
+    let lease_expires_no_earlier_than = t0 + b.timings().lease();
+    // Every renewal fails (the database is unreachable) or hangs.
+    let mut now = t0;
+    let mut stepped_down_at = None;
+    while now < t0 + secs(20) {
+        now = b.next_tick(now);
+        let (t, step) = b.tick(now);
+        if let Some(t) = t {
+            assert_eq!((t.from, t.to, t.why), (Role::Leader { epoch: 7 }, Role::Follower, Why::DeadlinePassed));
+            stepped_down_at = Some(now);
+            break;
+        }
+        assert!(b.may_act(now));
+        if step != Step::Wait {
+            assert_eq!(b.answer(ME, now + ms(500), Answer::Failed("timeout".into())), None);
+        }
+    }
+    let at = stepped_down_at.expect("the leader steps down");
+    assert_eq!(at, t0 + secs(8), "exactly at the renew deadline (the tick is scheduled for it)");
+    assert!(at < lease_expires_no_earlier_than);
+    assert!(!b.may_act(at));
+    assert_eq!(b.role(), Role::Follower);
+}
+
+#[test]
+fn a_hung_renewal_does_not_keep_a_leader_acting() {
+    let t0 = Instant::now();
+    let mut b = leader(t0);
+    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Renew { epoch: 7 }));
+    // No answer: ticks wait, until the deadline.
+    assert_eq!(b.tick(t0 + secs(4)), (None, Step::Wait));
+    assert!(b.may_act(t0 + ms(7999)));
+    assert!(!b.may_act(t0 + secs(8)), "may_act is false from the deadline on, whatever the timer");
+    let (t, _) = b.tick(t0 + secs(8));
+    assert_eq!(t.map(|t| t.why), Some(Why::DeadlinePassed));
+    // The renewal answers at last, successfully: too late, it changes nothing.
+    assert_eq!(b.answer(ME, t0 + secs(9), Answer::Renewed), None);
+    assert_eq!(b.role(), Role::Follower);
+}
+
+#[test]
+fn a_renewal_answered_after_the_deadline_steps_down() {
+    let t0 = Instant::now();
+    let mut b = leader(t0);
+    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Renew { epoch: 7 }));
+    let t = b.answer(ME, t0 + ms(8500), Answer::Renewed).unwrap();
+    assert_eq!(t.why, Why::DeadlinePassed);
+    assert_eq!(b.role(), Role::Follower);
+}
+
+#[test]
+fn a_refused_renewal_steps_down_at_once() {
+    let t0 = Instant::now();
+    let mut b = leader(t0);
+    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Renew { epoch: 7 }));
+    let t = b.answer(ME, t0 + ms(2100), Answer::Refused).unwrap();
+    assert_eq!((t.from, t.to, t.why), (Role::Leader { epoch: 7 }, Role::Follower, Why::Refused));
+    assert!(!b.may_act(t0 + ms(2100)));
+    assert_eq!(b.tick(t0 + secs(4)), (None, Step::Acquire), "then it tries again as a follower");
+    let t = b.answer(ME, t0 + ms(4100), Answer::Acquired { epoch: 9 }).unwrap();
+    assert_eq!(t.to, Role::Leader { epoch: 9 });
+    assert_eq!(b.transitions(), 3);
+}
+
+#[test]
+fn a_renewal_answered_by_another_holder_steps_down() {
+    let t0 = Instant::now();
+    let mut b = leader(t0);
+    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Renew { epoch: 7 }));
+    let t = b.answer(ME, t0 + ms(2100), Answer::HeldBy { holder: "replica-b".into(), epoch: 8 }).unwrap();
+    assert_eq!(t.why, Why::Refused);
+    assert_eq!(b.holder(), Some(("replica-b", 8)));
+}
+
+#[test]
+fn a_failed_renewal_keeps_the_leader_until_the_deadline() {
+    let t0 = Instant::now();
+    let mut b = leader(t0);
+    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Renew { epoch: 7 }));
+    assert_eq!(b.answer(ME, t0 + ms(2100), Answer::Failed("reset".into())), None);
+    assert!(b.may_act(t0 + ms(2100)));
+    assert_eq!(b.next_tick(t0 + ms(7000)), t0 + secs(8), "the deadline comes before the next retry");
+    assert_eq!(b.tick(t0 + secs(4)), (None, Step::Renew { epoch: 7 }));
+    let t = b.answer(ME, t0 + ms(8100), Answer::Failed("reset".into())).unwrap();
+    assert_eq!(t.why, Why::DeadlinePassed, "a failure past the deadline steps down");
+}
+
+#[test]
+fn an_acquisition_answered_after_the_deadline_is_not_acted_on() {
+    let t0 = Instant::now();
+    let mut b = book();
+    assert_eq!(b.tick(t0), (None, Step::Acquire));
+    assert_eq!(b.answer(ME, t0 + secs(9), Answer::Acquired { epoch: 2 }), None);
+    assert_eq!(b.role(), Role::Follower);
+    assert!(!b.may_act(t0 + secs(9)));
+}
+
+#[test]
+fn shutdown_releases_a_leaders_lease_and_stops_acting_at_once() {
+    let t0 = Instant::now();
+    let mut b = leader(t0);
+    let (t, step) = b.shutdown(t0 + secs(1));
+    assert_eq!(step, Step::Release { epoch: 7 });
+    let t = t.unwrap();
+    assert_eq!((t.from, t.to, t.why), (Role::Leader { epoch: 7 }, Role::Follower, Why::Released));
+    assert!(!b.may_act(t0 + secs(1)));
+    assert_eq!(b.answer(ME, t0 + ms(1100), Answer::Released), None);
+    assert_eq!(b.tick(t0 + secs(3)), (None, Step::Wait), "a shut-down book asks nothing more");
+    assert_eq!(b.last_transition().map(|t| t.why), Some(Why::Released));
+}
+
+#[test]
+fn shutdown_of_a_follower_stops_asking_and_releases_a_late_acquisition() {
+    let t0 = Instant::now();
+    let mut b = book();
+    assert_eq!(b.tick(t0), (None, Step::Acquire));
+    assert_eq!(b.shutdown(t0 + ms(10)), (None, Step::Wait));
+    assert_eq!(b.answer(ME, t0 + ms(20), Answer::Acquired { epoch: 4 }), None, "never acted on");
+    assert_eq!(b.role(), Role::Follower);
+    assert_eq!(b.tick(t0 + ms(30)), (None, Step::Release { epoch: 4 }), "released at once");
+    assert_eq!(b.answer(ME, t0 + ms(40), Answer::Released), None);
+    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Wait));
+    assert_eq!(b.transitions(), 0);
+}
+
+#[test]
+fn role_and_why_names_are_the_statuses() {
+    assert_eq!(Role::Follower.name(), "follower");
+    assert_eq!(Role::Leader { epoch: 1 }.name(), "leader");
+    let names: Vec<_> =
+        [Why::Acquired, Why::Refused, Why::DeadlinePassed, Why::Released].iter().map(Why::name).collect();
+    assert_eq!(names, ["acquired", "refused", "renew_deadline", "released"]);
+}

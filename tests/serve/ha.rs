@@ -1,0 +1,259 @@
+//! Replicas of `serve` on one PostgreSQL with one fenced leader (issue 15), on the real
+//! binary: three replicas with the simulated cloud; while machines are added through random
+//! replicas, the leader is killed (`kill -9`) with starts in flight, paused (SIGSTOP) for
+//! longer than its lease and resumed, and stopped cleanly (SIGTERM); and PostgreSQL itself is
+//! restarted under them. Each time another
+//! replica takes over; at the end every acknowledged add is there and each machine has
+//! exactly one live instance, the one recorded (no duplicate create across the faults).
+//!
+//! The lease is shortened for CI (`--lease 3s --lease-renew-deadline 2s --lease-retry 500ms`);
+//! `PROVISIONER_HA_RUNS` sets how many times each fault is repeated (default 2; the issue
+//! asks 10). The fail-over times are printed (p50 and max), not asserted beyond a generous
+//! bound.
+
+use std::time::{Duration, Instant};
+
+use provisioner::testing::TempPostgres;
+
+use super::*;
+
+const LEASE: &[&str] = &["--lease", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms"];
+const LEASE_S: f64 = 3.0;
+const RETRY_S: f64 = 0.5;
+
+fn runs() -> usize {
+    std::env::var("PROVISIONER_HA_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
+}
+
+struct Cluster {
+    pg: TempPostgres,
+    url: String,
+    base: PathBuf,
+    replicas: Vec<Option<Server>>,
+    /// The data directory holding the API token (the replica that initialised the database).
+    token_dir: PathBuf,
+    started: usize,
+}
+
+impl Cluster {
+    fn start(name: &str, n: usize) -> Cluster {
+        let pg = TempPostgres::start(name).expect("a PostgreSQL cluster");
+        let url = pg.url().to_owned();
+        let base = temp_dir(name);
+        let mut c =
+            Cluster { pg, url, base: base.clone(), replicas: Vec::new(), token_dir: base.join("r0"), started: 0 };
+        for _ in 0..n {
+            c.spawn();
+        }
+        c
+    }
+
+    /// Starts one more replica (its own data directory and port).
+    fn spawn(&mut self) -> usize {
+        let i = self.started;
+        self.started += 1;
+        let id = format!("replica-{i}");
+        let mut args = vec!["--store", self.url.as_str(), "--replica-id", id.as_str(), "--sim-start-latency", "1s"];
+        args.extend_from_slice(LEASE);
+        let data = self.base.join(format!("r{i}"));
+        let s = Server::start_on(&data, &self.base, &args);
+        self.replicas.push(Some(s));
+        self.replicas.len() - 1
+    }
+
+    fn alive(&self) -> impl Iterator<Item = (usize, &Server)> {
+        self.replicas.iter().enumerate().filter_map(|(i, s)| s.as_ref().map(|s| (i, s)))
+    }
+
+    /// A client command through replica `i`, with the API token.
+    fn cli(&self, i: usize, args: &[&str]) -> Output {
+        let s = self.replicas[i].as_ref().unwrap();
+        bin().args(args).arg("--server").arg(&s.url).arg("--data-dir").arg(&self.token_dir).output().unwrap()
+    }
+
+    /// `GET /v1/status` of replica `i`, within a second (a paused replica does not answer).
+    fn status(&self, i: usize) -> Option<Value> {
+        let s = self.replicas[i].as_ref()?;
+        let token = std::fs::read_to_string(self.token_dir.join("token")).ok()?;
+        let r = ureq::get(&format!("{}/v1/status", s.url))
+            .set("Authorization", &format!("Bearer {}", token.trim()))
+            .timeout(Duration::from_secs(1))
+            .call()
+            .ok()?;
+        r.into_json().ok()
+    }
+
+    /// The replica that says it leads, at an epoch above `after`, within `limit`.
+    fn leader(&self, after: i64, limit: Duration) -> (usize, i64) {
+        let began = Instant::now();
+        loop {
+            for (i, _) in self.alive() {
+                if let Some(s) = self.status(i) {
+                    let epoch = s["epoch"].as_i64().unwrap_or(0);
+                    if s["role"] == "leader" && epoch > after {
+                        return (i, epoch);
+                    }
+                }
+            }
+            assert!(began.elapsed() < limit, "no leader above epoch {after} within {limit:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn follower(&self, leader: usize, k: usize) -> usize {
+        let others: Vec<usize> = self.alive().map(|(i, _)| i).filter(|i| *i != leader).collect();
+        others[k % others.len()]
+    }
+
+    /// Adds `n` machines through replica `i` (no wait): the acknowledged ids.
+    fn add(&self, i: usize, n: usize) -> Vec<String> {
+        let out = self.cli(i, &["machine", "add", "-n", &n.to_string(), "--json"]);
+        assert!(out.status.success(), "add through replica {i}: {}", String::from_utf8_lossy(&out.stderr));
+        ids_of(&serde_json::from_slice(&out.stdout).unwrap())
+    }
+
+    fn signal(&self, i: usize, sig: &str) {
+        let pid = self.replicas[i].as_ref().unwrap().child.as_ref().unwrap().id();
+        assert!(Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
+    }
+
+    fn any(&self) -> &Server {
+        self.alive().next().unwrap().1
+    }
+}
+
+fn report(what: &str, mut times: Vec<f64>) {
+    times.sort_by(f64::total_cmp);
+    let p50 = times[times.len() / 2];
+    let max = times[times.len() - 1];
+    eprintln!("HA fail-over after {what}: p50 {p50:.2} s, max {max:.2} s over {} runs ({times:?})", times.len());
+}
+
+/// Every acknowledged machine is there, started, with exactly one live instance, the one
+/// recorded; and no live instance of ours belongs to no machine.
+fn assert_all_provisioned_once(c: &Cluster, acked: &[String]) {
+    let i = c.alive().next().unwrap().0;
+    eventually(Duration::from_secs(60), "every acknowledged machine to be started", || {
+        let out = c.cli(i, &["machine", "list", "--json"]);
+        let ms: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        acked.iter().all(|id| ms.iter().any(|m| field(m, "id") == id && field(m, "status") == "started"))
+    });
+    let out = c.cli(i, &["machine", "list", "--json"]);
+    let machines: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let out = c.cli(i, &["instance", "list", "--json"]);
+    let instances: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let mut live: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for inst in &instances {
+        live.entry(field(inst, "machine").to_owned()).or_default().push(field(inst, "id").to_owned());
+    }
+    for id in acked {
+        let m = machines.iter().find(|m| field(m, "id") == id).unwrap_or_else(|| panic!("acknowledged {id} lost"));
+        assert_eq!(live.get(id.as_str()), Some(&vec![field(m, "instance").to_owned()]), "machine {id}: {live:?}");
+    }
+    assert_eq!(machines.len(), acked.len(), "no machine beyond those acknowledged");
+    assert!(live.keys().all(|m| acked.contains(m)), "no live instance without a machine: {live:?}");
+}
+
+#[test]
+fn replicas_fail_over_on_kill_9_and_sigterm_without_a_duplicate_instance() {
+    let mut c = Cluster::start("ha-kill", 3);
+    let (mut leader, mut epoch) = c.leader(0, Duration::from_secs(20));
+    let mut acked = Vec::new();
+    let mut kill_times = Vec::new();
+    for run in 0..runs() {
+        // Starts in flight (each takes 1 s in the simulated cloud), added through a follower.
+        acked.extend(c.add(c.follower(leader, run), 3));
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        c.replicas[leader].as_mut().unwrap().crash();
+        c.replicas[leader] = None;
+        acked.extend(c.add(c.follower(leader, run + 1), 1));
+        let (next, e) = c.leader(epoch, Duration::from_secs(30));
+        kill_times.push(t0.elapsed().as_secs_f64());
+        assert!(e > epoch && next != leader);
+        (leader, epoch) = (next, e);
+        c.spawn();
+    }
+    let mut term_times = Vec::new();
+    for run in 0..runs() {
+        acked.extend(c.add(c.follower(leader, run), 2));
+        let t0 = Instant::now();
+        c.signal(leader, "-TERM");
+        let (next, e) = c.leader(epoch, Duration::from_secs(30));
+        term_times.push(t0.elapsed().as_secs_f64());
+        let status = c.replicas[leader].as_mut().unwrap().child.take().unwrap().wait().unwrap();
+        assert_eq!(status.code(), Some(0), "a clean shutdown exits 0");
+        c.replicas[leader] = None;
+        (leader, epoch) = (next, e);
+        c.spawn();
+    }
+    assert_all_provisioned_once(&c, &acked);
+    report("kill -9", kill_times.clone());
+    report("SIGTERM", term_times.clone());
+    // Generous bounds (the figures are reported, not timed assertions): the lease and one
+    // retry after a kill, a few retries after a clean release.
+    let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    assert!(max(&kill_times) < LEASE_S + RETRY_S + 5.0, "{kill_times:?}");
+    assert!(max(&term_times) < RETRY_S + 3.0, "{term_times:?}");
+    let metrics = c.any().metrics();
+    assert!(metrics.contains("# TYPE provisioner_leader gauge"), "{metrics}");
+    assert!(metrics.contains("provisioner_leader_transitions_total"), "{metrics}");
+}
+
+#[test]
+fn a_paused_leader_is_fenced_out_and_steps_down() {
+    let c = Cluster::start("ha-stop", 3);
+    let (mut leader, mut epoch) = c.leader(0, Duration::from_secs(20));
+    let mut acked = Vec::new();
+    for run in 0..runs() {
+        acked.extend(c.add(c.follower(leader, run), 3));
+        std::thread::sleep(Duration::from_millis(300));
+        // Paused with starts in flight, for longer than its lease.
+        c.signal(leader, "-STOP");
+        let (next, e) = c.leader(epoch, Duration::from_secs(30));
+        assert!(next != leader && e > epoch);
+        std::thread::sleep(Duration::from_secs_f64(LEASE_S));
+        c.signal(leader, "-CONT");
+        // Resumed, it finds its lease gone: it steps down (its writes meanwhile are refused
+        // by the fence), and stays a follower of the new epoch.
+        let old = leader;
+        eventually(Duration::from_secs(10), "the resumed ex-leader to step down", || {
+            c.status(old).is_some_and(|s| s["role"] == "follower" && s["epoch"].as_i64() >= Some(e))
+        });
+        (leader, epoch) = (next, e);
+    }
+    assert_all_provisioned_once(&c, &acked);
+    // The ex-leaders' logs say they stopped acting.
+    let logs: String = c.alive().map(|(_, s)| s.log_text()).collect();
+    assert!(logs.contains("no longer the leader") || logs.contains("role changed"), "{logs}");
+}
+
+#[test]
+fn a_database_restart_under_the_replicas_keeps_one_leader_and_duplicates_nothing() {
+    let mut c = Cluster::start("ha-pgrestart", 3);
+    let (leader, epoch) = c.leader(0, Duration::from_secs(20));
+    let mut acked = Vec::new();
+    for run in 0..runs() {
+        acked.extend(c.add(c.follower(leader, run), 3));
+        std::thread::sleep(Duration::from_millis(300));
+        c.pg.restart().expect("restart PostgreSQL");
+        // Some replica leads again (the same one if it renewed in time, else another at a
+        // higher epoch), and exactly one says so.
+        let began = Instant::now();
+        loop {
+            let leaders: Vec<i64> = c
+                .alive()
+                .filter_map(|(i, _)| c.status(i))
+                .filter(|s| s["role"] == "leader")
+                .filter_map(|s| s["epoch"].as_i64())
+                .collect();
+            assert!(leaders.len() <= 1, "at most one replica says it leads: {leaders:?}");
+            if leaders.first().is_some_and(|e| *e >= epoch) {
+                break;
+            }
+            assert!(began.elapsed() < Duration::from_secs(30), "no leader after the restart");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    assert_all_provisioned_once(&c, &acked);
+}
