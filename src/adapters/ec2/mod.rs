@@ -43,8 +43,8 @@ mod errors;
 mod tests;
 
 pub use broker::{
-    client_token, constraint_tags, placement_subnet, root_disk_gib, Ec2Broker, DEFAULT_ROOT_DEVICE, TAG_CONSTRAINT_PREFIX, TAG_MACHINE,
-    TAG_MODEL, TAG_START,
+    client_token, constraint_tags, placement_subnet, root_disk_gib, Ec2Broker, DEFAULT_ROOT_DEVICE,
+    TAG_CONSTRAINT_PREFIX, TAG_MACHINE, TAG_MODEL, TAG_START,
 };
 pub use config::{Ec2Config, Ec2ConfigError, DEFAULT_CAPACITY_MEMORY, DEFAULT_TYPES_PER_ZONE};
 pub use errors::classify;
