@@ -341,6 +341,7 @@ pub fn generate(seed: u64) -> Scenario {
             derived_zones,
             init_faults,
             instance_type: None,
+            subnets: Default::default(),
         },
         machines,
         events,
