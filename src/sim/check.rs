@@ -84,7 +84,7 @@ fn all_machines(s: &Scenario) -> BTreeMap<String, MachineSpec> {
     let mut out: BTreeMap<String, MachineSpec> = s.machines.iter().map(|m| (m.id.clone(), m.clone())).collect();
     for (_, a) in s.timeline() {
         if let Action::AddMachine(m) = a {
-            out.insert(m.id.clone(), m);
+            out.insert(m.id.clone(), *m);
         }
     }
     out

@@ -13,7 +13,7 @@ fn json_err(text: &str) -> ScenarioError {
 
 fn every_action() -> Vec<Action> {
     vec![
-        Action::AddMachine(MachineSpec::pending("9")),
+        Action::AddMachine(Box::new(MachineSpec::pending("9"))),
         Action::SetLife(SetLifeSpec { machine: "0".into(), life: Life::Dead }),
         Action::SetStatus(SetStatusSpec { machine: "0".into(), status: None, instance_status: Some("x".into()) }),
         Action::SetHarvestMode(HarvestMode::All),
