@@ -29,6 +29,21 @@ pub fn model_error(e: StoreError) -> ModelError {
     }
 }
 
+/// What an instance-status write says about a start attempt, as the provisioner reports its
+/// starts through the model port: the start worker writes `provisioning` "starting" before its
+/// first cloud call (no outcome yet), `provisioning` with a message after each failed attempt
+/// it retries (a new round or another zone), and `provisioning error` when the start failed
+/// for good. `Some(message)`: one failed attempt with that error; `None`: no attempt's outcome.
+/// A success is the instance being recorded (`set_instance_info`). Throttled calls the
+/// provisioner waits out are not reported, so not counted.
+pub fn failed_start_attempt<'a>(status: &InstanceStatus, message: &'a str) -> Option<&'a str> {
+    let retried = status.is_provisioning() && !message.is_empty() && message != STARTING;
+    (retried || status.is_error()).then_some(message)
+}
+
+/// The message of the instance status a start worker writes before its first cloud call.
+const STARTING: &str = "starting";
+
 fn per_id<T>(ids: &[MachineId], found: Vec<Option<T>>) -> Vec<Result<T, ModelError>> {
     ids.iter().zip(found).map(|(id, m)| m.ok_or_else(|| ModelError::NotFound(id.clone()))).collect()
 }
@@ -62,13 +77,22 @@ impl ModelApi for StoreModel {
         self.run(move |s| Ok(per_id(&ids, s.distribution_groups(&ids)?)))
     }
     fn set_instance_info(&self, id: MachineId, info: ProvisionedInstance) -> ModelFuture<()> {
-        self.run(move |s| s.set_instance_info(&id, &info))
+        self.run(move |s| {
+            s.set_instance_info(&id, &info)?;
+            s.record_start_outcome(&id, None)
+        })
     }
     fn set_status(&self, id: MachineId, status: MachineStatus, message: String) -> ModelFuture<()> {
         self.run(move |s| s.set_status(&id, status, &message))
     }
     fn set_instance_status(&self, id: MachineId, status: InstanceStatus, message: String) -> ModelFuture<()> {
-        self.run(move |s| s.set_instance_status(&id, &status, &message))
+        self.run(move |s| {
+            s.set_instance_status(&id, &status, &message)?;
+            match failed_start_attempt(&status, &message) {
+                Some(error) => s.record_start_outcome(&id, Some(error)),
+                None => Ok(()),
+            }
+        })
     }
     fn ensure_dead(&self, id: MachineId) -> ModelFuture<()> {
         self.run(move |s| s.ensure_dead(&id))
@@ -86,5 +110,24 @@ impl ModelApi for StoreModel {
         // An operator's request: on disk before the answer.
         let fut = self.store.exec(|s| s.destroy_model());
         Box::pin(async move { fut.await.map_err(model_error) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_attempts_are_the_retried_and_final_failures() {
+        let p = InstanceStatus::provisioning();
+        assert_eq!(failed_start_attempt(&p, "starting"), None, "before the first call");
+        assert_eq!(failed_start_attempt(&p, ""), None, "a reset for a retry");
+        assert_eq!(
+            failed_start_attempt(&p, "failed to start machine 0 (boom), retrying"),
+            Some("failed to start machine 0 (boom), retrying")
+        );
+        assert_eq!(failed_start_attempt(&InstanceStatus::provisioning_error(), "boom"), Some("boom"));
+        assert_eq!(failed_start_attempt(&InstanceStatus::running(), ""), None);
+        assert_eq!(failed_start_attempt(&InstanceStatus::other("missing"), "instance i-1 is not in the cloud"), None);
     }
 }

@@ -84,7 +84,7 @@ fn all_machines(s: &Scenario) -> BTreeMap<String, MachineSpec> {
     let mut out: BTreeMap<String, MachineSpec> = s.machines.iter().map(|m| (m.id.clone(), m.clone())).collect();
     for (_, a) in s.timeline() {
         if let Action::AddMachine(m) = a {
-            out.insert(m.id.clone(), m);
+            out.insert(m.id.clone(), *m);
         }
     }
     out
@@ -173,14 +173,7 @@ fn check_cloud(s: &Scenario, cloud: &CloudSnapshot, v: &mut Vec<String>) {
 
 /// The constraints a machine spec asks the cloud for.
 fn spec_constraints(m: &MachineSpec) -> crate::model::Constraints {
-    crate::model::Constraints {
-        zones: m.zones.clone(),
-        arch: m.arch.clone(),
-        cores: m.cores,
-        mem_mb: m.mem_mb,
-        instance_type: m.instance_type.clone(),
-        ..crate::model::Constraints::default()
-    }
+    m.constraints()
 }
 
 /// Instance types (an addition): an instance a start made with a type has a type its
@@ -207,8 +200,15 @@ fn check_types(s: &Scenario, cloud: &CloudSnapshot, specs: &BTreeMap<String, Mac
 pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: &ModeTimeline) -> Vec<String> {
     let mut v: Vec<String> = Vec::new();
     let specs = all_machines(s);
-    let derived: BTreeMap<&str, &Vec<String>> =
-        s.cloud.derived_zones.iter().map(|d| (d.machine.as_str(), &d.zones)).collect();
+    // What DeriveAvailabilityZones answers each machine: its placement's zone or subnet's
+    // zones, else its `derived_zones` entry; an error for a placement on an unknown subnet.
+    let mut derived: BTreeMap<String, Result<Vec<String>, String>> =
+        s.cloud.derived_zones.iter().map(|d| (d.machine.clone(), Ok(d.zones.clone()))).collect();
+    for (id, m) in &specs {
+        if m.placement.is_some() {
+            derived.insert(id.clone(), s.cloud.derived_zones_for(id, m.placement.as_deref()));
+        }
+    }
 
     // Whose instance is it: the machine recording it (`recorder`), else the machine named in
     // its tags (`owner`).
@@ -467,12 +467,14 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                             v.push(format!("machine {m} was started in zone {zone} outside its zones constraint {allowed:?} at {at}"));
                         }
                     }
-                    if let Some(d) = derived.get(m.as_str()).filter(|d| !d.is_empty()) {
-                        if !d.contains(zone) {
-                            v.push(format!(
-                                "machine {m} was started in zone {zone} outside its derived zones {d:?} at {at}"
-                            ));
-                        }
+                    match derived.get(m.as_str()) {
+                        Some(Ok(d)) if !d.is_empty() && !d.contains(zone) => v.push(format!(
+                            "machine {m} was started in zone {zone} outside its derived zones {d:?} at {at}"
+                        )),
+                        Some(Err(e)) => v.push(format!(
+                            "machine {m} was started in zone {zone} although its placement has no zone ({e}) at {at}"
+                        )),
+                        _ => {}
                     }
                 }
             }
@@ -815,6 +817,51 @@ mod tests {
         assert_eq!(v.len(), 2, "{v:#?}");
         assert!(v[0].starts_with("machine 0 got an instance of type t3.micro"), "{v:#?}");
         assert!(v[1].contains("machine 1 got an instance of type t3.large") && v[1].contains("m5.large"), "{v:#?}");
+    }
+
+    #[test]
+    fn a_start_that_ignores_its_placement_is_caught() {
+        // A mutant cloud whose DeriveAvailabilityZones ignores placements: machine 0 (zone=az3)
+        // and machine 1 (subnet-b, in az2) start in az1, machine 2 (an unknown subnet) starts
+        // at all. Machine 3, placed on subnet-a in az1, is fine.
+        let s = scenario(
+            r#"
+            [cloud]
+            zones = ["az1", "az2", "az3"]
+            subnets = { subnet-a = ["az1"], subnet-b = ["az2"] }
+            [[machines]]
+            id = "0"
+            placement = "zone=az3"
+            [[machines]]
+            id = "1"
+            placement = "subnet=subnet-b"
+            [[machines]]
+            id = "2"
+            placement = "subnet=nope"
+            [[machines]]
+            id = "3"
+            placement = "subnet=subnet-a"
+        "#,
+        );
+        let start = |m: &str, i: &str| CallRecord {
+            machine: Some(MachineId::new(m)),
+            zone: Some("az1".into()),
+            ..call(CloudOp::StartInstance, 1, &[i])
+        };
+        let cloud = CloudSnapshot {
+            calls: vec![start("0", "i-1"), start("1", "i-2"), start("2", "i-3"), start("3", "i-4")],
+            ..CloudSnapshot::default()
+        };
+        let v = check(&s, &cloud, &ModelSnapshot::default(), &ModeTimeline::new(HarvestMode::Destroyed));
+        assert_eq!(
+            v,
+            [
+                "machine 0 was started in zone az1 outside its derived zones [\"az3\"] at 1s",
+                "machine 1 was started in zone az1 outside its derived zones [\"az2\"] at 1s",
+                "machine 2 was started in zone az1 although its placement has no zone (subnet \"nope\" is not one of this cloud's subnets) at 1s",
+            ],
+            "{v:#?}"
+        );
     }
 
     #[test]

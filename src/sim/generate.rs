@@ -67,7 +67,7 @@ fn container_events(seed: u64, machines: &[MachineSpec], events: &mut Vec<EventS
         let kind = *pick(&mut rng, &["lxd", "kvm"]);
         let id = format!("{host}/{kind}/{}", 10 + rng.random_range(0..10u32));
         if !machines.iter().any(|m| m.id == id) {
-            events.push(EventSpec::new(at(&mut rng), Action::AddMachine(MachineSpec::pending(id))));
+            events.push(EventSpec::new(at(&mut rng), Action::AddMachine(Box::new(MachineSpec::pending(id)))));
         }
     }
     if rng.random_bool(0.15) {
@@ -230,7 +230,7 @@ pub fn generate(seed: u64) -> Scenario {
             30..=44 => {
                 let m = MachineSpec::pending(next_id.to_string());
                 next_id += 1;
-                Action::AddMachine(m)
+                Action::AddMachine(Box::new(m))
             }
             45..=52 => Action::SetHarvestMode(*pick(&mut rng, &modes)),
             53..=58 => Action::SetWorkers(rng.random_range(1..=8)),
@@ -341,6 +341,7 @@ pub fn generate(seed: u64) -> Scenario {
             derived_zones,
             init_faults,
             instance_type: None,
+            subnets: Default::default(),
         },
         machines,
         events,

@@ -268,14 +268,14 @@ impl<'a> PlanWorld<'a> {
                     self.out.adoptions.push(MachineNote { machine: id.to_string(), detail: inst.id.to_string() });
                     return;
                 }
-                let derived = self
-                    .s
-                    .cloud
-                    .derived_zones
-                    .iter()
-                    .find(|d| d.machine == id.as_str())
-                    .map(|d| d.zones.clone())
-                    .unwrap_or_default();
+                let placement = self.spec(&id).and_then(|m| m.placement.clone());
+                let derived = match self.s.cloud.derived_zones_for(id.as_str(), placement.as_deref()) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        self.out.failures.push(MachineNote { machine: id.to_string(), detail: e });
+                        return;
+                    }
+                };
                 match self.zones.choose(&id, job.zone_request(derived)) {
                     Ok(zone) => self.out.starts.push(PlannedStart { machine: id.to_string(), zone }),
                     Err(e) => self.out.failures.push(MachineNote { machine: id.to_string(), detail: e.to_string() }),

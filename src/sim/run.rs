@@ -57,11 +57,8 @@ impl Handler<TakeEvents> for EventLog {
 
 fn fake_machine(spec: &MachineSpec) -> FakeMachine {
     let mut f = FakeMachine::new(spec.to_machine());
-    f.info.constraints.zones = spec.zones.clone();
-    f.info.constraints.arch = spec.arch.clone();
-    f.info.constraints.cores = spec.cores;
-    f.info.constraints.mem_mb = spec.mem_mb;
-    f.info.constraints.instance_type = spec.instance_type.clone();
+    f.info.constraints = spec.constraints();
+    f.info.placement = spec.placement.clone();
     f.group = if spec.distribution_group_error.is_empty() {
         Ok(spec.distribution_group.clone().unwrap_or_default().into_iter().map(MachineId::from).collect())
     } else {
@@ -279,6 +276,9 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
             message: f.message.clone(),
             lost_response: f.lost_response,
         });
+    }
+    if !s.cloud.subnets.is_empty() {
+        cloud.set_subnets(s.cloud.subnets.clone());
     }
     for d in &s.cloud.derived_zones {
         let z: Vec<&str> = d.zones.iter().map(String::as_str).collect();

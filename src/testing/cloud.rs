@@ -189,6 +189,8 @@ struct CloudActor {
     stop_latency: Duration,
     faults: Vec<Fault>,
     derived: BTreeMap<MachineId, Vec<String>>,
+    /// Subnets and their zones, for `subnet=ID` placements.
+    subnets: BTreeMap<String, Vec<String>>,
     fail_next: BTreeMap<CloudOp, VecDeque<String>>,
     /// Client tokens seen (looked up, never iterated: a hash map keeps runs deterministic).
     tokens: std::collections::HashMap<String, InstanceId>,
@@ -439,7 +441,7 @@ msg!(Start { model: String, params: StartInstanceParams } -> "Result<StartedInst
 msg!(Stop { ids: Vec<InstanceId> } -> "Result<(), BrokerError>");
 msg!(List { model: String } -> "Result<Vec<CloudInstance>, BrokerError>");
 msg!(Zones {} -> "Result<Vec<AvailabilityZone>, BrokerError>");
-msg!(Derive { machine: MachineId } -> "Result<Vec<String>, BrokerError>");
+msg!(Derive { machine: MachineId, placement: Option<String> } -> "Result<Vec<String>, BrokerError>");
 msg!(Release { ids: Vec<InstanceId> } -> "Result<(), BrokerError>");
 msg!(Retag { model: String, id: InstanceId, tags: InstanceTags } -> "Result<(), BrokerError>");
 
@@ -663,6 +665,27 @@ impl Handler<Derive> for CloudActor {
             self.finish(idx, Some(m.clone()));
             return Err(BrokerError::transient(m));
         }
+        // A placement directive: `zone=NAME` pins that zone, `subnet=ID` the subnet's zones
+        // (an unknown subnet is the machine's own problem); other directives are ignored.
+        if let Some(p) = msg.placement.as_deref().map(str::trim) {
+            if let Some(zone) = p.strip_prefix("zone=") {
+                self.finish(idx, None);
+                return Ok(vec![zone.to_owned()]);
+            }
+            if let Some(subnet) = p.strip_prefix("subnet=") {
+                return match self.subnets.get(subnet).cloned() {
+                    Some(zones) => {
+                        self.finish(idx, None);
+                        Ok(zones)
+                    }
+                    None => {
+                        let m = format!("subnet {subnet:?} is not one of this cloud's subnets");
+                        self.finish(idx, Some(m.clone()));
+                        Err(BrokerError::zone_independent(m))
+                    }
+                };
+            }
+        }
         self.finish(idx, None);
         Ok(self.derived.get(&msg.machine).cloned().unwrap_or_default())
     }
@@ -738,6 +761,7 @@ impl FakeCloud {
             stop_latency: Duration::ZERO,
             faults: Vec::new(),
             derived: BTreeMap::new(),
+            subnets: BTreeMap::new(),
             fail_next: BTreeMap::new(),
             tokens: std::collections::HashMap::new(),
             calls: Vec::new(),
@@ -814,6 +838,12 @@ impl FakeCloud {
     pub fn set_default_instance_type(&self, instance_type: Option<&str>) {
         let t = instance_type.map(str::to_owned);
         self.control(move |c| c.default_type = t);
+    }
+
+    /// Sets the cloud's subnets and their zones (what DeriveAvailabilityZones returns for a
+    /// machine placed with `subnet=ID`).
+    pub fn set_subnets(&self, subnets: BTreeMap<String, Vec<String>>) {
+        self.control(move |c| c.subnets = subnets);
     }
 
     /// Sets what DeriveAvailabilityZones returns for a machine.
@@ -957,7 +987,7 @@ impl Broker for FakeBroker {
     }
 
     fn derive_availability_zones(&self, params: &StartInstanceParams) -> BrokerFuture<Vec<String>> {
-        let req = self.addr.send(Derive { machine: params.machine.clone() });
+        let req = self.addr.send(Derive { machine: params.machine.clone(), placement: params.placement.clone() });
         Box::pin(async move { req.await.map_err(mailbox)? })
     }
 

@@ -418,3 +418,105 @@ async fn no_default_type_takes_the_cheapest_amd64_type_with_a_gib() {
     assert_eq!(s.instance_type, "t3.micro");
     handle.shutdown();
 }
+
+fn placed(id: &str, placement: &str) -> FakeMachine {
+    let mut m = FakeMachine::new(Machine::pending(id));
+    m.info.placement = Some(placement.to_owned());
+    m
+}
+
+/// An application's machines (one distribution group, as the fake model's groups are) spread
+/// over three zones one per zone on EC2, although the zones' populations would put two of
+/// them together: `zone=` placements first put two machines in us-east-1a and two in
+/// us-east-1b (honoured: that is where moto shows their instances), then the group's three
+/// machines, allowed us-east-1a..c, land one in each (by population alone the second would
+/// go to us-east-1c again).
+#[actix_rt::test]
+async fn an_applications_machines_spread_one_per_zone_and_zone_placements_are_honoured() {
+    use provisioner::{Constraints, MachineId};
+    let uuid = "model-app-spread";
+    let broker = Moto::shared().broker(uuid).await;
+    let fillers = [("0", "us-east-1a"), ("1", "us-east-1a"), ("2", "us-east-1b"), ("3", "us-east-1b")];
+    let model = FakeModel::with_machines(fillers.iter().map(|(id, z)| placed(id, &format!("zone={z}"))).collect());
+    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
+    let snap = until(&model, all_provisioned(&ids(4))).await;
+    for (id, zone) in fillers {
+        let i = snap.machine(id).unwrap().machine.instance.clone().unwrap().to_string();
+        assert_eq!(shown(&broker, &i).await.zone, zone, "machine {id}: its zone= placement");
+    }
+    let app = ["10", "11", "12"];
+    let three = Constraints {
+        zones: Some(vec!["us-east-1a".into(), "us-east-1b".into(), "us-east-1c".into()]),
+        ..Constraints::default()
+    };
+    for id in app {
+        let mut m = with_constraints(id, three.clone());
+        m.group = Ok(app.iter().filter(|o| **o != id).map(|o| MachineId::new(*o)).collect());
+        model.add_machine(m);
+    }
+    let app_ids: Vec<String> = app.iter().map(|s| (*s).to_owned()).collect();
+    let snap = until(&model, all_provisioned(&app_ids)).await;
+    let mut zones = Vec::new();
+    for id in app {
+        let m = snap.machine(id).unwrap();
+        zones.push(shown(&broker, &m.machine.instance.clone().unwrap().to_string()).await.zone);
+    }
+    zones.sort();
+    assert_eq!(zones, ["us-east-1a", "us-east-1b", "us-east-1c"], "one per zone");
+    assert_eq!(cloud(&broker, uuid).await.len(), 7, "one instance per machine");
+    handle.shutdown();
+}
+
+/// `--to subnet=SUBNET` on EC2: the broker derives the machine's zone from `DescribeSubnets`
+/// (a default subnet of moto's default VPC, in us-east-1c) and launches into that subnet
+/// (`SubnetId`); an unknown subnet is that machine's provisioning error, nothing started.
+#[actix_rt::test]
+async fn a_subnet_placement_derives_its_zone_and_launches_into_the_subnet() {
+    let uuid = "model-subnet";
+    let broker = Moto::shared().broker(uuid).await;
+    let default = Filter::builder().name("default-for-az").values("true").build();
+    let subnets = broker.client().describe_subnets().filters(default).send().await.unwrap();
+    let in_c = subnets
+        .subnets()
+        .iter()
+        .find(|s| s.availability_zone() == Some("us-east-1c"))
+        .and_then(|s| s.subnet_id())
+        .expect("moto's default VPC has a subnet in us-east-1c")
+        .to_owned();
+    let derived = provisioner::Broker::derive_availability_zones(
+        &broker,
+        &provisioner::ports::StartInstanceParams {
+            machine: provisioner::MachineId::new("9"),
+            zone: None,
+            constraints: provisioner::Constraints::default(),
+            placement: Some(format!("subnet={in_c}")),
+            volumes: Vec::new(),
+            nonce: "n".into(),
+            tags: provisioner::model::InstanceTags::default(),
+            extra_tags: Default::default(),
+            client_token: "t".into(),
+            distribution_group: Vec::new(),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(derived, ["us-east-1c"]);
+    let model =
+        FakeModel::with_machines(vec![placed("0", &format!("subnet={in_c}")), placed("1", "subnet=subnet-0nonesuch")]);
+    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
+    let snap = until(&model, |m| {
+        all_provisioned(&ids(1))(m) && m.machine("1").is_some_and(|f| f.machine.instance_status.is_error())
+    })
+    .await;
+    let i = snap.machine("0").unwrap().machine.instance.clone().unwrap().to_string();
+    let out = broker.client().describe_instances().instance_ids(i.clone()).send().await.unwrap();
+    let inst = &out.reservations()[0].instances()[0];
+    assert_eq!(inst.subnet_id(), Some(in_c.as_str()), "launched into the subnet");
+    assert_eq!(inst.placement().and_then(|p| p.availability_zone()), Some("us-east-1c"));
+    assert_eq!(snap.machine("0").unwrap().zone.as_deref(), Some("us-east-1c"));
+    let failed = snap.machine("1").unwrap();
+    assert!(failed.instance_status_message.contains("subnet-0nonesuch"), "{}", failed.instance_status_message);
+    assert!(failed.machine.instance.is_none());
+    assert_eq!(cloud(&broker, uuid).await.len(), 1, "nothing started for machine 1");
+    handle.shutdown();
+}

@@ -313,3 +313,45 @@ fn machine_lists_page_in_id_order() {
     let (_, _, text) = raw_http(&s, "GET", "/v1/machines?after=9&limit=1", true, None);
     assert_eq!(field(&serde_json::from_str::<Value>(&text).unwrap()[0], "id"), "10");
 }
+
+/// `machine show` (and `GET /v1/machines/{id}`) counts the start attempts the provisioner made
+/// and keeps the last one's error: a machine that starts at once took one attempt and has no
+/// error; one whose type is out of capacity in az1 took two (az1, then az2) and its last
+/// attempt succeeded; one asking for a type nobody has took three (`[retry] count = 2`) and
+/// shows the last one's error. The human form shows both.
+#[test]
+fn machine_show_counts_start_attempts_and_the_last_error() {
+    let dir = temp_dir("model-attempts");
+    let config = dir.join("attempts.toml");
+    std::fs::write(
+        &config,
+        "[retry]\ncount = 2\ndelay = \"50ms\"\n[sim]\nzones = [\"az1\", \"az2\"]\nout_of_capacity = [\"m5.large:az1\"]\n",
+    )
+    .unwrap();
+    let s = Server::start(&dir, &["--sim-start-latency", "20ms", "--config", config.to_str().unwrap()]);
+    // Machine 0 fills az2, so that az1 is the next machine's first choice.
+    s.json(&["machine", "add", "--to", "zone=az2", "--wait", "--json"]);
+    s.json(&["machine", "add", "--constraints", "instance-type=m5.large", "--wait", "--json"]);
+    let out = s.cli(&["machine", "add", "--constraints", "instance-type=x9.nonesuch", "--wait", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    eventually(Duration::from_secs(10), "the machines to settle", || {
+        settled(&s, &["0".into(), "1".into(), "2".into()])
+    });
+    let show = |id: &str| s.json(&["machine", "show", id, "--json"]);
+    let m0 = show("0");
+    assert_eq!((m0["start_attempts"].clone(), m0["last_error"].clone()), (1.into(), Value::Null), "{m0}");
+    let m1 = show("1");
+    assert_eq!(field(&m1, "zone"), "az2", "{m1}");
+    assert_eq!((m1["start_attempts"].clone(), m1["last_error"].clone()), (2.into(), Value::Null), "{m1}");
+    let m2 = show("2");
+    assert_eq!(field(&m2, "instance_status"), "provisioning error", "{m2}");
+    assert_eq!(m2["start_attempts"], 3, "{m2}");
+    assert!(field(&m2, "last_error").contains("x9.nonesuch"), "{m2}");
+    let (code, _, text) = raw_http(&s, "GET", "/v1/machines/2", true, None);
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), m2);
+    let out = s.cli(&["machine", "show", "2"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("start-attempts:  3"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("last-error:") && l.contains("x9.nonesuch")), "{text}");
+}

@@ -83,6 +83,11 @@ pub fn root_disk_gib(mb: u64) -> i32 {
     i32::try_from(mb.div_ceil(1024).max(1)).unwrap_or(i32::MAX)
 }
 
+/// The subnet a `subnet=ID` placement directive names.
+pub fn placement_subnet(placement: Option<&str>) -> Option<&str> {
+    placement.and_then(|p| p.trim().strip_prefix("subnet=")).map(str::trim).filter(|s| !s.is_empty())
+}
+
 /// Juju's architecture name for EC2's.
 fn juju_arch(a: &ArchitectureType) -> Option<&'static str> {
     match a {
@@ -307,8 +312,8 @@ impl Ec2Broker {
         if let Some(zone) = &params.zone {
             call = call.placement(Placement::builder().availability_zone(zone.clone()).build());
         }
-        if let Some(subnet) = &config.subnet_id {
-            call = call.subnet_id(subnet.clone());
+        if let Some(subnet) = placement_subnet(params.placement.as_deref()).or(config.subnet_id.as_deref()) {
+            call = call.subnet_id(subnet.to_owned());
         }
         if !config.security_group_ids.is_empty() {
             call = call.set_security_group_ids(Some(config.security_group_ids.clone()));
@@ -472,17 +477,31 @@ impl Broker for Ec2Broker {
     }
 
     fn derive_availability_zones(&self, params: &StartInstanceParams) -> BrokerFuture<Vec<String>> {
-        // A placement directive `zone=NAME` pins the zone; a configured subnet lives in one.
-        let pinned = params.placement.as_deref().and_then(|p| p.strip_prefix("zone=")).map(str::to_owned);
+        // A placement directive `zone=NAME` pins the zone; `subnet=ID` (or, without one, the
+        // configured subnet) puts the instance in that subnet's zone, from `DescribeSubnets`.
+        let placement = params.placement.as_deref();
+        let pinned = placement.and_then(|p| p.trim().strip_prefix("zone=")).map(str::to_owned);
+        let placed = placement_subnet(placement).map(str::to_owned);
+        let subnet = placed.clone().or_else(|| self.config.subnet_id.clone());
         let client = self.client.clone();
-        let subnet = self.config.subnet_id.clone();
         Box::pin(async move {
             if let Some(zone) = pinned {
                 return Ok(vec![zone]);
             }
             let Some(subnet) = subnet else { return Ok(Vec::new()) };
-            let out = client.describe_subnets().subnet_ids(subnet).send().await.map_err(|e| sdk_error(e, None))?;
-            Ok(out.subnets().iter().filter_map(|s| s.availability_zone().map(str::to_owned)).collect())
+            let out = client.describe_subnets().subnet_ids(subnet.clone()).send().await.map_err(|e| {
+                // An unknown subnet is the machine's own problem, whatever the zone.
+                match sdk_error(e, None) {
+                    BrokerError::ZoneSpecific { message } => BrokerError::ZoneIndependent { message },
+                    other => other,
+                }
+            })?;
+            let zones: Vec<String> =
+                out.subnets().iter().filter_map(|s| s.availability_zone().map(str::to_owned)).collect();
+            if zones.is_empty() && placed.is_some() {
+                return Err(BrokerError::zone_independent(format!("subnet {subnet:?} not found (DescribeSubnets)")));
+            }
+            Ok(zones)
         })
     }
 

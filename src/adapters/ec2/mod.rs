@@ -2,8 +2,12 @@
 //! for Rust, for EC2 or an EC2-compatible endpoint.
 //!
 //! - Zones: `DescribeAvailabilityZones`; only zones in state `available` take new instances.
+//!   `derive_availability_zones`: `zone=NAME` pins that zone; `subnet=ID` (or the configured
+//!   subnet) the subnet's zone from `DescribeSubnets`, an unknown subnet being the machine's
+//!   zone-independent provisioning error.
 //! - Starts: `RunInstances` of one instance with `Placement.AvailabilityZone`, the configured
-//!   image (and optional subnet and security groups), a `ClientToken` derived from the
+//!   image (and optional subnet and security groups; a `subnet=ID` placement's subnet wins as
+//!   `SubnetId`), a `ClientToken` derived from the
 //!   provisioner's per-attempt token (so a retried call returns the instance the first one
 //!   made), and `TagSpecifications` carrying the model uuid, the machine id and the start
 //!   nonce ([`TAG_MODEL`], [`TAG_MACHINE`], [`TAG_START`]), the model's tags and the `tags=`
@@ -39,8 +43,8 @@ mod errors;
 mod tests;
 
 pub use broker::{
-    client_token, constraint_tags, root_disk_gib, Ec2Broker, DEFAULT_ROOT_DEVICE, TAG_CONSTRAINT_PREFIX, TAG_MACHINE,
-    TAG_MODEL, TAG_START,
+    client_token, constraint_tags, placement_subnet, root_disk_gib, Ec2Broker, DEFAULT_ROOT_DEVICE,
+    TAG_CONSTRAINT_PREFIX, TAG_MACHINE, TAG_MODEL, TAG_START,
 };
 pub use config::{Ec2Config, Ec2ConfigError, DEFAULT_CAPACITY_MEMORY, DEFAULT_TYPES_PER_ZONE};
 pub use errors::classify;

@@ -275,6 +275,8 @@ pub fn detail(m: &MachineRecord) -> MachineDetail {
         keep_instance: m.machine.keep_instance,
         retry_requested: m.transient,
         changed_at: m.changed_at.clone(),
+        start_attempts: m.start_attempts,
+        last_error: m.last_start_error.clone(),
     }
 }
 
@@ -461,6 +463,8 @@ mod tests {
             application: app.map(str::to_owned),
             changed_at: None,
             address: None,
+            start_attempts: 0,
+            last_start_error: None,
         }
     }
 

@@ -372,6 +372,13 @@ pub struct MachineDetail {
     pub retry_requested: bool,
     /// When the store last changed it (UTC, RFC 3339).
     pub changed_at: Option<String>,
+    /// How many start attempts the provisioner made for it (each failed attempt it reported,
+    /// and the one that recorded its instance).
+    #[serde(default)]
+    pub start_attempts: u64,
+    /// The last attempt's error (`null`: no attempt yet, or it succeeded).
+    #[serde(default)]
+    pub last_error: Option<String>,
 }
 
 /// `POST /v1/applications`.

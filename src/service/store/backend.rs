@@ -85,6 +85,9 @@ pub trait StoreBackend: Send {
     /// Writes an instance status.
     fn set_instance_status(&mut self, id: &MachineId, status: &InstanceStatus, message: &str)
         -> Result<(), StoreError>;
+    /// Counts one start attempt of a machine and keeps its outcome: `error` is the failed
+    /// attempt's message, `None` a success (which clears the last error).
+    fn record_start_outcome(&mut self, id: &MachineId, error: Option<&str>) -> Result<(), StoreError>;
     /// Takes a machine to dead (notifies if it was not).
     fn ensure_dead(&mut self, id: &MachineId) -> Result<(), StoreError>;
     /// Removes a dead machine for good.
@@ -246,6 +249,7 @@ impl StoreBackend for StoreCore {
         fn set_instance_info(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError>;
         fn set_status(&mut self, id: &MachineId, status: MachineStatus, message: &str) -> Result<(), StoreError>;
         fn set_instance_status(&mut self, id: &MachineId, status: &InstanceStatus, message: &str) -> Result<(), StoreError>;
+        fn record_start_outcome(&mut self, id: &MachineId, error: Option<&str>) -> Result<(), StoreError>;
         fn ensure_dead(&mut self, id: &MachineId) -> Result<(), StoreError>;
         fn mark_for_removal(&mut self, id: &MachineId) -> Result<(), StoreError>;
         fn destroy_model(&mut self) -> Result<Vec<Machine>, StoreError>;

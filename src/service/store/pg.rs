@@ -134,7 +134,13 @@ CREATE TABLE leader_lease (
 "#;
 
 /// Every migration, in order: version `n` takes a database from `n - 1` to `n`.
-const MIGRATIONS: &[(i64, &str)] = &[(1, SCHEMA_V1)];
+/// Version 2: each machine's start attempts and its last start error (`machine show`).
+const SCHEMA_V2: &str = "
+ALTER TABLE machines ADD COLUMN IF NOT EXISTS start_attempts BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE machines ADD COLUMN IF NOT EXISTS last_start_error TEXT;
+";
+
+const MIGRATIONS: &[(i64, &str)] = &[(1, SCHEMA_V1), (2, SCHEMA_V2)];
 
 /// A change notification's payload (JSON on channel [`CHANGES_CHANNEL`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -269,7 +275,7 @@ const MACHINE_COLUMNS: &str = "m.id, m.life, m.status, m.status_message, m.insta
                                m.instance_status_message, m.instance, m.zone, m.keep_instance, m.transient, \
                                COALESCE(c.zones, m.zones), c.arch, c.cores, c.mem_mb, c.root_disk_mb, \
                                c.instance_type, c.spaces, c.tags, m.placement, m.application, m.changed_at, \
-                               m.manual, m.address";
+                               m.manual, m.address, m.start_attempts, m.last_start_error";
 const MACHINE_FROM: &str = "machines m LEFT JOIN constraints c ON c.id = m.constraints_id";
 const INSTANCE_COLUMNS: &str = "id, state, zone, model, machine, start, client_token";
 
@@ -318,6 +324,8 @@ fn machine_from_row(r: &Row) -> Result<MachineRecord, StoreError> {
         application: r.try_get(19).map_err(get)?,
         changed_at: r.try_get(20).map_err(get)?,
         address: r.try_get(22).map_err(get)?,
+        start_attempts: r.try_get::<_, i64>(23).map_err(get)?.max(0) as u64,
+        last_start_error: r.try_get(24).map_err(get)?,
     })
 }
 
@@ -801,6 +809,15 @@ impl StoreBackend for PgStore {
             "writing an instance status",
             "UPDATE machines SET instance_status = $2, instance_status_message = $3 WHERE id = $1",
             &[&id.as_str(), &status.as_str(), &message],
+        )
+        .map(|_| ())
+    }
+    fn record_start_outcome(&mut self, id: &MachineId, error: Option<&str>) -> Result<(), StoreError> {
+        self.update_machine(
+            id,
+            "recording a start attempt",
+            "UPDATE machines SET start_attempts = start_attempts + 1, last_start_error = $2 WHERE id = $1",
+            &[&id.as_str(), &error],
         )
         .map(|_| ())
     }

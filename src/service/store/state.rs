@@ -47,6 +47,25 @@ fn upgrade_manual_machines(tx: &Transaction<'_>) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Schema step of version 3 (additive, for `machine show`): per machine, how many start
+/// attempts the provisioner reported and the last one's error ([`StoreCore::record_start_outcome`]).
+/// Adds each column only if missing, as [`upgrade_manual_machines`] does.
+fn upgrade_start_attempts(tx: &Transaction<'_>) -> Result<(), StoreError> {
+    let columns: Vec<String> = tx
+        .prepare("SELECT name FROM pragma_table_info('machines')")
+        .and_then(|mut st| st.query_map([], |r| r.get::<_, String>(0))?.collect())
+        .map_err(StoreError::sql("reading the schema"))?;
+    for (name, ddl) in [
+        ("start_attempts", "ALTER TABLE machines ADD COLUMN start_attempts INTEGER NOT NULL DEFAULT 0"),
+        ("last_start_error", "ALTER TABLE machines ADD COLUMN last_start_error TEXT"),
+    ] {
+        if !columns.iter().any(|c| c == name) {
+            tx.execute_batch(ddl).map_err(StoreError::sql("upgrading the schema"))?;
+        }
+    }
+    Ok(())
+}
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
@@ -377,6 +396,11 @@ pub struct MachineRecord {
     pub changed_at: Option<String>,
     /// A manual machine's address (`machine.manual` is set).
     pub address: Option<String>,
+    /// How many start attempts the provisioner reported for it (see
+    /// [`StoreCore::record_start_outcome`]).
+    pub start_attempts: u64,
+    /// The last reported attempt's error (`None`: none yet, or it succeeded).
+    pub last_start_error: Option<String>,
 }
 
 impl MachineRecord {
@@ -490,6 +514,8 @@ fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
         application: r.get(19)?,
         changed_at: r.get(20)?,
         address: r.get(22)?,
+        start_attempts: r.get::<_, i64>(23)?.max(0) as u64,
+        last_start_error: r.get(24)?,
     })
 }
 
@@ -497,7 +523,7 @@ const MACHINE_COLUMNS: &str = "m.id, m.life, m.status, m.status_message, m.insta
                                m.instance_status_message, m.instance, m.zone, m.keep_instance, m.transient, \
                                COALESCE(c.zones, m.zones), c.arch, c.cores, c.mem_mb, c.root_disk_mb, \
                                c.instance_type, c.spaces, c.tags, m.placement, m.application, m.changed_at, \
-                               m.manual, m.address";
+                               m.manual, m.address, m.start_attempts, m.last_start_error";
 /// Machines with their shared constraints (`m.zones` holds those of version-1 rows).
 const MACHINE_FROM: &str = "machines m LEFT JOIN constraints c ON c.id = m.constraints_id";
 
@@ -623,6 +649,7 @@ impl StoreCore {
         }
         Self::add_machine_columns_v3(&tx)?;
         upgrade_manual_machines(&tx)?;
+        upgrade_start_attempts(&tx)?;
         if meta_get(&tx, "model_uuid").map_err(StoreError::sql("reading the model uuid"))?.is_none() {
             if tables > 0 {
                 // Never a new model in place of one whose identity was lost.
@@ -906,6 +933,17 @@ impl StoreCore {
             "writing an instance status",
             "UPDATE machines SET instance_status = ?2, instance_status_message = ?3 WHERE id = ?1",
             &[&id.as_str(), &status.as_str(), &message],
+        )
+    }
+
+    /// Counts one start attempt of a machine and keeps its outcome: `error` is the failed
+    /// attempt's message, `None` a success (which clears the last error).
+    pub fn record_start_outcome(&mut self, id: &MachineId, error: Option<&str>) -> Result<(), StoreError> {
+        self.update_machine(
+            id,
+            "recording a start attempt",
+            "UPDATE machines SET start_attempts = start_attempts + 1, last_start_error = ?2 WHERE id = ?1",
+            &[&id.as_str(), &error],
         )
     }
 

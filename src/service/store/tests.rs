@@ -586,3 +586,43 @@ on_both_backends!(
     a_host_with_live_containers_is_removed_only_with_them_or_with_force,
     a_manual_machine_is_registered_started_with_its_address,
 );
+
+/// Start attempts: each reported outcome counts one, a failure keeps its error, a success
+/// clears it; a version-3 database without the columns gains them when opened (its machines
+/// at zero attempts), and opening it again changes nothing.
+#[test]
+fn start_attempts_are_counted_with_the_last_error_and_added_to_older_databases() {
+    let d = dir("attempts");
+    let path = d.join("p.db");
+    let zero = MachineId::new("0");
+    {
+        let mut s = StoreCore::open(&path).unwrap();
+        s.add_machines(2, None).unwrap();
+        let m = s.machine(&zero).unwrap().unwrap();
+        assert_eq!((m.start_attempts, m.last_start_error), (0, None));
+        s.record_start_outcome(&zero, Some("boom")).unwrap();
+        s.record_start_outcome(&zero, Some("bang")).unwrap();
+        let m = s.machine(&zero).unwrap().unwrap();
+        assert_eq!((m.start_attempts, m.last_start_error.as_deref()), (2, Some("bang")));
+        s.record_start_outcome(&zero, None).unwrap();
+        let m = s.machine(&zero).unwrap().unwrap();
+        assert_eq!((m.start_attempts, m.last_start_error), (3, None));
+        assert_eq!(s.record_start_outcome(&MachineId::new("9"), None), Err(StoreError::NotFound(MachineId::new("9"))));
+        // As a version-3 database written before the columns existed.
+        s.conn_for_tests()
+            .execute_batch(
+                "ALTER TABLE machines DROP COLUMN start_attempts; ALTER TABLE machines DROP COLUMN last_start_error;",
+            )
+            .unwrap();
+    }
+    for _ in 0..2 {
+        let mut s = StoreCore::open(&path).unwrap();
+        let m = s.machine(&zero).unwrap().unwrap();
+        assert_eq!((m.start_attempts, m.last_start_error.clone()), (0, None), "{m:?}");
+        assert_eq!(s.machine(&MachineId::new("1")).unwrap().unwrap().start_attempts, 0);
+        s.record_start_outcome(&MachineId::new("1"), Some("x")).unwrap();
+        let v: i64 = s.conn_for_tests().pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+        s.conn_for_tests().execute_batch("UPDATE machines SET start_attempts = 0, last_start_error = NULL").unwrap();
+    }
+}

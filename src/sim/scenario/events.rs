@@ -50,7 +50,7 @@ macro_rules! same_value {
         }
     )*};
 }
-same_value!(MachineSpec, SetLifeSpec, SetStatusSpec, HarvestMode, Vec<String>, SetZonesSpec, String);
+same_value!(SetLifeSpec, SetStatusSpec, HarvestMode, Vec<String>, SetZonesSpec, String);
 same_value!(LaunchSpec, FailNextSpec, DestroyModelSpec);
 
 /// `set_workers = N`: the pool size, checked while parsing.
@@ -65,6 +65,17 @@ impl ActionValue for Workers {
 }
 
 /// `restart = true`: the action carries nothing (`false` is refused by validation).
+/// A machine spec is large: the action boxes it.
+impl ActionValue for MachineSpec {
+    type Payload = Box<MachineSpec>;
+    fn into_payload(self) -> Box<MachineSpec> {
+        Box::new(self)
+    }
+    fn from_payload(payload: Box<MachineSpec>) -> Self {
+        *payload
+    }
+}
+
 impl ActionValue for bool {
     type Payload = ();
     fn into_payload(self) {}
@@ -148,7 +159,7 @@ macro_rules! event_actions {
 
 event_actions! {
     /// A machine is added.
-    add_machine: MachineSpec => AddMachine(MachineSpec);
+    add_machine: MachineSpec => AddMachine(Box<MachineSpec>);
     /// A machine's life changes.
     set_life: SetLifeSpec => SetLife(SetLifeSpec);
     /// Someone else writes a status.

@@ -155,6 +155,32 @@ pub struct CloudSpec {
     /// `instance_type` get the cheapest type of the shipped catalogue that satisfies them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_type: Option<String>,
+    /// Addition: the cloud's subnets and the zones each is in, for machines placed with
+    /// `placement = "subnet=ID"` (the zones DeriveAvailabilityZones answers for them; an
+    /// unknown subnet is that machine's zone-independent failure). Default: none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub subnets: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl CloudSpec {
+    /// What DeriveAvailabilityZones answers for machine `id` placed with `placement`: a
+    /// `zone=NAME` placement that zone, a `subnet=ID` placement the subnet's zones (an error
+    /// naming an unknown subnet), otherwise the machine's `derived_zones` entry (none: empty).
+    pub fn derived_zones_for(&self, id: &str, placement: Option<&str>) -> Result<Vec<String>, String> {
+        if let Some(p) = placement.map(str::trim) {
+            if let Some(zone) = p.strip_prefix("zone=") {
+                return Ok(vec![zone.to_owned()]);
+            }
+            if let Some(subnet) = p.strip_prefix("subnet=") {
+                return self
+                    .subnets
+                    .get(subnet)
+                    .cloned()
+                    .ok_or_else(|| format!("subnet {subnet:?} is not one of this cloud's subnets"));
+            }
+        }
+        Ok(self.derived_zones.iter().find(|d| d.machine == id).map(|d| d.zones.clone()).unwrap_or_default())
+    }
 }
 
 /// Declares a scripted fault's spec: the fields it is given, then the two every fault ends with,
@@ -369,6 +395,18 @@ pub struct MachineSpec {
     /// Addition: `instance-type=` constraint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_type: Option<String>,
+    /// Addition: `root-disk=` constraint, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_disk_mb: Option<u64>,
+    /// Addition: `spaces=` constraint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spaces: Vec<String>,
+    /// Addition: `tags=` constraint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    /// Addition: placement directive, `zone=NAME` or `subnet=ID` (`[cloud] subnets`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
     /// The other machines of its distribution group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distribution_group: Option<Vec<String>>,
@@ -387,6 +425,20 @@ pub struct MachineSpec {
 }
 
 impl MachineSpec {
+    /// Every constraint it asks for.
+    pub fn constraints(&self) -> crate::model::Constraints {
+        crate::model::Constraints {
+            zones: self.zones.clone(),
+            arch: self.arch.clone(),
+            cores: self.cores,
+            mem_mb: self.mem_mb,
+            root_disk_mb: self.root_disk_mb,
+            instance_type: self.instance_type.clone(),
+            spaces: self.spaces.clone(),
+            tags: self.tags.clone(),
+        }
+    }
+
     /// The machine as the model reports it.
     pub fn to_machine(&self) -> crate::model::Machine {
         let mut m = crate::model::Machine::pending(self.id.as_str());
@@ -413,6 +465,10 @@ impl MachineSpec {
             cores: None,
             mem_mb: None,
             instance_type: None,
+            root_disk_mb: None,
+            spaces: Vec::new(),
+            tags: Vec::new(),
+            placement: None,
             distribution_group: None,
             distribution_group_error: String::new(),
             keep_instance: false,

@@ -13,7 +13,7 @@ fn json_err(text: &str) -> ScenarioError {
 
 fn every_action() -> Vec<Action> {
     vec![
-        Action::AddMachine(MachineSpec::pending("9")),
+        Action::AddMachine(Box::new(MachineSpec::pending("9"))),
         Action::SetLife(SetLifeSpec { machine: "0".into(), life: Life::Dead }),
         Action::SetStatus(SetStatusSpec { machine: "0".into(), status: None, instance_status: Some("x".into()) }),
         Action::SetHarvestMode(HarvestMode::All),
@@ -130,5 +130,39 @@ fn instance_type_faults_are_capacity_faults_and_a_fault_names_something() {
         toml_err(nothing).to_string().contains("a fault names a machine, an instance_type, or both"),
         "{}",
         toml_err(nothing)
+    );
+}
+
+/// A machine can say everything the service's model can: every constraint and a placement
+/// (`zone=`, or `subnet=` with `[cloud] subnets`); all optional, round-tripping; a placement
+/// that is neither directive is refused at its line.
+#[test]
+fn machines_take_every_constraint_and_a_placement() {
+    let ok = "[[machines]]\nid = \"0\"\narch = \"arm64\"\ncores = 2\nmem_mb = 4096\nroot_disk_mb = 20480\n\
+              instance_type = \"t4g.large\"\nspaces = [\"db\"]\ntags = [\"ssd\", \"team=web\"]\nplacement = \"subnet=subnet-a\"\n\
+              [[machines]]\nid = \"1\"\n[cloud]\nzones = [\"az1\", \"az2\"]\nsubnets = { subnet-a = [\"az2\"] }\n";
+    let s = Scenario::parse(ok, Format::Toml, "t.toml").unwrap();
+    let c = s.machines[0].constraints();
+    assert_eq!(
+        (c.root_disk_mb, c.spaces.clone(), c.tags.clone()),
+        (Some(20480), vec!["db".to_owned()], vec!["ssd".to_owned(), "team=web".to_owned()])
+    );
+    assert_eq!(
+        (c.arch.as_deref(), c.cores, c.mem_mb, c.instance_type.as_deref()),
+        (Some("arm64"), Some(2), Some(4096), Some("t4g.large"))
+    );
+    assert_eq!(s.machines[0].placement.as_deref(), Some("subnet=subnet-a"));
+    assert_eq!(s.machines[1].constraints(), crate::model::Constraints::default(), "all optional");
+    assert_eq!(s.machines[1].placement, None);
+    assert_eq!(s.cloud.derived_zones_for("0", Some("subnet=subnet-a")), Ok(vec!["az2".to_owned()]));
+    assert_eq!(s.cloud.derived_zones_for("0", Some("zone=az1")), Ok(vec!["az1".to_owned()]));
+    assert!(s.cloud.derived_zones_for("0", Some("subnet=nope")).unwrap_err().contains("\"nope\""));
+    assert_eq!(s.cloud.derived_zones_for("1", None), Ok(Vec::new()));
+    let again = Scenario::parse(&s.to_toml(), Format::Toml, "t.toml").unwrap();
+    assert_eq!((again.machines.clone(), again.cloud.clone()), (s.machines.clone(), s.cloud.clone()), "round-trips");
+    let bad = "[[machines]]\nid = \"0\"\n\nplacement = \"rack=3\"\n";
+    assert_eq!(
+        toml_err(bad).to_string(),
+        "t.toml:4: placement: invalid placement \"rack=3\": expected zone=ZONE or subnet=SUBNET"
     );
 }

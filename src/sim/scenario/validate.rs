@@ -16,6 +16,7 @@ pub(super) fn validate(s: &Scenario, loc: &Locations, file: &str) -> Result<(), 
     let known = c.known_machines();
     c.containers_have_a_type_and_host(&known)?;
     c.faults_name_known_machines(&known)?;
+    c.placements_are_directives()?;
     for (i, e) in s.events.iter().enumerate() {
         c.event(i, e, &known)?;
     }
@@ -84,6 +85,18 @@ impl Checks<'_> {
             if !known.contains(&host.as_str()) {
                 let message = format!("container {id:?} names unknown host {:?}", host.as_str());
                 return Err(self.err(&path, "id", message));
+            }
+        }
+        Ok(())
+    }
+
+    /// Placements are `zone=NAME` or `subnet=ID` (an unknown subnet is not refused here: it
+    /// is the machine's provisioning failure, as in the service).
+    fn placements_are_directives(&self) -> Result<(), ScenarioError> {
+        for (path, m) in self.machines_with_paths() {
+            if let Some(p) = &m.placement {
+                let path = path.replace(".id", ".placement");
+                crate::model::Placement::parse(p).map_err(|e| self.err(&path, "placement", e.to_string()))?;
             }
         }
         Ok(())

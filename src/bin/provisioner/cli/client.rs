@@ -437,6 +437,8 @@ fn show_machine(c: &Client, id: &str, json: bool) -> Result<(), Failure> {
         ("manual", v.manual.to_string()),
         ("keep-instance", m.keep_instance.to_string()),
         ("retry-requested", m.retry_requested.to_string()),
+        ("start-attempts", m.start_attempts.to_string()),
+        ("last-error", or_dash(m.last_error.as_deref())),
         ("changed", or_dash(m.changed_at.as_deref())),
     ];
     for (k, val) in rows {
