@@ -16,6 +16,8 @@
 //! - `metrics`: counters, histograms and the text format; the metered broker decorator.
 //! - `api`: the HTTP API (routes, bearer-token check, JSON types shared with the client).
 //! - `run`: `serve`, which wires it all and runs until SIGTERM.
+//! - `tls`: the rustls configurations of `serve --tls-cert/--tls-key` and of the client's
+//!   `--ca-cert`, read from PEM files and checked.
 
 #[cfg(feature = "serve")]
 pub mod api;
@@ -34,6 +36,8 @@ pub mod settings;
 pub mod simcloud;
 #[cfg(feature = "serve")]
 pub mod store;
+#[cfg(feature = "serve")]
+pub mod tls;
 
 #[cfg(feature = "serve")]
 pub use run::{serve, ServeError};
