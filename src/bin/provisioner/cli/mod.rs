@@ -16,6 +16,7 @@ use provisioner::service::settings::parse_duration;
 mod client;
 #[cfg(feature = "serve")]
 mod serve;
+pub mod shell;
 
 /// Where the service is and how to authenticate.
 #[derive(Args, Debug, Clone)]
