@@ -412,7 +412,8 @@ fn serve_refuses_bad_usage_with_exit_2_and_one_sentence() {
     // out: its actors were dropped after the runtime).
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    let (code, err) = run(&["serve", "--listen", "256.0.0.1:1", "--data-dir", data]);
+    // (`--insecure-http`: an address that is not loopback is refused without TLS before any bind.)
+    let (code, err) = run(&["serve", "--listen", "256.0.0.1:1", "--insecure-http", "--data-dir", data]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("cannot listen on 256.0.0.1:1") && !err.contains("panicked"), "{err}");
 
