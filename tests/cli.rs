@@ -254,3 +254,75 @@ fn a_malformed_store_url_exits_2_naming_the_flag() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("store.toml:2: store.url: ") && err.contains("bad port"), "{err}");
 }
+
+// ---- Shell conventions: completion scripts and the man page.
+
+/// The commands every completion script and the man page must know.
+const COMMANDS: [&str; 13] = [
+    "simulate",
+    "plan",
+    "bench",
+    "generate-scenario",
+    "serve",
+    "machine",
+    "application",
+    "instance",
+    "config",
+    "status",
+    "destroy-model",
+    "completions",
+    "man",
+];
+
+#[test]
+fn completion_scripts_are_printed_for_each_shell_and_know_the_commands() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = bin().args(["completions", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}: {}", String::from_utf8_lossy(&out.stderr));
+        let script = String::from_utf8(out.stdout).unwrap();
+        for command in COMMANDS {
+            assert!(script.contains(command), "the {shell} script does not mention {command}");
+        }
+        // Nested commands and flags too (fish spells a long flag `-l NAME`).
+        for word in ["retry", "tls-cert", "ca-cert", "constraints"] {
+            assert!(script.contains(word), "the {shell} script does not mention {word}");
+        }
+    }
+    let marks = [("bash", "complete -F"), ("zsh", "#compdef provisioner"), ("fish", "complete -c provisioner")];
+    for (shell, mark) in marks {
+        let out = bin().args(["completions", shell]).output().unwrap();
+        assert!(String::from_utf8_lossy(&out.stdout).contains(mark), "{shell}: no {mark:?}");
+    }
+    let out = bin().args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "an unknown shell is bad usage");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bash, zsh, fish"));
+}
+
+const MAN_PAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/provisioner.1");
+
+#[test]
+fn the_man_page_covers_every_command_and_is_the_committed_copy() {
+    let out = bin().arg("man").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let page = String::from_utf8(out.stdout).unwrap();
+    assert!(page.starts_with(".ie") || page.starts_with(".TH"), "not roff: {}", &page[..page.len().min(200)]);
+    assert!(page.contains(".TH provisioner 1"));
+    for command in COMMANDS {
+        let heading = format!(".SH \"PROVISIONER {}\"", command.to_uppercase());
+        assert!(page.contains(&heading), "the man page has no section {heading}");
+    }
+    for heading in ["PROVISIONER MACHINE ADD", "PROVISIONER BENCH SERVE", "PROVISIONER CONFIG SET"] {
+        assert!(page.contains(&format!(".SH \"{heading}\"")), "the man page has no section {heading}");
+    }
+    // roff escapes hyphens in flags.
+    assert!(page.contains("\\-\\-tls\\-cert") && page.contains("\\-\\-ca\\-cert"), "flags are documented");
+    if std::env::var_os("UPDATE_MAN").is_some() {
+        std::fs::write(MAN_PAGE, &page).unwrap();
+    }
+    let committed = std::fs::read_to_string(MAN_PAGE).unwrap_or_default();
+    assert!(
+        committed == page,
+        "docs/provisioner.1 differs from `provisioner man`; refresh it with \
+         `UPDATE_MAN=1 cargo test --features cli --test cli man_page` and commit it"
+    );
+}

@@ -412,7 +412,8 @@ fn serve_refuses_bad_usage_with_exit_2_and_one_sentence() {
     // out: its actors were dropped after the runtime).
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    let (code, err) = run(&["serve", "--listen", "256.0.0.1:1", "--data-dir", data]);
+    // (`--insecure-http`: an address that is not loopback is refused without TLS before any bind.)
+    let (code, err) = run(&["serve", "--listen", "256.0.0.1:1", "--insecure-http", "--data-dir", data]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("cannot listen on 256.0.0.1:1") && !err.contains("panicked"), "{err}");
 
@@ -1514,4 +1515,208 @@ fn the_openapi_document_is_served_without_a_token_and_is_the_committed_copy() {
     assert!(doc["paths"]["/v1/machines/remove"]["post"]["responses"]["404"].is_object());
     let m = s.json(&["machine", "show", &ids[0], "--json"]);
     assert_eq!(m["life"], "alive", "a refused removal changed the machine: {m}");
+}
+
+// ---- TLS: `serve --tls-cert/--tls-key`, the client's `--ca-cert`, and plain HTTP off loopback.
+
+/// A self-signed certificate for `127.0.0.1` and `localhost` and its key, written as PEM files
+/// into `dir` as `NAME.crt` and `NAME.key`.
+fn test_certificate(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let generated = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    let (cert, key) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
+    std::fs::write(&cert, generated.cert.pem()).unwrap();
+    std::fs::write(&key, generated.key_pair.serialize_pem()).unwrap();
+    (cert, key)
+}
+
+/// An HTTP agent that trusts exactly `ca`.
+fn agent_trusting(ca: &Path) -> ureq::Agent {
+    let config = provisioner::service::tls::client_config(ca).unwrap();
+    ureq::AgentBuilder::new().timeout(Duration::from_secs(10)).tls_config(std::sync::Arc::new(config)).build()
+}
+
+/// Starts `serve` over TLS on `dir/data` and waits until `https://127.0.0.1:PORT/healthz` answers.
+fn start_tls(dir: &Path, cert: &Path, key: &Path) -> Server {
+    let port = free_port();
+    let data = dir.join("data");
+    let log = dir.join(format!("serve-{port}.log"));
+    let child = bin()
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(&data)
+        .arg("--tls-cert")
+        .arg(cert)
+        .arg("--tls-key")
+        .arg(key)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut s = Server { child: Some(child), dir: data, url: format!("https://127.0.0.1:{port}"), log };
+    let agent = agent_trusting(cert);
+    let began = Instant::now();
+    loop {
+        if matches!(agent.get(&format!("{}/healthz", s.url)).call(), Ok(r) if r.status() == 200) {
+            return s;
+        }
+        if let Some(status) = s.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+            panic!("serve exited with {status}: {}", s.log_text());
+        }
+        assert!(began.elapsed() < Duration::from_secs(30), "serve not ready: {}", s.log_text());
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+#[test]
+fn tls_serves_the_client_commands_and_refuses_plain_http_and_unknown_certificates() {
+    let dir = temp_dir("tls");
+    let (cert, key) = test_certificate(&dir, "server");
+    let s = start_tls(&dir, &cert, &key);
+    let ca = cert.to_str().unwrap();
+
+    // The client commands work over https with --ca-cert, and with PROVISIONER_CA_CERT.
+    let added = s.json(&["machine", "add", "-n", "2", "--json", "--ca-cert", ca]);
+    assert_eq!(ids_of(&added).len(), 2, "{added}");
+    let out = bin()
+        .args(["status", "--json", "--server", &s.url, "--data-dir"])
+        .arg(&s.dir)
+        .env("PROVISIONER_CA_CERT", &cert)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["machines"], 2, "{status}");
+    let listed = s.json(&["machine", "list", "--json", "--ca-cert", ca]);
+    assert_eq!(listed.as_array().unwrap().len(), 2);
+
+    // Plain HTTP to the TLS port gets no answer.
+    let plain = s.url.replacen("https://", "http://", 1);
+    let answer =
+        ureq::AgentBuilder::new().timeout(Duration::from_secs(5)).build().get(&format!("{plain}/healthz")).call();
+    assert!(answer.is_err(), "plain HTTP to the TLS port was answered: {:?}", answer.map(|r| r.status()));
+
+    // Without --ca-cert the client refuses the unknown certificate, saying what to do.
+    let out = bin()
+        .args(["status", "--server", &s.url, "--data-dir"])
+        .arg(&s.dir)
+        .env_remove("PROVISIONER_CA_CERT")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("certificate is not trusted") && err.contains("--ca-cert"), "{err}");
+    assert!(out.stdout.is_empty());
+
+    // A CA certificate file that is not there is bad input naming the file.
+    let out = s.cli(&["status", "--ca-cert", "/nonexistent/ca.pem"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+}
+
+/// Runs `serve --listen LISTEN ARGS` and returns its exit code and stderr if it exits within
+/// 5 s (None: it kept running, and was killed).
+fn serve_exit(dir: &Path, listen: &str, extra: &[&OsStr]) -> (Option<i32>, String) {
+    let mut child = bin()
+        .args(["serve", "--listen", listen, "--data-dir"])
+        .arg(dir.join("data"))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let began = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            return (status.code(), err);
+        }
+        if began.elapsed() > Duration::from_secs(5) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (None, "serve started and kept running".into());
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+use std::ffi::OsStr;
+
+#[test]
+fn plain_http_off_loopback_is_refused_unless_insecure_http() {
+    let dir = temp_dir("insecure");
+    let port = free_port();
+    let listen = format!("0.0.0.0:{port}");
+    let (code, err) = serve_exit(&dir, &listen, &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("without TLS") && err.contains("--insecure-http") && err.contains("--tls-cert"), "{err}");
+    assert!(err.trim().lines().count() == 1 && !err.contains("  "), "one sentence: {err}");
+    assert!(!dir.join("data").exists(), "a refused start touched the data directory");
+
+    // With --insecure-http it starts (checked on loopback, then stopped at once).
+    let log = dir.join("insecure.log");
+    let mut child = bin()
+        .args(["serve", "--listen", &listen, "--insecure-http", "--data-dir"])
+        .arg(dir.join("data"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let began = Instant::now();
+    let up = loop {
+        if matches!(ureq::get(&format!("http://127.0.0.1:{port}/healthz")).call(), Ok(r) if r.status() == 200) {
+            break true;
+        }
+        if child.try_wait().unwrap().is_some() || began.elapsed() > Duration::from_secs(30) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    };
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = child.wait();
+    assert!(up, "serve --insecure-http did not start: {}", std::fs::read_to_string(&log).unwrap_or_default());
+}
+
+#[test]
+fn bad_tls_files_exit_2_naming_the_file() {
+    let dir = temp_dir("badtls");
+    let (cert, key) = test_certificate(&dir, "good");
+    let (_, other_key) = test_certificate(&dir, "other");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let run = |cert: &Path, key: &Path| {
+        serve_exit(
+            &dir,
+            &listen,
+            &[OsStr::new("--tls-cert"), cert.as_os_str(), OsStr::new("--tls-key"), key.as_os_str()],
+        )
+    };
+
+    let missing = dir.join("missing.crt");
+    let (code, err) = run(&missing, &key);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(missing.to_str().unwrap()) && err.contains("TLS certificate"), "{err}");
+
+    // Unreadable: a directory where the key should be (tests may run as root, who reads any file).
+    let unreadable = dir.join("unreadable.key");
+    std::fs::create_dir_all(&unreadable).unwrap();
+    let (code, err) = run(&cert, &unreadable);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(unreadable.to_str().unwrap()) && err.contains("TLS key"), "{err}");
+
+    let garbage = dir.join("garbage.key");
+    std::fs::write(&garbage, "not a key\n").unwrap();
+    let (code, err) = run(&cert, &garbage);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(garbage.to_str().unwrap()), "{err}");
+
+    let (code, err) = run(&cert, &other_key);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(other_key.to_str().unwrap()) && err.contains("does not match"), "{err}");
+    assert!(err.contains(cert.to_str().unwrap()), "{err}");
+
+    let (code, err) = serve_exit(&dir, &listen, &[OsStr::new("--tls-cert"), cert.as_os_str()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--tls-key"), "{err}");
+    assert!(!dir.join("data").exists(), "a refused start touched the data directory");
 }

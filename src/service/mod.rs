@@ -21,6 +21,8 @@
 //! - [`lease`]: the leader lease of replicas on PostgreSQL: its plain core (built with the
 //!   binary, for the settings) and its SQL (feature `postgres`).
 //! - `run`: `serve`, which wires it all and runs until SIGTERM.
+//! - `tls`: the rustls configurations of `serve --tls-cert/--tls-key` and of the client's
+//!   `--ca-cert`, read from PEM files and checked.
 
 #[cfg(feature = "serve")]
 pub mod api;
@@ -40,6 +42,8 @@ pub mod settings;
 pub mod simcloud;
 #[cfg(feature = "serve")]
 pub mod store;
+#[cfg(feature = "serve")]
+pub mod tls;
 #[cfg(feature = "postgres")]
 pub mod token;
 

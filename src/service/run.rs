@@ -109,6 +109,9 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    /// The TLS certificate or key cannot be used (exit 2); the message names the file.
+    #[error("{0}")]
+    Tls(#[source] crate::service::tls::TlsError),
     /// Signals cannot be watched (exit 1).
     #[error("cannot watch {signal}: {source}")]
     Signals {
@@ -129,7 +132,8 @@ impl ServeError {
             | ServeError::Provisioner(_)
             | ServeError::StoreUrl(_)
             | ServeError::NoPostgres
-            | ServeError::SimOutOfCapacity => 2,
+            | ServeError::SimOutOfCapacity
+            | ServeError::Tls(_) => 2,
             #[cfg(feature = "ec2")]
             ServeError::Ec2Settings(_) => 2,
             _ => 1,
@@ -684,6 +688,11 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     if opts.broker() == BrokerKind::Ec2 {
         return Err(ServeError::NoEc2Broker);
     }
+    // TLS first: a bad certificate or key is refused before the data directory is touched.
+    let tls = match opts.tls_files() {
+        Some((cert, key)) => Some(crate::service::tls::server_config(cert, key).map_err(ServeError::Tls)?),
+        None => None,
+    };
     let started = Instant::now();
     let dir = opts.data_dir();
     std::fs::create_dir_all(dir).map_err(data_dir_io(dir, FileOp::CreateDir, dir))?;
@@ -789,11 +798,15 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         started,
         containers: containers.clone(),
     };
-    let bound = actix_web::HttpServer::new(move || api::app(state.clone()))
+    let http = actix_web::HttpServer::new(move || api::app(state.clone()))
         .workers(2)
         .disable_signals()
-        .shutdown_timeout(opts.shutdown_grace.as_secs().max(1))
-        .bind(opts.listen());
+        .shutdown_timeout(opts.shutdown_grace.as_secs().max(1));
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let bound = match tls {
+        Some(config) => http.bind_rustls_0_23(opts.listen(), config),
+        None => http.bind(opts.listen()),
+    };
     let server = match bound {
         Ok(server) => server.run(),
         Err(source) => {
@@ -817,6 +830,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     let server_task = actix_rt::spawn(server);
     tracing::info!(
         listen = %opts.listen(),
+        scheme,
         data_dir = %dir.display(),
         model = %model_uuid,
         "provisioner service ready; the API token is in {}",

@@ -114,6 +114,21 @@ pub enum SettingsError {
     /// The lease's timings are out of order (`lease > renew_deadline > 1.2 × retry`) or zero.
     #[error("{0}")]
     Lease(#[source] LeaseTimingsError),
+    /// Only one of `--tls-cert` and `--tls-key` is given.
+    #[error(
+        "--tls-cert and --tls-key go together: give both (a PEM certificate chain and its PEM private key) or neither"
+    )]
+    TlsPair,
+    /// A non-loopback listen address without TLS and without `--insecure-http`.
+    #[error(
+        "refusing to listen on {listen} without TLS: the API token and every request would cross the network in \
+         clear text. Give --tls-cert FILE --tls-key FILE, or --insecure-http to serve plain HTTP anyway (e.g. \
+         behind a TLS-terminating proxy)"
+    )]
+    InsecureListen {
+        /// The listen address.
+        listen: String,
+    },
     /// The matches given to [`ServeSettings::load`] are not those of these settings' arguments
     /// (a mistake of the caller, not of the user).
     #[error("the arguments do not match the serve settings: {0}")]
@@ -168,6 +183,19 @@ pub struct ServeSettings {
     /// Where the model lives (`[store]`, `--store`).
     #[command(flatten)]
     pub store: StoreSection,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, env = "PROVISIONER_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "PROVISIONER_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve plain HTTP on a non-loopback address (refused without it: the API token would
+    /// cross the network in clear text).
+    // An `Option` (no clap default), so that the file's value stands unless the flag or its
+    // variable is given.
+    #[arg(long, env = "PROVISIONER_INSECURE_HTTP", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub insecure_http: Option<bool>,
     /// Create a new model where the data directory has none it can use: a database that is
     /// empty or missing next to an old run's WAL or token (the old model's instances in the
     /// cloud are no longer managed). Refused where a database is there. Without it, a new model
@@ -194,6 +222,9 @@ impl Default for ServeSettings {
             ec2: Ec2Settings::default(),
             lease: LeaseSettings::default(),
             store: StoreSection::default(),
+            tls_cert: None,
+            tls_key: None,
+            insecure_http: None,
             init: false,
         }
     }
@@ -457,6 +488,15 @@ fn optional_from_str<'de, D: Deserializer<'de>, T: FromStr<Err: Display>>(d: D) 
     from_str(d).map(Some)
 }
 
+/// Whether a listen address (`IP:PORT` or `HOST:PORT`) is only reachable from this machine:
+/// a loopback IP, or `localhost`. Anything else (a hostname, a wildcard) counts as the network.
+pub fn is_loopback(listen: &str) -> bool {
+    if let Ok(addr) = listen.parse::<std::net::SocketAddr>() {
+        return addr.ip().is_loopback();
+    }
+    listen.rsplit_once(':').is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
+}
+
 fn from_str<'de, D: Deserializer<'de>, T: FromStr<Err: Display>>(d: D) -> Result<T, D::Error> {
     String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
 }
@@ -508,7 +548,23 @@ impl ServeSettings {
         }
         self.sim.check_subnets()?;
         self.lease.timings().map_err(SettingsError::Lease)?;
+        self.check_tls()?;
         Ok(())
+    }
+
+    fn check_tls(&self) -> Result<(), SettingsError> {
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(SettingsError::TlsPair);
+        }
+        if self.tls_files().is_none() && self.insecure_http != Some(true) && !is_loopback(self.listen()) {
+            return Err(SettingsError::InsecureListen { listen: self.listen().to_owned() });
+        }
+        Ok(())
+    }
+
+    /// The TLS certificate and key files, when the API is served over HTTPS.
+    pub fn tls_files(&self) -> Option<(&Path, &Path)> {
+        Some((self.tls_cert.as_deref()?, self.tls_key.as_deref()?))
     }
 
     /// The data directory (database, token).
@@ -790,6 +846,31 @@ mod tests {
             let e = Cli::command().try_get_matches_from(["serve", "--store", "postgres://h/db"]).unwrap_err();
             assert!(e.to_string().contains("--features postgres"), "{e}");
         }
+    }
+
+    #[test]
+    fn plain_http_off_loopback_needs_insecure_http_and_tls_needs_both_files() {
+        for ok in ["127.0.0.1:1", "[::1]:1", "localhost:1", "127.0.0.2:1"] {
+            assert!(is_loopback(ok), "{ok}");
+        }
+        for not in ["0.0.0.0:1", "[::]:1", "10.0.0.1:1", "example.com:1"] {
+            assert!(!is_loopback(not), "{not}");
+        }
+        let e = load(&["--listen", "0.0.0.0:7878"]).unwrap_err();
+        assert!(matches!(e, SettingsError::InsecureListen { .. }) && e.to_string().contains("--insecure-http"), "{e}");
+        assert!(load(&["--listen", "0.0.0.0:7878", "--insecure-http"]).unwrap().insecure_http == Some(true));
+        let o = load(&["--listen", "0.0.0.0:7878", "--tls-cert", "c.pem", "--tls-key", "k.pem"]).unwrap();
+        assert_eq!(o.tls_files(), Some((Path::new("c.pem"), Path::new("k.pem"))));
+        assert!(matches!(load(&["--tls-cert", "c.pem"]).unwrap_err(), SettingsError::TlsPair));
+        let o =
+            with_file("tls.toml", "listen = \"0.0.0.0:1\"\ntls_cert = \"a.pem\"\ntls_key = \"b.pem\"\n", &[]).unwrap();
+        assert_eq!(o.tls_files(), Some((Path::new("a.pem"), Path::new("b.pem"))), "the file's keys");
+        let e = with_file("insecure.toml", "listen = \"0.0.0.0:1\"\n", &[]).unwrap_err();
+        assert!(matches!(e, SettingsError::InsecureListen { .. }), "{e}");
+        assert!(with_file("insecure2.toml", "listen = \"0.0.0.0:1\"\ninsecure_http = true\n", &[]).is_ok());
+        let e =
+            with_file("insecure3.toml", "listen = \"0.0.0.0:1\"\ninsecure_http = true\n", &["--insecure-http=false"]);
+        assert!(matches!(e, Err(SettingsError::InsecureListen { .. })), "the flag wins over the file: {e:?}");
     }
 
     #[test]

@@ -122,6 +122,15 @@ enum Command {
         #[command(flatten)]
         conn: cli::Conn,
     },
+    /// Print a completion script for a shell (e.g. `provisioner completions bash >
+    /// /usr/share/bash-completion/completions/provisioner`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum, value_name = "bash|zsh|fish")]
+        shell: cli::shell::Shell,
+    },
+    /// Print the man page (roff; e.g. `provisioner man | man -l -`).
+    Man,
 }
 
 #[derive(Subcommand)]
@@ -200,6 +209,8 @@ fn main() -> ExitCode {
             cli::run_client(conn, cli::ClientCmd::DestroyModel { force, json })
         }
         Command::Bench { which: Bench::Serve(args) } => cli::run_bench(args),
+        Command::Completions { shell } => cli::shell::run_completions(Cli::command(), shell),
+        Command::Man => cli::shell::run_man(Cli::command()),
         Command::Simulate { file, seed, json } => {
             let scenario = match load(&file) {
                 Ok(s) => s,

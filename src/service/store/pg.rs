@@ -45,7 +45,7 @@ use crate::model::{
 use crate::ports::ProvisionedInstance;
 
 /// The newest schema version this build knows (rows of `schema_migrations`).
-pub const PG_SCHEMA_VERSION: i64 = 1;
+pub const PG_SCHEMA_VERSION: i64 = 2;
 
 /// The channel of change notifications.
 pub const CHANGES_CHANNEL: &str = "provisioner_changes";

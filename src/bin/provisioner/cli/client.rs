@@ -48,6 +48,30 @@ fn non_empty(v: Option<String>) -> Option<String> {
     v.filter(|s| !s.trim().is_empty())
 }
 
+/// The certificate to trust: `--ca-cert`, else `$PROVISIONER_CA_CERT`.
+fn ca_cert(conn: &Conn) -> Option<PathBuf> {
+    conn.ca_cert.clone().or_else(|| non_empty(std::env::var("PROVISIONER_CA_CERT").ok()).map(PathBuf::from))
+}
+
+/// What a transport error means to an operator; a certificate the client does not trust gets
+/// a sentence that says what to do.
+fn transport_error(base: &str, e: &ureq::Error) -> String {
+    let text = e.to_string();
+    let chain = std::iter::successors(std::error::Error::source(e), |s| s.source())
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .join(": ");
+    let all = format!("{text} {chain}");
+    if all.contains("invalid peer certificate") || all.contains("UnknownIssuer") || all.contains("certificate") {
+        format!(
+            "cannot reach the provisioner service at {base}: its TLS certificate is not trusted ({text}); \
+             pass --ca-cert FILE (or set PROVISIONER_CA_CERT) with the certificate that signed it"
+        )
+    } else {
+        format!("cannot reach the provisioner service at {base}: {text}")
+    }
+}
+
 impl Client {
     /// The server from `--server`, `$PROVISIONER_URL` or the default; the token from `--token`,
     /// `$PROVISIONER_TOKEN` or `DIR/token`.
@@ -57,7 +81,7 @@ impl Client {
             .unwrap_or_else(|| DEFAULT_URL.to_owned());
         let base = base.trim_end_matches('/').to_owned();
         if !base.starts_with("http://") && !base.starts_with("https://") {
-            return Err(Failure::usage(format!("invalid server URL {base:?}: it must start with http://")));
+            return Err(Failure::usage(format!("invalid server URL {base:?}: it must start with http:// or https://")));
         }
         let token = match non_empty(conn.token.clone()).or_else(|| non_empty(std::env::var("PROVISIONER_TOKEN").ok())) {
             Some(t) => t.trim().to_owned(),
@@ -72,9 +96,13 @@ impl Client {
                 })?
             }
         };
-        let agent =
-            ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(5)).timeout(Duration::from_secs(60)).build();
-        Ok(Self { base, token, agent })
+        let mut agent =
+            ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(5)).timeout(Duration::from_secs(60));
+        if let Some(ca) = ca_cert(conn) {
+            let config = provisioner::service::tls::client_config(&ca).map_err(|e| Failure::usage(e.to_string()))?;
+            agent = agent.tls_config(std::sync::Arc::new(config));
+        }
+        Ok(Self { base, token, agent: agent.build() })
     }
 
     fn request(&self, method: &str, path: &str) -> ureq::Request {
@@ -97,7 +125,7 @@ impl Client {
                     _ => Failure::runtime(message),
                 })
             }
-            Err(e) => Err(Failure::runtime(format!("cannot reach the provisioner service at {}: {e}", self.base))),
+            Err(e) => Err(Failure::runtime(transport_error(&self.base, &e))),
         }
     }
 

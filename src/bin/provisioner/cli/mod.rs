@@ -16,6 +16,7 @@ use provisioner::service::settings::parse_duration;
 mod client;
 #[cfg(feature = "serve")]
 mod serve;
+pub mod shell;
 
 /// Where the service is and how to authenticate.
 #[derive(Args, Debug, Clone)]
@@ -29,6 +30,10 @@ pub struct Conn {
     /// The service's data directory, to read the token from [default: ./provisioner-data].
     #[arg(long, global = true, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Trust this PEM certificate (a CA, or the service's own) for an https:// server
+    /// [default: $PROVISIONER_CA_CERT, else the usual public roots].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 /// `provisioner machine ...`.
