@@ -349,6 +349,11 @@ async fn healthz(st: State) -> HttpResponse {
 
 /// `/readyz`: 200 `ready` when this replica can serve (its store is reachable and readable),
 /// 503 with the reason otherwise.
+#[utoipa::path(get, path = "/readyz", tag = "service", operation_id = "readyz",
+    responses(
+        (status = 200, description = "This replica can serve: its store is reachable", content_type = "text/plain", body = String, example = "ready\n"),
+        (status = 503, description = "Not ready (the reason): the store is unreachable or unreadable", content_type = "text/plain", body = String),
+    ))]
 async fn readyz(st: State) -> HttpResponse {
     readiness(&st.store).await
 }

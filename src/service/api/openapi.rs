@@ -41,6 +41,7 @@ pub enum ConfigKey {
     ),
     paths(
         super::healthz,
+        super::readyz,
         super::metrics,
         openapi_json,
         super::model::list_machines,
