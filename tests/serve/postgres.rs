@@ -203,7 +203,7 @@ fn a_newer_schema_is_refused_at_start_naming_both_versions() {
     c.execute("INSERT INTO schema_migrations (version) VALUES (42)", &[]).unwrap();
     let (code, err) = serve_output(&dir.join("data"), &["--store", &url]);
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("schema version 42") && err.contains("this build's 1"), "{err}");
+    assert!(err.contains("schema version 42") && err.contains("this build's 2"), "{err}");
 }
 
 /// A second replica on the same database has no token file: it reads the token's hash from
