@@ -101,6 +101,7 @@ pub struct AppState {
 }
 
 /// A replica's lease and, while it leads, its provisioners.
+#[cfg(feature = "postgres")]
 #[derive(Clone)]
 pub struct ReplicaState {
     /// The lease actor (role, holder, epoch).
@@ -109,24 +110,52 @@ pub struct ReplicaState {
     pub leading: actix::Addr<crate::service::lease::leading::Leading>,
 }
 
+/// Without PostgreSQL there are no replicas: this type has no value.
+#[cfg(not(feature = "postgres"))]
+#[derive(Clone)]
+pub enum ReplicaState {}
+
+#[cfg(feature = "postgres")]
+impl ReplicaState {
+    async fn lease_status(&self) -> Result<crate::service::lease::state::LeaseStatus> {
+        let status = self.lease.send(crate::service::lease::actor::GetLeaseStatus).await;
+        status.map_err(|e| ApiError::internal(format!("the lease: {e}")))
+    }
+
+    async fn current(&self) -> Result<Option<crate::service::lease::leading::Provisioners>> {
+        let current = self.leading.send(crate::service::lease::leading::Current).await;
+        current.map_err(|e| ApiError::internal(format!("the leader's provisioners: {e}")))
+    }
+}
+
+#[cfg(not(feature = "postgres"))]
+impl ReplicaState {
+    async fn lease_status(&self) -> Result<crate::service::lease::state::LeaseStatus> {
+        match *self {}
+    }
+
+    async fn current(&self) -> Result<Option<crate::service::lease::leading::Provisioners>> {
+        match *self {}
+    }
+}
+
 impl AppState {
     /// The provisioners this replica runs: the service's own, or with replicas the leader's
     /// of the current epoch; a follower answers 503 naming the leader.
     pub async fn running(&self) -> Result<crate::service::lease::leading::Provisioners> {
-        use crate::service::lease::leading::{Current, Provisioners};
+        use crate::service::lease::leading::Provisioners;
         match (&self.handle, &self.replica) {
             (Some(handle), _) => Ok(Provisioners { handle: handle.clone(), containers: self.containers.clone() }),
-            (None, Some(r)) => match r.leading.send(Current).await {
-                Ok(Some(p)) => Ok(p),
-                Ok(None) => {
-                    let lease = r.lease.send(crate::service::lease::actor::GetLeaseStatus).await.ok();
+            (None, Some(r)) => match r.current().await? {
+                Some(p) => Ok(p),
+                None => {
+                    let lease = r.lease_status().await.ok();
                     let leader = lease.and_then(|l| l.leader).unwrap_or_else(|| "none yet".to_owned());
                     Err(ApiError::new(
                         503,
                         format!("this replica is a follower (the leader is {leader}): ask the leader's replica"),
                     ))
                 }
-                Err(e) => Err(ApiError::internal(format!("the leader's provisioners: {e}"))),
             },
             (None, None) => Err(ApiError::internal("no provisioner runs here")),
         }
@@ -599,12 +628,7 @@ async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
     let (machines, life) = st.store.exec(|s| Ok((s.list_machines()?, s.model_life()?))).await?;
     let (instances, instances_error) = instance_count(st.broker.all_instances().await.map(|l| l.len()));
     let lease = match &st.replica {
-        Some(r) => Some(
-            r.lease
-                .send(crate::service::lease::actor::GetLeaseStatus)
-                .await
-                .map_err(|e| ApiError::internal(format!("the lease: {e}")))?,
-        ),
+        Some(r) => Some(r.lease_status().await?),
         None => None,
     };
     // A follower runs no provisioner: its pool and mode are the stored settings, and it is

@@ -37,22 +37,7 @@ pub struct LeaseConfig {
     pub timings: LeaseTimings,
 }
 
-/// The role as `/v1/status` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseStatus {
-    /// `leader` or `follower`.
-    pub role: &'static str,
-    /// The holder last seen (this replica's id when leader).
-    pub leader: Option<String>,
-    /// The holder's epoch.
-    pub epoch: Option<i64>,
-    /// This replica's id.
-    pub replica: String,
-    /// The last transition: from, to, why, and how long ago.
-    pub last_transition: Option<(&'static str, &'static str, &'static str, Duration)>,
-    /// Transitions so far.
-    pub transitions: u64,
-}
+pub use super::state::LeaseStatus;
 
 /// The replica's role actor.
 pub struct LeaseActor {

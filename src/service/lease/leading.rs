@@ -30,7 +30,9 @@ impl Provisioners {
 pub struct Leading {
     epoch: Option<i64>,
     running: Option<Provisioners>,
-    /// The store, to re-read every machine id after a notification that covers them all.
+    /// The store, to re-read every machine id after a notification that covers them all
+    /// (notifications come with PostgreSQL only).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     store: crate::service::store::Store,
 }
 
@@ -40,6 +42,7 @@ impl Leading {
         Self { epoch: None, running: None, store }
     }
 
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn machines_changed(&self, ids: Vec<crate::model::MachineId>) {
         if let Some(p) = &self.running {
             let msg = crate::MachinesChanged { ids };

@@ -384,3 +384,20 @@ impl LeaseBook {
         t
     }
 }
+
+/// The role as `/v1/status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseStatus {
+    /// `leader` or `follower`.
+    pub role: &'static str,
+    /// The holder last seen (this replica's id when leader).
+    pub leader: Option<String>,
+    /// The holder's epoch.
+    pub epoch: Option<i64>,
+    /// This replica's id.
+    pub replica: String,
+    /// The last transition: from, to, why, and how long ago.
+    pub last_transition: Option<(&'static str, &'static str, &'static str, Duration)>,
+    /// Transitions so far.
+    pub transitions: u64,
+}

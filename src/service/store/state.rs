@@ -28,42 +28,43 @@ pub const SCHEMA_VERSION: i64 = 3;
 /// id order, then containers in the order they were added.
 pub const CONTAINER_SEQ_BASE: i64 = 1 << 40;
 
-/// Schema step of version 3: manual machines (`machine add --manual --address HOST`) keep the
-/// flag and their address. Adds each column only if missing, so it composes with any other
-/// step that adds columns of its own.
-fn upgrade_manual_machines(tx: &Transaction<'_>) -> Result<(), StoreError> {
-    let columns: Vec<String> = tx
+/// Adds to `machines` each of `columns` (name, DDL) it lacks, so that additive schema steps
+/// compose with one another and run again harmlessly.
+fn add_missing_machine_columns(tx: &Transaction<'_>, columns: &[(&str, &str)]) -> Result<(), StoreError> {
+    let have: Vec<String> = tx
         .prepare("SELECT name FROM pragma_table_info('machines')")
         .and_then(|mut st| st.query_map([], |r| r.get::<_, String>(0))?.collect())
         .map_err(StoreError::sql("reading the schema"))?;
-    for (name, ddl) in [
-        ("manual", "ALTER TABLE machines ADD COLUMN manual INTEGER NOT NULL DEFAULT 0"),
-        ("address", "ALTER TABLE machines ADD COLUMN address TEXT"),
-    ] {
-        if !columns.iter().any(|c| c == name) {
+    for (name, ddl) in columns {
+        if !have.iter().any(|c| c == name) {
             tx.execute_batch(ddl).map_err(StoreError::sql("upgrading the schema"))?;
         }
     }
     Ok(())
 }
 
+/// Schema step of version 3: manual machines (`machine add --manual --address HOST`) keep the
+/// flag and their address.
+fn upgrade_manual_machines(tx: &Transaction<'_>) -> Result<(), StoreError> {
+    add_missing_machine_columns(
+        tx,
+        &[
+            ("manual", "ALTER TABLE machines ADD COLUMN manual INTEGER NOT NULL DEFAULT 0"),
+            ("address", "ALTER TABLE machines ADD COLUMN address TEXT"),
+        ],
+    )
+}
+
 /// Schema step of version 3 (additive, for `machine show`): per machine, how many start
 /// attempts the provisioner reported and the last one's error ([`StoreCore::record_start_outcome`]).
-/// Adds each column only if missing, as [`upgrade_manual_machines`] does.
 fn upgrade_start_attempts(tx: &Transaction<'_>) -> Result<(), StoreError> {
-    let columns: Vec<String> = tx
-        .prepare("SELECT name FROM pragma_table_info('machines')")
-        .and_then(|mut st| st.query_map([], |r| r.get::<_, String>(0))?.collect())
-        .map_err(StoreError::sql("reading the schema"))?;
-    for (name, ddl) in [
-        ("start_attempts", "ALTER TABLE machines ADD COLUMN start_attempts INTEGER NOT NULL DEFAULT 0"),
-        ("last_start_error", "ALTER TABLE machines ADD COLUMN last_start_error TEXT"),
-    ] {
-        if !columns.iter().any(|c| c == name) {
-            tx.execute_batch(ddl).map_err(StoreError::sql("upgrading the schema"))?;
-        }
-    }
-    Ok(())
+    add_missing_machine_columns(
+        tx,
+        &[
+            ("start_attempts", "ALTER TABLE machines ADD COLUMN start_attempts INTEGER NOT NULL DEFAULT 0"),
+            ("last_start_error", "ALTER TABLE machines ADD COLUMN last_start_error TEXT"),
+        ],
+    )
 }
 
 const SCHEMA: &str = "
