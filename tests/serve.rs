@@ -206,7 +206,7 @@ fn health_is_public_and_every_v1_request_needs_the_token() {
     assert_eq!(status("/v1/nothing-here", Some(&format!("Bearer {token}"))), 404);
     assert_eq!(status("/healthz", None), 200);
     let metrics = s.metrics();
-    assert!(metrics.contains("# TYPE provisioner_http_requests_total counter"), "{metrics}");
+    assert!(metrics.contains("# TYPE provisioner_http_requests counter"), "{metrics}");
     assert!(metrics.contains("provisioner_workers 16"), "{metrics}");
     assert!(metrics.contains("code=\"401\""), "{metrics}");
 
@@ -1719,4 +1719,47 @@ fn bad_tls_files_exit_2_naming_the_file() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--tls-key"), "{err}");
     assert!(!dir.join("data").exists(), "a refused start touched the data directory");
+}
+
+/// `/metrics` is OpenMetrics (its content type, `# EOF` at the end), the whole scrape parses
+/// with the Prometheus project's own parser (`.ci/metrics-check`: PyPI `prometheus-client`,
+/// pinned, in a venv), and the new families move: after adding machines, the start outcomes
+/// of their zones and the pending-to-running histogram's count reach the number of machines.
+#[test]
+fn metrics_are_openmetrics_that_prometheus_parses_and_count_starts_per_zone() {
+    let dir = temp_dir("openmetrics");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "4", "--wait", "--json"]));
+    let response = ureq::get(&format!("{}/metrics", s.url)).call().unwrap();
+    assert_eq!(response.header("Content-Type"), Some("application/openmetrics-text; version=1.0.0; charset=utf-8"));
+    let m = response.into_string().unwrap();
+    assert!(m.ends_with("# EOF\n"), "{m}");
+    // Per zone, the started count is the number of machines in that zone.
+    let mut per_zone: BTreeMap<String, f64> = BTreeMap::new();
+    for machine in s.machines() {
+        *per_zone.entry(field(&machine, "zone").to_owned()).or_default() += 1.0;
+    }
+    assert_eq!(per_zone.values().sum::<f64>(), ids.len() as f64);
+    eventually(Duration::from_secs(10), "the start metrics to reach the machines", || {
+        let m = s.metrics();
+        per_zone.iter().all(|(zone, n)| {
+            sample(&m, &format!("provisioner_start_outcomes_total{{zone=\"{zone}\",outcome=\"started\"}}")) == Some(*n)
+        }) && sample(&m, "provisioner_time_to_running_seconds_count") == Some(ids.len() as f64)
+    });
+    let m = s.metrics();
+    assert_eq!(sample(&m, "provisioner_time_to_running_seconds_bucket{le=\"+Inf\"}"), Some(ids.len() as f64), "{m}");
+    assert!(sample(&m, "provisioner_time_to_running_seconds_sum").unwrap_or(0.0) > 0.0, "{m}");
+    // The whole scrape, through a real OpenMetrics parser.
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("SKIPPED the OpenMetrics parser check: python3 is not installed");
+        return;
+    }
+    let scrape = dir.join("scrape.txt");
+    std::fs::write(&scrape, &m).unwrap();
+    let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/metrics-check")).arg(&scrape).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the scrape does not parse: {}\n{m}", String::from_utf8_lossy(&out.stderr));
+    for family in ["provisioner_start_outcomes counter", "provisioner_time_to_running_seconds histogram"] {
+        assert!(stdout.lines().any(|l| l.starts_with(family)), "the parser saw no {family}: {stdout}");
+    }
 }

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `GET /healthz` | | `ok` (no token needed) |
 //! | `GET /readyz` | | `ready` when this replica can serve (its store reachable), else 503 (no token needed) |
-//! | `GET /metrics` | | Prometheus text (no token needed) |
+//! | `GET /metrics` | | OpenMetrics text (no token needed) |
 //! | `GET /v1/machines?application=&status=&zone=&after=&limit=` | | `[MachineView]` |
 //! | `POST /v1/machines` | `AddMachines` (`count`, `zones`, `constraints`, `placement`; or `container` and `host`; or `manual` and `address`) | `201 AddedMachines` |
 //! | `GET /v1/machines/{id}` | | `MachineDetail` (`{id}` may hold `/`: `3/lxd/0`) |
@@ -444,6 +444,7 @@ async fn add_machines(_: Authorized, st: State, req: HttpRequest, payload: web::
     let cloud = model::CloudShape { zones: st.zones.clone(), subnets: st.subnets.clone() };
     let spec = model::new_machine(&cloud, zones, constraints, placement)?;
     let added = st.store.exec(move |s| s.add_new_machines(count, &spec)).await?;
+    st.metrics.do_send(crate::service::metrics::MachinesPending(added.clone()));
     Ok(HttpResponse::Created().json(AddedMachines { ids: added.iter().map(ToString::to_string).collect() }))
 }
 
@@ -765,8 +766,8 @@ async fn events(_: Authorized, st: State) -> Result<HttpResponse> {
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "service", operation_id = "metrics",
-    responses((status = 200, description = "Prometheus text exposition format 0.0.4",
-        content_type = "text/plain; version=0.0.4", body = String)))]
+    responses((status = 200, description = "OpenMetrics text format 1.0.0 (ends in `# EOF`)",
+        content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String)))]
 /// Reads no table: the state gauges are the counts the store keeps as it writes, held by the
 /// metrics actor; the rest comes from the actors' own state.
 async fn metrics(st: State) -> Result<HttpResponse> {
@@ -799,7 +800,7 @@ async fn metrics(st: State) -> Result<HttpResponse> {
         g.rate_limits.insert(c.class.to_string(), (c.rate, c.waiting as u64, c.throttled));
     }
     let text = st.metrics.send(Render(g)).await.map_err(|e| ApiError::internal(format!("metrics: {e}")))?;
-    Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(text))
+    Ok(HttpResponse::Ok().content_type(crate::service::metrics::CONTENT_TYPE).body(text))
 }
 
 async fn v1_not_found(_: Authorized, req: HttpRequest) -> Result<HttpResponse> {

@@ -2,9 +2,14 @@
 
 use actix::prelude::*;
 
-use super::messages::{BrokerCallDone, HttpDone, LeaderChanged, Render};
-use super::state::MetricsBook;
+use std::collections::BTreeMap;
+
+use actix_rt::time::Instant;
+
+use super::messages::{BrokerCallDone, HttpDone, LeaderChanged, MachinesPending, Render};
+use super::state::{MetricsBook, StartOutcome};
 use crate::model::events::ProvisionerEvent;
+use crate::model::MachineId;
 use crate::service::store::{CountsChanged, StoreCounts};
 
 /// Owns the counters; everything that counts sends it a message. The state gauges come from
@@ -13,6 +18,18 @@ use crate::service::store::{CountsChanged, StoreCounts};
 pub struct Metrics {
     book: MetricsBook,
     counts: StoreCounts,
+    /// When each machine added here became pending (until it starts, fails or goes).
+    pending: BTreeMap<MachineId, Instant>,
+}
+
+impl Handler<MachinesPending> for Metrics {
+    type Result = ();
+    fn handle(&mut self, m: MachinesPending, _ctx: &mut Self::Context) {
+        let now = Instant::now();
+        for id in m.0 {
+            self.pending.entry(id).or_insert(now);
+        }
+    }
 }
 
 impl Handler<CountsChanged> for Metrics {
@@ -44,6 +61,25 @@ impl Handler<ProvisionerEvent> for Metrics {
     type Result = ();
     fn handle(&mut self, e: ProvisionerEvent, _ctx: &mut Self::Context) {
         self.book.event(e.name());
+        match &e {
+            ProvisionerEvent::MachineStarted { machine, zone, .. } => {
+                self.book.start_outcome(zone.as_deref(), StartOutcome::Started);
+                if let Some(at) = self.pending.remove(machine) {
+                    self.book.time_to_running(at.elapsed().as_secs_f64());
+                }
+            }
+            ProvisionerEvent::MachineFailed { machine, .. } => {
+                self.book.start_outcome(None, StartOutcome::Failed);
+                self.pending.remove(machine);
+            }
+            ProvisionerEvent::MachineRemoved { machine } => {
+                self.pending.remove(machine);
+            }
+            ProvisionerEvent::InstancesStopped { instances } => {
+                self.book.harvest("stopped", instances.len() as u64);
+            }
+            _ => {}
+        }
     }
 }
 

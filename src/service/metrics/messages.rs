@@ -45,3 +45,8 @@ pub struct LeaderChanged {
     /// Whether this is a transition (`false`: the first report, as a follower).
     pub transition: bool,
 }
+
+/// Machines just added (pending): the start of `provisioner_time_to_running_seconds`.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct MachinesPending(pub Vec<crate::model::MachineId>);

@@ -1,5 +1,5 @@
 //! Metrics: counters and latency histograms of HTTP requests, broker calls and provisioner
-//! events, rendered with the state gauges in Prometheus' text format (`GET /metrics`).
+//! events, rendered with the state gauges on the `prometheus-client` crate in OpenMetrics text (`GET /metrics`).
 //!
 //! [`MetricsBook`] is the plain core (counting and rendering, unit-tested); [`Metrics`] the
 //! actor that owns it; everything that counts sends it a message. [`MeteredBroker`] wraps the
@@ -14,6 +14,6 @@ mod state;
 mod tests;
 
 pub use actor::Metrics;
-pub use messages::{BrokerCallDone, HttpDone, LeaderChanged, Render};
+pub use messages::{BrokerCallDone, HttpDone, LeaderChanged, MachinesPending, Render};
 pub use metered::MeteredBroker;
-pub use state::{Gauges, Histogram, MetricsBook};
+pub use state::{Gauges, Histogram, MetricsBook, CONTENT_TYPE};

@@ -1,46 +1,60 @@
-//! The metrics' plain core: counters, histograms and the Prometheus text format.
+//! The metrics' plain core: families on the `prometheus-client` crate, in one [`Registry`]
+//! built once ([`MetricsBook::default`]), rendered as OpenMetrics text.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram as PromHistogram;
+use prometheus_client::registry::Registry;
 
 /// Upper bounds of the latency histograms' buckets, in seconds.
 pub const BUCKETS: [f64; 14] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
-/// A latency histogram with fixed buckets (`BUCKETS`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Histogram {
-    counts: [u64; BUCKETS.len()],
-    sum: f64,
-    count: u64,
+/// Upper bounds of the pending-to-running histogram's buckets, in seconds.
+pub const START_BUCKETS: [f64; 10] = [0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+
+/// The content type of [`MetricsBook::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The outcome of a start: the `outcome` label of `provisioner_start_outcomes_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartOutcome {
+    /// The machine got its instance.
+    Started,
+    /// The start failed for good.
+    Failed,
 }
 
-impl Histogram {
-    /// Records one observation.
-    pub fn observe(&mut self, seconds: f64) {
-        if let Some(i) = BUCKETS.iter().position(|b| seconds <= *b) {
-            self.counts[i] += 1;
+impl StartOutcome {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            StartOutcome::Started => "started",
+            StartOutcome::Failed => "failed",
         }
-        self.sum += seconds;
-        self.count += 1;
     }
+}
 
-    /// Observations so far.
-    pub fn count(&self) -> u64 {
-        self.count
-    }
+/// A latency histogram with fixed buckets (`BUCKETS`).
+pub type Histogram = PromHistogram;
 
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        let mut cumulative = 0;
-        for (b, c) in BUCKETS.iter().zip(self.counts) {
-            cumulative += c;
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cumulative}");
-        }
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", self.count);
-        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
-        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum);
-        let _ = writeln!(out, "{name}_count{braces} {}", self.count);
-    }
+type Labels = Vec<(String, String)>;
+type HistFamily = Family<Labels, PromHistogram, fn() -> PromHistogram>;
+
+fn latency() -> PromHistogram {
+    PromHistogram::new(BUCKETS)
+}
+
+fn l(pairs: &[(&str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), escape(v))).collect()
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// What is read from the service's state at each scrape.
@@ -76,25 +90,186 @@ pub struct Gauges {
     pub event_streams_dropped: u64,
 }
 
-/// Every counter and histogram.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// The lease's families, registered when a replica first reports its role.
+struct Lease {
+    leader: Gauge,
+    transitions: Counter,
+}
+
+/// Every family, in one registry.
 pub struct MetricsBook {
-    http: BTreeMap<(&'static str, String, u16), u64>,
-    http_latency: BTreeMap<String, Histogram>,
-    broker: BTreeMap<(&'static str, &'static str), u64>,
-    broker_latency: BTreeMap<&'static str, Histogram>,
-    events: BTreeMap<&'static str, u64>,
-    /// With replicas: whether this replica leads, and its transitions so far.
-    lease: Option<(bool, u64)>,
+    registry: Registry,
+    http: Family<Labels, Counter>,
+    http_latency: HistFamily,
+    broker: Family<Labels, Counter>,
+    broker_latency: HistFamily,
+    broker_in_flight: Gauge,
+    events: Family<Labels, Counter>,
+    start_outcomes: Family<Labels, Counter>,
+    time_to_running: PromHistogram,
+    retries: Counter,
+    harvest: Family<Labels, Counter>,
+    machines: Family<Labels, Gauge>,
+    machines_by_life: Family<Labels, Gauge>,
+    instances: Family<Labels, Gauge>,
+    workers: Gauge,
+    jobs_in_flight: Gauge,
+    jobs_queued: Gauge,
+    rate: Family<Labels, Gauge<f64, AtomicU64>>,
+    rate_waiting: Family<Labels, Gauge>,
+    throttled: Family<Labels, Counter>,
+    harvest_mode: Family<Labels, Gauge>,
+    model_life: Family<Labels, Gauge>,
+    lease: Option<Lease>,
+    uptime: Gauge<f64, AtomicU64>,
+    store_operations: Counter,
+    streams_dropped: Counter,
+    /// HTTP requests per route (for tests and `http_count`).
+    http_counts: BTreeMap<String, u64>,
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+impl std::fmt::Debug for MetricsBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsBook").field("http_counts", &self.http_counts).finish_non_exhaustive()
+    }
 }
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+impl Default for MetricsBook {
+    fn default() -> Self {
+        let mut r = Registry::default();
+        macro_rules! reg {
+            ($name:expr, $help:expr, $m:expr) => {{
+                let m = $m;
+                r.register($name, $help, m.clone());
+                m
+            }};
+        }
+        // Counters are registered without `_total`: OpenMetrics adds it to the sample.
+        let http =
+            reg!("provisioner_http_requests", "HTTP requests by method, route and status code", Family::default());
+        let http_latency = reg!(
+            "provisioner_http_request_duration_seconds",
+            "HTTP request latency by route",
+            HistFamily::new_with_constructor(latency)
+        );
+        let broker = reg!(
+            "provisioner_broker_calls",
+            "Cloud broker calls by operation and result (ok, or the kind of failure)",
+            Family::default()
+        );
+        let broker_latency = reg!(
+            "provisioner_broker_call_duration_seconds",
+            "Cloud broker call latency by operation",
+            HistFamily::new_with_constructor(latency)
+        );
+        let broker_in_flight =
+            reg!("provisioner_broker_calls_in_flight", "Cloud broker calls in flight", Gauge::default());
+        let events = reg!("provisioner_events", "Provisioner events by name", Family::default());
+        let start_outcomes = reg!(
+            "provisioner_start_outcomes",
+            "Machine starts by zone and outcome (started, failed; zone unknown when the event names none)",
+            Family::default()
+        );
+        let time_to_running = reg!(
+            "provisioner_time_to_running_seconds",
+            "Time from a machine's addition (pending) to its instance running",
+            PromHistogram::new(START_BUCKETS)
+        );
+        let retries = reg!(
+            "provisioner_retries",
+            "Batches of machines with transient errors queued for another start",
+            Counter::default()
+        );
+        let harvest = reg!(
+            "provisioner_harvest_decisions",
+            "Harvest decisions on instances by decision (stopped)",
+            Family::default()
+        );
+        let machines = reg!("provisioner_machines", "Machines in the model by status", Family::default());
+        let machines_by_life = reg!("provisioner_machines_by_life", "Machines in the model by life", Family::default());
+        let instances = reg!("provisioner_instances", "The cloud's instances by state", Family::default());
+        let workers = reg!("provisioner_workers", "Broker worker pool size", Gauge::default());
+        let jobs_in_flight =
+            reg!("provisioner_jobs_in_flight", "Start and stop jobs running on the pool", Gauge::default());
+        let jobs_queued = reg!("provisioner_jobs_queued", "Start and stop jobs waiting for a worker", Gauge::default());
+        let rate = reg!(
+            "provisioner_rate_limit_per_second",
+            "Client-side rate limit in force, by API class (adapted down when the cloud throttles)",
+            Family::default()
+        );
+        let rate_waiting = reg!(
+            "provisioner_rate_limit_waiting",
+            "Cloud calls waiting for a rate-limit token, by API class",
+            Family::default()
+        );
+        let throttled = reg!(
+            "provisioner_throttled_calls",
+            "Cloud calls refused with RequestLimitExceeded, by API class",
+            Family::default()
+        );
+        let harvest_mode =
+            reg!("provisioner_harvest_mode", "The harvest mode in force (1 for the mode in force)", Family::default());
+        let model_life = reg!("provisioner_model_life", "The model's life (1 for its life)", Family::default());
+        let uptime = reg!("provisioner_uptime_seconds", "Seconds since the service started", Gauge::default());
+        let store_operations = reg!(
+            "provisioner_store_operations",
+            "Operations the database thread has run (reads and writes; a scrape runs none)",
+            Counter::default()
+        );
+        let streams_dropped = reg!(
+            "provisioner_event_streams_dropped",
+            "Event-stream clients dropped because they fell too far behind",
+            Counter::default()
+        );
+        Self {
+            registry: r,
+            http,
+            http_latency,
+            broker,
+            broker_latency,
+            broker_in_flight,
+            events,
+            start_outcomes,
+            time_to_running,
+            retries,
+            harvest,
+            machines,
+            machines_by_life,
+            instances,
+            workers,
+            jobs_in_flight,
+            jobs_queued,
+            rate,
+            rate_waiting,
+            throttled,
+            harvest_mode,
+            model_life,
+            lease: None,
+            uptime,
+            store_operations,
+            streams_dropped,
+            http_counts: BTreeMap::new(),
+        }
+    }
+}
+
+/// Sets a cumulative counter to `total` (counts kept elsewhere; never goes down).
+fn catch_up(c: &Counter, total: u64) {
+    let now = c.get();
+    if total > now {
+        c.inc_by(total - now);
+    }
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn set_by(family: &Family<Labels, Gauge>, key: &str, values: &BTreeMap<String, u64>) {
+    family.clear();
+    for (v, n) in values {
+        family.get_or_create(&l(&[(key, v)])).set(to_i64(*n));
+    }
 }
 
 impl MetricsBook {
@@ -102,157 +277,97 @@ impl MetricsBook {
     /// is one of a fixed set of labels (the caller maps the rest to `other`), `code` the
     /// status the service answered: every label takes a bounded set of values.
     pub fn http(&mut self, method: &'static str, route: &str, code: u16, seconds: f64) {
-        *self.http.entry((method, route.to_owned(), code)).or_default() += 1;
-        self.http_latency.entry(route.to_owned()).or_default().observe(seconds);
+        self.http.get_or_create(&l(&[("method", method), ("route", route), ("code", &code.to_string())])).inc();
+        self.http_latency.get_or_create(&l(&[("route", route)])).observe(seconds);
+        *self.http_counts.entry(route.to_owned()).or_default() += 1;
     }
 
     /// Counts one broker call.
     /// `result` is `ok` or the kind of failure (`throttled`, `zone_specific`, ...).
     pub fn broker(&mut self, op: &'static str, result: &'static str, seconds: f64) {
-        *self.broker.entry((op, result)).or_default() += 1;
-        self.broker_latency.entry(op).or_default().observe(seconds);
+        self.broker.get_or_create(&l(&[("op", op), ("result", result)])).inc();
+        self.broker_latency.get_or_create(&l(&[("op", op)])).observe(seconds);
     }
 
     /// Counts one provisioner event.
     pub fn event(&mut self, name: &'static str) {
-        *self.events.entry(name).or_default() += 1;
+        self.events.get_or_create(&l(&[("event", name)])).inc();
+        if name == "retried-machines-with-errors" {
+            self.retries.inc();
+        }
+    }
+
+    /// Counts one start outcome in `zone` (`unknown` if none).
+    pub fn start_outcome(&mut self, zone: Option<&str>, outcome: StartOutcome) {
+        let labels = l(&[("zone", zone.unwrap_or("unknown")), ("outcome", outcome.label())]);
+        self.start_outcomes.get_or_create(&labels).inc();
+    }
+
+    /// Records a machine's time from pending to running.
+    pub fn time_to_running(&mut self, seconds: f64) {
+        self.time_to_running.observe(seconds);
+    }
+
+    /// Counts harvest decisions: `n` instances `decision` (`stopped`).
+    pub fn harvest(&mut self, decision: &'static str, n: u64) {
+        self.harvest.get_or_create(&l(&[("decision", decision)])).inc_by(n);
     }
 
     /// This replica's role (replicas on PostgreSQL only; the lease metrics appear with it).
     pub fn leader(&mut self, leader: bool, transition: bool) {
-        let (l, n) = self.lease.get_or_insert((false, 0));
-        *l = leader;
+        let registry = &mut self.registry;
+        let lease = self.lease.get_or_insert_with(|| {
+            let lease = Lease { leader: Gauge::default(), transitions: Counter::default() };
+            registry.register(
+                "provisioner_leader",
+                "1 while this replica holds the leader lease, else 0",
+                lease.leader.clone(),
+            );
+            registry.register(
+                "provisioner_leader_transitions",
+                "Changes of this replica's role (leader to follower and back)",
+                lease.transitions.clone(),
+            );
+            lease
+        });
+        lease.leader.set(i64::from(leader));
         if transition {
-            *n += 1;
+            lease.transitions.inc();
         }
     }
 
     /// The HTTP requests counted for `route`.
     pub fn http_count(&self, route: &str) -> u64 {
-        self.http.iter().filter(|((_, r, _), _)| r == route).map(|(_, n)| n).sum()
+        self.http_counts.get(route).copied().unwrap_or(0)
     }
 
-    /// Everything, in Prometheus' text exposition format (version 0.0.4).
+    /// Everything, in the OpenMetrics text format ([`CONTENT_TYPE`]), ending in `# EOF`.
     pub fn render(&self, g: &Gauges) -> String {
+        self.broker_in_flight.set(to_i64(g.broker_in_flight));
+        set_by(&self.machines, "status", &g.machines_by_status);
+        set_by(&self.machines_by_life, "life", &g.machines_by_life);
+        set_by(&self.instances, "state", &g.instances_by_state);
+        self.workers.set(to_i64(g.workers));
+        self.jobs_in_flight.set(to_i64(g.jobs_in_flight));
+        self.jobs_queued.set(to_i64(g.jobs_queued));
+        self.rate.clear();
+        self.rate_waiting.clear();
+        for (class, (rate, waiting, throttled)) in &g.rate_limits {
+            let labels = l(&[("class", class)]);
+            self.rate.get_or_create(&labels).set(*rate);
+            self.rate_waiting.get_or_create(&labels).set(to_i64(*waiting));
+            catch_up(&self.throttled.get_or_create(&labels), *throttled);
+        }
+        self.harvest_mode.clear();
+        self.harvest_mode.get_or_create(&l(&[("mode", &g.harvest_mode)])).set(1);
+        self.model_life.clear();
+        self.model_life.get_or_create(&l(&[("life", &g.model_life)])).set(1);
+        self.uptime.set(g.uptime_seconds);
+        catch_up(&self.store_operations, g.store_operations);
+        catch_up(&self.streams_dropped, g.event_streams_dropped);
         let mut out = String::new();
-        header(
-            &mut out,
-            "provisioner_http_requests_total",
-            "counter",
-            "HTTP requests by method, route and status code.",
-        );
-        for ((method, route, code), n) in &self.http {
-            let _ = writeln!(
-                out,
-                "provisioner_http_requests_total{{method=\"{}\",route=\"{}\",code=\"{code}\"}} {n}",
-                escape(method),
-                escape(route)
-            );
-        }
-        header(&mut out, "provisioner_http_request_duration_seconds", "histogram", "HTTP request latency by route.");
-        for (route, h) in &self.http_latency {
-            h.render(&mut out, "provisioner_http_request_duration_seconds", &format!("route=\"{}\"", escape(route)));
-        }
-        header(
-            &mut out,
-            "provisioner_broker_calls_total",
-            "counter",
-            "Cloud broker calls by operation and result (ok, or the kind of failure).",
-        );
-        for ((op, result), n) in &self.broker {
-            let _ = writeln!(out, "provisioner_broker_calls_total{{op=\"{op}\",result=\"{result}\"}} {n}");
-        }
-        header(
-            &mut out,
-            "provisioner_broker_call_duration_seconds",
-            "histogram",
-            "Cloud broker call latency by operation.",
-        );
-        for (op, h) in &self.broker_latency {
-            h.render(&mut out, "provisioner_broker_call_duration_seconds", &format!("op=\"{op}\""));
-        }
-        header(&mut out, "provisioner_broker_calls_in_flight", "gauge", "Cloud broker calls in flight.");
-        let _ = writeln!(out, "provisioner_broker_calls_in_flight {}", g.broker_in_flight);
-        header(&mut out, "provisioner_events_total", "counter", "Provisioner events by name.");
-        for (name, n) in &self.events {
-            let _ = writeln!(out, "provisioner_events_total{{event=\"{name}\"}} {n}");
-        }
-        header(&mut out, "provisioner_machines", "gauge", "Machines in the model by status.");
-        for (status, n) in &g.machines_by_status {
-            let _ = writeln!(out, "provisioner_machines{{status=\"{}\"}} {n}", escape(status));
-        }
-        header(&mut out, "provisioner_machines_by_life", "gauge", "Machines in the model by life.");
-        for (life, n) in &g.machines_by_life {
-            let _ = writeln!(out, "provisioner_machines_by_life{{life=\"{}\"}} {n}", escape(life));
-        }
-        header(&mut out, "provisioner_instances", "gauge", "The cloud's instances by state.");
-        for (state, n) in &g.instances_by_state {
-            let _ = writeln!(out, "provisioner_instances{{state=\"{}\"}} {n}", escape(state));
-        }
-        header(&mut out, "provisioner_workers", "gauge", "Broker worker pool size.");
-        let _ = writeln!(out, "provisioner_workers {}", g.workers);
-        header(&mut out, "provisioner_jobs_in_flight", "gauge", "Start and stop jobs running on the pool.");
-        let _ = writeln!(out, "provisioner_jobs_in_flight {}", g.jobs_in_flight);
-        header(&mut out, "provisioner_jobs_queued", "gauge", "Start and stop jobs waiting for a worker.");
-        let _ = writeln!(out, "provisioner_jobs_queued {}", g.jobs_queued);
-        type Pick = fn(&(f64, u64, u64)) -> String;
-        let limiter: [(&str, &str, &str, Pick); 3] = [
-            (
-                "provisioner_rate_limit_per_second",
-                "gauge",
-                "Client-side rate limit in force, by API class (adapted down when the cloud throttles).",
-                |c| c.0.to_string(),
-            ),
-            (
-                "provisioner_rate_limit_waiting",
-                "gauge",
-                "Cloud calls waiting for a rate-limit token, by API class.",
-                |c| c.1.to_string(),
-            ),
-            (
-                "provisioner_throttled_calls_total",
-                "counter",
-                "Cloud calls refused with RequestLimitExceeded, by API class.",
-                |c| c.2.to_string(),
-            ),
-        ];
-        for (name, kind, help, pick) in limiter {
-            header(&mut out, name, kind, help);
-            for (class, c) in &g.rate_limits {
-                let _ = writeln!(out, "{name}{{class=\"{}\"}} {}", escape(class), pick(c));
-            }
-        }
-        header(&mut out, "provisioner_harvest_mode", "gauge", "The harvest mode in force (1 for the mode in force).");
-        let _ = writeln!(out, "provisioner_harvest_mode{{mode=\"{}\"}} 1", escape(&g.harvest_mode));
-        header(&mut out, "provisioner_model_life", "gauge", "The model's life (1 for its life).");
-        let _ = writeln!(out, "provisioner_model_life{{life=\"{}\"}} 1", escape(&g.model_life));
-        if let Some((leader, transitions)) = self.lease {
-            header(&mut out, "provisioner_leader", "gauge", "1 while this replica holds the leader lease, else 0.");
-            let _ = writeln!(out, "provisioner_leader {}", u8::from(leader));
-            header(
-                &mut out,
-                "provisioner_leader_transitions_total",
-                "counter",
-                "Changes of this replica's role (leader to follower and back).",
-            );
-            let _ = writeln!(out, "provisioner_leader_transitions_total {transitions}");
-        }
-        header(&mut out, "provisioner_uptime_seconds", "gauge", "Seconds since the service started.");
-        let _ = writeln!(out, "provisioner_uptime_seconds {:.3}", g.uptime_seconds);
-        header(
-            &mut out,
-            "provisioner_store_operations_total",
-            "counter",
-            "Operations the database thread has run (reads and writes; a scrape runs none).",
-        );
-        let _ = writeln!(out, "provisioner_store_operations_total {}", g.store_operations);
-        header(
-            &mut out,
-            "provisioner_event_streams_dropped_total",
-            "counter",
-            "Event-stream clients dropped because they fell too far behind.",
-        );
-        let _ = writeln!(out, "provisioner_event_streams_dropped_total {}", g.event_streams_dropped);
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
         out
     }
 }
