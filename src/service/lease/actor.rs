@@ -5,7 +5,6 @@
 //! leader ⇒ set the fence and start the provisioner; to follower ⇒ stop it.
 
 use std::sync::mpsc;
-use std::time::Duration;
 
 use actix::prelude::*;
 use actix_rt::time::Instant;
