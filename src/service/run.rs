@@ -408,6 +408,27 @@ async fn ec2_broker(
     Ok((broker, zones.into_iter().map(|z| z.name).collect()))
 }
 
+/// Starts the environ provisioner over the store, and the container provisioners beside it,
+/// both heard by the metrics and the event stream, and both fed the store's changes: what a
+/// lone service runs at start and a replica runs when it becomes the leader.
+fn start_provisioners(
+    opts: &ServeSettings,
+    config: ProvisionerConfig,
+    broker: &MeteredBroker,
+    store: &Store,
+    metrics: &actix::Addr<Metrics>,
+    events: &actix::Addr<crate::service::events::EventHub>,
+) -> Result<(crate::ProvisionerHandle, Option<crate::ContainersHandle>), ServeError> {
+    let handle = crate::start(config.clone(), Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
+    handle.subscribe(metrics.clone().recipient());
+    handle.subscribe(events.clone().recipient());
+    let subscribers = vec![metrics.clone().recipient(), events.clone().recipient()];
+    let containers = start_container_provisioners(opts, config, broker, store, &handle, subscribers)?;
+    store.watch(handle.machines_changed());
+    store.watch_retries(handle.retry_ticks());
+    Ok((handle, containers))
+}
+
 /// Starts the lazy container provisioners beside the environ provisioner `handle`, with the
 /// simulated cloud only (`None` with EC2: no real container initialiser exists yet, so the API
 /// refuses containers there). They hear every store change (as the environ provisioner does)
@@ -645,23 +666,8 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
                     Err(e) => tracing::warn!(error = %e, "cannot resume pending starts"),
                 }
             }
-            let started = (|| {
-                let handle =
-                    crate::start(config.clone(), Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
-                handle.subscribe(metrics.clone().recipient());
-                handle.subscribe(events.clone().recipient());
-                let containers = start_container_provisioners(
-                    &opts,
-                    config,
-                    &broker,
-                    &store,
-                    &handle,
-                    vec![metrics.clone().recipient(), events.clone().recipient()],
-                )?;
-                store.watch(handle.machines_changed());
-                store.watch_retries(handle.retry_ticks());
-                Ok::<_, ServeError>(Provisioners { handle, containers })
-            })();
+            let started = start_provisioners(&opts, config, &broker, &store, &metrics, &events)
+                .map(|(handle, containers)| Provisioners { handle, containers });
             match started {
                 Ok(p) => {
                     tracing::info!(epoch, "leading: the provisioner runs");
@@ -761,20 +767,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     let (handle, containers) = match &replica {
         Some(_) => (None, None),
         None => {
-            let handle =
-                crate::start(config.clone(), Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
-            handle.subscribe(metrics.clone().recipient());
-            handle.subscribe(events.clone().recipient());
-            let containers = start_container_provisioners(
-                &opts,
-                config,
-                &broker,
-                &store,
-                &handle,
-                vec![metrics.clone().recipient(), events.clone().recipient()],
-            )?;
-            store.watch(handle.machines_changed());
-            store.watch_retries(handle.retry_ticks());
+            let (handle, containers) = start_provisioners(&opts, config, &broker, &store, &metrics, &events)?;
             (Some(handle), containers)
         }
     };

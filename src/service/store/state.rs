@@ -8,7 +8,7 @@ use thiserror::Error;
 
 use crate::model::{
     CloudInstance, Constraints, HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine,
-    MachineId, MachineStatus, ProvisioningInfo,
+    MachineId, MachineStatus,
 };
 use crate::ports::ProvisionedInstance;
 
@@ -841,36 +841,6 @@ impl StoreCore {
         rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing machines"))
     }
 
-    /// These machines, in request order (`None` for a missing one).
-    pub fn machines(&self, ids: &[MachineId]) -> Result<Vec<Option<MachineRecord>>, StoreError> {
-        ids.iter().map(|id| self.machine(id)).collect()
-    }
-
-    /// Alive, unprovisioned machines in provisioning error that were marked for a retry.
-    pub fn transient_errors(&self) -> Result<Vec<Machine>, StoreError> {
-        Ok(self
-            .list_machines()?
-            .into_iter()
-            .filter(|m| m.transient && m.machine.instance.is_none() && m.machine.instance_status.is_error())
-            .map(|m| m.machine)
-            .collect())
-    }
-
-    /// Provisioning info: the constraints and the placement directive.
-    pub fn provisioning_info(&self, ids: &[MachineId]) -> Result<Vec<Option<ProvisioningInfo>>, StoreError> {
-        Ok(self
-            .machines(ids)?
-            .into_iter()
-            .map(|m| {
-                m.map(|m| ProvisioningInfo {
-                    constraints: m.constraints,
-                    placement: m.placement,
-                    ..ProvisioningInfo::default()
-                })
-            })
-            .collect())
-    }
-
     fn update_machine(
         &mut self,
         id: &MachineId,
@@ -1292,35 +1262,6 @@ impl StoreCore {
         }
         self.book.changed.extend(ids.iter().cloned());
         Ok(ids)
-    }
-
-    /// Each machine's distribution group: the other machines (not dead) hosting units of its
-    /// application, as in Juju; empty for a machine of no application. `None` for a missing
-    /// machine.
-    pub fn distribution_groups(&self, ids: &[MachineId]) -> Result<Vec<Option<Vec<MachineId>>>, StoreError> {
-        let mut groups: BTreeMap<String, Vec<MachineId>> = BTreeMap::new();
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            let Some(m) = self.machine(id)? else {
-                out.push(None);
-                continue;
-            };
-            let group = match m.application {
-                None => Vec::new(),
-                Some(app) => {
-                    let members = match groups.entry(app) {
-                        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-                        std::collections::btree_map::Entry::Vacant(e) => {
-                            let members = self.application_machines(e.key())?;
-                            e.insert(members)
-                        }
-                    };
-                    members.iter().filter(|g| *g != id).cloned().collect()
-                }
-            };
-            out.push(Some(group));
-        }
-        Ok(out)
     }
 
     // ---- the simulated cloud's instances -----------------------------------------------------
