@@ -2,6 +2,12 @@
 //! telling whether they are quiescent. Defined below every actor, so that none imports the
 //! crate root for them.
 
+/// Hear the [`ProvisionerEvent`]s an actor publishes (the coordinator's and the harvest
+/// policy's: a provisioner's subscribers subscribe to both).
+#[derive(Debug, Clone, actix::Message)]
+#[rtype(result = "()")]
+pub struct Subscribe(pub actix::Recipient<crate::model::events::ProvisionerEvent>);
+
 /// Stops an actor (every actor handles it).
 #[derive(Debug, Clone, Copy, actix::Message)]
 #[rtype(result = "()")]

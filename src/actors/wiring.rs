@@ -195,6 +195,7 @@ impl ProvisionerHandle {
 
     /// Subscribes to every event.
     pub fn subscribe(&self, to: Recipient<ProvisionerEvent>) {
+        self.harvest.do_send(Subscribe(to.clone()));
         self.coordinator.do_send(Subscribe(to));
     }
 

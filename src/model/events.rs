@@ -57,6 +57,14 @@ pub enum ProvisionerEvent {
         /// The machine.
         machine: MachineId,
     },
+    /// A harvest pass left unknown instances for later: younger than the grace period, or
+    /// beyond the cap on stops per pass (published by the harvest policy with its plan).
+    HarvestDeferred {
+        /// Unknown instances spared as younger than the grace period.
+        spared_by_grace: usize,
+        /// Unknown instances held back by the cap on stops per pass.
+        held_back_by_cap: usize,
+    },
 }
 
 impl ProvisionerEvent {
@@ -72,6 +80,7 @@ impl ProvisionerEvent {
             ProvisionerEvent::InstancesStopped { .. } => "instances-stopped",
             ProvisionerEvent::InstancesReleased { .. } => "instances-released",
             ProvisionerEvent::MachineRemoved { .. } => "machine-removed",
+            ProvisionerEvent::HarvestDeferred { .. } => "harvest-deferred",
         }
     }
 }

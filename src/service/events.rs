@@ -145,6 +145,12 @@ pub fn event_view(e: &ProvisionerEvent) -> EventView {
             v.instances = instances.iter().map(ToString::to_string).collect();
         }
         ProvisionerEvent::MachineRemoved { machine } => v.machine = Some(machine.to_string()),
+        ProvisionerEvent::HarvestDeferred { spared_by_grace, held_back_by_cap } => {
+            v.message = Some(format!(
+                "{spared_by_grace} unknown instances spared (younger than the grace period), {held_back_by_cap} held \
+                 back by the cap on stops per pass"
+            ));
+        }
     }
     v
 }

@@ -114,6 +114,14 @@ pub enum SettingsError {
     /// The lease's timings are out of order (`lease > renew_deadline > 1.2 × retry`) or zero.
     #[error("{0}")]
     Lease(#[source] LeaseTimingsError),
+    /// `--init` with a PostgreSQL store: it recovers a SQLite data directory; a PostgreSQL
+    /// database is initialised by the first replica that finds it empty.
+    #[error(
+        "--init applies to the embedded SQLite store (it makes a new model in a data directory that has none it \
+         can use); with --store postgres://... the first replica to find the database empty creates the model, \
+         and a database that holds one is never replaced: drop it or name another database to start afresh"
+    )]
+    InitWithPostgres,
     /// Only one of `--tls-cert` and `--tls-key` is given.
     #[error(
         "--tls-cert and --tls-key go together: give both (a PEM certificate chain and its PEM private key) or neither"
@@ -548,6 +556,9 @@ impl ServeSettings {
         }
         self.sim.check_subnets()?;
         self.lease.timings().map_err(SettingsError::Lease)?;
+        if self.init && matches!(self.store.url(), StoreUrl::Postgres(_)) {
+            return Err(SettingsError::InitWithPostgres);
+        }
         self.check_tls()?;
         Ok(())
     }
@@ -846,6 +857,14 @@ mod tests {
             let e = Cli::command().try_get_matches_from(["serve", "--store", "postgres://h/db"]).unwrap_err();
             assert!(e.to_string().contains("--features postgres"), "{e}");
         }
+    }
+
+    #[test]
+    fn init_is_for_sqlite_and_refused_with_postgres() {
+        assert!(load(&["--init"]).unwrap().init);
+        let e = load(&["--init", "--store", "postgres://p@127.0.0.1:5432/db"]).unwrap_err();
+        assert!(matches!(e, SettingsError::InitWithPostgres), "{e:?}");
+        assert!(e.to_string().contains("--init") && e.to_string().contains("first replica"), "{e}");
     }
 
     #[test]

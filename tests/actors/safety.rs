@@ -6,7 +6,7 @@ use std::time::Duration;
 use provisioner::config::rate_limits::{BucketLimit, RateLimits};
 use provisioner::model::InstanceState;
 use provisioner::testing::{CloudOp, FakeModel};
-use provisioner::{HarvestMode, Machine, MachineId, ProvisionerConfig};
+use provisioner::{HarvestMode, Machine, MachineId, ProvisionerConfig, ProvisionerEvent};
 
 use crate::support::*;
 
@@ -125,6 +125,14 @@ async fn young_unknown_instances_wait_out_the_grace_period() {
     h.run_for(Duration::from_secs(10)).await;
     assert_eq!(h.cloud().await.state_of("young"), Some(InstanceState::Terminated));
     assert_eq!(stops(&h.cloud().await), vec![vec!["old".to_string()], vec!["young".to_string()]]);
+    // Each pass that spared it says so (the service counts these as harvest decisions).
+    let deferred: Vec<ProvisionerEvent> =
+        h.events().await.into_iter().filter(|e| matches!(e, ProvisionerEvent::HarvestDeferred { .. })).collect();
+    assert!(!deferred.is_empty(), "no harvest-deferred event");
+    assert!(
+        deferred.iter().all(|e| *e == ProvisionerEvent::HarvestDeferred { spared_by_grace: 1, held_back_by_cap: 0 }),
+        "{deferred:?}"
+    );
 }
 
 /// Part 4: a harvest pass stops at most `harvest_max_stops` unknown instances; the rest go one
@@ -150,6 +158,17 @@ async fn a_harvest_pass_stops_at_most_the_cap() {
     h.run_for(Duration::from_secs(60)).await;
     let all = stops(&h.cloud().await);
     assert_eq!(all, vec![vec!["u-0", "u-1", "u-2"], vec!["u-3", "u-4", "u-5"], vec!["u-6"]]);
+    let held: Vec<usize> = h
+        .events()
+        .await
+        .into_iter()
+        .filter_map(|e| match e {
+            ProvisionerEvent::HarvestDeferred { held_back_by_cap, .. } => Some(held_back_by_cap),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(held.first(), Some(&4), "the first pass held four back: {held:?}");
+    assert!(held.contains(&1), "the second pass held one back: {held:?}");
     h.settle().await;
     assert!(h.handle.is_idle().await, "no recheck left pending");
 }

@@ -2,16 +2,25 @@
 //! binary: three replicas with the simulated cloud; while machines are added through random
 //! replicas, the leader is killed (`kill -9`) with starts in flight, paused (SIGSTOP) for
 //! longer than its lease and resumed, and stopped cleanly (SIGTERM); and PostgreSQL itself is
-//! restarted under them. Each time another
-//! replica takes over; at the end every acknowledged add is there and each machine has
-//! exactly one live instance, the one recorded (no duplicate create across the faults).
+//! restarted under them; and the leader is cut off from the database (a TCP proxy in front of
+//! PostgreSQL that the test controls goes silent) and healed. Each time another replica takes
+//! over; at the end every acknowledged add is there and each machine has exactly one live
+//! instance, the one recorded (no duplicate create across the faults); the epochs' record in
+//! the database shows no write committed under a stale epoch and exactly as many leader
+//! transitions as the faults caused. Once more with the EC2 broker on moto (feature `ec2`).
 //!
 //! The lease is shortened for CI (`--lease 3s --lease-renew-deadline 2s --lease-retry 500ms`);
-//! `PROVISIONER_HA_RUNS` sets how many times each fault is repeated (default 2; the issue
-//! asks 10). The fail-over times are printed (p50 and max), not asserted beyond a generous
-//! bound.
+//! `PROVISIONER_HA_RUNS` sets how many times each fault is repeated (default 3; the issue's
+//! ten: `PROVISIONER_HA_RUNS=10 cargo test --all-features --test serve ha::`). The fail-over
+//! times are printed (p50 and max), not asserted beyond a generous bound.
 
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use provisioner::service::lease::pg::{audit_epochs, EpochAudit};
 
 use provisioner::testing::TempPostgres;
 
@@ -22,7 +31,99 @@ const LEASE_S: f64 = 3.0;
 const RETRY_S: f64 = 0.5;
 
 fn runs() -> usize {
-    std::env::var("PROVISIONER_HA_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
+    std::env::var("PROVISIONER_HA_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3)
+}
+
+/// A TCP proxy in front of PostgreSQL that the test controls, one per replica. [`Proxy::cut`]
+/// is a partition: bytes through the open connections are swallowed (acknowledged by the
+/// proxy's kernel, never delivered, so no timeout on the replica's side fires), and new
+/// connections are accepted and held silent. [`Proxy::heal`] closes every connection that
+/// lived through the partition (as TCP sessions that timed out) and lets new ones through.
+struct Proxy {
+    port: u16,
+    shared: Arc<ProxyShared>,
+}
+
+#[derive(Default)]
+struct ProxyShared {
+    cut: AtomicBool,
+    stop: AtomicBool,
+    /// Every socket of the connections made so far (both ends), and those held while cut.
+    sockets: Mutex<Vec<TcpStream>>,
+}
+
+impl Proxy {
+    fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let shared = Arc::new(ProxyShared::default());
+        let sh = shared.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if sh.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                if sh.cut.load(Ordering::SeqCst) {
+                    sh.sockets.lock().unwrap().push(client);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else { continue };
+                {
+                    let mut socks = sh.sockets.lock().unwrap();
+                    socks.push(client.try_clone().unwrap());
+                    socks.push(server.try_clone().unwrap());
+                }
+                for (from, to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
+                    let sh = sh.clone();
+                    std::thread::spawn(move || pump(from, to, &sh));
+                }
+            }
+        });
+        Proxy { port, shared }
+    }
+
+    /// The partition begins.
+    fn cut(&self) {
+        self.shared.cut.store(true, Ordering::SeqCst);
+    }
+
+    /// The partition ends: the connections that lived through it are closed.
+    fn heal(&self) {
+        let mut socks = self.shared.sockets.lock().unwrap();
+        for s in socks.drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        self.shared.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Copies `from` to `to` until either closes; while cut, what is read is dropped.
+fn pump(mut from: TcpStream, mut to: TcpStream, sh: &ProxyShared) {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) if !sh.cut.load(Ordering::SeqCst) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Ok(_) => {}
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        for s in self.shared.sockets.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
 }
 
 struct Cluster {
@@ -30,6 +131,11 @@ struct Cluster {
     url: String,
     base: PathBuf,
     replicas: Vec<Option<Server>>,
+    /// Each replica's proxy to the database, when the cluster is proxied.
+    proxies: Vec<Option<Proxy>>,
+    proxied: bool,
+    /// Arguments every replica gets besides the store, its id and the lease.
+    extra: Vec<String>,
     /// The data directory holding the API token (the replica that initialised the database).
     token_dir: PathBuf,
     started: usize,
@@ -37,28 +143,73 @@ struct Cluster {
 
 impl Cluster {
     fn start(name: &str, n: usize) -> Cluster {
+        Cluster::start_with(name, n, false, &["--sim-start-latency", "1s"])
+    }
+
+    /// `n` replicas with `extra` arguments each; `proxied`: each reaches the database through a
+    /// [`Proxy`] of its own.
+    fn start_with(name: &str, n: usize, proxied: bool, extra: &[&str]) -> Cluster {
         let pg = TempPostgres::start(name).expect("a PostgreSQL cluster");
         let url = pg.url().to_owned();
         let base = temp_dir(name);
-        let mut c =
-            Cluster { pg, url, base: base.clone(), replicas: Vec::new(), token_dir: base.join("r0"), started: 0 };
+        let extra = extra.iter().map(|a| a.to_string()).collect();
+        let mut c = Cluster {
+            pg,
+            url,
+            base: base.clone(),
+            replicas: Vec::new(),
+            proxies: Vec::new(),
+            proxied,
+            extra,
+            token_dir: base.join("r0"),
+            started: 0,
+        };
         for _ in 0..n {
             c.spawn();
         }
         c
     }
 
-    /// Starts one more replica (its own data directory and port).
+    /// Starts one more replica (its own data directory and port, and its own proxy).
     fn spawn(&mut self) -> usize {
         let i = self.started;
         self.started += 1;
         let id = format!("replica-{i}");
-        let mut args = vec!["--store", self.url.as_str(), "--replica-id", id.as_str(), "--sim-start-latency", "1s"];
+        let url = if self.proxied {
+            let upstream = self.url.rsplit(':').next().unwrap().split('/').next().unwrap().parse().unwrap();
+            let proxy = Proxy::start(upstream);
+            let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port);
+            self.proxies.push(Some(proxy));
+            url
+        } else {
+            self.proxies.push(None);
+            self.url.clone()
+        };
+        let mut args = vec!["--store", url.as_str(), "--replica-id", id.as_str()];
+        args.extend(self.extra.iter().map(String::as_str));
         args.extend_from_slice(LEASE);
         let data = self.base.join(format!("r{i}"));
         let s = Server::start_on(&data, &self.base, &args);
         self.replicas.push(Some(s));
         self.replicas.len() - 1
+    }
+
+    /// The epochs' record: every acquisition, and no write under a stale epoch.
+    fn audit(&self) -> EpochAudit {
+        let mut client = ::postgres::Client::connect(&self.url, ::postgres::NoTls).unwrap();
+        let uuid: String = client.query_one("SELECT value FROM meta WHERE key = 'model_uuid'", &[]).unwrap().get(0);
+        audit_epochs(&mut client, &uuid).unwrap()
+    }
+
+    /// No write committed under a stale epoch, some were made, and the leader changed exactly
+    /// `transitions` times (within `transitions` when a range is given).
+    fn assert_fenced(&self, transitions: std::ops::RangeInclusive<usize>) {
+        let a = self.audit();
+        assert!(a.stale.is_empty(), "writes committed under a stale epoch: {:?}", a.stale);
+        assert!(a.writes > 0, "the leaders' writes are recorded: {a:?}");
+        let changes = a.acquisitions.len() - 1;
+        assert!(transitions.contains(&changes), "{changes} leader transitions, expected {transitions:?}: {a:?}");
+        eprintln!("HA epochs: {} acquisitions, {} fenced writes, none stale", a.acquisitions.len(), a.writes);
     }
 
     fn alive(&self) -> impl Iterator<Item = (usize, &Server)> {
@@ -188,6 +339,8 @@ fn replicas_fail_over_on_kill_9_and_sigterm_without_a_duplicate_instance() {
         c.spawn();
     }
     assert_all_provisioned_once(&c, &acked);
+    // One transition per kill and per SIGTERM, none besides.
+    c.assert_fenced(2 * runs()..=2 * runs());
     report("kill -9", kill_times.clone());
     report("SIGTERM", term_times.clone());
     // Generous bounds (the figures are reported, not timed assertions): the lease and one
@@ -223,6 +376,8 @@ fn a_paused_leader_is_fenced_out_and_steps_down() {
         (leader, epoch) = (next, e);
     }
     assert_all_provisioned_once(&c, &acked);
+    // One transition per pause; the resumed ex-leaders' writes were all refused.
+    c.assert_fenced(runs()..=runs());
     // The ex-leaders' logs say they stopped acting.
     let logs: String = c.alive().map(|(_, s)| s.log_text()).collect();
     assert!(logs.contains("no longer the leader") || logs.contains("role changed"), "{logs}");
@@ -256,4 +411,69 @@ fn a_database_restart_under_the_replicas_keeps_one_leader_and_duplicates_nothing
         }
     }
     assert_all_provisioned_once(&c, &acked);
+    // A restart shorter than the renew deadline keeps the leader; a longer one hands over once.
+    c.assert_fenced(0..=runs());
+}
+
+#[test]
+fn a_leader_cut_off_from_the_database_is_replaced_and_rejoins_as_a_follower() {
+    let c = Cluster::start_with("ha-cut", 3, true, &["--sim-start-latency", "1s"]);
+    let (mut leader, mut epoch) = c.leader(0, Duration::from_secs(20));
+    let mut acked = Vec::new();
+    let mut times = Vec::new();
+    for run in 0..runs() {
+        acked.extend(c.add(c.follower(leader, run), 3));
+        std::thread::sleep(Duration::from_millis(300));
+        // The partition: the leader's lease renewals, writes and listening all go unanswered.
+        let t0 = Instant::now();
+        c.proxies[leader].as_ref().unwrap().cut();
+        let (next, e) = c.leader(epoch, Duration::from_secs(30));
+        times.push(t0.elapsed().as_secs_f64());
+        assert!(next != leader && e > epoch);
+        acked.extend(c.add(next, 1));
+        c.proxies[leader].as_ref().unwrap().heal();
+        let old = leader;
+        eventually(Duration::from_secs(20), "the healed ex-leader to serve as a follower", || {
+            c.status(old).is_some_and(|s| s["role"] == "follower" && s["epoch"].as_i64() >= Some(e))
+        });
+        (leader, epoch) = (next, e);
+    }
+    assert_all_provisioned_once(&c, &acked);
+    c.assert_fenced(runs()..=runs());
+    report("a partition from the database", times);
+}
+
+/// The same fail-over with the EC2 broker on moto: the leader is killed with starts in flight;
+/// the new leader repeats each start with its client token (moto answers the instance the
+/// first call made) or adopts it by its tags, so each machine has one instance in the cloud.
+#[cfg(feature = "ec2")]
+#[test]
+fn replicas_on_ec2_fail_over_without_a_duplicate_instance() {
+    let moto = super::moto::Moto::shared();
+    let extra = [
+        "--broker",
+        "ec2",
+        "--ec2-endpoint",
+        moto.endpoint.as_str(),
+        "--region",
+        "us-east-1",
+        "--ec2-image",
+        super::moto::IMAGE,
+        "--ec2-instance-type",
+        "t3.micro",
+    ];
+    let mut c = Cluster::start_with("ha-ec2", 3, false, &extra);
+    let (mut leader, mut epoch) = c.leader(0, Duration::from_secs(30));
+    let mut acked = Vec::new();
+    for run in 0..runs() {
+        acked.extend(c.add(c.follower(leader, run), 4));
+        std::thread::sleep(Duration::from_millis(150));
+        c.replicas[leader].as_mut().unwrap().crash();
+        c.replicas[leader] = None;
+        let (next, e) = c.leader(epoch, Duration::from_secs(30));
+        (leader, epoch) = (next, e);
+        c.spawn();
+    }
+    assert_all_provisioned_once(&c, &acked);
+    c.assert_fenced(runs()..=runs());
 }

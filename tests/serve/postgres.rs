@@ -203,7 +203,7 @@ fn a_newer_schema_is_refused_at_start_naming_both_versions() {
     c.execute("INSERT INTO schema_migrations (version) VALUES (42)", &[]).unwrap();
     let (code, err) = serve_output(&dir.join("data"), &["--store", &url]);
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("schema version 42") && err.contains("this build's 2"), "{err}");
+    assert!(err.contains("schema version 42") && err.contains("this build's 3"), "{err}");
 }
 
 /// A second replica on the same database has no token file: it reads the token's hash from
@@ -250,4 +250,38 @@ fn bench_serve_runs_on_postgres() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("holds a model already"), "{err}");
+}
+
+/// Every replica's state gauges follow the database, not only its own writes: machines added
+/// through a follower and provisioned by the leader show as started in the follower's
+/// `/metrics` (and as added in the leader's), within a second or two of the change notices.
+#[test]
+fn every_replicas_gauges_follow_the_other_replicas_writes() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let dir = temp_dir("pg-gauges");
+    let lease = ["--lease", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms"];
+    let mut args = vec!["--sim-start-latency", "50ms"];
+    args.extend_from_slice(&lease);
+    let first = start(&dir, &url, &args);
+    eventually(Duration::from_secs(20), "the first replica to lead", || {
+        first.json(&["status", "--json"])["role"] == "leader"
+    });
+    let other = dir.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let mut second_args = vec!["--store", url.as_str()];
+    second_args.extend_from_slice(&args);
+    let second = Server::start_on(&other.join("data"), &other, &second_args);
+    let add = bin()
+        .args(["machine", "add", "-n", "3", "--json", "--server", &second.url, "--token", &first.token()])
+        .output()
+        .unwrap();
+    assert!(add.status.success(), "{}", String::from_utf8_lossy(&add.stderr));
+    let started = |s: &Server| sample(&s.metrics(), "provisioner_machines{status=\"started\"}") == Some(3.0);
+    eventually(Duration::from_secs(20), "the leader's gauges to count the follower's adds as started", || {
+        started(&first)
+    });
+    eventually(Duration::from_secs(10), "the follower's gauges to count the leader's starts", || started(&second));
+    let m = second.metrics();
+    assert_eq!(sample(&m, "provisioner_instances{state=\"running\"}"), Some(3.0), "{m}");
 }

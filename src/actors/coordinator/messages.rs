@@ -7,7 +7,6 @@ use super::state::{DestroyError, DestroySummary};
 use crate::actors::harvest::HarvestPlan;
 use crate::actors::workers::JobOutcome;
 use crate::config::ConfigError;
-use crate::model::events::ProvisionerEvent;
 use crate::model::{HarvestMode, MachineId};
 
 /// Machines changed in the model (the machine watcher's event). The first one must carry every
@@ -67,10 +66,7 @@ pub struct CloseStarts;
 #[rtype(result = "()")]
 pub struct ModelDestroyed;
 
-/// Hear every [`ProvisionerEvent`].
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "()")]
-pub struct Subscribe(pub Recipient<ProvisionerEvent>);
+pub use crate::actors::messages::Subscribe;
 
 /// Destroy the model: it becomes dying and refuses new machines; every instance of
 /// a non-manual, non-controller machine is stopped in one call, starts in flight are stopped

@@ -6,8 +6,10 @@ use actix::prelude::*;
 use super::messages::*;
 use super::state::{HarvestBook, HarvestPlan, HarvestSafety, ModeChange, UnknownInstance};
 use crate::actors::coordinator::ExecutePlan;
+use crate::actors::messages::Subscribe;
 use crate::actors::registry::{RegistryError, UnknownInstances};
 use crate::actors::work::{BusyState, WorkCount, WorkGuard};
+use crate::model::events::ProvisionerEvent;
 use crate::model::HarvestMode;
 
 /// What can fail in the harvest policy: asking the registry for unknown instances (then none
@@ -39,6 +41,8 @@ pub struct HarvestPolicy {
     parked: BusyState,
     /// The book's clock starts here.
     epoch: actix_rt::time::Instant,
+    /// Who hears of the unknown instances a plan left for later ([`ProvisionerEvent::HarvestDeferred`]).
+    subscribers: Vec<Recipient<ProvisionerEvent>>,
 }
 
 /// Time to plan the unknown instances again (young ones grew old, or the cap held some back).
@@ -67,6 +71,7 @@ impl HarvestPolicy {
             executor,
             recheck: None,
             epoch: actix_rt::time::Instant::now(),
+            subscribers: Vec::new(),
         }
     }
 
@@ -112,6 +117,20 @@ impl HarvestPolicy {
         self.sync_parked();
     }
 
+    /// Tells the subscribers what the plan left for later, if anything.
+    fn announce(&self, plan: &HarvestPlan) {
+        if plan.spared_by_grace == 0 && plan.held_back_by_cap == 0 {
+            return;
+        }
+        let event = ProvisionerEvent::HarvestDeferred {
+            spared_by_grace: plan.spared_by_grace,
+            held_back_by_cap: plan.held_back_by_cap,
+        };
+        for s in &self.subscribers {
+            s.do_send(event.clone());
+        }
+    }
+
     /// Parked instances are work until claimed or expired.
     fn sync_parked(&mut self) {
         self.parked.set(self.book.parked().next().is_some());
@@ -146,6 +165,7 @@ impl HarvestPolicy {
             let plan = act.book.plan(&dead, &unknown);
             act.arm(&plan, ctx);
             act.arm_recheck(&plan, ctx);
+            act.announce(&plan);
             plan
         }))
     }
@@ -167,6 +187,13 @@ impl Handler<Recheck> for HarvestPolicy {
 
 impl Actor for HarvestPolicy {
     type Context = Context<Self>;
+}
+
+impl Handler<Subscribe> for HarvestPolicy {
+    type Result = ();
+    fn handle(&mut self, msg: Subscribe, _ctx: &mut Self::Context) {
+        self.subscribers.push(msg.0);
+    }
 }
 
 impl Handler<PlanDeadMachines> for HarvestPolicy {

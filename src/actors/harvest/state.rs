@@ -29,6 +29,10 @@ pub struct HarvestPlan {
     /// Plan the unknown instances again after this long: some were spared (younger than the
     /// grace period) or held back by the cap on stops per pass.
     pub recheck_in: Option<Duration>,
+    /// Unknown instances this plan spared: younger than the grace period.
+    pub spared_by_grace: usize,
+    /// Unknown instances this plan held back: the cap on stops per pass was reached.
+    pub held_back_by_cap: usize,
 }
 
 impl HarvestPlan {
@@ -364,6 +368,7 @@ impl HarvestBook {
                 soonest(self.safety.pass_interval);
             }
             plan.recheck_in = recheck;
+            (plan.spared_by_grace, plan.held_back_by_cap) = (young, held);
         }
         self.stopping.extend(plan.stop.iter().cloned());
         plan

@@ -58,6 +58,8 @@ fn harvest_mode_table_for_dead_machines_and_unknown_instances() {
         park: Vec::new(),
         eager: false,
         recheck_in: None,
+        spared_by_grace: 0,
+        held_back_by_cap: 0,
     };
     let table = [
         // none: keep the dead machine's instance (released, then removed), ignore unknown ones.

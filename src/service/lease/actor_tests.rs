@@ -71,14 +71,16 @@ fn replicas_share_one_lease_hand_it_over_and_step_down_without_the_database() {
         let first = timeout(Duration::from_secs(10), crx.next()).await.unwrap().unwrap();
         assert!(first.resync, "the first message after connecting says to read afresh: {first:?}");
         let url = pg.url().to_owned();
-        actix_rt::task::spawn_blocking(move || {
+        let pid = actix_rt::task::spawn_blocking(move || {
             let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
             c.batch_execute("NOTIFY provisioner_changes, '{\"kind\":\"machines\"}'").unwrap();
+            c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get::<_, i32>(0)
         })
         .await
         .unwrap();
         let got = timeout(Duration::from_secs(10), crx.next()).await.unwrap().unwrap();
-        assert_eq!(got, Changed { payload: "{\"kind\":\"machines\"}".into(), resync: false });
+        // The notice names the session that sent it (a store tells its own from others').
+        assert_eq!(got, Changed { payload: "{\"kind\":\"machines\"}".into(), resync: false, sender: pid });
 
         // Two replicas: the first leads at epoch 1, the second follows and knows who leads.
         let (tx, mut rx) = unbounded();

@@ -26,10 +26,44 @@ impl Provisioners {
     }
 }
 
+/// How long change notices are gathered before the gauges' counts are refreshed (at most one
+/// recount of the store per period, on leaders and followers alike).
+pub const COUNTS_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The change notices heard since the last refresh of the gauges' counts: plain, so that the
+/// debounce is tested without a runtime.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CountsRefresh {
+    scheduled: bool,
+    resync: bool,
+    senders: std::collections::BTreeSet<i32>,
+}
+
+impl CountsRefresh {
+    /// A notice (from the session `sender`) or a reconnection: `true` when a refresh must be
+    /// scheduled now (none is pending).
+    pub fn note(&mut self, resync: bool, sender: i32) -> bool {
+        self.resync |= resync;
+        if !resync {
+            self.senders.insert(sender);
+        }
+        !std::mem::replace(&mut self.scheduled, true)
+    }
+
+    /// The refresh is due: whether it follows a reconnection, and the senders heard.
+    pub fn take(&mut self) -> (bool, Vec<i32>) {
+        self.scheduled = false;
+        (std::mem::take(&mut self.resync), std::mem::take(&mut self.senders).into_iter().collect())
+    }
+}
+
 /// Keeps the leader's provisioners.
 pub struct Leading {
     epoch: Option<i64>,
     running: Option<Provisioners>,
+    /// The gauges' counts to refresh after other replicas' changes.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    counts: CountsRefresh,
     /// The store, to re-read every machine id after a notification that covers them all
     /// (notifications come with PostgreSQL only).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -39,7 +73,7 @@ pub struct Leading {
 impl Leading {
     /// Nothing led yet.
     pub fn new(store: crate::service::store::Store) -> Self {
-        Self { epoch: None, running: None, store }
+        Self { epoch: None, running: None, counts: CountsRefresh::default(), store }
     }
 
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -122,11 +156,24 @@ impl Handler<Current> for Leading {
 /// A change another replica committed (the API's writes on a follower), heard by `LISTEN
 /// provisioner_changes`: the leader's provisioners hear it as they hear their own store's
 /// changes. A notice for every machine (`all`, a model change) or a reconnection (`resync`,
-/// notices may have been missed) re-reads every machine id. Followers ignore them.
+/// notices may have been missed) re-reads every machine id. On every replica, the notices of
+/// other sessions refresh the metrics' state gauges (one recount per [`COUNTS_REFRESH`] at
+/// most): a follower's gauges follow the leader's writes, and the leader's the followers' adds.
 #[cfg(feature = "postgres")]
 impl Handler<super::listen::Changed> for Leading {
     type Result = ();
     fn handle(&mut self, m: super::listen::Changed, ctx: &mut Self::Context) {
+        if self.counts.note(m.resync, m.sender) {
+            ctx.run_later(COUNTS_REFRESH, |act, ctx| {
+                let (resync, senders) = act.counts.take();
+                let refresh = act.store.exec(move |s| s.refresh_counts(resync, &senders));
+                ctx.spawn(actix::fut::wrap_future::<_, Self>(refresh).map(|done, _act, _ctx| {
+                    if let Err(e) = done {
+                        tracing::warn!(error = %e, "cannot refresh the metrics' counts after a change notice");
+                    }
+                }));
+            });
+        }
         if self.running.is_none() {
             return;
         }
@@ -141,5 +188,22 @@ impl Handler<super::listen::Changed> for Leading {
         } else if let Some(n) = notice.filter(|n| n.kind == "machines" && !n.ids.is_empty()) {
             self.machines_changed(n.ids.into_iter().map(crate::model::MachineId::new).collect());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CountsRefresh;
+
+    #[test]
+    fn notices_are_gathered_into_one_refresh_per_period() {
+        let mut c = CountsRefresh::default();
+        assert!(c.note(false, 7), "the first notice schedules a refresh");
+        assert!(!c.note(false, 9), "later ones join it");
+        assert!(!c.note(false, 7));
+        assert_eq!(c.take(), (false, vec![7, 9]));
+        assert!(c.note(true, 0), "after the refresh, the next notice schedules another");
+        assert_eq!(c.take(), (true, vec![]), "a reconnection asks for a recount, with no sender");
+        assert_eq!(c.take(), (false, vec![]));
     }
 }

@@ -22,6 +22,9 @@ pub struct Changed {
     pub payload: String,
     /// The connection was (re)established: read everything afresh.
     pub resync: bool,
+    /// The backend process id of the session that notified (0 on a resync): a store compares
+    /// it with its own session's to tell its own changes from other replicas'.
+    pub sender: i32,
 }
 
 /// Starts the listening thread; it runs while the recipient is alive.
@@ -51,7 +54,7 @@ fn listen_once(url: &str, retry: Duration, to: &Recipient<Changed>) -> Result<()
     let mut client: Client = config.connect(NoTls).map_err(|e| e.to_string())?;
     client.batch_execute(&format!("LISTEN {CHANNEL}")).map_err(|e| e.to_string())?;
     let gone = |sent: Result<(), SendError<Changed>>| sent.is_err() && !to.connected();
-    if gone(to.try_send(Changed { payload: String::new(), resync: true })) {
+    if gone(to.try_send(Changed { payload: String::new(), resync: true, sender: 0 })) {
         return Ok(());
     }
     loop {
@@ -61,7 +64,8 @@ fn listen_once(url: &str, retry: Duration, to: &Recipient<Changed>) -> Result<()
             let mut notifications = client.notifications();
             let mut it = notifications.timeout_iter(retry);
             while let Some(n) = it.next().map_err(|e| e.to_string())? {
-                if gone(to.try_send(Changed { payload: n.payload().to_owned(), resync: false })) {
+                if gone(to.try_send(Changed { payload: n.payload().to_owned(), resync: false, sender: n.process_id() }))
+                {
                     return Ok(());
                 }
             }

@@ -5,13 +5,19 @@
 //!
 //! - acquire: insert the row, or take it over with `epoch + 1` only where it has expired
 //!   (`ON CONFLICT ... DO UPDATE ... WHERE expires_at < now()`); two contenders at once are
-//!   serialised by the row's lock, so exactly one wins.
+//!   serialised by the row's lock, so exactly one wins. Each acquisition is recorded in
+//!   `lease_epochs` in the same statement, with a value of `fence_seq` drawn after the row was
+//!   locked (a first row starts above every epoch recorded, so epochs never repeat, even if
+//!   the row is deleted by hand).
 //! - renew: extend the expiry only as the holder, at its epoch, before it expired.
 //! - release: expire the lease now, keeping the epoch, so that the next acquisition is at
 //!   `epoch + 1` at once.
 //! - [`FENCE_SQL`]: what a fenced write runs first in its transaction (the holder and epoch
 //!   still hold an unexpired lease; the row is share-locked, so a takeover waits for the write
 //!   to commit, and a write after a takeover finds nothing).
+//! - [`audit_epochs`]: the proof, read from the record, that no write committed under a stale
+//!   epoch (every epoch's last write drew its sequence value before the next acquisition), and
+//!   the acquisitions (how many transitions there were).
 //!
 //! The client is the sync `postgres` crate: the lease's shell runs it on a thread of its own,
 //! so a hung call never blocks the actors, and the renew deadline is kept by a timer, not by
@@ -33,15 +39,26 @@ pub const CREATE_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
     expires_at TIMESTAMPTZ NOT NULL
 )";
 
-/// The advisory lock key under which the table is created.
-const LEASE_TABLE_LOCK: i64 = 0x6c65_6173_6501;
+/// The advisory lock key under which the tables are created: the store's migration lock, so
+/// that a lease connecting while a store migrates waits for it.
+const LEASE_TABLE_LOCK: i64 = crate::service::store::MIGRATION_LOCK;
 
 /// Acquire when free or expired: `$1` model uuid, `$2` holder, `$3` the lease in milliseconds.
-pub const ACQUIRE_SQL: &str = "INSERT INTO leader_lease AS l (model_uuid, holder, epoch, expires_at)
-    VALUES ($1, $2, 1, now() + $3::bigint * interval '1 millisecond')
+/// The acquisition is recorded in `lease_epochs` with a `fence_seq` value drawn after the lease
+/// row was locked (the data-modifying CTE runs, and locks, before its row reaches the outer
+/// insert).
+pub const ACQUIRE_SQL: &str = "WITH acquired AS (
+    INSERT INTO leader_lease AS l (model_uuid, holder, epoch, expires_at)
+    VALUES ($1, $2, COALESCE((SELECT max(epoch) FROM lease_epochs WHERE model_uuid = $1), 0) + 1,
+            now() + $3::bigint * interval '1 millisecond')
     ON CONFLICT (model_uuid) DO UPDATE
         SET holder = EXCLUDED.holder, epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at
         WHERE l.expires_at < now()
+    RETURNING model_uuid, holder, epoch)
+    INSERT INTO lease_epochs AS e (model_uuid, epoch, holder, acquired_seq)
+    SELECT model_uuid, epoch, holder, nextval('fence_seq') FROM acquired
+    ON CONFLICT (model_uuid, epoch) DO UPDATE
+        SET holder = EXCLUDED.holder, acquired_seq = EXCLUDED.acquired_seq, acquired_at = now()
     RETURNING epoch";
 
 /// Renew by the holder at its epoch, before expiry: `$1` model, `$2` holder, `$3` epoch,
@@ -124,6 +141,7 @@ impl PgLease {
         let mut tx = client.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LEASE_TABLE_LOCK])?;
         tx.batch_execute(CREATE_TABLE_SQL)?;
+        tx.batch_execute(crate::service::store::EPOCH_TABLES_SQL)?;
         tx.commit()?;
         Ok(Self { client, model_uuid: model_uuid.to_owned(), holder: holder.to_owned() })
     }
@@ -175,6 +193,55 @@ impl PgLease {
         tx.commit()?;
         Ok(ok)
     }
+}
+
+/// What the epochs' record says (see [`audit_epochs`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EpochAudit {
+    /// Every acquisition, in epoch order: `(epoch, holder)`.
+    pub acquisitions: Vec<(i64, String)>,
+    /// Fenced writes recorded, over every epoch.
+    pub writes: i64,
+    /// Writes that committed under a stale epoch: an epoch's write whose sequence value is above
+    /// a later epoch's acquisition, or a write by another holder than the epoch's. Empty when
+    /// fencing held.
+    pub stale: Vec<StaleWrite>,
+}
+
+/// A write the fence should have refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleWrite {
+    /// The epoch the write was made under.
+    pub epoch: i64,
+    /// Who wrote.
+    pub holder: String,
+    /// The newer epoch acquired before the write (or the epoch itself, held by someone else).
+    pub superseded_by: i64,
+}
+
+/// Reads the epochs' record of model `model_uuid`: every acquisition, the writes, and any write
+/// committed under a stale epoch (what fencing must make impossible).
+pub fn audit_epochs(client: &mut Client, model_uuid: &str) -> Result<EpochAudit, LeaseSqlError> {
+    let acquisitions = client
+        .query("SELECT epoch, holder FROM lease_epochs WHERE model_uuid = $1 ORDER BY epoch", &[&model_uuid])?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let writes: i64 = client
+        .query_one("SELECT COALESCE(sum(writes), 0)::bigint FROM epoch_writes WHERE model_uuid = $1", &[&model_uuid])?
+        .get(0);
+    let stale = client
+        .query(
+            "SELECT w.epoch, w.holder, e.epoch FROM epoch_writes w JOIN lease_epochs e ON e.model_uuid = w.model_uuid
+             WHERE w.model_uuid = $1
+               AND ((e.epoch > w.epoch AND e.acquired_seq < w.last_seq) OR (e.epoch = w.epoch AND e.holder <> w.holder))
+             ORDER BY w.epoch, e.epoch",
+            &[&model_uuid],
+        )?
+        .iter()
+        .map(|r| StaleWrite { epoch: r.get(0), holder: r.get(1), superseded_by: r.get(2) })
+        .collect();
+    Ok(EpochAudit { acquisitions, writes, stale })
 }
 
 #[cfg(test)]

@@ -131,3 +131,16 @@ fn counters_read_from_elsewhere_never_go_down_and_state_gauges_drop_gone_labels(
     assert!(!text.contains("mode=\"destroyed\""), "{text}");
     assert!(!text.contains("status=\"pending\""), "{text}");
 }
+
+#[test]
+fn harvest_decisions_count_stops_spares_and_holds() {
+    let mut book = MetricsBook::default();
+    book.harvest("stopped", 3);
+    book.harvest("spared_by_grace", 2);
+    book.harvest("held_back_by_cap", 0);
+    book.harvest("spared_by_grace", 1);
+    let text = book.render(&Gauges::default());
+    assert!(text.contains("provisioner_harvest_decisions_total{decision=\"stopped\"} 3"), "{text}");
+    assert!(text.contains("provisioner_harvest_decisions_total{decision=\"spared_by_grace\"} 3"), "{text}");
+    assert!(text.contains("provisioner_harvest_decisions_total{decision=\"held_back_by_cap\"} 0"), "{text}");
+}

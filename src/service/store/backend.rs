@@ -61,6 +61,14 @@ pub trait StoreBackend: Send {
     fn take_counts(&mut self) -> Option<StoreCounts>;
     /// Counts every machine and instance (one scan).
     fn recount(&mut self) -> Result<StoreCounts, StoreError>;
+    /// Recounts the gauges' counts when another session changed the database: after a
+    /// reconnection (`resync`), or when one of `senders` (the backend process ids of the
+    /// sessions that notified changes) is not this store's. The counts are then published as
+    /// any write's are. A store that alone writes its database (SQLite) has nothing to do.
+    fn refresh_counts(&mut self, resync: bool, senders: &[i32]) -> Result<(), StoreError> {
+        let _ = (resync, senders);
+        Ok(())
+    }
     /// Remembers damage an operation ran into.
     fn note_damage(&mut self, e: &StoreError);
     /// Whether the store can be read now (`/healthz`, `/readyz`).

@@ -24,7 +24,9 @@ pub use actor::{Store, StoreActor};
 pub use backend::{Fence, StoreBackend};
 pub use messages::{CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
 #[cfg(feature = "postgres")]
-pub use pg::{Notice, PgStore, CHANGES_CHANNEL, PG_SCHEMA_VERSION};
+pub(crate) use pg::MIGRATION_LOCK;
+#[cfg(feature = "postgres")]
+pub use pg::{Notice, PgStore, CHANGES_CHANNEL, EPOCH_TABLES_SQL, PG_SCHEMA_VERSION, RECORD_WRITE_SQL};
 pub use state::{
     ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings, StoreCore, StoreCounts,
     StoreError, DB_FILE, SCHEMA_VERSION,

@@ -16,7 +16,14 @@
 //! Fencing: with a [`Fence`] set, every write the actor marks as the provisioner's own runs
 //! `SELECT 1 FROM leader_lease WHERE model_uuid=$1 AND holder=$2 AND epoch=$3 AND expires_at >
 //! now() FOR SHARE` first, in its own transaction, and fails with [`StoreError::Fenced`]
-//! (nothing written) if no row matches.
+//! (nothing written) if no row matches. A write that passes records its epoch in the same
+//! transaction ([`RECORD_WRITE_SQL`]: `epoch_writes`, one row per model, epoch and holder, with
+//! the count and the last value drawn from `fence_seq` while the lease row was share-locked);
+//! each acquisition records its epoch in `lease_epochs` with a value of the same sequence drawn
+//! after it locked the row. So a write committed under a stale epoch would show as an
+//! `epoch_writes` row whose `last_seq` is above the `acquired_seq` of a later epoch: see
+//! `lease::pg::audit_epochs`, which the fault tests run. Both tables stay small (a row per
+//! epoch).
 //!
 //! Change notification: every transaction that changes machines (or the model's life, or the
 //! settings) runs `pg_notify('provisioner_changes', JSON)` before its commit, so the
@@ -45,13 +52,19 @@ use crate::model::{
 use crate::ports::ProvisionedInstance;
 
 /// The newest schema version this build knows (rows of `schema_migrations`).
-pub const PG_SCHEMA_VERSION: i64 = 2;
+pub const PG_SCHEMA_VERSION: i64 = 3;
 
 /// The channel of change notifications.
 pub const CHANGES_CHANNEL: &str = "provisioner_changes";
 
 /// The advisory lock key migrations hold (`pg_advisory_xact_lock`): "prov" in ASCII.
-const MIGRATION_LOCK: i64 = 0x7072_6f76;
+pub(crate) const MIGRATION_LOCK: i64 = 0x7072_6f76;
+
+/// How long the server lets a store's session sit idle inside a transaction before it ends
+/// the session (its locks released, its writes rolled back): shorter than any lease minus
+/// its retry, so that a partitioned leader's open transaction never holds the lease row past
+/// the lease's expiry.
+pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(2);
 
 /// The longest wait between two connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -140,7 +153,44 @@ ALTER TABLE machines ADD COLUMN IF NOT EXISTS start_attempts BIGINT NOT NULL DEF
 ALTER TABLE machines ADD COLUMN IF NOT EXISTS last_start_error TEXT;
 ";
 
-const MIGRATIONS: &[(i64, &str)] = &[(1, SCHEMA_V1), (2, SCHEMA_V2)];
+/// Version 3: the epochs' record ([`EPOCH_TABLES_SQL`]): each lease acquisition and the writes
+/// made under each epoch, ordered by one sequence (what proves no write committed under a
+/// stale epoch).
+const MIGRATIONS: &[(i64, &str)] = &[(1, SCHEMA_V1), (2, SCHEMA_V2), (3, EPOCH_TABLES_SQL)];
+
+/// The epochs' record, created by migration 3 (and by the lease where missing, so that the
+/// lease can be used and tested on its own): `fence_seq` orders acquisitions and fenced writes;
+/// `lease_epochs` has a row per acquisition (`acquired_seq` drawn after the lease row was
+/// locked); `epoch_writes` a row per model, epoch and holder (the writes' count and the last
+/// `fence_seq` value drawn by one of them while it held the lease row share-locked).
+pub const EPOCH_TABLES_SQL: &str = "
+CREATE SEQUENCE IF NOT EXISTS fence_seq;
+CREATE TABLE IF NOT EXISTS lease_epochs (
+    model_uuid TEXT NOT NULL,
+    epoch BIGINT NOT NULL,
+    holder TEXT NOT NULL,
+    acquired_seq BIGINT NOT NULL,
+    acquired_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (model_uuid, epoch)
+);
+CREATE TABLE IF NOT EXISTS epoch_writes (
+    model_uuid TEXT NOT NULL,
+    epoch BIGINT NOT NULL,
+    holder TEXT NOT NULL,
+    writes BIGINT NOT NULL,
+    first_seq BIGINT NOT NULL,
+    last_seq BIGINT NOT NULL,
+    PRIMARY KEY (model_uuid, epoch, holder)
+);
+";
+
+/// What a fenced write records, in its transaction, once the fence passed (the lease row is
+/// share-locked, so no acquisition can draw from `fence_seq` until this commits): `$1` model,
+/// `$2` holder, `$3` epoch.
+pub const RECORD_WRITE_SQL: &str =
+    "INSERT INTO epoch_writes AS w (model_uuid, epoch, holder, writes, first_seq, last_seq)
+    SELECT $1, $3, $2, 1, s, s FROM nextval('fence_seq') AS s
+    ON CONFLICT (model_uuid, epoch, holder) DO UPDATE SET writes = w.writes + 1, last_seq = EXCLUDED.last_seq";
 
 /// A change notification's payload (JSON on channel [`CHANGES_CHANNEL`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -245,6 +295,8 @@ macro_rules! run_over {
 struct Conn {
     client: Client,
     statements: HashMap<String, Statement>,
+    /// The session's backend process id (what its notifications carry).
+    pid: i32,
 }
 
 /// A transaction on a [`Conn`].
@@ -434,6 +486,18 @@ impl PgStore {
             config.connect_timeout(Duration::from_secs(5));
         }
         config.keepalives(true).keepalives_idle(Duration::from_secs(10));
+        // A transaction left open by a store that can no longer talk to the server (a partition
+        // swallowed its COMMIT) would keep its share lock on the lease row, and no replica could
+        // take the lease until the server noticed the dead connection (hours, with TCP keepalive
+        // answered by a middlebox). The store never idles inside a transaction (its statements
+        // run back to back), so the server ends such a session soon, releasing its locks and
+        // rolling its writes back.
+        let idle = format!("-c idle_in_transaction_session_timeout={}", IDLE_IN_TRANSACTION.as_millis());
+        let options = match config.get_options() {
+            Some(given) if !given.is_empty() => format!("{given} {idle}"),
+            _ => idle,
+        };
+        config.options(&options);
         if config.get_application_name().is_none() {
             config.application_name("provisioner");
         }
@@ -526,7 +590,12 @@ impl PgStore {
     /// Connects, applies the migrations this database lacks, and reads (or draws) the model.
     fn open_client(&mut self) -> Result<Conn, StoreError> {
         let client = self.config.connect(NoTls).map_err(pg("connecting to the database"))?;
-        let mut conn = Conn { client, statements: HashMap::new() };
+        let mut client = client;
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .and_then(|r| r.try_get(0))
+            .map_err(pg("reading the session's process id"))?;
+        let mut conn = Conn { client, statements: HashMap::new(), pid };
         let ctx = "migrating the schema";
         let mut tx = conn.transaction().map_err(pg(ctx))?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).map_err(pg(ctx))?;
@@ -587,6 +656,8 @@ impl PgStore {
             if held.is_none() {
                 return Err(StoreError::Fenced { model_uuid: f.model_uuid, holder: f.holder, epoch: f.epoch });
             }
+            tx.execute(RECORD_WRITE_SQL, &[&f.model_uuid, &f.holder, &f.epoch])
+                .map_err(pg("recording the write's epoch"))?;
         }
         Ok(tx)
     }
@@ -723,6 +794,14 @@ impl StoreBackend for PgStore {
         let life = meta_get(client, "model_life").map_err(pg("reading the model life"))?;
         let model_life = life.and_then(|l| l.parse::<Life>().ok()).unwrap_or(Life::Alive).to_string();
         Ok(StoreCounts { machines_by_status, machines_by_life, instances_by_state, model_life })
+    }
+    fn refresh_counts(&mut self, resync: bool, senders: &[i32]) -> Result<(), StoreError> {
+        let own = self.client.as_ref().map(|c| c.pid);
+        if resync || senders.iter().any(|p| Some(*p) != own) {
+            self.book.counts = self.recount()?;
+            self.book.counts_changed = true;
+        }
+        Ok(())
     }
     fn note_damage(&mut self, e: &StoreError) {
         // A lost connection is not damage: drop it, the next operation reconnects.

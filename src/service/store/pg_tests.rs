@@ -7,6 +7,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use super::backend::{Fence, StoreBackend};
 use super::pg::{Notice, PgStore, CHANGES_CHANNEL, PG_SCHEMA_VERSION};
@@ -187,6 +188,79 @@ fn fenced_writes_commit_only_under_the_lease() {
     // No fence at all: the provisioner's writes go through.
     s.set_fence(None).unwrap();
     s.mark_for_removal(&m[1]).unwrap();
+}
+
+/// Every write that passes the fence records its epoch, and each acquisition records its own:
+/// the audit finds no stale write when fencing holds, and flags one that skipped the fence
+/// (written here by hand, as a store without the fence would have).
+#[test]
+fn the_epochs_record_proves_no_write_committed_under_a_stale_epoch() {
+    use crate::service::lease::pg::{audit_epochs, PgLease, StaleWrite};
+    use crate::service::lease::state::Answer;
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let mut s = PgStore::open(&url).unwrap();
+    let model = s.model_uuid().unwrap();
+    let m = s.add_machines(1, None).unwrap();
+    let lease_for = |holder: &str| PgLease::connect(&url, Duration::from_secs(10), &model, holder).unwrap();
+    let (mut a, mut b) = (lease_for("replica-a"), lease_for("replica-b"));
+    let Answer::Acquired { epoch: first } = a.acquire(Duration::from_secs(30)).unwrap() else { panic!("a leads") };
+    s.set_fence(Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch: first })).unwrap();
+    s.set_fenced(true);
+    s.set_status(&m[0], MachineStatus::Error, "one").unwrap();
+    s.set_status(&m[0], MachineStatus::Error, "two").unwrap();
+    a.release(first).unwrap();
+    let Answer::Acquired { epoch: second } = b.acquire(Duration::from_secs(30)).unwrap() else { panic!("b leads") };
+    assert_eq!(second, first + 1);
+    assert!(matches!(s.set_status(&m[0], MachineStatus::Error, "stale"), Err(StoreError::Fenced { .. })));
+
+    let mut client = raw(&url);
+    let audit = audit_epochs(&mut client, &model).unwrap();
+    assert_eq!(audit.acquisitions, vec![(first, "replica-a".to_owned()), (second, "replica-b".to_owned())]);
+    assert_eq!(audit.writes, 2, "the two writes under the lease, not the refused one");
+    assert!(audit.stale.is_empty(), "{audit:?}");
+
+    // A write that skipped the fence after the takeover is what the audit exists to catch.
+    client.execute(super::pg::RECORD_WRITE_SQL, &[&model, &"replica-a", &first]).unwrap();
+    let audit = audit_epochs(&mut client, &model).unwrap();
+    assert_eq!(audit.stale, vec![StaleWrite { epoch: first, holder: "replica-a".into(), superseded_by: second }]);
+    // So is a write under an epoch by another holder than the epoch's.
+    client.execute(super::pg::RECORD_WRITE_SQL, &[&model, &"replica-c", &second]).unwrap();
+    let stale = audit_epochs(&mut client, &model).unwrap().stale;
+    assert!(
+        stale.contains(&StaleWrite { epoch: second, holder: "replica-c".into(), superseded_by: second }),
+        "{stale:?}"
+    );
+
+    // Epochs never repeat, even when the lease row is deleted by hand.
+    client.execute("DELETE FROM leader_lease WHERE model_uuid = $1", &[&model]).unwrap();
+    assert_eq!(a.acquire(Duration::from_secs(30)).unwrap(), Answer::Acquired { epoch: second + 1 });
+}
+
+/// A store's session left idle inside a transaction (a partition swallowed its COMMIT) is ended
+/// by the server within [`IDLE_IN_TRANSACTION`]: its share lock on the lease row goes with it,
+/// so another replica can take the lease (seen failing without it: a partitioned leader's open
+/// transaction held every acquisition off until the test gave up).
+#[test]
+fn a_transaction_left_open_is_ended_by_the_server_and_frees_the_lease_row() {
+    use super::pg::IDLE_IN_TRANSACTION;
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let mut s = PgStore::open(&url).unwrap();
+    let model = s.model_uuid().unwrap();
+    lease(&url, &model, "replica-a", 1, 30);
+    let mut stuck = PgStore::config(&url).unwrap().connect(postgres::NoTls).unwrap();
+    let mut tx = stuck.transaction().unwrap();
+    tx.query("SELECT 1 FROM leader_lease WHERE model_uuid = $1 FOR SHARE", &[&model]).unwrap();
+    // The lease row cannot be taken over while the share lock is held...
+    let mut other = raw(&url);
+    other.batch_execute("SET lock_timeout = 200").unwrap();
+    let update = "UPDATE leader_lease SET epoch = epoch + 1 WHERE model_uuid = $1";
+    assert!(other.execute(update, &[&model]).is_err(), "the share lock holds the row");
+    // ...and is once the server ended the idle transaction.
+    std::thread::sleep(IDLE_IN_TRANSACTION + Duration::from_millis(500));
+    assert_eq!(other.execute(update, &[&model]).unwrap(), 1);
+    assert!(tx.query("SELECT 1", &[]).is_err(), "the idle session was ended");
 }
 
 /// Each commit that changes machines notifies `provisioner_changes` with the model and the ids,
