@@ -32,6 +32,7 @@
 pub mod add;
 pub mod model;
 pub mod openapi;
+pub mod reference;
 pub mod types;
 
 use std::collections::BTreeMap;

@@ -288,6 +288,23 @@ mod tests {
     use super::*;
 
     const COMMITTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json");
+    const REFERENCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/api.md");
+
+    /// The committed API reference is the document rendered; `UPDATE_OPENAPI=1` rewrites it.
+    #[test]
+    fn the_committed_api_reference_is_the_openapi_document_rendered() {
+        let doc: serde_json::Value = serde_json::from_str(&document_json()).unwrap();
+        let generated = super::super::reference::markdown(&doc);
+        if std::env::var_os("UPDATE_OPENAPI").is_some() {
+            std::fs::write(REFERENCE, &generated).unwrap();
+        }
+        let committed = std::fs::read_to_string(REFERENCE).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "docs/api.md differs from the API the code defines; refresh it with \
+             `UPDATE_OPENAPI=1 cargo test --lib --features serve openapi` and commit it"
+        );
+    }
 
     /// The committed copy is what the code generates; `UPDATE_OPENAPI=1` rewrites it.
     #[test]
