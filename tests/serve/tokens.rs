@@ -224,7 +224,7 @@ fn tokens_are_listed_without_secrets_and_a_revoked_one_is_refused_at_once() {
     let (code, text) = http(&s, "DELETE", "/v1/tokens/admin", Some(&admin), None);
     assert_eq!(code, 409, "{text}");
     assert!(text.contains("admin token cannot be revoked"), "{text}");
-    for body in [r#"{"read_only": "yes"}"#, r#"{"readonly": true}"#, "nope", ""] {
+    for body in [r#"{"read_only": "yes"}"#, r#"{"readonly": true}"#, "nope", "", "[]"] {
         let (code, text) = http(&s, "POST", "/v1/tokens", Some(&admin), Some(body));
         assert_eq!(code, 400, "{body:?}: {text}");
     }
@@ -256,6 +256,7 @@ fn tokens_are_listed_without_secrets_and_a_revoked_one_is_refused_at_once() {
         ("admin", "", 400),
         ("admin", "", 400),
         ("admin", "", 400),
+        ("admin", "", 400),
         ("", "", 401),
     ]
     .iter()
@@ -263,7 +264,7 @@ fn tokens_are_listed_without_secrets_and_a_revoked_one_is_refused_at_once() {
     .collect();
     assert_eq!(summary, want, "{text}");
     assert!(lines[5]["result"].as_str().unwrap().contains("tok-99"), "{text}");
-    assert!(lines[11]["token"].is_null(), "no valid token, no id: {text}");
+    assert!(lines[12]["token"].is_null(), "no valid token, no id: {text}");
 }
 
 /// An audit log that cannot be opened stops `serve` at start, naming the file (exit 2).

@@ -21,9 +21,18 @@
 //! | `POST /v1/destroy-model` | `DestroyRequest` | `DestroyView` (409 naming live manual machines unless `force`) |
 //! | `GET /v1/events` | | `text/event-stream` of `EventView`s |
 //! | `GET /v1/openapi.json` | | this table as an OpenAPI 3.1 document ([`openapi`]; no token needed) |
+//! | `POST /v1/tokens` | `CreateToken` (`read_only`) | `201 CreatedToken` (the token, shown once; admin tokens only) |
+//! | `GET /v1/tokens` | | `[TokenView]` (never a token or a hash; admin tokens only) |
+//! | `DELETE /v1/tokens/{id}` | | `TokenView` (404 unknown id, 409 `admin`; admin tokens only) |
+//!
+//! Tokens ([`crate::service::token`]): the [`Authorized`] extractor proves the bearer token
+//! (the admin token by hash in memory, a created one looked up in the store on every request)
+//! and refuses a read-only token's change (any method but `GET`/`HEAD`) with 403. Every change
+//! request writes one audit line ([`crate::service::audit`]) from [`app`]'s `wrap_fn`.
 //!
 //! Errors are `{"error": "one sentence"}` with 400 (bad input: a body that does not parse, an
-//! unknown field, a wrong type, a value out of range), 401 (no or wrong token), 404 (no such
+//! unknown field, a wrong type, a value out of range), 401 (no, wrong or revoked token), 403 (a
+//! read-only token's change, or its token management), 404 (no such
 //! machine or route), 405 (a method the route does not take; `Allow` lists those it does), 409
 //! (the model's state refuses it), 413 (a body over [`BODY_LIMIT`]), 500, or 503 (`/healthz`,
 //! `/readyz`: the store cannot be read; any request: the database cannot be reached, so no
@@ -413,6 +422,11 @@ fn key_before(body: &[u8], offset: usize) -> Option<String> {
 fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8], empty: Option<T>) -> Result<T> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return empty.ok_or_else(|| ApiError::bad_request("a JSON body is required"));
+    }
+    // Every body is an object: serde would also read a struct from an array of its fields
+    // (`[]` taking every default), which no client means.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad_request("invalid JSON body: expected a JSON object ({...})"));
     }
     serde_json::from_slice(body).map_err(|e| {
         let mut message = e.to_string();
@@ -1084,6 +1098,10 @@ mod tests {
         assert!(e.message.contains("\"force\""), "{e}");
         assert_eq!(parse_body(b"  ", Some(DestroyRequest::default())).unwrap(), DestroyRequest::default());
         assert_eq!(parse_body::<DestroyRequest>(b"", None).unwrap_err().status, 400);
+        // schemathesis found `[]` taken as a struct with every default.
+        let e = parse_body::<DestroyRequest>(b" []", None).unwrap_err();
+        assert!(e.status == 400 && e.message.contains("JSON object"), "{e}");
+        assert_eq!(parse_body::<DestroyRequest>(b" {}", None).unwrap(), DestroyRequest::default());
         assert_eq!(ids(&["3".into(), "3".into(), " 4".into()]).unwrap(), [MachineId::new("3"), MachineId::new("4")]);
         assert_eq!(method_label(&Method::from_bytes(b"MADEUP").unwrap()), "other");
     }
