@@ -59,6 +59,21 @@ pub struct AuditLine {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditNote(pub String);
 
+/// The longest summary kept, in characters (a request's values can be long: a body may be
+/// 256 KiB).
+pub const MAX_NOTE: usize = 200;
+
+impl AuditNote {
+    /// A summary, cut at [`MAX_NOTE`] characters (`...` marks the cut).
+    pub fn new(what: impl Into<String>) -> Self {
+        let what = what.into();
+        match what.char_indices().nth(MAX_NOTE) {
+            Some((cut, _)) => Self(format!("{}...", &what[..cut])),
+            None => Self(what),
+        }
+    }
+}
+
 /// Whether a request is a change the audit log records: a `/v1` request whose method is not
 /// `GET` or `HEAD`.
 pub fn is_change(method: &str, path: &str) -> bool {
@@ -171,6 +186,14 @@ mod tests {
         assert!(line.time.ends_with('Z') && line.time.len() == 24, "{}", line.time);
         let e = AuditLog::open(&dir.join("missing/audit.log")).unwrap_err();
         assert!(e.to_string().contains("missing/audit.log"), "{e}");
+    }
+
+    #[test]
+    fn long_notes_are_cut() {
+        assert_eq!(AuditNote::new("set workers to \"4\"").0, "set workers to \"4\"");
+        let long = AuditNote::new("é".repeat(MAX_NOTE + 50)).0;
+        assert_eq!(long.chars().count(), MAX_NOTE + 3);
+        assert!(long.ends_with("..."));
     }
 
     #[test]

@@ -347,7 +347,7 @@ impl FromRequest for AdminOnly {
 
 /// Leaves a short summary of what a change request did (or asked for) for the audit log.
 pub(crate) fn note(req: &HttpRequest, what: impl Into<String>) {
-    req.extensions_mut().insert(AuditNote(what.into()));
+    req.extensions_mut().insert(AuditNote::new(what));
 }
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
