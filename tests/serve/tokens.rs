@@ -311,3 +311,30 @@ fn on_postgres_a_token_revoked_through_one_replica_is_refused_by_the_other() {
     let lines = audit(&second.dir.join("audit.log"));
     assert_eq!(lines.iter().map(|l| l["status"].as_u64().unwrap()).collect::<Vec<_>>(), [403, 201], "{lines:?}");
 }
+
+/// Every answered change is in the audit log even when the service is killed right after
+/// (`kill -9`: nothing buffered in the process), and a restart appends to the same file.
+#[test]
+fn the_audit_log_survives_a_crash_and_a_restart_appends() {
+    let dir = temp_dir("tok-audit-crash");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    for _ in 0..5 {
+        let out = s.cli(&["machine", "add", "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    s.crash();
+    let path = s.dir.join("audit.log");
+    let lines = audit(&path);
+    assert_eq!(lines.iter().filter(|l| l["status"] == 201).count(), 5, "{lines:?}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "audit log mode {mode:o}");
+    }
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    assert!(s.cli(&["machine", "add"]).status.success());
+    let lines = audit(&path);
+    assert_eq!(lines.len(), 6, "appended: {lines:?}");
+    assert_eq!(field(&lines[5], "what"), "added 1 machines: 5");
+}
