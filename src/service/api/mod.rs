@@ -531,7 +531,7 @@ async fn add_machines(_: Authorized, st: State, req: HttpRequest, payload: web::
     let spec = model::new_machine(&cloud, zones, constraints, placement)?;
     let added = st.store.exec(move |s| s.add_new_machines(count, &spec)).await?;
     st.metrics.do_send(crate::service::metrics::MachinesPending(added.clone()));
-    let ids: Vec<String> = added.iter().map(ToString::to_string).collect();
+    let ids = names(&added);
     note(&req, format!("added {} machines: {}", ids.len(), list_summary(&ids)));
     Ok(HttpResponse::Created().json(AddedMachines { ids }))
 }
@@ -555,7 +555,7 @@ async fn add_containers_or_manual(st: &AppState, req: &HttpRequest, body: &AddMa
         }
         add::SpecialAdd::Manual { address } => vec![st.store.exec(move |s| s.add_manual(&address)).await?],
     };
-    let ids: Vec<String> = added.iter().map(ToString::to_string).collect();
+    let ids = names(&added);
     note(req, format!("added {} machines: {}", ids.len(), list_summary(&ids)));
     Ok(HttpResponse::Created().json(AddedMachines { ids }))
 }

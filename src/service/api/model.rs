@@ -345,8 +345,7 @@ pub async fn add_application(
     let c = constraints.clone();
     let n = name.clone();
     let ids = st.store.exec(move |s| s.add_application(&n, units, &c)).await?;
-    let added: Vec<String> = ids.iter().map(ToString::to_string).collect();
-    let summary = crate::service::audit::list_summary(&added);
+    let summary = crate::service::audit::list_summary(&super::names(&ids));
     super::note(&req, format!("added application {name} with {units} units: {summary}"));
     Ok(HttpResponse::Created().json(application_view(&ApplicationRecord { name, constraints, machines: ids })))
 }
@@ -385,9 +384,8 @@ pub async fn remove_application(
             Ok((constraints, s.remove_application(&n)?))
         })
         .await?;
-    let removed: Vec<String> = ids.iter().map(ToString::to_string).collect();
-    let summary = crate::service::audit::list_summary(&removed);
-    super::note(&req, format!("removed application {name}: {} machines to dead: {summary}", removed.len()));
+    let summary = crate::service::audit::list_summary(&super::names(&ids));
+    super::note(&req, format!("removed application {name}: {} machines to dead: {summary}", ids.len()));
     let view =
         application_view(&ApplicationRecord { name, constraints: constraints.unwrap_or_default(), machines: ids });
     Ok(HttpResponse::Ok().json(view))
