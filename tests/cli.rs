@@ -258,7 +258,7 @@ fn a_malformed_store_url_exits_2_naming_the_flag() {
 // ---- Shell conventions: completion scripts and the man page.
 
 /// The commands every completion script and the man page must know.
-const COMMANDS: [&str; 13] = [
+const COMMANDS: [&str; 14] = [
     "simulate",
     "plan",
     "bench",
@@ -268,6 +268,7 @@ const COMMANDS: [&str; 13] = [
     "application",
     "instance",
     "config",
+    "token",
     "status",
     "destroy-model",
     "completions",
@@ -311,7 +312,9 @@ fn the_man_page_covers_every_command_and_is_the_committed_copy() {
         let heading = format!(".SH \"PROVISIONER {}\"", command.to_uppercase());
         assert!(page.contains(&heading), "the man page has no section {heading}");
     }
-    for heading in ["PROVISIONER MACHINE ADD", "PROVISIONER BENCH SERVE", "PROVISIONER CONFIG SET"] {
+    for heading in
+        ["PROVISIONER MACHINE ADD", "PROVISIONER BENCH SERVE", "PROVISIONER CONFIG SET", "PROVISIONER TOKEN CREATE"]
+    {
         assert!(page.contains(&format!(".SH \"{heading}\"")), "the man page has no section {heading}");
     }
     // roff escapes hyphens in flags.

@@ -1192,6 +1192,9 @@ mod postgres;
 /// Constraints, placement, `machine show`, list filters and pages, applications (issue 14).
 #[path = "serve/model.rs"]
 mod model;
+/// Scoped API tokens and the audit log (issue 16).
+#[path = "serve/tokens.rs"]
+mod tokens;
 
 // Issue 14: containers and manual machines.
 

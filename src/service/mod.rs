@@ -10,7 +10,10 @@
 //!   the model's machine watcher; the `StoreBackend` trait with its two implementations,
 //!   SQLite in the data directory (the default) and PostgreSQL (`--store postgres://...`,
 //!   feature `postgres`).
-//! - `token` (feature `postgres`): the API token's hash, as replicas on PostgreSQL keep it.
+//! - `token`: API tokens, plain: the admin token and scoped tokens (`admin`, `read-only`),
+//!   their hashes (SHA-256, compared in constant time) and what each scope may do.
+//! - `audit`: the audit log of change requests (JSON lines in a file, and `audit` tracing
+//!   events).
 //! - `model`: [`ModelApi`](crate::ports::ModelApi) over the store.
 //! - `simcloud`: [`Broker`](crate::ports::Broker) over the store: the simulated cloud.
 //! - `events`: the server-sent event stream of provisioner events.
@@ -26,6 +29,8 @@
 
 #[cfg(feature = "serve")]
 pub mod api;
+#[cfg(feature = "serve")]
+pub mod audit;
 #[cfg(feature = "serve")]
 pub mod events;
 #[cfg(feature = "serve")]
@@ -44,7 +49,7 @@ pub mod simcloud;
 pub mod store;
 #[cfg(feature = "serve")]
 pub mod tls;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "serve")]
 pub mod token;
 
 #[cfg(feature = "serve")]

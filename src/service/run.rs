@@ -109,6 +109,9 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    /// The audit log cannot be opened (exit 2): the message names the file.
+    #[error("{0}")]
+    Audit(#[source] crate::service::audit::AuditError),
     /// The TLS certificate or key cannot be used (exit 2); the message names the file.
     #[error("{0}")]
     Tls(#[source] crate::service::tls::TlsError),
@@ -133,7 +136,8 @@ impl ServeError {
             | ServeError::StoreUrl(_)
             | ServeError::NoPostgres
             | ServeError::SimOutOfCapacity
-            | ServeError::Tls(_) => 2,
+            | ServeError::Tls(_)
+            | ServeError::Audit(_) => 2,
             #[cfg(feature = "ec2")]
             ServeError::Ec2Settings(_) => 2,
             _ => 1,
@@ -230,15 +234,9 @@ fn read_token(dir: &Path) -> Result<Option<String>, ServeError> {
     }
 }
 
-/// A new random token (32 random bytes, hex).
-fn new_token() -> String {
-    let bytes: [u8; 32] = rand::random();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// Writes a new API token to `dir/token` (mode 0600, fsynced) and answers it.
 fn write_new_token(dir: &Path) -> Result<String, ServeError> {
-    write_token(dir, new_token())
+    write_token(dir, crate::service::token::new_secret())
 }
 
 fn write_token(dir: &Path, token: String) -> Result<String, ServeError> {
@@ -525,7 +523,7 @@ async fn open_postgres(opts: &ServeSettings, dir: &Path, url: &str) -> Result<Op
     waiting.stop(false).await;
     reached?;
     let file = read_token(dir)?;
-    let offered = file.clone().unwrap_or_else(new_token);
+    let offered = file.clone().unwrap_or_else(crate::service::token::new_secret);
     let hash = crate::service::token::sha256_hex(&offered);
     let offer = hash.clone();
     let kept = store.exec(move |s| s.api_token_hash(&offer)).await?;
@@ -703,6 +701,8 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     let dir = opts.data_dir();
     std::fs::create_dir_all(dir).map_err(data_dir_io(dir, FileOp::CreateDir, dir))?;
     let OpenedStore { store, token, token_sha256 } = open_store(&opts, dir).await?;
+    let audit =
+        std::sync::Arc::new(crate::service::audit::AuditLog::open(&opts.audit_log()).map_err(ServeError::Audit)?);
     let model_uuid = store.exec(|s| s.model_uuid()).await?;
     let settings = store.exec(|s| s.settings()).await?;
 
@@ -790,6 +790,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         model_uuid: model_uuid.clone(),
         started,
         containers: containers.clone(),
+        audit,
     };
     let http = actix_web::HttpServer::new(move || api::app(state.clone()))
         .workers(2)

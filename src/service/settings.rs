@@ -30,6 +30,8 @@ use crate::service::lease::{LeaseTimings, LeaseTimingsError};
 
 /// The default data directory.
 pub const DEFAULT_DATA_DIR: &str = "./provisioner-data";
+/// The audit log's file name in the data directory, by default.
+pub const DEFAULT_AUDIT_FILE: &str = "audit.log";
 /// The default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
 /// How long a graceful shutdown waits for in-flight cloud calls by default.
@@ -191,6 +193,9 @@ pub struct ServeSettings {
     /// Where the model lives (`[store]`, `--store`).
     #[command(flatten)]
     pub store: StoreSection,
+    /// The audit log of change requests (`[audit]`, `--audit-log`).
+    #[command(flatten)]
+    pub audit: AuditSection,
     /// Serve HTTPS with this PEM certificate chain (with --tls-key).
     #[arg(long, env = "PROVISIONER_TLS_CERT", value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
@@ -230,6 +235,7 @@ impl Default for ServeSettings {
             ec2: Ec2Settings::default(),
             lease: LeaseSettings::default(),
             store: StoreSection::default(),
+            audit: AuditSection::default(),
             tls_cert: None,
             tls_key: None,
             insecure_http: None,
@@ -379,6 +385,17 @@ impl LeaseSettings {
             self.retry.unwrap_or(d.retry()),
         )
     }
+}
+
+/// The audit log (`[audit]` in the config file, `--audit-log`): one JSON line per change
+/// request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditSection {
+    /// Append the audit log (one JSON line per change request) to this file
+    /// [default: DATA_DIR/audit.log].
+    #[arg(id = "audit_log", long = "audit-log", env = "PROVISIONER_AUDIT_LOG", value_name = "FILE")]
+    pub file: Option<PathBuf>,
 }
 
 /// Where the service keeps the model, its API token's hash, its settings and the simulated
@@ -583,6 +600,11 @@ impl ServeSettings {
         self.data_dir.as_deref().unwrap_or(Path::new(DEFAULT_DATA_DIR))
     }
 
+    /// The audit log's file: `--audit-log`, else `DATA_DIR/audit.log`.
+    pub fn audit_log(&self) -> PathBuf {
+        self.audit.file.clone().unwrap_or_else(|| self.data_dir().join(DEFAULT_AUDIT_FILE))
+    }
+
     /// The HTTP listen address.
     pub fn listen(&self) -> &str {
         self.listen.as_deref().unwrap_or(DEFAULT_LISTEN)
@@ -696,6 +718,17 @@ mod tests {
         assert_eq!(o, ServeSettings::default(), "clap's skipped fields hold the same defaults");
         let parsed = Cli::try_parse_from(["serve"]).unwrap().serve;
         assert_eq!(parsed, ServeSettings::default(), "a parse without the file layer holds the defaults too");
+    }
+
+    #[test]
+    fn the_audit_log_is_in_the_data_dir_unless_moved() {
+        assert_eq!(load(&["--data-dir", "/d"]).unwrap().audit_log(), Path::new("/d/audit.log"));
+        let o = with_file("audit.toml", "[audit]\nfile = \"/var/log/p.log\"\n", &[]).unwrap();
+        assert_eq!(o.audit_log(), Path::new("/var/log/p.log"));
+        let o = with_file("audit2.toml", "[audit]\nfile = \"/var/log/p.log\"\n", &["--audit-log", "/x.log"]).unwrap();
+        assert_eq!(o.audit_log(), Path::new("/x.log"), "the flag wins");
+        let e = with_file("audit3.toml", "[audit]\npath = \"/x\"\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("path"), "{e}");
     }
 
     #[test]

@@ -19,7 +19,7 @@ static CLUSTER: Mutex<Weak<TempPostgres>> = Mutex::new(Weak::new());
 static STARTS: AtomicUsize = AtomicUsize::new(0);
 static DATABASES: AtomicUsize = AtomicUsize::new(0);
 
-fn cluster() -> Arc<TempPostgres> {
+pub(super) fn cluster() -> Arc<TempPostgres> {
     let mut slot = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(pg) = slot.upgrade() {
         return pg;
@@ -31,7 +31,7 @@ fn cluster() -> Arc<TempPostgres> {
 }
 
 /// A fresh database on `pg`: its URL.
-fn fresh_db(pg: &TempPostgres) -> String {
+pub(super) fn fresh_db(pg: &TempPostgres) -> String {
     let name = format!("s_{}", DATABASES.fetch_add(1, Ordering::Relaxed));
     let mut admin = ::postgres::Client::connect(pg.url(), ::postgres::NoTls).expect("connect as admin");
     admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("create a database");
@@ -40,7 +40,7 @@ fn fresh_db(pg: &TempPostgres) -> String {
 }
 
 /// `serve` on PostgreSQL at `url`, its data directory `dir/data`.
-fn start(dir: &Path, url: &str, extra: &[&str]) -> Server {
+pub(super) fn start(dir: &Path, url: &str, extra: &[&str]) -> Server {
     let mut args = vec!["--store", url];
     args.extend_from_slice(extra);
     Server::start(dir, &args)
@@ -203,7 +203,8 @@ fn a_newer_schema_is_refused_at_start_naming_both_versions() {
     c.execute("INSERT INTO schema_migrations (version) VALUES (42)", &[]).unwrap();
     let (code, err) = serve_output(&dir.join("data"), &["--store", &url]);
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("schema version 42") && err.contains("this build's 3"), "{err}");
+    let ours = format!("this build's {}", provisioner::service::store::PG_SCHEMA_VERSION);
+    assert!(err.contains("schema version 42") && err.contains(&ours), "{err}");
 }
 
 /// A second replica on the same database has no token file: it reads the token's hash from

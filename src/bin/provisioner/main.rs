@@ -103,6 +103,13 @@ enum Command {
         #[command(flatten)]
         conn: cli::Conn,
     },
+    /// Create, list or revoke a running service's API tokens (admin or read-only).
+    Token {
+        #[command(subcommand)]
+        cmd: cli::TokenCmd,
+        #[command(flatten)]
+        conn: cli::Conn,
+    },
     /// Summarise a running service: model, machines, instances, pool.
     Status {
         /// Print JSON.
@@ -204,6 +211,7 @@ fn main() -> ExitCode {
         Command::Instance { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Instance(cmd)),
         Command::Application { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Application(cmd)),
         Command::Config { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Config(cmd)),
+        Command::Token { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Token(cmd)),
         Command::Status { json, conn } => cli::run_client(conn, cli::ClientCmd::Status { json }),
         Command::DestroyModel { force, json, conn } => {
             cli::run_client(conn, cli::ClientCmd::DestroyModel { force, json })

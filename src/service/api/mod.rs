@@ -21,9 +21,18 @@
 //! | `POST /v1/destroy-model` | `DestroyRequest` | `DestroyView` (409 naming live manual machines unless `force`) |
 //! | `GET /v1/events` | | `text/event-stream` of `EventView`s |
 //! | `GET /v1/openapi.json` | | this table as an OpenAPI 3.1 document ([`openapi`]; no token needed) |
+//! | `POST /v1/tokens` | `CreateToken` (`read_only`) | `201 CreatedToken` (the token, shown once; admin tokens only) |
+//! | `GET /v1/tokens` | | `[TokenView]` (never a token or a hash; admin tokens only) |
+//! | `DELETE /v1/tokens/{id}` | | `TokenView` (404 unknown id, 409 `admin`; admin tokens only) |
+//!
+//! Tokens ([`crate::service::token`]): the [`Authorized`] extractor proves the bearer token
+//! (the admin token by hash in memory, a created one looked up in the store on every request)
+//! and refuses a read-only token's change (any method but `GET`/`HEAD`) with 403. Every change
+//! request writes one audit line ([`crate::service::audit`]) from [`app`]'s `wrap_fn`.
 //!
 //! Errors are `{"error": "one sentence"}` with 400 (bad input: a body that does not parse, an
-//! unknown field, a wrong type, a value out of range), 401 (no or wrong token), 404 (no such
+//! unknown field, a wrong type, a value out of range), 401 (no, wrong or revoked token), 403 (a
+//! read-only token's change, or its token management), 404 (no such
 //! machine or route), 405 (a method the route does not take; `Allow` lists those it does), 409
 //! (the model's state refuses it), 413 (a body over [`BODY_LIMIT`]), 500, or 503 (`/healthz`,
 //! `/readyz`: the store cannot be read; any request: the database cannot be reached, so no
@@ -33,10 +42,13 @@ pub mod add;
 pub mod model;
 pub mod openapi;
 pub mod reference;
+pub mod tokens;
 pub mod types;
 
 use std::collections::BTreeMap;
-use std::future::{ready, Ready};
+
+use actix_web::HttpMessage;
+use futures::TryFutureExt;
 
 use actix_rt::time::Instant;
 use actix_web::dev::{Payload, Service, ServiceRequest, ServiceResponse};
@@ -46,8 +58,10 @@ use actix_web::{web, App, FromRequest, HttpRequest, HttpResponse, ResponseError}
 
 use crate::config::{validate_workers, MAX_WORKERS};
 use crate::model::{HarvestMode, MachineId};
+use crate::service::audit::{list_summary, AuditLine, AuditNote};
 use crate::service::metrics::{Gauges, HttpDone, MeteredBroker, Metrics, Render};
 use crate::service::store::{MachineRecord, Store, StoreError};
+use crate::service::token::{self, Scope};
 use crate::Broker;
 use crate::DestroyError;
 use crate::ProvisionerHandle;
@@ -99,6 +113,8 @@ pub struct AppState {
     pub containers: Option<crate::ContainersHandle>,
     /// With replicas on PostgreSQL: the lease and the leader's provisioners.
     pub replica: Option<ReplicaState>,
+    /// The audit log of change requests.
+    pub audit: std::sync::Arc<crate::service::audit::AuditLog>,
 }
 
 /// A replica's lease and, while it leads, its provisioners.
@@ -207,7 +223,7 @@ impl ResponseError for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         let status = match &e {
-            StoreError::NotFound(_) | StoreError::NoApplication(_) => 404,
+            StoreError::NotFound(_) | StoreError::NoApplication(_) | StoreError::NoToken(_) => 404,
             StoreError::ModelDying | StoreError::Refused(_) => 409,
             StoreError::Invalid { .. } => 400,
             // The database cannot be reached: no answer rather than a stale one.
@@ -228,51 +244,111 @@ impl From<crate::ProvisionerError> for ApiError {
     }
 }
 
-/// Compares without stopping at the first difference (no timing oracle on the token).
-fn same_token(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Who made a request: the id and scope of the token it carried. Kept in the request's
+/// extensions once proven (the audit log names the id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// `admin` (the data directory's token) or `tok-N` (a created one).
+    pub id: String,
+    /// What it may do.
+    pub scope: Scope,
 }
 
-/// Whether `given` is the API token: compared with the token itself, or by hash where this
-/// replica holds only the hash.
-fn token_matches(state: &AppState, given: &str) -> bool {
+/// Proof that the request carried a valid API token (`Authorization: Bearer TOKEN`) whose
+/// scope allows its method: a read-only token's change is refused here (403), for every route
+/// that takes this extractor, so a new route cannot forget the check.
+pub struct Authorized(pub Caller);
+
+/// Proof that the request carried an admin token (token management).
+pub struct AdminOnly(pub Caller);
+
+/// The admin token's hash as this replica knows it (none: no admin token here).
+fn admin_hash(state: &AppState) -> Option<String> {
     match &state.token_sha256 {
-        #[cfg(feature = "postgres")]
-        Some(hash) => same_token(crate::service::token::sha256_hex(given).as_bytes(), hash.as_bytes()),
-        #[cfg(not(feature = "postgres"))]
-        Some(_) => false,
-        None => !state.token.is_empty() && same_token(given.as_bytes(), state.token.as_bytes()),
+        Some(hash) => Some(hash.clone()),
+        None if !state.token.is_empty() => Some(token::sha256_hex(&state.token)),
+        None => None,
     }
 }
 
-/// Proof that the request carried the API token (`Authorization: Bearer TOKEN`).
-pub struct Authorized;
+/// Who holds `given`: the admin token (compared by hash in constant time, no store access), or
+/// a created token looked up by its hash in the store on every request, so that a revocation
+/// through any replica refuses the token's next request everywhere (one indexed read).
+async fn authenticate(state: &AppState, given: &str) -> Result<Caller> {
+    let hash = token::sha256_hex(given);
+    if admin_hash(state).is_some_and(|admin| token::hashes_equal(&hash, &admin)) {
+        return Ok(Caller { id: token::ADMIN_ID.to_owned(), scope: Scope::Admin });
+    }
+    let found = state.store.exec(move |s| s.token_by_hash(&hash)).await?;
+    match found {
+        Some(t) if t.revoked.is_none() => Ok(Caller { id: t.id, scope: t.scope }),
+        Some(t) => Err(ApiError::new(401, format!("the API token {} was revoked", t.id))),
+        None => Err(ApiError::new(401, "the API token is wrong")),
+    }
+}
 
-fn check_token(req: &HttpRequest) -> Result<Authorized, ApiError> {
-    let Some(state) = req.app_data::<web::Data<AppState>>() else {
-        return Err(ApiError::internal("the API has no state"));
-    };
-    let given = req
-        .headers()
+/// The bearer token of a request, if it has one.
+fn bearer(req: &HttpRequest) -> Option<String> {
+    req.headers()
         .get(actix_web::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
         // The scheme is case-insensitive (RFC 9110 11.1).
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    match given {
-        Some(t) if token_matches(state, t) => Ok(Authorized),
-        Some(_) => Err(ApiError::new(401, "the API token is wrong")),
-        None => Err(ApiError::new(401, "an API token is required: send Authorization: Bearer TOKEN")),
-    }
+        .map(|(_, token)| token.trim().to_owned())
+}
+
+/// The request's caller: proven once per request (kept in its extensions), then its scope
+/// checked against the method.
+async fn check_token(req: HttpRequest) -> Result<Caller> {
+    let known = req.extensions().get::<Caller>().cloned();
+    let caller = match known {
+        Some(c) => c,
+        None => {
+            let Some(state) = req.app_data::<web::Data<AppState>>().cloned() else {
+                return Err(ApiError::internal("the API has no state"));
+            };
+            let Some(given) = bearer(&req) else {
+                return Err(ApiError::new(401, "an API token is required: send Authorization: Bearer TOKEN"));
+            };
+            let caller = authenticate(&state, &given).await?;
+            req.extensions_mut().insert(caller.clone());
+            caller
+        }
+    };
+    caller.scope.may(req.method().as_str()).map_err(|why| ApiError::new(403, why))?;
+    Ok(caller)
 }
 
 impl FromRequest for Authorized {
     type Error = ApiError;
-    type Future = Ready<Result<Self, ApiError>>;
+    type Future = futures::future::LocalBoxFuture<'static, Result<Self, ApiError>>;
     fn from_request(req: &HttpRequest, _payload: &mut Payload) -> Self::Future {
-        ready(check_token(req))
+        Box::pin(check_token(req.clone()).map_ok(Authorized))
     }
+}
+
+impl FromRequest for AdminOnly {
+    type Error = ApiError;
+    type Future = futures::future::LocalBoxFuture<'static, Result<Self, ApiError>>;
+    fn from_request(req: &HttpRequest, _payload: &mut Payload) -> Self::Future {
+        let req = req.clone();
+        Box::pin(async move {
+            let caller = check_token(req).await?;
+            if caller.scope != Scope::Admin {
+                return Err(ApiError::new(
+                    403,
+                    format!("managing API tokens needs an admin token; {} is {}", caller.id, caller.scope),
+                ));
+            }
+            Ok(AdminOnly(caller))
+        })
+    }
+}
+
+/// Leaves a short summary of what a change request did (or asked for) for the audit log.
+pub(crate) fn note(req: &HttpRequest, what: impl Into<String>) {
+    req.extensions_mut().insert(AuditNote::new(what));
 }
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
@@ -291,6 +367,11 @@ fn view(m: &MachineRecord) -> MachineView {
         host: m.machine.id.container_of().map(|(host, _)| host.to_string()),
         manual: m.machine.manual,
     }
+}
+
+/// Machine ids as text.
+fn names(ids: &[MachineId]) -> Vec<String> {
+    ids.iter().map(ToString::to_string).collect()
 }
 
 /// The machine ids of a request, each once (in the order first given), at most [`MAX_IDS`].
@@ -342,6 +423,11 @@ fn key_before(body: &[u8], offset: usize) -> Option<String> {
 fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8], empty: Option<T>) -> Result<T> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return empty.ok_or_else(|| ApiError::bad_request("a JSON body is required"));
+    }
+    // Every body is an object: serde would also read a struct from an array of its fields
+    // (`[]` taking every default), which no client means.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad_request("invalid JSON body: expected a JSON object ({...})"));
     }
     serde_json::from_slice(body).map_err(|e| {
         let mut message = e.to_string();
@@ -438,7 +524,7 @@ async fn add_machines(_: Authorized, st: State, req: HttpRequest, payload: web::
         return Err(ApiError::bad_request(format!("count must be between 1 and {MAX_ADD}, got {}", body.count)));
     }
     if body.is_container_or_manual() {
-        return add_containers_or_manual(&st, &body).await;
+        return add_containers_or_manual(&st, &req, &body).await;
     }
     let AddMachines { count, zones, constraints, placement, .. } = body;
     // Constraints (zones among them) and placement, checked against the cloud.
@@ -446,14 +532,16 @@ async fn add_machines(_: Authorized, st: State, req: HttpRequest, payload: web::
     let spec = model::new_machine(&cloud, zones, constraints, placement)?;
     let added = st.store.exec(move |s| s.add_new_machines(count, &spec)).await?;
     st.metrics.do_send(crate::service::metrics::MachinesPending(added.clone()));
-    Ok(HttpResponse::Created().json(AddedMachines { ids: added.iter().map(ToString::to_string).collect() }))
+    let ids = names(&added);
+    note(&req, format!("added {} machines: {}", ids.len(), list_summary(&ids)));
+    Ok(HttpResponse::Created().json(AddedMachines { ids }))
 }
 
 /// `POST /v1/machines` with `container` and `host` (containers on a host), or with `manual`
 /// and `address` (a manual machine): each field checked ([`add::container_or_manual`]), then
 /// the store checks the host (exists, alive) or the address (not a live manual machine's yet)
 /// in the transaction that adds. Every refusal is a 400 naming its field, nothing written.
-async fn add_containers_or_manual(st: &AppState, body: &AddMachines) -> Result<HttpResponse> {
+async fn add_containers_or_manual(st: &AppState, req: &HttpRequest, body: &AddMachines) -> Result<HttpResponse> {
     let kinds = crate::containers::DEFAULT_CONTAINER_TYPES;
     let request = add::container_or_manual(body, kinds).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let added = match request {
@@ -468,7 +556,9 @@ async fn add_containers_or_manual(st: &AppState, body: &AddMachines) -> Result<H
         }
         add::SpecialAdd::Manual { address } => vec![st.store.exec(move |s| s.add_manual(&address)).await?],
     };
-    Ok(HttpResponse::Created().json(AddedMachines { ids: added.iter().map(ToString::to_string).collect() }))
+    let ids = names(&added);
+    note(req, format!("added {} machines: {}", ids.len(), list_summary(&ids)));
+    Ok(HttpResponse::Created().json(AddedMachines { ids }))
 }
 
 #[utoipa::path(post, path = "/v1/machines/remove", tag = "machines", operation_id = "remove_machines",
@@ -483,6 +573,9 @@ async fn add_containers_or_manual(st: &AppState, body: &AddMachines) -> Result<H
 async fn remove_machines(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
     let RemoveMachines { ids: raw, keep_instance, force } = json_body(&req, payload).await?;
     let ids = ids(&raw)?;
+    let flags =
+        [(keep_instance, " keep-instance"), (force, " force")].iter().filter(|f| f.0).map(|f| f.1).collect::<String>();
+    note(&req, format!("remove {} machines: {}{flags}", ids.len(), list_summary(&names(&ids))));
     st.store.exec(move |s| s.remove_machines(&ids, keep_instance, force)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
@@ -498,6 +591,7 @@ async fn remove_machines(_: Authorized, st: State, req: HttpRequest, payload: we
 async fn retry_machines(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
     let body: RetryMachines = json_body(&req, payload).await?;
     let ids = ids(&body.ids)?;
+    note(&req, format!("retry {} machines: {}", ids.len(), list_summary(&names(&ids))));
     refuse_container_retries(&ids)?;
     st.store.exec(move |s| s.retry_machines(&ids)).await?;
     Ok(HttpResponse::NoContent().finish())
@@ -586,6 +680,7 @@ async fn set_config(
 ) -> Result<HttpResponse> {
     let body: ConfigValue = json_body(&req, payload).await?;
     let mut value = body.value.trim().to_owned();
+    note(&req, format!("set {} to {value:?}", key.as_str()));
     match key.as_str() {
         "harvest-mode" => {
             let mode: HarvestMode =
@@ -705,6 +800,7 @@ fn instance_count(listed: std::result::Result<usize, crate::ports::BrokerError>)
 async fn destroy_model(_: Authorized, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
     // No body (or an empty one) means the defaults; anything else must parse, or nothing happens.
     let DestroyRequest { force } = parse_body(&read_body(&req, payload).await?, Some(DestroyRequest::default()))?;
+    note(&req, if force { "destroy the model (force)" } else { "destroy the model" });
     let manual = refuse_destroy_with_manual_machines(&st, force).await?;
     let running = st.running().await?;
     let result = running.handle.destroy_model(force).await;
@@ -865,6 +961,12 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .service(resource("/status", "GET", true).route(web::get().to(status)))
                 .service(resource("/destroy-model", "POST", true).route(web::post().to(destroy_model)))
                 .service(resource("/events", "GET", true).route(web::get().to(events)))
+                .service(
+                    resource("/tokens", "GET, POST", true)
+                        .route(web::get().to(tokens::list_tokens))
+                        .route(web::post().to(tokens::create_token)),
+                )
+                .service(resource("/tokens/{id}", "DELETE", true).route(web::delete().to(tokens::revoke_token)))
                 .default_service(web::to(v1_not_found)),
         );
 }
@@ -884,7 +986,27 @@ pub fn method_label(m: &Method) -> &'static str {
     }
 }
 
-/// The application: the routes, JSON error handling and request metrics.
+/// The audit log's line for an answered change request: the caller's token id (never the
+/// token), what the handler noted, the status and the error sentence, if any.
+fn audit_line<B>(res: &ServiceResponse<B>) -> AuditLine {
+    let req = res.request();
+    let result = match res.response().error() {
+        Some(e) => e.as_error::<ApiError>().map(|a| a.message.clone()).unwrap_or_else(|| e.to_string()),
+        None if res.status().is_success() => "ok".to_owned(),
+        None => res.status().to_string(),
+    };
+    AuditLine {
+        time: crate::service::audit::now_rfc3339(),
+        token: req.extensions().get::<Caller>().map(|c| c.id.clone()),
+        method: req.method().to_string(),
+        path: req.path().to_owned(),
+        status: res.status().as_u16(),
+        what: req.extensions().get::<AuditNote>().map(|n| n.0.clone()),
+        result,
+    }
+}
+
+/// The application: the routes, JSON error handling, request metrics and the audit log.
 pub fn app(
     state: AppState,
 ) -> App<
@@ -897,6 +1019,7 @@ pub fn app(
     >,
 > {
     let metrics = state.metrics.clone();
+    let audit = state.audit.clone();
     App::new()
         .app_data(web::Data::new(state))
         .app_data(web::PathConfig::default().error_handler(path_error))
@@ -905,10 +1028,16 @@ pub fn app(
         .wrap_fn(move |req, srv| {
             let began = Instant::now();
             let method = method_label(req.method());
+            let change = crate::service::audit::is_change(req.method().as_str(), req.path());
             let call = srv.call(req);
             let metrics = metrics.clone();
+            let audit = audit.clone();
             async move {
                 let res = call.await?;
+                if change {
+                    // Written before the answer leaves: an answered change is in the log.
+                    audit.record(&audit_line(&res));
+                }
                 let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_owned());
                 metrics.do_send(HttpDone {
                     method,
@@ -924,14 +1053,6 @@ pub fn app(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_compare_whole() {
-        assert!(same_token(b"abc", b"abc"));
-        assert!(!same_token(b"abc", b"abd"));
-        assert!(!same_token(b"abc", b"abcd"));
-        assert!(!same_token(b"", b"a"));
-    }
 
     #[test]
     fn a_failed_listing_is_no_count_and_says_so() {
@@ -978,6 +1099,10 @@ mod tests {
         assert!(e.message.contains("\"force\""), "{e}");
         assert_eq!(parse_body(b"  ", Some(DestroyRequest::default())).unwrap(), DestroyRequest::default());
         assert_eq!(parse_body::<DestroyRequest>(b"", None).unwrap_err().status, 400);
+        // schemathesis found `[]` taken as a struct with every default.
+        let e = parse_body::<DestroyRequest>(b" []", None).unwrap_err();
+        assert!(e.status == 400 && e.message.contains("JSON object"), "{e}");
+        assert_eq!(parse_body::<DestroyRequest>(b" {}", None).unwrap(), DestroyRequest::default());
         assert_eq!(ids(&["3".into(), "3".into(), " 4".into()]).unwrap(), [MachineId::new("3"), MachineId::new("4")]);
         assert_eq!(method_label(&Method::from_bytes(b"MADEUP").unwrap()), "other");
     }

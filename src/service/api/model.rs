@@ -345,6 +345,8 @@ pub async fn add_application(
     let c = constraints.clone();
     let n = name.clone();
     let ids = st.store.exec(move |s| s.add_application(&n, units, &c)).await?;
+    let summary = crate::service::audit::list_summary(&super::names(&ids));
+    super::note(&req, format!("added application {name} with {units} units: {summary}"));
     Ok(HttpResponse::Created().json(application_view(&ApplicationRecord { name, constraints, machines: ids })))
 }
 
@@ -366,7 +368,12 @@ pub async fn list_applications(_: Authorized, st: State) -> Result<HttpResponse>
     ))]
 /// `DELETE /v1/applications/{name}`: its machines become dead (their instances are stopped,
 /// then they are removed) and it is forgotten. Answers the machines it took to dead.
-pub async fn remove_application(_: Authorized, st: State, name: web::Path<String>) -> Result<HttpResponse> {
+pub async fn remove_application(
+    _: Authorized,
+    st: State,
+    name: web::Path<String>,
+    req: HttpRequest,
+) -> Result<HttpResponse> {
     let name = name.into_inner();
     check_application_name(&name).map_err(|e| ApiError::bad_request(format!("name: {e}")))?;
     let n = name.clone();
@@ -377,6 +384,8 @@ pub async fn remove_application(_: Authorized, st: State, name: web::Path<String
             Ok((constraints, s.remove_application(&n)?))
         })
         .await?;
+    let summary = crate::service::audit::list_summary(&super::names(&ids));
+    super::note(&req, format!("removed application {name}: {} machines to dead: {summary}", ids.len()));
     let view =
         application_view(&ApplicationRecord { name, constraints: constraints.unwrap_or_default(), machines: ids });
     Ok(HttpResponse::Ok().json(view))

@@ -35,7 +35,8 @@ pub enum ConfigKey {
         title = "provisioner",
         description = "The provisioner service's HTTP API: machines, applications, instances, settings, \
             status and events of one model. Every `/v1` route but this document needs `Authorization: Bearer \
-            TOKEN` (the token file in the data directory). Errors are `{\"error\": \"one sentence\"}`; a refused \
+            TOKEN` (the token file in the data directory, or one made with `POST /v1/tokens`); a read-only token \
+            gets 403 on every change. Errors are `{\"error\": \"one sentence\"}`; a refused \
             request (any 4xx) changes nothing.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
@@ -59,6 +60,9 @@ pub enum ConfigKey {
         super::status,
         super::destroy_model,
         super::events,
+        super::tokens::create_token,
+        super::tokens::list_tokens,
+        super::tokens::revoke_token,
     ),
     components(schemas(crate::service::events::EventView, ErrorBody, ConfigKey, super::model::StatusFilter)),
     modifiers(&Shared),
@@ -69,6 +73,7 @@ pub enum ConfigKey {
         (name = "config", description = "The model's settings"),
         (name = "model", description = "The model itself"),
         (name = "service", description = "Health, metrics, status, events and this document"),
+        (name = "tokens", description = "API tokens (admin tokens only): create, list, revoke"),
     ),
 )]
 pub struct ApiDoc;
@@ -117,6 +122,13 @@ pub const LINKS: &[LinkSpec] = &[
         name: "ShowFirstUnit",
         to: "show_machine",
         parameters: &[("id", "$response.body#/machines/0")],
+        body: None,
+    },
+    LinkSpec {
+        from: ("create_token", "201"),
+        name: "RevokeIt",
+        to: "revoke_token",
+        parameters: &[("id", "$response.body#/id")],
         body: None,
     },
     LinkSpec {
@@ -172,23 +184,26 @@ impl Modify for Shared {
         );
         for (path, item) in doc.paths.paths.iter_mut() {
             let secured = path.starts_with("/v1/") && path != "/v1/openapi.json";
-            for op in [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.options,
-                &mut item.head,
-                &mut item.patch,
-                &mut item.trace,
+            for (read, op) in [
+                (true, &mut item.get),
+                (false, &mut item.put),
+                (false, &mut item.post),
+                (false, &mut item.delete),
+                (false, &mut item.options),
+                (true, &mut item.head),
+                (false, &mut item.patch),
+                (false, &mut item.trace),
             ]
             .into_iter()
-            .flatten()
+            .filter_map(|(read, op)| op.as_mut().map(|op| (read, op)))
             {
                 let answers = &mut op.responses.responses;
                 if secured {
                     op.security = Some(vec![SecurityRequirement::new("bearer", Vec::<String>::new())]);
-                    answers.insert("401".into(), error("No API token, or a wrong one"));
+                    answers.insert("401".into(), error("No API token, a wrong one, or a revoked one"));
+                    if !read && !answers.contains_key("403") {
+                        answers.insert("403".into(), error("The token is read-only: changes need an admin token"));
+                    }
                 }
                 if let Some(body) = op.request_body.as_mut().filter(|_| OPTIONAL_BODIES.contains(&path.as_str())) {
                     // An optional body is no body or an empty one, not JSON `null`: the schema is
@@ -346,6 +361,9 @@ mod tests {
             "GET /v1/status",
             "POST /v1/destroy-model",
             "GET /v1/events",
+            "POST /v1/tokens",
+            "GET /v1/tokens",
+            "DELETE /v1/tokens/{id}",
         ] {
             assert!(ops.contains_key(route), "{route} is not in the document: {ops:?}");
         }
@@ -355,6 +373,9 @@ mod tests {
             let secured = path.starts_with("/v1/") && path != "/v1/openapi.json";
             assert_eq!(op["security"].is_array(), secured, "{route} ({id}): security");
             assert_eq!(op["responses"]["401"].is_object(), secured, "{route}: 401");
+            if secured && method != "GET" {
+                assert!(op["responses"]["403"].is_object(), "{route}: a read-only token's 403");
+            }
             if op["requestBody"].is_object() {
                 assert!(op["responses"]["413"].is_object(), "{route}: 413");
                 assert!(op["responses"]["400"].is_object(), "{route}: 400");
@@ -391,9 +412,15 @@ mod tests {
         assert!(doc["paths"]["/v1/machines/{id}"]["get"]["responses"]["400"].is_object());
         assert_eq!(super::super::model::machine_id_of_path("%2F").unwrap_err().status, 400);
         // Every body the service takes is strict: the document says so (additionalProperties).
-        for name in
-            ["AddMachines", "RemoveMachines", "RetryMachines", "ConfigValue", "DestroyRequest", "AddApplication"]
-        {
+        for name in [
+            "AddMachines",
+            "RemoveMachines",
+            "RetryMachines",
+            "ConfigValue",
+            "DestroyRequest",
+            "AddApplication",
+            "CreateToken",
+        ] {
             assert_eq!(doc["components"]["schemas"][name]["additionalProperties"], false, "{name}");
         }
     }

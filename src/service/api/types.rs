@@ -410,3 +410,47 @@ pub struct ApplicationView {
     /// Its constraints (absent ones `null`).
     pub constraints: ConstraintsView,
 }
+
+/// `POST /v1/tokens`: the new token's scope.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateToken {
+    /// A read-only token (every change refused with 403); else an admin token.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// What a token may do: `admin` (everything) or `read-only` (reads only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub enum TokenScope {
+    /// Everything, token management included.
+    #[serde(rename = "admin")]
+    Admin,
+    /// Reads (`GET`) only.
+    #[serde(rename = "read-only")]
+    ReadOnly,
+}
+
+/// A new token: shown once, in this answer (the service keeps only its hash).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CreatedToken {
+    /// Its id (`tok-N`): what `token list`, `token revoke` and the audit log name.
+    pub id: String,
+    /// What it may do.
+    pub scope: TokenScope,
+    /// The token itself (64 hex digits): send it as `Authorization: Bearer TOKEN`.
+    pub token: String,
+}
+
+/// A created token as `GET /v1/tokens` lists it: never the token, never its hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TokenView {
+    /// Its id (`tok-N`).
+    pub id: String,
+    /// What it may do.
+    pub scope: TokenScope,
+    /// When it was created (RFC 3339, UTC).
+    pub created: String,
+    /// When it was revoked (RFC 3339, UTC); `null` while it is valid.
+    pub revoked: Option<String>,
+}

@@ -14,6 +14,7 @@ use crate::model::{
     MachineStatus, ProvisioningInfo,
 };
 use crate::ports::ProvisionedInstance;
+use crate::service::token::{Scope, TokenRecord};
 
 /// The leader's fence: writes made on behalf of the provisioner commit only while this lease
 /// row (`leader_lease`) still names this holder at this epoch and has not expired, checked in
@@ -135,6 +136,19 @@ pub trait StoreBackend: Send {
     fn live_containers_of(&mut self, host: &MachineId) -> Result<Vec<MachineId>, StoreError>;
     /// The live manual machines, in id order.
     fn live_manual_machines(&mut self) -> Result<Vec<MachineId>, StoreError>;
+
+    // ---- API tokens (hashes only) -------------------------------------------------------------
+
+    /// Creates an API token: the next id (`tok-N`, never reused), its scope, the token's
+    /// SHA-256, created at `created` (RFC 3339).
+    fn create_token(&mut self, scope: Scope, sha256: &str, created: &str) -> Result<TokenRecord, StoreError>;
+    /// Every created token, oldest first.
+    fn tokens(&mut self) -> Result<Vec<TokenRecord>, StoreError>;
+    /// The created token whose SHA-256 this is, revoked or not.
+    fn token_by_hash(&mut self, sha256: &str) -> Result<Option<TokenRecord>, StoreError>;
+    /// Revokes a token at `at` (RFC 3339); one revoked already keeps its first time.
+    /// [`StoreError::NoToken`] if no created token has this id.
+    fn revoke_token(&mut self, id: &str, at: &str) -> Result<TokenRecord, StoreError>;
 
     // ---- the simulated cloud's instances -----------------------------------------------------
 
@@ -275,6 +289,10 @@ impl StoreBackend for StoreCore {
         fn add_manual(&mut self, address: &str) -> Result<MachineId, StoreError>;
         fn live_containers_of(&mut self, host: &MachineId) -> Result<Vec<MachineId>, StoreError>;
         fn live_manual_machines(&mut self) -> Result<Vec<MachineId>, StoreError>;
+        fn create_token(&mut self, scope: Scope, sha256: &str, created: &str) -> Result<TokenRecord, StoreError>;
+        fn tokens(&mut self) -> Result<Vec<TokenRecord>, StoreError>;
+        fn token_by_hash(&mut self, sha256: &str) -> Result<Option<TokenRecord>, StoreError>;
+        fn revoke_token(&mut self, id: &str, at: &str) -> Result<TokenRecord, StoreError>;
         fn create_instance(&mut self, client_token: &str, zone: Option<&str>, tags: &InstanceTags) -> Result<(InstanceRecord, bool), StoreError>;
         fn instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError>;
         fn land_instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError>;

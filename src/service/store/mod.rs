@@ -19,6 +19,7 @@ mod pg_tests;
 mod state;
 #[cfg(test)]
 mod tests;
+mod tokens;
 
 pub use actor::{Store, StoreActor};
 pub use backend::{Fence, StoreBackend};

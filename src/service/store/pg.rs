@@ -50,9 +50,10 @@ use crate::model::{
     MachineId, MachineStatus,
 };
 use crate::ports::ProvisionedInstance;
+use crate::service::token::{token_id, Scope, TokenRecord};
 
 /// The newest schema version this build knows (rows of `schema_migrations`).
-pub const PG_SCHEMA_VERSION: i64 = 3;
+pub const PG_SCHEMA_VERSION: i64 = 4;
 
 /// The channel of change notifications.
 pub const CHANGES_CHANNEL: &str = "provisioner_changes";
@@ -156,7 +157,8 @@ ALTER TABLE machines ADD COLUMN IF NOT EXISTS last_start_error TEXT;
 /// Version 3: the epochs' record ([`EPOCH_TABLES_SQL`]): each lease acquisition and the writes
 /// made under each epoch, ordered by one sequence (what proves no write committed under a
 /// stale epoch).
-const MIGRATIONS: &[(i64, &str)] = &[(1, SCHEMA_V1), (2, SCHEMA_V2), (3, EPOCH_TABLES_SQL)];
+const MIGRATIONS: &[(i64, &str)] =
+    &[(1, SCHEMA_V1), (2, SCHEMA_V2), (3, EPOCH_TABLES_SQL), (4, SCHEMA_V4)];
 
 /// The epochs' record, created by migration 3 (and by the lease where missing, so that the
 /// lease can be used and tested on its own): `fence_seq` orders acquisitions and fenced writes;
@@ -191,6 +193,19 @@ pub const RECORD_WRITE_SQL: &str =
     "INSERT INTO epoch_writes AS w (model_uuid, epoch, holder, writes, first_seq, last_seq)
     SELECT $1, $3, $2, 1, s, s FROM nextval('fence_seq') AS s
     ON CONFLICT (model_uuid, epoch, holder) DO UPDATE SET writes = w.writes + 1, last_seq = EXCLUDED.last_seq";
+
+/// Version 4: the created API tokens (their SHA-256 only), looked up by hash on every request
+/// that carries one.
+const SCHEMA_V4: &str = "
+CREATE TABLE IF NOT EXISTS api_tokens (
+    seq BIGSERIAL PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    scope TEXT NOT NULL,
+    sha256 TEXT NOT NULL UNIQUE,
+    created TEXT NOT NULL,
+    revoked TEXT
+);
+";
 
 /// A change notification's payload (JSON on channel [`CHANGES_CHANNEL`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -1346,4 +1361,55 @@ impl StoreBackend for PgStore {
             .map_err(pg(ctx))?;
         rows.iter().map(|r| r.try_get::<_, String>(0).map(InstanceId::from).map_err(pg(ctx))).collect()
     }
+
+    fn create_token(&mut self, scope: Scope, sha256: &str, created: &str) -> Result<TokenRecord, StoreError> {
+        let ctx = "creating an API token";
+        let mut tx = self.client()?.transaction().map_err(pg(ctx))?;
+        let id = token_id(next_counter(&mut tx, "next_token").map_err(pg(ctx))? as u64 + 1);
+        tx.execute(
+            "INSERT INTO api_tokens (id, scope, sha256, created) VALUES ($1, $2, $3, $4)",
+            &[&id, &scope.as_str(), &sha256, &created],
+        )
+        .map_err(pg(ctx))?;
+        tx.commit().map_err(pg(ctx))?;
+        Ok(TokenRecord { id, scope, created: created.to_owned(), revoked: None })
+    }
+    fn tokens(&mut self) -> Result<Vec<TokenRecord>, StoreError> {
+        let ctx = "listing API tokens";
+        let rows = self
+            .client()?
+            .query(&format!("SELECT {TOKEN_COLUMNS} FROM api_tokens ORDER BY seq"), &[])
+            .map_err(pg(ctx))?;
+        rows.iter().map(|r| token_from_row(r, ctx)).collect()
+    }
+    fn token_by_hash(&mut self, sha256: &str) -> Result<Option<TokenRecord>, StoreError> {
+        let ctx = "looking up an API token";
+        let row = self
+            .client()?
+            .query_opt(&format!("SELECT {TOKEN_COLUMNS} FROM api_tokens WHERE sha256 = $1"), &[&sha256])
+            .map_err(pg(ctx))?;
+        row.map(|r| token_from_row(&r, ctx)).transpose()
+    }
+    fn revoke_token(&mut self, id: &str, at: &str) -> Result<TokenRecord, StoreError> {
+        let ctx = "revoking an API token";
+        let mut tx = self.client()?.transaction().map_err(pg(ctx))?;
+        tx.execute("UPDATE api_tokens SET revoked = $2 WHERE id = $1 AND revoked IS NULL", &[&id, &at])
+            .map_err(pg(ctx))?;
+        let row =
+            tx.query_opt(&format!("SELECT {TOKEN_COLUMNS} FROM api_tokens WHERE id = $1"), &[&id]).map_err(pg(ctx))?;
+        tx.commit().map_err(pg(ctx))?;
+        token_from_row(&row.ok_or_else(|| StoreError::NoToken(id.to_owned()))?, ctx)
+    }
+}
+
+const TOKEN_COLUMNS: &str = "id, scope, created, revoked";
+
+fn token_from_row(r: &Row, ctx: &'static str) -> Result<TokenRecord, StoreError> {
+    let get = |e: postgres::Error| pg(ctx)(e);
+    super::tokens::token_record((
+        r.try_get(0).map_err(get)?,
+        r.try_get(1).map_err(get)?,
+        r.try_get(2).map_err(get)?,
+        r.try_get(3).map_err(get)?,
+    ))
 }

@@ -21,7 +21,9 @@ pub const DB_FILE: &str = "provisioner.db";
 /// an `applications` table. Older databases are upgraded in place when opened.
 /// Version 3 also added the `manual` and `address` columns of manual machines (a step that
 /// adds only the columns a database lacks).
-pub const SCHEMA_VERSION: i64 = 3;
+/// Version 4 added `api_tokens` (the created API tokens' hashes, `tokens.rs`), a table that
+/// older databases gain when opened.
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Containers' `seq` values start here (machines' equal their numeric ids, which never get this
 /// far), so that a container never takes a `seq` a later machine's id needs: machines list in
@@ -104,6 +106,14 @@ CREATE TABLE IF NOT EXISTS machines (
     keep_instance INTEGER NOT NULL DEFAULT 0,
     transient INTEGER NOT NULL DEFAULT 0,
     constraints_id INTEGER REFERENCES constraints(id)
+);
+CREATE TABLE IF NOT EXISTS api_tokens (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    scope TEXT NOT NULL,
+    sha256 TEXT NOT NULL UNIQUE,
+    created TEXT NOT NULL,
+    revoked TEXT
 );
 CREATE TABLE IF NOT EXISTS instances (
     seq INTEGER PRIMARY KEY,
@@ -226,6 +236,9 @@ pub enum StoreError {
     /// No such application.
     #[error("application {0:?} not found")]
     NoApplication(String),
+    /// No created API token has this id.
+    #[error("API token {0:?} not found (see `provisioner token list`)")]
+    NoToken(String),
     /// The store stopped: its actor no longer takes messages.
     #[error("the store is not running: {0}")]
     Stopped(#[source] actix::MailboxError),
@@ -240,7 +253,7 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    fn sql(context: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
+    pub(super) fn sql(context: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
         move |e| match e.sqlite_error_code() {
             Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
                 StoreError::Damaged { context, message: e.to_string() }
@@ -448,7 +461,7 @@ pub struct InstanceRecord {
 
 /// The store's core. One per database; every method is one statement or one transaction.
 pub struct StoreCore {
-    conn: Connection,
+    pub(super) conn: Connection,
     /// Whether commits are fsynced now (`synchronous=FULL`) or not (`NORMAL`).
     durable: bool,
     /// What the watchers and the gauges must hear next.
@@ -565,7 +578,7 @@ fn meta_set(tx: &Connection, key: &str, value: &str) -> rusqlite::Result<()> {
     .map(|_| ())
 }
 
-fn next_counter(tx: &Transaction<'_>, key: &str) -> rusqlite::Result<u64> {
+pub(super) fn next_counter(tx: &Transaction<'_>, key: &str) -> rusqlite::Result<u64> {
     let n: u64 = meta_get(tx, key)?.and_then(|v| v.parse().ok()).unwrap_or(0);
     meta_set(tx, key, &(n + 1).to_string())?;
     Ok(n)

@@ -556,6 +556,31 @@ fn a_manual_machine_is_registered_started_with_its_address(s: &mut dyn StoreBack
     assert_eq!(s.add_containers(&MachineId::new("0"), "lxd", 1).unwrap_err(), StoreError::ModelDying);
 }
 
+/// Created API tokens: numbered ids, listed oldest first, found by hash (revoked ones too, so
+/// that the API can say "revoked"), revoked once (a second revocation keeps the first time),
+/// an unknown id refused by name; only the hash is kept.
+fn api_tokens_are_kept_as_hashes_and_revoked_once(s: &mut dyn StoreBackend) {
+    use crate::service::token::Scope;
+    assert!(s.tokens().unwrap().is_empty());
+    let a = s.create_token(Scope::ReadOnly, "aaaa", "2026-01-01T00:00:00.000Z").unwrap();
+    let b = s.create_token(Scope::Admin, "bbbb", "2026-01-01T00:00:01.000Z").unwrap();
+    assert_eq!((a.id.as_str(), a.scope, a.revoked.as_deref()), ("tok-1", Scope::ReadOnly, None));
+    assert_eq!((b.id.as_str(), b.scope), ("tok-2", Scope::Admin));
+    assert_eq!(s.tokens().unwrap(), [a.clone(), b.clone()]);
+    assert_eq!(s.token_by_hash("bbbb").unwrap(), Some(b.clone()));
+    assert_eq!(s.token_by_hash("cccc").unwrap(), None);
+    let revoked = s.revoke_token("tok-1", "2026-01-02T00:00:00.000Z").unwrap();
+    assert_eq!(revoked.revoked.as_deref(), Some("2026-01-02T00:00:00.000Z"));
+    let again = s.revoke_token("tok-1", "2026-01-03T00:00:00.000Z").unwrap();
+    assert_eq!(again, revoked, "a second revocation changes nothing");
+    assert_eq!(s.token_by_hash("aaaa").unwrap(), Some(revoked));
+    assert_eq!(s.revoke_token("tok-9", "x").unwrap_err(), StoreError::NoToken("tok-9".into()));
+    assert!(s.create_token(Scope::Admin, "bbbb", "x").is_err(), "a hash is one token's");
+    assert_eq!(s.create_token(Scope::Admin, "dddd", "x").unwrap().id, "tok-3", "ids are never reused");
+    s.destroy_model().unwrap();
+    assert_eq!(s.tokens().unwrap().len(), 3, "tokens outlive the model's destruction");
+}
+
 /// The behaviour tests above, each run against SQLite (a test each, in memory) and against
 /// PostgreSQL (feature `postgres`: one cluster for the lot, a fresh database per test).
 macro_rules! on_both_backends {
@@ -585,6 +610,7 @@ on_both_backends!(
     containers_are_numbered_per_host_and_type_on_alive_hosts_only,
     a_host_with_live_containers_is_removed_only_with_them_or_with_force,
     a_manual_machine_is_registered_started_with_its_address,
+    api_tokens_are_kept_as_hashes_and_revoked_once,
 );
 
 /// Start attempts: each reported outcome counts one, a failure keeps its error, a success

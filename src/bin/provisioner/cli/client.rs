@@ -11,10 +11,11 @@ use provisioner::service::api::types::{
     AddApplication, AddMachines, AddedMachines, ApplicationView, ConfigValue, DestroyRequest, DestroyView, ErrorBody,
     InstanceView, MachineDetail, MachineView, RemoveMachines, RetryMachines, StatusView,
 };
+use provisioner::service::api::types::{CreateToken, CreatedToken, TokenScope, TokenView};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{ApplicationCmd, ClientCmd, ConfigCmd, Conn, InstanceCmd, MachineCmd};
+use super::{ApplicationCmd, ClientCmd, ConfigCmd, Conn, InstanceCmd, MachineCmd, TokenCmd};
 
 /// The default service URL.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:7878";
@@ -165,6 +166,48 @@ impl Client {
     }
 }
 
+/// A scope as the service spells it.
+fn scope_name(s: TokenScope) -> &'static str {
+    match s {
+        TokenScope::Admin => "admin",
+        TokenScope::ReadOnly => "read-only",
+    }
+}
+
+/// `token create | list | revoke`.
+fn token(c: &Client, cmd: TokenCmd) -> Result<(), Failure> {
+    match cmd {
+        TokenCmd::Create { read_only, json } => {
+            let t: CreatedToken = c.send("POST", "/v1/tokens", &CreateToken { read_only })?;
+            if json {
+                print_json(&t);
+            } else {
+                println!("created {} ({}); the token is shown only now, keep it:", t.id, scope_name(t.scope));
+                println!("{}", t.token);
+            }
+        }
+        TokenCmd::List { json } => {
+            let list: Vec<TokenView> = c.get("/v1/tokens")?;
+            if json {
+                print_json(&list);
+            } else {
+                table(
+                    &["ID", "SCOPE", "CREATED", "REVOKED"],
+                    list.iter()
+                        .map(|t| vec![t.id.clone(), scope_name(t.scope).into(), t.created.clone(), dash(&t.revoked)])
+                        .collect(),
+                );
+            }
+        }
+        TokenCmd::Revoke { id } => {
+            let path = format!("/v1/tokens/{}", encode_segment(&id));
+            let t: TokenView = c.delete(&path)?;
+            println!("revoked {} (at {})", t.id, dash(&t.revoked));
+        }
+    }
+    Ok(())
+}
+
 fn print_json<T: Serialize>(v: &T) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -256,6 +299,7 @@ fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
         }
         ClientCmd::Machine(MachineCmd::Show { id, json }) => show_machine(c, &id, json),
         ClientCmd::Application(cmd) => application(c, cmd),
+        ClientCmd::Token(cmd) => token(c, cmd),
         ClientCmd::Machine(MachineCmd::List { application, status, zone, json }) => {
             let filters = [("application", application), ("status", status), ("zone", zone)];
             let list: Vec<MachineView> = c.get_query("/v1/machines", &filters)?;

@@ -166,6 +166,34 @@ pub enum InstanceCmd {
     },
 }
 
+/// `provisioner token ...`.
+#[derive(Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Create an API token; prints it alone on the last line (it is shown once: the service
+    /// keeps only its hash).
+    Create {
+        /// A read-only token: it may read, every change is refused (403). Without it, an admin
+        /// token.
+        #[arg(long)]
+        read_only: bool,
+        /// Print JSON (`id`, `scope`, `token`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the created tokens: ids, scopes, created and revoked times (never the tokens).
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token: its next request gets 401, on every replica.
+    Revoke {
+        /// The token's id (tok-N, from `token list`).
+        #[arg(value_name = "ID")]
+        id: String,
+    },
+}
+
 /// The model settings `config` reads and writes.
 pub const CONFIG_KEYS: [&str; 2] = ["harvest-mode", "workers"];
 
@@ -201,6 +229,8 @@ pub enum ClientCmd {
     Application(ApplicationCmd),
     /// `config ...`.
     Config(ConfigCmd),
+    /// `token ...`.
+    Token(TokenCmd),
     /// `status`.
     Status {
         /// Print JSON.
@@ -286,6 +316,7 @@ pub fn run_client(conn: Conn, cmd: ClientCmd) -> ExitCode {
             ClientCmd::Instance(_) => "instance",
             ClientCmd::Application(_) => "application",
             ClientCmd::Config(_) => "config",
+            ClientCmd::Token(_) => "token",
             ClientCmd::Status { .. } => "status",
             ClientCmd::DestroyModel { .. } => "destroy-model",
         })

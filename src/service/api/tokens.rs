@@ -1,0 +1,90 @@
+//! `/v1/tokens`: API token management, admin tokens only (a read-only token gets 403, even to
+//! list them).
+//!
+//! - `POST /v1/tokens` (`{"read_only": bool}`): a new token (32 random bytes, hex), answered
+//!   once with its id and scope; the store keeps its SHA-256 only.
+//! - `GET /v1/tokens`: every created token's id, scope, created and revoked times; never a
+//!   token or a hash.
+//! - `DELETE /v1/tokens/{id}`: revokes it (200 with its record). The next request carrying it
+//!   gets 401, on every replica (tokens are looked up in the store per request). Revoking a
+//!   revoked token again is no error (200, its first revocation time kept); an unknown id is
+//!   404 naming it; the admin token (`admin`, the data directory's file) is 409: it cannot be
+//!   revoked through the API (replace it by stopping the service, deleting `DATA_DIR/token`
+//!   and starting it again, which writes a new one; with PostgreSQL it is the database's).
+
+use actix_web::{web, HttpRequest, HttpResponse};
+
+use super::types::{CreateToken, CreatedToken, ErrorBody, TokenScope, TokenView};
+use super::{json_body, note, AdminOnly, ApiError, Result, State};
+use crate::service::audit::now_rfc3339;
+use crate::service::token::{self, Scope, TokenRecord};
+
+impl From<Scope> for TokenScope {
+    fn from(s: Scope) -> Self {
+        match s {
+            Scope::Admin => TokenScope::Admin,
+            Scope::ReadOnly => TokenScope::ReadOnly,
+        }
+    }
+}
+
+fn view(t: TokenRecord) -> TokenView {
+    TokenView { id: t.id, scope: t.scope.into(), created: t.created, revoked: t.revoked }
+}
+
+/// Creates an API token (admin tokens only): answered once, only its hash kept.
+#[utoipa::path(post, path = "/v1/tokens", tag = "tokens", operation_id = "create_token",
+    request_body = CreateToken,
+    responses(
+        (status = 201, description = "The new token, shown once (only its hash is kept)", body = CreatedToken),
+        (status = 400, description = "A body that does not parse", body = ErrorBody),
+        (status = 403, description = "The token is read-only: only admin tokens manage tokens", body = ErrorBody),
+    ))]
+pub async fn create_token(_: AdminOnly, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
+    let CreateToken { read_only } = json_body(&req, payload).await?;
+    let scope = if read_only { Scope::ReadOnly } else { Scope::Admin };
+    let secret = token::new_secret();
+    let hash = token::sha256_hex(&secret);
+    let created = now_rfc3339();
+    let record = st.store.exec(move |s| s.create_token(scope, &hash, &created)).await?;
+    note(&req, format!("created {} ({scope})", record.id));
+    Ok(HttpResponse::Created().json(CreatedToken { id: record.id, scope: scope.into(), token: secret }))
+}
+
+/// Lists the created API tokens (admin tokens only): never a token or a hash.
+#[utoipa::path(get, path = "/v1/tokens", tag = "tokens", operation_id = "list_tokens",
+    responses(
+        (status = 200, description = "Every created token, oldest first: ids, scopes, times (never a token or \
+            its hash; the admin token of the data directory is not listed)", body = Vec<TokenView>),
+        (status = 403, description = "The token is read-only: only admin tokens manage tokens", body = ErrorBody),
+    ))]
+pub async fn list_tokens(_: AdminOnly, st: State) -> Result<HttpResponse> {
+    let tokens = st.store.exec(|s| s.tokens()).await?;
+    Ok(HttpResponse::Ok().json(tokens.into_iter().map(view).collect::<Vec<_>>()))
+}
+
+/// Revokes an API token (admin tokens only): its next request gets 401, on every replica.
+#[utoipa::path(delete, path = "/v1/tokens/{id}", tag = "tokens", operation_id = "revoke_token",
+    params(("id" = String, Path, description = "The token's id (`tok-N`)")),
+    responses(
+        (status = 200, description = "Revoked (again: no error, the first time kept): its next request gets 401 \
+            on every replica", body = TokenView),
+        (status = 403, description = "The token is read-only: only admin tokens manage tokens", body = ErrorBody),
+        (status = 404, description = "No created token has this id", body = ErrorBody),
+        (status = 409, description = "The admin token (`admin`, the data directory's) cannot be revoked through \
+            the API", body = ErrorBody),
+    ))]
+pub async fn revoke_token(_: AdminOnly, st: State, id: web::Path<String>, req: HttpRequest) -> Result<HttpResponse> {
+    let id = id.into_inner();
+    note(&req, format!("revoke {id}"));
+    if id == token::ADMIN_ID {
+        return Err(ApiError::new(
+            409,
+            "the admin token cannot be revoked through the API: to replace it, stop the service, delete the token \
+             file in its data directory and start it again (a new one is written)",
+        ));
+    }
+    let at = now_rfc3339();
+    let record = st.store.exec(move |s| s.revoke_token(&id, &at)).await?;
+    Ok(HttpResponse::Ok().json(view(record)))
+}

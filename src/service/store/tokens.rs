@@ -1,0 +1,78 @@
+//! The created API tokens in SQLite (schema version 4, table `api_tokens`): id, scope, the
+//! token's SHA-256 (never the token), created and revoked times. The PostgreSQL backend keeps
+//! the same rows (`pg.rs`, migration 4). The times are given by the caller (RFC 3339, UTC).
+
+use rusqlite::{params, OptionalExtension, Row};
+
+use super::state::{next_counter, StoreCore, StoreError};
+use crate::service::token::{token_id, Scope, TokenRecord};
+
+const COLUMNS: &str = "id, scope, created, revoked";
+
+fn record(r: &Row<'_>) -> rusqlite::Result<(String, String, String, Option<String>)> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+}
+
+/// A row as a record; a scope this build does not know is damage, not a guess.
+pub(super) fn token_record(
+    (id, scope, created, revoked): (String, String, String, Option<String>),
+) -> Result<TokenRecord, StoreError> {
+    let scope: Scope =
+        scope.parse().map_err(|e| StoreError::Damaged { context: "reading an API token", message: e })?;
+    Ok(TokenRecord { id, scope, created, revoked })
+}
+
+impl StoreCore {
+    /// Creates a token: the next id (`tok-1`, `tok-2`, ...; never reused), its scope, its
+    /// hash, created at `created`.
+    pub fn create_token(&mut self, scope: Scope, sha256: &str, created: &str) -> Result<TokenRecord, StoreError> {
+        let ctx = "creating an API token";
+        let tx = self.conn.transaction().map_err(StoreError::sql(ctx))?;
+        let id = token_id(next_counter(&tx, "next_token").map_err(StoreError::sql(ctx))? + 1);
+        tx.execute(
+            "INSERT INTO api_tokens (id, scope, sha256, created) VALUES (?1, ?2, ?3, ?4)",
+            params![id, scope.as_str(), sha256, created],
+        )
+        .map_err(StoreError::sql(ctx))?;
+        tx.commit().map_err(StoreError::sql(ctx))?;
+        Ok(TokenRecord { id, scope, created: created.to_owned(), revoked: None })
+    }
+
+    /// Every created token, oldest first.
+    pub fn tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        let ctx = "listing API tokens";
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!("SELECT {COLUMNS} FROM api_tokens ORDER BY seq"))
+            .map_err(StoreError::sql(ctx))?;
+        let rows = stmt.query_map([], record).map_err(StoreError::sql(ctx))?;
+        let rows: Vec<_> = rows.collect::<Result<_, _>>().map_err(StoreError::sql(ctx))?;
+        rows.into_iter().map(token_record).collect()
+    }
+
+    /// The created token whose hash this is, revoked or not.
+    pub fn token_by_hash(&self, sha256: &str) -> Result<Option<TokenRecord>, StoreError> {
+        let ctx = "looking up an API token";
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!("SELECT {COLUMNS} FROM api_tokens WHERE sha256 = ?1"))
+            .map_err(StoreError::sql(ctx))?;
+        let row = stmt.query_row([sha256], record).optional().map_err(StoreError::sql(ctx))?;
+        row.map(token_record).transpose()
+    }
+
+    /// Revokes a token at `at`; one revoked already keeps its first time (revoking twice is
+    /// no error). [`StoreError::NoToken`] if no created token has this id.
+    pub fn revoke_token(&mut self, id: &str, at: &str) -> Result<TokenRecord, StoreError> {
+        let ctx = "revoking an API token";
+        let tx = self.conn.transaction().map_err(StoreError::sql(ctx))?;
+        tx.execute("UPDATE api_tokens SET revoked = ?2 WHERE id = ?1 AND revoked IS NULL", params![id, at])
+            .map_err(StoreError::sql(ctx))?;
+        let row = tx
+            .query_row(&format!("SELECT {COLUMNS} FROM api_tokens WHERE id = ?1"), [id], record)
+            .optional()
+            .map_err(StoreError::sql(ctx))?;
+        tx.commit().map_err(StoreError::sql(ctx))?;
+        token_record(row.ok_or_else(|| StoreError::NoToken(id.to_owned()))?)
+    }
+}
