@@ -267,10 +267,8 @@ pub trait Broker: Send + Sync + 'static {
     /// the client token `<batch token>#<index>` (so a repeated batch repeats every member's
     /// token); it never fails as a whole: every member carries its own outcome.
     fn start_instances(&self, params: BatchStartParams) -> BrokerFuture<BatchStarted> {
-        let calls: Vec<BrokerFuture<StartedInstance>> = (0..params.members.len())
-            .filter_map(|i| params.member_params(i))
-            .map(|p| self.start_instance(p))
-            .collect();
+        let calls: Vec<BrokerFuture<StartedInstance>> =
+            (0..params.members.len()).filter_map(|i| params.member_params(i)).map(|p| self.start_instance(p)).collect();
         Box::pin(async move {
             let mut out = Vec::with_capacity(calls.len());
             for call in calls {

@@ -767,11 +767,8 @@ impl Handler<StartBatch> for CloudActor {
         }
         self.batch_tokens.insert(token, BatchMade { zone: p.zone.clone(), machines, results: results.clone() });
         let answer = move |act: &mut Self| {
-            let landed: BatchStarted = results
-                .into_iter()
-                .zip(&idxs)
-                .map(|(r, &idx)| r.map(|id| act.land(idx, id)))
-                .collect();
+            let landed: BatchStarted =
+                results.into_iter().zip(&idxs).map(|(r, &idx)| r.map(|id| act.land(idx, id))).collect();
             match lost {
                 // The instances are there; only the answer is lost.
                 Some(message) => {

@@ -203,9 +203,7 @@ impl<R> BatchBook<R> {
         }
         let Some(f) = self.flying.remove(&batch) else { return Answer::Unknown };
         let maybe_made = f.ambiguous;
-        Answer::Deliver(
-            f.replies.into_iter().map(|r| (r, Reply { result: Err(err.clone()), maybe_made })).collect(),
-        )
+        Answer::Deliver(f.replies.into_iter().map(|r| (r, Reply { result: Err(err.clone()), maybe_made })).collect())
     }
 
     /// Batches still taking members.

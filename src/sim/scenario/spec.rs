@@ -8,8 +8,9 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::defaults::{
-    default_capacity_memory, default_fault_message, default_harvest_grace, default_harvest_max_stops, default_resync,
-    default_batch_size, default_retry_count, default_retry_delay, is_default_batch_size, default_reuse_window, default_times, is_false, PRE_EXISTING_AGE,
+    default_batch_size, default_capacity_memory, default_fault_message, default_harvest_grace,
+    default_harvest_max_stops, default_resync, default_retry_count, default_retry_delay, default_reuse_window,
+    default_times, is_default_batch_size, is_false, PRE_EXISTING_AGE,
 };
 use crate::actors::limiter::{BucketLimit, RateLimits};
 use crate::model::{HarvestMode, InstanceState, Life, MachineStatus};

@@ -50,7 +50,8 @@ impl Checks<'_> {
     fn batch_size_in_range(&self) -> Result<(), ScenarioError> {
         let n = self.s.provisioner.batch_size;
         if n == 0 || n > crate::config::MAX_BATCH_SIZE {
-            let message = crate::config::ConfigError::BatchSize { value: n, max: crate::config::MAX_BATCH_SIZE }.to_string();
+            let message =
+                crate::config::ConfigError::BatchSize { value: n, max: crate::config::MAX_BATCH_SIZE }.to_string();
             return Err(self.err("provisioner.batch_size", "batch_size", message));
         }
         Ok(())
