@@ -160,6 +160,13 @@ impl<R> BatchBook<R> {
         Some(params)
     }
 
+    /// Closes every open batch, in the order they opened (`provisioner plan`: a wave of
+    /// starts has joined).
+    pub fn close_all(&mut self) -> Vec<BatchStartParams> {
+        let ids: Vec<u64> = self.open.iter().map(|o| o.id).collect();
+        ids.into_iter().filter_map(|id| self.close(id)).collect()
+    }
+
     /// The intent of a batch waiting for its replay: the very call made before.
     pub fn replay(&self, batch: u64) -> Option<BatchStartParams> {
         self.flying.get(&batch).map(|f| f.params.clone())

@@ -13,7 +13,7 @@
 //! choice, rounds, fail-over, registration), and only the call is shared.
 
 mod actor;
-mod batch;
+pub(crate) mod batch;
 mod messages;
 mod start;
 mod state;

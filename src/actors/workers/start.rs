@@ -16,7 +16,7 @@ use super::state::{Attempts, FailureKind, StartJob, Step, WorkerError};
 use crate::actors::lifecycle::StillWanted;
 use crate::actors::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation};
 use crate::config::{Backoff, RetryStrategy};
-use crate::model::{CloudInstance, InstanceStatus, InstanceTags, MachineId, MachineStatus};
+use crate::model::{CloudInstance, InstanceStatus, MachineId, MachineStatus};
 use crate::ports::{Broker, BrokerError, ModelApi, ProvisionedInstance, StartInstanceParams};
 
 /// What batched starts need (batching on, on a broker that batches natively).
@@ -233,22 +233,7 @@ async fn start_or_adopt(
 
     set_instance_status(deps, &machine, InstanceStatus::provisioning(), "starting".into()).await;
 
-    let mut params = StartInstanceParams {
-        machine: machine.clone(),
-        zone: None,
-        constraints: job.info.constraints.clone(),
-        placement: job.info.placement.clone(),
-        volumes: job.info.volumes.clone(),
-        nonce: nonce.clone(),
-        tags: InstanceTags {
-            model: Some(deps.model_uuid.clone()),
-            machine: Some(machine.clone()),
-            start: Some(nonce.clone()),
-        },
-        extra_tags: job.info.tags.clone(),
-        client_token: String::new(),
-        distribution_group: job.group.clone(),
-    };
+    let mut params = job.call_params(&deps.model_uuid, &nonce);
 
     let derived = if deps.broker.supports_zones() {
         let mut throttled = 0;

@@ -23,6 +23,29 @@ impl StartJob {
     pub fn zone_request(&self, derived: Vec<String>) -> crate::model::ZoneRequest {
         crate::model::ZoneRequest::for_start(&self.info, &self.group, derived)
     }
+
+    /// Its cloud call's parameters, before a zone and a client token are chosen: tagged with
+    /// `model_uuid`, its machine and `nonce`. What a batch's shape is made of, so the start
+    /// procedure and `provisioner plan` build it alike.
+    pub fn call_params(&self, model_uuid: &str, nonce: &str) -> crate::ports::StartInstanceParams {
+        let machine = self.machine.id.clone();
+        crate::ports::StartInstanceParams {
+            machine: machine.clone(),
+            zone: None,
+            constraints: self.info.constraints.clone(),
+            placement: self.info.placement.clone(),
+            volumes: self.info.volumes.clone(),
+            nonce: nonce.to_owned(),
+            tags: crate::model::InstanceTags {
+                model: Some(model_uuid.to_owned()),
+                machine: Some(machine),
+                start: Some(nonce.to_owned()),
+            },
+            extra_tags: self.info.tags.clone(),
+            client_token: String::new(),
+            distribution_group: self.group.clone(),
+        }
+    }
 }
 
 /// Terminate instances, then have their dead machines removed.
