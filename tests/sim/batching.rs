@@ -66,7 +66,10 @@ fn every_crash_point_of_a_batch_is_recovered() {
             let mut s = base.clone();
             s.machines = ["0", "1", "2"].iter().map(|id| MachineSpec::pending(*id)).collect();
             s.events = vec![
-                EventSpec::new(Duration::from_secs(7), Action::SetLife(SetLifeSpec { machine: "2".into(), life: Life::Dead })),
+                EventSpec::new(
+                    Duration::from_secs(7),
+                    Action::SetLife(SetLifeSpec { machine: "2".into(), life: Life::Dead }),
+                ),
                 EventSpec::new(first, Action::Restart),
             ];
             if let Some(gap) = second {
@@ -76,10 +79,15 @@ fn every_crash_point_of_a_batch_is_recovered() {
             s.until = Dur(Duration::from_secs(3600));
             let r = run(&s, None);
             runs += 1;
-            let live_ok = ["0", "1"].iter().all(|id| r.machines[*id].instance.is_some() && r.machines[*id].status == "started");
-            let running: Vec<&String> = r.instances.iter().filter(|(_, i)| i.state != "terminated").map(|(id, _)| id).collect();
+            let live_ok =
+                ["0", "1"].iter().all(|id| r.machines[*id].instance.is_some() && r.machines[*id].status == "started");
+            let running: Vec<&String> =
+                r.instances.iter().filter(|(_, i)| i.state != "terminated").map(|(id, _)| id).collect();
             if !r.violations.is_empty() || !live_ok || running.len() != 2 {
-                failures.push(format!("crash at {first:?} then {second:?}: {:?}, live ok {live_ok}, running {running:?}", r.violations));
+                failures.push(format!(
+                    "crash at {first:?} then {second:?}: {:?}, live ok {live_ok}, running {running:?}",
+                    r.violations
+                ));
             }
         }
     }
