@@ -246,8 +246,9 @@ pub struct ProvisionerConfig {
     pub capacity_memory: Duration,
     /// Batched starts, off by default: starts waiting for the cloud in the same zone with the
     /// same shape (constraints, placement, volumes, extra tags) go out as one call of up to
-    /// `batch_size` machines, taking one token of the start bucket. Only on a broker that
-    /// batches natively ([`Broker::batches_starts`](crate::ports::Broker::batches_starts)).
+    /// `batch_size` machines, taking one token of the start bucket, and a worker carries a
+    /// batch (up to `workers × batch_size` starts run at once). Only on a broker that batches
+    /// natively ([`Broker::batches_starts`](crate::ports::Broker::batches_starts)).
     pub batch_starts: bool,
     /// Most machines in one batched start call (`1..=MAX_BATCH_SIZE`, default 100).
     pub batch_size: usize,

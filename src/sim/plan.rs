@@ -26,9 +26,9 @@ pub struct PlannedStart {
     /// The zone it would get (`null` on a zoneless cloud).
     pub zone: Option<String>,
     /// With `[provisioner] batch_starts`: the call it would share with the other starts of
-    /// its zone and shape (numbered from 1): starts leave in waves of one per worker, and a
-    /// wave's starts of one zone and shape share a call of at most `batch_size` machines (if
-    /// the start token is not granted before the wave has joined).
+    /// its zone and shape (numbered from 1): starts leave in waves of `batch_size` per worker,
+    /// and a wave's starts of one zone and shape share a call of at most `batch_size` machines
+    /// (if the start token is not granted before the wave has joined).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch: Option<u64>,
 }
@@ -295,16 +295,18 @@ impl<'a> PlanWorld<'a> {
                 };
                 match self.zones.choose(&id, job.zone_request(derived)) {
                     Ok(zone) => {
-                        let workers = self.s.provisioner.workers.0.max(1);
-                        let wave_ends = (self.out.starts.len() + 1) % workers == 0;
+                        // A wave: the starts the pool runs at once (a batch per worker).
+                        let p = &self.s.provisioner;
+                        let wave = p.workers.0.max(1).saturating_mul(p.batch_size.max(1));
+                        let wave_ends = (self.out.starts.len() + 1) % wave == 0;
                         let batch = self.batches.as_mut().map(|b| {
                             let params = crate::ports::StartInstanceParams {
                                 zone: zone.clone(),
                                 ..job.call_params(SIM_MODEL_UUID, "plan")
                             };
                             let batch = b.join(params, ()).batch;
-                            // A wave of starts (one per worker) reaches the cloud together; the
-                            // next wave only once workers are free, in new calls.
+                            // A wave of starts reaches the cloud together; the next wave only
+                            // once workers are free, in new calls.
                             if wave_ends {
                                 b.close_all();
                             }

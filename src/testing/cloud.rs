@@ -486,6 +486,24 @@ impl CloudActor {
         Some(fault.message.clone())
     }
 
+    /// Makes the instance a start asks for, pending and tagged (invariant 1 checked): as on
+    /// EC2, it exists from the moment the call begins.
+    fn make_pending(&mut self, p: &StartInstanceParams, instance_type: Option<String>) -> InstanceId {
+        let id = self.fresh_id();
+        let instance = CloudInstance {
+            id: id.clone(),
+            state: InstanceState::Pending,
+            zone: p.zone.clone(),
+            tags: p.tags.clone(),
+            age: None,
+            instance_type,
+        };
+        self.check_duplicate(&instance);
+        let born = (self.epoch.elapsed(), Duration::ZERO);
+        self.record_new(FakeInstance { instance, foreign: false, born });
+        id
+    }
+
     /// A fresh instance id: never one that exists or existed (pre-existing ids included).
     fn fresh_id(&mut self) -> InstanceId {
         loop {
@@ -596,18 +614,7 @@ impl Handler<Start> for CloudActor {
                 return Box::pin(fut::ready(Err(err)));
             }
         };
-        let id = self.fresh_id();
-        let instance = CloudInstance {
-            id: id.clone(),
-            state: InstanceState::Pending,
-            zone: p.zone.clone(),
-            tags: p.tags.clone(),
-            age: None,
-            instance_type,
-        };
-        self.check_duplicate(&instance);
-        let born = (self.epoch.elapsed(), Duration::ZERO);
-        self.record_new(FakeInstance { instance, foreign: false, born });
+        let id = self.make_pending(&p, instance_type);
         self.tokens.insert(token, id.clone());
         if let Some(c) = self.calls.get_mut(idx) {
             c.instances = vec![id.clone()];
@@ -745,18 +752,7 @@ impl Handler<StartBatch> for CloudActor {
                     results.push(Err(e));
                 }
                 Ok(()) => {
-                    let id = self.fresh_id();
-                    let instance = CloudInstance {
-                        id: id.clone(),
-                        state: InstanceState::Pending,
-                        zone: m.zone.clone(),
-                        tags: m.tags.clone(),
-                        age: None,
-                        instance_type: instance_type.clone(),
-                    };
-                    self.check_duplicate(&instance);
-                    let born = (self.epoch.elapsed(), Duration::ZERO);
-                    self.record_new(FakeInstance { instance, foreign: false, born });
+                    let id = self.make_pending(m, instance_type.clone());
                     if let Some(c) = self.calls.get_mut(idx) {
                         c.instances = vec![id.clone()];
                         c.instance_type = instance_type.clone();

@@ -201,8 +201,8 @@ fn the_plan_groups_batched_starts_as_the_run_does() {
         calls
     };
     assert_eq!(calls(&planned), calls(&done));
-    assert_eq!(calls(&done).len(), 5, "{done:?}");
-    // Four workers: waves of four; the machine of another shape gets a call alone.
+    assert_eq!(calls(&done).len(), 3, "one call per zone and shape: {done:?}");
+    // The machine of another shape gets a call alone.
     let big = planned.iter().find(|(m, ..)| m == "9").and_then(|(_, _, b)| *b);
     assert_eq!(planned.iter().filter(|(.., b)| *b == big).count(), 1);
     assert!(p.to_human().contains("(batched call 1)"));

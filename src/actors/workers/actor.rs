@@ -41,7 +41,7 @@ impl WorkerPool {
         let batch_size = deps.batch.as_ref().map_or(1, |b| b.size);
         Self {
             batches: BatchBook::new(batch_size),
-            book: PoolBook::new(size),
+            book: PoolBook::new(size).with_batches(batch_size),
             max,
             deps: Arc::new(deps),
             done,

@@ -10,7 +10,8 @@
 //! With batching on (`ProvisionerConfig::batch_starts`, on a broker that batches natively), a
 //! start that reaches its cloud call joins a batch of its zone and shape instead
 //! (`batch.rs`, the plain core; `JoinBatch`); each machine still runs its own start (zone
-//! choice, rounds, fail-over, registration), and only the call is shared.
+//! choice, rounds, fail-over, registration), and only the call is shared. A worker then carries a
+//! batch: up to `size × batch_size` starts run at once (`PoolBook::with_batches`).
 
 mod actor;
 pub(crate) mod batch;

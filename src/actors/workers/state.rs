@@ -88,6 +88,9 @@ pub enum Job {
 pub struct PoolBook {
     size: usize,
     in_flight: usize,
+    /// How many starts one worker carries: 1, or the batch size with batched starts on (the
+    /// starts of one batch share one cloud call).
+    starts_per_worker: usize,
     urgent: VecDeque<Job>,
     starts: VecDeque<Job>,
 }
@@ -95,7 +98,14 @@ pub struct PoolBook {
 impl PoolBook {
     /// An empty pool of this size.
     pub fn new(size: usize) -> Self {
-        Self { size, in_flight: 0, urgent: VecDeque::new(), starts: VecDeque::new() }
+        Self { size, in_flight: 0, starts_per_worker: 1, urgent: VecDeque::new(), starts: VecDeque::new() }
+    }
+
+    /// The same pool with batched starts of up to `batch` machines: up to `size × batch`
+    /// starts run at once (their cloud calls are batched), other jobs still `size`.
+    pub fn with_batches(mut self, batch: usize) -> Self {
+        self.starts_per_worker = batch.max(1);
+        self
     }
 
     /// Queues a job: stops and releases ahead of starts.
@@ -112,11 +122,19 @@ impl PoolBook {
             // An eager stop does not wait for a free worker, nor does a release: a decision to
             // leave an instance alone is made durable (untagged) at once, so that no restart in
             // between re-decides it under a later harvest mode (a release is final).
-            let pos = self
-                .urgent
-                .iter()
-                .position(|j| matches!(j, Job::Stop(StopJob { eager: true, .. }) | Job::Release(_)))?;
-            let job = self.urgent.remove(pos)?;
+            if let Some(pos) =
+                self.urgent.iter().position(|j| matches!(j, Job::Stop(StopJob { eager: true, .. }) | Job::Release(_)))
+            {
+                let job = self.urgent.remove(pos)?;
+                self.in_flight += 1;
+                return Some(job);
+            }
+            // With batched starts, more starts may join the calls in flight; never ahead of a
+            // stop waiting for a worker.
+            if !self.urgent.is_empty() || self.in_flight >= self.size.saturating_mul(self.starts_per_worker) {
+                return None;
+            }
+            let job = self.starts.pop_front()?;
             self.in_flight += 1;
             return Some(job);
         }

@@ -64,6 +64,36 @@ fn pool_never_runs_more_than_its_size() {
     assert_eq!(ran, 5);
 }
 
+/// With batched starts a worker carries a batch: up to size × batch starts run at once, other
+/// jobs still `size`, and no start overtakes a stop waiting for a worker.
+#[test]
+fn a_batching_pool_runs_a_batch_of_starts_per_worker_never_ahead_of_a_stop() {
+    let mut pool = PoolBook::new(2).with_batches(3);
+    for i in 0..8 {
+        pool.push(start(&i.to_string()));
+    }
+    let mut ran = 0;
+    while pool.take_next().is_some() {
+        ran += 1;
+    }
+    assert_eq!((ran, pool.in_flight()), (6, 6), "two workers, three starts each");
+    pool.push(stop("i-1"));
+    pool.finished();
+    assert!(pool.take_next().is_none(), "six would still fit no stop: it waits for a worker");
+    for _ in 0..4 {
+        pool.finished();
+    }
+    assert_eq!(pool.take_next().as_ref().map(name).as_deref(), Some("stop i-1"), "the stop first");
+    assert_eq!(pool.take_next().as_ref().map(name).as_deref(), Some("start 6"));
+    // Without batching, one start per worker (as before).
+    let mut plain = PoolBook::new(2);
+    for i in 0..3 {
+        plain.push(start(&i.to_string()));
+    }
+    assert!(plain.take_next().is_some() && plain.take_next().is_some());
+    assert!(plain.take_next().is_none());
+}
+
 #[test]
 fn pool_runs_stops_and_releases_before_queued_starts() {
     let mut pool = PoolBook::new(10);
