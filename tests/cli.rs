@@ -329,3 +329,38 @@ fn the_man_page_covers_every_command_and_is_the_committed_copy() {
          `UPDATE_MAN=1 cargo test --features cli --test cli man_page` and commit it"
     );
 }
+
+/// `bench starts` (issue 17, point 1): its keys, and bad input refused as bad usage.
+#[test]
+fn bench_starts_prints_its_keys_and_refuses_bad_input() {
+    let out = bin()
+        .args(["bench", "starts", "--machines", "40", "--start-burst", "2", "--start-per-second", "1", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in ["machines", "batched", "virtual_makespan_s", "unbatched_ideal_s", "start_calls", "throttled_calls"] {
+        assert!(r.get(key).is_some(), "starts report lacks {key}");
+    }
+    assert_eq!((r["batched"].as_bool(), r["unbatched_ideal_s"].as_f64()), (Some(true), Some(38.0)));
+    for args in [
+        vec!["bench", "starts", "--machines", "5", "--start-burst", "0", "--start-per-second", "1"],
+        vec!["bench", "starts", "--machines", "5", "--start-burst", "2", "--start-per-second", "0"],
+        vec![
+            "bench",
+            "starts",
+            "--machines",
+            "5",
+            "--start-burst",
+            "2",
+            "--start-per-second",
+            "1",
+            "--batch-size",
+            "0",
+        ],
+        vec!["bench", "starts", "--machines", "5", "--start-burst", "2", "--start-per-second", "1", "--workers", "101"],
+    ] {
+        let out = bin().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+}

@@ -11,10 +11,10 @@ use crate::actors::coordinator::{
 };
 use crate::actors::harvest::{GetHarvestMode, HarvestPolicy, HarvestSafety};
 use crate::actors::lifecycle::{GetPhases, MachineLifecycle, Phase};
-use crate::actors::limiter::{GetLimiterSnapshot, LimitedBroker, LimiterSnapshot, RateLimiter};
+use crate::actors::limiter::{CallGate, GetLimiterSnapshot, LimitedBroker, LimiterSnapshot, RateLimiter};
 use crate::actors::messages::Shutdown;
 use crate::actors::registry::{GetRegistrySnapshot, MachineRegistry, RegistrySnapshot};
-use crate::actors::workers::{GetPoolStatus, PoolStatus, StartDeps, WorkerPool};
+use crate::actors::workers::{BatchDeps, GetPoolStatus, PoolStatus, StartDeps, WorkerPool};
 use crate::actors::zones::{GetZoneSnapshot, ZoneAllocator, ZoneSnapshot};
 use crate::config::{ConfigError, ProvisionerConfig};
 use crate::model::events::ProvisionerEvent;
@@ -61,6 +61,12 @@ pub fn start(
 
     // Every cloud call is paced by the client-side limiter (unless every class is unlimited).
     let limiter = config.rate_limits.any().then(|| RateLimiter::new(config.rate_limits).start());
+    // Batched starts go to the cloud itself, the pool taking their one start token.
+    let batch = (config.batch_starts && broker.batches_starts()).then(|| BatchDeps {
+        broker: broker.clone(),
+        gate: limiter.as_ref().map(|l| CallGate::new(l.clone().recipient(), l.clone().recipient())),
+        size: config.batch_size,
+    });
     let broker: Arc<dyn Broker> = match &limiter {
         Some(l) => Arc::new(LimitedBroker::new(broker, l.clone().recipient(), l.clone().recipient())),
         None => broker,
@@ -113,6 +119,7 @@ pub fn start(
         backoff: config.backoff,
         model_uuid: config.model_uuid.clone(),
         host_tag: config.host_tag.clone(),
+        batch,
     };
     let pool = WorkerPool::new(
         config.workers,

@@ -74,6 +74,11 @@ pub const DEFAULT_CAPACITY_MEMORY: Duration = Duration::from_secs(180);
 pub const DEFAULT_RETRY_MAX_DELAY: Duration = Duration::from_secs(120);
 /// Default interval between full cloud listings.
 pub const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(60);
+/// Default largest number of machines one batched start call carries.
+pub const DEFAULT_BATCH_SIZE: usize = 100;
+/// Largest valid batch size (a bound on one call, not a tuning: the cloud's own account
+/// limits cap a `RunInstances` long before).
+pub const MAX_BATCH_SIZE: usize = 1000;
 
 /// Invalid configuration.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -112,6 +117,14 @@ pub enum ConfigError {
     /// A harvest pass that may stop nothing.
     #[error("harvest_max_stops must be at least 1")]
     HarvestMaxStops,
+    /// The batch size is out of range.
+    #[error("batch_size must be between 1 and {max}, got {value}")]
+    BatchSize {
+        /// The value given.
+        value: usize,
+        /// The largest valid value.
+        max: usize,
+    },
 }
 
 /// How StartInstance failures are retried (a zone-specific failure moves on to another zone without
@@ -231,6 +244,14 @@ pub struct ProvisionerConfig {
     /// How long a zone that failed a start for its zone (e.g. no capacity) is avoided by other
     /// machines of the same shape.
     pub capacity_memory: Duration,
+    /// Batched starts, off by default: starts waiting for the cloud in the same zone with the
+    /// same shape (constraints, placement, volumes, extra tags) go out as one call of up to
+    /// `batch_size` machines, taking one token of the start bucket, and a worker carries a
+    /// batch (up to `workers × batch_size` starts run at once). Only on a broker that batches
+    /// natively ([`Broker::batches_starts`](crate::ports::Broker::batches_starts)).
+    pub batch_starts: bool,
+    /// Most machines in one batched start call (`1..=MAX_BATCH_SIZE`, default 100).
+    pub batch_size: usize,
 }
 
 impl Default for ProvisionerConfig {
@@ -254,6 +275,8 @@ impl Default for ProvisionerConfig {
             harvest_grace: DEFAULT_HARVEST_GRACE,
             harvest_max_stops: DEFAULT_HARVEST_MAX_STOPS,
             capacity_memory: DEFAULT_CAPACITY_MEMORY,
+            batch_starts: false,
+            batch_size: DEFAULT_BATCH_SIZE,
         }
     }
 }
@@ -298,6 +321,9 @@ impl ProvisionerConfig {
         }
         if self.harvest_max_stops == 0 {
             return Err(ConfigError::HarvestMaxStops);
+        }
+        if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
+            return Err(ConfigError::BatchSize { value: self.batch_size, max: MAX_BATCH_SIZE });
         }
         self.rate_limits.validate()?;
         Ok(())
@@ -377,5 +403,17 @@ mod tests {
         );
         let c = ProvisionerConfig { harvest_max_stops: 0, ..ProvisionerConfig::default() };
         assert_eq!(c.validate(), Err(ConfigError::HarvestMaxStops));
+    }
+
+    #[test]
+    fn batch_size_out_of_range_is_refused() {
+        for bad in [0, MAX_BATCH_SIZE + 1] {
+            let c = ProvisionerConfig { batch_starts: true, batch_size: bad, ..ProvisionerConfig::default() };
+            assert_eq!(c.validate(), Err(ConfigError::BatchSize { value: bad, max: MAX_BATCH_SIZE }));
+        }
+        let c = ProvisionerConfig { batch_starts: true, batch_size: MAX_BATCH_SIZE, ..ProvisionerConfig::default() };
+        assert_eq!(c.validate(), Ok(()));
+        assert!(!ProvisionerConfig::default().batch_starts, "batching is off by default");
+        assert_eq!(ProvisionerConfig::default().batch_size, 100);
     }
 }

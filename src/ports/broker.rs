@@ -180,6 +180,70 @@ pub struct StartedInstance {
     pub display_name: String,
 }
 
+/// One machine of a batched start: what differs from one instance of the call to the next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchMember {
+    /// The machine the instance is for.
+    pub machine: MachineId,
+    /// Its start's nonce (`<host-tag>:<uuid>`).
+    pub nonce: String,
+    /// The identity tags (model, machine, start) its instance must carry.
+    pub tags: InstanceTags,
+    /// The other machines of its distribution group.
+    pub distribution_group: Vec<MachineId>,
+}
+
+/// Everything a broker needs to start several instances of one zone and one shape in one call
+/// (EC2: one `RunInstances` with `MinCount` 1 and `MaxCount` = the number of members, one
+/// `ClientToken`; the instance with `AmiLaunchIndex` i is `members[i]`'s, tagged with its
+/// machine).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchStartParams {
+    /// The zone every instance goes to; `None` on a zoneless cloud.
+    pub zone: Option<String>,
+    /// Hardware and placement constraints, shared.
+    pub constraints: Constraints,
+    /// Placement directive, shared.
+    pub placement: Option<String>,
+    /// Volumes to create with each instance.
+    pub volumes: Vec<VolumeParams>,
+    /// Extra tags from the model, shared.
+    pub extra_tags: BTreeMap<String, String>,
+    /// One idempotency token for the whole call: a call with the same token and the same
+    /// members, in the same order, in the same zone, returns what the first one made and
+    /// creates nothing.
+    pub client_token: String,
+    /// The machines, in launch order: the launch index of an instance is its member's
+    /// position.
+    pub members: Vec<BatchMember>,
+}
+
+impl BatchStartParams {
+    /// The single-machine start of member `index`, with its own client token
+    /// (`<batch token>#<index>`): what a broker that does not batch calls for it.
+    pub fn member_params(&self, index: usize) -> Option<StartInstanceParams> {
+        let m = self.members.get(index)?;
+        Some(StartInstanceParams {
+            machine: m.machine.clone(),
+            zone: self.zone.clone(),
+            constraints: self.constraints.clone(),
+            placement: self.placement.clone(),
+            volumes: self.volumes.clone(),
+            nonce: m.nonce.clone(),
+            tags: m.tags.clone(),
+            extra_tags: self.extra_tags.clone(),
+            client_token: format!("{}#{index}", self.client_token),
+            distribution_group: m.distribution_group.clone(),
+        })
+    }
+}
+
+/// What a batched start answers, one entry per member in launch order: the member's instance,
+/// or why it got none. A partial launch (EC2 under capacity pressure launches fewer than
+/// `MaxCount`) answers instances for the first members and a zone-specific failure for the
+/// rest; a failure of the whole call (throttled, refused, ambiguous) is the call's `Err`.
+pub type BatchStarted = Vec<Result<StartedInstance, BrokerError>>;
+
 /// A cloud that can start and stop instances.
 ///
 /// Implementations must list only instances tagged with their model's identity: foreign
@@ -190,6 +254,29 @@ pub struct StartedInstance {
 pub trait Broker: Send + Sync + 'static {
     /// Starts one instance.
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance>;
+    /// Whether [`Broker::start_instances`] is one cloud call (true) or the per-machine
+    /// fallback (false, the default). The provisioner batches starts only on a broker that
+    /// batches natively.
+    fn batches_starts(&self) -> bool {
+        false
+    }
+    /// Starts one instance per member of `params`, all in its zone and of its shape, each
+    /// tagged with its own machine; answers one entry per member, in launch order.
+    ///
+    /// The default falls back to one [`Broker::start_instance`] per member, in order, each with
+    /// the client token `<batch token>#<index>` (so a repeated batch repeats every member's
+    /// token); it never fails as a whole: every member carries its own outcome.
+    fn start_instances(&self, params: BatchStartParams) -> BrokerFuture<BatchStarted> {
+        let calls: Vec<BrokerFuture<StartedInstance>> =
+            (0..params.members.len()).filter_map(|i| params.member_params(i)).map(|p| self.start_instance(p)).collect();
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(calls.len());
+            for call in calls {
+                out.push(call.await);
+            }
+            Ok(out)
+        })
+    }
     /// Terminates these instances (not "stop" in the EC2 sense: they are removed).
     fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()>;
     /// Every non-terminated instance of this model, with its state (pending, running, stopped).

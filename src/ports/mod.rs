@@ -19,6 +19,7 @@ mod model;
 #[cfg(any(feature = "test-util", feature = "serve"))]
 pub(crate) use broker::{repeated_start, token_key};
 pub use broker::{
-    AvailabilityZone, Broker, BrokerError, BrokerErrorKind, BrokerFuture, StartInstanceParams, StartedInstance,
+    AvailabilityZone, BatchMember, BatchStartParams, BatchStarted, Broker, BrokerError, BrokerErrorKind, BrokerFuture,
+    StartInstanceParams, StartedInstance,
 };
 pub use model::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};

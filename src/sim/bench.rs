@@ -15,6 +15,7 @@ use actix::prelude::*;
 use futures::channel::oneshot;
 use serde::Serialize;
 
+use crate::config::rate_limits::{BucketLimit, RateLimits};
 use crate::config::{ProvisionerConfig, RetryStrategy};
 use crate::model::events::ProvisionerEvent;
 use crate::model::{Life, Machine, MachineId};
@@ -61,6 +62,127 @@ pub struct ChurnReport {
     pub virtual_s: f64,
     /// Peak resident memory of the process, MiB (Linux; 0 elsewhere).
     pub peak_rss_mib: f64,
+}
+
+/// `bench starts` settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StartsBench {
+    /// Machines to provision.
+    pub machines: usize,
+    /// Pool size.
+    pub workers: usize,
+    /// Zones of the cloud.
+    pub zones: usize,
+    /// Virtual time one start call takes.
+    pub start_latency: Duration,
+    /// The cloud's start bucket: calls at once.
+    pub start_burst: u32,
+    /// The cloud's start bucket: calls per second after the burst.
+    pub start_per_second: f64,
+    /// Batched starts of at most this many machines; `None`: one call per machine.
+    pub batch_size: Option<usize>,
+    /// The client-side start bucket; `None`: EC2's published one (`RateLimits::ec2()`), as a
+    /// provisioner that does not know this cloud's bucket would run.
+    pub client_limit: Option<BucketLimit>,
+}
+
+/// `bench starts` output.
+#[derive(Debug, Clone, Serialize)]
+pub struct StartsReport {
+    /// Machines provisioned.
+    pub machines: usize,
+    /// Pool size.
+    pub workers: usize,
+    /// Zones.
+    pub zones: usize,
+    /// Whether starts were batched.
+    pub batched: bool,
+    /// Most machines per call (1 when not batched).
+    pub batch_size: usize,
+    /// The cloud's start bucket.
+    pub start_burst: u32,
+    /// The cloud's start refill rate.
+    pub start_per_second: f64,
+    /// Virtual time from the first notification to the last machine started.
+    pub virtual_makespan_s: f64,
+    /// One call per machine at the cloud's rate, never throttled:
+    /// `max(0, N - burst) / per_second` plus one start latency.
+    pub unbatched_ideal_s: f64,
+    /// StartInstance calls the cloud received (a batched call counts once).
+    pub start_calls: usize,
+    /// Of them, refused with `RequestLimitExceeded`.
+    pub throttled_calls: usize,
+    /// Machines per successful call.
+    pub machines_per_call: f64,
+    /// Real time the whole run took.
+    pub wall_s: f64,
+}
+
+/// Provisions `b.machines` pending machines against a cloud whose StartInstance bucket is
+/// `b.start_burst` then `b.start_per_second`, batched or not.
+pub fn starts(b: StartsBench) -> StartsReport {
+    let wall = std::time::Instant::now();
+    let (virtual_makespan, calls) = PausedSystem::new().block_on(async move {
+        let cloud = cloud(b.zones);
+        cloud.record_params(false);
+        cloud.log_calls(true);
+        cloud.set_latency(b.start_latency, Duration::ZERO);
+        cloud.set_rate_limit(RateLimits {
+            start: Some(BucketLimit::new(b.start_burst, b.start_per_second)),
+            ..RateLimits::unlimited()
+        });
+        let model = FakeModel::with_machines(fleet(b.machines, 0));
+        let counter = Counter { started: 0, removed: 0, waiter: None }.start();
+        let config = ProvisionerConfig {
+            rate_limits: RateLimits {
+                start: Some(b.client_limit.or(RateLimits::ec2().start).unwrap_or(BucketLimit::new(50, 5.0))),
+                ..RateLimits::unlimited()
+            },
+            batch_starts: b.batch_size.is_some(),
+            batch_size: b.batch_size.unwrap_or(crate::config::DEFAULT_BATCH_SIZE),
+            ..config(b.workers)
+        };
+        let handle = start(config, Arc::new(cloud.broker()), Arc::new(model.api())).expect("valid bench config");
+        handle.subscribe(counter.clone().recipient());
+        let epoch = actix_rt::time::Instant::now();
+        model.watch(handle.machines_changed());
+        wait(&counter, Target::Started(b.machines)).await;
+        let makespan = epoch.elapsed();
+        let calls = cloud.snapshot().await.calls_of(CloudOp::StartInstance).into_iter().cloned().collect::<Vec<_>>();
+        handle.shutdown();
+        (makespan, calls)
+    });
+    let wall_s = wall.elapsed().as_secs_f64();
+    // One call per batch id, one per unbatched record.
+    let mut start_calls = 0;
+    let mut throttled_calls = 0;
+    let mut succeeded = 0;
+    let mut last_batch = None;
+    for c in &calls {
+        if c.batch.is_some() && c.batch == last_batch {
+            continue;
+        }
+        last_batch = c.batch.clone();
+        start_calls += 1;
+        throttled_calls += usize::from(c.throttled);
+        succeeded += usize::from(c.ok == Some(true));
+    }
+    let after_burst = b.machines.saturating_sub(b.start_burst as usize) as f64;
+    StartsReport {
+        machines: b.machines,
+        workers: b.workers,
+        zones: b.zones,
+        batched: b.batch_size.is_some(),
+        batch_size: b.batch_size.unwrap_or(1),
+        start_burst: b.start_burst,
+        start_per_second: b.start_per_second,
+        virtual_makespan_s: virtual_makespan.as_secs_f64(),
+        unbatched_ideal_s: after_burst / b.start_per_second + b.start_latency.as_secs_f64(),
+        start_calls,
+        throttled_calls,
+        machines_per_call: if succeeded > 0 { b.machines as f64 / succeeded as f64 } else { 0.0 },
+        wall_s,
+    }
 }
 
 /// Counts machine-started and machine-removed events and wakes a waiter at a target.

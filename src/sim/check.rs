@@ -756,6 +756,7 @@ mod tests {
             done_at: Some(Duration::from_secs(at)),
             instance_type: None,
             failed_types: Vec::new(),
+            batch: None,
         }
     }
 

@@ -185,6 +185,7 @@ pub fn generate(seed: u64) -> Scenario {
             message: "injected failure".into(),
             // The call makes the instance and loses its answer (a lost response).
             lost_response: rng.random_bool(0.25),
+            partial: None,
         });
     }
     let mut derived_zones = Vec::new();
@@ -326,6 +327,8 @@ pub fn generate(seed: u64) -> Scenario {
             harvest_grace: Dur(Duration::from_secs(rng.random_range(0..=600))),
             harvest_max_stops: rng.random_range(1..=4),
             capacity_memory: Dur(Duration::from_secs(rng.random_range(0..=300))),
+            batch_starts: false,
+            batch_size: crate::config::DEFAULT_BATCH_SIZE,
         },
         model: ModelSpec {
             write_latency: Dur(if rng.random_bool(0.3) { ms(&mut rng, 5_000) } else { Duration::ZERO }),

@@ -25,6 +25,12 @@ pub struct PlannedStart {
     pub machine: String,
     /// The zone it would get (`null` on a zoneless cloud).
     pub zone: Option<String>,
+    /// With `[provisioner] batch_starts`: the call it would share with the other starts of
+    /// its zone and shape (numbered from 1): starts leave in waves of `batch_size` per worker,
+    /// and a wave's starts of one zone and shape share a call of at most `batch_size` machines
+    /// (if the start token is not granted before the wave has joined).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u64>,
 }
 
 /// A machine and what about it.
@@ -105,6 +111,8 @@ struct PlanWorld<'a> {
     unknown: Vec<InstanceId>,
     stopped: BTreeSet<InstanceId>,
     recheck_in: Option<std::time::Duration>,
+    /// The batcher's core, with batching on.
+    batches: Option<crate::actors::workers::batch::BatchBook<()>>,
 }
 
 impl<'a> PlanWorld<'a> {
@@ -148,6 +156,10 @@ impl<'a> PlanWorld<'a> {
             unknown: Vec::new(),
             stopped: BTreeSet::new(),
             recheck_in: None,
+            batches: s
+                .provisioner
+                .batch_starts
+                .then(|| crate::actors::workers::batch::BatchBook::new(s.provisioner.batch_size)),
         }
     }
 
@@ -215,8 +227,13 @@ impl<'a> PlanWorld<'a> {
                 let infos = specs
                     .iter()
                     .map(|spec| {
+                        // As the simulated model answers it (`sim::run`), so a batch's shape is the
+                        // run's.
                         let mut info = ProvisioningInfo::default();
-                        info.constraints.zones = spec.and_then(|s| s.zones.clone());
+                        if let Some(s) = spec {
+                            info.constraints = s.constraints();
+                            info.placement = s.placement.clone();
+                        }
                         Ok(info)
                     })
                     .collect();
@@ -277,7 +294,26 @@ impl<'a> PlanWorld<'a> {
                     }
                 };
                 match self.zones.choose(&id, job.zone_request(derived)) {
-                    Ok(zone) => self.out.starts.push(PlannedStart { machine: id.to_string(), zone }),
+                    Ok(zone) => {
+                        // A wave: the starts the pool runs at once (a batch per worker).
+                        let p = &self.s.provisioner;
+                        let wave = p.workers.0.max(1).saturating_mul(p.batch_size.max(1));
+                        let wave_ends = (self.out.starts.len() + 1) % wave == 0;
+                        let batch = self.batches.as_mut().map(|b| {
+                            let params = crate::ports::StartInstanceParams {
+                                zone: zone.clone(),
+                                ..job.call_params(SIM_MODEL_UUID, "plan")
+                            };
+                            let batch = b.join(params, ()).batch;
+                            // A wave of starts reaches the cloud together; the next wave only
+                            // once workers are free, in new calls.
+                            if wave_ends {
+                                b.close_all();
+                            }
+                            batch
+                        });
+                        self.out.starts.push(PlannedStart { machine: id.to_string(), zone, batch })
+                    }
                     Err(e) => self.out.failures.push(MachineNote { machine: id.to_string(), detail: e.to_string() }),
                 }
             }
@@ -307,7 +343,8 @@ impl Plan {
             lines.push("nothing to do".to_owned());
         }
         for st in &self.starts {
-            lines.push(format!("start machine {} in {}", st.machine, st.zone.as_deref().unwrap_or("(no zone)")));
+            let batch = st.batch.map(|b| format!(" (batched call {b})")).unwrap_or_default();
+            lines.push(format!("start machine {} in {}{batch}", st.machine, st.zone.as_deref().unwrap_or("(no zone)")));
         }
         for a in &self.adoptions {
             lines.push(format!("adopt instance {} for machine {}", a.detail, a.machine));

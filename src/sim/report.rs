@@ -80,6 +80,10 @@ pub struct CallReport {
     /// Addition: the types a start tried first that were out of capacity in its zone.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failed_types: Vec<String>,
+    /// Version 2: the batched call this start was part of (`[provisioner] batch_starts`);
+    /// absent for a single-machine call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<String>,
 }
 
 /// One machine's final state.

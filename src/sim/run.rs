@@ -267,7 +267,16 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
             message: f.message.clone(),
         });
     }
-    for f in s.cloud.faults.iter().filter(|f| f.instance_type.is_none()) {
+    for f in s.cloud.faults.iter().filter(|f| f.instance_type.is_none() && f.partial.is_some()) {
+        cloud.add_partial_launch(crate::testing::PartialLaunch {
+            zone: f.zone.clone(),
+            machine: (!f.machine.is_empty()).then(|| f.machine.as_str().into()),
+            launched: f.partial.unwrap_or_default(),
+            times: f.times,
+            message: f.message.clone(),
+        });
+    }
+    for f in s.cloud.faults.iter().filter(|f| f.instance_type.is_none() && f.partial.is_none()) {
         cloud.add_fault(Fault {
             machine: f.machine.as_str().into(),
             times: f.times,
@@ -320,6 +329,8 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         harvest_grace: s.provisioner.harvest_grace.0,
         harvest_max_stops: s.provisioner.harvest_max_stops,
         capacity_memory: s.provisioner.capacity_memory.0,
+        batch_starts: s.provisioner.batch_starts,
+        batch_size: s.provisioner.batch_size,
         ..ProvisionerConfig::default()
     };
     let mut world = World {
@@ -408,6 +419,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
                     throttled: c.throttled,
                     instance_type: c.instance_type.clone(),
                     failed_types: c.failed_types.clone(),
+                    batch: c.batch.clone(),
                 }
             })
             .collect(),

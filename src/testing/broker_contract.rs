@@ -42,7 +42,12 @@
 //!   different instance, never listed or found as ours (client tokens are the model's own);
 //! - zones, where [`Broker::supports_zones`]: [`Broker::availability_zones`] lists them
 //!   (named, once each, at least one available), and a start into an available zone lands
-//!   there.
+//!   there;
+//! - [`Broker::start_instances`] (native or the per-machine fallback) answers one entry per
+//!   machine in launch order, each instance tagged with its own machine and start, in the
+//!   call's zone, and listed so; a machine refused in a partial launch gets no instance; the
+//!   same call repeated (same token, same machines) answers the same instances and makes no
+//!   other.
 //!
 //! Every check is bounded: a fixed number of calls, at most [`ContractConfig::polls`]
 //! listings (one every [`ContractConfig::poll_interval`]) while waiting for the cloud to show
@@ -63,7 +68,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
-use crate::ports::{Broker, BrokerError, StartInstanceParams, StartedInstance};
+use crate::ports::{BatchMember, BatchStartParams, Broker, BrokerError, StartInstanceParams, StartedInstance};
 
 /// One promise of the contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -84,11 +89,14 @@ pub enum Property {
     OnlyOurModelIsListed,
     /// Zones are listed with availability, and a start into one lands there.
     ZonesAreHonoured,
+    /// A batched start maps instances to machines by launch index, tags each with its machine,
+    /// and is idempotent on its one client token (partial launches included).
+    BatchedStarts,
 }
 
 impl Property {
     /// Every property, in the order [`run_all`] checks them.
-    pub const ALL: [Property; 8] = [
+    pub const ALL: [Property; 9] = [
         Property::StartIsTaggedAndListed,
         Property::RepeatedTokenIsIdempotent,
         Property::InstancesOfStart,
@@ -97,6 +105,7 @@ impl Property {
         Property::RetagMovesInstance,
         Property::OnlyOurModelIsListed,
         Property::ZonesAreHonoured,
+        Property::BatchedStarts,
     ];
 
     /// Its name (snake case), as reports print it.
@@ -110,6 +119,7 @@ impl Property {
             Property::RetagMovesInstance => "retag_moves_instance",
             Property::OnlyOurModelIsListed => "only_our_model_is_listed",
             Property::ZonesAreHonoured => "zones_are_honoured",
+            Property::BatchedStarts => "batched_starts",
         }
     }
 }
@@ -305,6 +315,7 @@ impl<'a> BrokerContract<'a> {
                 Property::RetagMovesInstance => c.retag_moves_instance().await,
                 Property::OnlyOurModelIsListed => c.only_our_model_is_listed().await,
                 Property::ZonesAreHonoured => c.zones_are_honoured().await,
+                Property::BatchedStarts => c.batched_starts().await,
             }
         };
         let after = self.config.timeout;
@@ -687,5 +698,230 @@ impl Check<'_, '_> {
             .await?;
         }
         Ok(Outcome::Passed)
+    }
+
+    /// Machines in one batched start of this property.
+    const BATCH: usize = 3;
+
+    async fn batched_starts(&self) -> Result<Outcome, ContractError> {
+        let zone = self.zone().await?;
+        let starts: Vec<Start> =
+            (0..Self::BATCH).map(|_| self.suite.start(Side::Ours, &self.suite.machine(), None, zone.clone())).collect();
+        let first = &starts[0].params;
+        let params = BatchStartParams {
+            zone: zone.clone(),
+            constraints: first.constraints.clone(),
+            placement: None,
+            volumes: Vec::new(),
+            extra_tags: Default::default(),
+            client_token: format!("{}+{}", first.client_token, starts.len()),
+            members: starts
+                .iter()
+                .map(|s| BatchMember {
+                    machine: s.machine.clone(),
+                    nonce: s.nonce.clone(),
+                    tags: s.params.tags.clone(),
+                    distribution_group: Vec::new(),
+                })
+                .collect(),
+        };
+        let answer = self.call("start_instances", self.suite.ours.start_instances(params.clone()).await)?;
+        let made = self.launched(&starts, &answer)?;
+        self.ensure(made.iter().any(Option::is_some), || "a batched start launched no instance at all".into())?;
+        // The same call again: the same instance for each machine, nothing new.
+        let again = self.call("start_instances", self.suite.ours.start_instances(params).await)?;
+        let repeated = self.launched(&starts, &again)?;
+        self.ensure(repeated == made, || {
+            format!(
+                "a repeat of batch token {}+{} answered {repeated:?}, not {made:?}",
+                first.client_token,
+                starts.len()
+            )
+        })?;
+        for (start, id) in starts.iter().zip(&made) {
+            let want: BTreeSet<InstanceId> = id.iter().cloned().collect();
+            let (machine, tags) = (start.machine.clone(), start.params.tags.clone());
+            let of_machine = |l: &[CloudInstance]| -> BTreeSet<InstanceId> {
+                l.iter().filter(|i| i.tags.machine.as_ref() == Some(&machine)).map(|i| i.id.clone()).collect()
+            };
+            self.eventually(
+                Side::Ours,
+                |l| of_machine(l) == want && l.iter().filter(|i| want.contains(&i.id)).all(|i| i.tags == tags),
+                |l| format!("machine {machine} is listed with {:?} after a batched start, not {want:?}", of_machine(l)),
+            )
+            .await?;
+            self.eventually_of_start(&start.machine, &start.nonce, &want).await?;
+        }
+        Ok(Outcome::Passed)
+    }
+
+    /// Checks a batched start's answer (one entry per machine, each instance tagged with its
+    /// own machine and start, in the call's zone, none twice); the instance of each machine,
+    /// `None` for one refused (a partial launch), recorded for the clean-up.
+    fn launched(
+        &self,
+        starts: &[Start],
+        answer: &[Result<StartedInstance, BrokerError>],
+    ) -> Result<Vec<Option<InstanceId>>, ContractError> {
+        self.ensure(answer.len() == starts.len(), || {
+            format!("a batched start of {} machines answered {} entries", starts.len(), answer.len())
+        })?;
+        let mut made = Vec::with_capacity(starts.len());
+        for (i, (start, entry)) in starts.iter().zip(answer).enumerate() {
+            let Ok(got) = entry else {
+                made.push(None);
+                continue;
+            };
+            let got = &got.instance;
+            self.made.borrow_mut().push((true, got.id.clone()));
+            let want = &start.params.tags;
+            self.ensure(got.tags == *want, || {
+                format!("launch index {i} of a batched start is tagged {:?}, not {want:?} (its machine's)", got.tags)
+            })?;
+            self.ensure(got.zone == start.params.zone, || {
+                format!("launch index {i} of a batched start into {:?} landed in {:?}", start.params.zone, got.zone)
+            })?;
+            self.ensure(!made.contains(&Some(got.id.clone())), || format!("{} answered for two machines", got.id))?;
+            made.push(Some(got.id.clone()));
+        }
+        Ok(made)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The batched-start property against the fake cloud (native batching, a partial launch,
+    //! the per-machine fallback) and against batching brokers broken on purpose.
+
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::ports::{BatchStarted, BrokerFuture};
+    use crate::testing::{FakeBroker, FakeCloud, PartialLaunch, PausedSystem};
+
+    const OURS: &str = "model-contract";
+    const THEIRS: &str = "model-stranger";
+
+    /// What a batching mutant gets wrong.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Flaw {
+        /// None: the fake cloud's own batched call, through the wrapper.
+        Nothing,
+        /// Every instance of a call is tagged with the first machine's tags.
+        TagsAllWithTheFirstMachine,
+        /// Every call gets a fresh client token: a repeated batch makes new instances.
+        IgnoresTheBatchToken,
+        /// Answers the instances in reverse launch order.
+        Reorders,
+        /// Does not batch: the per-machine fallback over the fake cloud's single starts.
+        Fallback,
+    }
+
+    struct Mutant {
+        inner: FakeBroker,
+        flaw: Flaw,
+        calls: AtomicU32,
+    }
+
+    impl Broker for Mutant {
+        fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
+            self.inner.start_instance(params)
+        }
+        fn batches_starts(&self) -> bool {
+            self.flaw != Flaw::Fallback
+        }
+        fn start_instances(&self, mut params: BatchStartParams) -> BrokerFuture<BatchStarted> {
+            match self.flaw {
+                Flaw::Fallback => {
+                    // The trait's default, as a broker without batching has it.
+                    let calls: Vec<_> = (0..params.members.len())
+                        .filter_map(|i| params.member_params(i))
+                        .map(|p| self.inner.start_instance(p))
+                        .collect();
+                    return Box::pin(async move {
+                        let mut out = Vec::new();
+                        for c in calls {
+                            out.push(c.await);
+                        }
+                        Ok(out)
+                    });
+                }
+                Flaw::TagsAllWithTheFirstMachine => {
+                    let tags = params.members[0].tags.clone();
+                    for m in &mut params.members {
+                        m.tags = tags.clone();
+                    }
+                }
+                Flaw::IgnoresTheBatchToken => {
+                    params.client_token =
+                        format!("{}~{}", params.client_token, self.calls.fetch_add(1, Ordering::Relaxed));
+                }
+                Flaw::Nothing | Flaw::Reorders => {}
+            }
+            let call = self.inner.start_instances(params);
+            let reorder = self.flaw == Flaw::Reorders;
+            Box::pin(async move {
+                let mut answer = call.await?;
+                if reorder {
+                    answer.reverse();
+                }
+                Ok(answer)
+            })
+        }
+        fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
+            self.inner.stop_instances(ids)
+        }
+        fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
+            self.inner.all_instances()
+        }
+        fn supports_zones(&self) -> bool {
+            self.inner.supports_zones()
+        }
+        fn availability_zones(&self) -> BrokerFuture<Vec<crate::ports::AvailabilityZone>> {
+            self.inner.availability_zones()
+        }
+        fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
+            self.inner.release_instances(ids)
+        }
+    }
+
+    /// The batched-start check of a mutant over a zoned fake cloud (`partial`: the cloud
+    /// launches only the first machine of the first call).
+    fn check(flaw: Flaw, partial: bool) -> Result<Outcome, ContractError> {
+        PausedSystem::new().block_on(async move {
+            let cloud = FakeCloud::with_zones(OURS, &["az1", "az2"]);
+            if partial {
+                cloud.add_partial_launch(PartialLaunch {
+                    zone: None,
+                    machine: None,
+                    launched: 1,
+                    times: 1,
+                    message: "InsufficientInstanceCapacity".into(),
+                });
+            }
+            let ours = Mutant { inner: cloud.broker(), flaw, calls: AtomicU32::new(0) };
+            let theirs = cloud.broker_for(THEIRS);
+            let suite = BrokerContract::new(&ours, &theirs, ContractConfig::new(OURS, THEIRS));
+            suite.check(Property::BatchedStarts).await
+        })
+    }
+
+    #[test]
+    fn the_fake_clouds_batched_start_keeps_the_contract() {
+        assert_eq!(check(Flaw::Nothing, false).unwrap(), Outcome::Passed);
+        assert_eq!(check(Flaw::Nothing, true).unwrap(), Outcome::Passed, "a partial launch is within the contract");
+        assert_eq!(check(Flaw::Fallback, false).unwrap(), Outcome::Passed, "so is the per-machine fallback");
+    }
+
+    #[test]
+    fn broken_batching_fails_the_property() {
+        let says = |flaw, what: &str| {
+            let err = check(flaw, false).expect_err("a broken broker must fail");
+            assert_eq!(err.property(), Property::BatchedStarts);
+            assert!(err.to_string().contains(what), "{err}");
+        };
+        says(Flaw::TagsAllWithTheFirstMachine, "launch index 1 of a batched start is tagged");
+        says(Flaw::IgnoresTheBatchToken, "a repeat of batch token");
+        says(Flaw::Reorders, "launch index 0 of a batched start is tagged");
     }
 }

@@ -11,8 +11,8 @@ use crate::actors::limiter::{RateLimits, TokenBucket};
 use crate::model::instance_types::{self, has_hardware_constraint, InstanceType, TypeFailover};
 use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
 use crate::ports::{
-    repeated_start, token_key, AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams,
-    StartedInstance,
+    repeated_start, token_key, AvailabilityZone, BatchStartParams, BatchStarted, Broker, BrokerError, BrokerFuture,
+    StartInstanceParams, StartedInstance,
 };
 
 /// A kind of broker call.
@@ -78,6 +78,9 @@ pub struct CallRecord {
     /// The instance types a start tried first that were out of capacity in its zone, in order
     /// (the per-type fail-over within the one call).
     pub failed_types: Vec<String>,
+    /// The batched call this start was part of (one record per machine of the call, all with
+    /// the same id); `None` for a single-machine start.
+    pub batch: Option<String>,
 }
 
 /// A scripted StartInstance failure: the first `times` matching calls fail.
@@ -113,6 +116,34 @@ pub struct TypeFault {
     pub times: u32,
     /// The error text.
     pub message: String,
+}
+
+/// A scripted partial launch (EC2 under capacity pressure launches fewer instances than a call
+/// asks for): the first `times` start calls into `zone` (any, when `None`) that carry
+/// `machine` (any, when `None`) launch only their first `launched` machines; the others get a
+/// zone-specific failure with `message`. A single-machine start is a call of one: it fails
+/// when `launched` is 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartialLaunch {
+    /// Only calls into this zone match (and count).
+    pub zone: Option<String>,
+    /// Only calls carrying this machine match.
+    pub machine: Option<MachineId>,
+    /// How many machines of a matching call get an instance.
+    pub launched: u32,
+    /// How many matching calls launch partially.
+    pub times: u32,
+    /// The failure of the machines left out.
+    pub message: String,
+}
+
+/// What a batched call made, kept under its client token: a repeat with the same token and
+/// the same machines in the same zone answers it again and creates nothing.
+#[derive(Debug, Clone)]
+struct BatchMade {
+    zone: Option<String>,
+    machines: Vec<MachineId>,
+    results: Vec<Result<InstanceId, BrokerError>>,
 }
 
 /// An instance in the fake cloud.
@@ -194,6 +225,12 @@ struct CloudActor {
     fail_next: BTreeMap<CloudOp, VecDeque<String>>,
     /// Client tokens seen (looked up, never iterated: a hash map keeps runs deterministic).
     tokens: std::collections::HashMap<String, InstanceId>,
+    /// Client tokens of batched calls, with what each made (looked up, never iterated).
+    batch_tokens: std::collections::HashMap<String, BatchMade>,
+    /// Batched calls so far (their ids in the call log).
+    batches: u64,
+    /// Scripted partial launches.
+    partials: Vec<PartialLaunch>,
     calls: Vec<CallRecord>,
     epoch: Instant,
     start_bucket: Option<TokenBucket>,
@@ -253,6 +290,7 @@ impl CloudActor {
             done_at: None,
             instance_type: None,
             failed_types: Vec::new(),
+            batch: None,
         });
         self.calls.len() - 1
     }
@@ -328,16 +366,47 @@ impl CloudActor {
     /// Whether a start is refused (`Err`), goes through (`Ok(None)`), or makes its instance and
     /// then loses its response (`Ok(Some(message))`).
     fn start_error(&mut self, params: &StartInstanceParams) -> Result<Option<String>, BrokerError> {
-        if let Some(msg) = self.scripted_failure(CloudOp::StartInstance) {
-            return Err(BrokerError::zone_independent(msg));
+        if let Some(err) = self.call_error(params.zone.as_ref()) {
+            return Err(err);
         }
-        if let Some(zone) = params.zone.as_ref().filter(|_| self.zoned) {
+        if let Some((launched, message)) = self.partial_launch(std::slice::from_ref(&params.machine), &params.zone) {
+            if launched == 0 {
+                return Err(BrokerError::zone_specific(message));
+            }
+        }
+        self.member_fault(params)
+    }
+
+    /// What refuses a start call as a whole: a scripted failure, an unavailable zone.
+    fn call_error(&mut self, zone: Option<&String>) -> Option<BrokerError> {
+        if let Some(msg) = self.scripted_failure(CloudOp::StartInstance) {
+            return Some(BrokerError::zone_independent(msg));
+        }
+        if let Some(zone) = zone.filter(|_| self.zoned) {
             // A zone listed as unavailable takes no new instance, whatever else lists it.
             let listed = self.zones.iter().any(|z| &z.name == zone);
             if !listed || self.zones.iter().any(|z| &z.name == zone && !z.available) {
-                return Err(BrokerError::zone_specific(format!("zone {zone:?} is unavailable")));
+                return Some(BrokerError::zone_specific(format!("zone {zone:?} is unavailable")));
             }
         }
+        None
+    }
+
+    /// Uses up a partial launch matching a call of these machines into `zone`: how many of
+    /// them get an instance, and the others' failure.
+    fn partial_launch(&mut self, machines: &[MachineId], zone: &Option<String>) -> Option<(usize, String)> {
+        let p = self.partials.iter_mut().find(|p| {
+            p.times > 0
+                && p.zone.as_ref().is_none_or(|z| Some(z) == zone.as_ref())
+                && p.machine.as_ref().is_none_or(|m| machines.contains(m))
+        })?;
+        p.times -= 1;
+        Some((p.launched as usize, p.message.clone()))
+    }
+
+    /// One machine's scripted fault: refused (`Err`), through (`Ok(None)`), or made and its
+    /// answer lost (`Ok(Some(message))`).
+    fn member_fault(&mut self, params: &StartInstanceParams) -> Result<Option<String>, BrokerError> {
         let Some(fault) = self.faults.iter_mut().find(|f| {
             f.times > 0
                 && f.machine == params.machine
@@ -417,6 +486,24 @@ impl CloudActor {
         Some(fault.message.clone())
     }
 
+    /// Makes the instance a start asks for, pending and tagged (invariant 1 checked): as on
+    /// EC2, it exists from the moment the call begins.
+    fn make_pending(&mut self, p: &StartInstanceParams, instance_type: Option<String>) -> InstanceId {
+        let id = self.fresh_id();
+        let instance = CloudInstance {
+            id: id.clone(),
+            state: InstanceState::Pending,
+            zone: p.zone.clone(),
+            tags: p.tags.clone(),
+            age: None,
+            instance_type,
+        };
+        self.check_duplicate(&instance);
+        let born = (self.epoch.elapsed(), Duration::ZERO);
+        self.record_new(FakeInstance { instance, foreign: false, born });
+        id
+    }
+
     /// A fresh instance id: never one that exists or existed (pre-existing ids included).
     fn fresh_id(&mut self) -> InstanceId {
         loop {
@@ -438,6 +525,7 @@ macro_rules! msg {
 }
 
 msg!(Start { model: String, params: StartInstanceParams } -> "Result<StartedInstance, BrokerError>");
+msg!(StartBatch { model: String, params: BatchStartParams } -> "Result<BatchStarted, BrokerError>");
 msg!(Stop { ids: Vec<InstanceId> } -> "Result<(), BrokerError>");
 msg!(List { model: String } -> "Result<Vec<CloudInstance>, BrokerError>");
 msg!(Zones {} -> "Result<Vec<AvailabilityZone>, BrokerError>");
@@ -526,18 +614,7 @@ impl Handler<Start> for CloudActor {
                 return Box::pin(fut::ready(Err(err)));
             }
         };
-        let id = self.fresh_id();
-        let instance = CloudInstance {
-            id: id.clone(),
-            state: InstanceState::Pending,
-            zone: p.zone.clone(),
-            tags: p.tags.clone(),
-            age: None,
-            instance_type,
-        };
-        self.check_duplicate(&instance);
-        let born = (self.epoch.elapsed(), Duration::ZERO);
-        self.record_new(FakeInstance { instance, foreign: false, born });
+        let id = self.make_pending(&p, instance_type);
         self.tokens.insert(token, id.clone());
         if let Some(c) = self.calls.get_mut(idx) {
             c.instances = vec![id.clone()];
@@ -558,6 +635,152 @@ impl Handler<Start> for CloudActor {
                 None => Ok(started),
             }
         };
+        if latency.is_zero() {
+            return Box::pin(fut::ready(answer(self)));
+        }
+        Box::pin(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| answer(act)))
+    }
+}
+
+impl Handler<StartBatch> for CloudActor {
+    type Result = ResponseActFuture<Self, Result<BatchStarted, BrokerError>>;
+    /// One call for every member: one record per member (same batch id), one rate-limit
+    /// token, one client token; instances made pending (tagged per machine) at once, running
+    /// when the call returns.
+    fn handle(&mut self, msg: StartBatch, _ctx: &mut Self::Context) -> Self::Result {
+        let p = msg.params;
+        let singles: Vec<StartInstanceParams> = (0..p.members.len()).filter_map(|i| p.member_params(i)).collect();
+        self.batches += 1;
+        let batch = self.batches.to_string();
+        let idxs: Vec<usize> = singles
+            .iter()
+            .map(|m| {
+                let idx = self.log(CloudOp::StartInstance, Some(m.machine.clone()), m.zone.clone(), Vec::new());
+                if let Some(c) = self.calls.get_mut(idx) {
+                    c.batch = Some(batch.clone());
+                    if self.record_params {
+                        c.params = Some(Box::new(m.clone()));
+                    }
+                }
+                idx
+            })
+            .collect();
+        let fail_all = |act: &mut Self, err: BrokerError| {
+            for &idx in &idxs {
+                act.finish(idx, Some(err.message()));
+            }
+            Box::pin(fut::ready(Err(err)))
+        };
+        // One token of the start bucket for the whole call.
+        if let Some(err) = self.throttle(idxs.first().copied().unwrap_or(usize::MAX), CloudOp::StartInstance) {
+            for &idx in idxs.iter().skip(1) {
+                if let Some(c) = self.calls.get_mut(idx) {
+                    c.throttled = true;
+                }
+                self.finish(idx, Some(err.message()));
+            }
+            return Box::pin(fut::ready(Err(err)));
+        }
+        let machines: Vec<MachineId> = p.members.iter().map(|m| m.machine.clone()).collect();
+        let token = token_key(&msg.model, &p.client_token);
+        if let Some(made) = self.batch_tokens.get(&token).cloned() {
+            if made.zone != p.zone || made.machines != machines {
+                let err = BrokerError::zone_independent(format!(
+                    "IdempotentParameterMismatch: client token {} was used for another batch",
+                    p.client_token
+                ));
+                return fail_all(self, err);
+            }
+            // A repeat can lose its answer too (it makes nothing new: the token is known).
+            if let Some(message) = singles.iter().find_map(|m| self.lost_answer(m)) {
+                return fail_all(self, BrokerError::transient(message));
+            }
+            let results = made
+                .results
+                .iter()
+                .zip(&idxs)
+                .map(|(r, &idx)| match r {
+                    Ok(id) => {
+                        if let Some(c) = self.calls.get_mut(idx) {
+                            c.instances = vec![id.clone()];
+                        }
+                        Ok(self.land(idx, id.clone()))
+                    }
+                    Err(e) => {
+                        self.finish(idx, Some(e.message()));
+                        Err(e.clone())
+                    }
+                })
+                .collect();
+            return Box::pin(fut::ready(Ok(results)));
+        }
+        if let Some(err) = self.call_error(p.zone.as_ref()) {
+            return fail_all(self, err);
+        }
+        let launched = match self.partial_launch(&machines, &p.zone) {
+            Some((k, message)) => (k, Some(message)),
+            None => (machines.len(), None),
+        };
+        // Every member's own fault first (a lost answer loses the whole call's answer).
+        let mut lost = None;
+        let mut outcomes: Vec<Result<(), BrokerError>> = Vec::with_capacity(singles.len());
+        for (i, m) in singles.iter().enumerate() {
+            if i >= launched.0 {
+                let message = launched.1.clone().unwrap_or_default();
+                outcomes.push(Err(BrokerError::zone_specific(message)));
+                continue;
+            }
+            match self.member_fault(m) {
+                Ok(l) => {
+                    lost = lost.or(l);
+                    outcomes.push(Ok(()));
+                }
+                Err(e) => outcomes.push(Err(e)),
+            }
+        }
+        // One instance type for the whole call (its members share their constraints).
+        let instance_type = match singles.first().map(|first| self.choose_type(idxs[0], first)) {
+            Some(Ok(t)) => t,
+            Some(Err(err)) => return fail_all(self, err),
+            None => None,
+        };
+        let mut results: Vec<Result<InstanceId, BrokerError>> = Vec::with_capacity(singles.len());
+        for ((m, outcome), &idx) in singles.iter().zip(outcomes).zip(&idxs) {
+            match outcome {
+                Err(e) => {
+                    self.finish(idx, Some(e.message()));
+                    results.push(Err(e));
+                }
+                Ok(()) => {
+                    let id = self.make_pending(m, instance_type.clone());
+                    if let Some(c) = self.calls.get_mut(idx) {
+                        c.instances = vec![id.clone()];
+                        c.instance_type = instance_type.clone();
+                    }
+                    results.push(Ok(id));
+                }
+            }
+        }
+        self.batch_tokens.insert(token, BatchMade { zone: p.zone.clone(), machines, results: results.clone() });
+        let answer = move |act: &mut Self| {
+            let landed: BatchStarted =
+                results.into_iter().zip(&idxs).map(|(r, &idx)| r.map(|id| act.land(idx, id))).collect();
+            match lost {
+                // The instances are there; only the answer is lost.
+                Some(message) => {
+                    let err = BrokerError::transient(message);
+                    for &idx in &idxs {
+                        if let Some(c) = act.calls.get_mut(idx) {
+                            c.ok = Some(false);
+                            c.error = Some(err.message());
+                        }
+                    }
+                    Err(err)
+                }
+                None => Ok(landed),
+            }
+        };
+        let latency = self.start_latency;
         if latency.is_zero() {
             return Box::pin(fut::ready(answer(self)));
         }
@@ -764,6 +987,9 @@ impl FakeCloud {
             subnets: BTreeMap::new(),
             fail_next: BTreeMap::new(),
             tokens: std::collections::HashMap::new(),
+            batch_tokens: std::collections::HashMap::new(),
+            batches: 0,
+            partials: Vec::new(),
             calls: Vec::new(),
             epoch: Instant::now(),
             start_bucket: None,
@@ -825,6 +1051,11 @@ impl FakeCloud {
     /// Adds a scripted StartInstance fault.
     pub fn add_fault(&self, fault: Fault) {
         self.control(move |c| c.faults.push(fault));
+    }
+
+    /// Adds a scripted partial launch.
+    pub fn add_partial_launch(&self, partial: PartialLaunch) {
+        self.control(move |c| c.partials.push(partial));
     }
 
     /// Adds a scripted capacity failure of one instance type.
@@ -964,6 +1195,15 @@ fn mailbox(e: MailboxError) -> BrokerError {
 impl Broker for FakeBroker {
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         let req = self.addr.send(Start { model: self.model.clone(), params });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn batches_starts(&self) -> bool {
+        true
+    }
+
+    fn start_instances(&self, params: BatchStartParams) -> BrokerFuture<BatchStarted> {
+        let req = self.addr.send(StartBatch { model: self.model.clone(), params });
         Box::pin(async move { req.await.map_err(mailbox)? })
     }
 

@@ -43,7 +43,9 @@ impl PausedSystem {
     }
 }
 
-pub use cloud::{CallRecord, CloudOp, CloudSnapshot, FakeBroker, FakeCloud, FakeInstance, Fault, TypeFault};
+pub use cloud::{
+    CallRecord, CloudOp, CloudSnapshot, FakeBroker, FakeCloud, FakeInstance, Fault, PartialLaunch, TypeFault,
+};
 pub use initialiser::FakeInitialiser;
 pub use model::{FakeMachine, FakeModel, FakeModelApi, ModelOp, ModelSnapshot};
 pub use postgres::{TempPostgres, TempPostgresError};

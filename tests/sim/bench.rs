@@ -30,3 +30,33 @@ fn churn_lists_the_cloud_per_resync_not_per_event() {
     // caused a listing.
     assert_eq!(r.all_instances_calls, 0, "the cloud was listed per event");
 }
+
+/// Issue 17, point 1: batched starts against a cloud allowing 10 start calls at once, then 2
+/// per second. Virtual time and call counts are deterministic: no wall-clock figure is checked.
+#[test]
+fn batched_starts_beat_the_one_call_per_machine_ideal_without_a_throttled_call() {
+    use provisioner::config::rate_limits::BucketLimit;
+    use provisioner::sim::bench::{starts, StartsBench};
+    let bench = StartsBench {
+        machines: 100,
+        workers: 16,
+        zones: 3,
+        start_latency: Duration::ZERO,
+        start_burst: 10,
+        start_per_second: 2.0,
+        batch_size: Some(100),
+        client_limit: Some(BucketLimit::new(10, 2.0)),
+    };
+    let batched = starts(bench);
+    assert_eq!(batched.throttled_calls, 0);
+    assert!(batched.virtual_makespan_s <= 10.0, "{batched:?}");
+    assert!(batched.start_calls < 100, "{batched:?}");
+    let unbatched = starts(StartsBench { batch_size: None, ..bench });
+    assert_eq!(unbatched.start_calls, 100, "one call per machine");
+    assert_eq!(unbatched.unbatched_ideal_s, 45.0);
+    assert!(unbatched.virtual_makespan_s >= 45.0, "{unbatched:?}");
+    // A worker carries a batch: one call per zone carries them all, even with the client
+    // limiter sized for EC2 rather than for this cloud.
+    let ec2_sized = starts(StartsBench { client_limit: None, ..bench });
+    assert_eq!((ec2_sized.start_calls, ec2_sized.throttled_calls), (3, 0), "{ec2_sized:?}");
+}

@@ -39,6 +39,7 @@ fn invariant_6_flags_an_unknown_instance_stopped_in_mode_destroyed() {
         done_at: Some(at),
         instance_type: None,
         failed_types: Vec::new(),
+        batch: None,
     });
     let model = ModelSnapshot::default();
     let v = check(&s, &cloud, &model, &ModeTimeline::new(HarvestMode::Destroyed));
@@ -61,6 +62,7 @@ fn start_call(at_s: u64, machine: &str, zone: Option<&str>, instance: &str) -> C
         done_at: Some(at),
         instance_type: None,
         failed_types: Vec::new(),
+        batch: None,
     }
 }
 
@@ -89,6 +91,7 @@ fn stop_call(at_s: u64, ids: &[&str]) -> CallRecord {
         done_at: Some(at),
         instance_type: None,
         failed_types: Vec::new(),
+        batch: None,
     }
 }
 

@@ -4,8 +4,8 @@
 //! An expectation is a partial report: objects match key by key (keys not named are not
 //! checked), arrays and scalars match exactly. Three derived keys summarise the call log:
 //! `"$call_counts"` (op → number of calls), `"$stops"` (the instance lists of every
-//! `stop_instances` call, in order) and `"$starts"` (machine → number of `start_instance`
-//! calls), plus two numbers, `"$throttled"` (calls the cloud throttled) and `"$ended_at_s"`.
+//! `stop_instances` call, in order), `"$starts"` (machine → number of `start_instance`
+//! calls) and `"$batches"` (batched call id → its machines, in launch order), plus two numbers, `"$throttled"` (calls the cloud throttled) and `"$ended_at_s"`.
 //! `"$at_most": { KEY: N }` bounds any of the derived numbers from above (for figures that
 //! depend on timing, such as how close to ideal a throttled run ends).
 //! `"$violations_allowed": true` lets a scenario expect violations (then `"violations"` is
@@ -35,12 +35,16 @@ fn derived(report: &Report) -> Value {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut starts: BTreeMap<String, usize> = BTreeMap::new();
     let mut stops = Vec::new();
+    let mut batches: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut throttled = 0;
     for c in &report.calls {
         throttled += usize::from(c.throttled);
         *counts.entry(c.op.clone()).or_default() += 1;
         if c.op == "start_instance" {
             *starts.entry(c.machine.clone().unwrap_or_default()).or_default() += 1;
+            if let Some(b) = &c.batch {
+                batches.entry(b.clone()).or_default().push(c.machine.clone().unwrap_or_default());
+            }
         }
         if c.op == "stop_instances" {
             stops.push(json!(c.instances.clone().unwrap_or_default()));
@@ -50,6 +54,7 @@ fn derived(report: &Report) -> Value {
     json!({
         "$call_counts": counts,
         "$starts": starts,
+        "$batches": batches,
         "$stops": stops,
         "$throttled": throttled,
         "$ended_at_s": ended,

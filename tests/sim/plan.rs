@@ -163,3 +163,51 @@ fn the_plan_follows_the_coordinators_batch_order_and_scope() {
     assert_eq!(planned, done);
     assert_eq!(planned.iter().map(|(m, _)| m.as_str()).collect::<Vec<_>>(), vec!["0", "1", "2"]);
 }
+
+/// Batched starts (issue 17, point 1): the plan groups the starts into calls as the run does,
+/// from the same batcher core: one call per zone and shape while the batch has room. Without
+/// batching no planned start names a call.
+#[test]
+fn the_plan_groups_batched_starts_as_the_run_does() {
+    let mut text = String::from(
+        "[provisioner]\nbatch_starts = true\nworkers = 4\n[cloud]\nzones = [\"az1\", \"az2\"]\nstart_latency = \"2s\"\n",
+    );
+    for i in 0..6 {
+        text.push_str(&format!("[[machines]]\nid = \"{i}\"\n"));
+    }
+    text.push_str("[[machines]]\nid = \"9\"\nmem_mb = 8192\n");
+    let s = Scenario::parse(&text, Format::Toml, "batch.toml").unwrap();
+    let p = plan(&s, None);
+    let r = run(&s, None);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    // Machine → (zone, call), planned and done; calls are numbered in the order they open.
+    let planned: Vec<(String, Option<String>, Option<u64>)> =
+        p.starts.iter().map(|st| (st.machine.clone(), st.zone.clone(), st.batch)).collect();
+    let done: Vec<(String, Option<String>, Option<u64>)> = r
+        .calls
+        .iter()
+        .filter(|c| c.op == "start_instance")
+        .map(|c| (c.machine.clone().unwrap(), c.zone.clone().flatten(), c.batch.as_deref().map(|b| b.parse().unwrap())))
+        .collect();
+    // The same calls, each with the same machines in the same zone (calls of one wave may
+    // open in another order).
+    let calls = |starts: &[(String, Option<String>, Option<u64>)]| {
+        let mut by_call: std::collections::BTreeMap<u64, Vec<(String, Option<String>)>> = Default::default();
+        for (m, z, b) in starts {
+            by_call.entry(b.expect("every start batched")).or_default().push((m.clone(), z.clone()));
+        }
+        let mut calls: Vec<Vec<(String, Option<String>)>> = by_call.into_values().collect();
+        calls.sort();
+        calls
+    };
+    assert_eq!(calls(&planned), calls(&done));
+    assert_eq!(calls(&done).len(), 3, "one call per zone and shape: {done:?}");
+    // The machine of another shape gets a call alone.
+    let big = planned.iter().find(|(m, ..)| m == "9").and_then(|(_, _, b)| *b);
+    assert_eq!(planned.iter().filter(|(.., b)| *b == big).count(), 1);
+    assert!(p.to_human().contains("(batched call 1)"));
+
+    let unbatched = Scenario::parse(&text.replace("batch_starts = true", ""), Format::Toml, "b.toml").unwrap();
+    assert!(plan(&unbatched, None).starts.iter().all(|st| st.batch.is_none()));
+    assert!(run(&unbatched, None).calls.iter().all(|c| c.batch.is_none()));
+}

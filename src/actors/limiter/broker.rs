@@ -8,20 +8,51 @@ use actix::Recipient;
 use super::messages::{Acquire, CallOutcome};
 use crate::config::rate_limits::ApiClass;
 use crate::model::{CloudInstance, InstanceId, InstanceTags};
-use crate::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+use crate::ports::{
+    AvailabilityZone, BatchStartParams, BatchStarted, Broker, BrokerError, BrokerFuture, StartInstanceParams,
+    StartedInstance,
+};
+
+/// The limiter's two ends of a call: wait for a token, report how the call went. What
+/// [`LimitedBroker`] wraps around every call, and what the worker pool's batcher takes
+/// around a batched start (it closes the batch only once the token is granted).
+#[derive(Clone)]
+pub struct CallGate {
+    acquire: Recipient<Acquire>,
+    outcome: Recipient<CallOutcome>,
+}
+
+impl CallGate {
+    /// A gate over the limiter's two messages.
+    pub fn new(acquire: Recipient<Acquire>, outcome: Recipient<CallOutcome>) -> Self {
+        Self { acquire, outcome }
+    }
+
+    /// Waits for a token of `class`; answers the epoch to report with [`CallGate::report`]. A
+    /// limiter that is gone does not hold the provisioner up.
+    pub fn token(&self, class: ApiClass) -> impl std::future::Future<Output = u64> + 'static {
+        let acquire = self.acquire.send(Acquire { class });
+        async move { acquire.await.unwrap_or(0) }
+    }
+
+    /// Reports how a call let through under `epoch` went.
+    pub fn report<T>(&self, class: ApiClass, epoch: u64, res: &Result<T, BrokerError>) {
+        let throttled = matches!(res, Err(BrokerError::Throttled { .. }));
+        self.outcome.do_send(CallOutcome { class, epoch, throttled });
+    }
+}
 
 /// A broker whose calls are paced by a [`RateLimiter`](super::RateLimiter).
 #[derive(Clone)]
 pub struct LimitedBroker {
     inner: Arc<dyn Broker>,
-    acquire: Recipient<Acquire>,
-    outcome: Recipient<CallOutcome>,
+    gate: CallGate,
 }
 
 impl LimitedBroker {
     /// Wraps `inner`.
     pub fn new(inner: Arc<dyn Broker>, acquire: Recipient<Acquire>, outcome: Recipient<CallOutcome>) -> Self {
-        Self { inner, acquire, outcome }
+        Self { inner, gate: CallGate::new(acquire, outcome) }
     }
 
     /// Waits for a token, makes the call (built only then: some brokers act when the call is
@@ -32,14 +63,11 @@ impl LimitedBroker {
         call: impl FnOnce(&dyn Broker) -> BrokerFuture<T> + Send + 'static,
     ) -> BrokerFuture<T> {
         let inner = self.inner.clone();
-        let acquire = self.acquire.clone();
-        let outcome = self.outcome.clone();
+        let gate = self.gate.clone();
         Box::pin(async move {
-            // A limiter that is gone does not hold the provisioner up.
-            let epoch = acquire.send(Acquire { class }).await.unwrap_or(0);
+            let epoch = gate.token(class).await;
             let res = call(&*inner).await;
-            let throttled = matches!(res, Err(BrokerError::Throttled { .. }));
-            outcome.do_send(CallOutcome { class, epoch, throttled });
+            gate.report(class, epoch, &res);
             res
         })
     }
@@ -48,6 +76,15 @@ impl LimitedBroker {
 impl Broker for LimitedBroker {
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         self.gated(ApiClass::Start, move |b| b.start_instance(params))
+    }
+
+    fn batches_starts(&self) -> bool {
+        self.inner.batches_starts()
+    }
+
+    /// One token of the start bucket for the whole call, however many machines it carries.
+    fn start_instances(&self, params: BatchStartParams) -> BrokerFuture<BatchStarted> {
+        self.gated(ApiClass::Start, move |b| b.start_instances(params))
     }
 
     fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {

@@ -21,6 +21,6 @@ mod tests;
 
 pub use crate::config::rate_limits::{BucketLimit, RateLimits};
 pub use actor::RateLimiter;
-pub use broker::LimitedBroker;
+pub use broker::{CallGate, LimitedBroker};
 pub use messages::GetLimiterSnapshot;
 pub use state::{ClassView, LimiterSnapshot, TokenBucket};

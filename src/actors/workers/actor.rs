@@ -8,13 +8,15 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tracing::Instrument;
 
+use super::batch::{Answer, BatchBook, Reply};
 use super::messages::*;
 use super::start::{run_start, StartDeps};
 use super::state::{Job, JobOutcome, PoolBook, PoolStatus, ReleaseJob, StopJob, WorkerError};
 use crate::actors::coordinator::JobDone;
 use crate::actors::work::{BusyState, WorkCount};
+use crate::config::rate_limits::ApiClass;
 use crate::config::{validate_workers, ConfigError};
-use crate::ports::BrokerError;
+use crate::ports::{BatchStartParams, BrokerError};
 
 /// Runs broker jobs.
 pub struct WorkerPool {
@@ -27,14 +29,19 @@ pub struct WorkerPool {
     requeues: WorkCount,
     /// The book's jobs (queued or in flight), in the provisioner's total.
     jobs: BusyState,
+    /// Batched starts: the open batches and the intents in flight (their members are starts
+    /// in flight, counted as jobs).
+    batches: BatchBook<futures::channel::oneshot::Sender<Reply>>,
 }
 
 impl WorkerPool {
     /// A pool of `size` workers (valid `1..=max`), reporting to `done`.
     pub fn new(size: usize, max: usize, deps: StartDeps, done: Recipient<JobDone>, seed: u64) -> Self {
         let requeues = WorkCount::new();
+        let batch_size = deps.batch.as_ref().map_or(1, |b| b.size);
         Self {
-            book: PoolBook::new(size),
+            batches: BatchBook::new(batch_size),
+            book: PoolBook::new(size).with_batches(batch_size),
             max,
             deps: Arc::new(deps),
             done,
@@ -63,7 +70,8 @@ impl WorkerPool {
                     let nonce = self.nonce();
                     // One span per machine operation: every line the start logs carries it.
                     let span = tracing::info_span!("start", machine = %start.machine.id);
-                    let fut = run_start(self.deps.clone(), *start, nonce, self.rng.random()).instrument(span);
+                    let batch = self.deps.batch.as_ref().map(|_| ctx.address().recipient());
+                    let fut = run_start(self.deps.clone(), *start, nonce, self.rng.random(), batch).instrument(span);
                     ctx.spawn(fut.into_actor(self).map(|outcome, act, ctx| {
                         act.book.finished();
                         act.done.do_send(JobDone(outcome));
@@ -132,6 +140,56 @@ impl WorkerPool {
         });
     }
 
+    /// Waits for the start token of `batch`, then makes its call: the first time, closing it
+    /// (it takes no more members, its intent is recorded); later, replaying that intent.
+    fn await_token(&mut self, batch: u64, replay: bool, ctx: &mut Context<Self>) {
+        let token = self.deps.batch.as_ref().and_then(|b| b.gate.as_ref()).map(|g| g.token(ApiClass::Start));
+        let wait = async move {
+            match token {
+                Some(token) => token.await,
+                None => 0,
+            }
+        };
+        ctx.spawn(wait.into_actor(self).map(move |epoch, act, ctx| {
+            let params = if replay { act.batches.replay(batch) } else { act.batches.close(batch) };
+            if let Some(params) = params {
+                act.call_batch(batch, params, epoch, ctx);
+            }
+        }));
+    }
+
+    /// Makes a batch's call and hands each member its answer (or replays it after a backoff).
+    fn call_batch(&mut self, batch: u64, params: BatchStartParams, epoch: u64, ctx: &mut Context<Self>) {
+        let Some(deps) = self.deps.batch.as_ref() else { return };
+        tracing::info!(
+            batch,
+            token = %params.client_token,
+            zone = ?params.zone,
+            machines = params.members.len(),
+            "starting a batch of instances"
+        );
+        let call = deps.broker.start_instances(params);
+        let gate = deps.gate.clone();
+        ctx.spawn(call.into_actor(self).map(move |res, act, ctx| {
+            if let Some(gate) = &gate {
+                gate.report(ApiClass::Start, epoch, &res);
+            }
+            match act.batches.answered(batch, res) {
+                Answer::Deliver(replies) => {
+                    for (tx, reply) in replies {
+                        let _ = tx.send(reply);
+                    }
+                }
+                Answer::Replay { attempt } => {
+                    let delay = act.deps.backoff.delay(attempt, &mut act.rng);
+                    tracing::warn!(batch, retry_in = ?delay, "batched start failed ambiguously; replaying it");
+                    ctx.run_later(delay, move |act, ctx| act.await_token(batch, true, ctx));
+                }
+                Answer::Unknown => {}
+            }
+        }));
+    }
+
     fn enqueue(&mut self, job: Job, ctx: &mut Context<Self>) {
         self.book.push(job);
         self.dispatch(ctx);
@@ -146,6 +204,23 @@ impl Handler<Enqueue> for WorkerPool {
     type Result = ();
     fn handle(&mut self, msg: Enqueue, ctx: &mut Self::Context) {
         self.enqueue(msg.0, ctx);
+    }
+}
+
+impl Handler<JoinBatch> for WorkerPool {
+    type Result = ResponseFuture<Reply>;
+    fn handle(&mut self, msg: JoinBatch, ctx: &mut Self::Context) -> Self::Result {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        let joined = self.batches.join(msg.0, tx);
+        if joined.opened {
+            self.await_token(joined.batch, false, ctx);
+        }
+        Box::pin(async move {
+            rx.await.unwrap_or_else(|_| Reply {
+                result: Err(BrokerError::transient("the worker pool stopped before the batch answered")),
+                maybe_made: true,
+            })
+        })
     }
 }
 

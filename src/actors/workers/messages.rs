@@ -2,8 +2,10 @@
 
 use actix::Message;
 
+use super::batch::Reply;
 use super::state::{Job, PoolStatus};
 use crate::config::ConfigError;
+use crate::ports::StartInstanceParams;
 
 /// Queue a job.
 #[derive(Debug, Clone, Message)]
@@ -19,3 +21,9 @@ pub struct ResizePool(pub usize);
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "PoolStatus")]
 pub struct GetPoolStatus;
+
+/// A start (running on the pool) reached its cloud call with batching on: join the open batch
+/// of its zone and shape, and answer once that batch's call has answered for this machine.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Reply")]
+pub struct JoinBatch(pub StartInstanceParams);

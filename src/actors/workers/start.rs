@@ -10,13 +10,25 @@ use actix::Recipient;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
+use super::messages::JoinBatch;
 use super::state::JobOutcome;
 use super::state::{Attempts, FailureKind, StartJob, Step, WorkerError};
 use crate::actors::lifecycle::StillWanted;
 use crate::actors::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation};
 use crate::config::{Backoff, RetryStrategy};
-use crate::model::{CloudInstance, InstanceStatus, InstanceTags, MachineId, MachineStatus};
+use crate::model::{CloudInstance, InstanceStatus, MachineId, MachineStatus};
 use crate::ports::{Broker, BrokerError, ModelApi, ProvisionedInstance, StartInstanceParams};
+
+/// What batched starts need (batching on, on a broker that batches natively).
+pub struct BatchDeps {
+    /// The cloud, not paced: the pool takes the batch's one start token itself, through
+    /// `gate`, and closes the batch only then.
+    pub broker: Arc<dyn Broker>,
+    /// The limiter (`None`: no client-side limit).
+    pub gate: Option<crate::actors::limiter::CallGate>,
+    /// Most machines in one call.
+    pub size: usize,
+}
 
 /// Everything a start needs besides its job: the ports and the actors it consults.
 pub struct StartDeps {
@@ -48,6 +60,8 @@ pub struct StartDeps {
     pub model_uuid: String,
     /// The first half of every nonce.
     pub host_tag: String,
+    /// Batched starts (`None`: one call per machine).
+    pub batch: Option<BatchDeps>,
 }
 
 /// How many times instance info is written before the instance is given up.
@@ -178,9 +192,17 @@ struct Started {
 /// Runs one start to its end. Never panics; every failure becomes the outcome.
 ///
 /// `seed` seeds the jitter of its backoffs, so a run is reproducible.
-pub(super) async fn run_start(deps: std::sync::Arc<StartDeps>, job: StartJob, nonce: String, seed: u64) -> JobOutcome {
+///
+/// `batch` is the pool's own address when starts are batched: the cloud call joins a batch.
+pub(super) async fn run_start(
+    deps: std::sync::Arc<StartDeps>,
+    job: StartJob,
+    nonce: String,
+    seed: u64,
+    batch: Option<Recipient<JoinBatch>>,
+) -> JobOutcome {
     let mut given_up = None;
-    let outcome = start_or_adopt(deps, job, nonce, seed, &mut given_up).await;
+    let outcome = start_or_adopt(deps, job, nonce, seed, batch, &mut given_up).await;
     outcome.with_given_up(given_up)
 }
 
@@ -192,6 +214,7 @@ async fn start_or_adopt(
     job: StartJob,
     nonce: String,
     seed: u64,
+    batch: Option<Recipient<JoinBatch>>,
     given_up: &mut Option<super::state::GivenUp>,
 ) -> JobOutcome {
     let deps = &*deps;
@@ -210,22 +233,7 @@ async fn start_or_adopt(
 
     set_instance_status(deps, &machine, InstanceStatus::provisioning(), "starting".into()).await;
 
-    let mut params = StartInstanceParams {
-        machine: machine.clone(),
-        zone: None,
-        constraints: job.info.constraints.clone(),
-        placement: job.info.placement.clone(),
-        volumes: job.info.volumes.clone(),
-        nonce: nonce.clone(),
-        tags: InstanceTags {
-            model: Some(deps.model_uuid.clone()),
-            machine: Some(machine.clone()),
-            start: Some(nonce.clone()),
-        },
-        extra_tags: job.info.tags.clone(),
-        client_token: String::new(),
-        distribution_group: job.group.clone(),
-    };
+    let mut params = job.call_params(&deps.model_uuid, &nonce);
 
     let derived = if deps.broker.supports_zones() {
         let mut throttled = 0;
@@ -335,7 +343,15 @@ async fn start_or_adopt(
             zone
         };
         params.zone = zone.clone();
-        let err = match deps.broker.start_instance(params.clone()).await {
+        let (result, maybe_made) = match &batch {
+            Some(join) => call_in_batch(join, params.clone()).await,
+            None => {
+                let result = deps.broker.start_instance(params.clone()).await;
+                let ambiguous = result.as_ref().err().is_some_and(BrokerError::is_ambiguous);
+                (result, ambiguous)
+            }
+        };
+        let err = match result {
             Ok(started) => {
                 tracing::info!(%machine, instance = %started.instance.id, zone = ?zone, "started instance");
                 let how = Started { constraints: own, retired, reserved: true };
@@ -343,10 +359,12 @@ async fn start_or_adopt(
             }
             Err(e) => e,
         };
-        let ambiguous = err.is_ambiguous();
+        let ambiguous = maybe_made;
         unsure |= ambiguous;
         let mut step = attempts.on_failure(failure_kind(&err, zone.as_deref()));
-        if ambiguous || (repeating && step == Step::Backoff) {
+        // A batched call was replayed by the pool already (same token, same machines) while
+        // this start waited: it is never repeated from here, the start looks first instead.
+        if batch.is_none() && (ambiguous || (repeating && step == Step::Backoff)) {
             // The call may have made the instance: the next one repeats it (same zone, same
             // token, same parameters), keeping the zone's reservation.
             repeat = Some((zone.clone(), params.client_token.clone()));
@@ -415,6 +433,19 @@ async fn start_or_adopt(
             }
             return abandon(deps, machine).await;
         }
+    }
+}
+
+/// Makes the start's cloud call as a member of a batch: the answer for this machine, and
+/// whether the call may have made its instance although it failed.
+async fn call_in_batch(
+    join: &Recipient<JoinBatch>,
+    params: StartInstanceParams,
+) -> (Result<crate::ports::StartedInstance, BrokerError>, bool) {
+    match join.send(JoinBatch(params)).await {
+        Ok(reply) => (reply.result, reply.maybe_made),
+        // The pool is gone (the provisioner stopping): the call may have gone out.
+        Err(e) => (Err(BrokerError::transient(format!("worker pool unavailable: {e}"))), true),
     }
 }
 

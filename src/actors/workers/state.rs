@@ -23,6 +23,29 @@ impl StartJob {
     pub fn zone_request(&self, derived: Vec<String>) -> crate::model::ZoneRequest {
         crate::model::ZoneRequest::for_start(&self.info, &self.group, derived)
     }
+
+    /// Its cloud call's parameters, before a zone and a client token are chosen: tagged with
+    /// `model_uuid`, its machine and `nonce`. What a batch's shape is made of, so the start
+    /// procedure and `provisioner plan` build it alike.
+    pub fn call_params(&self, model_uuid: &str, nonce: &str) -> crate::ports::StartInstanceParams {
+        let machine = self.machine.id.clone();
+        crate::ports::StartInstanceParams {
+            machine: machine.clone(),
+            zone: None,
+            constraints: self.info.constraints.clone(),
+            placement: self.info.placement.clone(),
+            volumes: self.info.volumes.clone(),
+            nonce: nonce.to_owned(),
+            tags: crate::model::InstanceTags {
+                model: Some(model_uuid.to_owned()),
+                machine: Some(machine),
+                start: Some(nonce.to_owned()),
+            },
+            extra_tags: self.info.tags.clone(),
+            client_token: String::new(),
+            distribution_group: self.group.clone(),
+        }
+    }
 }
 
 /// Terminate instances, then have their dead machines removed.
@@ -65,6 +88,9 @@ pub enum Job {
 pub struct PoolBook {
     size: usize,
     in_flight: usize,
+    /// How many starts one worker carries: 1, or the batch size with batched starts on (the
+    /// starts of one batch share one cloud call).
+    starts_per_worker: usize,
     urgent: VecDeque<Job>,
     starts: VecDeque<Job>,
 }
@@ -72,7 +98,14 @@ pub struct PoolBook {
 impl PoolBook {
     /// An empty pool of this size.
     pub fn new(size: usize) -> Self {
-        Self { size, in_flight: 0, urgent: VecDeque::new(), starts: VecDeque::new() }
+        Self { size, in_flight: 0, starts_per_worker: 1, urgent: VecDeque::new(), starts: VecDeque::new() }
+    }
+
+    /// The same pool with batched starts of up to `batch` machines: up to `size × batch`
+    /// starts run at once (their cloud calls are batched), other jobs still `size`.
+    pub fn with_batches(mut self, batch: usize) -> Self {
+        self.starts_per_worker = batch.max(1);
+        self
     }
 
     /// Queues a job: stops and releases ahead of starts.
@@ -89,11 +122,19 @@ impl PoolBook {
             // An eager stop does not wait for a free worker, nor does a release: a decision to
             // leave an instance alone is made durable (untagged) at once, so that no restart in
             // between re-decides it under a later harvest mode (a release is final).
-            let pos = self
-                .urgent
-                .iter()
-                .position(|j| matches!(j, Job::Stop(StopJob { eager: true, .. }) | Job::Release(_)))?;
-            let job = self.urgent.remove(pos)?;
+            if let Some(pos) =
+                self.urgent.iter().position(|j| matches!(j, Job::Stop(StopJob { eager: true, .. }) | Job::Release(_)))
+            {
+                let job = self.urgent.remove(pos)?;
+                self.in_flight += 1;
+                return Some(job);
+            }
+            // With batched starts, more starts may join the calls in flight; never ahead of a
+            // stop waiting for a worker.
+            if !self.urgent.is_empty() || self.in_flight >= self.size.saturating_mul(self.starts_per_worker) {
+                return None;
+            }
+            let job = self.starts.pop_front()?;
             self.in_flight += 1;
             return Some(job);
         }

@@ -64,6 +64,36 @@ fn pool_never_runs_more_than_its_size() {
     assert_eq!(ran, 5);
 }
 
+/// With batched starts a worker carries a batch: up to size × batch starts run at once, other
+/// jobs still `size`, and no start overtakes a stop waiting for a worker.
+#[test]
+fn a_batching_pool_runs_a_batch_of_starts_per_worker_never_ahead_of_a_stop() {
+    let mut pool = PoolBook::new(2).with_batches(3);
+    for i in 0..8 {
+        pool.push(start(&i.to_string()));
+    }
+    let mut ran = 0;
+    while pool.take_next().is_some() {
+        ran += 1;
+    }
+    assert_eq!((ran, pool.in_flight()), (6, 6), "two workers, three starts each");
+    pool.push(stop("i-1"));
+    pool.finished();
+    assert!(pool.take_next().is_none(), "six would still fit no stop: it waits for a worker");
+    for _ in 0..4 {
+        pool.finished();
+    }
+    assert_eq!(pool.take_next().as_ref().map(name).as_deref(), Some("stop i-1"), "the stop first");
+    assert_eq!(pool.take_next().as_ref().map(name).as_deref(), Some("start 6"));
+    // Without batching, one start per worker (as before).
+    let mut plain = PoolBook::new(2);
+    for i in 0..3 {
+        plain.push(start(&i.to_string()));
+    }
+    assert!(plain.take_next().is_some() && plain.take_next().is_some());
+    assert!(plain.take_next().is_none());
+}
+
 #[test]
 fn pool_runs_stops_and_releases_before_queued_starts() {
     let mut pool = PoolBook::new(10);
@@ -403,4 +433,143 @@ fn a_failed_start_carries_its_cause_and_prints_the_status_line() {
     let source = std::error::Error::source(record).map(ToString::to_string);
     assert_eq!(source.as_deref(), Some("db locked"));
     assert_eq!(cases[0].0.broker_error(), Some(&BrokerError::zone_independent("quota exceeded")));
+}
+
+mod batching {
+    use super::super::batch::{Answer, BatchBook, Reply, MAX_REPLAYS};
+    use crate::model::{CloudInstance, Constraints, InstanceId, InstanceState, InstanceTags, MachineId};
+    use crate::ports::{BrokerError, StartInstanceParams, StartedInstance};
+
+    fn call(machine: &str, zone: &str, mem: Option<u64>) -> StartInstanceParams {
+        StartInstanceParams {
+            machine: MachineId::new(machine),
+            zone: Some(zone.into()),
+            constraints: Constraints { mem_mb: mem, ..Constraints::default() },
+            placement: None,
+            volumes: Vec::new(),
+            nonce: format!("n-{machine}"),
+            tags: InstanceTags { model: Some("m".into()), machine: Some(MachineId::new(machine)), start: None },
+            extra_tags: Default::default(),
+            client_token: format!("{machine}/n-{machine}/0"),
+            distribution_group: Vec::new(),
+        }
+    }
+
+    fn started(id: &str, machine: &str) -> Result<StartedInstance, BrokerError> {
+        Ok(StartedInstance {
+            instance: CloudInstance {
+                id: InstanceId::new(id),
+                state: InstanceState::Running,
+                zone: Some("az1".into()),
+                tags: InstanceTags { model: Some("m".into()), machine: Some(MachineId::new(machine)), start: None },
+                age: None,
+                instance_type: None,
+            },
+            display_name: String::new(),
+        })
+    }
+
+    /// The replies of a delivered answer, by the member's name.
+    fn delivered(answer: Answer<&'static str>) -> Vec<(&'static str, Reply)> {
+        match answer {
+            Answer::Deliver(replies) => replies,
+            other => panic!("expected a delivery, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn starts_of_one_zone_and_shape_share_a_call_up_to_the_size() {
+        let mut book = BatchBook::new(2);
+        let a = book.join(call("0", "az1", None), "0");
+        let b = book.join(call("1", "az1", None), "1");
+        let other_zone = book.join(call("2", "az2", None), "2");
+        let other_shape = book.join(call("3", "az1", Some(4096)), "3");
+        let full = book.join(call("4", "az1", None), "4");
+        assert!(a.opened && !b.opened, "the second start of az1 joins the first's batch");
+        assert_eq!(a.batch, b.batch);
+        assert!(other_zone.opened && other_zone.batch != a.batch, "another zone is another call");
+        assert!(other_shape.opened && other_shape.batch != a.batch, "another shape is another call");
+        assert!(full.opened && full.batch != a.batch, "a full batch takes no more members");
+        assert_eq!(book.open(), 4);
+
+        let params = book.close(a.batch).expect("open batch");
+        let machines: Vec<&str> = params.members.iter().map(|m| m.machine.as_str()).collect();
+        assert_eq!(machines, ["0", "1"], "members in launch order: the order they joined");
+        assert_eq!(params.client_token, "0/n-0/0+2", "one token: the first member's, and the size");
+        assert_eq!(params.zone.as_deref(), Some("az1"));
+        assert_eq!(params.members[1].tags.machine, Some(MachineId::new("1")), "tags per machine");
+        assert_eq!((book.open(), book.in_flight()), (3, 1), "the intent is recorded before the call");
+        // A closed batch takes no more members: a new start opens another.
+        let late = book.join(call("5", "az1", None), "5");
+        assert_eq!(late.batch, full.batch, "it joins the batch still open, not the closed one");
+        assert!(book.close(a.batch).is_none(), "closed once");
+    }
+
+    #[test]
+    fn a_partial_launch_fails_the_rest_zone_specifically() {
+        let mut book = BatchBook::new(10);
+        let j = book.join(call("0", "az1", None), "0");
+        book.join(call("1", "az1", None), "1");
+        book.join(call("2", "az1", None), "2");
+        book.close(j.batch);
+        // The cloud answered two members of three (a broker answering fewer entries than members).
+        let replies = delivered(book.answered(j.batch, Ok(vec![started("i-1", "0"), started("i-2", "1")])));
+        assert_eq!(replies.len(), 3);
+        assert_eq!(replies[0].1.result, started("i-1", "0"));
+        assert_eq!(replies[1].1.result, started("i-2", "1"));
+        assert_eq!(replies[2].0, "2");
+        let err = replies[2].1.result.clone().unwrap_err();
+        assert_eq!(err, BrokerError::zone_specific("the cloud launched 2 of 3 instances of a batched start"));
+        assert!(replies.iter().all(|(_, r)| !r.maybe_made), "a definite answer");
+        assert_eq!(book.in_flight(), 0);
+    }
+
+    #[test]
+    fn an_ambiguous_failure_replays_the_same_intent_then_tells_members_to_look() {
+        let mut book = BatchBook::new(10);
+        let j = book.join(call("0", "az1", None), "0");
+        book.join(call("1", "az1", None), "1");
+        let first = book.close(j.batch).expect("open");
+        for attempt in 0..MAX_REPLAYS {
+            match book.answered(j.batch, Err(BrokerError::transient("reset"))) {
+                Answer::Replay { attempt: a } => assert_eq!(a, attempt),
+                other => panic!("expected a replay, got {other:?}"),
+            }
+            assert_eq!(book.replay(j.batch), Some(first.clone()), "same token, same members, same order");
+        }
+        // A throttled replay tells nothing: replayed again, not counted.
+        assert!(matches!(book.answered(j.batch, Err(BrokerError::throttled("slow"))), Answer::Replay { attempt: 0 }));
+        let replies = delivered(book.answered(j.batch, Err(BrokerError::transient("reset"))));
+        assert!(replies.iter().all(|(_, r)| r.maybe_made && r.result == Err(BrokerError::transient("reset"))));
+        assert!(matches!(book.answered(j.batch, Ok(Vec::new())), Answer::Unknown), "answered once");
+    }
+
+    #[test]
+    fn a_replay_that_succeeds_delivers_what_the_first_call_made() {
+        let mut book = BatchBook::new(10);
+        let j = book.join(call("0", "az1", None), "0");
+        book.close(j.batch);
+        assert!(matches!(book.answered(j.batch, Err(BrokerError::transient("lost"))), Answer::Replay { .. }));
+        let replies = delivered(book.answered(j.batch, Ok(vec![started("i-1", "0")])));
+        assert_eq!(replies, vec![("0", Reply { result: started("i-1", "0"), maybe_made: false })]);
+    }
+
+    #[test]
+    fn a_definite_failure_goes_to_every_member_and_is_not_replayed() {
+        let mut book = BatchBook::new(10);
+        let j = book.join(call("0", "az1", None), "0");
+        book.join(call("1", "az1", None), "1");
+        book.close(j.batch);
+        let replies = delivered(book.answered(j.batch, Err(BrokerError::throttled("RequestLimitExceeded"))));
+        assert_eq!(replies.len(), 2);
+        assert!(replies
+            .iter()
+            .all(|(_, r)| !r.maybe_made && r.result == Err(BrokerError::throttled("RequestLimitExceeded"))));
+        // After an ambiguous failure, a definite refusal of the replay still leaves it unsure.
+        let j = book.join(call("2", "az1", None), "2");
+        book.close(j.batch);
+        book.answered(j.batch, Err(BrokerError::transient("lost")));
+        let replies = delivered(book.answered(j.batch, Err(BrokerError::zone_specific("no capacity"))));
+        assert!(replies[0].1.maybe_made, "the first call may have made it: look before a new token");
+    }
 }

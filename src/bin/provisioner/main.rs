@@ -172,8 +172,51 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Provision N machines against a cloud that throttles starts, batched or one call per
+    /// machine, and count the start calls and the throttled ones.
+    Starts {
+        /// Machines.
+        #[arg(long)]
+        machines: usize,
+        /// The cloud's StartInstance bucket: calls at once.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        start_burst: u32,
+        /// The cloud's StartInstance bucket: calls per second after the burst.
+        #[arg(long, value_parser = parse_rate)]
+        start_per_second: f64,
+        /// Broker workers (1..=100).
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=100))]
+        workers: u16,
+        /// Availability zones (0 = a zoneless cloud).
+        #[arg(long, default_value_t = 3)]
+        zones: usize,
+        /// Virtual time one StartInstance takes.
+        #[arg(long, default_value = "0s", value_parser = parse_duration)]
+        start_latency: std::time::Duration,
+        /// Most machines per batched call (1..=1000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        batch_size: u16,
+        /// One call per machine (no batching), for comparison.
+        #[arg(long)]
+        unbatched: bool,
+        /// Give the client-side limiter the cloud's own start bucket (default: EC2's published
+        /// one, 50 at once then 5/s, as a provisioner that does not know this cloud runs).
+        #[arg(long)]
+        client_knows_bucket: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Start a service on loopback and measure HTTP request throughput and latency.
     Serve(cli::BenchServeArgs),
+}
+
+/// A positive, finite rate.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!("expected a positive number, got {s:?}")),
+    }
 }
 
 /// Logs to stderr, as text or JSON lines; `PROVISIONER_LOG` overrides `default` (`off`, or
@@ -245,6 +288,51 @@ fn main() -> ExitCode {
                 println!(
                     "{} machines, {} workers, {} zones: virtual makespan {:.1}s (ideal {:.1}s, efficiency {:.3}); wall {:.3}s ({:.0} machines/s); peak RSS {:.0} MiB",
                     r.machines, r.workers, r.zones, r.virtual_makespan_s, r.ideal_makespan_s, r.efficiency, r.wall_s, r.machines_per_wall_s, r.peak_rss_mib
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Bench {
+            which:
+                Bench::Starts {
+                    machines,
+                    start_burst,
+                    start_per_second,
+                    workers,
+                    zones,
+                    start_latency,
+                    batch_size,
+                    unbatched,
+                    client_knows_bucket,
+                    json,
+                },
+        } => {
+            let r = sim::bench::starts(sim::bench::StartsBench {
+                machines,
+                workers: usize::from(workers),
+                zones,
+                start_latency,
+                start_burst,
+                start_per_second,
+                batch_size: (!unbatched).then_some(usize::from(batch_size)),
+                client_limit: client_knows_bucket
+                    .then(|| provisioner::config::rate_limits::BucketLimit::new(start_burst, start_per_second)),
+            });
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+            } else {
+                println!(
+                    "{} machines, {} workers, {} zones, {}: virtual makespan {:.1}s (one call per machine at the cloud's rate: {:.1}s); {} start calls ({:.1} machines per call), {} throttled; wall {:.3}s",
+                    r.machines,
+                    r.workers,
+                    r.zones,
+                    if r.batched { format!("batches of up to {}", r.batch_size) } else { "one call per machine".into() },
+                    r.virtual_makespan_s,
+                    r.unbatched_ideal_s,
+                    r.start_calls,
+                    r.machines_per_call,
+                    r.throttled_calls,
+                    r.wall_s
                 );
             }
             ExitCode::SUCCESS

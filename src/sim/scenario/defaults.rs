@@ -34,6 +34,12 @@ pub(super) fn default_harvest_max_stops() -> usize {
 pub(super) fn default_capacity_memory() -> Dur {
     Dur(crate::config::DEFAULT_CAPACITY_MEMORY)
 }
+pub(super) fn default_batch_size() -> usize {
+    crate::config::DEFAULT_BATCH_SIZE
+}
+pub(super) fn is_default_batch_size(n: &usize) -> bool {
+    *n == crate::config::DEFAULT_BATCH_SIZE
+}
 pub(super) fn default_times() -> u32 {
     1
 }
@@ -64,6 +70,8 @@ impl Default for ProvisionerSpec {
             harvest_grace: default_harvest_grace(),
             harvest_max_stops: default_harvest_max_stops(),
             capacity_memory: default_capacity_memory(),
+            batch_starts: false,
+            batch_size: default_batch_size(),
         }
     }
 }

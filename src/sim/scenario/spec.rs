@@ -8,8 +8,9 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::defaults::{
-    default_capacity_memory, default_fault_message, default_harvest_grace, default_harvest_max_stops, default_resync,
-    default_retry_count, default_retry_delay, default_reuse_window, default_times, is_false, PRE_EXISTING_AGE,
+    default_batch_size, default_capacity_memory, default_fault_message, default_harvest_grace,
+    default_harvest_max_stops, default_resync, default_retry_count, default_retry_delay, default_reuse_window,
+    default_times, is_default_batch_size, is_false, PRE_EXISTING_AGE,
 };
 use crate::actors::limiter::{BucketLimit, RateLimits};
 use crate::model::{HarvestMode, InstanceState, Life, MachineStatus};
@@ -117,6 +118,13 @@ pub struct ProvisionerSpec {
     /// How long a zone's capacity failure steers machines of the same shape away (an addition).
     #[serde(default = "default_capacity_memory")]
     pub capacity_memory: Dur,
+    /// Version 2: starts queued for the same zone and shape go to the cloud in one call (each
+    /// machine still logged as its own `start_instance` entry, all with the call's `batch` id).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub batch_starts: bool,
+    /// Version 2: most machines in one batched call (`1..=1000`, default 100).
+    #[serde(default = "default_batch_size", skip_serializing_if = "is_default_batch_size")]
+    pub batch_size: usize,
 }
 
 /// `[cloud]`.
@@ -350,6 +358,11 @@ pub struct FaultSpec {
     /// call whose response was lost would.
     #[serde(default, skip_serializing_if = "is_false")]
     pub lost_response: bool,
+    /// Addition: a partial launch. The first `times` start calls carrying `machine` (into
+    /// `zone`, if given) launch only their first `partial` machines, in launch order; the rest
+    /// fail zone-specifically with `message` (a single-machine start fails when `partial` is 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial: Option<u32>,
 }
 
 /// `[[cloud.derived_zones]]`.

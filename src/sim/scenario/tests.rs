@@ -166,3 +166,20 @@ fn machines_take_every_constraint_and_a_placement() {
         "t.toml:4: placement: invalid placement \"rack=3\": expected zone=ZONE or subnet=SUBNET"
     );
 }
+
+#[test]
+fn batch_settings_and_partial_launches_are_checked_at_their_line() {
+    let ok = "[provisioner]\nbatch_starts = true\nbatch_size = 7\n[[cloud.faults]]\nmachine = \"0\"\npartial = 1\n[[machines]]\nid = \"0\"\n";
+    let s = Scenario::parse(ok, Format::Toml, "t.toml").unwrap();
+    assert!(s.provisioner.batch_starts);
+    assert_eq!((s.provisioner.batch_size, s.cloud.faults[0].partial), (7, Some(1)));
+    let defaults = Scenario::parse("[[machines]]\nid = \"0\"\n", Format::Toml, "t.toml").unwrap();
+    assert!(!defaults.provisioner.batch_starts, "off by default");
+    assert_eq!(defaults.provisioner.batch_size, 100);
+    assert!(!defaults.to_toml().contains("batch"), "defaults are not written out");
+
+    let zero = "[provisioner]\nbatch_starts = true\nbatch_size = 0\n";
+    assert_eq!(toml_err(zero).to_string(), "t.toml:3: batch_size: batch_size must be between 1 and 1000, got 0");
+    let lost = "[[cloud.faults]]\nmachine = \"0\"\npartial = 1\nlost_response = true\n[[machines]]\nid = \"0\"\n";
+    assert!(toml_err(lost).to_string().starts_with("t.toml:3: partial: a partial launch is a capacity fault"));
+}

@@ -12,6 +12,7 @@ use super::{EventSpec, Scenario, ScenarioError};
 pub(super) fn validate(s: &Scenario, loc: &Locations, file: &str) -> Result<(), ScenarioError> {
     let c = Checks { s, loc, file };
     c.reuse_needs_harvesting()?;
+    c.batch_size_in_range()?;
     c.machine_ids_are_valid_and_unique()?;
     let known = c.known_machines();
     c.containers_have_a_type_and_host(&known)?;
@@ -41,6 +42,17 @@ impl Checks<'_> {
         if p.reuse && !p.harvest_mode.harvests_destroyed() {
             let message = crate::config::ConfigError::Reuse(p.harvest_mode).to_string();
             return Err(self.err("provisioner.reuse", "reuse", message));
+        }
+        Ok(())
+    }
+
+    /// A batch carries at least one machine and at most the configured bound.
+    fn batch_size_in_range(&self) -> Result<(), ScenarioError> {
+        let n = self.s.provisioner.batch_size;
+        if n == 0 || n > crate::config::MAX_BATCH_SIZE {
+            let message =
+                crate::config::ConfigError::BatchSize { value: n, max: crate::config::MAX_BATCH_SIZE }.to_string();
+            return Err(self.err("provisioner.batch_size", "batch_size", message));
         }
         Ok(())
     }
@@ -108,6 +120,15 @@ impl Checks<'_> {
         if let Some(i) = cloud.faults.iter().position(|f| f.machine.is_empty() && f.instance_type.is_none()) {
             let message = "a fault names a machine, an instance_type, or both".to_owned();
             return Err(self.err(&format!("cloud.faults[{i}]"), "fault", message));
+        }
+        for (i, f) in cloud.faults.iter().enumerate().filter(|(_, f)| f.partial.is_some()) {
+            if f.lost_response || f.zone_independent || f.instance_type.is_some() {
+                let path = format!("cloud.faults[{i}].partial");
+                let message = "a partial launch is a capacity fault of a whole call: it cannot be lost_response, \
+                               zone_independent or of an instance_type"
+                    .to_owned();
+                return Err(self.err(&path, "partial", message));
+            }
         }
         for (i, f) in cloud.faults.iter().enumerate().filter(|(_, f)| f.instance_type.is_some()) {
             if f.lost_response || f.zone_independent {
