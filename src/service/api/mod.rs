@@ -21,6 +21,7 @@
 //! | `POST /v1/destroy-model` | `DestroyRequest` | `DestroyView` (409 naming live manual machines unless `force`) |
 //! | `GET /v1/events` | | `text/event-stream` of `EventView`s |
 //! | `GET /v1/openapi.json` | | this table as an OpenAPI 3.1 document ([`openapi`]; no token needed) |
+//! | `GET /` (and `/dashboard/...`) | | the dashboard ([`crate::service::dashboard`]; no token needed, not in the OpenAPI document) |
 //!
 //! Errors are `{"error": "one sentence"}` with 400 (bad input: a body that does not parse, an
 //! unknown field, a wrong type, a value out of range), 401 (no or wrong token), 404 (no such
@@ -816,7 +817,7 @@ fn path_error(err: actix_web::error::PathError, _req: &HttpRequest) -> actix_web
 }
 
 /// A resource whose other methods answer 405 with `Allow` (after the token check under `/v1`).
-fn resource(path: &str, allow: &'static str, v1: bool) -> actix_web::Resource {
+pub(crate) fn resource(path: &str, allow: &'static str, v1: bool) -> actix_web::Resource {
     let r = web::resource(path);
     if v1 {
         r.default_service(web::to(move |_: Authorized, req: HttpRequest| async move {
@@ -831,6 +832,8 @@ fn resource(path: &str, allow: &'static str, v1: bool) -> actix_web::Resource {
 
 /// Configures the routes (for `App::configure`).
 pub fn routes(cfg: &mut web::ServiceConfig) {
+    // The dashboard's page and files (no token: every call the page makes sends it).
+    cfg.configure(crate::service::dashboard::routes);
     cfg.service(resource("/healthz", "GET", false).route(web::get().to(healthz)))
         .service(resource("/readyz", "GET", false).route(web::get().to(readyz)))
         .service(resource("/metrics", "GET", false).route(web::get().to(metrics)))

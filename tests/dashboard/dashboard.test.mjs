@@ -1,0 +1,175 @@
+// The dashboard in a real browser: Playwright (playwright-core) driving Debian's chromium
+// headless against a running `provisioner serve` (started by .ci/dashboard with
+// `--sim-start-failures 1` and `[retry] count = 0`, so that the first start ends in
+// provisioning error).
+//
+// Log in (a wrong token first), add 5 machines through the page, watch them turn running
+// without a reload (a marker set on `window` survives, and the page navigated once), retry
+// the failed one, change the worker count, remove one and see it go; every outcome is checked
+// in the page and through the API. A screenshot is written to $DASHBOARD_SCREENSHOT.
+//
+//   DASHBOARD_URL=http://127.0.0.1:PORT PROVISIONER_TOKEN=... node --test dashboard.test.mjs
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdirSync } from 'node:fs';
+import { dirname } from 'node:path';
+import { chromium } from 'playwright-core';
+
+const url = process.env.DASHBOARD_URL;
+const token = process.env.PROVISIONER_TOKEN;
+const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
+const screenshot = process.env.DASHBOARD_SCREENSHOT || 'dashboard.png';
+// Every wait is bounded.
+const WAIT = Number(process.env.DASHBOARD_WAIT_MS || 30_000);
+
+async function api(method, path, body) {
+  const res = await fetch(url + path, {
+    method,
+    headers: { Authorization: `Bearer ${token}`, ...(body ? { 'Content-Type': 'application/json' } : {}) },
+    body: body ? JSON.stringify(body) : undefined,
+    signal: AbortSignal.timeout(10_000),
+  });
+  const text = await res.text();
+  assert.ok(res.ok, `${method} ${path}: ${res.status} ${text}`);
+  return text ? JSON.parse(text) : null;
+}
+
+/** Polls the API until `check` returns a truthy value (bounded). */
+async function eventually(what, check) {
+  const began = Date.now();
+  let last;
+  for (;;) {
+    last = await check();
+    if (last) return last;
+    assert.ok(Date.now() - began < WAIT, `timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+const text = (page, selector) => page.locator(selector).innerText();
+
+test('the dashboard drives the service live, without reloading', { timeout: 6 * WAIT }, async () => {
+  assert.ok(url && token, 'DASHBOARD_URL and PROVISIONER_TOKEN must be set');
+  const browser = await chromium.launch({
+    executablePath,
+    headless: true,
+    args: process.getuid && process.getuid() === 0 ? ['--no-sandbox'] : [],
+  });
+  try {
+    const page = await browser.newPage({ viewport: { width: 1440, height: 1000 } });
+    page.setDefaultTimeout(WAIT);
+    const problems = [];
+    page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+    page.on('console', (m) => {
+      if (m.type() === 'error' && !/status of 401/.test(m.text())) problems.push(`console: ${m.text()}`);
+    });
+    // Loopback only: any request elsewhere is a failure (and is not made).
+    const outside = [];
+    await page.route((u) => u.hostname !== new URL(url).hostname, (route) => {
+      outside.push(route.request().url());
+      return route.abort();
+    });
+    let navigations = 0;
+    page.on('framenavigated', (frame) => {
+      if (frame === page.mainFrame()) navigations += 1;
+    });
+
+    // The page is served without a token and asks for one; a wrong one is refused.
+    const res = await page.goto(url + '/');
+    assert.equal(res.status(), 200);
+    assert.match(res.headers()['content-security-policy'], /default-src 'none'/);
+    await page.locator('#login').waitFor({ state: 'visible' });
+    await page.fill('#login-token', 'not-the-token');
+    await page.click('#login-button');
+    await page.waitForFunction(() => /refused the token/.test(document.getElementById('login-error').textContent));
+    assert.ok(await page.locator('#login').isVisible(), 'a wrong token keeps the login open');
+    await page.fill('#login-token', token);
+    await page.click('#login-button');
+    await page.locator('#login').waitFor({ state: 'hidden' });
+    await page.locator('#conn.live').waitFor();
+    await page.evaluate(() => { window.__dashboardMarker = 'still here'; });
+
+    // Add 5 machines through the page.
+    await page.fill('#add-count', '5');
+    await page.fill('#add-constraints', 'cores=2');
+    await page.click('#add-button');
+    await page.waitForFunction(() => /^Added machines /.test(document.getElementById('feedback').textContent));
+    const added = (await text(page, '#feedback')).replace(/^Added machines /, '').replace(/\.$/, '').split(', ');
+    assert.equal(added.length, 5, `ids in the feedback: ${added}`);
+
+    // They settle live: 4 running, and the first start refused (--sim-start-failures 1, no
+    // retries) leaves one in error, listed with its message.
+    await page.waitForFunction(() => document.getElementById('n-running').textContent === '4'
+      && document.getElementById('n-error').textContent === '1');
+    const failedRow = page.locator('#error-rows tr');
+    assert.equal(await failedRow.count(), 1);
+    const failed = await failedRow.getAttribute('data-machine');
+    assert.ok(added.includes(failed), `${failed} is one of ${added}`);
+    assert.match(await failedRow.innerText(), /simulated fault/);
+    // The zone grid counts them: 4 running over the zones, 1 in error.
+    assert.equal(await text(page, '#zone-grid tr.total td[data-phase="running"]'), '4');
+    assert.equal(await text(page, '#zone-grid tr.total td[data-phase="error"]'), '1');
+    // The API agrees.
+    let machines = await api('GET', '/v1/machines');
+    assert.equal(machines.length, 5);
+    assert.deepEqual(machines.filter((m) => m.status === 'started').length, 4);
+    const inError = machines.find((m) => m.id === failed);
+    assert.equal(inError.instance_status, 'provisioning error', JSON.stringify(inError));
+    assert.equal(inError.instance, null);
+
+    // Retry it through the page: it is provisioned.
+    await page.click(`#error-rows tr[data-machine="${failed}"] button[data-action="retry"]`);
+    await page.waitForFunction(() => document.getElementById('n-running').textContent === '5'
+      && document.getElementById('errors').hidden);
+    await page.locator(`#machine-rows tr[data-machine="${failed}"][data-phase="running"]`).waitFor();
+    machines = await eventually('5 machines started', async () => {
+      const list = await api('GET', '/v1/machines');
+      return list.filter((m) => m.status === 'started' && m.instance).length === 5 && list;
+    });
+    let instances = await api('GET', '/v1/instances');
+    for (const m of machines) {
+      assert.deepEqual(instances.filter((i) => i.machine === m.id).map((i) => i.id), [m.instance], `machine ${m.id}`);
+    }
+    assert.equal(await page.locator('#instance-rows tr[data-instance]').count(), 5);
+
+    // The worker count, through the page.
+    await page.fill('#workers-value', '8');
+    await page.click('#workers-form button');
+    await page.waitForFunction(() => document.getElementById('workers').textContent === '8');
+    assert.deepEqual(await api('GET', '/v1/config/workers'), { key: 'workers', value: '8' });
+
+    // Remove one (the button asks to be clicked again): it goes, and so does its instance.
+    const gone = machines.find((m) => m.id !== failed);
+    const remove = page.locator(`#machine-rows tr[data-machine="${gone.id}"] button[data-action="remove"]`);
+    await remove.click();
+    assert.equal(await remove.innerText(), 'Confirm');
+    await remove.click();
+    await page.locator(`#machine-rows tr[data-machine="${gone.id}"]`).waitFor({ state: 'detached' });
+    await page.waitForFunction(() => document.getElementById('n-machines').textContent === '4');
+    await eventually(`machine ${gone.id} removed and its instance stopped`, async () => {
+      const [list, live] = await Promise.all([api('GET', '/v1/machines'), api('GET', '/v1/instances')]);
+      return list.length === 4 && !list.some((m) => m.id === gone.id) && !live.some((i) => i.id === gone.instance);
+    });
+    await page.locator(`#instance-rows tr[data-instance="${gone.instance}"]`).waitFor({ state: 'detached' });
+    instances = await api('GET', '/v1/instances');
+    assert.equal(instances.length, 4);
+
+    // The live parts: the events arrived on the stream, and the plot counted the starts.
+    const log = await text(page, '#event-log');
+    for (const name of ['machine-started', 'machine-failed', 'machine-removed', 'resized-worker-pool']) {
+      assert.ok(log.includes(name), `${name} in the event log:\n${log}`);
+    }
+    assert.equal(await text(page, '#n-rate'), '5', 'five starts in the last minute');
+
+    // All of it without a reload.
+    assert.equal(await page.evaluate(() => window.__dashboardMarker), 'still here', 'the page was reloaded');
+    assert.equal(navigations, 1, 'the page navigated more than once');
+    assert.deepEqual(outside, [], 'requests outside the service');
+    assert.deepEqual(problems, [], 'errors in the page');
+
+    mkdirSync(dirname(screenshot), { recursive: true });
+    await page.screenshot({ path: screenshot, fullPage: true });
+  } finally {
+    await browser.close();
+  }
+});
