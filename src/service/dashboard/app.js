@@ -290,7 +290,7 @@
         el('td', {}, el('span', { class: `badge ${p}`, text: p })),
         el('td', { text: m.zone || '' }),
         el('td', { class: 'instance', text: m.instance || '' }),
-        el('td', { class: 'msg', text: m.message || '' }),
+        el('td', { class: 'msg', title: m.message || undefined, text: m.message || '' }),
         actions);
     });
     $('machine-rows').replaceChildren(...(rows.length ? rows
