@@ -1,26 +1,74 @@
 // The dashboard in a real browser: Playwright (playwright-core) driving Debian's chromium
-// headless against a running `provisioner serve` (started by .ci/dashboard with
-// `--sim-start-failures 1` and `[retry] count = 0`, so that the first start ends in
-// provisioning error).
+// headless against the real `provisioner serve`, which this test starts on a free loopback
+// port with a temporary data directory, a 300 ms start latency and one injected start failure
+// (`--sim-start-failures 1` with `[retry] count = 0`: the first start ends in provisioning
+// error).
 //
 // Log in (a wrong token first), add 5 machines through the page, watch them turn running
 // without a reload (a marker set on `window` survives, and the page navigated once), retry
-// the failed one, change the worker count, remove one and see it go; every outcome is checked
-// in the page and through the API. A screenshot is written to $DASHBOARD_SCREENSHOT.
+// the failed one, change the worker count, remove one and see it go; then restart the service
+// while the page cannot reconnect, change the model behind its back, and see the page catch
+// up once it reconnects. Every outcome is checked in the page and through the API. A
+// screenshot is written to $DASHBOARD_SCREENSHOT. Run by .ci/dashboard:
 //
-//   DASHBOARD_URL=http://127.0.0.1:PORT PROVISIONER_TOKEN=... node --test dashboard.test.mjs
+//   PROVISIONER_BIN=target/debug/provisioner node --test tests/dashboard/dashboard.test.mjs
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdirSync } from 'node:fs';
-import { dirname } from 'node:path';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
 import { chromium } from 'playwright-core';
 
-const url = process.env.DASHBOARD_URL;
-const token = process.env.PROVISIONER_TOKEN;
+const bin = process.env.PROVISIONER_BIN;
 const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
 const screenshot = process.env.DASHBOARD_SCREENSHOT || 'dashboard.png';
 // Every wait is bounded.
 const WAIT = Number(process.env.DASHBOARD_WAIT_MS || 30_000);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+const work = mkdtempSync(join(tmpdir(), 'provisioner-dashboard-'));
+const data = join(work, 'data');
+const log = join(work, 'serve.log');
+let url = '';
+let token = '';
+
+async function freePort() {
+  const s = createServer().listen(0, '127.0.0.1');
+  await once(s, 'listening');
+  const { port } = s.address();
+  s.close();
+  return port;
+}
+
+/** Starts `serve` on `port` and waits until /healthz answers 200. */
+async function serve(port, extra) {
+  writeFileSync(join(work, 'serve.toml'), '[retry]\ncount = 0\n');
+  const child = spawn(bin, ['serve', '--config', join(work, 'serve.toml'), '--listen', `127.0.0.1:${port}`,
+    '--data-dir', data, '--sim-start-latency', '300ms', ...extra], { stdio: ['ignore', 'ignore', openSync(log, 'a')] });
+  const began = Date.now();
+  for (;;) {
+    assert.equal(child.exitCode, null, `serve exited:\n${readFileSync(log, 'utf8')}`);
+    const ok = await fetch(`http://127.0.0.1:${port}/healthz`).then((r) => r.ok, () => false);
+    if (ok) return child;
+    assert.ok(Date.now() - began < WAIT, 'serve not ready');
+    await sleep(50);
+  }
+}
+
+/** SIGTERM, and its exit (bounded). */
+async function stop(child) {
+  if (child.exitCode !== null) return;
+  const exited = once(child, 'exit');
+  child.kill('SIGTERM');
+  let timer;
+  const late = new Promise((r) => { timer = setTimeout(() => r(['timeout']), WAIT); });
+  const [code] = await Promise.race([exited, late]);
+  clearTimeout(timer);
+  assert.equal(code, 0, 'serve did not stop cleanly on SIGTERM');
+}
 
 async function api(method, path, body) {
   const res = await fetch(url + path, {
@@ -42,14 +90,18 @@ async function eventually(what, check) {
     last = await check();
     if (last) return last;
     assert.ok(Date.now() - began < WAIT, `timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
+    await sleep(100);
   }
 }
 
 const text = (page, selector) => page.locator(selector).innerText();
 
 test('the dashboard drives the service live, without reloading', { timeout: 6 * WAIT }, async () => {
-  assert.ok(url && token, 'DASHBOARD_URL and PROVISIONER_TOKEN must be set');
+  assert.ok(bin, 'PROVISIONER_BIN must name the binary');
+  const port = await freePort();
+  let service = await serve(port, ['--sim-start-failures', '1']);
+  url = `http://127.0.0.1:${port}`;
+  token = readFileSync(join(data, 'token'), 'utf8').trim();
   const browser = await chromium.launch({
     executablePath,
     headless: true,
@@ -60,8 +112,9 @@ test('the dashboard drives the service live, without reloading', { timeout: 6 * 
     page.setDefaultTimeout(WAIT);
     const problems = [];
     page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+    // Refused tokens (401) and the restart below (connections refused or aborted) are expected.
     page.on('console', (m) => {
-      if (m.type() === 'error' && !/status of 401/.test(m.text())) problems.push(`console: ${m.text()}`);
+      if (m.type() === 'error' && !/status of 401|net::ERR_/.test(m.text())) problems.push(`console: ${m.text()}`);
     });
     // Loopback only: any request elsewhere is a failure (and is not made).
     const outside = [];
@@ -161,6 +214,22 @@ test('the dashboard drives the service live, without reloading', { timeout: 6 * 
     }
     assert.equal(await text(page, '#n-rate'), '5', 'five starts in the last minute');
 
+    // A lost stream reconnects with backoff and refetches what it missed: the service restarts
+    // (its streams end) while the page's reconnections are refused, a machine is added and
+    // started through the API meanwhile, and once the page reconnects it shows it running.
+    await page.route('**/v1/events', (route) => route.abort());
+    await stop(service);
+    await page.locator('#conn.down').waitFor();
+    service = await serve(port, []);
+    const [late] = (await api('POST', '/v1/machines', { count: 1 })).ids;
+    await eventually(`machine ${late} started`, async () =>
+      (await api('GET', `/v1/machines/${late}`)).status === 'started');
+    assert.equal(await page.locator(`#machine-rows tr[data-machine="${late}"]`).count(), 0, 'seen before reconnecting');
+    await page.unroute('**/v1/events');
+    await page.locator('#conn.live').waitFor();
+    await page.locator(`#machine-rows tr[data-machine="${late}"][data-phase="running"]`).waitFor();
+    assert.equal(await text(page, '#n-machines'), '5');
+
     // All of it without a reload.
     assert.equal(await page.evaluate(() => window.__dashboardMarker), 'still here', 'the page was reloaded');
     assert.equal(navigations, 1, 'the page navigated more than once');
@@ -169,7 +238,12 @@ test('the dashboard drives the service live, without reloading', { timeout: 6 * 
 
     mkdirSync(dirname(screenshot), { recursive: true });
     await page.screenshot({ path: screenshot, fullPage: true });
+  } catch (e) {
+    console.error(`the service's log:\n${readFileSync(log, 'utf8').split('\n').slice(-40).join('\n')}`);
+    throw e;
   } finally {
     await browser.close();
+    await stop(service).catch(() => service.kill('SIGKILL'));
+    rmSync(work, { recursive: true, force: true });
   }
 });
