@@ -105,7 +105,8 @@ test('the dashboard drives the service live, without reloading', { timeout: 6 * 
   const browser = await chromium.launch({
     executablePath,
     headless: true,
-    args: ['--disable-dev-shm-usage', ...(process.getuid && process.getuid() === 0 ? ['--no-sandbox'] : [])],
+    args: ['--disable-dev-shm-usage', '--disable-gpu', '--disable-quic', '--disable-background-networking',
+    ...(process.getuid && process.getuid() === 0 ? ['--no-sandbox'] : [])],
   });
   try {
     const page = await browser.newPage({ viewport: { width: 1440, height: 1000 } });

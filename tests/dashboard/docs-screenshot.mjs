@@ -17,7 +17,8 @@ const add = (count, constraints) => fetch(`${url}/v1/machines`, {
 
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-  args: ['--disable-dev-shm-usage', ...(process.getuid() === 0 ? ['--no-sandbox'] : [])],
+  args: ['--disable-dev-shm-usage', '--disable-gpu', '--disable-quic', '--disable-background-networking',
+    ...(process.getuid() === 0 ? ['--no-sandbox'] : [])],
 });
 try {
   const page = await browser.newPage({ viewport: { width: 1440, height: 1000 } });
