@@ -12,7 +12,7 @@
 // screenshot is written to $DASHBOARD_SCREENSHOT. Run by .ci/dashboard:
 //
 //   PROVISIONER_BIN=target/debug/provisioner node --test tests/dashboard/dashboard.test.mjs
-import { test } from 'node:test';
+import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
@@ -96,21 +96,40 @@ async function eventually(what, check) {
 
 const text = (page, selector) => page.locator(selector).innerText();
 
-test('the dashboard drives the service live, without reloading', { timeout: 6 * WAIT }, async () => {
+let service = null;
+let browser = null;
+let port = 0;
+
+before(async () => {
   assert.ok(bin, 'PROVISIONER_BIN must name the binary');
-  const port = await freePort();
-  let service = await serve(port, ['--sim-start-failures', '1']);
+  port = await freePort();
+  service = await serve(port, ['--sim-start-failures', '1']);
   url = `http://127.0.0.1:${port}`;
   token = readFileSync(join(data, 'token'), 'utf8').trim();
-  const browser = await chromium.launch({
+  browser = await chromium.launch({
     executablePath,
     headless: true,
     args: ['--disable-dev-shm-usage', '--disable-gpu', '--disable-quic', '--disable-background-networking',
-    ...(process.getuid && process.getuid() === 0 ? ['--no-sandbox'] : [])],
+      ...(process.getuid && process.getuid() === 0 ? ['--no-sandbox'] : [])],
   });
+});
+
+after(async () => {
+  if (browser) await browser.close();
+  if (service) await stop(service).catch(() => service.kill('SIGKILL'));
+  rmSync(work, { recursive: true, force: true });
+});
+
+/** A new page in a context of its own (its own sessionStorage: no token yet). */
+async function newPage() {
+  const page = await browser.newPage({ viewport: { width: 1440, height: 1000 } });
+  page.setDefaultTimeout(WAIT);
+  return page;
+}
+
+test('the dashboard drives the service live, without reloading', { timeout: 6 * WAIT }, async () => {
   try {
-    const page = await browser.newPage({ viewport: { width: 1440, height: 1000 } });
-    page.setDefaultTimeout(WAIT);
+    const page = await newPage();
     const problems = [];
     page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
     // Refused tokens (401) and the restart below (connections refused or aborted) are expected.
@@ -217,8 +236,11 @@ test('the dashboard drives the service live, without reloading', { timeout: 6 * 
 
     // A lost stream reconnects with backoff and refetches what it missed: the service restarts
     // (its streams end) while the page's reconnections are refused, a machine is added and
-    // started through the API meanwhile, and once the page reconnects it shows it running.
+    // started through the API meanwhile, and once the page reconnects it shows it running
+    // (The machine list is refused too, so that a refetch the page had scheduled before cannot
+    // show it early.)
     await page.route('**/v1/events', (route) => route.abort());
+    await page.route('**/v1/machines', (route) => route.abort());
     await stop(service);
     await page.locator('#conn.down').waitFor();
     service = await serve(port, []);
@@ -226,6 +248,7 @@ test('the dashboard drives the service live, without reloading', { timeout: 6 * 
     await eventually(`machine ${late} started`, async () =>
       (await api('GET', `/v1/machines/${late}`)).status === 'started');
     assert.equal(await page.locator(`#machine-rows tr[data-machine="${late}"]`).count(), 0, 'seen before reconnecting');
+    await page.unroute('**/v1/machines');
     await page.unroute('**/v1/events');
     await page.locator('#conn.live').waitFor();
     await page.locator(`#machine-rows tr[data-machine="${late}"][data-phase="running"]`).waitFor();
@@ -242,9 +265,26 @@ test('the dashboard drives the service live, without reloading', { timeout: 6 * 
   } catch (e) {
     console.error(`the service's log:\n${readFileSync(log, 'utf8').split('\n').slice(-40).join('\n')}`);
     throw e;
-  } finally {
-    await browser.close();
-    await stop(service).catch(() => service.kill('SIGKILL'));
-    rmSync(work, { recursive: true, force: true });
   }
+});
+
+// Replicas need PostgreSQL (feature `postgres`), which this run does not start: the status is
+// the service's own, with the four fields a replica adds (names as in the CLI contract).
+test('with replicas, the page shows the role, the leader and the epoch', { timeout: 2 * WAIT }, async () => {
+  const page = await newPage();
+  await page.route('**/v1/status', async (route) => {
+    const res = await route.fetch();
+    const status = { ...(await res.json()), role: 'follower', leader: 'db-1', epoch: 7, replica: 'db-2' };
+    await route.fulfill({ response: res, json: status });
+  });
+  await page.goto(url + '/');
+  await page.fill('#login-token', token);
+  await page.click('#login-button');
+  await page.locator('#replica').waitFor({ state: 'visible' });
+  assert.equal(await text(page, '#role'), 'follower');
+  assert.equal(await text(page, '#leader'), 'db-1');
+  assert.equal(await text(page, '#epoch'), '7');
+  assert.equal(await text(page, '#replica-id'), 'db-2');
+  assert.match(await text(page, '#banner'), /follower.*db-1/);
+  await page.close();
 });

@@ -297,25 +297,29 @@
       : [el('tr', {}, el('td', { colspan: 6, class: 'empty', text: filter ? 'No machine matches.' : 'No machines yet: add some above.' }))]));
   }
 
+  // The machine whose Remove was clicked once, waiting for its confirmation (kept across the
+  // re-renders that live updates make, so that the second click confirms).
+  const armed = { id: null, timer: null };
+
   /** A remove button that asks to be clicked again (no modal: nothing blocks the page). */
   function removeButton(id) {
-    const b = el('button', { class: 'small danger', type: 'button', 'data-action': 'remove' }, 'Remove');
-    let armed = null;
+    const confirming = armed.id === id;
+    const b = el('button', { class: confirming ? 'small danger confirm' : 'small danger', type: 'button', 'data-action': 'remove' },
+      confirming ? 'Confirm' : 'Remove');
     b.addEventListener('click', () => {
-      if (armed === null) {
-        b.textContent = 'Confirm';
-        b.classList.add('confirm');
-        armed = setTimeout(() => {
-          armed = null;
-          b.textContent = 'Remove';
-          b.classList.remove('confirm');
-        }, 4000);
+      clearTimeout(armed.timer);
+      if (armed.id === id) {
+        armed.id = null;
+        b.disabled = true;
+        remove([id]);
         return;
       }
-      clearTimeout(armed);
-      armed = null;
-      b.disabled = true;
-      remove([id]);
+      armed.id = id;
+      armed.timer = setTimeout(() => {
+        armed.id = null;
+        renderMachines();
+      }, 4000);
+      renderMachines();
     });
     return b;
   }
