@@ -122,14 +122,17 @@
   let refreshing = false;
   let refreshAgain = false;
   let refreshTimer = null;
+  let lastRefreshMs = 0;
 
-  /** One refetch soon, however many events ask for it meanwhile. */
+  /** One refetch soon, however many events ask for it meanwhile; with a large model (a slow
+   * refetch) the page waits twice as long as the last one took, so that it never spends more
+   * than about a third of its time refetching. */
   function scheduleRefresh() {
     if (refreshTimer === null) {
       refreshTimer = setTimeout(() => {
         refreshTimer = null;
         refresh();
-      }, REFRESH_DELAY_MS);
+      }, Math.max(REFRESH_DELAY_MS, 2 * lastRefreshMs));
     }
   }
 
@@ -140,6 +143,7 @@
       return;
     }
     refreshing = true;
+    const began = performance.now();
     try {
       const [status, machines] = await Promise.all([api('GET', '/v1/status'), api('GET', '/v1/machines')]);
       state.status = status;
@@ -157,6 +161,7 @@
       if (!(e instanceof Unauthorized)) banner(`Cannot read the service's state: ${e.message}`, true);
     } finally {
       refreshing = false;
+      lastRefreshMs = performance.now() - began;
       if (refreshAgain) {
         refreshAgain = false;
         scheduleRefresh();
