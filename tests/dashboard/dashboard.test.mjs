@@ -253,6 +253,7 @@ test('the dashboard drives the service live, without reloading', { timeout: 6 * 
     await page.locator('#conn.live').waitFor();
     await page.locator(`#machine-rows tr[data-machine="${late}"][data-phase="running"]`).waitFor();
     assert.equal(await text(page, '#n-machines'), '5');
+    assert.match(await text(page, '#event-log'), /reconnected/);
 
     // All of it without a reload.
     assert.equal(await page.evaluate(() => window.__dashboardMarker), 'still here', 'the page was reloaded');

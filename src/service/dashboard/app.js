@@ -25,7 +25,6 @@
     instances: [],
     instancesError: '',
     starts: [], // {t, ok}: machine-started and machine-failed events, for the plot
-    events: [],
     stream: null, // the AbortController of the open event stream
   };
 
@@ -436,17 +435,20 @@
     return [t.getHours(), t.getMinutes(), t.getSeconds()].map((n) => String(n).padStart(2, '0')).join(':');
   }
 
-  function onEvent(ev) {
-    const t = new Date();
-    state.events.unshift({ t, ev });
-    state.events.length = Math.min(state.events.length, MAX_EVENTS);
-    if (ev.event === 'machine-started') state.starts.push({ t: t.getTime(), ok: true });
-    if (ev.event === 'machine-failed') state.starts.push({ t: t.getTime(), ok: false });
+  /** A line of the event log (the latest first, at most MAX_EVENTS). */
+  function logLine(t, name, detail, kind) {
     $('event-log').prepend(el('li', {},
       el('span', { class: 't', text: clock(t) }),
-      el('span', { class: `e ${ev.event}`, text: ev.event }),
-      el('span', { class: 'd', text: describe(ev) })));
+      el('span', { class: `e ${kind}`, text: name }),
+      el('span', { class: 'd', text: detail })));
     while ($('event-log').children.length > MAX_EVENTS) $('event-log').lastElementChild.remove();
+  }
+
+  function onEvent(ev) {
+    const t = new Date();
+    if (ev.event === 'machine-started') state.starts.push({ t: t.getTime(), ok: true });
+    if (ev.event === 'machine-failed') state.starts.push({ t: t.getTime(), ok: false });
+    logLine(t, ev.event, describe(ev), ev.event);
     drawRate();
     scheduleRefresh();
   }
@@ -468,6 +470,7 @@
   /** Reads the event stream until signed out, reconnecting with backoff. */
   async function stream() {
     let backoff = 500;
+    let connectedBefore = false;
     while (state.token) {
       const controller = new AbortController();
       state.stream = controller;
@@ -483,6 +486,8 @@
         }
         if (!res.ok || !res.body) throw new Error(`HTTP ${res.status}`);
         setConnection('live', 'live');
+        if (connectedBefore) logLine(new Date(), 'reconnected', 'the state was read again (events in between are not replayed)', 'local');
+        connectedBefore = true;
         backoff = 500;
         // Whatever happened while not connected: read it all again.
         refresh();
