@@ -1189,6 +1189,9 @@ mod ha;
 #[path = "serve/postgres.rs"]
 mod postgres;
 
+/// The dashboard's page, and the injected start failures it retries (issue 16).
+#[path = "serve/dashboard.rs"]
+mod dashboard;
 /// Constraints, placement, `machine show`, list filters and pages, applications (issue 14).
 #[path = "serve/model.rs"]
 mod model;

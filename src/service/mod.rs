@@ -21,6 +21,7 @@
 //!   container provisioners run with beside the simulated cloud.
 //! - `metrics`: counters, histograms and the text format; the metered broker decorator.
 //! - `api`: the HTTP API (routes, bearer-token check, JSON types shared with the client).
+//! - `dashboard`: the dashboard at `GET /`, its HTML, CSS and JavaScript embedded.
 //! - [`lease`]: the leader lease of replicas on PostgreSQL: its plain core (built with the
 //!   binary, for the settings) and its SQL (feature `postgres`).
 //! - `run`: `serve`, which wires it all and runs until SIGTERM.
@@ -31,6 +32,7 @@
 pub mod api;
 #[cfg(feature = "serve")]
 pub mod audit;
+pub mod dashboard;
 #[cfg(feature = "serve")]
 pub mod events;
 #[cfg(feature = "serve")]

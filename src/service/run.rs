@@ -720,6 +720,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
                 instance_type: opts.sim.instance_type.clone(),
                 out_of_capacity: crate::service::simcloud::parse_out_of_capacity(&opts.sim.out_of_capacity)
                     .ok_or(ServeError::SimOutOfCapacity)?,
+                start_failures: opts.sim.start_failures(),
             };
             let zones = settings.known_zones();
             let cloud = SimCloud::new(store.clone(), model_uuid.clone(), settings);

@@ -310,6 +310,17 @@ pub struct SimSection {
         value_name = "N"
     )]
     pub container_init_failures: Option<u32>,
+    /// Fault injection: the first N start calls the simulated cloud gets after the service
+    /// starts are refused with a zone-independent error (each uses a retry round; with
+    /// `[retry] count = 0` its machine ends in provisioning error, which `machine retry` then
+    /// provisions) [default: 0].
+    #[arg(
+        id = "sim_start_failures",
+        long = "sim-start-failures",
+        env = "PROVISIONER_SIM_START_FAILURES",
+        value_name = "N"
+    )]
+    pub start_failures: Option<u32>,
     /// The instance type of machines without hardware constraints (file only; unset: no type).
     #[arg(skip)]
     pub instance_type: Option<String>,
@@ -664,6 +675,11 @@ impl SimSection {
     pub fn container_init_failures(&self) -> u32 {
         self.container_init_failures.unwrap_or(0)
     }
+
+    /// How many start calls the simulated cloud refuses first.
+    pub fn start_failures(&self) -> u32 {
+        self.start_failures.unwrap_or(0)
+    }
 }
 
 fn file_error(path: &Path, text: &str, key: Option<String>, source: toml::de::Error) -> SettingsError {
@@ -791,6 +807,16 @@ mod tests {
         assert_eq!(o.data_dir(), Path::new(DEFAULT_DATA_DIR));
         let o = with_file("zoneless.toml", "[sim]\nzones = [\"a\"]\n", &["--sim-zones", ""]).unwrap();
         assert_eq!(o.sim.zones(), ZoneList::new(), "an empty flag is a zoneless cloud");
+    }
+
+    #[test]
+    fn injected_start_failures_come_from_the_file_and_the_flag() {
+        assert_eq!(load(&[]).unwrap().sim.start_failures(), 0);
+        let o = with_file("faults.toml", "[sim]\nstart_failures = 3\n", &[]).unwrap();
+        assert_eq!(o.sim.start_failures(), 3);
+        let o = with_file("faults-flag.toml", "[sim]\nstart_failures = 3\n", &["--sim-start-failures", "1"]).unwrap();
+        assert_eq!(o.sim.start_failures(), 1, "the flag wins");
+        assert!(Cli::command().try_get_matches_from(["serve", "--sim-start-failures", "-1"]).is_err());
     }
 
     #[test]

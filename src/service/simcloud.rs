@@ -27,6 +27,7 @@
 //! shows none).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +63,9 @@ pub struct SimSettings {
     /// `(type, zone)` pairs out of capacity: a start of that type into that zone fails
     /// zone-specifically and the start tries its next fitting type.
     pub out_of_capacity: Vec<(String, String)>,
+    /// Fault injection: the first this many start calls the cloud gets (since the service
+    /// started, whatever their machine or zone) are refused with a zone-independent error.
+    pub start_failures: u32,
 }
 
 impl Default for SimSettings {
@@ -74,6 +78,7 @@ impl Default for SimSettings {
             subnets: DEFAULT_SIM_ZONES.iter().map(|z| (format!("subnet-{z}"), vec![(*z).to_owned()])).collect(),
             instance_type: None,
             out_of_capacity: Vec::new(),
+            start_failures: 0,
         }
     }
 }
@@ -86,6 +91,8 @@ pub struct SimCloud {
     settings: SimSettings,
     failover: Arc<Mutex<TypeFailover>>,
     epoch: actix_rt::time::Instant,
+    /// The start calls still to refuse (`start_failures`, counted down; shared by the clones).
+    failures_left: Arc<AtomicU32>,
 }
 
 /// Parses `[sim] out_of_capacity` entries, `TYPE:ZONE`; `None` for a malformed one.
@@ -145,7 +152,24 @@ impl SimCloud {
     /// A simulated cloud for the model `model_uuid` over `store`.
     pub fn new(store: Store, model_uuid: String, settings: SimSettings) -> Self {
         let failover = Arc::new(Mutex::new(TypeFailover::new(instance_types::DEFAULT_CAPACITY_MEMORY)));
-        Self { store, model_uuid, settings, failover, epoch: actix_rt::time::Instant::now() }
+        let failures_left = Arc::new(AtomicU32::new(settings.start_failures));
+        Self { store, model_uuid, settings, failover, epoch: actix_rt::time::Instant::now(), failures_left }
+    }
+
+    /// The injected fault (`start_failures`): refuses this start if the count is not used up,
+    /// counting it down. The refusal is zone-independent (any zone would refuse it), so it uses
+    /// a retry round; with `[retry] count = 0` the machine ends in provisioning error at once,
+    /// and `machine retry` then provisions it (once the count is used up).
+    fn injected_fault(&self) -> Result<(), BrokerError> {
+        let took = self.failures_left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        match took {
+            Ok(left) => Err(BrokerError::zone_independent(format!(
+                "simulated fault (--sim-start-failures): the cloud refused this start ({} of {} injected failures)",
+                self.settings.start_failures - left + 1,
+                self.settings.start_failures
+            ))),
+            Err(_) => Ok(()),
+        }
     }
 
     /// The type and client token a start uses after the per-type fail-over in its zone:
@@ -214,6 +238,7 @@ impl Broker for SimCloud {
         let cloud = self.clone();
         Box::pin(async move {
             check?;
+            cloud.injected_fault()?;
             let picked = cloud.pick_type(&params).await?;
             let token = token_key(&cloud.model_uuid, picked.as_ref().map_or(&params.client_token, |(_, t)| t));
             let instance_type = picked.map(|(t, _)| t);
@@ -422,6 +447,34 @@ mod tests {
             assert_eq!(cloud.all_records().await.unwrap().len(), 3);
         });
         assert_eq!(parse_out_of_capacity(&["m5.large".into()]), None);
+    }
+
+    /// `start_failures`: the first N starts are refused zone-independently and create
+    /// nothing, whatever their machine; the next ones start.
+    #[test]
+    fn the_first_starts_fail_as_injected_then_starts_go_through() {
+        let db = fresh_db("faults");
+        actix_rt::System::new().block_on(async move {
+            let store = Store::start(&db).unwrap();
+            let settings = SimSettings { start_latency: Duration::ZERO, start_failures: 2, ..SimSettings::default() };
+            let cloud = SimCloud::new(store.clone(), "m".into(), settings);
+            let start = |machine: &str, token: &str| StartInstanceParams {
+                machine: MachineId::new(machine),
+                tags: InstanceTags { model: Some("m".into()), machine: Some(MachineId::new(machine)), start: None },
+                client_token: token.into(),
+                ..params(Some("az1"))
+            };
+            for (n, (machine, token)) in [("0", "0/n/1"), ("1", "1/n/1")].into_iter().enumerate() {
+                let err = cloud.start_instance(start(machine, token)).await.unwrap_err();
+                assert_eq!(err.kind(), "zone_independent", "{err:?}");
+                assert!(err.message().contains(&format!("{} of 2", n + 1)), "{err:?}");
+            }
+            assert!(cloud.all_records().await.unwrap().is_empty(), "a refused start creates nothing");
+            // The clones share the count: it is the cloud's, not a handle's.
+            let again = cloud.clone().start_instance(start("0", "0/n/2")).await.unwrap();
+            assert_eq!(again.instance.state, crate::model::InstanceState::Running);
+            assert_eq!(cloud.all_records().await.unwrap().len(), 1);
+        });
     }
 
     #[test]

@@ -24,6 +24,7 @@
 //! | `POST /v1/tokens` | `CreateToken` (`read_only`) | `201 CreatedToken` (the token, shown once; admin tokens only) |
 //! | `GET /v1/tokens` | | `[TokenView]` (never a token or a hash; admin tokens only) |
 //! | `DELETE /v1/tokens/{id}` | | `TokenView` (404 unknown id, 409 `admin`; admin tokens only) |
+//! | `GET /` (and `/dashboard/...`) | | the dashboard ([`crate::service::dashboard`]; no token needed, not in the OpenAPI document) |
 //!
 //! Tokens ([`crate::service::token`]): the [`Authorized`] extractor proves the bearer token
 //! (the admin token by hash in memory, a created one looked up in the store on every request)
@@ -913,7 +914,7 @@ fn path_error(err: actix_web::error::PathError, _req: &HttpRequest) -> actix_web
 }
 
 /// A resource whose other methods answer 405 with `Allow` (after the token check under `/v1`).
-fn resource(path: &str, allow: &'static str, v1: bool) -> actix_web::Resource {
+pub(crate) fn resource(path: &str, allow: &'static str, v1: bool) -> actix_web::Resource {
     let r = web::resource(path);
     if v1 {
         r.default_service(web::to(move |_: Authorized, req: HttpRequest| async move {
@@ -928,6 +929,8 @@ fn resource(path: &str, allow: &'static str, v1: bool) -> actix_web::Resource {
 
 /// Configures the routes (for `App::configure`).
 pub fn routes(cfg: &mut web::ServiceConfig) {
+    // The dashboard's page and files (no token: every call the page makes sends it).
+    cfg.configure(crate::service::dashboard::routes);
     cfg.service(resource("/healthz", "GET", false).route(web::get().to(healthz)))
         .service(resource("/readyz", "GET", false).route(web::get().to(readyz)))
         .service(resource("/metrics", "GET", false).route(web::get().to(metrics)))

@@ -157,8 +157,7 @@ ALTER TABLE machines ADD COLUMN IF NOT EXISTS last_start_error TEXT;
 /// Version 3: the epochs' record ([`EPOCH_TABLES_SQL`]): each lease acquisition and the writes
 /// made under each epoch, ordered by one sequence (what proves no write committed under a
 /// stale epoch).
-const MIGRATIONS: &[(i64, &str)] =
-    &[(1, SCHEMA_V1), (2, SCHEMA_V2), (3, EPOCH_TABLES_SQL), (4, SCHEMA_V4)];
+const MIGRATIONS: &[(i64, &str)] = &[(1, SCHEMA_V1), (2, SCHEMA_V2), (3, EPOCH_TABLES_SQL), (4, SCHEMA_V4)];
 
 /// The epochs' record, created by migration 3 (and by the lease where missing, so that the
 /// lease can be used and tested on its own): `fence_seq` orders acquisitions and fenced writes;
