@@ -24,6 +24,8 @@
 //! - `dashboard`: the dashboard at `GET /`, its HTML, CSS and JavaScript embedded.
 //! - [`lease`]: the leader lease of replicas on PostgreSQL: its plain core (built with the
 //!   binary, for the settings) and its SQL (feature `postgres`).
+//! - `pgconnect` (feature `postgres`): connections to PostgreSQL within a deadline, start-up
+//!   included, for the store, the lease and the listener.
 //! - `run`: `serve`, which wires it all and runs until SIGTERM.
 //! - `tls`: the rustls configurations of `serve --tls-cert/--tls-key` and of the client's
 //!   `--ca-cert`, read from PEM files and checked.
@@ -38,6 +40,8 @@ pub mod events;
 #[cfg(feature = "serve")]
 pub mod initialiser;
 pub mod lease;
+#[cfg(feature = "postgres")]
+pub mod pgconnect;
 #[cfg(feature = "serve")]
 pub mod metrics;
 #[cfg(feature = "serve")]

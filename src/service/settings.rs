@@ -150,7 +150,7 @@ pub enum SettingsError {
 #[derive(Debug, Clone, PartialEq, Eq, Args, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServeSettings {
-    /// A TOML config file (keys mirror the flags; see the README).
+    /// A TOML config file (keys mirror the flags; see docs/operator-guide.md, "Config file").
     #[arg(long, env = "PROVISIONER_CONFIG", value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,

@@ -1,5 +1,5 @@
 //! The benchmarks' scenarios, small, in the normal test run: correctness only, never a timing
-//! assertion (the figures come from `provisioner bench`, see the README).
+//! assertion (the figures come from `provisioner bench`, see docs/performance.md).
 
 use std::time::Duration;
 

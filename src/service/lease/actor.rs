@@ -11,6 +11,7 @@ use actix_rt::time::Instant;
 use futures::channel::oneshot;
 
 use super::pg::PgLease;
+use crate::service::pgconnect::Connector;
 use super::state::{Answer, LeaseBook, LeaseTimings, Role, Step, Transition, Why};
 
 /// What a change of role asks of the service. Called on the lease actor's thread, at once.
@@ -207,11 +208,20 @@ fn sql_thread(config: LeaseConfig, steps: mpsc::Receiver<Step>, answers: Recipie
     let timeout = config.timings.retry();
     let lease = config.timings.lease();
     let mut conn: Option<PgLease> = None;
+    // One connector for the thread's life: a start-up that overruns is waited for by the next
+    // attempt instead of hanging this thread (see `pgconnect`).
+    let mut connector = None;
     while let Ok(step) = steps.recv() {
         let answer = (|| {
             let l = match conn.as_mut() {
                 Some(l) => l,
-                None => conn.insert(PgLease::connect(&config.url, timeout, &config.model_uuid, &config.replica)?),
+                None => {
+                    let c = match connector.as_mut() {
+                        Some(c) => c,
+                        None => connector.insert(Connector::new(PgLease::config(&config.url, timeout)?)),
+                    };
+                    conn.insert(PgLease::connect_with(c, timeout, &config.model_uuid, &config.replica)?)
+                }
             };
             match step {
                 Step::Acquire => l.acquire(lease),

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::{Client, NoTls};
+use postgres::Client;
+
+use crate::service::pgconnect::Connector;
 
 /// The channel the store notifies on.
 pub const CHANNEL: &str = "provisioner_changes";
@@ -29,8 +31,12 @@ pub struct Changed {
 
 /// Starts the listening thread; it runs while the recipient is alive.
 pub fn listen(url: String, retry: Duration, to: Recipient<Changed>) -> std::io::Result<()> {
-    std::thread::Builder::new().name("listen".into()).spawn(move || loop {
-        match listen_once(&url, retry, &to) {
+    std::thread::Builder::new().name("listen".into()).spawn(move || {
+        // One connector for the thread's life: a start-up that overruns is waited for by the
+        // next attempt instead of hanging this thread (see `pgconnect`).
+        let mut connector = None;
+        loop {
+        match listen_once(&url, retry, &to, &mut connector) {
             Ok(()) => return,
             Err(e) => {
                 tracing::warn!(reason = %e, "LISTEN {CHANNEL}: connection lost; reconnecting");
@@ -40,18 +46,30 @@ pub fn listen(url: String, retry: Duration, to: Recipient<Changed>) -> std::io::
                 let _ = rx.recv_timeout(retry);
             }
         }
+        }
     })?;
     Ok(())
 }
 
 /// One connection's life: `Ok` when the recipient is gone, `Err` when the connection is.
-fn listen_once(url: &str, retry: Duration, to: &Recipient<Changed>) -> Result<(), String> {
-    let mut config: postgres::Config = url.parse().map_err(|e: postgres::Error| e.to_string())?;
-    config
-        .connect_timeout(retry)
-        .keepalives_idle(retry.max(Duration::from_secs(1)))
-        .application_name("provisioner-listen");
-    let mut client: Client = config.connect(NoTls).map_err(|e| e.to_string())?;
+fn listen_once(
+    url: &str,
+    retry: Duration,
+    to: &Recipient<Changed>,
+    connector: &mut Option<Connector>,
+) -> Result<(), String> {
+    let c = match connector.as_mut() {
+        Some(c) => c,
+        None => {
+            let mut config: postgres::Config = url.parse().map_err(|e: postgres::Error| e.to_string())?;
+            config
+                .connect_timeout(retry)
+                .keepalives_idle(retry.max(Duration::from_secs(1)))
+                .application_name("provisioner-listen");
+            connector.insert(Connector::new(config))
+        }
+    };
+    let mut client: Client = c.connect(retry).map_err(|e| e.to_string())?;
     client.batch_execute(&format!("LISTEN {CHANNEL}")).map_err(|e| e.to_string())?;
     let gone = |sent: Result<(), SendError<Changed>>| sent.is_err() && !to.connected();
     if gone(to.try_send(Changed { payload: String::new(), resync: true, sender: 0 })) {

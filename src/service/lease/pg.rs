@@ -25,7 +25,7 @@
 
 use std::time::Duration;
 
-use postgres::{Client, NoTls};
+use postgres::Client;
 use thiserror::Error;
 
 use super::state::Answer;
@@ -87,6 +87,10 @@ pub enum LeaseSqlError {
     /// The database cannot be reached or refused the statement.
     #[error("lease: {0}")]
     Database(#[from] postgres::Error),
+    /// No connection within the timeout (the server accepted and said nothing, or the
+    /// connecting thread failed).
+    #[error("lease: {0}")]
+    Connect(#[source] crate::service::pgconnect::ConnectError),
     /// The lease's duration does not fit the database's arithmetic.
     #[error("lease: duration {0:?} is too long")]
     Duration(Duration),
@@ -125,6 +129,13 @@ impl PgLease {
     /// statement (`statement_timeout`) and unacknowledged sends (`tcp_user_timeout`), so that a
     /// database cut off answers an error rather than hang for ever.
     pub fn connect(url: &str, timeout: Duration, model_uuid: &str, holder: &str) -> Result<Self, LeaseSqlError> {
+        let mut connector = crate::service::pgconnect::Connector::new(Self::config(url, timeout)?);
+        Self::connect_with(&mut connector, timeout, model_uuid, holder)
+    }
+
+    /// The lease connection's configuration: `timeout` bounds the connection, every statement
+    /// (`statement_timeout`) and unacknowledged sends (`tcp_user_timeout`).
+    pub fn config(url: &str, timeout: Duration) -> Result<postgres::Config, LeaseSqlError> {
         let mut config: postgres::Config = url.parse().map_err(LeaseSqlError::Url)?;
         let ms = millis(timeout)?.max(1);
         config
@@ -135,7 +146,18 @@ impl PgLease {
             // answers, whatever the server's default (a lost acquisition would reuse its epoch).
             .options(&format!("-c statement_timeout={ms} -c lock_timeout={ms} -c synchronous_commit=on"))
             .application_name("provisioner-lease");
-        let mut client = config.connect(NoTls)?;
+        Ok(config)
+    }
+
+    /// Connects through `connector` (start-up included within `timeout`, see
+    /// [`Connector`](crate::service::pgconnect::Connector)) and makes sure the tables are there.
+    pub fn connect_with(
+        connector: &mut crate::service::pgconnect::Connector,
+        timeout: Duration,
+        model_uuid: &str,
+        holder: &str,
+    ) -> Result<Self, LeaseSqlError> {
+        let mut client = connector.connect(timeout).map_err(LeaseSqlError::Connect)?;
         // Replicas starting together would race on `CREATE TABLE IF NOT EXISTS` (it can fail
         // on the catalogue's unique index): one at a time, under an advisory lock.
         let mut tx = client.transaction()?;
@@ -259,7 +281,7 @@ mod tests {
 
     /// Makes the lease expire as if its time had passed (on the database's clock).
     fn expire(pg: &TempPostgres) {
-        let mut c = Client::connect(pg.url(), NoTls).unwrap();
+        let mut c = Client::connect(pg.url(), postgres::NoTls).unwrap();
         c.execute("UPDATE leader_lease SET expires_at = now() - interval '1 second' WHERE model_uuid = $1", &[&MODEL])
             .unwrap();
     }
@@ -346,6 +368,6 @@ mod tests {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
         let e = PgLease::connect(&url, Duration::from_secs(2), MODEL, "a").unwrap_err();
-        assert!(matches!(e, LeaseSqlError::Database(_)), "{e:?}");
+        assert!(matches!(e, LeaseSqlError::Connect(crate::service::pgconnect::ConnectError::Postgres(_))), "{e:?}");
     }
 }

@@ -37,10 +37,11 @@ use std::borrow::BorrowMut;
 use std::collections::HashMap;
 
 use postgres::types::ToSql;
-use postgres::{Client, Config, GenericClient, NoTls, Row, Statement, Transaction};
+use postgres::{Client, Config, GenericClient, Row, Statement, Transaction};
 use tokio::time::Instant;
 
 use super::backend::{refuse_hosts_with_live_containers, Fence, StoreBackend};
+use crate::service::pgconnect::{ConnectError, Connector};
 use super::state::{
     random_uuid, ApplicationRecord, Book, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings, StoreCounts,
     StoreError, CONTAINER_SEQ_BASE,
@@ -467,7 +468,8 @@ fn life_in(tx: &mut Tx<'_>) -> Result<Life, StoreError> {
 
 /// The store over PostgreSQL. One connection, (re)made on demand with backoff.
 pub struct PgStore {
-    config: Config,
+    /// Connects within the configured connect timeout, start-up included.
+    connector: Connector,
     client: Option<Conn>,
     /// The model's uuid, read at the first connection (it never changes).
     model_uuid: Option<String>,
@@ -500,6 +502,11 @@ impl PgStore {
             config.connect_timeout(Duration::from_secs(5));
         }
         config.keepalives(true).keepalives_idle(Duration::from_secs(10));
+        // A statement whose packets go unacknowledged (the server unreachable mid-query) fails
+        // after this instead of waiting out TCP's retransmissions (many minutes).
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(Duration::from_secs(10));
+        }
         // A transaction left open by a store that can no longer talk to the server (a partition
         // swallowed its COMMIT) would keep its share lock on the lease row, and no replica could
         // take the lease until the server noticed the dead connection (hours, with TCP keepalive
@@ -521,7 +528,7 @@ impl PgStore {
     /// A store that connects at its first operation.
     pub fn new(config: Config) -> Self {
         Self {
-            config,
+            connector: Connector::new(config),
             client: None,
             model_uuid: None,
             book: Book { counts_changed: true, ..Book::default() },
@@ -603,8 +610,14 @@ impl PgStore {
 
     /// Connects, applies the migrations this database lacks, and reads (or draws) the model.
     fn open_client(&mut self) -> Result<Conn, StoreError> {
-        let client = self.config.connect(NoTls).map_err(pg("connecting to the database"))?;
-        let mut client = client;
+        let deadline = self.connector.config().get_connect_timeout().copied().unwrap_or(Duration::from_secs(5));
+        let mut client = self.connector.connect(deadline).map_err(|e| match e {
+            ConnectError::Postgres(e) => pg("connecting to the database")(e),
+            other => StoreError::Postgres {
+                context: "connecting to the database",
+                source: PgFailure { code: None, message: other.to_string(), connection_lost: true },
+            },
+        })?;
         let pid: i32 = client
             .query_one("SELECT pg_backend_pid()", &[])
             .and_then(|r| r.try_get(0))
