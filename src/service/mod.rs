@@ -40,12 +40,12 @@ pub mod events;
 #[cfg(feature = "serve")]
 pub mod initialiser;
 pub mod lease;
-#[cfg(feature = "postgres")]
-pub mod pgconnect;
 #[cfg(feature = "serve")]
 pub mod metrics;
 #[cfg(feature = "serve")]
 pub mod model;
+#[cfg(feature = "postgres")]
+pub mod pgconnect;
 #[cfg(feature = "serve")]
 pub mod run;
 pub mod settings;

@@ -11,8 +11,8 @@ use actix_rt::time::Instant;
 use futures::channel::oneshot;
 
 use super::pg::PgLease;
-use crate::service::pgconnect::Connector;
 use super::state::{Answer, LeaseBook, LeaseTimings, Role, Step, Transition, Why};
+use crate::service::pgconnect::Connector;
 
 /// What a change of role asks of the service. Called on the lease actor's thread, at once.
 pub trait RoleHooks: 'static {

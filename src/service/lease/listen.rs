@@ -36,16 +36,16 @@ pub fn listen(url: String, retry: Duration, to: Recipient<Changed>) -> std::io::
         // next attempt instead of hanging this thread (see `pgconnect`).
         let mut connector = None;
         loop {
-        match listen_once(&url, retry, &to, &mut connector) {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::warn!(reason = %e, "LISTEN {CHANNEL}: connection lost; reconnecting");
-                // A blocking wait on this thread of its own (no actor runs here).
-                let (tx, rx) = std::sync::mpsc::channel::<()>();
-                let _keep = tx;
-                let _ = rx.recv_timeout(retry);
+            match listen_once(&url, retry, &to, &mut connector) {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(reason = %e, "LISTEN {CHANNEL}: connection lost; reconnecting");
+                    // A blocking wait on this thread of its own (no actor runs here).
+                    let (tx, rx) = std::sync::mpsc::channel::<()>();
+                    let _keep = tx;
+                    let _ = rx.recv_timeout(retry);
+                }
             }
-        }
         }
     })?;
     Ok(())

@@ -41,7 +41,6 @@ use postgres::{Client, Config, GenericClient, Row, Statement, Transaction};
 use tokio::time::Instant;
 
 use super::backend::{refuse_hosts_with_live_containers, Fence, StoreBackend};
-use crate::service::pgconnect::{ConnectError, Connector};
 use super::state::{
     random_uuid, ApplicationRecord, Book, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings, StoreCounts,
     StoreError, CONTAINER_SEQ_BASE,
@@ -51,6 +50,7 @@ use crate::model::{
     MachineId, MachineStatus,
 };
 use crate::ports::ProvisionedInstance;
+use crate::service::pgconnect::{ConnectError, Connector};
 use crate::service::token::{token_id, Scope, TokenRecord};
 
 /// The newest schema version this build knows (rows of `schema_migrations`).
