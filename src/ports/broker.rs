@@ -144,8 +144,10 @@ impl AvailabilityZone {
     }
 }
 
-/// Everything a broker needs to start one instance.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Everything a broker needs to start one instance. Serialisable, so that a start's intent
+/// (its client token and these parameters) can be written down before the call and the same
+/// call repeated after a crash or a change of leader.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StartInstanceParams {
     /// The machine the instance is for.
     pub machine: MachineId,

@@ -17,6 +17,8 @@
 //! - `model`: [`ModelApi`](crate::ports::ModelApi) over the store.
 //! - `simcloud`: [`Broker`](crate::ports::Broker) over the store: the simulated cloud.
 //! - `events`: the server-sent event stream of provisioner events.
+//! - `intents`: the broker decorator that writes each start's client token and parameters
+//!   before a real cloud's call, and repeats the unsettled ones before a provisioner starts.
 //! - `initialiser`: the simulated container initialiser (delay and fault injection) that the
 //!   container provisioners run with beside the simulated cloud.
 //! - `metrics`: counters, histograms and the text format; the metered broker decorator.
@@ -40,6 +42,8 @@ pub mod dashboard;
 pub mod events;
 #[cfg(feature = "serve")]
 pub mod initialiser;
+#[cfg(feature = "serve")]
+pub mod intents;
 pub mod lease;
 #[cfg(feature = "serve")]
 pub mod metrics;

@@ -17,6 +17,28 @@ use crate::service::metrics::{MeteredBroker, Metrics};
 use crate::service::model::StoreModel;
 use crate::service::settings::{BrokerKind, ServeSettings, StoreUrl};
 use crate::service::simcloud::{SimCloud, SimSettings};
+
+/// What holds the starts a previous run or leader may have left in flight, repeated before the
+/// provisioner starts: the simulated cloud's pending instances, or the start intents a real
+/// cloud's broker wrote before its calls (`service::intents`).
+#[derive(Clone)]
+pub enum PendingStarts {
+    /// The simulated cloud lands its pending instances.
+    Sim(SimCloud),
+    /// A real cloud's starts are repeated by their client tokens.
+    #[cfg_attr(not(feature = "ec2"), allow(dead_code))]
+    Intents(crate::service::intents::IntentBroker),
+}
+
+impl PendingStarts {
+    /// Repeats them: how many.
+    pub async fn resume(&self) -> Result<usize, StoreError> {
+        match self {
+            PendingStarts::Sim(sim) => sim.resume().await,
+            PendingStarts::Intents(intents) => intents.resume().await,
+        }
+    }
+}
 use crate::service::store::{Store, StoreError, DB_FILE};
 
 /// The token file's name inside the data directory.
@@ -554,7 +576,7 @@ fn start_replica(
     model_uuid: &str,
     config: &ProvisionerConfig,
     broker: &MeteredBroker,
-    sim: &Option<SimCloud>,
+    pending: &Option<PendingStarts>,
     metrics: &actix::Addr<Metrics>,
     events: &actix::Addr<crate::service::events::EventHub>,
 ) -> Result<Option<api::ReplicaState>, ServeError> {
@@ -580,7 +602,7 @@ fn start_replica(
             replica: replica.clone(),
             config: config.clone(),
             broker: broker.clone(),
-            sim: sim.clone(),
+            pending: pending.clone(),
             metrics: metrics.clone(),
             events: events.clone(),
             leading: leading.clone(),
@@ -593,7 +615,7 @@ fn start_replica(
         );
         return Ok(Some(api::ReplicaState { lease, leading }));
     }
-    let _ = (opts, store, model_uuid, config, broker, sim, metrics, events);
+    let _ = (opts, store, model_uuid, config, broker, pending, metrics, events);
     Ok(None)
 }
 
@@ -621,7 +643,7 @@ struct ReplicaHooks {
     replica: String,
     config: ProvisionerConfig,
     broker: MeteredBroker,
-    sim: Option<SimCloud>,
+    pending: Option<PendingStarts>,
     metrics: actix::Addr<Metrics>,
     events: actix::Addr<crate::service::events::EventHub>,
     leading: actix::Addr<crate::service::lease::leading::Leading>,
@@ -643,7 +665,8 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
         self.announce("leader", Some(epoch), t.why.name());
         let fence =
             crate::service::store::Fence { model_uuid: self.model_uuid.clone(), holder: self.replica.clone(), epoch };
-        let (store, broker, sim, opts) = (self.store.clone(), self.broker.clone(), self.sim.clone(), self.opts.clone());
+        let (store, broker, pending, opts) =
+            (self.store.clone(), self.broker.clone(), self.pending.clone(), self.opts.clone());
         let (metrics, events, leading) = (self.metrics.clone(), self.events.clone(), self.leading.clone());
         let config = self.config.clone().with_random_seed();
         actix_rt::spawn(async move {
@@ -655,8 +678,8 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
             }
             // The starts an earlier leader left in flight (their client tokens were written,
             // fenced, before the cloud call): landed now, once.
-            if let Some(sim) = &sim {
-                match sim.resume().await {
+            if let Some(pending) = &pending {
+                match pending.resume().await {
                     Ok(n) if n > 0 => {
                         tracing::info!(instances = n, epoch, "resuming starts an earlier leader left pending")
                     }
@@ -708,7 +731,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
 
     let metrics = Metrics::default().start();
     store.watch_counts(metrics.clone().recipient());
-    let sim: Option<SimCloud>;
+    let pending: Option<PendingStarts>;
     let (cloud, zones, broker_name): (Arc<dyn crate::ports::Broker>, Vec<String>, &str) = match opts.broker() {
         BrokerKind::Sim => {
             let settings = SimSettings {
@@ -724,25 +747,28 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
             };
             let zones = settings.known_zones();
             let cloud = SimCloud::new(store.clone(), model_uuid.clone(), settings);
-            // Replicas: the leader resumes them, at each epoch it leads (its writes fenced).
-            if !matches!(opts.store.url(), StoreUrl::Postgres(_)) {
-                let resumed = cloud.resume().await?;
-                if resumed > 0 {
-                    tracing::info!(instances = resumed, "resuming starts a previous run left pending");
-                }
-            }
-            sim = Some(cloud.clone());
+            pending = Some(PendingStarts::Sim(cloud.clone()));
             (Arc::new(cloud), zones, "sim")
         }
         #[cfg(feature = "ec2")]
         BrokerKind::Ec2 => {
             let (ec2, zones) = ec2_broker(&opts.ec2, &model_uuid).await?;
-            sim = None;
+            // Each start's token and parameters are written before the call (`intents`).
+            let ec2 = crate::service::intents::IntentBroker::new(Arc::new(ec2), store.clone());
+            pending = Some(PendingStarts::Intents(ec2.clone()));
             (Arc::new(ec2), zones, "ec2")
         }
         #[cfg(not(feature = "ec2"))]
         BrokerKind::Ec2 => unreachable!("refused above"),
     };
+    // Replicas: the leader resumes them, at each epoch it leads (its writes fenced); a lone
+    // service now, before its provisioner starts.
+    if let (Some(pending), false) = (&pending, matches!(opts.store.url(), StoreUrl::Postgres(_))) {
+        let resumed = pending.resume().await?;
+        if resumed > 0 {
+            tracing::info!(starts = resumed, "resuming starts a previous run left in flight");
+        }
+    }
     let broker = MeteredBroker::new(cloud, metrics.clone().recipient());
     let config = ProvisionerConfig {
         model_uuid: model_uuid.clone(),
@@ -764,7 +790,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     let events = hub.start();
     // On PostgreSQL the service is one replica of many: only the lease's holder runs the
     // provisioner (see `start_replica`); on SQLite it runs it, as the only one.
-    let replica = start_replica(&opts, &store, &model_uuid, &config, &broker, &sim, &metrics, &events)?;
+    let replica = start_replica(&opts, &store, &model_uuid, &config, &broker, &pending, &metrics, &events)?;
     let (handle, containers) = match &replica {
         Some(_) => (None, None),
         None => {

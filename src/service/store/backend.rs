@@ -137,6 +137,16 @@ pub trait StoreBackend: Send {
     /// The live manual machines, in id order.
     fn live_manual_machines(&mut self) -> Result<Vec<MachineId>, StoreError>;
 
+    // ---- start intents (see `service::intents`) ------------------------------------------------
+
+    /// Writes a start's intent before its cloud call: its client token (the key), its machine
+    /// and its parameters as JSON. Writing the same token again keeps the first row.
+    fn put_start_intent(&mut self, client_token: &str, machine: &MachineId, params: &str) -> Result<(), StoreError>;
+    /// The start is settled (an instance, or a definite refusal): its intent goes.
+    fn drop_start_intent(&mut self, client_token: &str) -> Result<(), StoreError>;
+    /// Every intent not yet settled, oldest first: their parameters as written.
+    fn start_intents(&mut self) -> Result<Vec<String>, StoreError>;
+
     // ---- API tokens (hashes only) -------------------------------------------------------------
 
     /// Creates an API token: the next id (`tok-N`, never reused), its scope, the token's
@@ -302,6 +312,9 @@ impl StoreBackend for StoreCore {
         fn release_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError>;
         fn retag_instance(&mut self, id: &InstanceId, tags: &InstanceTags) -> Result<bool, StoreError>;
         fn pending_instances(&mut self) -> Result<Vec<InstanceId>, StoreError>;
+        fn put_start_intent(&mut self, client_token: &str, machine: &MachineId, params: &str) -> Result<(), StoreError>;
+        fn drop_start_intent(&mut self, client_token: &str) -> Result<(), StoreError>;
+        fn start_intents(&mut self) -> Result<Vec<String>, StoreError>;
     }
 }
 

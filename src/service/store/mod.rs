@@ -11,6 +11,7 @@
 
 mod actor;
 mod backend;
+mod intents;
 mod messages;
 #[cfg(feature = "postgres")]
 mod pg;

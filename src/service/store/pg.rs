@@ -54,7 +54,7 @@ use crate::service::pgconnect::{ConnectError, Connector};
 use crate::service::token::{token_id, Scope, TokenRecord};
 
 /// The newest schema version this build knows (rows of `schema_migrations`).
-pub const PG_SCHEMA_VERSION: i64 = 4;
+pub const PG_SCHEMA_VERSION: i64 = 5;
 
 /// The channel of change notifications.
 pub const CHANGES_CHANNEL: &str = "provisioner_changes";
@@ -158,7 +158,8 @@ ALTER TABLE machines ADD COLUMN IF NOT EXISTS last_start_error TEXT;
 /// Version 3: the epochs' record ([`EPOCH_TABLES_SQL`]): each lease acquisition and the writes
 /// made under each epoch, ordered by one sequence (what proves no write committed under a
 /// stale epoch).
-const MIGRATIONS: &[(i64, &str)] = &[(1, SCHEMA_V1), (2, SCHEMA_V2), (3, EPOCH_TABLES_SQL), (4, SCHEMA_V4)];
+const MIGRATIONS: &[(i64, &str)] =
+    &[(1, SCHEMA_V1), (2, SCHEMA_V2), (3, EPOCH_TABLES_SQL), (4, SCHEMA_V4), (5, SCHEMA_V5)];
 
 /// The epochs' record, created by migration 3 (and by the lease where missing, so that the
 /// lease can be used and tested on its own): `fence_seq` orders acquisitions and fenced writes;
@@ -204,6 +205,17 @@ CREATE TABLE IF NOT EXISTS api_tokens (
     sha256 TEXT NOT NULL UNIQUE,
     created TEXT NOT NULL,
     revoked TEXT
+);
+";
+
+/// Version 5: start intents (each start's client token, machine and parameters, written fenced
+/// before the cloud call and dropped once settled; `service::intents`).
+const SCHEMA_V5: &str = "
+CREATE TABLE IF NOT EXISTS start_intents (
+    seq BIGSERIAL PRIMARY KEY,
+    client_token TEXT NOT NULL UNIQUE,
+    machine TEXT NOT NULL,
+    params TEXT NOT NULL
 );
 ";
 
@@ -1374,6 +1386,29 @@ impl StoreBackend for PgStore {
         rows.iter().map(|r| r.try_get::<_, String>(0).map(InstanceId::from).map_err(pg(ctx))).collect()
     }
 
+    fn put_start_intent(&mut self, client_token: &str, machine: &MachineId, params: &str) -> Result<(), StoreError> {
+        let ctx = "writing a start's intent";
+        let tx = self.begin(ctx)?;
+        let mut tx = tx;
+        tx.execute(
+            "INSERT INTO start_intents (client_token, machine, params) VALUES ($1, $2, $3) \
+             ON CONFLICT (client_token) DO NOTHING",
+            &[&client_token, &machine.as_str(), &params],
+        )
+        .map_err(pg(ctx))?;
+        tx.commit().map_err(pg(ctx))
+    }
+    fn drop_start_intent(&mut self, client_token: &str) -> Result<(), StoreError> {
+        let ctx = "dropping a start's intent";
+        let mut tx = self.begin(ctx)?;
+        tx.execute("DELETE FROM start_intents WHERE client_token = $1", &[&client_token]).map_err(pg(ctx))?;
+        tx.commit().map_err(pg(ctx))
+    }
+    fn start_intents(&mut self) -> Result<Vec<String>, StoreError> {
+        let ctx = "reading the start intents";
+        let rows = self.client()?.query("SELECT params FROM start_intents ORDER BY seq", &[]).map_err(pg(ctx))?;
+        rows.iter().map(|r| r.try_get(0).map_err(pg(ctx))).collect()
+    }
     fn create_token(&mut self, scope: Scope, sha256: &str, created: &str) -> Result<TokenRecord, StoreError> {
         let ctx = "creating an API token";
         let mut tx = self.client()?.transaction().map_err(pg(ctx))?;

@@ -23,7 +23,9 @@ pub const DB_FILE: &str = "provisioner.db";
 /// adds only the columns a database lacks).
 /// Version 4 added `api_tokens` (the created API tokens' hashes, `tokens.rs`), a table that
 /// older databases gain when opened.
-pub const SCHEMA_VERSION: i64 = 4;
+/// Version 5 added `start_intents` (each start's client token and parameters, written before
+/// the cloud call: `service::intents`), likewise.
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Containers' `seq` values start here (machines' equal their numeric ids, which never get this
 /// far), so that a container never takes a `seq` a later machine's id needs: machines list in
@@ -114,6 +116,12 @@ CREATE TABLE IF NOT EXISTS api_tokens (
     sha256 TEXT NOT NULL UNIQUE,
     created TEXT NOT NULL,
     revoked TEXT
+);
+CREATE TABLE IF NOT EXISTS start_intents (
+    seq INTEGER PRIMARY KEY,
+    client_token TEXT NOT NULL UNIQUE,
+    machine TEXT NOT NULL,
+    params TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS instances (
     seq INTEGER PRIMARY KEY,

@@ -581,6 +581,19 @@ fn api_tokens_are_kept_as_hashes_and_revoked_once(s: &mut dyn StoreBackend) {
     assert_eq!(s.tokens().unwrap().len(), 3, "tokens outlive the model's destruction");
 }
 
+/// Start intents: kept in the order written, a token written again keeps its first row, a
+/// dropped one goes (dropping an unknown token is no error).
+fn start_intents_are_kept_until_dropped(s: &mut dyn StoreBackend) {
+    assert!(s.start_intents().unwrap().is_empty());
+    s.put_start_intent("t-1", &MachineId::new("1"), "{\"a\":1}").unwrap();
+    s.put_start_intent("t-2", &MachineId::new("2"), "{\"b\":2}").unwrap();
+    s.put_start_intent("t-1", &MachineId::new("1"), "{\"changed\":true}").unwrap();
+    assert_eq!(s.start_intents().unwrap(), ["{\"a\":1}", "{\"b\":2}"]);
+    s.drop_start_intent("t-1").unwrap();
+    s.drop_start_intent("t-9").unwrap();
+    assert_eq!(s.start_intents().unwrap(), ["{\"b\":2}"]);
+}
+
 /// The behaviour tests above, each run against SQLite (a test each, in memory) and against
 /// PostgreSQL (feature `postgres`: one cluster for the lot, a fresh database per test).
 macro_rules! on_both_backends {
@@ -611,6 +624,7 @@ on_both_backends!(
     a_host_with_live_containers_is_removed_only_with_them_or_with_force,
     a_manual_machine_is_registered_started_with_its_address,
     api_tokens_are_kept_as_hashes_and_revoked_once,
+    start_intents_are_kept_until_dropped,
 );
 
 /// Start attempts: each reported outcome counts one, a failure keeps its error, a success
