@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{eventually, field, ids_of, raw_http, temp_dir, Server};
+use super::{eventually, field, ids_of, raw_http, sample, temp_dir, Server};
 
 /// Runs a client command that must fail with `code`; returns its stderr.
 fn refused(s: &Server, args: &[&str], code: i32) -> String {
@@ -312,6 +312,31 @@ fn machine_lists_page_in_id_order() {
     assert_eq!(seen, all, "every machine once, in order: 0..=11 (10 after 9)");
     let (_, _, text) = raw_http(&s, "GET", "/v1/machines?after=9&limit=1", true, None);
     assert_eq!(field(&serde_json::from_str::<Value>(&text).unwrap()[0], "id"), "10");
+}
+
+/// `machine list` follows the pages (1,000 machines a request) and prints one list: every
+/// machine once, in id order, in JSON and in the table; with a filter, the pages are the
+/// filter's (seen failing before the client paged: one request for the whole list).
+#[test]
+fn machine_list_follows_the_pages() {
+    let dir = temp_dir("model-cli-pages");
+    let s = Server::start(&dir, &["--sim-start-latency", "10m"]);
+    let mut all = ids_of(&s.json(&["machine", "add", "-n", "2100", "--json"]));
+    all.extend(ids_of(&s.json(&["machine", "add", "-n", "3", "--to", "zone=az2", "--json"])));
+    let lists = |s: &Server| {
+        sample(&s.metrics(), "provisioner_http_requests_total{method=\"GET\",route=\"/v1/machines\",code=\"200\"}")
+            .unwrap_or(0.0)
+    };
+    let before = lists(&s);
+    let listed: Vec<String> =
+        s.json(&["machine", "list", "--json"]).as_array().unwrap().iter().map(|m| field(m, "id").to_owned()).collect();
+    assert_eq!(listed, all, "every machine once, in id order");
+    assert_eq!(lists(&s) - before, 3.0, "three pages of at most 1,000 for 2,103 machines");
+    let out = s.cli(&["machine", "list"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 1 + all.len(), "one header, one row a machine");
+    let empty = s.json(&["machine", "list", "--status", "error", "--json"]);
+    assert_eq!(empty, serde_json::json!([]), "an empty list is still a JSON array");
 }
 
 /// `machine show` (and `GET /v1/machines/{id}`) counts the start attempts the provisioner made

@@ -208,6 +208,30 @@ fn token(c: &Client, cmd: TokenCmd) -> Result<(), Failure> {
     Ok(())
 }
 
+/// How many machines one page of `machine list` asks for.
+const MACHINE_PAGE: usize = 1000;
+
+/// Reads `GET /v1/machines` page by page (`?after=ID&limit=N`, in id order, with `filters`),
+/// handing each page to `each`, until a page comes back short.
+fn machine_pages(
+    c: &Client,
+    filters: &[(&str, Option<String>)],
+    mut each: impl FnMut(&[MachineView]),
+) -> Result<(), Failure> {
+    let mut after: Option<String> = None;
+    loop {
+        let mut query: Vec<(&str, Option<String>)> = filters.to_vec();
+        query.push(("limit", Some(MACHINE_PAGE.to_string())));
+        query.push(("after", after.clone()));
+        let page: Vec<MachineView> = c.get_query("/v1/machines", &query)?;
+        each(&page);
+        match page.last() {
+            Some(last) if page.len() == MACHINE_PAGE => after = Some(last.id.clone()),
+            _ => return Ok(()),
+        }
+    }
+}
+
 fn print_json<T: Serialize>(v: &T) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -302,10 +326,22 @@ fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
         ClientCmd::Token(cmd) => token(c, cmd),
         ClientCmd::Machine(MachineCmd::List { application, status, zone, json }) => {
             let filters = [("application", application), ("status", status), ("zone", zone)];
-            let list: Vec<MachineView> = c.get_query("/v1/machines", &filters)?;
             if json {
-                print_json(&list);
+                // Page by page, each printed as it comes: a 100,000-machine list is never one
+                // answer on the server nor one string here. The output is one JSON array.
+                let mut first = true;
+                print!("[");
+                machine_pages(c, &filters, |page| {
+                    for m in page {
+                        let text = serde_json::to_string_pretty(m).unwrap_or_default();
+                        print!("{}\n  {}", if first { "" } else { "," }, text.replace('\n', "\n  "));
+                        first = false;
+                    }
+                })?;
+                println!("{}]", if first { "" } else { "\n" });
             } else {
+                let mut list = Vec::new();
+                machine_pages(c, &filters, |page| list.extend_from_slice(page))?;
                 table(
                     &["ID", "LIFE", "STATUS", "INSTANCE", "ZONE", "INSTANCE-STATUS", "MESSAGE"],
                     list.iter()
