@@ -638,12 +638,10 @@ fn a_crash_with_stops_in_flight_finishes_the_removal() {
 #[path = "ec2/moto.rs"]
 mod moto;
 
+/// `serve`'s arguments for the EC2 broker on moto's server.
 #[cfg(feature = "ec2")]
-#[test]
-fn the_ec2_broker_service_adopts_after_a_crash_and_terminates_on_removal() {
-    let moto = moto::Moto::shared();
-    let dir = temp_dir("ec2");
-    let args = [
+fn moto_serve_args(moto: &moto::Moto) -> [&str; 10] {
+    [
         "--broker",
         "ec2",
         "--ec2-endpoint",
@@ -654,7 +652,15 @@ fn the_ec2_broker_service_adopts_after_a_crash_and_terminates_on_removal() {
         moto::IMAGE,
         "--ec2-instance-type",
         "t3.micro",
-    ];
+    ]
+}
+
+#[cfg(feature = "ec2")]
+#[test]
+fn the_ec2_broker_service_adopts_after_a_crash_and_terminates_on_removal() {
+    let moto = moto::Moto::shared();
+    let dir = temp_dir("ec2");
+    let args = moto_serve_args(moto);
     let mut s = Server::start(&dir, &args);
     let added = s.json(&["machine", "add", "-n", "8", "--json"]);
     assert_eq!(added.as_array().unwrap().len(), 8);

@@ -1,6 +1,6 @@
 //! Replicas of `serve` on one PostgreSQL with one fenced leader (issue 15), on the real
-//! binary: three replicas with the simulated cloud; while machines are added through random
-//! replicas, the leader is killed (`kill -9`) with starts in flight, paused (SIGSTOP) for
+//! binary: three replicas with the simulated cloud; while machines are added and removed
+//! through random replicas, the leader is killed (`kill -9`) with starts in flight, paused (SIGSTOP) for
 //! longer than its lease and resumed, and stopped cleanly (SIGTERM); and PostgreSQL itself is
 //! restarted under them; and the leader is cut off from the database (a TCP proxy in front of
 //! PostgreSQL that the test controls goes silent) and healed. Each time another replica takes
@@ -264,6 +264,21 @@ impl Cluster {
         ids_of(&serde_json::from_slice(&out.stdout).unwrap())
     }
 
+    /// Removes machine `id` through replica `i` (acknowledged once committed).
+    fn remove(&self, i: usize, id: &str) {
+        let out = self.cli(i, &["machine", "remove", id]);
+        assert!(out.status.success(), "remove {id} through replica {i}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Removes the oldest machine still kept through replica `i`: what a client does while the
+    /// faults happen. `kept` loses it.
+    fn remove_one(&self, i: usize, kept: &mut Vec<String>) {
+        if !kept.is_empty() {
+            let id = kept.remove(0);
+            self.remove(i, &id);
+        }
+    }
+
     fn signal(&self, i: usize, sig: &str) {
         let pid = self.replicas[i].as_ref().unwrap().child.as_ref().unwrap().id();
         assert!(Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
@@ -281,14 +296,16 @@ fn report(what: &str, mut times: Vec<f64>) {
     eprintln!("HA fail-over after {what}: p50 {p50:.2} s, max {max:.2} s over {} runs ({times:?})", times.len());
 }
 
-/// Every acknowledged machine is there, started, with exactly one live instance, the one
-/// recorded; and no live instance of ours belongs to no machine.
+/// Every acknowledged machine still kept is there, started, with exactly one live instance,
+/// the one recorded; every removed one is gone with its instance; and no live instance of ours
+/// belongs to no machine.
 fn assert_all_provisioned_once(c: &Cluster, acked: &[String]) {
     let i = c.alive().next().unwrap().0;
-    eventually(Duration::from_secs(60), "every acknowledged machine to be started", || {
+    eventually(Duration::from_secs(60), "every kept machine to be started and every removed one gone", || {
         let out = c.cli(i, &["machine", "list", "--json"]);
         let ms: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        acked.iter().all(|id| ms.iter().any(|m| field(m, "id") == id && field(m, "status") == "started"))
+        ms.len() == acked.len()
+            && acked.iter().all(|id| ms.iter().any(|m| field(m, "id") == id && field(m, "status") == "started"))
     });
     let out = c.cli(i, &["machine", "list", "--json"]);
     let machines: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
@@ -313,8 +330,10 @@ fn replicas_fail_over_on_kill_9_and_sigterm_without_a_duplicate_instance() {
     let mut acked = Vec::new();
     let mut kill_times = Vec::new();
     for run in 0..runs() {
-        // Starts in flight (each takes 1 s in the simulated cloud), added through a follower.
+        // Starts in flight (each takes 1 s in the simulated cloud), added through a follower;
+        // an older machine removed through another.
         acked.extend(c.add(c.follower(leader, run), 3));
+        c.remove_one(c.follower(leader, run + 1), &mut acked);
         std::thread::sleep(Duration::from_millis(300));
         let t0 = Instant::now();
         c.replicas[leader].as_mut().unwrap().crash();
@@ -329,6 +348,7 @@ fn replicas_fail_over_on_kill_9_and_sigterm_without_a_duplicate_instance() {
     let mut term_times = Vec::new();
     for run in 0..runs() {
         acked.extend(c.add(c.follower(leader, run), 2));
+        c.remove_one(c.follower(leader, run + 1), &mut acked);
         let t0 = Instant::now();
         c.signal(leader, "-TERM");
         let (next, e) = c.leader(epoch, Duration::from_secs(30));
@@ -361,6 +381,7 @@ fn a_paused_leader_is_fenced_out_and_steps_down() {
     let mut acked = Vec::new();
     for run in 0..runs() {
         acked.extend(c.add(c.follower(leader, run), 3));
+        c.remove_one(c.follower(leader, run + 1), &mut acked);
         std::thread::sleep(Duration::from_millis(300));
         // Paused with starts in flight, for longer than its lease.
         c.signal(leader, "-STOP");
@@ -424,6 +445,7 @@ fn a_leader_cut_off_from_the_database_is_replaced_and_rejoins_as_a_follower() {
     let mut times = Vec::new();
     for run in 0..runs() {
         acked.extend(c.add(c.follower(leader, run), 3));
+        c.remove_one(c.follower(leader, run + 1), &mut acked);
         std::thread::sleep(Duration::from_millis(300));
         // The partition: the leader's lease renewals, writes and listening all go unanswered.
         let t0 = Instant::now();
@@ -450,24 +472,12 @@ fn a_leader_cut_off_from_the_database_is_replaced_and_rejoins_as_a_follower() {
 #[cfg(feature = "ec2")]
 #[test]
 fn replicas_on_ec2_fail_over_without_a_duplicate_instance() {
-    let moto = super::moto::Moto::shared();
-    let extra = [
-        "--broker",
-        "ec2",
-        "--ec2-endpoint",
-        moto.endpoint.as_str(),
-        "--region",
-        "us-east-1",
-        "--ec2-image",
-        super::moto::IMAGE,
-        "--ec2-instance-type",
-        "t3.micro",
-    ];
-    let mut c = Cluster::start_with("ha-ec2", 3, false, &extra);
+    let mut c = Cluster::start_with("ha-ec2", 3, false, &super::moto_serve_args(super::moto::Moto::shared()));
     let (mut leader, mut epoch) = c.leader(0, Duration::from_secs(30));
     let mut acked = Vec::new();
     for run in 0..runs() {
         acked.extend(c.add(c.follower(leader, run), 4));
+        c.remove_one(c.follower(leader, run + 1), &mut acked);
         std::thread::sleep(Duration::from_millis(150));
         c.replicas[leader].as_mut().unwrap().crash();
         c.replicas[leader] = None;
