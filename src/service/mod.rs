@@ -34,6 +34,7 @@
 pub mod api;
 #[cfg(feature = "serve")]
 pub mod audit;
+#[cfg(feature = "serve")]
 pub mod dashboard;
 #[cfg(feature = "serve")]
 pub mod events;
