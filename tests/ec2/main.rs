@@ -770,3 +770,32 @@ async fn the_engine_batches_starts_on_ec2() {
     }
     handle.shutdown();
 }
+
+/// The engine with batching on, when its batched start's instance cannot be tagged (the
+/// moto server fails the first five CreateTags of this start: the broker's four tries and the
+/// first look-up's): the member is answered ambiguously, looks for its instance instead of
+/// starting another (the look-up tags it), and adopts it. One instance, tagged with the
+/// machine (before the batcher took a member's own ambiguous failure as "maybe made", a
+/// second start made a second instance).
+#[actix_rt::test]
+async fn the_engine_adopts_a_batched_instance_whose_tagging_failed() {
+    let uuid = "model-batch-engine-tags";
+    let broker = Moto::shared().broker(uuid).await;
+    let ids = ids(1);
+    let model = pending(&ids);
+    let config = ProvisionerConfig {
+        batch_starts: true,
+        host_tag: format!("machine-{}", moto::TAGS_FAIL_ENGINE),
+        ..config(uuid, HarvestMode::Destroyed)
+    };
+    let handle = start(config, Arc::new(broker.clone()), Arc::new(model.api())).expect("valid config");
+    model.watch(handle.machines_changed());
+    let snap = until(&model, all_provisioned(&ids)).await;
+    actix_rt::time::sleep(Duration::from_secs(1)).await;
+    let launched: Vec<Launched> = reservations(&broker, uuid).await.into_values().flatten().collect();
+    assert_eq!(launched.len(), 1, "one instance ever made: {launched:#?}");
+    let recorded = snap.machine("0").unwrap().machine.instance.clone().unwrap().to_string();
+    assert_eq!(launched[0].id, recorded);
+    assert_eq!(launched[0].tags.get(TAG_MACHINE).map(String::as_str), Some("0"), "{:?}", launched[0].tags);
+    handle.shutdown();
+}
