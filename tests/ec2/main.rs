@@ -799,3 +799,29 @@ async fn the_engine_adopts_a_batched_instance_whose_tagging_failed() {
     assert_eq!(launched[0].tags.get(TAG_MACHINE).map(String::as_str), Some("0"), "{:?}", launched[0].tags);
     handle.shutdown();
 }
+
+/// A repeat of a batch whose tagging failed for one member (the engine replays an ambiguous
+/// call so) tags that member's instance and answers it: the same instances, nothing new. The
+/// broker then forgets the instance it had kept for that member's look-up, so a later look-up
+/// never tags it again: once released (no model tag), it stays released.
+#[actix_rt::test]
+async fn a_repeated_batch_finishes_a_failed_tagging_and_the_look_up_forgets_it() {
+    use provisioner::Broker;
+    let uuid = "model-batch-retag";
+    let broker = Moto::shared().broker(uuid).await;
+    let marks = ["plain", moto::TAGS_FAIL_REPEAT];
+    let params = batch(uuid, &["0", "1"], &marks, "us-east-1b", provisioner::Constraints::default());
+    let first = broker.start_instances(params.clone()).await.unwrap();
+    assert!(first[1].as_ref().is_err_and(provisioner::BrokerError::is_ambiguous), "{first:?}");
+    let again = broker.start_instances(params.clone()).await.unwrap();
+    assert!(again.iter().all(Result::is_ok), "{again:?}");
+    assert_eq!(again[1].as_ref().unwrap().instance.tags, params.members[1].tags);
+    assert_eq!(answered_ids(&again)[0], answered_ids(&first)[0], "the same reservation");
+    let launched: Vec<Launched> = reservations(&broker, uuid).await.into_values().flatten().collect();
+    assert_eq!(launched.len(), 2, "nothing new: {launched:#?}");
+    let id = again[1].as_ref().unwrap().instance.id.clone();
+    broker.release_instances(vec![id]).await.unwrap();
+    let (m1, nonce1) = (params.members[1].machine.clone(), params.members[1].nonce.clone());
+    let found = broker.instances_of_start(m1, nonce1).await.unwrap();
+    assert!(found.is_empty(), "a released instance is not ours again: {found:?}");
+}

@@ -34,6 +34,8 @@ pub const PARTIAL_MODEL: &str = "model-partial";
 pub const TAGS_LAG: &str = "tags-lag";
 /// A start nonce containing this makes the first five CreateTags of its instance fail so.
 pub const TAGS_FAIL: &str = "tags-fail";
+/// A start nonce containing this makes the first four CreateTags of its instance fail so.
+pub const TAGS_FAIL_REPEAT: &str = "tags-repeat";
 /// The same fault for the engine's test (its own count): the host tag of its nonces.
 pub const TAGS_FAIL_ENGINE: &str = "tags-engine";
 
@@ -77,7 +79,12 @@ impl Moto {
                     &format!("{BATCH_TYPE_MODEL}:t3.large:us-east-1a"),
                 ],
                 &[&format!("{PARTIAL_MODEL}:2")],
-                &[&format!("{TAGS_LAG}:2"), &format!("{TAGS_FAIL}:5"), &format!("{TAGS_FAIL_ENGINE}:5")],
+                &[
+                    &format!("{TAGS_LAG}:2"),
+                    &format!("{TAGS_FAIL}:5"),
+                    &format!("{TAGS_FAIL_ENGINE}:5"),
+                    &format!("{TAGS_FAIL_REPEAT}:4"),
+                ],
             )
         })
     }

@@ -520,7 +520,14 @@ impl Ec2Broker {
         loop {
             let res = self.client.create_tags().resources(id.clone()).set_tags(Some(set.clone())).send().await;
             match res {
-                Ok(_) => break,
+                Ok(_) => {
+                    // A repeat of the batch tagged what an earlier try could not: nothing
+                    // left for the look-up to do (it must not tag the instance again later,
+                    // when it may have been released or handed on).
+                    let key = (member.machine.clone(), member.nonce.clone());
+                    self.state.untagged.lock().await.remove(&key);
+                    break;
+                }
                 Err(e) if attempt < TAGGING_ATTEMPTS && e.code() == Some("InvalidInstanceID.NotFound") => {
                     actix_rt::time::sleep(wait).await;
                     wait *= 2;
