@@ -520,3 +520,308 @@ async fn a_subnet_placement_derives_its_zone_and_launches_into_the_subnet() {
     assert_eq!(cloud(&broker, uuid).await.len(), 1, "nothing started for machine 1");
     handle.shutdown();
 }
+
+/// A batched start of `machines` into `zone` under the batch token `token` (as the engine
+/// makes it: the first member's start token and the size), each member's nonce carrying
+/// `marks[i]` when given (the moto server's tagging faults key on it).
+fn batch(
+    uuid: &str,
+    machines: &[&str],
+    marks: &[&str],
+    zone: &str,
+    constraints: provisioner::Constraints,
+) -> provisioner::ports::BatchStartParams {
+    use provisioner::model::InstanceTags;
+    use provisioner::ports::{BatchMember, BatchStartParams};
+    use provisioner::MachineId;
+    let members: Vec<BatchMember> = machines
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let nonce = format!("machine-0:{uuid}-{m}-{}", marks.get(i).copied().unwrap_or("plain"));
+            BatchMember {
+                machine: MachineId::new(*m),
+                nonce: nonce.clone(),
+                tags: InstanceTags {
+                    model: Some(uuid.to_owned()),
+                    machine: Some(MachineId::new(*m)),
+                    start: Some(nonce),
+                },
+                distribution_group: Vec::new(),
+            }
+        })
+        .collect();
+    let first = &members[0];
+    BatchStartParams {
+        zone: Some(zone.to_owned()),
+        constraints,
+        placement: None,
+        volumes: Vec::new(),
+        extra_tags: [("owner".to_owned(), "alice".to_owned())].into(),
+        client_token: format!("{}/{}/0+{}", first.machine, first.nonce, members.len()),
+        members,
+    }
+}
+
+/// One instance as moto shows it, for the batched-start tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Launched {
+    id: String,
+    launch_index: i32,
+    instance_type: String,
+    zone: String,
+    tags: std::collections::BTreeMap<String, String>,
+}
+
+/// Every instance of this model in moto, by reservation (one reservation = one RunInstances
+/// call that made instances), each ordered by launch index.
+async fn reservations(broker: &Ec2Broker, model: &str) -> std::collections::BTreeMap<String, Vec<Launched>> {
+    let ours = Filter::builder().name("tag:provisioner-model").values(model).build();
+    let out = broker.client().describe_instances().filters(ours).send().await.unwrap();
+    out.reservations()
+        .iter()
+        .map(|r| {
+            let mut instances: Vec<Launched> = r
+                .instances()
+                .iter()
+                .map(|i| Launched {
+                    id: i.instance_id().unwrap().to_owned(),
+                    launch_index: i.ami_launch_index().unwrap(),
+                    instance_type: i.instance_type().unwrap().as_str().to_owned(),
+                    zone: i.placement().and_then(|p| p.availability_zone()).unwrap_or("").to_owned(),
+                    tags: i
+                        .tags()
+                        .iter()
+                        .map(|t| (t.key().unwrap().to_owned(), t.value().unwrap_or("").to_owned()))
+                        .collect(),
+                })
+                .collect();
+            instances.sort_by_key(|l| l.launch_index);
+            (r.reservation_id().unwrap().to_owned(), instances)
+        })
+        .collect()
+}
+
+fn answered_ids(answer: &provisioner::ports::BatchStarted) -> Vec<Option<String>> {
+    answer.iter().map(|r| r.as_ref().ok().map(|s| s.instance.id.to_string())).collect()
+}
+
+/// A batch of four machines is ONE RunInstances call (one reservation in moto) of four
+/// instances; the instance at launch index i is member i's, tagged with its machine, start
+/// and Name (CreateTags), and all with the model, the batch token and the model's tags
+/// (TagSpecifications). The same batch again (same token, same machines) answers the same
+/// instances and makes no other.
+#[actix_rt::test]
+async fn a_batched_start_is_one_run_instances_call_each_instance_tagged_with_its_machine() {
+    use provisioner::Broker;
+    let uuid = "model-batch";
+    let broker = Moto::shared().broker(uuid).await;
+    assert!(broker.batches_starts(), "the EC2 broker batches natively");
+    let params = batch(uuid, &["0", "1", "2", "3"], &[], "us-east-1b", provisioner::Constraints::default());
+    let answer = broker.start_instances(params.clone()).await.unwrap();
+    let ids = answered_ids(&answer);
+    assert!(ids.iter().all(Option::is_some), "{answer:?}");
+    let calls = reservations(&broker, uuid).await;
+    assert_eq!(calls.len(), 1, "one RunInstances call: {calls:#?}");
+    let launched = calls.values().next().unwrap();
+    assert_eq!(launched.len(), 4, "{launched:#?}");
+    for (i, (member, l)) in params.members.iter().zip(launched).enumerate() {
+        assert_eq!(l.launch_index, i32::try_from(i).unwrap());
+        assert_eq!(Some(&l.id), ids[i].as_ref(), "launch index {i} answers member {i}");
+        let tag = |k: &str| l.tags.get(k).map(String::as_str);
+        assert_eq!(tag(TAG_MACHINE), Some(member.machine.as_str()), "{:?}", l.tags);
+        assert_eq!(tag("provisioner-start"), Some(member.nonce.as_str()));
+        assert_eq!(tag("Name"), Some(format!("provisioner-{}", member.machine).as_str()));
+        assert_eq!(tag("provisioner-model"), Some(uuid));
+        assert_eq!(tag(provisioner::adapters::ec2::TAG_BATCH), Some(params.client_token.as_str()));
+        assert_eq!(tag("owner"), Some("alice"), "the model's tags, shared");
+        assert_eq!((l.zone.as_str(), l.instance_type.as_str()), ("us-east-1b", "t3.micro"));
+        let got = &answer[i].as_ref().unwrap().instance;
+        assert_eq!(got.tags, member.tags, "the answer carries the member's tags");
+        assert_eq!(got.zone.as_deref(), Some("us-east-1b"));
+    }
+    let again = broker.start_instances(params).await.unwrap();
+    assert_eq!(answered_ids(&again), ids, "a repeated batch answers the same instances");
+    assert_eq!(reservations(&broker, uuid).await, calls, "and makes nothing");
+    let listed = broker.all_instances().await.unwrap();
+    assert_eq!(listed.len(), 4);
+    assert!(listed.iter().all(|i| i.tags.machine.is_some()), "{listed:?}");
+}
+
+/// A batch pinned to us-east-1a where t3.large is out of capacity (the moto server's fault)
+/// moves, in the same zone, to the next type that fits `cores=2 mem=8G` (m5.large) under its
+/// per-type token, in one call; the repeat answers the same instances. A zone out of capacity
+/// for every type answers the whole call zone-specifically and makes nothing.
+#[actix_rt::test]
+async fn a_batch_out_of_capacity_moves_to_the_next_type_then_fails_zone_specifically() {
+    use provisioner::{Broker, BrokerError, Constraints};
+    let uuid = moto::BATCH_TYPE_MODEL;
+    let broker = Moto::shared().broker(uuid).await;
+    let c2m8 = Constraints { cores: Some(2), mem_mb: Some(8192), ..Constraints::default() };
+    let params = batch(uuid, &["0", "1", "2"], &[], "us-east-1a", c2m8);
+    let answer = broker.start_instances(params.clone()).await.unwrap();
+    let ids = answered_ids(&answer);
+    assert!(ids.iter().all(Option::is_some), "{answer:?}");
+    let calls = reservations(&broker, uuid).await;
+    assert_eq!(calls.len(), 1, "one call made instances: {calls:#?}");
+    let launched = calls.values().next().unwrap();
+    assert_eq!(launched.len(), 3);
+    for (member, l) in params.members.iter().zip(launched) {
+        assert_eq!((l.zone.as_str(), l.instance_type.as_str()), ("us-east-1a", "m5.large"));
+        assert_eq!(l.tags.get(TAG_MACHINE).map(String::as_str), Some(member.machine.as_str()));
+    }
+    let again = broker.start_instances(params).await.unwrap();
+    assert_eq!(answered_ids(&again), ids, "the repeat takes the same type's token: the same instances");
+    assert_eq!(reservations(&broker, uuid).await.len(), 1);
+
+    let uuid = moto::BATCH_CAPACITY_MODEL;
+    let broker = Moto::shared().broker(uuid).await;
+    let params = batch(uuid, &["0", "1"], &[], "us-east-1a", Constraints::default());
+    let err = broker.start_instances(params).await.unwrap_err();
+    assert!(matches!(err, BrokerError::ZoneSpecific { .. }), "{err:?}");
+    assert!(err.message().contains("InsufficientInstanceCapacity"), "{err}");
+    assert!(reservations(&broker, uuid).await.is_empty(), "nothing made");
+}
+
+/// A partial launch (moto made to launch at most two of the three asked): the first two
+/// members get their instances, the third a zone-specific failure (the engine fails it over
+/// to another zone); the repeat answers the same.
+#[actix_rt::test]
+async fn a_partial_launch_fails_the_members_left_out_zone_specifically() {
+    use provisioner::{Broker, BrokerError};
+    let uuid = moto::PARTIAL_MODEL;
+    let broker = Moto::shared().broker(uuid).await;
+    let params = batch(uuid, &["0", "1", "2"], &[], "us-east-1c", provisioner::Constraints::default());
+    let answer = broker.start_instances(params.clone()).await.unwrap();
+    assert_eq!(answer.len(), 3);
+    for (i, member) in params.members.iter().enumerate().take(2) {
+        assert_eq!(answer[i].as_ref().unwrap().instance.tags, member.tags, "launch index {i}");
+    }
+    let err = answer[2].clone().unwrap_err();
+    assert!(matches!(err, BrokerError::ZoneSpecific { .. }), "{err:?}");
+    assert!(err.message().contains("launched 2 of 3"), "{err}");
+    let again = broker.start_instances(params).await.unwrap();
+    assert_eq!(answered_ids(&again), answered_ids(&answer));
+    let calls = reservations(&broker, uuid).await;
+    assert_eq!(calls.values().map(Vec::len).collect::<Vec<_>>(), [2], "{calls:#?}");
+}
+
+/// Tagging faults: the first CreateTags of member 2's instance do not find it (EC2's eventual
+/// consistency) and are tried again until it is tagged; member 1's keep failing, so member 1
+/// is answered ambiguously (its instance exists, untagged) and the others are not touched.
+/// Member 1's look-up (`instances_of_start`, what the engine does after an ambiguous answer)
+/// tags that instance and finds it: no second instance is needed.
+#[actix_rt::test]
+async fn a_failed_tagging_is_ambiguous_for_that_member_only_and_its_look_up_finds_it() {
+    use provisioner::Broker;
+    let uuid = "model-batch-tags";
+    let broker = Moto::shared().broker(uuid).await;
+    let marks = ["plain", moto::TAGS_FAIL, moto::TAGS_LAG];
+    let params = batch(uuid, &["0", "1", "2"], &marks, "us-east-1d", provisioner::Constraints::default());
+    let answer = broker.start_instances(params.clone()).await.unwrap();
+    assert_eq!(answer[0].as_ref().unwrap().instance.tags, params.members[0].tags);
+    assert_eq!(answer[2].as_ref().unwrap().instance.tags, params.members[2].tags, "tagged once EC2 saw it");
+    let err = answer[1].clone().unwrap_err();
+    assert!(err.is_ambiguous(), "{err:?}");
+    assert!(err.message().contains("InvalidInstanceID.NotFound"), "{err}");
+    let launched = reservations(&broker, uuid).await.into_values().next().unwrap();
+    assert_eq!(launched[1].tags.get(TAG_MACHINE), None, "untagged for now");
+    let (m1, nonce1) = (params.members[1].machine.clone(), params.members[1].nonce.clone());
+    // The first look-up's tagging fails once more (the fault's fifth time): an error, never
+    // "nothing made"; the next one tags and finds it.
+    assert!(broker.instances_of_start(m1.clone(), nonce1.clone()).await.is_err());
+    let found = broker.instances_of_start(m1.clone(), nonce1).await.unwrap();
+    assert_eq!(found.iter().map(|i| i.id.to_string()).collect::<Vec<_>>(), [launched[1].id.clone()]);
+    assert_eq!(found[0].tags, params.members[1].tags);
+    assert_eq!(reservations(&broker, uuid).await.values().map(Vec::len).sum::<usize>(), 3, "nothing else made");
+}
+
+/// The engine with batching on (`batch_starts`) over the EC2 broker: eight machines pinned to
+/// one zone, a client-side start bucket of one call at once then one per second, so the
+/// starts waiting for the second token share its call. Every machine gets its own instance,
+/// tagged with it, in at most three RunInstances calls (one per machine before).
+#[actix_rt::test]
+async fn the_engine_batches_starts_on_ec2() {
+    use provisioner::config::rate_limits::{BucketLimit, RateLimits};
+    use provisioner::Constraints;
+    let uuid = "model-batch-engine";
+    let broker = Moto::shared().broker(uuid).await;
+    let pinned = Constraints { zones: Some(vec!["us-east-1e".into()]), ..Constraints::default() };
+    let ids = ids(8);
+    let model = FakeModel::with_machines(ids.iter().map(|id| with_constraints(id, pinned.clone())).collect());
+    let config = ProvisionerConfig {
+        batch_starts: true,
+        batch_size: 100,
+        rate_limits: RateLimits { start: Some(BucketLimit::new(1, 1.0)), ..RateLimits::unlimited() },
+        ..config(uuid, HarvestMode::Destroyed)
+    };
+    let handle = start(config, Arc::new(broker.clone()), Arc::new(model.api())).expect("valid config");
+    model.watch(handle.machines_changed());
+    let snap = until(&model, all_provisioned(&ids)).await;
+    let calls = reservations(&broker, uuid).await;
+    assert!(calls.len() <= 3, "{} RunInstances calls for 8 machines: {calls:#?}", calls.len());
+    let launched: Vec<&Launched> = calls.values().flatten().collect();
+    assert_eq!(launched.len(), 8, "one instance per machine");
+    for id in &ids {
+        let recorded = snap.machine(id).unwrap().machine.instance.clone().unwrap().to_string();
+        let l = launched.iter().find(|l| l.id == recorded).expect("recorded instance exists");
+        assert_eq!(l.tags.get(TAG_MACHINE), Some(id), "{:?}", l.tags);
+        assert_eq!(l.zone, "us-east-1e");
+    }
+    handle.shutdown();
+}
+
+/// The engine with batching on, when its batched start's instance cannot be tagged (the
+/// moto server fails the first five CreateTags of this start: the broker's four tries and the
+/// first look-up's): the member is answered ambiguously, looks for its instance instead of
+/// starting another (the look-up tags it), and adopts it. One instance, tagged with the
+/// machine (before the batcher took a member's own ambiguous failure as "maybe made", a
+/// second start made a second instance).
+#[actix_rt::test]
+async fn the_engine_adopts_a_batched_instance_whose_tagging_failed() {
+    let uuid = "model-batch-engine-tags";
+    let broker = Moto::shared().broker(uuid).await;
+    let ids = ids(1);
+    let model = pending(&ids);
+    let config = ProvisionerConfig {
+        batch_starts: true,
+        host_tag: format!("machine-{}", moto::TAGS_FAIL_ENGINE),
+        ..config(uuid, HarvestMode::Destroyed)
+    };
+    let handle = start(config, Arc::new(broker.clone()), Arc::new(model.api())).expect("valid config");
+    model.watch(handle.machines_changed());
+    let snap = until(&model, all_provisioned(&ids)).await;
+    actix_rt::time::sleep(Duration::from_secs(1)).await;
+    let launched: Vec<Launched> = reservations(&broker, uuid).await.into_values().flatten().collect();
+    assert_eq!(launched.len(), 1, "one instance ever made: {launched:#?}");
+    let recorded = snap.machine("0").unwrap().machine.instance.clone().unwrap().to_string();
+    assert_eq!(launched[0].id, recorded);
+    assert_eq!(launched[0].tags.get(TAG_MACHINE).map(String::as_str), Some("0"), "{:?}", launched[0].tags);
+    handle.shutdown();
+}
+
+/// A repeat of a batch whose tagging failed for one member (the engine replays an ambiguous
+/// call so) tags that member's instance and answers it: the same instances, nothing new. The
+/// broker then forgets the instance it had kept for that member's look-up, so a later look-up
+/// never tags it again: once released (no model tag), it stays released.
+#[actix_rt::test]
+async fn a_repeated_batch_finishes_a_failed_tagging_and_the_look_up_forgets_it() {
+    use provisioner::Broker;
+    let uuid = "model-batch-retag";
+    let broker = Moto::shared().broker(uuid).await;
+    let marks = ["plain", moto::TAGS_FAIL_REPEAT];
+    let params = batch(uuid, &["0", "1"], &marks, "us-east-1b", provisioner::Constraints::default());
+    let first = broker.start_instances(params.clone()).await.unwrap();
+    assert!(first[1].as_ref().is_err_and(provisioner::BrokerError::is_ambiguous), "{first:?}");
+    let again = broker.start_instances(params.clone()).await.unwrap();
+    assert!(again.iter().all(Result::is_ok), "{again:?}");
+    assert_eq!(again[1].as_ref().unwrap().instance.tags, params.members[1].tags);
+    assert_eq!(answered_ids(&again)[0], answered_ids(&first)[0], "the same reservation");
+    let launched: Vec<Launched> = reservations(&broker, uuid).await.into_values().flatten().collect();
+    assert_eq!(launched.len(), 2, "nothing new: {launched:#?}");
+    let id = again[1].as_ref().unwrap().instance.id.clone();
+    broker.release_instances(vec![id]).await.unwrap();
+    let (m1, nonce1) = (params.members[1].machine.clone(), params.members[1].nonce.clone());
+    let found = broker.instances_of_start(m1, nonce1).await.unwrap();
+    assert!(found.is_empty(), "a released instance is not ours again: {found:?}");
+}

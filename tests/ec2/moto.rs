@@ -21,6 +21,23 @@ pub const TYPE_CAPACITY_MODEL: &str = "model-type-capacity";
 pub const TYPE_LOSSY_MODEL: &str = "model-type-lossy";
 /// The model whose first four RunInstances calls per machine take effect and lose their answer.
 pub const LOSSY_MODEL: &str = "model-lossy";
+/// The model whose starts into us-east-1a fail with InsufficientInstanceCapacity (batched-start
+/// tests: their own model, so that the counts of the engine's tests stay theirs).
+pub const BATCH_CAPACITY_MODEL: &str = "model-batch-capacity";
+/// The model whose starts of t3.large into us-east-1a fail with InsufficientInstanceCapacity
+/// (batched-start tests).
+pub const BATCH_TYPE_MODEL: &str = "model-batch-types";
+/// The model whose RunInstances calls launch at most two instances (a partial launch).
+pub const PARTIAL_MODEL: &str = "model-partial";
+/// A start nonce containing this makes the first two CreateTags of its instance fail with
+/// InvalidInstanceID.NotFound (EC2 not seeing a new instance yet).
+pub const TAGS_LAG: &str = "tags-lag";
+/// A start nonce containing this makes the first five CreateTags of its instance fail so.
+pub const TAGS_FAIL: &str = "tags-fail";
+/// A start nonce containing this makes the first four CreateTags of its instance fail so.
+pub const TAGS_FAIL_REPEAT: &str = "tags-repeat";
+/// The same fault for the engine's test (its own count): the host tag of its nonces.
+pub const TAGS_FAIL_ENGINE: &str = "tags-engine";
 
 /// The virtualenv's python, installed once per test run.
 fn python() -> &'static Path {
@@ -54,11 +71,19 @@ impl Moto {
         static MOTO: OnceLock<Moto> = OnceLock::new();
         MOTO.get_or_init(|| {
             Moto::start(
-                &[&format!("{CAPACITY_MODEL}:us-east-1a")],
+                &[&format!("{CAPACITY_MODEL}:us-east-1a"), &format!("{BATCH_CAPACITY_MODEL}:us-east-1a")],
                 &[&format!("{LOSSY_MODEL}:4"), &format!("{TYPE_LOSSY_MODEL}:2")],
                 &[
                     &format!("{TYPE_CAPACITY_MODEL}:t3.large:us-east-1a"),
                     &format!("{TYPE_LOSSY_MODEL}:t3.large:us-east-1a"),
+                    &format!("{BATCH_TYPE_MODEL}:t3.large:us-east-1a"),
+                ],
+                &[&format!("{PARTIAL_MODEL}:2")],
+                &[
+                    &format!("{TAGS_LAG}:2"),
+                    &format!("{TAGS_FAIL}:5"),
+                    &format!("{TAGS_FAIL_ENGINE}:5"),
+                    &format!("{TAGS_FAIL_REPEAT}:4"),
                 ],
             )
         })
@@ -67,7 +92,7 @@ impl Moto {
     // Runs once, before the calling test has started any actor: waiting for the server to
     // listen may block this thread.
     #[allow(clippy::disallowed_methods)]
-    fn start(fail_zones: &[&str], lose: &[&str], fail_types: &[&str]) -> Moto {
+    fn start(fail_zones: &[&str], lose: &[&str], fail_types: &[&str], partial: &[&str], fail_tags: &[&str]) -> Moto {
         let python = python();
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = Command::new(python)
@@ -76,6 +101,8 @@ impl Moto {
             .env("MOTO_FAIL_ZONES", fail_zones.join(","))
             .env("MOTO_LOSE_RESPONSES", lose.join(","))
             .env("MOTO_FAIL_TYPES", fail_types.join(","))
+            .env("MOTO_PARTIAL", partial.join(","))
+            .env("MOTO_FAIL_TAGS", fail_tags.join(","))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -1,4 +1,4 @@
-"""moto's EC2 server for the EC2 integration tests, with two additions.
+"""moto's EC2 server for the EC2 integration tests, with these additions.
 
 - Capacity failures, which moto lacks: MOTO_FAIL_ZONES="MODEL:ZONE,..." makes RunInstances
   for an instance tagged provisioner-model=MODEL into ZONE fail with
@@ -14,6 +14,13 @@
   machine (tag provisioner-machine) of model MODEL fail with InternalError after the call took
   effect (the first of them makes the instance; repeats of its token are answered from the
   record above, and also fail while the count lasts), as a call whose answer was lost would.
+- RunInstances launches MaxCount instances, as EC2 does when it has the capacity (moto
+  launches MinCount): a batched start asks MinCount 1, MaxCount N.
+- Partial launches: MOTO_PARTIAL="MODEL:K,..." makes RunInstances for model MODEL launch at
+  most K instances (at least one), as EC2 does under capacity pressure.
+- Tagging that lags: MOTO_FAIL_TAGS="MARKER:N,..." makes the first N CreateTags calls whose
+  provisioner-start tag contains MARKER fail with InvalidInstanceID.NotFound, as EC2 (eventually
+  consistent) answers a CreateTags right after RunInstances now and then.
 - The server exits when the process that started it is gone (no stray servers after a test
   run, even one that was killed).
 
@@ -27,6 +34,7 @@ import time
 
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.responses.instances import InstanceResponse
+from moto.ec2.responses.tags import TagResponse
 from moto.server import main
 
 FAIL = {
@@ -45,7 +53,18 @@ FAIL_TYPES = {
     for item in os.environ.get("MOTO_FAIL_TYPES", "").split(",")
     if item.count(":") == 2
 }
+PARTIAL = {
+    model: int(k)
+    for model, k in (item.split(":", 1) for item in os.environ.get("MOTO_PARTIAL", "").split(",") if ":" in item)
+}
+FAIL_TAGS = {
+    marker: int(n)
+    for marker, n in (
+        item.split(":", 1) for item in os.environ.get("MOTO_FAIL_TAGS", "").split(",") if ":" in item
+    )
+}
 _run_instances = InstanceResponse.run_instances
+_create_tags = TagResponse.create_tags
 # ClientToken -> the first call's answer; (model, machine) -> answers lost so far.
 ANSWERS = {}
 LOST = {}
@@ -73,6 +92,10 @@ def run_instances(self):
                     "InsufficientInstanceCapacity",
                     f"We currently do not have sufficient capacity in the Availability Zone you requested ({zone}).",
                 )
+            count = int(self._get_param("MaxCount", if_none="1"))
+            if model in PARTIAL:
+                count = max(1, min(count, PARTIAL[model]))
+            self.params["MinCount"] = count
             answer = _run_instances(self)
             if token:
                 ANSWERS[token] = answer
@@ -83,7 +106,18 @@ def run_instances(self):
     return answer
 
 
+def create_tags(self):
+    start = next((t.get("Value", "") for t in self._get_param("Tags", []) if t.get("Key") == "provisioner-start"), "")
+    with LOCK:
+        for marker in FAIL_TAGS:
+            if marker in start and FAIL_TAGS[marker] > 0:
+                FAIL_TAGS[marker] -= 1
+                raise EC2ClientError("InvalidInstanceID.NotFound", "The instance ID does not exist (not yet visible).")
+    return _create_tags(self)
+
+
 InstanceResponse.run_instances = run_instances
+TagResponse.create_tags = create_tags
 
 
 def exit_with_parent():

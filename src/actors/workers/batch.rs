@@ -190,7 +190,10 @@ impl<R> BatchBook<R> {
                                 "the cloud launched {launched} of {n} instances of a batched start"
                             )))
                         });
-                        (reply, Reply { result, maybe_made: false })
+                        // A member's own ambiguous failure (its instance made but not
+                        // tagged, say) may have made its instance: it looks before a new call.
+                        let maybe_made = result.as_ref().err().is_some_and(BrokerError::is_ambiguous);
+                        (reply, Reply { result, maybe_made })
                     })
                     .collect();
                 return Answer::Deliver(out);

@@ -525,6 +525,22 @@ mod batching {
     }
 
     #[test]
+    fn a_members_own_ambiguous_failure_tells_that_member_only_to_look() {
+        let mut book = BatchBook::new(10);
+        let j = book.join(call("0", "az1", None), "0");
+        book.join(call("1", "az1", None), "1");
+        book.join(call("2", "az1", None), "2");
+        book.close(j.batch);
+        // The call succeeded; member 1's instance was made but could not be tagged.
+        let untagged = Err(BrokerError::transient("instance i-2 made but not tagged"));
+        let answer = vec![started("i-1", "0"), untagged.clone(), Err(BrokerError::zone_specific("partial"))];
+        let replies = delivered(book.answered(j.batch, Ok(answer)));
+        let looks: Vec<bool> = replies.iter().map(|(_, r)| r.maybe_made).collect();
+        assert_eq!(looks, [false, true, false], "only the member whose instance may exist looks for it");
+        assert_eq!(replies[1].1.result, untagged);
+    }
+
+    #[test]
     fn an_ambiguous_failure_replays_the_same_intent_then_tells_members_to_look() {
         let mut book = BatchBook::new(10);
         let j = book.join(call("0", "az1", None), "0");

@@ -1,23 +1,29 @@
 //! [`Ec2Broker`]: the calls themselves.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_ec2::config::http::HttpResponse;
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_ec2::operation::run_instances::RunInstancesOutput;
 use aws_sdk_ec2::types::{
     ArchitectureType, AvailabilityZoneState, BlockDeviceMapping, EbsBlockDevice, Filter, Instance, InstanceStateName,
     InstanceType, Placement, ResourceType, Tag, TagSpecification,
 };
 use aws_sdk_ec2::Client;
 use futures::lock::Mutex;
+use futures::StreamExt;
 
 use super::config::{Ec2Config, Ec2ConfigError, DEFAULT_CAPACITY_MEMORY, DEFAULT_TYPES_PER_ZONE};
 use super::errors::classify;
 use crate::model::instance_types::{self, has_hardware_constraint, TypeAttempt, TypeFailover};
-use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
-use crate::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+use crate::model::{CloudInstance, Constraints, InstanceId, InstanceState, InstanceTags, MachineId};
+use crate::ports::{
+    AvailabilityZone, BatchMember, BatchStartParams, BatchStarted, Broker, BrokerError, BrokerFuture,
+    StartInstanceParams, StartedInstance,
+};
 
 /// Tag key carrying the model's uuid: the provisioner's identity on an instance.
 pub const TAG_MODEL: &str = "provisioner-model";
@@ -25,6 +31,23 @@ pub const TAG_MODEL: &str = "provisioner-model";
 pub const TAG_MACHINE: &str = "provisioner-machine";
 /// Tag key carrying the start's nonce.
 pub const TAG_START: &str = "provisioner-start";
+/// Tag key carrying the provisioner's token of the batched start that launched the instance
+/// (every instance of one batched `RunInstances` carries it, with its `AmiLaunchIndex`).
+pub const TAG_BATCH: &str = "provisioner-batch";
+
+/// The identity tag keys, which neither the model's tags nor a `tags=` constraint may set.
+const RESERVED_TAGS: [&str; 4] = [TAG_MODEL, TAG_MACHINE, TAG_START, TAG_BATCH];
+
+/// How many `CreateTags` calls of one batched start are in flight at once.
+const TAGGING_CONCURRENCY: usize = 8;
+
+/// How many times the identity tags of a batched start's instance are tried before the
+/// member is answered as ambiguous: EC2 is eventually consistent, and a `CreateTags` right
+/// after `RunInstances` may not find the instance yet (`InvalidInstanceID.NotFound`).
+const TAGGING_ATTEMPTS: u32 = 4;
+
+/// The wait before the second tagging attempt (doubling after each).
+const TAGGING_BACKOFF: Duration = Duration::from_millis(200);
 
 /// Most instance ids one `TerminateInstances` call takes.
 const TERMINATE_BATCH: usize = 1000;
@@ -55,12 +78,21 @@ pub struct Ec2Broker {
     state: Arc<Shared>,
 }
 
-/// What the broker learns once and remembers: the catalogue, the image's root device, and the
-/// per-type capacity fail-over.
+/// An instance launched for a member of a batched start and not yet tagged with it: its id
+/// and the tags it still needs.
+type Untagged = (String, Vec<Tag>);
+
+/// What the broker learns once and remembers: the catalogue, the image's root device, the
+/// per-type capacity fail-over, and the instances of batched starts not yet tagged with their
+/// machine.
 struct Shared {
     catalogue: Mutex<Option<Arc<Vec<instance_types::InstanceType>>>>,
     root_device: Mutex<Option<String>>,
     failover: Mutex<TypeFailover>,
+    /// `(machine, nonce)` → the instance a batched start launched for it whose `CreateTags`
+    /// failed, with the tags it still needs: [`Broker::instances_of_start`] tags it first, so
+    /// that the member's look-up (its answer was ambiguous) finds it.
+    untagged: Mutex<BTreeMap<(MachineId, String), Untagged>>,
     epoch: actix_rt::time::Instant,
 }
 
@@ -74,8 +106,55 @@ pub fn constraint_tags(tags: &[String]) -> Vec<(String, String)> {
             Some((k, v)) => (k.trim().to_owned(), v.trim().to_owned()),
             None => (format!("{TAG_CONSTRAINT_PREFIX}{}", t.trim()), "true".to_owned()),
         })
-        .filter(|(k, _)| ![TAG_MODEL, TAG_MACHINE, TAG_START].contains(&k.as_str()))
+        .filter(|(k, _)| !RESERVED_TAGS.contains(&k.as_str()))
         .collect()
+}
+
+/// The identity tags of an instance: the model, and the machine (with its `Name`) and start
+/// when given.
+pub(super) fn identity_tags(model: &str, machine: Option<&MachineId>, start: Option<&str>) -> Vec<Tag> {
+    let mut set = vec![tag(TAG_MODEL, model)];
+    if let Some(m) = machine {
+        set.push(tag(TAG_MACHINE, m.to_string()));
+        set.push(tag("Name", format!("provisioner-{m}")));
+    }
+    if let Some(s) = start {
+        set.push(tag(TAG_START, s));
+    }
+    set
+}
+
+/// `tags` with the model's extra tags and the `tags=` constraint's added (never overriding a
+/// key already there, never an identity key).
+pub(super) fn with_shared_tags(
+    mut tags: Vec<Tag>,
+    extra: &BTreeMap<String, String>,
+    constraints: &Constraints,
+) -> Vec<Tag> {
+    for (k, v) in extra {
+        if !RESERVED_TAGS.contains(&k.as_str()) && !tags.iter().any(|t| t.key() == Some(k.as_str())) {
+            tags.push(tag(k, v.clone()));
+        }
+    }
+    for (k, v) in constraint_tags(&constraints.tags) {
+        if !tags.iter().any(|t| t.key() == Some(k.as_str())) {
+            tags.push(tag(&k, v));
+        }
+    }
+    tags
+}
+
+/// What one `RunInstances` call carries besides its instance type and client token.
+struct Launch<'a> {
+    zone: Option<&'a str>,
+    constraints: &'a Constraints,
+    placement: Option<&'a str>,
+    /// The provisioner's token of the call (the type fail-over derives each type's from it).
+    token: &'a str,
+    /// `TagSpecifications`: what every instance of the call is tagged with.
+    tags: Vec<Tag>,
+    /// `MaxCount` (`MinCount` is 1).
+    count: i32,
 }
 
 /// The root volume size in GiB for `root-disk=` in MiB (rounded up).
@@ -194,6 +273,7 @@ impl Ec2Broker {
             catalogue: Mutex::new(None),
             root_device: Mutex::new(None),
             failover: Mutex::new(TypeFailover::new(memory)),
+            untagged: Mutex::new(BTreeMap::new()),
             epoch: actix_rt::time::Instant::now(),
         };
         Ok(Self { client: Client::new(&sdk), config: Arc::new(config), state: Arc::new(state) })
@@ -250,13 +330,13 @@ impl Ec2Broker {
     }
 
     /// The types a start may use, best first, at most `types_per_zone`.
-    async fn candidates(&self, params: &StartInstanceParams) -> Result<Vec<instance_types::InstanceType>, BrokerError> {
+    async fn candidates(&self, constraints: &Constraints) -> Result<Vec<instance_types::InstanceType>, BrokerError> {
         let default = self.config.instance_type.as_deref();
         let mut c = match default {
-            Some(t) if !has_hardware_constraint(&params.constraints) => vec![instance_types::InstanceType::named(t)],
+            Some(t) if !has_hardware_constraint(constraints) => vec![instance_types::InstanceType::named(t)],
             _ => {
                 let catalogue = self.catalogue().await?;
-                instance_types::choose(&params.constraints, &catalogue, default)
+                instance_types::choose(constraints, &catalogue, default)
                     .map_err(|e| BrokerError::zone_independent(e.to_string()))?
             }
         };
@@ -268,89 +348,66 @@ impl Ec2Broker {
         self.state.epoch.elapsed()
     }
 
-    /// One `RunInstances` call: one instance of `attempt`'s type under its client token.
-    async fn run_one(
+    /// One `RunInstances` call: `launch.count` instances of `attempt`'s type under its client
+    /// token.
+    async fn run(
         &self,
-        params: &StartInstanceParams,
+        launch: &Launch<'_>,
         attempt: &TypeAttempt,
         root_device: Option<&str>,
-    ) -> Result<StartedInstance, BrokerError> {
+    ) -> Result<RunInstancesOutput, BrokerError> {
         let config = &self.config;
-        let mut tags = vec![
-            tag(TAG_MODEL, config.model_uuid.clone()),
-            tag(TAG_MACHINE, params.machine.to_string()),
-            tag("Name", format!("provisioner-{}", params.machine)),
-        ];
-        if let Some(start) = &params.tags.start {
-            tags.push(tag(TAG_START, start.clone()));
-        }
-        let reserved = |k: &str| [TAG_MODEL, TAG_MACHINE, TAG_START].contains(&k);
-        for (k, v) in &params.extra_tags {
-            if !reserved(k) {
-                tags.push(tag(k, v.clone()));
-            }
-        }
-        for (k, v) in constraint_tags(&params.constraints.tags) {
-            if !tags.iter().any(|t| t.key() == Some(k.as_str())) {
-                tags.push(tag(&k, v));
-            }
-        }
-        let spec = TagSpecification::builder().resource_type(ResourceType::Instance).set_tags(Some(tags)).build();
+        let spec = TagSpecification::builder()
+            .resource_type(ResourceType::Instance)
+            .set_tags(Some(launch.tags.clone()))
+            .build();
         let mut call = self
             .client
             .run_instances()
             .image_id(config.image_id.clone())
             .instance_type(InstanceType::from(attempt.instance_type.as_str()))
             .min_count(1)
-            .max_count(1)
+            .max_count(launch.count)
             .client_token(client_token(&config.model_uuid, &attempt.client_token))
             .tag_specifications(spec);
-        if let (Some(mb), Some(device)) = (params.constraints.root_disk_mb, root_device) {
+        if let (Some(mb), Some(device)) = (launch.constraints.root_disk_mb, root_device) {
             let ebs = EbsBlockDevice::builder().volume_size(root_disk_gib(mb)).delete_on_termination(true).build();
             call = call.block_device_mappings(BlockDeviceMapping::builder().device_name(device).ebs(ebs).build());
         }
-        if let Some(zone) = &params.zone {
-            call = call.placement(Placement::builder().availability_zone(zone.clone()).build());
+        if let Some(zone) = launch.zone {
+            call = call.placement(Placement::builder().availability_zone(zone).build());
         }
-        if let Some(subnet) = placement_subnet(params.placement.as_deref()).or(config.subnet_id.as_deref()) {
+        if let Some(subnet) = placement_subnet(launch.placement).or(config.subnet_id.as_deref()) {
             call = call.subnet_id(subnet.to_owned());
         }
         if !config.security_group_ids.is_empty() {
             call = call.set_security_group_ids(Some(config.security_group_ids.clone()));
         }
-        let out = call.send().await.map_err(|e| sdk_error(e, params.zone.as_deref()))?;
-        let instance = out
-            .instances()
-            .first()
-            .and_then(|i| to_cloud_instance(i, &config.model_uuid, wall_clock()))
-            .ok_or_else(|| BrokerError::transient("RunInstances answered without an instance of ours"))?;
-        let display_name = format!("provisioner-{}", params.machine);
-        Ok(StartedInstance { instance: CloudInstance { age: None, ..instance }, display_name })
+        call.send().await.map_err(|e| sdk_error(e, launch.zone))
     }
 
-    /// A start: the candidate types in the fail-over's order, each its own `RunInstances`
-    /// call, until one makes the instance. A zone-specific failure (no capacity for that type
-    /// there) moves to the next type in the same zone and is remembered; any other failure
-    /// ends the start (an ambiguous one is retried by the provisioner with the same token,
-    /// and then the same type comes first again). Only when every candidate failed in the
-    /// zone does the start fail zone-specifically, and the provisioner move zone.
-    async fn start(&self, params: StartInstanceParams) -> Result<StartedInstance, BrokerError> {
-        let candidates = self.candidates(&params).await?;
-        let root_device = match params.constraints.root_disk_mb {
+    /// A launch over the candidate types, in the fail-over's order, each its own `RunInstances`
+    /// call, until one launches. A zone-specific failure (no capacity for that type there)
+    /// moves to the next type in the same zone and is remembered; any other failure ends the
+    /// launch (an ambiguous one is retried by the provisioner with the same token, and then
+    /// the same type comes first again). Only when every candidate failed in the zone does
+    /// the launch fail zone-specifically, and the provisioner move zone.
+    async fn launch(&self, launch: &Launch<'_>) -> Result<RunInstancesOutput, BrokerError> {
+        let candidates = self.candidates(launch.constraints).await?;
+        let root_device = match launch.constraints.root_disk_mb {
             Some(_) => Some(self.root_device().await),
             None => None,
         };
-        let zone = params.zone.as_deref();
-        let token = params.client_token.as_str();
+        let (zone, token) = (launch.zone, launch.token);
         let attempts = self.state.failover.lock().await.order(self.now(), zone, token, &candidates);
         let mut last = None;
         for attempt in &attempts {
-            let result = self.run_one(&params, attempt, root_device.as_deref()).await;
+            let result = self.run(launch, attempt, root_device.as_deref()).await;
             let mut failover = self.state.failover.lock().await;
             match result {
-                Ok(started) => {
+                Ok(out) => {
                     failover.settled(token);
-                    return Ok(started);
+                    return Ok(out);
                 }
                 Err(e @ BrokerError::ZoneSpecific { .. }) => {
                     failover.capacity_failed(self.now(), &attempt.instance_type, zone);
@@ -368,6 +425,147 @@ impl Ec2Broker {
         }
         self.state.failover.lock().await.settled(token);
         Err(last.unwrap_or_else(|| BrokerError::zone_independent("no instance type to start")))
+    }
+
+    /// A start: one instance, tagged with its identity from the start (`TagSpecifications`).
+    async fn start(&self, params: StartInstanceParams) -> Result<StartedInstance, BrokerError> {
+        let model = self.config.model_uuid.as_str();
+        let identity = identity_tags(model, Some(&params.machine), params.tags.start.as_deref());
+        let launch = Launch {
+            zone: params.zone.as_deref(),
+            constraints: &params.constraints,
+            placement: params.placement.as_deref(),
+            token: &params.client_token,
+            tags: with_shared_tags(identity, &params.extra_tags, &params.constraints),
+            count: 1,
+        };
+        let out = self.launch(&launch).await?;
+        let instance = out
+            .instances()
+            .first()
+            .and_then(|i| to_cloud_instance(i, model, wall_clock()))
+            .ok_or_else(|| BrokerError::transient("RunInstances answered without an instance of ours"))?;
+        let display_name = format!("provisioner-{}", params.machine);
+        Ok(StartedInstance { instance: CloudInstance { age: None, ..instance }, display_name })
+    }
+
+    /// A batched start: ONE `RunInstances` (`MinCount` 1, `MaxCount` the members, one client
+    /// token derived from the batch's, per type as a single start's), every instance tagged
+    /// with the model and the batch token from the start; then each instance, by its
+    /// `AmiLaunchIndex`, gets its member's machine and start tags (`CreateTags`, one call per
+    /// instance). A member without an instance (EC2 launched fewer) is answered a zone-specific
+    /// failure; one whose instance could not be tagged an ambiguous one (its look-up tags it).
+    /// A repeat of the batch (same token, same members) gets the same reservation from EC2 and
+    /// tags it again, which changes nothing.
+    async fn start_batch(&self, params: BatchStartParams) -> Result<BatchStarted, BrokerError> {
+        let n = params.members.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let model = self.config.model_uuid.as_str();
+        let mut tags = identity_tags(model, None, None);
+        // EC2 tag values hold 256 characters: a longer token is tagged as its `ClientToken`.
+        let batch_tag = match params.client_token.len() {
+            0..=256 => params.client_token.clone(),
+            _ => client_token(model, &params.client_token),
+        };
+        tags.push(tag(TAG_BATCH, batch_tag));
+        let launch = Launch {
+            zone: params.zone.as_deref(),
+            constraints: &params.constraints,
+            placement: params.placement.as_deref(),
+            token: &params.client_token,
+            tags: with_shared_tags(tags, &params.extra_tags, &params.constraints),
+            count: i32::try_from(n).map_err(|_| BrokerError::zone_independent("too many machines in one call"))?,
+        };
+        let out = self.launch(&launch).await?;
+        let now = wall_clock();
+        let mut by_index: BTreeMap<usize, CloudInstance> = out
+            .instances()
+            .iter()
+            .filter_map(|i| {
+                let index = usize::try_from(i.ami_launch_index()?).ok()?;
+                Some((index, to_cloud_instance(i, model, now)?))
+            })
+            .collect();
+        let launched = by_index.len();
+        let zone = params.zone.as_deref().unwrap_or("the region");
+        let left_out = BrokerError::zone_specific(format!(
+            "InsufficientInstanceCapacity: EC2 launched {launched} of {n} instances of a batched start in {zone}"
+        ));
+        let jobs: Vec<(BatchMember, Option<CloudInstance>)> =
+            params.members.iter().enumerate().map(|(i, m)| (m.clone(), by_index.remove(&i))).collect();
+        let tagged = jobs.into_iter().map(|(member, instance)| {
+            let (broker, left_out) = (self.clone(), left_out.clone());
+            async move {
+                match instance {
+                    Some(instance) => broker.tag_member(&member, instance).await,
+                    None => Err(left_out),
+                }
+            }
+        });
+        Ok(futures::stream::iter(tagged).buffered(TAGGING_CONCURRENCY).collect().await)
+    }
+
+    /// Tags a batched start's instance with its member's machine and start (`CreateTags`,
+    /// tried again while EC2 does not see the new instance yet). On failure the instance is
+    /// remembered for the member's look-up and the member answered ambiguously.
+    async fn tag_member(&self, member: &BatchMember, instance: CloudInstance) -> Result<StartedInstance, BrokerError> {
+        let model = self.config.model_uuid.as_str();
+        let start = member.tags.start.as_deref();
+        let set = identity_tags(model, Some(&member.machine), start);
+        let id = instance.id.to_string();
+        let mut wait = TAGGING_BACKOFF;
+        let mut attempt = 1;
+        loop {
+            let res = self.client.create_tags().resources(id.clone()).set_tags(Some(set.clone())).send().await;
+            match res {
+                Ok(_) => {
+                    // A repeat of the batch tagged what an earlier try could not: nothing
+                    // left for the look-up to do (it must not tag the instance again later,
+                    // when it may have been released or handed on).
+                    let key = (member.machine.clone(), member.nonce.clone());
+                    self.state.untagged.lock().await.remove(&key);
+                    break;
+                }
+                Err(e) if attempt < TAGGING_ATTEMPTS && e.code() == Some("InvalidInstanceID.NotFound") => {
+                    actix_rt::time::sleep(wait).await;
+                    wait *= 2;
+                    attempt += 1;
+                }
+                Err(e) => {
+                    let why = sdk_error(e, None).message();
+                    let key = (member.machine.clone(), member.nonce.clone());
+                    self.state.untagged.lock().await.insert(key, (id.clone(), set));
+                    return Err(BrokerError::transient(format!(
+                        "instance {id} was launched for machine {} but not tagged with it: {why}",
+                        member.machine
+                    )));
+                }
+            }
+        }
+        let tags = InstanceTags {
+            model: Some(model.to_owned()),
+            machine: Some(member.machine.clone()),
+            start: start.map(str::to_owned),
+        };
+        let display_name = format!("provisioner-{}", member.machine);
+        Ok(StartedInstance { instance: CloudInstance { tags, age: None, ..instance }, display_name })
+    }
+
+    /// Tags the instance a batched start launched for this start but could not tag (if any),
+    /// so that a look-up by tags finds it.
+    async fn tag_remembered(&self, machine: &MachineId, nonce: &str) -> Result<(), BrokerError> {
+        let key = (machine.clone(), nonce.to_owned());
+        let Some((id, set)) = self.state.untagged.lock().await.remove(&key) else { return Ok(()) };
+        let res = self.client.create_tags().resources(id.clone()).set_tags(Some(set.clone())).send().await;
+        if let Err(e) = res {
+            let why = format!("cannot tag instance {id} for machine {machine}: {}", sdk_error(e, None).message());
+            self.state.untagged.lock().await.insert(key, (id, set));
+            // The instance exists: never an answer that it does not.
+            return Err(BrokerError::transient(why));
+        }
+        Ok(())
     }
 
     /// The SDK client (for tests and tools that inspect the cloud directly).
@@ -404,6 +602,15 @@ impl Broker for Ec2Broker {
         Box::pin(async move { broker.start(params).await })
     }
 
+    fn batches_starts(&self) -> bool {
+        true
+    }
+
+    fn start_instances(&self, params: BatchStartParams) -> BrokerFuture<BatchStarted> {
+        let broker = self.clone();
+        Box::pin(async move { broker.start_batch(params).await })
+    }
+
     fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
         let client = self.client.clone();
         Box::pin(async move { Self::terminate(&client, ids.iter().map(ToString::to_string).collect()).await })
@@ -434,9 +641,11 @@ impl Broker for Ec2Broker {
     }
 
     fn instances_of_start(&self, machine: MachineId, nonce: String) -> BrokerFuture<Vec<CloudInstance>> {
+        let broker = self.clone();
         let client = self.client.clone();
         let model = self.config.model_uuid.clone();
         Box::pin(async move {
+            broker.tag_remembered(&machine, &nonce).await?;
             let tag = |k: &str, v: String| Filter::builder().name(format!("tag:{k}")).values(v).build();
             let out = client
                 .describe_instances()
@@ -509,14 +718,7 @@ impl Broker for Ec2Broker {
         let client = self.client.clone();
         let model = self.config.model_uuid.clone();
         Box::pin(async move {
-            let mut set = vec![tag(TAG_MODEL, tags.model.unwrap_or(model))];
-            if let Some(m) = tags.machine {
-                set.push(tag(TAG_MACHINE, m.to_string()));
-                set.push(tag("Name", format!("provisioner-{m}")));
-            }
-            if let Some(s) = tags.start {
-                set.push(tag(TAG_START, s));
-            }
+            let set = identity_tags(&tags.model.unwrap_or(model), tags.machine.as_ref(), tags.start.as_deref());
             client
                 .create_tags()
                 .resources(id.to_string())

@@ -24,6 +24,15 @@
 //!   best type, `<token>/<type>` for the others, so a retried call repeats exactly); the pair is
 //!   tried last for [`DEFAULT_CAPACITY_MEMORY`]. Only when every type failed there does the
 //!   start fail zone-specifically and the provisioner move zone.
+//! - Batched starts (`batches_starts()` is true): `start_instances` is ONE `RunInstances` with
+//!   `MinCount` 1 and `MaxCount` the members, one `ClientToken` derived from the batch's token
+//!   (per type, as above), and `TagSpecifications` carrying the model, the batch token
+//!   ([`TAG_BATCH`]) and the shared tags; the instance with `AmiLaunchIndex` i is member i's
+//!   and gets its machine, start and `Name` tags by `CreateTags` (tried again while EC2 does
+//!   not see it yet). A member left out of a partial launch fails zone-specifically; one whose
+//!   tagging failed is answered ambiguously, and its look-up (`instances_of_start`) tags the
+//!   instance first. A repeated batch gets the first call's reservation from EC2 and is tagged
+//!   again (no change). See `docs/batched-starts.md`.
 //! - Listings: `DescribeInstances` filtered by our model tag and the states pending, running,
 //!   stopping and stopped, every page. Instances without our model tag are never listed, so
 //!   they can never be adopted or harvested.
@@ -43,7 +52,7 @@ mod errors;
 mod tests;
 
 pub use broker::{
-    client_token, constraint_tags, placement_subnet, root_disk_gib, Ec2Broker, DEFAULT_ROOT_DEVICE,
+    client_token, constraint_tags, placement_subnet, root_disk_gib, Ec2Broker, DEFAULT_ROOT_DEVICE, TAG_BATCH,
     TAG_CONSTRAINT_PREFIX, TAG_MACHINE, TAG_MODEL, TAG_START,
 };
 pub use config::{Ec2Config, Ec2ConfigError, DEFAULT_CAPACITY_MEMORY, DEFAULT_TYPES_PER_ZONE};

@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_ec2::types::{Instance, InstanceState as AwsState, InstanceStateName, Placement, Tag};
 
-use super::broker::to_cloud_instance;
+use super::broker::{identity_tags, to_cloud_instance, with_shared_tags};
 use super::*;
 use crate::model::InstanceState;
 use crate::ports::BrokerError;
@@ -116,4 +116,30 @@ fn an_empty_instance_type_is_refused_and_none_is_fine() {
     assert_eq!(base.validate(), Ok(()));
     let empty = Ec2Config { instance_type: Some(" ".into()), ..base };
     assert!(empty.validate().unwrap_err().to_string().contains("instance type"));
+}
+
+#[test]
+fn shared_tags_never_override_identity_or_each_other() {
+    let identity = identity_tags("m-uuid", Some(&crate::model::MachineId::new("7")), Some("machine-0:n"));
+    let extra = [
+        ("Name".to_owned(), "theirs".to_owned()),
+        (TAG_BATCH.to_owned(), "x".to_owned()),
+        ("team".to_owned(), "a".to_owned()),
+    ]
+    .into_iter()
+    .collect();
+    let c = crate::model::Constraints { tags: vec!["team=b".into(), "gpu".into()], ..Default::default() };
+    let got: Vec<(String, String)> = with_shared_tags(identity, &extra, &c)
+        .iter()
+        .map(|t| (t.key().unwrap().to_owned(), t.value().unwrap().to_owned()))
+        .collect();
+    let want = [
+        (TAG_MODEL, "m-uuid"),
+        (TAG_MACHINE, "7"),
+        ("Name", "provisioner-7"),
+        (TAG_START, "machine-0:n"),
+        ("team", "a"),
+        ("juju-tag-gpu", "true"),
+    ];
+    assert_eq!(got, want.map(|(k, v)| (k.to_owned(), v.to_owned())));
 }
