@@ -918,6 +918,8 @@ mod tests {
         }
     }
 
+    // A build without PostgreSQL refuses the URL itself (another test says so).
+    #[cfg(feature = "postgres")]
     #[test]
     fn init_is_for_sqlite_and_refused_with_postgres() {
         assert!(load(&["--init"]).unwrap().init);

@@ -723,8 +723,17 @@ async fn set_config(
 #[utoipa::path(get, path = "/v1/status", tag = "service", operation_id = "status",
     responses((status = 200, description = "The model, its machines, the cloud and the pool", body = StatusView)))]
 async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
-    let (machines, life) = st.store.exec(|s| Ok((s.list_machines()?, s.model_life()?))).await?;
-    let (instances, instances_error) = instance_count(st.broker.all_instances().await.map(|l| l.len()));
+    // No table is read whole: the counts the store keeps as it writes (and refreshes after other
+    // replicas' commits), the partial index of machines in error, the model's life.
+    let (counts, in_error, life) =
+        st.store.exec(|s| Ok((s.counts().clone(), s.machines_in_error()?, s.model_life()?))).await?;
+    let (instances, instances_error) = if st.broker_name == "sim" {
+        // The simulated cloud is the store: its instances are counted as it writes them.
+        let live = counts.instances_by_state.iter().filter(|(state, _)| *state != "terminated").map(|(_, n)| *n);
+        (Some(live.sum::<u64>() as usize), None)
+    } else {
+        instance_count(st.broker.all_instances().await.map(|l| l.len()))
+    };
     let lease = match &st.replica {
         Some(r) => Some(r.lease_status().await?),
         None => None,
@@ -744,10 +753,8 @@ async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
             (pool, settings.harvest_mode.unwrap_or_default().to_string(), false)
         }
     };
-    let mut by_status = BTreeMap::new();
-    for m in &machines {
-        *by_status.entry(m.machine.status.to_string()).or_insert(0) += 1;
-    }
+    let by_status: BTreeMap<String, usize> =
+        counts.machines_by_status.iter().map(|(status, n)| (status.clone(), *n as usize)).collect();
     let view = StatusView {
         model_uuid: st.model_uuid.clone(),
         model_life: life.to_string(),
@@ -755,8 +762,8 @@ async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
         zones: st.zones.clone(),
         harvest_mode,
         workers: pool.size,
-        machines: machines.len(),
-        machines_in_error: machines.iter().filter(|m| view(m).is_error()).count(),
+        machines: by_status.values().sum(),
+        machines_in_error: in_error as usize,
         machines_by_status: by_status,
         instances,
         instances_error,

@@ -136,6 +136,10 @@ pub trait StoreBackend: Send {
     fn live_containers_of(&mut self, host: &MachineId) -> Result<Vec<MachineId>, StoreError>;
     /// The live manual machines, in id order.
     fn live_manual_machines(&mut self) -> Result<Vec<MachineId>, StoreError>;
+    /// How many machines are in error (`status` error, or `provisioning error` as instance
+    /// status), read through a partial index of those machines: `/v1/status` counts them without
+    /// reading every machine.
+    fn machines_in_error(&mut self) -> Result<u64, StoreError>;
 
     // ---- start intents (see `service::intents`) ------------------------------------------------
 
@@ -299,6 +303,7 @@ impl StoreBackend for StoreCore {
         fn add_manual(&mut self, address: &str) -> Result<MachineId, StoreError>;
         fn live_containers_of(&mut self, host: &MachineId) -> Result<Vec<MachineId>, StoreError>;
         fn live_manual_machines(&mut self) -> Result<Vec<MachineId>, StoreError>;
+        fn machines_in_error(&mut self) -> Result<u64, StoreError>;
         fn create_token(&mut self, scope: Scope, sha256: &str, created: &str) -> Result<TokenRecord, StoreError>;
         fn tokens(&mut self) -> Result<Vec<TokenRecord>, StoreError>;
         fn token_by_hash(&mut self, sha256: &str) -> Result<Option<TokenRecord>, StoreError>;

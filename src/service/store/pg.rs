@@ -54,7 +54,7 @@ use crate::service::pgconnect::{ConnectError, Connector};
 use crate::service::token::{token_id, Scope, TokenRecord};
 
 /// The newest schema version this build knows (rows of `schema_migrations`).
-pub const PG_SCHEMA_VERSION: i64 = 5;
+pub const PG_SCHEMA_VERSION: i64 = 6;
 
 /// The channel of change notifications.
 pub const CHANGES_CHANNEL: &str = "provisioner_changes";
@@ -159,7 +159,7 @@ ALTER TABLE machines ADD COLUMN IF NOT EXISTS last_start_error TEXT;
 /// made under each epoch, ordered by one sequence (what proves no write committed under a
 /// stale epoch).
 const MIGRATIONS: &[(i64, &str)] =
-    &[(1, SCHEMA_V1), (2, SCHEMA_V2), (3, EPOCH_TABLES_SQL), (4, SCHEMA_V4), (5, SCHEMA_V5)];
+    &[(1, SCHEMA_V1), (2, SCHEMA_V2), (3, EPOCH_TABLES_SQL), (4, SCHEMA_V4), (5, SCHEMA_V5), (6, SCHEMA_V6)];
 
 /// The epochs' record, created by migration 3 (and by the lease where missing, so that the
 /// lease can be used and tested on its own): `fence_seq` orders acquisitions and fenced writes;
@@ -217,6 +217,12 @@ CREATE TABLE IF NOT EXISTS start_intents (
     machine TEXT NOT NULL,
     params TEXT NOT NULL
 );
+";
+
+/// Version 6: a partial index of the machines in error, so that `/v1/status` counts them
+/// without reading every machine.
+const SCHEMA_V6: &str = "
+CREATE INDEX IF NOT EXISTS machines_in_error ON machines(seq) WHERE status = 'error' OR instance_status = 'provisioning error';
 ";
 
 /// A change notification's payload (JSON on channel [`CHANGES_CHANNEL`]).
@@ -1249,6 +1255,18 @@ impl StoreBackend for PgStore {
             &[&prefix],
         )?;
         Ok(ids.into_iter().filter(|c| c.container_of().is_some_and(|(h, _)| &h == host)).collect())
+    }
+    fn machines_in_error(&mut self) -> Result<u64, StoreError> {
+        let ctx = "counting machines in error";
+        let n: i64 = self
+            .client()?
+            .query_one(
+                "SELECT count(*) FROM machines WHERE status = 'error' OR instance_status = 'provisioning error'",
+                &[],
+            )
+            .and_then(|r| r.try_get(0))
+            .map_err(pg(ctx))?;
+        Ok(n as u64)
     }
     fn live_manual_machines(&mut self) -> Result<Vec<MachineId>, StoreError> {
         self.query_ids(

@@ -142,6 +142,7 @@ const MACHINE_COLUMNS_V3: [(&str, &str); 3] = [("placement", "TEXT"), ("applicat
 /// (UTC, milliseconds), whoever writes.
 const SCHEMA_V3_AFTER_COLUMNS: &str = "
 CREATE INDEX IF NOT EXISTS machines_by_application ON machines(application) WHERE application IS NOT NULL;
+CREATE INDEX IF NOT EXISTS machines_in_error ON machines(seq) WHERE status = 'error' OR instance_status = 'provisioning error';
 CREATE TRIGGER IF NOT EXISTS machines_stamp_insert AFTER INSERT ON machines WHEN NEW.changed_at IS NULL
 BEGIN
     UPDATE machines SET changed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE seq = NEW.seq;
@@ -1540,6 +1541,15 @@ impl StoreCore {
             .map_err(StoreError::sql("listing containers"))?;
         let ids: Vec<MachineId> = rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing containers"))?;
         Ok(ids.into_iter().filter(|c| c.container_of().is_some_and(|(h, _)| &h == host)).collect())
+    }
+
+    /// How many machines are in error (through the partial index `machines_in_error`).
+    pub fn machines_in_error(&self) -> Result<u64, StoreError> {
+        self.conn
+            .prepare_cached("SELECT count(*) FROM machines INDEXED BY machines_in_error WHERE status = 'error' OR instance_status = 'provisioning error'")
+            .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
+            .map(|n| n as u64)
+            .map_err(StoreError::sql("counting machines in error"))
     }
 
     /// The live manual machines (they refuse a model destruction without `force`), in id order.

@@ -594,6 +594,28 @@ fn start_intents_are_kept_until_dropped(s: &mut dyn StoreBackend) {
     assert_eq!(s.start_intents().unwrap(), ["{\"b\":2}"]);
 }
 
+/// The machines in error, counted through the partial index, are those a scan finds: an error
+/// status or a `provisioning error` instance status; a retry or a start takes them out.
+fn machines_in_error_are_counted_without_a_scan(s: &mut dyn StoreBackend) {
+    let m = s.add_machines(4, None).unwrap();
+    assert_eq!(s.machines_in_error().unwrap(), 0);
+    s.set_status(&m[0], MachineStatus::Error, "no").unwrap();
+    s.set_instance_status(&m[1], &InstanceStatus::provisioning_error(), "capacity").unwrap();
+    let scan = |s: &mut dyn StoreBackend| {
+        s.list_machines()
+            .unwrap()
+            .iter()
+            .filter(|r| {
+                r.machine.status == MachineStatus::Error
+                    || r.machine.instance_status == InstanceStatus::provisioning_error()
+            })
+            .count() as u64
+    };
+    assert_eq!((s.machines_in_error().unwrap(), scan(s)), (2, 2));
+    s.set_status(&m[0], MachineStatus::Pending, "").unwrap();
+    assert_eq!((s.machines_in_error().unwrap(), scan(s)), (1, 1));
+}
+
 /// The behaviour tests above, each run against SQLite (a test each, in memory) and against
 /// PostgreSQL (feature `postgres`: one cluster for the lot, a fresh database per test).
 macro_rules! on_both_backends {
@@ -625,6 +647,7 @@ on_both_backends!(
     a_manual_machine_is_registered_started_with_its_address,
     api_tokens_are_kept_as_hashes_and_revoked_once,
     start_intents_are_kept_until_dropped,
+    machines_in_error_are_counted_without_a_scan,
 );
 
 /// Start attempts: each reported outcome counts one, a failure keeps its error, a success
