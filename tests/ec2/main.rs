@@ -726,6 +726,13 @@ async fn a_failed_tagging_is_ambiguous_for_that_member_only_and_its_look_up_find
     assert!(err.message().contains("InvalidInstanceID.NotFound"), "{err}");
     let launched = reservations(&broker, uuid).await.into_values().next().unwrap();
     assert_eq!(launched[1].tags.get(TAG_MACHINE), None, "untagged for now");
+    // A restarted provisioner (a new broker, no memory of the failed tagging) lists it as
+    // member 1's all the same: the batch named its machines at launch (seen failing before
+    // the member tags: nobody's, so never adopted and, in mode `destroyed`, never stopped).
+    let fresh = Moto::shared().broker(uuid).await;
+    let listed = fresh.all_instances().await.unwrap();
+    let one = listed.iter().find(|i| i.id.to_string() == launched[1].id).expect("listed");
+    assert_eq!(one.tags.machine.as_ref(), Some(&params.members[1].machine));
     let (m1, nonce1) = (params.members[1].machine.clone(), params.members[1].nonce.clone());
     // The first look-up's tagging fails once more (the fault's fifth time): an error, never
     // "nothing made"; the next one tags and finds it.

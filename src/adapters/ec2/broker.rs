@@ -35,8 +35,64 @@ pub const TAG_START: &str = "provisioner-start";
 /// (every instance of one batched `RunInstances` carries it, with its `AmiLaunchIndex`).
 pub const TAG_BATCH: &str = "provisioner-batch";
 
+/// Tag keys `provisioner-batch-members-0`, `-1`, ...: the machines of a batched start in launch
+/// order, comma-separated, over as many tags as 256-character values need. Set at launch (in
+/// `TagSpecifications`, so in the same call as the instances), they tell whose each instance
+/// is by its `AmiLaunchIndex` until its own machine tag is set: an instance whose `CreateTags`
+/// never happened (a crash right after `RunInstances`) is still listed as its machine's, and
+/// adopted, rather than left running as nobody's.
+pub const TAG_BATCH_MEMBERS: &str = "provisioner-batch-members";
+
 /// The identity tag keys, which neither the model's tags nor a `tags=` constraint may set.
 const RESERVED_TAGS: [&str; 4] = [TAG_MODEL, TAG_MACHINE, TAG_START, TAG_BATCH];
+
+/// The prefix of every tag key of ours: the model's tags and `tags=` constraints may set none.
+const RESERVED_PREFIX: &str = "provisioner-";
+
+/// Most `provisioner-batch-members-K` tags on one instance (EC2 allows 50 tags in all); a batch
+/// whose machine ids need more is launched without them (each instance then depends on its
+/// `CreateTags`, as before).
+const MAX_MEMBER_TAGS: usize = 16;
+
+/// The member tags of a batch of `machines` (launch order), or `None` when they would need
+/// more than [`MAX_MEMBER_TAGS`] tags.
+pub(super) fn member_tags(machines: &[MachineId]) -> Option<Vec<Tag>> {
+    let mut values: Vec<String> = vec![String::new()];
+    for m in machines {
+        let id = m.as_str();
+        let last = values.last_mut()?;
+        if !last.is_empty() && last.len() + 1 + id.len() > 256 {
+            values.push(String::new());
+        }
+        let last = values.last_mut()?;
+        if !last.is_empty() {
+            last.push(',');
+        }
+        last.push_str(id);
+    }
+    (values.len() <= MAX_MEMBER_TAGS)
+        .then(|| values.into_iter().enumerate().map(|(k, v)| tag(&format!("{TAG_BATCH_MEMBERS}-{k}"), v)).collect())
+}
+
+/// The machine a batched start launched `i` for, read from its member tags and its
+/// `AmiLaunchIndex`.
+fn batch_member(i: &Instance) -> Option<MachineId> {
+    let index = usize::try_from(i.ami_launch_index()?).ok()?;
+    let mut parts: Vec<(usize, &str)> = i
+        .tags()
+        .iter()
+        .filter_map(|t| {
+            let k = t.key()?.strip_prefix(TAG_BATCH_MEMBERS)?.strip_prefix('-')?.parse().ok()?;
+            Some((k, t.value()?))
+        })
+        .collect();
+    if parts.is_empty() {
+        return None;
+    }
+    parts.sort_unstable();
+    let joined = parts.iter().map(|(_, v)| *v).collect::<Vec<_>>().join(",");
+    joined.split(',').nth(index).filter(|m| !m.is_empty()).map(MachineId::new)
+}
 
 /// How many `CreateTags` calls of one batched start are in flight at once.
 const TAGGING_CONCURRENCY: usize = 8;
@@ -132,12 +188,15 @@ pub(super) fn with_shared_tags(
     constraints: &Constraints,
 ) -> Vec<Tag> {
     for (k, v) in extra {
-        if !RESERVED_TAGS.contains(&k.as_str()) && !tags.iter().any(|t| t.key() == Some(k.as_str())) {
+        if !RESERVED_TAGS.contains(&k.as_str())
+            && !k.starts_with(RESERVED_PREFIX)
+            && !tags.iter().any(|t| t.key() == Some(k.as_str()))
+        {
             tags.push(tag(k, v.clone()));
         }
     }
     for (k, v) in constraint_tags(&constraints.tags) {
-        if !tags.iter().any(|t| t.key() == Some(k.as_str())) {
+        if !k.starts_with(RESERVED_PREFIX) && !tags.iter().any(|t| t.key() == Some(k.as_str())) {
             tags.push(tag(&k, v));
         }
     }
@@ -229,7 +288,9 @@ pub(super) fn to_cloud_instance(i: &Instance, model: &str, now: SystemTime) -> O
     let value = |key: &str| i.tags().iter().find(|t| t.key() == Some(key)).and_then(|t| t.value()).map(str::to_owned);
     let tags = InstanceTags {
         model: value(TAG_MODEL),
-        machine: value(TAG_MACHINE).map(MachineId::new),
+        // Its own machine tag; else, launched by a batched start whose tagging never happened,
+        // the machine at its launch index.
+        machine: value(TAG_MACHINE).map(MachineId::new).or_else(|| batch_member(i)),
         start: value(TAG_START),
     };
     if tags.model.as_deref() != Some(model) {
@@ -470,6 +531,14 @@ impl Ec2Broker {
             _ => client_token(model, &params.client_token),
         };
         tags.push(tag(TAG_BATCH, batch_tag));
+        let machines: Vec<MachineId> = params.members.iter().map(|m| m.machine.clone()).collect();
+        match member_tags(&machines) {
+            Some(members) => tags.extend(members),
+            None => tracing::warn!(
+                machines = n,
+                "a batch too large to name its machines in tags: each instance depends on its CreateTags"
+            ),
+        }
         let launch = Launch {
             zone: params.zone.as_deref(),
             constraints: &params.constraints,

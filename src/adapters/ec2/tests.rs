@@ -143,3 +143,46 @@ fn shared_tags_never_override_identity_or_each_other() {
     ];
     assert_eq!(got, want.map(|(k, v)| (k.to_owned(), v.to_owned())));
 }
+
+/// A batch's machines are named at launch, in launch order, over tags of at most 256
+/// characters; an instance without its own machine tag is its launch index's machine (a crash
+/// between `RunInstances` and `CreateTags` leaves it so), its own tag wins once set, and a batch
+/// too large to name is launched without them. Neither the model's tags nor a `tags=`
+/// constraint can set a key of ours.
+#[test]
+fn a_batched_instance_is_its_launch_index_machine_until_tagged() {
+    use super::broker::{member_tags, TAG_BATCH_MEMBERS};
+    use crate::model::MachineId;
+    let machines: Vec<MachineId> = (0..200).map(|i| MachineId::new(format!("{}", 1000 + i))).collect();
+    let tags = member_tags(&machines).expect("200 four-digit ids fit");
+    assert_eq!(tags.len(), 4, "51 ids of five characters a tag");
+    assert!(tags.iter().all(|t| t.value().unwrap().len() <= 256));
+    assert_eq!(tags[0].key(), Some(format!("{TAG_BATCH_MEMBERS}-0").as_str()));
+    let mut all = identity_tags("m-uuid", None, None);
+    all.extend(tags);
+    let launched = |index: i32, own: Option<&str>| {
+        let mut t = all.clone();
+        if let Some(m) = own {
+            t.push(Tag::builder().key(TAG_MACHINE).value(m).build());
+        }
+        Instance::builder()
+            .instance_id(format!("i-{index}"))
+            .state(AwsState::builder().name(InstanceStateName::Running).build())
+            .ami_launch_index(index)
+            .set_tags(Some(t))
+            .build()
+    };
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_600);
+    let machine = |i: &Instance| to_cloud_instance(i, "m-uuid", now).unwrap().tags.machine;
+    assert_eq!(machine(&launched(0, None)), Some(MachineId::new("1000")));
+    assert_eq!(machine(&launched(52, None)), Some(MachineId::new("1052")), "across the tags' boundary");
+    assert_eq!(machine(&launched(199, None)), Some(MachineId::new("1199")));
+    assert_eq!(machine(&launched(200, None)), None, "no such member");
+    assert_eq!(machine(&launched(3, Some("7"))), Some(MachineId::new("7")), "its own tag wins (a reuse)");
+    let huge: Vec<MachineId> = (0..2000).map(|i| MachineId::new(format!("{}", 100_000 + i))).collect();
+    assert!(member_tags(&huge).is_none(), "too many to name in 16 tags");
+    let extra = [(format!("{TAG_BATCH_MEMBERS}-9"), "1".to_owned())].into_iter().collect();
+    let c = crate::model::Constraints { tags: vec![format!("{TAG_BATCH_MEMBERS}-8=2")], ..Default::default() };
+    let shared = with_shared_tags(Vec::new(), &extra, &c);
+    assert!(shared.is_empty(), "no key of ours from the model or a constraint: {shared:?}");
+}
