@@ -1733,6 +1733,23 @@ fn bad_tls_files_exit_2_naming_the_file() {
     assert!(!dir.join("data").exists(), "a refused start touched the data directory");
 }
 
+/// A start that fails for good is counted under the zone of its last cloud call (seen failing
+/// before the event named one: the failure was counted under `unknown`).
+#[test]
+fn a_failed_start_is_counted_under_its_zone() {
+    let dir = temp_dir("failed-zone");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("once.toml");
+    std::fs::write(&config, "[retry]\ncount = 0\n").unwrap();
+    let args = ["--sim-start-latency", "50ms", "--sim-zones", "az2", "--sim-start-failures", "1"];
+    let s = Server::start(&dir, &[&args[..], &["--config", config.to_str().unwrap()]].concat());
+    s.json(&["machine", "add", "-n", "1", "--json"]);
+    eventually(Duration::from_secs(10), "the failed start to be counted in az2", || {
+        sample(&s.metrics(), "provisioner_start_outcomes_total{zone=\"az2\",outcome=\"failed\"}") == Some(1.0)
+    });
+    assert_eq!(sample(&s.metrics(), "provisioner_start_outcomes_total{zone=\"unknown\",outcome=\"failed\"}"), None);
+}
+
 /// `/metrics` is OpenMetrics (its content type, `# EOF` at the end), the whole scrape parses
 /// with the Prometheus project's own parser (`.ci/metrics-check`: PyPI `prometheus-client`,
 /// pinned, in a venv), and the new families move: after adding machines, the start outcomes

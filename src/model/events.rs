@@ -41,6 +41,8 @@ pub enum ProvisionerEvent {
         machine: MachineId,
         /// The error message written to its instance status.
         message: String,
+        /// The zone of the cloud call that failed last, when the start ended on one.
+        zone: Option<String>,
     },
     /// Instances were terminated.
     InstancesStopped {

@@ -137,9 +137,10 @@ pub fn event_view(e: &ProvisionerEvent) -> EventView {
             v.instance = Some(instance.to_string());
             v.zone = zone.clone();
         }
-        ProvisionerEvent::MachineFailed { machine, message } => {
+        ProvisionerEvent::MachineFailed { machine, message, zone } => {
             v.machine = Some(machine.to_string());
             v.message = Some(message.clone());
+            v.zone = zone.clone();
         }
         ProvisionerEvent::InstancesStopped { instances } | ProvisionerEvent::InstancesReleased { instances } => {
             v.instances = instances.iter().map(ToString::to_string).collect();
@@ -332,7 +333,8 @@ mod tests {
         assert_eq!(mode.mode.as_deref(), Some("all"));
         let stopped = event_view(&ProvisionerEvent::InstancesStopped { instances: vec![InstanceId::new("i-9")] });
         assert_eq!(stopped.instances, ["i-9"]);
-        let failed = ProvisionerEvent::MachineFailed { machine: MachineId::new("1"), message: "no\nroom".into() };
+        let failed =
+            ProvisionerEvent::MachineFailed { machine: MachineId::new("1"), message: "no\nroom".into(), zone: None };
         let frame = sse_frame(&event_view(&failed));
         assert_eq!(frame.matches('\n').count(), 3, "a message's newline must not break the frame: {frame:?}");
     }

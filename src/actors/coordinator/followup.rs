@@ -114,11 +114,11 @@ pub fn on_job_done(outcome: JobOutcome) -> Vec<Followup> {
             out.push(Followup::StartFinished { machine, instance: Some(id), orphan: None });
             out
         }
-        JobOutcome::StartFailed { machine, error, retired, orphan, given_up } => {
+        JobOutcome::StartFailed { machine, error, retired, orphan, given_up, zone } => {
             let mut out = retire(retired, given_up);
             // The event says what the machine's status says: the error's text.
             let message = error.to_string();
-            out.push(Followup::Publish(ProvisionerEvent::MachineFailed { machine: machine.clone(), message }));
+            out.push(Followup::Publish(ProvisionerEvent::MachineFailed { machine: machine.clone(), message, zone }));
             out.push(Followup::StartFinished { machine, instance: None, orphan });
             out
         }

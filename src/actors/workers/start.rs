@@ -101,14 +101,17 @@ async fn set_instance_status(deps: &StartDeps, machine: &MachineId, status: Inst
 /// Writes a final provisioning error: instance status `provisioning error` and
 /// machine status `error`, both with the cause (the error's text).
 async fn fail(deps: &StartDeps, machine: MachineId, error: WorkerError) -> JobOutcome {
-    fail_retiring(deps, machine, error, None).await
+    fail_retiring(deps, machine, error, None, None).await
 }
 
+/// [`fail`], retiring `retired` (a dead machine whose parked instance the start tried), and
+/// naming the `zone` of the cloud call that failed last, if the start ended on one.
 async fn fail_retiring(
     deps: &StartDeps,
     machine: MachineId,
     error: WorkerError,
     retired: Option<MachineId>,
+    zone: Option<String>,
 ) -> JobOutcome {
     tracing::warn!(%machine, %error, kind = ?error.kind(), "cannot start instance for machine");
     let _ = deps.release_machine.send(ReleaseMachine { machine: machine.clone() }).await;
@@ -117,7 +120,7 @@ async fn fail_retiring(
     if let Err(e) = deps.model.set_status(machine.clone(), MachineStatus::Error, message).await {
         tracing::warn!(%machine, error = %e, "cannot set machine status");
     }
-    JobOutcome::StartFailed { machine, error, retired, orphan: None, given_up: None }
+    JobOutcome::StartFailed { machine, error, retired, orphan: None, given_up: None, zone }
 }
 
 /// Ends a start the lifecycle no longer wants ([`still_wanted`] said why).
@@ -170,9 +173,9 @@ async fn register(
         }
     };
     let error = WorkerError::Record { instance: instance.id.clone(), source };
-    match fail_retiring(deps, machine, error, started.retired).await {
-        JobOutcome::StartFailed { machine, error, retired, given_up, .. } => {
-            JobOutcome::StartFailed { machine, error, retired, orphan: Some(instance.id), given_up }
+    match fail_retiring(deps, machine, error, started.retired, None).await {
+        JobOutcome::StartFailed { machine, error, retired, given_up, zone, .. } => {
+            JobOutcome::StartFailed { machine, error, retired, orphan: Some(instance.id), given_up, zone }
         }
         other => other,
     }
@@ -328,7 +331,7 @@ async fn start_or_adopt(
                     }
                     // Nothing was made: a new token is safe.
                     Ok(None) => unsure = false,
-                    Err(e) => return fail_retiring(deps, machine, e, retired).await,
+                    Err(e) => return fail_retiring(deps, machine, e, retired, None).await,
                 }
             }
             let zone = match deps.choose.send(ChooseZone { machine: machine.clone(), request: request.clone() }).await {
@@ -387,11 +390,11 @@ async fn start_or_adopt(
                     Ok(Some(found)) => {
                         return adopt_own(deps, machine, found, &nonce, (own.clone(), retired), rng).await
                     }
-                    Ok(None) => return fail_retiring(deps, machine, WorkerError::Cloud(err), retired).await,
-                    Err(e) => return fail_retiring(deps, machine, e, retired).await,
+                    Ok(None) => return fail_retiring(deps, machine, WorkerError::Cloud(err), retired, zone).await,
+                    Err(e) => return fail_retiring(deps, machine, e, retired, zone).await,
                 }
             }
-            Step::Final => return fail_retiring(deps, machine, WorkerError::Cloud(err), retired).await,
+            Step::Final => return fail_retiring(deps, machine, WorkerError::Cloud(err), retired, zone).await,
             Step::FailOver => {
                 let z = zone.as_deref().unwrap_or_default();
                 let msg = format!(

@@ -287,6 +287,9 @@ pub enum JobOutcome {
         orphan: Option<InstanceId>,
         /// A parked instance this start gave up: stop it (then remove `retired`).
         given_up: Option<GivenUp>,
+        /// The zone of the last cloud call that failed, when the start ended on one (what a
+        /// failed start is counted under, per zone).
+        zone: Option<String>,
     },
     /// The machine died before or during its start; nothing was left running.
     StartAbandoned {

@@ -373,6 +373,7 @@ fn an_outcome_names_the_parked_instance_its_start_gave_up() {
         retired: Some(MachineId::new("9")),
         orphan: None,
         given_up: None,
+        zone: None,
     };
     match failed.with_given_up(given.clone()) {
         JobOutcome::StartFailed { given_up, retired, .. } => {

@@ -68,8 +68,8 @@ impl Handler<ProvisionerEvent> for Metrics {
                     self.book.time_to_running(at.elapsed().as_secs_f64());
                 }
             }
-            ProvisionerEvent::MachineFailed { machine, .. } => {
-                self.book.start_outcome(None, StartOutcome::Failed);
+            ProvisionerEvent::MachineFailed { machine, zone, .. } => {
+                self.book.start_outcome(zone.as_deref(), StartOutcome::Failed);
                 self.pending.remove(machine);
             }
             ProvisionerEvent::MachineRemoved { machine } => {
