@@ -1406,8 +1406,7 @@ impl StoreBackend for PgStore {
 
     fn put_start_intent(&mut self, client_token: &str, machine: &MachineId, params: &str) -> Result<(), StoreError> {
         let ctx = "writing a start's intent";
-        let tx = self.begin(ctx)?;
-        let mut tx = tx;
+        let mut tx = self.begin(ctx)?;
         tx.execute(
             "INSERT INTO start_intents (client_token, machine, params) VALUES ($1, $2, $3) \
              ON CONFLICT (client_token) DO NOTHING",
