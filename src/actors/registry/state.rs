@@ -6,9 +6,9 @@ use std::time::Duration;
 use crate::config::Scope;
 use thiserror::Error;
 
-use crate::model::{MultiMap, 
+use crate::model::{
     CloudInstance, Constraints, DeadMachine, InstanceId, InstanceState, InstanceStatus, Life, Machine, MachineId,
-    MachineStatus,
+    MachineStatus, MultiMap,
 };
 use crate::ports::{BrokerError, ModelError};
 
@@ -251,20 +251,26 @@ impl MachineBook {
     }
 
     /// Replaces the view with a fresh listing (only non-terminated instances are kept).
+    ///
+    /// The maps are built whole from the sorted listing (a bulk build: packed nodes, no search
+    /// per instance), not filled one insertion at a time: a resync of 100,000 instances costs a
+    /// sort of an already sorted list instead of 200,000 tree insertions.
     pub fn load_view(&mut self, listing: Vec<CloudInstance>) {
-        self.instances.clear();
-        self.by_tag.clear();
-        let mut ages = BTreeMap::new();
-        for inst in listing {
-            if inst.state != InstanceState::Terminated {
+        let live: Vec<CloudInstance> =
+            listing.into_iter().filter(|inst| inst.state != InstanceState::Terminated).collect();
+        let ages = live
+            .iter()
+            .map(|inst| {
                 let age = match inst.age {
                     Some(age) => (self.clock, age),
                     None => self.ages.get(&inst.id).copied().unwrap_or((self.clock, Duration::ZERO)),
                 };
-                ages.insert(inst.id.clone(), age);
-                self.insert_instance(inst);
-            }
-        }
+                (inst.id.clone(), age)
+            })
+            .collect();
+        self.by_tag = live.iter().filter_map(|inst| Some((inst.tags.machine.clone()?, inst.id.clone()))).collect();
+        // Equal ids keep the last one listed, as insertion would.
+        self.instances = live.into_iter().map(|inst| (inst.id.clone(), inst)).collect();
         self.ages = ages;
         self.loaded_once = true;
         self.fresh = true;
