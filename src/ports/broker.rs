@@ -352,5 +352,9 @@ pub(crate) fn repeated_start(params: &StartInstanceParams, made: &CloudInstance)
 /// other's instance.
 #[cfg(any(feature = "test-util", feature = "serve"))]
 pub(crate) fn token_key(model: &str, client_token: &str) -> String {
-    format!("{model}\n{client_token}")
+    let mut key = String::with_capacity(model.len() + 1 + client_token.len());
+    key.push_str(model);
+    key.push('\n');
+    key.push_str(client_token);
+    key
 }

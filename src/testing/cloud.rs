@@ -506,7 +506,11 @@ impl CloudActor {
     fn fresh_id(&mut self) -> InstanceId {
         loop {
             self.next_id += 1;
-            let id = InstanceId::new(format!("i-{}", self.next_id));
+            let n = self.next_id.to_string();
+            let mut id = String::with_capacity(2 + n.len());
+            id.push_str("i-");
+            id.push_str(&n);
+            let id = InstanceId::from(id);
             if !self.instances.contains_key(&id) {
                 return id;
             }
