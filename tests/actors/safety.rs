@@ -287,16 +287,16 @@ async fn the_brokers_own_calls_are_paced_by_the_provisioners_limiter() {
     use provisioner::config::rate_limits::ApiClass;
     use provisioner::model::{CloudInstance, InstanceId};
     use provisioner::ports::{Broker, BrokerFuture, Pacer, StartInstanceParams, StartedInstance};
-    use std::sync::{Arc, Mutex};
+    use std::sync::{Arc, OnceLock};
 
     /// The fake cloud's broker, keeping the pacer it is handed.
     struct Keeps {
         inner: Arc<dyn Broker>,
-        pacer: Mutex<Option<Arc<dyn Pacer>>>,
+        pacer: OnceLock<Arc<dyn Pacer>>,
     }
     impl Broker for Keeps {
         fn pace_follow_ups(&self, pacer: Arc<dyn Pacer>) {
-            *self.pacer.lock().unwrap() = Some(pacer);
+            assert!(self.pacer.set(pacer).is_ok(), "one pacer per start");
         }
         fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
             self.inner.start_instance(params)
@@ -314,10 +314,10 @@ async fn the_brokers_own_calls_are_paced_by_the_provisioners_limiter() {
 
     let cloud = zoned_cloud(&["az1"]);
     let limits = RateLimits { stop: Some(BucketLimit::new(1, 1.0)), ..RateLimits::ec2() };
-    let keeps = Arc::new(Keeps { inner: Arc::new(cloud.broker()), pacer: Mutex::new(None) });
+    let keeps = Arc::new(Keeps { inner: Arc::new(cloud.broker()), pacer: OnceLock::new() });
     let config = ProvisionerConfig { rate_limits: limits, ..test_config() };
     let handle = provisioner::start(config, keeps.clone(), Arc::new(FakeModel::new(Vec::new()).api())).unwrap();
-    let pacer = keeps.pacer.lock().unwrap().clone().expect("the limiter's gate is handed to the broker");
+    let pacer = keeps.pacer.get().cloned().expect("the limiter's gate is handed to the broker");
     let t0 = actix_rt::time::Instant::now();
     let first = pacer.token(ApiClass::Stop).await;
     let second = pacer.token(ApiClass::Stop).await;
@@ -331,9 +331,9 @@ async fn the_brokers_own_calls_are_paced_by_the_provisioners_limiter() {
     assert!(stop.rate < 1.0, "and slows the class down: {}", stop.rate);
     handle.shutdown();
 
-    let unlimited = Arc::new(Keeps { inner: Arc::new(cloud.broker()), pacer: Mutex::new(None) });
+    let unlimited = Arc::new(Keeps { inner: Arc::new(cloud.broker()), pacer: OnceLock::new() });
     let config = ProvisionerConfig { rate_limits: RateLimits::unlimited(), ..test_config() };
     let handle = provisioner::start(config, unlimited.clone(), Arc::new(FakeModel::new(Vec::new()).api())).unwrap();
-    assert!(unlimited.pacer.lock().unwrap().is_none(), "no limiter, no pacer");
+    assert!(unlimited.pacer.get().is_none(), "no limiter, no pacer");
     handle.shutdown();
 }

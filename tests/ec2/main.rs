@@ -659,38 +659,43 @@ async fn a_batched_starts_tagging_waits_for_the_limiters_tokens() {
     use provisioner::config::rate_limits::ApiClass;
     use provisioner::ports::Pacer;
     use provisioner::Broker;
-    use std::sync::{Arc, Mutex};
+    use std::sync::atomic::{AtomicU64, Ordering};
 
-    /// Grants a token for each unit sent on its channel; records tokens and reports.
+    /// Grants a token for each unit sent on its channel; counts the tokens (of the `stop`
+    /// class: any other is counted apart) and passes the reports on.
     struct Tokens {
         grants: Arc<futures::lock::Mutex<mpsc::UnboundedReceiver<()>>>,
-        taken: Arc<Mutex<Vec<ApiClass>>>,
-        reports: Arc<Mutex<Vec<(ApiClass, u64, bool)>>>,
+        taken: Arc<AtomicU64>,
+        other_class: Arc<AtomicU64>,
+        reports: mpsc::UnboundedSender<(ApiClass, u64, bool)>,
     }
     impl Pacer for Tokens {
         fn token(&self, class: ApiClass) -> futures::future::BoxFuture<'static, u64> {
-            let (grants, taken) = (self.grants.clone(), self.taken.clone());
+            let (grants, taken, other) = (self.grants.clone(), self.taken.clone(), self.other_class.clone());
             Box::pin(async move {
                 grants.lock().await.next().await;
-                let mut t = taken.lock().unwrap();
-                t.push(class);
-                t.len() as u64
+                if class != ApiClass::Stop {
+                    other.fetch_add(1, Ordering::SeqCst);
+                }
+                taken.fetch_add(1, Ordering::SeqCst) + 1
             })
         }
         fn report(&self, class: ApiClass, epoch: u64, throttled: bool) {
-            self.reports.lock().unwrap().push((class, epoch, throttled));
+            let _ = self.reports.unbounded_send((class, epoch, throttled));
         }
     }
 
     let uuid = "model-batch-paced";
     let broker = Moto::shared().broker(uuid).await;
     let (grant, grants) = mpsc::unbounded();
-    let taken = Arc::new(Mutex::new(Vec::new()));
-    let reports = Arc::new(Mutex::new(Vec::new()));
+    let (report, mut reports) = mpsc::unbounded();
+    let taken = Arc::new(AtomicU64::new(0));
+    let other_class = Arc::new(AtomicU64::new(0));
     broker.pace_follow_ups(Arc::new(Tokens {
         grants: Arc::new(futures::lock::Mutex::new(grants)),
         taken: taken.clone(),
-        reports: reports.clone(),
+        other_class: other_class.clone(),
+        reports: report,
     }));
     grant.unbounded_send(()).unwrap();
     grant.unbounded_send(()).unwrap();
@@ -699,7 +704,7 @@ async fn a_batched_starts_tagging_waits_for_the_limiters_tokens() {
     // Without more tokens it cannot finish: two instances are tagged, two wait.
     let waited = actix_rt::time::timeout(Duration::from_secs(3), &mut start).await;
     assert!(waited.is_err(), "the batch finished with two tokens for four taggings: {waited:?}");
-    assert_eq!(*taken.lock().unwrap(), [ApiClass::Stop, ApiClass::Stop]);
+    assert_eq!(taken.load(Ordering::SeqCst), 2);
     let launched = reservations(&broker, uuid).await;
     assert_eq!(launched.values().map(Vec::len).sum::<usize>(), 4, "the one RunInstances call is made");
     let tagged = launched.values().flatten().filter(|l| l.tags.contains_key(TAG_MACHINE)).count();
@@ -708,8 +713,12 @@ async fn a_batched_starts_tagging_waits_for_the_limiters_tokens() {
     grant.unbounded_send(()).unwrap();
     let answer = actix_rt::time::timeout(Duration::from_secs(60), start).await.expect("tokens granted").unwrap();
     assert!(answered_ids(&answer).iter().all(Option::is_some), "{answer:?}");
-    assert_eq!(taken.lock().unwrap().len(), 4);
-    let mut seen = reports.lock().unwrap().clone();
+    assert_eq!(taken.load(Ordering::SeqCst), 4);
+    assert_eq!(other_class.load(Ordering::SeqCst), 0, "every tagging takes a stop-class token");
+    let mut seen = Vec::new();
+    while let Ok(r) = reports.try_recv() {
+        seen.push(r);
+    }
     seen.sort_by_key(|r| r.1);
     assert_eq!(seen, (1..=4).map(|e| (ApiClass::Stop, e, false)).collect::<Vec<_>>(), "each reported, unthrottled");
 }

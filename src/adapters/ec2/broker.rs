@@ -152,9 +152,8 @@ struct Shared {
     untagged: Mutex<BTreeMap<(MachineId, String), Untagged>>,
     epoch: actix_rt::time::Instant,
     /// What paces the broker's own calls (a batched start's `CreateTags`): the provisioner's
-    /// client-side limiter, handed over by [`Broker::pace_follow_ups`]. A plain lock: set once
-    /// per provisioner start, read once per batch.
-    pacer: std::sync::RwLock<Option<Arc<dyn Pacer>>>,
+    /// client-side limiter, handed over by [`Broker::pace_follow_ups`].
+    pacer: Mutex<Option<Arc<dyn Pacer>>>,
 }
 
 /// The instance tags a `tags=` constraint asks for: `KEY=VALUE` is the tag `KEY` = `VALUE`, a
@@ -341,7 +340,7 @@ impl Ec2Broker {
             failover: Mutex::new(TypeFailover::new(memory)),
             untagged: Mutex::new(BTreeMap::new()),
             epoch: actix_rt::time::Instant::now(),
-            pacer: std::sync::RwLock::new(None),
+            pacer: Mutex::new(None),
         };
         Ok(Self { client: Client::new(&sdk), config: Arc::new(config), state: Arc::new(state) })
     }
@@ -639,7 +638,7 @@ impl Ec2Broker {
         aws_sdk_ec2::operation::create_tags::CreateTagsOutput,
         SdkError<aws_sdk_ec2::operation::create_tags::CreateTagsError, HttpResponse>,
     > {
-        let pacer = self.state.pacer.read().ok().and_then(|p| p.clone());
+        let pacer = self.state.pacer.lock().await.clone();
         let epoch = match &pacer {
             Some(p) => Some(p.token(ApiClass::Stop).await),
             None => None,
@@ -696,8 +695,14 @@ impl Ec2Broker {
 
 impl Broker for Ec2Broker {
     fn pace_follow_ups(&self, pacer: Arc<dyn Pacer>) {
-        if let Ok(mut slot) = self.state.pacer.write() {
-            *slot = Some(pacer);
+        // The slot is only ever held for a clone: taken at once unless a tagging reads it at
+        // this very moment, in which case it is set as soon as that read is done.
+        match self.state.pacer.try_lock() {
+            Some(mut slot) => *slot = Some(pacer),
+            None => {
+                let state = self.state.clone();
+                actix_rt::spawn(async move { *state.pacer.lock().await = Some(pacer) });
+            }
         }
     }
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
