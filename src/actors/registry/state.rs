@@ -57,7 +57,9 @@ pub struct MachineBook {
     recorded: BTreeMap<MachineId, InstanceId>,
     /// Which cached machine owns each instance.
     owner: BTreeMap<InstanceId, MachineId>,
-    instances: BTreeMap<InstanceId, CloudInstance>,
+    /// Boxed: the map fills in id order, which leaves its B-tree nodes half empty, and a
+    /// half-empty node of pointers wastes far less than one of 168-byte instances.
+    instances: BTreeMap<InstanceId, Box<CloudInstance>>,
     /// Instances by the machine named in their tags.
     by_tag: MultiMap<MachineId, InstanceId>,
     loaded_once: bool,
@@ -132,7 +134,7 @@ impl MachineBook {
 
     /// Every instance in the view, in id order.
     pub fn instances(&self) -> impl Iterator<Item = &CloudInstance> {
-        self.instances.values()
+        self.instances.values().map(|i| &**i)
     }
 
     /// Stores a machine read from the model. An instance we recorded ourselves wins over a
@@ -270,7 +272,7 @@ impl MachineBook {
             .collect();
         self.by_tag = live.iter().filter_map(|inst| Some((inst.tags.machine.clone()?, inst.id.clone()))).collect();
         // Equal ids keep the last one listed, as insertion would.
-        self.instances = live.into_iter().map(|inst| (inst.id.clone(), inst)).collect();
+        self.instances = live.into_iter().map(|inst| (inst.id.clone(), Box::new(inst))).collect();
         self.ages = ages;
         self.loaded_once = true;
         self.fresh = true;
@@ -372,7 +374,7 @@ impl MachineBook {
         if let Some(m) = &inst.tags.machine {
             self.by_tag.insert(m.clone(), inst.id.clone());
         }
-        self.instances.insert(inst.id.clone(), inst);
+        self.instances.insert(inst.id.clone(), Box::new(inst));
     }
 
     /// Instances of ours that no cached machine owns and whose tag names no cached machine
@@ -415,7 +417,7 @@ impl MachineBook {
     pub fn adoptable(&self, machine: &MachineId) -> Option<CloudInstance> {
         self.by_tag.get(machine).find_map(|id| {
             let free = self.owner.get(id).is_none_or(|o| o == machine) && !self.stopping.contains_key(id);
-            free.then(|| self.instances.get(id).cloned()).flatten()
+            free.then(|| self.instances.get(id).map(|i| (**i).clone())).flatten()
         })
     }
 
@@ -489,7 +491,7 @@ impl MachineBook {
 
     /// The view's record of an instance.
     pub fn instance(&self, id: &InstanceId) -> Option<&CloudInstance> {
-        self.instances.get(id)
+        self.instances.get(id).map(|i| &**i)
     }
 }
 
