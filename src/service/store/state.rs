@@ -530,6 +530,51 @@ pub struct StoreCore {
     group: Option<OpenGroup>,
 }
 
+/// One write's own atomicity: a savepoint (a transaction of its own outside a group commit,
+/// a nested one inside), rolled back if dropped before [`Atomic::commit`]. Its statements are
+/// prepared once per connection (rusqlite's `Savepoint` parses its SQL at every use, which
+/// showed in the store thread's profile).
+pub(super) struct Atomic<'c> {
+    conn: &'c Connection,
+    done: bool,
+}
+
+impl<'c> Atomic<'c> {
+    /// Opens the savepoint.
+    pub(super) fn begin(conn: &'c Connection) -> rusqlite::Result<Self> {
+        run_cached(conn, "SAVEPOINT write")?;
+        Ok(Self { conn, done: false })
+    }
+
+    /// Releases it: its writes are kept (committed, if it was the outermost).
+    pub(super) fn commit(mut self) -> rusqlite::Result<()> {
+        run_cached(self.conn, "RELEASE write")?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for Atomic<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = run_cached(self.conn, "ROLLBACK TO write");
+            let _ = run_cached(self.conn, "RELEASE write");
+        }
+    }
+}
+
+impl std::ops::Deref for Atomic<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
+}
+
+/// Runs a statement without parameters or rows, prepared once per connection.
+fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 /// The identity of a file: its inode where there is one.
 fn file_identity(path: &Path) -> std::io::Result<Option<u64>> {
     let meta = std::fs::metadata(path)?;
@@ -685,6 +730,8 @@ impl StoreCore {
             _ => StoreError::sql("setting the journal mode")(e),
         })?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(StoreError::sql("setting synchronous mode"))?;
+        // The savepoints of a group commit's writes journal the pages they change: in memory.
+        conn.pragma_update(None, "temp_store", "MEMORY").map_err(StoreError::sql("setting the temporary store"))?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(StoreError::sql("enabling foreign keys"))?;
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(StoreError::sql("setting the busy timeout"))?;
         let version: i64 = conn
@@ -854,7 +901,7 @@ impl StoreCore {
             return Err(StoreError::Refused("a group commit is open already".into()));
         }
         self.set_durable(durable)?;
-        self.conn.execute_batch("BEGIN").map_err(StoreError::sql("beginning a group commit"))?;
+        run_cached(&self.conn, "BEGIN").map_err(StoreError::sql("beginning a group commit"))?;
         self.group = Some(OpenGroup {
             before: self.book.mark(),
             member: None,
@@ -869,7 +916,7 @@ impl StoreCore {
         let Some(group) = self.group.as_mut() else {
             return Err(StoreError::Refused("no group commit is open".into()));
         };
-        self.conn.execute_batch("SAVEPOINT member").map_err(StoreError::sql("beginning a write of a group"))?;
+        run_cached(&self.conn, "SAVEPOINT member").map_err(StoreError::sql("beginning a write of a group"))?;
         group.member = Some(self.book.mark());
         Ok(())
     }
@@ -882,8 +929,10 @@ impl StoreCore {
         let Some(mark) = self.group.as_mut().and_then(|g| g.member.take()) else {
             return Err(StoreError::Refused("no write of a group is in progress".into()));
         };
-        let sql = if keep { "RELEASE member" } else { "ROLLBACK TO member; RELEASE member" };
-        let ended = self.conn.execute_batch(sql).map_err(StoreError::sql("ending a write of a group"));
+        let rollback = if keep { Ok(()) } else { run_cached(&self.conn, "ROLLBACK TO member") };
+        let ended = rollback
+            .and_then(|()| run_cached(&self.conn, "RELEASE member"))
+            .map_err(StoreError::sql("ending a write of a group"));
         match ended {
             Ok(()) if keep => self.book.keep(mark),
             _ => self.book.undo(mark),
@@ -908,7 +957,7 @@ impl StoreCore {
         let Some(group) = self.group.take() else {
             return Err(StoreError::Refused("no group commit is open".into()));
         };
-        match self.conn.execute_batch("COMMIT").map_err(StoreError::sql("committing a group of writes")) {
+        match run_cached(&self.conn, "COMMIT").map_err(StoreError::sql("committing a group of writes")) {
             Ok(()) => {
                 self.book.keep(group.before);
                 Ok(())
@@ -1119,7 +1168,7 @@ impl StoreCore {
         if self.model_life()? != Life::Alive {
             return Err(StoreError::ModelDying);
         }
-        let tx = self.conn.savepoint().map_err(StoreError::sql("destroying the model"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("destroying the model"))?;
         meta_set(&tx, "model_life", Life::Dying.as_str()).map_err(StoreError::sql("destroying the model"))?;
         tx.commit().map_err(StoreError::sql("destroying the model"))?;
         self.book.counts.model_life = Life::Dying.to_string();
@@ -1134,7 +1183,7 @@ impl StoreCore {
         if !force {
             super::backend::refuse_hosts_with_live_containers(self, ids)?;
         }
-        let tx = self.conn.savepoint().map_err(StoreError::sql("removing machines"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("removing machines"))?;
         let mut seen = BTreeSet::new();
         let mut moved = Vec::new();
         for id in ids {
@@ -1177,7 +1226,7 @@ impl StoreCore {
     /// Marks machines in provisioning error for another start (`retry-provisioning`), all or
     /// none; a retry tick is then due.
     pub fn retry_machines(&mut self, ids: &[MachineId]) -> Result<(), StoreError> {
-        let tx = self.conn.savepoint().map_err(StoreError::sql("marking machines for retry"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("marking machines for retry"))?;
         for id in ids.iter().collect::<BTreeSet<_>>() {
             let row: Option<(String, Option<String>, String)> = tx
                 .query_row("SELECT life, instance, instance_status FROM machines WHERE id = ?1", [id.as_str()], |r| {
@@ -1318,7 +1367,7 @@ impl StoreCore {
         if self.model_life()? != Life::Alive {
             return Err(StoreError::ModelDying);
         }
-        let tx = self.conn.savepoint().map_err(StoreError::sql("adding machines"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("adding machines"))?;
         let ids = Self::insert_machines(&tx, count, spec)?;
         tx.commit().map_err(StoreError::sql("adding machines"))?;
         self.added(&ids);
@@ -1337,7 +1386,7 @@ impl StoreCore {
             return Err(StoreError::ModelDying);
         }
         let ctx = "adding an application";
-        let tx = self.conn.savepoint().map_err(StoreError::sql(ctx))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql(ctx))?;
         let exists: bool = tx
             .query_row("SELECT count(*) FROM applications WHERE name = ?1", [name], |r| r.get::<_, i64>(0))
             .map_err(StoreError::sql(ctx))?
@@ -1398,7 +1447,7 @@ impl StoreCore {
     /// machines it took to dead.
     pub fn remove_application(&mut self, name: &str) -> Result<Vec<MachineId>, StoreError> {
         let ctx = "removing an application";
-        let tx = self.conn.savepoint().map_err(StoreError::sql(ctx))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql(ctx))?;
         let n = tx.execute("DELETE FROM applications WHERE name = ?1", [name]).map_err(StoreError::sql(ctx))?;
         if n == 0 {
             return Err(StoreError::NoApplication(name.to_owned()));
@@ -1437,7 +1486,7 @@ impl StoreCore {
         zone: Option<&str>,
         tags: &InstanceTags,
     ) -> Result<(InstanceRecord, bool), StoreError> {
-        let tx = self.conn.savepoint().map_err(StoreError::sql("creating an instance"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("creating an instance"))?;
         let existing = tx
             .query_row(
                 &format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE client_token = ?1"),
@@ -1527,7 +1576,7 @@ impl StoreCore {
 
     /// Terminates instances (unknown ids are ignored: stopping a gone instance succeeds).
     pub fn terminate_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError> {
-        let tx = self.conn.savepoint().map_err(StoreError::sql("terminating instances"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("terminating instances"))?;
         let mut moved = Vec::new();
         for id in ids.iter().collect::<BTreeSet<_>>() {
             let state: Option<String> = tx
@@ -1549,7 +1598,7 @@ impl StoreCore {
 
     /// Removes our model's tag from instances left alone on purpose.
     pub fn release_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError> {
-        let tx = self.conn.savepoint().map_err(StoreError::sql("releasing instances"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("releasing instances"))?;
         for id in ids {
             tx.execute("UPDATE instances SET model = NULL WHERE id = ?1", [id.as_str()])
                 .map_err(StoreError::sql("releasing instances"))?;
@@ -1604,7 +1653,7 @@ impl StoreCore {
             }
             Some(_) => {}
         }
-        let tx = self.conn.savepoint().map_err(StoreError::sql("adding containers"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("adding containers"))?;
         let mut ids = Vec::with_capacity(count);
         {
             let mut insert = tx
@@ -1650,7 +1699,7 @@ impl StoreCore {
                 message: format!("{address} is already manual machine {id}"),
             });
         }
-        let tx = self.conn.savepoint().map_err(StoreError::sql("adding a manual machine"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("adding a manual machine"))?;
         let n = next_counter(&tx, "next_machine").map_err(StoreError::sql("allocating a machine id"))?;
         let id = MachineId::from(n.to_string());
         tx.execute(
