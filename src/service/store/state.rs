@@ -670,14 +670,14 @@ fn instance_from_row(r: &Row<'_>) -> rusqlite::Result<InstanceRecord> {
 const INSTANCE_COLUMNS: &str = "id, state, zone, model, machine, start, client_token";
 
 fn meta_get(tx: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
-    tx.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional()
+    tx.prepare_cached("SELECT value FROM meta WHERE key = ?1")?.query_row([key], |r| r.get(0)).optional()
 }
 
 fn meta_set(tx: &Connection, key: &str, value: &str) -> rusqlite::Result<()> {
-    tx.execute(
+    tx.prepare_cached(
         "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-        [key, value],
-    )
+    )?
+    .execute([key, value])
     .map(|_| ())
 }
 
@@ -730,6 +730,8 @@ impl StoreCore {
             _ => StoreError::sql("setting the journal mode")(e),
         })?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(StoreError::sql("setting synchronous mode"))?;
+        // Every statement the store runs more than once stays prepared (rusqlite keeps 16).
+        conn.set_prepared_statement_cache_capacity(128);
         // The savepoints of a group commit's writes journal the pages they change: in memory.
         conn.pragma_update(None, "temp_store", "MEMORY").map_err(StoreError::sql("setting the temporary store"))?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(StoreError::sql("enabling foreign keys"))?;
@@ -1488,22 +1490,20 @@ impl StoreCore {
     ) -> Result<(InstanceRecord, bool), StoreError> {
         let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("creating an instance"))?;
         let existing = tx
-            .query_row(
-                &format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE client_token = ?1"),
-                [client_token],
-                instance_from_row,
-            )
-            .optional()
+            .prepare_cached(&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE client_token = ?1"))
+            .and_then(|mut st| st.query_row([client_token], instance_from_row).optional())
             .map_err(StoreError::sql("looking up a client token"))?;
         if let Some(existing) = existing {
             return Ok((existing, false));
         }
         let n = next_counter(&tx, "next_instance").map_err(StoreError::sql("allocating an instance id"))?;
         let id = format!("i-{:08x}", n + 1);
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO instances (seq, id, state, zone, model, machine, start, client_token) \
              VALUES (?1, ?2, 'pending', ?3, ?4, ?5, ?6, ?7)",
-            params![
+        )
+        .and_then(|mut st| {
+            st.execute(params![
                 n as i64,
                 id,
                 zone,
@@ -1511,8 +1511,8 @@ impl StoreCore {
                 tags.machine.as_ref().map(MachineId::as_str),
                 tags.start,
                 client_token
-            ],
-        )
+            ])
+        })
         .map_err(StoreError::sql("creating an instance"))?;
         tx.commit().map_err(StoreError::sql("creating an instance"))?;
         self.book.instance_moved(None, InstanceState::Pending.as_str());
@@ -1542,7 +1542,8 @@ impl StoreCore {
     pub fn land_instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError> {
         let n = self
             .conn
-            .execute("UPDATE instances SET state = 'running' WHERE id = ?1 AND state = 'pending'", [id.as_str()])
+            .prepare_cached("UPDATE instances SET state = 'running' WHERE id = ?1 AND state = 'pending'")
+            .and_then(|mut st| st.execute([id.as_str()]))
             .map_err(StoreError::sql("landing an instance"))?;
         if n > 0 {
             self.book.instance_moved(Some(InstanceState::Pending.as_str()), InstanceState::Running.as_str());
