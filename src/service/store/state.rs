@@ -904,11 +904,8 @@ impl StoreCore {
         }
         self.set_durable(durable)?;
         run_cached(&self.conn, "BEGIN").map_err(StoreError::sql("beginning a group commit"))?;
-        self.group = Some(OpenGroup {
-            before: self.book.mark(),
-            member: None,
-            changes_at_begin: self.conn.total_changes(),
-        });
+        self.group =
+            Some(OpenGroup { before: self.book.mark(), member: None, changes_at_begin: self.conn.total_changes() });
         Ok(())
     }
 

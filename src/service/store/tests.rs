@@ -735,6 +735,8 @@ fn a_group_commit_keeps_its_good_writes_and_drops_a_failed_one() {
 /// group), a failing one among them (it adds a machine, then fails) changes nothing and fails
 /// alone, and no write is answered before the group's commit.
 #[test]
+// The last write waits a while on the store's thread, for early answers to show.
+#[allow(clippy::disallowed_methods)]
 fn writes_waiting_together_commit_as_one_group_answered_after_its_commit() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
