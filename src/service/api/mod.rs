@@ -280,7 +280,7 @@ async fn authenticate(state: &AppState, given: &str) -> Result<Caller> {
     if admin_hash(state).is_some_and(|admin| token::hashes_equal(&hash, &admin)) {
         return Ok(Caller { id: token::ADMIN_ID.to_owned(), scope: Scope::Admin });
     }
-    let found = state.store.exec(move |s| s.token_by_hash(&hash)).await?;
+    let found = state.store.read(move |s| s.token_by_hash(&hash)).await?;
     match found {
         Some(t) if t.revoked.is_none() => Ok(Caller { id: t.id, scope: t.scope }),
         Some(t) => Err(ApiError::new(401, format!("the API token {} was revoked", t.id))),

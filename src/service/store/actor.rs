@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -13,7 +13,35 @@ use super::messages::{CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRe
 use super::state::{StoreCore, StoreError};
 use crate::{MachinesChanged, RetryTick};
 
+/// One unit of work's answer, held until its group commits: called with the group's failure
+/// (`None`: committed), it answers the work's own result, or the group's failure if the work
+/// succeeded but its group did not commit.
+type Answer = Box<dyn FnOnce(Option<&StoreError>) + Send>;
+
+/// The most units of work one group commit holds: a bound on how long the first of them waits
+/// for its answer while others keep arriving.
+pub const MAX_GROUP: usize = 256;
+
+/// The group commit open on the store's thread: whether it commits durably, and the answers
+/// it holds back until then.
+#[derive(Default)]
+struct Group {
+    /// `Some(durable)` while a group is open.
+    durable: Option<bool>,
+    /// The answers of its units of work that read or wrote what is not committed yet.
+    answers: Vec<Answer>,
+}
+
 /// Owns the backend (one `SyncArbiter` thread: both backends' calls block) and the watchers.
+///
+/// Group commit: while more units of work wait in its mailbox (`waiting`, counted by the
+/// clients), the actor runs them in one open transaction, each in a savepoint of its own (a
+/// failing one is rolled back alone), and commits them together when none waits any more (or
+/// [`MAX_GROUP`] are in): one fsync for every durable write of the group. Each is answered only
+/// after that commit (acknowledged means durable, as before), then the watchers hear what the
+/// group changed. A unit of work that finds nothing written in its group yet (a read) is
+/// answered at once: it saw only committed data. A durable write never joins a lazy group:
+/// that group commits first. A backend without group commits (PostgreSQL) runs each alone.
 pub struct StoreActor {
     core: Result<Box<dyn StoreBackend>, StoreError>,
     watchers: Vec<Recipient<MachinesChanged>>,
@@ -21,20 +49,39 @@ pub struct StoreActor {
     count_watchers: Vec<Recipient<CountsChanged>>,
     /// Operations run (every `Exec`), shared with the clients.
     operations: Arc<AtomicU64>,
+    /// `Exec` messages sent and not yet handled, shared with the clients.
+    waiting: Arc<AtomicUsize>,
+    /// Group commits made, shared with the clients.
+    commits: Arc<AtomicU64>,
+    /// The group commit open, if one is.
+    group: Group,
 }
 
 impl Actor for StoreActor {
     type Context = SyncContext<Self>;
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        self.finish_group();
+    }
 }
 
 impl StoreActor {
     /// An actor over an open core.
     pub fn new(core: impl StoreBackend + 'static) -> Self {
-        Self::over(Ok(Box::new(core)), Arc::default())
+        Self::over(Ok(Box::new(core)), &Shared::default())
     }
 
-    fn over(core: Result<Box<dyn StoreBackend>, StoreError>, operations: Arc<AtomicU64>) -> Self {
-        Self { core, watchers: Vec::new(), retry_watchers: Vec::new(), count_watchers: Vec::new(), operations }
+    fn over(core: Result<Box<dyn StoreBackend>, StoreError>, shared: &Shared) -> Self {
+        Self {
+            core,
+            watchers: Vec::new(),
+            retry_watchers: Vec::new(),
+            count_watchers: Vec::new(),
+            operations: shared.operations.clone(),
+            waiting: shared.waiting.clone(),
+            commits: shared.commits.clone(),
+            group: Group::default(),
+        }
     }
 
     /// Sends the outbox to the watchers.
@@ -60,31 +107,123 @@ impl StoreActor {
             }
         }
     }
+
+    /// Commits the open group (if one is), tells the watchers what it changed, then answers
+    /// its units of work.
+    fn finish_group(&mut self) {
+        if self.group.durable.take().is_none() {
+            return;
+        }
+        let answers = std::mem::take(&mut self.group.answers);
+        let committed = match self.core.as_mut() {
+            Ok(core) => core.commit_group().inspect_err(|e| core.note_damage(e)),
+            Err(e) => Err(e.clone()),
+        };
+        if committed.is_ok() {
+            self.commits.fetch_add(1, Ordering::Relaxed);
+        }
+        self.publish();
+        let failure = committed.err();
+        if let Some(e) = &failure {
+            tracing::error!(error = %e, writes = answers.len(), "a group commit failed: none of its writes was made");
+        }
+        for answer in answers {
+            answer(failure.as_ref());
+        }
+    }
+
+    /// The open group's transaction is gone (`why`): nothing of it is written; every unit of
+    /// work held answers its own error, or `why`.
+    fn abort_group(&mut self, why: &StoreError) {
+        self.group.durable = None;
+        if let Ok(core) = self.core.as_mut() {
+            core.abort_group();
+        }
+        tracing::error!(error = %why, writes = self.group.answers.len(), "a group commit was rolled back");
+        for answer in std::mem::take(&mut self.group.answers) {
+            answer(Some(why));
+        }
+    }
 }
 
 impl<T: Send + 'static> Handler<Exec<T>> for StoreActor {
-    type Result = Result<T, StoreError>;
-    fn handle(&mut self, msg: Exec<T>, _ctx: &mut Self::Context) -> Self::Result {
+    type Result = ();
+    fn handle(&mut self, msg: Exec<T>, _ctx: &mut Self::Context) {
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
         self.operations.fetch_add(1, Ordering::Relaxed);
-        let result = match self.core.as_mut() {
-            Ok(core) => {
-                core.set_fenced(msg.fenced);
-                let result = core.set_durable(msg.durable).and_then(|()| (msg.work)(core.as_mut()));
-                if let Err(e) = &result {
-                    core.note_damage(e);
-                }
-                result
+        let Exec { work, durable, fenced, reply } = msg;
+        // A durable write does not join a group that commits without waiting for the disk.
+        if durable && self.group.durable == Some(false) {
+            self.finish_group();
+        }
+        let core = match self.core.as_mut() {
+            Ok(core) => core,
+            Err(e) => {
+                let _ = reply.send(Err(e.clone()));
+                return;
             }
-            Err(e) => Err(e.clone()),
         };
-        self.publish();
-        result
+        if self.group.durable.is_none() {
+            match core.begin_group(durable) {
+                Ok(true) => self.group.durable = Some(durable),
+                Ok(false) => {
+                    // This backend commits each write alone.
+                    core.set_fenced(fenced);
+                    let result = core.set_durable(durable).and_then(|()| work(core.as_mut()));
+                    if let Err(e) = &result {
+                        core.note_damage(e);
+                    }
+                    self.publish();
+                    let _ = reply.send(result);
+                    return;
+                }
+                Err(e) => {
+                    core.note_damage(&e);
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+            }
+        }
+        core.set_fenced(fenced);
+        if let Err(e) = core.begin_member() {
+            core.note_damage(&e);
+            let _ = reply.send(Err(e.clone()));
+            self.abort_group(&e);
+            return;
+        }
+        let result = work(core.as_mut());
+        if let Err(e) = &result {
+            core.note_damage(e);
+        }
+        let ended = core.end_member(result.is_ok());
+        let written = core.group_has_written();
+        let answer: Answer = Box::new(move |failure: Option<&StoreError>| {
+            let _ = reply.send(match (failure, result) {
+                (Some(e), Ok(_)) => Err(e.clone()),
+                (_, result) => result,
+            });
+        });
+        match ended {
+            Err(e) => {
+                core.note_damage(&e);
+                self.group.answers.push(answer);
+                self.abort_group(&e);
+                return;
+            }
+            // Nothing written in the group yet: what it read was committed before.
+            Ok(()) if !written => answer(None),
+            Ok(()) => self.group.answers.push(answer),
+        }
+        if self.waiting.load(Ordering::Acquire) == 0 || self.group.answers.len() >= MAX_GROUP {
+            self.finish_group();
+        }
     }
 }
 
 impl Handler<SetFence> for StoreActor {
     type Result = Result<(), StoreError>;
     fn handle(&mut self, msg: SetFence, _ctx: &mut Self::Context) -> Self::Result {
+        self.finish_group();
         match self.core.as_mut() {
             Ok(core) => core.set_fence(msg.0),
             Err(e) => Err(e.clone()),
@@ -95,6 +234,7 @@ impl Handler<SetFence> for StoreActor {
 impl Handler<Watch> for StoreActor {
     type Result = ();
     fn handle(&mut self, msg: Watch, _ctx: &mut Self::Context) {
+        self.finish_group();
         match self.core.as_mut().map_err(|e| e.clone()).and_then(|c| c.machine_ids()) {
             Ok(ids) => {
                 msg.0.do_send(MachinesChanged { ids });
@@ -108,6 +248,7 @@ impl Handler<Watch> for StoreActor {
 impl Handler<WatchCounts> for StoreActor {
     type Result = ();
     fn handle(&mut self, msg: WatchCounts, _ctx: &mut Self::Context) {
+        self.finish_group();
         if let Ok(core) = &self.core {
             msg.0.do_send(CountsChanged(core.counts().clone()));
         }
@@ -118,15 +259,27 @@ impl Handler<WatchCounts> for StoreActor {
 impl Handler<WatchRetries> for StoreActor {
     type Result = ();
     fn handle(&mut self, msg: WatchRetries, _ctx: &mut Self::Context) {
+        self.finish_group();
         self.retry_watchers.push(msg.0);
     }
+}
+
+/// The counters the store's clients and its actor share.
+#[derive(Clone, Default)]
+struct Shared {
+    /// Operations run (every `Exec`).
+    operations: Arc<AtomicU64>,
+    /// `Exec` messages sent and not yet handled (the actor's group commits end when none is).
+    waiting: Arc<AtomicUsize>,
+    /// Group commits made.
+    commits: Arc<AtomicU64>,
 }
 
 /// A handle on the running store. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
     addr: Addr<StoreActor>,
-    operations: Arc<AtomicU64>,
+    shared: Shared,
 }
 
 impl Store {
@@ -138,16 +291,16 @@ impl Store {
         // the store's thread then opens it again without repeating the check.
         drop(StoreCore::open(path)?);
         let path: PathBuf = path.to_owned();
-        let operations = Arc::new(AtomicU64::new(0));
-        let ops = operations.clone();
+        let shared = Shared::default();
+        let theirs = shared.clone();
         let addr = SyncArbiter::start(1, move || {
             let core = StoreCore::open_checked_before(&path);
             if let Err(e) = &core {
                 tracing::error!(error = %e, "cannot open the database");
             }
-            StoreActor::over(core.map(|c| Box::new(c) as Box<dyn StoreBackend>), ops.clone())
+            StoreActor::over(core.map(|c| Box::new(c) as Box<dyn StoreBackend>), &theirs)
         });
-        Ok(Self { addr, operations })
+        Ok(Self { addr, shared })
     }
 
     /// Starts the store's thread over a backend that `open` makes there (called again if the
@@ -155,16 +308,16 @@ impl Store {
     /// not fail on an unreachable server: its operations answer [`StoreError::Unavailable`]
     /// until it reconnects.
     pub fn start_with(open: impl Fn() -> Result<Box<dyn StoreBackend>, StoreError> + Send + Sync + 'static) -> Self {
-        let operations = Arc::new(AtomicU64::new(0));
-        let ops = operations.clone();
+        let shared = Shared::default();
+        let theirs = shared.clone();
         let addr = SyncArbiter::start(1, move || {
             let core = open();
             if let Err(e) = &core {
                 tracing::error!(error = %e, "cannot open the database");
             }
-            StoreActor::over(core, ops.clone())
+            StoreActor::over(core, &theirs)
         });
-        Self { addr, operations }
+        Self { addr, shared }
     }
 
     /// Opens the PostgreSQL store at `url` (feature `postgres`): the URL is parsed now (a bad
@@ -186,7 +339,13 @@ impl Store {
 
     /// How many operations the store has run (reads and writes alike).
     pub fn operations(&self) -> u64 {
-        self.operations.load(Ordering::Relaxed)
+        self.shared.operations.load(Ordering::Relaxed)
+    }
+
+    /// How many group commits the store has made (SQLite; each commits one or more units of
+    /// work).
+    pub fn group_commits(&self) -> u64 {
+        self.shared.commits.load(Ordering::Relaxed)
     }
 
     /// Subscribes to the gauges' counts: the current ones now, then each change.
@@ -194,14 +353,38 @@ impl Store {
         self.addr.do_send(WatchCounts(to));
     }
 
+    /// Sends one unit of work to the store's thread; its answer comes after its group commits.
+    fn send<T: Send + 'static>(
+        &self,
+        work: super::messages::Work<T>,
+        durable: bool,
+        fenced: bool,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
+        let (reply, answer) = futures::channel::oneshot::channel();
+        // Counted before it is sent: the actor keeps its group open while any is on its way.
+        self.shared.waiting.fetch_add(1, Ordering::AcqRel);
+        self.addr.do_send(Exec { work, durable, fenced, reply });
+        // A dropped answer: the store's thread stopped (or its mailbox was closed).
+        async move { answer.await.map_err(|_| StoreError::Stopped(MailboxError::Closed))? }
+    }
+
     /// Runs `f` on the store's thread and answers its result; a write it makes is on disk
-    /// (fsynced) before the answer. For what an operator's request acknowledges.
+    /// (fsynced) before the answer. For what an operator's request acknowledges. `f` is atomic:
+    /// if it fails, none of its writes is made.
     pub fn exec<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut dyn StoreBackend) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
-        let req = self.addr.send(Exec { work: Box::new(f), durable: true, fenced: false });
-        async move { req.await.map_err(StoreError::Stopped)? }
+        self.send(Box::new(f), true, false)
+    }
+
+    /// Runs `f`, a read, on the store's thread: like [`Store::exec`], but a write it made would
+    /// not wait for the disk, so a read shares any group commit (see [`StoreActor`]).
+    pub fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut dyn StoreBackend) -> Result<T, StoreError> + Send + 'static,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
+        self.send(Box::new(f), false, false)
     }
 
     /// Runs `f` like [`Store::exec`], but a write it makes is committed without waiting for
@@ -214,8 +397,7 @@ impl Store {
         &self,
         f: impl FnOnce(&mut dyn StoreBackend) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
-        let req = self.addr.send(Exec { work: Box::new(f), durable: false, fenced: true });
-        async move { req.await.map_err(StoreError::Stopped)? }
+        self.send(Box::new(f), false, true)
     }
 
     /// Subscribes a machine watcher (it hears every machine at once).

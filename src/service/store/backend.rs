@@ -72,6 +72,38 @@ pub trait StoreBackend: Send {
     }
     /// Remembers damage an operation ran into.
     fn note_damage(&mut self, e: &StoreError);
+
+    // ---- group commit (the store actor's) ------------------------------------------------------
+
+    /// Opens a group commit: the units of work until [`StoreBackend::commit_group`] share one
+    /// transaction, each in a savepoint of its own, and commit together (fsynced once for all
+    /// if `durable`). `Ok(false)`: this backend commits each write alone (PostgreSQL), and the
+    /// store actor runs each unit of work by itself.
+    fn begin_group(&mut self, durable: bool) -> Result<bool, StoreError> {
+        let _ = durable;
+        Ok(false)
+    }
+    /// A unit of work of the open group begins (its savepoint).
+    fn begin_member(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// The unit of work ends: kept in the group, or rolled back alone. An error: the group's
+    /// transaction is gone, and the group must be aborted.
+    fn end_member(&mut self, keep: bool) -> Result<(), StoreError> {
+        let _ = keep;
+        Ok(())
+    }
+    /// Whether the open group has written anything yet.
+    fn group_has_written(&self) -> bool {
+        false
+    }
+    /// Commits the open group: every unit of work kept in it is committed (on disk, if the
+    /// group is durable) when this returns `Ok`; none is on an error.
+    fn commit_group(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// Abandons the open group: nothing of it is written, the outbox and counts are as before.
+    fn abort_group(&mut self) {}
     /// Whether the store can be read now (`/healthz`, `/readyz`).
     fn check_readable(&mut self) -> Result<(), StoreError>;
 
@@ -270,7 +302,19 @@ impl StoreBackend for StoreCore {
     fn counts(&self) -> &StoreCounts {
         StoreCore::counts(self)
     }
+    fn begin_group(&mut self, durable: bool) -> Result<bool, StoreError> {
+        StoreCore::begin_group(self, durable).map(|()| true)
+    }
+    fn group_has_written(&self) -> bool {
+        StoreCore::group_has_written(self)
+    }
+    fn abort_group(&mut self) {
+        StoreCore::abort_group(self)
+    }
     forward! {
+        fn begin_member(&mut self) -> Result<(), StoreError>;
+        fn end_member(&mut self, keep: bool) -> Result<(), StoreError>;
+        fn commit_group(&mut self) -> Result<(), StoreError>;
         fn set_durable(&mut self, durable: bool) -> Result<(), StoreError>;
         fn take_outbox(&mut self) -> (Vec<MachineId>, bool);
         fn take_counts(&mut self) -> Option<StoreCounts>;

@@ -10,7 +10,8 @@ use crate::{MachinesChanged, RetryTick};
 pub type Work<T> = Box<dyn FnOnce(&mut dyn StoreBackend) -> Result<T, StoreError> + Send>;
 
 /// Runs one unit of work on the store's connection: a read, or a write that has committed
-/// when the answer arrives. Watchers hear about the machines it changed right after.
+/// when the answer arrives (in a group commit with the units of work waiting beside it).
+/// Watchers hear about the machines it changed before the answer.
 pub struct Exec<T> {
     /// The work.
     pub work: Work<T>,
@@ -23,10 +24,12 @@ pub struct Exec<T> {
     /// cloud's): checked against the leader's fence, if one is set. Writes of desired state
     /// from the API are not.
     pub fenced: bool,
+    /// Where its result goes, once its group has committed.
+    pub reply: futures::channel::oneshot::Sender<Result<T, StoreError>>,
 }
 
 impl<T: Send + 'static> Message for Exec<T> {
-    type Result = Result<T, StoreError>;
+    type Result = ();
 }
 
 /// Subscribes a machine watcher: it gets every machine now, then the ids that change.

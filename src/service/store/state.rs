@@ -383,6 +383,53 @@ impl Book {
     pub(super) fn take_counts(&mut self) -> Option<StoreCounts> {
         std::mem::take(&mut self.counts_changed).then(|| self.counts.clone())
     }
+
+    /// Marks where the book is before writes that may be undone: [`Book::keep`] adds what
+    /// they recorded to what was there, [`Book::undo`] goes back to the mark.
+    pub(super) fn mark(&mut self) -> BookMark {
+        BookMark {
+            changed: std::mem::take(&mut self.changed),
+            retry_due: self.retry_due,
+            counts: self.counts.clone(),
+            counts_changed: self.counts_changed,
+        }
+    }
+
+    /// The writes since `mark` committed (or are kept in their group): the book keeps them.
+    pub(super) fn keep(&mut self, mut mark: BookMark) {
+        mark.changed.append(&mut self.changed);
+        self.changed = mark.changed;
+    }
+
+    /// The writes since `mark` were rolled back: the book is as it was at the mark.
+    pub(super) fn undo(&mut self, mark: BookMark) {
+        self.changed = mark.changed;
+        self.retry_due = mark.retry_due;
+        self.counts = mark.counts;
+        self.counts_changed = mark.counts_changed;
+    }
+}
+
+/// The book as it was before writes that may be rolled back (a group commit's, one write's in
+/// it): its machines changed (moved out, so that a mark costs no copy of them), its flags and
+/// its counts (a few dozen entries).
+#[derive(Debug, Default)]
+pub(super) struct BookMark {
+    changed: BTreeSet<MachineId>,
+    retry_due: bool,
+    counts: StoreCounts,
+    counts_changed: bool,
+}
+
+/// A group commit open on a SQLite connection (see [`StoreCore::begin_group`]).
+#[derive(Debug, Default)]
+struct OpenGroup {
+    /// The book before the group.
+    before: BookMark,
+    /// The book before the write in progress, if one is.
+    member: Option<BookMark>,
+    /// The connection's change count when the group began: more now means it has written.
+    changes_at_begin: u64,
 }
 
 /// The model settings an operator changes at run time (`provisioner config`).
@@ -479,6 +526,53 @@ pub struct StoreCore {
     damaged: Option<StoreError>,
     /// The database file and its identity (inode) when opened; `None` in memory.
     file: Option<(PathBuf, Option<u64>)>,
+    /// The group commit open, if one is.
+    group: Option<OpenGroup>,
+}
+
+/// One write's own atomicity: a savepoint (a transaction of its own outside a group commit,
+/// a nested one inside), rolled back if dropped before [`Atomic::commit`]. Its statements are
+/// prepared once per connection (rusqlite's `Savepoint` parses its SQL at every use, which
+/// showed in the store thread's profile).
+pub(super) struct Atomic<'c> {
+    conn: &'c Connection,
+    done: bool,
+}
+
+impl<'c> Atomic<'c> {
+    /// Opens the savepoint.
+    pub(super) fn begin(conn: &'c Connection) -> rusqlite::Result<Self> {
+        run_cached(conn, "SAVEPOINT write")?;
+        Ok(Self { conn, done: false })
+    }
+
+    /// Releases it: its writes are kept (committed, if it was the outermost).
+    pub(super) fn commit(mut self) -> rusqlite::Result<()> {
+        run_cached(self.conn, "RELEASE write")?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for Atomic<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = run_cached(self.conn, "ROLLBACK TO write");
+            let _ = run_cached(self.conn, "RELEASE write");
+        }
+    }
+}
+
+impl std::ops::Deref for Atomic<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
+}
+
+/// Runs a statement without parameters or rows, prepared once per connection.
+fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 /// The identity of a file: its inode where there is one.
@@ -576,18 +670,18 @@ fn instance_from_row(r: &Row<'_>) -> rusqlite::Result<InstanceRecord> {
 const INSTANCE_COLUMNS: &str = "id, state, zone, model, machine, start, client_token";
 
 fn meta_get(tx: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
-    tx.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional()
+    tx.prepare_cached("SELECT value FROM meta WHERE key = ?1")?.query_row([key], |r| r.get(0)).optional()
 }
 
 fn meta_set(tx: &Connection, key: &str, value: &str) -> rusqlite::Result<()> {
-    tx.execute(
+    tx.prepare_cached(
         "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-        [key, value],
-    )
+    )?
+    .execute([key, value])
     .map(|_| ())
 }
 
-pub(super) fn next_counter(tx: &Transaction<'_>, key: &str) -> rusqlite::Result<u64> {
+pub(super) fn next_counter(tx: &Connection, key: &str) -> rusqlite::Result<u64> {
     let n: u64 = meta_get(tx, key)?.and_then(|v| v.parse().ok()).unwrap_or(0);
     meta_set(tx, key, &(n + 1).to_string())?;
     Ok(n)
@@ -636,6 +730,10 @@ impl StoreCore {
             _ => StoreError::sql("setting the journal mode")(e),
         })?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(StoreError::sql("setting synchronous mode"))?;
+        // Every statement the store runs more than once stays prepared (rusqlite keeps 16).
+        conn.set_prepared_statement_cache_capacity(128);
+        // The savepoints of a group commit's writes journal the pages they change: in memory.
+        conn.pragma_update(None, "temp_store", "MEMORY").map_err(StoreError::sql("setting the temporary store"))?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(StoreError::sql("enabling foreign keys"))?;
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(StoreError::sql("setting the busy timeout"))?;
         let version: i64 = conn
@@ -693,6 +791,7 @@ impl StoreCore {
             book: Book { counts_changed: true, ..Book::default() },
             damaged: None,
             file: None,
+            group: None,
         };
         core.book.counts = core.recount()?;
         Ok(core)
@@ -790,6 +889,96 @@ impl StoreCore {
             self.durable = durable;
         }
         Ok(())
+    }
+
+    // ---- group commit (the store actor's, see `actor.rs`) ---------------------------------
+
+    /// Opens a group commit: one transaction that the writes until [`StoreCore::commit_group`]
+    /// share, each in a savepoint of its own ([`StoreCore::begin_member`],
+    /// [`StoreCore::end_member`]), committed at once: fsynced once for all of them if
+    /// `durable` (SQLite cannot change its safety level inside a transaction, so a group is
+    /// durable or not from its start).
+    pub fn begin_group(&mut self, durable: bool) -> Result<(), StoreError> {
+        if self.group.is_some() {
+            return Err(StoreError::Refused("a group commit is open already".into()));
+        }
+        self.set_durable(durable)?;
+        run_cached(&self.conn, "BEGIN").map_err(StoreError::sql("beginning a group commit"))?;
+        self.group =
+            Some(OpenGroup { before: self.book.mark(), member: None, changes_at_begin: self.conn.total_changes() });
+        Ok(())
+    }
+
+    /// A write of the open group begins: its savepoint, and the book's mark to go back to if
+    /// it fails.
+    pub fn begin_member(&mut self) -> Result<(), StoreError> {
+        let Some(group) = self.group.as_mut() else {
+            return Err(StoreError::Refused("no group commit is open".into()));
+        };
+        run_cached(&self.conn, "SAVEPOINT member").map_err(StoreError::sql("beginning a write of a group"))?;
+        group.member = Some(self.book.mark());
+        Ok(())
+    }
+
+    /// The write in progress ends: kept in the group (`keep`), or rolled back to its savepoint
+    /// (its failure undoes none of the others). An error means the group's transaction itself
+    /// is gone (SQLite rolls a transaction back on its own after some failures, a full disk
+    /// among them): the caller must abort the group.
+    pub fn end_member(&mut self, keep: bool) -> Result<(), StoreError> {
+        let Some(mark) = self.group.as_mut().and_then(|g| g.member.take()) else {
+            return Err(StoreError::Refused("no write of a group is in progress".into()));
+        };
+        let rollback = if keep { Ok(()) } else { run_cached(&self.conn, "ROLLBACK TO member") };
+        let ended = rollback
+            .and_then(|()| run_cached(&self.conn, "RELEASE member"))
+            .map_err(StoreError::sql("ending a write of a group"));
+        match ended {
+            Ok(()) if keep => self.book.keep(mark),
+            _ => self.book.undo(mark),
+        }
+        ended?;
+        if self.conn.is_autocommit() {
+            return Err(StoreError::Refused("the group commit's transaction ended before its commit".into()));
+        }
+        Ok(())
+    }
+
+    /// Whether the open group has written anything so far: until it has, what its writes read
+    /// was committed before it began.
+    pub fn group_has_written(&self) -> bool {
+        self.group.as_ref().is_some_and(|g| self.conn.total_changes() != g.changes_at_begin)
+    }
+
+    /// Commits the open group: when this returns `Ok`, every write kept in it is on disk (if
+    /// the group is durable) and the book holds them; on an error none of them is, and the book
+    /// is as before the group.
+    pub fn commit_group(&mut self) -> Result<(), StoreError> {
+        let Some(group) = self.group.take() else {
+            return Err(StoreError::Refused("no group commit is open".into()));
+        };
+        match run_cached(&self.conn, "COMMIT").map_err(StoreError::sql("committing a group of writes")) {
+            Ok(()) => {
+                self.book.keep(group.before);
+                Ok(())
+            }
+            Err(e) => {
+                if !self.conn.is_autocommit() {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                }
+                self.book.undo(group.before);
+                Err(e)
+            }
+        }
+    }
+
+    /// Abandons the open group (nothing of it is written): the book goes back to before it.
+    pub fn abort_group(&mut self) {
+        if let Some(group) = self.group.take() {
+            if !self.conn.is_autocommit() {
+                let _ = self.conn.execute_batch("ROLLBACK");
+            }
+            self.book.undo(group.before);
+        }
     }
 
     #[cfg(test)]
@@ -978,7 +1167,7 @@ impl StoreCore {
         if self.model_life()? != Life::Alive {
             return Err(StoreError::ModelDying);
         }
-        let tx = self.conn.transaction().map_err(StoreError::sql("destroying the model"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("destroying the model"))?;
         meta_set(&tx, "model_life", Life::Dying.as_str()).map_err(StoreError::sql("destroying the model"))?;
         tx.commit().map_err(StoreError::sql("destroying the model"))?;
         self.book.counts.model_life = Life::Dying.to_string();
@@ -993,7 +1182,7 @@ impl StoreCore {
         if !force {
             super::backend::refuse_hosts_with_live_containers(self, ids)?;
         }
-        let tx = self.conn.transaction().map_err(StoreError::sql("removing machines"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("removing machines"))?;
         let mut seen = BTreeSet::new();
         let mut moved = Vec::new();
         for id in ids {
@@ -1036,7 +1225,7 @@ impl StoreCore {
     /// Marks machines in provisioning error for another start (`retry-provisioning`), all or
     /// none; a retry tick is then due.
     pub fn retry_machines(&mut self, ids: &[MachineId]) -> Result<(), StoreError> {
-        let tx = self.conn.transaction().map_err(StoreError::sql("marking machines for retry"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("marking machines for retry"))?;
         for id in ids.iter().collect::<BTreeSet<_>>() {
             let row: Option<(String, Option<String>, String)> = tx
                 .query_row("SELECT life, instance, instance_status FROM machines WHERE id = ?1", [id.as_str()], |r| {
@@ -1116,7 +1305,7 @@ impl StoreCore {
     }
 
     /// The id of the row holding this constraint set (made if new); `None` for no constraint.
-    fn constraint_row(tx: &Transaction<'_>, c: &Constraints) -> Result<Option<i64>, StoreError> {
+    fn constraint_row(tx: &Connection, c: &Constraints) -> Result<Option<i64>, StoreError> {
         if c.is_empty() {
             return Ok(None);
         }
@@ -1145,7 +1334,7 @@ impl StoreCore {
     }
 
     /// Inserts `count` machines like `spec` in `tx` (ids never reused).
-    fn insert_machines(tx: &Transaction<'_>, count: usize, spec: &NewMachine) -> Result<Vec<MachineId>, StoreError> {
+    fn insert_machines(tx: &Connection, count: usize, spec: &NewMachine) -> Result<Vec<MachineId>, StoreError> {
         let constraint = Self::constraint_row(tx, &spec.constraints)?;
         let mut ids = Vec::with_capacity(count);
         let mut insert = tx
@@ -1177,7 +1366,7 @@ impl StoreCore {
         if self.model_life()? != Life::Alive {
             return Err(StoreError::ModelDying);
         }
-        let tx = self.conn.transaction().map_err(StoreError::sql("adding machines"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("adding machines"))?;
         let ids = Self::insert_machines(&tx, count, spec)?;
         tx.commit().map_err(StoreError::sql("adding machines"))?;
         self.added(&ids);
@@ -1196,7 +1385,7 @@ impl StoreCore {
             return Err(StoreError::ModelDying);
         }
         let ctx = "adding an application";
-        let tx = self.conn.transaction().map_err(StoreError::sql(ctx))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql(ctx))?;
         let exists: bool = tx
             .query_row("SELECT count(*) FROM applications WHERE name = ?1", [name], |r| r.get::<_, i64>(0))
             .map_err(StoreError::sql(ctx))?
@@ -1257,7 +1446,7 @@ impl StoreCore {
     /// machines it took to dead.
     pub fn remove_application(&mut self, name: &str) -> Result<Vec<MachineId>, StoreError> {
         let ctx = "removing an application";
-        let tx = self.conn.transaction().map_err(StoreError::sql(ctx))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql(ctx))?;
         let n = tx.execute("DELETE FROM applications WHERE name = ?1", [name]).map_err(StoreError::sql(ctx))?;
         if n == 0 {
             return Err(StoreError::NoApplication(name.to_owned()));
@@ -1296,24 +1485,22 @@ impl StoreCore {
         zone: Option<&str>,
         tags: &InstanceTags,
     ) -> Result<(InstanceRecord, bool), StoreError> {
-        let tx = self.conn.transaction().map_err(StoreError::sql("creating an instance"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("creating an instance"))?;
         let existing = tx
-            .query_row(
-                &format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE client_token = ?1"),
-                [client_token],
-                instance_from_row,
-            )
-            .optional()
+            .prepare_cached(&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE client_token = ?1"))
+            .and_then(|mut st| st.query_row([client_token], instance_from_row).optional())
             .map_err(StoreError::sql("looking up a client token"))?;
         if let Some(existing) = existing {
             return Ok((existing, false));
         }
         let n = next_counter(&tx, "next_instance").map_err(StoreError::sql("allocating an instance id"))?;
         let id = format!("i-{:08x}", n + 1);
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO instances (seq, id, state, zone, model, machine, start, client_token) \
              VALUES (?1, ?2, 'pending', ?3, ?4, ?5, ?6, ?7)",
-            params![
+        )
+        .and_then(|mut st| {
+            st.execute(params![
                 n as i64,
                 id,
                 zone,
@@ -1321,8 +1508,8 @@ impl StoreCore {
                 tags.machine.as_ref().map(MachineId::as_str),
                 tags.start,
                 client_token
-            ],
-        )
+            ])
+        })
         .map_err(StoreError::sql("creating an instance"))?;
         tx.commit().map_err(StoreError::sql("creating an instance"))?;
         self.book.instance_moved(None, InstanceState::Pending.as_str());
@@ -1352,7 +1539,8 @@ impl StoreCore {
     pub fn land_instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError> {
         let n = self
             .conn
-            .execute("UPDATE instances SET state = 'running' WHERE id = ?1 AND state = 'pending'", [id.as_str()])
+            .prepare_cached("UPDATE instances SET state = 'running' WHERE id = ?1 AND state = 'pending'")
+            .and_then(|mut st| st.execute([id.as_str()]))
             .map_err(StoreError::sql("landing an instance"))?;
         if n > 0 {
             self.book.instance_moved(Some(InstanceState::Pending.as_str()), InstanceState::Running.as_str());
@@ -1386,7 +1574,7 @@ impl StoreCore {
 
     /// Terminates instances (unknown ids are ignored: stopping a gone instance succeeds).
     pub fn terminate_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError> {
-        let tx = self.conn.transaction().map_err(StoreError::sql("terminating instances"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("terminating instances"))?;
         let mut moved = Vec::new();
         for id in ids.iter().collect::<BTreeSet<_>>() {
             let state: Option<String> = tx
@@ -1408,7 +1596,7 @@ impl StoreCore {
 
     /// Removes our model's tag from instances left alone on purpose.
     pub fn release_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError> {
-        let tx = self.conn.transaction().map_err(StoreError::sql("releasing instances"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("releasing instances"))?;
         for id in ids {
             tx.execute("UPDATE instances SET model = NULL WHERE id = ?1", [id.as_str()])
                 .map_err(StoreError::sql("releasing instances"))?;
@@ -1463,7 +1651,7 @@ impl StoreCore {
             }
             Some(_) => {}
         }
-        let tx = self.conn.transaction().map_err(StoreError::sql("adding containers"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("adding containers"))?;
         let mut ids = Vec::with_capacity(count);
         {
             let mut insert = tx
@@ -1509,7 +1697,7 @@ impl StoreCore {
                 message: format!("{address} is already manual machine {id}"),
             });
         }
-        let tx = self.conn.transaction().map_err(StoreError::sql("adding a manual machine"))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql("adding a manual machine"))?;
         let n = next_counter(&tx, "next_machine").map_err(StoreError::sql("allocating a machine id"))?;
         let id = MachineId::from(n.to_string());
         tx.execute(

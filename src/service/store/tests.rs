@@ -689,3 +689,108 @@ fn start_attempts_are_counted_with_the_last_error_and_added_to_older_databases()
         s.conn_for_tests().execute_batch("UPDATE machines SET start_attempts = 0, last_start_error = NULL").unwrap();
     }
 }
+
+/// A group commit on the core: a write that fails inside it is rolled back alone (its machine
+/// and its counts with it), the others commit together; an aborted group leaves nothing, and
+/// the book (outbox, counts) as before it.
+#[test]
+fn a_group_commit_keeps_its_good_writes_and_drops_a_failed_one() {
+    let mut s = StoreCore::in_memory().unwrap();
+    let sync =
+        |s: &StoreCore| -> i64 { s.conn_for_tests().pragma_query_value(None, "synchronous", |r| r.get(0)).unwrap() };
+    s.begin_group(false).unwrap();
+    assert_eq!(sync(&s), 1, "a lazy group commits without fsync (NORMAL)");
+    assert!(!s.group_has_written());
+    s.begin_member().unwrap();
+    assert_eq!(ids(&s.add_machines(2, None).unwrap()), ["0", "1"]);
+    s.end_member(true).unwrap();
+    assert!(s.group_has_written());
+    s.begin_member().unwrap();
+    s.add_machines(1, None).unwrap();
+    s.set_status(&MachineId::new("9"), MachineStatus::Started, "").unwrap_err();
+    s.end_member(false).unwrap();
+    s.begin_member().unwrap();
+    s.set_status(&MachineId::new("1"), MachineStatus::Started, "").unwrap();
+    s.end_member(true).unwrap();
+    s.commit_group().unwrap();
+    assert_eq!(ids(&s.machine_ids().unwrap()), ["0", "1"], "the failed write's machine is gone");
+    assert_eq!(s.counts(), &s.recount().unwrap(), "the failed write is not counted");
+    assert_eq!(ids(&s.take_outbox().0), ["0", "1"]);
+    assert!(s.conn_for_tests().is_autocommit(), "committed");
+
+    s.begin_group(true).unwrap();
+    assert_eq!(sync(&s), 2, "a durable group is fsynced (FULL)");
+    let before = s.counts().clone();
+    s.begin_member().unwrap();
+    s.add_machines(3, None).unwrap();
+    s.end_member(true).unwrap();
+    s.abort_group();
+    assert_eq!(ids(&s.machine_ids().unwrap()), ["0", "1"], "nothing of an aborted group is written");
+    assert_eq!(s.counts(), &before);
+    assert!(s.take_outbox().0.is_empty(), "nor heard of");
+    assert_eq!(ids(&s.add_machines(1, None).unwrap()), ["2"], "outside a group, a write commits alone");
+}
+
+/// The store actor's group commit: writes sent while the store is busy commit together (one
+/// group), a failing one among them (it adds a machine, then fails) changes nothing and fails
+/// alone, and no write is answered before the group's commit.
+#[test]
+// The last write waits a while on the store's thread, for early answers to show.
+#[allow(clippy::disallowed_methods)]
+fn writes_waiting_together_commit_as_one_group_answered_after_its_commit() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let d = dir("group");
+    let db = d.join("p.db");
+    actix_rt::System::new().block_on(async move {
+        let store = super::Store::start(&db).unwrap();
+        let commits = store.group_commits();
+        // The store's thread is held by a first unit of work until every write is queued.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let first = store.exec(move |_| {
+            held.recv().unwrap();
+            Ok(())
+        });
+        let answered = Arc::new(AtomicUsize::new(0));
+        let mut writes = Vec::new();
+        for i in 0..8 {
+            let answered = answered.clone();
+            let w = store.exec(move |s| {
+                let ids = s.add_machines(1, None)?;
+                match i {
+                    3 => Err(StoreError::Refused("bad write".into())),
+                    _ => Ok(ids),
+                }
+            });
+            writes.push(actix_rt::spawn(async move {
+                let r = w.await;
+                answered.fetch_add(1, Ordering::SeqCst);
+                r
+            }));
+        }
+        // The last write looks, a while after the others ran, for an answer sent before the
+        // commit.
+        let early = answered.clone();
+        let last = store.exec(move |s| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            s.add_machines(1, None)?;
+            Ok(early.load(Ordering::SeqCst))
+        });
+        release.send(()).unwrap();
+        first.await.unwrap();
+        assert_eq!(last.await.unwrap(), 0, "no write of the group was answered before its commit");
+        let mut added = Vec::new();
+        for (i, w) in writes.into_iter().enumerate() {
+            match w.await.unwrap() {
+                Ok(ids) => added.extend(ids),
+                Err(e) => assert!(i == 3 && e == StoreError::Refused("bad write".into()), "write {i}: {e}"),
+            }
+        }
+        assert_eq!(ids(&added), ["0", "1", "2", "3", "4", "5", "6"], "the bad write took no id");
+        assert_eq!(store.group_commits() - commits, 1, "one commit for all of them");
+        let (machines, counts) = store.read(|s| Ok((s.machine_ids()?, s.counts().clone()))).await.unwrap();
+        assert_eq!(machines.len(), 8, "seven good writes and the last one");
+        assert_eq!(counts.machines_by_status.get("pending"), Some(&8));
+    });
+}

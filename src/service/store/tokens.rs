@@ -4,7 +4,7 @@
 
 use rusqlite::{params, OptionalExtension, Row};
 
-use super::state::{next_counter, StoreCore, StoreError};
+use super::state::{next_counter, Atomic, StoreCore, StoreError};
 use crate::service::token::{token_id, Scope, TokenRecord};
 
 const COLUMNS: &str = "id, scope, created, revoked";
@@ -27,7 +27,7 @@ impl StoreCore {
     /// hash, created at `created`.
     pub fn create_token(&mut self, scope: Scope, sha256: &str, created: &str) -> Result<TokenRecord, StoreError> {
         let ctx = "creating an API token";
-        let tx = self.conn.transaction().map_err(StoreError::sql(ctx))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql(ctx))?;
         let id = token_id(next_counter(&tx, "next_token").map_err(StoreError::sql(ctx))? + 1);
         tx.execute(
             "INSERT INTO api_tokens (id, scope, sha256, created) VALUES (?1, ?2, ?3, ?4)",
@@ -65,7 +65,7 @@ impl StoreCore {
     /// no error). [`StoreError::NoToken`] if no created token has this id.
     pub fn revoke_token(&mut self, id: &str, at: &str) -> Result<TokenRecord, StoreError> {
         let ctx = "revoking an API token";
-        let tx = self.conn.transaction().map_err(StoreError::sql(ctx))?;
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql(ctx))?;
         tx.execute("UPDATE api_tokens SET revoked = ?2 WHERE id = ?1 AND revoked IS NULL", params![id, at])
             .map_err(StoreError::sql(ctx))?;
         let row = tx

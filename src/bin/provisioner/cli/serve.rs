@@ -51,6 +51,17 @@ struct BenchReport {
     machines: usize,
     machines_in_error: usize,
     all_provisioned_s: f64,
+    /// The service's own peak resident set (`VmHWM` of its process, read before it is stopped;
+    /// `None` where there is no `/proc`).
+    service_peak_rss_mib: Option<f64>,
+}
+
+/// A process's peak resident set in MiB (`VmHWM` in `/proc/PID/status`, Linux).
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib / 1024.0)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -80,8 +91,9 @@ pub fn bench(args: BenchServeArgs) -> ExitCode {
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
             } else {
+                let rss = r.service_peak_rss_mib.map_or_else(|| "unknown".to_owned(), |m| format!("{m:.0} MiB"));
                 println!(
-                    "{} requests ({} adds of {} machine(s), {} lists) from {} clients in {:.2}s: {:.0} requests/s; add p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms; list p50 {:.2} ms, p99 {:.2} ms; {} errors; {} machines all provisioned after {:.2}s",
+                    "{} requests ({} adds of {} machine(s), {} lists) from {} clients in {:.2}s: {:.0} requests/s; add p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms; list p50 {:.2} ms, p99 {:.2} ms; {} errors; {} machines all provisioned after {:.2}s; service peak RSS {rss}",
                     r.requests, r.add_requests, r.batch, r.list_requests, r.clients, r.wall_s, r.requests_per_s,
                     r.add_p50_ms, r.add_p90_ms, r.add_p99_ms, r.add_max_ms, r.list_p50_ms, r.list_p99_ms, r.errors,
                     r.machines, r.all_provisioned_s
@@ -218,6 +230,7 @@ fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
         std::thread::sleep(Duration::from_millis(100));
     };
     let all_provisioned_s = began.elapsed().as_secs_f64();
+    let service_peak_rss_mib = peak_rss_mib(service.0.id());
     drop(service);
     let _ = std::fs::remove_dir_all(&dir);
     let done = adds.len() + lists.len();
@@ -240,5 +253,6 @@ fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
         machines: status.machines,
         machines_in_error: status.machines_in_error,
         all_provisioned_s,
+        service_peak_rss_mib,
     })
 }
