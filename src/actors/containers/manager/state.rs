@@ -50,8 +50,9 @@ pub enum HostEffect {
 struct Host {
     zone: Option<Option<String>>,
     dead: bool,
-    /// Whether its supervisors exist.
-    supervised: bool,
+    /// The container types it has a supervisor for: made with the first container of that
+    /// type (lazily: a fleet of hosts without containers costs no actor).
+    supervised: BTreeSet<String>,
     /// Every container of it seen so far.
     containers: BTreeSet<MachineId>,
     /// Containers already asked to die (a dead host's).
@@ -72,28 +73,23 @@ impl ManagerBook {
         Self { kinds, hosts: BTreeMap::new(), unsupported: BTreeSet::new() }
     }
 
-    fn supervise(&mut self, id: &MachineId, out: &mut Vec<HostEffect>) {
+    /// Makes the host's supervisor for `kind` unless it exists.
+    fn supervise(&mut self, id: &MachineId, kind: &str, out: &mut Vec<HostEffect>) {
         let host = self.hosts.entry(id.clone()).or_default();
-        if host.supervised {
+        if !host.supervised.insert(kind.to_owned()) {
             return;
         }
-        host.supervised = true;
-        for kind in &self.kinds {
-            out.push(HostEffect::Supervise {
-                host: id.clone(),
-                kind: kind.clone(),
-                zone: host.zone.clone(),
-                dead: host.dead,
-            });
-        }
+        out.push(HostEffect::Supervise {
+            host: id.clone(),
+            kind: kind.to_owned(),
+            zone: host.zone.clone(),
+            dead: host.dead,
+        });
     }
 
-    fn ensure_host(&mut self, id: &MachineId, out: &mut Vec<HostEffect>) -> bool {
-        if self.hosts.get(id).is_some_and(|h| h.dead) {
-            return false;
-        }
-        self.supervise(id, out);
-        true
+    /// Records a live host; false if it is dead.
+    fn ensure_host(&mut self, id: &MachineId) -> bool {
+        !self.hosts.entry(id.clone()).or_default().dead
     }
 
     /// The host's containers not yet asked to die.
@@ -112,7 +108,7 @@ impl ManagerBook {
         let mut out = Vec::new();
         match machine {
             Some(m) if m.life != Life::Dead => {
-                if !self.ensure_host(id, &mut out) {
+                if !self.ensure_host(id) {
                     return out;
                 }
                 if m.instance.is_some() {
@@ -123,7 +119,7 @@ impl ManagerBook {
                 let host = self.hosts.entry(id.clone()).or_default();
                 if !host.dead {
                     host.dead = true;
-                    if host.supervised {
+                    if !host.supervised.is_empty() {
                         out.push(HostEffect::Died(id.clone()));
                     }
                     out.extend(self.kill(id));
@@ -136,13 +132,16 @@ impl ManagerBook {
     /// The host got its instance in `zone`.
     pub fn provisioned(&mut self, id: &MachineId, zone: Option<String>) -> Vec<HostEffect> {
         let mut out = Vec::new();
-        if !self.ensure_host(id, &mut out) {
+        if !self.ensure_host(id) {
             return out;
         }
-        let host = self.hosts.get_mut(id).expect("ensured above");
+        let host = self.hosts.entry(id.clone()).or_default();
         if host.zone.is_none() {
             host.zone = Some(zone.clone());
-            out.push(HostEffect::Provisioned { host: id.clone(), zone });
+            // Supervisors made later learn the zone when they are made.
+            if !host.supervised.is_empty() {
+                out.push(HostEffect::Provisioned { host: id.clone(), zone });
+            }
         }
         out
     }
@@ -161,14 +160,12 @@ impl ManagerBook {
                 }
                 continue;
             }
-            if self.hosts.get(&host).is_some_and(|h| h.dead) {
-                // A dead host's supervisors reap: made now if a restart found the host dead.
-                self.supervise(&host, &mut out);
+            if !self.ensure_host(&host) {
+                // A dead host's supervisors reap (made now if a restart found the host dead).
                 dead_hosts.insert(host.clone());
-            } else {
-                self.ensure_host(&host, &mut out);
             }
-            self.hosts.get_mut(&host).expect("ensured above").containers.insert(id.clone());
+            self.supervise(&host, kind, &mut out);
+            self.hosts.entry(host.clone()).or_default().containers.insert(id.clone());
             routes.entry((host, kind.to_owned())).or_default().push(id.clone());
         }
         for host in &dead_hosts {

@@ -12,26 +12,42 @@ fn provisioned(id: &str) -> Machine {
 }
 
 #[test]
-fn a_live_host_gets_a_listening_supervisor_per_type() {
+fn a_host_gets_a_supervisor_per_type_with_its_first_container_of_that_type_only() {
     let mut b = book();
-    let effects = b.host_seen(&"0".into(), Some(&Machine::pending("0")), None);
+    // A host without containers costs no supervisor (a fleet of them costs no actor).
+    assert!(b.host_seen(&"0".into(), Some(&Machine::pending("0")), None).is_empty());
+    assert!(b.host_seen(&"0".into(), Some(&provisioned("0")), Some("az2".into())).is_empty());
+    let effects = b.containers_seen(&["0/lxd/0".into()]);
     assert_eq!(
         effects,
         vec![
-            HostEffect::Supervise { host: "0".into(), kind: "lxd".into(), zone: None, dead: false },
-            HostEffect::Supervise { host: "0".into(), kind: "kvm".into(), zone: None, dead: false },
+            HostEffect::Supervise { host: "0".into(), kind: "lxd".into(), zone: Some(Some("az2".into())), dead: false },
+            HostEffect::Route { host: "0".into(), kind: "lxd".into(), ids: vec!["0/lxd/0".into()] },
         ]
     );
-    assert!(b.host_seen(&"0".into(), Some(&Machine::pending("0")), None).is_empty(), "supervisors created twice");
+    let again = b.containers_seen(&["0/lxd/1".into(), "0/kvm/0".into()]);
+    assert_eq!(
+        again,
+        vec![
+            HostEffect::Supervise { host: "0".into(), kind: "kvm".into(), zone: Some(Some("az2".into())), dead: false },
+            HostEffect::Route { host: "0".into(), kind: "kvm".into(), ids: vec!["0/kvm/0".into()] },
+            HostEffect::Route { host: "0".into(), kind: "lxd".into(), ids: vec!["0/lxd/1".into()] },
+        ],
+        "one supervisor per type, made once"
+    );
 }
 
 #[test]
-fn a_provisioned_host_announces_its_zone_once() {
+fn a_provisioned_host_announces_its_zone_once_to_its_supervisors() {
     let mut b = book();
+    b.containers_seen(&["0/lxd/0".into()]);
     let effects = b.host_seen(&"0".into(), Some(&provisioned("0")), Some("az2".into()));
     assert!(effects.contains(&HostEffect::Provisioned { host: "0".into(), zone: Some("az2".into()) }));
     assert!(b.provisioned(&"0".into(), Some("az2".into())).is_empty());
     assert_eq!(b.zone_of(&"0".into()), Some(Some("az2".into())));
+    // Without supervisors the zone is only recorded.
+    assert!(b.host_seen(&"1".into(), Some(&provisioned("1")), Some("az1".into())).is_empty());
+    assert_eq!(b.zone_of(&"1".into()), Some(Some("az1".into())));
 }
 
 #[test]
@@ -39,8 +55,9 @@ fn containers_are_routed_by_host_and_type() {
     let mut b = book();
     b.host_seen(&"0".into(), Some(&provisioned("0")), None);
     let effects = b.containers_seen(&["0/lxd/0".into(), "0/kvm/0".into(), "0/lxd/1".into()]);
+    let routes: Vec<HostEffect> = effects.into_iter().filter(|e| matches!(e, HostEffect::Route { .. })).collect();
     assert_eq!(
-        effects,
+        routes,
         vec![
             HostEffect::Route { host: "0".into(), kind: "kvm".into(), ids: vec!["0/kvm/0".into()] },
             HostEffect::Route { host: "0".into(), kind: "lxd".into(), ids: vec!["0/lxd/0".into(), "0/lxd/1".into()] },
@@ -60,9 +77,13 @@ fn unsupported_container_types_are_reported_once() {
 fn a_dead_or_missing_host_tells_its_supervisors_once() {
     let mut b = book();
     b.host_seen(&"0".into(), Some(&provisioned("0")), None);
+    b.containers_seen(&["0/lxd/0".into()]);
     let mut dead = provisioned("0");
     dead.life = Life::Dead;
-    assert_eq!(b.host_seen(&"0".into(), Some(&dead), None), vec![HostEffect::Died("0".into())]);
+    assert_eq!(
+        b.host_seen(&"0".into(), Some(&dead), None),
+        vec![HostEffect::Died("0".into()), HostEffect::EnsureDead(vec!["0/lxd/0".into()])]
+    );
     assert!(b.host_seen(&"0".into(), None, None).is_empty(), "died twice");
     // A dead host's containers still reach its supervisor (to reap them), and no new
     // supervisor is made for it; a container added to a dead host dies with it.
@@ -74,7 +95,14 @@ fn a_dead_or_missing_host_tells_its_supervisors_once() {
         ]
     );
     b.host_seen(&"1".into(), Some(&provisioned("1")), None);
-    assert_eq!(b.host_seen(&"1".into(), None, None), vec![HostEffect::Died("1".into())]);
+    b.containers_seen(&["1/kvm/0".into()]);
+    assert_eq!(
+        b.host_seen(&"1".into(), None, None),
+        vec![HostEffect::Died("1".into()), HostEffect::EnsureDead(vec!["1/kvm/0".into()])]
+    );
+    // A host without supervisors dies silently.
+    b.host_seen(&"2".into(), Some(&provisioned("2")), None);
+    assert!(b.host_seen(&"2".into(), None, None).is_empty());
 }
 
 fn dead(id: &str) -> Machine {
@@ -118,7 +146,6 @@ fn a_restarted_manager_finding_a_dead_host_makes_reaping_supervisors() {
     assert_eq!(
         b.containers_seen(&["1/kvm/0".into()]),
         vec![
-            HostEffect::Supervise { host: "1".into(), kind: "lxd".into(), zone: None, dead: true },
             HostEffect::Supervise { host: "1".into(), kind: "kvm".into(), zone: None, dead: true },
             HostEffect::EnsureDead(vec!["1/kvm/0".into()]),
             HostEffect::Route { host: "1".into(), kind: "kvm".into(), ids: vec!["1/kvm/0".into()] },
