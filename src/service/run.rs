@@ -14,6 +14,7 @@ use thiserror::Error;
 use crate::config::ProvisionerConfig;
 use crate::service::api::{self, AppState};
 use crate::service::metrics::{MeteredBroker, Metrics};
+use crate::service::models::{DirectoryStore, ModelHost, Shared};
 use crate::service::model::StoreModel;
 use crate::service::settings::{BrokerKind, ServeSettings, StoreUrl};
 use crate::service::simcloud::{SimCloud, SimSettings};
@@ -99,6 +100,9 @@ pub enum ServeError {
     /// The database failed (exit 1).
     #[error("{0}")]
     Store(#[from] StoreError),
+    /// The models directory cannot be read or written (exit 1).
+    #[error("{0}")]
+    Models(#[source] crate::service::models::PersistError),
     /// `--store` names a store this build cannot open (exit 2).
     #[error("--store: {0}")]
     StoreUrl(String),
@@ -589,7 +593,7 @@ fn start_replica(
             .replica_id
             .clone()
             .unwrap_or_else(|| uuid::Builder::from_random_bytes(rand::random()).into_uuid().to_string());
-        let leading = crate::service::lease::leading::Leading::new(store.clone()).start();
+        let leading = crate::service::lease::leading::Leading::new(store.clone()).for_model(model_uuid).start();
         // What the other replicas commit (adds, removals, retries through their API) reaches
         // the leader's provisioners by LISTEN/NOTIFY, not by polling.
         crate::service::lease::listen::listen(url.clone(), timings.retry(), leading.clone().recipient())
@@ -726,9 +730,143 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     let OpenedStore { store, token, token_sha256 } = open_store(&opts, dir).await?;
     let audit =
         std::sync::Arc::new(crate::service::audit::AuditLog::open(&opts.audit_log()).map_err(ServeError::Audit)?);
+    // The models directory: `default` alone for a new service (or one from before models).
+    let directory_store = match opts.store.url() {
+        StoreUrl::Sqlite => DirectoryStore::File(dir.to_owned()),
+        #[cfg(feature = "postgres")]
+        StoreUrl::Postgres(url) => DirectoryStore::Postgres(url),
+        #[cfg(not(feature = "postgres"))]
+        StoreUrl::Postgres(_) => return Err(ServeError::NoPostgres),
+    };
+    let directory = directory_store.load().await.map_err(ServeError::Models)?;
+    let shared = Shared {
+        opts: opts.clone(),
+        token,
+        token_sha256,
+        audit,
+        started,
+        service_store: store.clone(),
+    };
+    let host = ModelHost::new(shared, directory_store, directory);
+    if let Err(e) = host.start_all(store).await {
+        stop_models(host.running(), &opts).await;
+        return Err(e);
+    }
+
+    let app_host = host.clone();
+    let http = actix_web::HttpServer::new(move || api::app(app_host.clone()))
+        .workers(2)
+        .disable_signals()
+        .shutdown_timeout(opts.shutdown_grace.as_secs().max(1));
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let bound = match tls {
+        Some(config) => http.bind_rustls_0_23(opts.listen(), config),
+        None => http.bind(opts.listen()),
+    };
+    let server = match bound {
+        Ok(server) => server.run(),
+        Err(source) => {
+            // The provisioners' actors are running: stop them while the runtime is still
+            // here (dropped with it, their timers would panic), then say why.
+            stop_models(host.running(), &opts).await;
+            actix_rt::time::sleep(std::time::Duration::from_millis(50)).await;
+            return Err(ServeError::Listen { addr: opts.listen().to_owned(), source });
+        }
+    };
+    let server_handle = server.handle();
+    let server_task = actix_rt::spawn(server);
+    tracing::info!(
+        listen = %opts.listen(),
+        scheme,
+        data_dir = %dir.display(),
+        models = host.running().len(),
+        "provisioner service ready; the API token is in {}",
+        dir.join(TOKEN_FILE).display()
+    );
+
+    let signal = terminated().await?;
+    tracing::info!(%signal, "shutting down");
+    let states = host.running();
+    // Event streams never end on their own: end them, so the server need not wait for them.
+    for st in &states {
+        let _ = st.events.send(crate::service::events::CloseStreams).await;
+    }
+    server_handle.stop(true).await;
+    drop(server_task);
+    stop_models(states, &opts).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Opens the store of a model other than `default`: SQLite `models/NAME.db` in the data
+/// directory (a new model's file created, private; an existing model's must be there), or
+/// PostgreSQL with the connections' `search_path` set to the model's schema (created first).
+#[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+pub(crate) async fn open_model_store(
+    service: &ServeSettings,
+    opts: &ServeSettings,
+    name: &str,
+    new: bool,
+) -> Result<Store, ServeError> {
+    match opts.store.url() {
+        StoreUrl::Sqlite => {
+            let dir = opts.data_dir();
+            let db = crate::service::models::host::model_db(dir, name);
+            let folder = dir.join(crate::service::models::host::MODELS_DIR);
+            std::fs::create_dir_all(&folder).map_err(data_dir_io(dir, FileOp::CreateDir, &folder))?;
+            if new {
+                // Leftovers of an earlier model of the same name are not its history.
+                for suffix in ["", "-wal", "-shm"] {
+                    let f = PathBuf::from(format!("{}{suffix}", db.display()));
+                    if f.exists() {
+                        let to = aside(&f);
+                        std::fs::rename(&f, &to).map_err(data_dir_io(dir, FileOp::MoveAside, &f))?;
+                        tracing::warn!(from = %f.display(), to = %to.display(), "moved an old model's file aside");
+                    }
+                }
+                let mut o = std::fs::OpenOptions::new();
+                o.write(true).create_new(true);
+                #[cfg(unix)]
+                std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+                o.open(&db).map_err(data_dir_io(dir, FileOp::Create, &db))?;
+            } else if std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0) == 0 {
+                return Err(data_dir_error(
+                    dir,
+                    format!("the database {} of model {name:?} is missing or empty: the model is lost", db.display()),
+                ));
+            }
+            Store::start(&db).map_err(|e| match e {
+                e @ StoreError::Damaged { .. } => ServeError::Damaged { path: db.clone(), source: e },
+                other => ServeError::Store(other),
+            })
+        }
+        #[cfg(feature = "postgres")]
+        StoreUrl::Postgres(url) => {
+            let schema = crate::service::models::host::schema_name(name);
+            // The schema is created over the service's URL (the model's sets a search_path
+            // to a schema that may not exist yet).
+            let StoreUrl::Postgres(service_url) = service.store.url() else {
+                return Err(ServeError::StoreUrl("the model's store is PostgreSQL, the service's is not".into()));
+            };
+            crate::service::models::persist::pg_schema(&service_url, &schema, true)
+                .await
+                .map_err(|e| ServeError::StoreUrl(e.to_string()))?;
+            let store = Store::start_postgres(&url).map_err(|e| ServeError::StoreUrl(e.to_string()))?;
+            store.exec(|s| s.model_uuid()).await?;
+            Ok(store)
+        }
+        #[cfg(not(feature = "postgres"))]
+        StoreUrl::Postgres(_) => Err(ServeError::NoPostgres),
+    }
+}
+
+/// Starts one model over its open store: its cloud (the simulated one over the store, or
+/// EC2), the starts a previous run left pending, its metrics and event stream, and its
+/// provisioners (on PostgreSQL, only while this replica holds the model's lease). `opts` are
+/// the model's settings ([`crate::service::models::host::model_settings`]).
+pub(crate) async fn start_model(shared: &Shared, opts: &ServeSettings, store: Store) -> Result<AppState, ServeError> {
     let model_uuid = store.exec(|s| s.model_uuid()).await?;
     let settings = store.exec(|s| s.settings()).await?;
-
     let metrics = Metrics::default().start();
     store.watch_counts(metrics.clone().recipient());
     let pending: Option<PendingStarts>;
@@ -759,7 +897,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
             (Arc::new(ec2), zones, "ec2")
         }
         #[cfg(not(feature = "ec2"))]
-        BrokerKind::Ec2 => unreachable!("refused above"),
+        BrokerKind::Ec2 => return Err(ServeError::NoEc2Broker),
     };
     // Replicas: the leader resumes them, at each epoch it leads (its writes fenced); a lone
     // service now, before its provisioner starts.
@@ -790,114 +928,74 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     let events = hub.start();
     // On PostgreSQL the service is one replica of many: only the lease's holder runs the
     // provisioner (see `start_replica`); on SQLite it runs it, as the only one.
-    let replica = start_replica(&opts, &store, &model_uuid, &config, &broker, &pending, &metrics, &events)?;
+    let replica = start_replica(opts, &store, &model_uuid, &config, &broker, &pending, &metrics, &events)?;
     let (handle, containers) = match &replica {
         Some(_) => (None, None),
         None => {
-            let (handle, containers) = start_provisioners(&opts, config, &broker, &store, &metrics, &events)?;
+            let (handle, containers) = start_provisioners(opts, config, &broker, &store, &metrics, &events)?;
             (Some(handle), containers)
         }
     };
-
-    let state = AppState {
-        store: store.clone(),
-        handle: handle.clone(),
-        replica: replica.clone(),
-        broker: broker.clone(),
+    Ok(AppState {
+        store,
+        handle,
+        replica,
+        broker,
         metrics,
-        events: events.clone(),
+        events,
         events_dropped,
-        token,
-        token_sha256,
+        token: shared.token.clone(),
+        token_sha256: shared.token_sha256.clone(),
         zones,
         // The simulated cloud's subnets are known (`--to subnet=` is checked against them);
         // another cloud's are the broker's to judge.
         subnets: matches!(opts.broker(), BrokerKind::Sim).then(|| opts.sim.subnets()),
         broker_name: broker_name.into(),
-        model_uuid: model_uuid.clone(),
-        started,
-        containers: containers.clone(),
-        audit,
-    };
-    let http = actix_web::HttpServer::new(move || api::app(state.clone()))
-        .workers(2)
-        .disable_signals()
-        .shutdown_timeout(opts.shutdown_grace.as_secs().max(1));
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let bound = match tls {
-        Some(config) => http.bind_rustls_0_23(opts.listen(), config),
-        None => http.bind(opts.listen()),
-    };
-    let server = match bound {
-        Ok(server) => server.run(),
-        Err(source) => {
-            // The provisioner's actors are running: stop them while the runtime is still
-            // here (dropped with it, their timers would panic), then say why.
-            if let Some(r) = &replica {
-                release_lease(r, &opts).await;
-            }
-            if let Some(h) = &handle {
-                h.shutdown();
-            }
-            if let Some(c) = &containers {
-                c.shutdown();
-            }
-            let _ = events.send(crate::service::events::CloseStreams).await;
-            actix_rt::time::sleep(std::time::Duration::from_millis(50)).await;
-            return Err(ServeError::Listen { addr: opts.listen().to_owned(), source });
-        }
-    };
-    let server_handle = server.handle();
-    let server_task = actix_rt::spawn(server);
-    tracing::info!(
-        listen = %opts.listen(),
-        scheme,
-        data_dir = %dir.display(),
-        model = %model_uuid,
-        "provisioner service ready; the API token is in {}",
-        dir.join(TOKEN_FILE).display()
-    );
+        model_uuid,
+        started: shared.started,
+        containers,
+        audit: shared.audit.clone(),
+    })
+}
 
-    let signal = terminated().await?;
-    tracing::info!(%signal, "shutting down");
-    // A replica releases its lease at once, so that another takes over within one retry; its
-    // provisioner stops now (what it left in flight the next leader resumes by client token).
-    let Some(handle) = handle else {
-        if let Some(r) = &replica {
-            release_lease(r, &opts).await;
+/// Stops models in order: a replica releases its lease at once (so that another takes over
+/// within one retry; what it left in flight the next leader resumes by client token); a lone
+/// service's provisioners start nothing new, are given `shutdown_grace` to finish their cloud
+/// calls (all models at once), then stop.
+pub(crate) async fn stop_models(states: Vec<AppState>, opts: &ServeSettings) {
+    for st in &states {
+        if let Some(r) = &st.replica {
+            release_lease(r, opts).await;
         }
-        let _ = events.send(crate::service::events::CloseStreams).await;
-        server_handle.stop(true).await;
-        drop(server_task);
-        tracing::info!("stopped");
-        return Ok(());
-    };
-    // Event streams never end on their own: end them, so the server need not wait for them.
-    let _ = events.send(crate::service::events::CloseStreams).await;
-    server_handle.stop(true).await;
-    drop(server_task);
-    handle.close_starts();
+        if let Some(h) = &st.handle {
+            h.close_starts();
+        }
+    }
     // The provisioners say when they are idle (their jobs, and so their cloud calls, are done);
     // the grace period bounds the wait. (A periodic listing still in flight is only a read.)
-    let drained = async {
-        handle.wait_idle().await;
-        if let Some(c) = &containers {
+    let drained = futures::future::join_all(states.iter().filter(|st| st.handle.is_some()).map(|st| async move {
+        if let Some(h) = &st.handle {
+            h.wait_idle().await;
+        }
+        if let Some(c) = &st.containers {
             c.wait_idle().await;
         }
-    };
-    let idle = actix_rt::time::timeout(opts.shutdown_grace, drained).await.is_ok();
-    if !idle {
-        tracing::warn!(
-            in_flight = broker.in_flight(),
-            "shutdown grace over; cloud calls still in flight are resumed at the next start"
-        );
+    }));
+    if !states.iter().all(|st| st.handle.is_none())
+        && actix_rt::time::timeout(opts.shutdown_grace, drained).await.is_err()
+    {
+        let in_flight: usize = states.iter().map(|st| st.broker.in_flight()).sum();
+        tracing::warn!(in_flight, "shutdown grace over; cloud calls still in flight are resumed at the next start");
     }
-    handle.shutdown();
-    if let Some(c) = &containers {
-        c.shutdown();
+    for st in &states {
+        if let Some(h) = &st.handle {
+            h.shutdown();
+        }
+        if let Some(c) = &st.containers {
+            c.shutdown();
+        }
+        let _ = st.events.send(crate::service::events::CloseStreams).await;
     }
-    tracing::info!("stopped");
-    Ok(())
 }
 
 #[cfg(test)]

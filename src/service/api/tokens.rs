@@ -15,7 +15,7 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::types::{CreateToken, CreatedToken, ErrorBody, TokenScope, TokenView};
-use super::{json_body, note, AdminOnly, ApiError, Result, State};
+use super::{json_body, note, AdminOnly, ApiError, Host, Result};
 use crate::service::audit::now_rfc3339;
 use crate::service::token::{self, Scope, TokenRecord};
 
@@ -40,13 +40,13 @@ fn view(t: TokenRecord) -> TokenView {
         (status = 400, description = "A body that does not parse", body = ErrorBody),
         (status = 403, description = "The token is read-only: only admin tokens manage tokens", body = ErrorBody),
     ))]
-pub async fn create_token(_: AdminOnly, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
+pub async fn create_token(_: AdminOnly, host: Host, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
     let CreateToken { read_only } = json_body(&req, payload).await?;
     let scope = if read_only { Scope::ReadOnly } else { Scope::Admin };
     let secret = token::new_secret();
     let hash = token::sha256_hex(&secret);
     let created = now_rfc3339();
-    let record = st.store.exec(move |s| s.create_token(scope, &hash, &created)).await?;
+    let record = host.shared().service_store.exec(move |s| s.create_token(scope, &hash, &created)).await?;
     note(&req, format!("created {} ({scope})", record.id));
     Ok(HttpResponse::Created().json(CreatedToken { id: record.id, scope: scope.into(), token: secret }))
 }
@@ -58,8 +58,8 @@ pub async fn create_token(_: AdminOnly, st: State, req: HttpRequest, payload: we
             its hash; the admin token of the data directory is not listed)", body = Vec<TokenView>),
         (status = 403, description = "The token is read-only: only admin tokens manage tokens", body = ErrorBody),
     ))]
-pub async fn list_tokens(_: AdminOnly, st: State) -> Result<HttpResponse> {
-    let tokens = st.store.exec(|s| s.tokens()).await?;
+pub async fn list_tokens(_: AdminOnly, host: Host) -> Result<HttpResponse> {
+    let tokens = host.shared().service_store.exec(|s| s.tokens()).await?;
     Ok(HttpResponse::Ok().json(tokens.into_iter().map(view).collect::<Vec<_>>()))
 }
 
@@ -74,7 +74,7 @@ pub async fn list_tokens(_: AdminOnly, st: State) -> Result<HttpResponse> {
         (status = 409, description = "The admin token (`admin`, the data directory's) cannot be revoked through \
             the API", body = ErrorBody),
     ))]
-pub async fn revoke_token(_: AdminOnly, st: State, id: web::Path<String>, req: HttpRequest) -> Result<HttpResponse> {
+pub async fn revoke_token(_: AdminOnly, host: Host, id: web::Path<String>, req: HttpRequest) -> Result<HttpResponse> {
     let id = id.into_inner();
     note(&req, format!("revoke {id}"));
     if id == token::ADMIN_ID {
@@ -85,6 +85,6 @@ pub async fn revoke_token(_: AdminOnly, st: State, id: web::Path<String>, req: H
         ));
     }
     let at = now_rfc3339();
-    let record = st.store.exec(move |s| s.revoke_token(&id, &at)).await?;
+    let record = host.shared().service_store.exec(move |s| s.revoke_token(&id, &at)).await?;
     Ok(HttpResponse::Ok().json(view(record)))
 }

@@ -454,3 +454,77 @@ pub struct TokenView {
     /// When it was revoked (RFC 3339, UTC); `null` while it is valid.
     pub revoked: Option<String>,
 }
+
+/// `POST /v1/models`: a new model and its cloud (a setting left out is the service's).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AddModel {
+    /// Its name: 1 to 63 lowercase letters, digits and hyphens (Juju's rule).
+    pub name: String,
+    /// `sim` or `ec2` (default: the service's `--broker`).
+    #[serde(default)]
+    pub broker: Option<String>,
+    /// The simulated cloud's zones (sim; default: the service's `--sim-zones`).
+    #[serde(default)]
+    pub zones: Option<Vec<String>>,
+    /// The simulated account whose request limits it shares with the other models on it (sim;
+    /// default `default`).
+    #[serde(default)]
+    pub account: Option<String>,
+    /// EC2's region (ec2).
+    #[serde(default)]
+    pub region: Option<String>,
+    /// EC2's endpoint (ec2).
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// EC2's image id (ec2).
+    #[serde(default)]
+    pub image: Option<String>,
+}
+
+/// A model, as `GET /v1/models` and `model list --json` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ModelView {
+    /// Its name.
+    pub name: String,
+    /// `alive`, or `dying` (its destruction under way: it is removed once its instances are
+    /// gone).
+    pub life: String,
+    /// How many machines it has (`null` when it does not run here: see `show`'s `error`).
+    pub machines: Option<u64>,
+    /// The replica whose provisioners run it (with replicas on PostgreSQL; `null` otherwise).
+    pub leader: Option<String>,
+    /// The leader's epoch (with replicas on PostgreSQL; `null` otherwise).
+    pub epoch: Option<i64>,
+}
+
+/// `GET /v1/models/{model}` and `model show --json`: the list's keys and the model's cloud.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ModelDetail {
+    /// Its name.
+    pub name: String,
+    /// `alive` or `dying`.
+    pub life: String,
+    /// How many machines it has.
+    pub machines: Option<u64>,
+    /// The leading replica (replicas on PostgreSQL).
+    pub leader: Option<String>,
+    /// The leader's epoch (replicas on PostgreSQL).
+    pub epoch: Option<i64>,
+    /// Its uuid.
+    pub uuid: Option<String>,
+    /// `sim` or `ec2`.
+    pub broker: String,
+    /// Its cloud's zones.
+    pub zones: Vec<String>,
+    /// The simulated account (sim).
+    pub account: Option<String>,
+    /// EC2's region (ec2).
+    pub region: Option<String>,
+    /// EC2's endpoint (ec2).
+    pub endpoint: Option<String>,
+    /// EC2's image id (ec2).
+    pub image: Option<String>,
+    /// Why it does not run here, if it does not (its store could not be opened).
+    pub error: Option<String>,
+}
