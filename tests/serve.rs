@@ -1204,6 +1204,9 @@ mod model;
 /// Scoped API tokens and the audit log (issue 16).
 #[path = "serve/tokens.rs"]
 mod tokens;
+/// Many models per service (issue 18).
+#[path = "serve/models.rs"]
+mod models;
 
 // Issue 14: containers and manual machines.
 

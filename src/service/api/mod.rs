@@ -377,6 +377,18 @@ impl From<HostError> for ApiError {
     }
 }
 
+/// A path's `{key}` (taken by name: per-model paths also hold `{model}`).
+#[derive(serde::Deserialize)]
+pub(crate) struct KeyPath {
+    key: String,
+}
+
+/// A path's `{name}` (taken by name: per-model paths also hold `{model}`).
+#[derive(serde::Deserialize)]
+pub(crate) struct NamePath {
+    pub(crate) name: String,
+}
+
 /// The model a request names: `{model}` in its path, else `default`.
 pub(crate) fn model_of(req: &HttpRequest) -> &str {
     req.match_info().get("model").unwrap_or(DEFAULT_MODEL)
@@ -687,8 +699,8 @@ async fn config_value(st: &AppState, key: &str) -> Result<ConfigValue> {
         (status = 200, description = "The setting's value", body = ConfigValue),
         (status = 404, description = "No such setting", body = ErrorBody),
     ))]
-async fn get_config(_: Authorized, st: State, key: web::Path<String>) -> Result<HttpResponse> {
-    Ok(HttpResponse::Ok().json(config_value(&st, &key).await?))
+async fn get_config(_: Authorized, st: State, key: web::Path<KeyPath>) -> Result<HttpResponse> {
+    Ok(HttpResponse::Ok().json(config_value(&st, &key.key).await?))
 }
 
 #[utoipa::path(get, path = "/v1/config", tag = "config", operation_id = "list_config",
@@ -714,10 +726,11 @@ async fn list_config(_: Authorized, st: State) -> Result<HttpResponse> {
 async fn set_config(
     _: Authorized,
     st: State,
-    key: web::Path<String>,
+    key: web::Path<KeyPath>,
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse> {
+    let key = key.into_inner().key;
     let body: ConfigValue = json_body(&req, payload).await?;
     let mut value = body.value.trim().to_owned();
     note(&req, format!("set {} to {value:?}", key.as_str()));
@@ -756,7 +769,7 @@ async fn set_config(
             ))
         }
     }
-    Ok(HttpResponse::Ok().json(ConfigValue { key: key.into_inner(), value }))
+    Ok(HttpResponse::Ok().json(ConfigValue { key, value }))
 }
 
 #[utoipa::path(get, path = "/v1/status", tag = "service", operation_id = "status",

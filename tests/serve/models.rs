@@ -1,0 +1,288 @@
+//! Many models per service (issue 18) on the real binary: `model add|list|show|destroy`, the
+//! client's `-m MODEL` and `$PROVISIONER_MODEL`, each model's machines provisioned on its own,
+//! bad names, duplicates and unknown models answered with their status and nothing changed,
+//! a destroyed model removed with its instances while the others run on, a model whose store
+//! is damaged answering 503 alone, and a restart that runs every model again.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{eventually, field, ids_of, temp_dir, Server};
+
+/// `METHOD path` with the server's admin token and `body` (if any): the status and the body.
+fn http(s: &Server, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let req = ureq::request(method, &format!("{}{path}", s.url)).set("Authorization", &format!("Bearer {}", s.token()));
+    let answer = match body {
+        Some(b) => req.set("Content-Type", "application/json").send_string(b),
+        None => req.call(),
+    };
+    let (code, text) = match answer {
+        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    // An error's sentence alone, unescaped.
+    let error = serde_json::from_str::<Value>(&text).ok().and_then(|v| v["error"].as_str().map(str::to_owned));
+    (code, error.unwrap_or(text))
+}
+
+/// A client command's exit code, stdout and stderr.
+fn run(s: &Server, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = s.cli(args);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `model list --json`, as (name, life, machines).
+fn models(s: &Server) -> Vec<(String, String, Option<u64>)> {
+    let list = s.json(&["model", "list", "--json"]);
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            for key in ["name", "life", "machines", "leader", "epoch"] {
+                assert!(m.get(key).is_some(), "model list --json lacks {key}: {m}");
+            }
+            (field(m, "name").to_owned(), field(m, "life").to_owned(), m["machines"].as_u64())
+        })
+        .collect()
+}
+
+/// The machines of `model`, every one started with an instance, each instance live in that
+/// model's cloud and tagged for it: (id, instance, zone).
+fn provisioned(s: &Server, model: &str) -> Vec<(String, String, String)> {
+    let machines = s.json(&["machine", "list", "--json", "-m", model]);
+    let instances = s.json(&["instance", "list", "--json", "-m", model]);
+    let instances = instances.as_array().unwrap();
+    machines
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            assert_eq!(field(m, "status"), "started", "{model}: {m}");
+            let inst = field(m, "instance").to_owned();
+            let live: Vec<&Value> = instances.iter().filter(|i| field(i, "machine") == field(m, "id")).collect();
+            assert_eq!(live.len(), 1, "{model}: machine {m} has instances {live:?}");
+            assert_eq!(field(live[0], "id"), inst, "{model}: {m}");
+            (field(m, "id").to_owned(), inst, field(m, "zone").to_owned())
+        })
+        .collect()
+}
+
+fn all_started(s: &Server, model: &str, n: usize) -> bool {
+    let list = s.json(&["machine", "list", "--json", "-m", model]);
+    let list = list.as_array().unwrap();
+    list.len() == n && list.iter().all(|m| field(m, "status") == "started")
+}
+
+#[test]
+fn three_models_provision_on_their_own_and_a_restart_runs_them_all_again() {
+    let dir = temp_dir("models-three");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    assert_eq!(models(&s), [("default".to_owned(), "alive".to_owned(), Some(0))]);
+    s.json(&["model", "add", "team-a", "--json"]);
+    s.json(&["model", "add", "team-b", "--json"]);
+    let c = s.json(&["model", "add", "team-c", "--zones", "z1,z2", "--json"]);
+    assert_eq!(c["zones"], serde_json::json!(["z1", "z2"]), "{c}");
+    assert_eq!(field(&c, "broker"), "sim");
+    assert!(!field(&c, "uuid").is_empty(), "{c}");
+
+    // Each model numbers its own machines from 0 and provisions them in its own cloud.
+    let a = ids_of(&s.json(&["machine", "add", "-n", "3", "-m", "team-a", "--wait", "--json"]));
+    let b = ids_of(&s.json(&["machine", "add", "-n", "2", "-m", "team-b", "--wait", "--json"]));
+    let out = super::bin()
+        .args(["machine", "add", "-n", "4", "--wait", "--json", "--server", &s.url, "--data-dir"])
+        .arg(&s.dir)
+        .env("PROVISIONER_MODEL", "team-c")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let c: Vec<String> = ids_of(&serde_json::from_slice(&out.stdout).unwrap());
+    assert_eq!((a.len(), b.len(), c.len()), (3, 2, 4));
+    assert_eq!([&a[0], &b[0], &c[0]], ["0", "0", "0"], "each model numbers its machines from 0");
+    let (pa, pb, pc) = (provisioned(&s, "team-a"), provisioned(&s, "team-b"), provisioned(&s, "team-c"));
+    assert_eq!((pa.len(), pb.len(), pc.len()), (3, 2, 4));
+    assert!(pc.iter().all(|(_, _, zone)| zone == "z1" || zone == "z2"), "team-c's own zones: {pc:?}");
+    assert!(pa.iter().all(|(_, _, zone)| ["az1", "az2", "az3"].contains(&zone.as_str())), "{pa:?}");
+    assert!(s.machines().is_empty(), "default has none of them");
+    let expect = |d: u64| {
+        vec![
+            ("default".to_owned(), "alive".to_owned(), Some(d)),
+            ("team-a".to_owned(), "alive".to_owned(), Some(3)),
+            ("team-b".to_owned(), "alive".to_owned(), Some(2)),
+            ("team-c".to_owned(), "alive".to_owned(), Some(4)),
+        ]
+    };
+    assert_eq!(models(&s), expect(0));
+
+    // Settings are per model.
+    let (code, out, err) = run(&s, &["config", "set", "workers", "3", "-m", "team-a"]);
+    assert_eq!((code, out.trim()), (Some(0), "workers = 3"), "{err}");
+    let (code, out, _) = run(&s, &["config", "get", "workers", "-m", "team-a"]);
+    assert_eq!((code, out.trim()), (Some(0), "3"));
+    let (_, out, _) = run(&s, &["config", "get", "workers"]);
+    assert_eq!(out.trim(), "16", "default keeps its own pool size");
+
+    let show = s.json(&["model", "show", "team-b", "--json"]);
+    assert_eq!((field(&show, "name"), field(&show, "life"), show["machines"].as_u64()), ("team-b", "alive", Some(2)));
+
+    assert!(s.terminate().success());
+    let s = Server::start_on(&dir.join("data"), &dir, &["--sim-start-latency", "100ms"]);
+    assert_eq!(models(&s), expect(0), "the restarted service runs every model again");
+    assert_eq!(provisioned(&s, "team-a"), pa, "same machines, same instances");
+    assert_eq!(provisioned(&s, "team-c"), pc);
+    let (_, out, _) = run(&s, &["config", "get", "workers", "-m", "team-a"]);
+    assert_eq!(out.trim(), "3", "a model's settings survive the restart");
+    // And each still provisions.
+    s.json(&["machine", "add", "-n", "1", "-m", "team-b", "--wait", "--json"]);
+    eventually(Duration::from_secs(20), "team-b's third machine", || all_started(&s, "team-b", 3));
+    s.json(&["machine", "add", "-n", "2", "--wait", "--json"]);
+    assert_eq!(models(&s)[0], ("default".to_owned(), "alive".to_owned(), Some(2)));
+}
+
+#[test]
+fn bad_names_duplicates_and_unknown_models_are_refused_and_change_nothing() {
+    let dir = temp_dir("models-refused");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    let (code, body) = http(&s, "POST", "/v1/models", Some(r#"{"name": "team-a"}"#));
+    assert_eq!(code, 201, "{body}");
+
+    for (name, why) in [
+        ("Team", "it has an uppercase letter"),
+        ("a_b", "it has a character other than a-z, 0-9 and -"),
+        ("-a", "it starts with a hyphen"),
+        ("", "it is empty"),
+    ] {
+        let (code, body) = http(&s, "POST", "/v1/models", Some(&format!(r#"{{"name": "{name}"}}"#)));
+        assert_eq!(code, 400, "{name}: {body}");
+        assert!(body.contains(&format!("invalid model name {name:?}: {why}")), "{name}: {body}");
+    }
+    let long = "x".repeat(64);
+    let (code, body) = http(&s, "POST", "/v1/models", Some(&format!(r#"{{"name": "{long}"}}"#)));
+    assert!(code == 400 && body.contains("longer than 63"), "{code} {body}");
+    let (code, body) = http(&s, "POST", "/v1/models", Some(r#"{"name": "team-a"}"#));
+    assert_eq!((code, body.contains("model \"team-a\" already exists")), (409, true), "{body}");
+    let (code, body) = http(&s, "POST", "/v1/models", Some(r#"{"name": "default"}"#));
+    assert_eq!(code, 409, "{body}");
+    let (code, body) = http(&s, "POST", "/v1/models", Some(r#"{"name": "b", "region": "eu-west-1"}"#));
+    assert!(code == 400 && body.contains("--region is a setting of the ec2 broker"), "{code} {body}");
+
+    // Unknown models: 404 naming them, on every per-model route and on the model's own.
+    for (method, path) in [
+        ("GET", "/v1/models/nope"),
+        ("DELETE", "/v1/models/nope"),
+        ("GET", "/v1/models/nope/machines"),
+        ("POST", "/v1/models/nope/machines/retry"),
+        ("GET", "/v1/models/nope/status"),
+    ] {
+        let body = (method == "POST").then_some(r#"{"ids": ["0"]}"#);
+        let (code, text) = http(&s, method, path, body);
+        assert_eq!(code, 404, "{method} {path}: {text}");
+        assert!(text.contains("model \"nope\" not found"), "{method} {path}: {text}");
+    }
+    // `default` is destroyed only with force.
+    let (code, body) = http(&s, "DELETE", "/v1/models/default", None);
+    assert!(code == 409 && body.contains("only with --force"), "{code} {body}");
+
+    // The client: bad input exits 2, a conflict 1, each with the service's sentence.
+    let (code, _, err) = run(&s, &["model", "add", "Team"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("invalid model name \"Team\""), "{err}");
+    let (code, _, err) = run(&s, &["model", "add", "team-a"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("already exists"), "{err}");
+    let (code, _, err) = run(&s, &["machine", "list", "-m", "nope"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("model \"nope\" not found"), "{err}");
+    let (code, _, err) = run(&s, &["model", "destroy", "default"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("only with --force"), "{err}");
+
+    // Nothing of the refused requests stayed.
+    assert_eq!(
+        models(&s).into_iter().map(|m| m.0).collect::<Vec<_>>(),
+        ["default", "team-a"],
+        "only the one model added"
+    );
+    let files: Vec<String> = std::fs::read_dir(s.dir.join("models"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|f| f.ends_with(".db"))
+        .collect();
+    assert_eq!(files, ["team-a.db"]);
+    assert_eq!(models(&s)[0].1, "alive", "default untouched");
+}
+
+#[test]
+fn destroying_a_model_removes_it_and_its_instances_and_leaves_the_others() {
+    let dir = temp_dir("models-destroy");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    for name in ["doomed", "kept"] {
+        s.json(&["model", "add", name, "--json"]);
+    }
+    s.json(&["machine", "add", "-n", "3", "-m", "doomed", "--wait", "--json"]);
+    s.json(&["machine", "add", "-n", "2", "-m", "kept", "--wait", "--json"]);
+    s.json(&["machine", "add", "-n", "1", "--wait", "--json"]);
+    let kept = provisioned(&s, "kept");
+    let default = provisioned(&s, "default");
+    let doomed_db = s.dir.join("models").join("doomed.db");
+    assert!(doomed_db.exists());
+
+    let (code, out, err) = run(&s, &["model", "destroy", "doomed"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("destroying model doomed"), "{out}");
+    // Dying until its instances are gone, then removed with its file.
+    eventually(Duration::from_secs(20), "the destroyed model removed", || {
+        models(&s).iter().all(|m| m.0 != "doomed")
+    });
+    assert!(!doomed_db.exists(), "its database is deleted");
+    let (code, _, err) = run(&s, &["instance", "list", "-m", "doomed"]);
+    assert!(code == Some(2) && err.contains("not found"), "{err}");
+    // The others run on, their instances untouched.
+    assert_eq!(provisioned(&s, "kept"), kept);
+    assert_eq!(provisioned(&s, "default"), default);
+    s.json(&["machine", "add", "-n", "1", "-m", "kept", "--wait", "--json"]);
+    assert_eq!(provisioned(&s, "kept").len(), 3);
+
+    // The name is free again, for a new model with nothing of the old one.
+    s.json(&["model", "add", "doomed", "--json"]);
+    assert!(s.json(&["machine", "list", "--json", "-m", "doomed"]).as_array().unwrap().is_empty());
+    assert!(s.terminate().success());
+    let s = Server::start_on(&dir.join("data"), &dir, &[]);
+    let names: Vec<String> = models(&s).into_iter().map(|m| m.0).collect();
+    assert_eq!(names, ["default", "doomed", "kept"]);
+    assert_eq!(provisioned(&s, "kept").len(), 3);
+}
+
+#[test]
+fn a_model_whose_store_is_damaged_fails_alone_and_can_be_forgotten() {
+    let dir = temp_dir("models-damaged");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    s.json(&["model", "add", "broken", "--json"]);
+    s.json(&["model", "add", "fine", "--json"]);
+    s.json(&["machine", "add", "-n", "2", "-m", "fine", "--wait", "--json"]);
+    assert!(s.terminate().success());
+    let db = s.dir.join("models").join("broken.db");
+    std::fs::write(&db, b"this is not a database, and it is long enough to be read as one").unwrap();
+    let _ = std::fs::remove_file(s.dir.join("models").join("broken.db-wal"));
+    let s = Server::start_on(&dir.join("data"), &dir, &[]);
+    // The others run; the broken one answers 503 saying why, and shows in the list.
+    assert_eq!(provisioned(&s, "fine").len(), 2);
+    let (code, body) = http(&s, "GET", "/v1/models/broken/machines", None);
+    assert!(code == 503 && body.contains("model \"broken\" does not run"), "{code} {body}");
+    let show = s.json(&["model", "show", "broken", "--json"]);
+    assert!(!field(&show, "error").is_empty(), "{show}");
+    assert_eq!(show["machines"], Value::Null);
+    // Destroying it needs force (its instances cannot be stopped); with it, it is forgotten.
+    let (code, _, err) = run(&s, &["model", "destroy", "broken"]);
+    assert_eq!(code, Some(1), "{err}");
+    let (code, out, err) = run(&s, &["model", "destroy", "broken", "--force"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("removed"), "{out}");
+    assert_eq!(models(&s).into_iter().map(|m| m.0).collect::<Vec<_>>(), ["default", "fine"]);
+    assert!(db.exists(), "a model that did not run keeps its files");
+}
