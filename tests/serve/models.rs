@@ -286,3 +286,90 @@ fn a_model_whose_store_is_damaged_fails_alone_and_can_be_forgotten() {
     assert_eq!(models(&s).into_iter().map(|m| m.0).collect::<Vec<_>>(), ["default", "fine"]);
     assert!(db.exists(), "a model that did not run keeps its files");
 }
+
+/// `token create --for-model M [--read-only]`: (token).
+fn scoped_token(s: &Server, model: &str, read_only: bool) -> String {
+    let mut args = vec!["token", "create", "--for-model", model, "--json"];
+    if read_only {
+        args.push("--read-only");
+    }
+    let t = s.json(&args);
+    assert_eq!(field(&t, "model"), model, "{t}");
+    field(&t, "token").to_owned()
+}
+
+/// `METHOD path` with `token`: the status and the error's sentence (or the body).
+fn http_as(s: &Server, token: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let req = ureq::request(method, &format!("{}{path}", s.url)).set("Authorization", &format!("Bearer {token}"));
+    let answer = match body {
+        Some(b) => req.set("Content-Type", "application/json").send_string(b),
+        None => req.call(),
+    };
+    let (code, text) = match answer {
+        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    let error = serde_json::from_str::<Value>(&text).ok().and_then(|v| v["error"].as_str().map(str::to_owned));
+    (code, error.unwrap_or(text))
+}
+
+#[test]
+fn a_token_scoped_to_a_model_uses_that_model_alone() {
+    let dir = temp_dir("models-tokens");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    s.json(&["model", "add", "team-a", "--json"]);
+    s.json(&["model", "add", "team-b", "--json"]);
+    let admin_a = scoped_token(&s, "team-a", false);
+    let reader_a = scoped_token(&s, "team-a", true);
+    let (code, _, err) = run(&s, &["token", "create", "--for-model", "nope"]);
+    assert!(code == Some(2) && err.contains("model \"nope\" not found"), "{err}");
+
+    // Its own model: reads and changes (the client's -m, or the path).
+    let out = super::bin()
+        .args(["machine", "add", "-n", "2", "--wait", "--json", "-m", "team-a", "--server", &s.url, "--token", &admin_a])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (code, body) = http_as(&s, &reader_a, "GET", "/v1/models/team-a/machines", None);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap().as_array().unwrap().len(), 2);
+    let (code, why) = http_as(&s, &reader_a, "POST", "/v1/models/team-a/machines", Some(r#"{"count": 1}"#));
+    assert!(code == 403 && why.contains("read-only"), "{code} {why}");
+
+    // Every other model, `default` by the plain routes included: 403 naming both, nothing changed.
+    for (method, path, body) in [
+        ("GET", "/v1/models/team-b/machines", None),
+        ("POST", "/v1/models/team-b/machines", Some(r#"{"count": 1}"#)),
+        ("GET", "/v1/machines", None),
+        ("POST", "/v1/machines", Some(r#"{"count": 1}"#)),
+        ("GET", "/v1/models/team-b", None),
+    ] {
+        let (code, why) = http_as(&s, &admin_a, method, path, body);
+        assert_eq!(code, 403, "{method} {path}: {why}");
+        assert!(why.contains("scoped to model \"team-a\""), "{method} {path}: {why}");
+    }
+    assert!(s.json(&["machine", "list", "--json", "-m", "team-b"]).as_array().unwrap().is_empty());
+    assert!(s.machines().is_empty());
+
+    // The service's own routes: its model alone in the list; no model or token management.
+    let (code, body) = http_as(&s, &admin_a, "GET", "/v1/models", None);
+    assert_eq!(code, 200, "{body}");
+    let names: Vec<String> = serde_json::from_str::<Value>(&body).unwrap().as_array().unwrap().iter().map(|m| field(m, "name").to_owned()).collect();
+    assert_eq!(names, ["team-a"]);
+    for (method, path, body) in [
+        ("POST", "/v1/models", Some(r#"{"name": "team-c"}"#)),
+        ("DELETE", "/v1/models/team-a", None),
+        ("POST", "/v1/tokens", Some(r#"{}"#)),
+        ("GET", "/v1/tokens", None),
+    ] {
+        let (code, why) = http_as(&s, &admin_a, method, path, body);
+        assert_eq!(code, 403, "{method} {path}: {why}");
+        assert!(why.contains("scoped to model \"team-a\""), "{method} {path}: {why}");
+    }
+    assert_eq!(models(&s).len(), 3, "nothing added or destroyed");
+    // The service's admin token sees all; the list names each token's model.
+    let list = s.json(&["token", "list", "--json"]);
+    let scoped: Vec<&str> = list.as_array().unwrap().iter().map(|t| t["model"].as_str().unwrap_or("-")).collect();
+    assert_eq!(scoped, ["team-a", "team-a"]);
+}

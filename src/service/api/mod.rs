@@ -255,6 +255,23 @@ pub struct Caller {
     pub id: String,
     /// What it may do.
     pub scope: Scope,
+    /// The one model it may use (`None`: every model, and the service's own routes).
+    pub model: Option<String>,
+}
+
+impl Caller {
+    /// Whether this caller may manage the service (models, tokens): an admin token for every
+    /// model. `Err` is the 403's sentence.
+    pub(crate) fn service_admin(&self, what: &str) -> Result<()> {
+        match (&self.model, self.scope) {
+            (None, Scope::Admin) => Ok(()),
+            (Some(m), _) => Err(ApiError::new(
+                403,
+                format!("{what} needs an admin token for every model; {} is scoped to model {m:?}", self.id),
+            )),
+            (None, scope) => Err(ApiError::new(403, format!("{what} needs an admin token; {} is {scope}", self.id))),
+        }
+    }
 }
 
 /// Proof that the request carried a valid API token (`Authorization: Bearer TOKEN`) whose
@@ -280,11 +297,11 @@ fn admin_hash(state: &Shared) -> Option<String> {
 async fn authenticate(state: &Shared, given: &str) -> Result<Caller> {
     let hash = token::sha256_hex(given);
     if admin_hash(state).is_some_and(|admin| token::hashes_equal(&hash, &admin)) {
-        return Ok(Caller { id: token::ADMIN_ID.to_owned(), scope: Scope::Admin });
+        return Ok(Caller { id: token::ADMIN_ID.to_owned(), scope: Scope::Admin, model: None });
     }
     let found = state.service_store.exec(move |s| s.token_by_hash(&hash)).await?;
     match found {
-        Some(t) if t.revoked.is_none() => Ok(Caller { id: t.id, scope: t.scope }),
+        Some(t) if t.revoked.is_none() => Ok(Caller { id: t.id, scope: t.scope, model: t.model }),
         Some(t) => Err(ApiError::new(401, format!("the API token {} was revoked", t.id))),
         None => Err(ApiError::new(401, "the API token is wrong")),
     }
@@ -320,6 +337,11 @@ async fn check_token(req: HttpRequest) -> Result<Caller> {
         }
     };
     caller.scope.may(req.method().as_str()).map_err(|why| ApiError::new(403, why))?;
+    // A model-scoped token: its model's routes only (the service's own routes check it in
+    // their handlers: a list shows its model alone, management is refused).
+    if let Some(target) = target_model(&req) {
+        token::may_use_model(caller.model.as_deref(), target).map_err(|why| ApiError::new(403, why))?;
+    }
     Ok(caller)
 }
 
@@ -338,12 +360,7 @@ impl FromRequest for AdminOnly {
         let req = req.clone();
         Box::pin(async move {
             let caller = check_token(req).await?;
-            if caller.scope != Scope::Admin {
-                return Err(ApiError::new(
-                    403,
-                    format!("managing API tokens needs an admin token; {} is {}", caller.id, caller.scope),
-                ));
-            }
+            caller.service_admin("managing API tokens")?;
             Ok(AdminOnly(caller))
         })
     }
@@ -385,8 +402,20 @@ pub(crate) struct KeyPath {
 
 /// A path's `{name}` (taken by name: per-model paths also hold `{model}`).
 #[derive(serde::Deserialize)]
-pub(crate) struct NamePath {
-    pub(crate) name: String,
+pub struct NamePath {
+    /// The name.
+    pub name: String,
+}
+
+/// The model a request is about, for a model-scoped token's check: `{model}` in its path, else
+/// `default` for a per-model route; `None` for the service's own routes (`/v1/models`,
+/// `/v1/tokens`).
+fn target_model(req: &HttpRequest) -> Option<&str> {
+    match req.match_info().get("model") {
+        Some(m) => Some(m),
+        None if ["/v1/models", "/v1/tokens"].iter().any(|p| req.path() == *p || req.path().starts_with(&format!("{p}/"))) => None,
+        None => Some(DEFAULT_MODEL),
+    }
 }
 
 /// The model a request names: `{model}` in its path, else `default`.

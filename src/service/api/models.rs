@@ -74,9 +74,10 @@ fn listed(host: &Host, name: &str) -> Result<Listed> {
 /// `GET /v1/models`.
 #[utoipa::path(get, path = "/v1/models", tag = "models", operation_id = "list_models",
     responses((status = 200, description = "Every model, in name order", body = Vec<ModelView>)))]
-pub async fn list_models(_: Authorized, host: Host) -> Result<HttpResponse> {
+pub async fn list_models(Authorized(caller): Authorized, host: Host) -> Result<HttpResponse> {
     let mut out = Vec::new();
-    for l in host.list() {
+    // A model-scoped token sees its model alone.
+    for l in host.list().into_iter().filter(|l| caller.model.as_ref().is_none_or(|m| *m == l.entry.name)) {
         let (machines, life, leader, epoch) = live_facts(&l).await;
         out.push(ModelView { name: l.entry.name, life, machines, leader, epoch });
     }
@@ -91,7 +92,13 @@ pub async fn list_models(_: Authorized, host: Host) -> Result<HttpResponse> {
         (status = 400, description = "A bad name (Juju's rule) or cloud setting, named", body = ErrorBody),
         (status = 409, description = "A model of that name exists", body = ErrorBody),
     ))]
-pub async fn add_model(_: Authorized, host: Host, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
+pub async fn add_model(
+    Authorized(caller): Authorized,
+    host: Host,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse> {
+    caller.service_admin("adding a model")?;
     let AddModel { name, broker, zones, account, region, endpoint, image } = json_body(&req, payload).await?;
     note(&req, format!("add model {name}"));
     let cloud = CloudSettings { broker, zones, account, region, endpoint, image };
@@ -141,7 +148,13 @@ fn force_of(query: &str) -> Result<bool> {
         (status = 409, description = "`default` without `force`, or live manual machines without `force` (named); \
             nothing was changed", body = ErrorBody),
     ))]
-pub async fn destroy_model(_: Authorized, host: Host, name: web::Path<String>, req: HttpRequest) -> Result<HttpResponse> {
+pub async fn destroy_model(
+    Authorized(caller): Authorized,
+    host: Host,
+    name: web::Path<String>,
+    req: HttpRequest,
+) -> Result<HttpResponse> {
+    caller.service_admin("destroying a model")?;
     let force = force_of(req.query_string())?;
     let name = name.into_inner();
     note(&req, format!("destroy model {name}{}", if force { " (force)" } else { "" }));

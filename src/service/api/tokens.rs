@@ -29,7 +29,7 @@ impl From<Scope> for TokenScope {
 }
 
 fn view(t: TokenRecord) -> TokenView {
-    TokenView { id: t.id, scope: t.scope.into(), created: t.created, revoked: t.revoked }
+    TokenView { id: t.id, scope: t.scope.into(), created: t.created, revoked: t.revoked, model: t.model }
 }
 
 /// Creates an API token (admin tokens only): answered once, only its hash kept.
@@ -38,17 +38,26 @@ fn view(t: TokenRecord) -> TokenView {
     responses(
         (status = 201, description = "The new token, shown once (only its hash is kept)", body = CreatedToken),
         (status = 400, description = "A body that does not parse", body = ErrorBody),
-        (status = 403, description = "The token is read-only: only admin tokens manage tokens", body = ErrorBody),
+        (status = 403, description = "The token is read-only or scoped to a model: only the service's admin tokens \
+            manage tokens", body = ErrorBody),
+        (status = 404, description = "`model` names no model of the service", body = ErrorBody),
     ))]
 pub async fn create_token(_: AdminOnly, host: Host, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
-    let CreateToken { read_only } = json_body(&req, payload).await?;
+    let CreateToken { read_only, model } = json_body(&req, payload).await?;
     let scope = if read_only { Scope::ReadOnly } else { Scope::Admin };
+    if let Some(m) = &model {
+        // Only a model the service hosts (404 naming it otherwise).
+        host.directory().get(m).map_err(crate::service::models::HostError::from)?;
+    }
     let secret = token::new_secret();
     let hash = token::sha256_hex(&secret);
     let created = now_rfc3339();
-    let record = host.shared().service_store.exec(move |s| s.create_token(scope, &hash, &created)).await?;
-    note(&req, format!("created {} ({scope})", record.id));
-    Ok(HttpResponse::Created().json(CreatedToken { id: record.id, scope: scope.into(), token: secret }))
+    let m = model.clone();
+    let record =
+        host.shared().service_store.exec(move |s| s.create_token(scope, m.as_deref(), &hash, &created)).await?;
+    let only = model.as_ref().map(|m| format!(", model {m} only")).unwrap_or_default();
+    note(&req, format!("created {} ({scope}{only})", record.id));
+    Ok(HttpResponse::Created().json(CreatedToken { id: record.id, scope: scope.into(), token: secret, model }))
 }
 
 /// Lists the created API tokens (admin tokens only): never a token or a hash.

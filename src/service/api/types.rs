@@ -418,6 +418,9 @@ pub struct CreateToken {
     /// A read-only token (every change refused with 403); else an admin token.
     #[serde(default)]
     pub read_only: bool,
+    /// The one model it may use (`null`: every model, and the service's own routes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// What a token may do: `admin` (everything) or `read-only` (reads only).
@@ -440,6 +443,9 @@ pub struct CreatedToken {
     pub scope: TokenScope,
     /// The token itself (64 hex digits): send it as `Authorization: Bearer TOKEN`.
     pub token: String,
+    /// The one model it may use (`null`: every model).
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 /// A created token as `GET /v1/tokens` lists it: never the token, never its hash.
@@ -453,6 +459,9 @@ pub struct TokenView {
     pub created: String,
     /// When it was revoked (RFC 3339, UTC); `null` while it is valid.
     pub revoked: Option<String>,
+    /// The one model it may use (`null`: every model).
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 /// `POST /v1/models`: a new model and its cloud (a setting left out is the service's).

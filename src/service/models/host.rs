@@ -287,7 +287,9 @@ impl ModelHost {
                 Err(e) => tracing::warn!(model = %entry.name, error = %e, "cannot record the model's uuid"),
             }
         }
-        tracing::info!(model = %entry.name, uuid = %state.model_uuid, "model running");
+        // At start, the service's "ready" line says how many run (and nothing may be printed
+        // before a failed bind's one sentence).
+        tracing::debug!(model = %entry.name, uuid = %state.model_uuid, "model running");
         Ok(state)
     }
 
@@ -307,7 +309,10 @@ impl ModelHost {
         let ((), d) = self.store.update(move |d| d.add(added, &broker)).await?;
         self.set_directory(d);
         match self.start_one(&entry, None, true).await {
-            Ok(state) => Ok(state),
+            Ok(state) => {
+                tracing::info!(model = %entry.name, uuid = %state.model_uuid, "model added");
+                Ok(state)
+            }
             Err(e) => {
                 let name = entry.name.clone();
                 self.set_slot(&name, None);

@@ -270,12 +270,13 @@ fn scope_name(s: TokenScope) -> &'static str {
 /// `token create | list | revoke`.
 fn token(c: &Client, cmd: TokenCmd) -> Result<(), Failure> {
     match cmd {
-        TokenCmd::Create { read_only, json } => {
-            let t: CreatedToken = c.send("POST", "/v1/tokens", &CreateToken { read_only })?;
+        TokenCmd::Create { read_only, for_model, json } => {
+            let t: CreatedToken = c.send("POST", "/v1/tokens", &CreateToken { read_only, model: for_model })?;
             if json {
                 print_json(&t);
             } else {
-                println!("created {} ({}); the token is shown only now, keep it:", t.id, scope_name(t.scope));
+                let only = t.model.as_ref().map(|m| format!(", model {m} only")).unwrap_or_default();
+                println!("created {} ({}{only}); the token is shown only now, keep it:", t.id, scope_name(t.scope));
                 println!("{}", t.token);
             }
         }
@@ -285,9 +286,12 @@ fn token(c: &Client, cmd: TokenCmd) -> Result<(), Failure> {
                 print_json(&list);
             } else {
                 table(
-                    &["ID", "SCOPE", "CREATED", "REVOKED"],
+                    &["ID", "SCOPE", "MODEL", "CREATED", "REVOKED"],
                     list.iter()
-                        .map(|t| vec![t.id.clone(), scope_name(t.scope).into(), t.created.clone(), dash(&t.revoked)])
+                        .map(|t| {
+                            let model = t.model.clone().unwrap_or_else(|| "(all)".to_owned());
+                            vec![t.id.clone(), scope_name(t.scope).into(), model, t.created.clone(), dash(&t.revoked)]
+                        })
                         .collect(),
                 );
             }

@@ -234,7 +234,11 @@ pub enum TokenCmd {
         /// token.
         #[arg(long)]
         read_only: bool,
-        /// Print JSON (`id`, `scope`, `token`).
+        /// Scope it to this one model: every other model's routes, and the service's own
+        /// (models, tokens), refuse it with 403 [default: every model].
+        #[arg(long, value_name = "MODEL")]
+        for_model: Option<String>,
+        /// Print JSON (`id`, `scope`, `token`, `model`).
         #[arg(long)]
         json: bool,
     },
