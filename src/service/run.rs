@@ -442,8 +442,14 @@ fn start_provisioners(
     store: &Store,
     metrics: &actix::Addr<Metrics>,
     events: &actix::Addr<crate::service::events::EventHub>,
+    limiter: Option<&crate::SharedLimiter>,
 ) -> Result<(crate::ProvisionerHandle, Option<crate::ContainersHandle>), ServeError> {
-    let handle = crate::start(config.clone(), Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
+    let (cloud, model) = (Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())));
+    // Paced by its account's limiter, shared with the other models there.
+    let handle = match limiter {
+        Some(l) => crate::start_sharing(config.clone(), cloud, model, l)?,
+        None => crate::start(config.clone(), cloud, model)?,
+    };
     handle.subscribe(metrics.clone().recipient());
     handle.subscribe(events.clone().recipient());
     let subscribers = vec![metrics.clone().recipient(), events.clone().recipient()];
@@ -583,6 +589,7 @@ fn start_replica(
     pending: &Option<PendingStarts>,
     metrics: &actix::Addr<Metrics>,
     events: &actix::Addr<crate::service::events::EventHub>,
+    limiter: &Option<crate::SharedLimiter>,
 ) -> Result<Option<api::ReplicaState>, ServeError> {
     #[cfg(feature = "postgres")]
     if let StoreUrl::Postgres(url) = opts.store.url() {
@@ -610,6 +617,7 @@ fn start_replica(
             metrics: metrics.clone(),
             events: events.clone(),
             leading: leading.clone(),
+            limiter: limiter.clone(),
         };
         tracing::info!(%replica, lease = ?timings.lease(), renew_deadline = ?timings.renew_deadline(),
                        retry = ?timings.retry(), "replica: contending for the leader lease");
@@ -619,7 +627,7 @@ fn start_replica(
         );
         return Ok(Some(api::ReplicaState { lease, leading }));
     }
-    let _ = (opts, store, model_uuid, config, broker, pending, metrics, events);
+    let _ = (opts, store, model_uuid, config, broker, pending, metrics, events, limiter);
     Ok(None)
 }
 
@@ -651,6 +659,7 @@ struct ReplicaHooks {
     metrics: actix::Addr<Metrics>,
     events: actix::Addr<crate::service::events::EventHub>,
     leading: actix::Addr<crate::service::lease::leading::Leading>,
+    limiter: Option<crate::SharedLimiter>,
 }
 
 #[cfg(feature = "postgres")]
@@ -672,6 +681,7 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
         let (store, broker, pending, opts) =
             (self.store.clone(), self.broker.clone(), self.pending.clone(), self.opts.clone());
         let (metrics, events, leading) = (self.metrics.clone(), self.events.clone(), self.leading.clone());
+        let limiter = self.limiter.clone();
         let config = self.config.clone().with_random_seed();
         actix_rt::spawn(async move {
             // The fence first: from here on every write of this provisioner commits only under
@@ -691,7 +701,7 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
                     Err(e) => tracing::warn!(error = %e, "cannot resume pending starts"),
                 }
             }
-            let started = start_provisioners(&opts, config, &broker, &store, &metrics, &events)
+            let started = start_provisioners(&opts, config, &broker, &store, &metrics, &events, limiter.as_ref())
                 .map(|(handle, containers)| Provisioners { handle, containers });
             match started {
                 Ok(p) => {
@@ -746,6 +756,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         audit,
         started,
         service_store: store.clone(),
+        accounts: crate::service::models::limits::Accounts::default(),
     };
     let host = ModelHost::new(shared, directory_store, directory);
     if let Err(e) = host.start_all(store).await {
@@ -864,8 +875,16 @@ pub(crate) async fn open_model_store(
 /// EC2), the starts a previous run left pending, its metrics and event stream, and its
 /// provisioners (on PostgreSQL, only while this replica holds the model's lease). `opts` are
 /// the model's settings ([`crate::service::models::host::model_settings`]).
-pub(crate) async fn start_model(shared: &Shared, opts: &ServeSettings, store: Store) -> Result<AppState, ServeError> {
+pub(crate) async fn start_model(
+    shared: &Shared,
+    opts: &ServeSettings,
+    cloud_settings: &crate::service::models::CloudSettings,
+    store: Store,
+) -> Result<AppState, ServeError> {
     let model_uuid = store.exec(|s| s.model_uuid()).await?;
+    // The account its calls count against: its limiter shared with the other models there.
+    let account = crate::service::models::limits::account_of(opts, cloud_settings)
+        .map(|(key, limits, sim_rate)| shared.accounts.get(&key, limits, sim_rate));
     let settings = store.exec(|s| s.settings()).await?;
     let metrics = Metrics::default().start();
     store.watch_counts(metrics.clone().recipient());
@@ -882,6 +901,7 @@ pub(crate) async fn start_model(shared: &Shared, opts: &ServeSettings, store: St
                 out_of_capacity: crate::service::simcloud::parse_out_of_capacity(&opts.sim.out_of_capacity)
                     .ok_or(ServeError::SimOutOfCapacity)?,
                 start_failures: opts.sim.start_failures(),
+                account: account.as_ref().and_then(|a| a.sim.clone()),
             };
             let zones = settings.known_zones();
             let cloud = SimCloud::new(store.clone(), model_uuid.clone(), settings);
@@ -928,11 +948,13 @@ pub(crate) async fn start_model(shared: &Shared, opts: &ServeSettings, store: St
     let events = hub.start();
     // On PostgreSQL the service is one replica of many: only the lease's holder runs the
     // provisioner (see `start_replica`); on SQLite it runs it, as the only one.
-    let replica = start_replica(opts, &store, &model_uuid, &config, &broker, &pending, &metrics, &events)?;
+    let limiter = account.as_ref().map(|a| a.limiter.clone());
+    let replica = start_replica(opts, &store, &model_uuid, &config, &broker, &pending, &metrics, &events, &limiter)?;
     let (handle, containers) = match &replica {
         Some(_) => (None, None),
         None => {
-            let (handle, containers) = start_provisioners(opts, config, &broker, &store, &metrics, &events)?;
+            let (handle, containers) =
+                start_provisioners(opts, config, &broker, &store, &metrics, &events, limiter.as_ref())?;
             (Some(handle), containers)
         }
     };
@@ -955,6 +977,7 @@ pub(crate) async fn start_model(shared: &Shared, opts: &ServeSettings, store: St
         started: shared.started,
         containers,
         audit: shared.audit.clone(),
+        sim_account: account.and_then(|a| a.sim),
     })
 }
 

@@ -373,3 +373,47 @@ fn a_token_scoped_to_a_model_uses_that_model_alone() {
     let scoped: Vec<&str> = list.as_array().unwrap().iter().map(|t| t["model"].as_str().unwrap_or("-")).collect();
     assert_eq!(scoped, ["team-a", "team-a"]);
 }
+
+#[test]
+fn models_on_one_throttled_account_share_its_bucket_and_another_account_is_not_slowed() {
+    let dir = temp_dir("models-accounts");
+    // Every simulated account takes 4 starts a second (4 at once); more are refused as throttled.
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms", "--sim-account-start-rate", "4"]);
+    s.json(&["model", "add", "one", "--account", "shared", "--json"]);
+    s.json(&["model", "add", "two", "--account", "shared", "--json"]);
+    s.json(&["model", "add", "solo", "--account", "alone", "--json"]);
+    let began = std::time::Instant::now();
+    let adds: Vec<_> = ["one", "two", "solo"]
+        .into_iter()
+        .map(|model| {
+            let (url, data) = (s.url.clone(), s.dir.clone());
+            std::thread::spawn(move || {
+                let out = super::bin()
+                    .args(["machine", "add", "-n", "16", "--wait", "--json", "-m", model, "--server", &url, "--data-dir"])
+                    .arg(&data)
+                    .output()
+                    .unwrap();
+                assert!(out.status.success(), "{model}: {}", String::from_utf8_lossy(&out.stderr));
+                (model, began.elapsed())
+            })
+        })
+        .collect();
+    let took: std::collections::BTreeMap<&str, Duration> = adds.into_iter().map(|t| t.join().unwrap()).collect();
+    for model in ["one", "two", "solo"] {
+        assert_eq!(provisioned(&s, model).len(), 16, "{model}");
+    }
+    let throttled = |model: &str| s.json(&["model", "show", model, "--json"])["account_throttled"].as_u64();
+    let (shared, alone) = (throttled("one"), throttled("solo"));
+    eprintln!("took {took:?}; throttled: shared account {shared:?}, alone {alone:?}");
+    // Together the two models on `shared` stayed inside its bucket: one limiter paced them
+    // (two limiters of 4 a second each would have sent 8, and the account refused the rest).
+    assert_eq!(shared, Some(0), "the shared account refused starts: {took:?}");
+    assert_eq!(throttled("two"), shared, "one account, one count");
+    assert_eq!(alone, Some(0));
+    // 32 starts at 4 a second after a burst of 4 take 7 s at least; 16 take 3 s.
+    let slowest_shared = took["one"].max(took["two"]);
+    assert!(slowest_shared >= Duration::from_millis(6500), "the shared account's pace: {took:?}");
+    // The model on the other account is not slowed by them: it finishes at its own pace.
+    assert!(took["solo"] < Duration::from_millis(5500), "solo was slowed: {took:?}");
+    assert!(took["solo"] * 10 < slowest_shared * 7, "solo was slowed: {took:?}");
+}

@@ -118,6 +118,8 @@ pub struct AppState {
     pub replica: Option<ReplicaState>,
     /// The audit log of change requests.
     pub audit: std::sync::Arc<crate::service::audit::AuditLog>,
+    /// The simulated account the model's starts spend (with `--sim-account-start-rate`).
+    pub sim_account: Option<crate::service::simcloud::SimAccount>,
 }
 
 /// A replica's lease and, while it leads, its provisioners.

@@ -44,6 +44,7 @@ async fn detail(host: &Host, l: Listed) -> ModelDetail {
     let (machines, life, leader, epoch) = live_facts(&l).await;
     let broker = broker_of(&host.shared().opts, &l.entry.cloud);
     let zones = l.state.as_ref().map(|s| s.zones.clone()).unwrap_or_default();
+    let account_throttled = l.state.as_ref().and_then(|s| s.sim_account.as_ref()).map(|a| a.throttled());
     let c = l.entry.cloud;
     ModelDetail {
         name: l.entry.name,
@@ -59,6 +60,7 @@ async fn detail(host: &Host, l: Listed) -> ModelDetail {
         endpoint: c.endpoint,
         image: c.image,
         error: l.error,
+        account_throttled,
     }
 }
 

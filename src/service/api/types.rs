@@ -443,8 +443,8 @@ pub struct CreatedToken {
     pub scope: TokenScope,
     /// The token itself (64 hex digits): send it as `Authorization: Bearer TOKEN`.
     pub token: String,
-    /// The one model it may use (`null`: every model).
-    #[serde(default)]
+    /// The one model it may use (left out: every model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
 }
 
@@ -459,8 +459,8 @@ pub struct TokenView {
     pub created: String,
     /// When it was revoked (RFC 3339, UTC); `null` while it is valid.
     pub revoked: Option<String>,
-    /// The one model it may use (`null`: every model).
-    #[serde(default)]
+    /// The one model it may use (left out: every model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
 }
 
@@ -536,4 +536,8 @@ pub struct ModelDetail {
     pub image: Option<String>,
     /// Why it does not run here, if it does not (its store could not be opened).
     pub error: Option<String>,
+    /// The starts its simulated account refused as throttled, all the account's models
+    /// together (with `--sim-account-start-rate`; `null` otherwise).
+    #[serde(default)]
+    pub account_throttled: Option<u64>,
 }

@@ -42,6 +42,8 @@ pub struct Shared {
     /// The store of the service's own records (the API tokens): `default`'s, kept open even
     /// when that model is destroyed.
     pub service_store: Store,
+    /// The cloud accounts in use, whose limits their models share.
+    pub accounts: super::limits::Accounts,
 }
 
 /// Why a model operation failed, with the HTTP status the API answers.
@@ -278,7 +280,7 @@ impl ModelHost {
             Some(s) => s,
             None => crate::service::run::open_model_store(&self.shared.opts, &opts, &entry.name, new).await?,
         };
-        let state = crate::service::run::start_model(&self.shared, &opts, store).await?;
+        let state = crate::service::run::start_model(&self.shared, &opts, &entry.cloud, store).await?;
         self.set_slot(&entry.name, Some(Slot::Running(state.clone())));
         if entry.uuid.as_deref() != Some(state.model_uuid.as_str()) {
             let (name, uuid) = (entry.name.clone(), state.model_uuid.clone());
@@ -459,7 +461,9 @@ mod tests {
             "postgres://u@h/db?sslmode=disable&options=-c%20search_path%3Dmodel_a"
         );
         assert_eq!(schema_url("host=h dbname=d", "model_a"), "host=h dbname=d options='-c search_path=model_a'");
+        #[cfg(feature = "postgres")]
         let config = crate::service::store::PgStore::config(&schema_url("postgres://u@h/db", "model_a")).unwrap();
+        #[cfg(feature = "postgres")]
         assert!(config.get_options().unwrap().starts_with("-c search_path=model_a"), "{:?}", config.get_options());
     }
 

@@ -7,9 +7,11 @@
 //!   and destroying may do.
 //! - [`persist`]: where the directory is kept (`models.json`, or table `provisioner_models`).
 //! - [`host`]: the running models, looked up per request; adding, destroying, reaping.
+//! - [`limits`]: the cloud accounts whose request limits the models on them share.
 
 pub mod directory;
 pub mod host;
+pub mod limits;
 pub mod persist;
 
 pub use directory::{check_name, CloudSettings, Directory, ModelEntry, ModelLife, ModelsError, DEFAULT_MODEL};

@@ -202,6 +202,9 @@ fn model(c: &Client, cmd: ModelCmd) -> Result<(), Failure> {
         if let Some(leader) = &m.leader {
             println!("leader:    {leader} (epoch {})", m.epoch.map_or_else(|| "-".to_owned(), |e| e.to_string()));
         }
+        if let Some(n) = m.account_throttled {
+            println!("throttled: {n} starts refused by its account (all its models)");
+        }
         if let Some(e) = &m.error {
             println!("error:     {e}");
         }
