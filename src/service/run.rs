@@ -763,6 +763,11 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         stop_models(host.running(), &opts).await;
         return Err(e);
     }
+    // Replicas follow the models other replicas add and remove.
+    #[cfg(feature = "postgres")]
+    if let (StoreUrl::Postgres(_), Ok(t)) = (opts.store.url(), opts.lease.timings()) {
+        host.spawn_sync(t.retry());
+    }
 
     let app_host = host.clone();
     let http = actix_web::HttpServer::new(move || api::app(app_host.clone()))

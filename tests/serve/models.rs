@@ -405,15 +405,121 @@ fn models_on_one_throttled_account_share_its_bucket_and_another_account_is_not_s
     let throttled = |model: &str| s.json(&["model", "show", model, "--json"])["account_throttled"].as_u64();
     let (shared, alone) = (throttled("one"), throttled("solo"));
     eprintln!("took {took:?}; throttled: shared account {shared:?}, alone {alone:?}");
-    // Together the two models on `shared` stayed inside its bucket: one limiter paced them
-    // (two limiters of 4 a second each would have sent 8, and the account refused the rest).
-    assert_eq!(shared, Some(0), "the shared account refused starts: {took:?}");
+    // Together the two models on `shared` stayed inside its bucket: one limiter paced them.
+    // (Two limiters of 4 a second each send 8: the account refused 5 and the throttled model's
+    // backoff took it to 20 s when this was tried. One refusal at a token's edge, the client's
+    // and the account's clocks a few microseconds apart, was seen once in a loaded run.)
+    assert!(shared.is_some_and(|n| n <= 1), "the shared account refused starts: {shared:?} {took:?}");
     assert_eq!(throttled("two"), shared, "one account, one count");
     assert_eq!(alone, Some(0));
     // 32 starts at 4 a second after a burst of 4 take 7 s at least; 16 take 3 s.
     let slowest_shared = took["one"].max(took["two"]);
     assert!(slowest_shared >= Duration::from_millis(6500), "the shared account's pace: {took:?}");
+    assert!(slowest_shared < Duration::from_secs(12), "a model on the shared account was throttled: {took:?}");
     // The model on the other account is not slowed by them: it finishes at its own pace.
     assert!(took["solo"] < Duration::from_millis(5500), "solo was slowed: {took:?}");
     assert!(took["solo"] * 10 < slowest_shared * 7, "solo was slowed: {took:?}");
+}
+
+/// The model schemas of the database at `url`.
+#[cfg(feature = "postgres")]
+fn schemas(url: &str) -> Vec<String> {
+    let mut c = ::postgres::Client::connect(url, ::postgres::NoTls).unwrap();
+    c.query("SELECT schema_name::text FROM information_schema.schemata WHERE schema_name LIKE 'model\\_%' ORDER BY 1", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn on_postgres_each_model_has_its_schema_and_lease_and_a_restart_keeps_them() {
+    let pg = super::postgres::cluster();
+    let url = super::postgres::fresh_db(&pg);
+    let dir = temp_dir("models-pg");
+    let mut s = super::postgres::start(&dir, &url, &["--sim-start-latency", "50ms"]);
+    s.json(&["model", "add", "team-a", "--json"]);
+    s.json(&["model", "add", "team-b", "--zones", "z1", "--json"]);
+    assert_eq!(schemas(&url), ["model_team_a", "model_team_b"]);
+    s.json(&["machine", "add", "-n", "3", "-m", "team-a", "--wait", "--json"]);
+    s.json(&["machine", "add", "-n", "2", "-m", "team-b", "--wait", "--json"]);
+    s.json(&["machine", "add", "-n", "1", "--wait", "--json"]);
+    let (pa, pb) = (provisioned(&s, "team-a"), provisioned(&s, "team-b"));
+    assert!(pb.iter().all(|(_, _, z)| z == "z1"), "{pb:?}");
+    // Each model has its own lease, which this replica (the only one) holds.
+    let list = s.json(&["model", "list", "--json"]);
+    for m in list.as_array().unwrap() {
+        assert!(!field(m, "leader").is_empty(), "{m}");
+        assert!(m["epoch"].as_i64().is_some_and(|e| e >= 1), "{m}");
+    }
+    assert_eq!(models(&s).iter().map(|m| m.2).collect::<Vec<_>>(), [Some(1), Some(3), Some(2)]);
+
+    assert_eq!(s.terminate().code(), Some(0), "{}", s.log_text());
+    let s = super::postgres::start(&dir, &url, &["--sim-start-latency", "50ms"]);
+    eventually(Duration::from_secs(20), "every model led again", || {
+        s.json(&["model", "list", "--json"]).as_array().unwrap().iter().all(|m| !field(m, "leader").is_empty())
+    });
+    assert_eq!(provisioned(&s, "team-a"), pa);
+    assert_eq!(provisioned(&s, "team-b"), pb);
+    s.json(&["machine", "add", "-n", "1", "-m", "team-a", "--wait", "--json"]);
+    assert_eq!(provisioned(&s, "team-a").len(), 4);
+
+    // Destroyed: its instances stopped, then its schema dropped; the others untouched.
+    let (code, _, err) = run(&s, &["model", "destroy", "team-a"]);
+    assert_eq!(code, Some(0), "{err}");
+    eventually(Duration::from_secs(30), "team-a removed", || models(&s).iter().all(|m| m.0 != "team-a"));
+    assert_eq!(schemas(&url), ["model_team_b"]);
+    assert_eq!(provisioned(&s, "team-b"), pb);
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn on_postgres_replicas_follow_the_models_directory_and_take_over_a_dead_replicas_models() {
+    let pg = super::postgres::cluster();
+    let url = super::postgres::fresh_db(&pg);
+    let dir = temp_dir("models-pg-replicas");
+    let lease = ["--lease", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms", "--sim-start-latency", "50ms"];
+    let args = |id: &'static str| {
+        let mut a = vec!["--store", url.as_str(), "--replica-id", id];
+        a.extend_from_slice(&lease);
+        a
+    };
+    let mut a = Server::start_on(&dir.join("a"), &dir, &args("a"));
+    a.json(&["model", "add", "team-a", "--json"]);
+    a.json(&["machine", "add", "-n", "2", "-m", "team-a", "--wait", "--timeout", "60s", "--json"]);
+    // The second replica knows the API token (its data directory holds it).
+    std::fs::create_dir_all(dir.join("b")).unwrap();
+    std::fs::copy(a.dir.join("token"), dir.join("b").join("token")).unwrap();
+    let b = Server::start_on(&dir.join("b"), &dir, &args("b"));
+    assert_eq!(models(&b).into_iter().map(|m| m.0).collect::<Vec<_>>(), ["default", "team-a"]);
+    // A model added through one replica runs on the other too.
+    b.json(&["model", "add", "team-b", "--json"]);
+    eventually(Duration::from_secs(20), "replica a to run team-b", || {
+        models(&a).iter().any(|m| m.0 == "team-b" && m.2.is_some())
+    });
+    a.json(&["machine", "add", "-n", "2", "-m", "team-b", "--wait", "--timeout", "60s", "--json"]);
+    assert_eq!(provisioned(&b, "team-b").len(), 2);
+    let leaders = |s: &Server| -> Vec<(String, String)> {
+        let list = s.json(&["model", "list", "--json"]);
+        list.as_array().unwrap().iter().map(|m| (field(m, "name").to_owned(), field(m, "leader").to_owned())).collect()
+    };
+    eprintln!("leaders before the kill: {:?}", leaders(&b));
+    assert_eq!(leaders(&b).iter().find(|m| m.0 == "team-a").map(|m| m.1.as_str()), Some("a"), "a added it, a leads it");
+
+    // kill -9 the replica that leads team-a: b takes its models over, nothing is doubled.
+    a.crash();
+    eventually(Duration::from_secs(30), "b to lead every model", || leaders(&b).iter().all(|m| m.1 == "b"));
+    b.json(&["machine", "add", "-n", "1", "-m", "team-a", "--wait", "--timeout", "60s", "--json"]);
+    assert_eq!(provisioned(&b, "team-a").len(), 3, "one instance per machine, the new one included");
+
+    // A model removed through one replica is stopped on the other.
+    let c = Server::start_on(&dir.join("a"), &dir, &args("a"));
+    assert_eq!(models(&c).len(), 3);
+    let (code, _, err) = run(&b, &["model", "destroy", "team-b"]);
+    assert_eq!(code, Some(0), "{err}");
+    eventually(Duration::from_secs(30), "team-b gone from both replicas", || {
+        models(&b).iter().all(|m| m.0 != "team-b") && models(&c).iter().all(|m| m.0 != "team-b")
+    });
+    assert_eq!(schemas(&url), ["model_team_a"]);
 }

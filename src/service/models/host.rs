@@ -119,8 +119,10 @@ pub struct ModelHost {
     /// The directory as last written.
     directory: Arc<RwLock<Directory>>,
     slots: Arc<RwLock<BTreeMap<String, Slot>>>,
-    /// One directory change at a time (adds and destructions).
+    /// One directory change at a time (adds, destructions, a replica's sync).
     changes: Arc<futures::lock::Mutex<()>>,
+    /// The dying models this process runs a reaper for.
+    reaping: Arc<RwLock<std::collections::BTreeSet<String>>>,
 }
 
 /// The settings model `entry` runs with: the service's, with the model's cloud applied, and
@@ -193,6 +195,7 @@ impl ModelHost {
             directory: Arc::new(RwLock::new(directory)),
             slots: Arc::new(RwLock::new(BTreeMap::new())),
             changes: Arc::new(futures::lock::Mutex::new(())),
+            reaping: Arc::default(),
         }
     }
 
@@ -224,6 +227,10 @@ impl ModelHost {
         match slot {
             Some(Slot::Running(s)) => Ok(s),
             Some(Slot::Failed(why)) => Err(HostError::NotRunning { name: name.to_owned(), why }),
+            // In the directory, not started here yet (a replica following another's add).
+            None if self.directory().get(name).is_ok() => {
+                Err(HostError::NotRunning { name: name.to_owned(), why: "it is starting".to_owned() })
+            }
             None => Err(ModelsError::Unknown(name.to_owned()).into()),
         }
     }
@@ -364,6 +371,9 @@ impl ModelHost {
     /// then stops it and removes it: the directory's entry, then its store (the SQLite file, or
     /// the PostgreSQL schema; `default`'s is kept: it holds the service's tokens).
     fn spawn_reaper(&self, name: String) {
+        if !self.reaping.write().unwrap_or_else(|p| p.into_inner()).insert(name.clone()) {
+            return; // one reaper per model
+        }
         let host = self.clone();
         actix_rt::spawn(async move {
             let mut clear = 0;
@@ -387,13 +397,59 @@ impl ModelHost {
             if let Err(e) = host.remove(&name).await {
                 tracing::error!(model = %name, error = %e, "cannot remove the destroyed model");
             }
+            host.reaping.write().unwrap_or_else(|p| p.into_inner()).remove(&name);
         });
     }
 
-    /// Stops a destroyed model and removes it.
+    /// With replicas on PostgreSQL: every `every`, reads the directory other replicas write
+    /// and follows it: a model added elsewhere is started here (its store opened, its lease
+    /// contended), one removed elsewhere is stopped here, a dying one gets a reaper here too
+    /// (whichever replica sees its instances gone first removes it).
+    pub fn spawn_sync(&self, every: std::time::Duration) {
+        let host = self.clone();
+        actix_rt::spawn(async move {
+            loop {
+                actix_rt::time::sleep(every).await;
+                if let Err(e) = host.sync().await {
+                    tracing::warn!(error = %e, "cannot read the models directory; trying again");
+                }
+            }
+        });
+    }
+
+    async fn sync(&self) -> Result<(), HostError> {
+        let _one = self.changes.lock().await;
+        let d = self.store.load().await?;
+        self.set_directory(d.clone());
+        let known: Vec<String> = self.slots.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        for gone in known.iter().filter(|n| !d.models.contains_key(*n)) {
+            if let Ok(st) = self.state(gone) {
+                crate::service::run::stop_models(vec![st], &self.shared.opts).await;
+            }
+            self.set_slot(gone, None);
+            tracing::info!(model = %gone, "model removed by another replica: stopped here");
+        }
+        for entry in d.models.values() {
+            if !known.contains(&entry.name) {
+                match self.start_one(entry, None, false).await {
+                    Ok(_) => tracing::info!(model = %entry.name, "model added by another replica: running here"),
+                    Err(e) => {
+                        tracing::error!(model = %entry.name, error = %e, "the model cannot start here");
+                        self.set_slot(&entry.name, Some(Slot::Failed(e.to_string())));
+                    }
+                }
+            }
+            if entry.life == ModelLife::Dying {
+                self.spawn_reaper(entry.name.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops a destroyed model and removes it (another replica may have removed it first).
     async fn remove(&self, name: &str) -> Result<(), HostError> {
         let _one = self.changes.lock().await;
-        let state = self.state(name)?;
+        let Ok(state) = self.state(name) else { return Ok(()) };
         crate::service::run::stop_models(vec![state], &self.shared.opts).await;
         self.set_slot(name, None);
         let n = name.to_owned();
