@@ -14,8 +14,8 @@ use thiserror::Error;
 use crate::config::ProvisionerConfig;
 use crate::service::api::{self, AppState};
 use crate::service::metrics::{MeteredBroker, Metrics};
-use crate::service::models::{DirectoryStore, ModelHost, Shared};
 use crate::service::model::StoreModel;
+use crate::service::models::{DirectoryStore, ModelHost, Shared};
 use crate::service::settings::{BrokerKind, ServeSettings, StoreUrl};
 use crate::service::simcloud::{SimCloud, SimSettings};
 
@@ -25,7 +25,7 @@ use crate::service::simcloud::{SimCloud, SimSettings};
 #[derive(Clone)]
 pub enum PendingStarts {
     /// The simulated cloud lands its pending instances.
-    Sim(SimCloud),
+    Sim(Box<SimCloud>),
     /// A real cloud's starts are repeated by their client tokens.
     #[cfg_attr(not(feature = "ec2"), allow(dead_code))]
     Intents(crate::service::intents::IntentBroker),
@@ -760,7 +760,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     };
     let host = ModelHost::new(shared, directory_store, directory);
     if let Err(e) = host.start_all(store).await {
-        stop_models(host.running(), &opts).await;
+        stop_models(host.running().await, &opts).await;
         return Err(e);
     }
     // Replicas follow the models other replicas add and remove.
@@ -784,7 +784,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         Err(source) => {
             // The provisioners' actors are running: stop them while the runtime is still
             // here (dropped with it, their timers would panic), then say why.
-            stop_models(host.running(), &opts).await;
+            stop_models(host.running().await, &opts).await;
             actix_rt::time::sleep(std::time::Duration::from_millis(50)).await;
             return Err(ServeError::Listen { addr: opts.listen().to_owned(), source });
         }
@@ -795,14 +795,14 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         listen = %opts.listen(),
         scheme,
         data_dir = %dir.display(),
-        models = host.running().len(),
+        models = host.running().await.len(),
         "provisioner service ready; the API token is in {}",
         dir.join(TOKEN_FILE).display()
     );
 
     let signal = terminated().await?;
     tracing::info!(%signal, "shutting down");
-    let states = host.running();
+    let states = host.running().await;
     // Event streams never end on their own: end them, so the server need not wait for them.
     for st in &states {
         let _ = st.events.send(crate::service::events::CloseStreams).await;
@@ -888,8 +888,10 @@ pub(crate) async fn start_model(
 ) -> Result<AppState, ServeError> {
     let model_uuid = store.exec(|s| s.model_uuid()).await?;
     // The account its calls count against: its limiter shared with the other models there.
-    let account = crate::service::models::limits::account_of(opts, cloud_settings)
-        .map(|(key, limits, sim_rate)| shared.accounts.get(&key, limits, sim_rate));
+    let account = match crate::service::models::limits::account_of(opts, cloud_settings) {
+        Some((key, limits, sim_rate)) => Some(shared.accounts.get(&key, limits, sim_rate).await),
+        None => None,
+    };
     let settings = store.exec(|s| s.settings()).await?;
     let metrics = Metrics::default().start();
     store.watch_counts(metrics.clone().recipient());
@@ -910,7 +912,7 @@ pub(crate) async fn start_model(
             };
             let zones = settings.known_zones();
             let cloud = SimCloud::new(store.clone(), model_uuid.clone(), settings);
-            pending = Some(PendingStarts::Sim(cloud.clone()));
+            pending = Some(PendingStarts::Sim(Box::new(cloud.clone())));
             (Arc::new(cloud), zones, "sim")
         }
         #[cfg(feature = "ec2")]

@@ -77,7 +77,7 @@ pub struct SimSettings {
 #[derive(Debug, Clone)]
 pub struct SimAccount {
     name: String,
-    bucket: Arc<std::sync::Mutex<crate::actors::limiter::TokenBucket>>,
+    bucket: Arc<Mutex<crate::actors::limiter::TokenBucket>>,
     epoch: actix_rt::time::Instant,
     throttled: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -97,7 +97,7 @@ impl SimAccount {
         let limit = crate::config::rate_limits::BucketLimit::new(per_second, f64::from(per_second));
         Self {
             name: name.to_owned(),
-            bucket: Arc::new(std::sync::Mutex::new(crate::actors::limiter::TokenBucket::new(limit))),
+            bucket: Arc::new(Mutex::new(crate::actors::limiter::TokenBucket::new(limit))),
             epoch: actix_rt::time::Instant::now(),
             throttled: Arc::default(),
         }
@@ -114,9 +114,9 @@ impl SimAccount {
     }
 
     /// Spends a token for one start, or counts a throttled refusal.
-    fn take(&self) -> Result<(), BrokerError> {
-        let now = self.epoch.elapsed();
-        if self.bucket.lock().unwrap_or_else(|p| p.into_inner()).take(now) {
+    async fn take(&self) -> Result<(), BrokerError> {
+        let mut bucket = self.bucket.lock().await;
+        if bucket.take(self.epoch.elapsed()) {
             return Ok(());
         }
         self.throttled.fetch_add(1, Ordering::Relaxed);
@@ -299,7 +299,7 @@ impl Broker for SimCloud {
         Box::pin(async move {
             check?;
             if let Some(account) = &cloud.settings.account {
-                account.take()?;
+                account.take().await?;
             }
             cloud.injected_fault()?;
             let picked = cloud.pick_type(&params).await?;

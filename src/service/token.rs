@@ -92,9 +92,9 @@ pub struct TokenRecord {
 /// names why not, in one sentence.
 pub fn may_use_model(scoped: Option<&str>, target: &str) -> Result<(), String> {
     match scoped {
-        Some(mine) if mine != target => Err(format!(
-            "this API token is scoped to model {mine:?}: it may not use model {target:?}"
-        )),
+        Some(mine) if mine != target => {
+            Err(format!("this API token is scoped to model {mine:?}: it may not use model {target:?}"))
+        }
         _ => Ok(()),
     }
 }

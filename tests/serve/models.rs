@@ -236,9 +236,7 @@ fn destroying_a_model_removes_it_and_its_instances_and_leaves_the_others() {
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("destroying model doomed"), "{out}");
     // Dying until its instances are gone, then removed with its file.
-    eventually(Duration::from_secs(20), "the destroyed model removed", || {
-        models(&s).iter().all(|m| m.0 != "doomed")
-    });
+    eventually(Duration::from_secs(20), "the destroyed model removed", || models(&s).iter().all(|m| m.0 != "doomed"));
     assert!(!doomed_db.exists(), "its database is deleted");
     let (code, _, err) = run(&s, &["instance", "list", "-m", "doomed"]);
     assert!(code == Some(2) && err.contains("not found"), "{err}");
@@ -327,7 +325,9 @@ fn a_token_scoped_to_a_model_uses_that_model_alone() {
 
     // Its own model: reads and changes (the client's -m, or the path).
     let out = super::bin()
-        .args(["machine", "add", "-n", "2", "--wait", "--json", "-m", "team-a", "--server", &s.url, "--token", &admin_a])
+        .args([
+            "machine", "add", "-n", "2", "--wait", "--json", "-m", "team-a", "--server", &s.url, "--token", &admin_a,
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -355,7 +355,13 @@ fn a_token_scoped_to_a_model_uses_that_model_alone() {
     // The service's own routes: its model alone in the list; no model or token management.
     let (code, body) = http_as(&s, &admin_a, "GET", "/v1/models", None);
     assert_eq!(code, 200, "{body}");
-    let names: Vec<String> = serde_json::from_str::<Value>(&body).unwrap().as_array().unwrap().iter().map(|m| field(m, "name").to_owned()).collect();
+    let names: Vec<String> = serde_json::from_str::<Value>(&body)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| field(m, "name").to_owned())
+        .collect();
     assert_eq!(names, ["team-a"]);
     for (method, path, body) in [
         ("POST", "/v1/models", Some(r#"{"name": "team-c"}"#)),
@@ -389,7 +395,19 @@ fn models_on_one_throttled_account_share_its_bucket_and_another_account_is_not_s
             let (url, data) = (s.url.clone(), s.dir.clone());
             std::thread::spawn(move || {
                 let out = super::bin()
-                    .args(["machine", "add", "-n", "16", "--wait", "--json", "-m", model, "--server", &url, "--data-dir"])
+                    .args([
+                        "machine",
+                        "add",
+                        "-n",
+                        "16",
+                        "--wait",
+                        "--json",
+                        "-m",
+                        model,
+                        "--server",
+                        &url,
+                        "--data-dir",
+                    ])
                     .arg(&data)
                     .output()
                     .unwrap();
@@ -425,11 +443,14 @@ fn models_on_one_throttled_account_share_its_bucket_and_another_account_is_not_s
 #[cfg(feature = "postgres")]
 fn schemas(url: &str) -> Vec<String> {
     let mut c = ::postgres::Client::connect(url, ::postgres::NoTls).unwrap();
-    c.query("SELECT schema_name::text FROM information_schema.schemata WHERE schema_name LIKE 'model\\_%' ORDER BY 1", &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
+    c.query(
+        "SELECT schema_name::text FROM information_schema.schemata WHERE schema_name LIKE 'model\\_%' ORDER BY 1",
+        &[],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
 }
 
 #[cfg(feature = "postgres")]
@@ -479,7 +500,8 @@ fn on_postgres_replicas_follow_the_models_directory_and_take_over_a_dead_replica
     let pg = super::postgres::cluster();
     let url = super::postgres::fresh_db(&pg);
     let dir = temp_dir("models-pg-replicas");
-    let lease = ["--lease", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms", "--sim-start-latency", "50ms"];
+    let lease =
+        ["--lease", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms", "--sim-start-latency", "50ms"];
     let args = |id: &'static str| {
         let mut a = vec!["--store", url.as_str(), "--replica-id", id];
         a.extend_from_slice(&lease);

@@ -415,7 +415,12 @@ pub struct NamePath {
 fn target_model(req: &HttpRequest) -> Option<&str> {
     match req.match_info().get("model") {
         Some(m) => Some(m),
-        None if ["/v1/models", "/v1/tokens"].iter().any(|p| req.path() == *p || req.path().starts_with(&format!("{p}/"))) => None,
+        None if ["/v1/models", "/v1/tokens"]
+            .iter()
+            .any(|p| req.path() == *p || req.path().starts_with(&format!("{p}/"))) =>
+        {
+            None
+        }
         None => Some(DEFAULT_MODEL),
     }
 }
@@ -427,13 +432,16 @@ pub(crate) fn model_of(req: &HttpRequest) -> &str {
 
 impl FromRequest for ModelState {
     type Error = ApiError;
-    type Future = futures::future::Ready<Result<Self, ApiError>>;
+    type Future = futures::future::LocalBoxFuture<'static, Result<Self, ApiError>>;
     fn from_request(req: &HttpRequest, _payload: &mut Payload) -> Self::Future {
-        let found = match req.app_data::<Host>() {
-            Some(host) => host.state(model_of(req)).map(ModelState).map_err(ApiError::from),
-            None => Err(ApiError::internal("the API has no models")),
-        };
-        futures::future::ready(found)
+        let host = req.app_data::<Host>().cloned();
+        let name = model_of(req).to_owned();
+        Box::pin(async move {
+            match host {
+                Some(host) => host.state(&name).await.map(ModelState).map_err(ApiError::from),
+                None => Err(ApiError::internal("the API has no models")),
+            }
+        })
     }
 }
 
@@ -1132,9 +1140,8 @@ pub fn app(
         InitError = (),
     >,
 > {
-    // Request metrics go to `default`'s registry (the one `/metrics` renders).
-    let metrics = host.state(DEFAULT_MODEL).ok().map(|s| s.metrics);
     let audit = host.shared().audit.clone();
+    let metrics_host = host.clone();
     App::new()
         .app_data(web::Data::new(host))
         .app_data(web::PathConfig::default().error_handler(path_error))
@@ -1145,7 +1152,7 @@ pub fn app(
             let method = method_label(req.method());
             let change = crate::service::audit::is_change(req.method().as_str(), req.path());
             let call = srv.call(req);
-            let metrics = metrics.clone();
+            let host = metrics_host.clone();
             let audit = audit.clone();
             async move {
                 let res = call.await?;
@@ -1154,11 +1161,12 @@ pub fn app(
                     audit.record(&audit_line(&res));
                 }
                 let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_owned());
-                if let Some(metrics) = &metrics {
-                    metrics.do_send(HttpDone {
-                    method,
-                    route,
-                    code: res.status().as_u16(),
+                // Request metrics go to `default`'s registry (the one `/metrics` renders).
+                if let Ok(default) = host.state(DEFAULT_MODEL).await {
+                    default.metrics.do_send(HttpDone {
+                        method,
+                        route,
+                        code: res.status().as_u16(),
                         seconds: began.elapsed().as_secs_f64(),
                     });
                 }

@@ -64,13 +64,12 @@ async fn detail(host: &Host, l: Listed) -> ModelDetail {
     }
 }
 
-fn listed(host: &Host, name: &str) -> Result<Listed> {
-    host.list()
-        .into_iter()
-        .find(|l| l.entry.name == name)
-        .ok_or_else(|| ApiError::from(crate::service::models::HostError::from(
-            crate::service::models::ModelsError::Unknown(name.to_owned()),
+async fn listed(host: &Host, name: &str) -> Result<Listed> {
+    host.list().await.into_iter().find(|l| l.entry.name == name).ok_or_else(|| {
+        ApiError::from(crate::service::models::HostError::from(crate::service::models::ModelsError::Unknown(
+            name.to_owned(),
         )))
+    })
 }
 
 /// `GET /v1/models`.
@@ -79,7 +78,7 @@ fn listed(host: &Host, name: &str) -> Result<Listed> {
 pub async fn list_models(Authorized(caller): Authorized, host: Host) -> Result<HttpResponse> {
     let mut out = Vec::new();
     // A model-scoped token sees its model alone.
-    for l in host.list().into_iter().filter(|l| caller.model.as_ref().is_none_or(|m| *m == l.entry.name)) {
+    for l in host.list().await.into_iter().filter(|l| caller.model.as_ref().is_none_or(|m| *m == l.entry.name)) {
         let (machines, life, leader, epoch) = live_facts(&l).await;
         out.push(ModelView { name: l.entry.name, life, machines, leader, epoch });
     }
@@ -105,7 +104,7 @@ pub async fn add_model(
     note(&req, format!("add model {name}"));
     let cloud = CloudSettings { broker, zones, account, region, endpoint, image };
     host.add(ModelEntry::new(&name, cloud)).await?;
-    Ok(HttpResponse::Created().json(detail(&host, listed(&host, &name)?).await))
+    Ok(HttpResponse::Created().json(detail(&host, listed(&host, &name).await?).await))
 }
 
 /// `GET /v1/models/{model}`.
@@ -116,7 +115,7 @@ pub async fn add_model(
         (status = 404, description = "No such model (named)", body = ErrorBody),
     ))]
 pub async fn show_model(_: Authorized, host: Host, name: web::Path<String>) -> Result<HttpResponse> {
-    Ok(HttpResponse::Ok().json(detail(&host, listed(&host, &name)?).await))
+    Ok(HttpResponse::Ok().json(detail(&host, listed(&host, &name).await?).await))
 }
 
 /// `force` from the query string (`force`, `force=true` or `force=false`); anything else is a
@@ -160,9 +159,9 @@ pub async fn destroy_model(
     let force = force_of(req.query_string())?;
     let name = name.into_inner();
     note(&req, format!("destroy model {name}{}", if force { " (force)" } else { "" }));
-    let entry = host.may_destroy(&name, force)?;
+    let entry = host.may_destroy(&name, force).await?;
     if entry.life == ModelLife::Alive {
-        match host.state(&name) {
+        match host.state(&name).await {
             Ok(st) => {
                 // Its own `destroy-model` may have come first: the engine is at it already.
                 if st.store.exec(|s| s.model_life()).await? == crate::model::Life::Alive {
@@ -179,7 +178,7 @@ pub async fn destroy_model(
         }
     }
     host.mark_dying(&name, force).await?;
-    Ok(HttpResponse::Ok().json(detail(&host, listed(&host, &name)?).await))
+    Ok(HttpResponse::Ok().json(detail(&host, listed(&host, &name).await?).await))
 }
 
 #[cfg(test)]
@@ -188,10 +187,10 @@ mod tests {
 
     #[test]
     fn only_force_is_taken_from_the_query() {
-        assert_eq!(force_of("").unwrap(), false);
-        assert_eq!(force_of("force=true").unwrap(), true);
-        assert_eq!(force_of("force").unwrap(), true);
-        assert_eq!(force_of("force=false").unwrap(), false);
+        assert!(!force_of("").unwrap());
+        assert!(force_of("force=true").unwrap());
+        assert!(force_of("force").unwrap());
+        assert!(!force_of("force=false").unwrap());
         let e = force_of("forse=true").unwrap_err();
         assert!(e.status == 400 && e.message.contains("forse"), "{e}");
     }

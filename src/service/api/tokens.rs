@@ -47,7 +47,7 @@ pub async fn create_token(_: AdminOnly, host: Host, req: HttpRequest, payload: w
     let scope = if read_only { Scope::ReadOnly } else { Scope::Admin };
     if let Some(m) = &model {
         // Only a model the service hosts (404 naming it otherwise).
-        host.directory().get(m).map_err(crate::service::models::HostError::from)?;
+        host.directory().await.get(m).map_err(crate::service::models::HostError::from)?;
     }
     let secret = token::new_secret();
     let hash = token::sha256_hex(&secret);

@@ -64,7 +64,11 @@ pub fn check_name(name: &str) -> Result<(), ModelsError> {
         return bad("it is longer than 63 characters");
     }
     if let Some(c) = name.chars().find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')) {
-        return if c.is_ascii_uppercase() { bad("it has an uppercase letter") } else { bad("it has a character other than a-z, 0-9 and -") };
+        return if c.is_ascii_uppercase() {
+            bad("it has an uppercase letter")
+        } else {
+            bad("it has a character other than a-z, 0-9 and -")
+        };
     }
     if name.starts_with('-') {
         return bad("it starts with a hyphen");
@@ -127,14 +131,18 @@ impl CloudSettings {
         let sim_only = [("account", &self.account)];
         let (wrong, other) = if broker == "sim" { (&ec2_only[..], "ec2") } else { (&sim_only[..], "sim") };
         if let Some((name, _)) = wrong.iter().find(|(_, v)| v.is_some()) {
-            return Err(ModelsError::Cloud(format!("--{name} is a setting of the {other} broker, and this model uses {broker}")));
+            return Err(ModelsError::Cloud(format!(
+                "--{name} is a setting of the {other} broker, and this model uses {broker}"
+            )));
         }
         if broker == "ec2" && self.zones.is_some() {
             return Err(ModelsError::Cloud("--zones is a setting of the sim broker (EC2 lists its own zones)".into()));
         }
         if let Some(zones) = &self.zones {
             if zones.is_empty() || zones.iter().any(|z| z.trim().is_empty() || z.contains(char::is_whitespace)) {
-                return Err(ModelsError::Cloud(format!("--zones must be zone names separated by commas, got {zones:?}")));
+                return Err(ModelsError::Cloud(format!(
+                    "--zones must be zone names separated by commas, got {zones:?}"
+                )));
             }
         }
         for (name, value) in [("account", &self.account), ("region", &self.region), ("image", &self.image)] {
@@ -281,7 +289,10 @@ mod tests {
         assert_eq!(d.destroy("default", false), Err(ModelsError::DefaultNeedsForce));
         assert_eq!(d.get("default").unwrap().life, ModelLife::Alive);
         assert_eq!(d.destroy("nope", true), Err(ModelsError::Unknown("nope".into())));
-        assert_eq!(d.get("nope").unwrap_err().to_string(), "model \"nope\" not found: `provisioner model list` shows the models");
+        assert_eq!(
+            d.get("nope").unwrap_err().to_string(),
+            "model \"nope\" not found: `provisioner model list` shows the models"
+        );
         assert_eq!(d.destroy("a", false), Ok(true));
         assert_eq!(d.destroy("a", false), Ok(false), "a second destroy finds it dying");
         assert_eq!(d.get("a").unwrap().life, ModelLife::Dying);
@@ -293,7 +304,8 @@ mod tests {
     #[test]
     fn the_directory_reads_back_what_it_wrote() {
         let mut d = Directory::with_default();
-        let cloud = CloudSettings { zones: Some(vec!["z1".into()]), account: Some("acct".into()), ..Default::default() };
+        let cloud =
+            CloudSettings { zones: Some(vec!["z1".into()]), account: Some("acct".into()), ..Default::default() };
         d.add(ModelEntry::new("team-a", cloud), "sim").unwrap();
         d.set_uuid("team-a", "u-1").unwrap();
         let text = serde_json::to_string(&d).unwrap();

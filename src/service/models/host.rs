@@ -8,7 +8,9 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use futures::lock::Mutex;
 
 use actix_rt::time::Instant;
 use thiserror::Error;
@@ -89,6 +91,8 @@ impl HostError {
         match self {
             HostError::Refused(r) => r.status(),
             HostError::NotRunning { .. } => 503,
+            // Bad settings of the model's cloud (as `serve` would exit 2 for them).
+            HostError::Start { source, .. } if source.exit_code() == 2 => 400,
             HostError::Persist(_) | HostError::Start { .. } => 500,
         }
     }
@@ -97,7 +101,7 @@ impl HostError {
 /// A model's place in the host: running, or why not.
 #[derive(Clone)]
 enum Slot {
-    Running(AppState),
+    Running(Box<AppState>),
     Failed(String),
 }
 
@@ -117,12 +121,12 @@ pub struct ModelHost {
     shared: Arc<Shared>,
     store: DirectoryStore,
     /// The directory as last written.
-    directory: Arc<RwLock<Directory>>,
-    slots: Arc<RwLock<BTreeMap<String, Slot>>>,
+    directory: Arc<Mutex<Directory>>,
+    slots: Arc<Mutex<BTreeMap<String, Slot>>>,
     /// One directory change at a time (adds, destructions, a replica's sync).
-    changes: Arc<futures::lock::Mutex<()>>,
+    changes: Arc<Mutex<()>>,
     /// The dying models this process runs a reaper for.
-    reaping: Arc<RwLock<std::collections::BTreeSet<String>>>,
+    reaping: Arc<Mutex<std::collections::BTreeSet<String>>>,
 }
 
 /// The settings model `entry` runs with: the service's, with the model's cloud applied, and
@@ -192,9 +196,9 @@ impl ModelHost {
         Self {
             shared: Arc::new(shared),
             store,
-            directory: Arc::new(RwLock::new(directory)),
-            slots: Arc::new(RwLock::new(BTreeMap::new())),
-            changes: Arc::new(futures::lock::Mutex::new(())),
+            directory: Arc::new(Mutex::new(directory)),
+            slots: Arc::new(Mutex::new(BTreeMap::new())),
+            changes: Arc::new(Mutex::new(())),
             reaping: Arc::default(),
         }
     }
@@ -204,31 +208,31 @@ impl ModelHost {
         &self.shared
     }
 
-    fn set_slot(&self, name: &str, slot: Option<Slot>) {
-        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+    async fn set_slot(&self, name: &str, slot: Option<Slot>) {
+        let mut slots = self.slots.lock().await;
         match slot {
             Some(s) => slots.insert(name.to_owned(), s),
             None => slots.remove(name),
         };
     }
 
-    fn set_directory(&self, d: Directory) {
-        *self.directory.write().unwrap_or_else(|p| p.into_inner()) = d;
+    async fn set_directory(&self, d: Directory) {
+        *self.directory.lock().await = d;
     }
 
     /// The directory as last written.
-    pub fn directory(&self) -> Directory {
-        self.directory.read().unwrap_or_else(|p| p.into_inner()).clone()
+    pub async fn directory(&self) -> Directory {
+        self.directory.lock().await.clone()
     }
 
     /// The running model `name`: 404 naming it when unknown, 503 when it does not run.
-    pub fn state(&self, name: &str) -> Result<AppState, HostError> {
-        let slot = self.slots.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned();
+    pub async fn state(&self, name: &str) -> Result<AppState, HostError> {
+        let slot = self.slots.lock().await.get(name).cloned();
         match slot {
-            Some(Slot::Running(s)) => Ok(s),
+            Some(Slot::Running(s)) => Ok(*s),
             Some(Slot::Failed(why)) => Err(HostError::NotRunning { name: name.to_owned(), why }),
             // In the directory, not started here yet (a replica following another's add).
-            None if self.directory().get(name).is_ok() => {
+            None if self.directory().await.get(name).is_ok() => {
                 Err(HostError::NotRunning { name: name.to_owned(), why: "it is starting".to_owned() })
             }
             None => Err(ModelsError::Unknown(name.to_owned()).into()),
@@ -236,14 +240,14 @@ impl ModelHost {
     }
 
     /// Every model in name order, with its state when it runs.
-    pub fn list(&self) -> Vec<Listed> {
-        let d = self.directory();
-        let slots = self.slots.read().unwrap_or_else(|p| p.into_inner()).clone();
+    pub async fn list(&self) -> Vec<Listed> {
+        let d = self.directory().await;
+        let slots = self.slots.lock().await.clone();
         d.models
             .into_values()
             .map(|entry| {
                 let (state, error) = match slots.get(&entry.name) {
-                    Some(Slot::Running(s)) => (Some(s.clone()), None),
+                    Some(Slot::Running(s)) => (Some(*s.clone()), None),
                     Some(Slot::Failed(why)) => (None, Some(why.clone())),
                     None => (None, Some("starting".to_owned())),
                 };
@@ -257,14 +261,14 @@ impl ModelHost {
     /// recorded (its requests answer 503 saying why) and the others start; `default`'s
     /// failure is the service's. Dying models get their reaper.
     pub async fn start_all(&self, default_store: Store) -> Result<(), crate::service::ServeError> {
-        for entry in self.directory().models.into_values() {
+        for entry in self.directory().await.models.into_values() {
             let store = if entry.name == DEFAULT_MODEL { Some(default_store.clone()) } else { None };
             match self.start_one(&entry, store, false).await {
                 Ok(_) => {}
                 Err(e) if entry.name == DEFAULT_MODEL => return Err(e),
                 Err(e) => {
                     tracing::error!(model = %entry.name, error = %e, "the model cannot start; the others run");
-                    self.set_slot(&entry.name, Some(Slot::Failed(e.to_string())));
+                    self.set_slot(&entry.name, Some(Slot::Failed(e.to_string()))).await;
                     continue;
                 }
             }
@@ -288,11 +292,11 @@ impl ModelHost {
             None => crate::service::run::open_model_store(&self.shared.opts, &opts, &entry.name, new).await?,
         };
         let state = crate::service::run::start_model(&self.shared, &opts, &entry.cloud, store).await?;
-        self.set_slot(&entry.name, Some(Slot::Running(state.clone())));
+        self.set_slot(&entry.name, Some(Slot::Running(Box::new(state.clone())))).await;
         if entry.uuid.as_deref() != Some(state.model_uuid.as_str()) {
             let (name, uuid) = (entry.name.clone(), state.model_uuid.clone());
             match self.store.update(move |d| d.set_uuid(&name, &uuid)).await {
-                Ok(((), d)) => self.set_directory(d),
+                Ok(((), d)) => self.set_directory(d).await,
                 Err(e) => tracing::warn!(model = %entry.name, error = %e, "cannot record the model's uuid"),
             }
         }
@@ -316,7 +320,7 @@ impl ModelHost {
         }
         let added = entry.clone();
         let ((), d) = self.store.update(move |d| d.add(added, &broker)).await?;
-        self.set_directory(d);
+        self.set_directory(d).await;
         match self.start_one(&entry, None, true).await {
             Ok(state) => {
                 tracing::info!(model = %entry.name, uuid = %state.model_uuid, "model added");
@@ -324,9 +328,9 @@ impl ModelHost {
             }
             Err(e) => {
                 let name = entry.name.clone();
-                self.set_slot(&name, None);
+                self.set_slot(&name, None).await;
                 if let Ok((_, d)) = self.store.update(move |d| Ok(d.remove(&name))).await {
-                    self.set_directory(d);
+                    self.set_directory(d).await;
                 }
                 Err(HostError::Start { name: entry.name, source: Box::new(e) })
             }
@@ -335,10 +339,11 @@ impl ModelHost {
 
     /// Checks that `name` may be destroyed (`default` only with `force`), without changing
     /// anything: the model's entry.
-    pub fn may_destroy(&self, name: &str, force: bool) -> Result<ModelEntry, HostError> {
-        let mut d = self.directory();
+    pub async fn may_destroy(&self, name: &str, force: bool) -> Result<ModelEntry, HostError> {
+        let mut d = self.directory().await;
+        let entry = d.get(name)?.clone();
         d.destroy(name, force)?;
-        Ok(self.directory().get(name)?.clone())
+        Ok(entry)
     }
 
     /// Marks `name` dying (kept) and starts its reaper; the engine's destruction has been asked
@@ -348,7 +353,7 @@ impl ModelHost {
         let _one = self.changes.lock().await;
         let n = name.to_owned();
         let (was_alive, d) = self.store.update(move |d| d.destroy(&n, force)).await?;
-        self.set_directory(d);
+        self.set_directory(d).await;
         if was_alive {
             self.spawn_reaper(name.to_owned());
         }
@@ -361,8 +366,8 @@ impl ModelHost {
         let _one = self.changes.lock().await;
         let n = name.to_owned();
         let (_, d) = self.store.update(move |d| Ok(d.remove(&n))).await?;
-        self.set_directory(d);
-        self.set_slot(name, None);
+        self.set_directory(d).await;
+        self.set_slot(name, None).await;
         Ok(())
     }
 
@@ -371,17 +376,17 @@ impl ModelHost {
     /// then stops it and removes it: the directory's entry, then its store (the SQLite file, or
     /// the PostgreSQL schema; `default`'s is kept: it holds the service's tokens).
     fn spawn_reaper(&self, name: String) {
-        if !self.reaping.write().unwrap_or_else(|p| p.into_inner()).insert(name.clone()) {
-            return; // one reaper per model
-        }
         let host = self.clone();
         actix_rt::spawn(async move {
+            if !host.reaping.lock().await.insert(name.clone()) {
+                return; // one reaper per model
+            }
             let mut clear = 0;
             loop {
                 actix_rt::time::sleep(REAP_EVERY).await;
-                let Ok(st) = host.state(&name) else { return };
-                if host.directory().get(&name).map(|e| e.life) != Ok(ModelLife::Dying) {
-                    return;
+                let Ok(st) = host.state(&name).await else { break };
+                if host.directory().await.get(&name).map(|e| e.life) != Ok(ModelLife::Dying) {
+                    break;
                 }
                 let idle = match st.running().await {
                     Ok(p) => p.handle.is_idle().await,
@@ -394,10 +399,12 @@ impl ModelHost {
                     break;
                 }
             }
-            if let Err(e) = host.remove(&name).await {
-                tracing::error!(model = %name, error = %e, "cannot remove the destroyed model");
+            if clear >= 2 {
+                if let Err(e) = host.remove(&name).await {
+                    tracing::error!(model = %name, error = %e, "cannot remove the destroyed model");
+                }
             }
-            host.reaping.write().unwrap_or_else(|p| p.into_inner()).remove(&name);
+            host.reaping.lock().await.remove(&name);
         });
     }
 
@@ -420,13 +427,13 @@ impl ModelHost {
     async fn sync(&self) -> Result<(), HostError> {
         let _one = self.changes.lock().await;
         let d = self.store.load().await?;
-        self.set_directory(d.clone());
-        let known: Vec<String> = self.slots.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        self.set_directory(d.clone()).await;
+        let known: Vec<String> = self.slots.lock().await.keys().cloned().collect();
         for gone in known.iter().filter(|n| !d.models.contains_key(*n)) {
-            if let Ok(st) = self.state(gone) {
+            if let Ok(st) = self.state(gone).await {
                 crate::service::run::stop_models(vec![st], &self.shared.opts).await;
             }
-            self.set_slot(gone, None);
+            self.set_slot(gone, None).await;
             tracing::info!(model = %gone, "model removed by another replica: stopped here");
         }
         for entry in d.models.values() {
@@ -435,7 +442,7 @@ impl ModelHost {
                     Ok(_) => tracing::info!(model = %entry.name, "model added by another replica: running here"),
                     Err(e) => {
                         tracing::error!(model = %entry.name, error = %e, "the model cannot start here");
-                        self.set_slot(&entry.name, Some(Slot::Failed(e.to_string())));
+                        self.set_slot(&entry.name, Some(Slot::Failed(e.to_string()))).await;
                     }
                 }
             }
@@ -449,12 +456,12 @@ impl ModelHost {
     /// Stops a destroyed model and removes it (another replica may have removed it first).
     async fn remove(&self, name: &str) -> Result<(), HostError> {
         let _one = self.changes.lock().await;
-        let Ok(state) = self.state(name) else { return Ok(()) };
+        let Ok(state) = self.state(name).await else { return Ok(()) };
         crate::service::run::stop_models(vec![state], &self.shared.opts).await;
-        self.set_slot(name, None);
+        self.set_slot(name, None).await;
         let n = name.to_owned();
         let (_, d) = self.store.update(move |d| Ok(d.remove(&n))).await?;
-        self.set_directory(d);
+        self.set_directory(d).await;
         if name != DEFAULT_MODEL {
             self.drop_store(name).await;
         }
@@ -489,12 +496,12 @@ impl ModelHost {
     }
 
     /// Every running model's state (to stop them all at shutdown).
-    pub fn running(&self) -> Vec<AppState> {
-        let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
+    pub async fn running(&self) -> Vec<AppState> {
+        let slots = self.slots.lock().await;
         slots
             .values()
             .filter_map(|s| match s {
-                Slot::Running(st) => Some(st.clone()),
+                Slot::Running(st) => Some(*st.clone()),
                 Slot::Failed(_) => None,
             })
             .collect()
@@ -508,10 +515,7 @@ mod tests {
     #[test]
     fn each_model_gets_its_own_schema_in_the_url() {
         assert_eq!(schema_name("team-a"), "model_team_a");
-        assert_eq!(
-            schema_url("postgres://u@h/db", "model_a"),
-            "postgres://u@h/db?options=-c%20search_path%3Dmodel_a"
-        );
+        assert_eq!(schema_url("postgres://u@h/db", "model_a"), "postgres://u@h/db?options=-c%20search_path%3Dmodel_a");
         assert_eq!(
             schema_url("postgres://u@h/db?sslmode=disable", "model_a"),
             "postgres://u@h/db?sslmode=disable&options=-c%20search_path%3Dmodel_a"

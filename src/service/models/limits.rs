@@ -8,7 +8,9 @@
 //! and no limiter paces it).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use futures::lock::Mutex;
 
 use super::directory::CloudSettings;
 use crate::config::rate_limits::{BucketLimit, RateLimits};
@@ -38,8 +40,7 @@ pub fn account_of(opts: &ServeSettings, cloud: &CloudSettings) -> Option<(String
         BrokerKind::Sim => {
             let rate = opts.sim.account_start_rate?;
             let name = cloud.account.clone().unwrap_or_else(|| "default".to_owned());
-            let limits =
-                RateLimits { start: Some(BucketLimit::new(rate, f64::from(rate))), ..RateLimits::unlimited() };
+            let limits = RateLimits { start: Some(BucketLimit::new(rate, f64::from(rate))), ..RateLimits::unlimited() };
             Some((format!("sim:{name}"), limits, Some(rate)))
         }
         BrokerKind::Ec2 => {
@@ -53,8 +54,8 @@ pub fn account_of(opts: &ServeSettings, cloud: &CloudSettings) -> Option<(String
 impl Accounts {
     /// The account of `key`, started on first use (its limiter with `limits`, the simulated
     /// bucket at `sim_rate` starts per second).
-    pub fn get(&self, key: &str, limits: RateLimits, sim_rate: Option<u32>) -> Account {
-        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+    pub async fn get(&self, key: &str, limits: RateLimits, sim_rate: Option<u32>) -> Account {
+        let mut all = self.0.lock().await;
         all.entry(key.to_owned())
             .or_insert_with(|| Account {
                 // The account's bucket first: it is full no later than the limiter's.

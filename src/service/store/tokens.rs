@@ -31,7 +31,8 @@ pub(super) fn upgrade_token_models(tx: &rusqlite::Transaction<'_>) -> Result<(),
         .query_row("SELECT count(*) FROM pragma_table_info('api_tokens') WHERE name = 'model'", [], |r| r.get(0))
         .map_err(StoreError::sql("reading the schema"))?;
     if has == 0 {
-        tx.execute_batch("ALTER TABLE api_tokens ADD COLUMN model TEXT").map_err(StoreError::sql("upgrading the schema"))?;
+        tx.execute_batch("ALTER TABLE api_tokens ADD COLUMN model TEXT")
+            .map_err(StoreError::sql("upgrading the schema"))?;
     }
     Ok(())
 }

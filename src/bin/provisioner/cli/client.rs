@@ -192,8 +192,7 @@ fn model(c: &Client, cmd: ModelCmd) -> Result<(), Failure> {
         println!("uuid:      {}", m.uuid.as_deref().unwrap_or("-"));
         println!("cloud:     {}", m.broker);
         println!("zones:     {}", if m.zones.is_empty() { "-".to_owned() } else { m.zones.join(",") });
-        for (k, v) in [("account", &m.account), ("region", &m.region), ("endpoint", &m.endpoint), ("image", &m.image)]
-        {
+        for (k, v) in [("account", &m.account), ("region", &m.region), ("endpoint", &m.endpoint), ("image", &m.image)] {
             if let Some(v) = v {
                 println!("{:<10} {v}", format!("{k}:"));
             }
