@@ -10,21 +10,10 @@ use serde_json::Value;
 
 use super::{eventually, field, ids_of, temp_dir, Server};
 
-/// `METHOD path` with the server's admin token and `body` (if any): the status and the body.
+/// `METHOD path` with the server's admin token and `body` (if any): the status and the
+/// error's sentence (or the body).
 fn http(s: &Server, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-    let req = ureq::request(method, &format!("{}{path}", s.url)).set("Authorization", &format!("Bearer {}", s.token()));
-    let answer = match body {
-        Some(b) => req.set("Content-Type", "application/json").send_string(b),
-        None => req.call(),
-    };
-    let (code, text) = match answer {
-        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
-        Err(e) => panic!("{method} {path}: {e}"),
-    };
-    // An error's sentence alone, unescaped.
-    let error = serde_json::from_str::<Value>(&text).ok().and_then(|v| v["error"].as_str().map(str::to_owned));
-    (code, error.unwrap_or(text))
+    http_as(s, &s.token(), method, path, body)
 }
 
 /// A client command's exit code, stdout and stderr.
