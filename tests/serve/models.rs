@@ -243,6 +243,17 @@ fn destroying_a_model_removes_it_and_its_instances_and_leaves_the_others() {
     let names: Vec<String> = models(&s).into_iter().map(|m| m.0).collect();
     assert_eq!(names, ["default", "doomed", "kept"]);
     assert_eq!(provisioned(&s, "kept").len(), 3);
+
+    // `default` goes too with --force; its database stays (the service's tokens are in it).
+    let (code, _, err) = run(&s, &["model", "destroy", "default", "--force"]);
+    assert_eq!(code, Some(0), "{err}");
+    eventually(Duration::from_secs(20), "default removed", || models(&s).iter().all(|m| m.0 != "default"));
+    let (code, _, err) = run(&s, &["machine", "list"]);
+    assert!(code == Some(2) && err.contains("model \"default\" not found"), "{err}");
+    let (code, body) = http(&s, "POST", "/v1/models", Some(r#"{"name": "default"}"#));
+    assert!(code == 409 && body.contains("cannot be added again"), "{code} {body}");
+    assert!(s.dir.join("provisioner.db").exists());
+    assert_eq!(provisioned(&s, "kept").len(), 3, "the others run on, the admin token still works");
 }
 
 #[test]

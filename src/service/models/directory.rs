@@ -34,6 +34,12 @@ pub enum ModelsError {
     /// No model of that name (404).
     #[error("model {0:?} not found: `provisioner model list` shows the models")]
     Unknown(String),
+    /// `default` cannot be added again once destroyed (409).
+    #[error(
+        "the model \"default\" was destroyed and cannot be added again: its database (provisioner.db) holds the \
+         service's API tokens; choose another name"
+    )]
+    DefaultReserved,
     /// `default` is destroyed only with force (409).
     #[error("the model \"default\" is destroyed only with --force (the plain /v1 routes and every client command without -m use it)")]
     DefaultNeedsForce,
@@ -47,7 +53,7 @@ impl ModelsError {
     pub fn status(&self) -> u16 {
         match self {
             ModelsError::InvalidName { .. } | ModelsError::Cloud(_) => 400,
-            ModelsError::Exists(_) | ModelsError::DefaultNeedsForce => 409,
+            ModelsError::Exists(_) | ModelsError::DefaultNeedsForce | ModelsError::DefaultReserved => 409,
             ModelsError::Unknown(_) => 404,
         }
     }
@@ -208,6 +214,9 @@ impl Directory {
         if self.models.contains_key(&entry.name) {
             return Err(ModelsError::Exists(entry.name));
         }
+        if entry.name == DEFAULT_MODEL {
+            return Err(ModelsError::DefaultReserved);
+        }
         self.models.insert(entry.name.clone(), entry);
         Ok(())
     }
@@ -299,6 +308,9 @@ mod tests {
         assert_eq!(d.destroy("default", true), Ok(true));
         assert!(d.remove("a"));
         assert!(!d.remove("a"));
+        assert!(d.remove("default"));
+        let again = d.add(ModelEntry::new("default", CloudSettings::default()), "sim");
+        assert_eq!(again, Err(ModelsError::DefaultReserved), "its database holds the tokens");
     }
 
     #[test]
