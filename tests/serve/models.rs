@@ -463,9 +463,9 @@ fn on_postgres_each_model_has_its_schema_and_lease_and_a_restart_keeps_them() {
     s.json(&["model", "add", "team-a", "--json"]);
     s.json(&["model", "add", "team-b", "--zones", "z1", "--json"]);
     assert_eq!(schemas(&url), ["model_team_a", "model_team_b"]);
-    s.json(&["machine", "add", "-n", "3", "-m", "team-a", "--wait", "--json"]);
-    s.json(&["machine", "add", "-n", "2", "-m", "team-b", "--wait", "--json"]);
-    s.json(&["machine", "add", "-n", "1", "--wait", "--json"]);
+    s.json(&["machine", "add", "-n", "3", "-m", "team-a", "--wait", "--timeout", "60s", "--json"]);
+    s.json(&["machine", "add", "-n", "2", "-m", "team-b", "--wait", "--timeout", "60s", "--json"]);
+    s.json(&["machine", "add", "-n", "1", "--wait", "--timeout", "60s", "--json"]);
     let (pa, pb) = (provisioned(&s, "team-a"), provisioned(&s, "team-b"));
     assert!(pb.iter().all(|(_, _, z)| z == "z1"), "{pb:?}");
     // Each model has its own lease, which this replica (the only one) holds.
@@ -483,7 +483,7 @@ fn on_postgres_each_model_has_its_schema_and_lease_and_a_restart_keeps_them() {
     });
     assert_eq!(provisioned(&s, "team-a"), pa);
     assert_eq!(provisioned(&s, "team-b"), pb);
-    s.json(&["machine", "add", "-n", "1", "-m", "team-a", "--wait", "--json"]);
+    s.json(&["machine", "add", "-n", "1", "-m", "team-a", "--wait", "--timeout", "60s", "--json"]);
     assert_eq!(provisioned(&s, "team-a").len(), 4);
 
     // Destroyed: its instances stopped, then its schema dropped; the others untouched.
