@@ -864,9 +864,17 @@ pub(crate) async fn open_model_store(
             let StoreUrl::Postgres(service_url) = service.store.url() else {
                 return Err(ServeError::StoreUrl("the model's store is PostgreSQL, the service's is not".into()));
             };
-            crate::service::models::persist::pg_schema(&service_url, &schema, true)
-                .await
-                .map_err(|e| ServeError::StoreUrl(e.to_string()))?;
+            crate::service::models::persist::pg_schema(
+                &service_url,
+                &schema,
+                if new {
+                    crate::service::models::persist::SchemaOp::Fresh
+                } else {
+                    crate::service::models::persist::SchemaOp::Open
+                },
+            )
+            .await
+            .map_err(|e| ServeError::StoreUrl(e.to_string()))?;
             let store = Store::start_postgres(&url).map_err(|e| ServeError::StoreUrl(e.to_string()))?;
             store.exec(|s| s.model_uuid()).await?;
             Ok(store)

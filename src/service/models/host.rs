@@ -486,7 +486,7 @@ impl ModelHost {
             #[cfg(feature = "postgres")]
             StoreUrl::Postgres(url) => {
                 let schema = schema_name(name);
-                if let Err(e) = super::persist::pg_schema(&url, &schema, false).await {
+                if let Err(e) = super::persist::pg_schema(&url, &schema, super::persist::SchemaOp::Drop).await {
                     tracing::warn!(model = %name, error = %e, "cannot drop a removed model's schema");
                 }
             }
