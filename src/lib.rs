@@ -69,7 +69,9 @@ pub mod sim;
 pub mod testing;
 
 pub use actors::coordinator::{DestroyError, DestroySummary, MachinesChanged, RetryTick};
-pub use actors::wiring::{start, start_containers, ContainersHandle, ProvisionerError, ProvisionerHandle};
+pub use actors::wiring::{
+    start, start_containers, start_sharing, ContainersHandle, ProvisionerError, ProvisionerHandle, SharedLimiter,
+};
 pub use config::{Backoff, ConfigError, ProvisionerConfig, RetryStrategy};
 pub use model::{
     CloudInstance, Constraints, HarvestMode, InstanceId, Life, Machine, MachineId, MachineStatus, ProvisionerEvent,

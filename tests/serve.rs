@@ -1201,6 +1201,9 @@ mod dashboard;
 /// Constraints, placement, `machine show`, list filters and pages, applications (issue 14).
 #[path = "serve/model.rs"]
 mod model;
+/// Many models per service (issue 18).
+#[path = "serve/models.rs"]
+mod models;
 /// Scoped API tokens and the audit log (issue 16).
 #[path = "serve/tokens.rs"]
 mod tokens;

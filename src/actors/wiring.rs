@@ -42,6 +42,39 @@ pub struct ProvisionerHandle {
     lifecycle: Addr<MachineLifecycle>,
     pool: Addr<WorkerPool>,
     limiter: Option<Addr<RateLimiter>>,
+    /// The limiter is shared with other provisioners ([`start_sharing`]): their shutdown
+    /// leaves it running.
+    shared_limiter: bool,
+}
+
+/// A client-side rate limiter that several provisioners share: those whose calls count
+/// against one cloud bucket (models on one account and region), so that together they stay
+/// inside it, and one's throttling slows the others (the learned rate is one). Stopped when
+/// the last handle of it is dropped, never by a provisioner's shutdown.
+#[derive(Clone)]
+pub struct SharedLimiter(Addr<RateLimiter>);
+
+impl SharedLimiter {
+    /// Starts a limiter with full buckets on the current actix system.
+    pub fn start(limits: crate::config::rate_limits::RateLimits) -> Self {
+        Self(RateLimiter::new(limits).start())
+    }
+
+    /// Its classes: rates learned, calls waiting, throttles seen.
+    pub async fn snapshot(&self) -> Result<LimiterSnapshot, ProvisionerError> {
+        Ok(self.0.send(GetLimiterSnapshot).await?)
+    }
+}
+
+/// Starts a provisioner as [`start`] does, its cloud calls paced by `limiter` (shared with
+/// other provisioners) instead of a limiter of its own; `config.rate_limits` are not used.
+pub fn start_sharing(
+    config: ProvisionerConfig,
+    broker: Arc<dyn Broker>,
+    model: Arc<dyn ModelApi>,
+    limiter: &SharedLimiter,
+) -> Result<ProvisionerHandle, ConfigError> {
+    start_with(config, broker, model, Some(limiter.0.clone()))
 }
 
 /// Starts a provisioner on the current actix system.
@@ -53,14 +86,24 @@ pub fn start(
     broker: Arc<dyn Broker>,
     model: Arc<dyn ModelApi>,
 ) -> Result<ProvisionerHandle, ConfigError> {
+    start_with(config, broker, model, None)
+}
+
+fn start_with(
+    config: ProvisionerConfig,
+    broker: Arc<dyn Broker>,
+    model: Arc<dyn ModelApi>,
+    shared: Option<Addr<RateLimiter>>,
+) -> Result<ProvisionerHandle, ConfigError> {
     config.validate()?;
+    let shared_limiter = shared.is_some();
     let coord_ctx: Context<Coordinator> = Context::new();
     let coord = coord_ctx.address();
     // One count of work in flight for the whole provisioner: each actor holds its own part.
     let work = crate::actors::work::WorkCount::new();
 
     // Every cloud call is paced by the client-side limiter (unless every class is unlimited).
-    let limiter = config.rate_limits.any().then(|| RateLimiter::new(config.rate_limits).start());
+    let limiter = shared.or_else(|| config.rate_limits.any().then(|| RateLimiter::new(config.rate_limits).start()));
     // Batched starts go to the cloud itself, the pool taking their one start token.
     let batch = (config.batch_starts && broker.batches_starts()).then(|| BatchDeps {
         broker: broker.clone(),
@@ -166,7 +209,7 @@ pub fn start(
         Coordinator::new(links, config.backoff, config.workers, config.retry_path, config.scope.clone(), work)
             .with_seed(config.seed ^ 0x636f_6f72_6469_6e61),
     );
-    Ok(ProvisionerHandle { coordinator, registry, zones, harvest, lifecycle, pool, limiter })
+    Ok(ProvisionerHandle { coordinator, registry, zones, harvest, lifecycle, pool, limiter, shared_limiter })
 }
 
 impl ProvisionerHandle {
@@ -253,7 +296,7 @@ impl ProvisionerHandle {
         self.harvest.do_send(Shutdown);
         self.lifecycle.do_send(Shutdown);
         self.pool.do_send(Shutdown);
-        if let Some(l) = &self.limiter {
+        if let Some(l) = self.limiter.as_ref().filter(|_| !self.shared_limiter) {
             l.do_send(Shutdown);
         }
     }

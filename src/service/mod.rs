@@ -15,6 +15,8 @@
 //! - `audit`: the audit log of change requests (JSON lines in a file, and `audit` tracing
 //!   events).
 //! - `model`: [`ModelApi`](crate::ports::ModelApi) over the store.
+//! - `models`: many models per service: the models directory (plain), where it is kept, and
+//!   the running models the API looks up by name.
 //! - `simcloud`: [`Broker`](crate::ports::Broker) over the store: the simulated cloud.
 //! - `events`: the server-sent event stream of provisioner events.
 //! - `intents`: the broker decorator that writes each start's client token and parameters
@@ -49,6 +51,8 @@ pub mod lease;
 pub mod metrics;
 #[cfg(feature = "serve")]
 pub mod model;
+#[cfg(feature = "serve")]
+pub mod models;
 #[cfg(feature = "postgres")]
 pub mod pgconnect;
 #[cfg(feature = "serve")]

@@ -15,6 +15,7 @@ use crate::config::ProvisionerConfig;
 use crate::service::api::{self, AppState};
 use crate::service::metrics::{MeteredBroker, Metrics};
 use crate::service::model::StoreModel;
+use crate::service::models::{DirectoryStore, ModelHost, Shared};
 use crate::service::settings::{BrokerKind, ServeSettings, StoreUrl};
 use crate::service::simcloud::{SimCloud, SimSettings};
 
@@ -24,7 +25,7 @@ use crate::service::simcloud::{SimCloud, SimSettings};
 #[derive(Clone)]
 pub enum PendingStarts {
     /// The simulated cloud lands its pending instances.
-    Sim(SimCloud),
+    Sim(Box<SimCloud>),
     /// A real cloud's starts are repeated by their client tokens.
     #[cfg_attr(not(feature = "ec2"), allow(dead_code))]
     Intents(crate::service::intents::IntentBroker),
@@ -99,6 +100,9 @@ pub enum ServeError {
     /// The database failed (exit 1).
     #[error("{0}")]
     Store(#[from] StoreError),
+    /// The models directory cannot be read or written (exit 1).
+    #[error("{0}")]
+    Models(#[source] crate::service::models::PersistError),
     /// `--store` names a store this build cannot open (exit 2).
     #[error("--store: {0}")]
     StoreUrl(String),
@@ -438,8 +442,14 @@ fn start_provisioners(
     store: &Store,
     metrics: &actix::Addr<Metrics>,
     events: &actix::Addr<crate::service::events::EventHub>,
+    limiter: Option<&crate::SharedLimiter>,
 ) -> Result<(crate::ProvisionerHandle, Option<crate::ContainersHandle>), ServeError> {
-    let handle = crate::start(config.clone(), Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())))?;
+    let (cloud, model) = (Arc::new(broker.clone()), Arc::new(StoreModel::new(store.clone())));
+    // Paced by its account's limiter, shared with the other models there.
+    let handle = match limiter {
+        Some(l) => crate::start_sharing(config.clone(), cloud, model, l)?,
+        None => crate::start(config.clone(), cloud, model)?,
+    };
     handle.subscribe(metrics.clone().recipient());
     handle.subscribe(events.clone().recipient());
     let subscribers = vec![metrics.clone().recipient(), events.clone().recipient()];
@@ -579,6 +589,7 @@ fn start_replica(
     pending: &Option<PendingStarts>,
     metrics: &actix::Addr<Metrics>,
     events: &actix::Addr<crate::service::events::EventHub>,
+    limiter: &Option<crate::SharedLimiter>,
 ) -> Result<Option<api::ReplicaState>, ServeError> {
     #[cfg(feature = "postgres")]
     if let StoreUrl::Postgres(url) = opts.store.url() {
@@ -589,7 +600,7 @@ fn start_replica(
             .replica_id
             .clone()
             .unwrap_or_else(|| uuid::Builder::from_random_bytes(rand::random()).into_uuid().to_string());
-        let leading = crate::service::lease::leading::Leading::new(store.clone()).start();
+        let leading = crate::service::lease::leading::Leading::new(store.clone()).for_model(model_uuid).start();
         // What the other replicas commit (adds, removals, retries through their API) reaches
         // the leader's provisioners by LISTEN/NOTIFY, not by polling.
         crate::service::lease::listen::listen(url.clone(), timings.retry(), leading.clone().recipient())
@@ -606,6 +617,7 @@ fn start_replica(
             metrics: metrics.clone(),
             events: events.clone(),
             leading: leading.clone(),
+            limiter: limiter.clone(),
         };
         tracing::info!(%replica, lease = ?timings.lease(), renew_deadline = ?timings.renew_deadline(),
                        retry = ?timings.retry(), "replica: contending for the leader lease");
@@ -615,7 +627,7 @@ fn start_replica(
         );
         return Ok(Some(api::ReplicaState { lease, leading }));
     }
-    let _ = (opts, store, model_uuid, config, broker, pending, metrics, events);
+    let _ = (opts, store, model_uuid, config, broker, pending, metrics, events, limiter);
     Ok(None)
 }
 
@@ -647,6 +659,7 @@ struct ReplicaHooks {
     metrics: actix::Addr<Metrics>,
     events: actix::Addr<crate::service::events::EventHub>,
     leading: actix::Addr<crate::service::lease::leading::Leading>,
+    limiter: Option<crate::SharedLimiter>,
 }
 
 #[cfg(feature = "postgres")]
@@ -668,6 +681,7 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
         let (store, broker, pending, opts) =
             (self.store.clone(), self.broker.clone(), self.pending.clone(), self.opts.clone());
         let (metrics, events, leading) = (self.metrics.clone(), self.events.clone(), self.leading.clone());
+        let limiter = self.limiter.clone();
         let config = self.config.clone().with_random_seed();
         actix_rt::spawn(async move {
             // The fence first: from here on every write of this provisioner commits only under
@@ -687,7 +701,7 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
                     Err(e) => tracing::warn!(error = %e, "cannot resume pending starts"),
                 }
             }
-            let started = start_provisioners(&opts, config, &broker, &store, &metrics, &events)
+            let started = start_provisioners(&opts, config, &broker, &store, &metrics, &events, limiter.as_ref())
                 .map(|(handle, containers)| Provisioners { handle, containers });
             match started {
                 Ok(p) => {
@@ -726,9 +740,167 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     let OpenedStore { store, token, token_sha256 } = open_store(&opts, dir).await?;
     let audit =
         std::sync::Arc::new(crate::service::audit::AuditLog::open(&opts.audit_log()).map_err(ServeError::Audit)?);
-    let model_uuid = store.exec(|s| s.model_uuid()).await?;
-    let settings = store.exec(|s| s.settings()).await?;
+    // The models directory: `default` alone for a new service (or one from before models).
+    let directory_store = match opts.store.url() {
+        StoreUrl::Sqlite => DirectoryStore::File(dir.to_owned()),
+        #[cfg(feature = "postgres")]
+        StoreUrl::Postgres(url) => DirectoryStore::Postgres(url),
+        #[cfg(not(feature = "postgres"))]
+        StoreUrl::Postgres(_) => return Err(ServeError::NoPostgres),
+    };
+    let directory = directory_store.load().await.map_err(ServeError::Models)?;
+    let shared = Shared {
+        opts: opts.clone(),
+        token,
+        token_sha256,
+        audit,
+        started,
+        service_store: store.clone(),
+        accounts: crate::service::models::limits::Accounts::default(),
+    };
+    let host = ModelHost::new(shared, directory_store, directory);
+    if let Err(e) = host.start_all(store).await {
+        stop_models(host.running().await, &opts).await;
+        return Err(e);
+    }
+    // Replicas follow the models other replicas add and remove.
+    #[cfg(feature = "postgres")]
+    if let (StoreUrl::Postgres(_), Ok(t)) = (opts.store.url(), opts.lease.timings()) {
+        host.spawn_sync(t.retry());
+    }
 
+    let app_host = host.clone();
+    let http = actix_web::HttpServer::new(move || api::app(app_host.clone()))
+        .workers(2)
+        .disable_signals()
+        .shutdown_timeout(opts.shutdown_grace.as_secs().max(1));
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let bound = match tls {
+        Some(config) => http.bind_rustls_0_23(opts.listen(), config),
+        None => http.bind(opts.listen()),
+    };
+    let server = match bound {
+        Ok(server) => server.run(),
+        Err(source) => {
+            // The provisioners' actors are running: stop them while the runtime is still
+            // here (dropped with it, their timers would panic), then say why.
+            stop_models(host.running().await, &opts).await;
+            actix_rt::time::sleep(std::time::Duration::from_millis(50)).await;
+            return Err(ServeError::Listen { addr: opts.listen().to_owned(), source });
+        }
+    };
+    let server_handle = server.handle();
+    let server_task = actix_rt::spawn(server);
+    tracing::info!(
+        listen = %opts.listen(),
+        scheme,
+        data_dir = %dir.display(),
+        models = host.running().await.len(),
+        "provisioner service ready; the API token is in {}",
+        dir.join(TOKEN_FILE).display()
+    );
+
+    let signal = terminated().await?;
+    tracing::info!(%signal, "shutting down");
+    let states = host.running().await;
+    // Event streams never end on their own: end them, so the server need not wait for them.
+    for st in &states {
+        let _ = st.events.send(crate::service::events::CloseStreams).await;
+    }
+    server_handle.stop(true).await;
+    drop(server_task);
+    stop_models(states, &opts).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Opens the store of a model other than `default`: SQLite `models/NAME.db` in the data
+/// directory (a new model's file created, private; an existing model's must be there), or
+/// PostgreSQL with the connections' `search_path` set to the model's schema (created first).
+#[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+pub(crate) async fn open_model_store(
+    service: &ServeSettings,
+    opts: &ServeSettings,
+    name: &str,
+    new: bool,
+) -> Result<Store, ServeError> {
+    match opts.store.url() {
+        StoreUrl::Sqlite => {
+            let dir = opts.data_dir();
+            let db = crate::service::models::host::model_db(dir, name);
+            let folder = dir.join(crate::service::models::host::MODELS_DIR);
+            std::fs::create_dir_all(&folder).map_err(data_dir_io(dir, FileOp::CreateDir, &folder))?;
+            if new {
+                // Leftovers of an earlier model of the same name are not its history.
+                for suffix in ["", "-wal", "-shm"] {
+                    let f = PathBuf::from(format!("{}{suffix}", db.display()));
+                    if f.exists() {
+                        let to = aside(&f);
+                        std::fs::rename(&f, &to).map_err(data_dir_io(dir, FileOp::MoveAside, &f))?;
+                        tracing::warn!(from = %f.display(), to = %to.display(), "moved an old model's file aside");
+                    }
+                }
+                let mut o = std::fs::OpenOptions::new();
+                o.write(true).create_new(true);
+                #[cfg(unix)]
+                std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+                o.open(&db).map_err(data_dir_io(dir, FileOp::Create, &db))?;
+            } else if std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0) == 0 {
+                return Err(data_dir_error(
+                    dir,
+                    format!("the database {} of model {name:?} is missing or empty: the model is lost", db.display()),
+                ));
+            }
+            Store::start(&db).map_err(|e| match e {
+                e @ StoreError::Damaged { .. } => ServeError::Damaged { path: db.clone(), source: e },
+                other => ServeError::Store(other),
+            })
+        }
+        #[cfg(feature = "postgres")]
+        StoreUrl::Postgres(url) => {
+            let schema = crate::service::models::host::schema_name(name);
+            // The schema is created over the service's URL (the model's sets a search_path
+            // to a schema that may not exist yet).
+            let StoreUrl::Postgres(service_url) = service.store.url() else {
+                return Err(ServeError::StoreUrl("the model's store is PostgreSQL, the service's is not".into()));
+            };
+            crate::service::models::persist::pg_schema(
+                &service_url,
+                &schema,
+                if new {
+                    crate::service::models::persist::SchemaOp::Fresh
+                } else {
+                    crate::service::models::persist::SchemaOp::Open
+                },
+            )
+            .await
+            .map_err(|e| ServeError::StoreUrl(e.to_string()))?;
+            let store = Store::start_postgres(&url).map_err(|e| ServeError::StoreUrl(e.to_string()))?;
+            store.exec(|s| s.model_uuid()).await?;
+            Ok(store)
+        }
+        #[cfg(not(feature = "postgres"))]
+        StoreUrl::Postgres(_) => Err(ServeError::NoPostgres),
+    }
+}
+
+/// Starts one model over its open store: its cloud (the simulated one over the store, or
+/// EC2), the starts a previous run left pending, its metrics and event stream, and its
+/// provisioners (on PostgreSQL, only while this replica holds the model's lease). `opts` are
+/// the model's settings ([`crate::service::models::host::model_settings`]).
+pub(crate) async fn start_model(
+    shared: &Shared,
+    opts: &ServeSettings,
+    cloud_settings: &crate::service::models::CloudSettings,
+    store: Store,
+) -> Result<AppState, ServeError> {
+    let model_uuid = store.exec(|s| s.model_uuid()).await?;
+    // The account its calls count against: its limiter shared with the other models there.
+    let account = match crate::service::models::limits::account_of(opts, cloud_settings) {
+        Some((key, limits, sim_rate)) => Some(shared.accounts.get(&key, limits, sim_rate).await),
+        None => None,
+    };
+    let settings = store.exec(|s| s.settings()).await?;
     let metrics = Metrics::default().start();
     store.watch_counts(metrics.clone().recipient());
     let pending: Option<PendingStarts>;
@@ -744,10 +916,11 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
                 out_of_capacity: crate::service::simcloud::parse_out_of_capacity(&opts.sim.out_of_capacity)
                     .ok_or(ServeError::SimOutOfCapacity)?,
                 start_failures: opts.sim.start_failures(),
+                account: account.as_ref().and_then(|a| a.sim.clone()),
             };
             let zones = settings.known_zones();
             let cloud = SimCloud::new(store.clone(), model_uuid.clone(), settings);
-            pending = Some(PendingStarts::Sim(cloud.clone()));
+            pending = Some(PendingStarts::Sim(Box::new(cloud.clone())));
             (Arc::new(cloud), zones, "sim")
         }
         #[cfg(feature = "ec2")]
@@ -759,7 +932,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
             (Arc::new(ec2), zones, "ec2")
         }
         #[cfg(not(feature = "ec2"))]
-        BrokerKind::Ec2 => unreachable!("refused above"),
+        BrokerKind::Ec2 => return Err(ServeError::NoEc2Broker),
     };
     // Replicas: the leader resumes them, at each epoch it leads (its writes fenced); a lone
     // service now, before its provisioner starts.
@@ -790,114 +963,77 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     let events = hub.start();
     // On PostgreSQL the service is one replica of many: only the lease's holder runs the
     // provisioner (see `start_replica`); on SQLite it runs it, as the only one.
-    let replica = start_replica(&opts, &store, &model_uuid, &config, &broker, &pending, &metrics, &events)?;
+    let limiter = account.as_ref().map(|a| a.limiter.clone());
+    let replica = start_replica(opts, &store, &model_uuid, &config, &broker, &pending, &metrics, &events, &limiter)?;
     let (handle, containers) = match &replica {
         Some(_) => (None, None),
         None => {
-            let (handle, containers) = start_provisioners(&opts, config, &broker, &store, &metrics, &events)?;
+            let (handle, containers) =
+                start_provisioners(opts, config, &broker, &store, &metrics, &events, limiter.as_ref())?;
             (Some(handle), containers)
         }
     };
-
-    let state = AppState {
-        store: store.clone(),
-        handle: handle.clone(),
-        replica: replica.clone(),
-        broker: broker.clone(),
+    Ok(AppState {
+        store,
+        handle,
+        replica,
+        broker,
         metrics,
-        events: events.clone(),
+        events,
         events_dropped,
-        token,
-        token_sha256,
+        token: shared.token.clone(),
+        token_sha256: shared.token_sha256.clone(),
         zones,
         // The simulated cloud's subnets are known (`--to subnet=` is checked against them);
         // another cloud's are the broker's to judge.
         subnets: matches!(opts.broker(), BrokerKind::Sim).then(|| opts.sim.subnets()),
         broker_name: broker_name.into(),
-        model_uuid: model_uuid.clone(),
-        started,
-        containers: containers.clone(),
-        audit,
-    };
-    let http = actix_web::HttpServer::new(move || api::app(state.clone()))
-        .workers(2)
-        .disable_signals()
-        .shutdown_timeout(opts.shutdown_grace.as_secs().max(1));
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let bound = match tls {
-        Some(config) => http.bind_rustls_0_23(opts.listen(), config),
-        None => http.bind(opts.listen()),
-    };
-    let server = match bound {
-        Ok(server) => server.run(),
-        Err(source) => {
-            // The provisioner's actors are running: stop them while the runtime is still
-            // here (dropped with it, their timers would panic), then say why.
-            if let Some(r) = &replica {
-                release_lease(r, &opts).await;
-            }
-            if let Some(h) = &handle {
-                h.shutdown();
-            }
-            if let Some(c) = &containers {
-                c.shutdown();
-            }
-            let _ = events.send(crate::service::events::CloseStreams).await;
-            actix_rt::time::sleep(std::time::Duration::from_millis(50)).await;
-            return Err(ServeError::Listen { addr: opts.listen().to_owned(), source });
-        }
-    };
-    let server_handle = server.handle();
-    let server_task = actix_rt::spawn(server);
-    tracing::info!(
-        listen = %opts.listen(),
-        scheme,
-        data_dir = %dir.display(),
-        model = %model_uuid,
-        "provisioner service ready; the API token is in {}",
-        dir.join(TOKEN_FILE).display()
-    );
+        model_uuid,
+        started: shared.started,
+        containers,
+        audit: shared.audit.clone(),
+        sim_account: account.and_then(|a| a.sim),
+    })
+}
 
-    let signal = terminated().await?;
-    tracing::info!(%signal, "shutting down");
-    // A replica releases its lease at once, so that another takes over within one retry; its
-    // provisioner stops now (what it left in flight the next leader resumes by client token).
-    let Some(handle) = handle else {
-        if let Some(r) = &replica {
-            release_lease(r, &opts).await;
+/// Stops models in order: a replica releases its lease at once (so that another takes over
+/// within one retry; what it left in flight the next leader resumes by client token); a lone
+/// service's provisioners start nothing new, are given `shutdown_grace` to finish their cloud
+/// calls (all models at once), then stop.
+pub(crate) async fn stop_models(states: Vec<AppState>, opts: &ServeSettings) {
+    for st in &states {
+        if let Some(r) = &st.replica {
+            release_lease(r, opts).await;
         }
-        let _ = events.send(crate::service::events::CloseStreams).await;
-        server_handle.stop(true).await;
-        drop(server_task);
-        tracing::info!("stopped");
-        return Ok(());
-    };
-    // Event streams never end on their own: end them, so the server need not wait for them.
-    let _ = events.send(crate::service::events::CloseStreams).await;
-    server_handle.stop(true).await;
-    drop(server_task);
-    handle.close_starts();
+        if let Some(h) = &st.handle {
+            h.close_starts();
+        }
+    }
     // The provisioners say when they are idle (their jobs, and so their cloud calls, are done);
     // the grace period bounds the wait. (A periodic listing still in flight is only a read.)
-    let drained = async {
-        handle.wait_idle().await;
-        if let Some(c) = &containers {
+    let drained = futures::future::join_all(states.iter().filter(|st| st.handle.is_some()).map(|st| async move {
+        if let Some(h) = &st.handle {
+            h.wait_idle().await;
+        }
+        if let Some(c) = &st.containers {
             c.wait_idle().await;
         }
-    };
-    let idle = actix_rt::time::timeout(opts.shutdown_grace, drained).await.is_ok();
-    if !idle {
-        tracing::warn!(
-            in_flight = broker.in_flight(),
-            "shutdown grace over; cloud calls still in flight are resumed at the next start"
-        );
+    }));
+    if !states.iter().all(|st| st.handle.is_none())
+        && actix_rt::time::timeout(opts.shutdown_grace, drained).await.is_err()
+    {
+        let in_flight: usize = states.iter().map(|st| st.broker.in_flight()).sum();
+        tracing::warn!(in_flight, "shutdown grace over; cloud calls still in flight are resumed at the next start");
     }
-    handle.shutdown();
-    if let Some(c) = &containers {
-        c.shutdown();
+    for st in &states {
+        if let Some(h) = &st.handle {
+            h.shutdown();
+        }
+        if let Some(c) = &st.containers {
+            c.shutdown();
+        }
+        let _ = st.events.send(crate::service::events::CloseStreams).await;
     }
-    tracing::info!("stopped");
-    Ok(())
 }
 
 #[cfg(test)]

@@ -321,6 +321,13 @@ pub struct SimSection {
         value_name = "N"
     )]
     pub start_failures: Option<u32>,
+    /// Each simulated account's start rate: the starts per second (and at once) it takes from
+    /// all the models on it together, refusing more as throttled; the models on one account
+    /// share one client-side limiter of that size [default: no limit, no client-side limiter].
+    #[arg(id = "sim_account_start_rate", long = "sim-account-start-rate",
+          env = "PROVISIONER_SIM_ACCOUNT_START_RATE", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub account_start_rate: Option<u32>,
     /// The instance type of machines without hardware constraints (file only; unset: no type).
     #[arg(skip)]
     pub instance_type: Option<String>,

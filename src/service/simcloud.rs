@@ -66,6 +66,65 @@ pub struct SimSettings {
     /// Fault injection: the first this many start calls the cloud gets (since the service
     /// started, whatever their machine or zone) are refused with a zone-independent error.
     pub start_failures: u32,
+    /// The simulated account whose start bucket every start spends (shared by the models on
+    /// it); `None`: starts are never throttled.
+    pub account: Option<SimAccount>,
+}
+
+/// A simulated cloud account's request bucket for starts, as a cloud enforces it (EC2's are
+/// per account and region): every model on the account spends the same bucket; a start that
+/// finds it empty is refused as throttled. Counts what it refused.
+#[derive(Debug, Clone)]
+pub struct SimAccount {
+    name: String,
+    bucket: Arc<Mutex<crate::actors::limiter::TokenBucket>>,
+    epoch: actix_rt::time::Instant,
+    throttled: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl PartialEq for SimAccount {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.bucket, &other.bucket)
+    }
+}
+
+impl Eq for SimAccount {}
+
+impl SimAccount {
+    /// An account named `name` that takes `per_second` starts a second (and as many at once),
+    /// its bucket full now.
+    pub fn new(name: &str, per_second: u32) -> Self {
+        let limit = crate::config::rate_limits::BucketLimit::new(per_second, f64::from(per_second));
+        Self {
+            name: name.to_owned(),
+            bucket: Arc::new(Mutex::new(crate::actors::limiter::TokenBucket::new(limit))),
+            epoch: actix_rt::time::Instant::now(),
+            throttled: Arc::default(),
+        }
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How many starts it refused as throttled (all its models').
+    pub fn throttled(&self) -> u64 {
+        self.throttled.load(Ordering::Relaxed)
+    }
+
+    /// Spends a token for one start, or counts a throttled refusal.
+    async fn take(&self) -> Result<(), BrokerError> {
+        let mut bucket = self.bucket.lock().await;
+        if bucket.take(self.epoch.elapsed()) {
+            return Ok(());
+        }
+        self.throttled.fetch_add(1, Ordering::Relaxed);
+        Err(BrokerError::throttled(format!(
+            "simulated account {:?}: request limit exceeded for starts (RequestLimitExceeded)",
+            self.name
+        )))
+    }
 }
 
 impl Default for SimSettings {
@@ -79,6 +138,7 @@ impl Default for SimSettings {
             instance_type: None,
             out_of_capacity: Vec::new(),
             start_failures: 0,
+            account: None,
         }
     }
 }
@@ -238,6 +298,9 @@ impl Broker for SimCloud {
         let cloud = self.clone();
         Box::pin(async move {
             check?;
+            if let Some(account) = &cloud.settings.account {
+                account.take().await?;
+            }
             cloud.injected_fault()?;
             let picked = cloud.pick_type(&params).await?;
             let token = token_key(&cloud.model_uuid, picked.as_ref().map_or(&params.client_token, |(_, t)| t));

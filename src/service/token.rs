@@ -84,6 +84,19 @@ pub struct TokenRecord {
     pub created: String,
     /// When it was revoked, if it was (RFC 3339, UTC).
     pub revoked: Option<String>,
+    /// The one model it may use (`None`: every model; service-wide management needs that).
+    pub model: Option<String>,
+}
+
+/// Whether a token scoped to `scoped` (`None`: every model) may use model `target`: `Err`
+/// names why not, in one sentence.
+pub fn may_use_model(scoped: Option<&str>, target: &str) -> Result<(), String> {
+    match scoped {
+        Some(mine) if mine != target => {
+            Err(format!("this API token is scoped to model {mine:?}: it may not use model {target:?}"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The id of the `n`-th created token (`tok-1`, `tok-2`, ...).
@@ -145,6 +158,14 @@ mod tests {
             assert!(why.contains("read-only") && why.contains(m), "{why}");
             assert_eq!(Scope::Admin.may(m), Ok(()));
         }
+    }
+
+    #[test]
+    fn a_model_scoped_token_uses_its_model_alone() {
+        assert_eq!(may_use_model(None, "anything"), Ok(()));
+        assert_eq!(may_use_model(Some("team-a"), "team-a"), Ok(()));
+        let why = may_use_model(Some("team-a"), "default").unwrap_err();
+        assert!(why.contains("\"team-a\"") && why.contains("\"default\""), "{why}");
     }
 
     #[test]

@@ -110,6 +110,14 @@ enum Command {
         #[command(flatten)]
         conn: cli::Conn,
     },
+    /// Add, list, show or destroy the models of a running service (each with its own
+    /// machines, settings and provisioners; `-m MODEL` picks one for the other commands).
+    Model {
+        #[command(subcommand)]
+        cmd: cli::ModelCmd,
+        #[command(flatten)]
+        conn: cli::Conn,
+    },
     /// Summarise a running service: model, machines, instances, pool.
     Status {
         /// Print JSON.
@@ -255,6 +263,7 @@ fn main() -> ExitCode {
         Command::Application { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Application(cmd)),
         Command::Config { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Config(cmd)),
         Command::Token { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Token(cmd)),
+        Command::Model { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Model(cmd)),
         Command::Status { json, conn } => cli::run_client(conn, cli::ClientCmd::Status { json }),
         Command::DestroyModel { force, json, conn } => {
             cli::run_client(conn, cli::ClientCmd::DestroyModel { force, json })

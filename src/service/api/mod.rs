@@ -41,6 +41,7 @@
 
 pub mod add;
 pub mod model;
+pub mod models;
 pub mod openapi;
 pub mod reference;
 pub mod tokens;
@@ -61,6 +62,7 @@ use crate::config::{validate_workers, MAX_WORKERS};
 use crate::model::{HarvestMode, MachineId};
 use crate::service::audit::{list_summary, AuditLine, AuditNote};
 use crate::service::metrics::{Gauges, HttpDone, MeteredBroker, Metrics, Render};
+use crate::service::models::{HostError, ModelHost, Shared, DEFAULT_MODEL};
 use crate::service::store::{MachineRecord, Store, StoreError};
 use crate::service::token::{self, Scope};
 use crate::Broker;
@@ -116,6 +118,8 @@ pub struct AppState {
     pub replica: Option<ReplicaState>,
     /// The audit log of change requests.
     pub audit: std::sync::Arc<crate::service::audit::AuditLog>,
+    /// The simulated account the model's starts spend (with `--sim-account-start-rate`).
+    pub sim_account: Option<crate::service::simcloud::SimAccount>,
 }
 
 /// A replica's lease and, while it leads, its provisioners.
@@ -253,6 +257,23 @@ pub struct Caller {
     pub id: String,
     /// What it may do.
     pub scope: Scope,
+    /// The one model it may use (`None`: every model, and the service's own routes).
+    pub model: Option<String>,
+}
+
+impl Caller {
+    /// Whether this caller may manage the service (models, tokens): an admin token for every
+    /// model. `Err` is the 403's sentence.
+    pub(crate) fn service_admin(&self, what: &str) -> Result<()> {
+        match (&self.model, self.scope) {
+            (None, Scope::Admin) => Ok(()),
+            (Some(m), _) => Err(ApiError::new(
+                403,
+                format!("{what} needs an admin token for every model; {} is scoped to model {m:?}", self.id),
+            )),
+            (None, scope) => Err(ApiError::new(403, format!("{what} needs an admin token; {} is {scope}", self.id))),
+        }
+    }
 }
 
 /// Proof that the request carried a valid API token (`Authorization: Bearer TOKEN`) whose
@@ -264,7 +285,7 @@ pub struct Authorized(pub Caller);
 pub struct AdminOnly(pub Caller);
 
 /// The admin token's hash as this replica knows it (none: no admin token here).
-fn admin_hash(state: &AppState) -> Option<String> {
+fn admin_hash(state: &Shared) -> Option<String> {
     match &state.token_sha256 {
         Some(hash) => Some(hash.clone()),
         None if !state.token.is_empty() => Some(token::sha256_hex(&state.token)),
@@ -275,14 +296,14 @@ fn admin_hash(state: &AppState) -> Option<String> {
 /// Who holds `given`: the admin token (compared by hash in constant time, no store access), or
 /// a created token looked up by its hash in the store on every request, so that a revocation
 /// through any replica refuses the token's next request everywhere (one indexed read).
-async fn authenticate(state: &AppState, given: &str) -> Result<Caller> {
+async fn authenticate(state: &Shared, given: &str) -> Result<Caller> {
     let hash = token::sha256_hex(given);
     if admin_hash(state).is_some_and(|admin| token::hashes_equal(&hash, &admin)) {
-        return Ok(Caller { id: token::ADMIN_ID.to_owned(), scope: Scope::Admin });
+        return Ok(Caller { id: token::ADMIN_ID.to_owned(), scope: Scope::Admin, model: None });
     }
-    let found = state.store.read(move |s| s.token_by_hash(&hash)).await?;
+    let found = state.service_store.read(move |s| s.token_by_hash(&hash)).await?;
     match found {
-        Some(t) if t.revoked.is_none() => Ok(Caller { id: t.id, scope: t.scope }),
+        Some(t) if t.revoked.is_none() => Ok(Caller { id: t.id, scope: t.scope, model: t.model }),
         Some(t) => Err(ApiError::new(401, format!("the API token {} was revoked", t.id))),
         None => Err(ApiError::new(401, "the API token is wrong")),
     }
@@ -306,18 +327,23 @@ async fn check_token(req: HttpRequest) -> Result<Caller> {
     let caller = match known {
         Some(c) => c,
         None => {
-            let Some(state) = req.app_data::<web::Data<AppState>>().cloned() else {
+            let Some(host) = req.app_data::<Host>().cloned() else {
                 return Err(ApiError::internal("the API has no state"));
             };
             let Some(given) = bearer(&req) else {
                 return Err(ApiError::new(401, "an API token is required: send Authorization: Bearer TOKEN"));
             };
-            let caller = authenticate(&state, &given).await?;
+            let caller = authenticate(host.shared(), &given).await?;
             req.extensions_mut().insert(caller.clone());
             caller
         }
     };
     caller.scope.may(req.method().as_str()).map_err(|why| ApiError::new(403, why))?;
+    // A model-scoped token: its model's routes only (the service's own routes check it in
+    // their handlers: a list shows its model alone, management is refused).
+    if let Some(target) = target_model(&req) {
+        token::may_use_model(caller.model.as_deref(), target).map_err(|why| ApiError::new(403, why))?;
+    }
     Ok(caller)
 }
 
@@ -336,12 +362,7 @@ impl FromRequest for AdminOnly {
         let req = req.clone();
         Box::pin(async move {
             let caller = check_token(req).await?;
-            if caller.scope != Scope::Admin {
-                return Err(ApiError::new(
-                    403,
-                    format!("managing API tokens needs an admin token; {} is {}", caller.id, caller.scope),
-                ));
-            }
+            caller.service_admin("managing API tokens")?;
             Ok(AdminOnly(caller))
         })
     }
@@ -353,7 +374,76 @@ pub(crate) fn note(req: &HttpRequest, what: impl Into<String>) {
 }
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
-type State = web::Data<AppState>;
+/// The model a request is about: `{model}` of `/v1/models/{model}/...`, else `default`.
+type State = ModelState;
+/// The service's models.
+type Host = web::Data<ModelHost>;
+
+/// The state of the model a request names (`/v1/models/{model}/...`; the plain routes mean
+/// `default`): 404 naming an unknown model, 503 for one that does not run.
+pub struct ModelState(pub AppState);
+
+impl std::ops::Deref for ModelState {
+    type Target = AppState;
+    fn deref(&self) -> &AppState {
+        &self.0
+    }
+}
+
+impl From<HostError> for ApiError {
+    fn from(e: HostError) -> Self {
+        Self::new(e.status(), e.to_string())
+    }
+}
+
+/// A path's `{key}` (taken by name: per-model paths also hold `{model}`).
+#[derive(serde::Deserialize)]
+pub(crate) struct KeyPath {
+    key: String,
+}
+
+/// A path's `{name}` (taken by name: per-model paths also hold `{model}`).
+#[derive(serde::Deserialize)]
+pub struct NamePath {
+    /// The name.
+    pub name: String,
+}
+
+/// The model a request is about, for a model-scoped token's check: `{model}` in its path, else
+/// `default` for a per-model route; `None` for the service's own routes (`/v1/models`,
+/// `/v1/tokens`).
+fn target_model(req: &HttpRequest) -> Option<&str> {
+    match req.match_info().get("model") {
+        Some(m) => Some(m),
+        None if ["/v1/models", "/v1/tokens"]
+            .iter()
+            .any(|p| req.path() == *p || req.path().starts_with(&format!("{p}/"))) =>
+        {
+            None
+        }
+        None => Some(DEFAULT_MODEL),
+    }
+}
+
+/// The model a request names: `{model}` in its path, else `default`.
+pub(crate) fn model_of(req: &HttpRequest) -> &str {
+    req.match_info().get("model").unwrap_or(DEFAULT_MODEL)
+}
+
+impl FromRequest for ModelState {
+    type Error = ApiError;
+    type Future = futures::future::LocalBoxFuture<'static, Result<Self, ApiError>>;
+    fn from_request(req: &HttpRequest, _payload: &mut Payload) -> Self::Future {
+        let host = req.app_data::<Host>().cloned();
+        let name = model_of(req).to_owned();
+        Box::pin(async move {
+            match host {
+                Some(host) => host.state(&name).await.map(ModelState).map_err(ApiError::from),
+                None => Err(ApiError::internal("the API has no models")),
+            }
+        })
+    }
+}
 
 fn view(m: &MachineRecord) -> MachineView {
     MachineView {
@@ -648,8 +738,8 @@ async fn config_value(st: &AppState, key: &str) -> Result<ConfigValue> {
         (status = 200, description = "The setting's value", body = ConfigValue),
         (status = 404, description = "No such setting", body = ErrorBody),
     ))]
-async fn get_config(_: Authorized, st: State, key: web::Path<String>) -> Result<HttpResponse> {
-    Ok(HttpResponse::Ok().json(config_value(&st, &key).await?))
+async fn get_config(_: Authorized, st: State, key: web::Path<KeyPath>) -> Result<HttpResponse> {
+    Ok(HttpResponse::Ok().json(config_value(&st, &key.key).await?))
 }
 
 #[utoipa::path(get, path = "/v1/config", tag = "config", operation_id = "list_config",
@@ -675,10 +765,11 @@ async fn list_config(_: Authorized, st: State) -> Result<HttpResponse> {
 async fn set_config(
     _: Authorized,
     st: State,
-    key: web::Path<String>,
+    key: web::Path<KeyPath>,
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse> {
+    let key = key.into_inner().key;
     let body: ConfigValue = json_body(&req, payload).await?;
     let mut value = body.value.trim().to_owned();
     note(&req, format!("set {} to {value:?}", key.as_str()));
@@ -717,7 +808,7 @@ async fn set_config(
             ))
         }
     }
-    Ok(HttpResponse::Ok().json(ConfigValue { key: key.into_inner(), value }))
+    Ok(HttpResponse::Ok().json(ConfigValue { key, value }))
 }
 
 #[utoipa::path(get, path = "/v1/status", tag = "service", operation_id = "status",
@@ -809,7 +900,14 @@ async fn destroy_model(_: Authorized, st: State, req: HttpRequest, payload: web:
     // No body (or an empty one) means the defaults; anything else must parse, or nothing happens.
     let DestroyRequest { force } = parse_body(&read_body(&req, payload).await?, Some(DestroyRequest::default()))?;
     note(&req, if force { "destroy the model (force)" } else { "destroy the model" });
-    let manual = refuse_destroy_with_manual_machines(&st, force).await?;
+    Ok(HttpResponse::Ok().json(destroy_running(&st, force).await?))
+}
+
+/// The engine's destruction of a model, as `destroy-model` asks it (and `model destroy` before
+/// the model is removed): live manual machines refuse it without `force` (409, nothing
+/// changed); containers are in its scope too.
+pub(crate) async fn destroy_running(st: &AppState, force: bool) -> Result<DestroyView> {
+    let manual = refuse_destroy_with_manual_machines(st, force).await?;
     let running = st.running().await?;
     let result = running.handle.destroy_model(force).await;
     if let (Some(c), Ok(_) | Err(DestroyError::ManualMachines { .. })) = (&running.containers, &result) {
@@ -817,11 +915,11 @@ async fn destroy_model(_: Authorized, st: State, req: HttpRequest, payload: web:
         c.model_destroyed();
     }
     match result {
-        Ok(s) => Ok(HttpResponse::Ok().json(DestroyView {
+        Ok(s) => Ok(DestroyView {
             stopping: s.stopping.iter().map(ToString::to_string).collect(),
             awaiting_starts: s.awaiting_starts.iter().map(ToString::to_string).collect(),
             manual_machines: manual.iter().map(ToString::to_string).collect(),
-        })),
+        }),
         Err(DestroyError::ManualMachines { ids, .. }) => Err(ApiError::new(409, manual_machines_message(&ids, true))),
         Err(e @ DestroyError::AlreadyDying) => Err(ApiError::new(409, e.to_string())),
         Err(e) => Err(ApiError::internal(e.to_string())),
@@ -945,32 +1043,19 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             web::scope("/v1")
                 .service(resource("/openapi.json", "GET", false).route(web::get().to(openapi::openapi_json)))
                 .service(
-                    resource("/machines", "GET, POST", true)
-                        .route(web::get().to(model::list_machines))
-                        .route(web::post().to(add_machines)),
-                )
-                .service(resource("/machines/remove", "POST", true).route(web::post().to(remove_machines)))
-                .service(resource("/machines/retry", "POST", true).route(web::post().to(retry_machines)))
-                // After the two above: a container's id holds `/` (`3/lxd/0`).
-                .service(resource("/machines/{id:.+}", "GET", true).route(web::get().to(model::show_machine)))
-                .service(
-                    resource("/applications", "GET, POST", true)
-                        .route(web::get().to(model::list_applications))
-                        .route(web::post().to(model::add_application)),
+                    resource("/models", "GET, POST", true)
+                        .route(web::get().to(models::list_models))
+                        .route(web::post().to(models::add_model)),
                 )
                 .service(
-                    resource("/applications/{name}", "DELETE", true).route(web::delete().to(model::remove_application)),
+                    resource("/models/{model}", "GET, DELETE", true)
+                        .route(web::get().to(models::show_model))
+                        .route(web::delete().to(models::destroy_model)),
                 )
-                .service(resource("/instances", "GET", true).route(web::get().to(list_instances)))
-                .service(resource("/config", "GET", true).route(web::get().to(list_config)))
-                .service(
-                    resource("/config/{key}", "GET, PUT", true)
-                        .route(web::get().to(get_config))
-                        .route(web::put().to(set_config)),
-                )
-                .service(resource("/status", "GET", true).route(web::get().to(status)))
-                .service(resource("/destroy-model", "POST", true).route(web::post().to(destroy_model)))
-                .service(resource("/events", "GET", true).route(web::get().to(events)))
+                // Everything per model, for the model the path names...
+                .service(web::scope("/models/{model}").configure(model_routes).default_service(web::to(v1_not_found)))
+                // ... and the same routes without it, for `default`.
+                .configure(model_routes)
                 .service(
                     resource("/tokens", "GET, POST", true)
                         .route(web::get().to(tokens::list_tokens))
@@ -979,6 +1064,33 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .service(resource("/tokens/{id}", "DELETE", true).route(web::delete().to(tokens::revoke_token)))
                 .default_service(web::to(v1_not_found)),
         );
+}
+
+/// The routes of one model: under `/v1/models/{model}`, and under `/v1` for `default`.
+fn model_routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        resource("/machines", "GET, POST", true)
+            .route(web::get().to(model::list_machines))
+            .route(web::post().to(add_machines)),
+    )
+    .service(resource("/machines/remove", "POST", true).route(web::post().to(remove_machines)))
+    .service(resource("/machines/retry", "POST", true).route(web::post().to(retry_machines)))
+    // After the two above: a container's id holds `/` (`3/lxd/0`).
+    .service(resource("/machines/{id:.+}", "GET", true).route(web::get().to(model::show_machine)))
+    .service(
+        resource("/applications", "GET, POST", true)
+            .route(web::get().to(model::list_applications))
+            .route(web::post().to(model::add_application)),
+    )
+    .service(resource("/applications/{name}", "DELETE", true).route(web::delete().to(model::remove_application)))
+    .service(resource("/instances", "GET", true).route(web::get().to(list_instances)))
+    .service(resource("/config", "GET", true).route(web::get().to(list_config)))
+    .service(
+        resource("/config/{key}", "GET, PUT", true).route(web::get().to(get_config)).route(web::put().to(set_config)),
+    )
+    .service(resource("/status", "GET", true).route(web::get().to(status)))
+    .service(resource("/destroy-model", "POST", true).route(web::post().to(destroy_model)))
+    .service(resource("/events", "GET", true).route(web::get().to(events)));
 }
 
 /// The method as a metrics label: one of the methods the API knows, else `other` (a label
@@ -1018,7 +1130,7 @@ fn audit_line<B>(res: &ServiceResponse<B>) -> AuditLine {
 
 /// The application: the routes, JSON error handling, request metrics and the audit log.
 pub fn app(
-    state: AppState,
+    host: ModelHost,
 ) -> App<
     impl actix_web::dev::ServiceFactory<
         ServiceRequest,
@@ -1028,10 +1140,10 @@ pub fn app(
         InitError = (),
     >,
 > {
-    let metrics = state.metrics.clone();
-    let audit = state.audit.clone();
+    let audit = host.shared().audit.clone();
+    let metrics_host = host.clone();
     App::new()
-        .app_data(web::Data::new(state))
+        .app_data(web::Data::new(host))
         .app_data(web::PathConfig::default().error_handler(path_error))
         .configure(routes)
         .default_service(web::to(not_found))
@@ -1040,7 +1152,7 @@ pub fn app(
             let method = method_label(req.method());
             let change = crate::service::audit::is_change(req.method().as_str(), req.path());
             let call = srv.call(req);
-            let metrics = metrics.clone();
+            let host = metrics_host.clone();
             let audit = audit.clone();
             async move {
                 let res = call.await?;
@@ -1049,12 +1161,15 @@ pub fn app(
                     audit.record(&audit_line(&res));
                 }
                 let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_owned());
-                metrics.do_send(HttpDone {
-                    method,
-                    route,
-                    code: res.status().as_u16(),
-                    seconds: began.elapsed().as_secs_f64(),
-                });
+                // Request metrics go to `default`'s registry (the one `/metrics` renders).
+                if let Ok(default) = host.state(DEFAULT_MODEL).await {
+                    default.metrics.do_send(HttpDone {
+                        method,
+                        route,
+                        code: res.status().as_u16(),
+                        seconds: began.elapsed().as_secs_f64(),
+                    });
+                }
                 Ok(res)
             }
         })

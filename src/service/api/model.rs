@@ -371,10 +371,10 @@ pub async fn list_applications(_: Authorized, st: State) -> Result<HttpResponse>
 pub async fn remove_application(
     _: Authorized,
     st: State,
-    name: web::Path<String>,
+    name: web::Path<super::NamePath>,
     req: HttpRequest,
 ) -> Result<HttpResponse> {
-    let name = name.into_inner();
+    let name = name.into_inner().name;
     check_application_name(&name).map_err(|e| ApiError::bad_request(format!("name: {e}")))?;
     let n = name.clone();
     let (constraints, ids) = st

@@ -34,9 +34,11 @@ pub enum ConfigKey {
     info(
         title = "provisioner",
         description = "The provisioner service's HTTP API: machines, applications, instances, settings, \
-            status and events of one model. Every `/v1` route but this document needs `Authorization: Bearer \
+            status and events of its models. Every per-model route is also served under \
+            `/v1/models/{model}/...` for the model it names; the plain `/v1/...` routes listed here mean the model \
+            `default`. Every `/v1` route but this document needs `Authorization: Bearer \
             TOKEN` (the token file in the data directory, or one made with `POST /v1/tokens`); a read-only token \
-            gets 403 on every change. Errors are `{\"error\": \"one sentence\"}`; a refused \
+            gets 403 on every change, a token scoped to one model 403 on every other. Errors are `{\"error\": \"one sentence\"}`; a refused \
             request (any 4xx) changes nothing.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
@@ -63,6 +65,10 @@ pub enum ConfigKey {
         super::tokens::create_token,
         super::tokens::list_tokens,
         super::tokens::revoke_token,
+        super::models::list_models,
+        super::models::add_model,
+        super::models::show_model,
+        super::models::destroy_model,
     ),
     components(schemas(crate::service::events::EventView, ErrorBody, ConfigKey, super::model::StatusFilter)),
     modifiers(&Shared),
@@ -74,6 +80,7 @@ pub enum ConfigKey {
         (name = "model", description = "The model itself"),
         (name = "service", description = "Health, metrics, status, events and this document"),
         (name = "tokens", description = "API tokens (admin tokens only): create, list, revoke"),
+        (name = "models", description = "The models the service hosts: add, list, show, destroy"),
     ),
 )]
 pub struct ApiDoc;

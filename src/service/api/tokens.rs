@@ -15,7 +15,7 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::types::{CreateToken, CreatedToken, ErrorBody, TokenScope, TokenView};
-use super::{json_body, note, AdminOnly, ApiError, Result, State};
+use super::{json_body, note, AdminOnly, ApiError, Host, Result};
 use crate::service::audit::now_rfc3339;
 use crate::service::token::{self, Scope, TokenRecord};
 
@@ -29,7 +29,7 @@ impl From<Scope> for TokenScope {
 }
 
 fn view(t: TokenRecord) -> TokenView {
-    TokenView { id: t.id, scope: t.scope.into(), created: t.created, revoked: t.revoked }
+    TokenView { id: t.id, scope: t.scope.into(), created: t.created, revoked: t.revoked, model: t.model }
 }
 
 /// Creates an API token (admin tokens only): answered once, only its hash kept.
@@ -38,17 +38,26 @@ fn view(t: TokenRecord) -> TokenView {
     responses(
         (status = 201, description = "The new token, shown once (only its hash is kept)", body = CreatedToken),
         (status = 400, description = "A body that does not parse", body = ErrorBody),
-        (status = 403, description = "The token is read-only: only admin tokens manage tokens", body = ErrorBody),
+        (status = 403, description = "The token is read-only or scoped to a model: only the service's admin tokens \
+            manage tokens", body = ErrorBody),
+        (status = 404, description = "`model` names no model of the service", body = ErrorBody),
     ))]
-pub async fn create_token(_: AdminOnly, st: State, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
-    let CreateToken { read_only } = json_body(&req, payload).await?;
+pub async fn create_token(_: AdminOnly, host: Host, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
+    let CreateToken { read_only, model } = json_body(&req, payload).await?;
     let scope = if read_only { Scope::ReadOnly } else { Scope::Admin };
+    if let Some(m) = &model {
+        // Only a model the service hosts (404 naming it otherwise).
+        host.directory().await.get(m).map_err(crate::service::models::HostError::from)?;
+    }
     let secret = token::new_secret();
     let hash = token::sha256_hex(&secret);
     let created = now_rfc3339();
-    let record = st.store.exec(move |s| s.create_token(scope, &hash, &created)).await?;
-    note(&req, format!("created {} ({scope})", record.id));
-    Ok(HttpResponse::Created().json(CreatedToken { id: record.id, scope: scope.into(), token: secret }))
+    let m = model.clone();
+    let record =
+        host.shared().service_store.exec(move |s| s.create_token(scope, m.as_deref(), &hash, &created)).await?;
+    let only = model.as_ref().map(|m| format!(", model {m} only")).unwrap_or_default();
+    note(&req, format!("created {} ({scope}{only})", record.id));
+    Ok(HttpResponse::Created().json(CreatedToken { id: record.id, scope: scope.into(), token: secret, model }))
 }
 
 /// Lists the created API tokens (admin tokens only): never a token or a hash.
@@ -58,8 +67,8 @@ pub async fn create_token(_: AdminOnly, st: State, req: HttpRequest, payload: we
             its hash; the admin token of the data directory is not listed)", body = Vec<TokenView>),
         (status = 403, description = "The token is read-only: only admin tokens manage tokens", body = ErrorBody),
     ))]
-pub async fn list_tokens(_: AdminOnly, st: State) -> Result<HttpResponse> {
-    let tokens = st.store.exec(|s| s.tokens()).await?;
+pub async fn list_tokens(_: AdminOnly, host: Host) -> Result<HttpResponse> {
+    let tokens = host.shared().service_store.exec(|s| s.tokens()).await?;
     Ok(HttpResponse::Ok().json(tokens.into_iter().map(view).collect::<Vec<_>>()))
 }
 
@@ -74,7 +83,7 @@ pub async fn list_tokens(_: AdminOnly, st: State) -> Result<HttpResponse> {
         (status = 409, description = "The admin token (`admin`, the data directory's) cannot be revoked through \
             the API", body = ErrorBody),
     ))]
-pub async fn revoke_token(_: AdminOnly, st: State, id: web::Path<String>, req: HttpRequest) -> Result<HttpResponse> {
+pub async fn revoke_token(_: AdminOnly, host: Host, id: web::Path<String>, req: HttpRequest) -> Result<HttpResponse> {
     let id = id.into_inner();
     note(&req, format!("revoke {id}"));
     if id == token::ADMIN_ID {
@@ -85,6 +94,6 @@ pub async fn revoke_token(_: AdminOnly, st: State, id: web::Path<String>, req: H
         ));
     }
     let at = now_rfc3339();
-    let record = st.store.exec(move |s| s.revoke_token(&id, &at)).await?;
+    let record = host.shared().service_store.exec(move |s| s.revoke_token(&id, &at)).await?;
     Ok(HttpResponse::Ok().json(view(record)))
 }

@@ -418,6 +418,9 @@ pub struct CreateToken {
     /// A read-only token (every change refused with 403); else an admin token.
     #[serde(default)]
     pub read_only: bool,
+    /// The one model it may use (`null`: every model, and the service's own routes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// What a token may do: `admin` (everything) or `read-only` (reads only).
@@ -440,6 +443,9 @@ pub struct CreatedToken {
     pub scope: TokenScope,
     /// The token itself (64 hex digits): send it as `Authorization: Bearer TOKEN`.
     pub token: String,
+    /// The one model it may use (left out: every model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// A created token as `GET /v1/tokens` lists it: never the token, never its hash.
@@ -453,4 +459,85 @@ pub struct TokenView {
     pub created: String,
     /// When it was revoked (RFC 3339, UTC); `null` while it is valid.
     pub revoked: Option<String>,
+    /// The one model it may use (left out: every model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// `POST /v1/models`: a new model and its cloud (a setting left out is the service's).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AddModel {
+    /// Its name: 1 to 63 lowercase letters, digits and hyphens (Juju's rule).
+    pub name: String,
+    /// `sim` or `ec2` (default: the service's `--broker`).
+    #[serde(default)]
+    pub broker: Option<String>,
+    /// The simulated cloud's zones (sim; default: the service's `--sim-zones`).
+    #[serde(default)]
+    pub zones: Option<Vec<String>>,
+    /// The simulated account whose request limits it shares with the other models on it (sim;
+    /// default `default`).
+    #[serde(default)]
+    pub account: Option<String>,
+    /// EC2's region (ec2).
+    #[serde(default)]
+    pub region: Option<String>,
+    /// EC2's endpoint (ec2).
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// EC2's image id (ec2).
+    #[serde(default)]
+    pub image: Option<String>,
+}
+
+/// A model, as `GET /v1/models` and `model list --json` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ModelView {
+    /// Its name.
+    pub name: String,
+    /// `alive`, or `dying` (its destruction under way: it is removed once its instances are
+    /// gone).
+    pub life: String,
+    /// How many machines it has (`null` when it does not run here: see `show`'s `error`).
+    pub machines: Option<u64>,
+    /// The replica whose provisioners run it (with replicas on PostgreSQL; `null` otherwise).
+    pub leader: Option<String>,
+    /// The leader's epoch (with replicas on PostgreSQL; `null` otherwise).
+    pub epoch: Option<i64>,
+}
+
+/// `GET /v1/models/{model}` and `model show --json`: the list's keys and the model's cloud.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ModelDetail {
+    /// Its name.
+    pub name: String,
+    /// `alive` or `dying`.
+    pub life: String,
+    /// How many machines it has.
+    pub machines: Option<u64>,
+    /// The leading replica (replicas on PostgreSQL).
+    pub leader: Option<String>,
+    /// The leader's epoch (replicas on PostgreSQL).
+    pub epoch: Option<i64>,
+    /// Its uuid.
+    pub uuid: Option<String>,
+    /// `sim` or `ec2`.
+    pub broker: String,
+    /// Its cloud's zones.
+    pub zones: Vec<String>,
+    /// The simulated account (sim).
+    pub account: Option<String>,
+    /// EC2's region (ec2).
+    pub region: Option<String>,
+    /// EC2's endpoint (ec2).
+    pub endpoint: Option<String>,
+    /// EC2's image id (ec2).
+    pub image: Option<String>,
+    /// Why it does not run here, if it does not (its store could not be opened).
+    pub error: Option<String>,
+    /// The starts its simulated account refused as throttled, all the account's models
+    /// together (with `--sim-account-start-rate`; `null` otherwise).
+    #[serde(default)]
+    pub account_throttled: Option<u64>,
 }

@@ -68,12 +68,21 @@ pub struct Leading {
     /// (notifications come with PostgreSQL only).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     store: crate::service::store::Store,
+    /// The model this replica leads: notices of other models (many models share the
+    /// database's channel) are ignored. `None`: every notice is this model's.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    model_uuid: Option<String>,
 }
 
 impl Leading {
     /// Nothing led yet.
     pub fn new(store: crate::service::store::Store) -> Self {
-        Self { epoch: None, running: None, counts: CountsRefresh::default(), store }
+        Self { epoch: None, running: None, counts: CountsRefresh::default(), store, model_uuid: None }
+    }
+
+    /// Hears only the notices of the model with this uuid (a service hosting many models).
+    pub fn for_model(self, model_uuid: &str) -> Self {
+        Self { model_uuid: Some(model_uuid.to_owned()), ..self }
     }
 
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -163,6 +172,12 @@ impl Handler<Current> for Leading {
 impl Handler<super::listen::Changed> for Leading {
     type Result = ();
     fn handle(&mut self, m: super::listen::Changed, ctx: &mut Self::Context) {
+        let notice: Option<crate::service::store::Notice> = serde_json::from_str(&m.payload).ok();
+        if let (Some(n), Some(mine)) = (&notice, &self.model_uuid) {
+            if &n.model_uuid != mine {
+                return; // another model's change
+            }
+        }
         if self.counts.note(m.resync, m.sender) {
             ctx.run_later(COUNTS_REFRESH, |act, ctx| {
                 let (resync, senders) = act.counts.take();
@@ -177,7 +192,6 @@ impl Handler<super::listen::Changed> for Leading {
         if self.running.is_none() {
             return;
         }
-        let notice: Option<crate::service::store::Notice> = serde_json::from_str(&m.payload).ok();
         let everything = m.resync || notice.as_ref().is_some_and(|n| n.all || n.kind == "model");
         if everything {
             let read = self.store.exec(|s| s.machine_ids());

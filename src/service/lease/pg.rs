@@ -138,13 +138,19 @@ impl PgLease {
     pub fn config(url: &str, timeout: Duration) -> Result<postgres::Config, LeaseSqlError> {
         let mut config: postgres::Config = url.parse().map_err(LeaseSqlError::Url)?;
         let ms = millis(timeout)?.max(1);
+        // The epoch must never be handed out twice: every lease commit is flushed before it
+        // answers, whatever the server's default (a lost acquisition would reuse its epoch).
+        let ours = format!("-c statement_timeout={ms} -c lock_timeout={ms} -c synchronous_commit=on");
+        // The URL's own options are kept (a model's `search_path`: its lease is in its schema).
+        let options = match config.get_options() {
+            Some(given) if !given.is_empty() => format!("{given} {ours}"),
+            _ => ours,
+        };
         config
             .connect_timeout(timeout)
             .tcp_user_timeout(timeout)
             .keepalives_idle(timeout.max(Duration::from_secs(1)))
-            // The epoch must never be handed out twice: every lease commit is flushed before it
-            // answers, whatever the server's default (a lost acquisition would reuse its epoch).
-            .options(&format!("-c statement_timeout={ms} -c lock_timeout={ms} -c synchronous_commit=on"))
+            .options(&options)
             .application_name("provisioner-lease");
         Ok(config)
     }

@@ -54,7 +54,7 @@ use crate::service::pgconnect::{ConnectError, Connector};
 use crate::service::token::{token_id, Scope, TokenRecord};
 
 /// The newest schema version this build knows (rows of `schema_migrations`).
-pub const PG_SCHEMA_VERSION: i64 = 6;
+pub const PG_SCHEMA_VERSION: i64 = 7;
 
 /// The channel of change notifications.
 pub const CHANGES_CHANNEL: &str = "provisioner_changes";
@@ -158,8 +158,15 @@ ALTER TABLE machines ADD COLUMN IF NOT EXISTS last_start_error TEXT;
 /// Version 3: the epochs' record ([`EPOCH_TABLES_SQL`]): each lease acquisition and the writes
 /// made under each epoch, ordered by one sequence (what proves no write committed under a
 /// stale epoch).
-const MIGRATIONS: &[(i64, &str)] =
-    &[(1, SCHEMA_V1), (2, SCHEMA_V2), (3, EPOCH_TABLES_SQL), (4, SCHEMA_V4), (5, SCHEMA_V5), (6, SCHEMA_V6)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, SCHEMA_V1),
+    (2, SCHEMA_V2),
+    (3, EPOCH_TABLES_SQL),
+    (4, SCHEMA_V4),
+    (5, SCHEMA_V5),
+    (6, SCHEMA_V6),
+    (7, SCHEMA_V7),
+];
 
 /// The epochs' record, created by migration 3 (and by the lease where missing, so that the
 /// lease can be used and tested on its own): `fence_seq` orders acquisitions and fenced writes;
@@ -224,6 +231,9 @@ CREATE TABLE IF NOT EXISTS start_intents (
 const SCHEMA_V6: &str = "
 CREATE INDEX IF NOT EXISTS machines_in_error ON machines(seq) WHERE status = 'error' OR instance_status = 'provisioning error';
 ";
+
+/// Version 7: the model a token is scoped to (`NULL`: every model).
+const SCHEMA_V7: &str = "ALTER TABLE api_tokens ADD COLUMN IF NOT EXISTS model TEXT;";
 
 /// A change notification's payload (JSON on channel [`CHANGES_CHANNEL`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -1426,17 +1436,23 @@ impl StoreBackend for PgStore {
         let rows = self.client()?.query("SELECT params FROM start_intents ORDER BY seq", &[]).map_err(pg(ctx))?;
         rows.iter().map(|r| r.try_get(0).map_err(pg(ctx))).collect()
     }
-    fn create_token(&mut self, scope: Scope, sha256: &str, created: &str) -> Result<TokenRecord, StoreError> {
+    fn create_token(
+        &mut self,
+        scope: Scope,
+        model: Option<&str>,
+        sha256: &str,
+        created: &str,
+    ) -> Result<TokenRecord, StoreError> {
         let ctx = "creating an API token";
         let mut tx = self.client()?.transaction().map_err(pg(ctx))?;
         let id = token_id(next_counter(&mut tx, "next_token").map_err(pg(ctx))? as u64 + 1);
         tx.execute(
-            "INSERT INTO api_tokens (id, scope, sha256, created) VALUES ($1, $2, $3, $4)",
-            &[&id, &scope.as_str(), &sha256, &created],
+            "INSERT INTO api_tokens (id, scope, sha256, created, model) VALUES ($1, $2, $3, $4, $5)",
+            &[&id, &scope.as_str(), &sha256, &created, &model],
         )
         .map_err(pg(ctx))?;
         tx.commit().map_err(pg(ctx))?;
-        Ok(TokenRecord { id, scope, created: created.to_owned(), revoked: None })
+        Ok(TokenRecord { id, scope, created: created.to_owned(), revoked: None, model: model.map(str::to_owned) })
     }
     fn tokens(&mut self) -> Result<Vec<TokenRecord>, StoreError> {
         let ctx = "listing API tokens";
@@ -1466,7 +1482,7 @@ impl StoreBackend for PgStore {
     }
 }
 
-const TOKEN_COLUMNS: &str = "id, scope, created, revoked";
+const TOKEN_COLUMNS: &str = "id, scope, created, revoked, model";
 
 fn token_from_row(r: &Row, ctx: &'static str) -> Result<TokenRecord, StoreError> {
     let get = |e: postgres::Error| pg(ctx)(e);
@@ -1475,5 +1491,6 @@ fn token_from_row(r: &Row, ctx: &'static str) -> Result<TokenRecord, StoreError>
         r.try_get(1).map_err(get)?,
         r.try_get(2).map_err(get)?,
         r.try_get(3).map_err(get)?,
+        r.try_get(4).map_err(get)?,
     ))
 }

@@ -25,7 +25,8 @@ pub const DB_FILE: &str = "provisioner.db";
 /// older databases gain when opened.
 /// Version 5 added `start_intents` (each start's client token and parameters, written before
 /// the cloud call: `service::intents`), likewise.
-pub const SCHEMA_VERSION: i64 = 5;
+/// Version 6 added `api_tokens.model` (a token scoped to one model; `NULL`: every model).
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Containers' `seq` values start here (machines' equal their numeric ids, which never get this
 /// far), so that a container never takes a `seq` a later machine's id needs: machines list in
@@ -115,7 +116,8 @@ CREATE TABLE IF NOT EXISTS api_tokens (
     scope TEXT NOT NULL,
     sha256 TEXT NOT NULL UNIQUE,
     created TEXT NOT NULL,
-    revoked TEXT
+    revoked TEXT,
+    model TEXT
 );
 CREATE TABLE IF NOT EXISTS start_intents (
     seq INTEGER PRIMARY KEY,
@@ -771,6 +773,7 @@ impl StoreCore {
         Self::add_machine_columns_v3(&tx)?;
         upgrade_manual_machines(&tx)?;
         upgrade_start_attempts(&tx)?;
+        super::tokens::upgrade_token_models(&tx)?;
         if meta_get(&tx, "model_uuid").map_err(StoreError::sql("reading the model uuid"))?.is_none() {
             if tables > 0 {
                 // Never a new model in place of one whose identity was lost.

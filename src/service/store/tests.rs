@@ -562,8 +562,9 @@ fn a_manual_machine_is_registered_started_with_its_address(s: &mut dyn StoreBack
 fn api_tokens_are_kept_as_hashes_and_revoked_once(s: &mut dyn StoreBackend) {
     use crate::service::token::Scope;
     assert!(s.tokens().unwrap().is_empty());
-    let a = s.create_token(Scope::ReadOnly, "aaaa", "2026-01-01T00:00:00.000Z").unwrap();
-    let b = s.create_token(Scope::Admin, "bbbb", "2026-01-01T00:00:01.000Z").unwrap();
+    let a = s.create_token(Scope::ReadOnly, None, "aaaa", "2026-01-01T00:00:00.000Z").unwrap();
+    let b = s.create_token(Scope::Admin, Some("team-a"), "bbbb", "2026-01-01T00:00:01.000Z").unwrap();
+    assert_eq!((a.model.as_deref(), b.model.as_deref()), (None, Some("team-a")));
     assert_eq!((a.id.as_str(), a.scope, a.revoked.as_deref()), ("tok-1", Scope::ReadOnly, None));
     assert_eq!((b.id.as_str(), b.scope), ("tok-2", Scope::Admin));
     assert_eq!(s.tokens().unwrap(), [a.clone(), b.clone()]);
@@ -575,8 +576,8 @@ fn api_tokens_are_kept_as_hashes_and_revoked_once(s: &mut dyn StoreBackend) {
     assert_eq!(again, revoked, "a second revocation changes nothing");
     assert_eq!(s.token_by_hash("aaaa").unwrap(), Some(revoked));
     assert_eq!(s.revoke_token("tok-9", "x").unwrap_err(), StoreError::NoToken("tok-9".into()));
-    assert!(s.create_token(Scope::Admin, "bbbb", "x").is_err(), "a hash is one token's");
-    assert_eq!(s.create_token(Scope::Admin, "dddd", "x").unwrap().id, "tok-3", "ids are never reused");
+    assert!(s.create_token(Scope::Admin, None, "bbbb", "x").is_err(), "a hash is one token's");
+    assert_eq!(s.create_token(Scope::Admin, None, "dddd", "x").unwrap().id, "tok-3", "ids are never reused");
     s.destroy_model().unwrap();
     assert_eq!(s.tokens().unwrap().len(), 3, "tokens outlive the model's destruction");
 }

@@ -1,5 +1,6 @@
 //! The created API tokens in SQLite (schema version 4, table `api_tokens`): id, scope, the
-//! token's SHA-256 (never the token), created and revoked times. The PostgreSQL backend keeps
+//! token's SHA-256 (never the token), created and revoked times, and (version 6) the model a
+//! token is scoped to (`NULL`: every model). The PostgreSQL backend keeps
 //! the same rows (`pg.rs`, migration 4). The times are given by the caller (RFC 3339, UTC).
 
 use rusqlite::{params, OptionalExtension, Row};
@@ -7,35 +8,55 @@ use rusqlite::{params, OptionalExtension, Row};
 use super::state::{next_counter, Atomic, StoreCore, StoreError};
 use crate::service::token::{token_id, Scope, TokenRecord};
 
-const COLUMNS: &str = "id, scope, created, revoked";
+const COLUMNS: &str = "id, scope, created, revoked, model";
 
-fn record(r: &Row<'_>) -> rusqlite::Result<(String, String, String, Option<String>)> {
-    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+/// A token row's columns: id, scope, created, revoked, model.
+pub(super) type TokenRow = (String, String, String, Option<String>, Option<String>);
+
+fn record(r: &Row<'_>) -> rusqlite::Result<TokenRow> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
 }
 
 /// A row as a record; a scope this build does not know is damage, not a guess.
-pub(super) fn token_record(
-    (id, scope, created, revoked): (String, String, String, Option<String>),
-) -> Result<TokenRecord, StoreError> {
+pub(super) fn token_record((id, scope, created, revoked, model): TokenRow) -> Result<TokenRecord, StoreError> {
     let scope: Scope =
         scope.parse().map_err(|e| StoreError::Damaged { context: "reading an API token", message: e })?;
-    Ok(TokenRecord { id, scope, created, revoked })
+    Ok(TokenRecord { id, scope, created, revoked, model })
+}
+
+/// Schema step of version 6: the model a token is scoped to (a database of version 4 or 5
+/// gains the column; its tokens stay service-wide).
+pub(super) fn upgrade_token_models(tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
+    let has: i64 = tx
+        .query_row("SELECT count(*) FROM pragma_table_info('api_tokens') WHERE name = 'model'", [], |r| r.get(0))
+        .map_err(StoreError::sql("reading the schema"))?;
+    if has == 0 {
+        tx.execute_batch("ALTER TABLE api_tokens ADD COLUMN model TEXT")
+            .map_err(StoreError::sql("upgrading the schema"))?;
+    }
+    Ok(())
 }
 
 impl StoreCore {
-    /// Creates a token: the next id (`tok-1`, `tok-2`, ...; never reused), its scope, its
-    /// hash, created at `created`.
-    pub fn create_token(&mut self, scope: Scope, sha256: &str, created: &str) -> Result<TokenRecord, StoreError> {
+    /// Creates a token: the next id (`tok-1`, `tok-2`, ...; never reused), its scope, the
+    /// model it is scoped to (`None`: every model), its hash, created at `created`.
+    pub fn create_token(
+        &mut self,
+        scope: Scope,
+        model: Option<&str>,
+        sha256: &str,
+        created: &str,
+    ) -> Result<TokenRecord, StoreError> {
         let ctx = "creating an API token";
         let tx = Atomic::begin(&self.conn).map_err(StoreError::sql(ctx))?;
         let id = token_id(next_counter(&tx, "next_token").map_err(StoreError::sql(ctx))? + 1);
         tx.execute(
-            "INSERT INTO api_tokens (id, scope, sha256, created) VALUES (?1, ?2, ?3, ?4)",
-            params![id, scope.as_str(), sha256, created],
+            "INSERT INTO api_tokens (id, scope, sha256, created, model) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![id, scope.as_str(), sha256, created, model],
         )
         .map_err(StoreError::sql(ctx))?;
         tx.commit().map_err(StoreError::sql(ctx))?;
-        Ok(TokenRecord { id, scope, created: created.to_owned(), revoked: None })
+        Ok(TokenRecord { id, scope, created: created.to_owned(), revoked: None, model: model.map(str::to_owned) })
     }
 
     /// Every created token, oldest first.

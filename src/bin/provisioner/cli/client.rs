@@ -11,11 +11,12 @@ use provisioner::service::api::types::{
     AddApplication, AddMachines, AddedMachines, ApplicationView, ConfigValue, DestroyRequest, DestroyView, ErrorBody,
     InstanceView, MachineDetail, MachineView, RemoveMachines, RetryMachines, StatusView,
 };
+use provisioner::service::api::types::{AddModel, ModelDetail, ModelView};
 use provisioner::service::api::types::{CreateToken, CreatedToken, TokenScope, TokenView};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{ApplicationCmd, ClientCmd, ConfigCmd, Conn, InstanceCmd, MachineCmd, TokenCmd};
+use super::{ApplicationCmd, ClientCmd, ConfigCmd, Conn, InstanceCmd, MachineCmd, ModelCmd, TokenCmd};
 
 /// The default service URL.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:7878";
@@ -43,6 +44,8 @@ pub struct Client {
     base: String,
     token: String,
     agent: ureq::Agent,
+    /// The model per-model paths go to (`-m`, `$PROVISIONER_MODEL`, else `default`).
+    model: String,
 }
 
 fn non_empty(v: Option<String>) -> Option<String> {
@@ -103,12 +106,15 @@ impl Client {
             let config = provisioner::service::tls::client_config(&ca).map_err(|e| Failure::usage(e.to_string()))?;
             agent = agent.tls_config(std::sync::Arc::new(config));
         }
-        Ok(Self { base, token, agent: agent.build() })
+        let model = non_empty(conn.model.clone())
+            .or_else(|| non_empty(std::env::var("PROVISIONER_MODEL").ok()))
+            .unwrap_or_else(|| "default".to_owned());
+        Ok(Self { base, token, agent: agent.build(), model })
     }
 
     fn request(&self, method: &str, path: &str) -> ureq::Request {
         self.agent
-            .request(method, &format!("{}{path}", self.base))
+            .request(method, &format!("{}{}", self.base, model_path(&self.model, path)))
             .set("Authorization", &format!("Bearer {}", self.token))
     }
 
@@ -166,6 +172,95 @@ impl Client {
     }
 }
 
+/// `path` for `model`: a per-model path (`/v1/machines`, ...) goes under
+/// `/v1/models/MODEL/` for a model other than `default` (whose plain paths old services
+/// understand too); the service's own paths (`/v1/models`, `/v1/tokens`) stay as they are.
+fn model_path(model: &str, path: &str) -> String {
+    let service_wide = ["/v1/models", "/v1/tokens", "/v1/openapi.json"];
+    match path.strip_prefix("/v1") {
+        Some(rest) if model != "default" && !service_wide.iter().any(|p| path.starts_with(p)) => {
+            format!("/v1/models/{}{rest}", encode_segment(model))
+        }
+        _ => path.to_owned(),
+    }
+}
+
+/// `model add|list|show|destroy`.
+fn model(c: &Client, cmd: ModelCmd) -> Result<(), Failure> {
+    let print = |m: &ModelDetail| {
+        println!("model:     {} ({})", m.name, m.life);
+        println!("uuid:      {}", m.uuid.as_deref().unwrap_or("-"));
+        println!("cloud:     {}", m.broker);
+        println!("zones:     {}", if m.zones.is_empty() { "-".to_owned() } else { m.zones.join(",") });
+        for (k, v) in [("account", &m.account), ("region", &m.region), ("endpoint", &m.endpoint), ("image", &m.image)] {
+            if let Some(v) = v {
+                println!("{:<10} {v}", format!("{k}:"));
+            }
+        }
+        println!("machines:  {}", m.machines.map_or_else(|| "-".to_owned(), |n| n.to_string()));
+        if let Some(leader) = &m.leader {
+            println!("leader:    {leader} (epoch {})", m.epoch.map_or_else(|| "-".to_owned(), |e| e.to_string()));
+        }
+        if let Some(n) = m.account_throttled {
+            println!("throttled: {n} starts refused by its account (all its models)");
+        }
+        if let Some(e) = &m.error {
+            println!("error:     {e}");
+        }
+    };
+    match cmd {
+        ModelCmd::Add { name, broker, zones, account, region, endpoint, image, json } => {
+            let zones = zones.map(|z| z.split(',').map(|s| s.trim().to_owned()).collect());
+            let body = AddModel { name, broker, zones, account, region, endpoint, image };
+            let added: ModelDetail = c.send("POST", "/v1/models", &body)?;
+            if json {
+                print_json(&added);
+            } else {
+                print(&added);
+            }
+        }
+        ModelCmd::List { json } => {
+            let list: Vec<ModelView> = c.get("/v1/models")?;
+            if json {
+                print_json(&list);
+            } else {
+                table(
+                    &["MODEL", "LIFE", "MACHINES", "LEADER", "EPOCH"],
+                    list.iter()
+                        .map(|m| {
+                            vec![
+                                m.name.clone(),
+                                m.life.clone(),
+                                m.machines.map_or_else(|| "-".to_owned(), |n| n.to_string()),
+                                dash(&m.leader),
+                                m.epoch.map_or_else(|| "-".to_owned(), |e| e.to_string()),
+                            ]
+                        })
+                        .collect(),
+                );
+            }
+        }
+        ModelCmd::Show { name, json } => {
+            let m: ModelDetail = c.get(&format!("/v1/models/{}", encode_segment(&name)))?;
+            if json {
+                print_json(&m);
+            } else {
+                print(&m);
+            }
+        }
+        ModelCmd::Destroy { name, force } => {
+            let path = format!("/v1/models/{}{}", encode_segment(&name), if force { "?force=true" } else { "" });
+            let m: ModelDetail = c.delete(&path)?;
+            if m.life == "removed" {
+                println!("model {name} removed (it did not run: its files are left where they are)");
+            } else {
+                println!("destroying model {name}: its instances are stopped, then it is removed");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A scope as the service spells it.
 fn scope_name(s: TokenScope) -> &'static str {
     match s {
@@ -177,12 +272,13 @@ fn scope_name(s: TokenScope) -> &'static str {
 /// `token create | list | revoke`.
 fn token(c: &Client, cmd: TokenCmd) -> Result<(), Failure> {
     match cmd {
-        TokenCmd::Create { read_only, json } => {
-            let t: CreatedToken = c.send("POST", "/v1/tokens", &CreateToken { read_only })?;
+        TokenCmd::Create { read_only, for_model, json } => {
+            let t: CreatedToken = c.send("POST", "/v1/tokens", &CreateToken { read_only, model: for_model })?;
             if json {
                 print_json(&t);
             } else {
-                println!("created {} ({}); the token is shown only now, keep it:", t.id, scope_name(t.scope));
+                let only = t.model.as_ref().map(|m| format!(", model {m} only")).unwrap_or_default();
+                println!("created {} ({}{only}); the token is shown only now, keep it:", t.id, scope_name(t.scope));
                 println!("{}", t.token);
             }
         }
@@ -192,9 +288,12 @@ fn token(c: &Client, cmd: TokenCmd) -> Result<(), Failure> {
                 print_json(&list);
             } else {
                 table(
-                    &["ID", "SCOPE", "CREATED", "REVOKED"],
+                    &["ID", "SCOPE", "MODEL", "CREATED", "REVOKED"],
                     list.iter()
-                        .map(|t| vec![t.id.clone(), scope_name(t.scope).into(), t.created.clone(), dash(&t.revoked)])
+                        .map(|t| {
+                            let model = t.model.clone().unwrap_or_else(|| "(all)".to_owned());
+                            vec![t.id.clone(), scope_name(t.scope).into(), model, t.created.clone(), dash(&t.revoked)]
+                        })
                         .collect(),
                 );
             }
@@ -324,6 +423,7 @@ fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
         ClientCmd::Machine(MachineCmd::Show { id, json }) => show_machine(c, &id, json),
         ClientCmd::Application(cmd) => application(c, cmd),
         ClientCmd::Token(cmd) => token(c, cmd),
+        ClientCmd::Model(cmd) => model(c, cmd),
         ClientCmd::Machine(MachineCmd::List { application, status, zone, json }) => {
             let filters = [("application", application), ("status", status), ("zone", zone)];
             if json {

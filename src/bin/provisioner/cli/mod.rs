@@ -34,6 +34,64 @@ pub struct Conn {
     /// [default: $PROVISIONER_CA_CERT, else the usual public roots].
     #[arg(long, global = true, value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
+    /// The model the command is about [default: $PROVISIONER_MODEL, else default].
+    #[arg(short = 'm', long = "model", global = true, value_name = "MODEL")]
+    pub model: Option<String>,
+}
+
+/// `provisioner model ...`: the models a service hosts.
+#[derive(Subcommand, Debug)]
+pub enum ModelCmd {
+    /// Add a model: its own machines, settings and provisioners, on its own cloud (a setting
+    /// left out is the service's).
+    Add {
+        /// Its name: 1 to 63 lowercase letters, digits and hyphens.
+        name: String,
+        /// Its cloud [default: the service's --broker].
+        #[arg(long, value_name = "sim|ec2", value_parser = ["sim", "ec2"])]
+        broker: Option<String>,
+        /// The simulated cloud's zones, comma-separated (sim) [default: the service's].
+        #[arg(long, value_name = "a,b")]
+        zones: Option<String>,
+        /// The simulated account whose request limits it shares with the other models on it
+        /// (sim) [default: default].
+        #[arg(long, value_name = "NAME")]
+        account: Option<String>,
+        /// EC2's region (ec2) [default: the service's].
+        #[arg(long, value_name = "REGION")]
+        region: Option<String>,
+        /// EC2's endpoint (ec2) [default: the service's].
+        #[arg(long, value_name = "URL")]
+        endpoint: Option<String>,
+        /// EC2's image id (ec2) [default: the service's].
+        #[arg(long, value_name = "AMI")]
+        image: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the models.
+    List {
+        /// Print JSON (`name`, `life`, `machines`, `leader`, `epoch`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one model and its cloud.
+    Show {
+        /// The model.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Destroy a model: its instances are stopped, then the model is removed.
+    Destroy {
+        /// The model.
+        name: String,
+        /// Needed for `default`; leaves live manual machines as they are.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// `provisioner machine ...`.
@@ -176,7 +234,11 @@ pub enum TokenCmd {
         /// token.
         #[arg(long)]
         read_only: bool,
-        /// Print JSON (`id`, `scope`, `token`).
+        /// Scope it to this one model: every other model's routes, and the service's own
+        /// (models, tokens), refuse it with 403 [default: every model].
+        #[arg(long, value_name = "MODEL")]
+        for_model: Option<String>,
+        /// Print JSON (`id`, `scope`, `token`, `model`).
         #[arg(long)]
         json: bool,
     },
@@ -231,6 +293,8 @@ pub enum ClientCmd {
     Config(ConfigCmd),
     /// `token ...`.
     Token(TokenCmd),
+    /// `model ...`.
+    Model(ModelCmd),
     /// `status`.
     Status {
         /// Print JSON.
@@ -317,6 +381,7 @@ pub fn run_client(conn: Conn, cmd: ClientCmd) -> ExitCode {
             ClientCmd::Application(_) => "application",
             ClientCmd::Config(_) => "config",
             ClientCmd::Token(_) => "token",
+            ClientCmd::Model(_) => "model",
             ClientCmd::Status { .. } => "status",
             ClientCmd::DestroyModel { .. } => "destroy-model",
         })

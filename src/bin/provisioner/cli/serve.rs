@@ -164,7 +164,7 @@ fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let conn = Conn { server: Some(url), token: None, data_dir: Some(dir.clone()), ca_cert: None };
+    let conn = Conn { server: Some(url), token: None, data_dir: Some(dir.clone()), ca_cert: None, model: None };
 
     let clients = args.clients;
     let per_client = total.div_ceil(clients);

@@ -1,0 +1,95 @@
+//! Cloud limits shared by the models on one account: a cloud's request buckets are per
+//! account and region (EC2's), not per model, so the models that call the cloud with the same
+//! credentials and region share one client-side limiter (its learned rate included), and
+//! models on different accounts do not slow each other. The key: `ec2:REGION@ENDPOINT` (one
+//! service has one set of credentials, the standard AWS chain's), or `sim:ACCOUNT` for the
+//! simulated cloud (`model add --account`, default `default`), whose accounts also enforce
+//! their bucket (`--sim-account-start-rate`; without it the simulated cloud never throttles
+//! and no limiter paces it).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::lock::Mutex;
+
+use super::directory::CloudSettings;
+use crate::config::rate_limits::{BucketLimit, RateLimits};
+use crate::service::settings::{BrokerKind, ServeSettings};
+use crate::service::simcloud::SimAccount;
+use crate::SharedLimiter;
+
+/// One account as the service knows it: the limiter its models share and, on the simulated
+/// cloud, the bucket the account enforces.
+#[derive(Clone)]
+pub struct Account {
+    /// The client-side limiter every model on the account paces its calls with.
+    pub limiter: SharedLimiter,
+    /// The simulated account's own bucket (sim only).
+    pub sim: Option<SimAccount>,
+}
+
+/// The accounts in use, by key (cheap to clone). An account lives as long as the service.
+#[derive(Clone, Default)]
+pub struct Accounts(Arc<Mutex<BTreeMap<String, Account>>>);
+
+/// Which account a model's calls count against, and the limits its limiter has: `None` when
+/// nothing limits it (the simulated cloud without `--sim-account-start-rate`). `opts` are the
+/// model's settings ([`super::host::model_settings`]).
+pub fn account_of(opts: &ServeSettings, cloud: &CloudSettings) -> Option<(String, RateLimits, Option<u32>)> {
+    match opts.broker() {
+        BrokerKind::Sim => {
+            let rate = opts.sim.account_start_rate?;
+            let name = cloud.account.clone().unwrap_or_else(|| "default".to_owned());
+            let limits = RateLimits { start: Some(BucketLimit::new(rate, f64::from(rate))), ..RateLimits::unlimited() };
+            Some((format!("sim:{name}"), limits, Some(rate)))
+        }
+        BrokerKind::Ec2 => {
+            let region = opts.ec2.region.clone().unwrap_or_default();
+            let endpoint = opts.ec2.endpoint.clone().unwrap_or_default();
+            Some((format!("ec2:{region}@{endpoint}"), RateLimits::ec2(), None))
+        }
+    }
+}
+
+impl Accounts {
+    /// The account of `key`, started on first use (its limiter with `limits`, the simulated
+    /// bucket at `sim_rate` starts per second).
+    pub async fn get(&self, key: &str, limits: RateLimits, sim_rate: Option<u32>) -> Account {
+        let mut all = self.0.lock().await;
+        all.entry(key.to_owned())
+            .or_insert_with(|| Account {
+                // The account's bucket first: it is full no later than the limiter's.
+                sim: sim_rate.map(|r| SimAccount::new(key.trim_start_matches("sim:"), r)),
+                limiter: SharedLimiter::start(limits),
+            })
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn models_on_one_account_and_region_share_a_key_and_others_do_not() {
+        let mut opts = ServeSettings::default();
+        assert!(account_of(&opts, &CloudSettings::default()).is_none(), "an unthrottled simulated cloud");
+        opts.sim.account_start_rate = Some(4);
+        let key = |account: Option<&str>| {
+            let cloud = CloudSettings { account: account.map(str::to_owned), ..CloudSettings::default() };
+            account_of(&opts, &cloud).unwrap().0
+        };
+        assert_eq!(key(None), "sim:default");
+        assert_eq!(key(Some("default")), key(None));
+        assert_ne!(key(Some("other")), key(None));
+        let (_, limits, rate) = account_of(&opts, &CloudSettings::default()).unwrap();
+        assert_eq!((limits.start, limits.stop, rate), (Some(BucketLimit::new(4, 4.0)), None, Some(4)));
+        opts.broker = Some(BrokerKind::Ec2);
+        opts.ec2.region = Some("eu-west-1".into());
+        let a = account_of(&opts, &CloudSettings::default()).unwrap().0;
+        opts.ec2.region = Some("us-east-1".into());
+        let b = account_of(&opts, &CloudSettings::default()).unwrap().0;
+        assert_eq!(a, "ec2:eu-west-1@");
+        assert_ne!(a, b, "another region is another bucket");
+    }
+}

@@ -1,0 +1,19 @@
+//! Many models per service (issue 18): each model has its own store (SQLite: the data
+//! directory's `provisioner.db` for `default`, `models/NAME.db` for the others; PostgreSQL:
+//! `public` for `default`, schema `model_NAME` for the others), its own cloud, metrics, event
+//! stream and provisioner actors; the service keeps a small directory of them.
+//!
+//! - [`directory`]: plain: the names' rule, the entries (name, uuid, cloud, life), what adding
+//!   and destroying may do.
+//! - [`persist`]: where the directory is kept (`models.json`, or table `provisioner_models`).
+//! - [`host`]: the running models, looked up per request; adding, destroying, reaping.
+//! - [`limits`]: the cloud accounts whose request limits the models on them share.
+
+pub mod directory;
+pub mod host;
+pub mod limits;
+pub mod persist;
+
+pub use directory::{check_name, CloudSettings, Directory, ModelEntry, ModelLife, ModelsError, DEFAULT_MODEL};
+pub use host::{HostError, ModelHost, Shared};
+pub use persist::{DirectoryStore, PersistError};
