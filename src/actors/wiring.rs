@@ -111,7 +111,12 @@ fn start_with(
         size: config.batch_size,
     });
     let broker: Arc<dyn Broker> = match &limiter {
-        Some(l) => Arc::new(LimitedBroker::new(broker, l.clone().recipient(), l.clone().recipient())),
+        Some(l) => {
+            // The calls the broker makes on its own (a batched start's tagging) take the
+            // limiter's tokens too.
+            broker.pace_follow_ups(Arc::new(CallGate::new(l.clone().recipient(), l.clone().recipient())));
+            Arc::new(LimitedBroker::new(broker, l.clone().recipient(), l.clone().recipient()))
+        }
         None => broker,
     };
 

@@ -246,6 +246,17 @@ impl BatchStartParams {
 /// rest; a failure of the whole call (throttled, refused, ambiguous) is the call's `Err`.
 pub type BatchStarted = Vec<Result<StartedInstance, BrokerError>>;
 
+/// Paces the cloud calls a broker makes on its own inside one of the provisioner's calls (a
+/// batched start's `CreateTags`, one per instance), by the client-side limiter that paces the
+/// provisioner's calls: each such call waits for a token of its class first, then reports
+/// whether the cloud throttled it (so the limiter learns the rate from them too).
+pub trait Pacer: Send + Sync + 'static {
+    /// Waits for a token of `class`; answers the epoch to report under.
+    fn token(&self, class: crate::config::rate_limits::ApiClass) -> BoxFuture<'static, u64>;
+    /// Reports how a call let through under `epoch` went: throttled or not.
+    fn report(&self, class: crate::config::rate_limits::ApiClass, epoch: u64, throttled: bool);
+}
+
 /// A cloud that can start and stop instances.
 ///
 /// Implementations must list only instances tagged with their model's identity: foreign
@@ -254,6 +265,13 @@ pub type BatchStarted = Vec<Result<StartedInstance, BrokerError>>;
 /// makes its own instance. The broker contract suite (`testing::broker_contract`, feature
 /// `test-util`) checks these promises on any implementation.
 pub trait Broker: Send + Sync + 'static {
+    /// Hands the broker the pacer of its follow-up calls (see [`Pacer`]), replacing any
+    /// earlier one (a provisioner started again brings its new limiter). The default ignores
+    /// it: a broker that makes no calls of its own needs none. A broker that wraps another
+    /// passes it on.
+    fn pace_follow_ups(&self, pacer: std::sync::Arc<dyn Pacer>) {
+        let _ = pacer;
+    }
     /// Starts one instance.
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance>;
     /// Whether [`Broker::start_instances`] is one cloud call (true) or the per-machine
@@ -352,5 +370,9 @@ pub(crate) fn repeated_start(params: &StartInstanceParams, made: &CloudInstance)
 /// other's instance.
 #[cfg(any(feature = "test-util", feature = "serve"))]
 pub(crate) fn token_key(model: &str, client_token: &str) -> String {
-    format!("{model}\n{client_token}")
+    let mut key = String::with_capacity(model.len() + 1 + client_token.len());
+    key.push_str(model);
+    key.push('\n');
+    key.push_str(client_token);
+    key
 }

@@ -84,6 +84,9 @@ impl IntentBroker {
 }
 
 impl Broker for IntentBroker {
+    fn pace_follow_ups(&self, pacer: std::sync::Arc<dyn crate::ports::Pacer>) {
+        self.inner.pace_follow_ups(pacer)
+    }
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         let (inner, store) = (self.inner.clone(), self.store.clone());
         async move {

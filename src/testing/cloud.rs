@@ -9,7 +9,7 @@ use actix_rt::time::Instant;
 use crate::actors::limiter::{RateLimits, TokenBucket};
 
 use crate::model::instance_types::{self, has_hardware_constraint, InstanceType, TypeFailover};
-use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
+use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId, MultiMap};
 use crate::ports::{
     repeated_start, token_key, AvailabilityZone, BatchStartParams, BatchStarted, Broker, BrokerError, BrokerFuture,
     StartInstanceParams, StartedInstance,
@@ -240,7 +240,7 @@ struct CloudActor {
     last_activity: Duration,
     duplicates: Vec<String>,
     /// Instances by the machine first tagged on them (retags are rare and checked by tag).
-    by_machine: BTreeMap<MachineId, Vec<InstanceId>>,
+    by_machine: MultiMap<MachineId, InstanceId>,
     /// Keep every start's params in the call log (off for benchmarks).
     record_params: bool,
     /// Keep the call log at all (off for benchmarks; the counts are always kept).
@@ -330,8 +330,6 @@ impl CloudActor {
         let others: Vec<String> = self
             .by_machine
             .get(m)
-            .into_iter()
-            .flatten()
             .filter_map(|id| self.instances.get(id))
             .filter(|i| ours(i, &self.model_uuid) && i.instance.tags.machine.as_ref() == Some(m))
             .filter(|i| i.instance.state != InstanceState::Terminated)
@@ -349,7 +347,7 @@ impl CloudActor {
     fn record_new(&mut self, instance: FakeInstance) {
         self.last_activity = self.epoch.elapsed();
         if let Some(m) = &instance.instance.tags.machine {
-            self.by_machine.entry(m.clone()).or_default().push(instance.instance.id.clone());
+            self.by_machine.insert(m.clone(), instance.instance.id.clone());
         }
         self.instances.insert(instance.instance.id.clone(), instance);
     }
@@ -508,7 +506,11 @@ impl CloudActor {
     fn fresh_id(&mut self) -> InstanceId {
         loop {
             self.next_id += 1;
-            let id = InstanceId::new(format!("i-{}", self.next_id));
+            let n = self.next_id.to_string();
+            let mut id = String::with_capacity(2 + n.len());
+            id.push_str("i-");
+            id.push_str(&n);
+            let id = InstanceId::from(id);
             if !self.instances.contains_key(&id) {
                 return id;
             }
@@ -547,7 +549,7 @@ impl Handler<Retag> for CloudActor {
             return Err(err);
         }
         if let Some(m) = &msg.tags.machine {
-            self.by_machine.entry(m.clone()).or_default().push(msg.id.clone());
+            self.by_machine.insert(m.clone(), msg.id.clone());
         }
         if let Some(i) = self.instances.get_mut(&msg.id) {
             i.instance.tags = msg.tags;
@@ -572,9 +574,12 @@ impl Handler<Start> for CloudActor {
     type Result = ResponseActFuture<Self, Result<StartedInstance, BrokerError>>;
     fn handle(&mut self, msg: Start, _ctx: &mut Self::Context) -> Self::Result {
         let p = msg.params;
-        let idx = self.log(CloudOp::StartInstance, Some(p.machine.clone()), p.zone.clone(), Vec::new());
-        if self.record_params {
-            if let Some(c) = self.calls.get_mut(idx) {
+        // What the record names is cloned only when calls are logged (benchmarks log none).
+        let idx = self.log(CloudOp::StartInstance, None, None, Vec::new());
+        if let Some(c) = self.calls.get_mut(idx) {
+            c.machine = Some(p.machine.clone());
+            c.zone = p.zone.clone();
+            if self.record_params {
                 c.params = Some(Box::new(p.clone()));
             }
         }
@@ -998,7 +1003,7 @@ impl FakeCloud {
             in_flight: 0,
             last_activity: Duration::ZERO,
             duplicates: Vec::new(),
-            by_machine: BTreeMap::new(),
+            by_machine: MultiMap::new(),
             record_params: true,
             log_calls: true,
             counts: BTreeMap::new(),

@@ -277,3 +277,63 @@ async fn a_machine_that_dies_after_a_lost_answer_takes_its_instance_with_it() {
     assert_eq!(made.len(), 1);
     assert_eq!(cloud.state_of(&made[0]), Some(InstanceState::Terminated), "{:?}", model.machine("0"));
 }
+
+/// The calls a broker makes on its own (a batched start's tagging) are paced by the same
+/// limiter: `start` hands the broker the limiter's gate as its pacer (`pace_follow_ups`); a
+/// token of the `stop` class waits its turn in that bucket, and a throttled report slows the
+/// class down. Without a client-side limit nothing is handed over.
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
+async fn the_brokers_own_calls_are_paced_by_the_provisioners_limiter() {
+    use provisioner::config::rate_limits::ApiClass;
+    use provisioner::model::{CloudInstance, InstanceId};
+    use provisioner::ports::{Broker, BrokerFuture, Pacer, StartInstanceParams, StartedInstance};
+    use std::sync::{Arc, OnceLock};
+
+    /// The fake cloud's broker, keeping the pacer it is handed.
+    struct Keeps {
+        inner: Arc<dyn Broker>,
+        pacer: OnceLock<Arc<dyn Pacer>>,
+    }
+    impl Broker for Keeps {
+        fn pace_follow_ups(&self, pacer: Arc<dyn Pacer>) {
+            assert!(self.pacer.set(pacer).is_ok(), "one pacer per start");
+        }
+        fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
+            self.inner.start_instance(params)
+        }
+        fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
+            self.inner.stop_instances(ids)
+        }
+        fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
+            self.inner.all_instances()
+        }
+        fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
+            self.inner.release_instances(ids)
+        }
+    }
+
+    let cloud = zoned_cloud(&["az1"]);
+    let limits = RateLimits { stop: Some(BucketLimit::new(1, 1.0)), ..RateLimits::ec2() };
+    let keeps = Arc::new(Keeps { inner: Arc::new(cloud.broker()), pacer: OnceLock::new() });
+    let config = ProvisionerConfig { rate_limits: limits, ..test_config() };
+    let handle = provisioner::start(config, keeps.clone(), Arc::new(FakeModel::new(Vec::new()).api())).unwrap();
+    let pacer = keeps.pacer.get().cloned().expect("the limiter's gate is handed to the broker");
+    let t0 = actix_rt::time::Instant::now();
+    let first = pacer.token(ApiClass::Stop).await;
+    let second = pacer.token(ApiClass::Stop).await;
+    assert_eq!(t0.elapsed(), Duration::from_secs(1), "the second waits for the bucket's next token");
+    pacer.report(ApiClass::Stop, first, false);
+    pacer.report(ApiClass::Stop, second, true);
+    actix_rt::time::sleep(Duration::from_millis(10)).await;
+    let limiter = handle.limiter().await.unwrap();
+    let stop = limiter.classes.iter().find(|c| c.class == ApiClass::Stop).unwrap();
+    assert_eq!(stop.throttled, 1, "the throttled report counts");
+    assert!(stop.rate < 1.0, "and slows the class down: {}", stop.rate);
+    handle.shutdown();
+
+    let unlimited = Arc::new(Keeps { inner: Arc::new(cloud.broker()), pacer: OnceLock::new() });
+    let config = ProvisionerConfig { rate_limits: RateLimits::unlimited(), ..test_config() };
+    let handle = provisioner::start(config, unlimited.clone(), Arc::new(FakeModel::new(Vec::new()).api())).unwrap();
+    assert!(unlimited.pacer.get().is_none(), "no limiter, no pacer");
+    handle.shutdown();
+}

@@ -648,6 +648,81 @@ async fn a_batched_start_is_one_run_instances_call_each_instance_tagged_with_its
     assert!(listed.iter().all(|i| i.tags.machine.is_some()), "{listed:?}");
 }
 
+/// The tagging a batched start does on its own (one `CreateTags` per instance) is paced by the
+/// provisioner's limiter, handed over with `pace_follow_ups`: each call waits for a token of
+/// the mutating calls' class (`stop`) and reports how it went. With two tokens for a batch of
+/// four, the start waits, launched and half tagged, until two more are granted.
+#[actix_rt::test]
+async fn a_batched_starts_tagging_waits_for_the_limiters_tokens() {
+    use futures::channel::mpsc;
+    use futures::StreamExt;
+    use provisioner::config::rate_limits::ApiClass;
+    use provisioner::ports::Pacer;
+    use provisioner::Broker;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Grants a token for each unit sent on its channel; counts the tokens (of the `stop`
+    /// class: any other is counted apart) and passes the reports on.
+    struct Tokens {
+        grants: Arc<futures::lock::Mutex<mpsc::UnboundedReceiver<()>>>,
+        taken: Arc<AtomicU64>,
+        other_class: Arc<AtomicU64>,
+        reports: mpsc::UnboundedSender<(ApiClass, u64, bool)>,
+    }
+    impl Pacer for Tokens {
+        fn token(&self, class: ApiClass) -> futures::future::BoxFuture<'static, u64> {
+            let (grants, taken, other) = (self.grants.clone(), self.taken.clone(), self.other_class.clone());
+            Box::pin(async move {
+                grants.lock().await.next().await;
+                if class != ApiClass::Stop {
+                    other.fetch_add(1, Ordering::SeqCst);
+                }
+                taken.fetch_add(1, Ordering::SeqCst) + 1
+            })
+        }
+        fn report(&self, class: ApiClass, epoch: u64, throttled: bool) {
+            let _ = self.reports.unbounded_send((class, epoch, throttled));
+        }
+    }
+
+    let uuid = "model-batch-paced";
+    let broker = Moto::shared().broker(uuid).await;
+    let (grant, grants) = mpsc::unbounded();
+    let (report, mut reports) = mpsc::unbounded();
+    let taken = Arc::new(AtomicU64::new(0));
+    let other_class = Arc::new(AtomicU64::new(0));
+    broker.pace_follow_ups(Arc::new(Tokens {
+        grants: Arc::new(futures::lock::Mutex::new(grants)),
+        taken: taken.clone(),
+        other_class: other_class.clone(),
+        reports: report,
+    }));
+    grant.unbounded_send(()).unwrap();
+    grant.unbounded_send(()).unwrap();
+    let params = batch(uuid, &["0", "1", "2", "3"], &[], "us-east-1b", provisioner::Constraints::default());
+    let mut start = Box::pin(broker.start_instances(params));
+    // Without more tokens it cannot finish: two instances are tagged, two wait.
+    let waited = actix_rt::time::timeout(Duration::from_secs(3), &mut start).await;
+    assert!(waited.is_err(), "the batch finished with two tokens for four taggings: {waited:?}");
+    assert_eq!(taken.load(Ordering::SeqCst), 2);
+    let launched = reservations(&broker, uuid).await;
+    assert_eq!(launched.values().map(Vec::len).sum::<usize>(), 4, "the one RunInstances call is made");
+    let tagged = launched.values().flatten().filter(|l| l.tags.contains_key(TAG_MACHINE)).count();
+    assert_eq!(tagged, 2, "{launched:#?}");
+    grant.unbounded_send(()).unwrap();
+    grant.unbounded_send(()).unwrap();
+    let answer = actix_rt::time::timeout(Duration::from_secs(60), start).await.expect("tokens granted").unwrap();
+    assert!(answered_ids(&answer).iter().all(Option::is_some), "{answer:?}");
+    assert_eq!(taken.load(Ordering::SeqCst), 4);
+    assert_eq!(other_class.load(Ordering::SeqCst), 0, "every tagging takes a stop-class token");
+    let mut seen = Vec::new();
+    while let Ok(r) = reports.try_recv() {
+        seen.push(r);
+    }
+    seen.sort_by_key(|r| r.1);
+    assert_eq!(seen, (1..=4).map(|e| (ApiClass::Stop, e, false)).collect::<Vec<_>>(), "each reported, unthrottled");
+}
+
 /// A batch pinned to us-east-1a where t3.large is out of capacity (the moto server's fault)
 /// moves, in the same zone, to the next type that fits `cores=2 mem=8G` (m5.large) under its
 /// per-type token, in one call; the repeat answers the same instances. A zone out of capacity

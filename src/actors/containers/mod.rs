@@ -133,6 +133,9 @@ impl HostZoneBroker {
 }
 
 impl Broker for HostZoneBroker {
+    fn pace_follow_ups(&self, pacer: std::sync::Arc<dyn crate::ports::Pacer>) {
+        self.inner.pace_follow_ups(pacer)
+    }
     fn start_instance(&self, mut params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         params.zone = self.zone.clone();
         self.inner.start_instance(params)

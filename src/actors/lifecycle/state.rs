@@ -10,10 +10,12 @@ use crate::model::{InstanceId, MachineId};
 pub enum Phase {
     /// A start is queued or in flight.
     Starting,
-    /// The machine died while starting: stop what the start produces when it returns.
-    StopDeferred(DeadMachine),
+    /// The machine died while starting: stop what the start produces when it returns. Boxed:
+    /// rare, and a dead machine is ten times the size of the other phases, which every one of
+    /// a fleet's machines carries.
+    StopDeferred(Box<DeadMachine>),
     /// The model is being destroyed while the machine starts: stop what the start produces.
-    DestroyDeferred(DeadMachine),
+    DestroyDeferred(Box<DeadMachine>),
     /// The start produced this instance.
     Running {
         /// The instance.
@@ -103,15 +105,15 @@ impl LifecycleBook {
     pub fn on_death(&mut self, dead: &DeadMachine) -> DeathDecision {
         match self.phases.get(&dead.id) {
             Some(Phase::Starting) => {
-                self.phases.insert(dead.id.clone(), Phase::StopDeferred(dead.clone()));
+                self.phases.insert(dead.id.clone(), Phase::StopDeferred(Box::new(dead.clone())));
                 DeathDecision::Deferred
             }
             Some(Phase::StopDeferred(_)) => DeathDecision::Deferred,
             Some(Phase::DestroyDeferred(d)) => {
                 // Dead as well: the start's instance is stopped by the destruction; removal follows
                 // the ordinary way.
-                let d = DeadMachine { keep_instance: dead.keep_instance, ..d.clone() };
-                self.phases.insert(dead.id.clone(), Phase::StopDeferred(d));
+                let d = DeadMachine { keep_instance: dead.keep_instance, ..(**d).clone() };
+                self.phases.insert(dead.id.clone(), Phase::StopDeferred(Box::new(d)));
                 DeathDecision::Deferred
             }
             Some(Phase::Stopping) => DeathDecision::AlreadyStopping,
@@ -144,12 +146,14 @@ impl LifecycleBook {
             return AfterStart::Done;
         }
         match self.phases.remove(id) {
-            Some(Phase::StopDeferred(mut dead)) => {
+            Some(Phase::StopDeferred(dead)) => {
+                let mut dead = *dead;
                 dead.instance = instance.or(dead.instance);
                 self.phases.insert(id.clone(), Phase::Stopping);
                 AfterStart::StopDeferred { dead }
             }
-            Some(Phase::DestroyDeferred(mut machine)) => {
+            Some(Phase::DestroyDeferred(machine)) => {
+                let mut machine = *machine;
                 machine.instance = instance.or(machine.instance);
                 AfterStart::DestroyDeferred { machine }
             }
@@ -176,7 +180,7 @@ impl LifecycleBook {
         for m in machines {
             match self.phases.get(&m.id) {
                 Some(Phase::Starting) => {
-                    self.phases.insert(m.id.clone(), Phase::DestroyDeferred(m.clone()));
+                    self.phases.insert(m.id.clone(), Phase::DestroyDeferred(Box::new(m.clone())));
                     out.deferred.push(m.id.clone());
                 }
                 Some(Phase::StopDeferred(_) | Phase::DestroyDeferred(_) | Phase::Stopping) => {}

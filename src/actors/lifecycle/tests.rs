@@ -65,7 +65,7 @@ fn death_while_starting_is_deferred_and_start_no_longer_wanted() {
     let d = DeadMachine { keep_instance: true, ..dead("0") };
     assert_eq!(b.on_death(&d), DeathDecision::Deferred);
     assert!(!b.still_wanted(&mid("0")));
-    assert_eq!(b.phase(&mid("0")), Some(&Phase::StopDeferred(d.clone())));
+    assert_eq!(b.phase(&mid("0")), Some(&Phase::StopDeferred(Box::new(d.clone()))));
     // Seen dead again before the start returns: still deferred.
     assert_eq!(b.on_death(&d), DeathDecision::Deferred);
     assert!(!b.still_wanted(&mid("0")));

@@ -42,6 +42,16 @@ impl CallGate {
     }
 }
 
+/// The gate paces a broker's follow-up calls too (a batched start's tagging).
+impl crate::ports::Pacer for CallGate {
+    fn token(&self, class: ApiClass) -> futures::future::BoxFuture<'static, u64> {
+        Box::pin(CallGate::token(self, class))
+    }
+    fn report(&self, class: ApiClass, epoch: u64, throttled: bool) {
+        self.outcome.do_send(CallOutcome { class, epoch, throttled });
+    }
+}
+
 /// A broker whose calls are paced by a [`RateLimiter`](super::RateLimiter).
 #[derive(Clone)]
 pub struct LimitedBroker {
@@ -74,6 +84,9 @@ impl LimitedBroker {
 }
 
 impl Broker for LimitedBroker {
+    fn pace_follow_ups(&self, pacer: std::sync::Arc<dyn crate::ports::Pacer>) {
+        self.inner.pace_follow_ups(pacer)
+    }
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         self.gated(ApiClass::Start, move |b| b.start_instance(params))
     }

@@ -64,6 +64,19 @@ pub struct StartDeps {
     pub batch: Option<BatchDeps>,
 }
 
+/// A start call's client token: `MACHINE/NONCE/CALL` (built by hand, not `format!`: one per
+/// call, on the hot path).
+fn client_token(machine: &MachineId, nonce: &str, call: u32) -> String {
+    let call = call.to_string();
+    let mut token = String::with_capacity(machine.as_str().len() + nonce.len() + call.len() + 2);
+    token.push_str(machine.as_str());
+    token.push('/');
+    token.push_str(nonce);
+    token.push('/');
+    token.push_str(&call);
+    token
+}
+
 /// How many times instance info is written before the instance is given up.
 const REGISTER_ATTEMPTS: u32 = 3;
 
@@ -341,7 +354,7 @@ async fn start_or_adopt(
                     return fail(deps, machine, WorkerError::Stopped { actor: "zone allocator", source }).await
                 }
             };
-            params.client_token = format!("{machine}/{nonce}/{call}");
+            params.client_token = client_token(&machine, &nonce, call);
             call += 1;
             zone
         };

@@ -17,11 +17,12 @@ use futures::lock::Mutex;
 use futures::StreamExt;
 
 use super::config::{Ec2Config, Ec2ConfigError, DEFAULT_CAPACITY_MEMORY, DEFAULT_TYPES_PER_ZONE};
-use super::errors::classify;
+use super::errors::{classify, is_throttling};
+use crate::config::rate_limits::ApiClass;
 use crate::model::instance_types::{self, has_hardware_constraint, TypeAttempt, TypeFailover};
 use crate::model::{CloudInstance, Constraints, InstanceId, InstanceState, InstanceTags, MachineId};
 use crate::ports::{
-    AvailabilityZone, BatchMember, BatchStartParams, BatchStarted, Broker, BrokerError, BrokerFuture,
+    AvailabilityZone, BatchMember, BatchStartParams, BatchStarted, Broker, BrokerError, BrokerFuture, Pacer,
     StartInstanceParams, StartedInstance,
 };
 
@@ -150,6 +151,9 @@ struct Shared {
     /// that the member's look-up (its answer was ambiguous) finds it.
     untagged: Mutex<BTreeMap<(MachineId, String), Untagged>>,
     epoch: actix_rt::time::Instant,
+    /// What paces the broker's own calls (a batched start's `CreateTags`): the provisioner's
+    /// client-side limiter, handed over by [`Broker::pace_follow_ups`].
+    pacer: Mutex<Option<Arc<dyn Pacer>>>,
 }
 
 /// The instance tags a `tags=` constraint asks for: `KEY=VALUE` is the tag `KEY` = `VALUE`, a
@@ -336,6 +340,7 @@ impl Ec2Broker {
             failover: Mutex::new(TypeFailover::new(memory)),
             untagged: Mutex::new(BTreeMap::new()),
             epoch: actix_rt::time::Instant::now(),
+            pacer: Mutex::new(None),
         };
         Ok(Self { client: Client::new(&sdk), config: Arc::new(config), state: Arc::new(state) })
     }
@@ -587,7 +592,7 @@ impl Ec2Broker {
         let mut wait = TAGGING_BACKOFF;
         let mut attempt = 1;
         loop {
-            let res = self.client.create_tags().resources(id.clone()).set_tags(Some(set.clone())).send().await;
+            let res = self.paced_create_tags(&id, &set).await;
             match res {
                 Ok(_) => {
                     // A repeat of the batch tagged what an earlier try could not: nothing
@@ -622,12 +627,35 @@ impl Ec2Broker {
         Ok(StartedInstance { instance: CloudInstance { tags, age: None, ..instance }, display_name })
     }
 
+    /// One `CreateTags` of an instance, paced by the provisioner's limiter (EC2 counts it in
+    /// the mutating calls' bucket: the limiter's `stop` class) when one was handed over, and
+    /// reported to it (a throttled answer slows it down).
+    async fn paced_create_tags(
+        &self,
+        id: &str,
+        set: &[Tag],
+    ) -> Result<
+        aws_sdk_ec2::operation::create_tags::CreateTagsOutput,
+        SdkError<aws_sdk_ec2::operation::create_tags::CreateTagsError, HttpResponse>,
+    > {
+        let pacer = self.state.pacer.lock().await.clone();
+        let epoch = match &pacer {
+            Some(p) => Some(p.token(ApiClass::Stop).await),
+            None => None,
+        };
+        let res = self.client.create_tags().resources(id).set_tags(Some(set.to_vec())).send().await;
+        if let (Some(p), Some(epoch)) = (&pacer, epoch) {
+            p.report(ApiClass::Stop, epoch, res.as_ref().err().is_some_and(|e| is_throttling(e.code())));
+        }
+        res
+    }
+
     /// Tags the instance a batched start launched for this start but could not tag (if any),
     /// so that a look-up by tags finds it.
     async fn tag_remembered(&self, machine: &MachineId, nonce: &str) -> Result<(), BrokerError> {
         let key = (machine.clone(), nonce.to_owned());
         let Some((id, set)) = self.state.untagged.lock().await.remove(&key) else { return Ok(()) };
-        let res = self.client.create_tags().resources(id.clone()).set_tags(Some(set.clone())).send().await;
+        let res = self.paced_create_tags(&id, &set).await;
         if let Err(e) = res {
             let why = format!("cannot tag instance {id} for machine {machine}: {}", sdk_error(e, None).message());
             self.state.untagged.lock().await.insert(key, (id, set));
@@ -666,6 +694,17 @@ impl Ec2Broker {
 }
 
 impl Broker for Ec2Broker {
+    fn pace_follow_ups(&self, pacer: Arc<dyn Pacer>) {
+        // The slot is only ever held for a clone: taken at once unless a tagging reads it at
+        // this very moment, in which case it is set as soon as that read is done.
+        match self.state.pacer.try_lock() {
+            Some(mut slot) => *slot = Some(pacer),
+            None => {
+                let state = self.state.clone();
+                actix_rt::spawn(async move { *state.pacer.lock().await = Some(pacer) });
+            }
+        }
+    }
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         let broker = self.clone();
         Box::pin(async move { broker.start(params).await })

@@ -15,6 +15,11 @@ const ZONE_SPECIFIC: &[&str] = &[
 const THROTTLED: &[&str] =
     &["RequestLimitExceeded", "Throttling", "ThrottlingException", "RequestThrottled", "TooManyRequestsException"];
 
+/// Whether an error code means "slow down".
+pub(super) fn is_throttling(code: Option<&str>) -> bool {
+    code.is_some_and(|c| THROTTLED.contains(&c))
+}
+
 /// Codes that are a passing fault on AWS's side.
 const TRANSIENT: &[&str] = &["InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable"];
 

@@ -12,6 +12,8 @@
 //!   leads, stopped at once when it no longer does.
 //! - `listen` (feature `postgres`): `LISTEN provisioner_changes` on a dedicated connection and
 //!   thread, forwarding each notification (how followers learn of changes, not by polling).
+//! - [`share`]: the plain core that spreads many models' leaders over the replicas (each
+//!   replica's fair share, rendezvous ranking, hand-overs only to replicas with room).
 //! - `pg` (feature `postgres`): the lease's SQL on the database's clock (acquire when free or
 //!   expired with epoch + 1, renew by the holder at its epoch, release keeping the epoch).
 
@@ -25,6 +27,7 @@ pub mod leading;
 pub mod listen;
 #[cfg(feature = "postgres")]
 pub mod pg;
+pub mod share;
 pub mod state;
 #[cfg(test)]
 mod tests;

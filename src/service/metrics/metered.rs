@@ -58,6 +58,9 @@ impl Drop for InFlight {
 }
 
 impl Broker for MeteredBroker {
+    fn pace_follow_ups(&self, pacer: std::sync::Arc<dyn crate::ports::Pacer>) {
+        self.inner.pace_follow_ups(pacer)
+    }
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         self.meter("start_instance", self.inner.start_instance(params))
     }
