@@ -782,7 +782,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         (StoreUrl::Postgres(url), Ok(t)) => {
             host.spawn_sync(t.retry());
             let replica = host.shared().replica_id.clone();
-            Some(crate::service::models::spread::Spread::start(host.clone(), url, replica, t))
+            Some(crate::service::models::spread::Spread::start(host.clone(), url, replica, t).await)
         }
         _ => None,
     };

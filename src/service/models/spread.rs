@@ -36,61 +36,70 @@ pub struct Spread {
 }
 
 impl Spread {
-    /// Starts the rounds, the first at once.
-    pub fn start(host: ModelHost, url: String, replica: String, timings: LeaseTimings) -> Self {
+    /// Runs the first round (so that a replica starting alone asks for its models' leases
+    /// before its API answers, as it did before the spread), then the others every retry.
+    pub async fn start(host: ModelHost, url: String, replica: String, timings: LeaseTimings) -> Self {
         let spread = Self { url, replica, timings, stopped: Arc::default(), round: Arc::default() };
         let me = spread.clone();
-        actix_rt::spawn(async move { me.rounds(host).await });
+        let members = me.round(&host, None).await;
+        actix_rt::spawn(async move { me.rounds(host, members).await });
         spread
     }
 
-    async fn rounds(self, host: ModelHost) {
-        let mut members: Option<Members> = None;
+    async fn rounds(self, host: ModelHost, mut members: Option<Members>) {
         loop {
-            let one = self.round.lock().await;
+            actix_rt::time::sleep(self.timings.retry()).await;
             if self.stopped.load(Ordering::SeqCst) {
                 return;
             }
-            let models = host.leases().await;
-            let keys: Vec<ModelLease> = models
-                .iter()
-                .map(|(name, uuid, _)| ModelLease {
-                    name: name.clone(),
-                    schema: if name == DEFAULT_MODEL { "public".to_owned() } else { schema_name(name) },
-                    uuid: uuid.clone(),
-                })
-                .collect();
-            let (url, replica, timings) = (self.url.clone(), self.replica.clone(), self.timings);
-            let read = actix_rt::task::spawn_blocking(move || {
-                let result = (|| {
-                    let m = match members.as_mut() {
-                        Some(m) => m,
-                        None => members.insert(Members::connect(&url, timings.retry(), &replica)?),
-                    };
-                    m.view(timings.lease(), &keys)
-                })();
-                if result.is_err() {
-                    members = None;
-                }
-                (members, result)
+            members = self.round(&host, members).await;
+        }
+    }
+
+    /// One round: heartbeat, read, plan, orders. Answers the connection to keep (`None` after a
+    /// failure: the next round reconnects).
+    async fn round(&self, host: &ModelHost, mut members: Option<Members>) -> Option<Members> {
+        let _one = self.round.lock().await;
+        if self.stopped.load(Ordering::SeqCst) {
+            return None;
+        }
+        let models = host.leases().await;
+        let keys: Vec<ModelLease> = models
+            .iter()
+            .map(|(name, uuid, _)| ModelLease {
+                name: name.clone(),
+                schema: if name == DEFAULT_MODEL { "public".to_owned() } else { schema_name(name) },
+                uuid: uuid.clone(),
             })
-            .await;
-            match read {
-                Ok((m, Ok(view))) => {
-                    members = m;
-                    self.order(&models, view);
-                }
-                Ok((m, Err(e))) => {
-                    members = m;
-                    tracing::warn!(error = %e, "spread: cannot read the replicas and leases; trying again");
-                }
-                Err(e) => {
-                    members = None;
-                    tracing::error!(error = %e, "spread: the round's thread was lost");
-                }
+            .collect();
+        let (url, replica, timings) = (self.url.clone(), self.replica.clone(), self.timings);
+        let read = actix_rt::task::spawn_blocking(move || {
+            let result = (|| {
+                let m = match members.as_mut() {
+                    Some(m) => m,
+                    None => members.insert(Members::connect(&url, timings.retry(), &replica)?),
+                };
+                m.view(timings.lease(), &keys)
+            })();
+            if result.is_err() {
+                members = None;
             }
-            drop(one);
-            actix_rt::time::sleep(self.timings.retry()).await;
+            (members, result)
+        })
+        .await;
+        match read {
+            Ok((m, Ok(view))) => {
+                self.order(&models, view);
+                m
+            }
+            Ok((m, Err(e))) => {
+                tracing::warn!(error = %e, "spread: cannot read the replicas and leases; trying again");
+                m
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "spread: the round's thread was lost");
+                None
+            }
         }
     }
 
