@@ -137,6 +137,8 @@ fn leaders_spread_over_replicas_fail_over_and_move_to_a_new_replica_in_hand_over
     let led: Vec<u64> = [&r0, &r1, &r2].iter().map(|s| models_led(s)).collect();
     assert_eq!(led.iter().sum::<u64>(), MODELS as u64, "status' models_led: {led:?}");
     assert!(led.iter().all(|n| (3..=5).contains(n)), "status' models_led: {led:?}");
+    let text = String::from_utf8(r0.cli(&["status"]).stdout).unwrap();
+    assert!(text.contains(&format!("models led by this replica: {}", led[0])), "{text}");
 
     // kill -9 r1 with starts in flight: the others lead its models within the fail-over time
     // (the lease, 3 s, and a few retries), and nothing is duplicated.
