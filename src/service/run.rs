@@ -456,6 +456,9 @@ fn start_provisioners(
     let containers = start_container_provisioners(opts, config, broker, store, &handle, subscribers)?;
     store.watch(handle.machines_changed());
     store.watch_retries(handle.retry_ticks());
+    // A retry asked for before this provisioner watched (while no replica led the model: a
+    // start-up, a fail-over, a hand-over) is acted on now: only machines flagged for a retry.
+    handle.retry_ticks().do_send(crate::RetryTick);
     Ok((handle, containers))
 }
 

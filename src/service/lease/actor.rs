@@ -191,7 +191,10 @@ impl Handler<SpreadOrder> for LeaseActor {
         self.book.observe(msg.seen);
         let now = Instant::now();
         if msg.hand_over {
-            tracing::info!(replica = %self.replica, "lease: handing the model over (above the fair share)");
+            self.book.allow(false);
+            if matches!(self.book.role(), Role::Leader { .. }) {
+                tracing::info!(replica = %self.replica, "lease: handing the model over (above the fair share)");
+            }
             let (t, step) = self.book.hand_over(now);
             self.apply(t);
             self.send(step);
