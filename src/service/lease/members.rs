@@ -140,7 +140,7 @@ mod tests {
 
         // b leaves: a no longer counts it.
         b.leave().unwrap();
-        let v = a.view(LEASE, &[model.clone()]).unwrap();
+        let v = a.view(LEASE, std::slice::from_ref(&model)).unwrap();
         assert_eq!(v.live, BTreeSet::from(["a".to_owned()]));
         // b's heartbeat expires (on the database's clock): it drops out too.
         b.view(LEASE, &[]).unwrap();
