@@ -1195,6 +1195,10 @@ mod ha;
 #[path = "serve/postgres.rs"]
 mod postgres;
 
+#[cfg(feature = "postgres")]
+#[path = "serve/spread.rs"]
+mod spread;
+
 /// The dashboard's page, and the injected start failures it retries (issue 16).
 #[path = "serve/dashboard.rs"]
 mod dashboard;

@@ -456,6 +456,9 @@ fn start_provisioners(
     let containers = start_container_provisioners(opts, config, broker, store, &handle, subscribers)?;
     store.watch(handle.machines_changed());
     store.watch_retries(handle.retry_ticks());
+    // A retry asked for before this provisioner watched (while no replica led the model: a
+    // start-up, a fail-over, a hand-over) is acted on now: only machines flagged for a retry.
+    handle.retry_ticks().do_send(crate::RetryTick);
     Ok((handle, containers))
 }
 
@@ -590,16 +593,15 @@ fn start_replica(
     metrics: &actix::Addr<Metrics>,
     events: &actix::Addr<crate::service::events::EventHub>,
     limiter: &Option<crate::SharedLimiter>,
+    shared: &Shared,
 ) -> Result<Option<api::ReplicaState>, ServeError> {
     #[cfg(feature = "postgres")]
     if let StoreUrl::Postgres(url) = opts.store.url() {
         use crate::service::lease::actor::{LeaseActor, LeaseConfig};
         let timings = opts.lease.timings().map_err(|e| ServeError::StoreUrl(e.to_string()))?;
-        let replica = opts
-            .lease
-            .replica_id
-            .clone()
-            .unwrap_or_else(|| uuid::Builder::from_random_bytes(rand::random()).into_uuid().to_string());
+        // One id for the process: every model's lease is held under it (the spread counts
+        // replicas, not leases).
+        let replica = shared.replica_id.clone();
         let leading = crate::service::lease::leading::Leading::new(store.clone()).for_model(model_uuid).start();
         // What the other replicas commit (adds, removals, retries through their API) reaches
         // the leader's provisioners by LISTEN/NOTIFY, not by polling.
@@ -618,16 +620,17 @@ fn start_replica(
             events: events.clone(),
             leading: leading.clone(),
             limiter: limiter.clone(),
+            models_led: shared.models_led.clone(),
         };
         tracing::info!(%replica, lease = ?timings.lease(), renew_deadline = ?timings.renew_deadline(),
                        retry = ?timings.retry(), "replica: contending for the leader lease");
         let lease = LeaseActor::start(
-            LeaseConfig { url, model_uuid: model_uuid.to_owned(), replica, timings },
+            LeaseConfig { url, model_uuid: model_uuid.to_owned(), replica, timings, spread: true },
             Box::new(hooks),
         );
-        return Ok(Some(api::ReplicaState { lease, leading }));
+        return Ok(Some(api::ReplicaState { lease, leading, models_led: shared.models_led.clone() }));
     }
-    let _ = (opts, store, model_uuid, config, broker, pending, metrics, events, limiter);
+    let _ = (opts, store, model_uuid, config, broker, pending, metrics, events, limiter, shared);
     Ok(None)
 }
 
@@ -660,6 +663,8 @@ struct ReplicaHooks {
     events: actix::Addr<crate::service::events::EventHub>,
     leading: actix::Addr<crate::service::lease::leading::Leading>,
     limiter: Option<crate::SharedLimiter>,
+    /// The models this replica leads, all models together.
+    models_led: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[cfg(feature = "postgres")]
@@ -674,6 +679,7 @@ impl ReplicaHooks {
 impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
     fn lead(&mut self, epoch: i64, t: crate::service::lease::Transition) {
         use crate::service::lease::leading::{Lead, Provisioners, Started};
+        self.models_led.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.leading.do_send(Lead(epoch));
         self.announce("leader", Some(epoch), t.why.name());
         let fence =
@@ -716,7 +722,10 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
     fn follow(&mut self, why: crate::service::lease::Why, t: crate::service::lease::Transition) {
         self.leading.do_send(crate::service::lease::leading::Follow);
         let epoch = match t.from {
-            crate::service::lease::Role::Leader { epoch } => Some(epoch),
+            crate::service::lease::Role::Leader { epoch } => {
+                self.models_led.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                Some(epoch)
+            }
             crate::service::lease::Role::Follower => None,
         };
         self.announce("follower", epoch, why.name());
@@ -757,6 +766,12 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         started,
         service_store: store.clone(),
         accounts: crate::service::models::limits::Accounts::default(),
+        replica_id: opts
+            .lease
+            .replica_id
+            .clone()
+            .unwrap_or_else(|| uuid::Builder::from_random_bytes(rand::random()).into_uuid().to_string()),
+        models_led: std::sync::Arc::default(),
     };
     let host = ModelHost::new(shared, directory_store, directory);
     if let Err(e) = host.start_all(store).await {
@@ -764,10 +779,16 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         return Err(e);
     }
     // Replicas follow the models other replicas add and remove.
+    // and spread the models' leaders over them.
     #[cfg(feature = "postgres")]
-    if let (StoreUrl::Postgres(_), Ok(t)) = (opts.store.url(), opts.lease.timings()) {
-        host.spawn_sync(t.retry());
-    }
+    let spread = match (opts.store.url(), opts.lease.timings()) {
+        (StoreUrl::Postgres(url), Ok(t)) => {
+            host.spawn_sync(t.retry());
+            let replica = host.shared().replica_id.clone();
+            Some(crate::service::models::spread::Spread::start(host.clone(), url, replica, t).await)
+        }
+        _ => None,
+    };
 
     let app_host = host.clone();
     let http = actix_web::HttpServer::new(move || api::app(app_host.clone()))
@@ -802,6 +823,11 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
 
     let signal = terminated().await?;
     tracing::info!(%signal, "shutting down");
+    // The other replicas stop counting this one before its leases are released.
+    #[cfg(feature = "postgres")]
+    if let Some(spread) = &spread {
+        spread.leave().await;
+    }
     let states = host.running().await;
     // Event streams never end on their own: end them, so the server need not wait for them.
     for st in &states {
@@ -964,7 +990,8 @@ pub(crate) async fn start_model(
     // On PostgreSQL the service is one replica of many: only the lease's holder runs the
     // provisioner (see `start_replica`); on SQLite it runs it, as the only one.
     let limiter = account.as_ref().map(|a| a.limiter.clone());
-    let replica = start_replica(opts, &store, &model_uuid, &config, &broker, &pending, &metrics, &events, &limiter)?;
+    let replica =
+        start_replica(opts, &store, &model_uuid, &config, &broker, &pending, &metrics, &events, &limiter, shared)?;
     let (handle, containers) = match &replica {
         Some(_) => (None, None),
         None => {

@@ -130,6 +130,8 @@ pub struct ReplicaState {
     pub lease: actix::Addr<crate::service::lease::actor::LeaseActor>,
     /// The provisioners of the epoch this replica leads.
     pub leading: actix::Addr<crate::service::lease::leading::Leading>,
+    /// How many models this replica leads, all models together (shared by every model).
+    pub models_led: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Without PostgreSQL there are no replicas: this type has no value.
@@ -144,6 +146,10 @@ impl ReplicaState {
         status.map_err(|e| ApiError::internal(format!("the lease: {e}")))
     }
 
+    fn models_led(&self) -> usize {
+        self.models_led.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     async fn current(&self) -> Result<Option<crate::service::lease::leading::Provisioners>> {
         let current = self.leading.send(crate::service::lease::leading::Current).await;
         current.map_err(|e| ApiError::internal(format!("the leader's provisioners: {e}")))
@@ -156,12 +162,21 @@ impl ReplicaState {
         match *self {}
     }
 
+    fn models_led(&self) -> usize {
+        match *self {}
+    }
+
     async fn current(&self) -> Result<Option<crate::service::lease::leading::Provisioners>> {
         match *self {}
     }
 }
 
 impl AppState {
+    /// With replicas: how many models this replica leads now, all models together.
+    pub fn models_led(&self) -> Option<usize> {
+        self.replica.as_ref().map(ReplicaState::models_led)
+    }
+
     /// The provisioners this replica runs: the service's own, or with replicas the leader's
     /// of the current epoch; a follower answers 503 naming the leader.
     pub async fn running(&self) -> Result<crate::service::lease::leading::Provisioners> {
@@ -876,6 +891,7 @@ async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
             }
         }),
         transitions: lease.as_ref().map(|l| l.transitions),
+        models_led: st.models_led(),
     };
     Ok(HttpResponse::Ok().json(view))
 }
@@ -1208,6 +1224,7 @@ mod tests {
             replica: None,
             last_transition: None,
             transitions: None,
+            models_led: None,
         };
         let json = serde_json::to_value(&view).unwrap();
         assert_eq!(json["instances"], serde_json::Value::Null);

@@ -241,6 +241,10 @@ pub struct StatusView {
     /// With replicas: this replica's changes of role so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transitions: Option<u64>,
+    /// With replicas: how many models this replica leads now, all models together (the same
+    /// in every model's status; the models' leaders are spread over the replicas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models_led: Option<usize>,
 }
 
 /// A replica's change of role, as the status shows it.

@@ -35,6 +35,9 @@ pub struct LeaseConfig {
     pub replica: String,
     /// The timings.
     pub timings: LeaseTimings,
+    /// Whether the models' leaders are spread over the replicas: the lease is asked for only
+    /// once the spread's driver allows it ([`SpreadOrder`]); otherwise at once and every retry.
+    pub spread: bool,
 }
 
 pub use super::state::LeaseStatus;
@@ -61,7 +64,7 @@ impl LeaseActor {
                 .spawn(move || sql_thread(sql, rx, answers))
                 .expect("spawning the lease thread");
             LeaseActor {
-                book: LeaseBook::new(config.timings),
+                book: if config.spread { LeaseBook::spread(config.timings) } else { LeaseBook::new(config.timings) },
                 replica: config.replica,
                 steps,
                 hooks,
@@ -165,6 +168,45 @@ impl Handler<ReleaseLease> for LeaseActor {
         Box::pin(async move {
             let _ = rx.await;
         })
+    }
+}
+
+/// The spread's order for this model, each round (see `service::models::spread`): what the
+/// driver read of the lease, whether to try to acquire it, and whether to hand it over.
+#[derive(Message, Debug, Clone, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct SpreadOrder {
+    /// The live holder the driver read (`None`: free or expired).
+    pub seen: Option<(String, i64)>,
+    /// Whether a follower tries to acquire.
+    pub acquire: bool,
+    /// Hand the lease over: stop acting now and release it (a leader only).
+    pub hand_over: bool,
+}
+
+impl Handler<SpreadOrder> for LeaseActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SpreadOrder, ctx: &mut Self::Context) {
+        self.book.observe(msg.seen);
+        let now = Instant::now();
+        if msg.hand_over {
+            self.book.allow(false);
+            if matches!(self.book.role(), Role::Leader { .. }) {
+                tracing::info!(replica = %self.replica, "lease: handing the model over (above the fair share)");
+            }
+            let (t, step) = self.book.hand_over(now);
+            self.apply(t);
+            self.send(step);
+            self.schedule(ctx, now);
+            return;
+        }
+        let newly = msg.acquire && !self.book.may_acquire();
+        self.book.allow(msg.acquire);
+        // Given a model: ask for it now rather than at the next retry.
+        if newly && matches!(self.book.role(), Role::Follower) {
+            self.tick(ctx);
+        }
     }
 }
 

@@ -38,8 +38,13 @@ fn timings() -> LeaseTimings {
 }
 
 fn replica(pg: &TempPostgres, id: &'static str, events: &UnboundedSender<Event>) -> Addr<LeaseActor> {
-    let config =
-        LeaseConfig { url: pg.url().to_owned(), model_uuid: MODEL.into(), replica: id.into(), timings: timings() };
+    let config = LeaseConfig {
+        url: pg.url().to_owned(),
+        model_uuid: MODEL.into(),
+        replica: id.into(),
+        timings: timings(),
+        spread: false,
+    };
     LeaseActor::start(config, Box::new(Hooks(id, events.clone())))
 }
 

@@ -12,6 +12,9 @@
 //!   leads, stopped at once when it no longer does.
 //! - `listen` (feature `postgres`): `LISTEN provisioner_changes` on a dedicated connection and
 //!   thread, forwarding each notification (how followers learn of changes, not by polling).
+//! - `members` (feature `postgres`): the replicas' membership (a heartbeat row each in
+//!   `public.provisioner_replicas`, live while unexpired) and the round's view of every
+//!   model's lease, what the spread is planned from.
 //! - [`share`]: the plain core that spreads many models' leaders over the replicas (each
 //!   replica's fair share, rendezvous ranking, hand-overs only to replicas with room).
 //! - `pg` (feature `postgres`): the lease's SQL on the database's clock (acquire when free or
@@ -25,6 +28,8 @@ mod actor_tests;
 pub mod leading;
 #[cfg(feature = "postgres")]
 pub mod listen;
+#[cfg(feature = "postgres")]
+pub mod members;
 #[cfg(feature = "postgres")]
 pub mod pg;
 pub mod share;

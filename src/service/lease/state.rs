@@ -177,6 +177,9 @@ pub enum Why {
     DeadlinePassed,
     /// It released the lease (clean shutdown).
     Released,
+    /// It handed the model over (the spread of leaders over replicas: this replica was above
+    /// its fair share); the lease was released for another replica to take at once.
+    HandedOver,
 }
 
 impl Why {
@@ -187,6 +190,7 @@ impl Why {
             Why::Refused => "refused",
             Why::DeadlinePassed => "renew_deadline",
             Why::Released => "released",
+            Why::HandedOver => "handed_over",
         }
     }
 }
@@ -220,6 +224,11 @@ pub struct LeaseBook {
     shut_down: bool,
     /// A lease acquired after shutdown, to release at the next tick.
     release_due: Option<i64>,
+    /// Whether a follower tries to acquire (the spread of leaders: only the models its replica
+    /// is given; always, when leaders are not spread).
+    may_acquire: bool,
+    /// A hand-over asked for while an attempt was in flight: carried out at the next tick.
+    hand_over_due: bool,
     transitions: u64,
     last: Option<Transition>,
 }
@@ -235,9 +244,53 @@ impl LeaseBook {
             holder: None,
             shut_down: false,
             release_due: None,
+            may_acquire: true,
+            hand_over_due: false,
             transitions: 0,
             last: None,
         }
+    }
+
+    /// A follower that tries to acquire only once allowed ([`LeaseBook::allow`]): the spread
+    /// of leaders over replicas decides which models a replica asks for.
+    pub fn spread(timings: LeaseTimings) -> Self {
+        Self { may_acquire: false, ..Self::new(timings) }
+    }
+
+    /// Whether a follower tries to acquire from now on (a leader renews whatever this says).
+    pub fn allow(&mut self, may_acquire: bool) {
+        self.may_acquire = may_acquire;
+    }
+
+    /// Whether a follower tries to acquire.
+    pub fn may_acquire(&self) -> bool {
+        self.may_acquire
+    }
+
+    /// What the spread's driver read of the lease (a follower that does not ask learns the
+    /// holder this way): `Some((holder, epoch))` while held, unexpired; `None` while free.
+    /// A leader's own view is left alone.
+    pub fn observe(&mut self, holder: Option<(String, i64)>) {
+        if matches!(self.role, Role::Follower) && self.in_flight.is_none() {
+            self.holder = holder;
+        }
+    }
+
+    /// A controlled hand-over: a leader stops acting at once (a transition to follower, as a
+    /// fail-over would: the shell stops its provisioner) and releases the lease, keeping the
+    /// epoch, so that another replica takes it at once at `epoch + 1`. With an attempt in
+    /// flight it is done at the next tick. A follower has nothing to hand over.
+    pub fn hand_over(&mut self, now: Instant) -> (Option<Transition>, Step) {
+        if !matches!(self.role, Role::Leader { .. }) || self.shut_down {
+            return (None, Step::Wait);
+        }
+        self.hand_over_due = true;
+        // Not taken back by this replica until the spread gives it back.
+        self.may_acquire = false;
+        if self.in_flight.is_some() {
+            return (None, Step::Wait);
+        }
+        self.tick(now)
     }
 
     /// The timings.
@@ -296,6 +349,13 @@ impl LeaseBook {
         if self.in_flight.is_some() {
             return (transition, Step::Wait);
         }
+        if std::mem::take(&mut self.hand_over_due) {
+            if let Role::Leader { epoch } = self.role {
+                let t = self.become_follower(Why::HandedOver, now);
+                self.in_flight = Some(now);
+                return (Some(t), Step::Release { epoch });
+            }
+        }
         if self.shut_down {
             return match self.release_due.take() {
                 Some(epoch) => {
@@ -305,11 +365,12 @@ impl LeaseBook {
                 None => (transition, Step::Wait),
             };
         }
-        self.in_flight = Some(now);
         let step = match self.role {
             Role::Leader { epoch } => Step::Renew { epoch },
-            Role::Follower => Step::Acquire,
+            Role::Follower if self.may_acquire => Step::Acquire,
+            Role::Follower => return (transition, Step::Wait),
         };
+        self.in_flight = Some(now);
         (transition, step)
     }
 

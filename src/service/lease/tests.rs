@@ -221,7 +221,58 @@ fn shutdown_of_a_follower_stops_asking_and_releases_a_late_acquisition() {
 fn role_and_why_names_are_the_statuses() {
     assert_eq!(Role::Follower.name(), "follower");
     assert_eq!(Role::Leader { epoch: 1 }.name(), "leader");
-    let names: Vec<_> =
-        [Why::Acquired, Why::Refused, Why::DeadlinePassed, Why::Released].iter().map(Why::name).collect();
-    assert_eq!(names, ["acquired", "refused", "renew_deadline", "released"]);
+    let names: Vec<_> = [Why::Acquired, Why::Refused, Why::DeadlinePassed, Why::Released, Why::HandedOver]
+        .iter()
+        .map(Why::name)
+        .collect();
+    assert_eq!(names, ["acquired", "refused", "renew_deadline", "released", "handed_over"]);
+}
+
+#[test]
+fn a_spread_follower_asks_only_once_allowed_and_learns_the_holder_from_the_driver() {
+    let t0 = Instant::now();
+    let mut b = LeaseBook::spread(LeaseTimings::default());
+    assert_eq!(b.tick(t0), (None, Step::Wait), "not given this model: it does not ask");
+    b.observe(Some(("replica-b".to_owned(), 3)));
+    assert_eq!(b.holder(), Some(("replica-b", 3)));
+    b.allow(true);
+    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Acquire));
+    let t = b.answer(ME, t0 + ms(2005), Answer::Acquired { epoch: 4 }).unwrap();
+    assert_eq!(t.to, Role::Leader { epoch: 4 });
+    // A leader keeps renewing whatever the spread says, and keeps its own view.
+    b.allow(false);
+    b.observe(None);
+    assert_eq!(b.holder(), Some((ME, 4)));
+    assert_eq!(b.tick(t0 + secs(4)), (None, Step::Renew { epoch: 4 }));
+}
+
+#[test]
+fn a_hand_over_stops_acting_at_once_releases_and_does_not_take_the_model_back() {
+    let t0 = Instant::now();
+    let mut b = leader(t0);
+    let (t, step) = b.hand_over(t0 + secs(1));
+    let t = t.unwrap();
+    assert_eq!((t.from, t.to, t.why), (Role::Leader { epoch: 7 }, Role::Follower, Why::HandedOver));
+    assert_eq!(step, Step::Release { epoch: 7 }, "the epoch is kept: the next holder's is 8");
+    assert!(!b.may_act(t0 + secs(1)));
+    assert_eq!(b.answer(ME, t0 + ms(1010), Answer::Released), None);
+    assert_eq!(b.tick(t0 + secs(3)), (None, Step::Wait), "not asked for again until given back");
+    b.allow(true);
+    assert_eq!(b.tick(t0 + secs(5)), (None, Step::Acquire));
+    // A follower has nothing to hand over.
+    let mut f = book();
+    assert_eq!(f.hand_over(t0), (None, Step::Wait));
+}
+
+#[test]
+fn a_hand_over_asked_while_a_renewal_is_in_flight_waits_for_its_answer() {
+    let t0 = Instant::now();
+    let mut b = leader(t0);
+    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Renew { epoch: 7 }));
+    assert_eq!(b.hand_over(t0 + ms(2010)), (None, Step::Wait), "one statement at a time");
+    assert_eq!(b.role(), Role::Leader { epoch: 7 });
+    assert_eq!(b.answer(ME, t0 + ms(2020), Answer::Renewed), None);
+    let (t, step) = b.tick(t0 + ms(2030));
+    assert_eq!(t.map(|t| t.why), Some(Why::HandedOver));
+    assert_eq!(step, Step::Release { epoch: 7 });
 }

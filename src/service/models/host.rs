@@ -46,6 +46,11 @@ pub struct Shared {
     pub service_store: Store,
     /// The cloud accounts in use, whose limits their models share.
     pub accounts: super::limits::Accounts,
+    /// This replica's id (replicas on PostgreSQL): `--replica-id`, or a random one for the
+    /// process, the same for every model's lease.
+    pub replica_id: String,
+    /// How many models' leases this replica holds now (`/v1/status`'s `models_led`).
+    pub models_led: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Why a model operation failed, with the HTTP status the API answers.
@@ -493,6 +498,22 @@ impl ModelHost {
             #[cfg(not(feature = "postgres"))]
             StoreUrl::Postgres(_) => {}
         }
+    }
+
+    /// Every running model that has a lease (replicas on PostgreSQL), in name order: its name,
+    /// uuid and lease actor.
+    #[cfg(feature = "postgres")]
+    pub async fn leases(&self) -> Vec<(String, String, actix::Addr<crate::service::lease::actor::LeaseActor>)> {
+        let slots = self.slots.lock().await;
+        slots
+            .iter()
+            .filter_map(|(name, s)| match s {
+                Slot::Running(st) => {
+                    st.replica.as_ref().map(|r| (name.clone(), st.model_uuid.clone(), r.lease.clone()))
+                }
+                Slot::Failed(_) => None,
+            })
+            .collect()
     }
 
     /// Every running model's state (to stop them all at shutdown).

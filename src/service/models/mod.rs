@@ -8,11 +8,15 @@
 //! - [`persist`]: where the directory is kept (`models.json`, or table `provisioner_models`).
 //! - [`host`]: the running models, looked up per request; adding, destroying, reaping.
 //! - [`limits`]: the cloud accounts whose request limits the models on them share.
+//! - `spread` (feature `postgres`): the shell that spreads the models' leaders over the
+//!   replicas (membership heartbeat, `share::plan`, each lease actor's order, hand-overs).
 
 pub mod directory;
 pub mod host;
 pub mod limits;
 pub mod persist;
+#[cfg(feature = "postgres")]
+pub mod spread;
 
 pub use directory::{check_name, CloudSettings, Directory, ModelEntry, ModelLife, ModelsError, DEFAULT_MODEL};
 pub use host::{HostError, ModelHost, Shared};

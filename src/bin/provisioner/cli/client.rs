@@ -720,4 +720,7 @@ fn print_replica(s: &StatusView) {
     if let Some(t) = &s.last_transition {
         println!("last role change: {} -> {} ({}, {:.0} s ago)", t.from, t.to, t.why, t.seconds_ago);
     }
+    if let Some(n) = s.models_led {
+        println!("models led by this replica: {n}");
+    }
 }

@@ -1,0 +1,152 @@
+//! The spread of the models' leaders over the replicas (issue 18, feature `postgres`): the thin
+//! shell around [`share::plan`](crate::service::lease::share::plan). Every lease retry it
+//! heartbeats this replica's membership and reads the live replicas and each running model's
+//! lease ([`Members::view`], on a blocking thread), plans, and sends each model's lease actor
+//! a [`SpreadOrder`]: try to acquire (the free models the plan gives this replica, and those it
+//! holds), or not, or hand over (a controlled hand-over: the provisioner is stopped as at a
+//! fail-over, then the lease released keeping its epoch, so another replica takes it at once
+//! at `epoch + 1`). The leases alone arbitrate: the plan only decides who asks, and fencing is
+//! the lease's, unchanged.
+//!
+//! At a clean stop, [`Spread::leave`] ends the rounds and deletes this replica's heartbeat,
+//! so that the others stop counting it before its leases are released.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::service::lease::actor::SpreadOrder;
+use crate::service::lease::members::{Members, ModelLease};
+use crate::service::lease::share::{plan, ShareView};
+use crate::service::lease::LeaseTimings;
+
+use super::host::{schema_name, ModelHost};
+use super::DEFAULT_MODEL;
+
+/// The running spread: [`Spread::leave`] at a clean stop.
+#[derive(Debug, Clone)]
+pub struct Spread {
+    url: String,
+    replica: String,
+    timings: LeaseTimings,
+    stopped: Arc<AtomicBool>,
+    /// Held through each round: a leave waits for the round in flight, so that no heartbeat
+    /// follows it.
+    round: Arc<futures::lock::Mutex<()>>,
+}
+
+impl Spread {
+    /// Runs the first round (so that a replica starting alone asks for its models' leases
+    /// before its API answers, as it did before the spread), then the others every retry.
+    pub async fn start(host: ModelHost, url: String, replica: String, timings: LeaseTimings) -> Self {
+        let spread = Self { url, replica, timings, stopped: Arc::default(), round: Arc::default() };
+        let me = spread.clone();
+        let members = me.round(&host, None).await;
+        actix_rt::spawn(async move { me.rounds(host, members).await });
+        spread
+    }
+
+    async fn rounds(self, host: ModelHost, mut members: Option<Members>) {
+        loop {
+            actix_rt::time::sleep(self.timings.retry()).await;
+            if self.stopped.load(Ordering::SeqCst) {
+                return;
+            }
+            members = self.round(&host, members).await;
+        }
+    }
+
+    /// One round: heartbeat, read, plan, orders. Answers the connection to keep (`None` after a
+    /// failure: the next round reconnects).
+    async fn round(&self, host: &ModelHost, mut members: Option<Members>) -> Option<Members> {
+        let _one = self.round.lock().await;
+        if self.stopped.load(Ordering::SeqCst) {
+            return None;
+        }
+        let models = host.leases().await;
+        let keys: Vec<ModelLease> = models
+            .iter()
+            .map(|(name, uuid, _)| ModelLease {
+                name: name.clone(),
+                schema: if name == DEFAULT_MODEL { "public".to_owned() } else { schema_name(name) },
+                uuid: uuid.clone(),
+            })
+            .collect();
+        let (url, replica, timings) = (self.url.clone(), self.replica.clone(), self.timings);
+        let read = actix_rt::task::spawn_blocking(move || {
+            let result = (|| {
+                let m = match members.as_mut() {
+                    Some(m) => m,
+                    None => members.insert(Members::connect(&url, timings.retry(), &replica)?),
+                };
+                m.view(timings.lease(), &keys)
+            })();
+            if result.is_err() {
+                members = None;
+            }
+            (members, result)
+        })
+        .await;
+        match read {
+            Ok((m, Ok(view))) => {
+                self.order(&models, view);
+                m
+            }
+            Ok((m, Err(e))) => {
+                tracing::warn!(error = %e, "spread: cannot read the replicas and leases; trying again");
+                m
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "spread: the round's thread was lost");
+                None
+            }
+        }
+    }
+
+    /// Plans from the round's view and sends each model's lease actor its order.
+    fn order(
+        &self,
+        models: &[(String, String, actix::Addr<crate::service::lease::actor::LeaseActor>)],
+        view: crate::service::lease::members::MembersView,
+    ) {
+        let live: BTreeSet<String> = view.live;
+        let seen: BTreeMap<String, Option<(String, i64)>> = view
+            .leases
+            .into_iter()
+            .map(|(name, row)| (name, row.filter(|r| r.live).map(|r| (r.holder, r.epoch))))
+            .collect();
+        // The plan counts a model held only by a live replica: a dead one's lease is free to it
+        // (the lease still decides when it can be taken).
+        let holders: BTreeMap<String, Option<String>> = seen
+            .iter()
+            .map(|(name, h)| (name.clone(), h.as_ref().map(|(r, _)| r.clone()).filter(|r| live.contains(r))))
+            .collect();
+        let p = plan(ShareView { me: &self.replica, live: &live, holders: &holders });
+        if !p.acquire.is_empty() || !p.release.is_empty() {
+            tracing::info!(replica = %self.replica, share = p.share, live = live.len(), models = holders.len(),
+                           acquire = ?p.acquire, release = ?p.release, "spread: planned");
+        }
+        for (name, _, lease) in models {
+            let mine = holders.get(name).is_some_and(|h| h.as_deref() == Some(self.replica.as_str()));
+            lease.do_send(SpreadOrder {
+                seen: seen.get(name).cloned().flatten(),
+                acquire: mine || p.acquire.contains(name),
+                hand_over: p.release.contains(name),
+            });
+        }
+    }
+
+    /// A clean stop: no more rounds, and this replica's heartbeat deleted (bounded by one
+    /// retry: a database that does not answer lets it expire on its own).
+    pub async fn leave(&self) {
+        let _one = self.round.lock().await;
+        self.stopped.store(true, Ordering::SeqCst);
+        let (url, replica, timeout) = (self.url.clone(), self.replica.clone(), self.timings.retry());
+        let left = actix_rt::task::spawn_blocking(move || Members::connect(&url, timeout, &replica)?.leave()).await;
+        match left {
+            Ok(Ok(())) => tracing::info!(replica = %self.replica, "spread: left the replicas"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "spread: cannot delete the heartbeat; it expires on its own"),
+            Err(e) => tracing::warn!(error = %e, "spread: cannot delete the heartbeat; it expires on its own"),
+        }
+    }
+}
