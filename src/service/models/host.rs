@@ -1,5 +1,5 @@
 //! The models a running service hosts: each one's [`AppState`] (its store, cloud, metrics,
-//! event stream and provisioners, started by [`crate::service::run::start_model`]), looked up
+//! event stream and provisioners, started by `service::run::start_model`), looked up
 //! by name for every request; adding one (its directory entry kept first, then its store
 //! opened and its provisioners started); destroying one (the engine's destruction as for the
 //! one model of old, the entry marked dying, then a reaper that removes the model once its

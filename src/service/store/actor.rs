@@ -37,7 +37,7 @@ struct Group {
 /// Group commit: while more units of work wait in its mailbox (`waiting`, counted by the
 /// clients), the actor runs them in one open transaction, each in a savepoint of its own (a
 /// failing one is rolled back alone), and commits them together when none waits any more (or
-/// [`MAX_GROUP`] are in): one fsync for every durable write of the group. Each is answered only
+/// `MAX_GROUP` are in): one fsync for every durable write of the group. Each is answered only
 /// after that commit (acknowledged means durable, as before), then the watchers hear what the
 /// group changed. A unit of work that finds nothing written in its group yet (a read) is
 /// answered at once: it saw only committed data. A durable write never joins a lazy group:
