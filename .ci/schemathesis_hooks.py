@@ -2,7 +2,8 @@
 
 schemathesis has no such check built in. Before every request that may change state (POST, PUT,
 DELETE) this takes a snapshot of what such a request could change: the machines (ids and life),
-the applications, the settings, the model's life and the API tokens (ids and revocations). After a 4xx answer the custom check
+the applications, the settings, the model's life, the API tokens (ids and revocations) and the
+models (names and lives). After a 4xx answer the custom check
 `no_state_change_on_4xx` takes it again and fails if anything a request could have done shows:
 a new machine, an alive machine gone or no longer alive, an application added or changed, a
 setting changed, the model no longer alive, a token created or revoked. (Provisioning itself goes on meanwhile: statuses,
@@ -15,6 +16,7 @@ import atexit
 import json
 import os
 import sys
+import urllib.error
 import urllib.request
 
 import schemathesis
@@ -43,13 +45,36 @@ def get(path):
         return json.loads(res.read())
 
 
+def get_or(path, gone):
+    """`get`, or `gone` when the route's model is no longer there (404) or not running (503):
+    a destruction of the model `default` (`DELETE /v1/models/default?force=true`) removes what
+    the plain routes mean."""
+    try:
+        return get(path)
+    except urllib.error.HTTPError as e:
+        if e.code in (404, 503):
+            return gone
+        raise
+
+
 def snapshot():
-    machines = {m["id"]: m["life"] for m in get("/v1/machines")}
-    apps = {a["name"]: (a["units"], json.dumps(a["constraints"], sort_keys=True)) for a in get("/v1/applications")}
-    config = {c["key"]: c["value"] for c in get("/v1/config")}
-    life = get("/v1/status")["model_life"]
-    tokens = {t["id"]: t["revoked"] for t in get("/v1/tokens")}
-    return {"machines": machines, "applications": apps, "config": config, "model_life": life, "tokens": tokens}
+    machines = {m["id"]: m["life"] for m in get_or("/v1/machines", [])}
+    apps = {
+        a["name"]: (a["units"], json.dumps(a["constraints"], sort_keys=True))
+        for a in get_or("/v1/applications", [])
+    }
+    config = {c["key"]: c["value"] for c in get_or("/v1/config", [])}
+    life = get_or("/v1/status", {"model_life": "gone"})["model_life"]
+    tokens = {t["id"]: t["revoked"] for t in get_or("/v1/tokens", [])}
+    models = {m["name"]: m["life"] for m in get("/v1/models")}
+    return {
+        "machines": machines,
+        "applications": apps,
+        "config": config,
+        "model_life": life,
+        "tokens": tokens,
+        "models": models,
+    }
 
 
 def differences(before, after):
@@ -68,6 +93,8 @@ def differences(before, after):
         found.append(f"model {before['model_life']} became {after['model_life']}")
     if before["tokens"] != after["tokens"]:
         found.append(f"API tokens {before['tokens']} became {after['tokens']}")
+    if before["models"] != after["models"]:
+        found.append(f"models {before['models']} became {after['models']}")
     return found
 
 
@@ -168,6 +195,7 @@ def self_test():
         "config": {"workers": "16"},
         "model_life": "alive",
         "tokens": {"tok-1": None},
+        "models": {"default": "alive"},
     }
 
     def changed(**parts):
@@ -183,6 +211,9 @@ def self_test():
     assert changed(model_life="dying"), "the model destroyed"
     assert changed(tokens={"tok-1": None, "tok-2": None}), "a token created"
     assert changed(tokens={"tok-1": "2026-01-01T00:00:00.000Z"}), "a token revoked"
+    assert changed(models={"default": "alive", "team-a": "alive"}), "a model added"
+    assert changed(models={"default": "dying"}), "a model destroyed"
+    assert changed(models={}), "a model removed"
     class Answer:
         def __init__(self, body):
             self.body = body

@@ -472,7 +472,9 @@ pub struct TokenView {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddModel {
-    /// Its name: 1 to 63 lowercase letters, digits and hyphens (Juju's rule).
+    /// Its name: 1 to 63 lowercase letters, digits and hyphens, starting with a letter or
+    /// digit and not ending with a hyphen (Juju's rule).
+    #[schema(min_length = 1, max_length = 63, pattern = "^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")]
     pub name: String,
     /// `sim` or `ec2` (default: the service's `--broker`).
     #[serde(default)]
