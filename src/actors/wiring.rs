@@ -104,18 +104,21 @@ fn start_with(
 
     // Every cloud call is paced by the client-side limiter (unless every class is unlimited).
     let limiter = shared.or_else(|| config.rate_limits.any().then(|| RateLimiter::new(config.rate_limits).start()));
+    // One gate over the limiter: the limited broker's calls, the batcher's start token and the
+    // broker's own calls all pass through it.
+    let gate = limiter.as_ref().map(|l| CallGate::new(l.clone().recipient(), l.clone().recipient()));
     // Batched starts go to the cloud itself, the pool taking their one start token.
     let batch = (config.batch_starts && broker.batches_starts()).then(|| BatchDeps {
         broker: broker.clone(),
-        gate: limiter.as_ref().map(|l| CallGate::new(l.clone().recipient(), l.clone().recipient())),
+        gate: gate.clone(),
         size: config.batch_size,
     });
-    let broker: Arc<dyn Broker> = match &limiter {
-        Some(l) => {
+    let broker: Arc<dyn Broker> = match gate {
+        Some(gate) => {
             // The calls the broker makes on its own (a batched start's tagging) take the
             // limiter's tokens too.
-            broker.pace_follow_ups(Arc::new(CallGate::new(l.clone().recipient(), l.clone().recipient())));
-            Arc::new(LimitedBroker::new(broker, l.clone().recipient(), l.clone().recipient()))
+            broker.pace_follow_ups(Arc::new(gate.clone()));
+            Arc::new(LimitedBroker::new(broker, gate))
         }
         None => broker,
     };

@@ -15,6 +15,20 @@ enum Values<V> {
     Many(BTreeSet<V>),
 }
 
+impl<V: Ord + Clone> Values<V> {
+    /// Adds a value; false if it was there already.
+    fn add(&mut self, value: V) -> bool {
+        match self {
+            Values::One(v) if *v == value => false,
+            Values::One(v) => {
+                *self = Values::Many(BTreeSet::from([v.clone(), value]));
+                true
+            }
+            Values::Many(set) => set.insert(value),
+        }
+    }
+}
+
 /// Keys to ordered sets of values.
 #[derive(Debug, Clone)]
 pub struct MultiMap<K, V> {
@@ -41,15 +55,7 @@ impl<K: Ord + Clone, V: Ord + Clone> MultiMap<K, V> {
                 self.map.insert(key, Values::One(value));
                 true
             }
-            Some(slot) => match &mut *slot {
-                Values::One(v) if *v == value => false,
-                Values::One(v) => {
-                    let first = v.clone();
-                    *slot = Values::Many(BTreeSet::from([first, value]));
-                    true
-                }
-                Values::Many(set) => set.insert(value),
-            },
+            Some(values) => values.add(value),
         };
         self.len += usize::from(added);
         added
@@ -114,14 +120,8 @@ impl<K: Ord + Clone, V: Ord + Clone> FromIterator<(K, V)> for MultiMap<K, V> {
         let mut grouped: Vec<(K, Values<V>)> = Vec::with_capacity(len);
         for (k, v) in pairs {
             match grouped.last_mut() {
-                Some((last, Values::One(first))) if *last == k => {
-                    let set = BTreeSet::from([first.clone(), v]);
-                    if let Some(slot) = grouped.last_mut() {
-                        slot.1 = Values::Many(set);
-                    }
-                }
-                Some((last, Values::Many(set))) if *last == k => {
-                    set.insert(v);
+                Some((last, values)) if *last == k => {
+                    values.add(v);
                 }
                 _ => grouped.push((k, Values::One(v))),
             }

@@ -60,9 +60,9 @@ pub struct LimitedBroker {
 }
 
 impl LimitedBroker {
-    /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn Broker>, acquire: Recipient<Acquire>, outcome: Recipient<CallOutcome>) -> Self {
-        Self { inner, gate: CallGate::new(acquire, outcome) }
+    /// Wraps `inner`, its calls passing through `gate`.
+    pub fn new(inner: Arc<dyn Broker>, gate: CallGate) -> Self {
+        Self { inner, gate }
     }
 
     /// Waits for a token, makes the call (built only then: some brokers act when the call is
