@@ -585,6 +585,7 @@ async fn open_postgres(opts: &ServeSettings, dir: &Path, url: &str) -> Result<Op
 #[allow(clippy::too_many_arguments)]
 fn start_replica(
     opts: &ServeSettings,
+    model: &str,
     store: &Store,
     model_uuid: &str,
     config: &ProvisionerConfig,
@@ -603,10 +604,17 @@ fn start_replica(
         // replicas, not leases).
         let replica = shared.replica_id.clone();
         let leading = crate::service::lease::leading::Leading::new(store.clone()).for_model(model_uuid).start();
+        // The replica's lease thread, listener and lease arbiter, shared by its models.
+        let links = match &shared.replica_links {
+            Some(l) => l.clone(),
+            None => return Err(ServeError::StoreUrl("the replica's lease thread was not started".into())),
+        };
         // What the other replicas commit (adds, removals, retries through their API) reaches
         // the leader's provisioners by LISTEN/NOTIFY, not by polling.
-        crate::service::lease::listen::listen(url.clone(), timings.retry(), leading.clone().recipient())
-            .map_err(|e| ServeError::StoreUrl(format!("cannot start the LISTEN thread: {e}")))?;
+        links.notices.do_send(crate::service::lease::listen::Subscribe {
+            model_uuid: model_uuid.to_owned(),
+            to: leading.clone().recipient(),
+        });
         metrics.do_send(crate::service::metrics::LeaderChanged { leader: false, transition: false });
         let hooks = ReplicaHooks {
             opts: opts.clone(),
@@ -621,16 +629,23 @@ fn start_replica(
             leading: leading.clone(),
             limiter: limiter.clone(),
             models_led: shared.models_led.clone(),
+            main: actix_rt::Arbiter::current(),
         };
         tracing::info!(%replica, lease = ?timings.lease(), renew_deadline = ?timings.renew_deadline(),
                        retry = ?timings.retry(), "replica: contending for the leader lease");
-        let lease = LeaseActor::start(
-            LeaseConfig { url, model_uuid: model_uuid.to_owned(), replica, timings, spread: true },
-            Box::new(hooks),
-        );
+        let config = LeaseConfig {
+            url,
+            model_uuid: model_uuid.to_owned(),
+            schema: (model != crate::service::models::DEFAULT_MODEL)
+                .then(|| crate::service::models::host::schema_name(model)),
+            replica,
+            timings,
+            spread: true,
+        };
+        let lease = LeaseActor::start_on(&links.arbiter, config, Box::new(hooks), links.sql);
         return Ok(Some(api::ReplicaState { lease, leading, models_led: shared.models_led.clone() }));
     }
-    let _ = (opts, store, model_uuid, config, broker, pending, metrics, events, limiter, shared);
+    let _ = (opts, model, store, model_uuid, config, broker, pending, metrics, events, limiter, shared);
     Ok(None)
 }
 
@@ -665,6 +680,46 @@ struct ReplicaHooks {
     limiter: Option<crate::SharedLimiter>,
     /// The models this replica leads, all models together.
     models_led: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The arbiter the model's actors run on (the lease's hooks run on the lease arbiter).
+    main: actix_rt::ArbiterHandle,
+}
+
+/// What a replica's models share on PostgreSQL: one lease thread and connection
+/// ([`LeaseSql`](crate::service::lease::sql::LeaseSql)), one listener
+/// ([`NoticeHub`](crate::service::lease::listen::NoticeHub)), and one arbiter that only the
+/// lease actors run on, so that no model's work delays a renewal.
+#[cfg(feature = "postgres")]
+#[derive(Clone)]
+pub struct ReplicaLinks {
+    sql: crate::service::lease::sql::LeaseSql,
+    notices: actix::Addr<crate::service::lease::listen::NoticeHub>,
+    arbiter: actix_rt::ArbiterHandle,
+}
+
+#[cfg(feature = "postgres")]
+impl ReplicaLinks {
+    /// Starts them for replica `replica` on the service's database at `url` (the service's
+    /// own URL: a model's schema is set per lease step).
+    pub fn start(url: &str, replica: &str, timings: crate::service::lease::LeaseTimings) -> Result<Self, ServeError> {
+        let sql = crate::service::lease::sql::LeaseSql::start(
+            url.to_owned(),
+            replica.to_owned(),
+            timings.retry(),
+            timings.lease(),
+        )
+        .map_err(|e| ServeError::StoreUrl(format!("cannot start the lease thread: {e}")))?;
+        let notices = crate::service::lease::listen::NoticeHub::start_listening(url.to_owned(), timings.retry())
+            .map_err(|e| ServeError::StoreUrl(format!("cannot start the LISTEN thread: {e}")))?;
+        let arbiter = actix_rt::Arbiter::new().handle();
+        Ok(Self { sql, notices, arbiter })
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl std::fmt::Debug for ReplicaLinks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaLinks").finish_non_exhaustive()
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -689,33 +744,36 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
         let (metrics, events, leading) = (self.metrics.clone(), self.events.clone(), self.leading.clone());
         let limiter = self.limiter.clone();
         let config = self.config.clone().with_random_seed();
-        actix_rt::spawn(async move {
-            // The fence first: from here on every write of this provisioner commits only under
-            // this epoch.
-            if let Err(e) = store.set_fence(Some(fence)).await {
-                tracing::error!(error = %e, "cannot set the leader's fence: not acting");
-                return;
-            }
-            // The starts an earlier leader left in flight (their client tokens were written,
-            // fenced, before the cloud call): landed now, once.
-            if let Some(pending) = &pending {
-                match pending.resume().await {
-                    Ok(n) if n > 0 => {
-                        tracing::info!(instances = n, epoch, "resuming starts an earlier leader left pending")
+        // On the model's arbiter: its provisioners are its actors, not the lease arbiter's.
+        self.main.spawn_fn(move || {
+            actix_rt::spawn(async move {
+                // The fence first: from here on every write of this provisioner commits only under
+                // this epoch.
+                if let Err(e) = store.set_fence(Some(fence)).await {
+                    tracing::error!(error = %e, "cannot set the leader's fence: not acting");
+                    return;
+                }
+                // The starts an earlier leader left in flight (their client tokens were written,
+                // fenced, before the cloud call): landed now, once.
+                if let Some(pending) = &pending {
+                    match pending.resume().await {
+                        Ok(n) if n > 0 => {
+                            tracing::info!(instances = n, epoch, "resuming starts an earlier leader left pending")
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "cannot resume pending starts"),
                     }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "cannot resume pending starts"),
                 }
-            }
-            let started = start_provisioners(&opts, config, &broker, &store, &metrics, &events, limiter.as_ref())
-                .map(|(handle, containers)| Provisioners { handle, containers });
-            match started {
-                Ok(p) => {
-                    tracing::info!(epoch, "leading: the provisioner runs");
-                    leading.do_send(Started(epoch, p));
+                let started = start_provisioners(&opts, config, &broker, &store, &metrics, &events, limiter.as_ref())
+                    .map(|(handle, containers)| Provisioners { handle, containers });
+                match started {
+                    Ok(p) => {
+                        tracing::info!(epoch, "leading: the provisioner runs");
+                        leading.do_send(Started(epoch, p));
+                    }
+                    Err(e) => tracing::error!(error = %e, "cannot start the provisioner"),
                 }
-                Err(e) => tracing::error!(error = %e, "cannot start the provisioner"),
-            }
+            });
         });
     }
 
@@ -758,6 +816,16 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         StoreUrl::Postgres(_) => return Err(ServeError::NoPostgres),
     };
     let directory = directory_store.load().await.map_err(ServeError::Models)?;
+    let replica_id = opts
+        .lease
+        .replica_id
+        .clone()
+        .unwrap_or_else(|| uuid::Builder::from_random_bytes(rand::random()).into_uuid().to_string());
+    #[cfg(feature = "postgres")]
+    let replica_links = match (opts.store.url(), opts.lease.timings()) {
+        (StoreUrl::Postgres(url), Ok(t)) => Some(ReplicaLinks::start(&url, &replica_id, t)?),
+        _ => None,
+    };
     let shared = Shared {
         opts: opts.clone(),
         token,
@@ -766,12 +834,10 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         started,
         service_store: store.clone(),
         accounts: crate::service::models::limits::Accounts::default(),
-        replica_id: opts
-            .lease
-            .replica_id
-            .clone()
-            .unwrap_or_else(|| uuid::Builder::from_random_bytes(rand::random()).into_uuid().to_string()),
+        replica_id,
         models_led: std::sync::Arc::default(),
+        #[cfg(feature = "postgres")]
+        replica_links,
     };
     let host = ModelHost::new(shared, directory_store, directory);
     if let Err(e) = host.start_all(store).await {
@@ -916,6 +982,7 @@ pub(crate) async fn open_model_store(
 /// the model's settings ([`crate::service::models::host::model_settings`]).
 pub(crate) async fn start_model(
     shared: &Shared,
+    model: &str,
     opts: &ServeSettings,
     cloud_settings: &crate::service::models::CloudSettings,
     store: Store,
@@ -990,8 +1057,19 @@ pub(crate) async fn start_model(
     // On PostgreSQL the service is one replica of many: only the lease's holder runs the
     // provisioner (see `start_replica`); on SQLite it runs it, as the only one.
     let limiter = account.as_ref().map(|a| a.limiter.clone());
-    let replica =
-        start_replica(opts, &store, &model_uuid, &config, &broker, &pending, &metrics, &events, &limiter, shared)?;
+    let replica = start_replica(
+        opts,
+        model,
+        &store,
+        &model_uuid,
+        &config,
+        &broker,
+        &pending,
+        &metrics,
+        &events,
+        &limiter,
+        shared,
+    )?;
     let (handle, containers) = match &replica {
         Some(_) => (None, None),
         None => {

@@ -1,18 +1,17 @@
 //! The replica's role, an actor over [`LeaseBook`]: it ticks the book on a timer, carries out
-//! each [`Step`] on a thread of its own (the sync PostgreSQL client there; a hung call never
-//! blocks the actor, and the renew deadline is kept by the timer, not by the call), feeds the
+//! each [`Step`] on the replica's lease thread ([`LeaseSql`]: the sync PostgreSQL client
+//! there, one connection for every model's lease; a hung call never blocks the actor, and the
+//! renew deadline is kept by the timer, not by the call), feeds the
 //! answers back, and hands every [`Transition`] to the service's [`RoleHooks`] at once: to
 //! leader ⇒ set the fence and start the provisioner; to follower ⇒ stop it.
-
-use std::sync::mpsc;
 
 use actix::prelude::*;
 use actix_rt::time::Instant;
 use futures::channel::oneshot;
 
-use super::pg::PgLease;
+use super::pg::LeaseKey;
+use super::sql::LeaseSql;
 use super::state::{Answer, LeaseBook, LeaseTimings, Role, Step, Transition, Why};
-use crate::service::pgconnect::Connector;
 
 /// What a change of role asks of the service. Called on the lease actor's thread, at once.
 pub trait RoleHooks: 'static {
@@ -31,6 +30,9 @@ pub struct LeaseConfig {
     pub url: String,
     /// The model whose lease it is.
     pub model_uuid: String,
+    /// The schema of the model's tables on a connection shared by many models' leases
+    /// ([`LeaseActor::start_on`]); `None`: the URL's own `search_path`.
+    pub schema: Option<String>,
     /// This replica's id.
     pub replica: String,
     /// The timings.
@@ -46,32 +48,48 @@ pub use super::state::LeaseStatus;
 pub struct LeaseActor {
     book: LeaseBook,
     replica: String,
-    steps: mpsc::Sender<Step>,
+    key: LeaseKey,
+    sql: LeaseSql,
     hooks: Box<dyn RoleHooks>,
     timer: Option<SpawnHandle>,
     released: Vec<oneshot::Sender<()>>,
 }
 
 impl LeaseActor {
-    /// Starts the actor and its SQL thread; it tries to acquire at once.
-    pub fn start(config: LeaseConfig, hooks: Box<dyn RoleHooks>) -> Addr<Self> {
-        LeaseActor::create(move |ctx| {
-            let (steps, rx) = mpsc::channel();
-            let answers = ctx.address().recipient();
-            let sql = config.clone();
-            std::thread::Builder::new()
-                .name("lease".into())
-                .spawn(move || sql_thread(sql, rx, answers))
-                .expect("spawning the lease thread");
-            LeaseActor {
-                book: if config.spread { LeaseBook::spread(config.timings) } else { LeaseBook::new(config.timings) },
-                replica: config.replica,
-                steps,
-                hooks,
-                timer: None,
-                released: Vec::new(),
-            }
-        })
+    /// Starts the actor, on the current arbiter, with a lease thread of its own; it tries to
+    /// acquire at once.
+    pub fn start(config: LeaseConfig, hooks: Box<dyn RoleHooks>) -> std::io::Result<Addr<Self>> {
+        let sql = LeaseSql::start(
+            config.url.clone(),
+            config.replica.clone(),
+            config.timings.retry(),
+            config.timings.lease(),
+        )?;
+        Ok(LeaseActor::create(move |_ctx| Self::new(config, hooks, sql)))
+    }
+
+    /// Starts the actor on `arbiter` (a thread that only the leases run on, so that no other
+    /// work delays a renewal), its steps carried out by `sql`, the replica's lease thread that
+    /// many models' leases share (made for the same replica id and timings).
+    pub fn start_on(
+        arbiter: &actix_rt::ArbiterHandle,
+        config: LeaseConfig,
+        hooks: Box<dyn RoleHooks + Send>,
+        sql: LeaseSql,
+    ) -> Addr<Self> {
+        LeaseActor::start_in_arbiter(arbiter, move |_ctx| Self::new(config, hooks, sql))
+    }
+
+    fn new(config: LeaseConfig, hooks: Box<dyn RoleHooks>, sql: LeaseSql) -> Self {
+        LeaseActor {
+            book: if config.spread { LeaseBook::spread(config.timings) } else { LeaseBook::new(config.timings) },
+            replica: config.replica,
+            key: LeaseKey { model_uuid: config.model_uuid, schema: config.schema },
+            sql,
+            hooks,
+            timer: None,
+            released: Vec::new(),
+        }
     }
 
     fn apply(&mut self, t: Option<Transition>) {
@@ -84,8 +102,8 @@ impl LeaseActor {
         }
     }
 
-    fn send(&mut self, step: Step) {
-        if step != Step::Wait && self.steps.send(step).is_err() {
+    fn send(&mut self, step: Step, ctx: &mut Context<Self>) {
+        if step != Step::Wait && !self.sql.send(&self.key, step, ctx.address().recipient()) {
             tracing::error!("lease: the SQL thread is gone");
         }
     }
@@ -95,7 +113,7 @@ impl LeaseActor {
         let now = Instant::now();
         let (t, step) = self.book.tick(now);
         self.apply(t);
-        self.send(step);
+        self.send(step, ctx);
         self.schedule(ctx, now);
     }
 
@@ -154,11 +172,11 @@ pub struct ReleaseLease;
 impl Handler<ReleaseLease> for LeaseActor {
     type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, _msg: ReleaseLease, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, _msg: ReleaseLease, ctx: &mut Self::Context) -> Self::Result {
         let (t, step) = self.book.shutdown(Instant::now());
         let releasing = matches!(step, Step::Release { .. });
         self.apply(t);
-        self.send(step);
+        self.send(step, ctx);
         let (tx, rx) = oneshot::channel();
         if releasing {
             self.released.push(tx);
@@ -197,7 +215,7 @@ impl Handler<SpreadOrder> for LeaseActor {
             }
             let (t, step) = self.book.hand_over(now);
             self.apply(t);
-            self.send(step);
+            self.send(step, ctx);
             self.schedule(ctx, now);
             return;
         }
@@ -242,40 +260,5 @@ impl Handler<GetLeaseStatus> for LeaseActor {
                 .map(|t| (t.from.name(), t.to.name(), t.why.name(), now.saturating_duration_since(t.at))),
             transitions: self.book.transitions(),
         })
-    }
-}
-
-/// Carries out the steps on the database, one at a time, reconnecting after a failure.
-fn sql_thread(config: LeaseConfig, steps: mpsc::Receiver<Step>, answers: Recipient<Answered>) {
-    let timeout = config.timings.retry();
-    let lease = config.timings.lease();
-    let mut conn: Option<PgLease> = None;
-    // One connector for the thread's life: a start-up that overruns is waited for by the next
-    // attempt instead of hanging this thread (see `pgconnect`).
-    let mut connector = None;
-    while let Ok(step) = steps.recv() {
-        let answer = (|| {
-            let l = match conn.as_mut() {
-                Some(l) => l,
-                None => {
-                    let c = match connector.as_mut() {
-                        Some(c) => c,
-                        None => connector.insert(Connector::new(PgLease::config(&config.url, timeout)?)),
-                    };
-                    conn.insert(PgLease::connect_with(c, timeout, &config.model_uuid, &config.replica)?)
-                }
-            };
-            match step {
-                Step::Acquire => l.acquire(lease),
-                Step::Renew { epoch } => l.renew(epoch, lease),
-                Step::Release { epoch } => l.release(epoch),
-                Step::Wait => Ok(Answer::Failed("nothing asked".into())),
-            }
-        })();
-        let answer = answer.unwrap_or_else(|e| {
-            conn = None;
-            Answer::Failed(e.to_string())
-        });
-        answers.do_send(Answered(answer));
     }
 }

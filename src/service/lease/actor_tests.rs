@@ -10,7 +10,8 @@ use futures::channel::mpsc::{unbounded, UnboundedReceiver, UnboundedSender};
 use futures::StreamExt;
 
 use super::actor::{GetLeaseStatus, LeaseActor, LeaseConfig, ReleaseLease, RoleHooks};
-use super::listen::{listen, Changed};
+use super::listen::{listen, Changed, NoticeHub, Subscribe};
+use super::sql::LeaseSql;
 use super::state::{LeaseTimings, Transition, Why};
 use crate::testing::TempPostgres;
 
@@ -41,11 +42,12 @@ fn replica(pg: &TempPostgres, id: &'static str, events: &UnboundedSender<Event>)
     let config = LeaseConfig {
         url: pg.url().to_owned(),
         model_uuid: MODEL.into(),
+        schema: None,
         replica: id.into(),
         timings: timings(),
         spread: false,
     };
-    LeaseActor::start(config, Box::new(Hooks(id, events.clone())))
+    LeaseActor::start(config, Box::new(Hooks(id, events.clone()))).unwrap()
 }
 
 async fn next(rx: &mut UnboundedReceiver<Event>) -> Event {
@@ -135,4 +137,133 @@ fn replicas_share_one_lease_hand_it_over_and_step_down_without_the_database() {
         assert_eq!(next(&mut rx).await, Event::Lead("b", 3));
         assert!(rx.try_recv().is_err(), "no other transition");
     });
+}
+
+/// Events of many models: `(model, event)`.
+struct ModelHooks(&'static str, &'static str, UnboundedSender<(&'static str, Event)>);
+
+impl RoleHooks for ModelHooks {
+    fn lead(&mut self, epoch: i64, _t: Transition) {
+        let _ = self.2.unbounded_send((self.1, Event::Lead(self.0, epoch)));
+    }
+    fn follow(&mut self, why: Why, _t: Transition) {
+        let _ = self.2.unbounded_send((self.1, Event::Follow(self.0, why)));
+    }
+}
+
+#[test]
+fn one_lease_thread_and_one_listener_serve_every_model_of_a_replica() {
+    let pg = TempPostgres::start("lease-shared").unwrap();
+    let mut c = postgres::Client::connect(pg.url(), postgres::NoTls).unwrap();
+    c.batch_execute("CREATE SCHEMA model_one; CREATE SCHEMA model_two;").unwrap();
+    const MODELS: [(&str, &str, &str); 2] = [("one", "model_one", "uuid-one"), ("two", "model_two", "uuid-two")];
+    let url = pg.url().to_owned();
+    actix_rt::System::new().block_on(async move {
+        // Each replica: one lease thread and one lease arbiter for both models.
+        let (tx, mut rx) = unbounded();
+        let start = |id: &'static str| {
+            let sql = LeaseSql::start(url.clone(), id.into(), timings().retry(), timings().lease()).unwrap();
+            let arbiter = actix_rt::Arbiter::new().handle();
+            MODELS
+                .iter()
+                .map(|(name, schema, uuid)| {
+                    let config = LeaseConfig {
+                        url: url.clone(),
+                        model_uuid: (*uuid).into(),
+                        schema: Some((*schema).into()),
+                        replica: id.into(),
+                        timings: timings(),
+                        spread: false,
+                    };
+                    LeaseActor::start_on(&arbiter, config, Box::new(ModelHooks(id, name, tx.clone())), sql.clone())
+                })
+                .collect::<Vec<_>>()
+        };
+        let a = start("a");
+        let mut led: Vec<_> = vec![next_of(&mut rx).await, next_of(&mut rx).await];
+        led.sort_by_key(|(m, _)| *m);
+        assert_eq!(led, vec![("one", Event::Lead("a", 1)), ("two", Event::Lead("a", 1))]);
+        // Each lease is in its model's schema, and nowhere else.
+        let rows = |c: &mut postgres::Client, schema: &str| -> Vec<(String, String, i64)> {
+            c.query(&format!("SELECT model_uuid, holder, epoch FROM {schema}.leader_lease"), &[])
+                .unwrap()
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect()
+        };
+        let (url2, check) = (url.clone(), rows);
+        let (one, two) = actix_rt::task::spawn_blocking(move || {
+            let mut c = postgres::Client::connect(&url2, postgres::NoTls).unwrap();
+            (check(&mut c, "model_one"), check(&mut c, "model_two"))
+        })
+        .await
+        .unwrap();
+        assert_eq!(one, vec![("uuid-one".to_owned(), "a".to_owned(), 1)]);
+        assert_eq!(two, vec![("uuid-two".to_owned(), "a".to_owned(), 1)]);
+
+        // A second replica follows on both; the leases stay renewed (several lease periods
+        // pass with no transition), then a's release hands both over at epoch 2.
+        let b = start("b");
+        actix_rt::time::sleep(Duration::from_millis(2500)).await;
+        assert!(rx.try_recv().is_err(), "both leases renewed over one connection, none lost");
+        for l in &b {
+            let s = l.send(GetLeaseStatus).await.unwrap();
+            assert_eq!((s.role, s.leader.as_deref(), s.epoch), ("follower", Some("a"), Some(1)));
+        }
+        for l in &a {
+            timeout(Duration::from_secs(5), l.send(ReleaseLease)).await.unwrap().unwrap();
+        }
+        let mut moved = Vec::new();
+        for _ in 0..4 {
+            moved.push(next_of(&mut rx).await);
+        }
+        moved.sort_by_key(|(m, e)| (*m, format!("{e:?}")));
+        assert_eq!(
+            moved,
+            vec![
+                ("one", Event::Follow("a", Why::Released)),
+                ("one", Event::Lead("b", 2)),
+                ("two", Event::Follow("a", Why::Released)),
+                ("two", Event::Lead("b", 2)),
+            ]
+        );
+
+        // One listener: a notice reaches the model it names only; a subscriber learns at once
+        // to read afresh.
+        let hub = NoticeHub::start_listening(url.clone(), Duration::from_millis(200)).unwrap();
+        let (one_tx, mut one_rx) = unbounded();
+        let (two_tx, mut two_rx) = unbounded();
+        hub.do_send(Subscribe { model_uuid: "uuid-one".into(), to: Forward(one_tx).start().recipient() });
+        hub.do_send(Subscribe { model_uuid: "uuid-two".into(), to: Forward(two_tx).start().recipient() });
+        for rx in [&mut one_rx, &mut two_rx] {
+            let first = timeout(Duration::from_secs(10), rx.next()).await.unwrap().unwrap();
+            assert!(first.resync, "{first:?}");
+        }
+        let url2 = url.clone();
+        actix_rt::task::spawn_blocking(move || {
+            let mut c = postgres::Client::connect(&url2, postgres::NoTls).unwrap();
+            // Repeated: the hub's LISTEN may connect after the first notices.
+            for _ in 0..20 {
+                c.batch_execute("NOTIFY provisioner_changes, '{\"model_uuid\":\"uuid-two\",\"kind\":\"machines\"}'")
+                    .unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+        .await
+        .unwrap();
+        let got = loop {
+            let m = timeout(Duration::from_secs(10), two_rx.next()).await.unwrap().unwrap();
+            if !m.resync {
+                break m;
+            }
+        };
+        assert!(got.payload.contains("uuid-two"), "{got:?}");
+        while let Ok(m) = one_rx.try_recv() {
+            assert!(m.resync, "model one hears no notice of model two: {m:?}");
+        }
+    });
+}
+
+async fn next_of(rx: &mut UnboundedReceiver<(&'static str, Event)>) -> (&'static str, Event) {
+    timeout(Duration::from_secs(10), rx.next()).await.expect("an event within 10 s").expect("events go on")
 }

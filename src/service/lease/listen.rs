@@ -4,6 +4,10 @@
 //! thread blocks on the connection until a notification arrives; a lost connection is
 //! reconnected after `retry` (and a [`Changed`] with `resync: true` tells the recipient that
 //! it may have missed some, so that it reads afresh).
+//!
+//! A replica hosting many models listens once: [`NoticeHub`] takes the one listener's
+//! notifications and hands each to the model it names (a reconnection to every model), so a
+//! replica holds one LISTEN connection and thread, not one per model.
 
 use std::time::Duration;
 
@@ -27,6 +31,74 @@ pub struct Changed {
     /// The backend process id of the session that notified (0 on a resync): a store compares
     /// it with its own session's to tell its own changes from other replicas'.
     pub sender: i32,
+}
+
+/// The replica's one listener, shared by its models: hands each notification to the models'
+/// subscribers by the `model_uuid` it names (a notice naming none, and a reconnection, to all).
+#[derive(Debug, Default)]
+pub struct NoticeHub {
+    models: std::collections::BTreeMap<String, Vec<Recipient<Changed>>>,
+}
+
+impl NoticeHub {
+    /// Starts the hub and its listening thread on `url` (reconnecting after `retry`).
+    pub fn start_listening(url: String, retry: Duration) -> std::io::Result<Addr<Self>> {
+        let hub = Self::default().start();
+        listen(url, retry, hub.clone().recipient())?;
+        Ok(hub)
+    }
+}
+
+impl Actor for NoticeHub {
+    type Context = Context<Self>;
+}
+
+/// Hands model `model_uuid`'s notices to `to` from now on (starting with a resync: what was
+/// committed before is to be read afresh).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Subscribe {
+    /// The model.
+    pub model_uuid: String,
+    /// Where its notices go.
+    pub to: Recipient<Changed>,
+}
+
+impl Handler<Subscribe> for NoticeHub {
+    type Result = ();
+    fn handle(&mut self, m: Subscribe, _ctx: &mut Self::Context) {
+        let _ = m.to.try_send(Changed { payload: String::new(), resync: true, sender: 0 });
+        self.models.entry(m.model_uuid).or_default().push(m.to);
+    }
+}
+
+/// The model a notice names (the store's notices are JSON with a `model_uuid`).
+#[derive(serde::Deserialize)]
+struct Named {
+    model_uuid: Option<String>,
+}
+
+impl Handler<Changed> for NoticeHub {
+    type Result = ();
+    fn handle(&mut self, m: Changed, _ctx: &mut Self::Context) {
+        let named =
+            if m.resync { None } else { serde_json::from_str::<Named>(&m.payload).ok().and_then(|n| n.model_uuid) };
+        // A subscriber gone (its model stopped) is dropped.
+        let keep = |to: &Recipient<Changed>| to.try_send(m.clone()).is_ok() || to.connected();
+        match named {
+            Some(uuid) => {
+                if let Some(subs) = self.models.get_mut(&uuid) {
+                    subs.retain(keep);
+                }
+            }
+            None => {
+                for subs in self.models.values_mut() {
+                    subs.retain(keep);
+                }
+            }
+        }
+        self.models.retain(|_, subs| !subs.is_empty());
+    }
 }
 
 /// Starts the listening thread; it runs while the recipient is alive.

@@ -25,7 +25,7 @@
 
 use std::time::Duration;
 
-use postgres::Client;
+use postgres::{Client, GenericClient, Transaction};
 use thiserror::Error;
 
 use super::state::Answer;
@@ -94,6 +94,14 @@ pub enum LeaseSqlError {
     /// The lease's duration does not fit the database's arithmetic.
     #[error("lease: duration {0:?} is too long")]
     Duration(Duration),
+}
+
+impl LeaseSqlError {
+    /// The server refused the statement (an SQL error: a missing table, a timeout, a lock not
+    /// granted), the connection itself still usable; otherwise the connection failed.
+    pub fn refused_by_server(&self) -> bool {
+        matches!(self, LeaseSqlError::Database(e) if e.as_db_error().is_some())
+    }
 }
 
 /// The lease's row as read.
@@ -182,35 +190,22 @@ impl PgLease {
     /// Tries to take the lease for `lease`: [`Answer::Acquired`] with the new epoch, or
     /// [`Answer::HeldBy`] whoever holds it unexpired.
     pub fn acquire(&mut self, lease: Duration) -> Result<Answer, LeaseSqlError> {
-        let ms = millis(lease)?;
-        let row = self.client.query_opt(ACQUIRE_SQL, &[&self.model_uuid, &self.holder, &ms])?;
-        if let Some(row) = row {
-            return Ok(Answer::Acquired { epoch: row.get(0) });
-        }
-        Ok(match self.current()? {
-            Some(LeaseRow { holder, epoch, .. }) => Answer::HeldBy { holder, epoch },
-            // Deleted in between (by hand): nothing known, the next attempt inserts it.
-            None => Answer::Failed("the lease row vanished".to_owned()),
-        })
+        acquire_on(&mut self.client, &self.model_uuid, &self.holder, lease)
     }
 
     /// Renews the lease held at `epoch` for `lease`: [`Answer::Renewed`] or [`Answer::Refused`].
     pub fn renew(&mut self, epoch: i64, lease: Duration) -> Result<Answer, LeaseSqlError> {
-        let ms = millis(lease)?;
-        let n = self.client.execute(RENEW_SQL, &[&self.model_uuid, &self.holder, &epoch, &ms])?;
-        Ok(if n == 1 { Answer::Renewed } else { Answer::Refused })
+        renew_on(&mut self.client, &self.model_uuid, &self.holder, epoch, lease)
     }
 
     /// Releases the lease held at `epoch` (a lease no longer ours is left alone).
     pub fn release(&mut self, epoch: i64) -> Result<Answer, LeaseSqlError> {
-        self.client.execute(RELEASE_SQL, &[&self.model_uuid, &self.holder, &epoch])?;
-        Ok(Answer::Released)
+        release_on(&mut self.client, &self.model_uuid, &self.holder, epoch)
     }
 
     /// The lease's row, if any.
     pub fn current(&mut self) -> Result<Option<LeaseRow>, LeaseSqlError> {
-        let row = self.client.query_opt(CURRENT_SQL, &[&self.model_uuid])?;
-        Ok(row.map(|r| LeaseRow { holder: r.get(0), epoch: r.get(1), live: r.get(2) }))
+        current_on(&mut self.client, &self.model_uuid)
     }
 
     /// Whether `holder` at `epoch` may write now: [`FENCE_SQL`] in a transaction of its own
@@ -220,6 +215,171 @@ impl PgLease {
         let ok = tx.query_opt(FENCE_SQL, &[&self.model_uuid, &holder, &epoch])?.is_some();
         tx.commit()?;
         Ok(ok)
+    }
+}
+
+fn acquire_on(c: &mut impl GenericClient, model: &str, holder: &str, lease: Duration) -> Result<Answer, LeaseSqlError> {
+    let ms = millis(lease)?;
+    if let Some(row) = c.query_opt(ACQUIRE_SQL, &[&model, &holder, &ms])? {
+        return Ok(Answer::Acquired { epoch: row.get(0) });
+    }
+    Ok(match current_on(c, model)? {
+        Some(LeaseRow { holder, epoch, .. }) => Answer::HeldBy { holder, epoch },
+        // Deleted in between (by hand): nothing known, the next attempt inserts it.
+        None => Answer::Failed("the lease row vanished".to_owned()),
+    })
+}
+
+fn renew_on(
+    c: &mut impl GenericClient,
+    model: &str,
+    holder: &str,
+    epoch: i64,
+    lease: Duration,
+) -> Result<Answer, LeaseSqlError> {
+    let ms = millis(lease)?;
+    let n = c.execute(RENEW_SQL, &[&model, &holder, &epoch, &ms])?;
+    Ok(if n == 1 { Answer::Renewed } else { Answer::Refused })
+}
+
+fn release_on(c: &mut impl GenericClient, model: &str, holder: &str, epoch: i64) -> Result<Answer, LeaseSqlError> {
+    c.execute(RELEASE_SQL, &[&model, &holder, &epoch])?;
+    Ok(Answer::Released)
+}
+
+fn current_on(c: &mut impl GenericClient, model: &str) -> Result<Option<LeaseRow>, LeaseSqlError> {
+    let row = c.query_opt(CURRENT_SQL, &[&model])?;
+    Ok(row.map(|r| LeaseRow { holder: r.get(0), epoch: r.get(1), live: r.get(2) }))
+}
+
+/// Which lease: a model's uuid, and the schema its tables are in (`None`: the connection's
+/// own `search_path`, e.g. `default`'s `public`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LeaseKey {
+    /// The model's uuid (the lease row's key).
+    pub model_uuid: String,
+    /// The schema of the model's tables: a checked model schema name or `public`.
+    pub schema: Option<String>,
+}
+
+/// Every model's lease of one replica over ONE connection (the replica's lease thread): each
+/// step runs in a transaction of its own with the model's schema as its `search_path`, and
+/// renewals that were asked together commit together (one transaction, a savepoint each, one
+/// flush to disk for them all).
+pub struct PgLeases {
+    client: Client,
+    holder: String,
+    /// The schemas whose lease tables this connection has made sure of.
+    ready: std::collections::BTreeSet<Option<String>>,
+}
+
+impl std::fmt::Debug for PgLeases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLeases").field("holder", &self.holder).field("ready", &self.ready).finish()
+    }
+}
+
+/// Sets the transaction's `search_path` to the key's schema (for the rest of the transaction).
+fn enter(tx: &mut Transaction<'_>, key: &LeaseKey) -> Result<(), LeaseSqlError> {
+    if let Some(schema) = &key.schema {
+        let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
+        tx.execute("SELECT set_config('search_path', $1, true)", &[&quoted])?;
+    }
+    Ok(())
+}
+
+impl PgLeases {
+    /// Connects through `connector` ([`PgLease::config`]'s settings: every statement bounded,
+    /// every commit flushed) as replica `holder`.
+    pub fn connect_with(
+        connector: &mut crate::service::pgconnect::Connector,
+        timeout: Duration,
+        holder: &str,
+    ) -> Result<Self, LeaseSqlError> {
+        let client = connector.connect(timeout).map_err(LeaseSqlError::Connect)?;
+        Ok(Self { client, holder: holder.to_owned(), ready: Default::default() })
+    }
+
+    /// This replica's id.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// Makes sure the key's schema has the lease tables (once per schema and connection).
+    fn prepare(&mut self, key: &LeaseKey) -> Result<(), LeaseSqlError> {
+        if self.ready.contains(&key.schema) {
+            return Ok(());
+        }
+        let mut tx = self.client.transaction()?;
+        enter(&mut tx, key)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LEASE_TABLE_LOCK])?;
+        tx.batch_execute(CREATE_TABLE_SQL)?;
+        tx.batch_execute(crate::service::store::EPOCH_TABLES_SQL)?;
+        tx.commit()?;
+        self.ready.insert(key.schema.clone());
+        Ok(())
+    }
+
+    /// [`PgLease::acquire`] for `key`.
+    pub fn acquire(&mut self, key: &LeaseKey, lease: Duration) -> Result<Answer, LeaseSqlError> {
+        self.prepare(key)?;
+        let mut tx = self.client.transaction()?;
+        enter(&mut tx, key)?;
+        let answer = acquire_on(&mut tx, &key.model_uuid, &self.holder, lease)?;
+        tx.commit()?;
+        Ok(answer)
+    }
+
+    /// [`PgLease::release`] for `key`.
+    pub fn release(&mut self, key: &LeaseKey, epoch: i64) -> Result<Answer, LeaseSqlError> {
+        self.prepare(key)?;
+        let mut tx = self.client.transaction()?;
+        enter(&mut tx, key)?;
+        let answer = release_on(&mut tx, &key.model_uuid, &self.holder, epoch)?;
+        tx.commit()?;
+        Ok(answer)
+    }
+
+    /// Renews every `(key, epoch)` for `lease` in one transaction, a savepoint each: each
+    /// renewal's own answer (one that failed on its own, e.g. a model's schema dropped, is an
+    /// error for that one only), all of them known only once the transaction committed. `Err`:
+    /// the transaction or its commit failed, and no renewal is known to have taken effect.
+    pub fn renew_all(
+        &mut self,
+        leases: &[(LeaseKey, i64)],
+        lease: Duration,
+    ) -> Result<Vec<Result<Answer, LeaseSqlError>>, LeaseSqlError> {
+        let mut answers = Vec::with_capacity(leases.len());
+        let mut todo = Vec::with_capacity(leases.len());
+        for (i, (key, _)) in leases.iter().enumerate() {
+            match self.prepare(key) {
+                Ok(()) => todo.push(i),
+                Err(e) if e.refused_by_server() => answers.push((i, Err(e))),
+                Err(e) => return Err(e),
+            }
+        }
+        let mut tx = self.client.transaction()?;
+        for i in todo {
+            let (key, epoch) = &leases[i];
+            let mut sp = tx.savepoint("renewal")?;
+            let answer =
+                enter(&mut sp, key).and_then(|()| renew_on(&mut sp, &key.model_uuid, &self.holder, *epoch, lease));
+            match answer {
+                Ok(a) => {
+                    sp.commit()?;
+                    answers.push((i, Ok(a)));
+                }
+                // A statement the server refused: that renewal only (the savepoint rolls back).
+                Err(e) if e.refused_by_server() => {
+                    sp.rollback()?;
+                    answers.push((i, Err(e)));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        tx.commit()?;
+        answers.sort_by_key(|(i, _)| *i);
+        Ok(answers.into_iter().map(|(_, a)| a).collect())
     }
 }
 
@@ -363,6 +523,51 @@ mod tests {
             let mut other = PgLease::connect(pg.url(), TIMEOUT, "another-model", loser).unwrap();
             assert_eq!(other.acquire(LEASE).unwrap(), Answer::Acquired { epoch: 1 });
             assert_eq!(w.current().unwrap().map(|r| r.epoch), Some(3));
+        });
+    }
+
+    #[test]
+    fn renewals_of_many_models_commit_together_and_one_failing_loses_no_other() {
+        with_pg("lease-many", |pg| {
+            let mut c = Client::connect(pg.url(), postgres::NoTls).unwrap();
+            c.batch_execute("CREATE SCHEMA model_x; CREATE SCHEMA model_y;").unwrap();
+            let key = |schema: &str, uuid: &str| LeaseKey { model_uuid: uuid.into(), schema: Some(schema.into()) };
+            let (x, y) = (key("model_x", "ux"), key("model_y", "uy"));
+            let mut connector = crate::service::pgconnect::Connector::new(PgLease::config(pg.url(), TIMEOUT).unwrap());
+            let mut l = PgLeases::connect_with(&mut connector, TIMEOUT, "a").unwrap();
+            assert_eq!(l.holder(), "a");
+            assert_eq!(l.acquire(&x, LEASE).unwrap(), Answer::Acquired { epoch: 1 });
+            assert_eq!(l.acquire(&y, LEASE).unwrap(), Answer::Acquired { epoch: 1 });
+            // Each model's lease is in its own schema.
+            let holder = |c: &mut Client, schema: &str| -> Vec<(String, i64)> {
+                c.query(&format!("SELECT model_uuid, epoch FROM {schema}.leader_lease"), &[])
+                    .unwrap()
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1)))
+                    .collect()
+            };
+            assert_eq!(holder(&mut c, "model_x"), vec![("ux".to_owned(), 1)]);
+            assert_eq!(holder(&mut c, "model_y"), vec![("uy".to_owned(), 1)]);
+            // Renewed together; a stale epoch is refused without disturbing the other.
+            let answers = l.renew_all(&[(x.clone(), 1), (y.clone(), 7)], LEASE).unwrap();
+            assert_eq!(
+                answers.into_iter().map(|a| a.unwrap()).collect::<Vec<_>>(),
+                vec![Answer::Renewed, Answer::Refused]
+            );
+            // A model's schema dropped: its renewal fails alone, the other's commits.
+            c.batch_execute("DROP SCHEMA model_y CASCADE").unwrap();
+            c.execute("UPDATE model_x.leader_lease SET expires_at = now() + interval '1 second'", &[]).unwrap();
+            let answers = l.renew_all(&[(y.clone(), 1), (x.clone(), 1)], LEASE).unwrap();
+            assert!(answers[0].as_ref().is_err_and(|e| e.refused_by_server()), "{:?}", answers[0]);
+            assert_eq!(answers[1].as_ref().unwrap(), &Answer::Renewed);
+            let left: f64 = c
+                .query_one("SELECT extract(epoch FROM expires_at - now())::float8 FROM model_x.leader_lease", &[])
+                .unwrap()
+                .get(0);
+            assert!(left > 5.0, "x's renewal committed: {left} s left");
+            // Released in its schema; the next acquisition is at epoch + 1.
+            assert_eq!(l.release(&x, 1).unwrap(), Answer::Released);
+            assert_eq!(l.acquire(&x, LEASE).unwrap(), Answer::Acquired { epoch: 2 });
         });
     }
 

@@ -51,6 +51,9 @@ pub struct Shared {
     pub replica_id: String,
     /// How many models' leases this replica holds now (`/v1/status`'s `models_led`).
     pub models_led: Arc<std::sync::atomic::AtomicUsize>,
+    /// On PostgreSQL: the lease thread, listener and lease arbiter the models share.
+    #[cfg(feature = "postgres")]
+    pub replica_links: Option<crate::service::run::ReplicaLinks>,
 }
 
 /// Why a model operation failed, with the HTTP status the API answers.
@@ -296,7 +299,7 @@ impl ModelHost {
             Some(s) => s,
             None => crate::service::run::open_model_store(&self.shared.opts, &opts, &entry.name, new).await?,
         };
-        let state = crate::service::run::start_model(&self.shared, &opts, &entry.cloud, store).await?;
+        let state = crate::service::run::start_model(&self.shared, &entry.name, &opts, &entry.cloud, store).await?;
         self.set_slot(&entry.name, Some(Slot::Running(Box::new(state.clone())))).await;
         if entry.uuid.as_deref() != Some(state.model_uuid.as_str()) {
             let (name, uuid) = (entry.name.clone(), state.model_uuid.clone());
