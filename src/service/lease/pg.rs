@@ -279,11 +279,15 @@ impl std::fmt::Debug for PgLeases {
     }
 }
 
-/// Sets the transaction's `search_path` to the key's schema (for the rest of the transaction).
+/// Sets the transaction's `search_path` to the key's schema, or back to the connection's own
+/// (for the rest of the transaction: a renewal of another model in the same one sets it anew).
 fn enter(tx: &mut Transaction<'_>, key: &LeaseKey) -> Result<(), LeaseSqlError> {
-    if let Some(schema) = &key.schema {
-        let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
-        tx.execute("SELECT set_config('search_path', $1, true)", &[&quoted])?;
+    match &key.schema {
+        Some(schema) => {
+            let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
+            tx.execute("SELECT set_config('search_path', $1, true)", &[&quoted])?;
+        }
+        None => tx.batch_execute("SET LOCAL search_path TO DEFAULT")?,
     }
     Ok(())
 }
@@ -548,11 +552,16 @@ mod tests {
             };
             assert_eq!(holder(&mut c, "model_x"), vec![("ux".to_owned(), 1)]);
             assert_eq!(holder(&mut c, "model_y"), vec![("uy".to_owned(), 1)]);
-            // Renewed together; a stale epoch is refused without disturbing the other.
-            let answers = l.renew_all(&[(x.clone(), 1), (y.clone(), 7)], LEASE).unwrap();
+            // A model in the connection's own schema (`default`'s `public`).
+            let public = LeaseKey { model_uuid: "up".into(), schema: None };
+            assert_eq!(l.acquire(&public, LEASE).unwrap(), Answer::Acquired { epoch: 1 });
+            assert_eq!(holder(&mut c, "public"), vec![("up".to_owned(), 1)]);
+            // Renewed together, whatever the schemas' order; a stale epoch is refused without
+            // disturbing the others.
+            let answers = l.renew_all(&[(x.clone(), 1), (public.clone(), 1), (y.clone(), 7)], LEASE).unwrap();
             assert_eq!(
                 answers.into_iter().map(|a| a.unwrap()).collect::<Vec<_>>(),
-                vec![Answer::Renewed, Answer::Refused]
+                vec![Answer::Renewed, Answer::Renewed, Answer::Refused]
             );
             // A model's schema dropped: its renewal fails alone, the other's commits.
             c.batch_execute("DROP SCHEMA model_y CASCADE").unwrap();
