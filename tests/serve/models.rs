@@ -336,6 +336,12 @@ fn a_token_scoped_to_a_model_uses_that_model_alone() {
     assert_eq!(serde_json::from_str::<Value>(&body).unwrap().as_array().unwrap().len(), 2);
     let (code, why) = http_as(&s, &reader_a, "POST", "/v1/models/team-a/machines", Some(r#"{"count": 1}"#));
     assert!(code == 403 && why.contains("read-only"), "{code} {why}");
+    // Its model's metrics: that model's machines, not default's (none).
+    let (code, m) = http_as(&s, &reader_a, "GET", "/v1/models/team-a/metrics", None);
+    assert_eq!(code, 200, "{m}");
+    assert!(m.ends_with("# EOF\n"), "{m}");
+    assert_eq!(super::sample(&m, "provisioner_machines{status=\"started\"}"), Some(2.0), "{m}");
+    assert_eq!(super::sample(&s.metrics(), "provisioner_machines{status=\"started\"}").unwrap_or(0.0), 0.0);
 
     // Every other model, `default` by the plain routes included: 403 naming both, nothing changed.
     for (method, path, body) in [
@@ -344,6 +350,8 @@ fn a_token_scoped_to_a_model_uses_that_model_alone() {
         ("GET", "/v1/machines", None),
         ("POST", "/v1/machines", Some(r#"{"count": 1}"#)),
         ("GET", "/v1/models/team-b", None),
+        ("GET", "/v1/models/team-b/metrics", None),
+        ("GET", "/v1/metrics", None),
     ] {
         let (code, why) = http_as(&s, &admin_a, method, path, body);
         assert_eq!(code, 403, "{method} {path}: {why}");

@@ -1022,6 +1022,17 @@ async fn metrics(st: State) -> Result<HttpResponse> {
     Ok(HttpResponse::Ok().content_type(crate::service::metrics::CONTENT_TYPE).body(text))
 }
 
+#[utoipa::path(get, path = "/v1/metrics", tag = "service", operation_id = "model_metrics",
+    responses((status = 200, description = "The model's metrics: OpenMetrics text format 1.0.0 (ends in `# EOF`), \
+        the families of `/metrics` for this model (its machines, starts, pool, cloud calls; the HTTP families \
+        count the whole service)",
+        content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String)))]
+/// One model's metrics (`/v1/models/NAME/metrics`; `/metrics`, without a token, is `default`'s):
+/// behind the token, so that a token scoped to a model reads that model's alone.
+async fn model_metrics(_: Authorized, st: State) -> Result<HttpResponse> {
+    metrics(st).await
+}
+
 async fn v1_not_found(_: Authorized, req: HttpRequest) -> Result<HttpResponse> {
     Err(ApiError::new(404, format!("no such API endpoint: {} {}", req.method(), req.path())))
 }
@@ -1105,6 +1116,7 @@ fn model_routes(cfg: &mut web::ServiceConfig) {
         resource("/config/{key}", "GET, PUT", true).route(web::get().to(get_config)).route(web::put().to(set_config)),
     )
     .service(resource("/status", "GET", true).route(web::get().to(status)))
+    .service(resource("/metrics", "GET", true).route(web::get().to(model_metrics)))
     .service(resource("/destroy-model", "POST", true).route(web::post().to(destroy_model)))
     .service(resource("/events", "GET", true).route(web::get().to(events)));
 }

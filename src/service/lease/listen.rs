@@ -67,7 +67,7 @@ pub struct Subscribe {
 impl Handler<Subscribe> for NoticeHub {
     type Result = ();
     fn handle(&mut self, m: Subscribe, _ctx: &mut Self::Context) {
-        let _ = m.to.try_send(Changed { payload: String::new(), resync: true, sender: 0 });
+        m.to.do_send(Changed { payload: String::new(), resync: true, sender: 0 });
         self.models.entry(m.model_uuid).or_default().push(m.to);
     }
 }
@@ -83,8 +83,12 @@ impl Handler<Changed> for NoticeHub {
     fn handle(&mut self, m: Changed, _ctx: &mut Self::Context) {
         let named =
             if m.resync { None } else { serde_json::from_str::<Named>(&m.payload).ok().and_then(|n| n.model_uuid) };
-        // A subscriber gone (its model stopped) is dropped.
-        let keep = |to: &Recipient<Changed>| to.try_send(m.clone()).is_ok() || to.connected();
+        // Queued whatever the mailbox's size (a notice dropped is a change a follower never
+        // learns of); a subscriber gone (its model stopped) is dropped.
+        let keep = |to: &Recipient<Changed>| {
+            to.do_send(m.clone());
+            to.connected()
+        };
         match named {
             Some(uuid) => {
                 if let Some(subs) = self.models.get_mut(&uuid) {
@@ -143,8 +147,13 @@ fn listen_once(
     };
     let mut client: Client = c.connect(retry).map_err(|e| e.to_string())?;
     client.batch_execute(&format!("LISTEN {CHANNEL}")).map_err(|e| e.to_string())?;
-    let gone = |sent: Result<(), SendError<Changed>>| sent.is_err() && !to.connected();
-    if gone(to.try_send(Changed { payload: String::new(), resync: true, sender: 0 })) {
+    // Every notification queued, whatever the mailbox's size: one dropped would be a change
+    // the recipient never learns of (after a burst of changes, the last ones).
+    let gone = |msg: Changed| {
+        to.do_send(msg);
+        !to.connected()
+    };
+    if gone(Changed { payload: String::new(), resync: true, sender: 0 }) {
         return Ok(());
     }
     loop {
@@ -154,8 +163,7 @@ fn listen_once(
             let mut notifications = client.notifications();
             let mut it = notifications.timeout_iter(retry);
             while let Some(n) = it.next().map_err(|e| e.to_string())? {
-                if gone(to.try_send(Changed { payload: n.payload().to_owned(), resync: false, sender: n.process_id() }))
-                {
+                if gone(Changed { payload: n.payload().to_owned(), resync: false, sender: n.process_id() }) {
                     return Ok(());
                 }
             }

@@ -23,6 +23,19 @@ use crate::service::lease::LeaseTimings;
 use super::host::{schema_name, ModelHost};
 use super::DEFAULT_MODEL;
 
+/// The membership connection, closed on a thread of its own when dropped.
+struct OffRuntime(Option<Members>);
+
+impl Drop for OffRuntime {
+    fn drop(&mut self) {
+        if let Some(m) = self.0.take() {
+            if std::thread::Builder::new().name("spread-close".into()).spawn(move || drop(m)).is_err() {
+                tracing::warn!("spread: cannot close the membership connection on a thread of its own");
+            }
+        }
+    }
+}
+
 /// The running spread: [`Spread::leave`] at a clean stop.
 #[derive(Debug, Clone)]
 pub struct Spread {
@@ -46,13 +59,16 @@ impl Spread {
         spread
     }
 
-    async fn rounds(self, host: ModelHost, mut members: Option<Members>) {
+    async fn rounds(self, host: ModelHost, members: Option<Members>) {
+        // Dropped off the runtime's thread, even when this task is (the sync client's close
+        // blocks, which a runtime's thread must not do).
+        let mut members = OffRuntime(members);
         loop {
             actix_rt::time::sleep(self.timings.retry()).await;
             if self.stopped.load(Ordering::SeqCst) {
                 return;
             }
-            members = self.round(&host, members).await;
+            members.0 = self.round(&host, members.0.take()).await;
         }
     }
 
