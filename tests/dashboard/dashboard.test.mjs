@@ -289,3 +289,48 @@ test('with replicas, the page shows the role, the leader and the epoch', { timeo
   assert.match(await text(page, '#banner'), /follower.*db-1/);
   await page.close();
 });
+
+// Many models: the picker lists the models the token sees, and the page then shows and drives
+// the model picked alone (its state, its actions, its event stream); the fragment keeps it.
+test('a model picked in the header is the one shown and driven', { timeout: 4 * WAIT }, async () => {
+  await api('POST', '/v1/models', { name: 'team-a' });
+  await api('POST', '/v1/models/team-a/machines', { count: 2 });
+  const before = (await api('GET', '/v1/machines')).length;
+  const page = await newPage();
+  const problems = [];
+  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+  await page.goto(url + '/');
+  await page.fill('#login-token', token);
+  await page.click('#login-button');
+  await page.locator('#conn.live').waitFor();
+  await page.waitForFunction((n) => document.getElementById('n-machines').textContent === String(n), before);
+  assert.deepEqual(await page.locator('#model-select option').allInnerTexts(), ['default', 'team-a']);
+  assert.equal(await page.locator('#model-select').inputValue(), 'default');
+
+  // team-a: its two machines, running, and nothing of default's.
+  await page.selectOption('#model-select', 'team-a');
+  await page.waitForFunction(() => document.getElementById('n-running').textContent === '2'
+    && document.getElementById('n-machines').textContent === '2');
+  assert.match(page.url(), /#model=team-a$/);
+  const uuid = (await api('GET', '/v1/models/team-a')).uuid;
+  assert.equal(await page.locator('#model-uuid').getAttribute('title'), uuid);
+  // An add through the page goes to team-a, and its start reaches the page on team-a's stream.
+  await page.fill('#add-count', '1');
+  await page.fill('#add-constraints', '');
+  await page.click('#add-button');
+  await page.waitForFunction(() => document.getElementById('n-running').textContent === '3');
+  assert.match(await text(page, '#event-log'), /machine-started/);
+  assert.equal((await api('GET', '/v1/models/team-a/machines')).length, 3);
+  assert.equal((await api('GET', '/v1/machines')).length, before, 'default unchanged');
+
+  // A page opened on the fragment shows team-a at once.
+  const again = await newPage();
+  await again.goto(url + '/#model=team-a');
+  await again.fill('#login-token', token);
+  await again.click('#login-button');
+  await again.waitForFunction(() => document.getElementById('n-machines').textContent === '3');
+  assert.equal(await again.locator('#model-select').inputValue(), 'team-a');
+  assert.deepEqual(problems, [], 'errors in the page');
+  await again.close();
+  await page.close();
+});

@@ -7,6 +7,11 @@
 // refetch of the state (coalesced). The stream reconnects with backoff, and refetches the
 // state on every (re)connection, so a `stream-dropped` event or a lost connection loses
 // nothing. The page never reloads itself.
+//
+// The model shown is picked in the header (the models the token may see, `/v1/models`) and
+// kept in the address's fragment (`#model=NAME`); every per-model call goes to
+// `/v1/models/NAME/...` (`default`'s to the plain `/v1/...`), and a change of model closes the
+// stream and reads the new model's state afresh.
 'use strict';
 
 (() => {
@@ -26,7 +31,15 @@
     instancesError: '',
     starts: [], // {t, ok}: machine-started and machine-failed events, for the plot
     stream: null, // the AbortController of the open event stream
+    model: new URLSearchParams(location.hash.slice(1)).get('model') || '',
+    generation: 0, // grows at each change of model: answers for an earlier one are dropped
   };
+
+  /** A per-model route (`/v1/...`) for the model shown. */
+  function at(path) {
+    if (!state.model || state.model === 'default') return path;
+    return `/v1/models/${encodeURIComponent(state.model)}${path.slice(3)}`;
+  }
 
   const $ = (id) => document.getElementById(id);
 
@@ -105,7 +118,7 @@
     state.token = token;
     $('login-button').disabled = true;
     try {
-      await api('GET', '/v1/status');
+      await api('GET', '/v1/models');
       sessionStorage.setItem(TOKEN_KEY, token);
       $('login').close();
       start();
@@ -143,17 +156,19 @@
     }
     refreshing = true;
     const began = performance.now();
+    const generation = state.generation;
     try {
-      const [status, machines] = await Promise.all([api('GET', '/v1/status'), api('GET', '/v1/machines')]);
-      state.status = status;
-      state.machines = machines;
+      const [status, machines] = await Promise.all([api('GET', at('/v1/status')), api('GET', at('/v1/machines'))]);
+      let instances = [];
+      let instancesError = '';
       try {
-        state.instances = await api('GET', '/v1/instances');
-        state.instancesError = '';
+        instances = await api('GET', at('/v1/instances'));
       } catch (e) {
         if (e instanceof Unauthorized) throw e;
-        state.instancesError = e.message;
+        instancesError = e.message;
       }
+      if (generation !== state.generation) return; // another model was picked meanwhile
+      Object.assign(state, { status, machines, instances, instancesError });
       render();
       banner('');
     } catch (e) {
@@ -471,11 +486,12 @@
   async function stream() {
     let backoff = 500;
     let connectedBefore = false;
-    while (state.token) {
+    const generation = state.generation; // this model's stream: a change of model ends it
+    while (state.token && generation === state.generation) {
       const controller = new AbortController();
       state.stream = controller;
       try {
-        const res = await fetch('/v1/events', {
+        const res = await fetch(at('/v1/events'), {
           headers: { Authorization: `Bearer ${state.token}`, Accept: 'text/event-stream' },
           cache: 'no-store',
           signal: controller.signal,
@@ -540,33 +556,68 @@
     const button = $('add-button');
     button.disabled = true;
     act((out) => `Added ${out.ids.length === 1 ? 'machine' : 'machines'} ${out.ids.join(', ')}.`,
-      () => api('POST', '/v1/machines', body)).finally(() => { button.disabled = false; });
+      () => api('POST', at('/v1/machines'), body)).finally(() => { button.disabled = false; });
   }
 
   function retry(ids) {
-    act(() => `Retrying ${ids.join(', ')}.`, () => api('POST', '/v1/machines/retry', { ids }));
+    act(() => `Retrying ${ids.join(', ')}.`, () => api('POST', at('/v1/machines/retry'), { ids }));
   }
 
   function remove(ids) {
-    act(() => `Removing ${ids.join(', ')}.`, () => api('POST', '/v1/machines/remove', { ids }));
+    act(() => `Removing ${ids.join(', ')}.`, () => api('POST', at('/v1/machines/remove'), { ids }));
   }
 
   function setConfig(key, value) {
-    act((out) => `${out.key} is now ${out.value}.`, () => api('PUT', `/v1/config/${key}`, { value }));
+    act((out) => `${out.key} is now ${out.value}.`, () => api('PUT', at(`/v1/config/${key}`), { value }));
   }
 
   // ---- start ----------------------------------------------------------------------------
 
   function start() {
     setConnection('down', 'connecting');
+    loadModels().then(() => {
+      refresh();
+      if (!state.stream) stream();
+    });
+  }
+
+  /** Fills the model picker with the models the token may see; keeps the model asked for
+   * (the fragment's) if it is one of them, else `default`, else the first. */
+  async function loadModels() {
+    let names = [];
+    try {
+      names = (await api('GET', '/v1/models')).map((m) => m.name);
+    } catch (e) {
+      if (e instanceof Unauthorized) return;
+      banner(`Cannot list the models: ${e.message}`, true);
+    }
+    if (!names.includes(state.model)) state.model = names.includes('default') ? 'default' : (names[0] || '');
+    const select = $('model-select');
+    select.replaceChildren(...names.map((n) => el('option', { value: n, text: n, selected: n === state.model })));
+    select.hidden = names.length < 2;
+  }
+
+  /** Shows another model: its state read afresh, its own event stream. */
+  function pickModel(name) {
+    if (name === state.model) return;
+    state.model = name;
+    state.generation += 1;
+    history.replaceState(null, '', `#model=${encodeURIComponent(name)}`);
+    if (state.stream) state.stream.abort();
+    state.stream = null;
+    Object.assign(state, { status: null, machines: [], instances: [], instancesError: '', starts: [] });
+    $('event-log').replaceChildren();
+    feedback('', true);
+    setConnection('down', 'connecting');
     refresh();
-    if (!state.stream) stream();
+    stream();
   }
 
   function init() {
     $('login-form').addEventListener('submit', signIn);
     $('login').addEventListener('cancel', (e) => e.preventDefault());
     $('sign-out').addEventListener('click', () => signOut(''));
+    $('model-select').addEventListener('change', (e) => pickModel(e.target.value));
     $('add-form').addEventListener('submit', addMachines);
     $('harvest-form').addEventListener('submit', (e) => {
       e.preventDefault();

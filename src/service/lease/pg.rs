@@ -344,11 +344,63 @@ impl PgLeases {
         Ok(answer)
     }
 
+    /// Renews every `(key, epoch)` for `lease`, all in one statement (one round trip, one
+    /// commit: a replica leading a hundred models renews them all at once); each renewal's own
+    /// answer. Should the server refuse that statement (a model's schema dropped, say), they are
+    /// renewed again one by one ([`PgLeases::renew_each`]), so that one model's failure fails
+    /// it alone. `Err`: the connection failed, and no renewal is known to have taken effect.
+    pub fn renew_all(
+        &mut self,
+        leases: &[(LeaseKey, i64)],
+        lease: Duration,
+    ) -> Result<Vec<Result<Answer, LeaseSqlError>>, LeaseSqlError> {
+        if leases.is_empty() || !leases.iter().all(|(k, _)| self.ready.contains(&k.schema)) {
+            return self.renew_each(leases, lease);
+        }
+        match self.renew_in_one(leases, lease) {
+            Ok(answers) => Ok(answers.into_iter().map(Ok).collect()),
+            Err(e) if e.refused_by_server() => self.renew_each(leases, lease),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`RENEW_SQL`] for every lease, as the data-modifying parts of one statement (each on its
+    /// model's table, schema-qualified; `default`'s on the connection's own `search_path`).
+    fn renew_in_one(&mut self, leases: &[(LeaseKey, i64)], lease: Duration) -> Result<Vec<Answer>, LeaseSqlError> {
+        use std::fmt::Write;
+        let ms = millis(lease)?;
+        let mut sql = String::with_capacity(leases.len() * 220);
+        let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = vec![&ms, &self.holder];
+        for (i, (key, epoch)) in leases.iter().enumerate() {
+            let table = match &key.schema {
+                Some(s) => format!("\"{}\".leader_lease", s.replace('"', "\"\"")),
+                None => "leader_lease".to_owned(),
+            };
+            let _ = write!(
+                sql,
+                "{}r{i} AS (UPDATE {table} SET expires_at = now() + $1::bigint * interval '1 millisecond' \
+                 WHERE model_uuid = ${} AND holder = $2 AND epoch = ${} AND expires_at > now() RETURNING 1)",
+                if i == 0 { "WITH " } else { ", " },
+                3 + 2 * i,
+                4 + 2 * i
+            );
+            params.push(&key.model_uuid);
+            params.push(epoch);
+        }
+        for i in 0..leases.len() {
+            let _ = write!(sql, "{}(SELECT count(*) FROM r{i})", if i == 0 { " SELECT " } else { ", " });
+        }
+        let row = self.client.query_one(sql.as_str(), &params)?;
+        Ok((0..leases.len())
+            .map(|i| if row.get::<_, i64>(i) == 1 { Answer::Renewed } else { Answer::Refused })
+            .collect())
+    }
+
     /// Renews every `(key, epoch)` for `lease` in one transaction, a savepoint each: each
     /// renewal's own answer (one that failed on its own, e.g. a model's schema dropped, is an
     /// error for that one only), all of them known only once the transaction committed. `Err`:
     /// the transaction or its commit failed, and no renewal is known to have taken effect.
-    pub fn renew_all(
+    pub fn renew_each(
         &mut self,
         leases: &[(LeaseKey, i64)],
         lease: Duration,
@@ -561,6 +613,11 @@ mod tests {
             let answers = l.renew_all(&[(x.clone(), 1), (public.clone(), 1), (y.clone(), 7)], LEASE).unwrap();
             assert_eq!(
                 answers.into_iter().map(|a| a.unwrap()).collect::<Vec<_>>(),
+                vec![Answer::Renewed, Answer::Renewed, Answer::Refused]
+            );
+            // That was one statement (no fall-back to one renewal at a time).
+            assert_eq!(
+                l.renew_in_one(&[(x.clone(), 1), (public.clone(), 1), (y.clone(), 7)], LEASE).unwrap(),
                 vec![Answer::Renewed, Answer::Renewed, Answer::Refused]
             );
             // A model's schema dropped: its renewal fails alone, the other's commits.
