@@ -50,12 +50,13 @@ impl<K: Ord + Clone, V: Ord + Clone> MultiMap<K, V> {
 
     /// Adds a value under a key; false if it was there already.
     pub fn insert(&mut self, key: K, value: V) -> bool {
-        let added = match self.map.get_mut(&key) {
-            None => {
-                self.map.insert(key, Values::One(value));
+        // One search: the entry is the place to insert at as well.
+        let added = match self.map.entry(key) {
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(Values::One(value));
                 true
             }
-            Some(values) => values.add(value),
+            std::collections::btree_map::Entry::Occupied(mut e) => e.get_mut().add(value),
         };
         self.len += usize::from(added);
         added

@@ -88,8 +88,8 @@ impl FakeMachine {
 }
 
 /// A machine as the fake model keeps it: what every machine of a fleet has (the machine, its
-/// instance's zone, when that was recorded) inline, everything else boxed and only while it
-/// differs from a fresh machine's. A 100,000-machine fleet then costs about 140 bytes a
+/// instance's zone, when that was recorded, the instance status message every start writes)
+/// inline, everything else boxed and only while it differs from a fresh machine's. A 100,000-machine fleet then costs about 140 bytes a
 /// machine here instead of a whole [`FakeMachine`] (520 bytes: its provisioning info, messages
 /// and timestamps are empty for nearly every machine). [`FakeMachine`] stays the form tests
 /// build and read (snapshots, `update`).
@@ -98,6 +98,7 @@ struct Slot {
     machine: Machine,
     zone: Option<String>,
     recorded_at: Option<std::time::Duration>,
+    instance_status_message: String,
     removed: bool,
     transient: bool,
     /// `None`: every field of [`Rare`] at its default.
@@ -110,7 +111,6 @@ struct Rare {
     info: ProvisioningInfo,
     group: Result<Vec<MachineId>, String>,
     status_message: String,
-    instance_status_message: String,
     read_error: Option<String>,
     died_at: Option<std::time::Duration>,
     removed_at: Option<std::time::Duration>,
@@ -123,7 +123,6 @@ impl Default for Rare {
             info: ProvisioningInfo::default(),
             group: Ok(Vec::new()),
             status_message: String::new(),
-            instance_status_message: String::new(),
             read_error: None,
             died_at: None,
             removed_at: None,
@@ -137,7 +136,6 @@ impl Rare {
         self.info == ProvisioningInfo::default()
             && matches!(&self.group, Ok(g) if g.is_empty())
             && self.status_message.is_empty()
-            && self.instance_status_message.is_empty()
             && self.read_error.is_none()
             && self.died_at.is_none()
             && self.removed_at.is_none()
@@ -151,7 +149,6 @@ impl Slot {
             info: f.info,
             group: f.group,
             status_message: f.status_message,
-            instance_status_message: f.instance_status_message,
             read_error: f.read_error,
             died_at: f.died_at,
             removed_at: f.removed_at,
@@ -161,6 +158,7 @@ impl Slot {
             machine: f.machine,
             zone: f.zone,
             recorded_at: f.recorded_at,
+            instance_status_message: f.instance_status_message,
             removed: f.removed,
             transient: f.transient,
             rare: (!rare.is_default()).then(|| Box::new(rare)),
@@ -175,7 +173,7 @@ impl Slot {
             info: rare.info,
             group: rare.group,
             status_message: rare.status_message,
-            instance_status_message: rare.instance_status_message,
+            instance_status_message: self.instance_status_message.clone(),
             zone: self.zone.clone(),
             removed: self.removed,
             transient: self.transient,
@@ -364,9 +362,8 @@ impl ModelActor {
                 m.machine.instance = Some(info.instance);
                 m.zone = info.zone;
                 m.machine.instance_status = info.status;
-                if m.rare.is_some() {
-                    m.with_rare(|r| r.instance_status_message = String::new());
-                }
+                // Emptied (not cleared): a fleet's machines keep no capacity.
+                m.instance_status_message = String::new();
                 // The simulated machine agent comes up with its instance.
                 m.machine.status = MachineStatus::Started;
                 Ok(Answer::Done)
@@ -389,9 +386,7 @@ impl ModelActor {
                 self.touch_clock();
                 let m = self.live(&id)?;
                 m.machine.instance_status = status;
-                if m.rare.is_some() || !message.is_empty() {
-                    m.with_rare(|r| r.instance_status_message = message);
-                }
+                m.instance_status_message = message;
                 Ok(Answer::Done)
             }
             Call::EnsureDead(id) => {
@@ -469,18 +464,19 @@ impl Message for ApiCall {
 }
 
 impl Handler<ApiCall> for ModelActor {
-    type Result = ResponseActFuture<Self, CallResult>;
+    type Result = ActorResponse<Self, CallResult>;
     fn handle(&mut self, msg: ApiCall, _ctx: &mut Self::Context) -> Self::Result {
         if matches!(msg.0, Call::SetInstanceInfo(..)) && !self.write_latency.is_zero() {
             // The write lands after the latency even if the caller is gone by then (a crash).
             self.writes_in_flight += 1;
             let wait = actix_rt::time::sleep(self.write_latency);
-            return Box::pin(wait.into_actor(self).map(move |(), act, _ctx| {
+            return ActorResponse::r#async(wait.into_actor(self).map(move |(), act, _ctx| {
                 act.writes_in_flight -= 1;
                 act.handle_call(msg.0)
             }));
         }
-        Box::pin(fut::ready(self.handle_call(msg.0)))
+        // Answered at once, without a boxed future.
+        ActorResponse::reply(self.handle_call(msg.0))
     }
 }
 
