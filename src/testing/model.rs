@@ -763,3 +763,36 @@ impl ModelApi for FakeModelApi {
         self.call(Call::Destroy, |a| if let Answer::List(m) = a { Some(m) } else { None })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fleet's machine keeps nothing boxed, through the writes every start makes; the rare
+    /// fields round-trip, and their box goes once they are back at their defaults.
+    #[test]
+    fn a_fleet_machine_is_kept_small_and_round_trips() {
+        assert!(std::mem::size_of::<Slot>() <= 160, "a slot is {} bytes", std::mem::size_of::<Slot>());
+        let plain = Slot::new(FakeMachine::new(Machine::pending("1")));
+        assert!(plain.rare.is_none());
+        assert_eq!(plain.to_fake(), FakeMachine::new(Machine::pending("1")));
+
+        let mut full = FakeMachine::new(Machine::pending("2"));
+        full.status_message = "cannot start".into();
+        full.instance_status_message = "starting".into();
+        full.group = Err("no group".into());
+        full.died_at = Some(std::time::Duration::from_secs(3));
+        full.record_failures.push((std::time::Duration::from_secs(1), InstanceId::new("i-1")));
+        let mut slot = Slot::new(full.clone());
+        assert!(slot.rare.is_some());
+        assert_eq!(slot.to_fake(), full);
+
+        slot.with_rare(|r| *r = Rare::default());
+        assert!(slot.rare.is_none(), "a box of defaults is dropped");
+        full.status_message.clear();
+        full.group = Ok(Vec::new());
+        full.died_at = None;
+        full.record_failures.clear();
+        assert_eq!(slot.to_fake(), full);
+    }
+}
