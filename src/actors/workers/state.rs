@@ -83,9 +83,6 @@ pub enum Job {
     Release(ReleaseJob),
 }
 
-/// The most starts an empty queue keeps room for.
-const SPARE_QUEUE: usize = 1024;
-
 /// The queues and the concurrency limit.
 #[derive(Debug, Clone)]
 pub struct PoolBook {
@@ -137,28 +134,13 @@ impl PoolBook {
             if !self.urgent.is_empty() || self.in_flight >= self.size.saturating_mul(self.starts_per_worker) {
                 return None;
             }
-            let job = self.pop_start()?;
+            let job = self.starts.pop_front()?;
             self.in_flight += 1;
             return Some(job);
         }
-        let job = self.urgent.pop_front().or_else(|| self.pop_start())?;
+        let job = self.urgent.pop_front().or_else(|| self.starts.pop_front())?;
         self.in_flight += 1;
         Some(job)
-    }
-
-    /// The next start; a queue that this empties gives its buffer back (a fleet's starts
-    /// grow it to a slot per machine, which would otherwise stay allocated for good).
-    fn pop_start(&mut self) -> Option<Job> {
-        let job = self.starts.pop_front();
-        if self.starts.is_empty() && self.starts.capacity() > SPARE_QUEUE {
-            self.starts = VecDeque::new();
-        }
-        job
-    }
-
-    /// How many starts the queue has room for without growing.
-    pub fn start_capacity(&self) -> usize {
-        self.starts.capacity()
     }
 
     /// A job finished: its worker is free.

@@ -64,31 +64,6 @@ fn pool_never_runs_more_than_its_size() {
     assert_eq!(ran, 5);
 }
 
-/// A fleet's starts grow the queue to a slot per machine; once they are all taken the queue
-/// keeps no buffer that size (100,000 machines: about 10 MiB held for nothing).
-#[test]
-fn an_emptied_start_queue_gives_its_buffer_back() {
-    let mut pool = PoolBook::new(100);
-    for i in 0..5_000 {
-        pool.push(start(&i.to_string()));
-    }
-    assert!(pool.start_capacity() >= 5_000);
-    let mut taken = 0;
-    while pool.queued() > 0 {
-        while pool.take_next().is_some() {
-            taken += 1;
-        }
-        for _ in 0..100 {
-            pool.finished();
-        }
-    }
-    assert_eq!(taken, 5_000);
-    assert!(pool.start_capacity() <= 1024, "an empty queue holds room for {} starts", pool.start_capacity());
-    // It still takes new starts.
-    pool.push(start("5000"));
-    assert_eq!(pool.queued(), 1);
-}
-
 /// With batched starts a worker carries a batch: up to size × batch starts run at once, other
 /// jobs still `size`, and no start overtakes a stop waiting for a worker.
 #[test]
