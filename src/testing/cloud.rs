@@ -217,6 +217,8 @@ struct CloudActor {
     /// Boxed: ids are made in order, which leaves the map's B-tree nodes half empty, and a
     /// half-empty node of pointers wastes far less than one of 208-byte instances.
     instances: BTreeMap<InstanceId, Box<FakeInstance>>,
+    /// When `instances` is rebuilt packed (ids are made in order).
+    packing: crate::model::Packing,
     next_id: u64,
     start_latency: Duration,
     stop_latency: Duration,
@@ -352,6 +354,9 @@ impl CloudActor {
             self.by_machine.insert(m.clone(), instance.instance.id.clone());
         }
         self.instances.insert(instance.instance.id.clone(), Box::new(instance));
+        if self.packing.due(self.instances.len()) {
+            crate::model::repack(&mut self.instances);
+        }
     }
 
     fn scripted_failure(&mut self, op: CloudOp) -> Option<String> {
@@ -573,7 +578,7 @@ impl Handler<InFlight> for CloudActor {
 }
 
 impl Handler<Start> for CloudActor {
-    type Result = ResponseActFuture<Self, Result<StartedInstance, BrokerError>>;
+    type Result = ActorResponse<Self, Result<StartedInstance, BrokerError>>;
     fn handle(&mut self, msg: Start, _ctx: &mut Self::Context) -> Self::Result {
         let p = msg.params;
         // What the record names is cloned only when calls are logged (benchmarks log none).
@@ -586,13 +591,13 @@ impl Handler<Start> for CloudActor {
             }
         }
         if let Some(err) = self.throttle(idx, CloudOp::StartInstance) {
-            return Box::pin(fut::ready(Err(err)));
+            return ActorResponse::reply(Err(err));
         }
         let token = token_key(&msg.model, &p.client_token);
         if let Some(existing) = self.tokens.get(&token).and_then(|id| self.instances.get(id)) {
             if let Err(err) = repeated_start(&p, &existing.instance) {
                 self.finish(idx, Some(err.message()));
-                return Box::pin(fut::ready(Err(err)));
+                return ActorResponse::reply(Err(err));
             }
             let instance = existing.instance.clone();
             if let Some(c) = self.calls.get_mut(idx) {
@@ -602,23 +607,23 @@ impl Handler<Start> for CloudActor {
             if let Some(message) = self.lost_answer(&p) {
                 let err = BrokerError::transient(message);
                 self.finish(idx, Some(err.message()));
-                return Box::pin(fut::ready(Err(err)));
+                return ActorResponse::reply(Err(err));
             }
             self.finish(idx, None);
-            return Box::pin(fut::ready(Ok(StartedInstance { instance, display_name: String::new() })));
+            return ActorResponse::reply(Ok(StartedInstance { instance, display_name: String::new() }));
         }
         let lost = match self.start_error(&p) {
             Ok(lost) => lost,
             Err(err) => {
                 self.finish(idx, Some(err.message()));
-                return Box::pin(fut::ready(Err(err)));
+                return ActorResponse::reply(Err(err));
             }
         };
         let instance_type = match self.choose_type(idx, &p) {
             Ok(t) => t,
             Err(err) => {
                 self.finish(idx, Some(err.message()));
-                return Box::pin(fut::ready(Err(err)));
+                return ActorResponse::reply(Err(err));
             }
         };
         let id = self.make_pending(&p, instance_type);
@@ -642,10 +647,11 @@ impl Handler<Start> for CloudActor {
                 None => Ok(started),
             }
         };
+        // Answered at once, without a boxed future, when the cloud takes no time.
         if latency.is_zero() {
-            return Box::pin(fut::ready(answer(self)));
+            return ActorResponse::reply(answer(self));
         }
-        Box::pin(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| answer(act)))
+        ActorResponse::r#async(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| answer(act)))
     }
 }
 
@@ -986,6 +992,7 @@ impl FakeCloud {
             zoned,
             zones: zones.iter().map(|z| AvailabilityZone::available(*z)).collect(),
             instances: BTreeMap::new(),
+            packing: crate::model::Packing::default(),
             next_id: 0,
             start_latency: Duration::ZERO,
             stop_latency: Duration::ZERO,
