@@ -227,8 +227,11 @@ struct CloudActor {
     /// Subnets and their zones, for `subnet=ID` placements.
     subnets: BTreeMap<String, Vec<String>>,
     fail_next: BTreeMap<CloudOp, VecDeque<String>>,
-    /// Client tokens seen (looked up, never iterated: a hash map keeps runs deterministic).
-    tokens: std::collections::HashMap<String, InstanceId>,
+    /// Client tokens seen, per model (tokens are the model's own; looked up, never iterated:
+    /// a hash map keeps runs deterministic). Keyed by the token alone under its model, the
+    /// model's uuid is not repeated in every key, and a start looks its token up without
+    /// building a key.
+    tokens: BTreeMap<String, std::collections::HashMap<Box<str>, InstanceId>>,
     /// Client tokens of batched calls, with what each made (looked up, never iterated).
     batch_tokens: std::collections::HashMap<String, BatchMade>,
     /// Batched calls so far (their ids in the call log).
@@ -593,8 +596,8 @@ impl Handler<Start> for CloudActor {
         if let Some(err) = self.throttle(idx, CloudOp::StartInstance) {
             return ActorResponse::reply(Err(err));
         }
-        let token = token_key(&msg.model, &p.client_token);
-        if let Some(existing) = self.tokens.get(&token).and_then(|id| self.instances.get(id)) {
+        let known = self.tokens.get(&msg.model).and_then(|t| t.get(p.client_token.as_str()));
+        if let Some(existing) = known.and_then(|id| self.instances.get(id)) {
             if let Err(err) = repeated_start(&p, &existing.instance) {
                 self.finish(idx, Some(err.message()));
                 return ActorResponse::reply(Err(err));
@@ -627,7 +630,7 @@ impl Handler<Start> for CloudActor {
             }
         };
         let id = self.make_pending(&p, instance_type);
-        self.tokens.insert(token, id.clone());
+        self.tokens.entry(msg.model).or_default().insert(p.client_token.as_str().into(), id.clone());
         if let Some(c) = self.calls.get_mut(idx) {
             c.instances = vec![id.clone()];
         }
@@ -1000,7 +1003,7 @@ impl FakeCloud {
             derived: BTreeMap::new(),
             subnets: BTreeMap::new(),
             fail_next: BTreeMap::new(),
-            tokens: std::collections::HashMap::new(),
+            tokens: BTreeMap::new(),
             batch_tokens: std::collections::HashMap::new(),
             batches: 0,
             partials: Vec::new(),
