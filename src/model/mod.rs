@@ -1,8 +1,8 @@
 //! The model's vocabulary, shared by every layer: identifiers, lives, statuses, constraints,
 //! harvest modes, the cloud's view of an instance ([`types`], re-exported here), the events
 //! the provisioner publishes ([`events`]), and the instance-type catalogue with its per-type
-//! capacity fail-over ([`instance_types`]), and the flat multimap the books index instances
-//! with ([`multimap`]).
+//! capacity fail-over ([`instance_types`]), the flat multimap the books index instances
+//! with ([`multimap`]), and when the books' growing maps are rebuilt packed ([`packing`]).
 //!
 //! Everything here is plain data with no actix import; every other module may use it, and it
 //! uses nothing above it.
@@ -11,11 +11,13 @@ pub mod constraints;
 pub mod events;
 pub mod instance_types;
 pub mod multimap;
+pub mod packing;
 pub mod placement;
 pub mod types;
 
 pub use constraints::ConstraintsError;
 pub use events::ProvisionerEvent;
 pub use multimap::MultiMap;
+pub use packing::{repack, Packing};
 pub use placement::{check_application_name, Placement, PlacementError};
 pub use types::*;

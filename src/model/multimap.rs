@@ -8,6 +8,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::packing::{repack, Packing};
+
 /// One value inline, or several in order.
 #[derive(Debug, Clone)]
 enum Values<V> {
@@ -34,11 +36,13 @@ impl<V: Ord + Clone> Values<V> {
 pub struct MultiMap<K, V> {
     map: BTreeMap<K, Values<V>>,
     len: usize,
+    /// Keys come in id order: the map is rebuilt packed as it grows.
+    packing: Packing,
 }
 
 impl<K, V> Default for MultiMap<K, V> {
     fn default() -> Self {
-        Self { map: BTreeMap::new(), len: 0 }
+        Self { map: BTreeMap::new(), len: 0, packing: Packing::default() }
     }
 }
 
@@ -50,12 +54,16 @@ impl<K: Ord + Clone, V: Ord + Clone> MultiMap<K, V> {
 
     /// Adds a value under a key; false if it was there already.
     pub fn insert(&mut self, key: K, value: V) -> bool {
-        let added = match self.map.get_mut(&key) {
-            None => {
-                self.map.insert(key, Values::One(value));
+        // One search: the entry is the place to insert at as well.
+        let added = match self.map.entry(key) {
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(Values::One(value));
+                if self.packing.due(self.map.len()) {
+                    repack(&mut self.map);
+                }
                 true
             }
-            Some(values) => values.add(value),
+            std::collections::btree_map::Entry::Occupied(mut e) => e.get_mut().add(value),
         };
         self.len += usize::from(added);
         added
@@ -126,7 +134,9 @@ impl<K: Ord + Clone, V: Ord + Clone> FromIterator<(K, V)> for MultiMap<K, V> {
                 _ => grouped.push((k, Values::One(v))),
             }
         }
-        Self { map: grouped.into_iter().collect(), len }
+        let map: BTreeMap<K, Values<V>> = grouped.into_iter().collect();
+        let packing = Packing::built(map.len());
+        Self { map, len, packing }
     }
 }
 

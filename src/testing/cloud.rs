@@ -217,6 +217,8 @@ struct CloudActor {
     /// Boxed: ids are made in order, which leaves the map's B-tree nodes half empty, and a
     /// half-empty node of pointers wastes far less than one of 208-byte instances.
     instances: BTreeMap<InstanceId, Box<FakeInstance>>,
+    /// When `instances` is rebuilt packed (ids are made in order).
+    packing: crate::model::Packing,
     next_id: u64,
     start_latency: Duration,
     stop_latency: Duration,
@@ -225,8 +227,11 @@ struct CloudActor {
     /// Subnets and their zones, for `subnet=ID` placements.
     subnets: BTreeMap<String, Vec<String>>,
     fail_next: BTreeMap<CloudOp, VecDeque<String>>,
-    /// Client tokens seen (looked up, never iterated: a hash map keeps runs deterministic).
-    tokens: std::collections::HashMap<String, InstanceId>,
+    /// Client tokens seen, per model (tokens are the model's own; looked up, never iterated:
+    /// a hash map keeps runs deterministic). Keyed by the token alone under its model, the
+    /// model's uuid is not repeated in every key, and a start looks its token up without
+    /// building a key.
+    tokens: BTreeMap<String, std::collections::HashMap<Box<str>, InstanceId>>,
     /// Client tokens of batched calls, with what each made (looked up, never iterated).
     batch_tokens: std::collections::HashMap<String, BatchMade>,
     /// Batched calls so far (their ids in the call log).
@@ -352,6 +357,9 @@ impl CloudActor {
             self.by_machine.insert(m.clone(), instance.instance.id.clone());
         }
         self.instances.insert(instance.instance.id.clone(), Box::new(instance));
+        if self.packing.due(self.instances.len()) {
+            crate::model::repack(&mut self.instances);
+        }
     }
 
     fn scripted_failure(&mut self, op: CloudOp) -> Option<String> {
@@ -573,7 +581,7 @@ impl Handler<InFlight> for CloudActor {
 }
 
 impl Handler<Start> for CloudActor {
-    type Result = ResponseActFuture<Self, Result<StartedInstance, BrokerError>>;
+    type Result = ActorResponse<Self, Result<StartedInstance, BrokerError>>;
     fn handle(&mut self, msg: Start, _ctx: &mut Self::Context) -> Self::Result {
         let p = msg.params;
         // What the record names is cloned only when calls are logged (benchmarks log none).
@@ -586,13 +594,13 @@ impl Handler<Start> for CloudActor {
             }
         }
         if let Some(err) = self.throttle(idx, CloudOp::StartInstance) {
-            return Box::pin(fut::ready(Err(err)));
+            return ActorResponse::reply(Err(err));
         }
-        let token = token_key(&msg.model, &p.client_token);
-        if let Some(existing) = self.tokens.get(&token).and_then(|id| self.instances.get(id)) {
+        let known = self.tokens.get(&msg.model).and_then(|t| t.get(p.client_token.as_str()));
+        if let Some(existing) = known.and_then(|id| self.instances.get(id)) {
             if let Err(err) = repeated_start(&p, &existing.instance) {
                 self.finish(idx, Some(err.message()));
-                return Box::pin(fut::ready(Err(err)));
+                return ActorResponse::reply(Err(err));
             }
             let instance = existing.instance.clone();
             if let Some(c) = self.calls.get_mut(idx) {
@@ -602,27 +610,27 @@ impl Handler<Start> for CloudActor {
             if let Some(message) = self.lost_answer(&p) {
                 let err = BrokerError::transient(message);
                 self.finish(idx, Some(err.message()));
-                return Box::pin(fut::ready(Err(err)));
+                return ActorResponse::reply(Err(err));
             }
             self.finish(idx, None);
-            return Box::pin(fut::ready(Ok(StartedInstance { instance, display_name: String::new() })));
+            return ActorResponse::reply(Ok(StartedInstance { instance, display_name: String::new() }));
         }
         let lost = match self.start_error(&p) {
             Ok(lost) => lost,
             Err(err) => {
                 self.finish(idx, Some(err.message()));
-                return Box::pin(fut::ready(Err(err)));
+                return ActorResponse::reply(Err(err));
             }
         };
         let instance_type = match self.choose_type(idx, &p) {
             Ok(t) => t,
             Err(err) => {
                 self.finish(idx, Some(err.message()));
-                return Box::pin(fut::ready(Err(err)));
+                return ActorResponse::reply(Err(err));
             }
         };
         let id = self.make_pending(&p, instance_type);
-        self.tokens.insert(token, id.clone());
+        self.tokens.entry(msg.model).or_default().insert(p.client_token.as_str().into(), id.clone());
         if let Some(c) = self.calls.get_mut(idx) {
             c.instances = vec![id.clone()];
         }
@@ -642,10 +650,11 @@ impl Handler<Start> for CloudActor {
                 None => Ok(started),
             }
         };
+        // Answered at once, without a boxed future, when the cloud takes no time.
         if latency.is_zero() {
-            return Box::pin(fut::ready(answer(self)));
+            return ActorResponse::reply(answer(self));
         }
-        Box::pin(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| answer(act)))
+        ActorResponse::r#async(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| answer(act)))
     }
 }
 
@@ -986,6 +995,7 @@ impl FakeCloud {
             zoned,
             zones: zones.iter().map(|z| AvailabilityZone::available(*z)).collect(),
             instances: BTreeMap::new(),
+            packing: crate::model::Packing::default(),
             next_id: 0,
             start_latency: Duration::ZERO,
             stop_latency: Duration::ZERO,
@@ -993,7 +1003,7 @@ impl FakeCloud {
             derived: BTreeMap::new(),
             subnets: BTreeMap::new(),
             fail_next: BTreeMap::new(),
-            tokens: std::collections::HashMap::new(),
+            tokens: BTreeMap::new(),
             batch_tokens: std::collections::HashMap::new(),
             batches: 0,
             partials: Vec::new(),

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::model::DeadMachine;
-use crate::model::{InstanceId, MachineId};
+use crate::model::{repack, InstanceId, MachineId, Packing};
 
 /// Where a machine is in its life with the provisioner. Machines with no phase are idle.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +67,8 @@ pub enum AfterStart {
 #[derive(Debug, Clone, Default)]
 pub struct LifecycleBook {
     phases: BTreeMap<MachineId, Phase>,
+    /// When `phases` is rebuilt packed (it fills in id order).
+    packing: Packing,
     /// The model was destroyed: nothing starts any more (a batch read before the destruction
     /// may still ask).
     destroyed: bool,
@@ -98,6 +100,9 @@ impl LifecycleBook {
             return false;
         }
         self.phases.insert(id.clone(), Phase::Starting);
+        if self.packing.due(self.phases.len()) {
+            repack(&mut self.phases);
+        }
         true
     }
 

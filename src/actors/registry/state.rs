@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::config::Scope;
 use thiserror::Error;
 
+use crate::model::{repack, Packing};
 use crate::model::{
     CloudInstance, Constraints, DeadMachine, InstanceId, InstanceState, InstanceStatus, Life, Machine, MachineId,
     MachineStatus, MultiMap,
@@ -66,6 +67,11 @@ pub struct MachineBook {
     fresh: bool,
     /// The constraints our starts used, for machine reuse.
     started_with: BTreeMap<MachineId, Constraints>,
+    /// When `machines` is rebuilt packed (it fills in id order).
+    machines_packing: Packing,
+    /// When `recorded`, `owner` and `instances` are rebuilt packed (they fill as our starts
+    /// succeed, in about id order).
+    recorded_packing: Packing,
     /// The book's clock (set by its actor before each decision).
     clock: Duration,
     /// Each listed instance's age as of a time on the clock: `(when, age then)`. An instance
@@ -154,6 +160,9 @@ impl MachineBook {
             self.owner.insert(inst.clone(), m.id.clone());
         }
         self.machines.insert(m.id.clone(), m);
+        if self.machines_packing.due(self.machines.len()) {
+            repack(&mut self.machines);
+        }
     }
 
     /// Takes a batch of machine reads into the cache and classifies them (as Juju's
@@ -250,6 +259,11 @@ impl MachineBook {
             m.instance_status = InstanceStatus::from_static(instance.state.as_str());
         }
         self.insert_instance(instance);
+        if self.recorded_packing.due(self.recorded.len()) {
+            repack(&mut self.recorded);
+            repack(&mut self.owner);
+            repack(&mut self.instances);
+        }
     }
 
     /// Replaces the view with a fresh listing (only non-terminated instances are kept).

@@ -71,7 +71,10 @@ impl WorkerPool {
                     // One span per machine operation: every line the start logs carries it.
                     let span = tracing::info_span!("start", machine = %start.machine.id);
                     let batch = self.deps.batch.as_ref().map(|_| ctx.address().recipient());
-                    let fut = run_start(self.deps.clone(), *start, nonce, self.rng.random(), batch).instrument(span);
+                    // Boxed before it is wrapped: the start's future is large (several KiB), and
+                    // every wrapper would move it whole; a box moves as a pointer.
+                    let start = Box::pin(run_start(self.deps.clone(), *start, nonce, self.rng.random(), batch));
+                    let fut = start.instrument(span);
                     ctx.spawn(fut.into_actor(self).map(|outcome, act, ctx| {
                         act.book.finished();
                         act.done.do_send(JobDone(outcome));

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Recipient;
+use futures::future::LocalBoxFuture;
 
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -119,7 +120,20 @@ async fn fail(deps: &StartDeps, machine: MachineId, error: WorkerError) -> JobOu
 
 /// [`fail`], retiring `retired` (a dead machine whose parked instance the start tried), and
 /// naming the `zone` of the cloud call that failed last, if the start ended on one.
-async fn fail_retiring(
+///
+/// Boxed, as are the start's other rare paths ([`look_for_own`], [`adopt_own`]): a future
+/// awaited in place makes every start's future as large as its largest path.
+fn fail_retiring(
+    deps: &StartDeps,
+    machine: MachineId,
+    error: WorkerError,
+    retired: Option<MachineId>,
+    zone: Option<String>,
+) -> LocalBoxFuture<'_, JobOutcome> {
+    Box::pin(fail_retiring_now(deps, machine, error, retired, zone))
+}
+
+async fn fail_retiring_now(
     deps: &StartDeps,
     machine: MachineId,
     error: WorkerError,
@@ -471,7 +485,16 @@ const LOOKUP_ATTEMPTS: u32 = 5;
 
 /// Looks for a live instance tagged for this start (machine and nonce), retrying a failed or
 /// throttled lookup with backoff. `Err` is the last lookup's failure.
-async fn look_for_own(
+fn look_for_own<'a>(
+    deps: &'a StartDeps,
+    machine: &'a MachineId,
+    nonce: &'a str,
+    rng: &'a mut SmallRng,
+) -> LocalBoxFuture<'a, Result<Option<CloudInstance>, WorkerError>> {
+    Box::pin(look_for_own_now(deps, machine, nonce, rng))
+}
+
+async fn look_for_own_now(
     deps: &StartDeps,
     machine: &MachineId,
     nonce: &str,
@@ -494,16 +517,16 @@ async fn look_for_own(
 }
 
 /// Takes the instance an ambiguous call made (found by its tags) as the start's product.
-async fn adopt_own(
-    deps: &StartDeps,
+fn adopt_own<'a>(
+    deps: &'a StartDeps,
     machine: MachineId,
     instance: CloudInstance,
-    nonce: &str,
+    nonce: &'a str,
     (constraints, retired): (Option<crate::model::Constraints>, Option<MachineId>),
-    rng: &mut SmallRng,
-) -> JobOutcome {
+    rng: &'a mut SmallRng,
+) -> LocalBoxFuture<'a, JobOutcome> {
     tracing::info!(%machine, instance = %instance.id, "a start that failed ambiguously made this instance; keeping it");
     // Counted in its zone by the coordinator (the reservation may have been let go meanwhile).
     let how = Started { constraints, retired, reserved: false };
-    register(deps, machine, instance, nonce, String::new(), how, rng).await
+    Box::pin(register(deps, machine, instance, nonce, String::new(), how, rng))
 }

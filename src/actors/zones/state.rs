@@ -7,7 +7,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 pub use crate::model::ZoneRequest;
-use crate::model::{FailOutcome, MachineId};
+use crate::model::{repack, FailOutcome, MachineId, Packing};
 
 pub use crate::model::ZoneError;
 
@@ -37,6 +37,8 @@ pub struct ZoneView {
 pub struct ZoneBook {
     zones: BTreeMap<String, Zone>,
     placed: BTreeMap<MachineId, String>,
+    /// When `placed` and the zones' machine sets are rebuilt packed (they fill in id order).
+    packing: Packing,
     requests: BTreeMap<MachineId, ZoneRequest>,
     rng: StdRng,
     /// (shape, zone) → until when a zone failure steers that shape elsewhere.
@@ -51,6 +53,7 @@ impl ZoneBook {
         Self {
             zones: BTreeMap::new(),
             placed: BTreeMap::new(),
+            packing: Packing::default(),
             requests: BTreeMap::new(),
             rng: StdRng::seed_from_u64(seed),
             capacity: BTreeMap::new(),
@@ -189,6 +192,12 @@ impl ZoneBook {
         let zone = best[pick].to_owned();
         self.zones.get_mut(&zone).expect("chosen from the map").machines.insert(machine.clone());
         self.placed.insert(machine.clone(), zone.clone());
+        if self.packing.due(self.placed.len()) {
+            repack(&mut self.placed);
+            for z in self.zones.values_mut() {
+                repack(&mut z.machines);
+            }
+        }
         // Only a restricted request changes which zones are eligible after a failure.
         if req.allowed.is_some() || !req.derived.is_empty() {
             self.requests.insert(machine.clone(), req);
