@@ -220,7 +220,7 @@ impl<T: Send + 'static> Handler<Exec<T>> for StoreActor {
             Ok(()) if !written => answer(None),
             Ok(()) => self.group.answers.push(answer),
         }
-        if self.waiting.load(Ordering::Acquire) == 0 || self.group.answers.len() >= MAX_GROUP {
+        if self.waiting.load(Ordering::Acquire) == 0 || self.group.answers.len() >= core.group_limit() {
             self.finish_group();
         }
     }

@@ -83,6 +83,10 @@ pub trait StoreBackend: Send {
         let _ = durable;
         Ok(false)
     }
+    /// The most units of work one group commit holds (see the store actor's `MAX_GROUP`).
+    fn group_limit(&self) -> usize {
+        super::actor::MAX_GROUP
+    }
     /// Makes the open group durable (its commit waits for the disk), so that a durable unit
     /// of work can join it; `false` if this backend cannot (SQLite sets its safety level
     /// outside a transaction only), and the group must commit first.
