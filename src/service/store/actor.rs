@@ -220,7 +220,7 @@ impl<T: Send + 'static> Handler<Exec<T>> for StoreActor {
             Ok(()) if !written => answer(None),
             Ok(()) => self.group.answers.push(answer),
         }
-        if self.waiting.load(Ordering::Acquire) == 0 || self.group.answers.len() >= core.group_limit() {
+        if self.waiting.load(Ordering::Acquire) == 0 || core.group_full(self.group.answers.len()) {
             self.finish_group();
         }
     }

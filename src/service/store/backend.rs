@@ -83,9 +83,11 @@ pub trait StoreBackend: Send {
         let _ = durable;
         Ok(false)
     }
-    /// The most units of work one group commit holds (see the store actor's `MAX_GROUP`).
-    fn group_limit(&self) -> usize {
-        super::actor::MAX_GROUP
+    /// Whether the open group, holding `units` units of work whose answers wait for its
+    /// commit, must commit now rather than take in more: at `MAX_GROUP` of the store actor's by
+    /// default.
+    fn group_full(&self, units: usize) -> bool {
+        units >= super::actor::MAX_GROUP
     }
     /// Makes the open group durable (its commit waits for the disk), so that a durable unit
     /// of work can join it; `false` if this backend cannot (SQLite sets its safety level
