@@ -812,7 +812,8 @@ fn the_hot_machine_writes_stamp_their_row_once() {
         display_name: String::new(),
         status: crate::model::InstanceStatus::running(),
     };
-    let writes: [(&str, Box<dyn Fn(&mut StoreCore)>); 4] = [
+    type Write<'a> = (&'a str, Box<dyn Fn(&mut StoreCore) + 'a>);
+    let writes: [Write<'_>; 4] = [
         ("set_status", Box::new(|s| s.set_status(&id, MachineStatus::Pending, "").unwrap())),
         ("set_instance_status", Box::new(|s| s.set_instance_status(&id, &info.status, "up").unwrap())),
         ("record_start_outcome", Box::new(|s| s.record_start_outcome(&id, None).unwrap())),
