@@ -283,31 +283,27 @@ fn a_transaction_left_open_is_ended_by_the_server_and_frees_the_lease_row() {
     assert!(tx.query("SELECT 1", &[]).is_err(), "the idle session was ended");
 }
 
-/// Each commit that changes machines notifies `provisioner_changes` with the model and the ids,
-/// delivered at the commit; a refused write notifies nothing.
-#[test]
-fn changes_are_notified_at_commit() {
-    use postgres::fallible_iterator::FallibleIterator;
+/// A store on a fresh database, its model, and a session listening to its notices.
+fn listening() -> (Arc<TempPostgres>, String, PgStore, String, postgres::Client) {
     let pg = cluster();
     let url = fresh_db(&pg);
     let mut s = PgStore::open(&url).unwrap();
     let model = s.model_uuid().unwrap();
     let mut listener = raw(&url);
     listener.batch_execute(&format!("LISTEN {CHANGES_CHANNEL}")).unwrap();
+    (pg, url, s, model, listener)
+}
+
+/// Each commit that changes machines notifies `provisioner_changes` with the model and the ids,
+/// delivered at the commit; a refused write notifies nothing.
+#[test]
+fn changes_are_notified_at_commit() {
+    let (_pg, _url, mut s, model, mut listener) = listening();
     let added = s.add_machines(2, None).unwrap();
     let _ = s.remove_machines(&[added[0].clone(), MachineId::new("77")], false, false).unwrap_err();
     s.set_status(&added[1], MachineStatus::Error, "x").unwrap();
     s.set_workers(3).unwrap();
-    let mut got = Vec::new();
-    let mut n = listener.notifications();
-    let mut it = n.timeout_iter(std::time::Duration::from_secs(2));
-    while let Some(note) = it.next().unwrap() {
-        assert_eq!(note.channel(), CHANGES_CHANNEL);
-        got.push(serde_json::from_str::<Notice>(note.payload()).unwrap());
-        if got.len() == 3 {
-            break;
-        }
-    }
+    let got = notices(&mut listener, Duration::from_secs(1));
     let notice = |kind: &str, ids: &[&str]| Notice {
         model_uuid: model.clone(),
         kind: kind.into(),
@@ -409,12 +405,7 @@ fn notices(listener: &mut postgres::Client, wait: Duration) -> Vec<Notice> {
 /// that goes on; an aborted group leaves nothing, and the book as before it.
 #[test]
 fn a_postgres_group_commit_keeps_its_good_writes_and_notifies_only_what_committed() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let mut s = PgStore::open(&url).unwrap();
-    let model = s.model_uuid().unwrap();
-    let mut listener = raw(&url);
-    listener.batch_execute(&format!("LISTEN {CHANGES_CHANNEL}")).unwrap();
+    let (_pg, url, mut s, model, mut listener) = listening();
     let mut other = raw(&url);
     let count = |c: &mut postgres::Client| -> i64 { c.query_one("SELECT count(*) FROM machines", &[]).unwrap().get(0) };
 
