@@ -40,8 +40,9 @@ struct Group {
 /// `MAX_GROUP` are in): one fsync for every durable write of the group. Each is answered only
 /// after that commit (acknowledged means durable, as before), then the watchers hear what the
 /// group changed. A unit of work that finds nothing written in its group yet (a read) is
-/// answered at once: it saw only committed data. A durable write never joins a lazy group:
-/// that group commits first. A backend without group commits (PostgreSQL) runs each alone.
+/// answered at once: it saw only committed data. A durable write joins a lazy group only if
+/// the backend can make it durable (PostgreSQL); else (SQLite) that group commits first. A
+/// backend without group commits would run each alone.
 pub struct StoreActor {
     core: Result<Box<dyn StoreBackend>, StoreError>,
     watchers: Vec<Recipient<MachinesChanged>>,
@@ -152,9 +153,14 @@ impl<T: Send + 'static> Handler<Exec<T>> for StoreActor {
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         self.operations.fetch_add(1, Ordering::Relaxed);
         let Exec { work, durable, fenced, reply } = msg;
-        // A durable write does not join a group that commits without waiting for the disk.
+        // A durable write joins a group that commits without waiting for the disk only if the
+        // backend can make that group durable (PostgreSQL); else that group commits first.
         if durable && self.group.durable == Some(false) {
-            self.finish_group();
+            if self.core.as_mut().is_ok_and(|c| c.raise_group_durability()) {
+                self.group.durable = Some(true);
+            } else {
+                self.finish_group();
+            }
         }
         let core = match self.core.as_mut() {
             Ok(core) => core,
@@ -214,7 +220,7 @@ impl<T: Send + 'static> Handler<Exec<T>> for StoreActor {
             Ok(()) if !written => answer(None),
             Ok(()) => self.group.answers.push(answer),
         }
-        if self.waiting.load(Ordering::Acquire) == 0 || self.group.answers.len() >= MAX_GROUP {
+        if self.waiting.load(Ordering::Acquire) == 0 || core.group_full(self.group.answers.len()) {
             self.finish_group();
         }
     }
@@ -342,8 +348,7 @@ impl Store {
         self.shared.operations.load(Ordering::Relaxed)
     }
 
-    /// How many group commits the store has made (SQLite; each commits one or more units of
-    /// work).
+    /// How many group commits the store has made (each commits one or more units of work).
     pub fn group_commits(&self) -> u64 {
         self.shared.commits.load(Ordering::Relaxed)
     }

@@ -77,11 +77,23 @@ pub trait StoreBackend: Send {
 
     /// Opens a group commit: the units of work until [`StoreBackend::commit_group`] share one
     /// transaction, each in a savepoint of its own, and commit together (fsynced once for all
-    /// if `durable`). `Ok(false)`: this backend commits each write alone (PostgreSQL), and the
-    /// store actor runs each unit of work by itself.
+    /// if `durable`). `Ok(false)`: this backend commits each write alone, and the store actor
+    /// runs each unit of work by itself. Both backends group.
     fn begin_group(&mut self, durable: bool) -> Result<bool, StoreError> {
         let _ = durable;
         Ok(false)
+    }
+    /// Whether the open group, holding `units` units of work whose answers wait for its
+    /// commit, must commit now rather than take in more: at `MAX_GROUP` of the store actor's by
+    /// default.
+    fn group_full(&self, units: usize) -> bool {
+        units >= super::actor::MAX_GROUP
+    }
+    /// Makes the open group durable (its commit waits for the disk), so that a durable unit
+    /// of work can join it; `false` if this backend cannot (SQLite sets its safety level
+    /// outside a transaction only), and the group must commit first.
+    fn raise_group_durability(&mut self) -> bool {
+        false
     }
     /// A unit of work of the open group begins (its savepoint).
     fn begin_member(&mut self) -> Result<(), StoreError> {

@@ -37,13 +37,13 @@ use std::borrow::BorrowMut;
 use std::collections::HashMap;
 
 use postgres::types::ToSql;
-use postgres::{Client, Config, GenericClient, Row, Statement, Transaction};
+use postgres::{Client, Config, GenericClient, Row, Statement};
 use tokio::time::Instant;
 
 use super::backend::{refuse_hosts_with_live_containers, Fence, StoreBackend};
 use super::state::{
-    random_uuid, ApplicationRecord, Book, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings, StoreCounts,
-    StoreError, CONTAINER_SEQ_BASE,
+    random_uuid, ApplicationRecord, Book, BookMark, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings,
+    StoreCounts, StoreError, CONTAINER_SEQ_BASE,
 };
 use crate::model::{
     CloudInstance, Constraints, HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine,
@@ -72,6 +72,12 @@ pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(2);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The first wait after a failed attempt.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// The most units of work one group commit holds, and the longest it takes them in after its
+/// transaction began: each unit costs round trips to the server (a SQLite one costs
+/// microseconds), and the first unit's answer waits for the last; a unit that is long by
+/// itself (an add of 1,000 machines) commits right after it, answered as soon as alone.
+const MAX_GROUP: usize = 32;
+const MAX_GROUP_TIME: Duration = Duration::from_millis(10);
 /// Ids per notification at most (a payload must stay under 8000 bytes).
 const MAX_NOTIFIED_IDS: usize = 200;
 
@@ -202,6 +208,12 @@ pub const RECORD_WRITE_SQL: &str =
     SELECT $1, $3, $2, 1, s, s FROM nextval('fence_seq') AS s
     ON CONFLICT (model_uuid, epoch, holder) DO UPDATE SET writes = w.writes + 1, last_seq = EXCLUDED.last_seq";
 
+/// [`RECORD_WRITE_SQL`] for a group commit's fenced writes, recorded at once just before its
+/// commit (the lease row share-locked since the group checked the fence): `$4` writes.
+const RECORD_WRITES_SQL: &str = "INSERT INTO epoch_writes AS w (model_uuid, epoch, holder, writes, first_seq, last_seq)
+    SELECT $1, $3, $2, $4, s, s FROM nextval('fence_seq') AS s
+    ON CONFLICT (model_uuid, epoch, holder) DO UPDATE SET writes = w.writes + EXCLUDED.writes, last_seq = EXCLUDED.last_seq";
+
 /// Version 4: the created API tokens (their SHA-256 only), looked up by hash on every request
 /// that carries one.
 const SCHEMA_V4: &str = "
@@ -300,7 +312,7 @@ macro_rules! run_over {
         impl Run for $ty {
             fn execute(&mut self, sql: &str, p: Params<'_>) -> Result<u64, postgres::Error> {
                 let st = prepared(
-                    &mut self.$client,
+                    BorrowMut::<Client>::borrow_mut(&mut self.$client),
                     BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
                     sql,
                 )?;
@@ -308,7 +320,7 @@ macro_rules! run_over {
             }
             fn query(&mut self, sql: &str, p: Params<'_>) -> Result<Vec<Row>, postgres::Error> {
                 let st = prepared(
-                    &mut self.$client,
+                    BorrowMut::<Client>::borrow_mut(&mut self.$client),
                     BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
                     sql,
                 )?;
@@ -316,7 +328,7 @@ macro_rules! run_over {
             }
             fn query_opt(&mut self, sql: &str, p: Params<'_>) -> Result<Option<Row>, postgres::Error> {
                 let st = prepared(
-                    &mut self.$client,
+                    BorrowMut::<Client>::borrow_mut(&mut self.$client),
                     BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
                     sql,
                 )?;
@@ -324,7 +336,7 @@ macro_rules! run_over {
             }
             fn query_one(&mut self, sql: &str, p: Params<'_>) -> Result<Row, postgres::Error> {
                 let st = prepared(
-                    &mut self.$client,
+                    BorrowMut::<Client>::borrow_mut(&mut self.$client),
                     BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
                     sql,
                 )?;
@@ -342,27 +354,151 @@ struct Conn {
     pid: i32,
 }
 
-/// A transaction on a [`Conn`].
+/// A write's transaction on a [`Conn`]: a transaction of its own (`BEGIN` ... `COMMIT`, rolled
+/// back if dropped before [`Tx::commit`]), or, inside a group commit, a savepoint in the
+/// group's transaction (released by [`Tx::commit`], rolled back alone if dropped before).
 struct Tx<'a> {
-    tx: Transaction<'a>,
+    client: &'a mut Client,
     statements: &'a mut HashMap<String, Statement>,
+    /// The group commit it is part of (`None`: a transaction of its own).
+    group: Option<&'a mut PgGroup>,
+    /// Whether it passed the leader's fence (a write recorded in `epoch_writes`).
+    fenced: bool,
+    done: bool,
 }
 
 impl Tx<'_> {
-    fn commit(self) -> Result<(), postgres::Error> {
-        self.tx.commit()
+    /// Commits it (a transaction of its own), or keeps it in its group (the savepoint's
+    /// release is sent with the group's next statements).
+    fn commit(mut self) -> Result<(), postgres::Error> {
+        self.done = true;
+        match self.group.as_deref_mut() {
+            None => self.client.batch_execute("COMMIT"),
+            Some(g) => {
+                g.queue("RELEASE SAVEPOINT write");
+                g.written = true;
+                g.member_fenced_writes += i64::from(self.fenced);
+                Ok(())
+            }
+        }
     }
     fn batch_execute(&mut self, sql: &str) -> Result<(), postgres::Error> {
-        self.tx.batch_execute(sql)
+        self.client.batch_execute(sql)
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        match self.group.as_deref_mut() {
+            None => {
+                let _ = self.client.batch_execute("ROLLBACK");
+            }
+            Some(g) => {
+                g.queue("ROLLBACK TO SAVEPOINT write");
+                g.queue("RELEASE SAVEPOINT write");
+                if let Err(e) = g.flush(self.client) {
+                    g.broken.get_or_insert(pg("rolling back a failed write of a group")(e));
+                }
+            }
+        }
     }
 }
 
 run_over!(Conn, client, statements);
-run_over!(Tx<'_>, tx, statements);
+run_over!(Tx<'_>, client, statements);
+run_over!(GroupRun<'_>, client, statements);
+
+/// Statements at a group's level (outside its units of work's savepoints).
+struct GroupRun<'a> {
+    client: &'a mut Client,
+    statements: &'a mut HashMap<String, Statement>,
+}
+
+/// What a fenced write runs first: the lease names this holder at this epoch and has not
+/// expired, its row share-locked until the transaction ends (so no takeover commits before
+/// it); `Fenced` if not. (`FENCE_SQL` of `lease::pg`, with the statement's own time: in a
+/// group commit the transaction may have begun a little earlier.)
+fn check_fence(r: &mut impl Run, f: &Fence) -> Result<(), StoreError> {
+    let held = r
+        .query_opt(
+            "SELECT 1 FROM leader_lease WHERE model_uuid = $1 AND holder = $2 AND epoch = $3 \
+             AND expires_at > statement_timestamp() FOR SHARE",
+            &[&f.model_uuid, &f.holder, &f.epoch],
+        )
+        .map_err(pg("checking the leader lease"))?;
+    match held {
+        Some(_) => Ok(()),
+        None => Err(StoreError::Fenced { model_uuid: f.model_uuid.clone(), holder: f.holder.clone(), epoch: f.epoch }),
+    }
+}
 
 impl Conn {
+    /// A transaction of its own.
     fn transaction(&mut self) -> Result<Tx<'_>, postgres::Error> {
-        Ok(Tx { tx: self.client.transaction()?, statements: &mut self.statements })
+        self.client.batch_execute("BEGIN")?;
+        Ok(Tx { client: &mut self.client, statements: &mut self.statements, group: None, fenced: false, done: false })
+    }
+}
+
+/// A group commit open on the store's connection (see [`StoreBackend::begin_group`]): one
+/// transaction that the units of work share, each in a savepoint (`member`) of its own, each
+/// write inside it in a nested one (`write`), committed at once.
+///
+/// Round trips are what a PostgreSQL store spends its time on, so the group sends as few as
+/// it can: `BEGIN` goes with the first write's savepoints (a group that only read never begins
+/// a transaction: its reads see committed data, as outside a group), and each release waits in
+/// `pending` to go with the next statements sent. The leader's fence is checked once per group
+/// (its share lock on the lease row then lasts until the group's commit), and the writes that
+/// passed it are recorded in `epoch_writes` once, at the commit, under that lock.
+#[derive(Debug, Default)]
+struct PgGroup {
+    /// The book before the group.
+    before: BookMark,
+    /// The book before the unit of work in progress, if one is.
+    member: Option<BookMark>,
+    /// Whether its commit waits for the server's disk.
+    durable: bool,
+    /// `BEGIN` is sent (or queued in `pending`).
+    begun: bool,
+    /// When `BEGIN` was queued.
+    began: Option<Instant>,
+    /// The unit of work in progress has its savepoint (sent or queued).
+    member_savepoint: bool,
+    /// Statements to send before the next ones (`;`-separated): releases and savepoints.
+    pending: String,
+    /// A write was kept in the group.
+    written: bool,
+    /// Why the group's transaction is gone (a statement outside any savepoint failed, or the
+    /// connection was lost): its commit fails with this.
+    broken: Option<StoreError>,
+    /// The fence checked in this group: passed (the lease row share-locked), or refused.
+    fence: Option<Result<(), StoreError>>,
+    /// The fence was checked inside the unit of work in progress (its rollback releases the
+    /// lock, so the next fenced write checks again).
+    fence_in_member: bool,
+    /// Fenced writes kept in the group, and in the unit of work in progress.
+    fenced_writes: i64,
+    member_fenced_writes: i64,
+}
+
+impl PgGroup {
+    fn queue(&mut self, sql: &str) {
+        if !self.pending.is_empty() {
+            self.pending.push_str("; ");
+        }
+        self.pending.push_str(sql);
+    }
+
+    /// Sends the statements queued, in one round trip.
+    fn flush(&mut self, client: &mut Client) -> Result<(), postgres::Error> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let sql = std::mem::take(&mut self.pending);
+        client.batch_execute(&sql)
     }
 }
 
@@ -517,6 +653,8 @@ pub struct PgStore {
     last_failure: Option<String>,
     /// This store created the model (applied the first migration on an empty database).
     created: bool,
+    /// The group commit open, if one is.
+    group: Option<PgGroup>,
 }
 
 impl PgStore {
@@ -568,6 +706,7 @@ impl PgStore {
             next_attempt: None,
             last_failure: None,
             created: false,
+            group: None,
         }
     }
 
@@ -583,13 +722,32 @@ impl PgStore {
         self.created
     }
 
-    /// The connection, made now if there is none (and the backoff allows an attempt).
+    /// The connection, made now if there is none (and the backoff allows an attempt), with
+    /// the open group's queued statements sent: what a read runs on.
     fn client(&mut self) -> Result<&mut Conn, StoreError> {
+        self.connection()?;
+        if let (Some(conn), Some(group)) = (self.client.as_mut(), self.group.as_mut()) {
+            if let Err(e) = group.flush(&mut conn.client) {
+                let e = pg("sending a group's savepoints")(e);
+                group.broken.get_or_insert(e.clone());
+                return Err(e);
+            }
+        }
+        self.client.as_mut().ok_or_else(|| StoreError::Unavailable("no connection".into()))
+    }
+
+    /// The connection, made now if there is none (and the backoff allows an attempt). Not
+    /// while a group's transaction is begun: it went with the connection it was on.
+    fn connection(&mut self) -> Result<&mut Conn, StoreError> {
         if self.client.as_ref().is_some_and(|c| c.client.is_closed()) {
             self.client = None;
             self.session_durable = None;
         }
         if self.client.is_none() {
+            if let Some(group) = self.group.as_mut().filter(|g| g.begun) {
+                let e = StoreError::Unavailable("the connection was lost with a group commit's transaction".into());
+                return Err(group.broken.get_or_insert(e).clone());
+            }
             self.connect()?;
         }
         let want = self.durable;
@@ -699,22 +857,76 @@ impl PgStore {
     /// provisioner's and a fence is set.
     fn begin(&mut self, ctx: &'static str) -> Result<Tx<'_>, StoreError> {
         let fence = if self.fenced { self.fence.clone() } else { None };
-        let mut tx = self.client()?.transaction().map_err(pg(ctx))?;
-        if let Some(f) = fence {
-            let held = tx
-                .query_opt(
-                    "SELECT 1 FROM leader_lease WHERE model_uuid = $1 AND holder = $2 AND epoch = $3 \
-                     AND expires_at > now() FOR SHARE",
-                    &[&f.model_uuid, &f.holder, &f.epoch],
-                )
-                .map_err(pg("checking the leader lease"))?;
-            if held.is_none() {
-                return Err(StoreError::Fenced { model_uuid: f.model_uuid, holder: f.holder, epoch: f.epoch });
+        self.begin_with(ctx, fence)
+    }
+
+    /// A write's transaction checked against `fence` (if some): a transaction of its own, or
+    /// a savepoint in the open group's (the group's transaction begun, and the fence checked
+    /// once for the group, if not done yet).
+    fn begin_with(&mut self, ctx: &'static str, fence: Option<Fence>) -> Result<Tx<'_>, StoreError> {
+        self.connection()?;
+        let Self { client, group, .. } = self;
+        let Some(conn) = client.as_mut() else {
+            return Err(StoreError::Unavailable("no connection".into()));
+        };
+        let Some(group) = group.as_mut() else {
+            let mut tx = conn.transaction().map_err(pg(ctx))?;
+            if let Some(f) = &fence {
+                check_fence(&mut tx, f)?;
+                tx.execute(RECORD_WRITE_SQL, &[&f.model_uuid, &f.holder, &f.epoch])
+                    .map_err(pg("recording the write's epoch"))?;
+                tx.fenced = true;
             }
-            tx.execute(RECORD_WRITE_SQL, &[&f.model_uuid, &f.holder, &f.epoch])
-                .map_err(pg("recording the write's epoch"))?;
+            return Ok(tx);
+        };
+        if let Some(e) = &group.broken {
+            return Err(e.clone());
         }
-        Ok(tx)
+        if !group.begun {
+            group.queue("BEGIN");
+            group.begun = true;
+            group.began = Some(Instant::now());
+        }
+        if let Some(f) = &fence {
+            match &group.fence {
+                Some(Ok(())) => {}
+                Some(Err(e)) => return Err(e.clone()),
+                None => {
+                    let mut run = GroupRun { client: &mut conn.client, statements: &mut conn.statements };
+                    let checked = group
+                        .flush(run.client)
+                        .map_err(pg(ctx))
+                        .and_then(|()| check_fence(&mut run, f).map(|()| Ok(())))
+                        .or_else(|e| match e {
+                            StoreError::Fenced { .. } => Ok(Err(e)),
+                            e => Err(e),
+                        });
+                    match checked {
+                        Ok(passed) => {
+                            group.fence = Some(passed.clone());
+                            group.fence_in_member = group.member_savepoint;
+                            passed?;
+                        }
+                        Err(e) => return Err(group.broken.get_or_insert(e).clone()),
+                    }
+                }
+            }
+        }
+        if !group.member_savepoint {
+            group.queue("SAVEPOINT member");
+            group.member_savepoint = true;
+        }
+        group.queue("SAVEPOINT write");
+        if let Err(e) = group.flush(&mut conn.client) {
+            return Err(group.broken.get_or_insert(pg(ctx)(e)).clone());
+        }
+        Ok(Tx {
+            client: &mut conn.client,
+            statements: &mut conn.statements,
+            group: Some(group),
+            fenced: fence.is_some(),
+            done: false,
+        })
     }
 
     fn status_life_in(tx: &mut Tx<'_>, id: &MachineId) -> Result<Option<(String, String)>, StoreError> {
@@ -813,12 +1025,153 @@ impl StoreBackend for PgStore {
         self.fenced = fenced;
     }
     fn set_fence(&mut self, fence: Option<Fence>) -> Result<(), StoreError> {
+        if self.group.is_some() {
+            return Err(StoreError::Refused("the fence cannot change inside a group commit".into()));
+        }
         self.fence = fence;
         Ok(())
     }
+
+    fn begin_group(&mut self, durable: bool) -> Result<bool, StoreError> {
+        if self.group.is_some() {
+            return Err(StoreError::Refused("a group commit is open already".into()));
+        }
+        self.group = Some(PgGroup { before: self.book.mark(), durable, ..PgGroup::default() });
+        Ok(true)
+    }
+    fn group_full(&self, units: usize) -> bool {
+        units >= MAX_GROUP || self.group.as_ref().and_then(|g| g.began).is_some_and(|t| t.elapsed() >= MAX_GROUP_TIME)
+    }
+    fn raise_group_durability(&mut self) -> bool {
+        // `synchronous_commit` is read at the commit: the group's is set just before it.
+        match self.group.as_mut() {
+            Some(g) => {
+                g.durable = true;
+                true
+            }
+            None => false,
+        }
+    }
+    fn begin_member(&mut self) -> Result<(), StoreError> {
+        let Some(group) = self.group.as_mut() else {
+            return Err(StoreError::Refused("no group commit is open".into()));
+        };
+        if let Some(e) = &group.broken {
+            return Err(e.clone());
+        }
+        group.member = Some(self.book.mark());
+        group.member_fenced_writes = 0;
+        // Once the transaction is begun, every unit of work has its savepoint (a failed read
+        // would otherwise abort the group's transaction); before, a read runs outside it.
+        if group.begun {
+            group.queue("SAVEPOINT member");
+            group.member_savepoint = true;
+        }
+        Ok(())
+    }
+    fn end_member(&mut self, keep: bool) -> Result<(), StoreError> {
+        let Some(group) = self.group.as_mut() else {
+            return Err(StoreError::Refused("no group commit is open".into()));
+        };
+        let Some(mark) = group.member.take() else {
+            return Err(StoreError::Refused("no write of a group is in progress".into()));
+        };
+        let savepoint = std::mem::take(&mut group.member_savepoint);
+        let fenced_writes = std::mem::take(&mut group.member_fenced_writes);
+        if let Some(e) = &group.broken {
+            self.book.undo(mark);
+            return Err(e.clone());
+        }
+        if keep {
+            if savepoint {
+                group.queue("RELEASE SAVEPOINT member");
+            }
+            group.fenced_writes += fenced_writes;
+            group.fence_in_member = false;
+            self.book.keep(mark);
+            return Ok(());
+        }
+        self.book.undo(mark);
+        if std::mem::take(&mut group.fence_in_member) {
+            group.fence = None; // its lock went with the savepoint
+        }
+        if !savepoint {
+            return Ok(());
+        }
+        group.queue("ROLLBACK TO SAVEPOINT member");
+        group.queue("RELEASE SAVEPOINT member");
+        let Some(conn) = self.client.as_mut() else {
+            let e = StoreError::Unavailable("the connection was lost with a group commit's transaction".into());
+            return Err(group.broken.get_or_insert(e).clone());
+        };
+        group
+            .flush(&mut conn.client)
+            .map_err(|e| group.broken.get_or_insert(pg("rolling back a unit of work")(e)).clone())
+    }
+    fn group_has_written(&self) -> bool {
+        self.group.as_ref().is_some_and(|g| g.written)
+    }
+    fn commit_group(&mut self) -> Result<(), StoreError> {
+        let Some(mut group) = self.group.take() else {
+            return Err(StoreError::Refused("no group commit is open".into()));
+        };
+        if !group.begun {
+            self.book.keep(group.before);
+            return Ok(());
+        }
+        let ctx = "committing a group of writes";
+        let committed = (|| {
+            if let Some(e) = group.broken.take() {
+                return Err(e);
+            }
+            let conn = self.client.as_mut().ok_or_else(|| {
+                StoreError::Unavailable("the connection was lost with a group commit's transaction".into())
+            })?;
+            if let Some(f) = self.fence.as_ref().filter(|_| group.fenced_writes > 0) {
+                group.flush(&mut conn.client).map_err(pg(ctx))?;
+                let mut run = GroupRun { client: &mut conn.client, statements: &mut conn.statements };
+                run.execute(RECORD_WRITES_SQL, &[&f.model_uuid, &f.holder, &f.epoch, &group.fenced_writes])
+                    .map_err(pg("recording the writes' epoch"))?;
+            }
+            if self.session_durable != Some(group.durable) {
+                group.queue(if group.durable {
+                    "SET LOCAL synchronous_commit TO on"
+                } else {
+                    "SET LOCAL synchronous_commit TO off"
+                });
+            }
+            // In a transaction that failed, COMMIT would roll back and answer success: the
+            // SELECT before it fails there, and the commit is not sent.
+            group.queue("SELECT 1");
+            group.queue("COMMIT");
+            group.flush(&mut conn.client).map_err(pg(ctx))
+        })();
+        match committed {
+            Ok(()) => {
+                self.book.keep(group.before);
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(conn) = self.client.as_mut().filter(|c| !c.client.is_closed()) {
+                    let _ = conn.client.batch_execute("ROLLBACK");
+                }
+                self.book.undo(group.before);
+                Err(e)
+            }
+        }
+    }
+    fn abort_group(&mut self) {
+        if let Some(group) = self.group.take() {
+            if let Some(conn) = self.client.as_mut().filter(|c| group.begun && !c.client.is_closed()) {
+                let _ = conn.client.batch_execute("ROLLBACK");
+            }
+            self.book.undo(group.before);
+        }
+    }
+
     fn api_token_hash(&mut self, offer: &str) -> Result<String, StoreError> {
         let ctx = "keeping the API token's hash";
-        let mut tx = self.client()?.transaction().map_err(pg(ctx))?;
+        let mut tx = self.begin_with(ctx, None)?;
         tx.execute(
             "INSERT INTO meta (key, value) VALUES ('api_token_sha256', $1) ON CONFLICT (key) DO NOTHING",
             &[&offer],
@@ -853,6 +1206,7 @@ impl StoreBackend for PgStore {
     fn refresh_counts(&mut self, resync: bool, senders: &[i32]) -> Result<(), StoreError> {
         let own = self.client.as_ref().map(|c| c.pid);
         if resync || senders.iter().any(|p| Some(*p) != own) {
+            self.client()?; // the open group's savepoints sent first
             self.book.counts = self.recount()?;
             self.book.counts_changed = true;
         }
@@ -1444,7 +1798,7 @@ impl StoreBackend for PgStore {
         created: &str,
     ) -> Result<TokenRecord, StoreError> {
         let ctx = "creating an API token";
-        let mut tx = self.client()?.transaction().map_err(pg(ctx))?;
+        let mut tx = self.begin_with(ctx, None)?;
         let id = token_id(next_counter(&mut tx, "next_token").map_err(pg(ctx))? as u64 + 1);
         tx.execute(
             "INSERT INTO api_tokens (id, scope, sha256, created, model) VALUES ($1, $2, $3, $4, $5)",
@@ -1472,7 +1826,7 @@ impl StoreBackend for PgStore {
     }
     fn revoke_token(&mut self, id: &str, at: &str) -> Result<TokenRecord, StoreError> {
         let ctx = "revoking an API token";
-        let mut tx = self.client()?.transaction().map_err(pg(ctx))?;
+        let mut tx = self.begin_with(ctx, None)?;
         tx.execute("UPDATE api_tokens SET revoked = $2 WHERE id = $1 AND revoked IS NULL", &[&id, &at])
             .map_err(pg(ctx))?;
         let row =

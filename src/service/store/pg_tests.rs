@@ -190,22 +190,42 @@ fn fenced_writes_commit_only_under_the_lease() {
     s.mark_for_removal(&m[1]).unwrap();
 }
 
-/// Every write that passes the fence records its epoch, and each acquisition records its own:
-/// the audit finds no stale write when fencing holds, and flags one that skipped the fence
-/// (written here by hand, as a store without the fence would have).
-#[test]
-fn the_epochs_record_proves_no_write_committed_under_a_stale_epoch() {
-    use crate::service::lease::pg::{audit_epochs, PgLease, StaleWrite};
+/// A store on a fresh database with machines, two lease clients (`replica-a`, which acquired
+/// epoch `first`, and `replica-b`), the store fenced on `replica-a`'s lease.
+struct Leading {
+    _pg: Arc<TempPostgres>,
+    url: String,
+    s: PgStore,
+    model: String,
+    m: Vec<MachineId>,
+    a: crate::service::lease::pg::PgLease,
+    b: crate::service::lease::pg::PgLease,
+    first: i64,
+}
+
+fn leading(machines: usize) -> Leading {
+    use crate::service::lease::pg::PgLease;
     use crate::service::lease::state::Answer;
     let pg = cluster();
     let url = fresh_db(&pg);
     let mut s = PgStore::open(&url).unwrap();
     let model = s.model_uuid().unwrap();
-    let m = s.add_machines(1, None).unwrap();
+    let m = s.add_machines(machines, None).unwrap();
     let lease_for = |holder: &str| PgLease::connect(&url, Duration::from_secs(10), &model, holder).unwrap();
-    let (mut a, mut b) = (lease_for("replica-a"), lease_for("replica-b"));
+    let (mut a, b) = (lease_for("replica-a"), lease_for("replica-b"));
     let Answer::Acquired { epoch: first } = a.acquire(Duration::from_secs(30)).unwrap() else { panic!("a leads") };
     s.set_fence(Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch: first })).unwrap();
+    Leading { _pg: pg, url, s, model, m, a, b, first }
+}
+
+/// Every write that passes the fence records its epoch, and each acquisition records its own:
+/// the audit finds no stale write when fencing holds, and flags one that skipped the fence
+/// (written here by hand, as a store without the fence would have).
+#[test]
+fn the_epochs_record_proves_no_write_committed_under_a_stale_epoch() {
+    use crate::service::lease::pg::{audit_epochs, StaleWrite};
+    use crate::service::lease::state::Answer;
+    let Leading { _pg, url, mut s, model, m, mut a, mut b, first } = leading(1);
     s.set_fenced(true);
     s.set_status(&m[0], MachineStatus::Error, "one").unwrap();
     s.set_status(&m[0], MachineStatus::Error, "two").unwrap();
@@ -263,31 +283,27 @@ fn a_transaction_left_open_is_ended_by_the_server_and_frees_the_lease_row() {
     assert!(tx.query("SELECT 1", &[]).is_err(), "the idle session was ended");
 }
 
-/// Each commit that changes machines notifies `provisioner_changes` with the model and the ids,
-/// delivered at the commit; a refused write notifies nothing.
-#[test]
-fn changes_are_notified_at_commit() {
-    use postgres::fallible_iterator::FallibleIterator;
+/// A store on a fresh database, its model, and a session listening to its notices.
+fn listening() -> (Arc<TempPostgres>, String, PgStore, String, postgres::Client) {
     let pg = cluster();
     let url = fresh_db(&pg);
     let mut s = PgStore::open(&url).unwrap();
     let model = s.model_uuid().unwrap();
     let mut listener = raw(&url);
     listener.batch_execute(&format!("LISTEN {CHANGES_CHANNEL}")).unwrap();
+    (pg, url, s, model, listener)
+}
+
+/// Each commit that changes machines notifies `provisioner_changes` with the model and the ids,
+/// delivered at the commit; a refused write notifies nothing.
+#[test]
+fn changes_are_notified_at_commit() {
+    let (_pg, _url, mut s, model, mut listener) = listening();
     let added = s.add_machines(2, None).unwrap();
     let _ = s.remove_machines(&[added[0].clone(), MachineId::new("77")], false, false).unwrap_err();
     s.set_status(&added[1], MachineStatus::Error, "x").unwrap();
     s.set_workers(3).unwrap();
-    let mut got = Vec::new();
-    let mut n = listener.notifications();
-    let mut it = n.timeout_iter(std::time::Duration::from_secs(2));
-    while let Some(note) = it.next().unwrap() {
-        assert_eq!(note.channel(), CHANGES_CHANNEL);
-        got.push(serde_json::from_str::<Notice>(note.payload()).unwrap());
-        if got.len() == 3 {
-            break;
-        }
-    }
+    let got = notices(&mut listener, Duration::from_secs(1));
     let notice = |kind: &str, ids: &[&str]| Notice {
         model_uuid: model.clone(),
         kind: kind.into(),
@@ -364,5 +380,217 @@ fn the_store_actor_fences_exec_lazy_and_not_exec() {
         let sqlite = super::Store::start(&dir.join("p.db")).unwrap();
         assert!(matches!(sqlite.set_fence(fence(7)).await, Err(StoreError::Refused(_))));
         let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+fn ids(v: &[MachineId]) -> Vec<&str> {
+    v.iter().map(MachineId::as_str).collect()
+}
+
+/// The notices delivered to `listener` within `wait` of the last one.
+fn notices(listener: &mut postgres::Client, wait: Duration) -> Vec<Notice> {
+    use postgres::fallible_iterator::FallibleIterator;
+    let mut got = Vec::new();
+    let mut n = listener.notifications();
+    let mut it = n.timeout_iter(wait);
+    while let Some(note) = it.next().unwrap() {
+        got.push(serde_json::from_str::<Notice>(note.payload()).unwrap());
+    }
+    got
+}
+
+/// A group commit on PostgreSQL: its units of work share one transaction, nothing of it is
+/// visible (nor notified) before its commit; a unit of work that fails is rolled back alone (its
+/// machine, its notice and its counts with it), and so is a failed write inside a unit of work
+/// that goes on; an aborted group leaves nothing, and the book as before it.
+#[test]
+fn a_postgres_group_commit_keeps_its_good_writes_and_notifies_only_what_committed() {
+    let (_pg, url, mut s, model, mut listener) = listening();
+    let mut other = raw(&url);
+    let count = |c: &mut postgres::Client| -> i64 { c.query_one("SELECT count(*) FROM machines", &[]).unwrap().get(0) };
+
+    assert!(s.begin_group(false).unwrap(), "PostgreSQL groups");
+    s.begin_member().unwrap();
+    assert!(s.machine_ids().unwrap().is_empty());
+    s.end_member(true).unwrap();
+    assert!(!s.group_has_written(), "a read writes nothing");
+    s.begin_member().unwrap();
+    assert_eq!(ids(&s.add_machines(2, None).unwrap()), ["0", "1"]);
+    s.end_member(true).unwrap();
+    assert!(s.group_has_written());
+    // A unit of work that writes, then fails: rolled back alone.
+    s.begin_member().unwrap();
+    s.add_machines(1, None).unwrap();
+    s.set_status(&MachineId::new("9"), MachineStatus::Started, "").unwrap_err();
+    s.end_member(false).unwrap();
+    // A write that fails halfway (its first machine updated) in a unit of work that goes on.
+    s.begin_member().unwrap();
+    s.remove_machines(&[MachineId::new("1"), MachineId::new("77")], false, false).unwrap_err();
+    s.set_status(&MachineId::new("1"), MachineStatus::Error, "kept").unwrap();
+    s.end_member(true).unwrap();
+    assert_eq!(count(&mut other), 0, "nothing is visible before the commit");
+    assert!(notices(&mut listener, Duration::from_millis(300)).is_empty(), "nor notified");
+    s.commit_group().unwrap();
+
+    assert_eq!(count(&mut other), 2, "the failed unit's machine is gone");
+    let one = s.machine(&MachineId::new("1")).unwrap().unwrap();
+    assert_eq!((one.machine.life, one.status_message.as_str()), (Life::Alive, "kept"), "the failed removal undone");
+    let recounted = s.recount().unwrap();
+    assert_eq!(s.counts(), &recounted, "the failed writes are not counted");
+    assert_eq!(ids(&s.take_outbox().0), ["0", "1"]);
+    let notice = |ids: &[&str]| Notice {
+        model_uuid: model.clone(),
+        kind: "machines".into(),
+        ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+        all: false,
+    };
+    assert_eq!(notices(&mut listener, Duration::from_secs(1)), [notice(&["0", "1"]), notice(&["1"])]);
+
+    s.begin_group(true).unwrap();
+    let before = s.counts().clone();
+    s.begin_member().unwrap();
+    s.add_machines(3, None).unwrap();
+    s.end_member(true).unwrap();
+    s.abort_group();
+    assert_eq!(count(&mut other), 2, "nothing of an aborted group is written");
+    assert_eq!(s.counts(), &before);
+    assert!(s.take_outbox().0.is_empty(), "nor heard of");
+    assert!(notices(&mut listener, Duration::from_millis(300)).is_empty(), "nor notified");
+    assert_eq!(ids(&s.add_machines(1, None).unwrap()), ["2"], "outside a group, a write commits alone");
+}
+
+/// The fence in a group commit: checked once, its share lock on the lease row held until the
+/// group commits (no takeover in between), the group's fenced writes recorded at once under
+/// it; a group fenced out commits none of its fenced writes (the API's unfenced write in it
+/// commits), and the audit finds no stale write.
+#[test]
+fn a_fenced_out_group_commits_nothing_and_a_fenced_group_holds_the_lease_row_until_its_commit() {
+    use crate::service::lease::pg::audit_epochs;
+    use crate::service::lease::state::Answer;
+    let Leading { _pg, url, mut s, model, m, mut a, mut b, first } = leading(2);
+
+    s.begin_group(false).unwrap();
+    for message in ["one", "two", "three"] {
+        s.set_fenced(true);
+        s.begin_member().unwrap();
+        s.set_status(&m[0], MachineStatus::Error, message).unwrap();
+        s.end_member(true).unwrap();
+    }
+    let mut other = raw(&url);
+    other.batch_execute("SET lock_timeout = 200").unwrap();
+    let takeover = "UPDATE leader_lease SET epoch = epoch WHERE model_uuid = $1";
+    assert!(other.execute(takeover, &[&model]).is_err(), "the group holds the lease row");
+    s.commit_group().unwrap();
+    assert_eq!(other.execute(takeover, &[&model]).unwrap(), 1, "until its commit");
+    assert_eq!(s.machine(&m[0]).unwrap().unwrap().status_message, "three");
+
+    a.release(first).unwrap();
+    let Answer::Acquired { epoch: second } = b.acquire(Duration::from_secs(30)).unwrap() else { panic!("b leads") };
+    let fenced = StoreError::Fenced { model_uuid: model.clone(), holder: "replica-a".into(), epoch: first };
+    let tags = InstanceTags { model: Some(model.clone()), machine: Some(m[1].clone()), start: Some("n".into()) };
+    let before = s.counts().clone();
+    s.begin_group(false).unwrap();
+    s.set_fenced(true);
+    s.begin_member().unwrap();
+    assert_eq!(s.set_status(&m[0], MachineStatus::Started, "stale"), Err(fenced.clone()));
+    s.end_member(false).unwrap();
+    s.set_fenced(false);
+    s.begin_member().unwrap();
+    s.set_workers(5).unwrap();
+    s.end_member(true).unwrap();
+    s.set_fenced(true);
+    s.begin_member().unwrap();
+    assert_eq!(s.create_instance("tok", None, &tags).map(|_| ()), Err(fenced.clone()));
+    assert_eq!(s.ensure_dead(&m[1]), Err(fenced));
+    s.end_member(false).unwrap();
+    s.commit_group().unwrap();
+    assert_eq!(s.counts(), &before, "a refused write counts nothing");
+    let m0 = s.machine(&m[0]).unwrap().unwrap();
+    assert_eq!((m0.status_message.as_str(), m0.machine.status), ("three", MachineStatus::Error), "nothing written");
+    assert_eq!(s.machine(&m[1]).unwrap().unwrap().machine.life, Life::Alive);
+    assert!(s.all_instances().unwrap().is_empty(), "no instance created");
+    assert_eq!(s.settings().unwrap().workers, Some(5), "the API's write in the same group committed");
+
+    let audit = audit_epochs(&mut raw(&url), &model).unwrap();
+    assert_eq!(audit.acquisitions, vec![(first, "replica-a".to_owned()), (second, "replica-b".to_owned())]);
+    assert_eq!(audit.writes, 3, "the group's three writes under the lease, recorded once");
+    assert!(audit.stale.is_empty(), "{audit:?}");
+}
+
+/// Through the store actor: writes sent while the store is busy commit as one PostgreSQL group
+/// (durable and lazy ones together), a failing one among them fails alone having written
+/// nothing; a group whose commit fails (its connection killed before the commit) answers every
+/// one of its writes with the error and writes none of them, and the store reconnects.
+#[test]
+fn writes_waiting_together_commit_as_one_postgres_group_and_a_failed_commit_fails_them_all() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    actix::System::new().block_on(async move {
+        let store = super::Store::start_postgres(&url).unwrap();
+        store.exec(|s| s.add_machines(1, None)).await.unwrap();
+        let commits = store.group_commits();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let first = store.exec(move |_| {
+            held.recv().unwrap();
+            Ok(())
+        });
+        let mut writes = Vec::new();
+        for i in 0..8 {
+            let work = move |s: &mut dyn StoreBackend| {
+                let ids = s.add_machines(1, None)?;
+                match i {
+                    3 => Err(StoreError::Refused("bad write".into())),
+                    _ => Ok(ids),
+                }
+            };
+            writes.push(if i % 2 == 0 {
+                futures::future::Either::Left(store.exec(work))
+            } else {
+                futures::future::Either::Right(store.exec_lazy(work))
+            });
+        }
+        release.send(()).unwrap();
+        first.await.unwrap();
+        let mut added = Vec::new();
+        for (i, w) in writes.into_iter().enumerate() {
+            match w.await {
+                Ok(ids) => added.extend(ids),
+                Err(e) => assert!(i == 3 && e == StoreError::Refused("bad write".into()), "write {i}: {e}"),
+            }
+        }
+        assert_eq!(ids(&added), ["1", "2", "3", "4", "5", "6", "7"], "the bad write took no id");
+        // One group, or a few: a group takes units in for at most 10 ms (a loaded machine's
+        // debug build may take longer for the eight).
+        let made = store.group_commits() - commits;
+        assert!((1..8).contains(&made), "{made} commits for eight writes: they did not group");
+
+        // The last write of a group kills the store's session: the commit fails.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let first = store.exec(move |_| {
+            held.recv().unwrap();
+            Ok(())
+        });
+        let doomed: Vec<_> = (0..3).map(|_| store.exec(|s| s.add_machines(1, None))).collect();
+        let admin = url.clone();
+        let killer = store.exec(move |s| {
+            s.add_machines(1, None)?;
+            let mut c = raw(&admin);
+            c.execute(
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND application_name = 'provisioner'",
+                &[],
+            )
+            .unwrap();
+            Ok(())
+        });
+        release.send(()).unwrap();
+        first.await.unwrap();
+        for w in doomed {
+            let e = w.await.expect_err("a write of a group whose commit failed");
+            assert!(matches!(e, StoreError::Postgres { .. }), "{e:?}");
+        }
+        killer.await.expect_err("the write that killed the session");
+        let machines = store.read(|s| s.machine_ids()).await.unwrap();
+        assert_eq!(machines.len(), 8, "none of the failed group's machines: {machines:?}");
     });
 }

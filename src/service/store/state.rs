@@ -1055,6 +1055,9 @@ impl StoreCore {
         rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing machines"))
     }
 
+    /// One machine's update; the hot ones (the provisioner's, at every start) stamp
+    /// `changed_at` themselves, so that the `machines_stamp_update` trigger (kept for every
+    /// other writer) does not write the row a second time.
     fn update_machine(
         &mut self,
         id: &MachineId,
@@ -1077,7 +1080,8 @@ impl StoreCore {
             id,
             "recording an instance",
             "UPDATE machines SET instance = ?2, zone = ?3, nonce = ?4, display_name = ?5, instance_status = ?6, \
-             instance_status_message = '', status = 'started', status_message = '', transient = 0 WHERE id = ?1",
+             instance_status_message = '', status = 'started', status_message = '', transient = 0, \
+             changed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?1",
             &[
                 &id.as_str(),
                 &info.instance.as_str(),
@@ -1099,7 +1103,8 @@ impl StoreCore {
             id,
             "writing a machine status",
             "UPDATE machines SET status = ?2, status_message = ?3, \
-             transient = CASE WHEN ?2 = 'pending' THEN 0 ELSE transient END WHERE id = ?1",
+             transient = CASE WHEN ?2 = 'pending' THEN 0 ELSE transient END, \
+             changed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?1",
             &[&id.as_str(), &status.as_str(), &message],
         )?;
         self.count_machine(before, Some(status.as_str()), None);
@@ -1116,7 +1121,8 @@ impl StoreCore {
         self.update_machine(
             id,
             "writing an instance status",
-            "UPDATE machines SET instance_status = ?2, instance_status_message = ?3 WHERE id = ?1",
+            "UPDATE machines SET instance_status = ?2, instance_status_message = ?3, \
+             changed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?1",
             &[&id.as_str(), &status.as_str(), &message],
         )
     }
@@ -1127,7 +1133,8 @@ impl StoreCore {
         self.update_machine(
             id,
             "recording a start attempt",
-            "UPDATE machines SET start_attempts = start_attempts + 1, last_start_error = ?2 WHERE id = ?1",
+            "UPDATE machines SET start_attempts = start_attempts + 1, last_start_error = ?2, \
+             changed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?1",
             &[&id.as_str(), &error],
         )
     }

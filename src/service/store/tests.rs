@@ -795,3 +795,40 @@ fn writes_waiting_together_commit_as_one_group_answered_after_its_commit() {
         assert_eq!(counts.machines_by_status.get("pending"), Some(&8));
     });
 }
+
+/// The provisioner's writes at every start stamp `changed_at` in their own statement: the row
+/// is written once, not a second time by the stamping trigger (which still stamps every other
+/// write).
+#[test]
+fn the_hot_machine_writes_stamp_their_row_once() {
+    let mut s = StoreCore::in_memory().unwrap();
+    let id = s.add_machines(1, None).unwrap().remove(0);
+    let old = "2000-01-01T00:00:00.000Z";
+    let reset = |s: &StoreCore| s.conn_for_tests().execute("UPDATE machines SET changed_at = ?1", [old]).unwrap();
+    let info = ProvisionedInstance {
+        instance: crate::model::InstanceId::new("i-1"),
+        zone: Some("az1".into()),
+        nonce: "n".into(),
+        display_name: String::new(),
+        status: crate::model::InstanceStatus::running(),
+    };
+    type Write<'a> = (&'a str, Box<dyn Fn(&mut StoreCore) + 'a>);
+    let writes: [Write<'_>; 4] = [
+        ("set_status", Box::new(|s| s.set_status(&id, MachineStatus::Pending, "").unwrap())),
+        ("set_instance_status", Box::new(|s| s.set_instance_status(&id, &info.status, "up").unwrap())),
+        ("record_start_outcome", Box::new(|s| s.record_start_outcome(&id, None).unwrap())),
+        ("set_instance_info", Box::new(|s| s.set_instance_info(&id, &info).unwrap())),
+    ];
+    for (name, write) in &writes {
+        reset(&s);
+        let before = s.conn_for_tests().total_changes();
+        write(&mut s);
+        assert_eq!(s.conn_for_tests().total_changes() - before, 1, "{name} wrote its row more than once");
+        let stamp = s.machine(&id).unwrap().unwrap().changed_at.unwrap();
+        assert!(stamp.as_str() > old, "{name} did not stamp the row: {stamp}");
+    }
+    // Any other write is still stamped, by the trigger.
+    reset(&s);
+    s.ensure_dead(&id).unwrap();
+    assert!(s.machine(&id).unwrap().unwrap().changed_at.unwrap().as_str() > old);
+}
