@@ -151,6 +151,8 @@ impl RoleHooks for ModelHooks {
     }
 }
 
+// The runtime's thread is held on purpose (std's sleep) while a burst of notices arrives.
+#[allow(clippy::disallowed_methods)]
 #[test]
 fn one_lease_thread_and_one_listener_serve_every_model_of_a_replica() {
     let pg = TempPostgres::start("lease-shared").unwrap();
