@@ -326,20 +326,24 @@ impl PgLeases {
 
     /// [`PgLease::acquire`] for `key`.
     pub fn acquire(&mut self, key: &LeaseKey, lease: Duration) -> Result<Answer, LeaseSqlError> {
-        self.prepare(key)?;
-        let mut tx = self.client.transaction()?;
-        enter(&mut tx, key)?;
-        let answer = acquire_on(&mut tx, &key.model_uuid, &self.holder, lease)?;
-        tx.commit()?;
-        Ok(answer)
+        self.in_schema(key, |tx, model, holder| acquire_on(tx, model, holder, lease))
     }
 
     /// [`PgLease::release`] for `key`.
     pub fn release(&mut self, key: &LeaseKey, epoch: i64) -> Result<Answer, LeaseSqlError> {
+        self.in_schema(key, |tx, model, holder| release_on(tx, model, holder, epoch))
+    }
+
+    /// `step` in a transaction of its own with `key`'s schema as its `search_path`.
+    fn in_schema(
+        &mut self,
+        key: &LeaseKey,
+        step: impl FnOnce(&mut Transaction<'_>, &str, &str) -> Result<Answer, LeaseSqlError>,
+    ) -> Result<Answer, LeaseSqlError> {
         self.prepare(key)?;
         let mut tx = self.client.transaction()?;
         enter(&mut tx, key)?;
-        let answer = release_on(&mut tx, &key.model_uuid, &self.holder, epoch)?;
+        let answer = step(&mut tx, &key.model_uuid, &self.holder)?;
         tx.commit()?;
         Ok(answer)
     }
