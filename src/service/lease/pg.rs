@@ -115,17 +115,12 @@ pub struct LeaseRow {
     pub live: bool,
 }
 
-/// One replica's lease on one model, over a connection of its own.
+/// One replica's lease on one model, over a connection of its own: [`PgLeases`] for that one
+/// model, in the connection's own `search_path`.
+#[derive(Debug)]
 pub struct PgLease {
-    client: Client,
-    model_uuid: String,
-    holder: String,
-}
-
-impl std::fmt::Debug for PgLease {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgLease").field("model_uuid", &self.model_uuid).field("holder", &self.holder).finish()
-    }
+    leases: PgLeases,
+    key: LeaseKey,
 }
 
 fn millis(d: Duration) -> Result<i64, LeaseSqlError> {
@@ -171,50 +166,43 @@ impl PgLease {
         model_uuid: &str,
         holder: &str,
     ) -> Result<Self, LeaseSqlError> {
-        let mut client = connector.connect(timeout).map_err(LeaseSqlError::Connect)?;
-        // Replicas starting together would race on `CREATE TABLE IF NOT EXISTS` (it can fail
-        // on the catalogue's unique index): one at a time, under an advisory lock.
-        let mut tx = client.transaction()?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LEASE_TABLE_LOCK])?;
-        tx.batch_execute(CREATE_TABLE_SQL)?;
-        tx.batch_execute(crate::service::store::EPOCH_TABLES_SQL)?;
-        tx.commit()?;
-        Ok(Self { client, model_uuid: model_uuid.to_owned(), holder: holder.to_owned() })
+        let mut leases = PgLeases::connect_with(connector, timeout, holder)?;
+        let key = LeaseKey { model_uuid: model_uuid.to_owned(), schema: None };
+        leases.prepare(&key)?;
+        Ok(Self { leases, key })
     }
 
     /// This replica's id.
     pub fn holder(&self) -> &str {
-        &self.holder
+        self.leases.holder()
     }
 
     /// Tries to take the lease for `lease`: [`Answer::Acquired`] with the new epoch, or
     /// [`Answer::HeldBy`] whoever holds it unexpired.
     pub fn acquire(&mut self, lease: Duration) -> Result<Answer, LeaseSqlError> {
-        acquire_on(&mut self.client, &self.model_uuid, &self.holder, lease)
+        self.leases.acquire(&self.key, lease)
     }
 
     /// Renews the lease held at `epoch` for `lease`: [`Answer::Renewed`] or [`Answer::Refused`].
     pub fn renew(&mut self, epoch: i64, lease: Duration) -> Result<Answer, LeaseSqlError> {
-        renew_on(&mut self.client, &self.model_uuid, &self.holder, epoch, lease)
+        self.leases.in_schema(&self.key, |tx, model, holder| renew_on(tx, model, holder, epoch, lease))
     }
 
     /// Releases the lease held at `epoch` (a lease no longer ours is left alone).
     pub fn release(&mut self, epoch: i64) -> Result<Answer, LeaseSqlError> {
-        release_on(&mut self.client, &self.model_uuid, &self.holder, epoch)
+        self.leases.release(&self.key, epoch)
     }
 
     /// The lease's row, if any.
     pub fn current(&mut self) -> Result<Option<LeaseRow>, LeaseSqlError> {
-        current_on(&mut self.client, &self.model_uuid)
+        self.leases.in_schema(&self.key, |tx, model, _| current_on(tx, model))
     }
 
     /// Whether `holder` at `epoch` may write now: [`FENCE_SQL`] in a transaction of its own
     /// (a store runs the same statement first in each fenced write's transaction).
     pub fn fence_holds(&mut self, holder: &str, epoch: i64) -> Result<bool, LeaseSqlError> {
-        let mut tx = self.client.transaction()?;
-        let ok = tx.query_opt(FENCE_SQL, &[&self.model_uuid, &holder, &epoch])?.is_some();
-        tx.commit()?;
-        Ok(ok)
+        self.leases
+            .in_schema(&self.key, |tx, model, _| Ok(tx.query_opt(FENCE_SQL, &[&model, &holder, &epoch])?.is_some()))
     }
 }
 
@@ -335,11 +323,11 @@ impl PgLeases {
     }
 
     /// `step` in a transaction of its own with `key`'s schema as its `search_path`.
-    fn in_schema(
+    fn in_schema<T>(
         &mut self,
         key: &LeaseKey,
-        step: impl FnOnce(&mut Transaction<'_>, &str, &str) -> Result<Answer, LeaseSqlError>,
-    ) -> Result<Answer, LeaseSqlError> {
+        step: impl FnOnce(&mut Transaction<'_>, &str, &str) -> Result<T, LeaseSqlError>,
+    ) -> Result<T, LeaseSqlError> {
         self.prepare(key)?;
         let mut tx = self.client.transaction()?;
         enter(&mut tx, key)?;

@@ -23,6 +23,9 @@ use crate::service::pgconnect::Connector;
 /// At most this many queued steps are taken in one round (a bound on one transaction).
 pub const MAX_ROUND: usize = 256;
 
+/// The answer to a step not carried out because the connection failed earlier in its round.
+const CONNECTION_FAILED: &str = "the lease connection failed";
+
 /// One lease step and where its answer goes.
 struct Request {
     key: LeaseKey,
@@ -104,7 +107,7 @@ fn carry_out(leases: &mut PgLeases, round: Vec<Request>, lease: Duration) -> boo
     let mut healthy = true;
     for r in round {
         if !healthy {
-            r.answer.do_send(Answered(Answer::Failed("the lease connection failed".into())));
+            r.answer.do_send(Answered(Answer::Failed(CONNECTION_FAILED.into())));
             continue;
         }
         if let Step::Renew { epoch } = r.step {
@@ -113,7 +116,7 @@ fn carry_out(leases: &mut PgLeases, round: Vec<Request>, lease: Duration) -> boo
         }
         healthy = renew(leases, &mut renewals, lease);
         if !healthy {
-            r.answer.do_send(Answered(Answer::Failed("the lease connection failed".into())));
+            r.answer.do_send(Answered(Answer::Failed(CONNECTION_FAILED.into())));
             continue;
         }
         let answer = match r.step {
