@@ -77,10 +77,7 @@ impl ModelApi for StoreModel {
         self.run(move |s| Ok(per_id(&ids, s.distribution_groups(&ids)?)))
     }
     fn set_instance_info(&self, id: MachineId, info: ProvisionedInstance) -> ModelFuture<()> {
-        self.run(move |s| {
-            s.set_instance_info(&id, &info)?;
-            s.record_start_outcome(&id, None)
-        })
+        self.run(move |s| s.record_started_instance(&id, &info))
     }
     fn set_status(&self, id: MachineId, status: MachineStatus, message: String) -> ModelFuture<()> {
         self.run(move |s| s.set_status(&id, status, &message))

@@ -4,7 +4,8 @@
 //! A start creates the instance at once (pending, tagged with the model, the machine and the
 //! start's nonce, keyed by the client token so that a repeated call returns the same
 //! instance), then waits the start latency and marks it running. An instance whose landing a
-//! crash interrupted is landed by [`SimCloud::resume`] when the service comes back.
+//! crash interrupted is landed by [`SimCloud::resume`] when the service comes back. Without a
+//! latency to wait, creation and landing are one unit of work on the store (one round trip).
 //!
 //! As EC2 does, it is idempotent by client token: a start repeated with the token of one that
 //! already made an instance (whatever became of the first call's answer) returns that instance,
@@ -305,17 +306,31 @@ impl Broker for SimCloud {
             let picked = cloud.pick_type(&params).await?;
             let token = token_key(&cloud.model_uuid, picked.as_ref().map_or(&params.client_token, |(_, t)| t));
             let instance_type = picked.map(|(t, _)| t);
-            let (zone, tags) = (params.zone.clone(), params.tags.clone());
-            let (record, new) = store
-                .exec_lazy(move |s| s.create_instance(&token, zone.as_deref(), &tags))
+            // Without a start latency to wait (or for a repeated token's instance), the instance
+            // is created and landed by one unit of work: one store round trip, not two.
+            let at_once = latency.is_zero();
+            let (record, new, landed, params) = store
+                .exec_lazy(move |s| {
+                    let (record, new) = s.create_instance(&token, params.zone.as_deref(), &params.tags)?;
+                    let landed = match (at_once || !new) && repeated_start(&params, &record.instance).is_ok() {
+                        true => Some(s.land_instance(&record.instance.id)?),
+                        false => None,
+                    };
+                    Ok((record, new, landed, params))
+                })
                 .await
                 .map_err(cloud_error)?;
             repeated_start(&params, &record.instance)?;
-            if new && !latency.is_zero() {
-                actix_rt::time::sleep(latency).await;
-            }
-            let id = record.instance.id.clone();
-            let landed = store.exec_lazy(move |s| s.land_instance(&id)).await.map_err(cloud_error)?;
+            let landed = match landed {
+                Some(landed) => landed,
+                None => {
+                    if new {
+                        actix_rt::time::sleep(latency).await;
+                    }
+                    let id = record.instance.id.clone();
+                    store.exec_lazy(move |s| s.land_instance(&id)).await.map_err(cloud_error)?
+                }
+            };
             let instance = CloudInstance { instance_type, ..landed.map(|r| r.instance).unwrap_or(record.instance) };
             Ok(StartedInstance { display_name: format!("sim-{}", instance.id), instance })
         })
@@ -434,6 +449,32 @@ mod tests {
             assert!(err.message().contains("IdempotentParameterMismatch"), "{err:?}");
             assert_eq!(err.kind(), "zone_independent", "{err:?}");
             assert_eq!(cloud.all_records().await.unwrap().len(), 2);
+        });
+    }
+
+    /// Without a start latency a start is one unit of work on the store (its instance created
+    /// and landed together); with one, two (the pending instance first, so that a crash while
+    /// it waits leaves the instance for `resume` to land). Either way the instance runs.
+    #[test]
+    fn a_start_without_latency_creates_and_lands_its_instance_in_one_store_call() {
+        let db = fresh_db("one-call");
+        actix_rt::System::new().block_on(async move {
+            let store = Store::start(&db).unwrap();
+            for (latency, calls) in [(Duration::ZERO, 1), (Duration::from_millis(5), 2)] {
+                let cloud = SimCloud::new(
+                    store.clone(),
+                    "m".into(),
+                    SimSettings { start_latency: latency, ..SimSettings::default() },
+                );
+                let token = format!("0/n/{}", latency.as_millis());
+                let tags = InstanceTags { model: Some("m".into()), machine: Some(MachineId::new("0")), start: None };
+                let p = StartInstanceParams { client_token: token, tags, ..params(Some("az1")) };
+                let before = store.operations();
+                let started = cloud.start_instance(p).await.unwrap();
+                assert_eq!(store.operations() - before, calls, "latency {latency:?}");
+                assert_eq!(started.instance.state, crate::model::InstanceState::Running);
+            }
+            assert!(store.exec(|s| s.pending_instances()).await.unwrap().is_empty());
         });
     }
 

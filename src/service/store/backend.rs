@@ -141,6 +141,13 @@ pub trait StoreBackend: Send {
     /// Counts one start attempt of a machine and keeps its outcome: `error` is the failed
     /// attempt's message, `None` a success (which clears the last error).
     fn record_start_outcome(&mut self, id: &MachineId, error: Option<&str>) -> Result<(), StoreError>;
+    /// Records the instance a start made ([`StoreBackend::set_instance_info`]) and counts that
+    /// start as a successful attempt ([`StoreBackend::record_start_outcome`] with no error), in
+    /// one write: the model port's record of every start. SQLite makes it one statement.
+    fn record_started_instance(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError> {
+        self.set_instance_info(id, info)?;
+        self.record_start_outcome(id, None)
+    }
     /// Takes a machine to dead (notifies if it was not).
     fn ensure_dead(&mut self, id: &MachineId) -> Result<(), StoreError>;
     /// Removes a dead machine for good.
@@ -348,6 +355,7 @@ impl StoreBackend for StoreCore {
         fn set_status(&mut self, id: &MachineId, status: MachineStatus, message: &str) -> Result<(), StoreError>;
         fn set_instance_status(&mut self, id: &MachineId, status: &InstanceStatus, message: &str) -> Result<(), StoreError>;
         fn record_start_outcome(&mut self, id: &MachineId, error: Option<&str>) -> Result<(), StoreError>;
+        fn record_started_instance(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError>;
         fn ensure_dead(&mut self, id: &MachineId) -> Result<(), StoreError>;
         fn mark_for_removal(&mut self, id: &MachineId) -> Result<(), StoreError>;
         fn destroy_model(&mut self) -> Result<Vec<Machine>, StoreError>;

@@ -617,6 +617,36 @@ fn machines_in_error_are_counted_without_a_scan(s: &mut dyn StoreBackend) {
     assert_eq!((s.machines_in_error().unwrap(), scan(s)), (1, 1));
 }
 
+/// A start's record ([`StoreBackend::record_started_instance`], the model port's one write
+/// per start): the machine gets its instance and becomes `started`, its attempt is counted as
+/// a success (the last error cleared) and its status counts move; an unknown machine is
+/// refused and changes nothing.
+fn a_started_instance_is_recorded_with_its_successful_attempt(s: &mut dyn StoreBackend) {
+    let m = s.add_machines(2, None).unwrap();
+    s.record_start_outcome(&m[0], Some("no capacity in az1")).unwrap();
+    let info = ProvisionedInstance {
+        instance: InstanceId::new("i-7"),
+        zone: Some("az2".into()),
+        nonce: "machine-0:n".into(),
+        display_name: "sim-i-7".into(),
+        status: InstanceStatus::running(),
+    };
+    s.record_started_instance(&m[0], &info).unwrap();
+    let r = s.machine(&m[0]).unwrap().unwrap();
+    assert_eq!(r.machine.instance, Some(InstanceId::new("i-7")));
+    assert_eq!(
+        (r.machine.status, r.machine.instance_status.clone()),
+        (MachineStatus::Started, InstanceStatus::running())
+    );
+    assert_eq!((r.zone.as_deref(), r.message()), (Some("az2"), ""));
+    assert_eq!((r.start_attempts, r.last_start_error), (2, None), "the failed attempt and the success");
+    assert_eq!(s.counts().machines_by_status.get("started"), Some(&1));
+    assert_eq!(s.counts().machines_by_status.get("pending"), Some(&1));
+    let gone = MachineId::new("9");
+    assert_eq!(s.record_started_instance(&gone, &info), Err(StoreError::NotFound(gone)));
+    assert_eq!(s.machine(&m[1]).unwrap().unwrap().start_attempts, 0);
+}
+
 /// The behaviour tests above, each run against SQLite (a test each, in memory) and against
 /// PostgreSQL (feature `postgres`: one cluster for the lot, a fresh database per test).
 macro_rules! on_both_backends {
@@ -649,6 +679,7 @@ on_both_backends!(
     api_tokens_are_kept_as_hashes_and_revoked_once,
     start_intents_are_kept_until_dropped,
     machines_in_error_are_counted_without_a_scan,
+    a_started_instance_is_recorded_with_its_successful_attempt,
 );
 
 /// Start attempts: each reported outcome counts one, a failure keeps its error, a success
@@ -813,11 +844,12 @@ fn the_hot_machine_writes_stamp_their_row_once() {
         status: crate::model::InstanceStatus::running(),
     };
     type Write<'a> = (&'a str, Box<dyn Fn(&mut StoreCore) + 'a>);
-    let writes: [Write<'_>; 4] = [
+    let writes: [Write<'_>; 5] = [
         ("set_status", Box::new(|s| s.set_status(&id, MachineStatus::Pending, "").unwrap())),
         ("set_instance_status", Box::new(|s| s.set_instance_status(&id, &info.status, "up").unwrap())),
         ("record_start_outcome", Box::new(|s| s.record_start_outcome(&id, None).unwrap())),
         ("set_instance_info", Box::new(|s| s.set_instance_info(&id, &info).unwrap())),
+        ("record_started_instance", Box::new(|s| s.record_started_instance(&id, &info).unwrap())),
     ];
     for (name, write) in &writes {
         reset(&s);
@@ -831,4 +863,49 @@ fn the_hot_machine_writes_stamp_their_row_once() {
     reset(&s);
     s.ensure_dead(&id).unwrap();
     assert!(s.machine(&id).unwrap().unwrap().changed_at.unwrap().as_str() > old);
+}
+
+/// The stamp the provisioner's writes bind as `changed_at` is what SQLite's stamping triggers
+/// write (`strftime('%Y-%m-%dT%H:%M:%fZ', ...)`) for the same instant, character for
+/// character; a group's writes share the group's stamp.
+#[test]
+fn the_bound_stamp_is_the_one_sqlite_would_write() {
+    let mut s = StoreCore::in_memory().unwrap();
+    let stamp = super::state::now_stamp();
+    let sqlite: String =
+        s.conn_for_tests().query_row("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', ?1)", [&stamp], |r| r.get(0)).unwrap();
+    assert_eq!(sqlite, stamp);
+    let now: String =
+        s.conn_for_tests().query_row("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')", [], |r| r.get(0)).unwrap();
+    assert_eq!((now.len(), &now[..10]), (stamp.len(), &stamp[..10]), "{now} and {stamp}");
+
+    let m = s.add_machines(2, None).unwrap();
+    s.begin_group(false).unwrap();
+    for id in &m {
+        s.begin_member().unwrap();
+        s.set_status(id, MachineStatus::Started, "").unwrap();
+        s.end_member(true).unwrap();
+    }
+    s.commit_group().unwrap();
+    let stamps: Vec<String> = m.iter().map(|id| s.machine(id).unwrap().unwrap().changed_at.unwrap()).collect();
+    assert_eq!(stamps[0], stamps[1], "one stamp for the group");
+}
+
+/// An add writes each new machine's row once (no stamping trigger runs after it) and takes its
+/// ids from the counter at once: 1,000 machines are 1,000 row changes and one counter's, their
+/// ids consecutive and never reused.
+#[test]
+fn an_add_writes_each_row_once_and_takes_its_ids_at_once() {
+    let mut s = StoreCore::in_memory().unwrap();
+    assert_eq!(ids(&s.add_machines(2, None).unwrap()), ["0", "1"]);
+    let before = s.conn_for_tests().total_changes();
+    let added = s.add_machines(1000, None).unwrap();
+    assert_eq!(s.conn_for_tests().total_changes() - before, 1001, "each row once, and the counter");
+    let expected: Vec<String> = (2..1002).map(|n: u32| n.to_string()).collect();
+    assert_eq!(ids(&added), expected.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(s.machine(&added[999]).unwrap().unwrap().changed_at.is_some(), "stamped");
+    assert_eq!(s.machine_ids().unwrap().len(), 1002);
+    assert_eq!(ids(&s.add_machines(1, None).unwrap()), ["1002"]);
+    assert!(s.add_machines(0, None).unwrap().is_empty());
+    assert_eq!(ids(&s.add_machines(1, None).unwrap()), ["1003"]);
 }
