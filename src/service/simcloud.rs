@@ -311,10 +311,19 @@ impl Broker for SimCloud {
             let at_once = latency.is_zero();
             let (record, new, landed, params) = store
                 .exec_lazy(move |s| {
-                    let (record, new) = s.create_instance(&token, params.zone.as_deref(), &params.tags)?;
-                    let landed = match (at_once || !new) && repeated_start(&params, &record.instance).is_ok() {
-                        true => Some(s.land_instance(&record.instance.id)?),
-                        false => None,
+                    let (zone, tags) = (params.zone.as_deref(), &params.tags);
+                    let (record, new) = match at_once {
+                        true => s.create_running_instance(&token, zone, tags)?,
+                        false => s.create_instance(&token, zone, tags)?,
+                    };
+                    // `Some(landed)`: landed by this unit (`None` in it: the record as it is).
+                    let landed = match (new, at_once) {
+                        (true, true) => Some(None),
+                        (true, false) => None,
+                        (false, _) if repeated_start(&params, &record.instance).is_ok() => {
+                            Some(s.land_instance(&record.instance.id)?)
+                        }
+                        (false, _) => None,
                     };
                     Ok((record, new, landed, params))
                 })

@@ -230,6 +230,23 @@ pub trait StoreBackend: Send {
         zone: Option<&str>,
         tags: &InstanceTags,
     ) -> Result<(InstanceRecord, bool), StoreError>;
+    /// Creates an instance already running, for a start with no latency to wait (its creation
+    /// and its landing as one write), or returns the one this client token made, as it is
+    /// (`false`: not new; landing it is the caller's, once the repeat is known to be the same
+    /// start). SQLite writes it running at once.
+    fn create_running_instance(
+        &mut self,
+        client_token: &str,
+        zone: Option<&str>,
+        tags: &InstanceTags,
+    ) -> Result<(InstanceRecord, bool), StoreError> {
+        let (record, new) = self.create_instance(client_token, zone, tags)?;
+        if !new {
+            return Ok((record, false));
+        }
+        let landed = self.land_instance(&record.instance.id)?;
+        Ok((landed.unwrap_or(record), true))
+    }
     /// One instance.
     fn instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError>;
     /// A pending instance comes up. Returns it.
@@ -379,6 +396,7 @@ impl StoreBackend for StoreCore {
         fn token_by_hash(&mut self, sha256: &str) -> Result<Option<TokenRecord>, StoreError>;
         fn revoke_token(&mut self, id: &str, at: &str) -> Result<TokenRecord, StoreError>;
         fn create_instance(&mut self, client_token: &str, zone: Option<&str>, tags: &InstanceTags) -> Result<(InstanceRecord, bool), StoreError>;
+        fn create_running_instance(&mut self, client_token: &str, zone: Option<&str>, tags: &InstanceTags) -> Result<(InstanceRecord, bool), StoreError>;
         fn instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError>;
         fn land_instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError>;
         fn all_instances(&mut self) -> Result<Vec<InstanceRecord>, StoreError>;

@@ -647,6 +647,27 @@ fn a_started_instance_is_recorded_with_its_successful_attempt(s: &mut dyn StoreB
     assert_eq!(s.machine(&m[1]).unwrap().unwrap().start_attempts, 0);
 }
 
+/// A start without latency creates its instance running (counted as running, never as
+/// pending); a repeated client token gets the instance it made as it is, pending or not, and
+/// creates nothing.
+fn an_instance_created_running_is_counted_running_and_kept_by_its_token(s: &mut dyn StoreBackend) {
+    let (a, new) = s.create_running_instance("0/n/1", Some("az1"), &tags("m", "0")).unwrap();
+    assert!(new);
+    assert_eq!((a.instance.state, a.instance.zone.as_deref()), (InstanceState::Running, Some("az1")));
+    assert_eq!(s.instance(&a.instance.id).unwrap().unwrap(), a);
+    let (pending, _) = s.create_instance("1/n/1", None, &tags("m", "1")).unwrap();
+    let (again, new) = s.create_running_instance("1/n/1", None, &tags("m", "1")).unwrap();
+    assert!(!new);
+    assert_eq!(again, pending, "the token's instance, still pending");
+    let (same, new) = s.create_running_instance("0/n/1", Some("az1"), &tags("m", "0")).unwrap();
+    assert_eq!((same, new), (a, false));
+    assert_eq!(s.all_instances().unwrap().len(), 2);
+    let counts = s.counts().clone();
+    assert_eq!(counts.instances_by_state.get("running"), Some(&1));
+    assert_eq!(counts.instances_by_state.get("pending"), Some(&1));
+    assert_eq!(s.recount().unwrap().instances_by_state, counts.instances_by_state);
+}
+
 /// The behaviour tests above, each run against SQLite (a test each, in memory) and against
 /// PostgreSQL (feature `postgres`: one cluster for the lot, a fresh database per test).
 macro_rules! on_both_backends {
@@ -680,6 +701,7 @@ on_both_backends!(
     start_intents_are_kept_until_dropped,
     machines_in_error_are_counted_without_a_scan,
     a_started_instance_is_recorded_with_its_successful_attempt,
+    an_instance_created_running_is_counted_running_and_kept_by_its_token,
 );
 
 /// Start attempts: each reported outcome counts one, a failure keeps its error, a success
