@@ -278,6 +278,25 @@ pub trait StoreBackend: Send {
     fn machines(&mut self, ids: &[MachineId]) -> Result<Vec<Option<MachineRecord>>, StoreError> {
         ids.iter().map(|id| self.machine(id)).collect()
     }
+    /// A machine as the provisioner reads it (the model port's `machines`, at every change of
+    /// every machine): its [`Machine`] alone. SQLite reads only those columns.
+    fn model_machine(&mut self, id: &MachineId) -> Result<Option<Machine>, StoreError> {
+        Ok(self.machine(id)?.map(|m| m.machine))
+    }
+    /// What a start of a machine needs to know of it: its constraints and its placement
+    /// directive (`None`: no such machine). SQLite reads only those columns.
+    fn machine_provisioning(&mut self, id: &MachineId) -> Result<Option<ProvisioningInfo>, StoreError> {
+        Ok(self.machine(id)?.map(|m| ProvisioningInfo {
+            constraints: m.constraints,
+            placement: m.placement,
+            ..ProvisioningInfo::default()
+        }))
+    }
+    /// The application whose unit a machine hosts (`Some(None)`: none; `None`: no such
+    /// machine). SQLite reads only that column.
+    fn machine_application(&mut self, id: &MachineId) -> Result<Option<Option<String>>, StoreError> {
+        Ok(self.machine(id)?.map(|m| m.application))
+    }
     /// Alive, unprovisioned machines in provisioning error that were marked for a retry.
     fn transient_errors(&mut self) -> Result<Vec<Machine>, StoreError> {
         Ok(self
@@ -289,17 +308,7 @@ pub trait StoreBackend: Send {
     }
     /// Provisioning info: the constraints and the placement directive.
     fn provisioning_info(&mut self, ids: &[MachineId]) -> Result<Vec<Option<ProvisioningInfo>>, StoreError> {
-        Ok(self
-            .machines(ids)?
-            .into_iter()
-            .map(|m| {
-                m.map(|m| ProvisioningInfo {
-                    constraints: m.constraints,
-                    placement: m.placement,
-                    ..ProvisioningInfo::default()
-                })
-            })
-            .collect())
+        ids.iter().map(|id| self.machine_provisioning(id)).collect()
     }
     /// The zone recorded with a machine's instance.
     fn availability_zone(&mut self, id: &MachineId) -> Result<Option<String>, StoreError> {
@@ -310,11 +319,11 @@ pub trait StoreBackend: Send {
         let mut groups: BTreeMap<String, Vec<MachineId>> = BTreeMap::new();
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
-            let Some(m) = self.machine(id)? else {
+            let Some(application) = self.machine_application(id)? else {
                 out.push(None);
                 continue;
             };
-            let group = match m.application {
+            let group = match application {
                 None => Vec::new(),
                 Some(app) => {
                     if !groups.contains_key(&app) {
@@ -366,6 +375,9 @@ impl StoreBackend for StoreCore {
         fn model_uuid(&mut self) -> Result<String, StoreError>;
         fn model_life(&mut self) -> Result<Life, StoreError>;
         fn machine(&mut self, id: &MachineId) -> Result<Option<MachineRecord>, StoreError>;
+        fn model_machine(&mut self, id: &MachineId) -> Result<Option<Machine>, StoreError>;
+        fn machine_provisioning(&mut self, id: &MachineId) -> Result<Option<ProvisioningInfo>, StoreError>;
+        fn machine_application(&mut self, id: &MachineId) -> Result<Option<Option<String>>, StoreError>;
         fn list_machines(&mut self) -> Result<Vec<MachineRecord>, StoreError>;
         fn machine_ids(&mut self) -> Result<Vec<MachineId>, StoreError>;
         fn set_instance_info(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError>;

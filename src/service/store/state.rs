@@ -9,7 +9,7 @@ use thiserror::Error;
 
 use crate::model::{
     CloudInstance, Constraints, HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine,
-    MachineId, MachineStatus,
+    MachineId, MachineStatus, ProvisioningInfo,
 };
 use crate::ports::ProvisionedInstance;
 
@@ -609,21 +609,7 @@ fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
     };
     let life: String = r.get(1)?;
     let status: String = r.get(2)?;
-    let zones: Option<String> = r.get(10)?;
-    let zones: Option<Vec<String>> = zones.map(|z| z.split(',').map(str::to_owned).collect());
-    let list = |s: Option<String>| -> Vec<String> {
-        s.filter(|s| !s.is_empty()).map(|s| s.split(',').map(str::to_owned).collect()).unwrap_or_default()
-    };
-    let constraints = Constraints {
-        zones: zones.clone(),
-        arch: r.get(11)?,
-        cores: r.get(12)?,
-        mem_mb: r.get::<_, Option<i64>>(13)?.map(|n| n as u64),
-        root_disk_mb: r.get::<_, Option<i64>>(14)?.map(|n| n as u64),
-        instance_type: r.get(15)?,
-        spaces: list(r.get(16)?),
-        tags: list(r.get(17)?),
-    };
+    let constraints = constraints_from_row(r, 10)?;
     Ok(MachineRecord {
         machine: Machine {
             id: MachineId::from(r.get::<_, String>(0)?),
@@ -639,7 +625,7 @@ fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
         instance_status_message: r.get(5)?,
         zone: r.get(7)?,
         transient: r.get(9)?,
-        zones,
+        zones: constraints.zones.clone(),
         constraints,
         placement: r.get(18)?,
         application: r.get(19)?,
@@ -649,6 +635,29 @@ fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
         last_start_error: r.get(24)?,
     })
 }
+
+/// A machine's constraints from the eight columns from `first` on, as [`CONSTRAINT_COLUMNS`]
+/// names them.
+fn constraints_from_row(r: &Row<'_>, first: usize) -> rusqlite::Result<Constraints> {
+    let list = |s: Option<String>| -> Vec<String> {
+        s.filter(|s| !s.is_empty()).map(|s| s.split(',').map(str::to_owned).collect()).unwrap_or_default()
+    };
+    let zones: Option<String> = r.get(first)?;
+    Ok(Constraints {
+        zones: zones.map(|z| z.split(',').map(str::to_owned).collect()),
+        arch: r.get(first + 1)?,
+        cores: r.get(first + 2)?,
+        mem_mb: r.get::<_, Option<i64>>(first + 3)?.map(|n| n as u64),
+        root_disk_mb: r.get::<_, Option<i64>>(first + 4)?.map(|n| n as u64),
+        instance_type: r.get(first + 5)?,
+        spaces: list(r.get(first + 6)?),
+        tags: list(r.get(first + 7)?),
+    })
+}
+
+/// A machine's constraints, as [`constraints_from_row`] reads them (over [`MACHINE_FROM`]).
+const CONSTRAINT_COLUMNS: &str =
+    "COALESCE(c.zones, m.zones), c.arch, c.cores, c.mem_mb, c.root_disk_mb, c.instance_type, c.spaces, c.tags";
 
 const MACHINE_COLUMNS: &str = "m.id, m.life, m.status, m.status_message, m.instance_status, \
                                m.instance_status_message, m.instance, m.zone, m.keep_instance, m.transient, \
@@ -1063,6 +1072,56 @@ impl StoreCore {
         self.conn
             .prepare_cached(&format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} WHERE m.id = ?1"))
             .and_then(|mut s| s.query_row([id.as_str()], machine_from_row).optional())
+            .map_err(StoreError::sql("reading a machine"))
+    }
+
+    /// A machine as the provisioner reads it: its [`Machine`] alone (no constraints, no
+    /// messages), the model port's read at every change of every machine.
+    pub fn model_machine(&self, id: &MachineId) -> Result<Option<Machine>, StoreError> {
+        let read = |r: &Row<'_>| -> rusqlite::Result<Machine> {
+            let parse_err = |i: usize, e: crate::model::ParseError| {
+                rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+            };
+            Ok(Machine {
+                id: id.clone(),
+                life: r.get::<_, String>(0)?.parse().map_err(|e| parse_err(0, e))?,
+                status: r.get::<_, String>(1)?.parse().map_err(|e| parse_err(1, e))?,
+                instance_status: InstanceStatus::other(r.get::<_, String>(2)?),
+                instance: r.get::<_, Option<String>>(3)?.map(InstanceId::from),
+                keep_instance: r.get(4)?,
+                manual: r.get(5)?,
+                controller: false,
+            })
+        };
+        self.conn
+            .prepare_cached(
+                "SELECT life, status, instance_status, instance, keep_instance, manual FROM machines WHERE id = ?1",
+            )
+            .and_then(|mut s| s.query_row([id.as_str()], read).optional())
+            .map_err(StoreError::sql("reading a machine"))
+    }
+
+    /// A machine's constraints and placement directive: what its start needs of it.
+    pub fn machine_provisioning(&self, id: &MachineId) -> Result<Option<ProvisioningInfo>, StoreError> {
+        let read = |r: &Row<'_>| -> rusqlite::Result<ProvisioningInfo> {
+            Ok(ProvisioningInfo {
+                constraints: constraints_from_row(r, 0)?,
+                placement: r.get(8)?,
+                ..ProvisioningInfo::default()
+            })
+        };
+        self.conn
+            .prepare_cached(&format!("SELECT {CONSTRAINT_COLUMNS}, m.placement FROM {MACHINE_FROM} WHERE m.id = ?1"))
+            .and_then(|mut s| s.query_row([id.as_str()], read).optional())
+            .map_err(StoreError::sql("reading a machine"))
+    }
+
+    /// The application whose unit a machine hosts (`Some(None)`: none; `None`: no such
+    /// machine).
+    pub fn machine_application(&self, id: &MachineId) -> Result<Option<Option<String>>, StoreError> {
+        self.conn
+            .prepare_cached("SELECT application FROM machines WHERE id = ?1")
+            .and_then(|mut s| s.query_row([id.as_str()], |r| r.get(0)).optional())
             .map_err(StoreError::sql("reading a machine"))
     }
 

@@ -668,6 +668,51 @@ fn an_instance_created_running_is_counted_running_and_kept_by_its_token(s: &mut 
     assert_eq!(s.recount().unwrap().instances_by_state, counts.instances_by_state);
 }
 
+/// The provisioner's lean reads (its machines, what a start needs, a machine's application)
+/// answer what the whole record says, for every kind of machine: plain, with constraints and a
+/// placement, an application's unit, a container, a manual machine, provisioned, dead; and
+/// nothing for a machine that is not there.
+fn the_provisioners_lean_reads_match_the_whole_record(s: &mut dyn StoreBackend) {
+    use super::state::NewMachine;
+    use crate::model::Constraints;
+    s.add_machines(1, Some(&["az1".to_owned(), "az3".to_owned()])).unwrap();
+    let c = Constraints::parse("arch=arm64 cores=4 mem=8G root-disk=20G spaces=a,b tags=gpu,^slow").unwrap();
+    let spec = NewMachine { constraints: c.clone(), placement: Some("zone=az2".into()), ..NewMachine::default() };
+    let placed = s.add_new_machines(1, &spec).unwrap();
+    let web = s.add_application("web", 2, &Constraints::parse("instance-type=m5.large").unwrap()).unwrap();
+    let containers = s.add_containers(&MachineId::new("0"), "lxd", 1).unwrap();
+    let manual = s.add_manual("10.0.0.7").unwrap();
+    let info = ProvisionedInstance {
+        instance: InstanceId::new("i-3"),
+        zone: Some("az1".into()),
+        nonce: "n".into(),
+        display_name: String::new(),
+        status: InstanceStatus::running(),
+    };
+    s.record_started_instance(&web[0], &info).unwrap();
+    s.remove_machines(std::slice::from_ref(&placed[0]), true, false).unwrap();
+    let mut all = s.machine_ids().unwrap();
+    assert_eq!(all.len(), 6, "{all:?}");
+    assert!(all.contains(&containers[0]) && all.contains(&manual));
+    all.push(MachineId::new("99"));
+    for id in &all {
+        let whole = s.machine(id).unwrap();
+        assert_eq!(s.model_machine(id).unwrap(), whole.as_ref().map(|m| m.machine.clone()), "{id}");
+        let provisioning = s.machine_provisioning(id).unwrap();
+        let expected = whole.as_ref().map(|m| (m.constraints.clone(), m.placement.clone()));
+        assert_eq!(provisioning.map(|p| (p.constraints, p.placement)), expected, "{id}");
+        assert_eq!(s.machine_application(id).unwrap(), whole.as_ref().map(|m| m.application.clone()), "{id}");
+    }
+    let p = s.machine_provisioning(&placed[0]).unwrap().unwrap();
+    assert_eq!((p.constraints, p.placement.as_deref()), (c, Some("zone=az2")));
+    assert_eq!(s.machine_application(&web[1]).unwrap(), Some(Some("web".into())));
+    let m = s.model_machine(&web[0]).unwrap().unwrap();
+    assert_eq!((m.instance, m.status), (Some(InstanceId::new("i-3")), MachineStatus::Started));
+    assert!(s.model_machine(&manual).unwrap().unwrap().manual);
+    let dead = s.model_machine(&placed[0]).unwrap().unwrap();
+    assert_eq!((dead.life, dead.keep_instance), (Life::Dead, true));
+}
+
 /// The behaviour tests above, each run against SQLite (a test each, in memory) and against
 /// PostgreSQL (feature `postgres`: one cluster for the lot, a fresh database per test).
 macro_rules! on_both_backends {
@@ -702,6 +747,7 @@ on_both_backends!(
     machines_in_error_are_counted_without_a_scan,
     a_started_instance_is_recorded_with_its_successful_attempt,
     an_instance_created_running_is_counted_running_and_kept_by_its_token,
+    the_provisioners_lean_reads_match_the_whole_record,
 );
 
 /// Start attempts: each reported outcome counts one, a failure keeps its error, a success
