@@ -433,8 +433,8 @@ struct OpenGroup {
     member: Option<BookMark>,
     /// The connection's change count when the group began: more now means it has written.
     changes_at_begin: u64,
-    /// The time its writes stamp `changed_at` with (see [`StoreCore::stamp`]), taken at the
-    /// first.
+    /// The time the writes of its unit of work in progress stamp `changed_at` with (see
+    /// [`StoreCore::stamp`]), taken at the first.
     stamp: std::cell::OnceCell<String>,
 }
 
@@ -953,6 +953,7 @@ impl StoreCore {
         };
         run_cached(&self.conn, "SAVEPOINT member").map_err(StoreError::sql("beginning a write of a group"))?;
         group.member = Some(self.book.mark());
+        group.stamp = std::cell::OnceCell::new();
         Ok(())
     }
 
@@ -1027,8 +1028,10 @@ impl StoreCore {
         self.durable
     }
 
-    /// The time the provisioner's writes stamp `changed_at` with: the open group's (taken once,
-    /// at its first such write: its writes commit together), else now.
+    /// The time the provisioner's writes stamp `changed_at` with: taken once for the group's
+    /// unit of work in progress (at its first such write), else now. Once a unit, not once a
+    /// group: a row's stamp never goes back to before a stamp a trigger gave it in an earlier
+    /// unit of the same group.
     fn stamp(&self) -> Cow<'_, str> {
         match &self.group {
             Some(g) => Cow::Borrowed(g.stamp.get_or_init(now_stamp)),

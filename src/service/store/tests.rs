@@ -935,8 +935,10 @@ fn the_hot_machine_writes_stamp_their_row_once() {
 
 /// The stamp the provisioner's writes bind as `changed_at` is what SQLite's stamping triggers
 /// write (`strftime('%Y-%m-%dT%H:%M:%fZ', ...)`) for the same instant, character for
-/// character; a group's writes share the group's stamp.
+/// character; the writes of one unit of work in a group share its stamp, the next unit takes
+/// its own.
 #[test]
+#[allow(clippy::disallowed_methods)] // the stamps are the wall clock's: real time must pass
 fn the_bound_stamp_is_the_one_sqlite_would_write() {
     let mut s = StoreCore::in_memory().unwrap();
     let stamp = super::state::now_stamp();
@@ -947,16 +949,24 @@ fn the_bound_stamp_is_the_one_sqlite_would_write() {
         s.conn_for_tests().query_row("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')", [], |r| r.get(0)).unwrap();
     assert_eq!((now.len(), &now[..10]), (stamp.len(), &stamp[..10]), "{now} and {stamp}");
 
-    let m = s.add_machines(2, None).unwrap();
+    // Each step a few milliseconds after the last, so that no write finds its row's stamp
+    // unchanged (the stamping trigger would then stamp it again).
+    let wait = std::time::Duration::from_millis(3);
+    let m = s.add_machines(3, None).unwrap();
+    std::thread::sleep(wait);
     s.begin_group(false).unwrap();
-    for id in &m {
-        s.begin_member().unwrap();
-        s.set_status(id, MachineStatus::Started, "").unwrap();
-        s.end_member(true).unwrap();
-    }
+    s.begin_member().unwrap();
+    s.set_status(&m[0], MachineStatus::Started, "").unwrap();
+    s.set_status(&m[1], MachineStatus::Started, "").unwrap();
+    s.end_member(true).unwrap();
+    std::thread::sleep(wait);
+    s.begin_member().unwrap();
+    s.set_status(&m[2], MachineStatus::Started, "").unwrap();
+    s.end_member(true).unwrap();
     s.commit_group().unwrap();
     let stamps: Vec<String> = m.iter().map(|id| s.machine(id).unwrap().unwrap().changed_at.unwrap()).collect();
-    assert_eq!(stamps[0], stamps[1], "one stamp for the group");
+    assert_eq!(stamps[0], stamps[1], "one stamp for a unit of work");
+    assert!(stamps[2] > stamps[1], "the next unit's own: {stamps:?}");
 }
 
 /// An add writes each new machine's row once (no stamping trigger runs after it) and takes its
