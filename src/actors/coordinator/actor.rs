@@ -186,12 +186,12 @@ impl Coordinator {
             Followup::SweepDyingModel => {
                 let fut = plan_sweep(self.links.clone()).into_actor(self);
                 self.spawn_counted(fut, ctx, |res, act, _ctx| {
-                        let Ok(plan) = res else { return };
-                        if !plan.stop.is_empty() {
-                            tracing::info!(instances = ?plan.stop, "model is dying: stopping what its destruction left running");
-                        }
-                        act.execute(plan);
-                    });
+                    let Ok(plan) = res else { return };
+                    if !plan.stop.is_empty() {
+                        tracing::info!(instances = ?plan.stop, "model is dying: stopping what its destruction left running");
+                    }
+                    act.execute(plan);
+                });
             }
             Followup::HarvestUnknown { announce, fresher_than } => {
                 let fut = self.links.plan_unknown.send(PlanUnknown { fresher_than }).into_actor(self);
@@ -224,12 +224,12 @@ impl Coordinator {
             Followup::StopsDone(instances) => {
                 let fut = self.links.stops_done.send(StopsDone { instances }).into_actor(self);
                 self.spawn_counted(fut, ctx, |res, act, ctx| {
-                        let Ok(machines) = res else { return };
-                        if !machines.is_empty() {
-                            tracing::info!(machines = ?machines, "the stops dead machines waited for are seen through; removing them");
-                        }
-                        act.follow(removed(machines), ctx);
-                    });
+                    let Ok(machines) = res else { return };
+                    if !machines.is_empty() {
+                        tracing::info!(machines = ?machines, "the stops dead machines waited for are seen through; removing them");
+                    }
+                    act.follow(removed(machines), ctx);
+                });
             }
         }
     }
