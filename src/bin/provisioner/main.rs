@@ -19,8 +19,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// How long mimalloc keeps memory freed before giving it back to the system, in milliseconds.
 /// Its default (1,000 ms) outlasts a whole 100,000-machine benchmark, whose peak RSS then held
-/// every page it ever freed: 10 ms took that peak from 224 to about 198 MiB at no measurable
-/// cost in time (docs/performance.md, "Third pass"). `MIMALLOC_PURGE_DELAY` overrides it.
+/// every page it ever freed: 10 ms took that peak from 237 to 193 MiB, at the price of about
+/// 0.1 s of system time (docs/performance.md, "Third pass"). `MIMALLOC_PURGE_DELAY` overrides
+/// it.
 const PURGE_DELAY_MS: std::ffi::c_long = 10;
 
 /// `mi_option_purge_delay` in mimalloc.h (v3, the one `libmimalloc-sys` builds), which the
