@@ -267,6 +267,10 @@ struct CloudActor {
 
 impl Actor for CloudActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        crate::actors::unlimited_mailbox(ctx);
+    }
 }
 
 impl CloudActor {

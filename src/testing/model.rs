@@ -252,6 +252,10 @@ struct ModelActor {
 
 impl Actor for ModelActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        crate::actors::unlimited_mailbox(ctx);
+    }
 }
 
 impl ModelActor {

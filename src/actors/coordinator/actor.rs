@@ -10,9 +10,9 @@ use super::links::{destroy, execute_plan, forget, plan_after_start, plan_sweep, 
 use super::messages::*;
 use super::state::{BatchBook, DestroyError, DestroySummary};
 use crate::actors::harvest::{HarvestPlan, PlanStops, PlanUnknown, SetHarvestMode, StopsDone};
-use crate::actors::lifecycle::StartFinished;
+use crate::actors::lifecycle::StartsFinished;
 use crate::actors::messages::{Busy, WhenIdle};
-use crate::actors::registry::{InstancesGone, RecordInstance, StopsPlanned};
+use crate::actors::registry::{InstancesGone, RecordInstance, RecordInstances, StopsPlanned};
 use crate::actors::work::{BusyState, WorkCount};
 use crate::actors::workers::ResizePool;
 use crate::actors::zones::PopulateZones;
@@ -101,97 +101,135 @@ impl Coordinator {
         }));
     }
 
-    /// Carries out what a core decided, in order.
+    /// Carries out what a core decided, in order. The instances started and the starts
+    /// finished go out together, one message to the registry and one to the lifecycle (sent
+    /// before any other follow-up, which could reach those actors, and at the end).
     fn follow(&mut self, followups: Vec<Followup>, ctx: &mut Context<Self>) {
+        let starts = followups.iter().filter(|f| matches!(f, Followup::StartFinished { .. })).count();
+        let mut started = StartsEnded { records: Vec::with_capacity(starts), finished: Vec::with_capacity(starts) };
         for f in followups {
             match f {
-                Followup::RetryLater { delay, ids } => {
-                    let work = self.work.guard();
-                    ctx.run_later(delay, move |act, ctx| {
-                        act.book.notify(ids);
-                        act.kick(ctx);
-                        drop(work);
-                    });
-                }
-                Followup::Publish(event) => self.publish(event),
-                Followup::SweepDyingModel => {
-                    let fut = plan_sweep(self.links.clone()).into_actor(self);
-                    self.spawn_counted(fut, ctx, |res, act, _ctx| {
-                        let Ok(plan) = res else { return };
-                        if !plan.stop.is_empty() {
-                            tracing::info!(instances = ?plan.stop, "model is dying: stopping what its destruction left running");
-                        }
-                        act.execute(plan);
-                    });
-                }
-                Followup::HarvestUnknown { announce, fresher_than } => {
-                    let fut = self.links.plan_unknown.send(PlanUnknown { fresher_than }).into_actor(self);
-                    self.spawn_counted(fut, ctx, move |res, act, _ctx| {
-                        if let Ok(plan) = res {
-                            if !plan.stop.is_empty() {
-                                tracing::info!(instances = ?plan.stop, "harvesting unknown instances");
-                            }
-                            act.execute(plan);
-                        }
-                        if announce {
-                            act.publish(ProvisionerEvent::ProcessedMachines);
-                        }
-                    });
-                }
-                Followup::PlanStops { instances, remove_after, machine } if !instances.is_empty() => {
-                    tracing::info!(instances = ?instances, "stopping instances given up");
-                    self.links.stops_planned.do_send(StopsPlanned { ids: instances.clone(), machine });
-                    let fut = self.links.plan_stops.send(PlanStops { instances, remove_after }).into_actor(self);
-                    self.spawn_counted(fut, ctx, |res, act, _ctx| {
-                        if let Ok(plan) = res {
-                            act.execute(plan);
-                        }
-                    });
-                }
-                Followup::PlanStops { .. } => {}
-                Followup::Forget(machines) => forget(&self.links, machines),
-                Followup::Populate(placements) => self.links.populate.do_send(PopulateZones { placements }),
                 Followup::Record { machine, instance, constraints } => {
-                    self.links.record.do_send(RecordInstance { machine, instance: *instance, constraints })
+                    started.records.push(RecordInstance { machine, instance: *instance, constraints })
                 }
                 Followup::StartFinished { machine, instance, orphan } => {
-                    let id = machine.clone();
-                    let fut = self.links.start_finished.send(StartFinished { machine, instance }).into_actor(self);
-                    let work = self.work.guard();
-                    ctx.spawn(fut.then(move |res, act, ctx| {
-                        let step = match after_start(res.ok(), id, orphan) {
-                            AfterStartStep::Then(next) => {
-                                // The common case: nothing for the harvest policy to plan.
-                                act.follow(next, ctx);
-                                None
-                            }
-                            step => Some((act.links.clone(), step)),
-                        };
-                        let plan = async move {
-                            match step {
-                                Some((links, step)) => plan_after_start(links, step).await,
-                                None => None,
-                            }
-                        };
-                        plan.into_actor(act).map(move |plan, act, _ctx| {
-                            if let Some(plan) = plan {
-                                act.execute(plan);
-                            }
-                            drop(work);
-                        })
-                    }));
+                    started.finished.push((machine, instance, orphan))
                 }
-                Followup::InstancesGone(ids) => self.links.gone.do_send(InstancesGone { ids }),
-                Followup::StopsDone(instances) => {
-                    let fut = self.links.stops_done.send(StopsDone { instances }).into_actor(self);
-                    self.spawn_counted(fut, ctx, |res, act, ctx| {
-                        let Ok(machines) = res else { return };
-                        if !machines.is_empty() {
-                            tracing::info!(machines = ?machines, "the stops dead machines waited for are seen through; removing them");
+                Followup::Publish(event) => self.publish(event),
+                other => {
+                    self.send_started(&mut started, ctx);
+                    self.follow_one(other, ctx);
+                }
+            }
+        }
+        self.send_started(&mut started, ctx);
+    }
+
+    /// Sends the records and the finished starts gathered so far: the registry records the
+    /// instances; the lifecycle's answers go to [`after_start`] in order, and the harvest
+    /// policy plans the rare start that found its machine dead or its model destroyed.
+    fn send_started(&mut self, started: &mut StartsEnded, ctx: &mut Context<Self>) {
+        if !started.records.is_empty() {
+            self.links.record.do_send(RecordInstances(std::mem::take(&mut started.records)));
+        }
+        if started.finished.is_empty() {
+            return;
+        }
+        let (starts, orphans): (Vec<_>, Vec<_>) = started
+            .finished
+            .drain(..)
+            .map(|(machine, instance, orphan)| ((machine.clone(), instance), (machine, orphan)))
+            .unzip();
+        let fut = self.links.start_finished.send(StartsFinished { starts }).into_actor(self);
+        let work = self.work.guard();
+        ctx.spawn(fut.then(move |res, act, ctx| {
+            let mut answers = res.ok().map(Vec::into_iter);
+            let mut steps = Vec::new();
+            for (machine, orphan) in orphans {
+                match after_start(answers.as_mut().and_then(Iterator::next), machine, orphan) {
+                    // The common case: nothing for the harvest policy to plan.
+                    AfterStartStep::Then(next) => act.follow(next, ctx),
+                    step => steps.push(step),
+                }
+            }
+            let links = act.links.clone();
+            let plans = async move {
+                let mut plans = Vec::new();
+                for step in steps {
+                    plans.extend(plan_after_start(links.clone(), step).await);
+                }
+                plans
+            };
+            plans.into_actor(act).map(move |plans, act, _ctx| {
+                for plan in plans {
+                    act.execute(plan);
+                }
+                drop(work);
+            })
+        }));
+    }
+
+    /// Carries out one follow-up other than a record, a finished start or an event.
+    fn follow_one(&mut self, f: Followup, ctx: &mut Context<Self>) {
+        match f {
+            Followup::Record { .. } | Followup::StartFinished { .. } | Followup::Publish(_) => {
+                self.follow(vec![f], ctx)
+            }
+            Followup::RetryLater { delay, ids } => {
+                let work = self.work.guard();
+                ctx.run_later(delay, move |act, ctx| {
+                    act.book.notify(ids);
+                    act.kick(ctx);
+                    drop(work);
+                });
+            }
+            Followup::SweepDyingModel => {
+                let fut = plan_sweep(self.links.clone()).into_actor(self);
+                self.spawn_counted(fut, ctx, |res, act, _ctx| {
+                    let Ok(plan) = res else { return };
+                    if !plan.stop.is_empty() {
+                        tracing::info!(instances = ?plan.stop, "model is dying: stopping what its destruction left running");
+                    }
+                    act.execute(plan);
+                });
+            }
+            Followup::HarvestUnknown { announce, fresher_than } => {
+                let fut = self.links.plan_unknown.send(PlanUnknown { fresher_than }).into_actor(self);
+                self.spawn_counted(fut, ctx, move |res, act, _ctx| {
+                    if let Ok(plan) = res {
+                        if !plan.stop.is_empty() {
+                            tracing::info!(instances = ?plan.stop, "harvesting unknown instances");
                         }
-                        act.follow(removed(machines), ctx);
-                    });
-                }
+                        act.execute(plan);
+                    }
+                    if announce {
+                        act.publish(ProvisionerEvent::ProcessedMachines);
+                    }
+                });
+            }
+            Followup::PlanStops { instances, remove_after, machine } if !instances.is_empty() => {
+                tracing::info!(instances = ?instances, "stopping instances given up");
+                self.links.stops_planned.do_send(StopsPlanned { ids: instances.clone(), machine });
+                let fut = self.links.plan_stops.send(PlanStops { instances, remove_after }).into_actor(self);
+                self.spawn_counted(fut, ctx, |res, act, _ctx| {
+                    if let Ok(plan) = res {
+                        act.execute(plan);
+                    }
+                });
+            }
+            Followup::PlanStops { .. } => {}
+            Followup::Forget(machines) => forget(&self.links, machines),
+            Followup::Populate(placements) => self.links.populate.do_send(PopulateZones { placements }),
+            Followup::InstancesGone(ids) => self.links.gone.do_send(InstancesGone { ids }),
+            Followup::StopsDone(instances) => {
+                let fut = self.links.stops_done.send(StopsDone { instances }).into_actor(self);
+                self.spawn_counted(fut, ctx, |res, act, ctx| {
+                    let Ok(machines) = res else { return };
+                    if !machines.is_empty() {
+                        tracing::info!(machines = ?machines, "the stops dead machines waited for are seen through; removing them");
+                    }
+                    act.follow(removed(machines), ctx);
+                });
             }
         }
     }
@@ -209,8 +247,19 @@ impl Coordinator {
     }
 }
 
+/// The records and finished starts [`Coordinator::follow`] gathers, to send as one message
+/// each.
+struct StartsEnded {
+    records: Vec<RecordInstance>,
+    finished: Vec<(crate::model::MachineId, Option<crate::model::InstanceId>, Option<crate::model::InstanceId>)>,
+}
+
 impl Actor for Coordinator {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        crate::actors::unlimited_mailbox(ctx);
+    }
 }
 
 impl Handler<MachinesChanged> for Coordinator {
@@ -290,10 +339,11 @@ impl Handler<ViewRefreshed> for Coordinator {
     }
 }
 
-impl Handler<JobDone> for Coordinator {
+impl Handler<JobsDone> for Coordinator {
     type Result = ();
-    fn handle(&mut self, msg: JobDone, ctx: &mut Self::Context) {
-        self.follow(on_job_done(msg.0), ctx);
+    fn handle(&mut self, msg: JobsDone, ctx: &mut Self::Context) {
+        let followups = msg.0.into_iter().flat_map(on_job_done).collect();
+        self.follow(followups, ctx);
     }
 }
 

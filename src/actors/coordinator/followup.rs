@@ -99,6 +99,7 @@ pub fn on_job_done(outcome: JobOutcome) -> Vec<Followup> {
     match outcome {
         JobOutcome::Started { machine, instance, constraints, retired, reserved, given_up } => {
             let mut out = retire(retired, given_up);
+            out.reserve(4);
             if let Some(zone) = instance.zone.as_ref().filter(|_| !reserved) {
                 // Adopted and reused instances were never reserved: count them now.
                 out.push(Followup::Populate(vec![(machine.clone(), zone.clone())]));

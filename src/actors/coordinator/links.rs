@@ -11,9 +11,9 @@ use super::state::{DestroyError, DestroySummary};
 use crate::actors::harvest::{
     EndSafeMode, HarvestPlan, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown, SetHarvestMode, StopsDone,
 };
-use crate::actors::lifecycle::{ForgetLifecycle, ObserveDead, ObserveDestroy, ObservePending, StartFinished};
+use crate::actors::lifecycle::{ForgetLifecycle, ObserveDead, ObserveDestroy, ObservePending, StartsFinished};
 use crate::actors::registry::{
-    ForgetMachines, InstancesGone, PrepareDestroy, RecordInstance, Refresh, StopsPlanned, SweepTargets,
+    ForgetMachines, InstancesGone, PrepareDestroy, RecordInstances, Refresh, StopsPlanned, SweepTargets,
 };
 use crate::actors::workers::{Enqueue, Job, ReleaseJob, ResizePool, StopJob};
 use crate::actors::zones::{PopulateZones, RefreshZones, ReleaseMachine};
@@ -27,8 +27,8 @@ pub struct Links {
     pub model: Arc<dyn ModelApi>,
     /// Registry: classify a batch.
     pub refresh: Recipient<Refresh>,
-    /// Registry: our start produced an instance.
-    pub record: Recipient<RecordInstance>,
+    /// Registry: our starts produced instances.
+    pub record: Recipient<RecordInstances>,
     /// Registry: instances terminated.
     pub gone: Recipient<InstancesGone>,
     /// Registry: remove dead machines.
@@ -65,8 +65,8 @@ pub struct Links {
     pub observe_pending: Recipient<ObservePending>,
     /// Lifecycle: dead machines.
     pub observe_dead: Recipient<ObserveDead>,
-    /// Lifecycle: a start returned.
-    pub start_finished: Recipient<StartFinished>,
+    /// Lifecycle: starts returned.
+    pub start_finished: Recipient<StartsFinished>,
     /// Lifecycle: machines removed.
     pub forget_lifecycle: Recipient<ForgetLifecycle>,
     /// Pool: queue a job.

@@ -78,10 +78,11 @@ pub struct DestroyModel {
     pub force: bool,
 }
 
-/// Sent to the coordinator when a job ends.
+/// Sent to the coordinator when jobs end: the outcomes of every job the pool saw end in one
+/// turn of its context, in the order they ended (one message, not one per job).
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
-pub struct JobDone(pub JobOutcome);
+pub struct JobsDone(pub Vec<JobOutcome>);
 
 /// Published by the registry after a successful periodic listing.
 #[derive(Debug, Clone, Copy, Message)]

@@ -18,7 +18,7 @@ mod tests;
 pub use actor::Coordinator;
 pub use links::Links;
 pub use messages::{
-    ChangeHarvestMode, CloseStarts, DestroyModel, ExecutePlan, JobDone, MachinesChanged, ModelDestroyed, ResizeError,
+    ChangeHarvestMode, CloseStarts, DestroyModel, ExecutePlan, JobsDone, MachinesChanged, ModelDestroyed, ResizeError,
     RetryTick, SetWorkers, Subscribe, ViewRefreshed,
 };
 pub use state::{BatchBook, DestroyError, DestroySummary};

@@ -187,6 +187,10 @@ impl Handler<Recheck> for HarvestPolicy {
 
 impl Actor for HarvestPolicy {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        crate::actors::unlimited_mailbox(ctx);
+    }
 }
 
 impl Handler<Subscribe> for HarvestPolicy {

@@ -20,6 +20,10 @@ impl MachineLifecycle {
 
 impl Actor for MachineLifecycle {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        crate::actors::unlimited_mailbox(ctx);
+    }
 }
 
 impl Handler<ObservePending> for MachineLifecycle {
@@ -36,10 +40,12 @@ impl Handler<ObserveDead> for MachineLifecycle {
     }
 }
 
-impl Handler<StartFinished> for MachineLifecycle {
-    type Result = MessageResult<StartFinished>;
-    fn handle(&mut self, msg: StartFinished, _ctx: &mut Self::Context) -> Self::Result {
-        MessageResult(self.book.start_finished(&msg.machine, msg.instance))
+impl Handler<StartsFinished> for MachineLifecycle {
+    type Result = MessageResult<StartsFinished>;
+    fn handle(&mut self, msg: StartsFinished, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(
+            msg.starts.into_iter().map(|(machine, instance)| self.book.start_finished(&machine, instance)).collect(),
+        )
     }
 }
 

@@ -22,14 +22,13 @@ pub struct ObserveDead {
     pub dead: Vec<DeadMachine>,
 }
 
-/// A start returned.
+/// Starts returned (those whose outcomes reached the coordinator together): answers what
+/// follows each, in the same order.
 #[derive(Debug, Clone, Message)]
-#[rtype(result = "AfterStart")]
-pub struct StartFinished {
-    /// The machine.
-    pub machine: MachineId,
-    /// The instance it produced, if any.
-    pub instance: Option<InstanceId>,
+#[rtype(result = "Vec<AfterStart>")]
+pub struct StartsFinished {
+    /// Each machine, with the instance its start produced, if any.
+    pub starts: Vec<(MachineId, Option<InstanceId>)>,
 }
 
 /// Whether a start in flight should go on retrying.

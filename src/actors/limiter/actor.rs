@@ -65,6 +65,10 @@ impl RateLimiter {
 
 impl Actor for RateLimiter {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        crate::actors::unlimited_mailbox(ctx);
+    }
 }
 
 impl Handler<Acquire> for RateLimiter {

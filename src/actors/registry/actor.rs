@@ -153,6 +153,7 @@ impl Actor for MachineRegistry {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        crate::actors::unlimited_mailbox(ctx);
         let interval = self.resync_interval;
         self.schedule_resync(ctx, interval);
     }
@@ -229,10 +230,12 @@ impl Handler<Refresh> for MachineRegistry {
     }
 }
 
-impl Handler<RecordInstance> for MachineRegistry {
+impl Handler<RecordInstances> for MachineRegistry {
     type Result = ();
-    fn handle(&mut self, msg: RecordInstance, _ctx: &mut Self::Context) {
-        self.book.record_started(&msg.machine, msg.instance, msg.constraints);
+    fn handle(&mut self, msg: RecordInstances, _ctx: &mut Self::Context) {
+        for r in msg.0 {
+            self.book.record_started(&r.machine, r.instance, r.constraints);
+        }
     }
 }
 

@@ -13,9 +13,14 @@ pub struct Refresh {
     pub ids: Vec<MachineId>,
 }
 
-/// Our start produced this instance for this machine.
+/// Our starts produced these instances (those whose outcomes reached the coordinator
+/// together), recorded in order.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
+pub struct RecordInstances(pub Vec<RecordInstance>);
+
+/// One of [`RecordInstances`]: our start produced this instance for this machine.
+#[derive(Debug, Clone)]
 pub struct RecordInstance {
     /// The machine.
     pub machine: MachineId,

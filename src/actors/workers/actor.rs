@@ -12,7 +12,7 @@ use super::batch::{Answer, BatchBook, Reply};
 use super::messages::*;
 use super::start::{run_start, StartDeps};
 use super::state::{Job, JobOutcome, PoolBook, PoolStatus, ReleaseJob, StopJob, WorkerError};
-use crate::actors::coordinator::JobDone;
+use crate::actors::coordinator::JobsDone;
 use crate::actors::work::{BusyState, WorkCount};
 use crate::config::rate_limits::ApiClass;
 use crate::config::{validate_workers, ConfigError};
@@ -23,9 +23,13 @@ pub struct WorkerPool {
     book: PoolBook,
     max: usize,
     deps: Arc<StartDeps>,
-    done: Recipient<JobDone>,
+    done: Recipient<JobsDone>,
+    /// Outcomes of jobs ended in this turn of the context, sent as one [`JobsDone`] when the
+    /// turn's last item has run (held as work in flight meanwhile).
+    ended: Vec<JobOutcome>,
     rng: StdRng,
-    /// Failed jobs waiting out their backoff before being queued again, one guard each.
+    /// Work outside the book: failed jobs waiting out their backoff before being queued again,
+    /// and the outcomes waiting to be reported; one guard each.
     requeues: WorkCount,
     /// The book's jobs (queued or in flight), in the provisioner's total.
     jobs: BusyState,
@@ -36,7 +40,7 @@ pub struct WorkerPool {
 
 impl WorkerPool {
     /// A pool of `size` workers (valid `1..=max`), reporting to `done`.
-    pub fn new(size: usize, max: usize, deps: StartDeps, done: Recipient<JobDone>, seed: u64) -> Self {
+    pub fn new(size: usize, max: usize, deps: StartDeps, done: Recipient<JobsDone>, seed: u64) -> Self {
         let requeues = WorkCount::new();
         let batch_size = deps.batch.as_ref().map_or(1, |b| b.size);
         Self {
@@ -45,6 +49,7 @@ impl WorkerPool {
             max,
             deps: Arc::new(deps),
             done,
+            ended: Vec::new(),
             rng: StdRng::seed_from_u64(seed),
             jobs: BusyState::new(&requeues),
             requeues,
@@ -58,9 +63,16 @@ impl WorkerPool {
         self
     }
 
+    /// A start's nonce, `HOST_TAG:UUID` (built by hand, not `format!`: one per start).
     fn nonce(&mut self) -> String {
         let id = uuid::Builder::from_random_bytes(self.rng.random()).into_uuid();
-        format!("{}:{id}", self.deps.host_tag)
+        let mut buf = uuid::Uuid::encode_buffer();
+        let id = id.hyphenated().encode_lower(&mut buf);
+        let mut nonce = String::with_capacity(self.deps.host_tag.len() + 1 + id.len());
+        nonce.push_str(&self.deps.host_tag);
+        nonce.push(':');
+        nonce.push_str(id);
+        nonce
     }
 
     fn dispatch(&mut self, ctx: &mut Context<Self>) {
@@ -77,7 +89,7 @@ impl WorkerPool {
                     let fut = start.instrument(span);
                     ctx.spawn(fut.into_actor(self).map(|outcome, act, ctx| {
                         act.book.finished();
-                        act.done.do_send(JobDone(outcome));
+                        act.report(outcome, ctx);
                         act.dispatch(ctx);
                     }));
                 }
@@ -123,7 +135,7 @@ impl WorkerPool {
         ctx.spawn(call.into_actor(self).map(move |res, act, ctx| {
             act.book.finished();
             match res {
-                Ok(()) => act.done.do_send(JobDone(done)),
+                Ok(()) => act.report(done, ctx),
                 Err(source) => {
                     let (again, failed, error) = retry(source);
                     let delay = act.deps.backoff.delay(failed, &mut act.rng);
@@ -133,6 +145,23 @@ impl WorkerPool {
             }
             act.dispatch(ctx);
         }));
+    }
+
+    /// Reports a job's outcome to the coordinator, with the others that end in this turn of
+    /// the context: the first one of a turn spawns the item that sends them all, which the
+    /// context runs after the items already there (the jobs' futures that end with it).
+    fn report(&mut self, outcome: JobOutcome, ctx: &mut Context<Self>) {
+        if self.ended.is_empty() {
+            let reporting = self.requeues.guard();
+            ctx.spawn(fut::ready(()).map(move |(), act: &mut Self, _ctx| {
+                // The next turn's buffer starts as large as this one's (outcomes are large:
+                // growing a buffer of them one doubling at a time copies them again and again).
+                let size = act.ended.len();
+                act.done.do_send(JobsDone(std::mem::replace(&mut act.ended, Vec::with_capacity(size))));
+                drop(reporting);
+            }));
+        }
+        self.ended.push(outcome);
     }
 
     fn requeue_later(&mut self, job: Job, delay: std::time::Duration, ctx: &mut Context<Self>) {
@@ -201,6 +230,10 @@ impl WorkerPool {
 
 impl Actor for WorkerPool {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        crate::actors::unlimited_mailbox(ctx);
+    }
 }
 
 impl Handler<Enqueue> for WorkerPool {

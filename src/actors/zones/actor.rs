@@ -60,6 +60,7 @@ impl Actor for ZoneAllocator {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        crate::actors::unlimited_mailbox(ctx);
         self.schedule_refresh(ctx);
     }
 }
