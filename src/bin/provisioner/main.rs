@@ -17,19 +17,21 @@ mod cli;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// How long mimalloc keeps memory freed before giving it back to the system, in milliseconds.
-/// Its default (1,000 ms) outlasts a whole 100,000-machine benchmark, whose peak RSS then held
-/// every page it ever freed: 10 ms took that peak from 237 to 193 MiB, at the price of about
-/// 0.1 s of system time (docs/performance.md, "Third pass"). `MIMALLOC_PURGE_DELAY` overrides
-/// it.
+/// How long mimalloc keeps memory freed before giving it back to the system, in milliseconds,
+/// in `serve`: a long-lived service should hand back what a burst of work freed. Its default
+/// (1,000 ms) outlasts a whole 100,000-machine run, whose peak RSS then holds every page it
+/// ever freed: 10 ms took the engine's 100,000-machine peak from 237 to 193 MiB at the price of
+/// about 0.1 s of system time, and the service's from about 200 to 175 MiB (docs/performance.md,
+/// "Third pass"). The short-lived commands (`simulate`, `plan`, `bench`) keep mimalloc's
+/// default: for them the purges are only work. `MIMALLOC_PURGE_DELAY` overrides both.
 const PURGE_DELAY_MS: std::ffi::c_long = 10;
 
 /// `mi_option_purge_delay` in mimalloc.h (v3, the one `libmimalloc-sys` builds), which the
 /// crate's list of options leaves out.
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// Sets mimalloc's purge delay, unless the environment sets it.
-fn tune_allocator() {
+/// Sets mimalloc's purge delay for the service, unless the environment sets it.
+fn tune_allocator_for_service() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets one integer option, which mimalloc reads atomically; no pointer is passed.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
@@ -268,7 +270,6 @@ fn load(file: &std::path::Path) -> Result<Scenario, ExitCode> {
 }
 
 fn main() -> ExitCode {
-    tune_allocator();
     // The matches are kept: `serve` layers its config file under the flags given in them.
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
@@ -276,6 +277,9 @@ fn main() -> ExitCode {
         if matches!(cli.command, Command::Serve(_)) { "info" } else { "off" },
         cli.log_format == LogFormat::Json,
     );
+    if matches!(cli.command, Command::Serve(_)) {
+        tune_allocator_for_service();
+    }
     match cli.command {
         Command::Serve(_) => cli::run_serve(matches.subcommand_matches("serve").unwrap_or(&matches)),
         Command::Machine { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Machine(cmd)),
