@@ -285,8 +285,8 @@ pub trait StoreBackend: Send {
     fn distribution_groups(&mut self, ids: &[MachineId]) -> Result<Vec<Option<Vec<MachineId>>>, StoreError> {
         let mut groups: BTreeMap<String, Vec<MachineId>> = BTreeMap::new();
         let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            let Some(m) = self.machine(id)? else {
+        for (id, m) in ids.iter().zip(self.machines(ids)?) {
+            let Some(m) = m else {
                 out.push(None);
                 continue;
             };

@@ -37,10 +37,11 @@ use std::borrow::BorrowMut;
 use std::collections::HashMap;
 
 use postgres::types::ToSql;
-use postgres::{Client, Config, GenericClient, Row, Statement};
+use postgres::{Config, Row, Statement};
 use tokio::time::Instant;
 
 use super::backend::{refuse_hosts_with_live_containers, Fence, StoreBackend};
+use super::pg_client::{ConnectError, PgClient};
 use super::state::{
     random_uuid, ApplicationRecord, Book, BookMark, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings,
     StoreCounts, StoreError, CONTAINER_SEQ_BASE,
@@ -50,7 +51,6 @@ use crate::model::{
     MachineId, MachineStatus,
 };
 use crate::ports::ProvisionedInstance;
-use crate::service::pgconnect::{ConnectError, Connector};
 use crate::service::token::{token_id, Scope, TokenRecord};
 
 /// The newest schema version this build knows (rows of `schema_migrations`).
@@ -285,11 +285,7 @@ type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
 /// A statement prepared once per connection (the client would prepare each text again: one
 /// more round trip per statement).
-fn prepared(
-    c: &mut impl GenericClient,
-    cache: &mut HashMap<String, Statement>,
-    sql: &str,
-) -> Result<Statement, postgres::Error> {
+fn prepared(c: &mut PgClient, cache: &mut HashMap<String, Statement>, sql: &str) -> Result<Statement, postgres::Error> {
     if let Some(st) = cache.get(sql) {
         return Ok(st.clone());
     }
@@ -312,7 +308,7 @@ macro_rules! run_over {
         impl Run for $ty {
             fn execute(&mut self, sql: &str, p: Params<'_>) -> Result<u64, postgres::Error> {
                 let st = prepared(
-                    BorrowMut::<Client>::borrow_mut(&mut self.$client),
+                    BorrowMut::<PgClient>::borrow_mut(&mut self.$client),
                     BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
                     sql,
                 )?;
@@ -320,7 +316,7 @@ macro_rules! run_over {
             }
             fn query(&mut self, sql: &str, p: Params<'_>) -> Result<Vec<Row>, postgres::Error> {
                 let st = prepared(
-                    BorrowMut::<Client>::borrow_mut(&mut self.$client),
+                    BorrowMut::<PgClient>::borrow_mut(&mut self.$client),
                     BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
                     sql,
                 )?;
@@ -328,7 +324,7 @@ macro_rules! run_over {
             }
             fn query_opt(&mut self, sql: &str, p: Params<'_>) -> Result<Option<Row>, postgres::Error> {
                 let st = prepared(
-                    BorrowMut::<Client>::borrow_mut(&mut self.$client),
+                    BorrowMut::<PgClient>::borrow_mut(&mut self.$client),
                     BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
                     sql,
                 )?;
@@ -336,7 +332,7 @@ macro_rules! run_over {
             }
             fn query_one(&mut self, sql: &str, p: Params<'_>) -> Result<Row, postgres::Error> {
                 let st = prepared(
-                    BorrowMut::<Client>::borrow_mut(&mut self.$client),
+                    BorrowMut::<PgClient>::borrow_mut(&mut self.$client),
                     BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
                     sql,
                 )?;
@@ -348,7 +344,7 @@ macro_rules! run_over {
 
 /// The connection and the statements prepared on it.
 struct Conn {
-    client: Client,
+    client: PgClient,
     statements: HashMap<String, Statement>,
     /// The session's backend process id (what its notifications carry).
     pid: i32,
@@ -358,7 +354,7 @@ struct Conn {
 /// back if dropped before [`Tx::commit`]), or, inside a group commit, a savepoint in the
 /// group's transaction (released by [`Tx::commit`], rolled back alone if dropped before).
 struct Tx<'a> {
-    client: &'a mut Client,
+    client: &'a mut PgClient,
     statements: &'a mut HashMap<String, Statement>,
     /// The group commit it is part of (`None`: a transaction of its own).
     group: Option<&'a mut PgGroup>,
@@ -375,7 +371,7 @@ impl Tx<'_> {
         match self.group.as_deref_mut() {
             None => self.client.batch_execute("COMMIT"),
             Some(g) => {
-                g.queue("RELEASE SAVEPOINT write");
+                self.client.queue("RELEASE SAVEPOINT write");
                 g.written = true;
                 g.member_fenced_writes += i64::from(self.fenced);
                 Ok(())
@@ -392,17 +388,12 @@ impl Drop for Tx<'_> {
         if self.done {
             return;
         }
-        match self.group.as_deref_mut() {
-            None => {
-                let _ = self.client.batch_execute("ROLLBACK");
-            }
-            Some(g) => {
-                g.queue("ROLLBACK TO SAVEPOINT write");
-                g.queue("RELEASE SAVEPOINT write");
-                if let Err(e) = g.flush(self.client) {
-                    g.broken.get_or_insert(pg("rolling back a failed write of a group")(e));
-                }
-            }
+        if self.group.is_none() {
+            let _ = self.client.rollback();
+        } else {
+            // Sent with the next statement (its failure breaks the group: see `PgClient`).
+            self.client.queue("ROLLBACK TO SAVEPOINT write");
+            self.client.queue("RELEASE SAVEPOINT write");
         }
     }
 }
@@ -413,7 +404,7 @@ run_over!(GroupRun<'_>, client, statements);
 
 /// Statements at a group's level (outside its units of work's savepoints).
 struct GroupRun<'a> {
-    client: &'a mut Client,
+    client: &'a mut PgClient,
     statements: &'a mut HashMap<String, Statement>,
 }
 
@@ -448,9 +439,10 @@ impl Conn {
 /// write inside it in a nested one (`write`), committed at once.
 ///
 /// Round trips are what a PostgreSQL store spends its time on, so the group sends as few as
-/// it can: `BEGIN` goes with the first write's savepoints (a group that only read never begins
-/// a transaction: its reads see committed data, as outside a group), and each release waits in
-/// `pending` to go with the next statements sent. The leader's fence is checked once per group
+/// it can: `BEGIN`, the savepoints and their releases are queued on the connection and go out
+/// pipelined with the next statement, answered in its round trip ([`PgClient`]); a group that
+/// only read never begins a transaction (its reads see committed data, as outside a group).
+/// The leader's fence is checked once per group
 /// (its share lock on the lease row then lasts until the group's commit), and the writes that
 /// passed it are recorded in `epoch_writes` once, at the commit, under that lock.
 #[derive(Debug, Default)]
@@ -461,14 +453,12 @@ struct PgGroup {
     member: Option<BookMark>,
     /// Whether its commit waits for the server's disk.
     durable: bool,
-    /// `BEGIN` is sent (or queued in `pending`).
+    /// `BEGIN` is sent (or queued on the connection).
     begun: bool,
     /// When `BEGIN` was queued.
     began: Option<Instant>,
     /// The unit of work in progress has its savepoint (sent or queued).
     member_savepoint: bool,
-    /// Statements to send before the next ones (`;`-separated): releases and savepoints.
-    pending: String,
     /// A write was kept in the group.
     written: bool,
     /// Why the group's transaction is gone (a statement outside any savepoint failed, or the
@@ -484,22 +474,15 @@ struct PgGroup {
     member_fenced_writes: i64,
 }
 
-impl PgGroup {
-    fn queue(&mut self, sql: &str) {
-        if !self.pending.is_empty() {
-            self.pending.push_str("; ");
-        }
-        self.pending.push_str(sql);
-    }
-
-    /// Sends the statements queued, in one round trip.
-    fn flush(&mut self, client: &mut Client) -> Result<(), postgres::Error> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        let sql = std::mem::take(&mut self.pending);
-        client.batch_execute(&sql)
-    }
+/// Breaks `group` if a statement queued on its connection (a savepoint, a release, a rollback to
+/// one) failed: its transaction is then in no state to keep anything. The error it broke with.
+fn queued_failure(conn: Option<&mut Conn>, group: &mut PgGroup) -> Option<StoreError> {
+    let message = conn?.client.take_queued_failure()?;
+    let e = StoreError::Postgres {
+        context: "running a group's savepoints",
+        source: PgFailure { code: None, message, connection_lost: false },
+    };
+    Some(group.broken.get_or_insert(e).clone())
 }
 
 const MACHINE_COLUMNS: &str = "m.id, m.life, m.status, m.status_message, m.instance_status, \
@@ -599,10 +582,16 @@ fn meta_set(c: &mut impl Run, key: &str, value: &str) -> Result<(), postgres::Er
 
 /// Takes the next value of a counter kept in `meta` (0 first), atomically.
 fn next_counter(tx: &mut Tx<'_>, key: &str) -> Result<i64, postgres::Error> {
+    next_counters(tx, key, 1)
+}
+
+/// Takes the next `count` values of a counter kept in `meta` at once: the first of them.
+fn next_counters(tx: &mut Tx<'_>, key: &str, count: i64) -> Result<i64, postgres::Error> {
     let row = tx.query_one(
-        "INSERT INTO meta (key, value) VALUES ($1, '1') \
-         ON CONFLICT (key) DO UPDATE SET value = ((meta.value)::bigint + 1)::text RETURNING (value)::bigint - 1",
-        &[&key],
+        "INSERT INTO meta (key, value) VALUES ($1, $2::bigint::text) \
+         ON CONFLICT (key) DO UPDATE SET value = ((meta.value)::bigint + $2::bigint)::text \
+         RETURNING (value)::bigint - $2::bigint",
+        &[&key, &count],
     )?;
     row.try_get(0)
 }
@@ -632,8 +621,8 @@ fn life_in(tx: &mut Tx<'_>) -> Result<Life, StoreError> {
 
 /// The store over PostgreSQL. One connection, (re)made on demand with backoff.
 pub struct PgStore {
-    /// Connects within the configured connect timeout, start-up included.
-    connector: Connector,
+    /// What it connects with (within the configured connect timeout, start-up included).
+    config: tokio_postgres::Config,
     client: Option<Conn>,
     /// The model's uuid, read at the first connection (it never changes).
     model_uuid: Option<String>,
@@ -661,7 +650,13 @@ impl PgStore {
     /// Parses a `postgres://` URL (or a key=value connection string). A bad one is
     /// [`StoreError::Invalid`] naming `store`.
     pub fn config(url: &str) -> Result<Config, StoreError> {
-        let mut config: Config = url
+        Self::store_config(url).map(Config::from)
+    }
+
+    /// [`PgStore::config`] for the store's own connection (`tokio-postgres`'s, the same
+    /// settings: see `pg_client`).
+    pub fn store_config(url: &str) -> Result<tokio_postgres::Config, StoreError> {
+        let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e: postgres::Error| StoreError::Invalid { field: "store", message: format!("{url:?}: {e}") })?;
         if config.get_connect_timeout().is_none() {
@@ -692,9 +687,9 @@ impl PgStore {
     }
 
     /// A store that connects at its first operation.
-    pub fn new(config: Config) -> Self {
+    pub fn new(config: tokio_postgres::Config) -> Self {
         Self {
-            connector: Connector::new(config),
+            config,
             client: None,
             model_uuid: None,
             book: Book { counts_changed: true, ..Book::default() },
@@ -712,7 +707,7 @@ impl PgStore {
 
     /// Connects now (tests and start-up): the store, or why not.
     pub fn open(url: &str) -> Result<Self, StoreError> {
-        let mut s = Self::new(Self::config(url)?);
+        let mut s = Self::new(Self::store_config(url)?);
         s.client()?;
         Ok(s)
     }
@@ -722,17 +717,10 @@ impl PgStore {
         self.created
     }
 
-    /// The connection, made now if there is none (and the backoff allows an attempt), with
-    /// the open group's queued statements sent: what a read runs on.
+    /// The connection, made now if there is none (and the backoff allows an attempt): what a
+    /// read runs on (the open group's queued statements go with its statement).
     fn client(&mut self) -> Result<&mut Conn, StoreError> {
         self.connection()?;
-        if let (Some(conn), Some(group)) = (self.client.as_mut(), self.group.as_mut()) {
-            if let Err(e) = group.flush(&mut conn.client) {
-                let e = pg("sending a group's savepoints")(e);
-                group.broken.get_or_insert(e.clone());
-                return Err(e);
-            }
-        }
         self.client.as_mut().ok_or_else(|| StoreError::Unavailable("no connection".into()))
     }
 
@@ -796,8 +784,8 @@ impl PgStore {
 
     /// Connects, applies the migrations this database lacks, and reads (or draws) the model.
     fn open_client(&mut self) -> Result<Conn, StoreError> {
-        let deadline = self.connector.config().get_connect_timeout().copied().unwrap_or(Duration::from_secs(5));
-        let mut client = self.connector.connect(deadline).map_err(|e| match e {
+        let deadline = self.config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(5));
+        let mut client = PgClient::connect(&self.config, deadline).map_err(|e| match e {
             ConnectError::Postgres(e) => pg("connecting to the database")(e),
             other => StoreError::Postgres {
                 context: "connecting to the database",
@@ -883,7 +871,7 @@ impl PgStore {
             return Err(e.clone());
         }
         if !group.begun {
-            group.queue("BEGIN");
+            conn.client.queue("BEGIN");
             group.begun = true;
             group.began = Some(Instant::now());
         }
@@ -892,15 +880,13 @@ impl PgStore {
                 Some(Ok(())) => {}
                 Some(Err(e)) => return Err(e.clone()),
                 None => {
+                    // Sent with what is queued (`BEGIN`, a savepoint): a failure of those is no
+                    // `Fenced`, and breaks the group.
                     let mut run = GroupRun { client: &mut conn.client, statements: &mut conn.statements };
-                    let checked = group
-                        .flush(run.client)
-                        .map_err(pg(ctx))
-                        .and_then(|()| check_fence(&mut run, f).map(|()| Ok(())))
-                        .or_else(|e| match e {
-                            StoreError::Fenced { .. } => Ok(Err(e)),
-                            e => Err(e),
-                        });
+                    let checked = check_fence(&mut run, f).map(|()| Ok(())).or_else(|e| match e {
+                        StoreError::Fenced { .. } => Ok(Err(e)),
+                        e => Err(e),
+                    });
                     match checked {
                         Ok(passed) => {
                             group.fence = Some(passed.clone());
@@ -913,13 +899,11 @@ impl PgStore {
             }
         }
         if !group.member_savepoint {
-            group.queue("SAVEPOINT member");
+            conn.client.queue("SAVEPOINT member");
             group.member_savepoint = true;
         }
-        group.queue("SAVEPOINT write");
-        if let Err(e) = group.flush(&mut conn.client) {
-            return Err(group.broken.get_or_insert(pg(ctx)(e)).clone());
-        }
+        // Sent with the write's first statement.
+        conn.client.queue("SAVEPOINT write");
         Ok(Tx {
             client: &mut conn.client,
             statements: &mut conn.statements,
@@ -985,20 +969,22 @@ impl PgStore {
             .map_err(pg(ctx))
     }
 
+    /// Adds `count` machines in two statements whatever the count (their ids drawn at once, the
+    /// rows inserted by one statement): an add of 1,000 machines is two round trips, not 2,000.
     fn insert_machines(tx: &mut Tx<'_>, count: usize, spec: &NewMachine) -> Result<Vec<MachineId>, StoreError> {
         let constraint = Self::constraint_row(tx, &spec.constraints)?;
-        let mut ids = Vec::with_capacity(count);
-        for _ in 0..count {
-            let n = next_counter(tx, "next_machine").map_err(pg("allocating a machine id"))?;
-            let id = n.to_string();
-            tx.execute(
-                "INSERT INTO machines (seq, id, constraints_id, placement, application) VALUES ($1, $2, $3, $4, $5)",
-                &[&n, &id, &constraint, &spec.placement, &spec.application],
-            )
-            .map_err(pg("adding machines"))?;
-            ids.push(MachineId::from(id));
+        if count == 0 {
+            return Ok(Vec::new());
         }
-        Ok(ids)
+        let first = next_counters(tx, "next_machine", count as i64).map_err(pg("allocating machine ids"))?;
+        let last = first + count as i64 - 1;
+        tx.execute(
+            "INSERT INTO machines (seq, id, constraints_id, placement, application) \
+             SELECT g.n, g.n::text, $3, $4, $5 FROM generate_series($1::bigint, $2::bigint) AS g(n) ORDER BY g.n",
+            &[&first, &last, &constraint, &spec.placement, &spec.application],
+        )
+        .map_err(pg("adding machines"))?;
+        Ok((first..=last).map(|n| MachineId::from(n.to_string())).collect())
     }
 
     fn query_ids(
@@ -1036,6 +1022,9 @@ impl StoreBackend for PgStore {
         if self.group.is_some() {
             return Err(StoreError::Refused("a group commit is open already".into()));
         }
+        if let Some(conn) = self.client.as_mut() {
+            conn.client.take_queued_failure(); // a past group's, rolled back with it
+        }
         self.group = Some(PgGroup { before: self.book.mark(), durable, ..PgGroup::default() });
         Ok(true)
     }
@@ -1064,7 +1053,11 @@ impl StoreBackend for PgStore {
         // Once the transaction is begun, every unit of work has its savepoint (a failed read
         // would otherwise abort the group's transaction); before, a read runs outside it.
         if group.begun {
-            group.queue("SAVEPOINT member");
+            let Some(conn) = self.client.as_mut() else {
+                let e = StoreError::Unavailable("the connection was lost with a group commit's transaction".into());
+                return Err(group.broken.get_or_insert(e).clone());
+            };
+            conn.client.queue("SAVEPOINT member"); // sent with its first statement
             group.member_savepoint = true;
         }
         Ok(())
@@ -1078,13 +1071,24 @@ impl StoreBackend for PgStore {
         };
         let savepoint = std::mem::take(&mut group.member_savepoint);
         let fenced_writes = std::mem::take(&mut group.member_fenced_writes);
+        queued_failure(self.client.as_mut(), group);
         if let Some(e) = &group.broken {
             self.book.undo(mark);
             return Err(e.clone());
         }
+        let conn = match self.client.as_mut() {
+            Some(conn) => Some(conn),
+            None if savepoint => {
+                let e = StoreError::Unavailable("the connection was lost with a group commit's transaction".into());
+                self.book.undo(mark);
+                return Err(group.broken.get_or_insert(e).clone());
+            }
+            None => None,
+        };
+        // The release or the rollback goes with the next statement, or with the commit.
         if keep {
-            if savepoint {
-                group.queue("RELEASE SAVEPOINT member");
+            if let Some(conn) = conn.filter(|_| savepoint) {
+                conn.client.queue("RELEASE SAVEPOINT member");
             }
             group.fenced_writes += fenced_writes;
             group.fence_in_member = false;
@@ -1095,18 +1099,11 @@ impl StoreBackend for PgStore {
         if std::mem::take(&mut group.fence_in_member) {
             group.fence = None; // its lock went with the savepoint
         }
-        if !savepoint {
-            return Ok(());
+        if let Some(conn) = conn.filter(|_| savepoint) {
+            conn.client.queue("ROLLBACK TO SAVEPOINT member");
+            conn.client.queue("RELEASE SAVEPOINT member");
         }
-        group.queue("ROLLBACK TO SAVEPOINT member");
-        group.queue("RELEASE SAVEPOINT member");
-        let Some(conn) = self.client.as_mut() else {
-            let e = StoreError::Unavailable("the connection was lost with a group commit's transaction".into());
-            return Err(group.broken.get_or_insert(e).clone());
-        };
-        group
-            .flush(&mut conn.client)
-            .map_err(|e| group.broken.get_or_insert(pg("rolling back a unit of work")(e)).clone())
+        Ok(())
     }
     fn group_has_written(&self) -> bool {
         self.group.as_ref().is_some_and(|g| g.written)
@@ -1127,14 +1124,16 @@ impl StoreBackend for PgStore {
             let conn = self.client.as_mut().ok_or_else(|| {
                 StoreError::Unavailable("the connection was lost with a group commit's transaction".into())
             })?;
+            if let Some(e) = queued_failure(Some(conn), &mut group) {
+                return Err(e);
+            }
             if let Some(f) = self.fence.as_ref().filter(|_| group.fenced_writes > 0) {
-                group.flush(&mut conn.client).map_err(pg(ctx))?;
                 let mut run = GroupRun { client: &mut conn.client, statements: &mut conn.statements };
                 run.execute(RECORD_WRITES_SQL, &[&f.model_uuid, &f.holder, &f.epoch, &group.fenced_writes])
                     .map_err(pg("recording the writes' epoch"))?;
             }
             if self.session_durable != Some(group.durable) {
-                group.queue(if group.durable {
+                conn.client.queue(if group.durable {
                     "SET LOCAL synchronous_commit TO on"
                 } else {
                     "SET LOCAL synchronous_commit TO off"
@@ -1142,9 +1141,9 @@ impl StoreBackend for PgStore {
             }
             // In a transaction that failed, COMMIT would roll back and answer success: the
             // SELECT before it fails there, and the commit is not sent.
-            group.queue("SELECT 1");
-            group.queue("COMMIT");
-            group.flush(&mut conn.client).map_err(pg(ctx))
+            conn.client.queue("SELECT 1");
+            conn.client.queue("COMMIT");
+            conn.client.flush().map_err(pg(ctx))
         })();
         match committed {
             Ok(()) => {
@@ -1153,7 +1152,7 @@ impl StoreBackend for PgStore {
             }
             Err(e) => {
                 if let Some(conn) = self.client.as_mut().filter(|c| !c.client.is_closed()) {
-                    let _ = conn.client.batch_execute("ROLLBACK");
+                    let _ = conn.client.rollback();
                 }
                 self.book.undo(group.before);
                 Err(e)
@@ -1163,7 +1162,7 @@ impl StoreBackend for PgStore {
     fn abort_group(&mut self) {
         if let Some(group) = self.group.take() {
             if let Some(conn) = self.client.as_mut().filter(|c| group.begun && !c.client.is_closed()) {
-                let _ = conn.client.batch_execute("ROLLBACK");
+                let _ = conn.client.rollback();
             }
             self.book.undo(group.before);
         }
@@ -1246,6 +1245,23 @@ impl StoreBackend for PgStore {
             .query_opt(&format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} WHERE m.id = $1"), &[&id.as_str()])
             .map_err(pg("reading a machine"))?;
         row.as_ref().map(machine_from_row).transpose()
+    }
+    fn machines(&mut self, ids: &[MachineId]) -> Result<Vec<Option<MachineRecord>>, StoreError> {
+        // One statement for them all (the provisioner reads its machines in batches).
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let asked: Vec<&str> = ids.iter().map(MachineId::as_str).collect();
+        let rows = self
+            .client()?
+            .query(&format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} WHERE m.id = ANY($1)"), &[&asked])
+            .map_err(pg("reading machines"))?;
+        let mut found = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let m = machine_from_row(row)?;
+            found.insert(m.machine.id.clone(), m);
+        }
+        Ok(ids.iter().map(|id| found.get(id).cloned()).collect())
     }
     fn list_machines(&mut self) -> Result<Vec<MachineRecord>, StoreError> {
         let rows = self

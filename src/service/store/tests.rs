@@ -3,7 +3,7 @@
 use super::backend::StoreBackend;
 use super::state::{StoreCore, StoreError, SCHEMA_VERSION};
 use crate::model::{
-    HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, MachineId, MachineStatus,
+    Constraints, HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, MachineId, MachineStatus,
 };
 use crate::ports::ProvisionedInstance;
 
@@ -649,7 +649,23 @@ on_both_backends!(
     api_tokens_are_kept_as_hashes_and_revoked_once,
     start_intents_are_kept_until_dropped,
     machines_in_error_are_counted_without_a_scan,
+    machines_are_read_together_in_request_order,
 );
+
+/// `machines` answers each id asked, in the order asked, a repeated id each time and a missing
+/// one as `None` (PostgreSQL reads them in one statement); `distribution_groups` the same.
+fn machines_are_read_together_in_request_order(s: &mut dyn StoreBackend) {
+    let added = s.add_machines(3, None).unwrap();
+    let app = s.add_application("web", 2, &Constraints::default()).unwrap();
+    let missing = MachineId::new("99");
+    let asked = [added[2].clone(), missing.clone(), added[0].clone(), added[2].clone(), app[1].clone()];
+    let read: Vec<Option<String>> =
+        s.machines(&asked).unwrap().into_iter().map(|m| m.map(|m| m.machine.id.to_string())).collect();
+    assert_eq!(read, [Some("2".to_owned()), None, Some("0".to_owned()), Some("2".to_owned()), Some("4".to_owned())]);
+    assert!(s.machines(&[]).unwrap().is_empty());
+    let groups = s.distribution_groups(&[app[0].clone(), missing, added[1].clone(), app[1].clone()]).unwrap();
+    assert_eq!(groups, [Some(vec![app[1].clone()]), None, Some(Vec::new()), Some(vec![app[0].clone()])]);
+}
 
 /// Start attempts: each reported outcome counts one, a failure keeps its error, a success
 /// clears it; a version-3 database without the columns gains them when opened (its machines
