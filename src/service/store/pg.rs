@@ -41,7 +41,7 @@ use postgres::{Config, Row, Statement};
 use tokio::time::Instant;
 
 use super::backend::{refuse_hosts_with_live_containers, Fence, StoreBackend};
-use super::pg_client::{ConnectError, PgClient};
+use super::pg_client::{ConnectError, PgClient, Piped, Reply};
 use super::state::{
     random_uuid, ApplicationRecord, Book, BookMark, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings,
     StoreCounts, StoreError, CONTAINER_SEQ_BASE,
@@ -360,6 +360,10 @@ struct Tx<'a> {
     group: Option<&'a mut PgGroup>,
     /// Whether it passed the leader's fence (a write recorded in `epoch_writes`).
     fenced: bool,
+    /// In a group, whether it has a savepoint of its own (`write`): only when its unit of work
+    /// has kept a write before it. A unit's first write needs none: if it fails, the unit's
+    /// own savepoint (`member`) is rolled back to, which undoes no more than it.
+    savepoint: bool,
     done: bool,
 }
 
@@ -371,8 +375,11 @@ impl Tx<'_> {
         match self.group.as_deref_mut() {
             None => self.client.batch_execute("COMMIT"),
             Some(g) => {
-                self.client.queue("RELEASE SAVEPOINT write");
+                if self.savepoint {
+                    self.client.queue("RELEASE SAVEPOINT write");
+                }
                 g.written = true;
+                g.member_wrote = true;
                 g.member_fenced_writes += i64::from(self.fenced);
                 Ok(())
             }
@@ -381,6 +388,33 @@ impl Tx<'_> {
     fn batch_execute(&mut self, sql: &str) -> Result<(), postgres::Error> {
         self.client.batch_execute(sql)
     }
+    /// Runs statements that do not need each other's answers in one round trip (see
+    /// [`PgClient::pipeline`]): their answers, or the first failure.
+    fn pipeline(&mut self, statements: &[(&str, Params<'_>, bool)]) -> Result<Vec<Reply>, postgres::Error> {
+        let mut piped = Vec::with_capacity(statements.len());
+        for (sql, params, rows) in statements {
+            let statement = prepared(&mut *self.client, &mut *self.statements, sql)?;
+            piped.push(Piped { statement, params, rows: *rows });
+        }
+        self.client.pipeline(&piped)?.into_iter().collect()
+    }
+}
+
+impl Reply {
+    /// The rows of a query.
+    fn into_rows(self) -> Vec<Row> {
+        match self {
+            Reply::Rows(rows) => rows,
+            Reply::Count(_) => Vec::new(),
+        }
+    }
+    /// The rows a statement changed (or returned).
+    fn count(&self) -> u64 {
+        match self {
+            Reply::Rows(rows) => rows.len() as u64,
+            Reply::Count(n) => *n,
+        }
+    }
 }
 
 impl Drop for Tx<'_> {
@@ -388,12 +422,24 @@ impl Drop for Tx<'_> {
         if self.done {
             return;
         }
-        if self.group.is_none() {
-            let _ = self.client.rollback();
-        } else {
-            // Sent with the next statement (its failure breaks the group: see `PgClient`).
-            self.client.queue("ROLLBACK TO SAVEPOINT write");
-            self.client.queue("RELEASE SAVEPOINT write");
+        // In a group, sent with the next statement (its failure breaks the group: see
+        // `PgClient`).
+        match self.group.as_deref_mut() {
+            None => {
+                let _ = self.client.rollback();
+            }
+            Some(_) if self.savepoint => {
+                self.client.queue("ROLLBACK TO SAVEPOINT write");
+                self.client.queue("RELEASE SAVEPOINT write");
+            }
+            Some(g) => {
+                // The unit's first write: back to the unit's savepoint (kept), which holds
+                // nothing else the unit wrote. A fence checked inside it lost its lock.
+                self.client.queue("ROLLBACK TO SAVEPOINT member");
+                if std::mem::take(&mut g.fence_in_member) {
+                    g.fence = None;
+                }
+            }
         }
     }
 }
@@ -430,7 +476,14 @@ impl Conn {
     /// A transaction of its own.
     fn transaction(&mut self) -> Result<Tx<'_>, postgres::Error> {
         self.client.batch_execute("BEGIN")?;
-        Ok(Tx { client: &mut self.client, statements: &mut self.statements, group: None, fenced: false, done: false })
+        Ok(Tx {
+            client: &mut self.client,
+            statements: &mut self.statements,
+            group: None,
+            fenced: false,
+            savepoint: false,
+            done: false,
+        })
     }
 }
 
@@ -469,6 +522,8 @@ struct PgGroup {
     /// The fence was checked inside the unit of work in progress (its rollback releases the
     /// lock, so the next fenced write checks again).
     fence_in_member: bool,
+    /// The unit of work in progress kept a write (its next write needs a savepoint of its own).
+    member_wrote: bool,
     /// Fenced writes kept in the group, and in the unit of work in progress.
     fenced_writes: i64,
     member_fenced_writes: i64,
@@ -484,6 +539,9 @@ fn queued_failure(conn: Option<&mut Conn>, group: &mut PgGroup) -> Option<StoreE
     };
     Some(group.broken.get_or_insert(e).clone())
 }
+
+/// A machine's status and life, its row locked: `$1` its id.
+const STATUS_LIFE_SQL: &str = "SELECT status, life FROM machines WHERE id = $1 FOR UPDATE";
 
 const MACHINE_COLUMNS: &str = "m.id, m.life, m.status, m.status_message, m.instance_status, \
                                m.instance_status_message, m.instance, m.zone, m.keep_instance, m.transient, \
@@ -585,19 +643,43 @@ fn next_counter(tx: &mut Tx<'_>, key: &str) -> Result<i64, postgres::Error> {
     next_counters(tx, key, 1)
 }
 
-/// Takes the next `count` values of a counter kept in `meta` at once: the first of them.
-fn next_counters(tx: &mut Tx<'_>, key: &str, count: i64) -> Result<i64, postgres::Error> {
-    let row = tx.query_one(
+/// Takes `$2` values of the counter `$1` kept in `meta` at once: the first of them, `first`.
+macro_rules! counter_sql {
+    () => {
         "INSERT INTO meta (key, value) VALUES ($1, $2::bigint::text) \
          ON CONFLICT (key) DO UPDATE SET value = ((meta.value)::bigint + $2::bigint)::text \
-         RETURNING (value)::bigint - $2::bigint",
-        &[&key, &count],
-    )?;
-    row.try_get(0)
+         RETURNING (value)::bigint - $2::bigint AS first"
+    };
+}
+
+/// A simulated instance's row, its seq and id drawn from the counter in the same statement
+/// (`$1` `next_instance`, `$2` 1; `$3`... zone, model, machine, start, client token): its id.
+/// The id is `i-` and the seq plus one in hex, at least 8 digits.
+const INSERT_INSTANCE_SQL: &str = concat!(
+    "WITH c AS (",
+    counter_sql!(),
+    ") INSERT INTO instances (seq, id, state, zone, model, machine, start, client_token) \
+     SELECT first, 'i-' || lpad(to_hex(first + 1), greatest(8, length(to_hex(first + 1))), '0'), 'pending', \
+     $3, $4, $5, $6, $7 FROM c RETURNING id"
+);
+
+/// Takes the next `count` values of a counter kept in `meta` at once: the first of them.
+fn next_counters(tx: &mut Tx<'_>, key: &str, count: i64) -> Result<i64, postgres::Error> {
+    tx.query_one(counter_sql!(), &[&key, &count])?.try_get(0)
 }
 
 /// Sends a change notification from `tx` (delivered at its commit, not before, not without).
 fn notify(tx: &mut Tx<'_>, model_uuid: &str, kind: &str, ids: &[MachineId]) -> Result<(), StoreError> {
+    let payload = notice_payload(model_uuid, kind, ids);
+    tx.execute(NOTIFY_SQL, &[&CHANGES_CHANNEL, &payload]).map_err(pg("notifying a change"))?;
+    Ok(())
+}
+
+/// What [`notify`] runs: `$1` the channel, `$2` the payload.
+const NOTIFY_SQL: &str = "SELECT pg_notify($1, $2)";
+
+/// A change notification's payload (a [`Notice`] as JSON).
+fn notice_payload(model_uuid: &str, kind: &str, ids: &[MachineId]) -> String {
     let all = ids.len() > MAX_NOTIFIED_IDS;
     let notice = Notice {
         model_uuid: model_uuid.to_owned(),
@@ -605,9 +687,7 @@ fn notify(tx: &mut Tx<'_>, model_uuid: &str, kind: &str, ids: &[MachineId]) -> R
         ids: if all { Vec::new() } else { ids.iter().map(ToString::to_string).collect() },
         all,
     };
-    let payload = serde_json::to_string(&notice).unwrap_or_default();
-    tx.execute("SELECT pg_notify($1, $2)", &[&CHANGES_CHANNEL, &payload]).map_err(pg("notifying a change"))?;
-    Ok(())
+    serde_json::to_string(&notice).unwrap_or_default()
 }
 
 /// The model's life as `tx` sees it (locked against a concurrent destruction until it ends).
@@ -903,19 +983,23 @@ impl PgStore {
             group.member_savepoint = true;
         }
         // Sent with the write's first statement.
-        conn.client.queue("SAVEPOINT write");
+        let savepoint = group.member_wrote;
+        if savepoint {
+            conn.client.queue("SAVEPOINT write");
+        }
         Ok(Tx {
             client: &mut conn.client,
             statements: &mut conn.statements,
             group: Some(group),
             fenced: fence.is_some(),
+            savepoint,
             done: false,
         })
     }
 
     fn status_life_in(tx: &mut Tx<'_>, id: &MachineId) -> Result<Option<(String, String)>, StoreError> {
         Ok(tx
-            .query_opt("SELECT status, life FROM machines WHERE id = $1 FOR UPDATE", &[&id.as_str()])
+            .query_opt(STATUS_LIFE_SQL, &[&id.as_str()])
             .map_err(pg("reading a machine"))?
             .map(|r| (r.get(0), r.get(1))))
     }
@@ -928,14 +1012,23 @@ impl PgStore {
         sql: &str,
         params: &[&(dyn postgres::types::ToSql + Sync)],
     ) -> Result<Option<(String, String)>, StoreError> {
-        let uuid = self.uuid();
+        let payload = notice_payload(&self.uuid(), "machines", std::slice::from_ref(id));
         let mut tx = self.begin(ctx)?;
-        let before = Self::status_life_in(&mut tx, id)?;
-        let n = tx.execute(sql, params).map_err(pg(ctx))?;
-        if n == 0 {
+        // The row read (and locked), written and notified in one round trip: if no row was
+        // written the unit fails, and its notice goes with its savepoint.
+        let key = id.as_str();
+        let replies = tx
+            .pipeline(&[
+                (STATUS_LIFE_SQL, &[&key], true),
+                (sql, params, false),
+                (NOTIFY_SQL, &[&CHANGES_CHANNEL, &payload], true),
+            ])
+            .map_err(pg(ctx))?;
+        let mut replies = replies.into_iter();
+        let before = replies.next().map(Reply::into_rows).unwrap_or_default().first().map(|r| (r.get(0), r.get(1)));
+        if replies.next().is_none_or(|n| n.count() == 0) {
             return Err(StoreError::NotFound(id.clone()));
         }
-        notify(&mut tx, &uuid, "machines", std::slice::from_ref(id))?;
         tx.commit().map_err(pg(ctx))?;
         Ok(before)
     }
@@ -1050,6 +1143,7 @@ impl StoreBackend for PgStore {
         }
         group.member = Some(self.book.mark());
         group.member_fenced_writes = 0;
+        group.member_wrote = false;
         // Once the transaction is begun, every unit of work has its savepoint (a failed read
         // would otherwise abort the group's transaction); before, a read runs outside it.
         if group.begun {
@@ -1071,6 +1165,7 @@ impl StoreBackend for PgStore {
         };
         let savepoint = std::mem::take(&mut group.member_savepoint);
         let fenced_writes = std::mem::take(&mut group.member_fenced_writes);
+        group.member_wrote = false;
         queued_failure(self.client.as_mut(), group);
         if let Some(e) = &group.broken {
             self.book.undo(mark);
@@ -1664,22 +1759,32 @@ impl StoreBackend for PgStore {
     ) -> Result<(InstanceRecord, bool), StoreError> {
         let ctx = "creating an instance";
         let mut tx = self.begin(ctx)?;
-        // One start per token at a time, across replicas: the second waits, then finds the first's.
-        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&client_token]).map_err(pg(ctx))?;
-        let existing = tx
-            .query_opt(&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE client_token = $1"), &[&client_token])
+        // One start per token at a time, across replicas: the second waits, then finds the
+        // first's. The lock and the look-up go in one round trip, the id and the row in one.
+        let replies = tx
+            .pipeline(&[
+                ("SELECT pg_advisory_xact_lock(hashtext($1))", &[&client_token], true),
+                (&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE client_token = $1"), &[&client_token], true),
+            ])
             .map_err(pg("looking up a client token"))?;
-        if let Some(row) = existing {
-            return Ok((instance_from_row(&row)?, false));
+        if let Some(row) = replies.into_iter().nth(1).map(Reply::into_rows).unwrap_or_default().first() {
+            return Ok((instance_from_row(row)?, false));
         }
-        let n = next_counter(&mut tx, "next_instance").map_err(pg("allocating an instance id"))?;
-        let id = format!("i-{:08x}", n + 1);
-        tx.execute(
-            "INSERT INTO instances (seq, id, state, zone, model, machine, start, client_token) \
-             VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7)",
-            &[&n, &id, &zone, &tags.model, &tags.machine.as_ref().map(MachineId::as_str), &tags.start, &client_token],
-        )
-        .map_err(pg(ctx))?;
+        let id: String = tx
+            .query_one(
+                INSERT_INSTANCE_SQL,
+                &[
+                    &"next_instance",
+                    &1_i64,
+                    &zone,
+                    &tags.model,
+                    &tags.machine.as_ref().map(MachineId::as_str),
+                    &tags.start,
+                    &client_token,
+                ],
+            )
+            .and_then(|r| r.try_get(0))
+            .map_err(pg(ctx))?;
         tx.commit().map_err(pg(ctx))?;
         self.book.instance_moved(None, InstanceState::Pending.as_str());
         let record = InstanceRecord {
@@ -1704,15 +1809,21 @@ impl StoreBackend for PgStore {
     }
     fn land_instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError> {
         let ctx = "landing an instance";
+        let key = id.as_str();
         let mut tx = self.begin(ctx)?;
-        let n = tx
-            .execute("UPDATE instances SET state = 'running' WHERE id = $1 AND state = 'pending'", &[&id.as_str()])
+        // Landed and read back in one round trip.
+        let replies = tx
+            .pipeline(&[
+                ("UPDATE instances SET state = 'running' WHERE id = $1 AND state = 'pending'", &[&key], false),
+                (&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE id = $1"), &[&key], true),
+            ])
             .map_err(pg(ctx))?;
         tx.commit().map_err(pg(ctx))?;
-        if n > 0 {
+        let mut replies = replies.into_iter();
+        if replies.next().is_some_and(|n| n.count() > 0) {
             self.book.instance_moved(Some(InstanceState::Pending.as_str()), InstanceState::Running.as_str());
         }
-        self.instance(id)
+        replies.next().map(Reply::into_rows).unwrap_or_default().first().map(instance_from_row).transpose()
     }
     fn all_instances(&mut self) -> Result<Vec<InstanceRecord>, StoreError> {
         let rows = self

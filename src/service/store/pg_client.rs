@@ -44,6 +44,23 @@ pub(super) struct PgClient {
 
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
+/// One statement of a [`PgClient::pipeline`]: prepared, its parameters, and whether its rows
+/// are wanted (else the count of rows it changed).
+pub(super) struct Piped<'a> {
+    pub(super) statement: Statement,
+    pub(super) params: Params<'a>,
+    pub(super) rows: bool,
+}
+
+/// A pipelined statement's answer.
+#[derive(Debug)]
+pub(super) enum Reply {
+    /// Its rows.
+    Rows(Vec<Row>),
+    /// The rows it changed.
+    Count(u64),
+}
+
 impl PgClient {
     /// Connects with `config`, the start-up included within `deadline` (a server that accepts
     /// the connection and then says nothing is given up on, not waited for).
@@ -141,6 +158,25 @@ impl PgClient {
     /// Runs a statement: the rows it changed.
     pub(super) fn execute<T: ?Sized + ToStatement + Sync>(&mut self, st: &T, p: Params<'_>) -> Result<u64, Error> {
         self.pipelined(|c| Box::pin(c.execute(st, p)))
+    }
+
+    /// Runs statements that do not need each other's answers, sent together after the queued
+    /// ones (one round trip): each one's answer, in order. In a transaction, one that fails
+    /// makes the later ones fail too (the transaction is aborted).
+    pub(super) fn pipeline(&mut self, statements: &[Piped<'_>]) -> Result<Vec<Result<Reply, Error>>, Error> {
+        self.pipelined(|c| {
+            Box::pin(async move {
+                let answers = statements.iter().map(|p| -> LocalBoxFuture<'_, Result<Reply, Error>> {
+                    if p.rows {
+                        Box::pin(async move { c.query(&p.statement, p.params).await.map(Reply::Rows) })
+                    } else {
+                        Box::pin(async move { c.execute(&p.statement, p.params).await.map(Reply::Count) })
+                    }
+                });
+                // Polled in order, so sent in order.
+                Ok(futures::future::join_all(answers).await)
+            })
+        })
     }
 
     /// Runs a query: its rows.
