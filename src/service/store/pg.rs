@@ -792,6 +792,14 @@ impl PgStore {
         Ok(s)
     }
 
+    /// Replaces the statements queued on the connection (tests: a failing one in their place).
+    #[cfg(test)]
+    pub(super) fn replace_queued(&mut self, sql: &str) {
+        if let Some(conn) = self.client.as_mut() {
+            conn.client.replace_queued(sql);
+        }
+    }
+
     /// Whether this store created the model (it found an empty database).
     pub fn created_model(&self) -> bool {
         self.created

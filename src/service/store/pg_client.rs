@@ -92,6 +92,12 @@ impl PgClient {
         std::mem::take(&mut self.queued_failed)
     }
 
+    /// Replaces what is queued (tests: a statement that fails where a release would be).
+    #[cfg(test)]
+    pub(super) fn replace_queued(&mut self, sql: &str) {
+        self.queued = sql.to_owned();
+    }
+
     /// Whether the connection is known to be gone.
     pub(super) fn is_closed(&self) -> bool {
         self.client.is_closed()
