@@ -70,6 +70,11 @@ pub trait StoreBackend: Send {
         let _ = (resync, senders);
         Ok(())
     }
+    /// The database session this store writes on, if it has one (PostgreSQL's backend process
+    /// id, which its change notifications carry).
+    fn session_pid(&self) -> Option<i32> {
+        None
+    }
     /// Remembers damage an operation ran into.
     fn note_damage(&mut self, e: &StoreError);
 

@@ -1314,6 +1314,9 @@ impl StoreBackend for PgStore {
         }
         Ok(())
     }
+    fn session_pid(&self) -> Option<i32> {
+        self.client.as_ref().map(|c| c.pid)
+    }
     fn note_damage(&mut self, e: &StoreError) {
         // A lost connection is not damage: drop it, the next operation reconnects.
         if let StoreError::Postgres { source, .. } = e {
