@@ -459,6 +459,14 @@ fn a_postgres_group_commit_keeps_its_good_writes_and_notifies_only_what_committe
     assert_eq!(ids(&s.add_machines(1, None).unwrap()), ["2"], "outside a group, a write commits alone");
 }
 
+/// A session that gives up waiting for a lock after 200 ms, and the statement a takeover of the
+/// lease row would run (`$1` the model): it fails while a group holds the row share-locked.
+fn takeover_session(url: &str) -> (postgres::Client, &'static str) {
+    let mut other = raw(url);
+    other.batch_execute("SET lock_timeout = 200").unwrap();
+    (other, "UPDATE leader_lease SET epoch = epoch WHERE model_uuid = $1")
+}
+
 /// The fence in a group commit: checked once, its share lock on the lease row held until the
 /// group commits (no takeover in between), the group's fenced writes recorded at once under
 /// it; a group fenced out commits none of its fenced writes (the API's unfenced write in it
@@ -476,9 +484,7 @@ fn a_fenced_out_group_commits_nothing_and_a_fenced_group_holds_the_lease_row_unt
         s.set_status(&m[0], MachineStatus::Error, message).unwrap();
         s.end_member(true).unwrap();
     }
-    let mut other = raw(&url);
-    other.batch_execute("SET lock_timeout = 200").unwrap();
-    let takeover = "UPDATE leader_lease SET epoch = epoch WHERE model_uuid = $1";
+    let (mut other, takeover) = takeover_session(&url);
     assert!(other.execute(takeover, &[&model]).is_err(), "the group holds the lease row");
     s.commit_group().unwrap();
     assert_eq!(other.execute(takeover, &[&model]).unwrap(), 1, "until its commit");
@@ -535,9 +541,7 @@ fn a_unit_whose_first_write_fails_keeps_its_later_writes_and_the_lease_row_locke
     assert_eq!(failed, Err(StoreError::NotFound(MachineId::new("77"))));
     s.set_status(&m[1], MachineStatus::Error, "kept").unwrap();
     s.end_member(true).unwrap();
-    let mut other = raw(&url);
-    other.batch_execute("SET lock_timeout = 200").unwrap();
-    let takeover = "UPDATE leader_lease SET epoch = epoch WHERE model_uuid = $1";
+    let (mut other, takeover) = takeover_session(&url);
     assert!(other.execute(takeover, &[&model]).is_err(), "the group holds the lease row");
     s.commit_group().unwrap();
     assert_eq!(s.machine(&m[0]).unwrap().unwrap().machine.life, Life::Alive, "the failed removal undone");
