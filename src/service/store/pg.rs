@@ -1,12 +1,14 @@
 //! The PostgreSQL backend (feature `postgres`): the same operations as the SQLite core, over one
-//! connection of the synchronous `postgres` client owned by the store's thread.
+//! connection owned by the store's thread ([`PgClient`]).
 //!
-//! Why the sync client: the store already runs each unit of work synchronously on a dedicated
-//! thread (`SyncArbiter`), one transaction at a time; the `postgres` crate is the blocking
-//! facade of `tokio-postgres` (same maintainers, same protocol code), so both backends keep one
-//! shape (one connection, owned by that thread), with no pool and no second runtime to wire.
-//! When the connection drops, the next operation reconnects, with backoff between attempts
-//! (the operations in between answer [`StoreError::Unavailable`]: never stale data).
+//! The connection: the store runs each unit of work synchronously on a dedicated thread
+//! (`SyncArbiter`), one transaction at a time, so it blocks on its statements as the `postgres`
+//! crate does; but it speaks through `tokio-postgres` on a runtime of its own (`pg_client`) so
+//! that statements which do not need each other's answers go out together, answered in one
+//! round trip: a group's `BEGIN`, savepoints and releases with the next statement, a machine's
+//! read-lock, update and notice together (what a PostgreSQL store spends its time on is round
+//! trips). When the connection drops, the next operation reconnects, with backoff between
+//! attempts (the operations in between answer [`StoreError::Unavailable`]: never stale data).
 //!
 //! Schema: versioned migrations ([`PG_SCHEMA_VERSION`], table `schema_migrations`), applied at
 //! each connection in one transaction under `pg_advisory_xact_lock`, so replicas starting
