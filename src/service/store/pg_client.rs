@@ -204,3 +204,35 @@ impl PgClient {
         self.pipelined(|c| Box::pin(c.query_one(st, p)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    // A real listener that never answers, on the wall clock.
+    #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+    use super::*;
+
+    /// A peer that accepts and then says nothing: the start-up is given up on at the deadline
+    /// (the store's thread is not held for ever), and the attempt leaves nothing behind.
+    #[test]
+    fn a_silent_server_times_out() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
+        let config: Config = format!("postgres://p@127.0.0.1:{port}/db").parse().unwrap();
+        let started = std::time::Instant::now();
+        let e = PgClient::connect(&config, Duration::from_millis(300)).err().expect("no server answered");
+        assert!(matches!(e, ConnectError::TimedOut(_)), "{e:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        drop(held.join().unwrap().unwrap());
+    }
+
+    /// Nothing listening: refused at once, not timed out.
+    #[test]
+    fn a_refused_connection_is_a_postgres_error() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let config: Config = format!("postgres://p@127.0.0.1:{port}/db").parse().unwrap();
+        let e = PgClient::connect(&config, Duration::from_secs(10)).err().expect("refused");
+        assert!(matches!(e, ConnectError::Postgres(_)), "{e:?}");
+    }
+}
