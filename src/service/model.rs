@@ -62,7 +62,7 @@ impl StoreModel {
 impl ModelApi for StoreModel {
     fn machines(&self, ids: Vec<MachineId>) -> ModelFuture<Vec<Result<Machine, ModelError>>> {
         self.run(move |s| {
-            let found = ids.iter().map(|id| s.model_machine(id)).collect::<Result<_, _>>()?;
+            let found = s.model_machines(&ids)?;
             Ok(per_id(&ids, found))
         })
     }

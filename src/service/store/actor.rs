@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -54,6 +54,8 @@ pub struct StoreActor {
     waiting: Arc<AtomicUsize>,
     /// Group commits made, shared with the clients.
     commits: Arc<AtomicU64>,
+    /// The database session it writes on (-1: none), shared with the clients.
+    session: Arc<AtomicI64>,
     /// The group commit open, if one is.
     group: Group,
 }
@@ -81,6 +83,7 @@ impl StoreActor {
             operations: shared.operations.clone(),
             waiting: shared.waiting.clone(),
             commits: shared.commits.clone(),
+            session: shared.session.clone(),
             group: Group::default(),
         }
     }
@@ -88,6 +91,7 @@ impl StoreActor {
     /// Sends the outbox to the watchers.
     fn publish(&mut self) {
         let Ok(core) = self.core.as_mut() else { return };
+        self.session.store(core.session_pid().map_or(-1, i64::from), Ordering::Relaxed);
         let (ids, tick) = core.take_outbox();
         if !ids.is_empty() {
             self.watchers.retain(|w| w.connected());
@@ -271,7 +275,7 @@ impl Handler<WatchRetries> for StoreActor {
 }
 
 /// The counters the store's clients and its actor share.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Shared {
     /// Operations run (every `Exec`).
     operations: Arc<AtomicU64>,
@@ -279,6 +283,19 @@ struct Shared {
     waiting: Arc<AtomicUsize>,
     /// Group commits made.
     commits: Arc<AtomicU64>,
+    /// The database session the store writes on, as of its last commit (-1: none).
+    session: Arc<AtomicI64>,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            operations: Arc::default(),
+            waiting: Arc::default(),
+            commits: Arc::default(),
+            session: Arc::new(AtomicI64::new(-1)),
+        }
+    }
 }
 
 /// A handle on the running store. Cheap to clone.
@@ -330,7 +347,7 @@ impl Store {
     /// one is an error now); the server is reached from the store's thread, with backoff.
     #[cfg(feature = "postgres")]
     pub fn start_postgres(url: &str) -> Result<Self, StoreError> {
-        let config = super::pg::PgStore::config(url)?;
+        let config = super::pg::PgStore::store_config(url)?;
         Ok(Self::start_with(move || Ok(Box::new(super::pg::PgStore::new(config.clone())) as Box<dyn StoreBackend>)))
     }
 
@@ -351,6 +368,13 @@ impl Store {
     /// How many group commits the store has made (each commits one or more units of work).
     pub fn group_commits(&self) -> u64 {
         self.shared.commits.load(Ordering::Relaxed)
+    }
+
+    /// The database session the store writes on, as of its last commit (PostgreSQL's backend
+    /// process id: the sender of the change notifications its commits send); `None` before the
+    /// first, or for SQLite.
+    pub fn session_pid(&self) -> Option<i32> {
+        i32::try_from(self.shared.session.load(Ordering::Relaxed)).ok().filter(|pid| *pid >= 0)
     }
 
     /// Subscribes to the gauges' counts: the current ones now, then each change.

@@ -70,6 +70,11 @@ pub trait StoreBackend: Send {
         let _ = (resync, senders);
         Ok(())
     }
+    /// The database session this store writes on, if it has one (PostgreSQL's backend process
+    /// id, which its change notifications carry).
+    fn session_pid(&self) -> Option<i32> {
+        None
+    }
     /// Remembers damage an operation ran into.
     fn note_damage(&mut self, e: &StoreError);
 
@@ -297,6 +302,16 @@ pub trait StoreBackend: Send {
     fn machine_application(&mut self, id: &MachineId) -> Result<Option<Option<String>>, StoreError> {
         Ok(self.machine(id)?.map(|m| m.application))
     }
+    /// [`StoreBackend::model_machine`] of each of these machines, in request order.
+    /// PostgreSQL reads them in one statement.
+    fn model_machines(&mut self, ids: &[MachineId]) -> Result<Vec<Option<Machine>>, StoreError> {
+        ids.iter().map(|id| self.model_machine(id)).collect()
+    }
+    /// [`StoreBackend::machine_application`] of each of these machines, in request order.
+    /// PostgreSQL reads them in one statement.
+    fn machine_applications(&mut self, ids: &[MachineId]) -> Result<Vec<Option<Option<String>>>, StoreError> {
+        ids.iter().map(|id| self.machine_application(id)).collect()
+    }
     /// Alive, unprovisioned machines in provisioning error that were marked for a retry.
     fn transient_errors(&mut self) -> Result<Vec<Machine>, StoreError> {
         Ok(self
@@ -318,8 +333,8 @@ pub trait StoreBackend: Send {
     fn distribution_groups(&mut self, ids: &[MachineId]) -> Result<Vec<Option<Vec<MachineId>>>, StoreError> {
         let mut groups: BTreeMap<String, Vec<MachineId>> = BTreeMap::new();
         let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            let Some(application) = self.machine_application(id)? else {
+        for (id, application) in ids.iter().zip(self.machine_applications(ids)?) {
+            let Some(application) = application else {
                 out.push(None);
                 continue;
             };

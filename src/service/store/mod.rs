@@ -15,6 +15,8 @@ mod intents;
 mod messages;
 #[cfg(feature = "postgres")]
 mod pg;
+#[cfg(feature = "postgres")]
+mod pg_client;
 #[cfg(all(test, feature = "postgres"))]
 mod pg_tests;
 mod state;

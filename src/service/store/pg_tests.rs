@@ -459,6 +459,14 @@ fn a_postgres_group_commit_keeps_its_good_writes_and_notifies_only_what_committe
     assert_eq!(ids(&s.add_machines(1, None).unwrap()), ["2"], "outside a group, a write commits alone");
 }
 
+/// A session that gives up waiting for a lock after 200 ms, and the statement a takeover of the
+/// lease row would run (`$1` the model): it fails while a group holds the row share-locked.
+fn takeover_session(url: &str) -> (postgres::Client, &'static str) {
+    let mut other = raw(url);
+    other.batch_execute("SET lock_timeout = 200").unwrap();
+    (other, "UPDATE leader_lease SET epoch = epoch WHERE model_uuid = $1")
+}
+
 /// The fence in a group commit: checked once, its share lock on the lease row held until the
 /// group commits (no takeover in between), the group's fenced writes recorded at once under
 /// it; a group fenced out commits none of its fenced writes (the API's unfenced write in it
@@ -476,9 +484,7 @@ fn a_fenced_out_group_commits_nothing_and_a_fenced_group_holds_the_lease_row_unt
         s.set_status(&m[0], MachineStatus::Error, message).unwrap();
         s.end_member(true).unwrap();
     }
-    let mut other = raw(&url);
-    other.batch_execute("SET lock_timeout = 200").unwrap();
-    let takeover = "UPDATE leader_lease SET epoch = epoch WHERE model_uuid = $1";
+    let (mut other, takeover) = takeover_session(&url);
     assert!(other.execute(takeover, &[&model]).is_err(), "the group holds the lease row");
     s.commit_group().unwrap();
     assert_eq!(other.execute(takeover, &[&model]).unwrap(), 1, "until its commit");
@@ -515,6 +521,61 @@ fn a_fenced_out_group_commits_nothing_and_a_fenced_group_holds_the_lease_row_unt
     assert_eq!(audit.acquisitions, vec![(first, "replica-a".to_owned()), (second, "replica-b".to_owned())]);
     assert_eq!(audit.writes, 3, "the group's three writes under the lease, recorded once");
     assert!(audit.stale.is_empty(), "{audit:?}");
+}
+
+/// A unit of work's first write has no savepoint of its own: when it fails halfway (its first
+/// machine removed), the unit's savepoint is rolled back to, undoing it alone; the unit's next
+/// write is kept, and the fence, checked inside the unit's savepoint (the group's transaction
+/// was begun by an earlier unit), is checked again: the lease row stays locked until the commit.
+#[test]
+fn a_unit_whose_first_write_fails_keeps_its_later_writes_and_the_lease_row_locked() {
+    use crate::service::lease::pg::audit_epochs;
+    let Leading { _pg, url, mut s, model, m, .. } = leading(2);
+    s.begin_group(false).unwrap();
+    s.begin_member().unwrap();
+    s.set_workers(3).unwrap(); // the API's: not fenced, it begins the group's transaction
+    s.end_member(true).unwrap();
+    s.set_fenced(true);
+    s.begin_member().unwrap();
+    let failed = s.remove_machines(&[m[0].clone(), MachineId::new("77")], false, false);
+    assert_eq!(failed, Err(StoreError::NotFound(MachineId::new("77"))));
+    s.set_status(&m[1], MachineStatus::Error, "kept").unwrap();
+    s.end_member(true).unwrap();
+    let (mut other, takeover) = takeover_session(&url);
+    assert!(other.execute(takeover, &[&model]).is_err(), "the group holds the lease row");
+    s.commit_group().unwrap();
+    assert_eq!(s.machine(&m[0]).unwrap().unwrap().machine.life, Life::Alive, "the failed removal undone");
+    assert_eq!(s.machine(&m[1]).unwrap().unwrap().status_message, "kept");
+    assert_eq!(s.settings().unwrap().workers, Some(3));
+    let audit = audit_epochs(&mut raw(&url), &model).unwrap();
+    assert_eq!(audit.writes, 1, "the kept fenced write");
+    assert!(audit.stale.is_empty(), "{audit:?}");
+}
+
+/// The group's savepoints and releases go out with the next statement: one of them that fails
+/// (here a release of the first unit of work, replaced by one that fails) fails the whole group.
+/// Were the second unit's rollback then sent, it would roll back to the first unit's savepoint,
+/// undo the first unit's write and let the group commit without it: the first unit would be
+/// answered "committed" with nothing written.
+#[test]
+fn a_failed_savepoint_statement_fails_the_whole_group() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let mut s = PgStore::open(&url).unwrap();
+    s.begin_group(false).unwrap();
+    s.begin_member().unwrap();
+    s.add_machines(1, None).unwrap();
+    s.end_member(true).unwrap();
+    s.replace_queued("RELEASE SAVEPOINT nowhere");
+    s.begin_member().unwrap();
+    s.add_machines(1, None).unwrap_err();
+    let broken = s.end_member(false);
+    assert!(matches!(broken, Err(StoreError::Postgres { .. })), "{broken:?}");
+    let committed = s.commit_group();
+    assert!(committed.is_err(), "{committed:?}");
+    let left: i64 = raw(&url).query_one("SELECT count(*) FROM machines", &[]).unwrap().get(0);
+    assert_eq!(left, 0, "none of the group's writes");
+    assert_eq!(ids(&s.add_machines(1, None).unwrap()), ["0"], "the store goes on");
 }
 
 /// Through the store actor: writes sent while the store is busy commit as one PostgreSQL group

@@ -3,7 +3,7 @@
 use super::backend::StoreBackend;
 use super::state::{StoreCore, StoreError, SCHEMA_VERSION};
 use crate::model::{
-    HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, MachineId, MachineStatus,
+    Constraints, HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, MachineId, MachineStatus,
 };
 use crate::ports::ProvisionedInstance;
 
@@ -711,6 +711,18 @@ fn the_provisioners_lean_reads_match_the_whole_record(s: &mut dyn StoreBackend) 
     assert!(s.model_machine(&manual).unwrap().unwrap().manual);
     let dead = s.model_machine(&placed[0]).unwrap().unwrap();
     assert_eq!((dead.life, dead.keep_instance), (Life::Dead, true));
+    // The batched reads (PostgreSQL's in one statement each) answer what the single ones do, in
+    // the order asked, a repeated id each time.
+    all.insert(0, web[1].clone());
+    let one_by_one: Vec<_> = all.iter().map(|id| s.model_machine(id).unwrap()).collect();
+    assert_eq!(s.model_machines(&all).unwrap(), one_by_one);
+    let one_by_one: Vec<_> = all.iter().map(|id| s.machine_application(id).unwrap()).collect();
+    assert_eq!(s.machine_applications(&all).unwrap(), one_by_one);
+    let pairs = |v: Vec<Option<crate::model::ProvisioningInfo>>| -> Vec<_> {
+        v.into_iter().map(|p| p.map(|p| (p.constraints, p.placement))).collect()
+    };
+    let one_by_one: Vec<_> = all.iter().map(|id| s.machine_provisioning(id).unwrap()).collect();
+    assert_eq!(pairs(s.provisioning_info(&all).unwrap()), pairs(one_by_one));
 }
 
 /// The behaviour tests above, each run against SQLite (a test each, in memory) and against
@@ -748,7 +760,23 @@ on_both_backends!(
     a_started_instance_is_recorded_with_its_successful_attempt,
     an_instance_created_running_is_counted_running_and_kept_by_its_token,
     the_provisioners_lean_reads_match_the_whole_record,
+    machines_are_read_together_in_request_order,
 );
+
+/// `machines` answers each id asked, in the order asked, a repeated id each time and a missing
+/// one as `None` (PostgreSQL reads them in one statement); `distribution_groups` the same.
+fn machines_are_read_together_in_request_order(s: &mut dyn StoreBackend) {
+    let added = s.add_machines(3, None).unwrap();
+    let app = s.add_application("web", 2, &Constraints::default()).unwrap();
+    let missing = MachineId::new("99");
+    let asked = [added[2].clone(), missing.clone(), added[0].clone(), added[2].clone(), app[1].clone()];
+    let read: Vec<Option<String>> =
+        s.machines(&asked).unwrap().into_iter().map(|m| m.map(|m| m.machine.id.to_string())).collect();
+    assert_eq!(read, [Some("2".to_owned()), None, Some("0".to_owned()), Some("2".to_owned()), Some("4".to_owned())]);
+    assert!(s.machines(&[]).unwrap().is_empty());
+    let groups = s.distribution_groups(&[app[0].clone(), missing, added[1].clone(), app[1].clone()]).unwrap();
+    assert_eq!(groups, [Some(vec![app[1].clone()]), None, Some(Vec::new()), Some(vec![app[0].clone()])]);
+}
 
 /// Start attempts: each reported outcome counts one, a failure keeps its error, a success
 /// clears it; a version-3 database without the columns gains them when opened (its machines

@@ -1,0 +1,238 @@
+//! The PostgreSQL store's connection (feature `postgres`): `tokio-postgres` on a current-thread
+//! runtime that the store's thread owns and blocks on, so that statements can be *pipelined*:
+//! the statements queued with [`PgClient::queue`] (a group commit's `BEGIN`, savepoints and
+//! releases: parameterless, their answers not needed before the next statement) go out in the
+//! same write as the next statement and are answered in the same round trip. The blocking
+//! `postgres` crate (the same client, blocking on its own runtime) has no way to send two
+//! requests before reading the first answer, so each savepoint cost a round trip of its own.
+//!
+//! A queued statement that fails leaves the transaction in an unknown state: the statement
+//! sent with it answers that failure, and [`PgClient::take_queued_failure`] says so until it
+//! is asked, so that the group commit it belonged to is abandoned (a release that failed must
+//! not let a later rollback to the savepoint undo a unit of work that was kept).
+
+use std::time::Duration;
+
+use futures::future::LocalBoxFuture;
+use postgres::types::ToSql;
+use postgres::{Row, Statement};
+use tokio_postgres::{Client, Config, Error, NoTls, ToStatement};
+
+/// Why no connection was made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The server refused, or the socket could not be connected.
+    #[error(transparent)]
+    Postgres(#[from] Error),
+    /// The connection was made but its start-up did not finish in time.
+    #[error("the server did not finish the connection's start-up within {0:?}")]
+    TimedOut(Duration),
+    /// The runtime the connection runs on could not be made.
+    #[error("cannot make the connection's runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// One connection, its runtime, and the statements queued to go with the next one.
+pub(super) struct PgClient {
+    runtime: tokio::runtime::Runtime,
+    client: Client,
+    /// Parameterless statements (`;`-separated) to send before the next statement.
+    queued: String,
+    /// A queued statement failed (see the module's documentation): what it answered.
+    queued_failed: Option<String>,
+}
+
+type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
+/// One statement of a [`PgClient::pipeline`]: prepared, its parameters, and whether its rows
+/// are wanted (else the count of rows it changed).
+pub(super) struct Piped<'a> {
+    pub(super) statement: Statement,
+    pub(super) params: Params<'a>,
+    pub(super) rows: bool,
+}
+
+/// A pipelined statement's answer.
+#[derive(Debug)]
+pub(super) enum Reply {
+    /// Its rows.
+    Rows(Vec<Row>),
+    /// The rows it changed.
+    Count(u64),
+}
+
+impl PgClient {
+    /// Connects with `config`, the start-up included within `deadline` (a server that accepts
+    /// the connection and then says nothing is given up on, not waited for).
+    pub(super) fn connect(config: &Config, deadline: Duration) -> Result<Self, ConnectError> {
+        let runtime =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ConnectError::Runtime)?;
+        let (client, connection) = runtime
+            .block_on(async { tokio::time::timeout(deadline, config.connect(NoTls)).await })
+            .map_err(|_| ConnectError::TimedOut(deadline))??;
+        // Polled whenever the store's thread blocks on a statement (a current-thread runtime).
+        runtime.spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "the store's connection ended");
+            }
+        });
+        Ok(Self { runtime, client, queued: String::new(), queued_failed: None })
+    }
+
+    /// Queues a parameterless statement to go out with the next one.
+    pub(super) fn queue(&mut self, sql: &str) {
+        if !self.queued.is_empty() {
+            self.queued.push_str("; ");
+        }
+        self.queued.push_str(sql);
+    }
+
+    /// What a queued statement that failed answered, if one did since the last call.
+    pub(super) fn take_queued_failure(&mut self) -> Option<String> {
+        std::mem::take(&mut self.queued_failed)
+    }
+
+    /// Replaces what is queued (tests: a statement that fails where a release would be).
+    #[cfg(test)]
+    pub(super) fn replace_queued(&mut self, sql: &str) {
+        self.queued = sql.to_owned();
+    }
+
+    /// Whether the connection is known to be gone.
+    pub(super) fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// Runs `request` after the queued statements, sent together: one round trip. A failure of
+    /// the queued ones is the answer (and is remembered).
+    fn pipelined<'a, T>(
+        &'a mut self,
+        request: impl FnOnce(&'a Client) -> LocalBoxFuture<'a, Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let Self { runtime, client, queued, queued_failed } = self;
+        let queued = std::mem::take(queued);
+        let client: &'a Client = client;
+        let (before, answer) = runtime.block_on(async {
+            if queued.is_empty() {
+                (Ok(()), request(client).await)
+            } else {
+                // Polled in this order, so sent in this order, in one write.
+                futures::join!(client.batch_execute(&queued), request(client))
+            }
+        });
+        if let Err(e) = before {
+            *queued_failed = Some(e.to_string());
+            return Err(e);
+        }
+        answer
+    }
+
+    /// Sends the queued statements now (nothing if none is).
+    pub(super) fn flush(&mut self) -> Result<(), Error> {
+        if self.queued.is_empty() {
+            return Ok(());
+        }
+        self.batch_execute("")
+    }
+
+    /// Rolls the transaction back: what was queued is dropped (it belonged to it), and so is a
+    /// queued statement's failure.
+    pub(super) fn rollback(&mut self) -> Result<(), Error> {
+        self.queued.clear();
+        self.queued_failed = None;
+        self.batch_execute("ROLLBACK")
+    }
+
+    /// Runs parameterless statements (`;`-separated), after the queued ones.
+    pub(super) fn batch_execute(&mut self, sql: &str) -> Result<(), Error> {
+        if sql.is_empty() {
+            let queued = std::mem::take(&mut self.queued);
+            let client = &self.client;
+            return self
+                .runtime
+                .block_on(client.batch_execute(&queued))
+                .inspect_err(|e| self.queued_failed = Some(e.to_string()));
+        }
+        self.pipelined(|c| Box::pin(c.batch_execute(sql)))
+    }
+
+    /// Prepares a statement, after the queued ones.
+    pub(super) fn prepare(&mut self, sql: &str) -> Result<Statement, Error> {
+        self.pipelined(|c| Box::pin(c.prepare(sql)))
+    }
+
+    /// Runs a statement: the rows it changed.
+    pub(super) fn execute<T: ?Sized + ToStatement + Sync>(&mut self, st: &T, p: Params<'_>) -> Result<u64, Error> {
+        self.pipelined(|c| Box::pin(c.execute(st, p)))
+    }
+
+    /// Runs statements that do not need each other's answers, sent together after the queued
+    /// ones (one round trip): each one's answer, in order. In a transaction, one that fails
+    /// makes the later ones fail too (the transaction is aborted).
+    pub(super) fn pipeline(&mut self, statements: &[Piped<'_>]) -> Result<Vec<Result<Reply, Error>>, Error> {
+        self.pipelined(|c| {
+            Box::pin(async move {
+                let answers = statements.iter().map(|p| -> LocalBoxFuture<'_, Result<Reply, Error>> {
+                    if p.rows {
+                        Box::pin(async move { c.query(&p.statement, p.params).await.map(Reply::Rows) })
+                    } else {
+                        Box::pin(async move { c.execute(&p.statement, p.params).await.map(Reply::Count) })
+                    }
+                });
+                // Polled in order, so sent in order.
+                Ok(futures::future::join_all(answers).await)
+            })
+        })
+    }
+
+    /// Runs a query: its rows.
+    pub(super) fn query<T: ?Sized + ToStatement + Sync>(&mut self, st: &T, p: Params<'_>) -> Result<Vec<Row>, Error> {
+        self.pipelined(|c| Box::pin(c.query(st, p)))
+    }
+
+    /// Runs a query of at most one row.
+    pub(super) fn query_opt<T: ?Sized + ToStatement + Sync>(
+        &mut self,
+        st: &T,
+        p: Params<'_>,
+    ) -> Result<Option<Row>, Error> {
+        self.pipelined(|c| Box::pin(c.query_opt(st, p)))
+    }
+
+    /// Runs a query of exactly one row.
+    pub(super) fn query_one<T: ?Sized + ToStatement + Sync>(&mut self, st: &T, p: Params<'_>) -> Result<Row, Error> {
+        self.pipelined(|c| Box::pin(c.query_one(st, p)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    // A real listener that never answers, on the wall clock.
+    #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+    use super::*;
+
+    /// A peer that accepts and then says nothing: the start-up is given up on at the deadline
+    /// (the store's thread is not held for ever), and the attempt leaves nothing behind.
+    #[test]
+    fn a_silent_server_times_out() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
+        let config: Config = format!("postgres://p@127.0.0.1:{port}/db").parse().unwrap();
+        let started = std::time::Instant::now();
+        let e = PgClient::connect(&config, Duration::from_millis(300)).err().expect("no server answered");
+        assert!(matches!(e, ConnectError::TimedOut(_)), "{e:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        drop(held.join().unwrap().unwrap());
+    }
+
+    /// Nothing listening: refused at once, not timed out.
+    #[test]
+    fn a_refused_connection_is_a_postgres_error() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let config: Config = format!("postgres://p@127.0.0.1:{port}/db").parse().unwrap();
+        let e = PgClient::connect(&config, Duration::from_secs(10)).err().expect("refused");
+        assert!(matches!(e, ConnectError::Postgres(_)), "{e:?}");
+    }
+}
