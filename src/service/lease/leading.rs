@@ -165,7 +165,7 @@ impl Handler<Current> for Leading {
 /// A change another replica committed (the API's writes on a follower), heard by `LISTEN
 /// provisioner_changes`: the leader's provisioners hear it as they hear their own store's
 /// changes (the store's own notices, which its actor published already, are not heard again:
-/// [`from_elsewhere`]). A notice for every machine (`all`, a model change) or a reconnection
+/// `from_elsewhere`). A notice for every machine (`all`, a model change) or a reconnection
 /// (`resync`, notices may have been missed) re-reads every machine id. On every replica, the notices of
 /// other sessions refresh the metrics' state gauges (one recount per [`COUNTS_REFRESH`] at
 /// most): a follower's gauges follow the leader's writes, and the leader's the followers' adds.
