@@ -30,6 +30,21 @@ const PURGE_DELAY_MS: std::ffi::c_long = 10;
 /// crate's list of options leaves out.
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
+/// Whether the command line runs `serve`: its first word that is not an option (or the value of
+/// the global `--log-format`). Read before clap parses it: mimalloc takes the purge delay in
+/// at its first purges, so setting it once the arguments are parsed is too late.
+fn runs_serve(args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    let mut args = args.skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--log-format" {
+            args.next();
+        } else if !arg.to_string_lossy().starts_with('-') {
+            return arg == "serve";
+        }
+    }
+    false
+}
+
 /// Sets mimalloc's purge delay for the service, unless the environment sets it.
 fn tune_allocator_for_service() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
@@ -270,6 +285,9 @@ fn load(file: &std::path::Path) -> Result<Scenario, ExitCode> {
 }
 
 fn main() -> ExitCode {
+    if runs_serve(std::env::args_os()) {
+        tune_allocator_for_service();
+    }
     // The matches are kept: `serve` layers its config file under the flags given in them.
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
@@ -277,9 +295,6 @@ fn main() -> ExitCode {
         if matches!(cli.command, Command::Serve(_)) { "info" } else { "off" },
         cli.log_format == LogFormat::Json,
     );
-    if matches!(cli.command, Command::Serve(_)) {
-        tune_allocator_for_service();
-    }
     match cli.command {
         Command::Serve(_) => cli::run_serve(matches.subcommand_matches("serve").unwrap_or(&matches)),
         Command::Machine { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Machine(cmd)),
@@ -399,5 +414,25 @@ fn main() -> ExitCode {
             print!("{}", sim::generate(seed).to_toml());
             ExitCode::SUCCESS
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs_serve;
+
+    fn runs(line: &str) -> bool {
+        runs_serve(line.split(' ').map(std::ffi::OsString::from))
+    }
+
+    #[test]
+    fn only_the_serve_command_is_tuned_as_a_service() {
+        assert!(runs("provisioner serve --listen 127.0.0.1:0"));
+        assert!(runs("provisioner --log-format json serve"));
+        assert!(runs("provisioner --log-format=json serve"));
+        assert!(!runs("provisioner bench serve --requests 1"));
+        assert!(!runs("provisioner --log-format serve bench throughput"));
+        assert!(!runs("provisioner simulate serve.toml"));
+        assert!(!runs("provisioner"));
     }
 }
