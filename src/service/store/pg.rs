@@ -664,7 +664,7 @@ const INSERT_INSTANCE_SQL: &str = concat!(
     "WITH c AS (",
     counter_sql!(),
     ") INSERT INTO instances (seq, id, state, zone, model, machine, start, client_token) \
-     SELECT first, 'i-' || lpad(to_hex(first + 1), greatest(8, length(to_hex(first + 1))), '0'), 'pending', \
+     SELECT first, 'i-' || lpad(to_hex(first + 1), greatest(8, length(to_hex(first + 1))), '0'), $8, \
      $3, $4, $5, $6, $7 FROM c RETURNING id"
 );
 
@@ -1015,6 +1015,60 @@ impl PgStore {
             .query_opt(STATUS_LIFE_SQL, &[&id.as_str()])
             .map_err(pg("reading a machine"))?
             .map(|r| (r.get(0), r.get(1))))
+    }
+
+    /// Creates an instance in `state` (pending, or running for a start with no latency to wait),
+    /// or returns the one this client token already made, as it is (`false`).
+    fn create_instance_in(
+        &mut self,
+        client_token: &str,
+        zone: Option<&str>,
+        tags: &InstanceTags,
+        state: InstanceState,
+    ) -> Result<(InstanceRecord, bool), StoreError> {
+        let ctx = "creating an instance";
+        let mut tx = self.begin(ctx)?;
+        // One start per token at a time, across replicas: the second waits, then finds the
+        // first's. The lock and the look-up go in one round trip, the id and the row in one.
+        let replies = tx
+            .pipeline(&[
+                ("SELECT pg_advisory_xact_lock(hashtext($1))", &[&client_token], true),
+                (&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE client_token = $1"), &[&client_token], true),
+            ])
+            .map_err(pg("looking up a client token"))?;
+        if let Some(row) = replies.into_iter().nth(1).map(Reply::into_rows).unwrap_or_default().first() {
+            return Ok((instance_from_row(row)?, false));
+        }
+        let id: String = tx
+            .query_one(
+                INSERT_INSTANCE_SQL,
+                &[
+                    &"next_instance",
+                    &1_i64,
+                    &zone,
+                    &tags.model,
+                    &tags.machine.as_ref().map(MachineId::as_str),
+                    &tags.start,
+                    &client_token,
+                    &state.as_str(),
+                ],
+            )
+            .and_then(|r| r.try_get(0))
+            .map_err(pg(ctx))?;
+        tx.commit().map_err(pg(ctx))?;
+        self.book.instance_moved(None, state.as_str());
+        let record = InstanceRecord {
+            instance: CloudInstance {
+                id: InstanceId::from(id),
+                state,
+                zone: zone.map(str::to_owned),
+                tags: tags.clone(),
+                age: None,
+                instance_type: None,
+            },
+            client_token: Some(client_token.to_owned()),
+        };
+        Ok((record, true))
     }
 
     /// One machine update in its own (fenced) transaction, notified; `NotFound` if no row.
@@ -1446,6 +1500,26 @@ impl StoreBackend for PgStore {
         )
         .map(|_| ())
     }
+    fn record_started_instance(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError> {
+        // `set_instance_info` and a successful `record_start_outcome` as one update.
+        let before = self.update_machine(
+            id,
+            "recording an instance",
+            "UPDATE machines SET instance = $2, zone = $3, nonce = $4, display_name = $5, instance_status = $6, \
+             instance_status_message = '', status = 'started', status_message = '', transient = false, \
+             start_attempts = start_attempts + 1, last_start_error = NULL WHERE id = $1",
+            &[
+                &id.as_str(),
+                &info.instance.as_str(),
+                &info.zone,
+                &info.nonce,
+                &info.display_name,
+                &info.status.as_str(),
+            ],
+        )?;
+        self.book.count_machine(before, Some(MachineStatus::Started.as_str()), None);
+        Ok(())
+    }
     fn record_start_outcome(&mut self, id: &MachineId, error: Option<&str>) -> Result<(), StoreError> {
         self.update_machine(
             id,
@@ -1792,48 +1866,16 @@ impl StoreBackend for PgStore {
         zone: Option<&str>,
         tags: &InstanceTags,
     ) -> Result<(InstanceRecord, bool), StoreError> {
-        let ctx = "creating an instance";
-        let mut tx = self.begin(ctx)?;
-        // One start per token at a time, across replicas: the second waits, then finds the
-        // first's. The lock and the look-up go in one round trip, the id and the row in one.
-        let replies = tx
-            .pipeline(&[
-                ("SELECT pg_advisory_xact_lock(hashtext($1))", &[&client_token], true),
-                (&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE client_token = $1"), &[&client_token], true),
-            ])
-            .map_err(pg("looking up a client token"))?;
-        if let Some(row) = replies.into_iter().nth(1).map(Reply::into_rows).unwrap_or_default().first() {
-            return Ok((instance_from_row(row)?, false));
-        }
-        let id: String = tx
-            .query_one(
-                INSERT_INSTANCE_SQL,
-                &[
-                    &"next_instance",
-                    &1_i64,
-                    &zone,
-                    &tags.model,
-                    &tags.machine.as_ref().map(MachineId::as_str),
-                    &tags.start,
-                    &client_token,
-                ],
-            )
-            .and_then(|r| r.try_get(0))
-            .map_err(pg(ctx))?;
-        tx.commit().map_err(pg(ctx))?;
-        self.book.instance_moved(None, InstanceState::Pending.as_str());
-        let record = InstanceRecord {
-            instance: CloudInstance {
-                id: InstanceId::from(id),
-                state: InstanceState::Pending,
-                zone: zone.map(str::to_owned),
-                tags: tags.clone(),
-                age: None,
-                instance_type: None,
-            },
-            client_token: Some(client_token.to_owned()),
-        };
-        Ok((record, true))
+        self.create_instance_in(client_token, zone, tags, InstanceState::Pending)
+    }
+    fn create_running_instance(
+        &mut self,
+        client_token: &str,
+        zone: Option<&str>,
+        tags: &InstanceTags,
+    ) -> Result<(InstanceRecord, bool), StoreError> {
+        // Created running by the one insert: no landing's round trip after it.
+        self.create_instance_in(client_token, zone, tags, InstanceState::Running)
     }
     fn instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError> {
         let row = self
