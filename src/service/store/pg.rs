@@ -1057,18 +1057,34 @@ impl PgStore {
             .map_err(pg(ctx))?;
         tx.commit().map_err(pg(ctx))?;
         self.book.instance_moved(None, state.as_str());
-        let record = InstanceRecord {
-            instance: CloudInstance {
-                id: InstanceId::from(id),
-                state,
-                zone: zone.map(str::to_owned),
-                tags: tags.clone(),
-                age: None,
-                instance_type: None,
-            },
-            client_token: Some(client_token.to_owned()),
-        };
-        Ok((record, true))
+        Ok((InstanceRecord::created(id, state, zone, tags, client_token), true))
+    }
+
+    /// Records the instance a start made (`set_instance_info`); with `started`, counts that
+    /// start as a successful attempt too (`record_start_outcome` with no error), in the same
+    /// update: one round trip.
+    fn record_instance(&mut self, id: &MachineId, info: &ProvisionedInstance, started: bool) -> Result<(), StoreError> {
+        const SQL: &str = "UPDATE machines SET instance = $2, zone = $3, nonce = $4, display_name = $5, \
+             instance_status = $6, instance_status_message = '', status = 'started', status_message = '', \
+             transient = false WHERE id = $1";
+        const STARTED_SQL: &str = "UPDATE machines SET instance = $2, zone = $3, nonce = $4, display_name = $5, \
+             instance_status = $6, instance_status_message = '', status = 'started', status_message = '', \
+             transient = false, start_attempts = start_attempts + 1, last_start_error = NULL WHERE id = $1";
+        let before = self.update_machine(
+            id,
+            "recording an instance",
+            if started { STARTED_SQL } else { SQL },
+            &[
+                &id.as_str(),
+                &info.instance.as_str(),
+                &info.zone,
+                &info.nonce,
+                &info.display_name,
+                &info.status.as_str(),
+            ],
+        )?;
+        self.book.count_machine(before, Some(MachineStatus::Started.as_str()), None);
+        Ok(())
     }
 
     /// One machine update in its own (fenced) transaction, notified; `NotFound` if no row.
@@ -1458,22 +1474,7 @@ impl StoreBackend for PgStore {
         self.query_ids("listing machines", "SELECT id FROM machines ORDER BY seq", &[])
     }
     fn set_instance_info(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError> {
-        let before = self.update_machine(
-            id,
-            "recording an instance",
-            "UPDATE machines SET instance = $2, zone = $3, nonce = $4, display_name = $5, instance_status = $6, \
-             instance_status_message = '', status = 'started', status_message = '', transient = false WHERE id = $1",
-            &[
-                &id.as_str(),
-                &info.instance.as_str(),
-                &info.zone,
-                &info.nonce,
-                &info.display_name,
-                &info.status.as_str(),
-            ],
-        )?;
-        self.book.count_machine(before, Some(MachineStatus::Started.as_str()), None);
-        Ok(())
+        self.record_instance(id, info, false)
     }
     fn set_status(&mut self, id: &MachineId, status: MachineStatus, message: &str) -> Result<(), StoreError> {
         let before = self.update_machine(
@@ -1501,24 +1502,7 @@ impl StoreBackend for PgStore {
         .map(|_| ())
     }
     fn record_started_instance(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError> {
-        // `set_instance_info` and a successful `record_start_outcome` as one update.
-        let before = self.update_machine(
-            id,
-            "recording an instance",
-            "UPDATE machines SET instance = $2, zone = $3, nonce = $4, display_name = $5, instance_status = $6, \
-             instance_status_message = '', status = 'started', status_message = '', transient = false, \
-             start_attempts = start_attempts + 1, last_start_error = NULL WHERE id = $1",
-            &[
-                &id.as_str(),
-                &info.instance.as_str(),
-                &info.zone,
-                &info.nonce,
-                &info.display_name,
-                &info.status.as_str(),
-            ],
-        )?;
-        self.book.count_machine(before, Some(MachineStatus::Started.as_str()), None);
-        Ok(())
+        self.record_instance(id, info, true)
     }
     fn record_start_outcome(&mut self, id: &MachineId, error: Option<&str>) -> Result<(), StoreError> {
         self.update_machine(

@@ -521,6 +521,29 @@ pub struct InstanceRecord {
     pub client_token: Option<String>,
 }
 
+impl InstanceRecord {
+    /// An instance just created for a start with this client token.
+    pub fn created(
+        id: String,
+        state: InstanceState,
+        zone: Option<&str>,
+        tags: &InstanceTags,
+        client_token: &str,
+    ) -> Self {
+        Self {
+            instance: CloudInstance {
+                id: InstanceId::from(id),
+                state,
+                zone: zone.map(str::to_owned),
+                tags: tags.clone(),
+                age: None,
+                instance_type: None,
+            },
+            client_token: Some(client_token.to_owned()),
+        }
+    }
+}
+
 /// The store's core. One per database; every method is one statement or one transaction.
 pub struct StoreCore {
     pub(super) conn: Connection,
@@ -1681,18 +1704,7 @@ impl StoreCore {
         .map_err(StoreError::sql("creating an instance"))?;
         tx.commit().map_err(StoreError::sql("creating an instance"))?;
         self.book.instance_moved(None, state.as_str());
-        let record = InstanceRecord {
-            instance: CloudInstance {
-                id: InstanceId::from(id),
-                state,
-                zone: zone.map(str::to_owned),
-                tags: tags.clone(),
-                age: None,
-                instance_type: None,
-            },
-            client_token: Some(client_token.to_owned()),
-        };
-        Ok((record, true))
+        Ok((InstanceRecord::created(id, state, zone, tags, client_token), true))
     }
 
     /// One instance.
