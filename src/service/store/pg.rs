@@ -657,16 +657,19 @@ macro_rules! counter_sql {
     };
 }
 
-/// A simulated instance's row, its seq and id drawn from the counter in the same statement
-/// (`$1` `next_instance`, `$2` 1; `$3`... zone, model, machine, start, client token): its id.
-/// The id is `i-` and the seq plus one in hex, at least 8 digits.
-const INSERT_INSTANCE_SQL: &str = concat!(
-    "WITH c AS (",
-    counter_sql!(),
-    ") INSERT INTO instances (seq, id, state, zone, model, machine, start, client_token) \
+/// A simulated instance's row, unless one with this client token exists: its seq and id drawn
+/// from the counter in the same statement, the counter untouched when the token has its
+/// instance already (`$1` `next_instance`, `$2` 1; `$3`... zone, model, machine, start, client
+/// token, state): the new id, or no row. The id is `i-` and the seq plus one in hex, at least 8
+/// digits.
+const INSERT_NEW_INSTANCE_SQL: &str = "WITH c AS (\
+     INSERT INTO meta (key, value) SELECT $1::text, $2::bigint::text \
+     WHERE NOT EXISTS (SELECT 1 FROM instances WHERE client_token = $7) \
+     ON CONFLICT (key) DO UPDATE SET value = ((meta.value)::bigint + $2::bigint)::text \
+     RETURNING (value)::bigint - $2::bigint AS first\
+     ) INSERT INTO instances (seq, id, state, zone, model, machine, start, client_token) \
      SELECT first, 'i-' || lpad(to_hex(first + 1), greatest(8, length(to_hex(first + 1))), '0'), $8, \
-     $3, $4, $5, $6, $7 FROM c RETURNING id"
-);
+     $3, $4, $5, $6, $7 FROM c RETURNING id";
 
 /// Takes the next `count` values of a counter kept in `meta` at once: the first of them.
 fn next_counters(tx: &mut Tx<'_>, key: &str, count: i64) -> Result<i64, postgres::Error> {
@@ -1029,31 +1032,29 @@ impl PgStore {
         let ctx = "creating an instance";
         let mut tx = self.begin(ctx)?;
         // One start per token at a time, across replicas: the second waits, then finds the
-        // first's. The lock and the look-up go in one round trip, the id and the row in one.
+        // first's. The lock, the look-up and the insert (made only if the look-up finds nothing)
+        // go in one round trip.
+        let machine = tags.machine.as_ref().map(MachineId::as_str);
+        let insert: [&(dyn postgres::types::ToSql + Sync); 8] =
+            [&"next_instance", &1_i64, &zone, &tags.model, &machine, &tags.start, &client_token, &state.as_str()];
         let replies = tx
             .pipeline(&[
                 ("SELECT pg_advisory_xact_lock(hashtext($1))", &[&client_token], true),
                 (&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE client_token = $1"), &[&client_token], true),
+                (INSERT_NEW_INSTANCE_SQL, &insert, true),
             ])
-            .map_err(pg("looking up a client token"))?;
-        if let Some(row) = replies.into_iter().nth(1).map(Reply::into_rows).unwrap_or_default().first() {
+            .map_err(pg(ctx))?;
+        let mut replies = replies.into_iter().skip(1);
+        if let Some(row) = replies.next().map(Reply::into_rows).unwrap_or_default().first() {
             return Ok((instance_from_row(row)?, false));
         }
-        let id: String = tx
-            .query_one(
-                INSERT_INSTANCE_SQL,
-                &[
-                    &"next_instance",
-                    &1_i64,
-                    &zone,
-                    &tags.model,
-                    &tags.machine.as_ref().map(MachineId::as_str),
-                    &tags.start,
-                    &client_token,
-                    &state.as_str(),
-                ],
-            )
-            .and_then(|r| r.try_get(0))
+        let id: String = replies
+            .next()
+            .map(Reply::into_rows)
+            .unwrap_or_default()
+            .first()
+            .ok_or_else(|| StoreError::Refused("the new instance's row was not written".into()))?
+            .try_get(0)
             .map_err(pg(ctx))?;
         tx.commit().map_err(pg(ctx))?;
         self.book.instance_moved(None, state.as_str());

@@ -660,8 +660,13 @@ fn an_instance_created_running_is_counted_running_and_kept_by_its_token(s: &mut 
     assert!(!new);
     assert_eq!(again, pending, "the token's instance, still pending");
     let (same, new) = s.create_running_instance("0/n/1", Some("az1"), &tags("m", "0")).unwrap();
-    assert_eq!((same, new), (a, false));
+    assert_eq!((same, new), (a.clone(), false));
     assert_eq!(s.all_instances().unwrap().len(), 2);
+    // A token's repeats take no id: the next new instance's is the next one.
+    let (b, _) = s.create_running_instance("2/n/1", None, &tags("m", "2")).unwrap();
+    assert_eq!((a.instance.id.as_str(), pending.instance.id.as_str()), ("i-00000001", "i-00000002"));
+    assert_eq!(b.instance.id.as_str(), "i-00000003");
+    s.terminate_instances(std::slice::from_ref(&b.instance.id)).unwrap();
     let counts = s.counts().clone();
     assert_eq!(counts.instances_by_state.get("running"), Some(&1));
     assert_eq!(counts.instances_by_state.get("pending"), Some(&1));
