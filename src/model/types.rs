@@ -63,6 +63,13 @@ macro_rules! string_id {
             pub fn as_str(&self) -> &str {
                 &self.text
             }
+            /// The integer the order starts with: ids with different keys are ordered by their
+            /// keys; ids with equal keys (only ids longer than seven bytes share one) by their
+            /// text. A sort by this key (an integer sort) and then of each run of equal keys
+            /// orders ids as [`Ord`] does.
+            pub fn sort_key(&self) -> u64 {
+                self.key
+            }
         }
         impl PartialEq for $name {
             fn eq(&self, other: &Self) -> bool {

@@ -1,6 +1,6 @@
 //! The registry's plain core: the machine cache, the instance view and classification.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::config::Scope;
@@ -49,34 +49,196 @@ pub fn blocks_destroy(m: &Machine, scope: &Scope) -> bool {
     scope.contains(&m.id) && !m.controller && m.manual && m.life != Life::Dead
 }
 
+/// What the book knows of one machine id: one entry where there were four maps (the machine
+/// cache, our records, our starts' constraints and the index by tag). A machine of a fleet
+/// has all four; an id may also be known by a part alone (an instance tagged for a machine the
+/// cache does not hold). An entry with no part left is removed.
+#[derive(Debug, Default)]
+struct MachineSlot {
+    /// The cached machine, as last read from the model.
+    machine: Option<Machine>,
+    /// What our starts and the view know of it, boxed: a machine only read so far (a whole
+    /// fleet, while its first batch is classified) has none of it.
+    ours: Option<Box<Ours>>,
+}
+
+/// The parts of a machine's entry that our starts and the view add.
+#[derive(Debug, Default)]
+struct Ours {
+    /// The instance we learnt of from our own start: it wins over an older model read.
+    recorded: Option<InstanceId>,
+    /// The constraints our start used, for machine reuse.
+    started_with: StartedWith,
+    /// The view's instances whose tags name this machine, in id order.
+    tagged: Tagged,
+}
+
+impl Ours {
+    fn is_empty(&self) -> bool {
+        self.recorded.is_none()
+            && matches!(self.started_with, StartedWith::Unknown)
+            && matches!(self.tagged, Tagged::None)
+    }
+}
+
+/// No instance tagged.
+static NO_TAGS: Tagged = Tagged::None;
+
+impl MachineSlot {
+    fn is_empty(&self) -> bool {
+        self.machine.is_none() && self.ours.as_ref().is_none_or(|o| o.is_empty())
+    }
+
+    /// Our parts, made (empty) if there are none.
+    fn ours(&mut self) -> &mut Ours {
+        self.ours.get_or_insert_with(Box::default)
+    }
+
+    /// Drops our parts' box once they are all empty.
+    fn tidy(&mut self) {
+        if self.ours.as_ref().is_some_and(|o| o.is_empty()) {
+            self.ours = None;
+        }
+    }
+
+    fn recorded(&self) -> Option<&InstanceId> {
+        self.ours.as_ref()?.recorded.as_ref()
+    }
+
+    fn started_with(&self) -> Option<Constraints> {
+        self.ours.as_ref()?.started_with.get()
+    }
+
+    fn tagged(&self) -> &Tagged {
+        self.ours.as_ref().map_or(&NO_TAGS, |o| &o.tagged)
+    }
+}
+
+/// The constraints a start of ours used: a fleet's machines mostly have none, which takes no
+/// allocation here.
+#[derive(Debug, Default)]
+enum StartedWith {
+    /// Not started by us (or adopted): not reusable.
+    #[default]
+    Unknown,
+    /// Started with no constraints (`Constraints::default()`).
+    Default,
+    /// Started with these.
+    Given(Box<Constraints>),
+}
+
+impl StartedWith {
+    fn of(constraints: Option<Constraints>) -> Self {
+        match constraints {
+            None => StartedWith::Unknown,
+            Some(c) if c == Constraints::default() => StartedWith::Default,
+            Some(c) => StartedWith::Given(Box::new(c)),
+        }
+    }
+
+    fn get(&self) -> Option<Constraints> {
+        match self {
+            StartedWith::Unknown => None,
+            StartedWith::Default => Some(Constraints::default()),
+            StartedWith::Given(c) => Some((**c).clone()),
+        }
+    }
+}
+
+/// Instances tagged for one machine: nearly always none or one, held inline.
+#[derive(Debug, Default)]
+enum Tagged {
+    #[default]
+    None,
+    One(InstanceId),
+    Many(BTreeSet<InstanceId>),
+}
+
+impl Tagged {
+    /// Built from instance ids in order, without repeats.
+    fn of(mut ids: impl Iterator<Item = InstanceId>) -> Self {
+        match (ids.next(), ids.next()) {
+            (None, _) => Tagged::None,
+            (Some(one), None) => Tagged::One(one),
+            (Some(a), Some(b)) => Tagged::Many([a, b].into_iter().chain(ids).collect()),
+        }
+    }
+
+    fn add(&mut self, id: InstanceId) {
+        match self {
+            Tagged::None => *self = Tagged::One(id),
+            Tagged::One(one) if *one == id => {}
+            Tagged::One(one) => *self = Tagged::Many(BTreeSet::from([one.clone(), id])),
+            Tagged::Many(set) => {
+                set.insert(id);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &InstanceId) {
+        match self {
+            Tagged::One(one) if one == id => *self = Tagged::None,
+            Tagged::Many(set) => {
+                set.remove(id);
+                if set.is_empty() {
+                    *self = Tagged::None;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &InstanceId> {
+        let (one, many) = match self {
+            Tagged::None => (None, None),
+            Tagged::One(one) => (Some(one), None),
+            Tagged::Many(set) => (None, Some(set.iter())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+}
+
+/// What the book knows of one instance id: which cached machine owns it, the view's record
+/// and its age (one entry where there were three maps). An entry with no part left is removed.
+#[derive(Debug, Default)]
+struct InstanceSlot {
+    /// The cached machine that owns it.
+    owner: Option<MachineId>,
+    /// The view's record. Boxed: the map fills in id order, which leaves its B-tree nodes
+    /// partly empty, and an empty place for a pointer wastes far less than one for a
+    /// 168-byte instance.
+    view: Option<Box<CloudInstance>>,
+    /// Its age as of a time on the clock, `(when, age then)`, once listed. An instance whose
+    /// age the cloud does not give is aged from its first listing.
+    age: Option<(Duration, Duration)>,
+}
+
+impl InstanceSlot {
+    fn is_empty(&self) -> bool {
+        self.owner.is_none() && self.view.is_none() && self.age.is_none()
+    }
+}
+
 /// The machine cache and the instance view.
 #[derive(Debug, Default)]
 pub struct MachineBook {
     scope: Scope,
-    machines: BTreeMap<MachineId, Machine>,
-    /// Instances we learnt of from our own starts: they win over an older model read.
-    recorded: BTreeMap<MachineId, InstanceId>,
-    /// Which cached machine owns each instance.
-    owner: BTreeMap<InstanceId, MachineId>,
-    /// Boxed: the map fills in id order, which leaves its B-tree nodes half empty, and a
-    /// half-empty node of pointers wastes far less than one of 168-byte instances.
-    instances: BTreeMap<InstanceId, Box<CloudInstance>>,
-    /// Instances by the machine named in their tags.
-    by_tag: MultiMap<MachineId, InstanceId>,
+    /// Everything known by machine id, one entry per id.
+    machines: BTreeMap<MachineId, MachineSlot>,
+    /// Everything known by instance id (owner, view, age), one entry per id.
+    instances: BTreeMap<InstanceId, InstanceSlot>,
     loaded_once: bool,
     fresh: bool,
-    /// The constraints our starts used, for machine reuse.
-    started_with: BTreeMap<MachineId, Constraints>,
     /// When `machines` is rebuilt packed (it fills in id order).
     machines_packing: Packing,
-    /// When `recorded`, `owner` and `instances` are rebuilt packed (they fill as our starts
-    /// succeed, in about id order).
-    recorded_packing: Packing,
+    /// When `instances` is rebuilt packed (it fills as our starts succeed, in about id order).
+    instances_packing: Packing,
+    /// Tags an instance recorded since the last listing had in the view before (an instance
+    /// handed to another machine): the entry under the old machine stays until the next
+    /// listing, which drops it.
+    stale_tags: Vec<(MachineId, InstanceId)>,
     /// The book's clock (set by its actor before each decision).
     clock: Duration,
-    /// Each listed instance's age as of a time on the clock: `(when, age then)`. An instance
-    /// whose age the cloud does not give is aged from its first listing.
-    ages: BTreeMap<InstanceId, (Duration, Duration)>,
     /// Instances whose stop this provisioner decided and has not seen through, with the
     /// machine they are tagged for when known: never adopted, not after a restart either.
     stopping: BTreeMap<InstanceId, Option<MachineId>>,
@@ -103,8 +265,8 @@ impl MachineBook {
 
     /// How long ago a listed instance was launched (see [`CloudInstance::age`]).
     pub fn age_of(&self, id: &InstanceId) -> Option<Duration> {
-        let (when, age) = self.ages.get(id)?;
-        Some(*age + self.clock.saturating_sub(*when))
+        let (when, age) = self.instances.get(id)?.age?;
+        Some(age + self.clock.saturating_sub(when))
     }
 
     /// Which machines this book is about.
@@ -130,39 +292,83 @@ impl MachineBook {
 
     /// A cached machine.
     pub fn machine(&self, id: &MachineId) -> Option<&Machine> {
-        self.machines.get(id)
+        self.machines.get(id)?.machine.as_ref()
     }
 
     /// Every cached machine, in id order.
     pub fn machines(&self) -> impl Iterator<Item = &Machine> {
-        self.machines.values()
+        self.machines.values().filter_map(|s| s.machine.as_ref())
     }
 
     /// Every instance in the view, in id order.
     pub fn instances(&self) -> impl Iterator<Item = &CloudInstance> {
-        self.instances.values().map(|i| &**i)
+        self.instances.values().filter_map(|s| s.view.as_deref())
+    }
+
+    /// The machine's entry, made (empty) if there is none (one search). The caller fills
+    /// it, then calls `pack`.
+    fn machine_slot(&mut self, id: &MachineId) -> &mut MachineSlot {
+        self.machines.entry(id.clone()).or_default()
+    }
+
+    /// The instance's entry, made (empty) if there is none (one search). The caller fills
+    /// it, then calls `pack`.
+    fn instance_slot(&mut self, id: &InstanceId) -> &mut InstanceSlot {
+        self.instances.entry(id.clone()).or_default()
+    }
+
+    /// Rebuilds the maps packed when they have grown enough (see `Packing`).
+    fn pack(&mut self) {
+        if self.machines_packing.due(self.machines.len()) {
+            repack(&mut self.machines);
+        }
+        if self.instances_packing.due(self.instances.len()) {
+            repack(&mut self.instances);
+        }
+    }
+
+    /// Which cached machine owns an instance.
+    fn owner(&self, id: &InstanceId) -> Option<&MachineId> {
+        self.instances.get(id)?.owner.as_ref()
+    }
+
+    /// The view's record of an instance, as a reference.
+    fn view(&self, id: &InstanceId) -> Option<&CloudInstance> {
+        self.instances.get(id)?.view.as_deref()
+    }
+
+    /// Forgets who owns an instance (its entry goes if nothing else is left in it).
+    fn disown(&mut self, id: &InstanceId) {
+        if let Some(slot) = self.instances.get_mut(id) {
+            slot.owner = None;
+            if slot.is_empty() {
+                self.instances.remove(id);
+            }
+        }
     }
 
     /// Stores a machine read from the model. An instance we recorded ourselves wins over a
     /// model read that predates it.
     pub fn upsert(&mut self, mut m: Machine) {
+        let id = m.id.clone();
+        let slot = self.machine_slot(&id);
         if m.instance.is_none() {
-            if let Some(ours) = self.recorded.get(&m.id) {
+            if let Some(ours) = slot.recorded() {
                 m.instance = Some(ours.clone());
             }
         }
-        if let Some(old) = self.machines.get(&m.id).and_then(|o| o.instance.clone()) {
-            if Some(&old) != m.instance.as_ref() {
-                self.owner.remove(&old);
+        let old = slot.machine.as_ref().and_then(|o| o.instance.clone());
+        let new = m.instance.clone();
+        slot.machine = Some(m);
+        if let Some(old) = old {
+            if Some(&old) != new.as_ref() {
+                self.disown(&old);
             }
         }
-        if let Some(inst) = &m.instance {
-            self.owner.insert(inst.clone(), m.id.clone());
+        if let Some(inst) = new {
+            self.instance_slot(&inst).owner = Some(id);
         }
-        self.machines.insert(m.id.clone(), m);
-        if self.machines_packing.due(self.machines.len()) {
-            repack(&mut self.machines);
-        }
+        self.pack();
     }
 
     /// Takes a batch of machine reads into the cache and classifies them (as Juju's
@@ -180,18 +386,21 @@ impl MachineBook {
                 Ok(m) => {
                     let class = classify(&m);
                     self.upsert(m);
+                    // Its entry, looked up once for all the questions below.
+                    let slot = self.machines.get(&id).expect("stored above");
                     // Where it is, or where the instance it will adopt is: the allocator counts
                     // both before any zone is chosen.
-                    let adopt = (class == Class::Pending).then(|| self.adoptable(&id)).flatten();
-                    if let Some(zone) = self.placement(&id).or_else(|| adopt.as_ref().and_then(|i| i.zone.clone())) {
+                    let adopt = (class == Class::Pending).then(|| self.adoptable_in(&id, slot)).flatten();
+                    if let Some(zone) = self.placement_in(slot).or_else(|| adopt.as_ref().and_then(|i| i.zone.clone()))
+                    {
                         out.placements.push((id.clone(), zone));
                     }
                     if matches!(class, Class::Pending | Class::None) {
                         let keeps = adopt.as_ref().map(|i| &i.id);
-                        out.orphans.extend(self.orphans_of(&id, keeps).into_iter().map(|i| (id.clone(), i)));
+                        out.orphans.extend(self.orphans_in(slot, keeps).into_iter().map(|i| (id.clone(), i)));
                     }
                     if class == Class::Dead {
-                        out.orphans.extend(self.dead_orphans_of(&id).into_iter().map(|i| (id.clone(), i)));
+                        out.orphans.extend(self.dead_orphans_in(slot).into_iter().map(|i| (id.clone(), i)));
                     }
                     if let Some(instance) = adopt {
                         out.adopt.push((id.clone(), instance));
@@ -199,11 +408,11 @@ impl MachineBook {
                     match class {
                         // Its tagged instance is being stopped: a new start waits until the stop
                         // is seen through (never two live instances for one machine).
-                        Class::Pending if self.stop_in_flight_for(&id) || self.tagged_held_by_dead(&id) => {
+                        Class::Pending if self.stop_in_flight_for(&id) || self.held_by_dead_in(&id, slot) => {
                             out.retry_later.push(id.clone())
                         }
-                        Class::Pending => out.pending.extend(self.machine(&id).cloned()),
-                        Class::Dead => out.dead.extend(self.dead_machine(&id)),
+                        Class::Pending => out.pending.extend(slot.machine.clone()),
+                        Class::Dead => out.dead.extend(self.dead_machine_in(&id, slot)),
                         Class::DyingUnprovisioned => to_kill.push(id),
                         Class::None => {}
                     }
@@ -223,73 +432,255 @@ impl MachineBook {
 
     /// Marks a cached machine dead (after EnsureDead).
     pub fn set_dead(&mut self, id: &MachineId) {
-        if let Some(m) = self.machines.get_mut(id) {
+        if let Some(m) = self.machines.get_mut(id).and_then(|s| s.machine.as_mut()) {
             m.life = Life::Dead;
         }
     }
 
     /// Forgets a machine (removed from the model, or marked for removal).
     pub fn remove(&mut self, id: &MachineId) {
-        self.recorded.remove(id);
-        self.started_with.remove(id);
-        if let Some(m) = self.machines.remove(id) {
-            if let Some(inst) = m.instance {
-                if self.owner.get(&inst) == Some(id) {
-                    self.owner.remove(&inst);
-                }
+        let Some(slot) = self.machines.get_mut(id) else { return };
+        if let Some(ours) = &mut slot.ours {
+            ours.recorded = None;
+            ours.started_with = StartedWith::Unknown;
+        }
+        slot.tidy();
+        let machine = slot.machine.take();
+        if slot.is_empty() {
+            self.machines.remove(id);
+        }
+        if let Some(inst) = machine.and_then(|m| m.instance) {
+            if self.owner(&inst) == Some(id) {
+                self.disown(&inst);
             }
         }
     }
 
     /// Records the instance our start produced for a machine, with the constraints it used.
     pub fn record_started(&mut self, machine: &MachineId, instance: CloudInstance, constraints: Option<Constraints>) {
-        match constraints {
-            Some(c) => self.started_with.insert(machine.clone(), c),
-            None => self.started_with.remove(machine),
-        };
-        self.record_instance(machine, instance);
+        self.record(machine, instance, Some(StartedWith::of(constraints)));
     }
 
     /// Records the instance our start produced for a machine.
+    #[cfg(test)]
     pub fn record_instance(&mut self, machine: &MachineId, instance: CloudInstance) {
-        self.recorded.insert(machine.clone(), instance.id.clone());
-        self.owner.insert(instance.id.clone(), machine.clone());
-        if let Some(m) = self.machines.get_mut(machine) {
+        self.record(machine, instance, None);
+    }
+
+    /// Records an instance of ours, and the constraints of its start when given.
+    fn record(&mut self, machine: &MachineId, instance: CloudInstance, started_with: Option<StartedWith>) {
+        let slot = self.machine_slot(machine);
+        if let Some(m) = &mut slot.machine {
             m.instance = Some(instance.id.clone());
             m.instance_status = InstanceStatus::from_static(instance.state.as_str());
         }
-        self.insert_instance(instance);
-        if self.recorded_packing.due(self.recorded.len()) {
-            repack(&mut self.recorded);
-            repack(&mut self.owner);
-            repack(&mut self.instances);
+        let ours = slot.ours();
+        if let Some(started_with) = started_with {
+            ours.started_with = started_with;
         }
+        ours.recorded = Some(instance.id.clone());
+        if let Some(tag) = &instance.tags.machine {
+            if tag == machine {
+                ours.tagged.add(instance.id.clone());
+            } else {
+                self.machine_slot(tag).ours().tagged.add(instance.id.clone());
+            }
+        }
+        let slot = self.instances.entry(instance.id.clone()).or_default();
+        slot.owner = Some(machine.clone());
+        let before = slot.view.as_ref().and_then(|v| v.tags.machine.as_ref());
+        if let Some(before) = before.filter(|m| Some(*m) != instance.tags.machine.as_ref()) {
+            self.stale_tags.push((before.clone(), instance.id.clone()));
+        }
+        slot.view = Some(Box::new(instance));
+        self.pack();
     }
 
     /// Replaces the view with a fresh listing (only non-terminated instances are kept).
     ///
-    /// The maps are built whole from the sorted listing (a bulk build: packed nodes, no search
-    /// per instance), not filled one insertion at a time: a resync of 100,000 instances costs a
-    /// sort of an already sorted list instead of 200,000 tree insertions.
+    /// Nothing is looked up instance by instance: the listing is put in instance-id order (a
+    /// pass when the cloud lists in that order) and merged in one pass with the entries by
+    /// instance id, in place (each entry keeps its box). Only what changed reaches the entries
+    /// by machine: the instances that came, went or changed machine tags. A listing that
+    /// changes more than half the view (the first one) sets every machine's tags in one pass
+    /// instead (the tags sorted by machine through the ids' integer keys).
     pub fn load_view(&mut self, listing: Vec<CloudInstance>) {
-        let live: Vec<CloudInstance> =
+        let mut live: Vec<CloudInstance> =
             listing.into_iter().filter(|inst| inst.state != InstanceState::Terminated).collect();
-        let ages = live
-            .iter()
-            .map(|inst| {
-                let age = match inst.age {
-                    Some(age) => (self.clock, age),
-                    None => self.ages.get(&inst.id).copied().unwrap_or((self.clock, Duration::ZERO)),
-                };
-                (inst.id.clone(), age)
-            })
-            .collect();
-        self.by_tag = live.iter().filter_map(|inst| Some((inst.tags.machine.clone()?, inst.id.clone()))).collect();
-        // Equal ids keep the last one listed, as insertion would.
-        self.instances = live.into_iter().map(|inst| (inst.id.clone(), Box::new(inst))).collect();
-        self.ages = ages;
+        // Stable: of equal ids the last one listed stays last, and is the one kept.
+        live.sort_by(|a, b| a.id.cmp(&b.id));
+        live.dedup_by(|later, kept| {
+            let same = later.id == kept.id;
+            if same {
+                std::mem::swap(later, kept);
+            }
+            same
+        });
+        let viewed = self.instances.values().filter(|s| s.view.is_some()).count();
+        let whole = viewed < live.len() / 2;
+        if whole {
+            self.retag(&live);
+            self.stale_tags.clear();
+        } else {
+            for (m, id) in std::mem::take(&mut self.stale_tags) {
+                // Unless the view tags it for that machine again (handed back since).
+                if self.view(&id).and_then(|v| v.tags.machine.as_ref()) != Some(&m) {
+                    self.untag(&m, &id);
+                }
+            }
+        }
+        let clock = self.clock;
+        let fresh_age = |inst: &CloudInstance, before: Option<(Duration, Duration)>| match inst.age {
+            Some(age) => (clock, age),
+            None => before.unwrap_or((clock, Duration::ZERO)),
+        };
+        // (machine it was tagged for, machine it is tagged for, instance)
+        let mut moved: Vec<(Option<MachineId>, Option<MachineId>, InstanceId)> = Vec::new();
+        let mut added: Vec<(InstanceId, InstanceSlot)> = Vec::new();
+        let mut emptied = false;
+        let mut listed = live.into_iter().peekable();
+        for (id, slot) in self.instances.iter_mut() {
+            while let Some(inst) = listed.next_if(|i| i.id < *id) {
+                if let Some(m) = inst.tags.machine.clone().filter(|_| !whole) {
+                    moved.push((None, Some(m), inst.id.clone()));
+                }
+                let age = fresh_age(&inst, None);
+                added.push((inst.id.clone(), InstanceSlot { owner: None, view: Some(Box::new(inst)), age: Some(age) }));
+            }
+            match listed.next_if(|i| i.id == *id) {
+                Some(inst) => {
+                    slot.age = Some(fresh_age(&inst, slot.age));
+                    let before = slot.view.as_ref().and_then(|v| v.tags.machine.as_ref());
+                    if !whole && before != inst.tags.machine.as_ref() {
+                        moved.push((before.cloned(), inst.tags.machine.clone(), id.clone()));
+                    }
+                    match &mut slot.view {
+                        Some(view) => **view = inst,
+                        None => slot.view = Some(Box::new(inst)),
+                    }
+                }
+                None => {
+                    if let Some(m) = slot.view.take().and_then(|v| v.tags.machine).filter(|_| !whole) {
+                        moved.push((Some(m), None, id.clone()));
+                    }
+                    slot.age = None;
+                    emptied |= slot.owner.is_none();
+                }
+            }
+        }
+        for inst in listed {
+            if let Some(m) = inst.tags.machine.clone().filter(|_| !whole) {
+                moved.push((None, Some(m), inst.id.clone()));
+            }
+            let age = fresh_age(&inst, None);
+            added.push((inst.id.clone(), InstanceSlot { owner: None, view: Some(Box::new(inst)), age: Some(age) }));
+        }
+        if emptied {
+            self.instances.retain(|_, slot| !slot.is_empty());
+        }
+        if added.len() > self.instances.len() / 4 {
+            // Many new entries: built whole (packed), the two sorted runs merged.
+            let mut old = std::mem::take(&mut self.instances).into_iter().peekable();
+            let mut all = Vec::with_capacity(old.len() + added.len());
+            for (id, slot) in added {
+                all.extend(std::iter::from_fn(|| old.next_if(|(o, _)| *o < id)));
+                all.push((id, slot));
+            }
+            all.extend(old);
+            self.instances = all.into_iter().collect();
+            self.instances_packing = Packing::built(self.instances.len());
+        } else {
+            self.instances.extend(added);
+        }
+        for (before, now, id) in moved {
+            if let Some(m) = before {
+                self.untag(&m, &id);
+            }
+            if let Some(m) = now {
+                self.machine_slot(&m).ours().tagged.add(id);
+            }
+        }
+        self.pack();
         self.loaded_once = true;
         self.fresh = true;
+    }
+
+    /// Takes an instance from under the machine it was tagged for (the machine's entry goes if
+    /// nothing else is left in it).
+    fn untag(&mut self, machine: &MachineId, id: &InstanceId) {
+        if let Some(slot) = self.machines.get_mut(machine) {
+            if let Some(ours) = &mut slot.ours {
+                ours.tagged.remove(id);
+            }
+            slot.tidy();
+            if slot.is_empty() {
+                self.machines.remove(machine);
+            }
+        }
+    }
+
+    /// Sets every machine's tagged instances to those of a listing (in instance-id order,
+    /// without repeats).
+    fn retag(&mut self, listing: &[CloudInstance]) {
+        let machine_of = |i: u32| listing[i as usize].tags.machine.as_ref().expect("tagged");
+        let mut tags: Vec<(u64, u32)> = listing
+            .iter()
+            .enumerate()
+            .filter_map(|(i, inst)| Some((inst.tags.machine.as_ref()?.sort_key(), i as u32)))
+            .collect();
+        tags.sort_unstable();
+        // Equal keys: long ids that share their first seven bytes (or one machine's instances,
+        // already in instance-id order): ordered by the whole id.
+        let mut start = 0;
+        while start < tags.len() {
+            let end = start + tags[start..].iter().take_while(|t| t.0 == tags[start].0).count();
+            if end - start > 1 {
+                tags[start..end].sort_by(|a, b| machine_of(a.1).cmp(machine_of(b.1)).then(a.1.cmp(&b.1)));
+            }
+            start = end;
+        }
+        // One pass over both, in machine order.
+        let mut next = tags.iter().map(|t| t.1).peekable();
+        let mut unknown: Vec<(MachineId, Tagged)> = Vec::new();
+        let mut emptied = false;
+        for (id, slot) in self.machines.iter_mut() {
+            while let Some(i) = next.next_if(|i| machine_of(*i) < id) {
+                let m = machine_of(i);
+                let mut group = vec![listing[i as usize].id.clone()];
+                while let Some(j) = next.next_if(|j| machine_of(*j) == m) {
+                    group.push(listing[j as usize].id.clone());
+                }
+                unknown.push((m.clone(), Tagged::of(group.into_iter())));
+            }
+            let mut group = std::iter::from_fn(|| next.next_if(|i| machine_of(*i) == id))
+                .map(|i| listing[i as usize].id.clone())
+                .peekable();
+            match group.peek() {
+                None => {
+                    if let Some(ours) = &mut slot.ours {
+                        ours.tagged = Tagged::None;
+                    }
+                    slot.tidy();
+                }
+                Some(_) => slot.ours().tagged = Tagged::of(group),
+            }
+            emptied |= slot.is_empty();
+        }
+        while let Some(i) = next.next() {
+            let m = machine_of(i);
+            let mut group = vec![listing[i as usize].id.clone()];
+            while let Some(j) = next.next_if(|j| machine_of(*j) == m) {
+                group.push(listing[j as usize].id.clone());
+            }
+            unknown.push((m.clone(), Tagged::of(group.into_iter())));
+        }
+        if emptied {
+            self.machines.retain(|_, slot| !slot.is_empty());
+        }
+        for (m, tagged) in unknown {
+            self.machine_slot(&m).ours().tagged = tagged;
+        }
+        self.pack();
     }
 
     /// A listing failed: nothing is harvested until one succeeds.
@@ -304,7 +695,7 @@ impl MachineBook {
             let tagged = machine
                 .cloned()
                 .or_else(|| self.stopping.get(id).cloned().flatten())
-                .or_else(|| self.instances.get(id).and_then(|i| i.tags.machine.clone()));
+                .or_else(|| self.view(id).and_then(|i| i.tags.machine.clone()));
             if let Some(m) = &tagged {
                 self.stopping_for.insert(m.clone(), id.clone());
             }
@@ -315,13 +706,9 @@ impl MachineBook {
     /// Whether an instance tagged for this machine is still recorded by a dead machine (a reuse
     /// handover a crash interrupted): it goes with the dead machine, and this one is started
     /// only once it is gone (never two live instances for one machine).
-    pub fn tagged_held_by_dead(&self, machine: &MachineId) -> bool {
-        self.by_tag.get(machine).any(|i| {
-            self.owner
-                .get(i)
-                .filter(|o| *o != machine)
-                .and_then(|o| self.machines.get(o))
-                .is_some_and(|o| o.life == Life::Dead)
+    fn held_by_dead_in(&self, machine: &MachineId, slot: &MachineSlot) -> bool {
+        slot.tagged().iter().any(|i| {
+            self.owner(i).filter(|o| *o != machine).and_then(|o| self.machine(o)).is_some_and(|o| o.life == Life::Dead)
         })
     }
 
@@ -335,8 +722,13 @@ impl MachineBook {
     /// crash lost); and all of them if it records none and is in provisioning error (a start
     /// whose record failed: its stop was decided, maybe by a predecessor that crashed before
     /// seeing it through). They are stopped, never adopted, each stop retried until it succeeds.
+    #[cfg(test)]
     pub fn orphans_of(&self, machine: &MachineId, keeps: Option<&InstanceId>) -> Vec<InstanceId> {
-        let Some(m) = self.machines.get(machine) else { return Vec::new() };
+        self.machines.get(machine).map(|slot| self.orphans_in(slot, keeps)).unwrap_or_default()
+    }
+
+    fn orphans_in(&self, slot: &MachineSlot, keeps: Option<&InstanceId>) -> Vec<InstanceId> {
+        let Some(m) = &slot.machine else { return Vec::new() };
         if m.life != Life::Alive || m.manual || !self.fresh {
             return Vec::new();
         }
@@ -345,9 +737,9 @@ impl MachineBook {
         if keeps.is_none() && !failed {
             return Vec::new();
         }
-        self.by_tag
-            .get(machine)
-            .filter(|i| Some(*i) != keeps && !self.owner.contains_key(*i) && !self.stopping.contains_key(*i))
+        slot.tagged()
+            .iter()
+            .filter(|i| Some(*i) != keeps && self.owner(i).is_none() && !self.stopping.contains_key(*i))
             .cloned()
             .collect()
     }
@@ -357,17 +749,18 @@ impl MachineBook {
     /// before seeing it through, having left the machine dead until then). They are stopped
     /// whatever the mode, as for a live machine, retried until it succeeds; they stay in the dead
     /// machine's view too, so that its removal waits for their stop.
+    #[cfg(test)]
     pub fn dead_orphans_of(&self, machine: &MachineId) -> Vec<InstanceId> {
-        let Some(m) = self.machines.get(machine) else { return Vec::new() };
+        self.machines.get(machine).map(|slot| self.dead_orphans_in(slot)).unwrap_or_default()
+    }
+
+    fn dead_orphans_in(&self, slot: &MachineSlot) -> Vec<InstanceId> {
+        let Some(m) = &slot.machine else { return Vec::new() };
         let failed = m.status == MachineStatus::Error || m.instance_status.is_error();
         if m.life != Life::Dead || m.manual || !self.fresh || m.instance.is_some() || !failed {
             return Vec::new();
         }
-        self.by_tag
-            .get(machine)
-            .filter(|i| !self.owner.contains_key(*i) && !self.stopping.contains_key(*i))
-            .cloned()
-            .collect()
+        slot.tagged().iter().filter(|i| self.owner(i).is_none() && !self.stopping.contains_key(*i)).cloned().collect()
     }
 
     /// Instances that were terminated (by us).
@@ -376,19 +769,15 @@ impl MachineBook {
             if let Some(Some(m)) = self.stopping.remove(id) {
                 self.stopping_for.remove(&m, id);
             }
-            if let Some(inst) = self.instances.remove(id) {
-                if let Some(m) = inst.tags.machine {
-                    self.by_tag.remove(&m, id);
-                }
+            let Some(slot) = self.instances.get_mut(id) else { continue };
+            let view = slot.view.take();
+            if slot.is_empty() {
+                self.instances.remove(id);
+            }
+            if let Some(m) = view.and_then(|inst| inst.tags.machine) {
+                self.untag(&m, id);
             }
         }
-    }
-
-    fn insert_instance(&mut self, inst: CloudInstance) {
-        if let Some(m) = &inst.tags.machine {
-            self.by_tag.insert(m.clone(), inst.id.clone());
-        }
-        self.instances.insert(inst.id.clone(), Box::new(inst));
     }
 
     /// Instances of ours that no cached machine owns and whose tag names no cached machine
@@ -401,12 +790,13 @@ impl MachineBook {
         let unknown = self
             .instances
             .values()
-            .filter(|i| !self.owner.contains_key(&i.id))
+            .filter(|s| s.owner.is_none())
+            .filter_map(|s| s.view.as_deref())
             .filter(|i| self.scope.judges(i.tags.machine.as_ref()))
             // An instance tagged for a machine we still know is that machine's business (a
             // dead one's harvest takes its strays, a deferred stop takes a start in flight):
             // only once the machine is gone is the instance unknown.
-            .filter(|i| i.tags.machine.as_ref().is_none_or(|m| !self.machines.contains_key(m)))
+            .filter(|i| i.tags.machine.as_ref().is_none_or(|m| self.machine(m).is_none()))
             .map(|i| i.id.clone())
             .collect();
         Some(unknown)
@@ -429,9 +819,13 @@ impl MachineBook {
     /// A non-terminated instance tagged with this machine that no other machine owns: the
     /// product of a start whose result was lost (a crash), to adopt instead of starting again.
     pub fn adoptable(&self, machine: &MachineId) -> Option<CloudInstance> {
-        self.by_tag.get(machine).find_map(|id| {
-            let free = self.owner.get(id).is_none_or(|o| o == machine) && !self.stopping.contains_key(id);
-            free.then(|| self.instances.get(id).map(|i| (**i).clone())).flatten()
+        self.adoptable_in(machine, self.machines.get(machine)?)
+    }
+
+    fn adoptable_in(&self, machine: &MachineId, slot: &MachineSlot) -> Option<CloudInstance> {
+        slot.tagged().iter().find_map(|id| {
+            let free = self.owner(id).is_none_or(|o| o == machine) && !self.stopping.contains_key(id);
+            free.then(|| self.view(id).cloned()).flatten()
         })
     }
 
@@ -442,12 +836,12 @@ impl MachineBook {
     /// skipped.
     pub fn status_changes(&mut self) -> Vec<(MachineId, InstanceStatus, String)> {
         let mut out = Vec::new();
-        for m in self.machines.values_mut() {
+        for m in self.machines.values_mut().filter_map(|s| s.machine.as_mut()) {
             if m.life == Life::Dead || m.manual {
                 continue;
             }
             let Some(inst) = &m.instance else { continue };
-            let (status, message) = match self.instances.get(inst) {
+            let (status, message) = match self.instances.get(inst).and_then(|s| s.view.as_deref()) {
                 Some(i) if i.state == InstanceState::Stopped => (
                     InstanceStatus::other("stopped"),
                     format!("instance {inst} is stopped or suspended outside the provisioner's control"),
@@ -468,13 +862,17 @@ impl MachineBook {
 
     /// The dead-machine view of a cached machine, with stray instances tagged for it.
     pub fn dead_machine(&self, id: &MachineId) -> Option<DeadMachine> {
-        let m = self.machines.get(id)?;
+        self.dead_machine_in(id, self.machines.get(id)?)
+    }
+
+    fn dead_machine_in(&self, id: &MachineId, slot: &MachineSlot) -> Option<DeadMachine> {
+        let m = slot.machine.as_ref()?;
         let mut dead = DeadMachine::of(m);
         if !m.manual {
-            dead.tagged = self
-                .by_tag
-                .get(id)
-                .filter(|i| self.owner.get(*i).is_none_or(|o| o == id) && Some(*i) != m.instance.as_ref())
+            dead.tagged = slot
+                .tagged()
+                .iter()
+                .filter(|i| self.owner(i).is_none_or(|o| o == id) && Some(*i) != m.instance.as_ref())
                 .cloned()
                 .collect();
             // Those whose stop is decided and not seen through, even if no listing shows them yet
@@ -487,8 +885,8 @@ impl MachineBook {
             // Clean enough to reuse: started by us with known constraints, running, no error.
             dead.reusable =
                 m.instance.as_ref().and_then(|inst| {
-                    let view = self.instances.get(inst).filter(|i| i.state == InstanceState::Running)?;
-                    let constraints = self.started_with.get(id)?.clone();
+                    let view = self.view(inst).filter(|i| i.state == InstanceState::Running)?;
+                    let constraints = slot.started_with()?;
                     (m.status != MachineStatus::Error && !m.instance_status.is_error()).then(|| {
                         crate::model::Reusable { instance: inst.clone(), zone: view.zone.clone(), constraints }
                     })
@@ -498,14 +896,19 @@ impl MachineBook {
     }
 
     /// The zone of a live machine's instance, if the view knows it.
+    #[cfg(test)]
     pub fn placement(&self, id: &MachineId) -> Option<String> {
-        let m = self.machines.get(id).filter(|m| m.life != Life::Dead)?;
-        self.instances.get(m.instance.as_ref()?)?.zone.clone()
+        self.placement_in(self.machines.get(id)?)
+    }
+
+    fn placement_in(&self, slot: &MachineSlot) -> Option<String> {
+        let m = slot.machine.as_ref().filter(|m| m.life != Life::Dead)?;
+        self.view(m.instance.as_ref()?)?.zone.clone()
     }
 
     /// The view's record of an instance.
     pub fn instance(&self, id: &InstanceId) -> Option<&CloudInstance> {
-        self.instances.get(id).map(|i| &**i)
+        self.view(id)
     }
 }
 

@@ -11,11 +11,17 @@ use crate::model::{repack, FailOutcome, MachineId, Packing};
 
 pub use crate::model::ZoneError;
 
-#[derive(Debug, Clone, Default)]
+/// A zone's name as the book holds it per machine: its index in [`ZoneBook`]'s interned names.
+type ZoneIndex = u16;
+
+#[derive(Debug, Clone)]
 struct Zone {
+    /// Its interned name.
+    index: ZoneIndex,
     available: bool,
     listed: bool,
-    machines: BTreeSet<MachineId>,
+    /// How many machines are placed or reserved there (those `placed` puts there).
+    population: usize,
     failed: BTreeSet<MachineId>,
 }
 
@@ -36,8 +42,12 @@ pub struct ZoneView {
 #[derive(Debug)]
 pub struct ZoneBook {
     zones: BTreeMap<String, Zone>,
-    placed: BTreeMap<MachineId, String>,
-    /// When `placed` and the zones' machine sets are rebuilt packed (they fill in id order).
+    /// Every zone name the book has seen, each once: a zone's index is its place here (a zone
+    /// dropped and listed again gets its index back).
+    names: Vec<String>,
+    /// Each placed or reserved machine's zone (a zone's machines are those placed there).
+    placed: BTreeMap<MachineId, ZoneIndex>,
+    /// When `placed` is rebuilt packed (it fills in id order).
     packing: Packing,
     requests: BTreeMap<MachineId, ZoneRequest>,
     rng: StdRng,
@@ -52,6 +62,7 @@ impl ZoneBook {
     pub fn new(seed: u64) -> Self {
         Self {
             zones: BTreeMap::new(),
+            names: Vec::new(),
             placed: BTreeMap::new(),
             packing: Packing::default(),
             requests: BTreeMap::new(),
@@ -101,12 +112,26 @@ impl ZoneBook {
             z.available = false;
         }
         for (name, available) in list {
-            let z = self.zones.entry(name.clone()).or_default();
+            let index = match self.names.iter().position(|n| n == name) {
+                Some(i) => i,
+                None => {
+                    self.names.push(name.clone());
+                    self.names.len() - 1
+                }
+            };
+            let index = ZoneIndex::try_from(index).expect("fewer than 65,536 zone names");
+            let z = self.zones.entry(name.clone()).or_insert_with(|| Zone {
+                index,
+                available: false,
+                listed: false,
+                population: 0,
+                failed: BTreeSet::new(),
+            });
             z.listed = true;
             z.available = *available;
         }
         self.zones.retain(|name, z| {
-            let keep = z.listed || !z.machines.is_empty();
+            let keep = z.listed || z.population > 0;
             if !keep {
                 tracing::debug!(zone = %name, "zone no longer listed; dropped");
             } else if !z.listed {
@@ -119,10 +144,32 @@ impl ZoneBook {
     /// Counts machines already in a zone (their instances' zones), e.g. after a restart.
     pub fn populate(&mut self, placements: &[(MachineId, String)]) {
         for (m, zone) in placements {
-            if let Some(z) = self.zones.get_mut(zone) {
-                z.machines.insert(m.clone());
-                self.placed.insert(m.clone(), zone.clone());
+            if self.zones.contains_key(zone) {
+                self.place(m, zone);
             }
+        }
+    }
+
+    /// Puts a machine in a zone of the book (out of the one it was in, if another).
+    fn place(&mut self, machine: &MachineId, zone: &str) {
+        let z = self.zones.get_mut(zone).expect("a zone of the book");
+        let index = z.index;
+        let before = self.placed.insert(machine.clone(), index);
+        if before != Some(index) {
+            z.population += 1;
+            if let Some(before) = before {
+                self.leave(before);
+            }
+        }
+        if before.is_none() && self.packing.due(self.placed.len()) {
+            repack(&mut self.placed);
+        }
+    }
+
+    /// One machine fewer in the zone of this index.
+    fn leave(&mut self, index: ZoneIndex) {
+        if let Some(z) = self.zones.get_mut(&self.names[usize::from(index)]) {
+            z.population -= 1;
         }
     }
 
@@ -146,7 +193,7 @@ impl ZoneBook {
             let mut counts = BTreeMap::new();
             for m in g.iter().filter(|m| *m != machine) {
                 if let Some(z) = self.placed.get(m) {
-                    *counts.entry(z.as_str()).or_insert(0) += 1;
+                    *counts.entry(self.names[usize::from(*z)].as_str()).or_insert(0) += 1;
                 }
             }
             counts
@@ -175,7 +222,7 @@ impl ZoneBook {
             }
             let pop = match &group_counts {
                 Some(c) => c.get(name.as_str()).copied().unwrap_or(0),
-                None => z.machines.len(),
+                None => z.population,
             };
             if pop < best_pop {
                 best_pop = pop;
@@ -190,14 +237,7 @@ impl ZoneBook {
         }
         let pick = if best.len() == 1 { 0 } else { self.rng.random_range(0..best.len()) };
         let zone = best[pick].to_owned();
-        self.zones.get_mut(&zone).expect("chosen from the map").machines.insert(machine.clone());
-        self.placed.insert(machine.clone(), zone.clone());
-        if self.packing.due(self.placed.len()) {
-            repack(&mut self.placed);
-            for z in self.zones.values_mut() {
-                repack(&mut z.machines);
-            }
-        }
+        self.place(machine, &zone);
         // Only a restricted request changes which zones are eligible after a failure.
         if req.allowed.is_some() || !req.derived.is_empty() {
             self.requests.insert(machine.clone(), req);
@@ -207,10 +247,8 @@ impl ZoneBook {
 
     /// Drops the machine's reservation (its start failed or is retried elsewhere).
     pub fn release_reservation(&mut self, machine: &MachineId) {
-        if let Some(zone) = self.placed.remove(machine) {
-            if let Some(z) = self.zones.get_mut(&zone) {
-                z.machines.remove(machine);
-            }
+        if let Some(index) = self.placed.remove(machine) {
+            self.leave(index);
         }
     }
 
@@ -251,23 +289,27 @@ impl ZoneBook {
         for z in self.zones.values_mut() {
             z.failed.remove(machine);
         }
-        self.zones.retain(|_, z| z.listed || !z.machines.is_empty());
+        self.zones.retain(|_, z| z.listed || z.population > 0);
     }
 
     /// The zone a machine is placed in.
     #[cfg(test)]
     pub fn zone_of(&self, machine: &MachineId) -> Option<&str> {
-        self.placed.get(machine).map(String::as_str)
+        self.placed.get(machine).map(|z| self.names[usize::from(*z)].as_str())
     }
 
     /// Every zone, in name order.
     pub fn view(&self) -> Vec<ZoneView> {
+        let mut machines: BTreeMap<ZoneIndex, Vec<MachineId>> = BTreeMap::new();
+        for (m, z) in &self.placed {
+            machines.entry(*z).or_default().push(m.clone());
+        }
         self.zones
             .iter()
             .map(|(name, z)| ZoneView {
                 name: name.clone(),
                 available: z.available && z.listed,
-                machines: z.machines.iter().cloned().collect(),
+                machines: machines.remove(&z.index).unwrap_or_default(),
                 failed: z.failed.iter().cloned().collect(),
             })
             .collect()
