@@ -95,7 +95,7 @@ pub fn plan(s: &Scenario, seed: Option<u64>) -> Plan {
     if outcome.is_some_and(|o| o.mode_change.is_some()) {
         // The cache is complete: the coordinator has the unknown instances harvested next.
         let plan = world.plan_harvest(&[]);
-        world.apply(Effect::Execute(plan));
+        world.apply(Effect::Execute(Box::new(plan)));
     }
     world.finish()
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_rt::time::Instant;
 
+use super::compact::{token_moved, Names, Stored, Tokens};
 use crate::actors::limiter::{RateLimits, TokenBucket};
 
 use crate::model::instance_types::{self, has_hardware_constraint, InstanceType, TypeFailover};
@@ -205,20 +206,18 @@ impl CloudSnapshot {
     }
 }
 
-/// Whether an instance carries the identity of `model` (and was not launched as foreign).
-fn ours(i: &FakeInstance, model: &str) -> bool {
-    !i.foreign && i.instance.tags.model.as_deref() == Some(model)
-}
-
 struct CloudActor {
     model_uuid: String,
     zoned: bool,
     zones: Vec<AvailabilityZone>,
-    /// Boxed: ids are made in order, which leaves the map's B-tree nodes half empty, and a
-    /// half-empty node of pointers wastes far less than one of 208-byte instances.
-    instances: BTreeMap<InstanceId, Box<FakeInstance>>,
+    /// Every instance, compactly (about 80 bytes held inline; see [`Stored`]). Ids are made in
+    /// order, which would leave the map's B-tree nodes half empty: it is rebuilt packed as it
+    /// grows (`packing`).
+    instances: BTreeMap<InstanceId, Stored>,
     /// When `instances` is rebuilt packed (ids are made in order).
     packing: crate::model::Packing,
+    /// The model uuids, zones, instance types and nonce hosts the instances name.
+    names: Names,
     next_id: u64,
     start_latency: Duration,
     stop_latency: Duration,
@@ -227,11 +226,9 @@ struct CloudActor {
     /// Subnets and their zones, for `subnet=ID` placements.
     subnets: BTreeMap<String, Vec<String>>,
     fail_next: BTreeMap<CloudOp, VecDeque<String>>,
-    /// Client tokens seen, per model (tokens are the model's own; looked up, never iterated:
-    /// a hash map keeps runs deterministic). Keyed by the token alone under its model, the
-    /// model's uuid is not repeated in every key, and a start looks its token up without
-    /// building a key.
-    tokens: BTreeMap<String, std::collections::HashMap<Box<str>, InstanceId>>,
+    /// Client tokens seen, per model (tokens are the model's own): mostly as their hash alone,
+    /// checked against the instance they made (see [`Tokens`]).
+    tokens: BTreeMap<String, Tokens>,
     /// Client tokens of batched calls, with what each made (looked up, never iterated).
     batch_tokens: std::collections::HashMap<String, BatchMade>,
     /// Batched calls so far (their ids in the call log).
@@ -336,34 +333,42 @@ impl CloudActor {
 
     /// Invariant 1, at the moment a start creates an instance: no other live instance of ours
     /// is tagged for the same machine.
-    fn check_duplicate(&mut self, instance: &CloudInstance) {
-        let Some(m) = &instance.tags.machine else { return };
+    fn check_duplicate(&mut self, id: &InstanceId, machine: Option<&MachineId>) {
+        let Some(m) = machine else { return };
+        let model = self.names.find(&self.model_uuid);
         let others: Vec<String> = self
             .by_machine
             .get(m)
-            .filter_map(|id| self.instances.get(id))
-            .filter(|i| ours(i, &self.model_uuid) && i.instance.tags.machine.as_ref() == Some(m))
-            .filter(|i| i.instance.state != InstanceState::Terminated)
-            .map(|i| i.instance.id.to_string())
+            .filter_map(|id| self.instances.get_key_value(id))
+            .filter(|(_, i)| i.ours(model) && i.machine() == Some(m))
+            .filter(|(_, i)| i.state != InstanceState::Terminated)
+            .map(|(id, _)| id.to_string())
             .collect();
         if !others.is_empty() {
-            self.duplicates.push(format!(
-                "machine {m} has two live instances: {} and {}",
-                others.join(", "),
-                instance.id
-            ));
+            self.duplicates.push(format!("machine {m} has two live instances: {} and {id}", others.join(", ")));
         }
     }
 
     fn record_new(&mut self, instance: FakeInstance) {
-        self.last_activity = self.epoch.elapsed();
-        if let Some(m) = &instance.instance.tags.machine {
-            self.by_machine.insert(m.clone(), instance.instance.id.clone());
+        let (id, stored) = Stored::new(instance, &mut self.names);
+        self.record_stored(id, stored, self.epoch.elapsed());
+    }
+
+    fn record_stored(&mut self, id: InstanceId, stored: Stored, now: Duration) {
+        self.last_activity = now;
+        if let Some(m) = stored.machine() {
+            self.by_machine.insert(m.clone(), id.clone());
         }
-        self.instances.insert(instance.instance.id.clone(), Box::new(instance));
+        self.instances.insert(id, stored);
         if self.packing.due(self.instances.len()) {
             crate::model::repack(&mut self.instances);
         }
+    }
+
+    /// Whether instance `id` exists, is `model`'s and is not terminated.
+    fn live_ours(&self, id: &InstanceId, model: &str) -> bool {
+        let model = self.names.find(model);
+        self.instances.get(id).is_some_and(|i| i.ours(model) && i.state != InstanceState::Terminated)
     }
 
     fn scripted_failure(&mut self, op: CloudOp) -> Option<String> {
@@ -502,17 +507,10 @@ impl CloudActor {
     /// EC2, it exists from the moment the call begins.
     fn make_pending(&mut self, p: &StartInstanceParams, instance_type: Option<String>) -> InstanceId {
         let id = self.fresh_id();
-        let instance = CloudInstance {
-            id: id.clone(),
-            state: InstanceState::Pending,
-            zone: p.zone.clone(),
-            tags: p.tags.clone(),
-            age: None,
-            instance_type,
-        };
-        self.check_duplicate(&instance);
-        let born = (self.epoch.elapsed(), Duration::ZERO);
-        self.record_new(FakeInstance { instance, foreign: false, born });
+        self.check_duplicate(&id, p.tags.machine.as_ref());
+        let now = self.epoch.elapsed();
+        let stored = Stored::pending(&p.tags, p.zone.as_deref(), instance_type.as_deref(), now, &mut self.names);
+        self.record_stored(id.clone(), stored, now);
         id
     }
 
@@ -553,11 +551,7 @@ impl Handler<Retag> for CloudActor {
     type Result = Result<(), BrokerError>;
     fn handle(&mut self, msg: Retag, _ctx: &mut Self::Context) -> Self::Result {
         let idx = self.log(CloudOp::RetagInstance, msg.tags.machine.clone(), None, vec![msg.id.clone()]);
-        let live = self
-            .instances
-            .get(&msg.id)
-            .is_some_and(|i| ours(i, &msg.model) && i.instance.state != InstanceState::Terminated);
-        if !live {
+        if !self.live_ours(&msg.id, &msg.model) {
             let err = BrokerError::zone_independent(format!("instance {} not found", msg.id));
             self.finish(idx, Some(err.message()));
             return Err(err);
@@ -566,7 +560,11 @@ impl Handler<Retag> for CloudActor {
             self.by_machine.insert(m.clone(), msg.id.clone());
         }
         if let Some(i) = self.instances.get_mut(&msg.id) {
-            i.instance.tags = msg.tags;
+            for t in self.tokens.values_mut() {
+                t.before_retag(&msg.id, i, &self.names);
+            }
+            token_moved(i);
+            i.retag(msg.tags, &mut self.names);
         }
         self.finish(idx, None);
         Ok(())
@@ -600,13 +598,12 @@ impl Handler<Start> for CloudActor {
         if let Some(err) = self.throttle(idx, CloudOp::StartInstance) {
             return ActorResponse::reply(Err(err));
         }
-        let known = self.tokens.get(&msg.model).and_then(|t| t.get(p.client_token.as_str()));
-        if let Some(existing) = known.and_then(|id| self.instances.get(id)) {
-            if let Err(err) = repeated_start(&p, &existing.instance) {
+        let known = self.tokens.get(&msg.model).and_then(|t| t.get(&p.client_token, &self.instances, &self.names));
+        if let Some(instance) = known.and_then(|id| Some(self.instances.get(id)?.instance(id, &self.names))) {
+            if let Err(err) = repeated_start(&p, &instance) {
                 self.finish(idx, Some(err.message()));
                 return ActorResponse::reply(Err(err));
             }
-            let instance = existing.instance.clone();
             if let Some(c) = self.calls.get_mut(idx) {
                 c.instances = vec![instance.id.clone()];
             }
@@ -634,7 +631,10 @@ impl Handler<Start> for CloudActor {
             }
         };
         let id = self.make_pending(&p, instance_type);
-        self.tokens.entry(msg.model).or_default().insert(p.client_token.as_str().into(), id.clone());
+        let tokens = self.tokens.entry(msg.model).or_default();
+        if let Some(stored) = self.instances.get_mut(&id) {
+            tokens.insert(&p.client_token, id.clone(), stored, &self.names);
+        }
         if let Some(c) = self.calls.get_mut(idx) {
             c.instances = vec![id.clone()];
         }
@@ -812,12 +812,12 @@ impl CloudActor {
     /// A start's call returns: the instance is running (unless terminated meanwhile).
     fn land(&mut self, idx: usize, id: InstanceId) -> StartedInstance {
         self.finish(idx, None);
-        let instance = match self.instances.get_mut(&id).map(|i| &mut i.instance) {
+        let instance = match self.instances.get_mut(&id) {
             Some(i) => {
                 if i.state == InstanceState::Pending {
                     i.state = InstanceState::Running;
                 }
-                i.clone()
+                i.instance(&id, &self.names)
             }
             None => CloudInstance {
                 id,
@@ -847,7 +847,7 @@ impl Handler<Stop> for CloudActor {
         Box::pin(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| {
             for id in &msg.ids {
                 if let Some(i) = act.instances.get_mut(id) {
-                    i.instance.state = InstanceState::Terminated;
+                    i.state = InstanceState::Terminated;
                 }
             }
             act.finish(idx, None);
@@ -869,11 +869,12 @@ impl Handler<List> for CloudActor {
         }
         self.finish(idx, None);
         let now = self.epoch.elapsed();
+        let model = self.names.find(&msg.model);
         Ok(self
             .instances
-            .values()
-            .filter(|i| ours(i, &msg.model) && i.instance.state != InstanceState::Terminated)
-            .map(|i| CloudInstance { age: Some(i.age_at(now)), ..i.instance.clone() })
+            .iter()
+            .filter(|(_, i)| i.ours(model) && i.state != InstanceState::Terminated)
+            .map(|(id, i)| CloudInstance { age: Some(i.age_at(now)), ..i.instance(id, &self.names) })
             .collect())
     }
 }
@@ -944,7 +945,7 @@ impl Handler<Release> for CloudActor {
         }
         for id in &msg.ids {
             if let Some(i) = self.instances.get_mut(id) {
-                i.instance.tags.model = None;
+                i.release();
             }
         }
         self.finish(idx, None);
@@ -963,7 +964,7 @@ impl Handler<Snapshot> for CloudActor {
     type Result = MessageResult<Snapshot>;
     fn handle(&mut self, _msg: Snapshot, _ctx: &mut Self::Context) -> Self::Result {
         MessageResult(CloudSnapshot {
-            instances: self.instances.iter().map(|(id, i)| (id.clone(), (**i).clone())).collect(),
+            instances: self.instances.iter().map(|(id, i)| (id.clone(), i.fake(id, &self.names))).collect(),
             calls: self.calls.clone(),
             zones: self.zones.clone(),
             in_flight: self.in_flight,
@@ -1000,6 +1001,7 @@ impl FakeCloud {
             zones: zones.iter().map(|z| AvailabilityZone::available(*z)).collect(),
             instances: BTreeMap::new(),
             packing: crate::model::Packing::default(),
+            names: Names::default(),
             next_id: 0,
             start_latency: Duration::ZERO,
             stop_latency: Duration::ZERO,
@@ -1177,8 +1179,8 @@ impl FakeCloud {
         let id = InstanceId::new(id);
         self.control(move |c| {
             if let Some(i) = c.instances.get_mut(&id) {
-                if i.instance.state != InstanceState::Terminated && i.instance.state != state {
-                    i.instance.state = state;
+                if i.state != InstanceState::Terminated && i.state != state {
+                    i.state = state;
                     c.last_activity = c.epoch.elapsed();
                 }
             }

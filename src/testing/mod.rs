@@ -20,6 +20,7 @@
 
 pub mod broker_contract;
 mod cloud;
+mod compact;
 mod initialiser;
 mod model;
 mod postgres;

@@ -8,6 +8,8 @@ use crate::model::{InstanceId, InstanceStatus, Life, Machine, MachineId, Machine
 use crate::ports::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};
 use crate::{MachinesChanged, RetryTick};
 
+use super::compact::{Name, Names};
+
 /// A kind of model call, for `fail_next`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ModelOp {
@@ -89,16 +91,19 @@ impl FakeMachine {
 
 /// A machine as the fake model keeps it: what every machine of a fleet has (the machine, its
 /// instance's zone, when that was recorded, the instance status message every start writes)
-/// inline, everything else boxed and only while it differs from a fresh machine's. A 100,000-machine fleet then costs about 140 bytes a
-/// machine here instead of a whole [`FakeMachine`] (520 bytes: its provisioning info, messages
-/// and timestamps are empty for nearly every machine). [`FakeMachine`] stays the form tests
-/// build and read (snapshots, `update`).
+/// inline, everything else boxed and only while it differs from a fresh machine's. A
+/// 100,000-machine fleet then costs about 150 bytes a machine here instead of a whole
+/// [`FakeMachine`] (520 bytes: its provisioning info, messages and timestamps are empty for
+/// nearly every machine): the zone is interned (a fleet has a few), the time a number.
+/// [`FakeMachine`] stays the form tests build and read (snapshots, `update`).
 #[derive(Debug, Clone)]
 struct Slot {
     machine: Machine,
-    zone: Option<String>,
-    recorded_at: Option<std::time::Duration>,
-    instance_status_message: String,
+    /// When its instance was recorded, in nanoseconds since the model's creation
+    /// ([`NOT_RECORDED`]: never).
+    recorded_at: u64,
+    instance_status_message: Box<str>,
+    zone: Name,
     removed: bool,
     transient: bool,
     /// `None`: every field of [`Rare`] at its default.
@@ -143,8 +148,15 @@ impl Rare {
     }
 }
 
+/// [`Slot::recorded_at`] of a machine whose instance was never recorded.
+const NOT_RECORDED: u64 = u64::MAX;
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(NOT_RECORDED - 1)
+}
+
 impl Slot {
-    fn new(f: FakeMachine) -> Self {
+    fn new(f: FakeMachine, names: &mut Names) -> Self {
         let rare = Rare {
             info: f.info,
             group: f.group,
@@ -156,9 +168,9 @@ impl Slot {
         };
         Self {
             machine: f.machine,
-            zone: f.zone,
-            recorded_at: f.recorded_at,
-            instance_status_message: f.instance_status_message,
+            zone: names.intern_opt(f.zone.as_deref()),
+            recorded_at: f.recorded_at.map_or(NOT_RECORDED, nanos),
+            instance_status_message: f.instance_status_message.into_boxed_str(),
             removed: f.removed,
             transient: f.transient,
             rare: (!rare.is_default()).then(|| Box::new(rare)),
@@ -166,22 +178,22 @@ impl Slot {
     }
 
     /// The machine in its full form.
-    fn to_fake(&self) -> FakeMachine {
+    fn to_fake(&self, names: &Names) -> FakeMachine {
         let rare = self.rare.as_deref().cloned().unwrap_or_default();
         FakeMachine {
             machine: self.machine.clone(),
             info: rare.info,
             group: rare.group,
             status_message: rare.status_message,
-            instance_status_message: self.instance_status_message.clone(),
-            zone: self.zone.clone(),
+            instance_status_message: self.instance_status_message.to_string(),
+            zone: names.get(self.zone).map(str::to_owned),
             removed: self.removed,
             transient: self.transient,
             read_error: rare.read_error,
             died_at: rare.died_at,
             removed_at: rare.removed_at,
             record_failures: rare.record_failures,
-            recorded_at: self.recorded_at,
+            recorded_at: (self.recorded_at != NOT_RECORDED).then(|| std::time::Duration::from_nanos(self.recorded_at)),
         }
     }
 
@@ -233,6 +245,8 @@ impl ModelSnapshot {
 
 struct ModelActor {
     machines: BTreeMap<MachineId, Slot>,
+    /// The zones the machines' instances are in.
+    names: Names,
     watchers: Vec<Recipient<MachinesChanged>>,
     retry_watchers: Vec<Recipient<RetryTick>>,
     fail_next: BTreeMap<ModelOp, VecDeque<String>>,
@@ -349,10 +363,11 @@ impl ModelActor {
                 ))
             }
             Call::SetInstanceInfo(id, info) => {
+                let zone = self.names.intern_opt(info.zone.as_deref());
                 let written = self.scripted(ModelOp::SetInstanceInfo).map(|()| self.touch_clock());
                 let m = match written.and_then(|now| self.live(&id).map(|m| (m, now))) {
                     Ok((m, now)) => {
-                        m.recorded_at = Some(now);
+                        m.recorded_at = nanos(now);
                         m
                     }
                     Err(e) => {
@@ -364,10 +379,10 @@ impl ModelActor {
                     }
                 };
                 m.machine.instance = Some(info.instance);
-                m.zone = info.zone;
+                m.zone = zone;
                 m.machine.instance_status = info.status;
                 // Emptied (not cleared): a fleet's machines keep no capacity.
-                m.instance_status_message = String::new();
+                m.instance_status_message = Box::default();
                 // The simulated machine agent comes up with its instance.
                 m.machine.status = MachineStatus::Started;
                 Ok(Answer::Done)
@@ -390,7 +405,7 @@ impl ModelActor {
                 self.touch_clock();
                 let m = self.live(&id)?;
                 m.machine.instance_status = status;
-                m.instance_status_message = message;
+                m.instance_status_message = message.into_boxed_str();
                 Ok(Answer::Done)
             }
             Call::EnsureDead(id) => {
@@ -409,7 +424,9 @@ impl ModelActor {
                 Ok(Answer::Done)
             }
             Call::ModelLife => Ok(Answer::Life(self.life)),
-            Call::Zone(id) => Ok(Answer::Zone(self.machines.get(&id).and_then(|m| m.zone.clone()))),
+            Call::Zone(id) => {
+                Ok(Answer::Zone(self.machines.get(&id).and_then(|m| self.names.get(m.zone)).map(str::to_owned)))
+            }
             Call::Destroy => {
                 self.scripted(ModelOp::DestroyModel)?;
                 if self.life != Life::Alive {
@@ -503,7 +520,7 @@ impl Handler<Snapshot> for ModelActor {
     type Result = MessageResult<Snapshot>;
     fn handle(&mut self, _msg: Snapshot, _ctx: &mut Self::Context) -> Self::Result {
         MessageResult(ModelSnapshot {
-            machines: self.machines.iter().map(|(id, m)| (id.clone(), m.to_fake())).collect(),
+            machines: self.machines.iter().map(|(id, m)| (id.clone(), m.to_fake(&self.names))).collect(),
             ensure_dead: self.ensure_dead.clone(),
             marked_for_removal: self.marked.clone(),
             machines_calls: self.machines_calls,
@@ -541,8 +558,10 @@ impl FakeModel {
 
     /// A model with these fully described machines.
     pub fn with_machines(machines: Vec<FakeMachine>) -> Self {
+        let mut names = Names::default();
         let actor = ModelActor {
-            machines: machines.into_iter().map(|m| (m.machine.id.clone(), Slot::new(m))).collect(),
+            machines: machines.into_iter().map(|m| (m.machine.id.clone(), Slot::new(m, &mut names))).collect(),
+            names,
             watchers: Vec::new(),
             retry_watchers: Vec::new(),
             fail_next: BTreeMap::new(),
@@ -611,7 +630,8 @@ impl FakeModel {
                 return;
             }
             m.touch_clock();
-            m.machines.insert(id.clone(), Slot::new(machine));
+            let slot = Slot::new(machine, &mut m.names);
+            m.machines.insert(id.clone(), slot);
             m.notify(vec![id]);
         });
     }
@@ -641,9 +661,9 @@ impl FakeModel {
         self.control(move |m| {
             m.touch_clock();
             if let Some(slot) = m.machines.get_mut(&id) {
-                let mut machine = slot.to_fake();
+                let mut machine = slot.to_fake(&m.names);
                 f(&mut machine);
-                *slot = Slot::new(machine);
+                *slot = Slot::new(machine, &mut m.names);
                 m.notify(vec![id]);
             }
         });
@@ -654,9 +674,9 @@ impl FakeModel {
         let id = MachineId::new(id);
         self.control(move |m| {
             if let Some(slot) = m.machines.get_mut(&id) {
-                let mut machine = slot.to_fake();
+                let mut machine = slot.to_fake(&m.names);
                 f(&mut machine);
-                *slot = Slot::new(machine);
+                *slot = Slot::new(machine, &mut m.names);
             }
         });
     }
@@ -776,10 +796,11 @@ mod tests {
     /// fields round-trip, and their box goes once they are back at their defaults.
     #[test]
     fn a_fleet_machine_is_kept_small_and_round_trips() {
-        assert!(std::mem::size_of::<Slot>() <= 160, "a slot is {} bytes", std::mem::size_of::<Slot>());
-        let plain = Slot::new(FakeMachine::new(Machine::pending("1")));
+        assert!(std::mem::size_of::<Slot>() <= 120, "a slot is {} bytes", std::mem::size_of::<Slot>());
+        let mut names = Names::default();
+        let plain = Slot::new(FakeMachine::new(Machine::pending("1")), &mut names);
         assert!(plain.rare.is_none());
-        assert_eq!(plain.to_fake(), FakeMachine::new(Machine::pending("1")));
+        assert_eq!(plain.to_fake(&names), FakeMachine::new(Machine::pending("1")));
 
         let mut full = FakeMachine::new(Machine::pending("2"));
         full.status_message = "cannot start".into();
@@ -787,9 +808,11 @@ mod tests {
         full.group = Err("no group".into());
         full.died_at = Some(std::time::Duration::from_secs(3));
         full.record_failures.push((std::time::Duration::from_secs(1), InstanceId::new("i-1")));
-        let mut slot = Slot::new(full.clone());
+        full.zone = Some("az2".into());
+        full.recorded_at = Some(std::time::Duration::from_nanos(1_234_567_891));
+        let mut slot = Slot::new(full.clone(), &mut names);
         assert!(slot.rare.is_some());
-        assert_eq!(slot.to_fake(), full);
+        assert_eq!(slot.to_fake(&names), full);
 
         slot.with_rare(|r| *r = Rare::default());
         assert!(slot.rare.is_none(), "a box of defaults is dropped");
@@ -797,6 +820,6 @@ mod tests {
         full.group = Ok(Vec::new());
         full.died_at = None;
         full.record_failures.clear();
-        assert_eq!(slot.to_fake(), full);
+        assert_eq!(slot.to_fake(&names), full);
     }
 }

@@ -17,6 +17,7 @@
 //! failed lookup call retries the whole lot later.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use crate::actors::harvest::{HarvestPlan, ModeChange};
 use crate::actors::lifecycle::Deaths;
@@ -118,8 +119,9 @@ pub enum Effect {
         /// The machine they are tagged for.
         machine: Option<MachineId>,
     },
-    /// Carry out a harvest plan (stops and releases through the pool, removals now).
-    Execute(HarvestPlan),
+    /// Carry out a harvest plan (stops and releases through the pool, removals now). Boxed: a
+    /// plan is large and rare, and a fleet's first batch holds an effect per machine.
+    Execute(Box<HarvestPlan>),
     /// Queue a start.
     Start(Box<StartJob>),
     /// The lifecycle forgets these machines (their start is not queued).
@@ -204,6 +206,13 @@ pub enum StartInfoError {
 }
 
 impl StartInfoError {
+    /// The machine.
+    pub fn machine(&self) -> &MachineId {
+        match self {
+            Self::ProvisioningInfo { machine, .. } | Self::DistributionGroups { machine, .. } => machine,
+        }
+    }
+
     /// The model's error, shown in the machine's status.
     pub fn cause(&self) -> &ModelError {
         match self {
@@ -257,8 +266,9 @@ enum Resume {
     Finish,
 }
 
-/// A machine cleared to start, with its provisioning info and distribution group as read.
-type Prepared = (Machine, Result<ProvisioningInfo, ModelError>, Result<Vec<MachineId>, ModelError>);
+/// A machine cleared to start, as its job (made as soon as its provisioning info and
+/// distribution group are read, so the large answers are not held), or why its reads failed.
+type Prepared = Result<Box<StartJob>, StartInfoError>;
 
 /// One batch in flight: the planner's state between questions.
 #[derive(Debug)]
@@ -330,7 +340,7 @@ impl BatchRun {
                 Resume::Classified
             }
             (Waiting::OrphanStops { then }, Answer::Plan(plan)) => {
-                effects.push(Effect::Execute(plan));
+                effects.push(Effect::Execute(Box::new(plan)));
                 then
             }
             (Waiting::Dead, Answer::Deaths(Deaths { stop_now, deferred })) => {
@@ -343,7 +353,7 @@ impl BatchRun {
                 Resume::Pending
             }
             (Waiting::DeadPlan, Answer::Plan(plan)) => {
-                effects.push(Effect::Execute(plan));
+                effects.push(Effect::Execute(Box::new(plan)));
                 Resume::Pending
             }
             (Waiting::Pending, Answer::ToStart(ids)) => {
@@ -368,7 +378,9 @@ impl BatchRun {
                 let n = machines.len();
                 match (infos, groups) {
                     (Ok(i), Ok(g)) if i.len() == n && g.len() == n => {
-                        self.prepared = machines.into_iter().zip(i).zip(g).map(|((m, i), g)| (m, i, g)).collect();
+                        let empty = Arc::new(ProvisioningInfo::default());
+                        self.prepared =
+                            machines.into_iter().zip(i).zip(g).map(|((m, i), g)| prepare(m, i, g, &empty)).collect();
                         Resume::Prepared
                     }
                     (i, g) => {
@@ -468,9 +480,10 @@ impl BatchRun {
                     // lookup can leave the tagged instance unowned.
                     let (adopters, rest): (Vec<Machine>, Vec<Machine>) =
                         std::mem::take(&mut self.to_start).into_iter().partition(|m| self.adopt.contains_key(&m.id));
+                    let empty = Arc::new(ProvisioningInfo::default());
                     for machine in adopters {
-                        let adopt = self.adopt.remove(&machine.id);
-                        let job = StartJob { machine, info: ProvisioningInfo::default(), group: Vec::new(), adopt };
+                        let adopt = self.adopt.remove(&machine.id).map(Box::new);
+                        let job = StartJob { machine, info: Arc::clone(&empty), group: Vec::new(), adopt };
                         effects.push(Effect::Start(Box::new(job)));
                     }
                     if rest.is_empty() {
@@ -482,25 +495,20 @@ impl BatchRun {
                     }
                 }
                 Resume::Prepared => match self.prepared.pop_front() {
-                    Some((machine, info, group)) => {
-                        let err = match (info, group) {
-                            (Ok(info), Ok(group)) => {
-                                effects.push(Effect::Start(Box::new(StartJob { machine, info, group, adopt: None })));
-                                continue;
-                            }
-                            (Err(source), _) => {
-                                StartInfoError::ProvisioningInfo { machine: machine.id.clone(), source }
-                            }
-                            (_, Err(source)) => {
-                                StartInfoError::DistributionGroups { machine: machine.id.clone(), source }
-                            }
-                        };
-                        tracing::warn!(machine = %machine.id, "{err}");
+                    Some(Ok(job)) => {
+                        effects.push(Effect::Start(job));
+                        continue;
+                    }
+                    Some(Err(err)) => {
+                        let machine = err.machine().clone();
+                        tracing::warn!(%machine, "{err}");
                         let message = err.cause().to_string();
-                        self.failed.push(machine.id.clone());
-                        return self.ask(effects, Waiting::Written, Ask::WriteError { machine: machine.id, message });
+                        self.failed.push(machine.clone());
+                        return self.ask(effects, Waiting::Written, Ask::WriteError { machine, message });
                     }
                     None => {
+                        // The queue's buffer goes now, not with the run.
+                        self.prepared = VecDeque::new();
                         if !self.failed.is_empty() {
                             effects.push(Effect::ForgetLifecycle(std::mem::take(&mut self.failed)));
                         }
@@ -513,6 +521,24 @@ impl BatchRun {
                 }
             };
         }
+    }
+}
+
+/// A machine's job from its reads (its provisioning info shared with `empty` when it is the
+/// default), or the first read that failed.
+fn prepare(
+    machine: Machine,
+    info: Result<ProvisioningInfo, ModelError>,
+    group: Result<Vec<MachineId>, ModelError>,
+    empty: &Arc<ProvisioningInfo>,
+) -> Prepared {
+    match (info, group) {
+        (Ok(info), Ok(group)) => {
+            let info = StartJob::shared_info(info, empty);
+            Ok(Box::new(StartJob { machine, info, group, adopt: None }))
+        }
+        (Err(source), _) => Err(StartInfoError::ProvisioningInfo { machine: machine.id, source }),
+        (_, Err(source)) => Err(StartInfoError::DistributionGroups { machine: machine.id, source }),
     }
 }
 

@@ -141,7 +141,7 @@ pub(super) fn perform(links: &Links, effect: Effect) {
             links.forget_lifecycle.do_send(ForgetLifecycle { ids });
         }
         Effect::StopsPlanned { ids, machine } => links.stops_planned.do_send(StopsPlanned { ids, machine }),
-        Effect::Execute(plan) => execute_plan(links, plan),
+        Effect::Execute(plan) => execute_plan(links, *plan),
         Effect::Start(job) => links.enqueue.do_send(Enqueue(Job::Start(job))),
         Effect::ForgetLifecycle(ids) => links.forget_lifecycle.do_send(ForgetLifecycle { ids }),
     }

@@ -418,7 +418,7 @@ mod planner {
         });
         assert_eq!(started(&log), vec!["1", "0"]);
         let adopted = log.iter().find_map(|l| match l {
-            Log::Effect(Effect::Start(job)) if job.machine.id == mid("1") => Some(job.adopt.clone()),
+            Log::Effect(Effect::Start(job)) if job.machine.id == mid("1") => Some(job.adopt.as_deref().cloned()),
             _ => None,
         });
         assert_eq!(adopted, Some(Some(inst)));

@@ -255,7 +255,7 @@ async fn start_or_adopt(
     }
 
     // A start whose result was lost (a crash) left a tagged instance: adopt it.
-    if let Some(instance) = job.adopt.clone() {
+    if let Some(instance) = job.adopt.as_deref().cloned() {
         tracing::info!(%machine, instance = %instance.id, "adopting existing instance tagged for this machine");
         let start_nonce = instance.tags.start.clone().unwrap_or_else(|| nonce.clone());
         return register(deps, machine, instance, &start_nonce, String::new(), Started::default(), rng).await;

@@ -1,24 +1,39 @@
 //! The pool's plain core: the job queues and the start retry arithmetic.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::model::{CloudInstance, FailOutcome, InstanceId, Machine, MachineId, ProvisioningInfo, ZoneError};
 use crate::ports::{BrokerError, BrokerErrorKind, ModelError};
 
 /// Start one machine.
+///
+/// Small (about 100 bytes): a fleet's first batch makes one per machine, all alive at once
+/// (queued in the pool). Its provisioning info is shared (a fleet's machines mostly have the
+/// same, empty one: see [`StartJob::shared_info`]) and the rare instance to adopt is boxed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StartJob {
     /// The machine, as classified.
     pub machine: Machine,
     /// Its provisioning info.
-    pub info: ProvisioningInfo,
+    pub info: Arc<ProvisioningInfo>,
     /// The other machines of its distribution group (empty = none).
     pub group: Vec<MachineId>,
     /// An instance already tagged for it, to adopt instead of starting one.
-    pub adopt: Option<crate::model::CloudInstance>,
+    pub adopt: Option<Box<crate::model::CloudInstance>>,
 }
 
 impl StartJob {
+    /// `info` as a job holds it: `empty` (shared by every job made from one batch) when `info`
+    /// is the default, else a box of its own.
+    pub fn shared_info(info: ProvisioningInfo, empty: &Arc<ProvisioningInfo>) -> Arc<ProvisioningInfo> {
+        if info == **empty {
+            Arc::clone(empty)
+        } else {
+            Arc::new(info)
+        }
+    }
+
     /// What this start asks of the allocator, given the zones derived for it.
     pub fn zone_request(&self, derived: Vec<String>) -> crate::model::ZoneRequest {
         crate::model::ZoneRequest::for_start(&self.info, &self.group, derived)
@@ -75,13 +90,16 @@ pub struct ReleaseJob {
 /// One unit of broker work.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Job {
-    /// Start a machine (boxed: a queue of 100,000 starts moves pointers, not 440-byte jobs).
+    /// Start a machine (boxed: a queue of 100,000 starts moves pointers, not whole jobs).
     Start(Box<StartJob>),
     /// Stop instances.
     Stop(StopJob),
     /// Release instances.
     Release(ReleaseJob),
 }
+
+/// The largest start queue buffer kept once drained (in jobs).
+const DRAINED_KEEP: usize = 1024;
 
 /// The queues and the concurrency limit.
 #[derive(Debug, Clone)]
@@ -92,7 +110,9 @@ pub struct PoolBook {
     /// starts of one batch share one cloud call).
     starts_per_worker: usize,
     urgent: VecDeque<Job>,
-    starts: VecDeque<Job>,
+    /// The starts, as their boxes (8 bytes a start where a [`Job`] is 64: a fleet's first
+    /// batch queues one per machine at once).
+    starts: VecDeque<Box<StartJob>>,
 }
 
 impl PoolBook {
@@ -111,7 +131,7 @@ impl PoolBook {
     /// Queues a job: stops and releases ahead of starts.
     pub fn push(&mut self, job: Job) {
         match job {
-            Job::Start(_) => self.starts.push_back(job),
+            Job::Start(start) => self.starts.push_back(start),
             _ => self.urgent.push_back(job),
         }
     }
@@ -136,11 +156,22 @@ impl PoolBook {
             }
             let job = self.starts.pop_front()?;
             self.in_flight += 1;
-            return Some(job);
+            self.release_drained();
+            return Some(Job::Start(job));
         }
-        let job = self.urgent.pop_front().or_else(|| self.starts.pop_front())?;
+        let job = self.urgent.pop_front().or_else(|| self.starts.pop_front().map(Job::Start))?;
         self.in_flight += 1;
+        self.release_drained();
         Some(job)
+    }
+
+    /// Gives a drained start queue's buffer back: a fleet's first batch queues a start per
+    /// machine at once, and a buffer sized for all of them would be held for nothing while the
+    /// fleet's instances fill the other actors.
+    fn release_drained(&mut self) {
+        if self.starts.is_empty() && self.starts.capacity() > DRAINED_KEEP {
+            self.starts = VecDeque::new();
+        }
     }
 
     /// A job finished: its worker is free.

@@ -9,7 +9,7 @@ use crate::model::{InstanceId, Machine, MachineId, ProvisioningInfo};
 fn start(id: &str) -> Job {
     Job::Start(Box::new(StartJob {
         machine: Machine::pending(id),
-        info: ProvisioningInfo::default(),
+        info: std::sync::Arc::new(ProvisioningInfo::default()),
         group: Vec::new(),
         adopt: None,
     }))

@@ -1,0 +1,456 @@
+//! The fake cloud's compact instances: what [`FakeInstance`] says, in about 80 bytes held
+//! inline in the cloud's map, where a whole [`FakeInstance`] is 208 bytes plus a `String` for
+//! its model's uuid, its zone, its nonce and its instance type.
+//!
+//! The few distinct model uuids, zones, instance types and nonce host tags are interned
+//! ([`Names`]); a nonce of the provisioner's form, `HOST:UUID`, is held as the host's name
+//! and the uuid's 16 bytes (any other text as it is); the rare fields (an age at launch, an
+//! age the instance was given) are boxed only when set. Every conversion is exact: a
+//! [`FakeInstance`] stored and read back is equal to the one stored.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::time::Duration;
+
+use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
+
+use super::cloud::FakeInstance;
+
+/// An interned name: an index into [`Names`], or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Name(u32);
+
+impl Name {
+    /// No name (`None`).
+    pub(super) const NONE: Name = Name(u32::MAX);
+}
+
+/// The distinct names the cloud's instances share, each kept once.
+#[derive(Debug, Default)]
+pub(super) struct Names {
+    list: Vec<Box<str>>,
+    index: BTreeMap<Box<str>, u32>,
+}
+
+impl Names {
+    /// `text`'s name, interned on first use.
+    pub(super) fn intern(&mut self, text: &str) -> Name {
+        if let Some(&i) = self.index.get(text) {
+            return Name(i);
+        }
+        let i = u32::try_from(self.list.len()).expect("fewer than 4 billion distinct names");
+        self.list.push(text.into());
+        self.index.insert(text.into(), i);
+        Name(i)
+    }
+
+    /// `text`'s name, or [`Name::NONE`].
+    pub(super) fn intern_opt(&mut self, text: Option<&str>) -> Name {
+        text.map_or(Name::NONE, |t| self.intern(t))
+    }
+
+    /// `text`'s name if it was ever interned (no name can match one never interned).
+    pub(super) fn find(&self, text: &str) -> Option<Name> {
+        self.index.get(text).map(|&i| Name(i))
+    }
+
+    /// The text of a name.
+    pub(super) fn get(&self, name: Name) -> Option<&str> {
+        self.list.get(name.0 as usize).map(|s| &**s)
+    }
+}
+
+/// A start's nonce (the instance's `start` tag).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Nonce {
+    None,
+    /// `HOST:UUID`, the uuid hyphenated in lower case (the provisioner's nonces).
+    Packed {
+        host: Name,
+        uuid: [u8; 16],
+    },
+    /// Any other text.
+    Text(Box<str>),
+}
+
+impl Nonce {
+    fn new(text: Option<&str>, names: &mut Names) -> Self {
+        let Some(text) = text else { return Nonce::None };
+        if let Some((host, id)) = text.rsplit_once(':') {
+            if let Ok(uuid) = uuid::Uuid::try_parse(id) {
+                let mut buf = uuid::Uuid::encode_buffer();
+                if uuid.hyphenated().encode_lower(&mut buf) == id {
+                    return Nonce::Packed { host: names.intern(host), uuid: uuid.into_bytes() };
+                }
+            }
+        }
+        Nonce::Text(text.into())
+    }
+
+    /// Whether this is the nonce `text` (without writing it out).
+    fn is(&self, text: &str, names: &Names) -> bool {
+        match self {
+            Nonce::None => false,
+            Nonce::Text(t) => **t == *text,
+            Nonce::Packed { host, uuid } => {
+                let Some((h, id)) = text.rsplit_once(':') else { return false };
+                let mut buf = uuid::Uuid::encode_buffer();
+                names.get(*host) == Some(h) && uuid::Uuid::from_bytes(*uuid).hyphenated().encode_lower(&mut buf) == id
+            }
+        }
+    }
+
+    fn text(&self, names: &Names) -> Option<String> {
+        match self {
+            Nonce::None => None,
+            Nonce::Text(t) => Some(t.to_string()),
+            Nonce::Packed { host, uuid } => {
+                let host = names.get(*host).unwrap_or_default();
+                let mut buf = uuid::Uuid::encode_buffer();
+                let id = uuid::Uuid::from_bytes(*uuid).hyphenated().encode_lower(&mut buf);
+                let mut out = String::with_capacity(host.len() + 1 + id.len());
+                out.push_str(host);
+                out.push(':');
+                out.push_str(id);
+                Some(out)
+            }
+        }
+    }
+}
+
+/// What few instances have: the age an instance launched out of band had then, the age its
+/// record was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rare {
+    age_then: Duration,
+    age: Option<Duration>,
+}
+
+/// One instance as the fake cloud keeps it (its id is the map's key).
+#[derive(Debug, Clone)]
+pub(super) struct Stored {
+    machine: Option<MachineId>,
+    nonce: Nonce,
+    /// When it was launched, since the cloud's creation, in nanoseconds.
+    born_at: u64,
+    rare: Option<Box<Rare>>,
+    model: Name,
+    zone: Name,
+    instance_type: Name,
+    /// The call number of the client token it is known by in [`Tokens`]' hashed index
+    /// ([`NO_CALL`]: none there).
+    call: u16,
+    /// Its state.
+    pub(super) state: InstanceState,
+    /// Belongs to another model or controller.
+    pub(super) foreign: bool,
+}
+
+impl Stored {
+    /// `f` kept compactly, with its id.
+    pub(super) fn new(f: FakeInstance, names: &mut Names) -> (InstanceId, Self) {
+        let FakeInstance { instance, foreign, born: (born_at, age_then) } = f;
+        let CloudInstance { id, state, zone, tags, age, instance_type } = instance;
+        let rare = (age_then != Duration::ZERO || age.is_some()).then(|| Box::new(Rare { age_then, age }));
+        let stored = Self {
+            machine: tags.machine,
+            nonce: Nonce::new(tags.start.as_deref(), names),
+            born_at: u64::try_from(born_at.as_nanos()).unwrap_or(u64::MAX),
+            rare,
+            model: names.intern_opt(tags.model.as_deref()),
+            zone: names.intern_opt(zone.as_deref()),
+            instance_type: names.intern_opt(instance_type.as_deref()),
+            call: NO_CALL,
+            state,
+            foreign,
+        };
+        (id, stored)
+    }
+
+    /// A pending instance a start made now (`born_at`, since the cloud's creation), tagged
+    /// `tags`, in `zone`: [`Stored::new`] without the copies of its strings.
+    pub(super) fn pending(
+        tags: &InstanceTags,
+        zone: Option<&str>,
+        instance_type: Option<&str>,
+        born_at: Duration,
+        names: &mut Names,
+    ) -> Self {
+        Self {
+            machine: tags.machine.clone(),
+            nonce: Nonce::new(tags.start.as_deref(), names),
+            born_at: u64::try_from(born_at.as_nanos()).unwrap_or(u64::MAX),
+            rare: None,
+            model: names.intern_opt(tags.model.as_deref()),
+            zone: names.intern_opt(zone),
+            instance_type: names.intern_opt(instance_type),
+            call: NO_CALL,
+            state: InstanceState::Pending,
+            foreign: false,
+        }
+    }
+
+    /// The machine tagged on it.
+    pub(super) fn machine(&self) -> Option<&MachineId> {
+        self.machine.as_ref()
+    }
+
+    /// Whether it carries the identity of the model named `model` (and was not launched as
+    /// foreign).
+    pub(super) fn ours(&self, model: Option<Name>) -> bool {
+        !self.foreign && model.is_some_and(|m| m == self.model)
+    }
+
+    /// Whether `token` is the client token `MACHINE/NONCE/CALL` of this instance's machine and
+    /// nonce and of `call`.
+    fn token_is(&self, token: &str, call: u16, names: &Names) -> bool {
+        let Some(machine) = &self.machine else { return false };
+        let Some(rest) = token.strip_prefix(machine.as_str()).and_then(|r| r.strip_prefix('/')) else {
+            return false;
+        };
+        let Some((nonce, n)) = rest.rsplit_once('/') else { return false };
+        // `n` is `call` written as `to_string` writes it (no sign, no leading zero).
+        let canonical = !n.starts_with('+') && (n == "0" || !n.starts_with('0'));
+        canonical && n.parse() == Ok(call) && self.nonce.is(nonce, names)
+    }
+
+    /// Replaces its tags.
+    pub(super) fn retag(&mut self, tags: InstanceTags, names: &mut Names) {
+        self.model = names.intern_opt(tags.model.as_deref());
+        self.machine = tags.machine;
+        self.nonce = Nonce::new(tags.start.as_deref(), names);
+    }
+
+    /// Strips its model's identity.
+    pub(super) fn release(&mut self) {
+        self.model = Name::NONE;
+    }
+
+    /// Its age at `now` (since the cloud's creation).
+    pub(super) fn age_at(&self, now: Duration) -> Duration {
+        let then = self.rare.as_ref().map_or(Duration::ZERO, |r| r.age_then);
+        then + now.saturating_sub(Duration::from_nanos(self.born_at))
+    }
+
+    /// The instance as the cloud answers for it.
+    pub(super) fn instance(&self, id: &InstanceId, names: &Names) -> CloudInstance {
+        let text = |n: Name| names.get(n).map(str::to_owned);
+        CloudInstance {
+            id: id.clone(),
+            state: self.state,
+            zone: text(self.zone),
+            tags: InstanceTags {
+                model: text(self.model),
+                machine: self.machine.clone(),
+                start: self.nonce.text(names),
+            },
+            age: self.rare.as_ref().and_then(|r| r.age),
+            instance_type: text(self.instance_type),
+        }
+    }
+
+    /// The instance in its full form (snapshots).
+    pub(super) fn fake(&self, id: &InstanceId, names: &Names) -> FakeInstance {
+        let age_then = self.rare.as_ref().map_or(Duration::ZERO, |r| r.age_then);
+        FakeInstance {
+            instance: self.instance(id, names),
+            foreign: self.foreign,
+            born: (Duration::from_nanos(self.born_at), age_then),
+        }
+    }
+}
+
+/// No call number: the instance's client token, if any, is kept as text.
+const NO_CALL: u16 = u16::MAX;
+
+/// FxHash (as rustc's): client tokens are the model's own, never adversarial, and a fixed
+/// hash keeps runs deterministic.
+#[derive(Default)]
+pub(super) struct Fx(u64);
+
+impl Hasher for Fx {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0xf135_7aea_2e62_a9c5;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let w = u64::from_le_bytes(c.try_into().unwrap_or_default());
+            self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(K);
+        }
+        for &b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(K);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0xf135_7aea_2e62_a9c5);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FxBuild = BuildHasherDefault<Fx>;
+
+fn fx(token: &str) -> u64 {
+    let mut h = Fx::default();
+    h.write(token.as_bytes());
+    h.finish()
+}
+
+/// One model's client tokens and the instance each made, looked up, never iterated. A token
+/// of the provisioner's form, `MACHINE/NONCE/CALL` with its instance's machine and nonce, is
+/// kept as its hash only (the instance holds the call number, and a hit is checked against
+/// the instance: exact, not probable); any other token, one whose hash is taken, or one whose
+/// instance was retagged, as its text.
+#[derive(Debug, Default)]
+pub(super) struct Tokens {
+    hashed: HashMap<u64, InstanceId, FxBuild>,
+    text: HashMap<Box<str>, InstanceId, FxBuild>,
+}
+
+impl Tokens {
+    /// The instance `token` made, if any.
+    pub(super) fn get<'a>(
+        &'a self,
+        token: &str,
+        instances: &BTreeMap<InstanceId, Stored>,
+        names: &Names,
+    ) -> Option<&'a InstanceId> {
+        if let Some(id) = self.text.get(token) {
+            return Some(id);
+        }
+        let id = self.hashed.get(&fx(token))?;
+        let i = instances.get(id)?;
+        (i.call != NO_CALL && i.token_is(token, i.call, names)).then_some(id)
+    }
+
+    /// `token` made instance `id` (`stored`).
+    pub(super) fn insert(&mut self, token: &str, id: InstanceId, stored: &mut Stored, names: &Names) {
+        let call = token.rsplit_once('/').and_then(|(_, n)| n.parse::<u16>().ok()).filter(|&c| c != NO_CALL);
+        if let Some(call) = call.filter(|&c| stored.call == NO_CALL && stored.token_is(token, c, names)) {
+            if let std::collections::hash_map::Entry::Vacant(e) = self.hashed.entry(fx(token)) {
+                e.insert(id);
+                stored.call = call;
+                return;
+            }
+        }
+        self.text.insert(token.into(), id);
+    }
+
+    /// Instance `id` (`stored`) is about to be retagged: its token, if hashed here, is kept as
+    /// text from now on (its check against the instance would fail once its tags change).
+    pub(super) fn before_retag(&mut self, id: &InstanceId, stored: &Stored, names: &Names) {
+        if stored.call == NO_CALL {
+            return;
+        }
+        let (Some(machine), Some(nonce)) = (&stored.machine, stored.nonce.text(names)) else { return };
+        let token = format!("{machine}/{nonce}/{}", stored.call);
+        let h = fx(&token);
+        if self.hashed.get(&h) == Some(id) {
+            self.hashed.remove(&h);
+            self.text.insert(token.into(), id.clone());
+        }
+    }
+}
+
+/// Forgets that an instance's token is hashed (after [`Tokens::before_retag`] for every model).
+pub(super) fn token_moved(stored: &mut Stored) {
+    stored.call = NO_CALL;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake(start: Option<&str>, age_then: Duration, age: Option<Duration>) -> FakeInstance {
+        FakeInstance {
+            instance: CloudInstance {
+                id: InstanceId::new("i-7"),
+                state: InstanceState::Running,
+                zone: Some("az1".into()),
+                tags: InstanceTags {
+                    model: Some("model-uuid".into()),
+                    machine: Some(MachineId::new("0/lxd/3")),
+                    start: start.map(str::to_owned),
+                },
+                age,
+                instance_type: Some("m5.large".into()),
+            },
+            foreign: false,
+            born: (Duration::from_nanos(1_234_567_891), age_then),
+        }
+    }
+
+    #[test]
+    fn an_instance_stored_compactly_reads_back_equal() {
+        let mut names = Names::default();
+        let cases = [
+            fake(Some("machine-0:0b5e7c1a-3f7d-4a51-9c2e-6d8f0a1b2c3d"), Duration::ZERO, None),
+            fake(Some("host:with:colons:0b5e7c1a-3f7d-4a51-9c2e-6d8f0a1b2c3d"), Duration::from_secs(9), None),
+            fake(Some("machine-0:0B5E7C1A-3F7D-4A51-9C2E-6D8F0A1B2C3D"), Duration::ZERO, Some(Duration::from_secs(2))),
+            fake(Some("machine-0:0b5e7c1a3f7d4a519c2e6d8f0a1b2c3d"), Duration::ZERO, None),
+            fake(Some("not a nonce"), Duration::ZERO, None),
+            fake(Some(""), Duration::ZERO, None),
+            fake(None, Duration::ZERO, None),
+        ];
+        for f in cases {
+            let (id, stored) = Stored::new(f.clone(), &mut names);
+            assert_eq!(stored.fake(&id, &names), f);
+            if f.born.1.is_zero() && f.instance.age.is_none() {
+                let i = &f.instance;
+                let pending =
+                    Stored::pending(&i.tags, i.zone.as_deref(), i.instance_type.as_deref(), f.born.0, &mut names);
+                let mut want = f.clone();
+                want.instance.state = InstanceState::Pending;
+                assert_eq!(pending.fake(&id, &names), want);
+            }
+        }
+        let mut bare = fake(None, Duration::ZERO, None);
+        bare.instance.zone = None;
+        bare.instance.tags = InstanceTags::default();
+        bare.instance.instance_type = None;
+        let (id, stored) = Stored::new(bare.clone(), &mut names);
+        assert_eq!(stored.fake(&id, &names), bare);
+        assert!(std::mem::size_of::<Stored>() <= 80, "{} bytes", std::mem::size_of::<Stored>());
+    }
+
+    #[test]
+    fn a_token_is_found_exactly_hashed_or_as_text() {
+        let mut names = Names::default();
+        let nonce = "machine-0:0b5e7c1a-3f7d-4a51-9c2e-6d8f0a1b2c3d";
+        let mut instances = BTreeMap::new();
+        let mut tokens = Tokens::default();
+        let (id, mut stored) = Stored::new(fake(Some(nonce), Duration::ZERO, None), &mut names);
+        let token = format!("0/lxd/3/{nonce}/2");
+        tokens.insert(&token, id.clone(), &mut stored, &names);
+        assert!(tokens.text.is_empty(), "a token of the provisioner's form is hashed");
+        instances.insert(id.clone(), stored.clone());
+        assert_eq!(tokens.get(&token, &instances, &names), Some(&id));
+        for other in [format!("0/lxd/3/{nonce}/02"), format!("0/lxd/3/{nonce}/+2"), format!("0/lxd/3/{nonce}/3")] {
+            assert_eq!(tokens.get(&other, &instances, &names), None, "{other}");
+        }
+        // Another form is kept as text.
+        let (_, mut stored2) = Stored::new(fake(Some("free text"), Duration::ZERO, None), &mut names);
+        let id2 = InstanceId::new("i-8");
+        tokens.insert("token-1", id2.clone(), &mut stored2, &names);
+        instances.insert(id2.clone(), stored2);
+        assert_eq!(tokens.get("token-1", &instances, &names), Some(&id2));
+        // A retagged instance keeps its token, as text.
+        tokens.before_retag(&id, &stored, &names);
+        token_moved(&mut stored);
+        stored.retag(InstanceTags::default(), &mut names);
+        instances.insert(id.clone(), stored);
+        assert_eq!(tokens.get(&token, &instances, &names), Some(&id));
+    }
+
+    #[test]
+    fn ours_needs_the_same_model_and_not_foreign() {
+        let mut names = Names::default();
+        let (_, mut stored) = Stored::new(fake(None, Duration::ZERO, None), &mut names);
+        assert!(stored.ours(names.find("model-uuid")));
+        assert!(!stored.ours(names.find("other")));
+        stored.release();
+        assert!(!stored.ours(names.find("model-uuid")));
+    }
+}
