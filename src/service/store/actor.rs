@@ -195,14 +195,14 @@ impl Handler<Apply> for StoreActor {
         self.operations.fetch_add(1, Ordering::Relaxed);
         let Apply { write, reply } = msg;
         let write = match self.defer(write) {
-            Ok(()) => {
+            None => {
                 self.group.deferred.push(reply);
                 if self.group_done() {
                     self.finish_group();
                 }
                 return;
             }
-            Err(write) => write,
+            Some(write) => write,
         };
         // Run as any of the provisioner's units of work.
         self.run(Box::new(move |s: &mut dyn StoreBackend| write.apply(s)), false, true, reply);
@@ -212,12 +212,12 @@ impl Handler<Apply> for StoreActor {
 impl StoreActor {
     /// Queues a write-behind unit in the open group (opened lazily for it if none is), if the
     /// backend queues such writes; else gives it back.
-    fn defer(&mut self, write: Write) -> Result<(), Write> {
-        let Ok(core) = self.core.as_mut() else { return Err(write) };
+    fn defer(&mut self, write: Write) -> Option<Write> {
+        let Ok(core) = self.core.as_mut() else { return Some(write) };
         if self.group.durable.is_none() {
             match core.begin_group(false) {
                 Ok(true) => self.group.durable = Some(false),
-                _ => return Err(write),
+                _ => return Some(write),
             }
         }
         core.set_fenced(true);

@@ -124,10 +124,11 @@ pub trait StoreBackend: Send {
     fn abort_group(&mut self) {}
     /// Queues a write-behind unit of work in the open group, outside any other unit: its
     /// statements go out with the group's commit and its answer is one of
-    /// [`StoreBackend::take_deferred`]'s. `Err(write)`: this backend does not queue it (SQLite,
-    /// or no group open), and the store actor runs it as any unit of work ([`Write::apply`]).
-    fn defer(&mut self, write: Write) -> Result<(), Write> {
-        Err(write)
+    /// [`StoreBackend::take_deferred`]'s. `Some(write)`, given back: this backend does not queue
+    /// it (SQLite, or no group open), and the store actor runs it as any unit of work
+    /// ([`Write::apply`]).
+    fn defer(&mut self, write: Write) -> Option<Write> {
+        Some(write)
     }
     /// The answers of the writes the group that just committed had queued
     /// ([`StoreBackend::defer`]), in the order queued (each its own: one that failed wrote

@@ -1587,14 +1587,14 @@ impl StoreBackend for PgStore {
     fn group_has_written(&self) -> bool {
         self.group.as_ref().is_some_and(|g| g.written)
     }
-    fn defer(&mut self, write: Write) -> Result<(), Write> {
+    fn defer(&mut self, write: Write) -> Option<Write> {
         let Some(group) = self.group.as_mut().filter(|g| g.member.is_none()) else {
-            return Err(write);
+            return Some(write);
         };
         // The group's time bound runs from its first unit of work, queued or sent.
         group.began.get_or_insert_with(Instant::now);
         group.deferred.push(write);
-        Ok(())
+        None
     }
     fn take_deferred(&mut self) -> Vec<Result<Written, StoreError>> {
         std::mem::take(&mut self.deferred_results)

@@ -46,6 +46,9 @@ pub(super) struct PgClient {
 
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
+/// What [`PgClient::pipeline_then`] answers: each statement's answer, and the trailing batch's.
+pub(super) type PipelineAnswers = (Vec<Result<Reply, Error>>, Result<(), Error>);
+
 /// One statement of a [`PgClient::pipeline`]: prepared, its parameters, and whether its rows
 /// are wanted (else the count of rows it changed).
 pub(super) struct Piped<'a> {
@@ -187,11 +190,7 @@ impl PgClient {
     /// `then` (`;`-separated: a group's commit), all sent together after the queued ones: one
     /// round trip. Each statement's answer, and `then`'s (in a transaction, a statement that
     /// failed makes `then` fail: its `COMMIT` is not run).
-    pub(super) fn pipeline_then(
-        &mut self,
-        statements: &[Piped<'_>],
-        then: &str,
-    ) -> Result<(Vec<Result<Reply, Error>>, Result<(), Error>), Error> {
+    pub(super) fn pipeline_then(&mut self, statements: &[Piped<'_>], then: &str) -> Result<PipelineAnswers, Error> {
         self.pipelined(|c| {
             Box::pin(async move {
                 // Polled in this order, so sent in this order.

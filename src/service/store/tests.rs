@@ -654,7 +654,7 @@ fn an_instance_recorded_alone_counts_no_start_attempt(s: &mut dyn StoreBackend) 
     let m = s.add_machines(2, None).unwrap();
     s.record_start_outcome(&m[0], Some("no capacity in az1")).unwrap();
     let info = |n: u32| ProvisionedInstance {
-        instance: InstanceId::new(&format!("i-{n}")),
+        instance: InstanceId::new(format!("i-{n}")),
         zone: Some("az1".into()),
         nonce: format!("machine-{n}:n"),
         display_name: format!("sim-i-{n}"),
