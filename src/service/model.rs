@@ -5,7 +5,7 @@
 
 use crate::model::{InstanceStatus, Life, Machine, MachineId, MachineStatus, ProvisioningInfo};
 use crate::ports::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};
-use crate::service::store::{Store, StoreError};
+use crate::service::store::{Store, StoreError, Write};
 
 /// The model in the service's database.
 #[derive(Clone)]
@@ -57,6 +57,13 @@ impl StoreModel {
         let fut = self.store.exec_lazy(f);
         Box::pin(async move { fut.await.map_err(model_error) })
     }
+
+    /// The provisioner's hot writes, given as data (see [`Store::write_behind`]): a backend
+    /// may send them with their group's commit instead of one round trip each.
+    fn write(&self, write: Write) -> ModelFuture<()> {
+        let fut = self.store.write_behind(write);
+        Box::pin(async move { fut.await.map(|_| ()).map_err(model_error) })
+    }
 }
 
 impl ModelApi for StoreModel {
@@ -77,19 +84,14 @@ impl ModelApi for StoreModel {
         self.run(move |s| Ok(per_id(&ids, s.distribution_groups(&ids)?)))
     }
     fn set_instance_info(&self, id: MachineId, info: ProvisionedInstance) -> ModelFuture<()> {
-        self.run(move |s| s.record_started_instance(&id, &info))
+        self.write(Write::StartedInstance { id, info })
     }
     fn set_status(&self, id: MachineId, status: MachineStatus, message: String) -> ModelFuture<()> {
-        self.run(move |s| s.set_status(&id, status, &message))
+        self.write(Write::MachineStatus { id, status, message })
     }
     fn set_instance_status(&self, id: MachineId, status: InstanceStatus, message: String) -> ModelFuture<()> {
-        self.run(move |s| {
-            s.set_instance_status(&id, &status, &message)?;
-            match failed_start_attempt(&status, &message) {
-                Some(error) => s.record_start_outcome(&id, Some(error)),
-                None => Ok(()),
-            }
-        })
+        let failed_attempt = failed_start_attempt(&status, &message).map(str::to_owned);
+        self.write(Write::InstanceStatus { id, status, message, failed_attempt })
     }
     fn ensure_dead(&self, id: MachineId) -> ModelFuture<()> {
         self.run(move |s| s.ensure_dead(&id))

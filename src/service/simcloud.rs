@@ -41,7 +41,7 @@ use crate::ports::{
     StartedInstance,
 };
 use crate::service::settings::{DEFAULT_SIM_START_LATENCY, DEFAULT_SIM_ZONES};
-use crate::service::store::{Store, StoreError};
+use crate::service::store::{Store, StoreError, Write, Written};
 
 /// The simulated cloud's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -308,27 +308,39 @@ impl Broker for SimCloud {
             let instance_type = picked.map(|(t, _)| t);
             // Without a start latency to wait (or for a repeated token's instance), the instance
             // is created and landed by one unit of work: one store round trip, not two.
-            let at_once = latency.is_zero();
-            let (record, new, landed, params) = store
-                .exec_lazy(move |s| {
-                    let (zone, tags) = (params.zone.as_deref(), &params.tags);
-                    let (record, new) = match at_once {
-                        true => s.create_running_instance(&token, zone, tags)?,
-                        false => s.create_instance(&token, zone, tags)?,
-                    };
-                    // `Some(landed)`: landed by this unit (`None` in it: the record as it is).
-                    let landed = match (new, at_once) {
-                        (true, true) => Some(None),
-                        (true, false) => None,
-                        (false, _) if repeated_start(&params, &record.instance).is_ok() => {
-                            Some(s.land_instance(&record.instance.id)?)
-                        }
-                        (false, _) => None,
-                    };
-                    Ok((record, new, landed, params))
-                })
-                .await
-                .map_err(cloud_error)?;
+            // `landed`: `Some(landed)` when landed by that unit (`None` in it: the record as it is).
+            let (record, new, landed, params) = if latency.is_zero() {
+                // A write-behind unit: the store may send it with its group's commit. A
+                // repeated token's instance is landed by a second unit (a crash's leftover).
+                let write = Write::RunningInstance {
+                    client_token: token,
+                    zone: params.zone.clone(),
+                    tags: params.tags.clone(),
+                };
+                match store.write_behind(write).await.map_err(cloud_error)? {
+                    Written::Instance(record, new) => (record, new, new.then_some(None), params),
+                    Written::Done => {
+                        return Err(BrokerError::transient(
+                            "simulated cloud: the store answered no instance for a start",
+                        ))
+                    }
+                }
+            } else {
+                store
+                    .exec_lazy(move |s| {
+                        let (record, new) = s.create_instance(&token, params.zone.as_deref(), &params.tags)?;
+                        let landed = match new {
+                            true => None,
+                            false if repeated_start(&params, &record.instance).is_ok() => {
+                                Some(s.land_instance(&record.instance.id)?)
+                            }
+                            false => None,
+                        };
+                        Ok((record, new, landed, params))
+                    })
+                    .await
+                    .map_err(cloud_error)?
+            };
             repeated_start(&params, &record.instance)?;
             let landed = match landed {
                 Some(landed) => landed,

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::backend::{Fence, StoreBackend};
-use super::messages::{CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
+use super::messages::{Apply, CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
 use super::state::{StoreCore, StoreError};
+use super::writes::{Write, Written};
 use crate::{MachinesChanged, RetryTick};
 
 /// One unit of work's answer, held until its group commits: called with the group's failure
@@ -30,7 +31,12 @@ struct Group {
     durable: Option<bool>,
     /// The answers of its units of work that read or wrote what is not committed yet.
     answers: Vec<Answer>,
+    /// Where the answers of the write-behind units the backend queued go, in the order queued.
+    deferred: Vec<DeferredReply>,
 }
+
+/// Where a write-behind unit's answer goes.
+type DeferredReply = futures::channel::oneshot::Sender<Result<Written, StoreError>>;
 
 /// Owns the backend (one `SyncArbiter` thread: both backends' calls block) and the watchers.
 ///
@@ -42,7 +48,11 @@ struct Group {
 /// group changed. A unit of work that finds nothing written in its group yet (a read) is
 /// answered at once: it saw only committed data. A durable write joins a lazy group only if
 /// the backend can make it durable (PostgreSQL); else (SQLite) that group commits first. A
-/// backend without group commits would run each alone.
+/// backend without group commits would run each alone. A write-behind unit ([`Apply`]: the
+/// provisioner's hot writes as data) joins the open group (opening a lazy one) and, if the
+/// backend queues it ([`StoreBackend::defer`]: PostgreSQL), costs no round trip of its own:
+/// its statements go with the group's commit and its answer comes from
+/// [`StoreBackend::take_deferred`]; else it runs as any unit of work.
 pub struct StoreActor {
     core: Result<Box<dyn StoreBackend>, StoreError>,
     watchers: Vec<Recipient<MachinesChanged>>,
@@ -120,9 +130,10 @@ impl StoreActor {
             return;
         }
         let answers = std::mem::take(&mut self.group.answers);
-        let committed = match self.core.as_mut() {
-            Ok(core) => core.commit_group().inspect_err(|e| core.note_damage(e)),
-            Err(e) => Err(e.clone()),
+        let deferred = std::mem::take(&mut self.group.deferred);
+        let (committed, mut results) = match self.core.as_mut() {
+            Ok(core) => (core.commit_group().inspect_err(|e| core.note_damage(e)), core.take_deferred().into_iter()),
+            Err(e) => (Err(e.clone()), Vec::new().into_iter()),
         };
         if committed.is_ok() {
             self.commits.fetch_add(1, Ordering::Relaxed);
@@ -134,6 +145,13 @@ impl StoreActor {
         }
         for answer in answers {
             answer(failure.as_ref());
+        }
+        for reply in deferred {
+            let _ = reply.send(match (&failure, results.next()) {
+                (Some(e), _) => Err(e.clone()),
+                (None, Some(result)) => result,
+                (None, None) => Err(StoreError::Refused("the store kept no answer for a write-behind unit".into())),
+            });
         }
     }
 
@@ -148,6 +166,15 @@ impl StoreActor {
         for answer in std::mem::take(&mut self.group.answers) {
             answer(Some(why));
         }
+        for reply in std::mem::take(&mut self.group.deferred) {
+            let _ = reply.send(Err(why.clone()));
+        }
+    }
+
+    /// Whether the open group must commit now: none waits to join it, or it is full.
+    fn group_done(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) == 0
+            || self.core.as_ref().is_ok_and(|c| c.group_full(self.group.answers.len() + self.group.deferred.len()))
     }
 }
 
@@ -157,6 +184,55 @@ impl<T: Send + 'static> Handler<Exec<T>> for StoreActor {
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         self.operations.fetch_add(1, Ordering::Relaxed);
         let Exec { work, durable, fenced, reply } = msg;
+        self.run(work, durable, fenced, reply);
+    }
+}
+
+impl Handler<Apply> for StoreActor {
+    type Result = ();
+    fn handle(&mut self, msg: Apply, _ctx: &mut Self::Context) {
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        self.operations.fetch_add(1, Ordering::Relaxed);
+        let Apply { write, reply } = msg;
+        let write = match self.defer(write) {
+            None => {
+                self.group.deferred.push(reply);
+                if self.group_done() {
+                    self.finish_group();
+                }
+                return;
+            }
+            Some(write) => write,
+        };
+        // Run as any of the provisioner's units of work.
+        self.run(Box::new(move |s: &mut dyn StoreBackend| write.apply(s)), false, true, reply);
+    }
+}
+
+impl StoreActor {
+    /// Queues a write-behind unit in the open group (opened lazily for it if none is), if the
+    /// backend queues such writes; else gives it back.
+    fn defer(&mut self, write: Write) -> Option<Write> {
+        let Ok(core) = self.core.as_mut() else { return Some(write) };
+        if self.group.durable.is_none() {
+            match core.begin_group(false) {
+                Ok(true) => self.group.durable = Some(false),
+                _ => return Some(write),
+            }
+        }
+        core.set_fenced(true);
+        core.defer(write)
+    }
+
+    /// Runs one unit of work in the open group (opening one if none is), or alone on a backend
+    /// without group commits.
+    fn run<T: Send + 'static>(
+        &mut self,
+        work: super::messages::Work<T>,
+        durable: bool,
+        fenced: bool,
+        reply: futures::channel::oneshot::Sender<Result<T, StoreError>>,
+    ) {
         // A durable write joins a group that commits without waiting for the disk only if the
         // backend can make that group durable (PostgreSQL); else that group commits first.
         if durable && self.group.durable == Some(false) {
@@ -224,7 +300,7 @@ impl<T: Send + 'static> Handler<Exec<T>> for StoreActor {
             Ok(()) if !written => answer(None),
             Ok(()) => self.group.answers.push(answer),
         }
-        if self.waiting.load(Ordering::Acquire) == 0 || core.group_full(self.group.answers.len()) {
+        if self.group_done() {
             self.finish_group();
         }
     }
@@ -427,6 +503,17 @@ impl Store {
         f: impl FnOnce(&mut dyn StoreBackend) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
         self.send(Box::new(f), false, true)
+    }
+
+    /// Runs a write-behind unit of work: like [`Store::exec_lazy`] of [`Write::apply`] (lazy,
+    /// fenced, atomic, answered after its group commits), but given as data, so that the
+    /// backend may queue it with the group's commit instead of waiting for its own answer
+    /// (PostgreSQL).
+    pub fn write_behind(&self, write: Write) -> impl Future<Output = Result<Written, StoreError>> + Send + 'static {
+        let (reply, answer) = futures::channel::oneshot::channel();
+        self.shared.waiting.fetch_add(1, Ordering::AcqRel);
+        self.addr.do_send(Apply { write, reply });
+        async move { answer.await.map_err(|_| StoreError::Stopped(MailboxError::Closed))? }
     }
 
     /// Subscribes a machine watcher (it hears every machine at once).

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use super::state::{
     ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCore, StoreCounts, StoreError,
 };
+use super::writes::{Write, Written};
 use crate::model::{
     CloudInstance, Constraints, HarvestMode, InstanceId, InstanceStatus, InstanceTags, Life, Machine, MachineId,
     MachineStatus, ProvisioningInfo,
@@ -121,6 +122,20 @@ pub trait StoreBackend: Send {
     }
     /// Abandons the open group: nothing of it is written, the outbox and counts are as before.
     fn abort_group(&mut self) {}
+    /// Queues a write-behind unit of work in the open group, outside any other unit: its
+    /// statements go out with the group's commit and its answer is one of
+    /// [`StoreBackend::take_deferred`]'s. `Some(write)`, given back: this backend does not queue
+    /// it (SQLite, or no group open), and the store actor runs it as any unit of work
+    /// ([`Write::apply`]).
+    fn defer(&mut self, write: Write) -> Option<Write> {
+        Some(write)
+    }
+    /// The answers of the writes the group that just committed had queued
+    /// ([`StoreBackend::defer`]), in the order queued (each its own: one that failed wrote
+    /// nothing and did not undo the others). Empty after a group that failed.
+    fn take_deferred(&mut self) -> Vec<Result<Written, StoreError>> {
+        Vec::new()
+    }
     /// Whether the store can be read now (`/healthz`, `/readyz`).
     fn check_readable(&mut self) -> Result<(), StoreError>;
 

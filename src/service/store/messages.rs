@@ -4,6 +4,7 @@ use actix::prelude::*;
 
 use super::backend::{Fence, StoreBackend};
 use super::state::{StoreCounts, StoreError};
+use super::writes::{Write, Written};
 use crate::{MachinesChanged, RetryTick};
 
 /// A unit of work on the store's core.
@@ -29,6 +30,20 @@ pub struct Exec<T> {
 }
 
 impl<T: Send + 'static> Message for Exec<T> {
+    type Result = ();
+}
+
+/// Runs one write-behind unit of work ([`Write`]): the provisioner's (lazy and fenced, as
+/// [`Exec`] with `durable: false, fenced: true`). A backend may queue it in the open group and
+/// answer it only after the group's commit, without a round trip of its own.
+pub struct Apply {
+    /// The write.
+    pub write: Write,
+    /// Where its result goes, once its group has committed.
+    pub reply: futures::channel::oneshot::Sender<Result<Written, StoreError>>,
+}
+
+impl Message for Apply {
     type Result = ();
 }
 

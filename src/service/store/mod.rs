@@ -23,10 +23,11 @@ mod state;
 #[cfg(test)]
 mod tests;
 mod tokens;
+mod writes;
 
 pub use actor::{Store, StoreActor};
 pub use backend::{Fence, StoreBackend};
-pub use messages::{CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
+pub use messages::{Apply, CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
 #[cfg(feature = "postgres")]
 pub(crate) use pg::MIGRATION_LOCK;
 #[cfg(feature = "postgres")]
@@ -35,3 +36,4 @@ pub use state::{
     ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings, StoreCore, StoreCounts,
     StoreError, DB_FILE, SCHEMA_VERSION,
 };
+pub use writes::{Write, Written};

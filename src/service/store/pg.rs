@@ -48,6 +48,7 @@ use super::state::{
     random_uuid, ApplicationRecord, Book, BookMark, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings,
     StoreCounts, StoreError, CONTAINER_SEQ_BASE,
 };
+use super::writes::{Write, Written};
 use crate::model::{
     CloudInstance, Constraints, HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine,
     MachineId, MachineStatus, ProvisioningInfo,
@@ -532,6 +533,8 @@ struct PgGroup {
     /// Fenced writes kept in the group, and in the unit of work in progress.
     fenced_writes: i64,
     member_fenced_writes: i64,
+    /// The write-behind units queued for the commit ([`StoreBackend::defer`]).
+    deferred: Vec<Write>,
 }
 
 /// Breaks `group` if a statement queued on its connection (a savepoint, a release, a rollback to
@@ -732,6 +735,96 @@ pub struct PgStore {
     created: bool,
     /// The group commit open, if one is.
     group: Option<PgGroup>,
+    /// The answers of the write-behind units of the group that last committed.
+    deferred_results: Vec<Result<Written, StoreError>>,
+}
+
+/// A deferred machine write ([`Write`]), after [`STATUS_LIFE_SQL`] (its row locked and read:
+/// its status and life before): its update, notified only if it wrote (`$1` the channel, `$2`
+/// the notice, `$3` the machine; the `SET` list's parameters from `$4`). No row: no such
+/// machine, and nothing written. (One `UPDATE ... FROM` the locked row read would do both, but
+/// its join's plan, cached while the table was small, scanned the whole table at 100,000.)
+macro_rules! deferred_machine_sql {
+    ($set:literal) => {
+        concat!("WITH u AS (UPDATE machines SET ", $set, " WHERE id = $3 RETURNING 1) SELECT pg_notify($1, $2) FROM u")
+    };
+}
+
+/// [`Write::MachineStatus`] (`set_status`'s update): `$4` status, `$5` message.
+const DEFERRED_STATUS_SQL: &str = deferred_machine_sql!(
+    "status = $4, status_message = $5, transient = CASE WHEN $4 = 'pending' THEN false ELSE transient END"
+);
+/// [`Write::InstanceStatus`] without an attempt's outcome: `$4` status, `$5` message.
+const DEFERRED_INSTANCE_STATUS_SQL: &str = deferred_machine_sql!("instance_status = $4, instance_status_message = $5");
+/// [`Write::InstanceStatus`] with a failed attempt counted: `$6` its error.
+const DEFERRED_FAILED_ATTEMPT_SQL: &str = deferred_machine_sql!(
+    "instance_status = $4, instance_status_message = $5, start_attempts = start_attempts + 1, last_start_error = $6"
+);
+/// [`Write::StartedInstance`] (`record_started_instance`'s update): `$4` instance, `$5` zone,
+/// `$6` nonce, `$7` display name, `$8` instance status.
+const DEFERRED_STARTED_SQL: &str = deferred_machine_sql!(
+    "instance = $4, zone = $5, nonce = $6, display_name = $7, instance_status = $8, \
+     instance_status_message = '', status = 'started', status_message = '', transient = false, \
+     start_attempts = start_attempts + 1, last_start_error = NULL"
+);
+/// The fence's check ([`check_fence`]) as a statement that fails (division by zero) unless the
+/// lease passes, its row share-locked: `$1` model, `$2` holder, `$3` epoch.
+const FENCE_OR_FAIL_SQL: &str = "SELECT 1 / count(*) FROM (SELECT 1 FROM leader_lease WHERE model_uuid = $1 \
+     AND holder = $2 AND epoch = $3 AND expires_at > statement_timestamp() FOR SHARE) AS held";
+/// One start's instance at a time per client token, across replicas (held to the commit).
+const TOKEN_LOCK_SQL: &str = "SELECT pg_advisory_xact_lock(hashtext($1))";
+
+/// One parameter of a deferred statement.
+type Param<'a> = Box<dyn ToSql + Sync + 'a>;
+
+/// The statements of a deferred write, in order, with their parameters; `payload` its notice.
+fn deferred_statements<'a>(w: &'a Write, payload: &'a str) -> Vec<(&'static str, Vec<Param<'a>>)> {
+    let head = |id: &'a MachineId| -> Vec<Param<'a>> {
+        vec![Box::new(CHANGES_CHANNEL), Box::new(payload), Box::new(id.as_str())]
+    };
+    let lock = |id: &'a MachineId| -> (&'static str, Vec<Param<'a>>) { (STATUS_LIFE_SQL, vec![Box::new(id.as_str())]) };
+    match w {
+        Write::MachineStatus { id, status, message } => {
+            let mut p = head(id);
+            p.push(Box::new(status.as_str()));
+            p.push(Box::new(message.as_str()));
+            vec![lock(id), (DEFERRED_STATUS_SQL, p)]
+        }
+        Write::InstanceStatus { id, status, message, failed_attempt } => {
+            let mut p = head(id);
+            p.push(Box::new(status.as_str()));
+            p.push(Box::new(message.as_str()));
+            match failed_attempt {
+                Some(error) => {
+                    p.push(Box::new(error.as_str()));
+                    vec![lock(id), (DEFERRED_FAILED_ATTEMPT_SQL, p)]
+                }
+                None => vec![lock(id), (DEFERRED_INSTANCE_STATUS_SQL, p)],
+            }
+        }
+        Write::StartedInstance { id, info } => {
+            let mut p = head(id);
+            p.push(Box::new(info.instance.as_str()));
+            p.push(Box::new(&info.zone));
+            p.push(Box::new(info.nonce.as_str()));
+            p.push(Box::new(info.display_name.as_str()));
+            p.push(Box::new(info.status.as_str()));
+            vec![lock(id), (DEFERRED_STARTED_SQL, p)]
+        }
+        Write::RunningInstance { client_token, zone, tags } => {
+            let insert: Vec<Param<'a>> = vec![
+                Box::new("next_instance"),
+                Box::new(1_i64),
+                Box::new(zone.as_deref()),
+                Box::new(&tags.model),
+                Box::new(tags.machine.as_ref().map(MachineId::as_str)),
+                Box::new(&tags.start),
+                Box::new(client_token.as_str()),
+                Box::new(InstanceState::Running.as_str()),
+            ];
+            vec![(TOKEN_LOCK_SQL, vec![Box::new(client_token.as_str())]), (INSERT_NEW_INSTANCE_SQL, insert)]
+        }
+    }
 }
 
 impl PgStore {
@@ -790,6 +883,7 @@ impl PgStore {
             last_failure: None,
             created: false,
             group: None,
+            deferred_results: Vec::new(),
         }
     }
 
@@ -806,6 +900,12 @@ impl PgStore {
         if let Some(conn) = self.client.as_mut() {
             conn.client.replace_queued(sql);
         }
+    }
+
+    /// Round trips made on the current connection (tests).
+    #[cfg(test)]
+    pub(super) fn round_trips(&self) -> u64 {
+        self.client.as_ref().map_or(0, |c| c.client.round_trips())
     }
 
     /// Whether this store created the model (it found an empty database).
@@ -1164,6 +1264,206 @@ impl PgStore {
         Ok((first..=last).map(|n| MachineId::from(n.to_string())).collect())
     }
 
+    /// Sends the open group's write-behind units with its commit, in one round trip (after the
+    /// group's fence check, if it has not made one): `SAVEPOINT deferred`, each unit's
+    /// statements, the epochs' record, then `RELEASE SAVEPOINT deferred; SELECT 1; COMMIT`.
+    /// `Ok(true)`: committed, each unit answered from its own statements' answers (a missing
+    /// machine is its `NotFound`, having written nothing). If a statement failed, the
+    /// transaction is aborted and the commit not run: it is rolled back to the savepoint (the
+    /// other units of work of the group kept) and the units are run again one at a time, each
+    /// in a savepoint of its own, answered alone (the slow path; `Ok(false)`: the group is to be
+    /// committed as usual). Fenced out: each unit answers `Fenced` (`Ok(false)`). An error: the
+    /// group's transaction is gone.
+    fn send_deferred(&mut self, writes: Vec<Write>) -> Result<bool, StoreError> {
+        let ctx = "committing a group's write-behind units";
+        let uuid = self.uuid();
+        let fence = self.fence.clone();
+        self.connection()?;
+        let Self { client, group, session_durable, .. } = self;
+        let (Some(conn), Some(group)) = (client.as_mut(), group.as_mut()) else {
+            return Err(StoreError::Unavailable("no connection".into()));
+        };
+        if let Some(e) = &group.broken {
+            return Err(e.clone());
+        }
+        if !group.begun {
+            conn.client.queue("BEGIN");
+            group.begun = true;
+        }
+        if let Some(Err(e)) = fence.as_ref().and(group.fence.as_ref()) {
+            self.deferred_results = writes.iter().map(|_| Err(e.clone())).collect();
+            return Ok(false);
+        }
+        // The fence not checked in this group yet: checked first in the pipeline, by a
+        // statement that fails if it does not pass (nothing after it runs).
+        let check = fence.as_ref().filter(|_| group.fence.is_none());
+        let payloads: Vec<String> = writes
+            .iter()
+            .map(|w| match w {
+                Write::MachineStatus { id, .. }
+                | Write::InstanceStatus { id, .. }
+                | Write::StartedInstance { id, .. } => notice_payload(&uuid, "machines", std::slice::from_ref(id)),
+                Write::RunningInstance { .. } => String::new(),
+            })
+            .collect();
+        let mut bound: Vec<(&str, Vec<Param<'_>>)> = Vec::new();
+        if let Some(f) = check {
+            bound.push((FENCE_OR_FAIL_SQL, vec![Box::new(&f.model_uuid), Box::new(&f.holder), Box::new(f.epoch)]));
+        }
+        let mut per_write = Vec::with_capacity(writes.len());
+        for (w, payload) in writes.iter().zip(&payloads) {
+            let statements = deferred_statements(w, payload);
+            per_write.push(statements.len());
+            bound.extend(statements);
+        }
+        let recorded = group.fenced_writes + writes.len() as i64;
+        if let Some(f) = &fence {
+            bound.push((
+                RECORD_WRITES_SQL,
+                vec![Box::new(&f.model_uuid), Box::new(&f.holder), Box::new(f.epoch), Box::new(recorded)],
+            ));
+        }
+        let params: Vec<Vec<&(dyn ToSql + Sync)>> =
+            bound.iter().map(|(_, p)| p.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect()).collect();
+        let mut piped = Vec::with_capacity(bound.len());
+        for ((sql, _), params) in bound.iter().zip(&params) {
+            let statement = prepared(&mut conn.client, &mut conn.statements, sql)
+                .map_err(|e| group.broken.get_or_insert(pg(ctx)(e)).clone())?;
+            piped.push(Piped { statement, params, rows: true });
+        }
+        let durability = match (*session_durable == Some(group.durable), group.durable) {
+            (true, _) => "",
+            (false, true) => "SET LOCAL synchronous_commit TO on; ",
+            (false, false) => "SET LOCAL synchronous_commit TO off; ",
+        };
+        conn.client.queue("SAVEPOINT deferred");
+        // In a transaction that failed, the release fails and nothing after it runs.
+        let then = format!("RELEASE SAVEPOINT deferred; {durability}SELECT 1; COMMIT");
+        let (answers, committed) =
+            conn.client.pipeline_then(&piped, &then).map_err(|e| group.broken.get_or_insert(pg(ctx)(e)).clone())?;
+        let mut answers = answers.into_iter();
+        let fenced_out = match check {
+            None => None,
+            Some(f) => match answers.next() {
+                Some(Err(e)) if e.code() == Some(&postgres::error::SqlState::DIVISION_BY_ZERO) => {
+                    Some(StoreError::Fenced {
+                        model_uuid: f.model_uuid.clone(),
+                        holder: f.holder.clone(),
+                        epoch: f.epoch,
+                    })
+                }
+                _ => None,
+            },
+        };
+        let answers: Vec<_> = answers.collect();
+        match committed {
+            Ok(()) => {
+                if check.is_some() {
+                    group.fence = Some(Ok(()));
+                }
+            }
+            Err(e) if fenced_out.is_none() && answers.iter().all(Result::is_ok) || conn.client.is_closed() => {
+                return Err(group.broken.get_or_insert(pg(ctx)(e)).clone());
+            }
+            Err(_) if fenced_out.is_some() => {
+                let out = fenced_out.unwrap_or_else(|| unreachable!());
+                // Fenced out: none of the units is written; the group's other units of work
+                // (none of them fenced: the group had not checked its fence) commit.
+                conn.client.queue("ROLLBACK TO SAVEPOINT deferred");
+                conn.client.queue("RELEASE SAVEPOINT deferred");
+                self.deferred_results = writes.iter().map(|_| Err(out.clone())).collect();
+                group.fence = Some(Err(out));
+                return Ok(false);
+            }
+            Err(_) => {
+                // The slow path: back to before the units, then each alone (a fence checked
+                // in the pipeline went with the savepoint: checked again).
+                conn.client.queue("ROLLBACK TO SAVEPOINT deferred");
+                conn.client.queue("RELEASE SAVEPOINT deferred");
+                if check.is_some() {
+                    group.fence = None;
+                }
+                self.fenced = true;
+                let mut results = Vec::with_capacity(writes.len());
+                for w in &writes {
+                    self.begin_member()?;
+                    let result = w.apply(self);
+                    if let Err(e) = &result {
+                        self.note_damage(e);
+                    }
+                    self.end_member(result.is_ok())?;
+                    results.push(result);
+                }
+                self.deferred_results = results;
+                return Ok(false);
+            }
+        }
+        // Committed: each unit's answer from its statements'.
+        let mut answers = answers.into_iter();
+        let mut results = Vec::with_capacity(writes.len());
+        let mut look_up = Vec::new();
+        for (i, (w, n)) in writes.iter().zip(per_write).enumerate() {
+            let mine: Vec<Result<Reply, postgres::Error>> = answers.by_ref().take(n).collect();
+            let (first, rows) = match mine.into_iter().collect::<Result<Vec<Reply>, _>>() {
+                Ok(replies) => {
+                    let mut replies = replies.into_iter().map(Reply::into_rows);
+                    (replies.next().unwrap_or_default(), replies.last().unwrap_or_default())
+                }
+                Err(e) => {
+                    results.push(Err(pg(ctx)(e)));
+                    continue;
+                }
+            };
+            let result = match w {
+                Write::RunningInstance { client_token, zone, tags } => match rows.first() {
+                    Some(row) => row.try_get::<_, String>(0).map_err(pg(ctx)).map(|id| {
+                        self.book.instance_moved(None, InstanceState::Running.as_str());
+                        let record =
+                            InstanceRecord::created(id, InstanceState::Running, zone.as_deref(), tags, client_token);
+                        Written::Instance(record, true)
+                    }),
+                    None => {
+                        // The token's instance was there: read after the commit.
+                        look_up.push(i);
+                        Ok(Written::Done)
+                    }
+                },
+                Write::MachineStatus { id, .. }
+                | Write::InstanceStatus { id, .. }
+                | Write::StartedInstance { id, .. } => match (first.first(), rows.first()) {
+                    (None, _) | (_, None) => Err(StoreError::NotFound(id.clone())),
+                    (Some(row), Some(_)) => {
+                        let before: (String, String) = (row.get(0), row.get(1));
+                        match w {
+                            Write::MachineStatus { status, .. } => {
+                                self.book.count_machine(Some(before), Some(status.as_str()), None)
+                            }
+                            Write::StartedInstance { .. } => {
+                                self.book.count_machine(Some(before), Some(MachineStatus::Started.as_str()), None)
+                            }
+                            _ => {}
+                        }
+                        Ok(Written::Done)
+                    }
+                },
+            };
+            results.push(result);
+        }
+        for i in look_up {
+            let Write::RunningInstance { client_token, .. } = &writes[i] else { continue };
+            let sql = format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE client_token = $1");
+            results[i] = self
+                .client()
+                .and_then(|c| c.query_opt(&sql, &[&client_token.as_str()]).map_err(pg("reading an instance")))
+                .and_then(|row| {
+                    let row = row.ok_or_else(|| StoreError::Refused("the token's instance is gone".into()))?;
+                    Ok(Written::Instance(instance_from_row(&row)?, false))
+                });
+        }
+        self.deferred_results = results;
+        Ok(true)
+    }
+
     fn query_ids(
         &mut self,
         ctx: &'static str,
@@ -1287,11 +1587,46 @@ impl StoreBackend for PgStore {
     fn group_has_written(&self) -> bool {
         self.group.as_ref().is_some_and(|g| g.written)
     }
+    fn defer(&mut self, write: Write) -> Option<Write> {
+        let Some(group) = self.group.as_mut().filter(|g| g.member.is_none()) else {
+            return Some(write);
+        };
+        // The group's time bound runs from its first unit of work, queued or sent.
+        group.began.get_or_insert_with(Instant::now);
+        group.deferred.push(write);
+        None
+    }
+    fn take_deferred(&mut self) -> Vec<Result<Written, StoreError>> {
+        std::mem::take(&mut self.deferred_results)
+    }
     fn commit_group(&mut self) -> Result<(), StoreError> {
+        self.deferred_results.clear();
+        let deferred = self.group.as_mut().map(|g| std::mem::take(&mut g.deferred)).unwrap_or_default();
+        if !deferred.is_empty() {
+            match self.send_deferred(deferred) {
+                Ok(true) => {
+                    if let Some(group) = self.group.take() {
+                        self.book.keep(group.before);
+                    }
+                    return Ok(());
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    self.deferred_results.clear();
+                    if let Some(group) = self.group.as_mut() {
+                        group.broken.get_or_insert(e);
+                    }
+                }
+            }
+        }
         let Some(mut group) = self.group.take() else {
             return Err(StoreError::Refused("no group commit is open".into()));
         };
         if !group.begun {
+            if let Some(e) = group.broken {
+                self.book.undo(group.before);
+                return Err(e);
+            }
             self.book.keep(group.before);
             return Ok(());
         }
@@ -1339,6 +1674,7 @@ impl StoreBackend for PgStore {
         }
     }
     fn abort_group(&mut self) {
+        self.deferred_results.clear();
         if let Some(group) = self.group.take() {
             if let Some(conn) = self.client.as_mut().filter(|c| group.begun && !c.client.is_closed()) {
                 let _ = conn.client.rollback();

@@ -40,9 +40,14 @@ pub(super) struct PgClient {
     queued: String,
     /// A queued statement failed (see the module's documentation): what it answered.
     queued_failed: Option<String>,
+    /// Round trips made (each request the store's thread waited for).
+    round_trips: u64,
 }
 
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
+/// What [`PgClient::pipeline_then`] answers: each statement's answer, and the trailing batch's.
+pub(super) type PipelineAnswers = (Vec<Result<Reply, Error>>, Result<(), Error>);
 
 /// One statement of a [`PgClient::pipeline`]: prepared, its parameters, and whether its rows
 /// are wanted (else the count of rows it changed).
@@ -76,7 +81,7 @@ impl PgClient {
                 tracing::debug!(error = %e, "the store's connection ended");
             }
         });
-        Ok(Self { runtime, client, queued: String::new(), queued_failed: None })
+        Ok(Self { runtime, client, queued: String::new(), queued_failed: None, round_trips: 0 })
     }
 
     /// Queues a parameterless statement to go out with the next one.
@@ -98,6 +103,12 @@ impl PgClient {
         self.queued = sql.to_owned();
     }
 
+    /// Round trips made on this connection so far (tests count them).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(super) fn round_trips(&self) -> u64 {
+        self.round_trips
+    }
+
     /// Whether the connection is known to be gone.
     pub(super) fn is_closed(&self) -> bool {
         self.client.is_closed()
@@ -109,7 +120,8 @@ impl PgClient {
         &'a mut self,
         request: impl FnOnce(&'a Client) -> LocalBoxFuture<'a, Result<T, Error>>,
     ) -> Result<T, Error> {
-        let Self { runtime, client, queued, queued_failed } = self;
+        let Self { runtime, client, queued, queued_failed, round_trips } = self;
+        *round_trips += 1;
         let queued = std::mem::take(queued);
         let client: &'a Client = client;
         let (before, answer) = runtime.block_on(async {
@@ -147,6 +159,7 @@ impl PgClient {
     pub(super) fn batch_execute(&mut self, sql: &str) -> Result<(), Error> {
         if sql.is_empty() {
             let queued = std::mem::take(&mut self.queued);
+            self.round_trips += 1;
             let client = &self.client;
             return self
                 .runtime
@@ -170,17 +183,18 @@ impl PgClient {
     /// ones (one round trip): each one's answer, in order. In a transaction, one that fails
     /// makes the later ones fail too (the transaction is aborted).
     pub(super) fn pipeline(&mut self, statements: &[Piped<'_>]) -> Result<Vec<Result<Reply, Error>>, Error> {
+        self.pipelined(|c| Box::pin(async move { Ok(in_order(c, statements).await) }))
+    }
+
+    /// Runs statements as [`PgClient::pipeline`] does, then the parameterless statements
+    /// `then` (`;`-separated: a group's commit), all sent together after the queued ones: one
+    /// round trip. Each statement's answer, and `then`'s (in a transaction, a statement that
+    /// failed makes `then` fail: its `COMMIT` is not run).
+    pub(super) fn pipeline_then(&mut self, statements: &[Piped<'_>], then: &str) -> Result<PipelineAnswers, Error> {
         self.pipelined(|c| {
             Box::pin(async move {
-                let answers = statements.iter().map(|p| -> LocalBoxFuture<'_, Result<Reply, Error>> {
-                    if p.rows {
-                        Box::pin(async move { c.query(&p.statement, p.params).await.map(Reply::Rows) })
-                    } else {
-                        Box::pin(async move { c.execute(&p.statement, p.params).await.map(Reply::Count) })
-                    }
-                });
-                // Polled in order, so sent in order.
-                Ok(futures::future::join_all(answers).await)
+                // Polled in this order, so sent in this order.
+                Ok(futures::join!(in_order(c, statements), c.batch_execute(then)))
             })
         })
     }
@@ -203,6 +217,40 @@ impl PgClient {
     pub(super) fn query_one<T: ?Sized + ToStatement + Sync>(&mut self, st: &T, p: Params<'_>) -> Result<Row, Error> {
         self.pipelined(|c| Box::pin(c.query_one(st, p)))
     }
+}
+
+/// Runs `statements` on `c`, each sent when first polled: polled in order, so sent in order,
+/// in one write (whatever their number). Each one's answer, in order.
+async fn in_order<'a>(c: &'a Client, statements: &'a [Piped<'a>]) -> Vec<Result<Reply, Error>> {
+    let mut pending: Vec<LocalBoxFuture<'a, Result<Reply, Error>>> = statements
+        .iter()
+        .map(|p| -> LocalBoxFuture<'a, Result<Reply, Error>> {
+            if p.rows {
+                Box::pin(async move { c.query(&p.statement, p.params).await.map(Reply::Rows) })
+            } else {
+                Box::pin(async move { c.execute(&p.statement, p.params).await.map(Reply::Count) })
+            }
+        })
+        .collect();
+    let mut answers: Vec<Option<Result<Reply, Error>>> = statements.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut waiting = false;
+        for (future, answer) in pending.iter_mut().zip(answers.iter_mut()) {
+            if answer.is_none() {
+                match future.as_mut().poll(cx) {
+                    std::task::Poll::Ready(a) => *answer = Some(a),
+                    std::task::Poll::Pending => waiting = true,
+                }
+            }
+        }
+        if waiting {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    answers.into_iter().flatten().collect()
 }
 
 #[cfg(test)]

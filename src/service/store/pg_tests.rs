@@ -655,3 +655,163 @@ fn writes_waiting_together_commit_as_one_postgres_group_and_a_failed_commit_fail
         assert_eq!(machines.len(), 8, "none of the failed group's machines: {machines:?}");
     });
 }
+
+fn started(n: u32) -> ProvisionedInstance {
+    ProvisionedInstance {
+        instance: crate::model::InstanceId::new(format!("i-{n}")),
+        zone: Some("az1".into()),
+        nonce: format!("n-{n}"),
+        display_name: format!("sim-i-{n}"),
+        status: InstanceStatus::running(),
+    }
+}
+
+/// Write-behind units ([`super::Write`]) queued in a group go out with its commit: once the
+/// statements are prepared, a group of them and its commit is one round trip. Each is
+/// answered alone: a missing machine is `NotFound` (nothing written), a repeated client token
+/// gets the instance its first start made. One whose statement fails aborts the pipeline: the
+/// group is rolled back to before the units (the group's other unit of work kept) and the units
+/// run again one at a time, so the failing one fails alone and the others are written once
+/// (a failed attempt counted once, not twice).
+#[test]
+fn write_behind_units_commit_in_one_round_trip_and_a_failing_one_fails_alone() {
+    use super::{Write, Written};
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let mut s = PgStore::open(&url).unwrap();
+    let m = s.add_machines(4, None).unwrap();
+    let model = s.model_uuid().unwrap();
+    let tags = |machine: &MachineId| InstanceTags {
+        model: Some(model.clone()),
+        machine: Some(machine.clone()),
+        start: Some("n".into()),
+    };
+    let failed = |id: &MachineId, error: &str| Write::InstanceStatus {
+        id: id.clone(),
+        status: InstanceStatus::provisioning(),
+        message: error.into(),
+        failed_attempt: Some(error.into()),
+    };
+    let group = |s: &mut PgStore, writes: Vec<Write>| -> Vec<Result<Written, StoreError>> {
+        assert!(s.begin_group(false).unwrap());
+        s.set_fenced(true);
+        for w in writes {
+            assert!(s.defer(w).is_none(), "PostgreSQL queues write-behind units");
+        }
+        s.commit_group().unwrap();
+        s.take_deferred()
+    };
+    // Warm: the statements prepared, the session's settings made.
+    let first = group(
+        &mut s,
+        vec![
+            failed(&m[0], "boom"),
+            Write::StartedInstance { id: m[3].clone(), info: started(3) },
+            Write::MachineStatus { id: m[3].clone(), status: MachineStatus::Started, message: String::new() },
+            Write::InstanceStatus {
+                id: m[3].clone(),
+                status: InstanceStatus::running(),
+                message: String::new(),
+                failed_attempt: None,
+            },
+            Write::RunningInstance { client_token: "t0".into(), zone: Some("az1".into()), tags: tags(&m[3]) },
+            Write::RunningInstance { client_token: "t0".into(), zone: Some("az1".into()), tags: tags(&m[3]) },
+        ],
+    );
+    assert!(first.iter().all(Result::is_ok), "{first:?}");
+    let before = s.round_trips();
+    let answers = group(
+        &mut s,
+        vec![
+            failed(&m[1], "bang"),
+            Write::StartedInstance { id: m[2].clone(), info: started(2) },
+            Write::MachineStatus { id: MachineId::new("99"), status: MachineStatus::Started, message: String::new() },
+            Write::RunningInstance { client_token: "t1".into(), zone: Some("az1".into()), tags: tags(&m[2]) },
+            Write::RunningInstance { client_token: "t1".into(), zone: Some("az1".into()), tags: tags(&m[2]) },
+        ],
+    );
+    assert_eq!(s.round_trips() - before, 2, "one for the group and its commit, one to read the repeated token's");
+    assert_eq!(answers[0], Ok(Written::Done));
+    assert_eq!(answers[1], Ok(Written::Done));
+    assert_eq!(answers[2], Err(StoreError::NotFound(MachineId::new("99"))));
+    let Ok(Written::Instance(made, true)) = &answers[3] else { panic!("{:?}", answers[3]) };
+    assert_eq!(answers[4], Ok(Written::Instance(made.clone(), false)), "the token's instance");
+    let r = s.machine(&m[2]).unwrap().unwrap();
+    assert_eq!(
+        (r.machine.status, r.start_attempts, r.machine.instance),
+        (MachineStatus::Started, 1, Some(started(2).instance))
+    );
+    let r = s.machine(&m[1]).unwrap().unwrap();
+    assert_eq!((r.start_attempts, r.last_start_error.as_deref()), (1, Some("bang")));
+
+    // A unit whose statement fails (a NUL byte the server refuses) in a group with a unit of
+    // work of its own and other write-behind units.
+    assert!(s.begin_group(false).unwrap());
+    s.begin_member().unwrap();
+    let kept = s.add_machines(1, None);
+    s.end_member(kept.is_ok()).unwrap();
+    s.set_fenced(true);
+    for w in [
+        failed(&m[1], "again"),
+        Write::MachineStatus { id: m[0].clone(), status: MachineStatus::Error, message: "bad\0byte".into() },
+        Write::RunningInstance { client_token: "t2".into(), zone: None, tags: tags(&m[0]) },
+        Write::StartedInstance { id: m[0].clone(), info: started(9) },
+    ] {
+        assert!(s.defer(w).is_none());
+    }
+    s.commit_group().unwrap();
+    let answers = s.take_deferred();
+    assert_eq!(answers[0], Ok(Written::Done));
+    assert!(matches!(answers[1], Err(StoreError::Postgres { .. })), "{:?}", answers[1]);
+    assert!(matches!(answers[2], Ok(Written::Instance(_, true))), "{:?}", answers[2]);
+    assert_eq!(answers[3], Ok(Written::Done));
+    let kept = kept.unwrap();
+    assert!(s.machine(&kept[0]).unwrap().is_some(), "the group's unit of work kept");
+    let r = s.machine(&m[1]).unwrap().unwrap();
+    assert_eq!((r.start_attempts, r.last_start_error.as_deref()), (2, Some("again")), "counted once more, not twice");
+    let r = s.machine(&m[0]).unwrap().unwrap();
+    assert_eq!((r.machine.status, r.start_attempts), (MachineStatus::Started, 2), "the failed status wrote nothing");
+    let instances = s.all_instances().unwrap();
+    assert_eq!(instances.len(), 3, "one instance per token, none twice: {instances:?}");
+    assert_eq!(s.counts().instances_by_state.get("running"), Some(&3));
+    assert_eq!(s.recount().unwrap(), s.counts().clone(), "the counts kept match a recount");
+}
+
+/// Through the store actor, under a fence: write-behind units commit under the lease and are
+/// refused with `Fenced` (nothing written) under a stale one; their epoch is recorded.
+#[test]
+fn the_store_actor_fences_write_behind_units() {
+    use super::{Write, Written};
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let model = PgStore::open(&url).unwrap().model_uuid().unwrap();
+    lease(&url, &model, "replica-a", 7, 30);
+    let check = url.clone();
+    actix::System::new().block_on(async move {
+        let store = super::Store::start_postgres(&url).unwrap();
+        let ids = store.exec(|s| s.add_machines(2, None)).await.unwrap();
+        let fence = |epoch| Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch });
+        store.set_fence(fence(7)).await.unwrap();
+        let status = |id: &MachineId, message: &str| Write::MachineStatus {
+            id: id.clone(),
+            status: MachineStatus::Error,
+            message: message.into(),
+        };
+        let writes: Vec<_> = ids.iter().map(|id| store.write_behind(status(id, "under the lease"))).collect();
+        for w in writes {
+            assert_eq!(w.await, Ok(Written::Done));
+        }
+        store.set_fence(fence(6)).await.unwrap();
+        let refused = store.write_behind(status(&ids[0], "stale")).await;
+        assert!(matches!(refused, Err(StoreError::Fenced { epoch: 6, .. })), "{refused:?}");
+        let id = ids[0].clone();
+        let rec = store.exec(move |s| s.machine(&id)).await.unwrap().unwrap();
+        assert_eq!(rec.status_message, "under the lease", "the fenced-out write wrote nothing");
+        assert_eq!(store.exec(|s| s.recount()).await.unwrap().machines_by_status.get("error"), Some(&2));
+    });
+    let writes: i64 = raw(&check)
+        .query_one("SELECT COALESCE(sum(writes), 0)::bigint FROM epoch_writes WHERE epoch = 7", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(writes, 2, "both writes recorded under their epoch");
+}

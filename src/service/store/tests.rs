@@ -647,6 +647,33 @@ fn a_started_instance_is_recorded_with_its_successful_attempt(s: &mut dyn StoreB
     assert_eq!(s.machine(&m[1]).unwrap().unwrap().start_attempts, 0);
 }
 
+/// Recording an instance alone ([`StoreBackend::set_instance_info`]) does not count a start
+/// attempt (nor clear the last error); the model port's record of a start
+/// ([`StoreBackend::record_started_instance`]) does.
+fn an_instance_recorded_alone_counts_no_start_attempt(s: &mut dyn StoreBackend) {
+    let m = s.add_machines(2, None).unwrap();
+    s.record_start_outcome(&m[0], Some("no capacity in az1")).unwrap();
+    let info = |n: u32| ProvisionedInstance {
+        instance: InstanceId::new(format!("i-{n}")),
+        zone: Some("az1".into()),
+        nonce: format!("machine-{n}:n"),
+        display_name: format!("sim-i-{n}"),
+        status: InstanceStatus::running(),
+    };
+    s.set_instance_info(&m[0], &info(1)).unwrap();
+    s.set_instance_info(&m[1], &info(2)).unwrap();
+    let attempts = |s: &mut dyn StoreBackend, id: &MachineId| {
+        let r = s.machine(id).unwrap().unwrap();
+        (r.start_attempts, r.last_start_error)
+    };
+    assert_eq!(attempts(s, &m[0]), (1, Some("no capacity in az1".to_owned())), "only the failed attempt");
+    assert_eq!(attempts(s, &m[1]), (0, None));
+    s.record_started_instance(&m[1], &info(3)).unwrap();
+    assert_eq!(attempts(s, &m[1]), (1, None), "the start recorded counts one attempt");
+    s.record_started_instance(&m[0], &info(4)).unwrap();
+    assert_eq!(attempts(s, &m[0]), (2, None), "the success counted, the last error cleared");
+}
+
 /// A start without latency creates its instance running (counted as running, never as
 /// pending); a repeated client token gets the instance it made as it is, pending or not, and
 /// creates nothing.
@@ -763,6 +790,7 @@ on_both_backends!(
     start_intents_are_kept_until_dropped,
     machines_in_error_are_counted_without_a_scan,
     a_started_instance_is_recorded_with_its_successful_attempt,
+    an_instance_recorded_alone_counts_no_start_attempt,
     an_instance_created_running_is_counted_running_and_kept_by_its_token,
     the_provisioners_lean_reads_match_the_whole_record,
     machines_are_read_together_in_request_order,

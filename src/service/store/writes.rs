@@ -1,0 +1,90 @@
+//! Write-behind units of work: the provisioner's and the simulated cloud's hot writes (a
+//! machine's status, its instance status, a start's record, a start's instance), given to the
+//! store as *data* ([`Write`]) instead of a closure, so that a backend may queue their
+//! statements in its group commit without waiting for each answer (PostgreSQL sends them all
+//! with the group's `COMMIT`: one round trip for the group instead of one per write), and run
+//! them again one at a time if one of them fails. Their callers need only the outcome, and the
+//! answer waits for the group's commit anyway (acknowledged still means committed).
+//!
+//! A backend that does not queue them (SQLite: its statements cost microseconds) runs each as
+//! any unit of work, by [`Write::apply`]: the same store calls the closures made before. No
+//! actix here.
+
+use super::backend::StoreBackend;
+use super::state::{InstanceRecord, StoreError};
+use crate::model::{InstanceStatus, InstanceTags, MachineId, MachineStatus};
+use crate::ports::ProvisionedInstance;
+
+/// One write-behind unit of work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// A machine status ([`StoreBackend::set_status`]).
+    MachineStatus {
+        /// The machine.
+        id: MachineId,
+        /// Its new status.
+        status: MachineStatus,
+        /// The status message.
+        message: String,
+    },
+    /// An instance status ([`StoreBackend::set_instance_status`]), and with `failed_attempt`
+    /// one failed start attempt counted with that error ([`StoreBackend::record_start_outcome`])
+    /// in the same unit.
+    InstanceStatus {
+        /// The machine.
+        id: MachineId,
+        /// Its new instance status.
+        status: InstanceStatus,
+        /// The status message.
+        message: String,
+        /// The failed attempt's error, if the status reports one.
+        failed_attempt: Option<String>,
+    },
+    /// A start's record ([`StoreBackend::record_started_instance`]).
+    StartedInstance {
+        /// The machine.
+        id: MachineId,
+        /// What the start made.
+        info: ProvisionedInstance,
+    },
+    /// The simulated cloud's instance for a start with no latency to wait
+    /// ([`StoreBackend::create_running_instance`]).
+    RunningInstance {
+        /// The start's client token (the key: a repeat gets the instance it made).
+        client_token: String,
+        /// The zone asked for.
+        zone: Option<String>,
+        /// Its tags.
+        tags: InstanceTags,
+    },
+}
+
+/// What a [`Write`] answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    /// The machine write was made.
+    Done,
+    /// The instance, and whether this write made it (`false`: the token's, as it was).
+    Instance(InstanceRecord, bool),
+}
+
+impl Write {
+    /// Runs it as a unit of work on `s` (the slow path, and every backend that does not queue
+    /// it).
+    pub fn apply(&self, s: &mut dyn StoreBackend) -> Result<Written, StoreError> {
+        match self {
+            Write::MachineStatus { id, status, message } => s.set_status(id, *status, message).map(|()| Written::Done),
+            Write::InstanceStatus { id, status, message, failed_attempt } => {
+                s.set_instance_status(id, status, message)?;
+                if let Some(error) = failed_attempt {
+                    s.record_start_outcome(id, Some(error))?;
+                }
+                Ok(Written::Done)
+            }
+            Write::StartedInstance { id, info } => s.record_started_instance(id, info).map(|()| Written::Done),
+            Write::RunningInstance { client_token, zone, tags } => s
+                .create_running_instance(client_token, zone.as_deref(), tags)
+                .map(|(record, new)| Written::Instance(record, new)),
+        }
+    }
+}
