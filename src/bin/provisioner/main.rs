@@ -17,36 +17,22 @@ mod cli;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// How long mimalloc keeps memory freed before giving it back to the system, in milliseconds,
-/// in `serve`: a long-lived service should hand back what a burst of work freed. Its default
-/// (1,000 ms) outlasts a whole 100,000-machine run, whose peak RSS then holds every page it
-/// ever freed: 10 ms took the engine's 100,000-machine peak from 237 to 193 MiB at the price of
-/// about 0.1 s of system time, and the service's from about 200 to 175 MiB (docs/performance.md,
-/// "Third pass"). The short-lived commands (`simulate`, `plan`, `bench`) keep mimalloc's
-/// default: for them the purges are only work. `MIMALLOC_PURGE_DELAY` overrides both.
+/// How long mimalloc keeps memory freed before giving it back to the system, in milliseconds.
+/// Its default (1,000 ms) outlasts a whole 100,000-machine run, whose peak RSS then holds every
+/// page it ever freed. With the engine's fourth pass (a smaller heap, so fewer pages to purge and
+/// fault in again) 10 ms takes the engine's 100,000-machine peak from 163–175 to 143 MiB at no
+/// measurable cost in wall time (docs/performance.md, "Issue 17, the fourth pass merged"), and
+/// the service's from about 200 to 175 MiB ("Third pass"): every command uses it.
+/// `MIMALLOC_PURGE_DELAY` overrides it.
 const PURGE_DELAY_MS: std::ffi::c_long = 10;
 
 /// `mi_option_purge_delay` in mimalloc.h (v3, the one `libmimalloc-sys` builds), which the
 /// crate's list of options leaves out.
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// Whether the command line runs `serve`: its first word that is not an option (or the value of
-/// the global `--log-format`). Read before clap parses it: mimalloc takes the purge delay in
-/// at its first purges, so setting it once the arguments are parsed is too late.
-fn runs_serve(args: impl Iterator<Item = std::ffi::OsString>) -> bool {
-    let mut args = args.skip(1);
-    while let Some(arg) = args.next() {
-        if arg == "--log-format" {
-            args.next();
-        } else if !arg.to_string_lossy().starts_with('-') {
-            return arg == "serve";
-        }
-    }
-    false
-}
-
-/// Sets mimalloc's purge delay for the service, unless the environment sets it.
-fn tune_allocator_for_service() {
+/// Sets mimalloc's purge delay, unless the environment sets it. Called first thing: mimalloc
+/// takes the delay in at its first purges, so setting it later is too late.
+fn tune_allocator() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets one integer option, which mimalloc reads atomically; no pointer is passed.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
@@ -285,9 +271,7 @@ fn load(file: &std::path::Path) -> Result<Scenario, ExitCode> {
 }
 
 fn main() -> ExitCode {
-    if runs_serve(std::env::args_os()) {
-        tune_allocator_for_service();
-    }
+    tune_allocator();
     // The matches are kept: `serve` layers its config file under the flags given in them.
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
@@ -414,25 +398,5 @@ fn main() -> ExitCode {
             print!("{}", sim::generate(seed).to_toml());
             ExitCode::SUCCESS
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::runs_serve;
-
-    fn runs(line: &str) -> bool {
-        runs_serve(line.split(' ').map(std::ffi::OsString::from))
-    }
-
-    #[test]
-    fn only_the_serve_command_is_tuned_as_a_service() {
-        assert!(runs("provisioner serve --listen 127.0.0.1:0"));
-        assert!(runs("provisioner --log-format json serve"));
-        assert!(runs("provisioner --log-format=json serve"));
-        assert!(!runs("provisioner bench serve --requests 1"));
-        assert!(!runs("provisioner --log-format serve bench throughput"));
-        assert!(!runs("provisioner simulate serve.toml"));
-        assert!(!runs("provisioner"));
     }
 }
