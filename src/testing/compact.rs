@@ -9,8 +9,10 @@
 //! [`FakeInstance`] stored and read back is equal to the one stored.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::time::Duration;
+
+use rustc_hash::{FxBuildHasher, FxHasher};
 
 use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
 
@@ -263,37 +265,10 @@ impl Stored {
 /// No call number: the instance's client token, if any, is kept as text.
 const NO_CALL: u16 = u16::MAX;
 
-/// FxHash (as rustc's): client tokens are the model's own, never adversarial, and a fixed
+/// FxHash (`rustc-hash`): client tokens are the model's own, never adversarial, and a fixed
 /// hash keeps runs deterministic.
-#[derive(Default)]
-pub(super) struct Fx(u64);
-
-impl Hasher for Fx {
-    fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0xf135_7aea_2e62_a9c5;
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let w = u64::from_le_bytes(c.try_into().unwrap_or_default());
-            self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(K);
-        }
-        for &b in chunks.remainder() {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(K);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0xf135_7aea_2e62_a9c5);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type FxBuild = BuildHasherDefault<Fx>;
-
 fn fx(token: &str) -> u64 {
-    let mut h = Fx::default();
+    let mut h = FxHasher::default();
     h.write(token.as_bytes());
     h.finish()
 }
@@ -305,8 +280,8 @@ fn fx(token: &str) -> u64 {
 /// instance was retagged, as its text.
 #[derive(Debug, Default)]
 pub(super) struct Tokens {
-    hashed: HashMap<u64, InstanceId, FxBuild>,
-    text: HashMap<Box<str>, InstanceId, FxBuild>,
+    hashed: HashMap<u64, InstanceId, FxBuildHasher>,
+    text: HashMap<Box<str>, InstanceId, FxBuildHasher>,
 }
 
 impl Tokens {

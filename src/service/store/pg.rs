@@ -1356,17 +1356,16 @@ impl PgStore {
             },
         };
         let answers: Vec<_> = answers.collect();
-        match committed {
-            Ok(()) => {
+        match (committed, fenced_out) {
+            (Ok(()), _) => {
                 if check.is_some() {
                     group.fence = Some(Ok(()));
                 }
             }
-            Err(e) if fenced_out.is_none() && answers.iter().all(Result::is_ok) || conn.client.is_closed() => {
+            (Err(e), out) if out.is_none() && answers.iter().all(Result::is_ok) || conn.client.is_closed() => {
                 return Err(group.broken.get_or_insert(pg(ctx)(e)).clone());
             }
-            Err(_) if fenced_out.is_some() => {
-                let out = fenced_out.unwrap_or_else(|| unreachable!());
+            (Err(_), Some(out)) => {
                 // Fenced out: none of the units is written; the group's other units of work
                 // (none of them fenced: the group had not checked its fence) commit.
                 conn.client.queue("ROLLBACK TO SAVEPOINT deferred");
@@ -1375,7 +1374,7 @@ impl PgStore {
                 group.fence = Some(Err(out));
                 return Ok(false);
             }
-            Err(_) => {
+            (Err(_), None) => {
                 // The slow path: back to before the units, then each alone (a fence checked
                 // in the pipeline went with the savepoint: checked again).
                 conn.client.queue("ROLLBACK TO SAVEPOINT deferred");
