@@ -2,6 +2,7 @@
 //! register. Every decision about rounds is made by [`Attempts`]; every decision about zones
 //! by the allocator.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use crate::actors::lifecycle::StillWanted;
 use crate::actors::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation};
 use crate::config::{Backoff, RetryStrategy};
 use crate::model::{CloudInstance, InstanceStatus, MachineId, MachineStatus};
-use crate::ports::{Broker, BrokerError, ModelApi, ProvisionedInstance, StartInstanceParams};
+use crate::ports::{Broker, BrokerError, ModelApi, ModelFuture, ProvisionedInstance, StartInstanceParams};
 
 /// What batched starts need (batching on, on a broker that batches natively).
 pub struct BatchDeps {
@@ -106,15 +107,54 @@ async fn still_wanted(deps: &StartDeps, machine: &MachineId) -> bool {
     }
 }
 
-async fn set_instance_status(deps: &StartDeps, machine: &MachineId, status: InstanceStatus, message: String) {
+async fn set_instance_status(deps: &Start<'_>, machine: &MachineId, status: InstanceStatus, message: String) {
+    deps.settle().await;
     if let Err(e) = deps.model.set_instance_status(machine.clone(), status, message).await {
         tracing::warn!(%machine, error = %e, "cannot set instance status");
     }
 }
 
+/// One start's view of its dependencies ([`StartDeps`], through `Deref`), with the start's
+/// status write still committing, if one is. The "starting" status is written while the start
+/// goes on to the cloud (with a store, its commit and the cloud call's overlap: one commit fewer
+/// that each start waits for), and every later write of the start awaits it first, as does
+/// the start's end, so the model gets the machine's writes in the order they were made whatever
+/// the model (a remote API may run two calls at once), and a start's outcome still follows its
+/// writes.
+struct Start<'d> {
+    deps: &'d StartDeps,
+    pending: RefCell<Option<(MachineId, ModelFuture<()>)>>,
+}
+
+impl std::ops::Deref for Start<'_> {
+    type Target = StartDeps;
+    fn deref(&self) -> &StartDeps {
+        self.deps
+    }
+}
+
+impl Start<'_> {
+    /// Sends an instance status write without waiting for it (after any write still pending).
+    async fn send_instance_status(&self, machine: &MachineId, status: InstanceStatus, message: String) {
+        self.settle().await;
+        let write = self.deps.model.set_instance_status(machine.clone(), status, message);
+        *self.pending.borrow_mut() = Some((machine.clone(), write));
+    }
+
+    /// Waits for the write still pending, if one is.
+    async fn settle(&self) {
+        let pending = self.pending.borrow_mut().take();
+        if let Some((machine, write)) = pending {
+            if let Err(e) = write.await {
+                tracing::warn!(%machine, error = %e, "cannot set instance status");
+            }
+        }
+    }
+}
+
 /// Writes a final provisioning error: instance status `provisioning error` and
 /// machine status `error`, both with the cause (the error's text).
-async fn fail(deps: &StartDeps, machine: MachineId, error: WorkerError) -> JobOutcome {
+async fn fail(deps: &Start<'_>, machine: MachineId, error: WorkerError) -> JobOutcome {
     fail_retiring(deps, machine, error, None, None).await
 }
 
@@ -123,18 +163,18 @@ async fn fail(deps: &StartDeps, machine: MachineId, error: WorkerError) -> JobOu
 ///
 /// Boxed, as are the start's other rare paths ([`look_for_own`], [`adopt_own`]): a future
 /// awaited in place makes every start's future as large as its largest path.
-fn fail_retiring(
-    deps: &StartDeps,
+fn fail_retiring<'a>(
+    deps: &'a Start<'_>,
     machine: MachineId,
     error: WorkerError,
     retired: Option<MachineId>,
     zone: Option<String>,
-) -> LocalBoxFuture<'_, JobOutcome> {
+) -> LocalBoxFuture<'a, JobOutcome> {
     Box::pin(fail_retiring_now(deps, machine, error, retired, zone))
 }
 
 async fn fail_retiring_now(
-    deps: &StartDeps,
+    deps: &Start<'_>,
     machine: MachineId,
     error: WorkerError,
     retired: Option<MachineId>,
@@ -161,7 +201,7 @@ async fn abandon(deps: &StartDeps, machine: MachineId) -> JobOutcome {
 /// the machine for pending and adopts the instance), then the outcome names the instance as the
 /// orphan, which the coordinator has stopped like any other stop (retried until it succeeds).
 async fn register(
-    deps: &StartDeps,
+    deps: &Start<'_>,
     machine: MachineId,
     instance: CloudInstance,
     nonce: &str,
@@ -177,6 +217,7 @@ async fn register(
         status: InstanceStatus::from_static(instance.state.as_str()),
     };
     let mut attempt = 0;
+    deps.settle().await;
     let source = loop {
         match deps.model.set_instance_info(machine.clone(), info.clone()).await {
             Ok(()) => {
@@ -247,7 +288,21 @@ async fn start_or_adopt(
     batch: Option<Recipient<JoinBatch>>,
     given_up: &mut Option<super::state::GivenUp>,
 ) -> JobOutcome {
-    let deps = &*deps;
+    let deps = &Start { deps: &deps, pending: RefCell::new(None) };
+    let outcome = start_with(deps, job, nonce, seed, batch, given_up).await;
+    deps.settle().await;
+    outcome
+}
+
+/// [`start_or_adopt`]'s body, on the start's view of its dependencies.
+async fn start_with(
+    deps: &Start<'_>,
+    job: StartJob,
+    nonce: String,
+    seed: u64,
+    batch: Option<Recipient<JoinBatch>>,
+    given_up: &mut Option<super::state::GivenUp>,
+) -> JobOutcome {
     let rng = &mut SmallRng::seed_from_u64(seed);
     let machine = job.machine.id.clone();
     if !still_wanted(deps, &machine).await {
@@ -261,7 +316,7 @@ async fn start_or_adopt(
         return register(deps, machine, instance, &start_nonce, String::new(), Started::default(), rng).await;
     }
 
-    set_instance_status(deps, &machine, InstanceStatus::provisioning(), "starting".into()).await;
+    deps.send_instance_status(&machine, InstanceStatus::provisioning(), "starting".into()).await;
 
     let mut params = job.call_params(&deps.model_uuid, &nonce);
 
@@ -518,7 +573,7 @@ async fn look_for_own_now(
 
 /// Takes the instance an ambiguous call made (found by its tags) as the start's product.
 fn adopt_own<'a>(
-    deps: &'a StartDeps,
+    deps: &'a Start<'_>,
     machine: MachineId,
     instance: CloudInstance,
     nonce: &'a str,

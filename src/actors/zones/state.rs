@@ -14,6 +14,9 @@ pub use crate::model::ZoneError;
 /// A zone's name as the book holds it per machine: its index in [`ZoneBook`]'s interned names.
 type ZoneIndex = u16;
 
+/// How many zone names the book interns at most (those listed after them are never used).
+pub const MAX_ZONE_NAMES: usize = ZoneIndex::MAX as usize + 1;
+
 #[derive(Debug, Clone)]
 struct Zone {
     /// Its interned name.
@@ -45,6 +48,8 @@ pub struct ZoneBook {
     /// Every zone name the book has seen, each once: a zone's index is its place here (a zone
     /// dropped and listed again gets its index back).
     names: Vec<String>,
+    /// Each name's index in `names`.
+    index_of: BTreeMap<String, ZoneIndex>,
     /// Each placed or reserved machine's zone (a zone's machines are those placed there).
     placed: BTreeMap<MachineId, ZoneIndex>,
     /// When `placed` is rebuilt packed (it fills in id order).
@@ -63,6 +68,7 @@ impl ZoneBook {
         Self {
             zones: BTreeMap::new(),
             names: Vec::new(),
+            index_of: BTreeMap::new(),
             placed: BTreeMap::new(),
             packing: Packing::default(),
             requests: BTreeMap::new(),
@@ -112,14 +118,21 @@ impl ZoneBook {
             z.available = false;
         }
         for (name, available) in list {
-            let index = match self.names.iter().position(|n| n == name) {
-                Some(i) => i,
-                None => {
-                    self.names.push(name.clone());
-                    self.names.len() - 1
-                }
+            let index = match self.index_of.get(name) {
+                Some(i) => *i,
+                None => match ZoneIndex::try_from(self.names.len()) {
+                    Ok(i) => {
+                        self.names.push(name.clone());
+                        self.index_of.insert(name.clone(), i);
+                        i
+                    }
+                    // A cloud listing more zone names than that is broken: the rest are ignored.
+                    Err(_) => {
+                        tracing::warn!(zone = %name, limit = MAX_ZONE_NAMES, "too many zone names; zone ignored");
+                        continue;
+                    }
+                },
             };
-            let index = ZoneIndex::try_from(index).expect("fewer than 65,536 zone names");
             let z = self.zones.entry(name.clone()).or_insert_with(|| Zone {
                 index,
                 available: false,

@@ -447,3 +447,17 @@ fn a_machine_failing_everywhere_still_gets_n_times_z_plus_one_calls() {
     }
     assert_eq!(calls, 2 * 3 + 1);
 }
+
+/// A cloud listing more zone names than the book interns is not a crash: the names past the
+/// limit are ignored, the others (and a dropped zone listed again) keep working.
+#[test]
+fn zone_names_past_the_limit_are_ignored() {
+    let mut b = ZoneBook::new(1);
+    let names: Vec<(String, bool)> = (0..MAX_ZONE_NAMES + 2).map(|i| (format!("z{i}"), i == 0)).collect();
+    b.update_zones(&names);
+    assert_eq!(b.view().len(), MAX_ZONE_NAMES, "the names past the limit are not zones");
+    assert_eq!(choose(&mut b, "0", any()), "z0");
+    b.update_zones(&[("z0".to_owned(), true), (format!("z{}", MAX_ZONE_NAMES + 1), true)]);
+    assert_eq!(populations(&b), BTreeMap::from([("z0".to_owned(), 1)]));
+    assert_eq!(choose(&mut b, "1", any()), "z0", "only the zone within the limit is chosen");
+}

@@ -23,6 +23,10 @@ type Answer = Box<dyn FnOnce(Option<&StoreError>) + Send>;
 /// for its answer while others keep arriving.
 pub const MAX_GROUP: usize = 256;
 
+/// How many times a group of write-behind units lets the other threads run before it commits
+/// at an empty mailbox ([`StoreActor::group_done`]): 1 and 3 measured alike, both well ahead of 0.
+const YIELDS_BEFORE_COMMIT: usize = 3;
+
 /// The group commit open on the store's thread: whether it commits durably, and the answers
 /// it holds back until then.
 #[derive(Default)]
@@ -172,8 +176,21 @@ impl StoreActor {
     }
 
     /// Whether the open group must commit now: none waits to join it, or it is full.
+    ///
+    /// A group holding write-behind units first lets the other threads run a little (a few
+    /// yields of the store's thread: no sleep, no clock) and commits only if still none waits:
+    /// the provisioner's writers are woken together by the previous commit's answers and hand in
+    /// their next writes one after another, so committing at the first empty mailbox cut their
+    /// writes into many small groups, and a group's statements and commit cost much the same
+    /// for one write as for twenty (`docs/performance.md`, "Set-based write-behind units").
     fn group_done(&self) -> bool {
-        self.waiting.load(Ordering::Acquire) == 0
+        let idle = || self.waiting.load(Ordering::Acquire) == 0;
+        (idle()
+            && (self.group.deferred.is_empty()
+                || (0..YIELDS_BEFORE_COMMIT).all(|_| {
+                    std::thread::yield_now();
+                    idle()
+                })))
             || self.core.as_ref().is_ok_and(|c| c.group_full(self.group.answers.len() + self.group.deferred.len()))
     }
 }

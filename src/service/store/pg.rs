@@ -568,21 +568,8 @@ fn machine_from_row(r: &Row) -> Result<MachineRecord, StoreError> {
     let get = |e: postgres::Error| pg(ctx)(e);
     let life: String = r.try_get(1).map_err(get)?;
     let status: String = r.try_get(2).map_err(get)?;
-    let zones: Option<String> = r.try_get(10).map_err(get)?;
-    let zones: Option<Vec<String>> = zones.map(|z| z.split(',').map(str::to_owned).collect());
-    let list = |s: Option<String>| -> Vec<String> {
-        s.filter(|s| !s.is_empty()).map(|s| s.split(',').map(str::to_owned).collect()).unwrap_or_default()
-    };
-    let constraints = Constraints {
-        zones: zones.clone(),
-        arch: r.try_get(11).map_err(get)?,
-        cores: r.try_get::<_, Option<i64>>(12).map_err(get)?.map(|n| n as u32),
-        mem_mb: r.try_get::<_, Option<i64>>(13).map_err(get)?.map(|n| n as u64),
-        root_disk_mb: r.try_get::<_, Option<i64>>(14).map_err(get)?.map(|n| n as u64),
-        instance_type: r.try_get(15).map_err(get)?,
-        spaces: list(r.try_get(16).map_err(get)?),
-        tags: list(r.try_get(17).map_err(get)?),
-    };
+    let constraints = constraints_from_row(r, 10)?;
+    let zones = constraints.zones.clone();
     Ok(MachineRecord {
         machine: Machine {
             id: MachineId::from(r.try_get::<_, String>(0).map_err(get)?),
@@ -608,6 +595,55 @@ fn machine_from_row(r: &Row) -> Result<MachineRecord, StoreError> {
         last_start_error: r.try_get(24).map_err(get)?,
     })
 }
+
+/// The constraints of a row whose eight columns from `first` on are the machine's zones (its own or its
+/// constraint set's), then the constraint set's arch, cores, memory, root disk, instance type, spaces
+/// and tags.
+fn constraints_from_row(r: &Row, first: usize) -> Result<Constraints, StoreError> {
+    let get = |e: postgres::Error| pg("reading a machine")(e);
+    let zones: Option<String> = r.try_get(first).map_err(get)?;
+    let list = |s: Option<String>| -> Vec<String> {
+        s.filter(|s| !s.is_empty()).map(|s| s.split(',').map(str::to_owned).collect()).unwrap_or_default()
+    };
+    Ok(Constraints {
+        zones: zones.map(|z| z.split(',').map(str::to_owned).collect()),
+        arch: r.try_get(first + 1).map_err(get)?,
+        cores: r.try_get::<_, Option<i64>>(first + 2).map_err(get)?.map(|n| n as u32),
+        mem_mb: r.try_get::<_, Option<i64>>(first + 3).map_err(get)?.map(|n| n as u64),
+        root_disk_mb: r.try_get::<_, Option<i64>>(first + 4).map_err(get)?.map(|n| n as u64),
+        instance_type: r.try_get(first + 5).map_err(get)?,
+        spaces: list(r.try_get(first + 6).map_err(get)?),
+        tags: list(r.try_get(first + 7).map_err(get)?),
+    })
+}
+
+/// A machine as the provisioner reads it, from [`LEAN_MACHINE_SQL`]'s row.
+fn lean_machine_from_row(r: &Row) -> Result<Machine, StoreError> {
+    let ctx = "reading a machine";
+    let get = |e: postgres::Error| pg(ctx)(e);
+    let life: String = r.try_get(1).map_err(get)?;
+    let status: String = r.try_get(2).map_err(get)?;
+    Ok(Machine {
+        id: MachineId::from(r.try_get::<_, String>(0).map_err(get)?),
+        life: life.parse().map_err(|e| bad_row(ctx, format!("life {life:?}: {e}")))?,
+        status: status.parse().map_err(|e| bad_row(ctx, format!("status {status:?}: {e}")))?,
+        instance_status: InstanceStatus::other(r.try_get::<_, String>(3).map_err(get)?),
+        instance: r.try_get::<_, Option<String>>(4).map_err(get)?.map(InstanceId::from),
+        keep_instance: r.try_get(5).map_err(get)?,
+        manual: r.try_get(6).map_err(get)?,
+        controller: false,
+    })
+}
+
+/// The provisioner's lean reads of many machines (what it needs of each, not the whole record:
+/// `machine show`'s): the machine ([`lean_machine_from_row`]), its application, its
+/// provisioning info; `$1` the ids.
+const LEAN_MACHINE_SQL: &str =
+    "SELECT id, life, status, instance_status, instance, keep_instance, manual FROM machines WHERE id = ANY($1)";
+const MACHINE_APPLICATION_SQL: &str = "SELECT id, application FROM machines WHERE id = ANY($1)";
+const MACHINE_PROVISIONING_SQL: &str = "SELECT m.id, COALESCE(c.zones, m.zones), c.arch, c.cores, c.mem_mb, \
+     c.root_disk_mb, c.instance_type, c.spaces, c.tags, m.placement \
+     FROM machines m LEFT JOIN constraints c ON c.id = m.constraints_id WHERE m.id = ANY($1)";
 
 fn instance_from_row(r: &Row) -> Result<InstanceRecord, StoreError> {
     let ctx = "reading an instance";
@@ -739,92 +775,249 @@ pub struct PgStore {
     deferred_results: Vec<Result<Written, StoreError>>,
 }
 
-/// A deferred machine write ([`Write`]), after [`STATUS_LIFE_SQL`] (its row locked and read:
-/// its status and life before): its update, notified only if it wrote (`$1` the channel, `$2`
-/// the notice, `$3` the machine; the `SET` list's parameters from `$4`). No row: no such
-/// machine, and nothing written. (One `UPDATE ... FROM` the locked row read would do both, but
-/// its join's plan, cached while the table was small, scanned the whole table at 100,000.)
-macro_rules! deferred_machine_sql {
-    ($set:literal) => {
-        concat!("WITH u AS (UPDATE machines SET ", $set, " WHERE id = $3 RETURNING 1) SELECT pg_notify($1, $2) FROM u")
+/// A group's write-behind units ([`Write`]) as *set-based* statements: the units are cut into
+/// runs in which no machine and no client token appears twice ([`runs`]), and each run's
+/// units of one kind are written by one statement over arrays (`unnest`), so a group of any
+/// size costs a few statements, not two a unit (a statement's fixed cost, tens of
+/// microseconds on the server, was what a unit cost: `docs/performance.md`). Within a run the
+/// order of its units does not matter (each touches its own row); runs go in order, so a
+/// machine written twice in a group is written in the order given. Its rows are locked and
+/// read first, in one statement ([`LOCK_MACHINES_SQL`]), for the counts' before.
+///
+/// Their plans are kept (prepared statements) but made under [`index_plans!`]: a generic plan
+/// made while the table was small (a sequential scan, a hash join) would be kept at 100,000
+/// machines, and planning each execution for its arrays instead cost a quarter of the server's
+/// time (`docs/performance.md`).
+pub(super) const LOCK_MACHINES_SQL: &str =
+    "SELECT id, status, life FROM machines WHERE id = ANY($1::text[]) ORDER BY seq FOR UPDATE";
+
+/// The planner settings the deferred statements run under (`SET LOCAL`, from their savepoint
+/// to the commit): a row is found through its index, never by a scan of the table or a hash of
+/// it, whatever the size of the table when the plan was made. Each statement looks up the few
+/// rows its arrays name, so an index look-up is the right plan at every size.
+macro_rules! index_plans {
+    () => {
+        "SET LOCAL enable_seqscan TO off; SET LOCAL enable_hashjoin TO off; SET LOCAL enable_mergejoin TO off"
     };
 }
 
-/// [`Write::MachineStatus`] (`set_status`'s update): `$4` status, `$5` message.
-const DEFERRED_STATUS_SQL: &str = deferred_machine_sql!(
-    "status = $4, status_message = $5, transient = CASE WHEN $4 = 'pending' THEN false ELSE transient END"
-);
-/// [`Write::InstanceStatus`] without an attempt's outcome: `$4` status, `$5` message.
-const DEFERRED_INSTANCE_STATUS_SQL: &str = deferred_machine_sql!("instance_status = $4, instance_status_message = $5");
-/// [`Write::InstanceStatus`] with a failed attempt counted: `$6` its error.
-const DEFERRED_FAILED_ATTEMPT_SQL: &str = deferred_machine_sql!(
-    "instance_status = $4, instance_status_message = $5, start_attempts = start_attempts + 1, last_start_error = $6"
-);
-/// [`Write::StartedInstance`] (`record_started_instance`'s update): `$4` instance, `$5` zone,
-/// `$6` nonce, `$7` display name, `$8` instance status.
-const DEFERRED_STARTED_SQL: &str = deferred_machine_sql!(
-    "instance = $4, zone = $5, nonce = $6, display_name = $7, instance_status = $8, \
-     instance_status_message = '', status = 'started', status_message = '', transient = false, \
-     start_attempts = start_attempts + 1, last_start_error = NULL"
-);
+/// [`index_plans!`] as a constant (for the tests).
+#[cfg(test)]
+pub(super) const INDEX_PLANS_SQL: &str = index_plans!();
+
+/// [`Write::MachineStatus`] units (`set_status`'s update): ids, statuses, messages.
+pub(super) const SET_STATUSES_SQL: &str = "UPDATE machines m SET status = v.status, status_message = v.message, \
+     transient = CASE WHEN v.status = 'pending' THEN false ELSE m.transient END \
+     FROM unnest($1::text[], $2::text[], $3::text[]) AS v(id, status, message) WHERE m.id = v.id RETURNING m.id";
+
+/// [`Write::InstanceStatus`] units: ids, statuses, messages, and each failed attempt's error
+/// (`NULL`: no attempt's outcome; else the attempt counted, its error kept).
+pub(super) const SET_INSTANCE_STATUSES_SQL: &str = "UPDATE machines m SET instance_status = v.status, \
+     instance_status_message = v.message, start_attempts = m.start_attempts + (v.error IS NOT NULL)::int, \
+     last_start_error = COALESCE(v.error, m.last_start_error) \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS v(id, status, message, error) \
+     WHERE m.id = v.id RETURNING m.id";
+
+/// [`Write::StartedInstance`] units (`record_started_instance`'s update): ids, instances,
+/// zones, nonces, display names, instance statuses.
+pub(super) const SET_STARTED_SQL: &str =
+    "UPDATE machines m SET instance = v.instance, zone = v.zone, nonce = v.nonce, \
+     display_name = v.display_name, instance_status = v.status, instance_status_message = '', \
+     status = 'started', status_message = '', transient = false, start_attempts = m.start_attempts + 1, \
+     last_start_error = NULL \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) \
+     AS v(id, instance, zone, nonce, display_name, status) WHERE m.id = v.id RETURNING m.id";
+
+/// One start's instance at a time per client token, across replicas (held to the commit): a
+/// run's tokens locked in order.
+const LOCK_TOKENS_SQL: &str =
+    "SELECT count(pg_advisory_xact_lock(hashtext(t))) FROM (SELECT t FROM unnest($1::text[]) AS t ORDER BY t) AS s";
+
+/// [`Write::RunningInstance`] units: the instances of the tokens that have none, inserted
+/// running with ids drawn from the counter in `meta` (bumped once, by their number), in the
+/// order given: tokens, zones, models, machines, starts; `$6` the state. Answers each new
+/// instance's token and id (a token that had one is read after the commit).
+pub(super) const INSERT_INSTANCES_SQL: &str = "WITH v AS (\
+     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY \
+     AS v(token, zone, model, machine, start, n) \
+     WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.client_token = v.token)), \
+     c AS (INSERT INTO meta (key, value) SELECT 'next_instance', count(*)::text FROM v HAVING count(*) > 0 \
+     ON CONFLICT (key) DO UPDATE SET value = ((meta.value)::bigint + (EXCLUDED.value)::bigint)::text \
+     RETURNING (value)::bigint - (SELECT count(*) FROM v) AS first) \
+     INSERT INTO instances (seq, id, state, zone, model, machine, start, client_token) \
+     SELECT first + r, 'i-' || lpad(to_hex(first + r + 1), greatest(8, length(to_hex(first + r + 1))), '0'), \
+     $6, w.zone, w.model, w.machine, w.start, w.token \
+     FROM c, (SELECT v.*, row_number() OVER (ORDER BY n) - 1 AS r FROM v) AS w \
+     RETURNING client_token, id";
+
 /// The fence's check ([`check_fence`]) as a statement that fails (division by zero) unless the
 /// lease passes, its row share-locked: `$1` model, `$2` holder, `$3` epoch.
 const FENCE_OR_FAIL_SQL: &str = "SELECT 1 / count(*) FROM (SELECT 1 FROM leader_lease WHERE model_uuid = $1 \
      AND holder = $2 AND epoch = $3 AND expires_at > statement_timestamp() FOR SHARE) AS held";
-/// One start's instance at a time per client token, across replicas (held to the commit).
-const TOKEN_LOCK_SQL: &str = "SELECT pg_advisory_xact_lock(hashtext($1))";
 
 /// One parameter of a deferred statement.
 type Param<'a> = Box<dyn ToSql + Sync + 'a>;
 
-/// The statements of a deferred write, in order, with their parameters; `payload` its notice.
-fn deferred_statements<'a>(w: &'a Write, payload: &'a str) -> Vec<(&'static str, Vec<Param<'a>>)> {
-    let head = |id: &'a MachineId| -> Vec<Param<'a>> {
-        vec![Box::new(CHANGES_CHANNEL), Box::new(payload), Box::new(id.as_str())]
-    };
-    let lock = |id: &'a MachineId| -> (&'static str, Vec<Param<'a>>) { (STATUS_LIFE_SQL, vec![Box::new(id.as_str())]) };
+/// What a deferred statement's answer tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The fence's check.
+    Fence,
+    /// A run's machines locked and read (their status and life before).
+    Locked(usize),
+    /// A run's machines written (their ids).
+    Updated(usize),
+    /// A run's new instances (their tokens and ids).
+    Inserted(usize),
+    /// Nothing to read (a lock, a notice, the epochs' record).
+    Other,
+}
+
+/// The key a unit writes under: a machine, or a client token.
+fn write_key(w: &Write) -> (bool, &str) {
     match w {
-        Write::MachineStatus { id, status, message } => {
-            let mut p = head(id);
-            p.push(Box::new(status.as_str()));
-            p.push(Box::new(message.as_str()));
-            vec![lock(id), (DEFERRED_STATUS_SQL, p)]
+        Write::MachineStatus { id, .. } | Write::InstanceStatus { id, .. } | Write::StartedInstance { id, .. } => {
+            (false, id.as_str())
         }
-        Write::InstanceStatus { id, status, message, failed_attempt } => {
-            let mut p = head(id);
-            p.push(Box::new(status.as_str()));
-            p.push(Box::new(message.as_str()));
-            match failed_attempt {
-                Some(error) => {
-                    p.push(Box::new(error.as_str()));
-                    vec![lock(id), (DEFERRED_FAILED_ATTEMPT_SQL, p)]
+        Write::RunningInstance { client_token, .. } => (true, client_token.as_str()),
+    }
+}
+
+/// Which run each unit belongs to, in order: a unit whose machine (or token) the current run
+/// writes already begins the next run.
+fn runs(writes: &[Write]) -> Vec<usize> {
+    let mut run = 0;
+    let mut keys = std::collections::HashSet::new();
+    writes
+        .iter()
+        .map(|w| {
+            let key = write_key(w);
+            if !keys.insert(key) {
+                run += 1;
+                keys.clear();
+                keys.insert(key);
+            }
+            run
+        })
+        .collect()
+}
+
+/// The set-based statements of `writes` cut into runs (`run_of`), in order, with their roles;
+/// `payloads` the notices of the machines they write.
+fn deferred_statements<'a>(
+    writes: &'a [Write],
+    run_of: &[usize],
+    payloads: &'a [String],
+) -> Vec<(&'static str, Vec<Param<'a>>, Role)> {
+    let mut out: Vec<(&'static str, Vec<Param<'a>>, Role)> = Vec::new();
+    let last = run_of.last().map_or(0, |r| r + 1);
+    let mut start = 0;
+    for run in 0..last {
+        let end = start + run_of[start..].iter().take_while(|r| **r == run).count();
+        let units = &writes[start..end];
+        start = end;
+        let mut locked: Vec<&str> = Vec::new();
+        let (mut s_ids, mut s_status, mut s_message) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut i_ids, mut i_status, mut i_message, mut i_error) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut t_ids, mut t_instance, mut t_zone, mut t_nonce, mut t_name, mut t_status) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut tokens, mut zones, mut models, mut machines, mut starts) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for w in units {
+            match w {
+                Write::MachineStatus { id, status, message } => {
+                    locked.push(id.as_str());
+                    s_ids.push(id.as_str());
+                    s_status.push(status.as_str());
+                    s_message.push(message.as_str());
                 }
-                None => vec![lock(id), (DEFERRED_INSTANCE_STATUS_SQL, p)],
+                Write::InstanceStatus { id, status, message, failed_attempt } => {
+                    locked.push(id.as_str());
+                    i_ids.push(id.as_str());
+                    i_status.push(status.as_str());
+                    i_message.push(message.as_str());
+                    i_error.push(failed_attempt.as_deref());
+                }
+                Write::StartedInstance { id, info } => {
+                    locked.push(id.as_str());
+                    t_ids.push(id.as_str());
+                    t_instance.push(info.instance.as_str());
+                    t_zone.push(info.zone.as_deref());
+                    t_nonce.push(info.nonce.as_str());
+                    t_name.push(info.display_name.as_str());
+                    t_status.push(info.status.as_str());
+                }
+                Write::RunningInstance { client_token, zone, tags } => {
+                    tokens.push(client_token.as_str());
+                    zones.push(zone.as_deref());
+                    models.push(tags.model.as_deref());
+                    machines.push(tags.machine.as_ref().map(MachineId::as_str));
+                    starts.push(tags.start.as_deref());
+                }
             }
         }
-        Write::StartedInstance { id, info } => {
-            let mut p = head(id);
-            p.push(Box::new(info.instance.as_str()));
-            p.push(Box::new(&info.zone));
-            p.push(Box::new(info.nonce.as_str()));
-            p.push(Box::new(info.display_name.as_str()));
-            p.push(Box::new(info.status.as_str()));
-            vec![lock(id), (DEFERRED_STARTED_SQL, p)]
+        if !locked.is_empty() {
+            out.push((LOCK_MACHINES_SQL, vec![Box::new(locked)], Role::Locked(run)));
         }
-        Write::RunningInstance { client_token, zone, tags } => {
-            let insert: Vec<Param<'a>> = vec![
-                Box::new("next_instance"),
-                Box::new(1_i64),
-                Box::new(zone.as_deref()),
-                Box::new(&tags.model),
-                Box::new(tags.machine.as_ref().map(MachineId::as_str)),
-                Box::new(&tags.start),
-                Box::new(client_token.as_str()),
+        if !s_ids.is_empty() {
+            out.push((
+                SET_STATUSES_SQL,
+                vec![Box::new(s_ids), Box::new(s_status), Box::new(s_message)],
+                Role::Updated(run),
+            ));
+        }
+        if !i_ids.is_empty() {
+            out.push((
+                SET_INSTANCE_STATUSES_SQL,
+                vec![Box::new(i_ids), Box::new(i_status), Box::new(i_message), Box::new(i_error)],
+                Role::Updated(run),
+            ));
+        }
+        if !t_ids.is_empty() {
+            let p: Vec<Param<'a>> = vec![
+                Box::new(t_ids),
+                Box::new(t_instance),
+                Box::new(t_zone),
+                Box::new(t_nonce),
+                Box::new(t_name),
+                Box::new(t_status),
+            ];
+            out.push((SET_STARTED_SQL, p, Role::Updated(run)));
+        }
+        if !tokens.is_empty() {
+            out.push((LOCK_TOKENS_SQL, vec![Box::new(tokens.clone())], Role::Other));
+            let p: Vec<Param<'a>> = vec![
+                Box::new(tokens),
+                Box::new(zones),
+                Box::new(models),
+                Box::new(machines),
+                Box::new(starts),
                 Box::new(InstanceState::Running.as_str()),
             ];
-            vec![(TOKEN_LOCK_SQL, vec![Box::new(client_token.as_str())]), (INSERT_NEW_INSTANCE_SQL, insert)]
+            out.push((INSERT_INSTANCES_SQL, p, Role::Inserted(run)));
         }
     }
+    for payload in payloads {
+        out.push((NOTIFY_SQL, vec![Box::new(CHANGES_CHANNEL), Box::new(payload.as_str())], Role::Other));
+    }
+    out
+}
+
+/// The notices of the machines `writes` write, each machine once, at most
+/// [`MAX_NOTIFIED_IDS`] a notice. (A unit that finds no machine is notified too: a reader finds
+/// it gone, as after any removal.)
+fn deferred_notices(uuid: &str, writes: &[Write]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let ids: Vec<MachineId> = writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::MachineStatus { id, .. } | Write::InstanceStatus { id, .. } | Write::StartedInstance { id, .. } => {
+                seen.insert(id.as_str()).then(|| id.clone())
+            }
+            Write::RunningInstance { .. } => None,
+        })
+        .collect();
+    ids.chunks(MAX_NOTIFIED_IDS).map(|c| notice_payload(uuid, "machines", c)).collect()
 }
 
 impl PgStore {
@@ -1297,36 +1490,29 @@ impl PgStore {
         // The fence not checked in this group yet: checked first in the pipeline, by a
         // statement that fails if it does not pass (nothing after it runs).
         let check = fence.as_ref().filter(|_| group.fence.is_none());
-        let payloads: Vec<String> = writes
-            .iter()
-            .map(|w| match w {
-                Write::MachineStatus { id, .. }
-                | Write::InstanceStatus { id, .. }
-                | Write::StartedInstance { id, .. } => notice_payload(&uuid, "machines", std::slice::from_ref(id)),
-                Write::RunningInstance { .. } => String::new(),
-            })
-            .collect();
-        let mut bound: Vec<(&str, Vec<Param<'_>>)> = Vec::new();
+        let run_of = runs(&writes);
+        let payloads = deferred_notices(&uuid, &writes);
+        let mut bound: Vec<(&str, Vec<Param<'_>>, Role)> = Vec::new();
         if let Some(f) = check {
-            bound.push((FENCE_OR_FAIL_SQL, vec![Box::new(&f.model_uuid), Box::new(&f.holder), Box::new(f.epoch)]));
+            bound.push((
+                FENCE_OR_FAIL_SQL,
+                vec![Box::new(&f.model_uuid), Box::new(&f.holder), Box::new(f.epoch)],
+                Role::Fence,
+            ));
         }
-        let mut per_write = Vec::with_capacity(writes.len());
-        for (w, payload) in writes.iter().zip(&payloads) {
-            let statements = deferred_statements(w, payload);
-            per_write.push(statements.len());
-            bound.extend(statements);
-        }
+        bound.extend(deferred_statements(&writes, &run_of, &payloads));
         let recorded = group.fenced_writes + writes.len() as i64;
         if let Some(f) = &fence {
             bound.push((
                 RECORD_WRITES_SQL,
                 vec![Box::new(&f.model_uuid), Box::new(&f.holder), Box::new(f.epoch), Box::new(recorded)],
+                Role::Other,
             ));
         }
         let params: Vec<Vec<&(dyn ToSql + Sync)>> =
-            bound.iter().map(|(_, p)| p.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect()).collect();
+            bound.iter().map(|(_, p, _)| p.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect()).collect();
         let mut piped = Vec::with_capacity(bound.len());
-        for ((sql, _), params) in bound.iter().zip(&params) {
+        for ((sql, _, _), params) in bound.iter().zip(&params) {
             let statement = prepared(&mut conn.client, &mut conn.statements, sql)
                 .map_err(|e| group.broken.get_or_insert(pg(ctx)(e)).clone())?;
             piped.push(Piped { statement, params, rows: true });
@@ -1336,15 +1522,16 @@ impl PgStore {
             (false, true) => "SET LOCAL synchronous_commit TO on; ",
             (false, false) => "SET LOCAL synchronous_commit TO off; ",
         };
-        conn.client.queue("SAVEPOINT deferred");
+        // Planned as index look-ups at any size (see [`LOCK_MACHINES_SQL`]); undone by a
+        // rollback to the savepoint, ended by the commit.
+        conn.client.queue(concat!("SAVEPOINT deferred; ", index_plans!()));
         // In a transaction that failed, the release fails and nothing after it runs.
         let then = format!("RELEASE SAVEPOINT deferred; {durability}SELECT 1; COMMIT");
         let (answers, committed) =
             conn.client.pipeline_then(&piped, &then).map_err(|e| group.broken.get_or_insert(pg(ctx)(e)).clone())?;
-        let mut answers = answers.into_iter();
         let fenced_out = match check {
             None => None,
-            Some(f) => match answers.next() {
+            Some(f) => match answers.first() {
                 Some(Err(e)) if e.code() == Some(&postgres::error::SqlState::DIVISION_BY_ZERO) => {
                     Some(StoreError::Fenced {
                         model_uuid: f.model_uuid.clone(),
@@ -1355,7 +1542,10 @@ impl PgStore {
                 _ => None,
             },
         };
-        let answers: Vec<_> = answers.collect();
+        let roles: Vec<Role> = bound.iter().map(|(_, _, role)| *role).collect();
+        drop(piped);
+        drop(params);
+        drop(bound);
         match (committed, fenced_out) {
             (Ok(()), _) => {
                 if check.is_some() {
@@ -1397,30 +1587,53 @@ impl PgStore {
                 return Ok(false);
             }
         }
-        // Committed: each unit's answer from its statements'.
-        let mut answers = answers.into_iter();
-        let mut results = Vec::with_capacity(writes.len());
-        let mut look_up = Vec::new();
-        for (i, (w, n)) in writes.iter().zip(per_write).enumerate() {
-            let mine: Vec<Result<Reply, postgres::Error>> = answers.by_ref().take(n).collect();
-            let (first, rows) = match mine.into_iter().collect::<Result<Vec<Reply>, _>>() {
-                Ok(replies) => {
-                    let mut replies = replies.into_iter().map(Reply::into_rows);
-                    (replies.next().unwrap_or_default(), replies.last().unwrap_or_default())
-                }
+        // Committed: each unit's answer from its run's statements'.
+        let runs_count = run_of.last().map_or(0, |r| r + 1);
+        let mut before: Vec<HashMap<String, (String, String)>> = vec![HashMap::new(); runs_count];
+        let mut updated: Vec<std::collections::HashSet<String>> = vec![Default::default(); runs_count];
+        let mut inserted: Vec<HashMap<String, String>> = vec![HashMap::new(); runs_count];
+        for (role, answer) in roles.into_iter().zip(answers) {
+            let rows = match answer {
+                Ok(reply) => reply.into_rows(),
+                // Committed, so every statement succeeded; a failure here is the client's.
                 Err(e) => {
-                    results.push(Err(pg(ctx)(e)));
-                    continue;
+                    let e = pg(ctx)(e);
+                    self.deferred_results = writes.iter().map(|_| Err(e.clone())).collect();
+                    return Ok(true);
                 }
             };
+            let read = |r: &Row, i: usize| r.try_get::<_, String>(i).map_err(pg(ctx));
+            let mut take = |r: &Row| -> Result<(), StoreError> {
+                match role {
+                    Role::Locked(run) => {
+                        before[run].insert(read(r, 0)?, (read(r, 1)?, read(r, 2)?));
+                    }
+                    Role::Updated(run) => {
+                        updated[run].insert(read(r, 0)?);
+                    }
+                    Role::Inserted(run) => {
+                        inserted[run].insert(read(r, 0)?, read(r, 1)?);
+                    }
+                    Role::Fence | Role::Other => {}
+                }
+                Ok(())
+            };
+            if let Err(e) = rows.iter().try_for_each(&mut take) {
+                self.deferred_results = writes.iter().map(|_| Err(e.clone())).collect();
+                return Ok(true);
+            }
+        }
+        let mut results = Vec::with_capacity(writes.len());
+        let mut look_up = Vec::new();
+        for (i, (w, run)) in writes.iter().zip(&run_of).enumerate() {
             let result = match w {
-                Write::RunningInstance { client_token, zone, tags } => match rows.first() {
-                    Some(row) => row.try_get::<_, String>(0).map_err(pg(ctx)).map(|id| {
+                Write::RunningInstance { client_token, zone, tags } => match inserted[*run].remove(client_token) {
+                    Some(id) => {
                         self.book.instance_moved(None, InstanceState::Running.as_str());
                         let record =
                             InstanceRecord::created(id, InstanceState::Running, zone.as_deref(), tags, client_token);
-                        Written::Instance(record, true)
-                    }),
+                        Ok(Written::Instance(record, true))
+                    }
                     None => {
                         // The token's instance was there: read after the commit.
                         look_up.push(i);
@@ -1429,22 +1642,23 @@ impl PgStore {
                 },
                 Write::MachineStatus { id, .. }
                 | Write::InstanceStatus { id, .. }
-                | Write::StartedInstance { id, .. } => match (first.first(), rows.first()) {
-                    (None, _) | (_, None) => Err(StoreError::NotFound(id.clone())),
-                    (Some(row), Some(_)) => {
-                        let before: (String, String) = (row.get(0), row.get(1));
-                        match w {
-                            Write::MachineStatus { status, .. } => {
-                                self.book.count_machine(Some(before), Some(status.as_str()), None)
+                | Write::StartedInstance { id, .. } => {
+                    match (before[*run].remove(id.as_str()), updated[*run].contains(id.as_str())) {
+                        (Some(was), true) => {
+                            match w {
+                                Write::MachineStatus { status, .. } => {
+                                    self.book.count_machine(Some(was), Some(status.as_str()), None)
+                                }
+                                Write::StartedInstance { .. } => {
+                                    self.book.count_machine(Some(was), Some(MachineStatus::Started.as_str()), None)
+                                }
+                                _ => {}
                             }
-                            Write::StartedInstance { .. } => {
-                                self.book.count_machine(Some(before), Some(MachineStatus::Started.as_str()), None)
-                            }
-                            _ => {}
+                            Ok(Written::Done)
                         }
-                        Ok(Written::Done)
+                        _ => Err(StoreError::NotFound(id.clone())),
                     }
-                },
+                }
             };
             results.push(result);
         }
@@ -1461,6 +1675,27 @@ impl PgStore {
         }
         self.deferred_results = results;
         Ok(true)
+    }
+
+    /// Reads `ids` by one statement (`sql`, `$1` the ids, each row's first column its id), each
+    /// row by `read`: in request order, `None` for an id not found.
+    fn read_many<T: Clone>(
+        &mut self,
+        ids: &[MachineId],
+        sql: &str,
+        read: impl Fn(&Row) -> Result<T, StoreError>,
+    ) -> Result<Vec<Option<T>>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let asked: Vec<&str> = ids.iter().map(MachineId::as_str).collect();
+        let rows = self.client()?.query(sql, &[&asked]).map_err(pg("reading machines"))?;
+        let mut found = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let id: String = row.try_get(0).map_err(pg("reading machines"))?;
+            found.insert(id, read(row)?);
+        }
+        Ok(ids.iter().map(|id| found.get(id.as_str()).cloned()).collect())
     }
 
     fn query_ids(
@@ -1781,23 +2016,19 @@ impl StoreBackend for PgStore {
         Ok(ids.iter().map(|id| found.get(id).cloned()).collect())
     }
     fn model_machines(&mut self, ids: &[MachineId]) -> Result<Vec<Option<Machine>>, StoreError> {
-        Ok(self.machines(ids)?.into_iter().map(|m| m.map(|m| m.machine)).collect())
+        self.read_many(ids, LEAN_MACHINE_SQL, lean_machine_from_row)
     }
     fn machine_applications(&mut self, ids: &[MachineId]) -> Result<Vec<Option<Option<String>>>, StoreError> {
-        Ok(self.machines(ids)?.into_iter().map(|m| m.map(|m| m.application)).collect())
+        self.read_many(ids, MACHINE_APPLICATION_SQL, |r| r.try_get(1).map_err(pg("reading a machine")))
     }
     fn provisioning_info(&mut self, ids: &[MachineId]) -> Result<Vec<Option<ProvisioningInfo>>, StoreError> {
-        Ok(self
-            .machines(ids)?
-            .into_iter()
-            .map(|m| {
-                m.map(|m| ProvisioningInfo {
-                    constraints: m.constraints,
-                    placement: m.placement,
-                    ..ProvisioningInfo::default()
-                })
+        self.read_many(ids, MACHINE_PROVISIONING_SQL, |r| {
+            Ok(ProvisioningInfo {
+                constraints: constraints_from_row(r, 1)?,
+                placement: r.try_get(9).map_err(pg("reading a machine"))?,
+                ..ProvisioningInfo::default()
             })
-            .collect())
+        })
     }
     fn list_machines(&mut self) -> Result<Vec<MachineRecord>, StoreError> {
         let rows = self

@@ -815,3 +815,56 @@ fn the_store_actor_fences_write_behind_units() {
         .get(0);
     assert_eq!(writes, 2, "both writes recorded under their epoch");
 }
+
+/// The write-behind units' set-based statements are planned as index look-ups whatever the
+/// size of the table when their plan is made: under their settings, the generic plan (the one
+/// a prepared statement keeps) made on a table of three machines, where a scan costs least,
+/// reads the machines and the instances through their indexes, never by a scan.
+#[test]
+fn the_set_based_statements_plan_index_look_ups_on_a_small_table() {
+    use super::pg::{
+        INDEX_PLANS_SQL, INSERT_INSTANCES_SQL, LOCK_MACHINES_SQL, SET_INSTANCE_STATUSES_SQL, SET_STARTED_SQL,
+        SET_STATUSES_SQL,
+    };
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let mut s = PgStore::open(&url).unwrap();
+    s.add_machines(3, None).unwrap();
+    let mut c = raw(&url);
+    c.batch_execute("ANALYZE machines; ANALYZE instances").unwrap();
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute(INDEX_PLANS_SQL).unwrap();
+    tx.batch_execute("SET LOCAL plan_cache_mode TO force_generic_plan").unwrap();
+    let ids = "ARRAY['0', '1']";
+    let texts = "ARRAY['a', 'b']";
+    let cases = [
+        ("lock", LOCK_MACHINES_SQL, "text[]", ids.to_owned()),
+        ("statuses", SET_STATUSES_SQL, "text[], text[], text[]", format!("{ids}, {texts}, {texts}")),
+        (
+            "instance statuses",
+            SET_INSTANCE_STATUSES_SQL,
+            "text[], text[], text[], text[]",
+            format!("{ids}, {texts}, {texts}, {texts}"),
+        ),
+        (
+            "records",
+            SET_STARTED_SQL,
+            "text[], text[], text[], text[], text[], text[]",
+            format!("{ids}, {texts}, {texts}, {texts}, {texts}, {texts}"),
+        ),
+        (
+            "instances",
+            INSERT_INSTANCES_SQL,
+            "text[], text[], text[], text[], text[], text",
+            format!("{texts}, {texts}, {texts}, {ids}, {texts}, 'running'"),
+        ),
+    ];
+    for (i, (what, sql, types, args)) in cases.iter().enumerate() {
+        tx.batch_execute(&format!("PREPARE p{i} ({types}) AS {sql}")).unwrap();
+        let plan: Vec<String> =
+            tx.query(&format!("EXPLAIN EXECUTE p{i} ({args})"), &[]).unwrap().iter().map(|r| r.get(0)).collect();
+        let plan = plan.join("\n");
+        assert!(!plan.contains("Seq Scan"), "{what}: a scan\n{plan}");
+        assert!(plan.contains("Index"), "{what}: no index look-up\n{plan}");
+    }
+}

@@ -735,6 +735,18 @@ fn the_provisioners_lean_reads_match_the_whole_record(s: &mut dyn StoreBackend) 
         assert_eq!(provisioning.map(|p| (p.constraints, p.placement)), expected, "{id}");
         assert_eq!(s.machine_application(id).unwrap(), whole.as_ref().map(|m| m.application.clone()), "{id}");
     }
+    // The same, many at once (PostgreSQL reads each kind by one statement), in request order.
+    all.reverse();
+    let wholes: Vec<_> = all.iter().map(|id| s.machine(id).unwrap()).collect();
+    let machines: Vec<_> = wholes.iter().map(|w| w.as_ref().map(|m| m.machine.clone())).collect();
+    assert_eq!(s.model_machines(&all).unwrap(), machines);
+    let infos: Vec<_> =
+        s.provisioning_info(&all).unwrap().into_iter().map(|p| p.map(|p| (p.constraints, p.placement))).collect();
+    let expected: Vec<_> =
+        wholes.iter().map(|w| w.as_ref().map(|m| (m.constraints.clone(), m.placement.clone()))).collect();
+    assert_eq!(infos, expected);
+    let applications: Vec<_> = wholes.iter().map(|w| w.as_ref().map(|m| m.application.clone())).collect();
+    assert_eq!(s.machine_applications(&all).unwrap(), applications);
     let p = s.machine_provisioning(&placed[0]).unwrap().unwrap();
     assert_eq!((p.constraints, p.placement.as_deref()), (c, Some("zone=az2")));
     assert_eq!(s.machine_application(&web[1]).unwrap(), Some(Some("web".into())));
