@@ -272,8 +272,10 @@ pub(super) async fn run_start(
     seed: u64,
     batch: Option<Recipient<JoinBatch>>,
 ) -> JobOutcome {
+    let start = &Start { deps: &deps, pending: RefCell::new(None) };
     let mut given_up = None;
-    let outcome = start_or_adopt(deps, job, nonce, seed, batch, &mut given_up).await;
+    let outcome = start_or_adopt(start, job, nonce, seed, batch, &mut given_up).await;
+    start.settle().await;
     outcome.with_given_up(given_up)
 }
 
@@ -281,21 +283,6 @@ pub(super) async fn run_start(
 /// for the coordinator to stop, then remove its dead machine, however the start ends (no stop is
 /// fire-and-forget).
 async fn start_or_adopt(
-    deps: std::sync::Arc<StartDeps>,
-    job: StartJob,
-    nonce: String,
-    seed: u64,
-    batch: Option<Recipient<JoinBatch>>,
-    given_up: &mut Option<super::state::GivenUp>,
-) -> JobOutcome {
-    let deps = &Start { deps: &deps, pending: RefCell::new(None) };
-    let outcome = start_with(deps, job, nonce, seed, batch, given_up).await;
-    deps.settle().await;
-    outcome
-}
-
-/// [`start_or_adopt`]'s body, on the start's view of its dependencies.
-async fn start_with(
     deps: &Start<'_>,
     job: StartJob,
     nonce: String,

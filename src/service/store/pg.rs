@@ -551,11 +551,12 @@ fn queued_failure(conn: Option<&mut Conn>, group: &mut PgGroup) -> Option<StoreE
 /// A machine's status and life, its row locked: `$1` its id.
 const STATUS_LIFE_SQL: &str = "SELECT status, life FROM machines WHERE id = $1 FOR UPDATE";
 
-const MACHINE_COLUMNS: &str = "m.id, m.life, m.status, m.status_message, m.instance_status, \
-                               m.instance_status_message, m.instance, m.zone, m.keep_instance, m.transient, \
+/// A machine's whole record; its first seven columns are [`LEAN_MACHINE_SQL`]'s.
+const MACHINE_COLUMNS: &str = "m.id, m.life, m.status, m.instance_status, m.instance, m.keep_instance, m.manual, \
+                               m.status_message, m.instance_status_message, m.zone, m.transient, \
                                COALESCE(c.zones, m.zones), c.arch, c.cores, c.mem_mb, c.root_disk_mb, \
                                c.instance_type, c.spaces, c.tags, m.placement, m.application, m.changed_at, \
-                               m.manual, m.address, m.start_attempts, m.last_start_error";
+                               m.address, m.start_attempts, m.last_start_error";
 const MACHINE_FROM: &str = "machines m LEFT JOIN constraints c ON c.id = m.constraints_id";
 const INSTANCE_COLUMNS: &str = "id, state, zone, model, machine, start, client_token";
 
@@ -564,32 +565,19 @@ fn bad_row(context: &'static str, message: String) -> StoreError {
 }
 
 fn machine_from_row(r: &Row) -> Result<MachineRecord, StoreError> {
-    let ctx = "reading a machine";
-    let get = |e: postgres::Error| pg(ctx)(e);
-    let life: String = r.try_get(1).map_err(get)?;
-    let status: String = r.try_get(2).map_err(get)?;
-    let constraints = constraints_from_row(r, 10)?;
-    let zones = constraints.zones.clone();
+    let get = |e: postgres::Error| pg("reading a machine")(e);
+    let constraints = constraints_from_row(r, 11)?;
     Ok(MachineRecord {
-        machine: Machine {
-            id: MachineId::from(r.try_get::<_, String>(0).map_err(get)?),
-            life: life.parse().map_err(|e| bad_row(ctx, format!("life {life:?}: {e}")))?,
-            status: status.parse().map_err(|e| bad_row(ctx, format!("status {status:?}: {e}")))?,
-            instance_status: InstanceStatus::other(r.try_get::<_, String>(4).map_err(get)?),
-            instance: r.try_get::<_, Option<String>>(6).map_err(get)?.map(InstanceId::from),
-            keep_instance: r.try_get(8).map_err(get)?,
-            manual: r.try_get(21).map_err(get)?,
-            controller: false,
-        },
-        status_message: r.try_get(3).map_err(get)?,
-        instance_status_message: r.try_get(5).map_err(get)?,
-        zone: r.try_get(7).map_err(get)?,
-        transient: r.try_get(9).map_err(get)?,
-        zones,
+        machine: lean_machine_from_row(r)?,
+        status_message: r.try_get(7).map_err(get)?,
+        instance_status_message: r.try_get(8).map_err(get)?,
+        zone: r.try_get(9).map_err(get)?,
+        transient: r.try_get(10).map_err(get)?,
+        zones: constraints.zones.clone(),
         constraints,
-        placement: r.try_get(18).map_err(get)?,
-        application: r.try_get(19).map_err(get)?,
-        changed_at: r.try_get(20).map_err(get)?,
+        placement: r.try_get(19).map_err(get)?,
+        application: r.try_get(20).map_err(get)?,
+        changed_at: r.try_get(21).map_err(get)?,
         address: r.try_get(22).map_err(get)?,
         start_attempts: r.try_get::<_, i64>(23).map_err(get)?.max(0) as u64,
         last_start_error: r.try_get(24).map_err(get)?,
