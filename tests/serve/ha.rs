@@ -301,12 +301,39 @@ fn report(what: &str, mut times: Vec<f64>) {
 /// belongs to no machine.
 fn assert_all_provisioned_once(c: &Cluster, acked: &[String]) {
     let i = c.alive().next().unwrap().0;
-    eventually(Duration::from_secs(60), "every kept machine to be started and every removed one gone", || {
+    let began = Instant::now();
+    loop {
         let out = c.cli(i, &["machine", "list", "--json"]);
         let ms: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        ms.len() == acked.len()
-            && acked.iter().all(|id| ms.iter().any(|m| field(m, "id") == id && field(m, "status") == "started"))
-    });
+        let started = |id: &String| ms.iter().any(|m| field(m, "id") == id && field(m, "status") == "started");
+        if ms.len() == acked.len() && acked.iter().all(started) {
+            break;
+        }
+        if began.elapsed() > Duration::from_secs(60) {
+            // What is not there yet, and what the replicas said (their last lines).
+            let behind: Vec<String> = ms
+                .iter()
+                .filter(|m| !acked.iter().any(|id| field(m, "id") == id) || field(m, "status") != "started")
+                .map(|m| m.to_string())
+                .collect();
+            let logs: Vec<String> = c
+                .alive()
+                .map(|(n, s)| {
+                    let text = s.log_text();
+                    let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                    format!("replica {n}:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+                })
+                .collect();
+            panic!(
+                "timed out waiting for every kept machine to be started and every removed one gone: \
+                 {} machines listed, {} acknowledged; not started or not acknowledged: {behind:#?}\n{}",
+                ms.len(),
+                acked.len(),
+                logs.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let out = c.cli(i, &["machine", "list", "--json"]);
     let machines: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     let out = c.cli(i, &["instance", "list", "--json"]);
