@@ -83,10 +83,11 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// that holds; 128 units (from 32) measured no slower adds and a slightly faster run
 /// (`docs/performance.md`, "Fewer round trips on PostgreSQL"). While the provisioner writes, a
 /// group rarely finds its mailbox empty, so the time bound is what an operator's add waits for:
-/// 2 ms (from 10) took single adds from 16 clients from 971 to 1,538 requests/s (medians of 5)
-/// with no change to 100,000 machines in batches (`docs/performance.md`, "the fifth pass").
+/// 2 ms took single adds from 16 clients from 971 to 1,538 requests/s (medians of 5), but the
+/// tests that make a group of several units on a loaded debug build need the 10 ms
+/// (`docs/performance.md`, "the fifth pass", step 6).
 const MAX_GROUP: usize = 128;
-const MAX_GROUP_TIME: Duration = Duration::from_millis(2);
+const MAX_GROUP_TIME: Duration = Duration::from_millis(10);
 /// Ids per notification at most (a payload must stay under 8000 bytes).
 const MAX_NOTIFIED_IDS: usize = 200;
 
