@@ -1535,9 +1535,6 @@ impl PgStore {
             },
         };
         let roles: Vec<Role> = bound.iter().map(|(_, _, role)| *role).collect();
-        drop(piped);
-        drop(params);
-        drop(bound);
         match (committed, fenced_out) {
             (Ok(()), _) => {
                 if check.is_some() {
@@ -1992,20 +1989,8 @@ impl StoreBackend for PgStore {
     }
     fn machines(&mut self, ids: &[MachineId]) -> Result<Vec<Option<MachineRecord>>, StoreError> {
         // One statement for them all (the provisioner reads its machines in batches).
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let asked: Vec<&str> = ids.iter().map(MachineId::as_str).collect();
-        let rows = self
-            .client()?
-            .query(&format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} WHERE m.id = ANY($1)"), &[&asked])
-            .map_err(pg("reading machines"))?;
-        let mut found = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let m = machine_from_row(row)?;
-            found.insert(m.machine.id.clone(), m);
-        }
-        Ok(ids.iter().map(|id| found.get(id).cloned()).collect())
+        let sql = format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} WHERE m.id = ANY($1)");
+        self.read_many(ids, &sql, machine_from_row)
     }
     fn model_machines(&mut self, ids: &[MachineId]) -> Result<Vec<Option<Machine>>, StoreError> {
         self.read_many(ids, LEAN_MACHINE_SQL, lean_machine_from_row)
