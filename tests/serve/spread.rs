@@ -33,6 +33,13 @@ fn leaders(s: &Server) -> BTreeMap<String, (String, i64)> {
         .collect()
 }
 
+/// How many models run on this replica (`model list` gives their machine count; `null` for one
+/// still opening).
+fn running(s: &Server) -> usize {
+    let list = s.json(&["model", "list", "--json"]);
+    list.as_array().unwrap().iter().filter(|m| m["machines"].is_u64()).count()
+}
+
 /// How many models each replica leads, by `model list`.
 fn loads(s: &Server) -> BTreeMap<String, usize> {
     let mut n = BTreeMap::new();
@@ -122,8 +129,9 @@ fn leaders_spread_over_replicas_fail_over_and_move_to_a_new_replica_in_hand_over
     for m in names().iter().skip(1) {
         r0.json(&["model", "add", m, "--json"]);
     }
+    // Listed is not yet running: a model a replica is still opening has no machine count.
     eventually(Duration::from_secs(30), "every replica to run the 12 models", || {
-        [&r0, &r1, &r2].iter().all(|s| leaders(s).len() == MODELS)
+        [&r0, &r1, &r2].iter().all(|s| running(s) == MODELS)
     });
     add_everywhere(&r1, MACHINES);
 
