@@ -702,16 +702,41 @@ const INSERT_NEW_INSTANCE_SQL: &str = "WITH c AS (\
      SELECT first, 'i-' || lpad(to_hex(first + 1), greatest(8, length(to_hex(first + 1))), '0'), $8, \
      $3, $4, $5, $6, $7 FROM c RETURNING id";
 
+/// Machines with no constraints added by one statement: the model's life read and locked
+/// (as [`life_in`]: nothing is added unless it is alive), `$1` ids drawn from the counter at
+/// once and the rows inserted, `$2` placement, `$3` application. Their seqs in order, or no
+/// row if the model is not alive.
+const ADD_MACHINES_SQL: &str = "WITH life AS (SELECT value FROM meta WHERE key = 'model_life' FOR SHARE), \
+     c AS (INSERT INTO meta (key, value) SELECT 'next_machine', $1::bigint::text \
+     WHERE COALESCE((SELECT value FROM life), 'alive') = 'alive' \
+     ON CONFLICT (key) DO UPDATE SET value = ((meta.value)::bigint + $1::bigint)::text \
+     RETURNING (value)::bigint - $1::bigint AS first) \
+     INSERT INTO machines (seq, id, placement, application) \
+     SELECT g.n, g.n::text, $2, $3 FROM c, generate_series(c.first, c.first + $1::bigint - 1) AS g(n) ORDER BY g.n \
+     RETURNING seq";
+
 /// Takes the next `count` values of a counter kept in `meta` at once: the first of them.
 fn next_counters(tx: &mut Tx<'_>, key: &str, count: i64) -> Result<i64, postgres::Error> {
     tx.query_one(counter_sql!(), &[&key, &count])?.try_get(0)
 }
 
-/// Sends a change notification from `tx` (delivered at its commit, not before, not without).
+/// Sends a change notification from `tx` (delivered at its commit, not before, not without):
+/// queued to go with the transaction's next statement or its commit, no round trip of its own.
 fn notify(tx: &mut Tx<'_>, model_uuid: &str, kind: &str, ids: &[MachineId]) -> Result<(), StoreError> {
     let payload = notice_payload(model_uuid, kind, ids);
-    tx.execute(NOTIFY_SQL, &[&CHANGES_CHANNEL, &payload]).map_err(pg("notifying a change"))?;
+    match notify_literal(&payload) {
+        Some(sql) => tx.client.queue(&sql),
+        None => {
+            tx.execute(NOTIFY_SQL, &[&CHANGES_CHANNEL, &payload]).map_err(pg("notifying a change"))?;
+        }
+    }
     Ok(())
+}
+
+/// [`NOTIFY_SQL`] with its payload as a dollar-quoted literal (a queued statement has no
+/// parameters), unless the payload holds the quote's tag.
+fn notify_literal(payload: &str) -> Option<String> {
+    (!payload.contains("$n$")).then(|| format!("SELECT pg_notify('{CHANGES_CHANNEL}', $n${payload}$n$)"))
 }
 
 /// What [`notify`] runs: `$1` the channel, `$2` the payload.
@@ -776,26 +801,25 @@ pub struct PgStore {
 /// machine written twice in a group is written in the order given. Its rows are locked and
 /// read first, in one statement ([`LOCK_MACHINES_SQL`]), for the counts' before.
 ///
-/// Their plans are kept (prepared statements) but made under [`index_plans!`]: a generic plan
-/// made while the table was small (a sequential scan, a hash join) would be kept at 100,000
-/// machines, and planning each execution for its arrays instead cost a quarter of the server's
-/// time (`docs/performance.md`).
+/// Their plans are kept (prepared statements) but made under [`INDEX_PLANS_SQL`], as every
+/// statement of the store's session: a generic plan made while the table was small (a
+/// sequential scan, a hash join) would be kept at 100,000 machines, and planning each
+/// execution for its arrays instead cost a quarter of the server's time
+/// (`docs/performance.md`).
 pub(super) const LOCK_MACHINES_SQL: &str =
     "SELECT id, status, life FROM machines WHERE id = ANY($1::text[]) ORDER BY seq FOR UPDATE";
 
-/// The planner settings the deferred statements run under (`SET LOCAL`, from their savepoint
-/// to the commit): a row is found through its index, never by a scan of the table or a hash of
-/// it, whatever the size of the table when the plan was made. Each statement looks up the few
-/// rows its arrays name, so an index look-up is the right plan at every size.
-macro_rules! index_plans {
-    () => {
-        "SET LOCAL enable_seqscan TO off; SET LOCAL enable_hashjoin TO off; SET LOCAL enable_mergejoin TO off"
-    };
-}
-
-/// [`index_plans!`] as a constant (for the tests).
-#[cfg(test)]
-pub(super) const INDEX_PLANS_SQL: &str = index_plans!();
+/// The planner settings of the store's session (set when it connects): a row is found through
+/// an index where there is one, never by a scan of the table or a hash of it, whatever the
+/// size of the table when a statement's plan was made. The store's statements are prepared
+/// once a session and their generic plans kept: one made at the start, on a table of a few
+/// rows, would otherwise scan it for each look-up when it holds 100,000 (a lean read of 14
+/// machines took 3 ms, a scan, in the single adds' benchmark). A statement that reads a whole
+/// table (the counts) still scans it: no index path is cheaper, the disabled one is the only
+/// one. No JIT compilation: such a plan's cost, disabled, is over `jit_above_cost`, and
+/// compiling it took 100 ms for a count of 200 rows (the store's statements are all short).
+pub(super) const INDEX_PLANS_SQL: &str =
+    "SET enable_seqscan TO off; SET enable_hashjoin TO off; SET enable_mergejoin TO off; SET jit TO off";
 
 /// [`Write::MachineStatus`] units (`set_status`'s update): ids, statuses, messages.
 pub(super) const SET_STATUSES_SQL: &str = "UPDATE machines m SET status = v.status, status_message = v.message, \
@@ -1087,6 +1111,15 @@ impl PgStore {
         }
     }
 
+    /// Runs parameterless statements on the store's own session and answers their rows as text
+    /// (tests: what the session has prepared, and the plans it keeps).
+    #[cfg(test)]
+    pub(super) fn on_session(&mut self, sql: &str) -> Vec<Vec<Option<String>>> {
+        let conn = self.client().expect("a connection");
+        conn.client.flush().expect("the queued statements");
+        conn.client.simple_rows(sql).expect("the statements")
+    }
+
     /// Round trips made on the current connection (tests).
     #[cfg(test)]
     pub(super) fn round_trips(&self) -> u64 {
@@ -1173,6 +1206,8 @@ impl PgStore {
                 source: PgFailure { code: None, message: other.to_string(), connection_lost: true },
             },
         })?;
+        // The session's planner settings go with its first statement.
+        client.queue(INDEX_PLANS_SQL);
         let pid: i32 = client
             .query_one("SELECT pg_backend_pid()", &[])
             .and_then(|r| r.try_get(0))
@@ -1514,9 +1549,7 @@ impl PgStore {
             (false, true) => "SET LOCAL synchronous_commit TO on; ",
             (false, false) => "SET LOCAL synchronous_commit TO off; ",
         };
-        // Planned as index look-ups at any size (see [`LOCK_MACHINES_SQL`]); undone by a
-        // rollback to the savepoint, ended by the commit.
-        conn.client.queue(concat!("SAVEPOINT deferred; ", index_plans!()));
+        conn.client.queue("SAVEPOINT deferred");
         // In a transaction that failed, the release fails and nothing after it runs.
         let then = format!("RELEASE SAVEPOINT deferred; {durability}SELECT 1; COMMIT");
         let (answers, committed) =
@@ -2188,10 +2221,23 @@ impl StoreBackend for PgStore {
         let ctx = "adding machines";
         let uuid = self.uuid();
         let mut tx = self.begin(ctx)?;
-        if life_in(&mut tx)? != Life::Alive {
-            return Err(StoreError::ModelDying);
-        }
-        let ids = Self::insert_machines(&mut tx, count, spec)?;
+        let ids = if count > 0 && spec.constraints.is_empty() {
+            // The model's life checked, the ids drawn and the rows inserted by one statement.
+            let rows =
+                tx.query(ADD_MACHINES_SQL, &[&(count as i64), &spec.placement, &spec.application]).map_err(pg(ctx))?;
+            if rows.is_empty() {
+                return Err(StoreError::ModelDying);
+            }
+            rows.iter()
+                .map(|r| r.try_get::<_, i64>(0).map(|n| MachineId::from(n.to_string())))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(pg(ctx))?
+        } else {
+            if life_in(&mut tx)? != Life::Alive {
+                return Err(StoreError::ModelDying);
+            }
+            Self::insert_machines(&mut tx, count, spec)?
+        };
         notify(&mut tx, &uuid, "machines", &ids)?;
         tx.commit().map_err(pg(ctx))?;
         self.book.added(&ids, MachineStatus::Pending);

@@ -155,6 +155,20 @@ impl PgClient {
         self.batch_execute("ROLLBACK")
     }
 
+    /// Runs parameterless statements (`;`-separated) by the simple protocol: the last one's
+    /// rows, as text (tests).
+    #[cfg(test)]
+    pub(super) fn simple_rows(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, Error> {
+        let messages = self.pipelined(|c| Box::pin(c.simple_query(sql)))?;
+        let mut rows = Vec::new();
+        for m in messages {
+            if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+                rows.push((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect());
+            }
+        }
+        Ok(rows)
+    }
+
     /// Runs parameterless statements (`;`-separated), after the queued ones.
     pub(super) fn batch_execute(&mut self, sql: &str) -> Result<(), Error> {
         if sql.is_empty() {

@@ -868,3 +868,43 @@ fn the_set_based_statements_plan_index_look_ups_on_a_small_table() {
         assert!(plan.contains("Index"), "{what}: no index look-up\n{plan}");
     }
 }
+
+/// The store's session keeps index look-ups as the plans of its statements that read machines
+/// by id, even when they were made on a table of three machines (a generic plan is made at the
+/// sixth execution and kept: a scan made then would scan 100,000 machines later).
+#[test]
+fn the_stores_session_keeps_index_look_ups_made_on_a_small_table() {
+    use super::pg::INDEX_PLANS_SQL;
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let mut s = PgStore::open(&url).unwrap();
+    let ids = s.add_machines(3, None).unwrap();
+    raw(&url).batch_execute("ANALYZE machines; ANALYZE constraints").unwrap();
+    for _ in 0..8 {
+        s.model_machines(&ids[..2]).unwrap();
+        s.machine_applications(&ids[..2]).unwrap();
+        s.provisioning_info(&ids[..2]).unwrap();
+        s.machines(&ids[..2]).unwrap();
+        s.machine(&ids[0]).unwrap();
+    }
+    let kept = s.on_session(
+        "SELECT name, parameter_types::text FROM pg_prepared_statements \
+         WHERE statement LIKE '%FROM machines%' AND generic_plans > 0 AND parameter_types != '{}' \
+         ORDER BY name",
+    );
+    assert!(kept.len() >= 5, "the reads' generic plans: {kept:?}");
+    for row in kept {
+        let (name, types) = (row[0].clone().unwrap(), row[1].clone().unwrap());
+        let args = if types == "{text[]}" { "ARRAY['1', '2']" } else { "'1'" };
+        // The plan kept, shown under the default settings.
+        let plan = s.on_session(&format!(
+            "RESET enable_seqscan; RESET enable_hashjoin; RESET enable_mergejoin; \
+             SET plan_cache_mode TO force_generic_plan; EXPLAIN EXECUTE {name}({args})"
+        ));
+        s.on_session(&format!("SET plan_cache_mode TO auto; {INDEX_PLANS_SQL}"));
+        let plan: Vec<String> = plan.into_iter().filter_map(|r| r[0].clone()).collect();
+        let plan = plan.join("\n");
+        assert!(!plan.contains("Seq Scan on machines"), "{name}: a scan of the machines\n{plan}");
+        assert!(plan.contains("Index"), "{name}: no index look-up\n{plan}");
+    }
+}
