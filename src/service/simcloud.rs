@@ -319,7 +319,7 @@ impl Broker for SimCloud {
                 };
                 match store.write_behind(write).await.map_err(cloud_error)? {
                     Written::Instance(record, new) => (record, new, new.then_some(None), params),
-                    Written::Done => {
+                    Written::Done | Written::Added(_) => {
                         return Err(BrokerError::transient(
                             "simulated cloud: the store answered no instance for a start",
                         ))

@@ -636,7 +636,7 @@ async fn add_machines(_: Authorized, st: State, req: HttpRequest, payload: web::
     // Constraints (zones among them) and placement, checked against the cloud.
     let cloud = model::CloudShape { zones: st.zones.clone(), subnets: st.subnets.clone() };
     let spec = model::new_machine(&cloud, zones, constraints, placement)?;
-    let added = st.store.exec(move |s| s.add_new_machines(count, &spec)).await?;
+    let added = st.store.add_machines(count, spec).await?;
     st.metrics.do_send(crate::service::metrics::MachinesPending(added.clone()));
     let ids = names(&added);
     note(&req, format!("added {} machines: {}", ids.len(), list_summary(&ids)));

@@ -221,23 +221,33 @@ impl Handler<Apply> for StoreActor {
             }
             Some(write) => write,
         };
-        // Run as any of the provisioner's units of work.
-        self.run(Box::new(move |s: &mut dyn StoreBackend| write.apply(s)), false, true, reply);
+        // Run as any unit of work.
+        let (durable, fenced) = (write.durable(), write.fenced());
+        self.run(Box::new(move |s: &mut dyn StoreBackend| write.apply(s)), durable, fenced, reply);
     }
 }
 
 impl StoreActor {
-    /// Queues a write-behind unit in the open group (opened lazily for it if none is), if the
-    /// backend queues such writes; else gives it back.
+    /// Queues a write-behind unit in the open group (opened for it if none is, durable if it
+    /// is), if the backend queues such writes; else gives it back.
     fn defer(&mut self, write: Write) -> Option<Write> {
+        let durable = write.durable();
         let Ok(core) = self.core.as_mut() else { return Some(write) };
-        if self.group.durable.is_none() {
-            match core.begin_group(false) {
-                Ok(true) => self.group.durable = Some(false),
+        match self.group.durable {
+            None => match core.begin_group(durable) {
+                Ok(true) => self.group.durable = Some(durable),
                 _ => return Some(write),
+            },
+            // A lazy group that cannot be made durable: the write runs as any (after its commit).
+            Some(false) if durable => {
+                if !core.raise_group_durability() {
+                    return Some(write);
+                }
+                self.group.durable = Some(true);
             }
+            Some(_) => {}
         }
-        core.set_fenced(true);
+        core.set_fenced(write.fenced());
         core.defer(write)
     }
 
@@ -523,14 +533,31 @@ impl Store {
     }
 
     /// Runs a write-behind unit of work: like [`Store::exec_lazy`] of [`Write::apply`] (lazy,
-    /// fenced, atomic, answered after its group commits), but given as data, so that the
-    /// backend may queue it with the group's commit instead of waiting for its own answer
-    /// (PostgreSQL).
+    /// fenced, atomic, answered after its group commits), or for an operator's write
+    /// ([`Write::durable`]) like [`Store::exec`], but given as data, so that the backend may
+    /// queue it with the group's commit instead of waiting for its own answer (PostgreSQL).
     pub fn write_behind(&self, write: Write) -> impl Future<Output = Result<Written, StoreError>> + Send + 'static {
         let (reply, answer) = futures::channel::oneshot::channel();
         self.shared.waiting.fetch_add(1, Ordering::AcqRel);
         self.addr.do_send(Apply { write, reply });
         async move { answer.await.map_err(|_| StoreError::Stopped(MailboxError::Closed))? }
+    }
+
+    /// Adds `count` machines as `spec` says ([`StoreBackend::add_new_machines`]), as a
+    /// write-behind unit ([`Write::AddMachines`]: durable, not fenced), so that concurrent adds
+    /// share their group's statements on PostgreSQL. Their ids, once on disk.
+    pub fn add_machines(
+        &self,
+        count: usize,
+        spec: super::state::NewMachine,
+    ) -> impl Future<Output = Result<Vec<crate::model::MachineId>, StoreError>> + Send + 'static {
+        let written = self.write_behind(Write::AddMachines { count, spec });
+        async move {
+            match written.await? {
+                Written::Added(ids) => Ok(ids),
+                other => Err(StoreError::Refused(format!("the store answered {other:?} for an add"))),
+            }
+        }
     }
 
     /// Subscribes a machine watcher (it hears every machine at once).

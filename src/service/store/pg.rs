@@ -715,6 +715,26 @@ const ADD_MACHINES_SQL: &str = "WITH life AS (SELECT value FROM meta WHERE key =
      SELECT g.n, g.n::text, $2, $3 FROM c, generate_series(c.first, c.first + $1::bigint - 1) AS g(n) ORDER BY g.n \
      RETURNING seq";
 
+/// A group's [`Write::AddMachines`] units (no constraints) by one statement, as
+/// [`ADD_MACHINES_SQL`] for each in order: `$1` counts, `$2` placements, `$3` applications;
+/// the machines' notices sent (`$4` channel, `$5` model uuid, at most `$6` ids a notice).
+/// Answers the first seq drawn (the units' machines follow it, in order), or no row if the
+/// model is not alive (nothing added).
+pub(super) const ADD_MANY_SQL: &str = "WITH life AS (SELECT value FROM meta WHERE key = 'model_life' FOR SHARE), \
+     v AS (SELECT n, count, placement, application, sum(count) OVER (ORDER BY n) - count AS skip \
+     FROM unnest($1::bigint[], $2::text[], $3::text[]) WITH ORDINALITY AS v(count, placement, application, n)), \
+     c AS (INSERT INTO meta (key, value) SELECT 'next_machine', sum(count)::text FROM v \
+     HAVING COALESCE((SELECT value FROM life), 'alive') = 'alive' \
+     ON CONFLICT (key) DO UPDATE SET value = ((meta.value)::bigint + (EXCLUDED.value)::bigint)::text \
+     RETURNING (value)::bigint - (SELECT sum(count) FROM v)::bigint AS first), \
+     ins AS (INSERT INTO machines (seq, id, placement, application) \
+     SELECT c.first + v.skip + g.k, (c.first + v.skip + g.k)::text, v.placement, v.application \
+     FROM c, v, generate_series(0::bigint, v.count - 1) AS g(k) ORDER BY 1 RETURNING seq), \
+     notices AS (SELECT pg_notify($4, json_build_object('model_uuid', $5::text, 'kind', 'machines', \
+     'ids', json_agg(seq::text ORDER BY seq), 'all', false)::text) FROM ins \
+     GROUP BY (seq - (SELECT first FROM c)) / $6::bigint) \
+     SELECT first, (SELECT count(*) FROM notices) FROM c";
+
 /// Takes the next `count` values of a counter kept in `meta` at once: the first of them.
 fn next_counters(tx: &mut Tx<'_>, key: &str, count: i64) -> Result<i64, postgres::Error> {
     tx.query_one(counter_sql!(), &[&key, &count])?.try_get(0)
@@ -885,17 +905,21 @@ enum Role {
     Updated(usize),
     /// A run's new instances (their tokens and ids).
     Inserted(usize),
+    /// The group's adds (the first seq drawn).
+    Added,
     /// Nothing to read (a lock, a notice, the epochs' record).
     Other,
 }
 
-/// The key a unit writes under: a machine, or a client token.
-fn write_key(w: &Write) -> (bool, &str) {
+/// The key a unit writes under: a machine, or a client token (none for an add: its machines
+/// are new).
+fn write_key(w: &Write) -> Option<(bool, &str)> {
     match w {
         Write::MachineStatus { id, .. } | Write::InstanceStatus { id, .. } | Write::StartedInstance { id, .. } => {
-            (false, id.as_str())
+            Some((false, id.as_str()))
         }
-        Write::RunningInstance { client_token, .. } => (true, client_token.as_str()),
+        Write::RunningInstance { client_token, .. } => Some((true, client_token.as_str())),
+        Write::AddMachines { .. } => None,
     }
 }
 
@@ -907,11 +931,12 @@ fn runs(writes: &[Write]) -> Vec<usize> {
     writes
         .iter()
         .map(|w| {
-            let key = write_key(w);
-            if !keys.insert(key) {
-                run += 1;
-                keys.clear();
-                keys.insert(key);
+            if let Some(key) = write_key(w) {
+                if !keys.insert(key) {
+                    run += 1;
+                    keys.clear();
+                    keys.insert(key);
+                }
             }
             run
         })
@@ -970,6 +995,8 @@ fn deferred_statements<'a>(
                     machines.push(tags.machine.as_ref().map(MachineId::as_str));
                     starts.push(tags.start.as_deref());
                 }
+                // All of a group's adds are made by one statement ([`ADD_MANY_SQL`]).
+                Write::AddMachines { .. } => {}
             }
         }
         if !locked.is_empty() {
@@ -1030,7 +1057,8 @@ fn deferred_notices(uuid: &str, writes: &[Write]) -> Vec<String> {
             Write::MachineStatus { id, .. } | Write::InstanceStatus { id, .. } | Write::StartedInstance { id, .. } => {
                 seen.insert(id.as_str()).then(|| id.clone())
             }
-            Write::RunningInstance { .. } => None,
+            // An add's statement sends its own notices.
+            Write::RunningInstance { .. } | Write::AddMachines { .. } => None,
         })
         .collect();
     ids.chunks(MAX_NOTIFIED_IDS).map(|c| notice_payload(uuid, "machines", c)).collect()
@@ -1510,13 +1538,15 @@ impl PgStore {
             conn.client.queue("BEGIN");
             group.begun = true;
         }
+        let fenced_units = writes.iter().filter(|w| w.fenced()).count() as i64;
         if let Some(Err(e)) = fence.as_ref().and(group.fence.as_ref()) {
-            self.deferred_results = writes.iter().map(|_| Err(e.clone())).collect();
+            let e = e.clone();
+            self.run_alone(&writes, Some(&e))?;
             return Ok(false);
         }
         // The fence not checked in this group yet: checked first in the pipeline, by a
         // statement that fails if it does not pass (nothing after it runs).
-        let check = fence.as_ref().filter(|_| group.fence.is_none());
+        let check = fence.as_ref().filter(|_| group.fence.is_none() && fenced_units > 0);
         let run_of = runs(&writes);
         let payloads = deferred_notices(&uuid, &writes);
         let mut bound: Vec<(&str, Vec<Param<'_>>, Role)> = Vec::new();
@@ -1527,9 +1557,28 @@ impl PgStore {
                 Role::Fence,
             ));
         }
+        let (mut counts, mut placements, mut applications) = (Vec::new(), Vec::new(), Vec::new());
+        for w in &writes {
+            if let Write::AddMachines { count, spec } = w {
+                counts.push(*count as i64);
+                placements.push(spec.placement.as_deref());
+                applications.push(spec.application.as_deref());
+            }
+        }
+        if !counts.is_empty() {
+            let p: Vec<Param<'_>> = vec![
+                Box::new(counts),
+                Box::new(placements),
+                Box::new(applications),
+                Box::new(CHANGES_CHANNEL),
+                Box::new(uuid.as_str()),
+                Box::new(MAX_NOTIFIED_IDS as i64),
+            ];
+            bound.push((ADD_MANY_SQL, p, Role::Added));
+        }
         bound.extend(deferred_statements(&writes, &run_of, &payloads));
-        let recorded = group.fenced_writes + writes.len() as i64;
-        if let Some(f) = &fence {
+        let recorded = group.fenced_writes + fenced_units;
+        if let Some(f) = fence.as_ref().filter(|_| recorded > 0) {
             bound.push((
                 RECORD_WRITES_SQL,
                 vec![Box::new(&f.model_uuid), Box::new(&f.holder), Box::new(f.epoch), Box::new(recorded)],
@@ -1582,8 +1631,9 @@ impl PgStore {
                 // (none of them fenced: the group had not checked its fence) commit.
                 conn.client.queue("ROLLBACK TO SAVEPOINT deferred");
                 conn.client.queue("RELEASE SAVEPOINT deferred");
-                self.deferred_results = writes.iter().map(|_| Err(out.clone())).collect();
-                group.fence = Some(Err(out));
+                group.fence = Some(Err(out.clone()));
+                // An operator's adds are not fenced: made one at a time.
+                self.run_alone(&writes, Some(&out))?;
                 return Ok(false);
             }
             (Err(_), None) => {
@@ -1594,18 +1644,7 @@ impl PgStore {
                 if check.is_some() {
                     group.fence = None;
                 }
-                self.fenced = true;
-                let mut results = Vec::with_capacity(writes.len());
-                for w in &writes {
-                    self.begin_member()?;
-                    let result = w.apply(self);
-                    if let Err(e) = &result {
-                        self.note_damage(e);
-                    }
-                    self.end_member(result.is_ok())?;
-                    results.push(result);
-                }
-                self.deferred_results = results;
+                self.run_alone(&writes, None)?;
                 return Ok(false);
             }
         }
@@ -1614,6 +1653,7 @@ impl PgStore {
         let mut before: Vec<HashMap<String, (String, String)>> = vec![HashMap::new(); runs_count];
         let mut updated: Vec<std::collections::HashSet<String>> = vec![Default::default(); runs_count];
         let mut inserted: Vec<HashMap<String, String>> = vec![HashMap::new(); runs_count];
+        let mut added_first: Option<i64> = None;
         for (role, answer) in roles.into_iter().zip(answers) {
             let rows = match answer {
                 Ok(reply) => reply.into_rows(),
@@ -1636,6 +1676,7 @@ impl PgStore {
                     Role::Inserted(run) => {
                         inserted[run].insert(read(r, 0)?, read(r, 1)?);
                     }
+                    Role::Added => added_first = Some(r.try_get::<_, i64>(0).map_err(pg(ctx))?),
                     Role::Fence | Role::Other => {}
                 }
                 Ok(())
@@ -1647,8 +1688,19 @@ impl PgStore {
         }
         let mut results = Vec::with_capacity(writes.len());
         let mut look_up = Vec::new();
+        let mut next_added = added_first;
         for (i, (w, run)) in writes.iter().zip(&run_of).enumerate() {
             let result = match w {
+                Write::AddMachines { count, .. } => match next_added.as_mut() {
+                    Some(next) => {
+                        let ids: Vec<MachineId> =
+                            (*next..*next + *count as i64).map(|n| MachineId::from(n.to_string())).collect();
+                        *next += *count as i64;
+                        self.book.added(&ids, MachineStatus::Pending);
+                        Ok(Written::Added(ids))
+                    }
+                    None => Err(StoreError::ModelDying),
+                },
                 Write::RunningInstance { client_token, zone, tags } => match inserted[*run].remove(client_token) {
                     Some(id) => {
                         self.book.instance_moved(None, InstanceState::Running.as_str());
@@ -1697,6 +1749,29 @@ impl PgStore {
         }
         self.deferred_results = results;
         Ok(true)
+    }
+
+    /// Runs `writes` one at a time, each a unit of work of the open group of its own (the slow
+    /// path of [`PgStore::send_deferred`]); with `fenced_out`, a fenced one answers that
+    /// instead. Their answers are kept for [`StoreBackend::take_deferred`].
+    fn run_alone(&mut self, writes: &[Write], fenced_out: Option<&StoreError>) -> Result<(), StoreError> {
+        let mut results = Vec::with_capacity(writes.len());
+        for w in writes {
+            if let (true, Some(e)) = (w.fenced(), fenced_out) {
+                results.push(Err(e.clone()));
+                continue;
+            }
+            self.fenced = w.fenced();
+            self.begin_member()?;
+            let result = w.apply(self);
+            if let Err(e) = &result {
+                self.note_damage(e);
+            }
+            self.end_member(result.is_ok())?;
+            results.push(result);
+        }
+        self.deferred_results = results;
+        Ok(())
     }
 
     /// Reads `ids` by one statement (`sql`, `$1` the ids, each row's first column its id), each
@@ -1847,6 +1922,12 @@ impl StoreBackend for PgStore {
         let Some(group) = self.group.as_mut().filter(|g| g.member.is_none()) else {
             return Some(write);
         };
+        if let Write::AddMachines { count, spec } = &write {
+            // Constraints are stored first, by statements of their own: such an add runs alone.
+            if *count == 0 || !spec.constraints.is_empty() {
+                return Some(write);
+            }
+        }
         // The group's time bound runs from its first unit of work, queued or sent.
         group.began.get_or_insert_with(Instant::now);
         group.deferred.push(write);

@@ -908,3 +908,62 @@ fn the_stores_session_keeps_index_look_ups_made_on_a_small_table() {
         assert!(plan.contains("Index"), "{name}: no index look-up\n{plan}");
     }
 }
+
+/// An operator's adds queued as write-behind units ([`super::Write::AddMachines`]) are made by
+/// one statement with their group's other units: each gets its own machines, numbered after
+/// the ones before, in order; listeners hear of them at the commit; a fence that refuses the
+/// provisioner's units does not refuse an operator's adds (they are not fenced); a model that
+/// is not alive refuses them (`ModelDying`, nothing added) while the group's other units are
+/// written.
+#[test]
+fn adds_queued_as_write_behind_units_share_one_statement() {
+    use super::{NewMachine, Write, Written};
+    let (_pg, url, mut s, model, mut listener) = listening();
+    let m = s.add_machines(2, None).unwrap();
+    let _ = notices(&mut listener, Duration::from_millis(300));
+    let add = |count, placement: Option<&str>| Write::AddMachines {
+        count,
+        spec: NewMachine { placement: placement.map(Into::into), ..NewMachine::default() },
+    };
+    let status =
+        |id: &MachineId| Write::MachineStatus { id: id.clone(), status: MachineStatus::Error, message: "x".into() };
+    let group = |s: &mut PgStore, writes: Vec<Write>| {
+        assert!(s.begin_group(true).unwrap());
+        for w in writes {
+            s.set_fenced(w.fenced());
+            assert!(s.defer(w).is_none(), "PostgreSQL queues adds with no constraints");
+        }
+        s.commit_group().unwrap();
+        s.take_deferred()
+    };
+    let added = |ids: &[&str]| Ok(Written::Added(ids.iter().map(|i| MachineId::new(*i)).collect()));
+    let answers = group(&mut s, vec![add(2, None), status(&m[0]), add(1, Some("zone=az2"))]);
+    assert_eq!(answers, vec![added(&["2", "3"]), Ok(Written::Done), added(&["4"])]);
+    let r = s.machine(&MachineId::new("4")).unwrap().unwrap();
+    assert_eq!((r.machine.status, r.placement.as_deref()), (MachineStatus::Pending, Some("zone=az2")));
+    let notice = |ids: &[&str]| Notice {
+        model_uuid: model.clone(),
+        kind: "machines".into(),
+        ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+        all: false,
+    };
+    assert_eq!(notices(&mut listener, Duration::from_secs(1)), [notice(&["2", "3", "4"]), notice(&["0"])]);
+    assert_eq!(s.counts().machines_by_status.get("pending"), Some(&4));
+    assert_eq!(s.recount().unwrap(), s.counts().clone(), "the counts kept match a recount");
+
+    // Under a stale fence: the provisioner's unit refused, the operator's add made.
+    lease(&url, &model, "replica-a", 7, 30);
+    s.set_fence(Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch: 6 })).unwrap();
+    let answers = group(&mut s, vec![status(&m[1]), add(1, None)]);
+    assert!(matches!(answers[0], Err(StoreError::Fenced { epoch: 6, .. })), "{answers:?}");
+    assert_eq!(answers[1], added(&["5"]));
+    assert_eq!(s.machine(&m[1]).unwrap().unwrap().machine.status, MachineStatus::Pending, "nothing fenced written");
+    s.set_fence(None).unwrap();
+
+    // A dying model.
+    s.destroy_model().unwrap();
+    let answers = group(&mut s, vec![add(3, None), status(&m[1])]);
+    assert_eq!(answers, vec![Err(StoreError::ModelDying), Ok(Written::Done)]);
+    assert_eq!(s.machine_ids().unwrap().len(), 6, "nothing added");
+    assert_eq!(s.recount().unwrap(), s.counts().clone(), "the counts kept match a recount");
+}

@@ -1,5 +1,6 @@
 //! Write-behind units of work: the provisioner's and the simulated cloud's hot writes (a
-//! machine's status, its instance status, a start's record, a start's instance), given to the
+//! machine's status, its instance status, a start's record, a start's instance) and an
+//! operator's add of machines (durable, not fenced), given to the
 //! store as *data* ([`Write`]) instead of a closure, so that a backend may queue their
 //! statements in its group commit without waiting for each answer (PostgreSQL sends them all
 //! with the group's `COMMIT`: one round trip for the group instead of one per write), and run
@@ -11,7 +12,7 @@
 //! actix here.
 
 use super::backend::StoreBackend;
-use super::state::{InstanceRecord, StoreError};
+use super::state::{InstanceRecord, NewMachine, StoreError};
 use crate::model::{InstanceStatus, InstanceTags, MachineId, MachineStatus};
 use crate::ports::ProvisionedInstance;
 
@@ -57,6 +58,14 @@ pub enum Write {
         /// Its tags.
         tags: InstanceTags,
     },
+    /// An operator's add of machines ([`StoreBackend::add_new_machines`]): acknowledged only
+    /// once on disk, and not the provisioner's (never fenced).
+    AddMachines {
+        /// How many.
+        count: usize,
+        /// What they are.
+        spec: NewMachine,
+    },
 }
 
 /// What a [`Write`] answers.
@@ -66,9 +75,23 @@ pub enum Written {
     Done,
     /// The instance, and whether this write made it (`false`: the token's, as it was).
     Instance(InstanceRecord, bool),
+    /// The machines added, in order.
+    Added(Vec<MachineId>),
 }
 
 impl Write {
+    /// Whether it is the provisioner's (checked against the leader's fence) rather than an
+    /// operator's.
+    pub fn fenced(&self) -> bool {
+        !matches!(self, Write::AddMachines { .. })
+    }
+
+    /// Whether its commit must be on disk before its answer (an operator's), or only in the
+    /// operating system's hands (the provisioner's: see [`super::Store::exec_lazy`]).
+    pub fn durable(&self) -> bool {
+        matches!(self, Write::AddMachines { .. })
+    }
+
     /// Runs it as a unit of work on `s` (the slow path, and every backend that does not queue
     /// it).
     pub fn apply(&self, s: &mut dyn StoreBackend) -> Result<Written, StoreError> {
@@ -85,6 +108,7 @@ impl Write {
             Write::RunningInstance { client_token, zone, tags } => s
                 .create_running_instance(client_token, zone.as_deref(), tags)
                 .map(|(record, new)| Written::Instance(record, new)),
+            Write::AddMachines { count, spec } => s.add_new_machines(*count, spec).map(Written::Added),
         }
     }
 }
