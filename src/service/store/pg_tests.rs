@@ -967,3 +967,47 @@ fn adds_queued_as_write_behind_units_share_one_statement() {
     assert_eq!(s.machine_ids().unwrap().len(), 6, "nothing added");
     assert_eq!(s.recount().unwrap(), s.counts().clone(), "the counts kept match a recount");
 }
+
+/// The provisioner's writes to a machine's row can be HOT (heap-only, no index entry written):
+/// no index on `machines` names a column they change (nor has one in its predicate), and the
+/// table's pages keep room for new row versions. (Version 6's partial index of the machines in
+/// error named `status` and `instance_status`; they are counted by a table of their own now,
+/// checked by `machines_in_error_are_counted_without_a_scan`.)
+#[test]
+fn no_index_names_a_column_the_provisioners_writes_change() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let _s = PgStore::open(&url).unwrap();
+    let mut c = raw(&url);
+    let written = [
+        "status",
+        "status_message",
+        "instance_status",
+        "instance_status_message",
+        "instance",
+        "zone",
+        "nonce",
+        "display_name",
+        "transient",
+        "start_attempts",
+        "last_start_error",
+        "changed_at",
+    ];
+    let indexes: Vec<String> = c
+        .query("SELECT indexdef FROM pg_indexes WHERE tablename = 'machines'", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(indexes.len() >= 3, "{indexes:?}");
+    for def in &indexes {
+        let (_, columns) = def.split_once(" USING ").unwrap();
+        let named: Vec<&str> = columns.split(|ch: char| !(ch.is_alphanumeric() || ch == '_')).collect();
+        for column in written {
+            assert!(!named.contains(&column), "{def} names {column}: its updates cannot be HOT");
+        }
+    }
+    let options: Option<Vec<String>> =
+        c.query_one("SELECT reloptions FROM pg_class WHERE relname = 'machines'", &[]).unwrap().get(0);
+    assert_eq!(options, Some(vec!["fillfactor=70".to_owned()]));
+}
