@@ -740,24 +740,13 @@ const INSERT_NEW_INSTANCE_SQL: &str = "WITH c AS (\
      SELECT first, 'i-' || lpad(to_hex(first + 1), greatest(8, length(to_hex(first + 1))), '0'), $8, \
      $3, $4, $5, $6, $7 FROM c RETURNING id";
 
-/// Machines with no constraints added by one statement: the model's life read and locked
-/// (as [`life_in`]: nothing is added unless it is alive), `$1` ids drawn from the counter at
-/// once and the rows inserted, `$2` placement, `$3` application. Their seqs in order, or no
-/// row if the model is not alive.
-const ADD_MACHINES_SQL: &str = "WITH life AS (SELECT value FROM meta WHERE key = 'model_life' FOR SHARE), \
-     c AS (INSERT INTO meta (key, value) SELECT 'next_machine', $1::bigint::text \
-     WHERE COALESCE((SELECT value FROM life), 'alive') = 'alive' \
-     ON CONFLICT (key) DO UPDATE SET value = ((meta.value)::bigint + $1::bigint)::text \
-     RETURNING (value)::bigint - $1::bigint AS first) \
-     INSERT INTO machines (seq, id, placement, application) \
-     SELECT g.n, g.n::text, $2, $3 FROM c, generate_series(c.first, c.first + $1::bigint - 1) AS g(n) ORDER BY g.n \
-     RETURNING seq";
-
-/// A group's [`Write::AddMachines`] units (no constraints) by one statement, as
-/// [`ADD_MACHINES_SQL`] for each in order: `$1` counts, `$2` placements, `$3` applications;
-/// the machines' notices sent (`$4` channel, `$5` model uuid, at most `$6` ids a notice).
-/// Answers the first seq drawn (the units' machines follow it, in order), or no row if the
-/// model is not alive (nothing added).
+/// Adds of machines with no constraints by one statement (a group's [`Write::AddMachines`]
+/// units, or one add alone), each in order: the model's life read and locked (as
+/// [`life_in`]: nothing is added unless it is alive), the ids drawn from the counter at once
+/// and the rows inserted; `$1` counts, `$2` placements, `$3` applications; the machines'
+/// notices sent (`$4` channel, `$5` model uuid, at most `$6` ids a notice). Answers the first
+/// seq drawn (the adds' machines follow it, in order), or no row if the model is not alive
+/// (nothing added). Its parameters: [`add_many_params`].
 pub(super) const ADD_MANY_SQL: &str = "WITH life AS (SELECT value FROM meta WHERE key = 'model_life' FOR SHARE), \
      v AS (SELECT n, count, placement, application, sum(count) OVER (ORDER BY n) - count AS skip \
      FROM unnest($1::bigint[], $2::text[], $3::text[]) WITH ORDINALITY AS v(count, placement, application, n)), \
@@ -772,6 +761,25 @@ pub(super) const ADD_MANY_SQL: &str = "WITH life AS (SELECT value FROM meta WHER
      'ids', json_agg(seq::text ORDER BY seq), 'all', false)::text) FROM ins \
      GROUP BY (seq - (SELECT first FROM c)) / $6::bigint) \
      SELECT first, (SELECT count(*) FROM notices) FROM c";
+
+/// [`ADD_MANY_SQL`]'s parameters for `adds` (each a count and what the machines are) in
+/// model `uuid`.
+fn add_many_params<'a>(adds: impl Iterator<Item = (usize, &'a NewMachine)>, uuid: &'a str) -> Vec<Param<'a>> {
+    let (mut counts, mut placements, mut applications) = (Vec::new(), Vec::new(), Vec::new());
+    for (count, spec) in adds {
+        counts.push(count as i64);
+        placements.push(spec.placement.as_deref());
+        applications.push(spec.application.as_deref());
+    }
+    vec![
+        Box::new(counts),
+        Box::new(placements),
+        Box::new(applications),
+        Box::new(CHANGES_CHANNEL),
+        Box::new(uuid),
+        Box::new(MAX_NOTIFIED_IDS as i64),
+    ]
+}
 
 /// Takes the next `count` values of a counter kept in `meta` at once: the first of them.
 fn next_counters(tx: &mut Tx<'_>, key: &str, count: i64) -> Result<i64, postgres::Error> {
@@ -1595,24 +1603,14 @@ impl PgStore {
                 Role::Fence,
             ));
         }
-        let (mut counts, mut placements, mut applications) = (Vec::new(), Vec::new(), Vec::new());
-        for w in &writes {
-            if let Write::AddMachines { count, spec } = w {
-                counts.push(*count as i64);
-                placements.push(spec.placement.as_deref());
-                applications.push(spec.application.as_deref());
-            }
-        }
-        if !counts.is_empty() {
-            let p: Vec<Param<'_>> = vec![
-                Box::new(counts),
-                Box::new(placements),
-                Box::new(applications),
-                Box::new(CHANGES_CHANNEL),
-                Box::new(uuid.as_str()),
-                Box::new(MAX_NOTIFIED_IDS as i64),
-            ];
-            bound.push((ADD_MANY_SQL, p, Role::Added));
+        let adds = || {
+            writes.iter().filter_map(|w| match w {
+                Write::AddMachines { count, spec } => Some((*count, spec)),
+                _ => None,
+            })
+        };
+        if adds().next().is_some() {
+            bound.push((ADD_MANY_SQL, add_many_params(adds(), &uuid), Role::Added));
         }
         bound.extend(deferred_statements(&writes, &run_of, &payloads));
         let recorded = group.fenced_writes + fenced_units;
@@ -2341,23 +2339,23 @@ impl StoreBackend for PgStore {
         let uuid = self.uuid();
         let mut tx = self.begin(ctx)?;
         let ids = if count > 0 && spec.constraints.is_empty() {
-            // The model's life checked, the ids drawn and the rows inserted by one statement.
-            let rows =
-                tx.query(ADD_MACHINES_SQL, &[&(count as i64), &spec.placement, &spec.application]).map_err(pg(ctx))?;
-            if rows.is_empty() {
-                return Err(StoreError::ModelDying);
-            }
-            rows.iter()
-                .map(|r| r.try_get::<_, i64>(0).map(|n| MachineId::from(n.to_string())))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(pg(ctx))?
+            // The model's life checked, the ids drawn, the rows inserted and notified by one
+            // statement.
+            let p = add_many_params(std::iter::once((count, spec)), &uuid);
+            let params: Vec<&(dyn ToSql + Sync)> = p.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect();
+            let first: i64 = match tx.query_opt(ADD_MANY_SQL, &params).map_err(pg(ctx))? {
+                Some(row) => row.try_get(0).map_err(pg(ctx))?,
+                None => return Err(StoreError::ModelDying),
+            };
+            (first..first + count as i64).map(|n| MachineId::from(n.to_string())).collect()
         } else {
             if life_in(&mut tx)? != Life::Alive {
                 return Err(StoreError::ModelDying);
             }
-            Self::insert_machines(&mut tx, count, spec)?
+            let ids = Self::insert_machines(&mut tx, count, spec)?;
+            notify(&mut tx, &uuid, "machines", &ids)?;
+            ids
         };
-        notify(&mut tx, &uuid, "machines", &ids)?;
         tx.commit().map_err(pg(ctx))?;
         self.book.added(&ids, MachineStatus::Pending);
         Ok(ids)
