@@ -171,6 +171,7 @@ fn start_with(
         model_uuid: config.model_uuid.clone(),
         host_tag: config.host_tag.clone(),
         batch,
+        record_outside_worker: config.record_outside_worker,
     };
     let pool = WorkerPool::new(
         config.workers,

@@ -252,6 +252,13 @@ pub struct ProvisionerConfig {
     pub batch_starts: bool,
     /// Most machines in one batched start call (`1..=MAX_BATCH_SIZE`, default 100).
     pub batch_size: usize,
+    /// A start gives its worker back once it is done with the cloud (its instance started or
+    /// adopted) and records the instance in the model outside the pool's size, so that a model
+    /// whose writes wait for a commit does not hold a worker, and the cloud calls a worker
+    /// could make, while they do. The workers then bound the calls to the cloud, not the
+    /// records (their number is bounded by the machines started). Off by default, as in
+    /// Juju's pool (and the simulator's scenarios); `provisioner serve` turns it on.
+    pub record_outside_worker: bool,
 }
 
 impl Default for ProvisionerConfig {
@@ -277,6 +284,7 @@ impl Default for ProvisionerConfig {
             capacity_memory: DEFAULT_CAPACITY_MEMORY,
             batch_starts: false,
             batch_size: DEFAULT_BATCH_SIZE,
+            record_outside_worker: false,
         }
     }
 }

@@ -39,6 +39,17 @@ impl PendingStarts {
             PendingStarts::Intents(intents) => intents.resume().await,
         }
     }
+
+    /// Sets the leader's fence on the cloud's own store, if it has one apart from the model's
+    /// (the simulated cloud on PostgreSQL: [`Store::companion`]); the intents' store is the
+    /// model's, fenced with it.
+    #[cfg(feature = "postgres")]
+    async fn set_fence(&self, fence: crate::service::store::Fence) -> Result<(), StoreError> {
+        match self {
+            PendingStarts::Sim(sim) => sim.set_fence(fence).await,
+            PendingStarts::Intents(_) => Ok(()),
+        }
+    }
 }
 use crate::service::store::{Store, StoreError, DB_FILE};
 
@@ -587,6 +598,7 @@ fn start_replica(
     opts: &ServeSettings,
     model: &str,
     store: &Store,
+    cloud_store: &Option<Store>,
     model_uuid: &str,
     config: &ProvisionerConfig,
     broker: &MeteredBroker,
@@ -603,7 +615,10 @@ fn start_replica(
         // One id for the process: every model's lease is held under it (the spread counts
         // replicas, not leases).
         let replica = shared.replica_id.clone();
-        let leading = crate::service::lease::leading::Leading::new(store.clone()).for_model(model_uuid).start();
+        let leading = crate::service::lease::leading::Leading::new(store.clone())
+            .for_model(model_uuid)
+            .with_cloud_store(cloud_store.clone())
+            .start();
         // The replica's lease thread, listener and lease arbiter, shared by its models.
         let links = match &shared.replica_links {
             Some(l) => l.clone(),
@@ -645,7 +660,7 @@ fn start_replica(
         let lease = LeaseActor::start_on(&links.arbiter, config, Box::new(hooks), links.sql);
         return Ok(Some(api::ReplicaState { lease, leading, models_led: shared.models_led.clone() }));
     }
-    let _ = (opts, model, store, model_uuid, config, broker, pending, metrics, events, limiter, shared);
+    let _ = (opts, model, store, cloud_store, model_uuid, config, broker, pending, metrics, events, limiter, shared);
     Ok(None)
 }
 
@@ -749,8 +764,15 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
             actix_rt::spawn(async move {
                 // The fence first: from here on every write of this provisioner commits only under
                 // this epoch.
-                if let Err(e) = store.set_fence(Some(fence)).await {
+                if let Err(e) = store.set_fence(Some(fence.clone())).await {
                     tracing::error!(error = %e, "cannot set the leader's fence: not acting");
+                    return;
+                }
+                if let Some(Err(e)) = match &pending {
+                    Some(p) => Some(p.set_fence(fence).await),
+                    None => None,
+                } {
+                    tracing::error!(error = %e, "cannot set the leader's fence on the cloud's store: not acting");
                     return;
                 }
                 // The starts an earlier leader left in flight (their client tokens were written,
@@ -997,6 +1019,7 @@ pub(crate) async fn start_model(
     let metrics = Metrics::default().start();
     store.watch_counts(metrics.clone().recipient());
     let pending: Option<PendingStarts>;
+    let cloud_store: Option<Store>;
     let (cloud, zones, broker_name): (Arc<dyn crate::ports::Broker>, Vec<String>, &str) = match opts.broker() {
         BrokerKind::Sim => {
             let settings = SimSettings {
@@ -1012,7 +1035,14 @@ pub(crate) async fn start_model(
                 account: account.as_ref().and_then(|a| a.sim.clone()),
             };
             let zones = settings.known_zones();
-            let cloud = SimCloud::new(store.clone(), model_uuid.clone(), settings);
+            // On PostgreSQL the cloud's instances are written on a connection of their own
+            // (`Store::companion`), counted there.
+            cloud_store = store.companion();
+            if let Some(own) = &cloud_store {
+                own.watch_counts(crate::service::metrics::CloudCountsTo(metrics.clone()).start().recipient());
+            }
+            let cloud =
+                SimCloud::new(cloud_store.clone().unwrap_or_else(|| store.clone()), model_uuid.clone(), settings);
             pending = Some(PendingStarts::Sim(Box::new(cloud.clone())));
             (Arc::new(cloud), zones, "sim")
         }
@@ -1021,6 +1051,7 @@ pub(crate) async fn start_model(
             let (ec2, zones) = ec2_broker(&opts.ec2, &model_uuid).await?;
             // Each start's token and parameters are written before the call (`intents`).
             let ec2 = crate::service::intents::IntentBroker::new(Arc::new(ec2), store.clone());
+            cloud_store = None;
             pending = Some(PendingStarts::Intents(ec2.clone()));
             (Arc::new(ec2), zones, "ec2")
         }
@@ -1048,6 +1079,8 @@ pub(crate) async fn start_model(
             BrokerKind::Sim => crate::config::rate_limits::RateLimits::unlimited(),
             BrokerKind::Ec2 => crate::config::rate_limits::RateLimits::ec2(),
         },
+        // A start's record waits for a group commit: not holding a worker meanwhile.
+        record_outside_worker: true,
         ..ProvisionerConfig::default()
     }
     .with_random_seed();
@@ -1061,6 +1094,7 @@ pub(crate) async fn start_model(
         opts,
         model,
         &store,
+        &cloud_store,
         &model_uuid,
         &config,
         &broker,
@@ -1080,6 +1114,7 @@ pub(crate) async fn start_model(
     };
     Ok(AppState {
         store,
+        cloud_store,
         handle,
         replica,
         broker,

@@ -156,6 +156,14 @@ pub struct SimCloud {
     failures_left: Arc<AtomicU32>,
 }
 
+impl SimCloud {
+    /// Sets the leader's fence on the store its instances are written to.
+    #[cfg(feature = "postgres")]
+    pub async fn set_fence(&self, fence: crate::service::store::Fence) -> Result<(), StoreError> {
+        self.store.set_fence(Some(fence)).await
+    }
+}
+
 /// Parses `[sim] out_of_capacity` entries, `TYPE:ZONE`; `None` for a malformed one.
 pub fn parse_out_of_capacity(entries: &[String]) -> Option<Vec<(String, String)>> {
     entries

@@ -347,3 +347,57 @@ async fn a_failing_group_lookup_does_not_stop_the_adoption_of_a_tagged_instance(
     assert!(cloud.calls_of(CloudOp::StartInstance).is_empty());
     assert!(stops(&cloud).is_empty());
 }
+
+/// Starts at which virtual second each of three machines' StartInstance was called, on one
+/// worker, a cloud taking 1 s a start and a model taking 5 s to record an instance.
+async fn start_call_seconds(record_outside_worker: bool) -> (Vec<u64>, Duration) {
+    let cloud = zoneless_cloud();
+    cloud.set_latency(Duration::from_secs(1), Duration::ZERO);
+    let model = FakeModel::new(vec![Machine::pending("0"), Machine::pending("1"), Machine::pending("2")]);
+    model.set_write_latency(Duration::from_secs(5));
+    let config = provisioner::ProvisionerConfig { workers: 1, record_outside_worker, ..test_config() };
+    let h = Harness::new(config, cloud, model);
+    let began = actix_rt::time::Instant::now();
+    let model =
+        h.until_model(Duration::from_secs(60), |m| ["0", "1", "2"].iter().all(|id| instance_of(m, id).is_some())).await;
+    let took = began.elapsed();
+    for id in ["0", "1", "2"] {
+        assert_eq!(model.machine(id).unwrap().machine.instance_status, InstanceStatus::running(), "{id}");
+    }
+    let cloud = h.cloud().await;
+    assert_eq!(cloud.live_instances_of(&"0".into()).len(), 1);
+    (cloud.calls_of(CloudOp::StartInstance).iter().map(|c| c.at.as_secs()).collect(), took)
+}
+
+/// With the records outside the workers, a start gives its worker back once its instance is
+/// started, so the next machine's cloud call does not wait for the model's record: one worker
+/// still makes one cloud call at a time (a call each second), but no longer one per 6 s.
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
+async fn a_start_recording_its_instance_frees_its_worker_for_the_next_cloud_call() {
+    let (held, held_took) = start_call_seconds(false).await;
+    assert_eq!(held, vec![0, 6, 12], "each start held its worker through its record");
+    assert!(held_took >= Duration::from_secs(18), "{held_took:?}");
+    let (freed, freed_took) = start_call_seconds(true).await;
+    assert_eq!(freed, vec![0, 1, 2], "one call at a time, each as soon as the last returned");
+    assert!(freed_took < Duration::from_secs(9), "{freed_took:?}");
+}
+
+/// With the records outside the workers, an instance whose record keeps failing is still
+/// stopped and its machine errors (the start's outcome is still reported after its record).
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
+async fn an_unrecordable_instance_is_stopped_with_the_records_outside_the_workers() {
+    let model = FakeModel::new(vec![Machine::pending("0")]);
+    model.fail_next(ModelOp::SetInstanceInfo, 3, "state unavailable");
+    let config = provisioner::ProvisionerConfig { workers: 1, record_outside_worker: true, ..test_config() };
+    let h = Harness::new(config, zoneless_cloud(), model);
+    let model = h
+        .until_model(Duration::from_secs(60), |m| m.machine("0").unwrap().machine.status == MachineStatus::Error)
+        .await;
+    assert!(model.machine("0").unwrap().instance_status_message.contains("state unavailable"));
+    h.settle().await;
+    let cloud = h.cloud().await;
+    assert!(cloud.live_instances_of(&"0".into()).is_empty(), "the unrecorded instance was stopped");
+    assert_eq!(cloud.calls_of(CloudOp::StartInstance).len(), 1);
+    assert_eq!(cloud.calls_of(CloudOp::StopInstances).len(), 1);
+    assert!(h.handle.is_running());
+}

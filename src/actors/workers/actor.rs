@@ -1,6 +1,8 @@
 //! The worker pool actor: a thin shell over [`PoolBook`] that runs jobs as futures on its own
 //! context (no extra threads or arbiters, so a paused test clock governs every wait).
 
+use std::cell::Cell;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -17,6 +19,17 @@ use crate::actors::work::{BusyState, WorkCount};
 use crate::config::rate_limits::ApiClass;
 use crate::config::{validate_workers, ConfigError};
 use crate::ports::{BatchStartParams, BrokerError};
+
+/// Where a start stands with its worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// It holds it.
+    Held,
+    /// It gave it back and records its instance.
+    Released,
+    /// It ended.
+    Done,
+}
 
 /// Runs broker jobs.
 pub struct WorkerPool {
@@ -85,10 +98,14 @@ impl WorkerPool {
                     let batch = self.deps.batch.as_ref().map(|_| ctx.address().recipient());
                     // Boxed before it is wrapped: the start's future is large (several KiB), and
                     // every wrapper would move it whole; a box moves as a pointer.
-                    let start = Box::pin(run_start(self.deps.clone(), *start, nonce, self.rng.random(), batch));
+                    let (freed, slot) = self.slot(ctx);
+                    let start = Box::pin(run_start(self.deps.clone(), *start, nonce, self.rng.random(), batch, freed));
                     let fut = start.instrument(span);
-                    ctx.spawn(fut.into_actor(self).map(|outcome, act, ctx| {
-                        act.book.finished();
+                    ctx.spawn(fut.into_actor(self).map(move |outcome, act, ctx| {
+                        match slot.map(|s| s.replace(Slot::Done)) {
+                            Some(Slot::Released) => act.book.recorded(),
+                            _ => act.book.finished(),
+                        }
                         act.report(outcome, ctx);
                         act.dispatch(ctx);
                     }));
@@ -119,7 +136,30 @@ impl WorkerPool {
             }
         }
         // Queued and running jobs are work in flight until the book is empty.
-        self.jobs.set(self.book.in_flight() + self.book.queued() > 0);
+        self.jobs.set(self.book.in_flight() + self.book.recording() + self.book.queued() > 0);
+    }
+
+    /// With the records outside the workers ([`StartDeps::record_outside_worker`]): the sender a
+    /// start frees its worker with once it is done with the cloud, and the start's slot state
+    /// (the job's end and the freeing may come in either order).
+    fn slot(
+        &mut self,
+        ctx: &mut Context<Self>,
+    ) -> (Option<futures::channel::oneshot::Sender<()>>, Option<Rc<Cell<Slot>>>) {
+        if !self.deps.record_outside_worker {
+            return (None, None);
+        }
+        let slot = Rc::new(Cell::new(Slot::Held));
+        let (freed, on_freed) = futures::channel::oneshot::channel::<()>();
+        let mine = slot.clone();
+        ctx.spawn(on_freed.into_actor(self).map(move |freed, act, ctx| {
+            if freed.is_ok() && mine.get() == Slot::Held {
+                mine.set(Slot::Released);
+                act.book.released();
+                act.dispatch(ctx);
+            }
+        }));
+        (Some(freed), Some(slot))
     }
 
     /// Runs a stop or a release: reports `done` when the call succeeds; otherwise the job gives

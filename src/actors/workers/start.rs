@@ -64,6 +64,9 @@ pub struct StartDeps {
     pub host_tag: String,
     /// Batched starts (`None`: one call per machine).
     pub batch: Option<BatchDeps>,
+    /// A start gives its worker back once it is done with the cloud, and records its instance
+    /// in the model outside the pool's size (see `ProvisionerConfig::record_outside_worker`).
+    pub record_outside_worker: bool,
 }
 
 /// A start call's client token: `MACHINE/NONCE/CALL` (built by hand, not `format!`: one per
@@ -124,6 +127,8 @@ async fn set_instance_status(deps: &Start<'_>, machine: &MachineId, status: Inst
 struct Start<'d> {
     deps: &'d StartDeps,
     pending: RefCell<Option<(MachineId, ModelFuture<()>)>>,
+    /// Frees the start's worker (with the records outside the workers): sent once.
+    freed: RefCell<Option<futures::channel::oneshot::Sender<()>>>,
 }
 
 impl std::ops::Deref for Start<'_> {
@@ -139,6 +144,13 @@ impl Start<'_> {
         self.settle().await;
         let write = self.deps.model.set_instance_status(machine.clone(), status, message);
         *self.pending.borrow_mut() = Some((machine.clone(), write));
+    }
+
+    /// Gives the start's worker back, if it is to be given back before the start ends.
+    fn free_worker(&self) {
+        if let Some(freed) = self.freed.borrow_mut().take() {
+            let _ = freed.send(());
+        }
     }
 
     /// Waits for the write still pending, if one is.
@@ -217,6 +229,8 @@ async fn register(
         status: InstanceStatus::from_static(instance.state.as_str()),
     };
     let mut attempt = 0;
+    // Done with the cloud: what is left is the model's.
+    deps.free_worker();
     deps.settle().await;
     let source = loop {
         match deps.model.set_instance_info(machine.clone(), info.clone()).await {
@@ -271,8 +285,9 @@ pub(super) async fn run_start(
     nonce: String,
     seed: u64,
     batch: Option<Recipient<JoinBatch>>,
+    freed: Option<futures::channel::oneshot::Sender<()>>,
 ) -> JobOutcome {
-    let start = &Start { deps: &deps, pending: RefCell::new(None) };
+    let start = &Start { deps: &deps, pending: RefCell::new(None), freed: RefCell::new(freed) };
     let mut given_up = None;
     let outcome = start_or_adopt(start, job, nonce, seed, batch, &mut given_up).await;
     start.settle().await;

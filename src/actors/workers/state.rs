@@ -106,6 +106,9 @@ const DRAINED_KEEP: usize = 1024;
 pub struct PoolBook {
     size: usize,
     in_flight: usize,
+    /// Starts that gave their worker back to record their instance in the model
+    /// ([`PoolBook::released`]): running, but not counted against the size.
+    recording: usize,
     /// How many starts one worker carries: 1, or the batch size with batched starts on (the
     /// starts of one batch share one cloud call).
     starts_per_worker: usize,
@@ -118,7 +121,14 @@ pub struct PoolBook {
 impl PoolBook {
     /// An empty pool of this size.
     pub fn new(size: usize) -> Self {
-        Self { size, in_flight: 0, starts_per_worker: 1, urgent: VecDeque::new(), starts: VecDeque::new() }
+        Self {
+            size,
+            in_flight: 0,
+            recording: 0,
+            starts_per_worker: 1,
+            urgent: VecDeque::new(),
+            starts: VecDeque::new(),
+        }
     }
 
     /// The same pool with batched starts of up to `batch` machines: up to `size × batch`
@@ -177,6 +187,23 @@ impl PoolBook {
     /// A job finished: its worker is free.
     pub fn finished(&mut self) {
         self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// A start is done with the cloud and records its instance: its worker is free for the
+    /// next job while it does (it ends with [`PoolBook::recorded`]).
+    pub fn released(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.recording += 1;
+    }
+
+    /// A start that gave its worker back ended.
+    pub fn recorded(&mut self) {
+        self.recording = self.recording.saturating_sub(1);
+    }
+
+    /// Starts recording their instances, their workers given back.
+    pub fn recording(&self) -> usize {
+        self.recording
     }
 
     /// Changes the limit; nothing queued or in flight is lost.

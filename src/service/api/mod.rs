@@ -86,6 +86,9 @@ pub const BODY_LIMIT: usize = 256 << 10;
 pub struct AppState {
     /// The database.
     pub store: Store,
+    /// The simulated cloud's own store, when its instances are written on a connection of
+    /// their own (PostgreSQL: [`Store::companion`]); `None`: on `store`.
+    pub cloud_store: Option<Store>,
     /// The running provisioner (`None` with replicas: the leader's is in `replica`).
     pub handle: Option<ProvisionerHandle>,
     /// The cloud, metered.
@@ -831,11 +834,19 @@ async fn set_config(
 async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
     // No table is read whole: the counts the store keeps as it writes (and refreshes after other
     // replicas' commits), the partial index of machines in error, the model's life.
-    let (counts, in_error, life) =
-        st.store.exec(|s| Ok((s.counts().clone(), s.machines_in_error()?, s.model_life()?))).await?;
+    let model = st.store.exec(|s| Ok((s.counts().clone(), s.machines_in_error()?, s.model_life()?)));
+    let cloud = st.cloud_store.as_ref().map(|c| c.exec(|s| Ok(s.counts().instances_by_state.clone())));
+    let ((counts, in_error, life), cloud) = match cloud {
+        Some(cloud) => {
+            let (model, cloud) = futures::join!(model, cloud);
+            (model?, Some(cloud?))
+        }
+        None => (model.await?, None),
+    };
     let (instances, instances_error) = if st.broker_name == "sim" {
-        // The simulated cloud is the store: its instances are counted as it writes them.
-        let live = counts.instances_by_state.iter().filter(|(state, _)| *state != "terminated").map(|(_, n)| *n);
+        // The simulated cloud is in the database: its instances are counted as it writes them.
+        let by_state = cloud.as_ref().unwrap_or(&counts.instances_by_state);
+        let live = by_state.iter().filter(|(state, _)| *state != "terminated").map(|(_, n)| *n);
         (Some(live.sum::<u64>() as usize), None)
     } else {
         instance_count(st.broker.all_instances().await.map(|l| l.len()))

@@ -72,12 +72,29 @@ pub struct Leading {
     /// database's channel) are ignored. `None`: every notice is this model's.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     model_uuid: Option<String>,
+    /// The simulated cloud's own store, if it has one apart from the model's
+    /// ([`Store::companion`](crate::service::store::Store::companion)): its instance counts
+    /// are refreshed with the model's.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    cloud_store: Option<crate::service::store::Store>,
 }
 
 impl Leading {
     /// Nothing led yet.
     pub fn new(store: crate::service::store::Store) -> Self {
-        Self { epoch: None, running: None, counts: CountsRefresh::default(), store, model_uuid: None }
+        Self {
+            epoch: None,
+            running: None,
+            counts: CountsRefresh::default(),
+            store,
+            model_uuid: None,
+            cloud_store: None,
+        }
+    }
+
+    /// Refreshes the counts of the cloud's own store too (`None`: the cloud has none).
+    pub fn with_cloud_store(self, cloud_store: Option<crate::service::store::Store>) -> Self {
+        Self { cloud_store, ..self }
     }
 
     /// Hears only the notices of the model with this uuid (a service hosting many models).
@@ -182,6 +199,19 @@ impl Handler<super::listen::Changed> for Leading {
         if self.counts.note(m.resync, m.sender) {
             ctx.run_later(COUNTS_REFRESH, |act, ctx| {
                 let (resync, senders) = act.counts.take();
+                if let Some(cloud) = &act.cloud_store {
+                    // Its instances change by its own writes (counted as they commit; they send
+                    // no notice) and by other replicas' clouds: the model's own session's
+                    // notices are no news to it.
+                    let own = act.store.session_pid();
+                    let others: Vec<i32> = senders.iter().copied().filter(|p| Some(*p) != own).collect();
+                    let refresh = cloud.exec(move |s| s.refresh_counts(resync, &others));
+                    ctx.spawn(actix::fut::wrap_future::<_, Self>(refresh).map(|done, _act, _ctx| {
+                        if let Err(e) = done {
+                            tracing::warn!(error = %e, "cannot refresh the cloud's counts after a change notice");
+                        }
+                    }));
+                }
                 let refresh = act.store.exec(move |s| s.refresh_counts(resync, &senders));
                 ctx.spawn(actix::fut::wrap_future::<_, Self>(refresh).map(|done, _act, _ctx| {
                     if let Err(e) = done {

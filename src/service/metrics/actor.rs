@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use actix_rt::time::Instant;
 
-use super::messages::{BrokerCallDone, HttpDone, LeaderChanged, MachinesPending, Render};
+use super::messages::{BrokerCallDone, CloudCounts, HttpDone, LeaderChanged, MachinesPending, Render};
 use super::state::{MetricsBook, StartOutcome};
 use crate::model::events::ProvisionerEvent;
 use crate::model::MachineId;
@@ -18,6 +18,9 @@ use crate::service::store::{CountsChanged, StoreCounts};
 pub struct Metrics {
     book: MetricsBook,
     counts: StoreCounts,
+    /// The simulated cloud's instances by state, when its instances are written on a store of
+    /// their own ([`CloudCounts`]; `None`: in `counts`).
+    cloud_instances: Option<BTreeMap<String, u64>>,
     /// When each machine added here became pending (until it starts, fails or goes).
     pending: BTreeMap<MachineId, Instant>,
 }
@@ -41,6 +44,28 @@ impl Handler<CountsChanged> for Metrics {
 
 impl Actor for Metrics {
     type Context = Context<Self>;
+}
+
+impl Handler<CloudCounts> for Metrics {
+    type Result = ();
+    fn handle(&mut self, m: CloudCounts, _ctx: &mut Self::Context) {
+        self.cloud_instances = Some(m.0);
+    }
+}
+
+/// Hands the counts a cloud's own store publishes to the metrics as [`CloudCounts`] (its
+/// machine counts are not the model's: only its instances are taken).
+pub struct CloudCountsTo(pub Addr<Metrics>);
+
+impl Actor for CloudCountsTo {
+    type Context = Context<Self>;
+}
+
+impl Handler<CountsChanged> for CloudCountsTo {
+    type Result = ();
+    fn handle(&mut self, m: CountsChanged, _ctx: &mut Self::Context) {
+        self.0.do_send(CloudCounts(m.0.instances_by_state));
+    }
 }
 
 impl Handler<HttpDone> for Metrics {
@@ -100,7 +125,7 @@ impl Handler<Render> for Metrics {
         let mut g = m.0;
         g.machines_by_status = self.counts.machines_by_status.clone();
         g.machines_by_life = self.counts.machines_by_life.clone();
-        g.instances_by_state = self.counts.instances_by_state.clone();
+        g.instances_by_state = self.cloud_instances.as_ref().unwrap_or(&self.counts.instances_by_state).clone();
         g.model_life = self.counts.model_life.clone();
         self.book.render(&g)
     }

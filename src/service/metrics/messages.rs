@@ -30,6 +30,12 @@ pub struct BrokerCallDone {
     pub seconds: f64,
 }
 
+/// The simulated cloud's instances by state, from the store its instances are written on when
+/// that is not the model's ([`Store::companion`](crate::service::store::Store::companion)).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct CloudCounts(pub std::collections::BTreeMap<String, u64>);
+
 /// Renders every metric with these gauges.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "String")]

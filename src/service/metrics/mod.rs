@@ -13,7 +13,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use actor::Metrics;
-pub use messages::{BrokerCallDone, HttpDone, LeaderChanged, MachinesPending, Render};
+pub use actor::{CloudCountsTo, Metrics};
+pub use messages::{BrokerCallDone, CloudCounts, HttpDone, LeaderChanged, MachinesPending, Render};
 pub use metered::MeteredBroker;
 pub use state::{Gauges, Histogram, MetricsBook, CONTENT_TYPE};

@@ -406,7 +406,13 @@ impl Default for Shared {
 pub struct Store {
     addr: Addr<StoreActor>,
     shared: Shared,
+    /// How its backend is opened, for a backend a second connection can share the database
+    /// with ([`Store::companion`]; `None`: SQLite, whose writers take turns anyway).
+    reopen: Option<Opener>,
 }
+
+/// Opens a store's backend on its thread.
+type Opener = Arc<dyn Fn() -> Result<Box<dyn StoreBackend>, StoreError> + Send + Sync>;
 
 impl Store {
     /// Opens the database at `path` (creating it and its schema if needed) and starts the
@@ -426,7 +432,7 @@ impl Store {
             }
             StoreActor::over(core.map(|c| Box::new(c) as Box<dyn StoreBackend>), &theirs)
         });
-        Ok(Self { addr, shared })
+        Ok(Self { addr, shared, reopen: None })
     }
 
     /// Starts the store's thread over a backend that `open` makes there (called again if the
@@ -434,16 +440,29 @@ impl Store {
     /// not fail on an unreachable server: its operations answer [`StoreError::Unavailable`]
     /// until it reconnects.
     pub fn start_with(open: impl Fn() -> Result<Box<dyn StoreBackend>, StoreError> + Send + Sync + 'static) -> Self {
+        Self::start_opener(Arc::new(open))
+    }
+
+    fn start_opener(open: Opener) -> Self {
         let shared = Shared::default();
         let theirs = shared.clone();
+        let opener = open.clone();
         let addr = SyncArbiter::start(1, move || {
-            let core = open();
+            let core = opener();
             if let Err(e) = &core {
                 tracing::error!(error = %e, "cannot open the database");
             }
             StoreActor::over(core, &theirs)
         });
-        Self { addr, shared }
+        Self { addr, shared, reopen: Some(open) }
+    }
+
+    /// A second store over the same database on a connection and a thread of its own, if the
+    /// backend allows one (PostgreSQL; `None` for SQLite): its units of work commit in groups
+    /// of their own, beside this store's. The simulated cloud's writes go there, so that the
+    /// server runs them on a second backend process, in parallel with the provisioner's.
+    pub fn companion(&self) -> Option<Store> {
+        self.reopen.clone().map(Self::start_opener)
     }
 
     /// Opens the PostgreSQL store at `url` (feature `postgres`): the URL is parsed now (a bad
