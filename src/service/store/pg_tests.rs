@@ -1011,3 +1011,67 @@ fn no_index_names_a_column_the_provisioners_writes_change() {
         c.query_one("SELECT reloptions FROM pg_class WHERE relname = 'machines'", &[]).unwrap().get(0);
     assert_eq!(options, Some(vec!["fillfactor=70".to_owned()]));
 }
+
+/// Schema version 9: the provisioner's set-based writes and the adds stamp `changed_at`
+/// themselves, one value a statement, so the stamping trigger's PL/pgSQL function is not called
+/// for their rows (its `WHEN` clauses); any other write is still stamped by it.
+#[test]
+fn the_set_based_writes_stamp_their_rows_without_calling_the_trigger() {
+    use super::pg::{ADD_MANY_SQL, SET_INSTANCE_STATUSES_SQL, SET_STARTED_SQL, SET_STATUSES_SQL};
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let mut s = PgStore::open(&url).unwrap();
+    let model = s.model_uuid().unwrap();
+    s.add_machines(2, None).unwrap();
+    let mut c = raw(&url);
+    let defs: Vec<String> = c
+        .query(
+            "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'machines'::regclass \
+             AND tgname LIKE 'machines_stamp%' ORDER BY tgname",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(defs.len(), 2, "{defs:?}");
+    assert!(defs.iter().all(|d| d.contains(" WHEN (") && d.contains("changed_at")), "{defs:?}");
+
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute("SET LOCAL track_functions = 'pl'").unwrap();
+    let calls = |tx: &mut postgres::Transaction<'_>| -> i64 {
+        tx.query_one(
+            "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_xact_user_functions WHERE funcname = 'machines_stamp'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let stamp = |tx: &mut postgres::Transaction<'_>, id: &str| -> Option<String> {
+        tx.query_one("SELECT changed_at FROM machines WHERE id = $1", &[&id]).unwrap().get(0)
+    };
+    tx.batch_execute("UPDATE machines SET changed_at = 'before'").unwrap();
+    let before = calls(&mut tx);
+    let none: Option<&str> = None;
+    tx.execute(SET_STATUSES_SQL, &[&vec!["0", "1"], &vec!["pending", "pending"], &vec!["a", "b"]]).unwrap();
+    tx.execute(SET_INSTANCE_STATUSES_SQL, &[&vec!["0"], &vec!["provisioning"], &vec!["starting"], &vec![none]])
+        .unwrap();
+    tx.execute(
+        SET_STARTED_SQL,
+        &[&vec!["1"], &vec!["i-1"], &vec![Some("az1")], &vec!["n"], &vec!["name"], &vec!["running"]],
+    )
+    .unwrap();
+    tx.query(ADD_MANY_SQL, &[&vec![2i64], &vec![none], &vec![none], &CHANGES_CHANNEL, &model, &200i64]).unwrap();
+    assert_eq!(calls(&mut tx), before, "the set-based writes and the adds call no stamping function");
+    for id in ["0", "1", "2", "3"] {
+        let at = stamp(&mut tx, id).unwrap();
+        assert!(at.len() == 24 && at.ends_with('Z') && at.as_bytes()[10] == b'T', "machine {id} stamped {at:?}");
+    }
+    // Any other write is stamped by the trigger, as before.
+    tx.batch_execute("UPDATE machines SET changed_at = 'before' WHERE id = '0'").unwrap();
+    let plain = calls(&mut tx);
+    tx.batch_execute("UPDATE machines SET status_message = 'plain' WHERE id = '0'").unwrap();
+    assert_eq!(calls(&mut tx), plain + 1);
+    assert_ne!(stamp(&mut tx, "0").as_deref(), Some("before"));
+    tx.rollback().unwrap();
+}
