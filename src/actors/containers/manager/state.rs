@@ -65,12 +65,28 @@ pub struct ManagerBook {
     kinds: Vec<String>,
     hosts: BTreeMap<MachineId, Host>,
     unsupported: BTreeSet<MachineId>,
+    /// The hosts [`ManagerBook::waiting_hosts`] answers (live, not known to be provisioned,
+    /// with containers), kept as the hosts change: asked after every pass of the environ
+    /// provisioner, it must not walk every host (every top-level machine is one).
+    waiting: BTreeSet<MachineId>,
 }
 
 impl ManagerBook {
     /// A book for hosts that support these container types.
     pub fn new(kinds: Vec<String>) -> Self {
-        Self { kinds, hosts: BTreeMap::new(), unsupported: BTreeSet::new() }
+        Self { kinds, hosts: BTreeMap::new(), unsupported: BTreeSet::new(), waiting: BTreeSet::new() }
+    }
+
+    /// Puts `id` in or out of the waiting hosts, as it now is.
+    fn note_waiting(&mut self, id: &MachineId) {
+        let waits = self.hosts.get(id).is_some_and(|h| !h.dead && h.zone.is_none() && !h.containers.is_empty());
+        if waits {
+            if !self.waiting.contains(id) {
+                self.waiting.insert(id.clone());
+            }
+        } else {
+            self.waiting.remove(id);
+        }
     }
 
     /// Makes the host's supervisor for `kind` unless it exists.
@@ -122,6 +138,7 @@ impl ManagerBook {
                     if !host.supervised.is_empty() {
                         out.push(HostEffect::Died(id.clone()));
                     }
+                    self.waiting.remove(id);
                     out.extend(self.kill(id));
                 }
             }
@@ -138,6 +155,7 @@ impl ManagerBook {
         let host = self.hosts.entry(id.clone()).or_default();
         if host.zone.is_none() {
             host.zone = Some(zone.clone());
+            self.waiting.remove(id);
             // Supervisors made later learn the zone when they are made.
             if !host.supervised.is_empty() {
                 out.push(HostEffect::Provisioned { host: id.clone(), zone });
@@ -166,6 +184,7 @@ impl ManagerBook {
             }
             self.supervise(&host, kind, &mut out);
             self.hosts.entry(host.clone()).or_default().containers.insert(id.clone());
+            self.note_waiting(&host);
             routes.entry((host, kind.to_owned())).or_default().push(id.clone());
         }
         for host in &dead_hosts {
@@ -179,6 +198,13 @@ impl ManagerBook {
     /// again (a restarted provisioner may find a host already provisioned by its predecessor,
     /// whose record landed after this manager last read it, and then announces no start).
     pub fn waiting_hosts(&self) -> Vec<MachineId> {
+        self.waiting.iter().cloned().collect()
+    }
+
+    /// [`ManagerBook::waiting_hosts`] found by walking every host (tests: the kept set must
+    /// match it).
+    #[cfg(test)]
+    pub fn waiting_hosts_by_scan(&self) -> Vec<MachineId> {
         self.hosts
             .iter()
             .filter(|(_, h)| !h.dead && h.zone.is_none() && !h.containers.is_empty())

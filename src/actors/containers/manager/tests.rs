@@ -164,3 +164,35 @@ fn unprovisioned_hosts_with_waiting_containers_are_read_again() {
     b.host_seen(&"0".into(), Some(&provisioned("0")), Some("az1".into()));
     assert!(b.waiting_hosts().is_empty(), "a provisioned host was read again");
 }
+
+/// The waiting hosts are kept as the hosts change (asked after every pass, they must not walk
+/// every host): after any sequence of host reads, provisionings, deaths and containers, the kept
+/// set is what a walk of every host finds.
+#[test]
+fn the_waiting_hosts_kept_match_a_walk_of_every_host() {
+    use rand::{Rng, SeedableRng};
+    for seed in 0..20 {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let mut b = book();
+        for step in 0..400 {
+            let host = format!("{}", rng.random_range(0..12));
+            let id = MachineId::from(host.as_str());
+            match rng.random_range(0..6) {
+                0 => drop(b.host_seen(&id, Some(&Machine::pending(host.as_str())), None)),
+                1 => drop(b.host_seen(&id, Some(&provisioned(host.as_str())), Some("az1".into()))),
+                2 => drop(b.provisioned(&id, None)),
+                3 if rng.random_bool(0.3) => {
+                    let mut dead = Machine::pending(host.as_str());
+                    dead.life = Life::Dead;
+                    drop(b.host_seen(&id, if rng.random_bool(0.5) { Some(&dead) } else { None }, None));
+                }
+                _ => {
+                    let kind = if rng.random_bool(0.8) { "lxd" } else { "unknown" };
+                    let container = MachineId::from(format!("{host}/{kind}/{}", rng.random_range(0..3)).as_str());
+                    drop(b.containers_seen(&[container]));
+                }
+            }
+            assert_eq!(b.waiting_hosts(), b.waiting_hosts_by_scan(), "seed {seed}, step {step}");
+        }
+    }
+}
