@@ -190,6 +190,11 @@ impl Handler<Current> for Leading {
 impl Handler<super::listen::Changed> for Leading {
     type Result = ();
     fn handle(&mut self, m: super::listen::Changed, ctx: &mut Self::Context) {
+        // The store's own commits (every group commit of the leader's sends one): it published
+        // their changes and counts itself. Not even parsed (up to 200 ids each).
+        if !from_elsewhere(&m, self.store.session_pid()) {
+            return;
+        }
         let notice: Option<crate::service::store::Notice> = serde_json::from_str(&m.payload).ok();
         if let (Some(n), Some(mine)) = (&notice, &self.model_uuid) {
             if &n.model_uuid != mine {
@@ -220,7 +225,7 @@ impl Handler<super::listen::Changed> for Leading {
                 }));
             });
         }
-        if self.running.is_none() || !from_elsewhere(&m, self.store.session_pid()) {
+        if self.running.is_none() {
             return;
         }
         let everything = m.resync || notice.as_ref().is_some_and(|n| n.all || n.kind == "model");

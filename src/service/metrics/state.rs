@@ -126,6 +126,21 @@ pub struct MetricsBook {
     streams_dropped: Counter,
     /// HTTP requests per route (for tests and `http_count`).
     http_counts: BTreeMap<String, u64>,
+    /// Handles on the series the hot paths bump (see [`Handles`]).
+    handles: Handles,
+}
+
+/// Handles on the series bumped at every broker call, event and start, by their labels: a
+/// family's `get_or_create` takes owned labels, so each bump built and escaped them again (five
+/// allocations a broker call); a handle shares its series with the family (the same atomic),
+/// made at the series' first bump as before, so the rendered text is unchanged.
+#[derive(Default)]
+struct Handles {
+    broker: std::collections::HashMap<(&'static str, &'static str), Counter>,
+    broker_latency: std::collections::HashMap<&'static str, PromHistogram>,
+    events: std::collections::HashMap<&'static str, Counter>,
+    /// By zone, then outcome.
+    start_outcomes: std::collections::HashMap<String, std::collections::HashMap<&'static str, Counter>>,
 }
 
 impl std::fmt::Debug for MetricsBook {
@@ -249,6 +264,7 @@ impl Default for MetricsBook {
             store_operations,
             streams_dropped,
             http_counts: BTreeMap::new(),
+            handles: Handles::default(),
         }
     }
 }
@@ -285,13 +301,25 @@ impl MetricsBook {
     /// Counts one broker call.
     /// `result` is `ok` or the kind of failure (`throttled`, `zone_specific`, ...).
     pub fn broker(&mut self, op: &'static str, result: &'static str, seconds: f64) {
-        self.broker.get_or_create(&l(&[("op", op), ("result", result)])).inc();
-        self.broker_latency.get_or_create(&l(&[("op", op)])).observe(seconds);
+        let family = &self.broker;
+        let calls = self
+            .handles
+            .broker
+            .entry((op, result))
+            .or_insert_with(|| family.get_or_create(&l(&[("op", op), ("result", result)])).clone());
+        calls.inc();
+        let family = &self.broker_latency;
+        let latency =
+            self.handles.broker_latency.entry(op).or_insert_with(|| family.get_or_create(&l(&[("op", op)])).clone());
+        latency.observe(seconds);
     }
 
     /// Counts one provisioner event.
     pub fn event(&mut self, name: &'static str) {
-        self.events.get_or_create(&l(&[("event", name)])).inc();
+        let family = &self.events;
+        let count =
+            self.handles.events.entry(name).or_insert_with(|| family.get_or_create(&l(&[("event", name)])).clone());
+        count.inc();
         if name == "retried-machines-with-errors" {
             self.retries.inc();
         }
@@ -299,8 +327,16 @@ impl MetricsBook {
 
     /// Counts one start outcome in `zone` (`unknown` if none).
     pub fn start_outcome(&mut self, zone: Option<&str>, outcome: StartOutcome) {
-        let labels = l(&[("zone", zone.unwrap_or("unknown")), ("outcome", outcome.label())]);
-        self.start_outcomes.get_or_create(&labels).inc();
+        let zone = zone.unwrap_or("unknown");
+        let by_outcome = match self.handles.start_outcomes.get_mut(zone) {
+            Some(m) => m,
+            None => self.handles.start_outcomes.entry(zone.to_owned()).or_default(),
+        };
+        let family = &self.start_outcomes;
+        let count = by_outcome
+            .entry(outcome.label())
+            .or_insert_with(|| family.get_or_create(&l(&[("zone", zone), ("outcome", outcome.label())])).clone());
+        count.inc();
     }
 
     /// Records a machine's time from pending to running.
