@@ -495,7 +495,8 @@ impl JobOutcome {
 pub struct PoolStatus {
     /// Concurrency limit.
     pub size: usize,
-    /// Jobs running.
+    /// Jobs running on a worker (a start recording its instance after giving its worker back,
+    /// `ProvisionerConfig::record_outside_worker`, is not counted).
     pub in_flight: usize,
     /// Jobs waiting.
     pub queued: usize,

@@ -19,8 +19,9 @@
 //! `SELECT 1 FROM leader_lease WHERE model_uuid=$1 AND holder=$2 AND epoch=$3 AND expires_at >
 //! now() FOR SHARE` first, in its own transaction, and fails with [`StoreError::Fenced`]
 //! (nothing written) if no row matches. A write that passes records its epoch in the same
-//! transaction ([`RECORD_WRITE_SQL`]: `epoch_writes`, one row per model, epoch and holder, with
-//! the count and the last value drawn from `fence_seq` while the lease row was share-locked);
+//! transaction ([`RECORD_WRITE_SQL`]: `epoch_writes`, one row per model, epoch, holder and
+//! writing session, with the count and the last value drawn from `fence_seq` while the lease row
+//! was share-locked);
 //! each acquisition records its epoch in `lease_epochs` with a value of the same sequence drawn
 //! after it locked the row. So a write committed under a stale epoch would show as an
 //! `epoch_writes` row whose `last_seq` is above the `acquired_seq` of a later epoch: see
@@ -189,8 +190,9 @@ const MIGRATIONS: &[(i64, &str)] = &[
 /// The epochs' record, created by migration 3 (and by the lease where missing, so that the
 /// lease can be used and tested on its own): `fence_seq` orders acquisitions and fenced writes;
 /// `lease_epochs` has a row per acquisition (`acquired_seq` drawn after the lease row was
-/// locked); `epoch_writes` a row per model, epoch and holder (the writes' count and the last
-/// `fence_seq` value drawn by one of them while it held the lease row share-locked).
+/// locked); `epoch_writes` a row per model, epoch, holder and writing session (`writer`, its
+/// backend's process id: schema version 9; the writes' count and the last `fence_seq` value
+/// drawn by one of them while it held the lease row share-locked).
 pub const EPOCH_TABLES_SQL: &str = "
 CREATE SEQUENCE IF NOT EXISTS fence_seq;
 CREATE TABLE IF NOT EXISTS lease_epochs (
@@ -208,7 +210,8 @@ CREATE TABLE IF NOT EXISTS epoch_writes (
     writes BIGINT NOT NULL,
     first_seq BIGINT NOT NULL,
     last_seq BIGINT NOT NULL,
-    PRIMARY KEY (model_uuid, epoch, holder)
+    writer INT NOT NULL DEFAULT 0,
+    PRIMARY KEY (model_uuid, epoch, holder, writer)
 );
 ";
 
@@ -216,15 +219,15 @@ CREATE TABLE IF NOT EXISTS epoch_writes (
 /// share-locked, so no acquisition can draw from `fence_seq` until this commits): `$1` model,
 /// `$2` holder, `$3` epoch.
 pub const RECORD_WRITE_SQL: &str =
-    "INSERT INTO epoch_writes AS w (model_uuid, epoch, holder, writes, first_seq, last_seq)
-    SELECT $1, $3, $2, 1, s, s FROM nextval('fence_seq') AS s
-    ON CONFLICT (model_uuid, epoch, holder) DO UPDATE SET writes = w.writes + 1, last_seq = EXCLUDED.last_seq";
+    "INSERT INTO epoch_writes AS w (model_uuid, epoch, holder, writer, writes, first_seq, last_seq)
+    SELECT $1, $3, $2, pg_backend_pid(), 1, s, s FROM nextval('fence_seq') AS s
+    ON CONFLICT (model_uuid, epoch, holder, writer) DO UPDATE SET writes = w.writes + 1, last_seq = EXCLUDED.last_seq";
 
 /// [`RECORD_WRITE_SQL`] for a group commit's fenced writes, recorded at once just before its
 /// commit (the lease row share-locked since the group checked the fence): `$4` writes.
-const RECORD_WRITES_SQL: &str = "INSERT INTO epoch_writes AS w (model_uuid, epoch, holder, writes, first_seq, last_seq)
-    SELECT $1, $3, $2, $4, s, s FROM nextval('fence_seq') AS s
-    ON CONFLICT (model_uuid, epoch, holder) DO UPDATE SET writes = w.writes + EXCLUDED.writes, last_seq = EXCLUDED.last_seq";
+const RECORD_WRITES_SQL: &str = "INSERT INTO epoch_writes AS w (model_uuid, epoch, holder, writer, writes, first_seq, last_seq)
+    SELECT $1, $3, $2, pg_backend_pid(), $4, s, s FROM nextval('fence_seq') AS s
+    ON CONFLICT (model_uuid, epoch, holder, writer) DO UPDATE SET writes = w.writes + EXCLUDED.writes, last_seq = EXCLUDED.last_seq";
 
 /// Version 4: the created API tokens (their SHA-256 only), looked up by hash on every request
 /// that carries one.
@@ -296,13 +299,19 @@ CREATE TRIGGER machine_errors_delete AFTER DELETE ON machines FOR EACH ROW
     EXECUTE FUNCTION machine_errors_track();
 ";
 
-/// Version 9: `changed_at` stamped by the trigger only for a write that does not stamp it
-/// itself (`WHEN` clauses: the function is not even called for the others). The provisioner's
+/// Version 9: the epochs' record keeps a row per writing session (`epoch_writes.writer`, the
+/// backend's process id), so that two sessions of one holder (the model's store and the
+/// simulated cloud's, `Store::companion`) do not queue on one row lock for every group commit;
+/// the audit (`lease::pg::audit_epochs`) checks each row as before. And `changed_at` stamped by
+/// the trigger only for a write that does not stamp it itself (`WHEN` clauses: the function is not even called for the others). The provisioner's
 /// set-based writes and the adds stamp their rows with one value a statement
 /// ([`stamp_sql`]), so that no row they write runs the PL/pgSQL function (7 % of the server's
 /// time at 100,000 machines went to calling it once a row). Any other write leaves the column
 /// alone and is stamped as before.
 const SCHEMA_V9: &str = "
+ALTER TABLE epoch_writes ADD COLUMN IF NOT EXISTS writer INT NOT NULL DEFAULT 0;
+ALTER TABLE epoch_writes DROP CONSTRAINT IF EXISTS epoch_writes_pkey;
+ALTER TABLE epoch_writes ADD PRIMARY KEY (model_uuid, epoch, holder, writer);
 DROP TRIGGER IF EXISTS machines_stamp ON machines;
 DROP TRIGGER IF EXISTS machines_stamp_insert ON machines;
 DROP TRIGGER IF EXISTS machines_stamp_update ON machines;
