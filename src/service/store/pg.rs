@@ -982,10 +982,14 @@ pub(super) const INSERT_INSTANCES_SQL: &str = "WITH v AS (\
      FROM c, (SELECT v.*, row_number() OVER (ORDER BY n) - 1 AS r FROM v) AS w \
      RETURNING client_token, id";
 
-/// The fence's check ([`check_fence`]) as a statement that fails (division by zero) unless the
-/// lease passes, its row share-locked: `$1` model, `$2` holder, `$3` epoch.
-const FENCE_OR_FAIL_SQL: &str = "SELECT 1 / count(*) FROM (SELECT 1 FROM leader_lease WHERE model_uuid = $1 \
-     AND holder = $2 AND epoch = $3 AND expires_at > statement_timestamp() FOR SHARE) AS held";
+/// The fence's check ([`check_fence`]) and [`RECORD_WRITES_SQL`] as one statement, for a group
+/// whose fence is checked by its write-behind units' pipeline (its first statement): it fails
+/// (division by zero, nothing recorded) unless the lease passes (`$1` model, `$2` holder, `$3`
+/// epoch), its row share-locked to the commit, then records the group's `$4` fenced writes. The value drawn from `fence_seq` may be drawn before
+/// the lease row is locked: no acquisition can commit between the draw and this transaction's
+/// commit and leave the check passing (an acquisition changes the row this check locks and
+/// re-reads), and one that comes after draws its value after this commit.
+const FENCE_AND_RECORD_SQL: &str = "WITH held AS (SELECT 1 / count(*) AS ok FROM (SELECT 1 FROM leader_lease      WHERE model_uuid = $1 AND holder = $2 AND epoch = $3 AND expires_at > statement_timestamp() FOR SHARE) AS l)      INSERT INTO epoch_writes AS w (model_uuid, epoch, holder, writer, writes, first_seq, last_seq)      SELECT $1, $3, $2, pg_backend_pid(), $4, s, s FROM held, nextval('fence_seq') AS s      ON CONFLICT (model_uuid, epoch, holder, writer)      DO UPDATE SET writes = w.writes + EXCLUDED.writes, last_seq = EXCLUDED.last_seq";
 
 /// One parameter of a deferred statement.
 type Param<'a> = Box<dyn ToSql + Sync + 'a>;
@@ -1646,10 +1650,12 @@ impl PgStore {
         let run_of = runs(&writes);
         let payloads = deferred_notices(&uuid, &writes);
         let mut bound: Vec<(&str, Vec<Param<'_>>, Role)> = Vec::new();
+        let recorded = group.fenced_writes + fenced_units;
         if let Some(f) = check {
+            // Checked and recorded by one statement, first.
             bound.push((
-                FENCE_OR_FAIL_SQL,
-                vec![Box::new(&f.model_uuid), Box::new(&f.holder), Box::new(f.epoch)],
+                FENCE_AND_RECORD_SQL,
+                vec![Box::new(&f.model_uuid), Box::new(&f.holder), Box::new(f.epoch), Box::new(recorded)],
                 Role::Fence,
             ));
         }
@@ -1663,8 +1669,7 @@ impl PgStore {
             bound.push((ADD_MANY_SQL, add_many_params(adds(), &uuid), Role::Added));
         }
         bound.extend(deferred_statements(&writes, &run_of, &payloads));
-        let recorded = group.fenced_writes + fenced_units;
-        if let Some(f) = fence.as_ref().filter(|_| recorded > 0) {
+        if let Some(f) = fence.as_ref().filter(|_| recorded > 0 && check.is_none()) {
             bound.push((
                 RECORD_WRITES_SQL,
                 vec![Box::new(&f.model_uuid), Box::new(&f.holder), Box::new(f.epoch), Box::new(recorded)],
