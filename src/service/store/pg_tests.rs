@@ -1022,7 +1022,7 @@ fn the_set_based_writes_stamp_their_rows_without_calling_the_trigger() {
     let url = fresh_db(&pg);
     let mut s = PgStore::open(&url).unwrap();
     let model = s.model_uuid().unwrap();
-    s.add_machines(2, None).unwrap();
+    s.add_machines(3, None).unwrap();
     let mut c = raw(&url);
     let defs: Vec<String> = c
         .query(
@@ -1053,17 +1053,19 @@ fn the_set_based_writes_stamp_their_rows_without_calling_the_trigger() {
     tx.batch_execute("UPDATE machines SET changed_at = 'before'").unwrap();
     let before = calls(&mut tx);
     let none: Option<&str> = None;
-    tx.execute(SET_STATUSES_SQL, &[&vec!["0", "1"], &vec!["pending", "pending"], &vec!["a", "b"]]).unwrap();
-    tx.execute(SET_INSTANCE_STATUSES_SQL, &[&vec!["0"], &vec!["provisioning"], &vec!["starting"], &vec![none]])
+    // Each row written once here: a row written again within the same millisecond gets the
+    // same stamp, and the trigger stamps it then (as it must: the stamp did not change).
+    tx.execute(SET_STATUSES_SQL, &[&vec!["0"], &vec!["pending"], &vec!["a"]]).unwrap();
+    tx.execute(SET_INSTANCE_STATUSES_SQL, &[&vec!["1"], &vec!["provisioning"], &vec!["starting"], &vec![none]])
         .unwrap();
     tx.execute(
         SET_STARTED_SQL,
-        &[&vec!["1"], &vec!["i-1"], &vec![Some("az1")], &vec!["n"], &vec!["name"], &vec!["running"]],
+        &[&vec!["2"], &vec!["i-1"], &vec![Some("az1")], &vec!["n"], &vec!["name"], &vec!["running"]],
     )
     .unwrap();
     tx.query(ADD_MANY_SQL, &[&vec![2i64], &vec![none], &vec![none], &CHANGES_CHANNEL, &model, &200i64]).unwrap();
     assert_eq!(calls(&mut tx), before, "the set-based writes and the adds call no stamping function");
-    for id in ["0", "1", "2", "3"] {
+    for id in ["0", "1", "2", "3", "4"] {
         let at = stamp(&mut tx, id).unwrap();
         assert!(at.len() == 24 && at.ends_with('Z') && at.as_bytes()[10] == b'T', "machine {id} stamped {at:?}");
     }
