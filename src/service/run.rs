@@ -768,12 +768,11 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
                     tracing::error!(error = %e, "cannot set the leader's fence: not acting");
                     return;
                 }
-                if let Some(Err(e)) = match &pending {
-                    Some(p) => Some(p.set_fence(fence).await),
-                    None => None,
-                } {
-                    tracing::error!(error = %e, "cannot set the leader's fence on the cloud's store: not acting");
-                    return;
+                if let Some(p) = &pending {
+                    if let Err(e) = p.set_fence(fence).await {
+                        tracing::error!(error = %e, "cannot set the leader's fence on the cloud's store: not acting");
+                        return;
+                    }
                 }
                 // The starts an earlier leader left in flight (their client tokens were written,
                 // fenced, before the cloud call): landed now, once.

@@ -13,23 +13,12 @@ use tracing::Instrument;
 use super::batch::{Answer, BatchBook, Reply};
 use super::messages::*;
 use super::start::{run_start, StartDeps};
-use super::state::{Job, JobOutcome, PoolBook, PoolStatus, ReleaseJob, StopJob, WorkerError};
+use super::state::{Job, JobOutcome, PoolBook, PoolStatus, ReleaseJob, StartSlot, StopJob, WorkerError};
 use crate::actors::coordinator::JobsDone;
 use crate::actors::work::{BusyState, WorkCount};
 use crate::config::rate_limits::ApiClass;
 use crate::config::{validate_workers, ConfigError};
 use crate::ports::{BatchStartParams, BrokerError};
-
-/// Where a start stands with its worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Slot {
-    /// It holds it.
-    Held,
-    /// It gave it back and records its instance.
-    Released,
-    /// It ended.
-    Done,
-}
 
 /// Runs broker jobs.
 pub struct WorkerPool {
@@ -102,10 +91,7 @@ impl WorkerPool {
                     let start = Box::pin(run_start(self.deps.clone(), *start, nonce, self.rng.random(), batch, freed));
                     let fut = start.instrument(span);
                     ctx.spawn(fut.into_actor(self).map(move |outcome, act, ctx| {
-                        match slot.map(|s| s.replace(Slot::Done)) {
-                            Some(Slot::Released) => act.book.recorded(),
-                            _ => act.book.finished(),
-                        }
+                        act.book.start_ended(slot.as_deref());
                         act.report(outcome, ctx);
                         act.dispatch(ctx);
                     }));
@@ -145,17 +131,15 @@ impl WorkerPool {
     fn slot(
         &mut self,
         ctx: &mut Context<Self>,
-    ) -> (Option<futures::channel::oneshot::Sender<()>>, Option<Rc<Cell<Slot>>>) {
+    ) -> (Option<futures::channel::oneshot::Sender<()>>, Option<Rc<Cell<StartSlot>>>) {
         if !self.deps.record_outside_worker {
             return (None, None);
         }
-        let slot = Rc::new(Cell::new(Slot::Held));
+        let slot = Rc::new(Cell::new(StartSlot::Held));
         let (freed, on_freed) = futures::channel::oneshot::channel::<()>();
         let mine = slot.clone();
         ctx.spawn(on_freed.into_actor(self).map(move |freed, act, ctx| {
-            if freed.is_ok() && mine.get() == Slot::Held {
-                mine.set(Slot::Released);
-                act.book.released();
+            if freed.is_ok() && act.book.release_start(&mine) {
                 act.dispatch(ctx);
             }
         }));

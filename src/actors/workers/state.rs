@@ -1,5 +1,6 @@
 //! The pool's plain core: the job queues and the start retry arithmetic.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -101,13 +102,27 @@ pub enum Job {
 /// The largest start queue buffer kept once drained (in jobs).
 const DRAINED_KEEP: usize = 1024;
 
+/// Where a start that may give its worker back before it ends stands
+/// (`ProvisionerConfig::record_outside_worker`): its worker freed and its end reach the pool in
+/// either order, and each is counted once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StartSlot {
+    /// It holds its worker.
+    #[default]
+    Held,
+    /// It gave its worker back and records its instance.
+    Released,
+    /// It ended.
+    Done,
+}
+
 /// The queues and the concurrency limit.
 #[derive(Debug, Clone)]
 pub struct PoolBook {
     size: usize,
     in_flight: usize,
     /// Starts that gave their worker back to record their instance in the model
-    /// ([`PoolBook::released`]): running, but not counted against the size.
+    /// ([`PoolBook::release_start`]): running, but not counted against the size.
     recording: usize,
     /// How many starts one worker carries: 1, or the batch size with batched starts on (the
     /// starts of one batch share one cloud call).
@@ -189,16 +204,25 @@ impl PoolBook {
         self.in_flight = self.in_flight.saturating_sub(1);
     }
 
-    /// A start is done with the cloud and records its instance: its worker is free for the
-    /// next job while it does (it ends with [`PoolBook::recorded`]).
-    pub fn released(&mut self) {
+    /// A start is done with the cloud and records its instance: its worker is free for the next
+    /// job while it does, unless the start ended already. Whether a worker was freed.
+    pub fn release_start(&mut self, slot: &Cell<StartSlot>) -> bool {
+        if slot.get() != StartSlot::Held {
+            return false;
+        }
+        slot.set(StartSlot::Released);
         self.in_flight = self.in_flight.saturating_sub(1);
         self.recording += 1;
+        true
     }
 
-    /// A start that gave its worker back ended.
-    pub fn recorded(&mut self) {
-        self.recording = self.recording.saturating_sub(1);
+    /// A start ended (`slot`: where it stood, if it could give its worker back first): the
+    /// worker it held, or its place among the recording starts, is free.
+    pub fn start_ended(&mut self, slot: Option<&Cell<StartSlot>>) {
+        match slot.map(|s| s.replace(StartSlot::Done)) {
+            Some(StartSlot::Released) => self.recording = self.recording.saturating_sub(1),
+            _ => self.finished(),
+        }
     }
 
     /// Starts recording their instances, their workers given back.

@@ -590,3 +590,26 @@ mod batching {
         assert!(replies[0].1.maybe_made, "the first call may have made it: look before a new token");
     }
 }
+
+/// A start that may give its worker back: freed then ended, or ended before the pool heard it
+/// freed, each counted once.
+#[test]
+fn a_start_giving_its_worker_back_is_counted_once_whichever_end_comes_first() {
+    use std::cell::Cell;
+    let mut pool = PoolBook::new(1);
+    pool.push(start("0"));
+    pool.push(start("1"));
+    assert!(pool.take_next().is_some());
+    let first = Cell::new(StartSlot::Held);
+    assert!(pool.release_start(&first), "done with the cloud: its worker is freed");
+    assert_eq!((pool.in_flight(), pool.recording()), (0, 1));
+    assert!(pool.take_next().is_some(), "the next start takes the worker while the first records");
+    assert!(!pool.release_start(&first), "freed once");
+    pool.start_ended(Some(&first));
+    assert_eq!((pool.in_flight(), pool.recording()), (1, 0));
+    // Ended before its freeing was heard: its worker is freed by its end, and only then.
+    let second = Cell::new(StartSlot::Held);
+    pool.start_ended(Some(&second));
+    assert!(!pool.release_start(&second));
+    assert_eq!((pool.in_flight(), pool.recording()), (0, 0));
+}

@@ -204,25 +204,16 @@ impl Handler<super::listen::Changed> for Leading {
         if self.counts.note(m.resync, m.sender) {
             ctx.run_later(COUNTS_REFRESH, |act, ctx| {
                 let (resync, senders) = act.counts.take();
-                if let Some(cloud) = &act.cloud_store {
+                if let Some(cloud) = act.cloud_store.clone() {
                     // Its instances change by its own writes (counted as they commit; they send
                     // no notice) and by other replicas' clouds: the model's own session's
                     // notices are no news to it.
                     let own = act.store.session_pid();
                     let others: Vec<i32> = senders.iter().copied().filter(|p| Some(*p) != own).collect();
-                    let refresh = cloud.exec(move |s| s.refresh_counts(resync, &others));
-                    ctx.spawn(actix::fut::wrap_future::<_, Self>(refresh).map(|done, _act, _ctx| {
-                        if let Err(e) = done {
-                            tracing::warn!(error = %e, "cannot refresh the cloud's counts after a change notice");
-                        }
-                    }));
+                    refresh_counts(&cloud, resync, others, ctx);
                 }
-                let refresh = act.store.exec(move |s| s.refresh_counts(resync, &senders));
-                ctx.spawn(actix::fut::wrap_future::<_, Self>(refresh).map(|done, _act, _ctx| {
-                    if let Err(e) = done {
-                        tracing::warn!(error = %e, "cannot refresh the metrics' counts after a change notice");
-                    }
-                }));
+                let store = act.store.clone();
+                refresh_counts(&store, resync, senders, ctx);
             });
         }
         if self.running.is_none() {
@@ -239,6 +230,18 @@ impl Handler<super::listen::Changed> for Leading {
             self.machines_changed(n.ids.into_iter().map(crate::model::MachineId::new).collect());
         }
     }
+}
+
+/// Has `store` recount what the sessions `senders` (or a reconnection, `resync`) changed, and
+/// publish the counts to its watchers.
+#[cfg(feature = "postgres")]
+fn refresh_counts(store: &crate::service::store::Store, resync: bool, senders: Vec<i32>, ctx: &mut Context<Leading>) {
+    let refresh = store.exec(move |s| s.refresh_counts(resync, &senders));
+    ctx.spawn(actix::fut::wrap_future::<_, Leading>(refresh).map(|done, _act, _ctx| {
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "cannot refresh the metrics' counts after a change notice");
+        }
+    }));
 }
 
 /// Whether a change notice is news to the leader's provisioners: a reconnection, or a change
