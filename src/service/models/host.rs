@@ -445,7 +445,10 @@ impl ModelHost {
             tracing::info!(model = %gone, "model removed by another replica: stopped here");
         }
         for entry in d.models.values() {
-            if !known.contains(&entry.name) {
+            // A model added by another replica runs here once that replica has created its
+            // store and recorded its uuid: opened before, its schema would be created here and
+            // then moved aside by the adder's fresh creation, this replica running the old one.
+            if !known.contains(&entry.name) && entry.uuid.is_some() {
                 match self.start_one(entry, None, false).await {
                     Ok(_) => tracing::info!(model = %entry.name, "model added by another replica: running here"),
                     Err(e) => {
