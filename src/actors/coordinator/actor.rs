@@ -5,7 +5,7 @@
 
 use actix::prelude::*;
 
-use super::followup::{after_start, on_job_done, on_mode_change, removed, AfterStartStep, Followup};
+use super::followup::{after_start, on_mode_change, push_job_done, removed, AfterStartStep, Followup};
 use super::links::{destroy, execute_plan, forget, plan_after_start, plan_sweep, reset_transient, run_batch, Links};
 use super::messages::*;
 use super::state::{BatchBook, DestroyError, DestroySummary};
@@ -109,9 +109,11 @@ impl Coordinator {
         let mut started = StartsEnded { records: Vec::with_capacity(starts), finished: Vec::with_capacity(starts) };
         for f in followups {
             match f {
-                Followup::Record { machine, instance, constraints } => {
-                    started.records.push(RecordInstance { machine, instance: *instance, constraints })
-                }
+                Followup::Record { machine, instance, constraints } => started.records.push(RecordInstance {
+                    machine,
+                    instance: *instance,
+                    constraints: constraints.map(|c| *c),
+                }),
                 Followup::StartFinished { machine, instance, orphan } => {
                     started.finished.push((machine, instance, orphan))
                 }
@@ -342,7 +344,11 @@ impl Handler<ViewRefreshed> for Coordinator {
 impl Handler<JobsDone> for Coordinator {
     type Result = ();
     fn handle(&mut self, msg: JobsDone, ctx: &mut Self::Context) {
-        let followups = msg.0.into_iter().flat_map(on_job_done).collect();
+        // A start is followed by three or four follow-ups: one vector, sized once.
+        let mut followups = Vec::with_capacity(msg.0.len() * 4);
+        for outcome in msg.0 {
+            push_job_done(outcome, &mut followups);
+        }
         self.follow(followups, ctx);
     }
 }

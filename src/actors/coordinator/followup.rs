@@ -53,7 +53,7 @@ pub enum Followup {
         /// Its instance (boxed: the other follow-ups are small).
         instance: Box<CloudInstance>,
         /// The constraints it was started with.
-        constraints: Option<Constraints>,
+        constraints: Option<Box<Constraints>>,
     },
     /// The lifecycle hears a start returned; its answer goes to [`after_start`].
     StartFinished {
@@ -94,12 +94,20 @@ fn retire(retired: Option<MachineId>, given_up: Option<GivenUp>) -> Vec<Followup
     }
 }
 
-/// What follows a job's outcome.
+/// What follows a job's outcome (the coordinator gathers a batch's with [`push_job_done`]).
+#[cfg(test)]
 pub fn on_job_done(outcome: JobOutcome) -> Vec<Followup> {
+    let mut out = Vec::new();
+    push_job_done(outcome, &mut out);
+    out
+}
+
+/// [`on_job_done`], appended to `out`: a batch of outcomes fills one vector (no vector per
+/// outcome, none regrown while a batch's follow-ups are gathered).
+pub fn push_job_done(outcome: JobOutcome, out: &mut Vec<Followup>) {
     match outcome {
         JobOutcome::Started { machine, instance, constraints, retired, reserved, given_up } => {
-            let mut out = retire(retired, given_up);
-            out.reserve(4);
+            out.extend(retire(retired, given_up));
             if let Some(zone) = instance.zone.as_ref().filter(|_| !reserved) {
                 // Adopted and reused instances were never reserved: count them now.
                 out.push(Followup::Populate(vec![(machine.clone(), zone.clone())]));
@@ -110,31 +118,28 @@ pub fn on_job_done(outcome: JobOutcome) -> Vec<Followup> {
                 zone: instance.zone.clone(),
             };
             let id = instance.id.clone();
-            out.push(Followup::Record { machine: machine.clone(), instance: Box::new(instance), constraints });
+            out.push(Followup::Record { machine: machine.clone(), instance, constraints });
             out.push(Followup::Publish(event));
             out.push(Followup::StartFinished { machine, instance: Some(id), orphan: None });
-            out
         }
         JobOutcome::StartFailed { machine, error, retired, orphan, given_up, zone } => {
-            let mut out = retire(retired, given_up);
+            out.extend(retire(retired, given_up));
             // The event says what the machine's status says: the error's text.
             let message = error.to_string();
             out.push(Followup::Publish(ProvisionerEvent::MachineFailed { machine: machine.clone(), message, zone }));
             out.push(Followup::StartFinished { machine, instance: None, orphan });
-            out
         }
         JobOutcome::StartAbandoned { machine, given_up } => {
-            let mut out = retire(None, given_up);
+            out.extend(retire(None, given_up));
             out.push(Followup::StartFinished { machine, instance: None, orphan: None });
-            out
         }
         JobOutcome::Stopped { instances, machines } => {
-            let mut out = vec![Followup::InstancesGone(instances.clone()), Followup::StopsDone(instances.clone())];
+            out.push(Followup::InstancesGone(instances.clone()));
+            out.push(Followup::StopsDone(instances.clone()));
             out.extend(removed_quietly_first(machines, ProvisionerEvent::InstancesStopped { instances }));
-            out
         }
         JobOutcome::Released { instances, machines } => {
-            removed_quietly_first(machines, ProvisionerEvent::InstancesReleased { instances })
+            out.extend(removed_quietly_first(machines, ProvisionerEvent::InstancesReleased { instances }))
         }
     }
 }

@@ -636,7 +636,7 @@ mod followups {
         };
         let outcome = JobOutcome::Started {
             machine: MachineId::new("1"),
-            instance: instance.clone(),
+            instance: Box::new(instance.clone()),
             constraints: None,
             retired: Some(MachineId::new("old")),
             reserved: false,

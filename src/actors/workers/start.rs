@@ -237,8 +237,8 @@ async fn register(
             Ok(()) => {
                 return JobOutcome::Started {
                     machine,
-                    instance,
-                    constraints: started.constraints,
+                    instance: Box::new(instance),
+                    constraints: started.constraints.map(Box::new),
                     retired: started.retired,
                     reserved: started.reserved,
                     given_up: None,

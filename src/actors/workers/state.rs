@@ -337,7 +337,9 @@ impl Attempts {
 
 /// How a job ended.
 // Outcomes are transient (one per job, handled at once): boxing `Started` saves nothing.
-#[allow(clippy::large_enum_variant)]
+///
+/// Small (the instance and the constraints boxed): an outcome is moved from the start through
+/// the pool to the coordinator, and every move copies the whole of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobOutcome {
     /// The machine has this instance (new, adopted after a lost result, or reused).
@@ -345,9 +347,10 @@ pub enum JobOutcome {
         /// The machine.
         machine: MachineId,
         /// Its instance.
-        instance: CloudInstance,
-        /// The constraints it was started with (`None` when adopted).
-        constraints: Option<crate::model::Constraints>,
+        instance: Box<CloudInstance>,
+        /// The constraints it was started with (`None` when adopted, and when machine reuse is
+        /// off: only reuse needs them).
+        constraints: Option<Box<crate::model::Constraints>>,
         /// A dead machine whose parked instance this start took over (or gave up): remove it.
         retired: Option<MachineId>,
         /// Whether the allocator reserved its zone (not for adopted or reused instances).
