@@ -5,7 +5,7 @@
 
 use actix::prelude::*;
 
-use super::followup::{after_start, on_mode_change, push_job_done, removed, AfterStartStep, Followup};
+use super::followup::{after_start, on_jobs_done, on_mode_change, removed, AfterStartStep, Followup};
 use super::links::{destroy, execute_plan, forget, plan_after_start, plan_sweep, reset_transient, run_batch, Links};
 use super::messages::*;
 use super::state::{BatchBook, DestroyError, DestroySummary};
@@ -344,12 +344,7 @@ impl Handler<ViewRefreshed> for Coordinator {
 impl Handler<JobsDone> for Coordinator {
     type Result = ();
     fn handle(&mut self, msg: JobsDone, ctx: &mut Self::Context) {
-        // A start is followed by three or four follow-ups: one vector, sized once.
-        let mut followups = Vec::with_capacity(msg.0.len() * 4);
-        for outcome in msg.0 {
-            push_job_done(outcome, &mut followups);
-        }
-        self.follow(followups, ctx);
+        self.follow(on_jobs_done(msg.0), ctx);
     }
 }
 

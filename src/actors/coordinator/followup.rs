@@ -94,17 +94,24 @@ fn retire(retired: Option<MachineId>, given_up: Option<GivenUp>) -> Vec<Followup
     }
 }
 
-/// What follows a job's outcome (the coordinator gathers a batch's with [`push_job_done`]).
-#[cfg(test)]
-pub fn on_job_done(outcome: JobOutcome) -> Vec<Followup> {
-    let mut out = Vec::new();
-    push_job_done(outcome, &mut out);
+/// What follows a batch of job outcomes, in their order: one vector, sized once (a start is
+/// followed by three or four follow-ups), none made per outcome.
+pub fn on_jobs_done(outcomes: Vec<JobOutcome>) -> Vec<Followup> {
+    let mut out = Vec::with_capacity(outcomes.len() * 4);
+    for outcome in outcomes {
+        push_job_done(outcome, &mut out);
+    }
     out
 }
 
-/// [`on_job_done`], appended to `out`: a batch of outcomes fills one vector (no vector per
-/// outcome, none regrown while a batch's follow-ups are gathered).
-pub fn push_job_done(outcome: JobOutcome, out: &mut Vec<Followup>) {
+/// What follows a job's outcome.
+#[cfg(test)]
+pub fn on_job_done(outcome: JobOutcome) -> Vec<Followup> {
+    on_jobs_done(vec![outcome])
+}
+
+/// What follows a job's outcome, appended to `out`.
+fn push_job_done(outcome: JobOutcome, out: &mut Vec<Followup>) {
     match outcome {
         JobOutcome::Started { machine, instance, constraints, retired, reserved, given_up } => {
             out.extend(retire(retired, given_up));

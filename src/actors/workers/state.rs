@@ -336,7 +336,6 @@ impl Attempts {
 }
 
 /// How a job ended.
-// Outcomes are transient (one per job, handled at once): boxing `Started` saves nothing.
 ///
 /// Small (the instance and the constraints boxed): an outcome is moved from the start through
 /// the pool to the coordinator, and every move copies the whole of it.
