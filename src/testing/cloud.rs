@@ -1,6 +1,7 @@
 //! The fake cloud.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -538,14 +539,14 @@ macro_rules! msg {
     };
 }
 
-msg!(Start { model: String, params: StartInstanceParams } -> "Result<StartedInstance, BrokerError>");
-msg!(StartBatch { model: String, params: BatchStartParams } -> "Result<BatchStarted, BrokerError>");
+msg!(Start { model: Arc<str>, params: StartInstanceParams } -> "Result<StartedInstance, BrokerError>");
+msg!(StartBatch { model: Arc<str>, params: BatchStartParams } -> "Result<BatchStarted, BrokerError>");
 msg!(Stop { ids: Vec<InstanceId> } -> "Result<(), BrokerError>");
-msg!(List { model: String } -> "Result<Vec<CloudInstance>, BrokerError>");
+msg!(List { model: Arc<str> } -> "Result<Vec<CloudInstance>, BrokerError>");
 msg!(Zones {} -> "Result<Vec<AvailabilityZone>, BrokerError>");
 msg!(Derive { machine: MachineId, placement: Option<String> } -> "Result<Vec<String>, BrokerError>");
 msg!(Release { ids: Vec<InstanceId> } -> "Result<(), BrokerError>");
-msg!(Retag { model: String, id: InstanceId, tags: InstanceTags } -> "Result<(), BrokerError>");
+msg!(Retag { model: Arc<str>, id: InstanceId, tags: InstanceTags } -> "Result<(), BrokerError>");
 
 impl Handler<Retag> for CloudActor {
     type Result = Result<(), BrokerError>;
@@ -598,7 +599,7 @@ impl Handler<Start> for CloudActor {
         if let Some(err) = self.throttle(idx, CloudOp::StartInstance) {
             return ActorResponse::reply(Err(err));
         }
-        let known = self.tokens.get(&msg.model).and_then(|t| t.get(&p.client_token, &self.instances, &self.names));
+        let known = self.tokens.get(&*msg.model).and_then(|t| t.get(&p.client_token, &self.instances, &self.names));
         if let Some(instance) = known.and_then(|id| Some(self.instances.get(id)?.instance(id, &self.names))) {
             if let Err(err) = repeated_start(&p, &instance) {
                 self.finish(idx, Some(err.message()));
@@ -631,7 +632,10 @@ impl Handler<Start> for CloudActor {
             }
         };
         let id = self.make_pending(&p, instance_type);
-        let tokens = self.tokens.entry(msg.model).or_default();
+        let tokens = match self.tokens.get_mut(&*msg.model) {
+            Some(tokens) => tokens,
+            None => self.tokens.entry(msg.model.to_string()).or_default(),
+        };
         if let Some(stored) = self.instances.get_mut(&id) {
             tokens.insert(&p.client_token, id.clone(), stored, &self.names);
         }
@@ -1208,7 +1212,8 @@ impl FakeCloud {
 pub struct FakeBroker {
     addr: Addr<CloudActor>,
     zoned: bool,
-    model: String,
+    /// Shared by every call's message, not copied into each.
+    model: Arc<str>,
 }
 
 fn mailbox(e: MailboxError) -> BrokerError {

@@ -31,7 +31,8 @@ impl Name {
 #[derive(Debug, Default)]
 pub(super) struct Names {
     list: Vec<Box<str>>,
-    index: BTreeMap<Box<str>, u32>,
+    /// Looked up on every start (its model, zone, type and nonce host), never iterated.
+    index: HashMap<Box<str>, u32, FxBuildHasher>,
 }
 
 impl Names {
@@ -62,6 +63,49 @@ impl Names {
     }
 }
 
+/// The length of a hyphenated uuid.
+const UUID_LEN: usize = 36;
+
+/// A nonce of the provisioner's form, `HOST:UUID` with the uuid hyphenated in lower case, split
+/// into its host and the uuid's bytes; `None` for any other text (an upper-case or unhyphenated
+/// uuid included, which could not be written back as it was).
+fn split_nonce(text: &str) -> Option<(&str, [u8; 16])> {
+    let at = text.len().checked_sub(UUID_LEN + 1)?;
+    let (host, rest) = text.split_at_checked(at)?;
+    let id: &[u8; UUID_LEN] = rest.strip_prefix(':')?.as_bytes().try_into().ok()?;
+    if [8, 13, 18, 23].iter().any(|&i| id[i] != b'-') {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (byte, &at) in out.iter_mut().zip(&HEX_PAIRS) {
+        let (hi, lo) = (HEX[usize::from(id[at])], HEX[usize::from(id[at + 1])]);
+        if (hi | lo) & 0xf0 != 0 {
+            return None;
+        }
+        *byte = hi << 4 | lo;
+    }
+    Some((host, out))
+}
+
+/// Where each of a hyphenated uuid's 16 bytes is written (two hexadecimal digits).
+const HEX_PAIRS: [usize; 16] = [0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34];
+
+/// The value of each lower-case hexadecimal digit; 0xff for every other byte.
+const HEX: [u8; 256] = {
+    let mut t = [0xffu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+
 /// A start's nonce (the instance's `start` tag).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Nonce {
@@ -78,13 +122,8 @@ enum Nonce {
 impl Nonce {
     fn new(text: Option<&str>, names: &mut Names) -> Self {
         let Some(text) = text else { return Nonce::None };
-        if let Some((host, id)) = text.rsplit_once(':') {
-            if let Ok(uuid) = uuid::Uuid::try_parse(id) {
-                let mut buf = uuid::Uuid::encode_buffer();
-                if uuid.hyphenated().encode_lower(&mut buf) == id {
-                    return Nonce::Packed { host: names.intern(host), uuid: uuid.into_bytes() };
-                }
-            }
+        if let Some((host, uuid)) = split_nonce(text) {
+            return Nonce::Packed { host: names.intern(host), uuid };
         }
         Nonce::Text(text.into())
     }
@@ -95,9 +134,7 @@ impl Nonce {
             Nonce::None => false,
             Nonce::Text(t) => **t == *text,
             Nonce::Packed { host, uuid } => {
-                let Some((h, id)) = text.rsplit_once(':') else { return false };
-                let mut buf = uuid::Uuid::encode_buffer();
-                names.get(*host) == Some(h) && uuid::Uuid::from_bytes(*uuid).hyphenated().encode_lower(&mut buf) == id
+                split_nonce(text).is_some_and(|(h, id)| id == *uuid && names.get(*host) == Some(h))
             }
         }
     }
@@ -292,8 +329,11 @@ impl Tokens {
         instances: &BTreeMap<InstanceId, Stored>,
         names: &Names,
     ) -> Option<&'a InstanceId> {
-        if let Some(id) = self.text.get(token) {
-            return Some(id);
+        // Most clouds' tokens are all hashed: no text to hash the token for.
+        if !self.text.is_empty() {
+            if let Some(id) = self.text.get(token) {
+                return Some(id);
+            }
         }
         let id = self.hashed.get(&fx(token))?;
         let i = instances.get(id)?;

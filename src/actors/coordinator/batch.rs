@@ -357,10 +357,12 @@ impl BatchRun {
                 Resume::Pending
             }
             (Waiting::Pending, Answer::ToStart(ids)) => {
-                let cleared: BTreeSet<MachineId> = ids.into_iter().collect();
-                self.pending_orphans.retain(|(m, _)| cleared.contains(m));
+                if !self.pending_orphans.is_empty() {
+                    let cleared: BTreeSet<&MachineId> = ids.iter().collect();
+                    self.pending_orphans.retain(|(m, _)| cleared.contains(m));
+                }
                 let pending = std::mem::take(&mut self.refreshed.pending);
-                self.to_start = pending.into_iter().filter(|m| cleared.contains(&m.id)).collect();
+                self.to_start = cleared_of(pending, &ids);
                 let orphans = std::mem::take(&mut self.pending_orphans);
                 if let Some(ask) = stop_orphans(orphans, &mut effects) {
                     return Ok(self.ask(effects, Waiting::OrphanStops { then: Resume::Starts }, ask));
@@ -521,6 +523,23 @@ impl BatchRun {
                 }
             };
         }
+    }
+}
+
+/// The machines of `pending` whose ids the lifecycle cleared to start (`ids`), in `pending`'s
+/// order. The lifecycle answers with the ids it was asked about in the order asked, so one walk
+/// of both lists does, with no search; an answer in any other order is looked up in a set.
+pub(super) fn cleared_of(pending: Vec<Machine>, ids: &[MachineId]) -> Vec<Machine> {
+    let mut walk = ids.iter().peekable();
+    for m in &pending {
+        walk.next_if(|id| **id == m.id);
+    }
+    if walk.peek().is_none() {
+        let mut next = ids.iter().peekable();
+        pending.into_iter().filter(|m| next.next_if(|id| **id == m.id).is_some()).collect()
+    } else {
+        let cleared: BTreeSet<&MachineId> = ids.iter().collect();
+        pending.into_iter().filter(|m| cleared.contains(&m.id)).collect()
     }
 }
 

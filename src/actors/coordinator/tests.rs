@@ -736,3 +736,18 @@ mod followups {
         assert_eq!(after_start(Some(AfterStart::Done), m, None), AfterStartStep::Then(Vec::new()));
     }
 }
+
+#[test]
+fn the_machines_cleared_to_start_keep_their_order_whatever_the_answers_order() {
+    use super::batch::cleared_of;
+    use crate::model::Machine;
+    let pending = || ["1", "2", "3", "10", "11"].into_iter().map(Machine::pending).collect::<Vec<_>>();
+    let names = |v: Vec<Machine>| v.into_iter().map(|m| m.id.as_str().to_owned()).collect::<Vec<_>>();
+    // In the order asked (the lifecycle's way): one walk.
+    assert_eq!(names(cleared_of(pending(), &ids(&["1", "3", "11"]))), ["1", "3", "11"]);
+    assert_eq!(names(cleared_of(pending(), &ids(&[]))), Vec::<String>::new());
+    assert_eq!(names(cleared_of(pending(), &ids(&["1", "2", "3", "10", "11"]))).len(), 5);
+    // In another order, or naming a machine not pending: by look-up, in the pending order.
+    assert_eq!(names(cleared_of(pending(), &ids(&["11", "2"]))), ["2", "11"]);
+    assert_eq!(names(cleared_of(pending(), &ids(&["3", "99", "10"]))), ["3", "10"]);
+}

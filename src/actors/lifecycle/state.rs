@@ -1,5 +1,6 @@
 //! The lifecycle's plain core: one small state machine per machine.
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 
 use crate::model::DeadMachine;
@@ -96,10 +97,16 @@ impl LifecycleBook {
     /// stopping (a machine is never started twice, where Juju may queue a second start), or the
     /// model was destroyed.
     pub fn want_start(&mut self, id: &MachineId) -> bool {
-        if self.destroyed || self.phases.contains_key(id) {
+        if self.destroyed {
             return false;
         }
-        self.phases.insert(id.clone(), Phase::Starting);
+        // One search, not a look-up and then an insert.
+        match self.phases.entry(id.clone()) {
+            Entry::Occupied(_) => return false,
+            Entry::Vacant(e) => {
+                e.insert(Phase::Starting);
+            }
+        }
         if self.packing.due(self.phases.len()) {
             repack(&mut self.phases);
         }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Recipient;
-use futures::future::LocalBoxFuture;
+use futures::future::{Either, LocalBoxFuture};
+use futures::FutureExt;
 
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -320,83 +321,91 @@ async fn start_or_adopt(
 
     deps.send_instance_status(&machine, InstanceStatus::provisioning(), "starting".into()).await;
 
-    let mut params = job.call_params(&deps.model_uuid, &nonce);
-
-    let derived = if deps.broker.supports_zones() {
-        let mut throttled = 0;
-        loop {
-            match deps.broker.derive_availability_zones(&params).await {
-                Ok(z) => break z,
-                // Throttling is never the machine's failure (no round used, no zone marked): wait
-                // and ask again.
-                Err(BrokerError::Throttled { .. }) => {
-                    let d = deps.backoff.delay(throttled, rng);
-                    throttled += 1;
-                    tracing::debug!(%machine, retry_in = ?d, "deriving zones throttled by the cloud; waiting");
-                    actix_rt::time::sleep(d).await;
-                    if !still_wanted(deps, &machine).await {
-                        return abandon(deps, machine).await;
+    // The first call's parameters, built now for the zones' derivation: kept in a block of
+    // their own, so that the start's future holds them once (`spare`), not in every state.
+    let derived;
+    let mut retired = None;
+    let mut spare;
+    {
+        let params = job.call_params(&deps.model_uuid, &nonce);
+        derived = if deps.broker.supports_zones() {
+            let mut throttled = 0;
+            loop {
+                match deps.broker.derive_availability_zones(&params).await {
+                    Ok(z) => break z,
+                    // Throttling is never the machine's failure (no round used, no zone marked): wait
+                    // and ask again.
+                    Err(BrokerError::Throttled { .. }) => {
+                        let d = deps.backoff.delay(throttled, rng);
+                        throttled += 1;
+                        tracing::debug!(%machine, retry_in = ?d, "deriving zones throttled by the cloud; waiting");
+                        actix_rt::time::sleep(d).await;
+                        if !still_wanted(deps, &machine).await {
+                            return abandon(deps, machine).await;
+                        }
+                    }
+                    Err(e) => return fail(deps, machine, WorkerError::DeriveZones(e)).await,
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        // Machine reuse (opt-in): take over a parked instance that fits.
+        if let Some(claim) = &deps.claim {
+            let ask = crate::actors::harvest::ClaimReusable {
+                constraints: job.info.constraints.clone(),
+                derived: derived.clone(),
+            };
+            if let Ok(Some((old, parked))) = claim.send(ask).await {
+                retired = Some(old.clone());
+                // Only a running instance is handed over: one stopped or gone since it was parked
+                // is given up (stopped) and the machine starts afresh.
+                let ask = crate::actors::registry::InstanceStateOf {
+                    id: parked.instance.clone(),
+                    fresher_than: deps.listing_max_age,
+                };
+                let handed = match deps.state_of.send(ask).await {
+                    Ok(Some(crate::model::InstanceState::Running)) => deps
+                        .broker
+                        .retag_instance(parked.instance.clone(), params.tags.clone())
+                        .await
+                        .map_err(WorkerError::Retag),
+                    Ok(_) => Err(WorkerError::NotRunning(parked.instance.clone())),
+                    Err(source) => Err(WorkerError::Stopped { actor: "registry", source }),
+                };
+                match handed {
+                    Ok(()) => {
+                        tracing::info!(%machine, instance = %parked.instance, from = %old, "reusing the instance of a dead machine");
+                        let instance = CloudInstance {
+                            id: parked.instance,
+                            state: crate::model::InstanceState::Running,
+                            zone: parked.zone,
+                            tags: params.tags.clone(),
+                            age: None,
+                            instance_type: None,
+                        };
+                        let started =
+                            Started { constraints: Some(job.info.constraints.clone()), retired, reserved: false };
+                        return register(deps, machine, instance, &nonce, String::new(), started, rng).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(%machine, instance = %parked.instance, error = %e, "cannot hand the parked instance over; stopping it and starting anew");
+                        *given_up = Some(super::state::GivenUp { instance: parked.instance.clone(), retired: old });
                     }
                 }
-                Err(e) => return fail(deps, machine, WorkerError::DeriveZones(e)).await,
             }
         }
-    } else {
-        Vec::new()
-    };
-    // Machine reuse (opt-in): take over a parked instance that fits.
-    let mut retired = None;
-    if let Some(claim) = &deps.claim {
-        let ask = crate::actors::harvest::ClaimReusable {
-            constraints: job.info.constraints.clone(),
-            derived: derived.clone(),
-        };
-        if let Ok(Some((old, parked))) = claim.send(ask).await {
-            retired = Some(old.clone());
-            // Only a running instance is handed over: one stopped or gone since it was parked
-            // is given up (stopped) and the machine starts afresh.
-            let ask = crate::actors::registry::InstanceStateOf {
-                id: parked.instance.clone(),
-                fresher_than: deps.listing_max_age,
-            };
-            let handed = match deps.state_of.send(ask).await {
-                Ok(Some(crate::model::InstanceState::Running)) => deps
-                    .broker
-                    .retag_instance(parked.instance.clone(), params.tags.clone())
-                    .await
-                    .map_err(WorkerError::Retag),
-                Ok(_) => Err(WorkerError::NotRunning(parked.instance.clone())),
-                Err(source) => Err(WorkerError::Stopped { actor: "registry", source }),
-            };
-            match handed {
-                Ok(()) => {
-                    tracing::info!(%machine, instance = %parked.instance, from = %old, "reusing the instance of a dead machine");
-                    let instance = CloudInstance {
-                        id: parked.instance,
-                        state: crate::model::InstanceState::Running,
-                        zone: parked.zone,
-                        tags: params.tags.clone(),
-                        age: None,
-                        instance_type: None,
-                    };
-                    let started = Started { constraints: Some(job.info.constraints.clone()), retired, reserved: false };
-                    return register(deps, machine, instance, &nonce, String::new(), started, rng).await;
-                }
-                Err(e) => {
-                    tracing::warn!(%machine, instance = %parked.instance, error = %e, "cannot hand the parked instance over; stopping it and starting anew");
-                    *given_up = Some(super::state::GivenUp { instance: parked.instance.clone(), retired: old });
-                }
-            }
-        }
+        spare = Some(params);
     }
 
     let request = job.zone_request(derived);
 
     let mut attempts = Attempts::new(deps.retry.count);
     let mut call = 0u32;
-    // The zone and client token of a call whose failure was ambiguous (it may have made the
-    // instance): the next call repeats it exactly, so the cloud returns what it made.
-    let mut repeat: Option<(Option<String>, String)> = None;
+    // The zone and client token (its call number) of a call whose failure was ambiguous (it
+    // may have made the instance): the next call repeats it exactly, so the cloud returns what
+    // it made.
+    let mut repeat: Option<(Option<String>, u32)> = None;
     // Some call of this start failed ambiguously: before a call with a new token, look for an
     // instance tagged for this start.
     let mut unsure = false;
@@ -404,9 +413,8 @@ async fn start_or_adopt(
     let own = deps.claim.is_some().then(|| job.info.constraints.clone());
     loop {
         let repeating = repeat.is_some();
-        let zone = if let Some((zone, token)) = repeat.take() {
-            params.client_token = token;
-            zone
+        let (zone, token) = if let Some(again) = repeat.take() {
+            again
         } else {
             if unsure {
                 match look_for_own(deps, &machine, &nonce, rng).await {
@@ -425,19 +433,25 @@ async fn start_or_adopt(
                     return fail(deps, machine, WorkerError::Stopped { actor: "zone allocator", source }).await
                 }
             };
-            params.client_token = client_token(&machine, &nonce, call);
             call += 1;
-            zone
+            (zone, call - 1)
         };
-        params.zone = zone.clone();
-        let (result, maybe_made) = match &batch {
-            Some(join) => call_in_batch(join, params.clone()).await,
-            None => {
-                let result = deps.broker.start_instance(params.clone()).await;
-                let ambiguous = result.as_ref().err().is_some_and(BrokerError::is_ambiguous);
-                (result, ambiguous)
+        // The first call takes the parameters built above; a later one builds them again, the
+        // same (they follow from the job), rather than every call taking a copy. The call's
+        // future is made in a block: the parameters it took are not held across its await.
+        let call = {
+            let mut params = spare.take().unwrap_or_else(|| job.call_params(&deps.model_uuid, &nonce));
+            params.client_token = client_token(&machine, &nonce, token);
+            params.zone = zone.clone();
+            match &batch {
+                Some(join) => Either::Left(Box::pin(call_in_batch(join.clone(), params))),
+                None => Either::Right(deps.broker.start_instance(params).map(|result| {
+                    let ambiguous = result.as_ref().err().is_some_and(BrokerError::is_ambiguous);
+                    (result, ambiguous)
+                })),
             }
         };
+        let (result, maybe_made) = call.await;
         let err = match result {
             Ok(started) => {
                 tracing::info!(%machine, instance = %started.instance.id, zone = ?zone, "started instance");
@@ -454,7 +468,7 @@ async fn start_or_adopt(
         if batch.is_none() && (ambiguous || (repeating && step == Step::Backoff)) {
             // The call may have made the instance: the next one repeats it (same zone, same
             // token, same parameters), keeping the zone's reservation.
-            repeat = Some((zone.clone(), params.client_token.clone()));
+            repeat = Some((zone.clone(), token));
         } else if step == Step::MarkZone {
             let zone = zone.clone().unwrap_or_default();
             let shape = request.shape.clone();
@@ -526,7 +540,7 @@ async fn start_or_adopt(
 /// Makes the start's cloud call as a member of a batch: the answer for this machine, and
 /// whether the call may have made its instance although it failed.
 async fn call_in_batch(
-    join: &Recipient<JoinBatch>,
+    join: Recipient<JoinBatch>,
     params: StartInstanceParams,
 ) -> (Result<crate::ports::StartedInstance, BrokerError>, bool) {
     match join.send(JoinBatch(params)).await {
