@@ -519,11 +519,21 @@ impl CloudActor {
     fn fresh_id(&mut self) -> InstanceId {
         loop {
             self.next_id += 1;
-            let n = self.next_id.to_string();
-            let mut id = String::with_capacity(2 + n.len());
-            id.push_str("i-");
-            id.push_str(&n);
-            let id = InstanceId::from(id);
+            // `i-N`, written on the stack: the id's shared text is its one allocation.
+            let mut buf = [0u8; 2 + 20];
+            let mut at = buf.len();
+            let mut n = self.next_id;
+            loop {
+                at -= 1;
+                buf[at] = b'0' + (n % 10) as u8;
+                n /= 10;
+                if n == 0 {
+                    break;
+                }
+            }
+            at -= 2;
+            buf[at..at + 2].copy_from_slice(b"i-");
+            let id = InstanceId::new(std::str::from_utf8(&buf[at..]).unwrap_or_default());
             if !self.instances.contains_key(&id) {
                 return id;
             }

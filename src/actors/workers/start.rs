@@ -73,13 +73,14 @@ pub struct StartDeps {
 /// A start call's client token: `MACHINE/NONCE/CALL` (built by hand, not `format!`: one per
 /// call, on the hot path).
 fn client_token(machine: &MachineId, nonce: &str, call: u32) -> String {
-    let call = call.to_string();
-    let mut token = String::with_capacity(machine.as_str().len() + nonce.len() + call.len() + 2);
+    use std::fmt::Write;
+    // Room for the call number's ten digits: one allocation.
+    let mut token = String::with_capacity(machine.as_str().len() + nonce.len() + 12);
     token.push_str(machine.as_str());
     token.push('/');
     token.push_str(nonce);
     token.push('/');
-    token.push_str(&call);
+    let _ = write!(token, "{call}");
     token
 }
 
@@ -222,11 +223,13 @@ async fn register(
     started: Started,
     rng: &mut SmallRng,
 ) -> JobOutcome {
-    let info = ProvisionedInstance {
+    // Built for each write rather than built once and cloned for each (every write takes its
+    // own): a retry is rare, a start's first write is not.
+    let info = || ProvisionedInstance {
         instance: instance.id.clone(),
         zone: instance.zone.clone(),
         nonce: nonce.to_owned(),
-        display_name: name,
+        display_name: name.clone(),
         status: InstanceStatus::from_static(instance.state.as_str()),
     };
     let mut attempt = 0;
@@ -234,7 +237,7 @@ async fn register(
     deps.free_worker();
     deps.settle().await;
     let source = loop {
-        match deps.model.set_instance_info(machine.clone(), info.clone()).await {
+        match deps.model.set_instance_info(machine.clone(), info()).await {
             Ok(()) => {
                 return JobOutcome::Started {
                     machine,
