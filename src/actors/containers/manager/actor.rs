@@ -258,6 +258,7 @@ impl Handler<MachinesChanged> for ContainerManager {
             msg.ids.into_iter().partition(MachineId::is_container);
         let effects = self.book.containers_seen(&containers);
         self.perform(effects, ctx);
+        let hosts = self.book.hosts_to_read(hosts);
         if hosts.is_empty() {
             return;
         }

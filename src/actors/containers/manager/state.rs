@@ -69,12 +69,22 @@ pub struct ManagerBook {
     /// with containers), kept as the hosts change: asked after every pass of the environ
     /// provisioner, it must not walk every host (every top-level machine is one).
     waiting: BTreeSet<MachineId>,
+    /// Hosts that got their first container and have not been read since: what the book
+    /// knows of a host without containers is nothing (no host is read, nor kept, before it has
+    /// a container: a fleet of machines without containers costs no reads and no entries).
+    unread: BTreeSet<MachineId>,
 }
 
 impl ManagerBook {
     /// A book for hosts that support these container types.
     pub fn new(kinds: Vec<String>) -> Self {
-        Self { kinds, hosts: BTreeMap::new(), unsupported: BTreeSet::new(), waiting: BTreeSet::new() }
+        Self {
+            kinds,
+            hosts: BTreeMap::new(),
+            unsupported: BTreeSet::new(),
+            waiting: BTreeSet::new(),
+            unread: BTreeSet::new(),
+        }
     }
 
     /// Puts `id` in or out of the waiting hosts, as it now is.
@@ -146,13 +156,14 @@ impl ManagerBook {
         out
     }
 
-    /// The host got its instance in `zone`.
+    /// The host got its instance in `zone`. A host without containers is not recorded: its
+    /// first container has it read (and its zone learnt) then.
     pub fn provisioned(&mut self, id: &MachineId, zone: Option<String>) -> Vec<HostEffect> {
         let mut out = Vec::new();
-        if !self.ensure_host(id) {
+        let Some(host) = self.hosts.get_mut(id) else { return out };
+        if host.dead {
             return out;
         }
-        let host = self.hosts.entry(id.clone()).or_default();
         if host.zone.is_none() {
             host.zone = Some(zone.clone());
             self.waiting.remove(id);
@@ -183,7 +194,12 @@ impl ManagerBook {
                 dead_hosts.insert(host.clone());
             }
             self.supervise(&host, kind, &mut out);
-            self.hosts.entry(host.clone()).or_default().containers.insert(id.clone());
+            let entry = self.hosts.entry(host.clone()).or_default();
+            if entry.containers.is_empty() && !entry.dead {
+                // Its first container: the host was never read (or not since it had none).
+                self.unread.insert(host.clone());
+            }
+            entry.containers.insert(id.clone());
             self.note_waiting(&host);
             routes.entry((host, kind.to_owned())).or_default().push(id.clone());
         }
@@ -192,6 +208,15 @@ impl ManagerBook {
         }
         out.extend(routes.into_iter().map(|((host, kind), ids)| HostEffect::Route { host, kind, ids }));
         out
+    }
+
+    /// Which of these changed top-level machines are worth reading, with the hosts that got
+    /// their first container since the last call: hosts with containers only (a machine
+    /// without containers matters to no supervisor; it is read when its first container comes).
+    pub fn hosts_to_read(&mut self, changed: Vec<MachineId>) -> Vec<MachineId> {
+        let mut read: BTreeSet<MachineId> = std::mem::take(&mut self.unread);
+        read.extend(changed.into_iter().filter(|id| self.hosts.get(id).is_some_and(|h| !h.containers.is_empty())));
+        read.into_iter().collect()
     }
 
     /// Live hosts not known to be provisioned that have containers waiting: worth reading

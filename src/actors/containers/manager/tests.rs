@@ -196,3 +196,31 @@ fn the_waiting_hosts_kept_match_a_walk_of_every_host() {
         }
     }
 }
+
+/// A machine without containers costs no read and no entry: only hosts with containers are
+/// read when they change, and a host is read (once) when its first container comes.
+#[test]
+fn only_hosts_with_containers_are_read_and_a_first_container_has_its_host_read() {
+    let mut b = book();
+    let ids = |v: &[&str]| v.iter().map(|s| MachineId::from(*s)).collect::<Vec<_>>();
+    assert!(b.hosts_to_read(ids(&["0", "1", "2"])).is_empty(), "no host has containers");
+    // Our own start of a host without containers is not recorded either.
+    assert!(b.provisioned(&"0".into(), Some("az1".into())).is_empty());
+    assert_eq!(b.zone_of(&"0".into()), None);
+    // Its first container: the host is read, even though it did not change.
+    b.containers_seen(&ids(&["0/lxd/0"]));
+    assert_eq!(b.hosts_to_read(ids(&["2"])), ids(&["0"]));
+    assert!(b.hosts_to_read(Vec::new()).is_empty(), "read once");
+    // A second container does not ask again; a change of the host does.
+    b.containers_seen(&ids(&["0/lxd/1"]));
+    assert!(b.hosts_to_read(ids(&["1"])).is_empty());
+    assert_eq!(b.hosts_to_read(ids(&["0", "1"])), ids(&["0"]));
+    // The read tells the zone, to the supervisor made with the first container.
+    let effects = b.host_seen(&"0".into(), Some(&provisioned("0")), Some("az1".into()));
+    assert_eq!(effects, vec![HostEffect::Provisioned { host: "0".into(), zone: Some("az1".into()) }]);
+    // A host that died without containers is found dead when its first container comes.
+    b.containers_seen(&ids(&["3/lxd/0"]));
+    assert_eq!(b.hosts_to_read(Vec::new()), ids(&["3"]));
+    let effects = b.host_seen(&"3".into(), None, None);
+    assert!(effects.contains(&HostEffect::EnsureDead(ids(&["3/lxd/0"]))), "{effects:?}");
+}
