@@ -37,7 +37,8 @@ pub struct ThroughputReport {
     pub ideal_makespan_s: f64,
     /// ideal / actual (1.0 when the latency is 0).
     pub efficiency: f64,
-    /// Real time the whole run took.
+    /// Real time the run took, from the system's start to the last machine started and the
+    /// provisioner shut down (not the teardown of what it built).
     pub wall_s: f64,
     /// Machines per real second.
     pub machines_per_wall_s: f64,
@@ -297,8 +298,8 @@ pub fn throughput(machines: usize, workers: usize, zone_count: usize, latency: D
 
 /// What a benchmark built, still standing: the actor system with the provisioner, the fake
 /// model and cloud, and every machine they hold. Dropping it stops the system and frees all of
-/// it, entry by entry (at 100,000 machines, a tenth of the benchmark's time, touching every
-/// page of its heap once more); a process that exits next may leave that to the operating system
+/// it, entry by entry (at 100,000 machines about a tenth of a second, touching every page of its
+/// heap once more); a process that exits next may leave that to the operating system
 /// with `std::mem::forget`, as `provisioner bench throughput` does.
 #[must_use = "dropping it tears the system down; forget it only when the process exits next"]
 pub struct Standing {
