@@ -52,21 +52,33 @@ impl<K: Ord + Clone, V: Ord + Clone> MultiMap<K, V> {
         Self::default()
     }
 
-    /// Adds a value under a key; false if it was there already.
+    /// Adds a value under a key; false if it was there already (one search: the entry is the
+    /// place to insert at as well).
     pub fn insert(&mut self, key: K, value: V) -> bool {
-        // One search: the entry is the place to insert at as well.
-        let added = match self.map.entry(key) {
+        self.insert_seeing(key, value).0
+    }
+
+    /// [`MultiMap::insert`], answering also with the values the key held before (in order):
+    /// one search where a look-up and then an insert take two.
+    pub fn insert_seeing(&mut self, key: K, value: V) -> (bool, Vec<V>) {
+        let (added, before) = match self.map.entry(key) {
             std::collections::btree_map::Entry::Vacant(e) => {
                 e.insert(Values::One(value));
                 if self.packing.due(self.map.len()) {
                     repack(&mut self.map);
                 }
-                true
+                (true, Vec::new())
             }
-            std::collections::btree_map::Entry::Occupied(mut e) => e.get_mut().add(value),
+            std::collections::btree_map::Entry::Occupied(mut e) => {
+                let before = match e.get() {
+                    Values::One(v) => vec![v.clone()],
+                    Values::Many(set) => set.iter().cloned().collect(),
+                };
+                (e.get_mut().add(value), before)
+            }
         };
         self.len += usize::from(added);
-        added
+        (added, before)
     }
 
     /// Removes a value from under a key; false if it was not there.
@@ -153,6 +165,12 @@ mod tests {
         assert!(m.insert(two.clone(), InstanceId::new("i-10")));
         assert!(!m.insert(two.clone(), InstanceId::new("i-9")));
         assert!(m.insert(ten.clone(), InstanceId::new("i-1")));
+        let (added, before) = m.insert_seeing(two.clone(), InstanceId::new("i-11"));
+        assert!(added);
+        assert_eq!(before, [InstanceId::new("i-9"), InstanceId::new("i-10")]);
+        assert!(m.remove(&two, &InstanceId::new("i-11")));
+        assert_eq!(m.insert_seeing(MachineId::new("4"), InstanceId::new("i-4")), (true, Vec::new()));
+        assert!(m.remove(&MachineId::new("4"), &InstanceId::new("i-4")));
         assert!(m.insert(one.clone(), InstanceId::new("")));
         fn under(m: &MultiMap<MachineId, InstanceId>, k: &MachineId) -> Vec<String> {
             m.get(k).map(|i| i.as_str().to_owned()).collect()

@@ -334,12 +334,14 @@ impl CloudActor {
 
     /// Invariant 1, at the moment a start creates an instance: no other live instance of ours
     /// is tagged for the same machine.
-    fn check_duplicate(&mut self, id: &InstanceId, machine: Option<&MachineId>) {
-        let Some(m) = machine else { return };
+    /// `before`: the instances tagged for the machine before this one.
+    fn check_duplicate(&mut self, id: &InstanceId, m: &MachineId, before: &[InstanceId]) {
+        if before.is_empty() {
+            return;
+        }
         let model = self.names.find(&self.model_uuid);
-        let others: Vec<String> = self
-            .by_machine
-            .get(m)
+        let others: Vec<String> = before
+            .iter()
             .filter_map(|id| self.instances.get_key_value(id))
             .filter(|(_, i)| i.ours(model) && i.machine() == Some(m))
             .filter(|(_, i)| i.state != InstanceState::Terminated)
@@ -506,38 +508,54 @@ impl CloudActor {
 
     /// Makes the instance a start asks for, pending and tagged (invariant 1 checked): as on
     /// EC2, it exists from the moment the call begins.
+    ///
+    /// One search of each map: the instance goes in where its fresh id was found free, and the
+    /// index by machine answers with the instances already tagged for it as it takes this one.
     fn make_pending(&mut self, p: &StartInstanceParams, instance_type: Option<String>) -> InstanceId {
-        let id = self.fresh_id();
-        self.check_duplicate(&id, p.tags.machine.as_ref());
         let now = self.epoch.elapsed();
+        self.last_activity = now;
         let stored = Stored::pending(&p.tags, p.zone.as_deref(), instance_type.as_deref(), now, &mut self.names);
-        self.record_stored(id.clone(), stored, now);
+        let id = self.insert_fresh(stored);
+        if let Some(m) = &p.tags.machine {
+            let (_, before) = self.by_machine.insert_seeing(m.clone(), id.clone());
+            self.check_duplicate(&id, m, &before);
+        }
         id
     }
 
-    /// A fresh instance id: never one that exists or existed (pre-existing ids included).
-    fn fresh_id(&mut self) -> InstanceId {
+    /// Stores an instance under a fresh id: never one that exists or existed (pre-existing
+    /// ids included).
+    fn insert_fresh(&mut self, stored: Stored) -> InstanceId {
         loop {
-            self.next_id += 1;
-            // `i-N`, written on the stack: the id's shared text is its one allocation.
-            let mut buf = [0u8; 2 + 20];
-            let mut at = buf.len();
-            let mut n = self.next_id;
-            loop {
-                at -= 1;
-                buf[at] = b'0' + (n % 10) as u8;
-                n /= 10;
-                if n == 0 {
-                    break;
+            let id = self.next_instance_id();
+            if let std::collections::btree_map::Entry::Vacant(e) = self.instances.entry(id.clone()) {
+                e.insert(stored);
+                if self.packing.due(self.instances.len()) {
+                    crate::model::repack(&mut self.instances);
                 }
-            }
-            at -= 2;
-            buf[at..at + 2].copy_from_slice(b"i-");
-            let id = InstanceId::new(std::str::from_utf8(&buf[at..]).unwrap_or_default());
-            if !self.instances.contains_key(&id) {
                 return id;
             }
         }
+    }
+
+    /// The next id in the sequence `i-1`, `i-2`, ... (taken or not).
+    fn next_instance_id(&mut self) -> InstanceId {
+        self.next_id += 1;
+        // `i-N`, written on the stack: the id's shared text is its one allocation.
+        let mut buf = [0u8; 2 + 20];
+        let mut at = buf.len();
+        let mut n = self.next_id;
+        loop {
+            at -= 1;
+            buf[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(b"i-");
+        InstanceId::new(std::str::from_utf8(&buf[at..]).unwrap_or_default())
     }
 }
 
