@@ -511,52 +511,76 @@ impl CloudActor {
     ///
     /// One search of each map: the instance goes in where its fresh id was found free, and the
     /// index by machine answers with the instances already tagged for it as it takes this one.
-    fn make_pending(&mut self, p: &StartInstanceParams, instance_type: Option<String>) -> InstanceId {
+    ///
+    /// `token`: the model and client token the instance is known by, if any (a batch's token is
+    /// kept whole, elsewhere).
+    fn make_pending(
+        &mut self,
+        p: &StartInstanceParams,
+        instance_type: Option<String>,
+        token: Option<(&str, &str)>,
+    ) -> InstanceId {
         let now = self.epoch.elapsed();
         self.last_activity = now;
         let stored = Stored::pending(&p.tags, p.zone.as_deref(), instance_type.as_deref(), now, &mut self.names);
-        let id = self.insert_fresh(stored);
+        let (all_tokens, names) = (&mut self.tokens, &self.names);
+        let id = insert_fresh(&mut self.instances, &mut self.next_id, stored, |id, stored| {
+            if let Some((model, client_token)) = token {
+                let tokens = match all_tokens.get_mut(model) {
+                    Some(tokens) => tokens,
+                    None => all_tokens.entry(model.to_owned()).or_default(),
+                };
+                tokens.insert(client_token, id.clone(), stored, names);
+            }
+        });
+        if self.packing.due(self.instances.len()) {
+            crate::model::repack(&mut self.instances);
+        }
         if let Some(m) = &p.tags.machine {
             let (_, before) = self.by_machine.insert_seeing(m.clone(), id.clone());
             self.check_duplicate(&id, m, &before);
         }
         id
     }
+}
 
-    /// Stores an instance under a fresh id: never one that exists or existed (pre-existing
-    /// ids included).
-    fn insert_fresh(&mut self, stored: Stored) -> InstanceId {
-        loop {
-            let id = self.next_instance_id();
-            if let std::collections::btree_map::Entry::Vacant(e) = self.instances.entry(id.clone()) {
-                e.insert(stored);
-                if self.packing.due(self.instances.len()) {
-                    crate::model::repack(&mut self.instances);
-                }
-                return id;
-            }
+/// Stores an instance under a fresh id (the next of `i-1`, `i-2`, ... that was never taken:
+/// pre-existing ids included), with one search a try; `named` sees the instance with its id
+/// just before it goes in.
+fn insert_fresh(
+    instances: &mut BTreeMap<InstanceId, Stored>,
+    next_id: &mut u64,
+    mut stored: Stored,
+    named: impl FnOnce(&InstanceId, &mut Stored),
+) -> InstanceId {
+    loop {
+        let id = next_instance_id(next_id);
+        if let std::collections::btree_map::Entry::Vacant(e) = instances.entry(id.clone()) {
+            named(&id, &mut stored);
+            e.insert(stored);
+            return id;
         }
     }
+}
 
-    /// The next id in the sequence `i-1`, `i-2`, ... (taken or not).
-    fn next_instance_id(&mut self) -> InstanceId {
-        self.next_id += 1;
-        // `i-N`, written on the stack: the id's shared text is its one allocation.
-        let mut buf = [0u8; 2 + 20];
-        let mut at = buf.len();
-        let mut n = self.next_id;
-        loop {
-            at -= 1;
-            buf[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
+/// The next id in the sequence `i-1`, `i-2`, ... (taken or not).
+fn next_instance_id(next_id: &mut u64) -> InstanceId {
+    *next_id += 1;
+    // `i-N`, written on the stack: the id's shared text is its one allocation.
+    let mut buf = [0u8; 2 + 20];
+    let mut at = buf.len();
+    let mut n = *next_id;
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
         }
-        at -= 2;
-        buf[at..at + 2].copy_from_slice(b"i-");
-        InstanceId::new(std::str::from_utf8(&buf[at..]).unwrap_or_default())
     }
+    at -= 2;
+    buf[at..at + 2].copy_from_slice(b"i-");
+    InstanceId::new(std::str::from_utf8(&buf[at..]).unwrap_or_default())
 }
 
 macro_rules! msg {
@@ -659,14 +683,7 @@ impl Handler<Start> for CloudActor {
                 return ActorResponse::reply(Err(err));
             }
         };
-        let id = self.make_pending(&p, instance_type);
-        let tokens = match self.tokens.get_mut(&*msg.model) {
-            Some(tokens) => tokens,
-            None => self.tokens.entry(msg.model.to_string()).or_default(),
-        };
-        if let Some(stored) = self.instances.get_mut(&id) {
-            tokens.insert(&p.client_token, id.clone(), stored, &self.names);
-        }
+        let id = self.make_pending(&p, instance_type, Some((&msg.model, &p.client_token)));
         if let Some(c) = self.calls.get_mut(idx) {
             c.instances = vec![id.clone()];
         }
@@ -804,7 +821,7 @@ impl Handler<StartBatch> for CloudActor {
                     results.push(Err(e));
                 }
                 Ok(()) => {
-                    let id = self.make_pending(m, instance_type.clone());
+                    let id = self.make_pending(m, instance_type.clone(), None);
                     if let Some(c) = self.calls.get_mut(idx) {
                         c.instances = vec![id.clone()];
                         c.instance_type = instance_type.clone();

@@ -1,5 +1,6 @@
 //! The allocator's plain core: the zone book.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -96,12 +97,9 @@ impl ZoneBook {
     }
 
     /// Zones this shape is steered away from now, in name order.
+    #[cfg(test)]
     pub fn remembered(&self, shape: &str) -> Vec<&str> {
-        self.capacity
-            .iter()
-            .filter(|((s, _), until)| s == shape && **until > self.now)
-            .map(|((_, z), _)| z.as_str())
-            .collect()
+        remembered_in(&self.capacity, self.now, shape)
     }
 
     /// Whether the cloud has zones at all (none = start without a zone).
@@ -186,14 +184,6 @@ impl ZoneBook {
         }
     }
 
-    fn eligible(&self, machine: &MachineId, name: &str, z: &Zone, req: &ZoneRequest) -> bool {
-        z.available
-            && z.listed
-            && !z.failed.contains(machine)
-            && req.allowed.as_ref().is_none_or(|a| a.iter().any(|x| x == name))
-            && (req.derived.is_empty() || req.derived.iter().any(|x| x == name))
-    }
-
     /// Chooses and reserves a zone for a machine: among eligible zones, the lowest population
     /// (of its distribution group, or of all machines), ties broken at random. `Ok(None)` on a
     /// zoneless cloud.
@@ -201,24 +191,31 @@ impl ZoneBook {
         if !self.is_zoned() {
             return Ok(None);
         }
-        self.release_reservation(machine);
+        let Self { zones, names, placed, packing, requests, rng, capacity, now, .. } = self;
         let group_counts: Option<BTreeMap<&str, usize>> = req.group.as_ref().map(|g| {
             let mut counts = BTreeMap::new();
             for m in g.iter().filter(|m| *m != machine) {
-                if let Some(z) = self.placed.get(m) {
-                    *counts.entry(self.names[usize::from(*z)].as_str()).or_insert(0) += 1;
+                if let Some(z) = placed.get(m) {
+                    *counts.entry(names[usize::from(*z)].as_str()).or_insert(0) += 1;
                 }
             }
             counts
         });
+        // The machine's own reservation, if it holds one, is let go first; its entry is where
+        // the new one goes (one search of the placements, not a removal and then an insert).
+        let slot = placed.entry(machine.clone());
+        if let Entry::Occupied(e) = &slot {
+            if let Some(z) = zones.get_mut(&names[usize::from(*e.get())]) {
+                z.population -= 1;
+            }
+        }
         // Zones recently out of capacity for this shape are skipped while others are eligible.
         let avoid: Vec<&str> = match &req.shape {
-            Some(shape) if !self.capacity.is_empty() => {
-                let remembered = self.remembered(shape);
-                let spare = self
-                    .zones
+            Some(shape) if !capacity.is_empty() => {
+                let remembered = remembered_in(capacity, *now, shape);
+                let spare = zones
                     .iter()
-                    .any(|(name, z)| self.eligible(machine, name, z, &req) && !remembered.contains(&name.as_str()));
+                    .any(|(name, z)| eligible(machine, name, z, &req) && !remembered.contains(&name.as_str()));
                 if spare {
                     remembered
                 } else {
@@ -229,8 +226,8 @@ impl ZoneBook {
         };
         let mut best: Vec<&str> = Vec::new();
         let mut best_pop = usize::MAX;
-        for (name, z) in &self.zones {
-            if !self.eligible(machine, name, z, &req) || avoid.contains(&name.as_str()) {
+        for (name, z) in zones.iter() {
+            if !eligible(machine, name, z, &req) || avoid.contains(&name.as_str()) {
                 continue;
             }
             let pop = match &group_counts {
@@ -245,15 +242,35 @@ impl ZoneBook {
                 best.push(name);
             }
         }
-        if best.is_empty() {
+        let pick = match best.len() {
+            0 => None,
+            1 => Some(0),
+            n => Some(rng.random_range(0..n)),
+        };
+        let zone = pick.map(|i| best[i].to_owned());
+        let Some((zone, z)) = zone.and_then(|zone| zones.get_mut(&zone).map(|z| (zone, z))) else {
+            if let Entry::Occupied(e) = slot {
+                e.remove();
+            }
             return Err(ZoneError::NoSuitableZone(machine.clone()));
+        };
+        z.population += 1;
+        let newly = match slot {
+            Entry::Occupied(mut e) => {
+                e.insert(z.index);
+                false
+            }
+            Entry::Vacant(e) => {
+                e.insert(z.index);
+                true
+            }
+        };
+        if newly && packing.due(placed.len()) {
+            repack(placed);
         }
-        let pick = if best.len() == 1 { 0 } else { self.rng.random_range(0..best.len()) };
-        let zone = best[pick].to_owned();
-        self.place(machine, &zone);
         // Only a restricted request changes which zones are eligible after a failure.
         if req.allowed.is_some() || !req.derived.is_empty() {
-            self.requests.insert(machine.clone(), req);
+            requests.insert(machine.clone(), req);
         }
         Ok(Some(zone))
     }
@@ -273,7 +290,7 @@ impl ZoneBook {
             z.failed.insert(machine.clone());
         }
         let req = self.requests.get(machine).cloned().unwrap_or_default();
-        let any_left = self.zones.iter().any(|(name, z)| self.eligible(machine, name, z, &req));
+        let any_left = self.zones.iter().any(|(name, z)| eligible(machine, name, z, &req));
         if any_left {
             FailOutcome::TryAnotherZone
         } else {
@@ -327,6 +344,20 @@ impl ZoneBook {
             })
             .collect()
     }
+}
+
+/// Whether a machine may be placed in this zone for this request.
+fn eligible(machine: &MachineId, name: &str, z: &Zone, req: &ZoneRequest) -> bool {
+    z.available
+        && z.listed
+        && !z.failed.contains(machine)
+        && req.allowed.as_ref().is_none_or(|a| a.iter().any(|x| x == name))
+        && (req.derived.is_empty() || req.derived.iter().any(|x| x == name))
+}
+
+/// Zones this shape is steered away from at `now`, in name order.
+fn remembered_in<'a>(capacity: &'a BTreeMap<(String, String), Duration>, now: Duration, shape: &str) -> Vec<&'a str> {
+    capacity.iter().filter(|((s, _), until)| s == shape && **until > now).map(|((_, z), _)| z.as_str()).collect()
 }
 
 /// The zones, in name order.
