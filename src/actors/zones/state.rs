@@ -179,9 +179,7 @@ impl ZoneBook {
 
     /// One machine fewer in the zone of this index.
     fn leave(&mut self, index: ZoneIndex) {
-        if let Some(z) = self.zones.get_mut(&self.names[usize::from(index)]) {
-            z.population -= 1;
-        }
+        leave(&mut self.zones, &self.names, index);
     }
 
     /// Chooses and reserves a zone for a machine: among eligible zones, the lowest population
@@ -205,9 +203,7 @@ impl ZoneBook {
         // the new one goes (one search of the placements, not a removal and then an insert).
         let slot = placed.entry(machine.clone());
         if let Entry::Occupied(e) = &slot {
-            if let Some(z) = zones.get_mut(&names[usize::from(*e.get())]) {
-                z.population -= 1;
-            }
+            leave(zones, names, *e.get());
         }
         // Zones recently out of capacity for this shape are skipped while others are eligible.
         let avoid: Vec<&str> = match &req.shape {
@@ -343,6 +339,13 @@ impl ZoneBook {
                 failed: z.failed.iter().cloned().collect(),
             })
             .collect()
+    }
+}
+
+/// One machine fewer in the zone of this index (a book's fields, for callers that hold others).
+fn leave(zones: &mut BTreeMap<String, Zone>, names: &[String], index: ZoneIndex) {
+    if let Some(z) = zones.get_mut(&names[usize::from(index)]) {
+        z.population -= 1;
     }
 }
 
