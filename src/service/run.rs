@@ -809,6 +809,25 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
         };
         self.announce("follower", epoch, why.name());
     }
+
+    fn probe(&mut self) -> Option<futures::future::LocalBoxFuture<'static, bool>> {
+        use crate::service::lease::leading::Current;
+        // A real read (a round trip to the database), queued behind the store's other work: it
+        // answers only if the store's thread is free and the database answers. Then the
+        // provisioner, if it runs: its pool answers a question on the model's arbiter.
+        let store = self.store.read(|s| s.model_life().map(|_| ()));
+        let leading = self.leading.send(Current);
+        Some(Box::pin(async move {
+            if store.await.is_err() {
+                return false;
+            }
+            match leading.await {
+                Ok(Some(p)) => p.handle.pool().await.is_ok(),
+                Ok(None) => true,
+                Err(_) => false,
+            }
+        }))
+    }
 }
 
 /// Runs the service until SIGTERM or SIGINT. Must be called inside an actix system.

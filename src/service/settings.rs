@@ -36,6 +36,10 @@ pub const DEFAULT_AUDIT_FILE: &str = "audit.log";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
 /// How long a graceful shutdown waits for in-flight cloud calls by default.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// The longest an HTTP request waits for its answer by default: longer than one database
+/// call may take (`store::pg::STATEMENT_DEADLINE` and its slack), so that a store that can
+/// say why it failed says so first.
+pub const DEFAULT_REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 /// The simulated cloud's zones by default.
 pub const DEFAULT_SIM_ZONES: [&str; 3] = ["az1", "az2", "az3"];
 /// How long a simulated start takes by default.
@@ -103,6 +107,9 @@ pub enum SettingsError {
     /// `resync` is zero.
     #[error("config: resync must be positive")]
     ZeroResync,
+    /// `request_deadline` is zero.
+    #[error("config: request_deadline must be positive")]
+    ZeroRequestDeadline,
     /// A `[sim] subnets` entry names no zone, or one the simulated cloud does not have.
     #[error("config: sim.subnets: subnet {subnet:?} must be in one or more of the simulated cloud's zones ({zones}), got {got:?}")]
     SimSubnet {
@@ -178,6 +185,12 @@ pub struct ServeSettings {
     #[arg(skip = DEFAULT_SHUTDOWN_GRACE)]
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
+    /// The longest an HTTP request waits for its answer (file only: `request_deadline`): past
+    /// it the API answers 503 (the database may be unreachable or slow), so that no caller
+    /// hangs on a store that cannot answer.
+    #[arg(skip = DEFAULT_REQUEST_DEADLINE)]
+    #[serde(deserialize_with = "duration")]
+    pub request_deadline: Duration,
     /// StartInstance retries (`[retry]`).
     #[arg(skip)]
     pub retry: RetrySettings,
@@ -230,6 +243,7 @@ impl Default for ServeSettings {
             workers: DEFAULT_WORKERS,
             resync: DEFAULT_RESYNC_INTERVAL,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            request_deadline: DEFAULT_REQUEST_DEADLINE,
             retry: RetrySettings::default(),
             sim: SimSection::default(),
             ec2: Ec2Settings::default(),
@@ -588,6 +602,9 @@ impl ServeSettings {
         crate::config::validate_workers(self.workers, MAX_WORKERS).map_err(SettingsError::Workers)?;
         if self.resync.is_zero() {
             return Err(SettingsError::ZeroResync);
+        }
+        if self.request_deadline.is_zero() {
+            return Err(SettingsError::ZeroRequestDeadline);
         }
         self.sim.check_subnets()?;
         self.lease.timings().map_err(SettingsError::Lease)?;

@@ -299,3 +299,51 @@ fn every_replicas_gauges_follow_the_other_replicas_writes() {
         sample(&second.metrics(), "provisioner_instances{state=\"running\"}") == Some(3.0)
     });
 }
+
+/// Issue 30, item 0: a request whose store cannot answer (here a lock another session holds on
+/// the machines table, for longer than any deadline) is answered 503 within the request
+/// deadline (`request_deadline`, 1 s here), saying what may have happened, not left hanging;
+/// the probes answer within it too, and once the lock goes everything works again.
+#[test]
+fn a_request_the_store_cannot_answer_is_503_within_the_deadline() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let dir = temp_dir("pg-deadline");
+    let config = dir.join("deadline.toml");
+    std::fs::write(&config, "request_deadline = \"1s\"\n").unwrap();
+    let s = start(&dir, &url, &["--config", config.to_str().unwrap()]);
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "2", "--json"]));
+    let mut holder = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
+    let mut tx = holder.transaction().unwrap();
+    tx.batch_execute("LOCK TABLE machines IN ACCESS EXCLUSIVE MODE").unwrap();
+    let call = |method: &str, path: &str| {
+        let began = Instant::now();
+        let r = ureq::request(method, &format!("{}{path}", s.url))
+            .set("Authorization", &format!("Bearer {}", s.token()))
+            .timeout(Duration::from_secs(30))
+            .send_json(serde_json::json!({"count": 1}));
+        let took = began.elapsed();
+        match r {
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default(), took),
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default(), took),
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    };
+    let (code, body, took) = call("GET", "/v1/machines");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("no answer within 1s"), "{body}");
+    assert!(took < Duration::from_secs(3), "answered within the deadline: {took:?}");
+    let (code, body, took) = call("POST", "/v1/machines");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("may still be made"), "a change says it may have been made: {body}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    // The probes answer too (whatever they find), within the deadline.
+    let (code, body, took) = call("GET", "/healthz");
+    assert!(code == 200 || code == 503, "{code} {body}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    tx.rollback().unwrap();
+    eventually(Duration::from_secs(30), "the store answering again", || {
+        let out = s.cli(&["machine", "list", "--json"]);
+        out.status.success() && ids.iter().all(|id| String::from_utf8_lossy(&out.stdout).contains(&format!("\"{id}\"")))
+    });
+}

@@ -251,7 +251,7 @@ impl From<StoreError> for ApiError {
             StoreError::Invalid { .. } => 400,
             // The database cannot be reached: no answer rather than a stale one.
             StoreError::Unavailable(_) => 503,
-            StoreError::Postgres { source, .. } if source.connection_lost => 503,
+            StoreError::Postgres { source, .. } if source.connection_lost || source.timed_out() => 503,
             _ => 500,
         };
         Self::new(status, e.to_string())
@@ -1167,6 +1167,25 @@ fn audit_line<B>(res: &ServiceResponse<B>) -> AuditLine {
     }
 }
 
+/// Request metrics, in `default`'s registry (the one `/metrics` renders).
+async fn http_done(host: &ModelHost, method: &'static str, route: String, code: u16, began: Instant) {
+    if let Ok(default) = host.state(DEFAULT_MODEL).await {
+        default.metrics.do_send(HttpDone { method, route, code, seconds: began.elapsed().as_secs_f64() });
+    }
+}
+
+/// The 503 of a request not answered within `deadline`: what may have happened, and what to do.
+fn no_answer_within(deadline: std::time::Duration, change: bool) -> ApiError {
+    let mut message = format!(
+        "no answer within {} (the database may be unreachable or slow); try again later",
+        humantime::format_duration(deadline)
+    );
+    if change {
+        message.push_str(": the change asked for may still be made, so read before repeating it");
+    }
+    ApiError::new(503, message)
+}
+
 /// The application: the routes, JSON error handling, request metrics and the audit log.
 pub fn app(
     host: ModelHost,
@@ -1180,6 +1199,7 @@ pub fn app(
     >,
 > {
     let audit = host.shared().audit.clone();
+    let deadline = host.shared().opts.request_deadline;
     let metrics_host = host.clone();
     App::new()
         .app_data(web::Data::new(host))
@@ -1190,25 +1210,38 @@ pub fn app(
             let began = Instant::now();
             let method = method_label(req.method());
             let change = crate::service::audit::is_change(req.method().as_str(), req.path());
+            // Kept for a request not answered in time (its own request is with the handler).
+            let asked = change.then(|| (req.method().to_string(), req.path().to_owned()));
             let call = srv.call(req);
             let host = metrics_host.clone();
             let audit = audit.clone();
             async move {
-                let res = call.await?;
+                // Bounded: a store that cannot answer (the database unreachable, a call stuck)
+                // makes a 503, never a caller that hangs.
+                let Ok(res) = actix_rt::time::timeout(deadline, call).await else {
+                    let e = no_answer_within(deadline, asked.is_some());
+                    if let Some((method, path)) = asked {
+                        // The caller is known only to the handler still running: not named.
+                        audit.record(&AuditLine {
+                            time: crate::service::audit::now_rfc3339(),
+                            token: None,
+                            method,
+                            path,
+                            status: 503,
+                            what: None,
+                            result: e.message.clone(),
+                        });
+                    }
+                    http_done(&host, method, "unmatched".to_owned(), 503, began).await;
+                    return Err(e.into());
+                };
+                let res = res?;
                 if change {
                     // Written before the answer leaves: an answered change is in the log.
                     audit.record(&audit_line(&res));
                 }
                 let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_owned());
-                // Request metrics go to `default`'s registry (the one `/metrics` renders).
-                if let Ok(default) = host.state(DEFAULT_MODEL).await {
-                    default.metrics.do_send(HttpDone {
-                        method,
-                        route,
-                        code: res.status().as_u16(),
-                        seconds: began.elapsed().as_secs_f64(),
-                    });
-                }
+                http_done(&host, method, route, res.status().as_u16(), began).await;
                 Ok(res)
             }
         })

@@ -8,6 +8,7 @@
 use actix::prelude::*;
 use actix_rt::time::Instant;
 use futures::channel::oneshot;
+use futures::future::LocalBoxFuture;
 
 use super::pg::LeaseKey;
 use super::sql::LeaseSql;
@@ -21,6 +22,13 @@ pub trait RoleHooks: 'static {
     /// This replica no longer leads: stop the provisioner at once (in-flight cloud calls
     /// abandoned; the fence stays set, so nothing more it writes commits).
     fn follow(&mut self, why: Why, transition: Transition);
+    /// A probe of this replica's own work (its store answers a read, its provisioner answers a
+    /// question): `true` once it answered well. A leader whose probes have not answered well
+    /// for the renew deadline steps down ([`Why::Stalled`]). `None`: nothing to probe (the work
+    /// is taken to progress).
+    fn probe(&mut self) -> Option<LocalBoxFuture<'static, bool>> {
+        None
+    }
 }
 
 /// Where and who: the lease of `model_uuid` on the database at `url`, held as `replica`.
@@ -114,7 +122,30 @@ impl LeaseActor {
         let (t, step) = self.book.tick(now);
         self.apply(t);
         self.send(step, ctx);
+        self.probe(ctx, now);
         self.schedule(ctx, now);
+    }
+
+    /// Sends a probe of the replica's own work if the book wants one; its answer goes back to
+    /// the book.
+    fn probe(&mut self, ctx: &mut Context<Self>, now: Instant) {
+        if !self.book.probe_due(now) {
+            return;
+        }
+        match self.hooks.probe() {
+            None => self.book.probed(now, true),
+            Some(probe) => {
+                ctx.spawn(probe.into_actor(self).map(|ok, act, ctx| {
+                    let now = Instant::now();
+                    if !ok {
+                        tracing::warn!(replica = %act.replica, "lease: this replica's store or provisioner did not answer its probe");
+                    }
+                    act.book.probed(now, ok);
+                    // A stalled replica that answered again may ask for the lease at once.
+                    act.schedule(ctx, now);
+                }));
+            }
+        }
     }
 
     fn schedule(&mut self, ctx: &mut Context<Self>, now: Instant) {
@@ -159,6 +190,7 @@ impl Handler<Answered> for LeaseActor {
                 let _ = tx.send(());
             }
         }
+        self.probe(ctx, now);
         self.schedule(ctx, now);
     }
 }

@@ -180,6 +180,10 @@ pub enum Why {
     /// It handed the model over (the spread of leaders over replicas: this replica was above
     /// its fair share); the lease was released for another replica to take at once.
     HandedOver,
+    /// Its own work made no progress for `renew_deadline` (its store or provisioner did not
+    /// answer a probe): it stepped down and released the lease, so that a replica that can
+    /// work takes over, and asks again only once a probe answers.
+    Stalled,
 }
 
 impl Why {
@@ -191,6 +195,7 @@ impl Why {
             Why::DeadlinePassed => "renew_deadline",
             Why::Released => "released",
             Why::HandedOver => "handed_over",
+            Why::Stalled => "stalled",
         }
     }
 }
@@ -229,6 +234,14 @@ pub struct LeaseBook {
     may_acquire: bool,
     /// A hand-over asked for while an attempt was in flight: carried out at the next tick.
     hand_over_due: bool,
+    /// When this replica's own work last proved it makes progress (a probe answered; as a
+    /// leader's first probe goes, the time it went): a leader whose last proof is older than
+    /// `renew_deadline` steps down ([`Why::Stalled`]).
+    progress_at: Option<Instant>,
+    /// A probe in flight, sent at this time.
+    probe_sent: Option<Instant>,
+    /// Stepped down for want of progress: no acquiring until a probe answers.
+    stalled: bool,
     transitions: u64,
     last: Option<Transition>,
 }
@@ -246,6 +259,9 @@ impl LeaseBook {
             release_due: None,
             may_acquire: true,
             hand_over_due: false,
+            progress_at: None,
+            probe_sent: None,
+            stalled: false,
             transitions: 0,
             last: None,
         }
@@ -325,12 +341,55 @@ impl LeaseBook {
             && self.renewed_sent_at.is_some_and(|t| now.saturating_duration_since(t) < self.timings.renew_deadline)
     }
 
-    /// The time at which a leader must stop acting, if it is one.
+    /// The time at which a leader must stop acting, if it is one: its renew deadline, or the
+    /// time its last proof of progress grows older than the renew deadline.
     pub fn acting_deadline(&self) -> Option<Instant> {
         match self.role {
-            Role::Leader { .. } => self.renewed_sent_at.map(|t| t + self.timings.renew_deadline),
+            Role::Leader { .. } => {
+                let renewal = self.renewed_sent_at.map(|t| t + self.timings.renew_deadline);
+                let progress = self.progress_at.map(|t| t + self.timings.renew_deadline);
+                match (renewal, progress) {
+                    (Some(r), Some(p)) => Some(r.min(p)),
+                    (r, p) => r.or(p),
+                }
+            }
             Role::Follower => None,
         }
+    }
+
+    /// Whether the shell should probe this replica's own work now (its store answers a read,
+    /// its provisioner answers a question): a leader proves its progress so, and a replica that
+    /// stepped down for want of it proves it is well again. One probe in flight at a time.
+    pub fn probe_due(&mut self, now: Instant) -> bool {
+        let wanted = matches!(self.role, Role::Leader { .. }) || self.stalled;
+        if !wanted || self.probe_sent.is_some() {
+            return false;
+        }
+        self.probe_sent = Some(now);
+        if matches!(self.role, Role::Leader { .. }) {
+            self.progress_at.get_or_insert(now);
+        }
+        true
+    }
+
+    /// The probe sent last answered at `now`: `ok` if the work answered well.
+    pub fn probed(&mut self, now: Instant, ok: bool) {
+        self.probe_sent = None;
+        if ok {
+            self.progress_at = Some(now);
+            self.stalled = false;
+        }
+    }
+
+    /// Whether this replica stepped down for want of progress and has not proved it since.
+    pub fn stalled(&self) -> bool {
+        self.stalled
+    }
+
+    /// Whether a leader's last proof of progress is older than the renew deadline at `now`.
+    fn no_progress(&self, now: Instant) -> bool {
+        matches!(self.role, Role::Leader { .. })
+            && self.progress_at.is_some_and(|t| now.saturating_duration_since(t) >= self.timings.renew_deadline)
     }
 
     /// When the shell calls [`LeaseBook::tick`] next: after one retry, or at the acting
@@ -343,6 +402,19 @@ impl LeaseBook {
     /// The clock ticked: steps down a leader past its deadline, then says what to ask.
     pub fn tick(&mut self, now: Instant) -> (Option<Transition>, Step) {
         let mut transition = None;
+        if let Role::Leader { epoch } = self.role {
+            if self.no_progress(now) {
+                // Its lease is healthy but its work is not: another replica takes over at once.
+                let t = self.become_follower(Why::Stalled, now);
+                self.stalled = true;
+                if self.in_flight.is_some() || self.shut_down {
+                    // A renewal in flight: the lease expires on its own.
+                    return (Some(t), Step::Wait);
+                }
+                self.in_flight = Some(now);
+                return (Some(t), Step::Release { epoch });
+            }
+        }
         if matches!(self.role, Role::Leader { .. }) && !self.may_act(now) {
             transition = Some(self.become_follower(Why::DeadlinePassed, now));
         }
@@ -367,7 +439,7 @@ impl LeaseBook {
         }
         let step = match self.role {
             Role::Leader { epoch } => Step::Renew { epoch },
-            Role::Follower if self.may_acquire => Step::Acquire,
+            Role::Follower if self.may_acquire && !self.stalled => Step::Acquire,
             Role::Follower => return (transition, Step::Wait),
         };
         self.in_flight = Some(now);
@@ -391,6 +463,9 @@ impl LeaseBook {
                     return None;
                 }
                 self.renewed_sent_at = Some(sent_at);
+                // Its work is given a whole renew deadline from its first probe to prove its
+                // progress (a book that is never probed never stalls).
+                self.progress_at = None;
                 Some(self.transition(Role::Leader { epoch }, Why::Acquired, now))
             }
             (Answer::Renewed, Role::Leader { .. }) => {

@@ -276,3 +276,79 @@ fn a_hand_over_asked_while_a_renewal_is_in_flight_waits_for_its_answer() {
     assert_eq!(t.map(|t| t.why), Some(Why::HandedOver));
     assert_eq!(step, Step::Release { epoch: 7 });
 }
+
+#[test]
+fn a_leader_whose_work_makes_no_progress_steps_down_and_releases_though_its_lease_renews() {
+    let t0 = Instant::now();
+    let mut b = leader(t0);
+    // Probed at once; the probe never answers (the store's thread is stuck), renewals do.
+    assert!(b.probe_due(t0 + ms(10)));
+    assert!(!b.probe_due(t0 + ms(20)), "one probe in flight at a time");
+    let mut now = t0;
+    for _ in 0..3 {
+        now += secs(2);
+        assert_eq!(b.tick(now), (None, Step::Renew { epoch: 7 }));
+        assert_eq!(b.answer(ME, now + ms(5), Answer::Renewed), None);
+        assert!(b.may_act(now + ms(5)));
+    }
+    // The next tick is due at the progress deadline, before the renewals' own.
+    assert_eq!(b.next_tick(t0 + secs(7)), t0 + ms(10) + secs(8));
+    let (t, step) = b.tick(t0 + ms(10) + secs(8));
+    let t = t.expect("steps down");
+    assert_eq!((t.from, t.to, t.why), (Role::Leader { epoch: 7 }, Role::Follower, Why::Stalled));
+    assert_eq!(step, Step::Release { epoch: 7 }, "released, so another replica takes over at once");
+    assert_eq!(Why::Stalled.name(), "stalled");
+    assert!(b.stalled());
+    assert_eq!(b.answer(ME, t0 + secs(9), Answer::Released), None);
+    // It does not ask for the lease again while its work is stuck ...
+    assert_eq!(b.tick(t0 + secs(11)), (None, Step::Wait));
+    assert!(!b.probe_due(t0 + secs(11)), "the first probe is still in flight");
+    // ... and asks once a probe answers well.
+    b.probed(t0 + secs(12), true);
+    assert!(!b.stalled());
+    assert_eq!(b.tick(t0 + secs(12)), (None, Step::Acquire));
+}
+
+#[test]
+fn a_leader_whose_probes_answer_keeps_leading_and_a_failed_probe_is_no_proof() {
+    let t0 = Instant::now();
+    let mut b = leader(t0);
+    let mut now = t0;
+    for _ in 0..10 {
+        now += secs(2);
+        assert_eq!(b.tick(now), (None, Step::Renew { epoch: 7 }));
+        assert_eq!(b.answer(ME, now + ms(5), Answer::Renewed), None);
+        assert!(b.probe_due(now + ms(5)));
+        b.probed(now + ms(50), true);
+    }
+    assert!(b.may_act(now + ms(100)));
+    // Probes that answer badly (the database refuses the store's reads) prove nothing.
+    let from = now;
+    loop {
+        now += secs(2);
+        let (t, step) = b.tick(now);
+        if let Some(t) = t {
+            assert_eq!(t.why, Why::Stalled);
+            assert_eq!(step, Step::Release { epoch: 7 });
+            assert!(now.saturating_duration_since(from) <= secs(10), "{:?}", now.saturating_duration_since(from));
+            break;
+        }
+        b.answer(ME, now + ms(5), Answer::Renewed);
+        if b.probe_due(now + ms(5)) {
+            b.probed(now + ms(50), false);
+        }
+    }
+}
+
+#[test]
+fn a_book_that_is_never_probed_never_stalls() {
+    let t0 = Instant::now();
+    let mut b = leader(t0);
+    let mut now = t0;
+    for _ in 0..20 {
+        now += secs(2);
+        assert_eq!(b.tick(now), (None, Step::Renew { epoch: 7 }));
+        assert_eq!(b.answer(ME, now + ms(5), Answer::Renewed), None);
+    }
+    assert!(b.may_act(now + ms(5)) && !b.stalled());
+}

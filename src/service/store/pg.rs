@@ -44,7 +44,7 @@ use postgres::{Config, Row, Statement};
 use tokio::time::Instant;
 
 use super::backend::{refuse_hosts_with_live_containers, Fence, StoreBackend};
-use super::pg_client::{ConnectError, PgClient, Piped, Reply};
+use super::pg_client::{CallError, ConnectError, PgClient, Piped, Reply};
 use super::state::{
     random_uuid, ApplicationRecord, Book, BookMark, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings,
     StoreCounts, StoreError, CONTAINER_SEQ_BASE,
@@ -71,6 +71,20 @@ pub(crate) const MIGRATION_LOCK: i64 = 0x7072_6f76;
 /// its retry, so that a partitioned leader's open transaction never holds the lease row past
 /// the lease's expiry.
 pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(2);
+
+/// The longest one statement of the store may run on the server (`statement_timeout`, and
+/// `lock_timeout` for its lock waits): past it the server cancels the statement (its
+/// transaction fails and is rolled back), so no operation of the store waits on the database
+/// for ever — a lock held by a session that will never let go, or a server that stopped
+/// answering. The store's thread waits [`CALL_SLACK`] longer for the answer, then closes the
+/// connection itself. Shorter than the lease's default renew deadline, so that one stuck call
+/// never outlasts the leader's proof of progress (see `lease::state`).
+pub const STATEMENT_DEADLINE: Duration = Duration::from_secs(5);
+/// How much longer than [`STATEMENT_DEADLINE`] the store's thread waits for a call's answer
+/// before it gives the connection up (the server's own cancel comes first when it can).
+pub const CALL_SLACK: Duration = Duration::from_secs(1);
+/// The deadline of the schema's migrations, at each connection (they may rewrite tables).
+const MIGRATION_DEADLINE: Duration = Duration::from_secs(120);
 
 /// The longest wait between two connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -343,7 +357,13 @@ pub struct Notice {
     pub all: bool,
 }
 
-fn failure(e: &postgres::Error) -> PgFailure {
+fn failure(e: &CallError) -> PgFailure {
+    let e = match e {
+        CallError::Postgres(e) => e,
+        timed_out @ CallError::TimedOut(_) => {
+            return PgFailure { code: None, message: timed_out.to_string(), connection_lost: true }
+        }
+    };
     let code = e.code().map(|c| c.code().to_owned());
     // No server answer (closed, reset, refused, timed out), or the server going away.
     let connection_lost = e.is_closed()
@@ -360,15 +380,15 @@ fn failure(e: &postgres::Error) -> PgFailure {
 }
 
 /// Maps a client error onto the store's, naming what was being done.
-fn pg(context: &'static str) -> impl Fn(postgres::Error) -> StoreError {
-    move |e| StoreError::Postgres { context, source: failure(&e) }
+fn pg<E: Into<CallError>>(context: &'static str) -> impl Fn(E) -> StoreError {
+    move |e| StoreError::Postgres { context, source: failure(&e.into()) }
 }
 
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
 /// A statement prepared once per connection (the client would prepare each text again: one
 /// more round trip per statement).
-fn prepared(c: &mut PgClient, cache: &mut HashMap<String, Statement>, sql: &str) -> Result<Statement, postgres::Error> {
+fn prepared(c: &mut PgClient, cache: &mut HashMap<String, Statement>, sql: &str) -> Result<Statement, CallError> {
     if let Some(st) = cache.get(sql) {
         return Ok(st.clone());
     }
@@ -380,16 +400,16 @@ fn prepared(c: &mut PgClient, cache: &mut HashMap<String, Statement>, sql: &str)
 /// Runs statements, prepared once per connection: on the connection ([`Conn`]) or in a
 /// transaction ([`Tx`]).
 trait Run {
-    fn execute(&mut self, sql: &str, p: Params<'_>) -> Result<u64, postgres::Error>;
-    fn query(&mut self, sql: &str, p: Params<'_>) -> Result<Vec<Row>, postgres::Error>;
-    fn query_opt(&mut self, sql: &str, p: Params<'_>) -> Result<Option<Row>, postgres::Error>;
-    fn query_one(&mut self, sql: &str, p: Params<'_>) -> Result<Row, postgres::Error>;
+    fn execute(&mut self, sql: &str, p: Params<'_>) -> Result<u64, CallError>;
+    fn query(&mut self, sql: &str, p: Params<'_>) -> Result<Vec<Row>, CallError>;
+    fn query_opt(&mut self, sql: &str, p: Params<'_>) -> Result<Option<Row>, CallError>;
+    fn query_one(&mut self, sql: &str, p: Params<'_>) -> Result<Row, CallError>;
 }
 
 macro_rules! run_over {
     ($ty:ty, $client:ident, $cache:ident) => {
         impl Run for $ty {
-            fn execute(&mut self, sql: &str, p: Params<'_>) -> Result<u64, postgres::Error> {
+            fn execute(&mut self, sql: &str, p: Params<'_>) -> Result<u64, CallError> {
                 let st = prepared(
                     BorrowMut::<PgClient>::borrow_mut(&mut self.$client),
                     BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
@@ -397,7 +417,7 @@ macro_rules! run_over {
                 )?;
                 self.$client.execute(&st, p)
             }
-            fn query(&mut self, sql: &str, p: Params<'_>) -> Result<Vec<Row>, postgres::Error> {
+            fn query(&mut self, sql: &str, p: Params<'_>) -> Result<Vec<Row>, CallError> {
                 let st = prepared(
                     BorrowMut::<PgClient>::borrow_mut(&mut self.$client),
                     BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
@@ -405,7 +425,7 @@ macro_rules! run_over {
                 )?;
                 self.$client.query(&st, p)
             }
-            fn query_opt(&mut self, sql: &str, p: Params<'_>) -> Result<Option<Row>, postgres::Error> {
+            fn query_opt(&mut self, sql: &str, p: Params<'_>) -> Result<Option<Row>, CallError> {
                 let st = prepared(
                     BorrowMut::<PgClient>::borrow_mut(&mut self.$client),
                     BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
@@ -413,7 +433,7 @@ macro_rules! run_over {
                 )?;
                 self.$client.query_opt(&st, p)
             }
-            fn query_one(&mut self, sql: &str, p: Params<'_>) -> Result<Row, postgres::Error> {
+            fn query_one(&mut self, sql: &str, p: Params<'_>) -> Result<Row, CallError> {
                 let st = prepared(
                     BorrowMut::<PgClient>::borrow_mut(&mut self.$client),
                     BorrowMut::<HashMap<String, Statement>>::borrow_mut(&mut self.$cache),
@@ -453,7 +473,7 @@ struct Tx<'a> {
 impl Tx<'_> {
     /// Commits it (a transaction of its own), or keeps it in its group (the savepoint's
     /// release is sent with the group's next statements).
-    fn commit(mut self) -> Result<(), postgres::Error> {
+    fn commit(mut self) -> Result<(), CallError> {
         self.done = true;
         match self.group.as_deref_mut() {
             None => self.client.batch_execute("COMMIT"),
@@ -468,18 +488,18 @@ impl Tx<'_> {
             }
         }
     }
-    fn batch_execute(&mut self, sql: &str) -> Result<(), postgres::Error> {
+    fn batch_execute(&mut self, sql: &str) -> Result<(), CallError> {
         self.client.batch_execute(sql)
     }
     /// Runs statements that do not need each other's answers in one round trip (see
     /// [`PgClient::pipeline`]): their answers, or the first failure.
-    fn pipeline(&mut self, statements: &[(&str, Params<'_>, bool)]) -> Result<Vec<Reply>, postgres::Error> {
+    fn pipeline(&mut self, statements: &[(&str, Params<'_>, bool)]) -> Result<Vec<Reply>, CallError> {
         let mut piped = Vec::with_capacity(statements.len());
         for (sql, params, rows) in statements {
             let statement = prepared(&mut *self.client, &mut *self.statements, sql)?;
             piped.push(Piped { statement, params, rows: *rows });
         }
-        self.client.pipeline(&piped)?.into_iter().collect()
+        Ok(self.client.pipeline(&piped)?.into_iter().collect::<Result<_, _>>()?)
     }
 }
 
@@ -557,7 +577,7 @@ fn check_fence(r: &mut impl Run, f: &Fence) -> Result<(), StoreError> {
 
 impl Conn {
     /// A transaction of its own.
-    fn transaction(&mut self) -> Result<Tx<'_>, postgres::Error> {
+    fn transaction(&mut self) -> Result<Tx<'_>, CallError> {
         self.client.batch_execute("BEGIN")?;
         Ok(Tx {
             client: &mut self.client,
@@ -735,11 +755,11 @@ fn ids_of(rows: Vec<Row>, ctx: &'static str) -> Result<Vec<MachineId>, StoreErro
     rows.iter().map(|r| r.try_get::<_, String>(0).map(MachineId::from).map_err(pg(ctx))).collect()
 }
 
-fn meta_get(c: &mut impl Run, key: &str) -> Result<Option<String>, postgres::Error> {
+fn meta_get(c: &mut impl Run, key: &str) -> Result<Option<String>, CallError> {
     Ok(c.query_opt("SELECT value FROM meta WHERE key = $1", &[&key])?.map(|r| r.get(0)))
 }
 
-fn meta_set(c: &mut impl Run, key: &str, value: &str) -> Result<(), postgres::Error> {
+fn meta_set(c: &mut impl Run, key: &str, value: &str) -> Result<(), CallError> {
     c.execute(
         "INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
         &[&key, &value],
@@ -748,7 +768,7 @@ fn meta_set(c: &mut impl Run, key: &str, value: &str) -> Result<(), postgres::Er
 }
 
 /// Takes the next value of a counter kept in `meta` (0 first), atomically.
-fn next_counter(tx: &mut Tx<'_>, key: &str) -> Result<i64, postgres::Error> {
+fn next_counter(tx: &mut Tx<'_>, key: &str) -> Result<i64, CallError> {
     next_counters(tx, key, 1)
 }
 
@@ -821,8 +841,8 @@ fn add_many_params<'a>(adds: impl Iterator<Item = (usize, &'a NewMachine)>, uuid
 }
 
 /// Takes the next `count` values of a counter kept in `meta` at once: the first of them.
-fn next_counters(tx: &mut Tx<'_>, key: &str, count: i64) -> Result<i64, postgres::Error> {
-    tx.query_one(counter_sql!(), &[&key, &count])?.try_get(0)
+fn next_counters(tx: &mut Tx<'_>, key: &str, count: i64) -> Result<i64, CallError> {
+    Ok(tx.query_one(counter_sql!(), &[&key, &count])?.try_get(0)?)
 }
 
 /// Sends a change notification from `tx` (delivered at its commit, not before, not without):
@@ -1192,7 +1212,12 @@ impl PgStore {
         // answered by a middlebox). The store never idles inside a transaction (its statements
         // run back to back), so the server ends such a session soon, releasing its locks and
         // rolling its writes back.
-        let idle = format!("-c idle_in_transaction_session_timeout={}", IDLE_IN_TRANSACTION.as_millis());
+        // Every statement bounded on the server too (see `STATEMENT_DEADLINE`).
+        let idle = format!(
+            "-c idle_in_transaction_session_timeout={} -c statement_timeout={ms} -c lock_timeout={ms}",
+            IDLE_IN_TRANSACTION.as_millis(),
+            ms = STATEMENT_DEADLINE.as_millis()
+        );
         let options = match config.get_options() {
             Some(given) if !given.is_empty() => format!("{given} {idle}"),
             _ => idle,
@@ -1327,22 +1352,28 @@ impl PgStore {
     /// Connects, applies the migrations this database lacks, and reads (or draws) the model.
     fn open_client(&mut self) -> Result<Conn, StoreError> {
         let deadline = self.config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(5));
-        let mut client = PgClient::connect(&self.config, deadline).map_err(|e| match e {
-            ConnectError::Postgres(e) => pg("connecting to the database")(e),
-            other => StoreError::Postgres {
-                context: "connecting to the database",
-                source: PgFailure { code: None, message: other.to_string(), connection_lost: true },
-            },
-        })?;
+        let mut client =
+            PgClient::connect(&self.config, deadline, MIGRATION_DEADLINE + CALL_SLACK).map_err(|e| match e {
+                ConnectError::Postgres(e) => pg("connecting to the database")(e),
+                other => StoreError::Postgres {
+                    context: "connecting to the database",
+                    source: PgFailure { code: None, message: other.to_string(), connection_lost: true },
+                },
+            })?;
         // The session's planner settings go with its first statement.
         client.queue(INDEX_PLANS_SQL);
         let pid: i32 = client
             .query_one("SELECT pg_backend_pid()", &[])
-            .and_then(|r| r.try_get(0))
+            .and_then(|r| r.try_get(0).map_err(CallError::from))
             .map_err(pg("reading the session's process id"))?;
         let mut conn = Conn { client, statements: HashMap::new(), pid };
         let ctx = "migrating the schema";
         let mut tx = conn.transaction().map_err(pg(ctx))?;
+        tx.batch_execute(&format!(
+            "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}",
+            ms = MIGRATION_DEADLINE.as_millis()
+        ))
+        .map_err(pg(ctx))?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).map_err(pg(ctx))?;
         tx.batch_execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, \
@@ -1351,7 +1382,7 @@ impl PgStore {
         .map_err(pg(ctx))?;
         let found: i64 = tx
             .query_one("SELECT COALESCE(max(version), 0) FROM schema_migrations", &[])
-            .and_then(|r| r.try_get(0))
+            .and_then(|r| r.try_get(0).map_err(CallError::from))
             .map_err(pg(ctx))?;
         if found > PG_SCHEMA_VERSION {
             return Err(StoreError::TooNew { found, supported: PG_SCHEMA_VERSION });
@@ -1377,6 +1408,7 @@ impl PgStore {
             }
         };
         tx.commit().map_err(pg(ctx))?;
+        conn.client.set_deadline(STATEMENT_DEADLINE + CALL_SLACK);
         self.model_uuid = Some(uuid);
         Ok(conn)
     }
@@ -1589,7 +1621,7 @@ impl PgStore {
         )
         .map_err(pg(ctx))?;
         tx.query_one("SELECT id FROM constraints WHERE spec = $1", &[&spec])
-            .and_then(|r| r.try_get(0))
+            .and_then(|r| r.try_get(0).map_err(CallError::from))
             .map(Some)
             .map_err(pg(ctx))
     }
@@ -2591,7 +2623,7 @@ impl StoreBackend for PgStore {
         let n: i64 = self
             .client()?
             .query_one("SELECT count(*) FROM machine_errors", &[])
-            .and_then(|r| r.try_get(0))
+            .and_then(|r| r.try_get(0).map_err(CallError::from))
             .map_err(pg(ctx))?;
         Ok(n as u64)
     }

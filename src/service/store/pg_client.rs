@@ -10,6 +10,13 @@
 //! sent with it answers that failure, and [`PgClient::take_queued_failure`] says so until it
 //! is asked, so that the group commit it belonged to is abandoned (a release that failed must
 //! not let a later rollback to the savepoint undo a unit of work that was kept).
+//!
+//! Every call is bounded in time ([`PgClient::deadline`]): a server that accepts a statement
+//! and then says nothing (a lock it waits on for ever, a half-open socket) is given up on, the
+//! connection is closed (its runtime and socket dropped with it, so the server rolls back what
+//! it held) and the call answers [`CallError::TimedOut`]; the store reconnects at its next
+//! operation. The server bounds the same statements itself (`statement_timeout`, set by the
+//! store), so the client's bound is the backstop for a server that cannot even say so.
 
 use std::time::Duration;
 
@@ -17,6 +24,18 @@ use futures::future::LocalBoxFuture;
 use postgres::types::ToSql;
 use postgres::{Row, Statement};
 use tokio_postgres::{Client, Config, Error, NoTls, ToStatement};
+
+/// Why a call on the connection failed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CallError {
+    /// The server answered an error, or the connection failed.
+    #[error(transparent)]
+    Postgres(#[from] Error),
+    /// No answer within the connection's deadline: the connection is closed (the call may or
+    /// may not have taken effect; a transaction it was in is rolled back by the server).
+    #[error("the database did not answer within {0:?}: the connection was closed")]
+    TimedOut(Duration),
+}
 
 /// Why no connection was made.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +61,10 @@ pub(super) struct PgClient {
     queued_failed: Option<String>,
     /// Round trips made (each request the store's thread waited for).
     round_trips: u64,
+    /// The longest the store's thread waits for one call's answer.
+    deadline: Duration,
+    /// A call timed out: the connection is given up (see [`PgClient::is_closed`]).
+    abandoned: bool,
 }
 
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
@@ -69,7 +92,8 @@ pub(super) enum Reply {
 impl PgClient {
     /// Connects with `config`, the start-up included within `deadline` (a server that accepts
     /// the connection and then says nothing is given up on, not waited for).
-    pub(super) fn connect(config: &Config, deadline: Duration) -> Result<Self, ConnectError> {
+    /// Each later call is bounded by `calls` ([`PgClient::set_deadline`] changes it).
+    pub(super) fn connect(config: &Config, deadline: Duration, calls: Duration) -> Result<Self, ConnectError> {
         let runtime =
             tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ConnectError::Runtime)?;
         let (client, connection) = runtime
@@ -81,7 +105,49 @@ impl PgClient {
                 tracing::debug!(error = %e, "the store's connection ended");
             }
         });
-        Ok(Self { runtime, client, queued: String::new(), queued_failed: None, round_trips: 0 })
+        Ok(Self {
+            runtime,
+            client,
+            queued: String::new(),
+            queued_failed: None,
+            round_trips: 0,
+            deadline: calls,
+            abandoned: false,
+        })
+    }
+
+    /// The longest one call waits for its answer (tests).
+    #[cfg(test)]
+    pub(super) fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// Bounds each later call by `deadline` (a migration's statements may take longer than the
+    /// store's usual ones).
+    pub(super) fn set_deadline(&mut self, deadline: Duration) {
+        self.deadline = deadline;
+    }
+
+    /// Runs `call` on the connection's runtime within the deadline; past it, the connection is
+    /// abandoned (its socket closed as the runtime goes) and the call answers
+    /// [`CallError::TimedOut`].
+    fn bounded<T>(
+        runtime: &tokio::runtime::Runtime,
+        deadline: Duration,
+        abandoned: &mut bool,
+        call: impl std::future::Future<Output = T>,
+    ) -> Result<T, CallError> {
+        if *abandoned {
+            return Err(CallError::TimedOut(deadline));
+        }
+        runtime.block_on(async { tokio::time::timeout(deadline, call).await }).map_err(|_| {
+            *abandoned = true;
+            tracing::warn!(
+                deadline_ms = deadline.as_millis() as u64,
+                "the database did not answer in time: closing the connection"
+            );
+            CallError::TimedOut(deadline)
+        })
     }
 
     /// Queues a parameterless statement to go out with the next one.
@@ -109,9 +175,9 @@ impl PgClient {
         self.round_trips
     }
 
-    /// Whether the connection is known to be gone.
+    /// Whether the connection is known to be gone (or was given up on: a call timed out).
     pub(super) fn is_closed(&self) -> bool {
-        self.client.is_closed()
+        self.abandoned || self.client.is_closed()
     }
 
     /// Runs `request` after the queued statements, sent together: one round trip. A failure of
@@ -119,28 +185,28 @@ impl PgClient {
     fn pipelined<'a, T>(
         &'a mut self,
         request: impl FnOnce(&'a Client) -> LocalBoxFuture<'a, Result<T, Error>>,
-    ) -> Result<T, Error> {
-        let Self { runtime, client, queued, queued_failed, round_trips } = self;
+    ) -> Result<T, CallError> {
+        let Self { runtime, client, queued, queued_failed, round_trips, deadline, abandoned } = self;
         *round_trips += 1;
         let queued = std::mem::take(queued);
         let client: &'a Client = client;
-        let (before, answer) = runtime.block_on(async {
+        let (before, answer) = Self::bounded(runtime, *deadline, abandoned, async {
             if queued.is_empty() {
                 (Ok(()), request(client).await)
             } else {
                 // Polled in this order, so sent in this order, in one write.
                 futures::join!(client.batch_execute(&queued), request(client))
             }
-        });
+        })?;
         if let Err(e) = before {
             *queued_failed = Some(e.to_string());
-            return Err(e);
+            return Err(e.into());
         }
-        answer
+        Ok(answer?)
     }
 
     /// Sends the queued statements now (nothing if none is).
-    pub(super) fn flush(&mut self) -> Result<(), Error> {
+    pub(super) fn flush(&mut self) -> Result<(), CallError> {
         if self.queued.is_empty() {
             return Ok(());
         }
@@ -149,7 +215,7 @@ impl PgClient {
 
     /// Rolls the transaction back: what was queued is dropped (it belonged to it), and so is a
     /// queued statement's failure.
-    pub(super) fn rollback(&mut self) -> Result<(), Error> {
+    pub(super) fn rollback(&mut self) -> Result<(), CallError> {
         self.queued.clear();
         self.queued_failed = None;
         self.batch_execute("ROLLBACK")
@@ -158,7 +224,7 @@ impl PgClient {
     /// Runs parameterless statements (`;`-separated) by the simple protocol: the last one's
     /// rows, as text (tests).
     #[cfg(test)]
-    pub(super) fn simple_rows(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, Error> {
+    pub(super) fn simple_rows(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, CallError> {
         let messages = self.pipelined(|c| Box::pin(c.simple_query(sql)))?;
         let mut rows = Vec::new();
         for m in messages {
@@ -170,33 +236,32 @@ impl PgClient {
     }
 
     /// Runs parameterless statements (`;`-separated), after the queued ones.
-    pub(super) fn batch_execute(&mut self, sql: &str) -> Result<(), Error> {
+    pub(super) fn batch_execute(&mut self, sql: &str) -> Result<(), CallError> {
         if sql.is_empty() {
             let queued = std::mem::take(&mut self.queued);
             self.round_trips += 1;
-            let client = &self.client;
-            return self
-                .runtime
-                .block_on(client.batch_execute(&queued))
-                .inspect_err(|e| self.queued_failed = Some(e.to_string()));
+            let Self { runtime, client, deadline, abandoned, .. } = self;
+            return Self::bounded(runtime, *deadline, abandoned, client.batch_execute(&queued))?
+                .inspect_err(|e| self.queued_failed = Some(e.to_string()))
+                .map_err(CallError::from);
         }
         self.pipelined(|c| Box::pin(c.batch_execute(sql)))
     }
 
     /// Prepares a statement, after the queued ones.
-    pub(super) fn prepare(&mut self, sql: &str) -> Result<Statement, Error> {
+    pub(super) fn prepare(&mut self, sql: &str) -> Result<Statement, CallError> {
         self.pipelined(|c| Box::pin(c.prepare(sql)))
     }
 
     /// Runs a statement: the rows it changed.
-    pub(super) fn execute<T: ?Sized + ToStatement + Sync>(&mut self, st: &T, p: Params<'_>) -> Result<u64, Error> {
+    pub(super) fn execute<T: ?Sized + ToStatement + Sync>(&mut self, st: &T, p: Params<'_>) -> Result<u64, CallError> {
         self.pipelined(|c| Box::pin(c.execute(st, p)))
     }
 
     /// Runs statements that do not need each other's answers, sent together after the queued
     /// ones (one round trip): each one's answer, in order. In a transaction, one that fails
     /// makes the later ones fail too (the transaction is aborted).
-    pub(super) fn pipeline(&mut self, statements: &[Piped<'_>]) -> Result<Vec<Result<Reply, Error>>, Error> {
+    pub(super) fn pipeline(&mut self, statements: &[Piped<'_>]) -> Result<Vec<Result<Reply, Error>>, CallError> {
         self.pipelined(|c| Box::pin(async move { Ok(in_order(c, statements).await) }))
     }
 
@@ -204,7 +269,7 @@ impl PgClient {
     /// `then` (`;`-separated: a group's commit), all sent together after the queued ones: one
     /// round trip. Each statement's answer, and `then`'s (in a transaction, a statement that
     /// failed makes `then` fail: its `COMMIT` is not run).
-    pub(super) fn pipeline_then(&mut self, statements: &[Piped<'_>], then: &str) -> Result<PipelineAnswers, Error> {
+    pub(super) fn pipeline_then(&mut self, statements: &[Piped<'_>], then: &str) -> Result<PipelineAnswers, CallError> {
         self.pipelined(|c| {
             Box::pin(async move {
                 // Polled in this order, so sent in this order.
@@ -214,7 +279,11 @@ impl PgClient {
     }
 
     /// Runs a query: its rows.
-    pub(super) fn query<T: ?Sized + ToStatement + Sync>(&mut self, st: &T, p: Params<'_>) -> Result<Vec<Row>, Error> {
+    pub(super) fn query<T: ?Sized + ToStatement + Sync>(
+        &mut self,
+        st: &T,
+        p: Params<'_>,
+    ) -> Result<Vec<Row>, CallError> {
         self.pipelined(|c| Box::pin(c.query(st, p)))
     }
 
@@ -223,12 +292,16 @@ impl PgClient {
         &mut self,
         st: &T,
         p: Params<'_>,
-    ) -> Result<Option<Row>, Error> {
+    ) -> Result<Option<Row>, CallError> {
         self.pipelined(|c| Box::pin(c.query_opt(st, p)))
     }
 
     /// Runs a query of exactly one row.
-    pub(super) fn query_one<T: ?Sized + ToStatement + Sync>(&mut self, st: &T, p: Params<'_>) -> Result<Row, Error> {
+    pub(super) fn query_one<T: ?Sized + ToStatement + Sync>(
+        &mut self,
+        st: &T,
+        p: Params<'_>,
+    ) -> Result<Row, CallError> {
         self.pipelined(|c| Box::pin(c.query_one(st, p)))
     }
 }
@@ -283,7 +356,9 @@ mod tests {
         let held = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
         let config: Config = format!("postgres://p@127.0.0.1:{port}/db").parse().unwrap();
         let started = std::time::Instant::now();
-        let e = PgClient::connect(&config, Duration::from_millis(300)).err().expect("no server answered");
+        let e = PgClient::connect(&config, Duration::from_millis(300), Duration::from_secs(5))
+            .err()
+            .expect("no server answered");
         assert!(matches!(e, ConnectError::TimedOut(_)), "{e:?}");
         assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
         drop(held.join().unwrap().unwrap());
@@ -294,7 +369,7 @@ mod tests {
     fn a_refused_connection_is_a_postgres_error() {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let config: Config = format!("postgres://p@127.0.0.1:{port}/db").parse().unwrap();
-        let e = PgClient::connect(&config, Duration::from_secs(10)).err().expect("refused");
+        let e = PgClient::connect(&config, Duration::from_secs(10), Duration::from_secs(5)).err().expect("refused");
         assert!(matches!(e, ConnectError::Postgres(_)), "{e:?}");
     }
 }

@@ -1077,3 +1077,61 @@ fn the_set_based_writes_stamp_their_rows_without_calling_the_trigger() {
     assert_ne!(stamp(&mut tx, "0").as_deref(), Some("before"));
     tx.rollback().unwrap();
 }
+
+/// A statement that waits on a lock another session never lets go (the wedge of issue 30: a
+/// leader's store parked for ever inside one call) is ended within the store's deadline, with an
+/// error that says the database did not answer in time; once the lock goes, the store works
+/// again, on the same store, with nothing lost.
+#[test]
+fn a_statement_stuck_on_a_lock_is_bounded_and_the_store_recovers() {
+    use super::pg::{CALL_SLACK, STATEMENT_DEADLINE};
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let mut s = PgStore::open(&url).unwrap();
+    let ids = s.add_new_machines(2, &Default::default()).unwrap();
+    // Another session holds the machines table for ever (a transaction that is not idle: it
+    // is not ended by the server's idle timeout).
+    let mut holder = raw(&url);
+    let mut tx = holder.transaction().unwrap();
+    tx.batch_execute("LOCK TABLE machines IN ACCESS EXCLUSIVE MODE").unwrap();
+    let began = std::time::Instant::now();
+    let e = s.list_machines().expect_err("the table is locked");
+    let took = began.elapsed();
+    assert!(took < STATEMENT_DEADLINE + CALL_SLACK + Duration::from_secs(2), "{took:?}");
+    assert!(took >= STATEMENT_DEADLINE - Duration::from_millis(500), "bounded by the deadline, {took:?}");
+    let text = e.to_string();
+    assert!(text.contains("statement timeout") || text.contains("lock timeout"), "{text}");
+    assert!(matches!(&e, StoreError::Postgres { source, .. } if source.timed_out()), "{e:?}");
+    tx.rollback().unwrap();
+    // The store answers again (reconnecting first if it gave the connection up).
+    let listed = loop {
+        match s.list_machines() {
+            Ok(l) => break l,
+            Err(StoreError::Unavailable(_)) if began.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(listed.iter().map(|m| m.machine.id.clone()).collect::<Vec<_>>(), ids);
+}
+
+/// The client's own bound, for a server that cannot even cancel (here: a statement the server
+/// is told to let run): past its deadline the call answers `TimedOut` and the connection is
+/// given up (closed), not waited on.
+#[test]
+fn a_call_past_the_clients_deadline_times_out_and_gives_the_connection_up() {
+    use super::pg_client::{CallError, PgClient};
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let mut c = PgClient::connect(&config, Duration::from_secs(10), Duration::from_millis(300)).unwrap();
+    assert_eq!(c.deadline(), Duration::from_millis(300));
+    c.batch_execute("SELECT 1").unwrap();
+    let began = std::time::Instant::now();
+    let e = c.batch_execute("SELECT pg_sleep(5)").expect_err("past the deadline");
+    assert!(matches!(e, CallError::TimedOut(d) if d == Duration::from_millis(300)), "{e:?}");
+    assert!(began.elapsed() < Duration::from_secs(3), "{:?}", began.elapsed());
+    assert!(c.is_closed(), "a connection whose call timed out is given up");
+    assert!(matches!(c.batch_execute("SELECT 1"), Err(CallError::TimedOut(_))), "and not used again");
+}

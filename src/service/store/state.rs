@@ -288,6 +288,15 @@ pub struct PgFailure {
     pub connection_lost: bool,
 }
 
+impl PgFailure {
+    /// The server gave the statement up at its deadline (`statement_timeout`: `57014`,
+    /// `lock_timeout`: `55P03`): the database could not answer in time (a 503, not a fault of
+    /// the request).
+    pub fn timed_out(&self) -> bool {
+        matches!(self.code.as_deref(), Some("57014" | "55P03"))
+    }
+}
+
 /// The counts behind the metrics' state gauges, kept by the store as it writes (loaded once
 /// when the database is opened), so that a scrape reads them instead of scanning tables.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
