@@ -854,6 +854,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         audit,
         started,
         service_store: store.clone(),
+        metrics: Metrics::default().start(),
         accounts: crate::service::models::limits::Accounts::default(),
         replica_id,
         models_led: std::sync::Arc::default(),
@@ -1015,7 +1016,12 @@ pub(crate) async fn start_model(
         None => None,
     };
     let settings = store.exec(|s| s.settings()).await?;
-    let metrics = Metrics::default().start();
+    // `default`'s families are the service's `/metrics`; another model's are its own.
+    let metrics = if model == crate::service::models::DEFAULT_MODEL {
+        shared.metrics.clone()
+    } else {
+        Metrics::default().start()
+    };
     store.watch_counts(metrics.clone().recipient());
     let pending: Option<PendingStarts>;
     let cloud_store: Option<Store>;

@@ -256,6 +256,50 @@ fn destroying_a_model_removes_it_and_its_instances_and_leaves_the_others() {
     assert_eq!(provisioned(&s, "kept").len(), 3, "the others run on, the admin token still works");
 }
 
+/// `GET path` without a token: the status and the body.
+fn probe(s: &Server, path: &str) -> (u16, String) {
+    match ureq::get(&format!("{}{path}", s.url)).call() {
+        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("GET {path}: {e}"),
+    }
+}
+
+/// The probes and the service's metrics are the service's, not `default`'s: they answer with
+/// `default` destroyed, and after a restart without it (a liveness probe must not restart the
+/// service in a loop).
+#[test]
+fn the_probes_and_the_service_metrics_answer_without_the_default_model() {
+    let dir = temp_dir("models-no-default");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    s.json(&["model", "add", "team-a", "--json"]);
+    s.json(&["machine", "add", "-n", "1", "-m", "team-a", "--wait", "--json"]);
+    let (code, _, err) = run(&s, &["model", "destroy", "default", "--force"]);
+    assert_eq!(code, Some(0), "{err}");
+    eventually(Duration::from_secs(20), "default removed", || models(&s).iter().all(|m| m.0 != "default"));
+    let check = |s: &Server| {
+        assert_eq!(probe(s, "/healthz"), (200, "ok\n".to_owned()));
+        assert_eq!(probe(s, "/readyz"), (200, "ready\n".to_owned()));
+        let (code, text) = probe(s, "/metrics");
+        assert_eq!(code, 200, "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(text.contains("provisioner_uptime_seconds "), "{text}");
+        // The requests of every model are the service's (this one was on team-a's routes).
+        assert!(text.contains("route=\"/v1/models/{model}/machines\""), "{text}");
+        // No model's state: default's gauges are not shown as if it were there.
+        assert!(!text.contains("provisioner_model_life{"), "{text}");
+        assert!(!text.contains("provisioner_machines{"), "{text}");
+    };
+    s.json(&["machine", "list", "-m", "team-a", "--json"]);
+    check(&s);
+    assert!(s.terminate().success());
+    // After a restart without `default` (start_on waits for /healthz 200).
+    let s = Server::start_on(&dir.join("data"), &dir, &[]);
+    s.json(&["machine", "list", "-m", "team-a", "--json"]);
+    check(&s);
+    assert_eq!(provisioned(&s, "team-a").len(), 1);
+}
+
 #[test]
 fn a_model_whose_store_is_damaged_fails_alone_and_can_be_forgotten() {
     let dir = temp_dir("models-damaged");

@@ -42,8 +42,11 @@ pub struct Shared {
     /// When the service started.
     pub started: Instant,
     /// The store of the service's own records (the API tokens): `default`'s, kept open even
-    /// when that model is destroyed.
+    /// when that model is destroyed (`/healthz` and `/readyz` read it).
     pub service_store: Store,
+    /// The service's metrics (`/metrics`): the HTTP requests of every model, and `default`'s
+    /// families while it runs (its model metrics are these); kept when `default` is destroyed.
+    pub metrics: actix::Addr<crate::service::metrics::Metrics>,
     /// The cloud accounts in use, whose limits their models share.
     pub accounts: super::limits::Accounts,
     /// This replica's id (replicas on PostgreSQL): `--replica-id`, or a random one for the
