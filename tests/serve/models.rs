@@ -356,6 +356,48 @@ fn http_as(s: &Server, token: &str, method: &str, path: &str, body: Option<&str>
     (code, error.unwrap_or(text))
 }
 
+/// `token create -m team-a` (the global "model the command is about", or
+/// `$PROVISIONER_MODEL`) makes a token of team-a alone, never one for every model; naming two
+/// different models is refused (exit 2) and creates nothing.
+#[test]
+fn token_create_with_a_model_scopes_the_token_to_it() {
+    let dir = temp_dir("models-token-m");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    s.json(&["model", "add", "team-a", "--json"]);
+    s.json(&["model", "add", "team-b", "--json"]);
+    let by_m = s.json(&["token", "create", "-m", "team-a", "--json"]);
+    assert_eq!((field(&by_m, "scope"), by_m["model"].as_str()), ("admin", Some("team-a")), "{by_m}");
+    let token = field(&by_m, "token").to_owned();
+    assert_eq!(http_as(&s, &token, "GET", "/v1/models/team-a/machines", None).0, 200);
+    for refused in ["/v1/machines", "/v1/models/team-b/machines", "/v1/tokens"] {
+        let (code, body) = http_as(&s, &token, "GET", refused, None);
+        assert_eq!(code, 403, "{refused}: {body}");
+    }
+    let out = super::bin()
+        .args(["token", "create", "--json", "--server", &s.url, "--data-dir"])
+        .arg(&s.dir)
+        .env("PROVISIONER_MODEL", "team-b")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let by_env: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(by_env["model"].as_str(), Some("team-b"), "{by_env}");
+    // The human output says so too.
+    let (code, out, err) = run(&s, &["token", "create", "--read-only", "-m", "team-a"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("model team-a only"), "{out}");
+    let before = s.json(&["token", "list", "--json"]);
+    let (code, out, err) = run(&s, &["token", "create", "-m", "team-a", "--for-model", "team-b"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(out.is_empty() && err.contains("team-a") && err.contains("team-b"), "{err}");
+    assert_eq!(s.json(&["token", "list", "--json"]), before, "nothing created");
+    // The same model twice is no conflict; no model at all is a token for every model.
+    let same = s.json(&["token", "create", "-m", "team-a", "--for-model", "team-a", "--json"]);
+    assert_eq!(same["model"].as_str(), Some("team-a"), "{same}");
+    let all = s.json(&["token", "create", "--json"]);
+    assert!(all.get("model").is_none_or(Value::is_null), "{all}");
+}
+
 #[test]
 fn a_token_scoped_to_a_model_uses_that_model_alone() {
     let dir = temp_dir("models-tokens");

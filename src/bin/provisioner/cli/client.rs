@@ -46,6 +46,9 @@ pub struct Client {
     agent: ureq::Agent,
     /// The model per-model paths go to (`-m`, `$PROVISIONER_MODEL`, else `default`).
     model: String,
+    /// The model the user named (`-m`, else `$PROVISIONER_MODEL`), if any: `token create`
+    /// scopes its token to it.
+    named_model: Option<String>,
 }
 
 fn non_empty(v: Option<String>) -> Option<String> {
@@ -106,10 +109,10 @@ impl Client {
             let config = provisioner::service::tls::client_config(&ca).map_err(|e| Failure::usage(e.to_string()))?;
             agent = agent.tls_config(std::sync::Arc::new(config));
         }
-        let model = non_empty(conn.model.clone())
-            .or_else(|| non_empty(std::env::var("PROVISIONER_MODEL").ok()))
-            .unwrap_or_else(|| "default".to_owned());
-        Ok(Self { base, token, agent: agent.build(), model })
+        let named_model =
+            non_empty(conn.model.clone()).or_else(|| non_empty(std::env::var("PROVISIONER_MODEL").ok()));
+        let model = named_model.clone().unwrap_or_else(|| "default".to_owned());
+        Ok(Self { base, token, agent: agent.build(), model, named_model })
     }
 
     fn request(&self, method: &str, path: &str) -> ureq::Request {
@@ -273,7 +276,8 @@ fn scope_name(s: TokenScope) -> &'static str {
 fn token(c: &Client, cmd: TokenCmd) -> Result<(), Failure> {
     match cmd {
         TokenCmd::Create { read_only, for_model, json } => {
-            let t: CreatedToken = c.send("POST", "/v1/tokens", &CreateToken { read_only, model: for_model })?;
+            let model = token_model(for_model, c.named_model.clone())?;
+            let t: CreatedToken = c.send("POST", "/v1/tokens", &CreateToken { read_only, model })?;
             if json {
                 print_json(&t);
             } else {
@@ -305,6 +309,21 @@ fn token(c: &Client, cmd: TokenCmd) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// The model a new token is scoped to: `--for-model`, else the model the command is about
+/// (`-m`, `$PROVISIONER_MODEL`), else none (every model). `-m team-a` is what a user writes to
+/// mean team-a's token: it never makes a token for every model. Both naming different models
+/// is refused (exit 2), naming both.
+fn token_model(for_model: Option<String>, named: Option<String>) -> Result<Option<String>, Failure> {
+    match (for_model, named) {
+        (Some(f), Some(m)) if f != m => Err(Failure::usage(format!(
+            "token create: --for-model {f:?} and -m/$PROVISIONER_MODEL {m:?} name different models; \
+             name the token's model once (-m MODEL scopes the token to MODEL, as --for-model does)"
+        ))),
+        (Some(f), _) => Ok(Some(f)),
+        (None, m) => Ok(m),
+    }
 }
 
 /// How many machines one page of `machine list` asks for.
