@@ -589,6 +589,57 @@ fn on_postgres_each_model_has_its_schema_and_lease_and_a_restart_keeps_them() {
     assert_eq!(provisioned(&s, "team-b"), pb);
 }
 
+/// Every model schema of the database at `url` (`model_...` and the shortened `modelh_...`).
+#[cfg(feature = "postgres")]
+fn all_model_schemas(url: &str) -> Vec<String> {
+    let mut c = ::postgres::Client::connect(url, ::postgres::NoTls).unwrap();
+    let sql = "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'model%' ORDER BY 1";
+    c.query(sql, &[]).unwrap().iter().map(|r| r.get(0)).collect()
+}
+
+/// Every valid model name works on PostgreSQL, the longest (63 characters, past PostgreSQL's
+/// 63-byte identifiers once `model_` is put before it) too, across a restart and a
+/// destruction; a shorter name's schema is named as it always was.
+#[cfg(feature = "postgres")]
+#[test]
+fn on_postgres_the_longest_model_names_work() {
+    let pg = super::postgres::cluster();
+    let url = super::postgres::fresh_db(&pg);
+    let dir = temp_dir("models-pg-long");
+    let mut s = super::postgres::start(&dir, &url, &["--sim-start-latency", "50ms"]);
+    let long = format!("{}-z", "b".repeat(61));
+    let longer_twin = format!("{}-y", "b".repeat(61));
+    let short = "b".repeat(57);
+    assert_eq!((long.len(), short.len()), (63, 57));
+    for name in [&long, &longer_twin, &short] {
+        let (code, _, err) = run(&s, &["model", "add", name, "--json"]);
+        assert_eq!(code, Some(0), "{name}: {err}\n{}", s.log_text());
+    }
+    for name in [&long, &longer_twin, &short] {
+        s.json(&["machine", "add", "-n", "1", "-m", name, "--wait", "--timeout", "60s", "--json"]);
+    }
+    let schemas = all_model_schemas(&url);
+    assert_eq!(schemas.len(), 3, "{schemas:?}");
+    assert!(schemas.contains(&format!("model_{short}")), "a short name's schema as before: {schemas:?}");
+    assert!(schemas.iter().all(|n| n.len() <= 63), "{schemas:?}");
+    let (pl, pt) = (provisioned(&s, &long), provisioned(&s, &longer_twin));
+    assert_eq!((pl.len(), pt.len()), (1, 1));
+    let uuid = |name: &str| s.json(&["model", "show", name, "--json"])["uuid"].as_str().unwrap().to_owned();
+    assert_ne!(uuid(&long), uuid(&longer_twin), "two long names, two models");
+
+    assert_eq!(s.terminate().code(), Some(0), "{}", s.log_text());
+    let s = super::postgres::start(&dir, &url, &["--sim-start-latency", "50ms"]);
+    assert_eq!(provisioned(&s, &long), pl);
+    assert_eq!(provisioned(&s, &longer_twin), pt);
+    assert_eq!(all_model_schemas(&url), schemas, "the same schemas after a restart");
+    let (code, _, err) = run(&s, &["model", "destroy", &long]);
+    assert_eq!(code, Some(0), "{err}");
+    eventually(Duration::from_secs(30), "the long-named model removed with its schema", || {
+        models(&s).iter().all(|m| m.0 != long) && all_model_schemas(&url).len() == 2
+    });
+    assert_eq!(provisioned(&s, &longer_twin), pt, "its twin untouched");
+}
+
 #[cfg(feature = "postgres")]
 #[test]
 fn on_postgres_replicas_follow_the_models_directory_and_take_over_a_dead_replicas_models() {

@@ -189,8 +189,14 @@ pub async fn pg_schema(url: &str, schema: &str, op: SchemaOp) -> Result<(), Pers
                 .map_err(PersistError::Postgres)?
                 .is_some();
             if there {
-                let aside =
-                    format!("{schema}_orphaned_{}", crate::service::token::new_secret().get(..8).unwrap_or("x"));
+                // Within PostgreSQL's 63 bytes (a longer name would be cut short, and a second
+                // orphan of the same model would then collide with the first).
+                let keep = super::host::PG_MAX_IDENTIFIER - "_orphaned_".len() - 8;
+                let aside = format!(
+                    "{}_orphaned_{}",
+                    schema.get(..keep).unwrap_or(&schema),
+                    crate::service::token::new_secret().get(..8).unwrap_or("x")
+                );
                 client
                     .batch_execute(&format!("ALTER SCHEMA \"{schema}\" RENAME TO \"{aside}\""))
                     .map_err(PersistError::Postgres)?;
