@@ -276,18 +276,23 @@ fn write_new_token(dir: &Path) -> Result<String, ServeError> {
     write_token(dir, crate::service::token::new_secret())
 }
 
+/// Writes `token` to `dir/token` atomically: whole to `token.tmp` (mode 0600), synced, renamed
+/// over `token`, the directory synced; a crash leaves no token file or the whole one.
 fn write_token(dir: &Path, token: String) -> Result<String, ServeError> {
     let path = dir.join(TOKEN_FILE);
+    let tmp = dir.join(format!("{TOKEN_FILE}.tmp"));
     let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create_new(true);
+    opts.write(true).create(true).truncate(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-    let mut f = opts.open(&path).map_err(data_dir_io(dir, FileOp::Create, &path))?;
+    let mut f = opts.open(&tmp).map_err(data_dir_io(dir, FileOp::Create, &tmp))?;
     f.write_all(format!("{token}\n").as_bytes()).and_then(|()| f.sync_all()).map_err(data_dir_io(
         dir,
         FileOp::Write,
-        &path,
+        &tmp,
     ))?;
+    std::fs::rename(&tmp, &path).map_err(data_dir_io(dir, FileOp::Create, &path))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(data_dir_io(dir, FileOp::Write, dir))?;
     Ok(token)
 }
 
@@ -569,7 +574,13 @@ async fn open_postgres(opts: &ServeSettings, dir: &Path, url: &str) -> Result<Op
     waiting.stop(false).await;
     reached?;
     let file = read_token(dir)?;
-    let offered = file.clone().unwrap_or_else(crate::service::token::new_secret);
+    // A replica without a token file offers a new token, written to its file first: were its
+    // hash committed and the file then not written, nobody would hold the admin token. (If the
+    // commit's outcome is not known, the file stays: the next start offers the same token.)
+    let offered = match &file {
+        Some(token) => token.clone(),
+        None => write_token(dir, crate::service::token::new_secret())?,
+    };
     let hash = crate::service::token::sha256_hex(&offered);
     let offer = hash.clone();
     let kept = store.exec(move |s| s.api_token_hash(&offer)).await?;
@@ -582,9 +593,17 @@ async fn open_postgres(opts: &ServeSettings, dir: &Path, url: &str) -> Result<Op
             );
             OpenedStore { store, token: String::new(), token_sha256: Some(kept) }
         }
-        // This replica initialised the token: it keeps the token file.
-        None if kept == hash => OpenedStore { token: write_token(dir, offered)?, store, token_sha256: None },
-        None => OpenedStore { store, token: String::new(), token_sha256: Some(kept) },
+        // This replica initialised the token: it keeps the token file it wrote.
+        None if kept == hash => OpenedStore { token: offered, store, token_sha256: None },
+        // Another replica initialised it first: the file just written is no token of this
+        // database's, and goes.
+        None => {
+            let path = dir.join(TOKEN_FILE);
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(file = %path.display(), error = %e, "cannot delete a token file that is not the database's");
+            }
+            OpenedStore { store, token: String::new(), token_sha256: Some(kept) }
+        }
     })
 }
 

@@ -238,6 +238,32 @@ fn a_second_replica_knows_the_token_by_its_hash() {
     assert!(err.contains("token"), "{err}");
 }
 
+/// The first replica's token file cannot be written (a data directory that no one, root
+/// included, can create files in: `/proc`): the start fails naming it, and no token's hash is
+/// kept in the database, so the next start (on a writable directory) writes a token that
+/// works; the admin token is never lost. No notice of the server's is logged at info (the
+/// models directory's `CREATE TABLE IF NOT EXISTS`, the lease's DDL).
+#[cfg(target_os = "linux")]
+#[test]
+fn an_unwritable_token_file_loses_no_admin_token() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let (code, err) = serve_output(Path::new("/proc"), &["--store", &url]);
+    assert!(code.is_some_and(|c| c != 0), "{code:?} {err}");
+    assert!(err.contains("/proc/token"), "the file is named: {err}");
+    let dir = temp_dir("pg-token-unwritable");
+    let s = start(&dir, &url, &[]);
+    let token = dir.join("data").join("token");
+    assert!(token.exists(), "the replica that initialised the database keeps the token: {}", s.log_text());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&token).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+    let out = s.cli(&["machine", "list", "--json"]);
+    assert!(out.status.success(), "the token file's token is the database's: {}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// `bench serve --store URL` measures a service on PostgreSQL (an empty database), and refuses
 /// one that holds a model already.
 #[test]
