@@ -851,7 +851,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     let directory_store = match opts.store.url() {
         StoreUrl::Sqlite => DirectoryStore::File(dir.to_owned()),
         #[cfg(feature = "postgres")]
-        StoreUrl::Postgres(url) => DirectoryStore::Postgres(url),
+        StoreUrl::Postgres(url) => DirectoryStore::postgres(url),
         #[cfg(not(feature = "postgres"))]
         StoreUrl::Postgres(_) => return Err(ServeError::NoPostgres),
     };
