@@ -364,3 +364,22 @@ fn bench_starts_prints_its_keys_and_refuses_bad_input() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
     }
 }
+
+/// `token create -m A --for-model B` names two models for one token: refused before any
+/// request (exit 2, one sentence naming both), so nothing is created anywhere.
+#[cfg(feature = "serve")]
+#[test]
+fn token_create_refuses_two_different_models() {
+    // Nothing listens on port 9: a request would fail at run time (exit 1), not exit 2.
+    let out = bin()
+        .args(["token", "create", "-m", "team-a", "--for-model", "team-b"])
+        .args(["--server", "http://127.0.0.1:9", "--token", "t"])
+        .env_remove("PROVISIONER_MODEL")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("\"team-a\"") && err.contains("\"team-b\"") && err.contains("--for-model"), "{err}");
+    assert!(out.stdout.is_empty());
+}

@@ -1548,6 +1548,21 @@ fn test_certificate(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     (cert, key)
 }
 
+/// A self-signed certificate as `openssl req -x509 -newkey rsa:2048 -nodes -subj /CN=localhost
+/// -addext "subjectAltName=IP:127.0.0.1,DNS:localhost"` makes it: marked CA:TRUE (OpenSSL's
+/// default extensions for `req -x509`), written as `NAME.crt` and `NAME.key`.
+fn ca_shaped_certificate(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    params.distinguished_name.push(rcgen::DnType::CommonName, "localhost");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let (cert_file, key_file) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    (cert_file, key_file)
+}
+
 /// An HTTP agent that trusts exactly `ca`.
 fn agent_trusting(ca: &Path) -> ureq::Agent {
     let config = provisioner::service::tls::client_config(ca).unwrap();
@@ -1630,6 +1645,43 @@ fn tls_serves_the_client_commands_and_refuses_plain_http_and_unknown_certificate
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+}
+
+/// The most common self-signed certificate (CA:TRUE, as `openssl req -x509` makes it): the
+/// client trusts a server that presents exactly the certificate given with `--ca-cert`; another
+/// certificate is refused with a sentence that names the file and says what to pass instead.
+#[test]
+fn a_pinned_self_signed_ca_certificate_is_trusted_and_tls_errors_say_what_to_do() {
+    let dir = temp_dir("tls-ca-shaped");
+    let (cert, key) = ca_shaped_certificate(&dir, "server");
+    // start_tls waits for /healthz through the library's client configuration of this file.
+    let s = start_tls(&dir, &cert, &key);
+    let ca = cert.to_str().unwrap();
+    let added = s.json(&["machine", "add", "-n", "1", "--json", "--ca-cert", ca]);
+    assert_eq!(ids_of(&added).len(), 1, "{added}");
+    let listed = s.json(&["machine", "list", "--json", "--ca-cert", ca]);
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+
+    // Another certificate of the same shape is not the server's: refused, naming the file, and
+    // not telling the user to pass --ca-cert as if they had not.
+    let (other, _) = ca_shaped_certificate(&dir, "other");
+    let out = s.cli(&["machine", "list", "--ca-cert", other.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("not trusted") && err.contains(other.to_str().unwrap()), "{err}");
+    assert!(err.contains("pass the certificate this service presents"), "{err}");
+    assert!(out.stdout.is_empty());
+
+    // https:// to a plain HTTP port: the handshake fails, and the sentence says which scheme
+    // to use.
+    let plain_dir = dir.join("plain");
+    std::fs::create_dir_all(&plain_dir).unwrap();
+    let plain = Server::start(&plain_dir, &[]);
+    let https = plain.url.replacen("http://", "https://", 1);
+    let out = bin().args(["status", "--server", &https, "--data-dir"]).arg(&plain.dir).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("TLS handshake failed") && err.contains("http://"), "{err}");
 }
 
 /// Runs `serve --listen LISTEN ARGS` and returns its exit code and stderr if it exits within

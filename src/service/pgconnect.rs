@@ -42,9 +42,19 @@ impl std::fmt::Debug for Connector {
     }
 }
 
+/// Logs the server's notices (`NOTICE: relation "..." already exists, skipping`, ...) at debug:
+/// remarks on statements that did what they were asked, not news for the operator (the
+/// client's default logs them at info, and a replica's loops would repeat them for ever).
+pub fn quiet_notices(config: &mut Config) -> &mut Config {
+    config.notice_callback(|n| {
+        tracing::debug!(severity = n.severity(), code = n.code().code(), "PostgreSQL says: {}", n.message())
+    })
+}
+
 impl Connector {
-    /// A connector for `config`.
-    pub fn new(config: Config) -> Self {
+    /// A connector for `config` (its server notices logged at debug: [`quiet_notices`]).
+    pub fn new(mut config: Config) -> Self {
+        quiet_notices(&mut config);
         Self { config, pending: None }
     }
 

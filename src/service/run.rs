@@ -276,18 +276,23 @@ fn write_new_token(dir: &Path) -> Result<String, ServeError> {
     write_token(dir, crate::service::token::new_secret())
 }
 
+/// Writes `token` to `dir/token` atomically: whole to `token.tmp` (mode 0600), synced, renamed
+/// over `token`, the directory synced; a crash leaves no token file or the whole one.
 fn write_token(dir: &Path, token: String) -> Result<String, ServeError> {
     let path = dir.join(TOKEN_FILE);
+    let tmp = dir.join(format!("{TOKEN_FILE}.tmp"));
     let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create_new(true);
+    opts.write(true).create(true).truncate(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-    let mut f = opts.open(&path).map_err(data_dir_io(dir, FileOp::Create, &path))?;
+    let mut f = opts.open(&tmp).map_err(data_dir_io(dir, FileOp::Create, &tmp))?;
     f.write_all(format!("{token}\n").as_bytes()).and_then(|()| f.sync_all()).map_err(data_dir_io(
         dir,
         FileOp::Write,
-        &path,
+        &tmp,
     ))?;
+    std::fs::rename(&tmp, &path).map_err(data_dir_io(dir, FileOp::Create, &path))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(data_dir_io(dir, FileOp::Write, dir))?;
     Ok(token)
 }
 
@@ -569,7 +574,13 @@ async fn open_postgres(opts: &ServeSettings, dir: &Path, url: &str) -> Result<Op
     waiting.stop(false).await;
     reached?;
     let file = read_token(dir)?;
-    let offered = file.clone().unwrap_or_else(crate::service::token::new_secret);
+    // A replica without a token file offers a new token, written to its file first: were its
+    // hash committed and the file then not written, nobody would hold the admin token. (If the
+    // commit's outcome is not known, the file stays: the next start offers the same token.)
+    let offered = match &file {
+        Some(token) => token.clone(),
+        None => write_token(dir, crate::service::token::new_secret())?,
+    };
     let hash = crate::service::token::sha256_hex(&offered);
     let offer = hash.clone();
     let kept = store.exec(move |s| s.api_token_hash(&offer)).await?;
@@ -582,9 +593,17 @@ async fn open_postgres(opts: &ServeSettings, dir: &Path, url: &str) -> Result<Op
             );
             OpenedStore { store, token: String::new(), token_sha256: Some(kept) }
         }
-        // This replica initialised the token: it keeps the token file.
-        None if kept == hash => OpenedStore { token: write_token(dir, offered)?, store, token_sha256: None },
-        None => OpenedStore { store, token: String::new(), token_sha256: Some(kept) },
+        // This replica initialised the token: it keeps the token file it wrote.
+        None if kept == hash => OpenedStore { token: offered, store, token_sha256: None },
+        // Another replica initialised it first: the file just written is no token of this
+        // database's, and goes.
+        None => {
+            let path = dir.join(TOKEN_FILE);
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(file = %path.display(), error = %e, "cannot delete a token file that is not the database's");
+            }
+            OpenedStore { store, token: String::new(), token_sha256: Some(kept) }
+        }
     })
 }
 
@@ -851,7 +870,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     let directory_store = match opts.store.url() {
         StoreUrl::Sqlite => DirectoryStore::File(dir.to_owned()),
         #[cfg(feature = "postgres")]
-        StoreUrl::Postgres(url) => DirectoryStore::Postgres(url),
+        StoreUrl::Postgres(url) => DirectoryStore::postgres(url),
         #[cfg(not(feature = "postgres"))]
         StoreUrl::Postgres(_) => return Err(ServeError::NoPostgres),
     };
@@ -873,6 +892,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         audit,
         started,
         service_store: store.clone(),
+        metrics: Metrics::default().start(),
         accounts: crate::service::models::limits::Accounts::default(),
         replica_id,
         models_led: std::sync::Arc::default(),
@@ -1034,7 +1054,12 @@ pub(crate) async fn start_model(
         None => None,
     };
     let settings = store.exec(|s| s.settings()).await?;
-    let metrics = Metrics::default().start();
+    // `default`'s families are the service's `/metrics`; another model's are its own.
+    let metrics = if model == crate::service::models::DEFAULT_MODEL {
+        shared.metrics.clone()
+    } else {
+        Metrics::default().start()
+    };
     store.watch_counts(metrics.clone().recipient());
     let pending: Option<PendingStarts>;
     let cloud_store: Option<Store>;

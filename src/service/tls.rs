@@ -55,6 +55,15 @@ pub enum TlsError {
         #[source]
         source: rustls::Error,
     },
+    /// The certificates cannot make a verifier (none usable as a trust anchor).
+    #[error("CA certificate {} cannot be used to verify servers: {source}", path.display())]
+    Verifier {
+        /// The file.
+        path: PathBuf,
+        /// rustls's reason.
+        #[source]
+        source: rustls::client::VerifierBuilderError,
+    },
     /// rustls refused the protocol versions (not expected with its defaults).
     #[error("TLS setup: {0}")]
     Setup(#[source] rustls::Error),
@@ -91,18 +100,162 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, Tl
         .map_err(|source| TlsError::Mismatch { cert: cert.to_owned(), key: key.to_owned(), source })
 }
 
-/// The client side: trust exactly the certificates in `ca` (a CA, or the server's own
-/// self-signed certificate).
+/// The client side: trust exactly the certificates in `ca`: as authorities (a CA that signed
+/// the server's certificate), and as pinned certificates (a server that presents exactly one of
+/// them is trusted, whatever its basic constraints: the usual self-signed certificate made by
+/// `openssl req -x509` is marked CA:TRUE, which the chain rules refuse as a server's own).
 pub fn client_config(ca: &Path) -> Result<rustls::ClientConfig, TlsError> {
+    let pinned = certificates("CA certificate", ca)?;
     let mut roots = rustls::RootCertStore::empty();
-    for c in certificates("CA certificate", ca)? {
-        roots.add(c).map_err(|source| TlsError::Anchor { path: ca.to_owned(), source })?;
+    for c in &pinned {
+        roots.add(c.clone()).map_err(|source| TlsError::Anchor { path: ca.to_owned(), source })?;
     }
-    Ok(rustls::ClientConfig::builder_with_provider(provider())
+    let provider = provider();
+    let chain = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|source| TlsError::Verifier { path: ca.to_owned(), source })?;
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(TlsError::Setup)?
-        .with_root_certificates(roots)
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(PinnedOrSigned { chain, pinned }))
         .with_no_client_auth())
+}
+
+/// Trusts a server whose certificate is signed by one of the file's certificates (rustls's
+/// checks, unchanged), or is exactly one of them: then its names must still hold the server's
+/// name, and its validity period is still checked; only the chain rules (a CA certificate
+/// used as a server's) are not applied to a certificate the user pinned byte for byte.
+#[derive(Debug)]
+struct PinnedOrSigned {
+    chain: Arc<rustls::client::WebPkiServerVerifier>,
+    pinned: Vec<CertificateDer<'static>>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedOrSigned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &rustls::pki_types::ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        use rustls::CertificateError as C;
+        let refused = match self.chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+            Ok(verified) => return Ok(verified),
+            Err(e) => e,
+        };
+        let time = matches!(
+            &refused,
+            rustls::Error::InvalidCertificate(
+                C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. }
+            )
+        );
+        if time || !self.pinned.iter().any(|p| p.as_ref() == end_entity.as_ref()) {
+            return Err(refused);
+        }
+        let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_name(&parsed, server_name)?;
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.chain.supported_verify_schemes()
+    }
+}
+
+/// The TLS error inside a client's error (its sources, and the I/O errors that carry it), if
+/// the failure was TLS's.
+pub fn tls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    std::iter::successors(Some(e), |e| e.source()).find_map(|e| {
+        e.downcast_ref::<rustls::Error>().or_else(|| {
+            e.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        })
+    })
+}
+
+/// What a TLS failure of the client means and what to do about it, in one sentence (after
+/// "cannot reach the provisioner service at URL: "); `ca` is the `--ca-cert` file, if one was
+/// given.
+pub fn explain(e: &rustls::Error, ca: Option<&Path>) -> String {
+    use rustls::CertificateError as C;
+    let get = "the service's certificate is its --tls-cert file";
+    let untrusted = || match ca {
+        None => format!(
+            "its TLS certificate is not trusted (not signed by an authority this client knows): pass --ca-cert FILE \
+             (or set PROVISIONER_CA_CERT) with the service's certificate or the CA that signed it ({get})"
+        ),
+        Some(f) => format!(
+            "its TLS certificate is not trusted: it is neither the certificate in --ca-cert {} nor signed by it \
+             ({e}); pass the certificate this service presents, or the CA that signed it ({get})",
+            f.display()
+        ),
+    };
+    match e {
+        rustls::Error::InvalidCertificate(c) => match c {
+            C::NotValidForName | C::NotValidForNameContext { .. } => {
+                let names = match c {
+                    C::NotValidForNameContext { expected, presented } => format!(
+                        " {} (it names {})",
+                        expected.to_str(),
+                        if presented.is_empty() { "nothing".to_owned() } else { presented.join(", ") }
+                    ),
+                    _ => String::new(),
+                };
+                format!(
+                    "its TLS certificate is not valid for the host name of --server{names}: use a name the \
+                     certificate holds in --server, or reissue the certificate with that name in its subjectAltName"
+                )
+            }
+            C::Expired | C::ExpiredContext { .. } => format!(
+                "its TLS certificate has expired ({e}): renew the service's certificate (its --tls-cert file) and \
+                 restart it{}",
+                if ca.is_some() {
+                    ", then pass the new certificate with --ca-cert if you pinned the old one"
+                } else {
+                    ""
+                }
+            ),
+            C::NotValidYet | C::NotValidYetContext { .. } => format!(
+                "its TLS certificate is not valid yet ({e}): check this machine's clock and the service's, or \
+                 reissue the certificate"
+            ),
+            C::InvalidPurpose | C::InvalidPurposeContext { .. } => format!(
+                "its TLS certificate is not one for a TLS server ({e}): reissue it with extendedKeyUsage \
+                 serverAuth (or with no extended key usage)"
+            ),
+            C::Revoked => format!("its TLS certificate was revoked ({e}): the service needs a new certificate"),
+            _ => untrusted(),
+        },
+        rustls::Error::NoCertificatesPresented => {
+            "the service presented no TLS certificate: check its --tls-cert file".to_owned()
+        }
+        other => format!(
+            "the TLS handshake failed ({other}): check that the service serves https on this address \
+             (use http:// for a service without --tls-cert)"
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -115,6 +268,38 @@ mod tests {
         let p = dir.join(name);
         std::fs::write(&p, text).unwrap();
         p
+    }
+
+    #[test]
+    fn every_tls_failure_says_what_is_wrong_and_what_to_do() {
+        use rustls::CertificateError as C;
+        let ca = Path::new("/etc/pinned.pem");
+        let unknown = rustls::Error::InvalidCertificate(C::UnknownIssuer);
+        let e = explain(&unknown, None);
+        assert!(e.contains("not trusted") && e.contains("--ca-cert FILE"), "{e}");
+        // Given --ca-cert, never "pass --ca-cert" as if it were not: the file is named.
+        let e = explain(&unknown, Some(ca));
+        assert!(e.contains("neither the certificate in --ca-cert /etc/pinned.pem nor signed by it"), "{e}");
+        assert!(!e.contains("--ca-cert FILE"), "{e}");
+        let name = rustls::Error::InvalidCertificate(C::NotValidForNameContext {
+            expected: rustls::pki_types::ServerName::try_from("10.0.0.1").unwrap(),
+            presented: vec!["DnsName(\"localhost\")".into()],
+        });
+        let e = explain(&name, Some(ca));
+        assert!(e.contains("not valid for the host name") && e.contains("10.0.0.1") && e.contains("localhost"), "{e}");
+        assert!(e.contains("subjectAltName"), "{e}");
+        let e = explain(&rustls::Error::InvalidCertificate(C::Expired), Some(ca));
+        assert!(e.contains("expired") && e.contains("renew"), "{e}");
+        let e = explain(&rustls::Error::InvalidCertificate(C::NotValidYet), None);
+        assert!(e.contains("not valid yet") && e.contains("clock"), "{e}");
+        let e = explain(&rustls::Error::InvalidCertificate(C::InvalidPurpose), None);
+        assert!(e.contains("serverAuth"), "{e}");
+        let e = explain(&rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType), None);
+        assert!(e.contains("serves https") && e.contains("http://"), "{e}");
+        // Found inside the I/O error a TLS stream answers with.
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, unknown.clone());
+        assert_eq!(tls_error(&io), Some(&unknown));
+        assert_eq!(tls_error(&std::io::Error::other("no TLS here")), None);
     }
 
     #[test]

@@ -256,6 +256,50 @@ fn destroying_a_model_removes_it_and_its_instances_and_leaves_the_others() {
     assert_eq!(provisioned(&s, "kept").len(), 3, "the others run on, the admin token still works");
 }
 
+/// `GET path` without a token: the status and the body.
+fn probe(s: &Server, path: &str) -> (u16, String) {
+    match ureq::get(&format!("{}{path}", s.url)).call() {
+        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("GET {path}: {e}"),
+    }
+}
+
+/// The probes and the service's metrics are the service's, not `default`'s: they answer with
+/// `default` destroyed, and after a restart without it (a liveness probe must not restart the
+/// service in a loop).
+#[test]
+fn the_probes_and_the_service_metrics_answer_without_the_default_model() {
+    let dir = temp_dir("models-no-default");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    s.json(&["model", "add", "team-a", "--json"]);
+    s.json(&["machine", "add", "-n", "1", "-m", "team-a", "--wait", "--json"]);
+    let (code, _, err) = run(&s, &["model", "destroy", "default", "--force"]);
+    assert_eq!(code, Some(0), "{err}");
+    eventually(Duration::from_secs(20), "default removed", || models(&s).iter().all(|m| m.0 != "default"));
+    let check = |s: &Server| {
+        assert_eq!(probe(s, "/healthz"), (200, "ok\n".to_owned()));
+        assert_eq!(probe(s, "/readyz"), (200, "ready\n".to_owned()));
+        let (code, text) = probe(s, "/metrics");
+        assert_eq!(code, 200, "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(text.contains("provisioner_uptime_seconds "), "{text}");
+        // The requests of every model are the service's (this one was on team-a's routes).
+        assert!(text.contains("route=\"/v1/models/{model}/machines\""), "{text}");
+        // No model's state: default's gauges are not shown as if it were there.
+        assert!(!text.contains("provisioner_model_life{"), "{text}");
+        assert!(!text.contains("provisioner_machines{"), "{text}");
+    };
+    s.json(&["machine", "list", "-m", "team-a", "--json"]);
+    check(&s);
+    assert!(s.terminate().success());
+    // After a restart without `default` (start_on waits for /healthz 200).
+    let s = Server::start_on(&dir.join("data"), &dir, &[]);
+    s.json(&["machine", "list", "-m", "team-a", "--json"]);
+    check(&s);
+    assert_eq!(provisioned(&s, "team-a").len(), 1);
+}
+
 #[test]
 fn a_model_whose_store_is_damaged_fails_alone_and_can_be_forgotten() {
     let dir = temp_dir("models-damaged");
@@ -310,6 +354,48 @@ fn http_as(s: &Server, token: &str, method: &str, path: &str, body: Option<&str>
     };
     let error = serde_json::from_str::<Value>(&text).ok().and_then(|v| v["error"].as_str().map(str::to_owned));
     (code, error.unwrap_or(text))
+}
+
+/// `token create -m team-a` (the global "model the command is about", or
+/// `$PROVISIONER_MODEL`) makes a token of team-a alone, never one for every model; naming two
+/// different models is refused (exit 2) and creates nothing.
+#[test]
+fn token_create_with_a_model_scopes_the_token_to_it() {
+    let dir = temp_dir("models-token-m");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    s.json(&["model", "add", "team-a", "--json"]);
+    s.json(&["model", "add", "team-b", "--json"]);
+    let by_m = s.json(&["token", "create", "-m", "team-a", "--json"]);
+    assert_eq!((field(&by_m, "scope"), by_m["model"].as_str()), ("admin", Some("team-a")), "{by_m}");
+    let token = field(&by_m, "token").to_owned();
+    assert_eq!(http_as(&s, &token, "GET", "/v1/models/team-a/machines", None).0, 200);
+    for refused in ["/v1/machines", "/v1/models/team-b/machines", "/v1/tokens"] {
+        let (code, body) = http_as(&s, &token, "GET", refused, None);
+        assert_eq!(code, 403, "{refused}: {body}");
+    }
+    let out = super::bin()
+        .args(["token", "create", "--json", "--server", &s.url, "--data-dir"])
+        .arg(&s.dir)
+        .env("PROVISIONER_MODEL", "team-b")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let by_env: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(by_env["model"].as_str(), Some("team-b"), "{by_env}");
+    // The human output says so too.
+    let (code, out, err) = run(&s, &["token", "create", "--read-only", "-m", "team-a"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("model team-a only"), "{out}");
+    let before = s.json(&["token", "list", "--json"]);
+    let (code, out, err) = run(&s, &["token", "create", "-m", "team-a", "--for-model", "team-b"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(out.is_empty() && err.contains("team-a") && err.contains("team-b"), "{err}");
+    assert_eq!(s.json(&["token", "list", "--json"]), before, "nothing created");
+    // The same model twice is no conflict; no model at all is a token for every model.
+    let same = s.json(&["token", "create", "-m", "team-a", "--for-model", "team-a", "--json"]);
+    assert_eq!(same["model"].as_str(), Some("team-a"), "{same}");
+    let all = s.json(&["token", "create", "--json"]);
+    assert!(all.get("model").is_none_or(Value::is_null), "{all}");
 }
 
 #[test]
@@ -501,6 +587,57 @@ fn on_postgres_each_model_has_its_schema_and_lease_and_a_restart_keeps_them() {
     // The schema goes just after the directory's entry (on a slow machine, a moment later).
     eventually(Duration::from_secs(30), "team-a's schema dropped", || schemas(&url) == ["model_team_b"]);
     assert_eq!(provisioned(&s, "team-b"), pb);
+}
+
+/// Every model schema of the database at `url` (`model_...` and the shortened `modelh_...`).
+#[cfg(feature = "postgres")]
+fn all_model_schemas(url: &str) -> Vec<String> {
+    let mut c = ::postgres::Client::connect(url, ::postgres::NoTls).unwrap();
+    let sql = "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'model%' ORDER BY 1";
+    c.query(sql, &[]).unwrap().iter().map(|r| r.get(0)).collect()
+}
+
+/// Every valid model name works on PostgreSQL, the longest (63 characters, past PostgreSQL's
+/// 63-byte identifiers once `model_` is put before it) too, across a restart and a
+/// destruction; a shorter name's schema is named as it always was.
+#[cfg(feature = "postgres")]
+#[test]
+fn on_postgres_the_longest_model_names_work() {
+    let pg = super::postgres::cluster();
+    let url = super::postgres::fresh_db(&pg);
+    let dir = temp_dir("models-pg-long");
+    let mut s = super::postgres::start(&dir, &url, &["--sim-start-latency", "50ms"]);
+    let long = format!("{}-z", "b".repeat(61));
+    let longer_twin = format!("{}-y", "b".repeat(61));
+    let short = "b".repeat(57);
+    assert_eq!((long.len(), short.len()), (63, 57));
+    for name in [&long, &longer_twin, &short] {
+        let (code, _, err) = run(&s, &["model", "add", name, "--json"]);
+        assert_eq!(code, Some(0), "{name}: {err}\n{}", s.log_text());
+    }
+    for name in [&long, &longer_twin, &short] {
+        s.json(&["machine", "add", "-n", "1", "-m", name, "--wait", "--timeout", "60s", "--json"]);
+    }
+    let schemas = all_model_schemas(&url);
+    assert_eq!(schemas.len(), 3, "{schemas:?}");
+    assert!(schemas.contains(&format!("model_{short}")), "a short name's schema as before: {schemas:?}");
+    assert!(schemas.iter().all(|n| n.len() <= 63), "{schemas:?}");
+    let (pl, pt) = (provisioned(&s, &long), provisioned(&s, &longer_twin));
+    assert_eq!((pl.len(), pt.len()), (1, 1));
+    let uuid = |name: &str| s.json(&["model", "show", name, "--json"])["uuid"].as_str().unwrap().to_owned();
+    assert_ne!(uuid(&long), uuid(&longer_twin), "two long names, two models");
+
+    assert_eq!(s.terminate().code(), Some(0), "{}", s.log_text());
+    let s = super::postgres::start(&dir, &url, &["--sim-start-latency", "50ms"]);
+    assert_eq!(provisioned(&s, &long), pl);
+    assert_eq!(provisioned(&s, &longer_twin), pt);
+    assert_eq!(all_model_schemas(&url), schemas, "the same schemas after a restart");
+    let (code, _, err) = run(&s, &["model", "destroy", &long]);
+    assert_eq!(code, Some(0), "{err}");
+    eventually(Duration::from_secs(30), "the long-named model removed with its schema", || {
+        models(&s).iter().all(|m| m.0 != long) && all_model_schemas(&url).len() == 2
+    });
+    assert_eq!(provisioned(&s, &longer_twin), pt, "its twin untouched");
 }
 
 #[cfg(feature = "postgres")]

@@ -11,6 +11,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+use std::process::Stdio;
+
 use provisioner::testing::TempPostgres;
 
 use super::*;
@@ -236,6 +238,65 @@ fn a_second_replica_knows_the_token_by_its_hash() {
     let (code, err) = list("not-the-token");
     assert_ne!(code, Some(0));
     assert!(err.contains("token"), "{err}");
+}
+
+/// The first replica's token file cannot be written (a data directory that no one, root
+/// included, can create files in: `/proc`): the start fails naming it, and no token's hash is
+/// kept in the database, so the next start (on a writable directory) writes a token that
+/// works; the admin token is never lost. No notice of the server's is logged at info (the
+/// models directory's `CREATE TABLE IF NOT EXISTS`, the lease's DDL).
+#[cfg(target_os = "linux")]
+#[test]
+fn an_unwritable_token_file_loses_no_admin_token() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let (code, err) = serve_output(Path::new("/proc"), &["--store", &url]);
+    assert!(code.is_some_and(|c| c != 0), "{code:?} {err}");
+    assert!(err.contains("/proc/token"), "the file is named: {err}");
+    let dir = temp_dir("pg-token-unwritable");
+    let s = start(&dir, &url, &[]);
+    let token = dir.join("data").join("token");
+    assert!(token.exists(), "the replica that initialised the database keeps the token: {}", s.log_text());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&token).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+    let out = s.cli(&["machine", "list", "--json"]);
+    assert!(out.status.success(), "the token file's token is the database's: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The server's notices (`relation ... already exists, skipping`) are logged at debug, never at
+/// info; and a replica following the models directory (every 2 s) does not run its DDL again
+/// at every read: with debug on, the directory table's notice is never seen.
+#[test]
+fn on_postgres_server_notices_are_debug_and_the_directory_table_is_made_once() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let dir = temp_dir("pg-notices");
+    let port = free_port();
+    let log = dir.join("serve.log");
+    let child = bin()
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--store", &url, "--data-dir"])
+        .arg(dir.join("data"))
+        .env("PROVISIONER_LOG", "info,provisioner::service::pgconnect=debug,provisioner::service::store=debug")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let s = Server { child: Some(child), dir: dir.join("data"), url: format!("http://127.0.0.1:{port}"), log };
+    eventually(Duration::from_secs(30), "the service to be ready", || {
+        ureq::get(&format!("{}/healthz", s.url)).call().is_ok_and(|r| r.status() == 200)
+    });
+    // The directory is read again every 2 s: three reads at least.
+    std::thread::sleep(Duration::from_secs(7));
+    let text = s.log_text();
+    let at_info: Vec<&str> = text.lines().filter(|l| l.contains("INFO") && l.contains("NOTICE")).collect();
+    assert!(at_info.is_empty(), "server notices at info: {at_info:?}");
+    let ddl = text.lines().filter(|l| l.contains("\"provisioner_models\" already exists")).count();
+    assert_eq!(ddl, 0, "the directory's table made again: {text}");
+    // The notices are there, at debug (the migrations' on the store's connection, at start).
+    assert!(text.lines().any(|l| l.contains("DEBUG") && l.contains("already exists")), "{text}");
 }
 
 /// `bench serve --store URL` measures a service on PostgreSQL (an empty database), and refuses

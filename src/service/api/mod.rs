@@ -563,8 +563,9 @@ async fn json_body<T: serde::de::DeserializeOwned>(req: &HttpRequest, payload: w
         (status = 200, description = "The store can be read", content_type = "text/plain", body = String, example = "ok\n"),
         (status = 503, description = "The store cannot be read (the reason)", content_type = "text/plain", body = String),
     ))]
-async fn healthz(st: State) -> HttpResponse {
-    match st.store.exec_lazy(|s| s.check_readable()).await {
+/// The service's, not a model's: it answers while any model runs or none (`default` destroyed).
+async fn healthz(host: Host) -> HttpResponse {
+    match host.shared().service_store.exec_lazy(|s| s.check_readable()).await {
         Ok(()) => HttpResponse::Ok().content_type("text/plain").body("ok\n"),
         Err(e) => HttpResponse::ServiceUnavailable()
             .content_type("text/plain")
@@ -579,8 +580,8 @@ async fn healthz(st: State) -> HttpResponse {
         (status = 200, description = "This replica can serve: its store is reachable", content_type = "text/plain", body = String, example = "ready\n"),
         (status = 503, description = "Not ready (the reason): the store is unreachable or unreadable", content_type = "text/plain", body = String),
     ))]
-async fn readyz(st: State) -> HttpResponse {
-    readiness(&st.store).await
+async fn readyz(host: Host) -> HttpResponse {
+    readiness(&host.shared().service_store).await
 }
 
 async fn readiness(store: &Store) -> HttpResponse {
@@ -998,6 +999,30 @@ async fn events(_: Authorized, st: State) -> Result<HttpResponse> {
 #[utoipa::path(get, path = "/metrics", tag = "service", operation_id = "metrics",
     responses((status = 200, description = "OpenMetrics text format 1.0.0 (ends in `# EOF`)",
         content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String)))]
+/// The service's metrics: `default`'s families with the HTTP requests of every model while
+/// `default` runs; without it (destroyed, or not running), the service's families alone
+/// (requests, uptime, the service store's operations), never a 404 or 503 a scraper would
+/// take for a dead service.
+async fn service_metrics(host: Host) -> Result<HttpResponse> {
+    match host.state(DEFAULT_MODEL).await {
+        Ok(st) => metrics(ModelState(st)).await,
+        Err(_) => {
+            let shared = host.shared();
+            let g = Gauges {
+                uptime_seconds: shared.started.elapsed().as_secs_f64(),
+                store_operations: shared.service_store.operations(),
+                ..Gauges::default()
+            };
+            let text = shared
+                .metrics
+                .send(crate::service::metrics::RenderService(g))
+                .await
+                .map_err(|e| ApiError::internal(format!("metrics: {e}")))?;
+            Ok(HttpResponse::Ok().content_type(crate::service::metrics::CONTENT_TYPE).body(text))
+        }
+    }
+}
+
 /// Reads no table: the state gauges are the counts the store keeps as it writes, held by the
 /// metrics actor; the rest comes from the actors' own state.
 async fn metrics(st: State) -> Result<HttpResponse> {
@@ -1076,7 +1101,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.configure(crate::service::dashboard::routes);
     cfg.service(resource("/healthz", "GET", false).route(web::get().to(healthz)))
         .service(resource("/readyz", "GET", false).route(web::get().to(readyz)))
-        .service(resource("/metrics", "GET", false).route(web::get().to(metrics)))
+        .service(resource("/metrics", "GET", false).route(web::get().to(service_metrics)))
         .service(
             web::scope("/v1")
                 .service(resource("/openapi.json", "GET", false).route(web::get().to(openapi::openapi_json)))
@@ -1167,11 +1192,10 @@ fn audit_line<B>(res: &ServiceResponse<B>) -> AuditLine {
     }
 }
 
-/// Request metrics, in `default`'s registry (the one `/metrics` renders).
-async fn http_done(host: &ModelHost, method: &'static str, route: String, code: u16, began: Instant) {
-    if let Ok(default) = host.state(DEFAULT_MODEL).await {
-        default.metrics.do_send(HttpDone { method, route, code, seconds: began.elapsed().as_secs_f64() });
-    }
+/// Request metrics, in the service's registry (the one `/metrics` renders, `default`'s
+/// families too while it runs).
+fn http_done(host: &ModelHost, method: &'static str, route: String, code: u16, began: Instant) {
+    host.shared().metrics.do_send(HttpDone { method, route, code, seconds: began.elapsed().as_secs_f64() });
 }
 
 /// The 503 of a request not answered within `deadline`: what may have happened, and what to do.
@@ -1232,7 +1256,7 @@ pub fn app(
                             result: e.message.clone(),
                         });
                     }
-                    http_done(&host, method, "unmatched".to_owned(), 503, began).await;
+                    http_done(&host, method, "unmatched".to_owned(), 503, began);
                     return Err(e.into());
                 };
                 let res = res?;
@@ -1241,7 +1265,7 @@ pub fn app(
                     audit.record(&audit_line(&res));
                 }
                 let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_owned());
-                http_done(&host, method, route, res.status().as_u16(), began).await;
+                http_done(&host, method, route, res.status().as_u16(), began);
                 Ok(res)
             }
         })

@@ -45,7 +45,7 @@ pub enum ConfigKey {
     paths(
         super::healthz,
         super::readyz,
-        super::metrics,
+        super::service_metrics,
         openapi_json,
         super::model::list_machines,
         super::add_machines,

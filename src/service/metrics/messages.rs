@@ -41,6 +41,13 @@ pub struct CloudCounts(pub std::collections::BTreeMap<String, u64>);
 #[rtype(result = "String")]
 pub struct Render(pub Gauges);
 
+/// Renders the service's families alone, with these gauges: no model runs as `default`
+/// (destroyed, or not started), so the model's state gauges (machines, instances, life) are
+/// left out, whatever `default` last published.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "String")]
+pub struct RenderService(pub Gauges);
+
 /// This replica's role changed (replicas on PostgreSQL): `provisioner_leader` and
 /// `provisioner_leader_transitions_total`.
 #[derive(Message, Debug, Clone, Copy)]

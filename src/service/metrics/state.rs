@@ -394,10 +394,15 @@ impl MetricsBook {
             self.rate_waiting.get_or_create(&labels).set(to_i64(*waiting));
             catch_up(&self.throttled.get_or_create(&labels), *throttled);
         }
+        // No mode or life (the service's families alone, no model as `default`): no series.
         self.harvest_mode.clear();
-        self.harvest_mode.get_or_create(&l(&[("mode", &g.harvest_mode)])).set(1);
+        if !g.harvest_mode.is_empty() {
+            self.harvest_mode.get_or_create(&l(&[("mode", &g.harvest_mode)])).set(1);
+        }
         self.model_life.clear();
-        self.model_life.get_or_create(&l(&[("life", &g.model_life)])).set(1);
+        if !g.model_life.is_empty() {
+            self.model_life.get_or_create(&l(&[("life", &g.model_life)])).set(1);
+        }
         self.uptime.set(g.uptime_seconds);
         catch_up(&self.store_operations, g.store_operations);
         catch_up(&self.streams_dropped, g.event_streams_dropped);

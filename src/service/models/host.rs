@@ -42,8 +42,11 @@ pub struct Shared {
     /// When the service started.
     pub started: Instant,
     /// The store of the service's own records (the API tokens): `default`'s, kept open even
-    /// when that model is destroyed.
+    /// when that model is destroyed (`/healthz` and `/readyz` read it).
     pub service_store: Store,
+    /// The service's metrics (`/metrics`): the HTTP requests of every model, and `default`'s
+    /// families while it runs (its model metrics are these); kept when `default` is destroyed.
+    pub metrics: actix::Addr<crate::service::metrics::Metrics>,
     /// The cloud accounts in use, whose limits their models share.
     pub accounts: super::limits::Accounts,
     /// This replica's id (replicas on PostgreSQL): `--replica-id`, or a random one for the
@@ -177,9 +180,22 @@ pub fn broker_of(opts: &ServeSettings, cloud: &CloudSettings) -> String {
     })
 }
 
-/// The PostgreSQL schema of a model other than `default` (whose tables stay in `public`).
+/// PostgreSQL's longest identifier, in bytes (`NAMEDATALEN - 1`): a longer one is cut short.
+pub const PG_MAX_IDENTIFIER: usize = 63;
+
+/// The PostgreSQL schema of a model other than `default` (whose tables stay in `public`):
+/// `model_` and the name with `-` as `_`. A name of 58 to 63 characters would make that longer
+/// than PostgreSQL's 63 bytes; such a name's schema is `modelh_`, its first 39 characters
+/// and 16 hex digits of its SHA-256 (63 bytes): unique per name, and never a shorter name's
+/// (theirs start `model_`), so the schemas of existing models keep their names.
 pub fn schema_name(model: &str) -> String {
-    format!("model_{}", model.replace('-', "_"))
+    let plain = format!("model_{}", model.replace('-', "_"));
+    if plain.len() <= PG_MAX_IDENTIFIER {
+        return plain;
+    }
+    let hash = crate::service::token::sha256_hex(model);
+    let head = &plain["model_".len()..][..PG_MAX_IDENTIFIER - "modelh_".len() - 1 - 16];
+    format!("modelh_{head}_{}", &hash[..16])
 }
 
 /// `url` with the connection's `search_path` set to `schema`: a `postgres://` URL gets an
@@ -542,6 +558,16 @@ mod tests {
     #[test]
     fn each_model_gets_its_own_schema_in_the_url() {
         assert_eq!(schema_name("team-a"), "model_team_a");
+        // The longest short form is kept as it always was; longer ones are shortened, unique.
+        let n57 = "b".repeat(57);
+        assert_eq!(schema_name(&n57), format!("model_{n57}"));
+        let (a, b) = (format!("{}a", "x-".repeat(31)), format!("{}b", "x-".repeat(31)));
+        assert_eq!(a.len(), 63);
+        let (sa, sb) = (schema_name(&a), schema_name(&b));
+        assert!(sa.len() == PG_MAX_IDENTIFIER && sb.len() == PG_MAX_IDENTIFIER, "{sa} {sb}");
+        assert_ne!(sa, sb);
+        assert!(sa.starts_with("modelh_x_x_") && sa.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_'), "{sa}");
+        assert_eq!(schema_name(&"c".repeat(58)).len(), PG_MAX_IDENTIFIER);
         assert_eq!(schema_url("postgres://u@h/db", "model_a"), "postgres://u@h/db?options=-c%20search_path%3Dmodel_a");
         assert_eq!(
             schema_url("postgres://u@h/db?sslmode=disable", "model_a"),

@@ -52,12 +52,20 @@ pub enum PersistError {
 pub enum DirectoryStore {
     /// `models.json` in this data directory.
     File(PathBuf),
-    /// The `provisioner_models` table of this database (its `public` schema).
+    /// The `provisioner_models` table of this database (its `public` schema), and whether
+    /// this process has made sure the table is there (its DDL runs once, not at every read
+    /// of a replica following the directory).
     #[cfg(feature = "postgres")]
-    Postgres(String),
+    Postgres(String, std::sync::Arc<std::sync::atomic::AtomicBool>),
 }
 
 impl DirectoryStore {
+    /// The directory in the database at `url` (its table made at the first use).
+    #[cfg(feature = "postgres")]
+    pub fn postgres(url: String) -> Self {
+        DirectoryStore::Postgres(url, std::sync::Arc::default())
+    }
+
     /// Reads the directory (a service from before models, or a new one, has `default` alone).
     pub async fn load(&self) -> Result<Directory, PersistError> {
         self.update(|_| Ok(())).await.map(|((), d)| d)
@@ -81,9 +89,9 @@ impl DirectoryStore {
                 Ok((out, d))
             }
             #[cfg(feature = "postgres")]
-            DirectoryStore::Postgres(url) => {
-                let url = url.clone();
-                actix_rt::task::spawn_blocking(move || pg_update(&url, change))
+            DirectoryStore::Postgres(url, made) => {
+                let (url, made) = (url.clone(), made.clone());
+                actix_rt::task::spawn_blocking(move || pg_update(&url, &made, change))
                     .await
                     .map_err(|e| PersistError::Task(e.to_string()))?
             }
@@ -131,17 +139,27 @@ const PG_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS public.provisioner_models
 #[cfg(feature = "postgres")]
 fn pg_update<T>(
     url: &str,
+    made: &std::sync::atomic::AtomicBool,
     change: impl FnOnce(&mut Directory) -> Result<T, ModelsError>,
 ) -> Result<(T, Directory), PersistError> {
+    use std::sync::atomic::Ordering;
     let config = crate::service::store::PgStore::config(url).map_err(|e| PersistError::Task(e.to_string()))?;
     let mut client = config.connect(postgres::NoTls).map_err(PersistError::Postgres)?;
     let mut tx = client.transaction().map_err(PersistError::Postgres)?;
-    // Two replicas creating the table at once: the migrations' advisory lock serialises them.
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&0x7072_6f77_i64]).map_err(PersistError::Postgres)?;
-    tx.batch_execute(PG_TABLE_SQL).map_err(PersistError::Postgres)?;
-    let row = tx
-        .query_opt("SELECT directory FROM public.provisioner_models WHERE id = 1 FOR UPDATE", &[])
-        .map_err(PersistError::Postgres)?;
+    // The table, once: two replicas creating it at once are serialised by the migrations'
+    // advisory lock. Found gone later (a database restored without it), it is made again at
+    // the next call.
+    if !made.load(Ordering::SeqCst) {
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&0x7072_6f77_i64]).map_err(PersistError::Postgres)?;
+        tx.batch_execute(PG_TABLE_SQL).map_err(PersistError::Postgres)?;
+    }
+    let row =
+        tx.query_opt("SELECT directory FROM public.provisioner_models WHERE id = 1 FOR UPDATE", &[]).map_err(|e| {
+            if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE) {
+                made.store(false, Ordering::SeqCst);
+            }
+            PersistError::Postgres(e)
+        })?;
     let mut d = match row {
         Some(r) => {
             let text: String = r.try_get(0).map_err(PersistError::Postgres)?;
@@ -160,6 +178,7 @@ fn pg_update<T>(
     )
     .map_err(PersistError::Postgres)?;
     tx.commit().map_err(PersistError::Postgres)?;
+    made.store(true, Ordering::SeqCst);
     Ok((out, d))
 }
 
@@ -189,8 +208,14 @@ pub async fn pg_schema(url: &str, schema: &str, op: SchemaOp) -> Result<(), Pers
                 .map_err(PersistError::Postgres)?
                 .is_some();
             if there {
-                let aside =
-                    format!("{schema}_orphaned_{}", crate::service::token::new_secret().get(..8).unwrap_or("x"));
+                // Within PostgreSQL's 63 bytes (a longer name would be cut short, and a second
+                // orphan of the same model would then collide with the first).
+                let keep = super::host::PG_MAX_IDENTIFIER - "_orphaned_".len() - 8;
+                let aside = format!(
+                    "{}_orphaned_{}",
+                    schema.get(..keep).unwrap_or(&schema),
+                    crate::service::token::new_secret().get(..8).unwrap_or("x")
+                );
                 client
                     .batch_execute(&format!("ALTER SCHEMA \"{schema}\" RENAME TO \"{aside}\""))
                     .map_err(PersistError::Postgres)?;

@@ -1188,7 +1188,9 @@ impl PgStore {
     /// Parses a `postgres://` URL (or a key=value connection string). A bad one is
     /// [`StoreError::Invalid`] naming `store`.
     pub fn config(url: &str) -> Result<Config, StoreError> {
-        Self::store_config(url).map(Config::from)
+        let mut config = Config::from(Self::store_config(url)?);
+        crate::service::pgconnect::quiet_notices(&mut config);
+        Ok(config)
     }
 
     /// [`PgStore::config`] for the store's own connection (`tokio-postgres`'s, the same

@@ -100,9 +100,27 @@ impl PgClient {
             .block_on(async { tokio::time::timeout(deadline, config.connect(NoTls)).await })
             .map_err(|_| ConnectError::TimedOut(deadline))??;
         // Polled whenever the store's thread blocks on a statement (a current-thread runtime).
+        // Its messages read here rather than by awaiting it, which logs the server's notices
+        // at info: they go to debug (`pgconnect::quiet_notices`).
+        let mut connection = connection;
         runtime.spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "the store's connection ended");
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = futures::StreamExt::next(&mut messages).await {
+                match message {
+                    Ok(tokio_postgres::AsyncMessage::Notice(n)) => {
+                        tracing::debug!(
+                            severity = n.severity(),
+                            code = n.code().code(),
+                            "PostgreSQL says: {}",
+                            n.message()
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "the store's connection ended");
+                        break;
+                    }
+                }
             }
         });
         Ok(Self {

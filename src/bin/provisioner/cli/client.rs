@@ -46,6 +46,11 @@ pub struct Client {
     agent: ureq::Agent,
     /// The model per-model paths go to (`-m`, `$PROVISIONER_MODEL`, else `default`).
     model: String,
+    /// The model the user named (`-m`, else `$PROVISIONER_MODEL`), if any: `token create`
+    /// scopes its token to it.
+    named_model: Option<String>,
+    /// The `--ca-cert` file (or `$PROVISIONER_CA_CERT`), if given.
+    ca: Option<PathBuf>,
 }
 
 fn non_empty(v: Option<String>) -> Option<String> {
@@ -57,22 +62,14 @@ fn ca_cert(conn: &Conn) -> Option<PathBuf> {
     conn.ca_cert.clone().or_else(|| non_empty(std::env::var("PROVISIONER_CA_CERT").ok()).map(PathBuf::from))
 }
 
-/// What a transport error means to an operator; a certificate the client does not trust gets
-/// a sentence that says what to do.
-fn transport_error(base: &str, e: &ureq::Error) -> String {
-    let text = e.to_string();
-    let chain = std::iter::successors(std::error::Error::source(e), |s| s.source())
-        .map(|s| s.to_string())
-        .collect::<Vec<_>>()
-        .join(": ");
-    let all = format!("{text} {chain}");
-    if all.contains("invalid peer certificate") || all.contains("UnknownIssuer") || all.contains("certificate") {
-        format!(
-            "cannot reach the provisioner service at {base}: its TLS certificate is not trusted ({text}); \
-             pass --ca-cert FILE (or set PROVISIONER_CA_CERT) with the certificate that signed it"
-        )
-    } else {
-        format!("cannot reach the provisioner service at {base}: {text}")
+/// What a transport error means to an operator; a TLS failure gets a sentence that says what
+/// is wrong with the certificate and what to do (`ca`: the `--ca-cert` file, if given).
+fn transport_error(base: &str, ca: Option<&std::path::Path>, e: &ureq::Error) -> String {
+    match provisioner::service::tls::tls_error(e) {
+        Some(tls) => {
+            format!("cannot reach the provisioner service at {base}: {}", provisioner::service::tls::explain(tls, ca))
+        }
+        None => format!("cannot reach the provisioner service at {base}: {e}"),
     }
 }
 
@@ -102,14 +99,14 @@ impl Client {
         };
         let mut agent =
             ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(5)).timeout(Duration::from_secs(60));
-        if let Some(ca) = ca_cert(conn) {
-            let config = provisioner::service::tls::client_config(&ca).map_err(|e| Failure::usage(e.to_string()))?;
+        let ca = ca_cert(conn);
+        if let Some(ca) = &ca {
+            let config = provisioner::service::tls::client_config(ca).map_err(|e| Failure::usage(e.to_string()))?;
             agent = agent.tls_config(std::sync::Arc::new(config));
         }
-        let model = non_empty(conn.model.clone())
-            .or_else(|| non_empty(std::env::var("PROVISIONER_MODEL").ok()))
-            .unwrap_or_else(|| "default".to_owned());
-        Ok(Self { base, token, agent: agent.build(), model })
+        let named_model = non_empty(conn.model.clone()).or_else(|| non_empty(std::env::var("PROVISIONER_MODEL").ok()));
+        let model = named_model.clone().unwrap_or_else(|| "default".to_owned());
+        Ok(Self { base, token, agent: agent.build(), model, named_model, ca })
     }
 
     fn request(&self, method: &str, path: &str) -> ureq::Request {
@@ -132,7 +129,7 @@ impl Client {
                     _ => Failure::runtime(message),
                 })
             }
-            Err(e) => Err(Failure::runtime(transport_error(&self.base, &e))),
+            Err(e) => Err(Failure::runtime(transport_error(&self.base, self.ca.as_deref(), &e))),
         }
     }
 
@@ -273,7 +270,8 @@ fn scope_name(s: TokenScope) -> &'static str {
 fn token(c: &Client, cmd: TokenCmd) -> Result<(), Failure> {
     match cmd {
         TokenCmd::Create { read_only, for_model, json } => {
-            let t: CreatedToken = c.send("POST", "/v1/tokens", &CreateToken { read_only, model: for_model })?;
+            let model = token_model(for_model, c.named_model.clone())?;
+            let t: CreatedToken = c.send("POST", "/v1/tokens", &CreateToken { read_only, model })?;
             if json {
                 print_json(&t);
             } else {
@@ -305,6 +303,21 @@ fn token(c: &Client, cmd: TokenCmd) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// The model a new token is scoped to: `--for-model`, else the model the command is about
+/// (`-m`, `$PROVISIONER_MODEL`), else none (every model). `-m team-a` is what a user writes to
+/// mean team-a's token: it never makes a token for every model. Both naming different models
+/// is refused (exit 2), naming both.
+fn token_model(for_model: Option<String>, named: Option<String>) -> Result<Option<String>, Failure> {
+    match (for_model, named) {
+        (Some(f), Some(m)) if f != m => Err(Failure::usage(format!(
+            "token create: --for-model {f:?} and -m/$PROVISIONER_MODEL {m:?} name different models; \
+             name the token's model once (-m MODEL scopes the token to MODEL, as --for-model does)"
+        ))),
+        (Some(f), _) => Ok(Some(f)),
+        (None, m) => Ok(m),
+    }
 }
 
 /// How many machines one page of `machine list` asks for.

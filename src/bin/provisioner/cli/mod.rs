@@ -235,7 +235,8 @@ pub enum TokenCmd {
         #[arg(long)]
         read_only: bool,
         /// Scope it to this one model: every other model's routes, and the service's own
-        /// (models, tokens), refuse it with 403 [default: every model].
+        /// (models, tokens), refuse it with 403 [default: the model of -m or $PROVISIONER_MODEL
+        /// if given, else every model].
         #[arg(long, value_name = "MODEL")]
         for_model: Option<String>,
         /// Print JSON (`id`, `scope`, `token`, `model`).
