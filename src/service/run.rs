@@ -864,8 +864,9 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     let dir = opts.data_dir();
     std::fs::create_dir_all(dir).map_err(data_dir_io(dir, FileOp::CreateDir, dir))?;
     let OpenedStore { store, token, token_sha256 } = open_store(&opts, dir).await?;
-    let audit =
-        std::sync::Arc::new(crate::service::audit::AuditLog::open(&opts.audit_log()).map_err(ServeError::Audit)?);
+    let audit = std::sync::Arc::new(
+        crate::service::audit::AuditLog::open(&opts.audit_log(), opts.audit.rotation()).map_err(ServeError::Audit)?,
+    );
     // The models directory: `default` alone for a new service (or one from before models).
     let directory_store = match opts.store.url() {
         StoreUrl::Sqlite => DirectoryStore::File(dir.to_owned()),

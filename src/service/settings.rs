@@ -107,6 +107,9 @@ pub enum SettingsError {
     /// `resync` is zero.
     #[error("config: resync must be positive")]
     ZeroResync,
+    /// `[audit] files` is zero.
+    #[error("config: audit.files must be at least 1, got 0")]
+    NoAuditFiles,
     /// `request_deadline` is zero.
     #[error("config: request_deadline must be positive")]
     ZeroRequestDeadline,
@@ -428,6 +431,51 @@ pub struct AuditSection {
     /// [default: DATA_DIR/audit.log].
     #[arg(id = "audit_log", long = "audit-log", env = "PROVISIONER_AUDIT_LOG", value_name = "FILE")]
     pub file: Option<PathBuf>,
+    /// The size past which the audit log rotates, e.g. `100MiB` (file only:
+    /// `[audit] max_size`) [default: 100MiB].
+    #[arg(skip)]
+    #[serde(deserialize_with = "optional_size")]
+    pub max_size: Option<u64>,
+    /// How many rotated audit logs are kept (file only: `[audit] files`) [default: 5].
+    #[arg(skip)]
+    pub files: Option<usize>,
+}
+
+impl AuditSection {
+    /// How the audit log rotates.
+    pub fn rotation(&self) -> crate::service::audit::Rotation {
+        let d = crate::service::audit::Rotation::default();
+        crate::service::audit::Rotation {
+            max_bytes: self.max_size.unwrap_or(d.max_bytes),
+            files: self.files.unwrap_or(d.files),
+        }
+    }
+}
+
+/// A size in bytes: a number, or a number with `KiB`, `MiB`, `GiB` (or `K`, `M`, `G`, each
+/// 1024-based), at least one kilobyte.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let n: u64 = number.parse().map_err(|_| format!("{text:?} is not a size (e.g. 100MiB)"))?;
+    let scale = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" | "KB" => 1 << 10,
+        "M" | "MiB" | "MB" => 1 << 20,
+        "G" | "GiB" | "GB" => 1 << 30,
+        other => return Err(format!("{text:?}: unknown unit {other:?} (B, KiB, MiB or GiB)")),
+    };
+    let bytes = n.checked_mul(scale).ok_or_else(|| format!("{text:?} is too large"))?;
+    if bytes < 1024 {
+        return Err(format!("{text:?} is below the least size, 1KiB"));
+    }
+    Ok(bytes)
+}
+
+fn optional_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let text: Option<String> = Option::deserialize(d)?;
+    text.map(|t| parse_size(&t).map_err(serde::de::Error::custom)).transpose()
 }
 
 /// Where the service keeps the model, its API token's hash, its settings and the simulated
@@ -602,6 +650,9 @@ impl ServeSettings {
         crate::config::validate_workers(self.workers, MAX_WORKERS).map_err(SettingsError::Workers)?;
         if self.resync.is_zero() {
             return Err(SettingsError::ZeroResync);
+        }
+        if self.audit.files == Some(0) {
+            return Err(SettingsError::NoAuditFiles);
         }
         if self.request_deadline.is_zero() {
             return Err(SettingsError::ZeroRequestDeadline);

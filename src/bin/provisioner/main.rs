@@ -12,6 +12,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use provisioner::service::settings::parse_duration;
 
 mod cli;
+mod oneline;
 
 // The actors allocate many small, short-lived messages: mimalloc halves the cost of that.
 #[global_allocator]
@@ -249,16 +250,19 @@ fn parse_rate(s: &str) -> Result<f64, String> {
     }
 }
 
-/// Logs to stderr, as text or JSON lines; `PROVISIONER_LOG` overrides `default` (`off`, or
-/// `info` for `serve`).
+/// Logs to stderr, as text or JSON lines, one line per event whatever its values carry
+/// (`oneline`); `PROVISIONER_LOG` overrides `default` (`off`, or `info` for `serve`).
 fn init_logging(default: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PROVISIONER_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let _ = if json {
-        builder.json().with_current_span(true).try_init()
+        // JSON escapes every value: one line per event as it is.
+        builder.with_writer(std::io::stderr).json().with_current_span(true).try_init()
     } else {
-        builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).try_init()
+        // Text: one line per event whatever a value carries (no log line forged by a request).
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        builder.with_writer(oneline::OneLine { ansi }).with_ansi(ansi).try_init()
     };
 }
 

@@ -1234,35 +1234,64 @@ pub fn app(
             let began = Instant::now();
             let method = method_label(req.method());
             let change = crate::service::audit::is_change(req.method().as_str(), req.path());
-            // Kept for a request not answered in time (its own request is with the handler).
+            // Kept for a request refused before (or not answered by) its handler: its own
+            // request is with the handler.
             let asked = change.then(|| (req.method().to_string(), req.path().to_owned()));
+            let peer = req.peer_addr().map(|a| a.ip());
+            // Routed now; its handler runs only when the call is awaited.
             let call = srv.call(req);
             let host = metrics_host.clone();
             let audit = audit.clone();
             async move {
+                let unheard = |status: u16, result: String| {
+                    asked.clone().map(|(method, path)| AuditLine {
+                        time: crate::service::audit::now_rfc3339(),
+                        // The caller is known only to the handler: not named.
+                        token: None,
+                        method,
+                        path,
+                        status,
+                        what: None,
+                        result,
+                    })
+                };
+                // No unaudited change: none goes ahead while its line could not be written.
+                if change {
+                    if let Err(e) = audit.ready().await {
+                        let e = ApiError::new(
+                            503,
+                            format!("{e}: no change is accepted until it can be (reads keep working)"),
+                        );
+                        if let Some(line) = unheard(503, e.message.clone()) {
+                            let _ = audit.record(line).await;
+                        }
+                        http_done(&host, method, "unmatched".to_owned(), 503, began);
+                        return Err(e.into());
+                    }
+                }
                 // Bounded: a store that cannot answer (the database unreachable, a call stuck)
                 // makes a 503, never a caller that hangs.
                 let Ok(res) = actix_rt::time::timeout(deadline, call).await else {
-                    let e = no_answer_within(deadline, asked.is_some());
-                    if let Some((method, path)) = asked {
-                        // The caller is known only to the handler still running: not named.
-                        audit.record(&AuditLine {
-                            time: crate::service::audit::now_rfc3339(),
-                            token: None,
-                            method,
-                            path,
-                            status: 503,
-                            what: None,
-                            result: e.message.clone(),
-                        });
+                    let e = no_answer_within(deadline, change);
+                    if let Some(line) = unheard(503, e.message.clone()) {
+                        let _ = audit.record(line).await;
                     }
                     http_done(&host, method, "unmatched".to_owned(), 503, began);
                     return Err(e.into());
                 };
                 let res = res?;
                 if change {
-                    // Written before the answer leaves: an answered change is in the log.
-                    audit.record(&audit_line(&res));
+                    // Written before the answer leaves: an answered change is in the log. A
+                    // request refused for want of a valid token changed nothing: its line is
+                    // written at a bounded rate (an unauthenticated caller cannot fill the disk).
+                    let line = audit_line(&res);
+                    if res.status() == StatusCode::UNAUTHORIZED {
+                        if !audit.refused(peer, line, Instant::now()).await {
+                            host.shared().metrics.do_send(crate::service::metrics::AuditSuppressed);
+                        }
+                    } else {
+                        let _ = audit.record(line).await;
+                    }
                 }
                 let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_owned());
                 http_done(&host, method, route, res.status().as_u16(), began);

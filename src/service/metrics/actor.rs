@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use actix_rt::time::Instant;
 
-use super::messages::{BrokerCallDone, CloudCounts, HttpDone, LeaderChanged, MachinesPending, Render, RenderService};
+use super::messages::{
+    AuditSuppressed, BrokerCallDone, CloudCounts, HttpDone, LeaderChanged, MachinesPending, Render, RenderService,
+};
 use super::state::{MetricsBook, StartOutcome};
 use crate::model::events::ProvisionerEvent;
 use crate::model::MachineId;
@@ -72,6 +74,13 @@ impl Handler<HttpDone> for Metrics {
     type Result = ();
     fn handle(&mut self, m: HttpDone, _ctx: &mut Self::Context) {
         self.book.http(m.method, &m.route, m.code, m.seconds);
+    }
+}
+
+impl Handler<AuditSuppressed> for Metrics {
+    type Result = ();
+    fn handle(&mut self, _m: AuditSuppressed, _ctx: &mut Self::Context) {
+        self.book.audit_suppressed();
     }
 }
 

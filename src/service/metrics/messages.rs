@@ -18,6 +18,11 @@ pub struct HttpDone {
     pub seconds: f64,
 }
 
+/// One audit line of a refused request not written (past its peer's rate).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct AuditSuppressed;
+
 /// One broker call completed.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]

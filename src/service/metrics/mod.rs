@@ -14,6 +14,8 @@ mod state;
 mod tests;
 
 pub use actor::{CloudCountsTo, Metrics};
-pub use messages::{BrokerCallDone, CloudCounts, HttpDone, LeaderChanged, MachinesPending, Render, RenderService};
+pub use messages::{
+    AuditSuppressed, BrokerCallDone, CloudCounts, HttpDone, LeaderChanged, MachinesPending, Render, RenderService,
+};
 pub use metered::MeteredBroker;
 pub use state::{Gauges, Histogram, MetricsBook, CONTENT_TYPE};

@@ -108,6 +108,7 @@ pub struct MetricsBook {
     start_outcomes: Family<Labels, Counter>,
     time_to_running: PromHistogram,
     retries: Counter,
+    audit_suppressed: Counter,
     harvest: Family<Labels, Counter>,
     machines: Family<Labels, Gauge>,
     machines_by_life: Family<Labels, Gauge>,
@@ -190,6 +191,11 @@ impl Default for MetricsBook {
             "Time from a machine's addition (pending) to its instance running",
             PromHistogram::new(START_BUCKETS)
         );
+        let audit_suppressed = reg!(
+            "provisioner_audit_lines_suppressed",
+            "Audit lines of requests refused for want of a valid token not written (past the rate per peer)",
+            Counter::default()
+        );
         let retries = reg!(
             "provisioner_retries",
             "Batches of machines with transient errors queued for another start",
@@ -247,6 +253,7 @@ impl Default for MetricsBook {
             start_outcomes,
             time_to_running,
             retries,
+            audit_suppressed,
             harvest,
             machines,
             machines_by_life,
@@ -289,6 +296,11 @@ fn set_by(family: &Family<Labels, Gauge>, key: &str, values: &BTreeMap<String, u
 }
 
 impl MetricsBook {
+    /// Counts one audit line not written (a refused request past its peer's rate).
+    pub fn audit_suppressed(&mut self) {
+        self.audit_suppressed.inc();
+    }
+
     /// Counts one HTTP request on `route` (the matched pattern, not the raw path). `method`
     /// is one of a fixed set of labels (the caller maps the rest to `other`), `code` the
     /// status the service answered: every label takes a bounded set of values.

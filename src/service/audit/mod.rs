@@ -1,0 +1,277 @@
+//! The audit log: one JSON line per change request (every `/v1` request whose method is not
+//! `GET` or `HEAD`, refused ones included), written to a file (`DATA_DIR/audit.log` by default;
+//! `serve --audit-log FILE`, `[audit] file`, `PROVISIONER_AUDIT_LOG`) and emitted as a tracing
+//! event with target `audit` (so `RUST_LOG=audit=info` and a log shipper see it too).
+//!
+//! A line is [`AuditLine`]: `time` (RFC 3339, UTC, the wall clock), `token` (the token's id:
+//! `admin` for the data directory's token, `tok-N` for a created one, `null` when the request
+//! carried no valid token; never the token itself), `method`, `path`, `status`, `what` (a
+//! short summary a handler left: ids, counts, the token created), and `result` (`ok`, or the
+//! error sentence the client got). Nothing a request carries is copied in but its method and
+//! path, so no secret reaches the log.
+//!
+//! Bounded (issue 30): a line is at most a few hundred bytes whatever the request
+//! ([`AuditLine::bounded`]: the path, the summary and the result cut at [`MAX_FIELD`]
+//! characters, `...` marking the cut; JSON escapes every control character); the requests
+//! refused for want of a valid token (401) are written at a bounded rate per peer and in total
+//! (`state::RefusedBook`; the others are counted in `provisioner_audit_lines_suppressed`, and
+//! the next line of that peer says how many it stands for); and the file rotates by size
+//! (`[audit] max_size`, default 100 MiB, and `[audit] files` kept, default 5: `audit.log.1` is
+//! the newest old one), with the `file-rotate` crate.
+//!
+//! No unaudited change: before a change request reaches its handler the writer is asked whether
+//! it can write ([`AuditLog::ready`]): the lines it kept are written, and room for the next
+//! lines is allocated past the file's end ([`RESERVE`], `fallocate` keeping the size), so that a
+//! disk that fills up refuses the room before a change rather than the change's line after it.
+//! If either fails (a full disk, a file gone read-only), the change is refused with a 503 and
+//! nothing is changed, while reads keep working. A line that could not be written anyway is
+//! kept in memory and written first once the file takes lines again.
+//!
+//! Durability: each line is written with one `write` call before the answer leaves (no buffer
+//! in the process), so a crash of the service (even `kill -9`) loses no line of an answered
+//! request; a power cut may lose what the operating system had not yet written out (no fsync
+//! per line: it would cost a disk flush per request). One writer owns the file
+//! ([`AuditWriter`], on a thread of its own: file writes block), reached by messages.
+
+mod actor;
+mod state;
+
+pub use actor::{AuditWriter, Record, Refused, WriterReady};
+pub use state::{AuditFile, Decision, RefusedBook, Rotation, MAX_PENDING, RESERVE};
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use thiserror::Error;
+
+/// The audit log cannot be opened.
+#[derive(Debug, Error)]
+#[error("cannot open the audit log {path}: {source}")]
+pub struct AuditError {
+    /// The file.
+    pub path: PathBuf,
+    /// Why.
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// A line could not be written (it is kept, and written first once the file takes lines).
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+pub enum AuditWriteError {
+    /// The file refused it (a full disk, a read-only file system): the system's words.
+    #[error("the audit log {path} cannot be written: {message}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        message: String,
+    },
+    /// The writer's thread is gone.
+    #[error("the audit log's writer has stopped")]
+    Stopped,
+}
+
+/// One line of the audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct AuditLine {
+    /// When the answer was made (RFC 3339, UTC, milliseconds).
+    pub time: String,
+    /// The token's id (`admin`, `tok-N`), `null` without a valid token.
+    pub token: Option<String>,
+    /// The request's method.
+    pub method: String,
+    /// The request's path (no query string).
+    pub path: String,
+    /// The answer's status code.
+    pub status: u16,
+    /// What the request did or asked for, in short (`null` when the handler did not get that
+    /// far).
+    pub what: Option<String>,
+    /// `ok`, or the error sentence the client got.
+    pub result: String,
+}
+
+/// The longest path, summary or result kept in a line, in characters.
+pub const MAX_FIELD: usize = 200;
+
+/// `text` cut at `max` characters (`...` marks the cut).
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}...", &text[..at]),
+        None => text.to_owned(),
+    }
+}
+
+impl AuditLine {
+    /// The line with each field a request could make long cut at [`MAX_FIELD`] characters.
+    pub fn bounded(mut self) -> Self {
+        self.path = cut(&self.path, MAX_FIELD);
+        self.method = cut(&self.method, 16);
+        self.what = self.what.map(|w| cut(&w, MAX_FIELD));
+        self.result = cut(&self.result, MAX_FIELD);
+        self.token = self.token.map(|t| cut(&t, 64));
+        self
+    }
+
+    /// The line as written: one JSON object and a newline.
+    pub fn to_json_line(&self) -> String {
+        let mut text = serde_json::to_string(self).unwrap_or_default();
+        text.push('\n');
+        text
+    }
+
+    /// Emits the line as a tracing event with target `audit` (each value quoted and escaped,
+    /// so that no request's text forges a log line).
+    pub fn trace(&self) {
+        tracing::info!(
+            target: "audit",
+            token = self.token.as_deref().unwrap_or("-"),
+            method = ?self.method,
+            path = ?self.path,
+            status = self.status,
+            what = ?self.what.as_deref().unwrap_or(""),
+            result = ?self.result,
+            "change request"
+        );
+    }
+}
+
+/// A handler's short summary of what its request did, left in the request's extensions for
+/// the audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditNote(pub String);
+
+/// The longest summary kept, in characters (a request's values can be long: a body may be
+/// 256 KiB).
+pub const MAX_NOTE: usize = 200;
+
+impl AuditNote {
+    /// A summary, cut at [`MAX_NOTE`] characters (`...` marks the cut).
+    pub fn new(what: impl Into<String>) -> Self {
+        Self(cut(&what.into(), MAX_NOTE))
+    }
+}
+
+/// Whether a request is a change the audit log records: a `/v1` request whose method is not
+/// `GET` or `HEAD`.
+pub fn is_change(method: &str, path: &str) -> bool {
+    (path == "/v1" || path.starts_with("/v1/")) && !matches!(method, "GET" | "HEAD")
+}
+
+/// The wall clock now, RFC 3339 in UTC with milliseconds. The audit log and token times record
+/// when something happened in the world, which no tokio clock knows; the service runs on real
+/// time only (never on a paused clock or in the simulator), so the ban on the wall clock in
+/// library code (there for determinism) does not apply here.
+#[allow(clippy::disallowed_methods)]
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+/// Shortens a list of names for a summary: the first few, then how many more.
+pub fn list_summary(names: &[String]) -> String {
+    const SHOWN: usize = 10;
+    let mut out = names.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > SHOWN {
+        out.push_str(&format!(" and {} more", names.len() - SHOWN));
+    }
+    out
+}
+
+/// Where the audit lines go: the writer of the file (and tracing). Cheap to share.
+#[derive(Debug)]
+pub struct AuditLog {
+    writer: actix::Addr<AuditWriter>,
+    path: PathBuf,
+}
+
+impl AuditLog {
+    /// Opens (creating it, mode 0600) the audit log at `path` for appending, rotated as
+    /// `rotation` says, and starts its writer's thread. Must be called inside an actix system.
+    pub fn open(path: &Path, rotation: Rotation) -> Result<Self, AuditError> {
+        // Opened here first, so that a path that cannot be opened is an error now.
+        drop(AuditFile::open(path, rotation)?);
+        let writer = AuditWriter::start(path.to_owned(), rotation);
+        Ok(Self { writer, path: path.to_owned() })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether a change may go ahead: the writer takes lines (any kept from a failure are
+    /// written first). A change is refused while it does not.
+    pub async fn ready(&self) -> Result<(), AuditWriteError> {
+        self.writer.send(WriterReady).await.map_err(|_| AuditWriteError::Stopped)?
+    }
+
+    /// Writes one line (bounded, one `write` call, appended) and emits it as a tracing event
+    /// with target `audit`. A line that cannot be written is kept and reported.
+    pub async fn record(&self, line: AuditLine) -> Result<(), AuditWriteError> {
+        let line = line.bounded();
+        line.trace();
+        let written = self.writer.send(Record(line)).await.map_err(|_| AuditWriteError::Stopped)?;
+        if let Err(e) = &written {
+            tracing::error!(target: "audit", error = %e, "cannot write the audit log: changes are refused until it can");
+        }
+        written
+    }
+
+    /// A request refused for want of a valid token, from `peer`: written if its peer (and all
+    /// peers together) are within their rate, else counted. Whether it was written.
+    pub async fn refused(&self, peer: Option<std::net::IpAddr>, line: AuditLine, now: actix_rt::time::Instant) -> bool {
+        let line = line.bounded();
+        self.writer.send(Refused { peer, line, now }).await.unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes_are_non_get_v1_requests() {
+        assert!(is_change("POST", "/v1/machines"));
+        assert!(is_change("DELETE", "/v1/tokens/tok-1"));
+        assert!(is_change("PUT", "/v1"));
+        assert!(!is_change("GET", "/v1/machines"));
+        assert!(!is_change("HEAD", "/v1/status"));
+        assert!(!is_change("POST", "/metrics"));
+        assert!(!is_change("POST", "/v1x"));
+    }
+
+    #[test]
+    fn a_line_is_bounded_whatever_the_request() {
+        let line = AuditLine {
+            time: now_rfc3339(),
+            token: None,
+            method: "POST".into(),
+            path: format!("/v1/{}", "A".repeat(60_000)),
+            status: 401,
+            what: Some(format!("removed 9\n2030-01-01T00:00:00Z  INFO audit: {}", "x".repeat(1000))),
+            result: format!("unknown machine {}", "é".repeat(5000)),
+        }
+        .bounded();
+        let text = line.to_json_line();
+        assert!(text.len() < 1200, "{} bytes", text.len());
+        assert!(line.path.ends_with("...") && line.path.chars().count() == MAX_FIELD + 3);
+        assert_eq!(text.matches('\n').count(), 1, "one line, its newlines escaped: {text}");
+        let back: AuditLine = serde_json::from_str(text.trim_end()).unwrap();
+        assert_eq!(back, line);
+    }
+
+    #[test]
+    fn long_notes_are_cut() {
+        assert_eq!(AuditNote::new("set workers to \"4\"").0, "set workers to \"4\"");
+        let long = AuditNote::new("é".repeat(MAX_NOTE + 50)).0;
+        assert_eq!(long.chars().count(), MAX_NOTE + 3);
+        assert!(long.ends_with("..."));
+    }
+
+    #[test]
+    fn long_lists_are_shortened() {
+        let names: Vec<String> = (0..12).map(|i| i.to_string()).collect();
+        assert_eq!(list_summary(&names[..2]), "0, 1");
+        assert_eq!(list_summary(&names), "0, 1, 2, 3, 4, 5, 6, 7, 8, 9 and 2 more");
+    }
+}
