@@ -86,6 +86,10 @@ pub struct TokenRecord {
     pub revoked: Option<String>,
     /// The one model it may use (`None`: every model; service-wide management needs that).
     pub model: Option<String>,
+    /// That model's uuid when the token was made (schema 7 on SQLite, 10 on PostgreSQL): the
+    /// token is valid for that model only, not for a later model of the same name. `None` for a
+    /// token of every model, and for a scoped token made before the uuid was kept.
+    pub model_uuid: Option<String>,
 }
 
 /// Whether a token scoped to `scoped` (`None`: every model) may use model `target`: `Err`

@@ -695,3 +695,37 @@ fn on_postgres_replicas_follow_the_models_directory_and_take_over_a_dead_replica
     });
     assert_eq!(schemas(&url), ["model_team_a"]);
 }
+
+/// Issue 30, item 2: a scoped token is the model's it was made for, not its name's. Made with
+/// `token create --for-model team-a`, it is revoked when team-a is destroyed (`token list`
+/// shows when), and refused (401) by a new model `team-a` created after the old one went.
+#[test]
+fn a_scoped_token_ends_with_its_model_and_is_not_a_later_models_of_the_same_name() {
+    let dir = temp_dir("models-token-uuid");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    s.json(&["model", "add", "team-a", "--json"]);
+    s.json(&["model", "add", "team-b", "--json"]);
+    let a = scoped_token(&s, "team-a", false);
+    let b = scoped_token(&s, "team-b", false);
+    let (code, body) = http_as(&s, &a, "GET", "/v1/models/team-a/machines", None);
+    assert_eq!(code, 200, "{body}");
+    let (code, _, err) = run(&s, &["model", "destroy", "team-a"]);
+    assert_eq!(code, Some(0), "{err}");
+    // Revoked with its model, at once: token list says so.
+    let list = s.json(&["token", "list", "--json"]);
+    let listed = |id: &str| list.as_array().unwrap().iter().find(|t| field(t, "id") == id).cloned().unwrap();
+    assert!(!listed("tok-1")["revoked"].is_null(), "team-a's token is revoked: {list}");
+    assert!(listed("tok-2")["revoked"].is_null(), "team-b's is not: {list}");
+    eventually(Duration::from_secs(20), "team-a removed", || models(&s).iter().all(|m| m.0 != "team-a"));
+    // A new team-a is another model: the old token is refused there.
+    s.json(&["model", "add", "team-a", "--json"]);
+    let (code, body) = http_as(&s, &a, "GET", "/v1/models/team-a/machines", None);
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("revoked"), "{body}");
+    let (code, body) = http_as(&s, &b, "GET", "/v1/models/team-b/machines", None);
+    assert_eq!(code, 200, "{body}");
+    // A token made for the new team-a works there.
+    let new = scoped_token(&s, "team-a", true);
+    let (code, body) = http_as(&s, &new, "GET", "/v1/models/team-a/machines", None);
+    assert_eq!(code, 200, "{body}");
+}

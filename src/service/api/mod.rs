@@ -277,6 +277,8 @@ pub struct Caller {
     pub scope: Scope,
     /// The one model it may use (`None`: every model, and the service's own routes).
     pub model: Option<String>,
+    /// That model's uuid when the token was made: valid for that model only.
+    pub model_uuid: Option<String>,
 }
 
 impl Caller {
@@ -317,11 +319,13 @@ fn admin_hash(state: &Shared) -> Option<String> {
 async fn authenticate(state: &Shared, given: &str) -> Result<Caller> {
     let hash = token::sha256_hex(given);
     if admin_hash(state).is_some_and(|admin| token::hashes_equal(&hash, &admin)) {
-        return Ok(Caller { id: token::ADMIN_ID.to_owned(), scope: Scope::Admin, model: None });
+        return Ok(Caller { id: token::ADMIN_ID.to_owned(), scope: Scope::Admin, model: None, model_uuid: None });
     }
     let found = state.service_store.read(move |s| s.token_by_hash(&hash)).await?;
     match found {
-        Some(t) if t.revoked.is_none() => Ok(Caller { id: t.id, scope: t.scope, model: t.model }),
+        Some(t) if t.revoked.is_none() => {
+            Ok(Caller { id: t.id, scope: t.scope, model: t.model, model_uuid: t.model_uuid })
+        }
         Some(t) => Err(ApiError::new(401, format!("the API token {} was revoked", t.id))),
         None => Err(ApiError::new(401, "the API token is wrong")),
     }
@@ -361,6 +365,22 @@ async fn check_token(req: HttpRequest) -> Result<Caller> {
     // their handlers: a list shows its model alone, management is refused).
     if let Some(target) = target_model(&req) {
         token::may_use_model(caller.model.as_deref(), target).map_err(|why| ApiError::new(403, why))?;
+        // Bound to the model it was made for, not to a later model of the same name.
+        if let Some(uuid) = &caller.model_uuid {
+            let Some(host) = req.app_data::<Host>() else {
+                return Err(ApiError::internal("the API has no state"));
+            };
+            let now = host.directory().await.get(target).ok().and_then(|e| e.uuid.clone());
+            if now.as_ref().is_some_and(|u| u != uuid) {
+                return Err(ApiError::new(
+                    401,
+                    format!(
+                        "the API token {} was made for an earlier model {target:?} (uuid {uuid}), which was destroyed",
+                        caller.id
+                    ),
+                ));
+            }
+        }
     }
     Ok(caller)
 }

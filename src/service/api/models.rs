@@ -170,6 +170,7 @@ pub async fn destroy_model(
             }
             Err(crate::service::models::HostError::NotRunning { .. }) if force => {
                 host.forget(&name).await?;
+                revoke_tokens_of(&host, &req, &entry).await?;
                 let mut gone = detail(&host, Listed { entry, state: None, error: None }).await;
                 gone.life = "removed".into();
                 return Ok(HttpResponse::Ok().json(gone));
@@ -178,7 +179,24 @@ pub async fn destroy_model(
         }
     }
     host.mark_dying(&name, force).await?;
+    revoke_tokens_of(&host, &req, &entry).await?;
     Ok(HttpResponse::Ok().json(detail(&host, listed(&host, &name).await?).await))
+}
+
+/// A destroyed model's scoped tokens end with it (listed as revoked): a later model of the same
+/// name is another model, which they were never valid for.
+async fn revoke_tokens_of(host: &Host, req: &HttpRequest, entry: &ModelEntry) -> Result<()> {
+    let Some(uuid) = entry.uuid.clone() else { return Ok(()) };
+    let (name, at) = (entry.name.clone(), crate::service::audit::now_rfc3339());
+    let revoked = host.shared().service_store.exec(move |s| s.revoke_model_tokens(&name, &uuid, &at)).await?;
+    if !revoked.is_empty() {
+        let ids: Vec<String> = revoked.into_iter().map(|t| t.id).collect();
+        note(
+            req,
+            format!("destroy model {}: revoked its tokens {}", entry.name, crate::service::audit::list_summary(&ids)),
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -45,16 +45,27 @@ fn view(t: TokenRecord) -> TokenView {
 pub async fn create_token(_: AdminOnly, host: Host, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
     let CreateToken { read_only, model } = json_body(&req, payload).await?;
     let scope = if read_only { Scope::ReadOnly } else { Scope::Admin };
-    if let Some(m) = &model {
-        // Only a model the service hosts (404 naming it otherwise).
-        host.directory().await.get(m).map_err(crate::service::models::HostError::from)?;
-    }
+    // Only a model the service hosts (404 naming it otherwise), bound by its uuid: the token is
+    // valid for this model, not for a later one of the same name.
+    let bound = match &model {
+        Some(m) => {
+            let entry = host.directory().await.get(m).map_err(crate::service::models::HostError::from)?.clone();
+            let uuid = match entry.uuid {
+                Some(u) => u,
+                None => host.state(m).await?.model_uuid.clone(),
+            };
+            Some((m.clone(), uuid))
+        }
+        None => None,
+    };
     let secret = token::new_secret();
     let hash = token::sha256_hex(&secret);
     let created = now_rfc3339();
-    let m = model.clone();
-    let record =
-        host.shared().service_store.exec(move |s| s.create_token(scope, m.as_deref(), &hash, &created)).await?;
+    let record = host
+        .shared()
+        .service_store
+        .exec(move |s| s.create_token(scope, bound.as_ref().map(|(n, u)| (n.as_str(), u.as_str())), &hash, &created))
+        .await?;
     let only = model.as_ref().map(|m| format!(", model {m} only")).unwrap_or_default();
     note(&req, format!("created {} ({scope}{only})", record.id));
     Ok(HttpResponse::Created().json(CreatedToken { id: record.id, scope: scope.into(), token: secret, model }))

@@ -226,13 +226,17 @@ pub trait StoreBackend: Send {
 
     /// Creates an API token: the next id (`tok-N`, never reused), its scope, the token's
     /// SHA-256, created at `created` (RFC 3339).
+    /// `model`: the model's name and uuid (the token is valid for that model only).
     fn create_token(
         &mut self,
         scope: Scope,
-        model: Option<&str>,
+        model: Option<(&str, &str)>,
         sha256: &str,
         created: &str,
     ) -> Result<TokenRecord, StoreError>;
+    /// Revokes at `at` every token scoped to model `name` of uuid `uuid` (and those scoped to
+    /// `name` made before uuids were kept): the model was destroyed. The tokens revoked now.
+    fn revoke_model_tokens(&mut self, name: &str, uuid: &str, at: &str) -> Result<Vec<TokenRecord>, StoreError>;
     /// Every created token, oldest first.
     fn tokens(&mut self) -> Result<Vec<TokenRecord>, StoreError>;
     /// The created token whose SHA-256 this is, revoked or not.
@@ -433,7 +437,8 @@ impl StoreBackend for StoreCore {
         fn live_containers_of(&mut self, host: &MachineId) -> Result<Vec<MachineId>, StoreError>;
         fn live_manual_machines(&mut self) -> Result<Vec<MachineId>, StoreError>;
         fn machines_in_error(&mut self) -> Result<u64, StoreError>;
-        fn create_token(&mut self, scope: Scope, model: Option<&str>, sha256: &str, created: &str) -> Result<TokenRecord, StoreError>;
+        fn create_token(&mut self, scope: Scope, model: Option<(&str, &str)>, sha256: &str, created: &str) -> Result<TokenRecord, StoreError>;
+        fn revoke_model_tokens(&mut self, name: &str, uuid: &str, at: &str) -> Result<Vec<TokenRecord>, StoreError>;
         fn tokens(&mut self) -> Result<Vec<TokenRecord>, StoreError>;
         fn token_by_hash(&mut self, sha256: &str) -> Result<Option<TokenRecord>, StoreError>;
         fn revoke_token(&mut self, id: &str, at: &str) -> Result<TokenRecord, StoreError>;

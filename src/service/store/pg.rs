@@ -58,7 +58,7 @@ use crate::ports::ProvisionedInstance;
 use crate::service::token::{token_id, Scope, TokenRecord};
 
 /// The newest schema version this build knows (rows of `schema_migrations`).
-pub const PG_SCHEMA_VERSION: i64 = 9;
+pub const PG_SCHEMA_VERSION: i64 = 10;
 
 /// The channel of change notifications.
 pub const CHANGES_CHANNEL: &str = "provisioner_changes";
@@ -199,6 +199,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (7, SCHEMA_V7),
     (8, SCHEMA_V8),
     (9, SCHEMA_V9),
+    (10, SCHEMA_V10),
 ];
 
 /// The epochs' record, created by migration 3 (and by the lease where missing, so that the
@@ -272,6 +273,10 @@ CREATE TABLE IF NOT EXISTS start_intents (
 const SCHEMA_V6: &str = "
 CREATE INDEX IF NOT EXISTS machines_in_error ON machines(seq) WHERE status = 'error' OR instance_status = 'provisioning error';
 ";
+
+/// Version 10: the uuid of the model a token is scoped to (valid for that model only, not for
+/// a later model of the same name).
+const SCHEMA_V10: &str = "ALTER TABLE api_tokens ADD COLUMN IF NOT EXISTS model_uuid TEXT;";
 
 /// Version 7: the model a token is scoped to (`NULL`: every model).
 const SCHEMA_V7: &str = "ALTER TABLE api_tokens ADD COLUMN IF NOT EXISTS model TEXT;";
@@ -2774,20 +2779,45 @@ impl StoreBackend for PgStore {
     fn create_token(
         &mut self,
         scope: Scope,
-        model: Option<&str>,
+        model: Option<(&str, &str)>,
         sha256: &str,
         created: &str,
     ) -> Result<TokenRecord, StoreError> {
         let ctx = "creating an API token";
+        let (name, uuid) = (model.map(|m| m.0), model.map(|m| m.1));
         let mut tx = self.begin_with(ctx, None)?;
         let id = token_id(next_counter(&mut tx, "next_token").map_err(pg(ctx))? as u64 + 1);
         tx.execute(
-            "INSERT INTO api_tokens (id, scope, sha256, created, model) VALUES ($1, $2, $3, $4, $5)",
-            &[&id, &scope.as_str(), &sha256, &created, &model],
+            "INSERT INTO api_tokens (id, scope, sha256, created, model, model_uuid) VALUES ($1, $2, $3, $4, $5, $6)",
+            &[&id, &scope.as_str(), &sha256, &created, &name, &uuid],
         )
         .map_err(pg(ctx))?;
         tx.commit().map_err(pg(ctx))?;
-        Ok(TokenRecord { id, scope, created: created.to_owned(), revoked: None, model: model.map(str::to_owned) })
+        Ok(TokenRecord {
+            id,
+            scope,
+            created: created.to_owned(),
+            revoked: None,
+            model: name.map(str::to_owned),
+            model_uuid: uuid.map(str::to_owned),
+        })
+    }
+    fn revoke_model_tokens(&mut self, name: &str, uuid: &str, at: &str) -> Result<Vec<TokenRecord>, StoreError> {
+        let ctx = "revoking a destroyed model's API tokens";
+        let mut tx = self.begin_with(ctx, None)?;
+        let rows = tx
+            .query(
+                &format!(
+                    "UPDATE api_tokens SET revoked = $3 WHERE revoked IS NULL \
+                     AND (model_uuid = $2 OR (model_uuid IS NULL AND model = $1)) RETURNING {TOKEN_COLUMNS}"
+                ),
+                &[&name, &uuid, &at],
+            )
+            .map_err(pg(ctx))?;
+        tx.commit().map_err(pg(ctx))?;
+        let mut tokens = rows.iter().map(|r| token_from_row(r, ctx)).collect::<Result<Vec<_>, _>>()?;
+        tokens.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(tokens)
     }
     fn tokens(&mut self) -> Result<Vec<TokenRecord>, StoreError> {
         let ctx = "listing API tokens";
@@ -2817,7 +2847,7 @@ impl StoreBackend for PgStore {
     }
 }
 
-const TOKEN_COLUMNS: &str = "id, scope, created, revoked, model";
+const TOKEN_COLUMNS: &str = "id, scope, created, revoked, model, model_uuid";
 
 fn token_from_row(r: &Row, ctx: &'static str) -> Result<TokenRecord, StoreError> {
     let get = |e: postgres::Error| pg(ctx)(e);
@@ -2827,5 +2857,6 @@ fn token_from_row(r: &Row, ctx: &'static str) -> Result<TokenRecord, StoreError>
         r.try_get(2).map_err(get)?,
         r.try_get(3).map_err(get)?,
         r.try_get(4).map_err(get)?,
+        r.try_get(5).map_err(get)?,
     ))
 }

@@ -27,7 +27,8 @@ pub const DB_FILE: &str = "provisioner.db";
 /// Version 5 added `start_intents` (each start's client token and parameters, written before
 /// the cloud call: `service::intents`), likewise.
 /// Version 6 added `api_tokens.model` (a token scoped to one model; `NULL`: every model).
-pub const SCHEMA_VERSION: i64 = 6;
+/// Version 7 added `api_tokens.model_uuid` (that model's uuid: the token is valid for it only).
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Containers' `seq` values start here (machines' equal their numeric ids, which never get this
 /// far), so that a container never takes a `seq` a later machine's id needs: machines list in

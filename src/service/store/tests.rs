@@ -563,8 +563,9 @@ fn api_tokens_are_kept_as_hashes_and_revoked_once(s: &mut dyn StoreBackend) {
     use crate::service::token::Scope;
     assert!(s.tokens().unwrap().is_empty());
     let a = s.create_token(Scope::ReadOnly, None, "aaaa", "2026-01-01T00:00:00.000Z").unwrap();
-    let b = s.create_token(Scope::Admin, Some("team-a"), "bbbb", "2026-01-01T00:00:01.000Z").unwrap();
+    let b = s.create_token(Scope::Admin, Some(("team-a", "uuid-a")), "bbbb", "2026-01-01T00:00:01.000Z").unwrap();
     assert_eq!((a.model.as_deref(), b.model.as_deref()), (None, Some("team-a")));
+    assert_eq!((a.model_uuid.as_deref(), b.model_uuid.as_deref()), (None, Some("uuid-a")));
     assert_eq!((a.id.as_str(), a.scope, a.revoked.as_deref()), ("tok-1", Scope::ReadOnly, None));
     assert_eq!((b.id.as_str(), b.scope), ("tok-2", Scope::Admin));
     assert_eq!(s.tokens().unwrap(), [a.clone(), b.clone()]);
@@ -580,6 +581,15 @@ fn api_tokens_are_kept_as_hashes_and_revoked_once(s: &mut dyn StoreBackend) {
     assert_eq!(s.create_token(Scope::Admin, None, "dddd", "x").unwrap().id, "tok-3", "ids are never reused");
     s.destroy_model().unwrap();
     assert_eq!(s.tokens().unwrap().len(), 3, "tokens outlive the model's destruction");
+    // A destroyed model's tokens are revoked with it; another model's and every model's stay.
+    let c = s.create_token(Scope::ReadOnly, Some(("team-a", "uuid-a")), "eeee", "x").unwrap();
+    let d = s.create_token(Scope::ReadOnly, Some(("team-b", "uuid-b")), "ffff", "x").unwrap();
+    let gone = s.revoke_model_tokens("team-a", "uuid-a", "2026-01-04T00:00:00.000Z").unwrap();
+    assert_eq!(gone.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), [b.id.as_str(), c.id.as_str()]);
+    assert!(gone.iter().all(|t| t.revoked.as_deref() == Some("2026-01-04T00:00:00.000Z")));
+    assert_eq!(s.token_by_hash("ffff").unwrap(), Some(d), "another model's token stays");
+    assert_eq!(s.token_by_hash("dddd").unwrap().unwrap().revoked, None, "a token of every model stays");
+    assert!(s.revoke_model_tokens("team-a", "uuid-a", "y").unwrap().is_empty(), "once");
 }
 
 /// Start intents: kept in the order written, a token written again keeps its first row, a

@@ -8,20 +8,22 @@ use rusqlite::{params, OptionalExtension, Row};
 use super::state::{next_counter, Atomic, StoreCore, StoreError};
 use crate::service::token::{token_id, Scope, TokenRecord};
 
-const COLUMNS: &str = "id, scope, created, revoked, model";
+const COLUMNS: &str = "id, scope, created, revoked, model, model_uuid";
 
-/// A token row's columns: id, scope, created, revoked, model.
-pub(super) type TokenRow = (String, String, String, Option<String>, Option<String>);
+/// A token row's columns: id, scope, created, revoked, model, model_uuid.
+pub(super) type TokenRow = (String, String, String, Option<String>, Option<String>, Option<String>);
 
 fn record(r: &Row<'_>) -> rusqlite::Result<TokenRow> {
-    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
 }
 
 /// A row as a record; a scope this build does not know is damage, not a guess.
-pub(super) fn token_record((id, scope, created, revoked, model): TokenRow) -> Result<TokenRecord, StoreError> {
+pub(super) fn token_record(
+    (id, scope, created, revoked, model, model_uuid): TokenRow,
+) -> Result<TokenRecord, StoreError> {
     let scope: Scope =
         scope.parse().map_err(|e| StoreError::Damaged { context: "reading an API token", message: e })?;
-    Ok(TokenRecord { id, scope, created, revoked, model })
+    Ok(TokenRecord { id, scope, created, revoked, model, model_uuid })
 }
 
 /// Schema step of version 6: the model a token is scoped to (a database of version 4 or 5
@@ -34,6 +36,14 @@ pub(super) fn upgrade_token_models(tx: &rusqlite::Transaction<'_>) -> Result<(),
         tx.execute_batch("ALTER TABLE api_tokens ADD COLUMN model TEXT")
             .map_err(StoreError::sql("upgrading the schema"))?;
     }
+    // Version 7: the model's uuid (a scoped token is valid for that model only).
+    let has: i64 = tx
+        .query_row("SELECT count(*) FROM pragma_table_info('api_tokens') WHERE name = 'model_uuid'", [], |r| r.get(0))
+        .map_err(StoreError::sql("reading the schema"))?;
+    if has == 0 {
+        tx.execute_batch("ALTER TABLE api_tokens ADD COLUMN model_uuid TEXT")
+            .map_err(StoreError::sql("upgrading the schema"))?;
+    }
     Ok(())
 }
 
@@ -43,20 +53,49 @@ impl StoreCore {
     pub fn create_token(
         &mut self,
         scope: Scope,
-        model: Option<&str>,
+        model: Option<(&str, &str)>,
         sha256: &str,
         created: &str,
     ) -> Result<TokenRecord, StoreError> {
+        let (name, uuid) = (model.map(|m| m.0), model.map(|m| m.1));
         let ctx = "creating an API token";
         let tx = Atomic::begin(&self.conn).map_err(StoreError::sql(ctx))?;
         let id = token_id(next_counter(&tx, "next_token").map_err(StoreError::sql(ctx))? + 1);
         tx.execute(
-            "INSERT INTO api_tokens (id, scope, sha256, created, model) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![id, scope.as_str(), sha256, created, model],
+            "INSERT INTO api_tokens (id, scope, sha256, created, model, model_uuid) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![id, scope.as_str(), sha256, created, name, uuid],
         )
         .map_err(StoreError::sql(ctx))?;
         tx.commit().map_err(StoreError::sql(ctx))?;
-        Ok(TokenRecord { id, scope, created: created.to_owned(), revoked: None, model: model.map(str::to_owned) })
+        Ok(TokenRecord {
+            id,
+            scope,
+            created: created.to_owned(),
+            revoked: None,
+            model: name.map(str::to_owned),
+            model_uuid: uuid.map(str::to_owned),
+        })
+    }
+
+    /// Revokes at `at` every token scoped to model `name` of uuid `uuid` (and those scoped to
+    /// `name` made before uuids were kept): the model was destroyed. The tokens revoked now.
+    pub fn revoke_model_tokens(&mut self, name: &str, uuid: &str, at: &str) -> Result<Vec<TokenRecord>, StoreError> {
+        let ctx = "revoking a destroyed model's API tokens";
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql(ctx))?;
+        let rows: Vec<TokenRow> = {
+            let mut st = tx
+                .prepare(&format!(
+                    "UPDATE api_tokens SET revoked = ?3 WHERE revoked IS NULL \
+                     AND (model_uuid = ?2 OR (model_uuid IS NULL AND model = ?1)) RETURNING {COLUMNS}"
+                ))
+                .map_err(StoreError::sql(ctx))?;
+            let rows = st.query_map(params![name, uuid, at], record).map_err(StoreError::sql(ctx))?;
+            rows.collect::<Result<_, _>>().map_err(StoreError::sql(ctx))?
+        };
+        tx.commit().map_err(StoreError::sql(ctx))?;
+        let mut tokens = rows.into_iter().map(token_record).collect::<Result<Vec<_>, _>>()?;
+        tokens.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(tokens)
     }
 
     /// Every created token, oldest first.
