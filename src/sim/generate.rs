@@ -1,5 +1,6 @@
 //! Random scenarios for the property test: machines, deaths at random times, faults,
-//! restarts, zone changes, mode changes, resizes, throttling, lost answers; containers (host
+//! restarts, zone changes, mode changes, resizes, throttling, lost answers, batched starts
+//! (`batch_starts` and `batch_size`, for half the seeds); containers (host
 //! deaths under them with restarts around, mode switches while they live, destroys while they
 //! start, containers added later); and lifecycle races (restarts while stops and releases are
 //! queued or in flight, destroys at the instant a start lands, failing lookups for machines
@@ -350,7 +351,21 @@ pub fn generate(seed: u64) -> Scenario {
         events,
     };
     add_lifecycle_races(&mut scenario, seed);
+    draw_batching(&mut scenario, seed);
     scenario
+}
+
+/// Batched starts for half the seeds, in calls of 1 to 4 machines mostly (so that the starts
+/// of one zone and shape meet in one call), sometimes 8 or the default 100. Drawn from an RNG
+/// of their own, so that the rest of a seed's scenario stays what it was: the same seed with
+/// batching off is the same scenario, and every other draw (restarts, lost answers, deaths,
+/// mode switches, destroys) meets batching as it comes.
+fn draw_batching(s: &mut Scenario, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6261_7463_6865_7321);
+    if rng.random_bool(0.5) {
+        s.provisioner.batch_starts = true;
+        s.provisioner.batch_size = *pick(&mut rng, &[1, 2, 2, 3, 3, 4, 8, crate::config::DEFAULT_BATCH_SIZE]);
+    }
 }
 
 /// Lifecycle races (failed lookups, orphans, restarts around stops, destructions as starts land),
