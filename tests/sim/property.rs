@@ -1,7 +1,8 @@
-//! Random scenarios (machines, deaths at random times, faults, lost answers, restarts, zone
-//! changes, mode changes, resizes, throttling, destroys, batched starts for half the seeds;
-//! containers with host deaths under them, restarts around those, mode switches while they live
-//! and destroys while they start) break no invariant, and a seed reproduces a run exactly.
+//! Random scenarios (machines, deaths at random times and at the instant a start lands, faults,
+//! lost answers, restarts, zone changes, mode changes, resizes, throttling, destroys, batched
+//! starts for half the seeds; containers with host deaths under them, restarts around those,
+//! mode switches while they live and destroys while they start) break no invariant, and a seed
+//! reproduces a run exactly.
 //! `PROPERTY_SEEDS=10000` runs more seeds (in a release build:
 //! `PROPERTY_SEEDS=10000 cargo test --release --features sim --test sim random_scenarios_break`).
 
