@@ -703,6 +703,17 @@ impl DeadMachine {
         }
     }
 
+    /// The same machine owning `instance` too: as its recorded instance if it has none, else
+    /// among its tagged ones (unless it is one of its instances already).
+    pub fn with_instance(mut self, instance: InstanceId) -> Self {
+        match &self.instance {
+            None => self.instance = Some(instance),
+            Some(own) if *own == instance || self.tagged.contains(&instance) => {}
+            Some(_) => self.tagged.push(instance),
+        }
+        self
+    }
+
     /// Every instance of the machine: the recorded one, then the stray tagged ones.
     pub fn instances(&self) -> impl Iterator<Item = &InstanceId> {
         self.instance.iter().chain(self.tagged.iter().filter(move |t| Some(*t) != self.instance.as_ref()))

@@ -1,10 +1,11 @@
 //! Random scenarios for the property test: machines, deaths at random times, faults,
-//! restarts, zone changes, mode changes, resizes, throttling, lost answers; containers (host
-//! deaths under them with restarts around, mode switches while they live, destroys while they
-//! start, containers added later); and lifecycle races (restarts while stops and releases are
-//! queued or in flight, destroys at the instant a start lands, failing lookups for machines
-//! with tagged instances, failed records followed by failed or throttled stops, zones closed
-//! while starts wait). A seed picks one scenario, so a failing seed is reproduced with
+//! restarts, zone changes, mode changes, resizes, throttling, lost answers, batched starts
+//! (`batch_starts` and `batch_size`, for half the seeds); containers (host deaths under them
+//! with restarts around, mode switches while they live, destroys while they start, containers
+//! added later); and lifecycle races (restarts while stops and releases are queued or in
+//! flight, destroys and deaths at the instant a start lands, failing lookups for machines with
+//! tagged instances, failed records followed by failed or throttled stops, zones closed while
+//! starts wait). A seed picks one scenario, so a failing seed is reproduced with
 //! `provisioner generate-scenario --seed N`.
 
 use std::time::Duration;
@@ -350,7 +351,52 @@ pub fn generate(seed: u64) -> Scenario {
         events,
     };
     add_lifecycle_races(&mut scenario, seed);
+    add_deaths_as_starts_land(&mut scenario, seed);
+    draw_batching(&mut scenario, seed);
     scenario
+}
+
+/// Deaths at the very instant a start lands: a pending machine's (the first wave lands one start
+/// latency in, a later attempt at a multiple of it) or a machine added later's (one latency after
+/// it is added). The death may be read before the start's instance is recorded. Drawn from an RNG
+/// of their own, so that the rest of a seed's scenario stays what it was.
+fn add_deaths_as_starts_land(s: &mut Scenario, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6c61_6e64_696e_6773);
+    if !rng.random_bool(0.25) {
+        return;
+    }
+    let latency = s.cloud.start_latency.0;
+    let mut landings: Vec<(String, Duration)> = s
+        .machines
+        .iter()
+        .filter(|m| m.instance.is_none() && !m.manual && !m.id.contains('/'))
+        .map(|m| (m.id.clone(), latency * rng.random_range(1..=3u32)))
+        .collect();
+    landings.extend(s.events.iter().filter_map(|e| {
+        e.add_machine.as_ref().filter(|m| !m.id.contains('/')).map(|m| (m.id.clone(), e.at.0 + latency))
+    }));
+    for _ in 0..rng.random_range(1..=2u32) {
+        if landings.is_empty() {
+            break;
+        }
+        let (machine, at) = landings.swap_remove(rng.random_range(0..landings.len()));
+        let life = if rng.random_bool(0.8) { Life::Dead } else { Life::Dying };
+        s.events.push(EventSpec::new(at.max(Duration::from_millis(1)), Action::SetLife(SetLifeSpec { machine, life })));
+    }
+    s.events.sort_by_key(|e| e.at);
+}
+
+/// Batched starts for half the seeds, in calls of 1 to 4 machines mostly (so that the starts
+/// of one zone and shape meet in one call), sometimes 8 or the default 100. Drawn from an RNG
+/// of their own, so that the rest of a seed's scenario stays what it was: the same seed with
+/// batching off is the same scenario, and every other draw (restarts, lost answers, deaths,
+/// mode switches, destroys) meets batching as it comes.
+fn draw_batching(s: &mut Scenario, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6261_7463_6865_7321);
+    if rng.random_bool(0.5) {
+        s.provisioner.batch_starts = true;
+        s.provisioner.batch_size = *pick(&mut rng, &[1, 2, 2, 3, 3, 4, 8, crate::config::DEFAULT_BATCH_SIZE]);
+    }
 }
 
 /// Lifecycle races (failed lookups, orphans, restarts around stops, destructions as starts land),

@@ -137,11 +137,23 @@ impl LifecycleBook {
     }
 
     /// Decides a batch of deaths.
+    ///
+    /// A machine whose start landed just before its death was read may be dead in a registry
+    /// answer read before its instance was recorded: the lifecycle has that instance (`Running`),
+    /// and it goes with the machine (stopped or released by the mode), never left unowned to be
+    /// harvested later as unknown.
     pub fn on_deaths(&mut self, dead: &[DeadMachine]) -> Deaths {
         let mut out = Deaths::default();
         for d in dead {
+            let landed = match self.phases.get(&d.id) {
+                Some(Phase::Running { instance }) => Some(instance.clone()),
+                _ => None,
+            };
             match self.on_death(d) {
-                DeathDecision::StopNow => out.stop_now.push(d.clone()),
+                DeathDecision::StopNow => out.stop_now.push(match landed {
+                    Some(instance) => d.clone().with_instance(instance),
+                    None => d.clone(),
+                }),
                 DeathDecision::Deferred => out.deferred.push(d.id.clone()),
                 DeathDecision::AlreadyStopping => {}
             }

@@ -165,9 +165,10 @@ fn on_deaths_sorts_a_batch_by_decision() {
     let mut b = running("run", "i-run");
     b.want_start(&mid("start"));
     b.on_death(&dead("stop"));
-    let batch = [dead("run"), dead("start"), dead("stop"), dead("idle")];
+    let run = DeadMachine { instance: Some(iid("i-run")), ..dead("run") };
+    let batch = [run.clone(), dead("start"), dead("stop"), dead("idle")];
     let deaths = b.on_deaths(&batch);
-    assert_eq!(deaths.stop_now, vec![dead("run"), dead("idle")]);
+    assert_eq!(deaths.stop_now, vec![run, dead("idle")]);
     assert_eq!(deaths.deferred, vec![mid("start")]);
     assert!(matches!(b.phase(&mid("start")), Some(Phase::StopDeferred(_))));
     assert_eq!(b.phase(&mid("run")), Some(&Phase::Stopping));
@@ -233,4 +234,29 @@ fn destroy_of_a_machine_whose_start_just_landed_stops_the_instance_it_landed() {
     let out = b.on_destroy(&[known]);
     assert_eq!(out.stop_now[0].instances().cloned().collect::<Vec<_>>(), vec![iid("i-1")]);
     assert!(out.stop_now[0].tagged.is_empty());
+}
+
+/// A death read before the registry recorded the instance of a start that landed at that very
+/// instant (batched starts make it likely: issue 30 item 13): the lifecycle has the instance
+/// (`Running`), and it goes with the dead machine, stopped or released by the mode, never left
+/// unowned to be harvested later as unknown (or never, in mode destroyed).
+#[test]
+fn death_of_a_machine_whose_start_just_landed_carries_the_instance_it_landed() {
+    let mut b = running("0", "i-1");
+    let out = b.on_deaths(&[dead("0")]);
+    assert_eq!(out.stop_now, vec![DeadMachine { instance: Some(iid("i-1")), ..dead("0") }]);
+    assert_eq!(b.phase(&mid("0")), Some(&Phase::Stopping));
+    // Known to the registry already: named once, as it is.
+    let mut b = running("0", "i-1");
+    let known = DeadMachine { instance: Some(iid("i-1")), ..dead("0") };
+    assert_eq!(b.on_deaths(std::slice::from_ref(&known)).stop_now, vec![known]);
+    // The registry records another instance (say a reused one): the landed one joins its tagged.
+    let mut b = running("0", "i-1");
+    let other = DeadMachine { instance: Some(iid("i-0")), keep_instance: true, ..dead("0") };
+    let out = b.on_deaths(&[other]);
+    assert_eq!(out.stop_now[0].instances().cloned().collect::<Vec<_>>(), vec![iid("i-0"), iid("i-1")]);
+    assert!(out.stop_now[0].keep_instance);
+    // A machine that was never started: as it is.
+    let mut b = LifecycleBook::new();
+    assert_eq!(b.on_deaths(&[dead("0")]).stop_now, vec![dead("0")]);
 }
