@@ -655,6 +655,53 @@ fn moto_serve_args(moto: &moto::Moto) -> [&str; 10] {
     ]
 }
 
+/// Issue 30, item 8: readers do not drive the cloud's API. 300 concurrent `GET /v1/instances`
+/// with a read-only token (and status polls beside them) are served from the listings the
+/// service made, with their age in the `Age` header: a bounded, small number of
+/// `DescribeInstances` calls (`provisioner_broker_calls_total{op="all_instances"}`), not one
+/// per request (300 before).
+#[cfg(feature = "ec2")]
+#[test]
+fn readers_are_served_from_the_listings_made_not_one_cloud_listing_each() {
+    let moto = moto::Moto::shared();
+    let dir = temp_dir("ec2-readers");
+    let s = Server::start(&dir, &moto_serve_args(moto));
+    s.json(&["machine", "add", "-n", "2", "--wait", "--json"]);
+    let ro = s.json(&["token", "create", "--read-only", "--json"])["token"].as_str().unwrap().to_owned();
+    let listings = |s: &Server| {
+        sample(&s.metrics(), "provisioner_broker_calls_total{op=\"all_instances\",result=\"ok\"}").unwrap_or(0.0)
+    };
+    let before = listings(&s);
+    let began = Instant::now();
+    let threads: Vec<_> = (0..30)
+        .map(|t| {
+            let (url, ro) = (s.url.clone(), ro.clone());
+            std::thread::spawn(move || {
+                let mut ages = Vec::new();
+                for i in 0..10 {
+                    let path = if t == 0 && i % 2 == 0 { "status" } else { "instances" };
+                    let r = ureq::get(&format!("{url}/v1/{path}"))
+                        .set("Authorization", &format!("Bearer {ro}"))
+                        .call()
+                        .unwrap();
+                    if path == "instances" {
+                        ages.push(r.header("Age").unwrap().parse::<u64>().unwrap());
+                        assert_eq!(r.into_json::<Value>().unwrap().as_array().unwrap().len(), 2);
+                    }
+                }
+                ages
+            })
+        })
+        .collect();
+    let ages: Vec<u64> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    let took = began.elapsed().as_secs_f64();
+    let made = listings(&s) - before;
+    eprintln!("300 reads in {took:.2} s made {made} cloud listings; ages {:?}", ages.iter().max());
+    assert!(ages.iter().all(|a| *a <= 5), "no listing older than 5 s is served: {ages:?}");
+    // At most one listing per 5 s of reading, plus the provisioner's own.
+    assert!(made <= 3.0 + (took / 5.0).ceil(), "{made} listings for 300 reads in {took:.1} s");
+}
+
 #[cfg(feature = "ec2")]
 #[test]
 fn the_ec2_broker_service_adopts_after_a_crash_and_terminates_on_removal() {

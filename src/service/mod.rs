@@ -47,6 +47,8 @@ pub mod initialiser;
 #[cfg(feature = "serve")]
 pub mod intents;
 pub mod lease;
+/// The cloud's instances as readers see them: served from the listings made, with their age.
+pub mod listing;
 #[cfg(feature = "serve")]
 pub mod metrics;
 #[cfg(feature = "serve")]

@@ -1110,7 +1110,11 @@ pub(crate) async fn start_model(
             tracing::info!(starts = resumed, "resuming starts a previous run left in flight");
         }
     }
-    let broker = MeteredBroker::new(cloud, metrics.clone().recipient());
+    // Readers are served from the listings made (issue 30, item 8): the listings' own calls go
+    // through the plain metered broker, the provisioner's through the one that reports them.
+    let plain = MeteredBroker::new(cloud, metrics.clone().recipient());
+    let listings = crate::service::listing::InstanceListings::start(Arc::new(plain.clone()));
+    let broker = plain.with_listings(listings);
     let config = ProvisionerConfig {
         model_uuid: model_uuid.clone(),
         harvest_mode: settings.harvest_mode.unwrap_or(opts.harvest_mode),

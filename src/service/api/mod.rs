@@ -65,7 +65,6 @@ use crate::service::metrics::{Gauges, HttpDone, MeteredBroker, Metrics, Render};
 use crate::service::models::{HostError, ModelHost, Shared, DEFAULT_MODEL};
 use crate::service::store::{MachineRecord, Store, StoreError};
 use crate::service::token::{self, Scope};
-use crate::Broker;
 use crate::DestroyError;
 use crate::ProvisionerHandle;
 use openapi::ConfigKey;
@@ -742,17 +741,23 @@ fn refuse_container_retries(ids: &[MachineId]) -> Result<()> {
 #[utoipa::path(get, path = "/v1/instances", tag = "instances", operation_id = "list_instances",
     responses((status = 200, description = "The cloud's instances of this model", body = Vec<InstanceView>)))]
 async fn list_instances(_: Authorized, st: State) -> Result<HttpResponse> {
-    let list = st.broker.all_instances().await.map_err(|e| ApiError::internal(format!("listing the cloud: {e}")))?;
+    // From the listings the service made (at most `listing::MAX_AGE` old): no reader drives
+    // the cloud's API; the listing's age in whole seconds is the answer's `Age` header.
+    let (list, age) = st
+        .broker
+        .read_instances(crate::service::listing::MAX_AGE)
+        .await
+        .map_err(|e| ApiError::internal(format!("listing the cloud: {e}")))?;
     let views: Vec<InstanceView> = list
-        .into_iter()
+        .iter()
         .map(|i| InstanceView {
             id: i.id.to_string(),
             state: i.state.to_string(),
-            zone: i.zone,
-            machine: i.tags.machine.map(|m| m.to_string()),
+            zone: i.zone.clone(),
+            machine: i.tags.machine.as_ref().map(|m| m.to_string()),
         })
         .collect();
-    Ok(HttpResponse::Ok().json(views))
+    Ok(HttpResponse::Ok().insert_header(("Age", age.as_secs().to_string())).json(views))
 }
 
 const CONFIG_KEYS: [&str; 2] = ["harvest-mode", "workers"];
@@ -870,7 +875,7 @@ async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
         let live = by_state.iter().filter(|(state, _)| *state != "terminated").map(|(_, n)| *n);
         (Some(live.sum::<u64>() as usize), None)
     } else {
-        instance_count(st.broker.all_instances().await.map(|l| l.len()))
+        instance_count(st.broker.read_instances(crate::service::listing::MAX_AGE).await.map(|(l, _)| l.len()))
     };
     let lease = match &st.replica {
         Some(r) => Some(r.lease_status().await?),

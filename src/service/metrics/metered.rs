@@ -1,14 +1,16 @@
-//! A broker decorator that times every call for the metrics and counts calls in flight.
+//! A broker decorator that times every call for the metrics and counts calls in flight, and
+//! hands each listing it makes to the listings readers are served from (`service::listing`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use actix::Recipient;
+use actix::{Addr, Recipient};
 use actix_rt::time::Instant;
 
 use super::messages::BrokerCallDone;
 use crate::model::{CloudInstance, InstanceId, InstanceTags};
 use crate::ports::{AvailabilityZone, Broker, BrokerFuture, StartInstanceParams, StartedInstance};
+use crate::service::listing::{Changed, InstanceListings, Listed, ReadInstances};
 
 /// Wraps a broker; every call is timed and counted.
 #[derive(Clone)]
@@ -16,12 +18,51 @@ pub struct MeteredBroker {
     inner: Arc<dyn Broker>,
     metrics: Recipient<BrokerCallDone>,
     in_flight: Arc<AtomicUsize>,
+    /// Where listings go, and readers ask (`None`: readers list the cloud themselves).
+    listings: Option<Addr<InstanceListings>>,
 }
 
 impl MeteredBroker {
     /// Meters `inner`, reporting to `metrics`.
     pub fn new(inner: Arc<dyn Broker>, metrics: Recipient<BrokerCallDone>) -> Self {
-        Self { inner, metrics, in_flight: Arc::new(AtomicUsize::new(0)) }
+        Self { inner, metrics, in_flight: Arc::new(AtomicUsize::new(0)), listings: None }
+    }
+
+    /// The same broker, its listings handed to `listings`, which readers ask
+    /// ([`MeteredBroker::read_instances`]).
+    pub fn with_listings(self, listings: Addr<InstanceListings>) -> Self {
+        Self { listings: Some(listings), ..self }
+    }
+
+    /// `call`, which changes the cloud: once it ends (answered or not: a failed call may have
+    /// taken effect), the listings readers are served from are outdated.
+    fn changing<T: Send + 'static>(&self, call: BrokerFuture<T>) -> BrokerFuture<T> {
+        let Some(listings) = self.listings.clone() else { return call };
+        Box::pin(async move {
+            let result = call.await;
+            listings.do_send(Changed);
+            result
+        })
+    }
+
+    /// The cloud's instances for a reader: a listing at most `max_age` old (made now only if
+    /// none is, and once for every reader that asks meanwhile), and its age.
+    pub fn read_instances(
+        &self,
+        max_age: std::time::Duration,
+    ) -> BrokerFuture<(Arc<Vec<CloudInstance>>, std::time::Duration)> {
+        match &self.listings {
+            Some(l) => {
+                let asked = l.send(ReadInstances { max_age });
+                Box::pin(async move {
+                    asked.await.map_err(|_| crate::ports::BrokerError::transient("the instance listings stopped"))?
+                })
+            }
+            None => {
+                let call = self.all_instances();
+                Box::pin(async move { Ok((Arc::new(call.await?), std::time::Duration::ZERO)) })
+            }
+        }
     }
 
     /// Calls in flight now (a counter shared by every clone).
@@ -62,13 +103,22 @@ impl Broker for MeteredBroker {
         self.inner.pace_follow_ups(pacer)
     }
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
-        self.meter("start_instance", self.inner.start_instance(params))
+        self.changing(self.meter("start_instance", self.inner.start_instance(params)))
     }
     fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
-        self.meter("stop_instances", self.inner.stop_instances(ids))
+        self.changing(self.meter("stop_instances", self.inner.stop_instances(ids)))
     }
     fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
-        self.meter("all_instances", self.inner.all_instances())
+        let call = self.meter("all_instances", self.inner.all_instances());
+        let Some(listings) = self.listings.clone() else { return call };
+        Box::pin(async move {
+            let at = Instant::now();
+            let result = call.await;
+            if let Ok(list) = &result {
+                listings.do_send(Listed { list: Arc::new(list.clone()), at });
+            }
+            result
+        })
     }
     fn supports_zones(&self) -> bool {
         self.inner.supports_zones()
@@ -83,6 +133,6 @@ impl Broker for MeteredBroker {
         self.meter("retag_instance", self.inner.retag_instance(id, tags))
     }
     fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
-        self.meter("release_instances", self.inner.release_instances(ids))
+        self.changing(self.meter("release_instances", self.inner.release_instances(ids)))
     }
 }
