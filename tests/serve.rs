@@ -1259,6 +1259,10 @@ mod models;
 #[path = "serve/tokens.rs"]
 mod tokens;
 
+/// The event stream's limits: revocation, caps (issue 30).
+#[path = "serve/events.rs"]
+mod events;
+
 // Issue 14: containers and manual machines.
 
 fn machine<'a>(list: &'a [Value], id: &str) -> &'a Value {

@@ -18,7 +18,8 @@
 //! - `models`: many models per service: the models directory (plain), where it is kept, and
 //!   the running models the API looks up by name.
 //! - `simcloud`: [`Broker`](crate::ports::Broker) over the store: the simulated cloud.
-//! - `events`: the server-sent event stream of provisioner events.
+//! - `events`: the server-sent event stream of provisioner events, and the gate that caps the
+//!   streams and ends a revoked token's (`streams`: its plain core).
 //! - `intents`: the broker decorator that writes each start's client token and parameters
 //!   before a real cloud's call, and repeats the unsettled ones before a provisioner starts.
 //! - `initialiser`: the simulated container initialiser (delay and fault injection) that the
@@ -64,6 +65,8 @@ pub mod settings;
 pub mod simcloud;
 #[cfg(feature = "serve")]
 pub mod store;
+#[cfg(feature = "serve")]
+pub mod streams;
 #[cfg(feature = "serve")]
 pub mod tls;
 #[cfg(feature = "serve")]

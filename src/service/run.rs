@@ -894,6 +894,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         started,
         service_store: store.clone(),
         metrics: Metrics::default().start(),
+        streams: crate::service::events::StreamGate::new(opts.events, store.clone()).start(),
         accounts: crate::service::models::limits::Accounts::default(),
         replica_id,
         models_led: std::sync::Arc::default(),
@@ -920,6 +921,9 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     let app_host = host.clone();
     let http = actix_web::HttpServer::new(move || api::app(app_host.clone()))
         .workers(2)
+        // A client that closes its connection is let go at once: its event stream's place is
+        // free for another (half-closed, the stream would go on until a heartbeat's write failed).
+        .h1_allow_half_closed(false)
         .disable_signals()
         .shutdown_timeout(opts.shutdown_grace.as_secs().max(1));
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -1132,7 +1136,7 @@ pub(crate) async fn start_model(
         ..ProvisionerConfig::default()
     }
     .with_random_seed();
-    let hub = crate::service::events::EventHub::default();
+    let hub = crate::service::events::EventHub::new(opts.events.idle_timeout);
     let events_dropped = hub.dropped_counter();
     let events = hub.start();
     // On PostgreSQL the service is one replica of many: only the lease's holder runs the

@@ -40,6 +40,13 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// call may take (`store::pg::STATEMENT_DEADLINE` and its slack), so that a store that can
 /// say why it failed says so first.
 pub const DEFAULT_REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+/// The most event streams (`/v1/events`) one API token may hold open on a replica by default.
+pub const DEFAULT_MAX_STREAMS_PER_TOKEN: usize = 8;
+/// The most event streams a replica holds open, all tokens together, by default.
+pub const DEFAULT_MAX_STREAMS: usize = 256;
+/// How long an event stream may go without a frame written to its client (frames waiting)
+/// before the client is dropped, by default.
+pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// The simulated cloud's zones by default.
 pub const DEFAULT_SIM_ZONES: [&str; 3] = ["az1", "az2", "az3"];
 /// How long a simulated start takes by default.
@@ -113,6 +120,9 @@ pub enum SettingsError {
     /// `request_deadline` is zero.
     #[error("config: request_deadline must be positive")]
     ZeroRequestDeadline,
+    /// An `[events]` limit is zero (`events.max_streams`, ...).
+    #[error("config: events.{0} must be positive")]
+    ZeroEventsLimit(&'static str),
     /// A `[sim] subnets` entry names no zone, or one the simulated cloud does not have.
     #[error("config: sim.subnets: subnet {subnet:?} must be in one or more of the simulated cloud's zones ({zones}), got {got:?}")]
     SimSubnet {
@@ -194,6 +204,9 @@ pub struct ServeSettings {
     #[arg(skip = DEFAULT_REQUEST_DEADLINE)]
     #[serde(deserialize_with = "duration")]
     pub request_deadline: Duration,
+    /// The event streams' limits (`[events]`, file only).
+    #[arg(skip)]
+    pub events: EventsSettings,
     /// StartInstance retries (`[retry]`).
     #[arg(skip)]
     pub retry: RetrySettings,
@@ -247,6 +260,7 @@ impl Default for ServeSettings {
             resync: DEFAULT_RESYNC_INTERVAL,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             request_deadline: DEFAULT_REQUEST_DEADLINE,
+            events: EventsSettings::default(),
             retry: RetrySettings::default(),
             sim: SimSection::default(),
             ec2: Ec2Settings::default(),
@@ -258,6 +272,44 @@ impl Default for ServeSettings {
             insecure_http: None,
             init: false,
         }
+    }
+}
+
+/// The event streams' limits (`[events]` in the config file): each replica's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsSettings {
+    /// The most streams one API token may hold open (beyond it: 429).
+    pub max_streams_per_token: usize,
+    /// The most streams open, all tokens together (beyond it: 429).
+    pub max_streams: usize,
+    /// A client none of whose waiting frames could be written for this long is dropped.
+    #[serde(deserialize_with = "duration")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for EventsSettings {
+    fn default() -> Self {
+        Self {
+            max_streams_per_token: DEFAULT_MAX_STREAMS_PER_TOKEN,
+            max_streams: DEFAULT_MAX_STREAMS,
+            idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
+        }
+    }
+}
+
+impl EventsSettings {
+    fn check(&self) -> Result<(), SettingsError> {
+        for (key, zero) in [
+            ("max_streams_per_token", self.max_streams_per_token == 0),
+            ("max_streams", self.max_streams == 0),
+            ("idle_timeout", self.idle_timeout.is_zero()),
+        ] {
+            if zero {
+                return Err(SettingsError::ZeroEventsLimit(key));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -657,6 +709,7 @@ impl ServeSettings {
         if self.request_deadline.is_zero() {
             return Err(SettingsError::ZeroRequestDeadline);
         }
+        self.events.check()?;
         self.sim.check_subnets()?;
         self.lease.timings().map_err(SettingsError::Lease)?;
         if self.init && matches!(self.store.url(), StoreUrl::Postgres(_)) {
@@ -809,6 +862,21 @@ mod tests {
         assert_eq!(o, ServeSettings::default(), "clap's skipped fields hold the same defaults");
         let parsed = Cli::try_parse_from(["serve"]).unwrap().serve;
         assert_eq!(parsed, ServeSettings::default(), "a parse without the file layer holds the defaults too");
+    }
+
+    #[test]
+    fn event_stream_limits_come_from_the_file_and_are_checked() {
+        let d = load(&[]).unwrap().events;
+        assert_eq!((d.max_streams_per_token, d.max_streams, d.idle_timeout), (8, 256, Duration::from_secs(60)));
+        let text = "[events]\nmax_streams_per_token = 2\nmax_streams = 3\nidle_timeout = \"5s\"\n";
+        let e = with_file("events.toml", text, &[]).unwrap().events;
+        assert_eq!((e.max_streams_per_token, e.max_streams, e.idle_timeout), (2, 3, Duration::from_secs(5)));
+        let e = with_file("events0.toml", "[events]\nmax_streams = 0\n", &[]).unwrap_err();
+        assert_eq!(e.to_string(), "config: events.max_streams must be positive");
+        let e = with_file("events1.toml", "[events]\nidle_timeout = \"0s\"\n", &[]).unwrap_err();
+        assert_eq!(e.to_string(), "config: events.idle_timeout must be positive");
+        let e = with_file("events2.toml", "[events]\nstreams = 3\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("streams"), "{e}");
     }
 
     #[test]

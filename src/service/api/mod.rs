@@ -35,7 +35,8 @@
 //! unknown field, a wrong type, a value out of range), 401 (no, wrong or revoked token), 403 (a
 //! read-only token's change, or its token management), 404 (no such
 //! machine or route), 405 (a method the route does not take; `Allow` lists those it does), 409
-//! (the model's state refuses it), 413 (a body over [`BODY_LIMIT`]), 500, or 503 (`/healthz`,
+//! (the model's state refuses it), 413 (a body over [`BODY_LIMIT`]), 429 (`/v1/events`: a cap
+//! on event streams reached, named with its config key), 500, or 503 (`/healthz`,
 //! `/readyz`: the store cannot be read; any request: the database cannot be reached, so no
 //! answer is given rather than a stale one). A refused request writes nothing.
 
@@ -1008,15 +1009,26 @@ fn manual_machines_message(ids: &[MachineId], dying: bool) -> String {
 }
 
 #[utoipa::path(get, path = "/v1/events", tag = "service", operation_id = "events",
-    responses((status = 200, description = "Server-sent events, one `EventView` (JSON) per `data:` line, until the \
-        client disconnects or falls behind", content_type = "text/event-stream", body = String)))]
-async fn events(_: Authorized, st: State) -> Result<HttpResponse> {
+    responses(
+        (status = 200, description = "Server-sent events, one `EventView` (JSON) per `data:` line, until the \
+            client disconnects, falls behind or goes idle (`stream-dropped`), or its token is revoked \
+            (`token-revoked`)", content_type = "text/event-stream", body = String),
+        (status = 429, description = "The token already holds `[events] max_streams_per_token` streams (8) on this \
+            replica, or the replica `[events] max_streams` (256), all tokens together; the message names the cap \
+            and how to raise it", body = ErrorBody),
+    ))]
+async fn events(who: Authorized, st: State, host: Host) -> Result<HttpResponse> {
+    use crate::service::events::{Admit, OpenStream};
     use futures::StreamExt;
-    let rx = st
-        .events
-        .send(crate::service::events::OpenStream)
+    let ticket = host
+        .shared()
+        .streams
+        .send(Admit(who.0.id))
         .await
-        .map_err(|e| ApiError::internal(format!("event stream: {e}")))?;
+        .map_err(|e| ApiError::internal(format!("event stream: {e}")))?
+        .map_err(|refused| ApiError::new(429, refused.to_string()))?;
+    let rx =
+        st.events.send(OpenStream(Some(ticket))).await.map_err(|e| ApiError::internal(format!("event stream: {e}")))?;
     Ok(HttpResponse::Ok()
         .content_type("text/event-stream")
         .insert_header(("Cache-Control", "no-cache"))

@@ -6,7 +6,9 @@
 //! - `GET /v1/tokens`: every created token's id, scope, created and revoked times; never a
 //!   token or a hash.
 //! - `DELETE /v1/tokens/{id}`: revokes it (200 with its record). The next request carrying it
-//!   gets 401, on every replica (tokens are looked up in the store per request). Revoking a
+//!   gets 401, on every replica (tokens are looked up in the store per request), and its event
+//!   streams end with a last `token-revoked` event (here at once, elsewhere within a second:
+//!   [`crate::service::events::StreamGate`]). Revoking a
 //!   revoked token again is no error (200, its first revocation time kept); an unknown id is
 //!   404 naming it; the admin token (`admin`, the data directory's file) is 409: it cannot be
 //!   revoked through the API (replace it by stopping the service, deleting `DATA_DIR/token`
@@ -106,5 +108,7 @@ pub async fn revoke_token(_: AdminOnly, host: Host, id: web::Path<String>, req: 
     }
     let at = now_rfc3339();
     let record = host.shared().service_store.exec(move |s| s.revoke_token(&id, &at)).await?;
+    // Its event streams here end now (other replicas' within their next check of the tokens).
+    host.shared().streams.do_send(crate::service::events::Revoked(record.id.clone()));
     Ok(HttpResponse::Ok().json(view(record)))
 }

@@ -47,6 +47,8 @@ pub struct Shared {
     /// The service's metrics (`/metrics`): the HTTP requests of every model, and `default`'s
     /// families while it runs (its model metrics are these); kept when `default` is destroyed.
     pub metrics: actix::Addr<crate::service::metrics::Metrics>,
+    /// The gate of every model's event streams (their caps; a revoked token's streams ended).
+    pub streams: actix::Addr<crate::service::events::StreamGate>,
     /// The cloud accounts in use, whose limits their models share.
     pub accounts: super::limits::Accounts,
     /// This replica's id (replicas on PostgreSQL): `--replica-id`, or a random one for the
