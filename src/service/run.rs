@@ -1114,11 +1114,17 @@ pub(crate) async fn start_model(
             tracing::info!(starts = resumed, "resuming starts a previous run left in flight");
         }
     }
-    // Readers are served from the listings made (issue 30, item 8): the listings' own calls go
-    // through the plain metered broker, the provisioner's through the one that reports them.
+    // A real cloud's readers are served from the listings made (issue 30, item 8): the
+    // listings' own calls go through the plain metered broker, the provisioner's through the
+    // one that reports them. The simulated cloud's listing is a read of the store, as fresh and
+    // as cheap as any other read: its readers read it.
     let plain = MeteredBroker::new(cloud, metrics.clone().recipient());
-    let listings = crate::service::listing::InstanceListings::start(Arc::new(plain.clone()));
-    let broker = plain.with_listings(listings);
+    let broker = if broker_name == "sim" {
+        plain
+    } else {
+        let listings = crate::service::listing::InstanceListings::start(Arc::new(plain.clone()));
+        plain.with_listings(listings)
+    };
     let config = ProvisionerConfig {
         model_uuid: model_uuid.clone(),
         harvest_mode: settings.harvest_mode.unwrap_or(opts.harvest_mode),

@@ -336,12 +336,22 @@ fn assert_all_provisioned_once(c: &Cluster, acked: &[String]) {
     }
     let out = c.cli(i, &["machine", "list", "--json"]);
     let machines: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    let out = c.cli(i, &["instance", "list", "--json"]);
-    let instances: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    let mut live: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for inst in &instances {
-        live.entry(field(inst, "machine").to_owned()).or_default().push(field(inst, "id").to_owned());
-    }
+    // A real cloud's instances are read from a listing up to 5 s old (`Age`): read until the
+    // listing has every recorded instance (or its last is asserted on, after 15 s).
+    let began = Instant::now();
+    let live = loop {
+        let out = c.cli(i, &["instance", "list", "--json"]);
+        let instances: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let mut live: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for inst in &instances {
+            live.entry(field(inst, "machine").to_owned()).or_default().push(field(inst, "id").to_owned());
+        }
+        let recorded = |m: &Value| live.get(field(m, "id")) == Some(&vec![field(m, "instance").to_owned()]);
+        if machines.iter().all(recorded) || began.elapsed() > Duration::from_secs(15) {
+            break live;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
     for id in acked {
         let m = machines.iter().find(|m| field(m, "id") == id).unwrap_or_else(|| panic!("acknowledged {id} lost"));
         assert_eq!(live.get(id.as_str()), Some(&vec![field(m, "instance").to_owned()]), "machine {id}: {live:?}");

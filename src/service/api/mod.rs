@@ -740,9 +740,9 @@ fn refuse_container_retries(ids: &[MachineId]) -> Result<()> {
 }
 
 #[utoipa::path(get, path = "/v1/instances", tag = "instances", operation_id = "list_instances",
-    responses((status = 200, description = "The cloud's instances of this model, from a listing at most 5 s old (its \
-        age in seconds in the `Age` header; a start, stop or release through the service makes the next read list \
-        again): readers never drive the cloud's API", body = Vec<InstanceView>)))]
+    responses((status = 200, description = "The cloud's instances of this model; on a real cloud from a listing at \
+        most 5 s old (its age in seconds in the `Age` header; a start, stop or release through the service makes the \
+        next read list again): readers never drive the cloud's API", body = Vec<InstanceView>)))]
 async fn list_instances(_: Authorized, st: State) -> Result<HttpResponse> {
     // From the listings the service made (at most `listing::MAX_AGE` old): no reader drives
     // the cloud's API; the listing's age in whole seconds is the answer's `Age` header.

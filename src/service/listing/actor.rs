@@ -51,20 +51,34 @@ impl Handler<ReadInstances> for InstanceListings {
         let (tx, rx) = oneshot::channel();
         self.waiting.push(tx);
         if list {
-            let began = Instant::now();
-            ctx.spawn(self.broker.all_instances().into_actor(self).map(move |result, act, _| {
-                act.book.ended();
-                let answer = result.map(|l| {
-                    let list = Arc::new(l);
-                    act.book.listed(list.clone(), began);
-                    (list, Instant::now().saturating_duration_since(began))
-                });
-                for w in act.waiting.drain(..) {
-                    let _ = w.send(answer.clone());
-                }
-            }));
+            self.list(ctx, true);
         }
         Box::pin(async move { rx.await.unwrap_or_else(|_| Err(BrokerError::transient("the listing was abandoned"))) })
+    }
+}
+
+impl InstanceListings {
+    /// Lists the cloud and answers every reader waiting; a listing overtaken by a change made
+    /// through the service while it was in flight is made once `again`.
+    fn list(&mut self, ctx: &mut Context<Self>, again: bool) {
+        let began = Instant::now();
+        ctx.spawn(self.broker.all_instances().into_actor(self).map(move |result, act, ctx| {
+            let answer = match result {
+                Ok(l) => {
+                    let list = Arc::new(l);
+                    if !act.book.listed(list.clone(), began) && again {
+                        act.list(ctx, false);
+                        return;
+                    }
+                    Ok((list, Instant::now().saturating_duration_since(began)))
+                }
+                Err(e) => Err(e),
+            };
+            act.book.ended();
+            for w in act.waiting.drain(..) {
+                let _ = w.send(answer.clone());
+            }
+        }));
     }
 }
 
@@ -76,7 +90,7 @@ pub struct Changed;
 impl Handler<Changed> for InstanceListings {
     type Result = ();
     fn handle(&mut self, _m: Changed, _ctx: &mut Self::Context) {
-        self.book.changed();
+        self.book.changed(Instant::now());
     }
 }
 
@@ -93,6 +107,6 @@ pub struct Listed {
 impl Handler<Listed> for InstanceListings {
     type Result = ();
     fn handle(&mut self, m: Listed, _ctx: &mut Self::Context) {
-        self.book.listed(m.list, m.at);
+        let _ = self.book.listed(m.list, m.at);
     }
 }

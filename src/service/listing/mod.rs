@@ -1,4 +1,5 @@
-//! The cloud's instances as readers see them (issue 30, item 8): served from the listings the
+//! A real cloud's instances as readers see them (issue 30, item 8; the simulated cloud's
+//! listing is a read of the store, and its readers read it): served from the listings the
 //! service already made (the provisioner's own, and those made for readers), with their age,
 //! so that no reader drives the cloud's API. `/v1/instances` and `/v1/status` ask
 //! [`InstanceListings`] for a listing at most [`MAX_AGE`] old: a fresh one is answered from

@@ -25,6 +25,8 @@ pub enum Read {
 pub struct ListingBook {
     last: Option<(Arc<Vec<CloudInstance>>, Instant)>,
     in_flight: bool,
+    /// When the cloud last changed through this service: a listing begun before is outdated.
+    changed_at: Option<Instant>,
 }
 
 impl ListingBook {
@@ -41,18 +43,24 @@ impl ListingBook {
         Read::Wait { list }
     }
 
-    /// A listing made at `at` (ours, or the provisioner's own): kept if newer than the last.
-    pub fn listed(&mut self, list: Arc<Vec<CloudInstance>>, at: Instant) {
+    /// A listing begun at `at` (ours, or the provisioner's own): kept if newer than the last
+    /// and begun after the last change. Whether it was (else it may miss that change).
+    pub fn listed(&mut self, list: Arc<Vec<CloudInstance>>, at: Instant) -> bool {
+        if self.changed_at.is_some_and(|c| at < c) {
+            return false;
+        }
         if self.last.as_ref().is_none_or(|(_, last)| *last <= at) {
             self.last = Some((list, at));
         }
+        true
     }
 
     /// The cloud changed (an instance started, stopped or released through this service): the
     /// last listing no longer answers readers (a listing already in flight may still be older
     /// than the change: it answers its waiters, and the next read makes another).
-    pub fn changed(&mut self) {
+    pub fn changed(&mut self, now: Instant) {
         self.last = None;
+        self.changed_at = Some(now);
     }
 
     /// Our listing ended (answered or failed): the next stale read makes another.
@@ -91,8 +99,13 @@ mod tests {
         assert!(
             matches!(b.read(t0 + Duration::from_secs(6), Duration::from_secs(5)), Read::Fresh(l, _) if Arc::ptr_eq(&l, &newer))
         );
-        // A change through this service: the next read lists again.
-        b.changed();
-        assert_eq!(b.read(t0 + Duration::from_secs(6), Duration::from_secs(5)), Read::Wait { list: true });
+        // A change through this service: the next read lists again, and a listing begun before
+        // the change (the provisioner's, or one in flight) is not kept.
+        b.changed(t0 + Duration::from_secs(7));
+        assert!(!b.listed(Arc::new(Vec::new()), t0 + Duration::from_millis(6_500)));
+        assert_eq!(b.read(t0 + Duration::from_secs(7), Duration::from_secs(5)), Read::Wait { list: true });
+        assert!(b.listed(newer.clone(), t0 + Duration::from_secs(7)));
+        b.ended();
+        assert!(matches!(b.read(t0 + Duration::from_secs(8), Duration::from_secs(5)), Read::Fresh(..)));
     }
 }
