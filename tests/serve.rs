@@ -1142,6 +1142,18 @@ fn a_slow_event_client_is_dropped_with_a_final_event() {
 /// Unmounts (lazily) when dropped.
 struct Mounted(PathBuf);
 
+/// A tmpfs of `size` (e.g. `8m`) mounted at `mnt` (made), unmounted when dropped; `None` where
+/// it cannot be mounted (needs root and `mount`: the test then says so and checks nothing).
+fn mount_tmpfs(mnt: &Path, size: &str) -> Option<Mounted> {
+    std::fs::create_dir_all(mnt).unwrap();
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(mnt).status();
+    if !matches!(mounted, Ok(s) if s.success()) {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root): this test checked nothing");
+        return None;
+    }
+    Some(Mounted(mnt.to_owned()))
+}
+
 impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
@@ -1164,13 +1176,7 @@ impl Drop for Mounted {
 fn a_full_disk_during_starts_gives_no_machine_a_second_instance() {
     let dir = temp_dir("disk-full");
     let mnt = dir.join("mnt");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"]).arg(&mnt).status();
-    if !matches!(mounted, Ok(s) if s.success()) {
-        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root): the full-disk test checked nothing");
-        return;
-    }
-    let _unmount = Mounted(mnt.clone());
+    let Some(_unmount) = mount_tmpfs(&mnt, "8m") else { return };
     let cfg = dir.join("serve.toml");
     std::fs::write(&cfg, "resync = \"1s\"\n[retry]\ncount = 30\ndelay = \"500ms\"\n").unwrap();
     let cfg = cfg.to_str().unwrap().to_owned();

@@ -92,6 +92,20 @@ pub struct TokenRecord {
     pub model_uuid: Option<String>,
 }
 
+impl TokenRecord {
+    /// A token just created: `model` is the name and uuid of the one model it may use.
+    pub fn created(id: String, scope: Scope, created: &str, model: Option<(&str, &str)>) -> Self {
+        Self {
+            id,
+            scope,
+            created: created.to_owned(),
+            revoked: None,
+            model: model.map(|m| m.0.to_owned()),
+            model_uuid: model.map(|m| m.1.to_owned()),
+        }
+    }
+}
+
 /// Whether a token scoped to `scoped` (`None`: every model) may use model `target`: `Err`
 /// names why not, in one sentence.
 pub fn may_use_model(scoped: Option<&str>, target: &str) -> Result<(), String> {

@@ -407,13 +407,7 @@ fn a_change_whose_audit_line_cannot_be_written_is_refused_and_reads_keep_working
     use std::process::Command;
     let dir = temp_dir("tok-audit-full");
     let mnt = dir.join("mnt");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&mnt).status();
-    if !matches!(mounted, Ok(s) if s.success()) {
-        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root): the full audit log test checked nothing");
-        return;
-    }
-    let _unmount = super::Mounted(mnt.clone());
+    let Some(_unmount) = super::mount_tmpfs(&mnt, "1m") else { return };
     let log = mnt.join("audit.log");
     let s = Server::start(&dir, &["--sim-start-latency", "50ms", "--audit-log", log.to_str().unwrap()]);
     let ids = ids_of(&s.json(&["machine", "add", "-n", "2", "--json"]));

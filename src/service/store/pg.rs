@@ -2793,14 +2793,7 @@ impl StoreBackend for PgStore {
         )
         .map_err(pg(ctx))?;
         tx.commit().map_err(pg(ctx))?;
-        Ok(TokenRecord {
-            id,
-            scope,
-            created: created.to_owned(),
-            revoked: None,
-            model: name.map(str::to_owned),
-            model_uuid: uuid.map(str::to_owned),
-        })
+        Ok(TokenRecord::created(id, scope, created, model))
     }
     fn revoke_model_tokens(&mut self, name: &str, uuid: &str, at: &str) -> Result<Vec<TokenRecord>, StoreError> {
         let ctx = "revoking a destroyed model's API tokens";

@@ -29,20 +29,15 @@ pub(super) fn token_record(
 /// Schema step of version 6: the model a token is scoped to (a database of version 4 or 5
 /// gains the column; its tokens stay service-wide).
 pub(super) fn upgrade_token_models(tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
-    let has: i64 = tx
-        .query_row("SELECT count(*) FROM pragma_table_info('api_tokens') WHERE name = 'model'", [], |r| r.get(0))
-        .map_err(StoreError::sql("reading the schema"))?;
-    if has == 0 {
-        tx.execute_batch("ALTER TABLE api_tokens ADD COLUMN model TEXT")
-            .map_err(StoreError::sql("upgrading the schema"))?;
-    }
-    // Version 7: the model's uuid (a scoped token is valid for that model only).
-    let has: i64 = tx
-        .query_row("SELECT count(*) FROM pragma_table_info('api_tokens') WHERE name = 'model_uuid'", [], |r| r.get(0))
-        .map_err(StoreError::sql("reading the schema"))?;
-    if has == 0 {
-        tx.execute_batch("ALTER TABLE api_tokens ADD COLUMN model_uuid TEXT")
-            .map_err(StoreError::sql("upgrading the schema"))?;
+    // Version 7 adds the model's uuid (a scoped token is valid for that model only).
+    for column in ["model", "model_uuid"] {
+        let has: i64 = tx
+            .query_row("SELECT count(*) FROM pragma_table_info('api_tokens') WHERE name = ?1", [column], |r| r.get(0))
+            .map_err(StoreError::sql("reading the schema"))?;
+        if has == 0 {
+            tx.execute_batch(&format!("ALTER TABLE api_tokens ADD COLUMN {column} TEXT"))
+                .map_err(StoreError::sql("upgrading the schema"))?;
+        }
     }
     Ok(())
 }
@@ -67,14 +62,7 @@ impl StoreCore {
         )
         .map_err(StoreError::sql(ctx))?;
         tx.commit().map_err(StoreError::sql(ctx))?;
-        Ok(TokenRecord {
-            id,
-            scope,
-            created: created.to_owned(),
-            revoked: None,
-            model: name.map(str::to_owned),
-            model_uuid: uuid.map(str::to_owned),
-        })
+        Ok(TokenRecord::created(id, scope, created, model))
     }
 
     /// Revokes at `at` every token scoped to model `name` of uuid `uuid` (and those scoped to
