@@ -408,3 +408,87 @@ fn a_request_the_store_cannot_answer_is_503_within_the_deadline() {
         out.status.success() && ids.iter().all(|id| String::from_utf8_lossy(&out.stdout).contains(&format!("\"{id}\"")))
     });
 }
+
+/// A CA, and a server certificate for `127.0.0.1` and `localhost` it signed: (the CA's PEM, the
+/// server's PEM, the server's key PEM).
+fn pg_certificates(ca_name: &str) -> (String, String, String) {
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.distinguished_name.push(rcgen::DnType::CommonName, ca_name);
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    let server_key = rcgen::KeyPair::generate().unwrap();
+    let server = server.signed_by(&server_key, &ca, &ca_key).unwrap();
+    (ca.pem(), server.pem(), server_key.serialize_pem())
+}
+
+/// `serve --store URL ARGS` on `dir/data`, not waited for (it may never be ready).
+fn spawn_serve(dir: &Path, url: &str, port: u16, extra: &[&OsStr]) -> Server {
+    let log = dir.join("serve.log");
+    let child = bin()
+        .args(["serve", "--store", url, "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(dir.join("data"))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Server { child: Some(child), dir: dir.join("data"), url: format!("http://127.0.0.1:{port}"), log }
+}
+
+/// Issue 30, item 7: a replica on a PostgreSQL that has TLS, its URL `sslmode=verify-full` with
+/// the CA that signed the server's certificate: it leads (the lease and the listener connect
+/// over TLS too), provisions, and every session it holds is encrypted; the same URL with
+/// another CA is refused, the log saying which file does not sign the certificate.
+#[test]
+fn on_postgres_over_tls_a_replica_leads_and_serves_and_a_wrong_ca_is_refused() {
+    let (ca, cert, key) = pg_certificates("provisioner test CA");
+    let (other_ca, _, _) = pg_certificates("another CA");
+    let pg = TempPostgres::start_tls("serve-tls", &cert, &key).unwrap();
+    let dir = temp_dir("pg-tls");
+    let (ca_file, other_file) = (dir.join("ca.pem"), dir.join("other-ca.pem"));
+    std::fs::write(&ca_file, ca).unwrap();
+    std::fs::write(&other_file, other_ca).unwrap();
+    let url = fresh_db(&pg);
+    let db = url.rsplit('/').next().unwrap().to_owned();
+    let tls_url = format!("{url}?sslmode=verify-full&sslrootcert={}", ca_file.display());
+    let lease = ["--replica-id", "tls-a", "--lease", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms"];
+    let mut args = vec!["--sim-start-latency", "50ms"];
+    args.extend_from_slice(&lease);
+    std::fs::create_dir_all(dir.join("a")).unwrap();
+    let mut s = start(&dir.join("a"), &tls_url, &args);
+    eventually(Duration::from_secs(20), "the replica to lead", || {
+        let out = s.cli(&["status", "--json"]);
+        out.status.success() && serde_json::from_slice::<Value>(&out.stdout).is_ok_and(|v| v["role"] == "leader")
+    });
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "2", "--wait", "--json"]));
+    assert_provisioned_once(&s, &ids);
+    let mut admin = ::postgres::Client::connect(pg.url(), ::postgres::NoTls).unwrap();
+    let sessions: Vec<(String, bool)> = admin
+        .query(
+            "SELECT a.application_name, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.datname = $1 AND a.application_name LIKE 'provisioner%'",
+            &[&db],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    for app in ["provisioner", "provisioner-lease", "provisioner-listen"] {
+        assert!(sessions.iter().any(|(a, _)| a == app), "no {app} session: {sessions:?}");
+    }
+    assert!(sessions.iter().all(|(_, ssl)| *ssl), "a session in clear: {sessions:?}");
+    assert_eq!(s.terminate().code(), Some(0));
+
+    let wrong = format!("{url}?sslmode=verify-full&sslrootcert={}", other_file.display());
+    let b = dir.join("b");
+    std::fs::create_dir_all(&b).unwrap();
+    let port = free_port();
+    let refused = spawn_serve(&b, &wrong, port, &[]);
+    let says = format!("the database's certificate is not signed by the CA in {} (sslrootcert)", other_file.display());
+    eventually(Duration::from_secs(20), "the log to say the CA does not sign the certificate", || {
+        refused.log_text().contains(&says)
+    });
+    assert_eq!(raw_http(&refused, "GET", "/readyz", false, None).0, 503, "never ready on an untrusted database");
+}
