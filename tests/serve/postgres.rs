@@ -1,7 +1,7 @@
 //! The service on PostgreSQL (`serve --store postgres://...`, feature `postgres`): the same
 //! operator's flows as on SQLite (add, list, remove, retry; a crash with starts in flight and a
 //! restart with no duplicate instance), and the store's bad days: a database unreachable at
-//! start (waited for, `/readyz` 503 with the reason, the log says why), a database lost while
+//! start (waited for, `/readyz` 503 saying so, the log says why), a database lost while
 //! serving (503, never stale answers), a schema newer than the binary (refused naming both
 //! versions), and a second replica that knows the API token only by its hash.
 //!
@@ -125,7 +125,7 @@ fn on_postgres_a_crash_with_starts_in_flight_duplicates_nothing() {
 }
 
 /// A database that cannot be reached at start: the service waits (retrying with backoff),
-/// answers `/readyz` (and `/healthz`) 503 with the reason meanwhile, logs why, and serves as
+/// answers `/readyz` (and `/healthz`) 503 meanwhile (unreachable: the reason only in the log), logs why, and serves as
 /// soon as the database is there.
 #[test]
 fn an_unreachable_database_at_start_is_waited_for_with_readyz_503() {
@@ -491,4 +491,57 @@ fn on_postgres_over_tls_a_replica_leads_and_serves_and_a_wrong_ca_is_refused() {
         refused.log_text().contains(&says)
     });
     assert_eq!(raw_http(&refused, "GET", "/readyz", false, None).0, 503, "never ready on an untrusted database");
+}
+
+/// Issue 30, leftover of item 7: the stand-in that answers while the database cannot be reached
+/// at start speaks TLS when `--tls-cert/--tls-key` are given (plain HTTP gets no answer), and
+/// tells a caller it cannot authenticate `not ready` without the database's error text (which
+/// is in the log).
+#[test]
+fn the_stand_in_for_an_unreachable_database_speaks_tls_and_keeps_the_error_to_the_log() {
+    let dir = temp_dir("pg-stand-in-tls");
+    let (cert, key) = test_certificate(&dir, "server");
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
+    let port = free_port();
+    let s = spawn_serve(
+        &dir,
+        &url,
+        port,
+        &[OsStr::new("--tls-cert"), cert.as_os_str(), OsStr::new("--tls-key"), key.as_os_str()],
+    );
+    let agent = agent_trusting(&cert);
+    let mut bodies = Vec::new();
+    eventually(Duration::from_secs(20), "the stand-in to answer over https", || {
+        for path in ["/readyz", "/healthz", "/v1/machines"] {
+            match agent
+                .get(&format!("https://127.0.0.1:{port}{path}"))
+                .set("Authorization", "Bearer not-a-token")
+                .call()
+            {
+                Err(ureq::Error::Status(code, r)) => bodies.push((code, r.into_string().unwrap())),
+                _ => return false,
+            }
+        }
+        true
+    });
+    for (code, body) in &bodies {
+        assert_eq!(*code, 503, "{body}");
+        assert_eq!(
+            body,
+            "not ready: waiting for the database: the database is unreachable (the reason is in the service's log)\n",
+            "no error text for an unauthenticated caller"
+        );
+    }
+    eventually(Duration::from_secs(10), "the log to give the reason", || {
+        let log = s.log_text();
+        log.contains("waiting for the database") && log.contains("Connection refused")
+    });
+    // Plain HTTP to the TLS port gets no HTTP answer.
+    let mut conn = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    use std::io::{Read, Write};
+    let _ = conn.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut text = Vec::new();
+    let _ = conn.read_to_end(&mut text);
+    assert!(!text.starts_with(b"HTTP/1.1"), "plain HTTP answered: {}", String::from_utf8_lossy(&text));
 }
