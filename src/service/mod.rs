@@ -31,6 +31,8 @@
 //!   binary, for the settings) and its SQL (feature `postgres`).
 //! - `pgconnect` (feature `postgres`): connections to PostgreSQL within a deadline, start-up
 //!   included, for the store, the lease and the listener.
+//! - `pgtls` (feature `postgres`): TLS to PostgreSQL, the store URL's `sslmode` and
+//!   `sslrootcert` for every connection.
 //! - `run`: `serve`, which wires it all and runs until SIGTERM.
 //! - `tls`: the rustls configurations of `serve --tls-cert/--tls-key` and of the client's
 //!   `--ca-cert`, read from PEM files and checked.
@@ -58,6 +60,8 @@ pub mod model;
 pub mod models;
 #[cfg(feature = "postgres")]
 pub mod pgconnect;
+#[cfg(feature = "postgres")]
+pub mod pgtls;
 #[cfg(feature = "serve")]
 pub mod run;
 pub mod settings;

@@ -12,14 +12,17 @@
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
 
-use postgres::{Client, Config, NoTls};
+use postgres::{Client, Config};
+
+use crate::service::pgtls::PgTls;
 use thiserror::Error;
 
 /// Why no connection was made.
 #[derive(Debug, Error)]
 pub enum ConnectError {
-    /// The server refused, or the socket could not be connected.
-    #[error(transparent)]
+    /// The server refused, or the socket could not be connected (or TLS failed: the cause is
+    /// said, see [`describe`](crate::service::pgtls::describe)).
+    #[error("{}", crate::service::pgtls::describe(.0))]
     Postgres(#[from] postgres::Error),
     /// The connection was made but its start-up did not finish in time.
     #[error("the server did not finish the connection's start-up within {0:?} (an attempt is still waiting)")]
@@ -32,6 +35,8 @@ pub enum ConnectError {
 /// Makes connections to one server, each attempt bounded by a deadline.
 pub struct Connector {
     config: Config,
+    /// The store URL's TLS settings.
+    tls: PgTls,
     /// An attempt that overran its deadline: its answer, whenever it comes.
     pending: Option<Receiver<Result<Client, postgres::Error>>>,
 }
@@ -52,10 +57,16 @@ pub fn quiet_notices(config: &mut Config) -> &mut Config {
 }
 
 impl Connector {
-    /// A connector for `config` (its server notices logged at debug: [`quiet_notices`]).
-    pub fn new(mut config: Config) -> Self {
+    /// A connector for `config`, over TLS as `tls` says (its server notices logged at debug:
+    /// [`quiet_notices`]).
+    pub fn new(mut config: Config, tls: PgTls) -> Self {
         quiet_notices(&mut config);
-        Self { config, pending: None }
+        Self { config, tls, pending: None }
+    }
+
+    /// [`Connector::new`] from a `(configuration, TLS settings)` pair.
+    pub fn new_with((config, tls): (Config, PgTls)) -> Self {
+        Self::new(config, tls)
     }
 
     /// The configuration it connects with.
@@ -71,10 +82,11 @@ impl Connector {
             None => {
                 let (tx, rx) = mpsc::channel();
                 let config = self.config.clone();
+                let tls = self.tls.clone();
                 std::thread::Builder::new()
                     .name("pg-connect".into())
                     .spawn(move || {
-                        let _ = tx.send(config.connect(NoTls));
+                        let _ = tx.send(config.connect(tls));
                     })
                     .map_err(|e| ConnectError::Thread(e.to_string()))?;
                 rx
@@ -106,7 +118,7 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let held = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
         let config: Config = format!("postgres://p@127.0.0.1:{port}/db").parse().unwrap();
-        let mut c = Connector::new(config);
+        let mut c = Connector::new(config, PgTls::disabled());
         let e = c.connect(Duration::from_millis(300)).err().expect("no server answered");
         assert!(matches!(e, ConnectError::TimedOut(_)), "{e:?}");
         assert!(c.pending.is_some(), "the attempt is kept");
@@ -124,7 +136,7 @@ mod tests {
     fn a_refused_connection_is_a_postgres_error() {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let config: Config = format!("postgres://p@127.0.0.1:{port}/db").parse().unwrap();
-        let e = Connector::new(config).connect(Duration::from_secs(10)).err().expect("refused");
+        let e = Connector::new(config, PgTls::disabled()).connect(Duration::from_secs(10)).err().expect("refused");
         assert!(matches!(e, ConnectError::Postgres(_)), "{e:?}");
     }
 }

@@ -525,7 +525,14 @@ struct OpenedStore {
 
 /// Opens the store `--store` names: SQLite in the data directory (checked as it always was),
 /// or PostgreSQL (waited for while it cannot be reached, see [`open_postgres`]).
-async fn open_store(opts: &ServeSettings, dir: &Path) -> Result<OpenedStore, ServeError> {
+async fn open_store(
+    opts: &ServeSettings,
+    dir: &Path,
+    tls: Option<&rustls::ServerConfig>,
+) -> Result<OpenedStore, ServeError> {
+    // The stand-in that answers while PostgreSQL is waited for serves over the same TLS.
+    #[cfg(not(feature = "postgres"))]
+    let _ = tls;
     match opts.store.url() {
         StoreUrl::Sqlite => {
             prepare_data_dir(dir, opts.init)?;
@@ -539,7 +546,7 @@ async fn open_store(opts: &ServeSettings, dir: &Path) -> Result<OpenedStore, Ser
             Ok(OpenedStore { store, token, token_sha256: None })
         }
         #[cfg(feature = "postgres")]
-        StoreUrl::Postgres(url) => open_postgres(opts, dir, &url).await,
+        StoreUrl::Postgres(url) => open_postgres(opts, dir, &url, tls).await,
         #[cfg(not(feature = "postgres"))]
         StoreUrl::Postgres(_) => Err(ServeError::NoPostgres),
     }
@@ -552,10 +559,15 @@ async fn open_store(opts: &ServeSettings, dir: &Path) -> Result<OpenedStore, Ser
 /// it) writes a new token to its data directory and its hash to the database; the others use
 /// their token file if it holds that token, else the hash alone.
 #[cfg(feature = "postgres")]
-async fn open_postgres(opts: &ServeSettings, dir: &Path, url: &str) -> Result<OpenedStore, ServeError> {
+async fn open_postgres(
+    opts: &ServeSettings,
+    dir: &Path,
+    url: &str,
+    tls: Option<&rustls::ServerConfig>,
+) -> Result<OpenedStore, ServeError> {
     let shown = opts.store.url().redacted();
     let store = Store::start_postgres(url).map_err(|e| ServeError::StoreUrl(e.to_string()))?;
-    let waiting = crate::service::api::start_waiting_server(store.clone(), opts.listen())
+    let waiting = crate::service::api::start_waiting_server(store.clone(), opts.listen(), tls.cloned())
         .map_err(|source| ServeError::Listen { addr: opts.listen().to_owned(), source })?;
     let mut logged = false;
     let reached = loop {
@@ -863,7 +875,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     let started = Instant::now();
     let dir = opts.data_dir();
     std::fs::create_dir_all(dir).map_err(data_dir_io(dir, FileOp::CreateDir, dir))?;
-    let OpenedStore { store, token, token_sha256 } = open_store(&opts, dir).await?;
+    let OpenedStore { store, token, token_sha256 } = open_store(&opts, dir, tls.as_ref()).await?;
     let audit = std::sync::Arc::new(
         crate::service::audit::AuditLog::open(&opts.audit_log(), opts.audit.rotation()).map_err(ServeError::Audit)?,
     );

@@ -594,7 +594,8 @@ impl std::fmt::Debug for StoreUrl {
 impl FromStr for StoreUrl {
     type Err = String;
     /// `sqlite`, or a `postgres://` / `postgresql://` URL with a host (and a numeric port, if
-    /// any); with the `postgres` feature, also whatever the PostgreSQL client itself refuses.
+    /// any); with the `postgres` feature, also whatever the PostgreSQL client itself refuses, and
+    /// TLS settings that cannot be used (`sslmode`, `sslrootcert`: see `pgtls`).
     fn from_str(s: &str) -> Result<Self, String> {
         if s == "sqlite" {
             return Ok(StoreUrl::Sqlite);
@@ -629,7 +630,8 @@ impl FromStr for StoreUrl {
             }
         }
         #[cfg(feature = "postgres")]
-        if let Err(e) = s.parse::<postgres::Config>() {
+        // Its TLS settings too: an sslmode it does not know, an sslrootcert that cannot be read.
+        if let Err(e) = crate::service::pgtls::parse(s) {
             return Err(format!("{shown:?}: {e}"));
         }
         #[cfg(not(feature = "postgres"))]

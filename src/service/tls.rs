@@ -69,7 +69,8 @@ pub enum TlsError {
     Setup(#[source] rustls::Error),
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+/// The provider every TLS configuration of the service uses (ring, passed explicitly).
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
@@ -105,21 +106,26 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, Tl
 /// them is trusted, whatever its basic constraints: the usual self-signed certificate made by
 /// `openssl req -x509` is marked CA:TRUE, which the chain rules refuse as a server's own).
 pub fn client_config(ca: &Path) -> Result<rustls::ClientConfig, TlsError> {
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Setup)?
+        .dangerous()
+        .with_custom_certificate_verifier(ca_verifier(ca)?)
+        .with_no_client_auth())
+}
+
+/// The verifier of [`client_config`]: a server whose certificate is signed by one of the
+/// certificates in `ca`, or is exactly one of them (the PostgreSQL store's `sslrootcert` too).
+pub(crate) fn ca_verifier(ca: &Path) -> Result<Arc<dyn rustls::client::danger::ServerCertVerifier>, TlsError> {
     let pinned = certificates("CA certificate", ca)?;
     let mut roots = rustls::RootCertStore::empty();
     for c in &pinned {
         roots.add(c.clone()).map_err(|source| TlsError::Anchor { path: ca.to_owned(), source })?;
     }
-    let provider = provider();
-    let chain = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+    let chain = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
         .build()
         .map_err(|source| TlsError::Verifier { path: ca.to_owned(), source })?;
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(TlsError::Setup)?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(PinnedOrSigned { chain, pinned }))
-        .with_no_client_auth())
+    Ok(Arc::new(PinnedOrSigned { chain, pinned }))
 }
 
 /// Trusts a server whose certificate is signed by one of the file's certificates (rustls's

@@ -32,6 +32,15 @@ pub enum TempPostgresError {
         #[source]
         source: io::Error,
     },
+    /// A file for the server could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
     /// The helper script failed.
     #[error("{script} {action} failed: {stderr}")]
     Failed {
@@ -49,10 +58,15 @@ fn script() -> PathBuf {
 }
 
 fn run(action: &'static str, dir: &Path) -> Result<String, TempPostgresError> {
+    run_with(action, dir, &[])
+}
+
+fn run_with(action: &'static str, dir: &Path, args: &[&Path]) -> Result<String, TempPostgresError> {
     let script = script();
     let out = Command::new(&script)
         .arg(action)
         .arg(dir)
+        .args(args)
         .output()
         .map_err(|source| TempPostgresError::Spawn { script: script.clone(), source })?;
     if !out.status.success() {
@@ -74,6 +88,21 @@ impl TempPostgres {
         }
         let url = run("start", &dir)?;
         Ok(Self { dir, url, stopped: false })
+    }
+
+    /// [`TempPostgres::start`], then TLS turned on (`ssl = on`) with the certificate chain
+    /// `cert_pem` and its key `key_pem` (PEM), and the server restarted: it then offers TLS on
+    /// its port (and still takes plain connections, as `trust` allows).
+    pub fn start_tls(name: &str, cert_pem: &str, key_pem: &str) -> Result<Self, TempPostgresError> {
+        let pg = Self::start(name)?;
+        let (cert, key) = (pg.dir.join("tls-cert.pem"), pg.dir.join("tls-key.pem"));
+        let write = |path: &Path, text: &str| {
+            std::fs::write(path, text).map_err(|source| TempPostgresError::Write { path: path.to_owned(), source })
+        };
+        write(&cert, cert_pem)?;
+        write(&key, key_pem)?;
+        run_with("ssl", &pg.dir, &[&cert, &key])?;
+        Ok(pg)
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/postgres`.

@@ -1,7 +1,7 @@
 //! The service on PostgreSQL (`serve --store postgres://...`, feature `postgres`): the same
 //! operator's flows as on SQLite (add, list, remove, retry; a crash with starts in flight and a
 //! restart with no duplicate instance), and the store's bad days: a database unreachable at
-//! start (waited for, `/readyz` 503 with the reason, the log says why), a database lost while
+//! start (waited for, `/readyz` 503 saying so, the log says why), a database lost while
 //! serving (503, never stale answers), a schema newer than the binary (refused naming both
 //! versions), and a second replica that knows the API token only by its hash.
 //!
@@ -125,7 +125,7 @@ fn on_postgres_a_crash_with_starts_in_flight_duplicates_nothing() {
 }
 
 /// A database that cannot be reached at start: the service waits (retrying with backoff),
-/// answers `/readyz` (and `/healthz`) 503 with the reason meanwhile, logs why, and serves as
+/// answers `/readyz` (and `/healthz`) 503 meanwhile (unreachable: the reason only in the log), logs why, and serves as
 /// soon as the database is there.
 #[test]
 fn an_unreachable_database_at_start_is_waited_for_with_readyz_503() {
@@ -407,4 +407,141 @@ fn a_request_the_store_cannot_answer_is_503_within_the_deadline() {
         let out = s.cli(&["machine", "list", "--json"]);
         out.status.success() && ids.iter().all(|id| String::from_utf8_lossy(&out.stdout).contains(&format!("\"{id}\"")))
     });
+}
+
+/// A CA, and a server certificate for `127.0.0.1` and `localhost` it signed: (the CA's PEM, the
+/// server's PEM, the server's key PEM).
+fn pg_certificates(ca_name: &str) -> (String, String, String) {
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.distinguished_name.push(rcgen::DnType::CommonName, ca_name);
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    let server_key = rcgen::KeyPair::generate().unwrap();
+    let server = server.signed_by(&server_key, &ca, &ca_key).unwrap();
+    (ca.pem(), server.pem(), server_key.serialize_pem())
+}
+
+/// `serve --store URL ARGS` on `dir/data`, not waited for (it may never be ready).
+fn spawn_serve(dir: &Path, url: &str, port: u16, extra: &[&OsStr]) -> Server {
+    let log = dir.join("serve.log");
+    let child = bin()
+        .args(["serve", "--store", url, "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(dir.join("data"))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Server { child: Some(child), dir: dir.join("data"), url: format!("http://127.0.0.1:{port}"), log }
+}
+
+/// Issue 30, item 7: a replica on a PostgreSQL that has TLS, its URL `sslmode=verify-full` with
+/// the CA that signed the server's certificate: it leads (the lease and the listener connect
+/// over TLS too), provisions, and every session it holds is encrypted; the same URL with
+/// another CA is refused, the log saying which file does not sign the certificate.
+#[test]
+fn on_postgres_over_tls_a_replica_leads_and_serves_and_a_wrong_ca_is_refused() {
+    let (ca, cert, key) = pg_certificates("provisioner test CA");
+    let (other_ca, _, _) = pg_certificates("another CA");
+    let pg = TempPostgres::start_tls("serve-tls", &cert, &key).unwrap();
+    let dir = temp_dir("pg-tls");
+    let (ca_file, other_file) = (dir.join("ca.pem"), dir.join("other-ca.pem"));
+    std::fs::write(&ca_file, ca).unwrap();
+    std::fs::write(&other_file, other_ca).unwrap();
+    let url = fresh_db(&pg);
+    let db = url.rsplit('/').next().unwrap().to_owned();
+    let tls_url = format!("{url}?sslmode=verify-full&sslrootcert={}", ca_file.display());
+    let lease = ["--replica-id", "tls-a", "--lease", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms"];
+    let mut args = vec!["--sim-start-latency", "50ms"];
+    args.extend_from_slice(&lease);
+    std::fs::create_dir_all(dir.join("a")).unwrap();
+    let mut s = start(&dir.join("a"), &tls_url, &args);
+    eventually(Duration::from_secs(20), "the replica to lead", || {
+        let out = s.cli(&["status", "--json"]);
+        out.status.success() && serde_json::from_slice::<Value>(&out.stdout).is_ok_and(|v| v["role"] == "leader")
+    });
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "2", "--wait", "--json"]));
+    assert_provisioned_once(&s, &ids);
+    let mut admin = ::postgres::Client::connect(pg.url(), ::postgres::NoTls).unwrap();
+    let sessions: Vec<(String, bool)> = admin
+        .query(
+            "SELECT a.application_name, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.datname = $1 AND a.application_name LIKE 'provisioner%'",
+            &[&db],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    for app in ["provisioner", "provisioner-lease", "provisioner-listen"] {
+        assert!(sessions.iter().any(|(a, _)| a == app), "no {app} session: {sessions:?}");
+    }
+    assert!(sessions.iter().all(|(_, ssl)| *ssl), "a session in clear: {sessions:?}");
+    assert_eq!(s.terminate().code(), Some(0));
+
+    let wrong = format!("{url}?sslmode=verify-full&sslrootcert={}", other_file.display());
+    let b = dir.join("b");
+    std::fs::create_dir_all(&b).unwrap();
+    let port = free_port();
+    let refused = spawn_serve(&b, &wrong, port, &[]);
+    let says = format!("the database's certificate is not signed by the CA in {} (sslrootcert)", other_file.display());
+    eventually(Duration::from_secs(20), "the log to say the CA does not sign the certificate", || {
+        refused.log_text().contains(&says)
+    });
+    assert_eq!(raw_http(&refused, "GET", "/readyz", false, None).0, 503, "never ready on an untrusted database");
+}
+
+/// Issue 30, leftover of item 7: the stand-in that answers while the database cannot be reached
+/// at start speaks TLS when `--tls-cert/--tls-key` are given (plain HTTP gets no answer), and
+/// tells a caller it cannot authenticate `not ready` without the database's error text (which
+/// is in the log).
+#[test]
+fn the_stand_in_for_an_unreachable_database_speaks_tls_and_keeps_the_error_to_the_log() {
+    let dir = temp_dir("pg-stand-in-tls");
+    let (cert, key) = test_certificate(&dir, "server");
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
+    let port = free_port();
+    let s = spawn_serve(
+        &dir,
+        &url,
+        port,
+        &[OsStr::new("--tls-cert"), cert.as_os_str(), OsStr::new("--tls-key"), key.as_os_str()],
+    );
+    let agent = agent_trusting(&cert);
+    let mut bodies = Vec::new();
+    eventually(Duration::from_secs(20), "the stand-in to answer over https", || {
+        for path in ["/readyz", "/healthz", "/v1/machines"] {
+            match agent
+                .get(&format!("https://127.0.0.1:{port}{path}"))
+                .set("Authorization", "Bearer not-a-token")
+                .call()
+            {
+                Err(ureq::Error::Status(code, r)) => bodies.push((code, r.into_string().unwrap())),
+                _ => return false,
+            }
+        }
+        true
+    });
+    for (code, body) in &bodies {
+        assert_eq!(*code, 503, "{body}");
+        assert_eq!(
+            body,
+            "not ready: waiting for the database: the database is unreachable (the reason is in the service's log)\n",
+            "no error text for an unauthenticated caller"
+        );
+    }
+    eventually(Duration::from_secs(10), "the log to give the reason", || {
+        let log = s.log_text();
+        log.contains("waiting for the database") && log.contains("Connection refused")
+    });
+    // Plain HTTP to the TLS port gets no HTTP answer.
+    let mut conn = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    use std::io::{Read, Write};
+    let _ = conn.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut text = Vec::new();
+    let _ = conn.read_to_end(&mut text);
+    assert!(!text.starts_with(b"HTTP/1.1"), "plain HTTP answered: {}", String::from_utf8_lossy(&text));
 }

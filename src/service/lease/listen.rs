@@ -137,12 +137,13 @@ fn listen_once(
     let c = match connector.as_mut() {
         Some(c) => c,
         None => {
-            let mut config: postgres::Config = url.parse().map_err(|e: postgres::Error| e.to_string())?;
+            let (config, tls) = crate::service::pgtls::parse(url).map_err(|e| e.to_string())?;
+            let mut config = postgres::Config::from(config);
             config
                 .connect_timeout(retry)
                 .keepalives_idle(retry.max(Duration::from_secs(1)))
                 .application_name("provisioner-listen");
-            connector.insert(Connector::new(config))
+            connector.insert(Connector::new(config, tls))
         }
     };
     let mut client: Client = c.connect(retry).map_err(|e| e.to_string())?;

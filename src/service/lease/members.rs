@@ -70,7 +70,7 @@ impl Members {
     /// Connects (`timeout` bounds the connection and every statement, as the lease's does)
     /// and creates the table where missing.
     pub fn connect(url: &str, timeout: Duration, replica: &str) -> Result<Self, LeaseSqlError> {
-        let mut connector = crate::service::pgconnect::Connector::new(PgLease::config(url, timeout)?);
+        let mut connector = crate::service::pgconnect::Connector::new_with(PgLease::config(url, timeout)?);
         let mut client = connector.connect(timeout).map_err(LeaseSqlError::Connect)?;
         let mut tx = client.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&crate::service::store::MIGRATION_LOCK])?;

@@ -83,7 +83,7 @@ const CURRENT_SQL: &str = "SELECT holder, epoch, expires_at > now() FROM leader_
 pub enum LeaseSqlError {
     /// The URL is not a PostgreSQL connection string.
     #[error("invalid PostgreSQL URL: {0}")]
-    Url(#[source] postgres::Error),
+    Url(#[source] Box<crate::service::pgtls::PgUrlError>),
     /// The database cannot be reached or refused the statement.
     #[error("lease: {0}")]
     Database(#[from] postgres::Error),
@@ -132,14 +132,18 @@ impl PgLease {
     /// statement (`statement_timeout`) and unacknowledged sends (`tcp_user_timeout`), so that a
     /// database cut off answers an error rather than hang for ever.
     pub fn connect(url: &str, timeout: Duration, model_uuid: &str, holder: &str) -> Result<Self, LeaseSqlError> {
-        let mut connector = crate::service::pgconnect::Connector::new(Self::config(url, timeout)?);
+        let mut connector = crate::service::pgconnect::Connector::new_with(Self::config(url, timeout)?);
         Self::connect_with(&mut connector, timeout, model_uuid, holder)
     }
 
     /// The lease connection's configuration: `timeout` bounds the connection, every statement
     /// (`statement_timeout`) and unacknowledged sends (`tcp_user_timeout`).
-    pub fn config(url: &str, timeout: Duration) -> Result<postgres::Config, LeaseSqlError> {
-        let mut config: postgres::Config = url.parse().map_err(LeaseSqlError::Url)?;
+    pub fn config(
+        url: &str,
+        timeout: Duration,
+    ) -> Result<(postgres::Config, crate::service::pgtls::PgTls), LeaseSqlError> {
+        let (config, tls) = crate::service::pgtls::parse(url).map_err(|e| LeaseSqlError::Url(Box::new(e)))?;
+        let mut config = postgres::Config::from(config);
         let ms = millis(timeout)?.max(1);
         // The epoch must never be handed out twice: every lease commit is flushed before it
         // answers, whatever the server's default (a lost acquisition would reuse its epoch).
@@ -155,7 +159,7 @@ impl PgLease {
             .keepalives_idle(timeout.max(Duration::from_secs(1)))
             .options(&options)
             .application_name("provisioner-lease");
-        Ok(config)
+        Ok((config, tls))
     }
 
     /// Connects through `connector` (start-up included within `timeout`, see
@@ -581,7 +585,8 @@ mod tests {
             c.batch_execute("CREATE SCHEMA model_x; CREATE SCHEMA model_y;").unwrap();
             let key = |schema: &str, uuid: &str| LeaseKey { model_uuid: uuid.into(), schema: Some(schema.into()) };
             let (x, y) = (key("model_x", "ux"), key("model_y", "uy"));
-            let mut connector = crate::service::pgconnect::Connector::new(PgLease::config(pg.url(), TIMEOUT).unwrap());
+            let mut connector =
+                crate::service::pgconnect::Connector::new_with(PgLease::config(pg.url(), TIMEOUT).unwrap());
             let mut l = PgLeases::connect_with(&mut connector, TIMEOUT, "a").unwrap();
             assert_eq!(l.holder(), "a");
             assert_eq!(l.acquire(&x, LEASE).unwrap(), Answer::Acquired { epoch: 1 });

@@ -78,7 +78,7 @@ fn run(url: String, holder: String, timeout: Duration, lease: Duration, rx: mpsc
             let connected = (|| -> Result<PgLeases, LeaseSqlError> {
                 let c = match connector.as_mut() {
                     Some(c) => c,
-                    None => connector.insert(Connector::new(PgLease::config(&url, timeout)?)),
+                    None => connector.insert(Connector::new_with(PgLease::config(&url, timeout)?)),
                 };
                 PgLeases::connect_with(c, timeout, &holder)
             })();

@@ -577,7 +577,7 @@ mod tests {
         );
         assert_eq!(schema_url("host=h dbname=d", "model_a"), "host=h dbname=d options='-c search_path=model_a'");
         #[cfg(feature = "postgres")]
-        let config = crate::service::store::PgStore::config(&schema_url("postgres://u@h/db", "model_a")).unwrap();
+        let (config, _) = crate::service::store::PgStore::config(&schema_url("postgres://u@h/db", "model_a")).unwrap();
         #[cfg(feature = "postgres")]
         assert!(config.get_options().unwrap().starts_with("-c search_path=model_a"), "{:?}", config.get_options());
     }

@@ -40,7 +40,7 @@ pub enum PersistError {
     },
     /// PostgreSQL failed.
     #[cfg(feature = "postgres")]
-    #[error("the models directory (table provisioner_models): {0}")]
+    #[error("the models directory (table provisioner_models): {}", crate::service::pgtls::describe(.0))]
     Postgres(#[source] postgres::Error),
     /// The blocking task was lost.
     #[error("the models directory: {0}")]
@@ -143,8 +143,8 @@ fn pg_update<T>(
     change: impl FnOnce(&mut Directory) -> Result<T, ModelsError>,
 ) -> Result<(T, Directory), PersistError> {
     use std::sync::atomic::Ordering;
-    let config = crate::service::store::PgStore::config(url).map_err(|e| PersistError::Task(e.to_string()))?;
-    let mut client = config.connect(postgres::NoTls).map_err(PersistError::Postgres)?;
+    let (config, tls) = crate::service::store::PgStore::config(url).map_err(|e| PersistError::Task(e.to_string()))?;
+    let mut client = config.connect(tls).map_err(PersistError::Postgres)?;
     let mut tx = client.transaction().map_err(PersistError::Postgres)?;
     // The table, once: two replicas creating it at once are serialised by the migrations'
     // advisory lock. Found gone later (a database restored without it), it is made again at
@@ -199,8 +199,9 @@ pub enum SchemaOp {
 pub async fn pg_schema(url: &str, schema: &str, op: SchemaOp) -> Result<(), PersistError> {
     let (url, schema) = (url.to_owned(), schema.to_owned());
     actix_rt::task::spawn_blocking(move || {
-        let config = crate::service::store::PgStore::config(&url).map_err(|e| PersistError::Task(e.to_string()))?;
-        let mut client = config.connect(postgres::NoTls).map_err(PersistError::Postgres)?;
+        let (config, tls) =
+            crate::service::store::PgStore::config(&url).map_err(|e| PersistError::Task(e.to_string()))?;
+        let mut client = config.connect(tls).map_err(PersistError::Postgres)?;
         // The name is a checked model name with `-` as `_`: no quoting issue.
         if op == SchemaOp::Fresh {
             let there = client

@@ -469,8 +469,10 @@ impl Store {
     /// one is an error now); the server is reached from the store's thread, with backoff.
     #[cfg(feature = "postgres")]
     pub fn start_postgres(url: &str) -> Result<Self, StoreError> {
-        let config = super::pg::PgStore::store_config(url)?;
-        Ok(Self::start_with(move || Ok(Box::new(super::pg::PgStore::new(config.clone())) as Box<dyn StoreBackend>)))
+        let (config, tls) = super::pg::PgStore::store_config(url)?;
+        Ok(Self::start_with(move || {
+            Ok(Box::new(super::pg::PgStore::new(config.clone(), tls.clone())) as Box<dyn StoreBackend>)
+        }))
     }
 
     /// Sets (`Some`) or clears (`None`) the leader's fence: every later write of

@@ -897,6 +897,8 @@ fn life_in(tx: &mut Tx<'_>) -> Result<Life, StoreError> {
 pub struct PgStore {
     /// What it connects with (within the configured connect timeout, start-up included).
     config: tokio_postgres::Config,
+    /// The URL's TLS settings (`sslmode`, `sslrootcert`).
+    tls: crate::service::pgtls::PgTls,
     client: Option<Conn>,
     /// The model's uuid, read at the first connection (it never changes).
     model_uuid: Option<String>,
@@ -1190,20 +1192,21 @@ fn deferred_notices(uuid: &str, writes: &[Write]) -> Vec<String> {
 }
 
 impl PgStore {
-    /// Parses a `postgres://` URL (or a key=value connection string). A bad one is
-    /// [`StoreError::Invalid`] naming `store`.
-    pub fn config(url: &str) -> Result<Config, StoreError> {
-        let mut config = Config::from(Self::store_config(url)?);
+    /// Parses a `postgres://` URL (or a key=value connection string): the blocking client's
+    /// configuration and the URL's TLS settings (`sslmode`, `sslrootcert`: see `pgtls`). A bad
+    /// one is [`StoreError::Invalid`] naming `store`.
+    pub fn config(url: &str) -> Result<(Config, crate::service::pgtls::PgTls), StoreError> {
+        let (config, tls) = Self::store_config(url)?;
+        let mut config = Config::from(config);
         crate::service::pgconnect::quiet_notices(&mut config);
-        Ok(config)
+        Ok((config, tls))
     }
 
     /// [`PgStore::config`] for the store's own connection (`tokio-postgres`'s, the same
     /// settings: see `pg_client`).
-    pub fn store_config(url: &str) -> Result<tokio_postgres::Config, StoreError> {
-        let mut config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e: postgres::Error| StoreError::Invalid { field: "store", message: format!("{url:?}: {e}") })?;
+    pub fn store_config(url: &str) -> Result<(tokio_postgres::Config, crate::service::pgtls::PgTls), StoreError> {
+        let (mut config, tls) = crate::service::pgtls::parse(url)
+            .map_err(|e| StoreError::Invalid { field: "store", message: format!("{url:?}: {e}") })?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }
@@ -1233,13 +1236,14 @@ impl PgStore {
         if config.get_application_name().is_none() {
             config.application_name("provisioner");
         }
-        Ok(config)
+        Ok((config, tls))
     }
 
-    /// A store that connects at its first operation.
-    pub fn new(config: tokio_postgres::Config) -> Self {
+    /// A store that connects at its first operation (over TLS as `tls` says).
+    pub fn new(config: tokio_postgres::Config, tls: crate::service::pgtls::PgTls) -> Self {
         Self {
             config,
+            tls,
             client: None,
             model_uuid: None,
             book: Book { counts_changed: true, ..Book::default() },
@@ -1258,7 +1262,8 @@ impl PgStore {
 
     /// Connects now (tests and start-up): the store, or why not.
     pub fn open(url: &str) -> Result<Self, StoreError> {
-        let mut s = Self::new(Self::store_config(url)?);
+        let (config, tls) = Self::store_config(url)?;
+        let mut s = Self::new(config, tls);
         s.client()?;
         Ok(s)
     }
@@ -1359,8 +1364,8 @@ impl PgStore {
     /// Connects, applies the migrations this database lacks, and reads (or draws) the model.
     fn open_client(&mut self) -> Result<Conn, StoreError> {
         let deadline = self.config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(5));
-        let mut client =
-            PgClient::connect(&self.config, deadline, MIGRATION_DEADLINE + CALL_SLACK).map_err(|e| match e {
+        let mut client = PgClient::connect(&self.config, &self.tls, deadline, MIGRATION_DEADLINE + CALL_SLACK)
+            .map_err(|e| match e {
                 ConnectError::Postgres(e) => pg("connecting to the database")(e),
                 other => StoreError::Postgres {
                     context: "connecting to the database",

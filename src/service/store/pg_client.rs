@@ -23,7 +23,9 @@ use std::time::Duration;
 use futures::future::LocalBoxFuture;
 use postgres::types::ToSql;
 use postgres::{Row, Statement};
-use tokio_postgres::{Client, Config, Error, NoTls, ToStatement};
+use tokio_postgres::{Client, Config, Error, ToStatement};
+
+use crate::service::pgtls::PgTls;
 
 /// Why a call on the connection failed.
 #[derive(Debug, thiserror::Error)]
@@ -93,11 +95,16 @@ impl PgClient {
     /// Connects with `config`, the start-up included within `deadline` (a server that accepts
     /// the connection and then says nothing is given up on, not waited for).
     /// Each later call is bounded by `calls` ([`PgClient::set_deadline`] changes it).
-    pub(super) fn connect(config: &Config, deadline: Duration, calls: Duration) -> Result<Self, ConnectError> {
+    pub(super) fn connect(
+        config: &Config,
+        tls: &PgTls,
+        deadline: Duration,
+        calls: Duration,
+    ) -> Result<Self, ConnectError> {
         let runtime =
             tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ConnectError::Runtime)?;
         let (client, connection) = runtime
-            .block_on(async { tokio::time::timeout(deadline, config.connect(NoTls)).await })
+            .block_on(async { tokio::time::timeout(deadline, config.connect(tls.clone())).await })
             .map_err(|_| ConnectError::TimedOut(deadline))??;
         // Polled whenever the store's thread blocks on a statement (a current-thread runtime).
         // Its messages read here rather than by awaiting it, which logs the server's notices
@@ -374,7 +381,7 @@ mod tests {
         let held = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
         let config: Config = format!("postgres://p@127.0.0.1:{port}/db").parse().unwrap();
         let started = std::time::Instant::now();
-        let e = PgClient::connect(&config, Duration::from_millis(300), Duration::from_secs(5))
+        let e = PgClient::connect(&config, &PgTls::disabled(), Duration::from_millis(300), Duration::from_secs(5))
             .err()
             .expect("no server answered");
         assert!(matches!(e, ConnectError::TimedOut(_)), "{e:?}");
@@ -387,7 +394,9 @@ mod tests {
     fn a_refused_connection_is_a_postgres_error() {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let config: Config = format!("postgres://p@127.0.0.1:{port}/db").parse().unwrap();
-        let e = PgClient::connect(&config, Duration::from_secs(10), Duration::from_secs(5)).err().expect("refused");
+        let e = PgClient::connect(&config, &PgTls::disabled(), Duration::from_secs(10), Duration::from_secs(5))
+            .err()
+            .expect("refused");
         assert!(matches!(e, ConnectError::Postgres(_)), "{e:?}");
     }
 }

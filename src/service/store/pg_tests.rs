@@ -269,7 +269,7 @@ fn a_transaction_left_open_is_ended_by_the_server_and_frees_the_lease_row() {
     let mut s = PgStore::open(&url).unwrap();
     let model = s.model_uuid().unwrap();
     lease(&url, &model, "replica-a", 1, 30);
-    let mut stuck = PgStore::config(&url).unwrap().connect(postgres::NoTls).unwrap();
+    let mut stuck = PgStore::config(&url).unwrap().0.connect(postgres::NoTls).unwrap();
     let mut tx = stuck.transaction().unwrap();
     tx.query("SELECT 1 FROM leader_lease WHERE model_uuid = $1 FOR SHARE", &[&model]).unwrap();
     // The lease row cannot be taken over while the share lock is held...
@@ -1125,7 +1125,13 @@ fn a_call_past_the_clients_deadline_times_out_and_gives_the_connection_up() {
     let pg = cluster();
     let url = fresh_db(&pg);
     let config: tokio_postgres::Config = url.parse().unwrap();
-    let mut c = PgClient::connect(&config, Duration::from_secs(10), Duration::from_millis(300)).unwrap();
+    let mut c = PgClient::connect(
+        &config,
+        &crate::service::pgtls::PgTls::disabled(),
+        Duration::from_secs(10),
+        Duration::from_millis(300),
+    )
+    .unwrap();
     assert_eq!(c.deadline(), Duration::from_millis(300));
     c.batch_execute("SELECT 1").unwrap();
     let began = std::time::Instant::now();
@@ -1134,4 +1140,91 @@ fn a_call_past_the_clients_deadline_times_out_and_gives_the_connection_up() {
     assert!(began.elapsed() < Duration::from_secs(3), "{:?}", began.elapsed());
     assert!(c.is_closed(), "a connection whose call timed out is given up");
     assert!(matches!(c.batch_execute("SELECT 1"), Err(CallError::TimedOut(_))), "and not used again");
+}
+
+/// A CA, and a server certificate for `127.0.0.1` and `localhost` it signed: (the CA's PEM, the
+/// server's PEM, the server's key PEM).
+fn tls_certificates(ca_name: &str) -> (String, String, String) {
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.distinguished_name.push(rcgen::DnType::CommonName, ca_name);
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    let server_key = rcgen::KeyPair::generate().unwrap();
+    let server = server.signed_by(&server_key, &ca, &ca_key).unwrap();
+    (ca.pem(), server.pem(), server_key.serialize_pem())
+}
+
+/// Issue 30, item 7: the URL's `sslmode` and `sslrootcert` as libpq reads them, for the store
+/// and the lease: `verify-full` connects over TLS (in a URL and in a key=value string), a wrong
+/// CA and a wrong host name are refused saying so, `verify-ca` does not check the name,
+/// `require` does not check the certificate (unless given `sslrootcert`), `disable` and
+/// `prefer` still work, and `require` against a server without TLS fails saying so.
+#[test]
+fn the_store_and_the_lease_honour_sslmode_and_sslrootcert() {
+    use crate::service::lease::pg::PgLease;
+    let (ca, cert, key) = tls_certificates("provisioner test CA");
+    let (other_ca, _, _) = tls_certificates("another CA");
+    let pg = TempPostgres::start_tls("store-tls", &cert, &key).expect("start a PostgreSQL cluster with TLS");
+    let dir = std::env::temp_dir().join(format!("provisioner-pgtls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca_file, other_file) = (dir.join("ca.pem"), dir.join("other-ca.pem"));
+    std::fs::write(&ca_file, ca).unwrap();
+    std::fs::write(&other_file, other_ca).unwrap();
+    let port = pg.port();
+    let with = |query: String| format!("{}?{query}", pg.url());
+    let ssl = |url: &str| -> Result<String, StoreError> {
+        let mut s = PgStore::open(url)?;
+        let rows = s.on_session("SELECT ssl::text FROM pg_stat_ssl WHERE pid = pg_backend_pid()");
+        Ok(rows[0][0].clone().unwrap_or_default())
+    };
+
+    let full = with(format!("sslmode=verify-full&sslrootcert={}", ca_file.display()));
+    assert_eq!(ssl(&full).unwrap(), "true", "verify-full with the right CA: over TLS");
+    let kv = format!(
+        "host=localhost port={port} user=postgres dbname=postgres sslmode=verify-full sslrootcert='{}'",
+        ca_file.display()
+    );
+    assert_eq!(ssl(&kv).unwrap(), "true", "a key=value string, the host by name");
+
+    let wrong = with(format!("sslmode=verify-full&sslrootcert={}", other_file.display()));
+    let e = ssl(&wrong).unwrap_err().to_string();
+    let says = format!("the database's certificate is not signed by the CA in {} (sslrootcert)", other_file.display());
+    assert!(e.contains(&says), "{e}");
+
+    // A name the certificate does not hold (the address given apart).
+    let named = |mode: &str| {
+        format!(
+            "postgres://postgres@db.example:{port}/postgres?hostaddr=127.0.0.1&sslmode={mode}&sslrootcert={}",
+            ca_file.display()
+        )
+    };
+    let e = ssl(&named("verify-full")).unwrap_err().to_string();
+    assert!(e.contains("not valid for host \"db.example\" (sslmode=verify-full)"), "{e}");
+    assert_eq!(ssl(&named("verify-ca")).unwrap(), "true", "verify-ca checks the chain, not the name");
+    let e = ssl(&with(format!("sslmode=verify-ca&sslrootcert={}", other_file.display()))).unwrap_err().to_string();
+    assert!(e.contains(&says), "verify-ca checks the chain: {e}");
+
+    assert_eq!(ssl(&with("sslmode=require".into())).unwrap(), "true", "require: TLS, unchecked");
+    let e = ssl(&with(format!("sslmode=require&sslrootcert={}", other_file.display()))).unwrap_err().to_string();
+    assert!(e.contains(&says), "require with sslrootcert checks it, as libpq: {e}");
+    assert_eq!(ssl(pg.url()).unwrap(), "true", "prefer, the default: TLS when offered");
+    assert_eq!(ssl(&with("sslmode=disable".into())).unwrap(), "false", "disable: plain");
+
+    // The lease (and the members, the listener: the same connector) over the same settings.
+    let mut lease = PgLease::connect(&full, Duration::from_secs(10), "m-tls", "a").expect("the lease over TLS");
+    assert!(matches!(
+        lease.acquire(Duration::from_secs(30)).unwrap(),
+        crate::service::lease::state::Answer::Acquired { .. }
+    ));
+    let e = PgLease::connect(&wrong, Duration::from_secs(10), "m-tls", "b").unwrap_err().to_string();
+    assert!(e.contains(&says), "{e}");
+
+    // A server without TLS: `require` fails saying so, `prefer` falls back to plain.
+    let plain = cluster();
+    let e = ssl(&format!("{}?sslmode=require", plain.url())).unwrap_err().to_string();
+    assert!(e.contains("server does not support TLS"), "{e}");
+    assert_eq!(ssl(plain.url()).unwrap(), "false");
+    let _ = std::fs::remove_dir_all(&dir);
 }
