@@ -33,6 +33,8 @@
 //!   included, for the store, the lease and the listener.
 //! - `pgtls` (feature `postgres`): TLS to PostgreSQL, the store URL's `sslmode` and
 //!   `sslrootcert` for every connection.
+//! - `listing`: a real cloud's instances as readers see them: served from the listings made,
+//!   with their age (no reader drives the cloud's API).
 //! - `run`: `serve`, which wires it all and runs until SIGTERM.
 //! - `tls`: the rustls configurations of `serve --tls-cert/--tls-key` and of the client's
 //!   `--ca-cert`, read from PEM files and checked.
@@ -50,7 +52,7 @@ pub mod initialiser;
 #[cfg(feature = "serve")]
 pub mod intents;
 pub mod lease;
-/// The cloud's instances as readers see them: served from the listings made, with their age.
+#[cfg(feature = "serve")]
 pub mod listing;
 #[cfg(feature = "serve")]
 pub mod metrics;
