@@ -493,6 +493,7 @@ pub struct AuditSection {
     pub files: Option<usize>,
 }
 
+#[cfg(feature = "serve")]
 impl AuditSection {
     /// How the audit log rotates.
     pub fn rotation(&self) -> crate::service::audit::Rotation {
