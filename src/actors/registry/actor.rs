@@ -207,24 +207,12 @@ impl Handler<Refresh> for MachineRegistry {
                 let call = model.ensure_dead(id.clone());
                 async move { (id, call.await) }
             }));
-            kills.into_actor(act).map(move |results, act, _ctx| {
-                if let Some(e) = failed {
-                    return Err(e);
+            kills.into_actor(act).map(move |results, act, _ctx| match failed {
+                Some(e) => Err(e),
+                None => {
+                    act.book.killed(results, &mut out);
+                    Ok(out)
                 }
-                for (id, res) in results {
-                    match res {
-                        Ok(()) => {
-                            tracing::info!(machine = %id, "killing dying, unprovisioned machine");
-                            act.book.set_dead(&id);
-                            out.dead.extend(act.book.dead_machine(&id));
-                        }
-                        Err(e) => {
-                            tracing::warn!(machine = %id, error = %e, "ensure dead failed; will retry");
-                            out.retry_later.push(id);
-                        }
-                    }
-                }
-                Ok(out)
             })
         }))
     }

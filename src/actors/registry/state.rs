@@ -430,6 +430,25 @@ impl MachineBook {
         (out, to_kill)
     }
 
+    /// The answers of the `EnsureDead` calls [`MachineBook::absorb`] asked for, into `out`: a
+    /// machine taken to dead is dead here too and handed on with its instance; one whose call
+    /// failed is read again later.
+    pub fn killed(&mut self, results: Vec<(MachineId, Result<(), ModelError>)>, out: &mut Refreshed) {
+        for (id, res) in results {
+            match res {
+                Ok(()) => {
+                    tracing::info!(machine = %id, "killing dying, unprovisioned machine");
+                    self.set_dead(&id);
+                    out.dead.extend(self.dead_machine(&id));
+                }
+                Err(e) => {
+                    tracing::warn!(machine = %id, error = %e, "ensure dead failed; will retry");
+                    out.retry_later.push(id);
+                }
+            }
+        }
+    }
+
     /// Marks a cached machine dead (after EnsureDead).
     pub fn set_dead(&mut self, id: &MachineId) {
         if let Some(m) = self.machines.get_mut(id).and_then(|s| s.machine.as_mut()) {

@@ -419,6 +419,23 @@ fn absorb_classifies_a_batch_and_sorts_out_reads_that_failed() {
 }
 
 #[test]
+fn killed_machines_are_handed_on_dead_and_failed_kills_are_read_again() {
+    use crate::ports::ModelError;
+    let mut book = MachineBook::new();
+    let mut a = Machine::pending("2");
+    a.life = Life::Dying;
+    let mut b = Machine::pending("3");
+    b.life = Life::Dying;
+    let (mut out, kill) = book.absorb(vec![(mid("2"), Ok(a)), (mid("3"), Ok(b))]);
+    assert_eq!(kill, vec![mid("2"), mid("3")]);
+    book.killed(vec![(mid("2"), Ok(())), (mid("3"), Err(ModelError::Other("timeout".into())))], &mut out);
+    assert_eq!(out.dead.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), vec![mid("2")]);
+    assert_eq!(book.machine(&mid("2")).map(|m| m.life), Some(Life::Dead));
+    assert_eq!(out.retry_later, vec![mid("3")]);
+    assert_eq!(book.machine(&mid("3")).map(|m| m.life), Some(Life::Dying), "not dead until its kill succeeds");
+}
+
+#[test]
 fn status_changes_report_instances_stopped_or_back_or_gone_once() {
     let mut book = MachineBook::new();
     let mut m = Machine::pending("0");
