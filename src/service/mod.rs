@@ -14,7 +14,6 @@
 //!   their hashes (SHA-256, compared in constant time) and what each scope may do.
 //! - `audit`: the audit log of change requests (JSON lines in a file, and `audit` tracing
 //!   events).
-//! - `model`: [`ModelApi`](crate::ports::ModelApi) over the store.
 //! - `models`: many models per service: the models directory (plain), where it is kept, and
 //!   the running models the API looks up by name.
 //! - `simcloud`: [`Broker`](crate::ports::Broker) over the store: the simulated cloud.
@@ -35,6 +34,9 @@
 //!   `sslrootcert` for every connection.
 //! - `listing`: a real cloud's instances as readers see them: served from the listings made,
 //!   with their age (no reader drives the cloud's API).
+//! - `runtime`: one model's runtime ([`runtime::ModelRuntime`]: its store, cloud,
+//!   provisioners, metrics and event streams), below the HTTP layer; `StoreModel`, the engine's
+//!   [`ModelApi`](crate::ports::ModelApi) over the store.
 //! - `run`: `serve`, which wires it all and runs until SIGTERM.
 //! - `tls`: the rustls configurations of `serve --tls-cert/--tls-key` and of the client's
 //!   `--ca-cert`, read from PEM files and checked.
@@ -57,8 +59,6 @@ pub mod listing;
 #[cfg(feature = "serve")]
 pub mod metrics;
 #[cfg(feature = "serve")]
-pub mod model;
-#[cfg(feature = "serve")]
 pub mod models;
 #[cfg(feature = "postgres")]
 pub mod pgconnect;
@@ -66,6 +66,8 @@ pub mod pgconnect;
 pub mod pgtls;
 #[cfg(feature = "serve")]
 pub mod run;
+#[cfg(feature = "serve")]
+pub mod runtime;
 pub mod settings;
 #[cfg(feature = "serve")]
 pub mod simcloud;

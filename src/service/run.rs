@@ -12,10 +12,11 @@ use actix_rt::time::Instant;
 use thiserror::Error;
 
 use crate::config::ProvisionerConfig;
-use crate::service::api::{self, AppState};
+use crate::service::api;
 use crate::service::metrics::{MeteredBroker, Metrics};
-use crate::service::model::StoreModel;
 use crate::service::models::{DirectoryStore, ModelHost, Shared};
+use crate::service::runtime::ModelRuntime;
+use crate::service::runtime::StoreModel;
 use crate::service::settings::{BrokerKind, ServeSettings, StoreUrl};
 use crate::service::simcloud::{SimCloud, SimSettings};
 
@@ -638,7 +639,7 @@ fn start_replica(
     events: &actix::Addr<crate::service::events::EventHub>,
     limiter: &Option<crate::SharedLimiter>,
     shared: &Shared,
-) -> Result<Option<api::ReplicaState>, ServeError> {
+) -> Result<Option<crate::service::runtime::ModelReplica>, ServeError> {
     #[cfg(feature = "postgres")]
     if let StoreUrl::Postgres(url) = opts.store.url() {
         use crate::service::lease::actor::{LeaseActor, LeaseConfig};
@@ -689,7 +690,11 @@ fn start_replica(
             spread: true,
         };
         let lease = LeaseActor::start_on(&links.arbiter, config, Box::new(hooks), links.sql);
-        return Ok(Some(api::ReplicaState { lease, leading, models_led: shared.models_led.clone() }));
+        return Ok(Some(crate::service::runtime::ModelReplica {
+            lease,
+            leading,
+            models_led: shared.models_led.clone(),
+        }));
     }
     let _ = (opts, model, store, cloud_store, model_uuid, config, broker, pending, metrics, events, limiter, shared);
     Ok(None)
@@ -697,7 +702,7 @@ fn start_replica(
 
 /// Releases a replica's lease (stopping its provisioner), waiting at most two retry periods
 /// for the database to answer.
-async fn release_lease(r: &api::ReplicaState, opts: &ServeSettings) {
+async fn release_lease(r: &crate::service::runtime::ModelReplica, opts: &ServeSettings) {
     #[cfg(feature = "postgres")]
     {
         let wait = opts.lease.timings().map(|t| t.retry() * 2).unwrap_or(std::time::Duration::from_secs(4));
@@ -1063,7 +1068,7 @@ pub(crate) async fn start_model(
     opts: &ServeSettings,
     cloud_settings: &crate::service::models::CloudSettings,
     store: Store,
-) -> Result<AppState, ServeError> {
+) -> Result<ModelRuntime, ServeError> {
     let model_uuid = store.exec(|s| s.model_uuid()).await?;
     // The account its calls count against: its limiter shared with the other models there.
     let account = match crate::service::models::limits::account_of(opts, cloud_settings) {
@@ -1182,7 +1187,7 @@ pub(crate) async fn start_model(
             (Some(handle), containers)
         }
     };
-    Ok(AppState {
+    Ok(ModelRuntime {
         store,
         cloud_store,
         handle,
@@ -1210,7 +1215,7 @@ pub(crate) async fn start_model(
 /// within one retry; what it left in flight the next leader resumes by client token); a lone
 /// service's provisioners start nothing new, are given `shutdown_grace` to finish their cloud
 /// calls (all models at once), then stop.
-pub(crate) async fn stop_models(states: Vec<AppState>, opts: &ServeSettings) {
+pub(crate) async fn stop_models(states: Vec<ModelRuntime>, opts: &ServeSettings) {
     for st in &states {
         if let Some(r) = &st.replica {
             release_lease(r, opts).await;

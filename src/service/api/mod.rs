@@ -62,12 +62,12 @@ use actix_web::{web, App, FromRequest, HttpRequest, HttpResponse, ResponseError}
 use crate::config::{validate_workers, MAX_WORKERS};
 use crate::model::{HarvestMode, MachineId};
 use crate::service::audit::{list_summary, AuditLine, AuditNote};
-use crate::service::metrics::{Gauges, HttpDone, MeteredBroker, Metrics, Render};
+use crate::service::metrics::{Gauges, HttpDone, Render};
 use crate::service::models::{HostError, ModelHost, Shared, DEFAULT_MODEL};
+use crate::service::runtime::{ModelRuntime, NotRunning};
 use crate::service::store::{MachineRecord, Store, StoreError};
 use crate::service::token::{self, Scope};
 use crate::DestroyError;
-use crate::ProvisionerHandle;
 use openapi::ConfigKey;
 use types::{
     AddMachines, AddedMachines, ConfigValue, DestroyRequest, DestroyView, ErrorBody, InstanceView, MachineView,
@@ -80,127 +80,6 @@ pub const MAX_ADD: usize = 10_000;
 pub const MAX_IDS: usize = 10_000;
 /// The largest request body, in bytes (larger: 413). 10,000 machine ids fit comfortably.
 pub const BODY_LIMIT: usize = 256 << 10;
-
-/// Everything the handlers share (cheap to clone: handles and addresses).
-#[derive(Clone)]
-pub struct AppState {
-    /// The database.
-    pub store: Store,
-    /// The simulated cloud's own store, when its instances are written on a connection of
-    /// their own (PostgreSQL: [`Store::companion`]); `None`: on `store`.
-    pub cloud_store: Option<Store>,
-    /// The running provisioner (`None` with replicas: the leader's is in `replica`).
-    pub handle: Option<ProvisionerHandle>,
-    /// The cloud, metered.
-    pub broker: MeteredBroker,
-    /// The metrics actor.
-    pub metrics: actix::Addr<Metrics>,
-    /// The event streams.
-    pub events: actix::Addr<crate::service::events::EventHub>,
-    /// Event-stream clients dropped for falling behind.
-    pub events_dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// The API token (empty when this replica knows only its hash).
-    pub token: String,
-    /// The API token's hash (SHA-256, hex), when this replica does not hold the token itself
-    /// (replicas on PostgreSQL other than the one that initialised the database).
-    pub token_sha256: Option<String>,
-    /// The cloud's zones.
-    pub zones: Vec<String>,
-    /// The cloud's subnets and their zones, where the service knows them (the simulated cloud).
-    pub subnets: Option<BTreeMap<String, Vec<String>>>,
-    /// `sim`.
-    pub broker_name: String,
-    /// The model's uuid.
-    pub model_uuid: String,
-    /// When the service started.
-    pub started: Instant,
-    /// The lazy container provisioners (`None`: this service runs no containers, and refuses
-    /// to add them).
-    pub containers: Option<crate::ContainersHandle>,
-    /// With replicas on PostgreSQL: the lease and the leader's provisioners.
-    pub replica: Option<ReplicaState>,
-    /// The audit log of change requests.
-    pub audit: std::sync::Arc<crate::service::audit::AuditLog>,
-    /// The simulated account the model's starts spend (with `--sim-account-start-rate`).
-    pub sim_account: Option<crate::service::simcloud::SimAccount>,
-}
-
-/// A replica's lease and, while it leads, its provisioners.
-#[cfg(feature = "postgres")]
-#[derive(Clone)]
-pub struct ReplicaState {
-    /// The lease actor (role, holder, epoch).
-    pub lease: actix::Addr<crate::service::lease::actor::LeaseActor>,
-    /// The provisioners of the epoch this replica leads.
-    pub leading: actix::Addr<crate::service::lease::leading::Leading>,
-    /// How many models this replica leads, all models together (shared by every model).
-    pub models_led: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
-
-/// Without PostgreSQL there are no replicas: this type has no value.
-#[cfg(not(feature = "postgres"))]
-#[derive(Clone)]
-pub enum ReplicaState {}
-
-#[cfg(feature = "postgres")]
-impl ReplicaState {
-    async fn lease_status(&self) -> Result<crate::service::lease::state::LeaseStatus> {
-        let status = self.lease.send(crate::service::lease::actor::GetLeaseStatus).await;
-        status.map_err(|e| ApiError::internal(format!("the lease: {e}")))
-    }
-
-    fn models_led(&self) -> usize {
-        self.models_led.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    async fn current(&self) -> Result<Option<crate::service::lease::leading::Provisioners>> {
-        let current = self.leading.send(crate::service::lease::leading::Current).await;
-        current.map_err(|e| ApiError::internal(format!("the leader's provisioners: {e}")))
-    }
-}
-
-#[cfg(not(feature = "postgres"))]
-impl ReplicaState {
-    async fn lease_status(&self) -> Result<crate::service::lease::state::LeaseStatus> {
-        match *self {}
-    }
-
-    fn models_led(&self) -> usize {
-        match *self {}
-    }
-
-    async fn current(&self) -> Result<Option<crate::service::lease::leading::Provisioners>> {
-        match *self {}
-    }
-}
-
-impl AppState {
-    /// With replicas: how many models this replica leads now, all models together.
-    pub fn models_led(&self) -> Option<usize> {
-        self.replica.as_ref().map(ReplicaState::models_led)
-    }
-
-    /// The provisioners this replica runs: the service's own, or with replicas the leader's
-    /// of the current epoch; a follower answers 503 naming the leader.
-    pub async fn running(&self) -> Result<crate::service::lease::leading::Provisioners> {
-        use crate::service::lease::leading::Provisioners;
-        match (&self.handle, &self.replica) {
-            (Some(handle), _) => Ok(Provisioners { handle: handle.clone(), containers: self.containers.clone() }),
-            (None, Some(r)) => match r.current().await? {
-                Some(p) => Ok(p),
-                None => {
-                    let lease = r.lease_status().await.ok();
-                    let leader = lease.and_then(|l| l.leader).unwrap_or_else(|| "none yet".to_owned());
-                    Err(ApiError::new(
-                        503,
-                        format!("this replica is a follower (the leader is {leader}): ask the leader's replica"),
-                    ))
-                }
-            },
-            (None, None) => Err(ApiError::internal("no provisioner runs here")),
-        }
-    }
-}
 
 /// An API error: a status and one sentence.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -255,6 +134,15 @@ impl From<StoreError> for ApiError {
             _ => 500,
         };
         Self::new(status, e.to_string())
+    }
+}
+
+impl From<NotRunning> for ApiError {
+    fn from(e: NotRunning) -> Self {
+        match e {
+            NotRunning::Follower { .. } => ApiError::new(503, e.to_string()),
+            NotRunning::Internal(message) => ApiError::internal(message),
+        }
     }
 }
 
@@ -419,11 +307,11 @@ type Host = web::Data<ModelHost>;
 
 /// The state of the model a request names (`/v1/models/{model}/...`; the plain routes mean
 /// `default`): 404 naming an unknown model, 503 for one that does not run.
-pub struct ModelState(pub AppState);
+pub struct ModelState(pub ModelRuntime);
 
 impl std::ops::Deref for ModelState {
-    type Target = AppState;
-    fn deref(&self) -> &AppState {
+    type Target = ModelRuntime;
+    fn deref(&self) -> &ModelRuntime {
         &self.0
     }
 }
@@ -699,7 +587,7 @@ async fn add_machines(_: Authorized, st: State, req: HttpRequest, payload: web::
 /// and `address` (a manual machine): each field checked ([`add::container_or_manual`]), then
 /// the store checks the host (exists, alive) or the address (not a live manual machine's yet)
 /// in the transaction that adds. Every refusal is a 400 naming its field, nothing written.
-async fn add_containers_or_manual(st: &AppState, req: &HttpRequest, body: &AddMachines) -> Result<HttpResponse> {
+async fn add_containers_or_manual(st: &ModelRuntime, req: &HttpRequest, body: &AddMachines) -> Result<HttpResponse> {
     let kinds = crate::containers::DEFAULT_CONTAINER_TYPES;
     let request = add::container_or_manual(body, kinds).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let added = match request {
@@ -793,7 +681,7 @@ async fn list_instances(_: Authorized, st: State) -> Result<HttpResponse> {
 
 const CONFIG_KEYS: [&str; 2] = ["harvest-mode", "workers"];
 
-async fn config_value(st: &AppState, key: &str) -> Result<ConfigValue> {
+async fn config_value(st: &ModelRuntime, key: &str) -> Result<ConfigValue> {
     let value = match key {
         "harvest-mode" => st.running().await?.handle.harvest_mode().await?.to_string(),
         "workers" => st.running().await?.handle.pool().await?.size.to_string(),
@@ -990,7 +878,7 @@ async fn destroy_model(_: Authorized, st: State, req: HttpRequest, payload: web:
 /// The engine's destruction of a model, as `destroy-model` asks it (and `model destroy` before
 /// the model is removed): live manual machines refuse it without `force` (409, nothing
 /// changed); containers are in its scope too.
-pub(crate) async fn destroy_running(st: &AppState, force: bool) -> Result<DestroyView> {
+pub(crate) async fn destroy_running(st: &ModelRuntime, force: bool) -> Result<DestroyView> {
     let manual = refuse_destroy_with_manual_machines(st, force).await?;
     let running = st.running().await?;
     let result = running.handle.destroy_model(force).await;
@@ -1015,7 +903,7 @@ pub(crate) async fn destroy_running(st: &AppState, force: bool) -> Result<Destro
 /// destruction goes on and leaves them as they are (answered in `manual_machines`). A manual
 /// machine added after this check is caught by the engine's own check, which answers the same
 /// way (the model is dying by then).
-async fn refuse_destroy_with_manual_machines(st: &AppState, force: bool) -> Result<Vec<MachineId>> {
+async fn refuse_destroy_with_manual_machines(st: &ModelRuntime, force: bool) -> Result<Vec<MachineId>> {
     let (manual, life) = st.store.exec(|s| Ok((s.live_manual_machines()?, s.model_life()?))).await?;
     // A dying model is the engine's to answer (already dying).
     if !force && !manual.is_empty() && life == crate::model::Life::Alive {

@@ -1,4 +1,4 @@
-//! The models a running service hosts: each one's [`AppState`] (its store, cloud, metrics,
+//! The models a running service hosts: each one's [`ModelRuntime`] (its store, cloud, metrics,
 //! event stream and provisioners, started by `service::run::start_model`), looked up
 //! by name for every request; adding one (its directory entry kept first, then its store
 //! opened and its provisioners started); destroying one (the engine's destruction as for the
@@ -17,7 +17,7 @@ use thiserror::Error;
 
 use super::directory::{CloudSettings, Directory, ModelEntry, ModelLife, ModelsError, DEFAULT_MODEL};
 use super::persist::{DirectoryStore, PersistError};
-use crate::service::api::AppState;
+use crate::service::runtime::ModelRuntime;
 use crate::service::settings::{BrokerKind, ServeSettings, StoreUrl};
 use crate::service::store::Store;
 
@@ -114,7 +114,7 @@ impl HostError {
 /// A model's place in the host: running, or why not.
 #[derive(Clone)]
 enum Slot {
-    Running(Box<AppState>),
+    Running(Box<ModelRuntime>),
     Failed(String),
 }
 
@@ -123,7 +123,7 @@ pub struct Listed {
     /// The directory's entry.
     pub entry: ModelEntry,
     /// Its state, when it runs here.
-    pub state: Option<AppState>,
+    pub state: Option<ModelRuntime>,
     /// Why it does not run, if it does not.
     pub error: Option<String>,
 }
@@ -252,7 +252,7 @@ impl ModelHost {
     }
 
     /// The running model `name`: 404 naming it when unknown, 503 when it does not run.
-    pub async fn state(&self, name: &str) -> Result<AppState, HostError> {
+    pub async fn state(&self, name: &str) -> Result<ModelRuntime, HostError> {
         let slot = self.slots.lock().await.get(name).cloned();
         match slot {
             Some(Slot::Running(s)) => Ok(*s),
@@ -311,7 +311,7 @@ impl ModelHost {
         entry: &ModelEntry,
         store: Option<Store>,
         new: bool,
-    ) -> Result<AppState, crate::service::ServeError> {
+    ) -> Result<ModelRuntime, crate::service::ServeError> {
         let opts = model_settings(&self.shared.opts, entry);
         let store = match store {
             Some(s) => s,
@@ -334,7 +334,7 @@ impl ModelHost {
 
     /// Adds a model: the entry is checked and kept, then its store created and its
     /// provisioners started. If it cannot start, the entry is taken back out (nothing stays).
-    pub async fn add(&self, entry: ModelEntry) -> Result<AppState, HostError> {
+    pub async fn add(&self, entry: ModelEntry) -> Result<ModelRuntime, HostError> {
         let _one = self.changes.lock().await;
         let broker = broker_of(&self.shared.opts, &entry.cloud);
         #[cfg(not(feature = "ec2"))]
@@ -541,7 +541,7 @@ impl ModelHost {
     }
 
     /// Every running model's state (to stop them all at shutdown).
-    pub async fn running(&self) -> Vec<AppState> {
+    pub async fn running(&self) -> Vec<ModelRuntime> {
         let slots = self.slots.lock().await;
         slots
             .values()
