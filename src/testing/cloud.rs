@@ -7,7 +7,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_rt::time::Instant;
 
-use super::compact::{token_moved, Names, Stored, Tokens};
+use super::compact::{token_moved, FakeInstance, Names, Stored, Tokens};
 use crate::actors::limiter::{RateLimits, TokenBucket};
 
 use crate::model::instance_types::{self, has_hardware_constraint, InstanceType, TypeFailover};
@@ -146,24 +146,6 @@ struct BatchMade {
     zone: Option<String>,
     machines: Vec<MachineId>,
     results: Vec<Result<InstanceId, BrokerError>>,
-}
-
-/// An instance in the fake cloud.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FakeInstance {
-    /// Id, state, zone, tags.
-    pub instance: CloudInstance,
-    /// Belongs to another model or controller.
-    pub foreign: bool,
-    /// Its age at a time since the cloud's creation: `(when, age then)`.
-    pub born: (Duration, Duration),
-}
-
-impl FakeInstance {
-    /// Its age at `now` (since the cloud's creation).
-    pub fn age_at(&self, now: Duration) -> Duration {
-        self.born.1 + now.saturating_sub(self.born.0)
-    }
 }
 
 /// The fake cloud's state.

@@ -16,7 +16,23 @@ use rustc_hash::{FxBuildHasher, FxHasher};
 
 use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
 
-use super::cloud::FakeInstance;
+/// An instance in the fake cloud.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeInstance {
+    /// Id, state, zone, tags.
+    pub instance: CloudInstance,
+    /// Belongs to another model or controller.
+    pub foreign: bool,
+    /// Its age at a time since the cloud's creation: `(when, age then)`.
+    pub born: (Duration, Duration),
+}
+
+impl FakeInstance {
+    /// Its age at `now` (since the cloud's creation).
+    pub fn age_at(&self, now: Duration) -> Duration {
+        self.born.1 + now.saturating_sub(self.born.0)
+    }
+}
 
 /// An interned name: an index into [`Names`], or none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

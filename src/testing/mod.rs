@@ -44,9 +44,8 @@ impl PausedSystem {
     }
 }
 
-pub use cloud::{
-    CallRecord, CloudOp, CloudSnapshot, FakeBroker, FakeCloud, FakeInstance, Fault, PartialLaunch, TypeFault,
-};
+pub use cloud::{CallRecord, CloudOp, CloudSnapshot, FakeBroker, FakeCloud, Fault, PartialLaunch, TypeFault};
+pub use compact::FakeInstance;
 pub use initialiser::FakeInitialiser;
 pub use model::{FakeMachine, FakeModel, FakeModelApi, ModelOp, ModelSnapshot};
 pub use postgres::{TempPostgres, TempPostgresError};

@@ -6,8 +6,8 @@ use tokio::time::Instant;
 
 use std::path::PathBuf;
 
+use super::line::{AuditLine, AuditWriteError};
 use super::state::{AuditFile, Decision, RefusedBook, Rotation};
-use super::{AuditLine, AuditWriteError};
 
 /// The writer of the audit log.
 #[derive(Debug)]

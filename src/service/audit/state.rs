@@ -11,7 +11,7 @@ use file_rotate::suffix::AppendCount;
 use file_rotate::{ContentLimit, FileRotate};
 use tokio::time::Instant;
 
-use super::{AuditError, AuditLine, AuditWriteError};
+use super::line::{AuditError, AuditLine, AuditWriteError};
 
 /// How the file rotates: past `max_bytes` the file becomes `FILE.1` (the older ones move up
 /// one) and a new one begins; `files` old ones are kept.

@@ -10,6 +10,7 @@ use actix_rt::time::Instant;
 use futures::channel::oneshot;
 use futures::future::LocalBoxFuture;
 
+pub use super::messages::{Answered, GetLeaseStatus, ReleaseLease, SpreadOrder};
 use super::pg::LeaseKey;
 use super::sql::LeaseSql;
 use super::state::{Answer, LeaseBook, LeaseTimings, Role, Step, Transition, Why};
@@ -168,11 +169,6 @@ impl Actor for LeaseActor {
     }
 }
 
-/// The SQL thread's answer.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Answered(pub Answer);
-
 impl Handler<Answered> for LeaseActor {
     type Result = ();
 
@@ -195,12 +191,6 @@ impl Handler<Answered> for LeaseActor {
     }
 }
 
-/// Clean shutdown: a leader stops acting and releases its lease; answers once the release
-/// answered (or at once for a follower). The caller bounds the wait.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ReleaseLease;
-
 impl Handler<ReleaseLease> for LeaseActor {
     type Result = ResponseFuture<()>;
 
@@ -219,19 +209,6 @@ impl Handler<ReleaseLease> for LeaseActor {
             let _ = rx.await;
         })
     }
-}
-
-/// The spread's order for this model, each round (see `service::models::spread`): what the
-/// driver read of the lease, whether to try to acquire it, and whether to hand it over.
-#[derive(Message, Debug, Clone, PartialEq, Eq)]
-#[rtype(result = "()")]
-pub struct SpreadOrder {
-    /// The live holder the driver read (`None`: free or expired).
-    pub seen: Option<(String, i64)>,
-    /// Whether a follower tries to acquire.
-    pub acquire: bool,
-    /// Hand the lease over: stop acting now and release it (a leader only).
-    pub hand_over: bool,
 }
 
 impl Handler<SpreadOrder> for LeaseActor {
@@ -259,11 +236,6 @@ impl Handler<SpreadOrder> for LeaseActor {
         }
     }
 }
-
-/// The role as the status shows it.
-#[derive(Message)]
-#[rtype(result = "LeaseStatus")]
-pub struct GetLeaseStatus;
 
 impl Handler<GetLeaseStatus> for LeaseActor {
     type Result = MessageResult<GetLeaseStatus>;

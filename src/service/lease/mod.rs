@@ -34,6 +34,8 @@ pub mod listen;
 #[cfg(feature = "postgres")]
 pub mod members;
 #[cfg(feature = "postgres")]
+pub mod messages;
+#[cfg(feature = "postgres")]
 pub mod pg;
 pub mod share;
 #[cfg(feature = "postgres")]

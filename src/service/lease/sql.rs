@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use super::actor::Answered;
+use super::messages::Answered;
 use super::pg::{LeaseKey, LeaseSqlError, PgLease, PgLeases};
 use super::state::{Answer, Step};
 use crate::service::pgconnect::Connector;

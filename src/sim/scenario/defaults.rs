@@ -4,8 +4,7 @@
 
 use std::time::Duration;
 
-use super::spec::{Dur, ProvisionerSpec, Workers};
-use crate::model::HarvestMode;
+use super::units::Dur;
 
 /// The age of a pre-existing instance whose `age` is not given.
 pub const PRE_EXISTING_AGE: Duration = Duration::from_secs(24 * 3600);
@@ -48,30 +47,4 @@ pub(super) fn default_fault_message() -> String {
 }
 pub(super) fn is_false(b: &bool) -> bool {
     !*b
-}
-
-impl Default for Workers {
-    fn default() -> Self {
-        Workers(crate::config::DEFAULT_WORKERS)
-    }
-}
-
-impl Default for ProvisionerSpec {
-    fn default() -> Self {
-        Self {
-            harvest_mode: HarvestMode::default(),
-            workers: Workers::default(),
-            retry_count: default_retry_count(),
-            retry_delay: default_retry_delay(),
-            resync_interval: default_resync(),
-            reuse: false,
-            reuse_window: default_reuse_window(),
-            rate_limit: None,
-            harvest_grace: default_harvest_grace(),
-            harvest_max_stops: default_harvest_max_stops(),
-            capacity_memory: default_capacity_memory(),
-            batch_starts: false,
-            batch_size: default_batch_size(),
-        }
-    }
 }

@@ -12,9 +12,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::spec::{
-    DestroyModelSpec, Dur, FailNextSpec, LaunchSpec, MachineSpec, SetLifeSpec, SetStatusSpec, SetZonesSpec, Workers,
-};
+use super::spec::{DestroyModelSpec, FailNextSpec, LaunchSpec, MachineSpec, SetLifeSpec, SetStatusSpec, SetZonesSpec};
+use super::units::{Dur, Workers};
 use crate::model::HarvestMode;
 
 /// An event that does not have exactly one action key.

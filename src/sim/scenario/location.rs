@@ -16,7 +16,23 @@ use std::rc::Rc;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use toml::de::{DeTable, DeValue};
 
-use super::Format;
+/// The file formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `.toml`.
+    Toml,
+    /// `.json`.
+    Json,
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Format::Toml => "TOML",
+            Format::Json => "JSON",
+        })
+    }
+}
 
 /// One key or array element.
 #[derive(Debug, Clone, PartialEq, Eq)]

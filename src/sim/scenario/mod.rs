@@ -13,9 +13,9 @@ mod defaults;
 mod events;
 mod location;
 mod spec;
+mod units;
 mod validate;
 
-use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -25,12 +25,14 @@ use thiserror::Error;
 use defaults::default_until;
 pub use defaults::PRE_EXISTING_AGE;
 pub use events::{Action, EventError, EventSpec};
+pub use location::Format;
 use location::Locations;
 pub use spec::{
-    format_duration, CloudSpec, DerivedZonesSpec, DestroyModelSpec, Dur, FailCall, FailNextSpec, FaultSpec,
-    InitFaultSpec, InitialState, InstanceSpec, LaunchSpec, MachineSpec, ModelSpec, ProvisionerSpec, RateLimitSpec,
-    SetLifeSpec, SetStatusSpec, SetZonesSpec, Workers,
+    CloudSpec, DerivedZonesSpec, DestroyModelSpec, FailCall, FailNextSpec, FaultSpec, InitFaultSpec, InitialState,
+    InstanceSpec, LaunchSpec, MachineSpec, ModelSpec, ProvisionerSpec, RateLimitSpec, SetLifeSpec, SetStatusSpec,
+    SetZonesSpec,
 };
+pub use units::{format_duration, Dur, Workers};
 
 /// A bad scenario file: which file, which line, which field, and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -74,24 +76,6 @@ pub struct Scenario {
     /// Timed events.
     #[serde(default)]
     pub events: Vec<EventSpec>,
-}
-
-/// The file formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// `.toml`.
-    Toml,
-    /// `.json`.
-    Json,
-}
-
-impl fmt::Display for Format {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Format::Toml => "TOML",
-            Format::Json => "JSON",
-        })
-    }
 }
 
 impl Scenario {

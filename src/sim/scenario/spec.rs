@@ -5,63 +5,16 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use super::defaults::{
     default_batch_size, default_capacity_memory, default_fault_message, default_harvest_grace,
     default_harvest_max_stops, default_resync, default_retry_count, default_retry_delay, default_reuse_window,
     default_times, is_default_batch_size, is_false, PRE_EXISTING_AGE,
 };
+use super::units::{Dur, Workers};
 use crate::actors::limiter::{BucketLimit, RateLimits};
 use crate::model::{HarvestMode, InstanceState, Life, MachineStatus};
-
-/// A humantime duration (`"0s"`, `"250ms"`, `"10s"`, `"2m"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub struct Dur(pub Duration);
-
-impl Serialize for Dur {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format_duration(self.0))
-    }
-}
-
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map(Dur).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "invalid duration {text:?} ({e}); use e.g. \"0s\", \"250ms\", \"10s\", \"2m\""
-            ))
-        })
-    }
-}
-
-/// Formats a duration as the report does: `0s`, `35s`, `1m 5s`, `250ms`.
-pub fn format_duration(d: Duration) -> String {
-    if d.is_zero() {
-        "0s".into()
-    } else {
-        humantime::format_duration(d).to_string()
-    }
-}
-
-/// A worker pool size, checked to be in `1..=100` while parsing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(transparent)]
-pub struct Workers(pub usize);
-
-impl<'de> Deserialize<'de> for Workers {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let n = i64::deserialize(d)?;
-        if !(1..=crate::config::MAX_WORKERS as i64).contains(&n) {
-            return Err(serde::de::Error::custom(format!(
-                "workers must be between 1 and {}, got {n}",
-                crate::config::MAX_WORKERS
-            )));
-        }
-        Ok(Workers(n as usize))
-    }
-}
 
 /// `[model]` (an addition): how the simulated model behaves.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -580,4 +533,30 @@ pub struct DestroyModelSpec {
     /// Skip the manual-machine check.
     #[serde(default)]
     pub force: bool,
+}
+
+impl Default for Workers {
+    fn default() -> Self {
+        Workers(crate::config::DEFAULT_WORKERS)
+    }
+}
+
+impl Default for ProvisionerSpec {
+    fn default() -> Self {
+        Self {
+            harvest_mode: HarvestMode::default(),
+            workers: Workers::default(),
+            retry_count: default_retry_count(),
+            retry_delay: default_retry_delay(),
+            resync_interval: default_resync(),
+            reuse: false,
+            reuse_window: default_reuse_window(),
+            rate_limit: None,
+            harvest_grace: default_harvest_grace(),
+            harvest_max_stops: default_harvest_max_stops(),
+            capacity_memory: default_capacity_memory(),
+            batch_starts: false,
+            batch_size: default_batch_size(),
+        }
+    }
 }

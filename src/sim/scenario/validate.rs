@@ -5,7 +5,8 @@
 
 use super::events::Action;
 use super::location::Locations;
-use super::spec::{format_duration, MachineSpec, SetLifeSpec, SetStatusSpec};
+use super::spec::{MachineSpec, SetLifeSpec, SetStatusSpec};
+use super::units::format_duration;
 use super::{EventSpec, Scenario, ScenarioError};
 
 /// Runs every check in order; the first failure is the error.
