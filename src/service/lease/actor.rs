@@ -13,7 +13,8 @@ use futures::future::LocalBoxFuture;
 pub use super::messages::{Answered, GetLeaseStatus, ReleaseLease, SpreadOrder};
 use super::pg::LeaseKey;
 use super::sql::LeaseSql;
-use super::state::{Answer, LeaseBook, LeaseTimings, Role, Step, Transition, Why};
+use super::state::{Answer, LeaseBook, Role, Step, Transition, Why};
+use crate::service::settings::LeaseTimings;
 
 /// What a change of role asks of the service. Called on the lease actor's thread, at once.
 pub trait RoleHooks: 'static {

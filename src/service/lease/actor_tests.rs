@@ -12,7 +12,8 @@ use futures::StreamExt;
 use super::actor::{GetLeaseStatus, LeaseActor, LeaseConfig, ReleaseLease, RoleHooks};
 use super::listen::{listen, Changed, NoticeHub, Subscribe};
 use super::sql::LeaseSql;
-use super::state::{LeaseTimings, Transition, Why};
+use super::state::{Transition, Why};
+use crate::service::settings::LeaseTimings;
 use crate::testing::TempPostgres;
 
 const MODEL: &str = "3b7f0c2e-0000-4000-8000-00000000abcd";

@@ -44,7 +44,7 @@ pub mod state;
 #[cfg(test)]
 mod tests;
 
-pub use state::{
-    Answer, LeaseBook, LeaseTimings, LeaseTimingsError, Role, Step, Transition, Why, DEFAULT_LEASE,
-    DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY,
+pub use crate::service::settings::{
+    LeaseTimings, LeaseTimingsError, DEFAULT_LEASE, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY,
 };
+pub use state::{Answer, LeaseBook, Role, Step, Transition, Why};

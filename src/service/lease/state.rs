@@ -11,94 +11,9 @@
 
 use std::time::Duration;
 
-use thiserror::Error;
 use tokio::time::Instant;
 
-/// The lease's duration by default.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
-/// How long a leader goes on acting without a successful renewal, by default.
-pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(8);
-/// The interval between attempts (acquire or renew), by default.
-pub const DEFAULT_RETRY: Duration = Duration::from_secs(2);
-
-/// The lease's timings, checked: `lease > renew_deadline > 1.2 × retry`, all positive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseTimings {
-    lease: Duration,
-    renew_deadline: Duration,
-    retry: Duration,
-}
-
-/// Why lease timings cannot be used; each names the setting at fault as the config file's
-/// `[lease]` table spells it (`lease.duration`, `lease.renew_deadline`, `lease.retry`; the
-/// flags are `--lease`, `--lease-renew-deadline`, `--lease-retry`).
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum LeaseTimingsError {
-    /// A duration is zero.
-    #[error("config: {setting} must be positive")]
-    Zero {
-        /// The setting.
-        setting: &'static str,
-    },
-    /// The lease does not outlast the renew deadline.
-    #[error("config: lease.duration ({lease:?}) must be longer than lease.renew_deadline ({renew_deadline:?})")]
-    LeaseNotAboveDeadline {
-        /// The lease.
-        lease: Duration,
-        /// The renew deadline.
-        renew_deadline: Duration,
-    },
-    /// The renew deadline leaves no room for a retry.
-    #[error("config: lease.renew_deadline ({renew_deadline:?}) must be longer than 1.2 × lease.retry ({retry:?})")]
-    DeadlineNotAboveRetry {
-        /// The renew deadline.
-        renew_deadline: Duration,
-        /// The retry interval.
-        retry: Duration,
-    },
-}
-
-impl Default for LeaseTimings {
-    fn default() -> Self {
-        Self { lease: DEFAULT_LEASE, renew_deadline: DEFAULT_RENEW_DEADLINE, retry: DEFAULT_RETRY }
-    }
-}
-
-impl LeaseTimings {
-    /// Checks the timings.
-    pub fn new(lease: Duration, renew_deadline: Duration, retry: Duration) -> Result<Self, LeaseTimingsError> {
-        for (setting, d) in
-            [("lease.duration", lease), ("lease.renew_deadline", renew_deadline), ("lease.retry", retry)]
-        {
-            if d.is_zero() {
-                return Err(LeaseTimingsError::Zero { setting });
-            }
-        }
-        if lease <= renew_deadline {
-            return Err(LeaseTimingsError::LeaseNotAboveDeadline { lease, renew_deadline });
-        }
-        // renew_deadline > 1.2 × retry, in whole nanoseconds: 5 × deadline > 6 × retry.
-        if renew_deadline.as_nanos() * 5 <= retry.as_nanos() * 6 {
-            return Err(LeaseTimingsError::DeadlineNotAboveRetry { renew_deadline, retry });
-        }
-        Ok(Self { lease, renew_deadline, retry })
-    }
-
-    /// How long an acquired or renewed lease lasts (on the database's clock).
-    pub fn lease(&self) -> Duration {
-        self.lease
-    }
-
-    /// How long a leader acts without a successful renewal.
-    pub fn renew_deadline(&self) -> Duration {
-        self.renew_deadline
-    }
-
-    /// The interval between attempts.
-    pub fn retry(&self) -> Duration {
-        self.retry
-    }
-}
+use crate::service::settings::LeaseTimings;
 
 /// This replica's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,7 +253,7 @@ impl LeaseBook {
     /// passed. (The shell asks before each step too, so that a late timer never lets it act.)
     pub fn may_act(&self, now: Instant) -> bool {
         matches!(self.role, Role::Leader { .. })
-            && self.renewed_sent_at.is_some_and(|t| now.saturating_duration_since(t) < self.timings.renew_deadline)
+            && self.renewed_sent_at.is_some_and(|t| now.saturating_duration_since(t) < self.timings.renew_deadline())
     }
 
     /// The time at which a leader must stop acting, if it is one: its renew deadline, or the
@@ -346,8 +261,8 @@ impl LeaseBook {
     pub fn acting_deadline(&self) -> Option<Instant> {
         match self.role {
             Role::Leader { .. } => {
-                let renewal = self.renewed_sent_at.map(|t| t + self.timings.renew_deadline);
-                let progress = self.progress_at.map(|t| t + self.timings.renew_deadline);
+                let renewal = self.renewed_sent_at.map(|t| t + self.timings.renew_deadline());
+                let progress = self.progress_at.map(|t| t + self.timings.renew_deadline());
                 match (renewal, progress) {
                     (Some(r), Some(p)) => Some(r.min(p)),
                     (r, p) => r.or(p),
@@ -389,13 +304,13 @@ impl LeaseBook {
     /// Whether a leader's last proof of progress is older than the renew deadline at `now`.
     fn no_progress(&self, now: Instant) -> bool {
         matches!(self.role, Role::Leader { .. })
-            && self.progress_at.is_some_and(|t| now.saturating_duration_since(t) >= self.timings.renew_deadline)
+            && self.progress_at.is_some_and(|t| now.saturating_duration_since(t) >= self.timings.renew_deadline())
     }
 
     /// When the shell calls [`LeaseBook::tick`] next: after one retry, or at the acting
     /// deadline if that comes first.
     pub fn next_tick(&self, now: Instant) -> Instant {
-        let retry = now + self.timings.retry;
+        let retry = now + self.timings.retry();
         self.acting_deadline().map_or(retry, |d| d.min(retry).max(now))
     }
 
@@ -459,7 +374,7 @@ impl LeaseBook {
                 self.holder = Some((id.to_owned(), epoch));
                 // An answer that arrives after the deadline is no lease to act on: it expires
                 // on its own, and the next attempt is refused until then.
-                if now.saturating_duration_since(sent_at) >= self.timings.renew_deadline {
+                if now.saturating_duration_since(sent_at) >= self.timings.renew_deadline() {
                     return None;
                 }
                 self.renewed_sent_at = Some(sent_at);

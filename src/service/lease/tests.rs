@@ -5,6 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::state::*;
+use crate::service::settings::{LeaseTimings, LeaseTimingsError};
 
 const ME: &str = "replica-a";
 
