@@ -42,3 +42,28 @@ impl SimTypes {
         Err(last)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A type out of capacity in the zone is passed over (and remembered: tried last next
+    /// time); every candidate out there is the last one tried.
+    #[test]
+    fn a_pick_passes_over_the_types_out_of_capacity_in_the_zone() {
+        let out = vec![("t3.large".to_owned(), "az1".to_owned())];
+        let mut types = SimTypes::new(Duration::from_secs(60), out);
+        let candidates = [InstanceType::named("t3.large"), InstanceType::named("m5.large")];
+        let now = Duration::from_secs(1);
+        let az1 = types.pick(now, Some("az1"), "0/n/1", &candidates).unwrap();
+        assert_eq!((az1.instance_type.as_str(), az1.client_token.as_str()), ("m5.large", "0/n/1/m5.large"));
+        let az2 = types.pick(now, Some("az2"), "0/n/2", &candidates).unwrap();
+        assert_eq!((az2.instance_type.as_str(), az2.client_token.as_str()), ("t3.large", "0/n/2"));
+        // Remembered: the next start in az1 tries m5.large first, under its own token.
+        let next = types.pick(now, Some("az1"), "1/n/1", &candidates).unwrap();
+        assert_eq!((next.instance_type.as_str(), next.client_token.as_str()), ("m5.large", "1/n/1/m5.large"));
+        let only = [InstanceType::named("t3.large")];
+        assert_eq!(types.pick(now, Some("az1"), "2/n/1", &only), Err(Some("t3.large".to_owned())));
+        assert_eq!(types.pick(now, Some("az1"), "3/n/1", &[]), Err(None));
+    }
+}
