@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use actix::Addr;
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_ec2::config::http::HttpResponse;
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
@@ -13,13 +14,16 @@ use aws_sdk_ec2::types::{
     InstanceType, Placement, ResourceType, Tag, TagSpecification,
 };
 use aws_sdk_ec2::Client;
-use futures::lock::Mutex;
 use futures::StreamExt;
 
 use super::config::{Ec2Config, Ec2ConfigError, DEFAULT_CAPACITY_MEMORY, DEFAULT_TYPES_PER_ZONE};
 use super::errors::{classify, is_throttling};
+use super::memory::{
+    Attempt, Attempted, BrokerMemory, GetPacer, OrderTypes, ReadCatalogue, ReadRootDevice, RememberUntagged, SetPacer,
+    TakeUntagged, Untagged,
+};
 use crate::config::rate_limits::ApiClass;
-use crate::model::instance_types::{self, has_hardware_constraint, TypeAttempt, TypeFailover};
+use crate::model::instance_types::{self, has_hardware_constraint, TypeAttempt};
 use crate::model::{CloudInstance, Constraints, InstanceId, InstanceState, InstanceTags, MachineId};
 use crate::ports::{
     AvailabilityZone, BatchMember, BatchStartParams, BatchStarted, Broker, BrokerError, BrokerFuture, Pacer,
@@ -132,28 +136,12 @@ pub const DEFAULT_ROOT_DEVICE: &str = "/dev/sda1";
 pub struct Ec2Broker {
     client: Client,
     config: Arc<Ec2Config>,
-    state: Arc<Shared>,
-}
-
-/// An instance launched for a member of a batched start and not yet tagged with it: its id
-/// and the tags it still needs.
-type Untagged = (String, Vec<Tag>);
-
-/// What the broker learns once and remembers: the catalogue, the image's root device, the
-/// per-type capacity fail-over, and the instances of batched starts not yet tagged with their
-/// machine.
-struct Shared {
-    catalogue: Mutex<Option<Arc<Vec<instance_types::InstanceType>>>>,
-    root_device: Mutex<Option<String>>,
-    failover: Mutex<TypeFailover>,
-    /// `(machine, nonce)` → the instance a batched start launched for it whose `CreateTags`
-    /// failed, with the tags it still needs: [`Broker::instances_of_start`] tags it first, so
-    /// that the member's look-up (its answer was ambiguous) finds it.
-    untagged: Mutex<BTreeMap<(MachineId, String), Untagged>>,
+    /// What the broker learns once and remembers (the catalogue, the image's root device, the
+    /// per-type capacity fail-over, the instances of batched starts not yet tagged with their
+    /// machine, the pacer of its own calls): one actor's, shared by the clones.
+    memory: Addr<BrokerMemory>,
+    /// The origin of the fail-over's time.
     epoch: actix_rt::time::Instant,
-    /// What paces the broker's own calls (a batched start's `CreateTags`): the provisioner's
-    /// client-side limiter, handed over by [`Broker::pace_follow_ups`].
-    pacer: Mutex<Option<Arc<dyn Pacer>>>,
 }
 
 /// The instance tags a `tags=` constraint asks for: `KEY=VALUE` is the tag `KEY` = `VALUE`, a
@@ -319,7 +307,8 @@ fn wall_clock() -> SystemTime {
 
 impl Ec2Broker {
     /// Connects: loads the AWS configuration (credentials from the standard chain; region and
-    /// endpoint from `config` when given).
+    /// endpoint from `config` when given). Starts the broker's memory (an actor): call it
+    /// within an actix system, which the broker is used in.
     pub async fn connect(config: Ec2Config) -> Result<Self, Ec2ConfigError> {
         config.validate()?;
         let mut loader = aws_config::defaults(BehaviorVersion::latest());
@@ -334,26 +323,31 @@ impl Ec2Broker {
             return Err(Ec2ConfigError::NoRegion);
         }
         let memory = config.capacity_memory.unwrap_or(DEFAULT_CAPACITY_MEMORY);
-        let state = Shared {
-            catalogue: Mutex::new(None),
-            root_device: Mutex::new(None),
-            failover: Mutex::new(TypeFailover::new(memory)),
-            untagged: Mutex::new(BTreeMap::new()),
+        Ok(Self {
+            client: Client::new(&sdk),
+            config: Arc::new(config),
+            memory: BrokerMemory::start(memory),
             epoch: actix_rt::time::Instant::now(),
-            pacer: Mutex::new(None),
-        };
-        Ok(Self { client: Client::new(&sdk), config: Arc::new(config), state: Arc::new(state) })
+        })
     }
 
     /// The catalogue: every type `DescribeInstanceTypes` lists, with its architecture, vCPUs
     /// and memory, priced from the shipped table. Read once per broker (a failed read is tried
-    /// again by the next start that needs it).
+    /// again by the next start that needs it; starts that need it during a read wait for
+    /// that read).
     pub async fn catalogue(&self) -> Result<Arc<Vec<instance_types::InstanceType>>, BrokerError> {
-        let mut cached = self.state.catalogue.lock().await;
-        if let Some(c) = cached.as_ref() {
-            return Ok(c.clone());
-        }
-        let mut pages = self.client.describe_instance_types().max_results(100).into_paginator().send();
+        let read = Box::pin(Self::read_catalogue(self.client.clone()));
+        self.memory.send(ReadCatalogue { read }).await.map_err(|_| Self::memory_gone())?
+    }
+
+    /// The broker's memory answered nothing (its actix system is stopping).
+    fn memory_gone() -> BrokerError {
+        BrokerError::transient("the EC2 broker's memory is gone (its actix system stopped)")
+    }
+
+    /// `DescribeInstanceTypes`, every page: the catalogue.
+    async fn read_catalogue(client: Client) -> Result<Arc<Vec<instance_types::InstanceType>>, BrokerError> {
+        let mut pages = client.describe_instance_types().max_results(100).into_paginator().send();
         let mut out = Vec::new();
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| sdk_error(e, None))?;
@@ -373,26 +367,19 @@ impl Ec2Broker {
             }
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
-        let out = Arc::new(out);
-        *cached = Some(out.clone());
-        Ok(out)
+        Ok(Arc::new(out))
     }
 
     /// The image's root device name (`DescribeImages`, once), [`DEFAULT_ROOT_DEVICE`] when it
     /// cannot be read.
     async fn root_device(&self) -> String {
-        let mut cached = self.state.root_device.lock().await;
-        if let Some(d) = cached.as_ref() {
-            return d.clone();
-        }
-        let read = self.client.describe_images().image_ids(self.config.image_id.clone()).send().await;
-        match read.ok().and_then(|o| o.images().first().and_then(|i| i.root_device_name()).map(str::to_owned)) {
-            Some(d) => {
-                *cached = Some(d.clone());
-                d
-            }
-            None => DEFAULT_ROOT_DEVICE.to_owned(),
-        }
+        let call = self.client.describe_images().image_ids(self.config.image_id.clone());
+        let read = Box::pin(async move {
+            let read = call.send().await;
+            read.ok().and_then(|o| o.images().first().and_then(|i| i.root_device_name()).map(str::to_owned))
+        });
+        let known = self.memory.send(ReadRootDevice { read }).await.ok().flatten();
+        known.unwrap_or_else(|| DEFAULT_ROOT_DEVICE.to_owned())
     }
 
     /// The types a start may use, best first, at most `types_per_zone`.
@@ -411,7 +398,7 @@ impl Ec2Broker {
     }
 
     fn now(&self) -> Duration {
-        self.state.epoch.elapsed()
+        self.epoch.elapsed()
     }
 
     /// One `RunInstances` call: `launch.count` instances of `attempt`'s type under its client
@@ -465,31 +452,35 @@ impl Ec2Broker {
             None => None,
         };
         let (zone, token) = (launch.zone, launch.token);
-        let attempts = self.state.failover.lock().await.order(self.now(), zone, token, &candidates);
+        let order = OrderTypes { now: self.now(), zone: zone.map(str::to_owned), token: token.to_owned(), candidates };
+        let attempts = self.memory.send(order).await.map_err(|_| Self::memory_gone())?;
+        // Each outcome is told before the launch goes on: a later call's order comes after it.
+        let attempted = |outcome: Attempted| {
+            let (zone, token) = (zone.map(str::to_owned), token.to_owned());
+            self.memory.do_send(Attempt { now: self.now(), zone, token, outcome });
+        };
         let mut last = None;
         for attempt in &attempts {
-            let result = self.run(launch, attempt, root_device.as_deref()).await;
-            let mut failover = self.state.failover.lock().await;
-            match result {
+            match self.run(launch, attempt, root_device.as_deref()).await {
                 Ok(out) => {
-                    failover.settled(token);
+                    attempted(Attempted::Settled);
                     return Ok(out);
                 }
                 Err(e @ BrokerError::ZoneSpecific { .. }) => {
-                    failover.capacity_failed(self.now(), &attempt.instance_type, zone);
+                    attempted(Attempted::OutOfCapacity(attempt.instance_type.clone()));
                     last = Some(e);
                 }
                 Err(e) if e.is_ambiguous() => {
-                    failover.ambiguous(self.now(), token, &attempt.instance_type);
+                    attempted(Attempted::Ambiguous(attempt.instance_type.clone()));
                     return Err(e);
                 }
                 Err(e) => {
-                    failover.settled(token);
+                    attempted(Attempted::Settled);
                     return Err(e);
                 }
             }
         }
-        self.state.failover.lock().await.settled(token);
+        attempted(Attempted::Settled);
         Err(last.unwrap_or_else(|| BrokerError::zone_independent("no instance type to start")))
     }
 
@@ -598,8 +589,8 @@ impl Ec2Broker {
                     // A repeat of the batch tagged what an earlier try could not: nothing
                     // left for the look-up to do (it must not tag the instance again later,
                     // when it may have been released or handed on).
-                    let key = (member.machine.clone(), member.nonce.clone());
-                    self.state.untagged.lock().await.remove(&key);
+                    let start = (member.machine.clone(), member.nonce.clone());
+                    self.memory.do_send(TakeUntagged { start });
                     break;
                 }
                 Err(e) if attempt < TAGGING_ATTEMPTS && e.code() == Some("InvalidInstanceID.NotFound") => {
@@ -609,8 +600,8 @@ impl Ec2Broker {
                 }
                 Err(e) => {
                     let why = sdk_error(e, None).message();
-                    let key = (member.machine.clone(), member.nonce.clone());
-                    self.state.untagged.lock().await.insert(key, (id.clone(), set));
+                    let start = (member.machine.clone(), member.nonce.clone());
+                    self.memory.do_send(RememberUntagged { start, untagged: (id.clone(), set) });
                     return Err(BrokerError::transient(format!(
                         "instance {id} was launched for machine {} but not tagged with it: {why}",
                         member.machine
@@ -638,7 +629,7 @@ impl Ec2Broker {
         aws_sdk_ec2::operation::create_tags::CreateTagsOutput,
         SdkError<aws_sdk_ec2::operation::create_tags::CreateTagsError, HttpResponse>,
     > {
-        let pacer = self.state.pacer.lock().await.clone();
+        let pacer = self.memory.send(GetPacer).await.ok().flatten();
         let epoch = match &pacer {
             Some(p) => Some(p.token(ApiClass::Stop).await),
             None => None,
@@ -653,12 +644,13 @@ impl Ec2Broker {
     /// Tags the instance a batched start launched for this start but could not tag (if any),
     /// so that a look-up by tags finds it.
     async fn tag_remembered(&self, machine: &MachineId, nonce: &str) -> Result<(), BrokerError> {
-        let key = (machine.clone(), nonce.to_owned());
-        let Some((id, set)) = self.state.untagged.lock().await.remove(&key) else { return Ok(()) };
+        let start = (machine.clone(), nonce.to_owned());
+        let remembered = self.memory.send(TakeUntagged { start: start.clone() }).await.ok().flatten();
+        let Some((id, set)): Option<Untagged> = remembered else { return Ok(()) };
         let res = self.paced_create_tags(&id, &set).await;
         if let Err(e) = res {
             let why = format!("cannot tag instance {id} for machine {machine}: {}", sdk_error(e, None).message());
-            self.state.untagged.lock().await.insert(key, (id, set));
+            self.memory.do_send(RememberUntagged { start, untagged: (id, set) });
             // The instance exists: never an answer that it does not.
             return Err(BrokerError::transient(why));
         }
@@ -695,15 +687,8 @@ impl Ec2Broker {
 
 impl Broker for Ec2Broker {
     fn pace_follow_ups(&self, pacer: Arc<dyn Pacer>) {
-        // The slot is only ever held for a clone: taken at once unless a tagging reads it at
-        // this very moment, in which case it is set as soon as that read is done.
-        match self.state.pacer.try_lock() {
-            Some(mut slot) => *slot = Some(pacer),
-            None => {
-                let state = self.state.clone();
-                actix_rt::spawn(async move { *state.pacer.lock().await = Some(pacer) });
-            }
-        }
+        // Queued before any call the provisioner then makes asks for it: those calls see it.
+        self.memory.do_send(SetPacer(pacer));
     }
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         let broker = self.clone();

@@ -48,6 +48,7 @@
 mod broker;
 mod config;
 mod errors;
+mod memory;
 #[cfg(test)]
 mod tests;
 

@@ -26,15 +26,28 @@
 //! same zone (under a token derived from its own, as the EC2 broker does) before failing
 //! zone-specifically. The type is on the start's answer; the store does not keep it (a listing
 //! shows none).
+//!
+//! State shared by concurrent starts has one owner each, reached by messages: an account's
+//! start bucket is an `AccountBucket` actor's, a cloud's per-type fail-over a `TypeMemory`
+//! actor's (in `actor.rs`; their plain cores in `state.rs`).
+//! Both are started with their owner ([`SimAccount::new`], [`SimCloud::new`]), within the
+//! service's actix system.
+
+mod actor;
+mod messages;
+mod state;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::lock::Mutex;
+use actix::Addr;
 
-use crate::model::instance_types::{self, has_hardware_constraint, TypeFailover};
+use self::actor::{AccountBucket, TypeMemory};
+use self::messages::{PickType, TakeStart};
+use self::state::SimTypes;
+use crate::model::instance_types::{self, has_hardware_constraint};
 use crate::model::{CloudInstance, InstanceId, InstanceTags};
 use crate::ports::{
     repeated_start, token_key, AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams,
@@ -78,14 +91,13 @@ pub struct SimSettings {
 #[derive(Debug, Clone)]
 pub struct SimAccount {
     name: String,
-    bucket: Arc<Mutex<crate::actors::limiter::TokenBucket>>,
-    epoch: actix_rt::time::Instant,
+    bucket: Addr<AccountBucket>,
     throttled: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl PartialEq for SimAccount {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.bucket, &other.bucket)
+        self.bucket == other.bucket
     }
 }
 
@@ -93,13 +105,13 @@ impl Eq for SimAccount {}
 
 impl SimAccount {
     /// An account named `name` that takes `per_second` starts a second (and as many at once),
-    /// its bucket full now.
+    /// its bucket full now. Starts the bucket's owner (an actor): call it within an actix
+    /// system.
     pub fn new(name: &str, per_second: u32) -> Self {
         let limit = crate::config::rate_limits::BucketLimit::new(per_second, f64::from(per_second));
         Self {
             name: name.to_owned(),
-            bucket: Arc::new(Mutex::new(crate::actors::limiter::TokenBucket::new(limit))),
-            epoch: actix_rt::time::Instant::now(),
+            bucket: AccountBucket::start(crate::actors::limiter::TokenBucket::new(limit)),
             throttled: Arc::default(),
         }
     }
@@ -116,8 +128,11 @@ impl SimAccount {
 
     /// Spends a token for one start, or counts a throttled refusal.
     async fn take(&self) -> Result<(), BrokerError> {
-        let mut bucket = self.bucket.lock().await;
-        if bucket.take(self.epoch.elapsed()) {
+        let took =
+            self.bucket.send(TakeStart).await.map_err(|_| {
+                BrokerError::transient(format!("simulated account {:?}: its bucket is gone", self.name))
+            })?;
+        if took {
             return Ok(());
         }
         self.throttled.fetch_add(1, Ordering::Relaxed);
@@ -150,7 +165,8 @@ pub struct SimCloud {
     store: Store,
     model_uuid: String,
     settings: SimSettings,
-    failover: Arc<Mutex<TypeFailover>>,
+    /// The per-type fail-over (its owner, shared by the clones).
+    failover: Addr<TypeMemory>,
     epoch: actix_rt::time::Instant,
     /// The start calls still to refuse (`start_failures`, counted down; shared by the clones).
     failures_left: Arc<AtomicU32>,
@@ -218,9 +234,11 @@ pub fn check_start(settings: &SimSettings, params: &StartInstanceParams) -> Resu
 }
 
 impl SimCloud {
-    /// A simulated cloud for the model `model_uuid` over `store`.
+    /// A simulated cloud for the model `model_uuid` over `store`. Starts the owner of its
+    /// per-type fail-over (an actor): call it within an actix system.
     pub fn new(store: Store, model_uuid: String, settings: SimSettings) -> Self {
-        let failover = Arc::new(Mutex::new(TypeFailover::new(instance_types::DEFAULT_CAPACITY_MEMORY)));
+        let types = SimTypes::new(instance_types::DEFAULT_CAPACITY_MEMORY, settings.out_of_capacity.clone());
+        let failover = TypeMemory::start(types);
         let failures_left = Arc::new(AtomicU32::new(settings.start_failures));
         Self { store, model_uuid, settings, failover, epoch: actix_rt::time::Instant::now(), failures_left }
     }
@@ -252,26 +270,25 @@ impl SimCloud {
             .map_err(|e| BrokerError::zone_independent(e.to_string()))?;
         candidates.truncate(instance_types::DEFAULT_TYPES_PER_ZONE);
         let zone = params.zone.as_deref();
-        let now = self.epoch.elapsed();
-        let mut failover = self.failover.lock().await;
-        let mut last = None;
-        for attempt in failover.order(now, zone, &params.client_token, &candidates) {
-            let out = self
-                .settings
-                .out_of_capacity
-                .iter()
-                .any(|(t, z)| *t == attempt.instance_type && Some(z.as_str()) == zone);
-            if !out {
-                return Ok(Some((attempt.instance_type, attempt.client_token)));
-            }
-            failover.capacity_failed(now, &attempt.instance_type, zone);
-            last = Some(attempt.instance_type);
+        let pick = PickType {
+            now: self.epoch.elapsed(),
+            zone: params.zone.clone(),
+            token: params.client_token.clone(),
+            candidates,
+        };
+        let picked = self
+            .failover
+            .send(pick)
+            .await
+            .map_err(|_| BrokerError::transient("simulated cloud: its type fail-over is gone"))?;
+        match picked {
+            Ok(attempt) => Ok(Some((attempt.instance_type, attempt.client_token))),
+            Err(last) => Err(BrokerError::zone_specific(format!(
+                "InsufficientInstanceCapacity: no {} capacity in {}",
+                last.unwrap_or_default(),
+                zone.unwrap_or("this cloud")
+            ))),
         }
-        let t = last.unwrap_or_default();
-        Err(BrokerError::zone_specific(format!(
-            "InsufficientInstanceCapacity: no {t} capacity in {}",
-            zone.unwrap_or("this cloud")
-        )))
     }
 
     /// Lands, after the start latency, every instance a crash left pending. Returns how many.
