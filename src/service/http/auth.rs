@@ -2,7 +2,7 @@
 //! extensions), and the extractors a handler takes to require it: [`Authorized`] (any valid
 //! token whose scope allows the method, and whose model, for a model-scoped token, is the one
 //! the path names) and [`AdminOnly`] (an admin token for every model: token management). Also
-//! [`note`], what a change request's handler leaves for its audit line.
+//! `note`, what a change request's handler leaves for its audit line.
 
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpMessage, HttpRequest};

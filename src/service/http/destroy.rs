@@ -1,6 +1,6 @@
 //! `/v1/destroy-model`: the engine's destruction of the model the path names (its instances
 //! stopped, its machines removed), refused while live manual machines remain unless `force`;
-//! [`destroy_running`] is also the first step of `DELETE /v1/models/{model}`.
+//! `destroy_running` is also the first step of `DELETE /v1/models/{model}`.
 
 use actix_web::{web, HttpRequest, HttpResponse};
 

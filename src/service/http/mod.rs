@@ -63,7 +63,7 @@
 //! | [`tokens`] | `/v1/tokens` |
 //! | [`wire`] | the JSON bodies, shared with the client commands (which import this module alone) |
 //! | [`openapi`] | the OpenAPI document and `/v1/openapi.json` |
-//! | [`reference`] | `docs/api.md`, rendered from the OpenAPI document |
+//! | [`reference`](mod@reference) | `docs/api.md`, rendered from the OpenAPI document |
 //! | [`dashboard`] | the dashboard's page and files, served by [`routes`] |
 
 pub mod applications;

@@ -1,5 +1,5 @@
 //! The route table ([`routes`]: the service's own routes, `/v1/models/{model}/...` and the same
-//! per-model routes under `/v1` for `default`; [`resource`]: 405 with `Allow` for a method a
+//! per-model routes under `/v1` for `default`; `resource`: 405 with `Allow` for a method a
 //! route does not take) and the application ([`app`]), whose `wrap_fn` bounds every request
 //! by the request deadline (503 past it), writes the audit line of every change request, and
 //! counts every request in the metrics.
