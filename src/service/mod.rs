@@ -24,8 +24,10 @@
 //! - `initialiser`: the simulated container initialiser (delay and fault injection) that the
 //!   container provisioners run with beside the simulated cloud.
 //! - `metrics`: counters, histograms and the text format; the metered broker decorator.
-//! - `api`: the HTTP API (routes, bearer-token check, JSON types shared with the client).
-//! - `dashboard`: the dashboard at `GET /`, its HTML, CSS and JavaScript embedded.
+//! - `http`: the HTTP layer, by role (routes and the app, errors, the bearer check, bodies) and
+//!   by URL resource (machines, applications, config, status, models, tokens, events, metrics,
+//!   health), the JSON bodies shared with the client (`http::wire`), the OpenAPI document, and
+//!   the dashboard at `GET /` (`http::dashboard`: its HTML, CSS and JavaScript embedded).
 //! - [`lease`]: the leader lease of replicas on PostgreSQL: its plain core (built with the
 //!   binary, for the settings) and its SQL (feature `postgres`).
 //! - `pgconnect` (feature `postgres`): connections to PostgreSQL within a deadline, start-up
@@ -42,13 +44,11 @@
 //!   `--ca-cert`, read from PEM files and checked.
 
 #[cfg(feature = "serve")]
-pub mod api;
-#[cfg(feature = "serve")]
 pub mod audit;
 #[cfg(feature = "serve")]
-pub mod dashboard;
-#[cfg(feature = "serve")]
 pub mod events;
+#[cfg(feature = "serve")]
+pub mod http;
 #[cfg(feature = "serve")]
 pub mod initialiser;
 #[cfg(feature = "serve")]

@@ -12,7 +12,7 @@ use actix_rt::time::Instant;
 use thiserror::Error;
 
 use crate::config::ProvisionerConfig;
-use crate::service::api;
+use crate::service::http;
 use crate::service::metrics::{MeteredBroker, Metrics};
 use crate::service::models::{DirectoryStore, ModelHost, Shared};
 use crate::service::runtime::ModelRuntime;
@@ -568,7 +568,7 @@ async fn open_postgres(
 ) -> Result<OpenedStore, ServeError> {
     let shown = opts.store.url().redacted();
     let store = Store::start_postgres(url).map_err(|e| ServeError::StoreUrl(e.to_string()))?;
-    let waiting = crate::service::api::start_waiting_server(store.clone(), opts.listen(), tls.cloned())
+    let waiting = crate::service::http::start_waiting_server(store.clone(), opts.listen(), tls.cloned())
         .map_err(|source| ServeError::Listen { addr: opts.listen().to_owned(), source })?;
     let mut logged = false;
     let reached = loop {
@@ -936,7 +936,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
     };
 
     let app_host = host.clone();
-    let http = actix_web::HttpServer::new(move || api::app(app_host.clone()))
+    let http = actix_web::HttpServer::new(move || http::app(app_host.clone()))
         .workers(2)
         // A client that closes its connection is let go at once: its event stream's place is
         // free for another (half-closed, the stream would go on until a heartbeat's write failed).

@@ -16,8 +16,11 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 
-use super::types::{CreateToken, CreatedToken, ErrorBody, TokenScope, TokenView};
-use super::{json_body, note, AdminOnly, ApiError, Host, Result};
+use super::auth::{note, AdminOnly};
+use super::body::json_body;
+use super::errors::{ApiError, Result};
+use super::target::Host;
+use super::wire::{CreateToken, CreatedToken, ErrorBody, TokenScope, TokenView};
 use crate::service::audit::now_rfc3339;
 use crate::service::token::{self, Scope, TokenRecord};
 

@@ -12,10 +12,11 @@
 //! Nothing is loaded from anywhere else (the machines it runs on may have no internet), and
 //! the [`CSP`] every answer carries says so to the browser: scripts, styles, images and
 //! connections from this origin only, no inline script, no frames. The routes are left out
-//! of the OpenAPI document: it describes the API, and the page is a client of that API.
+//! of the OpenAPI document: it describes the API, and the page is a client of that API. They
+//! are in the route table beside the API's ([`super::routes::dashboard_routes`]).
 
 use actix_web::http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, X_CONTENT_TYPE_OPTIONS};
-use actix_web::{web, HttpResponse};
+use actix_web::HttpResponse;
 
 /// The page.
 pub const INDEX_HTML: &str = include_str!("index.html");
@@ -38,7 +39,9 @@ pub const ASSETS: [(&str, &str, &str); 4] = [
     ("/dashboard/icon.svg", "image/svg+xml", ICON_SVG),
 ];
 
-fn answer(content_type: &'static str, body: &'static str) -> HttpResponse {
+/// The answer of one of the [`ASSETS`]: the file with its type, the [`CSP`], and no caching
+/// without revalidation.
+pub(super) fn answer(content_type: &'static str, body: &'static str) -> HttpResponse {
     HttpResponse::Ok()
         .content_type(content_type)
         .insert_header((CONTENT_SECURITY_POLICY, CSP))
@@ -47,15 +50,6 @@ fn answer(content_type: &'static str, body: &'static str) -> HttpResponse {
         // The files change with the binary: always revalidate.
         .insert_header((CACHE_CONTROL, "no-cache"))
         .body(body)
-}
-
-/// Configures the dashboard's routes (GET only; no token).
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    for (path, content_type, body) in ASSETS {
-        let get = web::get().to(move || async move { answer(content_type, body) });
-        // Other methods: 405 with `Allow`, as on the API's routes.
-        cfg.service(crate::service::api::resource(path, "GET", false).route(get));
-    }
 }
 
 #[cfg(test)]
@@ -87,7 +81,7 @@ mod tests {
     fn the_routes_serve_the_embedded_files() {
         use actix_web::test;
         actix_rt::System::new().block_on(async {
-            let app = test::init_service(actix_web::App::new().configure(routes)).await;
+            let app = test::init_service(actix_web::App::new().configure(super::super::routes::dashboard_routes)).await;
             for (path, content_type, body) in ASSETS {
                 let res = test::call_service(&app, test::TestRequest::get().uri(path).to_request()).await;
                 assert_eq!(res.status(), 200, "{path}");

@@ -10,12 +10,16 @@
 //!   `default` only with `force` (409 otherwise).
 //!
 //! Everything per model is under `/v1/models/{model}/...`; the plain `/v1/...` routes mean
-//! `default` (see [`super::routes`]).
+//! `default` (see [`super::routes::routes`]).
 
 use actix_web::{web, HttpRequest, HttpResponse};
 
-use super::types::{AddModel, ErrorBody, ModelDetail, ModelView};
-use super::{destroy_running, json_body, note, ApiError, Authorized, Host, Result};
+use super::auth::{note, Authorized};
+use super::body::json_body;
+use super::destroy::destroy_running;
+use super::errors::{ApiError, Result};
+use super::target::Host;
+use super::wire::{AddModel, ErrorBody, ModelDetail, ModelView};
 use crate::service::models::host::{broker_of, Listed};
 use crate::service::models::{CloudSettings, ModelEntry, ModelLife};
 

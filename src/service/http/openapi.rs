@@ -13,20 +13,10 @@ use std::collections::BTreeMap;
 use actix_web::HttpResponse;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, OpenApi as Document, Ref, RefOr, Response, ResponseBuilder};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
-use super::types::ErrorBody;
-
-/// The settings `GET`/`PUT /v1/config/{key}` know.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, ToSchema)]
-pub enum ConfigKey {
-    /// Which instances are stopped: `none`, `unknown`, `destroyed` or `all`.
-    #[serde(rename = "harvest-mode")]
-    HarvestMode,
-    /// The worker pool's size (1..=100).
-    #[serde(rename = "workers")]
-    Workers,
-}
+use super::config::ConfigKey;
+use super::wire::ErrorBody;
 
 /// The OpenAPI document: every route, body, answer and error of the API.
 #[derive(OpenApi)]
@@ -43,26 +33,26 @@ pub enum ConfigKey {
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
     paths(
-        super::healthz,
-        super::readyz,
-        super::service_metrics,
+        super::health::healthz,
+        super::health::readyz,
+        super::metrics::service_metrics,
         openapi_json,
-        super::model::list_machines,
-        super::add_machines,
-        super::model::show_machine,
-        super::remove_machines,
-        super::retry_machines,
-        super::model::list_applications,
-        super::model::add_application,
-        super::model::remove_application,
-        super::list_instances,
-        super::list_config,
-        super::get_config,
-        super::set_config,
-        super::status,
-        super::model_metrics,
-        super::destroy_model,
-        super::events,
+        super::machines::list_machines,
+        super::machines::add_machines,
+        super::machines::show_machine,
+        super::machines::remove_machines,
+        super::machines::retry_machines,
+        super::applications::list_applications,
+        super::applications::add_application,
+        super::applications::remove_application,
+        super::instances::list_instances,
+        super::config::list_config,
+        super::config::get_config,
+        super::config::set_config,
+        super::status::status,
+        super::metrics::model_metrics,
+        super::destroy::destroy_model,
+        super::events::events,
         super::tokens::create_token,
         super::tokens::list_tokens,
         super::tokens::revoke_token,
@@ -71,7 +61,7 @@ pub enum ConfigKey {
         super::models::show_model,
         super::models::destroy_model,
     ),
-    components(schemas(crate::service::events::EventView, ErrorBody, ConfigKey, super::model::StatusFilter)),
+    components(schemas(crate::service::events::EventView, ErrorBody, ConfigKey, super::machines::StatusFilter)),
     modifiers(&Shared),
     tags(
         (name = "machines", description = "The model's machines"),
@@ -227,7 +217,7 @@ impl Modify for Shared {
                 if op.request_body.is_some() {
                     answers.insert(
                         "413".into(),
-                        error(&format!("The body is over the limit of {} bytes", super::BODY_LIMIT)),
+                        error(&format!("The body is over the limit of {} bytes", super::body::BODY_LIMIT)),
                     );
                 }
                 if path != "/healthz" {
@@ -416,10 +406,11 @@ mod tests {
             body["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/DestroyRequest",
             "{body}"
         );
-        let e = super::super::parse_body::<crate::service::api::types::DestroyRequest>(b"null", None).unwrap_err();
+        let e =
+            super::super::body::parse_body::<crate::service::http::wire::DestroyRequest>(b"null", None).unwrap_err();
         assert_eq!(e.status, 400, "the service refuses null");
         assert!(doc["paths"]["/v1/machines/{id}"]["get"]["responses"]["400"].is_object());
-        assert_eq!(super::super::model::machine_id_of_path("%2F").unwrap_err().status, 400);
+        assert_eq!(super::super::machines::machine_id_of_path("%2F").unwrap_err().status, 400);
         // Every body the service takes is strict: the document says so (additionalProperties).
         for name in [
             "AddMachines",

@@ -17,7 +17,7 @@ pub fn markdown(doc: &Value) -> String {
     let _ = writeln!(out, "# The {title} HTTP API\n");
     let _ = writeln!(
         out,
-        "<!-- Generated from docs/openapi.json by src/service/api/reference.rs: do not edit by hand; \
+        "<!-- Generated from docs/openapi.json by src/service/http/reference.rs: do not edit by hand; \
          `UPDATE_OPENAPI=1 cargo test --lib --features serve openapi` refreshes both. -->\n"
     );
     if let Some(d) = doc["info"]["description"].as_str() {

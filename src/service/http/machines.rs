@@ -1,17 +1,34 @@
-//! The parts of the API that speak the model: constraints and placement of new machines,
-//! `GET /v1/machines/{id}`, the machine list's filters and pages, and applications. The
-//! checks are plain functions (unit-tested below); a refused request writes nothing.
+//! `/v1/machines`: add (top-level machines with constraints and placement, containers on a
+//! host, or a manual machine), list (filters and pages), show, remove and retry. The checks are
+//! plain functions (unit-tested below): what the cloud offers ([`CloudShape`]) that
+//! constraints, zones and placement are checked against; what a request for containers or a
+//! manual machine means, field by field ([`container_or_manual`]), before the store checks what
+//! only it knows (the host exists and is alive, the address is not already a machine's). A
+//! refused request writes nothing.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use super::types::{AddApplication, ApplicationView, ConstraintsView, ErrorBody, MachineDetail, MachineView};
-use super::{json_body, view, ApiError, Authorized, Result, State, MAX_ADD, MAX_IDS};
+use super::auth::{note, Authorized};
+use super::body::json_body;
+use super::errors::{ApiError, Result};
+use super::target::State;
+use super::wire::{
+    AddMachines, AddedMachines, ConstraintsView, ErrorBody, MachineDetail, MachineView, RemoveMachines, RetryMachines,
+};
 use crate::model::{check_application_name, Constraints, MachineId, MachineStatus, Placement};
-use crate::service::store::{ApplicationRecord, MachineRecord, NewMachine, StoreError};
+use crate::service::audit::list_summary;
+use crate::service::runtime::ModelRuntime;
+use crate::service::store::{MachineRecord, NewMachine, StoreError};
+
+/// The most machines one `POST /v1/machines` may add.
+pub const MAX_ADD: usize = 10_000;
+/// The most machine ids one removal or retry may name.
+pub const MAX_IDS: usize = 10_000;
 
 /// What the cloud offers that a request is checked against.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -244,7 +261,8 @@ impl MachineFilter {
     }
 }
 
-fn cloud(st: &State) -> CloudShape {
+/// What the model's cloud offers, for the checks.
+pub(super) fn cloud(st: &State) -> CloudShape {
     CloudShape { zones: st.zones.clone(), subnets: st.subnets.clone() }
 }
 
@@ -307,103 +325,289 @@ pub async fn show_machine(_: Authorized, st: State, req: HttpRequest) -> Result<
     Ok(HttpResponse::Ok().json(detail(&m)))
 }
 
-fn application_view(a: &ApplicationRecord) -> ApplicationView {
-    ApplicationView {
-        name: a.name.clone(),
-        units: a.machines.len(),
-        machines: a.machines.iter().map(ToString::to_string).collect(),
-        constraints: ConstraintsView::from(&a.constraints),
+pub(super) fn view(m: &MachineRecord) -> MachineView {
+    MachineView {
+        id: m.machine.id.to_string(),
+        life: m.machine.life.to_string(),
+        status: m.machine.status.to_string(),
+        instance: m.machine.instance.as_ref().map(ToString::to_string),
+        zone: m.zone.clone(),
+        instance_status: m.machine.instance_status.to_string(),
+        message: m.message().to_owned(),
+        container_type: m.machine.id.container_of().map(|(_, kind)| kind.to_owned()),
+        host: m.machine.id.container_of().map(|(host, _)| host.to_string()),
+        manual: m.machine.manual,
     }
 }
 
-/// Checks an `application add` request; the name, the units and the constraints.
-pub fn check_application(cloud: &CloudShape, body: AddApplication) -> Result<(String, usize, Constraints)> {
-    check_application_name(&body.name).map_err(|e| ApiError::bad_request(format!("name: {e}")))?;
-    if body.units == 0 || body.units > MAX_ADD {
-        return Err(ApiError::bad_request(format!("units must be between 1 and {MAX_ADD}, got {}", body.units)));
-    }
-    let spec = new_machine(cloud, None, body.constraints, None)?;
-    Ok((body.name, body.units, spec.constraints))
+/// Machine ids as text.
+pub(super) fn names(ids: &[MachineId]) -> Vec<String> {
+    ids.iter().map(ToString::to_string).collect()
 }
 
-#[utoipa::path(post, path = "/v1/applications", tag = "applications", operation_id = "add_application",
-    request_body = AddApplication,
+/// The machine ids of a request, each once (in the order first given), at most [`MAX_IDS`].
+fn ids(raw: &[String]) -> Result<Vec<MachineId>> {
+    if raw.is_empty() {
+        return Err(ApiError::bad_request("no machine ids given"));
+    }
+    if raw.len() > MAX_IDS {
+        return Err(ApiError::bad_request(format!("at most {MAX_IDS} machine ids per request, got {}", raw.len())));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    Ok(raw.iter().map(|s| s.trim()).filter(|s| seen.insert(*s)).map(MachineId::new).collect())
+}
+
+#[utoipa::path(post, path = "/v1/machines", tag = "machines", operation_id = "add_machines",
+    request_body = AddMachines,
     responses(
-        (status = 201, description = "The application and its units' new machines", body = ApplicationView),
-        (status = 400, description = "A field is wrong (named), or names a zone the cloud does not have", body = ErrorBody),
-        (status = 409, description = "The application exists, or the model is dying", body = ErrorBody),
+        (status = 201, description = "The new machines' ids", body = AddedMachines),
+        (status = 400, description = "A field is wrong (named), or names what the cloud or model lacks: a zone, a \
+            subnet, a host that is not an alive top-level machine, an address already registered", body = ErrorBody),
+        (status = 409, description = "The model is dying", body = ErrorBody),
     ))]
-/// `POST /v1/applications`: the application and a machine for each unit, in one transaction.
-pub async fn add_application(
+pub(super) async fn add_machines(
     _: Authorized,
     st: State,
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse> {
-    let body: AddApplication = json_body(&req, payload).await?;
-    let (name, units, constraints) = check_application(&cloud(&st), body)?;
-    let c = constraints.clone();
-    let n = name.clone();
-    let ids = st.store.exec(move |s| s.add_application(&n, units, &c)).await?;
-    let summary = crate::service::audit::list_summary(&super::names(&ids));
-    super::note(&req, format!("added application {name} with {units} units: {summary}"));
-    Ok(HttpResponse::Created().json(application_view(&ApplicationRecord { name, constraints, machines: ids })))
+    let body: AddMachines = json_body(&req, payload).await?;
+    if body.count == 0 || body.count > MAX_ADD {
+        return Err(ApiError::bad_request(format!("count must be between 1 and {MAX_ADD}, got {}", body.count)));
+    }
+    if body.is_container_or_manual() {
+        return add_containers_or_manual(&st, &req, &body).await;
+    }
+    let AddMachines { count, zones, constraints, placement, .. } = body;
+    // Constraints (zones among them) and placement, checked against the cloud.
+    let cloud = CloudShape { zones: st.zones.clone(), subnets: st.subnets.clone() };
+    let spec = new_machine(&cloud, zones, constraints, placement)?;
+    let added = st.store.add_machines(count, spec).await?;
+    st.metrics.do_send(crate::service::metrics::MachinesPending(added.clone()));
+    let ids = names(&added);
+    note(&req, format!("added {} machines: {}", ids.len(), list_summary(&ids)));
+    Ok(HttpResponse::Created().json(AddedMachines { ids }))
 }
 
-/// `GET /v1/applications`.
-#[utoipa::path(get, path = "/v1/applications", tag = "applications", operation_id = "list_applications",
-    responses((status = 200, description = "Every application", body = Vec<ApplicationView>)))]
-pub async fn list_applications(_: Authorized, st: State) -> Result<HttpResponse> {
-    let apps = st.store.exec(|s| s.applications()).await?;
-    Ok(HttpResponse::Ok().json(apps.iter().map(application_view).collect::<Vec<_>>()))
+/// `POST /v1/machines` with `container` and `host` (containers on a host), or with `manual`
+/// and `address` (a manual machine): each field checked ([`container_or_manual`]), then
+/// the store checks the host (exists, alive) or the address (not a live manual machine's yet)
+/// in the transaction that adds. Every refusal is a 400 naming its field, nothing written.
+async fn add_containers_or_manual(st: &ModelRuntime, req: &HttpRequest, body: &AddMachines) -> Result<HttpResponse> {
+    let kinds = crate::containers::DEFAULT_CONTAINER_TYPES;
+    let request = container_or_manual(body, kinds).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let added = match request {
+        SpecialAdd::Containers { kind, host, count } => {
+            if st.containers.is_none() {
+                return Err(ApiError::bad_request(format!(
+                    "field \"container\": this service's cloud ({}) runs no containers; use --broker sim",
+                    st.broker_name
+                )));
+            }
+            st.store.exec(move |s| s.add_containers(&host, &kind, count)).await?
+        }
+        SpecialAdd::Manual { address } => vec![st.store.exec(move |s| s.add_manual(&address)).await?],
+    };
+    let ids = names(&added);
+    note(req, format!("added {} machines: {}", ids.len(), list_summary(&ids)));
+    Ok(HttpResponse::Created().json(AddedMachines { ids }))
 }
 
-#[utoipa::path(delete, path = "/v1/applications/{name}", tag = "applications", operation_id = "remove_application",
-    params(("name" = String, Path, description = "The application", pattern = r"^[a-z][a-z0-9]*(-[a-z0-9]*[a-z][a-z0-9]*)*$")),
+#[utoipa::path(post, path = "/v1/machines/remove", tag = "machines", operation_id = "remove_machines",
+    request_body = RemoveMachines,
     responses(
-        (status = 200, description = "The machines taken to dead (the application is forgotten)", body = ApplicationView),
-        (status = 400, description = "Not an application name", body = ErrorBody),
-        (status = 404, description = "No such application", body = ErrorBody),
-        (status = 409, description = "The model is dying", body = ErrorBody),
+        (status = 204, description = "The machines are dying (or dead): their instances are stopped, then they are removed"),
+        (status = 400, description = "No ids, too many, or a body that does not parse", body = ErrorBody),
+        (status = 404, description = "No such machine (nothing was changed)", body = ErrorBody),
+        (status = 409, description = "The model's state refuses it (a host with live containers without `force`, \
+            a manual machine's instance to keep, the model dying); nothing was changed", body = ErrorBody),
     ))]
-/// `DELETE /v1/applications/{name}`: its machines become dead (their instances are stopped,
-/// then they are removed) and it is forgotten. Answers the machines it took to dead.
-pub async fn remove_application(
+pub(super) async fn remove_machines(
     _: Authorized,
     st: State,
-    name: web::Path<super::NamePath>,
     req: HttpRequest,
+    payload: web::Payload,
 ) -> Result<HttpResponse> {
-    let name = name.into_inner().name;
-    check_application_name(&name).map_err(|e| ApiError::bad_request(format!("name: {e}")))?;
-    let n = name.clone();
-    let (constraints, ids) = st
-        .store
-        .exec(move |s| {
-            let constraints = s.applications()?.into_iter().find(|a| a.name == n).map(|a| a.constraints);
-            Ok((constraints, s.remove_application(&n)?))
-        })
-        .await?;
-    let summary = crate::service::audit::list_summary(&super::names(&ids));
-    super::note(&req, format!("removed application {name}: {} machines to dead: {summary}", ids.len()));
-    let view =
-        application_view(&ApplicationRecord { name, constraints: constraints.unwrap_or_default(), machines: ids });
-    Ok(HttpResponse::Ok().json(view))
+    let RemoveMachines { ids: raw, keep_instance, force } = json_body(&req, payload).await?;
+    let ids = ids(&raw)?;
+    let flags =
+        [(keep_instance, " keep-instance"), (force, " force")].iter().filter(|f| f.0).map(|f| f.1).collect::<String>();
+    note(&req, format!("remove {} machines: {}{flags}", ids.len(), list_summary(&names(&ids))));
+    st.store.exec(move |s| s.remove_machines(&ids, keep_instance, force)).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+#[utoipa::path(post, path = "/v1/machines/retry", tag = "machines", operation_id = "retry_machines",
+    request_body = RetryMachines,
+    responses(
+        (status = 204, description = "The machines will be started again"),
+        (status = 400, description = "No ids, too many, a container, or a body that does not parse", body = ErrorBody),
+        (status = 404, description = "No such machine (nothing was changed)", body = ErrorBody),
+        (status = 409, description = "A machine is not in provisioning error, or the model is dying; nothing was changed", body = ErrorBody),
+    ))]
+pub(super) async fn retry_machines(
+    _: Authorized,
+    st: State,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse> {
+    let body: RetryMachines = json_body(&req, payload).await?;
+    let ids = ids(&body.ids)?;
+    note(&req, format!("retry {} machines: {}", ids.len(), list_summary(&names(&ids))));
+    refuse_container_retries(&ids)?;
+    st.store.exec(move |s| s.retry_machines(&ids)).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// Containers have no retry path (Juju's container provisioner has no retry watcher): a retry
+/// of one would be accepted and never happen, so it is refused (400 naming it).
+fn refuse_container_retries(ids: &[MachineId]) -> Result<()> {
+    match ids.iter().find(|id| id.is_container()) {
+        Some(c) => Err(ApiError::bad_request(format!(
+            "field \"ids\": machine {c} is a container, and containers have no retry-provisioning path (as in Juju): \
+             remove it and add another"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// A request for containers or for a manual machine, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpecialAdd {
+    /// `count` containers of `kind` on `host` (`HOST/KIND/N`, numbered per host and type).
+    Containers {
+        /// `lxd` or `kvm`.
+        kind: String,
+        /// The host (a top-level machine).
+        host: MachineId,
+        /// How many.
+        count: usize,
+    },
+    /// One manually provisioned machine at `address` (an IP address or a lower-case hostname).
+    Manual {
+        /// Where it is.
+        address: String,
+    },
+}
+
+/// A refused field: its name (as in the JSON body) and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("field {field:?}: {message}")]
+pub struct FieldError {
+    /// The body's field.
+    pub field: &'static str,
+    /// Why it is refused.
+    pub message: String,
+}
+
+fn refuse<T>(field: &'static str, message: impl Into<String>) -> Result<T, FieldError> {
+    Err(FieldError { field, message: message.into() })
+}
+
+/// Checks a request that names `container`, `host`, `manual` or `address` (see
+/// [`AddMachines::is_container_or_manual`]); `kinds` are the container types the service runs.
+/// `count` is checked for its range by the caller.
+pub fn container_or_manual(body: &AddMachines, kinds: &[&str]) -> Result<SpecialAdd, FieldError> {
+    let container = body.container.as_deref().map(str::trim);
+    let host = body.host.as_deref().map(str::trim);
+    if body.manual {
+        if container.is_some() || host.is_some() {
+            let field = if container.is_some() { "container" } else { "host" };
+            return refuse(
+                field,
+                "a manual machine is not a container: give manual and address, or container and host",
+            );
+        }
+        let Some(address) = body.address.as_deref() else {
+            return refuse("address", "a manual machine needs an address (an IP address or a hostname)");
+        };
+        let address = parse_address(address).map_err(|message| FieldError { field: "address", message })?;
+        if body.count != 1 {
+            return refuse(
+                "count",
+                format!("manual machines are registered one at a time (count 1), got {}", body.count),
+            );
+        }
+        if body.zones.is_some() {
+            return refuse("zones", "a manual machine is where it is: zones do not apply to it");
+        }
+        return Ok(SpecialAdd::Manual { address });
+    }
+    if body.address.is_some() {
+        return refuse("address", "an address is only for a manual machine: add \"manual\": true");
+    }
+    let Some(kind) = container else {
+        return refuse("container", format!("host needs a container type: one of {}", kinds.join(", ")));
+    };
+    if !kinds.contains(&kind) {
+        return refuse(
+            "container",
+            format!("unknown container type {kind:?}: this service runs {} containers", kinds.join(", ")),
+        );
+    }
+    let Some(host) = host else {
+        return refuse("host", "containers need a host: give the id of the machine to put them on");
+    };
+    if host.is_empty() {
+        return refuse("host", "the host's id is empty");
+    }
+    if MachineId::new(host).is_container() {
+        return refuse("host", format!("machine {host} is a container: containers go on top-level machines"));
+    }
+    if body.zones.is_some() {
+        return refuse("zones", "containers take their host's zone: zones do not apply to them");
+    }
+    Ok(SpecialAdd::Containers { kind: kind.to_owned(), host: MachineId::new(host), count: body.count })
+}
+
+/// A manual machine's address: an IP address (v4 or v6) or a hostname (RFC 1123 labels of
+/// letters, digits and hyphens, 1 to 63 characters, not starting or ending with a hyphen; 253
+/// characters at most; one trailing dot allowed; lower-cased). All-numeric dotted names are
+/// IPv4 addresses or nothing (`10.0.0.300` is refused).
+pub fn parse_address(raw: &str) -> Result<String, String> {
+    let text = raw.trim();
+    if text.is_empty() {
+        return Err("the address is empty: give an IP address or a hostname".into());
+    }
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Ok(ip.to_string());
+    }
+    let bad = |why: &str| Err(format!("{text:?} is not an IP address or a hostname: {why}"));
+    let name = text.strip_suffix('.').unwrap_or(text);
+    if name.len() > 253 {
+        return bad("a hostname has at most 253 characters");
+    }
+    let labels: Vec<&str> = name.split('.').collect();
+    for label in &labels {
+        if label.is_empty() || label.len() > 63 {
+            return bad("each part between dots has 1 to 63 characters");
+        }
+        if !label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            return bad("a hostname has only letters, digits, hyphens and dots");
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return bad("a part of a hostname does not start or end with a hyphen");
+        }
+    }
+    if labels.iter().all(|l| l.bytes().all(|b| b.is_ascii_digit())) {
+        return bad("it looks like an IPv4 address but is not one");
+    }
+    Ok(name.to_ascii_lowercase())
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::model::Machine;
 
-    fn cloud() -> CloudShape {
+    pub(crate) fn cloud() -> CloudShape {
         CloudShape {
             zones: vec!["az1".into(), "az2".into(), "az3".into()],
             subnets: Some([("subnet-az1".to_owned(), vec!["az1".to_owned()])].into()),
         }
     }
 
-    fn bad(r: Result<impl std::fmt::Debug>) -> String {
+    pub(crate) fn bad(r: Result<impl std::fmt::Debug>) -> String {
         let e = r.unwrap_err();
         assert_eq!(e.status, 400, "{e}");
         e.message
@@ -545,18 +749,99 @@ mod tests {
         assert_eq!(json["container_type"], serde_json::Value::Null);
     }
 
+    const KINDS: &[&str] = &["lxd", "kvm"];
+
+    fn body(f: impl FnOnce(&mut AddMachines)) -> AddMachines {
+        let mut b = AddMachines::plain(1, None);
+        f(&mut b);
+        b
+    }
+
+    fn field_of(b: AddMachines) -> &'static str {
+        container_or_manual(&b, KINDS).unwrap_err().field
+    }
+
     #[test]
-    fn applications_are_checked() {
-        let body = |name: &str, units: usize, c: Option<serde_json::Value>| AddApplication {
-            name: name.into(),
-            units,
-            constraints: c,
-        };
-        let (name, units, c) = check_application(&cloud(), body("web", 3, Some(serde_json::json!("cores=2")))).unwrap();
-        assert_eq!((name.as_str(), units, c.cores), ("web", 3, Some(2)));
-        assert!(bad(check_application(&cloud(), body("Web", 3, None))).starts_with("name: invalid application name"));
-        assert!(bad(check_application(&cloud(), body("web", 0, None))).starts_with("units must be"));
-        assert!(bad(check_application(&cloud(), body("web", 1, Some(serde_json::json!("mem=lots")))))
-            .starts_with("constraints:"));
+    fn containers_need_a_known_type_and_a_top_level_host() {
+        let ok = body(|b| {
+            b.container = Some("lxd".into());
+            b.host = Some(" 3 ".into());
+            b.count = 2;
+        });
+        assert_eq!(
+            container_or_manual(&ok, KINDS).unwrap(),
+            SpecialAdd::Containers { kind: "lxd".into(), host: MachineId::new("3"), count: 2 }
+        );
+        assert_eq!(field_of(body(|b| b.host = Some("3".into()))), "container");
+        assert_eq!(field_of(body(|b| b.container = Some("lxd".into()))), "host");
+        let docker = body(|b| {
+            b.container = Some("docker".into());
+            b.host = Some("3".into());
+        });
+        let e = container_or_manual(&docker, KINDS).unwrap_err();
+        assert_eq!(e.field, "container");
+        assert!(e.to_string().contains("\"docker\"") && e.to_string().contains("lxd, kvm"), "{e}");
+        let nested = body(|b| {
+            b.container = Some("lxd".into());
+            b.host = Some("3/lxd/0".into());
+        });
+        assert_eq!(field_of(nested), "host");
+        let zoned = body(|b| {
+            b.container = Some("kvm".into());
+            b.host = Some("3".into());
+            b.zones = Some(vec!["az1".into()]);
+        });
+        assert_eq!(field_of(zoned), "zones");
+    }
+
+    #[test]
+    fn a_manual_machine_needs_one_valid_address_and_nothing_else() {
+        let ok = body(|b| {
+            b.manual = true;
+            b.address = Some("Host-1.Example.com.".into());
+        });
+        assert_eq!(
+            container_or_manual(&ok, KINDS).unwrap(),
+            SpecialAdd::Manual { address: "host-1.example.com".into() }
+        );
+        assert_eq!(field_of(body(|b| b.manual = true)), "address");
+        assert_eq!(field_of(body(|b| b.address = Some("10.0.0.5".into()))), "address");
+        let bad = body(|b| {
+            b.manual = true;
+            b.address = Some("not an address".into());
+        });
+        let e = container_or_manual(&bad, KINDS).unwrap_err();
+        assert_eq!(e.field, "address");
+        assert!(e.to_string().starts_with("field \"address\":"), "{e}");
+        let two = body(|b| {
+            b.manual = true;
+            b.address = Some("10.0.0.5".into());
+            b.count = 2;
+        });
+        assert_eq!(field_of(two), "count");
+        let both = body(|b| {
+            b.manual = true;
+            b.address = Some("10.0.0.5".into());
+            b.container = Some("lxd".into());
+        });
+        assert_eq!(field_of(both), "container");
+    }
+
+    #[test]
+    fn addresses_are_ips_or_hostnames() {
+        assert_eq!(parse_address("10.0.0.5").unwrap(), "10.0.0.5");
+        assert_eq!(parse_address(" fe80::1 ").unwrap(), "fe80::1");
+        assert_eq!(parse_address("db-2").unwrap(), "db-2");
+        assert_eq!(parse_address("NODE7.lan").unwrap(), "node7.lan");
+        for bad in ["", "  ", "10.0.0.300", "1.2.3", "-a.b", "a-.b", "a..b", "a_b", "host name", "a/b", "http://x"] {
+            assert!(parse_address(bad).is_err(), "{bad:?} was accepted");
+        }
+        assert!(parse_address(&"a".repeat(64)).is_err());
+        assert!(parse_address(&["a"; 130].join(".")).is_err());
+    }
+
+    #[test]
+    fn machine_ids_are_taken_once_each() {
+        assert_eq!(ids(&["3".into(), "3".into(), " 4".into()]).unwrap(), [MachineId::new("3"), MachineId::new("4")]);
     }
 }
