@@ -14,17 +14,20 @@
 //! asks; about two minutes for the five tests on two cores). The fail-over times are printed
 //! (p50 and max), not asserted beyond a generous bound.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use provisioner::service::lease::pg::{audit_epochs, EpochAudit};
-
 use provisioner::testing::TempPostgres;
+use serde_json::Value;
 
-use super::*;
+use crate::support::*;
 
 const LEASE: &[&str] = &["--lease", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms"];
 const LEASE_S: f64 = 3.0;
@@ -506,10 +509,10 @@ fn a_leader_cut_off_from_the_database_is_replaced_and_rejoins_as_a_follower() {
 /// The same fail-over with the EC2 broker on moto: the leader is killed with starts in flight;
 /// the new leader repeats each start with its client token (moto answers the instance the
 /// first call made) or adopts it by its tags, so each machine has one instance in the cloud.
-#[cfg(feature = "ec2")]
+#[cfg(all(feature = "ec2", feature = "test-util"))]
 #[test]
 fn replicas_on_ec2_fail_over_without_a_duplicate_instance() {
-    let mut c = Cluster::start_with("ha-ec2", 3, false, &super::moto_serve_args(super::moto::Moto::shared()));
+    let mut c = Cluster::start_with("ha-ec2", 3, false, &moto_serve_args(provisioner::testing::moto::Moto::shared()));
     let (mut leader, mut epoch) = c.leader(0, Duration::from_secs(30));
     let mut acked = Vec::new();
     for run in 0..runs() {
