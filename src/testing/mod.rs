@@ -18,7 +18,7 @@
 //! - [`TempPostgres`]: a throwaway PostgreSQL server on a free loopback port, for tests of the
 //!   PostgreSQL store; [`postgres`] also holds the server shared by the tests running at the
 //!   same time, a fresh database of a test's own, and the certificates for a server with TLS.
-//! - [`moto`] (feature `ec2`): moto's EC2 server on a free loopback port, for tests of the EC2
+//! - `moto` (feature `ec2`): moto's EC2 server on a free loopback port, for tests of the EC2
 //!   broker and of the service on it.
 
 pub mod broker_contract;
