@@ -16,14 +16,19 @@
 //!   [`Broker`](crate::ports::Broker) must do, to run against a broker of your own (this crate
 //!   runs it against [`FakeCloud`], the service's simulated cloud and the EC2 broker on moto).
 //! - [`TempPostgres`]: a throwaway PostgreSQL server on a free loopback port, for tests of the
-//!   PostgreSQL store.
+//!   PostgreSQL store; [`postgres`] also holds the server shared by the tests running at the
+//!   same time, a fresh database of a test's own, and the certificates for a server with TLS.
+//! - `moto` (feature `ec2`): moto's EC2 server on a free loopback port, for tests of the EC2
+//!   broker and of the service on it.
 
 pub mod broker_contract;
 mod cloud;
 mod compact;
 mod initialiser;
 mod model;
-mod postgres;
+#[cfg(feature = "ec2")]
+pub mod moto;
+pub mod postgres;
 
 /// An actix system on a paused, current-thread tokio runtime: virtual time advances only when
 /// every task waits, so retry delays and latencies take no real time and runs are

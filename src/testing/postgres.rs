@@ -7,10 +7,18 @@
 //! let pg = provisioner::testing::TempPostgres::start("my-test").unwrap();
 //! let url = pg.url(); // postgres://postgres@127.0.0.1:PORT/postgres
 //! ```
+//!
+//! Beside it, what the unit tests of the PostgreSQL store and the service's tests
+//! (`tests/serve`) share: [`cluster`], one server for the tests running at the same time;
+//! [`fresh_db`], a database of a test's own on it (feature `postgres`); and
+//! [`tls_certificates`], a CA and a server certificate it signed, for a server with TLS
+//! ([`TempPostgres::start_tls`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, OnceLock, Weak};
 
 /// A running PostgreSQL cluster of one test's own.
 #[derive(Debug)]
@@ -139,6 +147,76 @@ impl Drop for TempPostgres {
         let _ = run("stop", &self.dir);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// What a caller of [`cluster`] is answered: the shared server, or why none could be started.
+type Shared = Result<Arc<TempPostgres>, String>;
+
+/// The server shared by the tests of this process that run at the same time: started by the
+/// first that asks, stopped when the last lets its `Arc` go (the next then starts another).
+///
+/// One thread owns the slot and answers the askers in turn (no lock): it keeps only a `Weak`,
+/// so that the server's fate is its users'.
+pub fn cluster() -> Arc<TempPostgres> {
+    static OWNER: OnceLock<Sender<Sender<Shared>>> = OnceLock::new();
+    let owner = OWNER.get_or_init(|| {
+        let (asks, asked) = mpsc::channel::<Sender<Shared>>();
+        std::thread::Builder::new()
+            .name("shared-postgres".into())
+            .spawn(move || {
+                let mut held: Weak<TempPostgres> = Weak::new();
+                let mut starts = 0;
+                for reply in asked {
+                    let answer = match held.upgrade() {
+                        Some(pg) => Ok(pg),
+                        None => {
+                            starts += 1;
+                            TempPostgres::start(&format!("shared-{starts}")).map(Arc::new).map_err(|e| e.to_string())
+                        }
+                    };
+                    if let Ok(pg) = &answer {
+                        held = Arc::downgrade(pg);
+                    }
+                    let _ = reply.send(answer);
+                }
+            })
+            .expect("spawn the shared PostgreSQL's owner");
+        asks
+    });
+    let (reply, answer) = mpsc::channel();
+    owner.send(reply).expect("the shared PostgreSQL's owner runs");
+    match answer.recv().expect("the shared PostgreSQL's owner answers") {
+        Ok(pg) => pg,
+        Err(e) => panic!("start a PostgreSQL cluster: {e}"),
+    }
+}
+
+/// A fresh, empty database on `pg` (feature `postgres`): its URL.
+#[cfg(feature = "postgres")]
+pub fn fresh_db(pg: &TempPostgres) -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static DATABASES: AtomicUsize = AtomicUsize::new(0);
+    let name = format!("t_{}", DATABASES.fetch_add(1, Ordering::Relaxed));
+    let mut admin = ::postgres::Client::connect(pg.url(), ::postgres::NoTls).expect("connect as admin");
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("create a database");
+    let base = pg.url().rsplit_once('/').map(|(b, _)| b).unwrap_or(pg.url());
+    format!("{base}/{name}")
+}
+
+/// A CA named `ca_name`, and a server certificate for `127.0.0.1` and `localhost` it signed:
+/// (the CA's PEM, the server's PEM, the server's key PEM), for [`TempPostgres::start_tls`] and
+/// a client's `sslrootcert`.
+pub fn tls_certificates(ca_name: &str) -> (String, String, String) {
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    ca.distinguished_name.push(rcgen::DnType::CommonName, ca_name);
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().expect("a CA key");
+    let ca = ca.self_signed(&ca_key).expect("a self-signed CA");
+    let server =
+        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).expect("server parameters");
+    let server_key = rcgen::KeyPair::generate().expect("a server key");
+    let server = server.signed_by(&server_key, &ca, &ca_key).expect("a server certificate");
+    (ca.pem(), server.pem(), server_key.serialize_pem())
 }
 
 #[cfg(test)]

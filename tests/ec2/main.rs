@@ -13,9 +13,7 @@ use provisioner::testing::broker_contract::{run_all, ContractConfig};
 use provisioner::testing::{FakeMachine, FakeModel, ModelSnapshot};
 use provisioner::{start, HarvestMode, Life, Machine, ProvisionerConfig, ProvisionerHandle};
 
-mod moto;
-
-use moto::{Moto, CAPACITY_MODEL, IMAGE};
+use provisioner::testing::moto::{self, Moto, CAPACITY_MODEL, IMAGE};
 
 fn config(model: &str, mode: HarvestMode) -> ProvisionerConfig {
     ProvisionerConfig {

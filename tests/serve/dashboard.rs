@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::{eventually, field, header, ids_of, raw_http, temp_dir, Server};
+use crate::support::{assert_provisioned_once, eventually, field, header, ids_of, raw_http, temp_dir, Server};
 
 /// The page and its files: 200 with their types, no token needed, the CSP on each, nothing
 /// from outside; the API behind it still needs the token.
@@ -61,5 +61,5 @@ fn an_injected_start_failure_leaves_a_machine_in_error_that_a_retry_provisions()
     });
     let more = ids_of(&s.json(&["machine", "add", "-n", "2", "--wait", "--json"]));
     let all: Vec<String> = ids.iter().chain(&more).cloned().collect();
-    super::assert_provisioned_once(&s, &all);
+    assert_provisioned_once(&s, &all);
 }

@@ -1,11 +1,18 @@
-//! The event stream's limits (issue 30): a revoked token's streams end at once with a last
-//! `token-revoked` event (on PostgreSQL, on the other replicas too, within a second); streams
-//! are capped per token and in total (429 naming the cap and how to raise it).
+//! The event stream, `GET /v1/events`: provisioner events streamed as server-sent events to
+//! connected clients (SIGTERM ends the stream and still exits promptly), and a client that
+//! stops reading dropped with a final event rather than buffered without bound; and its limits
+//! (issue 30): a revoked token's streams end at once with a last `token-revoked` event (on
+//! PostgreSQL, on the other replicas too, within a second); streams are capped per token and in
+//! total (429 naming the cap and how to raise it).
 
 use std::io::{BufRead, BufReader, Read};
 use std::time::{Duration, Instant};
 
-use super::{eventually, field, temp_dir, Server};
+use serde_json::Value;
+
+#[cfg(feature = "postgres")]
+use crate::support::{cluster, fresh_db};
+use crate::support::{eventually, field, sample, temp_dir, Server};
 
 type Lines = std::io::Lines<BufReader<Box<dyn Read + Send + Sync>>>;
 
@@ -88,10 +95,10 @@ fn a_revoked_tokens_event_streams_end_at_once_with_a_last_event() {
 #[cfg(feature = "postgres")]
 #[test]
 fn on_postgres_a_token_revoked_through_one_replica_loses_its_streams_on_the_other() {
-    let pg = super::postgres::cluster();
-    let url = super::postgres::fresh_db(&pg);
+    let pg = cluster();
+    let url = fresh_db(&pg);
     let dir = temp_dir("events-revoke-pg");
-    let first = super::postgres::start(&dir, &url, &["--sim-start-latency", "50ms"]);
+    let first = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "50ms"]);
     let other = dir.join("other");
     std::fs::create_dir_all(&other).unwrap();
     let second = Server::start_on(&other.join("data"), &other, &["--store", &url, "--sim-start-latency", "50ms"]);
@@ -146,4 +153,83 @@ fn by_default_one_token_holds_at_most_eight_event_streams() {
     assert!(code == 429 && text.contains("8 event streams"), "{code} {text}");
     let (_, token) = create(&s);
     assert!(open(&s, &token).is_ok(), "another token's stream");
+}
+
+/// `GET /v1/events` streams provisioner events as server-sent events; SIGTERM ends the stream
+/// and still exits promptly.
+#[test]
+fn events_are_streamed_to_connected_clients() {
+    use std::io::BufRead;
+    let dir = temp_dir("events");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    let agent = ureq::AgentBuilder::new().timeout_read(Duration::from_secs(10)).build();
+    let unauthorized = agent.get(&format!("{}/v1/events", s.url)).call();
+    assert!(matches!(unauthorized, Err(ureq::Error::Status(401, _))));
+    let resp = agent
+        .get(&format!("{}/v1/events", s.url))
+        .set("Authorization", &format!("Bearer {}", s.token()))
+        .call()
+        .unwrap();
+    assert_eq!(resp.content_type(), "text/event-stream");
+    let mut lines = std::io::BufReader::new(resp.into_reader()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), ": connected");
+    s.json(&["machine", "add", "-n", "2", "--json"]);
+    let mut started = Vec::new();
+    while started.len() < 2 {
+        let line = lines.next().expect("stream ended early").unwrap();
+        if let Some(json) = line.strip_prefix("data: ") {
+            let v: Value = serde_json::from_str(json).unwrap();
+            if v["event"] == "machine-started" {
+                assert!(v["instance"].as_str().is_some_and(|i| i.starts_with("i-")), "{v}");
+                started.push(v["machine"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    started.sort();
+    assert_eq!(started, ["0", "1"]);
+    let began = Instant::now();
+    assert_eq!(s.terminate().code(), Some(0));
+    assert!(began.elapsed() < Duration::from_secs(5), "an open event stream held up the shutdown");
+    // The stream ends with the service.
+    assert!(lines.all(
+        |l| l.is_ok_and(|l| l.is_empty() || l.starts_with(':') || l.starts_with("event") || l.starts_with("data"))
+    ));
+}
+
+/// A client of the event stream that stops reading is not buffered without
+/// bound: past its queue's limit it is dropped, with a final event saying so.
+#[test]
+fn a_slow_event_client_is_dropped_with_a_final_event() {
+    use std::io::{Read, Write};
+    let dir = temp_dir("slow-events");
+    let s = Server::start(&dir, &["--sim-start-latency", "0s"]);
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        conn,
+        "GET /v1/events HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {}\r\n\r\n",
+        s.token()
+    )
+    .unwrap();
+    // Never read while machines are provisioned, 10,000 at a time, until the client has been
+    // dropped: the kernel's socket buffers (up to 4 MiB here) take the first events, then the
+    // service's queue for the client fills.
+    let mut added = 0;
+    while sample(&s.metrics(), "provisioner_event_streams_dropped_total") == Some(0.0) {
+        assert!(added < 80_000, "{added} machines' events and the slow client is still queued for");
+        s.json(&["machine", "add", "-n", "10000", "--json"]);
+        added += 10_000;
+        eventually(Duration::from_secs(120), "the machines to be provisioned", || {
+            sample(&s.metrics(), "provisioner_events_total{event=\"machine-started\"}") == Some(added as f64)
+        });
+    }
+    conn.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut got = Vec::new();
+    let _ = conn.read_to_end(&mut got);
+    let text = String::from_utf8_lossy(&got);
+    let started = text.matches("event: machine-started").count();
+    assert!(started < added, "the slow client got every event: was it buffered without bound?");
+    assert!(text.contains("event: stream-dropped"), "no final event: ...{}", &text[text.len().saturating_sub(500)..]);
+    let last = text.trim_end().lines().rev().find(|l| l.starts_with("data: ")).unwrap_or("");
+    assert!(last.contains("stream-dropped") && last.contains("reconnect"), "{last}");
 }

@@ -14,17 +14,20 @@
 //! asks; about two minutes for the five tests on two cores). The fail-over times are printed
 //! (p50 and max), not asserted beyond a generous bound.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use provisioner::service::lease::pg::{audit_epochs, EpochAudit};
-
 use provisioner::testing::TempPostgres;
+use serde_json::Value;
 
-use super::*;
+use crate::support::*;
 
 const LEASE: &[&str] = &["--lease", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms"];
 const LEASE_S: f64 = 3.0;
@@ -237,19 +240,14 @@ impl Cluster {
 
     /// The replica that says it leads, at an epoch above `after`, within `limit`.
     fn leader(&self, after: i64, limit: Duration) -> (usize, i64) {
-        let began = Instant::now();
-        loop {
-            for (i, _) in self.alive() {
-                if let Some(s) = self.status(i) {
-                    let epoch = s["epoch"].as_i64().unwrap_or(0);
-                    if s["role"] == "leader" && epoch > after {
-                        return (i, epoch);
-                    }
-                }
-            }
-            assert!(began.elapsed() < limit, "no leader above epoch {after} within {limit:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let found = poll(limit, Duration::from_millis(50), || {
+            self.alive().find_map(|(i, _)| {
+                let s = self.status(i)?;
+                let epoch = s["epoch"].as_i64().unwrap_or(0);
+                (s["role"] == "leader" && epoch > after).then_some((i, epoch))
+            })
+        });
+        found.unwrap_or_else(|| panic!("no leader above epoch {after} within {limit:?}"))
     }
 
     fn follower(&self, leader: usize, k: usize) -> usize {
@@ -301,57 +299,51 @@ fn report(what: &str, mut times: Vec<f64>) {
 /// belongs to no machine.
 fn assert_all_provisioned_once(c: &Cluster, acked: &[String]) {
     let i = c.alive().next().unwrap().0;
-    let began = Instant::now();
-    loop {
+    let mut ms: Vec<Value> = Vec::new();
+    let all_started = poll(Duration::from_secs(60), Duration::from_millis(50), || {
         let out = c.cli(i, &["machine", "list", "--json"]);
-        let ms: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        ms = serde_json::from_slice(&out.stdout).unwrap_or_default();
         let started = |id: &String| ms.iter().any(|m| field(m, "id") == id && field(m, "status") == "started");
-        if ms.len() == acked.len() && acked.iter().all(started) {
-            break;
-        }
-        if began.elapsed() > Duration::from_secs(60) {
-            // What is not there yet, and what the replicas said (their last lines).
-            let behind: Vec<String> = ms
-                .iter()
-                .filter(|m| !acked.iter().any(|id| field(m, "id") == id) || field(m, "status") != "started")
-                .map(|m| m.to_string())
-                .collect();
-            let logs: Vec<String> = c
-                .alive()
-                .map(|(n, s)| {
-                    let text = s.log_text();
-                    let tail: Vec<&str> = text.lines().rev().take(40).collect();
-                    format!("replica {n}:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
-                })
-                .collect();
-            panic!(
-                "timed out waiting for every kept machine to be started and every removed one gone: \
-                 {} machines listed, {} acknowledged; not started or not acknowledged: {behind:#?}\n{}",
-                ms.len(),
-                acked.len(),
-                logs.join("\n")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
+        (ms.len() == acked.len() && acked.iter().all(started)).then_some(())
+    });
+    if all_started.is_none() {
+        // What is not there yet, and what the replicas said (their last lines).
+        let behind: Vec<String> = ms
+            .iter()
+            .filter(|m| !acked.iter().any(|id| field(m, "id") == id) || field(m, "status") != "started")
+            .map(|m| m.to_string())
+            .collect();
+        let logs: Vec<String> = c
+            .alive()
+            .map(|(n, s)| {
+                let text = s.log_text();
+                let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                format!("replica {n}:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+            })
+            .collect();
+        panic!(
+            "timed out waiting for every kept machine to be started and every removed one gone: \
+             {} machines listed, {} acknowledged; not started or not acknowledged: {behind:#?}\n{}",
+            ms.len(),
+            acked.len(),
+            logs.join("\n")
+        );
     }
     let out = c.cli(i, &["machine", "list", "--json"]);
     let machines: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     // A real cloud's instances are read from a listing up to 5 s old (`Age`): read until the
     // listing has every recorded instance (or its last is asserted on, after 15 s).
-    let began = Instant::now();
-    let live = loop {
+    let mut live: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    poll(Duration::from_secs(15), Duration::from_millis(250), || {
         let out = c.cli(i, &["instance", "list", "--json"]);
         let instances: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-        let mut live: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        live = BTreeMap::new();
         for inst in &instances {
             live.entry(field(inst, "machine").to_owned()).or_default().push(field(inst, "id").to_owned());
         }
         let recorded = |m: &Value| live.get(field(m, "id")) == Some(&vec![field(m, "instance").to_owned()]);
-        if machines.iter().all(recorded) || began.elapsed() > Duration::from_secs(15) {
-            break live;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    };
+        machines.iter().all(recorded).then_some(())
+    });
     for id in acked {
         let m = machines.iter().find(|m| field(m, "id") == id).unwrap_or_else(|| panic!("acknowledged {id} lost"));
         assert_eq!(live.get(id.as_str()), Some(&vec![field(m, "instance").to_owned()]), "machine {id}: {live:?}");
@@ -453,8 +445,7 @@ fn a_database_restart_under_the_replicas_keeps_one_leader_and_duplicates_nothing
         c.pg.restart().expect("restart PostgreSQL");
         // Some replica leads again (the same one if it renewed in time, else another at a
         // higher epoch), and exactly one says so.
-        let began = Instant::now();
-        loop {
+        let led = poll(Duration::from_secs(30), Duration::from_millis(100), || {
             let leaders: Vec<i64> = c
                 .alive()
                 .filter_map(|(i, _)| c.status(i))
@@ -462,12 +453,9 @@ fn a_database_restart_under_the_replicas_keeps_one_leader_and_duplicates_nothing
                 .filter_map(|s| s["epoch"].as_i64())
                 .collect();
             assert!(leaders.len() <= 1, "at most one replica says it leads: {leaders:?}");
-            if leaders.first().is_some_and(|e| *e >= epoch) {
-                break;
-            }
-            assert!(began.elapsed() < Duration::from_secs(30), "no leader after the restart");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            leaders.first().is_some_and(|e| *e >= epoch).then_some(())
+        });
+        assert!(led.is_some(), "no leader after the restart");
     }
     assert_all_provisioned_once(&c, &acked);
     // A restart shorter than the renew deadline keeps the leader; a longer one hands over once.
@@ -506,10 +494,10 @@ fn a_leader_cut_off_from_the_database_is_replaced_and_rejoins_as_a_follower() {
 /// The same fail-over with the EC2 broker on moto: the leader is killed with starts in flight;
 /// the new leader repeats each start with its client token (moto answers the instance the
 /// first call made) or adopts it by its tags, so each machine has one instance in the cloud.
-#[cfg(feature = "ec2")]
+#[cfg(all(feature = "ec2", feature = "test-util"))]
 #[test]
 fn replicas_on_ec2_fail_over_without_a_duplicate_instance() {
-    let mut c = Cluster::start_with("ha-ec2", 3, false, &super::moto_serve_args(super::moto::Moto::shared()));
+    let mut c = Cluster::start_with("ha-ec2", 3, false, &moto_serve_args(provisioner::testing::moto::Moto::shared()));
     let (mut leader, mut epoch) = c.leader(0, Duration::from_secs(30));
     let mut acked = Vec::new();
     for run in 0..runs() {
@@ -617,25 +605,26 @@ fn recovered(c: &Cluster, run: usize) -> Duration {
     let limit = Duration::from_secs(60);
     let replicas: Vec<usize> = c.alive().map(|(i, _)| i).collect();
     let mut k = run;
-    let id = loop {
+    let every = Duration::from_millis(200);
+    let id = poll(limit, every, || {
         let out = c.cli(replicas[k % replicas.len()], &["machine", "add", "--json"]);
         if out.status.success() {
-            break ids_of(&serde_json::from_slice(&out.stdout).unwrap()).remove(0);
+            return Some(ids_of(&serde_json::from_slice(&out.stdout).unwrap()).remove(0));
         }
         k += 1;
-        assert!(t0.elapsed() < limit, "restart {run}: no replica took an add for a minute\n{}", tails(c));
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    loop {
+        None
+    });
+    let id = id.unwrap_or_else(|| panic!("restart {run}: no replica took an add for a minute\n{}", tails(c)));
+    let took = poll(limit.saturating_sub(t0.elapsed()), every, || {
         let out = c.cli(replicas[k % replicas.len()], &["machine", "list", "--json"]);
         let ms: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
         if ms.iter().any(|m| field(m, "id") == id && field(m, "status") == "started") {
-            return t0.elapsed();
+            return Some(t0.elapsed());
         }
-        assert!(t0.elapsed() < limit, "restart {run}: machine {id} not started within a minute\n{}", tails(c));
-        std::thread::sleep(Duration::from_millis(200));
         k += 1;
-    }
+        None
+    });
+    took.unwrap_or_else(|| panic!("restart {run}: machine {id} not started within a minute\n{}", tails(c)))
 }
 
 /// Each live replica's last log lines.

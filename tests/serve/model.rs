@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{eventually, field, ids_of, raw_http, sample, temp_dir, Server};
+use crate::support::{eventually, field, ids_of, raw_http, sample, temp_dir, Server};
 
 /// Runs a client command that must fail with `code`; returns its stderr.
 fn refused(s: &Server, args: &[&str], code: i32) -> String {

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{eventually, field, ids_of, temp_dir, Server};
+use crate::support::{bin, eventually, field, ids_of, sample, temp_dir, Server};
+#[cfg(feature = "postgres")]
+use crate::support::{cluster, fresh_db};
 
 /// `METHOD path` with the server's admin token and `body` (if any): the status and the
 /// error's sentence (or the body).
@@ -83,7 +85,7 @@ fn three_models_provision_on_their_own_and_a_restart_runs_them_all_again() {
     // Each model numbers its own machines from 0 and provisions them in its own cloud.
     let a = ids_of(&s.json(&["machine", "add", "-n", "3", "-m", "team-a", "--wait", "--json"]));
     let b = ids_of(&s.json(&["machine", "add", "-n", "2", "-m", "team-b", "--wait", "--json"]));
-    let out = super::bin()
+    let out = bin()
         .args(["machine", "add", "-n", "4", "--wait", "--json", "--server", &s.url, "--data-dir"])
         .arg(&s.dir)
         .env("PROVISIONER_MODEL", "team-c")
@@ -373,7 +375,7 @@ fn token_create_with_a_model_scopes_the_token_to_it() {
         let (code, body) = http_as(&s, &token, "GET", refused, None);
         assert_eq!(code, 403, "{refused}: {body}");
     }
-    let out = super::bin()
+    let out = bin()
         .args(["token", "create", "--json", "--server", &s.url, "--data-dir"])
         .arg(&s.dir)
         .env("PROVISIONER_MODEL", "team-b")
@@ -410,7 +412,7 @@ fn a_token_scoped_to_a_model_uses_that_model_alone() {
     assert!(code == Some(2) && err.contains("model \"nope\" not found"), "{err}");
 
     // Its own model: reads and changes (the client's -m, or the path).
-    let out = super::bin()
+    let out = bin()
         .args([
             "machine", "add", "-n", "2", "--wait", "--json", "-m", "team-a", "--server", &s.url, "--token", &admin_a,
         ])
@@ -426,8 +428,8 @@ fn a_token_scoped_to_a_model_uses_that_model_alone() {
     let (code, m) = http_as(&s, &reader_a, "GET", "/v1/models/team-a/metrics", None);
     assert_eq!(code, 200, "{m}");
     assert!(m.ends_with("# EOF\n"), "{m}");
-    assert_eq!(super::sample(&m, "provisioner_machines{status=\"started\"}"), Some(2.0), "{m}");
-    assert_eq!(super::sample(&s.metrics(), "provisioner_machines{status=\"started\"}").unwrap_or(0.0), 0.0);
+    assert_eq!(sample(&m, "provisioner_machines{status=\"started\"}"), Some(2.0), "{m}");
+    assert_eq!(sample(&s.metrics(), "provisioner_machines{status=\"started\"}").unwrap_or(0.0), 0.0);
 
     // Every other model, `default` by the plain routes included: 403 naming both, nothing changed.
     for (method, path, body) in [
@@ -488,7 +490,7 @@ fn models_on_one_throttled_account_share_its_bucket_and_another_account_is_not_s
         .map(|model| {
             let (url, data) = (s.url.clone(), s.dir.clone());
             std::thread::spawn(move || {
-                let out = super::bin()
+                let out = bin()
                     .args([
                         "machine",
                         "add",
@@ -550,10 +552,10 @@ fn schemas(url: &str) -> Vec<String> {
 #[cfg(feature = "postgres")]
 #[test]
 fn on_postgres_each_model_has_its_schema_and_lease_and_a_restart_keeps_them() {
-    let pg = super::postgres::cluster();
-    let url = super::postgres::fresh_db(&pg);
+    let pg = cluster();
+    let url = fresh_db(&pg);
     let dir = temp_dir("models-pg");
-    let mut s = super::postgres::start(&dir, &url, &["--sim-start-latency", "50ms"]);
+    let mut s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "50ms"]);
     s.json(&["model", "add", "team-a", "--json"]);
     s.json(&["model", "add", "team-b", "--zones", "z1", "--json"]);
     assert_eq!(schemas(&url), ["model_team_a", "model_team_b"]);
@@ -571,7 +573,7 @@ fn on_postgres_each_model_has_its_schema_and_lease_and_a_restart_keeps_them() {
     assert_eq!(models(&s).iter().map(|m| m.2).collect::<Vec<_>>(), [Some(1), Some(3), Some(2)]);
 
     assert_eq!(s.terminate().code(), Some(0), "{}", s.log_text());
-    let s = super::postgres::start(&dir, &url, &["--sim-start-latency", "50ms"]);
+    let s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "50ms"]);
     eventually(Duration::from_secs(20), "every model led again", || {
         s.json(&["model", "list", "--json"]).as_array().unwrap().iter().all(|m| !field(m, "leader").is_empty())
     });
@@ -603,10 +605,10 @@ fn all_model_schemas(url: &str) -> Vec<String> {
 #[cfg(feature = "postgres")]
 #[test]
 fn on_postgres_the_longest_model_names_work() {
-    let pg = super::postgres::cluster();
-    let url = super::postgres::fresh_db(&pg);
+    let pg = cluster();
+    let url = fresh_db(&pg);
     let dir = temp_dir("models-pg-long");
-    let mut s = super::postgres::start(&dir, &url, &["--sim-start-latency", "50ms"]);
+    let mut s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "50ms"]);
     let long = format!("{}-z", "b".repeat(61));
     let longer_twin = format!("{}-y", "b".repeat(61));
     let short = "b".repeat(57);
@@ -628,7 +630,7 @@ fn on_postgres_the_longest_model_names_work() {
     assert_ne!(uuid(&long), uuid(&longer_twin), "two long names, two models");
 
     assert_eq!(s.terminate().code(), Some(0), "{}", s.log_text());
-    let s = super::postgres::start(&dir, &url, &["--sim-start-latency", "50ms"]);
+    let s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "50ms"]);
     assert_eq!(provisioned(&s, &long), pl);
     assert_eq!(provisioned(&s, &longer_twin), pt);
     assert_eq!(all_model_schemas(&url), schemas, "the same schemas after a restart");
@@ -643,8 +645,8 @@ fn on_postgres_the_longest_model_names_work() {
 #[cfg(feature = "postgres")]
 #[test]
 fn on_postgres_replicas_follow_the_models_directory_and_take_over_a_dead_replicas_models() {
-    let pg = super::postgres::cluster();
-    let url = super::postgres::fresh_db(&pg);
+    let pg = cluster();
+    let url = fresh_db(&pg);
     let dir = temp_dir("models-pg-replicas");
     let lease =
         ["--lease", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms", "--sim-start-latency", "50ms"];

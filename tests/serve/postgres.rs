@@ -8,45 +8,15 @@
 //! One throwaway cluster is shared by the tests running at the same time (started by the
 //! first, stopped when the last lets go); every test gets a fresh database of its own.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::ffi::OsStr;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
-use std::process::Stdio;
-
+use provisioner::testing::postgres::tls_certificates;
 use provisioner::testing::TempPostgres;
+use serde_json::Value;
 
-use super::*;
-
-static CLUSTER: Mutex<Weak<TempPostgres>> = Mutex::new(Weak::new());
-static STARTS: AtomicUsize = AtomicUsize::new(0);
-static DATABASES: AtomicUsize = AtomicUsize::new(0);
-
-pub(super) fn cluster() -> Arc<TempPostgres> {
-    let mut slot = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(pg) = slot.upgrade() {
-        return pg;
-    }
-    let n = STARTS.fetch_add(1, Ordering::Relaxed);
-    let pg = Arc::new(TempPostgres::start(&format!("serve-{n}")).expect("start a PostgreSQL cluster"));
-    *slot = Arc::downgrade(&pg);
-    pg
-}
-
-/// A fresh database on `pg`: its URL.
-pub(super) fn fresh_db(pg: &TempPostgres) -> String {
-    let name = format!("s_{}", DATABASES.fetch_add(1, Ordering::Relaxed));
-    let mut admin = ::postgres::Client::connect(pg.url(), ::postgres::NoTls).expect("connect as admin");
-    admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("create a database");
-    let base = pg.url().rsplit_once('/').map(|(b, _)| b).unwrap_or(pg.url());
-    format!("{base}/{name}")
-}
-
-/// `serve` on PostgreSQL at `url`, its data directory `dir/data`.
-pub(super) fn start(dir: &Path, url: &str, extra: &[&str]) -> Server {
-    let mut args = vec!["--store", url];
-    args.extend_from_slice(extra);
-    Server::start(dir, &args)
-}
+use crate::support::*;
 
 #[test]
 fn on_postgres_machines_are_added_provisioned_retried_and_removed() {
@@ -57,7 +27,7 @@ fn on_postgres_machines_are_added_provisioned_retried_and_removed() {
     std::fs::write(&down, "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\n")
         .unwrap();
     let down = down.to_str().unwrap().to_owned();
-    let mut s = start(&dir, &url, &["--sim-start-latency", "100ms", "--config", &down]);
+    let mut s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "100ms", "--config", &down]);
     assert!(s.dir.join("token").exists(), "the replica that initialised the database keeps the token");
     let ids = ids_of(&s.json(&["machine", "add", "-n", "4", "--zones", "az1,az2", "--wait", "--json"]));
     assert_eq!(ids, ["0", "1", "2", "3"]);
@@ -74,7 +44,7 @@ fn on_postgres_machines_are_added_provisioned_retried_and_removed() {
     });
     assert_eq!(s.terminate().code(), Some(0), "{}", s.log_text());
 
-    let s = start(&dir, &url, &["--sim-start-latency", "100ms"]);
+    let s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "100ms"]);
     assert_eq!(field(machine(&s.machines(), "4"), "status"), "error", "still failed after a restart");
     let out = s.cli(&["machine", "retry", "4"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -108,14 +78,14 @@ fn on_postgres_a_crash_with_starts_in_flight_duplicates_nothing() {
     let cfg = dir.join("serve.toml");
     std::fs::write(&cfg, "resync = \"1s\"\n[retry]\ndelay = \"1s\"\n").unwrap();
     let cfg = cfg.to_str().unwrap().to_owned();
-    let mut s = start(&dir, &url, &["--sim-start-latency", "1s", "--config", &cfg]);
+    let mut s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "1s", "--config", &cfg]);
     let mut acknowledged = ids_of(&s.json(&["machine", "add", "-n", "15", "--json"]));
     eventually(Duration::from_secs(10), "starts to be in flight", || {
         !s.metrics().contains("provisioner_broker_calls_in_flight 0\n")
     });
     acknowledged.extend(ids_of(&s.json(&["machine", "add", "-n", "5", "--json"])));
     s.crash();
-    let s = start(&dir, &url, &["--sim-start-latency", "1s", "--config", &cfg]);
+    let s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "1s", "--config", &cfg]);
     eventually(Duration::from_secs(40), "every acknowledged machine to be provisioned", || {
         let m = s.machines();
         acknowledged.iter().all(|id| m.iter().any(|m| field(m, "id") == id && field(m, "status") == "started"))
@@ -134,16 +104,7 @@ fn an_unreachable_database_at_start_is_waited_for_with_readyz_503() {
     pg.stop().unwrap();
     let dir = temp_dir("pg-late");
     let port = free_port();
-    let log = dir.join("serve.log");
-    let child = bin()
-        .args(["serve", "--store", &url, "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-        .arg(dir.join("data"))
-        .args(["--sim-start-latency", "50ms"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut s = Server { child: Some(child), dir: dir.join("data"), url: format!("http://127.0.0.1:{port}"), log };
+    let mut s = spawn_serve(&dir, &url, port, &[OsStr::new("--sim-start-latency"), OsStr::new("50ms")]);
     let mut seen = None;
     eventually(Duration::from_secs(20), "/readyz to answer", || {
         if let Ok(mut conn) = std::net::TcpStream::connect(format!("127.0.0.1:{port}")) {
@@ -184,7 +145,7 @@ fn a_lost_database_answers_503_never_stale_data() {
     let mut pg = TempPostgres::start("serve-lost").unwrap();
     let url = fresh_db(&pg);
     let dir = temp_dir("pg-lost");
-    let mut s = start(&dir, &url, &["--sim-start-latency", "50ms"]);
+    let mut s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "50ms"]);
     s.json(&["machine", "add", "-n", "2", "--wait", "--json"]);
     pg.stop().unwrap();
     let (code, _, body) = raw_http(&s, "GET", "/v1/machines", true, None);
@@ -207,7 +168,7 @@ fn a_newer_schema_is_refused_at_start_naming_both_versions() {
     let pg = cluster();
     let url = fresh_db(&pg);
     let dir = temp_dir("pg-newer");
-    let mut s = start(&dir, &url, &[]);
+    let mut s = Server::start_on_postgres(&dir, &url, &[]);
     assert_eq!(s.terminate().code(), Some(0));
     let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
     c.execute("INSERT INTO schema_migrations (version) VALUES (42)", &[]).unwrap();
@@ -224,7 +185,7 @@ fn a_second_replica_knows_the_token_by_its_hash() {
     let pg = cluster();
     let url = fresh_db(&pg);
     let dir = temp_dir("pg-replicas");
-    let first = start(&dir, &url, &[]);
+    let first = Server::start_on_postgres(&dir, &url, &[]);
     let other = dir.join("other");
     std::fs::create_dir_all(&other).unwrap();
     let second = Server::start_on(&other.join("data"), &other, &["--store", &url]);
@@ -254,7 +215,7 @@ fn an_unwritable_token_file_loses_no_admin_token() {
     assert!(code.is_some_and(|c| c != 0), "{code:?} {err}");
     assert!(err.contains("/proc/token"), "the file is named: {err}");
     let dir = temp_dir("pg-token-unwritable");
-    let s = start(&dir, &url, &[]);
+    let s = Server::start_on_postgres(&dir, &url, &[]);
     let token = dir.join("data").join("token");
     assert!(token.exists(), "the replica that initialised the database keeps the token: {}", s.log_text());
     #[cfg(unix)]
@@ -275,16 +236,9 @@ fn on_postgres_server_notices_are_debug_and_the_directory_table_is_made_once() {
     let url = fresh_db(&pg);
     let dir = temp_dir("pg-notices");
     let port = free_port();
-    let log = dir.join("serve.log");
-    let child = bin()
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--store", &url, "--data-dir"])
-        .arg(dir.join("data"))
-        .env("PROVISIONER_LOG", "info,provisioner::service::pgconnect=debug,provisioner::service::store=debug")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let s = Server { child: Some(child), dir: dir.join("data"), url: format!("http://127.0.0.1:{port}"), log };
+    let mut debug = bin();
+    debug.env("PROVISIONER_LOG", "info,provisioner::service::pgconnect=debug,provisioner::service::store=debug");
+    let s = Server::spawn_with(debug, port, &dir.join("data"), &dir.join("serve.log"), ["--store", &url]);
     eventually(Duration::from_secs(30), "the service to be ready", || {
         ureq::get(&format!("{}/healthz", s.url)).call().is_ok_and(|r| r.status() == 200)
     });
@@ -333,7 +287,7 @@ fn every_replicas_gauges_follow_the_other_replicas_writes() {
     let lease = ["--lease", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms"];
     let mut args = vec!["--sim-start-latency", "50ms"];
     args.extend_from_slice(&lease);
-    let first = start(&dir, &url, &args);
+    let first = Server::start_on_postgres(&dir, &url, &args);
     eventually(Duration::from_secs(20), "the first replica to lead", || {
         // A replica that holds the lease answers 503 until its provisioners run: not yet.
         let out = first.cli(&["status", "--json"]);
@@ -372,7 +326,7 @@ fn a_request_the_store_cannot_answer_is_503_within_the_deadline() {
     let dir = temp_dir("pg-deadline");
     let config = dir.join("deadline.toml");
     std::fs::write(&config, "request_deadline = \"1s\"\n").unwrap();
-    let s = start(&dir, &url, &["--config", config.to_str().unwrap()]);
+    let s = Server::start_on_postgres(&dir, &url, &["--config", config.to_str().unwrap()]);
     let ids = ids_of(&s.json(&["machine", "add", "-n", "2", "--json"]));
     let mut holder = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
     let mut tx = holder.transaction().unwrap();
@@ -409,32 +363,11 @@ fn a_request_the_store_cannot_answer_is_503_within_the_deadline() {
     });
 }
 
-/// A CA, and a server certificate for `127.0.0.1` and `localhost` it signed: (the CA's PEM, the
-/// server's PEM, the server's key PEM).
-fn pg_certificates(ca_name: &str) -> (String, String, String) {
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.distinguished_name.push(rcgen::DnType::CommonName, ca_name);
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
-    let server_key = rcgen::KeyPair::generate().unwrap();
-    let server = server.signed_by(&server_key, &ca, &ca_key).unwrap();
-    (ca.pem(), server.pem(), server_key.serialize_pem())
-}
-
 /// `serve --store URL ARGS` on `dir/data`, not waited for (it may never be ready).
 fn spawn_serve(dir: &Path, url: &str, port: u16, extra: &[&OsStr]) -> Server {
-    let log = dir.join("serve.log");
-    let child = bin()
-        .args(["serve", "--store", url, "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-        .arg(dir.join("data"))
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    Server { child: Some(child), dir: dir.join("data"), url: format!("http://127.0.0.1:{port}"), log }
+    let mut args = vec![OsStr::new("--store"), OsStr::new(url)];
+    args.extend_from_slice(extra);
+    Server::spawn(port, &dir.join("data"), &dir.join("serve.log"), args)
 }
 
 /// Issue 30, item 7: a replica on a PostgreSQL that has TLS, its URL `sslmode=verify-full` with
@@ -443,8 +376,8 @@ fn spawn_serve(dir: &Path, url: &str, port: u16, extra: &[&OsStr]) -> Server {
 /// another CA is refused, the log saying which file does not sign the certificate.
 #[test]
 fn on_postgres_over_tls_a_replica_leads_and_serves_and_a_wrong_ca_is_refused() {
-    let (ca, cert, key) = pg_certificates("provisioner test CA");
-    let (other_ca, _, _) = pg_certificates("another CA");
+    let (ca, cert, key) = tls_certificates("provisioner test CA");
+    let (other_ca, _, _) = tls_certificates("another CA");
     let pg = TempPostgres::start_tls("serve-tls", &cert, &key).unwrap();
     let dir = temp_dir("pg-tls");
     let (ca_file, other_file) = (dir.join("ca.pem"), dir.join("other-ca.pem"));
@@ -457,7 +390,7 @@ fn on_postgres_over_tls_a_replica_leads_and_serves_and_a_wrong_ca_is_refused() {
     let mut args = vec!["--sim-start-latency", "50ms"];
     args.extend_from_slice(&lease);
     std::fs::create_dir_all(dir.join("a")).unwrap();
-    let mut s = start(&dir.join("a"), &tls_url, &args);
+    let mut s = Server::start_on_postgres(&dir.join("a"), &tls_url, &args);
     eventually(Duration::from_secs(20), "the replica to lead", || {
         let out = s.cli(&["status", "--json"]);
         out.status.success() && serde_json::from_slice::<Value>(&out.stdout).is_ok_and(|v| v["role"] == "leader")

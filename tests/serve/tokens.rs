@@ -6,7 +6,9 @@
 
 use serde_json::Value;
 
-use super::{field, ids_of, serve_output, temp_dir, Server};
+use crate::support::{bin, field, ids_of, mount_tmpfs, sample, serve_output, temp_dir, Server};
+#[cfg(feature = "postgres")]
+use crate::support::{cluster, fresh_db};
 
 /// `METHOD path` with `token` (if any) and `body` (if any): the status and the body.
 fn http(s: &Server, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
@@ -29,7 +31,7 @@ fn http(s: &Server, method: &str, path: &str, token: Option<&str>, body: Option<
 
 /// Runs a client command with `token`: exit code, stdout, stderr.
 fn as_token(s: &Server, token: &str, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = super::bin().args(args).args(["--server", &s.url, "--token", token]).output().unwrap();
+    let out = bin().args(args).args(["--server", &s.url, "--token", token]).output().unwrap();
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -282,10 +284,10 @@ fn an_audit_log_that_cannot_be_opened_is_refused_naming_it() {
 #[cfg(feature = "postgres")]
 #[test]
 fn on_postgres_a_token_revoked_through_one_replica_is_refused_by_the_other() {
-    let pg = super::postgres::cluster();
-    let url = super::postgres::fresh_db(&pg);
+    let pg = cluster();
+    let url = fresh_db(&pg);
     let dir = temp_dir("tok-pg");
-    let first = super::postgres::start(&dir, &url, &["--sim-start-latency", "50ms"]);
+    let first = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "50ms"]);
     let other = dir.join("other");
     std::fs::create_dir_all(&other).unwrap();
     let second = Server::start_on(&other.join("data"), &other, &["--store", &url, "--sim-start-latency", "50ms"]);
@@ -391,7 +393,7 @@ fn unauthenticated_requests_cannot_fill_the_disk_through_the_audit_log() {
     assert!(text.lines().all(|l| l.len() < 1_024), "every line bounded");
     assert!(lines.iter().all(|l| l["status"] == 401 && l["token"].is_null()));
     assert!(lines.iter().any(|l| field(l, "what").contains("more refused from this peer")), "{text:.2000}");
-    let suppressed = super::sample(&s.metrics(), "provisioner_audit_lines_suppressed_total").unwrap_or(0.0);
+    let suppressed = sample(&s.metrics(), "provisioner_audit_lines_suppressed_total").unwrap_or(0.0);
     assert!(suppressed as usize + lines.len() >= 20_000, "{suppressed} suppressed, {} written", lines.len());
     // An authenticated change is still written, at once.
     s.json(&["machine", "add", "--json"]);
@@ -407,7 +409,7 @@ fn a_change_whose_audit_line_cannot_be_written_is_refused_and_reads_keep_working
     use std::process::Command;
     let dir = temp_dir("tok-audit-full");
     let mnt = dir.join("mnt");
-    let Some(_unmount) = super::mount_tmpfs(&mnt, "1m") else { return };
+    let Some(_unmount) = mount_tmpfs(&mnt, "1m") else { return };
     let log = mnt.join("audit.log");
     let s = Server::start(&dir, &["--sim-start-latency", "50ms", "--audit-log", log.to_str().unwrap()]);
     let ids = ids_of(&s.json(&["machine", "add", "-n", "2", "--json"]));

@@ -1,6 +1,9 @@
-//! The moto EC2 server shared by the EC2 tests (`tests/ec2/main.rs`, and the service's in
-//! `tests/serve.rs`): installed into a virtualenv by `.ci/moto-venv` on first use, started once
-//! per test binary on a free loopback port, gone when the test process is.
+//! moto's EC2 server for tests (features `test-util` and `ec2`): `tests/ec2/moto_server.py`
+//! (moto, patched to honour client tokens and to inject the faults named below), installed into
+//! a virtualenv by `.ci/moto-venv` on first use, started once per test process on a free
+//! loopback port, gone when the test process is. The EC2 broker's tests (`tests/ec2`) and the
+//! service's (`tests/serve`) share it; each test uses a model uuid of its own, so none sees
+//! another's instances or faults.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -8,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use provisioner::adapters::ec2::{Ec2Broker, Ec2Config};
+use crate::adapters::ec2::{Ec2Broker, Ec2Config};
 
 /// An image moto knows.
 pub const IMAGE: &str = "ami-1e749f67";
@@ -63,10 +66,13 @@ fn python() -> &'static Path {
 /// The moto EC2 server on a free loopback port (it exits with this process).
 pub struct Moto {
     _child: Child,
+    /// `http://127.0.0.1:PORT`, the EC2 endpoint to give a broker or `serve --ec2-endpoint`.
     pub endpoint: String,
 }
 
 impl Moto {
+    /// The server of this test process (started by the first caller), with the faults of the
+    /// models and nonces named by this module's constants.
     pub fn shared() -> &'static Moto {
         static MOTO: OnceLock<Moto> = OnceLock::new();
         MOTO.get_or_init(|| {
@@ -117,13 +123,12 @@ impl Moto {
         panic!("moto server did not listen on {port} within 30 s");
     }
 
-    #[allow(dead_code)] // not every test binary uses it
+    /// A broker for `model` on this server (us-east-1, [`IMAGE`], t3.micro).
     pub async fn broker(&self, model: &str) -> Ec2Broker {
         self.broker_with(model, |_| {}).await
     }
 
     /// A broker whose configuration `adjust` changes first.
-    #[allow(dead_code)] // not every test binary uses it
     pub async fn broker_with(&self, model: &str, adjust: impl FnOnce(&mut Ec2Config)) -> Ec2Broker {
         let mut config = Ec2Config {
             model_uuid: model.into(),

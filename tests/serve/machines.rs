@@ -1,0 +1,174 @@
+//! Machines through the client commands, as an operator adds, lists, removes and retries them
+//! on the simulated cloud: removal with and without the instance, a failed machine that stays
+//! failed until retried, a model destroyed, duplicate ids, and the simulated cloud's fail-over
+//! when its only instance type is out of capacity in a zone.
+
+use std::time::{Duration, Instant};
+
+use crate::support::{assert_provisioned_once, bin, eventually, field, ids_of, temp_dir, Server};
+
+#[test]
+fn machines_are_added_provisioned_listed_and_removed() {
+    let dir = temp_dir("machines");
+    let s = Server::start(&dir, &["--sim-start-latency", "200ms"]);
+    let began = Instant::now();
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "5", "--wait", "--json"]));
+    assert_eq!(ids, ["0", "1", "2", "3", "4"]);
+    assert!(began.elapsed() < Duration::from_secs(10));
+    // --wait returned: every machine is already provisioned.
+    assert_provisioned_once(&s, &ids);
+    let machines = s.machines();
+    for m in &machines {
+        for key in ["id", "life", "status", "instance", "zone", "instance_status", "message"] {
+            assert!(m.get(key).is_some(), "key {key} missing from {m}");
+        }
+        assert_eq!(field(m, "instance_status"), "running");
+    }
+    let zones: std::collections::BTreeSet<&str> = machines.iter().map(|m| field(m, "zone")).collect();
+    assert!(zones.len() >= 2, "five machines over three zones landed in {zones:?}");
+    for i in s.instances() {
+        for key in ["id", "state", "zone", "machine"] {
+            assert!(i.get(key).is_some(), "key {key} missing from {i}");
+        }
+        assert_eq!(field(&i, "state"), "running");
+    }
+
+    // Remove one: its instance is stopped, then the machine is gone. Keep another's instance.
+    let victim = s.machines().into_iter().find(|m| field(m, "id") == "0").unwrap();
+    let victim_instance = field(&victim, "instance").to_owned();
+    let out = s.cli(&["machine", "remove", "0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = s.cli(&["machine", "remove", "1", "--keep-instance"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eventually(Duration::from_secs(10), "machines 0 and 1 to be removed", || {
+        let m = s.machines();
+        !m.iter().any(|m| ["0", "1"].contains(&field(m, "id")))
+    });
+    let instances = s.instances();
+    assert!(!instances.iter().any(|i| field(i, "id") == victim_instance), "{instances:?}");
+    assert_eq!(instances.len(), 3, "the kept instance is released: no longer ours to list");
+    // The cloud itself: one terminated, four still running (one of them released).
+    let metrics = s.metrics();
+    assert!(metrics.contains("provisioner_instances{state=\"terminated\"} 1"), "{metrics}");
+    assert!(metrics.contains("provisioner_instances{state=\"running\"} 4"), "{metrics}");
+    assert!(metrics.contains("provisioner_events_total{event=\"machine-started\"} 5"), "{metrics}");
+
+    // Bad input: exit 2 and one sentence.
+    for args in
+        [&["machine", "remove", "77"][..], &["machine", "add", "--zones", "nowhere"], &["machine", "retry", "2"]]
+    {
+        let out = s.cli(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{err}");
+        assert_ne!(out.status.code(), Some(0), "{args:?}");
+    }
+    assert_eq!(s.cli(&["machine", "remove", "77"]).status.code(), Some(2));
+}
+
+#[test]
+fn destroying_the_model_stops_every_instance_and_refuses_new_machines() {
+    let dir = temp_dir("destroy");
+    let s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    s.json(&["machine", "add", "-n", "3", "--wait", "--json"]);
+    let d = s.json(&["destroy-model", "--json"]);
+    assert_eq!(d["stopping"].as_array().unwrap().len(), 3, "{d}");
+    eventually(Duration::from_secs(10), "every instance to be stopped", || s.instances().is_empty());
+    let out = s.cli(&["machine", "add"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("dying"));
+    let out = s.cli(&["destroy-model"]);
+    assert_eq!(out.status.code(), Some(1), "a second destroy is refused");
+}
+
+/// A machine whose only zone is unavailable ends in provisioning error (`--wait` exits 1 and
+/// names it); it stays in error across a restart (errors are not retried on their own, as in
+/// Juju), and `machine retry` starts it once its zone is back.
+#[test]
+fn a_failed_machine_stays_failed_until_retried() {
+    let dir = temp_dir("retry");
+    let down = dir.join("down.toml");
+    std::fs::write(&down, "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\n")
+        .unwrap();
+    let down = down.to_str().unwrap().to_owned();
+    let mut s = Server::start(&dir, &["--sim-start-latency", "100ms", "--config", &down]);
+    let out = s.cli(&["machine", "add", "--zones", "az3", "--wait", "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("1 of 1 new machines failed to provision") && err.contains("0 ("), "{err}");
+    let ids = ids_of(&serde_json::from_slice(&out.stdout).unwrap());
+    assert_eq!(ids, ["0"], "the ids are printed even when a machine failed");
+    let m = s.machines().remove(0);
+    assert_eq!(field(&m, "status"), "error", "{m}");
+    assert_eq!(field(&m, "instance_status"), "provisioning error", "{m}");
+    assert!(field(&m, "message").contains("zone"), "{m}");
+    assert_eq!(s.json(&["status", "--json"])["machines_in_error"], 1);
+
+    // Its zone comes back with a restart: still in error until retried.
+    assert_eq!(s.terminate().code(), Some(0));
+    let s = Server::start(&dir, &["--sim-start-latency", "100ms"]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(field(&s.machines()[0], "status"), "error");
+    assert!(s.instances().is_empty());
+    let out = s.cli(&["machine", "retry", "0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eventually(Duration::from_secs(10), "the retried machine to be provisioned", || {
+        field(&s.machines()[0], "status") == "started"
+    });
+    assert_provisioned_once(&s, &ids);
+    assert_eq!(field(&s.machines()[0], "zone"), "az3");
+}
+
+/// `machine remove 3 3` collapses the duplicate; `config set workers +4` is
+/// refused (it reads like a relative change, which is not supported).
+#[test]
+fn duplicate_ids_collapse_and_signed_workers_are_refused() {
+    let dir = temp_dir("dups");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
+    s.json(&["machine", "add", "-n", "4", "--wait", "--json"]);
+    let out = s.cli(&["machine", "remove", "3", "3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eventually(Duration::from_secs(10), "machine 3 to be removed", || {
+        !s.machines().iter().any(|m| field(m, "id") == "3")
+    });
+    let out = s.cli(&["config", "set", "workers", "+4"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("whole number"));
+    assert_eq!(String::from_utf8_lossy(&s.cli(&["config", "get", "workers"]).stdout).trim(), "16");
+    let out = s.cli(&["config", "set", "workers", "8"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "workers = 8");
+}
+
+/// The simulated cloud's instance types (issue 14): with `[sim] instance_type = "m5.large"`
+/// every machine gets m5.large, and with m5.large out of capacity in az1 (its only candidate)
+/// every start there fails zone-specifically, so the provisioner places all the machines in
+/// az2 and az3. A malformed `out_of_capacity` entry is refused with exit 2.
+#[test]
+fn the_simulated_cloud_fails_over_when_its_only_type_is_out_of_capacity() {
+    let dir = temp_dir("types");
+    let cfg = dir.join("serve.toml");
+    std::fs::write(&cfg, "[sim]\ninstance_type = \"m5.large\"\nout_of_capacity = [\"m5.large:az1\"]\n").unwrap();
+    let cfg = cfg.to_str().unwrap().to_owned();
+    let mut s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", &cfg]);
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "6", "--json"]));
+    eventually(Duration::from_secs(20), "every machine to be provisioned", || {
+        let m = s.machines();
+        ids.iter().all(|id| m.iter().any(|m| field(m, "id") == id && field(m, "status") == "started"))
+    });
+    for m in s.machines() {
+        assert!(["az2", "az3"].contains(&field(&m, "zone")), "{m}");
+    }
+    assert_eq!(s.terminate().code(), Some(0));
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[sim]\nout_of_capacity = [\"m5.large\"]\n").unwrap();
+    let data = dir.join("d2");
+    let out = bin()
+        .args(["serve", "--config", bad.to_str().unwrap(), "--data-dir", data.to_str().unwrap()])
+        .args(["--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("out_of_capacity") && err.contains("TYPE:ZONE"), "{err}");
+}
