@@ -16,13 +16,11 @@
 //!   events).
 //! - `models`: many models per service: the models directory (plain), where it is kept, and
 //!   the running models the API looks up by name.
-//! - `simcloud`: [`Broker`](crate::ports::Broker) over the store: the simulated cloud.
+//! - `cloud`: the brokers of one model: the simulated cloud over the store (`cloud::sim`),
+//!   the start intents of a real cloud (`cloud::intents`), the simulated container
+//!   initialiser (`cloud::initialiser`), and a real cloud's listings (`cloud::listing`).
 //! - `events`: the server-sent event stream of provisioner events, and the gate that caps the
-//!   streams and ends a revoked token's (`streams`: its plain core).
-//! - `intents`: the broker decorator that writes each start's client token and parameters
-//!   before a real cloud's call, and repeats the unsettled ones before a provisioner starts.
-//! - `initialiser`: the simulated container initialiser (delay and fault injection) that the
-//!   container provisioners run with beside the simulated cloud.
+//!   streams and ends a revoked token's.
 //! - `metrics`: counters, histograms and the text format; the metered broker decorator.
 //! - `http`: the HTTP layer, by role (routes and the app, errors, the bearer check, bodies) and
 //!   by URL resource (machines, applications, config, status, models, tokens, events, metrics,
@@ -34,8 +32,6 @@
 //!   included, for the store, the lease and the listener.
 //! - `pgtls` (feature `postgres`): TLS to PostgreSQL, the store URL's `sslmode` and
 //!   `sslrootcert` for every connection.
-//! - `listing`: a real cloud's instances as readers see them: served from the listings made,
-//!   with their age (no reader drives the cloud's API).
 //! - `runtime`: one model's runtime ([`runtime::ModelRuntime`]: its store, cloud,
 //!   provisioners, metrics and event streams), below the HTTP layer; `StoreModel`, the engine's
 //!   [`ModelApi`](crate::ports::ModelApi) over the store.
@@ -46,16 +42,12 @@
 #[cfg(feature = "serve")]
 pub mod audit;
 #[cfg(feature = "serve")]
+pub mod cloud;
+#[cfg(feature = "serve")]
 pub mod events;
 #[cfg(feature = "serve")]
 pub mod http;
-#[cfg(feature = "serve")]
-pub mod initialiser;
-#[cfg(feature = "serve")]
-pub mod intents;
 pub mod lease;
-#[cfg(feature = "serve")]
-pub mod listing;
 #[cfg(feature = "serve")]
 pub mod metrics;
 #[cfg(feature = "serve")]
@@ -70,11 +62,7 @@ pub mod run;
 pub mod runtime;
 pub mod settings;
 #[cfg(feature = "serve")]
-pub mod simcloud;
-#[cfg(feature = "serve")]
 pub mod store;
-#[cfg(feature = "serve")]
-pub mod streams;
 #[cfg(feature = "serve")]
 pub mod tls;
 #[cfg(feature = "serve")]

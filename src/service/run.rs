@@ -12,24 +12,24 @@ use actix_rt::time::Instant;
 use thiserror::Error;
 
 use crate::config::ProvisionerConfig;
+use crate::service::cloud::sim::{SimCloud, SimSettings};
 use crate::service::http;
 use crate::service::metrics::{MeteredBroker, Metrics};
 use crate::service::models::{DirectoryStore, ModelHost, Shared};
 use crate::service::runtime::ModelRuntime;
 use crate::service::runtime::StoreModel;
 use crate::service::settings::{BrokerKind, ServeSettings, StoreUrl};
-use crate::service::simcloud::{SimCloud, SimSettings};
 
 /// What holds the starts a previous run or leader may have left in flight, repeated before the
 /// provisioner starts: the simulated cloud's pending instances, or the start intents a real
-/// cloud's broker wrote before its calls (`service::intents`).
+/// cloud's broker wrote before its calls (`service::cloud::intents`).
 #[derive(Clone)]
 pub enum PendingStarts {
     /// The simulated cloud lands its pending instances.
     Sim(Box<SimCloud>),
     /// A real cloud's starts are repeated by their client tokens.
     #[cfg_attr(not(feature = "ec2"), allow(dead_code))]
-    Intents(crate::service::intents::IntentBroker),
+    Intents(crate::service::cloud::intents::IntentBroker),
 }
 
 impl PendingStarts {
@@ -498,7 +498,7 @@ fn start_container_provisioners(
     if opts.broker() != BrokerKind::Sim {
         return Ok(None);
     }
-    let plan = crate::service::initialiser::SimInitPlan {
+    let plan = crate::service::cloud::initialiser::SimInitPlan {
         delay: opts.sim.container_init_delay(),
         failures: opts.sim.container_init_failures(),
     };
@@ -506,7 +506,7 @@ fn start_container_provisioners(
         config,
         crate::containers::HostZoneBroker::factory(Arc::new(broker.clone())),
         Arc::new(StoreModel::new(store.clone())),
-        Arc::new(crate::service::initialiser::SimInitialiser::start(plan)),
+        Arc::new(crate::service::cloud::initialiser::SimInitialiser::start(plan)),
         crate::containers::DEFAULT_CONTAINER_TYPES.iter().map(|k| (*k).to_owned()).collect(),
         subscribers,
     )?;
@@ -1094,7 +1094,7 @@ pub(crate) async fn start_model(
                 stop_latency: opts.sim.stop_latency,
                 subnets: opts.sim.subnets(),
                 instance_type: opts.sim.instance_type.clone(),
-                out_of_capacity: crate::service::simcloud::parse_out_of_capacity(&opts.sim.out_of_capacity)
+                out_of_capacity: crate::service::cloud::sim::parse_out_of_capacity(&opts.sim.out_of_capacity)
                     .ok_or(ServeError::SimOutOfCapacity)?,
                 start_failures: opts.sim.start_failures(),
                 account: account.as_ref().and_then(|a| a.sim.clone()),
@@ -1115,7 +1115,7 @@ pub(crate) async fn start_model(
         BrokerKind::Ec2 => {
             let (ec2, zones) = ec2_broker(&opts.ec2, &model_uuid).await?;
             // Each start's token and parameters are written before the call (`intents`).
-            let ec2 = crate::service::intents::IntentBroker::new(Arc::new(ec2), store.clone());
+            let ec2 = crate::service::cloud::intents::IntentBroker::new(Arc::new(ec2), store.clone());
             cloud_store = None;
             pending = Some(PendingStarts::Intents(ec2.clone()));
             (Arc::new(ec2), zones, "ec2")
@@ -1139,7 +1139,7 @@ pub(crate) async fn start_model(
     let broker = if broker_name == "sim" {
         plain
     } else {
-        let listings = crate::service::listing::InstanceListings::start(Arc::new(plain.clone()));
+        let listings = crate::service::cloud::listing::InstanceListings::start(Arc::new(plain.clone()));
         plain.with_listings(listings)
     };
     let config = ProvisionerConfig {

@@ -18,7 +18,7 @@ pub(super) async fn list_instances(_: Authorized, st: State) -> Result<HttpRespo
     // the cloud's API; the listing's age in whole seconds is the answer's `Age` header.
     let (list, age) = st
         .broker
-        .read_instances(crate::service::listing::MAX_AGE)
+        .read_instances(crate::service::cloud::listing::MAX_AGE)
         .await
         .map_err(|e| ApiError::internal(format!("listing the cloud: {e}")))?;
     let views: Vec<InstanceView> = list

@@ -31,7 +31,7 @@ pub(super) async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
         let live = by_state.iter().filter(|(state, _)| *state != "terminated").map(|(_, n)| *n);
         (Some(live.sum::<u64>() as usize), None)
     } else {
-        instance_count(st.broker.read_instances(crate::service::listing::MAX_AGE).await.map(|(l, _)| l.len()))
+        instance_count(st.broker.read_instances(crate::service::cloud::listing::MAX_AGE).await.map(|(l, _)| l.len()))
     };
     let lease = match &st.replica {
         Some(r) => Some(r.lease_status().await?),

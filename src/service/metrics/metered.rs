@@ -1,5 +1,5 @@
 //! A broker decorator that times every call for the metrics and counts calls in flight, and
-//! hands each listing it makes to the listings readers are served from (`service::listing`).
+//! hands each listing it makes to the listings readers are served from (`service::cloud::listing`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use actix_rt::time::Instant;
 use super::messages::BrokerCallDone;
 use crate::model::{CloudInstance, InstanceId, InstanceTags};
 use crate::ports::{AvailabilityZone, Broker, BrokerFuture, StartInstanceParams, StartedInstance};
-use crate::service::listing::{Changed, InstanceListings, Listed, ReadInstances};
+use crate::service::cloud::listing::{Changed, InstanceListings, Listed, ReadInstances};
 
 /// Wraps a broker; every call is timed and counted.
 #[derive(Clone)]

@@ -14,8 +14,8 @@ use futures::lock::Mutex;
 
 use super::directory::CloudSettings;
 use crate::config::rate_limits::{BucketLimit, RateLimits};
+use crate::service::cloud::sim::SimAccount;
 use crate::service::settings::{BrokerKind, ServeSettings};
-use crate::service::simcloud::SimAccount;
 use crate::SharedLimiter;
 
 /// One account as the service knows it: the limiter its models share and, on the simulated

@@ -73,7 +73,7 @@ pub struct ModelRuntime {
     /// The audit log of change requests.
     pub audit: std::sync::Arc<crate::service::audit::AuditLog>,
     /// The simulated account the model's starts spend (with `--sim-account-start-rate`).
-    pub sim_account: Option<crate::service::simcloud::SimAccount>,
+    pub sim_account: Option<crate::service::cloud::sim::SimAccount>,
 }
 
 /// A model's lease on this replica and, while it leads, its provisioners.

@@ -212,7 +212,7 @@ pub trait StoreBackend: Send {
     /// reading every machine.
     fn machines_in_error(&mut self) -> Result<u64, StoreError>;
 
-    // ---- start intents (see `service::intents`) ------------------------------------------------
+    // ---- start intents (see `service::cloud::intents`) ------------------------------------------------
 
     /// Writes a start's intent before its cloud call: its client token (the key), its machine
     /// and its parameters as JSON. Writing the same token again keeps the first row.
