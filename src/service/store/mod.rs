@@ -11,7 +11,9 @@
 
 mod actor;
 mod backend;
-mod intents;
+#[cfg(test)]
+mod behaviour;
+mod errors;
 mod messages;
 #[cfg(feature = "postgres")]
 mod pg;
@@ -19,21 +21,18 @@ mod pg;
 mod pg_client;
 #[cfg(all(test, feature = "postgres"))]
 mod pg_tests;
-mod state;
-#[cfg(test)]
-mod tests;
-mod tokens;
+mod records;
+mod sqlite;
 mod writes;
 
 pub use actor::{Store, StoreActor};
 pub use backend::{Fence, StoreBackend};
+pub use errors::{PgFailure, StoreError};
 pub use messages::{Apply, CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
 #[cfg(feature = "postgres")]
 pub(crate) use pg::MIGRATION_LOCK;
 #[cfg(feature = "postgres")]
 pub use pg::{Notice, PgStore, CHANGES_CHANNEL, EPOCH_TABLES_SQL, PG_SCHEMA_VERSION, RECORD_WRITE_SQL};
-pub use state::{
-    ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings, StoreCore, StoreCounts,
-    StoreError, DB_FILE, SCHEMA_VERSION,
-};
+pub use records::{ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCounts};
+pub use sqlite::{StoreCore, DB_FILE, SCHEMA_VERSION};
 pub use writes::{Write, Written};

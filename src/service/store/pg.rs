@@ -44,10 +44,11 @@ use postgres::{Config, Row, Statement};
 use tokio::time::Instant;
 
 use super::backend::{refuse_hosts_with_live_containers, Fence, StoreBackend};
+use super::errors::{PgFailure, StoreError};
 use super::pg_client::{CallError, ConnectError, PgClient, Piped, Reply};
-use super::state::{
-    random_uuid, ApplicationRecord, Book, BookMark, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings,
-    StoreCounts, StoreError, CONTAINER_SEQ_BASE,
+use super::records::{
+    random_uuid, token_record, ApplicationRecord, Book, BookMark, InstanceRecord, MachineRecord, NewMachine, Settings,
+    StoreCounts, CONTAINER_SEQ_BASE,
 };
 use super::writes::{Write, Written};
 use crate::model::{
@@ -2849,7 +2850,7 @@ const TOKEN_COLUMNS: &str = "id, scope, created, revoked, model, model_uuid";
 
 fn token_from_row(r: &Row, ctx: &'static str) -> Result<TokenRecord, StoreError> {
     let get = |e: postgres::Error| pg(ctx)(e);
-    super::tokens::token_record((
+    token_record((
         r.try_get(0).map_err(get)?,
         r.try_get(1).map_err(get)?,
         r.try_get(2).map_err(get)?,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::backend::{Fence, StoreBackend};
 use super::pg::{Notice, PgStore, CHANGES_CHANNEL, PG_SCHEMA_VERSION};
-use super::state::StoreError;
+use super::StoreError;
 use crate::model::{InstanceStatus, InstanceTags, Life, MachineId, MachineStatus};
 use crate::ports::ProvisionedInstance;
 use crate::testing::TempPostgres;
@@ -50,7 +50,7 @@ fn raw(url: &str) -> postgres::Client {
 fn the_behaviour_tests_pass_on_postgres() {
     let pg = cluster();
     let mut failed = Vec::new();
-    for (name, test) in super::tests::BEHAVIOURS {
+    for (name, test) in super::behaviour::BEHAVIOURS {
         let url = fresh_db(&pg);
         let result = std::panic::catch_unwind(|| {
             let mut s = PgStore::open(&url).expect("open the store");
