@@ -469,9 +469,9 @@ impl Store {
     /// one is an error now); the server is reached from the store's thread, with backoff.
     #[cfg(feature = "postgres")]
     pub fn start_postgres(url: &str) -> Result<Self, StoreError> {
-        let (config, tls) = super::pg::PgStore::store_config(url)?;
+        let (config, tls) = super::PgStore::store_config(url)?;
         Ok(Self::start_with(move || {
-            Ok(Box::new(super::pg::PgStore::new(config.clone(), tls.clone())) as Box<dyn StoreBackend>)
+            Ok(Box::new(super::PgStore::new(config.clone(), tls.clone())) as Box<dyn StoreBackend>)
         }))
     }
 

@@ -16,11 +16,7 @@ mod behaviour;
 mod errors;
 mod messages;
 #[cfg(feature = "postgres")]
-mod pg;
-#[cfg(feature = "postgres")]
-mod pg_client;
-#[cfg(all(test, feature = "postgres"))]
-mod pg_tests;
+mod postgres;
 mod records;
 mod sqlite;
 mod writes;
@@ -30,9 +26,9 @@ pub use backend::{Fence, StoreBackend};
 pub use errors::{PgFailure, StoreError};
 pub use messages::{Apply, CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
 #[cfg(feature = "postgres")]
-pub(crate) use pg::MIGRATION_LOCK;
+pub(crate) use postgres::MIGRATION_LOCK;
 #[cfg(feature = "postgres")]
-pub use pg::{Notice, PgStore, CHANGES_CHANNEL, EPOCH_TABLES_SQL, PG_SCHEMA_VERSION, RECORD_WRITE_SQL};
+pub use postgres::{Notice, PgStore, CHANGES_CHANNEL, EPOCH_TABLES_SQL, PG_SCHEMA_VERSION, RECORD_WRITE_SQL};
 pub use records::{ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCounts};
 pub use sqlite::{StoreCore, DB_FILE, SCHEMA_VERSION};
 pub use writes::{Write, Written};

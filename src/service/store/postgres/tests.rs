@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use super::backend::{Fence, StoreBackend};
-use super::pg::{Notice, PgStore, CHANGES_CHANNEL, PG_SCHEMA_VERSION};
 use super::StoreError;
+use super::{Notice, PgStore, CHANGES_CHANNEL, PG_SCHEMA_VERSION};
 use crate::model::{InstanceStatus, InstanceTags, Life, MachineId, MachineStatus};
 use crate::ports::ProvisionedInstance;
+use crate::service::store::{Fence, StoreBackend};
 use crate::testing::TempPostgres;
 
 static CLUSTER: Mutex<Weak<TempPostgres>> = Mutex::new(Weak::new());
@@ -50,7 +50,7 @@ fn raw(url: &str) -> postgres::Client {
 fn the_behaviour_tests_pass_on_postgres() {
     let pg = cluster();
     let mut failed = Vec::new();
-    for (name, test) in super::behaviour::BEHAVIOURS {
+    for (name, test) in crate::service::store::behaviour::BEHAVIOURS {
         let url = fresh_db(&pg);
         let result = std::panic::catch_unwind(|| {
             let mut s = PgStore::open(&url).expect("open the store");
@@ -241,11 +241,11 @@ fn the_epochs_record_proves_no_write_committed_under_a_stale_epoch() {
     assert!(audit.stale.is_empty(), "{audit:?}");
 
     // A write that skipped the fence after the takeover is what the audit exists to catch.
-    client.execute(super::pg::RECORD_WRITE_SQL, &[&model, &"replica-a", &first]).unwrap();
+    client.execute(super::RECORD_WRITE_SQL, &[&model, &"replica-a", &first]).unwrap();
     let audit = audit_epochs(&mut client, &model).unwrap();
     assert_eq!(audit.stale, vec![StaleWrite { epoch: first, holder: "replica-a".into(), superseded_by: second }]);
     // So is a write under an epoch by another holder than the epoch's.
-    client.execute(super::pg::RECORD_WRITE_SQL, &[&model, &"replica-c", &second]).unwrap();
+    client.execute(super::RECORD_WRITE_SQL, &[&model, &"replica-c", &second]).unwrap();
     let stale = audit_epochs(&mut client, &model).unwrap().stale;
     assert!(
         stale.contains(&StaleWrite { epoch: second, holder: "replica-c".into(), superseded_by: second }),
@@ -263,7 +263,7 @@ fn the_epochs_record_proves_no_write_committed_under_a_stale_epoch() {
 /// transaction held every acquisition off until the test gave up).
 #[test]
 fn a_transaction_left_open_is_ended_by_the_server_and_frees_the_lease_row() {
-    use super::pg::IDLE_IN_TRANSACTION;
+    use super::IDLE_IN_TRANSACTION;
     let pg = cluster();
     let url = fresh_db(&pg);
     let mut s = PgStore::open(&url).unwrap();
@@ -356,7 +356,7 @@ fn the_store_actor_fences_exec_lazy_and_not_exec() {
     let model = PgStore::open(&url).unwrap().model_uuid().unwrap();
     lease(&url, &model, "replica-a", 7, 30);
     actix::System::new().block_on(async move {
-        let store = super::Store::start_postgres(&url).unwrap();
+        let store = crate::service::store::Store::start_postgres(&url).unwrap();
         let ids = store.exec(|s| s.add_machines(1, None)).await.unwrap();
         let fence = |epoch| Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch });
         store.set_fence(fence(7)).await.unwrap();
@@ -377,7 +377,7 @@ fn the_store_actor_fences_exec_lazy_and_not_exec() {
         let dir = std::env::temp_dir().join(format!("provisioner-pg-fence-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let sqlite = super::Store::start(&dir.join("p.db")).unwrap();
+        let sqlite = crate::service::store::Store::start(&dir.join("p.db")).unwrap();
         assert!(matches!(sqlite.set_fence(fence(7)).await, Err(StoreError::Refused(_))));
         let _ = std::fs::remove_dir_all(&dir);
     });
@@ -587,7 +587,7 @@ fn writes_waiting_together_commit_as_one_postgres_group_and_a_failed_commit_fail
     let pg = cluster();
     let url = fresh_db(&pg);
     actix::System::new().block_on(async move {
-        let store = super::Store::start_postgres(&url).unwrap();
+        let store = crate::service::store::Store::start_postgres(&url).unwrap();
         store.exec(|s| s.add_machines(1, None)).await.unwrap();
         let commits = store.group_commits();
         let (release, held) = std::sync::mpsc::channel::<()>();
@@ -666,7 +666,7 @@ fn started(n: u32) -> ProvisionedInstance {
     }
 }
 
-/// Write-behind units ([`super::Write`]) queued in a group go out with its commit: once the
+/// Write-behind units ([`Write`](crate::service::store::Write)) queued in a group go out with its commit: once the
 /// statements are prepared, a group of them and its commit is one round trip. Each is
 /// answered alone: a missing machine is `NotFound` (nothing written), a repeated client token
 /// gets the instance its first start made. One whose statement fails aborts the pipeline: the
@@ -788,7 +788,7 @@ fn the_store_actor_fences_write_behind_units() {
     lease(&url, &model, "replica-a", 7, 30);
     let check = url.clone();
     actix::System::new().block_on(async move {
-        let store = super::Store::start_postgres(&url).unwrap();
+        let store = crate::service::store::Store::start_postgres(&url).unwrap();
         let ids = store.exec(|s| s.add_machines(2, None)).await.unwrap();
         let fence = |epoch| Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch });
         store.set_fence(fence(7)).await.unwrap();
@@ -822,7 +822,7 @@ fn the_store_actor_fences_write_behind_units() {
 /// reads the machines and the instances through their indexes, never by a scan.
 #[test]
 fn the_set_based_statements_plan_index_look_ups_on_a_small_table() {
-    use super::pg::{
+    use super::{
         INDEX_PLANS_SQL, INSERT_INSTANCES_SQL, LOCK_MACHINES_SQL, SET_INSTANCE_STATUSES_SQL, SET_STARTED_SQL,
         SET_STATUSES_SQL,
     };
@@ -874,7 +874,7 @@ fn the_set_based_statements_plan_index_look_ups_on_a_small_table() {
 /// sixth execution and kept: a scan made then would scan 100,000 machines later).
 #[test]
 fn the_stores_session_keeps_index_look_ups_made_on_a_small_table() {
-    use super::pg::INDEX_PLANS_SQL;
+    use super::INDEX_PLANS_SQL;
     let pg = cluster();
     let url = fresh_db(&pg);
     let mut s = PgStore::open(&url).unwrap();
@@ -909,7 +909,7 @@ fn the_stores_session_keeps_index_look_ups_made_on_a_small_table() {
     }
 }
 
-/// An operator's adds queued as write-behind units ([`super::Write::AddMachines`]) are made by
+/// An operator's adds queued as write-behind units ([`Write::AddMachines`](crate::service::store::Write::AddMachines)) are made by
 /// one statement with their group's other units: each gets its own machines, numbered after
 /// the ones before, in order; listeners hear of them at the commit; a fence that refuses the
 /// provisioner's units does not refuse an operator's adds (they are not fenced); a model that
@@ -1017,7 +1017,7 @@ fn no_index_names_a_column_the_provisioners_writes_change() {
 /// for their rows (its `WHEN` clauses); any other write is still stamped by it.
 #[test]
 fn the_set_based_writes_stamp_their_rows_without_calling_the_trigger() {
-    use super::pg::{ADD_MANY_SQL, SET_INSTANCE_STATUSES_SQL, SET_STARTED_SQL, SET_STATUSES_SQL};
+    use super::{ADD_MANY_SQL, SET_INSTANCE_STATUSES_SQL, SET_STARTED_SQL, SET_STATUSES_SQL};
     let pg = cluster();
     let url = fresh_db(&pg);
     let mut s = PgStore::open(&url).unwrap();
@@ -1084,7 +1084,7 @@ fn the_set_based_writes_stamp_their_rows_without_calling_the_trigger() {
 /// again, on the same store, with nothing lost.
 #[test]
 fn a_statement_stuck_on_a_lock_is_bounded_and_the_store_recovers() {
-    use super::pg::{CALL_SLACK, STATEMENT_DEADLINE};
+    use super::{CALL_SLACK, STATEMENT_DEADLINE};
     let pg = cluster();
     let url = fresh_db(&pg);
     let mut s = PgStore::open(&url).unwrap();
@@ -1121,7 +1121,7 @@ fn a_statement_stuck_on_a_lock_is_bounded_and_the_store_recovers() {
 /// given up (closed), not waited on.
 #[test]
 fn a_call_past_the_clients_deadline_times_out_and_gives_the_connection_up() {
-    use super::pg_client::{CallError, PgClient};
+    use super::client::{CallError, PgClient};
     let pg = cluster();
     let url = fresh_db(&pg);
     let config: tokio_postgres::Config = url.parse().unwrap();
