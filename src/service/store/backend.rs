@@ -1,8 +1,8 @@
-//! The store's operations as one trait, [`StoreBackend`], with two implementations: SQLite in
-//! the data directory ([`StoreCore`](super::StoreCore), `sqlite/`, the embedded default) and PostgreSQL (`PgStore`, `postgres/`, feature
-//! `postgres`). Both are plain and synchronous: the store actor owns one on its own thread and
-//! runs every closure the API, the model port and the simulated cloud send it against
-//! `&mut dyn StoreBackend`. No actix here.
+//! The store's operations as one trait, [`StoreBackend`], implemented by each backend itself:
+//! SQLite in the data directory ([`StoreCore`](super::StoreCore), `sqlite/`, the embedded
+//! default) and PostgreSQL (`PgStore`, `postgres/`, feature `postgres`). Both are plain and
+//! synchronous: the store actor owns one on its own thread and runs every closure the API, the
+//! model port and the simulated cloud send it against `&mut dyn StoreBackend`. No actix here.
 
 use std::collections::BTreeMap;
 

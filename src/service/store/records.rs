@@ -188,7 +188,7 @@ pub struct MachineRecord {
     /// A manual machine's address (`machine.manual` is set).
     pub address: Option<String>,
     /// How many start attempts the provisioner reported for it (see
-    /// [`StoreCore::record_start_outcome`]).
+    /// [`StoreBackend::record_start_outcome`](super::StoreBackend::record_start_outcome)).
     pub start_attempts: u64,
     /// The last reported attempt's error (`None`: none yet, or it succeeded).
     pub last_start_error: Option<String>,

@@ -1,6 +1,6 @@
 //! The PostgreSQL backend's macros: SQL text shared by statements built with `concat!`
-//! ([`stamp_sql`], [`counter_sql`]) and the statement runner implemented for each of the
-//! connection's borrowers ([`run_over`]).
+//! (`stamp_sql!`, `counter_sql!`) and the statement runner implemented for each of the
+//! connection's borrowers (`run_over!`).
 
 /// The stamp the `machines_stamp` trigger writes, as a statement's own: an uncorrelated scalar
 /// subquery, so evaluated once a statement (an `InitPlan`), not once a row. A row written twice

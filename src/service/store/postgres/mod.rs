@@ -1,6 +1,13 @@
 //! The PostgreSQL backend (feature `postgres`): the same operations as the SQLite core, over one
 //! connection owned by the store's thread ([`PgClient`]).
 //!
+//! The layout: the types here ([`PgStore`], its connection, a write's transaction, an open group
+//! commit); `client.rs` the connection's client; `connect.rs` (re)connecting and migrating;
+//! `schema.rs` the migrations; `conn.rs` running statements; `rows.rs` rows, reads and the writes
+//! several operations share; `group.rs` group commits; `deferred.rs` write-behind units as
+//! set-based statements; `backend.rs` [`StoreBackend`] for [`PgStore`]. Each file sees the
+//! others' items through this module (`use super::*`).
+//!
 //! The connection: the store runs each unit of work synchronously on a dedicated thread
 //! (`SyncArbiter`), one transaction at a time, so it blocks on its statements as the `postgres`
 //! crate does; but it speaks through `tokio-postgres` on a runtime of its own (`client.rs`) so

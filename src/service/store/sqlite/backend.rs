@@ -155,7 +155,7 @@ impl StoreBackend for StoreCore {
         self.book.take_counts()
     }
 
-    /// Remembers damage an operation ran into: from then on [`StoreCore::check_readable`] fails.
+    /// Remembers damage an operation ran into: from then on [`StoreBackend::check_readable`] fails.
     fn note_damage(&mut self, e: &StoreError) {
         if matches!(e, StoreError::Damaged { .. }) && self.damaged.is_none() {
             self.damaged = Some(e.clone());
@@ -315,7 +315,7 @@ impl StoreBackend for StoreCore {
         self.write_instance_info(id, info, false)
     }
 
-    /// [`StoreCore::set_instance_info`] and [`StoreCore::record_start_outcome`] for the
+    /// [`StoreBackend::set_instance_info`] and [`StoreBackend::record_start_outcome`] for the
     /// success, as one statement: the provisioner's record of every start.
     fn record_started_instance(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError> {
         self.write_instance_info(id, info, true)

@@ -7,7 +7,7 @@ use crate::service::store::backend::StoreBackend;
 use crate::service::store::errors::StoreError;
 use crate::service::store::records::BookMark;
 
-/// A group commit open on a SQLite connection (see [`StoreCore::begin_group`]).
+/// A group commit open on a SQLite connection (see [`StoreBackend::begin_group`]).
 #[derive(Debug, Default)]
 pub(super) struct OpenGroup {
     /// The book before the group.
@@ -21,9 +21,9 @@ pub(super) struct OpenGroup {
     pub(super) stamp: std::cell::OnceCell<String>,
 }
 
-/// Opens a group commit: one transaction that the writes until [`StoreCore::commit_group`]
-/// share, each in a savepoint of its own ([`StoreCore::begin_member`],
-/// [`StoreCore::end_member`]), committed at once: fsynced once for all of them if
+/// Opens a group commit: one transaction that the writes until [`StoreBackend::commit_group`]
+/// share, each in a savepoint of its own ([`StoreBackend::begin_member`],
+/// [`StoreBackend::end_member`]), committed at once: fsynced once for all of them if
 /// `durable` (SQLite cannot change its safety level inside a transaction, so a group is
 /// durable or not from its start).
 pub(super) fn begin_group(core: &mut StoreCore, durable: bool) -> Result<(), StoreError> {

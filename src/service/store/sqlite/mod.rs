@@ -4,7 +4,7 @@
 //!
 //! [`StoreCore`] is the plain core over one `rusqlite::Connection`: opened here, its schema and
 //! upgrades in `schema.rs`, rows and shared machine writes in `rows.rs`, its operations (the
-//! [`StoreBackend`](super::StoreBackend) trait) in `backend.rs`, with group commits,
+//! [`StoreBackend`] trait) in `backend.rs`, with group commits,
 //! instances, start intents and tokens in files of their own. No actix.
 
 mod backend;

@@ -34,7 +34,7 @@ pub(super) fn upgrade_manual_machines(tx: &Transaction<'_>) -> Result<(), StoreE
 }
 
 /// Schema step of version 3 (additive, for `machine show`): per machine, how many start
-/// attempts the provisioner reported and the last one's error ([`StoreCore::record_start_outcome`]).
+/// attempts the provisioner reported and the last one's error ([`StoreBackend::record_start_outcome`](crate::service::store::StoreBackend::record_start_outcome)).
 pub(super) fn upgrade_start_attempts(tx: &Transaction<'_>) -> Result<(), StoreError> {
     add_missing_machine_columns(
         tx,
