@@ -50,6 +50,8 @@ mod conn;
 mod connect;
 mod deferred;
 mod group;
+#[cfg(test)]
+mod group_tests;
 mod rows;
 mod schema;
 #[cfg(test)]
