@@ -10,8 +10,8 @@ use actix::prelude::*;
 
 use super::backend::{Fence, StoreBackend};
 use super::messages::{Apply, CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
-use super::state::{StoreCore, StoreError};
 use super::writes::{Write, Written};
+use super::{StoreCore, StoreError};
 use crate::{MachinesChanged, RetryTick};
 
 /// One unit of work's answer, held until its group commits: called with the group's failure
@@ -469,9 +469,9 @@ impl Store {
     /// one is an error now); the server is reached from the store's thread, with backoff.
     #[cfg(feature = "postgres")]
     pub fn start_postgres(url: &str) -> Result<Self, StoreError> {
-        let (config, tls) = super::pg::PgStore::store_config(url)?;
+        let (config, tls) = super::PgStore::store_config(url)?;
         Ok(Self::start_with(move || {
-            Ok(Box::new(super::pg::PgStore::new(config.clone(), tls.clone())) as Box<dyn StoreBackend>)
+            Ok(Box::new(super::PgStore::new(config.clone(), tls.clone())) as Box<dyn StoreBackend>)
         }))
     }
 
@@ -570,7 +570,7 @@ impl Store {
     pub fn add_machines(
         &self,
         count: usize,
-        spec: super::state::NewMachine,
+        spec: super::NewMachine,
     ) -> impl Future<Output = Result<Vec<crate::model::MachineId>, StoreError>> + Send + 'static {
         let written = self.write_behind(Write::AddMachines { count, spec });
         async move {

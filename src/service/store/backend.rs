@@ -1,14 +1,13 @@
-//! The store's operations as one trait, [`StoreBackend`], with two implementations: SQLite in
-//! the data directory ([`StoreCore`], the embedded default) and PostgreSQL (`PgStore`, feature
-//! `postgres`). Both are plain and synchronous: the store actor owns one on its own thread and
-//! runs every closure the API, the model port and the simulated cloud send it against
-//! `&mut dyn StoreBackend`. No actix here.
+//! The store's operations as one trait, [`StoreBackend`], implemented by each backend itself:
+//! SQLite in the data directory ([`StoreCore`](super::StoreCore), `sqlite/`, the embedded
+//! default) and PostgreSQL (`PgStore`, `postgres/`, feature `postgres`). Both are plain and
+//! synchronous: the store actor owns one on its own thread and runs every closure the API, the
+//! model port and the simulated cloud send it against `&mut dyn StoreBackend`. No actix here.
 
 use std::collections::BTreeMap;
 
-use super::state::{
-    ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCore, StoreCounts, StoreError,
-};
+use super::errors::StoreError;
+use super::records::{ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCounts};
 use super::writes::{Write, Written};
 use crate::model::{
     CloudInstance, Constraints, HarvestMode, InstanceId, InstanceStatus, InstanceTags, Life, Machine, MachineId,
@@ -370,91 +369,6 @@ pub trait StoreBackend: Send {
             out.push(Some(group));
         }
         Ok(out)
-    }
-}
-
-/// Forwards every trait method to `StoreCore`'s own (inherent methods win over trait methods).
-macro_rules! forward {
-    ($( fn $name:ident(&mut self $(, $arg:ident: $ty:ty)*) -> $ret:ty; )*) => {
-        $( fn $name(&mut self $(, $arg: $ty)*) -> $ret { StoreCore::$name(self $(, $arg)*) } )*
-    };
-}
-
-impl StoreBackend for StoreCore {
-    fn kind(&self) -> &'static str {
-        "sqlite"
-    }
-    fn counts(&self) -> &StoreCounts {
-        StoreCore::counts(self)
-    }
-    fn begin_group(&mut self, durable: bool) -> Result<bool, StoreError> {
-        StoreCore::begin_group(self, durable).map(|()| true)
-    }
-    fn group_has_written(&self) -> bool {
-        StoreCore::group_has_written(self)
-    }
-    fn abort_group(&mut self) {
-        StoreCore::abort_group(self)
-    }
-    forward! {
-        fn begin_member(&mut self) -> Result<(), StoreError>;
-        fn end_member(&mut self, keep: bool) -> Result<(), StoreError>;
-        fn commit_group(&mut self) -> Result<(), StoreError>;
-        fn set_durable(&mut self, durable: bool) -> Result<(), StoreError>;
-        fn take_outbox(&mut self) -> (Vec<MachineId>, bool);
-        fn take_counts(&mut self) -> Option<StoreCounts>;
-        fn recount(&mut self) -> Result<StoreCounts, StoreError>;
-        fn note_damage(&mut self, e: &StoreError) -> ();
-        fn check_readable(&mut self) -> Result<(), StoreError>;
-        fn model_uuid(&mut self) -> Result<String, StoreError>;
-        fn model_life(&mut self) -> Result<Life, StoreError>;
-        fn machine(&mut self, id: &MachineId) -> Result<Option<MachineRecord>, StoreError>;
-        fn model_machine(&mut self, id: &MachineId) -> Result<Option<Machine>, StoreError>;
-        fn machine_provisioning(&mut self, id: &MachineId) -> Result<Option<ProvisioningInfo>, StoreError>;
-        fn machine_application(&mut self, id: &MachineId) -> Result<Option<Option<String>>, StoreError>;
-        fn list_machines(&mut self) -> Result<Vec<MachineRecord>, StoreError>;
-        fn machine_ids(&mut self) -> Result<Vec<MachineId>, StoreError>;
-        fn set_instance_info(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError>;
-        fn set_status(&mut self, id: &MachineId, status: MachineStatus, message: &str) -> Result<(), StoreError>;
-        fn set_instance_status(&mut self, id: &MachineId, status: &InstanceStatus, message: &str) -> Result<(), StoreError>;
-        fn record_start_outcome(&mut self, id: &MachineId, error: Option<&str>) -> Result<(), StoreError>;
-        fn record_started_instance(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError>;
-        fn ensure_dead(&mut self, id: &MachineId) -> Result<(), StoreError>;
-        fn mark_for_removal(&mut self, id: &MachineId) -> Result<(), StoreError>;
-        fn destroy_model(&mut self) -> Result<Vec<Machine>, StoreError>;
-        fn remove_machines(&mut self, ids: &[MachineId], keep_instance: bool, force: bool) -> Result<(), StoreError>;
-        fn retry_machines(&mut self, ids: &[MachineId]) -> Result<(), StoreError>;
-        fn settings(&mut self) -> Result<Settings, StoreError>;
-        fn set_harvest_mode(&mut self, mode: HarvestMode) -> Result<(), StoreError>;
-        fn set_workers(&mut self, workers: usize) -> Result<(), StoreError>;
-        fn add_new_machines(&mut self, count: usize, spec: &NewMachine) -> Result<Vec<MachineId>, StoreError>;
-        fn add_application(&mut self, name: &str, units: usize, constraints: &Constraints) -> Result<Vec<MachineId>, StoreError>;
-        fn applications(&mut self) -> Result<Vec<ApplicationRecord>, StoreError>;
-        fn application_machines(&mut self, name: &str) -> Result<Vec<MachineId>, StoreError>;
-        fn remove_application(&mut self, name: &str) -> Result<Vec<MachineId>, StoreError>;
-        fn add_containers(&mut self, host: &MachineId, kind: &str, count: usize) -> Result<Vec<MachineId>, StoreError>;
-        fn add_manual(&mut self, address: &str) -> Result<MachineId, StoreError>;
-        fn live_containers_of(&mut self, host: &MachineId) -> Result<Vec<MachineId>, StoreError>;
-        fn live_manual_machines(&mut self) -> Result<Vec<MachineId>, StoreError>;
-        fn machines_in_error(&mut self) -> Result<u64, StoreError>;
-        fn create_token(&mut self, scope: Scope, model: Option<(&str, &str)>, sha256: &str, created: &str) -> Result<TokenRecord, StoreError>;
-        fn revoke_model_tokens(&mut self, name: &str, uuid: &str, at: &str) -> Result<Vec<TokenRecord>, StoreError>;
-        fn tokens(&mut self) -> Result<Vec<TokenRecord>, StoreError>;
-        fn token_by_hash(&mut self, sha256: &str) -> Result<Option<TokenRecord>, StoreError>;
-        fn revoke_token(&mut self, id: &str, at: &str) -> Result<TokenRecord, StoreError>;
-        fn create_instance(&mut self, client_token: &str, zone: Option<&str>, tags: &InstanceTags) -> Result<(InstanceRecord, bool), StoreError>;
-        fn create_running_instance(&mut self, client_token: &str, zone: Option<&str>, tags: &InstanceTags) -> Result<(InstanceRecord, bool), StoreError>;
-        fn instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError>;
-        fn land_instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError>;
-        fn all_instances(&mut self) -> Result<Vec<InstanceRecord>, StoreError>;
-        fn live_instances(&mut self, model: &str) -> Result<Vec<CloudInstance>, StoreError>;
-        fn terminate_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError>;
-        fn release_instances(&mut self, ids: &[InstanceId]) -> Result<(), StoreError>;
-        fn retag_instance(&mut self, id: &InstanceId, tags: &InstanceTags) -> Result<bool, StoreError>;
-        fn pending_instances(&mut self) -> Result<Vec<InstanceId>, StoreError>;
-        fn put_start_intent(&mut self, client_token: &str, machine: &MachineId, params: &str) -> Result<(), StoreError>;
-        fn drop_start_intent(&mut self, client_token: &str) -> Result<(), StoreError>;
-        fn start_intents(&mut self) -> Result<Vec<String>, StoreError>;
     }
 }
 

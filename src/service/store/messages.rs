@@ -3,8 +3,8 @@
 use actix::prelude::*;
 
 use super::backend::{Fence, StoreBackend};
-use super::state::{StoreCounts, StoreError};
 use super::writes::{Write, Written};
+use super::{StoreCounts, StoreError};
 use crate::{MachinesChanged, RetryTick};
 
 /// A unit of work on the store's core.

@@ -1,39 +1,46 @@
-//! The embedded store: one SQLite database in the data directory holding the model (machines,
-//! lives, statuses, instance ids, settings) and the simulated cloud's instances.
+//! The model's store: machines, lives, statuses, instance ids, settings, tokens, start intents
+//! and the simulated cloud's instances, in SQLite (the data directory's database, the default)
+//! or PostgreSQL (feature `postgres`, what replicas share).
 //!
-//! [`StoreCore`] is the plain core: every read and write as a method over one
-//! `rusqlite::Connection`, each write one transaction (WAL journal, `synchronous=FULL`: a
-//! transaction that returned has been fsynced, so it survives `kill -9` and a power cut).
-//! [`StoreActor`] owns the core on a `SyncArbiter` thread of its own (SQLite calls block), and
-//! [`Store`] is the cheap, cloneable client every other part of the service talks to. The
-//! actor also plays the model's machine watcher: after each committed change it sends
-//! `MachinesChanged` (and `RetryTick` after a retry) to its watchers, as Juju's model does.
+//! The layout, by backend:
+//! - `backend.rs`: [`StoreBackend`], every read and write as one trait (each write one
+//!   transaction), and the operations both backends derive alike; `records.rs` and `errors.rs`:
+//!   the records, counts and errors both share; `writes.rs`: write-behind units as data.
+//! - `sqlite/`: [`StoreCore`], the plain core over one `rusqlite::Connection` (WAL journal,
+//!   `synchronous=FULL`: a transaction that returned survives `kill -9` and a power cut),
+//!   implementing [`StoreBackend`] itself; split into schema, rows, group commits, instances,
+//!   tokens and start intents.
+//! - `postgres/`: `PgStore` (feature `postgres`), likewise, over one connection with
+//!   versioned migrations, the leader's fence and change notifications.
+//! - `actor.rs` and `messages.rs`: [`StoreActor`] owns one backend on a `SyncArbiter` thread of
+//!   its own (database calls block) and groups the units of work it is sent into group
+//!   commits; [`Store`] is the cheap, cloneable client every other part of the service talks
+//!   to. The actor also plays the model's machine watcher: after each committed change it
+//!   sends `MachinesChanged` (and `RetryTick` after a retry) to its watchers, as Juju's model
+//!   does.
+//! - `behaviour.rs` (tests): the behaviour suite, written once against `&mut dyn StoreBackend`
+//!   and run on both backends; each backend's own tests are in its folder.
 
 mod actor;
 mod backend;
-mod intents;
+#[cfg(test)]
+mod behaviour;
+mod errors;
 mod messages;
 #[cfg(feature = "postgres")]
-mod pg;
-#[cfg(feature = "postgres")]
-mod pg_client;
-#[cfg(all(test, feature = "postgres"))]
-mod pg_tests;
-mod state;
-#[cfg(test)]
-mod tests;
-mod tokens;
+mod postgres;
+mod records;
+mod sqlite;
 mod writes;
 
 pub use actor::{Store, StoreActor};
 pub use backend::{Fence, StoreBackend};
+pub use errors::{PgFailure, StoreError};
 pub use messages::{Apply, CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
 #[cfg(feature = "postgres")]
-pub(crate) use pg::MIGRATION_LOCK;
+pub(crate) use postgres::MIGRATION_LOCK;
 #[cfg(feature = "postgres")]
-pub use pg::{Notice, PgStore, CHANGES_CHANNEL, EPOCH_TABLES_SQL, PG_SCHEMA_VERSION, RECORD_WRITE_SQL};
-pub use state::{
-    ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, PgFailure, Settings, StoreCore, StoreCounts,
-    StoreError, DB_FILE, SCHEMA_VERSION,
-};
+pub use postgres::{Notice, PgStore, CHANGES_CHANNEL, EPOCH_TABLES_SQL, PG_SCHEMA_VERSION, RECORD_WRITE_SQL};
+pub use records::{ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCounts};
+pub use sqlite::{StoreCore, DB_FILE, SCHEMA_VERSION};
 pub use writes::{Write, Written};

@@ -12,7 +12,7 @@
 //! actix here.
 
 use super::backend::StoreBackend;
-use super::state::{InstanceRecord, NewMachine, StoreError};
+use super::{InstanceRecord, NewMachine, StoreError};
 use crate::model::{InstanceStatus, InstanceTags, MachineId, MachineStatus};
 use crate::ports::ProvisionedInstance;
 
