@@ -10,6 +10,10 @@
 //!   the model's machine watcher; the `StoreBackend` trait with its two implementations,
 //!   SQLite in the data directory (the default) and PostgreSQL (`--store postgres://...`,
 //!   feature `postgres`).
+//! - `error`: [`ServeError`], the service's error type (why it could not start or run, and its
+//!   exit code), and the file operations on the data directory it names.
+//! - `datadir`: the data directory and its token file (whether a directory may be opened as it
+//!   is; the API token read or created).
 //! - `token`: API tokens, plain: the admin token and scoped tokens (`admin`, `read-only`),
 //!   their hashes (SHA-256, compared in constant time) and what each scope may do.
 //! - `audit`: the audit log of change requests (JSON lines in a file, and `audit` tracing
@@ -37,7 +41,8 @@
 //! - `runtime`: one model's runtime ([`runtime::ModelRuntime`]: its store, cloud,
 //!   provisioners, metrics and event streams), below the HTTP layer; `StoreModel`, the engine's
 //!   [`ModelApi`](crate::ports::ModelApi) over the store.
-//! - `run`: `serve`, which wires it all and runs until SIGTERM.
+//! - `serve`: [`serve()`], which wires it all and runs until SIGTERM (the top of the service:
+//!   it alone may import the HTTP layer and every other).
 //! - `tls`: the rustls configurations of `serve --tls-cert/--tls-key` and of the client's
 //!   `--ca-cert`, read from PEM files and checked.
 
@@ -47,6 +52,10 @@ pub mod api;
 pub mod audit;
 #[cfg(feature = "serve")]
 pub mod dashboard;
+#[cfg(feature = "serve")]
+pub mod datadir;
+#[cfg(feature = "serve")]
+pub mod error;
 #[cfg(feature = "serve")]
 pub mod events;
 #[cfg(feature = "serve")]
@@ -65,9 +74,9 @@ pub mod pgconnect;
 #[cfg(feature = "postgres")]
 pub mod pgtls;
 #[cfg(feature = "serve")]
-pub mod run;
-#[cfg(feature = "serve")]
 pub mod runtime;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod settings;
 #[cfg(feature = "serve")]
 pub mod simcloud;
@@ -81,5 +90,7 @@ pub mod tls;
 pub mod token;
 
 #[cfg(feature = "serve")]
-pub use run::{serve, ServeError};
+pub use error::ServeError;
+#[cfg(feature = "serve")]
+pub use serve::serve;
 pub use settings::{BrokerKind, Ec2Settings, LeaseSettings, ServeSettings, SettingsError};

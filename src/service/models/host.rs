@@ -1,5 +1,5 @@
 //! The models a running service hosts: each one's [`ModelRuntime`] (its store, cloud, metrics,
-//! event stream and provisioners, started by `service::run::start_model`), looked up
+//! event stream and provisioners, started by `service::runtime::start_model`), looked up
 //! by name for every request; adding one (its directory entry kept first, then its store
 //! opened and its provisioners started); destroying one (the engine's destruction as for the
 //! one model of old, the entry marked dying, then a reaper that removes the model once its
@@ -58,7 +58,7 @@ pub struct Shared {
     pub models_led: Arc<std::sync::atomic::AtomicUsize>,
     /// On PostgreSQL: the lease thread, listener and lease arbiter the models share.
     #[cfg(feature = "postgres")]
-    pub replica_links: Option<crate::service::run::ReplicaLinks>,
+    pub replica_links: Option<crate::service::runtime::ReplicaLinks>,
 }
 
 /// Why a model operation failed, with the HTTP status the API answers.
@@ -315,9 +315,9 @@ impl ModelHost {
         let opts = model_settings(&self.shared.opts, entry);
         let store = match store {
             Some(s) => s,
-            None => crate::service::run::open_model_store(&self.shared.opts, &opts, &entry.name, new).await?,
+            None => crate::service::runtime::open_model_store(&self.shared.opts, &opts, &entry.name, new).await?,
         };
-        let state = crate::service::run::start_model(&self.shared, &entry.name, &opts, &entry.cloud, store).await?;
+        let state = crate::service::runtime::start_model(&self.shared, &entry.name, &opts, &entry.cloud, store).await?;
         self.set_slot(&entry.name, Some(Slot::Running(Box::new(state.clone())))).await;
         if entry.uuid.as_deref() != Some(state.model_uuid.as_str()) {
             let (name, uuid) = (entry.name.clone(), state.model_uuid.clone());
@@ -457,7 +457,7 @@ impl ModelHost {
         let known: Vec<String> = self.slots.lock().await.keys().cloned().collect();
         for gone in known.iter().filter(|n| !d.models.contains_key(*n)) {
             if let Ok(st) = self.state(gone).await {
-                crate::service::run::stop_models(vec![st], &self.shared.opts).await;
+                crate::service::runtime::stop_models(vec![st], &self.shared.opts).await;
             }
             self.set_slot(gone, None).await;
             tracing::info!(model = %gone, "model removed by another replica: stopped here");
@@ -486,7 +486,7 @@ impl ModelHost {
     async fn remove(&self, name: &str) -> Result<(), HostError> {
         let _one = self.changes.lock().await;
         let Ok(state) = self.state(name).await else { return Ok(()) };
-        crate::service::run::stop_models(vec![state], &self.shared.opts).await;
+        crate::service::runtime::stop_models(vec![state], &self.shared.opts).await;
         self.set_slot(name, None).await;
         let n = name.to_owned();
         let (_, d) = self.store.update(move |d| Ok(d.remove(&n))).await?;

@@ -4,10 +4,19 @@
 //!
 //! - `model_api`: [`StoreModel`], the engine's [`ModelApi`](crate::ports::ModelApi) over the
 //!   store: what a model's provisioners read and write.
+//! - `start`: starting and stopping a model ([`open_model_store`], [`start_model`],
+//!   [`stop_models`]), and [`PendingStarts`], the starts a previous run left in flight.
+//! - `replica`: a model's replica side on PostgreSQL: its lease actor and the hooks that run its
+//!   provisioners while this replica leads; `ReplicaLinks`, what a replica's models share.
 
 mod model_api;
+mod replica;
+mod start;
 
 pub use model_api::StoreModel;
+#[cfg(feature = "postgres")]
+pub use replica::ReplicaLinks;
+pub use start::{open_model_store, start_model, stop_models, PendingStarts};
 
 use std::collections::BTreeMap;
 
