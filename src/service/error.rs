@@ -65,7 +65,7 @@ pub enum ServeError {
     Store(#[from] StoreError),
     /// The models directory cannot be read or written (exit 1).
     #[error("{0}")]
-    Models(#[source] crate::service::models::PersistError),
+    Models(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// `--store` names a store this build cannot open (exit 2).
     #[error("--store: {0}")]
     StoreUrl(String),
@@ -104,6 +104,15 @@ pub enum ServeError {
     /// The TLS certificate or key cannot be used (exit 2); the message names the file.
     #[error("{0}")]
     Tls(#[source] crate::service::tls::TlsError),
+    /// An actor of the service that should answer has stopped (exit 1).
+    #[error("the service's {what} are not running: {source}")]
+    Stopped {
+        /// What stopped.
+        what: &'static str,
+        /// Why the message was not answered.
+        #[source]
+        source: actix::MailboxError,
+    },
     /// Signals cannot be watched (exit 1).
     #[error("cannot watch {signal}: {source}")]
     Signals {

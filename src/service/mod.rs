@@ -18,7 +18,7 @@
 //!   their hashes (SHA-256, compared in constant time) and what each scope may do.
 //! - `audit`: the audit log of change requests (JSON lines in a file, and `audit` tracing
 //!   events).
-//! - `models`: many models per service: the models directory (plain), where it is kept, and
+//! - `host`: many models per service (the model host): the models directory (plain), where it is kept, and
 //!   the running models the API looks up by name.
 //! - `simcloud`: [`Broker`](crate::ports::Broker) over the store: the simulated cloud.
 //! - `events`: the server-sent event stream of provisioner events, and the gate that caps the
@@ -59,6 +59,8 @@ pub mod error;
 #[cfg(feature = "serve")]
 pub mod events;
 #[cfg(feature = "serve")]
+pub mod host;
+#[cfg(feature = "serve")]
 pub mod initialiser;
 #[cfg(feature = "serve")]
 pub mod intents;
@@ -67,8 +69,6 @@ pub mod lease;
 pub mod listing;
 #[cfg(feature = "serve")]
 pub mod metrics;
-#[cfg(feature = "serve")]
-pub mod models;
 #[cfg(feature = "postgres")]
 pub mod pgconnect;
 #[cfg(feature = "postgres")]

@@ -13,11 +13,12 @@ use crate::service::datadir::{ensure_token, prepare_data_dir, TOKEN_FILE};
 #[cfg(feature = "postgres")]
 use crate::service::datadir::{read_token, write_token};
 use crate::service::error::{data_dir_io, FileOp, ServeError};
+use crate::service::host::{DirectoryStore, ModelHost};
 use crate::service::metrics::Metrics;
-use crate::service::models::{DirectoryStore, ModelHost, Shared};
-use crate::service::runtime::stop_models;
+use crate::service::runtime::accounts::Accounts;
 #[cfg(feature = "postgres")]
 use crate::service::runtime::ReplicaLinks;
+use crate::service::runtime::{stop_models, Shared};
 use crate::service::settings::{BrokerKind, ServeSettings, StoreUrl};
 use crate::service::store::{Store, StoreError, DB_FILE};
 
@@ -47,7 +48,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         #[cfg(not(feature = "postgres"))]
         StoreUrl::Postgres(_) => return Err(ServeError::NoPostgres),
     };
-    let directory = directory_store.load().await.map_err(ServeError::Models)?;
+    let directory = directory_store.load().await.map_err(|e| ServeError::Models(Box::new(e)))?;
     let replica_id = opts
         .lease
         .replica_id
@@ -67,7 +68,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         service_store: store.clone(),
         metrics: Metrics::default().start(),
         streams: crate::service::events::StreamGate::new(opts.events, store.clone()).start(),
-        accounts: crate::service::models::limits::Accounts::default(),
+        accounts: Accounts::default().start(),
         replica_id,
         models_led: std::sync::Arc::default(),
         #[cfg(feature = "postgres")]
@@ -85,7 +86,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         (StoreUrl::Postgres(url), Ok(t)) => {
             host.spawn_sync(t.retry());
             let replica = host.shared().replica_id.clone();
-            Some(crate::service::models::spread::Spread::start(host.clone(), url, replica, t).await)
+            Some(crate::service::host::spread::Spread::start(host.clone(), url, replica, t).await)
         }
         _ => None,
     };

@@ -62,8 +62,8 @@ use actix_web::{web, App, FromRequest, HttpRequest, HttpResponse, ResponseError}
 use crate::config::{validate_workers, MAX_WORKERS};
 use crate::model::{HarvestMode, MachineId};
 use crate::service::audit::{list_summary, AuditLine, AuditNote};
+use crate::service::host::{HostError, ModelHost, Shared, DEFAULT_MODEL};
 use crate::service::metrics::{Gauges, HttpDone, Render};
-use crate::service::models::{HostError, ModelHost, Shared, DEFAULT_MODEL};
 use crate::service::runtime::{ModelRuntime, NotRunning};
 use crate::service::store::{MachineRecord, Store, StoreError};
 use crate::service::token::{self, Scope};

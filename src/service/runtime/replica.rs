@@ -10,13 +10,13 @@ use actix::Actor;
 use crate::config::ProvisionerConfig;
 use crate::service::error::ServeError;
 use crate::service::metrics::{MeteredBroker, Metrics};
-use crate::service::models::Shared;
 use crate::service::settings::ServeSettings;
 use crate::service::store::Store;
 
 #[cfg(feature = "postgres")]
 use super::start::start_provisioners;
 use super::start::PendingStarts;
+use super::Shared;
 
 /// On PostgreSQL, makes this service one replica of many: its lease actor contends for the
 /// model's leader lease, and the hooks below start the provisioner (the environ provisioner,
@@ -81,8 +81,7 @@ pub(super) fn start_replica(
         let config = LeaseConfig {
             url,
             model_uuid: model_uuid.to_owned(),
-            schema: (model != crate::service::models::DEFAULT_MODEL)
-                .then(|| crate::service::models::host::schema_name(model)),
+            schema: (model != super::DEFAULT_MODEL).then(|| super::schema_name(model)),
             replica,
             timings,
             spread: true,

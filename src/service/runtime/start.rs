@@ -12,13 +12,13 @@ use crate::config::ProvisionerConfig;
 use crate::service::datadir::aside;
 use crate::service::error::{data_dir_error, data_dir_io, FileOp, ServeError};
 use crate::service::metrics::{MeteredBroker, Metrics};
-use crate::service::models::Shared;
 use crate::service::settings::{BrokerKind, ServeSettings, StoreUrl};
 use crate::service::simcloud::{SimCloud, SimSettings};
 use crate::service::store::{Store, StoreError};
 
+use super::accounts::{account_of, GetAccount};
 use super::replica::{release_lease, start_replica};
-use super::{ModelRuntime, StoreModel};
+use super::{ModelRuntime, Shared, StoreModel};
 
 /// What holds the starts a previous run or leader may have left in flight, repeated before the
 /// provisioner starts: the simulated cloud's pending instances, or the start intents a real
@@ -66,8 +66,8 @@ pub async fn open_model_store(
     match opts.store.url() {
         StoreUrl::Sqlite => {
             let dir = opts.data_dir();
-            let db = crate::service::models::host::model_db(dir, name);
-            let folder = dir.join(crate::service::models::host::MODELS_DIR);
+            let db = super::model_db(dir, name);
+            let folder = dir.join(super::MODELS_DIR);
             std::fs::create_dir_all(&folder).map_err(data_dir_io(dir, FileOp::CreateDir, &folder))?;
             if new {
                 // Leftovers of an earlier model of the same name are not its history.
@@ -97,20 +97,16 @@ pub async fn open_model_store(
         }
         #[cfg(feature = "postgres")]
         StoreUrl::Postgres(url) => {
-            let schema = crate::service::models::host::schema_name(name);
+            let schema = super::schema_name(name);
             // The schema is created over the service's URL (the model's sets a search_path
             // to a schema that may not exist yet).
             let StoreUrl::Postgres(service_url) = service.store.url() else {
                 return Err(ServeError::StoreUrl("the model's store is PostgreSQL, the service's is not".into()));
             };
-            crate::service::models::persist::pg_schema(
+            super::location::pg_schema(
                 &service_url,
                 &schema,
-                if new {
-                    crate::service::models::persist::SchemaOp::Fresh
-                } else {
-                    crate::service::models::persist::SchemaOp::Open
-                },
+                if new { super::location::SchemaOp::Fresh } else { super::location::SchemaOp::Open },
             )
             .await
             .map_err(|e| ServeError::StoreUrl(e.to_string()))?;
@@ -126,27 +122,30 @@ pub async fn open_model_store(
 /// Starts one model over its open store: its cloud (the simulated one over the store, or
 /// EC2), the starts a previous run left pending, its metrics and event stream, and its
 /// provisioners (on PostgreSQL, only while this replica holds the model's lease). `opts` are
-/// the model's settings ([`crate::service::models::host::model_settings`]).
+/// the model's settings (the service's with its cloud applied: `host::model_settings`),
+/// `account` the simulated account it names ([`account_of`]).
 pub async fn start_model(
     shared: &Shared,
     model: &str,
     opts: &ServeSettings,
-    cloud_settings: &crate::service::models::CloudSettings,
+    account: Option<&str>,
     store: Store,
 ) -> Result<ModelRuntime, ServeError> {
     let model_uuid = store.exec(|s| s.model_uuid()).await?;
     // The account its calls count against: its limiter shared with the other models there.
-    let account = match crate::service::models::limits::account_of(opts, cloud_settings) {
-        Some((key, limits, sim_rate)) => Some(shared.accounts.get(&key, limits, sim_rate).await),
+    let account = match account_of(opts, account) {
+        Some((key, limits, sim_rate)) => Some(
+            shared
+                .accounts
+                .send(GetAccount { key, limits, sim_rate })
+                .await
+                .map_err(|source| ServeError::Stopped { what: "cloud accounts", source })?,
+        ),
         None => None,
     };
     let settings = store.exec(|s| s.settings()).await?;
     // `default`'s families are the service's `/metrics`; another model's are its own.
-    let metrics = if model == crate::service::models::DEFAULT_MODEL {
-        shared.metrics.clone()
-    } else {
-        Metrics::default().start()
-    };
+    let metrics = if model == super::DEFAULT_MODEL { shared.metrics.clone() } else { Metrics::default().start() };
     store.watch_counts(metrics.clone().recipient());
     let pending: Option<PendingStarts>;
     let cloud_store: Option<Store>;

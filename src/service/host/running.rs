@@ -12,54 +12,16 @@ use std::sync::Arc;
 
 use futures::lock::Mutex;
 
-use actix_rt::time::Instant;
 use thiserror::Error;
 
 use super::directory::{CloudSettings, Directory, ModelEntry, ModelLife, ModelsError, DEFAULT_MODEL};
 use super::persist::{DirectoryStore, PersistError};
-use crate::service::runtime::ModelRuntime;
+use crate::service::runtime::{model_db, schema_name, schema_url, ModelRuntime, Shared};
 use crate::service::settings::{BrokerKind, ServeSettings, StoreUrl};
 use crate::service::store::Store;
 
-/// The folder of the data directory that holds the models other than `default` (one SQLite
-/// file each, `NAME.db`).
-pub const MODELS_DIR: &str = "models";
-
 /// How often the reaper looks at a dying model.
 const REAP_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// What every model of the service shares.
-pub struct Shared {
-    /// The service's settings (each model's are these with its cloud applied:
-    /// [`model_settings`]).
-    pub opts: ServeSettings,
-    /// The admin token (empty when this replica knows only its hash).
-    pub token: String,
-    /// The admin token's hash, when this replica does not hold the token.
-    pub token_sha256: Option<String>,
-    /// The audit log.
-    pub audit: Arc<crate::service::audit::AuditLog>,
-    /// When the service started.
-    pub started: Instant,
-    /// The store of the service's own records (the API tokens): `default`'s, kept open even
-    /// when that model is destroyed (`/healthz` and `/readyz` read it).
-    pub service_store: Store,
-    /// The service's metrics (`/metrics`): the HTTP requests of every model, and `default`'s
-    /// families while it runs (its model metrics are these); kept when `default` is destroyed.
-    pub metrics: actix::Addr<crate::service::metrics::Metrics>,
-    /// The gate of every model's event streams (their caps; a revoked token's streams ended).
-    pub streams: actix::Addr<crate::service::events::StreamGate>,
-    /// The cloud accounts in use, whose limits their models share.
-    pub accounts: super::limits::Accounts,
-    /// This replica's id (replicas on PostgreSQL): `--replica-id`, or a random one for the
-    /// process, the same for every model's lease.
-    pub replica_id: String,
-    /// How many models' leases this replica holds now (`/v1/status`'s `models_led`).
-    pub models_led: Arc<std::sync::atomic::AtomicUsize>,
-    /// On PostgreSQL: the lease thread, listener and lease arbiter the models share.
-    #[cfg(feature = "postgres")]
-    pub replica_links: Option<crate::service::runtime::ReplicaLinks>,
-}
 
 /// Why a model operation failed, with the HTTP status the API answers.
 #[derive(Debug, Error)]
@@ -182,40 +144,6 @@ pub fn broker_of(opts: &ServeSettings, cloud: &CloudSettings) -> String {
     })
 }
 
-/// PostgreSQL's longest identifier, in bytes (`NAMEDATALEN - 1`): a longer one is cut short.
-pub const PG_MAX_IDENTIFIER: usize = 63;
-
-/// The PostgreSQL schema of a model other than `default` (whose tables stay in `public`):
-/// `model_` and the name with `-` as `_`. A name of 58 to 63 characters would make that longer
-/// than PostgreSQL's 63 bytes; such a name's schema is `modelh_`, its first 39 characters
-/// and 16 hex digits of its SHA-256 (63 bytes): unique per name, and never a shorter name's
-/// (theirs start `model_`), so the schemas of existing models keep their names.
-pub fn schema_name(model: &str) -> String {
-    let plain = format!("model_{}", model.replace('-', "_"));
-    if plain.len() <= PG_MAX_IDENTIFIER {
-        return plain;
-    }
-    let hash = crate::service::token::sha256_hex(model);
-    let head = &plain["model_".len()..][..PG_MAX_IDENTIFIER - "modelh_".len() - 1 - 16];
-    format!("modelh_{head}_{}", &hash[..16])
-}
-
-/// `url` with the connection's `search_path` set to `schema`: a `postgres://` URL gets an
-/// `options` query parameter, a key=value string an `options` key.
-pub fn schema_url(url: &str, schema: &str) -> String {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let sep = if url.contains('?') { '&' } else { '?' };
-        format!("{url}{sep}options=-c%20search_path%3D{schema}")
-    } else {
-        format!("{url} options='-c search_path={schema}'")
-    }
-}
-
-/// The SQLite file of a model other than `default`.
-pub fn model_db(data_dir: &std::path::Path, model: &str) -> PathBuf {
-    data_dir.join(MODELS_DIR).join(format!("{model}.db"))
-}
-
 impl ModelHost {
     /// A host with no model running yet, over the directory `store` holds (as `directory`).
     pub fn new(shared: Shared, store: DirectoryStore, directory: Directory) -> Self {
@@ -317,7 +245,14 @@ impl ModelHost {
             Some(s) => s,
             None => crate::service::runtime::open_model_store(&self.shared.opts, &opts, &entry.name, new).await?,
         };
-        let state = crate::service::runtime::start_model(&self.shared, &entry.name, &opts, &entry.cloud, store).await?;
+        let state = crate::service::runtime::start_model(
+            &self.shared,
+            &entry.name,
+            &opts,
+            entry.cloud.account.as_deref(),
+            store,
+        )
+        .await?;
         self.set_slot(&entry.name, Some(Slot::Running(Box::new(state.clone())))).await;
         if entry.uuid.as_deref() != Some(state.model_uuid.as_str()) {
             let (name, uuid) = (entry.name.clone(), state.model_uuid.clone());
@@ -515,7 +450,13 @@ impl ModelHost {
             #[cfg(feature = "postgres")]
             StoreUrl::Postgres(url) => {
                 let schema = schema_name(name);
-                if let Err(e) = super::persist::pg_schema(&url, &schema, super::persist::SchemaOp::Drop).await {
+                if let Err(e) = crate::service::runtime::location::pg_schema(
+                    &url,
+                    &schema,
+                    crate::service::runtime::location::SchemaOp::Drop,
+                )
+                .await
+                {
                     tracing::warn!(model = %name, error = %e, "cannot drop a removed model's schema");
                 }
             }
@@ -556,31 +497,6 @@ impl ModelHost {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn each_model_gets_its_own_schema_in_the_url() {
-        assert_eq!(schema_name("team-a"), "model_team_a");
-        // The longest short form is kept as it always was; longer ones are shortened, unique.
-        let n57 = "b".repeat(57);
-        assert_eq!(schema_name(&n57), format!("model_{n57}"));
-        let (a, b) = (format!("{}a", "x-".repeat(31)), format!("{}b", "x-".repeat(31)));
-        assert_eq!(a.len(), 63);
-        let (sa, sb) = (schema_name(&a), schema_name(&b));
-        assert!(sa.len() == PG_MAX_IDENTIFIER && sb.len() == PG_MAX_IDENTIFIER, "{sa} {sb}");
-        assert_ne!(sa, sb);
-        assert!(sa.starts_with("modelh_x_x_") && sa.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_'), "{sa}");
-        assert_eq!(schema_name(&"c".repeat(58)).len(), PG_MAX_IDENTIFIER);
-        assert_eq!(schema_url("postgres://u@h/db", "model_a"), "postgres://u@h/db?options=-c%20search_path%3Dmodel_a");
-        assert_eq!(
-            schema_url("postgres://u@h/db?sslmode=disable", "model_a"),
-            "postgres://u@h/db?sslmode=disable&options=-c%20search_path%3Dmodel_a"
-        );
-        assert_eq!(schema_url("host=h dbname=d", "model_a"), "host=h dbname=d options='-c search_path=model_a'");
-        #[cfg(feature = "postgres")]
-        let (config, _) = crate::service::store::PgStore::config(&schema_url("postgres://u@h/db", "model_a")).unwrap();
-        #[cfg(feature = "postgres")]
-        assert!(config.get_options().unwrap().starts_with("-c search_path=model_a"), "{:?}", config.get_options());
-    }
 
     #[test]
     fn a_models_settings_are_the_services_with_its_cloud() {

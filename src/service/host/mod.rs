@@ -6,18 +6,17 @@
 //! - [`directory`]: plain: the names' rule, the entries (name, uuid, cloud, life), what adding
 //!   and destroying may do.
 //! - [`persist`]: where the directory is kept (`models.json`, or table `provisioner_models`).
-//! - [`host`]: the running models, looked up per request; adding, destroying, reaping.
-//! - [`limits`]: the cloud accounts whose request limits the models on them share.
+//! - [`running`]: the running models, looked up per request; adding, destroying, reaping.
 //! - `spread` (feature `postgres`): the shell that spreads the models' leaders over the
 //!   replicas (membership heartbeat, `share::plan`, each lease actor's order, hand-overs).
 
 pub mod directory;
-pub mod host;
-pub mod limits;
 pub mod persist;
+pub mod running;
 #[cfg(feature = "postgres")]
 pub mod spread;
 
+pub use crate::service::runtime::Shared;
 pub use directory::{check_name, CloudSettings, Directory, ModelEntry, ModelLife, ModelsError, DEFAULT_MODEL};
-pub use host::{HostError, ModelHost, Shared};
 pub use persist::{DirectoryStore, PersistError};
+pub use running::{HostError, ModelHost};

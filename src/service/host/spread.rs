@@ -20,8 +20,9 @@ use crate::service::lease::members::{Members, ModelLease};
 use crate::service::lease::share::{plan, ShareView};
 use crate::service::lease::LeaseTimings;
 
-use super::host::{schema_name, ModelHost};
-use super::DEFAULT_MODEL;
+use crate::service::runtime::{schema_name, DEFAULT_MODEL};
+
+use super::ModelHost;
 
 /// The membership connection, closed on a thread of its own when dropped.
 struct OffRuntime(Option<Members>);
