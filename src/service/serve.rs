@@ -18,7 +18,7 @@ use crate::service::metrics::Metrics;
 use crate::service::runtime::accounts::Accounts;
 #[cfg(feature = "postgres")]
 use crate::service::runtime::ReplicaLinks;
-use crate::service::runtime::{stop_models, Shared};
+use crate::service::runtime::{stop_models, ModelStarter, Shared};
 use crate::service::settings::{BrokerKind, ServeSettings, StoreUrl};
 use crate::service::store::{Store, StoreError, DB_FILE};
 
@@ -74,7 +74,7 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         #[cfg(feature = "postgres")]
         replica_links,
     };
-    let host = ModelHost::new(shared, directory_store, directory);
+    let host = ModelHost::start(shared, directory_store, directory, std::sync::Arc::new(ModelStarter));
     if let Err(e) = host.start_all(store).await {
         stop_models(host.running().await, &opts).await;
         return Err(e);

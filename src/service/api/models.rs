@@ -16,7 +16,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::types::{AddModel, ErrorBody, ModelDetail, ModelView};
 use super::{destroy_running, json_body, note, ApiError, Authorized, Host, Result};
-use crate::service::host::running::{broker_of, Listed};
+use crate::service::host::{broker_of, Listed};
 use crate::service::host::{CloudSettings, ModelEntry, ModelLife};
 
 /// Machines, life (the store's when the directory says alive: a `destroy-model` through the

@@ -1,7 +1,7 @@
 //! The models directory, plain: which models the service hosts (name, uuid, cloud, life), the
 //! rule for their names, and what adding, destroying and removing one may do. No actix, no
 //! I/O: [`super::persist`] keeps it on disk (SQLite deployments) or in PostgreSQL, and
-//! [`super::running`] runs each model's provisioners.
+//! [`super::ModelHost`] runs each model's provisioners.
 
 use std::collections::BTreeMap;
 

@@ -10,10 +10,14 @@
 //!
 //! At a clean stop, [`Spread::leave`] ends the rounds and deletes this replica's heartbeat,
 //! so that the others stop counting it before its leases are released.
+//!
+//! The spread is an actor: each round and the leave are atomic responses (the actor answers
+//! nothing else meanwhile), so that a leave waits for the round in flight and no heartbeat
+//! follows it; the next round is asked for one retry after the last one ends.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+
+use actix::{Actor, ActorFutureExt, Addr, AsyncContext, AtomicResponse, Context, Handler, Message, WrapFuture};
 
 use crate::service::lease::actor::SpreadOrder;
 use crate::service::lease::members::{Members, ModelLease};
@@ -40,86 +44,136 @@ impl Drop for OffRuntime {
 /// The running spread: [`Spread::leave`] at a clean stop.
 #[derive(Debug, Clone)]
 pub struct Spread {
-    url: String,
-    replica: String,
-    timings: LeaseTimings,
-    stopped: Arc<AtomicBool>,
-    /// Held through each round: a leave waits for the round in flight, so that no heartbeat
-    /// follows it.
-    round: Arc<futures::lock::Mutex<()>>,
+    addr: Addr<SpreadActor>,
 }
 
 impl Spread {
     /// Runs the first round (so that a replica starting alone asks for its models' leases
     /// before its API answers, as it did before the spread), then the others every retry.
     pub async fn start(host: ModelHost, url: String, replica: String, timings: LeaseTimings) -> Self {
-        let spread = Self { url, replica, timings, stopped: Arc::default(), round: Arc::default() };
-        let me = spread.clone();
-        let members = me.round(&host, None).await;
-        actix_rt::spawn(async move { me.rounds(host, members).await });
-        spread
+        let addr = SpreadActor { host, url, replica, timings, members: OffRuntime(None), stopped: false }.start();
+        if addr.send(Round).await.is_err() {
+            tracing::error!("spread: the first round was lost");
+        }
+        Self { addr }
     }
 
-    async fn rounds(self, host: ModelHost, members: Option<Members>) {
-        // Dropped off the runtime's thread, even when this task is (the sync client's close
-        // blocks, which a runtime's thread must not do).
-        let mut members = OffRuntime(members);
-        loop {
-            actix_rt::time::sleep(self.timings.retry()).await;
-            if self.stopped.load(Ordering::SeqCst) {
-                return;
-            }
-            members.0 = self.round(&host, members.0.take()).await;
+    /// A clean stop: no more rounds, and this replica's heartbeat deleted (bounded by one
+    /// retry: a database that does not answer lets it expire on its own).
+    pub async fn leave(&self) {
+        if self.addr.send(Leave).await.is_err() {
+            tracing::warn!("spread: cannot delete the heartbeat; it expires on its own");
         }
     }
+}
 
-    /// One round: heartbeat, read, plan, orders. Answers the connection to keep (`None` after a
-    /// failure: the next round reconnects).
-    async fn round(&self, host: &ModelHost, mut members: Option<Members>) -> Option<Members> {
-        let _one = self.round.lock().await;
-        if self.stopped.load(Ordering::SeqCst) {
-            return None;
+/// The spread's actor: the membership connection, and whether the replica has left.
+struct SpreadActor {
+    host: ModelHost,
+    url: String,
+    replica: String,
+    timings: LeaseTimings,
+    /// Dropped off the runtime's thread (the sync client's close blocks, which a runtime's
+    /// thread must not do); `None` after a failure: the next round reconnects.
+    members: OffRuntime,
+    stopped: bool,
+}
+
+impl std::fmt::Debug for SpreadActor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpreadActor").field("replica", &self.replica).finish_non_exhaustive()
+    }
+}
+
+impl Actor for SpreadActor {
+    type Context = Context<Self>;
+}
+
+/// One round: heartbeat, read, plan, orders; the next one asked for a retry later.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Round;
+
+/// The clean stop.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Leave;
+
+impl Handler<Round> for SpreadActor {
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(&mut self, _: Round, _: &mut Context<Self>) -> Self::Result {
+        if self.stopped {
+            return AtomicResponse::new(Box::pin(actix::fut::ready(())));
         }
-        let models = host.leases().await;
-        let keys: Vec<ModelLease> = models
-            .iter()
-            .map(|(name, uuid, _)| ModelLease {
-                name: name.clone(),
-                schema: if name == DEFAULT_MODEL { "public".to_owned() } else { schema_name(name) },
-                uuid: uuid.clone(),
+        let (host, url, replica, timings) = (self.host.clone(), self.url.clone(), self.replica.clone(), self.timings);
+        let mut members = self.members.0.take();
+        let read = async move {
+            let models = host.leases().await;
+            let keys: Vec<ModelLease> = models
+                .iter()
+                .map(|(name, uuid, _)| ModelLease {
+                    name: name.clone(),
+                    schema: if name == DEFAULT_MODEL { "public".to_owned() } else { schema_name(name) },
+                    uuid: uuid.clone(),
+                })
+                .collect();
+            let read = actix_rt::task::spawn_blocking(move || {
+                let result = (|| {
+                    let m = match members.as_mut() {
+                        Some(m) => m,
+                        None => members.insert(Members::connect(&url, timings.retry(), &replica)?),
+                    };
+                    m.view(timings.lease(), &keys)
+                })();
+                if result.is_err() {
+                    members = None;
+                }
+                (members, result)
             })
-            .collect();
-        let (url, replica, timings) = (self.url.clone(), self.replica.clone(), self.timings);
-        let read = actix_rt::task::spawn_blocking(move || {
-            let result = (|| {
-                let m = match members.as_mut() {
-                    Some(m) => m,
-                    None => members.insert(Members::connect(&url, timings.retry(), &replica)?),
-                };
-                m.view(timings.lease(), &keys)
-            })();
-            if result.is_err() {
-                members = None;
-            }
-            (members, result)
-        })
-        .await;
-        match read {
-            Ok((m, Ok(view))) => {
-                self.order(&models, view);
-                m
-            }
-            Ok((m, Err(e))) => {
-                tracing::warn!(error = %e, "spread: cannot read the replicas and leases; trying again");
-                m
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "spread: the round's thread was lost");
-                None
-            }
-        }
+            .await;
+            (models, read)
+        };
+        AtomicResponse::new(Box::pin(read.into_actor(self).map(|(models, read), act, ctx| {
+            act.members.0 = match read {
+                Ok((m, Ok(view))) => {
+                    act.order(&models, view);
+                    m
+                }
+                Ok((m, Err(e))) => {
+                    tracing::warn!(error = %e, "spread: cannot read the replicas and leases; trying again");
+                    m
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "spread: the round's thread was lost");
+                    None
+                }
+            };
+            ctx.notify_later(Round, act.timings.retry());
+        })))
     }
+}
 
+impl Handler<Leave> for SpreadActor {
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(&mut self, _: Leave, _: &mut Context<Self>) -> Self::Result {
+        self.stopped = true;
+        let (url, replica, timeout) = (self.url.clone(), self.replica.clone(), self.timings.retry());
+        let replica_shown = replica.clone();
+        let left = async move {
+            let left = actix_rt::task::spawn_blocking(move || Members::connect(&url, timeout, &replica)?.leave()).await;
+            match left {
+                Ok(Ok(())) => tracing::info!(replica = %replica_shown, "spread: left the replicas"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "spread: cannot delete the heartbeat; it expires on its own"),
+                Err(e) => tracing::warn!(error = %e, "spread: cannot delete the heartbeat; it expires on its own"),
+            }
+        };
+        AtomicResponse::new(Box::pin(left.into_actor(self)))
+    }
+}
+
+impl SpreadActor {
     /// Plans from the round's view and sends each model's lease actor its order.
     fn order(
         &self,
@@ -150,20 +204,6 @@ impl Spread {
                 acquire: mine || p.acquire.contains(name),
                 hand_over: p.release.contains(name),
             });
-        }
-    }
-
-    /// A clean stop: no more rounds, and this replica's heartbeat deleted (bounded by one
-    /// retry: a database that does not answer lets it expire on its own).
-    pub async fn leave(&self) {
-        let _one = self.round.lock().await;
-        self.stopped.store(true, Ordering::SeqCst);
-        let (url, replica, timeout) = (self.url.clone(), self.replica.clone(), self.timings.retry());
-        let left = actix_rt::task::spawn_blocking(move || Members::connect(&url, timeout, &replica)?.leave()).await;
-        match left {
-            Ok(Ok(())) => tracing::info!(replica = %self.replica, "spread: left the replicas"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "spread: cannot delete the heartbeat; it expires on its own"),
-            Err(e) => tracing::warn!(error = %e, "spread: cannot delete the heartbeat; it expires on its own"),
         }
     }
 }

@@ -10,7 +10,9 @@
 //!   owns them; each one's limiter is the engine's).
 //! - [`location`]: where a model's store lives (its SQLite file, its PostgreSQL schema).
 //! - `start`: starting and stopping a model ([`open_model_store`], [`start_model`],
-//!   [`stop_models`]), and [`PendingStarts`], the starts a previous run left in flight.
+//!   [`stop_models`]; [`StartModel`], the model starter the model host is given, and
+//!   [`ModelStarter`], the service's), and [`PendingStarts`], the starts a previous run left in
+//!   flight.
 //! - `replica`: a model's replica side on PostgreSQL: its lease actor and the hooks that run its
 //!   provisioners while this replica leads; `ReplicaLinks`, what a replica's models share.
 
@@ -26,7 +28,7 @@ pub use model_api::StoreModel;
 #[cfg(feature = "postgres")]
 pub use replica::ReplicaLinks;
 pub use shared::Shared;
-pub use start::{open_model_store, start_model, stop_models, PendingStarts};
+pub use start::{open_model_store, start_model, stop_models, ModelStarter, PendingStarts, StartModel};
 
 use std::collections::BTreeMap;
 

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use actix::Actor;
+use futures::future::LocalBoxFuture;
 
 use crate::config::ProvisionerConfig;
 use crate::service::datadir::aside;
@@ -50,6 +51,56 @@ impl PendingStarts {
             PendingStarts::Sim(sim) => sim.set_fence(fence).await,
             PendingStarts::Intents(_) => Ok(()),
         }
+    }
+}
+
+/// The model starter the model host is given (as the engine's container manager is given its
+/// provisioner factory): it opens a model's store, starts the model over it, and stops
+/// models. [`ModelStarter`] is the service's; `serve` passes it in.
+pub trait StartModel {
+    /// Opens the store of model `name` (unless `store` is given: `default`'s, already open;
+    /// `new`: a model just added, its store created) and starts the model over it
+    /// ([`open_model_store`], [`start_model`]). `opts` are the model's settings, `account` the
+    /// simulated account it names.
+    fn start<'a>(
+        &'a self,
+        shared: &'a Shared,
+        name: &'a str,
+        opts: &'a ServeSettings,
+        account: Option<&'a str>,
+        store: Option<Store>,
+        new: bool,
+    ) -> LocalBoxFuture<'a, Result<ModelRuntime, ServeError>>;
+
+    /// Stops `models` in order ([`stop_models`]).
+    fn stop<'a>(&'a self, models: Vec<ModelRuntime>, opts: &'a ServeSettings) -> LocalBoxFuture<'a, ()>;
+}
+
+/// The service's model starter: [`open_model_store`], [`start_model`] and [`stop_models`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ModelStarter;
+
+impl StartModel for ModelStarter {
+    fn start<'a>(
+        &'a self,
+        shared: &'a Shared,
+        name: &'a str,
+        opts: &'a ServeSettings,
+        account: Option<&'a str>,
+        store: Option<Store>,
+        new: bool,
+    ) -> LocalBoxFuture<'a, Result<ModelRuntime, ServeError>> {
+        Box::pin(async move {
+            let store = match store {
+                Some(s) => s,
+                None => open_model_store(&shared.opts, opts, name, new).await?,
+            };
+            start_model(shared, name, opts, account, store).await
+        })
+    }
+
+    fn stop<'a>(&'a self, models: Vec<ModelRuntime>, opts: &'a ServeSettings) -> LocalBoxFuture<'a, ()> {
+        Box::pin(stop_models(models, opts))
     }
 }
 
