@@ -10,11 +10,15 @@
 //!   the model's machine watcher; the `StoreBackend` trait with its two implementations,
 //!   SQLite in the data directory (the default) and PostgreSQL (`--store postgres://...`,
 //!   feature `postgres`).
+//! - `error`: [`ServeError`], the service's error type (why it could not start or run, and its
+//!   exit code), and the file operations on the data directory it names.
+//! - `datadir`: the data directory and its token file (whether a directory may be opened as it
+//!   is; the API token read or created).
 //! - `token`: API tokens, plain: the admin token and scoped tokens (`admin`, `read-only`),
 //!   their hashes (SHA-256, compared in constant time) and what each scope may do.
 //! - `audit`: the audit log of change requests (JSON lines in a file, and `audit` tracing
 //!   events).
-//! - `models`: many models per service: the models directory (plain), where it is kept, and
+//! - `host`: many models per service (the model host): the models directory (plain), where it is kept, and
 //!   the running models the API looks up by name.
 //! - `cloud`: the brokers of one model: the simulated cloud over the store (`cloud::sim`),
 //!   the start intents of a real cloud (`cloud::intents`), the simulated container
@@ -35,7 +39,8 @@
 //! - `runtime`: one model's runtime ([`runtime::ModelRuntime`]: its store, cloud,
 //!   provisioners, metrics and event streams), below the HTTP layer; `StoreModel`, the engine's
 //!   [`ModelApi`](crate::ports::ModelApi) over the store.
-//! - `run`: `serve`, which wires it all and runs until SIGTERM.
+//! - `serve`: [`serve()`], which wires it all and runs until SIGTERM (the top of the service:
+//!   it alone may import the HTTP layer and every other).
 //! - `tls`: the rustls configurations of `serve --tls-cert/--tls-key` and of the client's
 //!   `--ca-cert`, read from PEM files and checked.
 
@@ -44,22 +49,26 @@ pub mod audit;
 #[cfg(feature = "serve")]
 pub mod cloud;
 #[cfg(feature = "serve")]
+pub mod datadir;
+#[cfg(feature = "serve")]
+pub mod error;
+#[cfg(feature = "serve")]
 pub mod events;
+#[cfg(feature = "serve")]
+pub mod host;
 #[cfg(feature = "serve")]
 pub mod http;
 pub mod lease;
 #[cfg(feature = "serve")]
 pub mod metrics;
-#[cfg(feature = "serve")]
-pub mod models;
 #[cfg(feature = "postgres")]
 pub mod pgconnect;
 #[cfg(feature = "postgres")]
 pub mod pgtls;
 #[cfg(feature = "serve")]
-pub mod run;
-#[cfg(feature = "serve")]
 pub mod runtime;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod settings;
 #[cfg(feature = "serve")]
 pub mod store;
@@ -69,5 +78,7 @@ pub mod tls;
 pub mod token;
 
 #[cfg(feature = "serve")]
-pub use run::{serve, ServeError};
+pub use error::ServeError;
+#[cfg(feature = "serve")]
+pub use serve::serve;
 pub use settings::{BrokerKind, Ec2Settings, LeaseSettings, ServeSettings, SettingsError};

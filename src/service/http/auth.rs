@@ -11,7 +11,7 @@ use futures::TryFutureExt;
 use super::errors::{ApiError, Result};
 use super::target::{target_model, Host};
 use crate::service::audit::AuditNote;
-use crate::service::models::Shared;
+use crate::service::host::Shared;
 use crate::service::token::{self, Scope};
 
 /// Who made a request: the id and scope of the token it carried. Kept in the request's

@@ -8,7 +8,7 @@ use actix_web::http::{Method, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
 
 use super::wire::ErrorBody;
-use crate::service::models::HostError;
+use crate::service::host::HostError;
 use crate::service::runtime::NotRunning;
 use crate::service::store::StoreError;
 

@@ -6,8 +6,8 @@ use actix_web::HttpResponse;
 use super::auth::Authorized;
 use super::errors::{ApiError, Result};
 use super::target::{Host, ModelState, State};
+use crate::service::host::DEFAULT_MODEL;
 use crate::service::metrics::{Gauges, Render};
-use crate::service::models::DEFAULT_MODEL;
 
 #[utoipa::path(get, path = "/metrics", tag = "service", operation_id = "metrics",
     responses((status = 200, description = "OpenMetrics text format 1.0.0 (ends in `# EOF`)",

@@ -20,8 +20,8 @@ use super::destroy::destroy_running;
 use super::errors::{ApiError, Result};
 use super::target::Host;
 use super::wire::{AddModel, ErrorBody, ModelDetail, ModelView};
-use crate::service::models::host::{broker_of, Listed};
-use crate::service::models::{CloudSettings, ModelEntry, ModelLife};
+use crate::service::host::{broker_of, Listed};
+use crate::service::host::{CloudSettings, ModelEntry, ModelLife};
 
 /// Machines, life (the store's when the directory says alive: a `destroy-model` through the
 /// model's own route shows), leader and epoch of a listed model.
@@ -70,7 +70,7 @@ async fn detail(host: &Host, l: Listed) -> ModelDetail {
 
 async fn listed(host: &Host, name: &str) -> Result<Listed> {
     host.list().await.into_iter().find(|l| l.entry.name == name).ok_or_else(|| {
-        ApiError::from(crate::service::models::HostError::from(crate::service::models::ModelsError::Unknown(
+        ApiError::from(crate::service::host::HostError::from(crate::service::host::ModelsError::Unknown(
             name.to_owned(),
         )))
     })
@@ -172,7 +172,7 @@ pub async fn destroy_model(
                     destroy_running(&st, force).await?;
                 }
             }
-            Err(crate::service::models::HostError::NotRunning { .. }) if force => {
+            Err(crate::service::host::HostError::NotRunning { .. }) if force => {
                 host.forget(&name).await?;
                 revoke_tokens_of(&host, &req, &entry).await?;
                 let mut gone = detail(&host, Listed { entry, state: None, error: None }).await;

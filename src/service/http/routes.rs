@@ -16,8 +16,8 @@ use super::{
     tokens,
 };
 use crate::service::audit::{AuditLine, AuditNote};
+use crate::service::host::ModelHost;
 use crate::service::metrics::HttpDone;
-use crate::service::models::ModelHost;
 
 async fn v1_not_found(_: Authorized, req: HttpRequest) -> Result<HttpResponse> {
     Err(ApiError::new(404, format!("no such API endpoint: {} {}", req.method(), req.path())))

@@ -7,7 +7,7 @@ use actix_web::dev::Payload;
 use actix_web::{web, FromRequest, HttpRequest};
 
 use super::errors::{ApiError, Result};
-use crate::service::models::{ModelHost, DEFAULT_MODEL};
+use crate::service::host::{ModelHost, DEFAULT_MODEL};
 use crate::service::runtime::ModelRuntime;
 
 /// The model a request is about: `{model}` of `/v1/models/{model}/...`, else `default`.

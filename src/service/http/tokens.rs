@@ -54,7 +54,7 @@ pub async fn create_token(_: AdminOnly, host: Host, req: HttpRequest, payload: w
     // valid for this model, not for a later one of the same name.
     let bound = match &model {
         Some(m) => {
-            let entry = host.directory().await.get(m).map_err(crate::service::models::HostError::from)?.clone();
+            let entry = host.directory().await.get(m).map_err(crate::service::host::HostError::from)?.clone();
             let uuid = match entry.uuid {
                 Some(u) => u,
                 None => host.state(m).await?.model_uuid.clone(),

@@ -17,7 +17,7 @@ pub struct Answered(pub Answer);
 #[rtype(result = "()")]
 pub struct ReleaseLease;
 
-/// The spread's order for this model, each round (see `service::models::spread`): what the
+/// The spread's order for this model, each round (see `service::host::spread`): what the
 /// driver read of the lease, whether to try to acquire it, and whether to hand it over.
 #[derive(Message, Debug, Clone, PartialEq, Eq)]
 #[rtype(result = "()")]

@@ -4,10 +4,31 @@
 //!
 //! - `model_api`: [`StoreModel`], the engine's [`ModelApi`](crate::ports::ModelApi) over the
 //!   store: what a model's provisioners read and write.
+//! - [`shared`](Shared): what every model of one service shares (settings, token, audit log,
+//!   the service's store and metrics, the cloud accounts, the replica's links).
+//! - [`accounts`]: the cloud accounts whose request limits the models on them share (an actor
+//!   owns them; each one's limiter is the engine's).
+//! - [`location`]: where a model's store lives (its SQLite file, its PostgreSQL schema).
+//! - `start`: starting and stopping a model ([`open_model_store`], [`start_model`],
+//!   [`stop_models`]; [`StartModel`], the model starter the model host is given, and
+//!   [`ModelStarter`], the service's), and [`PendingStarts`], the starts a previous run left in
+//!   flight.
+//! - `replica`: a model's replica side on PostgreSQL: its lease actor and the hooks that run its
+//!   provisioners while this replica leads; `ReplicaLinks`, what a replica's models share.
 
+pub mod accounts;
+pub mod location;
 mod model_api;
+mod replica;
+mod shared;
+mod start;
 
+pub use location::{model_db, schema_name, schema_url, DEFAULT_MODEL, MODELS_DIR};
 pub use model_api::StoreModel;
+#[cfg(feature = "postgres")]
+pub use replica::ReplicaLinks;
+pub use shared::Shared;
+pub use start::{open_model_store, start_model, stop_models, ModelStarter, PendingStarts, StartModel};
 
 use std::collections::BTreeMap;
 

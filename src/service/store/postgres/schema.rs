@@ -154,7 +154,7 @@ CREATE TABLE IF NOT EXISTS api_tokens (
 ";
 
 /// Version 5: start intents (each start's client token, machine and parameters, written fenced
-/// before the cloud call and dropped once settled; `service::intents`).
+/// before the cloud call and dropped once settled; `service::cloud::intents`).
 pub(super) const SCHEMA_V5: &str = "
 CREATE TABLE IF NOT EXISTS start_intents (
     seq BIGSERIAL PRIMARY KEY,

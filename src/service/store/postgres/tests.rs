@@ -3,11 +3,10 @@
 //! deadlines, TLS); its group commits and write-behind units are `group_tests.rs`'s.
 //! One throwaway cluster is shared by the tests running at the same time (started by the first,
 //! stopped when the last lets go); every test gets a fresh database of its own.
-// A real server on the wall clock, and one cluster shared by the test threads.
+// A real server on the wall clock.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::StoreError;
@@ -17,30 +16,8 @@ use crate::ports::ProvisionedInstance;
 use crate::service::store::{Fence, StoreBackend};
 use crate::testing::TempPostgres;
 
-static CLUSTER: Mutex<Weak<TempPostgres>> = Mutex::new(Weak::new());
-static STARTS: AtomicUsize = AtomicUsize::new(0);
-static DATABASES: AtomicUsize = AtomicUsize::new(0);
-
-/// The shared cluster (started now if no test holds it).
-pub(super) fn cluster() -> Arc<TempPostgres> {
-    let mut slot = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(pg) = slot.upgrade() {
-        return pg;
-    }
-    let n = STARTS.fetch_add(1, Ordering::Relaxed);
-    let pg = Arc::new(TempPostgres::start(&format!("store-unit-{n}")).expect("start a PostgreSQL cluster"));
-    *slot = Arc::downgrade(&pg);
-    pg
-}
-
-/// A fresh, empty database on `pg`: its URL.
-pub(super) fn fresh_db(pg: &TempPostgres) -> String {
-    let name = format!("t_{}", DATABASES.fetch_add(1, Ordering::Relaxed));
-    let mut admin = postgres::Client::connect(pg.url(), postgres::NoTls).expect("connect as admin");
-    admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("create a database");
-    let base = pg.url().rsplit_once('/').map(|(b, _)| b).unwrap_or(pg.url());
-    format!("{base}/{name}")
-}
+use crate::testing::postgres::tls_certificates;
+pub(super) use crate::testing::postgres::{cluster, fresh_db};
 
 pub(super) fn raw(url: &str) -> postgres::Client {
     postgres::Client::connect(url, postgres::NoTls).expect("connect")
@@ -462,20 +439,6 @@ fn a_call_past_the_clients_deadline_times_out_and_gives_the_connection_up() {
     assert!(began.elapsed() < Duration::from_secs(3), "{:?}", began.elapsed());
     assert!(c.is_closed(), "a connection whose call timed out is given up");
     assert!(matches!(c.batch_execute("SELECT 1"), Err(CallError::TimedOut(_))), "and not used again");
-}
-
-/// A CA, and a server certificate for `127.0.0.1` and `localhost` it signed: (the CA's PEM, the
-/// server's PEM, the server's key PEM).
-fn tls_certificates(ca_name: &str) -> (String, String, String) {
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.distinguished_name.push(rcgen::DnType::CommonName, ca_name);
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
-    let server_key = rcgen::KeyPair::generate().unwrap();
-    let server = server.signed_by(&server_key, &ca, &ca_key).unwrap();
-    (ca.pem(), server.pem(), server_key.serialize_pem())
 }
 
 /// Issue 30, item 7: the URL's `sslmode` and `sslrootcert` as libpq reads them, for the store

@@ -1,6 +1,6 @@
 //! Start intents in SQLite (schema version 5, table `start_intents`): a start's client token,
 //! its machine and its parameters (JSON), written before the cloud call and dropped once the
-//! start is settled (`service::intents`). The PostgreSQL backend keeps the same rows
+//! start is settled (`service::cloud::intents`). The PostgreSQL backend keeps the same rows
 //! (`postgres/schema.rs`, migration 5).
 
 use rusqlite::params;

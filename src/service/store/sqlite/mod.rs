@@ -44,7 +44,7 @@ pub const DB_FILE: &str = "provisioner.db";
 /// Version 4 added `api_tokens` (the created API tokens' hashes, `tokens.rs`), a table that
 /// older databases gain when opened.
 /// Version 5 added `start_intents` (each start's client token and parameters, written before
-/// the cloud call: `service::intents`), likewise.
+/// the cloud call: `service::cloud::intents`), likewise.
 /// Version 6 added `api_tokens.model` (a token scoped to one model; `NULL`: every model).
 /// Version 7 added `api_tokens.model_uuid` (that model's uuid: the token is valid for it only).
 pub const SCHEMA_VERSION: i64 = 7;

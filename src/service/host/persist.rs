@@ -182,61 +182,10 @@ fn pg_update<T>(
     Ok((out, d))
 }
 
-/// What to do to a model's schema.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SchemaOp {
-    /// Create it if it is not there (an existing model's).
-    Open,
-    /// Create it for a new model: one left by an earlier model of the same name (a drop that
-    /// failed) is renamed aside first, never taken as the new model's history.
-    Fresh,
-    /// Drop it with its tables (a removed model's).
-    Drop,
-}
-
-/// Carries out `op` on a model's schema, over a connection of its own.
-#[cfg(feature = "postgres")]
-pub async fn pg_schema(url: &str, schema: &str, op: SchemaOp) -> Result<(), PersistError> {
-    let (url, schema) = (url.to_owned(), schema.to_owned());
-    actix_rt::task::spawn_blocking(move || {
-        let (config, tls) =
-            crate::service::store::PgStore::config(&url).map_err(|e| PersistError::Task(e.to_string()))?;
-        let mut client = config.connect(tls).map_err(PersistError::Postgres)?;
-        // The name is a checked model name with `-` as `_`: no quoting issue.
-        if op == SchemaOp::Fresh {
-            let there = client
-                .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[&schema])
-                .map_err(PersistError::Postgres)?
-                .is_some();
-            if there {
-                // Within PostgreSQL's 63 bytes (a longer name would be cut short, and a second
-                // orphan of the same model would then collide with the first).
-                let keep = super::host::PG_MAX_IDENTIFIER - "_orphaned_".len() - 8;
-                let aside = format!(
-                    "{}_orphaned_{}",
-                    schema.get(..keep).unwrap_or(&schema),
-                    crate::service::token::new_secret().get(..8).unwrap_or("x")
-                );
-                client
-                    .batch_execute(&format!("ALTER SCHEMA \"{schema}\" RENAME TO \"{aside}\""))
-                    .map_err(PersistError::Postgres)?;
-                tracing::warn!(%schema, %aside, "moved an earlier model's schema aside");
-            }
-        }
-        let sql = match op {
-            SchemaOp::Open | SchemaOp::Fresh => format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""),
-            SchemaOp::Drop => format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"),
-        };
-        client.batch_execute(&sql).map_err(PersistError::Postgres)
-    })
-    .await
-    .map_err(|e| PersistError::Task(e.to_string()))?
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::models::directory::{CloudSettings, ModelEntry};
+    use crate::service::host::directory::{CloudSettings, ModelEntry};
 
     fn temp_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("provisioner-models-{name}-{}", std::process::id()));

@@ -1,15 +1,14 @@
 //! The models directory, plain: which models the service hosts (name, uuid, cloud, life), the
 //! rule for their names, and what adding, destroying and removing one may do. No actix, no
 //! I/O: [`super::persist`] keeps it on disk (SQLite deployments) or in PostgreSQL, and
-//! [`super::host`] runs each model's provisioners.
+//! [`super::ModelHost`] runs each model's provisioners.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-/// The model every service has from its start; the plain `/v1/...` routes mean it.
-pub const DEFAULT_MODEL: &str = "default";
+pub use crate::service::runtime::DEFAULT_MODEL;
 
 /// The longest model name (Juju's rule: 63 characters, a DNS label).
 pub const MAX_NAME_LEN: usize = 63;

@@ -6,13 +6,15 @@
 //! simulated cloud (`model add --account`, default `default`), whose accounts also enforce
 //! their bucket (`--sim-account-start-rate`; without it the simulated cloud never throttles
 //! and no limiter paces it).
+//!
+//! [`Accounts`] is the actor that owns the accounts in use (each one's limiter is the engine's
+//! limiter actor, [`SharedLimiter`]); a model's start asks it for its account
+//! ([`GetAccount`]), started on first use.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use futures::lock::Mutex;
+use actix::{Actor, Context, Handler, Message, MessageResult};
 
-use super::directory::CloudSettings;
 use crate::config::rate_limits::{BucketLimit, RateLimits};
 use crate::service::cloud::sim::SimAccount;
 use crate::service::settings::{BrokerKind, ServeSettings};
@@ -28,18 +30,15 @@ pub struct Account {
     pub sim: Option<SimAccount>,
 }
 
-/// The accounts in use, by key (cheap to clone). An account lives as long as the service.
-#[derive(Clone, Default)]
-pub struct Accounts(Arc<Mutex<BTreeMap<String, Account>>>);
-
 /// Which account a model's calls count against, and the limits its limiter has: `None` when
 /// nothing limits it (the simulated cloud without `--sim-account-start-rate`). `opts` are the
-/// model's settings ([`super::host::model_settings`]).
-pub fn account_of(opts: &ServeSettings, cloud: &CloudSettings) -> Option<(String, RateLimits, Option<u32>)> {
+/// model's settings (`host::model_settings`), `account` the simulated account it names
+/// (`None`: `default`).
+pub fn account_of(opts: &ServeSettings, account: Option<&str>) -> Option<(String, RateLimits, Option<u32>)> {
     match opts.broker() {
         BrokerKind::Sim => {
             let rate = opts.sim.account_start_rate?;
-            let name = cloud.account.clone().unwrap_or_else(|| "default".to_owned());
+            let name = account.unwrap_or("default");
             let limits = RateLimits { start: Some(BucketLimit::new(rate, f64::from(rate))), ..RateLimits::unlimited() };
             Some((format!("sim:{name}"), limits, Some(rate)))
         }
@@ -51,18 +50,41 @@ pub fn account_of(opts: &ServeSettings, cloud: &CloudSettings) -> Option<(String
     }
 }
 
-impl Accounts {
-    /// The account of `key`, started on first use (its limiter with `limits`, the simulated
-    /// bucket at `sim_rate` starts per second).
-    pub async fn get(&self, key: &str, limits: RateLimits, sim_rate: Option<u32>) -> Account {
-        let mut all = self.0.lock().await;
-        all.entry(key.to_owned())
-            .or_insert_with(|| Account {
-                // The account's bucket first: it is full no later than the limiter's.
-                sim: sim_rate.map(|r| SimAccount::new(key.trim_start_matches("sim:"), r)),
-                limiter: SharedLimiter::start(limits),
-            })
-            .clone()
+/// The accounts in use, by key: the actor that owns them. An account lives as long as the
+/// service.
+#[derive(Default)]
+pub struct Accounts {
+    by_key: BTreeMap<String, Account>,
+}
+
+impl Actor for Accounts {
+    type Context = Context<Self>;
+}
+
+/// The account of `key`, started on first use (its limiter with `limits`, the simulated
+/// bucket at `sim_rate` starts per second).
+#[derive(Message)]
+#[rtype(result = "Account")]
+pub struct GetAccount {
+    /// The account's key ([`account_of`]).
+    pub key: String,
+    /// Its limiter's limits.
+    pub limits: RateLimits,
+    /// The simulated account's rate, starts per second (sim only).
+    pub sim_rate: Option<u32>,
+}
+
+impl Handler<GetAccount> for Accounts {
+    type Result = MessageResult<GetAccount>;
+
+    fn handle(&mut self, msg: GetAccount, _: &mut Context<Self>) -> Self::Result {
+        let GetAccount { key, limits, sim_rate } = msg;
+        let account = self.by_key.entry(key).or_insert_with_key(|key| Account {
+            // The account's bucket first: it is full no later than the limiter's.
+            sim: sim_rate.map(|r| SimAccount::new(key.trim_start_matches("sim:"), r)),
+            limiter: SharedLimiter::start(limits),
+        });
+        MessageResult(account.clone())
     }
 }
 
@@ -73,23 +95,31 @@ mod tests {
     #[test]
     fn models_on_one_account_and_region_share_a_key_and_others_do_not() {
         let mut opts = ServeSettings::default();
-        assert!(account_of(&opts, &CloudSettings::default()).is_none(), "an unthrottled simulated cloud");
+        assert!(account_of(&opts, None).is_none(), "an unthrottled simulated cloud");
         opts.sim.account_start_rate = Some(4);
-        let key = |account: Option<&str>| {
-            let cloud = CloudSettings { account: account.map(str::to_owned), ..CloudSettings::default() };
-            account_of(&opts, &cloud).unwrap().0
-        };
+        let key = |account: Option<&str>| account_of(&opts, account).unwrap().0;
         assert_eq!(key(None), "sim:default");
         assert_eq!(key(Some("default")), key(None));
         assert_ne!(key(Some("other")), key(None));
-        let (_, limits, rate) = account_of(&opts, &CloudSettings::default()).unwrap();
+        let (_, limits, rate) = account_of(&opts, None).unwrap();
         assert_eq!((limits.start, limits.stop, rate), (Some(BucketLimit::new(4, 4.0)), None, Some(4)));
         opts.broker = Some(BrokerKind::Ec2);
         opts.ec2.region = Some("eu-west-1".into());
-        let a = account_of(&opts, &CloudSettings::default()).unwrap().0;
+        let a = account_of(&opts, None).unwrap().0;
         opts.ec2.region = Some("us-east-1".into());
-        let b = account_of(&opts, &CloudSettings::default()).unwrap().0;
+        let b = account_of(&opts, None).unwrap().0;
         assert_eq!(a, "ec2:eu-west-1@");
         assert_ne!(a, b, "another region is another bucket");
+    }
+
+    #[actix_rt::test]
+    async fn one_key_is_one_account() {
+        let accounts = Accounts::default().start();
+        let get = |key: &str| GetAccount { key: key.to_owned(), limits: RateLimits::unlimited(), sim_rate: Some(2) };
+        let a = accounts.send(get("sim:a")).await.unwrap();
+        let again = accounts.send(get("sim:a")).await.unwrap();
+        let b = accounts.send(get("sim:b")).await.unwrap();
+        assert_eq!(a.sim, again.sim, "the same bucket");
+        assert_ne!(a.sim, b.sim, "another account's");
     }
 }

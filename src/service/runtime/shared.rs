@@ -1,0 +1,43 @@
+//! What every model of one service shares ([`Shared`]): the service's settings, its API token,
+//! audit log, own store, metrics, event-stream gate, cloud accounts and, with replicas, the
+//! replica's id and links.
+
+use std::sync::Arc;
+
+use actix_rt::time::Instant;
+
+use crate::service::settings::ServeSettings;
+use crate::service::store::Store;
+
+/// What every model of the service shares.
+pub struct Shared {
+    /// The service's settings (each model's are these with its cloud applied:
+    /// `host::model_settings`).
+    pub opts: ServeSettings,
+    /// The admin token (empty when this replica knows only its hash).
+    pub token: String,
+    /// The admin token's hash, when this replica does not hold the token.
+    pub token_sha256: Option<String>,
+    /// The audit log.
+    pub audit: Arc<crate::service::audit::AuditLog>,
+    /// When the service started.
+    pub started: Instant,
+    /// The store of the service's own records (the API tokens): `default`'s, kept open even
+    /// when that model is destroyed (`/healthz` and `/readyz` read it).
+    pub service_store: Store,
+    /// The service's metrics (`/metrics`): the HTTP requests of every model, and `default`'s
+    /// families while it runs (its model metrics are these); kept when `default` is destroyed.
+    pub metrics: actix::Addr<crate::service::metrics::Metrics>,
+    /// The gate of every model's event streams (their caps; a revoked token's streams ended).
+    pub streams: actix::Addr<crate::service::events::StreamGate>,
+    /// The cloud accounts in use, whose limits their models share.
+    pub accounts: actix::Addr<super::accounts::Accounts>,
+    /// This replica's id (replicas on PostgreSQL): `--replica-id`, or a random one for the
+    /// process, the same for every model's lease.
+    pub replica_id: String,
+    /// How many models' leases this replica holds now (`/v1/status`'s `models_led`).
+    pub models_led: Arc<std::sync::atomic::AtomicUsize>,
+    /// On PostgreSQL: the lease thread, listener and lease arbiter the models share.
+    #[cfg(feature = "postgres")]
+    pub replica_links: Option<crate::service::runtime::ReplicaLinks>,
+}
