@@ -9,9 +9,10 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::backend::{Fence, StoreBackend};
+use super::errors::StoreError;
 use super::messages::{Apply, CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
+use super::sqlite::StoreCore;
 use super::writes::{Write, Written};
-use super::{StoreCore, StoreError};
 use crate::{MachinesChanged, RetryTick};
 
 /// One unit of work's answer, held until its group commits: called with the group's failure
@@ -570,7 +571,7 @@ impl Store {
     pub fn add_machines(
         &self,
         count: usize,
-        spec: super::NewMachine,
+        spec: super::records::NewMachine,
     ) -> impl Future<Output = Result<Vec<crate::model::MachineId>, StoreError>> + Send + 'static {
         let written = self.write_behind(Write::AddMachines { count, spec });
         async move {

@@ -372,6 +372,29 @@ pub trait StoreBackend: Send {
     }
 }
 
+/// A write-behind unit run alone (see `writes.rs`).
+impl Write {
+    /// Runs it as a unit of work on `s` (the slow path, and every backend that does not queue
+    /// it).
+    pub fn apply(&self, s: &mut dyn StoreBackend) -> Result<Written, StoreError> {
+        match self {
+            Write::MachineStatus { id, status, message } => s.set_status(id, *status, message).map(|()| Written::Done),
+            Write::InstanceStatus { id, status, message, failed_attempt } => {
+                s.set_instance_status(id, status, message)?;
+                if let Some(error) = failed_attempt {
+                    s.record_start_outcome(id, Some(error))?;
+                }
+                Ok(Written::Done)
+            }
+            Write::StartedInstance { id, info } => s.record_started_instance(id, info).map(|()| Written::Done),
+            Write::RunningInstance { client_token, zone, tags } => s
+                .create_running_instance(client_token, zone.as_deref(), tags)
+                .map(|(record, new)| Written::Instance(record, new)),
+            Write::AddMachines { count, spec } => s.add_new_machines(*count, spec).map(Written::Added),
+        }
+    }
+}
+
 /// Refuses (nothing written) the removal of a host whose live containers are not removed with
 /// it: a removal without `force` must name them, or they would die unasked. Both backends.
 pub(super) fn refuse_hosts_with_live_containers(s: &mut dyn StoreBackend, ids: &[MachineId]) -> Result<(), StoreError> {

@@ -5,7 +5,8 @@
 //! `postgres/tests.rs`).
 
 use super::backend::StoreBackend;
-use super::{StoreCore, StoreError};
+use super::errors::StoreError;
+use super::sqlite::StoreCore;
 use crate::model::{
     Constraints, HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, MachineId, MachineStatus,
 };
@@ -458,7 +459,7 @@ fn an_instance_created_running_is_counted_running_and_kept_by_its_token(s: &mut 
 /// placement, an application's unit, a container, a manual machine, provisioned, dead; and
 /// nothing for a machine that is not there.
 fn the_provisioners_lean_reads_match_the_whole_record(s: &mut dyn StoreBackend) {
-    use super::NewMachine;
+    use super::records::NewMachine;
     use crate::model::Constraints;
     s.add_machines(1, Some(&["az1".to_owned(), "az3".to_owned()])).unwrap();
     let c = Constraints::parse("arch=arm64 cores=4 mem=8G root-disk=20G spaces=a,b tags=gpu,^slow").unwrap();

@@ -3,8 +3,9 @@
 use actix::prelude::*;
 
 use super::backend::{Fence, StoreBackend};
+use super::errors::StoreError;
+use super::records::StoreCounts;
 use super::writes::{Write, Written};
-use super::{StoreCounts, StoreError};
 use crate::{MachinesChanged, RetryTick};
 
 /// A unit of work on the store's core.

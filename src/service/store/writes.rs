@@ -8,18 +8,17 @@
 //! answer waits for the group's commit anyway (acknowledged still means committed).
 //!
 //! A backend that does not queue them (SQLite: its statements cost microseconds) runs each as
-//! any unit of work, by [`Write::apply`]: the same store calls the closures made before. No
-//! actix here.
+//! any unit of work, by [`Write::apply`] (in `backend.rs`, so that this file imports no trait):
+//! the same store calls the closures made before. No actix here.
 
-use super::backend::StoreBackend;
-use super::{InstanceRecord, NewMachine, StoreError};
+use super::records::{InstanceRecord, NewMachine};
 use crate::model::{InstanceStatus, InstanceTags, MachineId, MachineStatus};
 use crate::ports::ProvisionedInstance;
 
 /// One write-behind unit of work.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write {
-    /// A machine status ([`StoreBackend::set_status`]).
+    /// A machine status ([`StoreBackend::set_status`](super::StoreBackend::set_status)).
     MachineStatus {
         /// The machine.
         id: MachineId,
@@ -28,8 +27,8 @@ pub enum Write {
         /// The status message.
         message: String,
     },
-    /// An instance status ([`StoreBackend::set_instance_status`]), and with `failed_attempt`
-    /// one failed start attempt counted with that error ([`StoreBackend::record_start_outcome`])
+    /// An instance status ([`StoreBackend::set_instance_status`](super::StoreBackend::set_instance_status)), and with `failed_attempt`
+    /// one failed start attempt counted with that error ([`StoreBackend::record_start_outcome`](super::StoreBackend::record_start_outcome))
     /// in the same unit.
     InstanceStatus {
         /// The machine.
@@ -41,7 +40,7 @@ pub enum Write {
         /// The failed attempt's error, if the status reports one.
         failed_attempt: Option<String>,
     },
-    /// A start's record ([`StoreBackend::record_started_instance`]).
+    /// A start's record ([`StoreBackend::record_started_instance`](super::StoreBackend::record_started_instance)).
     StartedInstance {
         /// The machine.
         id: MachineId,
@@ -49,7 +48,7 @@ pub enum Write {
         info: ProvisionedInstance,
     },
     /// The simulated cloud's instance for a start with no latency to wait
-    /// ([`StoreBackend::create_running_instance`]).
+    /// ([`StoreBackend::create_running_instance`](super::StoreBackend::create_running_instance)).
     RunningInstance {
         /// The start's client token (the key: a repeat gets the instance it made).
         client_token: String,
@@ -58,7 +57,7 @@ pub enum Write {
         /// Its tags.
         tags: InstanceTags,
     },
-    /// An operator's add of machines ([`StoreBackend::add_new_machines`]): acknowledged only
+    /// An operator's add of machines ([`StoreBackend::add_new_machines`](super::StoreBackend::add_new_machines)): acknowledged only
     /// once on disk, and not the provisioner's (never fenced).
     AddMachines {
         /// How many.
@@ -90,25 +89,5 @@ impl Write {
     /// operating system's hands (the provisioner's: see [`super::Store::exec_lazy`]).
     pub fn durable(&self) -> bool {
         matches!(self, Write::AddMachines { .. })
-    }
-
-    /// Runs it as a unit of work on `s` (the slow path, and every backend that does not queue
-    /// it).
-    pub fn apply(&self, s: &mut dyn StoreBackend) -> Result<Written, StoreError> {
-        match self {
-            Write::MachineStatus { id, status, message } => s.set_status(id, *status, message).map(|()| Written::Done),
-            Write::InstanceStatus { id, status, message, failed_attempt } => {
-                s.set_instance_status(id, status, message)?;
-                if let Some(error) = failed_attempt {
-                    s.record_start_outcome(id, Some(error))?;
-                }
-                Ok(Written::Done)
-            }
-            Write::StartedInstance { id, info } => s.record_started_instance(id, info).map(|()| Written::Done),
-            Write::RunningInstance { client_token, zone, tags } => s
-                .create_running_instance(client_token, zone.as_deref(), tags)
-                .map(|(record, new)| Written::Instance(record, new)),
-            Write::AddMachines { count, spec } => s.add_new_machines(*count, spec).map(Written::Added),
-        }
     }
 }

@@ -1,7 +1,29 @@
 //! The PostgreSQL backend's operations: [`StoreBackend`] implemented by [`PgStore`] (its group
 //! commit's steps in `group.rs`, its write-behind units in `deferred.rs`).
 
-use super::*;
+use super::client::{CallError, Reply};
+use super::conn::{pg, Run};
+use super::group;
+use super::rows::{
+    add_many_params, constraints_from_row, instance_from_row, lean_machine_from_row, life_in, machine_from_row,
+    meta_get, meta_set, next_counter, notify, token_from_row, ADD_MANY_SQL, INSTANCE_COLUMNS, LEAN_MACHINE_SQL,
+    MACHINE_APPLICATION_SQL, MACHINE_COLUMNS, MACHINE_FROM, MACHINE_PROVISIONING_SQL, TOKEN_COLUMNS,
+};
+use super::{PgStore, MAX_GROUP, MAX_GROUP_TIME};
+use crate::model::{
+    CloudInstance, Constraints, HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine,
+    MachineId, MachineStatus, ProvisioningInfo,
+};
+use crate::ports::ProvisionedInstance;
+use crate::service::store::backend::{refuse_hosts_with_live_containers, Fence, StoreBackend};
+use crate::service::store::errors::StoreError;
+use crate::service::store::records::{
+    ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCounts, CONTAINER_SEQ_BASE,
+};
+use crate::service::store::writes::{Write, Written};
+use crate::service::token::{token_id, Scope, TokenRecord};
+use postgres::types::ToSql;
+use tokio::time::Instant;
 
 impl StoreBackend for PgStore {
     fn kind(&self) -> &'static str {

@@ -3,7 +3,14 @@
 //! ([`Tx`]: its own, or a savepoint in a group commit) and a group's level, and the leader's
 //! fence check.
 
-use super::*;
+use super::client::{CallError, PgClient, Piped, Reply};
+use super::{Conn, GroupRun, PgGroup, Tx};
+use crate::service::store::backend::Fence;
+use crate::service::store::errors::{PgFailure, StoreError};
+use postgres::types::ToSql;
+use postgres::{Row, Statement};
+use std::borrow::BorrowMut;
+use std::collections::HashMap;
 
 pub(super) fn failure(e: &CallError) -> PgFailure {
     let e = match e {
@@ -33,6 +40,9 @@ pub(super) fn pg<E: Into<CallError>>(context: &'static str) -> impl Fn(E) -> Sto
 }
 
 pub(super) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
+/// One parameter of a deferred statement.
+pub(super) type Param<'a> = Box<dyn ToSql + Sync + 'a>;
 
 /// A statement prepared once per connection (the client would prepare each text again: one
 /// more round trip per statement).

@@ -2,7 +2,23 @@
 //! session's settings and the schema's migrations at each connection, and the transactions its
 //! writes begin (fenced, or in a group commit).
 
-use super::*;
+use super::client::{CallError, ConnectError, PgClient};
+use super::conn::{check_fence, pg, Run};
+use super::deferred::INDEX_PLANS_SQL;
+use super::rows::{meta_get, meta_set};
+use super::schema::{MIGRATIONS, RECORD_WRITE_SQL};
+use super::{
+    Conn, GroupRun, PgStore, Tx, CALL_SLACK, FIRST_BACKOFF, IDLE_IN_TRANSACTION, MAX_BACKOFF, MIGRATION_DEADLINE,
+    MIGRATION_LOCK, PG_SCHEMA_VERSION, STATEMENT_DEADLINE,
+};
+use crate::model::Life;
+use crate::service::store::backend::{Fence, StoreBackend};
+use crate::service::store::errors::{PgFailure, StoreError};
+use crate::service::store::records::{random_uuid, Book};
+use postgres::Config;
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::time::Instant;
 
 impl PgStore {
     /// Parses a `postgres://` URL (or a key=value connection string): the blocking client's

@@ -1,7 +1,19 @@
 //! Write-behind units in a PostgreSQL group commit, written by set-based statements (see
 //! [`LOCK_MACHINES_SQL`]), and run again one at a time when the group cannot keep them all.
 
-use super::*;
+use super::client::Piped;
+use super::conn::{pg, prepared, Param, Run};
+use super::rows::{add_many_params, instance_from_row, notice_payload, ADD_MANY_SQL, INSTANCE_COLUMNS, NOTIFY_SQL};
+use super::schema::RECORD_WRITES_SQL;
+use super::{PgStore, CHANGES_CHANNEL, MAX_NOTIFIED_IDS};
+use crate::model::{InstanceState, MachineId, MachineStatus};
+use crate::service::store::backend::StoreBackend;
+use crate::service::store::errors::StoreError;
+use crate::service::store::records::InstanceRecord;
+use crate::service::store::writes::{Write, Written};
+use postgres::types::ToSql;
+use postgres::Row;
+use std::collections::HashMap;
 
 /// A group's write-behind units ([`Write`]) as *set-based* statements: the units are cut into
 /// runs in which no machine and no client token appears twice ([`runs`]), and each run's
@@ -88,7 +100,8 @@ pub(super) const INSERT_INSTANCES_SQL: &str = "WITH v AS (\
      FROM c, (SELECT v.*, row_number() OVER (ORDER BY n) - 1 AS r FROM v) AS w \
      RETURNING client_token, id";
 
-/// The fence's check ([`check_fence`]) and [`RECORD_WRITES_SQL`] as one statement, for a group
+/// The fence's check ([`check_fence`](super::conn::check_fence)) and [`RECORD_WRITES_SQL`] as one
+/// statement, for a group
 /// whose fence is checked by its write-behind units' pipeline (its first statement): it fails
 /// (division by zero, nothing recorded) unless the lease passes (`$1` model, `$2` holder, `$3`
 /// epoch), its row share-locked to the commit, then records the group's `$4` fenced writes. The value drawn from `fence_seq` may be drawn before
@@ -96,9 +109,6 @@ pub(super) const INSERT_INSTANCES_SQL: &str = "WITH v AS (\
 /// commit and leave the check passing (an acquisition changes the row this check locks and
 /// re-reads), and one that comes after draws its value after this commit.
 pub(super) const FENCE_AND_RECORD_SQL: &str = "WITH held AS (SELECT 1 / count(*) AS ok FROM (SELECT 1 FROM leader_lease      WHERE model_uuid = $1 AND holder = $2 AND epoch = $3 AND expires_at > statement_timestamp() FOR SHARE) AS l)      INSERT INTO epoch_writes AS w (model_uuid, epoch, holder, writer, writes, first_seq, last_seq)      SELECT $1, $3, $2, pg_backend_pid(), $4, s, s FROM held, nextval('fence_seq') AS s      ON CONFLICT (model_uuid, epoch, holder, writer)      DO UPDATE SET writes = w.writes + EXCLUDED.writes, last_seq = EXCLUDED.last_seq";
-
-/// One parameter of a deferred statement.
-pub(super) type Param<'a> = Box<dyn ToSql + Sync + 'a>;
 
 /// What a deferred statement's answer tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

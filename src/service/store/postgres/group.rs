@@ -1,9 +1,12 @@
 //! PostgreSQL group commits: one transaction the units of work share, each in a savepoint of
 //! its own, their savepoints queued to go with the next statement, the fence checked once and
 //! the fenced writes recorded once, at the commit (see [`PgGroup`]). The operations of
-//! [`StoreBackend`]'s group commit, called by `backend.rs`.
+//! [`StoreBackend`](crate::service::store::StoreBackend)'s group commit, called by `backend.rs`.
 
-use super::*;
+use super::conn::{pg, queued_failure, Run};
+use super::schema::RECORD_WRITES_SQL;
+use super::{GroupRun, PgGroup, PgStore};
+use crate::service::store::errors::StoreError;
 
 pub(super) fn begin_group(store: &mut PgStore, durable: bool) -> Result<bool, StoreError> {
     if store.group.is_some() {

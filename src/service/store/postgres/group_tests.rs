@@ -12,7 +12,7 @@ use super::StoreError;
 use super::{Notice, PgStore, CHANGES_CHANNEL};
 use crate::model::{InstanceStatus, InstanceTags, Life, MachineId, MachineStatus};
 use crate::ports::ProvisionedInstance;
-use crate::service::store::{Fence, StoreBackend};
+use crate::service::store::backend::{Fence, StoreBackend};
 
 /// A group commit on PostgreSQL: its units of work share one transaction, nothing of it is
 /// visible (nor notified) before its commit; a unit of work that fails is rolled back alone (its
@@ -202,7 +202,7 @@ fn writes_waiting_together_commit_as_one_postgres_group_and_a_failed_commit_fail
     let pg = cluster();
     let url = fresh_db(&pg);
     actix::System::new().block_on(async move {
-        let store = crate::service::store::Store::start_postgres(&url).unwrap();
+        let store = crate::service::store::actor::Store::start_postgres(&url).unwrap();
         store.exec(|s| s.add_machines(1, None)).await.unwrap();
         let commits = store.group_commits();
         let (release, held) = std::sync::mpsc::channel::<()>();
@@ -403,7 +403,7 @@ fn the_store_actor_fences_write_behind_units() {
     lease(&url, &model, "replica-a", 7, 30);
     let check = url.clone();
     actix::System::new().block_on(async move {
-        let store = crate::service::store::Store::start_postgres(&url).unwrap();
+        let store = crate::service::store::actor::Store::start_postgres(&url).unwrap();
         let ids = store.exec(|s| s.add_machines(2, None)).await.unwrap();
         let fence = |epoch| Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch });
         store.set_fence(fence(7)).await.unwrap();
@@ -437,7 +437,7 @@ fn the_store_actor_fences_write_behind_units() {
 /// reads the machines and the instances through their indexes, never by a scan.
 #[test]
 fn the_set_based_statements_plan_index_look_ups_on_a_small_table() {
-    use super::{
+    use super::deferred::{
         INDEX_PLANS_SQL, INSERT_INSTANCES_SQL, LOCK_MACHINES_SQL, SET_INSTANCE_STATUSES_SQL, SET_STARTED_SQL,
         SET_STATUSES_SQL,
     };
@@ -489,7 +489,7 @@ fn the_set_based_statements_plan_index_look_ups_on_a_small_table() {
 /// sixth execution and kept: a scan made then would scan 100,000 machines later).
 #[test]
 fn the_stores_session_keeps_index_look_ups_made_on_a_small_table() {
-    use super::INDEX_PLANS_SQL;
+    use super::deferred::INDEX_PLANS_SQL;
     let pg = cluster();
     let url = fresh_db(&pg);
     let mut s = PgStore::open(&url).unwrap();
@@ -524,7 +524,8 @@ fn the_stores_session_keeps_index_look_ups_made_on_a_small_table() {
     }
 }
 
-/// An operator's adds queued as write-behind units ([`Write::AddMachines`](crate::service::store::Write::AddMachines)) are made by
+/// An operator's adds queued as write-behind units
+/// ([`Write::AddMachines`](crate::service::store::Write::AddMachines)) are made by
 /// one statement with their group's other units: each gets its own machines, numbered after
 /// the ones before, in order; listeners hear of them at the commit; a fence that refuses the
 /// provisioner's units does not refuse an operator's adds (they are not fenced); a model that
@@ -532,7 +533,8 @@ fn the_stores_session_keeps_index_look_ups_made_on_a_small_table() {
 /// written.
 #[test]
 fn adds_queued_as_write_behind_units_share_one_statement() {
-    use super::{NewMachine, Write, Written};
+    use super::{Write, Written};
+    use crate::service::store::records::NewMachine;
     let (_pg, url, mut s, model, mut listener) = listening();
     let m = s.add_machines(2, None).unwrap();
     let _ = notices(&mut listener, Duration::from_millis(300));
@@ -632,7 +634,8 @@ fn no_index_names_a_column_the_provisioners_writes_change() {
 /// for their rows (its `WHEN` clauses); any other write is still stamped by it.
 #[test]
 fn the_set_based_writes_stamp_their_rows_without_calling_the_trigger() {
-    use super::{ADD_MANY_SQL, SET_INSTANCE_STATUSES_SQL, SET_STARTED_SQL, SET_STATUSES_SQL};
+    use super::deferred::{SET_INSTANCE_STATUSES_SQL, SET_STARTED_SQL, SET_STATUSES_SQL};
+    use super::rows::ADD_MANY_SQL;
     let pg = cluster();
     let url = fresh_db(&pg);
     let mut s = PgStore::open(&url).unwrap();

@@ -5,8 +5,8 @@
 //! commit); `client.rs` the connection's client; `connect.rs` (re)connecting and migrating;
 //! `schema.rs` the migrations; `conn.rs` running statements; `rows.rs` rows, reads and the writes
 //! several operations share; `group.rs` group commits; `deferred.rs` write-behind units as
-//! set-based statements; `backend.rs` [`StoreBackend`] for [`PgStore`]. Each file sees the
-//! others' items through this module (`use super::*`).
+//! set-based statements; `backend.rs` [`StoreBackend`](super::StoreBackend) for [`PgStore`]. Each file sees the
+//! others' items by name (no file imports one that imports it).
 //!
 //! The connection: the store runs each unit of work synchronously on a dedicated thread
 //! (`SyncArbiter`), one transaction at a time, so it blocks on its statements as the `postgres`
@@ -57,34 +57,18 @@ mod schema;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use std::borrow::BorrowMut;
-use std::collections::HashMap;
-
-use postgres::types::ToSql;
-use postgres::{Config, Row, Statement};
+use postgres::Statement;
 use tokio::time::Instant;
 
-use super::backend::{refuse_hosts_with_live_containers, Fence, StoreBackend};
-use super::errors::{PgFailure, StoreError};
-use super::records::{
-    random_uuid, token_record, ApplicationRecord, Book, BookMark, InstanceRecord, MachineRecord, NewMachine, Settings,
-    StoreCounts, CONTAINER_SEQ_BASE,
-};
+use self::client::PgClient;
+use super::backend::Fence;
+use super::errors::StoreError;
+use super::records::{Book, BookMark};
 use super::writes::{Write, Written};
-use crate::model::{
-    CloudInstance, Constraints, HarvestMode, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine,
-    MachineId, MachineStatus, ProvisioningInfo,
-};
-use crate::ports::ProvisionedInstance;
-use crate::service::token::{token_id, Scope, TokenRecord};
 
-use self::client::{CallError, ConnectError, PgClient, Piped, Reply};
-use self::conn::*;
-use self::deferred::*;
-use self::rows::*;
-use self::schema::*;
 pub use self::schema::{EPOCH_TABLES_SQL, RECORD_WRITE_SQL};
 
 /// The newest schema version this build knows (rows of `schema_migrations`).
@@ -180,7 +164,8 @@ struct GroupRun<'a> {
     statements: &'a mut HashMap<String, Statement>,
 }
 
-/// A group commit open on the store's connection (see [`StoreBackend::begin_group`]): one
+/// A group commit open on the store's connection (see
+/// [`StoreBackend::begin_group`](super::StoreBackend::begin_group)): one
 /// transaction that the units of work share, each in a savepoint (`member`) of its own, each
 /// write inside it in a nested one (`write`), committed at once.
 ///
@@ -220,7 +205,7 @@ struct PgGroup {
     /// Fenced writes kept in the group, and in the unit of work in progress.
     fenced_writes: i64,
     member_fenced_writes: i64,
-    /// The write-behind units queued for the commit ([`StoreBackend::defer`]).
+    /// The write-behind units queued for the commit ([`StoreBackend::defer`](super::StoreBackend::defer)).
     deferred: Vec<Write>,
 }
 

@@ -2,7 +2,19 @@
 //! and write them (columns, lean reads, counters in `meta`, adds of many machines at once), the
 //! change notifications a write sends, and the machine-row writes several operations share.
 
-use super::*;
+use super::client::{CallError, Reply};
+use super::conn::{pg, Param, Run};
+use super::{Notice, PgStore, Tx, CHANGES_CHANNEL, MAX_NOTIFIED_IDS};
+use crate::model::{
+    CloudInstance, Constraints, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine, MachineId,
+    MachineStatus,
+};
+use crate::ports::ProvisionedInstance;
+use crate::service::store::errors::StoreError;
+use crate::service::store::records::{token_record, InstanceRecord, MachineRecord, NewMachine};
+use crate::service::token::TokenRecord;
+use postgres::Row;
+use std::collections::HashMap;
 
 /// A machine's status and life, its row locked: `$1` its id.
 pub(super) const STATUS_LIFE_SQL: &str = "SELECT status, life FROM machines WHERE id = $1 FOR UPDATE";
@@ -147,7 +159,8 @@ pub(super) const INSERT_NEW_INSTANCE_SQL: &str = "WITH c AS (\
      SELECT first, 'i-' || lpad(to_hex(first + 1), greatest(8, length(to_hex(first + 1))), '0'), $8, \
      $3, $4, $5, $6, $7 FROM c RETURNING id";
 
-/// Adds of machines with no constraints by one statement (a group's [`Write::AddMachines`]
+/// Adds of machines with no constraints by one statement (a group's
+/// [`Write::AddMachines`](crate::service::store::Write::AddMachines)
 /// units, or one add alone), each in order: the model's life read and locked (as
 /// [`life_in`]: nothing is added unless it is alive), the ids drawn from the counter at once
 /// and the rows inserted; `$1` counts, `$2` placements, `$3` applications; the machines'

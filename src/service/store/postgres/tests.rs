@@ -13,7 +13,7 @@ use super::StoreError;
 use super::{Notice, PgStore, CHANGES_CHANNEL, PG_SCHEMA_VERSION};
 use crate::model::{InstanceStatus, InstanceTags, Life, MachineId, MachineStatus};
 use crate::ports::ProvisionedInstance;
-use crate::service::store::{Fence, StoreBackend};
+use crate::service::store::backend::{Fence, StoreBackend};
 use crate::testing::TempPostgres;
 
 use crate::testing::postgres::tls_certificates;
@@ -334,7 +334,7 @@ fn the_store_actor_fences_exec_lazy_and_not_exec() {
     let model = PgStore::open(&url).unwrap().model_uuid().unwrap();
     lease(&url, &model, "replica-a", 7, 30);
     actix::System::new().block_on(async move {
-        let store = crate::service::store::Store::start_postgres(&url).unwrap();
+        let store = crate::service::store::actor::Store::start_postgres(&url).unwrap();
         let ids = store.exec(|s| s.add_machines(1, None)).await.unwrap();
         let fence = |epoch| Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch });
         store.set_fence(fence(7)).await.unwrap();
@@ -355,7 +355,7 @@ fn the_store_actor_fences_exec_lazy_and_not_exec() {
         let dir = std::env::temp_dir().join(format!("provisioner-pg-fence-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let sqlite = crate::service::store::Store::start(&dir.join("p.db")).unwrap();
+        let sqlite = crate::service::store::actor::Store::start(&dir.join("p.db")).unwrap();
         assert!(matches!(sqlite.set_fence(fence(7)).await, Err(StoreError::Refused(_))));
         let _ = std::fs::remove_dir_all(&dir);
     });

@@ -2,24 +2,9 @@
 //! work share, each in a savepoint of its own, committed at once, and the book kept with it.
 
 use super::rows::run_cached;
-use super::StoreCore;
+use super::{OpenGroup, StoreCore};
 use crate::service::store::backend::StoreBackend;
 use crate::service::store::errors::StoreError;
-use crate::service::store::records::BookMark;
-
-/// A group commit open on a SQLite connection (see [`StoreBackend::begin_group`]).
-#[derive(Debug, Default)]
-pub(super) struct OpenGroup {
-    /// The book before the group.
-    pub(super) before: BookMark,
-    /// The book before the write in progress, if one is.
-    pub(super) member: Option<BookMark>,
-    /// The connection's change count when the group began: more now means it has written.
-    pub(super) changes_at_begin: u64,
-    /// The time the writes of its unit of work in progress stamp `changed_at` with (see
-    /// [`StoreCore::stamp`]), taken at the first.
-    pub(super) stamp: std::cell::OnceCell<String>,
-}
 
 /// Opens a group commit: one transaction that the writes until [`StoreBackend::commit_group`]
 /// share, each in a savepoint of its own ([`StoreBackend::begin_member`],

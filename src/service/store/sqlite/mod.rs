@@ -11,6 +11,7 @@ mod backend;
 mod group;
 mod instances;
 mod intents;
+mod machines;
 mod rows;
 mod schema;
 #[cfg(test)]
@@ -22,14 +23,14 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OptionalExtension};
 
-use self::group::OpenGroup;
 use self::rows::{meta_get, meta_set, now_stamp};
 use self::schema::{
-    add_machine_columns_v3, upgrade_constraints_v2, upgrade_manual_machines, upgrade_start_attempts, SCHEMA,
+    add_machine_columns_v3, upgrade_constraints_v2, upgrade_manual_machines, upgrade_start_attempts,
+    upgrade_token_models, SCHEMA,
 };
 use super::backend::StoreBackend;
 use super::errors::StoreError;
-use super::records::{random_uuid, Book};
+use super::records::{random_uuid, Book, BookMark};
 use crate::model::{Life, MachineId};
 
 /// The database file's name inside the data directory.
@@ -62,6 +63,20 @@ pub struct StoreCore {
     file: Option<(PathBuf, Option<u64>)>,
     /// The group commit open, if one is.
     group: Option<OpenGroup>,
+}
+
+/// A group commit open on a SQLite connection (see [`StoreBackend::begin_group`]).
+#[derive(Debug, Default)]
+struct OpenGroup {
+    /// The book before the group.
+    before: BookMark,
+    /// The book before the write in progress, if one is.
+    member: Option<BookMark>,
+    /// The connection's change count when the group began: more now means it has written.
+    changes_at_begin: u64,
+    /// The time the writes of its unit of work in progress stamp `changed_at` with (see
+    /// [`StoreCore::stamp`]), taken at the first.
+    stamp: std::cell::OnceCell<String>,
 }
 
 /// The identity of a file: its inode where there is one.
@@ -157,7 +172,7 @@ impl StoreCore {
         add_machine_columns_v3(&tx)?;
         upgrade_manual_machines(&tx)?;
         upgrade_start_attempts(&tx)?;
-        tokens::upgrade_token_models(&tx)?;
+        upgrade_token_models(&tx)?;
         if meta_get(&tx, "model_uuid").map_err(StoreError::sql("reading the model uuid"))?.is_none() {
             if tables > 0 {
                 // Never a new model in place of one whose identity was lost.

@@ -1,17 +1,11 @@
 //! SQLite rows: a write's own atomicity ([`Atomic`]), the decoding of machine and instance rows,
-//! the `meta` table's values and counters, and the machine-row writes several operations share
-//! (an update that must find its row, an instance's record, the inserts of new machines and
-//! their constraint sets).
+//! and the `meta` table's values and counters. (The machine-row writes several operations share
+//! are `machines.rs`'s.)
 
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{Connection, OptionalExtension, Row};
 
-use super::StoreCore;
-use crate::model::{
-    CloudInstance, Constraints, InstanceId, InstanceStatus, InstanceTags, Machine, MachineId, MachineStatus,
-};
-use crate::ports::ProvisionedInstance;
-use crate::service::store::errors::StoreError;
-use crate::service::store::records::{InstanceRecord, MachineRecord, NewMachine};
+use crate::model::{CloudInstance, Constraints, InstanceId, InstanceStatus, InstanceTags, Machine, MachineId};
+use crate::service::store::records::{InstanceRecord, MachineRecord};
 
 /// One write's own atomicity: a savepoint (a transaction of its own outside a group commit,
 /// a nested one inside), rolled back if dropped before [`Atomic::commit`]. Its statements are
@@ -179,126 +173,4 @@ pub(super) fn take_counter(tx: &Connection, key: &str, count: u64) -> rusqlite::
     let n: u64 = meta_get(tx, key)?.and_then(|v| v.parse().ok()).unwrap_or(0);
     meta_set(tx, key, &(n + count).to_string())?;
     Ok(n)
-}
-
-impl StoreCore {
-    /// One machine's update; the hot ones (the provisioner's, at every start) stamp
-    /// `changed_at` themselves, so that the `machines_stamp_update` trigger (kept for every
-    /// other writer) does not write the row a second time.
-    pub(super) fn update_machine(
-        &self,
-        id: &MachineId,
-        context: &'static str,
-        sql: &str,
-        p: &[&dyn rusqlite::ToSql],
-    ) -> Result<(), StoreError> {
-        let n = self.conn.prepare_cached(sql).and_then(|mut s| s.execute(p)).map_err(StoreError::sql(context))?;
-        if n == 0 {
-            return Err(StoreError::NotFound(id.clone()));
-        }
-        Ok(())
-    }
-
-    /// Records a machine's instance; `started`: also counts the start that made it as a
-    /// successful attempt (its last error cleared), in the same statement.
-    pub(super) fn write_instance_info(
-        &mut self,
-        id: &MachineId,
-        info: &ProvisionedInstance,
-        started: bool,
-    ) -> Result<(), StoreError> {
-        let before = self.status_life(id)?;
-        let sql = if started {
-            "UPDATE machines SET instance = ?2, zone = ?3, nonce = ?4, display_name = ?5, instance_status = ?6, \
-             instance_status_message = '', status = 'started', status_message = '', transient = 0, \
-             start_attempts = start_attempts + 1, last_start_error = NULL, changed_at = ?7 WHERE id = ?1"
-        } else {
-            "UPDATE machines SET instance = ?2, zone = ?3, nonce = ?4, display_name = ?5, instance_status = ?6, \
-             instance_status_message = '', status = 'started', status_message = '', transient = 0, \
-             changed_at = ?7 WHERE id = ?1"
-        };
-        let stamp = self.stamp();
-        self.update_machine(
-            id,
-            "recording an instance",
-            sql,
-            &[
-                &id.as_str(),
-                &info.instance.as_str(),
-                &info.zone,
-                &info.nonce,
-                &info.display_name,
-                &info.status.as_str(),
-                &stamp.as_ref(),
-            ],
-        )?;
-        self.count_machine(before, Some(MachineStatus::Started.as_str()), None);
-        Ok(())
-    }
-
-    /// The id of the row holding this constraint set (made if new); `None` for no constraint.
-    pub(super) fn constraint_row(tx: &Connection, c: &Constraints) -> Result<Option<i64>, StoreError> {
-        if c.is_empty() {
-            return Ok(None);
-        }
-        let ctx = "storing a constraint";
-        let spec = c.to_string();
-        let list = |v: &[String]| (!v.is_empty()).then(|| v.join(","));
-        tx.execute(
-            "INSERT INTO constraints (spec, zones, arch, cores, mem_mb, root_disk_mb, instance_type, spaces, tags) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT(spec) DO NOTHING",
-            params![
-                spec,
-                c.zones.as_ref().map(|z| z.join(",")),
-                c.arch,
-                c.cores,
-                c.mem_mb.map(|n| n as i64),
-                c.root_disk_mb.map(|n| n as i64),
-                c.instance_type,
-                list(&c.spaces),
-                list(&c.tags),
-            ],
-        )
-        .map_err(StoreError::sql(ctx))?;
-        tx.query_row("SELECT id FROM constraints WHERE spec = ?1", [&spec], |r| r.get(0))
-            .map(Some)
-            .map_err(StoreError::sql(ctx))
-    }
-
-    /// Inserts `count` machines like `spec` in `tx` (ids never reused), stamped `stamp`: their
-    /// ids taken from the counter at once, their rows by one statement (ids `n` to
-    /// `n + count - 1`, each its `seq` as text), not a statement per machine.
-    pub(super) fn insert_machines(
-        tx: &Connection,
-        count: usize,
-        spec: &NewMachine,
-        stamp: &str,
-    ) -> Result<Vec<MachineId>, StoreError> {
-        if count == 0 {
-            return Ok(Vec::new());
-        }
-        let constraint = Self::constraint_row(tx, &spec.constraints)?;
-        let first =
-            take_counter(tx, "next_machine", count as u64).map_err(StoreError::sql("allocating machine ids"))?;
-        let end = first + count as u64;
-        let added = tx
-            .prepare_cached(
-                "WITH RECURSIVE n(seq) AS (SELECT ?1 UNION ALL SELECT seq + 1 FROM n WHERE seq + 1 < ?2) \
-                 INSERT INTO machines (seq, id, constraints_id, placement, application, changed_at) \
-                 SELECT seq, CAST(seq AS TEXT), ?3, ?4, ?5, ?6 FROM n",
-            )
-            .and_then(|mut st| {
-                st.execute(params![first as i64, end as i64, constraint, spec.placement, spec.application, stamp])
-            })
-            .map_err(StoreError::sql("adding machines"))?;
-        if added != count {
-            return Err(StoreError::Refused(format!("{added} machines were added of the {count} asked for")));
-        }
-        Ok((first..end).map(|n| MachineId::from(n.to_string())).collect())
-    }
-
-    /// Counts and notifies machines just added.
-    pub(super) fn added(&mut self, ids: &[MachineId]) {
-        self.book.added(ids, MachineStatus::Pending);
-    }
 }

@@ -3,10 +3,12 @@
 //! `changed_at` stamps. The behaviour both backends share is `store/behaviour.rs`'s.
 
 use super::StoreCore;
+use super::SCHEMA_VERSION;
 use crate::model::{Life, MachineId, MachineStatus};
 use crate::ports::ProvisionedInstance;
+use crate::service::store::backend::StoreBackend;
 use crate::service::store::behaviour::{ids, tags};
-use crate::service::store::{StoreBackend, StoreError, SCHEMA_VERSION};
+use crate::service::store::errors::StoreError;
 
 fn dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("provisioner-store-{}-{name}", std::process::id()));
@@ -186,7 +188,7 @@ fn a_version_1_database_is_upgraded() {
 #[test]
 fn whole_constraint_sets_and_placements_are_stored() {
     use crate::model::Constraints;
-    use crate::service::store::NewMachine;
+    use crate::service::store::records::NewMachine;
     let mut s = StoreCore::in_memory().unwrap();
     let c = Constraints::parse(
         "arch=arm64 cores=4 mem=16G root-disk=64G instance-type=m5.large zones=az1,az2 spaces=db,^dmz tags=ssd,^gpu",
@@ -374,7 +376,7 @@ fn writes_waiting_together_commit_as_one_group_answered_after_its_commit() {
     let d = dir("group");
     let db = d.join("p.db");
     actix_rt::System::new().block_on(async move {
-        let store = crate::service::store::Store::start(&db).unwrap();
+        let store = crate::service::store::actor::Store::start(&db).unwrap();
         let commits = store.group_commits();
         // The store's thread is held by a first unit of work until every write is queued.
         let (release, held) = std::sync::mpsc::channel::<()>();

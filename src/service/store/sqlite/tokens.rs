@@ -17,22 +17,6 @@ fn record(r: &Row<'_>) -> rusqlite::Result<TokenRow> {
     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
 }
 
-/// Schema step of version 6: the model a token is scoped to (a database of version 4 or 5
-/// gains the column; its tokens stay service-wide).
-pub(super) fn upgrade_token_models(tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
-    // Version 7 adds the model's uuid (a scoped token is valid for that model only).
-    for column in ["model", "model_uuid"] {
-        let has: i64 = tx
-            .query_row("SELECT count(*) FROM pragma_table_info('api_tokens') WHERE name = ?1", [column], |r| r.get(0))
-            .map_err(StoreError::sql("reading the schema"))?;
-        if has == 0 {
-            tx.execute_batch(&format!("ALTER TABLE api_tokens ADD COLUMN {column} TEXT"))
-                .map_err(StoreError::sql("upgrading the schema"))?;
-        }
-    }
-    Ok(())
-}
-
 /// Creates a token: the next id (`tok-1`, `tok-2`, ...; never reused), its scope, the
 /// model it is scoped to (`None`: every model), its hash, created at `created`.
 pub(super) fn create_token(
