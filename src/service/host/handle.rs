@@ -1,12 +1,12 @@
-//! [`ModelHost`], the handle the HTTP layer, `serve` and the spread hold: what every model
-//! shares, and the address of the model host's actor (cheap to clone). Each method is one
-//! message.
+//! [`ModelHost`]'s methods: the handle the HTTP layer, `serve` and the spread hold (what
+//! every model shares, and the address of the model host's actor; its type is defined with the
+//! actor). Each method is one message.
 
 use std::sync::Arc;
 
-use actix::{Actor, Addr};
+use actix::Actor;
 
-use super::actor::HostActor;
+use super::actor::{HostActor, ModelHost};
 use super::directory::{Directory, ModelEntry};
 use super::messages::*;
 use super::persist::DirectoryStore;
@@ -15,13 +15,6 @@ use super::HostError;
 use crate::service::error::ServeError;
 use crate::service::runtime::{ModelRuntime, Shared, StartModel};
 use crate::service::store::Store;
-
-/// The models of a service (cheap to clone): the model host's actor, reached by messages.
-#[derive(Clone)]
-pub struct ModelHost {
-    pub(super) shared: Arc<Shared>,
-    pub(super) addr: Addr<HostActor>,
-}
 
 impl ModelHost {
     /// Starts a host with no model running yet, over the directory `store` holds (as

@@ -22,7 +22,6 @@
 //!   replicas (membership heartbeat, `share::plan`, each lease actor's order, hand-overs).
 
 mod actor;
-mod changes;
 mod cloud;
 pub mod directory;
 mod error;
@@ -34,9 +33,9 @@ pub mod spread;
 mod state;
 
 pub use crate::service::runtime::Shared;
+pub use actor::ModelHost;
 pub use cloud::{broker_of, model_settings};
 pub use directory::{check_name, CloudSettings, Directory, ModelEntry, ModelLife, ModelsError, DEFAULT_MODEL};
 pub use error::HostError;
-pub use handle::ModelHost;
 pub use persist::{DirectoryStore, PersistError};
 pub use state::Listed;

@@ -14,9 +14,9 @@ use crate::service::settings::ServeSettings;
 use crate::service::store::Store;
 
 #[cfg(feature = "postgres")]
-use super::start::start_provisioners;
-use super::start::PendingStarts;
-use super::Shared;
+use super::provisioners::start_provisioners;
+use super::provisioners::PendingStarts;
+use super::shared::Shared;
 
 /// On PostgreSQL, makes this service one replica of many: its lease actor contends for the
 /// model's leader lease, and the hooks below start the provisioner (the environ provisioner,
@@ -37,7 +37,7 @@ pub(super) fn start_replica(
     events: &actix::Addr<crate::service::events::EventHub>,
     limiter: &Option<crate::SharedLimiter>,
     shared: &Shared,
-) -> Result<Option<crate::service::runtime::ModelReplica>, ServeError> {
+) -> Result<Option<super::handles::ModelReplica>, ServeError> {
     #[cfg(feature = "postgres")]
     if let crate::service::settings::StoreUrl::Postgres(url) = opts.store.url() {
         use crate::service::lease::actor::{LeaseActor, LeaseConfig};
@@ -87,11 +87,7 @@ pub(super) fn start_replica(
             spread: true,
         };
         let lease = LeaseActor::start_on(&links.arbiter, config, Box::new(hooks), links.sql);
-        return Ok(Some(crate::service::runtime::ModelReplica {
-            lease,
-            leading,
-            models_led: shared.models_led.clone(),
-        }));
+        return Ok(Some(super::handles::ModelReplica { lease, leading, models_led: shared.models_led.clone() }));
     }
     let _ = (opts, model, store, cloud_store, model_uuid, config, broker, pending, metrics, events, limiter, shared);
     Ok(None)
@@ -99,7 +95,7 @@ pub(super) fn start_replica(
 
 /// Releases a replica's lease (stopping its provisioner), waiting at most two retry periods
 /// for the database to answer.
-pub(super) async fn release_lease(r: &crate::service::runtime::ModelReplica, opts: &ServeSettings) {
+pub(super) async fn release_lease(r: &super::handles::ModelReplica, opts: &ServeSettings) {
     #[cfg(feature = "postgres")]
     {
         let wait = opts.lease.timings().map(|t| t.retry() * 2).unwrap_or(std::time::Duration::from_secs(4));
@@ -130,44 +126,6 @@ struct ReplicaHooks {
     models_led: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// The arbiter the model's actors run on (the lease's hooks run on the lease arbiter).
     main: actix_rt::ArbiterHandle,
-}
-
-/// What a replica's models share on PostgreSQL: one lease thread and connection
-/// ([`LeaseSql`](crate::service::lease::sql::LeaseSql)), one listener
-/// ([`NoticeHub`](crate::service::lease::listen::NoticeHub)), and one arbiter that only the
-/// lease actors run on, so that no model's work delays a renewal.
-#[cfg(feature = "postgres")]
-#[derive(Clone)]
-pub struct ReplicaLinks {
-    sql: crate::service::lease::sql::LeaseSql,
-    notices: actix::Addr<crate::service::lease::listen::NoticeHub>,
-    arbiter: actix_rt::ArbiterHandle,
-}
-
-#[cfg(feature = "postgres")]
-impl ReplicaLinks {
-    /// Starts them for replica `replica` on the service's database at `url` (the service's
-    /// own URL: a model's schema is set per lease step).
-    pub fn start(url: &str, replica: &str, timings: crate::service::lease::LeaseTimings) -> Result<Self, ServeError> {
-        let sql = crate::service::lease::sql::LeaseSql::start(
-            url.to_owned(),
-            replica.to_owned(),
-            timings.retry(),
-            timings.lease(),
-        )
-        .map_err(|e| ServeError::StoreUrl(format!("cannot start the lease thread: {e}")))?;
-        let notices = crate::service::lease::listen::NoticeHub::start_listening(url.to_owned(), timings.retry())
-            .map_err(|e| ServeError::StoreUrl(format!("cannot start the LISTEN thread: {e}")))?;
-        let arbiter = actix_rt::Arbiter::new().handle();
-        Ok(Self { sql, notices, arbiter })
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl std::fmt::Debug for ReplicaLinks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReplicaLinks").finish_non_exhaustive()
-    }
 }
 
 #[cfg(feature = "postgres")]

@@ -39,5 +39,47 @@ pub struct Shared {
     pub models_led: Arc<std::sync::atomic::AtomicUsize>,
     /// On PostgreSQL: the lease thread, listener and lease arbiter the models share.
     #[cfg(feature = "postgres")]
-    pub replica_links: Option<crate::service::runtime::ReplicaLinks>,
+    pub replica_links: Option<ReplicaLinks>,
+}
+
+/// What a replica's models share on PostgreSQL: one lease thread and connection
+/// ([`LeaseSql`](crate::service::lease::sql::LeaseSql)), one listener
+/// ([`NoticeHub`](crate::service::lease::listen::NoticeHub)), and one arbiter that only the
+/// lease actors run on, so that no model's work delays a renewal.
+#[cfg(feature = "postgres")]
+#[derive(Clone)]
+pub struct ReplicaLinks {
+    pub(super) sql: crate::service::lease::sql::LeaseSql,
+    pub(super) notices: actix::Addr<crate::service::lease::listen::NoticeHub>,
+    pub(super) arbiter: actix_rt::ArbiterHandle,
+}
+
+#[cfg(feature = "postgres")]
+impl ReplicaLinks {
+    /// Starts them for replica `replica` on the service's database at `url` (the service's
+    /// own URL: a model's schema is set per lease step).
+    pub fn start(
+        url: &str,
+        replica: &str,
+        timings: crate::service::lease::LeaseTimings,
+    ) -> Result<Self, crate::service::error::ServeError> {
+        let sql = crate::service::lease::sql::LeaseSql::start(
+            url.to_owned(),
+            replica.to_owned(),
+            timings.retry(),
+            timings.lease(),
+        )
+        .map_err(|e| crate::service::error::ServeError::StoreUrl(format!("cannot start the lease thread: {e}")))?;
+        let notices = crate::service::lease::listen::NoticeHub::start_listening(url.to_owned(), timings.retry())
+            .map_err(|e| crate::service::error::ServeError::StoreUrl(format!("cannot start the LISTEN thread: {e}")))?;
+        let arbiter = actix_rt::Arbiter::new().handle();
+        Ok(Self { sql, notices, arbiter })
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl std::fmt::Debug for ReplicaLinks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaLinks").finish_non_exhaustive()
+    }
 }

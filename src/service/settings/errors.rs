@@ -85,7 +85,7 @@ pub enum SettingsError {
         /// The listen address.
         listen: String,
     },
-    /// The matches given to [`ServeSettings::load`] are not those of these settings' arguments
+    /// The matches given to [`ServeSettings::load`](super::ServeSettings::load) are not those of these settings' arguments
     /// (a mistake of the caller, not of the user).
     #[error("the arguments do not match the serve settings: {0}")]
     Arguments(#[source] Box<clap::Error>),

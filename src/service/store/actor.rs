@@ -20,10 +20,6 @@ use crate::{MachinesChanged, RetryTick};
 /// succeeded but its group did not commit.
 type Answer = Box<dyn FnOnce(Option<&StoreError>) + Send>;
 
-/// The most units of work one group commit holds: a bound on how long the first of them waits
-/// for its answer while others keep arriving.
-pub const MAX_GROUP: usize = 256;
-
 /// How many times a group of write-behind units lets the other threads run before it commits
 /// at an empty mailbox ([`StoreActor::group_done`]): 1 and 3 measured alike, both well ahead of 0.
 const YIELDS_BEFORE_COMMIT: usize = 3;

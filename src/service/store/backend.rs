@@ -29,6 +29,10 @@ pub struct Fence {
     pub epoch: i64,
 }
 
+/// The most units of work one group commit of the store actor holds: a bound on how long the
+/// first of them waits for its answer while others keep arriving (a backend may hold fewer).
+pub const MAX_GROUP: usize = 256;
+
 /// Every read and write the service makes on its store. Each write is one transaction: it has
 /// committed (or changed nothing) when the method returns. Reads take `&mut self` too (a
 /// PostgreSQL client needs it).
@@ -92,7 +96,7 @@ pub trait StoreBackend: Send {
     /// commit, must commit now rather than take in more: at `MAX_GROUP` of the store actor's by
     /// default.
     fn group_full(&self, units: usize) -> bool {
-        units >= super::actor::MAX_GROUP
+        units >= MAX_GROUP
     }
     /// Makes the open group durable (its commit waits for the disk), so that a durable unit
     /// of work can join it; `false` if this backend cannot (SQLite sets its safety level
