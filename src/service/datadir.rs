@@ -9,7 +9,7 @@ use crate::service::error::{data_dir_error, data_dir_io, FileOp, ServeError};
 use crate::service::store::DB_FILE;
 
 /// The token file's name inside the data directory.
-pub const TOKEN_FILE: &str = "token";
+pub(crate) const TOKEN_FILE: &str = "token";
 
 /// The permission bits others than the owner have on `path` (0 where there are no such bits).
 fn shared_mode(path: &Path) -> Option<u32> {
@@ -27,7 +27,7 @@ fn shared_mode(path: &Path) -> Option<u32> {
 
 /// Reads the API token from `dir/token`, or creates it (32 random bytes, hex; mode 0600). An
 /// existing token file that others can read is used, with a warning.
-pub fn ensure_token(dir: &Path) -> Result<String, ServeError> {
+pub(crate) fn ensure_token(dir: &Path) -> Result<String, ServeError> {
     match read_token(dir)? {
         Some(token) => Ok(token),
         None => write_new_token(dir),
@@ -103,7 +103,7 @@ pub(crate) fn aside(path: &Path) -> PathBuf {
 /// into the new model). `init` on a directory that holds a database is refused.
 /// A new database file is created private (0600; SQLite gives its WAL the same mode), and an
 /// existing one that others can read is made private.
-pub fn prepare_data_dir(dir: &Path, init: bool) -> Result<(), ServeError> {
+pub(crate) fn prepare_data_dir(dir: &Path, init: bool) -> Result<(), ServeError> {
     let db = dir.join(DB_FILE);
     let wal = dir.join(format!("{DB_FILE}-wal"));
     let shm = dir.join(format!("{DB_FILE}-shm"));

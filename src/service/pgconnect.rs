@@ -33,7 +33,7 @@ pub enum ConnectError {
 }
 
 /// Makes connections to one server, each attempt bounded by a deadline.
-pub struct Connector {
+pub(crate) struct Connector {
     config: Config,
     /// The store URL's TLS settings.
     tls: PgTls,
@@ -50,7 +50,7 @@ impl std::fmt::Debug for Connector {
 /// Logs the server's notices (`NOTICE: relation "..." already exists, skipping`, ...) at debug:
 /// remarks on statements that did what they were asked, not news for the operator (the
 /// client's default logs them at info, and a replica's loops would repeat them for ever).
-pub fn quiet_notices(config: &mut Config) -> &mut Config {
+pub(crate) fn quiet_notices(config: &mut Config) -> &mut Config {
     config.notice_callback(|n| {
         tracing::debug!(severity = n.severity(), code = n.code().code(), "PostgreSQL says: {}", n.message())
     })
@@ -59,24 +59,19 @@ pub fn quiet_notices(config: &mut Config) -> &mut Config {
 impl Connector {
     /// A connector for `config`, over TLS as `tls` says (its server notices logged at debug:
     /// [`quiet_notices`]).
-    pub fn new(mut config: Config, tls: PgTls) -> Self {
+    pub(crate) fn new(mut config: Config, tls: PgTls) -> Self {
         quiet_notices(&mut config);
         Self { config, tls, pending: None }
     }
 
     /// [`Connector::new`] from a `(configuration, TLS settings)` pair.
-    pub fn new_with((config, tls): (Config, PgTls)) -> Self {
+    pub(crate) fn new_with((config, tls): (Config, PgTls)) -> Self {
         Self::new(config, tls)
-    }
-
-    /// The configuration it connects with.
-    pub fn config(&self) -> &Config {
-        &self.config
     }
 
     /// A connection, or why not within `deadline` (the attempt that overran goes on, and the
     /// next call waits for it rather than starting another).
-    pub fn connect(&mut self, deadline: Duration) -> Result<Client, ConnectError> {
+    pub(crate) fn connect(&mut self, deadline: Duration) -> Result<Client, ConnectError> {
         let answer = match self.pending.take() {
             Some(rx) => rx,
             None => {

@@ -38,7 +38,7 @@ use crate::service::tls::TlsError;
 
 /// The URL's `sslmode` (libpq's values; `allow` is not supported).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// No TLS.
     Disable,
     /// TLS if the server offers it, its certificate not checked (libpq's default).
@@ -114,7 +114,7 @@ pub enum PgUrlError {
 
 /// Why a TLS connection to the database failed.
 #[derive(Debug, Error)]
-pub enum PgTlsError {
+pub(crate) enum PgTlsError {
     /// `sslmode=verify-full` and no host name to check the certificate against.
     #[error("sslmode=verify-full needs a host name to check the database's certificate against, and the URL's host {0:?} is none: give the host by name (or use sslmode=verify-ca)")]
     NoHostName(String),
@@ -152,7 +152,7 @@ pub enum PgTlsError {
 /// The TLS settings of one store URL, for every connection made to it: a [`MakeTlsConnect`]
 /// for `tokio-postgres` and for the blocking `postgres` crate alike. Cheap to clone.
 #[derive(Clone)]
-pub struct PgTls {
+pub(crate) struct PgTls {
     mode: Mode,
     /// The `sslrootcert` the certificate is checked against (verifying modes).
     root: Option<PathBuf>,
@@ -168,17 +168,18 @@ impl std::fmt::Debug for PgTls {
 
 impl PgTls {
     /// No TLS (tests, and connections that cannot have any).
-    pub fn disabled() -> Self {
+    pub(crate) fn disabled() -> Self {
         Self { mode: Mode::Disable, root: None, config: None }
     }
 
     /// The mode in force.
-    pub fn mode(&self) -> Mode {
+    #[cfg(test)]
+    pub(crate) fn mode(&self) -> Mode {
         self.mode
     }
 
     /// The settings for `mode` and `sslrootcert` (read now).
-    pub fn new(mode: Mode, sslrootcert: Option<&Path>) -> Result<Self, PgUrlError> {
+    pub(crate) fn new(mode: Mode, sslrootcert: Option<&Path>) -> Result<Self, PgUrlError> {
         let root = match (mode, sslrootcert) {
             (Mode::Disable, _) => return Ok(Self::disabled()),
             (Mode::Prefer, _) | (Mode::Require, None) => None,
@@ -216,7 +217,7 @@ impl PgTls {
 /// A client error with its cause (`tokio-postgres` shows only its kind, `error performing TLS
 /// handshake`, and keeps what went wrong as its source): for messages that are logged or
 /// answered as text. A server's error is its own message.
-pub fn describe(e: &tokio_postgres::Error) -> String {
+pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
     match (e.as_db_error(), std::error::Error::source(e)) {
         (Some(db), _) => db.to_string(),
         (None, Some(cause)) => format!("{e}: {cause}"),
@@ -226,7 +227,7 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
 
 /// Parses a store URL (`postgres://...` or `key=value ...`): its TLS settings, and the rest as
 /// `tokio-postgres`'s configuration with the matching `sslmode`.
-pub fn parse(url: &str) -> Result<(tokio_postgres::Config, PgTls), PgUrlError> {
+pub(crate) fn parse(url: &str) -> Result<(tokio_postgres::Config, PgTls), PgUrlError> {
     let (rest, mode, root) = take_tls_params(url);
     let mode = match mode {
         Some(m) => Mode::parse(&m)?,
@@ -377,7 +378,7 @@ where
 }
 
 /// One connection's TLS handshake ([`PgTls`]'s, for one host).
-pub struct PgTlsConnect {
+pub(crate) struct PgTlsConnect {
     tls: PgTls,
     host: String,
     name: Option<ServerName<'static>>,
@@ -437,7 +438,7 @@ where
 }
 
 /// A TLS connection to the database.
-pub struct PgTlsStream<S>(tokio_rustls::client::TlsStream<S>);
+pub(crate) struct PgTlsStream<S>(tokio_rustls::client::TlsStream<S>);
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for PgTlsStream<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {

@@ -21,7 +21,7 @@ use subtle::ConstantTimeEq;
 
 /// The id of the admin token (the data directory's `token` file), in the audit log and in
 /// answers. No created token has it (theirs are `tok-N`).
-pub const ADMIN_ID: &str = "admin";
+pub(crate) const ADMIN_ID: &str = "admin";
 
 /// What a token may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -75,7 +75,7 @@ impl std::str::FromStr for Scope {
 /// A created token as the store keeps it: never the token, only its hash (and the hash is
 /// never answered either).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenRecord {
+pub(crate) struct TokenRecord {
     /// `tok-N`.
     pub id: String,
     /// What it may do.
@@ -94,7 +94,7 @@ pub struct TokenRecord {
 
 impl TokenRecord {
     /// A token just created: `model` is the name and uuid of the one model it may use.
-    pub fn created(id: String, scope: Scope, created: &str, model: Option<(&str, &str)>) -> Self {
+    pub(crate) fn created(id: String, scope: Scope, created: &str, model: Option<(&str, &str)>) -> Self {
         Self {
             id,
             scope,
@@ -108,7 +108,7 @@ impl TokenRecord {
 
 /// Whether a token scoped to `scoped` (`None`: every model) may use model `target`: `Err`
 /// names why not, in one sentence.
-pub fn may_use_model(scoped: Option<&str>, target: &str) -> Result<(), String> {
+pub(crate) fn may_use_model(scoped: Option<&str>, target: &str) -> Result<(), String> {
     match scoped {
         Some(mine) if mine != target => {
             Err(format!("this API token is scoped to model {mine:?}: it may not use model {target:?}"))
@@ -118,7 +118,7 @@ pub fn may_use_model(scoped: Option<&str>, target: &str) -> Result<(), String> {
 }
 
 /// The id of the `n`-th created token (`tok-1`, `tok-2`, ...).
-pub fn token_id(n: u64) -> String {
+pub(crate) fn token_id(n: u64) -> String {
     format!("tok-{n}")
 }
 
@@ -129,13 +129,13 @@ pub fn sha256_hex(token: &str) -> String {
 
 /// Whether two hashes are equal, compared in constant time (no early exit on the first
 /// difference).
-pub fn hashes_equal(a: &str, b: &str) -> bool {
+pub(crate) fn hashes_equal(a: &str, b: &str) -> bool {
     a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
 }
 
 /// A new token: 32 random bytes (the operating system's generator, through `rand`'s thread
 /// RNG, reseeded from it), hex.
-pub fn new_secret() -> String {
+pub(crate) fn new_secret() -> String {
     let bytes: [u8; 32] = rand::random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use provisioner::service::lease::pg::{audit_epochs, EpochAudit};
+use provisioner::service::{audit_epochs, EpochAudit};
 use provisioner::testing::TempPostgres;
 use serde_json::Value;
 

@@ -174,7 +174,7 @@ fn a_newer_schema_is_refused_at_start_naming_both_versions() {
     c.execute("INSERT INTO schema_migrations (version) VALUES (42)", &[]).unwrap();
     let (code, err) = serve_output(&dir.join("data"), &["--store", &url]);
     assert_eq!(code, Some(1), "{err}");
-    let ours = format!("this build's {}", provisioner::service::store::PG_SCHEMA_VERSION);
+    let ours = format!("this build's {}", provisioner::service::PG_SCHEMA_VERSION);
     assert!(err.contains("schema version 42") && err.contains(&ours), "{err}");
 }
 

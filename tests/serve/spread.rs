@@ -91,7 +91,7 @@ fn epochs(url: &str) -> BTreeMap<String, Vec<String>> {
         let schema = if name == "default" { "public".to_owned() } else { format!("model_{name}") };
         c.batch_execute(&format!("SET search_path TO {schema}")).unwrap();
         let uuid: String = c.query_one("SELECT value FROM meta WHERE key = 'model_uuid'", &[]).unwrap().get(0);
-        let a = provisioner::service::lease::pg::audit_epochs(&mut c, &uuid).unwrap();
+        let a = provisioner::service::audit_epochs(&mut c, &uuid).unwrap();
         assert!(a.stale.is_empty(), "{name}: writes committed under a stale epoch: {:?}", a.stale);
         let numbers: Vec<i64> = a.acquisitions.iter().map(|(e, _)| *e).collect();
         let first = numbers.first().copied().unwrap_or(1);

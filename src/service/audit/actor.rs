@@ -11,7 +11,7 @@ use super::state::{AuditFile, Decision, RefusedBook, Rotation};
 
 /// The writer of the audit log.
 #[derive(Debug)]
-pub struct AuditWriter {
+pub(crate) struct AuditWriter {
     /// `None` if the file could not be opened on the writer's thread (every write says so).
     file: Option<AuditFile>,
     refused: RefusedBook,
@@ -24,7 +24,7 @@ impl Actor for AuditWriter {
 impl AuditWriter {
     /// Starts the writer on a thread of its own, over the file at `path` (opened there; a
     /// path that cannot be opened was refused before, by [`super::AuditLog::open`]).
-    pub fn start(path: PathBuf, rotation: Rotation) -> Addr<Self> {
+    pub(crate) fn start(path: PathBuf, rotation: Rotation) -> Addr<Self> {
         SyncArbiter::start(1, move || {
             let file = AuditFile::open(&path, rotation)
                 .inspect_err(|e| tracing::error!(target: "audit", error = %e, "cannot open the audit log"))
@@ -41,7 +41,7 @@ impl AuditWriter {
 /// Write this line (its answer once written, or why not: the line is then kept).
 #[derive(Debug, Message)]
 #[rtype(result = "Result<(), AuditWriteError>")]
-pub struct Record(pub AuditLine);
+pub(crate) struct Record(pub AuditLine);
 
 impl Handler<Record> for AuditWriter {
     type Result = Result<(), AuditWriteError>;
@@ -53,7 +53,7 @@ impl Handler<Record> for AuditWriter {
 /// Whether the file takes lines (those kept are written first).
 #[derive(Debug, Message)]
 #[rtype(result = "Result<(), AuditWriteError>")]
-pub struct WriterReady;
+pub(crate) struct WriterReady;
 
 impl Handler<WriterReady> for AuditWriter {
     type Result = Result<(), AuditWriteError>;
@@ -65,7 +65,7 @@ impl Handler<WriterReady> for AuditWriter {
 /// A request refused for want of a valid token: written at a bounded rate (whether it was).
 #[derive(Debug, Message)]
 #[rtype(result = "bool")]
-pub struct Refused {
+pub(crate) struct Refused {
     /// Where it came from.
     pub peer: Option<std::net::IpAddr>,
     /// Its line.

@@ -19,7 +19,7 @@ pub struct AuditError {
 
 /// A line could not be written (it is kept, and written first once the file takes lines).
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
-pub enum AuditWriteError {
+pub(crate) enum AuditWriteError {
     /// The file refused it (a full disk, a read-only file system): the system's words.
     #[error("the audit log {path} cannot be written: {message}")]
     Write {
@@ -35,7 +35,7 @@ pub enum AuditWriteError {
 
 /// One line of the audit log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct AuditLine {
+pub(crate) struct AuditLine {
     /// When the answer was made (RFC 3339, UTC, milliseconds).
     pub time: String,
     /// The token's id (`admin`, `tok-N`), `null` without a valid token.
@@ -54,7 +54,7 @@ pub struct AuditLine {
 }
 
 /// The longest path, summary or result kept in a line, in characters.
-pub const MAX_FIELD: usize = 200;
+pub(crate) const MAX_FIELD: usize = 200;
 
 /// `text` cut at `max` characters (`...` marks the cut).
 fn cut(text: &str, max: usize) -> String {
@@ -66,7 +66,7 @@ fn cut(text: &str, max: usize) -> String {
 
 impl AuditLine {
     /// The line with each field a request could make long cut at [`MAX_FIELD`] characters.
-    pub fn bounded(mut self) -> Self {
+    pub(crate) fn bounded(mut self) -> Self {
         self.path = cut(&self.path, MAX_FIELD);
         self.method = cut(&self.method, 16);
         self.what = self.what.map(|w| cut(&w, MAX_FIELD));
@@ -76,7 +76,7 @@ impl AuditLine {
     }
 
     /// The line as written: one JSON object and a newline.
-    pub fn to_json_line(&self) -> String {
+    pub(crate) fn to_json_line(&self) -> String {
         let mut text = serde_json::to_string(self).unwrap_or_default();
         text.push('\n');
         text
@@ -84,7 +84,7 @@ impl AuditLine {
 
     /// Emits the line as a tracing event with target `audit` (each value quoted and escaped,
     /// so that no request's text forges a log line).
-    pub fn trace(&self) {
+    pub(crate) fn trace(&self) {
         tracing::info!(
             target: "audit",
             token = self.token.as_deref().unwrap_or("-"),
@@ -101,22 +101,22 @@ impl AuditLine {
 /// A handler's short summary of what its request did, left in the request's extensions for
 /// the audit log.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuditNote(pub String);
+pub(crate) struct AuditNote(pub String);
 
 /// The longest summary kept, in characters (a request's values can be long: a body may be
 /// 256 KiB).
-pub const MAX_NOTE: usize = 200;
+pub(crate) const MAX_NOTE: usize = 200;
 
 impl AuditNote {
     /// A summary, cut at [`MAX_NOTE`] characters (`...` marks the cut).
-    pub fn new(what: impl Into<String>) -> Self {
+    pub(crate) fn new(what: impl Into<String>) -> Self {
         Self(cut(&what.into(), MAX_NOTE))
     }
 }
 
 /// Whether a request is a change the audit log records: a `/v1` request whose method is not
 /// `GET` or `HEAD`.
-pub fn is_change(method: &str, path: &str) -> bool {
+pub(crate) fn is_change(method: &str, path: &str) -> bool {
     (path == "/v1" || path.starts_with("/v1/")) && !matches!(method, "GET" | "HEAD")
 }
 
@@ -125,12 +125,12 @@ pub fn is_change(method: &str, path: &str) -> bool {
 /// time only (never on a paused clock or in the simulator), so the ban on the wall clock in
 /// library code (there for determinism) does not apply here.
 #[allow(clippy::disallowed_methods)]
-pub fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
 /// Shortens a list of names for a summary: the first few, then how many more.
-pub fn list_summary(names: &[String]) -> String {
+pub(crate) fn list_summary(names: &[String]) -> String {
     const SHOWN: usize = 10;
     let mut out = names.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
     if names.len() > SHOWN {

@@ -37,45 +37,37 @@ mod actor;
 mod line;
 mod state;
 
-pub use actor::{AuditWriter, Record, Refused, WriterReady};
-pub use line::{
-    is_change, list_summary, now_rfc3339, AuditError, AuditLine, AuditNote, AuditWriteError, MAX_FIELD, MAX_NOTE,
-};
-pub use state::{AuditFile, Decision, RefusedBook, Rotation, MAX_PENDING, RESERVE};
+pub(crate) use actor::{AuditWriter, Record, Refused, WriterReady};
+pub(crate) use line::{is_change, list_summary, now_rfc3339, AuditError, AuditLine, AuditNote, AuditWriteError};
+pub(crate) use state::{AuditFile, Rotation};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Where the audit lines go: the writer of the file (and tracing). Cheap to share.
 #[derive(Debug)]
-pub struct AuditLog {
+pub(crate) struct AuditLog {
     writer: actix::Addr<AuditWriter>,
-    path: PathBuf,
 }
 
 impl AuditLog {
     /// Opens (creating it, mode 0600) the audit log at `path` for appending, rotated as
     /// `rotation` says, and starts its writer's thread. Must be called inside an actix system.
-    pub fn open(path: &Path, rotation: Rotation) -> Result<Self, AuditError> {
+    pub(crate) fn open(path: &Path, rotation: Rotation) -> Result<Self, AuditError> {
         // Opened here first, so that a path that cannot be opened is an error now.
         drop(AuditFile::open(path, rotation)?);
         let writer = AuditWriter::start(path.to_owned(), rotation);
-        Ok(Self { writer, path: path.to_owned() })
-    }
-
-    /// The file's path.
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok(Self { writer })
     }
 
     /// Whether a change may go ahead: the writer takes lines (any kept from a failure are
     /// written first). A change is refused while it does not.
-    pub async fn ready(&self) -> Result<(), AuditWriteError> {
+    pub(crate) async fn ready(&self) -> Result<(), AuditWriteError> {
         self.writer.send(WriterReady).await.map_err(|_| AuditWriteError::Stopped)?
     }
 
     /// Writes one line (bounded, one `write` call, appended) and emits it as a tracing event
     /// with target `audit`. A line that cannot be written is kept and reported.
-    pub async fn record(&self, line: AuditLine) -> Result<(), AuditWriteError> {
+    pub(crate) async fn record(&self, line: AuditLine) -> Result<(), AuditWriteError> {
         let line = line.bounded();
         line.trace();
         let written = self.writer.send(Record(line)).await.map_err(|_| AuditWriteError::Stopped)?;
@@ -87,7 +79,12 @@ impl AuditLog {
 
     /// A request refused for want of a valid token, from `peer`: written if its peer (and all
     /// peers together) are within their rate, else counted. Whether it was written.
-    pub async fn refused(&self, peer: Option<std::net::IpAddr>, line: AuditLine, now: actix_rt::time::Instant) -> bool {
+    pub(crate) async fn refused(
+        &self,
+        peer: Option<std::net::IpAddr>,
+        line: AuditLine,
+        now: actix_rt::time::Instant,
+    ) -> bool {
         let line = line.bounded();
         self.writer.send(Refused { peer, line, now }).await.unwrap_or(false)
     }
@@ -95,6 +92,7 @@ impl AuditLog {
 
 #[cfg(test)]
 mod tests {
+    use super::line::{MAX_FIELD, MAX_NOTE};
     use super::*;
 
     #[test]

@@ -31,15 +31,15 @@ impl Default for Rotation {
 
 /// The room kept allocated past the audit log's end: far more than the lines of the changes
 /// that can be in flight at once (a line is at most about a kilobyte).
-pub const RESERVE: u64 = 256 * 1024;
+pub(crate) const RESERVE: u64 = 256 * 1024;
 
 /// The most lines kept in memory while the file takes none (beyond it the lines of refused
 /// requests are dropped and counted; no change is made meanwhile, so none is a change's).
-pub const MAX_PENDING: usize = 1_000;
+pub(crate) const MAX_PENDING: usize = 1_000;
 
 /// The audit log's file: rotated by size, each line one `write` call, and the lines it could
 /// not write kept (in order) until it can.
-pub struct AuditFile {
+pub(crate) struct AuditFile {
     file: FileRotate<AppendCount>,
     path: PathBuf,
     pending: VecDeque<String>,
@@ -57,7 +57,7 @@ impl std::fmt::Debug for AuditFile {
 
 impl AuditFile {
     /// Opens (creating it, mode 0600) the file at `path` for appending.
-    pub fn open(path: &Path, rotation: Rotation) -> Result<Self, AuditError> {
+    pub(crate) fn open(path: &Path, rotation: Rotation) -> Result<Self, AuditError> {
         let mut opts = std::fs::OpenOptions::new();
         opts.append(true).create(true);
         #[cfg(unix)]
@@ -77,7 +77,7 @@ impl AuditFile {
     }
 
     /// Writes the pending lines, then `line`: `Err` (the line kept) if the file refused.
-    pub fn write(&mut self, line: &AuditLine) -> Result<(), AuditWriteError> {
+    pub(crate) fn write(&mut self, line: &AuditLine) -> Result<(), AuditWriteError> {
         let text = line.to_json_line();
         if self.pending.len() >= MAX_PENDING {
             self.dropped += 1;
@@ -89,7 +89,7 @@ impl AuditFile {
 
     /// Writes the pending lines, then makes sure the file has room for the next ones: `Ok`
     /// once none is left and the room is there. What a change waits for before it goes ahead.
-    pub fn ready(&mut self) -> Result<(), AuditWriteError> {
+    pub(crate) fn ready(&mut self) -> Result<(), AuditWriteError> {
         self.flush()?;
         self.reserve().map_err(|e| {
             let message = format!("no room for the next lines: {e}");
@@ -116,7 +116,7 @@ impl AuditFile {
     }
 
     /// Writes the pending lines: `Ok` once none is left.
-    pub fn flush(&mut self) -> Result<(), AuditWriteError> {
+    pub(crate) fn flush(&mut self) -> Result<(), AuditWriteError> {
         while let Some(text) = self.pending.front() {
             if let Err(e) = self.file.write_all(text.as_bytes()) {
                 let message = e.to_string();
@@ -133,14 +133,15 @@ impl AuditFile {
     }
 
     /// Lines kept, not yet written.
-    pub fn pending(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> usize {
         self.pending.len()
     }
 }
 
 /// What to do with a refused request's line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Write it; `suppressed` lines of the same peer were not written since its last one.
     Write {
         /// Lines of this peer not written since its last written one.
@@ -182,7 +183,7 @@ impl Bucket {
 /// nor many of them, can fill the disk through the audit log. The peers remembered are bounded
 /// (`MAX_PEERS`: the one seen longest ago is forgotten first).
 #[derive(Debug, Default)]
-pub struct RefusedBook {
+pub(crate) struct RefusedBook {
     peers: HashMap<Option<IpAddr>, Bucket>,
     total: Option<Bucket>,
     /// Lines not written, all peers together (the metric's count).
@@ -197,7 +198,7 @@ const MAX_PEERS: usize = 4_096;
 
 impl RefusedBook {
     /// A refused request from `peer` at `now`: write its line or count it.
-    pub fn refused(&mut self, peer: Option<IpAddr>, now: Instant) -> Decision {
+    pub(crate) fn refused(&mut self, peer: Option<IpAddr>, now: Instant) -> Decision {
         if !self.peers.contains_key(&peer) && self.peers.len() >= MAX_PEERS {
             let oldest = self.peers.iter().min_by_key(|(_, b)| b.at).map(|(p, _)| *p);
             if let Some(p) = oldest {
@@ -221,12 +222,14 @@ impl RefusedBook {
     }
 
     /// Lines not written so far, all peers together.
-    pub fn suppressed_total(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn suppressed_total(&self) -> u64 {
         self.suppressed_total
     }
 
     /// The peers remembered.
-    pub fn peers(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn peers(&self) -> usize {
         self.peers.len()
     }
 }

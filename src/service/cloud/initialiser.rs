@@ -18,7 +18,7 @@ use crate::model::MachineId;
 
 /// How the simulated preparation behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SimInitPlan {
+pub(crate) struct SimInitPlan {
     /// How long one preparation takes.
     pub delay: Duration,
     /// How many preparations of each host and type fail first.
@@ -27,7 +27,7 @@ pub struct SimInitPlan {
 
 impl SimInitPlan {
     /// The result of preparation number `attempt` (0-based) of one host and type.
-    pub fn outcome(&self, host: &MachineId, kind: &str, attempt: u32) -> Result<(), InitialiseError> {
+    pub(crate) fn outcome(&self, host: &MachineId, kind: &str, attempt: u32) -> Result<(), InitialiseError> {
         if attempt < self.failures {
             Err(InitialiseError::new(format!(
                 "simulated fault preparing host {host} for {kind} containers (failure {} of {})",
@@ -64,14 +64,14 @@ impl Handler<NextAttempt> for Attempts {
 }
 
 /// The [`ContainerInitialiser`] `serve` runs with the simulated cloud.
-pub struct SimInitialiser {
+pub(crate) struct SimInitialiser {
     plan: SimInitPlan,
     attempts: Addr<Attempts>,
 }
 
 impl SimInitialiser {
     /// Starts one on the current actix system.
-    pub fn start(plan: SimInitPlan) -> Self {
+    pub(crate) fn start(plan: SimInitPlan) -> Self {
         Self { plan, attempts: Attempts::default().start() }
     }
 }

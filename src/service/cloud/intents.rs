@@ -25,7 +25,7 @@ use crate::service::store::{Store, StoreError};
 
 /// A broker whose starts are written down before they are made.
 #[derive(Clone)]
-pub struct IntentBroker {
+pub(crate) struct IntentBroker {
     inner: Arc<dyn Broker>,
     store: Store,
 }
@@ -44,7 +44,8 @@ fn settles(outcome: &Result<StartedInstance, BrokerError>) -> bool {
 
 impl IntentBroker {
     /// `inner`, its starts' intents kept in `store`.
-    pub fn new(inner: Arc<dyn Broker>, store: Store) -> Self {
+    #[cfg_attr(not(feature = "ec2"), allow(dead_code))]
+    pub(crate) fn new(inner: Arc<dyn Broker>, store: Store) -> Self {
         Self { inner, store }
     }
 
@@ -52,7 +53,7 @@ impl IntentBroker {
     /// drops the intents the cloud settled; answers how many were repeated. Run before the
     /// provisioner starts (a restart, or each epoch a replica leads). A cloud error leaves the
     /// intent for the next attempt (the provisioner adopts what it finds by tags meanwhile).
-    pub async fn resume(&self) -> Result<usize, StoreError> {
+    pub(crate) async fn resume(&self) -> Result<usize, StoreError> {
         let intents = self.store.exec_lazy(|s| s.start_intents()).await?;
         let mut repeated = 0;
         for text in intents {

@@ -10,7 +10,7 @@
 //! - `listing`: a real cloud's instances as readers see them: served from the listings made,
 //!   with their age (no reader drives the cloud's API).
 
-pub mod initialiser;
-pub mod intents;
-pub mod listing;
-pub mod sim;
+pub(crate) mod initialiser;
+pub(crate) mod intents;
+pub(crate) mod listing;
+pub(crate) mod sim;

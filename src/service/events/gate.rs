@@ -15,10 +15,10 @@ use crate::service::store::Store;
 
 /// How often the gate re-reads the tokens that hold streams (to end a revoked one's streams
 /// when it was revoked through another replica).
-pub const REVOCATION_CHECK: Duration = Duration::from_millis(500);
+pub(crate) const REVOCATION_CHECK: Duration = Duration::from_millis(500);
 
 /// A stream's place in the gate's count: let go (its stream dropped) it makes room.
-pub struct Ticket {
+pub(crate) struct Ticket {
     pub(super) id: u64,
     pub(super) gate: Recipient<Release>,
     pub(super) end: Option<oneshot::Receiver<String>>,
@@ -31,7 +31,7 @@ impl Drop for Ticket {
 }
 
 /// The replica's gate of every model's event streams (see the module's documentation).
-pub struct StreamGate {
+pub(crate) struct StreamGate {
     book: StreamBook,
     /// Each open stream's word to end (given once).
     ends: BTreeMap<u64, oneshot::Sender<String>>,
@@ -43,7 +43,7 @@ pub struct StreamGate {
 
 impl StreamGate {
     /// No stream open; the caps are `limits`'; tokens are read from `store`.
-    pub fn new(limits: EventsSettings, store: Store) -> Self {
+    pub(crate) fn new(limits: EventsSettings, store: Store) -> Self {
         Self { book: StreamBook::new(limits), ends: BTreeMap::new(), store, checking: false }
     }
 
@@ -90,17 +90,17 @@ impl Actor for StreamGate {
 /// Admits a stream for the token with this id, within the caps.
 #[derive(Message)]
 #[rtype(result = "Result<Ticket, StreamRefused>")]
-pub struct Admit(pub String);
+pub(crate) struct Admit(pub String);
 
 /// A stream is gone.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Release(pub u64);
+pub(crate) struct Release(pub u64);
 
 /// The token with this id was revoked (through this replica): its streams end now.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Revoked(pub String);
+pub(crate) struct Revoked(pub String);
 
 impl Handler<Admit> for StreamGate {
     type Result = Result<Ticket, StreamRefused>;

@@ -62,7 +62,7 @@ impl Client {
 
 /// A client's side of its stream: the frames, each counted off its queue as it is taken; the
 /// gate's word to end it (a revoked token), and its place in the gate's count (let go with it).
-pub struct EventStream {
+pub(crate) struct EventStream {
     rx: UnboundedReceiver<String>,
     queued: Arc<AtomicUsize>,
     end: Option<oneshot::Receiver<String>>,
@@ -106,7 +106,7 @@ impl Stream for EventStream {
 }
 
 /// Keeps the connected streams.
-pub struct EventHub {
+pub(crate) struct EventHub {
     pub(super) streams: BTreeMap<u64, Client>,
     next: u64,
     /// Shutting down: new streams end at once.
@@ -119,12 +119,12 @@ pub struct EventHub {
 
 impl EventHub {
     /// No stream yet; a client none of whose waiting frames is taken for `idle` is dropped.
-    pub fn new(idle: Duration) -> Self {
+    pub(crate) fn new(idle: Duration) -> Self {
         Self { streams: BTreeMap::new(), next: 0, closed: false, dropped: Arc::default(), idle }
     }
 
     /// The count of clients dropped for falling behind, as it grows.
-    pub fn dropped_counter(&self) -> Arc<AtomicU64> {
+    pub(crate) fn dropped_counter(&self) -> Arc<AtomicU64> {
         self.dropped.clone()
     }
 
@@ -170,12 +170,12 @@ impl Actor for EventHub {
 /// gate ends it); the ticket is its place in the gate's count.
 #[derive(Message)]
 #[rtype(result = "EventStream")]
-pub struct OpenStream(pub Option<Ticket>);
+pub(crate) struct OpenStream(pub Option<Ticket>);
 
 /// Ends every stream (shutdown).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct CloseStreams;
+pub(crate) struct CloseStreams;
 
 impl Handler<OpenStream> for EventHub {
     type Result = MessageResult<OpenStream>;

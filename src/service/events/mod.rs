@@ -31,10 +31,8 @@ mod state;
 mod tests;
 mod view;
 
-pub use gate::{Admit, Release, Revoked, StreamGate, Ticket, REVOCATION_CHECK};
-pub use hub::{CloseStreams, EventHub, EventStream, OpenStream};
-pub use state::{IdleWatch, StreamBook, StreamRefused};
-pub use view::{
-    dropped_frame, event_view, idle_frame, revoked_frame, role_view, sse_frame, EventView, RoleChanged, DROPPED,
-    HEARTBEAT, QUEUE_LIMIT, REVOKED, ROLE_CHANGED,
-};
+pub(crate) use gate::{Admit, Revoked, StreamGate};
+pub(crate) use hub::{CloseStreams, EventHub, OpenStream};
+pub(crate) use view::EventView;
+#[cfg(feature = "postgres")]
+pub(crate) use view::RoleChanged;

@@ -17,7 +17,7 @@ use crate::service::token::ADMIN_ID;
 
 /// Why a new stream is refused (429): a cap is reached.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum StreamRefused {
+pub(crate) enum StreamRefused {
     /// The token holds its most streams.
     #[error(
         "the API token {token} already holds {cap} event streams open on this replica, the most one token may: \
@@ -49,7 +49,7 @@ struct Entry {
 
 /// The open streams of a replica (every model's), by id.
 #[derive(Debug)]
-pub struct StreamBook {
+pub(crate) struct StreamBook {
     limits: EventsSettings,
     open: BTreeMap<u64, Entry>,
     next: u64,
@@ -57,12 +57,12 @@ pub struct StreamBook {
 
 impl StreamBook {
     /// No stream open yet.
-    pub fn new(limits: EventsSettings) -> Self {
+    pub(crate) fn new(limits: EventsSettings) -> Self {
         Self { limits, open: BTreeMap::new(), next: 0 }
     }
 
     /// Admits a stream for `token` (its id): its id, or why not (nothing counted then).
-    pub fn admit(&mut self, token: &str) -> Result<u64, StreamRefused> {
+    pub(crate) fn admit(&mut self, token: &str) -> Result<u64, StreamRefused> {
         if self.open.len() >= self.limits.max_streams {
             return Err(StreamRefused::Total { cap: self.limits.max_streams });
         }
@@ -75,29 +75,25 @@ impl StreamBook {
     }
 
     /// The stream is gone (again: nothing).
-    pub fn release(&mut self, id: u64) {
+    pub(crate) fn release(&mut self, id: u64) {
         self.open.remove(&id);
     }
 
     /// How many streams are open.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.open.len()
-    }
-
-    /// Whether none is.
-    pub fn is_empty(&self) -> bool {
-        self.open.is_empty()
     }
 
     /// The created tokens (never `admin`, which cannot be revoked) holding streams not yet told
     /// to end: those whose revocation to look for.
-    pub fn tokens_to_check(&self) -> BTreeSet<String> {
+    pub(crate) fn tokens_to_check(&self) -> BTreeSet<String> {
         self.open.values().filter(|e| !e.ended && e.token != ADMIN_ID).map(|e| e.token.clone()).collect()
     }
 
     /// The streams to end because their token is in `revoked` (each once: marked ended; they
     /// still count until released).
-    pub fn end_revoked(&mut self, revoked: &BTreeSet<String>) -> Vec<(u64, String)> {
+    pub(crate) fn end_revoked(&mut self, revoked: &BTreeSet<String>) -> Vec<(u64, String)> {
         self.open
             .iter_mut()
             .filter(|(_, e)| !e.ended && revoked.contains(&e.token))
@@ -112,20 +108,20 @@ impl StreamBook {
 /// Whether a client takes its frames: idle once frames have waited for it and none was taken
 /// for the limit.
 #[derive(Debug, Clone, Copy)]
-pub struct IdleWatch {
+pub(crate) struct IdleWatch {
     taken: u64,
     since: Instant,
 }
 
 impl IdleWatch {
     /// A client that has taken nothing, as of `now`.
-    pub fn new(now: Instant) -> Self {
+    pub(crate) fn new(now: Instant) -> Self {
         Self { taken: 0, since: now }
     }
 
     /// Whether the client is idle at `now`: `taken` is how many frames it has taken so far,
     /// `waiting` how many wait for it. A frame taken (or none waiting) starts the clock again.
-    pub fn idle(&mut self, taken: u64, waiting: usize, now: Instant, limit: Duration) -> bool {
+    pub(crate) fn idle(&mut self, taken: u64, waiting: usize, now: Instant, limit: Duration) -> bool {
         if taken != self.taken || waiting == 0 {
             self.taken = taken;
             self.since = now;

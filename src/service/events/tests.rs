@@ -8,7 +8,10 @@ use actix::prelude::*;
 use futures::channel::mpsc::unbounded;
 use futures::channel::oneshot;
 
+use super::gate::{Release, Ticket};
 use super::hub::Client;
+use super::hub::EventStream;
+use super::view::{event_view, revoked_frame, role_view, sse_frame, RoleChanged, QUEUE_LIMIT};
 use super::*;
 use crate::model::events::ProvisionerEvent;
 use crate::model::{HarvestMode, InstanceId, MachineId};

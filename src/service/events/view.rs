@@ -10,16 +10,16 @@ use serde::{Deserialize, Serialize};
 use crate::model::events::ProvisionerEvent;
 
 /// How often an idle stream gets a comment line (to find clients that went away).
-pub const HEARTBEAT: Duration = Duration::from_secs(15);
+pub(crate) const HEARTBEAT: Duration = Duration::from_secs(15);
 /// The most frames queued for one client (about 150 bytes each) before it is dropped.
-pub const QUEUE_LIMIT: usize = 1024;
+pub(crate) const QUEUE_LIMIT: usize = 1024;
 /// The name of the last event a dropped client gets.
-pub const DROPPED: &str = "stream-dropped";
+pub(crate) const DROPPED: &str = "stream-dropped";
 /// The name of the last event of a stream whose token was revoked.
-pub const REVOKED: &str = "token-revoked";
+pub(crate) const REVOKED: &str = "token-revoked";
 /// One event, as the stream carries it. Fields that do not apply are left out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct EventView {
+pub(crate) struct EventView {
     /// `machine-started`, `machine-failed`, `instances-stopped`, ...
     pub event: String,
     /// The machine it concerns.
@@ -55,13 +55,13 @@ pub struct EventView {
 }
 
 /// The name of the event a replica's change of role sends.
-pub const ROLE_CHANGED: &str = "role-changed";
+pub(crate) const ROLE_CHANGED: &str = "role-changed";
 
 /// A replica's change of role, sent on its event stream (`message` says why: `acquired`,
 /// `refused`, `renew_deadline`, `released`).
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
-pub struct RoleChanged {
+pub(crate) struct RoleChanged {
     /// `leader` or `follower`.
     pub role: &'static str,
     /// The epoch.
@@ -73,7 +73,7 @@ pub struct RoleChanged {
 }
 
 /// The stream's view of a change of role.
-pub fn role_view(e: RoleChanged) -> EventView {
+pub(crate) fn role_view(e: RoleChanged) -> EventView {
     EventView {
         role: Some(e.role.to_owned()),
         epoch: e.epoch,
@@ -85,7 +85,7 @@ pub fn role_view(e: RoleChanged) -> EventView {
 
 impl EventView {
     /// An event with this name and no other field.
-    pub fn named(event: &str) -> Self {
+    pub(crate) fn named(event: &str) -> Self {
         Self {
             event: event.to_owned(),
             machine: None,
@@ -103,7 +103,7 @@ impl EventView {
 }
 
 /// The stream's view of an event.
-pub fn event_view(e: &ProvisionerEvent) -> EventView {
+pub(crate) fn event_view(e: &ProvisionerEvent) -> EventView {
     let mut v = EventView::named(e.name());
     match e {
         ProvisionerEvent::ProcessedMachines | ProvisionerEvent::RetriedMachinesWithErrors => {}
@@ -134,13 +134,13 @@ pub fn event_view(e: &ProvisionerEvent) -> EventView {
 }
 
 /// One server-sent event: `event: NAME`, `data: JSON`, a blank line.
-pub fn sse_frame(v: &EventView) -> String {
+pub(crate) fn sse_frame(v: &EventView) -> String {
     let json = serde_json::to_string(v).unwrap_or_else(|_| "{}".into());
     format!("event: {}\ndata: {json}\n\n", v.event)
 }
 
 /// The last frame of a client that fell [`QUEUE_LIMIT`] frames behind.
-pub fn dropped_frame() -> String {
+pub(crate) fn dropped_frame() -> String {
     sse_frame(&EventView {
         message: Some(format!(
             "this client fell {QUEUE_LIMIT} events behind and was dropped; reconnect (the events in between are lost)"
@@ -150,7 +150,7 @@ pub fn dropped_frame() -> String {
 }
 
 /// The last frame of a client none of whose waiting frames could be written for `idle`.
-pub fn idle_frame(idle: Duration) -> String {
+pub(crate) fn idle_frame(idle: Duration) -> String {
     sse_frame(&EventView {
         message: Some(format!(
             "no event could be written to this client for {}, so it was dropped; reconnect (the events in between \
@@ -162,7 +162,7 @@ pub fn idle_frame(idle: Duration) -> String {
 }
 
 /// The last frame of a stream whose token was revoked.
-pub fn revoked_frame(token: &str) -> String {
+pub(crate) fn revoked_frame(token: &str) -> String {
     sse_frame(&EventView {
         message: Some(format!(
             "the API token {token} was revoked: this stream ends, and every request with the token is refused"

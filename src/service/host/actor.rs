@@ -32,7 +32,7 @@ use crate::service::store::Store;
 
 /// The models of a service (cheap to clone): the model host's actor, reached by messages.
 #[derive(Clone)]
-pub struct ModelHost {
+pub(crate) struct ModelHost {
     pub(super) shared: Arc<Shared>,
     pub(super) addr: Addr<HostActor>,
 }
@@ -54,7 +54,12 @@ impl Actor for HostActor {
 }
 
 impl HostActor {
-    pub fn new(shared: Arc<Shared>, store: DirectoryStore, directory: Directory, starter: Arc<dyn StartModel>) -> Self {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        store: DirectoryStore,
+        directory: Directory,
+        starter: Arc<dyn StartModel>,
+    ) -> Self {
         Self { state: HostState::new(directory), turns: Turns::default(), shared, store, starter }
     }
 

@@ -7,7 +7,7 @@ use crate::service::settings::{BrokerKind, ServeSettings, StoreUrl};
 
 /// The settings model `entry` runs with: the service's, with the model's cloud applied, and
 /// (PostgreSQL) its own schema in the store's URL.
-pub fn model_settings(opts: &ServeSettings, entry: &ModelEntry) -> ServeSettings {
+pub(crate) fn model_settings(opts: &ServeSettings, entry: &ModelEntry) -> ServeSettings {
     let mut o = opts.clone();
     let c = &entry.cloud;
     if let Some(b) = c.broker.as_deref() {
@@ -38,7 +38,7 @@ pub fn model_settings(opts: &ServeSettings, entry: &ModelEntry) -> ServeSettings
 }
 
 /// The broker a model uses, resolved: its own, else the service's.
-pub fn broker_of(opts: &ServeSettings, cloud: &CloudSettings) -> String {
+pub(crate) fn broker_of(opts: &ServeSettings, cloud: &CloudSettings) -> String {
     cloud.broker.clone().unwrap_or_else(|| match opts.broker() {
         BrokerKind::Sim => "sim".to_owned(),
         BrokerKind::Ec2 => "ec2".to_owned(),

@@ -8,14 +8,14 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-pub use crate::service::runtime::DEFAULT_MODEL;
+pub(crate) use crate::service::runtime::DEFAULT_MODEL;
 
 /// The longest model name (Juju's rule: 63 characters, a DNS label).
-pub const MAX_NAME_LEN: usize = 63;
+pub(crate) const MAX_NAME_LEN: usize = 63;
 
 /// Why a directory operation was refused. The API answers [`ModelsError::status`].
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum ModelsError {
+pub(crate) enum ModelsError {
     /// The name breaks Juju's rule (400).
     #[error(
         "invalid model name {name:?}: {why} (a model name is 1 to 63 lowercase letters, digits and hyphens, \
@@ -49,7 +49,7 @@ pub enum ModelsError {
 
 impl ModelsError {
     /// The HTTP status the API answers for it.
-    pub fn status(&self) -> u16 {
+    pub(crate) fn status(&self) -> u16 {
         match self {
             ModelsError::InvalidName { .. } | ModelsError::Cloud(_) => 400,
             ModelsError::Exists(_) | ModelsError::DefaultNeedsForce | ModelsError::DefaultReserved => 409,
@@ -60,7 +60,7 @@ impl ModelsError {
 
 /// Checks a model name against Juju's rule: 1 to 63 characters, lowercase ASCII letters, digits
 /// and hyphens, not starting or ending with a hyphen.
-pub fn check_name(name: &str) -> Result<(), ModelsError> {
+pub(crate) fn check_name(name: &str) -> Result<(), ModelsError> {
     let bad = |why| Err(ModelsError::InvalidName { name: name.to_owned(), why });
     if name.is_empty() {
         return bad("it is empty");
@@ -88,7 +88,7 @@ pub fn check_name(name: &str) -> Result<(), ModelsError> {
 /// from the directory once its instances are gone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
-pub enum ModelLife {
+pub(crate) enum ModelLife {
     /// Running.
     #[default]
     Alive,
@@ -98,7 +98,7 @@ pub enum ModelLife {
 
 impl ModelLife {
     /// As the API spells it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ModelLife::Alive => "alive",
             ModelLife::Dying => "dying",
@@ -109,7 +109,7 @@ impl ModelLife {
 /// The cloud a model uses: the service's (`serve`'s flags) where a field is `None`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct CloudSettings {
+pub(crate) struct CloudSettings {
     /// `sim` or `ec2` (`None`: the service's `--broker`).
     pub broker: Option<String>,
     /// The simulated cloud's zones (sim).
@@ -128,7 +128,7 @@ pub struct CloudSettings {
 impl CloudSettings {
     /// Checks the settings for `broker` (the model's, resolved): a setting of the other cloud
     /// is refused, naming it; zones must be non-empty names; `broker` must be `sim` or `ec2`.
-    pub fn check(&self, broker: &str) -> Result<(), ModelsError> {
+    pub(crate) fn check(&self, broker: &str) -> Result<(), ModelsError> {
         if broker != "sim" && broker != "ec2" {
             return Err(ModelsError::Cloud(format!("broker must be sim or ec2, got {broker:?}")));
         }
@@ -162,7 +162,7 @@ impl CloudSettings {
 /// One model as the directory knows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ModelEntry {
+pub(crate) struct ModelEntry {
     /// Its name (unique; [`check_name`]).
     pub name: String,
     /// Its uuid, once its store has drawn one.
@@ -178,7 +178,7 @@ pub struct ModelEntry {
 
 impl ModelEntry {
     /// A new, alive model.
-    pub fn new(name: &str, cloud: CloudSettings) -> Self {
+    pub(crate) fn new(name: &str, cloud: CloudSettings) -> Self {
         Self { name: name.to_owned(), uuid: None, cloud, life: ModelLife::Alive }
     }
 }
@@ -186,28 +186,28 @@ impl ModelEntry {
 /// The models a service hosts, in name order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Directory {
+pub(crate) struct Directory {
     /// By name.
     pub models: BTreeMap<String, ModelEntry>,
 }
 
 impl Directory {
     /// A directory with the `default` model alone (a new service, or one from before models).
-    pub fn with_default() -> Self {
+    pub(crate) fn with_default() -> Self {
         let mut d = Self::default();
         d.models.insert(DEFAULT_MODEL.to_owned(), ModelEntry::new(DEFAULT_MODEL, CloudSettings::default()));
         d
     }
 
     /// The model named `name`.
-    pub fn get(&self, name: &str) -> Result<&ModelEntry, ModelsError> {
+    pub(crate) fn get(&self, name: &str) -> Result<&ModelEntry, ModelsError> {
         self.models.get(name).ok_or_else(|| ModelsError::Unknown(name.to_owned()))
     }
 
     /// Adds a new model: its name checked, its cloud settings checked for `broker` (the
     /// model's, resolved against the service's), refused if the name is taken. Nothing
     /// changes on a refusal.
-    pub fn add(&mut self, entry: ModelEntry, broker: &str) -> Result<(), ModelsError> {
+    pub(crate) fn add(&mut self, entry: ModelEntry, broker: &str) -> Result<(), ModelsError> {
         check_name(&entry.name)?;
         entry.cloud.check(broker)?;
         if self.models.contains_key(&entry.name) {
@@ -221,7 +221,7 @@ impl Directory {
     }
 
     /// Records the uuid its store drew.
-    pub fn set_uuid(&mut self, name: &str, uuid: &str) -> Result<(), ModelsError> {
+    pub(crate) fn set_uuid(&mut self, name: &str, uuid: &str) -> Result<(), ModelsError> {
         let e = self.models.get_mut(name).ok_or_else(|| ModelsError::Unknown(name.to_owned()))?;
         e.uuid = Some(uuid.to_owned());
         Ok(())
@@ -229,7 +229,7 @@ impl Directory {
 
     /// Starts a model's destruction: `default` only with `force`. Answers whether it was
     /// alive (a dying model's destruction is already under way).
-    pub fn destroy(&mut self, name: &str, force: bool) -> Result<bool, ModelsError> {
+    pub(crate) fn destroy(&mut self, name: &str, force: bool) -> Result<bool, ModelsError> {
         if name == DEFAULT_MODEL && !force && self.models.contains_key(name) {
             return Err(ModelsError::DefaultNeedsForce);
         }
@@ -240,7 +240,7 @@ impl Directory {
     }
 
     /// Removes a model (its destruction done). Answers whether it was there.
-    pub fn remove(&mut self, name: &str) -> bool {
+    pub(crate) fn remove(&mut self, name: &str) -> bool {
         self.models.remove(name).is_some()
     }
 }

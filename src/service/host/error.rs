@@ -7,7 +7,7 @@ use super::persist::PersistError;
 
 /// Why a model operation failed, with the HTTP status the API answers.
 #[derive(Debug, Error)]
-pub enum HostError {
+pub(crate) enum HostError {
     /// Refused by the directory (bad name, exists, unknown, `default` without force).
     #[error("{0}")]
     Refused(#[from] ModelsError),
@@ -47,7 +47,7 @@ impl From<PersistError> for HostError {
 
 impl HostError {
     /// The HTTP status.
-    pub fn status(&self) -> u16 {
+    pub(crate) fn status(&self) -> u16 {
         match self {
             HostError::Refused(r) => r.status(),
             HostError::NotRunning { .. } => 503,

@@ -19,19 +19,24 @@ use crate::service::store::Store;
 impl ModelHost {
     /// Starts a host with no model running yet, over the directory `store` holds (as
     /// `directory`); `starter` opens, starts and stops each model.
-    pub fn start(shared: Shared, store: DirectoryStore, directory: Directory, starter: Arc<dyn StartModel>) -> Self {
+    pub(crate) fn start(
+        shared: Shared,
+        store: DirectoryStore,
+        directory: Directory,
+        starter: Arc<dyn StartModel>,
+    ) -> Self {
         let shared = Arc::new(shared);
         let addr = HostActor::new(shared.clone(), store, directory, starter).start();
         Self { shared, addr }
     }
 
     /// What every model shares.
-    pub fn shared(&self) -> &Shared {
+    pub(crate) fn shared(&self) -> &Shared {
         &self.shared
     }
 
     /// The directory as last written.
-    pub async fn directory(&self) -> Directory {
+    pub(crate) async fn directory(&self) -> Directory {
         self.addr.send(GetDirectory).await.unwrap_or_else(|e| {
             tracing::error!(error = %e, "the model host does not answer");
             Directory::default()
@@ -39,12 +44,12 @@ impl ModelHost {
     }
 
     /// The running model `name`: 404 naming it when unknown, 503 when it does not run.
-    pub async fn state(&self, name: &str) -> Result<ModelRuntime, HostError> {
+    pub(crate) async fn state(&self, name: &str) -> Result<ModelRuntime, HostError> {
         self.addr.send(GetState(name.to_owned())).await.map_err(|_| HostError::Stopped)?
     }
 
     /// Every model in name order, with its state when it runs.
-    pub async fn list(&self) -> Vec<Listed> {
+    pub(crate) async fn list(&self) -> Vec<Listed> {
         self.addr.send(List).await.unwrap_or_default()
     }
 
@@ -52,7 +57,7 @@ impl ModelHost {
     /// `default_store`, already open. A model other than `default` that cannot start is
     /// recorded (its requests answer 503 saying why) and the others start; `default`'s
     /// failure is the service's. Dying models get their reaper.
-    pub async fn start_all(&self, default_store: Store) -> Result<(), ServeError> {
+    pub(crate) async fn start_all(&self, default_store: Store) -> Result<(), ServeError> {
         self.addr
             .send(StartAll(default_store))
             .await
@@ -61,25 +66,25 @@ impl ModelHost {
 
     /// Adds a model: the entry is checked and kept, then its store created and its
     /// provisioners started. If it cannot start, the entry is taken back out (nothing stays).
-    pub async fn add(&self, entry: ModelEntry) -> Result<ModelRuntime, HostError> {
+    pub(crate) async fn add(&self, entry: ModelEntry) -> Result<ModelRuntime, HostError> {
         self.addr.send(Add(entry)).await.map_err(|_| HostError::Stopped)?
     }
 
     /// Checks that `name` may be destroyed (`default` only with `force`), without changing
     /// anything: the model's entry.
-    pub async fn may_destroy(&self, name: &str, force: bool) -> Result<ModelEntry, HostError> {
+    pub(crate) async fn may_destroy(&self, name: &str, force: bool) -> Result<ModelEntry, HostError> {
         self.addr.send(MayDestroy { name: name.to_owned(), force }).await.map_err(|_| HostError::Stopped)?
     }
 
     /// Marks `name` dying (kept) and starts its reaper; the engine's destruction has been asked
     /// for by the caller.
-    pub async fn mark_dying(&self, name: &str, force: bool) -> Result<(), HostError> {
+    pub(crate) async fn mark_dying(&self, name: &str, force: bool) -> Result<(), HostError> {
         self.addr.send(MarkDying { name: name.to_owned(), force }).await.map_err(|_| HostError::Stopped)?
     }
 
     /// Removes a model that does not run from the directory (`model destroy --force` of a
     /// model whose store could not be opened): its files are left where they are.
-    pub async fn forget(&self, name: &str) -> Result<(), HostError> {
+    pub(crate) async fn forget(&self, name: &str) -> Result<(), HostError> {
         self.addr.send(Forget(name.to_owned())).await.map_err(|_| HostError::Stopped)?
     }
 
@@ -87,7 +92,8 @@ impl ModelHost {
     /// and follows it: a model added elsewhere is started here (its store opened, its lease
     /// contended), one removed elsewhere is stopped here, a dying one gets a reaper here too
     /// (whichever replica sees its instances gone first removes it).
-    pub fn spawn_sync(&self, every: std::time::Duration) {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn spawn_sync(&self, every: std::time::Duration) {
         let host = self.clone();
         actix_rt::spawn(async move {
             loop {
@@ -103,12 +109,12 @@ impl ModelHost {
     /// Every running model that has a lease (replicas on PostgreSQL), in name order: its name,
     /// uuid and lease actor.
     #[cfg(feature = "postgres")]
-    pub async fn leases(&self) -> Vec<(String, String, actix::Addr<crate::service::lease::actor::LeaseActor>)> {
+    pub(crate) async fn leases(&self) -> Vec<(String, String, actix::Addr<crate::service::lease::actor::LeaseActor>)> {
         self.addr.send(Leases).await.unwrap_or_default()
     }
 
     /// Every running model's state (to stop them all at shutdown).
-    pub async fn running(&self) -> Vec<ModelRuntime> {
+    pub(crate) async fn running(&self) -> Vec<ModelRuntime> {
         self.addr.send(Running).await.unwrap_or_default()
     }
 

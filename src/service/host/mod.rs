@@ -23,19 +23,19 @@
 
 mod actor;
 mod cloud;
-pub mod directory;
+pub(crate) mod directory;
 mod error;
 mod handle;
 mod messages;
-pub mod persist;
+pub(crate) mod persist;
 #[cfg(feature = "postgres")]
-pub mod spread;
+pub(crate) mod spread;
 mod state;
 
-pub use crate::service::runtime::Shared;
-pub use actor::ModelHost;
-pub use cloud::{broker_of, model_settings};
-pub use directory::{check_name, CloudSettings, Directory, ModelEntry, ModelLife, ModelsError, DEFAULT_MODEL};
-pub use error::HostError;
-pub use persist::{DirectoryStore, PersistError};
-pub use state::Listed;
+pub(crate) use crate::service::runtime::Shared;
+pub(crate) use actor::ModelHost;
+pub(crate) use cloud::broker_of;
+pub(crate) use directory::{CloudSettings, ModelEntry, ModelLife, ModelsError, DEFAULT_MODEL};
+pub(crate) use error::HostError;
+pub(crate) use persist::DirectoryStore;
+pub(crate) use state::Listed;

@@ -12,11 +12,11 @@ use thiserror::Error;
 use super::directory::{Directory, ModelsError};
 
 /// The directory's file name in the data directory (SQLite deployments).
-pub const DIRECTORY_FILE: &str = "models.json";
+pub(crate) const DIRECTORY_FILE: &str = "models.json";
 
 /// Why the directory could not be read or written.
 #[derive(Debug, Error)]
-pub enum PersistError {
+pub(crate) enum PersistError {
     /// The operation itself was refused (nothing was written).
     #[error("{0}")]
     Refused(#[from] ModelsError),
@@ -44,12 +44,13 @@ pub enum PersistError {
     Postgres(#[source] postgres::Error),
     /// The blocking task was lost.
     #[error("the models directory: {0}")]
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Task(String),
 }
 
 /// Where the directory lives.
 #[derive(Debug, Clone)]
-pub enum DirectoryStore {
+pub(crate) enum DirectoryStore {
     /// `models.json` in this data directory.
     File(PathBuf),
     /// The `provisioner_models` table of this database (its `public` schema), and whether
@@ -62,18 +63,18 @@ pub enum DirectoryStore {
 impl DirectoryStore {
     /// The directory in the database at `url` (its table made at the first use).
     #[cfg(feature = "postgres")]
-    pub fn postgres(url: String) -> Self {
+    pub(crate) fn postgres(url: String) -> Self {
         DirectoryStore::Postgres(url, std::sync::Arc::default())
     }
 
     /// Reads the directory (a service from before models, or a new one, has `default` alone).
-    pub async fn load(&self) -> Result<Directory, PersistError> {
+    pub(crate) async fn load(&self) -> Result<Directory, PersistError> {
         self.update(|_| Ok(())).await.map(|((), d)| d)
     }
 
     /// Applies `change` to the directory and keeps the result, all or nothing: a refusal
     /// writes nothing. Answers what `change` answered and the directory as written.
-    pub async fn update<T: Send + 'static>(
+    pub(crate) async fn update<T: Send + 'static>(
         &self,
         change: impl FnOnce(&mut Directory) -> Result<T, ModelsError> + Send + 'static,
     ) -> Result<(T, Directory), PersistError> {

@@ -43,14 +43,14 @@ impl Drop for OffRuntime {
 
 /// The running spread: [`Spread::leave`] at a clean stop.
 #[derive(Debug, Clone)]
-pub struct Spread {
+pub(crate) struct Spread {
     addr: Addr<SpreadActor>,
 }
 
 impl Spread {
     /// Runs the first round (so that a replica starting alone asks for its models' leases
     /// before its API answers, as it did before the spread), then the others every retry.
-    pub async fn start(host: ModelHost, url: String, replica: String, timings: LeaseTimings) -> Self {
+    pub(crate) async fn start(host: ModelHost, url: String, replica: String, timings: LeaseTimings) -> Self {
         let addr = SpreadActor { host, url, replica, timings, members: OffRuntime(None), stopped: false }.start();
         if addr.send(Round).await.is_err() {
             tracing::error!("spread: the first round was lost");
@@ -60,7 +60,7 @@ impl Spread {
 
     /// A clean stop: no more rounds, and this replica's heartbeat deleted (bounded by one
     /// retry: a database that does not answer lets it expire on its own).
-    pub async fn leave(&self) {
+    pub(crate) async fn leave(&self) {
         if self.addr.send(Leave).await.is_err() {
             tracing::warn!("spread: cannot delete the heartbeat; it expires on its own");
         }

@@ -18,7 +18,7 @@ pub(super) enum Slot {
 }
 
 /// One model as listed: its entry and, when it runs, its state.
-pub struct Listed {
+pub(crate) struct Listed {
     /// The directory's entry.
     pub entry: ModelEntry,
     /// Its state, when it runs here.
@@ -55,13 +55,13 @@ impl<J> Default for Turns<J> {
 impl<J> Turns<J> {
     /// A change asked for: the one to run now (this one, when none is under way), else `None`
     /// (it waits its turn).
-    pub fn ask(&mut self, change: J) -> Option<J> {
+    pub(super) fn ask(&mut self, change: J) -> Option<J> {
         self.waiting.push_back(change);
         self.next()
     }
 
     /// The change under way is done: the next one to run, if any.
-    pub fn done(&mut self) -> Option<J> {
+    pub(super) fn done(&mut self) -> Option<J> {
         self.busy = false;
         self.next()
     }
@@ -87,22 +87,22 @@ pub(super) struct HostState {
 
 impl HostState {
     /// No model running yet, over `directory`.
-    pub fn new(directory: Directory) -> Self {
+    pub(super) fn new(directory: Directory) -> Self {
         Self { directory, slots: BTreeMap::new(), reaping: BTreeSet::new() }
     }
 
     /// The directory as last written.
-    pub fn directory(&self) -> &Directory {
+    pub(super) fn directory(&self) -> &Directory {
         &self.directory
     }
 
     /// The directory as just written.
-    pub fn set_directory(&mut self, d: Directory) {
+    pub(super) fn set_directory(&mut self, d: Directory) {
         self.directory = d;
     }
 
     /// Puts model `name` in `slot` (`None`: takes it out).
-    pub fn set_slot(&mut self, name: &str, slot: Option<Slot>) {
+    pub(super) fn set_slot(&mut self, name: &str, slot: Option<Slot>) {
         match slot {
             Some(s) => self.slots.insert(name.to_owned(), s),
             None => self.slots.remove(name),
@@ -110,7 +110,7 @@ impl HostState {
     }
 
     /// The running model `name`: unknown (404), or not running (503) saying why.
-    pub fn state(&self, name: &str) -> Result<ModelRuntime, HostError> {
+    pub(super) fn state(&self, name: &str) -> Result<ModelRuntime, HostError> {
         match self.slots.get(name) {
             Some(Slot::Running(s)) => Ok(*s.clone()),
             Some(Slot::Failed(why)) => Err(HostError::NotRunning { name: name.to_owned(), why: why.clone() }),
@@ -123,7 +123,7 @@ impl HostState {
     }
 
     /// Every model in name order, with its state when it runs.
-    pub fn list(&self) -> Vec<Listed> {
+    pub(super) fn list(&self) -> Vec<Listed> {
         self.directory
             .models
             .values()
@@ -140,7 +140,7 @@ impl HostState {
 
     /// Checks that `name` may be destroyed (`default` only with `force`), without changing
     /// anything: the model's entry.
-    pub fn may_destroy(&self, name: &str, force: bool) -> Result<ModelEntry, HostError> {
+    pub(super) fn may_destroy(&self, name: &str, force: bool) -> Result<ModelEntry, HostError> {
         let mut d = self.directory.clone();
         let entry = d.get(name)?.clone();
         d.destroy(name, force)?;
@@ -148,7 +148,7 @@ impl HostState {
     }
 
     /// Every running model's state, in name order.
-    pub fn running(&self) -> Vec<ModelRuntime> {
+    pub(super) fn running(&self) -> Vec<ModelRuntime> {
         self.slots
             .values()
             .filter_map(|s| match s {
@@ -161,7 +161,7 @@ impl HostState {
     /// Every running model that has a lease (replicas on PostgreSQL), in name order: its name,
     /// uuid and lease actor.
     #[cfg(feature = "postgres")]
-    pub fn leases(&self) -> Vec<(String, String, actix::Addr<crate::service::lease::actor::LeaseActor>)> {
+    pub(super) fn leases(&self) -> Vec<(String, String, actix::Addr<crate::service::lease::actor::LeaseActor>)> {
         self.slots
             .iter()
             .filter_map(|(name, s)| match s {
@@ -174,17 +174,17 @@ impl HostState {
     }
 
     /// Whether a reaper for `name` is to start: `false` when one runs already (one per model).
-    pub fn begin_reaping(&mut self, name: &str) -> bool {
+    pub(super) fn begin_reaping(&mut self, name: &str) -> bool {
         self.reaping.insert(name.to_owned())
     }
 
     /// The reaper of `name` is done.
-    pub fn end_reaping(&mut self, name: &str) {
+    pub(super) fn end_reaping(&mut self, name: &str) {
         self.reaping.remove(name);
     }
 
     /// Whether the reaper of `name` goes on: the model is still in the directory, dying.
-    pub fn still_dying(&self, name: &str) -> bool {
+    pub(super) fn still_dying(&self, name: &str) -> bool {
         self.directory.get(name).map(|e| e.life) == Ok(ModelLife::Dying)
     }
 
@@ -194,7 +194,7 @@ impl HostState {
     /// are started once their adder has recorded their uuid (opened before, a model's schema
     /// would be created here and then moved aside by the adder's fresh creation, this replica
     /// running the old one); every dying one gets a reaper.
-    pub fn follow(&mut self, d: Directory) -> FollowPlan {
+    pub(super) fn follow(&mut self, d: Directory) -> FollowPlan {
         self.directory = d;
         let known: Vec<String> = self.slots.keys().cloned().collect();
         let mut plan = FollowPlan::default();

@@ -15,7 +15,7 @@ use crate::service::store::ApplicationRecord;
 
 /// A path's `{name}` (taken by name: per-model paths also hold `{model}`).
 #[derive(serde::Deserialize)]
-pub struct NamePath {
+pub(crate) struct NamePath {
     /// The name.
     pub name: String,
 }
@@ -30,7 +30,7 @@ fn application_view(a: &ApplicationRecord) -> ApplicationView {
 }
 
 /// Checks an `application add` request; the name, the units and the constraints.
-pub fn check_application(cloud: &CloudShape, body: AddApplication) -> Result<(String, usize, Constraints)> {
+pub(crate) fn check_application(cloud: &CloudShape, body: AddApplication) -> Result<(String, usize, Constraints)> {
     check_application_name(&body.name).map_err(|e| ApiError::bad_request(format!("name: {e}")))?;
     if body.units == 0 || body.units > MAX_ADD {
         return Err(ApiError::bad_request(format!("units must be between 1 and {MAX_ADD}, got {}", body.units)));
@@ -47,7 +47,7 @@ pub fn check_application(cloud: &CloudShape, body: AddApplication) -> Result<(St
         (status = 409, description = "The application exists, or the model is dying", body = ErrorBody),
     ))]
 /// `POST /v1/applications`: the application and a machine for each unit, in one transaction.
-pub async fn add_application(
+pub(crate) async fn add_application(
     _: Authorized,
     st: State,
     req: HttpRequest,
@@ -66,7 +66,7 @@ pub async fn add_application(
 /// `GET /v1/applications`.
 #[utoipa::path(get, path = "/v1/applications", tag = "applications", operation_id = "list_applications",
     responses((status = 200, description = "Every application", body = Vec<ApplicationView>)))]
-pub async fn list_applications(_: Authorized, st: State) -> Result<HttpResponse> {
+pub(crate) async fn list_applications(_: Authorized, st: State) -> Result<HttpResponse> {
     let apps = st.store.exec(|s| s.applications()).await?;
     Ok(HttpResponse::Ok().json(apps.iter().map(application_view).collect::<Vec<_>>()))
 }
@@ -81,7 +81,7 @@ pub async fn list_applications(_: Authorized, st: State) -> Result<HttpResponse>
     ))]
 /// `DELETE /v1/applications/{name}`: its machines become dead (their instances are stopped,
 /// then they are removed) and it is forgotten. Answers the machines it took to dead.
-pub async fn remove_application(
+pub(crate) async fn remove_application(
     _: Authorized,
     st: State,
     name: web::Path<NamePath>,

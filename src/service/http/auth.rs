@@ -17,7 +17,7 @@ use crate::service::token::{self, Scope};
 /// Who made a request: the id and scope of the token it carried. Kept in the request's
 /// extensions once proven (the audit log names the id).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
+pub(crate) struct Caller {
     /// `admin` (the data directory's token) or `tok-N` (a created one).
     pub id: String,
     /// What it may do.
@@ -46,10 +46,10 @@ impl Caller {
 /// Proof that the request carried a valid API token (`Authorization: Bearer TOKEN`) whose
 /// scope allows its method: a read-only token's change is refused here (403), for every route
 /// that takes this extractor, so a new route cannot forget the check.
-pub struct Authorized(pub Caller);
+pub(crate) struct Authorized(pub Caller);
 
 /// Proof that the request carried an admin token (token management).
-pub struct AdminOnly(pub Caller);
+pub(crate) struct AdminOnly;
 
 /// The admin token's hash as this replica knows it (none: no admin token here).
 fn admin_hash(state: &Shared) -> Option<String> {
@@ -148,7 +148,7 @@ impl FromRequest for AdminOnly {
         Box::pin(async move {
             let caller = check_token(req).await?;
             caller.service_admin("managing API tokens")?;
-            Ok(AdminOnly(caller))
+            Ok(AdminOnly)
         })
     }
 }

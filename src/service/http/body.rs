@@ -7,7 +7,7 @@ use actix_web::{web, HttpRequest};
 use super::errors::{ApiError, Result};
 
 /// The largest request body, in bytes (larger: 413). 10,000 machine ids fit comfortably.
-pub const BODY_LIMIT: usize = 256 << 10;
+pub(crate) const BODY_LIMIT: usize = 256 << 10;
 
 /// The 413 of a body over [`BODY_LIMIT`].
 fn too_large() -> ApiError {

@@ -15,7 +15,7 @@ use crate::service::runtime::ModelRuntime;
 
 /// The settings `GET`/`PUT /v1/config/{key}` know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, ToSchema)]
-pub enum ConfigKey {
+pub(crate) enum ConfigKey {
     /// Which instances are stopped: `none`, `unknown`, `destroyed` or `all`.
     #[serde(rename = "harvest-mode")]
     HarvestMode,

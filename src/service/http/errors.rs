@@ -18,7 +18,7 @@ pub(super) type Result<T, E = ApiError> = std::result::Result<T, E>;
 /// An API error: a status and one sentence.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
-pub struct ApiError {
+pub(crate) struct ApiError {
     pub(super) status: u16,
     pub(super) message: String,
     /// The methods the route takes (a 405's `Allow`).

@@ -69,7 +69,7 @@ async fn readiness(store: &Store) -> HttpResponse {
 /// never the database's error text (it answers callers it cannot authenticate: the reason is
 /// in the log). Stop it before binding the real one.
 #[cfg(feature = "postgres")]
-pub fn start_waiting_server(
+pub(crate) fn start_waiting_server(
     store: Store,
     listen: &str,
     tls: Option<rustls::ServerConfig>,

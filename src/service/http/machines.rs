@@ -26,13 +26,13 @@ use crate::service::runtime::ModelRuntime;
 use crate::service::store::{MachineRecord, NewMachine, StoreError};
 
 /// The most machines one `POST /v1/machines` may add.
-pub const MAX_ADD: usize = 10_000;
+pub(crate) const MAX_ADD: usize = 10_000;
 /// The most machine ids one removal or retry may name.
-pub const MAX_IDS: usize = 10_000;
+pub(crate) const MAX_IDS: usize = 10_000;
 
 /// What the cloud offers that a request is checked against.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CloudShape {
+pub(crate) struct CloudShape {
     /// Its zones (available or not).
     pub zones: Vec<String>,
     /// Its subnets and their zones, where known (`None`: any subnet is the broker's to judge).
@@ -56,7 +56,7 @@ impl CloudShape {
 
 /// Reads the `constraints` of a request: a string in Juju's syntax or an object with the JSON
 /// keys; every error names the field (and the key).
-pub fn constraints_from_json(value: Option<serde_json::Value>) -> Result<Constraints> {
+pub(crate) fn constraints_from_json(value: Option<serde_json::Value>) -> Result<Constraints> {
     let c = match value {
         None | Some(serde_json::Value::Null) => return Ok(Constraints::default()),
         Some(serde_json::Value::String(text)) => {
@@ -82,7 +82,7 @@ pub fn constraints_from_json(value: Option<serde_json::Value>) -> Result<Constra
 
 /// Checks a new machine's constraints (given as `constraints`, with `zones` also accepted on
 /// its own, but not both) and placement against the cloud.
-pub fn new_machine(
+pub(crate) fn new_machine(
     cloud: &CloudShape,
     zones: Option<Vec<String>>,
     constraints: Option<serde_json::Value>,
@@ -134,7 +134,7 @@ pub fn new_machine(
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct MachineQuery {
+pub(crate) struct MachineQuery {
     /// Only the machines of this application.
     #[param(pattern = r"^[a-z][a-z0-9]*(-[a-z0-9]*[a-z][a-z0-9]*)*$")]
     pub application: Option<String>,
@@ -153,7 +153,7 @@ pub struct MachineQuery {
 
 /// What a `status` filter may name: a machine status or an instance status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize, utoipa::ToSchema)]
-pub enum StatusFilter {
+pub(crate) enum StatusFilter {
     /// Machine status.
     #[serde(rename = "pending")]
     Pending,
@@ -181,11 +181,11 @@ pub enum StatusFilter {
 }
 
 /// The instance statuses a `status` filter may name (besides the machine statuses).
-pub const INSTANCE_STATUSES: [&str; 5] = ["provisioning", "provisioning error", "running", "stopped", "missing"];
+pub(crate) const INSTANCE_STATUSES: [&str; 5] = ["provisioning", "provisioning error", "running", "stopped", "missing"];
 
 /// A checked [`MachineQuery`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MachineFilter {
+pub(crate) struct MachineFilter {
     application: Option<String>,
     status: Option<String>,
     zone: Option<String>,
@@ -195,14 +195,14 @@ pub struct MachineFilter {
 
 impl MachineQuery {
     /// Parses a query string strictly (unknown parameters refused, naming them).
-    pub fn from_query_string(query: &str) -> Result<Self> {
+    pub(crate) fn from_query_string(query: &str) -> Result<Self> {
         web::Query::<MachineQuery>::from_query(query)
             .map(web::Query::into_inner)
             .map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))
     }
 
     /// Checks every parameter, naming the one that is wrong.
-    pub fn check(self, cloud: &CloudShape) -> Result<MachineFilter> {
+    pub(crate) fn check(self, cloud: &CloudShape) -> Result<MachineFilter> {
         if let Some(a) = &self.application {
             check_application_name(a).map_err(|e| ApiError::bad_request(format!("application: {e}")))?;
         }
@@ -251,7 +251,7 @@ impl MachineFilter {
     }
 
     /// The machines the filter keeps, in id order (numbers numerically), one page of them.
-    pub fn select(&self, mut machines: Vec<MachineRecord>) -> Vec<MachineRecord> {
+    pub(crate) fn select(&self, mut machines: Vec<MachineRecord>) -> Vec<MachineRecord> {
         machines.retain(|m| self.keeps(m));
         machines.sort_by(|a, b| a.machine.id.cmp(&b.machine.id));
         if let Some(n) = self.limit {
@@ -273,14 +273,14 @@ pub(super) fn cloud(st: &State) -> CloudShape {
         (status = 200, description = "The machines the filters keep, one page in id order", body = Vec<MachineView>),
         (status = 400, description = "A parameter is wrong (named): an unknown one, a zone the cloud does not have", body = ErrorBody),
     ))]
-pub async fn list_machines(_: Authorized, st: State, req: HttpRequest) -> Result<HttpResponse> {
+pub(crate) async fn list_machines(_: Authorized, st: State, req: HttpRequest) -> Result<HttpResponse> {
     let filter = MachineQuery::from_query_string(req.query_string())?.check(&cloud(&st))?;
     let machines = st.store.exec(|s| s.list_machines()).await?;
     Ok(HttpResponse::Ok().json(filter.select(machines).iter().map(view).collect::<Vec<_>>()))
 }
 
 /// Everything the store holds for one machine.
-pub fn detail(m: &MachineRecord) -> MachineDetail {
+pub(crate) fn detail(m: &MachineRecord) -> MachineDetail {
     MachineDetail {
         machine: view(m),
         constraints: ConstraintsView::from(&m.constraints),
@@ -300,7 +300,7 @@ pub fn detail(m: &MachineRecord) -> MachineDetail {
 
 /// The machine id of a `/v1/machines/{id}` path: container ids hold `/`, given as is
 /// (`/v1/machines/3/lxd/0`) or encoded (`3%2Flxd%2F0`).
-pub fn machine_id_of_path(raw: &str) -> Result<MachineId> {
+pub(crate) fn machine_id_of_path(raw: &str) -> Result<MachineId> {
     let id = raw.replace("%2F", "/").replace("%2f", "/");
     let id = id.trim_matches('/');
     if id.is_empty() {
@@ -318,7 +318,7 @@ pub fn machine_id_of_path(raw: &str) -> Result<MachineId> {
         (status = 400, description = "No machine id: the path's id is only slashes (`%2F`)", body = ErrorBody),
         (status = 404, description = "No such machine", body = ErrorBody),
     ))]
-pub async fn show_machine(_: Authorized, st: State, req: HttpRequest) -> Result<HttpResponse> {
+pub(crate) async fn show_machine(_: Authorized, st: State, req: HttpRequest) -> Result<HttpResponse> {
     let id = machine_id_of_path(req.match_info().get("id").unwrap_or_default())?;
     let wanted = id.clone();
     let m = st.store.exec(move |s| s.machine(&wanted)).await?.ok_or(StoreError::NotFound(id))?;
@@ -473,7 +473,7 @@ fn refuse_container_retries(ids: &[MachineId]) -> Result<()> {
 
 /// A request for containers or for a manual machine, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SpecialAdd {
+pub(crate) enum SpecialAdd {
     /// `count` containers of `kind` on `host` (`HOST/KIND/N`, numbered per host and type).
     Containers {
         /// `lxd` or `kvm`.
@@ -493,7 +493,7 @@ pub enum SpecialAdd {
 /// A refused field: its name (as in the JSON body) and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("field {field:?}: {message}")]
-pub struct FieldError {
+pub(crate) struct FieldError {
     /// The body's field.
     pub field: &'static str,
     /// Why it is refused.
@@ -507,7 +507,7 @@ fn refuse<T>(field: &'static str, message: impl Into<String>) -> Result<T, Field
 /// Checks a request that names `container`, `host`, `manual` or `address` (see
 /// [`AddMachines::is_container_or_manual`]); `kinds` are the container types the service runs.
 /// `count` is checked for its range by the caller.
-pub fn container_or_manual(body: &AddMachines, kinds: &[&str]) -> Result<SpecialAdd, FieldError> {
+pub(crate) fn container_or_manual(body: &AddMachines, kinds: &[&str]) -> Result<SpecialAdd, FieldError> {
     let container = body.container.as_deref().map(str::trim);
     let host = body.host.as_deref().map(str::trim);
     if body.manual {
@@ -564,7 +564,7 @@ pub fn container_or_manual(body: &AddMachines, kinds: &[&str]) -> Result<Special
 /// letters, digits and hyphens, 1 to 63 characters, not starting or ending with a hyphen; 253
 /// characters at most; one trailing dot allowed; lower-cased). All-numeric dotted names are
 /// IPv4 addresses or nothing (`10.0.0.300` is refused).
-pub fn parse_address(raw: &str) -> Result<String, String> {
+pub(crate) fn parse_address(raw: &str) -> Result<String, String> {
     let text = raw.trim();
     if text.is_empty() {
         return Err("the address is empty: give an IP address or a hostname".into());

@@ -63,35 +63,31 @@
 //! | [`tokens`] | `/v1/tokens` |
 //! | [`wire`] | the JSON bodies, shared with the client commands (which import this module alone) |
 //! | [`openapi`] | the OpenAPI document and `/v1/openapi.json` |
-//! | [`reference`](mod@reference) | `docs/api.md`, rendered from the OpenAPI document |
+//! | `reference` (tests) | `docs/api.md`, rendered from the OpenAPI document |
 //! | [`dashboard`] | the dashboard's page and files, served by [`routes`] |
 
-pub mod applications;
-pub mod auth;
-pub mod body;
-pub mod config;
-pub mod dashboard;
-pub mod destroy;
-pub mod errors;
-pub mod events;
-pub mod health;
-pub mod instances;
-pub mod machines;
-pub mod metrics;
-pub mod models;
-pub mod openapi;
-pub mod reference;
-pub mod routes;
-pub mod status;
-pub mod target;
-pub mod tokens;
+pub(crate) mod applications;
+pub(crate) mod auth;
+pub(crate) mod body;
+pub(crate) mod config;
+pub(crate) mod dashboard;
+pub(crate) mod destroy;
+pub(crate) mod errors;
+pub(crate) mod events;
+pub(crate) mod health;
+pub(crate) mod instances;
+pub(crate) mod machines;
+pub(crate) mod metrics;
+pub(crate) mod models;
+pub(crate) mod openapi;
+#[cfg(test)]
+mod reference;
+pub(crate) mod routes;
+pub(crate) mod status;
+pub(crate) mod target;
+pub(crate) mod tokens;
 pub mod wire;
 
-pub use auth::{AdminOnly, Authorized, Caller};
-pub use body::BODY_LIMIT;
-pub use errors::ApiError;
 #[cfg(feature = "postgres")]
-pub use health::start_waiting_server;
-pub use machines::{MAX_ADD, MAX_IDS};
-pub use routes::{app, method_label};
-pub use target::ModelState;
+pub(crate) use health::start_waiting_server;
+pub(crate) use routes::app;

@@ -79,7 +79,7 @@ async fn listed(host: &Host, name: &str) -> Result<Listed> {
 /// `GET /v1/models`.
 #[utoipa::path(get, path = "/v1/models", tag = "models", operation_id = "list_models",
     responses((status = 200, description = "Every model, in name order", body = Vec<ModelView>)))]
-pub async fn list_models(Authorized(caller): Authorized, host: Host) -> Result<HttpResponse> {
+pub(crate) async fn list_models(Authorized(caller): Authorized, host: Host) -> Result<HttpResponse> {
     let mut out = Vec::new();
     // A model-scoped token sees its model alone.
     for l in host.list().await.into_iter().filter(|l| caller.model.as_ref().is_none_or(|m| *m == l.entry.name)) {
@@ -97,7 +97,7 @@ pub async fn list_models(Authorized(caller): Authorized, host: Host) -> Result<H
         (status = 400, description = "A bad name (Juju's rule) or cloud setting, named", body = ErrorBody),
         (status = 409, description = "A model of that name exists", body = ErrorBody),
     ))]
-pub async fn add_model(
+pub(crate) async fn add_model(
     Authorized(caller): Authorized,
     host: Host,
     req: HttpRequest,
@@ -118,7 +118,7 @@ pub async fn add_model(
         (status = 200, description = "The model and its cloud", body = ModelDetail),
         (status = 404, description = "No such model (named)", body = ErrorBody),
     ))]
-pub async fn show_model(_: Authorized, host: Host, name: web::Path<String>) -> Result<HttpResponse> {
+pub(crate) async fn show_model(_: Authorized, host: Host, name: web::Path<String>) -> Result<HttpResponse> {
     Ok(HttpResponse::Ok().json(detail(&host, listed(&host, &name).await?).await))
 }
 
@@ -153,7 +153,7 @@ fn force_of(query: &str) -> Result<bool> {
         (status = 409, description = "`default` without `force`, or live manual machines without `force` (named); \
             nothing was changed", body = ErrorBody),
     ))]
-pub async fn destroy_model(
+pub(crate) async fn destroy_model(
     Authorized(caller): Authorized,
     host: Host,
     name: web::Path<String>,

@@ -8,8 +8,6 @@
 //! links between operations (what schemathesis's stateful phase follows) are one table
 //! ([`LINKS`]). A new route is one line in [`ApiDoc`]'s `paths(...)`.
 
-use std::collections::BTreeMap;
-
 use actix_web::HttpResponse;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, OpenApi as Document, Ref, RefOr, Response, ResponseBuilder};
@@ -74,12 +72,12 @@ use super::wire::ErrorBody;
         (name = "models", description = "The models the service hosts: add, list, show, destroy"),
     ),
 )]
-pub struct ApiDoc;
+pub(crate) struct ApiDoc;
 
 /// The operations a response links to (OpenAPI `links`, followed by stateful fuzzers): from
 /// (operation, status) by a name to an operation, with its parameters and body as runtime
 /// expressions.
-pub const LINKS: &[LinkSpec] = &[
+pub(crate) const LINKS: &[LinkSpec] = &[
     LinkSpec {
         from: ("add_machines", "201"),
         name: "ShowFirstMachine",
@@ -140,7 +138,7 @@ pub const LINKS: &[LinkSpec] = &[
 
 /// One entry of [`LINKS`].
 #[derive(Debug, Clone, Copy)]
-pub struct LinkSpec {
+pub(crate) struct LinkSpec {
     /// The operation id and status whose response carries the link.
     pub from: (&'static str, &'static str),
     /// The link's name.
@@ -266,7 +264,7 @@ fn add_links(doc: &mut serde_json::Value) {
 }
 
 /// The document as JSON, pretty-printed with a final newline (what `docs/openapi.json` holds).
-pub fn document_json() -> String {
+pub(crate) fn document_json() -> String {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
     add_links(&mut doc);
     let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
@@ -275,9 +273,10 @@ pub fn document_json() -> String {
 }
 
 /// The operation ids of the document, by path and method (for tests and tools).
-pub fn operations() -> BTreeMap<String, String> {
+#[cfg(test)]
+pub(crate) fn operations() -> std::collections::BTreeMap<String, String> {
     let doc = ApiDoc::openapi();
-    let mut out = BTreeMap::new();
+    let mut out = std::collections::BTreeMap::new();
     for (path, item) in &doc.paths.paths {
         for (method, op) in [("GET", &item.get), ("PUT", &item.put), ("POST", &item.post), ("DELETE", &item.delete)] {
             if let Some(op) = op {
@@ -292,7 +291,7 @@ pub fn operations() -> BTreeMap<String, String> {
 #[utoipa::path(get, path = "/v1/openapi.json", tag = "service", operation_id = "openapi",
     responses((status = 200, description = "The API's OpenAPI 3.1 document", content_type = "application/json",
         body = Object)))]
-pub async fn openapi_json() -> HttpResponse {
+pub(crate) async fn openapi_json() -> HttpResponse {
     HttpResponse::Ok().content_type("application/json").body(document_json())
 }
 

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use serde_json::Value;
 
 /// The Markdown reference of an OpenAPI 3.1 document.
-pub fn markdown(doc: &Value) -> String {
+pub(crate) fn markdown(doc: &Value) -> String {
     let mut out = String::new();
     let title = doc["info"]["title"].as_str().unwrap_or("API");
     let _ = writeln!(out, "# The {title} HTTP API\n");

@@ -46,7 +46,7 @@ pub(crate) fn resource(path: &str, allow: &'static str, v1: bool) -> actix_web::
 }
 
 /// Configures the routes (for `App::configure`).
-pub fn routes(cfg: &mut web::ServiceConfig) {
+pub(crate) fn routes(cfg: &mut web::ServiceConfig) {
     // The dashboard's page and files (no token: every call the page makes sends it).
     cfg.configure(dashboard_routes);
     cfg.service(resource("/healthz", "GET", false).route(web::get().to(health::healthz)))
@@ -81,7 +81,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 
 /// The dashboard's page and files ([`dashboard::ASSETS`]; GET only, no token: every call the
 /// page makes sends it).
-pub fn dashboard_routes(cfg: &mut web::ServiceConfig) {
+pub(crate) fn dashboard_routes(cfg: &mut web::ServiceConfig) {
     for (path, content_type, body) in dashboard::ASSETS {
         let get = web::get().to(move || async move { dashboard::answer(content_type, body) });
         // Other methods: 405 with `Allow`, as on the API's routes.
@@ -121,7 +121,7 @@ fn model_routes(cfg: &mut web::ServiceConfig) {
 
 /// The method as a metrics label: one of the methods the API knows, else `other` (a label
 /// from the request itself would let any caller add series without bound).
-pub fn method_label(m: &Method) -> &'static str {
+pub(crate) fn method_label(m: &Method) -> &'static str {
     match *m {
         Method::GET => "GET",
         Method::HEAD => "HEAD",
@@ -173,7 +173,7 @@ fn no_answer_within(deadline: std::time::Duration, change: bool) -> ApiError {
 }
 
 /// The application: the routes, JSON error handling, request metrics and the audit log.
-pub fn app(
+pub(crate) fn app(
     host: ModelHost,
 ) -> App<
     impl actix_web::dev::ServiceFactory<

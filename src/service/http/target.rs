@@ -17,7 +17,7 @@ pub(super) type Host = web::Data<ModelHost>;
 
 /// The state of the model a request names (`/v1/models/{model}/...`; the plain routes mean
 /// `default`): 404 naming an unknown model, 503 for one that does not run.
-pub struct ModelState(pub ModelRuntime);
+pub(crate) struct ModelState(pub ModelRuntime);
 
 impl std::ops::Deref for ModelState {
     type Target = ModelRuntime;

@@ -47,7 +47,12 @@ fn view(t: TokenRecord) -> TokenView {
             manage tokens", body = ErrorBody),
         (status = 404, description = "`model` names no model of the service", body = ErrorBody),
     ))]
-pub async fn create_token(_: AdminOnly, host: Host, req: HttpRequest, payload: web::Payload) -> Result<HttpResponse> {
+pub(crate) async fn create_token(
+    _: AdminOnly,
+    host: Host,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse> {
     let CreateToken { read_only, model } = json_body(&req, payload).await?;
     let scope = if read_only { Scope::ReadOnly } else { Scope::Admin };
     // Only a model the service hosts (404 naming it otherwise), bound by its uuid: the token is
@@ -83,7 +88,7 @@ pub async fn create_token(_: AdminOnly, host: Host, req: HttpRequest, payload: w
             its hash; the admin token of the data directory is not listed)", body = Vec<TokenView>),
         (status = 403, description = "The token is read-only: only admin tokens manage tokens", body = ErrorBody),
     ))]
-pub async fn list_tokens(_: AdminOnly, host: Host) -> Result<HttpResponse> {
+pub(crate) async fn list_tokens(_: AdminOnly, host: Host) -> Result<HttpResponse> {
     let tokens = host.shared().service_store.exec(|s| s.tokens()).await?;
     Ok(HttpResponse::Ok().json(tokens.into_iter().map(view).collect::<Vec<_>>()))
 }
@@ -99,7 +104,12 @@ pub async fn list_tokens(_: AdminOnly, host: Host) -> Result<HttpResponse> {
         (status = 409, description = "The admin token (`admin`, the data directory's) cannot be revoked through \
             the API", body = ErrorBody),
     ))]
-pub async fn revoke_token(_: AdminOnly, host: Host, id: web::Path<String>, req: HttpRequest) -> Result<HttpResponse> {
+pub(crate) async fn revoke_token(
+    _: AdminOnly,
+    host: Host,
+    id: web::Path<String>,
+    req: HttpRequest,
+) -> Result<HttpResponse> {
     let id = id.into_inner();
     note(&req, format!("revoke {id}"));
     if id == token::ADMIN_ID {

@@ -10,14 +10,14 @@ use actix_rt::time::Instant;
 use futures::channel::oneshot;
 use futures::future::LocalBoxFuture;
 
-pub use super::messages::{Answered, GetLeaseStatus, ReleaseLease, SpreadOrder};
+pub(crate) use super::messages::{Answered, GetLeaseStatus, ReleaseLease, SpreadOrder};
 use super::pg::LeaseKey;
 use super::sql::LeaseSql;
 use super::state::{Answer, LeaseBook, Role, Step, Transition, Why};
 use crate::service::settings::LeaseTimings;
 
 /// What a change of role asks of the service. Called on the lease actor's thread, at once.
-pub trait RoleHooks: 'static {
+pub(crate) trait RoleHooks: 'static {
     /// This replica leads at `epoch`: set the store's fence, start the provisioner and the
     /// cloud.
     fn lead(&mut self, epoch: i64, transition: Transition);
@@ -35,8 +35,10 @@ pub trait RoleHooks: 'static {
 
 /// Where and who: the lease of `model_uuid` on the database at `url`, held as `replica`.
 #[derive(Debug, Clone)]
-pub struct LeaseConfig {
-    /// The PostgreSQL URL.
+pub(crate) struct LeaseConfig {
+    /// The PostgreSQL URL (the tests' lease thread is started from it; the service's is shared,
+    /// `ReplicaLinks`).
+    #[cfg(test)]
     pub url: String,
     /// The model whose lease it is.
     pub model_uuid: String,
@@ -52,10 +54,10 @@ pub struct LeaseConfig {
     pub spread: bool,
 }
 
-pub use super::state::LeaseStatus;
+pub(crate) use super::state::LeaseStatus;
 
 /// The replica's role actor.
-pub struct LeaseActor {
+pub(crate) struct LeaseActor {
     book: LeaseBook,
     replica: String,
     key: LeaseKey,
@@ -68,7 +70,8 @@ pub struct LeaseActor {
 impl LeaseActor {
     /// Starts the actor, on the current arbiter, with a lease thread of its own; it tries to
     /// acquire at once.
-    pub fn start(config: LeaseConfig, hooks: Box<dyn RoleHooks>) -> std::io::Result<Addr<Self>> {
+    #[cfg(test)]
+    pub(crate) fn start(config: LeaseConfig, hooks: Box<dyn RoleHooks>) -> std::io::Result<Addr<Self>> {
         let sql = LeaseSql::start(
             config.url.clone(),
             config.replica.clone(),
@@ -81,7 +84,7 @@ impl LeaseActor {
     /// Starts the actor on `arbiter` (a thread that only the leases run on, so that no other
     /// work delays a renewal), its steps carried out by `sql`, the replica's lease thread that
     /// many models' leases share (made for the same replica id and timings).
-    pub fn start_on(
+    pub(crate) fn start_on(
         arbiter: &actix_rt::ArbiterHandle,
         config: LeaseConfig,
         hooks: Box<dyn RoleHooks + Send>,

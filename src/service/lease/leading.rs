@@ -8,7 +8,7 @@ use actix::prelude::*;
 
 /// The provisioner actors of one epoch.
 #[derive(Clone)]
-pub struct Provisioners {
+pub(crate) struct Provisioners {
     /// The environ provisioner.
     pub handle: crate::ProvisionerHandle,
     /// The container provisioners, where the cloud runs containers.
@@ -17,7 +17,7 @@ pub struct Provisioners {
 
 impl Provisioners {
     /// Stops them at once.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.handle.close_starts();
         self.handle.shutdown();
         if let Some(c) = &self.containers {
@@ -28,12 +28,13 @@ impl Provisioners {
 
 /// How long change notices are gathered before the gauges' counts are refreshed (at most one
 /// recount of the store per period, on leaders and followers alike).
-pub const COUNTS_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) const COUNTS_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The change notices heard since the last refresh of the gauges' counts: plain, so that the
 /// debounce is tested without a runtime.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct CountsRefresh {
+pub(crate) struct CountsRefresh {
     scheduled: bool,
     resync: bool,
     senders: std::collections::BTreeSet<i32>,
@@ -42,7 +43,8 @@ pub struct CountsRefresh {
 impl CountsRefresh {
     /// A notice (from the session `sender`) or a reconnection: `true` when a refresh must be
     /// scheduled now (none is pending).
-    pub fn note(&mut self, resync: bool, sender: i32) -> bool {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn note(&mut self, resync: bool, sender: i32) -> bool {
         self.resync |= resync;
         if !resync {
             self.senders.insert(sender);
@@ -51,14 +53,15 @@ impl CountsRefresh {
     }
 
     /// The refresh is due: whether it follows a reconnection, and the senders heard.
-    pub fn take(&mut self) -> (bool, Vec<i32>) {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn take(&mut self) -> (bool, Vec<i32>) {
         self.scheduled = false;
         (std::mem::take(&mut self.resync), std::mem::take(&mut self.senders).into_iter().collect())
     }
 }
 
 /// Keeps the leader's provisioners.
-pub struct Leading {
+pub(crate) struct Leading {
     epoch: Option<i64>,
     running: Option<Provisioners>,
     /// The gauges' counts to refresh after other replicas' changes.
@@ -81,7 +84,8 @@ pub struct Leading {
 
 impl Leading {
     /// Nothing led yet.
-    pub fn new(store: crate::service::store::Store) -> Self {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn new(store: crate::service::store::Store) -> Self {
         Self {
             epoch: None,
             running: None,
@@ -93,12 +97,14 @@ impl Leading {
     }
 
     /// Refreshes the counts of the cloud's own store too (`None`: the cloud has none).
-    pub fn with_cloud_store(self, cloud_store: Option<crate::service::store::Store>) -> Self {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn with_cloud_store(self, cloud_store: Option<crate::service::store::Store>) -> Self {
         Self { cloud_store, ..self }
     }
 
     /// Hears only the notices of the model with this uuid (a service hosting many models).
-    pub fn for_model(self, model_uuid: &str) -> Self {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn for_model(self, model_uuid: &str) -> Self {
         Self { model_uuid: Some(model_uuid.to_owned()), ..self }
     }
 
@@ -121,22 +127,22 @@ impl Actor for Leading {
 /// This replica leads at this epoch (its provisioners are being started).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Lead(pub i64);
+pub(crate) struct Lead(pub i64);
 
 /// This replica no longer leads: stop the provisioners now.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Follow;
+pub(crate) struct Follow;
 
 /// The provisioners started for an epoch.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Started(pub i64, pub Provisioners);
+pub(crate) struct Started(pub i64, pub Provisioners);
 
 /// The provisioners running, if this replica leads.
 #[derive(Message)]
 #[rtype(result = "Option<Provisioners>")]
-pub struct Current;
+pub(crate) struct Current;
 
 impl Handler<Lead> for Leading {
     type Result = ();

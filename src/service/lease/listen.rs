@@ -18,12 +18,12 @@ use postgres::Client;
 use crate::service::pgconnect::Connector;
 
 /// The channel the store notifies on.
-pub const CHANNEL: &str = "provisioner_changes";
+pub(crate) const CHANNEL: &str = "provisioner_changes";
 
 /// A change notification (or a reconnection, after which changes may have been missed).
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
-pub struct Changed {
+pub(crate) struct Changed {
     /// The notification's payload (empty on a resync).
     pub payload: String,
     /// The connection was (re)established: read everything afresh.
@@ -36,13 +36,13 @@ pub struct Changed {
 /// The replica's one listener, shared by its models: hands each notification to the models'
 /// subscribers by the `model_uuid` it names (a notice naming none, and a reconnection, to all).
 #[derive(Debug, Default)]
-pub struct NoticeHub {
+pub(crate) struct NoticeHub {
     models: std::collections::BTreeMap<String, Vec<Recipient<Changed>>>,
 }
 
 impl NoticeHub {
     /// Starts the hub and its listening thread on `url` (reconnecting after `retry`).
-    pub fn start_listening(url: String, retry: Duration) -> std::io::Result<Addr<Self>> {
+    pub(crate) fn start_listening(url: String, retry: Duration) -> std::io::Result<Addr<Self>> {
         let hub = Self::default().start();
         listen(url, retry, hub.clone().recipient())?;
         Ok(hub)
@@ -57,7 +57,7 @@ impl Actor for NoticeHub {
 /// committed before is to be read afresh).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct Subscribe {
+pub(crate) struct Subscribe {
     /// The model.
     pub model_uuid: String,
     /// Where its notices go.
@@ -106,7 +106,7 @@ impl Handler<Changed> for NoticeHub {
 }
 
 /// Starts the listening thread; it runs while the recipient is alive.
-pub fn listen(url: String, retry: Duration, to: Recipient<Changed>) -> std::io::Result<()> {
+pub(crate) fn listen(url: String, retry: Duration, to: Recipient<Changed>) -> std::io::Result<()> {
     std::thread::Builder::new().name("listen".into()).spawn(move || {
         // One connector for the thread's life: a start-up that overruns is waited for by the
         // next attempt instead of hanging this thread (see `pgconnect`).

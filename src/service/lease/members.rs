@@ -14,10 +14,10 @@ use std::time::Duration;
 use postgres::error::SqlState;
 use postgres::Client;
 
-use super::pg::{LeaseRow, LeaseSqlError, PgLease};
+use super::pg::{LeaseRow, LeaseSqlError};
 
 /// The membership table (in `public`, beside the models directory).
-pub const MEMBERS_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS public.provisioner_replicas (
+pub(crate) const MEMBERS_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS public.provisioner_replicas (
     replica TEXT PRIMARY KEY,
     expires_at TIMESTAMPTZ NOT NULL
 )";
@@ -36,7 +36,7 @@ const LEAVE_SQL: &str = "DELETE FROM public.provisioner_replicas WHERE replica =
 /// A model whose lease the view reads: its key in the plan (the model's name), its schema and
 /// its uuid (the lease row's key).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelLease {
+pub(crate) struct ModelLease {
     /// The model's name.
     pub name: String,
     /// The PostgreSQL schema of its tables (`public` for `default`).
@@ -47,7 +47,7 @@ pub struct ModelLease {
 
 /// One round's reading.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MembersView {
+pub(crate) struct MembersView {
     /// The live replicas (this one included: it has just heartbeaten).
     pub live: BTreeSet<String>,
     /// Each model's lease row, by name (`None`: never taken, or its table not created yet).
@@ -55,7 +55,7 @@ pub struct MembersView {
 }
 
 /// One replica's connection for its heartbeat and the round's reads.
-pub struct Members {
+pub(crate) struct Members {
     client: Client,
     replica: String,
 }
@@ -69,8 +69,8 @@ impl std::fmt::Debug for Members {
 impl Members {
     /// Connects (`timeout` bounds the connection and every statement, as the lease's does)
     /// and creates the table where missing.
-    pub fn connect(url: &str, timeout: Duration, replica: &str) -> Result<Self, LeaseSqlError> {
-        let mut connector = crate::service::pgconnect::Connector::new_with(PgLease::config(url, timeout)?);
+    pub(crate) fn connect(url: &str, timeout: Duration, replica: &str) -> Result<Self, LeaseSqlError> {
+        let mut connector = crate::service::pgconnect::Connector::new_with(super::pg::lease_config(url, timeout)?);
         let mut client = connector.connect(timeout).map_err(LeaseSqlError::Connect)?;
         let mut tx = client.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&crate::service::store::MIGRATION_LOCK])?;
@@ -80,7 +80,7 @@ impl Members {
     }
 
     /// Heartbeats for `lease`, then reads the live replicas and every model's lease row.
-    pub fn view(&mut self, lease: Duration, models: &[ModelLease]) -> Result<MembersView, LeaseSqlError> {
+    pub(crate) fn view(&mut self, lease: Duration, models: &[ModelLease]) -> Result<MembersView, LeaseSqlError> {
         let ms = i64::try_from(lease.as_millis()).map_err(|_| LeaseSqlError::Duration(lease))?;
         self.client.execute(HEARTBEAT_SQL, &[&self.replica, &ms])?;
         let live = self.client.query(LIVE_SQL, &[])?.iter().map(|r| r.get(0)).collect();
@@ -103,7 +103,7 @@ impl Members {
     }
 
     /// A clean stop: this replica is no longer counted.
-    pub fn leave(&mut self) -> Result<(), LeaseSqlError> {
+    pub(crate) fn leave(&mut self) -> Result<(), LeaseSqlError> {
         self.client.execute(LEAVE_SQL, &[&self.replica])?;
         Ok(())
     }
@@ -130,8 +130,8 @@ mod tests {
         assert_eq!(v.leases, BTreeMap::from([("default".to_owned(), None), ("team-a".to_owned(), None)]));
 
         // b takes default's lease; a sees it held, and both replicas live.
-        let mut l = PgLease::connect(pg.url(), TIMEOUT, "m-1", "b").unwrap();
-        assert!(matches!(l.acquire(LEASE).unwrap(), super::super::Answer::Acquired { epoch: 1 }));
+        let mut l = crate::service::lease::pg::PgLease::connect(pg.url(), TIMEOUT, "m-1", "b").unwrap();
+        assert!(matches!(l.acquire(LEASE).unwrap(), super::super::state::Answer::Acquired { epoch: 1 }));
         b.view(LEASE, &[]).unwrap();
         let v = a.view(LEASE, &[model.clone(), other.clone()]).unwrap();
         assert_eq!(v.live, BTreeSet::from(["a".to_owned(), "b".to_owned()]));

@@ -9,19 +9,19 @@ use super::state::{Answer, LeaseStatus};
 /// The SQL thread's answer.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Answered(pub Answer);
+pub(crate) struct Answered(pub Answer);
 
 /// Clean shutdown: a leader stops acting and releases its lease; answers once the release
 /// answered (or at once for a follower). The caller bounds the wait.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct ReleaseLease;
+pub(crate) struct ReleaseLease;
 
 /// The spread's order for this model, each round (see `service::host::spread`): what the
 /// driver read of the lease, whether to try to acquire it, and whether to hand it over.
 #[derive(Message, Debug, Clone, PartialEq, Eq)]
 #[rtype(result = "()")]
-pub struct SpreadOrder {
+pub(crate) struct SpreadOrder {
     /// The live holder the driver read (`None`: free or expired).
     pub seen: Option<(String, i64)>,
     /// Whether a follower tries to acquire.
@@ -33,4 +33,4 @@ pub struct SpreadOrder {
 /// The role as the status shows it.
 #[derive(Message)]
 #[rtype(result = "LeaseStatus")]
-pub struct GetLeaseStatus;
+pub(crate) struct GetLeaseStatus;

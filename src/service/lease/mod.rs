@@ -24,27 +24,27 @@
 //!   expired with epoch + 1, renew by the holder at its epoch, release keeping the epoch).
 
 #[cfg(feature = "postgres")]
-pub mod actor;
+pub(crate) mod actor;
 #[cfg(all(test, feature = "postgres"))]
 mod actor_tests;
 #[cfg(feature = "serve")]
-pub mod leading;
+pub(crate) mod leading;
 #[cfg(feature = "postgres")]
-pub mod listen;
+pub(crate) mod listen;
 #[cfg(feature = "postgres")]
-pub mod members;
+pub(crate) mod members;
 #[cfg(feature = "postgres")]
-pub mod messages;
+pub(crate) mod messages;
 #[cfg(feature = "postgres")]
-pub mod pg;
-pub mod share;
+pub(crate) mod pg;
+pub(crate) mod share;
 #[cfg(feature = "postgres")]
-pub mod sql;
-pub mod state;
+pub(crate) mod sql;
+pub(crate) mod state;
 #[cfg(test)]
 mod tests;
 
-pub use crate::service::settings::{
-    LeaseTimings, LeaseTimingsError, DEFAULT_LEASE, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY,
-};
-pub use state::{Answer, LeaseBook, Role, Step, Transition, Why};
+#[cfg(feature = "postgres")]
+pub(crate) use crate::service::settings::LeaseTimings;
+#[cfg(feature = "postgres")]
+pub(crate) use state::{Role, Transition, Why};

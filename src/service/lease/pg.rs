@@ -32,7 +32,7 @@ use super::state::Answer;
 
 /// The table, as the store's migrations create it (created here too where missing, so that
 /// the lease can be used and tested on its own).
-pub const CREATE_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
+pub(crate) const CREATE_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS leader_lease (
     model_uuid TEXT PRIMARY KEY,
     holder TEXT NOT NULL,
     epoch BIGINT NOT NULL,
@@ -47,7 +47,7 @@ const LEASE_TABLE_LOCK: i64 = crate::service::store::MIGRATION_LOCK;
 /// The acquisition is recorded in `lease_epochs` with a `fence_seq` value drawn after the lease
 /// row was locked (the data-modifying CTE runs, and locks, before its row reaches the outer
 /// insert).
-pub const ACQUIRE_SQL: &str = "WITH acquired AS (
+pub(crate) const ACQUIRE_SQL: &str = "WITH acquired AS (
     INSERT INTO leader_lease AS l (model_uuid, holder, epoch, expires_at)
     VALUES ($1, $2, COALESCE((SELECT max(epoch) FROM lease_epochs WHERE model_uuid = $1), 0) + 1,
             now() + $3::bigint * interval '1 millisecond')
@@ -63,16 +63,17 @@ pub const ACQUIRE_SQL: &str = "WITH acquired AS (
 
 /// Renew by the holder at its epoch, before expiry: `$1` model, `$2` holder, `$3` epoch,
 /// `$4` the lease in milliseconds.
-pub const RENEW_SQL: &str = "UPDATE leader_lease SET expires_at = now() + $4::bigint * interval '1 millisecond'
+pub(crate) const RENEW_SQL: &str = "UPDATE leader_lease SET expires_at = now() + $4::bigint * interval '1 millisecond'
     WHERE model_uuid = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()";
 
 /// Release (expire now, keep the epoch): `$1` model, `$2` holder, `$3` epoch.
-pub const RELEASE_SQL: &str = "UPDATE leader_lease SET expires_at = now()
+pub(crate) const RELEASE_SQL: &str = "UPDATE leader_lease SET expires_at = now()
     WHERE model_uuid = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()";
 
 /// The fence a leader's write checks first, in the same transaction: one row while `$2` at
 /// epoch `$3` holds an unexpired lease on model `$1`, none otherwise (the write is refused).
-pub const FENCE_SQL: &str = "SELECT epoch FROM leader_lease
+#[cfg(test)]
+pub(crate) const FENCE_SQL: &str = "SELECT epoch FROM leader_lease
     WHERE model_uuid = $1 AND holder = $2 AND epoch = $3 AND expires_at > now() FOR SHARE";
 
 /// Who holds the lease.
@@ -106,7 +107,7 @@ impl LeaseSqlError {
 
 /// The lease's row as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseRow {
+pub(crate) struct LeaseRow {
     /// The holder's replica id.
     pub holder: String,
     /// The epoch.
@@ -117,8 +118,9 @@ pub struct LeaseRow {
 
 /// One replica's lease on one model, over a connection of its own: [`PgLeases`] for that one
 /// model, in the connection's own `search_path`.
+#[cfg(test)]
 #[derive(Debug)]
-pub struct PgLease {
+pub(crate) struct PgLease {
     leases: PgLeases,
     key: LeaseKey,
 }
@@ -127,44 +129,47 @@ fn millis(d: Duration) -> Result<i64, LeaseSqlError> {
     i64::try_from(d.as_millis()).map_err(|_| LeaseSqlError::Duration(d))
 }
 
+/// The lease connection's configuration: `timeout` bounds the connection, every statement
+/// (`statement_timeout`) and unacknowledged sends (`tcp_user_timeout`).
+pub(crate) fn lease_config(
+    url: &str,
+    timeout: Duration,
+) -> Result<(postgres::Config, crate::service::pgtls::PgTls), LeaseSqlError> {
+    let (config, tls) = crate::service::pgtls::parse(url).map_err(|e| LeaseSqlError::Url(Box::new(e)))?;
+    let mut config = postgres::Config::from(config);
+    let ms = millis(timeout)?.max(1);
+    // The epoch must never be handed out twice: every lease commit is flushed before it
+    // answers, whatever the server's default (a lost acquisition would reuse its epoch).
+    let ours = format!("-c statement_timeout={ms} -c lock_timeout={ms} -c synchronous_commit=on");
+    // The URL's own options are kept (a model's `search_path`: its lease is in its schema).
+    let options = match config.get_options() {
+        Some(given) if !given.is_empty() => format!("{given} {ours}"),
+        _ => ours,
+    };
+    config
+        .connect_timeout(timeout)
+        .tcp_user_timeout(timeout)
+        .keepalives_idle(timeout.max(Duration::from_secs(1)))
+        .options(&options)
+        .application_name("provisioner-lease");
+    Ok((config, tls))
+}
+
+#[cfg(test)]
 impl PgLease {
     /// Connects and makes sure the table is there. The connection commits synchronously. `timeout` bounds the connection, every
     /// statement (`statement_timeout`) and unacknowledged sends (`tcp_user_timeout`), so that a
     /// database cut off answers an error rather than hang for ever.
-    pub fn connect(url: &str, timeout: Duration, model_uuid: &str, holder: &str) -> Result<Self, LeaseSqlError> {
-        let mut connector = crate::service::pgconnect::Connector::new_with(Self::config(url, timeout)?);
+    #[cfg(test)]
+    pub(crate) fn connect(url: &str, timeout: Duration, model_uuid: &str, holder: &str) -> Result<Self, LeaseSqlError> {
+        let mut connector = crate::service::pgconnect::Connector::new_with(lease_config(url, timeout)?);
         Self::connect_with(&mut connector, timeout, model_uuid, holder)
-    }
-
-    /// The lease connection's configuration: `timeout` bounds the connection, every statement
-    /// (`statement_timeout`) and unacknowledged sends (`tcp_user_timeout`).
-    pub fn config(
-        url: &str,
-        timeout: Duration,
-    ) -> Result<(postgres::Config, crate::service::pgtls::PgTls), LeaseSqlError> {
-        let (config, tls) = crate::service::pgtls::parse(url).map_err(|e| LeaseSqlError::Url(Box::new(e)))?;
-        let mut config = postgres::Config::from(config);
-        let ms = millis(timeout)?.max(1);
-        // The epoch must never be handed out twice: every lease commit is flushed before it
-        // answers, whatever the server's default (a lost acquisition would reuse its epoch).
-        let ours = format!("-c statement_timeout={ms} -c lock_timeout={ms} -c synchronous_commit=on");
-        // The URL's own options are kept (a model's `search_path`: its lease is in its schema).
-        let options = match config.get_options() {
-            Some(given) if !given.is_empty() => format!("{given} {ours}"),
-            _ => ours,
-        };
-        config
-            .connect_timeout(timeout)
-            .tcp_user_timeout(timeout)
-            .keepalives_idle(timeout.max(Duration::from_secs(1)))
-            .options(&options)
-            .application_name("provisioner-lease");
-        Ok((config, tls))
     }
 
     /// Connects through `connector` (start-up included within `timeout`, see
     /// [`Connector`](crate::service::pgconnect::Connector)) and makes sure the tables are there.
-    pub fn connect_with(
+    #[cfg(test)]
+    pub(crate) fn connect_with(
         connector: &mut crate::service::pgconnect::Connector,
         timeout: Duration,
         model_uuid: &str,
@@ -176,35 +181,35 @@ impl PgLease {
         Ok(Self { leases, key })
     }
 
-    /// This replica's id.
-    pub fn holder(&self) -> &str {
-        self.leases.holder()
-    }
-
     /// Tries to take the lease for `lease`: [`Answer::Acquired`] with the new epoch, or
     /// [`Answer::HeldBy`] whoever holds it unexpired.
-    pub fn acquire(&mut self, lease: Duration) -> Result<Answer, LeaseSqlError> {
+    #[cfg(test)]
+    pub(crate) fn acquire(&mut self, lease: Duration) -> Result<Answer, LeaseSqlError> {
         self.leases.acquire(&self.key, lease)
     }
 
     /// Renews the lease held at `epoch` for `lease`: [`Answer::Renewed`] or [`Answer::Refused`].
-    pub fn renew(&mut self, epoch: i64, lease: Duration) -> Result<Answer, LeaseSqlError> {
+    #[cfg(test)]
+    pub(crate) fn renew(&mut self, epoch: i64, lease: Duration) -> Result<Answer, LeaseSqlError> {
         self.leases.in_schema(&self.key, |tx, model, holder| renew_on(tx, model, holder, epoch, lease))
     }
 
     /// Releases the lease held at `epoch` (a lease no longer ours is left alone).
-    pub fn release(&mut self, epoch: i64) -> Result<Answer, LeaseSqlError> {
+    #[cfg(test)]
+    pub(crate) fn release(&mut self, epoch: i64) -> Result<Answer, LeaseSqlError> {
         self.leases.release(&self.key, epoch)
     }
 
     /// The lease's row, if any.
-    pub fn current(&mut self) -> Result<Option<LeaseRow>, LeaseSqlError> {
+    #[cfg(test)]
+    pub(crate) fn current(&mut self) -> Result<Option<LeaseRow>, LeaseSqlError> {
         self.leases.in_schema(&self.key, |tx, model, _| current_on(tx, model))
     }
 
     /// Whether `holder` at `epoch` may write now: [`FENCE_SQL`] in a transaction of its own
     /// (a store runs the same statement first in each fenced write's transaction).
-    pub fn fence_holds(&mut self, holder: &str, epoch: i64) -> Result<bool, LeaseSqlError> {
+    #[cfg(test)]
+    pub(crate) fn fence_holds(&mut self, holder: &str, epoch: i64) -> Result<bool, LeaseSqlError> {
         self.leases
             .in_schema(&self.key, |tx, model, _| Ok(tx.query_opt(FENCE_SQL, &[&model, &holder, &epoch])?.is_some()))
     }
@@ -247,7 +252,7 @@ fn current_on(c: &mut impl GenericClient, model: &str) -> Result<Option<LeaseRow
 /// Which lease: a model's uuid, and the schema its tables are in (`None`: the connection's
 /// own `search_path`, e.g. `default`'s `public`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct LeaseKey {
+pub(crate) struct LeaseKey {
     /// The model's uuid (the lease row's key).
     pub model_uuid: String,
     /// The schema of the model's tables: a checked model schema name or `public`.
@@ -258,7 +263,7 @@ pub struct LeaseKey {
 /// step runs in a transaction of its own with the model's schema as its `search_path`, and
 /// renewals that were asked together commit together (one transaction, a savepoint each, one
 /// flush to disk for them all).
-pub struct PgLeases {
+pub(crate) struct PgLeases {
     client: Client,
     holder: String,
     /// The schemas whose lease tables this connection has made sure of.
@@ -287,7 +292,7 @@ fn enter(tx: &mut Transaction<'_>, key: &LeaseKey) -> Result<(), LeaseSqlError> 
 impl PgLeases {
     /// Connects through `connector` ([`PgLease::config`]'s settings: every statement bounded,
     /// every commit flushed) as replica `holder`.
-    pub fn connect_with(
+    pub(crate) fn connect_with(
         connector: &mut crate::service::pgconnect::Connector,
         timeout: Duration,
         holder: &str,
@@ -297,7 +302,8 @@ impl PgLeases {
     }
 
     /// This replica's id.
-    pub fn holder(&self) -> &str {
+    #[cfg(test)]
+    pub(crate) fn holder(&self) -> &str {
         &self.holder
     }
 
@@ -317,12 +323,12 @@ impl PgLeases {
     }
 
     /// [`PgLease::acquire`] for `key`.
-    pub fn acquire(&mut self, key: &LeaseKey, lease: Duration) -> Result<Answer, LeaseSqlError> {
+    pub(crate) fn acquire(&mut self, key: &LeaseKey, lease: Duration) -> Result<Answer, LeaseSqlError> {
         self.in_schema(key, |tx, model, holder| acquire_on(tx, model, holder, lease))
     }
 
     /// [`PgLease::release`] for `key`.
-    pub fn release(&mut self, key: &LeaseKey, epoch: i64) -> Result<Answer, LeaseSqlError> {
+    pub(crate) fn release(&mut self, key: &LeaseKey, epoch: i64) -> Result<Answer, LeaseSqlError> {
         self.in_schema(key, |tx, model, holder| release_on(tx, model, holder, epoch))
     }
 
@@ -345,7 +351,7 @@ impl PgLeases {
     /// answer. Should the server refuse that statement (a model's schema dropped, say), they are
     /// renewed again one by one ([`PgLeases::renew_each`]), so that one model's failure fails
     /// it alone. `Err`: the connection failed, and no renewal is known to have taken effect.
-    pub fn renew_all(
+    pub(crate) fn renew_all(
         &mut self,
         leases: &[(LeaseKey, i64)],
         lease: Duration,
@@ -396,7 +402,7 @@ impl PgLeases {
     /// renewal's own answer (one that failed on its own, e.g. a model's schema dropped, is an
     /// error for that one only), all of them known only once the transaction committed. `Err`:
     /// the transaction or its commit failed, and no renewal is known to have taken effect.
-    pub fn renew_each(
+    pub(crate) fn renew_each(
         &mut self,
         leases: &[(LeaseKey, i64)],
         lease: Duration,
@@ -586,7 +592,7 @@ mod tests {
             let key = |schema: &str, uuid: &str| LeaseKey { model_uuid: uuid.into(), schema: Some(schema.into()) };
             let (x, y) = (key("model_x", "ux"), key("model_y", "uy"));
             let mut connector =
-                crate::service::pgconnect::Connector::new_with(PgLease::config(pg.url(), TIMEOUT).unwrap());
+                crate::service::pgconnect::Connector::new_with(lease_config(pg.url(), TIMEOUT).unwrap());
             let mut l = PgLeases::connect_with(&mut connector, TIMEOUT, "a").unwrap();
             assert_eq!(l.holder(), "a");
             assert_eq!(l.acquire(&x, LEASE).unwrap(), Answer::Acquired { epoch: 1 });

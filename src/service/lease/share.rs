@@ -24,7 +24,8 @@ use std::hash::{Hash, Hasher};
 
 /// What one replica sees: the live replicas (itself included) and each model's live holder.
 #[derive(Debug, Clone, Copy)]
-pub struct ShareView<'a> {
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) struct ShareView<'a> {
     /// This replica's id.
     pub me: &'a str,
     /// The live replicas (heartbeat not expired), this one included.
@@ -36,7 +37,8 @@ pub struct ShareView<'a> {
 
 /// What this replica does next.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SharePlan {
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) struct SharePlan {
     /// The fair share: `ceil(models / live replicas)`.
     pub share: usize,
     /// Free models whose lease this replica tries to take now, in model order.
@@ -47,13 +49,15 @@ pub struct SharePlan {
 }
 
 /// `ceil(models / replicas)`; a replica alone (or none counted) takes every model.
-pub fn fair_share(models: usize, replicas: usize) -> usize {
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn fair_share(models: usize, replicas: usize) -> usize {
     models.div_ceil(replicas.max(1))
 }
 
 /// How much a model wants a replica: higher first. Stable for a given build (the standard
 /// library's SipHash with fixed keys); replicas of different builds may rank differently,
 /// which costs hand-overs, never safety.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 fn rank(model: &str, replica: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     model.hash(&mut h);
@@ -62,6 +66,7 @@ fn rank(model: &str, replica: &str) -> u64 {
 }
 
 /// The live replicas in the order a model wants them.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 fn preference<'a>(model: &str, live: &'a BTreeSet<String>) -> Vec<&'a String> {
     let mut order: Vec<&String> = live.iter().collect();
     order.sort_by(|a, b| rank(model, b).cmp(&rank(model, a)).then_with(|| a.cmp(b)));
@@ -69,7 +74,8 @@ fn preference<'a>(model: &str, live: &'a BTreeSet<String>) -> Vec<&'a String> {
 }
 
 /// Decides this replica's next acquisitions and hand-overs from its view.
-pub fn plan(view: ShareView<'_>) -> SharePlan {
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn plan(view: ShareView<'_>) -> SharePlan {
     // A replica that does not see itself live (its heartbeat not yet written) still counts.
     let mut live = view.live.clone();
     live.insert(view.me.to_owned());

@@ -16,12 +16,12 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use super::messages::Answered;
-use super::pg::{LeaseKey, LeaseSqlError, PgLease, PgLeases};
+use super::pg::{LeaseKey, LeaseSqlError, PgLeases};
 use super::state::{Answer, Step};
 use crate::service::pgconnect::Connector;
 
 /// At most this many queued steps are taken in one round (a bound on one transaction).
-pub const MAX_ROUND: usize = 256;
+pub(crate) const MAX_ROUND: usize = 256;
 
 /// The answer to a step not carried out because the connection failed earlier in its round.
 const CONNECTION_FAILED: &str = "the lease connection failed";
@@ -35,7 +35,7 @@ struct Request {
 
 /// The handle of a replica's lease thread. The thread ends when every handle is dropped.
 #[derive(Debug, Clone)]
-pub struct LeaseSql {
+pub(crate) struct LeaseSql {
     requests: mpsc::Sender<Request>,
 }
 
@@ -48,14 +48,14 @@ impl std::fmt::Debug for Request {
 impl LeaseSql {
     /// Starts the thread: connections to `url` as replica `holder`, every statement bounded by
     /// `timeout`, leases taken for `lease`.
-    pub fn start(url: String, holder: String, timeout: Duration, lease: Duration) -> std::io::Result<Self> {
+    pub(crate) fn start(url: String, holder: String, timeout: Duration, lease: Duration) -> std::io::Result<Self> {
         let (requests, rx) = mpsc::channel();
         std::thread::Builder::new().name("lease".into()).spawn(move || run(url, holder, timeout, lease, rx))?;
         Ok(Self { requests })
     }
 
     /// Queues `step` for `key`; its [`Answered`] goes to `answer`. `false`: the thread is gone.
-    pub fn send(&self, key: &LeaseKey, step: Step, answer: Recipient<Answered>) -> bool {
+    pub(crate) fn send(&self, key: &LeaseKey, step: Step, answer: Recipient<Answered>) -> bool {
         self.requests.send(Request { key: key.clone(), step, answer }).is_ok()
     }
 }
@@ -78,7 +78,7 @@ fn run(url: String, holder: String, timeout: Duration, lease: Duration, rx: mpsc
             let connected = (|| -> Result<PgLeases, LeaseSqlError> {
                 let c = match connector.as_mut() {
                     Some(c) => c,
-                    None => connector.insert(Connector::new_with(PgLease::config(&url, timeout)?)),
+                    None => connector.insert(Connector::new_with(super::pg::lease_config(&url, timeout)?)),
                 };
                 PgLeases::connect_with(c, timeout, &holder)
             })();

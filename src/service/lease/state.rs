@@ -17,7 +17,8 @@ use crate::service::settings::LeaseTimings;
 
 /// This replica's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum Role {
     /// Serves the API; runs no provisioner actors.
     Follower,
     /// Holds the lease at `epoch`: runs the actors, its writes are fenced with the epoch.
@@ -29,7 +30,8 @@ pub enum Role {
 
 impl Role {
     /// `leader` or `follower` (the status' `role`).
-    pub fn name(&self) -> &'static str {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Role::Follower => "follower",
             Role::Leader { .. } => "leader",
@@ -39,7 +41,8 @@ impl Role {
 
 /// What the shell does now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum Step {
     /// Try to take the lease (it is taken only if free or expired).
     Acquire,
     /// Renew the lease held at `epoch`.
@@ -58,7 +61,8 @@ pub enum Step {
 
 /// The database's answer to a [`Step`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum Answer {
     /// The lease was taken, at this epoch.
     Acquired {
         /// The new epoch.
@@ -83,7 +87,8 @@ pub enum Answer {
 
 /// Why a replica changed role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Why {
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum Why {
     /// It took a free or expired lease.
     Acquired,
     /// Its renewal was refused (someone else holds the lease now).
@@ -103,7 +108,8 @@ pub enum Why {
 
 impl Why {
     /// A short word for logs, events and the status.
-    pub fn name(&self) -> &'static str {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Why::Acquired => "acquired",
             Why::Refused => "refused",
@@ -118,7 +124,8 @@ impl Why {
 /// A change of role, to carry out at once: to leader ⇒ set the fence and start the actors; to
 /// follower ⇒ stop the actors (in-flight cloud calls abandoned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transition {
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) struct Transition {
     /// The role before.
     pub from: Role,
     /// The role after.
@@ -131,7 +138,8 @@ pub struct Transition {
 
 /// The lease's core for one model.
 #[derive(Debug, Clone)]
-pub struct LeaseBook {
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) struct LeaseBook {
     timings: LeaseTimings,
     role: Role,
     /// When the last successful acquire or renewal was sent (a leader's only).
@@ -163,7 +171,8 @@ pub struct LeaseBook {
 
 impl LeaseBook {
     /// A follower that has not asked yet.
-    pub fn new(timings: LeaseTimings) -> Self {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn new(timings: LeaseTimings) -> Self {
         Self {
             timings,
             role: Role::Follower,
@@ -184,24 +193,28 @@ impl LeaseBook {
 
     /// A follower that tries to acquire only once allowed ([`LeaseBook::allow`]): the spread
     /// of leaders over replicas decides which models a replica asks for.
-    pub fn spread(timings: LeaseTimings) -> Self {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn spread(timings: LeaseTimings) -> Self {
         Self { may_acquire: false, ..Self::new(timings) }
     }
 
     /// Whether a follower tries to acquire from now on (a leader renews whatever this says).
-    pub fn allow(&mut self, may_acquire: bool) {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn allow(&mut self, may_acquire: bool) {
         self.may_acquire = may_acquire;
     }
 
     /// Whether a follower tries to acquire.
-    pub fn may_acquire(&self) -> bool {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn may_acquire(&self) -> bool {
         self.may_acquire
     }
 
     /// What the spread's driver read of the lease (a follower that does not ask learns the
     /// holder this way): `Some((holder, epoch))` while held, unexpired; `None` while free.
     /// A leader's own view is left alone.
-    pub fn observe(&mut self, holder: Option<(String, i64)>) {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn observe(&mut self, holder: Option<(String, i64)>) {
         if matches!(self.role, Role::Follower) && self.in_flight.is_none() {
             self.holder = holder;
         }
@@ -211,7 +224,8 @@ impl LeaseBook {
     /// fail-over would: the shell stops its provisioner) and releases the lease, keeping the
     /// epoch, so that another replica takes it at once at `epoch + 1`. With an attempt in
     /// flight it is done at the next tick. A follower has nothing to hand over.
-    pub fn hand_over(&mut self, now: Instant) -> (Option<Transition>, Step) {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn hand_over(&mut self, now: Instant) -> (Option<Transition>, Step) {
         if !matches!(self.role, Role::Leader { .. }) || self.shut_down {
             return (None, Step::Wait);
         }
@@ -225,40 +239,47 @@ impl LeaseBook {
     }
 
     /// The timings.
-    pub fn timings(&self) -> LeaseTimings {
+    #[cfg(test)]
+    pub(crate) fn timings(&self) -> LeaseTimings {
         self.timings
     }
 
     /// The role now.
-    pub fn role(&self) -> Role {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn role(&self) -> Role {
         self.role
     }
 
     /// The last holder seen and its epoch (this replica's when leader).
-    pub fn holder(&self) -> Option<(&str, i64)> {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn holder(&self) -> Option<(&str, i64)> {
         self.holder.as_ref().map(|(h, e)| (h.as_str(), *e))
     }
 
     /// How many transitions so far.
-    pub fn transitions(&self) -> u64 {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn transitions(&self) -> u64 {
         self.transitions
     }
 
     /// The last transition.
-    pub fn last_transition(&self) -> Option<Transition> {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn last_transition(&self) -> Option<Transition> {
         self.last
     }
 
     /// Whether the replica may act as leader at `now`: a leader whose renew deadline has not
     /// passed. (The shell asks before each step too, so that a late timer never lets it act.)
-    pub fn may_act(&self, now: Instant) -> bool {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn may_act(&self, now: Instant) -> bool {
         matches!(self.role, Role::Leader { .. })
             && self.renewed_sent_at.is_some_and(|t| now.saturating_duration_since(t) < self.timings.renew_deadline())
     }
 
     /// The time at which a leader must stop acting, if it is one: its renew deadline, or the
     /// time its last proof of progress grows older than the renew deadline.
-    pub fn acting_deadline(&self) -> Option<Instant> {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn acting_deadline(&self) -> Option<Instant> {
         match self.role {
             Role::Leader { .. } => {
                 let renewal = self.renewed_sent_at.map(|t| t + self.timings.renew_deadline());
@@ -275,7 +296,8 @@ impl LeaseBook {
     /// Whether the shell should probe this replica's own work now (its store answers a read,
     /// its provisioner answers a question): a leader proves its progress so, and a replica that
     /// stepped down for want of it proves it is well again. One probe in flight at a time.
-    pub fn probe_due(&mut self, now: Instant) -> bool {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn probe_due(&mut self, now: Instant) -> bool {
         let wanted = matches!(self.role, Role::Leader { .. }) || self.stalled;
         if !wanted || self.probe_sent.is_some() {
             return false;
@@ -288,7 +310,8 @@ impl LeaseBook {
     }
 
     /// The probe sent last answered at `now`: `ok` if the work answered well.
-    pub fn probed(&mut self, now: Instant, ok: bool) {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn probed(&mut self, now: Instant, ok: bool) {
         self.probe_sent = None;
         if ok {
             self.progress_at = Some(now);
@@ -297,11 +320,13 @@ impl LeaseBook {
     }
 
     /// Whether this replica stepped down for want of progress and has not proved it since.
-    pub fn stalled(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn stalled(&self) -> bool {
         self.stalled
     }
 
     /// Whether a leader's last proof of progress is older than the renew deadline at `now`.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn no_progress(&self, now: Instant) -> bool {
         matches!(self.role, Role::Leader { .. })
             && self.progress_at.is_some_and(|t| now.saturating_duration_since(t) >= self.timings.renew_deadline())
@@ -309,13 +334,15 @@ impl LeaseBook {
 
     /// When the shell calls [`LeaseBook::tick`] next: after one retry, or at the acting
     /// deadline if that comes first.
-    pub fn next_tick(&self, now: Instant) -> Instant {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn next_tick(&self, now: Instant) -> Instant {
         let retry = now + self.timings.retry();
         self.acting_deadline().map_or(retry, |d| d.min(retry).max(now))
     }
 
     /// The clock ticked: steps down a leader past its deadline, then says what to ask.
-    pub fn tick(&mut self, now: Instant) -> (Option<Transition>, Step) {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn tick(&mut self, now: Instant) -> (Option<Transition>, Step) {
         let mut transition = None;
         if let Role::Leader { epoch } = self.role {
             if self.no_progress(now) {
@@ -362,7 +389,8 @@ impl LeaseBook {
     }
 
     /// The answer to the step sent last (`id` is this replica's id).
-    pub fn answer(&mut self, id: &str, now: Instant, answer: Answer) -> Option<Transition> {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn answer(&mut self, id: &str, now: Instant, answer: Answer) -> Option<Transition> {
         let sent_at = self.in_flight.take().unwrap_or(now);
         match (answer, self.role) {
             (Answer::Acquired { epoch }, Role::Follower) if self.shut_down => {
@@ -410,7 +438,8 @@ impl LeaseBook {
 
     /// Clean shutdown: a leader releases its lease (and stops acting at once); a follower
     /// stops asking. Returns the step to carry out.
-    pub fn shutdown(&mut self, now: Instant) -> (Option<Transition>, Step) {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn shutdown(&mut self, now: Instant) -> (Option<Transition>, Step) {
         self.shut_down = true;
         match self.role {
             Role::Leader { epoch } => {
@@ -422,11 +451,13 @@ impl LeaseBook {
         }
     }
 
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn become_follower(&mut self, why: Why, now: Instant) -> Transition {
         self.renewed_sent_at = None;
         self.transition(Role::Follower, why, now)
     }
 
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn transition(&mut self, to: Role, why: Why, at: Instant) -> Transition {
         let t = Transition { from: self.role, to, why, at };
         self.role = to;
@@ -438,7 +469,7 @@ impl LeaseBook {
 
 /// The role as `/v1/status` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseStatus {
+pub(crate) struct LeaseStatus {
     /// `leader` or `follower`.
     pub role: &'static str,
     /// The holder last seen (this replica's id when leader).

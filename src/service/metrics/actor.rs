@@ -17,7 +17,7 @@ use crate::service::store::{CountsChanged, StoreCounts};
 /// Owns the counters; everything that counts sends it a message. The state gauges come from
 /// the counts the store publishes after its writes (a scrape reads no table).
 #[derive(Default)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     book: MetricsBook,
     counts: StoreCounts,
     /// The simulated cloud's instances by state, when its instances are written on a store of
@@ -57,7 +57,7 @@ impl Handler<CloudCounts> for Metrics {
 
 /// Hands the counts a cloud's own store publishes to the metrics as [`CloudCounts`] (its
 /// machine counts are not the model's: only its instances are taken).
-pub struct CloudCountsTo(pub Addr<Metrics>);
+pub(crate) struct CloudCountsTo(pub Addr<Metrics>);
 
 impl Actor for CloudCountsTo {
     type Context = Context<Self>;

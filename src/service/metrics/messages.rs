@@ -7,7 +7,7 @@ use super::state::Gauges;
 /// One HTTP request answered.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
-pub struct HttpDone {
+pub(crate) struct HttpDone {
     /// The method's label (`GET`, ..., or `other`: see `api::method_label`).
     pub method: &'static str,
     /// The matched route pattern (`/v1/machines`), or `unmatched`.
@@ -21,12 +21,12 @@ pub struct HttpDone {
 /// One audit line of a refused request not written (past its peer's rate).
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "()")]
-pub struct AuditSuppressed;
+pub(crate) struct AuditSuppressed;
 
 /// One broker call completed.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
-pub struct BrokerCallDone {
+pub(crate) struct BrokerCallDone {
     /// The operation (`start_instance`, ...).
     pub op: &'static str,
     /// `ok`, or the kind of failure ([`BrokerError::kind`](crate::ports::BrokerError::kind)).
@@ -39,25 +39,25 @@ pub struct BrokerCallDone {
 /// that is not the model's ([`Store::companion`](crate::service::store::Store::companion)).
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
-pub struct CloudCounts(pub std::collections::BTreeMap<String, u64>);
+pub(crate) struct CloudCounts(pub std::collections::BTreeMap<String, u64>);
 
 /// Renders every metric with these gauges.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "String")]
-pub struct Render(pub Gauges);
+pub(crate) struct Render(pub Gauges);
 
 /// Renders the service's families alone, with these gauges: no model runs as `default`
 /// (destroyed, or not started), so the model's state gauges (machines, instances, life) are
 /// left out, whatever `default` last published.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "String")]
-pub struct RenderService(pub Gauges);
+pub(crate) struct RenderService(pub Gauges);
 
 /// This replica's role changed (replicas on PostgreSQL): `provisioner_leader` and
 /// `provisioner_leader_transitions_total`.
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "()")]
-pub struct LeaderChanged {
+pub(crate) struct LeaderChanged {
     /// Whether it leads now.
     pub leader: bool,
     /// Whether this is a transition (`false`: the first report, as a follower).
@@ -67,4 +67,4 @@ pub struct LeaderChanged {
 /// Machines just added (pending): the start of `provisioner_time_to_running_seconds`.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
-pub struct MachinesPending(pub Vec<crate::model::MachineId>);
+pub(crate) struct MachinesPending(pub Vec<crate::model::MachineId>);

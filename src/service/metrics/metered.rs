@@ -14,7 +14,7 @@ use crate::service::cloud::listing::{Changed, InstanceListings, Listed, ReadInst
 
 /// Wraps a broker; every call is timed and counted.
 #[derive(Clone)]
-pub struct MeteredBroker {
+pub(crate) struct MeteredBroker {
     inner: Arc<dyn Broker>,
     metrics: Recipient<BrokerCallDone>,
     in_flight: Arc<AtomicUsize>,
@@ -24,13 +24,13 @@ pub struct MeteredBroker {
 
 impl MeteredBroker {
     /// Meters `inner`, reporting to `metrics`.
-    pub fn new(inner: Arc<dyn Broker>, metrics: Recipient<BrokerCallDone>) -> Self {
+    pub(crate) fn new(inner: Arc<dyn Broker>, metrics: Recipient<BrokerCallDone>) -> Self {
         Self { inner, metrics, in_flight: Arc::new(AtomicUsize::new(0)), listings: None }
     }
 
     /// The same broker, its listings handed to `listings`, which readers ask
     /// ([`MeteredBroker::read_instances`]).
-    pub fn with_listings(self, listings: Addr<InstanceListings>) -> Self {
+    pub(crate) fn with_listings(self, listings: Addr<InstanceListings>) -> Self {
         Self { listings: Some(listings), ..self }
     }
 
@@ -47,7 +47,7 @@ impl MeteredBroker {
 
     /// The cloud's instances for a reader: a listing at most `max_age` old (made now only if
     /// none is, and once for every reader that asks meanwhile), and its age.
-    pub fn read_instances(
+    pub(crate) fn read_instances(
         &self,
         max_age: std::time::Duration,
     ) -> BrokerFuture<(Arc<Vec<CloudInstance>>, std::time::Duration)> {
@@ -66,7 +66,7 @@ impl MeteredBroker {
     }
 
     /// Calls in flight now (a counter shared by every clone).
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
     }
 

@@ -13,9 +13,9 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use actor::{CloudCountsTo, Metrics};
-pub use messages::{
-    AuditSuppressed, BrokerCallDone, CloudCounts, HttpDone, LeaderChanged, MachinesPending, Render, RenderService,
-};
-pub use metered::MeteredBroker;
-pub use state::{Gauges, Histogram, MetricsBook, CONTENT_TYPE};
+pub(crate) use actor::{CloudCountsTo, Metrics};
+#[cfg(feature = "postgres")]
+pub(crate) use messages::LeaderChanged;
+pub(crate) use messages::{AuditSuppressed, HttpDone, MachinesPending, Render, RenderService};
+pub(crate) use metered::MeteredBroker;
+pub(crate) use state::{Gauges, CONTENT_TYPE};

@@ -12,17 +12,18 @@ use prometheus_client::metrics::histogram::Histogram as PromHistogram;
 use prometheus_client::registry::Registry;
 
 /// Upper bounds of the latency histograms' buckets, in seconds.
-pub const BUCKETS: [f64; 14] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+pub(super) const BUCKETS: [f64; 14] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 /// Upper bounds of the pending-to-running histogram's buckets, in seconds.
-pub const START_BUCKETS: [f64; 10] = [0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+pub(super) const START_BUCKETS: [f64; 10] = [0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
 
 /// The content type of [`MetricsBook::render`]'s text.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The outcome of a start: the `outcome` label of `provisioner_start_outcomes_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StartOutcome {
+pub(crate) enum StartOutcome {
     /// The machine got its instance.
     Started,
     /// The start failed for good.
@@ -31,16 +32,13 @@ pub enum StartOutcome {
 
 impl StartOutcome {
     /// The label value.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             StartOutcome::Started => "started",
             StartOutcome::Failed => "failed",
         }
     }
 }
-
-/// A latency histogram with fixed buckets (`BUCKETS`).
-pub type Histogram = PromHistogram;
 
 type Labels = Vec<(String, String)>;
 type HistFamily = Family<Labels, PromHistogram, fn() -> PromHistogram>;
@@ -59,7 +57,7 @@ fn escape(v: &str) -> String {
 
 /// What is read from the service's state at each scrape.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Gauges {
+pub(crate) struct Gauges {
     /// Machines by status.
     pub machines_by_status: BTreeMap<String, u64>,
     /// Machines by life.
@@ -97,7 +95,7 @@ struct Lease {
 }
 
 /// Every family, in one registry.
-pub struct MetricsBook {
+pub(crate) struct MetricsBook {
     registry: Registry,
     http: Family<Labels, Counter>,
     http_latency: HistFamily,
@@ -297,14 +295,14 @@ fn set_by(family: &Family<Labels, Gauge>, key: &str, values: &BTreeMap<String, u
 
 impl MetricsBook {
     /// Counts one audit line not written (a refused request past its peer's rate).
-    pub fn audit_suppressed(&mut self) {
+    pub(crate) fn audit_suppressed(&mut self) {
         self.audit_suppressed.inc();
     }
 
     /// Counts one HTTP request on `route` (the matched pattern, not the raw path). `method`
     /// is one of a fixed set of labels (the caller maps the rest to `other`), `code` the
     /// status the service answered: every label takes a bounded set of values.
-    pub fn http(&mut self, method: &'static str, route: &str, code: u16, seconds: f64) {
+    pub(crate) fn http(&mut self, method: &'static str, route: &str, code: u16, seconds: f64) {
         self.http.get_or_create(&l(&[("method", method), ("route", route), ("code", &code.to_string())])).inc();
         self.http_latency.get_or_create(&l(&[("route", route)])).observe(seconds);
         *self.http_counts.entry(route.to_owned()).or_default() += 1;
@@ -312,7 +310,7 @@ impl MetricsBook {
 
     /// Counts one broker call.
     /// `result` is `ok` or the kind of failure (`throttled`, `zone_specific`, ...).
-    pub fn broker(&mut self, op: &'static str, result: &'static str, seconds: f64) {
+    pub(crate) fn broker(&mut self, op: &'static str, result: &'static str, seconds: f64) {
         let family = &self.broker;
         let calls = self
             .handles
@@ -327,7 +325,7 @@ impl MetricsBook {
     }
 
     /// Counts one provisioner event.
-    pub fn event(&mut self, name: &'static str) {
+    pub(crate) fn event(&mut self, name: &'static str) {
         let family = &self.events;
         let count =
             self.handles.events.entry(name).or_insert_with(|| family.get_or_create(&l(&[("event", name)])).clone());
@@ -338,7 +336,7 @@ impl MetricsBook {
     }
 
     /// Counts one start outcome in `zone` (`unknown` if none).
-    pub fn start_outcome(&mut self, zone: Option<&str>, outcome: StartOutcome) {
+    pub(crate) fn start_outcome(&mut self, zone: Option<&str>, outcome: StartOutcome) {
         let zone = zone.unwrap_or("unknown");
         let by_outcome = match self.handles.start_outcomes.get_mut(zone) {
             Some(m) => m,
@@ -352,17 +350,17 @@ impl MetricsBook {
     }
 
     /// Records a machine's time from pending to running.
-    pub fn time_to_running(&mut self, seconds: f64) {
+    pub(crate) fn time_to_running(&mut self, seconds: f64) {
         self.time_to_running.observe(seconds);
     }
 
     /// Counts harvest decisions: `n` instances `decision` (`stopped`, `spared_by_grace`, `held_back_by_cap`).
-    pub fn harvest(&mut self, decision: &'static str, n: u64) {
+    pub(crate) fn harvest(&mut self, decision: &'static str, n: u64) {
         self.harvest.get_or_create(&l(&[("decision", decision)])).inc_by(n);
     }
 
     /// This replica's role (replicas on PostgreSQL only; the lease metrics appear with it).
-    pub fn leader(&mut self, leader: bool, transition: bool) {
+    pub(crate) fn leader(&mut self, leader: bool, transition: bool) {
         let registry = &mut self.registry;
         let lease = self.lease.get_or_insert_with(|| {
             let lease = Lease { leader: Gauge::default(), transitions: Counter::default() };
@@ -385,12 +383,13 @@ impl MetricsBook {
     }
 
     /// The HTTP requests counted for `route`.
-    pub fn http_count(&self, route: &str) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn http_count(&self, route: &str) -> u64 {
         self.http_counts.get(route).copied().unwrap_or(0)
     }
 
     /// Everything, in the OpenMetrics text format ([`CONTENT_TYPE`]), ending in `# EOF`.
-    pub fn render(&self, g: &Gauges) -> String {
+    pub(crate) fn render(&self, g: &Gauges) -> String {
         self.broker_in_flight.set(to_i64(g.broker_in_flight));
         set_by(&self.machines, "status", &g.machines_by_status);
         set_by(&self.machines_by_life, "life", &g.machines_by_life);

@@ -23,7 +23,7 @@ use crate::SharedLimiter;
 /// One account as the service knows it: the limiter its models share and, on the simulated
 /// cloud, the bucket the account enforces.
 #[derive(Clone)]
-pub struct Account {
+pub(crate) struct Account {
     /// The client-side limiter every model on the account paces its calls with.
     pub limiter: SharedLimiter,
     /// The simulated account's own bucket (sim only).
@@ -34,7 +34,7 @@ pub struct Account {
 /// nothing limits it (the simulated cloud without `--sim-account-start-rate`). `opts` are the
 /// model's settings (`host::model_settings`), `account` the simulated account it names
 /// (`None`: `default`).
-pub fn account_of(opts: &ServeSettings, account: Option<&str>) -> Option<(String, RateLimits, Option<u32>)> {
+pub(crate) fn account_of(opts: &ServeSettings, account: Option<&str>) -> Option<(String, RateLimits, Option<u32>)> {
     match opts.broker() {
         BrokerKind::Sim => {
             let rate = opts.sim.account_start_rate?;
@@ -53,7 +53,7 @@ pub fn account_of(opts: &ServeSettings, account: Option<&str>) -> Option<(String
 /// The accounts in use, by key: the actor that owns them. An account lives as long as the
 /// service.
 #[derive(Default)]
-pub struct Accounts {
+pub(crate) struct Accounts {
     by_key: BTreeMap<String, Account>,
 }
 
@@ -65,7 +65,7 @@ impl Actor for Accounts {
 /// bucket at `sim_rate` starts per second).
 #[derive(Message)]
 #[rtype(result = "Account")]
-pub struct GetAccount {
+pub(crate) struct GetAccount {
     /// The account's key ([`account_of`]).
     pub key: String,
     /// Its limiter's limits.

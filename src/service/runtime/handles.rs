@@ -13,7 +13,7 @@ use crate::ProvisionerHandle;
 
 /// Why a model's provisioners cannot be reached on this replica.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NotRunning {
+pub(crate) enum NotRunning {
     /// This replica follows: the leader's replica runs them.
     #[error("this replica is a follower (the leader is {leader}): ask the leader's replica")]
     Follower {
@@ -28,7 +28,7 @@ pub enum NotRunning {
 /// One running model: its store, cloud, provisioners, metrics and event streams, as the HTTP
 /// handlers use them (cheap to clone: handles and addresses).
 #[derive(Clone)]
-pub struct ModelRuntime {
+pub(crate) struct ModelRuntime {
     /// The database.
     pub store: Store,
     /// The simulated cloud's own store, when its instances are written on a connection of
@@ -44,11 +44,6 @@ pub struct ModelRuntime {
     pub events: actix::Addr<crate::service::events::EventHub>,
     /// Event-stream clients dropped for falling behind.
     pub events_dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// The API token (empty when this replica knows only its hash).
-    pub token: String,
-    /// The API token's hash (SHA-256, hex), when this replica does not hold the token itself
-    /// (replicas on PostgreSQL other than the one that initialised the database).
-    pub token_sha256: Option<String>,
     /// The cloud's zones.
     pub zones: Vec<String>,
     /// The cloud's subnets and their zones, where the service knows them (the simulated cloud).
@@ -64,8 +59,6 @@ pub struct ModelRuntime {
     pub containers: Option<crate::ContainersHandle>,
     /// With replicas on PostgreSQL: the lease and the leader's provisioners.
     pub replica: Option<ModelReplica>,
-    /// The audit log of change requests.
-    pub audit: std::sync::Arc<crate::service::audit::AuditLog>,
     /// The simulated account the model's starts spend (with `--sim-account-start-rate`).
     pub sim_account: Option<crate::service::cloud::sim::SimAccount>,
 }
@@ -73,7 +66,7 @@ pub struct ModelRuntime {
 /// A model's lease on this replica and, while it leads, its provisioners.
 #[cfg(feature = "postgres")]
 #[derive(Clone)]
-pub struct ModelReplica {
+pub(crate) struct ModelReplica {
     /// The lease actor (role, holder, epoch).
     pub lease: actix::Addr<crate::service::lease::actor::LeaseActor>,
     /// The provisioners of the epoch this replica leads.
@@ -85,12 +78,12 @@ pub struct ModelReplica {
 /// Without PostgreSQL there are no replicas: this type has no value.
 #[cfg(not(feature = "postgres"))]
 #[derive(Clone)]
-pub enum ModelReplica {}
+pub(crate) enum ModelReplica {}
 
 #[cfg(feature = "postgres")]
 impl ModelReplica {
     /// The lease's status (role, holder, epoch).
-    pub async fn lease_status(&self) -> Result<crate::service::lease::state::LeaseStatus, NotRunning> {
+    pub(crate) async fn lease_status(&self) -> Result<crate::service::lease::state::LeaseStatus, NotRunning> {
         let status = self.lease.send(crate::service::lease::actor::GetLeaseStatus).await;
         status.map_err(|e| NotRunning::Internal(format!("the lease: {e}")))
     }
@@ -108,7 +101,7 @@ impl ModelReplica {
 #[cfg(not(feature = "postgres"))]
 impl ModelReplica {
     /// The lease's status: no value without PostgreSQL.
-    pub async fn lease_status(&self) -> Result<crate::service::lease::state::LeaseStatus, NotRunning> {
+    pub(crate) async fn lease_status(&self) -> Result<crate::service::lease::state::LeaseStatus, NotRunning> {
         match *self {}
     }
 
@@ -123,13 +116,13 @@ impl ModelReplica {
 
 impl ModelRuntime {
     /// With replicas: how many models this replica leads now, all models together.
-    pub fn models_led(&self) -> Option<usize> {
+    pub(crate) fn models_led(&self) -> Option<usize> {
         self.replica.as_ref().map(ModelReplica::models_led)
     }
 
     /// The provisioners this replica runs: the service's own, or with replicas the leader's
     /// of the current epoch; a follower answers 503 naming the leader.
-    pub async fn running(&self) -> Result<crate::service::lease::leading::Provisioners, NotRunning> {
+    pub(crate) async fn running(&self) -> Result<crate::service::lease::leading::Provisioners, NotRunning> {
         use crate::service::lease::leading::Provisioners;
         match (&self.handle, &self.replica) {
             (Some(handle), _) => Ok(Provisioners { handle: handle.clone(), containers: self.containers.clone() }),

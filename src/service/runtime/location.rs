@@ -6,21 +6,21 @@
 use std::path::PathBuf;
 
 /// The model every service has from its start; the plain `/v1/...` routes mean it.
-pub const DEFAULT_MODEL: &str = "default";
+pub(crate) const DEFAULT_MODEL: &str = "default";
 
 /// The folder of the data directory that holds the models other than `default` (one SQLite
 /// file each, `NAME.db`).
-pub const MODELS_DIR: &str = "models";
+pub(crate) const MODELS_DIR: &str = "models";
 
 /// PostgreSQL's longest identifier, in bytes (`NAMEDATALEN - 1`): a longer one is cut short.
-pub const PG_MAX_IDENTIFIER: usize = 63;
+pub(crate) const PG_MAX_IDENTIFIER: usize = 63;
 
 /// The PostgreSQL schema of a model other than `default` (whose tables stay in `public`):
 /// `model_` and the name with `-` as `_`. A name of 58 to 63 characters would make that longer
 /// than PostgreSQL's 63 bytes; such a name's schema is `modelh_`, its first 39 characters
 /// and 16 hex digits of its SHA-256 (63 bytes): unique per name, and never a shorter name's
 /// (theirs start `model_`), so the schemas of existing models keep their names.
-pub fn schema_name(model: &str) -> String {
+pub(crate) fn schema_name(model: &str) -> String {
     let plain = format!("model_{}", model.replace('-', "_"));
     if plain.len() <= PG_MAX_IDENTIFIER {
         return plain;
@@ -32,7 +32,7 @@ pub fn schema_name(model: &str) -> String {
 
 /// `url` with the connection's `search_path` set to `schema`: a `postgres://` URL gets an
 /// `options` query parameter, a key=value string an `options` key.
-pub fn schema_url(url: &str, schema: &str) -> String {
+pub(crate) fn schema_url(url: &str, schema: &str) -> String {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let sep = if url.contains('?') { '&' } else { '?' };
         format!("{url}{sep}options=-c%20search_path%3D{schema}")
@@ -42,13 +42,14 @@ pub fn schema_url(url: &str, schema: &str) -> String {
 }
 
 /// The SQLite file of a model other than `default`.
-pub fn model_db(data_dir: &std::path::Path, model: &str) -> PathBuf {
+pub(crate) fn model_db(data_dir: &std::path::Path, model: &str) -> PathBuf {
     data_dir.join(MODELS_DIR).join(format!("{model}.db"))
 }
 
 /// Why a model's schema could not be created or dropped.
 #[derive(Debug, thiserror::Error)]
-pub enum SchemaError {
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum SchemaError {
     /// PostgreSQL failed.
     #[cfg(feature = "postgres")]
     #[error("the models directory (table provisioner_models): {}", crate::service::pgtls::describe(.0))]
@@ -60,7 +61,8 @@ pub enum SchemaError {
 
 /// What to do to a model's schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SchemaOp {
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum SchemaOp {
     /// Create it if it is not there (an existing model's).
     Open,
     /// Create it for a new model: one left by an earlier model of the same name (a drop that
@@ -72,7 +74,7 @@ pub enum SchemaOp {
 
 /// Carries out `op` on a model's schema, over a connection of its own.
 #[cfg(feature = "postgres")]
-pub async fn pg_schema(url: &str, schema: &str, op: SchemaOp) -> Result<(), SchemaError> {
+pub(crate) async fn pg_schema(url: &str, schema: &str, op: SchemaOp) -> Result<(), SchemaError> {
     let (url, schema) = (url.to_owned(), schema.to_owned());
     actix_rt::task::spawn_blocking(move || {
         let (config, tls) =

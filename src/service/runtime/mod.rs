@@ -19,20 +19,19 @@
 //! - `replica`: a model's replica side on PostgreSQL: its lease actor and the hooks that run its
 //!   provisioners while this replica leads.
 
-pub mod accounts;
+pub(crate) mod accounts;
 mod handles;
-pub mod location;
+pub(crate) mod location;
 mod model_api;
 mod provisioners;
 mod replica;
 mod shared;
 mod start;
 
-pub use handles::{ModelReplica, ModelRuntime, NotRunning};
-pub use location::{model_db, schema_name, schema_url, DEFAULT_MODEL, MODELS_DIR};
-pub use model_api::StoreModel;
-pub use provisioners::PendingStarts;
+pub(crate) use handles::{ModelRuntime, NotRunning};
+pub(crate) use location::{model_db, schema_name, schema_url, DEFAULT_MODEL, MODELS_DIR};
+pub(crate) use model_api::StoreModel;
 #[cfg(feature = "postgres")]
-pub use shared::ReplicaLinks;
-pub use shared::Shared;
-pub use start::{open_model_store, start_model, stop_models, ModelStarter, StartModel};
+pub(crate) use shared::ReplicaLinks;
+pub(crate) use shared::Shared;
+pub(crate) use start::{stop_models, ModelStarter, StartModel};

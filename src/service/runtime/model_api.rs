@@ -9,19 +9,19 @@ use crate::service::store::{Store, StoreError, Write};
 
 /// The model in the service's database.
 #[derive(Clone)]
-pub struct StoreModel {
+pub(crate) struct StoreModel {
     store: Store,
 }
 
 impl StoreModel {
     /// The model API over this store.
-    pub fn new(store: Store) -> Self {
+    pub(crate) fn new(store: Store) -> Self {
         Self { store }
     }
 }
 
 /// How a store failure reads to the provisioner.
-pub fn model_error(e: StoreError) -> ModelError {
+pub(super) fn model_error(e: StoreError) -> ModelError {
     match e {
         StoreError::NotFound(id) => ModelError::NotFound(id),
         StoreError::ModelDying => ModelError::ModelDying,
@@ -36,7 +36,7 @@ pub fn model_error(e: StoreError) -> ModelError {
 /// for good. `Some(message)`: one failed attempt with that error; `None`: no attempt's outcome.
 /// A success is the instance being recorded (`set_instance_info`). Throttled calls the
 /// provisioner waits out are not reported, so not counted.
-pub fn failed_start_attempt<'a>(status: &InstanceStatus, message: &'a str) -> Option<&'a str> {
+pub(super) fn failed_start_attempt<'a>(status: &InstanceStatus, message: &'a str) -> Option<&'a str> {
     let retried = status.is_provisioning() && !message.is_empty() && message != STARTING;
     (retried || status.is_error()).then_some(message)
 }

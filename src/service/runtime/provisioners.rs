@@ -18,7 +18,7 @@ use super::StoreModel;
 /// provisioner starts: the simulated cloud's pending instances, or the start intents a real
 /// cloud's broker wrote before its calls (`service::cloud::intents`).
 #[derive(Clone)]
-pub enum PendingStarts {
+pub(crate) enum PendingStarts {
     /// The simulated cloud lands its pending instances.
     Sim(Box<SimCloud>),
     /// A real cloud's starts are repeated by their client tokens.
@@ -28,7 +28,7 @@ pub enum PendingStarts {
 
 impl PendingStarts {
     /// Repeats them: how many.
-    pub async fn resume(&self) -> Result<usize, StoreError> {
+    pub(crate) async fn resume(&self) -> Result<usize, StoreError> {
         match self {
             PendingStarts::Sim(sim) => sim.resume().await,
             PendingStarts::Intents(intents) => intents.resume().await,

@@ -39,7 +39,7 @@ pub(super) fn start_replica(
     shared: &Shared,
 ) -> Result<Option<super::handles::ModelReplica>, ServeError> {
     #[cfg(feature = "postgres")]
-    if let crate::service::settings::StoreUrl::Postgres(url) = opts.store.url() {
+    if let crate::service::settings::StoreUrl::Postgres(_url) = opts.store.url() {
         use crate::service::lease::actor::{LeaseActor, LeaseConfig};
         let timings = opts.lease.timings().map_err(|e| ServeError::StoreUrl(e.to_string()))?;
         // One id for the process: every model's lease is held under it (the spread counts
@@ -79,7 +79,8 @@ pub(super) fn start_replica(
         tracing::info!(%replica, lease = ?timings.lease(), renew_deadline = ?timings.renew_deadline(),
                        retry = ?timings.retry(), "replica: contending for the leader lease");
         let config = LeaseConfig {
-            url,
+            #[cfg(test)]
+            url: _url,
             model_uuid: model_uuid.to_owned(),
             schema: (model != super::DEFAULT_MODEL).then(|| super::schema_name(model)),
             replica,

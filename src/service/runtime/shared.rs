@@ -10,7 +10,7 @@ use crate::service::settings::ServeSettings;
 use crate::service::store::Store;
 
 /// What every model of the service shares.
-pub struct Shared {
+pub(crate) struct Shared {
     /// The service's settings (each model's are these with its cloud applied:
     /// `host::model_settings`).
     pub opts: ServeSettings,
@@ -34,8 +34,10 @@ pub struct Shared {
     pub accounts: actix::Addr<super::accounts::Accounts>,
     /// This replica's id (replicas on PostgreSQL): `--replica-id`, or a random one for the
     /// process, the same for every model's lease.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub replica_id: String,
     /// How many models' leases this replica holds now (`/v1/status`'s `models_led`).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub models_led: Arc<std::sync::atomic::AtomicUsize>,
     /// On PostgreSQL: the lease thread, listener and lease arbiter the models share.
     #[cfg(feature = "postgres")]
@@ -48,7 +50,7 @@ pub struct Shared {
 /// lease actors run on, so that no model's work delays a renewal.
 #[cfg(feature = "postgres")]
 #[derive(Clone)]
-pub struct ReplicaLinks {
+pub(crate) struct ReplicaLinks {
     pub(super) sql: crate::service::lease::sql::LeaseSql,
     pub(super) notices: actix::Addr<crate::service::lease::listen::NoticeHub>,
     pub(super) arbiter: actix_rt::ArbiterHandle,
@@ -58,7 +60,7 @@ pub struct ReplicaLinks {
 impl ReplicaLinks {
     /// Starts them for replica `replica` on the service's database at `url` (the service's
     /// own URL: a model's schema is set per lease step).
-    pub fn start(
+    pub(crate) fn start(
         url: &str,
         replica: &str,
         timings: crate::service::lease::LeaseTimings,

@@ -26,7 +26,7 @@ use super::shared::Shared;
 /// The model starter the model host is given (as the engine's container manager is given its
 /// provisioner factory): it opens a model's store, starts the model over it, and stops
 /// models. [`ModelStarter`] is the service's; `serve` passes it in.
-pub trait StartModel {
+pub(crate) trait StartModel {
     /// Opens the store of model `name` (unless `store` is given: `default`'s, already open;
     /// `new`: a model just added, its store created) and starts the model over it
     /// ([`open_model_store`], [`start_model`]). `opts` are the model's settings, `account` the
@@ -47,7 +47,7 @@ pub trait StartModel {
 
 /// The service's model starter: [`open_model_store`], [`start_model`] and [`stop_models`].
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ModelStarter;
+pub(crate) struct ModelStarter;
 
 impl StartModel for ModelStarter {
     fn start<'a>(
@@ -77,7 +77,7 @@ impl StartModel for ModelStarter {
 /// directory (a new model's file created, private; an existing model's must be there), or
 /// PostgreSQL with the connections' `search_path` set to the model's schema (created first).
 #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
-pub async fn open_model_store(
+pub(crate) async fn open_model_store(
     service: &ServeSettings,
     opts: &ServeSettings,
     name: &str,
@@ -144,7 +144,7 @@ pub async fn open_model_store(
 /// provisioners (on PostgreSQL, only while this replica holds the model's lease). `opts` are
 /// the model's settings (the service's with its cloud applied: `host::model_settings`),
 /// `account` the simulated account it names ([`account_of`]).
-pub async fn start_model(
+pub(crate) async fn start_model(
     shared: &Shared,
     model: &str,
     opts: &ServeSettings,
@@ -280,8 +280,6 @@ pub async fn start_model(
         metrics,
         events,
         events_dropped,
-        token: shared.token.clone(),
-        token_sha256: shared.token_sha256.clone(),
         zones,
         // The simulated cloud's subnets are known (`--to subnet=` is checked against them);
         // another cloud's are the broker's to judge.
@@ -290,7 +288,6 @@ pub async fn start_model(
         model_uuid,
         started: shared.started,
         containers,
-        audit: shared.audit.clone(),
         sim_account: account.and_then(|a| a.sim),
     })
 }
@@ -299,7 +296,7 @@ pub async fn start_model(
 /// within one retry; what it left in flight the next leader resumes by client token); a lone
 /// service's provisioners start nothing new, are given `shutdown_grace` to finish their cloud
 /// calls (all models at once), then stop.
-pub async fn stop_models(states: Vec<ModelRuntime>, opts: &ServeSettings) {
+pub(crate) async fn stop_models(states: Vec<ModelRuntime>, opts: &ServeSettings) {
     for st in &states {
         if let Some(r) = &st.replica {
             release_lease(r, opts).await;

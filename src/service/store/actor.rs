@@ -54,7 +54,7 @@ type DeferredReply = futures::channel::oneshot::Sender<Result<Written, StoreErro
 /// backend queues it ([`StoreBackend::defer`]: PostgreSQL), costs no round trip of its own:
 /// its statements go with the group's commit and its answer comes from
 /// [`StoreBackend::take_deferred`]; else it runs as any unit of work.
-pub struct StoreActor {
+pub(crate) struct StoreActor {
     core: Result<Box<dyn StoreBackend>, StoreError>,
     watchers: Vec<Recipient<MachinesChanged>>,
     retry_watchers: Vec<Recipient<RetryTick>>,
@@ -80,11 +80,6 @@ impl Actor for StoreActor {
 }
 
 impl StoreActor {
-    /// An actor over an open core.
-    pub fn new(core: impl StoreBackend + 'static) -> Self {
-        Self::over(Ok(Box::new(core)), &Shared::default())
-    }
-
     fn over(core: Result<Box<dyn StoreBackend>, StoreError>, shared: &Shared) -> Self {
         Self {
             core,
@@ -400,7 +395,7 @@ impl Default for Shared {
 
 /// A handle on the running store. Cheap to clone.
 #[derive(Clone)]
-pub struct Store {
+pub(crate) struct Store {
     addr: Addr<StoreActor>,
     shared: Shared,
     /// How its backend is opened, for a backend a second connection can share the database
@@ -415,7 +410,7 @@ impl Store {
     /// Opens the database at `path` (creating it and its schema if needed) and starts the
     /// store's thread. Must be called inside an actix system. The database is opened here
     /// first, so that a bad path or a too-new schema is an error now, not on the first call.
-    pub fn start(path: &Path) -> Result<Self, StoreError> {
+    pub(crate) fn start(path: &Path) -> Result<Self, StoreError> {
         // Opened (and checked whole) here first, so that a damaged database is an error now;
         // the store's thread then opens it again without repeating the check.
         drop(StoreCore::open(path)?);
@@ -436,7 +431,10 @@ impl Store {
     /// thread's actor restarts). For a backend that connects lazily (PostgreSQL), `open` does
     /// not fail on an unreachable server: its operations answer [`StoreError::Unavailable`]
     /// until it reconnects.
-    pub fn start_with(open: impl Fn() -> Result<Box<dyn StoreBackend>, StoreError> + Send + Sync + 'static) -> Self {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn start_with(
+        open: impl Fn() -> Result<Box<dyn StoreBackend>, StoreError> + Send + Sync + 'static,
+    ) -> Self {
         Self::start_opener(Arc::new(open))
     }
 
@@ -458,14 +456,14 @@ impl Store {
     /// backend allows one (PostgreSQL; `None` for SQLite): its units of work commit in groups
     /// of their own, beside this store's. The simulated cloud's writes go there, so that the
     /// server runs them on a second backend process, in parallel with the provisioner's.
-    pub fn companion(&self) -> Option<Store> {
+    pub(crate) fn companion(&self) -> Option<Store> {
         self.reopen.clone().map(Self::start_opener)
     }
 
     /// Opens the PostgreSQL store at `url` (feature `postgres`): the URL is parsed now (a bad
     /// one is an error now); the server is reached from the store's thread, with backoff.
     #[cfg(feature = "postgres")]
-    pub fn start_postgres(url: &str) -> Result<Self, StoreError> {
+    pub(crate) fn start_postgres(url: &str) -> Result<Self, StoreError> {
         let (config, tls) = super::PgStore::store_config(url)?;
         Ok(Self::start_with(move || {
             Ok(Box::new(super::PgStore::new(config.clone(), tls.clone())) as Box<dyn StoreBackend>)
@@ -476,30 +474,36 @@ impl Store {
     /// [`Store::exec_lazy`] (the provisioner's and the simulated cloud's) commits only while
     /// the `leader_lease` row names this holder at this epoch and has not expired, else fails
     /// with [`StoreError::Fenced`] having written nothing. PostgreSQL only.
-    pub fn set_fence(&self, fence: Option<Fence>) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn set_fence(
+        &self,
+        fence: Option<Fence>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         let req = self.addr.send(SetFence(fence));
         async move { req.await.map_err(StoreError::Stopped)? }
     }
 
     /// How many operations the store has run (reads and writes alike).
-    pub fn operations(&self) -> u64 {
+    pub(crate) fn operations(&self) -> u64 {
         self.shared.operations.load(Ordering::Relaxed)
     }
 
     /// How many group commits the store has made (each commits one or more units of work).
-    pub fn group_commits(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn group_commits(&self) -> u64 {
         self.shared.commits.load(Ordering::Relaxed)
     }
 
     /// The database session the store writes on, as of its last commit (PostgreSQL's backend
     /// process id: the sender of the change notifications its commits send); `None` before the
     /// first, or for SQLite.
-    pub fn session_pid(&self) -> Option<i32> {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn session_pid(&self) -> Option<i32> {
         i32::try_from(self.shared.session.load(Ordering::Relaxed)).ok().filter(|pid| *pid >= 0)
     }
 
     /// Subscribes to the gauges' counts: the current ones now, then each change.
-    pub fn watch_counts(&self, to: Recipient<CountsChanged>) {
+    pub(crate) fn watch_counts(&self, to: Recipient<CountsChanged>) {
         self.addr.do_send(WatchCounts(to));
     }
 
@@ -521,7 +525,7 @@ impl Store {
     /// Runs `f` on the store's thread and answers its result; a write it makes is on disk
     /// (fsynced) before the answer. For what an operator's request acknowledges. `f` is atomic:
     /// if it fails, none of its writes is made.
-    pub fn exec<T: Send + 'static>(
+    pub(crate) fn exec<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut dyn StoreBackend) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
@@ -530,7 +534,7 @@ impl Store {
 
     /// Runs `f`, a read, on the store's thread: like [`Store::exec`], but a write it made would
     /// not wait for the disk, so a read shares any group commit (see [`StoreActor`]).
-    pub fn read<T: Send + 'static>(
+    pub(crate) fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut dyn StoreBackend) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
@@ -543,7 +547,7 @@ impl Store {
     /// cloud's own writes, which a restarted provisioner re-derives (tagged instances are
     /// adopted, dead machines harvested again). Its writes are fenced: while a fence is set
     /// ([`Store::set_fence`]), they commit only under the lease it names.
-    pub fn exec_lazy<T: Send + 'static>(
+    pub(crate) fn exec_lazy<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut dyn StoreBackend) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
@@ -554,7 +558,10 @@ impl Store {
     /// fenced, atomic, answered after its group commits), or for an operator's write
     /// ([`Write::durable`]) like [`Store::exec`], but given as data, so that the backend may
     /// queue it with the group's commit instead of waiting for its own answer (PostgreSQL).
-    pub fn write_behind(&self, write: Write) -> impl Future<Output = Result<Written, StoreError>> + Send + 'static {
+    pub(crate) fn write_behind(
+        &self,
+        write: Write,
+    ) -> impl Future<Output = Result<Written, StoreError>> + Send + 'static {
         let (reply, answer) = futures::channel::oneshot::channel();
         self.shared.waiting.fetch_add(1, Ordering::AcqRel);
         self.addr.do_send(Apply { write, reply });
@@ -564,7 +571,7 @@ impl Store {
     /// Adds `count` machines as `spec` says ([`StoreBackend::add_new_machines`]), as a
     /// write-behind unit ([`Write::AddMachines`]: durable, not fenced), so that concurrent adds
     /// share their group's statements on PostgreSQL. Their ids, once on disk.
-    pub fn add_machines(
+    pub(crate) fn add_machines(
         &self,
         count: usize,
         spec: super::records::NewMachine,
@@ -579,12 +586,12 @@ impl Store {
     }
 
     /// Subscribes a machine watcher (it hears every machine at once).
-    pub fn watch(&self, to: Recipient<MachinesChanged>) {
+    pub(crate) fn watch(&self, to: Recipient<MachinesChanged>) {
         self.addr.do_send(Watch(to));
     }
 
     /// Subscribes a transient-retry watcher.
-    pub fn watch_retries(&self, to: Recipient<RetryTick>) {
+    pub(crate) fn watch_retries(&self, to: Recipient<RetryTick>) {
         self.addr.do_send(WatchRetries(to));
     }
 }

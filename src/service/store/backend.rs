@@ -20,7 +20,7 @@ use crate::service::token::{Scope, TokenRecord};
 /// row (`leader_lease`) still names this holder at this epoch and has not expired, checked in
 /// the write's own transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fence {
+pub(crate) struct Fence {
     /// The model whose lease it is.
     pub model_uuid: String,
     /// This replica's holder name.
@@ -31,12 +31,12 @@ pub struct Fence {
 
 /// The most units of work one group commit of the store actor holds: a bound on how long the
 /// first of them waits for its answer while others keep arriving (a backend may hold fewer).
-pub const MAX_GROUP: usize = 256;
+pub(super) const MAX_GROUP: usize = 256;
 
 /// Every read and write the service makes on its store. Each write is one transaction: it has
 /// committed (or changed nothing) when the method returns. Reads take `&mut self` too (a
 /// PostgreSQL client needs it).
-pub trait StoreBackend: Send {
+pub(crate) trait StoreBackend: Send {
     /// `sqlite` or `postgres`.
     fn kind(&self) -> &'static str;
 
@@ -54,6 +54,7 @@ pub trait StoreBackend: Send {
     /// Keeps `offer` as the API token's hash (SHA-256, hex) unless the database keeps one
     /// already, and answers the one it keeps. SQLite keeps none (the token file in the data
     /// directory is the token): it answers `offer`.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn api_token_hash(&mut self, offer: &str) -> Result<String, StoreError> {
         Ok(offer.to_owned())
     }
@@ -70,6 +71,7 @@ pub trait StoreBackend: Send {
     /// reconnection (`resync`), or when one of `senders` (the backend process ids of the
     /// sessions that notified changes) is not this store's. The counts are then published as
     /// any write's are. A store that alone writes its database (SQLite) has nothing to do.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn refresh_counts(&mut self, resync: bool, senders: &[i32]) -> Result<(), StoreError> {
         let _ = (resync, senders);
         Ok(())
@@ -275,10 +277,12 @@ pub trait StoreBackend: Send {
         Ok((landed.unwrap_or(record), true))
     }
     /// One instance.
+    #[cfg(test)]
     fn instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError>;
     /// A pending instance comes up. Returns it.
     fn land_instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError>;
     /// Every instance ever created, in creation order.
+    #[cfg(test)]
     fn all_instances(&mut self) -> Result<Vec<InstanceRecord>, StoreError>;
     /// The non-terminated instances tagged with this model.
     fn live_instances(&mut self, model: &str) -> Result<Vec<CloudInstance>, StoreError>;
@@ -294,6 +298,7 @@ pub trait StoreBackend: Send {
     // ---- derived: the same for both backends ---------------------------------------------------
 
     /// Adds `count` machines with this `zones=` constraint.
+    #[cfg(test)]
     fn add_machines(&mut self, count: usize, zones: Option<&[String]>) -> Result<Vec<MachineId>, StoreError> {
         let spec = NewMachine {
             constraints: Constraints { zones: zones.map(<[String]>::to_vec), ..Constraints::default() },
@@ -302,6 +307,7 @@ pub trait StoreBackend: Send {
         self.add_new_machines(count, &spec)
     }
     /// These machines, in request order (`None` for a missing one).
+    #[cfg(test)]
     fn machines(&mut self, ids: &[MachineId]) -> Result<Vec<Option<MachineRecord>>, StoreError> {
         ids.iter().map(|id| self.machine(id)).collect()
     }
@@ -380,7 +386,7 @@ pub trait StoreBackend: Send {
 impl Write {
     /// Runs it as a unit of work on `s` (the slow path, and every backend that does not queue
     /// it).
-    pub fn apply(&self, s: &mut dyn StoreBackend) -> Result<Written, StoreError> {
+    pub(crate) fn apply(&self, s: &mut dyn StoreBackend) -> Result<Written, StoreError> {
         match self {
             Write::MachineStatus { id, status, message } => s.set_status(id, *status, message).map(|()| Written::Done),
             Write::InstanceStatus { id, status, message, failed_attempt } => {

@@ -33,14 +33,20 @@ mod records;
 mod sqlite;
 mod writes;
 
-pub use actor::{Store, StoreActor};
-pub use backend::{Fence, StoreBackend};
-pub use errors::{PgFailure, StoreError};
-pub use messages::{Apply, CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
+pub(crate) use actor::Store;
+#[cfg(feature = "postgres")]
+pub(crate) use backend::Fence;
+pub(crate) use backend::StoreBackend;
+pub(crate) use errors::StoreError;
+pub(crate) use messages::CountsChanged;
 #[cfg(feature = "postgres")]
 pub(crate) use postgres::MIGRATION_LOCK;
 #[cfg(feature = "postgres")]
-pub use postgres::{Notice, PgStore, CHANGES_CHANNEL, EPOCH_TABLES_SQL, PG_SCHEMA_VERSION, RECORD_WRITE_SQL};
-pub use records::{ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCounts};
-pub use sqlite::{StoreCore, DB_FILE, SCHEMA_VERSION};
-pub use writes::{Write, Written};
+pub use postgres::PG_SCHEMA_VERSION;
+#[cfg(feature = "postgres")]
+pub(crate) use postgres::{Notice, PgStore, EPOCH_TABLES_SQL};
+#[cfg(test)]
+pub(crate) use records::InstanceRecord;
+pub(crate) use records::{ApplicationRecord, MachineRecord, NewMachine, StoreCounts};
+pub(crate) use sqlite::DB_FILE;
+pub(crate) use writes::{Write, Written};

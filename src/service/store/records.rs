@@ -15,12 +15,12 @@ use crate::service::token::{Scope, TokenRecord};
 /// Containers' `seq` values start here (machines' equal their numeric ids, which never get this
 /// far), so that a container never takes a `seq` a later machine's id needs: machines list in
 /// id order, then containers in the order they were added.
-pub const CONTAINER_SEQ_BASE: i64 = 1 << 40;
+pub(super) const CONTAINER_SEQ_BASE: i64 = 1 << 40;
 
 /// The counts behind the metrics' state gauges, kept by the store as it writes (loaded once
 /// when the database is opened), so that a scrape reads them instead of scanning tables.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StoreCounts {
+pub(crate) struct StoreCounts {
     /// Machines by status (`pending`, `started`, ...).
     pub machines_by_status: BTreeMap<String, u64>,
     /// Machines by life.
@@ -63,7 +63,7 @@ impl StoreCounts {
 /// watchers' next notification), whether a retry tick is due, and the gauges' counts. Shared by
 /// both backends, so that they count and notify alike.
 #[derive(Debug, Clone, Default)]
-pub struct Book {
+pub(super) struct Book {
     /// Machines changed since the outbox was last taken (the watcher's next notification).
     pub(super) changed: BTreeSet<MachineId>,
     /// A retry tick is due.
@@ -155,7 +155,7 @@ pub(super) struct BookMark {
 
 /// The model settings an operator changes at run time (`provisioner config`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// Harvest mode, if ever set.
     pub harvest_mode: Option<HarvestMode>,
     /// Worker pool size, if ever set.
@@ -164,7 +164,7 @@ pub struct Settings {
 
 /// A machine with everything the service shows about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MachineRecord {
+pub(crate) struct MachineRecord {
     /// The machine as the provisioner reads it.
     pub machine: Machine,
     /// The zone its instance landed in.
@@ -196,7 +196,7 @@ pub struct MachineRecord {
 
 impl MachineRecord {
     /// The message an operator wants to see: the instance status's, else the machine's.
-    pub fn message(&self) -> &str {
+    pub(crate) fn message(&self) -> &str {
         if self.instance_status_message.is_empty() {
             &self.status_message
         } else {
@@ -207,7 +207,7 @@ impl MachineRecord {
 
 /// What new machines ask for (`POST /v1/machines`, `application add`); validated by the caller.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NewMachine {
+pub(crate) struct NewMachine {
     /// Their constraints.
     pub constraints: Constraints,
     /// Their placement directive (`zone=az2`, `subnet=...`).
@@ -218,7 +218,7 @@ pub struct NewMachine {
 
 /// An application, as `application list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApplicationRecord {
+pub(crate) struct ApplicationRecord {
     /// Its name.
     pub name: String,
     /// The constraints its machines were added with.
@@ -229,7 +229,7 @@ pub struct ApplicationRecord {
 
 /// A simulated cloud instance as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InstanceRecord {
+pub(crate) struct InstanceRecord {
     /// Id, state, zone and tags.
     pub instance: CloudInstance,
     /// The idempotency token of the start that made it.
@@ -238,7 +238,7 @@ pub struct InstanceRecord {
 
 impl InstanceRecord {
     /// An instance just created for a start with this client token.
-    pub fn created(
+    pub(crate) fn created(
         id: String,
         state: InstanceState,
         zone: Option<&str>,

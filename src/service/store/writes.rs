@@ -17,7 +17,7 @@ use crate::ports::ProvisionedInstance;
 
 /// One write-behind unit of work.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Write {
+pub(crate) enum Write {
     /// A machine status ([`StoreBackend::set_status`](super::StoreBackend::set_status)).
     MachineStatus {
         /// The machine.
@@ -69,7 +69,7 @@ pub enum Write {
 
 /// What a [`Write`] answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Written {
+pub(crate) enum Written {
     /// The machine write was made.
     Done,
     /// The instance, and whether this write made it (`false`: the token's, as it was).
@@ -81,13 +81,13 @@ pub enum Written {
 impl Write {
     /// Whether it is the provisioner's (checked against the leader's fence) rather than an
     /// operator's.
-    pub fn fenced(&self) -> bool {
+    pub(crate) fn fenced(&self) -> bool {
         !matches!(self, Write::AddMachines { .. })
     }
 
     /// Whether its commit must be on disk before its answer (an operator's), or only in the
     /// operating system's hands (the provisioner's: see [`super::Store::exec_lazy`]).
-    pub fn durable(&self) -> bool {
+    pub(crate) fn durable(&self) -> bool {
         matches!(self, Write::AddMachines { .. })
     }
 }

@@ -7,12 +7,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use provisioner::service::http::wire::{
+use provisioner::service::wire::{
     AddApplication, AddMachines, AddedMachines, ApplicationView, ConfigValue, DestroyRequest, DestroyView, ErrorBody,
     InstanceView, MachineDetail, MachineView, RemoveMachines, RetryMachines, StatusView,
 };
-use provisioner::service::http::wire::{AddModel, ModelDetail, ModelView};
-use provisioner::service::http::wire::{CreateToken, CreatedToken, TokenScope, TokenView};
+use provisioner::service::wire::{AddModel, ModelDetail, ModelView};
+use provisioner::service::wire::{CreateToken, CreatedToken, TokenScope, TokenView};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 

@@ -5,7 +5,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::Duration;
 
 use clap::ArgMatches;
-use provisioner::service::http::wire::{AddMachines, StatusView};
+use provisioner::service::wire::{AddMachines, StatusView};
 use provisioner::service::ServeSettings;
 use serde::Serialize;
 

@@ -14,7 +14,7 @@ use crate::ports::{Broker, BrokerError};
 type Answer = Result<(Arc<Vec<CloudInstance>>, Duration), BrokerError>;
 
 /// Serves readers from the listings the service made; makes one when none is fresh.
-pub struct InstanceListings {
+pub(crate) struct InstanceListings {
     book: ListingBook,
     /// The cloud, metered (not the one that reports back here: no loop).
     broker: Arc<dyn Broker>,
@@ -23,7 +23,7 @@ pub struct InstanceListings {
 
 impl InstanceListings {
     /// Starts it on the current arbiter, listing through `broker`.
-    pub fn start(broker: Arc<dyn Broker>) -> Addr<Self> {
+    pub(crate) fn start(broker: Arc<dyn Broker>) -> Addr<Self> {
         Self { book: ListingBook::default(), broker, waiting: Vec::new() }.start()
     }
 }
@@ -35,7 +35,7 @@ impl Actor for InstanceListings {
 /// A listing at most `max_age` old, and its age.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<(Arc<Vec<CloudInstance>>, Duration), BrokerError>")]
-pub struct ReadInstances {
+pub(crate) struct ReadInstances {
     /// The oldest listing the reader takes.
     pub max_age: Duration,
 }
@@ -85,7 +85,7 @@ impl InstanceListings {
 /// The cloud changed through this service (a start, stop or release answered).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct Changed;
+pub(crate) struct Changed;
 
 impl Handler<Changed> for InstanceListings {
     type Result = ();
@@ -97,7 +97,7 @@ impl Handler<Changed> for InstanceListings {
 /// A listing the provisioner made itself (through the metered broker), at `at`.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct Listed {
+pub(crate) struct Listed {
     /// The instances.
     pub list: Arc<Vec<CloudInstance>>,
     /// When the call was made.

@@ -17,8 +17,7 @@
 mod actor;
 mod state;
 
-pub use actor::{Changed, InstanceListings, Listed, ReadInstances};
-pub use state::{ListingBook, Read};
+pub(crate) use actor::{Changed, InstanceListings, Listed, ReadInstances};
 
 /// The oldest listing a reader is answered from.
-pub const MAX_AGE: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const MAX_AGE: std::time::Duration = std::time::Duration::from_secs(5);

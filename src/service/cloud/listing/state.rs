@@ -9,7 +9,7 @@ use crate::model::CloudInstance;
 
 /// What a reader gets now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Read {
+pub(crate) enum Read {
     /// The last listing, this old.
     Fresh(Arc<Vec<CloudInstance>>, Duration),
     /// None is fresh enough: wait for the next; `list` says whether to make it now (none is in
@@ -22,7 +22,7 @@ pub enum Read {
 
 /// The last listing, and whether one is in flight.
 #[derive(Debug, Default)]
-pub struct ListingBook {
+pub(crate) struct ListingBook {
     last: Option<(Arc<Vec<CloudInstance>>, Instant)>,
     in_flight: bool,
     /// When the cloud last changed through this service: a listing begun before is outdated.
@@ -31,7 +31,7 @@ pub struct ListingBook {
 
 impl ListingBook {
     /// A reader asks at `now` for a listing at most `max_age` old.
-    pub fn read(&mut self, now: Instant, max_age: Duration) -> Read {
+    pub(crate) fn read(&mut self, now: Instant, max_age: Duration) -> Read {
         if let Some((list, at)) = &self.last {
             let age = now.saturating_duration_since(*at);
             if age <= max_age {
@@ -45,7 +45,7 @@ impl ListingBook {
 
     /// A listing begun at `at` (ours, or the provisioner's own): kept if newer than the last
     /// and begun after the last change. Whether it was (else it may miss that change).
-    pub fn listed(&mut self, list: Arc<Vec<CloudInstance>>, at: Instant) -> bool {
+    pub(crate) fn listed(&mut self, list: Arc<Vec<CloudInstance>>, at: Instant) -> bool {
         if self.changed_at.is_some_and(|c| at < c) {
             return false;
         }
@@ -58,13 +58,13 @@ impl ListingBook {
     /// The cloud changed (an instance started, stopped or released through this service): the
     /// last listing no longer answers readers (a listing already in flight may still be older
     /// than the change: it answers its waiters, and the next read makes another).
-    pub fn changed(&mut self, now: Instant) {
+    pub(crate) fn changed(&mut self, now: Instant) {
         self.last = None;
         self.changed_at = Some(now);
     }
 
     /// Our listing ended (answered or failed): the next stale read makes another.
-    pub fn ended(&mut self) {
+    pub(crate) fn ended(&mut self) {
         self.in_flight = false;
     }
 }

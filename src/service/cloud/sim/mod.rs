@@ -58,7 +58,7 @@ use crate::service::store::{Store, StoreError, Write, Written};
 
 /// The simulated cloud's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SimSettings {
+pub(crate) struct SimSettings {
     /// Its availability zones (empty: a zoneless cloud).
     pub zones: Vec<String>,
     /// Zones it lists as unavailable: no instance starts there (a start that targets one
@@ -89,7 +89,7 @@ pub struct SimSettings {
 /// per account and region): every model on the account spends the same bucket; a start that
 /// finds it empty is refused as throttled. Counts what it refused.
 #[derive(Debug, Clone)]
-pub struct SimAccount {
+pub(crate) struct SimAccount {
     name: String,
     bucket: Addr<AccountBucket>,
     throttled: Arc<std::sync::atomic::AtomicU64>,
@@ -107,7 +107,7 @@ impl SimAccount {
     /// An account named `name` that takes `per_second` starts a second (and as many at once),
     /// its bucket full now. Starts the bucket's owner (an actor): call it within an actix
     /// system.
-    pub fn new(name: &str, per_second: u32) -> Self {
+    pub(crate) fn new(name: &str, per_second: u32) -> Self {
         let limit = crate::config::rate_limits::BucketLimit::new(per_second, f64::from(per_second));
         Self {
             name: name.to_owned(),
@@ -116,13 +116,8 @@ impl SimAccount {
         }
     }
 
-    /// Its name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// How many starts it refused as throttled (all its models').
-    pub fn throttled(&self) -> u64 {
+    pub(crate) fn throttled(&self) -> u64 {
         self.throttled.load(Ordering::Relaxed)
     }
 
@@ -161,7 +156,7 @@ impl Default for SimSettings {
 
 /// The broker over the simulated cloud.
 #[derive(Clone)]
-pub struct SimCloud {
+pub(crate) struct SimCloud {
     store: Store,
     model_uuid: String,
     settings: SimSettings,
@@ -175,13 +170,13 @@ pub struct SimCloud {
 impl SimCloud {
     /// Sets the leader's fence on the store its instances are written to.
     #[cfg(feature = "postgres")]
-    pub async fn set_fence(&self, fence: crate::service::store::Fence) -> Result<(), StoreError> {
+    pub(crate) async fn set_fence(&self, fence: crate::service::store::Fence) -> Result<(), StoreError> {
         self.store.set_fence(Some(fence)).await
     }
 }
 
 /// Parses `[sim] out_of_capacity` entries, `TYPE:ZONE`; `None` for a malformed one.
-pub fn parse_out_of_capacity(entries: &[String]) -> Option<Vec<(String, String)>> {
+pub(crate) fn parse_out_of_capacity(entries: &[String]) -> Option<Vec<(String, String)>> {
     entries
         .iter()
         .map(|e| match e.split_once(':') {
@@ -199,7 +194,7 @@ fn cloud_error(e: StoreError) -> BrokerError {
 
 impl SimSettings {
     /// Every zone the cloud lists, available or not.
-    pub fn known_zones(&self) -> Vec<String> {
+    pub(crate) fn known_zones(&self) -> Vec<String> {
         self.zones.iter().chain(&self.unavailable_zones).cloned().collect()
     }
 }
@@ -207,7 +202,7 @@ impl SimSettings {
 /// The zones a start's placement implies (`DeriveAvailabilityZones`): `zone=Z` pins `Z`,
 /// `subnet=S` the zones of `S`; nothing else restricts (empty). An unknown subnet is a
 /// definite failure.
-pub fn derive_zones(settings: &SimSettings, params: &StartInstanceParams) -> Result<Vec<String>, BrokerError> {
+pub(crate) fn derive_zones(settings: &SimSettings, params: &StartInstanceParams) -> Result<Vec<String>, BrokerError> {
     let Some(placement) = params.placement.as_deref() else { return Ok(Vec::new()) };
     if let Some(zone) = placement.strip_prefix("zone=") {
         return Ok(vec![zone.to_owned()]);
@@ -221,7 +216,7 @@ pub fn derive_zones(settings: &SimSettings, params: &StartInstanceParams) -> Res
 }
 
 /// Why a start would be refused before it reaches the cloud's records, if it would.
-pub fn check_start(settings: &SimSettings, params: &StartInstanceParams) -> Result<(), BrokerError> {
+pub(crate) fn check_start(settings: &SimSettings, params: &StartInstanceParams) -> Result<(), BrokerError> {
     match &params.zone {
         Some(z) if settings.unavailable_zones.contains(z) => {
             Err(BrokerError::zone_specific(format!("zone {z:?} is unavailable")))
@@ -236,7 +231,7 @@ pub fn check_start(settings: &SimSettings, params: &StartInstanceParams) -> Resu
 impl SimCloud {
     /// A simulated cloud for the model `model_uuid` over `store`. Starts the owner of its
     /// per-type fail-over (an actor): call it within an actix system.
-    pub fn new(store: Store, model_uuid: String, settings: SimSettings) -> Self {
+    pub(crate) fn new(store: Store, model_uuid: String, settings: SimSettings) -> Self {
         let types = SimTypes::new(instance_types::DEFAULT_CAPACITY_MEMORY, settings.out_of_capacity.clone());
         let failover = TypeMemory::start(types);
         let failures_left = Arc::new(AtomicU32::new(settings.start_failures));
@@ -292,7 +287,7 @@ impl SimCloud {
     }
 
     /// Lands, after the start latency, every instance a crash left pending. Returns how many.
-    pub async fn resume(&self) -> Result<usize, StoreError> {
+    pub(crate) async fn resume(&self) -> Result<usize, StoreError> {
         let pending = self.store.exec_lazy(|s| s.pending_instances()).await?;
         let n = pending.len();
         if n > 0 {
@@ -311,7 +306,8 @@ impl SimCloud {
     }
 
     /// Every instance ever created, terminated and released ones included.
-    pub async fn all_records(&self) -> Result<Vec<crate::service::store::InstanceRecord>, StoreError> {
+    #[cfg(test)]
+    pub(crate) async fn all_records(&self) -> Result<Vec<crate::service::store::InstanceRecord>, StoreError> {
         self.store.exec_lazy(|s| s.all_instances()).await
     }
 }

@@ -19,20 +19,20 @@ use actix_web::http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, X_CONTENT_
 use actix_web::HttpResponse;
 
 /// The page.
-pub const INDEX_HTML: &str = include_str!("index.html");
+pub(crate) const INDEX_HTML: &str = include_str!("index.html");
 /// The page's script.
-pub const APP_JS: &str = include_str!("app.js");
+pub(crate) const APP_JS: &str = include_str!("app.js");
 /// The page's style sheet.
-pub const APP_CSS: &str = include_str!("app.css");
+pub(crate) const APP_CSS: &str = include_str!("app.css");
 /// The page's icon.
-pub const ICON_SVG: &str = include_str!("icon.svg");
+pub(crate) const ICON_SVG: &str = include_str!("icon.svg");
 
 /// The Content-Security-Policy of every dashboard answer: this origin only, nothing inline.
-pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+pub(crate) const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
                        connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// The embedded files by path, with their content types.
-pub const ASSETS: [(&str, &str, &str); 4] = [
+pub(crate) const ASSETS: [(&str, &str, &str); 4] = [
     ("/", "text/html; charset=utf-8", INDEX_HTML),
     ("/dashboard/app.js", "text/javascript; charset=utf-8", APP_JS),
     ("/dashboard/app.css", "text/css; charset=utf-8", APP_CSS),

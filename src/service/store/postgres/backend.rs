@@ -175,6 +175,7 @@ impl StoreBackend for PgStore {
             .map_err(pg("reading a machine"))?;
         row.as_ref().map(machine_from_row).transpose()
     }
+    #[cfg(test)]
     fn machines(&mut self, ids: &[MachineId]) -> Result<Vec<Option<MachineRecord>>, StoreError> {
         // One statement for them all (the provisioner reads its machines in batches).
         let sql = format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} WHERE m.id = ANY($1)");
@@ -603,6 +604,7 @@ impl StoreBackend for PgStore {
         // Created running by the one insert: no landing's round trip after it.
         self.create_instance_in(client_token, zone, tags, InstanceState::Running)
     }
+    #[cfg(test)]
     fn instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError> {
         let row = self
             .client()?
@@ -628,6 +630,7 @@ impl StoreBackend for PgStore {
         }
         replies.next().map(Reply::into_rows).unwrap_or_default().first().map(instance_from_row).transpose()
     }
+    #[cfg(test)]
     fn all_instances(&mut self) -> Result<Vec<InstanceRecord>, StoreError> {
         let rows = self
             .client()?

@@ -41,7 +41,7 @@ pub(super) enum CallError {
 
 /// Why no connection was made.
 #[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
+pub(super) enum ConnectError {
     /// The server refused, or the socket could not be connected.
     #[error(transparent)]
     Postgres(#[from] Error),

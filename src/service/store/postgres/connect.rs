@@ -24,7 +24,7 @@ impl PgStore {
     /// Parses a `postgres://` URL (or a key=value connection string): the blocking client's
     /// configuration and the URL's TLS settings (`sslmode`, `sslrootcert`: see `pgtls`). A bad
     /// one is [`StoreError::Invalid`] naming `store`.
-    pub fn config(url: &str) -> Result<(Config, crate::service::pgtls::PgTls), StoreError> {
+    pub(crate) fn config(url: &str) -> Result<(Config, crate::service::pgtls::PgTls), StoreError> {
         let (config, tls) = Self::store_config(url)?;
         let mut config = Config::from(config);
         crate::service::pgconnect::quiet_notices(&mut config);
@@ -33,7 +33,9 @@ impl PgStore {
 
     /// [`PgStore::config`] for the store's own connection (`tokio-postgres`'s, the same
     /// settings: see `client.rs`).
-    pub fn store_config(url: &str) -> Result<(tokio_postgres::Config, crate::service::pgtls::PgTls), StoreError> {
+    pub(crate) fn store_config(
+        url: &str,
+    ) -> Result<(tokio_postgres::Config, crate::service::pgtls::PgTls), StoreError> {
         let (mut config, tls) = crate::service::pgtls::parse(url)
             .map_err(|e| StoreError::Invalid { field: "store", message: format!("{url:?}: {e}") })?;
         if config.get_connect_timeout().is_none() {
@@ -69,7 +71,7 @@ impl PgStore {
     }
 
     /// A store that connects at its first operation (over TLS as `tls` says).
-    pub fn new(config: tokio_postgres::Config, tls: crate::service::pgtls::PgTls) -> Self {
+    pub(crate) fn new(config: tokio_postgres::Config, tls: crate::service::pgtls::PgTls) -> Self {
         Self {
             config,
             tls,
@@ -90,7 +92,8 @@ impl PgStore {
     }
 
     /// Connects now (tests and start-up): the store, or why not.
-    pub fn open(url: &str) -> Result<Self, StoreError> {
+    #[cfg(test)]
+    pub(crate) fn open(url: &str) -> Result<Self, StoreError> {
         let (config, tls) = Self::store_config(url)?;
         let mut s = Self::new(config, tls);
         s.client()?;
@@ -121,7 +124,8 @@ impl PgStore {
     }
 
     /// Whether this store created the model (it found an empty database).
-    pub fn created_model(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn created_model(&self) -> bool {
         self.created
     }
 

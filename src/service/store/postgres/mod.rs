@@ -69,13 +69,13 @@ use super::errors::StoreError;
 use super::records::{Book, BookMark};
 use super::writes::{Write, Written};
 
-pub use self::schema::{EPOCH_TABLES_SQL, RECORD_WRITE_SQL};
+pub(crate) use self::schema::EPOCH_TABLES_SQL;
 
 /// The newest schema version this build knows (rows of `schema_migrations`).
 pub const PG_SCHEMA_VERSION: i64 = 10;
 
 /// The channel of change notifications.
-pub const CHANGES_CHANNEL: &str = "provisioner_changes";
+pub(crate) const CHANGES_CHANNEL: &str = "provisioner_changes";
 
 /// The advisory lock key migrations hold (`pg_advisory_xact_lock`): "prov" in ASCII.
 pub(crate) const MIGRATION_LOCK: i64 = 0x7072_6f76;
@@ -84,7 +84,7 @@ pub(crate) const MIGRATION_LOCK: i64 = 0x7072_6f76;
 /// the session (its locks released, its writes rolled back): shorter than any lease minus
 /// its retry, so that a partitioned leader's open transaction never holds the lease row past
 /// the lease's expiry.
-pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(2);
+pub(super) const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(2);
 
 /// The longest one statement of the store may run on the server (`statement_timeout`, and
 /// `lock_timeout` for its lock waits): past it the server cancels the statement (its
@@ -93,10 +93,10 @@ pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(2);
 /// answering. The store's thread waits [`CALL_SLACK`] longer for the answer, then closes the
 /// connection itself. Shorter than the lease's default renew deadline, so that one stuck call
 /// never outlasts the leader's proof of progress (see `lease::state`).
-pub const STATEMENT_DEADLINE: Duration = Duration::from_secs(5);
+pub(super) const STATEMENT_DEADLINE: Duration = Duration::from_secs(5);
 /// How much longer than [`STATEMENT_DEADLINE`] the store's thread waits for a call's answer
 /// before it gives the connection up (the server's own cancel comes first when it can).
-pub const CALL_SLACK: Duration = Duration::from_secs(1);
+pub(super) const CALL_SLACK: Duration = Duration::from_secs(1);
 /// The deadline of the schema's migrations, at each connection (they may rewrite tables).
 const MIGRATION_DEADLINE: Duration = Duration::from_secs(120);
 
@@ -122,7 +122,7 @@ const MAX_NOTIFIED_IDS: usize = 200;
 
 /// A change notification's payload (JSON on channel [`CHANGES_CHANNEL`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Notice {
+pub(crate) struct Notice {
     /// The model changed.
     pub model_uuid: String,
     /// What changed: `machines`, `model` (its life) or `settings`.
@@ -210,7 +210,7 @@ struct PgGroup {
 }
 
 /// The store over PostgreSQL. One connection, (re)made on demand with backoff.
-pub struct PgStore {
+pub(crate) struct PgStore {
     /// What it connects with (within the configured connect timeout, start-up included).
     config: tokio_postgres::Config,
     /// The URL's TLS settings (`sslmode`, `sslrootcert`).

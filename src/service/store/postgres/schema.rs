@@ -104,7 +104,7 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
 /// locked); `epoch_writes` a row per model, epoch, holder and writing session (`writer`, its
 /// backend's process id: schema version 9; the writes' count and the last `fence_seq` value
 /// drawn by one of them while it held the lease row share-locked).
-pub const EPOCH_TABLES_SQL: &str = "
+pub(crate) const EPOCH_TABLES_SQL: &str = "
 CREATE SEQUENCE IF NOT EXISTS fence_seq;
 CREATE TABLE IF NOT EXISTS lease_epochs (
     model_uuid TEXT NOT NULL,
@@ -129,7 +129,7 @@ CREATE TABLE IF NOT EXISTS epoch_writes (
 /// What a fenced write records, in its transaction, once the fence passed (the lease row is
 /// share-locked, so no acquisition can draw from `fence_seq` until this commits): `$1` model,
 /// `$2` holder, `$3` epoch.
-pub const RECORD_WRITE_SQL: &str =
+pub(crate) const RECORD_WRITE_SQL: &str =
     "INSERT INTO epoch_writes AS w (model_uuid, epoch, holder, writer, writes, first_seq, last_seq)
     SELECT $1, $3, $2, pg_backend_pid(), 1, s, s FROM nextval('fence_seq') AS s
     ON CONFLICT (model_uuid, epoch, holder, writer) DO UPDATE SET writes = w.writes + 1, last_seq = EXCLUDED.last_seq";

@@ -219,11 +219,11 @@ fn the_epochs_record_proves_no_write_committed_under_a_stale_epoch() {
     assert!(audit.stale.is_empty(), "{audit:?}");
 
     // A write that skipped the fence after the takeover is what the audit exists to catch.
-    client.execute(super::RECORD_WRITE_SQL, &[&model, &"replica-a", &first]).unwrap();
+    client.execute(super::schema::RECORD_WRITE_SQL, &[&model, &"replica-a", &first]).unwrap();
     let audit = audit_epochs(&mut client, &model).unwrap();
     assert_eq!(audit.stale, vec![StaleWrite { epoch: first, holder: "replica-a".into(), superseded_by: second }]);
     // So is a write under an epoch by another holder than the epoch's.
-    client.execute(super::RECORD_WRITE_SQL, &[&model, &"replica-c", &second]).unwrap();
+    client.execute(super::schema::RECORD_WRITE_SQL, &[&model, &"replica-c", &second]).unwrap();
     let stale = audit_epochs(&mut client, &model).unwrap().stale;
     assert!(
         stale.contains(&StaleWrite { epoch: second, holder: "replica-c".into(), superseded_by: second }),

@@ -68,12 +68,14 @@ impl StoreBackend for StoreCore {
     ) -> Result<(InstanceRecord, bool), StoreError> {
         instances::create_instance_in(self, client_token, zone, tags, InstanceState::Running)
     }
+    #[cfg(test)]
     fn instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError> {
         instances::instance(self, id)
     }
     fn land_instance(&mut self, id: &InstanceId) -> Result<Option<InstanceRecord>, StoreError> {
         instances::land_instance(self, id)
     }
+    #[cfg(test)]
     fn all_instances(&mut self) -> Result<Vec<InstanceRecord>, StoreError> {
         instances::all_instances(self)
     }

@@ -74,6 +74,7 @@ pub(super) fn land_instance(core: &mut StoreCore, id: &InstanceId) -> Result<Opt
 }
 
 /// Every instance ever created, terminated ones included, in creation order.
+#[cfg(test)]
 pub(super) fn all_instances(core: &StoreCore) -> Result<Vec<InstanceRecord>, StoreError> {
     let mut stmt = core
         .conn

@@ -34,7 +34,7 @@ use super::records::{random_uuid, Book, BookMark};
 use crate::model::{Life, MachineId};
 
 /// The database file's name inside the data directory.
-pub const DB_FILE: &str = "provisioner.db";
+pub(crate) const DB_FILE: &str = "provisioner.db";
 /// The schema version this build writes (`PRAGMA user_version`).
 /// Version 2 added the `constraints` table (a constraint shared by many machines is stored
 /// once); version 3 made its rows whole constraint sets (every key, keyed by the canonical
@@ -48,10 +48,10 @@ pub const DB_FILE: &str = "provisioner.db";
 /// the cloud call: `service::cloud::intents`), likewise.
 /// Version 6 added `api_tokens.model` (a token scoped to one model; `NULL`: every model).
 /// Version 7 added `api_tokens.model_uuid` (that model's uuid: the token is valid for it only).
-pub const SCHEMA_VERSION: i64 = 7;
+pub(crate) const SCHEMA_VERSION: i64 = 7;
 
 /// The store's core. One per database; every method is one statement or one transaction.
-pub struct StoreCore {
+pub(crate) struct StoreCore {
     conn: Connection,
     /// Whether commits are fsynced now (`synchronous=FULL`) or not (`NORMAL`).
     durable: bool,
@@ -96,13 +96,13 @@ fn file_identity(path: &Path) -> std::io::Result<Option<u64>> {
 impl StoreCore {
     /// Opens (creating if needed) the database at `path`: WAL journal, full fsync on every
     /// commit, the schema, and a model uuid drawn on first open.
-    pub fn open(path: &Path) -> Result<Self, StoreError> {
+    pub(crate) fn open(path: &Path) -> Result<Self, StoreError> {
         Self::open_file(path, true)
     }
 
     /// Opens the database at `path` that [`StoreCore::open`] has just checked (and closed),
     /// without reading it whole again.
-    pub fn open_checked_before(path: &Path) -> Result<Self, StoreError> {
+    pub(crate) fn open_checked_before(path: &Path) -> Result<Self, StoreError> {
         Self::open_file(path, false)
     }
 
@@ -114,7 +114,8 @@ impl StoreCore {
     }
 
     /// An in-memory store (tests).
-    pub fn in_memory() -> Result<Self, StoreError> {
+    #[cfg(test)]
+    pub(crate) fn in_memory() -> Result<Self, StoreError> {
         Self::init(Connection::open_in_memory().map_err(StoreError::sql("opening the database"))?, true)
     }
 
@@ -217,7 +218,8 @@ impl StoreCore {
     }
 
     /// Whether commits are fsynced now.
-    pub fn is_durable(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_durable(&self) -> bool {
         self.durable
     }
 
