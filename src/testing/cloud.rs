@@ -103,6 +103,26 @@ pub struct Fault {
     pub lost_response: bool,
 }
 
+impl Fault {
+    /// The first `times` starts of `machine` fail with `message` in the zone they try, each
+    /// failure moving the start to another zone.
+    pub fn zone_specific(machine: &str, times: u32, message: &str) -> Self {
+        Fault {
+            machine: MachineId::new(machine),
+            times,
+            zone: None,
+            zone_independent: false,
+            message: message.into(),
+            lost_response: false,
+        }
+    }
+
+    /// The first `times` starts of `machine` fail with `message`, as they would in any zone.
+    pub fn zone_independent(machine: &str, times: u32, message: &str) -> Self {
+        Fault { zone_independent: true, ..Self::zone_specific(machine, times, message) }
+    }
+}
+
 /// A scripted capacity failure of one instance type: the first `times` starts that try
 /// `instance_type` (in `zone`, for `machine`, when given) fail there zone-specifically, and the
 /// start moves on to the next type that satisfies its constraints in the same zone.
