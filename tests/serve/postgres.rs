@@ -23,10 +23,11 @@ fn on_postgres_machines_are_added_provisioned_retried_and_removed() {
     let pg = cluster();
     let url = fresh_db(&pg);
     let dir = temp_dir("pg-machines");
-    let down = dir.join("down.toml");
-    std::fs::write(&down, "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\n")
-        .unwrap();
-    let down = down.to_str().unwrap().to_owned();
+    let down = config_file(
+        &dir,
+        "down.toml",
+        "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\n",
+    );
     let mut s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "100ms", "--config", &down]);
     assert!(s.dir.join("token").exists(), "the replica that initialised the database keeps the token");
     let ids = ids_of(&s.json(&["machine", "add", "-n", "4", "--zones", "az1,az2", "--wait", "--json"]));
@@ -75,9 +76,7 @@ fn on_postgres_a_crash_with_starts_in_flight_duplicates_nothing() {
     let pg = cluster();
     let url = fresh_db(&pg);
     let dir = temp_dir("pg-crash");
-    let cfg = dir.join("serve.toml");
-    std::fs::write(&cfg, "resync = \"1s\"\n[retry]\ndelay = \"1s\"\n").unwrap();
-    let cfg = cfg.to_str().unwrap().to_owned();
+    let cfg = config_file(&dir, "serve.toml", "resync = \"1s\"\n[retry]\ndelay = \"1s\"\n");
     let mut s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "1s", "--config", &cfg]);
     let mut acknowledged = ids_of(&s.json(&["machine", "add", "-n", "15", "--json"]));
     eventually(Duration::from_secs(10), "starts to be in flight", || {
@@ -186,9 +185,7 @@ fn a_second_replica_knows_the_token_by_its_hash() {
     let url = fresh_db(&pg);
     let dir = temp_dir("pg-replicas");
     let first = Server::start_on_postgres(&dir, &url, &[]);
-    let other = dir.join("other");
-    std::fs::create_dir_all(&other).unwrap();
-    let second = Server::start_on(&other.join("data"), &other, &["--store", &url]);
+    let second = Server::start_second_replica(&dir, &url, &[]);
     assert!(!second.dir.join("token").exists(), "only the initialising replica writes the token");
     let list = |token: &str| {
         let out =
@@ -293,11 +290,7 @@ fn every_replicas_gauges_follow_the_other_replicas_writes() {
         let out = first.cli(&["status", "--json"]);
         out.status.success() && serde_json::from_slice::<Value>(&out.stdout).is_ok_and(|s| s["role"] == "leader")
     });
-    let other = dir.join("other");
-    std::fs::create_dir_all(&other).unwrap();
-    let mut second_args = vec!["--store", url.as_str()];
-    second_args.extend_from_slice(&args);
-    let second = Server::start_on(&other.join("data"), &other, &second_args);
+    let second = Server::start_second_replica(&dir, &url, &args);
     let add = bin()
         .args(["machine", "add", "-n", "3", "--json", "--server", &second.url, "--token", &first.token()])
         .output()
@@ -324,9 +317,8 @@ fn a_request_the_store_cannot_answer_is_503_within_the_deadline() {
     let pg = cluster();
     let url = fresh_db(&pg);
     let dir = temp_dir("pg-deadline");
-    let config = dir.join("deadline.toml");
-    std::fs::write(&config, "request_deadline = \"1s\"\n").unwrap();
-    let s = Server::start_on_postgres(&dir, &url, &["--config", config.to_str().unwrap()]);
+    let config = config_file(&dir, "deadline.toml", "request_deadline = \"1s\"\n");
+    let s = Server::start_on_postgres(&dir, &url, &["--config", &config]);
     let ids = ids_of(&s.json(&["machine", "add", "-n", "2", "--json"]));
     let mut holder = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
     let mut tx = holder.transaction().unwrap();

@@ -26,6 +26,13 @@ pub fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
+/// Writes `text` to the config file `name` in `dir`; answers its path, for `--config`.
+pub fn config_file(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
 /// A loopback port nothing listens on (now).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -122,6 +129,17 @@ impl Server {
         let mut args = vec!["--store", url];
         args.extend_from_slice(extra);
         Server::start(dir, &args)
+    }
+
+    /// A second replica on the PostgreSQL database at `url`, with its own directory
+    /// `dir/other` (its data directory `dir/other/data`).
+    #[cfg(feature = "postgres")]
+    pub fn start_second_replica(dir: &Path, url: &str, extra: &[&str]) -> Server {
+        let other = dir.join("other");
+        std::fs::create_dir_all(&other).unwrap();
+        let mut args = vec!["--store", url];
+        args.extend_from_slice(extra);
+        Server::start_on(&other.join("data"), &other, &args)
     }
 
     /// Spawns `serve --listen 127.0.0.1:PORT --data-dir DATA ARGS`, its stderr into `log`, and

@@ -288,9 +288,7 @@ fn on_postgres_a_token_revoked_through_one_replica_is_refused_by_the_other() {
     let url = fresh_db(&pg);
     let dir = temp_dir("tok-pg");
     let first = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "50ms"]);
-    let other = dir.join("other");
-    std::fs::create_dir_all(&other).unwrap();
-    let second = Server::start_on(&other.join("data"), &other, &["--store", &url, "--sim-start-latency", "50ms"]);
+    let second = Server::start_second_replica(&dir, &url, &["--sim-start-latency", "50ms"]);
     let admin = first.token();
     let (id, ro) = create(&first, true);
     assert_eq!(http(&second, "GET", "/v1/machines", Some(&ro), None).0, 200, "known to the other replica");
