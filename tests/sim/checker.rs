@@ -11,7 +11,7 @@ use provisioner::{CloudInstance, HarvestMode, InstanceId};
 #[test]
 fn invariant_6_flags_an_unknown_instance_stopped_in_mode_destroyed() {
     let s = Scenario::parse("", Format::Toml, "t.toml").unwrap();
-    let mut cloud = cloud_of([ours("stray", None, InstanceState::Terminated)]);
+    let mut cloud = CloudSnapshot::of([ours("stray", None, InstanceState::Terminated)]);
     cloud.calls.push(stop_call(300, &["stray"]));
     let model = ModelSnapshot::default();
     let v = check(&s, &cloud, &model, &ModeTimeline::new(HarvestMode::Destroyed));
@@ -122,17 +122,12 @@ id = "3"
 }
 
 fn model_of(machines: Vec<provisioner::testing::FakeMachine>) -> ModelSnapshot {
-    ModelSnapshot { machines: machines.into_iter().map(|m| (m.machine.id.clone(), m)).collect(), ..Default::default() }
+    ModelSnapshot::of(machines.into_iter().map(|m| (m.machine.id.clone(), m)))
 }
 
 /// A pending machine of the model.
 fn pending(id: &str) -> provisioner::testing::FakeMachine {
     provisioner::testing::FakeMachine::new(provisioner::Machine::pending(id))
-}
-
-/// A cloud that holds these instances and has had no call.
-fn cloud_of(instances: impl IntoIterator<Item = (InstanceId, FakeInstance)>) -> CloudSnapshot {
-    CloudSnapshot { instances: instances.into_iter().collect(), ..Default::default() }
 }
 
 fn scenario(toml: &str) -> Scenario {
@@ -145,7 +140,7 @@ fn scenario(toml: &str) -> Scenario {
 #[test]
 fn a_tagged_instance_of_a_live_machine_nobody_records_is_a_leak() {
     let s = scenario("[[machines]]\nid = \"0\"\n");
-    let mut cloud = cloud_of([ours("tag-0", Some("0"), InstanceState::Running)]);
+    let mut cloud = CloudSnapshot::of([ours("tag-0", Some("0"), InstanceState::Running)]);
     let mut m = pending("0");
     m.machine.status = provisioner::MachineStatus::Error;
     m.machine.instance_status = provisioner::model::InstanceStatus::provisioning_error();
@@ -167,7 +162,7 @@ fn a_tagged_instance_of_a_live_machine_nobody_records_is_a_leak() {
 #[test]
 fn invariant_7_counts_a_recorded_instance_we_stopped_as_not_provisioned() {
     let s = scenario("[[machines]]\nid = \"0\"\n");
-    let mut cloud = cloud_of([ours("i-1", Some("0"), InstanceState::Terminated)]);
+    let mut cloud = CloudSnapshot::of([ours("i-1", Some("0"), InstanceState::Terminated)]);
     let mut m = pending("0");
     m.machine.instance = Some(InstanceId::new("i-1"));
     m.machine.status = provisioner::MachineStatus::Started;
@@ -184,7 +179,7 @@ fn invariant_7_counts_a_recorded_instance_we_stopped_as_not_provisioned() {
 #[test]
 fn an_instance_whose_machine_died_in_mode_none_is_never_stopped() {
     let s = scenario("[[machines]]\nid = \"0\"\nstatus = \"started\"\ninstance = \"pre-0\"\n");
-    let mut cloud = cloud_of([ours("pre-0", Some("0"), InstanceState::Terminated)]);
+    let mut cloud = CloudSnapshot::of([ours("pre-0", Some("0"), InstanceState::Terminated)]);
     cloud.calls.push(stop_call(20, &["pre-0"]));
     let mut m = pending("0");
     m.machine.instance = Some(InstanceId::new("pre-0"));
@@ -209,7 +204,7 @@ fn destroy_model_leaves_nothing_running_and_names_manual_machines() {
         "[[machines]]\nid = \"0\"\n[[machines]]\nid = \"1\"\nmanual = true\nstatus = \"started\"\ninstance = \"manual:1\"\n\
          [[events]]\nat = \"1s\"\ndestroy_model = { force = false }\n",
     );
-    let mut cloud = cloud_of([ours("i-1", Some("0"), InstanceState::Running)]);
+    let mut cloud = CloudSnapshot::of([ours("i-1", Some("0"), InstanceState::Running)]);
     let mut m0 = pending("0");
     m0.machine.instance = Some(InstanceId::new("i-1"));
     let mut m1 = pending("1");
