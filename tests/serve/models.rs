@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{bin, eventually, field, ids_of, sample, temp_dir, Server};
+use crate::support::{bin, eventually, field, fields, ids_of, sample, temp_dir, Server};
 #[cfg(feature = "postgres")]
 use crate::support::{cluster, fresh_db};
 
@@ -451,13 +451,7 @@ fn a_token_scoped_to_a_model_uses_that_model_alone() {
     // The service's own routes: its model alone in the list; no model or token management.
     let (code, body) = http_as(&s, &admin_a, "GET", "/v1/models", None);
     assert_eq!(code, 200, "{body}");
-    let names: Vec<String> = serde_json::from_str::<Value>(&body)
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| field(m, "name").to_owned())
-        .collect();
+    let names = fields(&serde_json::from_str::<Value>(&body).unwrap(), "name");
     assert_eq!(names, ["team-a"]);
     for (method, path, body) in [
         ("POST", "/v1/models", Some(r#"{"name": "team-c"}"#)),

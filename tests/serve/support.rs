@@ -252,6 +252,11 @@ pub fn field<'a>(v: &'a Value, k: &str) -> &'a str {
     v[k].as_str().unwrap_or("")
 }
 
+/// The `key` field of each element of the JSON array `list`.
+pub fn fields(list: &Value, key: &str) -> Vec<String> {
+    list.as_array().unwrap().iter().map(|m| field(m, key).to_owned()).collect()
+}
+
 /// The machine `id` of a machine list (failing if it is not listed).
 pub fn machine<'a>(list: &'a [Value], id: &str) -> &'a Value {
     list.iter().find(|m| field(m, "id") == id).unwrap_or_else(|| panic!("machine {id} not listed: {list:?}"))
