@@ -10,6 +10,8 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 #[cfg(feature = "postgres")]
+use provisioner::testing::postgres::TempPostgres;
+#[cfg(feature = "postgres")]
 pub use provisioner::testing::postgres::{cluster, fresh_db};
 use serde_json::Value;
 
@@ -24,6 +26,16 @@ pub fn temp_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// A fresh database on the shared PostgreSQL cluster, and an empty directory of this test's
+/// own (`name`): the cluster (it runs while this handle lives), the database's URL, the
+/// directory.
+#[cfg(feature = "postgres")]
+pub fn fresh_postgres(name: &str) -> (std::sync::Arc<TempPostgres>, String, PathBuf) {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    (pg, url, temp_dir(name))
 }
 
 /// Writes `text` to the config file `name` in `dir`; answers its path, for `--config`.
