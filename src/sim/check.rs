@@ -127,6 +127,16 @@ impl ZoneTimeline {
     }
 }
 
+/// The instances named by the successful calls of `op` (those begun before `before`, if given).
+fn succeeded(cloud: &CloudSnapshot, op: CloudOp, before: Option<Duration>) -> BTreeSet<String> {
+    cloud
+        .calls
+        .iter()
+        .filter(|c| c.op == op && c.ok == Some(true) && before.is_none_or(|b| c.at < b))
+        .flat_map(|c| c.instances.iter().map(ToString::to_string))
+        .collect()
+}
+
 /// The simulated cloud's own contract: no start is accepted into a zone
 /// closed to new instances, and no new instance takes the id of one that exists or existed.
 fn check_cloud(s: &Scenario, cloud: &CloudSnapshot, v: &mut Vec<String>) {
@@ -227,23 +237,13 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         }
     }
     // Instances the provisioner started (invariant 1 is about those).
-    let started: BTreeSet<String> = cloud
-        .calls
-        .iter()
-        .filter(|c| c.op == CloudOp::StartInstance && c.ok == Some(true))
-        .flat_map(|c| c.instances.iter().map(ToString::to_string))
-        .collect();
+    let started = succeeded(cloud, CloudOp::StartInstance, None);
     let protected = |machine: &str, f: fn(&MachineSpec) -> bool| specs.get(machine).is_some_and(f);
     // Instances a stop call of ours terminated.
-    let stopped_by_us: BTreeSet<String> = cloud
-        .calls
-        .iter()
-        .filter(|c| c.op == CloudOp::StopInstances && c.ok == Some(true))
-        .flat_map(|c| c.instances.iter().map(ToString::to_string))
-        .collect();
-    // From the first destroy_model on, every instance is stopped whatever the mode, releases
-    // included.
-    let destroyed_from: Option<Duration> =
+    let stopped_by_us = succeeded(cloud, CloudOp::StopInstances, None);
+    // When the model was destroyed (destroy_model wins over releases and harvest modes): from
+    // then on every instance is stopped whatever the mode, releases included.
+    let destroyed_at: Option<Duration> =
         s.timeline().into_iter().find(|(_, a)| matches!(a, Action::DestroyModel(_))).map(|(at, _)| at);
     // When each instance of ours landed: the end of the last start call naming it, a call
     // whose answer was lost included (pre-existing ones: at 0).
@@ -292,9 +292,6 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
         }
     }
 
-    // When the model was destroyed (destroy_model wins over releases and harvest modes).
-    let destroyed_at: Option<Duration> =
-        s.timeline().into_iter().find(|(_, a)| matches!(a, Action::DestroyModel(_))).map(|(at, _)| at);
     let destroyed_by = |t: Duration| destroyed_at.is_some_and(|d| d <= t);
     // Whether a start of `machine` was in flight at `t` (its instance did not exist yet).
     let starting_at = |machine: &str, t: Duration| {
@@ -435,7 +432,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                         if let Some(died) = m.died_at.filter(|d| landed_at <= *d && first >= *d) {
                             let kept = modes.all_between(died, died + DECIDE_WINDOW, |md| !md.harvests_destroyed())
                                 && !blind_until_switch(cloud, modes, died);
-                            let destroying = destroyed_from.is_some_and(|d| d <= call.at);
+                            let destroying = destroyed_at.is_some_and(|d| d <= call.at);
                             if kept && !destroying && !m.machine.keep_instance && !m.machine.manual {
                                 v.push(format!(
                                     "instance {id} of machine {}, which died in mode {}, was stopped at {at}",
@@ -531,12 +528,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
     // non-keep-instance machine (containers included) ends terminated, whatever the harvest
     // mode; only instances released before the destruction are no longer ours.
     if let Some(destroyed) = destroyed_at.filter(|_| model.life != Life::Alive) {
-        let released_before: BTreeSet<String> = cloud
-            .calls
-            .iter()
-            .filter(|c| c.op == CloudOp::ReleaseInstances && c.ok == Some(true) && c.at < destroyed)
-            .flat_map(|c| c.instances.iter().map(ToString::to_string))
-            .collect();
+        let released_before = succeeded(cloud, CloudOp::ReleaseInstances, Some(destroyed));
         // Launched out of band after the destruction: not an instance the destruction knew.
         let launched_after: BTreeSet<String> = s
             .timeline()
@@ -546,12 +538,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                 _ => None,
             })
             .collect();
-        let released_ever: BTreeSet<String> = cloud
-            .calls
-            .iter()
-            .filter(|c| c.op == CloudOp::ReleaseInstances && c.ok == Some(true))
-            .flat_map(|c| c.instances.iter().map(ToString::to_string))
-            .collect();
+        let released_ever = succeeded(cloud, CloudOp::ReleaseInstances, None);
         for (iid, inst) in &cloud.instances {
             let iid = iid.to_string();
             let skip = inst.foreign
@@ -871,24 +858,14 @@ mod tests {
         // removed, its container dead (not removed) with its instance running.
         let s = scenario(HOST_AND_CONTAINER);
         let modes = ModeTimeline::new(HarvestMode::Destroyed);
-        let cloud = CloudSnapshot {
-            instances: [
-                instance("i-h0", "0", InstanceState::Terminated),
-                instance("i-1", "0/lxd/0", InstanceState::Running),
-            ]
-            .into_iter()
-            .collect(),
-            ..CloudSnapshot::default()
-        };
-        let mut model = ModelSnapshot {
-            machines: [
-                machine("0", Life::Dead, Some("i-h0"), Some(10), true),
-                machine("0/lxd/0", Life::Dead, Some("i-1"), Some(20), false),
-            ]
-            .into_iter()
-            .collect(),
-            ..ModelSnapshot::default()
-        };
+        let cloud = CloudSnapshot::of([
+            instance("i-h0", "0", InstanceState::Terminated),
+            instance("i-1", "0/lxd/0", InstanceState::Running),
+        ]);
+        let mut model = ModelSnapshot::of([
+            machine("0", Life::Dead, Some("i-h0"), Some(10), true),
+            machine("0/lxd/0", Life::Dead, Some("i-1"), Some(20), false),
+        ]);
         let v = check(&s, &cloud, &model, &modes);
         assert!(v.contains(&"dead machine 0/lxd/0 left instance i-1 running".to_owned()), "{v:?}");
         assert!(v.iter().any(|x| x.starts_with("container 0/lxd/0 of dead host 0 is dead and not marked")), "{v:?}");
@@ -899,15 +876,10 @@ mod tests {
         // The good run: terminated and removed.
         let mut good_cloud = cloud.clone();
         good_cloud.instances.get_mut(&InstanceId::new("i-1")).unwrap().instance.state = InstanceState::Terminated;
-        let good = ModelSnapshot {
-            machines: [
-                machine("0", Life::Dead, Some("i-h0"), Some(10), true),
-                machine("0/lxd/0", Life::Dead, Some("i-1"), Some(10), true),
-            ]
-            .into_iter()
-            .collect(),
-            ..ModelSnapshot::default()
-        };
+        let good = ModelSnapshot::of([
+            machine("0", Life::Dead, Some("i-h0"), Some(10), true),
+            machine("0/lxd/0", Life::Dead, Some("i-1"), Some(10), true),
+        ]);
         assert_eq!(check(&s, &good_cloud, &good, &modes), Vec::<String>::new());
     }
 
@@ -919,14 +891,10 @@ mod tests {
         let mut modes = ModeTimeline::new(HarvestMode::Destroyed);
         modes.set(Duration::from_secs(10), HarvestMode::None);
         let cloud = CloudSnapshot {
-            instances: [instance("i-1", "0/lxd/0", InstanceState::Terminated)].into_iter().collect(),
             calls: vec![call(CloudOp::StopInstances, 20, &["i-1"])],
-            ..CloudSnapshot::default()
+            ..CloudSnapshot::of([instance("i-1", "0/lxd/0", InstanceState::Terminated)])
         };
-        let model = ModelSnapshot {
-            machines: [machine("0/lxd/0", Life::Dead, Some("i-1"), Some(20), true)].into_iter().collect(),
-            ..ModelSnapshot::default()
-        };
+        let model = ModelSnapshot::of([machine("0/lxd/0", Life::Dead, Some("i-1"), Some(20), true)]);
         let v = check(&s, &cloud, &model, &modes);
         assert!(
             v.iter().any(|x| x.starts_with("instance i-1 of machine 0/lxd/0, dead since 20s in mode none")),
@@ -953,24 +921,16 @@ mod tests {
         let mut start = call(CloudOp::StartInstance, 0, &["i-1"]);
         start.machine = Some(MachineId::new("1"));
         let cloud = CloudSnapshot {
-            instances: [
+            calls: vec![start, call(CloudOp::StopInstances, 20, &["pre-0"])],
+            ..CloudSnapshot::of([
                 instance("pre-0", "0", InstanceState::Terminated),
                 instance("i-1", "1", InstanceState::Running),
-            ]
-            .into_iter()
-            .collect(),
-            calls: vec![start, call(CloudOp::StopInstances, 20, &["pre-0"])],
-            ..CloudSnapshot::default()
+            ])
         };
-        let model = ModelSnapshot {
-            machines: [
-                machine("0", Life::Dead, Some("pre-0"), Some(5), true),
-                machine("1", Life::Alive, Some("i-1"), None, false),
-            ]
-            .into_iter()
-            .collect(),
-            ..ModelSnapshot::default()
-        };
+        let model = ModelSnapshot::of([
+            machine("0", Life::Dead, Some("pre-0"), Some(5), true),
+            machine("1", Life::Alive, Some("i-1"), None, false),
+        ]);
         let v = check(&s, &cloud, &model, &modes);
         assert_eq!(
             v,
@@ -996,14 +956,12 @@ mod tests {
         let s = scenario("[[machines]]\nid = \"0\"");
         let modes = ModeTimeline::new(HarvestMode::None);
         let cloud = CloudSnapshot {
-            instances: [instance("stray-0", "0", InstanceState::Terminated)].into_iter().collect(),
             calls: vec![call(CloudOp::StopInstances, 9, &["stray-0"])],
-            ..CloudSnapshot::default()
+            ..CloudSnapshot::of([instance("stray-0", "0", InstanceState::Terminated)])
         };
         let (id, mut dead) = machine("0", Life::Dead, None, Some(5), true);
         dead.record_failures.push((Duration::from_secs(1), InstanceId::new("stray-0")));
-        let model =
-            ModelSnapshot { machines: [(id.clone(), dead.clone())].into_iter().collect(), ..ModelSnapshot::default() };
+        let model = ModelSnapshot::of([(id.clone(), dead.clone())]);
         assert_eq!(check(&s, &cloud, &model, &modes), Vec::<String>::new());
         // A record that failed only after the death leaves an orphan that follows its machine
         // (released in mode none): stopping it is caught, as is a stray never adopted.
@@ -1012,12 +970,11 @@ mod tests {
         ];
         let mut late = dead.clone();
         late.record_failures = vec![(Duration::from_secs(6), InstanceId::new("stray-0"))];
-        let model_late =
-            ModelSnapshot { machines: [(id.clone(), late)].into_iter().collect(), ..ModelSnapshot::default() };
+        let model_late = ModelSnapshot::of([(id.clone(), late)]);
         assert_eq!(check(&s, &cloud, &model_late, &modes), flagged);
         let mut never = dead.clone();
         never.record_failures.clear();
-        let model_never = ModelSnapshot { machines: [(id, never)].into_iter().collect(), ..ModelSnapshot::default() };
+        let model_never = ModelSnapshot::of([(id, never)]);
         assert_eq!(check(&s, &cloud, &model_never, &modes), flagged);
         // A stop first sent (and failed) while the machine lived, retried after its death: the
         // decision predates the death.
@@ -1065,17 +1022,14 @@ mod tests {
         // seed002_destroy_force before the fix: the container's instance survived destroy_model.
         let s = destroyed_with_container_and_kept();
         let modes = ModeTimeline::new(HarvestMode::None);
-        let mut cloud = CloudSnapshot { instances: host_container_and_kept_instances(), ..CloudSnapshot::default() };
+        let mut cloud = CloudSnapshot::of(host_container_and_kept_instances());
         let model = ModelSnapshot {
-            machines: [
+            life: Life::Dying,
+            ..ModelSnapshot::of([
                 machine("0", Life::Alive, Some("i-h0"), None, false),
                 machine("0/lxd/0", Life::Alive, Some("i-1"), None, false),
                 kept_machine(),
-            ]
-            .into_iter()
-            .collect(),
-            life: Life::Dying,
-            ..ModelSnapshot::default()
+            ])
         };
         let v = check(&s, &cloud, &model, &modes);
         assert_eq!(v, vec!["model destroyed at 10s but instance i-1 of machine 0/lxd/0 is running".to_owned()]);
@@ -1095,24 +1049,20 @@ mod tests {
         start.machine = Some(MachineId::new("0/lxd/0"));
         start.done_at = Some(Duration::from_secs(10));
         let model = ModelSnapshot {
-            machines: [
+            life: Life::Dying,
+            ..ModelSnapshot::of([
                 machine("0", Life::Alive, Some("i-h0"), None, false),
                 machine("0/lxd/0", Life::Dead, Some("i-1"), Some(5), true),
                 kept_machine(),
-            ]
-            .into_iter()
-            .collect(),
-            life: Life::Dying,
-            ..ModelSnapshot::default()
+            ])
         };
         let released = CloudSnapshot {
-            instances: host_container_and_kept_instances(),
             calls: vec![
                 start,
                 call(CloudOp::ReleaseInstances, 10, &["i-1", "i-k"]),
                 call(CloudOp::StopInstances, 10, &["i-h0"]),
             ],
-            ..CloudSnapshot::default()
+            ..CloudSnapshot::of(host_container_and_kept_instances())
         };
         // Left running: the destruction lost to the release.
         let v = check(&s, &released, &model, &modes);
@@ -1139,15 +1089,10 @@ mod tests {
         // Invariant 7 covers containers whose host is alive and provisioned (a host
         // that never initialises leaves them in provisioning error, with a message).
         let s = scenario(HOST_AND_CONTAINER);
-        let mut model = ModelSnapshot {
-            machines: [
-                machine("0", Life::Alive, Some("i-h0"), None, false),
-                machine("0/lxd/0", Life::Alive, None, None, false),
-            ]
-            .into_iter()
-            .collect(),
-            ..ModelSnapshot::default()
-        };
+        let mut model = ModelSnapshot::of([
+            machine("0", Life::Alive, Some("i-h0"), None, false),
+            machine("0/lxd/0", Life::Alive, None, None, false),
+        ]);
         let modes = ModeTimeline::new(HarvestMode::Destroyed);
         let v = check(&s, &CloudSnapshot::default(), &model, &modes);
         assert!(v.iter().any(|x| x.starts_with("machine 0/lxd/0 is alive and pending")), "{v:?}");

@@ -103,6 +103,26 @@ pub struct Fault {
     pub lost_response: bool,
 }
 
+impl Fault {
+    /// The first `times` starts of `machine` fail with `message` in the zone they try, each
+    /// failure moving the start to another zone.
+    pub fn zone_specific(machine: &str, times: u32, message: &str) -> Self {
+        Fault {
+            machine: MachineId::new(machine),
+            times,
+            zone: None,
+            zone_independent: false,
+            message: message.into(),
+            lost_response: false,
+        }
+    }
+
+    /// The first `times` starts of `machine` fail with `message`, as they would in any zone.
+    pub fn zone_independent(machine: &str, times: u32, message: &str) -> Self {
+        Fault { zone_independent: true, ..Self::zone_specific(machine, times, message) }
+    }
+}
+
 /// A scripted capacity failure of one instance type: the first `times` starts that try
 /// `instance_type` (in `zone`, for `machine`, when given) fail there zone-specifically, and the
 /// start moves on to the next type that satisfies its constraints in the same zone.
@@ -168,6 +188,11 @@ pub struct CloudSnapshot {
 }
 
 impl CloudSnapshot {
+    /// A cloud that holds these instances and has had no call.
+    pub fn of(instances: impl IntoIterator<Item = (InstanceId, FakeInstance)>) -> Self {
+        CloudSnapshot { instances: instances.into_iter().collect(), ..Self::default() }
+    }
+
     /// The calls of one kind.
     pub fn calls_of(&self, op: CloudOp) -> Vec<&CallRecord> {
         self.calls.iter().filter(|c| c.op == op).collect()
@@ -284,6 +309,25 @@ impl CloudActor {
             batch: None,
         });
         self.calls.len() - 1
+    }
+
+    /// Logs a call other than a start and refuses it when it is throttled or scripted to fail
+    /// (a scripted failure finishes its record); answers its record's index.
+    fn admit(
+        &mut self,
+        op: CloudOp,
+        machine: Option<MachineId>,
+        instances: Vec<InstanceId>,
+    ) -> Result<usize, BrokerError> {
+        let idx = self.log(op, machine, None, instances);
+        if let Some(err) = self.throttle(idx, op) {
+            return Err(err);
+        }
+        if let Some(m) = self.scripted_failure(op) {
+            self.finish(idx, Some(m.clone()));
+            return Err(BrokerError::transient(m));
+        }
+        Ok(idx)
     }
 
     fn finish(&mut self, idx: usize, error: Option<String>) {
@@ -866,14 +910,10 @@ impl CloudActor {
 impl Handler<Stop> for CloudActor {
     type Result = ResponseActFuture<Self, Result<(), BrokerError>>;
     fn handle(&mut self, msg: Stop, _ctx: &mut Self::Context) -> Self::Result {
-        let idx = self.log(CloudOp::StopInstances, None, None, msg.ids.clone());
-        if let Some(err) = self.throttle(idx, CloudOp::StopInstances) {
-            return Box::pin(fut::ready(Err(err)));
-        }
-        if let Some(m) = self.scripted_failure(CloudOp::StopInstances) {
-            self.finish(idx, Some(m.clone()));
-            return Box::pin(fut::ready(Err(BrokerError::transient(m))));
-        }
+        let idx = match self.admit(CloudOp::StopInstances, None, msg.ids.clone()) {
+            Ok(idx) => idx,
+            Err(err) => return Box::pin(fut::ready(Err(err))),
+        };
         let latency = self.stop_latency;
         Box::pin(actix_rt::time::sleep(latency).into_actor(self).map(move |(), act, _ctx| {
             for id in &msg.ids {
@@ -890,14 +930,7 @@ impl Handler<Stop> for CloudActor {
 impl Handler<List> for CloudActor {
     type Result = Result<Vec<CloudInstance>, BrokerError>;
     fn handle(&mut self, msg: List, _ctx: &mut Self::Context) -> Self::Result {
-        let idx = self.log(CloudOp::AllInstances, None, None, Vec::new());
-        if let Some(err) = self.throttle(idx, CloudOp::AllInstances) {
-            return Err(err);
-        }
-        if let Some(m) = self.scripted_failure(CloudOp::AllInstances) {
-            self.finish(idx, Some(m.clone()));
-            return Err(BrokerError::transient(m));
-        }
+        let idx = self.admit(CloudOp::AllInstances, None, Vec::new())?;
         self.finish(idx, None);
         let now = self.epoch.elapsed();
         let model = self.names.find(&msg.model);
@@ -916,14 +949,7 @@ impl Handler<Zones> for CloudActor {
         if !self.zoned {
             return Err(BrokerError::NotSupported("availability_zones"));
         }
-        let idx = self.log(CloudOp::AvailabilityZones, None, None, Vec::new());
-        if let Some(err) = self.throttle(idx, CloudOp::AvailabilityZones) {
-            return Err(err);
-        }
-        if let Some(m) = self.scripted_failure(CloudOp::AvailabilityZones) {
-            self.finish(idx, Some(m.clone()));
-            return Err(BrokerError::transient(m));
-        }
+        let idx = self.admit(CloudOp::AvailabilityZones, None, Vec::new())?;
         self.finish(idx, None);
         Ok(self.zones.clone())
     }
@@ -932,14 +958,7 @@ impl Handler<Zones> for CloudActor {
 impl Handler<Derive> for CloudActor {
     type Result = Result<Vec<String>, BrokerError>;
     fn handle(&mut self, msg: Derive, _ctx: &mut Self::Context) -> Self::Result {
-        let idx = self.log(CloudOp::DeriveZones, Some(msg.machine.clone()), None, Vec::new());
-        if let Some(err) = self.throttle(idx, CloudOp::DeriveZones) {
-            return Err(err);
-        }
-        if let Some(m) = self.scripted_failure(CloudOp::DeriveZones) {
-            self.finish(idx, Some(m.clone()));
-            return Err(BrokerError::transient(m));
-        }
+        let idx = self.admit(CloudOp::DeriveZones, Some(msg.machine.clone()), Vec::new())?;
         // A placement directive: `zone=NAME` pins that zone, `subnet=ID` the subnet's zones
         // (an unknown subnet is the machine's own problem); other directives are ignored.
         if let Some(p) = msg.placement.as_deref().map(str::trim) {

@@ -237,6 +237,11 @@ pub struct ModelSnapshot {
 }
 
 impl ModelSnapshot {
+    /// An alive model of these machines, with nothing else recorded.
+    pub fn of(machines: impl IntoIterator<Item = (MachineId, FakeMachine)>) -> Self {
+        ModelSnapshot { machines: machines.into_iter().collect(), ..Self::default() }
+    }
+
     /// A machine.
     pub fn machine(&self, id: &str) -> Option<&FakeMachine> {
         self.machines.get(&MachineId::new(id))

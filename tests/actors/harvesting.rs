@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use provisioner::model::InstanceState;
-use provisioner::testing::{CloudOp, FakeMachine, FakeModel, ModelSnapshot};
+use provisioner::testing::{CloudOp, CloudSnapshot, FakeMachine, FakeModel, ModelSnapshot};
 use provisioner::{HarvestMode, Life, Machine, MachineId, MachineStatus, ProvisionerConfig};
 
 use crate::support::*;
@@ -13,10 +13,16 @@ fn provisioned_with_unknown(mode: HarvestMode) -> Harness {
     let cloud = zoneless_cloud();
     cloud.launch_aged("i-0", None, Some("0"), InstanceState::Running, false, OLD);
     cloud.launch_aged("999", None, None, InstanceState::Running, false, OLD);
-    let mut m = Machine::pending("0");
-    m.instance = Some("i-0".into());
+    let mut m = with_instance("0", "i-0");
     m.status = MachineStatus::Started;
     Harness::new(with_mode(mode), cloud, FakeModel::new(vec![m]))
+}
+
+/// The cloud after machine 0's death, once the machine is removed (and marked for removal once).
+async fn cloud_after_machine_0_dies(h: &Harness) -> CloudSnapshot {
+    let model = kill_machine_0(h).await;
+    assert_eq!(model.marked_for_removal, vec![MachineId::new("0")]);
+    h.cloud().await
 }
 
 async fn kill_machine_0(h: &Harness) -> ModelSnapshot {
@@ -31,9 +37,7 @@ async fn kill_machine_0(h: &Harness) -> ModelSnapshot {
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn harvest_none_reaps_nothing() {
     let h = provisioned_with_unknown(HarvestMode::None);
-    let model = kill_machine_0(&h).await;
-    assert_eq!(model.marked_for_removal, vec![MachineId::new("0")]);
-    let cloud = h.cloud().await;
+    let cloud = cloud_after_machine_0_dies(&h).await;
     assert!(stops(&cloud).is_empty());
     assert_eq!(cloud.state_of("i-0"), Some(InstanceState::Running));
     assert_eq!(cloud.state_of("999"), Some(InstanceState::Running));
@@ -43,9 +47,7 @@ async fn harvest_none_reaps_nothing() {
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn harvest_unknown_reaps_only_unknown() {
     let h = provisioned_with_unknown(HarvestMode::Unknown);
-    let model = kill_machine_0(&h).await;
-    assert_eq!(model.marked_for_removal, vec![MachineId::new("0")]);
-    let cloud = h.cloud().await;
+    let cloud = cloud_after_machine_0_dies(&h).await;
     assert_eq!(stops(&cloud), vec![vec!["999".to_string()]]);
     assert_eq!(cloud.state_of("i-0"), Some(InstanceState::Running));
 }
@@ -57,9 +59,7 @@ async fn harvest_destroyed_reaps_only_destroyed() {
     let h = provisioned_with_unknown(HarvestMode::Destroyed);
     h.settle().await;
     assert!(stops(&h.cloud().await).is_empty());
-    let model = kill_machine_0(&h).await;
-    assert_eq!(model.marked_for_removal, vec![MachineId::new("0")]);
-    let cloud = h.cloud().await;
+    let cloud = cloud_after_machine_0_dies(&h).await;
     assert_eq!(stops(&cloud), vec![vec!["i-0".to_string()]]);
     assert_eq!(cloud.state_of("999"), Some(InstanceState::Running));
 }
@@ -71,8 +71,7 @@ async fn harvest_all_reaps_all_the_things_in_one_call() {
     let cloud = zoneless_cloud();
     cloud.launch_aged("i-0", None, Some("0"), InstanceState::Running, false, OLD);
     cloud.launch_aged("999", None, None, InstanceState::Running, false, OLD);
-    let mut m = Machine::pending("0");
-    m.instance = Some("i-0".into());
+    let mut m = with_instance("0", "i-0");
     m.life = Life::Dead;
     let h = Harness::new(with_mode(HarvestMode::All), cloud, FakeModel::new(vec![m]));
     h.until_model(Duration::from_secs(10), |m| m.machine("0").unwrap().removed).await;
@@ -88,11 +87,9 @@ async fn keep_instance_is_released_never_harvested_even_after_restart() {
     let cloud = zoneless_cloud();
     cloud.launch_aged("zero", None, Some("0"), InstanceState::Running, false, OLD);
     cloud.launch_aged("one", None, Some("1"), InstanceState::Running, false, OLD);
-    let mut m0 = Machine::pending("0");
-    m0.instance = Some("zero".into());
+    let mut m0 = with_instance("0", "zero");
     m0.life = Life::Dead;
-    let mut m1 = Machine::pending("1");
-    m1.instance = Some("one".into());
+    let mut m1 = with_instance("1", "one");
     m1.life = Life::Dead;
     m1.keep_instance = true;
     let h = Harness::new(with_mode(HarvestMode::All), cloud, FakeModel::new(vec![m0, m1, Machine::pending("2")]));
@@ -143,8 +140,7 @@ async fn stop_requests_are_deduplicated() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.set_latency(Duration::ZERO, Duration::from_secs(10));
     cloud.launch_aged("0", Some("az1"), Some("0"), InstanceState::Running, false, OLD);
-    let mut m = Machine::pending("0");
-    m.instance = Some("0".into());
+    let mut m = with_instance("0", "0");
     m.life = Life::Dead;
     let h = Harness::new(with_mode(HarvestMode::All), cloud, FakeModel::new(vec![m]));
     h.run_for(Duration::from_secs(2)).await;
@@ -226,8 +222,7 @@ async fn nothing_is_harvested_before_the_first_full_notification() {
 async fn dead_machines_stopped_instance_is_terminated() {
     let cloud = zoneless_cloud();
     cloud.launch_aged("i-0", None, Some("0"), InstanceState::Stopped, false, OLD);
-    let mut m = Machine::pending("0");
-    m.instance = Some("i-0".into());
+    let m = with_instance("0", "i-0");
     let h = Harness::new(test_config(), cloud, FakeModel::new(vec![m]));
     kill_machine_0(&h).await;
     assert_eq!(h.cloud().await.state_of("i-0"), Some(InstanceState::Terminated));
@@ -253,9 +248,7 @@ async fn foreign_instances_are_invisible() {
 /// Manual machines are never started or stopped (invariant 3), and are removed when dead.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn manual_machines_are_never_started_or_stopped() {
-    let mut dead = Machine::pending("0");
-    dead.manual = true;
-    dead.instance = Some("manual:10.0.0.1".into());
+    let mut dead = manual("0", "10.0.0.1");
     dead.life = Life::Dead;
     let mut pending = Machine::pending("1");
     pending.manual = true;
@@ -293,8 +286,7 @@ async fn unknown_instances_are_harvested_at_resync_without_listing_per_event() {
 async fn a_resync_before_the_first_notification_harvests_nothing() {
     let cloud = zoneless_cloud();
     cloud.launch_aged("i-0", None, Some("0"), InstanceState::Running, false, OLD);
-    let mut m = Machine::pending("0");
-    m.instance = Some("i-0".into());
+    let mut m = with_instance("0", "i-0");
     m.status = MachineStatus::Started;
     let config =
         provisioner::ProvisionerConfig { resync_interval: Duration::from_secs(10), ..with_mode(HarvestMode::All) };
@@ -314,8 +306,7 @@ async fn a_release_does_not_wait_for_a_busy_worker_and_survives_a_restart() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.set_latency(Duration::from_secs(30), Duration::ZERO);
     cloud.launch_aged("pre-0", Some("az1"), Some("0"), InstanceState::Running, false, OLD);
-    let mut m0 = Machine::pending("0");
-    m0.instance = Some("pre-0".into());
+    let mut m0 = with_instance("0", "pre-0");
     m0.status = MachineStatus::Started;
     let config = ProvisionerConfig { workers: 1, ..with_mode(HarvestMode::None) };
     let h = Harness::new(config.clone(), cloud, FakeModel::new(vec![m0, Machine::pending("1")]));

@@ -18,17 +18,22 @@ fn all_started(ids: &[String]) -> impl Fn(&provisioner::testing::ModelSnapshot) 
     move |m| ids.iter().all(|id| instance_of(m, id).is_some())
 }
 
+/// 100 machines (and their ids) to start against a cloud allowing 10 starts at once then 2 per
+/// second.
+fn throttled_hundred(config: ProvisionerConfig) -> (Harness, Vec<String>) {
+    let cloud = zoned_cloud(&["az1", "az2", "az3"]);
+    cloud.set_rate_limit(RateLimits { start: Some(BucketLimit::new(10, 2.0)), ..RateLimits::unlimited() });
+    let ids = many(100);
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    (Harness::new(config, cloud, FakeModel::with_machines(machines(&id_refs))), ids)
+}
+
 /// Part 1: 100 starts against a cloud allowing 10 at once then 2 per second (ideal 45 s). The
 /// limiter, sized for EC2 (50 at once then 5 per second), learns the cloud's pace: the run
 /// ends close to the ideal with few throttled calls, and no machine fails.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn the_limiter_adapts_to_a_throttling_cloud() {
-    let cloud = zoned_cloud(&["az1", "az2", "az3"]);
-    cloud.set_rate_limit(RateLimits { start: Some(BucketLimit::new(10, 2.0)), ..RateLimits::unlimited() });
-    let ids = many(100);
-    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let config = ProvisionerConfig { workers: 16, ..test_config() };
-    let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&id_refs)));
+    let (h, ids) = throttled_hundred(ProvisionerConfig { workers: 16, ..test_config() });
     let t0 = actix_rt::time::Instant::now();
     h.until_model(Duration::from_secs(120), all_started(&ids)).await;
     let took = t0.elapsed();
@@ -48,12 +53,8 @@ async fn the_limiter_adapts_to_a_throttling_cloud() {
 /// keeps them down), yet still no machine fails: a throttled call uses no round.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn without_the_limiter_throttling_costs_calls_but_no_machine() {
-    let cloud = zoned_cloud(&["az1", "az2", "az3"]);
-    cloud.set_rate_limit(RateLimits { start: Some(BucketLimit::new(10, 2.0)), ..RateLimits::unlimited() });
-    let ids = many(100);
-    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let config = ProvisionerConfig { workers: 16, rate_limits: RateLimits::unlimited(), ..test_config() };
-    let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&id_refs)));
+    let (h, ids) =
+        throttled_hundred(ProvisionerConfig { workers: 16, rate_limits: RateLimits::unlimited(), ..test_config() });
     h.until_model(Duration::from_secs(300), all_started(&ids)).await;
     let cloud = h.cloud().await;
     let throttled = cloud.calls_of(CloudOp::StartInstance).iter().filter(|c| c.throttled).count();
@@ -176,12 +177,8 @@ async fn a_harvest_pass_stops_at_most_the_cap() {
 /// A start fault whose call makes the instance and then loses its answer (a lost response).
 fn lost(machine: &str, times: u32) -> provisioner::testing::Fault {
     provisioner::testing::Fault {
-        machine: machine.into(),
-        times,
-        zone: None,
-        zone_independent: false,
-        message: "connection reset before the answer".into(),
         lost_response: true,
+        ..provisioner::testing::Fault::zone_specific(machine, times, "connection reset before the answer")
     }
 }
 
@@ -203,8 +200,7 @@ fn ever_made_for(cloud: &provisioner::testing::CloudSnapshot, machine: &str) -> 
 async fn a_lost_answer_is_retried_with_the_same_token_and_zone() {
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
     cloud.add_fault(lost("0", 1));
-    let config =
-        ProvisionerConfig { retry: provisioner::RetryStrategy::new(3, Duration::from_secs(10)), ..test_config() };
+    let config = with_retries(3, Duration::from_secs(10));
     let h = Harness::new(config, cloud, FakeModel::new(vec![Machine::pending("0")]));
     let model = h.until_model(Duration::from_secs(120), |m| instance_of(m, "0").is_some()).await;
     let cloud = h.cloud().await;
@@ -228,8 +224,7 @@ async fn lost_answers_four_times_in_a_row_make_one_instance_per_machine() {
         cloud.add_fault(lost(id, 4));
     }
     let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let config =
-        ProvisionerConfig { retry: provisioner::RetryStrategy::new(10, Duration::from_secs(1)), ..test_config() };
+    let config = with_retries(10, Duration::from_secs(1));
     let h = Harness::new(config, cloud, FakeModel::new(id_refs.iter().map(|i| Machine::pending(*i)).collect()));
     let model = h.until_model(Duration::from_secs(600), all_started(&ids)).await;
     let cloud = h.cloud().await;
@@ -247,8 +242,7 @@ async fn lost_answers_four_times_in_a_row_make_one_instance_per_machine() {
 async fn out_of_rounds_after_a_lost_answer_the_start_looks_before_failing() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.add_fault(lost("0", 1));
-    let config =
-        ProvisionerConfig { retry: provisioner::RetryStrategy::new(0, Duration::from_secs(10)), ..test_config() };
+    let config = with_retries(0, Duration::from_secs(10));
     let h = Harness::new(config, cloud, FakeModel::new(vec![Machine::pending("0")]));
     let model = h.until_model(Duration::from_secs(60), |m| instance_of(m, "0").is_some()).await;
     let cloud = h.cloud().await;
@@ -265,8 +259,7 @@ async fn a_machine_that_dies_after_a_lost_answer_takes_its_instance_with_it() {
     let cloud = zoned_cloud(&["az1"]);
     cloud.set_latency(Duration::from_secs(5), Duration::ZERO);
     cloud.add_fault(lost("0", 1));
-    let config =
-        ProvisionerConfig { retry: provisioner::RetryStrategy::new(3, Duration::from_secs(30)), ..test_config() };
+    let config = with_retries(3, Duration::from_secs(30));
     let h = Harness::new(config, cloud, FakeModel::new(vec![Machine::pending("0")]));
     h.run_for(Duration::from_secs(2)).await;
     assert_eq!(h.cloud().await.calls_of(CloudOp::StartInstance).len(), 1, "the call is in flight");

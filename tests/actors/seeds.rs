@@ -57,12 +57,8 @@ fn destroy_model_fixture() -> Harness {
     controller.controller = true;
     controller.instance = Some("i-ctl".into());
     controller.status = MachineStatus::Started;
-    let mut manual3 = Machine::pending("3");
-    manual3.manual = true;
-    manual3.instance = Some("manual:10.0.0.3".into());
-    let mut manual7 = Machine::pending("7");
-    manual7.manual = true;
-    manual7.instance = Some("manual:10.0.0.7".into());
+    let manual3 = manual("3", "10.0.0.3");
+    let manual7 = manual("7", "10.0.0.7");
     let model = FakeModel::new(vec![controller, Machine::pending("1"), Machine::pending("2"), manual3, manual7]);
     Harness::new(test_config(), cloud, model)
 }
@@ -321,14 +317,7 @@ async fn container_provisioners_stop_their_instances_when_the_model_is_destroyed
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn container_provisioners_ignore_retry_ticks() {
     let cloud = zoned_cloud(&["az1"]);
-    cloud.add_fault(provisioner::testing::Fault {
-        machine: "0/lxd/0".into(),
-        times: 1,
-        zone: None,
-        zone_independent: true,
-        message: "boom".into(),
-        lost_response: false,
-    });
+    cloud.add_fault(provisioner::testing::Fault::zone_independent("0/lxd/0", 1, "boom"));
     let h = Harness::unwatched(test_config(), cloud, FakeModel::with_machines(machines(&["0", "0/lxd/0"])));
     let containers = start_containers(
         test_config(),

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use provisioner::model::{Constraints, InstanceState, InstanceStatus, ProvisioningInfo, VolumeParams};
 use provisioner::testing::{CloudOp, FakeMachine, FakeModel, Fault, ModelOp};
-use provisioner::{Life, Machine, MachineId, MachineStatus, RetryStrategy};
+use provisioner::{Life, Machine, MachineId, MachineStatus};
 
 use crate::support::*;
 
@@ -78,8 +78,7 @@ async fn start_params_carry_constraints_placement_volumes_and_tags() {
 /// that already has an instance is read but never started.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn provisioned_machine_is_not_started_again() {
-    let mut m = Machine::pending("0");
-    m.instance = Some("i-0".into());
+    let mut m = with_instance("0", "i-0");
     m.status = MachineStatus::Started;
     let h = Harness::new(test_config(), zoneless_cloud(), FakeModel::new(vec![m]));
     h.settle().await;
@@ -130,22 +129,14 @@ async fn dying_unprovisioned_machine_is_ensured_dead_and_removed() {
 /// independent) gets exactly N+1 calls; its status and instance status carry the last message.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn failing_start_is_retried_count_plus_one_times_then_errors() {
-    let config =
-        provisioner::ProvisionerConfig { retry: RetryStrategy::new(2, Duration::from_secs(10)), ..test_config() };
+    let config = with_retries(2, Duration::from_secs(10));
     let cloud = zoneless_cloud();
     for msg in [
         "container failed to start and was destroyed",
         "container failed to start and was destroyed",
         "failed to destroy: manual cleanup of containers needed",
     ] {
-        cloud.add_fault(Fault {
-            machine: "0".into(),
-            times: 1,
-            zone: None,
-            zone_independent: true,
-            message: msg.into(),
-            lost_response: false,
-        });
+        cloud.add_fault(Fault::zone_independent("0", 1, msg));
     }
     let h = Harness::new(config, cloud, FakeModel::new(vec![Machine::pending("0")]));
     let model = h
@@ -172,14 +163,7 @@ async fn failing_start_is_retried_count_plus_one_times_then_errors() {
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn retry_tick_restarts_machines_marked_transient() {
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
-    cloud.add_fault(Fault {
-        machine: "0".into(),
-        times: 1,
-        zone: None,
-        zone_independent: true,
-        message: "oh no".into(),
-        lost_response: false,
-    });
+    cloud.add_fault(Fault::zone_independent("0", 1, "oh no"));
     let mut m = FakeMachine::new(Machine::pending("0"));
     m.info.constraints.zones = Some(vec!["az1".into()]);
     let h = Harness::new(test_config(), cloud, FakeModel::with_machines(vec![m]));
@@ -227,17 +211,9 @@ async fn machine_is_never_started_twice_while_its_start_is_in_flight() {
 /// not tried again, and nothing of it is left running.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn start_retries_stop_when_the_machine_dies() {
-    let config =
-        provisioner::ProvisionerConfig { retry: RetryStrategy::new(10, Duration::from_secs(10)), ..test_config() };
+    let config = with_retries(10, Duration::from_secs(10));
     let cloud = zoneless_cloud();
-    cloud.add_fault(Fault {
-        machine: "0".into(),
-        times: 100,
-        zone: None,
-        zone_independent: true,
-        message: "nope".into(),
-        lost_response: false,
-    });
+    cloud.add_fault(Fault::zone_independent("0", 100, "nope"));
     let h = Harness::new(config, cloud, FakeModel::new(vec![Machine::pending("0")]));
     h.run_for(Duration::from_secs(15)).await;
     let before = starts_of(&h.cloud().await, "0");

@@ -166,6 +166,21 @@ pub fn with_mode(mode: HarvestMode) -> ProvisionerConfig {
     ProvisionerConfig { harvest_mode: mode, ..test_config() }
 }
 
+/// A pending machine that records `instance`.
+pub fn with_instance(id: &str, instance: &str) -> Machine {
+    Machine { instance: Some(instance.into()), ..Machine::pending(id) }
+}
+
+/// A manual machine at `address` (its instance `manual:ADDRESS`).
+pub fn manual(id: &str, address: &str) -> Machine {
+    Machine { manual: true, ..with_instance(id, &format!("manual:{address}")) }
+}
+
+/// The test configuration with `count` retry rounds `delay` apart.
+pub fn with_retries(count: u32, delay: Duration) -> ProvisionerConfig {
+    ProvisionerConfig { retry: RetryStrategy::new(count, delay), ..test_config() }
+}
+
 /// The model's instance id for a machine.
 pub fn instance_of(snap: &ModelSnapshot, id: &str) -> Option<String> {
     snap.machine(id).and_then(|m| m.machine.instance.as_ref().map(|i| i.to_string()))

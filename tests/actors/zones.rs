@@ -94,16 +94,9 @@ async fn zone_constraints_are_honoured() {
 /// (retry count 1) and no delay.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn zone_specific_failure_fails_over_to_another_zone_at_once() {
-    let config = ProvisionerConfig { retry: RetryStrategy::new(1, Duration::from_secs(10)), ..test_config() };
+    let config = with_retries(1, Duration::from_secs(10));
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
-    cloud.add_fault(Fault {
-        machine: "0".into(),
-        times: 1,
-        zone: None,
-        zone_independent: false,
-        message: "no capacity".into(),
-        lost_response: false,
-    });
+    cloud.add_fault(Fault::zone_specific("0", 1, "no capacity"));
     let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["0"])));
     let model = h.until_model(Duration::from_secs(10), all_provisioned(&["0"])).await;
     let cloud = h.cloud().await;
@@ -118,24 +111,10 @@ async fn zone_specific_failure_fails_over_to_another_zone_at_once() {
 /// eligible zones, and N+1 when it fails zone-independently.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn always_failing_machine_gets_n_times_z_plus_one_calls() {
-    let config = ProvisionerConfig { retry: RetryStrategy::new(2, Duration::from_secs(1)), ..test_config() };
+    let config = with_retries(2, Duration::from_secs(1));
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
-    cloud.add_fault(Fault {
-        machine: "0".into(),
-        times: 100,
-        zone: None,
-        zone_independent: false,
-        message: "zing".into(),
-        lost_response: false,
-    });
-    cloud.add_fault(Fault {
-        machine: "1".into(),
-        times: 100,
-        zone: None,
-        zone_independent: true,
-        message: "arf".into(),
-        lost_response: false,
-    });
+    cloud.add_fault(Fault::zone_specific("0", 100, "zing"));
+    cloud.add_fault(Fault::zone_independent("1", 100, "arf"));
     let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["0", "1"])));
     h.until_model(Duration::from_secs(60), |m| {
         ["0", "1"].iter().all(|id| m.machine(id).unwrap().machine.status == MachineStatus::Error)
@@ -153,20 +132,12 @@ async fn always_failing_machine_gets_n_times_z_plus_one_calls() {
 /// fail, then zone1 fails, marks clear, and the next round succeeds in zone3 or zone4.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn failure_marks_clear_after_every_zone_failed() {
-    let config = ProvisionerConfig { retry: RetryStrategy::new(4, Duration::from_millis(5)), ..test_config() };
+    let config = with_retries(4, Duration::from_millis(5));
     let cloud = zoned_cloud(&[]);
     cloud.set_zones(&["zone1", "zone3", "zone4"], &["zone2"]);
     cloud.launch_aged("i-ctl", Some("zone1"), Some("0"), InstanceState::Running, false, OLD);
-    cloud.add_fault(Fault {
-        machine: "1".into(),
-        times: 3,
-        zone: None,
-        zone_independent: false,
-        message: "zing".into(),
-        lost_response: false,
-    });
-    let mut controller = Machine::pending("0");
-    controller.instance = Some("i-ctl".into());
+    cloud.add_fault(Fault::zone_specific("1", 3, "zing"));
+    let mut controller = with_instance("0", "i-ctl");
     controller.status = MachineStatus::Started;
     controller.controller = true;
     let h = Harness::new(config, cloud, FakeModel::new(vec![controller, Machine::pending("1")]));
@@ -184,7 +155,7 @@ async fn failure_marks_clear_after_every_zone_failed() {
 /// derived zone does not exist is never started; zone-independent failures use a round.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn derived_zones_restrict_placement() {
-    let config = ProvisionerConfig { retry: RetryStrategy::new(2, Duration::from_millis(5)), ..test_config() };
+    let config = with_retries(2, Duration::from_millis(5));
     let cloud = zoned_cloud(&[]);
     cloud.set_zones(&["zone1", "zone3", "zone4"], &["zone2"]);
     cloud.set_derived_zones("1", &["fail-zone"]);
@@ -192,30 +163,9 @@ async fn derived_zones_restrict_placement() {
     cloud.set_derived_zones("3", &["zone1", "zone4"]);
     cloud.set_derived_zones("4", &["zone1"]);
     cloud.set_derived_zones("5", &["zone3"]);
-    cloud.add_fault(Fault {
-        machine: "2".into(),
-        times: 3,
-        zone: None,
-        zone_independent: false,
-        message: "zing".into(),
-        lost_response: false,
-    });
-    cloud.add_fault(Fault {
-        machine: "3".into(),
-        times: 1,
-        zone: None,
-        zone_independent: false,
-        message: "zing".into(),
-        lost_response: false,
-    });
-    cloud.add_fault(Fault {
-        machine: "5".into(),
-        times: 1,
-        zone: None,
-        zone_independent: true,
-        message: "arf".into(),
-        lost_response: false,
-    });
+    cloud.add_fault(Fault::zone_specific("2", 3, "zing"));
+    cloud.add_fault(Fault::zone_specific("3", 1, "zing"));
+    cloud.add_fault(Fault::zone_independent("5", 1, "arf"));
     let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["1", "2", "3", "4", "5"])));
     let model = h
         .until_model(Duration::from_secs(30), |m| {
@@ -253,7 +203,7 @@ async fn zoneless_cloud_starts_without_zones() {
 /// a zone), even when a member fails once.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn distribution_group_members_spread_over_zones() {
-    let config = ProvisionerConfig { retry: RetryStrategy::new(2, Duration::ZERO), workers: 1, ..test_config() };
+    let config = ProvisionerConfig { workers: 1, ..with_retries(2, Duration::ZERO) };
     let groups: [(&str, &[&str]); 5] =
         [("1", &["4", "5"]), ("2", &["3"]), ("3", &["2"]), ("4", &["1", "5"]), ("5", &["1", "4"])];
     let ms = groups
@@ -265,14 +215,7 @@ async fn distribution_group_members_spread_over_zones() {
         })
         .collect();
     let cloud = zoned_cloud(&["az1", "az2", "az3"]);
-    cloud.add_fault(Fault {
-        machine: "2".into(),
-        times: 1,
-        zone: None,
-        zone_independent: false,
-        message: "zing".into(),
-        lost_response: false,
-    });
+    cloud.add_fault(Fault::zone_specific("2", 1, "zing"));
     let h = Harness::new(config, cloud, FakeModel::with_machines(ms));
     let model = h.until_model(Duration::from_secs(10), all_provisioned(&["1", "2", "3", "4", "5"])).await;
     let zone = |id: &str| model.machine(id).unwrap().zone.clone().unwrap();
@@ -367,16 +310,9 @@ async fn zone_list_changes_are_picked_up_and_unavailable_zones_avoided() {
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn zone_independent_failure_releases_the_reservation_during_the_retry_delay() {
     // A long delay (jittered in [0, 1000 s]) leaves time to look.
-    let config = ProvisionerConfig { retry: RetryStrategy::new(1, Duration::from_secs(1000)), ..test_config() };
+    let config = with_retries(1, Duration::from_secs(1000));
     let cloud = zoned_cloud(&["az1", "az2"]);
-    cloud.add_fault(Fault {
-        machine: "0".into(),
-        times: 1,
-        zone: None,
-        zone_independent: true,
-        message: "arf".into(),
-        lost_response: false,
-    });
+    cloud.add_fault(Fault::zone_independent("0", 1, "arf"));
     let h = Harness::new(config, cloud, FakeModel::with_machines(machines(&["0"])));
     h.run_for(Duration::from_secs(5)).await;
     assert_eq!(starts_of(&h.cloud().await, "0"), 1);
@@ -400,12 +336,8 @@ async fn a_zone_out_of_capacity_is_avoided_by_machines_of_the_same_shape() {
         };
         let cloud = zoned_cloud(&["az1", "az2"]);
         cloud.add_fault(Fault {
-            machine: "1".into(),
-            times: 1,
             zone: Some("az1".into()),
-            zone_independent: false,
-            message: "InsufficientInstanceCapacity".into(),
-            lost_response: false,
+            ..Fault::zone_specific("1", 1, "InsufficientInstanceCapacity")
         });
         let mut ms = machines(&["0", "1", "2"]);
         ms[0].info.constraints.zones = Some(vec!["az2".into()]);

@@ -35,9 +35,27 @@ fn ids(n: usize) -> Vec<String> {
 }
 
 fn run(uuid: &str, broker: &Ec2Broker, model: &FakeModel, mode: HarvestMode) -> ProvisionerHandle {
-    let handle = start(config(uuid, mode), Arc::new(broker.clone()), Arc::new(model.api())).expect("valid config");
+    run_with(config(uuid, mode), broker, model)
+}
+
+/// The provisioner with `config` on moto, watching `model`.
+fn run_with(config: ProvisionerConfig, broker: &Ec2Broker, model: &FakeModel) -> ProvisionerHandle {
+    let handle = start(config, Arc::new(broker.clone()), Arc::new(model.api())).expect("valid config");
     model.watch(handle.machines_changed());
     handle
+}
+
+/// The provisioner for model `uuid` on moto in harvest mode `mode`, and `model` once every
+/// machine of `ids` records an instance.
+async fn provisioned(
+    uuid: &str,
+    broker: &Ec2Broker,
+    model: &FakeModel,
+    ids: &[String],
+    mode: HarvestMode,
+) -> (ProvisionerHandle, ModelSnapshot) {
+    let handle = run(uuid, broker, model, mode);
+    (handle, until(model, all_provisioned(ids)).await)
 }
 
 /// Polls the model (real time) until `cond` holds; panics after 60 s.
@@ -50,6 +68,11 @@ async fn until(model: &FakeModel, cond: impl Fn(&ModelSnapshot) -> bool) -> Mode
         actix_rt::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("condition not met within 60 s: {:#?}", model.snapshot().await);
+}
+
+/// The instance machine `id` records.
+fn recorded(snap: &ModelSnapshot, id: &str) -> String {
+    snap.machine(id).unwrap().machine.instance.as_ref().unwrap().to_string()
 }
 
 fn all_provisioned(ids: &[String]) -> impl Fn(&ModelSnapshot) -> bool + '_ {
@@ -86,8 +109,7 @@ async fn machines_spread_over_the_available_zones() {
     assert!(available.len() >= 3, "{zones:?}");
     let ids = ids(2 * available.len());
     let model = pending(&ids);
-    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
-    let snap = until(&model, all_provisioned(&ids)).await;
+    let (handle, snap) = provisioned(uuid, &broker, &model, &ids, HarvestMode::Destroyed).await;
     let mut per_zone = std::collections::BTreeMap::new();
     for id in &ids {
         *per_zone.entry(snap.machine(id).unwrap().zone.clone().unwrap()).or_insert(0) += 1;
@@ -105,8 +127,7 @@ async fn a_zone_out_of_capacity_is_avoided() {
     let broker = Moto::shared().broker(CAPACITY_MODEL).await;
     let ids = ids(8);
     let model = pending(&ids);
-    let handle = run(CAPACITY_MODEL, &broker, &model, HarvestMode::Destroyed);
-    let snap = until(&model, all_provisioned(&ids)).await;
+    let (handle, snap) = provisioned(CAPACITY_MODEL, &broker, &model, &ids, HarvestMode::Destroyed).await;
     for id in &ids {
         let m = snap.machine(id).unwrap();
         assert_ne!(m.zone.as_deref(), Some("us-east-1a"), "machine {id}");
@@ -127,8 +148,7 @@ async fn an_untagged_instance_survives_harvest_mode_all() {
     let theirs = theirs.instances()[0].instance_id().unwrap().to_owned();
     let ids = ids(2);
     let model = pending(&ids);
-    let handle = run(uuid, &broker, &model, HarvestMode::All);
-    until(&model, all_provisioned(&ids)).await;
+    let (handle, _) = provisioned(uuid, &broker, &model, &ids, HarvestMode::All).await;
     handle.set_harvest_mode(HarvestMode::All);
     actix_rt::time::sleep(Duration::from_secs(2)).await;
     let listed = provisioner::Broker::all_instances(&broker).await.unwrap();
@@ -146,9 +166,8 @@ async fn removing_machines_terminates_their_instances() {
     let broker = Moto::shared().broker(uuid).await;
     let ids = ids(3);
     let model = pending(&ids);
-    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
-    let snap = until(&model, all_provisioned(&ids)).await;
-    let gone = snap.machine("1").unwrap().machine.instance.clone().unwrap().to_string();
+    let (handle, snap) = provisioned(uuid, &broker, &model, &ids, HarvestMode::Destroyed).await;
+    let gone = recorded(&snap, "1");
     model.set_life("1", Life::Dead);
     until(&model, |m| m.machine("1").unwrap().removed).await;
     let states: Vec<_> = cloud(&broker, uuid).await;
@@ -174,15 +193,14 @@ async fn a_restart_adopts_running_instances() {
     assert_eq!(before.len(), 4);
     // The new incarnation's model knows the machines but none of their instances.
     let model = pending(&ids);
-    let handle = run(uuid, &broker, &model, HarvestMode::All);
-    let snap = until(&model, all_provisioned(&ids)).await;
+    let (handle, snap) = provisioned(uuid, &broker, &model, &ids, HarvestMode::All).await;
     actix_rt::time::sleep(Duration::from_secs(2)).await;
     let after = cloud(&broker, uuid).await;
     assert_eq!(after.len(), 4, "no new instance: {after:?}");
     for (id, state, _, machine) in &after {
         assert_eq!(*state, InstanceStateName::Running, "{id}");
         let machine = machine.clone().unwrap();
-        assert_eq!(snap.machine(&machine).unwrap().machine.instance.as_ref().unwrap().to_string(), *id);
+        assert_eq!(recorded(&snap, &machine), *id);
     }
     handle.shutdown();
 }
@@ -197,8 +215,7 @@ async fn lost_answers_make_one_instance_per_machine() {
     let broker = Moto::shared().broker(uuid).await;
     let ids = ids(9);
     let model = pending(&ids);
-    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
-    let snap = until(&model, all_provisioned(&ids)).await;
+    let (handle, snap) = provisioned(uuid, &broker, &model, &ids, HarvestMode::Destroyed).await;
     actix_rt::time::sleep(Duration::from_secs(2)).await;
     let all = cloud(&broker, uuid).await;
     assert_eq!(all.len(), 9, "one instance ever made per machine: {all:?}");
@@ -206,7 +223,7 @@ async fn lost_answers_make_one_instance_per_machine() {
         let of: Vec<_> = all.iter().filter(|(_, _, _, m)| m.as_deref() == Some(id.as_str())).collect();
         assert_eq!(of.len(), 1, "machine {id}: {of:?}");
         assert_eq!(of[0].1, InstanceStateName::Running, "machine {id}");
-        assert_eq!(snap.machine(id).unwrap().machine.instance.as_ref().unwrap().to_string(), of[0].0);
+        assert_eq!(recorded(&snap, id), of[0].0);
     }
     handle.shutdown();
 }
@@ -256,6 +273,11 @@ async fn shown(broker: &Ec2Broker, id: &str) -> Shown {
     }
 }
 
+/// `cores=2 mem=8G`: t3.large is the cheapest amd64 type that fits, m5.large the next.
+fn c2m8() -> provisioner::Constraints {
+    provisioner::Constraints { cores: Some(2), mem_mb: Some(8192), ..provisioner::Constraints::default() }
+}
+
 fn with_constraints(id: &str, c: provisioner::Constraints) -> FakeMachine {
     let mut m = FakeMachine::new(Machine::pending(id));
     m.info.constraints = c;
@@ -272,7 +294,7 @@ async fn constraints_pick_the_cheapest_satisfying_instance_type() {
     use provisioner::Constraints;
     let uuid = "model-types";
     let broker = Moto::shared().broker(uuid).await;
-    let c2m8 = Constraints { cores: Some(2), mem_mb: Some(8192), ..Constraints::default() };
+    let c2m8 = c2m8();
     let model = FakeModel::with_machines(vec![
         with_constraints("0", c2m8.clone()),
         with_constraints("1", Constraints { arch: Some("arm64".into()), ..c2m8.clone() }),
@@ -287,7 +309,7 @@ async fn constraints_pick_the_cheapest_satisfying_instance_type() {
     })
     .await;
     for (id, want) in [("0", "t3.large"), ("1", "t4g.large"), ("2", "m5.xlarge"), ("3", "t3.micro")] {
-        let i = snap.machine(id).unwrap().machine.instance.clone().unwrap().to_string();
+        let i = recorded(&snap, id);
         assert_eq!(shown(&broker, &i).await.instance_type, want, "machine {id}");
     }
     let failed = snap.machine("4").unwrap();
@@ -308,12 +330,7 @@ async fn a_type_out_of_capacity_in_a_zone_fails_over_to_the_next_type_there() {
     use provisioner::Constraints;
     let uuid = moto::TYPE_CAPACITY_MODEL;
     let broker = Moto::shared().broker(uuid).await;
-    let pinned = Constraints {
-        cores: Some(2),
-        mem_mb: Some(8192),
-        zones: Some(vec!["us-east-1a".into()]),
-        ..Constraints::default()
-    };
+    let pinned = Constraints { zones: Some(vec!["us-east-1a".into()]), ..c2m8() };
     let elsewhere = Constraints { zones: Some(vec!["us-east-1b".into()]), ..pinned.clone() };
     let model = FakeModel::with_machines(vec![
         with_constraints("0", pinned.clone()),
@@ -325,8 +342,7 @@ async fn a_type_out_of_capacity_in_a_zone_fails_over_to_the_next_type_there() {
         retry: provisioner::RetryStrategy::new(0, Duration::from_millis(200)),
         ..config(uuid, HarvestMode::Destroyed)
     };
-    let handle = start(config, Arc::new(broker.clone()), Arc::new(model.api())).expect("valid config");
-    model.watch(handle.machines_changed());
+    let handle = run_with(config, &broker, &model);
     let ids = ids(3);
     let snap = until(&model, all_provisioned(&ids)).await;
     for (id, zone, ty) in
@@ -359,7 +375,7 @@ async fn root_disk_sizes_the_root_volume_and_tags_become_instance_tags() {
     let model = FakeModel::with_machines(vec![m]);
     let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
     let snap = until(&model, all_provisioned(&ids(1))).await;
-    let s = shown(&broker, &snap.machine("0").unwrap().machine.instance.clone().unwrap().to_string()).await;
+    let s = shown(&broker, &recorded(&snap, "0")).await;
     assert_eq!(s.volumes.get("/dev/sda1"), Some(&20), "{:?}", s.volumes);
     assert_eq!(s.tags.get("team").map(String::as_str), Some("web"), "{:?}", s.tags);
     assert_eq!(s.tags.get("juju-tag-gpu").map(String::as_str), Some("true"), "{:?}", s.tags);
@@ -379,21 +395,15 @@ async fn lost_answers_after_a_type_fail_over_make_one_instance_per_machine() {
     use provisioner::Constraints;
     let uuid = moto::TYPE_LOSSY_MODEL;
     let broker = Moto::shared().broker(uuid).await;
-    let pinned = Constraints {
-        cores: Some(2),
-        mem_mb: Some(8192),
-        zones: Some(vec!["us-east-1a".into()]),
-        ..Constraints::default()
-    };
+    let pinned = Constraints { zones: Some(vec!["us-east-1a".into()]), ..c2m8() };
     let ids = ids(3);
     let model = FakeModel::with_machines(ids.iter().map(|id| with_constraints(id, pinned.clone())).collect());
-    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
-    let snap = until(&model, all_provisioned(&ids)).await;
+    let (handle, snap) = provisioned(uuid, &broker, &model, &ids, HarvestMode::Destroyed).await;
     actix_rt::time::sleep(Duration::from_secs(2)).await;
     let all = cloud(&broker, uuid).await;
     assert_eq!(all.len(), 3, "one instance ever made per machine: {all:?}");
     for id in &ids {
-        let recorded = snap.machine(id).unwrap().machine.instance.clone().unwrap().to_string();
+        let recorded = recorded(&snap, id);
         let s = shown(&broker, &recorded).await;
         assert_eq!((s.zone.as_str(), s.instance_type.as_str()), ("us-east-1a", "m5.large"), "machine {id}");
     }
@@ -412,7 +422,7 @@ async fn no_default_type_takes_the_cheapest_amd64_type_with_a_gib() {
     let model = pending(&ids(1));
     let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
     let snap = until(&model, all_provisioned(&ids(1))).await;
-    let s = shown(&broker, &snap.machine("0").unwrap().machine.instance.clone().unwrap().to_string()).await;
+    let s = shown(&broker, &recorded(&snap, "0")).await;
     assert_eq!(s.instance_type, "t3.micro");
     handle.shutdown();
 }
@@ -439,7 +449,7 @@ async fn an_applications_machines_spread_one_per_zone_and_zone_placements_are_ho
     let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
     let snap = until(&model, all_provisioned(&ids(4))).await;
     for (id, zone) in fillers {
-        let i = snap.machine(id).unwrap().machine.instance.clone().unwrap().to_string();
+        let i = recorded(&snap, id);
         assert_eq!(shown(&broker, &i).await.zone, zone, "machine {id}: its zone= placement");
     }
     let app = ["10", "11", "12"];
@@ -506,7 +516,7 @@ async fn a_subnet_placement_derives_its_zone_and_launches_into_the_subnet() {
         all_provisioned(&ids(1))(m) && m.machine("1").is_some_and(|f| f.machine.instance_status.is_error())
     })
     .await;
-    let i = snap.machine("0").unwrap().machine.instance.clone().unwrap().to_string();
+    let i = recorded(&snap, "0");
     let out = broker.client().describe_instances().instance_ids(i.clone()).send().await.unwrap();
     let inst = &out.reservations()[0].instances()[0];
     assert_eq!(inst.subnet_id(), Some(in_c.as_str()), "launched into the subnet");
@@ -730,8 +740,7 @@ async fn a_batch_out_of_capacity_moves_to_the_next_type_then_fails_zone_specific
     use provisioner::{Broker, BrokerError, Constraints};
     let uuid = moto::BATCH_TYPE_MODEL;
     let broker = Moto::shared().broker(uuid).await;
-    let c2m8 = Constraints { cores: Some(2), mem_mb: Some(8192), ..Constraints::default() };
-    let params = batch(uuid, &["0", "1", "2"], &[], "us-east-1a", c2m8);
+    let params = batch(uuid, &["0", "1", "2"], &[], "us-east-1a", c2m8());
     let answer = broker.start_instances(params.clone()).await.unwrap();
     let ids = answered_ids(&answer);
     assert!(ids.iter().all(Option::is_some), "{answer:?}");
@@ -835,15 +844,14 @@ async fn the_engine_batches_starts_on_ec2() {
         rate_limits: RateLimits { start: Some(BucketLimit::new(1, 1.0)), ..RateLimits::unlimited() },
         ..config(uuid, HarvestMode::Destroyed)
     };
-    let handle = start(config, Arc::new(broker.clone()), Arc::new(model.api())).expect("valid config");
-    model.watch(handle.machines_changed());
+    let handle = run_with(config, &broker, &model);
     let snap = until(&model, all_provisioned(&ids)).await;
     let calls = reservations(&broker, uuid).await;
     assert!(calls.len() <= 3, "{} RunInstances calls for 8 machines: {calls:#?}", calls.len());
     let launched: Vec<&Launched> = calls.values().flatten().collect();
     assert_eq!(launched.len(), 8, "one instance per machine");
     for id in &ids {
-        let recorded = snap.machine(id).unwrap().machine.instance.clone().unwrap().to_string();
+        let recorded = recorded(&snap, id);
         let l = launched.iter().find(|l| l.id == recorded).expect("recorded instance exists");
         assert_eq!(l.tags.get(TAG_MACHINE), Some(id), "{:?}", l.tags);
         assert_eq!(l.zone, "us-east-1e");
@@ -868,13 +876,12 @@ async fn the_engine_adopts_a_batched_instance_whose_tagging_failed() {
         host_tag: format!("machine-{}", moto::TAGS_FAIL_ENGINE),
         ..config(uuid, HarvestMode::Destroyed)
     };
-    let handle = start(config, Arc::new(broker.clone()), Arc::new(model.api())).expect("valid config");
-    model.watch(handle.machines_changed());
+    let handle = run_with(config, &broker, &model);
     let snap = until(&model, all_provisioned(&ids)).await;
     actix_rt::time::sleep(Duration::from_secs(1)).await;
     let launched: Vec<Launched> = reservations(&broker, uuid).await.into_values().flatten().collect();
     assert_eq!(launched.len(), 1, "one instance ever made: {launched:#?}");
-    let recorded = snap.machine("0").unwrap().machine.instance.clone().unwrap().to_string();
+    let recorded = recorded(&snap, "0");
     assert_eq!(launched[0].id, recorded);
     assert_eq!(launched[0].tags.get(TAG_MACHINE).map(String::as_str), Some("0"), "{:?}", launched[0].tags);
     handle.shutdown();

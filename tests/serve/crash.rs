@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{assert_provisioned_once, eventually, field, ids_of, mount_tmpfs, sample, temp_dir, Server};
+use crate::support::{
+    assert_provisioned_once, config_file, eventually, field, ids_of, mount_tmpfs, sample, temp_dir, Server,
+};
 
 #[test]
 fn sigterm_stops_cleanly_and_a_restart_finds_everything() {
@@ -33,9 +35,7 @@ fn sigterm_stops_cleanly_and_a_restart_finds_everything() {
 #[test]
 fn a_crash_with_starts_in_flight_loses_nothing_and_duplicates_nothing() {
     let dir = temp_dir("crash");
-    let cfg = dir.join("serve.toml");
-    std::fs::write(&cfg, "resync = \"1s\"\n[retry]\ndelay = \"1s\"\n").unwrap();
-    let cfg = cfg.to_str().unwrap().to_owned();
+    let cfg = config_file(&dir, "serve.toml", "resync = \"1s\"\n[retry]\ndelay = \"1s\"\n");
     let mut s = Server::start(&dir, &["--sim-start-latency", "1s", "--config", &cfg]);
     // Crash safety: 30 machines, kill -9 while their starts are in flight, restart: all 30
     // provisioned, each with exactly one instance, no orphan.
@@ -103,9 +103,7 @@ fn sigterm_waits_for_starts_in_flight() {
 #[test]
 fn a_crash_with_stops_in_flight_finishes_the_removal() {
     let dir = temp_dir("crash-stop");
-    let cfg = dir.join("serve.toml");
-    std::fs::write(&cfg, "[sim]\nstop_latency = \"1s\"\n").unwrap();
-    let cfg = cfg.to_str().unwrap().to_owned();
+    let cfg = config_file(&dir, "serve.toml", "[sim]\nstop_latency = \"1s\"\n");
     let mut s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", &cfg]);
     let ids = ids_of(&s.json(&["machine", "add", "-n", "3", "--wait", "--json"]));
     assert!(s.cli(&["machine", "remove", "0", "1"]).status.success());
@@ -141,9 +139,7 @@ fn a_full_disk_during_starts_gives_no_machine_a_second_instance() {
     let dir = temp_dir("disk-full");
     let mnt = dir.join("mnt");
     let Some(_unmount) = mount_tmpfs(&mnt, "8m") else { return };
-    let cfg = dir.join("serve.toml");
-    std::fs::write(&cfg, "resync = \"1s\"\n[retry]\ncount = 30\ndelay = \"500ms\"\n").unwrap();
-    let cfg = cfg.to_str().unwrap().to_owned();
+    let cfg = config_file(&dir, "serve.toml", "resync = \"1s\"\n[retry]\ncount = 30\ndelay = \"500ms\"\n");
     let s = Server::start_on(&mnt.join("data"), &dir, &["--sim-start-latency", "1s", "--config", &cfg]);
     let ids = ids_of(&s.json(&["machine", "add", "-n", "12", "--json"]));
     eventually(Duration::from_secs(10), "starts to be in flight", || {

@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use crate::support::{assert_provisioned_once, eventually, field, header, ids_of, raw_http, temp_dir, Server};
+use crate::support::{
+    assert_provisioned_once, config_file, eventually, field, header, ids_of, raw_http, temp_dir, Server,
+};
 
 /// The page and its files: 200 with their types, no token needed, the CSP on each, nothing
 /// from outside; the API behind it still needs the token.
@@ -42,9 +44,7 @@ fn the_dashboard_is_served_without_a_token_and_loads_nothing_from_outside() {
 #[test]
 fn an_injected_start_failure_leaves_a_machine_in_error_that_a_retry_provisions() {
     let dir = temp_dir("start-failures");
-    let cfg = dir.join("faults.toml");
-    std::fs::write(&cfg, "[retry]\ncount = 0\n").unwrap();
-    let cfg = cfg.to_str().unwrap().to_owned();
+    let cfg = config_file(&dir, "faults.toml", "[retry]\ncount = 0\n");
     let s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", &cfg, "--sim-start-failures", "1"]);
     let out = s.cli(&["machine", "add", "--wait", "--json"]);
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));

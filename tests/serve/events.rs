@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 #[cfg(feature = "postgres")]
-use crate::support::{cluster, fresh_db};
-use crate::support::{eventually, field, sample, temp_dir, Server};
+use crate::support::fresh_postgres;
+use crate::support::{config_file, eventually, field, sample, temp_dir, Server};
 
 type Lines = std::io::Lines<BufReader<Box<dyn Read + Send + Sync>>>;
 
@@ -95,13 +95,9 @@ fn a_revoked_tokens_event_streams_end_at_once_with_a_last_event() {
 #[cfg(feature = "postgres")]
 #[test]
 fn on_postgres_a_token_revoked_through_one_replica_loses_its_streams_on_the_other() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let dir = temp_dir("events-revoke-pg");
+    let (_pg, url, dir) = fresh_postgres("events-revoke-pg");
     let first = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "50ms"]);
-    let other = dir.join("other");
-    std::fs::create_dir_all(&other).unwrap();
-    let second = Server::start_on(&other.join("data"), &other, &["--store", &url, "--sim-start-latency", "50ms"]);
+    let second = Server::start_second_replica(&dir, &url, &["--sim-start-latency", "50ms"]);
     let (id, token) = create(&first);
     let stream = open(&second, &token).unwrap();
     let on_first = open(&first, &token).unwrap();
@@ -114,10 +110,8 @@ fn on_postgres_a_token_revoked_through_one_replica_loses_its_streams_on_the_othe
 #[test]
 fn event_streams_are_capped_per_token_and_in_total_with_429_naming_the_cap() {
     let dir = temp_dir("events-caps");
-    let cfg = dir.join("serve.toml");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(&cfg, "[events]\nmax_streams_per_token = 2\nmax_streams = 3\n").unwrap();
-    let s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", cfg.to_str().unwrap()]);
+    let cfg = config_file(&dir, "serve.toml", "[events]\nmax_streams_per_token = 2\nmax_streams = 3\n");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", &cfg]);
     let admin = s.token();
     let (_, token) = create(&s);
     let mut held = vec![open(&s, &admin).unwrap(), open(&s, &admin).unwrap()];

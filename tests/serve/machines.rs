@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{assert_provisioned_once, bin, eventually, field, ids_of, temp_dir, Server};
+use crate::support::{assert_provisioned_once, bin, config_file, eventually, field, ids_of, temp_dir, Server};
 
 #[test]
 fn machines_are_added_provisioned_listed_and_removed() {
@@ -87,10 +87,11 @@ fn destroying_the_model_stops_every_instance_and_refuses_new_machines() {
 #[test]
 fn a_failed_machine_stays_failed_until_retried() {
     let dir = temp_dir("retry");
-    let down = dir.join("down.toml");
-    std::fs::write(&down, "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\n")
-        .unwrap();
-    let down = down.to_str().unwrap().to_owned();
+    let down = config_file(
+        &dir,
+        "down.toml",
+        "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\n",
+    );
     let mut s = Server::start(&dir, &["--sim-start-latency", "100ms", "--config", &down]);
     let out = s.cli(&["machine", "add", "--zones", "az3", "--wait", "--json"]);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -146,9 +147,8 @@ fn duplicate_ids_collapse_and_signed_workers_are_refused() {
 #[test]
 fn the_simulated_cloud_fails_over_when_its_only_type_is_out_of_capacity() {
     let dir = temp_dir("types");
-    let cfg = dir.join("serve.toml");
-    std::fs::write(&cfg, "[sim]\ninstance_type = \"m5.large\"\nout_of_capacity = [\"m5.large:az1\"]\n").unwrap();
-    let cfg = cfg.to_str().unwrap().to_owned();
+    let cfg =
+        config_file(&dir, "serve.toml", "[sim]\ninstance_type = \"m5.large\"\nout_of_capacity = [\"m5.large:az1\"]\n");
     let mut s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", &cfg]);
     let ids = ids_of(&s.json(&["machine", "add", "-n", "6", "--json"]));
     eventually(Duration::from_secs(20), "every machine to be provisioned", || {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::support::{eventually, field, ids_of, raw_http, sample, temp_dir, Server};
+use crate::support::{config_file, eventually, field, ids_of, raw_http, sample, temp_dir, Server};
 
 /// Made-up HTTP methods do not add series (every label is bounded), and a
 /// scrape reads counters kept up to date by the store's writes, not the database.
@@ -64,10 +64,9 @@ fn metrics_labels_are_bounded_and_a_scrape_reads_no_database() {
 fn a_failed_start_is_counted_under_its_zone() {
     let dir = temp_dir("failed-zone");
     std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("once.toml");
-    std::fs::write(&config, "[retry]\ncount = 0\n").unwrap();
+    let config = config_file(&dir, "once.toml", "[retry]\ncount = 0\n");
     let args = ["--sim-start-latency", "50ms", "--sim-zones", "az2", "--sim-start-failures", "1"];
-    let s = Server::start(&dir, &[&args[..], &["--config", config.to_str().unwrap()]].concat());
+    let s = Server::start(&dir, &[&args[..], &["--config", &config]].concat());
     s.json(&["machine", "add", "-n", "1", "--json"]);
     eventually(Duration::from_secs(10), "the failed start to be counted in az2", || {
         sample(&s.metrics(), "provisioner_start_outcomes_total{zone=\"az2\",outcome=\"failed\"}") == Some(1.0)

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{eventually, field, ids_of, raw_http, sample, temp_dir, Server};
+use crate::support::{config_file, eventually, field, fields, ids_of, raw_http, sample, temp_dir, Server};
 
 /// Runs a client command that must fail with `code`; returns its stderr.
 fn refused(s: &Server, args: &[&str], code: i32) -> String {
@@ -30,6 +30,13 @@ fn settled(s: &Server, ids: &[String]) -> bool {
         .iter()
         .filter(|m| ids.contains(&field(m, "id").to_owned()))
         .all(|m| field(m, "status") == "started" || field(m, "instance_status") == "provisioning error")
+}
+
+/// `GET /v1/machines/{id}` answers `shown`, the document `machine show ID --json` printed.
+fn assert_api_shows(s: &Server, id: &str, shown: &Value) {
+    let (code, _, text) = raw_http(s, "GET", &format!("/v1/machines/{id}"), true, None);
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), *shown);
 }
 
 /// `machine add --constraints ... --to zone=...` stores every constraint and the placement,
@@ -72,9 +79,7 @@ fn machines_take_constraints_and_placement_and_show_everything() {
     assert_eq!(m["manual"], false);
     assert!(field(&m, "changed_at").ends_with('Z'), "{m}");
     // The API answers the same document.
-    let (code, _, text) = raw_http(&s, "GET", "/v1/machines/1", true, None);
-    assert_eq!(code, 200, "{text}");
-    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), m);
+    assert_api_shows(&s, "1", &m);
     // The human form names the constraints in Juju's syntax.
     let out = s.cli(&["machine", "show", "1"]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -102,36 +107,28 @@ fn machines_take_constraints_and_placement_and_show_everything() {
 fn bad_model_input_is_refused_naming_the_field_and_writes_nothing() {
     let dir = temp_dir("model-bad");
     let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
-    let err = refused(&s, &["machine", "add", "--constraints", "cores=4 colour=blue"], 2);
-    assert!(err.contains("constraints") && err.contains("\"colour\""), "{err}");
-    let err = refused(&s, &["machine", "add", "--constraints", "mem=lots"], 2);
-    assert!(err.contains("\"mem\"") && err.contains("\"lots\""), "{err}");
-    let err = refused(&s, &["machine", "add", "--constraints", "cores=-1"], 2);
-    assert!(err.contains("\"cores\""), "{err}");
-    let err = refused(&s, &["machine", "add", "--constraints", "mem=1G mem=2G"], 2);
-    assert!(err.contains("\"mem\"") && err.contains("already set"), "{err}");
-    let err = refused(&s, &["machine", "add", "--to", "zone=az9"], 2);
-    assert!(err.contains("placement") && err.contains("\"az9\""), "{err}");
-    let err = refused(&s, &["machine", "add", "--to", "subnet=subnet-nowhere"], 2);
-    assert!(err.contains("placement") && err.contains("\"subnet-nowhere\""), "{err}");
-    let err = refused(&s, &["machine", "add", "--to", "rack=4"], 2);
-    assert!(err.contains("placement"), "{err}");
-    let err = refused(&s, &["machine", "add", "--constraints", "zones=az9"], 2);
-    assert!(err.contains("zones") && err.contains("\"az9\""), "{err}");
-    let err = refused(&s, &["application", "add", "Web", "--units", "2"], 2);
-    assert!(err.contains("name") && err.contains("\"Web\""), "{err}");
-    let err = refused(&s, &["application", "add", "web", "--units", "2", "--constraints", "mem=lots"], 2);
-    assert!(err.contains("\"mem\""), "{err}");
-    let err = refused(&s, &["application", "remove", "nope"], 2);
-    assert!(err.contains("\"nope\"") && err.contains("not found"), "{err}");
-    let err = refused(&s, &["machine", "show", "42"], 2);
-    assert!(err.contains("machine 42 not found"), "{err}");
-    let err = refused(&s, &["machine", "show", "3/lxd/0"], 2);
-    assert!(err.contains("machine 3/lxd/0 not found"), "{err}");
-    let err = refused(&s, &["machine", "list", "--zone", "az9"], 2);
-    assert!(err.contains("zone") && err.contains("\"az9\""), "{err}");
-    let err = refused(&s, &["machine", "list", "--status", "sleepy"], 2);
-    assert!(err.contains("status") && err.contains("\"sleepy\""), "{err}");
+    for (args, names) in [
+        (&["machine", "add", "--constraints", "cores=4 colour=blue"][..], &["constraints", "\"colour\""][..]),
+        (&["machine", "add", "--constraints", "mem=lots"][..], &["\"mem\"", "\"lots\""][..]),
+        (&["machine", "add", "--constraints", "cores=-1"][..], &["\"cores\""][..]),
+        (&["machine", "add", "--constraints", "mem=1G mem=2G"][..], &["\"mem\"", "already set"][..]),
+        (&["machine", "add", "--to", "zone=az9"][..], &["placement", "\"az9\""][..]),
+        (&["machine", "add", "--to", "subnet=subnet-nowhere"][..], &["placement", "\"subnet-nowhere\""][..]),
+        (&["machine", "add", "--to", "rack=4"][..], &["placement"][..]),
+        (&["machine", "add", "--constraints", "zones=az9"][..], &["zones", "\"az9\""][..]),
+        (&["application", "add", "Web", "--units", "2"][..], &["name", "\"Web\""][..]),
+        (&["application", "add", "web", "--units", "2", "--constraints", "mem=lots"][..], &["\"mem\""][..]),
+        (&["application", "remove", "nope"][..], &["\"nope\"", "not found"][..]),
+        (&["machine", "show", "42"][..], &["machine 42 not found"][..]),
+        (&["machine", "show", "3/lxd/0"][..], &["machine 3/lxd/0 not found"][..]),
+        (&["machine", "list", "--zone", "az9"][..], &["zone", "\"az9\""][..]),
+        (&["machine", "list", "--status", "sleepy"][..], &["status", "\"sleepy\""][..]),
+    ] {
+        let err = refused(&s, args, 2);
+        for name in names {
+            assert!(err.contains(name), "{err}");
+        }
+    }
 
     // The API: the same refusals, with the field named in the JSON error.
     for (body, names) in [
@@ -208,21 +205,9 @@ fn an_applications_units_spread_over_zones_and_go_with_it() {
     assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
     assert_eq!((field(&listed[0], "name"), listed[0]["units"].clone()), ("web", 3.into()));
     assert_eq!(listed[0]["constraints"]["cores"], 2);
-    let web: Vec<String> = s
-        .json(&["machine", "list", "--application", "web", "--json"])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| field(m, "id").to_owned())
-        .collect();
+    let web = fields(&s.json(&["machine", "list", "--application", "web", "--json"]), "id");
     assert_eq!(web, units);
-    let in_az1: Vec<String> = s
-        .json(&["machine", "list", "--zone", "az1", "--json"])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| field(m, "id").to_owned())
-        .collect();
+    let in_az1 = fields(&s.json(&["machine", "list", "--zone", "az1", "--json"]), "id");
     assert_eq!(in_az1.len(), 4, "{in_az1:?}");
     let out = s.cli(&["application", "list"]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -248,13 +233,8 @@ fn an_applications_units_spread_over_zones_and_go_with_it() {
 #[test]
 fn a_placement_no_zone_satisfies_is_the_machines_provisioning_error() {
     let dir = temp_dir("model-placement");
-    let config = dir.join("down.toml");
-    std::fs::write(
-        &config,
-        "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\nsubnets = { subnet-a = [\"az1\"], subnet-down = [\"az3\"] }\n",
-    )
-    .unwrap();
-    let s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", config.to_str().unwrap()]);
+    let config = config_file(&dir, "down.toml", "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\nsubnets = { subnet-a = [\"az1\"], subnet-down = [\"az3\"] }\n");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", &config]);
     for to in ["subnet=subnet-down", "zone=az3"] {
         let out = s.cli(&["machine", "add", "--to", to, "--wait", "--json"]);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -295,13 +275,7 @@ fn machine_lists_page_in_id_order() {
         };
         let (code, _, text) = raw_http(&s, "GET", &path, true, None);
         assert_eq!(code, 200, "{text}");
-        let page: Vec<String> = serde_json::from_str::<Value>(&text)
-            .unwrap()
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| field(m, "id").to_owned())
-            .collect();
+        let page = fields(&serde_json::from_str::<Value>(&text).unwrap(), "id");
         assert!(page.len() <= 5);
         seen.extend(page.iter().cloned());
         if page.len() < 5 {
@@ -328,8 +302,7 @@ fn machine_list_follows_the_pages() {
             .unwrap_or(0.0)
     };
     let before = lists(&s);
-    let listed: Vec<String> =
-        s.json(&["machine", "list", "--json"]).as_array().unwrap().iter().map(|m| field(m, "id").to_owned()).collect();
+    let listed = fields(&s.json(&["machine", "list", "--json"]), "id");
     assert_eq!(listed, all, "every machine once, in id order");
     assert_eq!(lists(&s) - before, 3.0, "three pages of at most 1,000 for 2,103 machines");
     let out = s.cli(&["machine", "list"]);
@@ -347,13 +320,8 @@ fn machine_list_follows_the_pages() {
 #[test]
 fn machine_show_counts_start_attempts_and_the_last_error() {
     let dir = temp_dir("model-attempts");
-    let config = dir.join("attempts.toml");
-    std::fs::write(
-        &config,
-        "[retry]\ncount = 2\ndelay = \"50ms\"\n[sim]\nzones = [\"az1\", \"az2\"]\nout_of_capacity = [\"m5.large:az1\"]\n",
-    )
-    .unwrap();
-    let s = Server::start(&dir, &["--sim-start-latency", "20ms", "--config", config.to_str().unwrap()]);
+    let config = config_file(&dir, "attempts.toml", "[retry]\ncount = 2\ndelay = \"50ms\"\n[sim]\nzones = [\"az1\", \"az2\"]\nout_of_capacity = [\"m5.large:az1\"]\n");
+    let s = Server::start(&dir, &["--sim-start-latency", "20ms", "--config", &config]);
     // Machine 0 fills az2, so that az1 is the next machine's first choice.
     s.json(&["machine", "add", "--to", "zone=az2", "--wait", "--json"]);
     s.json(&["machine", "add", "--constraints", "instance-type=m5.large", "--wait", "--json"]);
@@ -372,9 +340,7 @@ fn machine_show_counts_start_attempts_and_the_last_error() {
     assert_eq!(field(&m2, "instance_status"), "provisioning error", "{m2}");
     assert_eq!(m2["start_attempts"], 3, "{m2}");
     assert!(field(&m2, "last_error").contains("x9.nonesuch"), "{m2}");
-    let (code, _, text) = raw_http(&s, "GET", "/v1/machines/2", true, None);
-    assert_eq!(code, 200, "{text}");
-    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), m2);
+    assert_api_shows(&s, "2", &m2);
     let out = s.cli(&["machine", "show", "2"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("start-attempts:  3"), "{text}");

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{bin, eventually, field, ids_of, sample, temp_dir, Server};
 #[cfg(feature = "postgres")]
-use crate::support::{cluster, fresh_db};
+use crate::support::fresh_postgres;
+use crate::support::{bin, eventually, field, fields, ids_of, sample, temp_dir, Server};
 
 /// `METHOD path` with the server's admin token and `body` (if any): the status and the
 /// error's sentence (or the body).
@@ -26,6 +26,15 @@ fn run(s: &Server, args: &[&str]) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// A service (50 ms starts) with the models team-a and team-b beside the default one, on a
+/// directory of its own (`name`).
+fn with_two_models(name: &str) -> Server {
+    let s = Server::start(&temp_dir(name), &["--sim-start-latency", "50ms"]);
+    s.json(&["model", "add", "team-a", "--json"]);
+    s.json(&["model", "add", "team-b", "--json"]);
+    s
 }
 
 /// `model list --json`, as (name, life, machines).
@@ -363,10 +372,7 @@ fn http_as(s: &Server, token: &str, method: &str, path: &str, body: Option<&str>
 /// different models is refused (exit 2) and creates nothing.
 #[test]
 fn token_create_with_a_model_scopes_the_token_to_it() {
-    let dir = temp_dir("models-token-m");
-    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
-    s.json(&["model", "add", "team-a", "--json"]);
-    s.json(&["model", "add", "team-b", "--json"]);
+    let s = with_two_models("models-token-m");
     let by_m = s.json(&["token", "create", "-m", "team-a", "--json"]);
     assert_eq!((field(&by_m, "scope"), by_m["model"].as_str()), ("admin", Some("team-a")), "{by_m}");
     let token = field(&by_m, "token").to_owned();
@@ -402,10 +408,7 @@ fn token_create_with_a_model_scopes_the_token_to_it() {
 
 #[test]
 fn a_token_scoped_to_a_model_uses_that_model_alone() {
-    let dir = temp_dir("models-tokens");
-    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
-    s.json(&["model", "add", "team-a", "--json"]);
-    s.json(&["model", "add", "team-b", "--json"]);
+    let s = with_two_models("models-tokens");
     let admin_a = scoped_token(&s, "team-a", false);
     let reader_a = scoped_token(&s, "team-a", true);
     let (code, _, err) = run(&s, &["token", "create", "--for-model", "nope"]);
@@ -451,13 +454,7 @@ fn a_token_scoped_to_a_model_uses_that_model_alone() {
     // The service's own routes: its model alone in the list; no model or token management.
     let (code, body) = http_as(&s, &admin_a, "GET", "/v1/models", None);
     assert_eq!(code, 200, "{body}");
-    let names: Vec<String> = serde_json::from_str::<Value>(&body)
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| field(m, "name").to_owned())
-        .collect();
+    let names = fields(&serde_json::from_str::<Value>(&body).unwrap(), "name");
     assert_eq!(names, ["team-a"]);
     for (method, path, body) in [
         ("POST", "/v1/models", Some(r#"{"name": "team-c"}"#)),
@@ -552,9 +549,7 @@ fn schemas(url: &str) -> Vec<String> {
 #[cfg(feature = "postgres")]
 #[test]
 fn on_postgres_each_model_has_its_schema_and_lease_and_a_restart_keeps_them() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let dir = temp_dir("models-pg");
+    let (_pg, url, dir) = fresh_postgres("models-pg");
     let mut s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "50ms"]);
     s.json(&["model", "add", "team-a", "--json"]);
     s.json(&["model", "add", "team-b", "--zones", "z1", "--json"]);
@@ -605,9 +600,7 @@ fn all_model_schemas(url: &str) -> Vec<String> {
 #[cfg(feature = "postgres")]
 #[test]
 fn on_postgres_the_longest_model_names_work() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let dir = temp_dir("models-pg-long");
+    let (_pg, url, dir) = fresh_postgres("models-pg-long");
     let mut s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "50ms"]);
     let long = format!("{}-z", "b".repeat(61));
     let longer_twin = format!("{}-y", "b".repeat(61));
@@ -645,9 +638,7 @@ fn on_postgres_the_longest_model_names_work() {
 #[cfg(feature = "postgres")]
 #[test]
 fn on_postgres_replicas_follow_the_models_directory_and_take_over_a_dead_replicas_models() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let dir = temp_dir("models-pg-replicas");
+    let (_pg, url, dir) = fresh_postgres("models-pg-replicas");
     let lease =
         ["--lease", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms", "--sim-start-latency", "50ms"];
     let args = |id: &'static str| {
@@ -703,10 +694,7 @@ fn on_postgres_replicas_follow_the_models_directory_and_take_over_a_dead_replica
 /// shows when), and refused (401) by a new model `team-a` created after the old one went.
 #[test]
 fn a_scoped_token_ends_with_its_model_and_is_not_a_later_models_of_the_same_name() {
-    let dir = temp_dir("models-token-uuid");
-    let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
-    s.json(&["model", "add", "team-a", "--json"]);
-    s.json(&["model", "add", "team-b", "--json"]);
+    let s = with_two_models("models-token-uuid");
     let a = scoped_token(&s, "team-a", false);
     let b = scoped_token(&s, "team-b", false);
     let (code, body) = http_as(&s, &a, "GET", "/v1/models/team-a/machines", None);

@@ -20,13 +20,12 @@ use crate::support::*;
 
 #[test]
 fn on_postgres_machines_are_added_provisioned_retried_and_removed() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let dir = temp_dir("pg-machines");
-    let down = dir.join("down.toml");
-    std::fs::write(&down, "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\n")
-        .unwrap();
-    let down = down.to_str().unwrap().to_owned();
+    let (_pg, url, dir) = fresh_postgres("pg-machines");
+    let down = config_file(
+        &dir,
+        "down.toml",
+        "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\n",
+    );
     let mut s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "100ms", "--config", &down]);
     assert!(s.dir.join("token").exists(), "the replica that initialised the database keeps the token");
     let ids = ids_of(&s.json(&["machine", "add", "-n", "4", "--zones", "az1,az2", "--wait", "--json"]));
@@ -72,12 +71,8 @@ fn on_postgres_machines_are_added_provisioned_retried_and_removed() {
 /// ends provisioned, each with exactly one live instance.
 #[test]
 fn on_postgres_a_crash_with_starts_in_flight_duplicates_nothing() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let dir = temp_dir("pg-crash");
-    let cfg = dir.join("serve.toml");
-    std::fs::write(&cfg, "resync = \"1s\"\n[retry]\ndelay = \"1s\"\n").unwrap();
-    let cfg = cfg.to_str().unwrap().to_owned();
+    let (_pg, url, dir) = fresh_postgres("pg-crash");
+    let cfg = config_file(&dir, "serve.toml", "resync = \"1s\"\n[retry]\ndelay = \"1s\"\n");
     let mut s = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "1s", "--config", &cfg]);
     let mut acknowledged = ids_of(&s.json(&["machine", "add", "-n", "15", "--json"]));
     eventually(Duration::from_secs(10), "starts to be in flight", || {
@@ -165,9 +160,7 @@ fn a_lost_database_answers_503_never_stale_data() {
 /// A database migrated by a newer build is refused at start, naming both versions.
 #[test]
 fn a_newer_schema_is_refused_at_start_naming_both_versions() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let dir = temp_dir("pg-newer");
+    let (_pg, url, dir) = fresh_postgres("pg-newer");
     let mut s = Server::start_on_postgres(&dir, &url, &[]);
     assert_eq!(s.terminate().code(), Some(0));
     let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
@@ -182,13 +175,9 @@ fn a_newer_schema_is_refused_at_start_naming_both_versions() {
 /// the database, and takes the first replica's token (and only it).
 #[test]
 fn a_second_replica_knows_the_token_by_its_hash() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let dir = temp_dir("pg-replicas");
+    let (_pg, url, dir) = fresh_postgres("pg-replicas");
     let first = Server::start_on_postgres(&dir, &url, &[]);
-    let other = dir.join("other");
-    std::fs::create_dir_all(&other).unwrap();
-    let second = Server::start_on(&other.join("data"), &other, &["--store", &url]);
+    let second = Server::start_second_replica(&dir, &url, &[]);
     assert!(!second.dir.join("token").exists(), "only the initialising replica writes the token");
     let list = |token: &str| {
         let out =
@@ -232,9 +221,7 @@ fn an_unwritable_token_file_loses_no_admin_token() {
 /// at every read: with debug on, the directory table's notice is never seen.
 #[test]
 fn on_postgres_server_notices_are_debug_and_the_directory_table_is_made_once() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let dir = temp_dir("pg-notices");
+    let (_pg, url, dir) = fresh_postgres("pg-notices");
     let port = free_port();
     let mut debug = bin();
     debug.env("PROVISIONER_LOG", "info,provisioner::service::pgconnect=debug,provisioner::service::store=debug");
@@ -281,9 +268,7 @@ fn bench_serve_runs_on_postgres() {
 /// `/metrics` (and as added in the leader's), within a second or two of the change notices.
 #[test]
 fn every_replicas_gauges_follow_the_other_replicas_writes() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let dir = temp_dir("pg-gauges");
+    let (_pg, url, dir) = fresh_postgres("pg-gauges");
     let lease = ["--lease", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms"];
     let mut args = vec!["--sim-start-latency", "50ms"];
     args.extend_from_slice(&lease);
@@ -293,11 +278,7 @@ fn every_replicas_gauges_follow_the_other_replicas_writes() {
         let out = first.cli(&["status", "--json"]);
         out.status.success() && serde_json::from_slice::<Value>(&out.stdout).is_ok_and(|s| s["role"] == "leader")
     });
-    let other = dir.join("other");
-    std::fs::create_dir_all(&other).unwrap();
-    let mut second_args = vec!["--store", url.as_str()];
-    second_args.extend_from_slice(&args);
-    let second = Server::start_on(&other.join("data"), &other, &second_args);
+    let second = Server::start_second_replica(&dir, &url, &args);
     let add = bin()
         .args(["machine", "add", "-n", "3", "--json", "--server", &second.url, "--token", &first.token()])
         .output()
@@ -321,12 +302,9 @@ fn every_replicas_gauges_follow_the_other_replicas_writes() {
 /// the probes answer within it too, and once the lock goes everything works again.
 #[test]
 fn a_request_the_store_cannot_answer_is_503_within_the_deadline() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let dir = temp_dir("pg-deadline");
-    let config = dir.join("deadline.toml");
-    std::fs::write(&config, "request_deadline = \"1s\"\n").unwrap();
-    let s = Server::start_on_postgres(&dir, &url, &["--config", config.to_str().unwrap()]);
+    let (_pg, url, dir) = fresh_postgres("pg-deadline");
+    let config = config_file(&dir, "deadline.toml", "request_deadline = \"1s\"\n");
+    let s = Server::start_on_postgres(&dir, &url, &["--config", &config]);
     let ids = ids_of(&s.json(&["machine", "add", "-n", "2", "--json"]));
     let mut holder = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
     let mut tx = holder.transaction().unwrap();

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::support::{cluster, eventually, field, fresh_db, temp_dir, Server};
+use crate::support::{eventually, field, fresh_postgres, Server};
 
 const LEASE: &[&str] =
     &["--lease", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms", "--sim-start-latency", "50ms"];
@@ -110,9 +110,7 @@ fn add_everywhere(s: &Server, n: usize) {
 
 #[test]
 fn leaders_spread_over_replicas_fail_over_and_move_to_a_new_replica_in_hand_overs() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let dir = temp_dir("spread");
+    let (_pg, url, dir) = fresh_postgres("spread");
     let start = |id: &str| {
         let data = dir.join(id);
         if id != "r0" {

@@ -10,6 +10,8 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 #[cfg(feature = "postgres")]
+use provisioner::testing::postgres::TempPostgres;
+#[cfg(feature = "postgres")]
 pub use provisioner::testing::postgres::{cluster, fresh_db};
 use serde_json::Value;
 
@@ -24,6 +26,23 @@ pub fn temp_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// A fresh database on the shared PostgreSQL cluster, and an empty directory of this test's
+/// own (`name`): the cluster (it runs while this handle lives), the database's URL, the
+/// directory.
+#[cfg(feature = "postgres")]
+pub fn fresh_postgres(name: &str) -> (std::sync::Arc<TempPostgres>, String, PathBuf) {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    (pg, url, temp_dir(name))
+}
+
+/// Writes `text` to the config file `name` in `dir`; answers its path, for `--config`.
+pub fn config_file(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
 }
 
 /// A loopback port nothing listens on (now).
@@ -122,6 +141,17 @@ impl Server {
         let mut args = vec!["--store", url];
         args.extend_from_slice(extra);
         Server::start(dir, &args)
+    }
+
+    /// A second replica on the PostgreSQL database at `url`, with its own directory
+    /// `dir/other` (its data directory `dir/other/data`).
+    #[cfg(feature = "postgres")]
+    pub fn start_second_replica(dir: &Path, url: &str, extra: &[&str]) -> Server {
+        let other = dir.join("other");
+        std::fs::create_dir_all(&other).unwrap();
+        let mut args = vec!["--store", url];
+        args.extend_from_slice(extra);
+        Server::start_on(&other.join("data"), &other, &args)
     }
 
     /// Spawns `serve --listen 127.0.0.1:PORT --data-dir DATA ARGS`, its stderr into `log`, and
@@ -232,6 +262,11 @@ impl Drop for Server {
 
 pub fn field<'a>(v: &'a Value, k: &str) -> &'a str {
     v[k].as_str().unwrap_or("")
+}
+
+/// The `key` field of each element of the JSON array `list`.
+pub fn fields(list: &Value, key: &str) -> Vec<String> {
+    list.as_array().unwrap().iter().map(|m| field(m, key).to_owned()).collect()
 }
 
 /// The machine `id` of a machine list (failing if it is not listed).

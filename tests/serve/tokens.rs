@@ -6,9 +6,9 @@
 
 use serde_json::Value;
 
-use crate::support::{bin, field, ids_of, mount_tmpfs, sample, serve_output, temp_dir, Server};
 #[cfg(feature = "postgres")]
-use crate::support::{cluster, fresh_db};
+use crate::support::fresh_postgres;
+use crate::support::{bin, field, ids_of, mount_tmpfs, sample, serve_output, temp_dir, Server};
 
 /// `METHOD path` with `token` (if any) and `body` (if any): the status and the body.
 fn http(s: &Server, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
@@ -284,13 +284,9 @@ fn an_audit_log_that_cannot_be_opened_is_refused_naming_it() {
 #[cfg(feature = "postgres")]
 #[test]
 fn on_postgres_a_token_revoked_through_one_replica_is_refused_by_the_other() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let dir = temp_dir("tok-pg");
+    let (_pg, url, dir) = fresh_postgres("tok-pg");
     let first = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "50ms"]);
-    let other = dir.join("other");
-    std::fs::create_dir_all(&other).unwrap();
-    let second = Server::start_on(&other.join("data"), &other, &["--store", &url, "--sim-start-latency", "50ms"]);
+    let second = Server::start_second_replica(&dir, &url, &["--sim-start-latency", "50ms"]);
     let admin = first.token();
     let (id, ro) = create(&first, true);
     assert_eq!(http(&second, "GET", "/v1/machines", Some(&ro), None).0, 200, "known to the other replica");

@@ -11,50 +11,23 @@ use provisioner::{CloudInstance, HarvestMode, InstanceId};
 #[test]
 fn invariant_6_flags_an_unknown_instance_stopped_in_mode_destroyed() {
     let s = Scenario::parse("", Format::Toml, "t.toml").unwrap();
-    let id = InstanceId::new("stray");
-    let tags = InstanceTags { model: Some(SIM_MODEL_UUID.into()), machine: None, start: None };
-    let mut cloud = CloudSnapshot::default();
-    let instance = CloudInstance {
-        id: id.clone(),
-        state: InstanceState::Terminated,
-        zone: None,
-        tags,
-        age: None,
-        instance_type: None,
-    };
-    cloud
-        .instances
-        .insert(id.clone(), FakeInstance { instance, foreign: false, born: (Duration::ZERO, Duration::ZERO) });
-    let at = Duration::from_secs(300);
-    cloud.calls.push(CallRecord {
-        at,
-        op: CloudOp::StopInstances,
-        machine: None,
-        zone: None,
-        instances: vec![id],
-        ok: Some(true),
-        error: None,
-        params: None,
-        throttled: false,
-        done_at: Some(at),
-        instance_type: None,
-        failed_types: Vec::new(),
-        batch: None,
-    });
+    let mut cloud = CloudSnapshot::of([ours("stray", None, InstanceState::Terminated)]);
+    cloud.calls.push(stop_call(300, &["stray"]));
     let model = ModelSnapshot::default();
     let v = check(&s, &cloud, &model, &ModeTimeline::new(HarvestMode::Destroyed));
     assert!(v.iter().any(|m| m.starts_with("unknown instance stray was stopped")), "{v:?}");
     assert!(check(&s, &cloud, &model, &ModeTimeline::new(HarvestMode::All)).is_empty());
 }
 
-fn start_call(at_s: u64, machine: &str, zone: Option<&str>, instance: &str) -> CallRecord {
+/// A call at `at_s` seconds that the cloud answered at once, successfully.
+fn call(at_s: u64, op: CloudOp, machine: Option<&str>, zone: Option<&str>, instances: &[&str]) -> CallRecord {
     let at = Duration::from_secs(at_s);
     CallRecord {
         at,
-        op: CloudOp::StartInstance,
-        machine: Some(machine.into()),
+        op,
+        machine: machine.map(provisioner::MachineId::new),
         zone: zone.map(str::to_owned),
-        instances: vec![InstanceId::new(instance)],
+        instances: instances.iter().map(|i| InstanceId::new(*i)).collect(),
         ok: Some(true),
         error: None,
         params: None,
@@ -64,6 +37,10 @@ fn start_call(at_s: u64, machine: &str, zone: Option<&str>, instance: &str) -> C
         failed_types: Vec::new(),
         batch: None,
     }
+}
+
+fn start_call(at_s: u64, machine: &str, zone: Option<&str>, instance: &str) -> CallRecord {
+    call(at_s, CloudOp::StartInstance, Some(machine), zone, &[instance])
 }
 
 fn ours(id: &str, machine: Option<&str>, state: InstanceState) -> (InstanceId, FakeInstance) {
@@ -77,22 +54,7 @@ fn ours(id: &str, machine: Option<&str>, state: InstanceState) -> (InstanceId, F
 }
 
 fn stop_call(at_s: u64, ids: &[&str]) -> CallRecord {
-    let at = Duration::from_secs(at_s);
-    CallRecord {
-        at,
-        op: CloudOp::StopInstances,
-        machine: None,
-        zone: None,
-        instances: ids.iter().map(|i| InstanceId::new(*i)).collect(),
-        ok: Some(true),
-        error: None,
-        params: None,
-        throttled: false,
-        done_at: Some(at),
-        instance_type: None,
-        failed_types: Vec::new(),
-        batch: None,
-    }
+    call(at_s, CloudOp::StopInstances, None, None, ids)
 }
 
 /// An unavailable zone takes no new instance: a start the cloud accepted into a zone that
@@ -160,7 +122,12 @@ id = "3"
 }
 
 fn model_of(machines: Vec<provisioner::testing::FakeMachine>) -> ModelSnapshot {
-    ModelSnapshot { machines: machines.into_iter().map(|m| (m.machine.id.clone(), m)).collect(), ..Default::default() }
+    ModelSnapshot::of(machines.into_iter().map(|m| (m.machine.id.clone(), m)))
+}
+
+/// A pending machine of the model.
+fn pending(id: &str) -> provisioner::testing::FakeMachine {
+    provisioner::testing::FakeMachine::new(provisioner::Machine::pending(id))
 }
 
 fn scenario(toml: &str) -> Scenario {
@@ -173,9 +140,8 @@ fn scenario(toml: &str) -> Scenario {
 #[test]
 fn a_tagged_instance_of_a_live_machine_nobody_records_is_a_leak() {
     let s = scenario("[[machines]]\nid = \"0\"\n");
-    let mut cloud = CloudSnapshot::default();
-    cloud.instances.extend([ours("tag-0", Some("0"), InstanceState::Running)]);
-    let mut m = provisioner::testing::FakeMachine::new(provisioner::Machine::pending("0"));
+    let mut cloud = CloudSnapshot::of([ours("tag-0", Some("0"), InstanceState::Running)]);
+    let mut m = pending("0");
     m.machine.status = provisioner::MachineStatus::Error;
     m.machine.instance_status = provisioner::model::InstanceStatus::provisioning_error();
     m.instance_status_message = "group lookup failed".into();
@@ -196,9 +162,8 @@ fn a_tagged_instance_of_a_live_machine_nobody_records_is_a_leak() {
 #[test]
 fn invariant_7_counts_a_recorded_instance_we_stopped_as_not_provisioned() {
     let s = scenario("[[machines]]\nid = \"0\"\n");
-    let mut cloud = CloudSnapshot::default();
-    cloud.instances.extend([ours("i-1", Some("0"), InstanceState::Terminated)]);
-    let mut m = provisioner::testing::FakeMachine::new(provisioner::Machine::pending("0"));
+    let mut cloud = CloudSnapshot::of([ours("i-1", Some("0"), InstanceState::Terminated)]);
+    let mut m = pending("0");
     m.machine.instance = Some(InstanceId::new("i-1"));
     m.machine.status = provisioner::MachineStatus::Started;
     let model = model_of(vec![m]);
@@ -214,10 +179,9 @@ fn invariant_7_counts_a_recorded_instance_we_stopped_as_not_provisioned() {
 #[test]
 fn an_instance_whose_machine_died_in_mode_none_is_never_stopped() {
     let s = scenario("[[machines]]\nid = \"0\"\nstatus = \"started\"\ninstance = \"pre-0\"\n");
-    let mut cloud = CloudSnapshot::default();
-    cloud.instances.extend([ours("pre-0", Some("0"), InstanceState::Terminated)]);
+    let mut cloud = CloudSnapshot::of([ours("pre-0", Some("0"), InstanceState::Terminated)]);
     cloud.calls.push(stop_call(20, &["pre-0"]));
-    let mut m = provisioner::testing::FakeMachine::new(provisioner::Machine::pending("0"));
+    let mut m = pending("0");
     m.machine.instance = Some(InstanceId::new("pre-0"));
     m.machine.life = provisioner::Life::Dead;
     m.died_at = Some(Duration::from_secs(5));
@@ -240,11 +204,10 @@ fn destroy_model_leaves_nothing_running_and_names_manual_machines() {
         "[[machines]]\nid = \"0\"\n[[machines]]\nid = \"1\"\nmanual = true\nstatus = \"started\"\ninstance = \"manual:1\"\n\
          [[events]]\nat = \"1s\"\ndestroy_model = { force = false }\n",
     );
-    let mut cloud = CloudSnapshot::default();
-    cloud.instances.extend([ours("i-1", Some("0"), InstanceState::Running)]);
-    let mut m0 = provisioner::testing::FakeMachine::new(provisioner::Machine::pending("0"));
+    let mut cloud = CloudSnapshot::of([ours("i-1", Some("0"), InstanceState::Running)]);
+    let mut m0 = pending("0");
     m0.machine.instance = Some(InstanceId::new("i-1"));
-    let mut m1 = provisioner::testing::FakeMachine::new(provisioner::Machine::pending("1"));
+    let mut m1 = pending("1");
     m1.machine.manual = true;
     let mut model = model_of(vec![m0, m1]);
     model.life = provisioner::Life::Dying;

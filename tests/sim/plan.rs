@@ -1,7 +1,29 @@
 //! `provisioner plan`: what the provisioner would do next agrees with what it then does.
 
 use provisioner::sim::scenario::Format;
-use provisioner::sim::{plan, run, Scenario};
+use provisioner::sim::{plan, run, Plan, Report, Scenario};
+
+/// A start: the machine, its zone, the batched call it is in (if any).
+type Start = (String, Option<String>, Option<u64>);
+
+/// The plan's starts, in order.
+fn planned_starts(p: &Plan) -> Vec<Start> {
+    p.starts.iter().map(|st| (st.machine.clone(), st.zone.clone(), st.batch)).collect()
+}
+
+/// The run's start calls, in order.
+fn done_starts(r: &Report) -> Vec<Start> {
+    r.calls
+        .iter()
+        .filter(|c| c.op == "start_instance")
+        .map(|c| (c.machine.clone().unwrap(), c.zone.clone().flatten(), c.batch.as_deref().map(|b| b.parse().unwrap())))
+        .collect()
+}
+
+/// The machines and zones of some starts.
+fn zones(starts: Vec<Start>) -> Vec<(String, Option<String>)> {
+    starts.into_iter().map(|(m, z, _)| (m, z)).collect()
+}
 
 const SCENARIO: &str = r#"
 seed = 3
@@ -56,14 +78,8 @@ fn the_plan_is_what_the_provisioner_then_does() {
     let r = run(&s, None);
 
     // Starts, with their zones, in order.
-    let planned: Vec<(String, Option<String>)> =
-        p.starts.iter().map(|st| (st.machine.clone(), st.zone.clone())).collect();
-    let done: Vec<(String, Option<String>)> = r
-        .calls
-        .iter()
-        .filter(|c| c.op == "start_instance")
-        .map(|c| (c.machine.clone().unwrap(), c.zone.clone().flatten()))
-        .collect();
+    let planned = zones(planned_starts(&p));
+    let done = zones(done_starts(&r));
     assert_eq!(planned, done);
     assert!(planned.iter().all(|(_, z)| z.as_deref() != Some("az4")));
 
@@ -150,16 +166,10 @@ fn the_plan_follows_the_coordinators_batch_order_and_scope() {
     let s = Scenario::parse(text, Format::Toml, "order.toml").unwrap();
     let p = plan(&s, None);
     let r = run(&s, None);
-    let planned: Vec<(String, Option<String>)> =
-        p.starts.iter().map(|st| (st.machine.clone(), st.zone.clone())).collect();
-    let done: Vec<(String, Option<String>)> = r
-        .calls
-        .iter()
-        .filter(|c| c.op == "start_instance")
-        .map(|c| (c.machine.clone().unwrap(), c.zone.clone().flatten()))
-        // The container is started by its host's container provisioner, not planned here.
-        .filter(|(m, _)| !m.contains('/'))
-        .collect();
+    let planned = zones(planned_starts(&p));
+    let mut done = zones(done_starts(&r));
+    // The container is started by its host's container provisioner, not planned here.
+    done.retain(|(m, _)| !m.contains('/'));
     assert_eq!(planned, done);
     assert_eq!(planned.iter().map(|(m, _)| m.as_str()).collect::<Vec<_>>(), vec!["0", "1", "2"]);
 }
@@ -181,17 +191,11 @@ fn the_plan_groups_batched_starts_as_the_run_does() {
     let r = run(&s, None);
     assert!(r.violations.is_empty(), "{:?}", r.violations);
     // Machine → (zone, call), planned and done; calls are numbered in the order they open.
-    let planned: Vec<(String, Option<String>, Option<u64>)> =
-        p.starts.iter().map(|st| (st.machine.clone(), st.zone.clone(), st.batch)).collect();
-    let done: Vec<(String, Option<String>, Option<u64>)> = r
-        .calls
-        .iter()
-        .filter(|c| c.op == "start_instance")
-        .map(|c| (c.machine.clone().unwrap(), c.zone.clone().flatten(), c.batch.as_deref().map(|b| b.parse().unwrap())))
-        .collect();
+    let planned = planned_starts(&p);
+    let done = done_starts(&r);
     // The same calls, each with the same machines in the same zone (calls of one wave may
     // open in another order).
-    let calls = |starts: &[(String, Option<String>, Option<u64>)]| {
+    let calls = |starts: &[Start]| {
         let mut by_call: std::collections::BTreeMap<u64, Vec<(String, Option<String>)>> = Default::default();
         for (m, z, b) in starts {
             by_call.entry(b.expect("every start batched")).or_default().push((m.clone(), z.clone()));

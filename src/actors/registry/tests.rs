@@ -27,6 +27,18 @@ fn provisioned(id: &str, life: Life, instance: &str) -> Machine {
     }
 }
 
+/// A machine with this life in provisioning error, with no instance recorded.
+fn in_error(id: &str, life: Life) -> Machine {
+    Machine { status: MachineStatus::Error, instance_status: InstanceStatus::provisioning_error(), ..machine(id, life) }
+}
+
+/// A book whose instance view is `listing` (and nothing else).
+fn viewing(listing: Vec<CloudInstance>) -> MachineBook {
+    let mut book = MachineBook::new();
+    book.load_view(listing);
+    book
+}
+
 /// A running instance of ours, tagged with `machine` (if any), in `zone` (if any).
 fn instance(id: &str, machine: Option<&str>, zone: Option<&str>) -> CloudInstance {
     CloudInstance {
@@ -60,11 +72,7 @@ fn classify_dead_machine_is_dead_whatever_else_it_has() {
 #[test]
 fn classify_dying_unprovisioned_machine_is_dying_unprovisioned() {
     assert_eq!(classify(&machine("0", Life::Dying)), Class::DyingUnprovisioned);
-    let errored = Machine {
-        status: MachineStatus::Error,
-        instance_status: InstanceStatus::provisioning_error(),
-        ..machine("1", Life::Dying)
-    };
+    let errored = in_error("1", Life::Dying);
     assert_eq!(classify(&errored), Class::DyingUnprovisioned);
 }
 
@@ -113,8 +121,7 @@ fn scopes_split_top_level_machines_from_containers() {
 
 #[test]
 fn container_instances_are_never_unknown_to_the_environ_provisioner() {
-    let mut book = MachineBook::new();
-    book.load_view(vec![instance("c-1", Some("0/lxd/1"), None), instance("stray", None, None)]);
+    let book = viewing(vec![instance("c-1", Some("0/lxd/1"), None), instance("stray", None, None)]);
     assert_eq!(book.unknown_instances(), Some(vec![InstanceId::new("stray")]));
 }
 
@@ -130,11 +137,7 @@ fn classify_alive_error_status_with_provisioning_instance_status_is_pending() {
 
 #[test]
 fn classify_alive_error_status_with_provisioning_error_is_left_alone() {
-    let m = Machine {
-        status: MachineStatus::Error,
-        instance_status: InstanceStatus::provisioning_error(),
-        ..Machine::pending("0")
-    };
+    let m = in_error("0", Life::Alive);
     assert_eq!(classify(&m), Class::None);
     // Juju's older spelling of the same thing.
     let old = Machine { instance_status: InstanceStatus::other("error"), ..m };
@@ -247,8 +250,7 @@ fn unknown_instances_is_none_before_first_listing() {
 
 #[test]
 fn unknown_instances_is_none_after_mark_stale_until_next_listing() {
-    let mut book = MachineBook::new();
-    book.load_view(vec![instance("i-x", None, None)]);
+    let mut book = viewing(vec![instance("i-x", None, None)]);
     assert!(book.loaded_once() && book.is_fresh());
     assert_eq!(book.unknown_instances(), Some(ids(&["i-x"])));
 
@@ -344,12 +346,8 @@ fn adoptable_returns_instance_the_machine_already_owns() {
 
 #[test]
 fn instances_gone_removes_from_view() {
-    let mut book = MachineBook::new();
-    book.load_view(vec![
-        instance("i-a", Some("3"), None),
-        instance("i-b", Some("3"), None),
-        instance("i-c", None, None),
-    ]);
+    let mut book =
+        viewing(vec![instance("i-a", Some("3"), None), instance("i-b", Some("3"), None), instance("i-c", None, None)]);
     assert_eq!(book.unknown_instances(), Some(ids(&["i-a", "i-b", "i-c"])));
 
     book.instances_gone(&ids(&["i-a", "i-c", "i-never"]));
@@ -390,8 +388,7 @@ fn placement_returns_zone_only_for_live_machines() {
 #[test]
 fn absorb_classifies_a_batch_and_sorts_out_reads_that_failed() {
     use crate::ports::ModelError;
-    let mut book = MachineBook::new();
-    book.load_view(vec![instance("lost", Some("1"), Some("az2"))]);
+    let mut book = viewing(vec![instance("lost", Some("1"), Some("az2"))]);
     let mut dying = Machine::pending("2");
     dying.life = Life::Dying;
     let reads = vec![
@@ -479,8 +476,7 @@ fn instance_ages_come_from_the_cloud_or_from_the_first_listing() {
 
 #[test]
 fn an_instance_being_stopped_is_never_adopted_and_its_machine_waits_for_the_stop() {
-    let mut book = MachineBook::new();
-    book.load_view(vec![instance("i-1", Some("0"), None)]);
+    let mut book = viewing(vec![instance("i-1", Some("0"), None)]);
     book.stops_planned(&ids(&["i-1"]), None);
     assert_eq!(book.adoptable(&mid("0")), None);
     let (out, _) = book.absorb(vec![(mid("0"), Ok(Machine::pending("0")))]);
@@ -495,8 +491,7 @@ fn an_instance_being_stopped_is_never_adopted_and_its_machine_waits_for_the_stop
 
 #[test]
 fn a_stop_planned_for_an_unlisted_instance_names_its_machine() {
-    let mut book = MachineBook::new();
-    book.load_view(Vec::new());
+    let mut book = viewing(Vec::new());
     book.stops_planned(&ids(&["orphan"]), Some(&mid("0")));
     assert!(book.stop_in_flight_for(&mid("0")));
     assert!(!book.stop_in_flight_for(&mid("1")));
@@ -510,13 +505,8 @@ fn a_stop_planned_for_an_unlisted_instance_names_its_machine() {
 
 #[test]
 fn an_unrecorded_instance_of_a_machine_in_error_is_an_orphan_to_stop() {
-    let mut book = MachineBook::new();
-    book.load_view(vec![instance("i-1", Some("0"), None), instance("i-2", Some("1"), None)]);
-    let failed = Machine {
-        status: MachineStatus::Error,
-        instance_status: InstanceStatus::provisioning_error(),
-        ..Machine::pending("0")
-    };
+    let mut book = viewing(vec![instance("i-1", Some("0"), None), instance("i-2", Some("1"), None)]);
+    let failed = in_error("0", Life::Alive);
     let started_elsewhere = Machine { status: MachineStatus::Started, ..Machine::pending("1") };
     let (out, _) = book.absorb(vec![(mid("0"), Ok(failed)), (mid("1"), Ok(started_elsewhere))]);
     // Machine 0 is in error and records none: its tagged instance is an orphan, not adopted.
@@ -532,14 +522,8 @@ fn an_unrecorded_instance_of_a_machine_in_error_is_an_orphan_to_stop() {
 fn an_unrecorded_instance_of_a_dead_machine_in_error_is_an_orphan_to_stop_and_stays_its_instance() {
     // Seed 4066: a restarted provisioner finds dead machine 0 in provisioning error with the
     // orphan of a failed record still tagged for it (its predecessor's stop lost to the crash).
-    let mut book = MachineBook::new();
-    book.load_view(vec![instance("i-1", Some("0"), None), instance("i-2", Some("1"), None)]);
-    let failed = Machine {
-        life: Life::Dead,
-        status: MachineStatus::Error,
-        instance_status: InstanceStatus::provisioning_error(),
-        ..Machine::pending("0")
-    };
+    let mut book = viewing(vec![instance("i-1", Some("0"), None), instance("i-2", Some("1"), None)]);
+    let failed = in_error("0", Life::Dead);
     let dead_fine = Machine { life: Life::Dead, ..Machine::pending("1") };
     let (out, _) = book.absorb(vec![(mid("0"), Ok(failed)), (mid("1"), Ok(dead_fine))]);
     // Machine 0's is an orphan (stopped whatever the mode) and still its dead instance (its
@@ -554,8 +538,7 @@ fn an_unrecorded_instance_of_a_dead_machine_in_error_is_an_orphan_to_stop_and_st
 
 #[test]
 fn extra_tagged_instances_of_a_machine_beside_the_one_it_keeps_are_orphans() {
-    let mut book = MachineBook::new();
-    book.load_view(vec![
+    let mut book = viewing(vec![
         instance("a", Some("0"), None),
         instance("b", Some("0"), None),
         instance("i-9", Some("9"), None),
@@ -587,8 +570,7 @@ fn only_live_manual_non_controller_machines_in_scope_block_a_destroy() {
 #[test]
 fn a_machine_whose_tagged_instance_a_dead_machine_still_records_waits_for_it() {
     // A reuse handover a crash interrupted: "i-4" is retagged for 6, still recorded by dead 4.
-    let mut book = MachineBook::new();
-    book.load_view(vec![instance("i-4", Some("6"), None)]);
+    let mut book = viewing(vec![instance("i-4", Some("6"), None)]);
     let (_, _) = book.absorb(vec![(mid("4"), Ok(provisioned("4", Life::Dead, "i-4")))]);
     let (out, _) = book.absorb(vec![(mid("6"), Ok(Machine::pending("6")))]);
     assert!(out.pending.is_empty() && out.adopt.is_empty(), "{out:?}");
@@ -606,8 +588,7 @@ fn a_dead_machine_carries_the_unlisted_orphan_whose_stop_is_in_flight() {
     // it. When the machine dies, its dead view names i-1, so the harvest removes the machine
     // only once that stop is seen through (not at once, which a crash losing the stop would
     // turn into a running instance of a removed machine).
-    let mut book = MachineBook::new();
-    book.load_view(Vec::new());
+    let mut book = viewing(Vec::new());
     book.stops_planned(&ids(&["i-1"]), Some(&mid("0")));
     let (out, _) = book.absorb(vec![(mid("0"), Ok(machine("0", Life::Dead)))]);
     assert_eq!(out.dead.len(), 1, "{out:?}");

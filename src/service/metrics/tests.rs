@@ -2,6 +2,13 @@
 
 use super::state::{Gauges, MetricsBook, StartOutcome};
 
+/// Asserts that the rendered `text` contains every one of `samples`.
+fn assert_contains_all(text: &str, samples: &[&str]) {
+    for sample in samples {
+        assert!(text.contains(sample), "{sample} is not in:\n{text}");
+    }
+}
+
 #[test]
 fn histogram_buckets_are_cumulative_and_count_everything() {
     let mut book = MetricsBook::default();
@@ -9,21 +16,17 @@ fn histogram_buckets_are_cumulative_and_count_everything() {
     book.broker("start_instance", "ok", 0.2);
     book.broker("start_instance", "throttled", 100.0);
     let text = book.render(&Gauges::default());
-    assert!(
-        text.contains("provisioner_broker_call_duration_seconds_bucket{le=\"0.001\",op=\"start_instance\"} 1"),
-        "{text}"
+    assert_contains_all(
+        &text,
+        &[
+            "provisioner_broker_call_duration_seconds_bucket{le=\"0.001\",op=\"start_instance\"} 1",
+            "provisioner_broker_call_duration_seconds_bucket{le=\"0.25\",op=\"start_instance\"} 2",
+            "provisioner_broker_call_duration_seconds_bucket{le=\"+Inf\",op=\"start_instance\"} 3",
+            "provisioner_broker_call_duration_seconds_count{op=\"start_instance\"} 3",
+            "provisioner_broker_calls_total{op=\"start_instance\",result=\"throttled\"} 1",
+            "provisioner_broker_calls_total{op=\"start_instance\",result=\"ok\"} 2",
+        ],
     );
-    assert!(
-        text.contains("provisioner_broker_call_duration_seconds_bucket{le=\"0.25\",op=\"start_instance\"} 2"),
-        "{text}"
-    );
-    assert!(
-        text.contains("provisioner_broker_call_duration_seconds_bucket{le=\"+Inf\",op=\"start_instance\"} 3"),
-        "{text}"
-    );
-    assert!(text.contains("provisioner_broker_call_duration_seconds_count{op=\"start_instance\"} 3"), "{text}");
-    assert!(text.contains("provisioner_broker_calls_total{op=\"start_instance\",result=\"throttled\"} 1"), "{text}");
-    assert!(text.contains("provisioner_broker_calls_total{op=\"start_instance\",result=\"ok\"} 2"), "{text}");
 }
 
 #[test]
@@ -37,12 +40,17 @@ fn render_has_a_type_line_per_family_and_escapes_labels() {
         Gauges { workers: 16, harvest_mode: "destroyed".into(), model_life: "alive".into(), ..Gauges::default() };
     g.machines_by_status.insert("started".into(), 5);
     let text = book.render(&g);
-    assert!(text.contains("provisioner_http_requests_total{method=\"GET\",route=\"/v1/machines\",code=\"200\"} 2"));
-    assert!(text.contains("route=\"/v1/\\\"odd\\\"\""), "{text}");
-    assert!(text.contains("provisioner_events_total{event=\"machine-started\"} 1"));
-    assert!(text.contains("provisioner_machines{status=\"started\"} 5"));
-    assert!(text.contains("provisioner_workers 16"));
-    assert!(text.contains("provisioner_harvest_mode{mode=\"destroyed\"} 1"));
+    assert_contains_all(
+        &text,
+        &[
+            "provisioner_http_requests_total{method=\"GET\",route=\"/v1/machines\",code=\"200\"} 2",
+            "route=\"/v1/\\\"odd\\\"\"",
+            "provisioner_events_total{event=\"machine-started\"} 1",
+            "provisioner_machines{status=\"started\"} 5",
+            "provisioner_workers 16",
+            "provisioner_harvest_mode{mode=\"destroyed\"} 1",
+        ],
+    );
     for line in text.lines().filter(|l| l.starts_with("# TYPE")) {
         let kind = line.rsplit(' ').next().unwrap_or_default();
         assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
@@ -60,9 +68,14 @@ fn the_rate_limiter_shows_its_rate_waiting_calls_and_throttling_per_class() {
     let mut g = Gauges::default();
     g.rate_limits.insert("start".into(), (3.5, 2, 6));
     let text = MetricsBook::default().render(&g);
-    assert!(text.contains("provisioner_rate_limit_per_second{class=\"start\"} 3.5"), "{text}");
-    assert!(text.contains("provisioner_rate_limit_waiting{class=\"start\"} 2"), "{text}");
-    assert!(text.contains("provisioner_throttled_calls_total{class=\"start\"} 6"), "{text}");
+    assert_contains_all(
+        &text,
+        &[
+            "provisioner_rate_limit_per_second{class=\"start\"} 3.5",
+            "provisioner_rate_limit_waiting{class=\"start\"} 2",
+            "provisioner_throttled_calls_total{class=\"start\"} 6",
+        ],
+    );
 }
 
 #[test]
@@ -104,15 +117,20 @@ fn start_outcomes_count_per_zone_and_the_time_to_running_histogram_counts_each_s
     book.event("retried-machines-with-errors");
     book.harvest("stopped", 2);
     let text = book.render(&Gauges::default());
-    assert!(text.contains("provisioner_start_outcomes_total{zone=\"zone-a\",outcome=\"started\"} 2\n"), "{text}");
-    assert!(text.contains("provisioner_start_outcomes_total{zone=\"zone-b\",outcome=\"started\"} 1\n"), "{text}");
-    assert!(text.contains("provisioner_start_outcomes_total{zone=\"unknown\",outcome=\"failed\"} 1\n"), "{text}");
-    assert!(text.contains("provisioner_time_to_running_seconds_count 3\n"), "{text}");
-    assert!(text.contains("provisioner_time_to_running_seconds_bucket{le=\"0.5\"} 1\n"), "{text}");
-    assert!(text.contains("provisioner_time_to_running_seconds_bucket{le=\"10.0\"} 2\n"), "{text}");
-    assert!(text.contains("provisioner_time_to_running_seconds_bucket{le=\"+Inf\"} 3\n"), "{text}");
-    assert!(text.contains("provisioner_retries_total 1\n"), "{text}");
-    assert!(text.contains("provisioner_harvest_decisions_total{decision=\"stopped\"} 2\n"), "{text}");
+    assert_contains_all(
+        &text,
+        &[
+            "provisioner_start_outcomes_total{zone=\"zone-a\",outcome=\"started\"} 2\n",
+            "provisioner_start_outcomes_total{zone=\"zone-b\",outcome=\"started\"} 1\n",
+            "provisioner_start_outcomes_total{zone=\"unknown\",outcome=\"failed\"} 1\n",
+            "provisioner_time_to_running_seconds_count 3\n",
+            "provisioner_time_to_running_seconds_bucket{le=\"0.5\"} 1\n",
+            "provisioner_time_to_running_seconds_bucket{le=\"10.0\"} 2\n",
+            "provisioner_time_to_running_seconds_bucket{le=\"+Inf\"} 3\n",
+            "provisioner_retries_total 1\n",
+            "provisioner_harvest_decisions_total{decision=\"stopped\"} 2\n",
+        ],
+    );
 }
 
 #[test]
@@ -140,7 +158,12 @@ fn harvest_decisions_count_stops_spares_and_holds() {
     book.harvest("held_back_by_cap", 0);
     book.harvest("spared_by_grace", 1);
     let text = book.render(&Gauges::default());
-    assert!(text.contains("provisioner_harvest_decisions_total{decision=\"stopped\"} 3"), "{text}");
-    assert!(text.contains("provisioner_harvest_decisions_total{decision=\"spared_by_grace\"} 3"), "{text}");
-    assert!(text.contains("provisioner_harvest_decisions_total{decision=\"held_back_by_cap\"} 0"), "{text}");
+    assert_contains_all(
+        &text,
+        &[
+            "provisioner_harvest_decisions_total{decision=\"stopped\"} 3",
+            "provisioner_harvest_decisions_total{decision=\"spared_by_grace\"} 3",
+            "provisioner_harvest_decisions_total{decision=\"held_back_by_cap\"} 0",
+        ],
+    );
 }

@@ -12,6 +12,14 @@ fn backoff() -> Backoff {
     Backoff { initial: Duration::from_secs(1), max: Duration::from_secs(8) }
 }
 
+/// A supervisor of a zoneless provisioned host whose provisioner runs for `container`.
+fn running(container: &str) -> SupervisorBook {
+    let mut b = SupervisorBook::new(backoff(), Some(None));
+    b.containers_changed(ids(&[container]));
+    b.initialised(Ok(()));
+    b
+}
+
 #[test]
 fn listens_until_the_first_container_on_a_provisioned_host() {
     let mut b = SupervisorBook::new(backoff(), Some(Some("az1".into())));
@@ -62,17 +70,13 @@ fn initialisation_failures_retry_with_growing_backoff_then_run_in_the_hosts_zone
 
 #[test]
 fn running_supervisor_forwards_changes() {
-    let mut b = SupervisorBook::new(backoff(), Some(None));
-    b.containers_changed(ids(&["0/kvm/0"]));
-    b.initialised(Ok(()));
+    let mut b = running("0/kvm/0");
     assert_eq!(b.containers_changed(ids(&["0/kvm/1"])), vec![Effect::Forward(ids(&["0/kvm/1"]))]);
 }
 
 #[test]
 fn host_death_closes_starts_but_keeps_reaping_containers() {
-    let mut b = SupervisorBook::new(backoff(), Some(None));
-    b.containers_changed(ids(&["0/lxd/0"]));
-    b.initialised(Ok(()));
+    let mut b = running("0/lxd/0");
     assert_eq!(b.host_died(), vec![Effect::CloseStarts]);
     assert_eq!(b.stage(), &Stage::Stopped);
     // A container dying with its host is still handed to the provisioner to reap.
@@ -142,9 +146,7 @@ fn a_dead_hosts_supervisor_reaps_on_demand_and_retires_its_reaper() {
 #[test]
 fn model_destruction_reaches_the_running_provisioner_or_starts_a_reaper() {
     // The destruction stops every instance whatever the mode: containers are in its scope.
-    let mut b = SupervisorBook::new(backoff(), Some(None));
-    b.containers_changed(ids(&["0/lxd/0"]));
-    b.initialised(Ok(()));
+    let mut b = running("0/lxd/0");
     assert_eq!(b.model_destroyed(), vec![Effect::Destroyed]);
     assert!(b.model_destroyed().is_empty(), "destroyed twice");
     assert!(b.containers_changed(ids(&["0/lxd/1"])) == vec![Effect::Forward(ids(&["0/lxd/1"]))]);
