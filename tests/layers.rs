@@ -279,7 +279,8 @@ fn without_comments(text: &str) -> String {
                     i += 1;
                 }
             }
-        } else if c == 'r' && (chars.get(i + 1) == Some(&'"') || chars.get(i + 1) == Some(&'#'))
+        } else if c == 'r'
+            && (chars.get(i + 1) == Some(&'"') || chars.get(i + 1) == Some(&'#'))
             && (i == 0 || !(chars[i - 1].is_alphanumeric() || chars[i - 1] == '_'))
         {
             // A raw string: r"..." or r#"..."#.
