@@ -1,0 +1,135 @@
+//! The intent broker: each start's token and parameters written before the call, the
+//! unsettled ones repeated, a settled one dropped.
+
+// A scripted broker shared with the test through a std mutex (no actor involved).
+#![allow(clippy::disallowed_types)]
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use super::*;
+use crate::model::{InstanceState, InstanceTags};
+
+/// Answers its starts from a script and records every call.
+#[derive(Default)]
+struct Scripted {
+    answers: Mutex<VecDeque<Result<StartedInstance, BrokerError>>>,
+    calls: Mutex<Vec<StartInstanceParams>>,
+}
+
+fn started(id: &str) -> Result<StartedInstance, BrokerError> {
+    Ok(StartedInstance {
+        instance: CloudInstance {
+            id: InstanceId::new(id),
+            state: InstanceState::Running,
+            zone: Some("az1".into()),
+            tags: InstanceTags::default(),
+            age: None,
+            instance_type: None,
+        },
+        display_name: String::new(),
+    })
+}
+
+impl Broker for Scripted {
+    fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
+        self.calls.lock().unwrap().push(params);
+        let answer = self.answers.lock().unwrap().pop_front().unwrap_or_else(|| started("i-default"));
+        async move { answer }.boxed()
+    }
+    fn stop_instances(&self, _ids: Vec<InstanceId>) -> BrokerFuture<()> {
+        async { Ok(()) }.boxed()
+    }
+    fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
+        async { Ok(Vec::new()) }.boxed()
+    }
+    fn release_instances(&self, _ids: Vec<InstanceId>) -> BrokerFuture<()> {
+        async { Ok(()) }.boxed()
+    }
+}
+
+fn params(machine: &str, token: &str) -> StartInstanceParams {
+    StartInstanceParams {
+        machine: MachineId::new(machine),
+        zone: Some("az1".into()),
+        constraints: crate::model::Constraints::parse("cores=2 mem=4G").unwrap(),
+        placement: None,
+        volumes: Vec::new(),
+        nonce: format!("machine-{machine}:n"),
+        tags: InstanceTags { model: Some("m".into()), machine: Some(MachineId::new(machine)), start: None },
+        extra_tags: Default::default(),
+        client_token: token.into(),
+        distribution_group: vec![MachineId::new("7")],
+    }
+}
+
+fn fresh_db(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("provisioner-intents-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("p.db")
+}
+
+/// A start whose answer was lost keeps its intent; after a restart (a new broker over the
+/// same database) `resume` repeats it with the same token and parameters, then drops it. A
+/// settled start (an instance, or a definite refusal) leaves no intent.
+#[test]
+fn an_unsettled_start_is_repeated_by_its_token_after_a_restart() {
+    let db = fresh_db("resume");
+    actix_rt::System::new().block_on(async move {
+        let store = Store::start(&db).unwrap();
+        let before = Arc::new(Scripted::default());
+        before.answers.lock().unwrap().extend([
+            started("i-1"),
+            Err(BrokerError::zone_specific("no capacity in az1")),
+            Err(BrokerError::transient("connection reset before the answer")),
+        ]);
+        let broker = IntentBroker::new(before.clone(), store.clone());
+        broker.start_instance(params("1", "tok-1")).await.unwrap();
+        broker.start_instance(params("2", "tok-2")).await.unwrap_err();
+        let lost = broker.start_instance(params("3", "tok-3")).await.unwrap_err();
+        assert!(lost.is_ambiguous());
+        let left = store.exec(|s| s.start_intents()).await.unwrap();
+        assert_eq!(left.len(), 1, "only the unsettled start is left: {left:?}");
+
+        // The restart: a new broker over the same store repeats it before anything else.
+        let after = Arc::new(Scripted::default());
+        after.answers.lock().unwrap().push_back(started("i-3"));
+        let broker = IntentBroker::new(after.clone(), store.clone());
+        assert_eq!(broker.resume().await.unwrap(), 1);
+        assert_eq!(*after.calls.lock().unwrap(), vec![params("3", "tok-3")], "same token, same parameters");
+        assert!(store.exec(|s| s.start_intents()).await.unwrap().is_empty(), "settled by the repeat");
+        assert_eq!(broker.resume().await.unwrap(), 0, "nothing is repeated twice");
+    });
+}
+
+/// The intent is written before the call, fenced: a replica that lost the lease cannot
+/// write it, and then makes no call at all (nothing reached the cloud: a definite failure).
+#[cfg(feature = "postgres")]
+#[test]
+fn a_fenced_out_leader_writes_no_intent_and_makes_no_call() {
+    let pg = crate::testing::TempPostgres::start("intents-fence").unwrap();
+    let url = pg.url().to_owned();
+    // The model, and another replica's lease on it, before the store's actor runs.
+    use crate::service::store::StoreBackend;
+    let model = crate::service::store::PgStore::open(&url).unwrap().model_uuid().unwrap();
+    let mut admin = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    admin
+        .execute(
+            "INSERT INTO leader_lease (model_uuid, holder, epoch, expires_at) \
+             VALUES ($1, 'replica-b', 2, now() + interval '1 minute')",
+            &[&model],
+        )
+        .unwrap();
+    actix_rt::System::new().block_on(async move {
+        let store = Store::start_postgres(&url).unwrap();
+        let fence = crate::service::store::Fence { model_uuid: model, holder: "replica-a".into(), epoch: 1 };
+        store.set_fence(Some(fence)).await.unwrap();
+        let inner = Arc::new(Scripted::default());
+        let broker = IntentBroker::new(inner.clone(), store.clone());
+        let e = broker.start_instance(params("1", "tok-1")).await.unwrap_err();
+        assert!(!e.is_ambiguous() && e.to_string().contains("fenced"), "{e}");
+        assert!(inner.calls.lock().unwrap().is_empty(), "no cloud call without an intent");
+        assert!(store.exec(|s| s.start_intents()).await.unwrap().is_empty());
+    });
+}
