@@ -3,6 +3,8 @@
 //! it no longer does (`Follow`: the actors are stopped at once, in-flight cloud calls
 //! abandoned); provisioners started for an epoch that is no longer led are stopped as soon as
 //! they are handed over, so a slow start never runs beside a newer leader.
+// Without PostgreSQL there are no replicas: only the types the status shows are used.
+#![cfg_attr(not(feature = "postgres"), allow(dead_code))]
 
 use actix::prelude::*;
 
@@ -28,7 +30,6 @@ impl Provisioners {
 
 /// How long change notices are gathered before the gauges' counts are refreshed (at most one
 /// recount of the store per period, on leaders and followers alike).
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) const COUNTS_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The change notices heard since the last refresh of the gauges' counts: plain, so that the
@@ -43,7 +44,6 @@ pub(crate) struct CountsRefresh {
 impl CountsRefresh {
     /// A notice (from the session `sender`) or a reconnection: `true` when a refresh must be
     /// scheduled now (none is pending).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn note(&mut self, resync: bool, sender: i32) -> bool {
         self.resync |= resync;
         if !resync {
@@ -53,7 +53,6 @@ impl CountsRefresh {
     }
 
     /// The refresh is due: whether it follows a reconnection, and the senders heard.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn take(&mut self) -> (bool, Vec<i32>) {
         self.scheduled = false;
         (std::mem::take(&mut self.resync), std::mem::take(&mut self.senders).into_iter().collect())
@@ -65,26 +64,21 @@ pub(crate) struct Leading {
     epoch: Option<i64>,
     running: Option<Provisioners>,
     /// The gauges' counts to refresh after other replicas' changes.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     counts: CountsRefresh,
     /// The store, to re-read every machine id after a notification that covers them all
     /// (notifications come with PostgreSQL only).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     store: crate::service::store::Store,
     /// The model this replica leads: notices of other models (many models share the
     /// database's channel) are ignored. `None`: every notice is this model's.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     model_uuid: Option<String>,
     /// The simulated cloud's own store, if it has one apart from the model's
     /// ([`Store::companion`](crate::service::store::Store::companion)): its instance counts
     /// are refreshed with the model's.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     cloud_store: Option<crate::service::store::Store>,
 }
 
 impl Leading {
     /// Nothing led yet.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn new(store: crate::service::store::Store) -> Self {
         Self {
             epoch: None,
@@ -97,18 +91,15 @@ impl Leading {
     }
 
     /// Refreshes the counts of the cloud's own store too (`None`: the cloud has none).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn with_cloud_store(self, cloud_store: Option<crate::service::store::Store>) -> Self {
         Self { cloud_store, ..self }
     }
 
     /// Hears only the notices of the model with this uuid (a service hosting many models).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn for_model(self, model_uuid: &str) -> Self {
         Self { model_uuid: Some(model_uuid.to_owned()), ..self }
     }
 
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn machines_changed(&self, ids: Vec<crate::model::MachineId>) {
         if let Some(p) = &self.running {
             let msg = crate::MachinesChanged { ids };

@@ -18,13 +18,14 @@
 //!   many as the other live replicas have room for: a model is never let go with nobody to take
 //!   it. It holds at most its share once the hand-over is done (one more, at most, while a
 //!   replica that joined has not taken what was released for it yet).
+// Without PostgreSQL there are no replicas: only the types the status shows are used.
+#![cfg_attr(not(feature = "postgres"), allow(dead_code))]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 
 /// What one replica sees: the live replicas (itself included) and each model's live holder.
 #[derive(Debug, Clone, Copy)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) struct ShareView<'a> {
     /// This replica's id.
     pub me: &'a str,
@@ -37,7 +38,6 @@ pub(crate) struct ShareView<'a> {
 
 /// What this replica does next.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) struct SharePlan {
     /// The fair share: `ceil(models / live replicas)`.
     pub share: usize,
@@ -49,7 +49,6 @@ pub(crate) struct SharePlan {
 }
 
 /// `ceil(models / replicas)`; a replica alone (or none counted) takes every model.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn fair_share(models: usize, replicas: usize) -> usize {
     models.div_ceil(replicas.max(1))
 }
@@ -57,7 +56,6 @@ pub(crate) fn fair_share(models: usize, replicas: usize) -> usize {
 /// How much a model wants a replica: higher first. Stable for a given build (the standard
 /// library's SipHash with fixed keys); replicas of different builds may rank differently,
 /// which costs hand-overs, never safety.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 fn rank(model: &str, replica: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     model.hash(&mut h);
@@ -66,7 +64,6 @@ fn rank(model: &str, replica: &str) -> u64 {
 }
 
 /// The live replicas in the order a model wants them.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 fn preference<'a>(model: &str, live: &'a BTreeSet<String>) -> Vec<&'a String> {
     let mut order: Vec<&String> = live.iter().collect();
     order.sort_by(|a, b| rank(model, b).cmp(&rank(model, a)).then_with(|| a.cmp(b)));
@@ -74,7 +71,6 @@ fn preference<'a>(model: &str, live: &'a BTreeSet<String>) -> Vec<&'a String> {
 }
 
 /// Decides this replica's next acquisitions and hand-overs from its view.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn plan(view: ShareView<'_>) -> SharePlan {
     // A replica that does not see itself live (its heartbeat not yet written) still counts.
     let mut live = view.live.clone();

@@ -8,6 +8,8 @@
 //! `now() + lease`, no earlier than the sending, so the replica stops at least
 //! `lease - renew_deadline` before anyone else can take the lease (clocks that run at the same
 //! rate assumed; fencing covers the rest).
+// Without PostgreSQL there are no replicas: only the types the status shows are used.
+#![cfg_attr(not(feature = "postgres"), allow(dead_code))]
 
 use std::time::Duration;
 
@@ -17,7 +19,6 @@ use crate::service::settings::LeaseTimings;
 
 /// This replica's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) enum Role {
     /// Serves the API; runs no provisioner actors.
     Follower,
@@ -30,7 +31,6 @@ pub(crate) enum Role {
 
 impl Role {
     /// `leader` or `follower` (the status' `role`).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn name(&self) -> &'static str {
         match self {
             Role::Follower => "follower",
@@ -41,7 +41,6 @@ impl Role {
 
 /// What the shell does now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) enum Step {
     /// Try to take the lease (it is taken only if free or expired).
     Acquire,
@@ -61,7 +60,6 @@ pub(crate) enum Step {
 
 /// The database's answer to a [`Step`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) enum Answer {
     /// The lease was taken, at this epoch.
     Acquired {
@@ -87,7 +85,6 @@ pub(crate) enum Answer {
 
 /// Why a replica changed role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) enum Why {
     /// It took a free or expired lease.
     Acquired,
@@ -108,7 +105,6 @@ pub(crate) enum Why {
 
 impl Why {
     /// A short word for logs, events and the status.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn name(&self) -> &'static str {
         match self {
             Why::Acquired => "acquired",
@@ -124,7 +120,6 @@ impl Why {
 /// A change of role, to carry out at once: to leader ⇒ set the fence and start the actors; to
 /// follower ⇒ stop the actors (in-flight cloud calls abandoned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) struct Transition {
     /// The role before.
     pub from: Role,
@@ -138,7 +133,6 @@ pub(crate) struct Transition {
 
 /// The lease's core for one model.
 #[derive(Debug, Clone)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) struct LeaseBook {
     timings: LeaseTimings,
     role: Role,
@@ -171,7 +165,6 @@ pub(crate) struct LeaseBook {
 
 impl LeaseBook {
     /// A follower that has not asked yet.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn new(timings: LeaseTimings) -> Self {
         Self {
             timings,
@@ -193,19 +186,16 @@ impl LeaseBook {
 
     /// A follower that tries to acquire only once allowed ([`LeaseBook::allow`]): the spread
     /// of leaders over replicas decides which models a replica asks for.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn spread(timings: LeaseTimings) -> Self {
         Self { may_acquire: false, ..Self::new(timings) }
     }
 
     /// Whether a follower tries to acquire from now on (a leader renews whatever this says).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn allow(&mut self, may_acquire: bool) {
         self.may_acquire = may_acquire;
     }
 
     /// Whether a follower tries to acquire.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn may_acquire(&self) -> bool {
         self.may_acquire
     }
@@ -213,7 +203,6 @@ impl LeaseBook {
     /// What the spread's driver read of the lease (a follower that does not ask learns the
     /// holder this way): `Some((holder, epoch))` while held, unexpired; `None` while free.
     /// A leader's own view is left alone.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn observe(&mut self, holder: Option<(String, i64)>) {
         if matches!(self.role, Role::Follower) && self.in_flight.is_none() {
             self.holder = holder;
@@ -224,7 +213,6 @@ impl LeaseBook {
     /// fail-over would: the shell stops its provisioner) and releases the lease, keeping the
     /// epoch, so that another replica takes it at once at `epoch + 1`. With an attempt in
     /// flight it is done at the next tick. A follower has nothing to hand over.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn hand_over(&mut self, now: Instant) -> (Option<Transition>, Step) {
         if !matches!(self.role, Role::Leader { .. }) || self.shut_down {
             return (None, Step::Wait);
@@ -245,32 +233,27 @@ impl LeaseBook {
     }
 
     /// The role now.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn role(&self) -> Role {
         self.role
     }
 
     /// The last holder seen and its epoch (this replica's when leader).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn holder(&self) -> Option<(&str, i64)> {
         self.holder.as_ref().map(|(h, e)| (h.as_str(), *e))
     }
 
     /// How many transitions so far.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn transitions(&self) -> u64 {
         self.transitions
     }
 
     /// The last transition.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn last_transition(&self) -> Option<Transition> {
         self.last
     }
 
     /// Whether the replica may act as leader at `now`: a leader whose renew deadline has not
     /// passed. (The shell asks before each step too, so that a late timer never lets it act.)
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn may_act(&self, now: Instant) -> bool {
         matches!(self.role, Role::Leader { .. })
             && self.renewed_sent_at.is_some_and(|t| now.saturating_duration_since(t) < self.timings.renew_deadline())
@@ -278,7 +261,6 @@ impl LeaseBook {
 
     /// The time at which a leader must stop acting, if it is one: its renew deadline, or the
     /// time its last proof of progress grows older than the renew deadline.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn acting_deadline(&self) -> Option<Instant> {
         match self.role {
             Role::Leader { .. } => {
@@ -296,7 +278,6 @@ impl LeaseBook {
     /// Whether the shell should probe this replica's own work now (its store answers a read,
     /// its provisioner answers a question): a leader proves its progress so, and a replica that
     /// stepped down for want of it proves it is well again. One probe in flight at a time.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn probe_due(&mut self, now: Instant) -> bool {
         let wanted = matches!(self.role, Role::Leader { .. }) || self.stalled;
         if !wanted || self.probe_sent.is_some() {
@@ -310,7 +291,6 @@ impl LeaseBook {
     }
 
     /// The probe sent last answered at `now`: `ok` if the work answered well.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn probed(&mut self, now: Instant, ok: bool) {
         self.probe_sent = None;
         if ok {
@@ -326,7 +306,6 @@ impl LeaseBook {
     }
 
     /// Whether a leader's last proof of progress is older than the renew deadline at `now`.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn no_progress(&self, now: Instant) -> bool {
         matches!(self.role, Role::Leader { .. })
             && self.progress_at.is_some_and(|t| now.saturating_duration_since(t) >= self.timings.renew_deadline())
@@ -334,14 +313,12 @@ impl LeaseBook {
 
     /// When the shell calls [`LeaseBook::tick`] next: after one retry, or at the acting
     /// deadline if that comes first.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn next_tick(&self, now: Instant) -> Instant {
         let retry = now + self.timings.retry();
         self.acting_deadline().map_or(retry, |d| d.min(retry).max(now))
     }
 
     /// The clock ticked: steps down a leader past its deadline, then says what to ask.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn tick(&mut self, now: Instant) -> (Option<Transition>, Step) {
         let mut transition = None;
         if let Role::Leader { epoch } = self.role {
@@ -389,7 +366,6 @@ impl LeaseBook {
     }
 
     /// The answer to the step sent last (`id` is this replica's id).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn answer(&mut self, id: &str, now: Instant, answer: Answer) -> Option<Transition> {
         let sent_at = self.in_flight.take().unwrap_or(now);
         match (answer, self.role) {
@@ -438,7 +414,6 @@ impl LeaseBook {
 
     /// Clean shutdown: a leader releases its lease (and stops acting at once); a follower
     /// stops asking. Returns the step to carry out.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn shutdown(&mut self, now: Instant) -> (Option<Transition>, Step) {
         self.shut_down = true;
         match self.role {
@@ -451,13 +426,11 @@ impl LeaseBook {
         }
     }
 
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn become_follower(&mut self, why: Why, now: Instant) -> Transition {
         self.renewed_sent_at = None;
         self.transition(Role::Follower, why, now)
     }
 
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn transition(&mut self, to: Role, why: Why, at: Instant) -> Transition {
         let t = Transition { from: self.role, to, why, at };
         self.role = to;
