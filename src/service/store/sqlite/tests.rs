@@ -7,7 +7,7 @@ use super::SCHEMA_VERSION;
 use crate::model::{Life, MachineId, MachineStatus};
 use crate::ports::ProvisionedInstance;
 use crate::service::store::backend::StoreBackend;
-use crate::service::store::behaviour::{ids, tags};
+use crate::service::store::behaviour::{a_good_unit_then_a_failed_one, ids, tags, three_machines_then_abort};
 use crate::service::store::errors::StoreError;
 
 fn dir(name: &str) -> std::path::PathBuf {
@@ -332,14 +332,7 @@ fn a_group_commit_keeps_its_good_writes_and_drops_a_failed_one() {
     s.begin_group(false).unwrap();
     assert_eq!(sync(&s), 1, "a lazy group commits without fsync (NORMAL)");
     assert!(!s.group_has_written());
-    s.begin_member().unwrap();
-    assert_eq!(ids(&s.add_machines(2, None).unwrap()), ["0", "1"]);
-    s.end_member(true).unwrap();
-    assert!(s.group_has_written());
-    s.begin_member().unwrap();
-    s.add_machines(1, None).unwrap();
-    s.set_status(&MachineId::new("9"), MachineStatus::Started, "").unwrap_err();
-    s.end_member(false).unwrap();
+    a_good_unit_then_a_failed_one(&mut s);
     s.begin_member().unwrap();
     s.set_status(&MachineId::new("1"), MachineStatus::Started, "").unwrap();
     s.end_member(true).unwrap();
@@ -353,10 +346,7 @@ fn a_group_commit_keeps_its_good_writes_and_drops_a_failed_one() {
     s.begin_group(true).unwrap();
     assert_eq!(sync(&s), 2, "a durable group is fsynced (FULL)");
     let before = s.counts().clone();
-    s.begin_member().unwrap();
-    s.add_machines(3, None).unwrap();
-    s.end_member(true).unwrap();
-    s.abort_group();
+    three_machines_then_abort(&mut s);
     assert_eq!(ids(&s.machine_ids().unwrap()), ["0", "1"], "nothing of an aborted group is written");
     assert_eq!(s.counts(), &before);
     assert!(s.take_outbox().0.is_empty(), "nor heard of");
