@@ -26,7 +26,7 @@ use super::persist::DirectoryStore;
 use super::state::{HostState, Slot, Turns};
 use super::HostError;
 use crate::service::error::ServeError;
-use crate::service::runtime::{model_db, ModelRuntime, Shared, StartModel};
+use crate::service::runtime::{model_db, ModelRuntime, ModelToStart, Shared, StartModel};
 use crate::service::settings::StoreUrl;
 use crate::service::store::Store;
 
@@ -275,7 +275,8 @@ async fn start_one(
 ) -> Result<ModelRuntime, ServeError> {
     let shared = link.host.shared();
     let opts = model_settings(&shared.opts, entry);
-    let state = link.starter.start(shared, &entry.name, &opts, entry.cloud.account.as_deref(), store, new).await?;
+    let model = ModelToStart { name: &entry.name, opts: &opts, account: entry.cloud.account.as_deref(), store, new };
+    let state = link.starter.start(shared, model).await?;
     link.host.set_slot(&entry.name, Some(Slot::Running(Box::new(state.clone())))).await;
     if entry.uuid.as_deref() != Some(state.model_uuid.as_str()) {
         let (name, uuid) = (entry.name.clone(), state.model_uuid.clone());

@@ -34,4 +34,4 @@ pub(crate) use model_api::StoreModel;
 #[cfg(feature = "postgres")]
 pub(crate) use shared::ReplicaLinks;
 pub(crate) use shared::Shared;
-pub(crate) use start::{stop_models, ModelStarter, StartModel};
+pub(crate) use start::{stop_models, ModelStarter, ModelToStart, StartModel};

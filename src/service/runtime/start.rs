@@ -23,22 +23,30 @@ use super::provisioners::{start_provisioners, PendingStarts};
 use super::replica::{release_lease, start_replica};
 use super::shared::Shared;
 
+/// A model the model host asks its [`StartModel`] to start.
+pub(crate) struct ModelToStart<'a> {
+    /// The model's name.
+    pub(crate) name: &'a str,
+    /// The model's settings.
+    pub(crate) opts: &'a ServeSettings,
+    /// The simulated account it names.
+    pub(crate) account: Option<&'a str>,
+    /// Its store, if already open (`default`'s); else it is opened.
+    pub(crate) store: Option<Store>,
+    /// A model just added: its store is created.
+    pub(crate) new: bool,
+}
+
 /// The model starter the model host is given (as the engine's container manager is given its
 /// provisioner factory): it opens a model's store, starts the model over it, and stops
 /// models. [`ModelStarter`] is the service's; `serve` passes it in.
 pub(crate) trait StartModel {
-    /// Opens the store of model `name` (unless `store` is given: `default`'s, already open;
-    /// `new`: a model just added, its store created) and starts the model over it
-    /// ([`open_model_store`], [`start_model`]). `opts` are the model's settings, `account` the
-    /// simulated account it names.
+    /// Opens the store of `model` (unless it comes with one) and starts the model over it
+    /// ([`open_model_store`], [`start_model`]).
     fn start<'a>(
         &'a self,
         shared: &'a Shared,
-        name: &'a str,
-        opts: &'a ServeSettings,
-        account: Option<&'a str>,
-        store: Option<Store>,
-        new: bool,
+        model: ModelToStart<'a>,
     ) -> LocalBoxFuture<'a, Result<ModelRuntime, ServeError>>;
 
     /// Stops `models` in order ([`stop_models`]).
@@ -53,12 +61,9 @@ impl StartModel for ModelStarter {
     fn start<'a>(
         &'a self,
         shared: &'a Shared,
-        name: &'a str,
-        opts: &'a ServeSettings,
-        account: Option<&'a str>,
-        store: Option<Store>,
-        new: bool,
+        model: ModelToStart<'a>,
     ) -> LocalBoxFuture<'a, Result<ModelRuntime, ServeError>> {
+        let ModelToStart { name, opts, account, store, new } = model;
         Box::pin(async move {
             let store = match store {
                 Some(s) => s,

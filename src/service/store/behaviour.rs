@@ -20,6 +20,28 @@ pub(super) fn tags(uuid: &str, machine: &str) -> InstanceTags {
     InstanceTags { model: Some(uuid.into()), machine: Some(MachineId::new(machine)), start: Some("n".into()) }
 }
 
+/// The opening of a group commit's test, on either backend (the group begun): a unit of work
+/// that adds machines 0 and 1 and is kept, then one that writes and fails, ended unkept.
+pub(super) fn a_good_unit_then_a_failed_one(s: &mut dyn StoreBackend) {
+    s.begin_member().unwrap();
+    assert_eq!(ids(&s.add_machines(2, None).unwrap()), ["0", "1"]);
+    s.end_member(true).unwrap();
+    assert!(s.group_has_written());
+    // A unit of work that writes, then fails: rolled back alone.
+    s.begin_member().unwrap();
+    s.add_machines(1, None).unwrap();
+    s.set_status(&MachineId::new("9"), MachineStatus::Started, "").unwrap_err();
+    s.end_member(false).unwrap();
+}
+
+/// A unit of work adding three machines in a group, then the group aborted.
+pub(super) fn three_machines_then_abort(s: &mut dyn StoreBackend) {
+    s.begin_member().unwrap();
+    s.add_machines(3, None).unwrap();
+    s.end_member(true).unwrap();
+    s.abort_group();
+}
+
 fn machines_round_trip_and_ids_are_never_reused(s: &mut dyn StoreBackend) {
     let zones = vec!["az1".to_owned(), "az2".to_owned()];
     let added = s.add_machines(3, Some(&zones)).unwrap();

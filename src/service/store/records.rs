@@ -216,6 +216,40 @@ pub(crate) struct NewMachine {
     pub application: Option<String>,
 }
 
+/// A constraint set as the columns of its `constraints` row (lists comma-joined, sizes as
+/// integers), as both backends insert it; `None` for no constraint (no row).
+pub(super) struct ConstraintRow {
+    pub(super) spec: String,
+    pub(super) zones: Option<String>,
+    pub(super) arch: Option<String>,
+    pub(super) cores: Option<i64>,
+    pub(super) mem_mb: Option<i64>,
+    pub(super) root_disk_mb: Option<i64>,
+    pub(super) instance_type: Option<String>,
+    pub(super) spaces: Option<String>,
+    pub(super) tags: Option<String>,
+}
+
+impl ConstraintRow {
+    pub(super) fn of(c: &Constraints) -> Option<Self> {
+        if c.is_empty() {
+            return None;
+        }
+        let list = |v: &[String]| (!v.is_empty()).then(|| v.join(","));
+        Some(Self {
+            spec: c.to_string(),
+            zones: c.zones.as_ref().map(|z| z.join(",")),
+            arch: c.arch.clone(),
+            cores: c.cores.map(i64::from),
+            mem_mb: c.mem_mb.map(|n| n as i64),
+            root_disk_mb: c.root_disk_mb.map(|n| n as i64),
+            instance_type: c.instance_type.clone(),
+            spaces: list(&c.spaces),
+            tags: list(&c.tags),
+        })
+    }
+}
+
 /// An application, as `application list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ApplicationRecord {

@@ -13,6 +13,7 @@ use super::{Notice, PgStore, CHANGES_CHANNEL};
 use crate::model::{InstanceStatus, InstanceTags, Life, MachineId, MachineStatus};
 use crate::ports::ProvisionedInstance;
 use crate::service::store::backend::{Fence, StoreBackend};
+use crate::service::store::behaviour::{a_good_unit_then_a_failed_one, three_machines_then_abort};
 
 /// A group commit on PostgreSQL: its units of work share one transaction, nothing of it is
 /// visible (nor notified) before its commit; a unit of work that fails is rolled back alone (its
@@ -29,15 +30,7 @@ fn a_postgres_group_commit_keeps_its_good_writes_and_notifies_only_what_committe
     assert!(s.machine_ids().unwrap().is_empty());
     s.end_member(true).unwrap();
     assert!(!s.group_has_written(), "a read writes nothing");
-    s.begin_member().unwrap();
-    assert_eq!(ids(&s.add_machines(2, None).unwrap()), ["0", "1"]);
-    s.end_member(true).unwrap();
-    assert!(s.group_has_written());
-    // A unit of work that writes, then fails: rolled back alone.
-    s.begin_member().unwrap();
-    s.add_machines(1, None).unwrap();
-    s.set_status(&MachineId::new("9"), MachineStatus::Started, "").unwrap_err();
-    s.end_member(false).unwrap();
+    a_good_unit_then_a_failed_one(&mut s);
     // A write that fails halfway (its first machine updated) in a unit of work that goes on.
     s.begin_member().unwrap();
     s.remove_machines(&[MachineId::new("1"), MachineId::new("77")], false, false).unwrap_err();
@@ -63,10 +56,7 @@ fn a_postgres_group_commit_keeps_its_good_writes_and_notifies_only_what_committe
 
     s.begin_group(true).unwrap();
     let before = s.counts().clone();
-    s.begin_member().unwrap();
-    s.add_machines(3, None).unwrap();
-    s.end_member(true).unwrap();
-    s.abort_group();
+    three_machines_then_abort(&mut s);
     assert_eq!(count(&mut other), 2, "nothing of an aborted group is written");
     assert_eq!(s.counts(), &before);
     assert!(s.take_outbox().0.is_empty(), "nor heard of");

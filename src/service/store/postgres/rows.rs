@@ -11,7 +11,7 @@ use crate::model::{
 };
 use crate::ports::ProvisionedInstance;
 use crate::service::store::errors::StoreError;
-use crate::service::store::records::{token_record, InstanceRecord, MachineRecord, NewMachine};
+use crate::service::store::records::{token_record, ConstraintRow, InstanceRecord, MachineRecord, NewMachine};
 use crate::service::token::TokenRecord;
 use postgres::Row;
 use std::collections::HashMap;
@@ -381,29 +381,15 @@ impl PgStore {
     }
 
     pub(super) fn constraint_row(tx: &mut Tx<'_>, c: &Constraints) -> Result<Option<i64>, StoreError> {
-        if c.is_empty() {
-            return Ok(None);
-        }
+        let Some(r) = ConstraintRow::of(c) else { return Ok(None) };
         let ctx = "storing a constraint";
-        let spec = c.to_string();
-        let list = |v: &[String]| (!v.is_empty()).then(|| v.join(","));
         tx.execute(
             "INSERT INTO constraints (spec, zones, arch, cores, mem_mb, root_disk_mb, instance_type, spaces, tags) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (spec) DO NOTHING",
-            &[
-                &spec,
-                &c.zones.as_ref().map(|z| z.join(",")),
-                &c.arch,
-                &c.cores.map(i64::from),
-                &c.mem_mb.map(|n| n as i64),
-                &c.root_disk_mb.map(|n| n as i64),
-                &c.instance_type,
-                &list(&c.spaces),
-                &list(&c.tags),
-            ],
+            &[&r.spec, &r.zones, &r.arch, &r.cores, &r.mem_mb, &r.root_disk_mb, &r.instance_type, &r.spaces, &r.tags],
         )
         .map_err(pg(ctx))?;
-        tx.query_one("SELECT id FROM constraints WHERE spec = $1", &[&spec])
+        tx.query_one("SELECT id FROM constraints WHERE spec = $1", &[&r.spec])
             .and_then(|r| r.try_get(0).map_err(CallError::from))
             .map(Some)
             .map_err(pg(ctx))

@@ -8,7 +8,7 @@ use super::StoreCore;
 use crate::model::{Constraints, MachineId, MachineStatus};
 use crate::ports::ProvisionedInstance;
 use crate::service::store::errors::StoreError;
-use crate::service::store::records::NewMachine;
+use crate::service::store::records::{ConstraintRow, NewMachine};
 
 impl StoreCore {
     /// One machine's update; the hot ones (the provisioner's, at every start) stamp
@@ -67,29 +67,15 @@ impl StoreCore {
 
     /// The id of the row holding this constraint set (made if new); `None` for no constraint.
     pub(super) fn constraint_row(tx: &Connection, c: &Constraints) -> Result<Option<i64>, StoreError> {
-        if c.is_empty() {
-            return Ok(None);
-        }
+        let Some(r) = ConstraintRow::of(c) else { return Ok(None) };
         let ctx = "storing a constraint";
-        let spec = c.to_string();
-        let list = |v: &[String]| (!v.is_empty()).then(|| v.join(","));
         tx.execute(
             "INSERT INTO constraints (spec, zones, arch, cores, mem_mb, root_disk_mb, instance_type, spaces, tags) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT(spec) DO NOTHING",
-            params![
-                spec,
-                c.zones.as_ref().map(|z| z.join(",")),
-                c.arch,
-                c.cores,
-                c.mem_mb.map(|n| n as i64),
-                c.root_disk_mb.map(|n| n as i64),
-                c.instance_type,
-                list(&c.spaces),
-                list(&c.tags),
-            ],
+            params![r.spec, r.zones, r.arch, r.cores, r.mem_mb, r.root_disk_mb, r.instance_type, r.spaces, r.tags],
         )
         .map_err(StoreError::sql(ctx))?;
-        tx.query_row("SELECT id FROM constraints WHERE spec = ?1", [&spec], |r| r.get(0))
+        tx.query_row("SELECT id FROM constraints WHERE spec = ?1", [&r.spec], |r| r.get(0))
             .map(Some)
             .map_err(StoreError::sql(ctx))
     }

@@ -45,12 +45,11 @@ pub(super) fn upgrade_start_attempts(tx: &Transaction<'_>) -> Result<(), StoreEr
     )
 }
 
-pub(super) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS constraints (
+/// The columns of version 3's `constraints` table, whole constraint sets: the table
+/// [`SCHEMA`] creates and the one [`UPGRADE_CONSTRAINTS_V2`] rebuilds a version-2 table as.
+macro_rules! constraints_columns {
+    () => {
+        "(
     id INTEGER PRIMARY KEY,
     spec TEXT NOT NULL UNIQUE,
     zones TEXT,
@@ -61,7 +60,19 @@ CREATE TABLE IF NOT EXISTS constraints (
     instance_type TEXT,
     spaces TEXT,
     tags TEXT
-);
+);"
+    };
+}
+
+pub(super) const SCHEMA: &str = concat!(
+    "
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS constraints ",
+    constraints_columns!(),
+    "
 CREATE TABLE IF NOT EXISTS applications (
     name TEXT PRIMARY KEY,
     constraints_id INTEGER REFERENCES constraints(id)
@@ -108,7 +119,8 @@ CREATE TABLE IF NOT EXISTS instances (
     start TEXT,
     client_token TEXT UNIQUE
 );
-";
+"
+);
 
 /// Version 3's additions to `machines` (added to older tables in place), then what needs them.
 pub(super) const MACHINE_COLUMNS_V3: [(&str, &str); 3] =
@@ -132,23 +144,16 @@ END;
 /// Version 2's `constraints` rows held a `zones=` constraint alone (`zones` unique): rebuilt
 /// as version 3's whole constraint sets, ids kept (the machines point at them). Runs with
 /// foreign keys off (SQLite's way to rebuild a table others reference).
-pub(super) const UPGRADE_CONSTRAINTS_V2: &str = "
-CREATE TABLE constraints_v3 (
-    id INTEGER PRIMARY KEY,
-    spec TEXT NOT NULL UNIQUE,
-    zones TEXT,
-    arch TEXT,
-    cores INTEGER,
-    mem_mb INTEGER,
-    root_disk_mb INTEGER,
-    instance_type TEXT,
-    spaces TEXT,
-    tags TEXT
-);
+pub(super) const UPGRADE_CONSTRAINTS_V2: &str = concat!(
+    "
+CREATE TABLE constraints_v3 ",
+    constraints_columns!(),
+    "
 INSERT INTO constraints_v3 (id, spec, zones) SELECT id, 'zones=' || zones, zones FROM constraints;
 DROP TABLE constraints;
 ALTER TABLE constraints_v3 RENAME TO constraints;
-";
+"
+);
 
 /// Rebuilds a version-2 `constraints` table (zones alone) as version 3's, if there is one.
 pub(super) fn upgrade_constraints_v2(conn: &mut Connection) -> Result<(), StoreError> {

@@ -7,7 +7,7 @@ use super::SCHEMA_VERSION;
 use crate::model::{Life, MachineId, MachineStatus};
 use crate::ports::ProvisionedInstance;
 use crate::service::store::backend::StoreBackend;
-use crate::service::store::behaviour::{ids, tags};
+use crate::service::store::behaviour::{a_good_unit_then_a_failed_one, ids, tags, three_machines_then_abort};
 use crate::service::store::errors::StoreError;
 
 fn dir(name: &str) -> std::path::PathBuf {
@@ -15,6 +15,14 @@ fn dir(name: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// A database file `p.db` in a fresh `dir(name)`, made by `sql` (an older version's schema and
+/// rows) without the store: its path.
+fn old_database(name: &str, sql: &str) -> std::path::PathBuf {
+    let path = dir(name).join("p.db");
+    rusqlite::Connection::open(&path).unwrap().execute_batch(sql).unwrap();
+    path
 }
 
 #[test]
@@ -156,12 +164,9 @@ fn shared_constraints_are_stored_once() {
 /// same.
 #[test]
 fn a_version_1_database_is_upgraded() {
-    let d = dir("v1");
-    let path = d.join("p.db");
-    {
-        let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+    let path = old_database(
+        "v1",
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
              CREATE TABLE machines (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE,
                  life TEXT NOT NULL DEFAULT 'alive', status TEXT NOT NULL DEFAULT 'pending',
                  status_message TEXT NOT NULL DEFAULT '', instance_status TEXT NOT NULL DEFAULT '',
@@ -171,9 +176,7 @@ fn a_version_1_database_is_upgraded() {
              INSERT INTO meta VALUES ('model_uuid', 'u-1'), ('model_life', 'alive'), ('next_machine', '1');
              INSERT INTO machines (seq, id, zones) VALUES (0, '0', 'az1,az3');
              PRAGMA user_version = 1;",
-        )
-        .unwrap();
-    }
+    );
     let mut s = StoreCore::open(&path).unwrap();
     assert_eq!(s.model_uuid().unwrap(), "u-1");
     let zones = s.machine(&MachineId::new("0")).unwrap().unwrap().zones;
@@ -223,12 +226,9 @@ fn whole_constraint_sets_and_placements_are_stored() {
 /// share the upgraded rows.
 #[test]
 fn a_version_2_database_is_upgraded() {
-    let d = dir("v2");
-    let path = d.join("p.db");
-    {
-        let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+    let path = old_database(
+        "v2",
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
              CREATE TABLE constraints (id INTEGER PRIMARY KEY, zones TEXT NOT NULL UNIQUE);
              CREATE TABLE machines (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE,
                  life TEXT NOT NULL DEFAULT 'alive', status TEXT NOT NULL DEFAULT 'pending',
@@ -242,9 +242,7 @@ fn a_version_2_database_is_upgraded() {
              INSERT INTO constraints VALUES (7, 'az1,az3');
              INSERT INTO machines (seq, id, constraints_id) VALUES (0, '0', 7), (1, '1', NULL);
              PRAGMA user_version = 2;",
-        )
-        .unwrap();
-    }
+    );
     let mut s = StoreCore::open(&path).unwrap();
     assert_eq!(s.model_uuid().unwrap(), "u-2");
     let zones = Some(vec!["az1".to_owned(), "az3".to_owned()]);
@@ -332,14 +330,7 @@ fn a_group_commit_keeps_its_good_writes_and_drops_a_failed_one() {
     s.begin_group(false).unwrap();
     assert_eq!(sync(&s), 1, "a lazy group commits without fsync (NORMAL)");
     assert!(!s.group_has_written());
-    s.begin_member().unwrap();
-    assert_eq!(ids(&s.add_machines(2, None).unwrap()), ["0", "1"]);
-    s.end_member(true).unwrap();
-    assert!(s.group_has_written());
-    s.begin_member().unwrap();
-    s.add_machines(1, None).unwrap();
-    s.set_status(&MachineId::new("9"), MachineStatus::Started, "").unwrap_err();
-    s.end_member(false).unwrap();
+    a_good_unit_then_a_failed_one(&mut s);
     s.begin_member().unwrap();
     s.set_status(&MachineId::new("1"), MachineStatus::Started, "").unwrap();
     s.end_member(true).unwrap();
@@ -353,10 +344,7 @@ fn a_group_commit_keeps_its_good_writes_and_drops_a_failed_one() {
     s.begin_group(true).unwrap();
     assert_eq!(sync(&s), 2, "a durable group is fsynced (FULL)");
     let before = s.counts().clone();
-    s.begin_member().unwrap();
-    s.add_machines(3, None).unwrap();
-    s.end_member(true).unwrap();
-    s.abort_group();
+    three_machines_then_abort(&mut s);
     assert_eq!(ids(&s.machine_ids().unwrap()), ["0", "1"], "nothing of an aborted group is written");
     assert_eq!(s.counts(), &before);
     assert!(s.take_outbox().0.is_empty(), "nor heard of");
