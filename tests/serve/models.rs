@@ -518,11 +518,14 @@ fn models_on_one_throttled_account_share_its_bucket_and_another_account_is_not_s
     eprintln!("took {took:?}; throttled: shared account {shared:?}, alone {alone:?}");
     // Together the two models on `shared` stayed inside its bucket: one limiter paced them.
     // (Two limiters of 4 a second each send 8: the account refused 5 and the throttled model's
-    // backoff took it to 20 s when this was tried. One refusal at a token's edge, the client's
-    // and the account's clocks a few microseconds apart, was seen once in a loaded run.)
+    // backoff took it to 20 s when this was tried.)
+    // Every start passes the client's limiter and then the account's bucket a scheduling delay
+    // later; when one delay is shorter than the one before, two starts reach the bucket a
+    // little under a token apart. A real cloud's bucket sees the same jitter: the limiter
+    // keeps the refusals to that edge (at most one here), not to the 5+ of an unpaced client.
     assert!(shared.is_some_and(|n| n <= 1), "the shared account refused starts: {shared:?} {took:?}");
     assert_eq!(throttled("two"), shared, "one account, one count");
-    assert_eq!(alone, Some(0));
+    assert!(alone.is_some_and(|n| n <= 1), "the other account refused starts: {alone:?} {took:?}");
     // 32 starts at 4 a second after a burst of 4 take 7 s at least; 16 take 3 s.
     let slowest_shared = took["one"].max(took["two"]);
     assert!(slowest_shared >= Duration::from_millis(6500), "the shared account's pace: {took:?}");
