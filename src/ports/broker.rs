@@ -42,6 +42,17 @@ pub enum BrokerError {
         /// What went wrong.
         message: String,
     },
+    /// The zone did not answer in time (LXD: a cluster member frozen or cut off, whose calls
+    /// hang rather than fail): the call may still take effect there (ambiguous, as a
+    /// transient failure), but repeating it in that zone would hang again. The provisioner
+    /// marks the zone failed for the machine and fails over, looks for an instance of the
+    /// start before its next call (with a new client token), and stops what the unanswered
+    /// call makes later once the machine has its instance elsewhere.
+    #[error("{message}")]
+    ZoneUnreachable {
+        /// What did not answer.
+        message: String,
+    },
     /// The broker does not implement this optional call (e.g. zones).
     #[error("not supported by this broker: {0}")]
     NotSupported(&'static str),
@@ -52,7 +63,7 @@ impl BrokerError {
     /// response may have been lost). Zone-specific, zone-independent and throttled failures
     /// are definite: the cloud refused the call.
     pub fn is_ambiguous(&self) -> bool {
-        matches!(self, BrokerError::Transient { .. })
+        matches!(self, BrokerError::Transient { .. } | BrokerError::ZoneUnreachable { .. })
     }
 
     /// A zone-specific failure.
@@ -71,6 +82,10 @@ impl BrokerError {
     pub fn transient(message: impl Into<String>) -> Self {
         Self::Transient { message: message.into() }
     }
+    /// A zone that did not answer (ambiguous).
+    pub fn zone_unreachable(message: impl Into<String>) -> Self {
+        Self::ZoneUnreachable { message: message.into() }
+    }
     /// The kind, as a value.
     pub fn failure_kind(&self) -> BrokerErrorKind {
         match self {
@@ -78,12 +93,13 @@ impl BrokerError {
             BrokerError::ZoneIndependent { .. } => BrokerErrorKind::ZoneIndependent,
             BrokerError::Throttled { .. } => BrokerErrorKind::Throttled,
             BrokerError::Transient { .. } => BrokerErrorKind::Transient,
+            BrokerError::ZoneUnreachable { .. } => BrokerErrorKind::ZoneUnreachable,
             BrokerError::NotSupported(_) => BrokerErrorKind::NotSupported,
         }
     }
 
     /// The kind, as a metrics label: `zone_specific`, `zone_independent`, `throttled`,
-    /// `transient` or `not_supported`.
+    /// `transient`, `zone_unreachable` or `not_supported`.
     pub fn kind(&self) -> &'static str {
         self.failure_kind().label()
     }
@@ -93,7 +109,8 @@ impl BrokerError {
         match self {
             BrokerError::ZoneSpecific { message }
             | BrokerError::ZoneIndependent { message }
-            | BrokerError::Transient { message } => message.clone(),
+            | BrokerError::Transient { message }
+            | BrokerError::ZoneUnreachable { message } => message.clone(),
             BrokerError::Throttled { .. } | BrokerError::NotSupported(_) => self.to_string(),
         }
     }
@@ -110,19 +127,22 @@ pub enum BrokerErrorKind {
     Throttled,
     /// [`BrokerError::Transient`].
     Transient,
+    /// [`BrokerError::ZoneUnreachable`].
+    ZoneUnreachable,
     /// [`BrokerError::NotSupported`].
     NotSupported,
 }
 
 impl BrokerErrorKind {
     /// The kind as a label (metrics): `zone_specific`, `zone_independent`, `throttled`,
-    /// `transient` or `not_supported`.
+    /// `transient`, `zone_unreachable` or `not_supported`.
     pub fn label(self) -> &'static str {
         match self {
             BrokerErrorKind::ZoneSpecific => "zone_specific",
             BrokerErrorKind::ZoneIndependent => "zone_independent",
             BrokerErrorKind::Throttled => "throttled",
             BrokerErrorKind::Transient => "transient",
+            BrokerErrorKind::ZoneUnreachable => "zone_unreachable",
             BrokerErrorKind::NotSupported => "not_supported",
         }
     }

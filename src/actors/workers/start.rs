@@ -90,7 +90,7 @@ const REGISTER_ATTEMPTS: u32 = 3;
 fn failure_kind(err: &BrokerError, zone: Option<&str>) -> FailureKind {
     match err {
         BrokerError::Throttled { .. } => FailureKind::Throttled,
-        BrokerError::ZoneSpecific { .. } if zone.is_some() => FailureKind::Zone,
+        BrokerError::ZoneSpecific { .. } | BrokerError::ZoneUnreachable { .. } if zone.is_some() => FailureKind::Zone,
         _ => FailureKind::Independent,
     }
 }
