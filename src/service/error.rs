@@ -25,6 +25,13 @@ pub enum ServeError {
     #[cfg(feature = "ec2")]
     #[error("EC2: cannot list availability zones: {0}")]
     Ec2Zones(#[source] crate::ports::BrokerError),
+    /// The LXD broker's settings are incomplete or wrong, or the daemon refuses them (exit 2):
+    /// one sentence naming the setting.
+    #[error("{0}")]
+    LxdSettings(#[source] crate::adapters::lxd::LxdConfigError),
+    /// The LXD broker cannot list its zones (exit 1).
+    #[error("LXD: cannot list the cluster's members (its zones): {0}")]
+    LxdZones(#[source] crate::ports::BrokerError),
     /// `--init` on a data directory that holds a model's database (exit 2).
     #[error(
         "--init creates a new model only in a data directory without one, and {} already holds model database {}; \
@@ -135,7 +142,8 @@ impl ServeError {
             | ServeError::NoPostgres
             | ServeError::SimOutOfCapacity
             | ServeError::Tls(_)
-            | ServeError::Audit(_) => 2,
+            | ServeError::Audit(_)
+            | ServeError::LxdSettings(_) => 2,
             #[cfg(feature = "ec2")]
             ServeError::Ec2Settings(_) => 2,
             _ => 1,

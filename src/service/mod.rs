@@ -71,7 +71,7 @@ pub use http::wire;
 pub use lease::pg::{audit_epochs, EpochAudit};
 #[cfg(feature = "serve")]
 pub use serve::serve;
-pub use settings::{BrokerKind, Ec2Settings, LeaseSettings, ServeSettings, SettingsError};
+pub use settings::{BrokerKind, Ec2Settings, LeaseSettings, LxdSettings, ServeSettings, SettingsError};
 #[cfg(feature = "postgres")]
 pub use store::PG_SCHEMA_VERSION;
 #[cfg(feature = "serve")]

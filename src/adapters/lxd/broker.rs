@@ -12,7 +12,7 @@ use super::client::{Answer, CallError, LxdClient};
 use super::config::{LxdConfig, LxdConfigError};
 use super::errors::{already_exists, busy, classify, not_found};
 use super::shape::{instance_config, instance_name, shape, state_of, tags_of, RootPool, Shape, KEY_INSTANCE_TYPE};
-use super::shape::{KEY_MACHINE, KEY_MODEL, KEY_START};
+use super::shape::{KEY_HOST, KEY_MACHINE, KEY_MODEL, KEY_START};
 use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags};
 use crate::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
 
@@ -22,6 +22,55 @@ const CONCURRENCY: usize = 8;
 /// The wait between two tries of a call LXD refused because another operation held the
 /// instance (a start right behind its create).
 const BUSY_RETRY: Duration = Duration::from_millis(200);
+
+/// The placement of a host's containers (`lxd-host=MACHINE`): the container goes to the
+/// member its host machine's instance is on (see [`OnHost`]).
+pub const HOST_PLACEMENT: &str = "lxd-host=";
+
+/// A broker for the containers of one host machine (`H/lxd/N`): every start is placed on the
+/// member where the host's own instance runs (`lxd-host=H`), and the container carries its
+/// host in [`KEY_HOST`](super::shape::KEY_HOST). Wraps the model's broker (whatever decorates
+/// it: the placement travels in the start's parameters, so a start repeated after a restart
+/// goes to the same member).
+pub struct OnHost {
+    inner: Arc<dyn Broker>,
+    host: crate::model::MachineId,
+}
+
+impl OnHost {
+    /// Containers of `host`, started through `inner`.
+    pub fn new(inner: Arc<dyn Broker>, host: crate::model::MachineId) -> Self {
+        Self { inner, host }
+    }
+}
+
+impl Broker for OnHost {
+    fn pace_follow_ups(&self, pacer: Arc<dyn crate::ports::Pacer>) {
+        self.inner.pace_follow_ups(pacer)
+    }
+    fn start_instance(&self, mut params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
+        params.placement = Some(format!("{HOST_PLACEMENT}{}", self.host));
+        self.inner.start_instance(params)
+    }
+    fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
+        self.inner.stop_instances(ids)
+    }
+    fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
+        self.inner.all_instances()
+    }
+    fn supports_zones(&self) -> bool {
+        self.inner.supports_zones()
+    }
+    fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
+        self.inner.availability_zones()
+    }
+    fn retag_instance(&self, id: InstanceId, tags: InstanceTags) -> BrokerFuture<()> {
+        self.inner.retag_instance(id, tags)
+    }
+    fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
+        self.inner.release_instances(ids)
+    }
+}
 
 /// What the broker learnt of the daemon when it connected.
 #[derive(Debug, Clone)]
@@ -271,10 +320,44 @@ impl Inner {
         Ok(Some(member.clone()))
     }
 
+    /// The member where host machine `host`'s instance is (`None` on a standalone daemon):
+    /// a host without a running instance of ours cannot take containers yet.
+    async fn host_member(&self, host: &str) -> Result<Option<Member>, BrokerError> {
+        let all = self.list().await.map_err(|e| classify(&e, "list instances", None))?;
+        let Some(on) = all.iter().find(|i| i.tags.machine.as_ref().is_some_and(|m| m.as_str() == host)) else {
+            return Err(BrokerError::zone_independent(format!("LXD: host machine {host} has no instance yet")));
+        };
+        if on.state != InstanceState::Running {
+            return Err(BrokerError::zone_independent(format!(
+                "LXD: host machine {host}'s instance {} is {}, not running",
+                on.id, on.state
+            )));
+        }
+        if !self.daemon.clustered {
+            return Ok(None);
+        }
+        let location = self
+            .instance(on.id.as_str())
+            .await
+            .map_err(|e| classify(&e, "look up the host", None))?
+            .and_then(|i| i.get("location").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or_default();
+        let members = self.members().await.map_err(|e| classify(&e, "list cluster members", None))?;
+        match members.into_iter().find(|m| m.name == location) {
+            Some(m) if m.online => Ok(Some(m)),
+            Some(m) => Err(BrokerError::zone_specific(format!("LXD: host {host}'s member {} is offline", m.name))),
+            None => Err(BrokerError::zone_independent(format!("LXD: host {host}'s member {location:?} is unknown"))),
+        }
+    }
+
     async fn start(&self, params: StartInstanceParams) -> Result<StartedInstance, BrokerError> {
         let shape = shape(&params.constraints, &self.daemon.pool).map_err(BrokerError::zone_independent)?;
         let name = instance_name(&self.config.model_uuid, &params.machine, &params.client_token);
-        let target = self.target(params.zone.as_deref(), &name, &shape).await?;
+        let host = params.placement.as_deref().and_then(|p| p.strip_prefix(HOST_PLACEMENT));
+        let target = match host {
+            Some(h) => self.host_member(h).await?,
+            None => self.target(params.zone.as_deref(), &name, &shape).await?,
+        };
         let member = target.as_ref().map(|m| m.name.as_str());
         let mut body = json!({
             "name": name,
@@ -282,6 +365,9 @@ impl Inner {
             "source": {"type": "image", "alias": self.config.image},
             "config": instance_config(&shape, &params.tags, &params.extra_tags),
         });
+        if let Some(h) = host {
+            body["config"][KEY_HOST] = json!(h);
+        }
         if let Some(disk) = &shape.root_disk {
             body["devices"] = json!({"root": disk});
         }

@@ -24,6 +24,9 @@
 //!   [`BrokerError::ZoneUnreachable`](crate::ports::BrokerError::ZoneUnreachable): the start
 //!   fails over to another zone (with a new name) and whatever the unanswered call makes
 //!   later is an extra instance the provisioner stops.
+//! - Containers of a machine (`H/lxd/N`, seed 003's lazy container provisioners): [`OnHost`]
+//!   places each on the member where its host machine's instance runs (`lxd-host=H`), tagged
+//!   with [`KEY_HOST`]; a host without a running instance takes none yet.
 //! - Stops: force stop, then delete, each waited on; an instance already gone is success.
 //!   Released instances lose [`KEY_MODEL`]; reuse rewrites [`KEY_MACHINE`] and [`KEY_START`].
 //! - Listings: `GET /1.0/instances?recursion=1` filtered to this model's key. A container
@@ -38,7 +41,7 @@ mod config;
 mod errors;
 mod shape;
 
-pub use broker::{member_for, LxdBroker, Member};
+pub use broker::{member_for, LxdBroker, Member, OnHost, HOST_PLACEMENT};
 pub use client::{Answer, CallError, LxdClient};
 pub use config::{
     LxdConfig, LxdConfigError, LxdEndpoint, LxdTlsFiles, DEFAULT_CALL_TIMEOUT, DEFAULT_OPERATION_TIMEOUT,
@@ -46,6 +49,6 @@ pub use config::{
 };
 pub use errors::classify;
 pub use shape::{
-    instance_name, lxd_arch, shape, RootPool, Shape, KEY_INSTANCE_TYPE, KEY_MACHINE, KEY_MODEL, KEY_START,
+    instance_name, lxd_arch, shape, RootPool, Shape, KEY_HOST, KEY_INSTANCE_TYPE, KEY_MACHINE, KEY_MODEL, KEY_START,
     KEY_TAG_PREFIX, SIZED_POOL_DRIVERS,
 };

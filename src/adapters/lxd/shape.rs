@@ -16,6 +16,8 @@ pub const KEY_MODEL: &str = "user.provisioner-model";
 pub const KEY_MACHINE: &str = "user.provisioner-machine";
 /// Config key carrying the start's nonce.
 pub const KEY_START: &str = "user.provisioner-start";
+/// Config key carrying a container's host machine (`H` of `H/lxd/N`).
+pub const KEY_HOST: &str = "user.provisioner-host";
 /// Config key carrying the instance type an `instance-type=` constraint chose.
 pub const KEY_INSTANCE_TYPE: &str = "user.provisioner-instance-type";
 /// Prefix of the keys carrying the model's own tags (`user.tag.KEY`).

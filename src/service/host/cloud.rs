@@ -11,7 +11,11 @@ pub(crate) fn model_settings(opts: &ServeSettings, entry: &ModelEntry) -> ServeS
     let mut o = opts.clone();
     let c = &entry.cloud;
     if let Some(b) = c.broker.as_deref() {
-        o.broker = Some(if b == "ec2" { BrokerKind::Ec2 } else { BrokerKind::Sim });
+        o.broker = Some(match b {
+            "ec2" => BrokerKind::Ec2,
+            "lxd" => BrokerKind::Lxd,
+            _ => BrokerKind::Sim,
+        });
     }
     if let Some(z) = &c.zones {
         o.sim.zones = Some(z.clone());
@@ -29,6 +33,9 @@ pub(crate) fn model_settings(opts: &ServeSettings, entry: &ModelEntry) -> ServeS
     if let Some(i) = &c.image {
         o.ec2.image = Some(i.clone());
     }
+    if let Some(l) = &c.lxd {
+        o.lxd = l.over(&opts.lxd);
+    }
     if entry.name != DEFAULT_MODEL {
         if let StoreUrl::Postgres(url) = opts.store.url() {
             o.store.url = Some(StoreUrl::Postgres(schema_url(&url, &schema_name(&entry.name))));
@@ -42,6 +49,7 @@ pub(crate) fn broker_of(opts: &ServeSettings, cloud: &CloudSettings) -> String {
     cloud.broker.clone().unwrap_or_else(|| match opts.broker() {
         BrokerKind::Sim => "sim".to_owned(),
         BrokerKind::Ec2 => "ec2".to_owned(),
+        BrokerKind::Lxd => "lxd".to_owned(),
     })
 }
 

@@ -123,25 +123,40 @@ pub(crate) struct CloudSettings {
     pub endpoint: Option<String>,
     /// EC2's image id (ec2).
     pub image: Option<String>,
+    /// LXD's settings (lxd): each one left out is the service's `--lxd-...`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lxd: Option<crate::service::settings::LxdSettings>,
 }
 
 impl CloudSettings {
     /// Checks the settings for `broker` (the model's, resolved): a setting of the other cloud
     /// is refused, naming it; zones must be non-empty names; `broker` must be `sim` or `ec2`.
     pub(crate) fn check(&self, broker: &str) -> Result<(), ModelsError> {
-        if broker != "sim" && broker != "ec2" {
-            return Err(ModelsError::Cloud(format!("broker must be sim or ec2, got {broker:?}")));
+        if !["sim", "ec2", "lxd"].contains(&broker) {
+            return Err(ModelsError::Cloud(format!("broker must be sim, ec2 or lxd, got {broker:?}")));
         }
-        let ec2_only = [("region", &self.region), ("endpoint", &self.endpoint), ("image", &self.image)];
-        let sim_only = [("account", &self.account)];
-        let (wrong, other) = if broker == "sim" { (&ec2_only[..], "ec2") } else { (&sim_only[..], "sim") };
-        if let Some((name, _)) = wrong.iter().find(|(_, v)| v.is_some()) {
+        let lxd = self.lxd.clone().unwrap_or_default().named();
+        let given = |v: &Option<String>| v.is_some();
+        let settings: [(&str, Vec<(&str, bool)>); 3] = [
+            ("ec2", [("region", &self.region), ("endpoint", &self.endpoint), ("image", &self.image)].map(|(n, v)| (n, given(v))).to_vec()),
+            ("sim", vec![("account", given(&self.account))]),
+            ("lxd", lxd.iter().map(|(n, v)| (*n, v.is_some())).collect()),
+        ];
+        for (other, named) in settings.iter().filter(|(owner, _)| *owner != broker) {
+            if let Some((name, _)) = named.iter().find(|(_, set)| *set) {
+                return Err(ModelsError::Cloud(format!(
+                    "--{name} is a setting of the {other} broker, and this model uses {broker}"
+                )));
+            }
+        }
+        if broker != "sim" && self.zones.is_some() {
             return Err(ModelsError::Cloud(format!(
-                "--{name} is a setting of the {other} broker, and this model uses {broker}"
+                "--zones is a setting of the sim broker ({} lists its own zones)",
+                if broker == "ec2" { "EC2" } else { "LXD" }
             )));
         }
-        if broker == "ec2" && self.zones.is_some() {
-            return Err(ModelsError::Cloud("--zones is a setting of the sim broker (EC2 lists its own zones)".into()));
+        if let Some((name, _)) = lxd.iter().find(|(_, v)| v.as_deref().is_some_and(|v| v.trim().is_empty())) {
+            return Err(ModelsError::Cloud(format!("--{name} must not be empty")));
         }
         if let Some(zones) = &self.zones {
             if zones.is_empty() || zones.iter().any(|z| z.trim().is_empty() || z.contains(char::is_whitespace)) {

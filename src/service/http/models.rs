@@ -63,6 +63,7 @@ async fn detail(host: &Host, l: Listed) -> ModelDetail {
         region: c.region,
         endpoint: c.endpoint,
         image: c.image,
+        lxd: c.lxd,
         error: l.error,
         account_throttled,
     }
@@ -104,9 +105,9 @@ pub(crate) async fn add_model(
     payload: web::Payload,
 ) -> Result<HttpResponse> {
     caller.service_admin("adding a model")?;
-    let AddModel { name, broker, zones, account, region, endpoint, image } = json_body(&req, payload).await?;
+    let AddModel { name, broker, zones, account, region, endpoint, image, lxd } = json_body(&req, payload).await?;
     note(&req, format!("add model {name}"));
-    let cloud = CloudSettings { broker, zones, account, region, endpoint, image };
+    let cloud = CloudSettings { broker, zones, account, region, endpoint, image, lxd };
     host.add(ModelEntry::new(&name, cloud)).await?;
     Ok(HttpResponse::Created().json(detail(&host, listed(&host, &name).await?).await))
 }

@@ -476,7 +476,7 @@ pub struct AddModel {
     /// digit and not ending with a hyphen (Juju's rule).
     #[schema(min_length = 1, max_length = 63, pattern = "^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")]
     pub name: String,
-    /// `sim` or `ec2` (default: the service's `--broker`).
+    /// `sim`, `ec2` or `lxd` (default: the service's `--broker`).
     #[serde(default)]
     pub broker: Option<String>,
     /// The simulated cloud's zones (sim; default: the service's `--sim-zones`).
@@ -495,6 +495,10 @@ pub struct AddModel {
     /// EC2's image id (ec2).
     #[serde(default)]
     pub image: Option<String>,
+    /// LXD's settings (lxd; each one left out is the service's `--lxd-...`; files on the
+    /// service's host).
+    #[serde(default)]
+    pub lxd: Option<crate::service::settings::LxdSettings>,
 }
 
 /// A model, as `GET /v1/models` and `model list --json` show it.
@@ -528,7 +532,7 @@ pub struct ModelDetail {
     pub epoch: Option<i64>,
     /// Its uuid.
     pub uuid: Option<String>,
-    /// `sim` or `ec2`.
+    /// `sim`, `ec2` or `lxd`.
     pub broker: String,
     /// Its cloud's zones.
     pub zones: Vec<String>,
@@ -540,6 +544,9 @@ pub struct ModelDetail {
     pub endpoint: Option<String>,
     /// EC2's image id (ec2).
     pub image: Option<String>,
+    /// The model's own LXD settings (lxd; `null`: the service's).
+    #[serde(default)]
+    pub lxd: Option<crate::service::settings::LxdSettings>,
     /// Why it does not run here, if it does not (its store could not be opened).
     pub error: Option<String>,
     /// The starts its simulated account refused as throttled, all the account's models

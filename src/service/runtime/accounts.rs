@@ -47,6 +47,8 @@ pub(crate) fn account_of(opts: &ServeSettings, account: Option<&str>) -> Option<
             let endpoint = opts.ec2.endpoint.clone().unwrap_or_default();
             Some((format!("ec2:{region}@{endpoint}"), RateLimits::ec2(), None))
         }
+        // An LXD daemon has no request buckets to share.
+        BrokerKind::Lxd => None,
     }
 }
 

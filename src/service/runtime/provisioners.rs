@@ -22,7 +22,6 @@ pub(crate) enum PendingStarts {
     /// The simulated cloud lands its pending instances.
     Sim(Box<SimCloud>),
     /// A real cloud's starts are repeated by their client tokens.
-    #[cfg_attr(not(feature = "ec2"), allow(dead_code))]
     Intents(crate::service::cloud::intents::IntentBroker),
 }
 
@@ -93,19 +92,37 @@ fn start_container_provisioners(
     handle: &crate::ProvisionerHandle,
     subscribers: Vec<actix::Recipient<crate::ProvisionerEvent>>,
 ) -> Result<Option<crate::ContainersHandle>, ServeError> {
-    if opts.broker() != BrokerKind::Sim {
-        return Ok(None);
-    }
-    let plan = crate::service::cloud::initialiser::SimInitPlan {
-        delay: opts.sim.container_init_delay(),
-        failures: opts.sim.container_init_failures(),
-    };
+    let cloud: Arc<dyn crate::Broker> = Arc::new(broker.clone());
+    // The simulated cloud simulates a host's preparation; on LXD a host is a member's
+    // container, and its containers are the member's too (`OnHost`): nothing to install.
+    let (factory, initialiser, kinds): (_, Arc<dyn crate::containers::ContainerInitialiser>, Vec<String>) =
+        match opts.broker() {
+            BrokerKind::Sim => {
+                let plan = crate::service::cloud::initialiser::SimInitPlan {
+                    delay: opts.sim.container_init_delay(),
+                    failures: opts.sim.container_init_failures(),
+                };
+                (
+                    crate::containers::HostZoneBroker::factory(cloud),
+                    Arc::new(crate::service::cloud::initialiser::SimInitialiser::start(plan)),
+                    crate::containers::DEFAULT_CONTAINER_TYPES.iter().map(|k| (*k).to_owned()).collect(),
+                )
+            }
+            BrokerKind::Lxd => {
+                let factory: crate::containers::BrokerFactory = Arc::new(move |host, _kind, zone| {
+                    let on_host = Arc::new(crate::adapters::lxd::OnHost::new(cloud.clone(), host.clone()));
+                    Arc::new(crate::containers::HostZoneBroker::new(on_host, zone)) as Arc<dyn crate::Broker>
+                });
+                (factory, Arc::new(crate::service::cloud::initialiser::Ready), vec!["lxd".to_owned()])
+            }
+            BrokerKind::Ec2 => return Ok(None),
+        };
     let containers = crate::start_containers(
         config,
-        crate::containers::HostZoneBroker::factory(Arc::new(broker.clone())),
+        factory,
         Arc::new(StoreModel::new(store.clone())),
-        Arc::new(crate::service::cloud::initialiser::SimInitialiser::start(plan)),
-        crate::containers::DEFAULT_CONTAINER_TYPES.iter().map(|k| (*k).to_owned()).collect(),
+        initialiser,
+        kinds,
         subscribers,
     )?;
     handle.subscribe(containers.provisioner_events());

@@ -211,6 +211,15 @@ pub(crate) async fn start_model(
         }
         #[cfg(not(feature = "ec2"))]
         BrokerKind::Ec2 => return Err(ServeError::NoEc2Broker),
+        BrokerKind::Lxd => {
+            let (lxd, zones) = lxd_broker(&opts.lxd, &model_uuid).await?;
+            // As on EC2, each start's token and parameters are written before the call, so
+            // that a start left in flight is finished under the same name after a restart.
+            let lxd = crate::service::cloud::intents::IntentBroker::new(Arc::new(lxd), store.clone());
+            cloud_store = None;
+            pending = Some(PendingStarts::Intents(lxd.clone()));
+            (Arc::new(lxd), zones, "lxd")
+        }
     };
     // Replicas: the leader resumes them, at each epoch it leads (its writes fenced); a lone
     // service now, before its provisioner starts.
@@ -242,6 +251,8 @@ pub(crate) async fn start_model(
         rate_limits: match opts.broker() {
             BrokerKind::Sim => crate::config::rate_limits::RateLimits::unlimited(),
             BrokerKind::Ec2 => crate::config::rate_limits::RateLimits::ec2(),
+            // LXD has no request buckets: its daemon queues what it is asked.
+            BrokerKind::Lxd => crate::config::rate_limits::RateLimits::unlimited(),
         },
         // A start's record waits for a group commit: not holding a worker meanwhile.
         record_outside_worker: true,
@@ -355,5 +366,29 @@ async fn ec2_broker(
     };
     let broker = crate::adapters::ec2::Ec2Broker::connect(config).await.map_err(ServeError::Ec2Settings)?;
     let zones = crate::ports::Broker::availability_zones(&broker).await.map_err(ServeError::Ec2Zones)?;
+    Ok((broker, zones.into_iter().map(|z| z.name).collect()))
+}
+
+/// Connects the LXD broker (checking its settings against the daemon) and reads its zones.
+async fn lxd_broker(
+    s: &crate::service::settings::LxdSettings,
+    model_uuid: &str,
+) -> Result<(crate::adapters::lxd::LxdBroker, Vec<String>), ServeError> {
+    use crate::adapters::lxd::{LxdBroker, LxdConfig, LxdConfigError, LxdEndpoint, LxdTlsFiles};
+    let endpoint = s
+        .endpoint
+        .as_deref()
+        .ok_or(ServeError::LxdSettings(LxdConfigError::Missing(
+            "an endpoint (--lxd-endpoint unix:PATH or https://HOST:PORT)",
+        )))
+        .and_then(|e| LxdEndpoint::parse(e).map_err(ServeError::LxdSettings))?;
+    let mut config = LxdConfig::new(model_uuid, endpoint, s.image.clone().unwrap_or_default());
+    if let Some(p) = &s.project {
+        config.project = p.clone();
+    }
+    config.tls =
+        LxdTlsFiles { client_cert: s.client_cert.clone(), client_key: s.client_key.clone(), server_cert: s.server_cert.clone() };
+    let broker = LxdBroker::connect(config).await.map_err(ServeError::LxdSettings)?;
+    let zones = crate::ports::Broker::availability_zones(&broker).await.map_err(ServeError::LxdZones)?;
     Ok((broker, zones.into_iter().map(|z| z.name).collect()))
 }

@@ -34,7 +34,7 @@ pub use errors::SettingsError;
 pub use lease::{LeaseSettings, LeaseTimings, LeaseTimingsError, DEFAULT_LEASE, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY};
 pub use parse::{is_loopback, parse_duration, ZoneList};
 pub use sections::{
-    AuditSection, Ec2Settings, EventsSettings, RetrySettings, DEFAULT_MAX_STREAMS, DEFAULT_MAX_STREAMS_PER_TOKEN,
+    AuditSection, Ec2Settings, LxdSettings, EventsSettings, RetrySettings, DEFAULT_MAX_STREAMS, DEFAULT_MAX_STREAMS_PER_TOKEN,
     DEFAULT_STREAM_IDLE_TIMEOUT,
 };
 pub use sim::{SimSection, DEFAULT_SIM_CONTAINER_INIT_DELAY, DEFAULT_SIM_START_LATENCY, DEFAULT_SIM_ZONES};
@@ -76,6 +76,9 @@ pub enum BrokerKind {
     /// EC2 (a build with the `ec2` feature).
     #[value(help = None::<&str>)]
     Ec2,
+    /// LXD: containers on a daemon or a cluster (`--lxd-...`).
+    #[value(help = None::<&str>)]
+    Lxd,
 }
 
 /// Every setting of `provisioner serve`: the flags and the config file's keys (doc comments
@@ -93,8 +96,9 @@ pub struct ServeSettings {
     /// The HTTP API's address [default: 127.0.0.1:7878].
     #[arg(long, env = "PROVISIONER_LISTEN", value_name = "ADDR")]
     pub listen: Option<String>,
-    /// The cloud: `sim` (simulated, in real time, persisted in DIR) or `ec2` [default: sim].
-    #[arg(long, env = "PROVISIONER_BROKER", value_name = "sim|ec2", value_enum)]
+    /// The cloud: `sim` (simulated, in real time, persisted in DIR), `ec2` or `lxd`
+    /// [default: sim].
+    #[arg(long, env = "PROVISIONER_BROKER", value_name = "sim|ec2|lxd", value_enum)]
     pub broker: Option<BrokerKind>,
     /// Initial harvest mode (a value set with `config set` wins); case-insensitive.
     #[arg(skip)]
@@ -129,6 +133,9 @@ pub struct ServeSettings {
     /// The EC2 broker (`[ec2]`, `--ec2-...`, `--region`).
     #[command(flatten)]
     pub ec2: Ec2Settings,
+    /// The LXD broker (`[lxd]`, `--lxd-...`).
+    #[command(flatten)]
+    pub lxd: LxdSettings,
     /// The leader lease of replicas on PostgreSQL (`[lease]`, `--lease...`, `--replica-id`).
     #[command(flatten)]
     pub lease: LeaseSettings,
@@ -177,6 +184,7 @@ impl Default for ServeSettings {
             retry: RetrySettings::default(),
             sim: SimSection::default(),
             ec2: Ec2Settings::default(),
+            lxd: LxdSettings::default(),
             lease: LeaseSettings::default(),
             store: StoreSection::default(),
             audit: AuditSection::default(),

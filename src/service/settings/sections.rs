@@ -1,11 +1,11 @@
-//! `[events]`, `[retry]`, `[ec2]` and `[audit]`: the config file's smaller tables and their
-//! flags.
+//! `[events]`, `[retry]`, `[ec2]`, `[lxd]` and `[audit]`: the config file's smaller tables and
+//! their flags.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::RetryStrategy;
 
@@ -113,6 +113,65 @@ pub struct Ec2Settings {
     /// Security groups for new instances.
     #[arg(skip)]
     pub security_groups: Vec<String>,
+}
+
+/// The LXD broker's settings (used with `--broker lxd`): the flags, the config file's `[lxd]`
+/// table, and a model's own (`model add --broker lxd --lxd-...`, the body's `lxd` object; the
+/// files are on the service's host), where each one left out is the service's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct LxdSettings {
+    /// LXD: the API, `unix:PATH` (the daemon's socket, e.g. /var/lib/lxd/unix.socket) or
+    /// `https://HOST:PORT` (with --lxd-client-cert, --lxd-client-key and --lxd-server-cert).
+    #[arg(id = "lxd_endpoint", long = "lxd-endpoint", env = "PROVISIONER_LXD_ENDPOINT",
+          value_name = "unix:PATH|https://HOST:PORT")]
+    pub endpoint: Option<String>,
+    /// LXD: the image alias every container starts from (`lxc image alias list`).
+    #[arg(id = "lxd_image", long = "lxd-image", env = "PROVISIONER_LXD_IMAGE", value_name = "ALIAS")]
+    pub image: Option<String>,
+    /// LXD: the project containers are made in [default: default].
+    #[arg(id = "lxd_project", long = "lxd-project", env = "PROVISIONER_LXD_PROJECT", value_name = "NAME")]
+    pub project: Option<String>,
+    /// LXD over HTTPS: the PEM client certificate the daemon trusts (`lxc config trust add FILE`).
+    #[arg(id = "lxd_client_cert", long = "lxd-client-cert", env = "PROVISIONER_LXD_CLIENT_CERT", value_name = "FILE")]
+    #[schema(value_type = Option<String>)]
+    pub client_cert: Option<PathBuf>,
+    /// LXD over HTTPS: the client certificate's PEM private key.
+    #[arg(id = "lxd_client_key", long = "lxd-client-key", env = "PROVISIONER_LXD_CLIENT_KEY", value_name = "FILE")]
+    #[schema(value_type = Option<String>)]
+    pub client_key: Option<PathBuf>,
+    /// LXD over HTTPS: the daemon's PEM certificate, pinned ($LXD_DIR/server.crt; a cluster's
+    /// cluster.crt).
+    #[arg(id = "lxd_server_cert", long = "lxd-server-cert", env = "PROVISIONER_LXD_SERVER_CERT", value_name = "FILE")]
+    #[schema(value_type = Option<String>)]
+    pub server_cert: Option<PathBuf>,
+}
+
+impl LxdSettings {
+    /// Each setting with its flag's name, as text.
+    pub fn named(&self) -> [(&'static str, Option<String>); 6] {
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        [
+            ("lxd-endpoint", self.endpoint.clone()),
+            ("lxd-image", self.image.clone()),
+            ("lxd-project", self.project.clone()),
+            ("lxd-client-cert", path(&self.client_cert)),
+            ("lxd-client-key", path(&self.client_key)),
+            ("lxd-server-cert", path(&self.server_cert)),
+        ]
+    }
+
+    /// These settings over `base`: each one given here wins.
+    pub fn over(&self, base: &LxdSettings) -> LxdSettings {
+        LxdSettings {
+            endpoint: self.endpoint.clone().or_else(|| base.endpoint.clone()),
+            image: self.image.clone().or_else(|| base.image.clone()),
+            project: self.project.clone().or_else(|| base.project.clone()),
+            client_cert: self.client_cert.clone().or_else(|| base.client_cert.clone()),
+            client_key: self.client_key.clone().or_else(|| base.client_key.clone()),
+            server_cert: self.server_cert.clone().or_else(|| base.server_cert.clone()),
+        }
+    }
 }
 
 /// The audit log (`[audit]` in the config file, `--audit-log`): one JSON line per change

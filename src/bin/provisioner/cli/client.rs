@@ -189,7 +189,9 @@ fn model(c: &Client, cmd: ModelCmd) -> Result<(), Failure> {
         println!("uuid:      {}", m.uuid.as_deref().unwrap_or("-"));
         println!("cloud:     {}", m.broker);
         println!("zones:     {}", if m.zones.is_empty() { "-".to_owned() } else { m.zones.join(",") });
-        for (k, v) in [("account", &m.account), ("region", &m.region), ("endpoint", &m.endpoint), ("image", &m.image)] {
+        let lxd = m.lxd.as_ref().map(|l| l.named()).unwrap_or_default();
+        let ec2 = [("account", &m.account), ("region", &m.region), ("endpoint", &m.endpoint), ("image", &m.image)];
+        for (k, v) in ec2.into_iter().chain(lxd.iter().map(|(k, v)| (*k, v))) {
             if let Some(v) = v {
                 println!("{:<10} {v}", format!("{k}:"));
             }
@@ -206,9 +208,9 @@ fn model(c: &Client, cmd: ModelCmd) -> Result<(), Failure> {
         }
     };
     match cmd {
-        ModelCmd::Add { name, broker, zones, account, region, endpoint, image, json } => {
+        ModelCmd::Add { name, broker, zones, account, region, endpoint, image, lxd, json } => {
             let zones = zones.map(|z| z.split(',').map(|s| s.trim().to_owned()).collect());
-            let body = AddModel { name, broker, zones, account, region, endpoint, image };
+            let body = AddModel { name, broker, zones, account, region, endpoint, image, lxd: lxd.settings() };
             let added: ModelDetail = c.send("POST", "/v1/models", &body)?;
             if json {
                 print_json(&added);

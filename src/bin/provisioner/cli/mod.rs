@@ -39,6 +39,46 @@ pub struct Conn {
     pub model: Option<String>,
 }
 
+/// A model's own LXD settings (`model add --broker lxd`): as `serve`'s `--lxd-...` flags,
+/// without their environment variables (those are the service's); the files are on the
+/// service's host.
+#[derive(Args, Debug, Default)]
+pub struct LxdModelArgs {
+    /// LXD's API, `unix:PATH` or `https://HOST:PORT` (lxd).
+    #[arg(long = "lxd-endpoint", value_name = "unix:PATH|https://HOST:PORT")]
+    pub endpoint: Option<String>,
+    /// The image alias containers start from (lxd).
+    #[arg(long = "lxd-image", value_name = "ALIAS")]
+    pub image: Option<String>,
+    /// The LXD project (lxd).
+    #[arg(long = "lxd-project", value_name = "NAME")]
+    pub project: Option<String>,
+    /// The client certificate the daemon trusts, a PEM file on the service's host (lxd, https).
+    #[arg(long = "lxd-client-cert", value_name = "FILE")]
+    pub client_cert: Option<PathBuf>,
+    /// Its PEM private key, on the service's host (lxd, https).
+    #[arg(long = "lxd-client-key", value_name = "FILE")]
+    pub client_key: Option<PathBuf>,
+    /// The daemon's certificate to pin, a PEM file on the service's host (lxd, https).
+    #[arg(long = "lxd-server-cert", value_name = "FILE")]
+    pub server_cert: Option<PathBuf>,
+}
+
+impl LxdModelArgs {
+    /// The body's `lxd` object: `None` when no flag was given.
+    pub fn settings(self) -> Option<provisioner::service::settings::LxdSettings> {
+        let s = provisioner::service::settings::LxdSettings {
+            endpoint: self.endpoint,
+            image: self.image,
+            project: self.project,
+            client_cert: self.client_cert,
+            client_key: self.client_key,
+            server_cert: self.server_cert,
+        };
+        (s != provisioner::service::settings::LxdSettings::default()).then_some(s)
+    }
+}
+
 /// `provisioner model ...`: the models a service hosts.
 #[derive(Subcommand, Debug)]
 pub enum ModelCmd {
@@ -48,7 +88,7 @@ pub enum ModelCmd {
         /// Its name: 1 to 63 lowercase letters, digits and hyphens.
         name: String,
         /// Its cloud [default: the service's --broker].
-        #[arg(long, value_name = "sim|ec2", value_parser = ["sim", "ec2"])]
+        #[arg(long, value_name = "sim|ec2|lxd", value_parser = ["sim", "ec2", "lxd"])]
         broker: Option<String>,
         /// The simulated cloud's zones, comma-separated (sim) [default: the service's].
         #[arg(long, value_name = "a,b")]
@@ -66,6 +106,9 @@ pub enum ModelCmd {
         /// EC2's image id (ec2) [default: the service's].
         #[arg(long, value_name = "AMI")]
         image: Option<String>,
+        /// LXD's settings (lxd) [default: the service's --lxd-...].
+        #[command(flatten)]
+        lxd: LxdModelArgs,
         /// Print JSON.
         #[arg(long)]
         json: bool,

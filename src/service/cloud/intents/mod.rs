@@ -44,7 +44,6 @@ fn settles(outcome: &Result<StartedInstance, BrokerError>) -> bool {
 
 impl IntentBroker {
     /// `inner`, its starts' intents kept in `store`.
-    #[cfg_attr(not(feature = "ec2"), allow(dead_code))]
     pub(crate) fn new(inner: Arc<dyn Broker>, store: Store) -> Self {
         Self { inner, store }
     }
