@@ -72,7 +72,7 @@ fn check_and_install() -> Result<(), String> {
     if !Path::new("/sys/fs/cgroup").is_dir() {
         return Err("no /sys/fs/cgroup: containers cannot run here".into());
     }
-    let missing = ["lxd", "lxc", "busybox", "nft"].iter().any(|tool| find_in_path(tool).is_none());
+    let missing = ["lxd", "lxc", "busybox", "nft", "dnsmasq"].iter().any(|tool| find_in_path(tool).is_none());
     if missing {
         if find_in_path("apt-get").is_none() {
             return Err(format!("LXD is not installed and there is no apt-get to install {}", PACKAGES.join(" ")));
@@ -206,6 +206,8 @@ pub struct LxdDaemon {
     child: Option<Child>,
     /// Its instances are deleted already (a cluster deletes them all before any member stops).
     cleared: bool,
+    /// How long `lxd shutdown` may take before the process is killed.
+    grace: Duration,
 }
 
 impl std::fmt::Debug for LxdDaemon {
@@ -247,8 +249,16 @@ impl LxdDaemon {
             .process_group(0)
             .spawn()
             .map_err(|e| format!("cannot start lxd: {e}"))?;
-        let daemon =
-            LxdDaemon { root, dir, name: server_name.to_owned(), address, port, child: Some(child), cleared: false };
+        let daemon = LxdDaemon {
+            root,
+            dir,
+            name: server_name.to_owned(),
+            address,
+            port,
+            child: Some(child),
+            cleared: false,
+            grace: Duration::from_secs(30),
+        };
         let ready = run_bounded(
             Command::new("lxd").args(["waitready", "--timeout=60"]).env("LXD_DIR", &daemon.dir),
             Duration::from_secs(70),
@@ -480,7 +490,8 @@ impl LxdDaemon {
     }
 
     /// Stops the daemon: `lxd shutdown` (its instances deleted first unless done already), its
-    /// process killed by its own pid if it has not exited within 30 s.
+    /// process killed by its own pid if it has not exited within its grace (30 s; 3 s for a
+    /// cluster's member: see [`LxdCluster`]).
     fn stop(&mut self) {
         self.delete_own_instances();
         let Some(mut child) = self.child.take() else { return };
@@ -493,7 +504,7 @@ impl LxdDaemon {
             .stderr(Stdio::null())
             .spawn();
         let mut exited = false;
-        for _ in 0..300 {
+        for _ in 0..self.grace.as_millis() / 100 {
             if matches!(child.try_wait(), Ok(Some(_))) {
                 exited = true;
                 break;
@@ -632,8 +643,14 @@ fn write_busybox_image(work: &Path) -> Result<BusyboxImage, String> {
     Ok(BusyboxImage { meta, rootfs, fingerprint })
 }
 
+/// How long a cluster member's `lxd shutdown` may take before it is killed. Members that stop
+/// at the same time lose their quorum: one of them may then wait 5 to 20 s for the database
+/// before exiting, for nothing (its instances are gone already): it is killed instead.
+const MEMBER_GRACE: Duration = Duration::from_secs(3);
+
 /// Several daemons on distinct loopback addresses joined into one cluster, named `m1`, `m2`...;
-/// all stopped (at the same time) when dropped.
+/// when dropped, the instances of all deleted, then all stopped at the same time (any that has
+/// not exited after 3 s killed).
 #[derive(Debug)]
 pub struct LxdCluster {
     /// Its members, `m1` first.
@@ -661,7 +678,10 @@ impl LxdCluster {
         let mut failed = None;
         for d in spawned {
             match d {
-                Ok(d) => cluster.members.push(d),
+                Ok(mut d) => {
+                    d.grace = MEMBER_GRACE;
+                    cluster.members.push(d);
+                }
                 Err(e) => failed = failed.or(Some(e)),
             }
         }

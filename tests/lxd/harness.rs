@@ -54,6 +54,13 @@ fn get_api(daemon: &LxdDaemon, client: Option<&ClientCert>) -> serde_json::Value
     serde_json::from_slice(&out.stdout).expect("JSON from /1.0")
 }
 
+/// The state letter of process `pid` (`T` when stopped by a signal).
+fn process_state(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let state = status.lines().find_map(|l| l.strip_prefix("State:")).unwrap();
+    state.trim().chars().take(1).collect()
+}
+
 #[test]
 fn a_daemon_runs_a_busybox_container_and_trusts_a_client_certificate() {
     if !lxd_or_skip() {
@@ -79,6 +86,12 @@ fn a_daemon_runs_a_busybox_container_and_trusts_a_client_certificate() {
     let api = get_api(&lxd, Some(&client));
     assert_eq!(api["metadata"]["auth"], "trusted", "{api}");
     std::fs::remove_dir_all(&certs).unwrap();
+
+    lxd.freeze().unwrap();
+    assert_eq!(process_state(lxd.pid()), "T", "frozen");
+    lxd.thaw().unwrap();
+    assert_ne!(process_state(lxd.pid()), "T", "thawed");
+    lxd.lxc_ok(&["list"]).expect("it answers again");
 
     drop(lxd);
     traces.assert_gone();
@@ -107,6 +120,17 @@ fn a_cluster_forms_with_failure_domains_and_places_an_instance_on_its_target() {
     let instances = cluster.member("m3").unwrap().instances().unwrap();
     let instance = instances.iter().find(|i| i.name == name).expect("listed on every member");
     assert_eq!((instance.location.as_str(), instance.status.as_str()), ("m2", "Running"), "{instance:?}");
+
+    // A client trusted through one member may use every member's HTTPS API, which all serve
+    // the cluster's certificate.
+    let certs = std::env::temp_dir().join(unique_name("plxd-certs"));
+    let client = ClientCert::generate(&certs).unwrap();
+    m1.trust(&client.cert_path).expect("trusted");
+    let m3 = cluster.member("m3").unwrap();
+    assert!(m3.server_cert_path().ends_with("cluster.crt"), "{}", m3.server_cert_path().display());
+    let api = get_api(m3, Some(&client));
+    assert_eq!(api["metadata"]["auth"], "trusted", "{api}");
+    std::fs::remove_dir_all(&certs).unwrap();
 
     drop(cluster);
     for t in &traces {
