@@ -1,4 +1,4 @@
-//! Real LXD daemons for tests (features `test-util` and `lxd`), as [`moto`](super) starts an
+//! Real LXD daemons for tests (features `test-util` and `lxd`), as `moto` starts an
 //! EC2 server: each [`LxdDaemon`] is an `lxd` process of its own, with its own `LXD_DIR` in a
 //! temporary directory, listening on its unix socket and on HTTPS at a loopback address of its
 //! own (`127.X.Y.Z`, distinct per process and per daemon, on a port checked free), gone with its
@@ -25,9 +25,9 @@
 //! on one host would clash); images come from no image server, so a busybox image is built in
 //! the test and imported; only containers work (no virtual machines).
 //!
-//! Instance names are host-wide in part (LXD names its cgroups `lxc.payload.NAME`): tests that
-//! run daemons at the same time should give their instances names no other test uses
-//! ([`unique_name`]).
+//! Instance names are host-wide in part: LXD names its cgroups `lxc.payload.NAME`, and a second
+//! container of the same name on another daemon gets `lxc.payload.NAME-1`. A test that looks at
+//! an instance's cgroup files should give it a name no other test uses ([`unique_name`]).
 //!
 //! Every wait is bounded. These functions block: call them from a test's thread before any
 //! actor starts, or from a blocking task.
@@ -39,7 +39,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{Ipv4Addr, TcpListener};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -112,8 +112,8 @@ fn find_in_path(tool: &str) -> Option<PathBuf> {
     std::env::split_paths(&path).map(|dir| dir.join(tool)).find(|p| p.is_file())
 }
 
-/// A name no other test of any process running now uses: `PREFIX-PID-N` (instance names must
-/// be unique host-wide, see the module's documentation). At most 63 characters.
+/// A name no other test of any process running now uses: `PREFIX-PID-N` (for instances whose
+/// cgroups a test reads, see the module's documentation). At most 63 characters.
 pub fn unique_name(prefix: &str) -> String {
     static NAMES: AtomicUsize = AtomicUsize::new(0);
     let mut name = format!("{prefix}-{}-{}", std::process::id(), NAMES.fetch_add(1, Ordering::Relaxed));
@@ -245,8 +245,8 @@ impl LxdDaemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            // Its own process group: a terminal's ^C reaches the test, whose drops stop it.
-            .process_group(0)
+            // The test's process group: a terminal's ^C, which stops the test without its drops,
+            // stops the daemon too.
             .spawn()
             .map_err(|e| format!("cannot start lxd: {e}"))?;
         let daemon = LxdDaemon {
@@ -347,6 +347,12 @@ impl LxdDaemon {
         }
     }
 
+    /// The certificate of [`LxdDaemon::server_cert_path`] (PEM).
+    pub fn server_cert_pem(&self) -> Result<String, String> {
+        let path = self.server_cert_path();
+        std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    }
+
     /// Its `LXD_DIR`.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -363,7 +369,7 @@ impl LxdDaemon {
     }
 
     /// Runs `lxc ARGS` against this daemon (its unix socket, through `LXD_DIR`), killed after
-    /// two minutes.
+    /// two minutes (a frozen daemon does not answer until thawed).
     pub fn lxc(&self, args: &[&str]) -> Output {
         match run_bounded(&mut self.lxc_command(args), COMMAND_TIMEOUT) {
             Ok(out) => out,

@@ -76,7 +76,7 @@ fn a_daemon_runs_a_busybox_container_and_trusts_a_client_certificate() {
     lxd.lxc_ok(&["launch", "busybox", &name, "-c", "user.machine=0"]).expect("a container launches");
     let instances = lxd.instances().unwrap();
     let instance = instances.iter().find(|i| i.name == name).expect("listed");
-    assert_eq!(instance.status, "Running", "{instance:?}");
+    assert_eq!((instance.status.as_str(), instance.location.as_str()), ("Running", "none"), "{instance:?}");
     assert_eq!(instance.user.get("user.machine").map(String::as_str), Some("0"), "{instance:?}");
 
     let certs = std::env::temp_dir().join(unique_name("plxd-certs"));
@@ -128,6 +128,7 @@ fn a_cluster_forms_with_failure_domains_and_places_an_instance_on_its_target() {
     m1.trust(&client.cert_path).expect("trusted");
     let m3 = cluster.member("m3").unwrap();
     assert!(m3.server_cert_path().ends_with("cluster.crt"), "{}", m3.server_cert_path().display());
+    assert_eq!(m3.server_cert_pem().unwrap(), m1.server_cert_pem().unwrap(), "one certificate");
     let api = get_api(m3, Some(&client));
     assert_eq!(api["metadata"]["auth"], "trusted", "{api}");
     std::fs::remove_dir_all(&certs).unwrap();
