@@ -479,6 +479,20 @@ impl LxdDaemon {
             .unwrap_or_default())
     }
 
+    /// Sets cluster member `member`'s failure domain: its whole body, read and PUT back.
+    pub fn set_failure_domain(&self, member: &str, domain: &str) -> Result<(), String> {
+        let path = format!("/1.0/cluster/members/{member}");
+        let current = self.query(&path)?;
+        let body = serde_json::json!({
+            "roles": current["roles"],
+            "groups": current["groups"],
+            "config": current["config"],
+            "description": current["description"],
+            "failure_domain": domain,
+        });
+        self.query_with("PUT", &path, &body).map(drop)
+    }
+
     /// Deletes (forced) the instances on this daemon: on a cluster member, those located on it.
     fn delete_own_instances(&mut self) {
         if self.cleared || self.child.is_none() {
@@ -742,22 +756,6 @@ impl LxdCluster {
     }
 }
 
-impl LxdDaemon {
-    /// Sets cluster member `member`'s failure domain: its whole body, read and PUT back.
-    pub fn set_failure_domain(&self, member: &str, domain: &str) -> Result<(), String> {
-        let path = format!("/1.0/cluster/members/{member}");
-        let current = self.query(&path)?;
-        let body = serde_json::json!({
-            "roles": current["roles"],
-            "groups": current["groups"],
-            "config": current["config"],
-            "description": current["description"],
-            "failure_domain": domain,
-        });
-        self.query_with("PUT", &path, &body).map(drop)
-    }
-}
-
 impl Drop for LxdCluster {
     fn drop(&mut self) {
         // Every member's instances first, while the cluster has its quorum; then every member
@@ -777,7 +775,7 @@ impl Drop for LxdCluster {
 }
 
 /// A self-signed client certificate for LXD's HTTPS API (ECDSA P-256, with the `clientAuth`
-/// extended key usage), written as `client.crt` and `client.key` (PEM) in a directory.
+/// extended key usage: LXD 5.0 trusts one without it too, later versions may not), written as `client.crt` and `client.key` (PEM) in a directory.
 #[derive(Debug, Clone)]
 pub struct ClientCert {
     /// The certificate's file (PEM), for [`LxdDaemon::trust`] or `curl --cert`.
