@@ -20,11 +20,16 @@
 //!   same time, a fresh database of a test's own, and the certificates for a server with TLS.
 //! - `moto` (feature `ec2`): moto's EC2 server on a free loopback port, for tests of the EC2
 //!   broker and of the service on it.
+//! - `lxd` (feature `lxd`): real LXD daemons and clusters in temporary directories on loopback
+//!   addresses of their own, a busybox image built in the test, client certificates: for tests
+//!   of the LXD broker.
 
 pub mod broker_contract;
 mod cloud;
 mod compact;
 mod initialiser;
+#[cfg(feature = "lxd")]
+pub mod lxd;
 mod model;
 #[cfg(feature = "ec2")]
 pub mod moto;
