@@ -5,18 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use provisioner::testing::lxd::{ensure_lxd, unique_name, ClientCert, LxdCluster, LxdDaemon};
+use provisioner::testing::lxd::{unique_name, ClientCert, LxdCluster, LxdDaemon};
 
-/// Whether LXD can run here; if not, the test says why and passes.
-fn lxd_or_skip() -> bool {
-    match ensure_lxd() {
-        Ok(()) => true,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            false
-        }
-    }
-}
+use super::lxd_or_skip;
 
 /// What a daemon leaves that must be gone once it is dropped.
 struct Traces {

@@ -163,6 +163,7 @@ impl LxdBroker {
         let endpoint = config.endpoint.to_string();
         let server = client.get("/1.0").await.map_err(|source| match source {
             CallError::Api { .. } | CallError::Operation(_) => LxdConfigError::Setup { what: "the server", source },
+            CallError::Handshake(_) => LxdConfigError::Handshake { endpoint: endpoint.clone(), source },
             source => LxdConfigError::Unreachable { endpoint: endpoint.clone(), source },
         })?;
         if server.get("auth").and_then(Value::as_str) != Some("trusted") {

@@ -184,6 +184,19 @@ pub enum LxdConfigError {
         #[source]
         source: super::client::CallError,
     },
+    /// The TLS handshake failed: the daemon's certificate is not the pinned one, or the
+    /// daemon refused the client certificate's handshake.
+    #[error(
+        "LXD broker: the TLS handshake with --lxd-endpoint {endpoint} failed ({source}): is --lxd-server-cert \
+         the daemon's certificate ($LXD_DIR/server.crt; a cluster's cluster.crt)?"
+    )]
+    Handshake {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        #[source]
+        source: super::client::CallError,
+    },
     /// The daemon answered but does not trust the client certificate.
     #[error(
         "LXD broker: the daemon at --lxd-endpoint {endpoint} does not trust the client certificate \

@@ -118,7 +118,8 @@ pub struct Ec2Settings {
 /// The LXD broker's settings (used with `--broker lxd`): the flags, the config file's `[lxd]`
 /// table, and a model's own (`model add --broker lxd --lxd-...`, the body's `lxd` object; the
 /// files are on the service's host), where each one left out is the service's.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Args, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args, Serialize, Deserialize)]
+#[cfg_attr(feature = "serve", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct LxdSettings {
     /// LXD: the API, `unix:PATH` (the daemon's socket, e.g. /var/lib/lxd/unix.socket) or
@@ -134,16 +135,16 @@ pub struct LxdSettings {
     pub project: Option<String>,
     /// LXD over HTTPS: the PEM client certificate the daemon trusts (`lxc config trust add FILE`).
     #[arg(id = "lxd_client_cert", long = "lxd-client-cert", env = "PROVISIONER_LXD_CLIENT_CERT", value_name = "FILE")]
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "serve", schema(value_type = Option<String>))]
     pub client_cert: Option<PathBuf>,
     /// LXD over HTTPS: the client certificate's PEM private key.
     #[arg(id = "lxd_client_key", long = "lxd-client-key", env = "PROVISIONER_LXD_CLIENT_KEY", value_name = "FILE")]
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "serve", schema(value_type = Option<String>))]
     pub client_key: Option<PathBuf>,
     /// LXD over HTTPS: the daemon's PEM certificate, pinned ($LXD_DIR/server.crt; a cluster's
     /// cluster.crt).
     #[arg(id = "lxd_server_cert", long = "lxd-server-cert", env = "PROVISIONER_LXD_SERVER_CERT", value_name = "FILE")]
-    #[schema(value_type = Option<String>)]
+    #[cfg_attr(feature = "serve", schema(value_type = Option<String>))]
     pub server_cert: Option<PathBuf>,
 }
 
