@@ -141,3 +141,111 @@ fn on_a_cluster_machines_are_containers_spread_over_the_members_and_a_hosts_cont
     let left = by_machine(first);
     assert_eq!(left.len(), 6, "the others stay: {:?}", left.keys().collect::<Vec<_>>());
 }
+
+#[test]
+fn kill_9_with_starts_in_flight_leaves_exactly_one_container_per_machine_after_the_restart() {
+    if !lxd_or_skip() {
+        return;
+    }
+    let daemon = LxdDaemon::standalone(&unique_name("crash")).unwrap();
+    daemon.import_busybox_image(IMAGE).unwrap();
+    let dir = temp_dir("lxd-crash");
+    let args = lxd_args(&daemon);
+    let mut s = start(&dir, &args);
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "10", "--json"]));
+    // Some containers are made, some are being made, some not begun.
+    eventually(Duration::from_secs(30), "a first container", || !by_machine(&daemon).is_empty());
+    s.crash();
+    let before = by_machine(&daemon).len();
+    let s = start(&dir, &args);
+    let machines = all_started(&s, &ids, Duration::from_secs(120));
+    let containers = by_machine(&daemon);
+    for id in &ids {
+        let held = containers.get(id.as_str()).unwrap_or_else(|| panic!("{id} has no container: {containers:?}"));
+        assert_eq!(held.len(), 1, "machine {id} has one container: {held:?}");
+        assert_eq!(held[0].status, "Running", "{held:?}");
+        let m = machines.iter().find(|m| m["id"] == id.as_str()).unwrap();
+        assert_eq!(m["instance"], held[0].name.as_str());
+    }
+    assert_eq!(daemon.instances().unwrap().len(), ids.len(), "no container besides the machines'");
+    eprintln!("{before} of {} machines had a container at the crash", ids.len());
+}
+
+#[test]
+fn harvests_take_unknown_containers_with_the_models_keys_and_never_foreign_ones() {
+    if !lxd_or_skip() {
+        return;
+    }
+    let daemon = LxdDaemon::standalone(&unique_name("harvest")).unwrap();
+    daemon.import_busybox_image(IMAGE).unwrap();
+    let dir = temp_dir("lxd-harvest");
+    let config = crate::support::config_file(&dir, "harvest.toml", "harvest_grace = \"1s\"\nresync = \"1s\"\n");
+    let mut args = lxd_args(&daemon);
+    args.extend(["--config".to_owned(), config]);
+    let s = start(&dir, &args);
+    let uuid = s.json(&["model", "show", "default", "--json"])["uuid"].as_str().unwrap().to_owned();
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "1", "--json"]));
+    all_started(&s, &ids, Duration::from_secs(60));
+    let launch = |name: &str, keys: &[(&str, &str)]| {
+        let mut cmd: Vec<String> = vec!["launch".into(), IMAGE.into(), name.into()];
+        for (k, v) in keys {
+            cmd.extend(["-c".to_owned(), format!("{k}={v}")]);
+        }
+        let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        daemon.lxc_ok(&args).unwrap();
+    };
+    // Ours but no machine's (a model's key and a machine the model never had); another model's;
+    // an operator's own.
+    launch("orphan", &[("user.provisioner-model", &uuid), ("user.provisioner-machine", "99")]);
+    launch("another-model", &[("user.provisioner-model", "someone-else"), ("user.provisioner-machine", "99")]);
+    launch("operators-own", &[]);
+    let names = || -> Vec<String> { daemon.instances().unwrap().into_iter().map(|i| i.name).collect() };
+    // `destroyed` (the default) leaves unknown instances alone.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(names().contains(&"orphan".to_owned()), "{:?}", names());
+    assert!(s.cli(&["config", "set", "harvest-mode", "unknown"]).status.success());
+    eventually(Duration::from_secs(60), "the orphan harvested", || !names().contains(&"orphan".to_owned()));
+    std::thread::sleep(Duration::from_secs(3));
+    let left = names();
+    for kept in ["another-model", "operators-own"] {
+        assert!(left.contains(&kept.to_owned()), "{kept} was touched: {left:?}");
+    }
+    assert_eq!(left.len(), 3, "the machine's container, and the two strangers: {left:?}");
+}
+
+#[test]
+fn bad_lxd_settings_are_refused_at_start_and_at_model_add_naming_the_setting() {
+    if !lxd_or_skip() {
+        return;
+    }
+    let daemon = LxdDaemon::standalone(&unique_name("bad")).unwrap();
+    daemon.import_busybox_image(IMAGE).unwrap();
+    let dir = temp_dir("lxd-bad");
+    let socket = format!("unix:{}", daemon.socket().display());
+    let (code, err) = serve_output(&dir, &["--broker", "lxd", "--lxd-endpoint", &socket, "--lxd-image", "nope"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--lxd-image \"nope\""), "{err}");
+    let (code, err) = serve_output(&dir, &["--broker", "lxd", "--lxd-image", IMAGE]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--lxd-endpoint"), "{err}");
+    let (code, err) = serve_output(&dir, &["--broker", "lxd", "--lxd-endpoint", "unix:/nonexistent.socket", "--lxd-image", IMAGE]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("cannot reach LXD at --lxd-endpoint unix:/nonexistent.socket"), "{err}");
+
+    // A service on the simulated cloud adds a model on LXD; a bad setting is refused, named.
+    let s = Server::start(&temp_dir("lxd-models"), &[]);
+    let out = s.cli(&["model", "add", "boxes", "--broker", "lxd", "--lxd-endpoint", &socket, "--lxd-image", "nope"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--lxd-image \"nope\""), "{err}");
+    let out = s.cli(&["model", "add", "boxes", "--lxd-image", IMAGE]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--lxd-image is a setting of the lxd broker"), "{err}");
+    let shown = s.json(&["model", "add", "boxes", "--broker", "lxd", "--lxd-endpoint", &socket, "--lxd-image", IMAGE, "--json"]);
+    assert_eq!(shown["broker"], "lxd", "{shown}");
+    assert_eq!(shown["lxd"]["image"], IMAGE, "{shown}");
+    let ids = ids_of(&s.json(&["machine", "add", "-m", "boxes", "-n", "2", "--wait", "--json"]));
+    assert_eq!(ids.len(), 2);
+    let containers = by_machine(&daemon);
+    assert_eq!(containers.len(), 2, "the model's machines are the daemon's containers: {containers:?}");
+    assert!(s.json(&["machine", "list", "--json"]).as_array().unwrap().is_empty(), "default's are its own");
+}

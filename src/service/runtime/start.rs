@@ -246,6 +246,7 @@ pub(crate) async fn start_model(
         workers: settings.workers.unwrap_or(opts.workers),
         retry: opts.retry.strategy(),
         resync_interval: opts.resync,
+        harvest_grace: opts.harvest_grace,
         // The simulated cloud does not throttle: pacing it like EC2 would only slow it down.
         // Against EC2 the client-side limiter keeps its EC2-sized defaults.
         rate_limits: match opts.broker() {

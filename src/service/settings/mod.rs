@@ -111,6 +111,12 @@ pub struct ServeSettings {
     #[arg(skip = DEFAULT_RESYNC_INTERVAL)]
     #[serde(deserialize_with = "duration")]
     pub resync: Duration,
+    /// How young an unknown instance (one of ours no machine owns) is spared by harvests
+    /// (file only: `harvest_grace`): a start whose result is not recorded yet is not taken
+    /// for an orphan.
+    #[arg(skip = crate::config::DEFAULT_HARVEST_GRACE)]
+    #[serde(deserialize_with = "duration")]
+    pub harvest_grace: Duration,
     /// How long SIGTERM waits for in-flight cloud calls.
     #[arg(skip = DEFAULT_SHUTDOWN_GRACE)]
     #[serde(deserialize_with = "duration")]
@@ -178,6 +184,7 @@ impl Default for ServeSettings {
             harvest_mode: HarvestMode::default(),
             workers: DEFAULT_WORKERS,
             resync: DEFAULT_RESYNC_INTERVAL,
+            harvest_grace: crate::config::DEFAULT_HARVEST_GRACE,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             request_deadline: DEFAULT_REQUEST_DEADLINE,
             events: EventsSettings::default(),

@@ -45,22 +45,22 @@ pub struct Conn {
 #[derive(Args, Debug, Default)]
 pub struct LxdModelArgs {
     /// LXD's API, `unix:PATH` or `https://HOST:PORT` (lxd).
-    #[arg(long = "lxd-endpoint", value_name = "unix:PATH|https://HOST:PORT")]
+    #[arg(id = "lxd_endpoint", long = "lxd-endpoint", value_name = "unix:PATH|https://HOST:PORT")]
     pub endpoint: Option<String>,
     /// The image alias containers start from (lxd).
-    #[arg(long = "lxd-image", value_name = "ALIAS")]
+    #[arg(id = "lxd_image", long = "lxd-image", value_name = "ALIAS")]
     pub image: Option<String>,
     /// The LXD project (lxd).
-    #[arg(long = "lxd-project", value_name = "NAME")]
+    #[arg(id = "lxd_project", long = "lxd-project", value_name = "NAME")]
     pub project: Option<String>,
     /// The client certificate the daemon trusts, a PEM file on the service's host (lxd, https).
-    #[arg(long = "lxd-client-cert", value_name = "FILE")]
+    #[arg(id = "lxd_client_cert", long = "lxd-client-cert", value_name = "FILE")]
     pub client_cert: Option<PathBuf>,
     /// Its PEM private key, on the service's host (lxd, https).
-    #[arg(long = "lxd-client-key", value_name = "FILE")]
+    #[arg(id = "lxd_client_key", long = "lxd-client-key", value_name = "FILE")]
     pub client_key: Option<PathBuf>,
     /// The daemon's certificate to pin, a PEM file on the service's host (lxd, https).
-    #[arg(long = "lxd-server-cert", value_name = "FILE")]
+    #[arg(id = "lxd_server_cert", long = "lxd-server-cert", value_name = "FILE")]
     pub server_cert: Option<PathBuf>,
 }
 
