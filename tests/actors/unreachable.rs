@@ -1,0 +1,181 @@
+//! A zone that does not answer (issue 32): an LXD cluster member frozen or cut off, whose calls
+//! hang until the broker's timeout answers `BrokerError::ZoneUnreachable`. The call may still
+//! take effect when the member wakes up (ambiguous) and another zone may work (zone-specific):
+//! the start fails over without repeating the call, looks for what the unanswered call made
+//! before its next call, and an instance the member makes later, once the machine has its
+//! instance elsewhere, is stopped as the machine's extra instance.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use provisioner::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
+use provisioner::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+use provisioner::testing::{CloudOp, FakeBroker, FakeCloud, FakeMachine, FakeModel};
+use provisioner::{HarvestMode, Machine, ProvisionerConfig};
+
+use crate::support::*;
+
+/// How long the broker waits for a frozen member before it answers `ZoneUnreachable`.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the mock broker saw, in order: `start ZONE`, `look MACHINE`, `stop IDS`.
+type Seen = Arc<Mutex<Vec<String>>>;
+
+/// The fake cloud's broker with one frozen zone: a start aimed at it hangs for [`TIMEOUT`],
+/// then fails with `ZoneUnreachable`. With `made_anyway`, the frozen member makes the instance
+/// before the broker gives up on it (it shows up before the start's next call); otherwise the
+/// call is kept, and [`Frozen::wake`] has the member complete it later.
+struct Frozen {
+    inner: FakeBroker,
+    zone: String,
+    made_anyway: bool,
+    seen: Seen,
+    unanswered: Mutex<Vec<StartInstanceParams>>,
+}
+
+impl Frozen {
+    fn new(cloud: &FakeCloud, zone: &str, made_anyway: bool) -> Arc<Self> {
+        Arc::new(Self {
+            inner: cloud.broker(),
+            zone: zone.into(),
+            made_anyway,
+            seen: Seen::default(),
+            unanswered: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// The frozen member wakes up and completes every call it never answered (same client
+    /// token, same parameters: the instance is tagged for the machine and its start).
+    async fn wake(&self) -> Vec<String> {
+        let calls: Vec<StartInstanceParams> = std::mem::take(&mut *self.unanswered.lock().unwrap());
+        let mut made = Vec::new();
+        for params in calls {
+            let started = self.inner.start_instance(params).await.expect("the member makes it");
+            made.push(started.instance.id.to_string());
+        }
+        made
+    }
+}
+
+impl Broker for Frozen {
+    fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
+        let zone = params.zone.clone().unwrap_or_default();
+        self.seen.lock().unwrap().push(format!("start {zone}"));
+        if zone != self.zone {
+            return self.inner.start_instance(params);
+        }
+        let made = self.made_anyway.then(|| self.inner.start_instance(params.clone()));
+        if made.is_none() {
+            self.unanswered.lock().unwrap().push(params);
+        }
+        Box::pin(async move {
+            if let Some(made) = made {
+                made.await?;
+            }
+            actix_rt::time::sleep(TIMEOUT).await;
+            Err(BrokerError::zone_unreachable(format!("cluster member {zone} did not answer in {TIMEOUT:?}")))
+        })
+    }
+    fn instances_of_start(&self, machine: MachineId, nonce: String) -> BrokerFuture<Vec<CloudInstance>> {
+        self.seen.lock().unwrap().push(format!("look {machine}"));
+        self.inner.instances_of_start(machine, nonce)
+    }
+    fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
+        let names: Vec<String> = ids.iter().map(ToString::to_string).collect();
+        self.seen.lock().unwrap().push(format!("stop {}", names.join(",")));
+        self.inner.stop_instances(ids)
+    }
+    fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
+        self.inner.all_instances()
+    }
+    fn supports_zones(&self) -> bool {
+        self.inner.supports_zones()
+    }
+    fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
+        self.inner.availability_zones()
+    }
+    fn derive_availability_zones(&self, params: &StartInstanceParams) -> BrokerFuture<Vec<String>> {
+        self.inner.derive_availability_zones(params)
+    }
+    fn retag_instance(&self, id: InstanceId, tags: InstanceTags) -> BrokerFuture<()> {
+        self.inner.retag_instance(id, tags)
+    }
+    fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
+        self.inner.release_instances(ids)
+    }
+}
+
+/// Zones `a` and `b`; machine 9 already runs `i-9` in `b`, so that machine 0's first start goes
+/// to `a` (the emptier zone).
+fn cloud_and_model() -> (FakeCloud, FakeModel) {
+    let cloud = zoned_cloud(&["a", "b"]);
+    cloud.launch_aged("i-9", Some("b"), Some("9"), InstanceState::Running, false, OLD);
+    let model = FakeModel::with_machines(vec![
+        FakeMachine::new(with_instance("9", "i-9")),
+        FakeMachine::new(Machine::pending("0")),
+    ]);
+    (cloud, model)
+}
+
+fn provisioner_over(config: ProvisionerConfig, broker: Arc<Frozen>, cloud: FakeCloud, model: FakeModel) -> Harness {
+    Harness::over(config, broker, cloud, model)
+}
+
+fn zone_of(cloud: &provisioner::testing::CloudSnapshot, id: &str) -> Option<String> {
+    cloud.instances.get(&InstanceId::new(id)).and_then(|i| i.instance.zone.clone())
+}
+
+/// Issue 32, point 1: a `ZoneUnreachable` answer is not repeated in the frozen zone with the
+/// same token (as a transient failure is): the zone is marked failed for the machine and the
+/// start moves to another zone at once, looking for an instance of its own first (the
+/// unanswered call may have made one). The machine ends with one instance, in `b`.
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
+async fn an_unreachable_zone_is_failed_over_after_a_look_and_never_repeated() {
+    let (cloud, model) = cloud_and_model();
+    let frozen = Frozen::new(&cloud, "a", false);
+    let h = provisioner_over(one_retry(), frozen.clone(), cloud, model);
+    let model = h.until_model(Duration::from_secs(120), |m| instance_of(m, "0").is_some()).await;
+    let cloud = h.cloud().await;
+    let instance = instance_of(&model, "0").unwrap();
+    assert_eq!(zone_of(&cloud, &instance).as_deref(), Some("b"));
+    assert_eq!(cloud.live_instances_of(&MachineId::new("0")).len(), 1, "exactly one instance");
+    assert_eq!(frozen.seen(), ["start a", "look 0", "start b"], "one call in a, the look before the call in b");
+    assert!(stops(&cloud).is_empty());
+    let status = model.machine("0").unwrap();
+    assert_eq!(status.machine.instance_status.as_str(), "running", "{status:?}");
+    h.handle.shutdown();
+}
+
+/// Issue 32, point 1: the instance the unanswered call made shows up before the start's next
+/// call: the look finds it (tagged for the machine and the start), the start adopts it, and no
+/// second instance is made.
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
+async fn what_an_unanswered_call_made_is_adopted_before_any_other_call() {
+    let (cloud, model) = cloud_and_model();
+    let frozen = Frozen::new(&cloud, "a", true);
+    let h = provisioner_over(one_retry(), frozen.clone(), cloud, model);
+    let model = h.until_model(Duration::from_secs(120), |m| instance_of(m, "0").is_some()).await;
+    let cloud = h.cloud().await;
+    let instance = instance_of(&model, "0").unwrap();
+    assert_eq!(zone_of(&cloud, &instance).as_deref(), Some("a"), "the unanswered call's instance");
+    assert_eq!(frozen.seen(), ["start a", "look 0"], "adopted: no call in b");
+    assert_eq!(cloud.calls_of(CloudOp::StartInstance).len(), 1);
+    assert_eq!(cloud.live_instances_of(&MachineId::new("0")).len(), 1);
+    h.settle().await;
+    assert!(stops(&h.cloud().await).is_empty());
+    h.handle.shutdown();
+}
+
+/// One retry round (with no round left a zone failure is final: no fail-over).
+fn one_retry() -> ProvisionerConfig {
+    with_retries(1, Duration::from_secs(10))
+}
+
+/// A harvest mode that harvests nothing, and a resync every minute.
+fn resyncing(mode: HarvestMode) -> ProvisionerConfig {
+    ProvisionerConfig { resync_interval: Duration::from_secs(60), ..with_mode(mode) }
+}
