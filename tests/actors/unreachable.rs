@@ -179,3 +179,110 @@ fn one_retry() -> ProvisionerConfig {
 fn resyncing(mode: HarvestMode) -> ProvisionerConfig {
     ProvisionerConfig { resync_interval: Duration::from_secs(60), ..with_mode(mode) }
 }
+
+/// `resyncing` with one retry round (for the fail-over).
+fn resyncing_with_retry(mode: HarvestMode) -> ProvisionerConfig {
+    ProvisionerConfig { retry: one_retry().retry, ..resyncing(mode) }
+}
+
+fn state(cloud: &provisioner::testing::CloudSnapshot, id: &str) -> Option<InstanceState> {
+    cloud.state_of(id)
+}
+
+/// Issue 32, point 2: after the fail-over the frozen member wakes up and completes the first
+/// create: a second instance tagged for machine 0 (same start) runs while 0 has its instance in
+/// `b`. The next fresh listing finds it as 0's extra instance and the provisioner stops it,
+/// once, in harvest mode `none` (it was made by our own start); the recorded instance is never
+/// stopped, and the stop is announced (`extra-instances`, then `instances-stopped`).
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
+async fn a_live_machines_extra_instance_is_stopped_once_and_its_own_never() {
+    let (cloud, model) = cloud_and_model();
+    let frozen = Frozen::new(&cloud, "a", false);
+    let h = provisioner_over(resyncing_with_retry(HarvestMode::None), frozen.clone(), cloud, model);
+    let model = h.until_model(Duration::from_secs(120), |m| instance_of(m, "0").is_some()).await;
+    let own = instance_of(&model, "0").unwrap();
+    let extra = frozen.wake().await;
+    assert_eq!(extra.len(), 1);
+    let extra = extra[0].clone();
+    assert_ne!(extra, own);
+    h.run_for(Duration::from_secs(300)).await;
+    let cloud = h.cloud().await;
+    assert_eq!(stops(&cloud), vec![vec![extra.clone()]], "stopped once, nothing else");
+    assert_eq!(state(&cloud, &extra), Some(InstanceState::Terminated));
+    assert_eq!(state(&cloud, &own), Some(InstanceState::Running));
+    assert_eq!(state(&cloud, "i-9"), Some(InstanceState::Running));
+    assert_eq!(instance_of(&h.model().await, "0"), Some(own), "the machine keeps its instance");
+    let names = h.event_names().await;
+    let announced = names.iter().position(|n| *n == "extra-instances").expect("announced");
+    assert!(names[announced..].contains(&"instances-stopped"), "{names:?}");
+    h.handle.shutdown();
+}
+
+/// Issue 32, point 2 (careful case): the recorded instance stopped outside our control
+/// (seed 000) is still the machine's: it is never stopped as an extra instance, over many
+/// listings; an extra one that shows up beside it is.
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
+async fn a_recorded_instance_stopped_outside_control_is_never_an_extra_instance() {
+    let (cloud, model) = cloud_and_model();
+    let frozen = Frozen::new(&cloud, "a", false);
+    let h = provisioner_over(resyncing_with_retry(HarvestMode::All), frozen.clone(), cloud, model);
+    h.until_model(Duration::from_secs(120), |m| instance_of(m, "0").is_some()).await;
+    h.cloud.set_state("i-9", InstanceState::Stopped);
+    h.run_for(Duration::from_secs(300)).await;
+    let cloud = h.cloud().await;
+    assert!(stops(&cloud).is_empty(), "{:?}", stops(&cloud));
+    let nine = h.model().await.machine("9").unwrap().machine.instance_status.clone();
+    assert_eq!(nine.as_str(), "stopped", "the stop outside our control is reported");
+    // An instance tagged for 9 shows up beside its stopped one (launched after the machine was
+    // last read: only a listing finds it).
+    h.cloud.launch_aged("i-x", Some("b"), Some("9"), InstanceState::Running, false, OLD);
+    h.run_for(Duration::from_secs(300)).await;
+    let cloud = h.cloud().await;
+    assert_eq!(stops(&cloud), vec![vec!["i-x".to_string()]]);
+    assert_eq!(state(&cloud, "i-9"), Some(InstanceState::Stopped), "never stopped by us");
+    h.handle.shutdown();
+}
+
+/// Issue 32, point 2 (careful case): a start in flight is never touched: its product, listed
+/// (pending, tagged for the machine) by many listings while the call runs, is not an extra
+/// instance (the machine records none yet), nor once it is recorded.
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
+async fn a_start_in_flight_is_never_stopped_as_an_extra_instance() {
+    let (cloud, model) = cloud_and_model();
+    cloud.set_latency(Duration::from_secs(600), Duration::ZERO);
+    let frozen = Frozen::new(&cloud, "none", false);
+    let h = provisioner_over(resyncing(HarvestMode::All), frozen.clone(), cloud, model);
+    h.run_for(Duration::from_secs(300)).await;
+    let cloud = h.cloud().await;
+    assert_eq!(cloud.live_instances_of(&MachineId::new("0")).len(), 1, "the start's product exists");
+    assert!(instance_of(&h.model().await, "0").is_none(), "still starting");
+    h.until_model(Duration::from_secs(600), |m| instance_of(m, "0").is_some()).await;
+    h.run_for(Duration::from_secs(300)).await;
+    let cloud = h.cloud().await;
+    assert!(stops(&cloud).is_empty(), "{:?}", stops(&cloud));
+    assert_eq!(cloud.live_instances_of(&MachineId::new("0")).len(), 1);
+    h.handle.shutdown();
+}
+
+/// Issue 32, point 2 (careful case): machine reuse hands a dead machine's parked instance to a
+/// new machine (retagged): neither while parked (its dead machine records it) nor once handed
+/// over (the new machine records it) is it an extra instance, over many listings.
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
+async fn a_reused_instance_is_never_an_extra_instance() {
+    let config =
+        ProvisionerConfig { reuse: true, reuse_window: Duration::from_secs(600), ..resyncing(HarvestMode::Destroyed) };
+    let h = Harness::zoned(config, &["az1"], &["0"]);
+    h.until_model(Duration::from_secs(10), |m| instance_of(m, "0").is_some()).await;
+    h.model.set_life("0", provisioner::Life::Dead);
+    h.run_for(Duration::from_secs(180)).await;
+    assert!(stops(&h.cloud().await).is_empty(), "parked, not stopped");
+    h.model.add_machine(FakeMachine::new(Machine::pending("1")));
+    h.run_for(Duration::from_secs(300)).await;
+    let cloud = h.cloud().await;
+    let model = h.model().await;
+    assert_eq!(instance_of(&model, "1").as_deref(), Some("i-1"), "handed over");
+    assert_eq!(starts_of(&cloud, "1"), 0);
+    assert!(stops(&cloud).is_empty(), "{:?}", stops(&cloud));
+    assert!(!h.event_names().await.contains(&"extra-instances"));
+    h.handle.shutdown();
+}

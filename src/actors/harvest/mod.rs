@@ -13,7 +13,7 @@ mod tests;
 
 pub use actor::HarvestPolicy;
 pub use messages::{
-    ClaimReusable, EndSafeMode, GetHarvestMode, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown, SetHarvestMode,
-    StopsDone,
+    ClaimReusable, EndSafeMode, GetHarvestMode, PlanDeadMachines, PlanDestroy, PlanExtras, PlanStops, PlanUnknown,
+    SetHarvestMode, StopsDone,
 };
 pub use state::{HarvestBook, HarvestPlan, HarvestSafety, ModeChange, UnknownInstance};

@@ -14,6 +14,6 @@ mod tests;
 
 pub use actor::MachineLifecycle;
 pub use messages::{
-    ForgetLifecycle, GetPhases, ObserveDead, ObserveDestroy, ObservePending, StartsFinished, StillWanted,
+    ForgetLifecycle, GetPhases, ObserveDead, ObserveDestroy, ObservePending, StartsFinished, StillWanted, WithoutStart,
 };
 pub use state::{AfterStart, Deaths, LifecycleBook, Phase};
