@@ -5,7 +5,8 @@
 //! before its next call, and an instance the member makes later, once the machine has its
 //! instance elsewhere, is stopped as the machine's extra instance.
 
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
 use std::time::Duration;
 
 use provisioner::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
@@ -18,40 +19,53 @@ use crate::support::*;
 /// How long the broker waits for a frozen member before it answers `ZoneUnreachable`.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// What the mock broker saw, in order: `start ZONE`, `look MACHINE`, `stop IDS`.
-type Seen = Arc<Mutex<Vec<String>>>;
-
 /// The fake cloud's broker with one frozen zone: a start aimed at it hangs for [`TIMEOUT`],
 /// then fails with `ZoneUnreachable`. With `made_anyway`, the frozen member makes the instance
 /// before the broker gives up on it (it shows up before the start's next call); otherwise the
-/// call is kept, and [`Frozen::wake`] has the member complete it later.
+/// call is kept, and [`Probe::wake`] has the member complete it later. What it sees goes to
+/// the test's [`Probe`] (channels: no lock).
 struct Frozen {
     inner: FakeBroker,
     zone: String,
     made_anyway: bool,
-    seen: Seen,
-    unanswered: Mutex<Vec<StartInstanceParams>>,
+    /// In order: `start ZONE`, `look MACHINE`, `stop IDS`.
+    seen: Sender<String>,
+    unanswered: Sender<StartInstanceParams>,
+}
+
+/// The test's end of a [`Frozen`] broker.
+struct Probe {
+    inner: FakeBroker,
+    seen: Receiver<String>,
+    log: Vec<String>,
+    unanswered: Receiver<StartInstanceParams>,
 }
 
 impl Frozen {
-    fn new(cloud: &FakeCloud, zone: &str, made_anyway: bool) -> Arc<Self> {
-        Arc::new(Self {
-            inner: cloud.broker(),
-            zone: zone.into(),
-            made_anyway,
-            seen: Seen::default(),
-            unanswered: Mutex::new(Vec::new()),
-        })
+    fn new(cloud: &FakeCloud, zone: &str, made_anyway: bool) -> (Arc<Self>, Probe) {
+        let (seen, seen_rx) = channel();
+        let (unanswered, unanswered_rx) = channel();
+        let frozen = Arc::new(Self { inner: cloud.broker(), zone: zone.into(), made_anyway, seen, unanswered });
+        let probe = Probe { inner: cloud.broker(), seen: seen_rx, log: Vec::new(), unanswered: unanswered_rx };
+        (frozen, probe)
     }
 
-    fn seen(&self) -> Vec<String> {
-        self.seen.lock().unwrap().clone()
+    fn saw(&self, what: String) {
+        let _ = self.seen.send(what);
+    }
+}
+
+impl Probe {
+    /// Everything the broker saw so far, in order.
+    fn seen(&mut self) -> Vec<String> {
+        self.log.extend(self.seen.try_iter());
+        self.log.clone()
     }
 
     /// The frozen member wakes up and completes every call it never answered (same client
     /// token, same parameters: the instance is tagged for the machine and its start).
     async fn wake(&self) -> Vec<String> {
-        let calls: Vec<StartInstanceParams> = std::mem::take(&mut *self.unanswered.lock().unwrap());
+        let calls: Vec<StartInstanceParams> = self.unanswered.try_iter().collect();
         let mut made = Vec::new();
         for params in calls {
             let started = self.inner.start_instance(params).await.expect("the member makes it");
@@ -64,13 +78,13 @@ impl Frozen {
 impl Broker for Frozen {
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         let zone = params.zone.clone().unwrap_or_default();
-        self.seen.lock().unwrap().push(format!("start {zone}"));
+        self.saw(format!("start {zone}"));
         if zone != self.zone {
             return self.inner.start_instance(params);
         }
         let made = self.made_anyway.then(|| self.inner.start_instance(params.clone()));
         if made.is_none() {
-            self.unanswered.lock().unwrap().push(params);
+            let _ = self.unanswered.send(params);
         }
         Box::pin(async move {
             if let Some(made) = made {
@@ -81,12 +95,12 @@ impl Broker for Frozen {
         })
     }
     fn instances_of_start(&self, machine: MachineId, nonce: String) -> BrokerFuture<Vec<CloudInstance>> {
-        self.seen.lock().unwrap().push(format!("look {machine}"));
+        self.saw(format!("look {machine}"));
         self.inner.instances_of_start(machine, nonce)
     }
     fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
         let names: Vec<String> = ids.iter().map(ToString::to_string).collect();
-        self.seen.lock().unwrap().push(format!("stop {}", names.join(",")));
+        self.saw(format!("stop {}", names.join(",")));
         self.inner.stop_instances(ids)
     }
     fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
@@ -136,14 +150,14 @@ fn zone_of(cloud: &provisioner::testing::CloudSnapshot, id: &str) -> Option<Stri
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn an_unreachable_zone_is_failed_over_after_a_look_and_never_repeated() {
     let (cloud, model) = cloud_and_model();
-    let frozen = Frozen::new(&cloud, "a", false);
-    let h = provisioner_over(one_retry(), frozen.clone(), cloud, model);
+    let (frozen, mut probe) = Frozen::new(&cloud, "a", false);
+    let h = provisioner_over(one_retry(), frozen, cloud, model);
     let model = h.until_model(Duration::from_secs(120), |m| instance_of(m, "0").is_some()).await;
     let cloud = h.cloud().await;
     let instance = instance_of(&model, "0").unwrap();
     assert_eq!(zone_of(&cloud, &instance).as_deref(), Some("b"));
     assert_eq!(cloud.live_instances_of(&MachineId::new("0")).len(), 1, "exactly one instance");
-    assert_eq!(frozen.seen(), ["start a", "look 0", "start b"], "one call in a, the look before the call in b");
+    assert_eq!(probe.seen(), ["start a", "look 0", "start b"], "one call in a, the look before the call in b");
     assert!(stops(&cloud).is_empty());
     let status = model.machine("0").unwrap();
     assert_eq!(status.machine.instance_status.as_str(), "running", "{status:?}");
@@ -156,13 +170,13 @@ async fn an_unreachable_zone_is_failed_over_after_a_look_and_never_repeated() {
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn what_an_unanswered_call_made_is_adopted_before_any_other_call() {
     let (cloud, model) = cloud_and_model();
-    let frozen = Frozen::new(&cloud, "a", true);
-    let h = provisioner_over(one_retry(), frozen.clone(), cloud, model);
+    let (frozen, mut probe) = Frozen::new(&cloud, "a", true);
+    let h = provisioner_over(one_retry(), frozen, cloud, model);
     let model = h.until_model(Duration::from_secs(120), |m| instance_of(m, "0").is_some()).await;
     let cloud = h.cloud().await;
     let instance = instance_of(&model, "0").unwrap();
     assert_eq!(zone_of(&cloud, &instance).as_deref(), Some("a"), "the unanswered call's instance");
-    assert_eq!(frozen.seen(), ["start a", "look 0"], "adopted: no call in b");
+    assert_eq!(probe.seen(), ["start a", "look 0"], "adopted: no call in b");
     assert_eq!(cloud.calls_of(CloudOp::StartInstance).len(), 1);
     assert_eq!(cloud.live_instances_of(&MachineId::new("0")).len(), 1);
     h.settle().await;
@@ -197,17 +211,21 @@ fn state(cloud: &provisioner::testing::CloudSnapshot, id: &str) -> Option<Instan
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_live_machines_extra_instance_is_stopped_once_and_its_own_never() {
     let (cloud, model) = cloud_and_model();
-    let frozen = Frozen::new(&cloud, "a", false);
-    let h = provisioner_over(resyncing_with_retry(HarvestMode::None), frozen.clone(), cloud, model);
+    let (frozen, mut probe) = Frozen::new(&cloud, "a", false);
+    let h = provisioner_over(resyncing_with_retry(HarvestMode::None), frozen, cloud, model);
     let model = h.until_model(Duration::from_secs(120), |m| instance_of(m, "0").is_some()).await;
     let own = instance_of(&model, "0").unwrap();
-    let extra = frozen.wake().await;
+    let extra = probe.wake().await;
     assert_eq!(extra.len(), 1);
     let extra = extra[0].clone();
     assert_ne!(extra, own);
     h.run_for(Duration::from_secs(300)).await;
     let cloud = h.cloud().await;
     assert_eq!(stops(&cloud), vec![vec![extra.clone()]], "stopped once, nothing else");
+    let seen = probe.seen();
+    let stopped: Vec<&String> = seen.iter().filter(|s| s.starts_with("stop")).collect();
+    assert_eq!(stopped, [&format!("stop {extra}")]);
+    assert_eq!(seen.iter().filter(|s| *s == "start a").count(), 1, "{seen:?}");
     assert_eq!(state(&cloud, &extra), Some(InstanceState::Terminated));
     assert_eq!(state(&cloud, &own), Some(InstanceState::Running));
     assert_eq!(state(&cloud, "i-9"), Some(InstanceState::Running));
@@ -224,8 +242,8 @@ async fn a_live_machines_extra_instance_is_stopped_once_and_its_own_never() {
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_recorded_instance_stopped_outside_control_is_never_an_extra_instance() {
     let (cloud, model) = cloud_and_model();
-    let frozen = Frozen::new(&cloud, "a", false);
-    let h = provisioner_over(resyncing_with_retry(HarvestMode::All), frozen.clone(), cloud, model);
+    let (frozen, _probe) = Frozen::new(&cloud, "a", false);
+    let h = provisioner_over(resyncing_with_retry(HarvestMode::All), frozen, cloud, model);
     h.until_model(Duration::from_secs(120), |m| instance_of(m, "0").is_some()).await;
     h.cloud.set_state("i-9", InstanceState::Stopped);
     h.run_for(Duration::from_secs(300)).await;
@@ -250,8 +268,8 @@ async fn a_recorded_instance_stopped_outside_control_is_never_an_extra_instance(
 async fn a_start_in_flight_is_never_stopped_as_an_extra_instance() {
     let (cloud, model) = cloud_and_model();
     cloud.set_latency(Duration::from_secs(600), Duration::ZERO);
-    let frozen = Frozen::new(&cloud, "none", false);
-    let h = provisioner_over(resyncing(HarvestMode::All), frozen.clone(), cloud, model);
+    let (frozen, _probe) = Frozen::new(&cloud, "none", false);
+    let h = provisioner_over(resyncing(HarvestMode::All), frozen, cloud, model);
     h.run_for(Duration::from_secs(300)).await;
     let cloud = h.cloud().await;
     assert_eq!(cloud.live_instances_of(&MachineId::new("0")).len(), 1, "the start's product exists");
