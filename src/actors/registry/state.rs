@@ -359,6 +359,7 @@ impl MachineBook {
     /// model read that predates it.
     pub fn upsert(&mut self, mut m: Machine) {
         let id = m.id.clone();
+        let issued = self.listings_issued;
         let slot = self.machine_slot(&id);
         if m.instance.is_none() {
             if let Some(ours) = slot.recorded() {
@@ -368,14 +369,11 @@ impl MachineBook {
         let old = slot.machine.as_ref().and_then(|o| o.instance.clone());
         let new = m.instance.clone();
         if new.is_some() && new != old {
-            // Learnt of a new instance from the model: extras are judged on a later listing.
-            let issued = self.listings_issued;
-            let slot = self.machine_slot(&id);
+            // Learnt of a new instance from the model: its extras are judged on a later listing.
             if let Some(ours) = &mut slot.ours {
                 ours.recorded_after = issued;
             }
         }
-        let slot = self.machine_slot(&id);
         slot.machine = Some(m);
         if let Some(old) = old {
             if Some(&old) != new.as_ref() {
@@ -505,13 +503,12 @@ impl MachineBook {
 
     /// Records an instance of ours, and the constraints of its start when given.
     fn record(&mut self, machine: &MachineId, instance: CloudInstance, started_with: Option<StartedWith>) {
+        let issued = self.listings_issued;
         let slot = self.machine_slot(machine);
         if let Some(m) = &mut slot.machine {
             m.instance = Some(instance.id.clone());
             m.instance_status = InstanceStatus::from_static(instance.state.as_str());
         }
-        let issued = self.listings_issued;
-        let slot = self.machine_slot(machine);
         let ours = slot.ours();
         if let Some(started_with) = started_with {
             ours.started_with = started_with;
@@ -886,8 +883,9 @@ impl MachineBook {
             .filter_map(|s| s.view.as_deref())
             .filter(|i| self.scope.judges(i.tags.machine.as_ref()))
             // An instance tagged for a machine we still know is that machine's business (a
-            // dead one's harvest takes its strays, a deferred stop takes a start in flight):
-            // only once the machine is gone is the instance unknown.
+            // dead one's harvest takes its strays, a deferred stop takes a start in flight, a
+            // live one's extras are stopped as such, see `extra_instances`): only once the
+            // machine is gone is the instance unknown.
             .filter(|i| i.tags.machine.as_ref().is_none_or(|m| self.machine(m).is_none()))
             .map(|i| i.id.clone())
             .collect();
