@@ -198,6 +198,8 @@ fn start_with(
         stops_done: harvest.clone().recipient(),
         plan_destroy: harvest.clone().recipient(),
         plan_stops: harvest.clone().recipient(),
+        plan_extras: harvest.clone().recipient(),
+        without_start: lifecycle.clone().recipient(),
         stops_planned: registry.clone().recipient(),
         prepare_destroy: registry.clone().recipient(),
         sweep: registry.clone().recipient(),

@@ -59,6 +59,16 @@ pub enum ProvisionerEvent {
         /// The machine.
         machine: MachineId,
     },
+    /// Extra instances of live machines are being stopped (issue 32): each tagged for a live
+    /// machine that records another instance (made by a start whose call went unanswered,
+    /// after the machine got its instance elsewhere). Stopped whatever the harvest mode;
+    /// `instances-stopped` follows once the stop is done.
+    ExtraInstances {
+        /// The machines they are tagged for, in id order, without repeats.
+        machines: Vec<MachineId>,
+        /// The instances.
+        instances: Vec<InstanceId>,
+    },
     /// A harvest pass left unknown instances for later: younger than the grace period, or
     /// beyond the cap on stops per pass (published by the harvest policy with its plan).
     HarvestDeferred {
@@ -83,6 +93,7 @@ impl ProvisionerEvent {
             ProvisionerEvent::InstancesReleased { .. } => "instances-released",
             ProvisionerEvent::MachineRemoved { .. } => "machine-removed",
             ProvisionerEvent::HarvestDeferred { .. } => "harvest-deferred",
+            ProvisionerEvent::ExtraInstances { .. } => "extra-instances",
         }
     }
 }

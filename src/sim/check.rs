@@ -985,6 +985,47 @@ mod tests {
         assert_eq!(check(&s, &retried, &model_never, &modes), Vec::<String>::new());
     }
 
+    #[test]
+    fn the_stop_of_a_live_machines_extra_instance_is_accepted_and_its_recorded_ones_caught() {
+        // Issue 32: machine 0's call into frozen zone a went unanswered; it failed over to b
+        // (i-b, recorded); the member woke up and made i-a (logged as the call that made it);
+        // the provisioner stopped i-a at 100s in mode none: a stray of a live machine, made by
+        // our own start, stopped whatever the mode.
+        let s = scenario("[[machines]]\nid = \"0\"");
+        let modes = ModeTimeline::new(HarvestMode::None);
+        let start = |zone: &str, at: u64, i: &str| CallRecord {
+            machine: Some(MachineId::new("0")),
+            zone: Some(zone.into()),
+            ..call(CloudOp::StartInstance, at, &[i])
+        };
+        let calls = vec![start("b", 31, "i-b"), start("a", 60, "i-a"), call(CloudOp::StopInstances, 100, &["i-a"])];
+        let cloud = CloudSnapshot {
+            calls,
+            ..CloudSnapshot::of([
+                instance("i-a", "0", InstanceState::Terminated),
+                instance("i-b", "0", InstanceState::Running),
+            ])
+        };
+        let (id, live) = machine("0", Life::Alive, Some("i-b"), None, false);
+        let model = ModelSnapshot::of([(id, live)]);
+        assert_eq!(check(&s, &cloud, &model, &modes), Vec::<String>::new());
+        // Left running, the extra is caught (two live instances, one leaked); stopping the
+        // recorded one instead is caught too.
+        let mut leaked = cloud.clone();
+        leaked.calls.pop();
+        leaked.instances.insert(InstanceId::new("i-a"), instance("i-a", "0", InstanceState::Running).1);
+        let leak = [
+            "machine 0 has two live instances: i-a, i-b".to_owned(),
+            "instance i-a tagged for live machine 0 is recorded by no machine (leaked)".to_owned(),
+        ];
+        assert_eq!(check(&s, &leaked, &model, &modes), leak);
+        let mut wrong = leaked.clone();
+        wrong.calls.push(call(CloudOp::StopInstances, 100, &["i-b"]));
+        wrong.instances.insert(InstanceId::new("i-b"), instance("i-b", "0", InstanceState::Terminated).1);
+        let v = check(&s, &wrong, &model, &modes);
+        assert!(v.iter().any(|l| l.contains("records instance i-b, which the provisioner stopped")), "{v:#?}");
+    }
+
     /// A host with a container and a keep-instance machine; the model is destroyed (force) at 10s.
     fn destroyed_with_container_and_kept() -> Scenario {
         scenario(&format!(

@@ -10,4 +10,5 @@ mod safety;
 mod seeds;
 mod starting;
 mod support;
+mod unreachable;
 mod zones;

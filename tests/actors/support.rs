@@ -82,6 +82,21 @@ impl Harness {
         Self { cloud, model, handle, log }
     }
 
+    /// Starts a provisioner over `broker` (a wrapper of `cloud`'s) that watches the model.
+    pub fn over(
+        config: ProvisionerConfig,
+        broker: std::sync::Arc<dyn provisioner::ports::Broker>,
+        cloud: FakeCloud,
+        model: FakeModel,
+    ) -> Self {
+        let handle = start(config, broker, std::sync::Arc::new(model.api())).expect("valid config");
+        let log = EventLog::default().start();
+        handle.subscribe(log.clone().recipient());
+        let h = Self { cloud, model, handle, log };
+        h.watch();
+        h
+    }
+
     /// Starts a provisioner that watches the model (the first notification carries every machine).
     pub fn new(config: ProvisionerConfig, cloud: FakeCloud, model: FakeModel) -> Self {
         let h = Self::unwatched(config, cloud, model);

@@ -6,7 +6,9 @@
 use actix::prelude::*;
 
 use super::followup::{after_start, on_jobs_done, on_mode_change, removed, AfterStartStep, Followup};
-use super::links::{destroy, execute_plan, forget, plan_after_start, plan_sweep, reset_transient, run_batch, Links};
+use super::links::{
+    destroy, execute_plan, forget, plan_after_start, plan_extras, plan_sweep, reset_transient, run_batch, Links,
+};
 use super::messages::*;
 use super::state::{BatchBook, DestroyError, DestroySummary};
 use crate::actors::harvest::{HarvestPlan, PlanStops, PlanUnknown, SetHarvestMode, StopsDone};
@@ -220,6 +222,23 @@ impl Coordinator {
                 });
             }
             Followup::PlanStops { .. } => {}
+            Followup::StopExtras(extras) => {
+                let fut = plan_extras(self.links.clone(), extras).into_actor(self);
+                self.spawn_counted(fut, ctx, |res, act, _ctx| {
+                    let Ok((plan, machines)) = res else { return };
+                    if plan.stop.is_empty() {
+                        return;
+                    }
+                    tracing::warn!(
+                        instances = ?plan.stop,
+                        machines = ?machines,
+                        "stopping extra instances of live machines (made by starts whose calls went unanswered, after each machine got its instance elsewhere)"
+                    );
+                    let event = ProvisionerEvent::ExtraInstances { machines, instances: plan.stop.clone() };
+                    act.execute(plan);
+                    act.publish(event);
+                });
+            }
             Followup::Forget(machines) => forget(&self.links, machines),
             Followup::Populate(placements) => self.links.populate.do_send(PopulateZones { placements }),
             Followup::InstancesGone(ids) => self.links.gone.do_send(InstancesGone { ids }),
@@ -334,9 +353,13 @@ impl Handler<Subscribe> for Coordinator {
 
 impl Handler<ViewRefreshed> for Coordinator {
     type Result = ();
-    fn handle(&mut self, _msg: ViewRefreshed, ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: ViewRefreshed, ctx: &mut Self::Context) {
         if self.book.first_done() {
-            self.follow(vec![Followup::HarvestUnknown { announce: false, fresher_than: None }], ctx);
+            let mut next = vec![Followup::HarvestUnknown { announce: false, fresher_than: None }];
+            if !msg.extras.is_empty() {
+                next.push(Followup::StopExtras(msg.extras));
+            }
+            self.follow(next, ctx);
         }
     }
 }

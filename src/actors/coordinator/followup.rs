@@ -42,6 +42,10 @@ pub enum Followup {
         /// The machine they are tagged for.
         machine: Option<MachineId>,
     },
+    /// Extra instances of live machines found on a fresh listing (issue 32): those whose
+    /// machine has no start in flight (the lifecycle's say) and that are not released, parked
+    /// or being stopped (the harvest policy's) are stopped, whatever the mode.
+    StopExtras(Vec<(MachineId, InstanceId)>),
     /// Dead machines marked for removal: every actor forgets them.
     Forget(Vec<MachineId>),
     /// The allocator counts a placement it did not reserve.

@@ -9,15 +9,18 @@ use super::batch::{Answer, Ask, BatchFailure, BatchOutcome, BatchRun, BatchStart
 use super::followup::AfterStartStep;
 use super::state::{DestroyError, DestroySummary};
 use crate::actors::harvest::{
-    EndSafeMode, HarvestPlan, PlanDeadMachines, PlanDestroy, PlanStops, PlanUnknown, SetHarvestMode, StopsDone,
+    EndSafeMode, HarvestPlan, PlanDeadMachines, PlanDestroy, PlanExtras, PlanStops, PlanUnknown, SetHarvestMode,
+    StopsDone,
 };
-use crate::actors::lifecycle::{ForgetLifecycle, ObserveDead, ObserveDestroy, ObservePending, StartsFinished};
+use crate::actors::lifecycle::{
+    ForgetLifecycle, ObserveDead, ObserveDestroy, ObservePending, StartsFinished, WithoutStart,
+};
 use crate::actors::registry::{
     ForgetMachines, InstancesGone, PrepareDestroy, RecordInstances, Refresh, StopsPlanned, SweepTargets,
 };
 use crate::actors::workers::{Enqueue, Job, ReleaseJob, ResizePool, StopJob};
 use crate::actors::zones::{PopulateZones, RefreshZones, ReleaseMachine};
-use crate::model::{InstanceStatus, MachineId, MachineStatus};
+use crate::model::{InstanceId, InstanceStatus, MachineId, MachineStatus};
 use crate::ports::ModelApi;
 
 /// The coordinator's links to the other actors (all wiring happens in [`crate::wiring`]).
@@ -53,6 +56,10 @@ pub struct Links {
     pub plan_destroy: Recipient<PlanDestroy>,
     /// Harvest: plan stops decided outside a harvest (orphans, given-up parked instances).
     pub plan_stops: Recipient<PlanStops>,
+    /// Harvest: plan the stop of live machines' extra instances.
+    pub plan_extras: Recipient<PlanExtras>,
+    /// Lifecycle: which extra instances have no start of their machine in flight.
+    pub without_start: Recipient<WithoutStart>,
     /// Registry: stops decided (their instances are never adopted).
     pub stops_planned: Recipient<StopsPlanned>,
     /// Registry: the machines of a model being destroyed.
@@ -232,6 +239,27 @@ pub(super) async fn destroy(links: Arc<Links>, force: bool) -> Result<DestroySum
         return Err(DestroyError::ManualMachines { ids: targets.manual, summary });
     }
     Ok(summary)
+}
+
+/// Plans the stop of live machines' extra instances (issue 32): the lifecycle leaves out
+/// machines with a start in flight (and any start's product), then the harvest policy plans one
+/// stop of those neither released, parked nor already being stopped. Answers the plan and the
+/// machines of the instances it stops.
+pub(super) async fn plan_extras(
+    links: Arc<Links>,
+    extras: Vec<(MachineId, InstanceId)>,
+) -> Result<(HarvestPlan, Vec<MachineId>), MailboxError> {
+    let extras = links.without_start.send(WithoutStart { extras }).await?;
+    if extras.is_empty() {
+        return Ok((HarvestPlan::default(), Vec::new()));
+    }
+    let instances = extras.iter().map(|(_, i)| i.clone()).collect();
+    let plan = links.plan_extras.send(PlanExtras { instances }).await?;
+    let mut machines: Vec<MachineId> =
+        extras.into_iter().filter(|(_, i)| plan.stop.contains(i)).map(|(m, _)| m).collect();
+    machines.sort();
+    machines.dedup();
+    Ok((plan, machines))
 }
 
 /// Has the harvest policy plan what a finished start left behind (see

@@ -84,10 +84,15 @@ pub struct DestroyModel {
 #[rtype(result = "()")]
 pub struct JobsDone(pub Vec<JobOutcome>);
 
-/// Published by the registry after a successful periodic listing.
-#[derive(Debug, Clone, Copy, Message)]
+/// Published by the registry after a successful periodic listing, with the extra instances of
+/// live machines it found on it (`MachineBook::extra_instances`), each with its machine: the
+/// coordinator has them stopped.
+#[derive(Debug, Clone, Default, Message)]
 #[rtype(result = "()")]
-pub struct ViewRefreshed;
+pub struct ViewRefreshed {
+    /// Extra instances of live machines, with their machines.
+    pub extras: Vec<(crate::model::MachineId, crate::model::InstanceId)>,
+}
 
 /// A plan the harvest policy made on its own (a parked instance's window ran out), for the
 /// coordinator to execute.

@@ -259,6 +259,13 @@ impl Handler<PlanStops> for HarvestPolicy {
     }
 }
 
+impl Handler<PlanExtras> for HarvestPolicy {
+    type Result = MessageResult<PlanExtras>;
+    fn handle(&mut self, msg: PlanExtras, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.plan_extras(&msg.instances))
+    }
+}
+
 impl Handler<ClaimReusable> for HarvestPolicy {
     type Result = MessageResult<ClaimReusable>;
     fn handle(&mut self, msg: ClaimReusable, _ctx: &mut Self::Context) -> Self::Result {

@@ -70,6 +70,15 @@ pub struct PlanDestroy {
     pub machines: Vec<DeadMachine>,
 }
 
+/// Plan the stop of live machines' extra instances, whatever the mode (issue 32; see
+/// `HarvestBook::plan_extras`).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "HarvestPlan")]
+pub struct PlanExtras {
+    /// The instances.
+    pub instances: Vec<crate::model::InstanceId>,
+}
+
 /// Plan the stop of instances the provisioner gave up outside a harvest (an orphan whose record
 /// failed, a parked instance a start could not take over), then the removal of these machines.
 #[derive(Debug, Clone, Message)]

@@ -442,6 +442,27 @@ impl HarvestBook {
         plan
     }
 
+    /// The stop of live machines' extra instances (issue 32, see the registry's
+    /// `extra_instances`), whatever the mode: they were made by our own starts and the
+    /// provisioner knows them to be duplicates (the modes govern instances it does not know).
+    /// Left out: instances released (no longer ours), parked for reuse (a dead machine's, to be
+    /// handed over), or already being stopped (no stop is planned twice). One stop, retried
+    /// until it succeeds; nothing is removed after it.
+    pub fn plan_extras(&mut self, extras: &[InstanceId]) -> HarvestPlan {
+        let mut plan = HarvestPlan::default();
+        for inst in extras {
+            let skip = self.released.contains(inst)
+                || self.parked.contains_key(inst)
+                || self.stopping.contains(inst)
+                || plan.stop.contains(inst);
+            if !skip {
+                plan.stop.push(inst.clone());
+            }
+        }
+        self.stopping.extend(plan.stop.iter().cloned());
+        plan
+    }
+
     /// These instances are gone: they may be planned again if they ever reappear (in an answer
     /// asked for after this). Returns the dead machines that waited for these stops and wait
     /// for nothing more: to be marked for removal now.

@@ -547,3 +547,21 @@ fn a_dead_machine_releasing_an_instance_is_removed_once_the_release_lands_even_w
     assert_eq!(b.awaiting_removal().count(), 0);
     assert!(b.stops_done(&iids(&["tagged-1"])).is_empty());
 }
+
+#[test]
+fn extra_instances_are_stopped_whatever_the_mode_but_never_released_parked_or_twice() {
+    for mode in [HarvestMode::None, HarvestMode::Unknown, HarvestMode::Destroyed, HarvestMode::All] {
+        let mut b = book(mode);
+        let plan = b.plan_extras(&iids(&["x", "y", "x"]));
+        assert_eq!(plan.stop, iids(&["x", "y"]), "mode {mode}");
+        assert!(plan.remove_after_stop.is_empty() && plan.remove_now.is_empty() && plan.release.is_empty());
+        assert!(b.plan_extras(&iids(&["x"])).stop.is_empty(), "its stop is in flight: not planned twice");
+    }
+    // Released (keep-instance) and parked (reuse) instances are not ours to stop.
+    let mut b = book(HarvestMode::Destroyed).with_reuse(true);
+    let kept = [DeadMachine { keep_instance: true, ..dead("1", Some("i-1")) }];
+    b.plan(&kept, &[]);
+    let reusable = crate::model::Reusable { instance: iid("i-0"), zone: None, constraints: Default::default() };
+    b.plan(&[DeadMachine { reusable: Some(reusable), ..dead("0", Some("i-0")) }], &[]);
+    assert!(b.plan_extras(&iids(&["i-1", "i-0"])).stop.is_empty());
+}

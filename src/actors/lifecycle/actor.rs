@@ -56,6 +56,13 @@ impl Handler<StillWanted> for MachineLifecycle {
     }
 }
 
+impl Handler<WithoutStart> for MachineLifecycle {
+    type Result = MessageResult<WithoutStart>;
+    fn handle(&mut self, msg: WithoutStart, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.without_start(msg.extras))
+    }
+}
+
 impl Handler<ForgetLifecycle> for MachineLifecycle {
     type Result = ();
     fn handle(&mut self, msg: ForgetLifecycle, _ctx: &mut Self::Context) {

@@ -39,6 +39,15 @@ pub struct StillWanted {
     pub machine: MachineId,
 }
 
+/// Extra instances of live machines (issue 32): answers those whose machine has no start in
+/// flight and is not being stopped, less any start's product (`LifecycleBook::without_start`).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Vec<(MachineId, InstanceId)>")]
+pub struct WithoutStart {
+    /// The instances, each with its machine.
+    pub extras: Vec<(MachineId, InstanceId)>,
+}
+
 /// These machines were removed.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]

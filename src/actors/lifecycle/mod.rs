@@ -1,6 +1,7 @@
 //! The machine lifecycle actor: the starting / stop-deferred / running / stopping state of every
 //! machine the provisioner is working on (starting, stopping, and stops deferred while a start is
-//! in flight).
+//! in flight). It also says which extra instances of live machines may be stopped
+//! (`WithoutStart`): never a start's product, nor while a start of the machine is in flight.
 //!
 //! One actor owns a map of small per-machine state machines rather than one actor per
 //! machine: a batch of 10,000 changes is one message, not 10,000 mailboxes, iteration order is
@@ -14,6 +15,6 @@ mod tests;
 
 pub use actor::MachineLifecycle;
 pub use messages::{
-    ForgetLifecycle, GetPhases, ObserveDead, ObserveDestroy, ObservePending, StartsFinished, StillWanted,
+    ForgetLifecycle, GetPhases, ObserveDead, ObserveDestroy, ObservePending, StartsFinished, StillWanted, WithoutStart,
 };
 pub use state::{AfterStart, Deaths, LifecycleBook, Phase};

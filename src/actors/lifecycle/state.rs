@@ -227,6 +227,21 @@ impl LifecycleBook {
         out
     }
 
+    /// Of a live machine's extra instances (see the registry's `extra_instances`), those the
+    /// provisioner may stop: its machine has no start queued or in flight (idle, or running
+    /// since its start returned) and is not being stopped, and the instance is not the one its
+    /// start produced. A start's product is never touched.
+    pub fn without_start(&self, extras: Vec<(MachineId, InstanceId)>) -> Vec<(MachineId, InstanceId)> {
+        extras
+            .into_iter()
+            .filter(|(m, i)| match self.phases.get(m) {
+                None => true,
+                Some(Phase::Running { instance }) => instance != i,
+                Some(Phase::Starting | Phase::StopDeferred(_) | Phase::DestroyDeferred(_) | Phase::Stopping) => false,
+            })
+            .collect()
+    }
+
     /// Whether a start in flight should keep retrying (the machine has not died).
     pub fn still_wanted(&self, id: &MachineId) -> bool {
         matches!(self.phases.get(id), Some(Phase::Starting))

@@ -260,3 +260,21 @@ fn death_of_a_machine_whose_start_just_landed_carries_the_instance_it_landed() {
     let mut b = LifecycleBook::new();
     assert_eq!(b.on_deaths(&[dead("0")]).stop_now, vec![dead("0")]);
 }
+
+#[test]
+fn extra_instances_of_machines_with_a_start_in_flight_are_left_alone() {
+    let mut b = running("0", "i-0");
+    assert!(b.want_start(&mid("1")));
+    assert!(b.want_start(&mid("2")));
+    assert_eq!(b.on_death(&dead("2")), DeathDecision::Deferred);
+    let extras = vec![
+        (mid("0"), iid("x0")),
+        (mid("0"), iid("i-0")),
+        (mid("1"), iid("x1")),
+        (mid("2"), iid("x2")),
+        (mid("9"), iid("x9")),
+    ];
+    // Running: its extra, never its start's product; starting or stop-deferred: nothing; idle
+    // (a machine provisioned before this incarnation): its extra.
+    assert_eq!(b.without_start(extras), vec![(mid("0"), iid("x0")), (mid("9"), iid("x9"))]);
+}

@@ -79,15 +79,21 @@ impl MachineRegistry {
         ctx.run_later(after, |act, ctx| act.resync(ctx));
     }
 
+    /// Asks the cloud for a listing, numbered for the book (see `MachineBook::issue_listing`).
+    fn list(&mut self) -> (crate::ports::BrokerFuture<Vec<crate::model::CloudInstance>>, u64) {
+        (self.broker.all_instances(), self.book.issue_listing())
+    }
+
     fn resync(&mut self, ctx: &mut Context<Self>) {
-        let listing = self.broker.all_instances();
-        ctx.spawn(listing.into_actor(self).map(|res, act, ctx| match res {
+        let (listing, number) = self.list();
+        ctx.spawn(listing.into_actor(self).map(move |res, act, ctx| match res {
             Ok(list) => {
-                act.load(list);
+                act.load(list, number);
                 act.resync_failures = 0;
                 act.report_status_changes(ctx);
                 if let Some(r) = &act.on_refresh {
-                    r.do_send(ViewRefreshed);
+                    // Judged on this fresh listing: the coordinator has them stopped.
+                    r.do_send(ViewRefreshed { extras: act.book.extra_instances() });
                 }
                 act.schedule_resync(ctx, act.resync_interval);
             }
@@ -105,9 +111,9 @@ impl MachineRegistry {
         self.book.set_clock(self.epoch.elapsed());
     }
 
-    fn load(&mut self, list: Vec<crate::model::CloudInstance>) {
+    fn load(&mut self, list: Vec<crate::model::CloudInstance>, number: u64) {
         self.tick();
-        self.book.load_view(list);
+        self.book.load_listing(list, number);
         self.listed_at = Some(actix_rt::time::Instant::now());
         self.stale.set(false);
     }
@@ -163,13 +169,13 @@ impl Handler<Refresh> for MachineRegistry {
     type Result = ResponseActFuture<Self, Result<Refreshed, RegistryError>>;
 
     fn handle(&mut self, msg: Refresh, _ctx: &mut Self::Context) -> Self::Result {
-        let listing = (!self.book.loaded_once()).then(|| self.broker.all_instances());
+        let listing = (!self.book.loaded_once()).then(|| self.list());
         let model = self.model.clone();
         // Machines outside this provisioner's scope are none of its business.
         let ids = self.book.in_scope(msg.ids);
         let fut = async move {
             let listing = match listing {
-                Some(call) => Some(call.await.map_err(RegistryError::Listing)?),
+                Some((call, number)) => Some((call.await.map_err(RegistryError::Listing)?, number)),
                 None => None,
             };
             let reads = if ids.is_empty() {
@@ -195,8 +201,8 @@ impl Handler<Refresh> for MachineRegistry {
                     failed = Some(e);
                 }
                 Ok((listing, ids, reads)) => {
-                    if let Some(list) = listing {
-                        act.load(list);
+                    if let Some((list, number)) = listing {
+                        act.load(list, number);
                     }
                     let (refreshed, kill) = act.book.absorb(ids.into_iter().zip(reads));
                     out = refreshed;
@@ -263,10 +269,10 @@ impl Handler<UnknownInstances> for MachineRegistry {
         if !stale {
             return Box::pin(fut::ready(self.book.unknown_with_ages().ok_or(RegistryError::ViewStale)));
         }
-        let listing = self.broker.all_instances();
-        Box::pin(listing.into_actor(self).map(|res, act, ctx| match res {
+        let (listing, number) = self.list();
+        Box::pin(listing.into_actor(self).map(move |res, act, ctx| match res {
             Ok(list) => {
-                act.load(list);
+                act.load(list, number);
                 act.report_status_changes(ctx);
                 act.book.unknown_with_ages().ok_or(RegistryError::ViewStale)
             }
@@ -333,11 +339,11 @@ impl Handler<InstanceStateOf> for MachineRegistry {
         if fresh {
             return Box::pin(fut::ready(self.book.instance(&msg.id).map(|i| i.state)));
         }
-        let listing = self.broker.all_instances();
+        let (listing, number) = self.list();
         Box::pin(listing.into_actor(self).map(move |res, act, ctx| {
             match res {
                 Ok(list) => {
-                    act.load(list);
+                    act.load(list, number);
                     act.report_status_changes(ctx);
                 }
                 Err(e) => {

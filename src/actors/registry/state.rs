@@ -71,6 +71,10 @@ struct Ours {
     started_with: StartedWith,
     /// The view's instances whose tags name this machine, in id order.
     tagged: Tagged,
+    /// The listings issued when it got its recorded instance (see
+    /// [`MachineBook::issue_listing`]): only a listing issued after that judges its extra
+    /// instances.
+    recorded_after: u64,
 }
 
 impl Ours {
@@ -244,6 +248,10 @@ pub struct MachineBook {
     stopping: BTreeMap<InstanceId, Option<MachineId>>,
     /// The same, by the machine they are tagged for.
     stopping_for: MultiMap<MachineId, InstanceId>,
+    /// Listings issued so far (each numbered by [`MachineBook::issue_listing`]).
+    listings_issued: u64,
+    /// The number of the listing the view holds.
+    view_listing: u64,
 }
 
 impl MachineBook {
@@ -351,6 +359,7 @@ impl MachineBook {
     /// model read that predates it.
     pub fn upsert(&mut self, mut m: Machine) {
         let id = m.id.clone();
+        let issued = self.listings_issued;
         let slot = self.machine_slot(&id);
         if m.instance.is_none() {
             if let Some(ours) = slot.recorded() {
@@ -359,6 +368,12 @@ impl MachineBook {
         }
         let old = slot.machine.as_ref().and_then(|o| o.instance.clone());
         let new = m.instance.clone();
+        if new.is_some() && new != old {
+            // Learnt of a new instance from the model: its extras are judged on a later listing.
+            if let Some(ours) = &mut slot.ours {
+                ours.recorded_after = issued;
+            }
+        }
         slot.machine = Some(m);
         if let Some(old) = old {
             if Some(&old) != new.as_ref() {
@@ -488,6 +503,7 @@ impl MachineBook {
 
     /// Records an instance of ours, and the constraints of its start when given.
     fn record(&mut self, machine: &MachineId, instance: CloudInstance, started_with: Option<StartedWith>) {
+        let issued = self.listings_issued;
         let slot = self.machine_slot(machine);
         if let Some(m) = &mut slot.machine {
             m.instance = Some(instance.id.clone());
@@ -498,6 +514,7 @@ impl MachineBook {
             ours.started_with = started_with;
         }
         ours.recorded = Some(instance.id.clone());
+        ours.recorded_after = issued;
         if let Some(tag) = &instance.tags.machine {
             if tag == machine {
                 ours.tagged.add(instance.id.clone());
@@ -515,7 +532,22 @@ impl MachineBook {
         self.pack();
     }
 
-    /// Replaces the view with a fresh listing (only non-terminated instances are kept).
+    /// Numbers a listing about to be asked of the cloud: [`MachineBook::load_listing`] takes
+    /// its answer with that number, so the book knows whether the view was listed after a
+    /// machine got its instance.
+    pub fn issue_listing(&mut self) -> u64 {
+        self.listings_issued += 1;
+        self.listings_issued
+    }
+
+    /// [`MachineBook::load_listing`] of a listing issued now.
+    pub fn load_view(&mut self, listing: Vec<CloudInstance>) {
+        let number = self.issue_listing();
+        self.load_listing(listing, number);
+    }
+
+    /// Replaces the view with a fresh listing (only non-terminated instances are kept), the
+    /// one [`MachineBook::issue_listing`] numbered `number`.
     ///
     /// Nothing is looked up instance by instance: the listing is put in instance-id order (a
     /// pass when the cloud lists in that order) and merged in one pass with the entries by
@@ -523,7 +555,8 @@ impl MachineBook {
     /// by machine: the instances that came, went or changed machine tags. A listing that
     /// changes more than half the view (the first one) sets every machine's tags in one pass
     /// instead (the tags sorted by machine through the ids' integer keys).
-    pub fn load_view(&mut self, listing: Vec<CloudInstance>) {
+    pub fn load_listing(&mut self, listing: Vec<CloudInstance>, number: u64) {
+        self.view_listing = number;
         let mut live: Vec<CloudInstance> =
             listing.into_iter().filter(|inst| inst.state != InstanceState::Terminated).collect();
         // Stable: of equal ids the last one listed stays last, and is the one kept.
@@ -782,6 +815,43 @@ impl MachineBook {
         slot.tagged().iter().filter(|i| self.owner(i).is_none() && !self.stopping.contains_key(*i)).cloned().collect()
     }
 
+    /// Extra instances of live machines, judged on a fresh listing (issue 32): an instance of
+    /// ours tagged for a live, non-manual machine that records another instance, owned by no
+    /// machine (recorded by none, so neither a reuse hand-over nor a parked instance, which its
+    /// dead machine still records), whose stop is not decided already, in a view listed after
+    /// the machine got its recorded instance. A start whose call went unanswered (a frozen zone)
+    /// made it after the machine got its instance elsewhere: left alone, it would run for the
+    /// machine for ever. The recorded instance is never one, whatever its state (stopped
+    /// outside our control, or missing). Empty while the view is stale. The caller still
+    /// leaves out machines with a start in flight (the lifecycle's business) and instances
+    /// released or parked (the harvest policy's), then stops the rest whatever the mode.
+    pub fn extra_instances(&self) -> Vec<(MachineId, InstanceId)> {
+        let mut out = Vec::new();
+        if !self.fresh {
+            return out;
+        }
+        for (id, slot) in &self.machines {
+            let Some(ours) = slot.ours.as_deref() else { continue };
+            if matches!(ours.tagged, Tagged::None) {
+                continue;
+            }
+            let Some(m) = &slot.machine else { continue };
+            let Some(recorded) = &m.instance else { continue };
+            if m.life != Life::Alive || m.manual || ours.recorded_after >= self.view_listing {
+                continue;
+            }
+            let extra = |i: &&InstanceId| {
+                *i != recorded
+                    && ours.recorded.as_ref() != Some(*i)
+                    && self.owner(i).is_none()
+                    && !self.stopping.contains_key(*i)
+                    && self.view(i).is_some()
+            };
+            out.extend(ours.tagged.iter().filter(extra).map(|i| (id.clone(), i.clone())));
+        }
+        out
+    }
+
     /// Instances that were terminated (by us).
     pub fn instances_gone(&mut self, ids: &[InstanceId]) {
         for id in ids {
@@ -813,8 +883,9 @@ impl MachineBook {
             .filter_map(|s| s.view.as_deref())
             .filter(|i| self.scope.judges(i.tags.machine.as_ref()))
             // An instance tagged for a machine we still know is that machine's business (a
-            // dead one's harvest takes its strays, a deferred stop takes a start in flight):
-            // only once the machine is gone is the instance unknown.
+            // dead one's harvest takes its strays, a deferred stop takes a start in flight, a
+            // live one's extras are stopped as such, see `extra_instances`): only once the
+            // machine is gone is the instance unknown.
             .filter(|i| i.tags.machine.as_ref().is_none_or(|m| self.machine(m).is_none()))
             .map(|i| i.id.clone())
             .collect();

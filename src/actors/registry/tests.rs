@@ -607,3 +607,82 @@ fn a_notification_is_filtered_to_the_books_scope_in_order() {
         MachineBook::with_scope(crate::config::Scope::Containers { host: MachineId::new("0"), kind: "lxd".into() });
     assert_eq!(lxd.in_scope(ids(&["2", "0/lxd/0", "0", "1/lxd/3", "0/kvm/1"])), ids(&["0/lxd/0"]));
 }
+
+// ---- extra instances of live machines (issue 32) -------------------------------------------
+
+/// A pending machine 0 whose start recorded `i-b` (zone b).
+fn started_in_b() -> MachineBook {
+    let mut book = viewing(Vec::new());
+    book.absorb(vec![(mid("0"), Ok(Machine::pending("0")))]);
+    book.record_started(&mid("0"), instance("i-b", Some("0"), Some("b")), None);
+    book
+}
+
+#[test]
+fn an_instance_tagged_for_a_live_machine_beside_its_recorded_one_is_extra_on_a_later_listing() {
+    let mut book = started_in_b();
+    let listing = vec![instance("i-b", Some("0"), Some("b")), instance("i-a", Some("0"), Some("a"))];
+    book.load_view(listing.clone());
+    assert_eq!(book.extra_instances(), vec![(mid("0"), iid("i-a"))]);
+    // Never from a stale view.
+    book.mark_stale();
+    assert!(book.extra_instances().is_empty());
+    // Not once its stop is decided.
+    book.load_view(listing);
+    book.stops_planned(&ids(&["i-a"]), None);
+    assert!(book.extra_instances().is_empty());
+    book.instances_gone(&ids(&["i-a"]));
+    assert!(book.extra_instances().is_empty());
+}
+
+#[test]
+fn a_listing_issued_before_the_machine_got_its_instance_judges_no_extra() {
+    let mut book = viewing(Vec::new());
+    book.absorb(vec![(mid("0"), Ok(Machine::pending("0")))]);
+    let early = book.issue_listing();
+    book.record_started(&mid("0"), instance("i-b", Some("0"), Some("b")), None);
+    // The listing asked for before the record answers after it.
+    book.load_listing(vec![instance("i-b", Some("0"), Some("b")), instance("i-a", Some("0"), Some("a"))], early);
+    assert!(book.extra_instances().is_empty(), "older than the recorded instance");
+    let later = book.issue_listing();
+    book.load_listing(vec![instance("i-b", Some("0"), Some("b")), instance("i-a", Some("0"), Some("a"))], later);
+    assert_eq!(book.extra_instances(), vec![(mid("0"), iid("i-a"))]);
+}
+
+#[test]
+fn the_recorded_instance_is_never_extra_whatever_its_state() {
+    let mut book = started_in_b();
+    // Stopped outside our control (seed 000): still the machine's.
+    let stopped = CloudInstance { state: InstanceState::Stopped, ..instance("i-b", Some("0"), Some("b")) };
+    book.load_view(vec![stopped]);
+    assert!(book.extra_instances().is_empty());
+    // Missing from the listing: nothing else is tagged for it.
+    book.load_view(Vec::new());
+    assert!(book.extra_instances().is_empty());
+}
+
+#[test]
+fn no_extra_without_a_recorded_instance_nor_for_dead_or_manual_machines_nor_owned_instances() {
+    // Pending (a start in flight): its tagged instances are its start's business.
+    let mut book = viewing(vec![instance("i-a", Some("0"), None)]);
+    book.absorb(vec![(mid("0"), Ok(Machine::pending("0")))]);
+    book.load_view(vec![instance("i-a", Some("0"), None)]);
+    assert!(book.extra_instances().is_empty());
+    // Dead: the harvest takes its strays with it.
+    let mut book = viewing(vec![instance("i-1", Some("1"), None), instance("x", Some("1"), None)]);
+    book.absorb(vec![(mid("1"), Ok(provisioned("1", Life::Dead, "i-1")))]);
+    book.load_view(vec![instance("i-1", Some("1"), None), instance("x", Some("1"), None)]);
+    assert!(book.extra_instances().is_empty());
+    // Manual.
+    let mut book = viewing(Vec::new());
+    let manual = Machine { manual: true, ..provisioned("2", Life::Alive, "manual:10.0.0.2") };
+    book.absorb(vec![(mid("2"), Ok(manual))]);
+    book.load_view(vec![instance("y", Some("2"), None)]);
+    assert!(book.extra_instances().is_empty());
+    // Recorded by another machine (a reuse hand-over the listing does not show yet): not extra.
+    let mut book = started_in_b();
+    book.absorb(vec![(mid("5"), Ok(Machine::pending("5")))]);
+    book.record_started(&mid("5"), instance("i-p", Some("5"), None), None);
+    book.load_view(vec![instance("i-b", Some("0"), Some("b")), instance("i-p", Some("0"), None)]);
+    assert!(book.extra_instances().is_empty(), "owned by machine 5");
+}

@@ -11,7 +11,9 @@
 //! call is made only from an intent, and a replay after an ambiguous failure sends the same
 //! intent again (same token, same members, same order), so the cloud answers what the first
 //! call made and creates nothing. Members stay waiting through the replays, so no instance is
-//! ever made for a machine whose start is not waiting for it.
+//! ever made for a machine whose start is not waiting for it. A zone that did not answer
+//! (`ZoneUnreachable`) is not replayed: each member hears that the call may have made its
+//! instance, and fails over as a single start does.
 
 use std::collections::BTreeMap;
 
@@ -202,7 +204,11 @@ impl<R> BatchBook<R> {
         };
         if err.is_ambiguous() {
             flying.ambiguous = true;
-            if flying.replays < MAX_REPLAYS {
+            // A zone that did not answer would hang again: no replay; every member is told the
+            // call may have made its instance, marks the zone failed and looks before its next
+            // call (see `repeats_in_place`).
+            let replayable = super::state::repeats_in_place(&err, flying.params.zone.as_deref());
+            if replayable && flying.replays < MAX_REPLAYS {
                 flying.replays += 1;
                 return Answer::Replay { attempt: flying.replays - 1 };
             }

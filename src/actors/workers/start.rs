@@ -1,6 +1,14 @@
 //! The start procedure one worker runs for one machine: adopt or start, retry, fail over,
 //! register. Every decision about rounds is made by [`Attempts`]; every decision about zones
 //! by the allocator.
+//!
+//! An ambiguous failure (the call may have made the instance) is repeated in place, same zone,
+//! same client token, unless it is a zone that did not answer (`ZoneUnreachable`, issue 32):
+//! that one would hang again, so the zone is marked failed for the machine and the start fails
+//! over; being unsure, it looks for an instance tagged for its start before its next call
+//! (adopting it if the unanswered call made one by then), and before it gives up. What the
+//! frozen zone makes later, once the machine has its instance elsewhere, the registry finds as
+//! the machine's extra instance and the provisioner stops (see `registry`).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -15,7 +23,7 @@ use rand::SeedableRng;
 
 use super::messages::JoinBatch;
 use super::state::JobOutcome;
-use super::state::{Attempts, FailureKind, StartJob, Step, WorkerError};
+use super::state::{repeats_in_place, Attempts, FailureKind, StartJob, Step, WorkerError};
 use crate::actors::lifecycle::StillWanted;
 use crate::actors::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation};
 use crate::config::{Backoff, RetryStrategy};
@@ -86,14 +94,6 @@ fn client_token(machine: &MachineId, nonce: &str, call: u32) -> String {
 
 /// How many times instance info is written before the instance is given up.
 const REGISTER_ATTEMPTS: u32 = 3;
-
-fn failure_kind(err: &BrokerError, zone: Option<&str>) -> FailureKind {
-    match err {
-        BrokerError::Throttled { .. } => FailureKind::Throttled,
-        BrokerError::ZoneSpecific { .. } | BrokerError::ZoneUnreachable { .. } if zone.is_some() => FailureKind::Zone,
-        _ => FailureKind::Independent,
-    }
-}
 
 /// Whether the lifecycle still wants the machine started: not if it died meanwhile, nor if
 /// the lifecycle stopped (the provisioner is stopping).
@@ -465,10 +465,13 @@ async fn start_or_adopt(
         };
         let ambiguous = maybe_made;
         unsure |= ambiguous;
-        let mut step = attempts.on_failure(failure_kind(&err, zone.as_deref()));
+        let mut step = attempts.on_failure(FailureKind::of(&err, zone.as_deref()));
         // A batched call was replayed by the pool already (same token, same machines) while
-        // this start waited: it is never repeated from here, the start looks first instead.
-        if batch.is_none() && (ambiguous || (repeating && step == Step::Backoff)) {
+        // this start waited: it is never repeated from here, the start looks first instead. A
+        // zone that did not answer is never repeated either: it is marked failed below, and the
+        // start (unsure) looks before its next call, in another zone.
+        let in_place = ambiguous && repeats_in_place(&err, zone.as_deref());
+        if batch.is_none() && (in_place || (repeating && step == Step::Backoff)) {
             // The call may have made the instance: the next one repeats it (same zone, same
             // token, same parameters), keeping the zone's reservation.
             repeat = Some((zone.clone(), token));

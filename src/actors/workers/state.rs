@@ -262,6 +262,33 @@ pub enum FailureKind {
     Throttled,
 }
 
+impl FailureKind {
+    /// How a failed start call counts, from the cloud's error and the zone it targeted: a
+    /// zone-specific failure, and a zone that did not answer (`ZoneUnreachable`), are the
+    /// zone's when the call had one; throttling is no failure; anything else (a zoneless
+    /// cloud's zone failure included) is independent of the zone.
+    pub fn of(err: &BrokerError, zone: Option<&str>) -> Self {
+        match err {
+            BrokerError::Throttled { .. } => FailureKind::Throttled,
+            BrokerError::ZoneSpecific { .. } | BrokerError::ZoneUnreachable { .. } if zone.is_some() => {
+                FailureKind::Zone
+            }
+            _ => FailureKind::Independent,
+        }
+    }
+}
+
+/// Whether a failed start call is repeated exactly (same zone, same client token, same
+/// parameters), so that the cloud answers what it may have made: an ambiguous failure
+/// ([`BrokerError::is_ambiguous`]) that is not its zone's. A zone that did not answer
+/// (`ZoneUnreachable` with a zone) would hang again: the zone is marked failed for the machine
+/// instead, and the start, unsure, looks for an instance of its own before its next call (with a
+/// new token, in another zone). On a zoneless cloud an unreachable cloud is repeated as a
+/// transient failure is: there is no other zone to go to.
+pub fn repeats_in_place(err: &BrokerError, zone: Option<&str>) -> bool {
+    err.is_ambiguous() && FailureKind::of(err, zone) != FailureKind::Zone
+}
+
 /// What the start procedure does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {

@@ -315,6 +315,23 @@ fn attempts_zone_failure_asks_the_allocator_and_follows_its_answer() {
 }
 
 #[test]
+fn a_zone_that_did_not_answer_is_the_zones_failure_and_never_repeated_in_place() {
+    use crate::ports::BrokerError;
+    let unreachable = BrokerError::zone_unreachable("member az1 did not answer in 30s");
+    assert_eq!(FailureKind::of(&unreachable, Some("az1")), FailureKind::Zone);
+    assert!(!repeats_in_place(&unreachable, Some("az1")), "repeating it would hang again: fail over");
+    // Zoneless: nowhere else to go, so it is repeated as a transient failure is.
+    assert_eq!(FailureKind::of(&unreachable, None), FailureKind::Independent);
+    assert!(repeats_in_place(&unreachable, None));
+    // The other kinds keep their rules.
+    let transient = BrokerError::transient("reset");
+    assert!(repeats_in_place(&transient, Some("az1")));
+    assert_eq!(FailureKind::of(&transient, Some("az1")), FailureKind::Independent);
+    assert!(!repeats_in_place(&BrokerError::zone_specific("capacity"), Some("az1")));
+    assert_eq!(FailureKind::of(&BrokerError::throttled("slow"), Some("az1")), FailureKind::Throttled);
+}
+
+#[test]
 fn independent_failure_uses_a_round() {
     let mut a = Attempts::new(2);
     assert_eq!(a.on_failure(FailureKind::Independent), Step::NewRound);
@@ -559,6 +576,23 @@ mod batching {
         let replies = delivered(book.answered(j.batch, Err(BrokerError::transient("reset"))));
         assert!(replies.iter().all(|(_, r)| r.maybe_made && r.result == Err(BrokerError::transient("reset"))));
         assert!(matches!(book.answered(j.batch, Ok(Vec::new())), Answer::Unknown), "answered once");
+    }
+
+    #[test]
+    fn a_zone_that_did_not_answer_is_not_replayed_and_every_member_looks() {
+        let mut book = BatchBook::new(10);
+        let j = book.join(call("0", "az1", None), "0");
+        book.join(call("1", "az1", None), "1");
+        book.close(j.batch);
+        let err = BrokerError::zone_unreachable("member az1 did not answer");
+        let replies = delivered(book.answered(j.batch, Err(err.clone())));
+        assert_eq!(replies.len(), 2, "answered at once, not replayed into the frozen zone");
+        assert!(replies.iter().all(|(_, r)| r.maybe_made && r.result == Err(err.clone())));
+        // On a zoneless cloud there is no other zone: replayed as a transient failure is.
+        let j = book.join(StartInstanceParams { zone: None, ..call("2", "az1", None) }, "2");
+        let zoneless = book.close(j.batch).expect("open");
+        assert_eq!(zoneless.zone, None);
+        assert!(matches!(book.answered(j.batch, Err(err)), Answer::Replay { attempt: 0 }));
     }
 
     #[test]

@@ -133,6 +133,12 @@ fn events_become_one_json_data_line_each() {
     assert_eq!(mode.mode.as_deref(), Some("all"));
     let stopped = event_view(&ProvisionerEvent::InstancesStopped { instances: vec![InstanceId::new("i-9")] });
     assert_eq!(stopped.instances, ["i-9"]);
+    let extra = event_view(&ProvisionerEvent::ExtraInstances {
+        machines: vec![MachineId::new("0")],
+        instances: vec![InstanceId::new("i-a")],
+    });
+    assert_eq!((extra.event.as_str(), extra.instances.as_slice()), ("extra-instances", &["i-a".to_string()][..]));
+    assert_eq!(extra.message.as_deref(), Some("stopping extra instances of live machines 0"));
     let failed =
         ProvisionerEvent::MachineFailed { machine: MachineId::new("1"), message: "no\nroom".into(), zone: None };
     let frame = sse_frame(&event_view(&failed));

@@ -123,6 +123,11 @@ pub(crate) fn event_view(e: &ProvisionerEvent) -> EventView {
             v.instances = instances.iter().map(ToString::to_string).collect();
         }
         ProvisionerEvent::MachineRemoved { machine } => v.machine = Some(machine.to_string()),
+        ProvisionerEvent::ExtraInstances { machines, instances } => {
+            v.instances = instances.iter().map(ToString::to_string).collect();
+            let machines: Vec<&str> = machines.iter().map(|m| m.as_str()).collect();
+            v.message = Some(format!("stopping extra instances of live machines {}", machines.join(", ")));
+        }
         ProvisionerEvent::HarvestDeferred { spared_by_grace, held_back_by_cap } => {
             v.message = Some(format!(
                 "{spared_by_grace} unknown instances spared (younger than the grace period), {held_back_by_cap} held \

@@ -112,6 +112,9 @@ impl Handler<ProvisionerEvent> for Metrics {
             ProvisionerEvent::InstancesStopped { instances } => {
                 self.book.harvest("stopped", instances.len() as u64);
             }
+            ProvisionerEvent::ExtraInstances { instances, .. } => {
+                self.book.harvest("extra_instance", instances.len() as u64);
+            }
             ProvisionerEvent::HarvestDeferred { spared_by_grace, held_back_by_cap } => {
                 self.book.harvest("spared_by_grace", *spared_by_grace as u64);
                 self.book.harvest("held_back_by_cap", *held_back_by_cap as u64);

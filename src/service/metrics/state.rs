@@ -201,7 +201,7 @@ impl Default for MetricsBook {
         );
         let harvest = reg!(
             "provisioner_harvest_decisions",
-            "Harvest decisions on instances by decision (stopped, spared_by_grace, held_back_by_cap)",
+            "Harvest decisions on instances by decision (stopped, spared_by_grace, held_back_by_cap, extra_instance)",
             Family::default()
         );
         let machines = reg!("provisioner_machines", "Machines in the model by status", Family::default());
@@ -354,7 +354,8 @@ impl MetricsBook {
         self.time_to_running.observe(seconds);
     }
 
-    /// Counts harvest decisions: `n` instances `decision` (`stopped`, `spared_by_grace`, `held_back_by_cap`).
+    /// Counts harvest decisions: `n` instances `decision` (`stopped`, `spared_by_grace`, `held_back_by_cap`,
+    /// `extra_instance`).
     pub(crate) fn harvest(&mut self, decision: &'static str, n: u64) {
         self.harvest.get_or_create(&l(&[("decision", decision)])).inc_by(n);
     }
