@@ -261,3 +261,79 @@ fn bad_lxd_settings_are_refused_at_start_and_at_model_add_naming_the_setting() {
     assert_eq!(containers.len(), 2, "the model's machines are the daemon's containers: {containers:?}");
     assert!(s.json(&["machine", "list", "--json"]).as_array().unwrap().is_empty(), "default's are its own");
 }
+
+#[test]
+fn a_frozen_member_fails_its_starts_over_and_once_resumed_leaves_no_extra_container() {
+    if !lxd_or_skip() {
+        return;
+    }
+    let cluster = LxdCluster::start(3, None).unwrap();
+    let first = &cluster.members[0];
+    first.import_busybox_image(IMAGE).unwrap();
+    let dir = temp_dir("lxd-frozen");
+    // Listings every second: an extra instance is judged at each one.
+    let config = crate::support::config_file(&dir, "frozen.toml", "resync = \"1s\"\n");
+    let mut args = lxd_args(first);
+    args.extend(["--config".to_owned(), config]);
+    let s = start(&dir, &args);
+    // A member other than the one the service talks to (and the database's first voter)
+    // stops answering: LXD's calls to it hang.
+    let frozen = &cluster.members[2];
+    frozen.freeze().unwrap();
+    let began = std::time::Instant::now();
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "6", "--json"]));
+    let machines = all_started(&s, &ids, Duration::from_secs(90));
+    let took = began.elapsed();
+    // Each start aimed at the frozen member gave up after the call's deadline (10 s) and went
+    // elsewhere.
+    assert!(took < Duration::from_secs(60), "fail-over took {took:?}");
+    for m in &machines {
+        assert_ne!(m["zone"], frozen.server_name(), "{m}");
+    }
+    eprintln!("6 machines started around a frozen member in {took:?}");
+    frozen.thaw().unwrap();
+    // The member wakes and completes the creates it was sent: those containers are extra
+    // instances of machines that have theirs, stopped; the recorded ones never.
+    eventually(Duration::from_secs(90), "exactly the recorded containers", || {
+        let held = by_machine(first);
+        let recorded = ids.iter().all(|id| {
+            let m = machines.iter().find(|m| m["id"] == id.as_str()).unwrap();
+            held.get(id.as_str()).is_some_and(|c| c.len() == 1 && m["instance"] == c[0].name.as_str())
+        });
+        recorded && first.instances().unwrap().len() == ids.len()
+    });
+    let extras = || {
+        crate::support::sample(&s.metrics(), "provisioner_harvest_decisions_total{decision=\"extra_instance\"}")
+            .unwrap_or(0.0)
+    };
+    let woken = extras();
+    eprintln!("extra instances the woken member made, stopped: {woken}");
+    for c in first.instances().unwrap() {
+        assert_eq!(c.status, "Running", "{c:?}");
+    }
+    // However LXD settled the unanswered creates, what one makes when it completes late is a
+    // container tagged for a machine that has its own elsewhere: made here by hand, on another
+    // member, it is stopped and deleted; the machine's own is untouched.
+    let uuid = s.json(&["model", "show", "default", "--json"])["uuid"].as_str().unwrap().to_owned();
+    let target = &cluster.members[1];
+    let machine = &ids[0];
+    let keys = [
+        format!("user.provisioner-model={uuid}"),
+        format!("user.provisioner-machine={machine}"),
+        format!("user.provisioner-start=machine-{machine}:late"),
+    ];
+    let mut init = vec!["init", IMAGE, "late", "--target", target.server_name()];
+    for k in &keys {
+        init.extend(["-c", k.as_str()]);
+    }
+    first.lxc_ok(&init).unwrap();
+    eventually(Duration::from_secs(60), "the late container deleted", || {
+        !first.instances().unwrap().iter().any(|c| c.name == "late")
+    });
+    assert!(extras() >= woken + 1.0, "counted as an extra instance");
+    let held = by_machine(first);
+    let own = machines.iter().find(|m| m["id"] == machine.as_str()).unwrap();
+    assert_eq!(held[machine.as_str()].len(), 1);
+    assert_eq!(own["instance"], held[machine.as_str()][0].name.as_str(), "the machine's own is kept");
+    assert_eq!(first.instances().unwrap().len(), ids.len());
+}
