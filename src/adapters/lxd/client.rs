@@ -17,67 +17,12 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde::Deserialize;
 use serde_json::Value;
-use thiserror::Error;
 
 use super::config::{LxdConfigError, LxdEndpoint, LxdTlsFiles};
+pub use super::errors::CallError;
 
 /// The largest answer read (a listing of every instance with its config).
 const MAX_ANSWER: usize = 256 << 20;
-
-/// How a call failed.
-#[derive(Debug, Error)]
-pub enum CallError {
-    /// No complete answer within the deadline: the call may have taken effect.
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-    /// The connection could not be made: nothing was sent.
-    #[error("cannot connect: {0}")]
-    Connect(#[source] std::io::Error),
-    /// The TLS handshake failed: nothing was sent.
-    #[error("TLS handshake: {0}")]
-    Handshake(#[source] std::io::Error),
-    /// The HTTP exchange broke after it began: the call may have taken effect.
-    #[error("HTTP: {0}")]
-    Http(#[source] hyper::Error),
-    /// LXD answered with an error.
-    #[error("{message} (HTTP {status})")]
-    Api {
-        /// The HTTP status.
-        status: u16,
-        /// LXD's error text.
-        message: String,
-    },
-    /// An operation ended in failure (its `err`).
-    #[error("{0}")]
-    Operation(String),
-    /// An answer that is not LXD's envelope, or not what the call expects.
-    #[error("unexpected answer: {0}")]
-    Decode(String),
-}
-
-impl CallError {
-    /// Whether the call may have taken effect although it failed (no answer, or the exchange
-    /// broke midway).
-    pub fn is_ambiguous(&self) -> bool {
-        matches!(self, CallError::Timeout(_) | CallError::Http(_))
-    }
-
-    /// The HTTP status of an API error.
-    pub fn status(&self) -> Option<u16> {
-        match self {
-            CallError::Api { status, .. } => Some(*status),
-            _ => None,
-        }
-    }
-
-    /// LXD's message, for an error LXD itself answered (an API error or a failed operation).
-    pub fn lxd_message(&self) -> Option<&str> {
-        match self {
-            CallError::Api { message, .. } | CallError::Operation(message) => Some(message),
-            _ => None,
-        }
-    }
-}
 
 /// LXD's answer envelope.
 #[derive(Debug, Deserialize)]

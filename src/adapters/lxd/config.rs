@@ -182,7 +182,7 @@ pub enum LxdConfigError {
         endpoint: String,
         /// Why.
         #[source]
-        source: super::client::CallError,
+        source: super::errors::CallError,
     },
     /// The TLS handshake failed: the daemon's certificate is not the pinned one, or the
     /// daemon refused the client certificate's handshake.
@@ -195,7 +195,7 @@ pub enum LxdConfigError {
         endpoint: String,
         /// Why.
         #[source]
-        source: super::client::CallError,
+        source: super::errors::CallError,
     },
     /// The daemon answered but does not trust the client certificate.
     #[error(
@@ -229,7 +229,7 @@ pub enum LxdConfigError {
         what: &'static str,
         /// Why it failed.
         #[source]
-        source: super::client::CallError,
+        source: super::errors::CallError,
     },
 }
 

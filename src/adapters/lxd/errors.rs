@@ -1,7 +1,66 @@
-//! How LXD's failures map onto the provisioner's failure kinds.
+//! How an LXD call fails ([`CallError`]), and how LXD's failures map onto the provisioner's
+//! failure kinds.
 
-use super::client::CallError;
+use std::time::Duration;
+
+use thiserror::Error;
+
 use crate::ports::BrokerError;
+
+/// How a call failed.
+#[derive(Debug, Error)]
+pub enum CallError {
+    /// No complete answer within the deadline: the call may have taken effect.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The connection could not be made: nothing was sent.
+    #[error("cannot connect: {0}")]
+    Connect(#[source] std::io::Error),
+    /// The TLS handshake failed: nothing was sent.
+    #[error("TLS handshake: {0}")]
+    Handshake(#[source] std::io::Error),
+    /// The HTTP exchange broke after it began: the call may have taken effect.
+    #[error("HTTP: {0}")]
+    Http(#[source] hyper::Error),
+    /// LXD answered with an error.
+    #[error("{message} (HTTP {status})")]
+    Api {
+        /// The HTTP status.
+        status: u16,
+        /// LXD's error text.
+        message: String,
+    },
+    /// An operation ended in failure (its `err`).
+    #[error("{0}")]
+    Operation(String),
+    /// An answer that is not LXD's envelope, or not what the call expects.
+    #[error("unexpected answer: {0}")]
+    Decode(String),
+}
+
+impl CallError {
+    /// Whether the call may have taken effect although it failed (no answer, or the exchange
+    /// broke midway).
+    pub fn is_ambiguous(&self) -> bool {
+        matches!(self, CallError::Timeout(_) | CallError::Http(_))
+    }
+
+    /// The HTTP status of an API error.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            CallError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// LXD's message, for an error LXD itself answered (an API error or a failed operation).
+    pub fn lxd_message(&self) -> Option<&str> {
+        match self {
+            CallError::Api { message, .. } | CallError::Operation(message) => Some(message),
+            _ => None,
+        }
+    }
+}
 
 /// Maps a failed call onto a [`BrokerError`]. `what` says what was being done (`create
 /// prov-…`); `member` is the cluster member the call was aimed at (`target=`), if any.
@@ -42,10 +101,10 @@ pub fn classify(e: &CallError, what: &str, member: Option<&str>) -> BrokerError 
     }
 }
 
-fn timeout_of(e: &CallError) -> std::time::Duration {
+fn timeout_of(e: &CallError) -> Duration {
     match e {
         CallError::Timeout(d) => *d,
-        _ => std::time::Duration::ZERO,
+        _ => Duration::ZERO,
     }
 }
 
@@ -78,8 +137,6 @@ pub fn busy(e: &CallError) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::ports::BrokerErrorKind as K;
 

@@ -64,6 +64,7 @@ pub struct LxdModelArgs {
     pub server_cert: Option<PathBuf>,
 }
 
+#[cfg(feature = "serve")]
 impl LxdModelArgs {
     /// The body's `lxd` object: `None` when no flag was given.
     pub fn settings(self) -> Option<provisioner::service::settings::LxdSettings> {
@@ -80,6 +81,8 @@ impl LxdModelArgs {
 }
 
 /// `provisioner model ...`: the models a service hosts.
+// Parsed once per run: `Add`'s size is of no consequence.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum ModelCmd {
     /// Add a model: its own machines, settings and provisioners, on its own cloud (a setting
