@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use super::tests::{cluster, fresh_db, ids, leading, lease, listening, notices, opened, raw, Leading};
+use super::tests::{
+    cluster, fresh_db, ids, leading, lease, leased_before_the_actor, listening, notices, opened, raw, Leading,
+};
 use super::StoreError;
 use super::{Notice, PgStore, CHANGES_CHANNEL};
 use crate::model::{InstanceStatus, InstanceTags, Life, MachineId, MachineStatus};
@@ -383,10 +385,7 @@ fn write_behind_units_commit_in_one_round_trip_and_a_failing_one_fails_alone() {
 #[test]
 fn the_store_actor_fences_write_behind_units() {
     use super::{Write, Written};
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let model = PgStore::open(&url).unwrap().model_uuid().unwrap();
-    lease(&url, &model, "replica-a", 7, 30);
+    let (_pg, url, model) = leased_before_the_actor();
     let check = url.clone();
     actix::System::new().block_on(async move {
         let store = crate::service::store::actor::Store::start_postgres(&url).unwrap();

@@ -324,16 +324,23 @@ fn a_lost_database_is_unavailable_then_reconnected() {
     assert_eq!(s.check_readable(), Ok(()));
 }
 
+/// A fresh database whose model's lease `replica-a` holds at epoch 7 (for 30 s), for a test of
+/// the store actor: the cluster (held for the test), the database's URL and the model. (The sync
+/// client may not run on the runtime's thread: the lease is written before the actor starts.)
+pub(super) fn leased_before_the_actor() -> (Arc<TempPostgres>, String, String) {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let model = PgStore::open(&url).unwrap().model_uuid().unwrap();
+    lease(&url, &model, "replica-a", 7, 30);
+    (pg, url, model)
+}
+
 /// Through the store actor, as the service and the lease use it: `Store::set_fence` fences the
 /// provisioner's writes (`exec_lazy`: the model port, the simulated cloud) and not the API's
 /// (`exec`); SQLite refuses a fence.
 #[test]
 fn the_store_actor_fences_exec_lazy_and_not_exec() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    // (The sync client may not run on the runtime's thread: the lease is written before.)
-    let model = PgStore::open(&url).unwrap().model_uuid().unwrap();
-    lease(&url, &model, "replica-a", 7, 30);
+    let (_pg, url, model) = leased_before_the_actor();
     actix::System::new().block_on(async move {
         let store = crate::service::store::actor::Store::start_postgres(&url).unwrap();
         let ids = store.exec(|s| s.add_machines(1, None)).await.unwrap();
