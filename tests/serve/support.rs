@@ -353,6 +353,14 @@ pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str
     headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
+/// `GET path` without a token, answered 200 with `content_type`: the headers and the body.
+pub fn served_without_a_token(s: &Server, path: &str, content_type: &str) -> (Vec<(String, String)>, String) {
+    let (status, headers, body) = raw_http(s, "GET", path, false, None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&headers, "content-type"), Some(content_type));
+    (headers, body)
+}
+
 /// The value of one sample of /metrics (`name{labels}` exactly as rendered).
 pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.parse().ok()))
