@@ -98,21 +98,33 @@ impl Connector {
     }
 }
 
+/// A peer on loopback that accepts one connection and then says nothing: a URL to it, and the
+/// thread that holds the connection it accepted (joined and dropped: the peer goes away).
+#[cfg(test)]
+pub(crate) fn silent_peer() -> (String, std::thread::JoinHandle<std::io::Result<std::net::TcpStream>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let held = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
+    (format!("postgres://p@127.0.0.1:{port}/db"), held)
+}
+
+/// A URL to a loopback port nothing listens on.
+#[cfg(test)]
+pub(crate) fn refusing_peer() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    format!("postgres://p@127.0.0.1:{port}/db")
+}
+
 #[cfg(test)]
 mod tests {
-    // A real listener that never answers, on the wall clock.
-    #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
     use super::*;
 
     /// A peer that accepts and then says nothing: the attempt times out instead of hanging,
     /// and the next call waits for the same attempt (no second thread).
     #[test]
     fn a_silent_server_times_out_and_the_attempt_is_reused() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let held = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
-        let config: Config = format!("postgres://p@127.0.0.1:{port}/db").parse().unwrap();
+        let (url, held) = silent_peer();
+        let config: Config = url.parse().unwrap();
         let mut c = Connector::new(config, PgTls::disabled());
         let e = c.connect(Duration::from_millis(300)).err().expect("no server answered");
         assert!(matches!(e, ConnectError::TimedOut(_)), "{e:?}");
@@ -129,8 +141,7 @@ mod tests {
     /// Nothing listening: refused at once, not timed out.
     #[test]
     fn a_refused_connection_is_a_postgres_error() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let config: Config = format!("postgres://p@127.0.0.1:{port}/db").parse().unwrap();
+        let config: Config = refusing_peer().parse().unwrap();
         let e = Connector::new(config, PgTls::disabled()).connect(Duration::from_secs(10)).err().expect("refused");
         assert!(matches!(e, ConnectError::Postgres(_)), "{e:?}");
     }

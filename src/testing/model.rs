@@ -301,6 +301,14 @@ impl ModelActor {
         }
     }
 
+    /// A write to machine `id`: the failure scripted for `op` if one is due; else the clock
+    /// touched, and the machine (live) with the time of the write.
+    fn write(&mut self, op: ModelOp, id: &MachineId) -> Result<(&mut Slot, std::time::Duration), ModelError> {
+        self.scripted(op)?;
+        let now = self.touch_clock();
+        Ok((self.live(id)?, now))
+    }
+
     fn live(&mut self, id: &MachineId) -> Result<&mut Slot, ModelError> {
         match self.machines.get_mut(id) {
             Some(m) if !m.removed => Ok(m),
@@ -369,8 +377,7 @@ impl ModelActor {
             }
             Call::SetInstanceInfo(id, info) => {
                 let zone = self.names.intern_opt(info.zone.as_deref());
-                let written = self.scripted(ModelOp::SetInstanceInfo).map(|()| self.touch_clock());
-                let m = match written.and_then(|now| self.live(&id).map(|m| (m, now))) {
+                let m = match self.write(ModelOp::SetInstanceInfo, &id) {
                     Ok((m, now)) => {
                         m.recorded_at = nanos(now);
                         m
@@ -393,9 +400,7 @@ impl ModelActor {
                 Ok(Answer::Done)
             }
             Call::SetStatus(id, status, message) => {
-                self.scripted(ModelOp::SetStatus)?;
-                self.touch_clock();
-                let m = self.live(&id)?;
+                let (m, _) = self.write(ModelOp::SetStatus, &id)?;
                 m.machine.status = status;
                 if m.rare.is_some() || !message.is_empty() {
                     m.with_rare(|r| r.status_message = message);
@@ -406,17 +411,13 @@ impl ModelActor {
                 Ok(Answer::Done)
             }
             Call::SetInstanceStatus(id, status, message) => {
-                self.scripted(ModelOp::SetInstanceStatus)?;
-                self.touch_clock();
-                let m = self.live(&id)?;
+                let (m, _) = self.write(ModelOp::SetInstanceStatus, &id)?;
                 m.machine.instance_status = status;
                 m.instance_status_message = message.into_boxed_str();
                 Ok(Answer::Done)
             }
             Call::EnsureDead(id) => {
-                self.scripted(ModelOp::EnsureDead)?;
-                let now = self.touch_clock();
-                let m = self.live(&id)?;
+                let (m, now) = self.write(ModelOp::EnsureDead, &id)?;
                 let changed = m.machine.life != Life::Dead;
                 m.machine.life = Life::Dead;
                 m.with_rare(|r| {
@@ -442,9 +443,7 @@ impl ModelActor {
                 Ok(Answer::List(self.machines.values().filter(|m| !m.removed).map(|m| m.machine.clone()).collect()))
             }
             Call::MarkForRemoval(id) => {
-                self.scripted(ModelOp::MarkForRemoval)?;
-                let now = self.touch_clock();
-                let m = self.live(&id)?;
+                let (m, now) = self.write(ModelOp::MarkForRemoval, &id)?;
                 if m.machine.life != Life::Dead {
                     return Err(ModelError::Other(format!("machine {id} is not dead")));
                 }

@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use crate::support::{
-    assert_provisioned_once, config_file, eventually, field, header, ids_of, raw_http, temp_dir, Server,
+    assert_provisioned_once, config_file, eventually, field, header, ids_of, raw_http, served_without_a_token,
+    temp_dir, Server,
 };
 
 /// The page and its files: 200 with their types, no token needed, the CSP on each, nothing
@@ -16,9 +17,7 @@ use crate::support::{
 fn the_dashboard_is_served_without_a_token_and_loads_nothing_from_outside() {
     let dir = temp_dir("dashboard");
     let s = Server::start(&dir, &["--sim-start-latency", "50ms"]);
-    let (status, headers, page) = raw_http(&s, "GET", "/", false, None);
-    assert_eq!(status, 200, "{page}");
-    assert_eq!(header(&headers, "content-type"), Some("text/html; charset=utf-8"));
+    let (headers, page) = served_without_a_token(&s, "/", "text/html; charset=utf-8");
     assert!(page.starts_with("<!doctype html>") && page.contains("/dashboard/app.js"), "{page}");
     let csp = header(&headers, "content-security-policy").unwrap_or_default().to_owned();
     for directive in ["default-src 'none'", "script-src 'self'", "connect-src 'self'", "style-src 'self'"] {

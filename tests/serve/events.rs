@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 #[cfg(feature = "postgres")]
-use crate::support::fresh_postgres;
+use crate::support::two_replicas;
 use crate::support::{config_file, eventually, field, sample, temp_dir, Server};
 
 type Lines = std::io::Lines<BufReader<Box<dyn Read + Send + Sync>>>;
@@ -95,9 +95,7 @@ fn a_revoked_tokens_event_streams_end_at_once_with_a_last_event() {
 #[cfg(feature = "postgres")]
 #[test]
 fn on_postgres_a_token_revoked_through_one_replica_loses_its_streams_on_the_other() {
-    let (_pg, url, dir) = fresh_postgres("events-revoke-pg");
-    let first = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "50ms"]);
-    let second = Server::start_second_replica(&dir, &url, &["--sim-start-latency", "50ms"]);
+    let (_pg, first, second) = two_replicas("events-revoke-pg", &["--sim-start-latency", "50ms"]);
     let (id, token) = create(&first);
     let stream = open(&second, &token).unwrap();
     let on_first = open(&first, &token).unwrap();

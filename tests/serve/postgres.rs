@@ -175,9 +175,7 @@ fn a_newer_schema_is_refused_at_start_naming_both_versions() {
 /// the database, and takes the first replica's token (and only it).
 #[test]
 fn a_second_replica_knows_the_token_by_its_hash() {
-    let (_pg, url, dir) = fresh_postgres("pg-replicas");
-    let first = Server::start_on_postgres(&dir, &url, &[]);
-    let second = Server::start_second_replica(&dir, &url, &[]);
+    let (_pg, first, second) = two_replicas("pg-replicas", &[]);
     assert!(!second.dir.join("token").exists(), "only the initialising replica writes the token");
     let list = |token: &str| {
         let out =

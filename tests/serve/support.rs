@@ -38,6 +38,17 @@ pub fn fresh_postgres(name: &str) -> (std::sync::Arc<TempPostgres>, String, Path
     (pg, url, temp_dir(name))
 }
 
+/// Two replicas, both started with `extra`, on a fresh database ([`fresh_postgres`]): the
+/// cluster (it runs while this handle lives), the first (it initialised the database) and the
+/// second ([`Server::start_second_replica`]).
+#[cfg(feature = "postgres")]
+pub fn two_replicas(name: &str, extra: &[&str]) -> (std::sync::Arc<TempPostgres>, Server, Server) {
+    let (pg, url, dir) = fresh_postgres(name);
+    let first = Server::start_on_postgres(&dir, &url, extra);
+    let second = Server::start_second_replica(&dir, &url, extra);
+    (pg, first, second)
+}
+
 /// Writes `text` to the config file `name` in `dir`; answers its path, for `--config`.
 pub fn config_file(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
@@ -340,6 +351,14 @@ pub fn raw_http(
 
 pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
     headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// `GET path` without a token, answered 200 with `content_type`: the headers and the body.
+pub fn served_without_a_token(s: &Server, path: &str, content_type: &str) -> (Vec<(String, String)>, String) {
+    let (status, headers, body) = raw_http(s, "GET", path, false, None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&headers, "content-type"), Some(content_type));
+    (headers, body)
 }
 
 /// The value of one sample of /metrics (`name{labels}` exactly as rendered).

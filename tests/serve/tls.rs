@@ -26,35 +26,42 @@ fn ca_shaped_certificate(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     (cert_file, key_file)
 }
 
-/// Starts `serve` over TLS on `dir/data` and waits until `https://127.0.0.1:PORT/healthz` answers.
-fn start_tls(dir: &Path, cert: &Path, key: &Path) -> Server {
+/// Makes a certificate and its key in `dir` with `certificate`, starts `serve` over TLS with
+/// them on `dir/data` and waits until `https://127.0.0.1:PORT/healthz` answers: the server, and
+/// the certificate's file (for `--ca-cert`).
+fn start_tls(dir: &Path, certificate: fn(&Path, &str) -> (PathBuf, PathBuf)) -> (Server, String) {
+    let (cert, key) = certificate(dir, "server");
     let port = free_port();
     let tls = [OsStr::new("--tls-cert"), cert.as_os_str(), OsStr::new("--tls-key"), key.as_os_str()];
     let mut s = Server::spawn(port, &dir.join("data"), &dir.join(format!("serve-{port}.log")), tls);
     s.url = format!("https://127.0.0.1:{port}");
-    s.ready(&agent_trusting(cert))
+    let s = s.ready(&agent_trusting(&cert));
+    (s, cert.to_str().unwrap().to_owned())
+}
+
+/// Adds `n` machines over https, trusting the certificate file `ca` (`--ca-cert`).
+fn add_trusting(s: &Server, ca: &str, n: usize) {
+    let added = s.json(&["machine", "add", "-n", &n.to_string(), "--json", "--ca-cert", ca]);
+    assert_eq!(ids_of(&added).len(), n, "{added}");
 }
 
 #[test]
 fn tls_serves_the_client_commands_and_refuses_plain_http_and_unknown_certificates() {
     let dir = temp_dir("tls");
-    let (cert, key) = test_certificate(&dir, "server");
-    let s = start_tls(&dir, &cert, &key);
-    let ca = cert.to_str().unwrap();
+    let (s, ca) = start_tls(&dir, test_certificate);
 
     // The client commands work over https with --ca-cert, and with PROVISIONER_CA_CERT.
-    let added = s.json(&["machine", "add", "-n", "2", "--json", "--ca-cert", ca]);
-    assert_eq!(ids_of(&added).len(), 2, "{added}");
+    add_trusting(&s, &ca, 2);
     let out = bin()
         .args(["status", "--json", "--server", &s.url, "--data-dir"])
         .arg(&s.dir)
-        .env("PROVISIONER_CA_CERT", &cert)
+        .env("PROVISIONER_CA_CERT", &ca)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let status: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["machines"], 2, "{status}");
-    let listed = s.json(&["machine", "list", "--json", "--ca-cert", ca]);
+    let listed = s.json(&["machine", "list", "--json", "--ca-cert", &ca]);
     assert_eq!(listed.as_array().unwrap().len(), 2);
 
     // Plain HTTP to the TLS port gets no answer.
@@ -88,13 +95,10 @@ fn tls_serves_the_client_commands_and_refuses_plain_http_and_unknown_certificate
 #[test]
 fn a_pinned_self_signed_ca_certificate_is_trusted_and_tls_errors_say_what_to_do() {
     let dir = temp_dir("tls-ca-shaped");
-    let (cert, key) = ca_shaped_certificate(&dir, "server");
     // start_tls waits for /healthz through the library's client configuration of this file.
-    let s = start_tls(&dir, &cert, &key);
-    let ca = cert.to_str().unwrap();
-    let added = s.json(&["machine", "add", "-n", "1", "--json", "--ca-cert", ca]);
-    assert_eq!(ids_of(&added).len(), 1, "{added}");
-    let listed = s.json(&["machine", "list", "--json", "--ca-cert", ca]);
+    let (s, ca) = start_tls(&dir, ca_shaped_certificate);
+    add_trusting(&s, &ca, 1);
+    let listed = s.json(&["machine", "list", "--json", "--ca-cert", &ca]);
     assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
 
     // Another certificate of the same shape is not the server's: refused, naming the file, and

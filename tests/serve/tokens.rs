@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 #[cfg(feature = "postgres")]
-use crate::support::fresh_postgres;
+use crate::support::two_replicas;
 use crate::support::{bin, field, ids_of, mount_tmpfs, sample, serve_output, temp_dir, Server};
 
 /// `METHOD path` with `token` (if any) and `body` (if any): the status and the body.
@@ -284,9 +284,7 @@ fn an_audit_log_that_cannot_be_opened_is_refused_naming_it() {
 #[cfg(feature = "postgres")]
 #[test]
 fn on_postgres_a_token_revoked_through_one_replica_is_refused_by_the_other() {
-    let (_pg, url, dir) = fresh_postgres("tok-pg");
-    let first = Server::start_on_postgres(&dir, &url, &["--sim-start-latency", "50ms"]);
-    let second = Server::start_second_replica(&dir, &url, &["--sim-start-latency", "50ms"]);
+    let (_pg, first, second) = two_replicas("tok-pg", &["--sim-start-latency", "50ms"]);
     let admin = first.token();
     let (id, ro) = create(&first, true);
     assert_eq!(http(&second, "GET", "/v1/machines", Some(&ro), None).0, 200, "known to the other replica");

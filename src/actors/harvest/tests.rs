@@ -45,6 +45,15 @@ fn book(mode: HarvestMode) -> HarvestBook {
     b
 }
 
+/// A book in safe mode, in mode `from`, with each of `to` set in turn (deferred until it ends).
+fn deferring(from: HarvestMode, to: &[HarvestMode]) -> HarvestBook {
+    let mut b = HarvestBook::new(from);
+    for mode in to {
+        assert_eq!(b.set_mode(*mode), ModeChange::Deferred, "{mode}");
+    }
+    b
+}
+
 #[test]
 fn harvest_mode_table_for_dead_machines_and_unknown_instances() {
     let dead = [dead("0", Some("i-0"))];
@@ -193,8 +202,7 @@ fn safe_mode_harvests_no_unknown_instances() {
 
 #[test]
 fn safe_mode_defers_mode_change_until_it_ends() {
-    let mut b = HarvestBook::new(HarvestMode::Destroyed);
-    assert_eq!(b.set_mode(HarvestMode::All), ModeChange::Deferred);
+    let mut b = deferring(HarvestMode::Destroyed, &[HarvestMode::All]);
     assert_eq!(b.mode(), HarvestMode::Destroyed, "not applied yet");
     assert!(!b.wants_unknown());
     assert!(b.plan(&[], &old(&["u-1"])).stop.is_empty());
@@ -207,33 +215,28 @@ fn safe_mode_defers_mode_change_until_it_ends() {
 
 #[test]
 fn deferred_unknown_mode_is_applied_with_harvest_unknown() {
-    let mut b = HarvestBook::new(HarvestMode::None);
-    assert_eq!(b.set_mode(HarvestMode::Unknown), ModeChange::Deferred);
+    let mut b = deferring(HarvestMode::None, &[HarvestMode::Unknown]);
     assert_eq!(b.end_safe_mode(), ModeChange::Changed { mode: HarvestMode::Unknown, harvest_unknown: true });
     assert!(b.wants_unknown());
 }
 
 #[test]
 fn deferred_mode_that_harvests_no_unknown_is_applied_without_harvest_unknown() {
-    let mut b = HarvestBook::new(HarvestMode::All);
-    assert_eq!(b.set_mode(HarvestMode::None), ModeChange::Deferred);
+    let mut b = deferring(HarvestMode::All, &[HarvestMode::None]);
     assert_eq!(b.end_safe_mode(), ModeChange::Changed { mode: HarvestMode::None, harvest_unknown: false });
     assert!(!b.wants_unknown());
 }
 
 #[test]
 fn last_deferred_mode_wins() {
-    let mut b = HarvestBook::new(HarvestMode::Destroyed);
-    assert_eq!(b.set_mode(HarvestMode::None), ModeChange::Deferred);
-    assert_eq!(b.set_mode(HarvestMode::Unknown), ModeChange::Deferred);
+    let mut b = deferring(HarvestMode::Destroyed, &[HarvestMode::None, HarvestMode::Unknown]);
     assert_eq!(b.end_safe_mode(), ModeChange::Changed { mode: HarvestMode::Unknown, harvest_unknown: true });
     assert_eq!(b.mode(), HarvestMode::Unknown);
 }
 
 #[test]
 fn deferred_change_to_the_current_mode_is_unchanged() {
-    let mut b = HarvestBook::new(HarvestMode::Destroyed);
-    assert_eq!(b.set_mode(HarvestMode::Destroyed), ModeChange::Deferred);
+    let mut b = deferring(HarvestMode::Destroyed, &[HarvestMode::Destroyed]);
     assert_eq!(b.end_safe_mode(), ModeChange::Unchanged);
 }
 

@@ -266,12 +266,24 @@ fn init_logging(default: &str, json: bool) {
     };
 }
 
-/// Loads a scenario; bad input is one line on stderr and exit code 2.
-fn load(file: &std::path::Path) -> Result<Scenario, ExitCode> {
-    Scenario::load(file).map_err(|e| {
-        eprintln!("error: {e}");
-        ExitCode::from(2)
-    })
+/// Loads a scenario and runs `command` on it; bad input is one line on stderr and exit code 2.
+fn on_scenario(file: &std::path::Path, command: impl FnOnce(Scenario) -> ExitCode) -> ExitCode {
+    match Scenario::load(file) {
+        Ok(scenario) => command(scenario),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Prints a run's or a plan's JSON (a line) or its human text.
+fn print_json_or_human(json: bool, as_json: impl FnOnce() -> String, as_human: impl FnOnce() -> String) {
+    if json {
+        println!("{}", as_json());
+    } else {
+        print!("{}", as_human());
+    }
 }
 
 fn main() -> ExitCode {
@@ -298,24 +310,16 @@ fn main() -> ExitCode {
         Command::Bench { which: Bench::Serve(args) } => cli::run_bench(args),
         Command::Completions { shell } => cli::shell::run_completions(Cli::command(), shell),
         Command::Man => cli::shell::run_man(Cli::command()),
-        Command::Simulate { file, seed, json } => {
-            let scenario = match load(&file) {
-                Ok(s) => s,
-                Err(code) => return code,
-            };
+        Command::Simulate { file, seed, json } => on_scenario(&file, |scenario| {
             let report = sim::run(&scenario, seed);
-            if json {
-                println!("{}", report.to_json());
-            } else {
-                print!("{}", report.to_human());
-            }
+            print_json_or_human(json, || report.to_json(), || report.to_human());
             if report.violations.is_empty() {
                 ExitCode::SUCCESS
             } else {
                 eprintln!("error: the run broke {} invariant(s); see violations", report.violations.len());
                 ExitCode::from(1)
             }
-        }
+        }),
         Command::Bench { which: Bench::Throughput { machines, workers, zones, start_latency, json } } => {
             // The process exits next: what the run built is left to the operating system, not
             // freed entry by entry.
@@ -388,19 +392,11 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Command::Plan { file, seed, json } => {
-            let scenario = match load(&file) {
-                Ok(s) => s,
-                Err(code) => return code,
-            };
+        Command::Plan { file, seed, json } => on_scenario(&file, |scenario| {
             let p = sim::plan(&scenario, seed);
-            if json {
-                println!("{}", p.to_json());
-            } else {
-                print!("{}", p.to_human());
-            }
+            print_json_or_human(json, || p.to_json(), || p.to_human());
             ExitCode::SUCCESS
-        }
+        }),
         Command::GenerateScenario { seed } => {
             print!("{}", sim::generate(seed).to_toml());
             ExitCode::SUCCESS

@@ -14,3 +14,17 @@ pub(crate) mod initialiser;
 pub(crate) mod intents;
 pub(crate) mod listing;
 pub(crate) mod sim;
+
+/// Runs `test` on an actix system with a store on a database in a new, empty directory of its
+/// own (`name` tells the tests' directories apart).
+#[cfg(test)]
+pub(crate) fn on_a_fresh_store<F: std::future::Future<Output = ()>>(
+    name: &str,
+    test: impl FnOnce(crate::service::store::Store) -> F,
+) {
+    let dir = std::env::temp_dir().join(format!("provisioner-cloud-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("p.db");
+    actix_rt::System::new().block_on(async move { test(crate::service::store::Store::start(&db).unwrap()).await });
+}

@@ -30,6 +30,19 @@ fn leader(t0: Instant) -> LeaseBook {
     b
 }
 
+/// A [`leader`] whose first renewal went out at `t0 + 2s`, not answered yet.
+fn renewing(t0: Instant) -> LeaseBook {
+    let mut b = leader(t0);
+    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Renew { epoch: 7 }));
+    b
+}
+
+/// A leader's renewal of epoch 7, due at `now`, sent then and answered well 5 ms later.
+fn renew(b: &mut LeaseBook, now: Instant) {
+    assert_eq!(b.tick(now), (None, Step::Renew { epoch: 7 }));
+    assert_eq!(b.answer(ME, now + ms(5), Answer::Renewed), None);
+}
+
 #[test]
 fn timings_default_to_the_issues_and_are_checked_naming_the_setting() {
     let t = LeaseTimings::default();
@@ -120,8 +133,7 @@ fn a_leader_that_cannot_renew_stops_acting_before_its_lease_can_expire_for_other
 #[test]
 fn a_hung_renewal_does_not_keep_a_leader_acting() {
     let t0 = Instant::now();
-    let mut b = leader(t0);
-    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Renew { epoch: 7 }));
+    let mut b = renewing(t0);
     // No answer: ticks wait, until the deadline.
     assert_eq!(b.tick(t0 + secs(4)), (None, Step::Wait));
     assert!(b.may_act(t0 + ms(7999)));
@@ -136,8 +148,7 @@ fn a_hung_renewal_does_not_keep_a_leader_acting() {
 #[test]
 fn a_renewal_answered_after_the_deadline_steps_down() {
     let t0 = Instant::now();
-    let mut b = leader(t0);
-    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Renew { epoch: 7 }));
+    let mut b = renewing(t0);
     let t = b.answer(ME, t0 + ms(8500), Answer::Renewed).unwrap();
     assert_eq!(t.why, Why::DeadlinePassed);
     assert_eq!(b.role(), Role::Follower);
@@ -146,8 +157,7 @@ fn a_renewal_answered_after_the_deadline_steps_down() {
 #[test]
 fn a_refused_renewal_steps_down_at_once() {
     let t0 = Instant::now();
-    let mut b = leader(t0);
-    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Renew { epoch: 7 }));
+    let mut b = renewing(t0);
     let t = b.answer(ME, t0 + ms(2100), Answer::Refused).unwrap();
     assert_eq!((t.from, t.to, t.why), (Role::Leader { epoch: 7 }, Role::Follower, Why::Refused));
     assert!(!b.may_act(t0 + ms(2100)));
@@ -160,8 +170,7 @@ fn a_refused_renewal_steps_down_at_once() {
 #[test]
 fn a_renewal_answered_by_another_holder_steps_down() {
     let t0 = Instant::now();
-    let mut b = leader(t0);
-    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Renew { epoch: 7 }));
+    let mut b = renewing(t0);
     let t = b.answer(ME, t0 + ms(2100), Answer::HeldBy { holder: "replica-b".into(), epoch: 8 }).unwrap();
     assert_eq!(t.why, Why::Refused);
     assert_eq!(b.holder(), Some(("replica-b", 8)));
@@ -170,8 +179,7 @@ fn a_renewal_answered_by_another_holder_steps_down() {
 #[test]
 fn a_failed_renewal_keeps_the_leader_until_the_deadline() {
     let t0 = Instant::now();
-    let mut b = leader(t0);
-    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Renew { epoch: 7 }));
+    let mut b = renewing(t0);
     assert_eq!(b.answer(ME, t0 + ms(2100), Answer::Failed("reset".into())), None);
     assert!(b.may_act(t0 + ms(2100)));
     assert_eq!(b.next_tick(t0 + ms(7000)), t0 + secs(8), "the deadline comes before the next retry");
@@ -268,8 +276,7 @@ fn a_hand_over_stops_acting_at_once_releases_and_does_not_take_the_model_back() 
 #[test]
 fn a_hand_over_asked_while_a_renewal_is_in_flight_waits_for_its_answer() {
     let t0 = Instant::now();
-    let mut b = leader(t0);
-    assert_eq!(b.tick(t0 + secs(2)), (None, Step::Renew { epoch: 7 }));
+    let mut b = renewing(t0);
     assert_eq!(b.hand_over(t0 + ms(2010)), (None, Step::Wait), "one statement at a time");
     assert_eq!(b.role(), Role::Leader { epoch: 7 });
     assert_eq!(b.answer(ME, t0 + ms(2020), Answer::Renewed), None);
@@ -288,8 +295,7 @@ fn a_leader_whose_work_makes_no_progress_steps_down_and_releases_though_its_leas
     let mut now = t0;
     for _ in 0..3 {
         now += secs(2);
-        assert_eq!(b.tick(now), (None, Step::Renew { epoch: 7 }));
-        assert_eq!(b.answer(ME, now + ms(5), Answer::Renewed), None);
+        renew(&mut b, now);
         assert!(b.may_act(now + ms(5)));
     }
     // The next tick is due at the progress deadline, before the renewals' own.
@@ -317,8 +323,7 @@ fn a_leader_whose_probes_answer_keeps_leading_and_a_failed_probe_is_no_proof() {
     let mut now = t0;
     for _ in 0..10 {
         now += secs(2);
-        assert_eq!(b.tick(now), (None, Step::Renew { epoch: 7 }));
-        assert_eq!(b.answer(ME, now + ms(5), Answer::Renewed), None);
+        renew(&mut b, now);
         assert!(b.probe_due(now + ms(5)));
         b.probed(now + ms(50), true);
     }
@@ -348,8 +353,7 @@ fn a_book_that_is_never_probed_never_stalls() {
     let mut now = t0;
     for _ in 0..20 {
         now += secs(2);
-        assert_eq!(b.tick(now), (None, Step::Renew { epoch: 7 }));
-        assert_eq!(b.answer(ME, now + ms(5), Answer::Renewed), None);
+        renew(&mut b, now);
     }
     assert!(b.may_act(now + ms(5)) && !b.stalled());
 }

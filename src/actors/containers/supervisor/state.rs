@@ -228,12 +228,7 @@ impl SupervisorBook {
     /// takes its containers with it, across restarts too.
     pub fn host_died(&mut self) -> Vec<Effect> {
         self.host_dead = true;
-        self.stage = Stage::Stopped;
-        if self.running {
-            vec![Effect::CloseStarts]
-        } else {
-            self.start_reaper()
-        }
+        self.stop_starting(Effect::CloseStarts)
     }
 
     /// The model was destroyed: nothing new starts; the running provisioner stops every container's
@@ -243,9 +238,15 @@ impl SupervisorBook {
             return Vec::new();
         }
         self.model_dying = true;
+        self.stop_starting(Effect::Destroyed)
+    }
+
+    /// Nothing new starts: the running provisioner is told `told`, and one is started to reap
+    /// if none runs.
+    fn stop_starting(&mut self, told: Effect) -> Vec<Effect> {
         self.stage = Stage::Stopped;
         if self.running {
-            vec![Effect::Destroyed]
+            vec![told]
         } else {
             self.start_reaper()
         }

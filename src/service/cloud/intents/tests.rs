@@ -63,21 +63,12 @@ fn params(machine: &str, token: &str) -> StartInstanceParams {
     }
 }
 
-fn fresh_db(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("provisioner-intents-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("p.db")
-}
-
 /// A start whose answer was lost keeps its intent; after a restart (a new broker over the
 /// same database) `resume` repeats it with the same token and parameters, then drops it. A
 /// settled start (an instance, or a definite refusal) leaves no intent.
 #[test]
 fn an_unsettled_start_is_repeated_by_its_token_after_a_restart() {
-    let db = fresh_db("resume");
-    actix_rt::System::new().block_on(async move {
-        let store = Store::start(&db).unwrap();
+    crate::service::cloud::on_a_fresh_store("intents-resume", |store| async move {
         let before = Arc::new(Scripted::default());
         before.answers.lock().unwrap().extend([
             started("i-1"),

@@ -449,22 +449,12 @@ mod tests {
         }
     }
 
-    /// The path of a database in a new, empty directory of its own.
-    fn fresh_db(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("provisioner-simcloud-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir.join("p.db")
-    }
-
     /// A start repeated with its client token (after an ambiguous failure)
     /// gets the instance the first one made, landed if it was left pending, and nothing new;
     /// the same token with another zone is refused.
     #[test]
     fn a_repeated_client_token_returns_the_instance_already_made() {
-        let db = fresh_db("tokens");
-        actix_rt::System::new().block_on(async move {
-            let store = Store::start(&db).unwrap();
+        crate::service::cloud::on_a_fresh_store("simcloud-tokens", |store| async move {
             let settings = SimSettings { start_latency: Duration::ZERO, ..SimSettings::default() };
             let cloud = SimCloud::new(store.clone(), "m".into(), settings);
             let tags = InstanceTags { model: Some("m".into()), machine: Some(MachineId::new("0")), start: None };
@@ -499,9 +489,7 @@ mod tests {
     /// it waits leaves the instance for `resume` to land). Either way the instance runs.
     #[test]
     fn a_start_without_latency_creates_and_lands_its_instance_in_one_store_call() {
-        let db = fresh_db("one-call");
-        actix_rt::System::new().block_on(async move {
-            let store = Store::start(&db).unwrap();
+        crate::service::cloud::on_a_fresh_store("simcloud-one-call", |store| async move {
             for (latency, calls) in [(Duration::ZERO, 1), (Duration::from_millis(5), 2)] {
                 let cloud = SimCloud::new(
                     store.clone(),
@@ -526,9 +514,7 @@ mod tests {
     #[test]
     fn the_simulated_cloud_keeps_the_broker_contract() {
         use crate::testing::broker_contract::{run_all, ContractConfig, Property};
-        let db = fresh_db("contract");
-        actix_rt::System::new().block_on(async move {
-            let store = Store::start(&db).unwrap();
+        crate::service::cloud::on_a_fresh_store("simcloud-contract", |store| async move {
             let zoned = SimSettings {
                 zones: vec!["az1".into(), "az2".into()],
                 unavailable_zones: vec!["az3".into()],
@@ -559,9 +545,7 @@ mod tests {
     /// zone-specifically.
     #[test]
     fn constraints_pick_a_type_and_capacity_fails_over_to_the_next_type() {
-        let db = fresh_db("types");
-        actix_rt::System::new().block_on(async move {
-            let store = Store::start(&db).unwrap();
+        crate::service::cloud::on_a_fresh_store("simcloud-types", |store| async move {
             let settings = SimSettings {
                 start_latency: Duration::ZERO,
                 out_of_capacity: parse_out_of_capacity(&["t3.large:az1".into(), "c5.large:az1".into()]).unwrap(),
@@ -599,9 +583,7 @@ mod tests {
     /// nothing, whatever their machine; the next ones start.
     #[test]
     fn the_first_starts_fail_as_injected_then_starts_go_through() {
-        let db = fresh_db("faults");
-        actix_rt::System::new().block_on(async move {
-            let store = Store::start(&db).unwrap();
+        crate::service::cloud::on_a_fresh_store("simcloud-faults", |store| async move {
             let settings = SimSettings { start_latency: Duration::ZERO, start_failures: 2, ..SimSettings::default() };
             let cloud = SimCloud::new(store.clone(), "m".into(), settings);
             let start = |machine: &str, token: &str| StartInstanceParams {

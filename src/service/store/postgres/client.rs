@@ -376,10 +376,8 @@ mod tests {
     /// (the store's thread is not held for ever), and the attempt leaves nothing behind.
     #[test]
     fn a_silent_server_times_out() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let held = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
-        let config: Config = format!("postgres://p@127.0.0.1:{port}/db").parse().unwrap();
+        let (url, held) = crate::service::pgconnect::silent_peer();
+        let config: Config = url.parse().unwrap();
         let started = std::time::Instant::now();
         let e = PgClient::connect(&config, &PgTls::disabled(), Duration::from_millis(300), Duration::from_secs(5))
             .err()
@@ -392,8 +390,7 @@ mod tests {
     /// Nothing listening: refused at once, not timed out.
     #[test]
     fn a_refused_connection_is_a_postgres_error() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let config: Config = format!("postgres://p@127.0.0.1:{port}/db").parse().unwrap();
+        let config: Config = crate::service::pgconnect::refusing_peer().parse().unwrap();
         let e = PgClient::connect(&config, &PgTls::disabled(), Duration::from_secs(10), Duration::from_secs(5))
             .err()
             .expect("refused");

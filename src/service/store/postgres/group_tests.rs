@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use super::tests::{cluster, fresh_db, ids, leading, lease, listening, notices, raw, Leading};
+use super::tests::{
+    cluster, fresh_db, ids, leading, lease, leased_before_the_actor, listening, notices, opened, raw, Leading,
+};
 use super::StoreError;
 use super::{Notice, PgStore, CHANGES_CHANNEL};
 use crate::model::{InstanceStatus, InstanceTags, Life, MachineId, MachineStatus};
@@ -164,9 +166,7 @@ fn a_unit_whose_first_write_fails_keeps_its_later_writes_and_the_lease_row_locke
 /// answered "committed" with nothing written.
 #[test]
 fn a_failed_savepoint_statement_fails_the_whole_group() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let mut s = PgStore::open(&url).unwrap();
+    let (_pg, url, mut s) = opened();
     s.begin_group(false).unwrap();
     s.begin_member().unwrap();
     s.add_machines(1, None).unwrap();
@@ -281,9 +281,7 @@ fn started(n: u32) -> ProvisionedInstance {
 #[test]
 fn write_behind_units_commit_in_one_round_trip_and_a_failing_one_fails_alone() {
     use super::{Write, Written};
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let mut s = PgStore::open(&url).unwrap();
+    let (_pg, _url, mut s) = opened();
     let m = s.add_machines(4, None).unwrap();
     let model = s.model_uuid().unwrap();
     let tags = |machine: &MachineId| InstanceTags {
@@ -387,10 +385,7 @@ fn write_behind_units_commit_in_one_round_trip_and_a_failing_one_fails_alone() {
 #[test]
 fn the_store_actor_fences_write_behind_units() {
     use super::{Write, Written};
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let model = PgStore::open(&url).unwrap().model_uuid().unwrap();
-    lease(&url, &model, "replica-a", 7, 30);
+    let (_pg, url, model) = leased_before_the_actor();
     let check = url.clone();
     actix::System::new().block_on(async move {
         let store = crate::service::store::actor::Store::start_postgres(&url).unwrap();
@@ -431,9 +426,7 @@ fn the_set_based_statements_plan_index_look_ups_on_a_small_table() {
         INDEX_PLANS_SQL, INSERT_INSTANCES_SQL, LOCK_MACHINES_SQL, SET_INSTANCE_STATUSES_SQL, SET_STARTED_SQL,
         SET_STATUSES_SQL,
     };
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let mut s = PgStore::open(&url).unwrap();
+    let (_pg, url, mut s) = opened();
     s.add_machines(3, None).unwrap();
     let mut c = raw(&url);
     c.batch_execute("ANALYZE machines; ANALYZE instances").unwrap();
@@ -480,9 +473,7 @@ fn the_set_based_statements_plan_index_look_ups_on_a_small_table() {
 #[test]
 fn the_stores_session_keeps_index_look_ups_made_on_a_small_table() {
     use super::deferred::INDEX_PLANS_SQL;
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let mut s = PgStore::open(&url).unwrap();
+    let (_pg, url, mut s) = opened();
     let ids = s.add_machines(3, None).unwrap();
     raw(&url).batch_execute("ANALYZE machines; ANALYZE constraints").unwrap();
     for _ in 0..8 {
@@ -582,9 +573,7 @@ fn adds_queued_as_write_behind_units_share_one_statement() {
 /// checked by `machines_in_error_are_counted_without_a_scan`.)
 #[test]
 fn no_index_names_a_column_the_provisioners_writes_change() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let _s = PgStore::open(&url).unwrap();
+    let (_pg, url, _s) = opened();
     let mut c = raw(&url);
     let written = [
         "status",
@@ -626,9 +615,7 @@ fn no_index_names_a_column_the_provisioners_writes_change() {
 fn the_set_based_writes_stamp_their_rows_without_calling_the_trigger() {
     use super::deferred::{SET_INSTANCE_STATUSES_SQL, SET_STARTED_SQL, SET_STATUSES_SQL};
     use super::rows::ADD_MANY_SQL;
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let mut s = PgStore::open(&url).unwrap();
+    let (_pg, url, mut s) = opened();
     let model = s.model_uuid().unwrap();
     s.add_machines(3, None).unwrap();
     let mut c = raw(&url);

@@ -19,6 +19,15 @@ use crate::testing::TempPostgres;
 use crate::testing::postgres::tls_certificates;
 pub(super) use crate::testing::postgres::{cluster, fresh_db};
 
+/// A store on a fresh database of the shared cluster: the cluster (held for the test), the
+/// database's URL and the store.
+pub(super) fn opened() -> (Arc<TempPostgres>, String, PgStore) {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let s = PgStore::open(&url).unwrap();
+    (pg, url, s)
+}
+
 pub(super) fn raw(url: &str) -> postgres::Client {
     postgres::Client::connect(url, postgres::NoTls).expect("connect")
 }
@@ -119,9 +128,7 @@ pub(super) fn lease(url: &str, model: &str, holder: &str, epoch: i64, secs: i64)
 /// written; the API's writes of desired state are not fenced.
 #[test]
 fn fenced_writes_commit_only_under_the_lease() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let mut s = PgStore::open(&url).unwrap();
+    let (_pg, url, mut s) = opened();
     let model = s.model_uuid().unwrap();
     let m = s.add_machines(2, None).unwrap();
     lease(&url, &model, "replica-a", 3, 30);
@@ -184,9 +191,7 @@ pub(super) struct Leading {
 pub(super) fn leading(machines: usize) -> Leading {
     use crate::service::lease::pg::PgLease;
     use crate::service::lease::state::Answer;
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let mut s = PgStore::open(&url).unwrap();
+    let (pg, url, mut s) = opened();
     let model = s.model_uuid().unwrap();
     let m = s.add_machines(machines, None).unwrap();
     let lease_for = |holder: &str| PgLease::connect(&url, Duration::from_secs(10), &model, holder).unwrap();
@@ -242,9 +247,7 @@ fn the_epochs_record_proves_no_write_committed_under_a_stale_epoch() {
 #[test]
 fn a_transaction_left_open_is_ended_by_the_server_and_frees_the_lease_row() {
     use super::IDLE_IN_TRANSACTION;
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let mut s = PgStore::open(&url).unwrap();
+    let (_pg, url, mut s) = opened();
     let model = s.model_uuid().unwrap();
     lease(&url, &model, "replica-a", 1, 30);
     let mut stuck = PgStore::config(&url).unwrap().0.connect(postgres::NoTls).unwrap();
@@ -263,9 +266,7 @@ fn a_transaction_left_open_is_ended_by_the_server_and_frees_the_lease_row() {
 
 /// A store on a fresh database, its model, and a session listening to its notices.
 pub(super) fn listening() -> (Arc<TempPostgres>, String, PgStore, String, postgres::Client) {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let mut s = PgStore::open(&url).unwrap();
+    let (pg, url, mut s) = opened();
     let model = s.model_uuid().unwrap();
     let mut listener = raw(&url);
     listener.batch_execute(&format!("LISTEN {CHANGES_CHANNEL}")).unwrap();
@@ -323,16 +324,23 @@ fn a_lost_database_is_unavailable_then_reconnected() {
     assert_eq!(s.check_readable(), Ok(()));
 }
 
+/// A fresh database whose model's lease `replica-a` holds at epoch 7 (for 30 s), for a test of
+/// the store actor: the cluster (held for the test), the database's URL and the model. (The sync
+/// client may not run on the runtime's thread: the lease is written before the actor starts.)
+pub(super) fn leased_before_the_actor() -> (Arc<TempPostgres>, String, String) {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let model = PgStore::open(&url).unwrap().model_uuid().unwrap();
+    lease(&url, &model, "replica-a", 7, 30);
+    (pg, url, model)
+}
+
 /// Through the store actor, as the service and the lease use it: `Store::set_fence` fences the
 /// provisioner's writes (`exec_lazy`: the model port, the simulated cloud) and not the API's
 /// (`exec`); SQLite refuses a fence.
 #[test]
 fn the_store_actor_fences_exec_lazy_and_not_exec() {
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    // (The sync client may not run on the runtime's thread: the lease is written before.)
-    let model = PgStore::open(&url).unwrap().model_uuid().unwrap();
-    lease(&url, &model, "replica-a", 7, 30);
+    let (_pg, url, model) = leased_before_the_actor();
     actix::System::new().block_on(async move {
         let store = crate::service::store::actor::Store::start_postgres(&url).unwrap();
         let ids = store.exec(|s| s.add_machines(1, None)).await.unwrap();
@@ -384,9 +392,7 @@ pub(super) fn notices(listener: &mut postgres::Client, wait: Duration) -> Vec<No
 #[test]
 fn a_statement_stuck_on_a_lock_is_bounded_and_the_store_recovers() {
     use super::{CALL_SLACK, STATEMENT_DEADLINE};
-    let pg = cluster();
-    let url = fresh_db(&pg);
-    let mut s = PgStore::open(&url).unwrap();
+    let (_pg, url, mut s) = opened();
     let ids = s.add_new_machines(2, &Default::default()).unwrap();
     // Another session holds the machines table for ever (a transaction that is not idle: it
     // is not ended by the server's idle timeout).

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use rusqlite::{params, OptionalExtension, Row};
 
 use super::rows::{
-    constraints_from_row, machine_from_row, meta_get, meta_set, next_counter, Atomic, CONSTRAINT_COLUMNS,
-    MACHINE_COLUMNS, MACHINE_FROM,
+    constraints_from_row, machine_from_row, meta_get, meta_set, next_counter, select_all, text_column, Atomic,
+    CONSTRAINT_COLUMNS, MACHINE_COLUMNS, MACHINE_FROM,
 };
 use super::{file_identity, group, instances, intents, tokens, StoreCore};
 use crate::model::{
@@ -291,24 +291,13 @@ impl StoreBackend for StoreCore {
 
     /// Every machine, in id order.
     fn list_machines(&mut self) -> Result<Vec<MachineRecord>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(&format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} ORDER BY m.seq"))
-            .map_err(StoreError::sql("listing machines"))?;
-        let rows = stmt.query_map([], machine_from_row).map_err(StoreError::sql("listing machines"))?;
-        rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing machines"))
+        let sql = format!("SELECT {MACHINE_COLUMNS} FROM {MACHINE_FROM} ORDER BY m.seq");
+        select_all(&self.conn, &sql, machine_from_row, "listing machines")
     }
 
     /// Every machine's id.
     fn machine_ids(&mut self) -> Result<Vec<MachineId>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT id FROM machines ORDER BY seq")
-            .map_err(StoreError::sql("listing machines"))?;
-        let rows = stmt
-            .query_map([], |r| r.get::<_, String>(0).map(MachineId::from))
-            .map_err(StoreError::sql("listing machines"))?;
-        rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing machines"))
+        text_column(&self.conn, "SELECT id FROM machines ORDER BY seq", "listing machines")
     }
 
     /// Records a machine's instance and instance status. The service stands in for the
@@ -547,18 +536,10 @@ impl StoreBackend for StoreCore {
 
     /// Every application, by name, with its constraints and its machines that are not dead.
     fn applications(&mut self) -> Result<Vec<ApplicationRecord>, StoreError> {
-        let ctx = "listing applications";
-        let rows: Vec<(String, Option<String>)> = {
-            let mut st = self
-                .conn
-                .prepare_cached("SELECT a.name, c.spec FROM applications a LEFT JOIN constraints c ON c.id = a.constraints_id ORDER BY a.name")
-                .map_err(StoreError::sql(ctx))?;
-            let rows = st
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-                .and_then(|rows| rows.collect())
-                .map_err(StoreError::sql(ctx))?;
-            rows
-        };
+        let sql = "SELECT a.name, c.spec FROM applications a LEFT JOIN constraints c ON c.id = a.constraints_id \
+                   ORDER BY a.name";
+        let rows: Vec<(String, Option<String>)> =
+            select_all(&self.conn, sql, |r| Ok((r.get(0)?, r.get(1)?)), "listing applications")?;
         rows.into_iter()
             .map(|(name, spec)| {
                 // Written from a parsed set: it parses back (an unreadable row shows unconstrained).
@@ -727,13 +708,7 @@ impl StoreBackend for StoreCore {
 
     /// The live manual machines (they refuse a model destruction without `force`), in id order.
     fn live_manual_machines(&mut self) -> Result<Vec<MachineId>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT id FROM machines WHERE manual = 1 AND life != 'dead' ORDER BY seq")
-            .map_err(StoreError::sql("listing manual machines"))?;
-        let rows = stmt
-            .query_map([], |r| r.get::<_, String>(0).map(MachineId::from))
-            .map_err(StoreError::sql("listing manual machines"))?;
-        rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing manual machines"))
+        let sql = "SELECT id FROM machines WHERE manual = 1 AND life != 'dead' ORDER BY seq";
+        text_column(&self.conn, sql, "listing manual machines")
     }
 }

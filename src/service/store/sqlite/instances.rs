@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use rusqlite::{params, OptionalExtension};
 
-use super::rows::{instance_from_row, next_counter, Atomic, INSTANCE_COLUMNS};
+use super::rows::{instance_from_row, next_counter, text_column, Atomic, INSTANCE_COLUMNS};
 use super::StoreCore;
 use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
 use crate::service::store::errors::StoreError;
@@ -76,12 +76,8 @@ pub(super) fn land_instance(core: &mut StoreCore, id: &InstanceId) -> Result<Opt
 /// Every instance ever created, terminated ones included, in creation order.
 #[cfg(test)]
 pub(super) fn all_instances(core: &StoreCore) -> Result<Vec<InstanceRecord>, StoreError> {
-    let mut stmt = core
-        .conn
-        .prepare_cached(&format!("SELECT {INSTANCE_COLUMNS} FROM instances ORDER BY seq"))
-        .map_err(StoreError::sql("listing instances"))?;
-    let rows = stmt.query_map([], instance_from_row).map_err(StoreError::sql("listing instances"))?;
-    rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing instances"))
+    let sql = format!("SELECT {INSTANCE_COLUMNS} FROM instances ORDER BY seq");
+    super::rows::select_all(&core.conn, &sql, instance_from_row, "listing instances")
 }
 
 /// The non-terminated instances tagged with this model.
@@ -144,12 +140,6 @@ pub(super) fn retag_instance(core: &mut StoreCore, id: &InstanceId, tags: &Insta
 
 /// The ids of instances still pending (their start's landing was lost with a crash).
 pub(super) fn pending_instances(core: &StoreCore) -> Result<Vec<InstanceId>, StoreError> {
-    let mut stmt = core
-        .conn
-        .prepare_cached("SELECT id FROM instances WHERE state = 'pending' ORDER BY seq")
-        .map_err(StoreError::sql("listing pending instances"))?;
-    let rows = stmt
-        .query_map([], |r| r.get::<_, String>(0).map(InstanceId::from))
-        .map_err(StoreError::sql("listing pending instances"))?;
-    rows.collect::<Result<_, _>>().map_err(StoreError::sql("listing pending instances"))
+    let sql = "SELECT id FROM instances WHERE state = 'pending' ORDER BY seq";
+    text_column(&core.conn, sql, "listing pending instances")
 }

@@ -5,6 +5,7 @@
 
 use rusqlite::params;
 
+use super::rows::text_column;
 use super::StoreCore;
 use crate::model::MachineId;
 use crate::service::store::errors::StoreError;
@@ -36,9 +37,5 @@ pub(super) fn drop_start_intent(core: &mut StoreCore, client_token: &str) -> Res
 
 /// Every intent not settled, oldest first.
 pub(super) fn start_intents(core: &StoreCore) -> Result<Vec<String>, StoreError> {
-    let ctx = "reading the start intents";
-    let mut st =
-        core.conn.prepare_cached("SELECT params FROM start_intents ORDER BY seq").map_err(StoreError::sql(ctx))?;
-    let rows = st.query_map([], |r| r.get::<_, String>(0)).map_err(StoreError::sql(ctx))?;
-    rows.collect::<Result<_, _>>().map_err(StoreError::sql(ctx))
+    text_column(&core.conn, "SELECT params FROM start_intents ORDER BY seq", "reading the start intents")
 }

@@ -5,6 +5,7 @@
 use rusqlite::{Connection, OptionalExtension, Row};
 
 use crate::model::{CloudInstance, Constraints, InstanceId, InstanceStatus, InstanceTags, Machine, MachineId};
+use crate::service::store::errors::StoreError;
 use crate::service::store::records::{InstanceRecord, MachineRecord};
 
 /// One write's own atomicity: a savepoint (a transaction of its own outside a group commit,
@@ -173,4 +174,26 @@ pub(super) fn take_counter(tx: &Connection, key: &str, count: u64) -> rusqlite::
     let n: u64 = meta_get(tx, key)?.and_then(|v| v.parse().ok()).unwrap_or(0);
     meta_set(tx, key, &(n + count).to_string())?;
     Ok(n)
+}
+
+/// Every row a query without parameters selects, in its order, each read by `read`; `what`
+/// names the reading in an error.
+pub(super) fn select_all<T>(
+    conn: &Connection,
+    sql: &str,
+    read: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
+    what: &'static str,
+) -> Result<Vec<T>, StoreError> {
+    let mut stmt = conn.prepare_cached(sql).map_err(StoreError::sql(what))?;
+    let rows = stmt.query_map([], read).map_err(StoreError::sql(what))?;
+    rows.collect::<Result<_, _>>().map_err(StoreError::sql(what))
+}
+
+/// [`select_all`] of a query whose first column is text, each made a `T` (an id).
+pub(super) fn text_column<T: From<String>>(
+    conn: &Connection,
+    sql: &str,
+    what: &'static str,
+) -> Result<Vec<T>, StoreError> {
+    select_all(conn, sql, |r| r.get::<_, String>(0).map(T::from), what)
 }

@@ -5,7 +5,7 @@
 
 use rusqlite::{params, OptionalExtension, Row};
 
-use super::rows::{next_counter, Atomic};
+use super::rows::{next_counter, select_all, Atomic};
 use super::StoreCore;
 use crate::service::store::errors::StoreError;
 use crate::service::store::records::{token_record, TokenRow};
@@ -67,14 +67,8 @@ pub(super) fn revoke_model_tokens(
 
 /// Every created token, oldest first.
 pub(super) fn tokens(core: &StoreCore) -> Result<Vec<TokenRecord>, StoreError> {
-    let ctx = "listing API tokens";
-    let mut stmt = core
-        .conn
-        .prepare_cached(&format!("SELECT {COLUMNS} FROM api_tokens ORDER BY seq"))
-        .map_err(StoreError::sql(ctx))?;
-    let rows = stmt.query_map([], record).map_err(StoreError::sql(ctx))?;
-    let rows: Vec<_> = rows.collect::<Result<_, _>>().map_err(StoreError::sql(ctx))?;
-    rows.into_iter().map(token_record).collect()
+    let sql = format!("SELECT {COLUMNS} FROM api_tokens ORDER BY seq");
+    select_all(&core.conn, &sql, record, "listing API tokens")?.into_iter().map(token_record).collect()
 }
 
 /// The created token whose hash this is, revoked or not.
