@@ -361,6 +361,59 @@ pub trait Broker: Send + Sync + 'static {
     fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()>;
 }
 
+/// Implements [`Broker`] methods that hand the call on to a field holding another broker, for
+/// the decorators that change a few calls and pass the rest on: inside an `impl Broker for
+/// ...` block, `forward_broker!(inner: all_instances, availability_zones);` writes
+/// `fn all_instances(&self) -> ... { self.inner.all_instances() }` and the like. Every method of
+/// the trait can be named.
+#[macro_export]
+macro_rules! forward_broker {
+    ($inner:ident: $($method:ident),+ $(,)?) => { $($crate::forward_broker!(@ $inner $method);)+ };
+    (@ $inner:ident pace_follow_ups) => {
+        fn pace_follow_ups(&self, pacer: ::std::sync::Arc<dyn $crate::ports::Pacer>) { self.$inner.pace_follow_ups(pacer) }
+    };
+    (@ $inner:ident start_instance) => {
+        fn start_instance(&self, params: $crate::ports::StartInstanceParams)
+            -> $crate::ports::BrokerFuture<$crate::ports::StartedInstance> { self.$inner.start_instance(params) }
+    };
+    (@ $inner:ident batches_starts) => { fn batches_starts(&self) -> bool { self.$inner.batches_starts() } };
+    (@ $inner:ident start_instances) => {
+        fn start_instances(&self, params: $crate::ports::BatchStartParams)
+            -> $crate::ports::BrokerFuture<$crate::ports::BatchStarted> { self.$inner.start_instances(params) }
+    };
+    (@ $inner:ident stop_instances) => {
+        fn stop_instances(&self, ids: Vec<$crate::model::InstanceId>) -> $crate::ports::BrokerFuture<()> {
+            self.$inner.stop_instances(ids)
+        }
+    };
+    (@ $inner:ident all_instances) => {
+        fn all_instances(&self) -> $crate::ports::BrokerFuture<Vec<$crate::model::CloudInstance>> { self.$inner.all_instances() }
+    };
+    (@ $inner:ident instances_of_start) => {
+        fn instances_of_start(&self, machine: $crate::model::MachineId, nonce: String)
+            -> $crate::ports::BrokerFuture<Vec<$crate::model::CloudInstance>> { self.$inner.instances_of_start(machine, nonce) }
+    };
+    (@ $inner:ident supports_zones) => { fn supports_zones(&self) -> bool { self.$inner.supports_zones() } };
+    (@ $inner:ident availability_zones) => {
+        fn availability_zones(&self) -> $crate::ports::BrokerFuture<Vec<$crate::ports::AvailabilityZone>> {
+            self.$inner.availability_zones()
+        }
+    };
+    (@ $inner:ident derive_availability_zones) => {
+        fn derive_availability_zones(&self, params: &$crate::ports::StartInstanceParams)
+            -> $crate::ports::BrokerFuture<Vec<String>> { self.$inner.derive_availability_zones(params) }
+    };
+    (@ $inner:ident retag_instance) => {
+        fn retag_instance(&self, id: $crate::model::InstanceId, tags: $crate::model::InstanceTags)
+            -> $crate::ports::BrokerFuture<()> { self.$inner.retag_instance(id, tags) }
+    };
+    (@ $inner:ident release_instances) => {
+        fn release_instances(&self, ids: Vec<$crate::model::InstanceId>) -> $crate::ports::BrokerFuture<()> {
+            self.$inner.release_instances(ids)
+        }
+    };
+}
+
 /// What a simulated cloud answers to a start whose client token already made `made` (the
 /// instance of the first call with that token): `Ok` (the repeat returns `made` and creates
 /// nothing) when the parameters are the same machine and zone, else EC2's

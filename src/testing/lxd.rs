@@ -77,21 +77,18 @@ fn check_and_install() -> Result<(), String> {
         if find_in_path("apt-get").is_none() {
             return Err(format!("LXD is not installed and there is no apt-get to install {}", PACKAGES.join(" ")));
         }
-        let out = Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends"])
-            .args(PACKAGES)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .output()
-            .map_err(|e| format!("cannot run apt-get: {e}"))?;
-        if !out.status.success() {
-            // The package lists may be missing (a fresh image): update them once, try again.
-            let _ = Command::new("apt-get").arg("update").output();
-            let out = Command::new("apt-get")
+        let install = || {
+            Command::new("apt-get")
                 .args(["install", "-y", "--no-install-recommends"])
                 .args(PACKAGES)
                 .env("DEBIAN_FRONTEND", "noninteractive")
                 .output()
-                .map_err(|e| format!("cannot run apt-get: {e}"))?;
+                .map_err(|e| format!("cannot run apt-get: {e}"))
+        };
+        if !install()?.status.success() {
+            // The package lists may be missing (a fresh image): update them once, try again.
+            let _ = Command::new("apt-get").arg("update").output();
+            let out = install()?;
             if !out.status.success() {
                 return Err(format!(
                     "apt-get install {} failed: {}",
@@ -119,6 +116,31 @@ pub fn unique_name(prefix: &str) -> String {
     let mut name = format!("{prefix}-{}-{}", std::process::id(), NAMES.fetch_add(1, Ordering::Relaxed));
     name.truncate(63);
     name
+}
+
+/// For a test: a standalone daemon (named `PREFIX-PID-N`) with the busybox image under
+/// `alias`; `None`, the reason printed, where LXD cannot run here (the test then passes).
+pub fn daemon_for_test(prefix: &str, alias: &str) -> Option<LxdDaemon> {
+    if let Err(why) = ensure_lxd() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    let daemon = LxdDaemon::standalone(&unique_name(prefix)).expect("an LXD daemon starts");
+    daemon.import_busybox_image(alias).expect("the busybox image imports");
+    Some(daemon)
+}
+
+/// For a test: a cluster of `n` members (failure domains as [`LxdCluster::start`] takes them)
+/// with the busybox image under `alias`, imported on its first member; `None`, the reason
+/// printed, where LXD cannot run here.
+pub fn cluster_for_test(n: usize, failure_domains: Option<&[&str]>, alias: &str) -> Option<LxdCluster> {
+    if let Err(why) = ensure_lxd() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    let cluster = LxdCluster::start(n, failure_domains).expect("an LXD cluster forms");
+    cluster.members[0].import_busybox_image(alias).expect("the busybox image imports");
+    Some(cluster)
 }
 
 /// Runs `cmd`, killing it (by its own pid) if it takes longer than `timeout`; the output of a

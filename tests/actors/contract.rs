@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use provisioner::model::{CloudInstance, InstanceId, InstanceTags, MachineId};
-use provisioner::ports::{AvailabilityZone, BrokerFuture, StartInstanceParams, StartedInstance};
+use provisioner::model::{CloudInstance, InstanceId, MachineId};
+use provisioner::ports::{BrokerFuture, StartInstanceParams, StartedInstance};
 use provisioner::testing::broker_contract::{
     run_all, BrokerContract, ContractConfig, ContractError, Outcome, Property,
 };
@@ -104,21 +104,13 @@ impl Broker for Mutant {
             async move { Ok(all.await?.into_iter().filter(|i| i.tags.machine.as_ref() == Some(&machine)).collect()) },
         )
     }
-    fn supports_zones(&self) -> bool {
-        self.inner.supports_zones()
-    }
-    fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
-        self.inner.availability_zones()
-    }
-    fn retag_instance(&self, id: InstanceId, tags: InstanceTags) -> BrokerFuture<()> {
-        self.inner.retag_instance(id, tags)
-    }
     fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
         if self.flaw == Flaw::ReleaseDoesNothing {
             return Box::pin(async { Ok(()) });
         }
         self.inner.release_instances(ids)
     }
+    provisioner::forward_broker!(inner: supports_zones, availability_zones, retag_instance);
 }
 
 /// Runs the whole suite against a mutant of the zoned fake cloud; returns its error.

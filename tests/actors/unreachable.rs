@@ -9,8 +9,8 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
-use provisioner::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
-use provisioner::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+use provisioner::model::{CloudInstance, InstanceId, InstanceState, MachineId};
+use provisioner::ports::{Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
 use provisioner::testing::{CloudOp, FakeBroker, FakeCloud, FakeMachine, FakeModel};
 use provisioner::{HarvestMode, Machine, ProvisionerConfig};
 
@@ -103,24 +103,7 @@ impl Broker for Frozen {
         self.saw(format!("stop {}", names.join(",")));
         self.inner.stop_instances(ids)
     }
-    fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
-        self.inner.all_instances()
-    }
-    fn supports_zones(&self) -> bool {
-        self.inner.supports_zones()
-    }
-    fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
-        self.inner.availability_zones()
-    }
-    fn derive_availability_zones(&self, params: &StartInstanceParams) -> BrokerFuture<Vec<String>> {
-        self.inner.derive_availability_zones(params)
-    }
-    fn retag_instance(&self, id: InstanceId, tags: InstanceTags) -> BrokerFuture<()> {
-        self.inner.retag_instance(id, tags)
-    }
-    fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
-        self.inner.release_instances(ids)
-    }
+    provisioner::forward_broker!(inner: all_instances, supports_zones, availability_zones, derive_availability_zones, retag_instance, release_instances);
 }
 
 /// Zones `a` and `b`; machine 9 already runs `i-9` in `b`, so that machine 0's first start goes

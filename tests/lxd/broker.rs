@@ -11,10 +11,8 @@ use provisioner::adapters::lxd::{
     LxdBroker, LxdConfig, LxdConfigError, LxdEndpoint, LxdTlsFiles, KEY_MACHINE, KEY_MODEL,
 };
 use provisioner::testing::broker_contract::{run_all, ContractConfig};
-use provisioner::testing::lxd::{unique_name, ClientCert, LxdCluster, LxdDaemon};
+use provisioner::testing::lxd::{cluster_for_test, daemon_for_test, unique_name, ClientCert, LxdDaemon};
 use provisioner::{Broker, BrokerError, Constraints, InstanceId, MachineId};
-
-use super::lxd_or_skip;
 
 /// The image alias the tests import.
 const IMAGE: &str = "busybox";
@@ -82,11 +80,7 @@ fn params(machine: &str, zone: Option<&str>, token: &str, model: &str) -> provis
 
 #[actix_rt::test]
 async fn the_broker_keeps_the_contract_on_a_daemon_over_its_socket_and_over_https() {
-    if !lxd_or_skip() {
-        return;
-    }
-    let daemon = LxdDaemon::standalone(&unique_name("bk")).unwrap();
-    daemon.import_busybox_image(IMAGE).unwrap();
+    let Some(daemon) = daemon_for_test("bk", IMAGE) else { return };
 
     let ours = connect(socket_config(&daemon, "model-a")).await;
     let theirs = connect(socket_config(&daemon, "model-b")).await;
@@ -108,11 +102,7 @@ async fn the_broker_keeps_the_contract_on_a_daemon_over_its_socket_and_over_http
 
 #[actix_rt::test]
 async fn settings_the_daemon_refuses_are_named_at_connect() {
-    if !lxd_or_skip() {
-        return;
-    }
-    let daemon = LxdDaemon::standalone(&unique_name("bad")).unwrap();
-    daemon.import_busybox_image(IMAGE).unwrap();
+    let Some(daemon) = daemon_for_test("bad", IMAGE) else { return };
     let refused = |r: Result<LxdBroker, LxdConfigError>| r.map(|_| ()).unwrap_err().to_string();
 
     let mut c = socket_config(&daemon, "m");
@@ -145,11 +135,7 @@ async fn settings_the_daemon_refuses_are_named_at_connect() {
 
 #[actix_rt::test]
 async fn constraints_are_the_containers_limits_and_what_cannot_be_met_is_refused() {
-    if !lxd_or_skip() {
-        return;
-    }
-    let daemon = LxdDaemon::standalone(&unique_name("lim")).unwrap();
-    daemon.import_busybox_image(IMAGE).unwrap();
+    let Some(daemon) = daemon_for_test("lim", IMAGE) else { return };
     let broker = connect(socket_config(&daemon, "m")).await;
     let mut p = params("0", None, "0/a/0", "m");
     p.constraints = Constraints { cores: Some(1), mem_mb: Some(256), ..Constraints::default() };
@@ -186,12 +172,8 @@ async fn constraints_are_the_containers_limits_and_what_cannot_be_met_is_refused
 
 #[actix_rt::test]
 async fn a_cluster_is_zones_by_failure_domain_and_a_frozen_member_is_an_unreachable_zone() {
-    if !lxd_or_skip() {
-        return;
-    }
-    let cluster = LxdCluster::start(3, Some(&["zone-a", "zone-b", "zone-c"])).unwrap();
+    let Some(cluster) = cluster_for_test(3, Some(&["zone-a", "zone-b", "zone-c"]), IMAGE) else { return };
     let first = &cluster.members[0];
-    first.import_busybox_image(IMAGE).unwrap();
     let mut config = socket_config(first, "model-a");
     config.call_timeout = Duration::from_secs(3);
     let ours = connect(config.clone()).await;

@@ -8,23 +8,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use provisioner::testing::lxd::{ensure_lxd, unique_name, LxdCluster, LxdDaemon, LxdInstance};
+use provisioner::testing::lxd::{cluster_for_test, daemon_for_test, LxdDaemon, LxdInstance};
 
 use crate::support::{eventually, ids_of, poll, serve_output, temp_dir, Server};
 
 /// The image alias the tests import.
 const IMAGE: &str = "busybox";
-
-/// Whether LXD can run here; if not, the test says why and passes.
-fn lxd_or_skip() -> bool {
-    match ensure_lxd() {
-        Ok(()) => true,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            false
-        }
-    }
-}
 
 /// `serve`'s flags for the daemon at `socket`.
 fn lxd_args(daemon: &LxdDaemon) -> Vec<String> {
@@ -73,12 +62,8 @@ fn all_started(s: &Server, ids: &[String], limit: Duration) -> Vec<serde_json::V
 
 #[test]
 fn on_a_cluster_machines_are_containers_spread_over_the_members_and_a_hosts_containers_share_its_member() {
-    if !lxd_or_skip() {
-        return;
-    }
-    let cluster = LxdCluster::start(3, None).unwrap();
+    let Some(cluster) = cluster_for_test(3, None, IMAGE) else { return };
     let first = &cluster.members[0];
-    first.import_busybox_image(IMAGE).unwrap();
     let dir = temp_dir("lxd-cluster");
     let s = start(&dir, &lxd_args(first));
     let zones: Vec<String> = s.json(&["model", "show", "default", "--json"])["zones"]
@@ -144,11 +129,7 @@ fn on_a_cluster_machines_are_containers_spread_over_the_members_and_a_hosts_cont
 
 #[test]
 fn kill_9_with_starts_in_flight_leaves_exactly_one_container_per_machine_after_the_restart() {
-    if !lxd_or_skip() {
-        return;
-    }
-    let daemon = LxdDaemon::standalone(&unique_name("crash")).unwrap();
-    daemon.import_busybox_image(IMAGE).unwrap();
+    let Some(daemon) = daemon_for_test("crash", IMAGE) else { return };
     let dir = temp_dir("lxd-crash");
     let args = lxd_args(&daemon);
     let mut s = start(&dir, &args);
@@ -173,11 +154,7 @@ fn kill_9_with_starts_in_flight_leaves_exactly_one_container_per_machine_after_t
 
 #[test]
 fn harvests_take_unknown_containers_with_the_models_keys_and_never_foreign_ones() {
-    if !lxd_or_skip() {
-        return;
-    }
-    let daemon = LxdDaemon::standalone(&unique_name("harvest")).unwrap();
-    daemon.import_busybox_image(IMAGE).unwrap();
+    let Some(daemon) = daemon_for_test("harvest", IMAGE) else { return };
     let dir = temp_dir("lxd-harvest");
     let config = crate::support::config_file(&dir, "harvest.toml", "harvest_grace = \"1s\"\nresync = \"1s\"\n");
     let mut args = lxd_args(&daemon);
@@ -215,11 +192,7 @@ fn harvests_take_unknown_containers_with_the_models_keys_and_never_foreign_ones(
 
 #[test]
 fn bad_lxd_settings_are_refused_at_start_and_at_model_add_naming_the_setting() {
-    if !lxd_or_skip() {
-        return;
-    }
-    let daemon = LxdDaemon::standalone(&unique_name("bad")).unwrap();
-    daemon.import_busybox_image(IMAGE).unwrap();
+    let Some(daemon) = daemon_for_test("bad", IMAGE) else { return };
     let dir = temp_dir("lxd-bad");
     let socket = format!("unix:{}", daemon.socket().display());
     let (code, err) = serve_output(&dir, &["--broker", "lxd", "--lxd-endpoint", &socket, "--lxd-image", "nope"]);
@@ -238,6 +211,17 @@ fn bad_lxd_settings_are_refused_at_start_and_at_model_add_naming_the_setting() {
     let out = s.cli(&["model", "add", "boxes", "--broker", "lxd", "--lxd-endpoint", &socket, "--lxd-image", "nope"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--lxd-image \"nope\""), "{err}");
+    // The service's variables are not read by `model add`: a shell that sets them for `serve`
+    // adds a model on another cloud all the same.
+    let url = s.url.clone();
+    let out = crate::support::bin()
+        .env("PROVISIONER_LXD_IMAGE", IMAGE)
+        .env("PROVISIONER_LXD_ENDPOINT", &socket)
+        .args(["model", "add", "plain", "--broker", "sim", "--server", &url, "--data-dir"])
+        .arg(&s.dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = s.cli(&["model", "add", "boxes", "--lxd-image", IMAGE]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--lxd-image is a setting of the lxd broker"), "{err}");
@@ -264,12 +248,8 @@ fn bad_lxd_settings_are_refused_at_start_and_at_model_add_naming_the_setting() {
 
 #[test]
 fn a_frozen_member_fails_its_starts_over_and_once_resumed_leaves_no_extra_container() {
-    if !lxd_or_skip() {
-        return;
-    }
-    let cluster = LxdCluster::start(3, None).unwrap();
+    let Some(cluster) = cluster_for_test(3, None, IMAGE) else { return };
     let first = &cluster.members[0];
-    first.import_busybox_image(IMAGE).unwrap();
     let dir = temp_dir("lxd-frozen");
     // Listings every second: an extra instance is judged at each one.
     let config = crate::support::config_file(&dir, "frozen.toml", "resync = \"1s\"\n");

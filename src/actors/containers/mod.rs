@@ -22,8 +22,8 @@ use actix::Recipient;
 
 use crate::config::{ConfigError, ProvisionerConfig};
 use crate::model::events::ProvisionerEvent;
-use crate::model::{CloudInstance, HarvestMode, InstanceId, MachineId};
-use crate::ports::{AvailabilityZone, Broker, BrokerFuture, ModelApi, StartInstanceParams, StartedInstance};
+use crate::model::{HarvestMode, MachineId};
+use crate::ports::{Broker, BrokerFuture, ModelApi, StartInstanceParams, StartedInstance};
 
 /// The container types a host can run unless told otherwise.
 pub const DEFAULT_CONTAINER_TYPES: &[&str] = &["lxd", "kvm"];
@@ -133,26 +133,9 @@ impl HostZoneBroker {
 }
 
 impl Broker for HostZoneBroker {
-    fn pace_follow_ups(&self, pacer: std::sync::Arc<dyn crate::ports::Pacer>) {
-        self.inner.pace_follow_ups(pacer)
-    }
     fn start_instance(&self, mut params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         params.zone = self.zone.clone();
         self.inner.start_instance(params)
     }
-    fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
-        self.inner.stop_instances(ids)
-    }
-    fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
-        self.inner.all_instances()
-    }
-    fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
-        self.inner.availability_zones()
-    }
-    fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
-        self.inner.release_instances(ids)
-    }
-    fn retag_instance(&self, id: InstanceId, tags: crate::model::InstanceTags) -> BrokerFuture<()> {
-        self.inner.retag_instance(id, tags)
-    }
+    crate::forward_broker!(inner: pace_follow_ups, stop_instances, all_instances, availability_zones, release_instances, retag_instance);
 }

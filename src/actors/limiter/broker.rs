@@ -84,15 +84,8 @@ impl LimitedBroker {
 }
 
 impl Broker for LimitedBroker {
-    fn pace_follow_ups(&self, pacer: std::sync::Arc<dyn crate::ports::Pacer>) {
-        self.inner.pace_follow_ups(pacer)
-    }
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         self.gated(ApiClass::Start, move |b| b.start_instance(params))
-    }
-
-    fn batches_starts(&self) -> bool {
-        self.inner.batches_starts()
     }
 
     /// One token of the start bucket for the whole call, however many machines it carries.
@@ -112,10 +105,6 @@ impl Broker for LimitedBroker {
         self.gated(ApiClass::Describe, move |b| b.instances_of_start(machine, nonce))
     }
 
-    fn supports_zones(&self) -> bool {
-        self.inner.supports_zones()
-    }
-
     fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
         self.gated(ApiClass::Describe, |b| b.availability_zones())
     }
@@ -132,4 +121,5 @@ impl Broker for LimitedBroker {
     fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
         self.gated(ApiClass::Stop, move |b| b.release_instances(ids))
     }
+    crate::forward_broker!(inner: pace_follow_ups, batches_starts, supports_zones);
 }

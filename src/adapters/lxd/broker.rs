@@ -45,31 +45,11 @@ impl OnHost {
 }
 
 impl Broker for OnHost {
-    fn pace_follow_ups(&self, pacer: Arc<dyn crate::ports::Pacer>) {
-        self.inner.pace_follow_ups(pacer)
-    }
     fn start_instance(&self, mut params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         params.placement = Some(format!("{HOST_PLACEMENT}{}", self.host));
         self.inner.start_instance(params)
     }
-    fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
-        self.inner.stop_instances(ids)
-    }
-    fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
-        self.inner.all_instances()
-    }
-    fn supports_zones(&self) -> bool {
-        self.inner.supports_zones()
-    }
-    fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
-        self.inner.availability_zones()
-    }
-    fn retag_instance(&self, id: InstanceId, tags: InstanceTags) -> BrokerFuture<()> {
-        self.inner.retag_instance(id, tags)
-    }
-    fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
-        self.inner.release_instances(ids)
-    }
+    crate::forward_broker!(inner: pace_follow_ups, stop_instances, all_instances, supports_zones, availability_zones, retag_instance, release_instances);
 }
 
 /// What the broker learnt of the daemon when it connected.

@@ -41,6 +41,16 @@ fn tune_allocator() {
 }
 use provisioner::sim::{self, Scenario};
 
+/// The command line: [`Cli`]'s, with `model add`'s `--lxd-...` flags reading no environment
+/// variable (`PROVISIONER_LXD_*` are the service's: a shell that sets them for `serve` must not
+/// send them with every `model add`).
+fn command() -> clap::Command {
+    let lxd = ["lxd_endpoint", "lxd_image", "lxd_project", "lxd_client_cert", "lxd_client_key", "lxd_server_cert"];
+    Cli::command().mut_subcommand("model", |model| {
+        model.mut_subcommand("add", |add| lxd.into_iter().fold(add, |add, id| add.mut_arg(id, |arg| arg.env(None))))
+    })
+}
+
 #[derive(Parser)]
 #[command(name = "provisioner", version, about = "A machine provisioner built from actix actors")]
 struct Cli {
@@ -289,8 +299,8 @@ fn print_json_or_human(json: bool, as_json: impl FnOnce() -> String, as_human: i
 fn main() -> ExitCode {
     tune_allocator();
     // The matches are kept: `serve` layers its config file under the flags given in them.
-    let matches = Cli::command().get_matches();
-    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
+    let matches = command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut command()).exit());
     init_logging(
         if matches!(cli.command, Command::Serve(_)) { "info" } else { "off" },
         cli.log_format == LogFormat::Json,
@@ -308,8 +318,8 @@ fn main() -> ExitCode {
             cli::run_client(conn, cli::ClientCmd::DestroyModel { force, json })
         }
         Command::Bench { which: Bench::Serve(args) } => cli::run_bench(args),
-        Command::Completions { shell } => cli::shell::run_completions(Cli::command(), shell),
-        Command::Man => cli::shell::run_man(Cli::command()),
+        Command::Completions { shell } => cli::shell::run_completions(command(), shell),
+        Command::Man => cli::shell::run_man(command()),
         Command::Simulate { file, seed, json } => on_scenario(&file, |scenario| {
             let report = sim::run(&scenario, seed);
             print_json_or_human(json, || report.to_json(), || report.to_human());

@@ -99,9 +99,6 @@ impl Drop for InFlight {
 }
 
 impl Broker for MeteredBroker {
-    fn pace_follow_ups(&self, pacer: std::sync::Arc<dyn crate::ports::Pacer>) {
-        self.inner.pace_follow_ups(pacer)
-    }
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         self.changing(self.meter("start_instance", self.inner.start_instance(params)))
     }
@@ -120,9 +117,6 @@ impl Broker for MeteredBroker {
             result
         })
     }
-    fn supports_zones(&self) -> bool {
-        self.inner.supports_zones()
-    }
     fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
         self.meter("availability_zones", self.inner.availability_zones())
     }
@@ -135,4 +129,5 @@ impl Broker for MeteredBroker {
     fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
         self.changing(self.meter("release_instances", self.inner.release_instances(ids)))
     }
+    crate::forward_broker!(inner: pace_follow_ups, supports_zones);
 }

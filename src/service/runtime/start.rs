@@ -174,8 +174,32 @@ pub(crate) async fn start_model(
     store.watch_counts(metrics.clone().recipient());
     let pending: Option<PendingStarts>;
     let cloud_store: Option<Store>;
-    let (cloud, zones, broker_name): (Arc<dyn crate::ports::Broker>, Vec<String>, &str) = match opts.broker() {
-        BrokerKind::Sim => {
+    // A real cloud: its broker, connected (its settings checked against it), and its zones.
+    let real: Option<(Arc<dyn crate::ports::Broker>, Vec<String>, &str)> = match opts.broker() {
+        BrokerKind::Sim => None,
+        #[cfg(feature = "ec2")]
+        BrokerKind::Ec2 => {
+            let (ec2, zones) = ec2_broker(&opts.ec2, &model_uuid).await?;
+            Some((Arc::new(ec2), zones, "ec2"))
+        }
+        #[cfg(not(feature = "ec2"))]
+        BrokerKind::Ec2 => return Err(ServeError::NoEc2Broker),
+        BrokerKind::Lxd => {
+            let (lxd, zones) = lxd_broker(&opts.lxd, &model_uuid).await?;
+            Some((Arc::new(lxd), zones, "lxd"))
+        }
+    };
+    let (cloud, zones, broker_name): (Arc<dyn crate::ports::Broker>, Vec<String>, &str) = match real {
+        // Each start's token and parameters are written before the call (`intents`), so that a
+        // start left in flight is repeated after a restart under the same client token (EC2)
+        // or instance name (LXD).
+        Some((real, zones, name)) => {
+            let intents = crate::service::cloud::intents::IntentBroker::new(real, store.clone());
+            cloud_store = None;
+            pending = Some(PendingStarts::Intents(intents.clone()));
+            (Arc::new(intents), zones, name)
+        }
+        None => {
             let settings = SimSettings {
                 zones: opts.sim.zones(),
                 unavailable_zones: opts.sim.unavailable_zones.clone(),
@@ -199,26 +223,6 @@ pub(crate) async fn start_model(
                 SimCloud::new(cloud_store.clone().unwrap_or_else(|| store.clone()), model_uuid.clone(), settings);
             pending = Some(PendingStarts::Sim(Box::new(cloud.clone())));
             (Arc::new(cloud), zones, "sim")
-        }
-        #[cfg(feature = "ec2")]
-        BrokerKind::Ec2 => {
-            let (ec2, zones) = ec2_broker(&opts.ec2, &model_uuid).await?;
-            // Each start's token and parameters are written before the call (`intents`).
-            let ec2 = crate::service::cloud::intents::IntentBroker::new(Arc::new(ec2), store.clone());
-            cloud_store = None;
-            pending = Some(PendingStarts::Intents(ec2.clone()));
-            (Arc::new(ec2), zones, "ec2")
-        }
-        #[cfg(not(feature = "ec2"))]
-        BrokerKind::Ec2 => return Err(ServeError::NoEc2Broker),
-        BrokerKind::Lxd => {
-            let (lxd, zones) = lxd_broker(&opts.lxd, &model_uuid).await?;
-            // As on EC2, each start's token and parameters are written before the call, so
-            // that a start left in flight is finished under the same name after a restart.
-            let lxd = crate::service::cloud::intents::IntentBroker::new(Arc::new(lxd), store.clone());
-            cloud_store = None;
-            pending = Some(PendingStarts::Intents(lxd.clone()));
-            (Arc::new(lxd), zones, "lxd")
         }
     };
     // Replicas: the leader resumes them, at each epoch it leads (its writes fenced); a lone

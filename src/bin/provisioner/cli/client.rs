@@ -210,7 +210,8 @@ fn model(c: &Client, cmd: ModelCmd) -> Result<(), Failure> {
     match cmd {
         ModelCmd::Add { name, broker, zones, account, region, endpoint, image, lxd, json } => {
             let zones = zones.map(|z| z.split(',').map(|s| s.trim().to_owned()).collect());
-            let body = AddModel { name, broker, zones, account, region, endpoint, image, lxd: lxd.settings() };
+            let lxd = (lxd != provisioner::service::settings::LxdSettings::default()).then_some(lxd);
+            let body = AddModel { name, broker, zones, account, region, endpoint, image, lxd };
             let added: ModelDetail = c.send("POST", "/v1/models", &body)?;
             if json {
                 print_json(&added);

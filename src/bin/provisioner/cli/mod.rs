@@ -39,47 +39,6 @@ pub struct Conn {
     pub model: Option<String>,
 }
 
-/// A model's own LXD settings (`model add --broker lxd`): as `serve`'s `--lxd-...` flags,
-/// without their environment variables (those are the service's); the files are on the
-/// service's host.
-#[derive(Args, Debug, Default)]
-pub struct LxdModelArgs {
-    /// LXD's API, `unix:PATH` or `https://HOST:PORT` (lxd).
-    #[arg(id = "lxd_endpoint", long = "lxd-endpoint", value_name = "unix:PATH|https://HOST:PORT")]
-    pub endpoint: Option<String>,
-    /// The image alias containers start from (lxd).
-    #[arg(id = "lxd_image", long = "lxd-image", value_name = "ALIAS")]
-    pub image: Option<String>,
-    /// The LXD project (lxd).
-    #[arg(id = "lxd_project", long = "lxd-project", value_name = "NAME")]
-    pub project: Option<String>,
-    /// The client certificate the daemon trusts, a PEM file on the service's host (lxd, https).
-    #[arg(id = "lxd_client_cert", long = "lxd-client-cert", value_name = "FILE")]
-    pub client_cert: Option<PathBuf>,
-    /// Its PEM private key, on the service's host (lxd, https).
-    #[arg(id = "lxd_client_key", long = "lxd-client-key", value_name = "FILE")]
-    pub client_key: Option<PathBuf>,
-    /// The daemon's certificate to pin, a PEM file on the service's host (lxd, https).
-    #[arg(id = "lxd_server_cert", long = "lxd-server-cert", value_name = "FILE")]
-    pub server_cert: Option<PathBuf>,
-}
-
-#[cfg(feature = "serve")]
-impl LxdModelArgs {
-    /// The body's `lxd` object: `None` when no flag was given.
-    pub fn settings(self) -> Option<provisioner::service::settings::LxdSettings> {
-        let s = provisioner::service::settings::LxdSettings {
-            endpoint: self.endpoint,
-            image: self.image,
-            project: self.project,
-            client_cert: self.client_cert,
-            client_key: self.client_key,
-            server_cert: self.server_cert,
-        };
-        (s != provisioner::service::settings::LxdSettings::default()).then_some(s)
-    }
-}
-
 /// `provisioner model ...`: the models a service hosts.
 // Parsed once per run: `Add`'s size is of no consequence.
 #[allow(clippy::large_enum_variant)]
@@ -109,9 +68,10 @@ pub enum ModelCmd {
         /// EC2's image id (ec2) [default: the service's].
         #[arg(long, value_name = "AMI")]
         image: Option<String>,
-        /// LXD's settings (lxd) [default: the service's --lxd-...].
+        /// LXD's settings (lxd; each one left out is the service's; the files are on the
+        /// service's host). Their environment variables are the service's: not read here.
         #[command(flatten)]
-        lxd: LxdModelArgs,
+        lxd: provisioner::service::settings::LxdSettings,
         /// Print JSON.
         #[arg(long)]
         json: bool,

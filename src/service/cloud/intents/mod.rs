@@ -19,8 +19,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 
-use crate::model::{CloudInstance, InstanceId, InstanceTags, MachineId};
-use crate::ports::{AvailabilityZone, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+use crate::ports::{Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
 use crate::service::store::{Store, StoreError};
 
 /// A broker whose starts are written down before they are made.
@@ -84,9 +83,6 @@ impl IntentBroker {
 }
 
 impl Broker for IntentBroker {
-    fn pace_follow_ups(&self, pacer: std::sync::Arc<dyn crate::ports::Pacer>) {
-        self.inner.pace_follow_ups(pacer)
-    }
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
         let (inner, store) = (self.inner.clone(), self.store.clone());
         async move {
@@ -111,30 +107,7 @@ impl Broker for IntentBroker {
         }
         .boxed()
     }
-    fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
-        self.inner.stop_instances(ids)
-    }
-    fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
-        self.inner.all_instances()
-    }
-    fn instances_of_start(&self, machine: MachineId, nonce: String) -> BrokerFuture<Vec<CloudInstance>> {
-        self.inner.instances_of_start(machine, nonce)
-    }
-    fn supports_zones(&self) -> bool {
-        self.inner.supports_zones()
-    }
-    fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
-        self.inner.availability_zones()
-    }
-    fn derive_availability_zones(&self, params: &StartInstanceParams) -> BrokerFuture<Vec<String>> {
-        self.inner.derive_availability_zones(params)
-    }
-    fn retag_instance(&self, id: InstanceId, tags: InstanceTags) -> BrokerFuture<()> {
-        self.inner.retag_instance(id, tags)
-    }
-    fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
-        self.inner.release_instances(ids)
-    }
+    crate::forward_broker!(inner: pace_follow_ups, stop_instances, all_instances, instances_of_start, supports_zones, availability_zones, derive_availability_zones, retag_instance, release_instances);
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use super::*;
-use crate::model::{InstanceState, InstanceTags};
+use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
 
 /// Answers its starts from a script and records every call.
 #[derive(Default)]
