@@ -7,3 +7,5 @@
 pub mod ec2;
 #[cfg(feature = "lxd")]
 pub mod lxd;
+#[cfg(any(feature = "lxd", feature = "postgres"))]
+pub(crate) mod tls;

@@ -27,7 +27,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::danger::{ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -191,14 +191,14 @@ impl PgTls {
         };
         let provider = crate::service::tls::provider();
         let verifier: Arc<dyn ServerCertVerifier> = match &root {
-            None => Arc::new(Unchecked { provider: provider.clone() }),
+            None => Arc::new(Unchecked { algorithms: provider.signature_verification_algorithms }),
             Some(path) => {
                 let chain = crate::service::tls::ca_verifier(path)
                     .map_err(|source| PgUrlError::Root { path: path.clone(), source: Box::new(source) })?;
                 if mode == Mode::VerifyFull {
                     chain
                 } else {
-                    Arc::new(ChainOnly { chain })
+                    Arc::new(ChainOnly { chain, algorithms: provider.signature_verification_algorithms })
                 }
             }
         };
@@ -472,7 +472,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for PgTlsStream<S> {
 /// are still checked, so the peer holds the key of the certificate it shows).
 #[derive(Debug)]
 struct Unchecked {
-    provider: Arc<rustls::crypto::CryptoProvider>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
 }
 
 impl ServerCertVerifier for Unchecked {
@@ -487,33 +487,14 @@ impl ServerCertVerifier for Unchecked {
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
-    }
+    crate::adapters::tls::signatures_by!(algorithms);
 }
 
 /// `verify-ca` (and `require` with `sslrootcert`): the chain, not the host name.
 #[derive(Debug)]
 struct ChainOnly {
     chain: Arc<dyn ServerCertVerifier>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
 }
 
 impl ServerCertVerifier for ChainOnly {
@@ -536,7 +517,7 @@ impl ServerCertVerifier for ChainOnly {
         }
     }
 
-    crate::service::tls::signatures_by_the_chain!();
+    crate::adapters::tls::signatures_by!(algorithms);
 }
 
 #[cfg(test)]

@@ -11,35 +11,6 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use thiserror::Error;
 
-/// A `ServerCertVerifier`'s handshake-signature methods, left to its `chain` verifier: the
-/// verifiers here change which certificates are taken, never how signatures are checked.
-macro_rules! signatures_by_the_chain {
-    () => {
-        fn verify_tls12_signature(
-            &self,
-            message: &[u8],
-            cert: &rustls::pki_types::CertificateDer<'_>,
-            dss: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            self.chain.verify_tls12_signature(message, cert, dss)
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &rustls::pki_types::CertificateDer<'_>,
-            dss: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            self.chain.verify_tls13_signature(message, cert, dss)
-        }
-
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            self.chain.supported_verify_schemes()
-        }
-    };
-}
-pub(crate) use signatures_by_the_chain;
-
 /// Why a TLS configuration cannot be built from the files given.
 #[derive(Debug, Error)]
 pub enum TlsError {
@@ -154,7 +125,7 @@ pub(crate) fn ca_verifier(ca: &Path) -> Result<Arc<dyn rustls::client::danger::S
     let chain = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
         .build()
         .map_err(|source| TlsError::Verifier { path: ca.to_owned(), source })?;
-    Ok(Arc::new(PinnedOrSigned { chain, pinned }))
+    Ok(Arc::new(PinnedOrSigned { chain, pinned, algorithms: provider().signature_verification_algorithms }))
 }
 
 /// Trusts a server whose certificate is signed by one of the file's certificates (rustls's
@@ -164,6 +135,7 @@ pub(crate) fn ca_verifier(ca: &Path) -> Result<Arc<dyn rustls::client::danger::S
 #[derive(Debug)]
 struct PinnedOrSigned {
     chain: Arc<rustls::client::WebPkiServerVerifier>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
     pinned: Vec<CertificateDer<'static>>,
 }
 
@@ -195,7 +167,7 @@ impl rustls::client::danger::ServerCertVerifier for PinnedOrSigned {
         Ok(rustls::client::danger::ServerCertVerified::assertion())
     }
 
-    crate::service::tls::signatures_by_the_chain!();
+    crate::adapters::tls::signatures_by!(algorithms);
 }
 
 /// The TLS error inside a client's error (its sources, and the I/O errors that carry it), if
