@@ -165,7 +165,10 @@ async fn constraints_are_the_containers_limits_and_what_cannot_be_met_is_refused
     p.constraints = Constraints { instance_type: Some("t3.small".into()), ..Constraints::default() };
     let typed = broker.start_instance(p).await.expect("an instance type from the shipped table");
     let config = daemon.query(&format!("/1.0/instances/{}", typed.instance.id)).unwrap();
-    assert_eq!((config["config"]["limits.cpu"].as_str(), config["config"]["limits.memory"].as_str()), (Some("2"), Some("2048MiB")));
+    assert_eq!(
+        (config["config"]["limits.cpu"].as_str(), config["config"]["limits.memory"].as_str()),
+        (Some("2"), Some("2048MiB"))
+    );
     assert_eq!(typed.instance.instance_type.as_deref(), Some("t3.small"));
 
     let mut p = params("2", None, "2/a/0", "m");

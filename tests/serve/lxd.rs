@@ -228,7 +228,8 @@ fn bad_lxd_settings_are_refused_at_start_and_at_model_add_naming_the_setting() {
     let (code, err) = serve_output(&dir, &["--broker", "lxd", "--lxd-image", IMAGE]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--lxd-endpoint"), "{err}");
-    let (code, err) = serve_output(&dir, &["--broker", "lxd", "--lxd-endpoint", "unix:/nonexistent.socket", "--lxd-image", IMAGE]);
+    let (code, err) =
+        serve_output(&dir, &["--broker", "lxd", "--lxd-endpoint", "unix:/nonexistent.socket", "--lxd-image", IMAGE]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("cannot reach LXD at --lxd-endpoint unix:/nonexistent.socket"), "{err}");
 
@@ -240,7 +241,18 @@ fn bad_lxd_settings_are_refused_at_start_and_at_model_add_naming_the_setting() {
     let out = s.cli(&["model", "add", "boxes", "--lxd-image", IMAGE]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--lxd-image is a setting of the lxd broker"), "{err}");
-    let shown = s.json(&["model", "add", "boxes", "--broker", "lxd", "--lxd-endpoint", &socket, "--lxd-image", IMAGE, "--json"]);
+    let shown = s.json(&[
+        "model",
+        "add",
+        "boxes",
+        "--broker",
+        "lxd",
+        "--lxd-endpoint",
+        &socket,
+        "--lxd-image",
+        IMAGE,
+        "--json",
+    ]);
     assert_eq!(shown["broker"], "lxd", "{shown}");
     assert_eq!(shown["lxd"]["image"], IMAGE, "{shown}");
     let ids = ids_of(&s.json(&["machine", "add", "-m", "boxes", "-n", "2", "--wait", "--json"]));

@@ -20,9 +20,6 @@ mod data_dir;
 /// The EC2 broker through the service, on moto.
 #[cfg(all(feature = "ec2", feature = "test-util"))]
 mod ec2;
-/// The LXD broker through the service, on real LXD daemons (issue 32).
-#[cfg(all(feature = "lxd", feature = "test-util"))]
-mod lxd;
 /// The event stream, and its limits: revocation, caps (issue 30).
 mod events;
 /// Replicas on PostgreSQL with one fenced leader (issue 15): fail-over under faults.
@@ -30,6 +27,9 @@ mod events;
 mod ha;
 /// Authentication, bodies, methods, sizes, the OpenAPI document.
 mod http;
+/// The LXD broker through the service, on real LXD daemons (issue 32).
+#[cfg(all(feature = "lxd", feature = "test-util"))]
+mod lxd;
 /// Machines added, listed, removed, retried; the model destroyed.
 mod machines;
 /// `/metrics`: bounded labels, counts per zone, OpenMetrics.

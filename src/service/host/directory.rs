@@ -138,7 +138,12 @@ impl CloudSettings {
         let lxd = self.lxd.clone().unwrap_or_default().named();
         let given = |v: &Option<String>| v.is_some();
         let settings: [(&str, Vec<(&str, bool)>); 3] = [
-            ("ec2", [("region", &self.region), ("endpoint", &self.endpoint), ("image", &self.image)].map(|(n, v)| (n, given(v))).to_vec()),
+            (
+                "ec2",
+                [("region", &self.region), ("endpoint", &self.endpoint), ("image", &self.image)]
+                    .map(|(n, v)| (n, given(v)))
+                    .to_vec(),
+            ),
             ("sim", vec![("account", given(&self.account))]),
             ("lxd", lxd.iter().map(|(n, v)| (*n, v.is_some())).collect()),
         ];

@@ -387,8 +387,11 @@ async fn lxd_broker(
     if let Some(p) = &s.project {
         config.project = p.clone();
     }
-    config.tls =
-        LxdTlsFiles { client_cert: s.client_cert.clone(), client_key: s.client_key.clone(), server_cert: s.server_cert.clone() };
+    config.tls = LxdTlsFiles {
+        client_cert: s.client_cert.clone(),
+        client_key: s.client_key.clone(),
+        server_cert: s.server_cert.clone(),
+    };
     let broker = LxdBroker::connect(config).await.map_err(ServeError::LxdSettings)?;
     let zones = crate::ports::Broker::availability_zones(&broker).await.map_err(ServeError::LxdZones)?;
     Ok((broker, zones.into_iter().map(|z| z.name).collect()))

@@ -34,8 +34,8 @@ pub use errors::SettingsError;
 pub use lease::{LeaseSettings, LeaseTimings, LeaseTimingsError, DEFAULT_LEASE, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY};
 pub use parse::{is_loopback, parse_duration, ZoneList};
 pub use sections::{
-    AuditSection, Ec2Settings, LxdSettings, EventsSettings, RetrySettings, DEFAULT_MAX_STREAMS, DEFAULT_MAX_STREAMS_PER_TOKEN,
-    DEFAULT_STREAM_IDLE_TIMEOUT,
+    AuditSection, Ec2Settings, EventsSettings, LxdSettings, RetrySettings, DEFAULT_MAX_STREAMS,
+    DEFAULT_MAX_STREAMS_PER_TOKEN, DEFAULT_STREAM_IDLE_TIMEOUT,
 };
 pub use sim::{SimSection, DEFAULT_SIM_CONTAINER_INIT_DELAY, DEFAULT_SIM_START_LATENCY, DEFAULT_SIM_ZONES};
 pub use store::{StoreSection, StoreUrl};

@@ -124,8 +124,12 @@ pub struct Ec2Settings {
 pub struct LxdSettings {
     /// LXD: the API, `unix:PATH` (the daemon's socket, e.g. /var/lib/lxd/unix.socket) or
     /// `https://HOST:PORT` (with --lxd-client-cert, --lxd-client-key and --lxd-server-cert).
-    #[arg(id = "lxd_endpoint", long = "lxd-endpoint", env = "PROVISIONER_LXD_ENDPOINT",
-          value_name = "unix:PATH|https://HOST:PORT")]
+    #[arg(
+        id = "lxd_endpoint",
+        long = "lxd-endpoint",
+        env = "PROVISIONER_LXD_ENDPOINT",
+        value_name = "unix:PATH|https://HOST:PORT"
+    )]
     pub endpoint: Option<String>,
     /// LXD: the image alias every container starts from (`lxc image alias list`).
     #[arg(id = "lxd_image", long = "lxd-image", env = "PROVISIONER_LXD_IMAGE", value_name = "ALIAS")]

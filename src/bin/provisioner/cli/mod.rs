@@ -81,6 +81,8 @@ impl LxdModelArgs {
 
 /// `provisioner model ...`: the models a service hosts.
 #[derive(Subcommand, Debug)]
+// Parsed once per process: `add`'s LXD settings make it large, which costs nothing here.
+#[allow(clippy::large_enum_variant)]
 pub enum ModelCmd {
     /// Add a model: its own machines, settings and provisioners, on its own cloud (a setting
     /// left out is the service's).
