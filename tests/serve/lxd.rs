@@ -298,4 +298,11 @@ fn bench_lxd_measures_the_service_beside_lxd_itself_and_leaves_nothing_behind() 
     let out = crate::support::bin().args(["bench", "lxd", "--machines", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--machines"));
+    let out = crate::support::bin()
+        .args(["bench", "lxd", "--lxd-endpoint", "unix:/nonexistent.socket", "--lxd-image", IMAGE])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot reach LXD at --lxd-endpoint unix:/nonexistent.socket"), "{err}");
 }

@@ -251,7 +251,7 @@ fn bench_inner(args: &BenchLxdArgs) -> Result<BenchLxdReport, Failure> {
     };
     let target = match (&args.endpoint, &args.image) {
         (Some(e), Some(image)) => {
-            let endpoint = LxdEndpoint::parse(e).map_err(|e| usage(format!("--lxd-endpoint: {e}")))?;
+            let endpoint = LxdEndpoint::parse(e).map_err(|e| usage(e.to_string()))?;
             Target { endpoint, tls, image: image.clone(), own: None }
         }
         (None, None) => {
@@ -272,7 +272,8 @@ fn bench_inner(args: &BenchLxdArgs) -> Result<BenchLxdReport, Failure> {
     let system = actix_rt::System::new();
     let server = system
         .block_on(client.get("/1.0"))
-        .map_err(|e| runtime(format!("cannot reach LXD at {}: {e}", target.endpoint)))?;
+        // As `serve` does: an endpoint that does not answer is a setting to fix.
+        .map_err(|e| usage(format!("cannot reach LXD at --lxd-endpoint {}: {e}", target.endpoint)))?;
     if server.get("auth").and_then(Value::as_str) != Some("trusted") {
         return Err(usage(format!("LXD at {} does not trust this client", target.endpoint)));
     }
