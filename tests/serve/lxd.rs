@@ -317,3 +317,49 @@ fn a_frozen_member_fails_its_starts_over_and_once_resumed_leaves_no_extra_contai
     assert_eq!(own["instance"], held[machine.as_str()][0].name.as_str(), "the machine's own is kept");
     assert_eq!(first.instances().unwrap().len(), ids.len());
 }
+
+/// `bench lxd` end to end on a daemon of its own: both figures measured, every machine
+/// provisioned, no container left, the daemon gone. No timing is asserted beyond sanity.
+#[test]
+fn bench_lxd_measures_the_service_beside_lxd_itself_and_leaves_nothing_behind() {
+    if let Err(why) = provisioner::testing::lxd::ensure_lxd() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let out = crate::support::bin()
+        .args(["bench", "lxd", "--machines", "6", "--concurrency", "3", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["machines"], 6, "{r}");
+    assert_eq!(r["concurrency"], 3, "{r}");
+    let rounds = r["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 1, "{r}");
+    let round = &rounds[0];
+    for t in [&round["direct_before"]["wall_s"], &round["direct_after"]["wall_s"], &round["service_s"]] {
+        assert!(t.as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert!(round["direct_before"]["create_p50_ms"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(round["service_machines_started"], 6, "{r}");
+    let ratio = r["ratio"].as_f64().unwrap();
+    assert!(ratio.is_finite() && ratio > 0.0, "{r}");
+    assert_eq!(r["containers_left"], 0, "{r}");
+    assert_eq!(r["own_daemon"], true, "{r}");
+    let dir = r["own_daemon_dir"].as_str().unwrap();
+    assert!(!std::path::Path::new(dir).exists(), "the bench's daemon directory {dir} is gone");
+    let pid = r["own_daemon_pid"].as_u64().unwrap();
+    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "the bench's daemon {pid} is gone");
+
+    // Bad input: one sentence, exit 2.
+    let out = crate::support::bin().args(["bench", "lxd", "--machines", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--machines"));
+    let out = crate::support::bin()
+        .args(["bench", "lxd", "--lxd-endpoint", "unix:/nonexistent.socket", "--lxd-image", IMAGE])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot reach LXD at --lxd-endpoint unix:/nonexistent.socket"), "{err}");
+}

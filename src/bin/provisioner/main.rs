@@ -250,6 +250,10 @@ enum Bench {
     },
     /// Start a service on loopback and measure HTTP request throughput and latency.
     Serve(cli::BenchServeArgs),
+    /// N machines through the service (`serve --broker lxd`) beside the same N containers
+    /// created and started directly through LXD's API at the same concurrency: both times and
+    /// their ratio (feature `serve`; without --lxd-endpoint, a daemon of its own).
+    Lxd(cli::BenchLxdArgs),
 }
 
 /// A positive, finite rate.
@@ -318,6 +322,7 @@ fn main() -> ExitCode {
             cli::run_client(conn, cli::ClientCmd::DestroyModel { force, json })
         }
         Command::Bench { which: Bench::Serve(args) } => cli::run_bench(args),
+        Command::Bench { which: Bench::Lxd(args) } => cli::run_bench_lxd(args),
         Command::Completions { shell } => cli::shell::run_completions(command(), shell),
         Command::Man => cli::shell::run_man(command()),
         Command::Simulate { file, seed, json } => on_scenario(&file, |scenario| {

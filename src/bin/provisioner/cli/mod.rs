@@ -13,6 +13,8 @@ use clap::{ArgMatches, Args, Subcommand};
 use provisioner::service::settings::parse_duration;
 
 #[cfg(feature = "serve")]
+mod bench_lxd;
+#[cfg(feature = "serve")]
 mod client;
 #[cfg(feature = "serve")]
 mod serve;
@@ -40,9 +42,9 @@ pub struct Conn {
 }
 
 /// `provisioner model ...`: the models a service hosts.
-// Parsed once per run: `Add`'s size is of no consequence.
-#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
+// Parsed once per process: `add`'s LXD settings make it large, which costs nothing here.
+#[allow(clippy::large_enum_variant)]
 pub enum ModelCmd {
     /// Add a model: its own machines, settings and provisioners, on its own cloud (a setting
     /// left out is the service's).
@@ -351,6 +353,45 @@ pub struct BenchServeArgs {
     pub json: bool,
 }
 
+/// `provisioner bench lxd`.
+#[derive(Args, Debug)]
+pub struct BenchLxdArgs {
+    /// Machines through the service, and containers created directly, per run.
+    #[arg(long, default_value_t = 60)]
+    pub machines: usize,
+    /// Containers created and started at once directly, and the service's worker pool
+    /// (`workers`; 16 is the service's default pool).
+    #[arg(long, default_value_t = provisioner::config::DEFAULT_WORKERS)]
+    pub concurrency: usize,
+    /// Rounds of direct, the service, direct.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// LXD's API, `unix:PATH` or `https://HOST:PORT` [default: a standalone daemon the bench
+    /// starts, with a busybox image, and removes at the end].
+    #[arg(
+        id = "lxd_endpoint",
+        long = "lxd-endpoint",
+        value_name = "unix:PATH|https://HOST:PORT",
+        requires = "lxd_image"
+    )]
+    pub endpoint: Option<String>,
+    /// The image alias containers start from (with --lxd-endpoint).
+    #[arg(id = "lxd_image", long = "lxd-image", value_name = "ALIAS", requires = "lxd_endpoint")]
+    pub image: Option<String>,
+    /// The client certificate the daemon trusts (https).
+    #[arg(long = "lxd-client-cert", value_name = "FILE", requires = "lxd_endpoint")]
+    pub client_cert: Option<PathBuf>,
+    /// Its PEM private key (https).
+    #[arg(long = "lxd-client-key", value_name = "FILE", requires = "lxd_endpoint")]
+    pub client_key: Option<PathBuf>,
+    /// The daemon's certificate to pin (https).
+    #[arg(long = "lxd-server-cert", value_name = "FILE", requires = "lxd_endpoint")]
+    pub server_cert: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
 #[cfg(not(feature = "serve"))]
 fn no_service(what: &str) -> ExitCode {
     eprintln!(
@@ -405,5 +446,18 @@ pub fn run_bench(args: BenchServeArgs) -> ExitCode {
     {
         let _ = args;
         no_service("bench serve")
+    }
+}
+
+/// Runs `bench lxd`.
+pub fn run_bench_lxd(args: BenchLxdArgs) -> ExitCode {
+    #[cfg(feature = "serve")]
+    {
+        bench_lxd::bench(args)
+    }
+    #[cfg(not(feature = "serve"))]
+    {
+        let _ = args;
+        no_service("bench lxd")
     }
 }

@@ -57,14 +57,14 @@ struct BenchReport {
 }
 
 /// A process's peak resident set in MiB (`VmHWM` in `/proc/PID/status`, Linux).
-fn peak_rss_mib(pid: u32) -> Option<f64> {
+pub(super) fn peak_rss_mib(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: f64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
     Some(kib / 1024.0)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(super) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -73,7 +73,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// A child service that is sent SIGTERM (and reaped) when dropped.
-struct Service(Child);
+pub(super) struct Service(pub(super) Child);
 
 impl Drop for Service {
     fn drop(&mut self) {
