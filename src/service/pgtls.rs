@@ -191,7 +191,9 @@ impl PgTls {
         };
         let provider = crate::service::tls::provider();
         let verifier: Arc<dyn ServerCertVerifier> = match &root {
-            None => Arc::new(Unchecked { algorithms: provider.signature_verification_algorithms }),
+            // `prefer`, and `require` without `sslrootcert`: any certificate (the handshake's
+            // signatures are still checked, so the peer holds the key of the certificate it shows).
+            None => Arc::new(crate::adapters::tls::Pinned::any(provider.signature_verification_algorithms)),
             Some(path) => {
                 let chain = crate::service::tls::ca_verifier(path)
                     .map_err(|source| PgUrlError::Root { path: path.clone(), source: Box::new(source) })?;
@@ -466,28 +468,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for PgTlsStream<S> {
     fn channel_binding(&self) -> ChannelBinding {
         ChannelBinding::none()
     }
-}
-
-/// `prefer`, and `require` without `sslrootcert`: any certificate (the handshake's signatures
-/// are still checked, so the peer holds the key of the certificate it shows).
-#[derive(Debug)]
-struct Unchecked {
-    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    crate::adapters::tls::signatures_by!(algorithms);
 }
 
 /// `verify-ca` (and `require` with `sslrootcert`): the chain, not the host name.

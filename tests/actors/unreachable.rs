@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use provisioner::model::{CloudInstance, InstanceId, InstanceState, MachineId};
 use provisioner::ports::{Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
-use provisioner::testing::{CloudOp, FakeBroker, FakeCloud, FakeMachine, FakeModel};
+use provisioner::testing::{CloudOp, CloudSnapshot, FakeBroker, FakeCloud, FakeMachine, FakeModel, ModelSnapshot};
 use provisioner::{HarvestMode, Machine, ProvisionerConfig};
 
 use crate::support::*;
@@ -126,17 +126,25 @@ fn zone_of(cloud: &provisioner::testing::CloudSnapshot, id: &str) -> Option<Stri
     cloud.instances.get(&InstanceId::new(id)).and_then(|i| i.instance.zone.clone())
 }
 
+/// Machine 0 started with zone `a` frozen (`makes`: the unanswered call makes its instance
+/// there), once the model records an instance for it: the provisioner, the model, the cloud
+/// and what the frozen broker saw.
+async fn started_beside_a_frozen_zone(makes: bool) -> (Harness, ModelSnapshot, CloudSnapshot, Probe) {
+    let (cloud, model) = cloud_and_model();
+    let (frozen, probe) = Frozen::new(&cloud, "a", makes);
+    let h = provisioner_over(one_retry(), frozen, cloud, model);
+    let model = h.until_model(Duration::from_secs(120), |m| instance_of(m, "0").is_some()).await;
+    let cloud = h.cloud().await;
+    (h, model, cloud, probe)
+}
+
 /// Issue 32, point 1: a `ZoneUnreachable` answer is not repeated in the frozen zone with the
 /// same token (as a transient failure is): the zone is marked failed for the machine and the
 /// start moves to another zone at once, looking for an instance of its own first (the
 /// unanswered call may have made one). The machine ends with one instance, in `b`.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn an_unreachable_zone_is_failed_over_after_a_look_and_never_repeated() {
-    let (cloud, model) = cloud_and_model();
-    let (frozen, mut probe) = Frozen::new(&cloud, "a", false);
-    let h = provisioner_over(one_retry(), frozen, cloud, model);
-    let model = h.until_model(Duration::from_secs(120), |m| instance_of(m, "0").is_some()).await;
-    let cloud = h.cloud().await;
+    let (h, model, cloud, mut probe) = started_beside_a_frozen_zone(false).await;
     let instance = instance_of(&model, "0").unwrap();
     assert_eq!(zone_of(&cloud, &instance).as_deref(), Some("b"));
     assert_eq!(cloud.live_instances_of(&MachineId::new("0")).len(), 1, "exactly one instance");
@@ -152,11 +160,7 @@ async fn an_unreachable_zone_is_failed_over_after_a_look_and_never_repeated() {
 /// second instance is made.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn what_an_unanswered_call_made_is_adopted_before_any_other_call() {
-    let (cloud, model) = cloud_and_model();
-    let (frozen, mut probe) = Frozen::new(&cloud, "a", true);
-    let h = provisioner_over(one_retry(), frozen, cloud, model);
-    let model = h.until_model(Duration::from_secs(120), |m| instance_of(m, "0").is_some()).await;
-    let cloud = h.cloud().await;
+    let (h, model, cloud, mut probe) = started_beside_a_frozen_zone(true).await;
     let instance = instance_of(&model, "0").unwrap();
     assert_eq!(zone_of(&cloud, &instance).as_deref(), Some("a"), "the unanswered call's instance");
     assert_eq!(probe.seen(), ["start a", "look 0"], "adopted: no call in b");

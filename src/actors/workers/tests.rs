@@ -523,15 +523,23 @@ mod batching {
         assert!(book.close(a.batch).is_none(), "closed once");
     }
 
+    /// A book with one batch of `n` machines (0, 1, ...) in az1, closed: the book and the batch.
+    fn closed_in_az1(n: usize) -> (BatchBook<&'static str>, u64) {
+        const IDS: [&str; 3] = ["0", "1", "2"];
+        let mut book = BatchBook::new(10);
+        let j = book.join(call(IDS[0], "az1", None), IDS[0]);
+        for id in &IDS[1..n] {
+            book.join(call(id, "az1", None), id);
+        }
+        book.close(j.batch);
+        (book, j.batch)
+    }
+
     #[test]
     fn a_partial_launch_fails_the_rest_zone_specifically() {
-        let mut book = BatchBook::new(10);
-        let j = book.join(call("0", "az1", None), "0");
-        book.join(call("1", "az1", None), "1");
-        book.join(call("2", "az1", None), "2");
-        book.close(j.batch);
+        let (mut book, batch) = closed_in_az1(3);
         // The cloud answered two members of three (a broker answering fewer entries than members).
-        let replies = delivered(book.answered(j.batch, Ok(vec![started("i-1", "0"), started("i-2", "1")])));
+        let replies = delivered(book.answered(batch, Ok(vec![started("i-1", "0"), started("i-2", "1")])));
         assert_eq!(replies.len(), 3);
         assert_eq!(replies[0].1.result, started("i-1", "0"));
         assert_eq!(replies[1].1.result, started("i-2", "1"));
@@ -544,15 +552,11 @@ mod batching {
 
     #[test]
     fn a_members_own_ambiguous_failure_tells_that_member_only_to_look() {
-        let mut book = BatchBook::new(10);
-        let j = book.join(call("0", "az1", None), "0");
-        book.join(call("1", "az1", None), "1");
-        book.join(call("2", "az1", None), "2");
-        book.close(j.batch);
+        let (mut book, batch) = closed_in_az1(3);
         // The call succeeded; member 1's instance was made but could not be tagged.
         let untagged = Err(BrokerError::transient("instance i-2 made but not tagged"));
         let answer = vec![started("i-1", "0"), untagged.clone(), Err(BrokerError::zone_specific("partial"))];
-        let replies = delivered(book.answered(j.batch, Ok(answer)));
+        let replies = delivered(book.answered(batch, Ok(answer)));
         let looks: Vec<bool> = replies.iter().map(|(_, r)| r.maybe_made).collect();
         assert_eq!(looks, [false, true, false], "only the member whose instance may exist looks for it");
         assert_eq!(replies[1].1.result, untagged);
@@ -580,12 +584,9 @@ mod batching {
 
     #[test]
     fn a_zone_that_did_not_answer_is_not_replayed_and_every_member_looks() {
-        let mut book = BatchBook::new(10);
-        let j = book.join(call("0", "az1", None), "0");
-        book.join(call("1", "az1", None), "1");
-        book.close(j.batch);
+        let (mut book, batch) = closed_in_az1(2);
         let err = BrokerError::zone_unreachable("member az1 did not answer");
-        let replies = delivered(book.answered(j.batch, Err(err.clone())));
+        let replies = delivered(book.answered(batch, Err(err.clone())));
         assert_eq!(replies.len(), 2, "answered at once, not replayed into the frozen zone");
         assert!(replies.iter().all(|(_, r)| r.maybe_made && r.result == Err(err.clone())));
         // On a zoneless cloud there is no other zone: replayed as a transient failure is.
@@ -607,11 +608,8 @@ mod batching {
 
     #[test]
     fn a_definite_failure_goes_to_every_member_and_is_not_replayed() {
-        let mut book = BatchBook::new(10);
-        let j = book.join(call("0", "az1", None), "0");
-        book.join(call("1", "az1", None), "1");
-        book.close(j.batch);
-        let replies = delivered(book.answered(j.batch, Err(BrokerError::throttled("RequestLimitExceeded"))));
+        let (mut book, batch) = closed_in_az1(2);
+        let replies = delivered(book.answered(batch, Err(BrokerError::throttled("RequestLimitExceeded"))));
         assert_eq!(replies.len(), 2);
         assert!(replies
             .iter()

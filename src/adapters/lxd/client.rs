@@ -231,7 +231,7 @@ fn tls_config(files: &LxdTlsFiles) -> Result<rustls::ClientConfig, LxdConfigErro
     })?;
     let pinned = certificates("--lxd-server-cert", &server_path)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = Arc::new(Pinned { pinned, algorithms: provider.signature_verification_algorithms });
+    let verifier = Arc::new(crate::adapters::tls::Pinned::to(pinned, provider.signature_verification_algorithms));
     rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(LxdConfigError::ClientAuth)?
@@ -251,33 +251,6 @@ fn certificates(setting: &'static str, path: &Path) -> Result<Vec<CertificateDer
         return Err(problem("no PEM CERTIFICATE in it".into()));
     }
     Ok(certs)
-}
-
-/// Takes a server whose certificate is byte for byte one of the pinned ones (its name is not
-/// checked: LXD's certificate names no useful host); handshake signatures are checked as usual.
-#[derive(Debug)]
-struct Pinned {
-    pinned: Vec<CertificateDer<'static>>,
-    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
-}
-
-impl rustls::client::danger::ServerCertVerifier for Pinned {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        if self.pinned.iter().any(|p| p.as_ref() == end_entity.as_ref()) {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer))
-        }
-    }
-
-    crate::adapters::tls::signatures_by!(algorithms);
 }
 
 #[cfg(test)]

@@ -109,18 +109,17 @@ fn ec2_settings_come_from_the_file_and_the_flags() {
 
 #[test]
 fn lxd_settings_come_from_the_file_and_the_flags() {
-    let o = with_file(
-        "lxd.toml",
-        "broker = \"lxd\"\nharvest_grace = \"30s\"\n[lxd]\nendpoint = \"https://10.0.0.2:8443\"\nimage = \"jammy\"\nclient_cert = \"/etc/c.pem\"\n",
-        &["--lxd-image", "noble", "--lxd-project", "p1"],
-    )
-    .unwrap();
-    assert_eq!(o.broker(), BrokerKind::Lxd);
-    assert_eq!(o.harvest_grace, Duration::from_secs(30));
-    assert_eq!(o.lxd.endpoint.as_deref(), Some("https://10.0.0.2:8443"));
-    assert_eq!(o.lxd.image.as_deref(), Some("noble"), "the flag wins");
-    assert_eq!(o.lxd.project.as_deref(), Some("p1"));
-    assert_eq!(o.lxd.client_cert.as_deref(), Some(Path::new("/etc/c.pem")));
+    let file = "broker = \"lxd\"\nharvest_grace = \"30s\"\n[lxd]\nendpoint = \"https://10.0.0.2:8443\"\nimage = \"jammy\"\nclient_cert = \"/etc/c.pem\"\n";
+    let o = with_file("lxd.toml", file, &["--lxd-image", "noble", "--lxd-project", "p1"]).unwrap();
+    assert_eq!((o.broker(), o.harvest_grace), (BrokerKind::Lxd, Duration::from_secs(30)));
+    let from_both = LxdSettings {
+        endpoint: Some("https://10.0.0.2:8443".into()),
+        image: Some("noble".into()), // the flag wins
+        project: Some("p1".into()),
+        client_cert: Some("/etc/c.pem".into()),
+        ..LxdSettings::default()
+    };
+    assert_eq!(o.lxd, from_both);
     let e = with_file("bad-lxd.toml", "[lxd]\nendpont = \"x\"\n", &[]).unwrap_err().to_string();
     assert!(e.contains("endpont"), "{e}");
 }

@@ -164,20 +164,7 @@ fn usage(message: impl Into<String>) -> Failure {
 
 /// Runs the bench and prints its report.
 pub fn bench(args: BenchLxdArgs) -> ExitCode {
-    match bench_inner(&args) {
-        Ok(r) => {
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
-            } else {
-                print_human(&r);
-            }
-            ExitCode::SUCCESS
-        }
-        Err(f) => {
-            eprintln!("error: {}", f.message);
-            ExitCode::from(f.code)
-        }
-    }
+    super::serve::report(bench_inner(&args), args.json, print_human)
 }
 
 fn secs(s: Option<f64>) -> String {
@@ -244,12 +231,16 @@ fn bench_inner(args: &BenchLxdArgs) -> Result<BenchLxdReport, Failure> {
     if args.rounds == 0 {
         return Err(usage("--rounds must be positive"));
     }
+    let lxd = &args.lxd;
+    if lxd.project.is_some() {
+        return Err(usage("--lxd-project: the bench measures in the default project"));
+    }
     let tls = LxdTlsFiles {
-        client_cert: args.client_cert.clone(),
-        client_key: args.client_key.clone(),
-        server_cert: args.server_cert.clone(),
+        client_cert: lxd.client_cert.clone(),
+        client_key: lxd.client_key.clone(),
+        server_cert: lxd.server_cert.clone(),
     };
-    let target = match (&args.endpoint, &args.image) {
+    let target = match (&lxd.endpoint, &lxd.image) {
         (Some(e), Some(image)) => {
             let endpoint = LxdEndpoint::parse(e).map_err(|e| usage(e.to_string()))?;
             Target { endpoint, tls, image: image.clone(), own: None }
@@ -283,7 +274,8 @@ fn bench_inner(args: &BenchLxdArgs) -> Result<BenchLxdReport, Failure> {
     let mut model_uuids = Vec::new();
     let mut outcome = Ok(());
     for round in 0..args.rounds {
-        match one_round(&system, &client, &target, args, round, &mut model_uuids) {
+        let run = Run { system: &system, client: &client, target: &target, args };
+        match one_round(run, round, &mut model_uuids) {
             Ok(r) => rounds.push(r),
             Err(f) => {
                 outcome = Err(f);
@@ -317,7 +309,7 @@ fn bench_inner(args: &BenchLxdArgs) -> Result<BenchLxdReport, Failure> {
         machines: args.machines,
         concurrency: args.concurrency,
         endpoint,
-        image: args.image.clone().unwrap_or_else(|| OWN_IMAGE.to_owned()),
+        image: args.lxd.image.clone().unwrap_or_else(|| OWN_IMAGE.to_owned()),
         lxd_version,
         own_daemon,
         own_daemon_dir,
@@ -336,17 +328,19 @@ fn bench_inner(args: &BenchLxdArgs) -> Result<BenchLxdReport, Failure> {
 }
 
 /// Direct, the service, direct.
-fn one_round(
-    system: &actix_rt::SystemRunner,
-    client: &LxdClient,
-    target: &Target,
-    args: &BenchLxdArgs,
-    round: usize,
-    model_uuids: &mut Vec<String>,
-) -> Result<Round, Failure> {
-    let direct_before = direct_run(system, client, target, args, &format!("{round}a"))?;
-    let service = service_run(system, client, target, args, round, model_uuids)?;
-    let direct_after = direct_run(system, client, target, args, &format!("{round}b"))?;
+/// What every part of a run works with.
+#[derive(Clone, Copy)]
+struct Run<'a> {
+    system: &'a actix_rt::SystemRunner,
+    client: &'a LxdClient,
+    target: &'a Target,
+    args: &'a BenchLxdArgs,
+}
+
+fn one_round(run: Run<'_>, round: usize, model_uuids: &mut Vec<String>) -> Result<Round, Failure> {
+    let direct_before = direct_run(run, &format!("{round}a"))?;
+    let service = service_run(run, round, model_uuids)?;
+    let direct_after = direct_run(run, &format!("{round}b"))?;
     let ratio = service.wall_s / ((direct_before.wall_s + direct_after.wall_s) / 2.0);
     Ok(Round {
         direct_before,
@@ -468,13 +462,8 @@ async fn lxd_span(client: &LxdClient, names: &[String], model: &str, t0: SystemT
 }
 
 /// N containers created and started directly, timed; then deleted, untimed.
-fn direct_run(
-    system: &actix_rt::SystemRunner,
-    client: &LxdClient,
-    target: &Target,
-    args: &BenchLxdArgs,
-    tag: &str,
-) -> Result<DirectRun, Failure> {
+fn direct_run(run: Run<'_>, tag: &str) -> Result<DirectRun, Failure> {
+    let Run { system, client, target, args } = run;
     let names: Vec<String> = (0..args.machines).map(|i| format!("bench-{}-{tag}-{i}", std::process::id())).collect();
     let image = target.image.as_str();
     let wall = SystemTime::now();
@@ -523,14 +512,8 @@ struct ServiceRun {
 }
 
 /// A service on the daemon, N machines added at once, timed to all started; then removed.
-fn service_run(
-    system: &actix_rt::SystemRunner,
-    client: &LxdClient,
-    target: &Target,
-    args: &BenchLxdArgs,
-    round: usize,
-    model_uuids: &mut Vec<String>,
-) -> Result<ServiceRun, Failure> {
+fn service_run(run: Run<'_>, round: usize, model_uuids: &mut Vec<String>) -> Result<ServiceRun, Failure> {
+    let args = run.args;
     let base = std::env::temp_dir().join(format!("provisioner-bench-lxd-{}-{round}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).map_err(|e| runtime(format!("cannot create {}: {e}", base.display())))?;
@@ -538,20 +521,18 @@ fn service_run(
     let config = base.join("bench.toml");
     std::fs::write(&config, format!("workers = {}\n", args.concurrency))
         .map_err(|e| runtime(format!("cannot write {}: {e}", config.display())))?;
-    let result = service_run_in(system, client, target, args, &dir, &config, model_uuids);
+    let result = service_run_in(run, &dir, &config, model_uuids);
     let _ = std::fs::remove_dir_all(&base);
     result
 }
 
 fn service_run_in(
-    system: &actix_rt::SystemRunner,
-    client: &LxdClient,
-    target: &Target,
-    args: &BenchLxdArgs,
+    run: Run<'_>,
     dir: &std::path::Path,
     config: &std::path::Path,
     model_uuids: &mut Vec<String>,
 ) -> Result<ServiceRun, Failure> {
+    let Run { system, client, target, args } = run;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| runtime(format!("cannot find a free port: {e}")))?

@@ -366,27 +366,11 @@ pub struct BenchLxdArgs {
     /// Rounds of direct, the service, direct.
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
-    /// LXD's API, `unix:PATH` or `https://HOST:PORT` [default: a standalone daemon the bench
-    /// starts, with a busybox image, and removes at the end].
-    #[arg(
-        id = "lxd_endpoint",
-        long = "lxd-endpoint",
-        value_name = "unix:PATH|https://HOST:PORT",
-        requires = "lxd_image"
-    )]
-    pub endpoint: Option<String>,
-    /// The image alias containers start from (with --lxd-endpoint).
-    #[arg(id = "lxd_image", long = "lxd-image", value_name = "ALIAS", requires = "lxd_endpoint")]
-    pub image: Option<String>,
-    /// The client certificate the daemon trusts (https).
-    #[arg(long = "lxd-client-cert", value_name = "FILE", requires = "lxd_endpoint")]
-    pub client_cert: Option<PathBuf>,
-    /// Its PEM private key (https).
-    #[arg(long = "lxd-client-key", value_name = "FILE", requires = "lxd_endpoint")]
-    pub client_key: Option<PathBuf>,
-    /// The daemon's certificate to pin (https).
-    #[arg(long = "lxd-server-cert", value_name = "FILE", requires = "lxd_endpoint")]
-    pub server_cert: Option<PathBuf>,
+    /// The LXD to measure on (`--lxd-endpoint` with `--lxd-image`, and the three files over
+    /// HTTPS) [default: a standalone daemon the bench starts, with a busybox image, and removes
+    /// at the end].
+    #[command(flatten)]
+    pub lxd: provisioner::service::settings::LxdSettings,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

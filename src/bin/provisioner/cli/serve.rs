@@ -86,19 +86,27 @@ impl Drop for Service {
 // A benchmark measures wall-clock time and polls: both are what it is for.
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
 pub fn bench(args: BenchServeArgs) -> ExitCode {
-    match bench_inner(&args) {
+    report(bench_inner(&args), args.json, |r| {
+        let rss = r.service_peak_rss_mib.map_or_else(|| "unknown".to_owned(), |m| format!("{m:.0} MiB"));
+        println!(
+            "{} requests ({} adds of {} machine(s), {} lists) from {} clients in {:.2}s: {:.0} requests/s; add p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms; list p50 {:.2} ms, p99 {:.2} ms; {} errors; {} machines all provisioned after {:.2}s; service peak RSS {rss}",
+            r.requests, r.add_requests, r.batch, r.list_requests, r.clients, r.wall_s, r.requests_per_s,
+            r.add_p50_ms, r.add_p90_ms, r.add_p99_ms, r.add_max_ms, r.list_p50_ms, r.list_p99_ms, r.errors,
+            r.machines, r.all_provisioned_s
+        );
+    })
+}
+
+/// A benchmark's end: its report printed (JSON with `json`, else by `human`), or its failure
+/// with the failure's exit code.
+pub(super) fn report<R: Serialize>(outcome: Result<R, Failure>, json: bool, human: impl FnOnce(&R)) -> ExitCode {
+    match outcome {
+        Ok(r) if json => {
+            println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
         Ok(r) => {
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
-            } else {
-                let rss = r.service_peak_rss_mib.map_or_else(|| "unknown".to_owned(), |m| format!("{m:.0} MiB"));
-                println!(
-                    "{} requests ({} adds of {} machine(s), {} lists) from {} clients in {:.2}s: {:.0} requests/s; add p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms; list p50 {:.2} ms, p99 {:.2} ms; {} errors; {} machines all provisioned after {:.2}s; service peak RSS {rss}",
-                    r.requests, r.add_requests, r.batch, r.list_requests, r.clients, r.wall_s, r.requests_per_s,
-                    r.add_p50_ms, r.add_p90_ms, r.add_p99_ms, r.add_max_ms, r.list_p50_ms, r.list_p99_ms, r.errors,
-                    r.machines, r.all_provisioned_s
-                );
-            }
+            human(&r);
             ExitCode::SUCCESS
         }
         Err(f) => {
