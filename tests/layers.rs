@@ -134,6 +134,14 @@ impl Sources {
             return Some(file);
         }
         let item = &segs[i];
+        // A `#[macro_export]` macro is the crate root's item, but its file is where it is
+        // written.
+        if module.is_empty() {
+            let exported = format!("#[macro_export]\nmacro_rules! {item} ");
+            if let Some((f, _)) = self.files.iter().find(|(_, text)| text.contains(&exported)) {
+                return Some(f.clone());
+            }
+        }
         let trees = use_trees(&self.files[&file]);
         for (public, path, alias) in &trees {
             if *public && alias == item && path.last().map(String::as_str) != Some("*") {
@@ -600,4 +608,7 @@ fn the_resolver_follows_re_exports_and_sees_inline_paths() {
     assert!(to_model_mod.is_empty(), "model/mod.rs only re-exports, yet imported by {to_model_mod:?}");
     // The wiring creates the actors: it imports their shells.
     assert!(edges["actors/wiring.rs"].iter().any(|t| t.ends_with("/actor.rs")), "{:?}", edges["actors/wiring.rs"]);
+    // An exported macro is its file's: `crate::forward_broker!` is `ports/broker.rs`, not the root.
+    assert!(edges["actors/containers/mod.rs"].contains("ports/broker.rs"), "{:?}", edges["actors/containers/mod.rs"]);
+    assert!(!edges["actors/containers/mod.rs"].contains("lib.rs"));
 }
