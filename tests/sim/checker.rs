@@ -49,7 +49,15 @@ fn ours(id: &str, machine: Option<&str>, state: InstanceState) -> (InstanceId, F
         machine: machine.map(provisioner::MachineId::new),
         start: None,
     };
-    let instance = CloudInstance { id: InstanceId::new(id), state, zone: None, tags, age: None, instance_type: None };
+    let instance = CloudInstance {
+        id: InstanceId::new(id),
+        state,
+        zone: None,
+        tags,
+        age: None,
+        instance_type: None,
+        capacity_type: None,
+    };
     (InstanceId::new(id), FakeInstance { instance, foreign: false, born: (Duration::ZERO, Duration::ZERO) })
 }
 

@@ -287,6 +287,7 @@ impl InstanceRecord {
                 tags: tags.clone(),
                 age: None,
                 instance_type: None,
+                capacity_type: None,
             },
             client_token: Some(client_token.to_owned()),
         }

@@ -217,6 +217,9 @@ pub(crate) fn derive_zones(settings: &SimSettings, params: &StartInstanceParams)
 
 /// Why a start would be refused before it reaches the cloud's records, if it would.
 pub(crate) fn check_start(settings: &SimSettings, params: &StartInstanceParams) -> Result<(), BrokerError> {
+    if !params.capacity.is_on_demand() {
+        return Err(BrokerError::no_spot());
+    }
     match &params.zone {
         Some(z) if settings.unavailable_zones.contains(z) => {
             Err(BrokerError::zone_specific(format!("zone {z:?} is unavailable")))
@@ -446,6 +449,8 @@ mod tests {
             extra_tags: Default::default(),
             client_token: "0/n/1".into(),
             distribution_group: Vec::new(),
+            capacity: Default::default(),
+            spot_max_price: None,
         }
     }
 
