@@ -234,6 +234,7 @@ async fn register(
         nonce: nonce.to_owned(),
         display_name: name.clone(),
         status: InstanceStatus::from_static(instance.state.as_str()),
+        capacity_type: instance.capacity_type,
     };
     let mut attempt = 0;
     // Done with the cloud: what is left is the model's.

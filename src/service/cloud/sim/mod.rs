@@ -217,9 +217,6 @@ pub(crate) fn derive_zones(settings: &SimSettings, params: &StartInstanceParams)
 
 /// Why a start would be refused before it reaches the cloud's records, if it would.
 pub(crate) fn check_start(settings: &SimSettings, params: &StartInstanceParams) -> Result<(), BrokerError> {
-    if !params.capacity.is_on_demand() {
-        return Err(BrokerError::no_spot());
-    }
     match &params.zone {
         Some(z) if settings.unavailable_zones.contains(z) => {
             Err(BrokerError::zone_specific(format!("zone {z:?} is unavailable")))
@@ -328,6 +325,8 @@ impl Broker for SimCloud {
             }
             cloud.injected_fault()?;
             let picked = cloud.pick_type(&params).await?;
+            // Spot is always to be had in the simulated cloud: the instance runs on what was asked.
+            let capacity = params.capacity;
             let token = token_key(&cloud.model_uuid, picked.as_ref().map_or(&params.client_token, |(_, t)| t));
             let instance_type = picked.map(|(t, _)| t);
             // Without a start latency to wait (or for a repeated token's instance), the instance
@@ -376,7 +375,11 @@ impl Broker for SimCloud {
                     store.exec_lazy(move |s| s.land_instance(&id)).await.map_err(cloud_error)?
                 }
             };
-            let instance = CloudInstance { instance_type, ..landed.map(|r| r.instance).unwrap_or(record.instance) };
+            let instance = CloudInstance {
+                instance_type,
+                capacity_type: Some(capacity),
+                ..landed.map(|r| r.instance).unwrap_or(record.instance)
+            };
             Ok(StartedInstance { display_name: format!("sim-{}", instance.id), instance })
         })
     }
