@@ -607,7 +607,13 @@ impl MachineBook {
                         moved.push((before.cloned(), inst.tags.machine.clone(), id.clone()));
                     }
                     match &mut slot.view {
-                        Some(view) => **view = inst,
+                        // A listing that does not say what capacity the instance runs on keeps
+                        // what its start said (the service's simulated cloud lists none).
+                        Some(view) => {
+                            let known = view.capacity_type;
+                            **view = inst;
+                            view.capacity_type = view.capacity_type.or(known);
+                        }
                         None => slot.view = Some(Box::new(inst)),
                     }
                 }
