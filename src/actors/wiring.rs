@@ -167,6 +167,7 @@ fn start_with(
         state_of: registry.clone().recipient(),
         listing_max_age: config.harvest_listing_max_age,
         retry: config.retry,
+        spot_max_price: config.spot_max_price,
         backoff: config.backoff,
         model_uuid: config.model_uuid.clone(),
         host_tag: config.host_tag.clone(),

@@ -259,6 +259,10 @@ pub struct ProvisionerConfig {
     /// records (their number is bounded by the machines started). Off by default, as in
     /// Juju's pool (and the simulator's scenarios); `provisioner serve` turns it on.
     pub record_outside_worker: bool,
+    /// The most a spot start pays, in USD per hour (issue 33): handed to the broker with every
+    /// spot call, and a spot price above it counts as no spot capacity there. `None` (the
+    /// default): no cap of ours.
+    pub spot_max_price: Option<crate::model::UsdPerHour>,
 }
 
 impl Default for ProvisionerConfig {
@@ -285,6 +289,7 @@ impl Default for ProvisionerConfig {
             batch_starts: false,
             batch_size: DEFAULT_BATCH_SIZE,
             record_outside_worker: false,
+            spot_max_price: None,
         }
     }
 }

@@ -7,6 +7,7 @@
 //! Everything here is plain data with no actix import; every other module may use it, and it
 //! uses nothing above it.
 
+pub mod capacity;
 pub mod constraints;
 pub mod events;
 pub mod instance_types;
@@ -15,6 +16,7 @@ pub mod packing;
 pub mod placement;
 pub mod types;
 
+pub use capacity::{CapacityError, CapacityPreference, CapacityType, UsdPerHour};
 pub use constraints::ConstraintsError;
 pub use events::ProvisionerEvent;
 pub use multimap::MultiMap;

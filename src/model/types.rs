@@ -481,6 +481,11 @@ pub struct ProvisioningInfo {
     pub volumes: Vec<VolumeParams>,
     /// Extra instance tags.
     pub tags: std::collections::BTreeMap<String, String>,
+    /// Its capacity preference (issue 33): `on-demand` (the default, left out of
+    /// serialisations so that data written before it existed reads the same), `spot` or
+    /// `prefer-spot`.
+    #[serde(default, skip_serializing_if = "crate::model::CapacityPreference::is_default")]
+    pub capacity: crate::model::CapacityPreference,
 }
 
 /// What a machine asks of the allocator.
@@ -610,6 +615,9 @@ pub struct CloudInstance {
     /// the machine's constraints chose one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_type: Option<String>,
+    /// The capacity it runs on, when the cloud says (issue 33): `spot` or `on-demand`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_type: Option<crate::model::CapacityType>,
 }
 
 #[cfg(test)]

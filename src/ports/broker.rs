@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use futures::future::BoxFuture;
 use thiserror::Error;
 
-use crate::model::{CloudInstance, Constraints, InstanceId, InstanceTags, MachineId, VolumeParams};
+use crate::model::{
+    CapacityType, CloudInstance, Constraints, InstanceId, InstanceTags, MachineId, UsdPerHour, VolumeParams,
+};
 
 /// A boxed broker call.
 pub type BrokerFuture<T> = BoxFuture<'static, Result<T, BrokerError>>;
@@ -81,6 +83,12 @@ impl BrokerError {
     /// A transient failure.
     pub fn transient(message: impl Into<String>) -> Self {
         Self::Transient { message: message.into() }
+    }
+    /// The zone-independent refusal of a spot call by a broker that does not start spot
+    /// instances (issue 33): `prefer-spot` machines go on to on-demand at once; a `spot`
+    /// machine's start fails saying so.
+    pub fn no_spot() -> Self {
+        Self::zone_independent("this cloud's broker does not start spot instances yet")
     }
     /// A zone that did not answer (ambiguous).
     pub fn zone_unreachable(message: impl Into<String>) -> Self {
@@ -191,6 +199,16 @@ pub struct StartInstanceParams {
     pub client_token: String,
     /// The other machines of its distribution group.
     pub distribution_group: Vec<MachineId>,
+    /// The capacity type this call asks for (issue 33): on-demand (the default, left out of
+    /// serialisations, so that intents written before it existed read the same) or spot. A
+    /// broker that cannot start spot instances refuses a spot call with a zone-independent
+    /// failure that says so ([`BrokerError::no_spot`]).
+    #[serde(default, skip_serializing_if = "crate::model::CapacityType::is_on_demand")]
+    pub capacity: CapacityType,
+    /// The most a spot call pays (`ProvisionerConfig::spot_max_price`): a spot price above it
+    /// counts as no spot capacity. `None`: no cap (the cloud's own, on-demand price).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spot_max_price: Option<UsdPerHour>,
 }
 
 /// What a successful start returns.
@@ -238,6 +256,10 @@ pub struct BatchStartParams {
     /// The machines, in launch order: the launch index of an instance is its member's
     /// position.
     pub members: Vec<BatchMember>,
+    /// The capacity type the call asks for, shared (see [`StartInstanceParams::capacity`]).
+    pub capacity: CapacityType,
+    /// The spot price cap, shared (see [`StartInstanceParams::spot_max_price`]).
+    pub spot_max_price: Option<UsdPerHour>,
 }
 
 impl BatchStartParams {
@@ -256,6 +278,8 @@ impl BatchStartParams {
             extra_tags: self.extra_tags.clone(),
             client_token: format!("{}#{index}", self.client_token),
             distribution_group: m.distribution_group.clone(),
+            capacity: self.capacity,
+            spot_max_price: self.spot_max_price,
         })
     }
 }

@@ -39,6 +39,9 @@ pub struct ProvisionedInstance {
     /// The instance status to record with it (the instance's state, e.g. `running`), clearing
     /// any "provisioning"/retry message.
     pub status: InstanceStatus,
+    /// The capacity the instance runs on, when the cloud says (issue 33): recorded with the
+    /// machine, so that `machine show` tells what it got.
+    pub capacity_type: Option<crate::model::CapacityType>,
 }
 
 /// The model of machines the provisioner keeps the cloud in line with.

@@ -206,6 +206,23 @@ fn check_types(s: &Scenario, cloud: &CloudSnapshot, specs: &BTreeMap<String, Mac
     }
 }
 
+/// Capacity types (issue 33): no `spot` machine gets an instance on on-demand capacity, and no
+/// `on-demand` machine one on spot (`prefer-spot` may have either). Judged on every instance a
+/// start of ours made (a lost answer's included), by the capacity the cloud says it runs on.
+fn check_capacity(cloud: &CloudSnapshot, specs: &BTreeMap<String, MachineSpec>, v: &mut Vec<String>) {
+    let mut seen = BTreeSet::new();
+    for call in cloud.calls.iter().filter(|c| c.op == CloudOp::StartInstance) {
+        let Some(m) = &call.machine else { continue };
+        let Some(spec) = specs.get(m.as_str()) else { continue };
+        for id in &call.instances {
+            let Some(got) = cloud.instances.get(id).and_then(|i| i.instance.capacity_type) else { continue };
+            if !spec.capacity.allows(Some(got)) && seen.insert(id.clone()) {
+                v.push(format!("machine {m} ({}) got instance {id} on {got} capacity", spec.capacity));
+            }
+        }
+    }
+}
+
 /// Every broken invariant, as sentences naming the machine or instance.
 pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: &ModeTimeline) -> Vec<String> {
     let mut v: Vec<String> = Vec::new();
@@ -272,6 +289,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
 
     check_cloud(s, cloud, &mut v);
     check_types(s, cloud, &specs, &mut v);
+    check_capacity(cloud, &specs, &mut v);
 
     // 1. Never two live instances for one machine (checked at every creation, and at the end).
     v.extend(cloud.duplicates.iter().cloned());
@@ -724,8 +742,15 @@ mod tests {
 
     fn instance(id: &str, machine: &str, state: InstanceState) -> (InstanceId, FakeInstance) {
         let tags = InstanceTags { model: Some("m".into()), machine: Some(MachineId::new(machine)), start: None };
-        let instance =
-            CloudInstance { id: InstanceId::new(id), state, zone: None, tags, age: None, instance_type: None };
+        let instance = CloudInstance {
+            id: InstanceId::new(id),
+            state,
+            zone: None,
+            tags,
+            age: None,
+            instance_type: None,
+            capacity_type: None,
+        };
         (InstanceId::new(id), FakeInstance { instance, foreign: false, born: (Duration::ZERO, Duration::ZERO) })
     }
 

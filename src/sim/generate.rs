@@ -187,6 +187,7 @@ pub fn generate(seed: u64) -> Scenario {
             // The call makes the instance and loses its answer (a lost response).
             lost_response: rng.random_bool(0.25),
             partial: None,
+            spot_capacity: false,
         });
     }
     let mut derived_zones = Vec::new();
@@ -330,6 +331,7 @@ pub fn generate(seed: u64) -> Scenario {
             capacity_memory: Dur(Duration::from_secs(rng.random_range(0..=300))),
             batch_starts: false,
             batch_size: crate::config::DEFAULT_BATCH_SIZE,
+            spot_max_price: None,
         },
         model: ModelSpec {
             write_latency: Dur(if rng.random_bool(0.3) { ms(&mut rng, 5_000) } else { Duration::ZERO }),
@@ -346,6 +348,7 @@ pub fn generate(seed: u64) -> Scenario {
             init_faults,
             instance_type: None,
             subnets: Default::default(),
+            spot_price: None,
         },
         machines,
         events,
@@ -353,6 +356,7 @@ pub fn generate(seed: u64) -> Scenario {
     add_lifecycle_races(&mut scenario, seed);
     add_deaths_as_starts_land(&mut scenario, seed);
     draw_batching(&mut scenario, seed);
+    draw_capacity(&mut scenario, seed);
     scenario
 }
 
@@ -396,6 +400,41 @@ fn draw_batching(s: &mut Scenario, seed: u64) {
     if rng.random_bool(0.5) {
         s.provisioner.batch_starts = true;
         s.provisioner.batch_size = *pick(&mut rng, &[1, 2, 2, 3, 3, 4, 8, crate::config::DEFAULT_BATCH_SIZE]);
+    }
+}
+
+/// Capacity preferences and wants of spot capacity (issue 33), for a third of the seeds, drawn
+/// from their own RNG so that the rest of a seed's scenario stays what it was: some top-level
+/// machines are `spot` or `prefer-spot`, some spot starts find no spot capacity (in one zone
+/// or everywhere), and sometimes a spot price above the maximum refuses every spot start.
+fn draw_capacity(s: &mut Scenario, seed: u64) {
+    use crate::model::{CapacityPreference, UsdPerHour};
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x7370_6f74_7370_6f74);
+    if !rng.random_bool(0.33) {
+        return;
+    }
+    let prefs = [CapacityPreference::OnDemand, CapacityPreference::Spot, CapacityPreference::PreferSpot];
+    for m in s.machines.iter_mut().filter(|m| !m.id.contains('/') && !m.manual) {
+        m.capacity = *pick(&mut rng, &prefs);
+    }
+    for _ in 0..rng.random_range(0..=3u32) {
+        let zone = (!s.cloud.zones.is_empty() && rng.random_bool(0.5)).then(|| pick(&mut rng, &s.cloud.zones).clone());
+        s.cloud.faults.push(FaultSpec {
+            machine: String::new(),
+            instance_type: None,
+            times: rng.random_range(1..=6),
+            zone,
+            zone_independent: false,
+            message: crate::testing::NO_SPOT_CAPACITY.into(),
+            lost_response: false,
+            partial: None,
+            spot_capacity: true,
+        });
+    }
+    if rng.random_bool(0.2) {
+        // Every spot start is priced above the maximum: no spot capacity anywhere.
+        s.cloud.spot_price = UsdPerHour::new(0.05);
+        s.provisioner.spot_max_price = UsdPerHour::new(0.01);
     }
 }
 

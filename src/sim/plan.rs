@@ -137,6 +137,7 @@ impl<'a> PlanWorld<'a> {
                     },
                     age: Some(i.age()),
                     instance_type: None,
+                    capacity_type: None,
                 })
                 .collect(),
         );

@@ -84,6 +84,10 @@ pub struct CallReport {
     /// absent for a single-machine call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch: Option<String>,
+    /// Addition (issue 33): `"spot"` for a start that asked for spot capacity (absent for
+    /// on-demand).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<crate::model::CapacityType>,
 }
 
 /// One machine's final state.
@@ -103,6 +107,13 @@ pub struct MachineReport {
     pub instance_status: String,
     /// Status message.
     pub message: String,
+    /// Addition (issue 33): its capacity preference (absent when `on-demand`).
+    #[serde(skip_serializing_if = "crate::model::CapacityPreference::is_default")]
+    pub capacity: crate::model::CapacityPreference,
+    /// Addition (issue 33): the capacity its instance runs on, `spot` or `on-demand`: shown
+    /// for a machine that asked for spot (`spot`, `prefer-spot`) and for any on spot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_type: Option<crate::model::CapacityType>,
 }
 
 /// One instance's final state.
@@ -119,6 +130,9 @@ pub struct InstanceReport {
     /// Addition: its instance type (when one was chosen).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instance_type: Option<String>,
+    /// Addition (issue 33): `"spot"` for a spot instance (absent for on-demand).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_type: Option<crate::model::CapacityType>,
 }
 
 /// `model`.

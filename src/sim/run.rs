@@ -59,6 +59,7 @@ fn fake_machine(spec: &MachineSpec) -> FakeMachine {
     let mut f = FakeMachine::new(spec.to_machine());
     f.info.constraints = spec.constraints();
     f.info.placement = spec.placement.clone();
+    f.info.capacity = spec.capacity;
     f.group = if spec.distribution_group_error.is_empty() {
         Ok(spec.distribution_group.clone().unwrap_or_default().into_iter().map(MachineId::from).collect())
     } else {
@@ -258,7 +259,17 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         cloud.launch_aged(&i.id, i.zone.as_deref(), i.machine.as_deref(), i.state.into(), i.foreign, i.age());
     }
     cloud.set_default_instance_type(s.cloud.instance_type.as_deref());
-    for f in s.cloud.faults.iter().filter(|f| f.instance_type.is_some()) {
+    cloud.set_spot_price(s.cloud.spot_price);
+    for f in s.cloud.faults.iter().filter(|f| f.spot_capacity) {
+        cloud.add_spot_fault(crate::testing::SpotFault {
+            zone: f.zone.clone(),
+            instance_type: f.instance_type.clone(),
+            machine: (!f.machine.is_empty()).then(|| f.machine.as_str().into()),
+            times: f.times,
+            message: (f.message != super::scenario::default_fault_message()).then(|| f.message.clone()),
+        });
+    }
+    for f in s.cloud.faults.iter().filter(|f| !f.spot_capacity && f.instance_type.is_some()) {
         cloud.add_type_fault(crate::testing::TypeFault {
             instance_type: f.instance_type.clone().unwrap_or_default(),
             zone: f.zone.clone(),
@@ -267,7 +278,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
             message: f.message.clone(),
         });
     }
-    for f in s.cloud.faults.iter().filter(|f| f.instance_type.is_none() && f.partial.is_some()) {
+    for f in s.cloud.faults.iter().filter(|f| !f.spot_capacity && f.instance_type.is_none() && f.partial.is_some()) {
         cloud.add_partial_launch(crate::testing::PartialLaunch {
             zone: f.zone.clone(),
             machine: (!f.machine.is_empty()).then(|| f.machine.as_str().into()),
@@ -276,7 +287,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
             message: f.message.clone(),
         });
     }
-    for f in s.cloud.faults.iter().filter(|f| f.instance_type.is_none() && f.partial.is_none()) {
+    for f in s.cloud.faults.iter().filter(|f| !f.spot_capacity && f.instance_type.is_none() && f.partial.is_none()) {
         cloud.add_fault(Fault {
             machine: f.machine.as_str().into(),
             times: f.times,
@@ -322,6 +333,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         seed,
         reuse: s.provisioner.reuse,
         reuse_window: s.provisioner.reuse_window.0,
+        spot_max_price: s.provisioner.spot_max_price,
         rate_limits: match &s.provisioner.rate_limit {
             Some(r) => r.limits(crate::config::rate_limits::RateLimits::ec2()),
             None => crate::config::rate_limits::RateLimits::ec2(),
@@ -420,6 +432,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
                     instance_type: c.instance_type.clone(),
                     failed_types: c.failed_types.clone(),
                     batch: c.batch.clone(),
+                    capacity: c.params.as_ref().map(|p| p.capacity).filter(|c| !c.is_on_demand()),
                 }
             })
             .collect(),
@@ -432,6 +445,10 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
                     let inst = m.machine.instance.as_ref()?;
                     cloud.instances.get(inst).and_then(|i| i.instance.zone.clone())
                 });
+                // What the machine got, shown for a machine that asked for spot or got it.
+                let got = m.machine.instance.as_ref().and_then(|i| cloud.instances.get(i)?.instance.capacity_type);
+                let capacity_type =
+                    got.filter(|t| !m.info.capacity.is_default() || *t == crate::model::CapacityType::Spot);
                 let message = if m.instance_status_message.is_empty() {
                     m.status_message.clone()
                 } else {
@@ -447,6 +464,8 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
                         status: m.machine.status.to_string(),
                         instance_status: m.machine.instance_status.to_string(),
                         message,
+                        capacity: m.info.capacity,
+                        capacity_type,
                     },
                 )
             })
@@ -463,6 +482,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
                         machine: i.instance.tags.machine.as_ref().map(ToString::to_string),
                         foreign: i.foreign,
                         instance_type: i.instance.instance_type.clone(),
+                        capacity_type: i.instance.capacity_type.filter(|t| *t == crate::model::CapacityType::Spot),
                     },
                 )
             })

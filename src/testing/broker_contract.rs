@@ -376,6 +376,8 @@ impl<'a> BrokerContract<'a> {
             extra_tags: Default::default(),
             client_token: format!("{machine}/{nonce}/0"),
             distribution_group: Vec::new(),
+            capacity: Default::default(),
+            spot_max_price: None,
         };
         Start { machine: machine.clone(), nonce, params }
     }
@@ -724,6 +726,8 @@ impl Check<'_, '_> {
                     distribution_group: Vec::new(),
                 })
                 .collect(),
+            capacity: Default::default(),
+            spot_max_price: None,
         };
         let answer = self.call("start_instances", self.suite.ours.start_instances(params.clone()).await)?;
         let made = self.launched(&starts, &answer)?;

@@ -11,7 +11,7 @@ use super::compact::{token_moved, FakeInstance, Names, Stored, Tokens};
 use crate::actors::limiter::{RateLimits, TokenBucket};
 
 use crate::model::instance_types::{self, has_hardware_constraint, InstanceType, TypeFailover};
-use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId, MultiMap};
+use crate::model::{CapacityType, CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId, MultiMap};
 use crate::ports::{
     repeated_start, token_key, AvailabilityZone, BatchStartParams, BatchStarted, Broker, BrokerError, BrokerFuture,
     StartInstanceParams, StartedInstance,
@@ -139,6 +139,33 @@ pub struct TypeFault {
     /// The error text.
     pub message: String,
 }
+
+/// A scripted want of spot capacity (issue 33): the first `times` spot starts that match (into
+/// `zone`, of `instance_type`, for `machine`, each when given) are refused there as EC2 refuses
+/// a spot request without capacity: a zone-specific failure (of that type alone, when the
+/// fault names one: the per-type fail-over then tries the next type in the zone). On-demand
+/// starts never match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpotFault {
+    /// Only spot starts into this zone match (and count).
+    pub zone: Option<String>,
+    /// Only spot tries of this instance type match.
+    pub instance_type: Option<String>,
+    /// Only this machine's spot starts match.
+    pub machine: Option<MachineId>,
+    /// How many matching spot starts are refused.
+    pub times: u32,
+    /// The error text; `None`: [`NO_SPOT_CAPACITY`].
+    pub message: Option<String>,
+}
+
+/// What the fake cloud answers a spot start without spot capacity, by default (EC2's text).
+pub const NO_SPOT_CAPACITY: &str =
+    "InsufficientInstanceCapacity: There is no Spot capacity available that matches your request.";
+
+/// The spot price of a type, as a share of its on-demand price, unless the cloud is given a
+/// spot price of its own ([`FakeCloud::set_spot_price`]).
+pub const SPOT_PRICE_RATIO: f64 = 0.3;
 
 /// A scripted partial launch (EC2 under capacity pressure launches fewer instances than a call
 /// asks for): the first `times` start calls into `zone` (any, when `None`) that carry
@@ -268,6 +295,14 @@ struct CloudActor {
     type_faults: Vec<TypeFault>,
     /// The per-type capacity fail-over (order and memory), as the EC2 broker keeps it.
     failover: TypeFailover,
+    /// The same for spot tries: a type out of spot capacity in a zone is remembered apart
+    /// from its on-demand capacity there.
+    spot_failover: TypeFailover,
+    /// Scripted wants of spot capacity.
+    spot_faults: Vec<SpotFault>,
+    /// The spot price of every start; `None`: [`SPOT_PRICE_RATIO`] of its type's on-demand
+    /// price (unknown for a start without a type: never above a maximum).
+    spot_price: Option<crate::model::UsdPerHour>,
 }
 
 impl Actor for CloudActor {
@@ -477,6 +512,9 @@ impl CloudActor {
     /// (zone-specific, the last type's message).
     fn choose_type(&mut self, idx: usize, p: &StartInstanceParams) -> Result<Option<String>, BrokerError> {
         if !has_hardware_constraint(&p.constraints) && self.default_type.is_none() {
+            if let Some(message) = self.spot_refusal(p, None) {
+                return Err(BrokerError::zone_specific(message));
+            }
             return Ok(None);
         }
         let mut candidates = instance_types::choose(&p.constraints, &self.catalogue, self.default_type.as_deref())
@@ -484,7 +522,9 @@ impl CloudActor {
         candidates.truncate(instance_types::DEFAULT_TYPES_PER_ZONE);
         let now = self.epoch.elapsed();
         let zone = p.zone.as_deref();
-        let order = self.failover.order(now, zone, &p.client_token, &candidates);
+        let spot = p.capacity == CapacityType::Spot;
+        let failover = if spot { &mut self.spot_failover } else { &mut self.failover };
+        let order = failover.order(now, zone, &p.client_token, &candidates);
         let mut failed = Vec::new();
         let mut last = None;
         for attempt in order {
@@ -495,15 +535,22 @@ impl CloudActor {
                     && f.zone.as_deref().is_none_or(|z| Some(z) == zone)
                     && f.machine.as_ref().is_none_or(|m| *m == p.machine)
             });
-            match fault {
+            let refused = match fault {
                 Some(f) => {
                     f.times -= 1;
-                    last = Some(f.message.clone());
-                    self.failover.capacity_failed(now, &t, zone);
+                    Some(f.message.clone())
+                }
+                None => self.spot_refusal(p, Some(&t)),
+            };
+            let failover = if spot { &mut self.spot_failover } else { &mut self.failover };
+            match refused {
+                Some(message) => {
+                    last = Some(message);
+                    failover.capacity_failed(now, &t, zone);
                     failed.push(t);
                 }
                 None => {
-                    self.failover.settled(&p.client_token);
+                    failover.settled(&p.client_token);
                     if let Some(c) = self.calls.get_mut(idx) {
                         c.instance_type = Some(t.clone());
                         c.failed_types = failed;
@@ -516,6 +563,35 @@ impl CloudActor {
             c.failed_types = failed;
         }
         Err(BrokerError::zone_specific(last.unwrap_or_else(|| "no instance type".into())))
+    }
+
+    /// Why a spot start of type `t` (`None`: no type) is refused in its zone, if it is: a
+    /// matching [`SpotFault`] (used up), or a spot price above the call's maximum. `None` for
+    /// an on-demand start.
+    fn spot_refusal(&mut self, p: &StartInstanceParams, t: Option<&str>) -> Option<String> {
+        if p.capacity != CapacityType::Spot {
+            return None;
+        }
+        let zone = p.zone.as_deref();
+        if let Some(f) = self.spot_faults.iter_mut().find(|f| {
+            f.times > 0
+                && f.zone.as_deref().is_none_or(|z| Some(z) == zone)
+                && f.instance_type.as_deref().is_none_or(|x| Some(x) == t)
+                && f.machine.as_ref().is_none_or(|m| *m == p.machine)
+        }) {
+            f.times -= 1;
+            return Some(f.message.clone().unwrap_or_else(|| NO_SPOT_CAPACITY.to_owned()));
+        }
+        let max = p.spot_max_price?;
+        let price = self.spot_price.map(crate::model::UsdPerHour::dollars).or_else(|| {
+            let on_demand = self.catalogue.iter().find(|c| Some(c.name.as_str()) == t)?.price_per_hour?;
+            Some(on_demand * SPOT_PRICE_RATIO)
+        })?;
+        let price = crate::model::UsdPerHour::new(price)?;
+        (price > max).then(|| {
+            let what = t.map_or_else(String::new, |t| format!(" of {t}"));
+            format!("SpotMaxPriceTooLow: the spot price{what} ({price}) is above the maximum ({max})")
+        })
     }
 
     /// Uses up a matching `lost_response` fault, if any, for a call that repeats a known token.
@@ -548,7 +624,8 @@ impl CloudActor {
     ) -> InstanceId {
         let now = self.epoch.elapsed();
         self.last_activity = now;
-        let stored = Stored::pending(&p.tags, p.zone.as_deref(), instance_type.as_deref(), now, &mut self.names);
+        let mut stored = Stored::pending(&p.tags, p.zone.as_deref(), instance_type.as_deref(), now, &mut self.names);
+        stored.set_capacity(Some(p.capacity));
         let (all_tokens, names) = (&mut self.tokens, &self.names);
         let id = insert_fresh(&mut self.instances, &mut self.next_id, stored, |id, stored| {
             if let Some((model, client_token)) = token {
@@ -901,6 +978,7 @@ impl CloudActor {
                 tags: InstanceTags::default(),
                 age: None,
                 instance_type: None,
+                capacity_type: None,
             },
         };
         StartedInstance { display_name: String::new(), instance }
@@ -1079,6 +1157,9 @@ impl FakeCloud {
             default_type: None,
             type_faults: Vec::new(),
             failover: TypeFailover::new(instance_types::DEFAULT_CAPACITY_MEMORY),
+            spot_failover: TypeFailover::new(instance_types::DEFAULT_CAPACITY_MEMORY),
+            spot_faults: Vec::new(),
+            spot_price: None,
         };
         Self { addr: actor.start(), model_uuid: model_uuid.to_owned(), zoned }
     }
@@ -1129,6 +1210,17 @@ impl FakeCloud {
     /// Adds a scripted partial launch.
     pub fn add_partial_launch(&self, partial: PartialLaunch) {
         self.control(move |c| c.partials.push(partial));
+    }
+
+    /// Adds a scripted want of spot capacity.
+    pub fn add_spot_fault(&self, fault: SpotFault) {
+        self.control(move |c| c.spot_faults.push(fault));
+    }
+
+    /// Sets the spot price of every start (`None`, the default: [`SPOT_PRICE_RATIO`] of its
+    /// type's on-demand price).
+    pub fn set_spot_price(&self, price: Option<crate::model::UsdPerHour>) {
+        self.control(move |c| c.spot_price = price);
     }
 
     /// Adds a scripted capacity failure of one instance type.
@@ -1194,6 +1286,7 @@ impl FakeCloud {
             tags: InstanceTags { model: Some(model), machine: machine.map(MachineId::new), start: None },
             age: None,
             instance_type: None,
+            capacity_type: None,
         };
         self.control(move |c| {
             let born = (c.epoch.elapsed(), age);

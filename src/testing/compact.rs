@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use rustc_hash::{FxBuildHasher, FxHasher};
 
-use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
+use crate::model::{CapacityType, CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId};
 
 /// An instance in the fake cloud.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,15 +197,23 @@ pub(super) struct Stored {
     call: u16,
     /// Its state.
     pub(super) state: InstanceState,
-    /// Belongs to another model or controller.
-    pub(super) foreign: bool,
+    /// Belongs to another model or controller ([`FOREIGN`]), and the capacity it runs on
+    /// when known ([`ON_DEMAND`], [`SPOT`]; issue 33), in one byte: the struct stays 80 bytes.
+    bits: u8,
 }
+
+/// [`Stored::bits`]: another model's or controller's.
+const FOREIGN: u8 = 1;
+/// [`Stored::bits`]: on on-demand capacity.
+const ON_DEMAND: u8 = 2;
+/// [`Stored::bits`]: on spot capacity.
+const SPOT: u8 = 4;
 
 impl Stored {
     /// `f` kept compactly, with its id.
     pub(super) fn new(f: FakeInstance, names: &mut Names) -> (InstanceId, Self) {
         let FakeInstance { instance, foreign, born: (born_at, age_then) } = f;
-        let CloudInstance { id, state, zone, tags, age, instance_type } = instance;
+        let CloudInstance { id, state, zone, tags, age, instance_type, capacity_type } = instance;
         let rare = (age_then != Duration::ZERO || age.is_some()).then(|| Box::new(Rare { age_then, age }));
         let stored = Self {
             machine: tags.machine,
@@ -217,8 +225,10 @@ impl Stored {
             instance_type: names.intern_opt(instance_type.as_deref()),
             call: NO_CALL,
             state,
-            foreign,
+            bits: if foreign { FOREIGN } else { 0 },
         };
+        let mut stored = stored;
+        stored.set_capacity(capacity_type);
         (id, stored)
     }
 
@@ -241,8 +251,32 @@ impl Stored {
             instance_type: names.intern_opt(instance_type),
             call: NO_CALL,
             state: InstanceState::Pending,
-            foreign: false,
+            bits: 0,
         }
+    }
+
+    /// Whether it belongs to another model or controller.
+    pub(super) fn foreign(&self) -> bool {
+        self.bits & FOREIGN != 0
+    }
+
+    /// The capacity it runs on, when known.
+    pub(super) fn capacity(&self) -> Option<CapacityType> {
+        match self.bits & (ON_DEMAND | SPOT) {
+            ON_DEMAND => Some(CapacityType::OnDemand),
+            SPOT => Some(CapacityType::Spot),
+            _ => None,
+        }
+    }
+
+    /// Records the capacity it runs on.
+    pub(super) fn set_capacity(&mut self, capacity: Option<CapacityType>) {
+        let bits = match capacity {
+            None => 0,
+            Some(CapacityType::OnDemand) => ON_DEMAND,
+            Some(CapacityType::Spot) => SPOT,
+        };
+        self.bits = (self.bits & FOREIGN) | bits;
     }
 
     /// The machine tagged on it.
@@ -253,7 +287,7 @@ impl Stored {
     /// Whether it carries the identity of the model named `model` (and was not launched as
     /// foreign).
     pub(super) fn ours(&self, model: Option<Name>) -> bool {
-        !self.foreign && model.is_some_and(|m| m == self.model)
+        !self.foreign() && model.is_some_and(|m| m == self.model)
     }
 
     /// Whether `token` is the client token `MACHINE/NONCE/CALL` of this instance's machine and
@@ -301,6 +335,7 @@ impl Stored {
             },
             age: self.rare.as_ref().and_then(|r| r.age),
             instance_type: text(self.instance_type),
+            capacity_type: self.capacity(),
         }
     }
 
@@ -309,7 +344,7 @@ impl Stored {
         let age_then = self.rare.as_ref().map_or(Duration::ZERO, |r| r.age_then);
         FakeInstance {
             instance: self.instance(id, names),
-            foreign: self.foreign,
+            foreign: self.foreign(),
             born: (Duration::from_nanos(self.born_at), age_then),
         }
     }
@@ -407,6 +442,7 @@ mod tests {
                 },
                 age,
                 instance_type: Some("m5.large".into()),
+                capacity_type: None,
             },
             foreign: false,
             born: (Duration::from_nanos(1_234_567_891), age_then),
@@ -437,6 +473,11 @@ mod tests {
                 assert_eq!(pending.fake(&id, &names), want);
             }
         }
+        let mut spot = fake(None, Duration::ZERO, None);
+        spot.foreign = true;
+        spot.instance.capacity_type = Some(crate::model::CapacityType::Spot);
+        let (id, stored) = Stored::new(spot.clone(), &mut names);
+        assert_eq!(stored.fake(&id, &names), spot);
         let mut bare = fake(None, Duration::ZERO, None);
         bare.instance.zone = None;
         bare.instance.tags = InstanceTags::default();

@@ -54,7 +54,10 @@ impl PausedSystem {
     }
 }
 
-pub use cloud::{CallRecord, CloudOp, CloudSnapshot, FakeBroker, FakeCloud, Fault, PartialLaunch, TypeFault};
+pub use cloud::{
+    CallRecord, CloudOp, CloudSnapshot, FakeBroker, FakeCloud, Fault, PartialLaunch, SpotFault, TypeFault,
+    NO_SPOT_CAPACITY, SPOT_PRICE_RATIO,
+};
 pub use compact::FakeInstance;
 pub use initialiser::FakeInitialiser;
 pub use model::{FakeMachine, FakeModel, FakeModelApi, ModelOp, ModelSnapshot};

@@ -8,6 +8,7 @@ mod idle;
 mod resilience;
 mod safety;
 mod seeds;
+mod spot;
 mod starting;
 mod support;
 mod unreachable;

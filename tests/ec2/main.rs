@@ -504,6 +504,8 @@ async fn a_subnet_placement_derives_its_zone_and_launches_into_the_subnet() {
             extra_tags: Default::default(),
             client_token: "t".into(),
             distribution_group: Vec::new(),
+            capacity: Default::default(),
+            spot_max_price: None,
         },
     )
     .await
@@ -568,6 +570,8 @@ fn batch(
         extra_tags: [("owner".to_owned(), "alice".to_owned())].into(),
         client_token: format!("{}/{}/0+{}", first.machine, first.nonce, members.len()),
         members,
+        capacity: Default::default(),
+        spot_max_price: None,
     }
 }
 

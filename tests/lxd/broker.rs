@@ -75,6 +75,8 @@ fn params(machine: &str, zone: Option<&str>, token: &str, model: &str) -> provis
         extra_tags: Default::default(),
         client_token: token.to_owned(),
         distribution_group: Vec::new(),
+        capacity: Default::default(),
+        spot_max_price: None,
     }
 }
 

@@ -346,3 +346,49 @@ fn machine_show_counts_start_attempts_and_the_last_error() {
     assert!(text.contains("start-attempts:  3"), "{text}");
     assert!(text.lines().any(|l| l.starts_with("last-error:") && l.contains("x9.nonesuch")), "{text}");
 }
+
+/// Capacity preferences (issue 33): `machine add --capacity` and `application add --capacity`
+/// (its units inherit it) are kept, and `machine show` (and `GET /v1/machines/{id}`, and the
+/// list) shows each machine's preference with what it got: the simulated cloud has spot
+/// capacity, so `spot` and `prefer-spot` machines run on spot, others on on-demand. A
+/// preference that is none of the three is refused naming the field, nothing written.
+#[test]
+fn capacity_preferences_are_kept_and_machine_show_tells_what_each_got() {
+    let dir = temp_dir("model-capacity");
+    let s = Server::start(&dir, &["--sim-start-latency", "20ms"]);
+    s.json(&["machine", "add", "--wait", "--json"]);
+    s.json(&["machine", "add", "--capacity", "spot", "--wait", "--json"]);
+    let web = s.json(&["application", "add", "web", "--units", "2", "--capacity", "prefer-spot", "--json"]);
+    assert_eq!(ids_of(&web), ["2", "3"]);
+    eventually(Duration::from_secs(10), "the machines to start", || {
+        settled(&s, &["0".into(), "1".into(), "2".into(), "3".into()])
+    });
+    let show = |id: &str| s.json(&["machine", "show", id, "--json"]);
+    for (id, capacity, got) in [("0", "on-demand", "on-demand"), ("1", "spot", "spot"), ("3", "prefer-spot", "spot")] {
+        let m = show(id);
+        assert_eq!(
+            (field(&m, "status"), field(&m, "capacity"), field(&m, "capacity_type")),
+            ("started", capacity, got)
+        );
+        assert_api_shows(&s, id, &m);
+    }
+    let listed = s.machines();
+    assert_eq!(fields(&Value::Array(listed), "capacity"), ["on-demand", "spot", "prefer-spot", "prefer-spot"]);
+    let apps = s.json(&["application", "list", "--json"]);
+    assert_eq!(field(&apps[0], "capacity"), "prefer-spot", "{apps}");
+    let out = s.cli(&["machine", "show", "1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().any(|l| l.starts_with("capacity:") && l.ends_with(" spot")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("capacity-type:") && l.ends_with(" spot")), "{text}");
+
+    // Refused, naming the field: by the client (exit 2) and by the API (400).
+    let err = refused(&s, &["machine", "add", "--capacity", "cheap"], 2);
+    assert!(err.contains("--capacity") && err.contains("prefer-spot"), "{err}");
+    let (code, _, text) = raw_http(&s, "POST", "/v1/machines", true, Some(br#"{"count": 1, "capacity": "cheap"}"#));
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("capacity: invalid capacity \\\"cheap\\\""), "{text}");
+    let body = br#"{"name": "db", "units": 1, "capacity": "sometimes"}"#;
+    let (code, _, text) = raw_http(&s, "POST", "/v1/applications", true, Some(body));
+    assert_eq!(code, 400, "{text}");
+    assert_eq!(s.machines().len(), 4, "nothing written");
+}

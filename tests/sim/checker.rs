@@ -49,7 +49,15 @@ fn ours(id: &str, machine: Option<&str>, state: InstanceState) -> (InstanceId, F
         machine: machine.map(provisioner::MachineId::new),
         start: None,
     };
-    let instance = CloudInstance { id: InstanceId::new(id), state, zone: None, tags, age: None, instance_type: None };
+    let instance = CloudInstance {
+        id: InstanceId::new(id),
+        state,
+        zone: None,
+        tags,
+        age: None,
+        instance_type: None,
+        capacity_type: None,
+    };
     (InstanceId::new(id), FakeInstance { instance, foreign: false, born: (Duration::ZERO, Duration::ZERO) })
 }
 
@@ -224,4 +232,46 @@ fn destroy_model_leaves_nothing_running_and_names_manual_machines() {
     model.errors.push("manually provisioned machines must first be destroyed: 1".into());
     model.refused_destroys.push(vec![provisioner::MachineId::new("1")]);
     assert!(check(&s, &cloud, &model, &modes).is_empty());
+}
+
+/// Capacity types (issue 33): a `spot` machine on on-demand capacity, or an `on-demand`
+/// machine on spot, is a violation; a `prefer-spot` machine may have either.
+#[test]
+fn the_checker_flags_an_instance_on_capacity_its_machine_does_not_allow() {
+    use provisioner::model::CapacityType;
+    let text = r#"
+[[machines]]
+id = "0"
+capacity = "spot"
+[[machines]]
+id = "1"
+[[machines]]
+id = "2"
+capacity = "prefer-spot"
+"#;
+    let s = Scenario::parse(text, Format::Toml, "t.toml").unwrap();
+    let model = ModelSnapshot::default();
+    let modes = ModeTimeline::new(HarvestMode::Destroyed);
+    let on = |id: &str, machine: &str, t: CapacityType| {
+        let (id, mut f) = ours(id, Some(machine), InstanceState::Running);
+        f.instance.capacity_type = Some(t);
+        (id, f)
+    };
+    let run = |instances: Vec<(InstanceId, FakeInstance)>| {
+        let mut cloud = CloudSnapshot::of(instances.clone());
+        for (n, (id, f)) in instances.iter().enumerate() {
+            let machine = f.instance.tags.machine.as_ref().unwrap().to_string();
+            cloud.calls.push(start_call(n as u64, &machine, None, id.as_str()));
+        }
+        check(&s, &cloud, &model, &modes)
+    };
+    let v = run(vec![on("i-1", "0", CapacityType::OnDemand), on("i-2", "1", CapacityType::Spot)]);
+    assert!(v.iter().any(|m| m == "machine 0 (spot) got instance i-1 on on-demand capacity"), "{v:?}");
+    assert!(v.iter().any(|m| m == "machine 1 (on-demand) got instance i-2 on spot capacity"), "{v:?}");
+    let v = run(vec![
+        on("i-1", "0", CapacityType::Spot),
+        on("i-2", "1", CapacityType::OnDemand),
+        on("i-3", "2", CapacityType::OnDemand),
+    ]);
+    assert!(!v.iter().any(|m| m.contains("capacity")), "{v:?}");
 }

@@ -407,6 +407,7 @@ mod planner {
             tags: InstanceTags::default(),
             age: None,
             instance_type: None,
+            capacity_type: None,
         };
         r.adopt = vec![(mid("1"), inst.clone())];
         let mut w = world(r, Life::Alive);
@@ -633,6 +634,7 @@ mod followups {
             tags: InstanceTags::default(),
             age: None,
             instance_type: None,
+            capacity_type: None,
         };
         let outcome = JobOutcome::Started {
             machine: MachineId::new("1"),

@@ -607,7 +607,13 @@ impl MachineBook {
                         moved.push((before.cloned(), inst.tags.machine.clone(), id.clone()));
                     }
                     match &mut slot.view {
-                        Some(view) => **view = inst,
+                        // A listing that does not say what capacity the instance runs on keeps
+                        // what its start said (the service's simulated cloud lists none).
+                        Some(view) => {
+                            let known = view.capacity_type;
+                            **view = inst;
+                            view.capacity_type = view.capacity_type.or(known);
+                        }
                         None => slot.view = Some(Box::new(inst)),
                     }
                 }
@@ -972,10 +978,13 @@ impl MachineBook {
                     dead.tagged.push(inst.clone());
                 }
             }
-            // Clean enough to reuse: started by us with known constraints, running, no error.
+            // Clean enough to reuse: started by us with known constraints, running, no error,
+            // not on spot (only on-demand machines take parked instances over).
             dead.reusable =
                 m.instance.as_ref().and_then(|inst| {
-                    let view = self.view(inst).filter(|i| i.state == InstanceState::Running)?;
+                    let view = self.view(inst).filter(|i| {
+                        i.state == InstanceState::Running && i.capacity_type != Some(crate::model::CapacityType::Spot)
+                    })?;
                     let constraints = slot.started_with()?;
                     (m.status != MachineStatus::Error && !m.instance_status.is_error()).then(|| {
                         crate::model::Reusable { instance: inst.clone(), zone: view.zone.clone(), constraints }

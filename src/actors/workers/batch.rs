@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::{Constraints, VolumeParams};
+use crate::model::{CapacityType, Constraints, UsdPerHour, VolumeParams};
 use crate::ports::{BatchMember, BatchStartParams, BatchStarted, BrokerError, StartInstanceParams, StartedInstance};
 
 /// How many times a batch whose call failed ambiguously is replayed (same token, same
@@ -33,6 +33,9 @@ struct Shape {
     placement: Option<String>,
     volumes: Vec<VolumeParams>,
     extra_tags: BTreeMap<String, String>,
+    /// Spot and on-demand starts never share a call (issue 33).
+    capacity: CapacityType,
+    spot_max_price: Option<UsdPerHour>,
 }
 
 impl Shape {
@@ -43,6 +46,8 @@ impl Shape {
             placement: p.placement.clone(),
             volumes: p.volumes.clone(),
             extra_tags: p.extra_tags.clone(),
+            capacity: p.capacity,
+            spot_max_price: p.spot_max_price,
         }
     }
 }
@@ -147,6 +152,8 @@ impl<R> BatchBook<R> {
             volumes: open.shape.volumes,
             extra_tags: open.shape.extra_tags,
             client_token: format!("{}+{n}", first.client_token),
+            capacity: open.shape.capacity,
+            spot_max_price: open.shape.spot_max_price,
             members: members
                 .into_iter()
                 .map(|p| BatchMember {

@@ -23,7 +23,7 @@ use rand::SeedableRng;
 
 use super::messages::JoinBatch;
 use super::state::JobOutcome;
-use super::state::{repeats_in_place, Attempts, FailureKind, StartJob, Step, WorkerError};
+use super::state::{repeats_in_place, Attempts, CapacityPlan, CapacityStep, FailureKind, StartJob, Step, WorkerError};
 use crate::actors::lifecycle::StillWanted;
 use crate::actors::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation};
 use crate::config::{Backoff, RetryStrategy};
@@ -65,6 +65,9 @@ pub struct StartDeps {
     pub listing_max_age: std::time::Duration,
     /// Start retries.
     pub retry: RetryStrategy,
+    /// The most a spot call pays (`ProvisionerConfig::spot_max_price`), handed to the broker
+    /// with every spot call.
+    pub spot_max_price: Option<crate::model::UsdPerHour>,
     /// Backoff for throttling and failed stops.
     pub backoff: Backoff,
     /// Our model's uuid, tagged on every instance.
@@ -231,6 +234,7 @@ async fn register(
         nonce: nonce.to_owned(),
         display_name: name.clone(),
         status: InstanceStatus::from_static(instance.state.as_str()),
+        capacity_type: instance.capacity_type,
     };
     let mut attempt = 0;
     // Done with the cloud: what is left is the model's.
@@ -353,8 +357,9 @@ async fn start_or_adopt(
         } else {
             Vec::new()
         };
-        // Machine reuse (opt-in): take over a parked instance that fits.
-        if let Some(claim) = &deps.claim {
+        // Machine reuse (opt-in): take over a parked instance that fits (on-demand machines
+        // only: a parked instance's capacity type is not known).
+        if let Some(claim) = deps.claim.as_ref().filter(|_| job.info.capacity.is_default()) {
             let ask = crate::actors::harvest::ClaimReusable {
                 constraints: job.info.constraints.clone(),
                 derived: derived.clone(),
@@ -386,6 +391,7 @@ async fn start_or_adopt(
                             tags: params.tags.clone(),
                             age: None,
                             instance_type: None,
+                            capacity_type: None,
                         };
                         let started =
                             Started { constraints: Some(job.info.constraints.clone()), retired, reserved: false };
@@ -404,6 +410,7 @@ async fn start_or_adopt(
     let request = job.zone_request(derived);
 
     let mut attempts = Attempts::new(deps.retry.count);
+    let mut capacity = CapacityPlan::new(job.info.capacity);
     let mut call = 0u32;
     // The zone and client token (its call number) of a call whose failure was ambiguous (it
     // may have made the instance): the next call repeats it exactly, so the cloud returns what
@@ -429,7 +436,8 @@ async fn start_or_adopt(
                     Err(e) => return fail_retiring(deps, machine, e, retired, None).await,
                 }
             }
-            let zone = match deps.choose.send(ChooseZone { machine: machine.clone(), request: request.clone() }).await {
+            let ask = ChooseZone { machine: machine.clone(), request: capacity.request(&request) };
+            let zone = match deps.choose.send(ask).await {
                 Ok(Ok(zone)) => zone,
                 Ok(Err(e)) => return fail(deps, machine, WorkerError::NoZone(e)).await,
                 Err(source) => {
@@ -446,6 +454,8 @@ async fn start_or_adopt(
             let mut params = spare.take().unwrap_or_else(|| job.call_params(&deps.model_uuid, &nonce));
             params.client_token = client_token(&machine, &nonce, token);
             params.zone = zone.clone();
+            params.capacity = capacity.capacity();
+            params.spot_max_price = deps.spot_max_price.filter(|_| !params.capacity.is_on_demand());
             match &batch {
                 Some(join) => Either::Left(Box::pin(call_in_batch(join.clone(), params))),
                 None => Either::Right(deps.broker.start_instance(params).map(|result| {
@@ -465,7 +475,12 @@ async fn start_or_adopt(
         };
         let ambiguous = maybe_made;
         unsure |= ambiguous;
-        let mut step = attempts.on_failure(FailureKind::of(&err, zone.as_deref()));
+        let spot = capacity.on_failure(&err, zone.as_deref());
+        let mut step = match spot {
+            CapacityStep::Usual => attempts.on_failure(FailureKind::of(&err, zone.as_deref())),
+            CapacityStep::MarkZone => Step::MarkZone,
+            CapacityStep::OnDemand => Step::OnDemand,
+        };
         // A batched call was replayed by the pool already (same token, same machines) while
         // this start waited: it is never repeated from here, the start looks first instead. A
         // zone that did not answer is never repeated either: it is marked failed below, and the
@@ -477,8 +492,11 @@ async fn start_or_adopt(
             repeat = Some((zone.clone(), token));
         } else if step == Step::MarkZone {
             let zone = zone.clone().unwrap_or_default();
-            let shape = request.shape.clone();
+            let shape = capacity.request(&request).shape;
             match deps.mark_failed.send(MarkZoneFailed { machine: machine.clone(), zone, shape }).await {
+                Ok(outcome) if spot == CapacityStep::MarkZone => {
+                    step = capacity.on_zone_outcome(outcome, &mut attempts)
+                }
                 Ok(outcome) => step = attempts.on_zone_outcome(outcome),
                 Err(source) => {
                     return fail(deps, machine, WorkerError::Stopped { actor: "zone allocator", source }).await
@@ -494,11 +512,21 @@ async fn start_or_adopt(
                     Ok(Some(found)) => {
                         return adopt_own(deps, machine, found, &nonce, (own.clone(), retired), rng).await
                     }
-                    Ok(None) => return fail_retiring(deps, machine, WorkerError::Cloud(err), retired, zone).await,
+                    Ok(None) => return fail_retiring(deps, machine, capacity.final_error(err), retired, zone).await,
                     Err(e) => return fail_retiring(deps, machine, e, retired, zone).await,
                 }
             }
-            Step::Final => return fail_retiring(deps, machine, WorkerError::Cloud(err), retired, zone).await,
+            Step::Final => return fail_retiring(deps, machine, capacity.final_error(err), retired, zone).await,
+            Step::OnDemand => {
+                capacity.fall_back();
+                let msg = format!(
+                    "no spot capacity for machine {machine} in any allowed zone ({}); starting it on-demand",
+                    err.message()
+                );
+                tracing::info!(%machine, "{msg}");
+                set_instance_status(deps, &machine, InstanceStatus::provisioning(), msg).await;
+                Duration::ZERO
+            }
             Step::FailOver => {
                 let z = zone.as_deref().unwrap_or_default();
                 let msg = format!(

@@ -4,7 +4,10 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use crate::model::{CloudInstance, FailOutcome, InstanceId, Machine, MachineId, ProvisioningInfo, ZoneError};
+use crate::model::{
+    CapacityPreference, CapacityType, CloudInstance, FailOutcome, InstanceId, Machine, MachineId, ProvisioningInfo,
+    ZoneError, ZoneRequest,
+};
 use crate::ports::{BrokerError, BrokerErrorKind, ModelError};
 
 /// Start one machine.
@@ -60,6 +63,8 @@ impl StartJob {
             extra_tags: self.info.tags.clone(),
             client_token: String::new(),
             distribution_group: self.group.clone(),
+            capacity: self.info.capacity.first(),
+            spot_max_price: None,
         }
     }
 }
@@ -302,6 +307,107 @@ pub enum Step {
     Backoff,
     /// Give up: the failure is final.
     Final,
+    /// Every allowed zone refused spot, or the cloud refused spot wherever: a `prefer-spot`
+    /// start goes on to on-demand at once, using no round ([`CapacityPlan`]).
+    OnDemand,
+}
+
+/// Which capacity type a start's calls ask for (issue 33), decided from the machine's
+/// preference: `on-demand` always on-demand; `spot` always spot; `prefer-spot` spot first,
+/// across every allowed zone (and, within each call, every type the broker's per-type
+/// fail-over allows), then on-demand.
+///
+/// While a start asks for spot, a zone's failure (capacity, a spot price above the maximum,
+/// a zone that did not answer) marks the zone failed for the machine under the spot shape
+/// (`capacity=spot`: the allocator's capacity memory keeps spot apart from on-demand) and
+/// fails over using no round, whatever the rounds left: a spot start tries every allowed
+/// zone. When every allowed zone has refused, `prefer-spot` goes on to on-demand (no round
+/// used); `spot` uses a round, and with none left ends in [`WorkerError::NoSpotCapacity`]. A
+/// definite zone-independent refusal of a spot call (a broker without spot, a refusal any
+/// zone would share) sends `prefer-spot` to on-demand at once; for `spot` it uses a round.
+/// Throttled and ambiguous (transient) failures are the usual arithmetic's ([`Attempts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapacityPlan {
+    preference: CapacityPreference,
+    now: CapacityType,
+}
+
+/// What a failed call means for a start's capacity type ([`CapacityPlan::on_failure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapacityStep {
+    /// Nothing special: the usual arithmetic ([`Attempts::on_failure`]) decides.
+    Usual,
+    /// A spot call failed for its zone: mark the zone failed (spot shape), using no round,
+    /// then [`CapacityPlan::on_zone_outcome`].
+    MarkZone,
+    /// A `prefer-spot` start goes on to on-demand now ([`Step::OnDemand`]).
+    OnDemand,
+}
+
+impl CapacityPlan {
+    /// The plan of a machine with this preference: its first call asks for
+    /// [`CapacityPreference::first`].
+    pub fn new(preference: CapacityPreference) -> Self {
+        Self { preference, now: preference.first() }
+    }
+
+    /// The capacity type the next call asks for.
+    pub fn capacity(&self) -> CapacityType {
+        self.now
+    }
+
+    /// What the start asks of the allocator now: `base` with the current capacity type's
+    /// shape (a spot call's shape ends in ` capacity=spot`).
+    pub fn request(&self, base: &ZoneRequest) -> ZoneRequest {
+        match self.now {
+            CapacityType::OnDemand => base.clone(),
+            CapacityType::Spot => {
+                ZoneRequest { shape: base.shape.as_deref().map(|s| self.now.shape(s)), ..base.clone() }
+            }
+        }
+    }
+
+    /// A call failed with `err` (into `zone`): whether the capacity type decides what follows.
+    pub fn on_failure(&self, err: &BrokerError, zone: Option<&str>) -> CapacityStep {
+        if self.now != CapacityType::Spot {
+            return CapacityStep::Usual;
+        }
+        match FailureKind::of(err, zone) {
+            FailureKind::Throttled => CapacityStep::Usual,
+            FailureKind::Zone => CapacityStep::MarkZone,
+            FailureKind::Independent if err.is_ambiguous() => CapacityStep::Usual,
+            FailureKind::Independent if self.preference == CapacityPreference::PreferSpot => CapacityStep::OnDemand,
+            FailureKind::Independent => CapacityStep::Usual,
+        }
+    }
+
+    /// The allocator's answer to a spot call's zone failure: fail over while an allowed zone
+    /// is untried; once every one has refused, `prefer-spot` goes on to on-demand, `spot` uses
+    /// a round (final with none left).
+    pub fn on_zone_outcome(&self, outcome: FailOutcome, attempts: &mut Attempts) -> Step {
+        match outcome {
+            FailOutcome::TryAnotherZone => Step::FailOver,
+            FailOutcome::RoundExhausted if self.preference == CapacityPreference::PreferSpot => Step::OnDemand,
+            FailOutcome::RoundExhausted if attempts.rounds_left() == 0 => Step::Final,
+            FailOutcome::RoundExhausted => attempts.on_zone_outcome(outcome),
+        }
+    }
+
+    /// Goes on to on-demand ([`Step::OnDemand`]).
+    pub fn fall_back(&mut self) {
+        self.now = CapacityType::OnDemand;
+    }
+
+    /// The error a start ends with when `err` was its last call's: a `spot` machine's refusal
+    /// (zone-specific or zone-independent) is [`WorkerError::NoSpotCapacity`], which says why.
+    pub fn final_error(&self, err: BrokerError) -> WorkerError {
+        let refused = matches!(err, BrokerError::ZoneSpecific { .. } | BrokerError::ZoneIndependent { .. });
+        if self.preference == CapacityPreference::Spot && self.now == CapacityType::Spot && refused {
+            WorkerError::NoSpotCapacity(err)
+        } else {
+            WorkerError::Cloud(err)
+        }
+    }
 }
 
 /// Round accounting for one start: with `count = N`, a machine that
@@ -434,6 +540,10 @@ pub enum WorkerError {
     /// The cloud refused the start for good: the last attempt's failure, rounds used up.
     #[error("{0}")]
     Cloud(#[source] BrokerError),
+    /// A `spot` machine (which never falls back to on-demand) found no spot capacity: every
+    /// allowed zone refused its spot calls, rounds used up (the last refusal).
+    #[error("no spot capacity in any allowed zone: {0}")]
+    NoSpotCapacity(#[source] BrokerError),
     /// The cloud could not derive the machine's availability zones.
     #[error("deriving availability zones: {0}")]
     DeriveZones(#[source] BrokerError),
@@ -498,6 +608,7 @@ impl WorkerError {
     pub fn broker_error(&self) -> Option<&BrokerError> {
         match self {
             WorkerError::Cloud(e)
+            | WorkerError::NoSpotCapacity(e)
             | WorkerError::DeriveZones(e)
             | WorkerError::Lookup(e)
             | WorkerError::Retag(e)

@@ -215,6 +215,7 @@ fn simulate(count: u32, zones: &[&str], mut failure: impl FnMut(usize) -> Failur
             Step::NewRound => run.new_rounds += 1,
             Step::Backoff => run.backoffs += 1,
             Step::MarkZone => panic!("zone failure left unresolved"),
+            Step::OnDemand => panic!("an on-demand start never falls back"),
         }
     }
     book.release(&machine);
@@ -470,6 +471,8 @@ mod batching {
             extra_tags: Default::default(),
             client_token: format!("{machine}/n-{machine}/0"),
             distribution_group: Vec::new(),
+            capacity: Default::default(),
+            spot_max_price: None,
         }
     }
 
@@ -482,6 +485,7 @@ mod batching {
                 tags: InstanceTags { model: Some("m".into()), machine: Some(MachineId::new(machine)), start: None },
                 age: None,
                 instance_type: None,
+                capacity_type: None,
             },
             display_name: String::new(),
         })
@@ -644,4 +648,80 @@ fn a_start_giving_its_worker_back_is_counted_once_whichever_end_comes_first() {
     pool.start_ended(Some(&second));
     assert!(!pool.release_start(&second));
     assert_eq!((pool.in_flight(), pool.recording()), (0, 0));
+}
+
+mod capacity {
+    use super::super::state::{Attempts, CapacityPlan, CapacityStep, Step, WorkerError};
+    use crate::model::{CapacityPreference, CapacityType, FailOutcome, ZoneRequest};
+    use crate::ports::BrokerError;
+
+    fn no_spot() -> BrokerError {
+        BrokerError::zone_specific("InsufficientInstanceCapacity: no spot")
+    }
+
+    #[test]
+    fn each_preference_asks_for_its_first_capacity_type() {
+        assert_eq!(CapacityPlan::new(CapacityPreference::OnDemand).capacity(), CapacityType::OnDemand);
+        assert_eq!(CapacityPlan::new(CapacityPreference::Spot).capacity(), CapacityType::Spot);
+        assert_eq!(CapacityPlan::new(CapacityPreference::PreferSpot).capacity(), CapacityType::Spot);
+    }
+
+    #[test]
+    fn spot_calls_have_a_shape_of_their_own_for_the_capacity_memory() {
+        let base = ZoneRequest { shape: Some("arch=amd64".into()), ..ZoneRequest::default() };
+        let mut plan = CapacityPlan::new(CapacityPreference::PreferSpot);
+        assert_eq!(plan.request(&base).shape.as_deref(), Some("arch=amd64 capacity=spot"));
+        plan.fall_back();
+        assert_eq!(plan.request(&base), base, "on-demand keeps the shape it always had");
+        assert_eq!(CapacityPlan::new(CapacityPreference::OnDemand).request(&base), base);
+    }
+
+    #[test]
+    fn prefer_spot_tries_every_zone_then_goes_on_demand_using_no_round() {
+        let mut plan = CapacityPlan::new(CapacityPreference::PreferSpot);
+        let mut attempts = Attempts::new(0);
+        assert_eq!(plan.on_failure(&no_spot(), Some("az1")), CapacityStep::MarkZone, "even with no round left");
+        assert_eq!(plan.on_zone_outcome(FailOutcome::TryAnotherZone, &mut attempts), Step::FailOver);
+        assert_eq!(plan.on_zone_outcome(FailOutcome::RoundExhausted, &mut attempts), Step::OnDemand);
+        plan.fall_back();
+        assert_eq!(plan.capacity(), CapacityType::OnDemand);
+        assert_eq!(plan.on_failure(&no_spot(), Some("az1")), CapacityStep::Usual, "on-demand: the usual arithmetic");
+        assert_eq!(attempts.rounds_left(), 0);
+    }
+
+    #[test]
+    fn prefer_spot_goes_on_demand_at_once_on_a_definite_refusal_any_zone_would_share() {
+        let plan = CapacityPlan::new(CapacityPreference::PreferSpot);
+        assert_eq!(plan.on_failure(&BrokerError::no_spot(), Some("az1")), CapacityStep::OnDemand);
+        // A zoneless cloud's capacity refusal is every zone's.
+        assert_eq!(plan.on_failure(&no_spot(), None), CapacityStep::OnDemand);
+        // Throttling and ambiguous failures are not spot's to judge.
+        assert_eq!(plan.on_failure(&BrokerError::throttled("slow down"), Some("az1")), CapacityStep::Usual);
+        assert_eq!(plan.on_failure(&BrokerError::transient("reset"), Some("az1")), CapacityStep::Usual);
+        // A zone that did not answer is the zone's.
+        assert_eq!(plan.on_failure(&BrokerError::zone_unreachable("frozen"), Some("az1")), CapacityStep::MarkZone);
+    }
+
+    #[test]
+    fn spot_never_falls_back_and_ends_saying_why() {
+        let plan = CapacityPlan::new(CapacityPreference::Spot);
+        let mut attempts = Attempts::new(1);
+        assert_eq!(plan.on_failure(&no_spot(), Some("az1")), CapacityStep::MarkZone);
+        assert_eq!(plan.on_failure(&BrokerError::no_spot(), Some("az1")), CapacityStep::Usual, "uses a round");
+        // Every zone refused: a round is used; with none left the failure is final.
+        assert_eq!(plan.on_zone_outcome(FailOutcome::RoundExhausted, &mut attempts), Step::NewRound);
+        assert_eq!(plan.on_zone_outcome(FailOutcome::RoundExhausted, &mut attempts), Step::Final);
+        let err = plan.final_error(no_spot());
+        assert!(matches!(err, WorkerError::NoSpotCapacity(_)));
+        assert_eq!(err.to_string(), "no spot capacity in any allowed zone: InsufficientInstanceCapacity: no spot");
+        // Only a refusal says so: an ambiguous last failure is the cloud's own.
+        assert!(matches!(plan.final_error(BrokerError::transient("reset")), WorkerError::Cloud(_)));
+    }
+
+    #[test]
+    fn on_demand_failures_are_never_spot_ones() {
+        let plan = CapacityPlan::new(CapacityPreference::OnDemand);
+        assert_eq!(plan.on_failure(&no_spot(), Some("az1")), CapacityStep::Usual);
+        assert!(matches!(plan.final_error(no_spot()), WorkerError::Cloud(_)));
+    }
 }

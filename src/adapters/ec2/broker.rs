@@ -294,7 +294,7 @@ pub(super) fn to_cloud_instance(i: &Instance, model: &str, now: SystemTime) -> O
         .launch_time()
         .and_then(|t| SystemTime::try_from(*t).ok())
         .map(|launched| now.duration_since(launched).unwrap_or(Duration::ZERO));
-    Some(CloudInstance { id: InstanceId::new(id), state, zone, tags, age, instance_type })
+    Some(CloudInstance { id: InstanceId::new(id), state, zone, tags, age, instance_type, capacity_type: None })
 }
 
 /// The wall clock, to age instances from their `LaunchTime` (a wall-clock timestamp). The one
@@ -691,6 +691,11 @@ impl Broker for Ec2Broker {
         self.memory.do_send(SetPacer(pacer));
     }
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
+        // Spot requests (`InstanceMarketOptions`) come in a later step of issue 33: until then a
+        // spot call is refused wherever, so `prefer-spot` machines start on-demand.
+        if !params.capacity.is_on_demand() {
+            return Box::pin(async { Err(BrokerError::no_spot()) });
+        }
         let broker = self.clone();
         Box::pin(async move { broker.start(params).await })
     }
@@ -700,6 +705,9 @@ impl Broker for Ec2Broker {
     }
 
     fn start_instances(&self, params: BatchStartParams) -> BrokerFuture<BatchStarted> {
+        if !params.capacity.is_on_demand() {
+            return Box::pin(async { Err(BrokerError::no_spot()) });
+        }
         let broker = self.clone();
         Box::pin(async move { broker.start_batch(params).await })
     }

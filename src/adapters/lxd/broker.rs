@@ -380,6 +380,7 @@ impl Inner {
             tags: params.tags.clone(),
             age: None,
             instance_type: shape.instance_type.clone(),
+            capacity_type: None,
         };
         Ok(StartedInstance { instance, display_name: name })
     }
@@ -470,7 +471,15 @@ impl Inner {
                 unstarted.push(name.to_owned());
             }
             let instance_type = config.get(KEY_INSTANCE_TYPE).and_then(Value::as_str).map(str::to_owned);
-            out.push(CloudInstance { id: InstanceId::new(name), state, zone, tags, age, instance_type });
+            out.push(CloudInstance {
+                id: InstanceId::new(name),
+                state,
+                zone,
+                tags,
+                age,
+                instance_type,
+                capacity_type: None,
+            });
         }
         for name in unstarted {
             tracing::info!(instance = %name, "starting a container whose start a previous run left undone");
@@ -485,6 +494,10 @@ impl Inner {
 
 impl Broker for LxdBroker {
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
+        // LXD has no spot capacity: a spot call is refused wherever (issue 33).
+        if !params.capacity.is_on_demand() {
+            return Box::pin(async { Err(BrokerError::no_spot()) });
+        }
         let inner = self.inner.clone();
         Box::pin(async move { inner.start(params).await })
     }

@@ -7,11 +7,12 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use super::auth::{note, Authorized};
 use super::body::json_body;
 use super::errors::{ApiError, Result};
-use super::machines::{cloud, names, new_machine, CloudShape, MAX_ADD};
+use super::machines::{cloud, names, new_machine_with, CloudShape, MAX_ADD};
 use super::target::State;
 use super::wire::{AddApplication, ApplicationView, ConstraintsView, ErrorBody};
-use crate::model::{check_application_name, Constraints};
+use crate::model::check_application_name;
 use crate::service::store::ApplicationRecord;
+use crate::service::store::NewMachine;
 
 /// A path's `{name}` (taken by name: per-model paths also hold `{model}`).
 #[derive(serde::Deserialize)]
@@ -26,17 +27,19 @@ fn application_view(a: &ApplicationRecord) -> ApplicationView {
         units: a.machines.len(),
         machines: a.machines.iter().map(ToString::to_string).collect(),
         constraints: ConstraintsView::from(&a.constraints),
+        capacity: a.capacity.as_str().to_owned(),
     }
 }
 
-/// Checks an `application add` request; the name, the units and the constraints.
-pub(crate) fn check_application(cloud: &CloudShape, body: AddApplication) -> Result<(String, usize, Constraints)> {
+/// Checks an `application add` request; the name, the units, the constraints and the
+/// capacity preference.
+pub(crate) fn check_application(cloud: &CloudShape, body: AddApplication) -> Result<(String, usize, NewMachine)> {
     check_application_name(&body.name).map_err(|e| ApiError::bad_request(format!("name: {e}")))?;
     if body.units == 0 || body.units > MAX_ADD {
         return Err(ApiError::bad_request(format!("units must be between 1 and {MAX_ADD}, got {}", body.units)));
     }
-    let spec = new_machine(cloud, None, body.constraints, None)?;
-    Ok((body.name, body.units, spec.constraints))
+    let spec = new_machine_with(cloud, None, body.constraints, None, body.capacity.as_deref())?;
+    Ok((body.name, body.units, spec))
 }
 
 #[utoipa::path(post, path = "/v1/applications", tag = "applications", operation_id = "add_application",
@@ -54,13 +57,15 @@ pub(crate) async fn add_application(
     payload: web::Payload,
 ) -> Result<HttpResponse> {
     let body: AddApplication = json_body(&req, payload).await?;
-    let (name, units, constraints) = check_application(&cloud(&st), body)?;
+    let (name, units, spec) = check_application(&cloud(&st), body)?;
+    let (constraints, capacity) = (spec.constraints, spec.capacity);
     let c = constraints.clone();
     let n = name.clone();
-    let ids = st.store.exec(move |s| s.add_application(&n, units, &c)).await?;
+    let ids = st.store.exec(move |s| s.add_application(&n, units, &c, capacity)).await?;
     let summary = crate::service::audit::list_summary(&names(&ids));
     note(&req, format!("added application {name} with {units} units: {summary}"));
-    Ok(HttpResponse::Created().json(application_view(&ApplicationRecord { name, constraints, machines: ids })))
+    let added = ApplicationRecord { name, constraints, capacity, machines: ids };
+    Ok(HttpResponse::Created().json(application_view(&added)))
 }
 
 /// `GET /v1/applications`.
@@ -90,17 +95,17 @@ pub(crate) async fn remove_application(
     let name = name.into_inner().name;
     check_application_name(&name).map_err(|e| ApiError::bad_request(format!("name: {e}")))?;
     let n = name.clone();
-    let (constraints, ids) = st
+    let (app, ids) = st
         .store
         .exec(move |s| {
-            let constraints = s.applications()?.into_iter().find(|a| a.name == n).map(|a| a.constraints);
-            Ok((constraints, s.remove_application(&n)?))
+            let app = s.applications()?.into_iter().find(|a| a.name == n).map(|a| (a.constraints, a.capacity));
+            Ok((app, s.remove_application(&n)?))
         })
         .await?;
     let summary = crate::service::audit::list_summary(&names(&ids));
     note(&req, format!("removed application {name}: {} machines to dead: {summary}", ids.len()));
-    let view =
-        application_view(&ApplicationRecord { name, constraints: constraints.unwrap_or_default(), machines: ids });
+    let (constraints, capacity) = app.unwrap_or_default();
+    let view = application_view(&ApplicationRecord { name, constraints, capacity, machines: ids });
     Ok(HttpResponse::Ok().json(view))
 }
 
@@ -115,9 +120,18 @@ mod tests {
             name: name.into(),
             units,
             constraints: c,
+            capacity: None,
         };
         let (name, units, c) = check_application(&cloud(), body("web", 3, Some(serde_json::json!("cores=2")))).unwrap();
-        assert_eq!((name.as_str(), units, c.cores), ("web", 3, Some(2)));
+        assert_eq!((name.as_str(), units, c.constraints.cores), ("web", 3, Some(2)));
+        assert_eq!(c.capacity, crate::model::CapacityPreference::OnDemand);
+        let spot = AddApplication { capacity: Some("prefer-spot".into()), ..body("web", 1, None) };
+        assert_eq!(check_application(&cloud(), spot).unwrap().2.capacity, crate::model::CapacityPreference::PreferSpot);
+        let wrong = AddApplication { capacity: Some("cheap".into()), ..body("web", 1, None) };
+        assert_eq!(
+            bad(check_application(&cloud(), wrong)),
+            "capacity: invalid capacity \"cheap\": expected one of on-demand, spot, prefer-spot"
+        );
         assert!(bad(check_application(&cloud(), body("Web", 3, None))).starts_with("name: invalid application name"));
         assert!(bad(check_application(&cloud(), body("web", 0, None))).starts_with("units must be"));
         assert!(bad(check_application(&cloud(), body("web", 1, Some(serde_json::json!("mem=lots")))))

@@ -82,12 +82,32 @@ pub(crate) fn constraints_from_json(value: Option<serde_json::Value>) -> Result<
 
 /// Checks a new machine's constraints (given as `constraints`, with `zones` also accepted on
 /// its own, but not both) and placement against the cloud.
+#[cfg(test)]
 pub(crate) fn new_machine(
     cloud: &CloudShape,
     zones: Option<Vec<String>>,
     constraints: Option<serde_json::Value>,
     placement: Option<String>,
 ) -> Result<NewMachine> {
+    new_machine_with(cloud, zones, constraints, placement, None)
+}
+
+/// A capacity preference as a request gives it (`None`: `on-demand`).
+pub(crate) fn capacity_of(text: Option<&str>) -> Result<crate::model::CapacityPreference> {
+    text.map_or(Ok(crate::model::CapacityPreference::OnDemand), |t| {
+        t.parse().map_err(|e| ApiError::bad_request(format!("capacity: {e}")))
+    })
+}
+
+/// [`new_machine`] with a capacity preference (`capacity`, as the request gives it).
+pub(crate) fn new_machine_with(
+    cloud: &CloudShape,
+    zones: Option<Vec<String>>,
+    constraints: Option<serde_json::Value>,
+    placement: Option<String>,
+    capacity: Option<&str>,
+) -> Result<NewMachine> {
+    let capacity = capacity_of(capacity)?;
     let mut constraints = constraints_from_json(constraints)?;
     if let Some(z) = zones {
         if constraints.zones.is_some() {
@@ -127,7 +147,7 @@ pub(crate) fn new_machine(
             Some(parsed.to_string())
         }
     };
-    Ok(NewMachine { constraints, placement, application: None })
+    Ok(NewMachine { constraints, placement, application: None, capacity })
 }
 
 /// `GET /v1/machines` query parameters, all optional.
@@ -337,6 +357,8 @@ pub(super) fn view(m: &MachineRecord) -> MachineView {
         container_type: m.machine.id.container_of().map(|(_, kind)| kind.to_owned()),
         host: m.machine.id.container_of().map(|(host, _)| host.to_string()),
         manual: m.machine.manual,
+        capacity: m.capacity.as_str().to_owned(),
+        capacity_type: m.capacity_type.map(|t| t.as_str().to_owned()),
     }
 }
 
@@ -378,10 +400,10 @@ pub(super) async fn add_machines(
     if body.is_container_or_manual() {
         return add_containers_or_manual(&st, &req, &body).await;
     }
-    let AddMachines { count, zones, constraints, placement, .. } = body;
-    // Constraints (zones among them) and placement, checked against the cloud.
+    let AddMachines { count, zones, constraints, placement, capacity, .. } = body;
+    // Constraints (zones among them), placement and capacity, checked against the cloud.
     let cloud = CloudShape { zones: st.zones.clone(), subnets: st.subnets.clone() };
-    let spec = new_machine(&cloud, zones, constraints, placement)?;
+    let spec = new_machine_with(&cloud, zones, constraints, placement, capacity.as_deref())?;
     let added = st.store.add_machines(count, spec).await?;
     st.metrics.do_send(crate::service::metrics::MachinesPending(added.clone()));
     let ids = names(&added);
@@ -678,6 +700,8 @@ pub(super) mod tests {
             address: None,
             start_attempts: 0,
             last_start_error: None,
+            capacity: Default::default(),
+            capacity_type: None,
         }
     }
 

@@ -32,6 +32,18 @@ pub struct MachineView {
     /// provisioner.
     #[serde(default)]
     pub manual: bool,
+    /// Its capacity preference: `on-demand`, `spot` or `prefer-spot` (issue 33).
+    #[serde(default = "on_demand")]
+    #[schema(pattern = "^(on-demand|spot|prefer-spot)$")]
+    pub capacity: String,
+    /// What its instance runs on, `spot` or `on-demand`, as recorded with the instance
+    /// (`null`: no instance yet, or the cloud did not say).
+    #[serde(default)]
+    pub capacity_type: Option<String>,
+}
+
+fn on_demand() -> String {
+    "on-demand".into()
 }
 
 impl MachineView {
@@ -90,6 +102,12 @@ pub struct AddMachines {
     /// The manual machine's address: an IP address or a hostname (with `manual`).
     #[serde(default)]
     pub address: Option<String>,
+    /// Their capacity preference: `on-demand` (the default), `spot` (spot only: no spot
+    /// capacity in any allowed zone is a provisioning error) or `prefer-spot` (spot while it
+    /// can be had, else on-demand). Not for containers or manual machines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^(on-demand|spot|prefer-spot)$")]
+    pub capacity: Option<String>,
 }
 
 impl AddMachines {
@@ -104,6 +122,7 @@ impl AddMachines {
             host: None,
             manual: false,
             address: None,
+            capacity: None,
         }
     }
 
@@ -399,6 +418,10 @@ pub struct AddApplication {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<ConstraintsInput>)]
     pub constraints: Option<serde_json::Value>,
+    /// Their capacity preference, as in [`AddMachines::capacity`]: every unit's machine has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^(on-demand|spot|prefer-spot)$")]
+    pub capacity: Option<String>,
 }
 
 /// An application: `GET /v1/applications`, `application list --json`; the answer to `POST`
@@ -413,6 +436,10 @@ pub struct ApplicationView {
     pub machines: Vec<String>,
     /// Its constraints (absent ones `null`).
     pub constraints: ConstraintsView,
+    /// Its units' capacity preference: `on-demand`, `spot` or `prefer-spot` (issue 33).
+    #[serde(default = "on_demand")]
+    #[schema(pattern = "^(on-demand|spot|prefer-spot)$")]
+    pub capacity: String,
 }
 
 /// `POST /v1/tokens`: the new token's scope.

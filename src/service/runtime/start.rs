@@ -251,6 +251,7 @@ pub(crate) async fn start_model(
         retry: opts.retry.strategy(),
         resync_interval: opts.resync,
         harvest_grace: opts.harvest_grace,
+        spot_max_price: opts.spot_max_price,
         // The simulated cloud does not throttle: pacing it like EC2 would only slow it down.
         // Against EC2 the client-side limiter keeps its EC2-sized defaults.
         rate_limits: match opts.broker() {

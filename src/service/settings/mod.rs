@@ -117,6 +117,11 @@ pub struct ServeSettings {
     #[arg(skip = crate::config::DEFAULT_HARVEST_GRACE)]
     #[serde(deserialize_with = "duration")]
     pub harvest_grace: Duration,
+    /// The most a spot start pays, in USD per hour (file only: `spot_max_price`; issue 33):
+    /// handed to the broker with every spot call, a spot price above it counts as no spot
+    /// capacity. Unset: no maximum of ours.
+    #[arg(skip)]
+    pub spot_max_price: Option<crate::model::UsdPerHour>,
     /// How long SIGTERM waits for in-flight cloud calls.
     #[arg(skip = DEFAULT_SHUTDOWN_GRACE)]
     #[serde(deserialize_with = "duration")]
@@ -185,6 +190,7 @@ impl Default for ServeSettings {
             workers: DEFAULT_WORKERS,
             resync: DEFAULT_RESYNC_INTERVAL,
             harvest_grace: crate::config::DEFAULT_HARVEST_GRACE,
+            spot_max_price: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             request_deadline: DEFAULT_REQUEST_DEADLINE,
             events: EventsSettings::default(),

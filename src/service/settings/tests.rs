@@ -323,3 +323,12 @@ fn bad_files_name_the_file_line_and_key() {
     let e = load(&["--config", "/nonexistent/p.toml"]).unwrap_err();
     assert!(matches!(e, SettingsError::Read { .. }) && e.to_string().contains("cannot read config file"), "{e}");
 }
+
+#[test]
+fn the_spot_price_cap_comes_from_the_file() {
+    let o = with_file("spot.toml", "spot_max_price = 0.05\n", &[]).unwrap();
+    assert_eq!(o.spot_max_price, crate::model::UsdPerHour::new(0.05));
+    assert_eq!(with_file("none.toml", "", &[]).unwrap().spot_max_price, None);
+    let e = with_file("bad-spot.toml", "spot_max_price = -2.0\n", &[]).unwrap_err().to_string();
+    assert!(e.contains("spot_max_price") || e.contains("invalid price"), "{e}");
+}

@@ -197,6 +197,7 @@ pub(crate) trait StoreBackend: Send {
         name: &str,
         units: usize,
         constraints: &Constraints,
+        capacity: crate::model::CapacityPreference,
     ) -> Result<Vec<MachineId>, StoreError>;
     /// Every application, by name.
     fn applications(&mut self) -> Result<Vec<ApplicationRecord>, StoreError>;
@@ -322,6 +323,7 @@ pub(crate) trait StoreBackend: Send {
         Ok(self.machine(id)?.map(|m| ProvisioningInfo {
             constraints: m.constraints,
             placement: m.placement,
+            capacity: m.capacity,
             ..ProvisioningInfo::default()
         }))
     }

@@ -61,6 +61,7 @@ fn machines_round_trip_and_ids_are_never_reused(s: &mut dyn StoreBackend) {
         nonce: "machine-0:x".into(),
         display_name: "sim-i-1".into(),
         status: InstanceStatus::running(),
+        capacity_type: None,
     };
     s.set_instance_info(&m0, &info).unwrap();
     let rec = s.machine(&m0).unwrap().unwrap();
@@ -166,6 +167,7 @@ fn counts_kept_as_writes_commit_match_a_full_recount(s: &mut dyn StoreBackend) {
                     nonce: "n".into(),
                     display_name: String::new(),
                     status: InstanceStatus::running(),
+                    capacity_type: None,
                 },
             ),
             3 => s.ensure_dead(&machine),
@@ -199,10 +201,10 @@ fn applications_group_their_machines_and_go_with_them(s: &mut dyn StoreBackend) 
     use crate::model::Constraints;
     s.add_machines(1, None).unwrap();
     let c = Constraints::parse("cores=2").unwrap();
-    let web = s.add_application("web", 3, &c).unwrap();
+    let web = s.add_application("web", 3, &c, Default::default()).unwrap();
     assert_eq!(ids(&web), ["1", "2", "3"]);
-    assert!(matches!(s.add_application("web", 1, &c), Err(StoreError::Refused(_))));
-    let db = s.add_application("db", 1, &Constraints::default()).unwrap();
+    assert!(matches!(s.add_application("web", 1, &c, Default::default()), Err(StoreError::Refused(_))));
+    let db = s.add_application("db", 1, &Constraints::default(), Default::default()).unwrap();
     let groups =
         s.distribution_groups(&[web[0].clone(), MachineId::new("0"), db[0].clone(), MachineId::new("9")]).unwrap();
     assert_eq!(groups[0].as_deref().map(ids), Some(vec!["2", "3"]));
@@ -221,10 +223,10 @@ fn applications_group_their_machines_and_go_with_them(s: &mut dyn StoreBackend) 
     let recount = s.recount().unwrap();
     assert_eq!(s.counts(), &recount);
     // Its dying machines are no group of a new application of the same name.
-    let again = s.add_application("web", 1, &c).unwrap();
+    let again = s.add_application("web", 1, &c, Default::default()).unwrap();
     assert_eq!(s.distribution_groups(&again).unwrap()[0], Some(Vec::new()));
     s.destroy_model().unwrap();
-    assert_eq!(s.add_application("late", 1, &c), Err(StoreError::ModelDying));
+    assert_eq!(s.add_application("late", 1, &c, Default::default()), Err(StoreError::ModelDying));
 }
 
 /// Containers are numbered per host and type, never reused; a missing or dead host is refused
@@ -406,6 +408,7 @@ fn a_started_instance_is_recorded_with_its_successful_attempt(s: &mut dyn StoreB
         nonce: "machine-0:n".into(),
         display_name: "sim-i-7".into(),
         status: InstanceStatus::running(),
+        capacity_type: None,
     };
     s.record_started_instance(&m[0], &info).unwrap();
     let r = s.machine(&m[0]).unwrap().unwrap();
@@ -435,6 +438,7 @@ fn an_instance_recorded_alone_counts_no_start_attempt(s: &mut dyn StoreBackend) 
         nonce: format!("machine-{n}:n"),
         display_name: format!("sim-i-{n}"),
         status: InstanceStatus::running(),
+        capacity_type: None,
     };
     s.set_instance_info(&m[0], &info(1)).unwrap();
     s.set_instance_info(&m[1], &info(2)).unwrap();
@@ -487,7 +491,9 @@ fn the_provisioners_lean_reads_match_the_whole_record(s: &mut dyn StoreBackend) 
     let c = Constraints::parse("arch=arm64 cores=4 mem=8G root-disk=20G spaces=a,b tags=gpu,^slow").unwrap();
     let spec = NewMachine { constraints: c.clone(), placement: Some("zone=az2".into()), ..NewMachine::default() };
     let placed = s.add_new_machines(1, &spec).unwrap();
-    let web = s.add_application("web", 2, &Constraints::parse("instance-type=m5.large").unwrap()).unwrap();
+    let web = s
+        .add_application("web", 2, &Constraints::parse("instance-type=m5.large").unwrap(), Default::default())
+        .unwrap();
     let containers = s.add_containers(&MachineId::new("0"), "lxd", 1).unwrap();
     let manual = s.add_manual("10.0.0.7").unwrap();
     let info = ProvisionedInstance {
@@ -496,6 +502,7 @@ fn the_provisioners_lean_reads_match_the_whole_record(s: &mut dyn StoreBackend) 
         nonce: "n".into(),
         display_name: String::new(),
         status: InstanceStatus::running(),
+        capacity_type: None,
     };
     s.record_started_instance(&web[0], &info).unwrap();
     s.remove_machines(std::slice::from_ref(&placed[0]), true, false).unwrap();
@@ -582,13 +589,55 @@ on_both_backends!(
     an_instance_created_running_is_counted_running_and_kept_by_its_token,
     the_provisioners_lean_reads_match_the_whole_record,
     machines_are_read_together_in_request_order,
+    capacity_preferences_and_what_a_machine_got_round_trip,
 );
+
+/// Capacity (issue 33): a machine's preference is kept (`on-demand` by default), read with its
+/// provisioning info, and inherited by an application's units; what its instance runs on is
+/// recorded with the instance (not known until then, nor when the cloud does not say).
+fn capacity_preferences_and_what_a_machine_got_round_trip(s: &mut dyn StoreBackend) {
+    use super::records::NewMachine;
+    use crate::model::{CapacityPreference, CapacityType};
+    let plain = s.add_machines(1, None).unwrap();
+    let spot =
+        s.add_new_machines(2, &NewMachine { capacity: CapacityPreference::Spot, ..NewMachine::default() }).unwrap();
+    let web =
+        s.add_application("web", 2, &Constraints::parse("cores=2").unwrap(), CapacityPreference::PreferSpot).unwrap();
+    let rec = |s: &mut dyn StoreBackend, id: &MachineId| s.machine(id).unwrap().unwrap();
+    assert_eq!((rec(s, &plain[0]).capacity, rec(s, &plain[0]).capacity_type), (CapacityPreference::OnDemand, None));
+    assert_eq!(rec(s, &spot[1]).capacity, CapacityPreference::Spot);
+    assert_eq!(rec(s, &web[0]).capacity, CapacityPreference::PreferSpot);
+    let info = s.provisioning_info(&[plain[0].clone(), spot[0].clone(), web[1].clone()]).unwrap();
+    let prefs: Vec<_> = info.iter().map(|i| i.as_ref().map(|i| i.capacity)).collect();
+    assert_eq!(
+        prefs,
+        [Some(CapacityPreference::OnDemand), Some(CapacityPreference::Spot), Some(CapacityPreference::PreferSpot)]
+    );
+    let apps = s.applications().unwrap();
+    assert_eq!((apps[0].name.as_str(), apps[0].capacity), ("web", CapacityPreference::PreferSpot));
+    let started = |n: u32, t: Option<CapacityType>| ProvisionedInstance {
+        instance: InstanceId::new(format!("i-{n}")),
+        zone: None,
+        nonce: format!("n-{n}"),
+        display_name: String::new(),
+        status: InstanceStatus::running(),
+        capacity_type: t,
+    };
+    s.record_started_instance(&spot[0], &started(1, Some(CapacityType::Spot))).unwrap();
+    s.set_instance_info(&web[0], &started(2, Some(CapacityType::OnDemand))).unwrap();
+    s.set_instance_info(&plain[0], &started(3, None)).unwrap();
+    assert_eq!(rec(s, &spot[0]).capacity_type, Some(CapacityType::Spot));
+    assert_eq!(rec(s, &web[0]).capacity_type, Some(CapacityType::OnDemand));
+    assert_eq!(rec(s, &plain[0]).capacity_type, None);
+    let listed: Vec<_> = s.list_machines().unwrap().into_iter().map(|m| (m.capacity, m.capacity_type)).collect();
+    assert_eq!(listed[1], (CapacityPreference::Spot, Some(CapacityType::Spot)));
+}
 
 /// `machines` answers each id asked, in the order asked, a repeated id each time and a missing
 /// one as `None` (PostgreSQL reads them in one statement); `distribution_groups` the same.
 fn machines_are_read_together_in_request_order(s: &mut dyn StoreBackend) {
     let added = s.add_machines(3, None).unwrap();
-    let app = s.add_application("web", 2, &Constraints::default()).unwrap();
+    let app = s.add_application("web", 2, &Constraints::default(), Default::default()).unwrap();
     let missing = MachineId::new("99");
     let asked = [added[2].clone(), missing.clone(), added[0].clone(), added[2].clone(), app[1].clone()];
     let read: Vec<Option<String>> =

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::errors::StoreError;
 use crate::model::{
-    CloudInstance, Constraints, HarvestMode, InstanceId, InstanceState, InstanceTags, Life, Machine, MachineId,
-    MachineStatus,
+    CapacityPreference, CapacityType, CloudInstance, Constraints, HarvestMode, InstanceId, InstanceState, InstanceTags,
+    Life, Machine, MachineId, MachineStatus,
 };
 use crate::service::token::{Scope, TokenRecord};
 
@@ -192,6 +192,10 @@ pub(crate) struct MachineRecord {
     pub start_attempts: u64,
     /// The last reported attempt's error (`None`: none yet, or it succeeded).
     pub last_start_error: Option<String>,
+    /// Its capacity preference (issue 33).
+    pub capacity: CapacityPreference,
+    /// The capacity its instance runs on, as recorded with the instance (`None`: not known).
+    pub capacity_type: Option<CapacityType>,
 }
 
 impl MachineRecord {
@@ -214,6 +218,8 @@ pub(crate) struct NewMachine {
     pub placement: Option<String>,
     /// The application whose units they host.
     pub application: Option<String>,
+    /// Their capacity preference (issue 33).
+    pub capacity: CapacityPreference,
 }
 
 /// A constraint set as the columns of its `constraints` row (lists comma-joined, sizes as
@@ -257,6 +263,8 @@ pub(crate) struct ApplicationRecord {
     pub name: String,
     /// The constraints its machines were added with.
     pub constraints: Constraints,
+    /// The capacity preference its machines were added with (issue 33).
+    pub capacity: CapacityPreference,
     /// Its machines that are not dead, in id order.
     pub machines: Vec<MachineId>,
 }
@@ -287,6 +295,7 @@ impl InstanceRecord {
                 tags: tags.clone(),
                 age: None,
                 instance_type: None,
+                capacity_type: None,
             },
             client_token: Some(client_token.to_owned()),
         }

@@ -42,7 +42,7 @@ pub(super) fn is_default_batch_size(n: &usize) -> bool {
 pub(super) fn default_times() -> u32 {
     1
 }
-pub(super) fn default_fault_message() -> String {
+pub(crate) fn default_fault_message() -> String {
     "injected failure".into()
 }
 pub(super) fn is_false(b: &bool) -> bool {

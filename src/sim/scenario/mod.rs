@@ -22,6 +22,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub(crate) use defaults::default_fault_message;
 use defaults::default_until;
 pub use defaults::PRE_EXISTING_AGE;
 pub use events::{Action, EventError, EventSpec};

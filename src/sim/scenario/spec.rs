@@ -78,6 +78,10 @@ pub struct ProvisionerSpec {
     /// Version 2: most machines in one batched call (`1..=1000`, default 100).
     #[serde(default = "default_batch_size", skip_serializing_if = "is_default_batch_size")]
     pub batch_size: usize,
+    /// Addition (issue 33): the most a spot start pays, in USD per hour; a spot price above it
+    /// counts as no spot capacity. Default: no maximum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spot_max_price: Option<crate::model::UsdPerHour>,
 }
 
 /// `[cloud]`.
@@ -121,6 +125,11 @@ pub struct CloudSpec {
     /// unknown subnet is that machine's zone-independent failure). Default: none.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub subnets: std::collections::BTreeMap<String, Vec<String>>,
+    /// Addition (issue 33): the spot price of every spot start, in USD per hour. Unset (the
+    /// default): 0.3 × the on-demand price of the start's instance type in the shipped
+    /// catalogue (unknown for a start without a type: never above a maximum).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spot_price: Option<crate::model::UsdPerHour>,
 }
 
 impl CloudSpec {
@@ -316,6 +325,12 @@ pub struct FaultSpec {
     /// fail zone-specifically with `message` (a single-machine start fails when `partial` is 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partial: Option<u32>,
+    /// Addition (issue 33): no spot capacity. The first `times` spot starts (of `machine`,
+    /// into `zone`, of `instance_type`, each when given) are refused there as EC2 refuses a
+    /// spot request without capacity (zone-specific; `message` defaults to EC2's
+    /// `InsufficientInstanceCapacity` text). On-demand starts never match.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub spot_capacity: bool,
 }
 
 /// `[[cloud.derived_zones]]`.
@@ -388,6 +403,10 @@ pub struct MachineSpec {
     /// A controller machine.
     #[serde(default, skip_serializing_if = "is_false")]
     pub controller: bool,
+    /// Addition (issue 33): its capacity preference, `on-demand` (default), `spot` or
+    /// `prefer-spot`.
+    #[serde(default, skip_serializing_if = "crate::model::CapacityPreference::is_default")]
+    pub capacity: crate::model::CapacityPreference,
 }
 
 impl MachineSpec {
@@ -440,6 +459,7 @@ impl MachineSpec {
             keep_instance: false,
             manual: false,
             controller: false,
+            capacity: crate::model::CapacityPreference::OnDemand,
         }
     }
 }
@@ -557,6 +577,7 @@ impl Default for ProvisionerSpec {
             capacity_memory: default_capacity_memory(),
             batch_starts: false,
             batch_size: default_batch_size(),
+            spot_max_price: None,
         }
     }
 }

@@ -183,3 +183,33 @@ fn batch_settings_and_partial_launches_are_checked_at_their_line() {
     let lost = "[[cloud.faults]]\nmachine = \"0\"\npartial = 1\nlost_response = true\n[[machines]]\nid = \"0\"\n";
     assert!(toml_err(lost).to_string().starts_with("t.toml:3: partial: a partial launch is a capacity fault"));
 }
+
+#[test]
+fn capacity_settings_and_spot_faults_are_checked_at_their_line() {
+    use crate::model::{CapacityPreference, UsdPerHour};
+    let ok = "[provisioner]\nspot_max_price = 0.05\n[cloud]\nspot_price = 0.02\n[[cloud.faults]]\nspot_capacity = true\nzone = \"az1\"\n[[machines]]\nid = \"0\"\ncapacity = \"prefer-spot\"\n";
+    let s = Scenario::parse(ok, Format::Toml, "t.toml").unwrap();
+    assert_eq!(s.machines[0].capacity, CapacityPreference::PreferSpot);
+    assert_eq!((s.provisioner.spot_max_price, s.cloud.spot_price), (UsdPerHour::new(0.05), UsdPerHour::new(0.02)));
+    assert!(s.cloud.faults[0].spot_capacity && s.cloud.faults[0].machine.is_empty(), "no machine needed");
+    let again = Scenario::parse(&s.to_toml(), Format::Toml, "t.toml").unwrap();
+    assert_eq!(again.machines[0].capacity, CapacityPreference::PreferSpot, "written out and read back");
+    let defaults = Scenario::parse("[[machines]]\nid = \"0\"\n", Format::Toml, "t.toml").unwrap();
+    assert_eq!(defaults.machines[0].capacity, CapacityPreference::OnDemand);
+    assert!(
+        !defaults.to_toml().contains("capacity = ") && !defaults.to_toml().contains("spot"),
+        "defaults are not written"
+    );
+
+    let bad = "[[machines]]\nid = \"0\"\ncapacity = \"cheap\"\n";
+    assert!(toml_err(bad).to_string().starts_with("t.toml:3: capacity: unknown variant `cheap`"), "{}", toml_err(bad));
+    let price = "[provisioner]\nspot_max_price = -1.0\n";
+    assert_eq!(
+        toml_err(price).to_string(),
+        "t.toml:2: spot_max_price: invalid price -1: expected a number of dollars, 0 or more"
+    );
+    let lost = "[[cloud.faults]]\nspot_capacity = true\nlost_response = true\n[[machines]]\nid = \"0\"\n";
+    assert!(toml_err(lost)
+        .to_string()
+        .starts_with("t.toml:2: spot_capacity: a spot_capacity fault is a capacity fault"));
+}

@@ -118,8 +118,10 @@ impl Checks<'_> {
     /// Scripted start faults and derived zones name machines that exist.
     fn faults_name_known_machines(&self, known: &[&str]) -> Result<(), ScenarioError> {
         let cloud = &self.s.cloud;
-        if let Some(i) = cloud.faults.iter().position(|f| f.machine.is_empty() && f.instance_type.is_none()) {
-            let message = "a fault names a machine, an instance_type, or both".to_owned();
+        if let Some(i) =
+            cloud.faults.iter().position(|f| f.machine.is_empty() && f.instance_type.is_none() && !f.spot_capacity)
+        {
+            let message = "a fault names a machine, an instance_type, or both (or is a spot_capacity fault)".to_owned();
             return Err(self.err(&format!("cloud.faults[{i}]"), "fault", message));
         }
         for (i, f) in cloud.faults.iter().enumerate().filter(|(_, f)| f.partial.is_some()) {
@@ -129,6 +131,15 @@ impl Checks<'_> {
                                zone_independent or of an instance_type"
                     .to_owned();
                 return Err(self.err(&path, "partial", message));
+            }
+        }
+        for (i, f) in cloud.faults.iter().enumerate().filter(|(_, f)| f.spot_capacity) {
+            if f.lost_response || f.zone_independent || f.partial.is_some() {
+                let path = format!("cloud.faults[{i}].spot_capacity");
+                let message = "a spot_capacity fault is a capacity fault of spot starts: it cannot be lost_response, \
+                               zone_independent or partial"
+                    .to_owned();
+                return Err(self.err(&path, "spot_capacity", message));
             }
         }
         for (i, f) in cloud.faults.iter().enumerate().filter(|(_, f)| f.instance_type.is_some()) {
@@ -144,7 +155,7 @@ impl Checks<'_> {
             .faults
             .iter()
             .enumerate()
-            .filter(|(_, f)| !(f.machine.is_empty() && f.instance_type.is_some()))
+            .filter(|(_, f)| !(f.machine.is_empty() && (f.instance_type.is_some() || f.spot_capacity)))
             .map(|(i, f)| ("faults", "fault", i, &f.machine));
         let derived =
             cloud.derived_zones.iter().enumerate().map(|(i, d)| ("derived_zones", "derived_zones", i, &d.machine));

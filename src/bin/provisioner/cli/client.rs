@@ -402,6 +402,7 @@ fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
             host,
             manual,
             address,
+            capacity,
             wait,
             timeout,
             json,
@@ -415,6 +416,7 @@ fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
                 host,
                 manual,
                 address,
+                capacity,
                 ..AddMachines::plain(n as usize, zones)
             };
             let added: AddedMachines = c.send("POST", "/v1/machines", &body)?;
@@ -659,6 +661,8 @@ fn show_machine(c: &Client, id: &str, json: bool) -> Result<(), Failure> {
         ("host", or_dash(v.host.as_deref())),
         ("address", or_dash(m.address.as_deref())),
         ("manual", v.manual.to_string()),
+        ("capacity", v.capacity.clone()),
+        ("capacity-type", or_dash(v.capacity_type.as_deref())),
         ("keep-instance", m.keep_instance.to_string()),
         ("retry-requested", m.retry_requested.to_string()),
         ("start-attempts", m.start_attempts.to_string()),
@@ -674,9 +678,13 @@ fn show_machine(c: &Client, id: &str, json: bool) -> Result<(), Failure> {
 /// `application add|list|remove`.
 fn application(c: &Client, cmd: ApplicationCmd) -> Result<(), Failure> {
     match cmd {
-        ApplicationCmd::Add { name, units, constraints, json } => {
-            let body =
-                AddApplication { name, units: units as usize, constraints: constraints.map(serde_json::Value::String) };
+        ApplicationCmd::Add { name, units, constraints, capacity, json } => {
+            let body = AddApplication {
+                name,
+                units: units as usize,
+                constraints: constraints.map(serde_json::Value::String),
+                capacity,
+            };
             let added: ApplicationView = c.send("POST", "/v1/applications", &body)?;
             if json {
                 print_json(&added.machines);

@@ -134,6 +134,11 @@ pub enum MachineCmd {
         /// The manual machine's address, an IP address or a hostname (with --manual).
         #[arg(long, value_name = "HOST")]
         address: Option<String>,
+        /// Capacity: on-demand (the default), spot (spot only: without spot capacity in any
+        /// allowed zone the machine ends in provisioning error) or prefer-spot (spot while it can
+        /// be had, else on-demand).
+        #[arg(long, value_name = "C", value_parser = ["on-demand", "spot", "prefer-spot"])]
+        capacity: Option<String>,
         /// Wait until every new machine is provisioned or in error.
         #[arg(long)]
         wait: bool,
@@ -204,6 +209,10 @@ pub enum ApplicationCmd {
         /// Constraints for its machines, in Juju's syntax (as `machine add --constraints`).
         #[arg(long, value_name = "\"key=value ...\"")]
         constraints: Option<String>,
+        /// Capacity of its machines: on-demand (the default), spot or prefer-spot (as `machine
+        /// add --capacity`).
+        #[arg(long, value_name = "C", value_parser = ["on-demand", "spot", "prefer-spot"])]
+        capacity: Option<String>,
         /// Print JSON (a list of the new machines' ids).
         #[arg(long)]
         json: bool,

@@ -26,6 +26,7 @@ fn started(id: &str) -> Result<StartedInstance, BrokerError> {
             tags: InstanceTags::default(),
             age: None,
             instance_type: None,
+            capacity_type: None,
         },
         display_name: String::new(),
     })
@@ -60,6 +61,8 @@ fn params(machine: &str, token: &str) -> StartInstanceParams {
         extra_tags: Default::default(),
         client_token: token.into(),
         distribution_group: vec![MachineId::new("7")],
+        capacity: Default::default(),
+        spot_max_price: None,
     }
 }
 

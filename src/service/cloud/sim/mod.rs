@@ -325,6 +325,8 @@ impl Broker for SimCloud {
             }
             cloud.injected_fault()?;
             let picked = cloud.pick_type(&params).await?;
+            // Spot is always to be had in the simulated cloud: the instance runs on what was asked.
+            let capacity = params.capacity;
             let token = token_key(&cloud.model_uuid, picked.as_ref().map_or(&params.client_token, |(_, t)| t));
             let instance_type = picked.map(|(t, _)| t);
             // Without a start latency to wait (or for a repeated token's instance), the instance
@@ -373,7 +375,11 @@ impl Broker for SimCloud {
                     store.exec_lazy(move |s| s.land_instance(&id)).await.map_err(cloud_error)?
                 }
             };
-            let instance = CloudInstance { instance_type, ..landed.map(|r| r.instance).unwrap_or(record.instance) };
+            let instance = CloudInstance {
+                instance_type,
+                capacity_type: Some(capacity),
+                ..landed.map(|r| r.instance).unwrap_or(record.instance)
+            };
             Ok(StartedInstance { display_name: format!("sim-{}", instance.id), instance })
         })
     }
@@ -446,6 +452,8 @@ mod tests {
             extra_tags: Default::default(),
             client_token: "0/n/1".into(),
             distribution_group: Vec::new(),
+            capacity: Default::default(),
+            spot_max_price: None,
         }
     }
 

@@ -192,6 +192,7 @@ impl StoreBackend for PgStore {
             Ok(ProvisioningInfo {
                 constraints: constraints_from_row(r, 1)?,
                 placement: r.try_get(9).map_err(pg("reading a machine"))?,
+                capacity: super::rows::capacity_from(r, 10)?,
                 ..ProvisioningInfo::default()
             })
         })
@@ -404,6 +405,7 @@ impl StoreBackend for PgStore {
         name: &str,
         units: usize,
         constraints: &Constraints,
+        capacity: crate::model::CapacityPreference,
     ) -> Result<Vec<MachineId>, StoreError> {
         let ctx = "adding an application";
         let uuid = self.uuid();
@@ -414,8 +416,9 @@ impl StoreBackend for PgStore {
         let constraint = Self::constraint_row(&mut tx, constraints)?;
         let n = tx
             .execute(
-                "INSERT INTO applications (name, constraints_id) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
-                &[&name, &constraint],
+                "INSERT INTO applications (name, constraints_id, capacity) VALUES ($1, $2, $3) \
+                 ON CONFLICT (name) DO NOTHING",
+                &[&name, &constraint, &super::rows::capacity_column(capacity)],
             )
             .map_err(pg(ctx))?;
         if n == 0 {
@@ -424,6 +427,7 @@ impl StoreBackend for PgStore {
         let spec = NewMachine {
             constraints: constraints.clone(),
             application: Some(name.to_owned()),
+            capacity,
             ..NewMachine::default()
         };
         let ids = Self::insert_machines(&mut tx, units, &spec)?;
@@ -437,17 +441,19 @@ impl StoreBackend for PgStore {
         let rows = self
             .client()?
             .query(
-                "SELECT a.name, c.spec FROM applications a LEFT JOIN constraints c ON c.id = a.constraints_id \
-                 ORDER BY a.name",
+                "SELECT a.name, c.spec, a.capacity FROM applications a \
+                 LEFT JOIN constraints c ON c.id = a.constraints_id ORDER BY a.name",
                 &[],
             )
             .map_err(pg(ctx))?;
-        let apps: Vec<(String, Option<String>)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let apps: Vec<(String, Option<String>, Option<String>)> =
+            rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
         apps.into_iter()
-            .map(|(name, spec)| {
+            .map(|(name, spec, capacity)| {
                 let constraints = spec.and_then(|s| Constraints::parse(&s).ok()).unwrap_or_default();
+                let capacity = capacity.and_then(|c| c.parse().ok()).unwrap_or_default();
                 let machines = self.application_machines(&name)?;
-                Ok(ApplicationRecord { name, constraints, machines })
+                Ok(ApplicationRecord { name, constraints, capacity, machines })
             })
             .collect()
     }

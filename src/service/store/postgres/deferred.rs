@@ -73,9 +73,9 @@ pub(super) const SET_STARTED_SQL: &str = concat!(
     ", instance = v.instance, zone = v.zone, nonce = v.nonce, \
      display_name = v.display_name, instance_status = v.status, instance_status_message = '', \
      status = 'started', status_message = '', transient = false, start_attempts = m.start_attempts + 1, \
-     last_start_error = NULL \
-     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) \
-     AS v(id, instance, zone, nonce, display_name, status) WHERE m.id = v.id RETURNING m.id"
+     last_start_error = NULL, capacity_type = v.capacity_type \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) \
+     AS v(id, instance, zone, nonce, display_name, status, capacity_type) WHERE m.id = v.id RETURNING m.id"
 );
 
 /// One start's instance at a time per client token, across replicas (held to the commit): a
@@ -178,6 +178,7 @@ pub(super) fn deferred_statements<'a>(
         let (mut i_ids, mut i_status, mut i_message, mut i_error) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut t_ids, mut t_instance, mut t_zone, mut t_nonce, mut t_name, mut t_status) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut t_capacity: Vec<Option<&str>> = Vec::new();
         let (mut tokens, mut zones, mut models, mut machines, mut starts) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for w in units {
@@ -203,6 +204,7 @@ pub(super) fn deferred_statements<'a>(
                     t_nonce.push(info.nonce.as_str());
                     t_name.push(info.display_name.as_str());
                     t_status.push(info.status.as_str());
+                    t_capacity.push(info.capacity_type.map(crate::model::CapacityType::as_str));
                 }
                 Write::RunningInstance { client_token, zone, tags } => {
                     tokens.push(client_token.as_str());
@@ -240,6 +242,7 @@ pub(super) fn deferred_statements<'a>(
                 Box::new(t_nonce),
                 Box::new(t_name),
                 Box::new(t_status),
+                Box::new(t_capacity),
             ];
             out.push((SET_STARTED_SQL, p, Role::Updated(run)));
         }

@@ -268,6 +268,7 @@ fn started(n: u32) -> ProvisionedInstance {
         nonce: format!("n-{n}"),
         display_name: format!("sim-i-{n}"),
         status: InstanceStatus::running(),
+        capacity_type: None,
     }
 }
 
@@ -447,8 +448,8 @@ fn the_set_based_statements_plan_index_look_ups_on_a_small_table() {
         (
             "records",
             SET_STARTED_SQL,
-            "text[], text[], text[], text[], text[], text[]",
-            format!("{ids}, {texts}, {texts}, {texts}, {texts}, {texts}"),
+            "text[], text[], text[], text[], text[], text[], text[]",
+            format!("{ids}, {texts}, {texts}, {texts}, {texts}, {texts}, {texts}"),
         ),
         (
             "instances",
@@ -655,10 +656,11 @@ fn the_set_based_writes_stamp_their_rows_without_calling_the_trigger() {
         .unwrap();
     tx.execute(
         SET_STARTED_SQL,
-        &[&vec!["2"], &vec!["i-1"], &vec![Some("az1")], &vec!["n"], &vec!["name"], &vec!["running"]],
+        &[&vec!["2"], &vec!["i-1"], &vec![Some("az1")], &vec!["n"], &vec!["name"], &vec!["running"], &vec![none]],
     )
     .unwrap();
-    tx.query(ADD_MANY_SQL, &[&vec![2i64], &vec![none], &vec![none], &CHANGES_CHANNEL, &model, &200i64]).unwrap();
+    tx.query(ADD_MANY_SQL, &[&vec![2i64], &vec![none], &vec![none], &CHANGES_CHANNEL, &model, &200i64, &vec![none]])
+        .unwrap();
     assert_eq!(calls(&mut tx), before, "the set-based writes and the adds call no stamping function");
     for id in ["0", "1", "2", "3", "4"] {
         let at = stamp(&mut tx, id).unwrap();

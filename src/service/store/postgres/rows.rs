@@ -25,7 +25,7 @@ pub(super) const MACHINE_COLUMNS: &str =
                                m.status_message, m.instance_status_message, m.zone, m.transient, \
                                COALESCE(c.zones, m.zones), c.arch, c.cores, c.mem_mb, c.root_disk_mb, \
                                c.instance_type, c.spaces, c.tags, m.placement, m.application, m.changed_at, \
-                               m.address, m.start_attempts, m.last_start_error";
+                               m.address, m.start_attempts, m.last_start_error, m.capacity, m.capacity_type";
 pub(super) const MACHINE_FROM: &str = "machines m LEFT JOIN constraints c ON c.id = m.constraints_id";
 pub(super) const INSTANCE_COLUMNS: &str = "id, state, zone, model, machine, start, client_token";
 
@@ -50,7 +50,33 @@ pub(super) fn machine_from_row(r: &Row) -> Result<MachineRecord, StoreError> {
         address: r.try_get(22).map_err(get)?,
         start_attempts: r.try_get::<_, i64>(23).map_err(get)?.max(0) as u64,
         last_start_error: r.try_get(24).map_err(get)?,
+        capacity: capacity_from(r, 25)?,
+        capacity_type: capacity_type_from(r, 26)?,
     })
+}
+
+/// A capacity preference column (`NULL`: `on-demand`).
+pub(super) fn capacity_from(r: &Row, i: usize) -> Result<crate::model::CapacityPreference, StoreError> {
+    let text: Option<String> = r.try_get(i).map_err(pg("reading a machine"))?;
+    text.map_or(Ok(crate::model::CapacityPreference::OnDemand), |t| {
+        t.parse().map_err(|e| bad_row("reading a machine", format!("{e}")))
+    })
+}
+
+/// A capacity type column (`NULL`: not known).
+fn capacity_type_from(r: &Row, i: usize) -> Result<Option<crate::model::CapacityType>, StoreError> {
+    let text: Option<String> = r.try_get(i).map_err(pg("reading a machine"))?;
+    match text.as_deref() {
+        None => Ok(None),
+        Some("spot") => Ok(Some(crate::model::CapacityType::Spot)),
+        Some("on-demand") => Ok(Some(crate::model::CapacityType::OnDemand)),
+        Some(other) => Err(bad_row("reading a machine", format!("invalid capacity type {other:?}"))),
+    }
+}
+
+/// A capacity preference as its column holds it (`NULL` for `on-demand`, the default).
+pub(super) fn capacity_column(c: crate::model::CapacityPreference) -> Option<&'static str> {
+    (!c.is_default()).then(|| c.as_str())
 }
 
 /// The constraints of a row whose eight columns from `first` on are the machine's zones (its own or its
@@ -100,7 +126,7 @@ pub(super) const LEAN_MACHINE_SQL: &str =
 pub(super) const MACHINE_APPLICATION_SQL: &str = "SELECT id, application FROM machines WHERE id = ANY($1)";
 pub(super) const MACHINE_PROVISIONING_SQL: &str =
     "SELECT m.id, COALESCE(c.zones, m.zones), c.arch, c.cores, c.mem_mb, \
-     c.root_disk_mb, c.instance_type, c.spaces, c.tags, m.placement \
+     c.root_disk_mb, c.instance_type, c.spaces, c.tags, m.placement, m.capacity \
      FROM machines m LEFT JOIN constraints c ON c.id = m.constraints_id WHERE m.id = ANY($1)";
 
 pub(super) fn instance_from_row(r: &Row) -> Result<InstanceRecord, StoreError> {
@@ -119,6 +145,7 @@ pub(super) fn instance_from_row(r: &Row) -> Result<InstanceRecord, StoreError> {
             },
             age: None,
             instance_type: None,
+            capacity_type: None,
         },
         client_token: r.try_get(6).map_err(get)?,
     })
@@ -169,14 +196,15 @@ pub(super) const INSERT_NEW_INSTANCE_SQL: &str = "WITH c AS (\
 /// (nothing added). Its parameters: [`add_many_params`].
 pub(super) const ADD_MANY_SQL: &str = concat!(
     "WITH life AS (SELECT value FROM meta WHERE key = 'model_life' FOR SHARE), \
-     v AS (SELECT n, count, placement, application, sum(count) OVER (ORDER BY n) - count AS skip \
-     FROM unnest($1::bigint[], $2::text[], $3::text[]) WITH ORDINALITY AS v(count, placement, application, n)), \
+     v AS (SELECT n, count, placement, application, capacity, sum(count) OVER (ORDER BY n) - count AS skip \
+     FROM unnest($1::bigint[], $2::text[], $3::text[], $7::text[]) \
+     WITH ORDINALITY AS v(count, placement, application, capacity, n)), \
      c AS (INSERT INTO meta (key, value) SELECT 'next_machine', sum(count)::text FROM v \
      HAVING COALESCE((SELECT value FROM life), 'alive') = 'alive' \
      ON CONFLICT (key) DO UPDATE SET value = ((meta.value)::bigint + (EXCLUDED.value)::bigint)::text \
      RETURNING (value)::bigint - (SELECT sum(count) FROM v)::bigint AS first), \
-     ins AS (INSERT INTO machines (seq, id, placement, application, changed_at) \
-     SELECT c.first + v.skip + g.k, (c.first + v.skip + g.k)::text, v.placement, v.application, ",
+     ins AS (INSERT INTO machines (seq, id, placement, application, capacity, changed_at) \
+     SELECT c.first + v.skip + g.k, (c.first + v.skip + g.k)::text, v.placement, v.application, v.capacity, ",
     stamp_sql!(),
     " \
      FROM c, v, generate_series(0::bigint, v.count - 1) AS g(k) ORDER BY 1 RETURNING seq), \
@@ -193,10 +221,12 @@ pub(super) fn add_many_params<'a>(
     uuid: &'a str,
 ) -> Vec<Param<'a>> {
     let (mut counts, mut placements, mut applications) = (Vec::new(), Vec::new(), Vec::new());
+    let mut capacities = Vec::new();
     for (count, spec) in adds {
         counts.push(count as i64);
         placements.push(spec.placement.as_deref());
         applications.push(spec.application.as_deref());
+        capacities.push(capacity_column(spec.capacity));
     }
     vec![
         Box::new(counts),
@@ -205,6 +235,7 @@ pub(super) fn add_many_params<'a>(
         Box::new(CHANGES_CHANNEL),
         Box::new(uuid),
         Box::new(MAX_NOTIFIED_IDS as i64),
+        Box::new(capacities),
     ]
 }
 
@@ -330,10 +361,11 @@ impl PgStore {
     ) -> Result<(), StoreError> {
         const SQL: &str = "UPDATE machines SET instance = $2, zone = $3, nonce = $4, display_name = $5, \
              instance_status = $6, instance_status_message = '', status = 'started', status_message = '', \
-             transient = false WHERE id = $1";
+             transient = false, capacity_type = $7 WHERE id = $1";
         const STARTED_SQL: &str = "UPDATE machines SET instance = $2, zone = $3, nonce = $4, display_name = $5, \
              instance_status = $6, instance_status_message = '', status = 'started', status_message = '', \
-             transient = false, start_attempts = start_attempts + 1, last_start_error = NULL WHERE id = $1";
+             transient = false, start_attempts = start_attempts + 1, last_start_error = NULL, capacity_type = $7 \
+             WHERE id = $1";
         let before = self.update_machine(
             id,
             "recording an instance",
@@ -345,6 +377,7 @@ impl PgStore {
                 &info.nonce,
                 &info.display_name,
                 &info.status.as_str(),
+                &info.capacity_type.map(crate::model::CapacityType::as_str),
             ],
         )?;
         self.book.count_machine(before, Some(MachineStatus::Started.as_str()), None);
@@ -409,9 +442,9 @@ impl PgStore {
         let first = next_counters(tx, "next_machine", count as i64).map_err(pg("allocating machine ids"))?;
         let last = first + count as i64 - 1;
         tx.execute(
-            "INSERT INTO machines (seq, id, constraints_id, placement, application) \
-             SELECT g.n, g.n::text, $3, $4, $5 FROM generate_series($1::bigint, $2::bigint) AS g(n) ORDER BY g.n",
-            &[&first, &last, &constraint, &spec.placement, &spec.application],
+            "INSERT INTO machines (seq, id, constraints_id, placement, application, capacity) \
+             SELECT g.n, g.n::text, $3, $4, $5, $6 FROM generate_series($1::bigint, $2::bigint) AS g(n) ORDER BY g.n",
+            &[&first, &last, &constraint, &spec.placement, &spec.application, &capacity_column(spec.capacity)],
         )
         .map_err(pg("adding machines"))?;
         Ok((first..=last).map(|n| MachineId::from(n.to_string())).collect())

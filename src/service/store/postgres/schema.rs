@@ -96,6 +96,7 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
     (8, SCHEMA_V8),
     (9, SCHEMA_V9),
     (10, SCHEMA_V10),
+    (11, SCHEMA_V11),
 ];
 
 /// The epochs' record, created by migration 3 (and by the lease where missing, so that the
@@ -173,6 +174,15 @@ CREATE INDEX IF NOT EXISTS machines_in_error ON machines(seq) WHERE status = 'er
 /// Version 10: the uuid of the model a token is scoped to (valid for that model only, not for
 /// a later model of the same name).
 pub(super) const SCHEMA_V10: &str = "ALTER TABLE api_tokens ADD COLUMN IF NOT EXISTS model_uuid TEXT;";
+
+/// Version 11 (issue 33): each machine's capacity preference (`NULL`: `on-demand`) and the
+/// capacity its instance runs on (`NULL`: not known), and each application's capacity
+/// preference.
+pub(super) const SCHEMA_V11: &str = "
+ALTER TABLE machines ADD COLUMN IF NOT EXISTS capacity TEXT;
+ALTER TABLE machines ADD COLUMN IF NOT EXISTS capacity_type TEXT;
+ALTER TABLE applications ADD COLUMN IF NOT EXISTS capacity TEXT;
+";
 
 /// Version 7: the model a token is scoped to (`NULL`: every model).
 pub(super) const SCHEMA_V7: &str = "ALTER TABLE api_tokens ADD COLUMN IF NOT EXISTS model TEXT;";

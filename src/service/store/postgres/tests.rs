@@ -145,6 +145,7 @@ fn fenced_writes_commit_only_under_the_lease() {
         nonce: "n".into(),
         display_name: String::new(),
         status: InstanceStatus::running(),
+        capacity_type: None,
     };
     let tags = InstanceTags { model: Some(model.clone()), machine: Some(m[1].clone()), start: Some("n".into()) };
     let fenced = StoreError::Fenced { model_uuid: model.clone(), holder: "replica-a".into(), epoch: 3 };

@@ -271,11 +271,15 @@ impl StoreBackend for StoreCore {
             Ok(ProvisioningInfo {
                 constraints: constraints_from_row(r, 0)?,
                 placement: r.get(8)?,
+                capacity: super::rows::capacity_from(r.get(9)?)
+                    .map_err(|e| rusqlite::Error::FromSqlConversionFailure(9, rusqlite::types::Type::Text, e.into()))?,
                 ..ProvisioningInfo::default()
             })
         };
         self.conn
-            .prepare_cached(&format!("SELECT {CONSTRAINT_COLUMNS}, m.placement FROM {MACHINE_FROM} WHERE m.id = ?1"))
+            .prepare_cached(&format!(
+                "SELECT {CONSTRAINT_COLUMNS}, m.placement, m.capacity FROM {MACHINE_FROM} WHERE m.id = ?1"
+            ))
             .and_then(|mut s| s.query_row([id.as_str()], read).optional())
             .map_err(StoreError::sql("reading a machine"))
     }
@@ -507,6 +511,7 @@ impl StoreBackend for StoreCore {
         name: &str,
         units: usize,
         constraints: &Constraints,
+        capacity: crate::model::CapacityPreference,
     ) -> Result<Vec<MachineId>, StoreError> {
         if self.model_life()? != Life::Alive {
             return Err(StoreError::ModelDying);
@@ -521,11 +526,15 @@ impl StoreBackend for StoreCore {
             return Err(StoreError::Refused(format!("application {name:?} already exists")));
         }
         let constraint = Self::constraint_row(&tx, constraints)?;
-        tx.execute("INSERT INTO applications (name, constraints_id) VALUES (?1, ?2)", params![name, constraint])
-            .map_err(StoreError::sql(ctx))?;
+        tx.execute(
+            "INSERT INTO applications (name, constraints_id, capacity) VALUES (?1, ?2, ?3)",
+            params![name, constraint, super::rows::capacity_column(capacity)],
+        )
+        .map_err(StoreError::sql(ctx))?;
         let spec = NewMachine {
             constraints: constraints.clone(),
             application: Some(name.to_owned()),
+            capacity,
             ..NewMachine::default()
         };
         let ids = Self::insert_machines(&tx, units, &spec, &self.stamp())?;
@@ -536,16 +545,17 @@ impl StoreBackend for StoreCore {
 
     /// Every application, by name, with its constraints and its machines that are not dead.
     fn applications(&mut self) -> Result<Vec<ApplicationRecord>, StoreError> {
-        let sql = "SELECT a.name, c.spec FROM applications a LEFT JOIN constraints c ON c.id = a.constraints_id \
-                   ORDER BY a.name";
-        let rows: Vec<(String, Option<String>)> =
-            select_all(&self.conn, sql, |r| Ok((r.get(0)?, r.get(1)?)), "listing applications")?;
+        let sql = "SELECT a.name, c.spec, a.capacity FROM applications a \
+                   LEFT JOIN constraints c ON c.id = a.constraints_id ORDER BY a.name";
+        let rows: Vec<(String, Option<String>, Option<String>)> =
+            select_all(&self.conn, sql, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)), "listing applications")?;
         rows.into_iter()
-            .map(|(name, spec)| {
+            .map(|(name, spec, capacity)| {
                 // Written from a parsed set: it parses back (an unreadable row shows unconstrained).
                 let constraints = spec.and_then(|s| Constraints::parse(&s).ok()).unwrap_or_default();
+                let capacity = super::rows::capacity_from(capacity).unwrap_or_default();
                 let machines = self.application_machines(&name)?;
-                Ok(ApplicationRecord { name, constraints, machines })
+                Ok(ApplicationRecord { name, constraints, capacity, machines })
             })
             .collect()
     }

@@ -40,11 +40,12 @@ impl StoreCore {
         let sql = if started {
             "UPDATE machines SET instance = ?2, zone = ?3, nonce = ?4, display_name = ?5, instance_status = ?6, \
              instance_status_message = '', status = 'started', status_message = '', transient = 0, \
-             start_attempts = start_attempts + 1, last_start_error = NULL, changed_at = ?7 WHERE id = ?1"
+             start_attempts = start_attempts + 1, last_start_error = NULL, changed_at = ?7, capacity_type = ?8 \
+             WHERE id = ?1"
         } else {
             "UPDATE machines SET instance = ?2, zone = ?3, nonce = ?4, display_name = ?5, instance_status = ?6, \
              instance_status_message = '', status = 'started', status_message = '', transient = 0, \
-             changed_at = ?7 WHERE id = ?1"
+             changed_at = ?7, capacity_type = ?8 WHERE id = ?1"
         };
         let stamp = self.stamp();
         self.update_machine(
@@ -59,6 +60,7 @@ impl StoreCore {
                 &info.display_name,
                 &info.status.as_str(),
                 &stamp.as_ref(),
+                &info.capacity_type.map(crate::model::CapacityType::as_str),
             ],
         )?;
         self.count_machine(before, Some(MachineStatus::Started.as_str()), None);
@@ -99,11 +101,20 @@ impl StoreCore {
         let added = tx
             .prepare_cached(
                 "WITH RECURSIVE n(seq) AS (SELECT ?1 UNION ALL SELECT seq + 1 FROM n WHERE seq + 1 < ?2) \
-                 INSERT INTO machines (seq, id, constraints_id, placement, application, changed_at) \
-                 SELECT seq, CAST(seq AS TEXT), ?3, ?4, ?5, ?6 FROM n",
+                 INSERT INTO machines (seq, id, constraints_id, placement, application, changed_at, capacity) \
+                 SELECT seq, CAST(seq AS TEXT), ?3, ?4, ?5, ?6, ?7 FROM n",
             )
             .and_then(|mut st| {
-                st.execute(params![first as i64, end as i64, constraint, spec.placement, spec.application, stamp])
+                let capacity = super::rows::capacity_column(spec.capacity);
+                st.execute(params![
+                    first as i64,
+                    end as i64,
+                    constraint,
+                    spec.placement,
+                    spec.application,
+                    stamp,
+                    capacity
+                ])
             })
             .map_err(StoreError::sql("adding machines"))?;
         if added != count {

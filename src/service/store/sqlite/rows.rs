@@ -91,7 +91,34 @@ pub(super) fn machine_from_row(r: &Row<'_>) -> rusqlite::Result<MachineRecord> {
         address: r.get(22)?,
         start_attempts: r.get::<_, i64>(23)?.max(0) as u64,
         last_start_error: r.get(24)?,
+        capacity: capacity_from(r.get(25)?).map_err(|e| text_err(25, e))?,
+        capacity_type: capacity_type_from(r.get(26)?).map_err(|e| text_err(26, e))?,
     })
+}
+
+/// A conversion failure of column `i` (its text did not parse).
+fn text_err(i: usize, e: String) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, e.into())
+}
+
+/// A capacity preference column (`NULL`: `on-demand`).
+pub(super) fn capacity_from(text: Option<String>) -> Result<crate::model::CapacityPreference, String> {
+    text.map_or(Ok(crate::model::CapacityPreference::OnDemand), |t| t.parse().map_err(|e| format!("{e}")))
+}
+
+/// A capacity type column (`NULL`: not known).
+pub(super) fn capacity_type_from(text: Option<String>) -> Result<Option<crate::model::CapacityType>, String> {
+    match text.as_deref() {
+        None => Ok(None),
+        Some("spot") => Ok(Some(crate::model::CapacityType::Spot)),
+        Some("on-demand") => Ok(Some(crate::model::CapacityType::OnDemand)),
+        Some(other) => Err(format!("invalid capacity type {other:?}: expected spot or on-demand")),
+    }
+}
+
+/// A capacity preference as its column holds it (`NULL` for `on-demand`, the default).
+pub(super) fn capacity_column(c: crate::model::CapacityPreference) -> Option<&'static str> {
+    (!c.is_default()).then(|| c.as_str())
 }
 
 /// A machine's constraints from the eight columns from `first` on, as [`CONSTRAINT_COLUMNS`]
@@ -121,7 +148,8 @@ pub(super) const MACHINE_COLUMNS: &str = "m.id, m.life, m.status, m.status_messa
                                m.instance_status_message, m.instance, m.zone, m.keep_instance, m.transient, \
                                COALESCE(c.zones, m.zones), c.arch, c.cores, c.mem_mb, c.root_disk_mb, \
                                c.instance_type, c.spaces, c.tags, m.placement, m.application, m.changed_at, \
-                               m.manual, m.address, m.start_attempts, m.last_start_error";
+                               m.manual, m.address, m.start_attempts, m.last_start_error, m.capacity, \
+                               m.capacity_type";
 /// Machines with their shared constraints (`m.zones` holds those of version-1 rows).
 pub(super) const MACHINE_FROM: &str = "machines m LEFT JOIN constraints c ON c.id = m.constraints_id";
 
@@ -143,6 +171,7 @@ pub(super) fn instance_from_row(r: &Row<'_>) -> rusqlite::Result<InstanceRecord>
             age: None,
             // Not stored (yet): the simulated cloud's type is shown on the start's answer.
             instance_type: None,
+            capacity_type: None,
         },
         client_token: r.get(6)?,
     })

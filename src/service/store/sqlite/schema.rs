@@ -45,6 +45,27 @@ pub(super) fn upgrade_start_attempts(tx: &Transaction<'_>) -> Result<(), StoreEr
     )
 }
 
+/// Schema step of version 8 (issue 33): each machine's capacity preference (`NULL`:
+/// `on-demand`) and the capacity its instance runs on (`NULL`: not known), and each
+/// application's capacity preference.
+pub(super) fn upgrade_capacity(tx: &Transaction<'_>) -> Result<(), StoreError> {
+    add_missing_machine_columns(
+        tx,
+        &[
+            ("capacity", "ALTER TABLE machines ADD COLUMN capacity TEXT"),
+            ("capacity_type", "ALTER TABLE machines ADD COLUMN capacity_type TEXT"),
+        ],
+    )?;
+    let has: i64 = tx
+        .query_row("SELECT count(*) FROM pragma_table_info('applications') WHERE name = 'capacity'", [], |r| r.get(0))
+        .map_err(StoreError::sql("reading the schema"))?;
+    if has == 0 {
+        tx.execute_batch("ALTER TABLE applications ADD COLUMN capacity TEXT")
+            .map_err(StoreError::sql("upgrading the schema"))?;
+    }
+    Ok(())
+}
+
 /// The columns of version 3's `constraints` table, whole constraint sets: the table
 /// [`SCHEMA`] creates and the one [`UPGRADE_CONSTRAINTS_V2`] rebuilds a version-2 table as.
 macro_rules! constraints_columns {

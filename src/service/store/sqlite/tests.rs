@@ -263,7 +263,7 @@ fn a_version_2_database_is_upgraded() {
     let problems: i64 =
         s.conn_for_tests().query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| r.get(0)).unwrap();
     assert_eq!(problems, 0);
-    s.add_application("web", 1, &crate::model::Constraints::default()).unwrap();
+    s.add_application("web", 1, &crate::model::Constraints::default(), Default::default()).unwrap();
     // It gained the manual machines' columns too.
     assert!(!s.machine(&MachineId::new("0")).unwrap().unwrap().machine.manual);
     let manual = s.add_manual("db-1").unwrap();
@@ -430,6 +430,7 @@ fn the_hot_machine_writes_stamp_their_row_once() {
         nonce: "n".into(),
         display_name: String::new(),
         status: crate::model::InstanceStatus::running(),
+        capacity_type: None,
     };
     type Write<'a> = (&'a str, Box<dyn Fn(&mut StoreCore) + 'a>);
     let writes: [Write<'_>; 5] = [
