@@ -7,6 +7,10 @@
 - Capacity failures of one instance type: MOTO_FAIL_TYPES="MODEL:TYPE:ZONE,..." makes
   RunInstances of TYPE into ZONE for model MODEL fail with InsufficientInstanceCapacity (other
   types in that zone, and that type in other zones, still start).
+- Spot capacity failures, which moto lacks: MOTO_FAIL_SPOT="MODEL:TYPE:ZONE,..." (TYPE or ZONE
+  may be `*`) makes a spot RunInstances (InstanceMarketOptions.MarketType spot) of TYPE into ZONE
+  for model MODEL fail with InsufficientInstanceCapacity, as EC2 answers when it has no spot
+  capacity there; on-demand calls go through.
 - Idempotent RunInstances, as EC2 is and moto is not (moto records ClientToken but a repeated
   token makes another instance): a call with a ClientToken seen before answers what the first
   call answered and makes nothing.
@@ -53,6 +57,11 @@ FAIL_TYPES = {
     for item in os.environ.get("MOTO_FAIL_TYPES", "").split(",")
     if item.count(":") == 2
 }
+FAIL_SPOT = {
+    tuple(item.split(":", 2))
+    for item in os.environ.get("MOTO_FAIL_SPOT", "").split(",")
+    if item.count(":") == 2
+}
 PARTIAL = {
     model: int(k)
     for model, k in (item.split(":", 1) for item in os.environ.get("MOTO_PARTIAL", "").split(",") if ":" in item)
@@ -86,6 +95,14 @@ def run_instances(self):
                 raise EC2ClientError(
                     "InsufficientInstanceCapacity",
                     f"We currently do not have sufficient {instance_type} capacity in the Availability Zone you requested ({zone}).",
+                )
+            spot = self._get_param("InstanceMarketOptions.MarketType") == "spot"
+            if spot and any(
+                (model, t, z) in FAIL_SPOT for t in (instance_type, "*") for z in (zone, "*")
+            ):
+                raise EC2ClientError(
+                    "InsufficientInstanceCapacity",
+                    f"There is no Spot capacity available that matches your request ({instance_type} in {zone}).",
                 )
             if (model, zone) in FAIL:
                 raise EC2ClientError(

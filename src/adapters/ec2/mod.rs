@@ -12,6 +12,13 @@
 //!   made), and `TagSpecifications` carrying the model uuid, the machine id and the start
 //!   nonce ([`TAG_MODEL`], [`TAG_MACHINE`], [`TAG_START`]), the model's tags and the `tags=`
 //!   constraint ([`constraint_tags`]).
+//! - Capacity types (issue 33): a spot call (`StartInstanceParams::capacity`) launches with
+//!   `InstanceMarketOptions` (one-time spot, terminated when EC2 takes it back, `MaxPrice` from
+//!   the call's spot price cap); the per-type fail-over remembers spot and on-demand capacity
+//!   apart; listings say each instance's capacity type (`InstanceLifecycle`).
+//!   `InsufficientInstanceCapacity` and `SpotMaxPriceTooLow` for spot are zone-specific (no spot
+//!   capacity there), so a `prefer-spot` machine tries spot in every allowed zone, then
+//!   on-demand.
 //! - Instance types: a machine without hardware constraints gets the configured type
 //!   (`--ec2-instance-type`; without one, the cheapest `amd64` type with 1 GiB); one with
 //!   `arch`/`cores`/`mem` the cheapest type that satisfies them, from `DescribeInstanceTypes`
