@@ -13,6 +13,12 @@ use std::time::Duration;
 
 use crate::adapters::ec2::{Ec2Broker, Ec2Config};
 
+/// The SQS queue the server's EventBridge rule delivers interruption notices to (its name).
+pub const INTERRUPTION_QUEUE: &str = "provisioner-interruptions";
+/// The tag whose value (seconds) makes the server interrupt the tagged instance: the warning on
+/// [`INTERRUPTION_QUEUE`] now, the termination that many seconds later.
+pub const INTERRUPT_TAG: &str = "provisioner-test-interrupt";
+
 /// An image moto knows.
 pub const IMAGE: &str = "ami-1e749f67";
 /// The model whose starts into us-east-1a fail with InsufficientInstanceCapacity.
@@ -120,6 +126,7 @@ impl Moto {
             .env("MOTO_FAIL_TYPES", fail_types.join(","))
             .env("MOTO_PARTIAL", partial.join(","))
             .env("MOTO_FAIL_SPOT", fail_spot.join(","))
+            .env("MOTO_INTERRUPTION_QUEUE", INTERRUPTION_QUEUE)
             .env("MOTO_FAIL_TAGS", fail_tags.join(","))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -133,6 +140,11 @@ impl Moto {
             std::thread::sleep(Duration::from_millis(100));
         }
         panic!("moto server did not listen on {port} within 30 s");
+    }
+
+    /// The URL of [`INTERRUPTION_QUEUE`] on this server.
+    pub fn interruption_queue(&self) -> String {
+        format!("{}/123456789012/{INTERRUPTION_QUEUE}", self.endpoint)
     }
 
     /// A broker for `model` on this server (us-east-1, [`IMAGE`], t3.micro).

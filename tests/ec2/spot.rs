@@ -68,3 +68,61 @@ async fn without_spot_capacity_prefer_spot_falls_back_to_on_demand_and_spot_fail
     assert!(why.contains("no spot capacity") && why.contains("InsufficientInstanceCapacity"), "{why}");
     handle.shutdown();
 }
+
+/// The queue as the broker reads it: the test server interrupts a spot instance (the warning
+/// through its EventBridge rule onto the queue now, the termination three seconds later, as EC2
+/// does two minutes after its warning); the warning is received, names the instance and its
+/// deadline, and once acknowledged is not received again; the instance goes with
+/// `Server.SpotInstanceTermination`.
+#[actix_rt::test]
+async fn an_interruption_warning_arrives_on_the_queue_and_the_instance_goes_when_it_runs_out() {
+    use aws_sdk_ec2::types::Tag;
+    use provisioner::adapters::ec2::NoticeKind;
+    use provisioner::testing::moto::INTERRUPT_TAG;
+
+    let moto = Moto::shared();
+    let uuid = "model-interrupted";
+    let broker = moto.broker_with(uuid, |c| c.interruption_queue = Some(moto.interruption_queue())).await;
+    let queue = broker.interruptions().expect("the queue is configured").with_wait(std::time::Duration::from_secs(2));
+    let model = FakeModel::with_machines(vec![wanting("0", CapacityPreference::Spot)]);
+    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
+    let snap = until(&model, super::all_provisioned(&["0".to_owned()])).await;
+    let id = super::recorded(&snap, "0");
+    handle.shutdown();
+    let tag = Tag::builder().key(INTERRUPT_TAG).value("3").build();
+    broker.client().create_tags().resources(&id).tags(tag).send().await.unwrap();
+
+    // Other tests' notices may share the queue: ours is the one naming our instance.
+    let mut ours = None;
+    for _ in 0..10 {
+        let notices = queue.receive().await.unwrap();
+        let (mine, others): (Vec<_>, Vec<_>) = notices.into_iter().partition(|n| n.instance.as_str() == id);
+        // Not ours to act on: back to the queue soon for whoever reads it (here: nobody).
+        drop(others);
+        if let Some(n) = mine.into_iter().find(|n| n.kind == NoticeKind::Interruption) {
+            ours = Some(n);
+            break;
+        }
+    }
+    let notice = ours.expect("the interruption warning arrives");
+    let sent = notice.sent.expect("the event's time");
+    assert_eq!(notice.deadline(), Some(sent + std::time::Duration::from_secs(120)));
+    queue.acknowledge(vec![notice.receipt.clone()]).await.unwrap();
+
+    let mut reason = None;
+    for _ in 0..100 {
+        let out = broker.client().describe_instances().instance_ids(&id).send().await.unwrap();
+        let i = out.reservations()[0].instances()[0].clone();
+        if i.state().and_then(|s| s.name()) == Some(&aws_sdk_ec2::types::InstanceStateName::Terminated) {
+            reason = i.state_reason().and_then(|r| r.code()).map(str::to_owned);
+            break;
+        }
+        actix_rt::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(reason.as_deref(), Some("Server.SpotInstanceTermination"), "terminated by the interruption");
+    let again = queue.receive().await.unwrap();
+    assert!(
+        !again.iter().any(|n| n.instance.as_str() == id && n.kind == NoticeKind::Interruption),
+        "an acknowledged warning is gone: {again:?}"
+    );
+}

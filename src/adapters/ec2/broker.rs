@@ -19,6 +19,7 @@ use futures::StreamExt;
 
 use super::config::{Ec2Config, Ec2ConfigError, DEFAULT_CAPACITY_MEMORY, DEFAULT_TYPES_PER_ZONE};
 use super::errors::{classify, is_throttling};
+use super::interruptions::{InterruptionQueue, MAX_WAIT};
 use super::memory::{
     Attempt, Attempted, BrokerMemory, GetPacer, OrderTypes, ReadCatalogue, ReadRootDevice, RememberUntagged, SetPacer,
     TakeUntagged, Untagged,
@@ -145,6 +146,8 @@ pub struct Ec2Broker {
     memory: Addr<BrokerMemory>,
     /// The origin of the fail-over's time.
     epoch: actix_rt::time::Instant,
+    /// The queue of interruption notices, when one is configured.
+    interruptions: Option<InterruptionQueue>,
 }
 
 /// The instance tags a `tags=` constraint asks for: `KEY=VALUE` is the tag `KEY` = `VALUE`, a
@@ -334,12 +337,22 @@ impl Ec2Broker {
             return Err(Ec2ConfigError::NoRegion);
         }
         let memory = config.capacity_memory.unwrap_or(DEFAULT_CAPACITY_MEMORY);
+        let interruptions = config
+            .interruption_queue
+            .as_ref()
+            .map(|url| InterruptionQueue::new(aws_sdk_sqs::Client::new(&sdk), url.clone(), MAX_WAIT));
         Ok(Self {
+            interruptions,
             client: Client::new(&sdk),
             config: Arc::new(config),
             memory: BrokerMemory::start(memory),
             epoch: actix_rt::time::Instant::now(),
         })
+    }
+
+    /// The queue of spot interruption notices, when one is configured.
+    pub fn interruptions(&self) -> Option<&InterruptionQueue> {
+        self.interruptions.as_ref()
     }
 
     /// The catalogue: every type `DescribeInstanceTypes` lists, with its architecture, vCPUs

@@ -19,6 +19,10 @@
 //!   `InsufficientInstanceCapacity` and `SpotMaxPriceTooLow` for spot are zone-specific (no spot
 //!   capacity there), so a `prefer-spot` machine tries spot in every allowed zone, then
 //!   on-demand.
+//! - Interruption notices ([`InterruptionQueue`], with `interruption_queue` set): EC2's spot
+//!   interruption warnings, rebalance recommendations and terminations, read from the SQS queue
+//!   EventBridge delivers them to, each deleted once acted on. (The provisioner's hand-over on a
+//!   warning is a later step of issue 33.)
 //! - Instance types: a machine without hardware constraints gets the configured type
 //!   (`--ec2-instance-type`; without one, the cheapest `amd64` type with 1 GiB); one with
 //!   `arch`/`cores`/`mem` the cheapest type that satisfies them, from `DescribeInstanceTypes`
@@ -55,6 +59,7 @@
 mod broker;
 mod config;
 mod errors;
+mod interruptions;
 mod memory;
 #[cfg(test)]
 mod tests;
@@ -65,3 +70,4 @@ pub use broker::{
 };
 pub use config::{Ec2Config, Ec2ConfigError, DEFAULT_CAPACITY_MEMORY, DEFAULT_TYPES_PER_ZONE};
 pub use errors::classify;
+pub use interruptions::{parse_event, InterruptionQueue, Notice, NoticeKind, INTERRUPTION_NOTICE, MAX_WAIT};
