@@ -13,6 +13,12 @@ use std::time::Duration;
 
 use crate::adapters::ec2::{Ec2Broker, Ec2Config};
 
+/// The SQS queue the server's EventBridge rule delivers interruption notices to (its name).
+pub const INTERRUPTION_QUEUE: &str = "provisioner-interruptions";
+/// The tag whose value (seconds) makes the server interrupt the tagged instance: the warning on
+/// [`INTERRUPTION_QUEUE`] now, the termination that many seconds later.
+pub const INTERRUPT_TAG: &str = "provisioner-test-interrupt";
+
 /// An image moto knows.
 pub const IMAGE: &str = "ami-1e749f67";
 /// The model whose starts into us-east-1a fail with InsufficientInstanceCapacity.
@@ -30,6 +36,9 @@ pub const BATCH_CAPACITY_MODEL: &str = "model-batch-capacity";
 /// The model whose starts of t3.large into us-east-1a fail with InsufficientInstanceCapacity
 /// (batched-start tests).
 pub const BATCH_TYPE_MODEL: &str = "model-batch-types";
+/// The model that has no spot capacity anywhere: its spot starts fail with
+/// InsufficientInstanceCapacity in every zone and type (on-demand starts go through).
+pub const NO_SPOT_MODEL: &str = "model-no-spot";
 /// The model whose RunInstances calls launch at most two instances (a partial launch).
 pub const PARTIAL_MODEL: &str = "model-partial";
 /// A start nonce containing this makes the first two CreateTags of its instance fail with
@@ -85,6 +94,7 @@ impl Moto {
                     &format!("{BATCH_TYPE_MODEL}:t3.large:us-east-1a"),
                 ],
                 &[&format!("{PARTIAL_MODEL}:2")],
+                &[&format!("{NO_SPOT_MODEL}:*:*")],
                 &[
                     &format!("{TAGS_LAG}:2"),
                     &format!("{TAGS_FAIL}:5"),
@@ -98,7 +108,14 @@ impl Moto {
     // Runs once, before the calling test has started any actor: waiting for the server to
     // listen may block this thread.
     #[allow(clippy::disallowed_methods)]
-    fn start(fail_zones: &[&str], lose: &[&str], fail_types: &[&str], partial: &[&str], fail_tags: &[&str]) -> Moto {
+    fn start(
+        fail_zones: &[&str],
+        lose: &[&str],
+        fail_types: &[&str],
+        partial: &[&str],
+        fail_spot: &[&str],
+        fail_tags: &[&str],
+    ) -> Moto {
         let python = python();
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = Command::new(python)
@@ -108,6 +125,8 @@ impl Moto {
             .env("MOTO_LOSE_RESPONSES", lose.join(","))
             .env("MOTO_FAIL_TYPES", fail_types.join(","))
             .env("MOTO_PARTIAL", partial.join(","))
+            .env("MOTO_FAIL_SPOT", fail_spot.join(","))
+            .env("MOTO_INTERRUPTION_QUEUE", INTERRUPTION_QUEUE)
             .env("MOTO_FAIL_TAGS", fail_tags.join(","))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -121,6 +140,11 @@ impl Moto {
             std::thread::sleep(Duration::from_millis(100));
         }
         panic!("moto server did not listen on {port} within 30 s");
+    }
+
+    /// The URL of [`INTERRUPTION_QUEUE`] on this server.
+    pub fn interruption_queue(&self) -> String {
+        format!("{}/123456789012/{INTERRUPTION_QUEUE}", self.endpoint)
     }
 
     /// A broker for `model` on this server (us-east-1, [`IMAGE`], t3.micro).

@@ -15,6 +15,9 @@ use provisioner::{start, HarvestMode, Life, Machine, ProvisionerConfig, Provisio
 
 use provisioner::testing::moto::{self, Moto, CAPACITY_MODEL, IMAGE};
 
+/// Spot capacity (issue 33).
+mod spot;
+
 fn config(model: &str, mode: HarvestMode) -> ProvisionerConfig {
     ProvisionerConfig {
         model_uuid: model.into(),

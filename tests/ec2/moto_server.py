@@ -7,6 +7,10 @@
 - Capacity failures of one instance type: MOTO_FAIL_TYPES="MODEL:TYPE:ZONE,..." makes
   RunInstances of TYPE into ZONE for model MODEL fail with InsufficientInstanceCapacity (other
   types in that zone, and that type in other zones, still start).
+- Spot capacity failures, which moto lacks: MOTO_FAIL_SPOT="MODEL:TYPE:ZONE,..." (TYPE or ZONE
+  may be `*`) makes a spot RunInstances (InstanceMarketOptions.MarketType spot) of TYPE into ZONE
+  for model MODEL fail with InsufficientInstanceCapacity, as EC2 answers when it has no spot
+  capacity there; on-demand calls go through.
 - Idempotent RunInstances, as EC2 is and moto is not (moto records ClientToken but a repeated
   token makes another instance): a call with a ClientToken seen before answers what the first
   call answered and makes nothing.
@@ -21,18 +25,27 @@
 - Tagging that lags: MOTO_FAIL_TAGS="MARKER:N,..." makes the first N CreateTags calls whose
   provisioner-start tag contains MARKER fail with InvalidInstanceID.NotFound, as EC2 (eventually
   consistent) answers a CreateTags right after RunInstances now and then.
+- Spot interruptions, which moto lacks: at start, the SQS queue MOTO_INTERRUPTION_QUEUE (in
+  us-east-1, account 123456789012) and an EventBridge rule delivering EC2's interruption
+  warnings, rebalance recommendations and state changes to it are made; a CreateTags of the key
+  provisioner-test-interrupt with the value SECONDS on an instance puts an "EC2 Spot Instance
+  Interruption Warning" for it on the default bus (so onto the queue, by the rule), then, SECONDS
+  later, terminates the instance with the state reason Server.SpotInstanceTermination, as EC2
+  does two minutes after its warning.
 - The server exits when the process that started it is gone (no stray servers after a test
   run, even one that was killed).
 
 Usage: python moto_server.py -H 127.0.0.1 -p PORT
 """
 
+import json
 import os
 import sys
 import threading
 import time
 
 from moto.ec2.exceptions import EC2ClientError
+from moto.ec2.models.instances import StateReason
 from moto.ec2.responses.instances import InstanceResponse
 from moto.ec2.responses.tags import TagResponse
 from moto.server import main
@@ -51,6 +64,11 @@ LOSE = {
 FAIL_TYPES = {
     tuple(item.split(":", 2))
     for item in os.environ.get("MOTO_FAIL_TYPES", "").split(",")
+    if item.count(":") == 2
+}
+FAIL_SPOT = {
+    tuple(item.split(":", 2))
+    for item in os.environ.get("MOTO_FAIL_SPOT", "").split(",")
     if item.count(":") == 2
 }
 PARTIAL = {
@@ -87,6 +105,14 @@ def run_instances(self):
                     "InsufficientInstanceCapacity",
                     f"We currently do not have sufficient {instance_type} capacity in the Availability Zone you requested ({zone}).",
                 )
+            spot = self._get_param("InstanceMarketOptions.MarketType") == "spot"
+            if spot and any(
+                (model, t, z) in FAIL_SPOT for t in (instance_type, "*") for z in (zone, "*")
+            ):
+                raise EC2ClientError(
+                    "InsufficientInstanceCapacity",
+                    f"There is no Spot capacity available that matches your request ({instance_type} in {zone}).",
+                )
             if (model, zone) in FAIL:
                 raise EC2ClientError(
                     "InsufficientInstanceCapacity",
@@ -106,8 +132,67 @@ def run_instances(self):
     return answer
 
 
+ACCOUNT = "123456789012"
+REGION = "us-east-1"
+INTERRUPT = "provisioner-test-interrupt"
+
+
+def make_interruption_queue(name):
+    """The queue interruption notices arrive on, and the rule that delivers them there."""
+    from moto.events.models import events_backends
+    from moto.sqs.models import sqs_backends
+
+    queue = sqs_backends[ACCOUNT][REGION].create_queue(name)
+    pattern = {
+        "source": ["aws.ec2"],
+        "detail-type": [
+            "EC2 Spot Instance Interruption Warning",
+            "EC2 Instance Rebalance Recommendation",
+            "EC2 Instance State-change Notification",
+        ],
+    }
+    events = events_backends[ACCOUNT][REGION]
+    events.put_rule("provisioner-interruptions", event_pattern=json.dumps(pattern))
+    events.put_targets("provisioner-interruptions", None, [{"Id": "queue", "Arn": queue.queue_arn}])
+
+
+def interrupt(instance_id, seconds):
+    """EC2's interruption of a spot instance: the warning now, the termination `seconds` later."""
+    from moto.ec2.models import ec2_backends
+    from moto.events.models import events_backends
+
+    detail = {"instance-id": instance_id, "instance-action": "terminate"}
+    events_backends[ACCOUNT][REGION].put_events(
+        [
+            {
+                "Source": "aws.ec2",
+                "DetailType": "EC2 Spot Instance Interruption Warning",
+                "Detail": json.dumps(detail),
+                "Resources": [f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{instance_id}"],
+            }
+        ]
+    )
+
+    def terminate():
+        time.sleep(seconds)
+        ec2 = ec2_backends[ACCOUNT][REGION]
+        with LOCK:
+            for instance, _ in ec2.terminate_instances([instance_id]):
+                instance._reason = "Server.SpotInstanceTermination"
+                instance.state_reason = StateReason(
+                    "Server.SpotInstanceTermination: Spot instance termination", "Server.SpotInstanceTermination"
+                )
+
+    threading.Thread(target=terminate, daemon=True).start()
+
+
 def create_tags(self):
-    start = next((t.get("Value", "") for t in self._get_param("Tags", []) if t.get("Key") == "provisioner-start"), "")
+    tags = self._get_param("Tags", [])
+    trigger = next((t.get("Value", "") for t in tags if t.get("Key") == INTERRUPT), None)
+    if trigger is not None:
+        for instance_id in self._get_param("Resources", []):
+            interrupt(instance_id, float(trigger))
+    start = next((t.get("Value", "") for t in tags if t.get("Key") == "provisioner-start"), "")
     with LOCK:
         for marker in FAIL_TAGS:
             if marker in start and FAIL_TAGS[marker] > 0:
@@ -129,4 +214,6 @@ def exit_with_parent():
 
 if __name__ == "__main__":
     threading.Thread(target=exit_with_parent, daemon=True).start()
+    if os.environ.get("MOTO_INTERRUPTION_QUEUE"):
+        make_interruption_queue(os.environ["MOTO_INTERRUPTION_QUEUE"])
     main(sys.argv[1:])

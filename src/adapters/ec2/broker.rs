@@ -10,21 +10,25 @@ use aws_sdk_ec2::config::http::HttpResponse;
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::operation::run_instances::RunInstancesOutput;
 use aws_sdk_ec2::types::{
-    ArchitectureType, AvailabilityZoneState, BlockDeviceMapping, EbsBlockDevice, Filter, Instance, InstanceStateName,
-    InstanceType, Placement, ResourceType, Tag, TagSpecification,
+    ArchitectureType, AvailabilityZoneState, BlockDeviceMapping, EbsBlockDevice, Filter, Instance,
+    InstanceInterruptionBehavior, InstanceLifecycleType, InstanceMarketOptionsRequest, InstanceStateName, InstanceType,
+    MarketType, Placement, ResourceType, SpotInstanceType, SpotMarketOptions, Tag, TagSpecification,
 };
 use aws_sdk_ec2::Client;
 use futures::StreamExt;
 
 use super::config::{Ec2Config, Ec2ConfigError, DEFAULT_CAPACITY_MEMORY, DEFAULT_TYPES_PER_ZONE};
 use super::errors::{classify, is_throttling};
+use super::interruptions::{InterruptionQueue, MAX_WAIT};
 use super::memory::{
     Attempt, Attempted, BrokerMemory, GetPacer, OrderTypes, ReadCatalogue, ReadRootDevice, RememberUntagged, SetPacer,
     TakeUntagged, Untagged,
 };
 use crate::config::rate_limits::ApiClass;
 use crate::model::instance_types::{self, has_hardware_constraint, TypeAttempt};
-use crate::model::{CloudInstance, Constraints, InstanceId, InstanceState, InstanceTags, MachineId};
+use crate::model::{
+    CapacityType, CloudInstance, Constraints, InstanceId, InstanceState, InstanceTags, MachineId, UsdPerHour,
+};
 use crate::ports::{
     AvailabilityZone, BatchMember, BatchStartParams, BatchStarted, Broker, BrokerError, BrokerFuture, Pacer,
     StartInstanceParams, StartedInstance,
@@ -142,6 +146,8 @@ pub struct Ec2Broker {
     memory: Addr<BrokerMemory>,
     /// The origin of the fail-over's time.
     epoch: actix_rt::time::Instant,
+    /// The queue of interruption notices, when one is configured.
+    interruptions: Option<InterruptionQueue>,
 }
 
 /// The instance tags a `tags=` constraint asks for: `KEY=VALUE` is the tag `KEY` = `VALUE`, a
@@ -206,6 +212,10 @@ struct Launch<'a> {
     tags: Vec<Tag>,
     /// `MaxCount` (`MinCount` is 1).
     count: i32,
+    /// Spot (`InstanceMarketOptions`) or on-demand.
+    capacity: CapacityType,
+    /// The spot price cap (`SpotOptions.MaxPrice`; `None`: EC2's default, the on-demand price).
+    max_price: Option<UsdPerHour>,
 }
 
 /// The root volume size in GiB for `root-disk=` in MiB (rounded up).
@@ -294,7 +304,11 @@ pub(super) fn to_cloud_instance(i: &Instance, model: &str, now: SystemTime) -> O
         .launch_time()
         .and_then(|t| SystemTime::try_from(*t).ok())
         .map(|launched| now.duration_since(launched).unwrap_or(Duration::ZERO));
-    Some(CloudInstance { id: InstanceId::new(id), state, zone, tags, age, instance_type, capacity_type: None })
+    let capacity_type = Some(match i.instance_lifecycle() {
+        Some(InstanceLifecycleType::Spot) => CapacityType::Spot,
+        _ => CapacityType::OnDemand,
+    });
+    Some(CloudInstance { id: InstanceId::new(id), state, zone, tags, age, instance_type, capacity_type })
 }
 
 /// The wall clock, to age instances from their `LaunchTime` (a wall-clock timestamp). The one
@@ -323,12 +337,22 @@ impl Ec2Broker {
             return Err(Ec2ConfigError::NoRegion);
         }
         let memory = config.capacity_memory.unwrap_or(DEFAULT_CAPACITY_MEMORY);
+        let interruptions = config
+            .interruption_queue
+            .as_ref()
+            .map(|url| InterruptionQueue::new(aws_sdk_sqs::Client::new(&sdk), url.clone(), MAX_WAIT));
         Ok(Self {
+            interruptions,
             client: Client::new(&sdk),
             config: Arc::new(config),
             memory: BrokerMemory::start(memory),
             epoch: actix_rt::time::Instant::now(),
         })
+    }
+
+    /// The queue of spot interruption notices, when one is configured.
+    pub fn interruptions(&self) -> Option<&InterruptionQueue> {
+        self.interruptions.as_ref()
     }
 
     /// The catalogue: every type `DescribeInstanceTypes` lists, with its architecture, vCPUs
@@ -430,6 +454,18 @@ impl Ec2Broker {
         if let Some(zone) = launch.zone {
             call = call.placement(Placement::builder().availability_zone(zone).build());
         }
+        if launch.capacity == CapacityType::Spot {
+            // One-time spot: the instance is terminated, not stopped, when EC2 takes it back.
+            let mut spot = SpotMarketOptions::builder()
+                .spot_instance_type(SpotInstanceType::OneTime)
+                .instance_interruption_behavior(InstanceInterruptionBehavior::Terminate);
+            if let Some(price) = launch.max_price {
+                spot = spot.max_price(format!("{:.6}", price.dollars()));
+            }
+            let market =
+                InstanceMarketOptionsRequest::builder().market_type(MarketType::Spot).spot_options(spot.build());
+            call = call.instance_market_options(market.build());
+        }
         if let Some(subnet) = placement_subnet(launch.placement).or(config.subnet_id.as_deref()) {
             call = call.subnet_id(subnet.to_owned());
         }
@@ -452,12 +488,19 @@ impl Ec2Broker {
             None => None,
         };
         let (zone, token) = (launch.zone, launch.token);
-        let order = OrderTypes { now: self.now(), zone: zone.map(str::to_owned), token: token.to_owned(), candidates };
+        let capacity = launch.capacity;
+        let order = OrderTypes {
+            now: self.now(),
+            zone: zone.map(str::to_owned),
+            capacity,
+            token: token.to_owned(),
+            candidates,
+        };
         let attempts = self.memory.send(order).await.map_err(|_| Self::memory_gone())?;
         // Each outcome is told before the launch goes on: a later call's order comes after it.
         let attempted = |outcome: Attempted| {
             let (zone, token) = (zone.map(str::to_owned), token.to_owned());
-            self.memory.do_send(Attempt { now: self.now(), zone, token, outcome });
+            self.memory.do_send(Attempt { now: self.now(), zone, capacity, token, outcome });
         };
         let mut last = None;
         for attempt in &attempts {
@@ -495,6 +538,8 @@ impl Ec2Broker {
             token: &params.client_token,
             tags: with_shared_tags(identity, &params.extra_tags, &params.constraints),
             count: 1,
+            capacity: params.capacity,
+            max_price: params.spot_max_price,
         };
         let out = self.launch(&launch).await?;
         let instance = out
@@ -542,6 +587,8 @@ impl Ec2Broker {
             token: &params.client_token,
             tags: with_shared_tags(tags, &params.extra_tags, &params.constraints),
             count: i32::try_from(n).map_err(|_| BrokerError::zone_independent("too many machines in one call"))?,
+            capacity: params.capacity,
+            max_price: params.spot_max_price,
         };
         let out = self.launch(&launch).await?;
         let now = wall_clock();
@@ -691,11 +738,6 @@ impl Broker for Ec2Broker {
         self.memory.do_send(SetPacer(pacer));
     }
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
-        // Spot requests (`InstanceMarketOptions`) come in a later step of issue 33: until then a
-        // spot call is refused wherever, so `prefer-spot` machines start on-demand.
-        if !params.capacity.is_on_demand() {
-            return Box::pin(async { Err(BrokerError::no_spot()) });
-        }
         let broker = self.clone();
         Box::pin(async move { broker.start(params).await })
     }
@@ -705,9 +747,6 @@ impl Broker for Ec2Broker {
     }
 
     fn start_instances(&self, params: BatchStartParams) -> BrokerFuture<BatchStarted> {
-        if !params.capacity.is_on_demand() {
-            return Box::pin(async { Err(BrokerError::no_spot()) });
-        }
         let broker = self.clone();
         Box::pin(async move { broker.start_batch(params).await })
     }

@@ -32,6 +32,9 @@ pub struct Ec2Config {
     pub capacity_memory: Option<Duration>,
     /// Most candidate types one start tries in one zone; `None`: [`DEFAULT_TYPES_PER_ZONE`].
     pub types_per_zone: Option<usize>,
+    /// The SQS queue (its URL) EventBridge delivers EC2's spot interruption warnings and
+    /// rebalance recommendations to (see [`super::InterruptionQueue`]); `None`: not read.
+    pub interruption_queue: Option<String>,
 }
 
 /// Settings that cannot work.

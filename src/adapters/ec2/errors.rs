@@ -9,6 +9,9 @@ const ZONE_SPECIFIC: &[&str] = &[
     "InsufficientHostCapacity",
     "InsufficientReservedInstanceCapacity",
     "Unsupported",
+    // A spot price above the call's maximum: no spot capacity at that price here (another zone's
+    // price may be lower; `prefer-spot` goes on to on-demand when none is).
+    "SpotMaxPriceTooLow",
 ];
 
 /// Codes that mean "slow down".

@@ -12,6 +12,17 @@
 //!   made), and `TagSpecifications` carrying the model uuid, the machine id and the start
 //!   nonce ([`TAG_MODEL`], [`TAG_MACHINE`], [`TAG_START`]), the model's tags and the `tags=`
 //!   constraint ([`constraint_tags`]).
+//! - Capacity types (issue 33): a spot call (`StartInstanceParams::capacity`) launches with
+//!   `InstanceMarketOptions` (one-time spot, terminated when EC2 takes it back, `MaxPrice` from
+//!   the call's spot price cap); the per-type fail-over remembers spot and on-demand capacity
+//!   apart; listings say each instance's capacity type (`InstanceLifecycle`).
+//!   `InsufficientInstanceCapacity` and `SpotMaxPriceTooLow` for spot are zone-specific (no spot
+//!   capacity there), so a `prefer-spot` machine tries spot in every allowed zone, then
+//!   on-demand.
+//! - Interruption notices ([`InterruptionQueue`], with `interruption_queue` set): EC2's spot
+//!   interruption warnings, rebalance recommendations and terminations, read from the SQS queue
+//!   EventBridge delivers them to, each deleted once acted on. (The provisioner's hand-over on a
+//!   warning is a later step of issue 33.)
 //! - Instance types: a machine without hardware constraints gets the configured type
 //!   (`--ec2-instance-type`; without one, the cheapest `amd64` type with 1 GiB); one with
 //!   `arch`/`cores`/`mem` the cheapest type that satisfies them, from `DescribeInstanceTypes`
@@ -48,6 +59,7 @@
 mod broker;
 mod config;
 mod errors;
+mod interruptions;
 mod memory;
 #[cfg(test)]
 mod tests;
@@ -58,3 +70,4 @@ pub use broker::{
 };
 pub use config::{Ec2Config, Ec2ConfigError, DEFAULT_CAPACITY_MEMORY, DEFAULT_TYPES_PER_ZONE};
 pub use errors::classify;
+pub use interruptions::{parse_event, InterruptionQueue, Notice, NoticeKind, INTERRUPTION_NOTICE, MAX_WAIT};

@@ -9,7 +9,7 @@ use futures::channel::oneshot;
 use futures::future::BoxFuture;
 
 use super::messages::*;
-use super::state::{After, Ask, MemoryBook, OnceRead};
+use super::state::{After, Ask, MemoryBook, OnceRead, Place};
 use crate::model::instance_types::InstanceType;
 use crate::ports::BrokerError;
 
@@ -95,14 +95,16 @@ impl Actor for BrokerMemory {
 impl Handler<OrderTypes> for BrokerMemory {
     type Result = MessageResult<OrderTypes>;
     fn handle(&mut self, msg: OrderTypes, _ctx: &mut Self::Context) -> Self::Result {
-        MessageResult(self.book.order(msg.now, msg.zone.as_deref(), &msg.token, &msg.candidates))
+        let place = Place { zone: msg.zone.as_deref(), capacity: msg.capacity };
+        MessageResult(self.book.order(msg.now, place, &msg.token, &msg.candidates))
     }
 }
 
 impl Handler<Attempt> for BrokerMemory {
     type Result = ();
     fn handle(&mut self, msg: Attempt, _ctx: &mut Self::Context) {
-        self.book.attempted(msg.now, msg.zone.as_deref(), &msg.token, msg.outcome);
+        let place = Place { zone: msg.zone.as_deref(), capacity: msg.capacity };
+        self.book.attempted(msg.now, place, &msg.token, msg.outcome);
     }
 }
 

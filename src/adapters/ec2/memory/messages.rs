@@ -19,6 +19,8 @@ pub(crate) struct OrderTypes {
     pub now: Duration,
     /// The zone of the launch.
     pub zone: Option<String>,
+    /// Its capacity type.
+    pub capacity: crate::model::CapacityType,
     /// The provisioner's token of the launch.
     pub token: String,
     /// The types it may use, best first.
@@ -33,6 +35,8 @@ pub(crate) struct Attempt {
     pub now: Duration,
     /// The zone of the launch.
     pub zone: Option<String>,
+    /// Its capacity type.
+    pub capacity: crate::model::CapacityType,
     /// The provisioner's token of the launch.
     pub token: String,
     /// The outcome.

@@ -28,5 +28,5 @@ pub(super) use messages::{
     Attempt, GetPacer, OrderTypes, ReadCatalogue, ReadRootDevice, RememberUntagged, SetPacer, TakeUntagged,
 };
 #[cfg(test)]
-use state::{After, Ask, MemoryBook, OnceRead};
+use state::{After, Ask, MemoryBook, OnceRead, Place};
 pub(super) use state::{Attempted, Untagged};

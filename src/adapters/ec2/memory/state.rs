@@ -8,7 +8,7 @@ use std::time::Duration;
 use aws_sdk_ec2::types::Tag;
 
 use crate::model::instance_types::{InstanceType, TypeAttempt, TypeFailover};
-use crate::model::MachineId;
+use crate::model::{CapacityType, MachineId};
 use crate::ports::Pacer;
 
 /// An instance launched for a member of a batched start and not yet tagged with it: its id
@@ -30,9 +30,22 @@ pub(crate) enum Attempted {
     Ambiguous(String),
 }
 
+/// Where a launch goes, for the fail-over's memory: its zone and its capacity type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Place<'a> {
+    /// The zone (`None`: the region).
+    pub zone: Option<&'a str>,
+    /// Spot or on-demand.
+    pub capacity: CapacityType,
+}
+
 /// What the broker remembers between calls.
 pub(crate) struct MemoryBook {
+    /// The per-type fail-over of on-demand starts.
     failover: TypeFailover,
+    /// The same for spot starts, apart: a type out of spot capacity in a zone may still have
+    /// on-demand capacity there (and the other way round).
+    spot_failover: TypeFailover,
     /// `(machine, nonce)` → the instance a batched start launched for it whose `CreateTags`
     /// failed, with the tags it still needs.
     untagged: BTreeMap<StartKey, Untagged>,
@@ -43,33 +56,47 @@ pub(crate) struct MemoryBook {
 impl MemoryBook {
     /// An empty memory whose fail-over remembers capacity failures for `memory`.
     pub(crate) fn new(memory: Duration) -> Self {
-        Self { failover: TypeFailover::new(memory), untagged: BTreeMap::new(), pacer: None }
-    }
-
-    /// The attempts of start `token` in `zone`, in the fail-over's order.
-    pub(crate) fn order(
-        &mut self,
-        now: Duration,
-        zone: Option<&str>,
-        token: &str,
-        candidates: &[InstanceType],
-    ) -> Vec<TypeAttempt> {
-        self.failover.order(now, zone, token, candidates)
-    }
-
-    /// Records how an attempt of start `token` in `zone` went.
-    pub(crate) fn attempted(&mut self, now: Duration, zone: Option<&str>, token: &str, outcome: Attempted) {
-        match outcome {
-            Attempted::Settled => self.failover.settled(token),
-            Attempted::OutOfCapacity(t) => self.failover.capacity_failed(now, &t, zone),
-            Attempted::Ambiguous(t) => self.failover.ambiguous(now, token, &t),
+        Self {
+            failover: TypeFailover::new(memory),
+            spot_failover: TypeFailover::new(memory),
+            untagged: BTreeMap::new(),
+            pacer: None,
         }
     }
 
-    /// Whether `(instance_type, zone)` is remembered as out of capacity at `now`.
+    fn failover(&mut self, capacity: CapacityType) -> &mut TypeFailover {
+        match capacity {
+            CapacityType::OnDemand => &mut self.failover,
+            CapacityType::Spot => &mut self.spot_failover,
+        }
+    }
+
+    /// The attempts of start `token` (of `capacity`) in `place`'s zone, in the fail-over's
+    /// order.
+    pub(crate) fn order(
+        &mut self,
+        now: Duration,
+        place: Place<'_>,
+        token: &str,
+        candidates: &[InstanceType],
+    ) -> Vec<TypeAttempt> {
+        self.failover(place.capacity).order(now, place.zone, token, candidates)
+    }
+
+    /// Records how an attempt of start `token` in `place` went.
+    pub(crate) fn attempted(&mut self, now: Duration, place: Place<'_>, token: &str, outcome: Attempted) {
+        let failover = self.failover(place.capacity);
+        match outcome {
+            Attempted::Settled => failover.settled(token),
+            Attempted::OutOfCapacity(t) => failover.capacity_failed(now, &t, place.zone),
+            Attempted::Ambiguous(t) => failover.ambiguous(now, token, &t),
+        }
+    }
+
+    /// Whether `(instance_type, place)` is remembered as out of capacity at `now`.
     #[cfg(test)]
-    pub(crate) fn is_remembered(&self, now: Duration, instance_type: &str, zone: Option<&str>) -> bool {
-        self.failover.is_remembered(now, instance_type, zone)
+    pub(crate) fn is_remembered(&mut self, now: Duration, instance_type: &str, place: Place<'_>) -> bool {
+        self.failover(place.capacity).is_remembered(now, instance_type, place.zone)
     }
 
     /// Remembers the untagged instance of `start` (replacing any earlier one).

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::model::instance_types::InstanceType;
-use crate::model::MachineId;
+use crate::model::{CapacityType, MachineId};
 use crate::ports::BrokerError;
 
 /// The first caller reads; callers during its read wait and get its value; later ones get it
@@ -35,16 +35,22 @@ fn the_book_remembers_capacity_failures_ambiguous_attempts_and_untagged_instance
     let mut book = MemoryBook::new(Duration::from_secs(60));
     let types = [InstanceType::named("t3.large"), InstanceType::named("m5.large")];
     let now = Duration::from_secs(1);
-    let order = book.order(now, Some("az1"), "0/n/1", &types);
+    let az1 = Place { zone: Some("az1"), capacity: CapacityType::OnDemand };
+    let order = book.order(now, az1, "0/n/1", &types);
     assert_eq!(order[0].instance_type, "t3.large");
-    book.attempted(now, Some("az1"), "0/n/1", Attempted::OutOfCapacity("t3.large".into()));
-    assert!(book.is_remembered(now, "t3.large", Some("az1")));
-    book.attempted(now, Some("az1"), "0/n/1", Attempted::Ambiguous("m5.large".into()));
-    let again = book.order(now, Some("az1"), "0/n/1", &types);
+    book.attempted(now, az1, "0/n/1", Attempted::OutOfCapacity("t3.large".into()));
+    assert!(book.is_remembered(now, "t3.large", az1));
+    let spot = Place { capacity: CapacityType::Spot, ..az1 };
+    assert!(!book.is_remembered(now, "t3.large", spot), "spot capacity is remembered apart");
+    book.attempted(now, spot, "2/n/1", Attempted::OutOfCapacity("m5.large".into()));
+    assert!(book.is_remembered(now, "m5.large", spot));
+    assert!(!book.is_remembered(now, "m5.large", az1), "and on-demand apart from spot");
+    book.attempted(now, az1, "0/n/1", Attempted::Ambiguous("m5.large".into()));
+    let again = book.order(now, az1, "0/n/1", &types);
     assert_eq!(again[0].instance_type, "m5.large", "the ambiguous attempt first, the failed type last");
     assert_eq!(again[0].client_token, "0/n/1/m5.large");
-    book.attempted(now, Some("az1"), "0/n/1", Attempted::Settled);
-    let other = book.order(now, Some("az2"), "1/n/1", &types);
+    book.attempted(now, az1, "0/n/1", Attempted::Settled);
+    let other = book.order(now, Place { zone: Some("az2"), ..az1 }, "1/n/1", &types);
     assert_eq!(other[0].instance_type, "t3.large", "another zone is not remembered");
 
     let key = (MachineId::new("0"), "n".to_owned());
