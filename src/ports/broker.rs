@@ -1,6 +1,7 @@
 //! The cloud broker port.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use thiserror::Error;
@@ -290,6 +291,35 @@ impl BatchStartParams {
 /// rest; a failure of the whole call (throttled, refused, ambiguous) is the call's `Err`.
 pub type BatchStarted = Vec<Result<StartedInstance, BrokerError>>;
 
+/// What an interruption notice says about an instance (issue 33).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NoticeKind {
+    /// It will be taken away at the notice's deadline (EC2: a spot interruption warning).
+    Interruption,
+    /// It is at an elevated risk of interruption (EC2: a rebalance recommendation).
+    Rebalance,
+    /// It is going now, warned or not (EC2: a state change to shutting-down or terminated).
+    Terminating,
+}
+
+/// A cloud's notice that one of our instances is going, or may go (issue 33): read by
+/// [`Broker::interruption_notices`], acknowledged by its receipt with
+/// [`Broker::acknowledge_notices`] once the provisioner has acted on it. A notice not
+/// acknowledged is answered again (as SQS redelivers a message not deleted), so a crash between
+/// reading and acting loses none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterruptionNotice {
+    /// The instance it is about.
+    pub instance: InstanceId,
+    /// What it says.
+    pub kind: NoticeKind,
+    /// How long from when it was received until the cloud takes the instance; `None` when the
+    /// notice does not say (rebalance recommendations, terminations).
+    pub deadline: Option<Duration>,
+    /// What acknowledges it.
+    pub receipt: String,
+}
+
 /// Paces the cloud calls a broker makes on its own inside one of the provisioner's calls (a
 /// batched start's `CreateTags`, one per instance), by the client-side limiter that paces the
 /// provisioner's calls: each such call waits for a token of its class first, then reports
@@ -378,6 +408,23 @@ pub trait Broker: Send + Sync + 'static {
     fn retag_instance(&self, _id: InstanceId, _tags: InstanceTags) -> BrokerFuture<()> {
         Box::pin(async { Err(BrokerError::NotSupported("retag_instance")) })
     }
+    /// Whether this cloud warns of interruptions ([`Broker::interruption_notices`]); when
+    /// false (the default) the provisioner starts no interruption poller.
+    fn supports_interruptions(&self) -> bool {
+        false
+    }
+    /// The interruption notices waiting (issue 33): answers those pending at once, else waits
+    /// a bounded time (EC2: one SQS long poll) and answers what came, possibly none. Notices
+    /// not acknowledged are answered again later. The default: not supported.
+    fn interruption_notices(&self) -> BrokerFuture<Vec<InterruptionNotice>> {
+        Box::pin(async { Err(BrokerError::NotSupported("interruption_notices")) })
+    }
+    /// Acknowledges notices by their receipts: they are answered no more. Acknowledging an
+    /// unknown or already acknowledged receipt succeeds. The default does nothing.
+    fn acknowledge_notices(&self, receipts: Vec<String>) -> BrokerFuture<()> {
+        let _ = receipts;
+        Box::pin(async { Ok(()) })
+    }
     /// Removes our identity from instances left alone on purpose (keep-instance, or dead
     /// while the harvest mode excluded `destroyed`), so that no later harvest, not even after
     /// a restart, takes them for ours: [`Broker::all_instances`] lists them no more. Required:
@@ -430,6 +477,18 @@ macro_rules! forward_broker {
     (@ $inner:ident retag_instance) => {
         fn retag_instance(&self, id: $crate::model::InstanceId, tags: $crate::model::InstanceTags)
             -> $crate::ports::BrokerFuture<()> { self.$inner.retag_instance(id, tags) }
+    };
+    (@ $inner:ident supports_interruptions) => {
+        fn supports_interruptions(&self) -> bool { self.$inner.supports_interruptions() }
+    };
+    (@ $inner:ident interruption_notices) => {
+        fn interruption_notices(&self)
+            -> $crate::ports::BrokerFuture<Vec<$crate::ports::InterruptionNotice>> { self.$inner.interruption_notices() }
+    };
+    (@ $inner:ident acknowledge_notices) => {
+        fn acknowledge_notices(&self, receipts: Vec<String>) -> $crate::ports::BrokerFuture<()> {
+            self.$inner.acknowledge_notices(receipts)
+        }
     };
     (@ $inner:ident release_instances) => {
         fn release_instances(&self, ids: Vec<$crate::model::InstanceId>) -> $crate::ports::BrokerFuture<()> {

@@ -20,6 +20,6 @@ mod model;
 pub(crate) use broker::{repeated_start, token_key};
 pub use broker::{
     AvailabilityZone, BatchMember, BatchStartParams, BatchStarted, Broker, BrokerError, BrokerErrorKind, BrokerFuture,
-    Pacer, StartInstanceParams, StartedInstance,
+    InterruptionNotice, NoticeKind, Pacer, StartInstanceParams, StartedInstance,
 };
 pub use model::{ModelApi, ModelError, ModelFuture, ProvisionedInstance};

@@ -157,6 +157,7 @@ impl World {
             Action::CloudStop(id) => self.cloud.set_state(id, InstanceState::Stopped),
             Action::CloudStart(id) => self.cloud.set_state(id, InstanceState::Running),
             Action::CloudTerminate(id) => self.cloud.set_state(id, InstanceState::Terminated),
+            Action::Interrupt(i) => self.cloud.interrupt(&i.instance, i.warning.0),
             Action::CloudLaunch(l) => self.cloud.launch_aged(
                 &l.id,
                 l.zone.as_deref(),
@@ -251,6 +252,9 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         c.set_zones(&a, &u);
         c
     };
+    // A cloud that interrupts instances warns of it: the provisioner polls for its notices.
+    let interrupts = s.timeline().iter().any(|(_, a)| matches!(a, Action::Interrupt(_)));
+    let cloud = if interrupts { cloud.with_interruptions() } else { cloud };
     cloud.set_latency(s.cloud.start_latency.0, s.cloud.stop_latency.0);
     if let Some(r) = &s.cloud.rate_limit {
         cloud.set_rate_limit(r.limits(crate::config::rate_limits::RateLimits::unlimited()));

@@ -14,7 +14,7 @@ use crate::model::instance_types::{self, has_hardware_constraint, InstanceType, 
 use crate::model::{CapacityType, CloudInstance, InstanceId, InstanceState, InstanceTags, MachineId, MultiMap};
 use crate::ports::{
     repeated_start, token_key, AvailabilityZone, BatchStartParams, BatchStarted, Broker, BrokerError, BrokerFuture,
-    StartInstanceParams, StartedInstance,
+    InterruptionNotice, NoticeKind, StartInstanceParams, StartedInstance,
 };
 
 /// A kind of broker call.
@@ -241,8 +241,32 @@ impl CloudSnapshot {
     }
 }
 
+/// The longest [`Broker::interruption_notices`] waits on the fake cloud when no notice is
+/// pending (on the paused clock; EC2's long poll waits up to 20 s).
+pub const NOTICE_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a notice answered and not acknowledged stays hidden before it is answered again (as
+/// SQS's visibility timeout).
+pub const NOTICE_VISIBILITY: Duration = Duration::from_secs(30);
+
+/// A notice not yet acknowledged.
+#[derive(Debug, Clone)]
+struct PendingNotice {
+    receipt: String,
+    instance: InstanceId,
+    kind: NoticeKind,
+    /// When (on the cloud's clock) the instance is taken away.
+    deadline: Option<Duration>,
+    /// Hidden until then (answered and not acknowledged).
+    visible_at: Duration,
+}
+
 struct CloudActor {
     model_uuid: String,
+    /// Interruption notices not acknowledged, in the order sent.
+    notices: Vec<PendingNotice>,
+    /// Receipts made so far.
+    receipts: u64,
     zoned: bool,
     zones: Vec<AvailabilityZone>,
     /// Every instance, compactly (about 80 bytes held inline; see [`Stored`]). Ids are made in
@@ -702,6 +726,86 @@ msg!(Zones {} -> "Result<Vec<AvailabilityZone>, BrokerError>");
 msg!(Derive { machine: MachineId, placement: Option<String> } -> "Result<Vec<String>, BrokerError>");
 msg!(Release { ids: Vec<InstanceId> } -> "Result<(), BrokerError>");
 msg!(Retag { model: Arc<str>, id: InstanceId, tags: InstanceTags } -> "Result<(), BrokerError>");
+msg!(Interrupt { id: InstanceId, warning: Duration } -> "()");
+msg!(Notices { model: Arc<str> } -> "Result<Vec<InterruptionNotice>, BrokerError>");
+msg!(Acknowledge { receipts: Vec<String> } -> "Result<(), BrokerError>");
+
+impl Handler<Interrupt> for CloudActor {
+    type Result = ();
+    fn handle(&mut self, msg: Interrupt, ctx: &mut Self::Context) {
+        let live = self.instances.get(&msg.id).is_some_and(|i| i.state != InstanceState::Terminated);
+        if !live {
+            return;
+        }
+        let now = self.epoch.elapsed();
+        self.last_activity = now;
+        self.receipts += 1;
+        self.notices.push(PendingNotice {
+            receipt: format!("notice-{}", self.receipts),
+            instance: msg.id.clone(),
+            kind: NoticeKind::Interruption,
+            deadline: Some(now + msg.warning),
+            visible_at: now,
+        });
+        let id = msg.id;
+        ctx.run_later(msg.warning, move |act, _ctx| {
+            if let Some(i) = act.instances.get_mut(&id) {
+                if i.state != InstanceState::Terminated {
+                    i.state = InstanceState::Terminated;
+                    act.last_activity = act.epoch.elapsed();
+                }
+            }
+        });
+    }
+}
+
+impl CloudActor {
+    /// The notices visible now about `model`'s instances, hidden for [`NOTICE_VISIBILITY`]
+    /// once answered.
+    fn visible_notices(&mut self, model: &str) -> Vec<InterruptionNotice> {
+        let now = self.epoch.elapsed();
+        let model = self.names.find(model);
+        let mut out = Vec::new();
+        for n in &mut self.notices {
+            let ours = self.instances.get(&n.instance).is_some_and(|i| i.ours(model));
+            if n.visible_at > now || !ours {
+                continue;
+            }
+            n.visible_at = now + NOTICE_VISIBILITY;
+            out.push(InterruptionNotice {
+                instance: n.instance.clone(),
+                kind: n.kind,
+                deadline: n.deadline.map(|d| d.saturating_sub(now)),
+                receipt: n.receipt.clone(),
+            });
+        }
+        out
+    }
+}
+
+impl Handler<Notices> for CloudActor {
+    type Result = ResponseActFuture<Self, Result<Vec<InterruptionNotice>, BrokerError>>;
+    fn handle(&mut self, msg: Notices, _ctx: &mut Self::Context) -> Self::Result {
+        let now = self.visible_notices(&msg.model);
+        if !now.is_empty() {
+            return Box::pin(fut::ready(Ok(now)));
+        }
+        // A long poll: waits a bounded time for one to come.
+        Box::pin(
+            actix_rt::time::sleep(NOTICE_WAIT)
+                .into_actor(self)
+                .map(move |(), act, _ctx| Ok(act.visible_notices(&msg.model))),
+        )
+    }
+}
+
+impl Handler<Acknowledge> for CloudActor {
+    type Result = Result<(), BrokerError>;
+    fn handle(&mut self, msg: Acknowledge, _ctx: &mut Self::Context) -> Self::Result {
+        self.notices.retain(|n| !msg.receipts.contains(&n.receipt));
+        Ok(())
+    }
+}
 
 impl Handler<Retag> for CloudActor {
     type Result = Result<(), BrokerError>;
@@ -1109,6 +1213,8 @@ pub struct FakeCloud {
     addr: Addr<CloudActor>,
     model_uuid: String,
     zoned: bool,
+    /// Whether its brokers warn of interruptions.
+    interruptions: bool,
 }
 
 impl FakeCloud {
@@ -1125,6 +1231,8 @@ impl FakeCloud {
     fn build(model_uuid: &str, zoned: bool, zones: &[&str]) -> Self {
         let actor = CloudActor {
             model_uuid: model_uuid.to_owned(),
+            notices: Vec::new(),
+            receipts: 0,
             zoned,
             zones: zones.iter().map(|z| AvailabilityZone::available(*z)).collect(),
             instances: BTreeMap::new(),
@@ -1161,7 +1269,21 @@ impl FakeCloud {
             spot_faults: Vec::new(),
             spot_price: None,
         };
-        Self { addr: actor.start(), model_uuid: model_uuid.to_owned(), zoned }
+        Self { addr: actor.start(), model_uuid: model_uuid.to_owned(), zoned, interruptions: false }
+    }
+
+    /// The same cloud, whose brokers made from now on warn of interruptions
+    /// ([`Broker::supports_interruptions`]): the provisioner then polls for notices.
+    pub fn with_interruptions(mut self) -> Self {
+        self.interruptions = true;
+        self
+    }
+
+    /// Interrupts an instance (issue 33): an interruption notice now, whose deadline is
+    /// `warning` away, and the instance terminated when the warning runs out (on the cloud's
+    /// clock). An instance already terminated, or unknown, gets nothing.
+    pub fn interrupt(&self, id: &str, warning: Duration) {
+        self.addr.do_send(Interrupt { id: InstanceId::new(id), warning });
     }
 
     /// The broker port over this cloud, for its model.
@@ -1173,7 +1295,12 @@ impl FakeCloud {
     /// model's instances, its client tokens are its own, and what it starts is foreign to
     /// this cloud's model (as the broker contract's check of foreign instances needs).
     pub fn broker_for(&self, model_uuid: &str) -> FakeBroker {
-        FakeBroker { addr: self.addr.clone(), zoned: self.zoned, model: model_uuid.into() }
+        FakeBroker {
+            addr: self.addr.clone(),
+            zoned: self.zoned,
+            interruptions: self.interruptions,
+            model: model_uuid.into(),
+        }
     }
 
     fn control(&self, f: impl FnOnce(&mut CloudActor) + Send + 'static) {
@@ -1351,6 +1478,8 @@ impl FakeCloud {
 pub struct FakeBroker {
     addr: Addr<CloudActor>,
     zoned: bool,
+    /// Whether it warns of interruptions.
+    interruptions: bool,
     /// Shared by every call's message, not copied into each.
     model: Arc<str>,
 }
@@ -1405,6 +1534,23 @@ impl Broker for FakeBroker {
 
     fn retag_instance(&self, id: InstanceId, tags: InstanceTags) -> BrokerFuture<()> {
         let req = self.addr.send(Retag { model: self.model.clone(), id, tags });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn supports_interruptions(&self) -> bool {
+        self.interruptions
+    }
+
+    fn interruption_notices(&self) -> BrokerFuture<Vec<InterruptionNotice>> {
+        if !self.interruptions {
+            return Box::pin(async { Err(BrokerError::NotSupported("interruption_notices")) });
+        }
+        let req = self.addr.send(Notices { model: self.model.clone() });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn acknowledge_notices(&self, receipts: Vec<String>) -> BrokerFuture<()> {
+        let req = self.addr.send(Acknowledge { receipts });
         Box::pin(async move { req.await.map_err(mailbox)? })
     }
 }

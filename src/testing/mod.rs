@@ -56,7 +56,7 @@ impl PausedSystem {
 
 pub use cloud::{
     CallRecord, CloudOp, CloudSnapshot, FakeBroker, FakeCloud, Fault, PartialLaunch, SpotFault, TypeFault,
-    NO_SPOT_CAPACITY, SPOT_PRICE_RATIO,
+    NOTICE_VISIBILITY, NOTICE_WAIT, NO_SPOT_CAPACITY, SPOT_PRICE_RATIO,
 };
 pub use compact::FakeInstance;
 pub use initialiser::FakeInitialiser;

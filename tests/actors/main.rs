@@ -5,6 +5,7 @@
 mod contract;
 mod harvesting;
 mod idle;
+mod interruptions;
 mod resilience;
 mod safety;
 mod seeds;

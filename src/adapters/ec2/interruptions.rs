@@ -9,6 +9,14 @@
 //! an elevated risk of interruption) and "EC2 Instance State-change Notification" to
 //! `shutting-down`/`terminated` (it is going, warned or not). Anything else on the queue is
 //! acknowledged and ignored.
+//!
+//! Not wired yet (issue 33, to do): the port's [`crate::ports::Broker::supports_interruptions`],
+//! `interruption_notices` and `acknowledge_notices` are still the defaults in the EC2 broker. They
+//! should answer `true` when an interruption queue is configured, map each [`Notice`] to a
+//! [`crate::ports::InterruptionNotice`] (kind one for one with [`crate::ports::NoticeKind`], which
+//! this module's [`NoticeKind`] should then become; deadline = [`Notice::deadline`] minus now,
+//! saturating; receipt as is) from one [`InterruptionQueue::receive`], and delete by receipt with
+//! [`InterruptionQueue::acknowledge`].
 
 use std::time::{Duration, SystemTime};
 

@@ -129,5 +129,5 @@ impl Broker for MeteredBroker {
     fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
         self.changing(self.meter("release_instances", self.inner.release_instances(ids)))
     }
-    crate::forward_broker!(inner: pace_follow_ups, supports_zones);
+    crate::forward_broker!(inner: pace_follow_ups, supports_zones, supports_interruptions, interruption_notices, acknowledge_notices);
 }

@@ -12,7 +12,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::spec::{DestroyModelSpec, FailNextSpec, LaunchSpec, MachineSpec, SetLifeSpec, SetStatusSpec, SetZonesSpec};
+use super::spec::{
+    DestroyModelSpec, FailNextSpec, InterruptSpec, LaunchSpec, MachineSpec, SetLifeSpec, SetStatusSpec, SetZonesSpec,
+};
 use super::units::{Dur, Workers};
 use crate::model::HarvestMode;
 
@@ -50,7 +52,7 @@ macro_rules! same_value {
     )*};
 }
 same_value!(SetLifeSpec, SetStatusSpec, HarvestMode, Vec<String>, SetZonesSpec, String);
-same_value!(LaunchSpec, FailNextSpec, DestroyModelSpec);
+same_value!(LaunchSpec, FailNextSpec, DestroyModelSpec, InterruptSpec);
 
 /// `set_workers = N`: the pool size, checked while parsing.
 impl ActionValue for Workers {
@@ -185,6 +187,9 @@ event_actions! {
     restart: bool => Restart;
     /// Destroy the model.
     destroy_model: DestroyModelSpec => DestroyModel(DestroyModelSpec);
+    /// The cloud warns it takes an instance away, and does when the warning runs out (an
+    /// addition, issue 33).
+    interrupt: InterruptSpec => Interrupt(InterruptSpec);
 }
 
 impl EventSpec {

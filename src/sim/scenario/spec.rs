@@ -520,6 +520,17 @@ pub struct LaunchSpec {
     pub age: Option<Dur>,
 }
 
+/// `interrupt` (an addition, issue 33): the cloud warns that it takes an instance away, and
+/// terminates it when the warning runs out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterruptSpec {
+    /// The instance.
+    pub instance: String,
+    /// How long from the warning until the cloud takes it (EC2: two minutes).
+    pub warning: Dur,
+}
+
 /// The calls `fail_next` can break.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
