@@ -5,6 +5,7 @@
 //! - [`registry`]: the machine cache and the cloud's instance view; classification.
 //! - [`zones`]: the availability-zone allocator.
 //! - [`harvest`]: the harvest policy (mode, safe mode, released instances).
+//! - [`interruptions`]: the interruption poller (issue 33), when the cloud warns of them.
 //! - [`lifecycle`]: each machine's starting / stop-deferred / running / stopping phase.
 //! - [`workers`]: the resizable broker worker pool and the start retry procedure.
 //! - [`limiter`]: the client-side rate limiter and the broker decorator that waits on it.
@@ -19,6 +20,7 @@
 pub mod containers;
 pub mod coordinator;
 pub mod harvest;
+pub mod interruptions;
 pub mod lifecycle;
 pub mod limiter;
 pub mod messages;
@@ -63,6 +65,7 @@ handle_shutdown!(
     harvest::HarvestPolicy,
     lifecycle::MachineLifecycle,
     limiter::RateLimiter,
+    interruptions::InterruptionPoller,
     workers::WorkerPool
 );
 

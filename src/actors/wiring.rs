@@ -7,9 +7,11 @@ use actix::prelude::*;
 use thiserror::Error;
 
 use crate::actors::coordinator::{
-    ChangeHarvestMode, Coordinator, Links, MachinesChanged, ResizeError, RetryTick, SetWorkers, Subscribe,
+    ChangeHarvestMode, Coordinator, InterruptionLinks, Links, MachinesChanged, ResizeError, RetryTick, SetWorkers,
+    Subscribe,
 };
 use crate::actors::harvest::{GetHarvestMode, HarvestPolicy, HarvestSafety};
+use crate::actors::interruptions::InterruptionPoller;
 use crate::actors::lifecycle::{GetPhases, MachineLifecycle, Phase};
 use crate::actors::limiter::{CallGate, GetLimiterSnapshot, LimitedBroker, LimiterSnapshot, RateLimiter};
 use crate::actors::messages::Shutdown;
@@ -42,6 +44,8 @@ pub struct ProvisionerHandle {
     lifecycle: Addr<MachineLifecycle>,
     pool: Addr<WorkerPool>,
     limiter: Option<Addr<RateLimiter>>,
+    /// The interruption poller, when the cloud warns of interruptions (issue 33).
+    interruptions: Option<Addr<InterruptionPoller>>,
     /// The limiter is shared with other provisioners ([`start_sharing`]): their shutdown
     /// leaves it running.
     shared_limiter: bool,
@@ -212,11 +216,31 @@ fn start_with(
         enqueue: pool.clone().recipient(),
         resize: pool.clone().recipient(),
     };
-    let coordinator = coord_ctx.run(
+    let mut coordinator =
         Coordinator::new(links, config.backoff, config.workers, config.retry_path, config.scope.clone(), work)
-            .with_seed(config.seed ^ 0x636f_6f72_6469_6e61),
-    );
-    Ok(ProvisionerHandle { coordinator, registry, zones, harvest, lifecycle, pool, limiter, shared_limiter })
+            .with_seed(config.seed ^ 0x636f_6f72_6469_6e61);
+    // Interruption notices (issue 33) are read by the environ provisioner alone: a container
+    // provisioner's broker wraps the same cloud, whose notices are not its own.
+    let interruptions = (broker.supports_interruptions() && config.scope == crate::config::Scope::Environ)
+        .then(|| InterruptionPoller::new(broker.clone(), config.backoff, coord.clone().recipient()).start());
+    if let Some(poller) = &interruptions {
+        coordinator = coordinator.with_interruptions(InterruptionLinks {
+            noticed: registry.clone().recipient(),
+            acknowledge: poller.clone().recipient(),
+        });
+    }
+    let coordinator = coord_ctx.run(coordinator);
+    Ok(ProvisionerHandle {
+        coordinator,
+        registry,
+        zones,
+        harvest,
+        lifecycle,
+        pool,
+        limiter,
+        shared_limiter,
+        interruptions,
+    })
 }
 
 impl ProvisionerHandle {
@@ -303,6 +327,9 @@ impl ProvisionerHandle {
         self.harvest.do_send(Shutdown);
         self.lifecycle.do_send(Shutdown);
         self.pool.do_send(Shutdown);
+        if let Some(p) = &self.interruptions {
+            p.do_send(Shutdown);
+        }
         if let Some(l) = self.limiter.as_ref().filter(|_| !self.shared_limiter) {
             l.do_send(Shutdown);
         }

@@ -729,6 +729,14 @@ msg!(Retag { model: Arc<str>, id: InstanceId, tags: InstanceTags } -> "Result<()
 msg!(Interrupt { id: InstanceId, warning: Duration } -> "()");
 msg!(Notices { model: Arc<str> } -> "Result<Vec<InterruptionNotice>, BrokerError>");
 msg!(Acknowledge { receipts: Vec<String> } -> "Result<(), BrokerError>");
+msg!(Unacknowledged {} -> "Vec<InstanceId>");
+
+impl Handler<Unacknowledged> for CloudActor {
+    type Result = MessageResult<Unacknowledged>;
+    fn handle(&mut self, _msg: Unacknowledged, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.notices.iter().map(|n| n.instance.clone()).collect())
+    }
+}
 
 impl Handler<Interrupt> for CloudActor {
     type Result = ();
@@ -1455,6 +1463,11 @@ impl FakeCloud {
                 }
             }
         });
+    }
+
+    /// The instances of the interruption notices not acknowledged, in the order sent.
+    pub async fn unacknowledged_notices(&self) -> Vec<InstanceId> {
+        self.addr.send(Unacknowledged {}).await.unwrap_or_default()
     }
 
     /// Calls in flight.

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use provisioner::model::InstanceState;
 use provisioner::ports::{Broker, NoticeKind};
-use provisioner::testing::{FakeCloud, NOTICE_VISIBILITY, NOTICE_WAIT};
+use provisioner::testing::{FakeCloud, FakeModel, NOTICE_VISIBILITY, NOTICE_WAIT};
+
+use crate::support::*;
 
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn the_fake_cloud_warns_then_terminates_and_redelivers_until_acknowledged() {
@@ -50,4 +52,28 @@ async fn the_fake_cloud_warns_then_terminates_and_redelivers_until_acknowledged(
     // A terminated instance is not interrupted again.
     cloud.interrupt("i-9", Duration::from_secs(120));
     assert!(broker.interruption_notices().await.unwrap().is_empty());
+}
+
+/// The engine so far (the replacement start is not there yet): the environ provisioner polls a
+/// cloud that warns of interruptions, acknowledges a notice about an instance no machine of ours
+/// owns at once, and keeps the notice of a live machine's recorded instance unacknowledged (its
+/// hand-over is open, the instance marked interrupted) while it has not acted on it. Today the
+/// cloud then takes the instance and the machine keeps it recorded (`missing` at the next
+/// resync, as any recorded instance that disappears: seed 000).
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
+async fn notices_are_read_and_only_those_with_nothing_to_do_acknowledged() {
+    let cloud = zoned_cloud(&["az1", "az2"]).with_interruptions();
+    let model = FakeModel::with_machines(machines(&["0"]));
+    let h = Harness::new(test_config(), cloud.clone(), model);
+    let snap = h.until_model(Duration::from_secs(30), |m| instance_of(m, "0").is_some()).await;
+    let recorded = instance_of(&snap, "0").unwrap();
+    cloud.launch("i-50", Some("az1"), Some("7"), InstanceState::Running, false);
+    cloud.interrupt(&recorded, Duration::from_secs(120));
+    cloud.interrupt("i-50", Duration::from_secs(120));
+    h.run_for(Duration::from_secs(5)).await;
+    let kept: Vec<String> = cloud.unacknowledged_notices().await.iter().map(ToString::to_string).collect();
+    assert_eq!(kept, vec![recorded.clone()], "the unknown instance's notice acknowledged, the hand-over's kept");
+    h.run_for(Duration::from_secs(120)).await;
+    assert_eq!(h.cloud().await.state_of(&recorded), Some(InstanceState::Terminated));
+    assert_eq!(instance_of(&h.model().await, "0"), Some(recorded), "no replacement yet: still recorded");
 }

@@ -6,19 +6,24 @@
 use actix::prelude::*;
 
 use super::followup::{after_start, on_jobs_done, on_mode_change, removed, AfterStartStep, Followup};
+use super::handover::{HandoverBook, NoticeDecision};
 use super::links::{
-    destroy, execute_plan, forget, plan_after_start, plan_extras, plan_sweep, reset_transient, run_batch, Links,
+    destroy, execute_plan, forget, plan_after_start, plan_extras, plan_sweep, reset_transient, run_batch,
+    InterruptionLinks, Links,
 };
 use super::messages::*;
 use super::state::{BatchBook, DestroyError, DestroySummary};
 use crate::actors::harvest::{HarvestPlan, PlanStops, PlanUnknown, SetHarvestMode, StopsDone};
+use crate::actors::interruptions::{AcknowledgeNotices, InterruptionsNoticed};
 use crate::actors::lifecycle::StartsFinished;
 use crate::actors::messages::{Busy, WhenIdle};
+use crate::actors::registry::NoticedInstances;
 use crate::actors::registry::{InstancesGone, RecordInstance, RecordInstances, StopsPlanned};
 use crate::actors::work::{BusyState, WorkCount};
 use crate::actors::workers::ResizePool;
 use crate::actors::zones::PopulateZones;
 use crate::model::events::ProvisionerEvent;
+use crate::ports::InterruptionNotice;
 
 /// The provisioner's front door.
 pub struct Coordinator {
@@ -34,6 +39,12 @@ pub struct Coordinator {
     retry_path: bool,
     /// Which machines this provisioner acts on.
     scope: crate::config::Scope,
+    /// Spot interruption hand-overs on (issue 33).
+    handovers: HandoverBook,
+    /// Where notices are looked up and acknowledged, when the cloud warns of interruptions.
+    interruptions: Option<InterruptionLinks>,
+    /// The coordinator's clock (notice deadlines).
+    epoch: actix_rt::time::Instant,
 }
 
 impl Coordinator {
@@ -49,7 +60,65 @@ impl Coordinator {
     ) -> Self {
         let book = BatchBook::new(backoff, workers);
         let batching = BusyState::new(&work);
-        Self { book, links: std::sync::Arc::new(links), subscribers: Vec::new(), work, batching, retry_path, scope }
+        Self {
+            book,
+            links: std::sync::Arc::new(links),
+            subscribers: Vec::new(),
+            work,
+            batching,
+            retry_path,
+            scope,
+            handovers: HandoverBook::new(),
+            interruptions: None,
+            epoch: actix_rt::time::Instant::now(),
+        }
+    }
+
+    /// The same coordinator, acting on interruption notices (issue 33).
+    pub fn with_interruptions(mut self, links: InterruptionLinks) -> Self {
+        self.interruptions = Some(links);
+        self
+    }
+
+    /// Decides on notices, each with what the registry knows of its instance, and performs
+    /// the decisions. Half of issue 33's hand-over so far: a warning for a live machine's
+    /// recorded instance opens a hand-over (the instance is marked interrupted, its notices kept
+    /// unacknowledged), but no replacement is started yet.
+    fn on_notices(&mut self, notices: Vec<InterruptionNotice>, owners: Vec<Option<super::handover::NoticedInstance>>) {
+        let now = self.epoch.elapsed();
+        let mut acknowledge = Vec::new();
+        for (notice, owner) in notices.into_iter().zip(owners) {
+            match self.handovers.on_notice(notice, owner, now) {
+                NoticeDecision::Acknowledge(receipt) => acknowledge.push(receipt),
+                NoticeDecision::Replace { machine, interrupted, .. } => {
+                    // Issue 33, next: the replacement start, the switch, the interrupted one's stop.
+                    tracing::warn!(
+                        %machine, %interrupted,
+                        "spot interruption warning: replacement starts are not implemented yet; the instance stays recorded until the cloud takes it"
+                    );
+                }
+                NoticeDecision::Joined | NoticeDecision::Deferred => {}
+            }
+        }
+        self.acknowledge(acknowledge);
+    }
+
+    /// Acknowledges notices (none: nothing sent).
+    fn acknowledge(&self, receipts: Vec<String>) {
+        if let (false, Some(links)) = (receipts.is_empty(), &self.interruptions) {
+            links.acknowledge.do_send(AcknowledgeNotices(receipts));
+        }
+    }
+
+    /// Machines forgotten: their hand-overs end, their notices acknowledged.
+    fn end_handovers(&mut self, machines: &[crate::model::MachineId]) {
+        let mut acknowledge = Vec::new();
+        for m in machines {
+            let ended = self.handovers.end(m);
+            acknowledge.extend(ended.acknowledge);
+            acknowledge.extend(ended.again.into_iter().map(|n| n.receipt));
+        }
+        self.acknowledge(acknowledge);
     }
 
     /// The same coordinator drawing its backoff jitter from this seed.
@@ -239,7 +308,10 @@ impl Coordinator {
                     act.publish(event);
                 });
             }
-            Followup::Forget(machines) => forget(&self.links, machines),
+            Followup::Forget(machines) => {
+                self.end_handovers(&machines);
+                forget(&self.links, machines)
+            }
             Followup::Populate(placements) => self.links.populate.do_send(PopulateZones { placements }),
             Followup::InstancesGone(ids) => self.links.gone.do_send(InstancesGone { ids }),
             Followup::StopsDone(instances) => {
@@ -356,11 +428,29 @@ impl Handler<ViewRefreshed> for Coordinator {
     fn handle(&mut self, msg: ViewRefreshed, ctx: &mut Self::Context) {
         if self.book.first_done() {
             let mut next = vec![Followup::HarvestUnknown { announce: false, fresher_than: None }];
+            // A hand-over's instances (the interrupted one, the replacement) are never extras.
+            let mut msg = msg;
+            msg.extras.retain(|(m, i)| !self.handovers.spares(m, i));
             if !msg.extras.is_empty() {
                 next.push(Followup::StopExtras(msg.extras));
             }
             self.follow(next, ctx);
         }
+    }
+}
+
+impl Handler<InterruptionsNoticed> for Coordinator {
+    type Result = ();
+    fn handle(&mut self, msg: InterruptionsNoticed, ctx: &mut Self::Context) {
+        let Some(links) = &self.interruptions else { return };
+        let ask = links.noticed.send(NoticedInstances(msg.0.iter().map(|n| n.instance.clone()).collect()));
+        self.spawn_counted(ask.into_actor(self), ctx, move |owners, act, _ctx| {
+            // No answer: the registry stopped (shutting down); the cloud hands the notices out
+            // again to the next provisioner.
+            if let Ok(owners) = owners {
+                act.on_notices(msg.0, owners);
+            }
+        });
     }
 }
 

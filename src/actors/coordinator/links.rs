@@ -94,6 +94,15 @@ pub(super) enum BatchError {
 }
 
 /// Runs one batch: carries out the planner's effects in order and answers its questions.
+/// Where interruption notices are looked up and acknowledged (issue 33): present when the
+/// wiring started an interruption poller.
+pub struct InterruptionLinks {
+    /// The registry: what each notice's instance is to us.
+    pub noticed: Recipient<crate::actors::registry::NoticedInstances>,
+    /// The poller: acknowledges notices acted on.
+    pub acknowledge: Recipient<crate::actors::interruptions::AcknowledgeNotices>,
+}
+
 pub(super) async fn run_batch(links: Arc<Links>, start: BatchStart) -> Result<BatchOutcome, BatchError> {
     let (mut run, mut steps) = BatchRun::new(start);
     loop {

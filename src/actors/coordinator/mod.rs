@@ -9,6 +9,7 @@
 mod actor;
 pub mod batch;
 mod followup;
+pub mod handover;
 mod links;
 mod messages;
 mod state;
@@ -16,7 +17,7 @@ mod state;
 mod tests;
 
 pub use actor::Coordinator;
-pub use links::Links;
+pub use links::{InterruptionLinks, Links};
 pub use messages::{
     ChangeHarvestMode, CloseStarts, DestroyModel, ExecutePlan, JobsDone, MachinesChanged, ModelDestroyed, ResizeError,
     RetryTick, SetWorkers, Subscribe, ViewRefreshed,

@@ -291,6 +291,13 @@ impl Handler<Adoptable> for MachineRegistry {
     }
 }
 
+impl Handler<NoticedInstances> for MachineRegistry {
+    type Result = MessageResult<NoticedInstances>;
+    fn handle(&mut self, msg: NoticedInstances, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(msg.0.iter().map(|id| self.book.noticed(id)).collect())
+    }
+}
+
 impl Handler<GetRegistrySnapshot> for MachineRegistry {
     type Result = MessageResult<GetRegistrySnapshot>;
     fn handle(&mut self, _msg: GetRegistrySnapshot, _ctx: &mut Self::Context) -> Self::Result {

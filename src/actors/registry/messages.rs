@@ -105,3 +105,10 @@ pub struct StopsPlanned {
     /// The machine they are tagged for, when the sender knows it.
     pub machine: Option<MachineId>,
 }
+
+/// What the registry knows of the instances interruption notices are about (issue 33), one
+/// answer per instance, in order: the machine that owns it (by record, else by tag), whether it
+/// is that machine's recorded instance, whether the machine is alive, its zone and type.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Vec<Option<crate::actors::coordinator::handover::NoticedInstance>>")]
+pub struct NoticedInstances(pub Vec<InstanceId>);

@@ -21,7 +21,7 @@ mod tests;
 
 pub use actor::MachineRegistry;
 pub use messages::{
-    ForgetMachines, GetRegistrySnapshot, InstanceStateOf, InstancesGone, PrepareDestroy, RecordInstance,
-    RecordInstances, Refresh, StopsPlanned, SweepTargets, UnknownInstances,
+    ForgetMachines, GetRegistrySnapshot, InstanceStateOf, InstancesGone, NoticedInstances, PrepareDestroy,
+    RecordInstance, RecordInstances, Refresh, StopsPlanned, SweepTargets, UnknownInstances,
 };
 pub use state::{blocks_destroy, MachineBook, Refreshed, RegistryError, RegistrySnapshot};

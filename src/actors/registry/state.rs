@@ -858,6 +858,23 @@ impl MachineBook {
         out
     }
 
+    /// What an interruption notice about `id` concerns (issue 33): the machine that owns it (by
+    /// record, else by its tag), whether it is that machine's recorded instance, whether the
+    /// machine is alive, and the instance's zone and type from the view. `None`: no machine we
+    /// cache owns it.
+    pub fn noticed(&self, id: &InstanceId) -> Option<crate::actors::coordinator::handover::NoticedInstance> {
+        let view = self.view(id);
+        let machine = self.owner(id).cloned().or_else(|| view.and_then(|v| v.tags.machine.clone()))?;
+        let m = self.machine(&machine)?;
+        Some(crate::actors::coordinator::handover::NoticedInstance {
+            recorded: m.instance.as_ref() == Some(id),
+            alive: m.life == Life::Alive,
+            zone: view.and_then(|v| v.zone.clone()),
+            instance_type: view.and_then(|v| v.instance_type.clone()),
+            machine,
+        })
+    }
+
     /// Instances that were terminated (by us).
     pub fn instances_gone(&mut self, ids: &[InstanceId]) {
         for id in ids {

@@ -1,0 +1,284 @@
+//! Spot interruption hand-overs (issue 33), the coordinator's plain core for them: which notice
+//! starts a replacement, when the machine's recorded instance switches, when the interrupted one
+//! is stopped and the notices acknowledged. Decisions are values; the coordinator performs them.
+//!
+//! The rule, per machine: a live machine whose recorded instance is warned of an interruption
+//! gets one replacement start (its own nonce), the interrupted instance staying recorded and
+//! marked interrupted meanwhile; once the replacement runs, the machine records it (the switch)
+//! and the interrupted instance is stopped (unless already gone); then the notices about it are
+//! acknowledged. So a machine has at most two live instances, and only while a hand-over is on:
+//! a notice about the replacement itself, while the hand-over is on, waits for it to end (no
+//! third instance); it is looked at again then.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::model::{InstanceId, MachineId};
+use crate::ports::{InterruptionNotice, NoticeKind};
+
+/// What the registry knows of the instance a notice is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoticedInstance {
+    /// The machine that owns it.
+    pub machine: MachineId,
+    /// Whether it is the machine's recorded instance.
+    pub recorded: bool,
+    /// Whether the machine is alive.
+    pub alive: bool,
+    /// Its zone, if any: a spot replacement avoids it where the machine allows others.
+    pub zone: Option<String>,
+    /// Its instance type, if known: likewise avoided for spot.
+    pub instance_type: Option<String>,
+}
+
+/// What to do about one notice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoticeDecision {
+    /// Nothing to do (not ours, not a live machine's recorded instance, a rebalance
+    /// recommendation, a termination of an instance not being handed over): acknowledge it.
+    Acknowledge(String),
+    /// Start a replacement for the machine, avoiding the interrupted instance's zone and type
+    /// for spot where the machine allows others.
+    Replace {
+        /// The machine.
+        machine: MachineId,
+        /// Its interrupted (still recorded) instance.
+        interrupted: InstanceId,
+        /// The zone to avoid.
+        avoid_zone: Option<String>,
+        /// The instance type to avoid.
+        avoid_type: Option<String>,
+    },
+    /// Part of a hand-over already on: its receipt is acknowledged with the hand-over's.
+    Joined,
+    /// About a machine's replacement while its hand-over is on: looked at again once it ends.
+    Deferred,
+}
+
+/// How far one machine's hand-over is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandoverPhase {
+    /// The replacement is starting; the interrupted instance is recorded.
+    Replacing,
+    /// The replacement is recorded; the interrupted instance is being stopped.
+    Switched {
+        /// The replacement.
+        replacement: InstanceId,
+    },
+}
+
+/// One machine's hand-over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handover {
+    /// The interrupted instance.
+    pub interrupted: InstanceId,
+    /// When (on the coordinator's clock) the cloud takes it, if the notice said.
+    pub deadline: Option<Duration>,
+    /// The receipts of the notices about it, acknowledged when the hand-over ends.
+    pub receipts: Vec<String>,
+    /// How far it is.
+    pub phase: HandoverPhase,
+}
+
+/// A switch to perform: record `replacement` as the machine's instance, then stop `interrupted`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Switch {
+    /// The machine.
+    pub machine: MachineId,
+    /// Its new instance.
+    pub replacement: InstanceId,
+    /// The one to stop.
+    pub interrupted: InstanceId,
+}
+
+/// What ending a hand-over leaves to do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HandoverEnded {
+    /// Receipts to acknowledge.
+    pub acknowledge: Vec<String>,
+    /// Deferred notices about the machine, to look at again.
+    pub again: Vec<InterruptionNotice>,
+}
+
+/// Every hand-over on, by machine.
+#[derive(Debug, Clone, Default)]
+pub struct HandoverBook {
+    on: BTreeMap<MachineId, Handover>,
+    deferred: BTreeMap<MachineId, Vec<InterruptionNotice>>,
+}
+
+impl HandoverBook {
+    /// No hand-over.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decides on a notice received at `now`, given what the registry knows of its instance
+    /// (`None`: not an instance of ours that a machine owns).
+    pub fn on_notice(
+        &mut self,
+        notice: InterruptionNotice,
+        owner: Option<NoticedInstance>,
+        now: Duration,
+    ) -> NoticeDecision {
+        let Some(owner) = owner else { return NoticeDecision::Acknowledge(notice.receipt) };
+        if let Some(h) = self.on.get_mut(&owner.machine) {
+            if h.interrupted == notice.instance {
+                h.receipts.push(notice.receipt);
+                return NoticeDecision::Joined;
+            }
+            if notice.kind == NoticeKind::Interruption {
+                self.deferred.entry(owner.machine).or_default().push(notice);
+                return NoticeDecision::Deferred;
+            }
+            return NoticeDecision::Acknowledge(notice.receipt);
+        }
+        if notice.kind != NoticeKind::Interruption || !owner.alive || !owner.recorded {
+            return NoticeDecision::Acknowledge(notice.receipt);
+        }
+        self.on.insert(
+            owner.machine.clone(),
+            Handover {
+                interrupted: notice.instance.clone(),
+                deadline: notice.deadline.map(|d| now + d),
+                receipts: vec![notice.receipt],
+                phase: HandoverPhase::Replacing,
+            },
+        );
+        NoticeDecision::Replace {
+            machine: owner.machine,
+            interrupted: notice.instance,
+            avoid_zone: owner.zone,
+            avoid_type: owner.instance_type,
+        }
+    }
+
+    /// The machine's replacement runs: the switch to perform (none if no hand-over is replacing
+    /// for the machine, or the "replacement" is the interrupted instance itself).
+    #[cfg_attr(not(test), expect(dead_code, reason = "the replacement start and the switch come next (issue 33)"))]
+    pub fn replacement_running(&mut self, machine: &MachineId, replacement: &InstanceId) -> Option<Switch> {
+        let h = self.on.get_mut(machine)?;
+        if h.phase != HandoverPhase::Replacing || &h.interrupted == replacement {
+            return None;
+        }
+        h.phase = HandoverPhase::Switched { replacement: replacement.clone() };
+        Some(Switch { machine: machine.clone(), replacement: replacement.clone(), interrupted: h.interrupted.clone() })
+    }
+
+    /// The hand-over ends: the interrupted instance is stopped (or gone), or every start of the
+    /// replacement failed (the interrupted instance stays recorded until the cloud takes it, and
+    /// the machine is then a lost instance's), or the machine died or was forgotten.
+    pub fn end(&mut self, machine: &MachineId) -> HandoverEnded {
+        let acknowledge = self.on.remove(machine).map(|h| h.receipts).unwrap_or_default();
+        let again = self.deferred.remove(machine).unwrap_or_default();
+        HandoverEnded { acknowledge, again }
+    }
+
+    /// The machine's hand-over, if one is on.
+    #[cfg_attr(not(test), expect(dead_code, reason = "the replacement start and the switch come next (issue 33)"))]
+    pub fn of(&self, machine: &MachineId) -> Option<&Handover> {
+        self.on.get(machine)
+    }
+
+    /// Whether `instance` is part of the machine's hand-over (the interrupted one or the
+    /// replacement): never an extra instance to stop on its own.
+    pub fn spares(&self, machine: &MachineId, instance: &InstanceId) -> bool {
+        self.on.get(machine).is_some_and(|h| {
+            &h.interrupted == instance
+                || matches!(&h.phase, HandoverPhase::Switched { replacement } if replacement == instance)
+        })
+    }
+
+    /// Whether any hand-over is on (work in flight).
+    #[cfg_attr(not(test), expect(dead_code, reason = "the replacement start and the switch come next (issue 33)"))]
+    pub fn is_busy(&self) -> bool {
+        !self.on.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notice(id: &str, kind: NoticeKind, receipt: &str) -> InterruptionNotice {
+        InterruptionNotice {
+            instance: InstanceId::new(id),
+            kind,
+            deadline: (kind == NoticeKind::Interruption).then_some(Duration::from_secs(120)),
+            receipt: receipt.into(),
+        }
+    }
+
+    fn owner(machine: &str, recorded: bool, alive: bool) -> Option<NoticedInstance> {
+        Some(NoticedInstance {
+            machine: MachineId::new(machine),
+            recorded,
+            alive,
+            zone: Some("az1".into()),
+            instance_type: Some("m5.large".into()),
+        })
+    }
+
+    const T: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn a_warning_for_a_live_machines_recorded_instance_starts_one_replacement() {
+        let mut book = HandoverBook::new();
+        let d = book.on_notice(notice("i-1", NoticeKind::Interruption, "r1"), owner("0", true, true), T);
+        assert_eq!(
+            d,
+            NoticeDecision::Replace {
+                machine: MachineId::new("0"),
+                interrupted: InstanceId::new("i-1"),
+                avoid_zone: Some("az1".into()),
+                avoid_type: Some("m5.large".into()),
+            }
+        );
+        assert_eq!(book.of(&MachineId::new("0")).unwrap().deadline, Some(T + Duration::from_secs(120)));
+        // The same warning again (another receipt): part of it, no second replacement.
+        let again = book.on_notice(notice("i-1", NoticeKind::Interruption, "r2"), owner("0", true, true), T);
+        assert_eq!(again, NoticeDecision::Joined);
+        assert!(book.is_busy());
+    }
+
+    #[test]
+    fn notices_with_nothing_to_do_are_acknowledged() {
+        let mut book = HandoverBook::new();
+        let ack = |r: &str| NoticeDecision::Acknowledge(r.into());
+        assert_eq!(book.on_notice(notice("i-9", NoticeKind::Interruption, "a"), None, T), ack("a"));
+        assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "b"), owner("0", false, true), T), ack("b"));
+        assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "c"), owner("0", true, false), T), ack("c"));
+        assert_eq!(book.on_notice(notice("i-1", NoticeKind::Rebalance, "d"), owner("0", true, true), T), ack("d"));
+        assert_eq!(book.on_notice(notice("i-1", NoticeKind::Terminating, "e"), owner("0", true, true), T), ack("e"));
+        assert!(!book.is_busy());
+    }
+
+    #[test]
+    fn the_switch_then_the_end_acknowledges_every_receipt_and_replays_deferred_notices() {
+        let mut book = HandoverBook::new();
+        let m = MachineId::new("0");
+        book.on_notice(notice("i-1", NoticeKind::Interruption, "r1"), owner("0", true, true), T);
+        assert!(book.replacement_running(&m, &InstanceId::new("i-1")).is_none(), "not its own replacement");
+        // The replacement is warned too before the switch: deferred (never a third instance).
+        let d = book.on_notice(notice("i-2", NoticeKind::Interruption, "r2"), owner("0", false, true), T);
+        assert_eq!(d, NoticeDecision::Deferred);
+        let switch = book.replacement_running(&m, &InstanceId::new("i-2")).unwrap();
+        assert_eq!(
+            switch,
+            Switch { machine: m.clone(), replacement: InstanceId::new("i-2"), interrupted: InstanceId::new("i-1") }
+        );
+        assert!(book.replacement_running(&m, &InstanceId::new("i-3")).is_none(), "one switch per hand-over");
+        assert!(book.spares(&m, &InstanceId::new("i-1")) && book.spares(&m, &InstanceId::new("i-2")));
+        assert!(!book.spares(&m, &InstanceId::new("i-3")));
+        // The cloud's termination of the interrupted one joins the hand-over.
+        let t = book.on_notice(notice("i-1", NoticeKind::Terminating, "r3"), owner("0", false, true), T);
+        assert_eq!(t, NoticeDecision::Joined);
+        let ended = book.end(&m);
+        assert_eq!(ended.acknowledge, vec!["r1".to_owned(), "r3".to_owned()]);
+        assert_eq!(ended.again, vec![notice("i-2", NoticeKind::Interruption, "r2")]);
+        assert!(!book.is_busy());
+        // Looked at again, the replacement now recorded: a hand-over of its own.
+        let again = book.on_notice(ended.again[0].clone(), owner("0", true, true), T);
+        assert!(matches!(again, NoticeDecision::Replace { .. }));
+    }
+}

@@ -1,0 +1,67 @@
+//! The interruption poller actor: a thin shell over [`NoticeBook`].
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use super::messages::{AcknowledgeNotices, InterruptionsNoticed};
+use super::state::{NextPoll, NoticeBook};
+use crate::config::Backoff;
+use crate::ports::Broker;
+
+/// Polls the broker for interruption notices and hands the new ones on.
+pub struct InterruptionPoller {
+    broker: Arc<dyn Broker>,
+    book: NoticeBook,
+    to: Recipient<InterruptionsNoticed>,
+}
+
+impl InterruptionPoller {
+    /// A poller over `broker`, handing notices `to` the coordinator.
+    pub fn new(broker: Arc<dyn Broker>, backoff: Backoff, to: Recipient<InterruptionsNoticed>) -> Self {
+        Self { broker, book: NoticeBook::new(backoff), to }
+    }
+
+    fn poll(&mut self, ctx: &mut Context<Self>) {
+        let call = self.broker.interruption_notices();
+        ctx.spawn(call.into_actor(self).map(|answer, act, ctx| {
+            if let Err(e) = &answer {
+                tracing::warn!(error = %e, "reading interruption notices failed");
+            }
+            let step = act.book.on_answer(answer);
+            if !step.forward.is_empty() {
+                act.to.do_send(InterruptionsNoticed(step.forward));
+            }
+            match step.next {
+                NextPoll::Now => act.poll(ctx),
+                NextPoll::After(d) => {
+                    ctx.run_later(d, |act, ctx| act.poll(ctx));
+                }
+                NextPoll::Never => {}
+            }
+        }));
+    }
+}
+
+impl Actor for InterruptionPoller {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        crate::actors::unlimited_mailbox(ctx);
+        self.poll(ctx);
+    }
+}
+
+impl Handler<AcknowledgeNotices> for InterruptionPoller {
+    type Result = ();
+    fn handle(&mut self, msg: AcknowledgeNotices, ctx: &mut Self::Context) {
+        self.book.acknowledged(&msg.0);
+        let call = self.broker.acknowledge_notices(msg.0);
+        ctx.spawn(call.into_actor(self).map(|res, _act, _ctx| {
+            if let Err(e) = res {
+                // The cloud hands them out again; the coordinator acknowledges them again then.
+                tracing::warn!(error = %e, "acknowledging interruption notices failed");
+            }
+        }));
+    }
+}
