@@ -14,7 +14,7 @@ use super::links::{
 use super::messages::*;
 use super::state::{BatchBook, DestroyError, DestroySummary};
 use crate::actors::harvest::{HarvestPlan, PlanStops, PlanUnknown, SetHarvestMode, StopsDone};
-use crate::actors::interruptions::{AcknowledgeNotices, InterruptionsNoticed};
+use crate::actors::interruptions::AcknowledgeNotices;
 use crate::actors::lifecycle::StartsFinished;
 use crate::actors::messages::{Busy, WhenIdle};
 use crate::actors::registry::NoticedInstances;

@@ -99,3 +99,9 @@ pub struct ViewRefreshed {
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 pub struct ExecutePlan(pub HarvestPlan);
+
+/// Sent by the interruption poller (issue 33): notices it has not handed on before, in the
+/// order the cloud answered them.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct InterruptionsNoticed(pub Vec<crate::ports::InterruptionNotice>);

@@ -19,7 +19,7 @@ mod tests;
 pub use actor::Coordinator;
 pub use links::{InterruptionLinks, Links};
 pub use messages::{
-    ChangeHarvestMode, CloseStarts, DestroyModel, ExecutePlan, JobsDone, MachinesChanged, ModelDestroyed, ResizeError,
-    RetryTick, SetWorkers, Subscribe, ViewRefreshed,
+    ChangeHarvestMode, CloseStarts, DestroyModel, ExecutePlan, InterruptionsNoticed, JobsDone, MachinesChanged,
+    ModelDestroyed, ResizeError, RetryTick, SetWorkers, Subscribe, ViewRefreshed,
 };
 pub use state::{BatchBook, DestroyError, DestroySummary};

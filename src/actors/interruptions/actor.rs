@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::messages::{AcknowledgeNotices, InterruptionsNoticed};
+use super::messages::AcknowledgeNotices;
 use super::state::{NextPoll, NoticeBook};
+use crate::actors::coordinator::InterruptionsNoticed;
 use crate::config::Backoff;
 use crate::ports::Broker;
 
