@@ -227,6 +227,7 @@ fn start_with(
         coordinator = coordinator.with_interruptions(InterruptionLinks {
             noticed: registry.clone().recipient(),
             acknowledge: poller.clone().recipient(),
+            begin: lifecycle.clone().recipient(),
         });
     }
     let coordinator = coord_ctx.run(coordinator);

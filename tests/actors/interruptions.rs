@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use provisioner::model::InstanceState;
+use provisioner::model::{CapacityPreference, CapacityType};
 use provisioner::ports::{Broker, NoticeKind};
-use provisioner::testing::{FakeCloud, FakeModel, NOTICE_VISIBILITY, NOTICE_WAIT};
+use provisioner::testing::{FakeCloud, FakeMachine, FakeModel, NOTICE_VISIBILITY, NOTICE_WAIT};
 
 use crate::support::*;
 
@@ -54,26 +55,61 @@ async fn the_fake_cloud_warns_then_terminates_and_redelivers_until_acknowledged(
     assert!(broker.interruption_notices().await.unwrap().is_empty());
 }
 
-/// The engine so far (the replacement start is not there yet): the environ provisioner polls a
-/// cloud that warns of interruptions, acknowledges a notice about an instance no machine of ours
-/// owns at once, and keeps the notice of a live machine's recorded instance unacknowledged (its
-/// hand-over is open, the instance marked interrupted) while it has not acted on it. Today the
-/// cloud then takes the instance and the machine keeps it recorded (`missing` at the next
-/// resync, as any recorded instance that disappears: seed 000).
+/// A warning for a live machine's recorded instance: a replacement starts at once (on the same
+/// capacity type: a `spot` machine's stays spot), the machine has two live instances while it
+/// starts (never three), the model records the replacement once it is made (the switch), the
+/// interrupted instance is stopped once, and only then is the notice acknowledged. A notice
+/// about an instance no machine of ours owns is acknowledged at once.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
-async fn notices_are_read_and_only_those_with_nothing_to_do_acknowledged() {
+async fn a_warning_starts_a_replacement_switches_to_it_stops_the_old_once_then_acknowledges() {
     let cloud = zoned_cloud(&["az1", "az2"]).with_interruptions();
-    let model = FakeModel::with_machines(machines(&["0"]));
+    let mut spot = FakeMachine::new(provisioner::Machine::pending("1"));
+    spot.info.capacity = CapacityPreference::Spot;
+    let model = FakeModel::with_machines(vec![FakeMachine::new(provisioner::Machine::pending("0")), spot]);
     let h = Harness::new(test_config(), cloud.clone(), model);
-    let snap = h.until_model(Duration::from_secs(30), |m| instance_of(m, "0").is_some()).await;
-    let recorded = instance_of(&snap, "0").unwrap();
+    let snap = h
+        .until_model(Duration::from_secs(30), |m| instance_of(m, "0").is_some() && instance_of(m, "1").is_some())
+        .await;
+    let old = [instance_of(&snap, "0").unwrap(), instance_of(&snap, "1").unwrap()];
+    cloud.set_latency(Duration::from_secs(5), Duration::ZERO);
     cloud.launch("i-50", Some("az1"), Some("7"), InstanceState::Running, false);
-    cloud.interrupt(&recorded, Duration::from_secs(120));
+    for id in &old {
+        cloud.interrupt(id, Duration::from_secs(120));
+    }
     cloud.interrupt("i-50", Duration::from_secs(120));
-    h.run_for(Duration::from_secs(5)).await;
-    let kept: Vec<String> = cloud.unacknowledged_notices().await.iter().map(ToString::to_string).collect();
-    assert_eq!(kept, vec![recorded.clone()], "the unknown instance's notice acknowledged, the hand-over's kept");
-    h.run_for(Duration::from_secs(120)).await;
-    assert_eq!(h.cloud().await.state_of(&recorded), Some(InstanceState::Terminated));
-    assert_eq!(instance_of(&h.model().await, "0"), Some(recorded), "no replacement yet: still recorded");
+
+    // Mid-start: the old instances still recorded, the notices kept, two live instances each.
+    h.run_for(Duration::from_secs(3)).await;
+    let mid = h.cloud().await;
+    let names = |v: Vec<provisioner::model::InstanceId>| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+    assert_eq!(names(cloud.unacknowledged_notices().await), old.to_vec(), "the unknown one's acknowledged");
+    assert_eq!(instance_of(&h.model().await, "0").as_ref(), Some(&old[0]));
+    for m in ["0", "1"] {
+        assert_eq!(mid.live_instances_of(&m.into()).len(), 2, "machine {m}: the interrupted and its replacement");
+    }
+
+    h.run_for(Duration::from_secs(10)).await;
+    let snap = h.model().await;
+    let cloud_now = h.cloud().await;
+    for (i, m) in ["0", "1"].iter().enumerate() {
+        let new = instance_of(&snap, m).unwrap();
+        assert_ne!(new, old[i], "machine {m} switched");
+        let live = cloud_now.live_instances_of(&(*m).into());
+        assert_eq!(live.len(), 1, "machine {m} ends with one instance: {live:?}");
+        assert_eq!(live[0].instance.id.as_str(), new);
+        let stopped = stops(&cloud_now).iter().flatten().filter(|id| **id == old[i]).count();
+        assert_eq!(stopped, 1, "machine {m}'s interrupted instance stopped once");
+    }
+    let capacity =
+        |id: &str| cloud_now.instances.get(&provisioner::model::InstanceId::new(id)).unwrap().instance.capacity_type;
+    assert_eq!(capacity(&instance_of(&snap, "1").unwrap()), Some(CapacityType::Spot), "a spot machine stays spot");
+    assert!(cloud.unacknowledged_notices().await.is_empty(), "acknowledged after the switch");
+    for m in ["0", "1"] {
+        let new = instance_of(&snap, m).unwrap();
+        assert_eq!(cloud_now.state_of(&new), Some(InstanceState::Running), "running long before the deadline");
+    }
+    // Nothing more once the warnings run out: no further start.
+    h.run_for(Duration::from_secs(200)).await;
+    assert_eq!(starts_of(&h.cloud().await, "0"), 2);
+    assert_eq!(starts_of(&h.cloud().await, "1"), 2);
 }

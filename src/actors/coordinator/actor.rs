@@ -81,26 +81,119 @@ impl Coordinator {
     }
 
     /// Decides on notices, each with what the registry knows of its instance, and performs
-    /// the decisions. Half of issue 33's hand-over so far: a warning for a live machine's
-    /// recorded instance opens a hand-over (the instance is marked interrupted, its notices kept
-    /// unacknowledged), but no replacement is started yet.
-    fn on_notices(&mut self, notices: Vec<InterruptionNotice>, owners: Vec<Option<super::handover::NoticedInstance>>) {
+    /// the decisions: a warning for a live machine's recorded instance starts a replacement.
+    fn on_notices(
+        &mut self,
+        notices: Vec<InterruptionNotice>,
+        owners: Vec<Option<super::handover::NoticedInstance>>,
+        ctx: &mut Context<Self>,
+    ) {
         let now = self.epoch.elapsed();
         let mut acknowledge = Vec::new();
         for (notice, owner) in notices.into_iter().zip(owners) {
             match self.handovers.on_notice(notice, owner, now) {
                 NoticeDecision::Acknowledge(receipt) => acknowledge.push(receipt),
-                NoticeDecision::Replace { machine, interrupted, .. } => {
-                    // Issue 33, next: the replacement start, the switch, the interrupted one's stop.
-                    tracing::warn!(
-                        %machine, %interrupted,
-                        "spot interruption warning: replacement starts are not implemented yet; the instance stays recorded until the cloud takes it"
-                    );
+                NoticeDecision::Replace { machine, interrupted, record, .. } => {
+                    tracing::info!(%machine, %interrupted, "spot interruption warning: starting a replacement");
+                    self.start_replacement(*record, ctx);
                 }
                 NoticeDecision::Joined | NoticeDecision::Deferred => {}
             }
         }
         self.acknowledge(acknowledge);
+    }
+
+    /// Starts a hand-over's replacement: the lifecycle has the machine starting again, the
+    /// model gives its provisioning info and distribution group, and the start is queued as
+    /// any other. If the lifecycle refuses (the machine is starting, stopping or its model
+    /// destroyed) or the model cannot be read, the hand-over ends and its notices are
+    /// acknowledged: the interrupted instance is then lost as any other.
+    // Issue 33, to do: the zone and type to avoid for spot, the same client token on resume.
+    fn start_replacement(&mut self, machine: crate::model::Machine, ctx: &mut Context<Self>) {
+        let Some(links) = &self.interruptions else { return };
+        let begin = links.begin.send(crate::actors::lifecycle::BeginReplacement { machine: machine.id.clone() });
+        let model = self.links.model.clone();
+        let fut = async move {
+            if !begin.await.unwrap_or(false) {
+                return Err(machine.id);
+            }
+            let id = machine.id.clone();
+            let info = model.provisioning_info(vec![id.clone()]).await.ok().and_then(|mut v| v.pop());
+            let group = model.distribution_groups(vec![id.clone()]).await.ok().and_then(|mut v| v.pop());
+            match (info, group) {
+                (Some(Ok(info)), Some(Ok(group))) => Ok(crate::actors::workers::StartJob {
+                    machine,
+                    info: std::sync::Arc::new(info),
+                    group,
+                    adopt: None,
+                }),
+                _ => Err(id),
+            }
+        };
+        self.spawn_counted(fut.into_actor(self), ctx, |job, act, _ctx| match job {
+            Ok(job) => super::links::perform(&act.links, super::batch::Effect::Start(Box::new(job))),
+            Err(machine) => {
+                tracing::warn!(%machine, "cannot start a replacement for the interrupted instance");
+                let ended = act.handovers.end(&machine);
+                act.acknowledge(ended.acknowledge);
+            }
+        });
+    }
+
+    /// Before jobs' outcomes are followed: a hand-over's replacement that started is the switch
+    /// (the registry and the lifecycle record it with the outcome; the model has it already);
+    /// one that failed for good ends its hand-over.
+    fn handover_outcomes(&mut self, outcomes: &[crate::actors::workers::JobOutcome]) -> Vec<super::handover::Switch> {
+        use crate::actors::workers::JobOutcome;
+        let mut switches = Vec::new();
+        for o in outcomes {
+            match o {
+                JobOutcome::Started { machine, instance, .. } => {
+                    switches.extend(self.handovers.replacement_running(machine, &instance.id));
+                }
+                JobOutcome::StartFailed { machine, .. } if self.handovers.of(machine).is_some() => {
+                    let ended = self.handovers.end(machine);
+                    self.acknowledge(ended.acknowledge);
+                }
+                _ => {}
+            }
+        }
+        switches
+    }
+
+    /// After the switch: the interrupted instance is stopped (as any stop: retried until done;
+    /// a stopping instance is never an extra) and the hand-over's notices acknowledged.
+    fn after_switches(&mut self, switches: Vec<super::handover::Switch>, ctx: &mut Context<Self>) {
+        for s in switches {
+            tracing::info!(machine = %s.machine, replacement = %s.replacement, interrupted = %s.interrupted, "spot hand-over: switched; stopping the interrupted instance");
+            self.follow(
+                vec![Followup::PlanStops {
+                    instances: vec![s.interrupted],
+                    remove_after: Vec::new(),
+                    machine: Some(s.machine.clone()),
+                }],
+                ctx,
+            );
+            let ended = self.handovers.end(&s.machine);
+            self.acknowledge(ended.acknowledge);
+            // Deferred notices (about the replacement) are looked at again, by the poller's
+            // next delivery: they are released to it unacknowledged.
+            if !ended.again.is_empty() {
+                let again: Vec<InterruptionNotice> = ended.again;
+                self.replay(again, ctx);
+            }
+        }
+    }
+
+    /// Looks at notices again (deferred ones, once their machine's hand-over ended).
+    fn replay(&mut self, notices: Vec<InterruptionNotice>, ctx: &mut Context<Self>) {
+        let Some(links) = &self.interruptions else { return };
+        let ask = links.noticed.send(NoticedInstances(notices.iter().map(|n| n.instance.clone()).collect()));
+        self.spawn_counted(ask.into_actor(self), ctx, move |owners, act, ctx| {
+            if let Ok(owners) = owners {
+                act.on_notices(notices, owners, ctx);
+            }
+        });
     }
 
     /// Acknowledges notices (none: nothing sent).
@@ -442,22 +535,18 @@ impl Handler<ViewRefreshed> for Coordinator {
 impl Handler<InterruptionsNoticed> for Coordinator {
     type Result = ();
     fn handle(&mut self, msg: InterruptionsNoticed, ctx: &mut Self::Context) {
-        let Some(links) = &self.interruptions else { return };
-        let ask = links.noticed.send(NoticedInstances(msg.0.iter().map(|n| n.instance.clone()).collect()));
-        self.spawn_counted(ask.into_actor(self), ctx, move |owners, act, _ctx| {
-            // No answer: the registry stopped (shutting down); the cloud hands the notices out
-            // again to the next provisioner.
-            if let Ok(owners) = owners {
-                act.on_notices(msg.0, owners);
-            }
-        });
+        // No answer from the registry: it stopped (shutting down); the cloud hands the notices
+        // out again to the next provisioner.
+        self.replay(msg.0, ctx);
     }
 }
 
 impl Handler<JobsDone> for Coordinator {
     type Result = ();
     fn handle(&mut self, msg: JobsDone, ctx: &mut Self::Context) {
+        let switches = self.handover_outcomes(&msg.0);
         self.follow(on_jobs_done(msg.0), ctx);
+        self.after_switches(switches, ctx);
     }
 }
 

@@ -29,6 +29,8 @@ pub struct NoticedInstance {
     pub zone: Option<String>,
     /// Its instance type, if known: likewise avoided for spot.
     pub instance_type: Option<String>,
+    /// The machine as cached (what a replacement start is made of).
+    pub record: Box<crate::model::Machine>,
 }
 
 /// What to do about one notice.
@@ -48,6 +50,8 @@ pub enum NoticeDecision {
         avoid_zone: Option<String>,
         /// The instance type to avoid.
         avoid_type: Option<String>,
+        /// The machine as cached.
+        record: Box<crate::model::Machine>,
     },
     /// Part of a hand-over already on: its receipt is acknowledged with the hand-over's.
     Joined,
@@ -150,12 +154,12 @@ impl HandoverBook {
             interrupted: notice.instance,
             avoid_zone: owner.zone,
             avoid_type: owner.instance_type,
+            record: owner.record,
         }
     }
 
     /// The machine's replacement runs: the switch to perform (none if no hand-over is replacing
     /// for the machine, or the "replacement" is the interrupted instance itself).
-    #[cfg_attr(not(test), expect(dead_code, reason = "the replacement start and the switch come next (issue 33)"))]
     pub fn replacement_running(&mut self, machine: &MachineId, replacement: &InstanceId) -> Option<Switch> {
         let h = self.on.get_mut(machine)?;
         if h.phase != HandoverPhase::Replacing || &h.interrupted == replacement {
@@ -175,7 +179,6 @@ impl HandoverBook {
     }
 
     /// The machine's hand-over, if one is on.
-    #[cfg_attr(not(test), expect(dead_code, reason = "the replacement start and the switch come next (issue 33)"))]
     pub fn of(&self, machine: &MachineId) -> Option<&Handover> {
         self.on.get(machine)
     }
@@ -216,6 +219,7 @@ mod tests {
             alive,
             zone: Some("az1".into()),
             instance_type: Some("m5.large".into()),
+            record: Box::new(crate::model::Machine::pending(machine)),
         })
     }
 
@@ -232,6 +236,7 @@ mod tests {
                 interrupted: InstanceId::new("i-1"),
                 avoid_zone: Some("az1".into()),
                 avoid_type: Some("m5.large".into()),
+                record: Box::new(crate::model::Machine::pending("0")),
             }
         );
         assert_eq!(book.of(&MachineId::new("0")).unwrap().deadline, Some(T + Duration::from_secs(120)));

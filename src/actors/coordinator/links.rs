@@ -101,6 +101,8 @@ pub struct InterruptionLinks {
     pub noticed: Recipient<crate::actors::registry::NoticedInstances>,
     /// The poller: acknowledges notices acted on.
     pub acknowledge: Recipient<crate::actors::interruptions::AcknowledgeNotices>,
+    /// The lifecycle: a replacement starts the machine again.
+    pub begin: Recipient<crate::actors::lifecycle::BeginReplacement>,
 }
 
 pub(super) async fn run_batch(links: Arc<Links>, start: BatchStart) -> Result<BatchOutcome, BatchError> {

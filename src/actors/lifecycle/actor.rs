@@ -33,6 +33,13 @@ impl Handler<ObservePending> for MachineLifecycle {
     }
 }
 
+impl Handler<BeginReplacement> for MachineLifecycle {
+    type Result = bool;
+    fn handle(&mut self, msg: BeginReplacement, _ctx: &mut Self::Context) -> bool {
+        self.book.begin_replacement(&msg.machine)
+    }
+}
+
 impl Handler<ObserveDead> for MachineLifecycle {
     type Result = MessageResult<ObserveDead>;
     fn handle(&mut self, msg: ObserveDead, _ctx: &mut Self::Context) -> Self::Result {

@@ -68,3 +68,13 @@ pub struct ObserveDestroy {
     /// The machines, with their instances.
     pub machines: Vec<DeadMachine>,
 }
+
+/// A spot hand-over (issue 33) starts a replacement for this provisioned machine: it is starting
+/// again (its recorded instance stays until the switch). Answers whether it may: not while the
+/// model is destroyed, nor while the machine is starting, stopping or deferred.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "bool")]
+pub struct BeginReplacement {
+    /// The machine.
+    pub machine: MachineId,
+}

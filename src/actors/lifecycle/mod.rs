@@ -15,6 +15,7 @@ mod tests;
 
 pub use actor::MachineLifecycle;
 pub use messages::{
-    ForgetLifecycle, GetPhases, ObserveDead, ObserveDestroy, ObservePending, StartsFinished, StillWanted, WithoutStart,
+    BeginReplacement, ForgetLifecycle, GetPhases, ObserveDead, ObserveDestroy, ObservePending, StartsFinished,
+    StillWanted, WithoutStart,
 };
 pub use state::{AfterStart, Deaths, LifecycleBook, Phase};

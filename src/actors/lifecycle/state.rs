@@ -247,6 +247,23 @@ impl LifecycleBook {
         matches!(self.phases.get(id), Some(Phase::Starting))
     }
 
+    /// A spot hand-over's replacement start (issue 33): a machine running (or not tracked: a
+    /// provisioned machine this provisioner did not start) is starting again; `false` for one
+    /// starting, stopping or deferred, or in a destroyed model.
+    pub fn begin_replacement(&mut self, id: &MachineId) -> bool {
+        if self.destroyed {
+            return false;
+        }
+        match self.phases.get_mut(id) {
+            Some(phase @ Phase::Running { .. }) => *phase = Phase::Starting,
+            Some(_) => return false,
+            None => {
+                self.phases.insert(id.clone(), Phase::Starting);
+            }
+        }
+        true
+    }
+
     /// The machine was removed: forget it.
     pub fn forget(&mut self, id: &MachineId) {
         self.phases.remove(id);

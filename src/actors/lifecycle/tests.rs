@@ -278,3 +278,17 @@ fn extra_instances_of_machines_with_a_start_in_flight_are_left_alone() {
     // (a machine provisioned before this incarnation): its extra.
     assert_eq!(b.without_start(extras), vec![(mid("0"), iid("x0")), (mid("9"), iid("x9"))]);
 }
+
+#[test]
+fn a_replacement_starts_a_running_or_untracked_machine_again_and_nothing_else() {
+    let mut book = LifecycleBook::new();
+    let m = MachineId::new("0");
+    assert!(book.want_start(&m));
+    assert!(!book.begin_replacement(&m), "already starting");
+    book.start_finished(&m, Some(crate::model::InstanceId::new("i-1")));
+    assert!(book.begin_replacement(&m));
+    assert!(book.still_wanted(&m));
+    book.start_finished(&m, Some(crate::model::InstanceId::new("i-2")));
+    assert!(matches!(book.phase(&m), Some(Phase::Running { instance }) if instance.as_str() == "i-2"));
+    assert!(book.begin_replacement(&MachineId::new("5")), "a provisioned machine not started here");
+}

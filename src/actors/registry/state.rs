@@ -871,6 +871,7 @@ impl MachineBook {
             alive: m.life == Life::Alive,
             zone: view.and_then(|v| v.zone.clone()),
             instance_type: view.and_then(|v| v.instance_type.clone()),
+            record: Box::new(m.clone()),
             machine,
         })
     }
