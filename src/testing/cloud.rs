@@ -267,6 +267,9 @@ struct CloudActor {
     notices: Vec<PendingNotice>,
     /// Receipts made so far.
     receipts: u64,
+    /// Instances warned of an interruption, with when (on the cloud's clock) the warning runs
+    /// out: during it their machine may have a second live instance (its replacement).
+    warned: BTreeMap<InstanceId, Duration>,
     zoned: bool,
     zones: Vec<AvailabilityZone>,
     /// Every instance, compactly (about 80 bytes held inline; see [`Stored`]). Ids are made in
@@ -418,7 +421,9 @@ impl CloudActor {
     }
 
     /// Invariant 1, at the moment a start creates an instance: no other live instance of ours
-    /// is tagged for the same machine.
+    /// is tagged for the same machine, except (issue 33) one instance whose interruption
+    /// warning is running: a machine has at most two live instances, and two only during a
+    /// hand-over.
     /// `before`: the instances tagged for the machine before this one.
     fn check_duplicate(&mut self, id: &InstanceId, m: &MachineId, before: &[InstanceId]) {
         if before.is_empty() {
@@ -432,7 +437,11 @@ impl CloudActor {
             .filter(|(_, i)| i.state != InstanceState::Terminated)
             .map(|(id, _)| id.to_string())
             .collect();
-        if !others.is_empty() {
+        let now = self.epoch.elapsed();
+        let warned = |o: &String| self.warned.get(&InstanceId::new(o.as_str())).is_some_and(|d| now < *d);
+        if others.len() > 1 {
+            self.duplicates.push(format!("machine {m} has three live instances: {} and {id}", others.join(", ")));
+        } else if !others.is_empty() && !others.iter().all(warned) {
             self.duplicates.push(format!("machine {m} has two live instances: {} and {id}", others.join(", ")));
         }
     }
@@ -747,6 +756,7 @@ impl Handler<Interrupt> for CloudActor {
         }
         let now = self.epoch.elapsed();
         self.last_activity = now;
+        self.warned.insert(msg.id.clone(), now + msg.warning);
         self.receipts += 1;
         self.notices.push(PendingNotice {
             receipt: format!("notice-{}", self.receipts),
@@ -1241,6 +1251,7 @@ impl FakeCloud {
             model_uuid: model_uuid.to_owned(),
             notices: Vec::new(),
             receipts: 0,
+            warned: BTreeMap::new(),
             zoned,
             zones: zones.iter().map(|z| AvailabilityZone::available(*z)).collect(),
             instances: BTreeMap::new(),
