@@ -93,9 +93,10 @@ impl Coordinator {
         for (notice, owner) in notices.into_iter().zip(owners) {
             match self.handovers.on_notice(notice, owner, now) {
                 NoticeDecision::Acknowledge(receipt) => acknowledge.push(receipt),
-                NoticeDecision::Replace { machine, interrupted, record, .. } => {
+                NoticeDecision::Replace { machine, interrupted, record, adopt, .. } => {
                     tracing::info!(%machine, %interrupted, "spot interruption warning: starting a replacement");
-                    self.start_replacement(*record, ctx);
+                    let interrupted = interrupted.clone();
+                    self.start_replacement(*record, interrupted, adopt, ctx);
                 }
                 NoticeDecision::Joined | NoticeDecision::Deferred => {}
             }
@@ -109,9 +110,17 @@ impl Coordinator {
     /// destroyed) or the model cannot be read, the hand-over ends and its notices are
     /// acknowledged: the interrupted instance is then lost as any other.
     // Issue 33, to do: the zone and type to avoid for spot, the same client token on resume.
-    fn start_replacement(&mut self, machine: crate::model::Machine, ctx: &mut Context<Self>) {
+    /// A replacement made before a crash (`adopt`) is adopted, not started again.
+    fn start_replacement(
+        &mut self,
+        machine: crate::model::Machine,
+        interrupted: crate::model::InstanceId,
+        adopt: Option<Box<crate::model::CloudInstance>>,
+        ctx: &mut Context<Self>,
+    ) {
         let Some(links) = &self.interruptions else { return };
         let begin = links.begin.send(crate::actors::lifecycle::BeginReplacement { machine: machine.id.clone() });
+        let replaces = interrupted;
         let model = self.links.model.clone();
         let fut = async move {
             if !begin.await.unwrap_or(false) {
@@ -125,7 +134,8 @@ impl Coordinator {
                     machine,
                     info: std::sync::Arc::new(info),
                     group,
-                    adopt: None,
+                    adopt,
+                    replaces: Some(replaces),
                 }),
                 _ => Err(id),
             }

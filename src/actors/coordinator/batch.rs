@@ -485,7 +485,8 @@ impl BatchRun {
                     let empty = Arc::new(ProvisioningInfo::default());
                     for machine in adopters {
                         let adopt = self.adopt.remove(&machine.id).map(Box::new);
-                        let job = StartJob { machine, info: Arc::clone(&empty), group: Vec::new(), adopt };
+                        let job =
+                            StartJob { machine, info: Arc::clone(&empty), group: Vec::new(), adopt, replaces: None };
                         effects.push(Effect::Start(Box::new(job)));
                     }
                     if rest.is_empty() {
@@ -554,7 +555,7 @@ fn prepare(
     match (info, group) {
         (Ok(info), Ok(group)) => {
             let info = StartJob::shared_info(info, empty);
-            Ok(Box::new(StartJob { machine, info, group, adopt: None }))
+            Ok(Box::new(StartJob { machine, info, group, adopt: None, replaces: None }))
         }
         (Err(source), _) => Err(StartInfoError::ProvisioningInfo { machine: machine.id, source }),
         (_, Err(source)) => Err(StartInfoError::DistributionGroups { machine: machine.id, source }),

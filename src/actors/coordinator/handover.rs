@@ -31,6 +31,10 @@ pub struct NoticedInstance {
     pub instance_type: Option<String>,
     /// The machine as cached (what a replacement start is made of).
     pub record: Box<crate::model::Machine>,
+    /// Another live instance tagged for the machine and free (not this one, owned by no other
+    /// machine, not being stopped): a replacement started before a crash, which a replacement
+    /// adopts rather than starting a third instance.
+    pub adoptable: Option<Box<crate::model::CloudInstance>>,
 }
 
 /// What to do about one notice.
@@ -52,6 +56,8 @@ pub enum NoticeDecision {
         avoid_type: Option<String>,
         /// The machine as cached.
         record: Box<crate::model::Machine>,
+        /// An instance to adopt as the replacement (see [`NoticedInstance::adoptable`]).
+        adopt: Option<Box<crate::model::CloudInstance>>,
     },
     /// Part of a hand-over already on: its receipt is acknowledged with the hand-over's.
     Joined,
@@ -155,6 +161,7 @@ impl HandoverBook {
             avoid_zone: owner.zone,
             avoid_type: owner.instance_type,
             record: owner.record,
+            adopt: owner.adoptable,
         }
     }
 
@@ -220,6 +227,7 @@ mod tests {
             zone: Some("az1".into()),
             instance_type: Some("m5.large".into()),
             record: Box::new(crate::model::Machine::pending(machine)),
+            adoptable: None,
         })
     }
 
@@ -237,6 +245,7 @@ mod tests {
                 avoid_zone: Some("az1".into()),
                 avoid_type: Some("m5.large".into()),
                 record: Box::new(crate::model::Machine::pending("0")),
+                adopt: None,
             }
         );
         assert_eq!(book.of(&MachineId::new("0")).unwrap().deadline, Some(T + Duration::from_secs(120)));

@@ -872,6 +872,19 @@ impl MachineBook {
             zone: view.and_then(|v| v.zone.clone()),
             instance_type: view.and_then(|v| v.instance_type.clone()),
             record: Box::new(m.clone()),
+            adoptable: self
+                .machines
+                .get(&machine)
+                .and_then(|slot| {
+                    slot.tagged().iter().find_map(|i| {
+                        let free = i != id
+                            && self.owner(i).is_none_or(|o| *o == machine)
+                            && !self.stopping.contains_key(i)
+                            && m.instance.as_ref() != Some(i);
+                        free.then(|| self.view(i).filter(|v| v.state != InstanceState::Terminated).cloned()).flatten()
+                    })
+                })
+                .map(Box::new),
             machine,
         })
     }

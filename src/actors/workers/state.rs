@@ -25,6 +25,11 @@ pub struct StartJob {
     pub group: Vec<MachineId>,
     /// An instance already tagged for it, to adopt instead of starting one.
     pub adopt: Option<Box<crate::model::CloudInstance>>,
+    /// The interrupted instance this start replaces (a spot hand-over, issue 33): its nonce
+    /// mixes this id in, so that it never repeats the machine's first start's (the pool's
+    /// seeded nonces repeat after a restart, and that start's client token would answer the
+    /// interrupted instance itself).
+    pub replaces: Option<crate::model::InstanceId>,
 }
 
 impl StartJob {

@@ -12,6 +12,7 @@ fn start(id: &str) -> Job {
         info: std::sync::Arc::new(ProvisioningInfo::default()),
         group: Vec::new(),
         adopt: None,
+        replaces: None,
     }))
 }
 
