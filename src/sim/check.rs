@@ -223,6 +223,46 @@ fn check_capacity(cloud: &CloudSnapshot, specs: &BTreeMap<String, MachineSpec>, 
     }
 }
 
+/// Spot hand-overs (issue 33): a machine alive and not removed at the end whose instance the
+/// cloud warned of an interruption (`interrupt`) gets a start call (a replacement; it may fail)
+/// before the warning runs out, unless the instance was no longer live at the warning (a stop
+/// call of ours named it before) or the model was destroyed. (At most two live instances per
+/// machine, two only while a warning runs, is checked by the fake cloud at every creation:
+/// `CloudSnapshot::duplicates`.)
+fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v: &mut Vec<String>) {
+    if s.timeline().iter().any(|(_, a)| matches!(a, Action::DestroyModel(_))) {
+        return;
+    }
+    for (at, a) in s.timeline() {
+        let Action::Interrupt(i) = a else { continue };
+        let Some(inst) = cloud.instances.get(&crate::model::InstanceId::new(i.instance.as_str())) else { continue };
+        let Some(m) = inst.instance.tags.machine.as_ref().filter(|_| !inst.foreign) else { continue };
+        let alive = model
+            .machines
+            .get(m)
+            .is_some_and(|x| !x.removed && x.machine.life == crate::model::Life::Alive && !x.machine.manual);
+        let stopped_before = cloud.calls.iter().any(|c| {
+            c.op == CloudOp::StopInstances && c.at <= at && c.instances.iter().any(|x| x.as_str() == i.instance)
+        });
+        if !alive || stopped_before {
+            continue;
+        }
+        let until = at + i.warning.0;
+        let replaced = cloud
+            .calls
+            .iter()
+            .any(|c| c.op == CloudOp::StartInstance && c.machine.as_ref() == Some(m) && c.at >= at && c.at < until);
+        if !replaced {
+            v.push(format!(
+                "machine {m}'s instance {} was warned of an interruption at {} and no replacement was started before the warning ran out at {}",
+                i.instance,
+                format_duration(at),
+                format_duration(until)
+            ));
+        }
+    }
+}
+
 /// Every broken invariant, as sentences naming the machine or instance.
 pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: &ModeTimeline) -> Vec<String> {
     let mut v: Vec<String> = Vec::new();
@@ -290,6 +330,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
     check_cloud(s, cloud, &mut v);
     check_types(s, cloud, &specs, &mut v);
     check_capacity(cloud, &specs, &mut v);
+    check_handovers(s, cloud, model, &mut v);
 
     // 1. Never two live instances for one machine (checked at every creation, and at the end).
     v.extend(cloud.duplicates.iter().cloned());
@@ -1166,5 +1207,53 @@ mod tests {
         c.machine.instance_status = crate::model::InstanceStatus::provisioning_error();
         c.instance_status_message = "host 0 cannot run lxd containers: no".into();
         assert_eq!(check(&s, &CloudSnapshot::default(), &model, &modes), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_warning_without_a_replacement_start_before_it_runs_out_is_caught() {
+        let s = scenario(
+            r#"
+            [[machines]]
+            id = "0"
+            [[machines]]
+            id = "1"
+            [[events]]
+            at = "10s"
+            interrupt = { instance = "i-1", warning = "2m" }
+            [[events]]
+            at = "10s"
+            interrupt = { instance = "i-2", warning = "2m" }
+        "#,
+        );
+        let start = |m: &str, at: u64, i: &str| CallRecord {
+            machine: Some(MachineId::new(m)),
+            ..call(CloudOp::StartInstance, at, &[i])
+        };
+        let cloud = CloudSnapshot {
+            instances: [
+                instance("i-1", "0", InstanceState::Terminated),
+                instance("i-2", "1", InstanceState::Terminated),
+            ]
+            .into_iter()
+            .collect(),
+            // Machine 0's replacement starts in time; machine 1's only after the warning ran out.
+            calls: vec![start("0", 0, "i-1"), start("1", 0, "i-2"), start("0", 11, "i-3"), start("1", 130, "i-4")],
+            ..CloudSnapshot::default()
+        };
+        let model = ModelSnapshot {
+            machines: [
+                machine("0", Life::Alive, Some("i-3"), None, false),
+                machine("1", Life::Alive, Some("i-4"), None, false),
+            ]
+            .into_iter()
+            .collect(),
+            ..ModelSnapshot::default()
+        };
+        let mut v = Vec::new();
+        check_handovers(&s, &cloud, &model, &mut v);
+        assert_eq!(
+            v,
+            vec!["machine 1's instance i-2 was warned of an interruption at 10s and no replacement was started before the warning ran out at 2m 10s".to_owned()]
+        );
     }
 }
