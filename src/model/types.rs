@@ -620,6 +620,14 @@ pub struct CloudInstance {
     pub capacity_type: Option<crate::model::CapacityType>,
 }
 
+impl CloudInstance {
+    /// An instance with these identity tags, in `state`, of which the cloud says nothing else
+    /// (no zone, age, type or capacity type).
+    pub fn tagged(id: InstanceId, state: InstanceState, tags: InstanceTags) -> Self {
+        Self { id, state, zone: None, tags, age: None, instance_type: None, capacity_type: None }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

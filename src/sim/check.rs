@@ -783,15 +783,7 @@ mod tests {
 
     fn instance(id: &str, machine: &str, state: InstanceState) -> (InstanceId, FakeInstance) {
         let tags = InstanceTags { model: Some("m".into()), machine: Some(MachineId::new(machine)), start: None };
-        let instance = CloudInstance {
-            id: InstanceId::new(id),
-            state,
-            zone: None,
-            tags,
-            age: None,
-            instance_type: None,
-            capacity_type: None,
-        };
+        let instance = CloudInstance::tagged(InstanceId::new(id), state, tags);
         (InstanceId::new(id), FakeInstance { instance, foreign: false, born: (Duration::ZERO, Duration::ZERO) })
     }
 

@@ -592,11 +592,16 @@ fn postgres_restarts_under_load_never_wedge_the_leader() {
     };
     let mut rng = rand::rngs::SmallRng::seed_from_u64(20);
     let mut recoveries = Vec::new();
+    // The probes' own adds: acknowledged, and failed (perhaps made, their answer lost).
+    let (mut probes, mut probes_unsure) = (Vec::new(), 0usize);
     for run in 0..restarts {
         let period = Duration::from_millis(rng.random_range(10_000..=20_000));
         let t0 = Instant::now();
         c.pg.restart().expect("restart PostgreSQL");
-        recoveries.push(recovered(&c, run).as_secs_f64());
+        let probe = recovered(&c, run);
+        recoveries.push(probe.took.as_secs_f64());
+        probes.push(probe.id);
+        probes_unsure += probe.failed_adds;
         // Every replica answers its status within a second.
         for (i, _) in c.alive() {
             assert!(c.status(i).is_some(), "restart {run}: replica {i} did not answer /v1/status within a second");
@@ -620,10 +625,11 @@ fn postgres_restarts_under_load_never_wedge_the_leader() {
     for inst in &instances {
         live.entry(field(inst, "machine").to_owned()).or_default().push(field(inst, "id").to_owned());
     }
-    for id in &acked {
+    for id in acked.iter().chain(&probes) {
         assert!(machines.iter().any(|m| field(m, "id") == id), "acknowledged {id} lost");
     }
-    assert!(machines.len() <= acked.len() + unsure, "{} machines for {} adds", machines.len(), acked.len() + unsure);
+    let adds = acked.len() + unsure + probes.len() + probes_unsure;
+    assert!(machines.len() <= adds, "{} machines for {adds} adds", machines.len());
     for m in &machines {
         let id = field(m, "id");
         assert_eq!(live.get(id), Some(&vec![field(m, "instance").to_owned()]), "machine {id}: {live:?}");
@@ -633,20 +639,30 @@ fn postgres_restarts_under_load_never_wedge_the_leader() {
     assert!(a.stale.is_empty(), "writes committed under a stale epoch: {:?}", a.stale);
 }
 
+/// What [`recovered`] saw: how long the recovery took, the machine it added (acknowledged), and
+/// how many of its adds failed (each may have been made, its answer lost with the database).
+struct Recovery {
+    took: Duration,
+    id: String,
+    failed_adds: usize,
+}
+
 /// After a restart of the database: how long until some replica leads and its store commits, as
 /// seen by a machine added now (through any replica, retried while the database comes back)
 /// being started. Panics past a minute, with the replicas' last log lines.
-fn recovered(c: &Cluster, run: usize) -> Duration {
+fn recovered(c: &Cluster, run: usize) -> Recovery {
     let t0 = Instant::now();
     let limit = Duration::from_secs(60);
     let replicas: Vec<usize> = c.alive().map(|(i, _)| i).collect();
     let mut k = run;
     let every = Duration::from_millis(200);
+    let mut failed_adds = 0;
     let id = poll(limit, every, || {
         let out = c.cli(replicas[k % replicas.len()], &["machine", "add", "--json"]);
         if out.status.success() {
             return Some(ids_of(&serde_json::from_slice(&out.stdout).unwrap()).remove(0));
         }
+        failed_adds += 1;
         k += 1;
         None
     });
@@ -660,7 +676,8 @@ fn recovered(c: &Cluster, run: usize) -> Duration {
         k += 1;
         None
     });
-    took.unwrap_or_else(|| panic!("restart {run}: machine {id} not started within a minute\n{}", tails(c)))
+    let took = took.unwrap_or_else(|| panic!("restart {run}: machine {id} not started within a minute\n{}", tails(c)));
+    Recovery { took, id, failed_adds }
 }
 
 /// Each live replica's last log lines.

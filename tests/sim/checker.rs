@@ -49,15 +49,7 @@ fn ours(id: &str, machine: Option<&str>, state: InstanceState) -> (InstanceId, F
         machine: machine.map(provisioner::MachineId::new),
         start: None,
     };
-    let instance = CloudInstance {
-        id: InstanceId::new(id),
-        state,
-        zone: None,
-        tags,
-        age: None,
-        instance_type: None,
-        capacity_type: None,
-    };
+    let instance = CloudInstance::tagged(InstanceId::new(id), state, tags);
     (InstanceId::new(id), FakeInstance { instance, foreign: false, born: (Duration::ZERO, Duration::ZERO) })
 }
 

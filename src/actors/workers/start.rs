@@ -517,22 +517,19 @@ async fn start_or_adopt(
                 }
             }
             Step::Final => return fail_retiring(deps, machine, capacity.final_error(err), retired, zone).await,
-            Step::OnDemand => {
-                capacity.fall_back();
-                let msg = format!(
-                    "no spot capacity for machine {machine} in any allowed zone ({}); starting it on-demand",
-                    err.message()
-                );
-                tracing::info!(%machine, "{msg}");
-                set_instance_status(deps, &machine, InstanceStatus::provisioning(), msg).await;
-                Duration::ZERO
-            }
-            Step::FailOver => {
-                let z = zone.as_deref().unwrap_or_default();
-                let msg = format!(
-                    "failed to start machine {machine} in zone {z:?}, retrying with new availability zone: {}",
-                    err.message()
-                );
+            // The start goes on at once: on-demand after every zone refused spot, or in another
+            // zone.
+            Step::OnDemand | Step::FailOver => {
+                let why = err.message();
+                let msg = if step == Step::OnDemand {
+                    capacity.fall_back();
+                    format!("no spot capacity for machine {machine} in any allowed zone ({why}); starting it on-demand")
+                } else {
+                    let z = zone.as_deref().unwrap_or_default();
+                    format!(
+                        "failed to start machine {machine} in zone {z:?}, retrying with new availability zone: {why}"
+                    )
+                };
                 tracing::info!(%machine, "{msg}");
                 set_instance_status(deps, &machine, InstanceStatus::provisioning(), msg).await;
                 Duration::ZERO

@@ -116,22 +116,12 @@ pub(super) fn report<R: Serialize>(outcome: Result<R, Failure>, json: bool, huma
     }
 }
 
+/// The measured service on a free port over `dir`, once it answers with the token it wrote:
+/// `None` when it exited first or another service answered on its port (a port taken between
+/// its choice and the service's bind).
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
-fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
+fn start_measured(args: &BenchServeArgs, dir: &std::path::Path) -> Result<Option<(Service, String)>, Failure> {
     let runtime = |m: String| Failure { code: 1, message: m };
-    if args.clients == 0 || args.requests == 0 || args.batch == 0 {
-        return Err(Failure { code: 2, message: "--requests, --clients and --batch must be positive".into() });
-    }
-    if !(args.rate.is_finite() && args.rate >= 0.0) {
-        return Err(Failure { code: 2, message: "--rate must be a non-negative number of requests per second".into() });
-    }
-    let total = match (args.rate > 0.0, args.duration) {
-        (true, Some(d)) => ((args.rate * d.as_secs_f64()).round() as usize).max(1),
-        (false, Some(_)) => return Err(Failure { code: 2, message: "--duration needs --rate".into() }),
-        _ => args.requests,
-    };
-    let dir = std::env::temp_dir().join(format!("provisioner-bench-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| runtime(format!("cannot find a free port: {e}")))?
@@ -140,24 +130,23 @@ fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
     let latency = humantime::format_duration(args.start_latency).to_string();
     let child = Command::new(exe)
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--sim-start-latency", &latency, "--data-dir"])
-        .arg(&dir)
+        .arg(dir)
         .args(["--store", &args.store])
         .env("PROVISIONER_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
         .map_err(|e| runtime(format!("cannot start the service: {e}")))?;
-    let service = Service(child);
+    let mut service = Service(child);
     let url = format!("http://127.0.0.1:{port}");
     let began = std::time::Instant::now();
-    let mut service = service;
     let mut healthy_since = None;
     loop {
         let healthy = ureq::get(&format!("{url}/healthz")).call().is_ok();
         if healthy && dir.join("token").exists() {
             break;
         }
-        if let Ok(Some(status)) = service.0.try_wait() {
-            return Err(Failure { code: 2, message: format!("the service exited with {status} (is --store right?)") });
+        if let Ok(Some(_)) = service.0.try_wait() {
+            return Ok(None);
         }
         let since = healthy.then(|| *healthy_since.get_or_insert_with(std::time::Instant::now));
         if since.is_some_and(|t| t.elapsed() > Duration::from_secs(5)) {
@@ -172,6 +161,48 @@ fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Ours answers with the token it wrote; another service on the port refuses it.
+    let token = std::fs::read_to_string(dir.join("token")).unwrap_or_default();
+    let ours = ureq::get(&format!("{url}/v1/status")).set("Authorization", &format!("Bearer {}", token.trim())).call();
+    if ours.is_err() || !matches!(service.0.try_wait(), Ok(None)) {
+        return Ok(None);
+    }
+    Ok(Some((service, url)))
+}
+
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
+    if args.clients == 0 || args.requests == 0 || args.batch == 0 {
+        return Err(Failure { code: 2, message: "--requests, --clients and --batch must be positive".into() });
+    }
+    if !(args.rate.is_finite() && args.rate >= 0.0) {
+        return Err(Failure { code: 2, message: "--rate must be a non-negative number of requests per second".into() });
+    }
+    let total = match (args.rate > 0.0, args.duration) {
+        (true, Some(d)) => ((args.rate * d.as_secs_f64()).round() as usize).max(1),
+        (false, Some(_)) => return Err(Failure { code: 2, message: "--duration needs --rate".into() }),
+        _ => args.requests,
+    };
+    let dir = std::env::temp_dir().join(format!("provisioner-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // The port is free when chosen, not necessarily when the service binds it (another
+    // process may take it between): a service that exits, or a port answered by another
+    // service (our token refused), is started again on another port, three times at most.
+    let mut tries = 0;
+    let (service, url) = loop {
+        tries += 1;
+        match start_measured(args, &dir)? {
+            Some(started) => break started,
+            None if tries < 3 => continue,
+            None => {
+                return Err(Failure {
+                    code: 2,
+                    message: "the service exited or another answered on its port, three times (is --store right?)"
+                        .into(),
+                })
+            }
+        }
+    };
     let conn = Conn { server: Some(url), token: None, data_dir: Some(dir.clone()), ca_cert: None, model: None };
 
     let clients = args.clients;
