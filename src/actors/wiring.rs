@@ -228,6 +228,9 @@ fn start_with(
             noticed: registry.clone().recipient(),
             acknowledge: poller.clone().recipient(),
             begin: lifecycle.clone().recipient(),
+            short: zones.clone().recipient(),
+            states: poller.clone().recipient(),
+            host_tag: config.host_tag.clone(),
         });
     }
     let coordinator = coord_ctx.run(coordinator);

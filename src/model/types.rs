@@ -595,6 +595,31 @@ pub struct InstanceTags {
     pub start: Option<String>,
 }
 
+/// What a hand-over's replacement start's nonce says after the host's tag (issue 33).
+const REPLACES: &str = ":replaces:";
+
+impl InstanceTags {
+    /// The nonce of the start that replaces `interrupted` (a spot hand-over, issue 33):
+    /// `HOST_TAG:replaces:INSTANCE`, the same whichever provisioner makes it and however often,
+    /// so that a start repeated after a crash or a leader's fail-over sends the same client
+    /// token (the cloud answers the instance it made then, not a second one), and so that the
+    /// replacement found in a listing names the instance it replaces
+    /// ([`InstanceTags::replaces`]).
+    pub fn replacement_nonce(host_tag: &str, interrupted: &InstanceId) -> String {
+        let mut nonce = String::with_capacity(host_tag.len() + REPLACES.len() + interrupted.as_str().len());
+        nonce.push_str(host_tag);
+        nonce.push_str(REPLACES);
+        nonce.push_str(interrupted.as_str());
+        nonce
+    }
+
+    /// The instance this one was started to replace, if its start was a hand-over's
+    /// ([`InstanceTags::replacement_nonce`]).
+    pub fn replaces(&self) -> Option<&str> {
+        self.start.as_deref()?.split_once(REPLACES).map(|(_, id)| id)
+    }
+}
+
 /// One instance in the cloud's view.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CloudInstance {

@@ -25,6 +25,9 @@ use crate::actors::zones::PopulateZones;
 use crate::model::events::ProvisionerEvent;
 use crate::ports::InterruptionNotice;
 
+/// How often a hand-over's replacement not yet seen running is looked up by its start.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The provisioner's front door.
 pub struct Coordinator {
     book: BatchBook,
@@ -41,6 +44,8 @@ pub struct Coordinator {
     scope: crate::config::Scope,
     /// Spot interruption hand-overs on (issue 33).
     handovers: HandoverBook,
+    /// Whether a look at the hand-overs' replacements is under way or due (one at a time).
+    watching: bool,
     /// Where notices are looked up and acknowledged, when the cloud warns of interruptions.
     interruptions: Option<InterruptionLinks>,
     /// The coordinator's clock (notice deadlines).
@@ -69,6 +74,7 @@ impl Coordinator {
             retry_path,
             scope,
             handovers: HandoverBook::new(),
+            watching: false,
             interruptions: None,
             epoch: actix_rt::time::Instant::now(),
         }
@@ -93,11 +99,7 @@ impl Coordinator {
         for (notice, owner) in notices.into_iter().zip(owners) {
             match self.handovers.on_notice(notice, owner, now) {
                 NoticeDecision::Acknowledge(receipt) => acknowledge.push(receipt),
-                NoticeDecision::Replace { machine, interrupted, record, adopt, .. } => {
-                    tracing::info!(%machine, %interrupted, "spot interruption warning: starting a replacement");
-                    let interrupted = interrupted.clone();
-                    self.start_replacement(*record, interrupted, adopt, ctx);
-                }
+                replace @ NoticeDecision::Replace { .. } => self.start_replacement(replace, ctx),
                 NoticeDecision::Joined | NoticeDecision::Deferred => {}
             }
         }
@@ -108,18 +110,18 @@ impl Coordinator {
     /// model gives its provisioning info and distribution group, and the start is queued as
     /// any other. If the lifecycle refuses (the machine is starting, stopping or its model
     /// destroyed) or the model cannot be read, the hand-over ends and its notices are
-    /// acknowledged: the interrupted instance is then lost as any other.
-    // Issue 33, to do: the zone and type to avoid for spot, the same client token on resume.
-    /// A replacement made before a crash (`adopt`) is adopted, not started again.
-    fn start_replacement(
-        &mut self,
-        machine: crate::model::Machine,
-        interrupted: crate::model::InstanceId,
-        adopt: Option<Box<crate::model::CloudInstance>>,
-        ctx: &mut Context<Self>,
-    ) {
+    /// acknowledged: the interrupted instance is then lost as any other. A replacement made
+    /// before a crash (`adopt`) is adopted, not started again; a start that asks for spot
+    /// first has the allocator avoid the interrupted instance's zone for the shape's spot
+    /// starts (the capacity memory) where the machine allows another.
+    fn start_replacement(&mut self, decision: NoticeDecision, ctx: &mut Context<Self>) {
+        let NoticeDecision::Replace { machine, interrupted, avoid_zone, record, adopt, .. } = decision else { return };
         let Some(links) = &self.interruptions else { return };
+        let how = if adopt.is_some() { "adopting the replacement a listing shows" } else { "starting a replacement" };
+        tracing::info!(%machine, %interrupted, "spot hand-over: {how}");
+        let machine = *record;
         let begin = links.begin.send(crate::actors::lifecycle::BeginReplacement { machine: machine.id.clone() });
+        let short = links.short.clone();
         let replaces = interrupted;
         let model = self.links.model.clone();
         let fut = async move {
@@ -130,13 +132,20 @@ impl Coordinator {
             let info = model.provisioning_info(vec![id.clone()]).await.ok().and_then(|mut v| v.pop());
             let group = model.distribution_groups(vec![id.clone()]).await.ok().and_then(|mut v| v.pop());
             match (info, group) {
-                (Some(Ok(info)), Some(Ok(group))) => Ok(crate::actors::workers::StartJob {
-                    machine,
-                    info: std::sync::Arc::new(info),
-                    group,
-                    adopt,
-                    replaces: Some(replaces),
-                }),
+                (Some(Ok(info)), Some(Ok(group))) => {
+                    let spot = info.capacity.first() == crate::model::CapacityType::Spot;
+                    if let (true, Some(zone)) = (spot, avoid_zone) {
+                        let shape = crate::model::CapacityType::Spot.shape(&info.constraints.shape());
+                        let _ = short.send(crate::actors::zones::RememberCapacity { shape, zone }).await;
+                    }
+                    Ok(crate::actors::workers::StartJob {
+                        machine,
+                        info: std::sync::Arc::new(info),
+                        group,
+                        adopt,
+                        replaces: Some(replaces),
+                    })
+                }
                 _ => Err(id),
             }
         };
@@ -159,7 +168,8 @@ impl Coordinator {
         for o in outcomes {
             match o {
                 JobOutcome::Started { machine, instance, .. } => {
-                    switches.extend(self.handovers.replacement_running(machine, &instance.id));
+                    let running = instance.state == crate::model::InstanceState::Running;
+                    switches.extend(self.handovers.replacement_started(machine, &instance.id, running));
                 }
                 JobOutcome::StartFailed { machine, .. } if self.handovers.of(machine).is_some() => {
                     let ended = self.handovers.end(machine);
@@ -193,6 +203,43 @@ impl Coordinator {
                 self.replay(again, ctx);
             }
         }
+    }
+
+    /// Switched hand-overs whose replacement now runs (or whose interrupted instance's time is
+    /// up) have their interrupted instance stopped; while any replacement is not yet seen
+    /// running, it is looked up by its start again every [`WATCH_EVERY`] (one look at a time).
+    fn look_at_replacements(&mut self, ctx: &mut Context<Self>) {
+        let awaiting = self.handovers.awaiting();
+        if self.watching || awaiting.is_empty() {
+            return;
+        }
+        let Some(links) = &self.interruptions else { return };
+        let starts = awaiting
+            .iter()
+            .map(|(m, interrupted)| {
+                (m.clone(), crate::model::InstanceTags::replacement_nonce(&links.host_tag, interrupted))
+            })
+            .collect();
+        self.watching = true;
+        let ask = links.states.send(crate::actors::interruptions::ReplacementStates(starts));
+        self.spawn_counted(ask.into_actor(self), ctx, move |states, act, ctx| {
+            act.watching = false;
+            let now = act.epoch.elapsed();
+            let states = states.unwrap_or_default();
+            let switches = awaiting
+                .iter()
+                .zip(states.into_iter().chain(std::iter::repeat(None)))
+                .filter_map(|((m, _), state)| act.handovers.seen(m, state, now))
+                .collect();
+            act.after_switches(switches, ctx);
+            if !act.handovers.awaiting().is_empty() {
+                act.watching = true;
+                ctx.run_later(WATCH_EVERY, |act, ctx| {
+                    act.watching = false;
+                    act.look_at_replacements(ctx);
+                });
+            }
+        });
     }
 
     /// Looks at notices again (deferred ones, once their machine's hand-over ended).
@@ -538,6 +585,12 @@ impl Handler<ViewRefreshed> for Coordinator {
                 next.push(Followup::StopExtras(msg.extras));
             }
             self.follow(next, ctx);
+            for owner in msg.resumes {
+                if let Some(replace) = self.handovers.resume(owner) {
+                    self.start_replacement(replace, ctx);
+                }
+            }
+            self.look_at_replacements(ctx);
         }
     }
 }
@@ -557,6 +610,7 @@ impl Handler<JobsDone> for Coordinator {
         let switches = self.handover_outcomes(&msg.0);
         self.follow(on_jobs_done(msg.0), ctx);
         self.after_switches(switches, ctx);
+        self.look_at_replacements(ctx);
     }
 }
 

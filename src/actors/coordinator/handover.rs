@@ -3,12 +3,19 @@
 //! is stopped and the notices acknowledged. Decisions are values; the coordinator performs them.
 //!
 //! The rule, per machine: a live machine whose recorded instance is warned of an interruption
-//! gets one replacement start (its own nonce), the interrupted instance staying recorded and
-//! marked interrupted meanwhile; once the replacement runs, the machine records it (the switch)
-//! and the interrupted instance is stopped (unless already gone); then the notices about it are
-//! acknowledged. So a machine has at most two live instances, and only while a hand-over is on:
-//! a notice about the replacement itself, while the hand-over is on, waits for it to end (no
-//! third instance); it is looked at again then.
+//! gets one replacement start, the interrupted instance staying recorded and marked interrupted
+//! meanwhile; once the replacement is started, the machine records it (the switch); once it is
+//! seen running (or the interrupted one's time is up), the interrupted instance is stopped
+//! (unless already gone) and the notices about it acknowledged. So a machine has at most two
+//! live instances, and only while a hand-over is on: a notice about the replacement itself,
+//! while the hand-over is on, waits for it to end (no third instance); it is looked at again
+//! then.
+//!
+//! Crash safety: the replacement's start has a nonce of its own that names the interrupted
+//! instance (`InstanceTags::replacement_nonce`), the same for every provisioner, so a start
+//! repeated after a crash or a leader's fail-over sends the same client token; and a listing
+//! that shows a replacement of a live machine's recorded instance resumes the hand-over with it
+//! ([`HandoverBook::resume`]) before the cloud hands the notice out again.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -29,6 +36,8 @@ pub struct NoticedInstance {
     pub zone: Option<String>,
     /// Its instance type, if known: likewise avoided for spot.
     pub instance_type: Option<String>,
+    /// Its state in the last listing, if listed.
+    pub state: Option<crate::model::InstanceState>,
     /// The machine as cached (what a replacement start is made of).
     pub record: Box<crate::model::Machine>,
     /// Another live instance tagged for the machine and free (not this one, owned by no other
@@ -70,7 +79,8 @@ pub enum NoticeDecision {
 pub enum HandoverPhase {
     /// The replacement is starting; the interrupted instance is recorded.
     Replacing,
-    /// The replacement is recorded; the interrupted instance is being stopped.
+    /// The replacement is started and recorded; the interrupted instance is stopped once the
+    /// replacement is seen running, or its own time is up.
     Switched {
         /// The replacement.
         replacement: InstanceId,
@@ -146,18 +156,34 @@ impl HandoverBook {
         if notice.kind != NoticeKind::Interruption || !owner.alive || !owner.recorded {
             return NoticeDecision::Acknowledge(notice.receipt);
         }
-        self.on.insert(
-            owner.machine.clone(),
-            Handover {
-                interrupted: notice.instance.clone(),
-                deadline: notice.deadline.map(|d| now + d),
-                receipts: vec![notice.receipt],
-                phase: HandoverPhase::Replacing,
-            },
-        );
+        self.open(owner, notice.instance, notice.deadline.map(|d| now + d), vec![notice.receipt])
+    }
+
+    /// Resumes a hand-over a listing shows under way (a replacement of the machine's recorded
+    /// instance, started before a crash or a leader's fail-over; `owner` is what a notice about
+    /// the recorded instance would find, the replacement adoptable): the replacement is
+    /// adopted, not started again. `None` if the machine's hand-over is on already. The notice,
+    /// when the cloud hands it out again, joins it.
+    pub fn resume(&mut self, owner: NoticedInstance) -> Option<NoticeDecision> {
+        if self.on.contains_key(&owner.machine) || !owner.alive || !owner.recorded || owner.adoptable.is_none() {
+            return None;
+        }
+        let interrupted = owner.record.instance.clone()?;
+        Some(self.open(owner, interrupted, None, Vec::new()))
+    }
+
+    fn open(
+        &mut self,
+        owner: NoticedInstance,
+        interrupted: InstanceId,
+        deadline: Option<Duration>,
+        receipts: Vec<String>,
+    ) -> NoticeDecision {
+        let phase = HandoverPhase::Replacing;
+        self.on.insert(owner.machine.clone(), Handover { interrupted: interrupted.clone(), deadline, receipts, phase });
         NoticeDecision::Replace {
             machine: owner.machine,
-            interrupted: notice.instance,
+            interrupted,
             avoid_zone: owner.zone,
             avoid_type: owner.instance_type,
             record: owner.record,
@@ -165,15 +191,56 @@ impl HandoverBook {
         }
     }
 
-    /// The machine's replacement runs: the switch to perform (none if no hand-over is replacing
-    /// for the machine, or the "replacement" is the interrupted instance itself).
-    pub fn replacement_running(&mut self, machine: &MachineId, replacement: &InstanceId) -> Option<Switch> {
+    /// The machine's replacement started (the model records it): the switch. The interrupted
+    /// instance is to be stopped now if the replacement is `running` already, else once it is
+    /// seen running ([`HandoverBook::seen`]). `None`: nothing to stop yet, or no hand-over is
+    /// replacing for the machine, or the "replacement" is the interrupted instance itself.
+    pub fn replacement_started(
+        &mut self,
+        machine: &MachineId,
+        replacement: &InstanceId,
+        running: bool,
+    ) -> Option<Switch> {
         let h = self.on.get_mut(machine)?;
         if h.phase != HandoverPhase::Replacing || &h.interrupted == replacement {
             return None;
         }
         h.phase = HandoverPhase::Switched { replacement: replacement.clone() };
-        Some(Switch { machine: machine.clone(), replacement: replacement.clone(), interrupted: h.interrupted.clone() })
+        let switch =
+            Switch { machine: machine.clone(), replacement: replacement.clone(), interrupted: h.interrupted.clone() };
+        running.then_some(switch)
+    }
+
+    /// Switched hand-overs whose replacement is not yet seen running: (machine, interrupted
+    /// instance), the replacement's start being known by the interrupted instance
+    /// (`InstanceTags::replacement_nonce`).
+    pub fn awaiting(&self) -> Vec<(MachineId, InstanceId)> {
+        self.on
+            .iter()
+            .filter_map(|(m, h)| match &h.phase {
+                HandoverPhase::Switched { .. } => Some((m.clone(), h.interrupted.clone())),
+                HandoverPhase::Replacing => None,
+            })
+            .collect()
+    }
+
+    /// A listing at `now` saw the machine's replacement in `state` (`None`: not listed): the
+    /// interrupted instance is stopped once the replacement runs, or once the interrupted one's
+    /// time is up whatever the replacement's state (the cloud takes it then anyway).
+    pub fn seen(
+        &self,
+        machine: &MachineId,
+        state: Option<crate::model::InstanceState>,
+        now: Duration,
+    ) -> Option<Switch> {
+        let h = self.on.get(machine)?;
+        let HandoverPhase::Switched { replacement } = &h.phase else { return None };
+        let due = state == Some(crate::model::InstanceState::Running) || h.deadline.is_some_and(|d| now >= d);
+        due.then(|| Switch {
+            machine: machine.clone(),
+            replacement: replacement.clone(),
+            interrupted: h.interrupted.clone(),
+        })
     }
 
     /// The hand-over ends: the interrupted instance is stopped (or gone), or every start of the
@@ -200,7 +267,7 @@ impl HandoverBook {
     }
 
     /// Whether any hand-over is on (work in flight).
-    #[cfg_attr(not(test), expect(dead_code, reason = "the replacement start and the switch come next (issue 33)"))]
+    #[cfg(test)]
     pub fn is_busy(&self) -> bool {
         !self.on.is_empty()
     }
@@ -226,6 +293,7 @@ mod tests {
             alive,
             zone: Some("az1".into()),
             instance_type: Some("m5.large".into()),
+            state: Some(crate::model::InstanceState::Running),
             record: Box::new(crate::model::Machine::pending(machine)),
             adoptable: None,
         })
@@ -272,16 +340,20 @@ mod tests {
         let mut book = HandoverBook::new();
         let m = MachineId::new("0");
         book.on_notice(notice("i-1", NoticeKind::Interruption, "r1"), owner("0", true, true), T);
-        assert!(book.replacement_running(&m, &InstanceId::new("i-1")).is_none(), "not its own replacement");
+        assert!(book.replacement_started(&m, &InstanceId::new("i-1"), true).is_none(), "not its own replacement");
         // The replacement is warned too before the switch: deferred (never a third instance).
         let d = book.on_notice(notice("i-2", NoticeKind::Interruption, "r2"), owner("0", false, true), T);
         assert_eq!(d, NoticeDecision::Deferred);
-        let switch = book.replacement_running(&m, &InstanceId::new("i-2")).unwrap();
+        // Started but not running yet: switched, nothing stopped until a listing sees it run.
+        assert!(book.replacement_started(&m, &InstanceId::new("i-2"), false).is_none());
+        assert_eq!(book.awaiting(), vec![(m.clone(), InstanceId::new("i-1"))]);
+        assert!(book.seen(&m, Some(crate::model::InstanceState::Pending), T).is_none());
+        let switch = book.seen(&m, Some(crate::model::InstanceState::Running), T).unwrap();
         assert_eq!(
             switch,
             Switch { machine: m.clone(), replacement: InstanceId::new("i-2"), interrupted: InstanceId::new("i-1") }
         );
-        assert!(book.replacement_running(&m, &InstanceId::new("i-3")).is_none(), "one switch per hand-over");
+        assert!(book.replacement_started(&m, &InstanceId::new("i-3"), true).is_none(), "one switch per hand-over");
         assert!(book.spares(&m, &InstanceId::new("i-1")) && book.spares(&m, &InstanceId::new("i-2")));
         assert!(!book.spares(&m, &InstanceId::new("i-3")));
         // The cloud's termination of the interrupted one joins the hand-over.
@@ -294,5 +366,37 @@ mod tests {
         // Looked at again, the replacement now recorded: a hand-over of its own.
         let again = book.on_notice(ended.again[0].clone(), owner("0", true, true), T);
         assert!(matches!(again, NoticeDecision::Replace { .. }));
+    }
+
+    #[test]
+    fn the_interrupted_instance_goes_when_its_time_is_up_whatever_the_replacements_state() {
+        let mut book = HandoverBook::new();
+        let m = MachineId::new("0");
+        book.on_notice(notice("i-1", NoticeKind::Interruption, "r1"), owner("0", true, true), T);
+        assert!(book.replacement_started(&m, &InstanceId::new("i-2"), false).is_none());
+        let due = T + Duration::from_secs(120);
+        assert!(book.seen(&m, None, due - Duration::from_secs(1)).is_none());
+        assert_eq!(book.seen(&m, None, due).map(|s| s.interrupted), Some(InstanceId::new("i-1")));
+    }
+
+    #[test]
+    fn a_listed_replacement_resumes_its_hand_over_once_and_the_notice_joins_it() {
+        let mut book = HandoverBook::new();
+        let m = MachineId::new("0");
+        let mut o = owner("0", true, true).unwrap();
+        o.record.instance = Some(InstanceId::new("i-1"));
+        let tags = crate::model::InstanceTags { model: Some("m".into()), machine: Some(m.clone()), start: None };
+        let replacement =
+            crate::model::CloudInstance::tagged(InstanceId::new("i-2"), crate::model::InstanceState::Running, tags);
+        let without = o.clone();
+        assert!(book.resume(without).is_none(), "nothing to adopt: nothing to resume");
+        o.adoptable = Some(Box::new(replacement.clone()));
+        let d = book.resume(o.clone()).unwrap();
+        assert!(matches!(&d, NoticeDecision::Replace { adopt: Some(a), interrupted, .. }
+            if a.id == replacement.id && interrupted.as_str() == "i-1"));
+        assert!(book.resume(o).is_none(), "resumed once");
+        let n = book.on_notice(notice("i-1", NoticeKind::Interruption, "r1"), owner("0", true, true), T);
+        assert_eq!(n, NoticeDecision::Joined);
+        assert_eq!(book.end(&m).acknowledge, vec!["r1".to_owned()]);
     }
 }

@@ -103,6 +103,12 @@ pub struct InterruptionLinks {
     pub acknowledge: Recipient<crate::actors::interruptions::AcknowledgeNotices>,
     /// The lifecycle: a replacement starts the machine again.
     pub begin: Recipient<crate::actors::lifecycle::BeginReplacement>,
+    /// The zone allocator: a spot replacement avoids the interrupted instance's zone.
+    pub short: Recipient<crate::actors::zones::RememberCapacity>,
+    /// The poller: the states of replacements not yet seen running.
+    pub states: Recipient<crate::actors::interruptions::ReplacementStates>,
+    /// The first half of every nonce (a replacement's start is looked up by its nonce).
+    pub host_tag: String,
 }
 
 pub(super) async fn run_batch(links: Arc<Links>, start: BatchStart) -> Result<BatchOutcome, BatchError> {

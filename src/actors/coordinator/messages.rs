@@ -92,6 +92,8 @@ pub struct JobsDone(pub Vec<JobOutcome>);
 pub struct ViewRefreshed {
     /// Extra instances of live machines, with their machines.
     pub extras: Vec<(crate::model::MachineId, crate::model::InstanceId)>,
+    /// Hand-overs the listing shows under way (`MachineBook::resumable_handovers`).
+    pub resumes: Vec<super::handover::NoticedInstance>,
 }
 
 /// A plan the harvest policy made on its own (a parked instance's window ran out), for the

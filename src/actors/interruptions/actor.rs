@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::messages::AcknowledgeNotices;
+use super::messages::{AcknowledgeNotices, ReplacementStates};
 use super::state::{NextPoll, NoticeBook};
 use crate::actors::coordinator::InterruptionsNoticed;
 use crate::config::Backoff;
@@ -50,6 +50,17 @@ impl Actor for InterruptionPoller {
     fn started(&mut self, ctx: &mut Self::Context) {
         crate::actors::unlimited_mailbox(ctx);
         self.poll(ctx);
+    }
+}
+
+impl Handler<ReplacementStates> for InterruptionPoller {
+    type Result = ResponseFuture<Vec<Option<crate::model::InstanceState>>>;
+    fn handle(&mut self, msg: ReplacementStates, _ctx: &mut Self::Context) -> Self::Result {
+        let calls: Vec<_> = msg.0.into_iter().map(|(m, nonce)| self.broker.instances_of_start(m, nonce)).collect();
+        Box::pin(async move {
+            let answers = futures::future::join_all(calls).await;
+            answers.into_iter().map(|a| a.ok().and_then(|found| super::state::replacement_state(&found))).collect()
+        })
     }
 }
 

@@ -6,3 +6,11 @@ use actix::prelude::*;
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 pub struct AcknowledgeNotices(pub Vec<String>);
+
+/// The states of hand-overs' replacements, each looked up by its start (the machine and the
+/// start's nonce, [`crate::ports::Broker::instances_of_start`]): the state of the start's
+/// instance (a running one first), `None` if none is listed or the lookup failed. The
+/// coordinator asks while a replacement is not yet seen running.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Vec<Option<crate::model::InstanceState>>")]
+pub struct ReplacementStates(pub Vec<(crate::model::MachineId, String)>);

@@ -14,4 +14,4 @@ mod state;
 mod tests;
 
 pub use actor::InterruptionPoller;
-pub use messages::AcknowledgeNotices;
+pub use messages::{AcknowledgeNotices, ReplacementStates};

@@ -6,6 +6,19 @@ use std::time::Duration;
 use crate::config::Backoff;
 use crate::ports::{BrokerError, InterruptionNotice};
 
+/// The state of a replacement start's instances as listed: a running one's first (a start
+/// repeated with the same client token makes no second instance, but the listing may show a
+/// stopped one beside it), `None` if none is listed.
+pub fn replacement_state(found: &[crate::model::CloudInstance]) -> Option<crate::model::InstanceState> {
+    use crate::model::InstanceState;
+    let running = found.iter().any(|i| i.state == InstanceState::Running);
+    if running {
+        Some(InstanceState::Running)
+    } else {
+        found.first().map(|i| i.state)
+    }
+}
+
 /// When to ask the cloud again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NextPoll {

@@ -93,7 +93,10 @@ impl MachineRegistry {
                 act.report_status_changes(ctx);
                 if let Some(r) = &act.on_refresh {
                     // Judged on this fresh listing: the coordinator has them stopped.
-                    r.do_send(ViewRefreshed { extras: act.book.extra_instances() });
+                    r.do_send(ViewRefreshed {
+                        extras: act.book.extra_instances(),
+                        resumes: act.book.resumable_handovers(),
+                    });
                 }
                 act.schedule_resync(ctx, act.resync_interval);
             }

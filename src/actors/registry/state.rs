@@ -797,9 +797,25 @@ impl MachineBook {
         }
         slot.tagged()
             .iter()
-            .filter(|i| Some(*i) != keeps && self.owner(i).is_none() && !self.stopping.contains_key(*i))
+            .filter(|i| {
+                Some(*i) != keeps
+                    && self.owner(i).is_none()
+                    && !self.stopping.contains_key(*i)
+                    && !self.replaces_recorded(m, i)
+            })
             .cloned()
             .collect()
+    }
+
+    /// Whether `i` is a live machine's hand-over replacement of its recorded instance, as listed
+    /// ([`crate::model::InstanceTags::replaces`]): never an orphan nor an extra, but a hand-over
+    /// to resume ([`MachineBook::resumable_handovers`]).
+    fn replaces_recorded(&self, m: &Machine, i: &InstanceId) -> bool {
+        let Some(recorded) = &m.instance else { return false };
+        m.life == Life::Alive
+            && self
+                .view(i)
+                .is_some_and(|v| v.tags.replaces() == Some(recorded.as_str()) && v.state != InstanceState::Terminated)
     }
 
     /// Instances tagged for a dead machine in provisioning error that records none: orphans of a
@@ -852,8 +868,37 @@ impl MachineBook {
                     && self.owner(i).is_none()
                     && !self.stopping.contains_key(*i)
                     && self.view(i).is_some()
+                    && !self.replaces_recorded(m, i)
             };
             out.extend(ours.tagged.iter().filter(extra).map(|i| (id.clone(), i.clone())));
+        }
+        out
+    }
+
+    /// Hand-overs a listing shows under way (issue 33): a live machine's free instance whose
+    /// start replaced the machine's recorded instance ([`crate::model::InstanceTags::replaces`])
+    /// — a replacement a provisioner started before it crashed or lost the lead. Each comes as
+    /// what a notice about the recorded (interrupted) instance would find, the replacement
+    /// adoptable: the coordinator resumes the hand-over with it, never starting another. Such
+    /// an instance is never an extra ([`MachineBook::extra_instances`]). Empty while the view is
+    /// stale.
+    pub fn resumable_handovers(&self) -> Vec<crate::actors::coordinator::handover::NoticedInstance> {
+        let mut out = Vec::new();
+        if !self.fresh {
+            return out;
+        }
+        for slot in self.machines.values() {
+            let (Some(ours), Some(m)) = (slot.ours.as_deref(), &slot.machine) else { continue };
+            let Some(recorded) = &m.instance else { continue };
+            if m.life != Life::Alive || m.manual {
+                continue;
+            }
+            let replaces_recorded = |i: &InstanceId| {
+                self.replaces_recorded(m, i) && self.owner(i).is_none() && !self.stopping.contains_key(i)
+            };
+            if ours.tagged.iter().any(replaces_recorded) {
+                out.extend(self.noticed(recorded));
+            }
         }
         out
     }
@@ -871,20 +916,21 @@ impl MachineBook {
             alive: m.life == Life::Alive,
             zone: view.and_then(|v| v.zone.clone()),
             instance_type: view.and_then(|v| v.instance_type.clone()),
+            state: view.map(|v| v.state),
             record: Box::new(m.clone()),
-            adoptable: self
-                .machines
-                .get(&machine)
-                .and_then(|slot| {
-                    slot.tagged().iter().find_map(|i| {
-                        let free = i != id
-                            && self.owner(i).is_none_or(|o| *o == machine)
-                            && !self.stopping.contains_key(i)
-                            && m.instance.as_ref() != Some(i);
-                        free.then(|| self.view(i).filter(|v| v.state != InstanceState::Terminated).cloned()).flatten()
-                    })
-                })
-                .map(Box::new),
+            adoptable: self.machines.get(&machine).and_then(|slot| {
+                let free = slot.tagged().iter().filter_map(|i| {
+                    let free = i != id
+                        && self.owner(i).is_none_or(|o| *o == machine)
+                        && !self.stopping.contains_key(i)
+                        && m.instance.as_ref() != Some(i);
+                    free.then(|| self.view(i).filter(|v| v.state != InstanceState::Terminated)).flatten()
+                });
+                // The one started to replace `id`, if listed, before any other.
+                let mut free: Vec<&CloudInstance> = free.collect();
+                free.sort_by_key(|v| v.tags.replaces() != Some(id.as_str()));
+                free.first().map(|v| Box::new((*v).clone()))
+            }),
             machine,
         })
     }

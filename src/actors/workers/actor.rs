@@ -77,28 +77,12 @@ impl WorkerPool {
         nonce
     }
 
-    /// A replacement start's nonce (issue 33): the pool's next, its uuid mixed with the
-    /// interrupted instance's id, so that it never repeats a nonce the pool's seeded sequence
-    /// gave before a restart (the machine's first start's).
-    fn replacement_nonce(&mut self, replaces: &crate::model::InstanceId) -> String {
-        use std::hash::{Hash, Hasher};
-        let mut bytes: [u8; 16] = self.rng.random();
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        replaces.as_str().hash(&mut h);
-        let mix = h.finish().to_le_bytes();
-        for (b, m) in bytes.iter_mut().zip(mix.iter().cycle()) {
-            *b ^= *m;
-        }
-        let id = uuid::Builder::from_random_bytes(bytes).into_uuid();
-        format!("{}:{}", self.deps.host_tag, id.hyphenated())
-    }
-
     fn dispatch(&mut self, ctx: &mut Context<Self>) {
         while let Some(job) = self.book.take_next() {
             match job {
                 Job::Start(start) => {
                     let nonce = match &start.replaces {
-                        Some(replaces) => self.replacement_nonce(replaces),
+                        Some(replaces) => crate::model::InstanceTags::replacement_nonce(&self.deps.host_tag, replaces),
                         None => self.nonce(),
                     };
                     // One span per machine operation: every line the start logs carries it.

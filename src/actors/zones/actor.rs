@@ -110,6 +110,14 @@ impl Handler<MarkZoneFailed> for ZoneAllocator {
     }
 }
 
+impl Handler<RememberCapacity> for ZoneAllocator {
+    type Result = ();
+    fn handle(&mut self, msg: RememberCapacity, _ctx: &mut Self::Context) {
+        self.tick();
+        self.book.remember_capacity(&msg.shape, &msg.zone);
+    }
+}
+
 impl Handler<ReleaseReservation> for ZoneAllocator {
     type Result = ();
     fn handle(&mut self, msg: ReleaseReservation, _ctx: &mut Self::Context) {

@@ -42,6 +42,18 @@ pub struct MarkZoneFailed {
     pub shape: Option<String>,
 }
 
+/// A zone is short of capacity for a shape though no start failed there (issue 33: the cloud
+/// warned that it takes a spot instance of the shape away there): machines of the shape avoid
+/// the zone for the capacity memory's length.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct RememberCapacity {
+    /// The shape (see [`ZoneRequest::shape`]; a spot start's ends in ` capacity=spot`).
+    pub shape: String,
+    /// The zone.
+    pub zone: String,
+}
+
 /// A start failed for a reason unrelated to its zone: drop the reservation.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]

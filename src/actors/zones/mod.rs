@@ -14,5 +14,6 @@ mod tests;
 pub use actor::ZoneAllocator;
 pub use messages::{
     ChooseZone, GetZoneSnapshot, MarkZoneFailed, PopulateZones, RefreshZones, ReleaseMachine, ReleaseReservation,
+    RememberCapacity,
 };
 pub use state::{ZoneBook, ZoneError, ZoneSnapshot, ZoneView};
