@@ -77,6 +77,30 @@ pub enum ProvisionerEvent {
         /// Unknown instances held back by the cap on stops per pass.
         held_back_by_cap: usize,
     },
+    /// The cloud warned that it takes a machine's instance away (a spot interruption, issue
+    /// 33): a replacement is being started (the hand-over).
+    MachineInterrupted {
+        /// The machine.
+        machine: MachineId,
+        /// Its interrupted instance.
+        instance: InstanceId,
+        /// How long the warning gave, if it said.
+        warning: Option<std::time::Duration>,
+    },
+    /// A hand-over's replacement runs: the machine records it, and its interrupted instance is
+    /// being stopped (issue 33).
+    MachineReplaced {
+        /// The machine.
+        machine: MachineId,
+        /// The interrupted instance.
+        interrupted: InstanceId,
+        /// The replacement.
+        replacement: InstanceId,
+        /// The lead time: from the replacement running to the moment the cloud would take the
+        /// interrupted instance (the warning's end), if the warning said when; zero if the
+        /// replacement ran only after that.
+        lead: Option<std::time::Duration>,
+    },
 }
 
 impl ProvisionerEvent {
@@ -94,6 +118,8 @@ impl ProvisionerEvent {
             ProvisionerEvent::MachineRemoved { .. } => "machine-removed",
             ProvisionerEvent::HarvestDeferred { .. } => "harvest-deferred",
             ProvisionerEvent::ExtraInstances { .. } => "extra-instances",
+            ProvisionerEvent::MachineInterrupted { .. } => "machine-interrupted",
+            ProvisionerEvent::MachineReplaced { .. } => "machine-replaced",
         }
     }
 }

@@ -99,7 +99,15 @@ impl Coordinator {
         for (notice, owner) in notices.into_iter().zip(owners) {
             match self.handovers.on_notice(notice, owner, now) {
                 NoticeDecision::Acknowledge(receipt) => acknowledge.push(receipt),
-                replace @ NoticeDecision::Replace { .. } => self.start_replacement(replace, ctx),
+                replace @ NoticeDecision::Replace { .. } => {
+                    if let NoticeDecision::Replace { machine, interrupted, .. } = &replace {
+                        let warning =
+                            self.handovers.of(machine).and_then(|h| h.deadline).map(|d| d.saturating_sub(now));
+                        let (machine, instance) = (machine.clone(), interrupted.clone());
+                        self.publish(ProvisionerEvent::MachineInterrupted { machine, instance, warning });
+                    }
+                    self.start_replacement(replace, ctx)
+                }
                 NoticeDecision::Joined | NoticeDecision::Deferred => {}
             }
         }
@@ -169,7 +177,8 @@ impl Coordinator {
             match o {
                 JobOutcome::Started { machine, instance, .. } => {
                     let running = instance.state == crate::model::InstanceState::Running;
-                    switches.extend(self.handovers.replacement_started(machine, &instance.id, running));
+                    let now = self.epoch.elapsed();
+                    switches.extend(self.handovers.replacement_started(machine, &instance.id, running, now));
                 }
                 JobOutcome::StartFailed { machine, .. } if self.handovers.of(machine).is_some() => {
                     let ended = self.handovers.end(machine);
@@ -186,6 +195,12 @@ impl Coordinator {
     fn after_switches(&mut self, switches: Vec<super::handover::Switch>, ctx: &mut Context<Self>) {
         for s in switches {
             tracing::info!(machine = %s.machine, replacement = %s.replacement, interrupted = %s.interrupted, "spot hand-over: switched; stopping the interrupted instance");
+            self.publish(ProvisionerEvent::MachineReplaced {
+                machine: s.machine.clone(),
+                interrupted: s.interrupted.clone(),
+                replacement: s.replacement.clone(),
+                lead: s.lead,
+            });
             self.follow(
                 vec![Followup::PlanStops {
                     instances: vec![s.interrupted],

@@ -100,6 +100,17 @@ pub struct Handover {
     pub phase: HandoverPhase,
 }
 
+impl Handover {
+    fn switch(&self, machine: &MachineId, replacement: &InstanceId, now: Duration) -> Switch {
+        Switch {
+            machine: machine.clone(),
+            replacement: replacement.clone(),
+            interrupted: self.interrupted.clone(),
+            lead: self.deadline.map(|d| d.saturating_sub(now)),
+        }
+    }
+}
+
 /// A switch to perform: record `replacement` as the machine's instance, then stop `interrupted`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Switch {
@@ -109,6 +120,8 @@ pub struct Switch {
     pub replacement: InstanceId,
     /// The one to stop.
     pub interrupted: InstanceId,
+    /// The lead time (see `ProvisionerEvent::MachineReplaced`), if the warning said when.
+    pub lead: Option<Duration>,
 }
 
 /// What ending a hand-over leaves to do.
@@ -200,15 +213,14 @@ impl HandoverBook {
         machine: &MachineId,
         replacement: &InstanceId,
         running: bool,
+        now: Duration,
     ) -> Option<Switch> {
         let h = self.on.get_mut(machine)?;
         if h.phase != HandoverPhase::Replacing || &h.interrupted == replacement {
             return None;
         }
         h.phase = HandoverPhase::Switched { replacement: replacement.clone() };
-        let switch =
-            Switch { machine: machine.clone(), replacement: replacement.clone(), interrupted: h.interrupted.clone() };
-        running.then_some(switch)
+        running.then(|| h.switch(machine, replacement, now))
     }
 
     /// Switched hand-overs whose replacement is not yet seen running: (machine, interrupted
@@ -236,11 +248,7 @@ impl HandoverBook {
         let h = self.on.get(machine)?;
         let HandoverPhase::Switched { replacement } = &h.phase else { return None };
         let due = state == Some(crate::model::InstanceState::Running) || h.deadline.is_some_and(|d| now >= d);
-        due.then(|| Switch {
-            machine: machine.clone(),
-            replacement: replacement.clone(),
-            interrupted: h.interrupted.clone(),
-        })
+        due.then(|| h.switch(machine, replacement, now))
     }
 
     /// The hand-over ends: the interrupted instance is stopped (or gone), or every start of the
@@ -340,20 +348,25 @@ mod tests {
         let mut book = HandoverBook::new();
         let m = MachineId::new("0");
         book.on_notice(notice("i-1", NoticeKind::Interruption, "r1"), owner("0", true, true), T);
-        assert!(book.replacement_started(&m, &InstanceId::new("i-1"), true).is_none(), "not its own replacement");
+        assert!(book.replacement_started(&m, &InstanceId::new("i-1"), true, T).is_none(), "not its own replacement");
         // The replacement is warned too before the switch: deferred (never a third instance).
         let d = book.on_notice(notice("i-2", NoticeKind::Interruption, "r2"), owner("0", false, true), T);
         assert_eq!(d, NoticeDecision::Deferred);
         // Started but not running yet: switched, nothing stopped until a listing sees it run.
-        assert!(book.replacement_started(&m, &InstanceId::new("i-2"), false).is_none());
+        assert!(book.replacement_started(&m, &InstanceId::new("i-2"), false, T).is_none());
         assert_eq!(book.awaiting(), vec![(m.clone(), InstanceId::new("i-1"))]);
         assert!(book.seen(&m, Some(crate::model::InstanceState::Pending), T).is_none());
         let switch = book.seen(&m, Some(crate::model::InstanceState::Running), T).unwrap();
         assert_eq!(
             switch,
-            Switch { machine: m.clone(), replacement: InstanceId::new("i-2"), interrupted: InstanceId::new("i-1") }
+            Switch {
+                machine: m.clone(),
+                replacement: InstanceId::new("i-2"),
+                interrupted: InstanceId::new("i-1"),
+                lead: Some(Duration::from_secs(120)),
+            }
         );
-        assert!(book.replacement_started(&m, &InstanceId::new("i-3"), true).is_none(), "one switch per hand-over");
+        assert!(book.replacement_started(&m, &InstanceId::new("i-3"), true, T).is_none(), "one switch per hand-over");
         assert!(book.spares(&m, &InstanceId::new("i-1")) && book.spares(&m, &InstanceId::new("i-2")));
         assert!(!book.spares(&m, &InstanceId::new("i-3")));
         // The cloud's termination of the interrupted one joins the hand-over.
@@ -373,7 +386,7 @@ mod tests {
         let mut book = HandoverBook::new();
         let m = MachineId::new("0");
         book.on_notice(notice("i-1", NoticeKind::Interruption, "r1"), owner("0", true, true), T);
-        assert!(book.replacement_started(&m, &InstanceId::new("i-2"), false).is_none());
+        assert!(book.replacement_started(&m, &InstanceId::new("i-2"), false, T).is_none());
         let due = T + Duration::from_secs(120);
         assert!(book.seen(&m, None, due - Duration::from_secs(1)).is_none());
         assert_eq!(book.seen(&m, None, due).map(|s| s.interrupted), Some(InstanceId::new("i-1")));

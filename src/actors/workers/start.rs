@@ -326,7 +326,12 @@ async fn start_or_adopt(
         return register(deps, machine, instance, &start_nonce, String::new(), Started::default(), rng).await;
     }
 
-    deps.send_instance_status(&machine, InstanceStatus::provisioning(), "starting".into()).await;
+    // A spot hand-over's replacement says whom it replaces (`machine show` during the hand-over).
+    let starting = match &job.replaces {
+        Some(interrupted) => format!("replacing instance {interrupted}: the cloud warned it takes it away"),
+        None => "starting".into(),
+    };
+    deps.send_instance_status(&machine, InstanceStatus::provisioning(), starting).await;
 
     // The first call's parameters, built now for the zones' derivation: kept in a block of
     // their own, so that the start's future holds them once (`spare`), not in every state.

@@ -128,6 +128,28 @@ pub(crate) fn event_view(e: &ProvisionerEvent) -> EventView {
             let machines: Vec<&str> = machines.iter().map(|m| m.as_str()).collect();
             v.message = Some(format!("stopping extra instances of live machines {}", machines.join(", ")));
         }
+        ProvisionerEvent::MachineInterrupted { machine, instance, warning } => {
+            v.machine = Some(machine.to_string());
+            v.instance = Some(instance.to_string());
+            v.message = Some(match warning {
+                Some(w) => {
+                    format!("the cloud takes instance {instance} away in {}s: starting a replacement", w.as_secs())
+                }
+                None => format!("the cloud takes instance {instance} away: starting a replacement"),
+            });
+        }
+        ProvisionerEvent::MachineReplaced { machine, interrupted, replacement, lead } => {
+            v.machine = Some(machine.to_string());
+            v.instance = Some(replacement.to_string());
+            v.instances = vec![interrupted.to_string()];
+            v.message = Some(match lead {
+                Some(l) => format!(
+                    "replacement {replacement} runs {:.1}s before the cloud takes {interrupted}; stopping it",
+                    l.as_secs_f64()
+                ),
+                None => format!("replacement {replacement} runs; stopping interrupted instance {interrupted}"),
+            });
+        }
         ProvisionerEvent::HarvestDeferred { spared_by_grace, held_back_by_cap } => {
             v.message = Some(format!(
                 "{spared_by_grace} unknown instances spared (younger than the grace period), {held_back_by_cap} held \
