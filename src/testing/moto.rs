@@ -28,7 +28,7 @@ pub const HANDOVER_QUEUE_2: &str = "provisioner-handovers-2";
 pub const SLOW_REPLACEMENTS: Duration = Duration::from_millis(1500);
 /// The visibility timeout of [`HANDOVER_QUEUE`] and [`HANDOVER_QUEUE_2`]: a notice read and
 /// not deleted (its reader killed) is delivered again this soon.
-pub const HANDOVER_QUEUE_VISIBILITY: Duration = Duration::from_secs(5);
+pub const HANDOVER_QUEUE_VISIBILITY: Duration = Duration::from_secs(2);
 /// The tag whose value (seconds) makes the server interrupt the tagged instance: the warning on
 /// [`INTERRUPTION_QUEUE`] now, the termination that many seconds later.
 pub const INTERRUPT_TAG: &str = "provisioner-test-interrupt";
