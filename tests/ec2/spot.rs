@@ -149,9 +149,10 @@ fn live(state: &aws_sdk_ec2::types::InstanceStateName) -> bool {
 /// instance; every message on the queue is deleted.
 #[actix_rt::test]
 async fn a_warned_spot_instance_is_handed_over_to_a_replacement_before_it_goes() {
+    use actix_rt::time::Instant;
     use aws_sdk_ec2::types::{InstanceStateName, Tag};
     use provisioner::testing::moto::{HANDOVER_QUEUE, INTERRUPT_TAG};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     let moto = Moto::shared();
     let uuid = "model-handover";
