@@ -82,8 +82,12 @@ async fn an_interruption_warning_arrives_on_the_queue_and_the_instance_goes_when
 
     let moto = Moto::shared();
     let uuid = "model-interrupted";
-    let broker = moto.broker_with(uuid, |c| c.interruption_queue = Some(moto.interruption_queue())).await;
-    let queue = broker.interruptions().expect("the queue is configured").with_wait(std::time::Duration::from_secs(2));
+    // The provisioner runs without the queue (with it, its poller would read the queue too, and
+    // its last long poll, still open on the server's side after the shutdown, could take the
+    // warning); the test reads it through a broker of its own.
+    let broker = moto.broker(uuid).await;
+    let reader = moto.broker_with(uuid, |c| c.interruption_queue = Some(moto.interruption_queue())).await;
+    let queue = reader.interruptions().expect("the queue is configured").with_wait(std::time::Duration::from_secs(2));
     let model = FakeModel::with_machines(vec![wanting("0", CapacityPreference::Spot)]);
     let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
     let snap = until(&model, super::all_provisioned(&["0".to_owned()])).await;
