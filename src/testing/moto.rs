@@ -15,6 +15,20 @@ use crate::adapters::ec2::{Ec2Broker, Ec2Config};
 
 /// The SQS queue the server's EventBridge rule delivers interruption notices to (its name).
 pub const INTERRUPTION_QUEUE: &str = "provisioner-interruptions";
+/// Another queue the rule delivers every notice to as well, with a visibility timeout of
+/// [`HANDOVER_QUEUE_VISIBILITY`]: for the tests whose provisioner reads the notices (it deletes
+/// those of instances not its model's, so it must not share a queue with another reader).
+pub const HANDOVER_QUEUE: &str = "provisioner-handovers";
+/// A third such queue, for a second reader in the same test process.
+pub const HANDOVER_QUEUE_2: &str = "provisioner-handovers-2";
+/// How late the server answers a RunInstances for a machine one of whose instances it
+/// interrupted (a replacement): the instance is made, running, at once; the answer comes this
+/// much later, as an EC2 call slow to answer. A replacement thus runs at least this long before
+/// its provisioner can know of it and stop the interrupted instance.
+pub const SLOW_REPLACEMENTS: Duration = Duration::from_millis(1500);
+/// The visibility timeout of [`HANDOVER_QUEUE`] and [`HANDOVER_QUEUE_2`]: a notice read and
+/// not deleted (its reader killed) is delivered again this soon.
+pub const HANDOVER_QUEUE_VISIBILITY: Duration = Duration::from_secs(2);
 /// The tag whose value (seconds) makes the server interrupt the tagged instance: the warning on
 /// [`INTERRUPTION_QUEUE`] now, the termination that many seconds later.
 pub const INTERRUPT_TAG: &str = "provisioner-test-interrupt";
@@ -50,6 +64,12 @@ pub const TAGS_FAIL: &str = "tags-fail";
 pub const TAGS_FAIL_REPEAT: &str = "tags-repeat";
 /// The same fault for the engine's test (its own count): the host tag of its nonces.
 pub const TAGS_FAIL_ENGINE: &str = "tags-engine";
+
+/// `MOTO_INTERRUPTION_QUEUE`: every queue the server's rule delivers notices to.
+fn interruption_queues() -> String {
+    let visibility = HANDOVER_QUEUE_VISIBILITY.as_secs();
+    format!("{INTERRUPTION_QUEUE},{HANDOVER_QUEUE}:{visibility},{HANDOVER_QUEUE_2}:{visibility}")
+}
 
 /// The virtualenv's python, installed once per test run.
 fn python() -> &'static Path {
@@ -126,7 +146,8 @@ impl Moto {
             .env("MOTO_FAIL_TYPES", fail_types.join(","))
             .env("MOTO_PARTIAL", partial.join(","))
             .env("MOTO_FAIL_SPOT", fail_spot.join(","))
-            .env("MOTO_INTERRUPTION_QUEUE", INTERRUPTION_QUEUE)
+            .env("MOTO_INTERRUPTION_QUEUE", interruption_queues())
+            .env("MOTO_SLOW_REPLACEMENTS", SLOW_REPLACEMENTS.as_secs_f64().to_string())
             .env("MOTO_FAIL_TAGS", fail_tags.join(","))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -144,7 +165,43 @@ impl Moto {
 
     /// The URL of [`INTERRUPTION_QUEUE`] on this server.
     pub fn interruption_queue(&self) -> String {
-        format!("{}/123456789012/{INTERRUPTION_QUEUE}", self.endpoint)
+        self.queue_url(INTERRUPTION_QUEUE)
+    }
+
+    /// The URL of the queue `name` on this server ([`INTERRUPTION_QUEUE`], [`HANDOVER_QUEUE`],
+    /// [`HANDOVER_QUEUE_2`]).
+    pub fn queue_url(&self, name: &str) -> String {
+        format!("{}/123456789012/{name}", self.endpoint)
+    }
+
+    /// An SQS client for this server's queues (us-east-1).
+    pub async fn sqs(&self) -> aws_sdk_sqs::Client {
+        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .endpoint_url(self.endpoint.clone())
+            .load()
+            .await;
+        aws_sdk_sqs::Client::new(&sdk)
+    }
+
+    /// How many messages the queue `name` holds, visible or in flight (read, not deleted).
+    pub async fn queue_depth(&self, name: &str) -> u64 {
+        use aws_sdk_sqs::types::QueueAttributeName as A;
+        let out = self
+            .sqs()
+            .await
+            .get_queue_attributes()
+            .queue_url(self.queue_url(name))
+            .attribute_names(A::ApproximateNumberOfMessages)
+            .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .expect("GetQueueAttributes");
+        let attrs = out.attributes().cloned().unwrap_or_default();
+        [A::ApproximateNumberOfMessages, A::ApproximateNumberOfMessagesNotVisible]
+            .iter()
+            .map(|a| attrs.get(a).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0))
+            .sum()
     }
 
     /// A broker for `model` on this server (us-east-1, [`IMAGE`], t3.micro).

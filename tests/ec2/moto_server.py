@@ -25,13 +25,21 @@
 - Tagging that lags: MOTO_FAIL_TAGS="MARKER:N,..." makes the first N CreateTags calls whose
   provisioner-start tag contains MARKER fail with InvalidInstanceID.NotFound, as EC2 (eventually
   consistent) answers a CreateTags right after RunInstances now and then.
-- Spot interruptions, which moto lacks: at start, the SQS queue MOTO_INTERRUPTION_QUEUE (in
-  us-east-1, account 123456789012) and an EventBridge rule delivering EC2's interruption
-  warnings, rebalance recommendations and state changes to it are made; a CreateTags of the key
+- Spot interruptions, which moto lacks: at start, the SQS queues MOTO_INTERRUPTION_QUEUE
+  ("NAME[:VISIBILITY_SECONDS],...", in us-east-1, account 123456789012; the visibility timeout
+  30 s unless given) and an EventBridge rule delivering EC2's interruption warnings, rebalance
+  recommendations and state changes to every one of them are made (so that tests reading
+  queues of their own do not take each other's notices); a CreateTags of the key
   provisioner-test-interrupt with the value SECONDS on an instance puts an "EC2 Spot Instance
   Interruption Warning" for it on the default bus (so onto the queue, by the rule), then, SECONDS
   later, terminates the instance with the state reason Server.SpotInstanceTermination, as EC2
   does two minutes after its warning.
+- Replacements slow to answer: with MOTO_SLOW_REPLACEMENTS=SECONDS, a RunInstances for a machine
+  (its provisioner-machine tag, or a batch's member tags) one of whose instances was interrupted
+  as above makes its instance at once (running) and answers SECONDS later, as an EC2 call slow to
+  answer: the replacement runs for that long before its provisioner can know of it, so a test
+  sampling the cloud sees whether the interrupted instance outlives that (it must), and a test
+  killing the provisioner then kills it mid hand-over.
 - The server exits when the process that started it is gone (no stray servers after a test
   run, even one that was killed).
 
@@ -81,6 +89,9 @@ FAIL_TAGS = {
         item.split(":", 1) for item in os.environ.get("MOTO_FAIL_TAGS", "").split(",") if ":" in item
     )
 }
+SLOW_REPLACEMENTS = float(os.environ.get("MOTO_SLOW_REPLACEMENTS", "0") or "0")
+# (model, machine) of every interrupted instance.
+INTERRUPTED = set()
 _run_instances = InstanceResponse.run_instances
 _create_tags = TagResponse.create_tags
 # ClientToken -> the first call's answer; (model, machine) -> answers lost so far.
@@ -90,6 +101,21 @@ LOCK = threading.Lock()
 
 
 def run_instances(self):
+    answer = _run_instances_once(self)
+    tags = self._parse_tag_specification().get("instance", {})
+    model = tags.get("provisioner-model")
+    machines = {tags.get("provisioner-machine")}
+    for key, value in tags.items():
+        if key.startswith("provisioner-batch-members-"):
+            machines.update(value.split(","))
+    with LOCK:
+        replacement = any((model, m) in INTERRUPTED for m in machines)
+    if replacement and SLOW_REPLACEMENTS > 0:
+        time.sleep(SLOW_REPLACEMENTS)
+    return answer
+
+
+def _run_instances_once(self):
     zone = self._get_param("Placement.AvailabilityZone")
     tags = self._parse_tag_specification().get("instance", {})
     model = tags.get("provisioner-model")
@@ -137,12 +163,17 @@ REGION = "us-east-1"
 INTERRUPT = "provisioner-test-interrupt"
 
 
-def make_interruption_queue(name):
-    """The queue interruption notices arrive on, and the rule that delivers them there."""
+def make_interruption_queues(specs):
+    """The queues interruption notices arrive on, and the rule that delivers them to each."""
     from moto.events.models import events_backends
     from moto.sqs.models import sqs_backends
 
-    queue = sqs_backends[ACCOUNT][REGION].create_queue(name)
+    targets = []
+    for i, spec in enumerate(s for s in specs.split(",") if s):
+        name, _, visibility = spec.partition(":")
+        attributes = {"VisibilityTimeout": int(visibility)} if visibility else {}
+        queue = sqs_backends[ACCOUNT][REGION].create_queue(name, **attributes)
+        targets.append({"Id": f"queue-{i}", "Arn": queue.queue_arn})
     pattern = {
         "source": ["aws.ec2"],
         "detail-type": [
@@ -153,7 +184,7 @@ def make_interruption_queue(name):
     }
     events = events_backends[ACCOUNT][REGION]
     events.put_rule("provisioner-interruptions", event_pattern=json.dumps(pattern))
-    events.put_targets("provisioner-interruptions", None, [{"Id": "queue", "Arn": queue.queue_arn}])
+    events.put_targets("provisioner-interruptions", None, targets)
 
 
 def interrupt(instance_id, seconds):
@@ -161,6 +192,9 @@ def interrupt(instance_id, seconds):
     from moto.ec2.models import ec2_backends
     from moto.events.models import events_backends
 
+    tags = ec2_backends[ACCOUNT][REGION].tags.get(instance_id, {})
+    with LOCK:
+        INTERRUPTED.add((tags.get("provisioner-model"), tags.get("provisioner-machine")))
     detail = {"instance-id": instance_id, "instance-action": "terminate"}
     events_backends[ACCOUNT][REGION].put_events(
         [
@@ -215,5 +249,5 @@ def exit_with_parent():
 if __name__ == "__main__":
     threading.Thread(target=exit_with_parent, daemon=True).start()
     if os.environ.get("MOTO_INTERRUPTION_QUEUE"):
-        make_interruption_queue(os.environ["MOTO_INTERRUPTION_QUEUE"])
+        make_interruption_queues(os.environ["MOTO_INTERRUPTION_QUEUE"])
     main(sys.argv[1:])

@@ -30,8 +30,8 @@ use crate::model::{
     CapacityType, CloudInstance, Constraints, InstanceId, InstanceState, InstanceTags, MachineId, UsdPerHour,
 };
 use crate::ports::{
-    AvailabilityZone, BatchMember, BatchStartParams, BatchStarted, Broker, BrokerError, BrokerFuture, Pacer,
-    StartInstanceParams, StartedInstance,
+    AvailabilityZone, BatchMember, BatchStartParams, BatchStarted, Broker, BrokerError, BrokerFuture,
+    InterruptionNotice, Pacer, StartInstanceParams, StartedInstance,
 };
 
 /// Tag key carrying the model's uuid: the provisioner's identity on an instance.
@@ -311,9 +311,9 @@ pub(super) fn to_cloud_instance(i: &Instance, model: &str, now: SystemTime) -> O
     Some(CloudInstance { id: InstanceId::new(id), state, zone, tags, age, instance_type, capacity_type })
 }
 
-/// The wall clock, to age instances from their `LaunchTime` (a wall-clock timestamp). The one
-/// place the library reads it: an instance's age is not a matter of the provisioner's own
-/// (possibly paused) clock.
+/// The wall clock, to age instances from their `LaunchTime` and to count an interruption
+/// warning's deadline from its event's `time` (wall-clock timestamps both). The one place the
+/// library reads it: neither is a matter of the provisioner's own (possibly paused) clock.
 #[allow(clippy::disallowed_methods)]
 fn wall_clock() -> SystemTime {
     SystemTime::now()
@@ -867,6 +867,32 @@ impl Broker for Ec2Broker {
                 .await
                 .map_err(|e| sdk_error(e, None))?;
             Ok(())
+        })
+    }
+
+    fn supports_interruptions(&self) -> bool {
+        self.interruptions.is_some()
+    }
+
+    fn interruption_notices(&self) -> BrokerFuture<Vec<InterruptionNotice>> {
+        let queue = self.interruptions.clone();
+        Box::pin(async move {
+            let Some(queue) = queue else { return Err(BrokerError::NotSupported("interruption_notices")) };
+            let notices = queue.receive().await?;
+            // The deadlines are wall-clock times (the events' `time`): counted from the wall
+            // clock's now, when the notices arrived.
+            let now = wall_clock();
+            Ok(notices.iter().map(|n| n.to_port(now)).collect())
+        })
+    }
+
+    fn acknowledge_notices(&self, receipts: Vec<String>) -> BrokerFuture<()> {
+        let queue = self.interruptions.clone();
+        Box::pin(async move {
+            match queue {
+                Some(queue) if !receipts.is_empty() => queue.acknowledge(receipts).await,
+                _ => Ok(()),
+            }
         })
     }
 

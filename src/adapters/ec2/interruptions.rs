@@ -10,13 +10,12 @@
 //! `shutting-down`/`terminated` (it is going, warned or not). Anything else on the queue is
 //! acknowledged and ignored.
 //!
-//! Not wired yet (issue 33, to do): the port's [`crate::ports::Broker::supports_interruptions`],
-//! `interruption_notices` and `acknowledge_notices` are still the defaults in the EC2 broker. They
-//! should answer `true` when an interruption queue is configured, map each [`Notice`] to a
-//! [`crate::ports::InterruptionNotice`] (kind one for one with [`crate::ports::NoticeKind`], which
-//! this module's [`NoticeKind`] should then become; deadline = [`Notice::deadline`] minus now,
-//! saturating; receipt as is) from one [`InterruptionQueue::receive`], and delete by receipt with
-//! [`InterruptionQueue::acknowledge`].
+//! With a queue configured (`interruption_queue`, `--ec2-interruption-queue`) the EC2 broker
+//! answers the port's calls from it: [`crate::ports::Broker::supports_interruptions`] is true,
+//! `interruption_notices` is one [`InterruptionQueue::receive`], each [`Notice`] handed on as a
+//! [`crate::ports::InterruptionNotice`] ([`Notice::to_port`]: its deadline is
+//! [`Notice::deadline`] less the wall clock's now, saturating at zero), and `acknowledge_notices`
+//! deletes by receipt ([`InterruptionQueue::acknowledge`]). Without one, the port's defaults.
 
 use std::time::{Duration, SystemTime};
 
@@ -24,7 +23,7 @@ use aws_sdk_sqs::Client;
 use serde_json::Value;
 
 use crate::model::InstanceId;
-use crate::ports::BrokerError;
+use crate::ports::{BrokerError, InterruptionNotice};
 
 /// How long EC2 gives between a spot interruption warning and the interruption.
 pub const INTERRUPTION_NOTICE: Duration = Duration::from_secs(120);
@@ -32,16 +31,8 @@ pub const INTERRUPTION_NOTICE: Duration = Duration::from_secs(120);
 /// The longest one receive waits for a message (SQS's long-poll maximum).
 pub const MAX_WAIT: Duration = Duration::from_secs(20);
 
-/// What a notice says about an instance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoticeKind {
-    /// It will be taken away at the deadline (a spot interruption warning).
-    Interruption,
-    /// It is at an elevated risk of interruption (a rebalance recommendation).
-    Rebalance,
-    /// It is going now (a state change to shutting-down or terminated).
-    Terminating,
-}
+/// What a notice says about an instance: the port's kinds, one for one.
+pub use crate::ports::NoticeKind;
 
 /// One notice from the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +52,22 @@ impl Notice {
     /// `None` for other notices, or when the warning's time is unknown.
     pub fn deadline(&self) -> Option<SystemTime> {
         (self.kind == NoticeKind::Interruption).then_some(self.sent?).map(|t| t + INTERRUPTION_NOTICE)
+    }
+
+    /// How long from `now` (the wall clock) until [`Notice::deadline`], zero once it has passed;
+    /// `None` when the notice has no deadline.
+    pub fn remaining(&self, now: SystemTime) -> Option<Duration> {
+        self.deadline().map(|d| d.duration_since(now).unwrap_or(Duration::ZERO))
+    }
+
+    /// The notice as the port hands it to the provisioner, its deadline counted from `now`.
+    pub fn to_port(&self, now: SystemTime) -> InterruptionNotice {
+        InterruptionNotice {
+            instance: self.instance.clone(),
+            kind: self.kind,
+            deadline: self.remaining(now),
+            receipt: self.receipt.clone(),
+        }
     }
 }
 
@@ -209,5 +216,31 @@ mod tests {
         assert!(parse_event(&running).is_none());
         assert!(parse_event(&event("AWS Health Event", r#"{"instance-id":"i-4"}"#)).is_none());
         assert!(parse_event("not json").is_none());
+    }
+
+    #[test]
+    fn a_notice_reaches_the_port_with_its_deadline_counted_from_now_saturating() {
+        let sent = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let warning = Notice {
+            instance: InstanceId::new("i-1"),
+            kind: NoticeKind::Interruption,
+            sent: Some(sent),
+            receipt: "r".into(),
+        };
+        let port = warning.to_port(sent + Duration::from_secs(20));
+        assert_eq!(
+            port,
+            InterruptionNotice {
+                instance: InstanceId::new("i-1"),
+                kind: crate::ports::NoticeKind::Interruption,
+                deadline: Some(Duration::from_secs(100)),
+                receipt: "r".into(),
+            }
+        );
+        assert_eq!(warning.to_port(sent + Duration::from_secs(500)).deadline, Some(Duration::ZERO), "passed: zero");
+        let unknown_time = Notice { sent: None, ..warning.clone() };
+        assert_eq!(unknown_time.to_port(sent).deadline, None);
+        let rebalance = Notice { kind: NoticeKind::Rebalance, ..warning };
+        assert_eq!(rebalance.to_port(sent).deadline, None);
     }
 }

@@ -21,8 +21,9 @@
 //!   on-demand.
 //! - Interruption notices ([`InterruptionQueue`], with `interruption_queue` set): EC2's spot
 //!   interruption warnings, rebalance recommendations and terminations, read from the SQS queue
-//!   EventBridge delivers them to, each deleted once acted on. (The provisioner's hand-over on a
-//!   warning is a later step of issue 33.)
+//!   EventBridge delivers them to (one long poll per `interruption_notices`), each deleted once
+//!   acted on (`acknowledge_notices`); `supports_interruptions` is true when the queue is
+//!   configured, and the provisioner then hands a warned machine over to a replacement.
 //! - Instance types: a machine without hardware constraints gets the configured type
 //!   (`--ec2-instance-type`; without one, the cheapest `amd64` type with 1 GiB); one with
 //!   `arch`/`cores`/`mem` the cheapest type that satisfies them, from `DescribeInstanceTypes`

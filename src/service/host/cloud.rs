@@ -37,6 +37,10 @@ pub(crate) fn model_settings(opts: &ServeSettings, entry: &ModelEntry) -> ServeS
         o.lxd = l.over(&opts.lxd);
     }
     if entry.name != DEFAULT_MODEL {
+        // The interruption queue is the default model's alone: a provisioner acknowledges (so
+        // deletes) the notices of instances that are not its model's, so two models reading
+        // one queue would lose each other's warnings.
+        o.ec2.interruption_queue = None;
         if let StoreUrl::Postgres(url) = opts.store.url() {
             o.store.url = Some(StoreUrl::Postgres(schema_url(&url, &schema_name(&entry.name))));
         }

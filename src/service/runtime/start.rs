@@ -368,6 +368,7 @@ async fn ec2_broker(
         instance_type: s.instance_type.clone(),
         subnet_id: s.subnet.clone(),
         security_group_ids: s.security_groups.clone(),
+        interruption_queue: s.interruption_queue.clone(),
         ..crate::adapters::ec2::Ec2Config::default()
     };
     let broker = crate::adapters::ec2::Ec2Broker::connect(config).await.map_err(ServeError::Ec2Settings)?;

@@ -107,6 +107,17 @@ pub struct Ec2Settings {
         value_name = "TYPE"
     )]
     pub instance_type: Option<String>,
+    /// EC2: the SQS queue (its URL) an EventBridge rule delivers EC2's spot interruption
+    /// warnings, rebalance recommendations and instance state changes to (optional). With it,
+    /// a warned spot instance's machine is handed over to a replacement before EC2 takes the
+    /// instance; without it, the provisioner hears of no interruption.
+    #[arg(
+        id = "ec2_interruption_queue",
+        long = "ec2-interruption-queue",
+        env = "PROVISIONER_EC2_INTERRUPTION_QUEUE",
+        value_name = "URL"
+    )]
+    pub interruption_queue: Option<String>,
     /// A subnet for new instances.
     #[arg(skip)]
     pub subnet: Option<String>,

@@ -108,6 +108,24 @@ fn ec2_settings_come_from_the_file_and_the_flags() {
 }
 
 #[test]
+fn the_ec2_interruption_queue_comes_from_the_file_or_the_flag() {
+    let url = "https://sqs.us-east-1.amazonaws.com/123456789012/interruptions";
+    let o = with_file("ec2-queue.toml", &format!("broker = \"ec2\"\n[ec2]\ninterruption_queue = \"{url}\"\n"), &[])
+        .unwrap();
+    assert_eq!(o.ec2.interruption_queue.as_deref(), Some(url));
+    let o = with_file(
+        "ec2-queue-flag.toml",
+        &format!("[ec2]\ninterruption_queue = \"{url}\"\n"),
+        &["--ec2-interruption-queue", "http://127.0.0.1:5000/123456789012/q"],
+    )
+    .unwrap();
+    assert_eq!(o.ec2.interruption_queue.as_deref(), Some("http://127.0.0.1:5000/123456789012/q"), "the flag wins");
+    assert_eq!(load(&[]).unwrap().ec2.interruption_queue, None, "not read by default");
+    let e = with_file("ec2-queue-typo.toml", "[ec2]\ninterruption_queues = \"x\"\n", &[]).unwrap_err().to_string();
+    assert!(e.contains("interruption_queues"), "{e}");
+}
+
+#[test]
 fn lxd_settings_come_from_the_file_and_the_flags() {
     let file = "broker = \"lxd\"\nharvest_grace = \"30s\"\n[lxd]\nendpoint = \"https://10.0.0.2:8443\"\nimage = \"jammy\"\nclient_cert = \"/etc/c.pem\"\n";
     let o = with_file("lxd.toml", file, &["--lxd-image", "noble", "--lxd-project", "p1"]).unwrap();
