@@ -204,6 +204,13 @@ test('the dashboard drives the service live, without reloading', { timeout: 6 * 
       assert.deepEqual(instances.filter((i) => i.machine === m.id).map((i) => i.id), [m.instance], `machine ${m.id}`);
     }
     assert.equal(await page.locator('#instance-rows tr[data-instance]').count(), 5);
+    // Each machine's capacity: the default preference, on-demand (the simulated cloud runs what
+    // is asked); none is in a spot hand-over.
+    assert.ok((await page.locator('#machines thead th').allTextContents()).includes('capacity'));
+    await page.waitForFunction((id) => document.querySelector(`#machine-rows tr[data-machine="${id}"] td.capacity`)
+      ?.textContent === 'on-demand', failed);
+    assert.equal(await page.locator('#machine-rows td.capacity').count(), 5);
+    assert.equal(await page.locator('#machine-rows tr[data-handover]').count(), 0);
 
     // The worker count, through the page.
     await page.fill('#workers-value', '8');

@@ -99,7 +99,17 @@ fn metrics_are_openmetrics_that_prometheus_parses_and_count_starts_per_zone() {
             sample(&m, &format!("provisioner_start_outcomes_total{{zone=\"{zone}\",outcome=\"started\"}}")) == Some(*n)
         }) && sample(&m, "provisioner_time_to_running_seconds_count") == Some(ids.len() as f64)
     });
+    // The instances by zone and capacity type: every one on-demand (the default preference).
+    eventually(Duration::from_secs(10), "the instances by capacity to reach the machines", || {
+        let m = s.metrics();
+        per_zone.iter().all(|(zone, n)| {
+            let series = |c: &str| format!("provisioner_instances_by_capacity{{zone=\"{zone}\",capacity=\"{c}\"}}");
+            sample(&m, &series("on-demand")) == Some(*n) && sample(&m, &series("spot")) == Some(0.0)
+        })
+    });
     let m = s.metrics();
+    assert_eq!(sample(&m, "provisioner_interruptions_total"), Some(0.0), "{m}");
+    assert_eq!(sample(&m, "provisioner_replacements_total"), Some(0.0), "{m}");
     assert_eq!(sample(&m, "provisioner_time_to_running_seconds_bucket{le=\"+Inf\"}"), Some(ids.len() as f64), "{m}");
     assert!(sample(&m, "provisioner_time_to_running_seconds_sum").unwrap_or(0.0) > 0.0, "{m}");
     // The whole scrape, through a real OpenMetrics parser.
@@ -112,7 +122,35 @@ fn metrics_are_openmetrics_that_prometheus_parses_and_count_starts_per_zone() {
     let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/metrics-check")).arg(&scrape).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "the scrape does not parse: {}\n{m}", String::from_utf8_lossy(&out.stderr));
-    for family in ["provisioner_start_outcomes counter", "provisioner_time_to_running_seconds histogram"] {
+    for family in [
+        "provisioner_start_outcomes counter",
+        "provisioner_time_to_running_seconds histogram",
+        "provisioner_interruptions counter",
+        "provisioner_replacements counter",
+        "provisioner_replacement_lead_seconds histogram",
+        "provisioner_instances_by_capacity gauge",
+    ] {
         assert!(stdout.lines().any(|l| l.starts_with(family)), "the parser saw no {family}: {stdout}");
     }
+}
+
+/// Spot machines' instances are counted as spot in their zone (the simulated cloud runs what a
+/// start asks for; its listing does not say, the start's answer does), and a removed machine's
+/// instance is no longer counted.
+#[test]
+fn instances_are_counted_by_zone_and_capacity_type() {
+    let dir = temp_dir("by-capacity");
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms", "--sim-zones", "az1"]);
+    let spot = ids_of(&s.json(&["machine", "add", "-n", "2", "--capacity", "spot", "--wait", "--json"]));
+    s.json(&["machine", "add", "-n", "1", "--wait", "--json"]);
+    let series = |c: &str| format!("provisioner_instances_by_capacity{{zone=\"az1\",capacity=\"{c}\"}}");
+    eventually(Duration::from_secs(10), "2 spot and 1 on-demand instances in az1", || {
+        let m = s.metrics();
+        sample(&m, &series("spot")) == Some(2.0) && sample(&m, &series("on-demand")) == Some(1.0)
+    });
+    assert!(s.cli(&["machine", "remove", &spot[0]]).status.success());
+    eventually(Duration::from_secs(10), "the removed machine's spot instance to go", || {
+        let m = s.metrics();
+        sample(&m, &series("spot")) == Some(1.0) && sample(&m, &series("on-demand")) == Some(1.0)
+    });
 }

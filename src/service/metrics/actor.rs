@@ -7,9 +7,10 @@ use std::collections::BTreeMap;
 use actix_rt::time::Instant;
 
 use super::messages::{
-    AuditSuppressed, BrokerCallDone, CloudCounts, HttpDone, LeaderChanged, MachinesPending, Render, RenderService,
+    AuditSuppressed, BrokerCallDone, CloudCounts, HttpDone, InstanceStarted, InstancesGone, InstancesListed,
+    LeaderChanged, MachinesPending, Render, RenderService,
 };
-use super::state::{MetricsBook, StartOutcome};
+use super::state::{CapacityBook, MetricsBook, StartOutcome};
 use crate::model::events::ProvisionerEvent;
 use crate::model::MachineId;
 use crate::service::store::{CountsChanged, StoreCounts};
@@ -25,6 +26,29 @@ pub(crate) struct Metrics {
     cloud_instances: Option<BTreeMap<String, u64>>,
     /// When each machine added here became pending (until it starts, fails or goes).
     pending: BTreeMap<MachineId, Instant>,
+    /// The cloud's instances by zone and capacity type, from what the metered broker saw.
+    capacity: CapacityBook,
+}
+
+impl Handler<InstancesListed> for Metrics {
+    type Result = ();
+    fn handle(&mut self, m: InstancesListed, _ctx: &mut Self::Context) {
+        self.capacity.listed(m.instances, m.at);
+    }
+}
+
+impl Handler<InstanceStarted> for Metrics {
+    type Result = ();
+    fn handle(&mut self, m: InstanceStarted, _ctx: &mut Self::Context) {
+        self.capacity.started(m.instance, m.zone, m.capacity, m.at);
+    }
+}
+
+impl Handler<InstancesGone> for Metrics {
+    type Result = ();
+    fn handle(&mut self, m: InstancesGone, _ctx: &mut Self::Context) {
+        self.capacity.gone(&m.instances, m.at);
+    }
 }
 
 impl Handler<MachinesPending> for Metrics {
@@ -119,6 +143,10 @@ impl Handler<ProvisionerEvent> for Metrics {
                 self.book.harvest("spared_by_grace", *spared_by_grace as u64);
                 self.book.harvest("held_back_by_cap", *held_back_by_cap as u64);
             }
+            ProvisionerEvent::MachineInterrupted { .. } => self.book.interrupted(),
+            ProvisionerEvent::MachineReplaced { lead, .. } => {
+                self.book.replaced(lead.map(|d| d.as_secs_f64()));
+            }
             _ => {}
         }
     }
@@ -139,6 +167,7 @@ impl Handler<Render> for Metrics {
         g.machines_by_life = self.counts.machines_by_life.clone();
         g.instances_by_state = self.cloud_instances.as_ref().unwrap_or(&self.counts.instances_by_state).clone();
         g.model_life = self.counts.model_life.clone();
+        g.instances_by_capacity = self.capacity.counts();
         self.book.render(&g)
     }
 }

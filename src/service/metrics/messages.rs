@@ -68,3 +68,39 @@ pub(crate) struct LeaderChanged {
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub(crate) struct MachinesPending(pub Vec<crate::model::MachineId>);
+
+/// A listing of the cloud answered (through the metered broker): every instance not
+/// terminated, with its zone and capacity type; `at`: when the call was made.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub(crate) struct InstancesListed {
+    /// The instances.
+    pub instances: Vec<super::state::ListedInstance>,
+    /// When the call was made.
+    pub at: actix_rt::time::Instant,
+}
+
+/// A start answered (through the metered broker) at `at`: its instance.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub(crate) struct InstanceStarted {
+    /// The instance.
+    pub instance: crate::model::InstanceId,
+    /// Its zone.
+    pub zone: Option<String>,
+    /// The capacity it runs on, when the cloud said.
+    pub capacity: Option<crate::model::CapacityType>,
+    /// When the answer came.
+    pub at: actix_rt::time::Instant,
+}
+
+/// A stop or release answered (through the metered broker) at `at`: these instances are gone
+/// from the model's cloud.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub(crate) struct InstancesGone {
+    /// The instances.
+    pub instances: Vec<crate::model::InstanceId>,
+    /// When the answer came.
+    pub at: actix_rt::time::Instant,
+}

@@ -1,14 +1,17 @@
 //! A broker decorator that times every call for the metrics and counts calls in flight, and
 //! hands each listing it makes to the listings readers are served from (`service::cloud::listing`).
+//! It tells the metrics what it sees of the cloud's instances (each listing, each start, stop
+//! and release answered): `provisioner_instances_by_capacity`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use actix::{Addr, Recipient};
+use actix::Addr;
 use actix_rt::time::Instant;
 
-use super::messages::BrokerCallDone;
-use crate::model::{CloudInstance, InstanceId, InstanceTags};
+use super::actor::Metrics;
+use super::messages::{BrokerCallDone, InstanceStarted, InstancesGone, InstancesListed};
+use crate::model::{CloudInstance, InstanceId, InstanceState, InstanceTags};
 use crate::ports::{AvailabilityZone, Broker, BrokerFuture, StartInstanceParams, StartedInstance};
 use crate::service::cloud::listing::{Changed, InstanceListings, Listed, ReadInstances};
 
@@ -16,7 +19,7 @@ use crate::service::cloud::listing::{Changed, InstanceListings, Listed, ReadInst
 #[derive(Clone)]
 pub(crate) struct MeteredBroker {
     inner: Arc<dyn Broker>,
-    metrics: Recipient<BrokerCallDone>,
+    metrics: Addr<Metrics>,
     in_flight: Arc<AtomicUsize>,
     /// Where listings go, and readers ask (`None`: readers list the cloud themselves).
     listings: Option<Addr<InstanceListings>>,
@@ -24,7 +27,7 @@ pub(crate) struct MeteredBroker {
 
 impl MeteredBroker {
     /// Meters `inner`, reporting to `metrics`.
-    pub(crate) fn new(inner: Arc<dyn Broker>, metrics: Recipient<BrokerCallDone>) -> Self {
+    pub(crate) fn new(inner: Arc<dyn Broker>, metrics: Addr<Metrics>) -> Self {
         Self { inner, metrics, in_flight: Arc::new(AtomicUsize::new(0)), listings: None }
     }
 
@@ -98,21 +101,58 @@ impl Drop for InFlight {
     }
 }
 
+impl MeteredBroker {
+    /// `call`, which stops or releases `ids`: once answered, the metrics count them no more.
+    fn removing(&self, ids: &[InstanceId], call: BrokerFuture<()>) -> BrokerFuture<()> {
+        let (metrics, instances) = (self.metrics.clone(), ids.to_vec());
+        Box::pin(async move {
+            let result = call.await;
+            if result.is_ok() {
+                metrics.do_send(InstancesGone { instances, at: Instant::now() });
+            }
+            result
+        })
+    }
+}
+
 impl Broker for MeteredBroker {
     fn start_instance(&self, params: StartInstanceParams) -> BrokerFuture<StartedInstance> {
-        self.changing(self.meter("start_instance", self.inner.start_instance(params)))
+        let call = self.changing(self.meter("start_instance", self.inner.start_instance(params)));
+        let metrics = self.metrics.clone();
+        Box::pin(async move {
+            let result = call.await;
+            if let Ok(started) = &result {
+                let i = &started.instance;
+                metrics.do_send(InstanceStarted {
+                    instance: i.id.clone(),
+                    zone: i.zone.clone(),
+                    capacity: i.capacity_type,
+                    at: Instant::now(),
+                });
+            }
+            result
+        })
     }
     fn stop_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
-        self.changing(self.meter("stop_instances", self.inner.stop_instances(ids)))
+        let call = self.changing(self.meter("stop_instances", self.inner.stop_instances(ids.clone())));
+        self.removing(&ids, call)
     }
     fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
         let call = self.meter("all_instances", self.inner.all_instances());
-        let Some(listings) = self.listings.clone() else { return call };
+        let (listings, metrics) = (self.listings.clone(), self.metrics.clone());
         Box::pin(async move {
             let at = Instant::now();
             let result = call.await;
             if let Ok(list) = &result {
-                listings.do_send(Listed { list: Arc::new(list.clone()), at });
+                let instances = list
+                    .iter()
+                    .filter(|i| i.state != InstanceState::Terminated)
+                    .map(|i| (i.id.clone(), i.zone.clone(), i.capacity_type))
+                    .collect();
+                metrics.do_send(InstancesListed { instances, at });
+                if let Some(listings) = listings {
+                    listings.do_send(Listed { list: Arc::new(list.clone()), at });
+                }
             }
             result
         })
@@ -127,7 +167,8 @@ impl Broker for MeteredBroker {
         self.meter("retag_instance", self.inner.retag_instance(id, tags))
     }
     fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
-        self.changing(self.meter("release_instances", self.inner.release_instances(ids)))
+        let call = self.changing(self.meter("release_instances", self.inner.release_instances(ids.clone())));
+        self.removing(&ids, call)
     }
     crate::forward_broker!(inner: pace_follow_ups, supports_zones, supports_interruptions, interruption_notices, acknowledge_notices);
 }

@@ -1,8 +1,10 @@
 //! The metrics' plain core: families on the `prometheus-client` crate, in one [`Registry`]
 //! built once ([`MetricsBook::default`]), rendered as OpenMetrics text.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicU64;
+
+use actix_rt::time::Instant;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -11,12 +13,21 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram as PromHistogram;
 use prometheus_client::registry::Registry;
 
+use crate::model::{CapacityType, InstanceId};
+
 /// Upper bounds of the latency histograms' buckets, in seconds.
 pub(super) const BUCKETS: [f64; 14] =
     [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 /// Upper bounds of the pending-to-running histogram's buckets, in seconds.
 pub(super) const START_BUCKETS: [f64; 10] = [0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+
+/// Upper bounds of the hand-over lead time histogram's buckets, in seconds (a spot warning
+/// gives about two minutes; `0` counts the replacements that ran only after the warning's end).
+pub(super) const LEAD_BUCKETS: [f64; 11] = [0.0, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0];
+
+/// The `zone` label of `provisioner_instances_by_capacity` for an instance in no zone.
+pub(crate) const NO_ZONE: &str = "none";
 
 /// The content type of [`MetricsBook::render`]'s text.
 pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -86,6 +97,9 @@ pub(crate) struct Gauges {
     pub store_operations: u64,
     /// Event-stream clients dropped for falling behind.
     pub event_streams_dropped: u64,
+    /// The cloud's instances by zone ([`NO_ZONE`] for none) and capacity type (`spot`,
+    /// `on-demand`), from [`CapacityBook::counts`].
+    pub instances_by_capacity: BTreeMap<(String, &'static str), u64>,
 }
 
 /// The lease's families, registered when a replica first reports its role.
@@ -108,6 +122,10 @@ pub(crate) struct MetricsBook {
     retries: Counter,
     audit_suppressed: Counter,
     harvest: Family<Labels, Counter>,
+    interruptions: Counter,
+    replacements: Counter,
+    replacement_lead: PromHistogram,
+    instances_by_capacity: Family<Labels, Gauge>,
     machines: Family<Labels, Gauge>,
     machines_by_life: Family<Labels, Gauge>,
     instances: Family<Labels, Gauge>,
@@ -204,6 +222,26 @@ impl Default for MetricsBook {
             "Harvest decisions on instances by decision (stopped, spared_by_grace, held_back_by_cap, extra_instance)",
             Family::default()
         );
+        let interruptions = reg!(
+            "provisioner_interruptions",
+            "Machines whose instance the cloud warned it takes away (spot interruptions; a replacement starts)",
+            Counter::default()
+        );
+        let replacements = reg!(
+            "provisioner_replacements",
+            "Hand-overs done: a replacement runs and the interrupted instance is being stopped",
+            Counter::default()
+        );
+        let replacement_lead = reg!(
+            "provisioner_replacement_lead_seconds",
+            "Time from a replacement running to the end of its interrupted instance's warning (0: ran after it)",
+            PromHistogram::new(LEAD_BUCKETS)
+        );
+        let instances_by_capacity = reg!(
+            "provisioner_instances_by_capacity",
+            "The cloud's instances by zone (none without one) and capacity type (spot, on-demand)",
+            Family::default()
+        );
         let machines = reg!("provisioner_machines", "Machines in the model by status", Family::default());
         let machines_by_life = reg!("provisioner_machines_by_life", "Machines in the model by life", Family::default());
         let instances = reg!("provisioner_instances", "The cloud's instances by state", Family::default());
@@ -253,6 +291,10 @@ impl Default for MetricsBook {
             retries,
             audit_suppressed,
             harvest,
+            interruptions,
+            replacements,
+            replacement_lead,
+            instances_by_capacity,
             machines,
             machines_by_life,
             instances,
@@ -360,6 +402,19 @@ impl MetricsBook {
         self.harvest.get_or_create(&l(&[("decision", decision)])).inc_by(n);
     }
 
+    /// Counts one machine whose instance the cloud warned it takes away (`machine-interrupted`).
+    pub(crate) fn interrupted(&mut self) {
+        self.interruptions.inc();
+    }
+
+    /// Counts one hand-over done (`machine-replaced`), and its lead time when known.
+    pub(crate) fn replaced(&mut self, lead_seconds: Option<f64>) {
+        self.replacements.inc();
+        if let Some(s) = lead_seconds {
+            self.replacement_lead.observe(s);
+        }
+    }
+
     /// This replica's role (replicas on PostgreSQL only; the lease metrics appear with it).
     pub(crate) fn leader(&mut self, leader: bool, transition: bool) {
         let registry = &mut self.registry;
@@ -395,6 +450,10 @@ impl MetricsBook {
         set_by(&self.machines, "status", &g.machines_by_status);
         set_by(&self.machines_by_life, "life", &g.machines_by_life);
         set_by(&self.instances, "state", &g.instances_by_state);
+        self.instances_by_capacity.clear();
+        for ((zone, capacity), n) in &g.instances_by_capacity {
+            self.instances_by_capacity.get_or_create(&l(&[("zone", zone), ("capacity", capacity)])).set(to_i64(*n));
+        }
         self.workers.set(to_i64(g.workers));
         self.jobs_in_flight.set(to_i64(g.jobs_in_flight));
         self.jobs_queued.set(to_i64(g.jobs_queued));
@@ -421,6 +480,89 @@ impl MetricsBook {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// What one listing says of one instance: its id, zone and capacity type (when the cloud says).
+pub(crate) type ListedInstance = (InstanceId, Option<String>, Option<CapacityType>);
+
+/// One instance counted by [`CapacityBook`].
+#[derive(Debug, Clone)]
+struct Counted {
+    zone: Option<String>,
+    /// `None`: no listing nor start said (counted as on-demand).
+    capacity: Option<CapacityType>,
+    /// When a start answered it (`None`: seen in a listing since).
+    started: Option<Instant>,
+}
+
+/// The cloud's instances by zone and capacity type (`provisioner_instances_by_capacity`), kept
+/// from what the metered broker sees: each listing of the cloud replaces the view, a start
+/// answered adds its instance, a stop or release answered removes its instances, so the gauge
+/// follows the service's own changes between listings (made at each batch and resync). A
+/// listing that does not say what capacity an instance runs on (the simulated cloud's, LXD's)
+/// keeps what its start answered (as the registry does); unknown either way (an instance
+/// listed but not started by this process: after a restart, or started by another
+/// replica) it counts as on-demand.
+#[derive(Debug, Default)]
+pub(crate) struct CapacityBook {
+    instances: HashMap<InstanceId, Counted>,
+    /// Instances stopped or released, and when the call was answered (until a listing begun
+    /// after that).
+    gone: HashMap<InstanceId, Instant>,
+}
+
+impl CapacityBook {
+    /// A start answered at `at`: its instance runs in `zone` on `capacity`.
+    pub(crate) fn started(
+        &mut self,
+        id: InstanceId,
+        zone: Option<String>,
+        capacity: Option<CapacityType>,
+        at: Instant,
+    ) {
+        self.gone.remove(&id);
+        self.instances.insert(id, Counted { zone, capacity, started: Some(at) });
+    }
+
+    /// A stop or release of `ids` answered at `at`: they are no longer counted.
+    pub(crate) fn gone(&mut self, ids: &[InstanceId], at: Instant) {
+        for id in ids {
+            self.instances.remove(id);
+            self.gone.insert(id.clone(), at);
+        }
+    }
+
+    /// A listing of every instance (terminated ones left out), whose call was made at `at`:
+    /// the instances started after `at` (not in it yet) stay, those stopped after `at` (still
+    /// in it) are left out.
+    pub(crate) fn listed(&mut self, list: Vec<ListedInstance>, at: Instant) {
+        let mut before = std::mem::take(&mut self.instances);
+        for (id, zone, capacity) in list {
+            if self.gone.get(&id).is_some_and(|g| *g >= at) {
+                continue;
+            }
+            let known = before.remove(&id).and_then(|c| c.capacity);
+            self.instances.insert(id, Counted { zone, capacity: capacity.or(known), started: None });
+        }
+        self.instances.extend(before.into_iter().filter(|(_, c)| c.started.is_some_and(|s| s >= at)));
+        self.gone.retain(|_, g| *g >= at);
+    }
+
+    /// The instances by zone ([`NO_ZONE`] for none) and capacity type; every zone with an
+    /// instance has both capacity types (0 when it has none of one).
+    pub(crate) fn counts(&self) -> BTreeMap<(String, &'static str), u64> {
+        let mut by_zone: BTreeMap<&str, [u64; 2]> = BTreeMap::new();
+        for c in self.instances.values() {
+            let n = by_zone.entry(c.zone.as_deref().unwrap_or(NO_ZONE)).or_default();
+            n[usize::from(c.capacity == Some(CapacityType::Spot))] += 1;
+        }
+        let mut out = BTreeMap::new();
+        for (zone, [on_demand, spot]) in by_zone {
+            out.insert((zone.to_owned(), CapacityType::OnDemand.as_str()), on_demand);
+            out.insert((zone.to_owned(), CapacityType::Spot.as_str()), spot);
+        }
         out
     }
 }

@@ -1,6 +1,11 @@
 //! Unit tests of the metrics core.
 
-use super::state::{Gauges, MetricsBook, StartOutcome};
+use std::time::Duration;
+
+use actix_rt::time::Instant;
+
+use super::state::{CapacityBook, Gauges, MetricsBook, StartOutcome};
+use crate::model::{CapacityType, InstanceId};
 
 /// Asserts that the rendered `text` contains every one of `samples`.
 fn assert_contains_all(text: &str, samples: &[&str]) {
@@ -166,4 +171,171 @@ fn harvest_decisions_count_stops_spares_and_holds() {
             "provisioner_harvest_decisions_total{decision=\"held_back_by_cap\"} 0",
         ],
     );
+}
+
+#[test]
+fn interruptions_replacements_and_their_lead_times_are_counted() {
+    let mut book = MetricsBook::default();
+    let text = book.render(&Gauges::default());
+    assert_contains_all(
+        &text,
+        &[
+            "# TYPE provisioner_interruptions counter\n",
+            "provisioner_interruptions_total 0\n",
+            "provisioner_replacements_total 0\n",
+            "# TYPE provisioner_replacement_lead_seconds histogram\n",
+            "provisioner_replacement_lead_seconds_count 0\n",
+        ],
+    );
+    book.interrupted();
+    book.interrupted();
+    book.interrupted();
+    book.replaced(Some(100.0));
+    book.replaced(Some(0.0));
+    // A warning that did not say when it ends: counted, no lead time.
+    book.replaced(None);
+    let text = book.render(&Gauges::default());
+    assert_contains_all(
+        &text,
+        &[
+            "provisioner_interruptions_total 3\n",
+            "provisioner_replacements_total 3\n",
+            "provisioner_replacement_lead_seconds_count 2\n",
+            "provisioner_replacement_lead_seconds_sum 100.0\n",
+            "provisioner_replacement_lead_seconds_bucket{le=\"0.0\"} 1\n",
+            "provisioner_replacement_lead_seconds_bucket{le=\"90.0\"} 1\n",
+            "provisioner_replacement_lead_seconds_bucket{le=\"120.0\"} 2\n",
+            "provisioner_replacement_lead_seconds_bucket{le=\"300.0\"} 2\n",
+            "provisioner_replacement_lead_seconds_bucket{le=\"+Inf\"} 2\n",
+        ],
+    );
+}
+
+fn id(s: &str) -> InstanceId {
+    InstanceId::from(s)
+}
+
+#[test]
+fn instances_by_capacity_render_per_zone_with_both_capacity_types() {
+    let book = MetricsBook::default();
+    let mut g = Gauges::default();
+    g.instances_by_capacity.insert(("az1".into(), "spot"), 2);
+    g.instances_by_capacity.insert(("az1".into(), "on-demand"), 1);
+    g.instances_by_capacity.insert(("none".into(), "on-demand"), 4);
+    let text = book.render(&g);
+    assert_contains_all(
+        &text,
+        &[
+            "# TYPE provisioner_instances_by_capacity gauge\n",
+            "provisioner_instances_by_capacity{zone=\"az1\",capacity=\"spot\"} 2\n",
+            "provisioner_instances_by_capacity{zone=\"az1\",capacity=\"on-demand\"} 1\n",
+            "provisioner_instances_by_capacity{zone=\"none\",capacity=\"on-demand\"} 4\n",
+        ],
+    );
+    // A zone gone from the counts is gone from the gauge.
+    g.instances_by_capacity.retain(|(z, _), _| z == "none");
+    let text = book.render(&g);
+    assert!(!text.contains("zone=\"az1\""), "{text}");
+}
+
+#[test]
+fn the_capacity_book_counts_listings_starts_and_stops_spot_and_on_demand_per_zone() {
+    let t0 = Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    let mut book = CapacityBook::default();
+    assert!(book.counts().is_empty());
+    // A listing that says the capacity type (EC2's), one that does not (on-demand), no zone.
+    book.listed(
+        vec![
+            (id("i-1"), Some("az1".into()), Some(CapacityType::Spot)),
+            (id("i-2"), Some("az1".into()), None),
+            (id("i-3"), None, Some(CapacityType::OnDemand)),
+        ],
+        at(1),
+    );
+    let counts = book.counts();
+    assert_eq!(counts.get(&("az1".to_owned(), "spot")), Some(&1));
+    assert_eq!(counts.get(&("az1".to_owned(), "on-demand")), Some(&1));
+    assert_eq!(counts.get(&("none".to_owned(), "on-demand")), Some(&1));
+    assert_eq!(counts.get(&("none".to_owned(), "spot")), Some(&0));
+    // A spot start answered while a listing is in flight (begun at 2): the listing does not
+    // have it yet and does not say its capacity later; its start's word is kept.
+    book.started(id("i-4"), Some("az2".into()), Some(CapacityType::Spot), at(3));
+    book.listed(
+        vec![
+            (id("i-1"), Some("az1".into()), Some(CapacityType::Spot)),
+            (id("i-2"), Some("az1".into()), None),
+            (id("i-3"), None, None),
+        ],
+        at(2),
+    );
+    assert_eq!(book.counts().get(&("az2".to_owned(), "spot")), Some(&1));
+    book.listed(vec![(id("i-4"), Some("az2".into()), None)], at(4));
+    let counts = book.counts();
+    assert_eq!(counts.get(&("az2".to_owned(), "spot")), Some(&1));
+    assert!(!counts.contains_key(&("az1".to_owned(), "spot")), "{counts:?}");
+    // A stop answered while a listing is in flight: the listing still has it, it is not counted.
+    book.started(id("i-5"), Some("az2".into()), Some(CapacityType::OnDemand), at(5));
+    book.gone(&[id("i-4")], at(7));
+    assert_eq!(book.counts().get(&("az2".to_owned(), "spot")), Some(&0));
+    book.listed(vec![(id("i-4"), Some("az2".into()), None), (id("i-5"), Some("az2".into()), None)], at(6));
+    let counts = book.counts();
+    assert_eq!(counts.get(&("az2".to_owned(), "spot")), Some(&0));
+    assert_eq!(counts.get(&("az2".to_owned(), "on-demand")), Some(&1));
+    // A listing begun after the stop lists what the cloud has.
+    book.listed(vec![(id("i-5"), Some("az2".into()), None)], at(8));
+    assert_eq!(book.counts().values().sum::<u64>(), 1);
+}
+
+/// The actor feeds the families from the provisioner's events and from what the metered broker
+/// saw of the cloud (a listing, a start, a stop).
+#[actix_rt::test]
+async fn the_actor_counts_hand_overs_and_instances_by_capacity() {
+    use actix::Actor;
+
+    use super::actor::Metrics;
+    use super::messages::{InstanceStarted, InstancesGone, InstancesListed, Render};
+    use crate::model::events::ProvisionerEvent;
+    use crate::model::MachineId;
+
+    let metrics = Metrics::default().start();
+    let at = Instant::now();
+    metrics.do_send(ProvisionerEvent::MachineInterrupted {
+        machine: MachineId::new("0"),
+        instance: id("i-1"),
+        warning: Some(Duration::from_secs(120)),
+    });
+    metrics.do_send(ProvisionerEvent::MachineReplaced {
+        machine: MachineId::new("0"),
+        interrupted: id("i-1"),
+        replacement: id("i-2"),
+        lead: Some(Duration::from_secs(100)),
+    });
+    metrics.do_send(InstancesListed {
+        instances: vec![(id("i-1"), Some("az1".into()), None), (id("i-3"), None, None)],
+        at,
+    });
+    metrics.do_send(InstanceStarted {
+        instance: id("i-2"),
+        zone: Some("az2".into()),
+        capacity: Some(CapacityType::Spot),
+        at: at + Duration::from_secs(1),
+    });
+    metrics.do_send(InstancesGone { instances: vec![id("i-1")], at: at + Duration::from_secs(2) });
+    let text = metrics.send(Render(Gauges::default())).await.unwrap();
+    assert_contains_all(
+        &text,
+        &[
+            "provisioner_interruptions_total 1\n",
+            "provisioner_replacements_total 1\n",
+            "provisioner_replacement_lead_seconds_bucket{le=\"90.0\"} 0\n",
+            "provisioner_replacement_lead_seconds_bucket{le=\"120.0\"} 1\n",
+            "provisioner_events_total{event=\"machine-interrupted\"} 1\n",
+            "provisioner_events_total{event=\"machine-replaced\"} 1\n",
+            "provisioner_instances_by_capacity{zone=\"az2\",capacity=\"spot\"} 1\n",
+            "provisioner_instances_by_capacity{zone=\"az2\",capacity=\"on-demand\"} 0\n",
+            "provisioner_instances_by_capacity{zone=\"none\",capacity=\"on-demand\"} 1\n",
+        ],
+    );
+    assert!(!text.contains("zone=\"az1\""), "the stopped instance is not counted:\n{text}");
 }

@@ -237,7 +237,7 @@ pub(crate) async fn start_model(
     // listings' own calls go through the plain metered broker, the provisioner's through the
     // one that reports them. The simulated cloud's listing is a read of the store, as fresh and
     // as cheap as any other read: its readers read it.
-    let plain = MeteredBroker::new(cloud, metrics.clone().recipient());
+    let plain = MeteredBroker::new(cloud, metrics.clone());
     let broker = if broker_name == "sim" {
         plain
     } else {

@@ -12,6 +12,11 @@
 // kept in the address's fragment (`#model=NAME`); every per-model call goes to
 // `/v1/models/NAME/...` (`default`'s to the plain `/v1/...`), and a change of model closes the
 // stream and reads the new model's state afresh.
+//
+// Spot hand-overs (issue 33): a machine is marked "replacing" from its `machine-interrupted`
+// event until its `machine-replaced` (or `machine-failed`, `machine-removed`), and whenever its
+// message says it is replacing an instance (after a reload, or a hand-over that began while
+// the stream was down). Its capacity column shows its preference and what its instance runs on.
 'use strict';
 
 (() => {
@@ -30,6 +35,7 @@
     instances: [],
     instancesError: '',
     starts: [], // {t, ok}: machine-started and machine-failed events, for the plot
+    replacing: new Map(), // machine id → interrupted instance, from machine-interrupted to machine-replaced
     stream: null, // the AbortController of the open event stream
     model: new URLSearchParams(location.hash.slice(1)).get('model') || '',
     generation: 0, // grows at each change of model: answers for an earlier one are dropped
@@ -90,6 +96,19 @@
     if (m.status === 'started' && m.instance) return 'running';
     if (m.status === 'stopped') return 'stopped';
     return 'pending';
+  }
+
+  /** Whether a machine is in a spot hand-over: its interruption seen on the stream and its
+   * replacement not yet, or its message saying so ("replacing instance ID: ..."). */
+  function replacing(m) {
+    return state.replacing.has(m.id) || /^replacing instance /.test(m.message || '');
+  }
+
+  /** A machine's capacity: its preference, and what its instance runs on when that differs. */
+  function capacity(m) {
+    const wanted = m.capacity || 'on-demand';
+    if (!m.capacity_type || m.capacity_type === wanted) return wanted;
+    return `${wanted} → ${m.capacity_type}`;
   }
 
   // ---- the token ------------------------------------------------------------------------
@@ -292,8 +311,8 @@
 
   function renderMachines() {
     const filter = $('machine-filter').value.trim().toLowerCase();
-    const shown = state.machines.filter((m) => !filter || [m.id, phase(m), m.zone, m.instance, m.message, m.status]
-      .some((v) => v && String(v).toLowerCase().includes(filter)));
+    const shown = state.machines.filter((m) => !filter || [m.id, phase(m), m.zone, m.instance, m.message, m.status,
+      capacity(m), replacing(m) ? 'replacing' : ''].some((v) => v && String(v).toLowerCase().includes(filter)));
     $('machines-count').textContent = String(state.machines.length);
     $('machines-note').textContent = shown.length > MAX_ROWS ? `Showing the first ${MAX_ROWS} of ${shown.length}: filter to narrow.` : '';
     const rows = shown.slice(0, MAX_ROWS).map((m) => {
@@ -304,16 +323,24 @@
       }
       if (m.life === 'alive') actions.append(removeButton(m.id));
       const kind = m.container_type ? ` (${m.container_type} on ${m.host})` : m.manual ? ' (manual)' : '';
-      return el('tr', { 'data-machine': m.id, 'data-phase': p },
+      const handover = replacing(m);
+      const interrupted = state.replacing.get(m.id);
+      return el('tr', { 'data-machine': m.id, 'data-phase': p, 'data-handover': handover },
         el('td', { class: 'id', text: m.id + kind }),
-        el('td', {}, el('span', { class: `badge ${p}`, text: p })),
+        el('td', {}, el('span', { class: `badge ${p}`, text: p }), handover ? el('span', {
+          class: 'badge replacing',
+          title: `the cloud warned it takes ${interrupted ? `instance ${interrupted}` : 'its instance'} away: a replacement is starting`,
+          text: 'replacing',
+        }) : null),
         el('td', { text: m.zone || '' }),
+        el('td', { class: 'capacity', 'data-capacity': m.capacity || 'on-demand', 'data-capacity-type': m.capacity_type || undefined,
+          text: capacity(m) }),
         el('td', { class: 'instance', text: m.instance || '' }),
         el('td', { class: 'msg', title: m.message || undefined, text: m.message || '' }),
         actions);
     });
     $('machine-rows').replaceChildren(...(rows.length ? rows
-      : [el('tr', {}, el('td', { colspan: 6, class: 'empty', text: filter ? 'No machine matches.' : 'No machines yet: add some above.' }))]));
+      : [el('tr', {}, el('td', { colspan: 7, class: 'empty', text: filter ? 'No machine matches.' : 'No machines yet: add some above.' }))]));
   }
 
   // The machine whose Remove was clicked once, waiting for its confirmation (kept across the
@@ -463,6 +490,8 @@
     const t = new Date();
     if (ev.event === 'machine-started') state.starts.push({ t: t.getTime(), ok: true });
     if (ev.event === 'machine-failed') state.starts.push({ t: t.getTime(), ok: false });
+    if (ev.event === 'machine-interrupted' && ev.machine) state.replacing.set(ev.machine, ev.instance || '');
+    if (['machine-replaced', 'machine-failed', 'machine-removed'].includes(ev.event)) state.replacing.delete(ev.machine);
     logLine(t, ev.event, describe(ev), ev.event);
     drawRate();
     scheduleRefresh();
@@ -605,7 +634,7 @@
     history.replaceState(null, '', `#model=${encodeURIComponent(name)}`);
     if (state.stream) state.stream.abort();
     state.stream = null;
-    Object.assign(state, { status: null, machines: [], instances: [], instancesError: '', starts: [] });
+    Object.assign(state, { status: null, machines: [], instances: [], instancesError: '', starts: [], replacing: new Map() });
     $('event-log').replaceChildren();
     feedback('', true);
     setConnection('down', 'connecting');
