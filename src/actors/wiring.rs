@@ -230,6 +230,7 @@ fn start_with(
             begin: lifecycle.clone().recipient(),
             short: zones.clone().recipient(),
             states: poller.clone().recipient(),
+            release: poller.clone().recipient(),
             host_tag: config.host_tag.clone(),
         });
     }

@@ -223,10 +223,11 @@ fn check_capacity(cloud: &CloudSnapshot, specs: &BTreeMap<String, MachineSpec>, 
     }
 }
 
-/// Spot hand-overs (issue 33): a machine alive and not removed at the end whose instance the
+/// Spot hand-overs (issue 33): a top-level machine alive and not removed at the end whose instance the
 /// cloud warned of an interruption (`interrupt`) gets a start call (a replacement; it may fail)
 /// before the warning runs out, unless the instance was no longer live at the warning (a stop
-/// call of ours named it before) or the model was destroyed. (At most two live instances per
+/// call of ours named it before), its start had not answered yet (no machine records it), the
+/// machine's every start failed (provisioning error) or the model was destroyed. (At most two live instances per
 /// machine, two only while a warning runs, is checked by the fake cloud at every creation:
 /// `CloudSnapshot::duplicates`.)
 fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v: &mut Vec<String>) {
@@ -236,11 +237,30 @@ fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v
     for (at, a) in s.timeline() {
         let Action::Interrupt(i) = a else { continue };
         let Some(inst) = cloud.instances.get(&crate::model::InstanceId::new(i.instance.as_str())) else { continue };
-        let Some(m) = inst.instance.tags.machine.as_ref().filter(|_| !inst.foreign) else { continue };
-        let alive = model
-            .machines
-            .get(m)
-            .is_some_and(|x| !x.removed && x.machine.life == crate::model::Life::Alive && !x.machine.manual);
+        // Containers' instances are their hosts' business: only the environ provisioner reads
+        // the cloud's interruption notices.
+        let Some(m) = inst.instance.tags.machine.as_ref().filter(|m| !inst.foreign && !m.as_str().contains('/')) else {
+            continue;
+        };
+        // The replacement's start may fail before any call (no zone left): the machine is then
+        // in provisioning error, as any machine whose every start failed.
+        let alive = model.machines.get(m).is_some_and(|x| {
+            !x.removed
+                && x.machine.life == crate::model::Life::Alive
+                && !x.machine.manual
+                && !x.machine.instance_status.is_error()
+        });
+        // Known to the provisioner when warned: the start that made it had answered by then (a
+        // warning for an instance whose start is still in flight finds no machine recording
+        // it; the instance is then lost as one taken without warning).
+        let known = cloud.calls.iter().any(|c| {
+            c.op == CloudOp::StartInstance
+                && c.instances.iter().any(|x| x.as_str() == i.instance)
+                && c.done_at.is_some_and(|d| d <= at)
+        });
+        if !known {
+            continue;
+        }
         let stopped_before = cloud.calls.iter().any(|c| {
             c.op == CloudOp::StopInstances && c.at <= at && c.instances.iter().any(|x| x.as_str() == i.instance)
         });

@@ -357,7 +357,36 @@ pub fn generate(seed: u64) -> Scenario {
     add_deaths_as_starts_land(&mut scenario, seed);
     draw_batching(&mut scenario, seed);
     draw_capacity(&mut scenario, seed);
+    draw_interruptions(&mut scenario, seed);
     scenario
+}
+
+/// Spot interruptions (issue 33) for a quarter of the seeds, from their own RNG so that the
+/// rest of a seed's scenario stays what it was: one to three warnings (20 s to 2 min) for
+/// instances the run's starts are likely to have made (`i-1` up to a few past the machines;
+/// an id the cloud does not have is no event), mostly in the first minutes when the machines
+/// are getting their instances, sometimes with a restart of the provisioner a few seconds
+/// after the warning (mid hand-over) or a destroy of the model during it.
+fn draw_interruptions(s: &mut Scenario, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x696e_7465_7272_7570);
+    if !rng.random_bool(0.25) {
+        return;
+    }
+    let ids = s.machines.len() as u32 + 4;
+    for _ in 0..rng.random_range(1..=3u32) {
+        let at = Duration::from_millis(rng.random_range(1_000..=600_000));
+        let instance = format!("i-{}", rng.random_range(1..=ids));
+        let warning = Dur(Duration::from_secs(rng.random_range(20..=120)));
+        s.events.push(EventSpec::new(at, Action::Interrupt(crate::sim::scenario::InterruptSpec { instance, warning })));
+        match rng.random_range(0..10u32) {
+            0 | 1 => s.events.push(EventSpec::new(at + ms(&mut rng, 15_000), Action::Restart)),
+            2 => s
+                .events
+                .push(EventSpec::new(at + ms(&mut rng, 15_000), Action::DestroyModel(DestroyModelSpec::default()))),
+            _ => {}
+        }
+    }
+    s.events.sort_by_key(|e| e.at);
 }
 
 /// Deaths at the very instant a start lands: a pending machine's (the first wave lands one start

@@ -856,7 +856,10 @@ msg!(InFlight {} -> "usize");
 impl Handler<InFlight> for CloudActor {
     type Result = usize;
     fn handle(&mut self, _msg: InFlight, _ctx: &mut Self::Context) -> usize {
-        self.in_flight
+        // An interruption warning still running is work in flight: the cloud takes the
+        // instance when it runs out, and the provisioner hands the machine over meanwhile.
+        let now = self.epoch.elapsed();
+        self.in_flight + self.warned.values().filter(|d| now <= **d).count()
     }
 }
 

@@ -96,9 +96,11 @@ impl Coordinator {
     ) {
         let now = self.epoch.elapsed();
         let mut acknowledge = Vec::new();
+        let mut release = Vec::new();
         for (notice, owner) in notices.into_iter().zip(owners) {
             match self.handovers.on_notice(notice, owner, now) {
                 NoticeDecision::Acknowledge(receipt) => acknowledge.push(receipt),
+                NoticeDecision::Later(receipt) => release.push(receipt),
                 replace @ NoticeDecision::Replace { .. } => {
                     if let NoticeDecision::Replace { machine, interrupted, .. } = &replace {
                         let warning =
@@ -112,6 +114,14 @@ impl Coordinator {
             }
         }
         self.acknowledge(acknowledge);
+        self.release(release);
+    }
+
+    /// Releases notices to be handed on again at their next delivery (none: nothing sent).
+    fn release(&self, receipts: Vec<String>) {
+        if let (false, Some(links)) = (receipts.is_empty(), &self.interruptions) {
+            links.release.do_send(crate::actors::interruptions::ReleaseNotices(receipts));
+        }
     }
 
     /// Starts a hand-over's replacement: the lifecycle has the machine starting again, the
@@ -134,7 +144,7 @@ impl Coordinator {
         let model = self.links.model.clone();
         let fut = async move {
             if !begin.await.unwrap_or(false) {
-                return Err(machine.id);
+                return Err((machine.id, false));
             }
             let id = machine.id.clone();
             let info = model.provisioning_info(vec![id.clone()]).await.ok().and_then(|mut v| v.pop());
@@ -154,15 +164,20 @@ impl Coordinator {
                         replaces: Some(replaces),
                     })
                 }
-                _ => Err(id),
+                // The model could not be read: looked at again at the notice's next delivery.
+                _ => Err((id, true)),
             }
         };
         self.spawn_counted(fut.into_actor(self), ctx, |job, act, _ctx| match job {
             Ok(job) => super::links::perform(&act.links, super::batch::Effect::Start(Box::new(job))),
-            Err(machine) => {
-                tracing::warn!(%machine, "cannot start a replacement for the interrupted instance");
+            Err((machine, again)) => {
+                tracing::warn!(%machine, again, "cannot start a replacement for the interrupted instance");
                 let ended = act.handovers.end(&machine);
-                act.acknowledge(ended.acknowledge);
+                if again {
+                    act.release(ended.acknowledge);
+                } else {
+                    act.acknowledge(ended.acknowledge);
+                }
             }
         });
     }

@@ -72,6 +72,10 @@ pub enum NoticeDecision {
     Joined,
     /// About a machine's replacement while its hand-over is on: looked at again once it ends.
     Deferred,
+    /// About an instance no machine is known to own yet while its warning runs (a start still
+    /// in flight made it, or the listing has not shown it): released unacknowledged, to be
+    /// looked at again at the cloud's next delivery.
+    Later(String),
 }
 
 /// How far one machine's hand-over is.
@@ -154,7 +158,14 @@ impl HandoverBook {
         owner: Option<NoticedInstance>,
         now: Duration,
     ) -> NoticeDecision {
-        let Some(owner) = owner else { return NoticeDecision::Acknowledge(notice.receipt) };
+        let Some(owner) = owner else {
+            let running = notice.kind == NoticeKind::Interruption && notice.deadline.is_some_and(|d| !d.is_zero());
+            return if running {
+                NoticeDecision::Later(notice.receipt)
+            } else {
+                NoticeDecision::Acknowledge(notice.receipt)
+            };
+        };
         if let Some(h) = self.on.get_mut(&owner.machine) {
             if h.interrupted == notice.instance {
                 h.receipts.push(notice.receipt);
@@ -335,7 +346,17 @@ mod tests {
     fn notices_with_nothing_to_do_are_acknowledged() {
         let mut book = HandoverBook::new();
         let ack = |r: &str| NoticeDecision::Acknowledge(r.into());
-        assert_eq!(book.on_notice(notice("i-9", NoticeKind::Interruption, "a"), None, T), ack("a"));
+        assert_eq!(
+            book.on_notice(notice("i-9", NoticeKind::Interruption, "a"), None, T),
+            NoticeDecision::Later("a".into())
+        );
+        let mut expired = notice("i-9", NoticeKind::Interruption, "a2");
+        expired.deadline = Some(Duration::ZERO);
+        assert_eq!(
+            book.on_notice(expired, None, T),
+            ack("a2"),
+            "an unknown instance's notice once its warning ran out"
+        );
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "b"), owner("0", false, true), T), ack("b"));
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "c"), owner("0", true, false), T), ack("c"));
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Rebalance, "d"), owner("0", true, true), T), ack("d"));

@@ -7,6 +7,13 @@ use actix::prelude::*;
 #[rtype(result = "()")]
 pub struct AcknowledgeNotices(pub Vec<String>);
 
+/// The notices with these receipts could not be acted on yet (their instance is not known to
+/// be a machine's, or the model could not be read): the poller forgets them without
+/// acknowledging them, so that the cloud's next delivery of each is handed on again.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct ReleaseNotices(pub Vec<String>);
+
 /// The states of hand-overs' replacements, each looked up by its start (the machine and the
 /// start's nonce, [`crate::ports::Broker::instances_of_start`]): the state of the start's
 /// instance (a running one first), `None` if none is listed or the lookup failed. The
