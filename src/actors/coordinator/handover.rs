@@ -142,7 +142,14 @@ pub struct HandoverEnded {
 pub struct HandoverBook {
     on: BTreeMap<MachineId, Handover>,
     deferred: BTreeMap<MachineId, Vec<InterruptionNotice>>,
+    /// Instances whose notices need no second look: released once already (an unknown
+    /// instance's), or interrupted in a hand-over that ended (a redelivery of its warning,
+    /// the instance gone and forgotten). Cleared when it grows past [`SEEN_CAP`].
+    seen: std::collections::BTreeSet<InstanceId>,
 }
+
+/// How many instances [`HandoverBook`] remembers as needing no second look.
+const SEEN_CAP: usize = 10_000;
 
 impl HandoverBook {
     /// No hand-over.
@@ -159,7 +166,9 @@ impl HandoverBook {
         now: Duration,
     ) -> NoticeDecision {
         let Some(owner) = owner else {
-            let running = notice.kind == NoticeKind::Interruption && notice.deadline.is_some_and(|d| !d.is_zero());
+            let running = notice.kind == NoticeKind::Interruption
+                && notice.deadline.is_some_and(|d| !d.is_zero())
+                && self.first_look(&notice.instance);
             return if running {
                 NoticeDecision::Later(notice.receipt)
             } else {
@@ -266,9 +275,23 @@ impl HandoverBook {
     /// replacement failed (the interrupted instance stays recorded until the cloud takes it, and
     /// the machine is then a lost instance's), or the machine died or was forgotten.
     pub fn end(&mut self, machine: &MachineId) -> HandoverEnded {
-        let acknowledge = self.on.remove(machine).map(|h| h.receipts).unwrap_or_default();
+        let acknowledge = match self.on.remove(machine) {
+            Some(h) => {
+                self.first_look(&h.interrupted);
+                h.receipts
+            }
+            None => Vec::new(),
+        };
         let again = self.deferred.remove(machine).unwrap_or_default();
         HandoverEnded { acknowledge, again }
+    }
+
+    /// Whether a notice about `instance` is the first to need a second look (remembered now).
+    fn first_look(&mut self, instance: &InstanceId) -> bool {
+        if self.seen.len() >= SEEN_CAP {
+            self.seen.clear();
+        }
+        self.seen.insert(instance.clone())
     }
 
     /// The machine's hand-over, if one is on.
@@ -357,6 +380,9 @@ mod tests {
             ack("a2"),
             "an unknown instance's notice once its warning ran out"
         );
+        let twice = notice("i-8", NoticeKind::Interruption, "a3");
+        assert_eq!(book.on_notice(twice.clone(), None, T), NoticeDecision::Later("a3".into()));
+        assert_eq!(book.on_notice(twice, None, T), ack("a3"), "released once, acknowledged at its second look");
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "b"), owner("0", false, true), T), ack("b"));
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "c"), owner("0", true, false), T), ack("c"));
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Rebalance, "d"), owner("0", true, true), T), ack("d"));
