@@ -226,8 +226,9 @@ fn check_capacity(cloud: &CloudSnapshot, specs: &BTreeMap<String, MachineSpec>, 
 /// Spot hand-overs (issue 33): a top-level machine alive and not removed at the end whose instance the
 /// cloud warned of an interruption (`interrupt`) gets a start call (a replacement; it may fail)
 /// before the warning runs out, unless the instance was no longer live at the warning (a stop
-/// call of ours named it before), its start had not answered yet (no machine records it), the
-/// machine's every start failed (provisioning error) or the model was destroyed. (At most two live instances per
+/// call of ours named it before, or the cloud terminated it), its start had not answered yet
+/// (no machine records it), the machine's every start failed (provisioning error, e.g. no zone
+/// left for the replacement) or the model was destroyed. (At most two live instances per
 /// machine, two only while a warning runs, is checked by the fake cloud at every creation:
 /// `CloudSnapshot::duplicates`.)
 fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v: &mut Vec<String>) {
@@ -249,6 +250,7 @@ fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v
                 && x.machine.life == crate::model::Life::Alive
                 && !x.machine.manual
                 && !x.machine.instance_status.is_error()
+                && x.machine.status != MachineStatus::Error
         });
         // Known to the provisioner when warned: the start that made it had answered by then (a
         // warning for an instance whose start is still in flight finds no machine recording
@@ -258,7 +260,10 @@ fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v
                 && c.instances.iter().any(|x| x.as_str() == i.instance)
                 && c.done_at.is_some_and(|d| d <= at)
         });
-        if !known {
+        // Taken away before the warning (terminated outside the provisioner): nothing warned.
+        let terminated_before =
+            s.timeline().iter().any(|(t, a)| *t <= at && matches!(a, Action::CloudTerminate(id) if *id == i.instance));
+        if !known || terminated_before {
             continue;
         }
         let stopped_before = cloud.calls.iter().any(|c| {
@@ -268,10 +273,17 @@ fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v
             continue;
         }
         let until = at + i.warning.0;
-        let replaced = cloud
-            .calls
-            .iter()
-            .any(|c| c.op == CloudOp::StartInstance && c.machine.as_ref() == Some(m) && c.at >= at && c.at < until);
+        // A start for the machine, or (a replacement that reused a dead machine's instance, no
+        // start call) our stop of the interrupted instance, which follows the switch.
+        let replaced = cloud.calls.iter().any(|c| {
+            c.at >= at
+                && c.at < until
+                && match c.op {
+                    CloudOp::StartInstance => c.machine.as_ref() == Some(m),
+                    CloudOp::StopInstances => c.instances.iter().any(|x| x.as_str() == i.instance),
+                    _ => false,
+                }
+        });
         if !replaced {
             v.push(format!(
                 "machine {m}'s instance {} was warned of an interruption at {} and no replacement was started before the warning ran out at {}",

@@ -25,6 +25,9 @@ use crate::actors::zones::PopulateZones;
 use crate::model::events::ProvisionerEvent;
 use crate::ports::InterruptionNotice;
 
+/// How many times a replacement's model reads are tried while the warning runs.
+const REPLACE_READS: u32 = 6;
+
 /// How often a hand-over's replacement not yet seen running is looked up by its start.
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -96,11 +99,11 @@ impl Coordinator {
     ) {
         let now = self.epoch.elapsed();
         let mut acknowledge = Vec::new();
-        let mut release = Vec::new();
+        let mut later = Vec::new();
         for (notice, owner) in notices.into_iter().zip(owners) {
             match self.handovers.on_notice(notice, owner, now) {
                 NoticeDecision::Acknowledge(receipt) => acknowledge.push(receipt),
-                NoticeDecision::Later(receipt) => release.push(receipt),
+                NoticeDecision::Later(notice) => later.push(notice),
                 replace @ NoticeDecision::Replace { .. } => {
                     if let NoticeDecision::Replace { machine, interrupted, .. } = &replace {
                         let warning =
@@ -108,13 +111,20 @@ impl Coordinator {
                         let (machine, instance) = (machine.clone(), interrupted.clone());
                         self.publish(ProvisionerEvent::MachineInterrupted { machine, instance, warning });
                     }
-                    self.start_replacement(replace, ctx)
+                    self.start_replacement(replace, 0, ctx)
                 }
                 NoticeDecision::Joined | NoticeDecision::Deferred => {}
             }
         }
         self.acknowledge(acknowledge);
-        self.release(release);
+        if !later.is_empty() {
+            // Looked at again a little later, their deadlines counted down meanwhile.
+            let again = super::handover::LOOK_AGAIN;
+            for n in &mut later {
+                n.deadline = n.deadline.map(|d| d.saturating_sub(again));
+            }
+            ctx.run_later(again, move |act, ctx| act.replay(later, ctx));
+        }
     }
 
     /// Releases notices to be handed on again at their next delivery (none: nothing sent).
@@ -127,49 +137,50 @@ impl Coordinator {
     /// Starts a hand-over's replacement: the lifecycle has the machine starting again, the
     /// model gives its provisioning info and distribution group, and the start is queued as
     /// any other. If the lifecycle refuses (the machine is starting, stopping or its model
-    /// destroyed) or the model cannot be read, the hand-over ends and its notices are
-    /// acknowledged: the interrupted instance is then lost as any other. A replacement made
+    /// destroyed), the hand-over ends and its notices are acknowledged: the interrupted
+    /// instance is then lost as any other. A model read that fails is tried again after 1, 2,
+    /// 4... s while the warning runs ([`REPLACE_READS`] tries in all); then the hand-over ends
+    /// with its notices released (looked at again at their next delivery). A replacement made
     /// before a crash (`adopt`) is adopted, not started again; a start that asks for spot
     /// first has the allocator avoid the interrupted instance's zone for the shape's spot
     /// starts (the capacity memory) where the machine allows another.
-    fn start_replacement(&mut self, decision: NoticeDecision, ctx: &mut Context<Self>) {
+    fn start_replacement(&mut self, decision: NoticeDecision, attempt: u32, ctx: &mut Context<Self>) {
+        let retry = decision.clone();
         let NoticeDecision::Replace { machine, interrupted, avoid_zone, record, adopt, .. } = decision else { return };
         let Some(links) = &self.interruptions else { return };
         let how = if adopt.is_some() { "adopting the replacement a listing shows" } else { "starting a replacement" };
         tracing::info!(%machine, %interrupted, "spot hand-over: {how}");
         let machine = *record;
-        let begin = links.begin.send(crate::actors::lifecycle::BeginReplacement { machine: machine.id.clone() });
+        let begin = links.begin.clone();
         let short = links.short.clone();
         let replaces = interrupted;
         let model = self.links.model.clone();
         let fut = async move {
-            if !begin.await.unwrap_or(false) {
-                return Err((machine.id, false));
-            }
+            // The model is read first: a read that fails leaves the lifecycle as it was, and the
+            // notice is looked at again at its next delivery.
             let id = machine.id.clone();
             let info = model.provisioning_info(vec![id.clone()]).await.ok().and_then(|mut v| v.pop());
             let group = model.distribution_groups(vec![id.clone()]).await.ok().and_then(|mut v| v.pop());
-            match (info, group) {
-                (Some(Ok(info)), Some(Ok(group))) => {
-                    let spot = info.capacity.first() == crate::model::CapacityType::Spot;
-                    if let (true, Some(zone)) = (spot, avoid_zone) {
-                        let shape = crate::model::CapacityType::Spot.shape(&info.constraints.shape());
-                        let _ = short.send(crate::actors::zones::RememberCapacity { shape, zone }).await;
-                    }
-                    Ok(crate::actors::workers::StartJob {
-                        machine,
-                        info: std::sync::Arc::new(info),
-                        group,
-                        adopt,
-                        replaces: Some(replaces),
-                    })
-                }
-                // The model could not be read: looked at again at the notice's next delivery.
-                _ => Err((id, true)),
+            let (Some(Ok(info)), Some(Ok(group))) = (info, group) else { return Err((id, true)) };
+            let begin = begin.send(crate::actors::lifecycle::BeginReplacement { machine: id.clone() });
+            if !begin.await.unwrap_or(false) {
+                return Err((id, false));
             }
+            let spot = info.capacity.first() == crate::model::CapacityType::Spot;
+            if let (true, Some(zone)) = (spot, avoid_zone) {
+                let shape = crate::model::CapacityType::Spot.shape(&info.constraints.shape());
+                let _ = short.send(crate::actors::zones::RememberCapacity { shape, zone }).await;
+            }
+            let (info, replaces) = (std::sync::Arc::new(info), Some(replaces));
+            Ok(crate::actors::workers::StartJob { machine, info, group, adopt, replaces })
         };
-        self.spawn_counted(fut.into_actor(self), ctx, |job, act, _ctx| match job {
+        self.spawn_counted(fut.into_actor(self), ctx, move |job, act, ctx| match job {
             Ok(job) => super::links::perform(&act.links, super::batch::Effect::Start(Box::new(job))),
+            Err((machine, true)) if attempt + 1 < REPLACE_READS && act.handover_time_left(&machine, attempt) => {
+                let delay = std::time::Duration::from_secs(1 << attempt);
+                tracing::info!(%machine, ?delay, "cannot read the model for a replacement: trying again");
+                ctx.run_later(delay, move |act, ctx| act.start_replacement(retry, attempt + 1, ctx));
+            }
             Err((machine, again)) => {
                 tracing::warn!(%machine, again, "cannot start a replacement for the interrupted instance");
                 let ended = act.handovers.end(&machine);
@@ -180,6 +191,15 @@ impl Coordinator {
                 }
             }
         });
+    }
+
+    /// Whether the machine's hand-over is still on and its warning (if it said when) leaves
+    /// time for another try after `attempt`'s delay.
+    fn handover_time_left(&self, machine: &crate::model::MachineId, attempt: u32) -> bool {
+        let now = self.epoch.elapsed();
+        self.handovers
+            .of(machine)
+            .is_some_and(|h| h.deadline.is_none_or(|d| now + std::time::Duration::from_secs(1 << attempt) < d))
     }
 
     /// Before jobs' outcomes are followed: a hand-over's replacement that started is the switch
@@ -617,7 +637,7 @@ impl Handler<ViewRefreshed> for Coordinator {
             self.follow(next, ctx);
             for owner in msg.resumes {
                 if let Some(replace) = self.handovers.resume(owner) {
-                    self.start_replacement(replace, ctx);
+                    self.start_replacement(replace, 0, ctx);
                 }
             }
             self.look_at_replacements(ctx);

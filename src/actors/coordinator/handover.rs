@@ -73,9 +73,9 @@ pub enum NoticeDecision {
     /// About a machine's replacement while its hand-over is on: looked at again once it ends.
     Deferred,
     /// About an instance no machine is known to own yet while its warning runs (a start still
-    /// in flight made it, or the listing has not shown it): released unacknowledged, to be
-    /// looked at again at the cloud's next delivery.
-    Later(String),
+    /// in flight made it, or its record has not landed): looked at again after [`LOOK_AGAIN`],
+    /// at most [`LOOKS`] times in all (then acknowledged).
+    Later(InterruptionNotice),
 }
 
 /// How far one machine's hand-over is.
@@ -142,14 +142,21 @@ pub struct HandoverEnded {
 pub struct HandoverBook {
     on: BTreeMap<MachineId, Handover>,
     deferred: BTreeMap<MachineId, Vec<InterruptionNotice>>,
-    /// Instances whose notices need no second look: released once already (an unknown
-    /// instance's), or interrupted in a hand-over that ended (a redelivery of its warning,
-    /// the instance gone and forgotten). Cleared when it grows past [`SEEN_CAP`].
-    seen: std::collections::BTreeSet<InstanceId>,
+    /// How often notices about instances no machine was known to own were looked at: an
+    /// unknown instance's (up to [`LOOKS`]), or one interrupted in a hand-over that ended
+    /// ([`LOOKS`] at once: a redelivery of its warning, the instance gone and forgotten, needs
+    /// no other look). Cleared when it grows past [`LOOKED_CAP`].
+    looked: BTreeMap<InstanceId, u32>,
 }
 
-/// How many instances [`HandoverBook`] remembers as needing no second look.
-const SEEN_CAP: usize = 10_000;
+/// How many instances [`HandoverBook`] remembers the looks at.
+const LOOKED_CAP: usize = 10_000;
+
+/// How many times a notice about an instance no machine is known to own is looked at.
+pub const LOOKS: u32 = 6;
+
+/// How long after a look such a notice is looked at again.
+pub const LOOK_AGAIN: Duration = Duration::from_secs(5);
 
 impl HandoverBook {
     /// No hand-over.
@@ -167,13 +174,9 @@ impl HandoverBook {
     ) -> NoticeDecision {
         let Some(owner) = owner else {
             let running = notice.kind == NoticeKind::Interruption
-                && notice.deadline.is_some_and(|d| !d.is_zero())
-                && self.first_look(&notice.instance);
-            return if running {
-                NoticeDecision::Later(notice.receipt)
-            } else {
-                NoticeDecision::Acknowledge(notice.receipt)
-            };
+                && notice.deadline.is_some_and(|d| d > LOOK_AGAIN)
+                && self.look(&notice.instance, 1) < LOOKS;
+            return if running { NoticeDecision::Later(notice) } else { NoticeDecision::Acknowledge(notice.receipt) };
         };
         if let Some(h) = self.on.get_mut(&owner.machine) {
             if h.interrupted == notice.instance {
@@ -277,7 +280,7 @@ impl HandoverBook {
     pub fn end(&mut self, machine: &MachineId) -> HandoverEnded {
         let acknowledge = match self.on.remove(machine) {
             Some(h) => {
-                self.first_look(&h.interrupted);
+                self.look(&h.interrupted, LOOKS);
                 h.receipts
             }
             None => Vec::new(),
@@ -286,12 +289,15 @@ impl HandoverBook {
         HandoverEnded { acknowledge, again }
     }
 
-    /// Whether a notice about `instance` is the first to need a second look (remembered now).
-    fn first_look(&mut self, instance: &InstanceId) -> bool {
-        if self.seen.len() >= SEEN_CAP {
-            self.seen.clear();
+    /// Counts `n` more looks at notices about `instance`: how many there were before.
+    fn look(&mut self, instance: &InstanceId, n: u32) -> u32 {
+        if self.looked.len() >= LOOKED_CAP {
+            self.looked.clear();
         }
-        self.seen.insert(instance.clone())
+        let looks = self.looked.entry(instance.clone()).or_default();
+        let before = *looks;
+        *looks = looks.saturating_add(n);
+        before
     }
 
     /// The machine's hand-over, if one is on.
@@ -369,10 +375,8 @@ mod tests {
     fn notices_with_nothing_to_do_are_acknowledged() {
         let mut book = HandoverBook::new();
         let ack = |r: &str| NoticeDecision::Acknowledge(r.into());
-        assert_eq!(
-            book.on_notice(notice("i-9", NoticeKind::Interruption, "a"), None, T),
-            NoticeDecision::Later("a".into())
-        );
+        let unknown = notice("i-9", NoticeKind::Interruption, "a");
+        assert_eq!(book.on_notice(unknown.clone(), None, T), NoticeDecision::Later(unknown));
         let mut expired = notice("i-9", NoticeKind::Interruption, "a2");
         expired.deadline = Some(Duration::ZERO);
         assert_eq!(
@@ -380,9 +384,11 @@ mod tests {
             ack("a2"),
             "an unknown instance's notice once its warning ran out"
         );
-        let twice = notice("i-8", NoticeKind::Interruption, "a3");
-        assert_eq!(book.on_notice(twice.clone(), None, T), NoticeDecision::Later("a3".into()));
-        assert_eq!(book.on_notice(twice, None, T), ack("a3"), "released once, acknowledged at its second look");
+        let again = notice("i-8", NoticeKind::Interruption, "a3");
+        for _ in 0..LOOKS {
+            assert_eq!(book.on_notice(again.clone(), None, T), NoticeDecision::Later(again.clone()));
+        }
+        assert_eq!(book.on_notice(again, None, T), ack("a3"), "looked at LOOKS times, then acknowledged");
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "b"), owner("0", false, true), T), ack("b"));
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "c"), owner("0", true, false), T), ack("c"));
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Rebalance, "d"), owner("0", true, true), T), ack("d"));

@@ -163,9 +163,11 @@ impl PoolBook {
         self
     }
 
-    /// Queues a job: stops and releases ahead of starts.
+    /// Queues a job: stops and releases ahead of starts; a spot hand-over's replacement start
+    /// (it races the interruption's deadline) ahead of other starts.
     pub fn push(&mut self, job: Job) {
         match job {
+            Job::Start(start) if start.replaces.is_some() => self.starts.push_front(start),
             Job::Start(start) => self.starts.push_back(start),
             _ => self.urgent.push_back(job),
         }

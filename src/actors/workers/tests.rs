@@ -726,3 +726,21 @@ mod capacity {
         assert!(matches!(plan.final_error(no_spot()), WorkerError::Cloud(_)));
     }
 }
+
+#[test]
+fn a_hand_overs_replacement_start_goes_ahead_of_other_starts() {
+    let mut pool = PoolBook::new(1);
+    pool.push(start("a"));
+    pool.push(start("b"));
+    let Job::Start(mut r) = start("r") else { unreachable!() };
+    r.replaces = Some(InstanceId::new("i-1"));
+    pool.push(Job::Start(r));
+    pool.push(stop("i-9"));
+    let order: Vec<String> = std::iter::from_fn(|| {
+        let job = pool.take_next()?;
+        pool.finished();
+        Some(name(&job))
+    })
+    .collect();
+    assert_eq!(order, ["stop i-9", "start r", "start a", "start b"], "stops first, then the replacement");
+}
