@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use super::Constraints;
+use super::{CapacityType, Constraints, UsdPerHour};
 
 /// How long a `(type, zone)` pair out of capacity is tried last, by default (as the engine's
 /// capacity memory of a zone).
@@ -202,6 +202,31 @@ pub fn shipped() -> Vec<InstanceType> {
         .collect()
 }
 
+/// The spot price of a type, as a share of its on-demand price, when no spot price of its own
+/// is given (the fake cloud's rule, issue 33).
+pub const SPOT_PRICE_RATIO: f64 = 0.3;
+
+/// What an instance of type `instance_type` (`None`: it has none) costs an hour on `capacity`,
+/// from `catalogue`'s on-demand prices: on-demand, the type's on-demand price; spot,
+/// `spot_price` when one is given (every type's, even a typeless instance's), else
+/// [`SPOT_PRICE_RATIO`] of the on-demand price. `None` when not known (no type, a type the
+/// catalogue does not know or does not price, and no `spot_price` for a spot one).
+///
+/// The one rule for a price: the fake cloud charges a spot start this (and refuses it above
+/// the call's maximum), and the simulator's report sums it into the fleet's cost.
+pub fn hourly_price(
+    catalogue: &[InstanceType],
+    instance_type: Option<&str>,
+    capacity: CapacityType,
+    spot_price: Option<UsdPerHour>,
+) -> Option<UsdPerHour> {
+    let on_demand = || catalogue.iter().find(|t| Some(t.name.as_str()) == instance_type)?.price_per_hour;
+    match capacity {
+        CapacityType::OnDemand => UsdPerHour::new(on_demand()?),
+        CapacityType::Spot => spot_price.or_else(|| UsdPerHour::new(on_demand()? * SPOT_PRICE_RATIO)),
+    }
+}
+
 /// One call to make: start with this type under this client token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TypeAttempt {
@@ -301,6 +326,25 @@ impl TypeFailover {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_hourly_price_is_the_on_demand_price_or_the_spot_price() {
+        let shipped = shipped();
+        let price = |t, c, s| hourly_price(&shipped, t, c, s).map(UsdPerHour::dollars);
+        assert_eq!(price(Some("t3.medium"), CapacityType::OnDemand, None), Some(0.0416));
+        // Spot: SPOT_PRICE_RATIO of on-demand, unless a spot price is given (typeless too).
+        assert_eq!(price(Some("t3.medium"), CapacityType::Spot, None), Some(0.01248));
+        let given = UsdPerHour::new(0.02);
+        assert_eq!(price(Some("t3.medium"), CapacityType::Spot, given), Some(0.02));
+        assert_eq!(price(None, CapacityType::Spot, given), Some(0.02));
+        // A given spot price is no on-demand price; no type, or one not in the catalogue: unknown.
+        assert_eq!(price(Some("t3.medium"), CapacityType::OnDemand, given), Some(0.0416));
+        assert_eq!(price(None, CapacityType::OnDemand, given), None);
+        assert_eq!(price(None, CapacityType::Spot, None), None);
+        assert_eq!(price(Some("x9.huge"), CapacityType::Spot, None), None);
+        let unpriced = [InstanceType::named("x9.huge")];
+        assert_eq!(hourly_price(&unpriced, Some("x9.huge"), CapacityType::OnDemand, None), None);
+    }
 
     fn c(cores: Option<u32>, mem_mb: Option<u64>) -> Constraints {
         Constraints { cores, mem_mb, ..Constraints::default() }

@@ -16,6 +16,6 @@ pub mod scenario;
 pub use check::{check, ModeTimeline};
 pub use generate::generate;
 pub use plan::{plan, MachineNote, Plan, PlannedStart};
-pub use report::{CallReport, InstanceReport, MachineReport, ModelReport, ProvisionerReport, Report};
+pub use report::{CallReport, FleetCost, InstanceReport, MachineReport, ModelReport, ProvisionerReport, Report};
 pub use run::{run, SIM_MODEL_UUID};
 pub use scenario::{Scenario, ScenarioError};

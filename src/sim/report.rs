@@ -5,6 +5,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::model::instance_types::{self, hourly_price};
+use crate::model::{CapacityType, UsdPerHour};
+
 /// The whole report, keys as the contract fixes them (plus additions).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
@@ -34,6 +37,59 @@ pub struct Report {
     pub activity: Vec<String>,
     /// Addition: instances released (our identity removed), in call order.
     pub released: Vec<String>,
+    /// Addition (issue 33): what the live instances cost an hour at the end; absent when none
+    /// has a known price.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<FleetCost>,
+}
+
+/// The fleet's hourly cost at the end (issue 33): every live (`pending`, `running`) instance
+/// that is not another model's, at [`hourly_price`]: on-demand ones at the shipped catalogue's
+/// on-demand price, spot ones at the cloud's spot price (the scenario's `[cloud] spot_price`,
+/// else [`SPOT_PRICE_RATIO`](crate::model::instance_types::SPOT_PRICE_RATIO) of on-demand), the
+/// same rule the fake cloud charges spot starts by. Instances without a known price are
+/// counted, not summed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FleetCost {
+    /// The sum of the known prices, in USD per hour.
+    pub usd_per_hour: UsdPerHour,
+    /// Live instances counted (`spot` + `on_demand`).
+    pub instances: usize,
+    /// Of them, on spot capacity.
+    pub spot: usize,
+    /// Of them, on on-demand capacity.
+    pub on_demand: usize,
+    /// Of them, those whose price is unknown (no type, or a type without a price): not in the sum.
+    pub unpriced: usize,
+}
+
+impl FleetCost {
+    /// The cost of the live instances among `instances` (a report's), with the cloud's spot
+    /// price `spot_price` (`None`: a share of on-demand); `None` when no instance has a known
+    /// price.
+    pub fn of(instances: &BTreeMap<String, InstanceReport>, spot_price: Option<UsdPerHour>) -> Option<Self> {
+        let catalogue = instance_types::shipped();
+        let mut micros = 0u64;
+        let mut cost =
+            FleetCost { usd_per_hour: UsdPerHour::new(0.0)?, instances: 0, spot: 0, on_demand: 0, unpriced: 0 };
+        for i in instances.values().filter(|i| !i.foreign && matches!(i.state.as_str(), "pending" | "running")) {
+            let capacity = i.capacity_type.unwrap_or_default();
+            cost.instances += 1;
+            match capacity {
+                CapacityType::Spot => cost.spot += 1,
+                CapacityType::OnDemand => cost.on_demand += 1,
+            }
+            match hourly_price(&catalogue, i.instance_type.as_deref(), capacity, spot_price) {
+                Some(p) => micros += (p.dollars() * 1e6).round() as u64,
+                None => cost.unpriced += 1,
+            }
+        }
+        if cost.unpriced == cost.instances {
+            return None;
+        }
+        cost.usd_per_hour = UsdPerHour::new(micros as f64 / 1e6)?;
+        Some(cost)
+    }
 }
 
 /// `provisioner`.
@@ -195,6 +251,17 @@ impl Report {
             self.instances.len(),
             if states.is_empty() { "none".into() } else { states.join(", ") }
         );
+        if let Some(c) = &self.cost {
+            let _ = writeln!(
+                out,
+                "cost: ${}/h for {} instances ({} spot, {} on-demand; {} unpriced)",
+                c.usd_per_hour.dollars(),
+                c.instances,
+                c.spot,
+                c.on_demand,
+                c.unpriced
+            );
+        }
         let mut calls: BTreeMap<&str, (usize, usize, usize)> = BTreeMap::new();
         for c in &self.calls {
             let e = calls.entry(c.op.as_str()).or_default();
@@ -241,5 +308,46 @@ impl Report {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(state: &str, instance_type: Option<&str>, spot: bool, foreign: bool) -> InstanceReport {
+        InstanceReport {
+            state: state.into(),
+            zone: None,
+            machine: None,
+            foreign,
+            instance_type: instance_type.map(str::to_owned),
+            capacity_type: spot.then_some(CapacityType::Spot),
+        }
+    }
+
+    #[test]
+    fn the_fleet_cost_sums_live_priced_instances_and_counts_the_rest() {
+        let instances: BTreeMap<String, InstanceReport> = [
+            ("a", instance("running", Some("t3.medium"), false, false)),
+            ("b", instance("pending", Some("t3.medium"), true, false)),
+            ("c", instance("running", None, false, false)),
+            ("d", instance("terminated", Some("t3.medium"), false, false)),
+            ("e", instance("stopped", Some("t3.medium"), false, false)),
+            ("f", instance("running", Some("t3.medium"), false, true)),
+        ]
+        .into_iter()
+        .map(|(id, i)| (id.to_owned(), i))
+        .collect();
+        let cost = FleetCost::of(&instances, None).unwrap();
+        assert_eq!((cost.instances, cost.spot, cost.on_demand, cost.unpriced), (3, 1, 2, 1));
+        assert_eq!(cost.usd_per_hour, UsdPerHour::new(0.0416 + 0.01248).unwrap());
+        // A scenario's spot price prices every spot instance.
+        let cost = FleetCost::of(&instances, UsdPerHour::new(0.02)).unwrap();
+        assert_eq!(cost.usd_per_hour, UsdPerHour::new(0.0616).unwrap());
+        // Nothing priced: no cost (and no line in the text report).
+        let typeless: BTreeMap<String, InstanceReport> =
+            [("c".to_owned(), instance("running", None, false, false))].into_iter().collect();
+        assert_eq!(FleetCost::of(&typeless, None), None);
     }
 }

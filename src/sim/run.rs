@@ -9,7 +9,7 @@ use actix::prelude::*;
 use actix_rt::time::Instant;
 
 use super::check::{check, ModeTimeline};
-use super::report::{CallReport, InstanceReport, MachineReport, ModelReport, ProvisionerReport, Report};
+use super::report::{CallReport, FleetCost, InstanceReport, MachineReport, ModelReport, ProvisionerReport, Report};
 use super::scenario::{format_duration, Action, FailCall, MachineSpec, Scenario};
 use crate::actors::containers::{HostZoneBroker, DEFAULT_CONTAINER_TYPES};
 use crate::actors::wiring::{start, start_containers, ProvisionerHandle};
@@ -407,7 +407,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
     let contract =
         ["processed-machines", "retried-machines-with-errors", "resized-worker-pool", "harvest-mode-changed"];
     let names: Vec<&str> = world.events.iter().map(ProvisionerEvent::name).collect();
-    Report {
+    let mut report = Report {
         name: s.name.clone().unwrap_or_default(),
         seed,
         ended_at: format_duration(ended),
@@ -501,5 +501,8 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
             .collect(),
         model: ModelReport { life: model.life.to_string(), errors: model.errors.clone() },
         violations,
-    }
+        cost: None,
+    };
+    report.cost = FleetCost::of(&report.instances, s.cloud.spot_price);
+    report
 }

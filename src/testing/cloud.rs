@@ -164,8 +164,9 @@ pub const NO_SPOT_CAPACITY: &str =
     "InsufficientInstanceCapacity: There is no Spot capacity available that matches your request.";
 
 /// The spot price of a type, as a share of its on-demand price, unless the cloud is given a
-/// spot price of its own ([`FakeCloud::set_spot_price`]).
-pub const SPOT_PRICE_RATIO: f64 = 0.3;
+/// spot price of its own ([`FakeCloud::set_spot_price`]): the model's
+/// [`instance_types::SPOT_PRICE_RATIO`], which [`instance_types::hourly_price`] applies.
+pub const SPOT_PRICE_RATIO: f64 = instance_types::SPOT_PRICE_RATIO;
 
 /// A scripted partial launch (EC2 under capacity pressure launches fewer instances than a call
 /// asks for): the first `times` start calls into `zone` (any, when `None`) that carry
@@ -616,11 +617,8 @@ impl CloudActor {
             return Some(f.message.clone().unwrap_or_else(|| NO_SPOT_CAPACITY.to_owned()));
         }
         let max = p.spot_max_price?;
-        let price = self.spot_price.map(crate::model::UsdPerHour::dollars).or_else(|| {
-            let on_demand = self.catalogue.iter().find(|c| Some(c.name.as_str()) == t)?.price_per_hour?;
-            Some(on_demand * SPOT_PRICE_RATIO)
-        })?;
-        let price = crate::model::UsdPerHour::new(price)?;
+        // The one pricing rule, which the simulator's fleet cost uses too.
+        let price = instance_types::hourly_price(&self.catalogue, t, CapacityType::Spot, self.spot_price)?;
         (price > max).then(|| {
             let what = t.map_or_else(String::new, |t| format!(" of {t}"));
             format!("SpotMaxPriceTooLow: the spot price{what} ({price}) is above the maximum ({max})")

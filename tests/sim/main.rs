@@ -4,6 +4,7 @@
 mod batching;
 mod bench;
 mod checker;
+mod cost;
 mod files;
 mod plan;
 mod property;
