@@ -139,40 +139,37 @@ fn events_become_one_json_data_line_each() {
     });
     assert_eq!((extra.event.as_str(), extra.instances.as_slice()), ("extra-instances", &["i-a".to_string()][..]));
     assert_eq!(extra.message.as_deref(), Some("stopping extra instances of live machines 0"));
-    let interrupted = ProvisionerEvent::MachineInterrupted {
+    // A hand-over's events: each one's frame with its time known, its message without.
+    let interrupted = |warning| ProvisionerEvent::MachineInterrupted {
         machine: MachineId::new("4"),
         instance: InstanceId::new("i-s"),
-        warning: Some(Duration::from_secs(120)),
+        warning,
     };
-    assert_eq!(
-        sse_frame(&event_view(&interrupted)),
-        "event: machine-interrupted\ndata: {\"event\":\"machine-interrupted\",\"machine\":\"4\",\"instance\":\"i-s\",\
-         \"message\":\"the cloud takes instance i-s away in 120s: starting a replacement\"}\n\n"
-    );
-    let unsaid = event_view(&ProvisionerEvent::MachineInterrupted {
-        machine: MachineId::new("4"),
-        instance: InstanceId::new("i-s"),
-        warning: None,
-    });
-    assert_eq!(unsaid.message.as_deref(), Some("the cloud takes instance i-s away: starting a replacement"));
-    let replaced = ProvisionerEvent::MachineReplaced {
+    let replaced = |lead| ProvisionerEvent::MachineReplaced {
         machine: MachineId::new("4"),
         interrupted: InstanceId::new("i-s"),
         replacement: InstanceId::new("i-r"),
-        lead: Some(Duration::from_millis(97_500)),
+        lead,
     };
-    assert_eq!(
-        sse_frame(&event_view(&replaced)),
-        "event: machine-replaced\ndata: {\"event\":\"machine-replaced\",\"machine\":\"4\",\"instance\":\"i-r\",\
-         \"instances\":[\"i-s\"],\"message\":\"replacement i-r runs 97.5s before the cloud takes i-s; stopping it\"}\n\n"
-    );
-    let unsaid = event_view(&ProvisionerEvent::MachineReplaced {
-        machine: MachineId::new("4"),
-        interrupted: InstanceId::new("i-s"),
-        replacement: InstanceId::new("i-r"),
-        lead: None,
-    });
-    assert_eq!(unsaid.message.as_deref(), Some("replacement i-r runs; stopping interrupted instance i-s"));
+    for (timed, frame, untimed, message) in [
+        (
+            interrupted(Some(Duration::from_secs(120))),
+            "event: machine-interrupted\ndata: {\"event\":\"machine-interrupted\",\"machine\":\"4\",\"instance\":\"i-s\",\
+             \"message\":\"the cloud takes instance i-s away in 120s: starting a replacement\"}\n\n",
+            interrupted(None),
+            "the cloud takes instance i-s away: starting a replacement",
+        ),
+        (
+            replaced(Some(Duration::from_millis(97_500))),
+            "event: machine-replaced\ndata: {\"event\":\"machine-replaced\",\"machine\":\"4\",\"instance\":\"i-r\",\
+             \"instances\":[\"i-s\"],\"message\":\"replacement i-r runs 97.5s before the cloud takes i-s; stopping it\"}\n\n",
+            replaced(None),
+            "replacement i-r runs; stopping interrupted instance i-s",
+        ),
+    ] {
+        assert_eq!(sse_frame(&event_view(&timed)), frame);
+        assert_eq!(event_view(&untimed).message.as_deref(), Some(message));
+    }
     let failed =
         ProvisionerEvent::MachineFailed { machine: MachineId::new("1"), message: "no\nroom".into(), zone: None };
     let frame = sse_frame(&event_view(&failed));

@@ -22,8 +22,9 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::PathBuf;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
@@ -35,7 +36,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::client::{Client, Failure};
-use super::serve::{peak_rss_mib, percentile, Service};
+use super::serve::{peak_rss_mib, percentile, start_service};
 use super::{BenchLxdArgs, Conn};
 
 /// The image alias the bench imports into a daemon of its own.
@@ -533,46 +534,19 @@ fn service_run_in(
     model_uuids: &mut Vec<String>,
 ) -> Result<ServiceRun, Failure> {
     let Run { system, client, target, args } = run;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| runtime(format!("cannot find a free port: {e}")))?
-        .port();
-    let exe = std::env::current_exe().map_err(|e| runtime(format!("cannot find this program: {e}")))?;
-    let mut cmd = Command::new(exe);
-    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-        .arg(dir)
-        .arg("--config")
-        .arg(config)
-        .args(["--broker", "lxd", "--lxd-endpoint", &target.endpoint.to_string(), "--lxd-image", &target.image]);
+    let mut flags: Vec<OsString> = vec!["--config".into(), config.into()];
+    let endpoint = target.endpoint.to_string();
+    flags.extend(["--broker", "lxd", "--lxd-endpoint", &endpoint, "--lxd-image", &target.image].map(OsString::from));
     for (flag, file) in [
         ("--lxd-client-cert", &target.tls.client_cert),
         ("--lxd-client-key", &target.tls.client_key),
         ("--lxd-server-cert", &target.tls.server_cert),
     ] {
         if let Some(f) = file {
-            cmd.arg(flag).arg(f);
+            flags.extend([flag.into(), f.into()]);
         }
     }
-    let child = cmd
-        .env("PROVISIONER_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| runtime(format!("cannot start the service: {e}")))?;
-    let mut service = Service(child);
-    let url = format!("http://127.0.0.1:{port}");
-    let began = Instant::now();
-    loop {
-        if ureq::get(&format!("{url}/healthz")).call().is_ok() && dir.join("token").exists() {
-            break;
-        }
-        if let Ok(Some(status)) = service.0.try_wait() {
-            return Err(runtime(format!("the service exited with {status} before it was ready (its error is above)")));
-        }
-        if began.elapsed() > Duration::from_secs(30) {
-            return Err(runtime("the service did not become ready within 30 s"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (service, url) = start_service(dir, &flags, "its error is above")?;
     let conn =
         Conn { server: Some(url.clone()), token: None, data_dir: Some(dir.to_owned()), ca_cert: None, model: None };
     let api = Client::from_conn(&conn)?;

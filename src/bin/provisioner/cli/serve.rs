@@ -1,6 +1,8 @@
 //! `provisioner serve` (runs [`provisioner::service::serve`] on an actix system) and
 //! `provisioner bench serve` (starts a service on loopback and measures its HTTP API).
 
+use std::ffi::OsString;
+use std::path::Path;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::Duration;
 
@@ -116,22 +118,40 @@ pub(super) fn report<R: Serialize>(outcome: Result<R, Failure>, json: bool, huma
     }
 }
 
-/// The measured service on a free port over `dir`, once it answers with the token it wrote:
-/// `None` when it exited first or another service answered on its port (a port taken between
-/// its choice and the service's bind).
+/// A bench's service: `provisioner serve` on a free loopback port over the data directory
+/// `dir`, with `flags` besides `--listen` and `--data-dir`; its URL once it answers and
+/// accepts the token it wrote there.
+///
+/// The port is free when chosen, not necessarily when the service binds it (another process
+/// may take it between): a service that exits, or a port answered by another service (our
+/// token refused), is started again on another port, three times at most; then the failure
+/// says so, with `hint` (what to check) in parentheses.
+pub(super) fn start_service(dir: &Path, flags: &[OsString], hint: &str) -> Result<(Service, String), Failure> {
+    for _ in 0..3 {
+        if let Some(started) = start_once(dir, flags)? {
+            return Ok(started);
+        }
+    }
+    Err(Failure {
+        code: 2,
+        message: format!("the service exited or another answered on its port, three times ({hint})"),
+    })
+}
+
+/// One try of [`start_service`]: `None` when the service exited first or another service
+/// answered on its port.
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
-fn start_measured(args: &BenchServeArgs, dir: &std::path::Path) -> Result<Option<(Service, String)>, Failure> {
+fn start_once(dir: &Path, flags: &[OsString]) -> Result<Option<(Service, String)>, Failure> {
     let runtime = |m: String| Failure { code: 1, message: m };
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| runtime(format!("cannot find a free port: {e}")))?
         .port();
     let exe = std::env::current_exe().map_err(|e| runtime(format!("cannot find this program: {e}")))?;
-    let latency = humantime::format_duration(args.start_latency).to_string();
     let child = Command::new(exe)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--sim-start-latency", &latency, "--data-dir"])
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
         .arg(dir)
-        .args(["--store", &args.store])
+        .args(flags)
         .env("PROVISIONER_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
@@ -150,7 +170,8 @@ fn start_measured(args: &BenchServeArgs, dir: &std::path::Path) -> Result<Option
         }
         let since = healthy.then(|| *healthy_since.get_or_insert_with(std::time::Instant::now));
         if since.is_some_and(|t| t.elapsed() > Duration::from_secs(5)) {
-            // The service runs but wrote no token: it found a model (and its token) in the database.
+            // The service runs but wrote no token: it found a model (and its token) in the
+            // database (a fresh data directory's never holds one: only `--store`'s can).
             return Err(Failure {
                 code: 2,
                 message: "the database --store names holds a model already: give the benchmark an empty one".into(),
@@ -159,7 +180,7 @@ fn start_measured(args: &BenchServeArgs, dir: &std::path::Path) -> Result<Option
         if began.elapsed() > Duration::from_secs(30) {
             return Err(runtime("the service did not become ready within 30 s".into()));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
     // Ours answers with the token it wrote; another service on the port refuses it.
     let token = std::fs::read_to_string(dir.join("token")).unwrap_or_default();
@@ -185,24 +206,10 @@ fn bench_inner(args: &BenchServeArgs) -> Result<BenchReport, Failure> {
     };
     let dir = std::env::temp_dir().join(format!("provisioner-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    // The port is free when chosen, not necessarily when the service binds it (another
-    // process may take it between): a service that exits, or a port answered by another
-    // service (our token refused), is started again on another port, three times at most.
-    let mut tries = 0;
-    let (service, url) = loop {
-        tries += 1;
-        match start_measured(args, &dir)? {
-            Some(started) => break started,
-            None if tries < 3 => continue,
-            None => {
-                return Err(Failure {
-                    code: 2,
-                    message: "the service exited or another answered on its port, three times (is --store right?)"
-                        .into(),
-                })
-            }
-        }
-    };
+    let flags =
+        ["--sim-start-latency", &humantime::format_duration(args.start_latency).to_string(), "--store", &args.store];
+    let flags: Vec<OsString> = flags.into_iter().map(OsString::from).collect();
+    let (service, url) = start_service(&dir, &flags, "is --store right?")?;
     let conn = Conn { server: Some(url), token: None, data_dir: Some(dir.clone()), ca_cert: None, model: None };
 
     let clients = args.clients;
