@@ -148,7 +148,8 @@ fn live_by_machine(instances: &[(String, String, bool)]) -> BTreeMap<String, Vec
 /// warning comes back from the queue (its visibility timeout, 2 s, runs out; the killed service's
 /// long poll, still open on the server's side, may take it once more first), the hand-over
 /// resumes: within a bounded time every machine has exactly one live instance, tagged for it and
-/// recorded, the interrupted one is gone, and no machine ever had three live instances.
+/// recorded, the interrupted one is gone, the replacement made before the kill is the one kept
+/// (started once), and no machine ever had three live instances.
 #[test]
 fn a_hand_over_cut_by_a_kill_resumes_with_one_instance_per_machine() {
     use provisioner::testing::moto::{HANDOVER_QUEUE, INTERRUPT_TAG};
@@ -227,6 +228,9 @@ fn a_hand_over_cut_by_a_kill_resumes_with_one_instance_per_machine() {
         if settled[&warned_machine] == [replacement.clone()] { "adopted" } else { "not adopted" }
     );
     assert!(most_live.get() <= 2, "a machine had {} live instances at once", most_live.get());
+    // The replacement is started once: the one made before the kill is the machine's (its
+    // start's client token names the interrupted instance; the restarted service adopts it).
+    assert_eq!(settled[&warned_machine], [replacement.clone()], "the replacement made before the kill is adopted");
     // A few more samples: it stays so (no late third instance, nothing stopped twice).
     for _ in 0..10 {
         std::thread::sleep(Duration::from_millis(200));
