@@ -231,6 +231,7 @@ fn start_with(
             short: zones.clone().recipient(),
             states: poller.clone().recipient(),
             release: poller.clone().recipient(),
+            short_type: poller.clone().recipient(),
             host_tag: config.host_tag.clone(),
         });
     }

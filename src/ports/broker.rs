@@ -425,6 +425,13 @@ pub trait Broker: Send + Sync + 'static {
         let _ = receipts;
         Box::pin(async { Ok(()) })
     }
+    /// A hint (issue 33): the cloud is short of `capacity` for `instance_type` in `zone` (it
+    /// warned that it takes an instance of that type away there). A broker with a per-type
+    /// fail-over avoids the type there for its capacity memory's length, as after a capacity
+    /// refusal; the default ignores it.
+    fn capacity_short(&self, zone: Option<&str>, instance_type: &str, capacity: crate::model::CapacityType) {
+        let _ = (zone, instance_type, capacity);
+    }
     /// Removes our identity from instances left alone on purpose (keep-instance, or dead
     /// while the harvest mode excluded `destroyed`), so that no later harvest, not even after
     /// a restart, takes them for ours: [`Broker::all_instances`] lists them no more. Required:
@@ -488,6 +495,11 @@ macro_rules! forward_broker {
     (@ $inner:ident acknowledge_notices) => {
         fn acknowledge_notices(&self, receipts: Vec<String>) -> $crate::ports::BrokerFuture<()> {
             self.$inner.acknowledge_notices(receipts)
+        }
+    };
+    (@ $inner:ident capacity_short) => {
+        fn capacity_short(&self, zone: Option<&str>, instance_type: &str, capacity: $crate::model::CapacityType) {
+            self.$inner.capacity_short(zone, instance_type, capacity)
         }
     };
     (@ $inner:ident release_instances) => {

@@ -1566,6 +1566,16 @@ impl Broker for FakeBroker {
         self.interruptions
     }
 
+    fn capacity_short(&self, zone: Option<&str>, instance_type: &str, capacity: CapacityType) {
+        let (zone, t) = (zone.map(str::to_owned), instance_type.to_owned());
+        let f = move |c: &mut CloudActor| {
+            let now = c.epoch.elapsed();
+            let failover = if capacity == CapacityType::Spot { &mut c.spot_failover } else { &mut c.failover };
+            failover.capacity_failed(now, &t, zone.as_deref());
+        };
+        self.addr.do_send(Control { f: Box::new(f) });
+    }
+
     fn interruption_notices(&self) -> BrokerFuture<Vec<InterruptionNotice>> {
         if !self.interruptions {
             return Box::pin(async { Err(BrokerError::NotSupported("interruption_notices")) });

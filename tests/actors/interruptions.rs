@@ -155,3 +155,33 @@ async fn a_crash_mid_hand_over_resumes_it_without_a_third_instance() {
     assert_eq!(c.state_of(&new), Some(InstanceState::Running));
     assert!(cloud.unacknowledged_notices().await.is_empty());
 }
+
+/// A spot machine held to one zone (`zones=az1`) cannot leave the interrupted zone: its
+/// replacement avoids the interrupted instance's type there instead (the broker's per-type
+/// fail-over is told the type is short of spot capacity in that zone), and runs on the next
+/// type that fits, still spot.
+#[actix_rt::test(system = "provisioner::testing::PausedSystem")]
+async fn a_spot_replacement_held_to_its_zone_avoids_the_interrupted_type() {
+    let cloud = zoned_cloud(&["az1", "az2"]).with_interruptions();
+    let mut m = FakeMachine::new(provisioner::Machine::pending("0"));
+    m.info.capacity = CapacityPreference::Spot;
+    m.info.constraints.zones = Some(vec!["az1".into()]);
+    m.info.constraints.cores = Some(2);
+    let h = Harness::new(test_config(), cloud.clone(), FakeModel::with_machines(vec![m]));
+    let snap = h.until_model(Duration::from_secs(30), |m| instance_of(m, "0").is_some()).await;
+    let old = instance_of(&snap, "0").unwrap();
+    let c = h.cloud().await;
+    let of = |c: &provisioner::testing::CloudSnapshot, id: &str| {
+        c.instances.get(&provisioner::model::InstanceId::new(id)).map(|i| i.instance.clone()).unwrap()
+    };
+    let before = of(&c, &old);
+    assert!(before.instance_type.is_some(), "a typed instance: {before:?}");
+    cloud.interrupt(&old, Duration::from_secs(120));
+    let snap = h.until_model(Duration::from_secs(60), |m| instance_of(m, "0").is_some_and(|i| i != old)).await;
+    let new = instance_of(&snap, "0").unwrap();
+    let c = h.cloud().await;
+    let after = of(&c, &new);
+    assert_eq!(after.zone.as_deref(), Some("az1"), "held to its zone");
+    assert_eq!(after.capacity_type, Some(CapacityType::Spot));
+    assert_ne!(after.instance_type, before.instance_type, "the interrupted type avoided in its zone");
+}

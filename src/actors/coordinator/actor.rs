@@ -146,13 +146,16 @@ impl Coordinator {
     /// starts (the capacity memory) where the machine allows another.
     fn start_replacement(&mut self, decision: NoticeDecision, attempt: u32, ctx: &mut Context<Self>) {
         let retry = decision.clone();
-        let NoticeDecision::Replace { machine, interrupted, avoid_zone, record, adopt, .. } = decision else { return };
+        let NoticeDecision::Replace { machine, interrupted, avoid_zone, avoid_type, record, adopt } = decision else {
+            return;
+        };
         let Some(links) = &self.interruptions else { return };
         let how = if adopt.is_some() { "adopting the replacement a listing shows" } else { "starting a replacement" };
         tracing::info!(%machine, %interrupted, "spot hand-over: {how}");
         let machine = *record;
         let begin = links.begin.clone();
         let short = links.short.clone();
+        let short_type = links.short_type.clone();
         let replaces = interrupted;
         let model = self.links.model.clone();
         let fut = async move {
@@ -167,6 +170,10 @@ impl Coordinator {
                 return Err((id, false));
             }
             let spot = info.capacity.first() == crate::model::CapacityType::Spot;
+            if let (true, Some(instance_type)) = (spot, avoid_type) {
+                let zone = avoid_zone.clone();
+                short_type.do_send(crate::actors::interruptions::CapacityShort { zone, instance_type });
+            }
             if let (true, Some(zone)) = (spot, avoid_zone) {
                 let shape = crate::model::CapacityType::Spot.shape(&info.constraints.shape());
                 let _ = short.send(crate::actors::zones::RememberCapacity { shape, zone }).await;

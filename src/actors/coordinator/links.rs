@@ -105,6 +105,8 @@ pub struct InterruptionLinks {
     pub begin: Recipient<crate::actors::lifecycle::BeginReplacement>,
     /// The zone allocator: a spot replacement avoids the interrupted instance's zone.
     pub short: Recipient<crate::actors::zones::RememberCapacity>,
+    /// The poller: a spot replacement's broker avoids the interrupted instance's type there.
+    pub short_type: Recipient<crate::actors::interruptions::CapacityShort>,
     /// The poller: notices to look at again at their next delivery.
     pub release: Recipient<crate::actors::interruptions::ReleaseNotices>,
     /// The poller: the states of replacements not yet seen running.

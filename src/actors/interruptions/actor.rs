@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::messages::{AcknowledgeNotices, ReleaseNotices, ReplacementStates};
+use super::messages::{AcknowledgeNotices, CapacityShort, ReleaseNotices, ReplacementStates};
 use super::state::{NextPoll, NoticeBook};
 use crate::actors::coordinator::InterruptionsNoticed;
 use crate::config::Backoff;
@@ -61,6 +61,14 @@ impl Handler<ReplacementStates> for InterruptionPoller {
             let answers = futures::future::join_all(calls).await;
             answers.into_iter().map(|a| a.ok().and_then(|found| super::state::replacement_state(&found))).collect()
         })
+    }
+}
+
+impl Handler<CapacityShort> for InterruptionPoller {
+    type Result = ();
+    fn handle(&mut self, msg: CapacityShort, _ctx: &mut Self::Context) {
+        let spot = crate::model::CapacityType::Spot;
+        self.broker.capacity_short(msg.zone.as_deref(), &msg.instance_type, spot);
     }
 }
 

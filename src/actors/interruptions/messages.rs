@@ -14,6 +14,18 @@ pub struct AcknowledgeNotices(pub Vec<String>);
 #[rtype(result = "()")]
 pub struct ReleaseNotices(pub Vec<String>);
 
+/// The cloud warned that it takes a spot instance of this type away in this zone: the broker
+/// is told ([`crate::ports::Broker::capacity_short`]), so that a replacement's start avoids
+/// the type there where another fits.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct CapacityShort {
+    /// The zone, if the cloud has zones.
+    pub zone: Option<String>,
+    /// The instance type.
+    pub instance_type: String,
+}
+
 /// The states of hand-overs' replacements, each looked up by its start (the machine and the
 /// start's nonce, [`crate::ports::Broker::instances_of_start`]): the state of the start's
 /// instance (a running one first), `None` if none is listed or the lookup failed. The

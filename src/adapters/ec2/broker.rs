@@ -874,6 +874,12 @@ impl Broker for Ec2Broker {
         self.interruptions.is_some()
     }
 
+    fn capacity_short(&self, zone: Option<&str>, instance_type: &str, capacity: CapacityType) {
+        let outcome = Attempted::OutOfCapacity(instance_type.to_owned());
+        let zone = zone.map(str::to_owned);
+        self.memory.do_send(Attempt { now: self.now(), zone, capacity, token: String::new(), outcome });
+    }
+
     fn interruption_notices(&self) -> BrokerFuture<Vec<InterruptionNotice>> {
         let queue = self.interruptions.clone();
         Box::pin(async move {
