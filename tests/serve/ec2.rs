@@ -231,6 +231,11 @@ fn a_hand_over_cut_by_a_kill_resumes_with_one_instance_per_machine() {
     // The replacement is started once: the one made before the kill is the machine's (its
     // start's client token names the interrupted instance; the restarted service adopts it).
     assert_eq!(settled[&warned_machine], [replacement.clone()], "the replacement made before the kill is adopted");
+    // The restarted service counts the hand-over it resumed (the warning, handed out again).
+    let metrics = s.metrics();
+    assert_eq!(sample(&metrics, "provisioner_interruptions_total"), Some(1.0), "one interruption");
+    assert_eq!(sample(&metrics, "provisioner_replacements_total"), Some(1.0), "one replacement");
+    assert_eq!(sample(&metrics, "provisioner_replacement_lead_seconds_count"), Some(1.0), "its lead time observed");
     // A few more samples: it stays so (no late third instance, nothing stopped twice).
     for _ in 0..10 {
         std::thread::sleep(Duration::from_millis(200));
