@@ -226,6 +226,7 @@ fn start_with(
     if let Some(poller) = &interruptions {
         coordinator = coordinator.with_interruptions(InterruptionLinks {
             noticed: registry.clone().recipient(),
+            resumable: registry.clone().recipient(),
             acknowledge: poller.clone().recipient(),
             begin: lifecycle.clone().recipient(),
             short: zones.clone().recipient(),

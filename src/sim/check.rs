@@ -228,7 +228,9 @@ fn check_capacity(cloud: &CloudSnapshot, specs: &BTreeMap<String, MachineSpec>, 
 /// before the warning runs out, unless the instance was no longer live at the warning (a stop
 /// call of ours named it before, or the cloud terminated it), its start had not answered yet
 /// (no machine records it), the machine's every start failed (provisioning error, e.g. no zone
-/// left for the replacement) or the model was destroyed. (At most two live instances per
+/// left for the replacement), a restart while the warning ran lost the notice until after it
+/// ran out (the cloud hands a notice out again only after its visibility timeout), or the
+/// model was destroyed. (At most two live instances per
 /// machine, two only while a warning runs, is checked by the fake cloud at every creation:
 /// `CloudSnapshot::duplicates`.)
 fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v: &mut Vec<String>) {
@@ -263,7 +265,14 @@ fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v
         // Taken away before the warning (terminated outside the provisioner): nothing warned.
         let terminated_before =
             s.timeline().iter().any(|(t, a)| *t <= at && matches!(a, Action::CloudTerminate(id) if *id == i.instance));
-        if !known || terminated_before {
+        // A restart while the warning runs loses the notice the provisioner held: the cloud
+        // hands it out again once its visibility timeout runs out (as SQS does). If that is
+        // after the warning, no provisioner could have heard of it in time.
+        let until = at + i.warning.0;
+        let lost_to_restart = s.timeline().iter().any(|(t, a)| {
+            matches!(a, Action::Restart) && *t >= at && *t < until && *t + crate::testing::NOTICE_VISIBILITY >= until
+        });
+        if !known || terminated_before || lost_to_restart {
             continue;
         }
         let stopped_before = cloud.calls.iter().any(|c| {
@@ -272,7 +281,6 @@ fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v
         if !alive || stopped_before {
             continue;
         }
-        let until = at + i.warning.0;
         // A start for the machine, or (a replacement that reused a dead machine's instance, no
         // start call) our stop of the interrupted instance, which follows the switch.
         let replaced = cloud.calls.iter().any(|c| {

@@ -129,8 +129,8 @@ async fn a_warning_starts_a_replacement_switches_to_it_stops_the_old_once_then_a
 
 /// A crash in the middle of a hand-over (the replacement's start in flight) resumes it as issue
 /// 33 asks: the replacement is started once (its start's client token names the interrupted
-/// instance, the same for every provisioner), the new incarnation's first listing shows it
-/// and resumes the hand-over with it (adopted, not stopped as an extra nor started again), the
+/// instance, the same for every provisioner), the new incarnation's first batch's listing shows
+/// it and resumes the hand-over with it (adopted, not stopped as an extra nor started again), the
 /// interrupted instance is stopped once, never three live instances, one at the end, and the
 /// notice, handed out again, is acknowledged.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
@@ -146,7 +146,9 @@ async fn a_crash_mid_hand_over_resumes_it_without_a_third_instance() {
     let h = h.restart(test_config());
     let snap = h.until_model(Duration::from_secs(90), |m| instance_of(m, "0").is_some_and(|i| i != old)).await;
     let new = instance_of(&snap, "0").unwrap();
-    h.run_for(Duration::from_secs(10)).await;
+    // The notice the crash lost comes back once its visibility timeout runs out: acknowledged
+    // then (the hand-over it was about is over).
+    h.run_for(NOTICE_VISIBILITY + Duration::from_secs(10)).await;
     let c = h.cloud().await;
     assert_eq!(starts_of(&c, "0"), 2, "the replacement started once, adopted after the crash");
     assert!(c.duplicates.is_empty(), "never three live instances: {:?}", c.duplicates);

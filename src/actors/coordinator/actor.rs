@@ -25,6 +25,10 @@ use crate::actors::zones::PopulateZones;
 use crate::model::events::ProvisionerEvent;
 use crate::ports::InterruptionNotice;
 
+/// How long after a hand-over's switch its deferred warnings wait for the interrupted
+/// instance's stop at most.
+const STOP_OVERDUE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// How many times a replacement's model reads are tried while the warning runs.
 const REPLACE_READS: u32 = 6;
 
@@ -49,6 +53,8 @@ pub struct Coordinator {
     handovers: HandoverBook,
     /// Whether a look at the hand-overs' replacements is under way or due (one at a time).
     watching: bool,
+    /// Whether hand-overs a predecessor left under way were asked for (once).
+    resumed: bool,
     /// Where notices are looked up and acknowledged, when the cloud warns of interruptions.
     interruptions: Option<InterruptionLinks>,
     /// The coordinator's clock (notice deadlines).
@@ -78,6 +84,7 @@ impl Coordinator {
             scope,
             handovers: HandoverBook::new(),
             watching: false,
+            resumed: false,
             interruptions: None,
             epoch: actix_rt::time::Instant::now(),
         }
@@ -222,7 +229,11 @@ impl Coordinator {
                     let now = self.epoch.elapsed();
                     switches.extend(self.handovers.replacement_started(machine, &instance.id, running, now));
                 }
-                JobOutcome::StartFailed { machine, .. } if self.handovers.of(machine).is_some() => {
+                JobOutcome::StartFailed { machine, orphan, .. } if self.handovers.of(machine).is_some() => {
+                    // A replacement made but not recorded is being stopped: never adopted later.
+                    if let Some(orphan) = orphan {
+                        self.handovers.orphaned(orphan);
+                    }
                     let ended = self.handovers.end(machine);
                     self.acknowledge(ended.acknowledge);
                 }
@@ -243,23 +254,42 @@ impl Coordinator {
                 replacement: s.replacement.clone(),
                 lead: s.lead,
             });
-            self.follow(
-                vec![Followup::PlanStops {
-                    instances: vec![s.interrupted],
-                    remove_after: Vec::new(),
-                    machine: Some(s.machine.clone()),
-                }],
-                ctx,
-            );
-            let ended = self.handovers.end(&s.machine);
-            self.acknowledge(ended.acknowledge);
-            // Deferred notices (about the replacement) are looked at again, by the poller's
-            // next delivery: they are released to it unacknowledged.
-            if !ended.again.is_empty() {
-                let again: Vec<InterruptionNotice> = ended.again;
-                self.replay(again, ctx);
-            }
+            self.stop_interrupted(s.machine.clone(), s.interrupted, ctx);
+            let receipts = self.handovers.end_switched(&s.machine);
+            self.acknowledge(receipts);
+            // Deferred warnings (about the replacement) are looked at again once the
+            // interrupted instance's stop is done (`Followup::StopsDone`), or after
+            // [`STOP_OVERDUE`] whatever it became: never a third live instance meanwhile.
+            let machine = s.machine;
+            ctx.run_later(STOP_OVERDUE, move |act, ctx| {
+                let again = act.handovers.stop_overdue(&machine);
+                if !again.is_empty() {
+                    act.replay(again, ctx);
+                }
+            });
         }
+    }
+
+    /// Stops a hand-over's interrupted instance (as any stop: retried until done; a stopping
+    /// instance is never an extra) if its machine is still alive: a machine that died meanwhile
+    /// leaves its instances to the harvest policy's mode (and the cloud takes it anyway).
+    fn stop_interrupted(
+        &mut self,
+        machine: crate::model::MachineId,
+        interrupted: crate::model::InstanceId,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(links) = &self.interruptions else { return };
+        let ask = links.noticed.send(NoticedInstances(vec![interrupted.clone()]));
+        self.spawn_counted(ask.into_actor(self), ctx, move |owners, act, ctx| {
+            let alive = owners.ok().and_then(|mut o| o.pop()).flatten().is_some_and(|o| o.alive);
+            if !alive {
+                tracing::info!(%machine, %interrupted, "spot hand-over: the machine died meanwhile; its interrupted instance is left to the harvest mode");
+                return;
+            }
+            let stop = Followup::PlanStops { instances: vec![interrupted], remove_after: Vec::new(), machine: Some(machine) };
+            act.follow(vec![stop], ctx);
+        });
     }
 
     /// Switched hand-overs whose replacement now runs (or whose interrupted instance's time is
@@ -341,6 +371,24 @@ impl Coordinator {
         }
     }
 
+    /// After the first batch (a fresh listing in the registry): hand-overs a predecessor left
+    /// under way are resumed at once (later ones come with the periodic listings).
+    fn resume_handovers_once(&mut self, ctx: &mut Context<Self>) {
+        if self.resumed {
+            return;
+        }
+        self.resumed = true;
+        let Some(links) = &self.interruptions else { return };
+        let ask = links.resumable.send(crate::actors::registry::ResumableHandovers);
+        self.spawn_counted(ask.into_actor(self), ctx, |owners, act, ctx| {
+            for owner in owners.unwrap_or_default() {
+                if let Some(replace) = act.handovers.resume(owner) {
+                    act.start_replacement(replace, 0, ctx);
+                }
+            }
+        });
+    }
+
     /// Starts the next batch if one is due; the book's business is work in flight.
     fn kick(&mut self, ctx: &mut Context<Self>) {
         if let Some(start) = self.book.start_batch() {
@@ -350,6 +398,7 @@ impl Coordinator {
                     Ok(outcome) => {
                         let next = act.book.batch_done(outcome);
                         act.follow(next, ctx);
+                        act.resume_handovers_once(ctx);
                     }
                     Err(e) => {
                         let delay = act.book.batch_failed(ids);
@@ -522,6 +571,10 @@ impl Coordinator {
             Followup::Populate(placements) => self.links.populate.do_send(PopulateZones { placements }),
             Followup::InstancesGone(ids) => self.links.gone.do_send(InstancesGone { ids }),
             Followup::StopsDone(instances) => {
+                let again = self.handovers.stopped(&instances);
+                if !again.is_empty() {
+                    self.replay(again, ctx);
+                }
                 let fut = self.links.stops_done.send(StopsDone { instances }).into_actor(self);
                 self.spawn_counted(fut, ctx, |res, act, ctx| {
                     let Ok(machines) = res else { return };

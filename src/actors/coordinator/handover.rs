@@ -147,6 +147,12 @@ pub struct HandoverBook {
     /// ([`LOOKS`] at once: a redelivery of its warning, the instance gone and forgotten, needs
     /// no other look). Cleared when it grows past [`LOOKED_CAP`].
     looked: BTreeMap<InstanceId, u32>,
+    /// Machines whose hand-over ended with the interrupted instance's stop still under way:
+    /// a warning about the machine's (new) instance waits for it (never three live instances).
+    stopping: BTreeMap<MachineId, InstanceId>,
+    /// Replacements made but not recorded (their start failed), being stopped: never adopted
+    /// by a later hand-over of the machine. Cleared past [`LOOKED_CAP`].
+    orphans: std::collections::BTreeSet<InstanceId>,
 }
 
 /// How many instances [`HandoverBook`] remembers the looks at.
@@ -173,9 +179,7 @@ impl HandoverBook {
         now: Duration,
     ) -> NoticeDecision {
         let Some(owner) = owner else {
-            let running = notice.kind == NoticeKind::Interruption
-                && notice.deadline.is_some_and(|d| d > LOOK_AGAIN)
-                && self.look(&notice.instance, 1) < LOOKS;
+            let running = notice.kind == NoticeKind::Interruption && self.look_again(&notice);
             return if running { NoticeDecision::Later(notice) } else { NoticeDecision::Acknowledge(notice.receipt) };
         };
         if let Some(h) = self.on.get_mut(&owner.machine) {
@@ -189,6 +193,18 @@ impl HandoverBook {
             }
             return NoticeDecision::Acknowledge(notice.receipt);
         }
+        if notice.kind == NoticeKind::Interruption
+            && self.stopping.get(&owner.machine).is_some_and(|i| *i != notice.instance)
+        {
+            self.deferred.entry(owner.machine).or_default().push(notice);
+            return NoticeDecision::Deferred;
+        }
+        // Tagged for a live machine that records no instance yet (its record has not landed):
+        // looked at again, as an unknown instance's.
+        let unrecorded = owner.alive && !owner.recorded && owner.record.instance.is_none();
+        if notice.kind == NoticeKind::Interruption && unrecorded && self.look_again(&notice) {
+            return NoticeDecision::Later(notice);
+        }
         if notice.kind != NoticeKind::Interruption || !owner.alive || !owner.recorded {
             return NoticeDecision::Acknowledge(notice.receipt);
         }
@@ -201,20 +217,37 @@ impl HandoverBook {
     /// adopted, not started again. `None` if the machine's hand-over is on already. The notice,
     /// when the cloud hands it out again, joins it.
     pub fn resume(&mut self, owner: NoticedInstance) -> Option<NoticeDecision> {
-        if self.on.contains_key(&owner.machine) || !owner.alive || !owner.recorded || owner.adoptable.is_none() {
+        let orphan = owner.adoptable.as_ref().is_some_and(|a| self.orphans.contains(&a.id));
+        if self.on.contains_key(&owner.machine)
+            || !owner.alive
+            || !owner.recorded
+            || owner.adoptable.is_none()
+            || orphan
+        {
             return None;
         }
         let interrupted = owner.record.instance.clone()?;
         Some(self.open(owner, interrupted, None, Vec::new()))
     }
 
+    /// A replacement the machine's start made but could not record: it is being stopped.
+    pub fn orphaned(&mut self, instance: &InstanceId) {
+        if self.orphans.len() >= LOOKED_CAP {
+            self.orphans.clear();
+        }
+        self.orphans.insert(instance.clone());
+    }
+
     fn open(
         &mut self,
-        owner: NoticedInstance,
+        mut owner: NoticedInstance,
         interrupted: InstanceId,
         deadline: Option<Duration>,
         receipts: Vec<String>,
     ) -> NoticeDecision {
+        if owner.adoptable.as_ref().is_some_and(|a| self.orphans.contains(&a.id)) {
+            owner.adoptable = None;
+        }
         let phase = HandoverPhase::Replacing;
         self.on.insert(owner.machine.clone(), Handover { interrupted: interrupted.clone(), deadline, receipts, phase });
         NoticeDecision::Replace {
@@ -285,8 +318,41 @@ impl HandoverBook {
             }
             None => Vec::new(),
         };
+        self.stopping.remove(machine);
         let again = self.deferred.remove(machine).unwrap_or_default();
         HandoverEnded { acknowledge, again }
+    }
+
+    /// The hand-over ended at its switch, the interrupted instance's stop under way: warnings
+    /// about the machine wait until [`HandoverBook::stopped`] (or [`HandoverBook::stop_overdue`]).
+    pub fn end_switched(&mut self, machine: &MachineId) -> Vec<String> {
+        let Some(h) = self.on.remove(machine) else { return Vec::new() };
+        self.look(&h.interrupted, LOOKS);
+        self.stopping.insert(machine.clone(), h.interrupted);
+        h.receipts
+    }
+
+    /// These instances' stops are done: the deferred warnings of the machines whose interrupted
+    /// instance they were, to look at again.
+    pub fn stopped(&mut self, instances: &[InstanceId]) -> Vec<InterruptionNotice> {
+        let done: Vec<MachineId> =
+            self.stopping.iter().filter(|(_, i)| instances.contains(i)).map(|(m, _)| m.clone()).collect();
+        done.iter().flat_map(|m| self.stop_overdue(m)).collect()
+    }
+
+    /// The machine's interrupted instance's stop is done or overdue: its deferred warnings, to
+    /// look at again (none if it was not stopping).
+    pub fn stop_overdue(&mut self, machine: &MachineId) -> Vec<InterruptionNotice> {
+        if self.stopping.remove(machine).is_none() || self.on.contains_key(machine) {
+            return Vec::new();
+        }
+        self.deferred.remove(machine).unwrap_or_default()
+    }
+
+    /// Whether a notice is to be looked at again: its warning runs past the next look, and its
+    /// instance was looked at fewer than [`LOOKS`] times (this look counted).
+    fn look_again(&mut self, notice: &InterruptionNotice) -> bool {
+        notice.deadline.is_some_and(|d| d > LOOK_AGAIN) && self.look(&notice.instance, 1) < LOOKS
     }
 
     /// Counts `n` more looks at notices about `instance`: how many there were before.
@@ -389,7 +455,15 @@ mod tests {
             assert_eq!(book.on_notice(again.clone(), None, T), NoticeDecision::Later(again.clone()));
         }
         assert_eq!(book.on_notice(again, None, T), ack("a3"), "looked at LOOKS times, then acknowledged");
-        assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "b"), owner("0", false, true), T), ack("b"));
+        // Not the machine's recorded instance (it records another): nothing to hand over.
+        let mut other = owner("0", false, true);
+        if let Some(o) = other.as_mut() {
+            o.record.instance = Some(InstanceId::new("i-0"));
+        }
+        assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "b"), other, T), ack("b"));
+        // Tagged for a machine that records none yet (its record has not landed): looked at again.
+        let unrecorded = notice("i-7", NoticeKind::Interruption, "b2");
+        assert_eq!(book.on_notice(unrecorded.clone(), owner("0", false, true), T), NoticeDecision::Later(unrecorded));
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "c"), owner("0", true, false), T), ack("c"));
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Rebalance, "d"), owner("0", true, true), T), ack("d"));
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Terminating, "e"), owner("0", true, true), T), ack("e"));
@@ -464,5 +538,21 @@ mod tests {
         let n = book.on_notice(notice("i-1", NoticeKind::Interruption, "r1"), owner("0", true, true), T);
         assert_eq!(n, NoticeDecision::Joined);
         assert_eq!(book.end(&m).acknowledge, vec!["r1".to_owned()]);
+    }
+
+    #[test]
+    fn a_warning_about_the_replacement_waits_for_the_interrupted_instances_stop() {
+        let mut book = HandoverBook::new();
+        let m = MachineId::new("0");
+        book.on_notice(notice("i-1", NoticeKind::Interruption, "r1"), owner("0", true, true), T);
+        assert!(book.replacement_started(&m, &InstanceId::new("i-2"), true, T).is_some());
+        assert_eq!(book.end_switched(&m), vec!["r1".to_owned()]);
+        // i-1's stop is under way: a warning about i-2, now recorded, waits (no third instance).
+        let w = notice("i-2", NoticeKind::Interruption, "r2");
+        assert_eq!(book.on_notice(w.clone(), owner("0", true, true), T), NoticeDecision::Deferred);
+        assert!(book.stopped(&[InstanceId::new("i-9")]).is_empty(), "another instance's stop");
+        assert_eq!(book.stopped(&[InstanceId::new("i-1")]), vec![w.clone()]);
+        assert!(matches!(book.on_notice(w, owner("0", true, true), T), NoticeDecision::Replace { .. }));
+        assert!(book.stop_overdue(&m).is_empty(), "nothing left once replayed");
     }
 }

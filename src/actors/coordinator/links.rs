@@ -105,6 +105,9 @@ pub struct InterruptionLinks {
     pub begin: Recipient<crate::actors::lifecycle::BeginReplacement>,
     /// The zone allocator: a spot replacement avoids the interrupted instance's zone.
     pub short: Recipient<crate::actors::zones::RememberCapacity>,
+    /// The registry: the hand-overs a listing shows under way (asked once, after the first
+    /// batch).
+    pub resumable: Recipient<crate::actors::registry::ResumableHandovers>,
     /// The poller: a spot replacement's broker avoids the interrupted instance's type there.
     pub short_type: Recipient<crate::actors::interruptions::CapacityShort>,
     /// The poller: notices to look at again at their next delivery.

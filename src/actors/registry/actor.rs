@@ -301,6 +301,13 @@ impl Handler<NoticedInstances> for MachineRegistry {
     }
 }
 
+impl Handler<ResumableHandovers> for MachineRegistry {
+    type Result = MessageResult<ResumableHandovers>;
+    fn handle(&mut self, _msg: ResumableHandovers, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.resumable_handovers())
+    }
+}
+
 impl Handler<GetRegistrySnapshot> for MachineRegistry {
     type Result = MessageResult<GetRegistrySnapshot>;
     fn handle(&mut self, _msg: GetRegistrySnapshot, _ctx: &mut Self::Context) -> Self::Result {

@@ -112,3 +112,9 @@ pub struct StopsPlanned {
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Vec<Option<crate::actors::coordinator::handover::NoticedInstance>>")]
 pub struct NoticedInstances(pub Vec<InstanceId>);
+
+/// The hand-overs the last listing shows under way (`MachineBook::resumable_handovers`): asked
+/// once after a provisioner's first batch, so that a restart resumes them at once.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "Vec<crate::actors::coordinator::handover::NoticedInstance>")]
+pub struct ResumableHandovers;

@@ -22,6 +22,6 @@ mod tests;
 pub use actor::MachineRegistry;
 pub use messages::{
     ForgetMachines, GetRegistrySnapshot, InstanceStateOf, InstancesGone, NoticedInstances, PrepareDestroy,
-    RecordInstance, RecordInstances, Refresh, StopsPlanned, SweepTargets, UnknownInstances,
+    RecordInstance, RecordInstances, Refresh, ResumableHandovers, StopsPlanned, SweepTargets, UnknownInstances,
 };
 pub use state::{blocks_destroy, MachineBook, Refreshed, RegistryError, RegistrySnapshot};

@@ -812,7 +812,10 @@ impl MachineBook {
     /// to resume ([`MachineBook::resumable_handovers`]).
     fn replaces_recorded(&self, m: &Machine, i: &InstanceId) -> bool {
         let Some(recorded) = &m.instance else { return false };
+        // A machine in provisioning error: its replacement's start failed (maybe a predecessor's,
+        // whose stop of the replacement it could not record may still be under way): an orphan.
         m.life == Life::Alive
+            && !m.instance_status.is_error()
             && self
                 .view(i)
                 .is_some_and(|v| v.tags.replaces() == Some(recorded.as_str()) && v.state != InstanceState::Terminated)
@@ -918,7 +921,7 @@ impl MachineBook {
             instance_type: view.and_then(|v| v.instance_type.clone()),
             state: view.map(|v| v.state),
             record: Box::new(m.clone()),
-            adoptable: self.machines.get(&machine).and_then(|slot| {
+            adoptable: self.machines.get(&machine).filter(|_| !m.instance_status.is_error()).and_then(|slot| {
                 let free = slot.tagged().iter().filter_map(|i| {
                     let free = i != id
                         && self.owner(i).is_none_or(|o| *o == machine)

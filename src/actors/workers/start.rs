@@ -27,7 +27,7 @@ use super::state::{repeats_in_place, Attempts, CapacityPlan, CapacityStep, Failu
 use crate::actors::lifecycle::StillWanted;
 use crate::actors::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseReservation};
 use crate::config::{Backoff, RetryStrategy};
-use crate::model::{CloudInstance, InstanceStatus, MachineId, MachineStatus};
+use crate::model::{CloudInstance, InstanceState, InstanceStatus, MachineId, MachineStatus};
 use crate::ports::{Broker, BrokerError, ModelApi, ModelFuture, ProvisionedInstance, StartInstanceParams};
 
 /// What batched starts need (batching on, on a broker that batches natively).
@@ -94,6 +94,9 @@ fn client_token(machine: &MachineId, nonce: &str, call: u32) -> String {
     let _ = write!(token, "{call}");
     token
 }
+
+/// How many client tokens that answer an instance terminated since a start skips at most.
+const SPENT_TOKENS: u32 = 3;
 
 /// How many times instance info is written before the instance is given up.
 const REGISTER_ATTEMPTS: u32 = 3;
@@ -417,6 +420,8 @@ async fn start_or_adopt(
     let mut attempts = Attempts::new(deps.retry.count);
     let mut capacity = CapacityPlan::new(job.info.capacity);
     let mut call = 0u32;
+    // Tokens found spent (they answer an instance terminated since): each skipped for the next.
+    let mut spent = 0u32;
     // The zone and client token (its call number) of a call whose failure was ambiguous (it
     // may have made the instance): the next call repeats it exactly, so the cloud returns what
     // it made.
@@ -471,6 +476,17 @@ async fn start_or_adopt(
         };
         let (result, maybe_made) = call.await;
         let err = match result {
+            // The token made an instance before (a start repeated after a crash) that is gone
+            // since: it answers that instance again. A new token makes a new one, at once and
+            // using no round (a few times at most: then a failure as any other).
+            Ok(started) if started.instance.state == InstanceState::Terminated && spent < SPENT_TOKENS => {
+                spent += 1;
+                tracing::info!(%machine, instance = %started.instance.id, "the start's client token answers an instance terminated since: starting with a new token");
+                continue;
+            }
+            Ok(started) if started.instance.state == InstanceState::Terminated => BrokerError::zone_independent(
+                format!("the start's client tokens answer instance {}, terminated since", started.instance.id),
+            ),
             Ok(started) => {
                 tracing::info!(%machine, instance = %started.instance.id, zone = ?zone, "started instance");
                 let how = Started { constraints: own, retired, reserved: true };

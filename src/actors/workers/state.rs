@@ -164,7 +164,8 @@ impl PoolBook {
     }
 
     /// Queues a job: stops and releases ahead of starts; a spot hand-over's replacement start
-    /// (it races the interruption's deadline) ahead of other starts.
+    /// (it races the interruption's deadline) ahead of other starts, and it does not wait for a
+    /// free worker ([`PoolBook::take_next`]).
     pub fn push(&mut self, job: Job) {
         match job {
             Job::Start(start) if start.replaces.is_some() => self.starts.push_front(start),
@@ -185,6 +186,13 @@ impl PoolBook {
                 let job = self.urgent.remove(pos)?;
                 self.in_flight += 1;
                 return Some(job);
+            }
+            // Nor does a spot hand-over's replacement: it races the interruption's deadline
+            // (one per machine warned, so a bounded number beyond the pool's size).
+            if self.starts.front().is_some_and(|s| s.replaces.is_some()) {
+                let job = self.starts.pop_front()?;
+                self.in_flight += 1;
+                return Some(Job::Start(job));
             }
             // With batched starts, more starts may join the calls in flight; never ahead of a
             // stop waiting for a worker.

@@ -743,4 +743,16 @@ fn a_hand_overs_replacement_start_goes_ahead_of_other_starts() {
     })
     .collect();
     assert_eq!(order, ["stop i-9", "start r", "start a", "start b"], "stops first, then the replacement");
+
+    // With every worker busy, a replacement still goes (ordinary starts wait).
+    let mut pool = PoolBook::new(1);
+    pool.push(start("a"));
+    assert!(pool.take_next().is_some());
+    pool.push(start("b"));
+    assert!(pool.take_next().is_none(), "the pool is full");
+    let Job::Start(mut r) = start("r") else { unreachable!() };
+    r.replaces = Some(InstanceId::new("i-1"));
+    pool.push(Job::Start(r));
+    assert_eq!(pool.take_next().map(|j| name(&j)).as_deref(), Some("start r"));
+    assert!(pool.take_next().is_none(), "b still waits");
 }
