@@ -230,7 +230,11 @@ fn a_hand_over_cut_by_a_kill_resumes_with_one_instance_per_machine() {
     assert!(most_live.get() <= 2, "a machine had {} live instances at once", most_live.get());
     // The replacement is started once: the one made before the kill is the machine's (its
     // start's client token names the interrupted instance; the restarted service adopts it).
-    assert_eq!(settled[&warned_machine], [replacement.clone()], "the replacement made before the kill is adopted");
+    assert_eq!(
+        settled[&warned_machine],
+        std::slice::from_ref(&replacement),
+        "the replacement made before the kill is adopted"
+    );
     // The restarted service counts the hand-over it resumed (the warning, handed out again).
     let metrics = s.metrics();
     assert_eq!(sample(&metrics, "provisioner_interruptions_total"), Some(1.0), "one interruption");
