@@ -235,11 +235,15 @@ fn a_hand_over_cut_by_a_kill_resumes_with_one_instance_per_machine() {
         std::slice::from_ref(&replacement),
         "the replacement made before the kill is adopted"
     );
-    // The restarted service counts the hand-over it resumed (the warning, handed out again).
+    // The restarted service counts the hand-over it resumed (from its first listing, or the
+    // warning handed out again), once.
     let metrics = s.metrics();
     assert_eq!(sample(&metrics, "provisioner_interruptions_total"), Some(1.0), "one interruption");
     assert_eq!(sample(&metrics, "provisioner_replacements_total"), Some(1.0), "one replacement");
-    assert_eq!(sample(&metrics, "provisioner_replacement_lead_seconds_count"), Some(1.0), "its lead time observed");
+    // Its lead time is observed when the service knew the warning's end by the switch (the
+    // warning handed out again before it; a hand-over resumed from the listing alone does not).
+    let leads = sample(&metrics, "provisioner_replacement_lead_seconds_count").unwrap_or(0.0);
+    assert!(leads <= 1.0, "{leads} lead times for one replacement");
     // A few more samples: it stays so (no late third instance, nothing stopped twice).
     for _ in 0..10 {
         std::thread::sleep(Duration::from_millis(200));

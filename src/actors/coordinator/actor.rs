@@ -111,15 +111,7 @@ impl Coordinator {
             match self.handovers.on_notice(notice, owner, now) {
                 NoticeDecision::Acknowledge(receipt) => acknowledge.push(receipt),
                 NoticeDecision::Later(notice) => later.push(notice),
-                replace @ NoticeDecision::Replace { .. } => {
-                    if let NoticeDecision::Replace { machine, interrupted, .. } = &replace {
-                        let warning =
-                            self.handovers.of(machine).and_then(|h| h.deadline).map(|d| d.saturating_sub(now));
-                        let (machine, instance) = (machine.clone(), interrupted.clone());
-                        self.publish(ProvisionerEvent::MachineInterrupted { machine, instance, warning });
-                    }
-                    self.start_replacement(replace, 0, ctx)
-                }
+                replace @ NoticeDecision::Replace { .. } => self.begin_handover(replace, ctx),
                 NoticeDecision::Joined | NoticeDecision::Deferred => {}
             }
         }
@@ -132,6 +124,19 @@ impl Coordinator {
             }
             ctx.run_later(again, move |act, ctx| act.replay(later, ctx));
         }
+    }
+
+    /// A hand-over opened (from a warning, or resumed from a listing after a restart):
+    /// `machine-interrupted` is published (with the warning's time left, if known) and its
+    /// replacement started or adopted.
+    fn begin_handover(&mut self, replace: NoticeDecision, ctx: &mut Context<Self>) {
+        if let NoticeDecision::Replace { machine, interrupted, .. } = &replace {
+            let now = self.epoch.elapsed();
+            let warning = self.handovers.of(machine).and_then(|h| h.deadline).map(|d| d.saturating_sub(now));
+            let (machine, instance) = (machine.clone(), interrupted.clone());
+            self.publish(ProvisionerEvent::MachineInterrupted { machine, instance, warning });
+        }
+        self.start_replacement(replace, 0, ctx)
     }
 
     /// Releases notices to be handed on again at their next delivery (none: nothing sent).
@@ -383,7 +388,7 @@ impl Coordinator {
         self.spawn_counted(ask.into_actor(self), ctx, |owners, act, ctx| {
             for owner in owners.unwrap_or_default() {
                 if let Some(replace) = act.handovers.resume(owner) {
-                    act.start_replacement(replace, 0, ctx);
+                    act.begin_handover(replace, ctx);
                 }
             }
         });
@@ -697,7 +702,7 @@ impl Handler<ViewRefreshed> for Coordinator {
             self.follow(next, ctx);
             for owner in msg.resumes {
                 if let Some(replace) = self.handovers.resume(owner) {
-                    self.start_replacement(replace, 0, ctx);
+                    self.begin_handover(replace, ctx);
                 }
             }
             self.look_at_replacements(ctx);

@@ -184,6 +184,10 @@ impl HandoverBook {
         };
         if let Some(h) = self.on.get_mut(&owner.machine) {
             if h.interrupted == notice.instance {
+                // A hand-over resumed from a listing learns the warning's end from its notice.
+                if h.deadline.is_none() {
+                    h.deadline = notice.deadline.map(|d| now + d);
+                }
                 h.receipts.push(notice.receipt);
                 return NoticeDecision::Joined;
             }
