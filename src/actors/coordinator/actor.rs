@@ -117,12 +117,7 @@ impl Coordinator {
         }
         self.acknowledge(acknowledge);
         if !later.is_empty() {
-            // Looked at again a little later, their deadlines counted down meanwhile.
-            let again = super::handover::LOOK_AGAIN;
-            for n in &mut later {
-                n.deadline = n.deadline.map(|d| d.saturating_sub(again));
-            }
-            ctx.run_later(again, move |act, ctx| act.replay(later, ctx));
+            ctx.run_later(super::handover::LOOK_AGAIN, move |act, ctx| act.replay(later, ctx));
         }
     }
 
@@ -131,8 +126,7 @@ impl Coordinator {
     /// replacement started or adopted.
     fn begin_handover(&mut self, replace: NoticeDecision, ctx: &mut Context<Self>) {
         if let NoticeDecision::Replace { machine, interrupted, .. } = &replace {
-            let now = self.epoch.elapsed();
-            let warning = self.handovers.of(machine).and_then(|h| h.deadline).map(|d| d.saturating_sub(now));
+            let warning = self.handovers.warning_left(machine, self.epoch.elapsed());
             let (machine, instance) = (machine.clone(), interrupted.clone());
             self.publish(ProvisionerEvent::MachineInterrupted { machine, instance, warning });
         }
@@ -225,27 +219,9 @@ impl Coordinator {
     /// (the registry and the lifecycle record it with the outcome; the model has it already);
     /// one that failed for good ends its hand-over.
     fn handover_outcomes(&mut self, outcomes: &[crate::actors::workers::JobOutcome]) -> Vec<super::handover::Switch> {
-        use crate::actors::workers::JobOutcome;
-        let mut switches = Vec::new();
-        for o in outcomes {
-            match o {
-                JobOutcome::Started { machine, instance, .. } => {
-                    let running = instance.state == crate::model::InstanceState::Running;
-                    let now = self.epoch.elapsed();
-                    switches.extend(self.handovers.replacement_started(machine, &instance.id, running, now));
-                }
-                JobOutcome::StartFailed { machine, orphan, .. } if self.handovers.of(machine).is_some() => {
-                    // A replacement made but not recorded is being stopped: never adopted later.
-                    if let Some(orphan) = orphan {
-                        self.handovers.orphaned(orphan);
-                    }
-                    let ended = self.handovers.end(machine);
-                    self.acknowledge(ended.acknowledge);
-                }
-                _ => {}
-            }
-        }
-        switches
+        let seen = self.handovers.on_outcomes(outcomes, self.epoch.elapsed());
+        self.acknowledge(seen.acknowledge);
+        seen.switches
     }
 
     /// After the switch: the interrupted instance is stopped (as any stop: retried until done;

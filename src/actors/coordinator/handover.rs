@@ -73,8 +73,9 @@ pub enum NoticeDecision {
     /// About a machine's replacement while its hand-over is on: looked at again once it ends.
     Deferred,
     /// About an instance no machine is known to own yet while its warning runs (a start still
-    /// in flight made it, or its record has not landed): looked at again after [`LOOK_AGAIN`],
-    /// at most [`LOOKS`] times in all (then acknowledged).
+    /// in flight made it, or its record has not landed): looked at again after [`LOOK_AGAIN`]
+    /// (the notice's deadline already counted down by it), at most [`LOOKS`] times in all (then
+    /// acknowledged).
     Later(InterruptionNotice),
 }
 
@@ -126,6 +127,15 @@ pub struct Switch {
     pub interrupted: InstanceId,
     /// The lead time (see `ProvisionerEvent::MachineReplaced`), if the warning said when.
     pub lead: Option<Duration>,
+}
+
+/// What the pool's outcomes leave to do ([`HandoverBook::on_outcomes`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutcomesSeen {
+    /// Switches whose interrupted instance is to be stopped now.
+    pub switches: Vec<Switch>,
+    /// Receipts of hand-overs that ended, to acknowledge.
+    pub acknowledge: Vec<String>,
 }
 
 /// What ending a hand-over leaves to do.
@@ -180,7 +190,7 @@ impl HandoverBook {
     ) -> NoticeDecision {
         let Some(owner) = owner else {
             let running = notice.kind == NoticeKind::Interruption && self.look_again(&notice);
-            return if running { NoticeDecision::Later(notice) } else { NoticeDecision::Acknowledge(notice.receipt) };
+            return if running { Self::later(notice) } else { NoticeDecision::Acknowledge(notice.receipt) };
         };
         if let Some(h) = self.on.get_mut(&owner.machine) {
             if h.interrupted == notice.instance {
@@ -207,7 +217,7 @@ impl HandoverBook {
         // looked at again, as an unknown instance's.
         let unrecorded = owner.alive && !owner.recorded && owner.record.instance.is_none();
         if notice.kind == NoticeKind::Interruption && unrecorded && self.look_again(&notice) {
-            return NoticeDecision::Later(notice);
+            return Self::later(notice);
         }
         if notice.kind != NoticeKind::Interruption || !owner.alive || !owner.recorded {
             return NoticeDecision::Acknowledge(notice.receipt);
@@ -359,6 +369,42 @@ impl HandoverBook {
         notice.deadline.is_some_and(|d| d > LOOK_AGAIN) && self.look(&notice.instance, 1) < LOOKS
     }
 
+    /// A notice to look at again after [`LOOK_AGAIN`], its deadline counted down by it.
+    fn later(mut notice: InterruptionNotice) -> NoticeDecision {
+        notice.deadline = notice.deadline.map(|d| d.saturating_sub(LOOK_AGAIN));
+        NoticeDecision::Later(notice)
+    }
+
+    /// What the pool's outcomes mean for the hand-overs at `now`: a replacement started is the
+    /// switch (the interrupted instance to stop now if the replacement runs); one that failed
+    /// for good ends its hand-over (its receipts to acknowledge), a replacement it made but
+    /// could not record never adopted later (it is being stopped as an orphan).
+    pub fn on_outcomes(&mut self, outcomes: &[crate::actors::workers::JobOutcome], now: Duration) -> OutcomesSeen {
+        use crate::actors::workers::JobOutcome;
+        let mut seen = OutcomesSeen::default();
+        for o in outcomes {
+            match o {
+                JobOutcome::Started { machine, instance, .. } => {
+                    let running = instance.state == crate::model::InstanceState::Running;
+                    seen.switches.extend(self.replacement_started(machine, &instance.id, running, now));
+                }
+                JobOutcome::StartFailed { machine, orphan, .. } if self.on.contains_key(machine) => {
+                    if let Some(orphan) = orphan {
+                        self.orphaned(orphan);
+                    }
+                    seen.acknowledge.extend(self.end(machine).acknowledge);
+                }
+                _ => {}
+            }
+        }
+        seen
+    }
+
+    /// How long the machine's hand-over's warning has left at `now`, if it said when.
+    pub fn warning_left(&self, machine: &MachineId, now: Duration) -> Option<Duration> {
+        self.on.get(machine)?.deadline.map(|d| d.saturating_sub(now))
+    }
+
     /// Counts `n` more looks at notices about `instance`: how many there were before.
     fn look(&mut self, instance: &InstanceId, n: u32) -> u32 {
         if self.looked.len() >= LOOKED_CAP {
@@ -446,7 +492,7 @@ mod tests {
         let mut book = HandoverBook::new();
         let ack = |r: &str| NoticeDecision::Acknowledge(r.into());
         let unknown = notice("i-9", NoticeKind::Interruption, "a");
-        assert_eq!(book.on_notice(unknown.clone(), None, T), NoticeDecision::Later(unknown));
+        assert_eq!(book.on_notice(unknown.clone(), None, T), HandoverBook::later(unknown));
         let mut expired = notice("i-9", NoticeKind::Interruption, "a2");
         expired.deadline = Some(Duration::ZERO);
         assert_eq!(
@@ -456,7 +502,7 @@ mod tests {
         );
         let again = notice("i-8", NoticeKind::Interruption, "a3");
         for _ in 0..LOOKS {
-            assert_eq!(book.on_notice(again.clone(), None, T), NoticeDecision::Later(again.clone()));
+            assert_eq!(book.on_notice(again.clone(), None, T), HandoverBook::later(again.clone()));
         }
         assert_eq!(book.on_notice(again, None, T), ack("a3"), "looked at LOOKS times, then acknowledged");
         // Not the machine's recorded instance (it records another): nothing to hand over.
@@ -467,7 +513,7 @@ mod tests {
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "b"), other, T), ack("b"));
         // Tagged for a machine that records none yet (its record has not landed): looked at again.
         let unrecorded = notice("i-7", NoticeKind::Interruption, "b2");
-        assert_eq!(book.on_notice(unrecorded.clone(), owner("0", false, true), T), NoticeDecision::Later(unrecorded));
+        assert_eq!(book.on_notice(unrecorded.clone(), owner("0", false, true), T), HandoverBook::later(unrecorded));
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "c"), owner("0", true, false), T), ack("c"));
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Rebalance, "d"), owner("0", true, true), T), ack("d"));
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Terminating, "e"), owner("0", true, true), T), ack("e"));
