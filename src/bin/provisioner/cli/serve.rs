@@ -163,13 +163,22 @@ fn start_once(dir: &Path, flags: &[OsString]) -> Result<Option<(Service, String)
     loop {
         let healthy = ureq::get(&format!("{url}/healthz")).call().is_ok();
         if healthy && dir.join("token").exists() {
-            break;
+            // Ours answers with the token it wrote (once it is ready: 503 before); another
+            // service on the port refuses it.
+            let token = std::fs::read_to_string(dir.join("token")).unwrap_or_default();
+            let status =
+                ureq::get(&format!("{url}/v1/status")).set("Authorization", &format!("Bearer {}", token.trim())).call();
+            match status {
+                Ok(_) if matches!(service.0.try_wait(), Ok(None)) => return Ok(Some((service, url))),
+                Ok(_) | Err(ureq::Error::Status(401 | 403, _)) => return Ok(None),
+                Err(_) => {}
+            }
         }
         if let Ok(Some(_)) = service.0.try_wait() {
             return Ok(None);
         }
         let since = healthy.then(|| *healthy_since.get_or_insert_with(std::time::Instant::now));
-        if since.is_some_and(|t| t.elapsed() > Duration::from_secs(5)) {
+        if since.is_some_and(|t| t.elapsed() > Duration::from_secs(5)) && !dir.join("token").exists() {
             // The service runs but wrote no token: it found a model (and its token) in the
             // database (a fresh data directory's never holds one: only `--store`'s can).
             return Err(Failure {
@@ -182,13 +191,6 @@ fn start_once(dir: &Path, flags: &[OsString]) -> Result<Option<(Service, String)
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    // Ours answers with the token it wrote; another service on the port refuses it.
-    let token = std::fs::read_to_string(dir.join("token")).unwrap_or_default();
-    let ours = ureq::get(&format!("{url}/v1/status")).set("Authorization", &format!("Bearer {}", token.trim())).call();
-    if ours.is_err() || !matches!(service.0.try_wait(), Ok(None)) {
-        return Ok(None);
-    }
-    Ok(Some((service, url)))
 }
 
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
