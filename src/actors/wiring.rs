@@ -7,8 +7,8 @@ use actix::prelude::*;
 use thiserror::Error;
 
 use crate::actors::coordinator::{
-    ChangeHarvestMode, Coordinator, InterruptionLinks, Links, MachinesChanged, ResizeError, RetryTick, SetWorkers,
-    Subscribe,
+    ChangeHarvestMode, Coordinator, GetHealth, Health, InterruptionLinks, Links, MachinesChanged, ResizeError,
+    RetryTick, SetRepairPolicy, SetWorkers, Subscribe,
 };
 use crate::actors::harvest::{GetHarvestMode, HarvestPolicy, HarvestSafety};
 use crate::actors::interruptions::InterruptionPoller;
@@ -218,10 +218,13 @@ fn start_with(
     };
     let mut coordinator =
         Coordinator::new(links, config.backoff, config.workers, config.retry_path, config.scope.clone(), work)
-            .with_seed(config.seed ^ 0x636f_6f72_6469_6e61);
-    // Interruption notices (issue 33) are read by the environ provisioner alone: a container
-    // provisioner's broker wraps the same cloud, whose notices are not its own.
-    let interruptions = (broker.supports_interruptions() && config.scope == crate::config::Scope::Environ)
+            .with_seed(config.seed ^ 0x636f_6f72_6469_6e61)
+            .with_repair(config.repair, config.resync_interval);
+    // Hand-overs (issues 33 and 34) are the environ provisioner's alone: a container
+    // provisioner's broker wraps the same cloud, whose notices are not its own. The poller
+    // reads interruption notices where the cloud gives them (else it asks once and stops) and
+    // looks up replacements for the repairs any cloud can have.
+    let interruptions = (config.scope == crate::config::Scope::Environ)
         .then(|| InterruptionPoller::new(broker.clone(), config.backoff, coord.clone().recipient()).start());
     if let Some(poller) = &interruptions {
         coordinator = coordinator.with_interruptions(InterruptionLinks {
@@ -284,6 +287,16 @@ impl ProvisionerHandle {
             // The pool stopped before the coordinator: the provisioner is shutting down.
             Err(ResizeError::Stopped(e)) => Err(ProvisionerError::Stopped(e)),
         }
+    }
+
+    /// Changes the repair policy (issue 34), applied from the next listing.
+    pub fn set_repair_policy(&self, policy: crate::config::repair::RepairPolicy) {
+        self.coordinator.do_send(SetRepairPolicy(policy));
+    }
+
+    /// The machines the last listing showed unhealthy, the repairs on and the policy.
+    pub async fn health(&self) -> Result<Health, ProvisionerError> {
+        Ok(self.coordinator.send(GetHealth).await?)
     }
 
     /// Subscribes to every event.

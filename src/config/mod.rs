@@ -5,6 +5,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 pub mod rate_limits;
+pub mod repair;
 
 use crate::model::{HarvestMode, MachineId};
 
@@ -263,6 +264,8 @@ pub struct ProvisionerConfig {
     /// spot call, and a spot price above it counts as no spot capacity there. `None` (the
     /// default): no cap of ours.
     pub spot_max_price: Option<crate::model::UsdPerHour>,
+    /// Repair of machines whose instance stays stopped (issue 34): off by default.
+    pub repair: repair::RepairPolicy,
 }
 
 impl Default for ProvisionerConfig {
@@ -290,6 +293,7 @@ impl Default for ProvisionerConfig {
             batch_size: DEFAULT_BATCH_SIZE,
             record_outside_worker: false,
             spot_max_price: None,
+            repair: repair::RepairPolicy::default(),
         }
     }
 }

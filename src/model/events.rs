@@ -92,15 +92,72 @@ pub enum ProvisionerEvent {
     MachineReplaced {
         /// The machine.
         machine: MachineId,
-        /// The interrupted instance.
+        /// The interrupted (or, for a repair, the stopped) instance.
         interrupted: InstanceId,
         /// The replacement.
         replacement: InstanceId,
+        /// Why it was replaced.
+        cause: HandoverCause,
         /// The lead time: from the replacement running to the moment the cloud would take the
         /// interrupted instance (the warning's end), if the warning said when; zero if the
         /// replacement ran only after that.
         lead: Option<std::time::Duration>,
     },
+    /// A live machine's recorded instance has been stopped for the model's `repair-after`
+    /// (issue 34): the machine is unhealthy (published once per instance).
+    MachineUnhealthy {
+        /// The machine.
+        machine: MachineId,
+        /// Its instance.
+        instance: InstanceId,
+        /// Why: `stopped`.
+        reason: String,
+        /// For how long, as of the listing that showed it.
+        unhealthy_for: std::time::Duration,
+        /// Whether a repair may touch it (keep-instance machines are never repaired).
+        repairable: bool,
+    },
+    /// An unhealthy machine's repair began (issue 34): a replacement starts through the
+    /// hand-over; `machine-replaced` follows once it runs and the old instance is being stopped.
+    MachineRepairing {
+        /// The machine.
+        machine: MachineId,
+        /// Its unhealthy instance.
+        instance: InstanceId,
+        /// Why it is unhealthy.
+        reason: String,
+        /// For how long.
+        unhealthy_for: std::time::Duration,
+    },
+    /// More machines are unhealthy at once than `repair-max-unhealthy` allows: every repair is
+    /// held back (the cloud, not the machines, is probably at fault). Published when the hold
+    /// begins, again only after it lifted.
+    RepairsHeld {
+        /// Machines unhealthy.
+        unhealthy: usize,
+        /// The cap for the model's machines.
+        cap: usize,
+    },
+}
+
+/// Why a machine's instance was handed over to a replacement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HandoverCause {
+    /// The cloud warned it takes the instance away (issue 33).
+    Interruption,
+    /// The instance stayed stopped past the model's `repair-after` (issue 34).
+    Repair,
+}
+
+impl HandoverCause {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HandoverCause::Interruption => "interruption",
+            HandoverCause::Repair => "repair",
+        }
+    }
 }
 
 impl ProvisionerEvent {
@@ -120,6 +177,9 @@ impl ProvisionerEvent {
             ProvisionerEvent::ExtraInstances { .. } => "extra-instances",
             ProvisionerEvent::MachineInterrupted { .. } => "machine-interrupted",
             ProvisionerEvent::MachineReplaced { .. } => "machine-replaced",
+            ProvisionerEvent::MachineUnhealthy { .. } => "machine-unhealthy",
+            ProvisionerEvent::MachineRepairing { .. } => "machine-repairing",
+            ProvisionerEvent::RepairsHeld { .. } => "repairs-held",
         }
     }
 }

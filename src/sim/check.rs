@@ -303,6 +303,55 @@ fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v
     }
 }
 
+/// Repairs (issue 34): a replacement started for an instance stopped out of band (`cloud_stop`,
+/// not started again since, never warned of an interruption) is a repair; it comes no sooner
+/// than `repair_after` after the stop (never with repair off), and never for a keep-instance
+/// machine. Judged on each repair's first start call.
+fn check_repairs(s: &Scenario, cloud: &CloudSnapshot, specs: &BTreeMap<String, MachineSpec>, v: &mut Vec<String>) {
+    let timeline = s.timeline();
+    let mut first: BTreeMap<&str, &crate::testing::CallRecord> = BTreeMap::new();
+    for c in cloud.calls.iter().filter(|c| c.op == CloudOp::StartInstance) {
+        let Some(replaces) = c.params.as_ref().and_then(|p| p.tags.replaces()) else { continue };
+        first.entry(replaces).or_insert(c);
+    }
+    for (old, call) in first {
+        let warned = timeline.iter().any(|(_, a)| matches!(a, Action::Interrupt(i) if i.instance == old));
+        // The out-of-band stop of `old` before the call since which it stayed stopped (a second
+        // stop of a stopped instance changes nothing).
+        let initially = s
+            .cloud
+            .instances
+            .iter()
+            .any(|i| i.id == old && matches!(i.state, crate::sim::scenario::InitialState::Stopped));
+        let mut stopped_at = initially.then_some(Duration::ZERO);
+        for (t, a) in timeline.iter().filter(|(t, _)| *t <= call.at) {
+            match a {
+                Action::CloudStop(id) if id == old => stopped_at = stopped_at.or(Some(*t)),
+                Action::CloudStart(id) if id == old => stopped_at = None,
+                _ => {}
+            }
+        }
+        let (Some(stopped), false) = (stopped_at, warned) else { continue };
+        let machine = call.machine.as_ref().map_or("?", |m| m.as_str());
+        match s.provisioner.repair_after {
+            None => v.push(format!(
+                "machine {machine}'s stopped instance {old} was replaced at {} with repair off",
+                format_duration(call.at)
+            )),
+            Some(after) if call.at < stopped + after.0 => v.push(format!(
+                "machine {machine}'s instance {old}, stopped at {}, was repaired at {}, before repair_after ({})",
+                format_duration(stopped),
+                format_duration(call.at),
+                format_duration(after.0)
+            )),
+            Some(_) => {}
+        }
+        if specs.get(machine).is_some_and(|m| m.keep_instance || m.manual) {
+            v.push(format!("keep-instance machine {machine}'s stopped instance {old} was repaired"));
+        }
+    }
+}
+
 /// Every broken invariant, as sentences naming the machine or instance.
 pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: &ModeTimeline) -> Vec<String> {
     let mut v: Vec<String> = Vec::new();
@@ -371,6 +420,7 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
     check_types(s, cloud, &specs, &mut v);
     check_capacity(cloud, &specs, &mut v);
     check_handovers(s, cloud, model, &mut v);
+    check_repairs(s, cloud, &all_machines(s), &mut v);
 
     // 1. Never two live instances for one machine (checked at every creation, and at the end).
     v.extend(cloud.duplicates.iter().cloned());

@@ -332,6 +332,8 @@ pub fn generate(seed: u64) -> Scenario {
             batch_starts: false,
             batch_size: crate::config::DEFAULT_BATCH_SIZE,
             spot_max_price: None,
+            repair_after: None,
+            repair_max_unhealthy: crate::config::repair::DEFAULT_MAX_UNHEALTHY,
         },
         model: ModelSpec {
             write_latency: Dur(if rng.random_bool(0.3) { ms(&mut rng, 5_000) } else { Duration::ZERO }),
@@ -358,7 +360,52 @@ pub fn generate(seed: u64) -> Scenario {
     draw_batching(&mut scenario, seed);
     draw_capacity(&mut scenario, seed);
     draw_interruptions(&mut scenario, seed);
+    draw_repairs(&mut scenario, seed);
     scenario
+}
+
+/// Repairs (issue 34) for a quarter of the seeds, from their own RNG so that the rest of a
+/// seed's scenario stays what it was: `repair_after` of 1 to 20 minutes, a cap of a count (0
+/// to 3) or a percentage (10 to 60 %), and out-of-band stops of instances the run's starts are
+/// likely to have made (one to four, sometimes a zone's worth at once: the storm), some
+/// started again by the cloud before or after `repair_after`, some followed by a restart of
+/// the provisioner mid-repair.
+fn draw_repairs(s: &mut Scenario, seed: u64) {
+    use crate::config::repair::MaxUnhealthy;
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x7265_7061_6972_7321);
+    if !rng.random_bool(0.25) {
+        return;
+    }
+    let after = Duration::from_secs(rng.random_range(60..=1_200));
+    s.provisioner.repair_after = Some(Dur(after));
+    s.provisioner.repair_max_unhealthy = if rng.random_bool(0.5) {
+        MaxUnhealthy::Count(rng.random_range(0..=3))
+    } else {
+        MaxUnhealthy::Percent(rng.random_range(10..=60))
+    };
+    let ids = s.machines.len() as u32 + 4;
+    for _ in 0..rng.random_range(1..=4u32) {
+        let at = Duration::from_millis(rng.random_range(30_000..=3_600_000));
+        let stops: Vec<String> = if rng.random_bool(0.2) {
+            (1..=ids.min(6)).map(|i| format!("i-{i}")).collect()
+        } else {
+            vec![format!("i-{}", rng.random_range(1..=ids))]
+        };
+        for instance in &stops {
+            s.events.push(EventSpec::new(at, Action::CloudStop(instance.clone())));
+        }
+        match rng.random_range(0..10u32) {
+            0 | 1 => {
+                let back = at + Duration::from_millis(rng.random_range(1_000..=after.as_millis() as u64 * 2));
+                for instance in stops {
+                    s.events.push(EventSpec::new(back, Action::CloudStart(instance)));
+                }
+            }
+            2 => s.events.push(EventSpec::new(at + after + ms(&mut rng, 120_000), Action::Restart)),
+            _ => {}
+        }
+    }
+    s.events.sort_by_key(|e| e.at);
 }
 
 /// Spot interruptions (issue 33) for a quarter of the seeds, from their own RNG so that the

@@ -422,11 +422,12 @@ impl CloudActor {
     }
 
     /// Invariant 1, at the moment a start creates an instance: no other live instance of ours
-    /// is tagged for the same machine, except (issue 33) one instance whose interruption
-    /// warning is running: a machine has at most two live instances, and two only during a
-    /// hand-over.
-    /// `before`: the instances tagged for the machine before this one.
-    fn check_duplicate(&mut self, id: &InstanceId, m: &MachineId, before: &[InstanceId]) {
+    /// is tagged for the same machine, except one instance whose interruption warning is
+    /// running (issue 33) or the stopped instance this one's start replaces (a repair, issue
+    /// 34): a machine has at most two live instances, and two only during a hand-over.
+    /// `before`: the instances tagged for the machine before this one; `replaces`: the
+    /// instance the start that made it replaces, if any.
+    fn check_duplicate(&mut self, id: &InstanceId, m: &MachineId, before: &[InstanceId], replaces: Option<&str>) {
         if before.is_empty() {
             return;
         }
@@ -440,9 +441,13 @@ impl CloudActor {
             .collect();
         let now = self.epoch.elapsed();
         let warned = |o: &String| self.warned.get(&InstanceId::new(o.as_str())).is_some_and(|d| now < *d);
+        let repaired = |o: &String| {
+            replaces == Some(o.as_str())
+                && self.instances.get(&InstanceId::new(o.as_str())).is_some_and(|i| i.state == InstanceState::Stopped)
+        };
         if others.len() > 1 {
             self.duplicates.push(format!("machine {m} has three live instances: {} and {id}", others.join(", ")));
-        } else if !others.is_empty() && !others.iter().all(warned) {
+        } else if !others.is_empty() && !others.iter().all(|o| warned(o) || repaired(o)) {
             self.duplicates.push(format!("machine {m} has two live instances: {} and {id}", others.join(", ")));
         }
     }
@@ -672,7 +677,7 @@ impl CloudActor {
         }
         if let Some(m) = &p.tags.machine {
             let (_, before) = self.by_machine.insert_seeing(m.clone(), id.clone());
-            self.check_duplicate(&id, m, &before);
+            self.check_duplicate(&id, m, &before, p.tags.replaces());
         }
         id
     }

@@ -152,6 +152,57 @@ fn kill_9_with_starts_in_flight_leaves_exactly_one_container_per_machine_after_t
     eprintln!("{before} of {} machines had a container at the crash", ids.len());
 }
 
+/// Issue 34 on real containers: with `repair-after` set, a container stopped from outside
+/// makes its machine unhealthy (shown by `machine show` and `machine list --status unhealthy`);
+/// with `repair-max-unhealthy 0` nothing is repaired and the health says `held`; with a cap of
+/// one the machine gets a new running container and the stopped one is deleted after it runs.
+/// The other machine is never touched, and the setting survives in `config get`.
+#[test]
+fn a_container_stopped_past_repair_after_is_replaced_once_the_cap_allows() {
+    let Some(daemon) = daemon_for_test("repair", IMAGE) else { return };
+    let dir = temp_dir("lxd-repair");
+    let config = crate::support::config_file(&dir, "repair.toml", "resync = \"1s\"\n");
+    let mut args = lxd_args(&daemon);
+    args.extend(["--config".to_owned(), config]);
+    let s = start(&dir, &args);
+    for (k, v) in [("repair-after", "3s"), ("repair-max-unhealthy", "0")] {
+        let out = s.cli(&["config", "set", k, v]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let bad = s.cli(&["config", "set", "repair-max-unhealthy", "120%"]);
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("percentage"));
+    assert_eq!(String::from_utf8_lossy(&s.cli(&["config", "get", "repair-after"]).stdout).trim(), "3s");
+    let ids = ids_of(&s.json(&["machine", "add", "-n", "2", "--json"]));
+    let machines = all_started(&s, &ids, Duration::from_secs(60));
+    let (sick, well) = (&machines[0], &machines[1]);
+    let old = sick["instance"].as_str().unwrap().to_owned();
+    daemon.lxc_ok(&["stop", "--force", &old]).unwrap();
+    // Unhealthy after three seconds stopped, held back by a cap of none.
+    eventually(Duration::from_secs(30), "the machine shown unhealthy, its repair held", || {
+        let m = s.json(&["machine", "show", sick["id"].as_str().unwrap(), "--json"]);
+        m["health"]["reason"] == "stopped" && m["health"]["repair"] == "held"
+    });
+    let listed = s.json(&["machine", "list", "--status", "unhealthy", "--json"]);
+    assert_eq!(crate::support::fields(&listed, "id"), [sick["id"].as_str().unwrap()], "{listed}");
+    assert_eq!(daemon.instances().unwrap().len(), 2, "nothing replaced while held");
+    // A cap of one: repaired through the hand-over.
+    assert!(s.cli(&["config", "set", "repair-max-unhealthy", "1"]).status.success());
+    eventually(Duration::from_secs(60), "a new running container, the stopped one deleted", || {
+        let m = s.json(&["machine", "show", sick["id"].as_str().unwrap(), "--json"]);
+        let new = m["instance"].as_str().unwrap_or_default().to_owned();
+        let held = by_machine(&daemon);
+        let own = held.get(sick["id"].as_str().unwrap()).cloned().unwrap_or_default();
+        new != old && own.len() == 1 && own[0].name == new && own[0].status == "Running" && m["health"].is_null()
+    });
+    let now = s.json(&["machine", "show", well["id"].as_str().unwrap(), "--json"]);
+    assert_eq!(now["instance"], well["instance"], "the healthy machine is untouched");
+    let metrics = s.metrics();
+    let sample = |name: &str| crate::support::sample(&metrics, name).unwrap_or(0.0);
+    assert_eq!(sample("provisioner_repairs_total{outcome=\"replaced\"}"), 1.0, "{metrics}");
+    assert_eq!(sample("provisioner_repairs_total{outcome=\"held\"}"), 1.0, "{metrics}");
+    assert_eq!(sample("provisioner_unhealthy_machines_total"), 1.0, "{metrics}");
+}
+
 #[test]
 fn harvests_take_unknown_containers_with_the_models_keys_and_never_foreign_ones() {
     let Some(daemon) = daemon_for_test("harvest", IMAGE) else { return };

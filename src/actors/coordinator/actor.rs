@@ -49,8 +49,15 @@ pub struct Coordinator {
     retry_path: bool,
     /// Which machines this provisioner acts on.
     scope: crate::config::Scope,
-    /// Spot interruption hand-overs on (issue 33).
+    /// Hand-overs on: spot interruptions' (issue 33) and repairs' (issue 34).
     handovers: HandoverBook,
+    /// The repair policy and the machines the last listing showed unhealthy (issue 34).
+    repairs: super::repair::RepairBook,
+    /// The time between the registry's listings: a repair due is held open (as any one-shot
+    /// timer) until the first listing after it.
+    resync: std::time::Duration,
+    /// Until when (on the coordinator's clock) a repair due is held open already.
+    repair_due: Option<std::time::Duration>,
     /// Whether a look at the hand-overs' replacements is under way or due (one at a time).
     watching: bool,
     /// Whether hand-overs a predecessor left under way were asked for (once).
@@ -83,10 +90,67 @@ impl Coordinator {
             retry_path,
             scope,
             handovers: HandoverBook::new(),
+            repairs: super::repair::RepairBook::default(),
+            resync: crate::config::DEFAULT_RESYNC_INTERVAL,
+            repair_due: None,
             watching: false,
             resumed: false,
             interruptions: None,
             epoch: actix_rt::time::Instant::now(),
+        }
+    }
+
+    /// The same coordinator repairing by this policy (issue 34).
+    /// `resync` is the registry's listing interval.
+    pub fn with_repair(mut self, policy: crate::config::repair::RepairPolicy, resync: std::time::Duration) -> Self {
+        self.repairs = super::repair::RepairBook::new(policy);
+        self.resync = resync;
+        self
+    }
+
+    /// Decides on a fresh listing's stopped machines and begins the repairs it allows (each a
+    /// hand-over), publishing who became unhealthy and when the cap holds repairs back.
+    fn on_health(&mut self, stopped: Vec<super::repair::StoppedMachine>, population: usize, ctx: &mut Context<Self>) {
+        let handovers = &self.handovers;
+        let plan = self.repairs.on_listing(stopped, population, handovers.repairing(), |m| handovers.busy(m));
+        for u in plan.newly_unhealthy {
+            tracing::info!(machine = %u.machine, instance = %u.instance, unhealthy_for = ?u.unhealthy_for, "machine unhealthy: its instance stays stopped");
+            self.publish(ProvisionerEvent::MachineUnhealthy {
+                machine: u.machine,
+                instance: u.instance,
+                reason: u.reason.to_owned(),
+                unhealthy_for: u.unhealthy_for,
+                repairable: u.repairable,
+            });
+        }
+        if let Some(held) = plan.held {
+            tracing::warn!(
+                unhealthy = held.unhealthy,
+                cap = held.cap,
+                "repairs held back: more machines unhealthy at once than repair-max-unhealthy allows"
+            );
+            self.publish(ProvisionerEvent::RepairsHeld { unhealthy: held.unhealthy, cap: held.cap });
+        }
+        if let Some(due_in) = plan.due_in {
+            // Work until the first listing after the repair is due (a simulation stays open
+            // for it, as for any one-shot timer; periodic listings alone would not hold it).
+            let until = self.epoch.elapsed() + due_in + self.resync + std::time::Duration::from_secs(1);
+            if self.repair_due.is_none_or(|d| d < until) {
+                self.repair_due = Some(until);
+                let work = self.work.guard();
+                ctx.run_later(until - self.epoch.elapsed(), move |act, _ctx| {
+                    if act.repair_due == Some(until) {
+                        act.repair_due = None;
+                    }
+                    drop(work);
+                });
+            }
+        }
+        for (owner, u) in plan.repair {
+            if let Some(replace) = self.handovers.begin_repair(owner) {
+                tracing::info!(machine = %u.machine, instance = %u.instance, "repairing: starting a replacement");
+                self.begin_handover(replace, ctx);
+            }
         }
     }
 
@@ -126,9 +190,19 @@ impl Coordinator {
     /// replacement started or adopted.
     fn begin_handover(&mut self, replace: NoticeDecision, ctx: &mut Context<Self>) {
         if let NoticeDecision::Replace { machine, interrupted, .. } = &replace {
-            let warning = self.handovers.warning_left(machine, self.epoch.elapsed());
-            let (machine, instance) = (machine.clone(), interrupted.clone());
-            self.publish(ProvisionerEvent::MachineInterrupted { machine, instance, warning });
+            let (m, instance) = (machine.clone(), interrupted.clone());
+            match self.handovers.of(machine).map(|h| h.cause) {
+                Some(super::handover::HandoverCause::Repair) => {
+                    let u = self.repairs.unhealthy().into_iter().find(|u| u.machine == m);
+                    let unhealthy_for = u.map(|u| u.unhealthy_for).unwrap_or_default();
+                    let reason = "stopped".to_owned();
+                    self.publish(ProvisionerEvent::MachineRepairing { machine: m, instance, reason, unhealthy_for });
+                }
+                _ => {
+                    let warning = self.handovers.warning_left(machine, self.epoch.elapsed());
+                    self.publish(ProvisionerEvent::MachineInterrupted { machine: m, instance, warning });
+                }
+            }
         }
         self.start_replacement(replace, 0, ctx)
     }
@@ -157,7 +231,7 @@ impl Coordinator {
         };
         let Some(links) = &self.interruptions else { return };
         let how = if adopt.is_some() { "adopting the replacement a listing shows" } else { "starting a replacement" };
-        tracing::info!(%machine, %interrupted, "spot hand-over: {how}");
+        tracing::info!(%machine, %interrupted, "hand-over: {how}");
         let machine = *record;
         let begin = links.begin.clone();
         let short = links.short.clone();
@@ -228,11 +302,12 @@ impl Coordinator {
     /// a stopping instance is never an extra) and the hand-over's notices acknowledged.
     fn after_switches(&mut self, switches: Vec<super::handover::Switch>, ctx: &mut Context<Self>) {
         for s in switches {
-            tracing::info!(machine = %s.machine, replacement = %s.replacement, interrupted = %s.interrupted, "spot hand-over: switched; stopping the interrupted instance");
+            tracing::info!(machine = %s.machine, replacement = %s.replacement, interrupted = %s.interrupted, "hand-over: switched; stopping the interrupted instance");
             self.publish(ProvisionerEvent::MachineReplaced {
                 machine: s.machine.clone(),
                 interrupted: s.interrupted.clone(),
                 replacement: s.replacement.clone(),
+                cause: s.cause,
                 lead: s.lead,
             });
             self.stop_interrupted(s.machine.clone(), s.interrupted, ctx);
@@ -265,7 +340,7 @@ impl Coordinator {
         self.spawn_counted(ask.into_actor(self), ctx, move |owners, act, ctx| {
             let alive = owners.ok().and_then(|mut o| o.pop()).flatten().is_some_and(|o| o.alive);
             if !alive {
-                tracing::info!(%machine, %interrupted, "spot hand-over: the machine died meanwhile; its interrupted instance is left to the harvest mode");
+                tracing::info!(%machine, %interrupted, "hand-over: the machine died meanwhile; its interrupted instance is left to the harvest mode");
                 return;
             }
             let stop = Followup::PlanStops { instances: vec![interrupted], remove_after: Vec::new(), machine: Some(machine) };
@@ -681,7 +756,29 @@ impl Handler<ViewRefreshed> for Coordinator {
                     self.begin_handover(replace, ctx);
                 }
             }
+            if self.interruptions.is_some() {
+                self.on_health(msg.stopped, msg.population, ctx);
+            }
             self.look_at_replacements(ctx);
+        }
+    }
+}
+
+impl Handler<SetRepairPolicy> for Coordinator {
+    type Result = ();
+    fn handle(&mut self, msg: SetRepairPolicy, _ctx: &mut Self::Context) {
+        self.repairs.set_policy(msg.0);
+    }
+}
+
+impl Handler<GetHealth> for Coordinator {
+    type Result = Health;
+    fn handle(&mut self, _msg: GetHealth, _ctx: &mut Self::Context) -> Health {
+        Health {
+            unhealthy: self.repairs.unhealthy(),
+            held: self.repairs.holding(),
+            policy: self.repairs.policy(),
+            repairing: self.handovers.repairs_on(),
         }
     }
 }

@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub use crate::model::events::HandoverCause;
 use crate::model::{InstanceId, MachineId};
 use crate::ports::{InterruptionNotice, NoticeKind};
 
@@ -95,6 +96,8 @@ pub enum HandoverPhase {
 /// One machine's hand-over.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Handover {
+    /// Why.
+    pub cause: HandoverCause,
     /// The interrupted instance.
     pub interrupted: InstanceId,
     /// When (on the coordinator's clock) the cloud takes it, if the notice said.
@@ -112,6 +115,7 @@ impl Handover {
             replacement: replacement.clone(),
             interrupted: self.interrupted.clone(),
             lead: self.deadline.map(|d| d.saturating_sub(now)),
+            cause: self.cause,
         }
     }
 }
@@ -125,6 +129,8 @@ pub struct Switch {
     pub replacement: InstanceId,
     /// The one to stop.
     pub interrupted: InstanceId,
+    /// Why the machine's instance was handed over.
+    pub cause: HandoverCause,
     /// The lead time (see `ProvisionerEvent::MachineReplaced`), if the warning said when.
     pub lead: Option<Duration>,
 }
@@ -222,7 +228,8 @@ impl HandoverBook {
         if notice.kind != NoticeKind::Interruption || !owner.alive || !owner.recorded {
             return NoticeDecision::Acknowledge(notice.receipt);
         }
-        self.open(owner, notice.instance, notice.deadline.map(|d| now + d), vec![notice.receipt])
+        let deadline = notice.deadline.map(|d| now + d);
+        self.open(owner, notice.instance, deadline, vec![notice.receipt], HandoverCause::Interruption)
     }
 
     /// Resumes a hand-over a listing shows under way (a replacement of the machine's recorded
@@ -241,7 +248,38 @@ impl HandoverBook {
             return None;
         }
         let interrupted = owner.record.instance.clone()?;
-        Some(self.open(owner, interrupted, None, Vec::new()))
+        // A recorded instance listed stopped was being repaired; else it was warned of.
+        let stopped = owner.state == Some(crate::model::InstanceState::Stopped);
+        let cause = if stopped { HandoverCause::Repair } else { HandoverCause::Interruption };
+        Some(self.open(owner, interrupted, None, Vec::new(), cause))
+    }
+
+    /// Opens a repair of the machine's recorded instance (issue 34): a replacement is started
+    /// (or the free one a listing shows adopted), then the old instance stopped once the
+    /// replacement runs. `None` if the machine is in a hand-over already, or its last one's
+    /// stop is under way, or it is not a live machine's recorded instance.
+    pub fn begin_repair(&mut self, owner: NoticedInstance) -> Option<NoticeDecision> {
+        if self.busy(&owner.machine) || !owner.alive || !owner.recorded {
+            return None;
+        }
+        let instance = owner.record.instance.clone()?;
+        Some(self.open(owner, instance, None, Vec::new(), HandoverCause::Repair))
+    }
+
+    /// Whether the machine is in a hand-over, or its last one's old instance is still being
+    /// stopped.
+    pub fn busy(&self, machine: &MachineId) -> bool {
+        self.on.contains_key(machine) || self.stopping.contains_key(machine)
+    }
+
+    /// How many repairs are on.
+    pub fn repairing(&self) -> usize {
+        self.on.values().filter(|h| h.cause == HandoverCause::Repair).count()
+    }
+
+    /// The machines in a repair now, in id order.
+    pub fn repairs_on(&self) -> Vec<MachineId> {
+        self.on.iter().filter(|(_, h)| h.cause == HandoverCause::Repair).map(|(m, _)| m.clone()).collect()
     }
 
     /// A replacement the machine's start made but could not record: it is being stopped.
@@ -258,17 +296,21 @@ impl HandoverBook {
         interrupted: InstanceId,
         deadline: Option<Duration>,
         receipts: Vec<String>,
+        cause: HandoverCause,
     ) -> NoticeDecision {
         if owner.adoptable.as_ref().is_some_and(|a| self.orphans.contains(&a.id)) {
             owner.adoptable = None;
         }
         let phase = HandoverPhase::Replacing;
-        self.on.insert(owner.machine.clone(), Handover { interrupted: interrupted.clone(), deadline, receipts, phase });
+        let handover = Handover { cause, interrupted: interrupted.clone(), deadline, receipts, phase };
+        self.on.insert(owner.machine.clone(), handover);
+        // A repair has nothing to avoid: its instance stopped, not for want of capacity.
+        let spot = cause == HandoverCause::Interruption;
         NoticeDecision::Replace {
             machine: owner.machine,
             interrupted,
-            avoid_zone: owner.zone,
-            avoid_type: owner.instance_type,
+            avoid_zone: owner.zone.filter(|_| spot),
+            avoid_type: owner.instance_type.filter(|_| spot),
             record: owner.record,
             adopt: owner.adoptable,
         }
@@ -541,6 +583,7 @@ mod tests {
                 replacement: InstanceId::new("i-2"),
                 interrupted: InstanceId::new("i-1"),
                 lead: Some(Duration::from_secs(120)),
+                cause: HandoverCause::Interruption,
             }
         );
         assert!(book.replacement_started(&m, &InstanceId::new("i-3"), true, T).is_none(), "one switch per hand-over");

@@ -94,6 +94,33 @@ pub struct ViewRefreshed {
     pub extras: Vec<(crate::model::MachineId, crate::model::InstanceId)>,
     /// Hand-overs the listing shows under way (`MachineBook::resumable_handovers`).
     pub resumes: Vec<super::handover::NoticedInstance>,
+    /// Live machines whose recorded instance it shows stopped (`MachineBook::stopped_machines`).
+    pub stopped: Vec<super::repair::StoppedMachine>,
+    /// The model's live machines with an instance (the repair cap is a share of them).
+    pub population: usize,
+}
+
+/// The model's repair policy changed (issue 34): applied from the next listing.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct SetRepairPolicy(pub crate::config::repair::RepairPolicy);
+
+/// The machines the last listing showed unhealthy, and whether repairs are held back.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "Health")]
+pub struct GetHealth;
+
+/// The answer to [`GetHealth`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+pub struct Health {
+    /// The unhealthy machines, in id order.
+    pub unhealthy: Vec<super::repair::Unhealthy>,
+    /// Whether more are unhealthy than the cap allows (every repair held back).
+    pub held: bool,
+    /// The machines in a repair now.
+    pub repairing: Vec<crate::model::MachineId>,
+    /// The repair policy in force.
+    pub policy: crate::config::repair::RepairPolicy,
 }
 
 /// A plan the harvest policy made on its own (a parked instance's window ran out), for the

@@ -12,6 +12,7 @@ mod followup;
 pub mod handover;
 mod links;
 mod messages;
+pub mod repair;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -19,7 +20,7 @@ mod tests;
 pub use actor::Coordinator;
 pub use links::{InterruptionLinks, Links};
 pub use messages::{
-    ChangeHarvestMode, CloseStarts, DestroyModel, ExecutePlan, InterruptionsNoticed, JobsDone, MachinesChanged,
-    ModelDestroyed, ResizeError, RetryTick, SetWorkers, Subscribe, ViewRefreshed,
+    ChangeHarvestMode, CloseStarts, DestroyModel, ExecutePlan, GetHealth, Health, InterruptionsNoticed, JobsDone,
+    MachinesChanged, ModelDestroyed, ResizeError, RetryTick, SetRepairPolicy, SetWorkers, Subscribe, ViewRefreshed,
 };
 pub use state::{BatchBook, DestroyError, DestroySummary};

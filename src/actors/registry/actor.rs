@@ -93,9 +93,12 @@ impl MachineRegistry {
                 act.report_status_changes(ctx);
                 if let Some(r) = &act.on_refresh {
                     // Judged on this fresh listing: the coordinator has them stopped.
+                    let (stopped, population) = act.book.stopped_machines();
                     r.do_send(ViewRefreshed {
                         extras: act.book.extra_instances(),
                         resumes: act.book.resumable_handovers(),
+                        stopped,
+                        population,
                     });
                 }
                 act.schedule_resync(ctx, act.resync_interval);

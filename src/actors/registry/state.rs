@@ -252,6 +252,10 @@ pub struct MachineBook {
     listings_issued: u64,
     /// The number of the listing the view holds.
     view_listing: u64,
+    /// Live machines whose recorded instance the listings show stopped, since when (on the
+    /// book's clock) and which instance (issue 34): a stop seen again after a restart counts
+    /// from then, never earlier.
+    stopped_since: BTreeMap<MachineId, (InstanceId, Duration)>,
 }
 
 impl MachineBook {
@@ -904,6 +908,46 @@ impl MachineBook {
             }
         }
         out
+    }
+
+    /// The machines a fresh listing shows unhealthy-to-be (issue 34): each live, cloud-backed
+    /// machine whose recorded instance is listed stopped, with what a repair's hand-over needs
+    /// and how long it has been seen stopped; and the model's population (its live machines
+    /// with an instance), which the repair cap is a share of. Empty while the view is stale.
+    pub fn stopped_machines(&mut self) -> (Vec<crate::actors::coordinator::repair::StoppedMachine>, usize) {
+        if !self.fresh {
+            return (Vec::new(), 0);
+        }
+        let mut population = 0;
+        let mut still = BTreeMap::new();
+        for m in self.machines.values().filter_map(|s| s.machine.as_ref()) {
+            let Some(inst) = &m.instance else { continue };
+            if m.life != Life::Alive || m.manual {
+                continue;
+            }
+            population += 1;
+            if self.view(inst).is_some_and(|v| v.state == InstanceState::Stopped) {
+                let since = match self.stopped_since.get(&m.id) {
+                    Some((i, t)) if i == inst => *t,
+                    _ => self.clock,
+                };
+                still.insert(m.id.clone(), (inst.clone(), since));
+            }
+        }
+        self.stopped_since = still;
+        let clock = self.clock;
+        let out = self
+            .stopped_since
+            .iter()
+            .filter_map(|(m, (inst, since))| {
+                let owner = self.noticed(inst).filter(|o| o.machine == *m)?;
+                Some(crate::actors::coordinator::repair::StoppedMachine {
+                    owner,
+                    stopped_for: clock.saturating_sub(*since),
+                })
+            })
+            .collect();
+        (out, population)
     }
 
     /// What an interruption notice about `id` concerns (issue 33): the machine that owns it (by

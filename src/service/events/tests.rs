@@ -146,6 +146,7 @@ fn events_become_one_json_data_line_each() {
         warning,
     };
     let replaced = |lead| ProvisionerEvent::MachineReplaced {
+        cause: crate::model::events::HandoverCause::Interruption,
         machine: MachineId::new("4"),
         interrupted: InstanceId::new("i-s"),
         replacement: InstanceId::new("i-r"),

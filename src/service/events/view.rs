@@ -7,7 +7,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::model::events::ProvisionerEvent;
+use crate::model::events::{HandoverCause, ProvisionerEvent};
 
 /// How often an idle stream gets a comment line (to find clients that went away).
 pub(crate) const HEARTBEAT: Duration = Duration::from_secs(15);
@@ -138,17 +138,43 @@ pub(crate) fn event_view(e: &ProvisionerEvent) -> EventView {
                 None => format!("the cloud takes instance {instance} away: starting a replacement"),
             });
         }
-        ProvisionerEvent::MachineReplaced { machine, interrupted, replacement, lead } => {
+        ProvisionerEvent::MachineReplaced { machine, interrupted, replacement, lead, cause } => {
             v.machine = Some(machine.to_string());
             v.instance = Some(replacement.to_string());
             v.instances = vec![interrupted.to_string()];
             v.message = Some(match lead {
+                _ if *cause == HandoverCause::Repair => {
+                    format!("replacement {replacement} runs; stopping unhealthy instance {interrupted}")
+                }
                 Some(l) => format!(
                     "replacement {replacement} runs {:.1}s before the cloud takes {interrupted}; stopping it",
                     l.as_secs_f64()
                 ),
                 None => format!("replacement {replacement} runs; stopping interrupted instance {interrupted}"),
             });
+        }
+        ProvisionerEvent::MachineUnhealthy { machine, instance, reason, unhealthy_for, repairable } => {
+            v.machine = Some(machine.to_string());
+            v.instance = Some(instance.to_string());
+            let what = if *repairable { "" } else { " (keep-instance: never repaired)" };
+            v.message = Some(format!(
+                "unhealthy: instance {instance} {reason} for {}{what}",
+                humantime::format_duration(std::time::Duration::from_secs(unhealthy_for.as_secs()))
+            ));
+        }
+        ProvisionerEvent::MachineRepairing { machine, instance, reason, unhealthy_for } => {
+            v.machine = Some(machine.to_string());
+            v.instance = Some(instance.to_string());
+            v.message = Some(format!(
+                "repairing: instance {instance} {reason} for {}; starting a replacement",
+                humantime::format_duration(std::time::Duration::from_secs(unhealthy_for.as_secs()))
+            ));
+        }
+        ProvisionerEvent::RepairsHeld { unhealthy, cap } => {
+            v.message = Some(format!(
+                "repairs held back: {unhealthy} machines unhealthy at once, more than repair-max-unhealthy allows \
+                 ({cap}); the cloud, not the machines, is probably at fault"
+            ));
         }
         ProvisionerEvent::HarvestDeferred { spared_by_grace, held_back_by_cap } => {
             v.message = Some(format!(

@@ -1,4 +1,4 @@
-//! `/v1/config`: the model's settings (`harvest-mode`, `workers`): list, get, and set (validated,
+//! `/v1/config`: the model's settings (`harvest-mode`, `workers`, `repair-after`, `repair-max-unhealthy`): list, get, and set (validated,
 //! persisted so the value survives a restart, then applied to the running provisioners).
 
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -9,6 +9,7 @@ use super::body::json_body;
 use super::errors::{ApiError, Result};
 use super::target::State;
 use super::wire::{ConfigValue, ErrorBody};
+use crate::config::repair::{parse_repair_after, show_repair_after, RepairError};
 use crate::config::{validate_workers, MAX_WORKERS};
 use crate::model::HarvestMode;
 use crate::service::runtime::ModelRuntime;
@@ -22,6 +23,14 @@ pub(crate) enum ConfigKey {
     /// The worker pool's size (1..=100).
     #[serde(rename = "workers")]
     Workers,
+    /// How long an instance stays stopped before its machine is repaired: a duration such as
+    /// `10m`, or `off` (the default: a stopped instance is kept).
+    #[serde(rename = "repair-after")]
+    RepairAfter,
+    /// How many machines are repaired at a time: a count (`3`) or a percentage (`20%`, the
+    /// default); more unhealthy at once hold every repair back.
+    #[serde(rename = "repair-max-unhealthy")]
+    RepairMaxUnhealthy,
 }
 
 /// A path's `{key}` (taken by name: per-model paths also hold `{model}`).
@@ -30,12 +39,14 @@ pub(crate) struct KeyPath {
     key: String,
 }
 
-const CONFIG_KEYS: [&str; 2] = ["harvest-mode", "workers"];
+const CONFIG_KEYS: [&str; 4] = ["harvest-mode", "workers", "repair-after", "repair-max-unhealthy"];
 
 async fn config_value(st: &ModelRuntime, key: &str) -> Result<ConfigValue> {
     let value = match key {
         "harvest-mode" => st.running().await?.handle.harvest_mode().await?.to_string(),
         "workers" => st.running().await?.handle.pool().await?.size.to_string(),
+        "repair-after" => show_repair_after(st.running().await?.handle.health().await?.policy.after),
+        "repair-max-unhealthy" => st.running().await?.handle.health().await?.policy.max_unhealthy.to_string(),
         other => {
             return Err(ApiError::new(
                 404,
@@ -69,7 +80,8 @@ pub(super) async fn list_config(_: Authorized, st: State) -> Result<HttpResponse
 #[utoipa::path(put, path = "/v1/config/{key}", tag = "config", operation_id = "set_config",
     params(("key" = ConfigKey, Path, description = "The setting")),
     request_body(content = ConfigValue, description = "`value`: a harvest mode (`none`, `unknown`, `destroyed`, \
-        `all`) or a worker count (1..=100, digits only); `key`, if given, is ignored"),
+        `all`), a worker count (1..=100, digits only), a repair-after duration (`10m`, or `off`) or a \
+        repair-max-unhealthy count or percentage (`3`, `20%`); `key`, if given, is ignored"),
     responses(
         (status = 200, description = "The value now in force", body = ConfigValue),
         (status = 400, description = "The value is wrong for the setting, or the body does not parse", body = ErrorBody),
@@ -114,6 +126,19 @@ pub(super) async fn set_config(
             let running = st.running().await?;
             st.store.exec(move |s| s.set_workers(n)).await?;
             running.handle.set_workers(n).await?;
+        }
+        "repair-after" | "repair-max-unhealthy" => {
+            let running = st.running().await?;
+            let mut policy = running.handle.health().await?.policy;
+            if key == "repair-after" {
+                policy.after = parse_repair_after(&value).map_err(|e| ApiError::bad_request(e.to_string()))?;
+                value = show_repair_after(policy.after);
+            } else {
+                policy.max_unhealthy = value.parse().map_err(|e: RepairError| ApiError::bad_request(e.to_string()))?;
+                value = policy.max_unhealthy.to_string();
+            }
+            st.store.exec(move |s| s.set_repair(policy)).await?;
+            running.handle.set_repair_policy(policy);
         }
         other => {
             return Err(ApiError::new(

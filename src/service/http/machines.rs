@@ -18,7 +18,8 @@ use super::body::json_body;
 use super::errors::{ApiError, Result};
 use super::target::State;
 use super::wire::{
-    AddMachines, AddedMachines, ConstraintsView, ErrorBody, MachineDetail, MachineView, RemoveMachines, RetryMachines,
+    AddMachines, AddedMachines, ConstraintsView, ErrorBody, HealthView, MachineDetail, MachineView, RemoveMachines,
+    RetryMachines,
 };
 use crate::model::{check_application_name, Constraints, MachineId, MachineStatus, Placement};
 use crate::service::audit::list_summary;
@@ -198,10 +199,16 @@ pub(crate) enum StatusFilter {
     /// Instance status.
     #[serde(rename = "missing")]
     Missing,
+    /// Unhealthy (issue 34): an instance stopped longer than `repair-after`.
+    #[serde(rename = "unhealthy")]
+    Unhealthy,
 }
 
 /// The instance statuses a `status` filter may name (besides the machine statuses).
 pub(crate) const INSTANCE_STATUSES: [&str; 5] = ["provisioning", "provisioning error", "running", "stopped", "missing"];
+
+/// The `status` filter that keeps unhealthy machines (issue 34).
+pub(crate) const UNHEALTHY: &str = "unhealthy";
 
 /// A checked [`MachineQuery`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -227,9 +234,9 @@ impl MachineQuery {
             check_application_name(a).map_err(|e| ApiError::bad_request(format!("application: {e}")))?;
         }
         if let Some(s) = &self.status {
-            if s.parse::<MachineStatus>().is_err() && !INSTANCE_STATUSES.contains(&s.as_str()) {
+            if s.parse::<MachineStatus>().is_err() && !INSTANCE_STATUSES.contains(&s.as_str()) && s != UNHEALTHY {
                 return Err(ApiError::bad_request(format!(
-                    "status: unknown status {s:?}: expected a machine status (pending, started, error, stopped) or an instance status ({})",
+                    "status: unknown status {s:?}: expected a machine status (pending, started, error, stopped), {UNHEALTHY} or an instance status ({})",
                     INSTANCE_STATUSES.join(", ")
                 )));
             }
@@ -260,12 +267,17 @@ impl MachineQuery {
 }
 
 impl MachineFilter {
+    /// Whether it keeps only unhealthy machines (`status=unhealthy`: the provisioner's view,
+    /// not the store's, decides; the caller filters on it).
+    pub(crate) fn wants_unhealthy(&self) -> bool {
+        self.status.as_deref() == Some(UNHEALTHY)
+    }
+
     fn keeps(&self, m: &MachineRecord) -> bool {
         self.application.as_ref().is_none_or(|a| m.application.as_ref() == Some(a))
-            && self
-                .status
-                .as_ref()
-                .is_none_or(|s| m.machine.status.as_str() == s || m.machine.instance_status.as_str() == s)
+            && self.status.as_ref().is_none_or(|s| {
+                s == UNHEALTHY || m.machine.status.as_str() == s || m.machine.instance_status.as_str() == s
+            })
             && self.zone.as_ref().is_none_or(|z| m.zone.as_ref() == Some(z))
             && self.after.as_ref().is_none_or(|a| &m.machine.id > a)
     }
@@ -295,8 +307,38 @@ pub(super) fn cloud(st: &State) -> CloudShape {
     ))]
 pub(crate) async fn list_machines(_: Authorized, st: State, req: HttpRequest) -> Result<HttpResponse> {
     let filter = MachineQuery::from_query_string(req.query_string())?.check(&cloud(&st))?;
-    let machines = st.store.exec(|s| s.list_machines()).await?;
-    Ok(HttpResponse::Ok().json(filter.select(machines).iter().map(view).collect::<Vec<_>>()))
+    let health = health_here(&st).await;
+    let mut machines = st.store.exec(|s| s.list_machines()).await?;
+    if filter.wants_unhealthy() {
+        machines.retain(|m| health.as_ref().is_some_and(|h| h.unhealthy.iter().any(|u| u.machine == m.machine.id)));
+    }
+    let views = filter.select(machines).iter().map(|m| with_health(view(m), health.as_ref())).collect::<Vec<_>>();
+    Ok(HttpResponse::Ok().json(views))
+}
+
+/// The provisioner's health view, where it runs on this replica (`None` elsewhere).
+pub(crate) async fn health_here(st: &State) -> Option<crate::actors::coordinator::Health> {
+    st.running().await.ok()?.handle.health().await.ok()
+}
+
+/// The machine's view with its health filled in from the provisioner's.
+pub(crate) fn with_health(mut v: MachineView, health: Option<&crate::actors::coordinator::Health>) -> MachineView {
+    let Some(h) = health else { return v };
+    v.health = h.unhealthy.iter().find(|u| u.machine.as_str() == v.id).map(|u| HealthView {
+        reason: u.reason.to_owned(),
+        unhealthy_for_s: u.unhealthy_for.as_secs(),
+        repair: if !u.repairable {
+            "never"
+        } else if h.repairing.contains(&u.machine) {
+            "repairing"
+        } else if h.held {
+            "held"
+        } else {
+            "due"
+        }
+        .to_owned(),
+    });
+    v
 }
 
 /// Everything the store holds for one machine.
@@ -342,7 +384,9 @@ pub(crate) async fn show_machine(_: Authorized, st: State, req: HttpRequest) -> 
     let id = machine_id_of_path(req.match_info().get("id").unwrap_or_default())?;
     let wanted = id.clone();
     let m = st.store.exec(move |s| s.machine(&wanted)).await?.ok_or(StoreError::NotFound(id))?;
-    Ok(HttpResponse::Ok().json(detail(&m)))
+    let mut d = detail(&m);
+    d.machine = with_health(d.machine, health_here(&st).await.as_ref());
+    Ok(HttpResponse::Ok().json(d))
 }
 
 pub(super) fn view(m: &MachineRecord) -> MachineView {
@@ -359,6 +403,7 @@ pub(super) fn view(m: &MachineRecord) -> MachineView {
         manual: m.machine.manual,
         capacity: m.capacity.as_str().to_owned(),
         capacity_type: m.capacity_type.map(|t| t.as_str().to_owned()),
+        health: None,
     }
 }
 

@@ -40,6 +40,25 @@ pub struct MachineView {
     /// (`null`: no instance yet, or the cloud did not say).
     #[serde(default)]
     pub capacity_type: Option<String>,
+    /// Set while the machine is unhealthy (issue 34: its instance stopped longer than the
+    /// model's `repair-after`), as the provisioner's last listing showed; `null` when healthy,
+    /// when repair is off, or on a replica that does not lead.
+    #[serde(default)]
+    pub health: Option<HealthView>,
+}
+
+/// Why a machine is unhealthy, for how long, and what its repair is doing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HealthView {
+    /// Why: `stopped` (its instance stays stopped).
+    pub reason: String,
+    /// For how many seconds, as of the provisioner's last listing.
+    pub unhealthy_for_s: u64,
+    /// `repairing` (a replacement is starting or running), `due` (at the next listing),
+    /// `held` (more machines unhealthy at once than `repair-max-unhealthy` allows) or `never`
+    /// (a keep-instance machine).
+    #[schema(pattern = "^(repairing|due|held|never)$")]
+    pub repair: String,
 }
 
 fn on_demand() -> String {

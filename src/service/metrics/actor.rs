@@ -11,7 +11,7 @@ use super::messages::{
     LeaderChanged, MachinesPending, Render, RenderService,
 };
 use super::state::{CapacityBook, MetricsBook, StartOutcome};
-use crate::model::events::ProvisionerEvent;
+use crate::model::events::{HandoverCause, ProvisionerEvent};
 use crate::model::MachineId;
 use crate::service::store::{CountsChanged, StoreCounts};
 
@@ -144,9 +144,13 @@ impl Handler<ProvisionerEvent> for Metrics {
                 self.book.harvest("held_back_by_cap", *held_back_by_cap as u64);
             }
             ProvisionerEvent::MachineInterrupted { .. } => self.book.interrupted(),
+            ProvisionerEvent::MachineReplaced { cause: HandoverCause::Repair, .. } => self.book.repair("replaced"),
             ProvisionerEvent::MachineReplaced { lead, .. } => {
                 self.book.replaced(lead.map(|d| d.as_secs_f64()));
             }
+            ProvisionerEvent::MachineUnhealthy { .. } => self.book.unhealthy(),
+            ProvisionerEvent::MachineRepairing { .. } => self.book.repair("started"),
+            ProvisionerEvent::RepairsHeld { .. } => self.book.repair("held"),
             _ => {}
         }
     }

@@ -125,6 +125,8 @@ pub(crate) struct MetricsBook {
     interruptions: Counter,
     replacements: Counter,
     replacement_lead: PromHistogram,
+    repairs: Family<Labels, Counter>,
+    unhealthy: Counter,
     instances_by_capacity: Family<Labels, Gauge>,
     machines: Family<Labels, Gauge>,
     machines_by_life: Family<Labels, Gauge>,
@@ -237,6 +239,17 @@ impl Default for MetricsBook {
             "Time from a replacement running to the end of its interrupted instance's warning (0: ran after it)",
             PromHistogram::new(LEAD_BUCKETS)
         );
+        let repairs = reg!(
+            "provisioner_repairs",
+            "Repairs of unhealthy machines by outcome: started (a replacement starts), replaced (it runs; the \
+             old instance is being stopped), held (more unhealthy at once than repair-max-unhealthy: none repaired)",
+            Family::default()
+        );
+        let unhealthy = reg!(
+            "provisioner_unhealthy_machines",
+            "Machines found unhealthy (an instance stopped longer than repair-after), each once per instance",
+            Counter::default()
+        );
         let instances_by_capacity = reg!(
             "provisioner_instances_by_capacity",
             "The cloud's instances by zone (none without one) and capacity type (spot, on-demand)",
@@ -294,6 +307,8 @@ impl Default for MetricsBook {
             interruptions,
             replacements,
             replacement_lead,
+            repairs,
+            unhealthy,
             instances_by_capacity,
             machines,
             machines_by_life,
@@ -413,6 +428,16 @@ impl MetricsBook {
         if let Some(s) = lead_seconds {
             self.replacement_lead.observe(s);
         }
+    }
+
+    /// Counts one repair outcome: `started`, `replaced` or `held` (issue 34).
+    pub(crate) fn repair(&mut self, outcome: &'static str) {
+        self.repairs.get_or_create(&l(&[("outcome", outcome)])).inc();
+    }
+
+    /// Counts one machine found unhealthy (`machine-unhealthy`).
+    pub(crate) fn unhealthy(&mut self) {
+        self.unhealthy.inc();
     }
 
     /// This replica's role (replicas on PostgreSQL only; the lease metrics appear with it).

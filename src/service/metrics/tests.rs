@@ -306,6 +306,7 @@ async fn the_actor_counts_hand_overs_and_instances_by_capacity() {
         warning: Some(Duration::from_secs(120)),
     });
     metrics.do_send(ProvisionerEvent::MachineReplaced {
+        cause: crate::model::events::HandoverCause::Interruption,
         machine: MachineId::new("0"),
         interrupted: id("i-1"),
         replacement: id("i-2"),

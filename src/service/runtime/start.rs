@@ -248,6 +248,7 @@ pub(crate) async fn start_model(
         model_uuid: model_uuid.clone(),
         harvest_mode: settings.harvest_mode.unwrap_or(opts.harvest_mode),
         workers: settings.workers.unwrap_or(opts.workers),
+        repair: settings.repair.unwrap_or_default(),
         retry: opts.retry.strategy(),
         resync_interval: opts.resync,
         harvest_grace: opts.harvest_grace,

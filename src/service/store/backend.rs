@@ -189,6 +189,8 @@ pub(crate) trait StoreBackend: Send {
     fn set_harvest_mode(&mut self, mode: HarvestMode) -> Result<(), StoreError>;
     /// Persists the worker pool size.
     fn set_workers(&mut self, workers: usize) -> Result<(), StoreError>;
+    /// Persists the repair policy (issue 34).
+    fn set_repair(&mut self, policy: crate::config::repair::RepairPolicy) -> Result<(), StoreError>;
     /// Adds `count` new alive, pending machines like `spec`, in one transaction.
     fn add_new_machines(&mut self, count: usize, spec: &NewMachine) -> Result<Vec<MachineId>, StoreError>;
     /// Adds an application and machines for its units, in one transaction.

@@ -143,7 +143,15 @@ fn settings_round_trip(s: &mut dyn StoreBackend) {
     s.set_workers(4).unwrap();
     s.set_harvest_mode(HarvestMode::All).unwrap();
     let got = s.settings().unwrap();
-    assert_eq!((got.workers, got.harvest_mode), (Some(4), Some(HarvestMode::All)));
+    assert_eq!((got.workers, got.harvest_mode, got.repair), (Some(4), Some(HarvestMode::All), None));
+    use crate::config::repair::{MaxUnhealthy, RepairPolicy};
+    let policy =
+        RepairPolicy { after: Some(std::time::Duration::from_secs(600)), max_unhealthy: MaxUnhealthy::Count(2) };
+    s.set_repair(policy).unwrap();
+    assert_eq!(s.settings().unwrap().repair, Some(policy));
+    let off = RepairPolicy { after: None, max_unhealthy: MaxUnhealthy::Percent(30) };
+    s.set_repair(off).unwrap();
+    assert_eq!(s.settings().unwrap().repair, Some(off), "off is kept as off");
 }
 
 /// The gauges' counts kept as the store writes always equal a full recount,

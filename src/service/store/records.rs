@@ -160,6 +160,32 @@ pub(crate) struct Settings {
     pub harvest_mode: Option<HarvestMode>,
     /// Worker pool size, if ever set.
     pub workers: Option<usize>,
+    /// The repair policy (issue 34), if ever set.
+    pub repair: Option<crate::config::repair::RepairPolicy>,
+}
+
+impl Settings {
+    /// Settings from the meta table's text values (a value that does not parse is not set).
+    pub(crate) fn from_meta(
+        mode: Option<String>,
+        workers: Option<String>,
+        repair_after: Option<String>,
+        max_unhealthy: Option<String>,
+    ) -> Self {
+        use crate::config::repair::{parse_repair_after, RepairPolicy};
+        let repair = match (repair_after, max_unhealthy) {
+            (None, None) => None,
+            (after, max) => Some(RepairPolicy {
+                after: after.and_then(|a| parse_repair_after(&a).ok()).flatten(),
+                max_unhealthy: max.and_then(|m| m.parse().ok()).unwrap_or(crate::config::repair::DEFAULT_MAX_UNHEALTHY),
+            }),
+        };
+        Settings {
+            harvest_mode: mode.and_then(|m| m.parse().ok()),
+            workers: workers.and_then(|w| w.parse().ok()),
+            repair,
+        }
+    }
 }
 
 /// A machine with everything the service shows about it.

@@ -82,6 +82,22 @@ pub struct ProvisionerSpec {
     /// counts as no spot capacity. Default: no maximum.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spot_max_price: Option<crate::model::UsdPerHour>,
+    /// Addition (issue 34): how long a machine's instance stays stopped before the machine is
+    /// unhealthy and repaired through a hand-over. Default: never (a stopped instance is kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair_after: Option<Dur>,
+    /// Addition (issue 34): how many machines are repaired at a time, a count or a percentage
+    /// (`"20%"`, the default); more unhealthy at once hold every repair back.
+    #[serde(default = "default_max_unhealthy", skip_serializing_if = "is_default_max_unhealthy")]
+    pub repair_max_unhealthy: crate::config::repair::MaxUnhealthy,
+}
+
+fn default_max_unhealthy() -> crate::config::repair::MaxUnhealthy {
+    crate::config::repair::DEFAULT_MAX_UNHEALTHY
+}
+
+fn is_default_max_unhealthy(m: &crate::config::repair::MaxUnhealthy) -> bool {
+    *m == crate::config::repair::DEFAULT_MAX_UNHEALTHY
 }
 
 /// `[cloud]`.
@@ -589,6 +605,8 @@ impl Default for ProvisionerSpec {
             batch_starts: false,
             batch_size: default_batch_size(),
             spot_max_price: None,
+            repair_after: None,
+            repair_max_unhealthy: default_max_unhealthy(),
         }
     }
 }

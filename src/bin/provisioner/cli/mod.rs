@@ -155,7 +155,7 @@ pub enum MachineCmd {
         #[arg(long, value_name = "A")]
         application: Option<String>,
         /// Only machines with this machine status (pending, started, error, stopped) or
-        /// instance status (provisioning, "provisioning error", running, ...).
+        /// instance status (provisioning, "provisioning error", running, ...), or unhealthy (issue 34).
         #[arg(long, value_name = "S")]
         status: Option<String>,
         /// Only machines whose instance is in this zone.
@@ -275,23 +275,25 @@ pub enum TokenCmd {
 }
 
 /// The model settings `config` reads and writes.
-pub const CONFIG_KEYS: [&str; 2] = ["harvest-mode", "workers"];
+pub const CONFIG_KEYS: [&str; 4] = ["harvest-mode", "workers", "repair-after", "repair-max-unhealthy"];
 
 /// `provisioner config ...`.
 #[derive(Subcommand, Debug)]
 pub enum ConfigCmd {
     /// Print a setting.
     Get {
-        /// harvest-mode or workers.
+        /// harvest-mode, workers, repair-after or repair-max-unhealthy.
         #[arg(value_parser = CONFIG_KEYS)]
         key: String,
     },
     /// Change a setting (applied at once, kept across restarts).
     Set {
-        /// harvest-mode or workers.
+        /// harvest-mode, workers, repair-after or repair-max-unhealthy.
         #[arg(value_parser = CONFIG_KEYS)]
         key: String,
-        /// The new value (harvest-mode: none, unknown, destroyed, all; workers: 1..=100).
+        /// The new value (harvest-mode: none, unknown, destroyed, all; workers: 1..=100;
+        /// repair-after: a duration such as 10m, or off; repair-max-unhealthy: a count such as
+        /// 3 or a percentage such as 20%).
         value: String,
     },
 }

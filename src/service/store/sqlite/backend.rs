@@ -476,7 +476,17 @@ impl StoreBackend for StoreCore {
     fn settings(&mut self) -> Result<Settings, StoreError> {
         let mode = meta_get(&self.conn, "harvest_mode").map_err(StoreError::sql("reading settings"))?;
         let workers = meta_get(&self.conn, "workers").map_err(StoreError::sql("reading settings"))?;
-        Ok(Settings { harvest_mode: mode.and_then(|m| m.parse().ok()), workers: workers.and_then(|w| w.parse().ok()) })
+        let after = meta_get(&self.conn, "repair_after").map_err(StoreError::sql("reading settings"))?;
+        let max = meta_get(&self.conn, "repair_max_unhealthy").map_err(StoreError::sql("reading settings"))?;
+        Ok(Settings::from_meta(mode, workers, after, max))
+    }
+
+    /// Persists the repair policy (both keys in the write's transaction).
+    fn set_repair(&mut self, policy: crate::config::repair::RepairPolicy) -> Result<(), StoreError> {
+        let sql = || StoreError::sql("writing the repair policy");
+        let after = crate::config::repair::show_repair_after(policy.after);
+        meta_set(&self.conn, "repair_after", &after).map_err(sql())?;
+        meta_set(&self.conn, "repair_max_unhealthy", &policy.max_unhealthy.to_string()).map_err(sql())
     }
 
     /// Persists the harvest mode.

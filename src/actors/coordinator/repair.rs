@@ -1,0 +1,258 @@
+//! Repair of unhealthy machines (issue 34), the coordinator's plain core for it: which machines
+//! are unhealthy after a fresh listing, which of them get a replacement through the hand-over
+//! (`handover.rs`: the replacement runs first, then the old instance is stopped), and when the
+//! cap holds every repair back. Decisions are values; the coordinator performs them.
+//!
+//! The rules: a machine is unhealthy once its recorded instance has been listed stopped for
+//! the policy's `after` (unset: never, seed 000's default: a stopped instance is expected back
+//! and kept). At most `max_unhealthy` of the model's machines are repaired at a time, counting
+//! those already in a repair; when more than that are unhealthy at once, nothing is repaired
+//! (a zone or the cloud is probably at fault, not the machines) and the hold is said once until
+//! it lifts. Keep-instance and manual machines are never repaired (manual ones are never
+//! listed). Repairs begin only on a fresh listing after the first batch (never in safe mode,
+//! never on a failed listing: the coordinator is told of successful listings alone).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::handover::NoticedInstance;
+use crate::config::repair::RepairPolicy;
+use crate::model::{InstanceId, MachineId};
+
+/// A live machine whose recorded instance a fresh listing shows stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoppedMachine {
+    /// What a hand-over of its recorded instance needs (the machine, its record, an adoptable
+    /// replacement).
+    pub owner: NoticedInstance,
+    /// How long the listings have shown it stopped.
+    pub stopped_for: Duration,
+}
+
+/// One unhealthy machine, as shown and counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unhealthy {
+    /// The machine.
+    pub machine: MachineId,
+    /// Its instance.
+    pub instance: InstanceId,
+    /// Why: `stopped`.
+    pub reason: &'static str,
+    /// For how long.
+    pub unhealthy_for: Duration,
+    /// Whether a repair may touch it (not keep-instance).
+    pub repairable: bool,
+}
+
+/// Every repair held back: more machines unhealthy than the cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// Machines unhealthy.
+    pub unhealthy: usize,
+    /// The cap for the model's population.
+    pub cap: usize,
+}
+
+/// What a listing leaves to do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RepairPlan {
+    /// Machines to repair now (a hand-over each), in id order.
+    pub repair: Vec<(NoticedInstance, Unhealthy)>,
+    /// Machines that became unhealthy since the last listing (for the event stream).
+    pub newly_unhealthy: Vec<Unhealthy>,
+    /// The hold, when it begins (said once until it lifts).
+    pub held: Option<Held>,
+    /// How long until the first machine listed stopped now, and repairable, is unhealthy (a
+    /// listing after that repairs it): `None` if none is waiting for it.
+    pub due_in: Option<Duration>,
+}
+
+/// The repair policy and what the last listing showed.
+#[derive(Debug, Default)]
+pub struct RepairBook {
+    policy: RepairPolicy,
+    /// The unhealthy machines as of the last listing.
+    unhealthy: BTreeMap<MachineId, Unhealthy>,
+    /// Whether repairs are held back now.
+    holding: bool,
+}
+
+impl RepairBook {
+    /// A book with this policy.
+    pub fn new(policy: RepairPolicy) -> Self {
+        Self { policy, ..Self::default() }
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> RepairPolicy {
+        self.policy
+    }
+
+    /// A new policy, applied from the next listing.
+    pub fn set_policy(&mut self, policy: RepairPolicy) {
+        self.policy = policy;
+        if policy.after.is_none() {
+            self.unhealthy.clear();
+            self.holding = false;
+        }
+    }
+
+    /// The unhealthy machines as of the last listing, in id order.
+    pub fn unhealthy(&self) -> Vec<Unhealthy> {
+        self.unhealthy.values().cloned().collect()
+    }
+
+    /// Whether repairs are held back now.
+    pub fn holding(&self) -> bool {
+        self.holding
+    }
+
+    /// Decides on a fresh listing: `stopped` are the machines it shows stopped, `population`
+    /// the model's live machines with an instance, `repairing` the machines in a repair now and
+    /// `busy` whether a machine is in any hand-over (a repair's or an interruption's).
+    pub fn on_listing(
+        &mut self,
+        stopped: Vec<StoppedMachine>,
+        population: usize,
+        repairing: usize,
+        busy: impl Fn(&MachineId) -> bool,
+    ) -> RepairPlan {
+        let mut plan = RepairPlan::default();
+        let Some(after) = self.policy.after else {
+            self.unhealthy.clear();
+            self.holding = false;
+            return plan;
+        };
+        let before = std::mem::take(&mut self.unhealthy);
+        let mut candidates = Vec::new();
+        let waiting = |s: &StoppedMachine| {
+            let r = &s.owner.record;
+            s.stopped_for < after && s.owner.alive && s.owner.recorded && !r.keep_instance && !r.manual
+        };
+        plan.due_in =
+            stopped.iter().filter(|s| waiting(s) && !busy(&s.owner.machine)).map(|s| after - s.stopped_for).min();
+        for s in stopped.into_iter().filter(|s| s.stopped_for >= after && s.owner.alive && s.owner.recorded) {
+            let record = &s.owner.record;
+            let Some(instance) = record.instance.clone() else { continue };
+            let u = Unhealthy {
+                machine: s.owner.machine.clone(),
+                instance,
+                reason: "stopped",
+                unhealthy_for: s.stopped_for,
+                repairable: !record.keep_instance && !record.manual,
+            };
+            if before.get(&u.machine).is_none_or(|b| b.instance != u.instance) {
+                plan.newly_unhealthy.push(u.clone());
+            }
+            self.unhealthy.insert(u.machine.clone(), u.clone());
+            if u.repairable && !busy(&u.machine) {
+                candidates.push((s.owner, u));
+            }
+        }
+        let cap = self.policy.max_unhealthy.of(population);
+        let count = self.unhealthy.len().max(repairing);
+        if count > cap {
+            plan.due_in = None;
+            if !self.holding {
+                plan.held = Some(Held { unhealthy: count, cap });
+            }
+            self.holding = true;
+            return plan;
+        }
+        self.holding = false;
+        let slots = cap.saturating_sub(repairing);
+        plan.repair = candidates.into_iter().take(slots).collect();
+        plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::repair::MaxUnhealthy;
+    use crate::model::Machine;
+
+    fn stopped(id: &str, minutes: u64, keep: bool) -> StoppedMachine {
+        let mut record = Machine::pending(id);
+        record.instance = Some(InstanceId::new(format!("i-{id}")));
+        record.keep_instance = keep;
+        StoppedMachine {
+            owner: NoticedInstance {
+                machine: MachineId::new(id),
+                recorded: true,
+                alive: true,
+                zone: None,
+                instance_type: None,
+                state: Some(crate::model::InstanceState::Stopped),
+                record: Box::new(record),
+                adoptable: None,
+            },
+            stopped_for: Duration::from_secs(60 * minutes),
+        }
+    }
+
+    fn book(after_min: Option<u64>, cap: MaxUnhealthy) -> RepairBook {
+        RepairBook::new(RepairPolicy { after: after_min.map(|m| Duration::from_secs(60 * m)), max_unhealthy: cap })
+    }
+
+    fn ids(plan: &RepairPlan) -> Vec<&str> {
+        plan.repair.iter().map(|(o, _)| o.machine.as_str()).collect()
+    }
+
+    #[test]
+    fn off_by_default_a_stopped_instance_is_kept() {
+        let mut b = RepairBook::default();
+        let plan = b.on_listing(vec![stopped("0", 600, false)], 10, 0, |_| false);
+        assert_eq!(plan, RepairPlan::default());
+        assert!(b.unhealthy().is_empty());
+    }
+
+    #[test]
+    fn a_machine_is_repaired_only_once_stopped_for_repair_after() {
+        let mut b = book(Some(10), MaxUnhealthy::Count(2));
+        let plan = b.on_listing(vec![stopped("0", 9, false)], 10, 0, |_| false);
+        assert!(plan.repair.is_empty() && b.unhealthy().is_empty());
+        assert_eq!(plan.due_in, Some(Duration::from_secs(60)), "unhealthy in a minute");
+        let plan = b.on_listing(vec![stopped("0", 10, false)], 10, 0, |_| false);
+        assert_eq!(ids(&plan), ["0"]);
+        assert_eq!(plan.newly_unhealthy.len(), 1);
+        // Seen again while its repair runs: not begun twice, not new.
+        let plan = b.on_listing(vec![stopped("0", 11, false)], 10, 1, |m| m.as_str() == "0");
+        assert!(plan.repair.is_empty() && plan.newly_unhealthy.is_empty());
+    }
+
+    #[test]
+    fn keep_instance_machines_are_unhealthy_but_never_repaired() {
+        let mut b = book(Some(1), MaxUnhealthy::Count(5));
+        let plan = b.on_listing(vec![stopped("0", 5, true), stopped("1", 5, false)], 10, 0, |_| false);
+        assert_eq!(ids(&plan), ["1"]);
+        assert_eq!(b.unhealthy().len(), 2);
+        assert!(!b.unhealthy()[0].repairable);
+    }
+
+    #[test]
+    fn at_most_the_cap_at_a_time_counting_repairs_under_way() {
+        let mut b = book(Some(1), MaxUnhealthy::Count(2));
+        let two = vec![stopped("0", 5, false), stopped("1", 5, false)];
+        let plan = b.on_listing(two.clone(), 10, 1, |m| m.as_str() == "0");
+        assert_eq!(ids(&plan), ["1"], "one slot left");
+        let plan = b.on_listing(two, 10, 2, |_| true);
+        assert!(plan.repair.is_empty());
+    }
+
+    #[test]
+    fn a_storm_holds_every_repair_and_says_so_once() {
+        let mut b = book(Some(1), MaxUnhealthy::Percent(20));
+        let storm: Vec<_> = (0..3).map(|i| stopped(&i.to_string(), 5, false)).collect();
+        let plan = b.on_listing(storm.clone(), 9, 0, |_| false);
+        assert!(plan.repair.is_empty());
+        assert_eq!(plan.held, Some(Held { unhealthy: 3, cap: 1 }));
+        assert!(b.holding());
+        let plan = b.on_listing(storm, 9, 0, |_| false);
+        assert_eq!(plan.held, None, "said once");
+        // Two come back: the last one is repaired, the hold lifts.
+        let plan = b.on_listing(vec![stopped("2", 6, false)], 9, 0, |_| false);
+        assert_eq!(ids(&plan), ["2"]);
+        assert!(!b.holding());
+    }
+}
