@@ -234,6 +234,7 @@ fn start_with(
             begin: lifecycle.clone().recipient(),
             short: zones.clone().recipient(),
             states: poller.clone().recipient(),
+            impaired: poller.clone().recipient(),
             release: poller.clone().recipient(),
             short_type: poller.clone().recipient(),
             host_tag: config.host_tag.clone(),

@@ -425,6 +425,14 @@ pub trait Broker: Send + Sync + 'static {
         let _ = receipts;
         Box::pin(async { Ok(()) })
     }
+    /// Our instances whose cloud status checks fail now (issue 34: EC2's instance or system
+    /// status `impaired`; the simulated clouds' `cloud_impair`): a machine whose instance stays
+    /// impaired for the model's `repair-after` is repaired. Instances of other models may be
+    /// answered too (the caller keeps its own). The default: the cloud reports no status
+    /// checks (none impaired).
+    fn impaired_instances(&self) -> BrokerFuture<Vec<InstanceId>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
     /// A hint (issue 33): the cloud is short of `capacity` for `instance_type` in `zone` (it
     /// warned that it takes an instance of that type away there). A broker with a per-type
     /// fail-over avoids the type there for its capacity memory's length, as after a capacity
@@ -495,6 +503,11 @@ macro_rules! forward_broker {
     (@ $inner:ident acknowledge_notices) => {
         fn acknowledge_notices(&self, receipts: Vec<String>) -> $crate::ports::BrokerFuture<()> {
             self.$inner.acknowledge_notices(receipts)
+        }
+    };
+    (@ $inner:ident impaired_instances) => {
+        fn impaired_instances(&self) -> $crate::ports::BrokerFuture<Vec<$crate::model::InstanceId>> {
+            self.$inner.impaired_instances()
         }
     };
     (@ $inner:ident capacity_short) => {

@@ -157,6 +157,8 @@ impl World {
             Action::CloudStop(id) => self.cloud.set_state(id, InstanceState::Stopped),
             Action::CloudStart(id) => self.cloud.set_state(id, InstanceState::Running),
             Action::CloudTerminate(id) => self.cloud.set_state(id, InstanceState::Terminated),
+            Action::CloudImpair(id) => self.cloud.set_impaired(id, true),
+            Action::CloudRecover(id) => self.cloud.set_impaired(id, false),
             Action::Interrupt(i) => self.cloud.interrupt(&i.instance, i.warning.0),
             Action::CloudLaunch(l) => self.cloud.launch_aged(
                 &l.id,

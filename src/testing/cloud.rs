@@ -271,6 +271,8 @@ struct CloudActor {
     /// Instances warned of an interruption, with when (on the cloud's clock) the warning runs
     /// out: during it their machine may have a second live instance (its replacement).
     warned: BTreeMap<InstanceId, Duration>,
+    /// Instances whose status checks fail (`cloud_impair`, issue 34).
+    impaired: std::collections::BTreeSet<InstanceId>,
     zoned: bool,
     zones: Vec<AvailabilityZone>,
     /// Every instance, compactly (about 80 bytes held inline; see [`Stored`]). Ids are made in
@@ -423,8 +425,8 @@ impl CloudActor {
 
     /// Invariant 1, at the moment a start creates an instance: no other live instance of ours
     /// is tagged for the same machine, except one instance whose interruption warning is
-    /// running (issue 33) or the stopped instance this one's start replaces (a repair, issue
-    /// 34): a machine has at most two live instances, and two only during a hand-over.
+    /// running (issue 33) or the stopped or impaired instance this one's start replaces (a
+    /// repair, issue 34): a machine has at most two live instances, and two only during a hand-over.
     /// `before`: the instances tagged for the machine before this one; `replaces`: the
     /// instance the start that made it replaces, if any.
     fn check_duplicate(&mut self, id: &InstanceId, m: &MachineId, before: &[InstanceId], replaces: Option<&str>) {
@@ -443,7 +445,11 @@ impl CloudActor {
         let warned = |o: &String| self.warned.get(&InstanceId::new(o.as_str())).is_some_and(|d| now < *d);
         let repaired = |o: &String| {
             replaces == Some(o.as_str())
-                && self.instances.get(&InstanceId::new(o.as_str())).is_some_and(|i| i.state == InstanceState::Stopped)
+                && (self.impaired.contains(&InstanceId::new(o.as_str()))
+                    || self
+                        .instances
+                        .get(&InstanceId::new(o.as_str()))
+                        .is_some_and(|i| i.state == InstanceState::Stopped))
         };
         if others.len() > 1 {
             self.duplicates.push(format!("machine {m} has three live instances: {} and {id}", others.join(", ")));
@@ -742,6 +748,18 @@ msg!(Interrupt { id: InstanceId, warning: Duration } -> "()");
 msg!(Notices { model: Arc<str> } -> "Result<Vec<InterruptionNotice>, BrokerError>");
 msg!(Acknowledge { receipts: Vec<String> } -> "Result<(), BrokerError>");
 msg!(Unacknowledged {} -> "Vec<InstanceId>");
+msg!(Impaired { model: Arc<str> } -> "Result<Vec<InstanceId>, BrokerError>");
+
+impl Handler<Impaired> for CloudActor {
+    type Result = Result<Vec<InstanceId>, BrokerError>;
+    fn handle(&mut self, msg: Impaired, _ctx: &mut Self::Context) -> Self::Result {
+        let model = self.names.find(&msg.model);
+        let ours = |id: &InstanceId| {
+            self.instances.get(id).is_some_and(|i| i.ours(model) && i.state != InstanceState::Terminated)
+        };
+        Ok(self.impaired.iter().filter(|id| ours(id)).cloned().collect())
+    }
+}
 
 impl Handler<Unacknowledged> for CloudActor {
     type Result = MessageResult<Unacknowledged>;
@@ -1258,6 +1276,7 @@ impl FakeCloud {
             notices: Vec::new(),
             receipts: 0,
             warned: BTreeMap::new(),
+            impaired: std::collections::BTreeSet::new(),
             zoned,
             zones: zones.iter().map(|z| AvailabilityZone::available(*z)).collect(),
             instances: BTreeMap::new(),
@@ -1482,6 +1501,17 @@ impl FakeCloud {
         });
     }
 
+    /// The instance's status checks start failing (`impaired`) or pass again (issue 34).
+    pub fn set_impaired(&self, id: &str, impaired: bool) {
+        let id = InstanceId::new(id);
+        self.control(move |c| {
+            let changed = if impaired { c.impaired.insert(id) } else { c.impaired.remove(&id) };
+            if changed {
+                c.last_activity = c.epoch.elapsed();
+            }
+        });
+    }
+
     /// The instances of the interruption notices not acknowledged, in the order sent.
     pub async fn unacknowledged_notices(&self) -> Vec<InstanceId> {
         self.addr.send(Unacknowledged {}).await.unwrap_or_default()
@@ -1569,6 +1599,11 @@ impl Broker for FakeBroker {
 
     fn supports_interruptions(&self) -> bool {
         self.interruptions
+    }
+
+    fn impaired_instances(&self) -> BrokerFuture<Vec<InstanceId>> {
+        let req = self.addr.send(Impaired { model: self.model.clone() });
+        Box::pin(async move { req.await.map_err(mailbox)? })
     }
 
     fn capacity_short(&self, zone: Option<&str>, instance_type: &str, capacity: CapacityType) {

@@ -108,13 +108,45 @@ impl Coordinator {
         self
     }
 
+    /// After a fresh listing, with repair on: the cloud's status checks are read (impaired
+    /// instances, with their machines from the registry) and joined to the stopped machines,
+    /// then decided on. With repair off nothing is asked.
+    fn health_after_listing(
+        &mut self,
+        mut stopped: Vec<super::repair::StoppedMachine>,
+        population: usize,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(links) = &self.interruptions else { return };
+        if self.repairs.policy().after.is_none() {
+            self.on_health(Vec::new(), population, ctx);
+            return;
+        }
+        let (impaired, noticed) = (links.impaired.clone(), links.noticed.clone());
+        let ask = async move {
+            let ids = impaired.send(crate::actors::interruptions::ImpairedInstances).await.unwrap_or_default();
+            if ids.is_empty() {
+                return Vec::new();
+            }
+            noticed.send(NoticedInstances(ids)).await.unwrap_or_default()
+        };
+        self.spawn_counted(ask.into_actor(self), ctx, move |owners, act, ctx| {
+            let impaired = act.repairs.impaired(owners, act.epoch.elapsed());
+            // A machine both stopped and impaired counts once, as stopped.
+            let seen: std::collections::BTreeSet<_> = stopped.iter().map(|s| s.owner.machine.clone()).collect();
+            stopped.extend(impaired.into_iter().filter(|i| !seen.contains(&i.owner.machine)));
+            stopped.sort_by(|a, b| a.owner.machine.cmp(&b.owner.machine));
+            act.on_health(stopped, population, ctx);
+        });
+    }
+
     /// Decides on a fresh listing's stopped machines and begins the repairs it allows (each a
     /// hand-over), publishing who became unhealthy and when the cap holds repairs back.
     fn on_health(&mut self, stopped: Vec<super::repair::StoppedMachine>, population: usize, ctx: &mut Context<Self>) {
         let handovers = &self.handovers;
         let plan = self.repairs.on_listing(stopped, population, handovers.repairing(), |m| handovers.busy(m));
         for u in plan.newly_unhealthy {
-            tracing::info!(machine = %u.machine, instance = %u.instance, unhealthy_for = ?u.unhealthy_for, "machine unhealthy: its instance stays stopped");
+            tracing::info!(machine = %u.machine, instance = %u.instance, reason = u.reason, unhealthy_for = ?u.unhealthy_for, "machine unhealthy");
             self.publish(ProvisionerEvent::MachineUnhealthy {
                 machine: u.machine,
                 instance: u.instance,
@@ -194,8 +226,8 @@ impl Coordinator {
             match self.handovers.of(machine).map(|h| h.cause) {
                 Some(super::handover::HandoverCause::Repair) => {
                     let u = self.repairs.unhealthy().into_iter().find(|u| u.machine == m);
-                    let unhealthy_for = u.map(|u| u.unhealthy_for).unwrap_or_default();
-                    let reason = "stopped".to_owned();
+                    let unhealthy_for = u.as_ref().map(|u| u.unhealthy_for).unwrap_or_default();
+                    let reason = u.map_or("stopped", |u| u.reason).to_owned();
                     self.publish(ProvisionerEvent::MachineRepairing { machine: m, instance, reason, unhealthy_for });
                 }
                 _ => {
@@ -756,9 +788,7 @@ impl Handler<ViewRefreshed> for Coordinator {
                     self.begin_handover(replace, ctx);
                 }
             }
-            if self.interruptions.is_some() {
-                self.on_health(msg.stopped, msg.population, ctx);
-            }
+            self.health_after_listing(msg.stopped, msg.population, ctx);
             self.look_at_replacements(ctx);
         }
     }

@@ -114,6 +114,8 @@ pub struct InterruptionLinks {
     pub release: Recipient<crate::actors::interruptions::ReleaseNotices>,
     /// The poller: the states of replacements not yet seen running.
     pub states: Recipient<crate::actors::interruptions::ReplacementStates>,
+    /// The poller: our instances whose cloud status checks fail (repairs, issue 34).
+    pub impaired: Recipient<crate::actors::interruptions::ImpairedInstances>,
     /// The first half of every nonce (a replacement's start is looked up by its nonce).
     pub host_tag: String,
 }

@@ -25,8 +25,10 @@ pub struct StoppedMachine {
     /// What a hand-over of its recorded instance needs (the machine, its record, an adoptable
     /// replacement).
     pub owner: NoticedInstance,
-    /// How long the listings have shown it stopped.
+    /// How long the listings have shown it stopped (or the cloud's status checks impaired).
     pub stopped_for: Duration,
+    /// Why: `stopped` or `impaired`.
+    pub reason: &'static str,
 }
 
 /// One unhealthy machine, as shown and counted.
@@ -36,7 +38,7 @@ pub struct Unhealthy {
     pub machine: MachineId,
     /// Its instance.
     pub instance: InstanceId,
-    /// Why: `stopped`.
+    /// Why: `stopped` or `impaired`.
     pub reason: &'static str,
     /// For how long.
     pub unhealthy_for: Duration,
@@ -75,6 +77,9 @@ pub struct RepairBook {
     unhealthy: BTreeMap<MachineId, Unhealthy>,
     /// Whether repairs are held back now.
     holding: bool,
+    /// Machines whose recorded instance the cloud's status checks report impaired, since when
+    /// (on the coordinator's clock) and which instance.
+    impaired_since: BTreeMap<MachineId, (InstanceId, Duration)>,
 }
 
 impl RepairBook {
@@ -107,6 +112,24 @@ impl RepairBook {
         self.holding
     }
 
+    /// The machines whose recorded instance the cloud reports impaired now (`owners`, what the
+    /// registry knows of each impaired instance), each with how long it has been reported so
+    /// (since the first report this book saw, at `now`).
+    pub fn impaired(&mut self, owners: Vec<Option<NoticedInstance>>, now: Duration) -> Vec<StoppedMachine> {
+        let before = std::mem::take(&mut self.impaired_since);
+        let mut out = Vec::new();
+        for o in owners.into_iter().flatten().filter(|o| o.alive && o.recorded) {
+            let Some(instance) = o.record.instance.clone() else { continue };
+            let since = match before.get(&o.machine) {
+                Some((i, t)) if *i == instance => *t,
+                _ => now,
+            };
+            self.impaired_since.insert(o.machine.clone(), (instance, since));
+            out.push(StoppedMachine { owner: o, stopped_for: now.saturating_sub(since), reason: "impaired" });
+        }
+        out
+    }
+
     /// Decides on a fresh listing: `stopped` are the machines it shows stopped, `population`
     /// the model's live machines with an instance, `repairing` the machines in a repair now and
     /// `busy` whether a machine is in any hand-over (a repair's or an interruption's).
@@ -137,7 +160,7 @@ impl RepairBook {
             let u = Unhealthy {
                 machine: s.owner.machine.clone(),
                 instance,
-                reason: "stopped",
+                reason: s.reason,
                 unhealthy_for: s.stopped_for,
                 repairable: !record.keep_instance && !record.manual,
             };
@@ -188,6 +211,7 @@ mod tests {
                 adoptable: None,
             },
             stopped_for: Duration::from_secs(60 * minutes),
+            reason: "stopped",
         }
     }
 
@@ -238,6 +262,20 @@ mod tests {
         assert_eq!(ids(&plan), ["1"], "one slot left");
         let plan = b.on_listing(two, 10, 2, |_| true);
         assert!(plan.repair.is_empty());
+    }
+
+    #[test]
+    fn impaired_is_timed_from_the_first_report_and_forgotten_once_it_passes() {
+        let mut b = book(Some(10), MaxUnhealthy::Count(1));
+        let owner = stopped("0", 0, false).owner;
+        let t = |m: u64| Duration::from_secs(60 * m);
+        assert_eq!(b.impaired(vec![Some(owner.clone()), None], t(1))[0].stopped_for, Duration::ZERO);
+        let again = b.impaired(vec![Some(owner.clone())], t(12));
+        assert_eq!((again[0].stopped_for, again[0].reason), (t(11), "impaired"));
+        let plan = b.on_listing(again, 5, 0, |_| false);
+        assert_eq!((ids(&plan), plan.repair[0].1.reason), (vec!["0"], "impaired"));
+        assert!(b.impaired(Vec::new(), t(13)).is_empty());
+        assert_eq!(b.impaired(vec![Some(owner)], t(14))[0].stopped_for, Duration::ZERO, "timed afresh");
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::messages::{AcknowledgeNotices, CapacityShort, ReleaseNotices, ReplacementStates};
+use super::messages::{AcknowledgeNotices, CapacityShort, ImpairedInstances, ReleaseNotices, ReplacementStates};
 use super::state::{NextPoll, NoticeBook};
 use crate::actors::coordinator::InterruptionsNoticed;
 use crate::config::Backoff;
@@ -50,6 +50,19 @@ impl Actor for InterruptionPoller {
     fn started(&mut self, ctx: &mut Self::Context) {
         crate::actors::unlimited_mailbox(ctx);
         self.poll(ctx);
+    }
+}
+
+impl Handler<ImpairedInstances> for InterruptionPoller {
+    type Result = ResponseFuture<Vec<crate::model::InstanceId>>;
+    fn handle(&mut self, _msg: ImpairedInstances, _ctx: &mut Self::Context) -> Self::Result {
+        let call = self.broker.impaired_instances();
+        Box::pin(async move {
+            call.await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "reading the cloud's status checks failed");
+                Vec::new()
+            })
+        })
     }
 }
 

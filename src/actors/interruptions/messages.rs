@@ -33,3 +33,9 @@ pub struct CapacityShort {
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Vec<Option<crate::model::InstanceState>>")]
 pub struct ReplacementStates(pub Vec<(crate::model::MachineId, String)>);
+
+/// Our instances whose cloud status checks fail now ([`crate::ports::Broker::impaired_instances`],
+/// issue 34); none when the call fails (the next listing asks again).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "Vec<crate::model::InstanceId>")]
+pub struct ImpairedInstances;

@@ -14,4 +14,4 @@ mod state;
 mod tests;
 
 pub use actor::InterruptionPoller;
-pub use messages::{AcknowledgeNotices, CapacityShort, ReleaseNotices, ReplacementStates};
+pub use messages::{AcknowledgeNotices, CapacityShort, ImpairedInstances, ReleaseNotices, ReplacementStates};

@@ -944,6 +944,7 @@ impl MachineBook {
                 Some(crate::actors::coordinator::repair::StoppedMachine {
                     owner,
                     stopped_for: clock.saturating_sub(*since),
+                    reason: "stopped",
                 })
             })
             .collect();

@@ -179,6 +179,10 @@ event_actions! {
     cloud_start: String => CloudStart(String);
     /// Out-of-band terminate.
     cloud_terminate: String => CloudTerminate(String);
+    /// The instance's status checks start failing (an addition, issue 34).
+    cloud_impair: String => CloudImpair(String);
+    /// The instance's status checks pass again (an addition, issue 34).
+    cloud_recover: String => CloudRecover(String);
     /// Out-of-band launch.
     cloud_launch: LaunchSpec => CloudLaunch(LaunchSpec);
     /// Break the next calls.
