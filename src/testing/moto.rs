@@ -33,6 +33,10 @@ pub const HANDOVER_QUEUE_VISIBILITY: Duration = Duration::from_secs(2);
 /// [`INTERRUPTION_QUEUE`] now, the termination that many seconds later.
 pub const INTERRUPT_TAG: &str = "provisioner-test-interrupt";
 
+/// The tag whose value `true` makes the server report the tagged instance's status checks
+/// `impaired` (`false`: `ok` again), issue 34.
+pub const IMPAIR_TAG: &str = "provisioner-test-impair";
+
 /// An image moto knows.
 pub const IMAGE: &str = "ami-1e749f67";
 /// The model whose starts into us-east-1a fail with InsufficientInstanceCapacity.

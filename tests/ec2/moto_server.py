@@ -40,6 +40,10 @@
   answer: the replacement runs for that long before its provisioner can know of it, so a test
   sampling the cloud sees whether the interrupted instance outlives that (it must), and a test
   killing the provisioner then kills it mid hand-over.
+- Failing status checks, which moto lacks (it reports every running instance `ok`): a
+  CreateTags of the key provisioner-test-impair with the value `true` on an instance makes
+  DescribeInstanceStatus report its instance status `impaired` (reachability failed) while it
+  runs; the value `false` makes it `ok` again.
 - The server exits when the process that started it is gone (no stray servers after a test
   run, even one that was killed).
 
@@ -53,7 +57,7 @@ import threading
 import time
 
 from moto.ec2.exceptions import EC2ClientError
-from moto.ec2.models.instances import StateReason
+from moto.ec2.models.instances import Instance, StateReason
 from moto.ec2.responses.instances import InstanceResponse
 from moto.ec2.responses.tags import TagResponse
 from moto.server import main
@@ -220,8 +224,31 @@ def interrupt(instance_id, seconds):
     threading.Thread(target=terminate, daemon=True).start()
 
 
+IMPAIR = "provisioner-test-impair"
+# Instances whose status checks fail (CreateTags of IMPAIR).
+IMPAIRED = set()
+_instance_status = Instance.instance_status
+
+
+def instance_status(self):
+    if self.id in IMPAIRED and self.state_code == 16:
+        return {"Details": [{"Name": "reachability", "Status": "failed"}], "Status": "impaired"}
+    return _instance_status.fget(self)
+
+
+Instance.instance_status = property(instance_status)
+
+
 def create_tags(self):
     tags = self._get_param("Tags", [])
+    impair = next((t.get("Value", "") for t in tags if t.get("Key") == IMPAIR), None)
+    if impair is not None:
+        with LOCK:
+            for instance_id in self._get_param("Resources", []):
+                if impair == "true":
+                    IMPAIRED.add(instance_id)
+                else:
+                    IMPAIRED.discard(instance_id)
     trigger = next((t.get("Value", "") for t in tags if t.get("Key") == INTERRUPT), None)
     if trigger is not None:
         for instance_id in self._get_param("Resources", []):

@@ -252,3 +252,50 @@ fn a_hand_over_cut_by_a_kill_resumes_with_one_instance_per_machine() {
     }
     assert!(most_live.get() <= 2, "a machine had {} live instances at once", most_live.get());
 }
+
+/// Issue 34 on moto: with `repair-after` set, a machine whose instance's status checks fail
+/// (moto's hook: the instance keeps running, `DescribeInstanceStatus` says `impaired`) for that
+/// long is repaired: a new instance is started and recorded, and the impaired one is terminated
+/// only after. The other machine keeps its instance, and no machine ever has three live
+/// instances.
+#[test]
+fn an_impaired_instance_is_replaced_after_repair_after() {
+    use provisioner::testing::moto::IMPAIR_TAG;
+
+    let moto = moto::Moto::shared();
+    let dir = temp_dir("ec2-repair");
+    let config = crate::support::config_file(&dir, "repair.toml", "resync = \"1s\"\n");
+    let mut args: Vec<&str> = moto_serve_args(moto).to_vec();
+    args.extend(["--config", config.as_str()]);
+    let s = Server::start(&dir, &args);
+    for (k, v) in [("repair-after", "2s"), ("repair-max-unhealthy", "1")] {
+        let out = s.cli(&["config", "set", k, v]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    s.json(&["machine", "add", "-n", "2", "--wait", "--json"]);
+    let machines = s.machines();
+    let (sick, well) = (&machines[0], &machines[1]);
+    let uuid = s.json(&["model", "show", "default", "--json"])["uuid"].as_str().unwrap().to_owned();
+    let sys = actix_rt::System::new();
+    let broker = sys.block_on(moto.broker(&uuid));
+    let old = sick["instance"].as_str().unwrap().to_owned();
+    let tag = aws_sdk_ec2::types::Tag::builder().key(IMPAIR_TAG).value("true").build();
+    sys.block_on(broker.client().create_tags().resources(&old).tags(tag).send()).unwrap();
+    let mut most_live = 0;
+    let id = sick["id"].as_str().unwrap();
+    let repaired = poll(Duration::from_secs(60), Duration::from_millis(200), || {
+        let by = live_by_machine(&cloud(&sys, &broker, &uuid));
+        most_live = most_live.max(by.values().map(Vec::len).max().unwrap_or(0));
+        let m = s.json(&["machine", "show", id, "--json"]);
+        let new = m["instance"].as_str().unwrap_or_default().to_owned();
+        let done = new != old && by.get(id).is_some_and(|v| v == &vec![new.clone()]);
+        done.then_some(new)
+    })
+    .unwrap_or_else(|| panic!("not repaired: {:?}\n{}", s.machines(), s.log_text()));
+    eprintln!("machine {id}: impaired {old} replaced by {repaired}");
+    assert!(most_live <= 2, "a machine had {most_live} live instances");
+    let by = live_by_machine(&cloud(&sys, &broker, &uuid));
+    assert_eq!(by.get(well["id"].as_str().unwrap()), Some(&vec![well["instance"].as_str().unwrap().to_owned()]));
+    let metrics = s.metrics();
+    assert_eq!(sample(&metrics, "provisioner_repairs_total{outcome=\"replaced\"}"), Some(1.0), "{metrics}");
+}

@@ -780,6 +780,32 @@ impl Broker for Ec2Broker {
         })
     }
 
+    /// Running instances whose instance or system status check is `impaired`
+    /// (`DescribeInstanceStatus`, paginated; instances of other models too: the caller keeps
+    /// its own).
+    fn impaired_instances(&self) -> BrokerFuture<Vec<InstanceId>> {
+        use aws_sdk_ec2::types::SummaryStatus;
+        let client = self.client.clone();
+        Box::pin(async move {
+            let mut pages = client.describe_instance_status().max_results(1000).into_paginator().send();
+            let mut out = Vec::new();
+            while let Some(page) = pages.next().await {
+                let page = page.map_err(|e| sdk_error(e, None))?;
+                for s in page.instance_statuses() {
+                    let impaired = |summary: Option<&aws_sdk_ec2::types::InstanceStatusSummary>| {
+                        summary.and_then(|x| x.status()) == Some(&SummaryStatus::Impaired)
+                    };
+                    if impaired(s.instance_status()) || impaired(s.system_status()) {
+                        out.extend(s.instance_id().map(InstanceId::new));
+                    }
+                }
+            }
+            out.sort();
+            out.dedup();
+            Ok(out)
+        })
+    }
+
     fn instances_of_start(&self, machine: MachineId, nonce: String) -> BrokerFuture<Vec<CloudInstance>> {
         let broker = self.clone();
         let client = self.client.clone();
