@@ -9,6 +9,7 @@
 
 pub mod capacity;
 pub mod constraints;
+pub mod drift;
 pub mod events;
 pub mod instance_types;
 pub mod multimap;

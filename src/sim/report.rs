@@ -41,6 +41,21 @@ pub struct Report {
     /// has a known price.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost: Option<FleetCost>,
+    /// Addition (issue 34): live machines whose recorded instance has drifted from what a start
+    /// would make for them at the end (`model::drift`), by machine id; absent when none has.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub drift: BTreeMap<String, DriftReport>,
+}
+
+/// One drifted machine (issue 34).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DriftReport {
+    /// Its recorded instance.
+    pub instance: String,
+    /// Each reason's kind (`instance-type`, `zone`, `tags`), in order.
+    pub kinds: Vec<String>,
+    /// Each reason, as a sentence.
+    pub reasons: Vec<String>,
 }
 
 /// The fleet's hourly cost at the end (issue 33): every live (`pending`, `running`) instance

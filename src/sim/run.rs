@@ -158,6 +158,11 @@ impl World {
             Action::CloudStart(id) => self.cloud.set_state(id, InstanceState::Running),
             Action::CloudTerminate(id) => self.cloud.set_state(id, InstanceState::Terminated),
             Action::CloudImpair(id) => self.cloud.set_impaired(id, true),
+            Action::SetConstraints(c) => {
+                // Checked at load: the constraints parse.
+                let constraints = crate::model::Constraints::parse(&c.constraints).unwrap_or_default();
+                self.model.update(&c.machine, move |m| m.info.constraints = constraints);
+            }
             Action::CloudRecover(id) => self.cloud.set_impaired(id, false),
             Action::Interrupt(i) => self.cloud.interrupt(&i.instance, i.warning.0),
             Action::CloudLaunch(l) => self.cloud.launch_aged(
@@ -508,7 +513,46 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         model: ModelReport { life: model.life.to_string(), errors: model.errors.clone() },
         violations,
         cost: None,
+        drift: drift_report(&model, &cloud),
     };
     report.cost = FleetCost::of(&report.instances, s.cloud.spot_price);
     report
+}
+
+/// Live machines whose recorded instance (listed live) has drifted at the end (issue 34).
+fn drift_report(
+    model: &crate::testing::ModelSnapshot,
+    cloud: &crate::testing::CloudSnapshot,
+) -> BTreeMap<String, crate::sim::report::DriftReport> {
+    use crate::model::drift::{drift_of, Expected};
+    let catalogue = crate::model::instance_types::shipped();
+    let mut out = BTreeMap::new();
+    for (id, m) in &model.machines {
+        let Some(instance) =
+            m.machine.instance.as_ref().filter(|_| m.machine.life == crate::model::Life::Alive && !m.removed)
+        else {
+            continue;
+        };
+        let Some(i) = cloud.instances.get(instance).filter(|i| i.instance.state != InstanceState::Terminated) else {
+            continue;
+        };
+        let expected = Expected {
+            machine: id,
+            constraints: &m.info.constraints,
+            placement: m.info.placement.as_deref(),
+            catalogue: &catalogue,
+        };
+        let reasons = drift_of(&expected, &i.instance);
+        if !reasons.is_empty() {
+            out.insert(
+                id.to_string(),
+                crate::sim::report::DriftReport {
+                    instance: instance.to_string(),
+                    kinds: reasons.iter().map(|r| r.kind().to_owned()).collect(),
+                    reasons: reasons.iter().map(ToString::to_string).collect(),
+                },
+            );
+        }
+    }
+    out
 }

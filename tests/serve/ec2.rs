@@ -299,3 +299,39 @@ fn an_impaired_instance_is_replaced_after_repair_after() {
     let metrics = s.metrics();
     assert_eq!(sample(&metrics, "provisioner_repairs_total{outcome=\"replaced\"}"), Some(1.0), "{metrics}");
 }
+
+/// Issue 34's drift report on moto: an instance whose machine tag is changed outside the
+/// provisioner is reported drifted (`tags`), by `GET /v1/drift` and `provisioner drift`; the
+/// other machine is not; nothing is replaced (report-only).
+#[test]
+fn the_drift_report_names_an_instance_whose_tags_changed_outside() {
+    let moto = moto::Moto::shared();
+    let dir = temp_dir("ec2-drift");
+    let s = Server::start(&dir, &moto_serve_args(moto));
+    s.json(&["machine", "add", "-n", "2", "--wait", "--json"]);
+    let machines = s.machines();
+    assert_eq!(s.json(&["drift", "--json"]), serde_json::json!([]), "nothing has drifted yet");
+    let out = s.cli(&["drift"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no machine has drifted");
+    let uuid = s.json(&["model", "show", "default", "--json"])["uuid"].as_str().unwrap().to_owned();
+    let sys = actix_rt::System::new();
+    let broker = sys.block_on(moto.broker(&uuid));
+    let instance = machines[0]["instance"].as_str().unwrap().to_owned();
+    let tag = aws_sdk_ec2::types::Tag::builder().key(provisioner::adapters::ec2::TAG_MACHINE).value("99").build();
+    sys.block_on(broker.client().create_tags().resources(&instance).tags(tag).send()).unwrap();
+    let drift = poll(Duration::from_secs(30), Duration::from_millis(250), || {
+        let d = s.json(&["drift", "--json"]);
+        (!d.as_array().unwrap().is_empty()).then_some(d)
+    })
+    .unwrap_or_else(|| panic!("no drift reported\n{}", s.log_text()));
+    let d = drift.as_array().unwrap();
+    assert_eq!(d.len(), 1, "{drift}");
+    assert_eq!((d[0]["machine"].as_str(), d[0]["instance"].as_str()), (machines[0]["id"].as_str(), Some(&*instance)));
+    assert_eq!(d[0]["reasons"][0]["kind"], "tags", "{drift}");
+    assert_eq!(d[0]["reasons"][0]["message"], "its machine tag names machine 99", "{drift}");
+    let table = String::from_utf8_lossy(&s.cli(&["drift"]).stdout).to_string();
+    assert!(table.contains("MACHINE") && table.contains(&instance) && table.contains("tags"), "{table}");
+    // Report-only: the machine keeps its instance.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(s.machines()[0]["instance"], instance.as_str());
+}

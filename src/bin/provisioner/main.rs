@@ -159,6 +159,16 @@ enum Command {
         #[command(flatten)]
         conn: cli::Conn,
     },
+    /// The machines whose instance no longer matches what a start would make for them today
+    /// (issue 34): an instance type the constraints now forbid, a zone outside the ones the
+    /// machine allows, a machine tag changed outside the provisioner. Report-only.
+    Drift {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: cli::Conn,
+    },
     /// Destroy the model of a running service: every instance is stopped, no machine is added.
     DestroyModel {
         /// Do not fail on machines that cannot be destroyed.
@@ -318,6 +328,7 @@ fn main() -> ExitCode {
         Command::Token { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Token(cmd)),
         Command::Model { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Model(cmd)),
         Command::Status { json, conn } => cli::run_client(conn, cli::ClientCmd::Status { json }),
+        Command::Drift { json, conn } => cli::run_client(conn, cli::ClientCmd::Drift { json }),
         Command::DestroyModel { force, json, conn } => {
             cli::run_client(conn, cli::ClientCmd::DestroyModel { force, json })
         }

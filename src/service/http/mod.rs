@@ -72,6 +72,7 @@ pub(crate) mod body;
 pub(crate) mod config;
 pub(crate) mod dashboard;
 pub(crate) mod destroy;
+pub(crate) mod drift;
 pub(crate) mod errors;
 pub(crate) mod events;
 pub(crate) mod health;

@@ -44,6 +44,7 @@ use super::wire::ErrorBody;
         super::applications::add_application,
         super::applications::remove_application,
         super::instances::list_instances,
+        super::drift::list_drift,
         super::config::list_config,
         super::config::get_config,
         super::config::set_config,

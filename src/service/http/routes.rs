@@ -12,8 +12,8 @@ use actix_web::{web, App, HttpMessage, HttpRequest, HttpResponse};
 use super::auth::{Authorized, Caller};
 use super::errors::{ApiError, Result};
 use super::{
-    applications, config, dashboard, destroy, events, health, instances, machines, metrics, models, openapi, status,
-    tokens,
+    applications, config, dashboard, destroy, drift, events, health, instances, machines, metrics, models, openapi,
+    status, tokens,
 };
 use crate::service::audit::{AuditLine, AuditNote};
 use crate::service::host::ModelHost;
@@ -107,6 +107,7 @@ fn model_routes(cfg: &mut web::ServiceConfig) {
     )
     .service(resource("/applications/{name}", "DELETE", true).route(web::delete().to(applications::remove_application)))
     .service(resource("/instances", "GET", true).route(web::get().to(instances::list_instances)))
+    .service(resource("/drift", "GET", true).route(web::get().to(drift::list_drift)))
     .service(resource("/config", "GET", true).route(web::get().to(config::list_config)))
     .service(
         resource("/config/{key}", "GET, PUT", true)

@@ -89,6 +89,28 @@ pub struct InstanceView {
     pub machine: Option<String>,
 }
 
+/// A drifted machine, as `GET /v1/drift` and `drift --json` show it (issue 34).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DriftView {
+    /// The machine.
+    pub machine: String,
+    /// Its recorded instance.
+    pub instance: String,
+    /// Why it has drifted, at least one reason.
+    pub reasons: Vec<DriftReasonView>,
+}
+
+/// One reason a machine's instance has drifted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DriftReasonView {
+    /// `instance-type` (a type the constraints now forbid), `zone` (outside the zones the
+    /// machine allows) or `tags` (its machine tag changed outside the provisioner).
+    #[schema(pattern = "^(instance-type|zone|tags)$")]
+    pub kind: String,
+    /// The reason as a sentence.
+    pub message: String,
+}
+
 /// `POST /v1/machines`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

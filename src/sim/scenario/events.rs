@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::spec::{
-    DestroyModelSpec, FailNextSpec, InterruptSpec, LaunchSpec, MachineSpec, SetLifeSpec, SetStatusSpec, SetZonesSpec,
+    DestroyModelSpec, FailNextSpec, InterruptSpec, LaunchSpec, MachineSpec, SetConstraintsSpec, SetLifeSpec,
+    SetStatusSpec, SetZonesSpec,
 };
 use super::units::{Dur, Workers};
 use crate::model::HarvestMode;
@@ -51,7 +52,7 @@ macro_rules! same_value {
         }
     )*};
 }
-same_value!(SetLifeSpec, SetStatusSpec, HarvestMode, Vec<String>, SetZonesSpec, String);
+same_value!(SetLifeSpec, SetConstraintsSpec, SetStatusSpec, HarvestMode, Vec<String>, SetZonesSpec, String);
 same_value!(LaunchSpec, FailNextSpec, DestroyModelSpec, InterruptSpec);
 
 /// `set_workers = N`: the pool size, checked while parsing.
@@ -179,6 +180,8 @@ event_actions! {
     cloud_start: String => CloudStart(String);
     /// Out-of-band terminate.
     cloud_terminate: String => CloudTerminate(String);
+    /// A machine's constraints change (an addition, issue 34: its instance may drift).
+    set_constraints: SetConstraintsSpec => SetConstraints(SetConstraintsSpec);
     /// The instance's status checks start failing (an addition, issue 34).
     cloud_impair: String => CloudImpair(String);
     /// The instance's status checks pass again (an addition, issue 34).

@@ -30,8 +30,8 @@ pub use location::Format;
 use location::Locations;
 pub use spec::{
     CloudSpec, DerivedZonesSpec, DestroyModelSpec, FailCall, FailNextSpec, FaultSpec, InitFaultSpec, InitialState,
-    InstanceSpec, InterruptSpec, LaunchSpec, MachineSpec, ModelSpec, ProvisionerSpec, RateLimitSpec, SetLifeSpec,
-    SetStatusSpec, SetZonesSpec,
+    InstanceSpec, InterruptSpec, LaunchSpec, MachineSpec, ModelSpec, ProvisionerSpec, RateLimitSpec,
+    SetConstraintsSpec, SetLifeSpec, SetStatusSpec, SetZonesSpec,
 };
 pub use units::{format_duration, Dur, Workers};
 

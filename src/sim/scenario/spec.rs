@@ -504,6 +504,17 @@ pub struct SetStatusSpec {
     pub instance_status: Option<String>,
 }
 
+/// `set_constraints` (an addition, issue 34): a machine's constraints change (Juju syntax, as
+/// `[[machines]] constraints`); its instance is kept, and may drift.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetConstraintsSpec {
+    /// The machine.
+    pub machine: String,
+    /// Its new constraints, e.g. `cores=4 zones=az2`.
+    pub constraints: String,
+}
+
 /// `set_zones`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

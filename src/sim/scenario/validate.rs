@@ -5,7 +5,7 @@
 
 use super::events::Action;
 use super::location::Locations;
-use super::spec::{MachineSpec, SetLifeSpec, SetStatusSpec};
+use super::spec::{MachineSpec, SetConstraintsSpec, SetLifeSpec, SetStatusSpec};
 use super::units::format_duration;
 use super::{EventSpec, Scenario, ScenarioError};
 
@@ -183,6 +183,14 @@ impl Checks<'_> {
                 if !known.contains(&machine.as_str()) =>
             {
                 Err(unknown(format!("{path}.machine"), machine))
+            }
+            Action::SetConstraints(SetConstraintsSpec { machine, .. }) if !known.contains(&machine.as_str()) => {
+                Err(unknown(format!("{path}.machine"), machine))
+            }
+            Action::SetConstraints(SetConstraintsSpec { constraints, .. }) => {
+                crate::model::Constraints::parse(constraints)
+                    .map(drop)
+                    .map_err(|e| self.err(&format!("{path}.constraints"), key, e.to_string()))
             }
             Action::RetryProvisioning(ids) => match ids.iter().position(|id| !known.contains(&id.as_str())) {
                 Some(j) => Err(unknown(format!("{path}[{j}]"), &ids[j])),

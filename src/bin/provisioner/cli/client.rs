@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use provisioner::service::wire::{
-    AddApplication, AddMachines, AddedMachines, ApplicationView, ConfigValue, DestroyRequest, DestroyView, ErrorBody,
-    InstanceView, MachineDetail, MachineView, RemoveMachines, RetryMachines, StatusView,
+    AddApplication, AddMachines, AddedMachines, ApplicationView, ConfigValue, DestroyRequest, DestroyView, DriftView,
+    ErrorBody, InstanceView, MachineDetail, MachineView, RemoveMachines, RetryMachines, StatusView,
 };
 use provisioner::service::wire::{AddModel, ModelDetail, ModelView};
 use provisioner::service::wire::{CreateToken, CreatedToken, TokenScope, TokenView};
@@ -503,6 +503,25 @@ fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
                     &["ID", "STATE", "ZONE", "MACHINE"],
                     list.iter().map(|i| vec![i.id.clone(), i.state.clone(), dash(&i.zone), dash(&i.machine)]).collect(),
                 );
+            }
+            Ok(())
+        }
+        ClientCmd::Drift { json } => {
+            let list: Vec<DriftView> = c.get("/v1/drift")?;
+            if json {
+                print_json(&list);
+            } else if list.is_empty() {
+                println!("no machine has drifted");
+            } else {
+                let rows = list
+                    .iter()
+                    .flat_map(|d| {
+                        d.reasons
+                            .iter()
+                            .map(|r| vec![d.machine.clone(), d.instance.clone(), r.kind.clone(), r.message.clone()])
+                    })
+                    .collect();
+                table(&["MACHINE", "INSTANCE", "KIND", "REASON"], rows);
             }
             Ok(())
         }

@@ -320,6 +320,11 @@ pub enum ClientCmd {
         /// Print JSON.
         json: bool,
     },
+    /// `drift`.
+    Drift {
+        /// Print JSON.
+        json: bool,
+    },
     /// `destroy-model`.
     DestroyModel {
         /// Do not fail on machines that cannot be destroyed.
@@ -426,6 +431,7 @@ pub fn run_client(conn: Conn, cmd: ClientCmd) -> ExitCode {
             ClientCmd::Token(_) => "token",
             ClientCmd::Model(_) => "model",
             ClientCmd::Status { .. } => "status",
+            ClientCmd::Drift { .. } => "drift",
             ClientCmd::DestroyModel { .. } => "destroy-model",
         })
     }
