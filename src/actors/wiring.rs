@@ -235,6 +235,8 @@ fn start_with(
             short: zones.clone().recipient(),
             states: poller.clone().recipient(),
             impaired: poller.clone().recipient(),
+            listed: registry.clone().recipient(),
+            drift_of: registry.clone().recipient(),
             release: poller.clone().recipient(),
             short_type: poller.clone().recipient(),
             host_tag: config.host_tag.clone(),

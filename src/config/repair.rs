@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+/// Default `drift-budget`: one drifted machine replaced at a time.
+pub const DEFAULT_DRIFT_BUDGET: usize = 1;
+
 /// Default `repair-max-unhealthy`: a fifth of the model's machines.
 pub const DEFAULT_MAX_UNHEALTHY: MaxUnhealthy = MaxUnhealthy::Percent(20);
 
@@ -22,6 +25,12 @@ pub enum RepairError {
     /// `repair-max-unhealthy` is neither a count nor a percentage up to 100.
     #[error("repair-max-unhealthy must be a machine count such as 3 or a percentage such as 20%, got {0:?}")]
     MaxUnhealthy(String),
+    /// `replace-drifted` is neither `true` nor `false`.
+    #[error("replace-drifted must be true or false, got {0:?}")]
+    ReplaceDrifted(String),
+    /// `drift-budget` is not a whole number of 1 or more.
+    #[error("drift-budget must be a whole number of machines, 1 or more, got {0:?}")]
+    DriftBudget(String),
 }
 
 /// How many of a model's machines may be unhealthy at once and still be repaired.
@@ -127,12 +136,40 @@ pub struct RepairPolicy {
     /// How many of the model's machines are repaired at a time; more unhealthy at once hold
     /// every repair back.
     pub max_unhealthy: MaxUnhealthy,
+    /// Whether drifted machines are replaced (`replace-drifted`; off: drift is reported only).
+    pub replace_drifted: bool,
+    /// How many drifted machines are replaced at a time (`drift-budget`).
+    pub drift_budget: usize,
 }
 
 impl Default for RepairPolicy {
     fn default() -> Self {
-        Self { after: None, max_unhealthy: DEFAULT_MAX_UNHEALTHY }
+        Self {
+            after: None,
+            max_unhealthy: DEFAULT_MAX_UNHEALTHY,
+            replace_drifted: false,
+            drift_budget: DEFAULT_DRIFT_BUDGET,
+        }
     }
+}
+
+/// `replace-drifted`: `true` or `false`.
+pub fn parse_replace_drifted(s: &str) -> Result<bool, RepairError> {
+    match s.trim() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(RepairError::ReplaceDrifted(s.to_owned())),
+    }
+}
+
+/// `drift-budget`: a whole number of machines, 1 or more.
+pub fn parse_drift_budget(s: &str) -> Result<usize, RepairError> {
+    let t = s.trim();
+    Some(t)
+        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|t| t.parse().ok())
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| RepairError::DriftBudget(s.to_owned()))
 }
 
 #[cfg(test)]
@@ -162,5 +199,15 @@ mod tests {
         assert!(parse_repair_after("soon").is_err());
         assert_eq!(show_repair_after(Some(Duration::from_secs(600))), "10m");
         assert_eq!(show_repair_after(None), "off");
+    }
+
+    #[test]
+    fn drift_settings_parse_strictly() {
+        assert_eq!((parse_replace_drifted("true"), parse_replace_drifted("false")), (Ok(true), Ok(false)));
+        assert!(parse_replace_drifted("yes").is_err());
+        assert_eq!(parse_drift_budget(" 3 "), Ok(3));
+        for bad in ["0", "-1", "+2", "x", ""] {
+            assert!(parse_drift_budget(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -129,6 +129,16 @@ pub enum ProvisionerEvent {
         /// For how long.
         unhealthy_for: std::time::Duration,
     },
+    /// A drifted machine's replacement began (issue 34, `replace-drifted`): a replacement
+    /// starts through the hand-over; `machine-replaced` follows once it runs.
+    MachineDriftReplacing {
+        /// The machine.
+        machine: MachineId,
+        /// Its drifted instance.
+        instance: InstanceId,
+        /// Why it drifted, each reason as a sentence.
+        reasons: Vec<String>,
+    },
     /// More machines are unhealthy at once than `repair-max-unhealthy` allows: every repair is
     /// held back (the cloud, not the machines, is probably at fault). Published when the hold
     /// begins, again only after it lifted.
@@ -148,6 +158,9 @@ pub enum HandoverCause {
     Interruption,
     /// The instance stayed stopped past the model's `repair-after` (issue 34).
     Repair,
+    /// The instance drifted from what a start would make, and the model replaces drifted
+    /// machines (issue 34).
+    Drift,
 }
 
 impl HandoverCause {
@@ -156,6 +169,7 @@ impl HandoverCause {
         match self {
             HandoverCause::Interruption => "interruption",
             HandoverCause::Repair => "repair",
+            HandoverCause::Drift => "drift",
         }
     }
 }
@@ -180,6 +194,7 @@ impl ProvisionerEvent {
             ProvisionerEvent::MachineUnhealthy { .. } => "machine-unhealthy",
             ProvisionerEvent::MachineRepairing { .. } => "machine-repairing",
             ProvisionerEvent::RepairsHeld { .. } => "repairs-held",
+            ProvisionerEvent::MachineDriftReplacing { .. } => "machine-drift-replacing",
         }
     }
 }

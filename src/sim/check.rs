@@ -186,6 +186,25 @@ fn spec_constraints(m: &MachineSpec) -> crate::model::Constraints {
     m.constraints()
 }
 
+/// Every set of constraints machine `m` had up to `at`: its spec's, then each `set_constraints`
+/// of it (issue 34) at or before `at`, in order.
+fn constraint_versions(
+    s: &Scenario,
+    specs: &BTreeMap<String, MachineSpec>,
+    m: &str,
+    at: Duration,
+) -> Vec<crate::model::Constraints> {
+    let mut out: Vec<crate::model::Constraints> = specs.get(m).map(spec_constraints).into_iter().collect();
+    for (t, a) in s.timeline() {
+        if let Action::SetConstraints(c) = a {
+            if t <= at && c.machine == m {
+                out.extend(crate::model::Constraints::parse(&c.constraints).ok());
+            }
+        }
+    }
+    out
+}
+
 /// Instance types (an addition): an instance a start made with a type has a type its
 /// machine's constraints allow: one `choose` returns for them from the shipped catalogue and
 /// the cloud's default type (the explicit `instance_type` only, when one is asked for).
@@ -194,9 +213,19 @@ fn check_types(s: &Scenario, cloud: &CloudSnapshot, specs: &BTreeMap<String, Mac
     let catalogue = shipped();
     for call in cloud.calls.iter().filter(|c| c.op == CloudOp::StartInstance && c.ok == Some(true)) {
         let (Some(t), Some(m)) = (&call.instance_type, &call.machine) else { continue };
-        let Some(spec) = specs.get(m.as_str()) else { continue };
-        let allowed = choose(&spec_constraints(spec), &catalogue, s.cloud.instance_type.as_deref());
-        if !allowed.as_ref().is_ok_and(|a| a.iter().any(|x| &x.name == t)) {
+        if !specs.contains_key(m.as_str()) {
+            continue;
+        }
+        let versions = constraint_versions(s, specs, m.as_str(), call.at);
+        let fits = |c: &crate::model::Constraints| {
+            choose(c, &catalogue, s.cloud.instance_type.as_deref()).is_ok_and(|a| a.iter().any(|x| &x.name == t))
+        };
+        if versions.iter().any(fits) {
+            continue;
+        }
+        let allowed =
+            choose(versions.last().unwrap_or(&Default::default()), &catalogue, s.cloud.instance_type.as_deref());
+        {
             let why = match allowed {
                 Ok(a) => format!("it may have {}", a.iter().map(|x| x.name.as_str()).collect::<Vec<_>>().join(", ")),
                 Err(e) => e.to_string(),
@@ -303,10 +332,12 @@ fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v
     }
 }
 
-/// Repairs (issue 34): a replacement started for an instance stopped out of band (`cloud_stop`,
-/// not started again since, never warned of an interruption) is a repair; it comes no sooner
-/// than `repair_after` after the stop (never with repair off), and never for a keep-instance
-/// machine. Judged on each repair's first start call.
+/// Repairs and drift (issue 34): a replacement started for an instance never warned of an
+/// interruption needs a reason: it has been stopped out of band (`cloud_stop`, not started
+/// again since) or impaired (`cloud_impair`, not recovered since) for `repair_after` (a
+/// repair), or it has drifted (`model::drift`) from constraints its machine had up to the
+/// call with `replace_drifted` on (a drift replacement); neither for a keep-instance machine.
+/// Judged on each replacement's first start call.
 fn check_repairs(s: &Scenario, cloud: &CloudSnapshot, specs: &BTreeMap<String, MachineSpec>, v: &mut Vec<String>) {
     let timeline = s.timeline();
     let mut first: BTreeMap<&str, &crate::testing::CallRecord> = BTreeMap::new();
@@ -316,38 +347,69 @@ fn check_repairs(s: &Scenario, cloud: &CloudSnapshot, specs: &BTreeMap<String, M
     }
     for (old, call) in first {
         let warned = timeline.iter().any(|(_, a)| matches!(a, Action::Interrupt(i) if i.instance == old));
-        // The out-of-band stop of `old` before the call since which it stayed stopped (a second
-        // stop of a stopped instance changes nothing).
+        if warned {
+            continue;
+        }
+        let machine = call.machine.as_ref().map_or("?", |m| m.as_str());
         let initially = s
             .cloud
             .instances
             .iter()
             .any(|i| i.id == old && matches!(i.state, crate::sim::scenario::InitialState::Stopped));
+        // Since when `old` has stayed stopped (a second stop of a stopped instance changes
+        // nothing) and since when its status checks have failed, as of the call.
         let mut stopped_at = initially.then_some(Duration::ZERO);
+        let mut impaired_at = None;
         for (t, a) in timeline.iter().filter(|(t, _)| *t <= call.at) {
             match a {
                 Action::CloudStop(id) if id == old => stopped_at = stopped_at.or(Some(*t)),
                 Action::CloudStart(id) if id == old => stopped_at = None,
+                Action::CloudImpair(id) if id == old => impaired_at = impaired_at.or(Some(*t)),
+                Action::CloudRecover(id) if id == old => impaired_at = None,
                 _ => {}
             }
         }
-        let (Some(stopped), false) = (stopped_at, warned) else { continue };
-        let machine = call.machine.as_ref().map_or("?", |m| m.as_str());
-        match s.provisioner.repair_after {
-            None => v.push(format!(
-                "machine {machine}'s stopped instance {old} was replaced at {} with repair off",
-                format_duration(call.at)
-            )),
-            Some(after) if call.at < stopped + after.0 => v.push(format!(
-                "machine {machine}'s instance {old}, stopped at {}, was repaired at {}, before repair_after ({})",
-                format_duration(stopped),
-                format_duration(call.at),
-                format_duration(after.0)
-            )),
-            Some(_) => {}
-        }
-        if specs.get(machine).is_some_and(|m| m.keep_instance || m.manual) {
-            v.push(format!("keep-instance machine {machine}'s stopped instance {old} was repaired"));
+        // Drifted (`model::drift`) from any constraints the machine had up to the call.
+        let drifted = cloud.instances.get(&crate::model::InstanceId::new(old)).is_some_and(|i| {
+            let catalogue = crate::model::instance_types::shipped();
+            let id = crate::model::MachineId::new(machine);
+            let placement = specs.get(machine).and_then(|m| m.placement.clone());
+            constraint_versions(s, specs, machine, call.at).iter().any(|c| {
+                let expected = crate::model::drift::Expected {
+                    machine: &id,
+                    constraints: c,
+                    placement: placement.as_deref(),
+                    catalogue: &catalogue,
+                };
+                !crate::model::drift::drift_of(&expected, &i.instance).is_empty()
+            })
+        });
+        let due = |since: Option<Duration>| {
+            s.provisioner.repair_after.is_some_and(|after| since.is_some_and(|t| call.at >= t + after.0))
+        };
+        let protected = specs.get(machine).is_some_and(|m| m.keep_instance || m.manual);
+        if due(stopped_at) || due(impaired_at) {
+            if protected {
+                v.push(format!("keep-instance machine {machine}'s unhealthy instance {old} was repaired"));
+            }
+        } else if drifted && s.provisioner.replace_drifted {
+            if protected {
+                v.push(format!("keep-instance machine {machine}'s drifted instance {old} was replaced"));
+            }
+        } else {
+            let why = match stopped_at.into_iter().chain(impaired_at).min() {
+                Some(first) => match s.provisioner.repair_after {
+                    Some(after) => format!(
+                        "unhealthy since {}, before repair_after ({})",
+                        format_duration(first),
+                        format_duration(after.0)
+                    ),
+                    None => format!("unhealthy since {}, with repair off", format_duration(first)),
+                },
+                None if drifted => "drifted, with replace_drifted off".to_owned(),
+                None => "for no reason (not warned, unhealthy or drifted)".to_owned(),
+            };
+            v.push(format!("machine {machine}'s instance {old} was replaced at {}: {why}", format_duration(call.at)));
         }
     }
 }
@@ -608,10 +670,16 @@ pub fn check(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, modes: 
                 }
                 // 8. Zones stay within the constraint and the derived zones.
                 if let Some(zone) = &call.zone {
-                    if let Some(allowed) = specs.get(&m).and_then(|s| s.zones.as_ref()) {
-                        if !allowed.contains(zone) {
-                            v.push(format!("machine {m} was started in zone {zone} outside its zones constraint {allowed:?} at {at}"));
-                        }
+                    // Any constraints the machine had up to the call (`set_constraints` may
+                    // change them while a start is being made).
+                    let versions = constraint_versions(s, &specs, &m, call.at);
+                    let zoned: Vec<&Vec<String>> = versions.iter().filter_map(|c| c.zones.as_ref()).collect();
+                    let unzoned = versions.iter().any(|c| c.zones.as_ref().is_none_or(Vec::is_empty));
+                    if !unzoned && !zoned.iter().any(|a| a.contains(zone)) {
+                        let allowed = zoned.last().map(|a| format!("{a:?}")).unwrap_or_default();
+                        v.push(format!(
+                            "machine {m} was started in zone {zone} outside its zones constraint {allowed} at {at}"
+                        ));
                     }
                     match derived.get(m.as_str()) {
                         Some(Ok(d)) if !d.is_empty() && !d.contains(zone) => v.push(format!(

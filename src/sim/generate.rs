@@ -334,6 +334,8 @@ pub fn generate(seed: u64) -> Scenario {
             spot_max_price: None,
             repair_after: None,
             repair_max_unhealthy: crate::config::repair::DEFAULT_MAX_UNHEALTHY,
+            replace_drifted: false,
+            drift_budget: crate::config::repair::DEFAULT_DRIFT_BUDGET,
         },
         model: ModelSpec {
             write_latency: Dur(if rng.random_bool(0.3) { ms(&mut rng, 5_000) } else { Duration::ZERO }),
@@ -361,15 +363,46 @@ pub fn generate(seed: u64) -> Scenario {
     draw_capacity(&mut scenario, seed);
     draw_interruptions(&mut scenario, seed);
     draw_repairs(&mut scenario, seed);
+    draw_drift(&mut scenario, seed);
     scenario
+}
+
+/// Drift (issue 34) for a fifth of the seeds, from their own RNG so that the rest of a seed's
+/// scenario stays what it was: one to three constraint changes of top-level machines (more
+/// cores or memory, other zones, or none), and `replace_drifted` with a budget of 1 to 3 for
+/// half of them.
+fn draw_drift(s: &mut Scenario, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6472_6966_7473_2121);
+    if !rng.random_bool(0.2) {
+        return;
+    }
+    let machines: Vec<String> =
+        s.machines.iter().filter(|m| !m.id.contains('/') && !m.manual).map(|m| m.id.clone()).collect();
+    if machines.is_empty() {
+        return;
+    }
+    let mut choices = vec!["cores=4".to_owned(), "cores=2".to_owned(), "mem=8G".to_owned(), String::new()];
+    choices.extend(s.cloud.zones.iter().map(|z| format!("zones={z}")));
+    for _ in 0..rng.random_range(1..=3u32) {
+        let at = Duration::from_millis(rng.random_range(10_000..=1_800_000));
+        let machine = pick(&mut rng, &machines).clone();
+        let constraints = pick(&mut rng, &choices).clone();
+        let spec = crate::sim::scenario::SetConstraintsSpec { machine, constraints };
+        s.events.push(EventSpec::new(at, Action::SetConstraints(spec)));
+    }
+    if rng.random_bool(0.5) {
+        s.provisioner.replace_drifted = true;
+        s.provisioner.drift_budget = rng.random_range(1..=3);
+    }
+    s.events.sort_by_key(|e| e.at);
 }
 
 /// Repairs (issue 34) for a quarter of the seeds, from their own RNG so that the rest of a
 /// seed's scenario stays what it was: `repair_after` of 1 to 20 minutes, a cap of a count (0
-/// to 3) or a percentage (10 to 60 %), and out-of-band stops of instances the run's starts are
-/// likely to have made (one to four, sometimes a zone's worth at once: the storm), some
-/// started again by the cloud before or after `repair_after`, some followed by a restart of
-/// the provisioner mid-repair.
+/// to 3) or a percentage (10 to 60 %), and out-of-band stops (or, a third of the time, failing
+/// status checks) of instances the run's starts are likely to have made (one to four,
+/// sometimes six at once: the storm), some started again (recovered) by the cloud before or
+/// after `repair_after`, some followed by a restart of the provisioner mid-repair.
 fn draw_repairs(s: &mut Scenario, seed: u64) {
     use crate::config::repair::MaxUnhealthy;
     let mut rng = StdRng::seed_from_u64(seed ^ 0x7265_7061_6972_7321);
@@ -391,14 +424,19 @@ fn draw_repairs(s: &mut Scenario, seed: u64) {
         } else {
             vec![format!("i-{}", rng.random_range(1..=ids))]
         };
+        // A third of the time the status checks fail instead (the instance keeps running).
+        let impair = rng.random_bool(0.33);
         for instance in &stops {
-            s.events.push(EventSpec::new(at, Action::CloudStop(instance.clone())));
+            let action =
+                if impair { Action::CloudImpair(instance.clone()) } else { Action::CloudStop(instance.clone()) };
+            s.events.push(EventSpec::new(at, action));
         }
         match rng.random_range(0..10u32) {
             0 | 1 => {
                 let back = at + Duration::from_millis(rng.random_range(1_000..=after.as_millis() as u64 * 2));
                 for instance in stops {
-                    s.events.push(EventSpec::new(back, Action::CloudStart(instance)));
+                    let action = if impair { Action::CloudRecover(instance) } else { Action::CloudStart(instance) };
+                    s.events.push(EventSpec::new(back, action));
                 }
             }
             2 => s.events.push(EventSpec::new(at + after + ms(&mut rng, 120_000), Action::Restart)),

@@ -348,6 +348,8 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         repair: crate::config::repair::RepairPolicy {
             after: s.provisioner.repair_after.map(|d| d.0),
             max_unhealthy: s.provisioner.repair_max_unhealthy,
+            replace_drifted: s.provisioner.replace_drifted,
+            drift_budget: s.provisioner.drift_budget,
         },
         rate_limits: match &s.provisioner.rate_limit {
             Some(r) => r.limits(crate::config::rate_limits::RateLimits::ec2()),

@@ -425,8 +425,9 @@ impl CloudActor {
 
     /// Invariant 1, at the moment a start creates an instance: no other live instance of ours
     /// is tagged for the same machine, except one instance whose interruption warning is
-    /// running (issue 33) or the stopped or impaired instance this one's start replaces (a
-    /// repair, issue 34): a machine has at most two live instances, and two only during a hand-over.
+    /// running (issue 33) or the instance this one's start replaces (its nonce names it: a
+    /// repair or a drift replacement, issue 34, whose reason the checker judges): a machine has
+    /// at most two live instances, and two only during a hand-over.
     /// `before`: the instances tagged for the machine before this one; `replaces`: the
     /// instance the start that made it replaces, if any.
     fn check_duplicate(&mut self, id: &InstanceId, m: &MachineId, before: &[InstanceId], replaces: Option<&str>) {
@@ -443,14 +444,9 @@ impl CloudActor {
             .collect();
         let now = self.epoch.elapsed();
         let warned = |o: &String| self.warned.get(&InstanceId::new(o.as_str())).is_some_and(|d| now < *d);
-        let repaired = |o: &String| {
-            replaces == Some(o.as_str())
-                && (self.impaired.contains(&InstanceId::new(o.as_str()))
-                    || self
-                        .instances
-                        .get(&InstanceId::new(o.as_str()))
-                        .is_some_and(|i| i.state == InstanceState::Stopped))
-        };
+        // The instance this start replaces (its nonce names it): a hand-over. Why it may be
+        // replaced (a warning, a repair, drift) is the scenario checker's to judge.
+        let repaired = |o: &String| replaces == Some(o.as_str());
         if others.len() > 1 {
             self.duplicates.push(format!("machine {m} has three live instances: {} and {id}", others.join(", ")));
         } else if !others.is_empty() && !others.iter().all(|o| warned(o) || repaired(o)) {

@@ -335,3 +335,42 @@ fn the_drift_report_names_an_instance_whose_tags_changed_outside() {
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(s.machines()[0]["instance"], instance.as_str());
 }
+
+/// Issue 34's `replace-drifted` on moto: with it on, a machine whose instance's machine tag was
+/// changed outside gets a replacement (properly tagged) through the hand-over, and the drifted
+/// instance is terminated after; the drift report is empty again; the other machine keeps its
+/// instance.
+#[test]
+fn replace_drifted_replaces_an_instance_whose_tags_changed_outside() {
+    let moto = moto::Moto::shared();
+    let dir = temp_dir("ec2-drift-replace");
+    let config = crate::support::config_file(&dir, "drift.toml", "resync = \"1s\"\n");
+    let mut args: Vec<&str> = moto_serve_args(moto).to_vec();
+    args.extend(["--config", config.as_str()]);
+    let s = Server::start(&dir, &args);
+    let bad = s.cli(&["config", "set", "drift-budget", "0"]);
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("1 or more"));
+    assert!(s.cli(&["config", "set", "replace-drifted", "true"]).status.success());
+    assert_eq!(String::from_utf8_lossy(&s.cli(&["config", "get", "replace-drifted"]).stdout).trim(), "true");
+    s.json(&["machine", "add", "-n", "2", "--wait", "--json"]);
+    let machines = s.machines();
+    let uuid = s.json(&["model", "show", "default", "--json"])["uuid"].as_str().unwrap().to_owned();
+    let sys = actix_rt::System::new();
+    let broker = sys.block_on(moto.broker(&uuid));
+    let id = machines[0]["id"].as_str().unwrap();
+    let old = machines[0]["instance"].as_str().unwrap().to_owned();
+    let tag = aws_sdk_ec2::types::Tag::builder().key(provisioner::adapters::ec2::TAG_MACHINE).value("99").build();
+    sys.block_on(broker.client().create_tags().resources(&old).tags(tag).send()).unwrap();
+    let replaced = poll(Duration::from_secs(60), Duration::from_millis(250), || {
+        let instances = cloud(&sys, &broker, &uuid);
+        let old_live = instances.iter().any(|(i, _, live)| *i == old && *live);
+        let new = s.json(&["machine", "show", id, "--json"])["instance"].as_str().unwrap_or_default().to_owned();
+        (new != old && !old_live && live_by_machine(&instances).get(id) == Some(&vec![new.clone()])).then_some(new)
+    })
+    .unwrap_or_else(|| panic!("not replaced: {:?}\n{}", s.machines(), s.log_text()));
+    eprintln!("machine {id}: drifted {old} replaced by {replaced}");
+    assert_eq!(s.json(&["drift", "--json"]), serde_json::json!([]), "nothing drifted any more");
+    assert_eq!(s.machines()[1]["instance"], machines[1]["instance"], "the other machine is untouched");
+    let metrics = s.metrics();
+    assert_eq!(sample(&metrics, "provisioner_drift_replacements_total"), Some(1.0), "{metrics}");
+}

@@ -6,7 +6,7 @@
 use actix::prelude::*;
 
 use super::followup::{after_start, on_jobs_done, on_mode_change, removed, AfterStartStep, Followup};
-use super::handover::{HandoverBook, NoticeDecision};
+use super::handover::{HandoverBook, HandoverCause, NoticeDecision};
 use super::links::{
     destroy, execute_plan, forget, plan_after_start, plan_extras, plan_sweep, reset_transient, run_batch,
     InterruptionLinks, Links,
@@ -140,6 +140,63 @@ impl Coordinator {
         });
     }
 
+    /// Work until the first listing after `due_in` from now (a repair due then, a drifted
+    /// machine waiting): a simulation stays open for it, as for any one-shot timer (periodic
+    /// listings alone would not hold it).
+    fn hold_open(&mut self, due_in: std::time::Duration, ctx: &mut Context<Self>) {
+        let until = self.epoch.elapsed() + due_in + self.resync + std::time::Duration::from_secs(1);
+        if self.repair_due.is_none_or(|d| d < until) {
+            self.repair_due = Some(until);
+            let work = self.work.guard();
+            ctx.run_later(until - self.epoch.elapsed(), move |act, _ctx| {
+                if act.repair_due == Some(until) {
+                    act.repair_due = None;
+                }
+                drop(work);
+            });
+        }
+    }
+
+    /// After a fresh listing, when the model replaces drifted machines (issue 34): the machines
+    /// the registry lists an instance for have their provisioning info read, the registry
+    /// judges which instances drifted from it, and the book says which begin a replacement
+    /// (within `drift-budget`, never during a hand-over of another cause). Off: nothing asked.
+    fn drift_after_listing(&mut self, ctx: &mut Context<Self>) {
+        let Some(links) = &self.interruptions else { return };
+        if !self.repairs.policy().replace_drifted {
+            return;
+        }
+        let (listed, drift_of, model) = (links.listed.clone(), links.drift_of.clone(), self.links.model.clone());
+        let ask = async move {
+            let ids = listed.send(crate::actors::registry::ListedMachines).await.unwrap_or_default();
+            if ids.is_empty() {
+                return Vec::new();
+            }
+            let Ok(infos) = model.provisioning_info(ids.clone()).await else { return Vec::new() };
+            let pairs = ids.into_iter().zip(infos).filter_map(|(id, info)| Some((id, info.ok()?))).collect();
+            drift_of.send(crate::actors::registry::DriftOf(pairs)).await.unwrap_or_default()
+        };
+        self.spawn_counted(ask.into_actor(self), ctx, |drifted, act, ctx| {
+            let handovers = &act.handovers;
+            let drifting = handovers.on_for(HandoverCause::Drift);
+            let others = handovers.others_on(HandoverCause::Drift);
+            let (begin, waiting) = act.repairs.on_drift(drifted, drifting, others, |m| handovers.busy(m));
+            if waiting {
+                act.hold_open(std::time::Duration::ZERO, ctx);
+            }
+            for d in begin {
+                let Some(replace) = act.handovers.begin_drift(d.owner) else { continue };
+                if let NoticeDecision::Replace { machine, interrupted, .. } = &replace {
+                    let reasons: Vec<String> = d.reasons.iter().map(ToString::to_string).collect();
+                    tracing::info!(%machine, instance = %interrupted, ?reasons, "replacing a drifted instance");
+                    let (machine, instance) = (machine.clone(), interrupted.clone());
+                    act.publish(ProvisionerEvent::MachineDriftReplacing { machine, instance, reasons });
+                }
+                act.start_replacement(replace, 0, ctx);
+            }
+        });
+    }
+
     /// Decides on a fresh listing's stopped machines and begins the repairs it allows (each a
     /// hand-over), publishing who became unhealthy and when the cap holds repairs back.
     fn on_health(&mut self, stopped: Vec<super::repair::StoppedMachine>, population: usize, ctx: &mut Context<Self>) {
@@ -164,19 +221,7 @@ impl Coordinator {
             self.publish(ProvisionerEvent::RepairsHeld { unhealthy: held.unhealthy, cap: held.cap });
         }
         if let Some(due_in) = plan.due_in {
-            // Work until the first listing after the repair is due (a simulation stays open
-            // for it, as for any one-shot timer; periodic listings alone would not hold it).
-            let until = self.epoch.elapsed() + due_in + self.resync + std::time::Duration::from_secs(1);
-            if self.repair_due.is_none_or(|d| d < until) {
-                self.repair_due = Some(until);
-                let work = self.work.guard();
-                ctx.run_later(until - self.epoch.elapsed(), move |act, _ctx| {
-                    if act.repair_due == Some(until) {
-                        act.repair_due = None;
-                    }
-                    drop(work);
-                });
-            }
+            self.hold_open(due_in, ctx);
         }
         for (owner, u) in plan.repair {
             if let Some(replace) = self.handovers.begin_repair(owner) {
@@ -224,7 +269,8 @@ impl Coordinator {
         if let NoticeDecision::Replace { machine, interrupted, .. } = &replace {
             let (m, instance) = (machine.clone(), interrupted.clone());
             match self.handovers.of(machine).map(|h| h.cause) {
-                Some(super::handover::HandoverCause::Repair) => {
+                Some(HandoverCause::Drift) => {}
+                Some(HandoverCause::Repair) => {
                     let u = self.repairs.unhealthy().into_iter().find(|u| u.machine == m);
                     let unhealthy_for = u.as_ref().map(|u| u.unhealthy_for).unwrap_or_default();
                     let reason = u.map_or("stopped", |u| u.reason).to_owned();
@@ -789,6 +835,7 @@ impl Handler<ViewRefreshed> for Coordinator {
                 }
             }
             self.health_after_listing(msg.stopped, msg.population, ctx);
+            self.drift_after_listing(ctx);
             self.look_at_replacements(ctx);
         }
     }

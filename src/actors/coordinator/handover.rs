@@ -259,11 +259,31 @@ impl HandoverBook {
     /// replacement runs. `None` if the machine is in a hand-over already, or its last one's
     /// stop is under way, or it is not a live machine's recorded instance.
     pub fn begin_repair(&mut self, owner: NoticedInstance) -> Option<NoticeDecision> {
+        self.begin(owner, HandoverCause::Repair)
+    }
+
+    /// Opens the replacement of a drifted machine's recorded instance (issue 34), as
+    /// [`HandoverBook::begin_repair`] does a repair.
+    pub fn begin_drift(&mut self, owner: NoticedInstance) -> Option<NoticeDecision> {
+        self.begin(owner, HandoverCause::Drift)
+    }
+
+    fn begin(&mut self, owner: NoticedInstance, cause: HandoverCause) -> Option<NoticeDecision> {
         if self.busy(&owner.machine) || !owner.alive || !owner.recorded {
             return None;
         }
         let instance = owner.record.instance.clone()?;
-        Some(self.open(owner, instance, None, Vec::new(), HandoverCause::Repair))
+        Some(self.open(owner, instance, None, Vec::new(), cause))
+    }
+
+    /// How many hand-overs of this cause are on.
+    pub fn on_for(&self, cause: HandoverCause) -> usize {
+        self.on.values().filter(|h| h.cause == cause).count()
+    }
+
+    /// Whether a hand-over of another cause than `cause` is on.
+    pub fn others_on(&self, cause: HandoverCause) -> bool {
+        self.on.values().any(|h| h.cause != cause)
     }
 
     /// Whether the machine is in a hand-over, or its last one's old instance is still being

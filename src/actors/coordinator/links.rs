@@ -116,6 +116,10 @@ pub struct InterruptionLinks {
     pub states: Recipient<crate::actors::interruptions::ReplacementStates>,
     /// The poller: our instances whose cloud status checks fail (repairs, issue 34).
     pub impaired: Recipient<crate::actors::interruptions::ImpairedInstances>,
+    /// The registry: the machines whose recorded instance it lists (drift, issue 34).
+    pub listed: Recipient<crate::actors::registry::ListedMachines>,
+    /// The registry: which of them have drifted from their provisioning info.
+    pub drift_of: Recipient<crate::actors::registry::DriftOf>,
     /// The first half of every nonce (a replacement's start is looked up by its nonce).
     pub host_tag: String,
 }

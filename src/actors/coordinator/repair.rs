@@ -31,6 +31,16 @@ pub struct StoppedMachine {
     pub reason: &'static str,
 }
 
+/// A live machine whose recorded instance has drifted from what a start would make for it
+/// today (`model::drift`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriftedMachine {
+    /// What a hand-over of its recorded instance needs.
+    pub owner: NoticedInstance,
+    /// Why it drifted.
+    pub reasons: Vec<crate::model::drift::DriftReason>,
+}
+
 /// One unhealthy machine, as shown and counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unhealthy {
@@ -80,6 +90,10 @@ pub struct RepairBook {
     /// Machines whose recorded instance the cloud's status checks report impaired, since when
     /// (on the coordinator's clock) and which instance.
     impaired_since: BTreeMap<MachineId, (InstanceId, Duration)>,
+    /// Drifted instances whose replacement began once: never begun again (a replacement that
+    /// failed, say for constraints no type meets, is not retried every listing; the machine
+    /// stays drifted in the report).
+    drift_tried: std::collections::BTreeSet<(MachineId, InstanceId)>,
 }
 
 impl RepairBook {
@@ -95,6 +109,9 @@ impl RepairBook {
 
     /// A new policy, applied from the next listing.
     pub fn set_policy(&mut self, policy: RepairPolicy) {
+        if policy.replace_drifted != self.policy.replace_drifted {
+            self.drift_tried.clear();
+        }
         self.policy = policy;
         if policy.after.is_none() {
             self.unhealthy.clear();
@@ -128,6 +145,47 @@ impl RepairBook {
             out.push(StoppedMachine { owner: o, stopped_for: now.saturating_sub(since), reason: "impaired" });
         }
         out
+    }
+
+    /// Which drifted machines begin a replacement now (issue 34): none unless the model
+    /// replaces drifted machines, and none while a hand-over of another cause is on (a repair
+    /// or an interruption's); else, in id order, repairable ones (not keep-instance, not in a
+    /// hand-over, not tried before for this instance) up to `drift-budget` less the drift
+    /// replacements on.
+    /// The second value says whether a machine that could be replaced waits (for a slot, or
+    /// for its or another hand-over to end): the next listing looks again.
+    pub fn on_drift(
+        &mut self,
+        mut drifted: Vec<DriftedMachine>,
+        drifting: usize,
+        others_on: bool,
+        busy: impl Fn(&MachineId) -> bool,
+    ) -> (Vec<DriftedMachine>, bool) {
+        if !self.policy.replace_drifted {
+            return (Vec::new(), false);
+        }
+        drifted.sort_by(|a, b| a.owner.machine.cmp(&b.owner.machine));
+        let mut slots = if others_on { 0 } else { self.policy.drift_budget.saturating_sub(drifting) };
+        let (mut out, mut waiting) = (Vec::new(), false);
+        for d in drifted {
+            let (o, r) = (&d.owner, &d.owner.record);
+            let Some(instance) = r.instance.clone() else { continue };
+            if !o.alive || !o.recorded || r.keep_instance || r.manual {
+                continue;
+            }
+            let key = (o.machine.clone(), instance);
+            if self.drift_tried.contains(&key) {
+                continue;
+            }
+            if slots == 0 || busy(&o.machine) {
+                waiting = true;
+                continue;
+            }
+            self.drift_tried.insert(key);
+            slots -= 1;
+            out.push(d);
+        }
+        (out, waiting)
     }
 
     /// Decides on a fresh listing: `stopped` are the machines it shows stopped, `population`
@@ -216,7 +274,11 @@ mod tests {
     }
 
     fn book(after_min: Option<u64>, cap: MaxUnhealthy) -> RepairBook {
-        RepairBook::new(RepairPolicy { after: after_min.map(|m| Duration::from_secs(60 * m)), max_unhealthy: cap })
+        RepairBook::new(RepairPolicy {
+            after: after_min.map(|m| Duration::from_secs(60 * m)),
+            max_unhealthy: cap,
+            ..RepairPolicy::default()
+        })
     }
 
     fn ids(plan: &RepairPlan) -> Vec<&str> {
@@ -276,6 +338,27 @@ mod tests {
         assert_eq!((ids(&plan), plan.repair[0].1.reason), (vec!["0"], "impaired"));
         assert!(b.impaired(Vec::new(), t(13)).is_empty());
         assert_eq!(b.impaired(vec![Some(owner)], t(14))[0].stopped_for, Duration::ZERO, "timed afresh");
+    }
+
+    #[test]
+    fn drifted_machines_are_replaced_within_the_budget_once_each_and_only_when_asked() {
+        let drifted = |id: &str| DriftedMachine { owner: stopped(id, 0, false).owner, reasons: Vec::new() };
+        let mut b = book(None, MaxUnhealthy::Count(1));
+        assert!(b.on_drift(vec![drifted("0")], 0, false, |_| false).0.is_empty(), "report-only by default");
+        b.set_policy(RepairPolicy { replace_drifted: true, drift_budget: 2, ..b.policy() });
+        let all = vec![drifted("2"), drifted("0"), drifted("1")];
+        let ids = |got: (Vec<DriftedMachine>, bool)| {
+            (got.0.iter().map(|d| d.owner.machine.to_string()).collect::<Vec<_>>(), got.1)
+        };
+        assert_eq!(ids(b.on_drift(all.clone(), 0, true, |_| false)), (vec![], true), "not during another hand-over");
+        let got = ids(b.on_drift(all.clone(), 1, false, |_| false));
+        assert_eq!(got, (vec!["0".to_owned()], true), "one slot of two left, in id order; the rest wait");
+        let got = ids(b.on_drift(all.clone(), 0, false, |_| false));
+        assert_eq!(got, (vec!["1".to_owned(), "2".to_owned()], false), "0 was tried for this instance already");
+        assert_eq!(ids(b.on_drift(all, 0, false, |_| false)), (vec![], false), "each tried once");
+        let mut kept = drifted("3");
+        kept.owner.record.keep_instance = true;
+        assert_eq!(ids(b.on_drift(vec![kept], 0, false, |_| false)), (vec![], false), "keep-instance: never");
     }
 
     #[test]

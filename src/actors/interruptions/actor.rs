@@ -26,8 +26,13 @@ impl InterruptionPoller {
     fn poll(&mut self, ctx: &mut Context<Self>) {
         let call = self.broker.interruption_notices();
         ctx.spawn(call.into_actor(self).map(|answer, act, ctx| {
-            if let Err(e) = &answer {
-                tracing::warn!(error = %e, "reading interruption notices failed");
+            match &answer {
+                // A cloud that gives no notices: said once, quietly (repairs still use the poller).
+                Err(crate::ports::BrokerError::NotSupported(_)) => {
+                    tracing::debug!("the cloud gives no interruption notices");
+                }
+                Err(e) => tracing::warn!(error = %e, "reading interruption notices failed"),
+                Ok(_) => {}
             }
             let step = act.book.on_answer(answer);
             if !step.forward.is_empty() {

@@ -304,6 +304,20 @@ impl Handler<NoticedInstances> for MachineRegistry {
     }
 }
 
+impl Handler<ListedMachines> for MachineRegistry {
+    type Result = MessageResult<ListedMachines>;
+    fn handle(&mut self, _msg: ListedMachines, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.listed_machines())
+    }
+}
+
+impl Handler<DriftOf> for MachineRegistry {
+    type Result = MessageResult<DriftOf>;
+    fn handle(&mut self, msg: DriftOf, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.drifted(&msg.0))
+    }
+}
+
 impl Handler<ResumableHandovers> for MachineRegistry {
     type Result = MessageResult<ResumableHandovers>;
     fn handle(&mut self, _msg: ResumableHandovers, _ctx: &mut Self::Context) -> Self::Result {

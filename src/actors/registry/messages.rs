@@ -118,3 +118,16 @@ pub struct NoticedInstances(pub Vec<InstanceId>);
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "Vec<crate::actors::coordinator::handover::NoticedInstance>")]
 pub struct ResumableHandovers;
+
+/// The live, cloud-backed machines whose recorded instance the view lists (issue 34): whose
+/// drift the coordinator judges when the model replaces drifted machines. Empty while the view
+/// is stale.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "Vec<MachineId>")]
+pub struct ListedMachines;
+
+/// Which of these machines' recorded instances have drifted from what a start would make with
+/// this provisioning info (`model::drift`), with what a hand-over needs of each (issue 34).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Vec<crate::actors::coordinator::repair::DriftedMachine>")]
+pub struct DriftOf(pub Vec<(MachineId, crate::model::ProvisioningInfo)>);

@@ -21,7 +21,8 @@ mod tests;
 
 pub use actor::MachineRegistry;
 pub use messages::{
-    ForgetMachines, GetRegistrySnapshot, InstanceStateOf, InstancesGone, NoticedInstances, PrepareDestroy,
-    RecordInstance, RecordInstances, Refresh, ResumableHandovers, StopsPlanned, SweepTargets, UnknownInstances,
+    DriftOf, ForgetMachines, GetRegistrySnapshot, InstanceStateOf, InstancesGone, ListedMachines, NoticedInstances,
+    PrepareDestroy, RecordInstance, RecordInstances, Refresh, ResumableHandovers, StopsPlanned, SweepTargets,
+    UnknownInstances,
 };
 pub use state::{blocks_destroy, MachineBook, Refreshed, RegistryError, RegistrySnapshot};

@@ -951,6 +951,57 @@ impl MachineBook {
         (out, population)
     }
 
+    /// The live, cloud-backed machines whose recorded instance the view lists (not
+    /// terminated), in id order; empty while the view is stale.
+    pub fn listed_machines(&self) -> Vec<MachineId> {
+        if !self.fresh {
+            return Vec::new();
+        }
+        self.machines
+            .values()
+            .filter_map(|s| s.machine.as_ref())
+            .filter(|m| m.life == Life::Alive && !m.manual)
+            .filter(|m| {
+                m.instance.as_ref().and_then(|i| self.view(i)).is_some_and(|v| v.state != InstanceState::Terminated)
+            })
+            .map(|m| m.id.clone())
+            .collect()
+    }
+
+    /// Which of these machines' recorded instances (as the view lists them) have drifted from
+    /// what a start with this provisioning info would make (`model::drift`, judged on the
+    /// shipped catalogue of types), in the order given; empty while the view is stale.
+    pub fn drifted(
+        &self,
+        infos: &[(MachineId, crate::model::ProvisioningInfo)],
+    ) -> Vec<crate::actors::coordinator::repair::DriftedMachine> {
+        use crate::model::drift::{drift_of, Expected};
+        if !self.fresh {
+            return Vec::new();
+        }
+        let catalogue = crate::model::instance_types::shipped();
+        let mut out = Vec::new();
+        for (id, info) in infos {
+            let Some(m) = self.machine(id).filter(|m| m.life == Life::Alive && !m.manual) else { continue };
+            let Some(inst) = &m.instance else { continue };
+            let Some(view) = self.view(inst).filter(|v| v.state != InstanceState::Terminated) else { continue };
+            let expected = Expected {
+                machine: id,
+                constraints: &info.constraints,
+                placement: info.placement.as_deref(),
+                catalogue: &catalogue,
+            };
+            let reasons = drift_of(&expected, view);
+            if reasons.is_empty() {
+                continue;
+            }
+            if let Some(owner) = self.noticed(inst).filter(|o| o.machine == *id) {
+                out.push(crate::actors::coordinator::repair::DriftedMachine { owner, reasons });
+            }
+        }
+        out
+    }
+
     /// What an interruption notice about `id` concerns (issue 33): the machine that owns it (by
     /// record, else by its tag), whether it is that machine's recorded instance, whether the
     /// machine is alive, and the instance's zone and type from the view. `None`: no machine we

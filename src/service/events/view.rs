@@ -146,6 +146,9 @@ pub(crate) fn event_view(e: &ProvisionerEvent) -> EventView {
                 _ if *cause == HandoverCause::Repair => {
                     format!("replacement {replacement} runs; stopping unhealthy instance {interrupted}")
                 }
+                _ if *cause == HandoverCause::Drift => {
+                    format!("replacement {replacement} runs; stopping drifted instance {interrupted}")
+                }
                 Some(l) => format!(
                     "replacement {replacement} runs {:.1}s before the cloud takes {interrupted}; stopping it",
                     l.as_secs_f64()
@@ -169,6 +172,11 @@ pub(crate) fn event_view(e: &ProvisionerEvent) -> EventView {
                 "repairing: instance {instance} {reason} for {}; starting a replacement",
                 humantime::format_duration(std::time::Duration::from_secs(unhealthy_for.as_secs()))
             ));
+        }
+        ProvisionerEvent::MachineDriftReplacing { machine, instance, reasons } => {
+            v.machine = Some(machine.to_string());
+            v.instance = Some(instance.to_string());
+            v.message = Some(format!("replacing drifted instance {instance}: {}", reasons.join("; ")));
         }
         ProvisionerEvent::RepairsHeld { unhealthy, cap } => {
             v.message = Some(format!(

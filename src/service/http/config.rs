@@ -1,4 +1,5 @@
-//! `/v1/config`: the model's settings (`harvest-mode`, `workers`, `repair-after`, `repair-max-unhealthy`): list, get, and set (validated,
+//! `/v1/config`: the model's settings (`harvest-mode`, `workers`, `repair-after`, `repair-max-unhealthy`,
+//! `replace-drifted`, `drift-budget`): list, get, and set (validated,
 //! persisted so the value survives a restart, then applied to the running provisioners).
 
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -9,7 +10,9 @@ use super::body::json_body;
 use super::errors::{ApiError, Result};
 use super::target::State;
 use super::wire::{ConfigValue, ErrorBody};
-use crate::config::repair::{parse_repair_after, show_repair_after, RepairError};
+use crate::config::repair::{
+    parse_drift_budget, parse_repair_after, parse_replace_drifted, show_repair_after, RepairError,
+};
 use crate::config::{validate_workers, MAX_WORKERS};
 use crate::model::HarvestMode;
 use crate::service::runtime::ModelRuntime;
@@ -31,6 +34,13 @@ pub(crate) enum ConfigKey {
     /// default); more unhealthy at once hold every repair back.
     #[serde(rename = "repair-max-unhealthy")]
     RepairMaxUnhealthy,
+    /// Whether drifted machines are replaced through the hand-over: `true` or `false` (the
+    /// default: drift is reported only).
+    #[serde(rename = "replace-drifted")]
+    ReplaceDrifted,
+    /// How many drifted machines are replaced at a time (1 or more; default 1).
+    #[serde(rename = "drift-budget")]
+    DriftBudget,
 }
 
 /// A path's `{key}` (taken by name: per-model paths also hold `{model}`).
@@ -39,7 +49,8 @@ pub(crate) struct KeyPath {
     key: String,
 }
 
-const CONFIG_KEYS: [&str; 4] = ["harvest-mode", "workers", "repair-after", "repair-max-unhealthy"];
+const CONFIG_KEYS: [&str; 6] =
+    ["harvest-mode", "workers", "repair-after", "repair-max-unhealthy", "replace-drifted", "drift-budget"];
 
 async fn config_value(st: &ModelRuntime, key: &str) -> Result<ConfigValue> {
     let value = match key {
@@ -47,6 +58,8 @@ async fn config_value(st: &ModelRuntime, key: &str) -> Result<ConfigValue> {
         "workers" => st.running().await?.handle.pool().await?.size.to_string(),
         "repair-after" => show_repair_after(st.running().await?.handle.health().await?.policy.after),
         "repair-max-unhealthy" => st.running().await?.handle.health().await?.policy.max_unhealthy.to_string(),
+        "replace-drifted" => st.running().await?.handle.health().await?.policy.replace_drifted.to_string(),
+        "drift-budget" => st.running().await?.handle.health().await?.policy.drift_budget.to_string(),
         other => {
             return Err(ApiError::new(
                 404,
@@ -80,8 +93,9 @@ pub(super) async fn list_config(_: Authorized, st: State) -> Result<HttpResponse
 #[utoipa::path(put, path = "/v1/config/{key}", tag = "config", operation_id = "set_config",
     params(("key" = ConfigKey, Path, description = "The setting")),
     request_body(content = ConfigValue, description = "`value`: a harvest mode (`none`, `unknown`, `destroyed`, \
-        `all`), a worker count (1..=100, digits only), a repair-after duration (`10m`, or `off`) or a \
-        repair-max-unhealthy count or percentage (`3`, `20%`); `key`, if given, is ignored"),
+        `all`), a worker count (1..=100, digits only), a repair-after duration (`10m`, or `off`), a \
+        repair-max-unhealthy count or percentage (`3`, `20%`), replace-drifted `true` or `false`, or a \
+        drift-budget (1 or more); `key`, if given, is ignored"),
     responses(
         (status = 200, description = "The value now in force", body = ConfigValue),
         (status = 400, description = "The value is wrong for the setting, or the body does not parse", body = ErrorBody),
@@ -127,15 +141,27 @@ pub(super) async fn set_config(
             st.store.exec(move |s| s.set_workers(n)).await?;
             running.handle.set_workers(n).await?;
         }
-        "repair-after" | "repair-max-unhealthy" => {
+        "repair-after" | "repair-max-unhealthy" | "replace-drifted" | "drift-budget" => {
             let running = st.running().await?;
             let mut policy = running.handle.health().await?.policy;
-            if key == "repair-after" {
-                policy.after = parse_repair_after(&value).map_err(|e| ApiError::bad_request(e.to_string()))?;
-                value = show_repair_after(policy.after);
-            } else {
-                policy.max_unhealthy = value.parse().map_err(|e: RepairError| ApiError::bad_request(e.to_string()))?;
-                value = policy.max_unhealthy.to_string();
+            let bad = |e: RepairError| ApiError::bad_request(e.to_string());
+            match key.as_str() {
+                "repair-after" => {
+                    policy.after = parse_repair_after(&value).map_err(bad)?;
+                    value = show_repair_after(policy.after);
+                }
+                "repair-max-unhealthy" => {
+                    policy.max_unhealthy = value.parse().map_err(bad)?;
+                    value = policy.max_unhealthy.to_string();
+                }
+                "replace-drifted" => {
+                    policy.replace_drifted = parse_replace_drifted(&value).map_err(bad)?;
+                    value = policy.replace_drifted.to_string();
+                }
+                _ => {
+                    policy.drift_budget = parse_drift_budget(&value).map_err(bad)?;
+                    value = policy.drift_budget.to_string();
+                }
             }
             st.store.exec(move |s| s.set_repair(policy)).await?;
             running.handle.set_repair_policy(policy);

@@ -145,6 +145,7 @@ impl Handler<ProvisionerEvent> for Metrics {
             }
             ProvisionerEvent::MachineInterrupted { .. } => self.book.interrupted(),
             ProvisionerEvent::MachineReplaced { cause: HandoverCause::Repair, .. } => self.book.repair("replaced"),
+            ProvisionerEvent::MachineReplaced { cause: HandoverCause::Drift, .. } => self.book.drift_replaced(),
             ProvisionerEvent::MachineReplaced { lead, .. } => {
                 self.book.replaced(lead.map(|d| d.as_secs_f64()));
             }

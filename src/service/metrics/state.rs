@@ -127,6 +127,7 @@ pub(crate) struct MetricsBook {
     replacement_lead: PromHistogram,
     repairs: Family<Labels, Counter>,
     unhealthy: Counter,
+    drift_replacements: Counter,
     instances_by_capacity: Family<Labels, Gauge>,
     machines: Family<Labels, Gauge>,
     machines_by_life: Family<Labels, Gauge>,
@@ -250,6 +251,11 @@ impl Default for MetricsBook {
             "Machines found unhealthy (an instance stopped longer than repair-after), each once per instance",
             Counter::default()
         );
+        let drift_replacements = reg!(
+            "provisioner_drift_replacements",
+            "Drifted machines replaced (replace-drifted): the replacement runs, the drifted instance is being stopped",
+            Counter::default()
+        );
         let instances_by_capacity = reg!(
             "provisioner_instances_by_capacity",
             "The cloud's instances by zone (none without one) and capacity type (spot, on-demand)",
@@ -309,6 +315,7 @@ impl Default for MetricsBook {
             replacement_lead,
             repairs,
             unhealthy,
+            drift_replacements,
             instances_by_capacity,
             machines,
             machines_by_life,
@@ -433,6 +440,11 @@ impl MetricsBook {
     /// Counts one repair outcome: `started`, `replaced` or `held` (issue 34).
     pub(crate) fn repair(&mut self, outcome: &'static str) {
         self.repairs.get_or_create(&l(&[("outcome", outcome)])).inc();
+    }
+
+    /// Counts one drifted machine replaced (`machine-replaced` of a drift replacement).
+    pub(crate) fn drift_replaced(&mut self) {
+        self.drift_replacements.inc();
     }
 
     /// Counts one machine found unhealthy (`machine-unhealthy`).

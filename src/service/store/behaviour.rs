@@ -149,7 +149,7 @@ fn settings_round_trip(s: &mut dyn StoreBackend) {
         RepairPolicy { after: Some(std::time::Duration::from_secs(600)), max_unhealthy: MaxUnhealthy::Count(2) };
     s.set_repair(policy).unwrap();
     assert_eq!(s.settings().unwrap().repair, Some(policy));
-    let off = RepairPolicy { after: None, max_unhealthy: MaxUnhealthy::Percent(30) };
+    let off = RepairPolicy { after: None, max_unhealthy: MaxUnhealthy::Percent(30), ..RepairPolicy::default() };
     s.set_repair(off).unwrap();
     assert_eq!(s.settings().unwrap().repair, Some(off), "off is kept as off");
 }

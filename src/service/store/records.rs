@@ -165,20 +165,34 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
+    /// The meta table's keys of the repair policy, in [`Settings::from_meta`]'s order.
+    pub(crate) const REPAIR_KEYS: [&'static str; 4] =
+        ["repair_after", "repair_max_unhealthy", "replace_drifted", "drift_budget"];
+
+    /// The repair policy as the meta table's text values, in [`Settings::REPAIR_KEYS`]'s order.
+    pub(crate) fn repair_meta(p: &crate::config::repair::RepairPolicy) -> [String; 4] {
+        [
+            crate::config::repair::show_repair_after(p.after),
+            p.max_unhealthy.to_string(),
+            p.replace_drifted.to_string(),
+            p.drift_budget.to_string(),
+        ]
+    }
+
     /// Settings from the meta table's text values (a value that does not parse is not set).
-    pub(crate) fn from_meta(
-        mode: Option<String>,
-        workers: Option<String>,
-        repair_after: Option<String>,
-        max_unhealthy: Option<String>,
-    ) -> Self {
-        use crate::config::repair::{parse_repair_after, RepairPolicy};
-        let repair = match (repair_after, max_unhealthy) {
-            (None, None) => None,
-            (after, max) => Some(RepairPolicy {
-                after: after.and_then(|a| parse_repair_after(&a).ok()).flatten(),
-                max_unhealthy: max.and_then(|m| m.parse().ok()).unwrap_or(crate::config::repair::DEFAULT_MAX_UNHEALTHY),
-            }),
+    pub(crate) fn from_meta(mode: Option<String>, workers: Option<String>, repair: [Option<String>; 4]) -> Self {
+        use crate::config::repair::{parse_drift_budget, parse_repair_after, parse_replace_drifted, RepairPolicy};
+        let repair = match repair {
+            [None, None, None, None] => None,
+            [after, max, replace, budget] => {
+                let d = RepairPolicy::default();
+                Some(RepairPolicy {
+                    after: after.and_then(|a| parse_repair_after(&a).ok()).flatten(),
+                    max_unhealthy: max.and_then(|m| m.parse().ok()).unwrap_or(d.max_unhealthy),
+                    replace_drifted: replace.and_then(|r| parse_replace_drifted(&r).ok()).unwrap_or(d.replace_drifted),
+                    drift_budget: budget.and_then(|b| parse_drift_budget(&b).ok()).unwrap_or(d.drift_budget),
+                })
+            }
         };
         Settings {
             harvest_mode: mode.and_then(|m| m.parse().ok()),

@@ -90,6 +90,21 @@ pub struct ProvisionerSpec {
     /// (`"20%"`, the default); more unhealthy at once hold every repair back.
     #[serde(default = "default_max_unhealthy", skip_serializing_if = "is_default_max_unhealthy")]
     pub repair_max_unhealthy: crate::config::repair::MaxUnhealthy,
+    /// Addition (issue 34): drifted machines are replaced through the hand-over (default: the
+    /// report's `drift` only).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub replace_drifted: bool,
+    /// Addition (issue 34): how many drifted machines are replaced at a time (1 or more).
+    #[serde(default = "default_drift_budget", skip_serializing_if = "is_default_drift_budget")]
+    pub drift_budget: usize,
+}
+
+fn default_drift_budget() -> usize {
+    crate::config::repair::DEFAULT_DRIFT_BUDGET
+}
+
+fn is_default_drift_budget(n: &usize) -> bool {
+    *n == crate::config::repair::DEFAULT_DRIFT_BUDGET
 }
 
 fn default_max_unhealthy() -> crate::config::repair::MaxUnhealthy {
@@ -618,6 +633,8 @@ impl Default for ProvisionerSpec {
             spot_max_price: None,
             repair_after: None,
             repair_max_unhealthy: default_max_unhealthy(),
+            replace_drifted: false,
+            drift_budget: default_drift_budget(),
         }
     }
 }

@@ -14,6 +14,7 @@ pub(super) fn validate(s: &Scenario, loc: &Locations, file: &str) -> Result<(), 
     let c = Checks { s, loc, file };
     c.reuse_needs_harvesting()?;
     c.batch_size_in_range()?;
+    c.drift_budget_positive()?;
     c.machine_ids_are_valid_and_unique()?;
     let known = c.known_machines();
     c.containers_have_a_type_and_host(&known)?;
@@ -54,6 +55,16 @@ impl Checks<'_> {
             let message =
                 crate::config::ConfigError::BatchSize { value: n, max: crate::config::MAX_BATCH_SIZE }.to_string();
             return Err(self.err("provisioner.batch_size", "batch_size", message));
+        }
+        Ok(())
+    }
+
+    /// A drift budget replaces at least one machine at a time.
+    fn drift_budget_positive(&self) -> Result<(), ScenarioError> {
+        let n = self.s.provisioner.drift_budget;
+        if n == 0 {
+            let message = crate::config::repair::RepairError::DriftBudget(n.to_string()).to_string();
+            return Err(self.err("provisioner.drift_budget", "drift_budget", message));
         }
         Ok(())
     }

@@ -275,25 +275,29 @@ pub enum TokenCmd {
 }
 
 /// The model settings `config` reads and writes.
-pub const CONFIG_KEYS: [&str; 4] = ["harvest-mode", "workers", "repair-after", "repair-max-unhealthy"];
+pub const CONFIG_KEYS: [&str; 6] =
+    ["harvest-mode", "workers", "repair-after", "repair-max-unhealthy", "replace-drifted", "drift-budget"];
 
 /// `provisioner config ...`.
 #[derive(Subcommand, Debug)]
 pub enum ConfigCmd {
     /// Print a setting.
     Get {
-        /// harvest-mode, workers, repair-after or repair-max-unhealthy.
+        /// harvest-mode, workers, repair-after, repair-max-unhealthy, replace-drifted or
+        /// drift-budget.
         #[arg(value_parser = CONFIG_KEYS)]
         key: String,
     },
     /// Change a setting (applied at once, kept across restarts).
     Set {
-        /// harvest-mode, workers, repair-after or repair-max-unhealthy.
+        /// harvest-mode, workers, repair-after, repair-max-unhealthy, replace-drifted or
+        /// drift-budget.
         #[arg(value_parser = CONFIG_KEYS)]
         key: String,
         /// The new value (harvest-mode: none, unknown, destroyed, all; workers: 1..=100;
         /// repair-after: a duration such as 10m, or off; repair-max-unhealthy: a count such as
-        /// 3 or a percentage such as 20%).
+        /// 3 or a percentage such as 20%; replace-drifted: true or false; drift-budget: 1 or
+        /// more).
         value: String,
     },
 }

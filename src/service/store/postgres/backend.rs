@@ -356,17 +356,19 @@ impl StoreBackend for PgStore {
         let client = self.client()?;
         let mode = meta_get(client, "harvest_mode").map_err(pg("reading settings"))?;
         let workers = meta_get(client, "workers").map_err(pg("reading settings"))?;
-        let after = meta_get(client, "repair_after").map_err(pg("reading settings"))?;
-        let max = meta_get(client, "repair_max_unhealthy").map_err(pg("reading settings"))?;
-        Ok(Settings::from_meta(mode, workers, after, max))
+        let mut repair: [Option<String>; 4] = Default::default();
+        for (slot, key) in repair.iter_mut().zip(Settings::REPAIR_KEYS) {
+            *slot = meta_get(client, key).map_err(pg("reading settings"))?;
+        }
+        Ok(Settings::from_meta(mode, workers, repair))
     }
     fn set_repair(&mut self, policy: crate::config::repair::RepairPolicy) -> Result<(), StoreError> {
         let ctx = "writing the repair policy";
         let uuid = self.uuid();
         let mut tx = self.begin(ctx)?;
-        let after = crate::config::repair::show_repair_after(policy.after);
-        meta_set(&mut tx, "repair_after", &after).map_err(pg(ctx))?;
-        meta_set(&mut tx, "repair_max_unhealthy", &policy.max_unhealthy.to_string()).map_err(pg(ctx))?;
+        for (key, value) in Settings::REPAIR_KEYS.iter().zip(Settings::repair_meta(&policy)) {
+            meta_set(&mut tx, key, &value).map_err(pg(ctx))?;
+        }
         notify(&mut tx, &uuid, "settings", &[])?;
         tx.commit().map_err(pg(ctx))
     }

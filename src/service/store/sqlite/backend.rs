@@ -476,17 +476,19 @@ impl StoreBackend for StoreCore {
     fn settings(&mut self) -> Result<Settings, StoreError> {
         let mode = meta_get(&self.conn, "harvest_mode").map_err(StoreError::sql("reading settings"))?;
         let workers = meta_get(&self.conn, "workers").map_err(StoreError::sql("reading settings"))?;
-        let after = meta_get(&self.conn, "repair_after").map_err(StoreError::sql("reading settings"))?;
-        let max = meta_get(&self.conn, "repair_max_unhealthy").map_err(StoreError::sql("reading settings"))?;
-        Ok(Settings::from_meta(mode, workers, after, max))
+        let mut repair: [Option<String>; 4] = Default::default();
+        for (slot, key) in repair.iter_mut().zip(Settings::REPAIR_KEYS) {
+            *slot = meta_get(&self.conn, key).map_err(StoreError::sql("reading settings"))?;
+        }
+        Ok(Settings::from_meta(mode, workers, repair))
     }
 
-    /// Persists the repair policy (both keys in the write's transaction).
+    /// Persists the repair policy (every key in the write's transaction).
     fn set_repair(&mut self, policy: crate::config::repair::RepairPolicy) -> Result<(), StoreError> {
-        let sql = || StoreError::sql("writing the repair policy");
-        let after = crate::config::repair::show_repair_after(policy.after);
-        meta_set(&self.conn, "repair_after", &after).map_err(sql())?;
-        meta_set(&self.conn, "repair_max_unhealthy", &policy.max_unhealthy.to_string()).map_err(sql())
+        for (key, value) in Settings::REPAIR_KEYS.iter().zip(Settings::repair_meta(&policy)) {
+            meta_set(&self.conn, key, &value).map_err(StoreError::sql("writing the repair policy"))?;
+        }
+        Ok(())
     }
 
     /// Persists the harvest mode.
