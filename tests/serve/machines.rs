@@ -1,11 +1,14 @@
 //! Machines through the client commands, as an operator adds, lists, removes and retries them
 //! on the simulated cloud: removal with and without the instance, a failed machine that stays
 //! failed until retried, a model destroyed, duplicate ids, and the simulated cloud's fail-over
-//! when its only instance type is out of capacity in a zone.
+//! when its only instance type is out of capacity in a zone; a machine's constraints replaced
+//! (`machine set-constraints`), which its next start uses.
 
 use std::time::{Duration, Instant};
 
-use crate::support::{assert_provisioned_once, bin, config_file, eventually, field, ids_of, temp_dir, Server};
+use crate::support::{
+    assert_provisioned_once, bin, config_file, eventually, field, ids_of, machine, raw_http, temp_dir, Server,
+};
 
 #[test]
 fn machines_are_added_provisioned_listed_and_removed() {
@@ -171,4 +174,111 @@ fn the_simulated_cloud_fails_over_when_its_only_type_is_out_of_capacity() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("out_of_capacity") && err.contains("TYPE:ZONE"), "{err}");
+}
+
+/// A client command's exit code and stderr.
+fn refused(s: &Server, args: &[&str]) -> (Option<i32>, String) {
+    let out = s.cli(args);
+    assert!(out.stdout.is_empty(), "{args:?}: {}", String::from_utf8_lossy(&out.stdout));
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `machine set-constraints` (`PUT /v1/machines/{id}/constraints`): a live machine's
+/// constraints are replaced and shown, a container's too (its id holds `/`, and `GET` of it
+/// still shows it); a bad string is a 400 naming what is wrong, an unknown machine a 404, a
+/// manual one a 409, a read-only token a 403, each changing nothing; and the next start of a
+/// machine (a retry) uses its new constraints.
+#[test]
+fn a_machines_constraints_are_replaced_and_its_next_start_uses_them() {
+    let dir = temp_dir("set-constraints");
+    let down = config_file(
+        &dir,
+        "down.toml",
+        "[retry]\ncount = 0\n[sim]\nzones = [\"az1\", \"az2\"]\nunavailable_zones = [\"az3\"]\n",
+    );
+    let s = Server::start(&dir, &["--sim-start-latency", "50ms", "--config", &down]);
+    let out = s.cli(&["machine", "add", "--zones", "az3", "--wait", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(ids_of(&s.json(&["machine", "add", "--wait", "--json"])), ["1"]);
+
+    // Replaced, and shown as `machine show` shows it.
+    let m = s.json(&["machine", "set-constraints", "1", "cores=4 mem=8G", "--json"]);
+    assert_eq!((field(&m, "id"), field(&m, "constraints_text")), ("1", "cores=4 mem=8192M"), "{m}");
+    assert_eq!((m["constraints"]["cores"].as_u64(), field(&m, "status")), (Some(4), "started"), "{m}");
+    let shown = s.json(&["machine", "show", "1", "--json"]);
+    assert_eq!(field(&shown, "constraints_text"), "cores=4 mem=8192M", "{shown}");
+    let out = s.cli(&["machine", "set-constraints", "1", "cores=4 mem=8G"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("constraints:") && text.contains("cores=4 mem=8192M"), "{text}");
+
+    // Bad strings: exit 2, one sentence naming the problem, nothing changed.
+    for (bad, named) in [
+        ("cores=four", "\"cores\""),
+        ("colour=red", "unknown constraint \"colour\""),
+        ("zones=nowhere", "unknown zone \"nowhere\""),
+        ("cores", "malformed constraint"),
+    ] {
+        let (code, err) = refused(&s, &["machine", "set-constraints", "1", bad]);
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert!(err.contains(named) && err.trim().lines().count() == 1, "{bad}: {err}");
+    }
+    let (code, _, text) =
+        raw_http(&s, "PUT", "/v1/machines/1/constraints", true, Some(br#"{"constraints": "cores=9"}"#.as_slice()));
+    assert_eq!(code, 200, "{text}");
+    let (code, _, text) =
+        raw_http(&s, "PUT", "/v1/machines/1/constraints", true, Some(br#"{"constraints": "cores=1", "mem": "1G"}"#));
+    assert!(code == 400 && text.contains("mem"), "{code} {text}");
+    let (code, _, text) = raw_http(&s, "PUT", "/v1/machines/1/constraints", true, Some(br#"{"constraints": 4}"#));
+    assert_eq!(code, 400, "{text}");
+    assert_eq!(field(&s.json(&["machine", "show", "1", "--json"]), "constraints_text"), "cores=9");
+    // Unknown: 404 (exit 2); manual: 409 (exit 1); neither written.
+    let (code, err) = refused(&s, &["machine", "set-constraints", "77", "cores=1"]);
+    assert!(code == Some(2) && err.contains("77"), "{code:?} {err}");
+    let manual = ids_of(&s.json(&["machine", "add", "--manual", "--address", "10.0.0.9", "--json"]));
+    let (code, err) = refused(&s, &["machine", "set-constraints", &manual[0], "cores=1"]);
+    assert!(code == Some(1) && err.contains("manual"), "{code:?} {err}");
+    assert_eq!(field(&s.json(&["machine", "show", &manual[0], "--json"]), "constraints_text"), "");
+    // Only PUT: 405 naming it.
+    let (code, headers, _) = raw_http(&s, "GET", "/v1/machines/1/constraints", true, None);
+    assert_eq!((code, crate::support::header(&headers, "allow")), (405, Some("PUT")));
+
+    // A container: its id holds `/` (as is, encoded, and per model), and it is still shown.
+    let c = ids_of(&s.json(&["machine", "add", "--container", "lxd", "--host", "1", "--json"]));
+    assert_eq!(c, ["1/lxd/0"]);
+    let m = s.json(&["machine", "set-constraints", "1/lxd/0", "mem=2G", "--json"]);
+    assert_eq!((field(&m, "id"), field(&m, "constraints_text")), ("1/lxd/0", "mem=2048M"), "{m}");
+    let body = br#"{"constraints": "mem=3G"}"#.as_slice();
+    let (code, _, text) = raw_http(&s, "PUT", "/v1/models/default/machines/1/lxd/0/constraints", true, Some(body));
+    assert_eq!(code, 200, "{text}");
+    let (code, _, text) = raw_http(&s, "GET", "/v1/machines/1/lxd/0", true, None);
+    let shown: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!((code, field(&shown, "id"), field(&shown, "constraints_text")), (200, "1/lxd/0", "mem=3072M"));
+    assert_eq!(field(machine(&s.machines(), "1"), "id"), "1");
+
+    // A read-only token: 403, exit 1, nothing changed.
+    let out = s.cli(&["token", "create", "--read-only"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ro = String::from_utf8_lossy(&out.stdout).lines().last().unwrap().to_owned();
+    let out = bin()
+        .args(["machine", "set-constraints", "1", "cores=2", "--server", &s.url, "--token", &ro])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(1) && err.contains("read-only"), "{err}");
+    assert_eq!(field(&s.json(&["machine", "show", "1", "--json"]), "constraints_text"), "cores=9");
+
+    // Audited: what was asked, by whom, and the answer.
+    let audit = std::fs::read_to_string(s.dir.join("audit.log")).unwrap();
+    let line = audit.lines().find(|l| l.contains("set constraints of machine 1:")).unwrap_or_else(|| panic!("{audit}"));
+    assert!(line.contains("\"admin\"") && line.contains("\"PUT\""), "{line}");
+
+    // Machine 0 failed in az3 (unavailable); its new constraints send its retry to az1.
+    let m = s.json(&["machine", "set-constraints", "0", "zones=az1", "--json"]);
+    assert_eq!((field(&m, "constraints_text"), field(&m, "status")), ("zones=az1", "error"), "{m}");
+    let out = s.cli(&["machine", "retry", "0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eventually(Duration::from_secs(10), "the retried machine to start", || {
+        field(machine(&s.machines(), "0"), "status") == "started"
+    });
+    assert_eq!(field(machine(&s.machines(), "0"), "zone"), "az1");
 }

@@ -107,7 +107,7 @@ enum Command {
     },
     /// Run the provisioner as a service: embedded store, HTTP API, metrics (feature `serve`).
     Serve(Box<provisioner::service::ServeSettings>),
-    /// Add, list, remove or retry machines of a running service.
+    /// Add, list, remove or retry machines of a running service, or change one's constraints.
     Machine {
         #[command(subcommand)]
         cmd: cli::MachineCmd,

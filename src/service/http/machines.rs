@@ -1,10 +1,10 @@
 //! `/v1/machines`: add (top-level machines with constraints and placement, containers on a
-//! host, or a manual machine), list (filters and pages), show, remove and retry. The checks are
-//! plain functions (unit-tested below): what the cloud offers ([`CloudShape`]) that
-//! constraints, zones and placement are checked against; what a request for containers or a
-//! manual machine means, field by field ([`container_or_manual`]), before the store checks what
-//! only it knows (the host exists and is alive, the address is not already a machine's). A
-//! refused request writes nothing.
+//! host, or a manual machine), list (filters and pages), show, remove, retry, and a change of
+//! one machine's constraints. The checks are plain functions (unit-tested below): what the
+//! cloud offers ([`CloudShape`]) that constraints, zones and placement are checked against;
+//! what a request for containers or a manual machine means, field by field
+//! ([`container_or_manual`]), before the store checks what only it knows (the host exists and
+//! is alive, the address is not already a machine's). A refused request writes nothing.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -19,7 +19,7 @@ use super::errors::{ApiError, Result};
 use super::target::State;
 use super::wire::{
     AddMachines, AddedMachines, ConstraintsView, ErrorBody, HealthView, MachineDetail, MachineView, RemoveMachines,
-    RetryMachines,
+    RetryMachines, SetConstraints,
 };
 use crate::model::{check_application_name, Constraints, MachineId, MachineStatus, Placement};
 use crate::service::audit::list_summary;
@@ -119,14 +119,7 @@ pub(crate) fn new_machine_with(
         }
         constraints.zones = Some(z);
     }
-    if let Some(z) = &constraints.zones {
-        for zone in z {
-            cloud.check_zone("zones", zone)?;
-        }
-        // Each zone once, in the order first given (so at most the cloud's zones).
-        let mut seen = std::collections::BTreeSet::new();
-        constraints.zones = Some(z.iter().filter(|z| seen.insert(z.to_string())).cloned().collect());
-    }
+    check_zones(cloud, &mut constraints)?;
     let placement = match placement {
         None => None,
         Some(p) => {
@@ -149,6 +142,27 @@ pub(crate) fn new_machine_with(
         }
     };
     Ok(NewMachine { constraints, placement, application: None, capacity })
+}
+
+/// Checks a `zones=` constraint against the cloud's zones, and keeps each zone once, in the
+/// order first given (so at most the cloud's zones).
+fn check_zones(cloud: &CloudShape, constraints: &mut Constraints) -> Result<()> {
+    if let Some(z) = &constraints.zones {
+        for zone in z {
+            cloud.check_zone("zones", zone)?;
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        constraints.zones = Some(z.iter().filter(|z| seen.insert(z.to_string())).cloned().collect());
+    }
+    Ok(())
+}
+
+/// A machine's new constraints as `PUT /v1/machines/{id}/constraints` gives them: Juju's
+/// syntax, parsed and checked against the cloud as `POST /v1/machines` does.
+pub(crate) fn constraints_for_change(cloud: &CloudShape, text: &str) -> Result<Constraints> {
+    let mut constraints = constraints_from_json(Some(serde_json::Value::String(text.to_owned())))?;
+    check_zones(cloud, &mut constraints)?;
+    Ok(constraints)
 }
 
 /// `GET /v1/machines` query parameters, all optional.
@@ -524,6 +538,40 @@ pub(super) async fn retry_machines(
     refuse_container_retries(&ids)?;
     st.store.exec(move |s| s.retry_machines(&ids)).await?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+#[utoipa::path(put, path = "/v1/machines/{id}/constraints", tag = "machines", operation_id = "set_machine_constraints",
+    params(("id" = String, Path, description = "A machine id (`3`; a container's `3/lxd/0`, as is or encoded)")),
+    request_body = SetConstraints,
+    responses(
+        (status = 200, description = "The machine with its new constraints (its next start uses them)", body = MachineDetail),
+        (status = 400, description = "The constraints are wrong (named: a bad key or value, a zone the cloud does not \
+            have), or a body that does not parse; nothing was changed", body = ErrorBody),
+        (status = 404, description = "No such machine", body = ErrorBody),
+        (status = 409, description = "The machine is not alive, or is manual; nothing was changed", body = ErrorBody),
+    ))]
+pub(super) async fn set_machine_constraints(
+    _: Authorized,
+    st: State,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse> {
+    let id = machine_id_of_path(req.match_info().get("id").unwrap_or_default())?;
+    let body: SetConstraints = json_body(&req, payload).await?;
+    note(&req, format!("set constraints of machine {id}: {:?}", body.constraints));
+    let constraints = constraints_for_change(&cloud(&st), &body.constraints)?;
+    let wanted = id.clone();
+    let m = st
+        .store
+        .exec(move |s| {
+            s.set_constraints(&wanted, &constraints)?;
+            s.machine(&wanted)
+        })
+        .await?
+        .ok_or(StoreError::NotFound(id))?;
+    let mut d = detail(&m);
+    d.machine = with_health(d.machine, health_here(&st).await.as_ref());
+    Ok(HttpResponse::Ok().json(d))
 }
 
 /// Containers have no retry path (Juju's container provisioner has no retry watcher): a retry

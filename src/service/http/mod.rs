@@ -14,6 +14,7 @@
 //! | `DELETE /v1/applications/{name}` | | `ApplicationView` (the machines taken to dead) |
 //! | `POST /v1/machines/remove` | `RemoveMachines` (`force` also takes a host's live containers) | `204` |
 //! | `POST /v1/machines/retry` | `RetryMachines` | `204` |
+//! | `PUT /v1/machines/{id}/constraints` | `SetConstraints` (`constraints`, Juju's syntax) | `MachineDetail` (409 a machine not alive, or manual) |
 //! | `GET /v1/instances` | | `[InstanceView]` |
 //! | `GET /v1/config` | | `[ConfigValue]` |
 //! | `GET /v1/config/{key}` | | `ConfigValue` |
@@ -50,7 +51,7 @@
 //! | [`auth`] | the bearer check: [`Caller`], the extractors [`Authorized`] and [`AdminOnly`] |
 //! | [`target`] | the model a request names, and its runtime ([`ModelState`]) |
 //! | [`body`] | reading and parsing JSON bodies ([`BODY_LIMIT`]) |
-//! | [`machines`] | `/v1/machines`: add (incl. containers and manual machines), list, show, remove, retry |
+//! | [`machines`] | `/v1/machines`: add (incl. containers and manual machines), list, show, remove, retry, constraints |
 //! | [`applications`] | `/v1/applications` |
 //! | [`instances`] | `/v1/instances` |
 //! | [`config`] | `/v1/config` |

@@ -98,7 +98,11 @@ fn model_routes(cfg: &mut web::ServiceConfig) {
     )
     .service(resource("/machines/remove", "POST", true).route(web::post().to(machines::remove_machines)))
     .service(resource("/machines/retry", "POST", true).route(web::post().to(machines::retry_machines)))
-    // After the two above: a container's id holds `/` (`3/lxd/0`).
+    // After the two above, and the constraints before the machine itself: a container's id
+    // holds `/` (`3/lxd/0`), so `{id:.+}` would take `3/constraints` for a machine id.
+    .service(
+        resource("/machines/{id:.+}/constraints", "PUT", true).route(web::put().to(machines::set_machine_constraints)),
+    )
     .service(resource("/machines/{id:.+}", "GET", true).route(web::get().to(machines::show_machine)))
     .service(
         resource("/applications", "GET, POST", true)

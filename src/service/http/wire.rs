@@ -209,6 +209,16 @@ pub struct RetryMachines {
     pub ids: Vec<String>,
 }
 
+/// `PUT /v1/machines/{id}/constraints`: the machine's new constraints, replacing all it had.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetConstraints {
+    /// The constraints in Juju's syntax (`"cores=4 mem=8G"`), checked as `POST /v1/machines`
+    /// checks them (zones among the cloud's); `""` clears them.
+    #[schema(example = "cores=4 mem=8G")]
+    pub constraints: String,
+}
+
 /// A model setting: `GET /v1/config/{key}`, and the body of `PUT` (`key` ignored there).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

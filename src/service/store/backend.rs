@@ -183,6 +183,11 @@ pub(crate) trait StoreBackend: Send {
     fn remove_machines(&mut self, ids: &[MachineId], keep_instance: bool, force: bool) -> Result<(), StoreError>;
     /// Marks machines in provisioning error for another start, all or none.
     fn retry_machines(&mut self, ids: &[MachineId]) -> Result<(), StoreError>;
+    /// Replaces a live machine's constraints (the caller has validated them): its constraint
+    /// row as [`StoreBackend::add_new_machines`] stores one (none for an empty set), and the
+    /// machine notified as changed. [`StoreError::NotFound`] for an unknown machine;
+    /// [`StoreError::Refused`] for one not alive or manual. Later starts read the new ones.
+    fn set_constraints(&mut self, id: &MachineId, constraints: &Constraints) -> Result<(), StoreError>;
     /// The settings changed at run time.
     fn settings(&mut self) -> Result<Settings, StoreError>;
     /// Persists the harvest mode.
@@ -407,6 +412,20 @@ impl Write {
             Write::AddMachines { count, spec } => s.add_new_machines(*count, spec).map(Written::Added),
         }
     }
+}
+
+/// Refuses a change of constraints to a machine that is not alive (its constraints no longer
+/// matter) or is manual (never started by the provisioner). Both backends.
+pub(super) fn refuse_constraints_change(id: &MachineId, life: &str, manual: bool) -> Result<(), StoreError> {
+    if manual {
+        return Err(StoreError::Refused(format!(
+            "machine {id} is a manual machine: the provisioner never starts it, so it has no constraints to change"
+        )));
+    }
+    if life != Life::Alive.as_str() {
+        return Err(StoreError::Refused(format!("machine {id} is {life}: only an alive machine's constraints change")));
+    }
+    Ok(())
 }
 
 /// Refuses (nothing written) the removal of a host whose live containers are not removed with

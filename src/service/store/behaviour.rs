@@ -598,6 +598,7 @@ on_both_backends!(
     the_provisioners_lean_reads_match_the_whole_record,
     machines_are_read_together_in_request_order,
     capacity_preferences_and_what_a_machine_got_round_trip,
+    constraints_are_replaced_on_live_machines_only,
 );
 
 /// Capacity (issue 33): a machine's preference is kept (`on-demand` by default), read with its
@@ -639,6 +640,60 @@ fn capacity_preferences_and_what_a_machine_got_round_trip(s: &mut dyn StoreBacke
     assert_eq!(rec(s, &plain[0]).capacity_type, None);
     let listed: Vec<_> = s.list_machines().unwrap().into_iter().map(|m| (m.capacity, m.capacity_type)).collect();
     assert_eq!(listed[1], (CapacityPreference::Spot, Some(CapacityType::Spot)));
+}
+
+/// A live machine's constraints are replaced (read back by `machine` and the provisioning
+/// info, the machine notified, nothing else of it or of another machine changed); an empty set
+/// clears them; an unknown machine is not found, a dying, dead or manual one refused, and a
+/// refusal writes nothing.
+fn constraints_are_replaced_on_live_machines_only(s: &mut dyn StoreBackend) {
+    let zones = vec!["az1".to_owned()];
+    let added = s.add_machines(3, Some(&zones)).unwrap();
+    let (m0, m1, m2) = (added[0].clone(), added[1].clone(), added[2].clone());
+    s.set_status(&m2, MachineStatus::Started, "up").unwrap();
+    s.take_outbox();
+    let before = s.list_machines().unwrap();
+    let counts = s.counts().clone();
+
+    let new = Constraints::parse("cores=4 mem=8G zones=az2").unwrap();
+    s.set_constraints(&m0, &new).unwrap();
+    assert_eq!(s.take_outbox(), (vec![m0.clone()], false), "the machine watcher hears of it");
+    let after = s.list_machines().unwrap();
+    assert_eq!(after[0].constraints, new);
+    assert_eq!(s.provisioning_info(&added[..1]).unwrap()[0].as_ref().unwrap().constraints, new);
+    assert_eq!(s.machine_provisioning(&m0).unwrap().unwrap().constraints, new);
+    let mut expected = before[0].clone();
+    expected.constraints = new.clone();
+    expected.zones = new.zones.clone();
+    expected.changed_at = after[0].changed_at.clone();
+    assert_eq!(after[0], expected, "nothing but its constraints changed");
+    assert_eq!(after[1..], before[1..], "no other machine changed");
+    assert_eq!(s.counts(), &counts);
+    // The same set on another machine shares its row; an empty set clears them (no row).
+    s.set_constraints(&m2, &new).unwrap();
+    assert_eq!(s.machine(&m2).unwrap().unwrap().constraints, new);
+    assert_eq!(s.machine(&m2).unwrap().unwrap().machine.status, MachineStatus::Started);
+    s.set_constraints(&m0, &Constraints::default()).unwrap();
+    assert_eq!(s.machine(&m0).unwrap().unwrap().constraints, Constraints::default());
+    assert_eq!(s.machine(&m2).unwrap().unwrap().constraints, new, "the shared row is kept");
+    s.take_outbox();
+
+    // Refusals write nothing.
+    let missing = MachineId::new("99");
+    assert_eq!(s.set_constraints(&missing, &new).unwrap_err(), StoreError::NotFound(missing));
+    s.remove_machines(std::slice::from_ref(&m1), false, false).unwrap();
+    s.take_outbox();
+    let e = s.set_constraints(&m1, &new).unwrap_err();
+    assert!(matches!(&e, StoreError::Refused(m) if m.contains("machine 1") && m.contains("dead")), "{e:?}");
+    assert_eq!(s.machine(&m1).unwrap().unwrap().constraints.zones, Some(zones));
+    let manual = s.add_manual("10.0.0.7").unwrap();
+    s.take_outbox();
+    let e = s.set_constraints(&manual, &new).unwrap_err();
+    assert!(matches!(&e, StoreError::Refused(m) if m.contains("manual")), "{e:?}");
+    assert_eq!(s.machine(&manual).unwrap().unwrap().constraints, Constraints::default());
+    assert_eq!(s.take_outbox(), (Vec::new(), false), "a refusal notifies nothing");
+    let recount = s.recount().unwrap();
+    assert_eq!(s.counts(), &recount);
 }
 
 /// `machines` answers each id asked, in the order asked, a repeated id each time and a missing

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use provisioner::service::wire::{
     AddApplication, AddMachines, AddedMachines, ApplicationView, ConfigValue, DestroyRequest, DestroyView, DriftView,
-    ErrorBody, InstanceView, MachineDetail, MachineView, RemoveMachines, RetryMachines, StatusView,
+    ErrorBody, InstanceView, MachineDetail, MachineView, RemoveMachines, RetryMachines, SetConstraints, StatusView,
 };
 use provisioner::service::wire::{AddModel, ModelDetail, ModelView};
 use provisioner::service::wire::{CreateToken, CreatedToken, TokenScope, TokenView};
@@ -494,6 +494,12 @@ fn dispatch(c: &Client, cmd: ClientCmd) -> Result<(), Failure> {
             }
             Ok(())
         }
+        ClientCmd::Machine(MachineCmd::SetConstraints { id, constraints, json }) => {
+            let path = format!("/v1/machines/{}/constraints", encode_segment(&id));
+            let m: MachineDetail = c.send("PUT", &path, &SetConstraints { constraints })?;
+            print_machine(&m, json);
+            Ok(())
+        }
         ClientCmd::Instance(InstanceCmd::List { json }) => {
             let list: Vec<InstanceView> = c.get("/v1/instances")?;
             if json {
@@ -659,9 +665,15 @@ fn or_dash(v: Option<&str>) -> String {
 /// `machine show ID [--json]`.
 fn show_machine(c: &Client, id: &str, json: bool) -> Result<(), Failure> {
     let m: MachineDetail = c.get(&format!("/v1/machines/{}", encode_segment(id)))?;
+    print_machine(&m, json);
+    Ok(())
+}
+
+/// One machine as `machine show` prints it (`json`: its [`MachineDetail`]).
+fn print_machine(m: &MachineDetail, json: bool) {
     if json {
-        print_json(&m);
-        return Ok(());
+        print_json(m);
+        return;
     }
     let v = &m.machine;
     let status =
@@ -691,7 +703,6 @@ fn show_machine(c: &Client, id: &str, json: bool) -> Result<(), Failure> {
     for (k, val) in rows {
         println!("{:<16} {val}", format!("{k}:"));
     }
-    Ok(())
 }
 
 /// `application add|list|remove`.

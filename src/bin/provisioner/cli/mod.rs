@@ -193,6 +193,20 @@ pub enum MachineCmd {
         #[arg(required = true, value_name = "ID")]
         ids: Vec<String>,
     },
+    /// Replace an alive machine's constraints (its next start uses them); prints the machine
+    /// as `machine show` does.
+    SetConstraints {
+        /// The machine (a container's id is HOST/TYPE/N); not a manual one.
+        #[arg(value_name = "ID")]
+        id: String,
+        /// The new constraints in Juju's syntax, e.g. "cores=4 mem=8G" (the keys of `machine
+        /// add --constraints`); "" clears them.
+        #[arg(value_name = "CONSTRAINTS")]
+        constraints: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `provisioner application ...`.

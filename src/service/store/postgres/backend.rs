@@ -15,7 +15,9 @@ use crate::model::{
     MachineId, MachineStatus, ProvisioningInfo,
 };
 use crate::ports::ProvisionedInstance;
-use crate::service::store::backend::{refuse_hosts_with_live_containers, Fence, StoreBackend};
+use crate::service::store::backend::{
+    refuse_constraints_change, refuse_hosts_with_live_containers, Fence, StoreBackend,
+};
 use crate::service::store::errors::StoreError;
 use crate::service::store::records::{
     ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCounts, CONTAINER_SEQ_BASE,
@@ -350,6 +352,24 @@ impl StoreBackend for PgStore {
         notify(&mut tx, &uuid, "machines", ids)?;
         tx.commit().map_err(pg(ctx))?;
         self.book.retry_due = true;
+        Ok(())
+    }
+    fn set_constraints(&mut self, id: &MachineId, constraints: &Constraints) -> Result<(), StoreError> {
+        let ctx = "changing a machine's constraints";
+        let uuid = self.uuid();
+        let mut tx = self.begin(ctx)?;
+        let row = tx
+            .query_opt("SELECT life, manual FROM machines WHERE id = $1 FOR UPDATE", &[&id.as_str()])
+            .map_err(pg(ctx))?;
+        let Some(row) = row else { return Err(StoreError::NotFound(id.clone())) };
+        let (life, manual): (String, bool) = (row.get(0), row.get(1));
+        refuse_constraints_change(id, &life, manual)?;
+        let constraint = Self::constraint_row(&mut tx, constraints)?;
+        tx.execute("UPDATE machines SET constraints_id = $2 WHERE id = $1", &[&id.as_str(), &constraint])
+            .map_err(pg(ctx))?;
+        notify(&mut tx, &uuid, "machines", std::slice::from_ref(id))?;
+        tx.commit().map_err(pg(ctx))?;
+        self.book.changed.insert(id.clone());
         Ok(())
     }
     fn settings(&mut self) -> Result<Settings, StoreError> {

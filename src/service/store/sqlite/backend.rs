@@ -16,7 +16,7 @@ use crate::model::{
     MachineId, MachineStatus, ProvisioningInfo,
 };
 use crate::ports::ProvisionedInstance;
-use crate::service::store::backend::{refuse_hosts_with_live_containers, StoreBackend};
+use crate::service::store::backend::{refuse_constraints_change, refuse_hosts_with_live_containers, StoreBackend};
 use crate::service::store::errors::StoreError;
 use crate::service::store::records::{
     ApplicationRecord, InstanceRecord, MachineRecord, NewMachine, Settings, StoreCounts, CONTAINER_SEQ_BASE,
@@ -469,6 +469,25 @@ impl StoreBackend for StoreCore {
         }
         tx.commit().map_err(StoreError::sql("marking machines for retry"))?;
         self.book.retry_due = true;
+        Ok(())
+    }
+
+    /// Replaces a live, non-manual machine's constraints: its `constraints_id` points at the
+    /// row of the new set (made if new, as at insert), or at none for an empty set.
+    fn set_constraints(&mut self, id: &MachineId, constraints: &Constraints) -> Result<(), StoreError> {
+        let ctx = "changing a machine's constraints";
+        let tx = Atomic::begin(&self.conn).map_err(StoreError::sql(ctx))?;
+        let row: Option<(String, bool)> = tx
+            .query_row("SELECT life, manual FROM machines WHERE id = ?1", [id.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()
+            .map_err(StoreError::sql(ctx))?;
+        let Some((life, manual)) = row else { return Err(StoreError::NotFound(id.clone())) };
+        refuse_constraints_change(id, &life, manual)?;
+        let constraint = Self::constraint_row(&tx, constraints)?;
+        tx.execute("UPDATE machines SET constraints_id = ?2 WHERE id = ?1", params![id.as_str(), constraint])
+            .map_err(StoreError::sql(ctx))?;
+        tx.commit().map_err(StoreError::sql(ctx))?;
+        self.book.changed.insert(id.clone());
         Ok(())
     }
 
