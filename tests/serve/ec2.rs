@@ -301,8 +301,9 @@ fn an_impaired_instance_is_replaced_after_repair_after() {
 }
 
 /// Issue 34's drift report on moto: an instance whose machine tag is changed outside the
-/// provisioner is reported drifted (`tags`), by `GET /v1/drift` and `provisioner drift`; the
-/// other machine is not; nothing is replaced (report-only).
+/// provisioner is reported drifted (`tags`), by `GET /v1/drift` and `provisioner drift`, and
+/// so is one whose machine's constraints change to a type it is not (`instance-type`, through
+/// `machine set-constraints`); nothing is replaced (report-only).
 #[test]
 fn the_drift_report_names_an_instance_whose_tags_changed_outside() {
     let moto = moto::Moto::shared();
@@ -326,6 +327,19 @@ fn the_drift_report_names_an_instance_whose_tags_changed_outside() {
     .unwrap_or_else(|| panic!("no drift reported\n{}", s.log_text()));
     let d = drift.as_array().unwrap();
     assert_eq!(d.len(), 1, "{drift}");
+    // A constraint change its type no longer meets: the other machine drifts too.
+    let other = machines[1]["id"].as_str().unwrap();
+    let out = s.cli(&["machine", "set-constraints", other, "instance-type=m5.large"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let both = s.json(&["drift", "--json"]);
+    assert_eq!(both.as_array().unwrap().len(), 2, "{both}");
+    assert_eq!(both[1]["machine"], other, "{both}");
+    assert_eq!(both[1]["reasons"][0]["kind"], "instance-type", "{both}");
+    assert_eq!(
+        both[1]["reasons"][0]["message"],
+        "instance type t3.micro is forbidden by the constraints: instance-type=m5.large",
+        "{both}"
+    );
     assert_eq!((d[0]["machine"].as_str(), d[0]["instance"].as_str()), (machines[0]["id"].as_str(), Some(&*instance)));
     assert_eq!(d[0]["reasons"][0]["kind"], "tags", "{drift}");
     assert_eq!(d[0]["reasons"][0]["message"], "its machine tag names machine 99", "{drift}");

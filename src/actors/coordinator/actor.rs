@@ -455,9 +455,13 @@ impl Coordinator {
             act.after_switches(switches, ctx);
             if !act.handovers.awaiting().is_empty() {
                 act.watching = true;
+                // Work while a replacement is awaited (a simulation stays open for it: a
+                // repair's, unlike an interruption's, has no warning the cloud counts).
+                let work = act.work.guard();
                 ctx.run_later(WATCH_EVERY, |act, ctx| {
                     act.watching = false;
                     act.look_at_replacements(ctx);
+                    drop(work);
                 });
             }
         });

@@ -145,8 +145,12 @@ fn settings_round_trip(s: &mut dyn StoreBackend) {
     let got = s.settings().unwrap();
     assert_eq!((got.workers, got.harvest_mode, got.repair), (Some(4), Some(HarvestMode::All), None));
     use crate::config::repair::{MaxUnhealthy, RepairPolicy};
-    let policy =
-        RepairPolicy { after: Some(std::time::Duration::from_secs(600)), max_unhealthy: MaxUnhealthy::Count(2) };
+    let policy = RepairPolicy {
+        after: Some(std::time::Duration::from_secs(600)),
+        max_unhealthy: MaxUnhealthy::Count(2),
+        replace_drifted: true,
+        drift_budget: 3,
+    };
     s.set_repair(policy).unwrap();
     assert_eq!(s.settings().unwrap().repair, Some(policy));
     let off = RepairPolicy { after: None, max_unhealthy: MaxUnhealthy::Percent(30), ..RepairPolicy::default() };
