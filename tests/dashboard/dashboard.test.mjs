@@ -212,6 +212,20 @@ test('the dashboard drives the service live, without reloading', { timeout: 6 * 
     assert.equal(await page.locator('#machine-rows td.capacity').count(), 5);
     assert.equal(await page.locator('#machine-rows tr[data-handover]').count(), 0);
 
+    // Issue 34: a machine whose constraints change to zones its instance is not in has drifted:
+    // its health cell says so (and why, in its title); the others' are empty.
+    assert.ok((await page.locator('#machines thead th').allTextContents()).includes('health'));
+    assert.equal(await page.locator('#machine-rows td.health[data-drifted]').count(), 0);
+    const moved = machines.find((m) => m.id !== failed);
+    const elsewhere = (await api('GET', '/v1/status')).zones.find((z) => z !== moved.zone);
+    await api('PUT', `/v1/machines/${moved.id}/constraints`, { constraints: `zones=${elsewhere}` });
+    const cell = page.locator(`#machine-rows tr[data-machine="${moved.id}"] td.health[data-drifted]`);
+    await cell.waitFor();
+    assert.equal(await cell.innerText(), 'drifted: zone');
+    assert.match(await cell.locator('.badge').getAttribute('title'), new RegExp(`zone ${moved.zone} is outside`));
+    assert.equal(await page.locator('#machine-rows td.health[data-drifted]').count(), 1);
+    assert.deepEqual((await api('GET', '/v1/drift')).map((d) => d.machine), [moved.id]);
+
     // The worker count, through the page.
     await page.fill('#workers-value', '8');
     await page.click('#workers-form button');

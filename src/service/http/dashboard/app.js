@@ -36,6 +36,7 @@
     instancesError: '',
     starts: [], // {t, ok}: machine-started and machine-failed events, for the plot
     replacing: new Map(), // machine id → interrupted instance, from machine-interrupted to machine-replaced
+    drift: new Map(), // machine id → its drift reasons (`/v1/drift`, issue 34)
     stream: null, // the AbortController of the open event stream
     model: new URLSearchParams(location.hash.slice(1)).get('model') || '',
     generation: 0, // grows at each change of model: answers for an earlier one are dropped
@@ -102,6 +103,29 @@
    * replacement not yet, or its message saying so ("replacing instance ID: ..."). */
   function replacing(m) {
     return state.replacing.has(m.id) || /^replacing instance /.test(m.message || '');
+  }
+
+  /** A machine's health (issue 34): unhealthy (its instance stopped or impaired past
+   * repair-after, and what its repair does) and drifted (why), as badges; none when healthy. */
+  function health(m) {
+    const out = [];
+    if (m.health) {
+      const mins = Math.round(m.health.unhealthy_for_s / 60);
+      out.push(el('span', {
+        class: 'badge unhealthy',
+        title: `instance ${m.health.reason} for ${mins} min; repair: ${m.health.repair}`,
+        text: `unhealthy (${m.health.repair})`,
+      }));
+    }
+    const drifted = state.drift.get(m.id);
+    if (drifted) {
+      out.push(el('span', {
+        class: 'badge drifted',
+        title: drifted.map((r) => r.message).join('; '),
+        text: `drifted: ${drifted.map((r) => r.kind).join(', ')}`,
+      }));
+    }
+    return out;
   }
 
   /** A machine's capacity: its preference, and what its instance runs on when that differs. */
@@ -180,14 +204,17 @@
       const [status, machines] = await Promise.all([api('GET', at('/v1/status')), api('GET', at('/v1/machines'))]);
       let instances = [];
       let instancesError = '';
+      let drift = new Map();
       try {
         instances = await api('GET', at('/v1/instances'));
+        // Drifted machines (issue 34), judged on the same listings: machine id → reasons.
+        drift = new Map((await api('GET', at('/v1/drift'))).map((d) => [d.machine, d.reasons]));
       } catch (e) {
         if (e instanceof Unauthorized) throw e;
         instancesError = e.message;
       }
       if (generation !== state.generation) return; // another model was picked meanwhile
-      Object.assign(state, { status, machines, instances, instancesError });
+      Object.assign(state, { status, machines, instances, instancesError, drift });
       render();
       banner('');
     } catch (e) {
@@ -312,7 +339,8 @@
   function renderMachines() {
     const filter = $('machine-filter').value.trim().toLowerCase();
     const shown = state.machines.filter((m) => !filter || [m.id, phase(m), m.zone, m.instance, m.message, m.status,
-      capacity(m), replacing(m) ? 'replacing' : ''].some((v) => v && String(v).toLowerCase().includes(filter)));
+      capacity(m), replacing(m) ? 'replacing' : '', m.health ? 'unhealthy' : '', state.drift.has(m.id) ? 'drifted' : '']
+      .some((v) => v && String(v).toLowerCase().includes(filter)));
     $('machines-count').textContent = String(state.machines.length);
     $('machines-note').textContent = shown.length > MAX_ROWS ? `Showing the first ${MAX_ROWS} of ${shown.length}: filter to narrow.` : '';
     const rows = shown.slice(0, MAX_ROWS).map((m) => {
@@ -335,12 +363,14 @@
         el('td', { text: m.zone || '' }),
         el('td', { class: 'capacity', 'data-capacity': m.capacity || 'on-demand', 'data-capacity-type': m.capacity_type || undefined,
           text: capacity(m) }),
+        el('td', { class: 'health', 'data-unhealthy': m.health ? m.health.repair : undefined,
+          'data-drifted': state.drift.has(m.id) ? 'true' : undefined }, ...health(m)),
         el('td', { class: 'instance', text: m.instance || '' }),
         el('td', { class: 'msg', title: m.message || undefined, text: m.message || '' }),
         actions);
     });
     $('machine-rows').replaceChildren(...(rows.length ? rows
-      : [el('tr', {}, el('td', { colspan: 7, class: 'empty', text: filter ? 'No machine matches.' : 'No machines yet: add some above.' }))]));
+      : [el('tr', {}, el('td', { colspan: 8, class: 'empty', text: filter ? 'No machine matches.' : 'No machines yet: add some above.' }))]));
   }
 
   // The machine whose Remove was clicked once, waiting for its confirmation (kept across the
@@ -634,7 +664,9 @@
     history.replaceState(null, '', `#model=${encodeURIComponent(name)}`);
     if (state.stream) state.stream.abort();
     state.stream = null;
-    Object.assign(state, { status: null, machines: [], instances: [], instancesError: '', starts: [], replacing: new Map() });
+    Object.assign(state, {
+      status: null, machines: [], instances: [], instancesError: '', starts: [], replacing: new Map(), drift: new Map(),
+    });
     $('event-log').replaceChildren();
     feedback('', true);
     setConnection('down', 'connecting');
