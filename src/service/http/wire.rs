@@ -223,13 +223,17 @@ pub struct SetConstraints {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigValue {
-    /// `harvest-mode` or `workers`.
+    /// `harvest-mode`, `workers`, `repair-after`, `repair-max-unhealthy`, `replace-drifted` or
+    /// `drift-budget`.
     #[serde(default)]
     pub key: String,
     /// Its value, as text: a harvest mode (`none`, `unknown`, `destroyed`, `all`, any case) for
-    /// `harvest-mode`, a whole number 1..=100 (digits only) for `workers`.
+    /// `harvest-mode`, a whole number 1..=100 (digits only) for `workers`, a duration (`10m`,
+    /// `1h 30m`) or `off` for `repair-after`, a count or a percentage (`3`, `20%`) for
+    /// `repair-max-unhealthy`, `true` or `false` for `replace-drifted`, a whole number (1 or
+    /// more) for `drift-budget`. A value of the right shape for another key is a 400 naming it.
     #[schema(
-        pattern = r"^\s*([Nn][Oo][Nn][Ee]|[Uu][Nn][Kk][Nn][Oo][Ww][Nn]|[Dd][Ee][Ss][Tt][Rr][Oo][Yy][Ee][Dd]|[Aa][Ll][Ll]|0*([1-9][0-9]?|100))\s*$"
+        pattern = r"^\s*([Nn][Oo][Nn][Ee]|[Uu][Nn][Kk][Nn][Oo][Ww][Nn]|[Dd][Ee][Ss][Tt][Rr][Oo][Yy][Ee][Dd]|[Aa][Ll][Ll]|[0-9]+%?|off|true|false|[0-9]+[a-z]+( [0-9]+[a-z]+)*)\s*$"
     )]
     pub value: String,
 }
