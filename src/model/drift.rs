@@ -42,6 +42,9 @@ pub enum DriftReason {
     },
 }
 
+/// Every reason's kind, in [`drift_of`]'s order.
+pub const KINDS: [&str; 3] = ["instance-type", "zone", "tags"];
+
 impl DriftReason {
     /// The reason's kind: `instance-type`, `zone` or `tags` (a metric label).
     pub fn kind(&self) -> &'static str {

@@ -139,6 +139,13 @@ pub enum ProvisionerEvent {
         /// Why it drifted, each reason as a sentence.
         reasons: Vec<String>,
     },
+    /// The drifted machines a listing showed, by reason (issue 34): published when the counts
+    /// change while the model replaces drifted machines (the leader judges drift after each
+    /// listing then); a machine counts under each of its reasons.
+    DriftSeen {
+        /// Machines by reason (`instance-type`, `zone`, `tags`), every reason present.
+        by_reason: Vec<(&'static str, usize)>,
+    },
     /// More machines are unhealthy at once than `repair-max-unhealthy` allows: every repair is
     /// held back (the cloud, not the machines, is probably at fault). Published when the hold
     /// begins, again only after it lifted.
@@ -194,6 +201,7 @@ impl ProvisionerEvent {
             ProvisionerEvent::MachineUnhealthy { .. } => "machine-unhealthy",
             ProvisionerEvent::MachineRepairing { .. } => "machine-repairing",
             ProvisionerEvent::RepairsHeld { .. } => "repairs-held",
+            ProvisionerEvent::DriftSeen { .. } => "drift-seen",
             ProvisionerEvent::MachineDriftReplacing { .. } => "machine-drift-replacing",
         }
     }

@@ -387,4 +387,10 @@ fn replace_drifted_replaces_an_instance_whose_tags_changed_outside() {
     assert_eq!(s.machines()[1]["instance"], machines[1]["instance"], "the other machine is untouched");
     let metrics = s.metrics();
     assert_eq!(sample(&metrics, "provisioner_drift_replacements_total"), Some(1.0), "{metrics}");
+    // The gauge of drifted machines saw it, and sees none once the next listing shows it gone.
+    let none_left = poll(Duration::from_secs(30), Duration::from_millis(250), || {
+        let m = s.metrics();
+        (sample(&m, "provisioner_drifted_machines{reason=\"tags\"}") == Some(0.0)).then_some(())
+    });
+    assert!(none_left.is_some(), "{}", s.metrics());
 }

@@ -178,6 +178,10 @@ pub(crate) fn event_view(e: &ProvisionerEvent) -> EventView {
             v.instance = Some(instance.to_string());
             v.message = Some(format!("replacing drifted instance {instance}: {}", reasons.join("; ")));
         }
+        ProvisionerEvent::DriftSeen { by_reason } => {
+            let parts: Vec<String> = by_reason.iter().map(|(k, n)| format!("{n} {k}")).collect();
+            v.message = Some(format!("drifted machines by reason: {}", parts.join(", ")));
+        }
         ProvisionerEvent::RepairsHeld { unhealthy, cap } => {
             v.message = Some(format!(
                 "repairs held back: {unhealthy} machines unhealthy at once, more than repair-max-unhealthy allows \

@@ -152,6 +152,7 @@ impl Handler<ProvisionerEvent> for Metrics {
             ProvisionerEvent::MachineUnhealthy { .. } => self.book.unhealthy(),
             ProvisionerEvent::MachineRepairing { .. } => self.book.repair("started"),
             ProvisionerEvent::RepairsHeld { .. } => self.book.repair("held"),
+            ProvisionerEvent::DriftSeen { by_reason } => self.book.drifted(by_reason),
             _ => {}
         }
     }

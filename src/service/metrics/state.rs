@@ -128,6 +128,7 @@ pub(crate) struct MetricsBook {
     repairs: Family<Labels, Counter>,
     unhealthy: Counter,
     drift_replacements: Counter,
+    drifted: Family<Labels, Gauge>,
     instances_by_capacity: Family<Labels, Gauge>,
     machines: Family<Labels, Gauge>,
     machines_by_life: Family<Labels, Gauge>,
@@ -256,6 +257,12 @@ impl Default for MetricsBook {
             "Drifted machines replaced (replace-drifted): the replacement runs, the drifted instance is being stopped",
             Counter::default()
         );
+        let drifted = reg!(
+            "provisioner_drifted_machines",
+            "Machines whose instance has drifted, by reason (instance-type, zone, tags), as the leader's last listing \
+             showed them; set while replace-drifted is on (the report, provisioner drift, works either way)",
+            Family::default()
+        );
         let instances_by_capacity = reg!(
             "provisioner_instances_by_capacity",
             "The cloud's instances by zone (none without one) and capacity type (spot, on-demand)",
@@ -316,6 +323,7 @@ impl Default for MetricsBook {
             repairs,
             unhealthy,
             drift_replacements,
+            drifted,
             instances_by_capacity,
             machines,
             machines_by_life,
@@ -445,6 +453,13 @@ impl MetricsBook {
     /// Counts one drifted machine replaced (`machine-replaced` of a drift replacement).
     pub(crate) fn drift_replaced(&mut self) {
         self.drift_replacements.inc();
+    }
+
+    /// The drifted machines by reason (`drift-seen`).
+    pub(crate) fn drifted(&mut self, by_reason: &[(&'static str, usize)]) {
+        for (reason, n) in by_reason {
+            self.drifted.get_or_create(&l(&[("reason", reason)])).set(*n as i64);
+        }
     }
 
     /// Counts one machine found unhealthy (`machine-unhealthy`).
