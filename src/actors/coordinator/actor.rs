@@ -58,8 +58,6 @@ pub struct Coordinator {
     resync: std::time::Duration,
     /// Until when (on the coordinator's clock) a repair due is held open already.
     repair_due: Option<std::time::Duration>,
-    /// The drifted machines by reason last published (`drift-seen`, said on change).
-    drift_seen: Option<Vec<(&'static str, usize)>>,
     /// Whether a look at the hand-overs' replacements is under way or due (one at a time).
     watching: bool,
     /// Whether hand-overs a predecessor left under way were asked for (once).
@@ -95,7 +93,6 @@ impl Coordinator {
             repairs: super::repair::RepairBook::default(),
             resync: crate::config::DEFAULT_RESYNC_INTERVAL,
             repair_due: None,
-            drift_seen: None,
             watching: false,
             resumed: false,
             interruptions: None,
@@ -180,13 +177,7 @@ impl Coordinator {
             drift_of.send(crate::actors::registry::DriftOf(pairs)).await.unwrap_or_default()
         };
         self.spawn_counted(ask.into_actor(self), ctx, |drifted, act, ctx| {
-            let by_reason: Vec<(&'static str, usize)> = crate::model::drift::KINDS
-                .iter()
-                .map(|k| (*k, drifted.iter().filter(|d| d.reasons.iter().any(|r| r.kind() == *k)).count()))
-                .collect();
-            // Said when it changes, not at every listing.
-            if act.drift_seen.as_ref() != Some(&by_reason) {
-                act.drift_seen = Some(by_reason.clone());
+            if let Some(by_reason) = act.repairs.drift_seen(&drifted) {
                 act.publish(ProvisionerEvent::DriftSeen { by_reason });
             }
             let handovers = &act.handovers;

@@ -94,6 +94,8 @@ pub struct RepairBook {
     /// failed, say for constraints no type meets, is not retried every listing; the machine
     /// stays drifted in the report).
     drift_tried: std::collections::BTreeSet<(MachineId, InstanceId)>,
+    /// The drifted machines by reason last said (`drift-seen`).
+    drift_seen: Option<Vec<(&'static str, usize)>>,
 }
 
 impl RepairBook {
@@ -145,6 +147,19 @@ impl RepairBook {
             out.push(StoppedMachine { owner: o, stopped_for: now.saturating_sub(since), reason: "impaired" });
         }
         out
+    }
+
+    /// The drifted machines by reason (a machine under each of its reasons, every reason
+    /// present), when they differ from the last said: said on change, not at every listing.
+    pub fn drift_seen(&mut self, drifted: &[DriftedMachine]) -> Option<Vec<(&'static str, usize)>> {
+        let by_reason: Vec<(&'static str, usize)> = crate::model::drift::KINDS
+            .iter()
+            .map(|k| (*k, drifted.iter().filter(|d| d.reasons.iter().any(|r| r.kind() == *k)).count()))
+            .collect();
+        (self.drift_seen.as_ref() != Some(&by_reason)).then(|| {
+            self.drift_seen = Some(by_reason.clone());
+            by_reason
+        })
     }
 
     /// Which drifted machines begin a replacement now (issue 34): none unless the model
@@ -359,6 +374,16 @@ mod tests {
         let mut kept = drifted("3");
         kept.owner.record.keep_instance = true;
         assert_eq!(ids(b.on_drift(vec![kept], 0, false, |_| false)), (vec![], false), "keep-instance: never");
+    }
+
+    #[test]
+    fn drift_counts_are_said_on_change_only() {
+        let mut b = RepairBook::default();
+        let zone = crate::model::drift::DriftReason::Zone { zone: "az1".into(), allowed: vec!["az2".into()] };
+        let one = vec![DriftedMachine { owner: stopped("0", 0, false).owner, reasons: vec![zone] }];
+        assert_eq!(b.drift_seen(&one), Some(vec![("instance-type", 0), ("zone", 1), ("tags", 0)]));
+        assert_eq!(b.drift_seen(&one), None, "unchanged");
+        assert_eq!(b.drift_seen(&[]), Some(vec![("instance-type", 0), ("zone", 0), ("tags", 0)]));
     }
 
     #[test]

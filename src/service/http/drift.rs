@@ -8,7 +8,7 @@
 use actix_web::HttpResponse;
 
 use super::auth::Authorized;
-use super::errors::{ApiError, Result};
+use super::errors::Result;
 use super::target::State;
 use super::wire::{DriftReasonView, DriftView};
 use crate::model::drift::{drift_of, Expected};
@@ -19,11 +19,7 @@ use crate::model::{InstanceState, Life};
         would make for them today, in id order, each with its reasons (none: an empty list); judged on a listing at \
         most 5 s old (its age in seconds in the `Age` header)", body = Vec<DriftView>)))]
 pub(super) async fn list_drift(_: Authorized, st: State) -> Result<HttpResponse> {
-    let (list, age) = st
-        .broker
-        .read_instances(crate::service::cloud::listing::MAX_AGE)
-        .await
-        .map_err(|e| ApiError::internal(format!("listing the cloud: {e}")))?;
+    let (list, age) = super::instances::listing(&st).await?;
     let mut machines = st.store.exec(|s| s.list_machines()).await?;
     machines.sort_by(|a, b| a.machine.id.cmp(&b.machine.id));
     let catalogue = crate::model::instance_types::shipped();

@@ -14,13 +14,7 @@ use super::wire::InstanceView;
         most 5 s old (its age in seconds in the `Age` header; a start, stop or release through the service makes the \
         next read list again): readers never drive the cloud's API", body = Vec<InstanceView>)))]
 pub(super) async fn list_instances(_: Authorized, st: State) -> Result<HttpResponse> {
-    // From the listings the service made (at most `listing::MAX_AGE` old): no reader drives
-    // the cloud's API; the listing's age in whole seconds is the answer's `Age` header.
-    let (list, age) = st
-        .broker
-        .read_instances(crate::service::cloud::listing::MAX_AGE)
-        .await
-        .map_err(|e| ApiError::internal(format!("listing the cloud: {e}")))?;
+    let (list, age) = listing(&st).await?;
     let views: Vec<InstanceView> = list
         .iter()
         .map(|i| InstanceView {
@@ -31,4 +25,16 @@ pub(super) async fn list_instances(_: Authorized, st: State) -> Result<HttpRespo
         })
         .collect();
     Ok(HttpResponse::Ok().insert_header(("Age", age.as_secs().to_string())).json(views))
+}
+
+/// The model's instances from the listings the service made (at most `listing::MAX_AGE` old: no
+/// reader drives the cloud's API), and the listing's age (the answer's `Age` header, in whole
+/// seconds).
+pub(super) async fn listing(
+    st: &State,
+) -> Result<(std::sync::Arc<Vec<crate::model::CloudInstance>>, std::time::Duration)> {
+    st.broker
+        .read_instances(crate::service::cloud::listing::MAX_AGE)
+        .await
+        .map_err(|e| ApiError::internal(format!("listing the cloud: {e}")))
 }
