@@ -6,11 +6,14 @@
 //! - `instance-type`: its type is one the machine's constraints now forbid (`instance-type=`
 //!   names another, or the catalogue's entry for its type fails `arch`, `cores` or `mem`). A
 //!   type the catalogue does not know is judged only against `instance-type=`.
+//! - `image`: it was started from another image than the one a start uses today (the model's
+//!   image changed: another AMI, an LXD alias pointed at a newer image). Judged only where the
+//!   cloud says which image a start uses ([`crate::ports::Broker::current_image`]).
 //! - `zone`: it runs outside the zones the machine allows (`zones=`, or a `zone=` placement).
 //! - `tags`: its machine tag names another machine, or none (our identity changed outside us).
 //!
 //! Report-only: a drifted machine keeps its instance unless the model replaces drifted
-//! machines (a later part of issue 34).
+//! machines (`replace-drifted`, through the hand-over).
 
 use std::fmt;
 
@@ -28,6 +31,13 @@ pub enum DriftReason {
         /// The constraint it fails, e.g. `cores=4 (it has 2)`.
         why: String,
     },
+    /// It was started from another image than a start uses today.
+    Image {
+        /// The instance's image, if the cloud says.
+        image: Option<String>,
+        /// The image a start uses today.
+        expected: String,
+    },
     /// It runs outside the zones the machine allows.
     Zone {
         /// The instance's zone.
@@ -43,13 +53,14 @@ pub enum DriftReason {
 }
 
 /// Every reason's kind, in [`drift_of`]'s order.
-pub const KINDS: [&str; 3] = ["instance-type", "zone", "tags"];
+pub const KINDS: [&str; 4] = ["instance-type", "image", "zone", "tags"];
 
 impl DriftReason {
-    /// The reason's kind: `instance-type`, `zone` or `tags` (a metric label).
+    /// The reason's kind: `instance-type`, `image`, `zone` or `tags` (a metric label).
     pub fn kind(&self) -> &'static str {
         match self {
             DriftReason::InstanceType { .. } => "instance-type",
+            DriftReason::Image { .. } => "image",
             DriftReason::Zone { .. } => "zone",
             DriftReason::Tags { .. } => "tags",
         }
@@ -61,6 +72,12 @@ impl fmt::Display for DriftReason {
         match self {
             DriftReason::InstanceType { instance_type, why } => {
                 write!(f, "instance type {instance_type} is forbidden by the constraints: {why}")
+            }
+            DriftReason::Image { image: Some(image), expected } => {
+                write!(f, "image {image} is not the one a start uses today ({expected})")
+            }
+            DriftReason::Image { image: None, expected } => {
+                write!(f, "its image is not known, a start uses {expected} today")
             }
             DriftReason::Zone { zone, allowed } => {
                 write!(f, "zone {zone} is outside the zones the machine allows ({})", allowed.join(", "))
@@ -82,10 +99,12 @@ pub struct Expected<'a> {
     pub placement: Option<&'a str>,
     /// The cloud's instance types (the shipped catalogue).
     pub catalogue: &'a [InstanceType],
+    /// The image a start uses today, where the cloud says ([`crate::ports::Broker::current_image`]).
+    pub image: Option<&'a str>,
 }
 
 /// Every reason `instance` (the machine's recorded instance, as listed) has drifted from
-/// `expected`, in a fixed order (type, zone, tags); empty when it has not.
+/// `expected`, in a fixed order (type, image, zone, tags); empty when it has not.
 pub fn drift_of(expected: &Expected<'_>, instance: &CloudInstance) -> Vec<DriftReason> {
     let mut out = Vec::new();
     let c = expected.constraints;
@@ -101,6 +120,9 @@ pub fn drift_of(expected: &Expected<'_>, instance: &CloudInstance) -> Vec<DriftR
         if let Some(why) = why {
             out.push(DriftReason::InstanceType { instance_type: t.clone(), why });
         }
+    }
+    if let Some(want) = expected.image.filter(|want| instance.image.as_deref() != Some(*want)) {
+        out.push(DriftReason::Image { image: instance.image.clone(), expected: want.to_owned() });
     }
     if let Some(zone) = &instance.zone {
         let placed =
@@ -139,7 +161,7 @@ mod tests {
         let m = MachineId::new("0");
         let c = Constraints::parse("cores=2 zones=az1,az2").unwrap();
         let catalogue = shipped();
-        let e = Expected { machine: &m, constraints: &c, placement: None, catalogue: &catalogue };
+        let e = Expected { machine: &m, constraints: &c, placement: None, catalogue: &catalogue, image: None };
         assert_eq!(drift_of(&e, &instance("0", Some("t3.medium"), "az1")), Vec::new());
         // A bigger type than the cheapest still satisfies the constraints.
         assert_eq!(drift_of(&e, &instance("0", Some("m5.xlarge"), "az2")), Vec::new());
@@ -150,13 +172,32 @@ mod tests {
         let m = MachineId::new("0");
         let c = Constraints::parse("cores=4").unwrap();
         let catalogue = shipped();
-        let e = Expected { machine: &m, constraints: &c, placement: Some("zone=az2"), catalogue: &catalogue };
-        let got = drift_of(&e, &instance("7", Some("t3.medium"), "az1"));
+        let e = Expected {
+            machine: &m,
+            constraints: &c,
+            placement: Some("zone=az2"),
+            catalogue: &catalogue,
+            image: Some("ami-2"),
+        };
+        let mut old = instance("7", Some("t3.medium"), "az1");
+        old.image = Some("ami-1".into());
+        let got = drift_of(&e, &old);
         let kinds: Vec<&str> = got.iter().map(DriftReason::kind).collect();
-        assert_eq!(kinds, ["instance-type", "zone", "tags"]);
+        assert_eq!(kinds, KINDS);
         assert_eq!(got[0].to_string(), "instance type t3.medium is forbidden by the constraints: cores=4 (it has 2)");
-        assert_eq!(got[1].to_string(), "zone az1 is outside the zones the machine allows (az2)");
-        assert_eq!(got[2].to_string(), "its machine tag names machine 7");
+        assert_eq!(got[1].to_string(), "image ami-1 is not the one a start uses today (ami-2)");
+        assert_eq!(got[2].to_string(), "zone az1 is outside the zones the machine allows (az2)");
+        assert_eq!(got[3].to_string(), "its machine tag names machine 7");
+        // An instance whose image the cloud does not say has drifted once a start uses one.
+        assert_eq!(
+            drift_of(&e, &instance("0", None, "az2"))[0].to_string(),
+            "its image is not known, a start uses ami-2 today"
+        );
+        // The same image, or a cloud that does not say which image a start uses: no drift.
+        old.image = Some("ami-2".into());
+        assert!(!drift_of(&e, &old).iter().any(|r| r.kind() == "image"));
+        let e = Expected { image: None, ..e };
+        assert!(drift_of(&e, &instance("0", None, "az2")).is_empty());
         let pinned = Constraints::parse("instance-type=m5.large").unwrap();
         let e = Expected { constraints: &pinned, placement: None, ..e };
         assert_eq!(drift_of(&e, &instance("0", Some("t3.medium"), "az1"))[0].kind(), "instance-type");

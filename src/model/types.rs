@@ -643,13 +643,18 @@ pub struct CloudInstance {
     /// The capacity it runs on, when the cloud says (issue 33): `spot` or `on-demand`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_type: Option<crate::model::CapacityType>,
+    /// The image it was started from, when the cloud says (issue 34: EC2 `ImageId`, LXD's
+    /// `volatile.base_image` fingerprint, the simulated clouds' image at its start), in the form
+    /// [`crate::ports::Broker::current_image`] answers; another than today's is drift.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 impl CloudInstance {
     /// An instance with these identity tags, in `state`, of which the cloud says nothing else
-    /// (no zone, age, type or capacity type).
+    /// (no zone, age, type, capacity type or image).
     pub fn tagged(id: InstanceId, state: InstanceState, tags: InstanceTags) -> Self {
-        Self { id, state, zone: None, tags, age: None, instance_type: None, capacity_type: None }
+        Self { id, state, zone: None, tags, age: None, instance_type: None, capacity_type: None, image: None }
     }
 }
 

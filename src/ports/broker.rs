@@ -433,6 +433,13 @@ pub trait Broker: Send + Sync + 'static {
     fn impaired_instances(&self) -> BrokerFuture<Vec<InstanceId>> {
         Box::pin(async { Ok(Vec::new()) })
     }
+    /// The image a start makes today (issue 34), in the form listings report an instance's
+    /// [`crate::model::CloudInstance::image`] (EC2: the configured AMI id; LXD: the fingerprint
+    /// the configured alias names now): an instance listed with another image has drifted.
+    /// The default: the cloud does not say (no image drift is judged).
+    fn current_image(&self) -> BrokerFuture<Option<String>> {
+        Box::pin(async { Ok(None) })
+    }
     /// A hint (issue 33): the cloud is short of `capacity` for `instance_type` in `zone` (it
     /// warned that it takes an instance of that type away there). A broker with a per-type
     /// fail-over avoids the type there for its capacity memory's length, as after a capacity
@@ -509,6 +516,9 @@ macro_rules! forward_broker {
         fn impaired_instances(&self) -> $crate::ports::BrokerFuture<Vec<$crate::model::InstanceId>> {
             self.$inner.impaired_instances()
         }
+    };
+    (@ $inner:ident current_image) => {
+        fn current_image(&self) -> $crate::ports::BrokerFuture<Option<String>> { self.$inner.current_image() }
     };
     (@ $inner:ident capacity_short) => {
         fn capacity_short(&self, zone: Option<&str>, instance_type: &str, capacity: $crate::model::CapacityType) {

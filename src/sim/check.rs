@@ -369,19 +369,24 @@ fn check_repairs(s: &Scenario, cloud: &CloudSnapshot, specs: &BTreeMap<String, M
                 _ => {}
             }
         }
-        // Drifted (`model::drift`) from any constraints the machine had up to the call.
+        // Drifted (`model::drift`) from any constraints the machine had, or any image the
+        // cloud's starts used, up to the call.
         let drifted = cloud.instances.get(&crate::model::InstanceId::new(old)).is_some_and(|i| {
             let catalogue = crate::model::instance_types::shipped();
             let id = crate::model::MachineId::new(machine);
             let placement = specs.get(machine).and_then(|m| m.placement.clone());
+            let images = s.images_until(call.at);
             constraint_versions(s, specs, machine, call.at).iter().any(|c| {
-                let expected = crate::model::drift::Expected {
-                    machine: &id,
-                    constraints: c,
-                    placement: placement.as_deref(),
-                    catalogue: &catalogue,
-                };
-                !crate::model::drift::drift_of(&expected, &i.instance).is_empty()
+                images.iter().any(|image| {
+                    let expected = crate::model::drift::Expected {
+                        machine: &id,
+                        constraints: c,
+                        placement: placement.as_deref(),
+                        catalogue: &catalogue,
+                        image: image.as_deref(),
+                    };
+                    !crate::model::drift::drift_of(&expected, &i.instance).is_empty()
+                })
             })
         });
         let due = |since: Option<Duration>| {

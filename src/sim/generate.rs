@@ -353,6 +353,7 @@ pub fn generate(seed: u64) -> Scenario {
             instance_type: None,
             subnets: Default::default(),
             spot_price: None,
+            image: None,
         },
         machines,
         events,
@@ -393,6 +394,13 @@ fn draw_drift(s: &mut Scenario, seed: u64) {
     if rng.random_bool(0.5) {
         s.provisioner.replace_drifted = true;
         s.provisioner.drift_budget = rng.random_range(1..=3);
+    }
+    // A third of them: the cloud names the image its starts use, and the model's image
+    // changes once (every instance started before then drifts).
+    if rng.random_bool(0.33) {
+        s.cloud.image = Some("img-1".into());
+        let at = Duration::from_millis(rng.random_range(10_000..=1_800_000));
+        s.events.push(EventSpec::new(at, Action::SetImage("img-2".into())));
     }
     s.events.sort_by_key(|e| e.at);
 }

@@ -138,6 +138,7 @@ impl<'a> PlanWorld<'a> {
                     age: Some(i.age()),
                     instance_type: None,
                     capacity_type: None,
+                    image: s.cloud.image.clone(),
                 })
                 .collect(),
         );

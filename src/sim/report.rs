@@ -204,6 +204,10 @@ pub struct InstanceReport {
     /// Addition (issue 33): `"spot"` for a spot instance (absent for on-demand).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity_type: Option<crate::model::CapacityType>,
+    /// Addition (issue 34): the image it was started from (only when the cloud names one,
+    /// `[cloud] image`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// `model`.
@@ -338,6 +342,7 @@ mod tests {
             foreign,
             instance_type: instance_type.map(str::to_owned),
             capacity_type: spot.then_some(CapacityType::Spot),
+            image: None,
         }
     }
 

@@ -158,6 +158,7 @@ impl World {
             Action::CloudStart(id) => self.cloud.set_state(id, InstanceState::Running),
             Action::CloudTerminate(id) => self.cloud.set_state(id, InstanceState::Terminated),
             Action::CloudImpair(id) => self.cloud.set_impaired(id, true),
+            Action::SetImage(image) => self.cloud.set_image(Some(image)),
             Action::SetConstraints(c) => {
                 // Checked at load: the constraints parse.
                 let constraints = crate::model::Constraints::parse(&c.constraints).unwrap_or_default();
@@ -266,6 +267,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
     if let Some(r) = &s.cloud.rate_limit {
         cloud.set_rate_limit(r.limits(crate::config::rate_limits::RateLimits::unlimited()));
     }
+    cloud.set_image(s.cloud.image.as_deref());
     for i in &s.cloud.instances {
         cloud.launch_aged(&i.id, i.zone.as_deref(), i.machine.as_deref(), i.state.into(), i.foreign, i.age());
     }
@@ -500,6 +502,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
                         foreign: i.foreign,
                         instance_type: i.instance.instance_type.clone(),
                         capacity_type: i.instance.capacity_type.filter(|t| *t == crate::model::CapacityType::Spot),
+                        image: i.instance.image.clone(),
                     },
                 )
             })
@@ -515,7 +518,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         model: ModelReport { life: model.life.to_string(), errors: model.errors.clone() },
         violations,
         cost: None,
-        drift: drift_report(&model, &cloud),
+        drift: drift_report(&model, &cloud, s.images_until(Duration::MAX).pop().flatten()),
     };
     report.cost = FleetCost::of(&report.instances, s.cloud.spot_price);
     report
@@ -525,6 +528,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
 fn drift_report(
     model: &crate::testing::ModelSnapshot,
     cloud: &crate::testing::CloudSnapshot,
+    image: Option<String>,
 ) -> BTreeMap<String, crate::sim::report::DriftReport> {
     use crate::model::drift::{drift_of, Expected};
     let catalogue = crate::model::instance_types::shipped();
@@ -543,6 +547,7 @@ fn drift_report(
             constraints: &m.info.constraints,
             placement: m.info.placement.as_deref(),
             catalogue: &catalogue,
+            image: image.as_deref(),
         };
         let reasons = drift_of(&expected, &i.instance);
         if !reasons.is_empty() {

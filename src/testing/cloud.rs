@@ -273,6 +273,9 @@ struct CloudActor {
     warned: BTreeMap<InstanceId, Duration>,
     /// Instances whose status checks fail (`cloud_impair`, issue 34).
     impaired: std::collections::BTreeSet<InstanceId>,
+    /// The image a start uses now (`set_image`, issue 34; none: the cloud does not say, and
+    /// no image drift is judged).
+    image: Option<String>,
     zoned: bool,
     zones: Vec<AvailabilityZone>,
     /// Every instance, compactly (about 80 bytes held inline; see [`Stored`]). Ids are made in
@@ -664,6 +667,7 @@ impl CloudActor {
         self.last_activity = now;
         let mut stored = Stored::pending(&p.tags, p.zone.as_deref(), instance_type.as_deref(), now, &mut self.names);
         stored.set_capacity(Some(p.capacity));
+        stored.set_image(self.image.as_deref(), &mut self.names);
         let (all_tokens, names) = (&mut self.tokens, &self.names);
         let id = insert_fresh(&mut self.instances, &mut self.next_id, stored, |id, stored| {
             if let Some((model, client_token)) = token {
@@ -745,6 +749,14 @@ msg!(Notices { model: Arc<str> } -> "Result<Vec<InterruptionNotice>, BrokerError
 msg!(Acknowledge { receipts: Vec<String> } -> "Result<(), BrokerError>");
 msg!(Unacknowledged {} -> "Vec<InstanceId>");
 msg!(Impaired { model: Arc<str> } -> "Result<Vec<InstanceId>, BrokerError>");
+msg!(CurrentImage {} -> "Result<Option<String>, BrokerError>");
+
+impl Handler<CurrentImage> for CloudActor {
+    type Result = Result<Option<String>, BrokerError>;
+    fn handle(&mut self, _msg: CurrentImage, _ctx: &mut Self::Context) -> Self::Result {
+        Ok(self.image.clone())
+    }
+}
 
 impl Handler<Impaired> for CloudActor {
     type Result = Result<Vec<InstanceId>, BrokerError>;
@@ -1121,6 +1133,7 @@ impl CloudActor {
                 age: None,
                 instance_type: None,
                 capacity_type: None,
+                image: None,
             },
         };
         StartedInstance { display_name: String::new(), instance }
@@ -1273,6 +1286,7 @@ impl FakeCloud {
             receipts: 0,
             warned: BTreeMap::new(),
             impaired: std::collections::BTreeSet::new(),
+            image: None,
             zoned,
             zones: zones.iter().map(|z| AvailabilityZone::available(*z)).collect(),
             instances: BTreeMap::new(),
@@ -1454,8 +1468,12 @@ impl FakeCloud {
             age: None,
             instance_type: None,
             capacity_type: None,
+            image: None,
         };
         self.control(move |c| {
+            let mut instance = instance;
+            // Started from the cloud's image of the moment (`set_image`).
+            instance.image = if foreign { None } else { c.image.clone() };
             let born = (c.epoch.elapsed(), age);
             c.record_new(FakeInstance { instance, foreign, born });
         });
@@ -1495,6 +1513,13 @@ impl FakeCloud {
                 }
             }
         });
+    }
+
+    /// Sets the image every start uses from now on (`set_image`, issue 34): instances started
+    /// from another have drifted. `None` (the default): the cloud does not say.
+    pub fn set_image(&self, image: Option<&str>) {
+        let image = image.map(str::to_owned);
+        self.control(move |c| c.image = image);
     }
 
     /// The instance's status checks start failing (`impaired`) or pass again (issue 34).
@@ -1599,6 +1624,11 @@ impl Broker for FakeBroker {
 
     fn impaired_instances(&self) -> BrokerFuture<Vec<InstanceId>> {
         let req = self.addr.send(Impaired { model: self.model.clone() });
+        Box::pin(async move { req.await.map_err(mailbox)? })
+    }
+
+    fn current_image(&self) -> BrokerFuture<Option<String>> {
+        let req = self.addr.send(CurrentImage {});
         Box::pin(async move { req.await.map_err(mailbox)? })
     }
 

@@ -5,7 +5,7 @@
 //! The few distinct model uuids, zones, instance types and nonce host tags are interned
 //! ([`Names`]); a nonce of the provisioner's form, `HOST:UUID`, is held as the host's name
 //! and the uuid's 16 bytes (any other text as it is); the rare fields (an age at launch, an
-//! age the instance was given) are boxed only when set. Every conversion is exact: a
+//! age the instance was given, the image it was started from) are boxed only when set. Every conversion is exact: a
 //! [`FakeInstance`] stored and read back is equal to the one stored.
 
 use std::collections::{BTreeMap, HashMap};
@@ -174,11 +174,18 @@ impl Nonce {
 }
 
 /// What few instances have: the age an instance launched out of band had then, the age its
-/// record was given.
+/// record was given, the image it was started from (a cloud that names one, issue 34).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Rare {
     age_then: Duration,
     age: Option<Duration>,
+    image: Name,
+}
+
+impl Default for Rare {
+    fn default() -> Self {
+        Self { age_then: Duration::ZERO, age: None, image: Name::NONE }
+    }
 }
 
 /// One instance as the fake cloud keeps it (its id is the map's key).
@@ -213,8 +220,10 @@ impl Stored {
     /// `f` kept compactly, with its id.
     pub(super) fn new(f: FakeInstance, names: &mut Names) -> (InstanceId, Self) {
         let FakeInstance { instance, foreign, born: (born_at, age_then) } = f;
-        let CloudInstance { id, state, zone, tags, age, instance_type, capacity_type } = instance;
-        let rare = (age_then != Duration::ZERO || age.is_some()).then(|| Box::new(Rare { age_then, age }));
+        let CloudInstance { id, state, zone, tags, age, instance_type, capacity_type, image } = instance;
+        let image = names.intern_opt(image.as_deref());
+        let rare = (age_then != Duration::ZERO || age.is_some() || image != Name::NONE)
+            .then(|| Box::new(Rare { age_then, age, image }));
         let stored = Self {
             machine: tags.machine,
             nonce: Nonce::new(tags.start.as_deref(), names),
@@ -252,6 +261,14 @@ impl Stored {
             call: NO_CALL,
             state: InstanceState::Pending,
             bits: 0,
+        }
+    }
+
+    /// Records the image it was started from (interned once).
+    pub(super) fn set_image(&mut self, image: Option<&str>, names: &mut Names) {
+        let image = names.intern_opt(image);
+        if image != Name::NONE || self.rare.is_some() {
+            self.rare.get_or_insert_with(Box::default).image = image;
         }
     }
 
@@ -336,6 +353,7 @@ impl Stored {
             age: self.rare.as_ref().and_then(|r| r.age),
             instance_type: text(self.instance_type),
             capacity_type: self.capacity(),
+            image: self.rare.as_ref().and_then(|r| text(r.image)),
         }
     }
 
@@ -443,6 +461,7 @@ mod tests {
                 age,
                 instance_type: Some("m5.large".into()),
                 capacity_type: None,
+                image: Some("img-1".into()),
             },
             foreign: false,
             born: (Duration::from_nanos(1_234_567_891), age_then),
@@ -466,8 +485,9 @@ mod tests {
             assert_eq!(stored.fake(&id, &names), f);
             if f.born.1.is_zero() && f.instance.age.is_none() {
                 let i = &f.instance;
-                let pending =
+                let mut pending =
                     Stored::pending(&i.tags, i.zone.as_deref(), i.instance_type.as_deref(), f.born.0, &mut names);
+                pending.set_image(i.image.as_deref(), &mut names);
                 let mut want = f.clone();
                 want.instance.state = InstanceState::Pending;
                 assert_eq!(pending.fake(&id, &names), want);

@@ -158,6 +158,11 @@ async fn constraints_are_the_containers_limits_and_what_cannot_be_met_is_refused
         (Some("2"), Some("2048MiB"))
     );
     assert_eq!(typed.instance.instance_type.as_deref(), Some("t3.small"));
+    // Issue 34: a listing names each container's image (its fingerprint), the one the
+    // configured alias names now; a drift judgement compares the two.
+    let today = broker.current_image().await.expect("the alias reads").expect("a fingerprint");
+    let listed = broker.all_instances().await.unwrap();
+    assert!(listed.iter().all(|i| i.image.as_deref() == Some(today.as_str())), "{today}: {listed:?}");
 
     let mut p = params("2", None, "2/a/0", "m");
     p.constraints = Constraints { root_disk_mb: Some(4096), ..Constraints::default() };

@@ -350,6 +350,50 @@ fn the_drift_report_names_an_instance_whose_tags_changed_outside() {
     assert_eq!(s.machines()[0]["instance"], instance.as_str());
 }
 
+/// Issue 34's image drift on moto: after the service restarts with another `--ec2-image` (a
+/// newer AMI, made from the instance itself), the instance started from the old one is
+/// reported drifted (`image`) by `GET /v1/drift`, and the leader's drift gauge counts it
+/// (report-only: judged at its first periodic listing); the machine keeps its instance.
+#[test]
+fn an_instance_of_an_older_image_is_reported_drifted_after_the_image_changes() {
+    let moto = moto::Moto::shared();
+    let dir = temp_dir("ec2-drift-image");
+    let s = Server::start(&dir, &moto_serve_args(moto));
+    s.json(&["machine", "add", "--wait", "--json"]);
+    let machine = s.machines()[0].clone();
+    let instance = machine["instance"].as_str().unwrap().to_owned();
+    assert_eq!(s.json(&["drift", "--json"]), serde_json::json!([]), "started from today's image");
+    let uuid = s.json(&["model", "show", "default", "--json"])["uuid"].as_str().unwrap().to_owned();
+    let sys = actix_rt::System::new();
+    let broker = sys.block_on(moto.broker(&uuid));
+    let made = sys.block_on(broker.client().create_image().instance_id(&instance).name(format!("newer-{uuid}")).send());
+    let newer = made.unwrap().image_id().unwrap().to_owned();
+    drop(s);
+    let config = crate::support::config_file(&dir, "image.toml", "resync = \"1s\"\n");
+    let mut args: Vec<&str> = moto_serve_args(moto).to_vec();
+    let at = args.iter().position(|a| *a == "--ec2-image").unwrap() + 1;
+    args[at] = newer.as_str();
+    args.extend(["--config", config.as_str()]);
+    let s = Server::start(&dir, &args);
+    let drift = poll(Duration::from_secs(30), Duration::from_millis(250), || {
+        let d = s.json(&["drift", "--json"]);
+        (!d.as_array().unwrap().is_empty()).then_some(d)
+    })
+    .unwrap_or_else(|| panic!("no drift reported\n{}", s.log_text()));
+    assert_eq!(drift.as_array().unwrap().len(), 1, "{drift}");
+    assert_eq!(drift[0]["instance"], instance.as_str(), "{drift}");
+    assert_eq!(drift[0]["reasons"][0]["kind"], "image", "{drift}");
+    let want = format!("image {} is not the one a start uses today ({newer})", moto::IMAGE);
+    assert_eq!(drift[0]["reasons"][0]["message"], want.as_str(), "{drift}");
+    let counted = poll(Duration::from_secs(30), Duration::from_millis(250), || {
+        let m = s.metrics();
+        (sample(&m, "provisioner_drifted_machines{reason=\"image\"}") == Some(1.0)).then_some(())
+    });
+    assert!(counted.is_some(), "{}", s.metrics());
+    assert_eq!(sample(&s.metrics(), "provisioner_drifted_machines{reason=\"zone\"}"), Some(0.0));
+    assert_eq!(s.machines()[0]["instance"], instance.as_str(), "report-only: the instance is kept");
+}
+
 /// Issue 34's `replace-drifted` on moto: with it on, a machine whose instance's machine tag was
 /// changed outside gets a replacement (properly tagged) through the hand-over, and the drifted
 /// instance is terminated after; the drift report is empty again; the other machine keeps its

@@ -137,5 +137,5 @@ impl Broker for HostZoneBroker {
         params.zone = self.zone.clone();
         self.inner.start_instance(params)
     }
-    crate::forward_broker!(inner: pace_follow_ups, stop_instances, all_instances, availability_zones, release_instances, retag_instance, supports_interruptions, interruption_notices, acknowledge_notices, impaired_instances, capacity_short);
+    crate::forward_broker!(inner: pace_follow_ups, stop_instances, all_instances, availability_zones, release_instances, retag_instance, supports_interruptions, interruption_notices, acknowledge_notices, impaired_instances, current_image, capacity_short);
 }

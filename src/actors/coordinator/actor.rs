@@ -163,22 +163,37 @@ impl Coordinator {
     /// (within `drift-budget`, never during a hand-over of another cause). Off: nothing asked.
     fn drift_after_listing(&mut self, ctx: &mut Context<Self>) {
         let Some(links) = &self.interruptions else { return };
-        if !self.repairs.policy().replace_drifted {
+        if !self.repairs.judge_drift(self.epoch.elapsed()) {
             return;
         }
         let (listed, drift_of, model) = (links.listed.clone(), links.drift_of.clone(), self.links.model.clone());
         let ask = async move {
             let ids = listed.send(crate::actors::registry::ListedMachines).await.unwrap_or_default();
             if ids.is_empty() {
-                return Vec::new();
+                return (Vec::new(), false);
             }
-            let Ok(infos) = model.provisioning_info(ids.clone()).await else { return Vec::new() };
+            let Ok(infos) = model.provisioning_info(ids.clone()).await else { return (Vec::new(), false) };
             let pairs = ids.into_iter().zip(infos).filter_map(|(id, info)| Some((id, info.ok()?))).collect();
-            drift_of.send(crate::actors::registry::DriftOf(pairs)).await.unwrap_or_default()
+            (drift_of.send(crate::actors::registry::DriftOf(pairs)).await.unwrap_or_default(), true)
         };
-        self.spawn_counted(ask.into_actor(self), ctx, |drifted, act, ctx| {
+        self.spawn_counted(ask.into_actor(self), ctx, |(drifted, looked), act, ctx| {
+            act.repairs.drift_judged(act.epoch.elapsed(), looked);
+            if !looked {
+                return;
+            }
             if let Some(by_reason) = act.repairs.drift_seen(&drifted) {
                 act.publish(ProvisionerEvent::DriftSeen { by_reason });
+            }
+            // A hand-over resumed from a listing (after a restart or a fail-over) of a drifted
+            // machine, confirmed by no notice: its drift replacement, labelled so from now.
+            for d in &drifted {
+                if act.handovers.resumed_drift(&d.owner.machine) {
+                    let reasons: Vec<String> = d.reasons.iter().map(ToString::to_string).collect();
+                    let (machine, instance) = (d.owner.machine.clone(), d.owner.record.instance.clone());
+                    if let Some(instance) = instance {
+                        act.publish(ProvisionerEvent::MachineDriftReplacing { machine, instance, reasons });
+                    }
+                }
             }
             let handovers = &act.handovers;
             let drifting = handovers.on_for(HandoverCause::Drift);
@@ -523,7 +538,8 @@ impl Coordinator {
         let ask = links.resumable.send(crate::actors::registry::ResumableHandovers);
         self.spawn_counted(ask.into_actor(self), ctx, |owners, act, ctx| {
             for owner in owners.unwrap_or_default() {
-                if let Some(replace) = act.handovers.resume(owner) {
+                let impaired = act.repairs.is_impaired(&owner.machine);
+                if let Some(replace) = act.handovers.resume(owner, impaired) {
                     act.begin_handover(replace, ctx);
                 }
             }
@@ -837,7 +853,8 @@ impl Handler<ViewRefreshed> for Coordinator {
             }
             self.follow(next, ctx);
             for owner in msg.resumes {
-                if let Some(replace) = self.handovers.resume(owner) {
+                let impaired = self.repairs.is_impaired(&owner.machine);
+                if let Some(replace) = self.handovers.resume(owner, impaired) {
                     self.begin_handover(replace, ctx);
                 }
             }

@@ -106,6 +106,11 @@ pub struct Handover {
     pub receipts: Vec<String>,
     /// How far it is.
     pub phase: HandoverPhase,
+    /// Resumed from a listing with its instance running, its cause not known for sure (an
+    /// interruption, or a drift replacement): a notice joining it confirms the interruption,
+    /// a drift judgement of its machine makes it a drift replacement
+    /// ([`HandoverBook::resumed_drift`]).
+    pub resumed: bool,
 }
 
 impl Handover {
@@ -205,6 +210,7 @@ impl HandoverBook {
                     h.deadline = notice.deadline.map(|d| now + d);
                 }
                 h.receipts.push(notice.receipt);
+                h.resumed = false;
                 return NoticeDecision::Joined;
             }
             if notice.kind == NoticeKind::Interruption {
@@ -236,8 +242,10 @@ impl HandoverBook {
     /// instance, started before a crash or a leader's fail-over; `owner` is what a notice about
     /// the recorded instance would find, the replacement adoptable): the replacement is
     /// adopted, not started again. `None` if the machine's hand-over is on already. The notice,
-    /// when the cloud hands it out again, joins it.
-    pub fn resume(&mut self, owner: NoticedInstance) -> Option<NoticeDecision> {
+    /// when the cloud hands it out again, joins it. The cause is read off what the listing
+    /// shows: the recorded instance stopped, or reported `impaired`: a repair; running: an
+    /// interruption until a drift judgement says otherwise ([`HandoverBook::resumed_drift`]).
+    pub fn resume(&mut self, owner: NoticedInstance, impaired: bool) -> Option<NoticeDecision> {
         let orphan = owner.adoptable.as_ref().is_some_and(|a| self.orphans.contains(&a.id));
         if self.on.contains_key(&owner.machine)
             || !owner.alive
@@ -248,10 +256,30 @@ impl HandoverBook {
             return None;
         }
         let interrupted = owner.record.instance.clone()?;
-        // A recorded instance listed stopped was being repaired; else it was warned of.
+        // A recorded instance listed stopped (or impaired) was being repaired; else it was
+        // warned of, or had drifted.
         let stopped = owner.state == Some(crate::model::InstanceState::Stopped);
-        let cause = if stopped { HandoverCause::Repair } else { HandoverCause::Interruption };
-        Some(self.open(owner, interrupted, None, Vec::new(), cause))
+        let cause = if stopped || impaired { HandoverCause::Repair } else { HandoverCause::Interruption };
+        let machine = owner.machine.clone();
+        let decision = self.open(owner, interrupted, None, Vec::new(), cause);
+        if let Some(h) = self.on.get_mut(&machine) {
+            h.resumed = cause == HandoverCause::Interruption;
+        }
+        Some(decision)
+    }
+
+    /// A drift judgement found `machine` drifted: a hand-over of it resumed from a listing and
+    /// not confirmed by a notice since was the replacement of its drifted instance, and is
+    /// labelled so from now on. Whether it was.
+    pub fn resumed_drift(&mut self, machine: &MachineId) -> bool {
+        match self.on.get_mut(machine) {
+            Some(h) if h.resumed && h.cause == HandoverCause::Interruption => {
+                h.cause = HandoverCause::Drift;
+                h.resumed = false;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Opens a repair of the machine's recorded instance (issue 34): a replacement is started
@@ -322,7 +350,7 @@ impl HandoverBook {
             owner.adoptable = None;
         }
         let phase = HandoverPhase::Replacing;
-        let handover = Handover { cause, interrupted: interrupted.clone(), deadline, receipts, phase };
+        let handover = Handover { cause, interrupted: interrupted.clone(), deadline, receipts, phase, resumed: false };
         self.on.insert(owner.machine.clone(), handover);
         // A repair has nothing to avoid: its instance stopped, not for want of capacity.
         let spot = cause == HandoverCause::Interruption;
@@ -642,15 +670,55 @@ mod tests {
         let replacement =
             crate::model::CloudInstance::tagged(InstanceId::new("i-2"), crate::model::InstanceState::Running, tags);
         let without = o.clone();
-        assert!(book.resume(without).is_none(), "nothing to adopt: nothing to resume");
+        assert!(book.resume(without, false).is_none(), "nothing to adopt: nothing to resume");
         o.adoptable = Some(Box::new(replacement.clone()));
-        let d = book.resume(o.clone()).unwrap();
+        let d = book.resume(o.clone(), false).unwrap();
         assert!(matches!(&d, NoticeDecision::Replace { adopt: Some(a), interrupted, .. }
             if a.id == replacement.id && interrupted.as_str() == "i-1"));
-        assert!(book.resume(o).is_none(), "resumed once");
+        assert!(book.resume(o, false).is_none(), "resumed once");
         let n = book.on_notice(notice("i-1", NoticeKind::Interruption, "r1"), owner("0", true, true), T);
         assert_eq!(n, NoticeDecision::Joined);
         assert_eq!(book.end(&m).acknowledge, vec!["r1".to_owned()]);
+    }
+
+    #[test]
+    fn a_resumed_hand_over_is_labelled_by_what_the_listing_and_later_judgements_show() {
+        let resumed = |state, impaired| {
+            let mut book = HandoverBook::new();
+            let mut o = owner("0", true, true).unwrap();
+            o.record.instance = Some(InstanceId::new("i-1"));
+            o.state = Some(state);
+            let tags =
+                crate::model::InstanceTags { model: Some("m".into()), machine: Some(o.machine.clone()), start: None };
+            o.adoptable = Some(Box::new(crate::model::CloudInstance::tagged(
+                InstanceId::new("i-2"),
+                crate::model::InstanceState::Running,
+                tags,
+            )));
+            book.resume(o, impaired).unwrap();
+            book
+        };
+        let m = MachineId::new("0");
+        let cause = |b: &HandoverBook| b.of(&m).map(|h| h.cause);
+        use crate::model::InstanceState::{Running, Stopped};
+        assert_eq!(cause(&resumed(Stopped, false)), Some(HandoverCause::Repair), "stopped: a repair");
+        assert_eq!(cause(&resumed(Running, true)), Some(HandoverCause::Repair), "impaired: a repair");
+        let mut b = resumed(Running, false);
+        assert_eq!(cause(&b), Some(HandoverCause::Interruption));
+        assert!(b.resumed_drift(&m), "a drift judgement relabels it");
+        assert_eq!(cause(&b), Some(HandoverCause::Drift));
+        assert!(!b.resumed_drift(&m), "once");
+        // A notice that joins it confirms the interruption: no drift judgement relabels it.
+        let mut b = resumed(Running, false);
+        assert_eq!(
+            b.on_notice(notice("i-1", NoticeKind::Interruption, "r1"), owner("0", true, true), T),
+            NoticeDecision::Joined
+        );
+        assert!(!b.resumed_drift(&m));
+        assert_eq!(cause(&b), Some(HandoverCause::Interruption));
+        // A repair is never relabelled.
+        let mut b = resumed(Stopped, false);
+        assert!(!b.resumed_drift(&m));
     }
 
     #[test]

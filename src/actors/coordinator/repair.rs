@@ -94,9 +94,17 @@ pub struct RepairBook {
     /// failed, say for constraints no type meets, is not retried every listing; the machine
     /// stays drifted in the report).
     drift_tried: std::collections::BTreeSet<(MachineId, InstanceId)>,
-    /// The drifted machines by reason last said (`drift-seen`).
+    /// The drifted machines by reason last said (`drift-seen`; none said yet: none drifted).
     drift_seen: Option<Vec<(&'static str, usize)>>,
+    /// When (on the coordinator's clock) drift is next judged while it is only reported.
+    next_drift_report: Duration,
+    /// A report-only judgement is under way (none begins beside it).
+    judging: bool,
 }
+
+/// How often drift is judged while the model only reports it (`replace-drifted` off): each
+/// judgement reads every listed machine's provisioning info, so not at every listing.
+pub const DRIFT_REPORT_EVERY: Duration = Duration::from_secs(300);
 
 impl RepairBook {
     /// A book with this policy.
@@ -131,6 +139,12 @@ impl RepairBook {
         self.holding
     }
 
+    /// Whether the cloud's status checks reported the machine's recorded instance impaired at
+    /// their last answer.
+    pub fn is_impaired(&self, machine: &MachineId) -> bool {
+        self.impaired_since.contains_key(machine)
+    }
+
     /// The machines whose recorded instance the cloud reports impaired now (`owners`, what the
     /// registry knows of each impaired instance), each with how long it has been reported so
     /// (since the first report this book saw, at `now`).
@@ -149,14 +163,39 @@ impl RepairBook {
         out
     }
 
+    /// Whether drift is judged after the listing made `now`: at every listing while the
+    /// model replaces drifted machines; else (report-only: the metric) one judgement at a
+    /// time, until one has looked at a machine, and then every [`DRIFT_REPORT_EVERY`]
+    /// ([`RepairBook::drift_judged`] says how each went).
+    pub fn judge_drift(&mut self, now: Duration) -> bool {
+        if self.policy.replace_drifted {
+            return true;
+        }
+        if self.judging || now < self.next_drift_report {
+            return false;
+        }
+        self.judging = true;
+        true
+    }
+
+    /// A judgement begun by [`RepairBook::judge_drift`] ended at `now`, having looked at some
+    /// machines or none (the model's machines not known yet: the next listing tries again).
+    pub fn drift_judged(&mut self, now: Duration, looked: bool) {
+        if std::mem::take(&mut self.judging) && looked {
+            self.next_drift_report = now + DRIFT_REPORT_EVERY;
+        }
+    }
+
     /// The drifted machines by reason (a machine under each of its reasons, every reason
-    /// present), when they differ from the last said: said on change, not at every listing.
+    /// present), when they differ from the last said (at first: none drifted): said on
+    /// change, not at every listing.
     pub fn drift_seen(&mut self, drifted: &[DriftedMachine]) -> Option<Vec<(&'static str, usize)>> {
         let by_reason: Vec<(&'static str, usize)> = crate::model::drift::KINDS
             .iter()
             .map(|k| (*k, drifted.iter().filter(|d| d.reasons.iter().any(|r| r.kind() == *k)).count()))
             .collect();
-        (self.drift_seen.as_ref() != Some(&by_reason)).then(|| {
+        let none = drifted.is_empty() && self.drift_seen.is_none();
+        (!none && self.drift_seen.as_ref() != Some(&by_reason)).then(|| {
             self.drift_seen = Some(by_reason.clone());
             by_reason
         })
@@ -377,13 +416,31 @@ mod tests {
     }
 
     #[test]
+    fn drift_is_judged_at_every_listing_when_replaced_else_every_five_minutes() {
+        let mut b = RepairBook::default();
+        let at = |s: u64| Duration::from_secs(s);
+        assert!(b.judge_drift(at(10)), "the first listing");
+        assert!(!b.judge_drift(at(11)), "one at a time");
+        b.drift_judged(at(12), false);
+        assert!(b.judge_drift(at(13)), "none looked at yet: the next listing tries again");
+        b.drift_judged(at(14), true);
+        assert!(!b.judge_drift(at(100)));
+        assert!(b.judge_drift(at(314)));
+        b.drift_judged(at(315), true);
+        assert!(!b.judge_drift(at(316)));
+        b.set_policy(RepairPolicy { replace_drifted: true, ..RepairPolicy::default() });
+        assert!(b.judge_drift(at(312)) && b.judge_drift(at(313)), "replacing: every listing");
+    }
+
+    #[test]
     fn drift_counts_are_said_on_change_only() {
         let mut b = RepairBook::default();
+        assert_eq!(b.drift_seen(&[]), None, "none drifted is what is known at first");
         let zone = crate::model::drift::DriftReason::Zone { zone: "az1".into(), allowed: vec!["az2".into()] };
         let one = vec![DriftedMachine { owner: stopped("0", 0, false).owner, reasons: vec![zone] }];
-        assert_eq!(b.drift_seen(&one), Some(vec![("instance-type", 0), ("zone", 1), ("tags", 0)]));
+        assert_eq!(b.drift_seen(&one), Some(vec![("instance-type", 0), ("image", 0), ("zone", 1), ("tags", 0)]));
         assert_eq!(b.drift_seen(&one), None, "unchanged");
-        assert_eq!(b.drift_seen(&[]), Some(vec![("instance-type", 0), ("zone", 0), ("tags", 0)]));
+        assert_eq!(b.drift_seen(&[]), Some(vec![("instance-type", 0), ("image", 0), ("zone", 0), ("tags", 0)]));
     }
 
     #[test]

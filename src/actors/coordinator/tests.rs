@@ -408,6 +408,7 @@ mod planner {
             age: None,
             instance_type: None,
             capacity_type: None,
+            image: None,
         };
         r.adopt = vec![(mid("1"), inst.clone())];
         let mut w = world(r, Life::Alive);
@@ -635,6 +636,7 @@ mod followups {
             age: None,
             instance_type: None,
             capacity_type: None,
+            image: None,
         };
         let outcome = JobOutcome::Started {
             machine: MachineId::new("1"),

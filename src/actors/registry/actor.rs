@@ -84,11 +84,23 @@ impl MachineRegistry {
         (self.broker.all_instances(), self.book.issue_listing())
     }
 
+    /// The periodic listing, with the image a start uses today (for drift, issue 34; a cloud
+    /// that cannot say this time leaves image drift unjudged until it can).
     fn resync(&mut self, ctx: &mut Context<Self>) {
         let (listing, number) = self.list();
-        ctx.spawn(listing.into_actor(self).map(move |res, act, ctx| match res {
-            Ok(list) => {
+        let image = self.broker.current_image();
+        let both = async move {
+            let (list, image) = futures::join!(listing, image);
+            let image = image.unwrap_or_else(|e| {
+                tracing::debug!(error = %e, "cannot read the image a start uses; image drift not judged");
+                None
+            });
+            list.map(|l| (l, image))
+        };
+        ctx.spawn(both.into_actor(self).map(move |res, act, ctx| match res {
+            Ok((list, image)) => {
                 act.load(list, number);
+                act.book.set_current_image(image);
                 act.resync_failures = 0;
                 act.report_status_changes(ctx);
                 if let Some(r) = &act.on_refresh {

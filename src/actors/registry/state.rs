@@ -256,6 +256,9 @@ pub struct MachineBook {
     /// book's clock) and which instance (issue 34): a stop seen again after a restart counts
     /// from then, never earlier.
     stopped_since: BTreeMap<MachineId, (InstanceId, Duration)>,
+    /// The image a start uses today, as the last periodic listing read it (issue 34; none: the
+    /// cloud does not say, and image drift is not judged).
+    current_image: Option<String>,
 }
 
 impl MachineBook {
@@ -268,6 +271,11 @@ impl MachineBook {
     /// An empty book for a scope.
     pub fn with_scope(scope: Scope) -> Self {
         Self { scope, ..Self::default() }
+    }
+
+    /// Records the image a start uses today ([`crate::ports::Broker::current_image`]).
+    pub fn set_current_image(&mut self, image: Option<String>) {
+        self.current_image = image;
     }
 
     /// The time the next decisions are taken at (the actor's clock).
@@ -990,6 +998,7 @@ impl MachineBook {
                 constraints: &info.constraints,
                 placement: info.placement.as_deref(),
                 catalogue: &catalogue,
+                image: self.current_image.as_deref(),
             };
             let reasons = drift_of(&expected, view);
             if reasons.is_empty() {

@@ -53,6 +53,7 @@ fn instance(id: &str, machine: Option<&str>, zone: Option<&str>) -> CloudInstanc
         age: None,
         instance_type: None,
         capacity_type: None,
+        image: None,
     }
 }
 

@@ -400,6 +400,7 @@ async fn start_or_adopt(
                             age: None,
                             instance_type: None,
                             capacity_type: None,
+                            image: None,
                         };
                         let started =
                             Started { constraints: Some(job.info.constraints.clone()), retired, reserved: false };

@@ -487,6 +487,7 @@ mod batching {
                 age: None,
                 instance_type: None,
                 capacity_type: None,
+                image: None,
             },
             display_name: String::new(),
         })

@@ -308,7 +308,8 @@ pub(super) fn to_cloud_instance(i: &Instance, model: &str, now: SystemTime) -> O
         Some(InstanceLifecycleType::Spot) => CapacityType::Spot,
         _ => CapacityType::OnDemand,
     });
-    Some(CloudInstance { id: InstanceId::new(id), state, zone, tags, age, instance_type, capacity_type })
+    let image = i.image_id().map(str::to_owned);
+    Some(CloudInstance { id: InstanceId::new(id), state, zone, tags, age, instance_type, capacity_type, image })
 }
 
 /// The wall clock, to age instances from their `LaunchTime` and to count an interruption
@@ -804,6 +805,13 @@ impl Broker for Ec2Broker {
             out.dedup();
             Ok(out)
         })
+    }
+
+    /// The configured AMI: an instance started from another (the model's image changed since)
+    /// has drifted.
+    fn current_image(&self) -> BrokerFuture<Option<String>> {
+        let image = self.config.image_id.clone();
+        Box::pin(async move { Ok(Some(image)) })
     }
 
     fn instances_of_start(&self, machine: MachineId, nonce: String) -> BrokerFuture<Vec<CloudInstance>> {

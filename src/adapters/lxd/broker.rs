@@ -49,7 +49,7 @@ impl Broker for OnHost {
         params.placement = Some(format!("{HOST_PLACEMENT}{}", self.host));
         self.inner.start_instance(params)
     }
-    crate::forward_broker!(inner: pace_follow_ups, stop_instances, all_instances, supports_zones, availability_zones, retag_instance, release_instances, supports_interruptions, interruption_notices, acknowledge_notices, impaired_instances, capacity_short);
+    crate::forward_broker!(inner: pace_follow_ups, stop_instances, all_instances, supports_zones, availability_zones, retag_instance, release_instances, supports_interruptions, interruption_notices, acknowledge_notices, impaired_instances, current_image, capacity_short);
 }
 
 /// What the broker learnt of the daemon when it connected.
@@ -381,6 +381,8 @@ impl Inner {
             age: None,
             instance_type: shape.instance_type.clone(),
             capacity_type: None,
+            // The listing says (the fingerprint LXD records at the create).
+            image: None,
         };
         Ok(StartedInstance { instance, display_name: name })
     }
@@ -471,6 +473,7 @@ impl Inner {
                 unstarted.push(name.to_owned());
             }
             let instance_type = config.get(KEY_INSTANCE_TYPE).and_then(Value::as_str).map(str::to_owned);
+            let image = config.get("volatile.base_image").and_then(Value::as_str).map(str::to_owned);
             out.push(CloudInstance {
                 id: InstanceId::new(name),
                 state,
@@ -479,6 +482,7 @@ impl Inner {
                 age,
                 instance_type,
                 capacity_type: None,
+                image,
             });
         }
         for name in unstarted {
@@ -523,6 +527,17 @@ impl Broker for LxdBroker {
     fn all_instances(&self) -> BrokerFuture<Vec<CloudInstance>> {
         let inner = self.inner.clone();
         Box::pin(async move { inner.list().await.map_err(|e| classify(&e, "list instances", None)) })
+    }
+
+    /// The fingerprint the configured alias names now (`volatile.base_image` of a container
+    /// created from it): pointing the alias at a newer image makes every older container drift.
+    fn current_image(&self) -> BrokerFuture<Option<String>> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let path = format!("/1.0/images/aliases/{}?project={}", inner.config.image, inner.project());
+            let alias = inner.client.get(&path).await.map_err(|e| classify(&e, "read the image alias", None))?;
+            Ok(alias.get("target").and_then(Value::as_str).map(str::to_owned))
+        })
     }
 
     fn supports_zones(&self) -> bool {

@@ -160,8 +160,9 @@ enum Command {
         conn: cli::Conn,
     },
     /// The machines whose instance no longer matches what a start would make for them today
-    /// (issue 34): an instance type the constraints now forbid, a zone outside the ones the
-    /// machine allows, a machine tag changed outside the provisioner. Report-only.
+    /// (issue 34): an instance type the constraints now forbid, another image than a start
+    /// uses today, a zone outside the ones the machine allows, a machine tag changed outside
+    /// the provisioner. Report-only unless `config set replace-drifted true`.
     Drift {
         /// Print JSON.
         #[arg(long)]

@@ -103,8 +103,9 @@ pub struct DriftView {
 /// One reason a machine's instance has drifted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct DriftReasonView {
-    /// `instance-type` (a type the constraints now forbid), `zone` (outside the zones the
-    /// machine allows) or `tags` (its machine tag changed outside the provisioner).
+    /// `instance-type` (a type the constraints now forbid), `image` (another image than a
+    /// start uses today), `zone` (outside the zones the machine allows) or `tags` (its machine
+    /// tag changed outside the provisioner).
     #[schema(pattern = "^(instance-type|zone|tags)$")]
     pub kind: String,
     /// The reason as a sentence.

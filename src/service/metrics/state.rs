@@ -259,10 +259,13 @@ impl Default for MetricsBook {
         );
         let drifted = reg!(
             "provisioner_drifted_machines",
-            "Machines whose instance has drifted, by reason (instance-type, zone, tags), as the leader's last listing \
-             showed them; set while replace-drifted is on (the report, provisioner drift, works either way)",
-            Family::default()
+            "Machines whose instance has drifted, by reason (instance-type, image, zone, tags), as the leader's \
+             last drift judgement showed them (at every listing while replace-drifted is on, else every 5 minutes)",
+            Family::<Labels, Gauge>::default()
         );
+        for reason in crate::model::drift::KINDS {
+            drifted.get_or_create(&l(&[("reason", reason)])).set(0);
+        }
         let instances_by_capacity = reg!(
             "provisioner_instances_by_capacity",
             "The cloud's instances by zone (none without one) and capacity type (spot, on-demand)",

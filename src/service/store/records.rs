@@ -336,6 +336,7 @@ impl InstanceRecord {
                 age: None,
                 instance_type: None,
                 capacity_type: None,
+                image: None,
             },
             client_token: Some(client_token.to_owned()),
         }

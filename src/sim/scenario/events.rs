@@ -182,6 +182,9 @@ event_actions! {
     cloud_terminate: String => CloudTerminate(String);
     /// A machine's constraints change (an addition, issue 34: its instance may drift).
     set_constraints: SetConstraintsSpec => SetConstraints(SetConstraintsSpec);
+    /// The image every later start uses changes (an addition, issue 34: instances started
+    /// from another have drifted).
+    set_image: String => SetImage(String);
     /// The instance's status checks start failing (an addition, issue 34).
     cloud_impair: String => CloudImpair(String);
     /// The instance's status checks pass again (an addition, issue 34).

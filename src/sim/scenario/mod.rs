@@ -119,6 +119,20 @@ impl Scenario {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot write scenario: {e}\n"))
     }
 
+    /// The images a start used up to `at` (issue 34): `[cloud] image`, then each `set_image`
+    /// at or before `at`, in order (the last is the image at `at`).
+    pub fn images_until(&self, at: Duration) -> Vec<Option<String>> {
+        let mut out = vec![self.cloud.image.clone()];
+        for (t, a) in self.timeline() {
+            if let Action::SetImage(image) = a {
+                if t <= at {
+                    out.push(Some(image));
+                }
+            }
+        }
+        out
+    }
+
     /// The events sorted by time (stable: same-time events keep file order). An event without
     /// exactly one action (only a scenario built in code without validation can have one) is
     /// left out: it has no action to run.

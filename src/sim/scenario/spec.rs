@@ -161,6 +161,11 @@ pub struct CloudSpec {
     /// catalogue (unknown for a start without a type: never above a maximum).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spot_price: Option<crate::model::UsdPerHour>,
+    /// Addition (issue 34): the image every start uses, and pre-existing and out-of-band
+    /// instances have (`set_image` events change it later). Unset (the default): the cloud
+    /// says no image, and no image drift is judged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 impl CloudSpec {

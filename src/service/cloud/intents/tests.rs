@@ -27,6 +27,7 @@ fn started(id: &str) -> Result<StartedInstance, BrokerError> {
             age: None,
             instance_type: None,
             capacity_type: None,
+            image: None,
         },
         display_name: String::new(),
     })

@@ -146,6 +146,7 @@ pub(super) fn instance_from_row(r: &Row) -> Result<InstanceRecord, StoreError> {
             age: None,
             instance_type: None,
             capacity_type: None,
+            image: None,
         },
         client_token: r.try_get(6).map_err(get)?,
     })

@@ -172,6 +172,7 @@ pub(super) fn instance_from_row(r: &Row<'_>) -> rusqlite::Result<InstanceRecord>
             // Not stored (yet): the simulated cloud's type is shown on the start's answer.
             instance_type: None,
             capacity_type: None,
+            image: None,
         },
         client_token: r.get(6)?,
     })
