@@ -173,7 +173,7 @@ fn start_with(
         retry: config.retry,
         spot_max_price: config.spot_max_price,
         backoff: config.backoff,
-        model_uuid: config.model_uuid.clone(),
+        model_uuid: config.model_uuid.as_str().into(),
         host_tag: config.host_tag.clone(),
         batch,
         record_outside_worker: config.record_outside_worker,

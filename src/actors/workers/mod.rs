@@ -16,6 +16,7 @@
 mod actor;
 pub(crate) mod batch;
 mod messages;
+pub mod run;
 mod start;
 mod state;
 #[cfg(test)]

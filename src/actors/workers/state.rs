@@ -546,6 +546,10 @@ pub enum JobOutcome {
     },
 }
 
+/// Why an actor did not answer (it no longer takes messages: the provisioner is stopping): the
+/// mailbox's error, named here so that a plain core can take it as an answer without actix.
+pub type Unavailable = actix::MailboxError;
+
 /// What can fail in the pool: why a start failed for good (its text is what the machine's
 /// status and the `machine-failed` event say), or why a stop or release is tried again. The
 /// cloud's failure, when there is one, is kept as the source, with its kind
@@ -586,7 +590,7 @@ pub enum WorkerError {
         actor: &'static str,
         /// The mailbox's error.
         #[source]
-        source: actix::MailboxError,
+        source: Unavailable,
     },
     /// A parked instance could not be handed over (machine reuse): the cloud refused its new
     /// tags. It is given up (stopped) and the machine starts afresh.
@@ -598,6 +602,14 @@ pub enum WorkerError {
     /// The allocator's answer to a zone failure left the start with nothing to do (a bug).
     #[error("internal: zone failure left unresolved")]
     Unresolved,
+    /// The start's shell answered a question the start did not ask (a bug).
+    #[error("internal: unexpected answer {answer} while waiting for {waiting}")]
+    Unexpected {
+        /// What the start waited for.
+        waiting: &'static str,
+        /// What came.
+        answer: &'static str,
+    },
     /// Stopping instances failed: the stop is queued again after a backoff.
     #[error("stopping instances {instances:?}: {source}")]
     Stop {
@@ -633,7 +645,8 @@ impl WorkerError {
             | WorkerError::Record { .. }
             | WorkerError::Stopped { .. }
             | WorkerError::NotRunning(_)
-            | WorkerError::Unresolved => None,
+            | WorkerError::Unresolved
+            | WorkerError::Unexpected { .. } => None,
         }
     }
 

@@ -757,3 +757,318 @@ fn a_hand_overs_replacement_start_goes_ahead_of_other_starts() {
     assert_eq!(pool.take_next().map(|j| name(&j)).as_deref(), Some("start r"));
     assert!(pool.take_next().is_none(), "b still waits");
 }
+
+/// The start procedure's plain run, driven by hand: every question answered here, in order,
+/// no actix.
+mod start_run {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::super::run::{StartAnswer, StartAsk, StartRun, StartSettings};
+    use super::super::state::{JobOutcome, StartJob, WorkerError};
+    use crate::config::{Backoff, RetryStrategy};
+    use crate::model::{
+        CloudInstance, FailOutcome, InstanceId, InstanceState, InstanceStatus, InstanceTags, Machine, MachineId,
+        ProvisioningInfo,
+    };
+    use crate::ports::{BrokerError, ModelError, StartInstanceParams, StartedInstance};
+
+    const NONCE: &str = "host:n1";
+
+    fn settings(count: u32) -> StartSettings {
+        StartSettings {
+            retry: RetryStrategy { count, delay: Duration::from_secs(1), max_delay: Duration::from_secs(10) },
+            backoff: Backoff::default(),
+            supports_zones: true,
+            claim: false,
+            batched: false,
+            spot_max_price: None,
+            model_uuid: "uuid".into(),
+        }
+    }
+
+    fn job() -> StartJob {
+        StartJob {
+            machine: Machine::pending("0"),
+            info: Arc::new(ProvisioningInfo::default()),
+            group: Vec::new(),
+            adopt: None,
+            replaces: None,
+        }
+    }
+
+    fn instance(id: &str, state: InstanceState) -> CloudInstance {
+        CloudInstance {
+            id: InstanceId::new(id),
+            state,
+            zone: Some("az1".into()),
+            tags: InstanceTags { model: Some("uuid".into()), machine: Some(MachineId::new("0")), start: None },
+            age: None,
+            instance_type: None,
+            capacity_type: None,
+            image: None,
+        }
+    }
+
+    fn started(id: &str, state: InstanceState) -> StartAnswer {
+        let instance = instance(id, state);
+        StartAnswer::Called { result: Ok(StartedInstance { instance, display_name: String::new() }), maybe_made: false }
+    }
+
+    /// Answers `answer`, then every wait, status write and release the run asks next (each
+    /// only done), up to its next other question.
+    fn answer(run: &mut StartRun, answer: StartAnswer) -> StartAsk {
+        let mut ask = run.answer(answer);
+        while matches!(
+            ask,
+            StartAsk::Sleep(_)
+                | StartAsk::SendInstanceStatus { .. }
+                | StartAsk::SetInstanceStatus { .. }
+                | StartAsk::ReleaseReservation
+                | StartAsk::FreeWorker
+        ) {
+            ask = run.answer(StartAnswer::Done);
+        }
+        ask
+    }
+
+    /// A run up to its first cloud call, into `az1`, with every answer the usual one.
+    fn first_call(settings: StartSettings) -> (StartRun, StartInstanceParams) {
+        let (mut run, ask) = StartRun::new(job(), NONCE.into(), settings, 7);
+        assert_eq!(ask, StartAsk::StillWanted);
+        let ask = answer(&mut run, StartAnswer::Wanted(Ok(true)));
+        assert_eq!(ask, StartAsk::DeriveZones);
+        let ask = answer(&mut run, StartAnswer::Zones(Ok(Vec::new())));
+        assert!(matches!(ask, StartAsk::ChooseZone(_)), "{ask:?}");
+        match answer(&mut run, StartAnswer::Zone(Ok(Ok(Some("az1".into()))))) {
+            StartAsk::Call(params) => (run, *params),
+            other => panic!("expected the call, got {other:?}"),
+        }
+    }
+
+    fn call_of(ask: StartAsk) -> StartInstanceParams {
+        match ask {
+            StartAsk::Call(params) => *params,
+            other => panic!("expected a call, got {other:?}"),
+        }
+    }
+
+    /// Answers the three writes of a failed start; its outcome.
+    fn failed(run: &mut StartRun, ask: StartAsk) -> JobOutcome {
+        assert_eq!(ask, StartAsk::ReleaseMachine);
+        match run.answer(StartAnswer::Done) {
+            StartAsk::SetInstanceStatus { status, .. } => assert_eq!(status, InstanceStatus::provisioning_error()),
+            other => panic!("expected the instance status, got {other:?}"),
+        }
+        assert!(matches!(run.answer(StartAnswer::Done), StartAsk::SetMachineError(_)));
+        match run.answer(StartAnswer::Done) {
+            StartAsk::Finish(outcome) => outcome,
+            other => panic!("expected the end, got {other:?}"),
+        }
+    }
+
+    fn ambiguous() -> StartAnswer {
+        StartAnswer::Called { result: Err(BrokerError::transient("connection reset")), maybe_made: true }
+    }
+
+    #[test]
+    fn the_first_call_carries_the_zone_and_the_first_client_token() {
+        let (_, params) = first_call(settings(2));
+        assert_eq!(params.zone.as_deref(), Some("az1"));
+        assert_eq!(params.client_token, format!("0/{NONCE}/0"));
+        assert_eq!(params.tags.start.as_deref(), Some(NONCE));
+    }
+
+    #[test]
+    fn an_ambiguous_failure_repeats_the_same_zone_and_client_token() {
+        let (mut run, first) = first_call(settings(2));
+        let ask = answer(&mut run, ambiguous());
+        assert_eq!(ask, StartAsk::StillWanted, "a new round, after its status and its wait");
+        let again = call_of(answer(&mut run, StartAnswer::Wanted(Ok(true))));
+        assert_eq!((again.zone, again.client_token), (first.zone, first.client_token), "no new zone asked for");
+    }
+
+    #[test]
+    fn after_a_zone_that_did_not_answer_the_next_call_looks_first_and_adopts_what_it_finds() {
+        let (mut run, _) = first_call(settings(2));
+        let unreachable = Err(BrokerError::zone_unreachable("az1 timed out"));
+        let ask = answer(&mut run, StartAnswer::Called { result: unreachable, maybe_made: true });
+        assert_eq!(ask, StartAsk::MarkZoneFailed { zone: "az1".into(), shape: Some("arch=amd64".into()) });
+        let ask = answer(&mut run, StartAnswer::Marked(Ok(FailOutcome::TryAnotherZone)));
+        assert_eq!(ask, StartAsk::StillWanted);
+        let ask = answer(&mut run, StartAnswer::Wanted(Ok(true)));
+        assert_eq!(ask, StartAsk::LookForOwn(NONCE.into()), "a lookup before a call with a new token");
+        let found = instance("i-made", InstanceState::Running);
+        let ask = answer(&mut run, StartAnswer::Found(Ok(vec![found])));
+        let StartAsk::Record(info) = ask else { panic!("expected the record, got {ask:?}") };
+        assert_eq!((info.instance.as_str(), info.nonce.as_str()), ("i-made", NONCE));
+        match run.answer(StartAnswer::Recorded(Ok(()))) {
+            StartAsk::Finish(JobOutcome::Started { instance, reserved, .. }) => {
+                assert_eq!(instance.id, InstanceId::new("i-made"));
+                assert!(!reserved, "an adopted instance's zone was not reserved for it");
+            }
+            other => panic!("expected the start, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_lookup_that_finds_nothing_lets_the_next_call_use_a_new_token() {
+        let (mut run, _) = first_call(settings(2));
+        let unreachable = Err(BrokerError::zone_unreachable("az1 timed out"));
+        answer(&mut run, StartAnswer::Called { result: unreachable, maybe_made: true });
+        answer(&mut run, StartAnswer::Marked(Ok(FailOutcome::TryAnotherZone)));
+        answer(&mut run, StartAnswer::Wanted(Ok(true)));
+        let ask = answer(&mut run, StartAnswer::Found(Ok(Vec::new())));
+        assert!(matches!(ask, StartAsk::ChooseZone(_)), "{ask:?}");
+        let params = call_of(answer(&mut run, StartAnswer::Zone(Ok(Ok(Some("az2".into()))))));
+        assert_eq!((params.zone.as_deref(), params.client_token), (Some("az2"), format!("0/{NONCE}/1")));
+        // Sure again: a definite failure next leads to no lookup.
+        let definite = Err(BrokerError::zone_independent("quota"));
+        let ask = answer(&mut run, StartAnswer::Called { result: definite, maybe_made: false });
+        assert_eq!(ask, StartAsk::StillWanted);
+        assert!(matches!(answer(&mut run, StartAnswer::Wanted(Ok(true))), StartAsk::ChooseZone(_)));
+    }
+
+    #[test]
+    fn a_token_that_answers_a_terminated_instance_is_spent_for_a_new_one() {
+        let (mut run, _) = first_call(settings(2));
+        let ask = answer(&mut run, started("i-old", InstanceState::Terminated));
+        assert!(matches!(ask, StartAsk::ChooseZone(_)), "no round, no lookup: {ask:?}");
+        let params = call_of(answer(&mut run, StartAnswer::Zone(Ok(Ok(Some("az1".into()))))));
+        assert_eq!(params.client_token, format!("0/{NONCE}/1"));
+    }
+
+    #[test]
+    fn spent_tokens_are_skipped_three_times_at_most() {
+        let (mut run, _) = first_call(settings(0));
+        for _ in 0..3 {
+            answer(&mut run, started("i-old", InstanceState::Terminated));
+            call_of(answer(&mut run, StartAnswer::Zone(Ok(Ok(Some("az1".into()))))));
+        }
+        let ask = answer(&mut run, started("i-old", InstanceState::Terminated));
+        match failed(&mut run, ask) {
+            JobOutcome::StartFailed { error: WorkerError::Cloud(e), .. } => assert!(e.message().contains("i-old")),
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn out_of_rounds_while_unsure_looks_before_giving_up() {
+        let (mut run, _) = first_call(settings(0));
+        let ask = answer(&mut run, ambiguous());
+        assert_eq!(ask, StartAsk::LookForOwn(NONCE.into()));
+        let ask = answer(&mut run, StartAnswer::Found(Ok(Vec::new())));
+        match failed(&mut run, ask) {
+            JobOutcome::StartFailed { error, zone, orphan, .. } => {
+                assert_eq!(error, WorkerError::Cloud(BrokerError::transient("connection reset")));
+                assert_eq!((zone.as_deref(), orphan), (Some("az1"), None));
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_lookup_is_tried_five_times_with_backoff_then_fails_the_start() {
+        let (mut run, _) = first_call(settings(0));
+        let mut ask = answer(&mut run, ambiguous());
+        let mut sleeps = 0;
+        for _ in 0..4 {
+            assert_eq!(ask, StartAsk::LookForOwn(NONCE.into()));
+            ask = run.answer(StartAnswer::Found(Err(BrokerError::throttled("slow down"))));
+            assert!(matches!(ask, StartAsk::Sleep(_)), "{ask:?}");
+            sleeps += 1;
+            ask = run.answer(StartAnswer::Done);
+        }
+        assert_eq!(ask, StartAsk::LookForOwn(NONCE.into()));
+        let ask = run.answer(StartAnswer::Found(Err(BrokerError::throttled("slow down"))));
+        match failed(&mut run, ask) {
+            JobOutcome::StartFailed { error: WorkerError::Lookup(_), .. } => assert_eq!(sleeps, 4),
+            other => panic!("expected a lookup failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_machine_no_longer_wanted_is_abandoned() {
+        let (mut run, _) = StartRun::new(job(), NONCE.into(), settings(2), 7);
+        assert_eq!(run.answer(StartAnswer::Wanted(Ok(false))), StartAsk::ReleaseMachine);
+        assert!(matches!(
+            run.answer(StartAnswer::Done),
+            StartAsk::Finish(JobOutcome::StartAbandoned { given_up: None, .. })
+        ));
+    }
+
+    #[test]
+    fn a_machine_no_longer_wanted_after_an_ambiguous_failure_is_looked_for_then_abandoned() {
+        let (mut run, _) = first_call(settings(2));
+        answer(&mut run, ambiguous());
+        let ask = answer(&mut run, StartAnswer::Wanted(Ok(false)));
+        assert_eq!(ask, StartAsk::LookForOwn(NONCE.into()));
+        assert_eq!(answer(&mut run, StartAnswer::Found(Ok(Vec::new()))), StartAsk::ReleaseMachine);
+        assert!(matches!(run.answer(StartAnswer::Done), StartAsk::Finish(JobOutcome::StartAbandoned { .. })));
+    }
+
+    #[test]
+    fn a_batched_ambiguous_failure_is_not_repeated_and_the_next_call_looks_first() {
+        let batched = StartSettings { batched: true, ..settings(2) };
+        let (mut run, _) = first_call(batched);
+        assert_eq!(run.answer(ambiguous()), StartAsk::ReleaseReservation, "the pool replayed it already");
+        let ask = answer(&mut run, StartAnswer::Done);
+        assert_eq!(ask, StartAsk::StillWanted);
+        assert_eq!(answer(&mut run, StartAnswer::Wanted(Ok(true))), StartAsk::LookForOwn(NONCE.into()));
+    }
+
+    #[test]
+    fn an_instance_never_recorded_is_the_failed_starts_orphan() {
+        let (mut run, _) = first_call(settings(2));
+        let mut ask = answer(&mut run, started("i-1", InstanceState::Running));
+        for _ in 0..2 {
+            assert!(matches!(ask, StartAsk::Record(_)), "{ask:?}");
+            ask = answer(&mut run, StartAnswer::Recorded(Err(ModelError::Other("db locked".into()))));
+        }
+        let ask = run.answer(StartAnswer::Recorded(Err(ModelError::Other("db locked".into()))));
+        match failed(&mut run, ask) {
+            JobOutcome::StartFailed { error: WorkerError::Record { .. }, orphan, .. } => {
+                assert_eq!(orphan, Some(InstanceId::new("i-1")))
+            }
+            other => panic!("expected a record failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_same_seed_and_answers_make_the_same_run() {
+        let drive = |seed: u64| {
+            let (mut run, mut ask) = StartRun::new(job(), NONCE.into(), settings(3), seed);
+            let mut asks = vec![ask.clone()];
+            for _ in 0..40 {
+                let reply = match &ask {
+                    StartAsk::StillWanted => StartAnswer::Wanted(Ok(true)),
+                    StartAsk::DeriveZones => StartAnswer::Zones(Ok(Vec::new())),
+                    StartAsk::ChooseZone(_) => StartAnswer::Zone(Ok(Ok(Some("az1".into())))),
+                    StartAsk::Call(_) => {
+                        StartAnswer::Called { result: Err(BrokerError::zone_independent("quota")), maybe_made: false }
+                    }
+                    StartAsk::Finish(_) => break,
+                    _ => StartAnswer::Done,
+                };
+                ask = run.answer(reply);
+                asks.push(ask.clone());
+            }
+            asks
+        };
+        assert_eq!(drive(11), drive(11));
+        let waits = |asks: Vec<StartAsk>| asks.into_iter().filter(|a| matches!(a, StartAsk::Sleep(_))).count();
+        assert!(waits(drive(11)) > 0, "rounds wait");
+    }
+
+    #[test]
+    fn an_answer_to_another_question_ends_the_start_saying_so() {
+        let (mut run, _) = StartRun::new(job(), NONCE.into(), settings(2), 7);
+        let ask = run.answer(StartAnswer::Zones(Ok(Vec::new())));
+        match failed(&mut run, ask) {
+            JobOutcome::StartFailed { error: WorkerError::Unexpected { answer, .. }, .. } => {
+                assert_eq!(answer, "Zones")
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+}
