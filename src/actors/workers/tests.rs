@@ -769,7 +769,7 @@ mod start_run {
     use crate::config::{Backoff, RetryStrategy};
     use crate::model::{
         CloudInstance, FailOutcome, InstanceId, InstanceState, InstanceStatus, InstanceTags, Machine, MachineId,
-        ProvisioningInfo,
+        ProvisioningInfo, Reusable, ZoneError,
     };
     use crate::ports::{BrokerError, ModelError, StartInstanceParams, StartedInstance};
 
@@ -1058,6 +1058,53 @@ mod start_run {
         assert_eq!(drive(11), drive(11));
         let waits = |asks: Vec<StartAsk>| asks.into_iter().filter(|a| matches!(a, StartAsk::Sleep(_))).count();
         assert!(waits(drive(11)) > 0, "rounds wait");
+    }
+
+    /// A run with machine reuse on, up to the harvest policy's answer: a parked instance `i-p`
+    /// of dead machine `9`.
+    fn claimed() -> StartRun {
+        let (mut run, _) = StartRun::new(job(), NONCE.into(), StartSettings { claim: true, ..settings(2) }, 7);
+        answer(&mut run, StartAnswer::Wanted(Ok(true)));
+        let ask = answer(&mut run, StartAnswer::Zones(Ok(vec!["az1".into()])));
+        assert!(matches!(ask, StartAsk::ClaimReusable { ref derived, .. } if derived == &["az1"]), "{ask:?}");
+        let parked =
+            Reusable { instance: InstanceId::new("i-p"), zone: Some("az1".into()), constraints: Default::default() };
+        let ask = answer(&mut run, StartAnswer::Claimed(Ok(Some((MachineId::new("9"), parked)))));
+        assert_eq!(ask, StartAsk::InstanceStateOf(InstanceId::new("i-p")));
+        run
+    }
+
+    #[test]
+    fn a_running_parked_instance_is_retagged_and_taken_over() {
+        let mut run = claimed();
+        let ask = answer(&mut run, StartAnswer::StateOf(Ok(Some(InstanceState::Running))));
+        let StartAsk::Retag { instance, tags } = ask else { panic!("expected the retag, got {ask:?}") };
+        assert_eq!((instance.as_str(), tags.start.as_deref()), ("i-p", Some(NONCE)));
+        assert!(matches!(answer(&mut run, StartAnswer::Retagged(Ok(()))), StartAsk::Record(_)));
+        match run.answer(StartAnswer::Recorded(Ok(()))) {
+            StartAsk::Finish(JobOutcome::Started { instance, retired, reserved, given_up, .. }) => {
+                assert_eq!(
+                    (instance.id.as_str(), retired, reserved, given_up),
+                    ("i-p", Some(MachineId::new("9")), false, None)
+                );
+            }
+            other => panic!("expected the start, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_parked_instance_no_longer_running_is_given_up_however_the_start_ends() {
+        let mut run = claimed();
+        let ask = answer(&mut run, StartAnswer::StateOf(Ok(Some(InstanceState::Stopped))));
+        assert!(matches!(ask, StartAsk::ChooseZone(_)), "the machine starts afresh: {ask:?}");
+        let ask = answer(&mut run, StartAnswer::Zone(Ok(Err(ZoneError::NoSuitableZone(MachineId::new("0"))))));
+        match failed(&mut run, ask) {
+            JobOutcome::StartFailed { given_up: Some(given_up), retired, .. } => {
+                assert_eq!((given_up.instance.as_str(), given_up.retired.as_str()), ("i-p", "9"));
+                assert_eq!(retired, None, "a failure before any call retires nothing (as before)");
+            }
+            other => panic!("expected a failure naming the given-up instance, got {other:?}"),
+        }
     }
 
     #[test]
