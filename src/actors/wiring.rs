@@ -177,6 +177,7 @@ fn start_with(
         host_tag: config.host_tag.clone(),
         batch,
         record_outside_worker: config.record_outside_worker,
+        mutations: config.mutations,
     };
     let pool = WorkerPool::new(
         config.workers,

@@ -200,6 +200,27 @@ impl Backoff {
     }
 }
 
+/// Code broken on purpose (issue 35): each switch turns one of the protocol's safeguards off,
+/// so that the model checker's tests (`sim::mc`) show it finds what the safeguard prevents,
+/// and a scenario replays the checker's counterexample in the simulator
+/// (`[provisioner] mutations`). Every switch is off by default; nothing but those tests and
+/// replays turns one on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Mutations {
+    /// After an ambiguous failure of a start call (it may have made the instance), the next
+    /// call takes a new client token instead of repeating the one that may have made it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub new_token_after_ambiguous: bool,
+}
+
+impl Mutations {
+    /// Whether no switch is on (the code as shipped).
+    pub fn none(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
 /// Everything a provisioner needs to know besides its ports.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProvisionerConfig {
@@ -266,6 +287,9 @@ pub struct ProvisionerConfig {
     pub spot_max_price: Option<crate::model::UsdPerHour>,
     /// Repair of machines whose instance stays stopped (issue 34): off by default.
     pub repair: repair::RepairPolicy,
+    /// Code broken on purpose, for the model checker's tests and replays (issue 35): none by
+    /// default.
+    pub mutations: Mutations,
 }
 
 impl Default for ProvisionerConfig {
@@ -294,6 +318,7 @@ impl Default for ProvisionerConfig {
             record_outside_worker: false,
             spot_max_price: None,
             repair: repair::RepairPolicy::default(),
+            mutations: Mutations::default(),
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod instance_types;
 pub mod multimap;
 pub mod packing;
 pub mod placement;
+pub mod seeded;
 pub mod types;
 
 pub use capacity::{CapacityError, CapacityPreference, CapacityType, UsdPerHour};

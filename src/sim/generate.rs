@@ -336,6 +336,7 @@ pub fn generate(seed: u64) -> Scenario {
             repair_max_unhealthy: crate::config::repair::DEFAULT_MAX_UNHEALTHY,
             replace_drifted: false,
             drift_budget: crate::config::repair::DEFAULT_DRIFT_BUDGET,
+            mutations: crate::config::Mutations::default(),
         },
         model: ModelSpec {
             write_latency: Dur(if rng.random_bool(0.3) { ms(&mut rng, 5_000) } else { Duration::ZERO }),

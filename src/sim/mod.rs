@@ -8,6 +8,8 @@
 pub mod bench;
 mod check;
 mod generate;
+#[cfg(feature = "mc")]
+pub mod mc;
 mod plan;
 mod report;
 mod run;

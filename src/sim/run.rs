@@ -347,6 +347,7 @@ async fn drive(s: &Scenario, seed: u64) -> Report {
         reuse: s.provisioner.reuse,
         reuse_window: s.provisioner.reuse_window.0,
         spot_max_price: s.provisioner.spot_max_price,
+        mutations: s.provisioner.mutations,
         repair: crate::config::repair::RepairPolicy {
             after: s.provisioner.repair_after.map(|d| d.0),
             max_unhealthy: s.provisioner.repair_max_unhealthy,

@@ -183,7 +183,7 @@ pub enum BatchFailure {
 
 /// Why a machine's start could not be prepared: a per-machine model read failed. The status line
 /// shows the model's error (the cause); the log shows which read failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StartInfoError {
     /// Reading the machine's provisioning info failed.
     #[error("fetching provisioning info for machine {:?}: {source}", machine.as_str())]
@@ -271,7 +271,7 @@ enum Resume {
 type Prepared = Result<Box<StartJob>, StartInfoError>;
 
 /// One batch in flight: the planner's state between questions.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct BatchRun {
     start: BatchStart,
     waiting: Waiting,

@@ -8,7 +8,7 @@
 
 mod actor;
 pub mod batch;
-mod followup;
+pub mod followup;
 pub mod handover;
 mod links;
 mod messages;

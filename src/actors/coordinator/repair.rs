@@ -80,7 +80,7 @@ pub struct RepairPlan {
 }
 
 /// The repair policy and what the last listing showed.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RepairBook {
     policy: RepairPolicy,
     /// The unhealthy machines as of the last listing.

@@ -3,9 +3,6 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::SeedableRng;
-
 use super::batch::{BatchOutcome, BatchStart};
 use super::followup::Followup;
 use crate::actors::harvest::ModeChange;
@@ -25,7 +22,7 @@ pub struct BatchBook {
     zones_loaded: bool,
     failures: u32,
     backoff: Backoff,
-    rng: StdRng,
+    rng: crate::model::seeded::SeededRng,
     workers: usize,
     model_dying: bool,
     starts_closed: bool,
@@ -43,7 +40,7 @@ impl BatchBook {
             zones_loaded: false,
             failures: 0,
             backoff,
-            rng: StdRng::seed_from_u64(0),
+            rng: crate::model::seeded::SeededRng::seed_from_u64(0),
             workers,
             model_dying: false,
             starts_closed: false,
@@ -52,7 +49,7 @@ impl BatchBook {
 
     /// The same book drawing its backoff jitter from this seed.
     pub fn with_seed(mut self, seed: u64) -> Self {
-        self.rng = StdRng::seed_from_u64(seed);
+        self.rng = crate::model::seeded::SeededRng::seed_from_u64(seed);
         self
     }
 

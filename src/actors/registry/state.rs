@@ -53,7 +53,7 @@ pub fn blocks_destroy(m: &Machine, scope: &Scope) -> bool {
 /// cache, our records, our starts' constraints and the index by tag). A machine of a fleet
 /// has all four; an id may also be known by a part alone (an instance tagged for a machine the
 /// cache does not hold). An entry with no part left is removed.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct MachineSlot {
     /// The cached machine, as last read from the model.
     machine: Option<Machine>,
@@ -63,7 +63,7 @@ struct MachineSlot {
 }
 
 /// The parts of a machine's entry that our starts and the view add.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct Ours {
     /// The instance we learnt of from our own start: it wins over an older model read.
     recorded: Option<InstanceId>,
@@ -120,7 +120,7 @@ impl MachineSlot {
 
 /// The constraints a start of ours used: a fleet's machines mostly have none, which takes no
 /// allocation here.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 enum StartedWith {
     /// Not started by us (or adopted): not reusable.
     #[default]
@@ -150,7 +150,7 @@ impl StartedWith {
 }
 
 /// Instances tagged for one machine: nearly always none or one, held inline.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 enum Tagged {
     #[default]
     None,
@@ -204,7 +204,7 @@ impl Tagged {
 
 /// What the book knows of one instance id: which cached machine owns it, the view's record
 /// and its age (one entry where there were three maps). An entry with no part left is removed.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct InstanceSlot {
     /// The cached machine that owns it.
     owner: Option<MachineId>,
@@ -224,7 +224,7 @@ impl InstanceSlot {
 }
 
 /// The machine cache and the instance view.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct MachineBook {
     scope: Scope,
     /// Everything known by machine id, one entry per id.

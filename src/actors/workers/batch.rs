@@ -53,7 +53,7 @@ impl Shape {
 }
 
 /// A batch still taking members.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Open<R> {
     id: u64,
     shape: Shape,
@@ -61,7 +61,7 @@ struct Open<R> {
 }
 
 /// A closed batch: its intent, and the members waiting for its answer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Flying<R> {
     params: BatchStartParams,
     replies: Vec<R>,
@@ -93,7 +93,7 @@ pub struct Reply {
 }
 
 /// What the shell does with a batch's answer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Answer<R> {
     /// Hand each waiting member its reply; the intent is done.
     Deliver(Vec<(R, Reply)>),

@@ -75,6 +75,8 @@ pub struct StartSettings {
     pub spot_max_price: Option<crate::model::UsdPerHour>,
     /// Our model's uuid, tagged on every instance.
     pub model_uuid: std::sync::Arc<str>,
+    /// Code broken on purpose (the model checker's tests, issue 35): none in production.
+    pub mutations: crate::config::Mutations,
 }
 
 /// What the run asks the shell to do, one at a time; the answer (or, where the answer is only
@@ -682,7 +684,9 @@ impl StartRun {
             }
             Err(e) => e,
         };
-        let ambiguous = maybe_made;
+        // Mutation (the model checker's tests): an ambiguous failure taken for a definite one,
+        // so that the next call takes a new token, without looking first.
+        let ambiguous = maybe_made && !self.settings.mutations.new_token_after_ambiguous;
         self.unsure |= ambiguous;
         let spot = self.capacity.on_failure(&err, zone.as_deref());
         let step = match spot {

@@ -69,6 +69,8 @@ pub struct StartDeps {
     /// A start gives its worker back once it is done with the cloud, and records its instance
     /// in the model outside the pool's size (see `ProvisionerConfig::record_outside_worker`).
     pub record_outside_worker: bool,
+    /// Code broken on purpose (the model checker's tests and replays, issue 35).
+    pub mutations: crate::config::Mutations,
 }
 
 impl StartDeps {
@@ -83,6 +85,7 @@ impl StartDeps {
             batched,
             spot_max_price: self.spot_max_price,
             model_uuid: Arc::clone(&self.model_uuid),
+            mutations: self.mutations,
         }
     }
 }

@@ -777,6 +777,7 @@ mod start_run {
 
     fn settings(count: u32) -> StartSettings {
         StartSettings {
+            mutations: crate::config::Mutations::default(),
             retry: RetryStrategy { count, delay: Duration::from_secs(1), max_delay: Duration::from_secs(10) },
             backoff: Backoff::default(),
             supports_zones: true,

@@ -4,8 +4,7 @@ use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 pub use crate::model::ZoneRequest;
 use crate::model::{repack, FailOutcome, MachineId, Packing};
@@ -43,7 +42,7 @@ pub struct ZoneView {
 }
 
 /// Per-zone machine sets, failure marks, requests, and the capacity memory.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ZoneBook {
     zones: BTreeMap<String, Zone>,
     /// Every zone name the book has seen, each once: a zone's index is its place here (a zone
@@ -56,7 +55,7 @@ pub struct ZoneBook {
     /// When `placed` is rebuilt packed (it fills in id order).
     packing: Packing,
     requests: BTreeMap<MachineId, ZoneRequest>,
-    rng: StdRng,
+    rng: crate::model::seeded::SeededRng,
     /// (shape, zone) → until when a zone failure steers that shape elsewhere.
     capacity: BTreeMap<(String, String), Duration>,
     memory: Duration,
@@ -73,7 +72,7 @@ impl ZoneBook {
             placed: BTreeMap::new(),
             packing: Packing::default(),
             requests: BTreeMap::new(),
-            rng: StdRng::seed_from_u64(seed),
+            rng: crate::model::seeded::SeededRng::seed_from_u64(seed),
             capacity: BTreeMap::new(),
             memory: Duration::ZERO,
             now: Duration::ZERO,

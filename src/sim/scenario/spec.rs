@@ -97,6 +97,10 @@ pub struct ProvisionerSpec {
     /// Addition (issue 34): how many drifted machines are replaced at a time (1 or more).
     #[serde(default = "default_drift_budget", skip_serializing_if = "is_default_drift_budget")]
     pub drift_budget: usize,
+    /// Addition (issue 35): code broken on purpose, to replay a model checker's
+    /// counterexample (`mutations = { new-token-after-ambiguous = true }`). Default: none.
+    #[serde(default, skip_serializing_if = "crate::config::Mutations::none")]
+    pub mutations: crate::config::Mutations,
 }
 
 fn default_drift_budget() -> usize {
@@ -640,6 +644,7 @@ impl Default for ProvisionerSpec {
             repair_max_unhealthy: default_max_unhealthy(),
             replace_drifted: false,
             drift_budget: default_drift_budget(),
+            mutations: crate::config::Mutations::default(),
         }
     }
 }

@@ -1,0 +1,752 @@
+//! The checker's state and its steps: the durable world (cloud, store) and one incarnation
+//! of the provisioner's memory (its plain cores), with what may happen next.
+//!
+//! Each step is one handler of the real system, run whole: the coordinator answering its
+//! batch planner's question from the core the actor would ask, a start's question answered
+//! by the core, the store or the cloud, the pool's outcomes reaching the coordinator (whose
+//! follow-ups go to the registry, the lifecycle, the allocator and the harvest policy as the
+//! coordinator sends them), a stop job carried out. The cloud call of a start is a step of
+//! its own, with its answer a later one: between them anything may happen (a crash, a death,
+//! other starts), and the answer may be lost.
+//!
+//! As on EC2 (and in the simulator's fake cloud), a start's instance exists from the moment
+//! its call reaches the cloud; a call with a client token the cloud knows answers the
+//! instance that token made, even if that instance has been terminated since.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use super::McConfig;
+use crate::actors::coordinator::batch::{Answer, Ask, BatchRun, Effect, Next, Steps};
+use crate::actors::coordinator::followup::{self, AfterStartStep, Followup};
+use crate::actors::coordinator::BatchBook;
+use crate::actors::harvest::{HarvestBook, HarvestPlan};
+use crate::actors::lifecycle::LifecycleBook;
+use crate::actors::registry::MachineBook;
+use crate::actors::workers::run::{StartAnswer, StartAsk, StartRun, StartSettings};
+use crate::actors::workers::JobOutcome;
+use crate::actors::zones::ZoneBook;
+use crate::config::Scope;
+use crate::model::{
+    CloudInstance, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine, MachineId, MachineStatus,
+    ProvisioningInfo,
+};
+use crate::ports::{BrokerError, StartInstanceParams, StartedInstance};
+
+/// The model's uuid on every instance of ours.
+const UUID: &str = "mc-model";
+
+/// What may happen next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McAction {
+    /// The coordinator starts a batch (machines were notified), or answers its batch
+    /// planner's question.
+    Batch,
+    /// A start's question (other than its cloud call) is answered.
+    Start(MachineId),
+    /// A start's cloud call reaches the cloud.
+    Call(MachineId, CallOutcome),
+    /// An answer of the cloud reaches its start.
+    Reply(MachineId),
+    /// The pool's finished jobs reach the coordinator.
+    JobsDone,
+    /// The pool carries out its first stop job.
+    Stop,
+    /// The provisioner dies; a new one starts (the cloud and the store are kept).
+    Crash,
+    /// The model: a machine dies.
+    Die(MachineId),
+}
+
+/// How a start's cloud call goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// It makes (or finds, by its token) the instance, and answers it.
+    Lands,
+    /// It makes (or finds) the instance, and its answer is lost: the start sees a timeout.
+    LosesAnswer,
+    /// The zone has no capacity: refused, nothing made.
+    Refused,
+}
+
+impl fmt::Display for McAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            McAction::Batch => write!(f, "the coordinator's batch takes a step"),
+            McAction::Start(m) => write!(f, "machine {m}'s start takes a step"),
+            McAction::Call(m, CallOutcome::Lands) => write!(f, "machine {m}'s start call lands"),
+            McAction::Call(m, CallOutcome::LosesAnswer) => {
+                write!(f, "machine {m}'s start call lands and its answer is lost")
+            }
+            McAction::Call(m, CallOutcome::Refused) => write!(f, "machine {m}'s start call is refused (no capacity)"),
+            McAction::Reply(m) => write!(f, "the cloud's answer reaches machine {m}'s start"),
+            McAction::JobsDone => write!(f, "the finished jobs reach the coordinator"),
+            McAction::Stop => write!(f, "the pool stops instances"),
+            McAction::Crash => write!(f, "the provisioner crashes and restarts"),
+            McAction::Die(m) => write!(f, "machine {m} dies"),
+        }
+    }
+}
+
+/// One instance in the cloud.
+#[derive(Debug, Clone)]
+struct Instance {
+    machine: Option<MachineId>,
+    nonce: Option<String>,
+    zone: Option<String>,
+    live: bool,
+}
+
+/// The cloud: instances, and the client tokens that made them.
+#[derive(Debug, Clone, Default)]
+struct Cloud {
+    instances: BTreeMap<InstanceId, Instance>,
+    tokens: BTreeMap<String, InstanceId>,
+    made: u32,
+}
+
+impl Cloud {
+    /// A start call: the instance its token made before, or a new one.
+    fn start(&mut self, p: &StartInstanceParams) -> CloudInstance {
+        if let Some(id) = self.tokens.get(&p.client_token).cloned() {
+            return self.view(&id);
+        }
+        self.made += 1;
+        let id = InstanceId::new(format!("i-{}", self.made));
+        let instance =
+            Instance { machine: p.tags.machine.clone(), nonce: p.tags.start.clone(), zone: p.zone.clone(), live: true };
+        self.instances.insert(id.clone(), instance);
+        self.tokens.insert(p.client_token.clone(), id.clone());
+        self.view(&id)
+    }
+
+    fn view(&self, id: &InstanceId) -> CloudInstance {
+        let i = &self.instances[id];
+        let tags = InstanceTags { model: Some(UUID.into()), machine: i.machine.clone(), start: i.nonce.clone() };
+        let state = if i.live { InstanceState::Running } else { InstanceState::Terminated };
+        let mut out = CloudInstance::tagged(id.clone(), state, tags);
+        out.zone = i.zone.clone();
+        out
+    }
+
+    fn list(&self) -> Vec<CloudInstance> {
+        self.instances.keys().map(|id| self.view(id)).collect()
+    }
+
+    /// Live instances of this machine's start `nonce`.
+    fn of_start(&self, machine: &MachineId, nonce: &str) -> Vec<CloudInstance> {
+        self.instances
+            .iter()
+            .filter(|(_, i)| i.live && i.machine.as_ref() == Some(machine) && i.nonce.as_deref() == Some(nonce))
+            .map(|(id, _)| self.view(id))
+            .collect()
+    }
+
+    fn stop(&mut self, ids: &[InstanceId]) {
+        for id in ids {
+            if let Some(i) = self.instances.get_mut(id) {
+                i.live = false;
+            }
+        }
+    }
+
+    fn live_of(&self, machine: &MachineId) -> Vec<InstanceId> {
+        self.instances
+            .iter()
+            .filter(|(_, i)| i.live && i.machine.as_ref() == Some(machine))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+}
+
+/// The model's store.
+#[derive(Debug, Clone, Default)]
+struct Store {
+    machines: BTreeMap<MachineId, Machine>,
+    removed: BTreeSet<MachineId>,
+}
+
+impl Store {
+    fn live(&mut self, id: &MachineId) -> Option<&mut Machine> {
+        if self.removed.contains(id) {
+            return None;
+        }
+        self.machines.get_mut(id)
+    }
+}
+
+/// One start in the pool: its procedure, and its question (none while its cloud call's
+/// answer is on its way).
+#[derive(Debug, Clone)]
+struct Running {
+    run: StartRun,
+    ask: Option<StartAsk>,
+}
+
+/// An answer of the cloud on its way to a start of incarnation `inc`.
+#[derive(Debug, Clone)]
+struct Reply {
+    inc: u32,
+    answer: StartAnswer,
+}
+
+/// One incarnation of the provisioner: its cores and its work in flight.
+#[derive(Debug, Clone)]
+struct Provisioner {
+    inc: u32,
+    batches: BatchBook,
+    batch: Option<(BatchRun, Ask)>,
+    book: MachineBook,
+    lifecycle: LifecycleBook,
+    zones: ZoneBook,
+    harvest: HarvestBook,
+    starts: BTreeMap<MachineId, Running>,
+    /// Starts made so far (their nonces).
+    started: u32,
+    /// Finished jobs on their way to the coordinator.
+    done: Vec<JobOutcome>,
+    /// Stop jobs queued in the pool: the instances, and the dead machines to remove after.
+    stops: Vec<(Vec<InstanceId>, Vec<MachineId>)>,
+}
+
+impl Provisioner {
+    fn new(inc: u32, ids: impl IntoIterator<Item = MachineId>) -> Self {
+        let config = crate::config::ProvisionerConfig::default();
+        let mut batches = BatchBook::new(config.backoff, config.workers).with_seed(u64::from(inc));
+        // The model's watcher says every machine at first.
+        batches.notify(ids);
+        Self {
+            inc,
+            batches,
+            batch: None,
+            book: MachineBook::with_scope(Scope::Environ),
+            lifecycle: LifecycleBook::default(),
+            zones: ZoneBook::new(u64::from(inc)),
+            harvest: HarvestBook::new(crate::model::HarvestMode::Destroyed),
+            starts: BTreeMap::new(),
+            started: 0,
+            done: Vec::new(),
+            stops: Vec::new(),
+        }
+    }
+}
+
+/// Fault budgets left.
+#[derive(Debug, Clone)]
+struct Budget {
+    crashes: u8,
+    lost: u8,
+    refusals: u8,
+    deaths: u8,
+}
+
+/// What the configuration fixes for the whole check.
+#[derive(Debug, Clone)]
+struct Settings {
+    zones: Vec<String>,
+    retry_count: u32,
+    mutations: crate::config::Mutations,
+}
+
+/// The checker's state.
+#[derive(Debug, Clone)]
+pub struct World {
+    settings: Settings,
+    cloud: Cloud,
+    store: Store,
+    prov: Provisioner,
+    replies: BTreeMap<MachineId, Reply>,
+    budget: Budget,
+    /// Stops of a live machine's instance (a property says there are none).
+    wrong_stops: Vec<String>,
+    /// Steps the checker met and does not model (a property says there are none).
+    unmodelled: Vec<String>,
+}
+
+impl World {
+    /// The initial state: `config.machines` pending machines, an empty cloud.
+    pub fn new(config: &McConfig) -> Self {
+        let ids: Vec<MachineId> = (0..config.machines).map(|i| MachineId::new(i.to_string())).collect();
+        let store = Store {
+            machines: ids.iter().map(|id| (id.clone(), Machine::pending(id.clone()))).collect(),
+            ..Store::default()
+        };
+        Self {
+            settings: Settings {
+                zones: config.zones.clone(),
+                retry_count: config.retry_count,
+                mutations: config.mutations,
+            },
+            cloud: Cloud::default(),
+            store,
+            prov: Provisioner::new(0, ids),
+            replies: BTreeMap::new(),
+            budget: Budget {
+                crashes: config.crashes,
+                lost: config.lost_answers,
+                refusals: config.refusals,
+                deaths: config.deaths,
+            },
+            wrong_stops: Vec::new(),
+            unmodelled: Vec::new(),
+        }
+    }
+
+    /// What may happen next, in a fixed order.
+    pub fn actions(&self, config: &McConfig, out: &mut Vec<McAction>) {
+        let p = &self.prov;
+        if p.batch.is_some() || p.batches.clone().start_batch().is_some() {
+            out.push(McAction::Batch);
+        }
+        for (m, r) in &p.starts {
+            match &r.ask {
+                Some(StartAsk::Call(params)) => {
+                    out.push(McAction::Call(m.clone(), CallOutcome::Lands));
+                    if self.budget.lost > 0 {
+                        out.push(McAction::Call(m.clone(), CallOutcome::LosesAnswer));
+                    }
+                    if self.budget.refusals > 0 && params.zone.is_some() {
+                        out.push(McAction::Call(m.clone(), CallOutcome::Refused));
+                    }
+                }
+                Some(_) => out.push(McAction::Start(m.clone())),
+                None => {}
+            }
+        }
+        out.extend(self.replies.keys().map(|m| McAction::Reply(m.clone())));
+        if !p.done.is_empty() {
+            out.push(McAction::JobsDone);
+        }
+        if !p.stops.is_empty() {
+            out.push(McAction::Stop);
+        }
+        if self.budget.crashes > 0 {
+            out.push(McAction::Crash);
+        }
+        if self.budget.deaths > 0 {
+            let may_die = self.store.machines.iter().take(usize::from(config.deaths));
+            for (id, m) in may_die {
+                if m.life == Life::Alive && !self.store.removed.contains(id) {
+                    out.push(McAction::Die(id.clone()));
+                }
+            }
+        }
+    }
+
+    /// Nothing is left to happen but faults (crashes, deaths): the protocol has run its course.
+    pub fn quiet(&self, config: &McConfig) -> bool {
+        let mut next = Vec::new();
+        self.actions(config, &mut next);
+        next.iter().all(|a| matches!(a, McAction::Crash | McAction::Die(_)))
+    }
+
+    /// Takes one step.
+    pub fn step(&mut self, config: &McConfig, action: &McAction) {
+        match action {
+            McAction::Batch => self.batch_step(),
+            McAction::Start(m) => self.start_step(config, m),
+            McAction::Call(m, outcome) => self.call(m, *outcome),
+            McAction::Reply(m) => {
+                let Some(reply) = self.replies.remove(m) else { return };
+                // An answer to a start of an incarnation that is gone reaches no one.
+                if reply.inc == self.prov.inc {
+                    self.answer_start(config, m, reply.answer);
+                }
+            }
+            McAction::JobsDone => {
+                let outcomes = std::mem::take(&mut self.prov.done);
+                self.follow(followup::on_jobs_done(outcomes));
+            }
+            McAction::Stop => {
+                let (instances, machines) = self.prov.stops.remove(0);
+                for id in &instances {
+                    self.check_stop(id);
+                }
+                self.cloud.stop(&instances);
+                self.prov.done.push(JobOutcome::Stopped { instances, machines });
+            }
+            McAction::Crash => {
+                self.budget.crashes -= 1;
+                let ids = self.store.machines.keys().filter(|id| !self.store.removed.contains(*id)).cloned();
+                self.prov = Provisioner::new(self.prov.inc + 1, ids.collect::<Vec<_>>());
+            }
+            McAction::Die(m) => {
+                self.budget.deaths -= 1;
+                if let Some(machine) = self.store.live(m) {
+                    machine.life = Life::Dead;
+                }
+                self.prov.batches.notify(vec![m.clone()]);
+            }
+        }
+    }
+
+    /// A stop of `id`: wrong if it is the live instance of a live machine that records it.
+    fn check_stop(&mut self, id: &InstanceId) {
+        let Some(machine) = self.cloud.instances.get(id).and_then(|i| i.machine.clone()) else { return };
+        let alive = self.store.live(&machine).is_some_and(|m| m.life == Life::Alive);
+        let recorded = self.store.machines.get(&machine).is_some_and(|m| m.instance.as_ref() == Some(id));
+        if alive && recorded && self.cloud.instances[id].live {
+            self.wrong_stops.push(format!("instance {id} of live machine {machine} was stopped"));
+        }
+    }
+
+    // ---- the coordinator
+
+    fn batch_step(&mut self) {
+        let steps = match self.prov.batch.take() {
+            None => {
+                let Some(start) = self.prov.batches.start_batch() else { return };
+                let (run, steps) = BatchRun::new(start);
+                self.prov.batch = Some((run, Ask::ModelLife));
+                steps
+            }
+            Some((mut run, ask)) => {
+                let answer = self.answer_batch(ask);
+                match run.answer(answer) {
+                    Ok(steps) => {
+                        self.prov.batch = Some((run, Ask::ModelLife));
+                        steps
+                    }
+                    Err(e) => {
+                        self.unmodelled.push(format!("a batch failed: {e}"));
+                        return;
+                    }
+                }
+            }
+        };
+        self.batch_steps(steps);
+    }
+
+    /// Carries out a batch's effects; keeps its next question, or ends it.
+    fn batch_steps(&mut self, steps: Steps) {
+        for effect in steps.effects {
+            self.perform(effect);
+        }
+        match steps.next {
+            Next::Ask(ask) => {
+                if let Some((_, waiting)) = self.prov.batch.as_mut() {
+                    *waiting = ask;
+                }
+            }
+            Next::Done(outcome) => {
+                self.prov.batch = None;
+                let next = self.prov.batches.batch_done(outcome);
+                self.follow(next);
+            }
+        }
+    }
+
+    /// Answers the batch planner's question as the actors would.
+    fn answer_batch(&mut self, ask: Ask) -> Answer {
+        let p = &mut self.prov;
+        match ask {
+            Ask::ModelLife => Answer::Life(Ok(Life::Alive)),
+            Ask::DestroyWins => Answer::Plan(p.harvest.plan_destroy(&[])),
+            Ask::RefreshZones => {
+                let zones: Vec<(String, bool)> = self.settings.zones.iter().map(|z| (z.clone(), true)).collect();
+                p.zones.update_zones(&zones);
+                Answer::Zones(Ok(()))
+            }
+            Ask::Refresh(ids) => {
+                // The registry's first refresh lists the cloud before it reads the machines.
+                if !p.book.loaded_once() {
+                    let number = p.book.issue_listing();
+                    p.book.load_listing(self.cloud.list(), number);
+                }
+                let ids = p.book.in_scope(ids);
+                let reads: Vec<_> = ids
+                    .into_iter()
+                    .map(|id| {
+                        let read = match self.store.machines.get(&id).filter(|_| !self.store.removed.contains(&id)) {
+                            Some(m) => Ok(m.clone()),
+                            None => Err(crate::ports::ModelError::NotFound(id.clone())),
+                        };
+                        (id, read)
+                    })
+                    .collect();
+                let (mut refreshed, to_kill) = p.book.absorb(reads);
+                let mut results = Vec::new();
+                for id in to_kill {
+                    if let Some(m) = self.store.live(&id) {
+                        m.life = Life::Dead;
+                    }
+                    results.push((id, Ok(())));
+                }
+                p.book.killed(results, &mut refreshed);
+                Answer::Refreshed(Ok(refreshed))
+            }
+            Ask::EndSafeMode => Answer::ModeChange(p.harvest.end_safe_mode()),
+            Ask::PlanOrphanStops(instances) => Answer::Plan(p.harvest.plan_stops(&instances, &[])),
+            Ask::ObserveDead(dead) => Answer::Deaths(p.lifecycle.on_deaths(&dead)),
+            Ask::PlanDead(dead) => Answer::Plan(self.harvest_plan(dead)),
+            Ask::ObservePending(ids) => {
+                Answer::ToStart(ids.into_iter().filter(|id| p.lifecycle.want_start(id)).collect())
+            }
+            Ask::StartInfo(ids) => {
+                let infos = ids.iter().map(|_| Ok(ProvisioningInfo::default())).collect();
+                let groups = ids.iter().map(|_| Ok(Vec::new())).collect();
+                Answer::StartInfo { infos: Ok(infos), groups: Ok(groups) }
+            }
+            Ask::WriteError { machine, message } => {
+                if let Some(m) = self.store.live(&machine) {
+                    m.instance_status = InstanceStatus::provisioning_error();
+                    m.status = MachineStatus::Error;
+                }
+                let _ = message;
+                Answer::Written
+            }
+        }
+    }
+
+    /// Carries out one batch effect, as `coordinator::links::perform`.
+    fn perform(&mut self, effect: Effect) {
+        let p = &mut self.prov;
+        match effect {
+            Effect::Populate(placements) => p.zones.populate(&placements),
+            Effect::Gone(ids) => {
+                for m in &ids {
+                    p.zones.release(m);
+                    p.lifecycle.forget(m);
+                }
+            }
+            Effect::StopsPlanned { ids, machine } => p.book.stops_planned(&ids, machine.as_ref()),
+            Effect::Execute(plan) => self.execute(*plan),
+            Effect::Start(job) => self.enqueue_start(*job),
+            Effect::ForgetLifecycle(ids) => {
+                for m in &ids {
+                    p.lifecycle.forget(m);
+                }
+            }
+        }
+    }
+
+    /// The harvest policy's plan for dead machines (and unknown instances, in a mode that
+    /// harvests them), as its `plan_with_unknown`.
+    fn harvest_plan(&mut self, dead: Vec<crate::model::DeadMachine>) -> HarvestPlan {
+        if self.prov.harvest.wants_unknown() {
+            self.unmodelled.push("a harvest of unknown instances".into());
+        }
+        self.prov.harvest.plan(&dead, &[])
+    }
+
+    /// A harvest plan's work, as `coordinator::links::execute_plan`.
+    fn execute(&mut self, plan: HarvestPlan) {
+        if !plan.stop.is_empty() {
+            self.prov.book.stops_planned(&plan.stop, None);
+            self.prov.stops.push((plan.stop, plan.remove_after_stop));
+        }
+        if !plan.release.is_empty() {
+            self.unmodelled.push(format!("a release of {:?}", plan.release));
+        }
+        self.forget(plan.remove_now);
+    }
+
+    /// Machines removed: forgotten by every core, marked for removal in the store.
+    fn forget(&mut self, machines: Vec<MachineId>) {
+        for m in machines {
+            self.prov.zones.release(&m);
+            self.prov.lifecycle.forget(&m);
+            self.prov.book.remove(&m);
+            self.store.removed.insert(m);
+        }
+    }
+
+    /// Carries out follow-ups, as `Coordinator::follow` does: records and finished starts go
+    /// to the registry and the lifecycle, each other follow-up to its core.
+    fn follow(&mut self, followups: Vec<Followup>) {
+        for f in followups {
+            match f {
+                Followup::Record { machine, instance, constraints } => {
+                    self.prov.book.record_started(&machine, *instance, constraints.map(|c| *c))
+                }
+                Followup::StartFinished { machine, instance, orphan } => {
+                    let answer = self.prov.lifecycle.start_finished(&machine, instance);
+                    match followup::after_start(Some(answer), machine, orphan) {
+                        AfterStartStep::Then(next) => self.follow(next),
+                        // The machine died while it started: harvested with what the start made.
+                        AfterStartStep::PlanDead(dead) => {
+                            let plan = self.harvest_plan(vec![dead]);
+                            self.execute(plan);
+                        }
+                        step => self.unmodelled.push(format!("after a start: {step:?}")),
+                    }
+                }
+                Followup::Publish(_) => {}
+                Followup::HarvestUnknown { .. } => {
+                    let plan = self.harvest_plan(Vec::new());
+                    self.execute(plan);
+                }
+                Followup::RetryLater { ids, .. } => self.prov.batches.notify(ids),
+                Followup::PlanStops { instances, remove_after, machine } => {
+                    if !instances.is_empty() {
+                        self.prov.book.stops_planned(&instances, machine.as_ref());
+                        let plan = self.prov.harvest.plan_stops(&instances, &remove_after);
+                        self.execute(plan);
+                    }
+                }
+                Followup::Forget(machines) => self.forget(machines),
+                Followup::Populate(placements) => self.prov.zones.populate(&placements),
+                Followup::InstancesGone(ids) => self.prov.book.instances_gone(&ids),
+                Followup::StopsDone(instances) => {
+                    let machines = self.prov.harvest.stops_done(&instances);
+                    self.follow(followup::removed(machines));
+                }
+                other => self.unmodelled.push(format!("{other:?}")),
+            }
+        }
+    }
+
+    // ---- the pool and its starts
+
+    fn enqueue_start(&mut self, job: crate::actors::workers::StartJob) {
+        let p = &mut self.prov;
+        p.started += 1;
+        let machine = job.machine.id.clone();
+        let nonce = format!("p{}:{}", p.inc, p.started);
+        let settings = StartSettings {
+            retry: crate::config::RetryStrategy::new(self.settings.retry_count, std::time::Duration::ZERO),
+            backoff: crate::config::ProvisionerConfig::default().backoff,
+            supports_zones: false,
+            claim: false,
+            batched: false,
+            spot_max_price: None,
+            model_uuid: UUID.into(),
+            mutations: self.settings.mutations,
+        };
+        let (run, ask) = StartRun::new(job, nonce, settings, u64::from(p.started));
+        p.starts.insert(machine, Running { run, ask: Some(ask) });
+    }
+
+    fn start_step(&mut self, config: &McConfig, m: &MachineId) {
+        let Some(ask) = self.prov.starts.get_mut(m).and_then(|r| r.ask.take()) else { return };
+        let answer = match ask {
+            StartAsk::StillWanted => StartAnswer::Wanted(Ok(self.prov.lifecycle.still_wanted(m))),
+            StartAsk::SendInstanceStatus { status, .. } | StartAsk::SetInstanceStatus { status, .. } => {
+                if let Some(machine) = self.store.live(m) {
+                    machine.instance_status = status;
+                }
+                StartAnswer::Done
+            }
+            StartAsk::SetMachineError(_) => {
+                if let Some(machine) = self.store.live(m) {
+                    machine.status = MachineStatus::Error;
+                }
+                StartAnswer::Done
+            }
+            StartAsk::DeriveZones => StartAnswer::Zones(Ok(Vec::new())),
+            StartAsk::Sleep(_) | StartAsk::FreeWorker => StartAnswer::Done,
+            StartAsk::ClaimReusable { .. } => StartAnswer::Claimed(Ok(None)),
+            StartAsk::ChooseZone(request) => StartAnswer::Zone(Ok(self.prov.zones.choose(m, request))),
+            StartAsk::MarkZoneFailed { zone, .. } => StartAnswer::Marked(Ok(self.prov.zones.mark_failed(m, &zone))),
+            StartAsk::ReleaseReservation => {
+                self.prov.zones.release_reservation(m);
+                StartAnswer::Done
+            }
+            StartAsk::ReleaseMachine => {
+                self.prov.zones.release(m);
+                StartAnswer::Done
+            }
+            StartAsk::LookForOwn(nonce) => StartAnswer::Found(Ok(self.cloud.of_start(m, &nonce))),
+            StartAsk::Record(info) => match self.store.live(m) {
+                Some(machine) => {
+                    machine.instance = Some(info.instance);
+                    machine.instance_status = info.status;
+                    machine.status = MachineStatus::Started;
+                    StartAnswer::Recorded(Ok(()))
+                }
+                None => StartAnswer::Recorded(Err(crate::ports::ModelError::NotFound(m.clone()))),
+            },
+            StartAsk::Finish(outcome) => {
+                self.prov.starts.remove(m);
+                self.prov.done.push(outcome);
+                return;
+            }
+            other => {
+                self.unmodelled.push(format!("machine {m}'s start asked {other:?}"));
+                return;
+            }
+        };
+        self.answer_start(config, m, answer);
+    }
+
+    fn answer_start(&mut self, _config: &McConfig, m: &MachineId, answer: StartAnswer) {
+        if let Some(r) = self.prov.starts.get_mut(m) {
+            r.ask = Some(r.run.answer(answer));
+        }
+    }
+
+    fn call(&mut self, m: &MachineId, outcome: CallOutcome) {
+        let Some(StartAsk::Call(params)) = self.prov.starts.get_mut(m).and_then(|r| r.ask.take()) else { return };
+        let answer = match outcome {
+            CallOutcome::Lands => {
+                let instance = self.cloud.start(&params);
+                StartAnswer::Called {
+                    result: Ok(StartedInstance { instance, display_name: String::new() }),
+                    maybe_made: false,
+                }
+            }
+            CallOutcome::LosesAnswer => {
+                self.budget.lost -= 1;
+                self.cloud.start(&params);
+                let err = BrokerError::transient("the start call timed out (its answer was lost)");
+                StartAnswer::Called { result: Err(err), maybe_made: true }
+            }
+            CallOutcome::Refused => {
+                self.budget.refusals -= 1;
+                let err = BrokerError::zone_specific("InsufficientInstanceCapacity: no capacity in the zone");
+                StartAnswer::Called { result: Err(err), maybe_made: false }
+            }
+        };
+        self.replies.insert(m.clone(), Reply { inc: self.prov.inc, answer });
+    }
+
+    // ---- properties
+
+    /// Machines with two live instances of ours, in words.
+    pub fn duplicates(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let machines: BTreeSet<&MachineId> = self.cloud.instances.values().filter_map(|i| i.machine.as_ref()).collect();
+        for m in machines {
+            let live = self.cloud.live_of(m);
+            if live.len() > 1 {
+                let ids: Vec<String> = live.iter().map(ToString::to_string).collect();
+                out.push(format!("machine {m} has {} live instances: {}", live.len(), ids.join(", ")));
+            }
+        }
+        out
+    }
+
+    /// Stops of a live machine's recorded instance, in words.
+    pub fn wrong_stops(&self) -> Vec<String> {
+        self.wrong_stops.clone()
+    }
+
+    /// Steps the checker does not model, in words.
+    pub fn unmodelled(&self) -> Vec<String> {
+        self.unmodelled.clone()
+    }
+
+    /// What is not as it should be once the protocol has run its course, in words: a live
+    /// machine without exactly one live instance recorded (and no provisioning error), a dead
+    /// machine's instance still live, an instance of ours without a machine.
+    pub fn unconverged(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (id, m) in &self.store.machines {
+            let removed = self.store.removed.contains(id);
+            let live = self.cloud.live_of(id);
+            if m.life == Life::Alive && !removed {
+                let errored = m.status == MachineStatus::Error;
+                let one_recorded = live.len() == 1 && m.instance.as_ref().is_some_and(|i| live.contains(i));
+                if !errored && !one_recorded {
+                    out.push(format!(
+                        "live machine {id} records {:?} and has live instances {live:?}",
+                        m.instance.as_ref().map(ToString::to_string)
+                    ));
+                }
+            } else if !live.is_empty() {
+                out.push(format!("dead machine {id} still has live instances {live:?}"));
+            }
+        }
+        out
+    }
+}
