@@ -12,8 +12,8 @@
 
 use std::fmt::Write;
 
-use super::world::CallOutcome;
-use super::{Counterexample, McAction, McConfig};
+use super::action::{CallOutcome, McAction};
+use super::config::{Counterexample, McConfig};
 use crate::sim::scenario::{Format, Scenario, ScenarioError};
 
 /// A counterexample's scenario.

@@ -27,6 +27,8 @@
 //! decide by, in a fixed order: `BTreeMap`s, and the seeded generators print their next
 //! draw): a few microseconds a state, enough for the bounded configurations here.
 
+mod action;
+mod config;
 mod export;
 mod world;
 
@@ -35,89 +37,10 @@ use std::hash::{Hash, Hasher};
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
 pub use crate::config::Mutations;
+pub use action::{CallOutcome, McAction};
+pub use config::{Counterexample, McConfig};
 pub use export::{to_scenario, Replay};
-pub use world::{CallOutcome, McAction, World};
-
-/// The bounds of one check.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct McConfig {
-    /// A name for reports.
-    pub name: &'static str,
-    /// The machines (`0`, `1`, ...), alive and pending at first.
-    pub machines: u8,
-    /// The cloud's zones (none: a zoneless cloud).
-    pub zones: Vec<String>,
-    /// Retry rounds of a start after its first (the provisioner's `retry_count`).
-    pub retry_count: u32,
-    /// Crashes and restarts of the provisioner, at most.
-    pub crashes: u8,
-    /// Start calls that land and lose their answer (ambiguous failures), at most.
-    pub lost_answers: u8,
-    /// Start calls refused by their zone (no capacity), at most.
-    pub refusals: u8,
-    /// Machines that may die (each at most once), in id order: `1` lets machine 0 die.
-    pub deaths: u8,
-    /// Code broken on purpose (none: the code as shipped).
-    pub mutations: Mutations,
-    /// The longest path explored (a bound on the search, not on the protocol: a path deeper
-    /// is cut off; the report's `max_depth` shows whether any got there).
-    pub max_depth: usize,
-    /// Search depth first: memory for the path alone (and a fingerprint a state), where
-    /// breadth first holds a whole frontier of states; a counterexample it finds is then
-    /// shortened by a breadth-first search among shorter paths.
-    pub depth_first: bool,
-}
-
-impl McConfig {
-    /// The configuration CI checks: two machines in two zones, one retry, at most one crash,
-    /// one lost answer, one refusal and one death.
-    pub fn small() -> Self {
-        Self {
-            name: "small",
-            machines: 2,
-            zones: vec!["az1".into(), "az2".into()],
-            retry_count: 1,
-            crashes: 1,
-            lost_answers: 1,
-            refusals: 1,
-            deaths: 1,
-            mutations: Mutations::default(),
-            max_depth: 200,
-            depth_first: false,
-        }
-    }
-
-    /// The nightly-style configuration (`MODEL_CHECK_LONG=1`): [`McConfig::small`] with two
-    /// crashes, two lost answers and both machines allowed to die.
-    pub fn long() -> Self {
-        Self {
-            name: "long",
-            crashes: 2,
-            lost_answers: 2,
-            deaths: 2,
-            max_depth: 300,
-            depth_first: true,
-            ..Self::small()
-        }
-    }
-
-    /// One machine, one zone: the start protocol alone, with two crashes and two lost answers.
-    pub fn one_machine() -> Self {
-        Self {
-            name: "one-machine",
-            machines: 1,
-            zones: vec!["az1".into()],
-            retry_count: 1,
-            crashes: 2,
-            lost_answers: 2,
-            refusals: 1,
-            deaths: 1,
-            mutations: Mutations::default(),
-            max_depth: 200,
-            depth_first: false,
-        }
-    }
-}
+pub use world::World;
 
 /// What one check found.
 #[derive(Debug, Clone)]
@@ -133,30 +56,6 @@ pub struct McReport {
     /// Each property broken, with the shortest path found to it: its actions, and the
     /// violations the last state shows.
     pub violations: Vec<Counterexample>,
-}
-
-/// A property broken, and how.
-#[derive(Debug, Clone)]
-pub struct Counterexample {
-    /// The property.
-    pub property: &'static str,
-    /// The actions from the initial state, in order.
-    pub actions: Vec<McAction>,
-    /// What the last state breaks, in words.
-    pub broken: Vec<String>,
-}
-
-impl std::fmt::Display for Counterexample {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "property {:?} broken after {} steps:", self.property, self.actions.len())?;
-        for (i, a) in self.actions.iter().enumerate() {
-            writeln!(f, "  {:>3}. {a}", i + 1)?;
-        }
-        for b in &self.broken {
-            writeln!(f, "  => {b}")?;
-        }
-        Ok(())
-    }
 }
 
 /// The model stateright explores.

@@ -14,9 +14,9 @@
 //! instance that token made, even if that instance has been terminated since.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
-use super::McConfig;
+use super::action::{CallOutcome, McAction};
+use super::config::McConfig;
 use crate::actors::coordinator::batch::{Answer, Ask, BatchRun, Effect, Next, Steps};
 use crate::actors::coordinator::followup::{self, AfterStartStep, Followup};
 use crate::actors::coordinator::BatchBook;
@@ -35,58 +35,6 @@ use crate::ports::{BrokerError, StartInstanceParams, StartedInstance};
 
 /// The model's uuid on every instance of ours.
 const UUID: &str = "mc-model";
-
-/// What may happen next.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum McAction {
-    /// The coordinator starts a batch (machines were notified), or answers its batch
-    /// planner's question.
-    Batch,
-    /// A start's question (other than its cloud call) is answered.
-    Start(MachineId),
-    /// A start's cloud call reaches the cloud.
-    Call(MachineId, CallOutcome),
-    /// An answer of the cloud reaches its start.
-    Reply(MachineId),
-    /// The pool's finished jobs reach the coordinator.
-    JobsDone,
-    /// The pool carries out its first stop job.
-    Stop,
-    /// The provisioner dies; a new one starts (the cloud and the store are kept).
-    Crash,
-    /// The model: a machine dies.
-    Die(MachineId),
-}
-
-/// How a start's cloud call goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallOutcome {
-    /// It makes (or finds, by its token) the instance, and answers it.
-    Lands,
-    /// It makes (or finds) the instance, and its answer is lost: the start sees a timeout.
-    LosesAnswer,
-    /// The zone has no capacity: refused, nothing made.
-    Refused,
-}
-
-impl fmt::Display for McAction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            McAction::Batch => write!(f, "the coordinator's batch takes a step"),
-            McAction::Start(m) => write!(f, "machine {m}'s start takes a step"),
-            McAction::Call(m, CallOutcome::Lands) => write!(f, "machine {m}'s start call lands"),
-            McAction::Call(m, CallOutcome::LosesAnswer) => {
-                write!(f, "machine {m}'s start call lands and its answer is lost")
-            }
-            McAction::Call(m, CallOutcome::Refused) => write!(f, "machine {m}'s start call is refused (no capacity)"),
-            McAction::Reply(m) => write!(f, "the cloud's answer reaches machine {m}'s start"),
-            McAction::JobsDone => write!(f, "the finished jobs reach the coordinator"),
-            McAction::Stop => write!(f, "the pool stops instances"),
-            McAction::Crash => write!(f, "the provisioner crashes and restarts"),
-            McAction::Die(m) => write!(f, "machine {m} dies"),
-        }
-    }
-}
 
 /// One instance in the cloud.
 #[derive(Debug, Clone)]
