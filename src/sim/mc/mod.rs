@@ -91,7 +91,7 @@ impl Model for Protocol {
 
     fn next_state(&self, last: &State, action: McAction) -> Option<State> {
         let mut next = last.0.clone();
-        next.step(&self.0, &action);
+        next.step(&action);
         Some(State(next))
     }
 

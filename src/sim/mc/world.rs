@@ -289,16 +289,16 @@ impl World {
     }
 
     /// Takes one step.
-    pub fn step(&mut self, config: &McConfig, action: &McAction) {
+    pub fn step(&mut self, action: &McAction) {
         match action {
             McAction::Batch => self.batch_step(),
-            McAction::Start(m) => self.start_step(config, m),
+            McAction::Start(m) => self.start_step(m),
             McAction::Call(m, outcome) => self.call(m, *outcome),
             McAction::Reply(m) => {
                 let Some(reply) = self.replies.remove(m) else { return };
                 // An answer to a start of an incarnation that is gone reaches no one.
                 if reply.inc == self.prov.inc {
-                    self.answer_start(config, m, reply.answer);
+                    self.answer_start(m, reply.answer);
                 }
             }
             McAction::JobsDone => {
@@ -341,20 +341,15 @@ impl World {
     // ---- the coordinator
 
     fn batch_step(&mut self) {
-        let steps = match self.prov.batch.take() {
+        let (run, steps) = match self.prov.batch.take() {
             None => {
                 let Some(start) = self.prov.batches.start_batch() else { return };
-                let (run, steps) = BatchRun::new(start);
-                self.prov.batch = Some((run, Ask::ModelLife));
-                steps
+                BatchRun::new(start)
             }
             Some((mut run, ask)) => {
                 let answer = self.answer_batch(ask);
                 match run.answer(answer) {
-                    Ok(steps) => {
-                        self.prov.batch = Some((run, Ask::ModelLife));
-                        steps
-                    }
+                    Ok(steps) => (run, steps),
                     Err(e) => {
                         self.unmodelled.push(format!("a batch failed: {e}"));
                         return;
@@ -362,22 +357,17 @@ impl World {
                 }
             }
         };
-        self.batch_steps(steps);
+        self.batch_steps(run, steps);
     }
 
-    /// Carries out a batch's effects; keeps its next question, or ends it.
-    fn batch_steps(&mut self, steps: Steps) {
+    /// Carries out a batch's effects; keeps the run with its next question, or ends it.
+    fn batch_steps(&mut self, run: BatchRun, steps: Steps) {
         for effect in steps.effects {
             self.perform(effect);
         }
         match steps.next {
-            Next::Ask(ask) => {
-                if let Some((_, waiting)) = self.prov.batch.as_mut() {
-                    *waiting = ask;
-                }
-            }
+            Next::Ask(ask) => self.prov.batch = Some((run, ask)),
             Next::Done(outcome) => {
-                self.prov.batch = None;
                 let next = self.prov.batches.batch_done(outcome);
                 self.follow(next);
             }
@@ -435,12 +425,11 @@ impl World {
                 let groups = ids.iter().map(|_| Ok(Vec::new())).collect();
                 Answer::StartInfo { infos: Ok(infos), groups: Ok(groups) }
             }
-            Ask::WriteError { machine, message } => {
+            Ask::WriteError { machine, .. } => {
                 if let Some(m) = self.store.live(&machine) {
                     m.instance_status = InstanceStatus::provisioning_error();
                     m.status = MachineStatus::Error;
                 }
-                let _ = message;
                 Answer::Written
             }
         }
@@ -565,7 +554,7 @@ impl World {
         p.starts.insert(machine, Running { run, ask: Some(ask) });
     }
 
-    fn start_step(&mut self, config: &McConfig, m: &MachineId) {
+    fn start_step(&mut self, m: &MachineId) {
         let Some(ask) = self.prov.starts.get_mut(m).and_then(|r| r.ask.take()) else { return };
         let answer = match ask {
             StartAsk::StillWanted => StartAnswer::Wanted(Ok(self.prov.lifecycle.still_wanted(m))),
@@ -614,10 +603,10 @@ impl World {
                 return;
             }
         };
-        self.answer_start(config, m, answer);
+        self.answer_start(m, answer);
     }
 
-    fn answer_start(&mut self, _config: &McConfig, m: &MachineId, answer: StartAnswer) {
+    fn answer_start(&mut self, m: &MachineId, answer: StartAnswer) {
         if let Some(r) = self.prov.starts.get_mut(m) {
             r.ask = Some(r.run.answer(answer));
         }
