@@ -136,6 +136,7 @@ fn start_with(
         Some(coord.clone().recipient()),
     )
     .with_seed(config.seed ^ 0x0072_6567_6973_7472)
+    .with_mutations(config.mutations)
     .with_work(work.sibling())
     .start();
     let zones = ZoneAllocator::new(broker.clone(), config.seed, config.resync_interval)
@@ -169,6 +170,7 @@ fn start_with(
         still_wanted: lifecycle.clone().recipient(),
         claim: config.reuse.then(|| harvest.clone().recipient()),
         state_of: registry.clone().recipient(),
+        stops_planned: registry.clone().recipient(),
         listing_max_age: config.harvest_listing_max_age,
         retry: config.retry,
         spot_max_price: config.spot_max_price,

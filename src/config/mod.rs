@@ -212,6 +212,14 @@ pub struct Mutations {
     /// call takes a new client token instead of repeating the one that may have made it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub new_token_after_ambiguous: bool,
+    /// The registry adopts an instance tagged for a pending machine even while the stop this
+    /// provisioner decided for it is in flight (the machine does not wait for that stop).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopt_while_stopping: bool,
+    /// A cloud listing that failed part way is taken for the whole cloud (the model: the pages
+    /// before the failure held nothing) instead of leaving the view stale until one succeeds.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub judge_incomplete_listing: bool,
 }
 
 impl Mutations {

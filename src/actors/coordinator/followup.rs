@@ -211,6 +211,19 @@ pub fn after_start(answer: Option<AfterStart>, machine: MachineId, orphan: Optio
             tracing::info!(machine = %machine.id, instance = ?machine.instance, "model destroyed while starting; stopping the new instance");
             AfterStartStep::PlanDestroy(machine)
         }
+        Some(AfterStart::Again) => {
+            tracing::info!(machine = %machine, "machine was asked to start again while its start failed; looking at it again");
+            let mut then: Vec<Followup> = orphan
+                .map(|o| Followup::PlanStops {
+                    instances: vec![o],
+                    remove_after: Vec::new(),
+                    machine: Some(machine.clone()),
+                })
+                .into_iter()
+                .collect();
+            then.push(Followup::RetryLater { delay: Duration::ZERO, ids: vec![machine] });
+            AfterStartStep::Then(then)
+        }
         Some(AfterStart::Done) | None => AfterStartStep::Then(
             orphan
                 .map(|o| Followup::PlanStops { instances: vec![o], remove_after: Vec::new(), machine: Some(machine) })

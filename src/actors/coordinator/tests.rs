@@ -712,6 +712,18 @@ mod followups {
     }
 
     #[test]
+    fn a_start_that_failed_while_its_machine_was_asked_again_is_followed_by_a_look_at_it() {
+        let m = MachineId::new("0");
+        let step = after_start(Some(AfterStart::Again), m.clone(), Some(iid("o-1")));
+        let AfterStartStep::Then(next) = step else { panic!("{step:?}") };
+        assert!(matches!(&next[0], Followup::PlanStops { instances, .. } if instances == &vec![iid("o-1")]));
+        assert!(
+            matches!(&next[1], Followup::RetryLater { delay, ids } if delay.is_zero() && ids == &vec![m.clone()]),
+            "{next:?}"
+        );
+    }
+
+    #[test]
     fn an_orphan_joins_its_machine_if_it_died_meanwhile_or_is_stopped_on_its_own() {
         let m = MachineId::new("1");
         let step =

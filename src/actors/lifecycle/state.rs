@@ -1,7 +1,7 @@
 //! The lifecycle's plain core: one small state machine per machine.
 
 use std::collections::btree_map::Entry;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::DeadMachine;
 use crate::model::{repack, InstanceId, MachineId, Packing};
@@ -62,6 +62,10 @@ pub enum AfterStart {
         /// The machine, with the instance the start produced (if any).
         machine: DeadMachine,
     },
+    /// The start ended without an instance while the machine was asked to start again (a
+    /// retry of a machine in error read while its failing start was finishing): look at the
+    /// machine again now, or the retry would be lost.
+    Again,
 }
 
 /// Every machine's phase.
@@ -73,6 +77,11 @@ pub struct LifecycleBook {
     /// The model was destroyed: nothing starts any more (a batch read before the destruction
     /// may still ask).
     destroyed: bool,
+    /// Machines asked to start while their start was in flight (found by the model checker,
+    /// issue 35: a retry of a machine in error read before its failing start had ended was
+    /// dropped, and the machine stayed pending for ever): looked at again when that start
+    /// ends without an instance.
+    wanted_again: BTreeSet<MachineId>,
 }
 
 impl LifecycleBook {
@@ -102,7 +111,12 @@ impl LifecycleBook {
         }
         // One search, not a look-up and then an insert.
         match self.phases.entry(id.clone()) {
-            Entry::Occupied(_) => return false,
+            Entry::Occupied(e) => {
+                if matches!(e.get(), Phase::Starting) {
+                    self.wanted_again.insert(id.clone());
+                }
+                return false;
+            }
             Entry::Vacant(e) => {
                 e.insert(Phase::Starting);
             }
@@ -164,6 +178,7 @@ impl LifecycleBook {
     /// A start returned, with the instance it produced if any (stopped at once if its machine died
     /// meanwhile, where Juju's deferred stop misses that new instance).
     pub fn start_finished(&mut self, id: &MachineId, instance: Option<InstanceId>) -> AfterStart {
+        let again = !self.wanted_again.is_empty() && self.wanted_again.remove(id);
         // The common case in place: a plain start that produced an instance is now running.
         if let (Some(phase @ Phase::Starting), Some(inst)) = (self.phases.get_mut(id), instance.as_ref()) {
             *phase = Phase::Running { instance: inst.clone() };
@@ -181,12 +196,14 @@ impl LifecycleBook {
                 machine.instance = instance.or(machine.instance);
                 AfterStart::DestroyDeferred { machine }
             }
-            Some(Phase::Starting) => {
-                if let Some(instance) = instance {
+            Some(Phase::Starting) => match instance {
+                Some(instance) => {
                     self.phases.insert(id.clone(), Phase::Running { instance });
+                    AfterStart::Done
                 }
-                AfterStart::Done
-            }
+                None if again => AfterStart::Again,
+                None => AfterStart::Done,
+            },
             Some(other) => {
                 self.phases.insert(id.clone(), other);
                 AfterStart::Done
@@ -267,5 +284,6 @@ impl LifecycleBook {
     /// The machine was removed: forget it.
     pub fn forget(&mut self, id: &MachineId) {
         self.phases.remove(id);
+        self.wanted_again.remove(id);
     }
 }

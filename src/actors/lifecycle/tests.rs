@@ -292,3 +292,21 @@ fn a_replacement_starts_a_running_or_untracked_machine_again_and_nothing_else() 
     assert!(matches!(book.phase(&m), Some(Phase::Running { instance }) if instance.as_str() == "i-2"));
     assert!(book.begin_replacement(&MachineId::new("5")), "a provisioned machine not started here");
 }
+
+#[test]
+fn a_machine_asked_to_start_while_its_start_fails_is_looked_at_again() {
+    // Found by the model checker (issue 35): a retry of a machine in error, read while its
+    // failing start was still finishing, was refused (a start in flight) and then lost.
+    let mut b = LifecycleBook::new();
+    assert!(b.want_start(&mid("0")));
+    assert!(!b.want_start(&mid("0")), "a start is in flight");
+    assert_eq!(b.start_finished(&mid("0"), None), AfterStart::Again);
+    assert!(b.want_start(&mid("0")), "cleared to start again");
+    // Asked again while starting, but the start made an instance: nothing more.
+    assert!(!b.want_start(&mid("0")));
+    assert_eq!(b.start_finished(&mid("0"), Some(iid("i-0"))), AfterStart::Done);
+    // Not asked again: a failed start ends there.
+    let mut b = LifecycleBook::new();
+    assert!(b.want_start(&mid("1")));
+    assert_eq!(b.start_finished(&mid("1"), None), AfterStart::Done);
+}

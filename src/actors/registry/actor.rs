@@ -69,6 +69,12 @@ impl MachineRegistry {
         self
     }
 
+    /// The same registry with these safeguards turned off (issue 35's mutation tests).
+    pub fn with_mutations(mut self, mutations: crate::config::Mutations) -> Self {
+        self.book = std::mem::take(&mut self.book).with_mutations(mutations);
+        self
+    }
+
     /// The same registry drawing its backoff jitter from this seed.
     pub fn with_seed(mut self, seed: u64) -> Self {
         self.rng = rand::SeedableRng::seed_from_u64(seed);
@@ -138,7 +144,7 @@ impl MachineRegistry {
 
     /// The last listing failed: the resync retries it, work in flight until it succeeds.
     fn mark_stale(&mut self) {
-        self.book.mark_stale();
+        self.book.listing_failed();
         self.stale.set(self.book.loaded_once() && !self.book.is_fresh());
     }
 

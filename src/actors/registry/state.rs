@@ -259,6 +259,14 @@ pub struct MachineBook {
     /// The image a start uses today, as the last periodic listing read it (issue 34; none: the
     /// cloud does not say, and image drift is not judged).
     current_image: Option<String>,
+    /// Instances whose stop this provisioner saw through, with the number of the last listing
+    /// issued by then: a listing issued no later may have been answered before the stop, and
+    /// does not bring them back into the view (found by the model checker, issue 35: a lagging
+    /// listing showed a stopped orphan live, and a retried machine adopted it). Kept until a
+    /// listing issued after the stop is loaded.
+    stopped_at: BTreeMap<InstanceId, u64>,
+    /// Safeguards turned off on purpose (issue 35's model-check tests; none as shipped).
+    mutations: crate::config::Mutations,
 }
 
 impl MachineBook {
@@ -271,6 +279,12 @@ impl MachineBook {
     /// An empty book for a scope.
     pub fn with_scope(scope: Scope) -> Self {
         Self { scope, ..Self::default() }
+    }
+
+    /// The same book with these safeguards turned off (the model checker's mutation tests).
+    pub fn with_mutations(mut self, mutations: crate::config::Mutations) -> Self {
+        self.mutations = mutations;
+        self
     }
 
     /// Records the image a start uses today ([`crate::ports::Broker::current_image`]).
@@ -429,13 +443,19 @@ impl MachineBook {
                     if class == Class::Dead {
                         out.orphans.extend(self.dead_orphans_in(slot).into_iter().map(|i| (id.clone(), i)));
                     }
+                    // The mutation `adopt-while-stopping`: a machine that adopts an instance
+                    // whose stop is in flight does not wait for that stop.
+                    let adopts_stopping = self.mutations.adopt_while_stopping && adopt.is_some();
                     if let Some(instance) = adopt {
                         out.adopt.push((id.clone(), instance));
                     }
                     match class {
                         // Its tagged instance is being stopped: a new start waits until the stop
                         // is seen through (never two live instances for one machine).
-                        Class::Pending if self.stop_in_flight_for(&id) || self.held_by_dead_in(&id, slot) => {
+                        Class::Pending
+                            if (self.stop_in_flight_for(&id) && !adopts_stopping)
+                                || self.held_by_dead_in(&id, slot) =>
+                        {
                             out.retry_later.push(id.clone())
                         }
                         Class::Pending => out.pending.extend(slot.machine.clone()),
@@ -568,9 +588,19 @@ impl MachineBook {
     /// changes more than half the view (the first one) sets every machine's tags in one pass
     /// instead (the tags sorted by machine through the ids' integer keys).
     pub fn load_listing(&mut self, listing: Vec<CloudInstance>, number: u64) {
+        if number < self.view_listing {
+            // Older than the view (two listings crossed): it would bring back what the newer
+            // one no longer shows.
+            return;
+        }
         self.view_listing = number;
-        let mut live: Vec<CloudInstance> =
-            listing.into_iter().filter(|inst| inst.state != InstanceState::Terminated).collect();
+        let stopped_at = &self.stopped_at;
+        let mut live: Vec<CloudInstance> = listing
+            .into_iter()
+            .filter(|inst| inst.state != InstanceState::Terminated)
+            .filter(|inst| stopped_at.get(&inst.id).is_none_or(|at| *at < number))
+            .collect();
+        self.stopped_at.retain(|_, at| *at >= number);
         // Stable: of equal ids the last one listed stays last, and is the one kept.
         live.sort_by(|a, b| a.id.cmp(&b.id));
         live.dedup_by(|later, kept| {
@@ -756,6 +786,18 @@ impl MachineBook {
     /// A listing failed: nothing is harvested until one succeeds.
     pub fn mark_stale(&mut self) {
         self.fresh = false;
+    }
+
+    /// The last listing issued failed: the view goes stale (nothing judged on it, nothing
+    /// harvested, no adoption decided before a listing succeeds). With the mutation
+    /// `judge-incomplete-listing`, what came before the failure (nothing) is taken for the
+    /// whole cloud instead.
+    pub fn listing_failed(&mut self) {
+        if self.mutations.judge_incomplete_listing {
+            self.load_listing(Vec::new(), self.listings_issued);
+        } else {
+            self.mark_stale();
+        }
     }
 
     /// The provisioner decided to stop these instances (tagged for `machine`, when known):
@@ -1046,6 +1088,7 @@ impl MachineBook {
     /// Instances that were terminated (by us).
     pub fn instances_gone(&mut self, ids: &[InstanceId]) {
         for id in ids {
+            self.stopped_at.insert(id.clone(), self.listings_issued);
             if let Some(Some(m)) = self.stopping.remove(id) {
                 self.stopping_for.remove(&m, id);
             }
@@ -1105,7 +1148,8 @@ impl MachineBook {
 
     fn adoptable_in(&self, machine: &MachineId, slot: &MachineSlot) -> Option<CloudInstance> {
         slot.tagged().iter().find_map(|id| {
-            let free = self.owner(id).is_none_or(|o| o == machine) && !self.stopping.contains_key(id);
+            let stopping = self.stopping.contains_key(id) && !self.mutations.adopt_while_stopping;
+            let free = self.owner(id).is_none_or(|o| o == machine) && !stopping;
             free.then(|| self.view(id).cloned()).flatten()
         })
     }
@@ -1117,7 +1161,10 @@ impl MachineBook {
     /// skipped.
     pub fn status_changes(&mut self) -> Vec<(MachineId, InstanceStatus, String)> {
         let mut out = Vec::new();
-        for m in self.machines.values_mut().filter_map(|s| s.machine.as_mut()) {
+        for slot in self.machines.values_mut() {
+            // A listing issued before the machine got its instance cannot show it.
+            let listed_after = slot.ours.as_ref().is_none_or(|o| o.recorded_after < self.view_listing);
+            let Some(m) = slot.machine.as_mut() else { continue };
             if m.life == Life::Dead || m.manual {
                 continue;
             }
@@ -1128,7 +1175,7 @@ impl MachineBook {
                     format!("instance {inst} is stopped or suspended outside the provisioner's control"),
                 ),
                 Some(i) => (InstanceStatus::from_static(i.state.as_str()), String::new()),
-                None if self.fresh => {
+                None if self.fresh && listed_after => {
                     (InstanceStatus::from_static("missing"), format!("instance {inst} is not in the cloud"))
                 }
                 None => continue,

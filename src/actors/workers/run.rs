@@ -145,6 +145,11 @@ pub enum StartAsk {
     ReleaseReservation,
     /// The allocator: forget the machine. Answer: [`StartAnswer::Done`].
     ReleaseMachine,
+    /// The registry: the stop of this instance the start made and could not record is decided
+    /// (never adopted; the machine is not started again before the stop is seen through). Asked
+    /// before the machine's provisioning error is written, so that a retry of the machine in
+    /// error (which reads that error) finds the stop decided. Answer: [`StartAnswer::Done`].
+    OrphanStopping(InstanceId),
     /// The cloud: live instances tagged for this machine and this start's nonce. Answer:
     /// [`StartAnswer::Found`].
     LookForOwn(String),
@@ -283,6 +288,7 @@ enum Waiting {
     RecordBackoff,
     /// The machine is released; its instance status is next.
     FailReleased,
+    OrphanStopping,
     FailInstanceStatus,
     FailMachineStatus,
 }
@@ -479,10 +485,12 @@ impl StartRun {
             (Waiting::Record, StartAnswer::Recorded(res)) => self.on_recorded(res),
             (Waiting::RecordBackoff, StartAnswer::Done) => self.record(),
             (Waiting::FailReleased, StartAnswer::Done) => {
-                let message = self.failing.as_ref().map(|f| f.error.to_string()).unwrap_or_default();
-                let ask = StartAsk::SetInstanceStatus { status: InstanceStatus::provisioning_error(), message };
-                self.ask(Waiting::FailInstanceStatus, ask)
+                if let Some(orphan) = self.failing.as_ref().and_then(|f| f.orphan.clone()) {
+                    return self.ask(Waiting::OrphanStopping, StartAsk::OrphanStopping(orphan));
+                }
+                self.fail_status()
             }
+            (Waiting::OrphanStopping, StartAnswer::Done) => self.fail_status(),
             (Waiting::FailInstanceStatus, StartAnswer::Done) => {
                 let message = self.failing.as_ref().map(|f| f.error.to_string()).unwrap_or_default();
                 self.ask(Waiting::FailMachineStatus, StartAsk::SetMachineError(message))
@@ -881,6 +889,13 @@ impl StartRun {
         }
     }
 
+    /// The failure's instance status write (`provisioning error`, with the cause).
+    fn fail_status(&mut self) -> StartAsk {
+        let message = self.failing.as_ref().map(|f| f.error.to_string()).unwrap_or_default();
+        let ask = StartAsk::SetInstanceStatus { status: InstanceStatus::provisioning_error(), message };
+        self.ask(Waiting::FailInstanceStatus, ask)
+    }
+
     /// Writes a final provisioning error: instance status `provisioning error` and machine
     /// status `error`, both with the cause (the error's text).
     fn fail(&mut self, error: WorkerError) -> StartAsk {
@@ -903,6 +918,7 @@ impl Waiting {
             Self::Nothing => "nothing",
             Self::Wanted(_) => "whether the machine is still wanted",
             Self::Abandoning | Self::FailReleased => "the machine's release",
+            Self::OrphanStopping => "the orphan's stop decided",
             Self::Starting | Self::Progress(_) | Self::FailInstanceStatus => "an instance status write",
             Self::Zones => "the derived zones",
             Self::ZonesBackoff | Self::Delay | Self::LookBackoff { .. } | Self::RecordBackoff => "a wait",

@@ -51,6 +51,8 @@ pub struct StartDeps {
     pub claim: Option<Recipient<crate::actors::harvest::ClaimReusable>>,
     /// The registry: the last known state of an instance (a claimed one must still run).
     pub state_of: Recipient<crate::actors::registry::InstanceStateOf>,
+    /// The registry: the stop of an instance a start made and could not record is decided.
+    pub stops_planned: Recipient<crate::actors::registry::StopsPlanned>,
     /// How old a listing may be to decide on it.
     pub listing_max_age: std::time::Duration,
     /// Start retries.
@@ -244,6 +246,12 @@ async fn start_or_adopt(
             }
             StartAsk::ReleaseMachine => {
                 let _ = deps.release_machine.send(ReleaseMachine { machine: machine.clone() }).await;
+                StartAnswer::Done
+            }
+            StartAsk::OrphanStopping(instance) => {
+                let planned =
+                    crate::actors::registry::StopsPlanned { ids: vec![instance], machine: Some(machine.clone()) };
+                deps.stops_planned.do_send(planned);
                 StartAnswer::Done
             }
             StartAsk::LookForOwn(nonce) => {

@@ -1027,7 +1027,23 @@ mod start_run {
             ask = answer(&mut run, StartAnswer::Recorded(Err(ModelError::Other("db locked".into()))));
         }
         let ask = run.answer(StartAnswer::Recorded(Err(ModelError::Other("db locked".into()))));
-        match failed(&mut run, ask) {
+        assert_eq!(ask, StartAsk::ReleaseMachine);
+        // The orphan's stop is decided before the machine's error is written: a retry of the
+        // machine in error (which reads that error) finds the stop decided (issue 35).
+        let ask = run.answer(StartAnswer::Done);
+        assert_eq!(ask, StartAsk::OrphanStopping(InstanceId::new("i-1")));
+        let outcome = match run.answer(StartAnswer::Done) {
+            StartAsk::SetInstanceStatus { status, .. } => {
+                assert_eq!(status, InstanceStatus::provisioning_error());
+                assert!(matches!(run.answer(StartAnswer::Done), StartAsk::SetMachineError(_)));
+                match run.answer(StartAnswer::Done) {
+                    StartAsk::Finish(outcome) => outcome,
+                    other => panic!("expected the end, got {other:?}"),
+                }
+            }
+            other => panic!("expected the instance status, got {other:?}"),
+        };
+        match outcome {
             JobOutcome::StartFailed { error: WorkerError::Record { .. }, orphan, .. } => {
                 assert_eq!(orphan, Some(InstanceId::new("i-1")))
             }

@@ -25,6 +25,26 @@ pub enum McAction {
     Crash,
     /// The model: a machine dies.
     Die(MachineId),
+    /// The coordinator's first refresh after a start lists the cloud, and the listing fails.
+    BatchListingFails,
+    /// The registry's periodic listing is sent: the cloud answers as of now (the answer may
+    /// reach the registry later: a lagging listing).
+    List,
+    /// The periodic listing's answer reaches the registry, or the listing fails.
+    Listed(ListOutcome),
+    /// The model refuses a start's record of its instance (one failed write).
+    RecordFails(MachineId),
+    /// The operator retries a machine in provisioning error (`retry-provisioning`).
+    Retry(MachineId),
+}
+
+/// How a periodic listing ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListOutcome {
+    /// The cloud's answer (as of when it was sent) reaches the registry.
+    Answers,
+    /// It fails.
+    Fails,
 }
 
 /// How a start's cloud call goes.
@@ -53,6 +73,12 @@ impl fmt::Display for McAction {
             McAction::Stop => write!(f, "the pool stops instances"),
             McAction::Crash => write!(f, "the provisioner crashes and restarts"),
             McAction::Die(m) => write!(f, "machine {m} dies"),
+            McAction::BatchListingFails => write!(f, "the first refresh's cloud listing fails"),
+            McAction::List => write!(f, "the registry's periodic listing is sent"),
+            McAction::Listed(ListOutcome::Answers) => write!(f, "the periodic listing's answer reaches the registry"),
+            McAction::Listed(ListOutcome::Fails) => write!(f, "the periodic listing fails"),
+            McAction::RecordFails(m) => write!(f, "the model refuses machine {m}'s record"),
+            McAction::Retry(m) => write!(f, "the operator retries machine {m}"),
         }
     }
 }

@@ -24,6 +24,14 @@ pub struct McConfig {
     pub refusals: u8,
     /// Machines that may die (each at most once), in id order: `1` lets machine 0 die.
     pub deaths: u8,
+    /// Periodic listings of the registry, at most (each may lag: sent, then answered later).
+    pub listings: u8,
+    /// Listings that fail (the first refresh's or a periodic one), at most.
+    pub listing_failures: u8,
+    /// Writes of a start's record the model refuses, at most (a start gives up after three).
+    pub record_failures: u8,
+    /// Retries of a machine in provisioning error (`retry-provisioning`), at most.
+    pub retries: u8,
     /// Code broken on purpose (none: the code as shipped).
     pub mutations: Mutations,
     /// The longest path explored (a bound on the search, not on the protocol: a path deeper
@@ -48,6 +56,10 @@ impl McConfig {
             lost_answers: 1,
             refusals: 1,
             deaths: 1,
+            listings: 0,
+            listing_failures: 0,
+            record_failures: 0,
+            retries: 0,
             mutations: Mutations::default(),
             max_depth: 200,
             depth_first: false,
@@ -79,9 +91,34 @@ impl McConfig {
             lost_answers: 2,
             refusals: 1,
             deaths: 1,
+            listings: 0,
+            listing_failures: 0,
+            record_failures: 0,
+            retries: 0,
             mutations: Mutations::default(),
             max_depth: 200,
             depth_first: false,
+        }
+    }
+}
+
+impl McConfig {
+    /// One machine, one zone, with the registry's listings: at most two periodic listings
+    /// (each may lag), one failed listing, a start whose record the model refuses three times
+    /// (it gives up, the instance an orphan to stop), one retry of the machine in error, one
+    /// crash and one lost answer.
+    pub fn listings() -> Self {
+        Self {
+            name: "listings",
+            crashes: 1,
+            lost_answers: 1,
+            refusals: 0,
+            deaths: 0,
+            listings: 2,
+            listing_failures: 1,
+            record_failures: 3,
+            retries: 1,
+            ..Self::one_machine()
         }
     }
 }

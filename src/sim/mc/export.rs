@@ -5,15 +5,20 @@
 //! path makes them, become its `[[cloud.faults]]` (a call that lands and loses its answer a
 //! `lost_response` fault, a refused call a zone-specific one), consumed by the fake cloud in
 //! the same order; a crash becomes a `restart` event and a death a `set_life` event, each at
-//! its step's position in the path (one second a step). The mutations carry over
+//! its step's position in the path (one second a step); a failed listing a `fail_next` of
+//! `all_instances` at its step, the model's refusals of records a `fail_next` of
+//! `set_instance_info` from the start, a retry a `retry_provisioning` event at its step; periodic listings come every second
+//! (`resync_interval`), and stops take long enough to be in flight at the next steps
+//! (`stop_latency`, when the path retries a machine). The mutations carry over
 //! (`[provisioner] mutations`). Timing in the simulator is the actors' own, so a path whose
 //! violation depends on where a crash or a death falls between two steps is replayed as
 //! closely as time allows, and the replay says so (`exact: false`).
 
 use std::fmt::Write;
 
-use super::action::{CallOutcome, McAction};
+use super::action::{CallOutcome, ListOutcome, McAction};
 use super::config::{Counterexample, McConfig};
+use super::world::World;
 use crate::sim::scenario::{Format, Scenario, ScenarioError};
 
 /// A counterexample's scenario.
@@ -41,7 +46,27 @@ pub fn to_scenario(config: &McConfig, cx: &Counterexample) -> Result<Replay, Sce
     }
     let _ = writeln!(toml, "name = {:?}", format!("model check: {}", cx.property));
     let _ = writeln!(toml, "until = \"{}s\"", cx.actions.len() + 600);
-    let _ = writeln!(toml, "\n[provisioner]\nretry_count = {}\nretry_delay = \"0s\"", config.retry_count);
+    // A crash that comes after a call lost its answer and before the start called again: the
+    // start's wait before its next call spans the rest of the path, so the crash falls in it.
+    let waits = cx.actions.iter().enumerate().any(|(i, a)| {
+        matches!(a, McAction::Crash)
+            && cx.actions[..i].iter().enumerate().any(|(j, b)| match b {
+                McAction::Call(m, CallOutcome::LosesAnswer) => {
+                    !cx.actions[j + 1..i].iter().any(|c| matches!(c, McAction::Call(n, _) if n == m))
+                }
+                _ => false,
+            })
+    });
+    let retry_delay = if waits { cx.actions.len() } else { 0 };
+    if waits {
+        notes.push(format!("a start waits {retry_delay}s before it calls again after a lost answer, across the crash"));
+    }
+    let _ = writeln!(toml, "\n[provisioner]\nretry_count = {}\nretry_delay = \"{retry_delay}s\"", config.retry_count);
+    let lists = cx.actions.iter().any(|a| matches!(a, McAction::List));
+    if lists {
+        notes.push("periodic listings come every second, not at the path's steps".into());
+        let _ = writeln!(toml, "resync_interval = \"1s\"");
+    }
     if !config.mutations.none() {
         let m = toml::to_string(&config.mutations).unwrap_or_default();
         let inline = m.trim().replace('\n', ", ");
@@ -49,6 +74,10 @@ pub fn to_scenario(config: &McConfig, cx: &Counterexample) -> Result<Replay, Sce
     }
     let zones: Vec<String> = config.zones.iter().map(|z| format!("{z:?}")).collect();
     let _ = writeln!(toml, "\n[cloud]\nzones = [{}]\nstart_latency = \"1s\"", zones.join(", "));
+    if cx.actions.iter().any(|a| matches!(a, McAction::Retry(_))) {
+        // A retry meets the stops of the path still in flight, as in the path.
+        let _ = writeln!(toml, "stop_latency = \"{}s\"", cx.actions.len());
+    }
     // Each machine's calls, in order: runs of one outcome become one fault each.
     for m in 0..config.machines {
         let id = m.to_string();
@@ -93,23 +122,71 @@ pub fn to_scenario(config: &McConfig, cx: &Counterexample) -> Result<Replay, Sce
     for m in 0..config.machines {
         let _ = writeln!(toml, "\n[[machines]]\nid = \"{m}\"");
     }
+    // The records that succeed before the path's first refusal of one, and whether each failed
+    // listing is the first of its provisioner (found by walking the path: a start's step that
+    // answers its record question is a record that succeeded).
+    let mut records_before_refusal = 0;
+    let mut refused = false;
+    let mut first_listing = Vec::new();
+    let mut world = World::new(config);
+    for a in &cx.actions {
+        match a {
+            McAction::RecordFails(_) => refused = true,
+            McAction::Start(m) if !refused && world.asks_record(m) => records_before_refusal += 1,
+            _ => {}
+        }
+        first_listing.push(!world.listing_loaded());
+        world.step(a);
+    }
+    // The events, by time and then in order (a failed first listing before its restart).
+    let mut events: Vec<(usize, u8, String)> = Vec::new();
+    let mut refusals_written = false;
+    let mut last_crash = 0;
     for (i, a) in cx.actions.iter().enumerate() {
         let at = i + 1;
         match a {
             McAction::Crash => {
+                last_crash = at;
                 notes.push(format!("step {at} (a crash) is a restart at {at}s"));
-                let _ = writeln!(toml, "\n[[events]]\nat = \"{at}s\"\nrestart = true");
+                events.push((at, 1, "restart = true".into()));
+            }
+            McAction::BatchListingFails | McAction::Listed(ListOutcome::Fails) => {
+                // The simulator's provisioner lists first for its first refresh, right as it
+                // starts: a failed listing before the provisioner's first is that one.
+                let when = if first_listing[i] { last_crash } else { at };
+                notes.push(format!("step {at} (a failed listing) fails the next listing from {when}s"));
+                let fail = "fail_next = { call = \"all_instances\", times = 1, message = \"RequestLimitExceeded: the listing failed\" }";
+                events.push((when, 0, fail.into()));
+            }
+            // The model's refusals of records: the fake model fails the next records from the
+            // start (exact while no record succeeded before the first refusal).
+            McAction::RecordFails(_) if !refusals_written => {
+                refusals_written = true;
+                let times = cx.actions.iter().filter(|a| matches!(a, McAction::RecordFails(_))).count();
+                if records_before_refusal > 0 {
+                    notes.push(format!(
+                        "{records_before_refusal} records succeed before the first refusal: the scenario fails the first {times}"
+                    ));
+                }
+                let fail = format!(
+                    "fail_next = {{ call = \"set_instance_info\", times = {times}, message = \"the model refused the write\" }}"
+                );
+                events.push((0, 0, fail));
+            }
+            McAction::Retry(m) => {
+                notes.push(format!("step {at} (machine {m} retried) is at {at}s"));
+                events.push((at, 1, format!("retry_provisioning = [{:?}]", m.as_str())));
             }
             McAction::Die(m) => {
                 notes.push(format!("step {at} (machine {m} dies) is at {at}s"));
-                let _ = writeln!(
-                    toml,
-                    "\n[[events]]\nat = \"{at}s\"\nset_life = {{ machine = {:?}, life = \"dead\" }}",
-                    m.as_str()
-                );
+                events.push((at, 1, format!("set_life = {{ machine = {:?}, life = \"dead\" }}", m.as_str())));
             }
             _ => {}
         }
+    }
+    events.sort_by_key(|(at, order, _)| (*at, *order));
+    for (at, _, event) in events {
+        let _ = writeln!(toml, "\n[[events]]\nat = \"{at}s\"\n{event}");
     }
     let scenario = Scenario::parse(&toml, Format::Toml, "model-check counterexample")?;
     Ok(Replay { toml, scenario, exact: notes.is_empty(), notes })

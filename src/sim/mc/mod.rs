@@ -37,7 +37,7 @@ use std::hash::{Hash, Hasher};
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
 pub use crate::config::Mutations;
-pub use action::{CallOutcome, McAction};
+pub use action::{CallOutcome, ListOutcome, McAction};
 pub use config::{Counterexample, McConfig};
 pub use export::{to_scenario, Replay};
 pub use world::World;

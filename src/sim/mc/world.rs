@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::action::{CallOutcome, McAction};
+use super::action::{CallOutcome, ListOutcome, McAction};
 use super::config::McConfig;
 use crate::actors::coordinator::batch::{Answer, Ask, BatchRun, Effect, Next, Steps};
 use crate::actors::coordinator::followup::{self, AfterStartStep, Followup};
@@ -143,7 +143,8 @@ struct Reply {
 struct Provisioner {
     inc: u32,
     batches: BatchBook,
-    batch: Option<(BatchRun, Ask)>,
+    /// The batch in flight: its planner, its question, and its ids (waiting again if it fails).
+    batch: Option<(BatchRun, Ask, Vec<MachineId>)>,
     book: MachineBook,
     lifecycle: LifecycleBook,
     zones: ZoneBook,
@@ -155,10 +156,13 @@ struct Provisioner {
     done: Vec<JobOutcome>,
     /// Stop jobs queued in the pool: the instances, and the dead machines to remove after.
     stops: Vec<(Vec<InstanceId>, Vec<MachineId>)>,
+    /// The registry's periodic listing in flight: its number, and the cloud's answer as of
+    /// when it was sent.
+    listing: Option<(u64, Vec<CloudInstance>)>,
 }
 
 impl Provisioner {
-    fn new(inc: u32, ids: impl IntoIterator<Item = MachineId>) -> Self {
+    fn new(inc: u32, ids: impl IntoIterator<Item = MachineId>, mutations: crate::config::Mutations) -> Self {
         let config = crate::config::ProvisionerConfig::default();
         let mut batches = BatchBook::new(config.backoff, config.workers).with_seed(u64::from(inc));
         // The model's watcher says every machine at first.
@@ -167,7 +171,7 @@ impl Provisioner {
             inc,
             batches,
             batch: None,
-            book: MachineBook::with_scope(Scope::Environ),
+            book: MachineBook::with_scope(Scope::Environ).with_mutations(mutations),
             lifecycle: LifecycleBook::default(),
             zones: ZoneBook::new(u64::from(inc)),
             harvest: HarvestBook::new(crate::model::HarvestMode::Destroyed),
@@ -175,6 +179,7 @@ impl Provisioner {
             started: 0,
             done: Vec::new(),
             stops: Vec::new(),
+            listing: None,
         }
     }
 }
@@ -186,6 +191,10 @@ struct Budget {
     lost: u8,
     refusals: u8,
     deaths: u8,
+    listings: u8,
+    listing_failures: u8,
+    record_failures: u8,
+    retries: u8,
 }
 
 /// What the configuration fixes for the whole check.
@@ -227,13 +236,17 @@ impl World {
             },
             cloud: Cloud::default(),
             store,
-            prov: Provisioner::new(0, ids),
+            prov: Provisioner::new(0, ids, config.mutations),
             replies: BTreeMap::new(),
             budget: Budget {
                 crashes: config.crashes,
                 lost: config.lost_answers,
                 refusals: config.refusals,
                 deaths: config.deaths,
+                listings: config.listings,
+                listing_failures: config.listing_failures,
+                record_failures: config.record_failures,
+                retries: config.retries,
             },
             wrong_stops: Vec::new(),
             unmodelled: Vec::new(),
@@ -246,6 +259,10 @@ impl World {
         if p.batch.is_some() || p.batches.clone().start_batch().is_some() {
             out.push(McAction::Batch);
         }
+        let first_listing = matches!(p.batch, Some((_, Ask::Refresh(_), _))) && !p.book.loaded_once();
+        if first_listing && self.budget.listing_failures > 0 {
+            out.push(McAction::BatchListingFails);
+        }
         for (m, r) in &p.starts {
             match &r.ask {
                 Some(StartAsk::Call(params)) => {
@@ -255,6 +272,12 @@ impl World {
                     }
                     if self.budget.refusals > 0 && params.zone.is_some() {
                         out.push(McAction::Call(m.clone(), CallOutcome::Refused));
+                    }
+                }
+                Some(StartAsk::Record(_)) => {
+                    out.push(McAction::Start(m.clone()));
+                    if self.budget.record_failures > 0 {
+                        out.push(McAction::RecordFails(m.clone()));
                     }
                 }
                 Some(_) => out.push(McAction::Start(m.clone())),
@@ -268,6 +291,16 @@ impl World {
         if !p.stops.is_empty() {
             out.push(McAction::Stop);
         }
+        match &p.listing {
+            None if self.budget.listings > 0 => out.push(McAction::List),
+            None => {}
+            Some(_) => {
+                out.push(McAction::Listed(ListOutcome::Answers));
+                if self.budget.listing_failures > 0 {
+                    out.push(McAction::Listed(ListOutcome::Fails));
+                }
+            }
+        }
         if self.budget.crashes > 0 {
             out.push(McAction::Crash);
         }
@@ -279,17 +312,44 @@ impl World {
                 }
             }
         }
+        if self.budget.retries > 0 {
+            for (id, m) in &self.store.machines {
+                if m.life == Life::Alive && m.status == MachineStatus::Error && !self.store.removed.contains(id) {
+                    out.push(McAction::Retry(id.clone()));
+                }
+            }
+        }
     }
 
     /// Nothing is left to happen but faults (crashes, deaths): the protocol has run its course.
     pub fn quiet(&self, config: &McConfig) -> bool {
         let mut next = Vec::new();
         self.actions(config, &mut next);
-        next.iter().all(|a| matches!(a, McAction::Crash | McAction::Die(_)))
+        next.iter().all(|a| {
+            matches!(
+                a,
+                McAction::Crash
+                    | McAction::Die(_)
+                    | McAction::BatchListingFails
+                    | McAction::List
+                    | McAction::Listed(ListOutcome::Fails)
+                    | McAction::RecordFails(_)
+                    | McAction::Retry(_)
+            )
+        })
     }
 
     /// Takes one step.
     pub fn step(&mut self, action: &McAction) {
+        self.act(action);
+        // The batch book draws only the jitter of its delays, and time is not modelled: its
+        // generator is set back after each step, so that a batch retried again and again (a
+        // machine waiting for a stop) comes back to the same state instead of a new one a draw.
+        let seed = u64::from(self.prov.inc);
+        self.prov.batches = self.prov.batches.clone().with_seed(seed);
+    }
+
+    fn act(&mut self, action: &McAction) {
         match action {
             McAction::Batch => self.batch_step(),
             McAction::Start(m) => self.start_step(m),
@@ -316,7 +376,7 @@ impl World {
             McAction::Crash => {
                 self.budget.crashes -= 1;
                 let ids = self.store.machines.keys().filter(|id| !self.store.removed.contains(*id)).cloned();
-                self.prov = Provisioner::new(self.prov.inc + 1, ids.collect::<Vec<_>>());
+                self.prov = Provisioner::new(self.prov.inc + 1, ids.collect::<Vec<_>>(), self.settings.mutations);
             }
             McAction::Die(m) => {
                 self.budget.deaths -= 1;
@@ -325,7 +385,82 @@ impl World {
                 }
                 self.prov.batches.notify(vec![m.clone()]);
             }
+            McAction::BatchListingFails => self.first_listing_fails(),
+            McAction::List => {
+                self.budget.listings -= 1;
+                let number = self.prov.book.issue_listing();
+                self.prov.listing = Some((number, self.cloud.list()));
+            }
+            McAction::Listed(outcome) => self.listed(*outcome),
+            McAction::RecordFails(m) => {
+                if let Some(StartAsk::Record(_)) = self.prov.starts.get_mut(m).and_then(|r| r.ask.take()) {
+                    self.budget.record_failures -= 1;
+                    let refused = crate::ports::ModelError::Other("the model refused the write".into());
+                    self.answer_start(m, StartAnswer::Recorded(Err(refused)));
+                }
+            }
+            McAction::Retry(m) => {
+                // As the coordinator's retry tick: the machine's status back to pending and
+                // its instance status to provisioning, then the machine notified.
+                self.budget.retries -= 1;
+                if let Some(machine) = self.store.live(m) {
+                    machine.status = MachineStatus::Pending;
+                    machine.instance_status = InstanceStatus::provisioning();
+                }
+                self.prov.batches.notify(vec![m.clone()]);
+            }
         }
+    }
+
+    /// The first refresh's listing fails: the registry hears it ([`MachineBook::listing_failed`]),
+    /// and the batch fails as a whole, its machines waiting again (the backoff is over at once:
+    /// time is not modelled).
+    fn first_listing_fails(&mut self) {
+        let Some((mut run, Ask::Refresh(_), ids)) = self.prov.batch.take() else { return };
+        self.budget.listing_failures -= 1;
+        self.prov.book.issue_listing();
+        self.prov.book.listing_failed();
+        let error = crate::actors::registry::RegistryError::Listing(BrokerError::transient("the listing failed"));
+        match run.answer(Answer::Refreshed(Err(error))) {
+            Err(_) => {
+                self.prov.batches.batch_failed(ids);
+                self.prov.batches.backoff_over();
+            }
+            Ok(steps) => self.batch_steps(run, steps, ids),
+        }
+    }
+
+    /// The periodic listing's end, as the registry's resync: the view loaded (and the instance
+    /// statuses that changed written), then the coordinator's `ViewRefreshed` (once its first
+    /// batch is done): the unknown instances' harvest and the extra instances' stop.
+    fn listed(&mut self, outcome: ListOutcome) {
+        let Some((number, listing)) = self.prov.listing.take() else { return };
+        let p = &mut self.prov;
+        if outcome == ListOutcome::Fails {
+            self.budget.listing_failures -= 1;
+            p.book.listing_failed();
+            return;
+        }
+        p.book.load_listing(listing, number);
+        for (id, status, _) in p.book.status_changes() {
+            if let Some(m) = self.store.live(&id) {
+                m.instance_status = status;
+            }
+        }
+        let p = &mut self.prov;
+        if !p.batches.first_done() {
+            return;
+        }
+        let extras = p.book.extra_instances();
+        let resumes = p.book.resumable_handovers();
+        if !resumes.is_empty() {
+            self.unmodelled.push(format!("hand-overs to resume: {resumes:?}"));
+        }
+        let mut next = vec![Followup::HarvestUnknown { announce: false, fresher_than: None }];
+        if !extras.is_empty() {
+            next.push(Followup::StopExtras(extras));
+        }
+        self.follow(next);
     }
 
     /// A stop of `id`: wrong if it is the live instance of a live machine that records it.
@@ -341,15 +476,17 @@ impl World {
     // ---- the coordinator
 
     fn batch_step(&mut self) {
-        let (run, steps) = match self.prov.batch.take() {
+        let (run, steps, ids) = match self.prov.batch.take() {
             None => {
                 let Some(start) = self.prov.batches.start_batch() else { return };
-                BatchRun::new(start)
+                let ids = start.ids.clone();
+                let (run, steps) = BatchRun::new(start);
+                (run, steps, ids)
             }
-            Some((mut run, ask)) => {
+            Some((mut run, ask, ids)) => {
                 let answer = self.answer_batch(ask);
                 match run.answer(answer) {
-                    Ok(steps) => (run, steps),
+                    Ok(steps) => (run, steps, ids),
                     Err(e) => {
                         self.unmodelled.push(format!("a batch failed: {e}"));
                         return;
@@ -357,16 +494,16 @@ impl World {
                 }
             }
         };
-        self.batch_steps(run, steps);
+        self.batch_steps(run, steps, ids);
     }
 
     /// Carries out a batch's effects; keeps the run with its next question, or ends it.
-    fn batch_steps(&mut self, run: BatchRun, steps: Steps) {
+    fn batch_steps(&mut self, run: BatchRun, steps: Steps, ids: Vec<MachineId>) {
         for effect in steps.effects {
             self.perform(effect);
         }
         match steps.next {
-            Next::Ask(ask) => self.prov.batch = Some((run, ask)),
+            Next::Ask(ask) => self.prov.batch = Some((run, ask, ids)),
             Next::Done(outcome) => {
                 let next = self.prov.batches.batch_done(outcome);
                 self.follow(next);
@@ -521,6 +658,16 @@ impl World {
                         self.execute(plan);
                     }
                 }
+                Followup::StopExtras(extras) => {
+                    // As `coordinator::links::plan_extras`: those whose machine has no start in
+                    // flight (the lifecycle), through the harvest policy into a stop job.
+                    let extras = self.prov.lifecycle.without_start(extras);
+                    if !extras.is_empty() {
+                        let instances: Vec<InstanceId> = extras.into_iter().map(|(_, i)| i).collect();
+                        let plan = self.prov.harvest.plan_extras(&instances);
+                        self.execute(plan);
+                    }
+                }
                 Followup::Forget(machines) => self.forget(machines),
                 Followup::Populate(placements) => self.prov.zones.populate(&placements),
                 Followup::InstancesGone(ids) => self.prov.book.instances_gone(&ids),
@@ -583,6 +730,10 @@ impl World {
                 self.prov.zones.release(m);
                 StartAnswer::Done
             }
+            StartAsk::OrphanStopping(instance) => {
+                self.prov.book.stops_planned(&[instance], Some(m));
+                StartAnswer::Done
+            }
             StartAsk::LookForOwn(nonce) => StartAnswer::Found(Ok(self.cloud.of_start(m, &nonce))),
             StartAsk::Record(info) => match self.store.live(m) {
                 Some(machine) => {
@@ -635,6 +786,16 @@ impl World {
             }
         };
         self.replies.insert(m.clone(), Reply { inc: self.prov.inc, answer });
+    }
+
+    /// Whether the provisioner has loaded a listing since it started.
+    pub(super) fn listing_loaded(&self) -> bool {
+        self.prov.book.loaded_once()
+    }
+
+    /// Whether machine `m`'s start is asking for its record (a `Start` step now records it).
+    pub(super) fn asks_record(&self, m: &MachineId) -> bool {
+        matches!(self.prov.starts.get(m).and_then(|r| r.ask.as_ref()), Some(StartAsk::Record(_)))
     }
 
     // ---- properties
