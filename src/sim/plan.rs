@@ -218,7 +218,7 @@ impl<'a> PlanWorld<'a> {
                 Answer::Refreshed(Ok(refreshed))
             }
             Ask::EndSafeMode => Answer::ModeChange(self.harvest.end_safe_mode()),
-            Ask::PlanOrphanStops(instances) => Answer::Plan(self.harvest.plan_stops(&instances, &[])),
+            Ask::PlanOrphanStops(instances) => Answer::Plan(self.harvest.plan_stops(&instances, &[], None)),
             Ask::ObserveDead(dead) => Answer::Deaths(self.lifecycle.on_deaths(&dead)),
             Ask::PlanDead(dead) => Answer::Plan(self.plan_harvest(&dead)),
             Ask::ObservePending(ids) => {

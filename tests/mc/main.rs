@@ -36,7 +36,7 @@ fn model_check_two_machines_two_zones_with_every_fault_once() {
     assert_clean(&McConfig::small(), 1_000);
 }
 
-/// The longer configuration, for nightly-style runs: `MODEL_CHECK_LONG=1 cargo test --release
+/// The longer configurations (`long`, `listings-long`), for nightly-style runs: `MODEL_CHECK_LONG=1 cargo test --release
 /// --features mc --test mc model_check_long -- --nocapture`. Skipped (and says so) otherwise.
 #[test]
 fn model_check_long_configuration_when_asked() {
@@ -44,9 +44,11 @@ fn model_check_long_configuration_when_asked() {
         eprintln!("skipped: set MODEL_CHECK_LONG=1 to explore the long configuration");
         return;
     }
-    let r = check(&McConfig::long(), 2);
-    eprintln!("{}", report(&r));
-    assert!(r.violations.is_empty(), "{}", report(&r));
+    for config in [McConfig::long(), McConfig::listings_long()] {
+        let r = check(&config, 2);
+        eprintln!("{}", report(&r));
+        assert!(r.violations.is_empty(), "{}", report(&r));
+    }
 }
 
 /// Mutation: after an ambiguous failure the next call takes a new client token. The checker

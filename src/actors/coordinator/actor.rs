@@ -695,8 +695,8 @@ impl Coordinator {
             }
             Followup::PlanStops { instances, remove_after, machine } if !instances.is_empty() => {
                 tracing::info!(instances = ?instances, "stopping instances given up");
-                self.links.stops_planned.do_send(StopsPlanned { ids: instances.clone(), machine });
-                let fut = self.links.plan_stops.send(PlanStops { instances, remove_after }).into_actor(self);
+                self.links.stops_planned.do_send(StopsPlanned { ids: instances.clone(), machine: machine.clone() });
+                let fut = self.links.plan_stops.send(PlanStops { instances, remove_after, machine }).into_actor(self);
                 self.spawn_counted(fut, ctx, |res, act, _ctx| {
                     if let Ok(plan) = res {
                         act.execute(plan);

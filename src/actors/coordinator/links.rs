@@ -148,7 +148,7 @@ async fn ask_links(links: &Links, ask: Ask) -> Result<Answer, MailboxError> {
         Ask::Refresh(ids) => Answer::Refreshed(links.refresh.send(Refresh { ids }).await?),
         Ask::EndSafeMode => Answer::ModeChange(links.end_safe.send(EndSafeMode).await?),
         Ask::PlanOrphanStops(instances) => {
-            Answer::Plan(links.plan_stops.send(PlanStops { instances, remove_after: Vec::new() }).await?)
+            Answer::Plan(links.plan_stops.send(PlanStops { instances, remove_after: Vec::new(), machine: None }).await?)
         }
         Ask::ObserveDead(dead) => Answer::Deaths(links.observe_dead.send(ObserveDead { dead }).await?),
         Ask::PlanDead(dead) => Answer::Plan(links.plan_dead.send(PlanDeadMachines { dead }).await?),

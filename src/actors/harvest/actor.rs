@@ -255,7 +255,7 @@ impl Handler<PlanDestroy> for HarvestPolicy {
 impl Handler<PlanStops> for HarvestPolicy {
     type Result = MessageResult<PlanStops>;
     fn handle(&mut self, msg: PlanStops, _ctx: &mut Self::Context) -> Self::Result {
-        MessageResult(self.book.plan_stops(&msg.instances, &msg.remove_after))
+        MessageResult(self.book.plan_stops(&msg.instances, &msg.remove_after, msg.machine.as_ref()))
     }
 }
 

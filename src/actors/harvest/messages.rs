@@ -88,4 +88,7 @@ pub struct PlanStops {
     pub instances: Vec<crate::model::InstanceId>,
     /// Dead machines to mark for removal once they are stopped.
     pub remove_after: Vec<crate::model::MachineId>,
+    /// The machine the instances are tagged for, when known: its dead-machine plan waits for
+    /// these stops.
+    pub machine: Option<crate::model::MachineId>,
 }

@@ -132,6 +132,12 @@ pub struct HarvestBook {
     /// unknown, never stopped in modes `none` and `destroyed` (the destruction wins over releases,
     /// invariant 5).
     awaiting: BTreeMap<MachineId, BTreeSet<InstanceId>>,
+    /// Stops decided outside a harvest for an instance tagged for a machine (an orphan whose
+    /// record failed), by machine, until seen through: a dead-machine plan made on a view read
+    /// before that stop was decided still waits for it (found by the model checker, issue 35:
+    /// a machine that died while its failing start finished was marked for removal at once, and
+    /// a crash that lost the orphan's stop left the orphan running, unknown).
+    stopping_for: BTreeMap<MachineId, BTreeSet<InstanceId>>,
     /// Instances released by the mode (not keep-instance) at the book's current instant. A
     /// destruction at that same instant wins over them (starts that land at the
     /// instant of `destroy_model` are stopped): a container provisioner hears of a destruction
@@ -160,6 +166,7 @@ impl HarvestBook {
             asks: 0,
             gone_meanwhile: BTreeSet::new(),
             awaiting: BTreeMap::new(),
+            stopping_for: BTreeMap::new(),
             released_now: BTreeSet::new(),
             released_now_at: Duration::ZERO,
         }
@@ -283,7 +290,12 @@ impl HarvestBook {
             let in_flight: BTreeSet<InstanceId> = if m.manual {
                 BTreeSet::new()
             } else {
-                m.instances().filter(|i| !self.released.contains(*i) && self.stopping.contains(*i)).cloned().collect()
+                let decided = self.stopping_for.get(&m.id).into_iter().flatten();
+                m.instances()
+                    .chain(decided)
+                    .filter(|i| !self.released.contains(*i) && self.stopping.contains(*i))
+                    .cloned()
+                    .collect()
             };
             let waits = !in_flight.is_empty();
             if m.manual || instances.is_empty() {
@@ -414,7 +426,15 @@ impl HarvestBook {
     /// parked instance a start gave up): one stop of those not already being stopped or
     /// released, then `remove_after` is marked for removal (at once if nothing is left to stop).
     /// Like every stop, it is retried until it succeeds.
-    pub fn plan_stops(&mut self, instances: &[InstanceId], remove_after: &[MachineId]) -> HarvestPlan {
+    ///
+    /// `machine`: the machine the instances are tagged for, when the caller knows it: its
+    /// dead-machine plan waits for these stops ([`HarvestBook::plan`]).
+    pub fn plan_stops(
+        &mut self,
+        instances: &[InstanceId],
+        remove_after: &[MachineId],
+        machine: Option<&MachineId>,
+    ) -> HarvestPlan {
         let mut plan = HarvestPlan::default();
         let mut in_flight = BTreeSet::new();
         for inst in instances {
@@ -428,6 +448,10 @@ impl HarvestBook {
             plan.stop.push(inst.clone());
         }
         self.stopping.extend(plan.stop.iter().cloned());
+        if let Some(m) = machine {
+            let decided = instances.iter().filter(|i| self.stopping.contains(*i)).cloned();
+            self.stopping_for.entry(m.clone()).or_default().extend(decided);
+        }
         if !in_flight.is_empty() {
             // A stop already in flight: the machines wait for it as well as for this one.
             in_flight.extend(plan.stop.iter().cloned());
@@ -472,6 +496,12 @@ impl HarvestBook {
             if self.asks > 0 {
                 self.gone_meanwhile.insert(id.clone());
             }
+        }
+        if !self.stopping_for.is_empty() {
+            self.stopping_for.retain(|_, decided| {
+                decided.retain(|i| !ids.contains(i));
+                !decided.is_empty()
+            });
         }
         let mut done = Vec::new();
         self.awaiting.retain(|m, waits| {

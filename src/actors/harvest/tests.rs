@@ -421,13 +421,13 @@ fn after_a_destruction_dead_machines_instances_are_stopped_whatever_the_mode() {
 #[test]
 fn plan_stops_stops_each_instance_once_then_removes_its_machines() {
     let mut b = book(HarvestMode::None);
-    let plan = b.plan_stops(&iids(&["orphan", "parked"]), &mids(&["9"]));
+    let plan = b.plan_stops(&iids(&["orphan", "parked"]), &mids(&["9"]), None);
     assert_eq!(plan.stop, iids(&["orphan", "parked"]));
     assert_eq!(plan.remove_after_stop, mids(&["9"]));
     assert!(plan.remove_now.is_empty());
     // Being stopped: neither planned again nor harvested as unknown; machine 8 is removed
     // once that stop is seen through, not before.
-    let again = b.plan_stops(&iids(&["orphan"]), &mids(&["8"]));
+    let again = b.plan_stops(&iids(&["orphan"]), &mids(&["8"]), None);
     assert!(again.stop.is_empty());
     assert!(again.remove_now.is_empty() && again.remove_after_stop.is_empty(), "{again:?}");
     b.set_mode(HarvestMode::All);
@@ -452,13 +452,28 @@ fn an_answer_asked_for_before_a_stop_was_seen_through_does_not_stop_it_again() {
 }
 
 #[test]
+fn a_dead_machine_planned_on_a_view_without_its_orphan_waits_for_the_orphans_stop() {
+    // Found by the model checker (issue 35): the machine died while its failing start finished;
+    // the batch's dead-machine view was read before the orphan's stop was decided, and names no
+    // instance. The machine is removed only once that stop is seen through.
+    let mut b = book(HarvestMode::Destroyed);
+    assert_eq!(b.plan_stops(&iids(&["orphan"]), &[], Some(&mid("0"))).stop, iids(&["orphan"]));
+    let plan = b.plan(&[dead("0", None)], &[]);
+    assert!(plan.remove_now.is_empty() && plan.stop.is_empty(), "{plan:?}");
+    assert_eq!(b.stops_done(&iids(&["orphan"])), mids(&["0"]));
+    // Once seen through, nothing is left to wait for.
+    let plan = b.plan(&[dead("1", None)], &[]);
+    assert_eq!(plan.remove_now, mids(&["1"]));
+}
+
+#[test]
 fn a_dead_machines_instance_whose_stop_is_decided_is_neither_released_nor_stopped_again() {
     // The orphan of a failed record is being stopped (retried while throttled); its machine then
     // dies in mode none: the decided stop stands, nothing is released, and the machine goes once
     // that stop is seen through (property-test seed 4066: removed at once, a crash before the stop
     // left the orphan an unknown instance nobody stopped).
     let mut b = book(HarvestMode::None);
-    assert_eq!(b.plan_stops(&iids(&["orphan"]), &[]).stop, iids(&["orphan"]));
+    assert_eq!(b.plan_stops(&iids(&["orphan"]), &[], None).stop, iids(&["orphan"]));
     let m = DeadMachine { tagged: iids(&["orphan"]), ..dead("0", None) };
     let plan = b.plan(std::slice::from_ref(&m), &[]);
     assert!(plan.release.is_empty(), "{plan:?}");
@@ -496,7 +511,7 @@ fn a_dead_machine_with_a_stop_in_flight_and_a_new_one_waits_for_both() {
     // Its orphan is being stopped; it dies (mode destroyed) with its recorded instance too: the
     // new stop is planned, and the machine goes only once both are seen through.
     let mut b = book(HarvestMode::Destroyed);
-    assert_eq!(b.plan_stops(&iids(&["orphan"]), &[]).stop, iids(&["orphan"]));
+    assert_eq!(b.plan_stops(&iids(&["orphan"]), &[], None).stop, iids(&["orphan"]));
     let m = DeadMachine { tagged: iids(&["orphan"]), ..dead("0", Some("i-0")) };
     let plan = b.plan(&[m], &[]);
     assert_eq!(plan.stop, iids(&["i-0"]));
@@ -541,7 +556,7 @@ fn a_dead_machine_releasing_an_instance_is_removed_once_the_release_lands_even_w
     // stop is seen through, a crash in between would leave it recording the released extra-0,
     // stopped by a successor after a switch to all.
     let mut b = book(HarvestMode::None);
-    assert_eq!(b.plan_stops(&iids(&["tagged-1"]), &[]).stop, iids(&["tagged-1"]));
+    assert_eq!(b.plan_stops(&iids(&["tagged-1"]), &[], None).stop, iids(&["tagged-1"]));
     let m = DeadMachine { tagged: iids(&["tagged-1"]), ..dead("1", Some("extra-0")) };
     let plan = b.plan(&[m], &[]);
     assert_eq!(plan.release, iids(&["extra-0"]));

@@ -123,6 +123,24 @@ impl McConfig {
     }
 }
 
+impl McConfig {
+    /// The nightly-style configuration of the listings (`MODEL_CHECK_LONG=1`):
+    /// [`McConfig::listings`] with two crashes, two lost answers, a refusal and a death, depth
+    /// first.
+    pub fn listings_long() -> Self {
+        Self {
+            name: "listings-long",
+            crashes: 2,
+            lost_answers: 2,
+            refusals: 1,
+            deaths: 1,
+            max_depth: 300,
+            depth_first: true,
+            ..Self::listings()
+        }
+    }
+}
+
 /// A property broken, and how.
 #[derive(Debug, Clone)]
 pub struct Counterexample {

@@ -551,7 +551,7 @@ impl World {
                 Answer::Refreshed(Ok(refreshed))
             }
             Ask::EndSafeMode => Answer::ModeChange(p.harvest.end_safe_mode()),
-            Ask::PlanOrphanStops(instances) => Answer::Plan(p.harvest.plan_stops(&instances, &[])),
+            Ask::PlanOrphanStops(instances) => Answer::Plan(p.harvest.plan_stops(&instances, &[], None)),
             Ask::ObserveDead(dead) => Answer::Deaths(p.lifecycle.on_deaths(&dead)),
             Ask::PlanDead(dead) => Answer::Plan(self.harvest_plan(dead)),
             Ask::ObservePending(ids) => {
@@ -654,7 +654,7 @@ impl World {
                 Followup::PlanStops { instances, remove_after, machine } => {
                     if !instances.is_empty() {
                         self.prov.book.stops_planned(&instances, machine.as_ref());
-                        let plan = self.prov.harvest.plan_stops(&instances, &remove_after);
+                        let plan = self.prov.harvest.plan_stops(&instances, &remove_after, machine.as_ref());
                         self.execute(plan);
                     }
                 }
