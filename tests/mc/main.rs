@@ -4,7 +4,7 @@
 //! safeguard turned off on purpose) is found, with a shortest counterexample, so the checker
 //! cannot go blind unnoticed.
 
-use provisioner::sim::mc::{check, to_scenario, CallOutcome, McAction, McConfig, McReport, Mutations};
+use provisioner::sim::mc::{check, to_scenario, CallOutcome, McAction, McConfig, McReport, Mutations, Replay};
 
 fn report(r: &McReport) -> String {
     let mut out = format!(
@@ -57,31 +57,16 @@ fn model_check_long_configuration_when_asked() {
 #[test]
 fn model_check_finds_the_duplicate_a_new_token_after_an_ambiguous_failure_makes() {
     let mutations = Mutations { new_token_after_ambiguous: true, ..Mutations::default() };
-    let config = McConfig { mutations, ..McConfig::one_machine() };
-    let r = check(&config, 1);
-    eprintln!("{}", report(&r));
-    let found = r.violations.iter().find(|v| v.property == "one live instance per machine");
-    let found = found.unwrap_or_else(|| panic!("the duplicate was not found\n{}", report(&r)));
+    let (config, found) = find(McConfig { mutations, ..McConfig::one_machine() }, "one live instance per machine");
     assert!(
         found.actions.contains(&McAction::Call("0".into(), CallOutcome::LosesAnswer)),
         "the counterexample loses an answer: {found}"
     );
     assert!(found.broken.iter().any(|b| b.contains("machine 0 has 2 live instances")), "{found}");
-    // Replayed on the real actors and the fake cloud: the simulator sees the same duplicate.
-    let replay = to_scenario(&config, found).expect("the counterexample is a valid scenario");
+    // Replayed on the real actors and the fake cloud, exactly: the simulator sees the same
+    // duplicate, and none without the mutation (the safeguard is what prevents it).
+    let replay = replay_shows(&config, &found, "machine 0 has two live instances");
     assert!(replay.exact, "{:?}\n{}", replay.notes, replay.toml);
-    let sim = provisioner::sim::run(&replay.scenario, None);
-    assert!(
-        sim.violations.iter().any(|v| v.contains("machine 0 has two live instances")),
-        "the replay shows no duplicate: {:?}\n{}",
-        sim.violations,
-        replay.toml
-    );
-    // And the same scenario without the mutation is clean: the safeguard is what prevents it.
-    let mut clean = replay.scenario.clone();
-    clean.provisioner.mutations = Mutations::default();
-    let sim = provisioner::sim::run(&clean, None);
-    assert!(sim.violations.is_empty(), "{:?}", sim.violations);
 }
 
 #[test]
@@ -127,7 +112,7 @@ fn model_check_finds_the_duplicate_judging_an_incomplete_listing_makes() {
 
 /// The counterexample's scenario, replayed on the real actors and the fake cloud, shows
 /// `violation`; and the same scenario without the mutation is clean.
-fn replay_shows(config: &McConfig, found: &provisioner::sim::mc::Counterexample, violation: &str) {
+fn replay_shows(config: &McConfig, found: &provisioner::sim::mc::Counterexample, violation: &str) -> Replay {
     let replay = to_scenario(config, found).expect("the counterexample is a valid scenario");
     eprintln!("{}\n{:?}", replay.toml, replay.notes);
     let sim = provisioner::sim::run(&replay.scenario, None);
@@ -141,4 +126,5 @@ fn replay_shows(config: &McConfig, found: &provisioner::sim::mc::Counterexample,
     clean.provisioner.mutations = Mutations::default();
     let sim = provisioner::sim::run(&clean, None);
     assert!(sim.violations.is_empty(), "{:?}", sim.violations);
+    replay
 }
