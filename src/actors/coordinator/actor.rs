@@ -5,7 +5,7 @@
 
 use actix::prelude::*;
 
-use super::followup::{after_start, on_jobs_done, on_mode_change, removed, AfterStartStep, Followup};
+use super::followup::{after_listing, after_start, on_jobs_done, on_mode_change, removed, AfterStartStep, Followup};
 use super::handover::{HandoverBook, HandoverCause, NoticeDecision};
 use super::links::{
     destroy, execute_plan, forget, plan_after_start, plan_extras, plan_sweep, reset_transient, run_batch,
@@ -844,14 +844,10 @@ impl Handler<ViewRefreshed> for Coordinator {
     type Result = ();
     fn handle(&mut self, msg: ViewRefreshed, ctx: &mut Self::Context) {
         if self.book.first_done() {
-            let mut next = vec![Followup::HarvestUnknown { announce: false, fresher_than: None }];
             // A hand-over's instances (the interrupted one, the replacement) are never extras.
             let mut msg = msg;
             msg.extras.retain(|(m, i)| !self.handovers.spares(m, i));
-            if !msg.extras.is_empty() {
-                next.push(Followup::StopExtras(msg.extras));
-            }
-            self.follow(next, ctx);
+            self.follow(after_listing(std::mem::take(&mut msg.extras)), ctx);
             for owner in msg.resumes {
                 let impaired = self.repairs.is_impaired(&owner.machine);
                 if let Some(replace) = self.handovers.resume(owner, impaired) {

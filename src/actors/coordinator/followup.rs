@@ -75,6 +75,16 @@ pub enum Followup {
     StopsDone(Vec<InstanceId>),
 }
 
+/// A fresh periodic listing (after the first batch): the unknown instances' harvest, then the
+/// stop of the live machines' extra instances it found (those of a hand-over already left out).
+pub fn after_listing(extras: Vec<(MachineId, InstanceId)>) -> Vec<Followup> {
+    let mut next = vec![Followup::HarvestUnknown { announce: false, fresher_than: None }];
+    if !extras.is_empty() {
+        next.push(Followup::StopExtras(extras));
+    }
+    next
+}
+
 /// Machines marked for removal: forgotten, and announced.
 pub fn removed(machines: Vec<MachineId>) -> Vec<Followup> {
     if machines.is_empty() {

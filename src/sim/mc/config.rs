@@ -86,23 +86,12 @@ impl McConfig {
             name: "one-machine",
             machines: 1,
             zones: vec!["az1".into()],
-            retry_count: 1,
             crashes: 2,
             lost_answers: 2,
-            refusals: 1,
-            deaths: 1,
-            listings: 0,
-            listing_failures: 0,
-            record_failures: 0,
-            retries: 0,
-            mutations: Mutations::default(),
-            max_depth: 200,
-            depth_first: false,
+            ..Self::small()
         }
     }
-}
 
-impl McConfig {
     /// One machine, one zone, with the registry's listings: at most two periodic listings
     /// (each may lag), one failed listing, a start whose record the model refuses three times
     /// (it gives up, the instance an orphan to stop), one retry of the machine in error, one
@@ -121,9 +110,7 @@ impl McConfig {
             ..Self::one_machine()
         }
     }
-}
 
-impl McConfig {
     /// The nightly-style configuration of the listings (`MODEL_CHECK_LONG=1`):
     /// [`McConfig::listings`] with two crashes, two lost answers, a refusal and a death, depth
     /// first.

@@ -435,32 +435,26 @@ impl World {
     /// batch is done): the unknown instances' harvest and the extra instances' stop.
     fn listed(&mut self, outcome: ListOutcome) {
         let Some((number, listing)) = self.prov.listing.take() else { return };
-        let p = &mut self.prov;
+        let book = &mut self.prov.book;
         if outcome == ListOutcome::Fails {
             self.budget.listing_failures -= 1;
-            p.book.listing_failed();
+            book.listing_failed();
             return;
         }
-        p.book.load_listing(listing, number);
-        for (id, status, _) in p.book.status_changes() {
+        book.load_listing(listing, number);
+        for (id, status, _) in book.status_changes() {
             if let Some(m) = self.store.live(&id) {
                 m.instance_status = status;
             }
         }
-        let p = &mut self.prov;
-        if !p.batches.first_done() {
+        if !self.prov.batches.first_done() {
             return;
         }
-        let extras = p.book.extra_instances();
-        let resumes = p.book.resumable_handovers();
+        let resumes = self.prov.book.resumable_handovers();
         if !resumes.is_empty() {
             self.unmodelled.push(format!("hand-overs to resume: {resumes:?}"));
         }
-        let mut next = vec![Followup::HarvestUnknown { announce: false, fresher_than: None }];
-        if !extras.is_empty() {
-            next.push(Followup::StopExtras(extras));
-        }
-        self.follow(next);
+        self.follow(followup::after_listing(self.prov.book.extra_instances()));
     }
 
     /// A stop of `id`: wrong if it is the live instance of a live machine that records it.
