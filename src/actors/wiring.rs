@@ -159,7 +159,7 @@ fn start_with(
         harvest = harvest.with_reuse(config.reuse_window);
     }
     let harvest = harvest.start();
-    let lifecycle = MachineLifecycle::new().start();
+    let lifecycle = MachineLifecycle::new().with_mutations(config.mutations).start();
     let deps = StartDeps {
         broker: broker.clone(),
         model: model.clone(),

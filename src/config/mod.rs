@@ -220,6 +220,20 @@ pub struct Mutations {
     /// before the failure held nothing) instead of leaving the view stale until one succeeds.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub judge_incomplete_listing: bool,
+    /// The leader's fence admits every write (`model::Fence::skip_check`): a leader that lost
+    /// its lease keeps writing to the model under its stale epoch.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skip_fence_check: bool,
+    /// The service writes no start intents (`service::cloud::intents`): a start call on the wire
+    /// when its provisioner crashes or loses the lease is not repeated by the next one before
+    /// it runs. Read by the model checker's model of the intent broker only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_start_intents: bool,
+    /// The lifecycle keeps a machine whose start is in flight wanted when the model is
+    /// destroyed (instead of deferring its destruction to the start's end): the start goes on
+    /// to call the cloud, and what it makes is never stopped.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub start_through_destroy: bool,
 }
 
 impl Mutations {

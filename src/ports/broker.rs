@@ -61,6 +61,14 @@ pub enum BrokerError {
     NotSupported(&'static str),
 }
 
+/// Whether a start call's outcome settles it: anything but an ambiguous failure (which the
+/// start retries with the same client token, and a successor must be able to repeat). The
+/// service drops a start's intent once its call is settled (`service::cloud::intents`); the
+/// model checker does the same.
+pub fn start_settled(outcome: &Result<StartedInstance, BrokerError>) -> bool {
+    !matches!(outcome, Err(e) if e.is_ambiguous())
+}
+
 impl BrokerError {
     /// Whether the call may have taken effect although it failed (a transient failure: the
     /// response may have been lost). Zone-specific, zone-independent and throttled failures

@@ -16,6 +16,7 @@
 mod broker;
 mod model;
 
+pub use broker::start_settled;
 #[cfg(any(feature = "test-util", feature = "serve"))]
 pub(crate) use broker::{repeated_start, token_key};
 pub use broker::{

@@ -20,6 +20,11 @@ pub enum ModelError {
     /// The model is dying and refuses the change.
     #[error("model is dying")]
     ModelDying,
+    /// The provisioner no longer leads the model (its lease moved to another replica, or
+    /// expired): its write was refused and nothing was written. The next leader takes over;
+    /// nothing is to be undone for it (an instance it made is the next leader's to adopt).
+    #[error("fenced: {0}")]
+    Fenced(String),
     /// Anything else, with the model's message.
     #[error("{0}")]
     Other(String),

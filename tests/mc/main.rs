@@ -74,6 +74,41 @@ fn model_check_listings_record_failures_and_retries() {
     assert_clean(&McConfig::listings(), 1_000);
 }
 
+#[test]
+fn model_check_destroy_model_while_machines_start() {
+    assert_clean(&McConfig::destroy(), 1_000);
+}
+
+#[test]
+fn model_check_leases_intents_and_calls_on_the_wire() {
+    assert_clean(&McConfig::leases(), 1_000);
+}
+
+/// Mutation: the fence admits every write. The lease moves; the old leader, stale, goes on
+/// acting, and the store takes its writes under an epoch the lease has left.
+#[test]
+fn model_check_finds_the_stale_write_skipping_the_fence_check_lets_through() {
+    let mutations = Mutations { skip_fence_check: true, ..Mutations::default() };
+    let (_, found) = find(McConfig { mutations, ..McConfig::leases() }, "no write accepted under a stale epoch");
+    assert!(found.actions.contains(&McAction::LeaseMoves), "{found}");
+    assert!(found.actions.iter().any(|a| matches!(a, McAction::Stale(_))), "the stale leader acts: {found}");
+    assert!(found.broken.iter().any(|b| b.contains("under epoch 1, the lease at epoch 2")), "{found}");
+}
+
+/// Mutation: no start intents. A start call still on the wire when the lease moves reaches the
+/// cloud after the new leader has read the cloud and the model: here the machine died and was
+/// removed meanwhile, and the late call's instance is left running for no machine (the intent,
+/// repeated by the new leader before it runs, is what makes the instance visible in time).
+#[test]
+fn model_check_finds_the_leak_a_call_on_the_wire_makes_without_start_intents() {
+    let mutations = Mutations { no_start_intents: true, ..Mutations::default() };
+    let (_, found) = find(McConfig { mutations, ..McConfig::leases() }, "quiet means converged");
+    assert!(found.actions.contains(&McAction::LeaseMoves), "{found}");
+    assert!(found.actions.iter().any(|a| matches!(a, McAction::Late(..) | McAction::Stale(_))), "{found}");
+    assert!(found.broken.iter().any(|b| b.contains("dead machine 0 still has live instances")), "{found}");
+    // With the intents, the same configuration is clean: model_check_leases_intents_and_calls_on_the_wire.
+}
+
 /// Checks `config` (its mutations on) and answers the counterexample found for `property`. On
 /// one thread: the search is then deterministic, and so is the counterexample (of several
 /// shortest ones, which one two threads find first varies).
@@ -127,4 +162,16 @@ fn replay_shows(config: &McConfig, found: &provisioner::sim::mc::Counterexample,
     let sim = provisioner::sim::run(&clean, None);
     assert!(sim.violations.is_empty(), "{:?}", sim.violations);
     replay
+}
+
+/// Mutation: the lifecycle keeps a starting machine wanted through the model's destruction. A
+/// start the destruction found in flight is told it is still wanted, calls the cloud, and
+/// what it makes is never stopped; the replay shows the instance left running.
+#[test]
+fn model_check_finds_the_start_a_destruction_lets_through_when_starts_are_not_deferred() {
+    let mutations = Mutations { start_through_destroy: true, ..Mutations::default() };
+    let (config, found) = find(McConfig { mutations, ..McConfig::destroy() }, "nothing started after destroy_model");
+    assert!(found.actions.contains(&McAction::Destroy), "{found}");
+    assert!(found.broken.iter().any(|b| b.contains("after the model's destruction, and called")), "{found}");
+    replay_shows(&config, &found, "model destroyed at 8s but instance");
 }

@@ -16,6 +16,12 @@ impl MachineLifecycle {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// The same lifecycle with `mutations` on (the model checker's tests and replays only).
+    pub fn with_mutations(mut self, mutations: crate::config::Mutations) -> Self {
+        self.book = std::mem::take(&mut self.book).with_mutations(mutations);
+        self
+    }
 }
 
 impl Actor for MachineLifecycle {

@@ -82,6 +82,8 @@ pub struct LifecycleBook {
     /// dropped, and the machine stayed pending for ever): looked at again when that start
     /// ends without an instance.
     wanted_again: BTreeSet<MachineId>,
+    /// Code broken on purpose (tests and replays only).
+    mutations: crate::config::Mutations,
 }
 
 impl LifecycleBook {
@@ -89,6 +91,12 @@ impl LifecycleBook {
     #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The same book with `mutations` on (the model checker's tests and replays only).
+    pub fn with_mutations(mut self, mutations: crate::config::Mutations) -> Self {
+        self.mutations = mutations;
+        self
     }
 
     /// A machine's phase.
@@ -220,6 +228,7 @@ impl LifecycleBook {
         let mut out = Deaths::default();
         for m in machines {
             match self.phases.get(&m.id) {
+                Some(Phase::Starting) if self.mutations.start_through_destroy => {}
                 Some(Phase::Starting) => {
                     self.phases.insert(m.id.clone(), Phase::DestroyDeferred(Box::new(m.clone())));
                     out.deferred.push(m.id.clone());

@@ -7,11 +7,10 @@ use actix::prelude::*;
 use futures::future::join_all;
 
 use super::messages::*;
-use super::state::{DestroyTargets, MachineBook, Refreshed, RegistryError, RegistrySnapshot};
+use super::state::{MachineBook, Refreshed, RegistryError, RegistrySnapshot};
 use crate::actors::coordinator::ViewRefreshed;
 use crate::actors::work::{BusyState, WorkCount};
 use crate::config::Backoff;
-use crate::model::DeadMachine;
 use crate::model::MachineId;
 use crate::ports::{Broker, ModelApi, ModelError};
 
@@ -365,22 +364,7 @@ impl Handler<crate::actors::messages::Busy> for MachineRegistry {
 impl Handler<PrepareDestroy> for MachineRegistry {
     type Result = MessageResult<PrepareDestroy>;
     fn handle(&mut self, msg: PrepareDestroy, _ctx: &mut Self::Context) -> Self::Result {
-        let mut out = DestroyTargets::default();
-        let scope = self.book.scope().clone();
-        for m in msg.machines.into_iter().filter(|m| scope.contains(&m.id) && !m.controller) {
-            let id = m.id.clone();
-            let manual = m.manual;
-            let blocks = super::blocks_destroy(&m, &scope);
-            self.book.upsert(m);
-            if manual {
-                if blocks {
-                    out.manual.push(id);
-                }
-            } else if let Some(d) = self.book.dead_machine(&id) {
-                out.machines.push(d);
-            }
-        }
-        MessageResult(out)
+        MessageResult(self.book.destroy_targets(msg.machines))
     }
 }
 
@@ -412,20 +396,6 @@ impl Handler<InstanceStateOf> for MachineRegistry {
 impl Handler<SweepTargets> for MachineRegistry {
     type Result = MessageResult<SweepTargets>;
     fn handle(&mut self, _msg: SweepTargets, _ctx: &mut Self::Context) -> Self::Result {
-        let ids: Vec<MachineId> =
-            self.book.machines().filter(|m| !m.manual && !m.controller).map(|m| m.id.clone()).collect();
-        let live = |d: &mut DeadMachine| {
-            // Only what the cloud still has: no stop for an instance already gone.
-            d.instance = d.instance.take().filter(|i| self.book.instance(i).is_some());
-        };
-        MessageResult(
-            ids.iter()
-                .filter_map(|id| self.book.dead_machine(id))
-                .map(|mut d| {
-                    live(&mut d);
-                    d
-                })
-                .collect(),
-        )
+        MessageResult(self.book.sweep_targets())
     }
 }

@@ -1188,6 +1188,43 @@ impl MachineBook {
         out
     }
 
+    /// The model is being destroyed, its machines as the destruction read them: each in scope
+    /// (controllers aside) is cached as read; answers the non-manual ones with their instances,
+    /// to stop, and the manual ones that block a destruction without `force`.
+    pub fn destroy_targets(&mut self, machines: Vec<Machine>) -> DestroyTargets {
+        let mut out = DestroyTargets::default();
+        let scope = self.scope().clone();
+        for m in machines.into_iter().filter(|m| scope.contains(&m.id) && !m.controller) {
+            let id = m.id.clone();
+            let manual = m.manual;
+            let blocks = blocks_destroy(&m, &scope);
+            self.upsert(m);
+            if manual {
+                if blocks {
+                    out.manual.push(id);
+                }
+            } else if let Some(d) = self.dead_machine(&id) {
+                out.machines.push(d);
+            }
+        }
+        out
+    }
+
+    /// What a dying model still runs, to sweep: every cached machine (manual ones and
+    /// controllers aside) as a dead machine, with only the instances the view still shows (no
+    /// stop for an instance already gone).
+    pub fn sweep_targets(&self) -> Vec<DeadMachine> {
+        let ids: Vec<MachineId> =
+            self.machines().filter(|m| !m.manual && !m.controller).map(|m| m.id.clone()).collect();
+        ids.iter()
+            .filter_map(|id| self.dead_machine(id))
+            .map(|mut d| {
+                d.instance = d.instance.take().filter(|i| self.instance(i).is_some());
+                d
+            })
+            .collect()
+    }
+
     /// The dead-machine view of a cached machine, with stray instances tagged for it.
     pub fn dead_machine(&self, id: &MachineId) -> Option<DeadMachine> {
         self.dead_machine_in(id, self.machines.get(id)?)

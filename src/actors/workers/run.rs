@@ -873,6 +873,15 @@ impl StartRun {
             Err(e) => {
                 tracing::warn!(%machine, instance = %r.instance.id, error = %e, "cannot record instance");
                 r.attempt += 1;
+                if matches!(e, ModelError::Fenced(_)) {
+                    // This provisioner no longer leads: no retry can succeed, and the instance is
+                    // not an orphan to stop (the next leader adopts it by its tags, or stops it
+                    // as an extra): stopping it here could stop the instance the next leader
+                    // adopted and recorded.
+                    let Registering { instance, started, .. } = *r;
+                    let error = WorkerError::Record { instance: instance.id, source: e };
+                    return self.fail_retiring(error, started.retired, None);
+                }
                 if r.attempt == REGISTER_ATTEMPTS {
                     let Registering { instance, started, .. } = *r;
                     let error = WorkerError::Record { instance: instance.id.clone(), source: e };

@@ -1051,6 +1051,30 @@ mod start_run {
         }
     }
 
+    /// A record refused by the leader's fence (this provisioner no longer leads) is not
+    /// retried, and its instance is no orphan: the next leader adopts it (issue 35's finding:
+    /// a stale leader stopped the instance the new leader had adopted and recorded).
+    #[test]
+    fn a_fenced_record_leaves_the_instance_to_the_next_leader() {
+        let (mut run, _) = first_call(settings(2));
+        let ask = answer(&mut run, started("i-1", InstanceState::Running));
+        assert!(matches!(ask, StartAsk::Record(_)), "{ask:?}");
+        let fenced = ModelError::Fenced("the lease moved".into());
+        assert_eq!(run.answer(StartAnswer::Recorded(Err(fenced))), StartAsk::ReleaseMachine, "not retried");
+        let mut ask = run.answer(StartAnswer::Done);
+        let outcome = loop {
+            match ask {
+                StartAsk::OrphanStopping(i) => panic!("{i} is not an orphan"),
+                StartAsk::Finish(outcome) => break outcome,
+                _ => ask = run.answer(StartAnswer::Done),
+            }
+        };
+        match outcome {
+            JobOutcome::StartFailed { error: WorkerError::Record { .. }, orphan, .. } => assert_eq!(orphan, None),
+            other => panic!("expected a record failure, got {other:?}"),
+        }
+    }
+
     #[test]
     fn the_same_seed_and_answers_make_the_same_run() {
         let drive = |seed: u64| {

@@ -25,6 +25,7 @@ pub(super) fn model_error(e: StoreError) -> ModelError {
     match e {
         StoreError::NotFound(id) => ModelError::NotFound(id),
         StoreError::ModelDying => ModelError::ModelDying,
+        e @ StoreError::Fenced { .. } => ModelError::Fenced(e.to_string()),
         other => ModelError::Other(other.to_string()),
     }
 }

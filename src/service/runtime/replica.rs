@@ -144,8 +144,7 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
         self.models_led.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.leading.do_send(Lead(epoch));
         self.announce("leader", Some(epoch), t.why.name());
-        let fence =
-            crate::service::store::Fence { model_uuid: self.model_uuid.clone(), holder: self.replica.clone(), epoch };
+        let fence = crate::service::store::Fence::new(self.model_uuid.clone(), self.replica.clone(), epoch);
         let (store, broker, pending, opts) =
             (self.store.clone(), self.broker.clone(), self.pending.clone(), self.opts.clone());
         let (metrics, events, leading) = (self.metrics.clone(), self.events.clone(), self.leading.clone());

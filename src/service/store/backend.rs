@@ -16,18 +16,8 @@ use crate::model::{
 use crate::ports::ProvisionedInstance;
 use crate::service::token::{Scope, TokenRecord};
 
-/// The leader's fence: writes made on behalf of the provisioner commit only while this lease
-/// row (`leader_lease`) still names this holder at this epoch and has not expired, checked in
-/// the write's own transaction.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Fence {
-    /// The model whose lease it is.
-    pub model_uuid: String,
-    /// This replica's holder name.
-    pub holder: String,
-    /// The epoch it acquired.
-    pub epoch: i64,
-}
+/// The leader's fence (a plain decision of the model's, shared with the model checker).
+pub(crate) use crate::model::Fence;
 
 /// The most units of work one group commit of the store actor holds: a bound on how long the
 /// first of them waits for its answer while others keep arriving (a backend may hold fewer).

@@ -36,6 +36,20 @@ pub enum McAction {
     RecordFails(MachineId),
     /// The operator retries a machine in provisioning error (`retry-provisioning`).
     Retry(MachineId),
+    /// The operator destroys the model (`DestroyModel` to the coordinator): the model dying,
+    /// the registry's targets, the lifecycle's and the harvest policy's decisions, the stops.
+    Destroy,
+    /// The lease moves to another replica (`service`): the store's lease takes a new epoch,
+    /// a new provisioner starts under it (repeating the start intents first), and the old
+    /// one, stale, may go on acting until it steps down.
+    LeaseMoves,
+    /// The stale leader takes a step (any of the provisioner's own actions above).
+    Stale(Box<McAction>),
+    /// The stale leader steps down: its actors stop (its calls already sent stay on the wire).
+    StepsDown,
+    /// A start call of a provisioner that is gone (crashed, or stepped down) reaches the cloud,
+    /// which makes or finds its instance by its token; the answer reaches no one.
+    Late(u32, MachineId),
 }
 
 /// How a periodic listing ends.
@@ -79,6 +93,13 @@ impl fmt::Display for McAction {
             McAction::Listed(ListOutcome::Fails) => write!(f, "the periodic listing fails"),
             McAction::RecordFails(m) => write!(f, "the model refuses machine {m}'s record"),
             McAction::Retry(m) => write!(f, "the operator retries machine {m}"),
+            McAction::Destroy => write!(f, "the operator destroys the model"),
+            McAction::LeaseMoves => write!(f, "the lease moves to another replica (a new epoch)"),
+            McAction::Stale(a) => write!(f, "the stale leader: {a}"),
+            McAction::StepsDown => write!(f, "the stale leader steps down"),
+            McAction::Late(inc, m) => {
+                write!(f, "machine {m}'s start call of provisioner {inc} (gone) reaches the cloud late")
+            }
         }
     }
 }

@@ -32,6 +32,19 @@ pub struct McConfig {
     pub record_failures: u8,
     /// Retries of a machine in provisioning error (`retry-provisioning`), at most.
     pub retries: u8,
+    /// Destructions of the model (`destroy-model`), at most (0 or 1).
+    pub destroys: u8,
+    /// The service's protocol around the engine: a leader lease whose epoch fences the
+    /// provisioner's writes to the store (`model::Fence`), a start intent written (fenced)
+    /// before each start call and repeated by a new incarnation before it runs, and start calls
+    /// on the wire (sent in one step, reaching the cloud in a later one, across a crash or a
+    /// change of leader). Off: the engine alone (a call reaches the cloud as it is made).
+    pub service: bool,
+    /// Changes of leader, at most (`service` only): the lease moves to another replica, whose
+    /// provisioner starts at once while the old leader, stale, may go on acting until it steps
+    /// down (its clock or its pauses beyond the lease's timing assumptions: the fence is what
+    /// keeps its writes out).
+    pub lease_changes: u8,
     /// Code broken on purpose (none: the code as shipped).
     pub mutations: Mutations,
     /// The longest path explored (a bound on the search, not on the protocol: a path deeper
@@ -60,6 +73,9 @@ impl McConfig {
             listing_failures: 0,
             record_failures: 0,
             retries: 0,
+            destroys: 0,
+            service: false,
+            lease_changes: 0,
             mutations: Mutations::default(),
             max_depth: 200,
             depth_first: false,
@@ -124,6 +140,46 @@ impl McConfig {
             max_depth: 300,
             depth_first: true,
             ..Self::listings()
+        }
+    }
+
+    /// The model's destruction: two machines in one zone, the model destroyed once at any
+    /// point, one crash and one lost answer.
+    pub fn destroy() -> Self {
+        Self {
+            name: "destroy",
+            machines: 2,
+            zones: vec!["az1".into()],
+            destroys: 1,
+            crashes: 1,
+            lost_answers: 1,
+            refusals: 0,
+            deaths: 0,
+            ..Self::small()
+        }
+    }
+
+    /// The service's protocol (one machine, one zone): the lease moves once to another
+    /// replica while the old leader goes on acting, one lost answer; start intents and calls
+    /// on the wire.
+    pub fn leases() -> Self {
+        Self { name: "leases", service: true, lease_changes: 1, crashes: 0, lost_answers: 1, ..Self::one_machine() }
+    }
+
+    /// The nightly-style configuration of the service's protocol (`MODEL_CHECK_LONG=1`):
+    /// [`McConfig::leases`] with a crash as well, two changes of leader, two lost answers and
+    /// a failed listing, depth first.
+    pub fn leases_long() -> Self {
+        Self {
+            name: "leases-long",
+            crashes: 1,
+            lease_changes: 2,
+            lost_answers: 2,
+            listings: 1,
+            listing_failures: 1,
+            max_depth: 300,
+            depth_first: true,
+            ..Self::leases()
         }
     }
 }

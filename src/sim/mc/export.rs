@@ -6,13 +6,16 @@
 //! `lost_response` fault, a refused call a zone-specific one), consumed by the fake cloud in
 //! the same order; a crash becomes a `restart` event and a death a `set_life` event, each at
 //! its step's position in the path (one second a step); a failed listing a `fail_next` of
-//! `all_instances` at its step, the model's refusals of records a `fail_next` of
+//! `all_instances` at its step, a destruction a `destroy_model` event at its step (starts then
+//! last the whole path, so that one begun before it is in flight at it), the model's refusals of records a `fail_next` of
 //! `set_instance_info` from the start, a retry a `retry_provisioning` event at its step; periodic listings come every second
 //! (`resync_interval`), and stops take long enough to be in flight at the next steps
 //! (`stop_latency`, when the path retries a machine). The mutations carry over
 //! (`[provisioner] mutations`). Timing in the simulator is the actors' own, so a path whose
 //! violation depends on where a crash or a death falls between two steps is replayed as
-//! closely as time allows, and the replay says so (`exact: false`).
+//! closely as time allows, and the replay says so (`exact: false`). A configuration of the
+//! service's protocol (`McConfig::service`: the lease, start intents, calls on the wire) has
+//! no scenario: the simulator runs the engine alone.
 
 use std::fmt::Write;
 
@@ -37,6 +40,19 @@ pub struct Replay {
 
 /// The scenario that replays `cx`, found under `config`.
 pub fn to_scenario(config: &McConfig, cx: &Counterexample) -> Result<Replay, ScenarioError> {
+    if config.service {
+        // The simulator runs the engine alone: no lease, no replicas, no intents.
+        return Err(ScenarioError {
+            file: "model-check counterexample".into(),
+            line: None,
+            field: String::new(),
+            message: format!(
+                "configuration {:?} checks the service's protocol (the lease, start intents, calls on the wire), \
+                 which the simulator does not run: its counterexamples are read as printed",
+                config.name
+            ),
+        });
+    }
     let mut notes = Vec::new();
     let mut toml = String::new();
     let _ = writeln!(toml, "# A counterexample of the model checker (issue 35), configuration {:?}:", config.name);
@@ -73,7 +89,14 @@ pub fn to_scenario(config: &McConfig, cx: &Counterexample) -> Result<Replay, Sce
         let _ = writeln!(toml, "mutations = {{ {inline} }}");
     }
     let zones: Vec<String> = config.zones.iter().map(|z| format!("{z:?}")).collect();
-    let _ = writeln!(toml, "\n[cloud]\nzones = [{}]\nstart_latency = \"1s\"", zones.join(", "));
+    // With a destruction in the path, starts take the whole path: a start begun before it is
+    // still in flight at it, as in the path.
+    let destroys = cx.actions.contains(&McAction::Destroy);
+    let start_latency = if destroys { cx.actions.len() } else { 1 };
+    if destroys {
+        notes.push(format!("starts take {start_latency}s, in flight at the destruction"));
+    }
+    let _ = writeln!(toml, "\n[cloud]\nzones = [{}]\nstart_latency = \"{start_latency}s\"", zones.join(", "));
     if cx.actions.iter().any(|a| matches!(a, McAction::Retry(_))) {
         // A retry meets the stops of the path still in flight, as in the path.
         let _ = writeln!(toml, "stop_latency = \"{}s\"", cx.actions.len());
@@ -176,6 +199,10 @@ pub fn to_scenario(config: &McConfig, cx: &Counterexample) -> Result<Replay, Sce
             McAction::Retry(m) => {
                 notes.push(format!("step {at} (machine {m} retried) is at {at}s"));
                 events.push((at, 1, format!("retry_provisioning = [{:?}]", m.as_str())));
+            }
+            McAction::Destroy => {
+                notes.push(format!("step {at} (the model destroyed) is at {at}s"));
+                events.push((at, 1, "destroy_model = { force = false }".into()));
             }
             McAction::Die(m) => {
                 notes.push(format!("step {at} (machine {m} dies) is at {at}s"));

@@ -100,6 +100,10 @@ impl Model for Protocol {
             Property::always("one live instance per machine", |_, s: &State| s.0.duplicates().is_empty()),
             Property::always("no live machine's instance stopped", |_, s: &State| s.0.wrong_stops().is_empty()),
             Property::always("the checker models every step", |_, s: &State| s.0.unmodelled().is_empty()),
+            Property::always("no write accepted under a stale epoch", |_, s: &State| s.0.stale_writes().is_empty()),
+            Property::always("nothing started after destroy_model", |_, s: &State| {
+                s.0.started_after_destroy().is_empty()
+            }),
             Property::always("quiet means converged", |m: &Protocol, s: &State| {
                 !s.0.quiet(&m.0) || s.0.unconverged().is_empty()
             }),
@@ -135,9 +139,11 @@ pub fn check(config: &McConfig, threads: usize) -> McReport {
     let mut violations = Vec::new();
     for (name, path) in PROPERTIES.into_iter().zip(found) {
         let Some(mut path) = path else { continue };
-        // Paths of fewer steps only: states deeper than the one found are not expanded.
+        // Paths of fewer steps only. stateright neither expands nor checks a state at the target
+        // depth or deeper, and the initial state is at depth 1: a path of `n` steps ends at
+        // depth `n + 1`, so a target of `n + 1` checks every path of fewer than `n` steps.
         loop {
-            let shorter = run(path.clone().into_actions().len());
+            let shorter = run(path.clone().into_actions().len() + 1);
             match shorter.discovery(name) {
                 Some(p) if p.clone().into_actions().len() < path.clone().into_actions().len() => path = p,
                 _ => break,
@@ -147,6 +153,8 @@ pub fn check(config: &McConfig, threads: usize) -> McReport {
         let mut broken = last.duplicates();
         broken.extend(last.wrong_stops());
         broken.extend(last.unmodelled());
+        broken.extend(last.stale_writes());
+        broken.extend(last.started_after_destroy());
         if last.quiet(config) {
             broken.extend(last.unconverged());
         }
@@ -156,9 +164,11 @@ pub fn check(config: &McConfig, threads: usize) -> McReport {
 }
 
 /// The properties, by name.
-const PROPERTIES: [&str; 4] = [
+const PROPERTIES: [&str; 6] = [
     "one live instance per machine",
     "no live machine's instance stopped",
     "the checker models every step",
+    "no write accepted under a stale epoch",
+    "nothing started after destroy_model",
     "quiet means converged",
 ];

@@ -28,13 +28,30 @@ use crate::actors::workers::JobOutcome;
 use crate::actors::zones::ZoneBook;
 use crate::config::Scope;
 use crate::model::{
-    CloudInstance, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine, MachineId, MachineStatus,
-    ProvisioningInfo,
+    CloudInstance, Fence, HeldLease, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine, MachineId,
+    MachineStatus, ProvisioningInfo,
 };
 use crate::ports::{BrokerError, StartInstanceParams, StartedInstance};
 
 /// The model's uuid on every instance of ours.
 const UUID: &str = "mc-model";
+
+/// The lease when incarnation `inc` leads (`service`): each incarnation is a new acquisition
+/// (a restart re-acquires after the expiry; a move is another replica's), at epoch `inc + 1`.
+fn lease_of(inc: u32) -> HeldLease {
+    HeldLease { holder: format!("r{inc}"), epoch: i64::from(inc) + 1, live: true }
+}
+
+/// The fence incarnation `inc` writes under.
+fn fence_of(inc: u32, mutations: crate::config::Mutations) -> Fence {
+    Fence { skip_check: mutations.skip_fence_check, ..Fence::new(UUID, format!("r{inc}"), i64::from(inc) + 1) }
+}
+
+/// What a write refused by the fence answers (as the service's model port maps the store's
+/// `Fenced`).
+fn fenced() -> crate::ports::ModelError {
+    crate::ports::ModelError::Fenced("the leader lease is no longer held at this epoch".into())
+}
 
 /// One instance in the cloud.
 #[derive(Debug, Clone)]
@@ -107,11 +124,17 @@ impl Cloud {
     }
 }
 
-/// The model's store.
+/// The model's store: its machines, and (`service`) the leader lease and the start intents.
 #[derive(Debug, Clone, Default)]
 struct Store {
     machines: BTreeMap<MachineId, Machine>,
     removed: BTreeSet<MachineId>,
+    lease: Option<HeldLease>,
+    /// The model is dying (destroyed).
+    dying: bool,
+    /// Start intents by client token (`service::cloud::intents`): written before the call,
+    /// dropped once it is settled.
+    intents: BTreeMap<String, StartInstanceParams>,
 }
 
 impl Store {
@@ -129,19 +152,16 @@ impl Store {
 struct Running {
     run: StartRun,
     ask: Option<StartAsk>,
-}
-
-/// An answer of the cloud on its way to a start of incarnation `inc`.
-#[derive(Debug, Clone)]
-struct Reply {
-    inc: u32,
-    answer: StartAnswer,
+    /// The lifecycle last told it the machine is still wanted after the model's destruction.
+    wanted_while_dying: bool,
 }
 
 /// One incarnation of the provisioner: its cores and its work in flight.
 #[derive(Debug, Clone)]
 struct Provisioner {
     inc: u32,
+    /// Its fence (`service`): the lease it leads under.
+    fence: Option<Fence>,
     batches: BatchBook,
     /// The batch in flight: its planner, its question, and its ids (waiting again if it fails).
     batch: Option<(BatchRun, Ask, Vec<MachineId>)>,
@@ -159,20 +179,31 @@ struct Provisioner {
     /// The registry's periodic listing in flight: its number, and the cloud's answer as of
     /// when it was sent.
     listing: Option<(u64, Vec<CloudInstance>)>,
+    /// Start calls sent and not yet at the cloud (`service`), with their parameters.
+    wire: BTreeMap<MachineId, StartInstanceParams>,
+    /// The cloud's answers on their way to their starts, with the call's client token
+    /// (`service`: the intent to drop once it settles).
+    replies: BTreeMap<MachineId, (Option<String>, StartAnswer)>,
 }
 
 impl Provisioner {
-    fn new(inc: u32, ids: impl IntoIterator<Item = MachineId>, mutations: crate::config::Mutations) -> Self {
+    fn new(
+        inc: u32,
+        ids: impl IntoIterator<Item = MachineId>,
+        mutations: crate::config::Mutations,
+        fence: Option<Fence>,
+    ) -> Self {
         let config = crate::config::ProvisionerConfig::default();
         let mut batches = BatchBook::new(config.backoff, config.workers).with_seed(u64::from(inc));
         // The model's watcher says every machine at first.
         batches.notify(ids);
         Self {
             inc,
+            fence,
             batches,
             batch: None,
             book: MachineBook::with_scope(Scope::Environ).with_mutations(mutations),
-            lifecycle: LifecycleBook::default(),
+            lifecycle: LifecycleBook::default().with_mutations(mutations),
             zones: ZoneBook::new(u64::from(inc)),
             harvest: HarvestBook::new(crate::model::HarvestMode::Destroyed),
             starts: BTreeMap::new(),
@@ -180,6 +211,8 @@ impl Provisioner {
             done: Vec::new(),
             stops: Vec::new(),
             listing: None,
+            wire: BTreeMap::new(),
+            replies: BTreeMap::new(),
         }
     }
 }
@@ -195,6 +228,8 @@ struct Budget {
     listing_failures: u8,
     record_failures: u8,
     retries: u8,
+    destroys: u8,
+    lease_changes: u8,
 }
 
 /// What the configuration fixes for the whole check.
@@ -202,6 +237,7 @@ struct Budget {
 struct Settings {
     zones: Vec<String>,
     retry_count: u32,
+    service: bool,
     mutations: crate::config::Mutations,
 }
 
@@ -212,12 +248,20 @@ pub struct World {
     cloud: Cloud,
     store: Store,
     prov: Provisioner,
-    replies: BTreeMap<MachineId, Reply>,
+    /// The old leader after the lease moved (`service`), acting until it steps down.
+    stale: Option<Provisioner>,
+    /// Start calls of provisioners that are gone, still on the wire: by incarnation and machine.
+    late: BTreeMap<(u32, MachineId), StartInstanceParams>,
     budget: Budget,
     /// Stops of a live machine's instance (a property says there are none).
     wrong_stops: Vec<String>,
     /// Steps the checker met and does not model (a property says there are none).
     unmodelled: Vec<String>,
+    /// Writes the store accepted under an epoch that was no longer the lease's (a property
+    /// says there are none).
+    stale_writes: Vec<String>,
+    /// Start calls made after the model's destruction (a property says there are none).
+    started_after_destroy: Vec<String>,
 }
 
 impl World {
@@ -226,18 +270,22 @@ impl World {
         let ids: Vec<MachineId> = (0..config.machines).map(|i| MachineId::new(i.to_string())).collect();
         let store = Store {
             machines: ids.iter().map(|id| (id.clone(), Machine::pending(id.clone()))).collect(),
+            lease: config.service.then(|| lease_of(0)),
             ..Store::default()
         };
+        let fence = config.service.then(|| fence_of(0, config.mutations));
         Self {
             settings: Settings {
                 zones: config.zones.clone(),
                 retry_count: config.retry_count,
+                service: config.service,
                 mutations: config.mutations,
             },
             cloud: Cloud::default(),
             store,
-            prov: Provisioner::new(0, ids, config.mutations),
-            replies: BTreeMap::new(),
+            prov: Provisioner::new(0, ids, config.mutations, fence),
+            stale: None,
+            late: BTreeMap::new(),
             budget: Budget {
                 crashes: config.crashes,
                 lost: config.lost_answers,
@@ -247,14 +295,57 @@ impl World {
                 listing_failures: config.listing_failures,
                 record_failures: config.record_failures,
                 retries: config.retries,
+                destroys: config.destroys,
+                lease_changes: config.lease_changes,
             },
             wrong_stops: Vec::new(),
             unmodelled: Vec::new(),
+            stale_writes: Vec::new(),
+            started_after_destroy: Vec::new(),
         }
     }
 
     /// What may happen next, in a fixed order.
     pub fn actions(&self, config: &McConfig, out: &mut Vec<McAction>) {
+        self.provisioner_actions(out);
+        if let Some(stale) = &self.stale {
+            // The stale leader's own steps, as if it were the provisioner.
+            let mut view = self.clone();
+            view.prov = stale.clone();
+            let mut steps = Vec::new();
+            view.provisioner_actions(&mut steps);
+            out.extend(steps.into_iter().map(|a| McAction::Stale(Box::new(a))));
+            out.push(McAction::StepsDown);
+        }
+        out.extend(self.late.keys().map(|(inc, m)| McAction::Late(*inc, m.clone())));
+        if self.budget.crashes > 0 {
+            out.push(McAction::Crash);
+        }
+        if self.budget.lease_changes > 0 {
+            out.push(McAction::LeaseMoves);
+        }
+        if self.budget.destroys > 0 && !self.store.dying {
+            out.push(McAction::Destroy);
+        }
+        if self.budget.deaths > 0 {
+            let may_die = self.store.machines.iter().take(usize::from(config.deaths));
+            for (id, m) in may_die {
+                if m.life == Life::Alive && !self.store.removed.contains(id) {
+                    out.push(McAction::Die(id.clone()));
+                }
+            }
+        }
+        if self.budget.retries > 0 && !self.store.dying {
+            for (id, m) in &self.store.machines {
+                if m.life == Life::Alive && m.status == MachineStatus::Error && !self.store.removed.contains(id) {
+                    out.push(McAction::Retry(id.clone()));
+                }
+            }
+        }
+    }
+
+    /// The provisioner's own next steps (its handlers, its calls' outcomes and answers).
+    fn provisioner_actions(&self, out: &mut Vec<McAction>) {
         let p = &self.prov;
         if p.batch.is_some() || p.batches.clone().start_batch().is_some() {
             out.push(McAction::Batch);
@@ -263,17 +354,19 @@ impl World {
         if first_listing && self.budget.listing_failures > 0 {
             out.push(McAction::BatchListingFails);
         }
+        let call = |m: &MachineId, params: &StartInstanceParams, out: &mut Vec<McAction>| {
+            out.push(McAction::Call(m.clone(), CallOutcome::Lands));
+            if self.budget.lost > 0 {
+                out.push(McAction::Call(m.clone(), CallOutcome::LosesAnswer));
+            }
+            if self.budget.refusals > 0 && params.zone.is_some() {
+                out.push(McAction::Call(m.clone(), CallOutcome::Refused));
+            }
+        };
         for (m, r) in &p.starts {
             match &r.ask {
-                Some(StartAsk::Call(params)) => {
-                    out.push(McAction::Call(m.clone(), CallOutcome::Lands));
-                    if self.budget.lost > 0 {
-                        out.push(McAction::Call(m.clone(), CallOutcome::LosesAnswer));
-                    }
-                    if self.budget.refusals > 0 && params.zone.is_some() {
-                        out.push(McAction::Call(m.clone(), CallOutcome::Refused));
-                    }
-                }
+                // The engine alone: the call reaches the cloud as it is made.
+                Some(StartAsk::Call(params)) if !self.settings.service => call(m, params, out),
                 Some(StartAsk::Record(_)) => {
                     out.push(McAction::Start(m.clone()));
                     if self.budget.record_failures > 0 {
@@ -284,7 +377,10 @@ impl World {
                 None => {}
             }
         }
-        out.extend(self.replies.keys().map(|m| McAction::Reply(m.clone())));
+        for (m, params) in &p.wire {
+            call(m, params, out);
+        }
+        out.extend(p.replies.keys().map(|m| McAction::Reply(m.clone())));
         if !p.done.is_empty() {
             out.push(McAction::JobsDone);
         }
@@ -298,24 +394,6 @@ impl World {
                 out.push(McAction::Listed(ListOutcome::Answers));
                 if self.budget.listing_failures > 0 {
                     out.push(McAction::Listed(ListOutcome::Fails));
-                }
-            }
-        }
-        if self.budget.crashes > 0 {
-            out.push(McAction::Crash);
-        }
-        if self.budget.deaths > 0 {
-            let may_die = self.store.machines.iter().take(usize::from(config.deaths));
-            for (id, m) in may_die {
-                if m.life == Life::Alive && !self.store.removed.contains(id) {
-                    out.push(McAction::Die(id.clone()));
-                }
-            }
-        }
-        if self.budget.retries > 0 {
-            for (id, m) in &self.store.machines {
-                if m.life == Life::Alive && m.status == MachineStatus::Error && !self.store.removed.contains(id) {
-                    out.push(McAction::Retry(id.clone()));
                 }
             }
         }
@@ -335,6 +413,8 @@ impl World {
                     | McAction::Listed(ListOutcome::Fails)
                     | McAction::RecordFails(_)
                     | McAction::Retry(_)
+                    | McAction::LeaseMoves
+                    | McAction::Destroy
             )
         })
     }
@@ -345,8 +425,9 @@ impl World {
         // The batch book draws only the jitter of its delays, and time is not modelled: its
         // generator is set back after each step, so that a batch retried again and again (a
         // machine waiting for a stop) comes back to the same state instead of a new one a draw.
-        let seed = u64::from(self.prov.inc);
-        self.prov.batches = self.prov.batches.clone().with_seed(seed);
+        for p in std::iter::once(&mut self.prov).chain(self.stale.as_mut()) {
+            p.batches = p.batches.clone().with_seed(u64::from(p.inc));
+        }
     }
 
     fn act(&mut self, action: &McAction) {
@@ -355,11 +436,15 @@ impl World {
             McAction::Start(m) => self.start_step(m),
             McAction::Call(m, outcome) => self.call(m, *outcome),
             McAction::Reply(m) => {
-                let Some(reply) = self.replies.remove(m) else { return };
-                // An answer to a start of an incarnation that is gone reaches no one.
-                if reply.inc == self.prov.inc {
-                    self.answer_start(m, reply.answer);
+                let Some((token, answer)) = self.prov.replies.remove(m) else { return };
+                // The intent broker drops a settled start's intent (a write of the provisioner's
+                // own, fenced) before the start hears the answer.
+                if let (Some(token), StartAnswer::Called { result, .. }) = (token, &answer) {
+                    if crate::ports::start_settled(result) && self.admits(|| format!("machine {m}'s intent dropped")) {
+                        self.store.intents.remove(&token);
+                    }
                 }
+                self.answer_start(m, answer);
             }
             McAction::JobsDone => {
                 let outcomes = std::mem::take(&mut self.prov.done);
@@ -375,8 +460,35 @@ impl World {
             }
             McAction::Crash => {
                 self.budget.crashes -= 1;
-                let ids = self.store.machines.keys().filter(|id| !self.store.removed.contains(*id)).cloned();
-                self.prov = Provisioner::new(self.prov.inc + 1, ids.collect::<Vec<_>>(), self.settings.mutations);
+                // The crashed provisioner's calls already sent stay on the wire; with the
+                // service, the restarted replica takes the lease again at a new epoch.
+                let old = self.next_incarnation();
+                self.gone(old);
+            }
+            McAction::LeaseMoves => {
+                self.budget.lease_changes -= 1;
+                if let Some(older) = self.stale.take() {
+                    self.gone(older);
+                }
+                self.stale = Some(self.next_incarnation());
+            }
+            McAction::Stale(a) => {
+                let Some(mut stale) = self.stale.take() else { return };
+                std::mem::swap(&mut self.prov, &mut stale);
+                self.act(a);
+                std::mem::swap(&mut self.prov, &mut stale);
+                self.stale = Some(stale);
+            }
+            McAction::Destroy => self.destroy(),
+            McAction::StepsDown => {
+                if let Some(stale) = self.stale.take() {
+                    self.gone(stale);
+                }
+            }
+            McAction::Late(inc, m) => {
+                if let Some(params) = self.late.remove(&(*inc, m.clone())) {
+                    self.cloud.start(&params);
+                }
             }
             McAction::Die(m) => {
                 self.budget.deaths -= 1;
@@ -412,6 +524,91 @@ impl World {
         }
     }
 
+    /// A new incarnation of the provisioner in place of the current one, which it answers. With
+    /// the service, the lease passes to it at a new epoch, and it repeats every start intent
+    /// by its token before it runs (`IntentBroker::resume`): the cloud makes or finds each
+    /// instance (the repeat lands), and the intents settled are dropped.
+    fn next_incarnation(&mut self) -> Provisioner {
+        let inc = self.prov.inc + 1;
+        let ids: Vec<MachineId> =
+            self.store.machines.keys().filter(|id| !self.store.removed.contains(*id)).cloned().collect();
+        let fence = self.settings.service.then(|| fence_of(inc, self.settings.mutations));
+        let next = Provisioner::new(inc, ids, self.settings.mutations, fence);
+        let old = std::mem::replace(&mut self.prov, next);
+        if self.settings.service {
+            self.store.lease = Some(lease_of(inc));
+            for params in std::mem::take(&mut self.store.intents).into_values() {
+                self.cloud.start(&params);
+            }
+        }
+        old
+    }
+
+    /// The operator destroys the model, as the coordinator's `DestroyModel` (`links::destroy`):
+    /// the model dying (the operator's write, not fenced), no batch starting anything any more,
+    /// the registry's targets (`MachineBook::destroy_targets`), the lifecycle's deaths (starts
+    /// in flight stop what they make when they land), the harvest policy's plan, its stops.
+    fn destroy(&mut self) {
+        self.budget.destroys -= 1;
+        self.store.dying = true;
+        let machines: Vec<Machine> = self
+            .store
+            .machines
+            .iter()
+            .filter(|(id, _)| !self.store.removed.contains(*id))
+            .map(|(_, m)| m.clone())
+            .collect();
+        let p = &mut self.prov;
+        p.batches.set_model_dying();
+        let targets = p.book.destroy_targets(machines);
+        let deaths = p.lifecycle.on_destroy(&targets.machines);
+        let plan = p.harvest.plan_destroy(&deaths.stop_now);
+        self.execute(plan);
+    }
+
+    /// What a dying model still runs, stopped, as the coordinator's `SweepDyingModel`
+    /// (`links::plan_sweep`).
+    fn sweep(&mut self) {
+        let p = &mut self.prov;
+        let targets = p.book.sweep_targets();
+        let deaths = p.lifecycle.on_destroy(&targets);
+        let stop_now: Vec<_> = deaths.stop_now.into_iter().filter(|d| d.instances().next().is_some()).collect();
+        let plan = p.harvest.plan_destroy(&stop_now);
+        self.execute(plan);
+    }
+
+    /// A start call leaving for the cloud: only a start the lifecycle last told it is wanted
+    /// before the model's destruction may make one (a start the destruction found in flight
+    /// makes its call, and what it makes is stopped when it lands: `quiet means converged`).
+    fn check_call(&mut self, m: &MachineId) {
+        if self.prov.starts.get(m).is_some_and(|r| r.wanted_while_dying) {
+            let what = format!("machine {m}'s start was told it is wanted after the model's destruction, and called");
+            self.started_after_destroy.push(what);
+        }
+    }
+
+    /// A provisioner that is gone: its calls already sent stay on the wire.
+    fn gone(&mut self, p: Provisioner) {
+        for (m, params) in p.wire {
+            self.late.insert((p.inc, m), params);
+        }
+    }
+
+    /// Whether the store admits a write of the provisioner now: its fence against the lease
+    /// (`Fence::admits`, as the PostgreSQL store checks it); always without the service. A
+    /// write admitted under an epoch the lease has left (a mutation) is noted, as `what`.
+    fn admits(&mut self, what: impl FnOnce() -> String) -> bool {
+        let (Some(fence), Some(lease)) = (&self.prov.fence, &self.store.lease) else { return true };
+        if !fence.admits(Some(lease)) {
+            return false;
+        }
+        if fence.epoch != lease.epoch {
+            let (at, now) = (fence.epoch, lease.epoch);
+            self.stale_writes.push(format!("{} under epoch {at}, the lease at epoch {now}", what()));
+        }
+        true
+    }
+
     /// The first refresh's listing fails: the registry hears it ([`MachineBook::listing_failed`]),
     /// and the batch fails as a whole, its machines waiting again (the backoff is over at once:
     /// time is not modelled).
@@ -443,6 +640,9 @@ impl World {
         }
         book.load_listing(listing, number);
         for (id, status, _) in book.status_changes() {
+            if !self.admits(|| format!("machine {id}'s instance status")) {
+                continue;
+            }
             if let Some(m) = self.store.live(&id) {
                 m.instance_status = status;
             }
@@ -460,7 +660,7 @@ impl World {
     /// A stop of `id`: wrong if it is the live instance of a live machine that records it.
     fn check_stop(&mut self, id: &InstanceId) {
         let Some(machine) = self.cloud.instances.get(id).and_then(|i| i.machine.clone()) else { return };
-        let alive = self.store.live(&machine).is_some_and(|m| m.life == Life::Alive);
+        let alive = !self.store.dying && self.store.live(&machine).is_some_and(|m| m.life == Life::Alive);
         let recorded = self.store.machines.get(&machine).is_some_and(|m| m.instance.as_ref() == Some(id));
         if alive && recorded && self.cloud.instances[id].live {
             self.wrong_stops.push(format!("instance {id} of live machine {machine} was stopped"));
@@ -509,7 +709,7 @@ impl World {
     fn answer_batch(&mut self, ask: Ask) -> Answer {
         let p = &mut self.prov;
         match ask {
-            Ask::ModelLife => Answer::Life(Ok(Life::Alive)),
+            Ask::ModelLife => Answer::Life(Ok(if self.store.dying { Life::Dying } else { Life::Alive })),
             Ask::DestroyWins => Answer::Plan(p.harvest.plan_destroy(&[])),
             Ask::RefreshZones => {
                 let zones: Vec<(String, bool)> = self.settings.zones.iter().map(|z| (z.clone(), true)).collect();
@@ -536,12 +736,16 @@ impl World {
                 let (mut refreshed, to_kill) = p.book.absorb(reads);
                 let mut results = Vec::new();
                 for id in to_kill {
+                    if !self.admits(|| format!("machine {id} marked dead")) {
+                        results.push((id, Err(fenced())));
+                        continue;
+                    }
                     if let Some(m) = self.store.live(&id) {
                         m.life = Life::Dead;
                     }
                     results.push((id, Ok(())));
                 }
-                p.book.killed(results, &mut refreshed);
+                self.prov.book.killed(results, &mut refreshed);
                 Answer::Refreshed(Ok(refreshed))
             }
             Ask::EndSafeMode => Answer::ModeChange(p.harvest.end_safe_mode()),
@@ -557,6 +761,9 @@ impl World {
                 Answer::StartInfo { infos: Ok(infos), groups: Ok(groups) }
             }
             Ask::WriteError { machine, .. } => {
+                if !self.admits(|| format!("machine {machine}'s provisioning error")) {
+                    return Answer::Written;
+                }
                 if let Some(m) = self.store.live(&machine) {
                     m.instance_status = InstanceStatus::provisioning_error();
                     m.status = MachineStatus::Error;
@@ -615,7 +822,9 @@ impl World {
             self.prov.zones.release(&m);
             self.prov.lifecycle.forget(&m);
             self.prov.book.remove(&m);
-            self.store.removed.insert(m);
+            if self.admits(|| format!("machine {m} removed")) {
+                self.store.removed.insert(m);
+            }
         }
     }
 
@@ -636,7 +845,11 @@ impl World {
                             let plan = self.harvest_plan(vec![dead]);
                             self.execute(plan);
                         }
-                        step => self.unmodelled.push(format!("after a start: {step:?}")),
+                        // The model was destroyed while it started: its instance stopped.
+                        AfterStartStep::PlanDestroy(machine) => {
+                            let plan = self.prov.harvest.plan_destroy(&[machine]);
+                            self.execute(plan);
+                        }
                     }
                 }
                 Followup::Publish(_) => {}
@@ -663,13 +876,13 @@ impl World {
                     }
                 }
                 Followup::Forget(machines) => self.forget(machines),
+                Followup::SweepDyingModel => self.sweep(),
                 Followup::Populate(placements) => self.prov.zones.populate(&placements),
                 Followup::InstancesGone(ids) => self.prov.book.instances_gone(&ids),
                 Followup::StopsDone(instances) => {
                     let machines = self.prov.harvest.stops_done(&instances);
                     self.follow(followup::removed(machines));
                 }
-                other => self.unmodelled.push(format!("{other:?}")),
             }
         }
     }
@@ -692,24 +905,48 @@ impl World {
             mutations: self.settings.mutations,
         };
         let (run, ask) = StartRun::new(job, nonce, settings, u64::from(p.started));
-        p.starts.insert(machine, Running { run, ask: Some(ask) });
+        p.starts.insert(machine, Running { run, ask: Some(ask), wanted_while_dying: false });
     }
 
     fn start_step(&mut self, m: &MachineId) {
         let Some(ask) = self.prov.starts.get_mut(m).and_then(|r| r.ask.take()) else { return };
         let answer = match ask {
-            StartAsk::StillWanted => StartAnswer::Wanted(Ok(self.prov.lifecycle.still_wanted(m))),
+            StartAsk::StillWanted => {
+                let wanted = self.prov.lifecycle.still_wanted(m);
+                if let Some(r) = self.prov.starts.get_mut(m) {
+                    r.wanted_while_dying = wanted && self.store.dying;
+                }
+                StartAnswer::Wanted(Ok(wanted))
+            }
             StartAsk::SendInstanceStatus { status, .. } | StartAsk::SetInstanceStatus { status, .. } => {
-                if let Some(machine) = self.store.live(m) {
-                    machine.instance_status = status;
+                if self.admits(|| format!("machine {m}'s instance status")) {
+                    if let Some(machine) = self.store.live(m) {
+                        machine.instance_status = status;
+                    }
                 }
                 StartAnswer::Done
             }
             StartAsk::SetMachineError(_) => {
-                if let Some(machine) = self.store.live(m) {
-                    machine.status = MachineStatus::Error;
+                if self.admits(|| format!("machine {m}'s error")) {
+                    if let Some(machine) = self.store.live(m) {
+                        machine.status = MachineStatus::Error;
+                    }
                 }
                 StartAnswer::Done
+            }
+            // The service: the intent written (fenced) before the call, then the call sent.
+            StartAsk::Call(params) if self.settings.service => {
+                if !self.admits(|| format!("machine {m}'s start intent")) {
+                    let err = BrokerError::zone_independent(format!("cannot write the start's intent: {}", fenced()));
+                    StartAnswer::Called { result: Err(err), maybe_made: false }
+                } else {
+                    if !self.settings.mutations.no_start_intents {
+                        self.store.intents.insert(params.client_token.clone(), (*params).clone());
+                    }
+                    self.check_call(m);
+                    self.prov.wire.insert(m.clone(), *params);
+                    return;
+                }
             }
             StartAsk::DeriveZones => StartAnswer::Zones(Ok(Vec::new())),
             StartAsk::Sleep(_) | StartAsk::FreeWorker => StartAnswer::Done,
@@ -729,6 +966,9 @@ impl World {
                 StartAnswer::Done
             }
             StartAsk::LookForOwn(nonce) => StartAnswer::Found(Ok(self.cloud.of_start(m, &nonce))),
+            StartAsk::Record(_) if !self.admits(|| format!("machine {m}'s instance recorded")) => {
+                StartAnswer::Recorded(Err(fenced()))
+            }
             StartAsk::Record(info) => match self.store.live(m) {
                 Some(machine) => {
                     machine.instance = Some(info.instance);
@@ -758,7 +998,14 @@ impl World {
     }
 
     fn call(&mut self, m: &MachineId, outcome: CallOutcome) {
-        let Some(StartAsk::Call(params)) = self.prov.starts.get_mut(m).and_then(|r| r.ask.take()) else { return };
+        let params = if self.settings.service {
+            let Some(params) = self.prov.wire.remove(m) else { return };
+            params
+        } else {
+            let Some(StartAsk::Call(params)) = self.prov.starts.get_mut(m).and_then(|r| r.ask.take()) else { return };
+            self.check_call(m);
+            *params
+        };
         let answer = match outcome {
             CallOutcome::Lands => {
                 let instance = self.cloud.start(&params);
@@ -779,7 +1026,8 @@ impl World {
                 StartAnswer::Called { result: Err(err), maybe_made: false }
             }
         };
-        self.replies.insert(m.clone(), Reply { inc: self.prov.inc, answer });
+        let token = self.settings.service.then(|| params.client_token.clone());
+        self.prov.replies.insert(m.clone(), (token, answer));
     }
 
     /// Whether the provisioner has loaded a listing since it started.
@@ -813,6 +1061,16 @@ impl World {
         self.wrong_stops.clone()
     }
 
+    /// Start calls made after the model's destruction, in words.
+    pub fn started_after_destroy(&self) -> Vec<String> {
+        self.started_after_destroy.clone()
+    }
+
+    /// Writes the store accepted under a stale epoch, in words.
+    pub fn stale_writes(&self) -> Vec<String> {
+        self.stale_writes.clone()
+    }
+
     /// Steps the checker does not model, in words.
     pub fn unmodelled(&self) -> Vec<String> {
         self.unmodelled.clone()
@@ -820,13 +1078,18 @@ impl World {
 
     /// What is not as it should be once the protocol has run its course, in words: a live
     /// machine without exactly one live instance recorded (and no provisioning error), a dead
-    /// machine's instance still live, an instance of ours without a machine.
+    /// machine's instance still live, an instance of ours without a machine, any instance of a
+    /// destroyed model still live.
     pub fn unconverged(&self) -> Vec<String> {
         let mut out = Vec::new();
         for (id, m) in &self.store.machines {
             let removed = self.store.removed.contains(id);
             let live = self.cloud.live_of(id);
-            if m.life == Life::Alive && !removed {
+            if self.store.dying {
+                if !live.is_empty() {
+                    out.push(format!("the model was destroyed and machine {id} still has live instances {live:?}"));
+                }
+            } else if m.life == Life::Alive && !removed {
                 let errored = m.status == MachineStatus::Error;
                 let one_recorded = live.len() == 1 && m.instance.as_ref().is_some_and(|i| live.contains(i));
                 if !errored && !one_recorded {

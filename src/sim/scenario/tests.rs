@@ -213,3 +213,12 @@ fn capacity_settings_and_spot_faults_are_checked_at_their_line() {
         .to_string()
         .starts_with("t.toml:2: spot_capacity: a spot_capacity fault is a capacity fault"));
 }
+
+#[test]
+fn a_mutation_of_the_service_protocol_is_refused_where_it_would_change_nothing() {
+    let text = "[provisioner]\nmutations = { skip-fence-check = true }\n";
+    let e = toml_err(text).to_string();
+    assert!(e.starts_with("t.toml:2: mutations: mutation skip-fence-check breaks the service's protocol"), "{e}");
+    let ok = "[provisioner]\nmutations = { adopt-while-stopping = true }\n";
+    assert!(Scenario::parse(ok, Format::Toml, "t.toml").unwrap().provisioner.mutations.adopt_while_stopping);
+}

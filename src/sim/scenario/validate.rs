@@ -13,6 +13,7 @@ use super::{EventSpec, Scenario, ScenarioError};
 pub(super) fn validate(s: &Scenario, loc: &Locations, file: &str) -> Result<(), ScenarioError> {
     let c = Checks { s, loc, file };
     c.reuse_needs_harvesting()?;
+    c.mutations_the_simulator_runs()?;
     c.batch_size_in_range()?;
     c.drift_budget_positive()?;
     c.machine_ids_are_valid_and_unique()?;
@@ -44,6 +45,21 @@ impl Checks<'_> {
         if p.reuse && !p.harvest_mode.harvests_destroyed() {
             let message = crate::config::ConfigError::Reuse(p.harvest_mode).to_string();
             return Err(self.err("provisioner.reuse", "reuse", message));
+        }
+        Ok(())
+    }
+
+    /// The mutations of the service's protocol (the lease's fence, the start intents) break
+    /// code the simulator does not run: a scenario that names one would change nothing.
+    fn mutations_the_simulator_runs(&self) -> Result<(), ScenarioError> {
+        let m = &self.s.provisioner.mutations;
+        let service_only = [("skip-fence-check", m.skip_fence_check), ("no-start-intents", m.no_start_intents)];
+        if let Some((name, _)) = service_only.into_iter().find(|(_, on)| *on) {
+            let message = format!(
+                "mutation {name} breaks the service's protocol (the lease, the start intents), which the simulator \
+                 does not run; the model checker's configurations with `service` check it"
+            );
+            return Err(self.err("provisioner.mutations", "mutations", message));
         }
         Ok(())
     }

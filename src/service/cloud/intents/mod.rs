@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 
-use crate::ports::{Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
+use crate::ports::{start_settled as settles, Broker, BrokerError, BrokerFuture, StartInstanceParams, StartedInstance};
 use crate::service::store::{Store, StoreError};
 
 /// A broker whose starts are written down before they are made.
@@ -33,12 +33,6 @@ impl std::fmt::Debug for IntentBroker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IntentBroker").finish_non_exhaustive()
     }
-}
-
-/// Whether a start's outcome settles its intent: anything but an ambiguous failure (which the
-/// start itself retries with the same token, and a successor must be able to repeat).
-fn settles(outcome: &Result<StartedInstance, BrokerError>) -> bool {
-    !matches!(outcome, Err(e) if e.is_ambiguous())
 }
 
 impl IntentBroker {

@@ -118,7 +118,7 @@ fn a_fenced_out_leader_writes_no_intent_and_makes_no_call() {
         .unwrap();
     actix_rt::System::new().block_on(async move {
         let store = Store::start_postgres(&url).unwrap();
-        let fence = crate::service::store::Fence { model_uuid: model, holder: "replica-a".into(), epoch: 1 };
+        let fence = crate::service::store::Fence::new(model, "replica-a", 1);
         store.set_fence(Some(fence)).await.unwrap();
         let inner = Arc::new(Scripted::default());
         let broker = IntentBroker::new(inner.clone(), store.clone());

@@ -149,21 +149,23 @@ run_over!(Conn, client, statements);
 run_over!(Tx<'_>, client, statements);
 run_over!(GroupRun<'_>, client, statements);
 
-/// What a fenced write runs first: the lease names this holder at this epoch and has not
-/// expired, its row share-locked until the transaction ends (so no takeover commits before
-/// it); `Fenced` if not. (`FENCE_SQL` of `lease::pg`, with the statement's own time: in a
-/// group commit the transaction may have begun a little earlier.)
+/// What a fenced write runs first: the lease's row, share-locked until the transaction ends
+/// (so no takeover commits before it), judged by [`Fence::admits`] (this holder at this epoch,
+/// unexpired on the statement's own clock: in a group commit the transaction may have begun a
+/// little earlier); `Fenced` if not admitted.
 pub(super) fn check_fence(r: &mut impl Run, f: &Fence) -> Result<(), StoreError> {
-    let held = r
+    let row = r
         .query_opt(
-            "SELECT 1 FROM leader_lease WHERE model_uuid = $1 AND holder = $2 AND epoch = $3 \
-             AND expires_at > statement_timestamp() FOR SHARE",
-            &[&f.model_uuid, &f.holder, &f.epoch],
+            "SELECT holder, epoch, expires_at > statement_timestamp() FROM leader_lease \
+             WHERE model_uuid = $1 FOR SHARE",
+            &[&f.model_uuid],
         )
         .map_err(pg("checking the leader lease"))?;
-    match held {
-        Some(_) => Ok(()),
-        None => Err(StoreError::Fenced { model_uuid: f.model_uuid.clone(), holder: f.holder.clone(), epoch: f.epoch }),
+    let held = row.map(|row| crate::model::HeldLease { holder: row.get(0), epoch: row.get(1), live: row.get(2) });
+    if f.admits(held.as_ref()) {
+        Ok(())
+    } else {
+        Err(StoreError::Fenced { model_uuid: f.model_uuid.clone(), holder: f.holder.clone(), epoch: f.epoch })
     }
 }
 

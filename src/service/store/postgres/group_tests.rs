@@ -391,7 +391,7 @@ fn the_store_actor_fences_write_behind_units() {
     actix::System::new().block_on(async move {
         let store = crate::service::store::actor::Store::start_postgres(&url).unwrap();
         let ids = store.exec(|s| s.add_machines(2, None)).await.unwrap();
-        let fence = |epoch| Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch });
+        let fence = |epoch| Some(Fence::new(model.clone(), "replica-a", epoch));
         store.set_fence(fence(7)).await.unwrap();
         let status = |id: &MachineId, message: &str| Write::MachineStatus {
             id: id.clone(),
@@ -552,7 +552,7 @@ fn adds_queued_as_write_behind_units_share_one_statement() {
 
     // Under a stale fence: the provisioner's unit refused, the operator's add made.
     lease(&url, &model, "replica-a", 7, 30);
-    s.set_fence(Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch: 6 })).unwrap();
+    s.set_fence(Some(Fence::new(model.clone(), "replica-a", 6))).unwrap();
     let answers = group(&mut s, vec![status(&m[1]), add(1, None)]);
     assert!(matches!(answers[0], Err(StoreError::Fenced { epoch: 6, .. })), "{answers:?}");
     assert_eq!(answers[1], added(&["5"]));

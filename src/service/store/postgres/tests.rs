@@ -132,7 +132,7 @@ fn fenced_writes_commit_only_under_the_lease() {
     let model = s.model_uuid().unwrap();
     let m = s.add_machines(2, None).unwrap();
     lease(&url, &model, "replica-a", 3, 30);
-    s.set_fence(Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch: 3 })).unwrap();
+    s.set_fence(Some(Fence::new(model.clone(), "replica-a", 3))).unwrap();
     s.set_fenced(true);
     s.set_status(&m[0], MachineStatus::Error, "under the lease").unwrap();
     assert_eq!(s.machine(&m[0]).unwrap().unwrap().status_message, "under the lease");
@@ -198,13 +198,13 @@ pub(super) fn leading(machines: usize) -> Leading {
     let lease_for = |holder: &str| PgLease::connect(&url, Duration::from_secs(10), &model, holder).unwrap();
     let (mut a, b) = (lease_for("replica-a"), lease_for("replica-b"));
     let Answer::Acquired { epoch: first } = a.acquire(Duration::from_secs(30)).unwrap() else { panic!("a leads") };
-    s.set_fence(Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch: first })).unwrap();
+    s.set_fence(Some(Fence::new(model.clone(), "replica-a", first))).unwrap();
     Leading { _pg: pg, url, s, model, m, a, b, first }
 }
 
 /// Every write that passes the fence records its epoch, and each acquisition records its own:
 /// the audit finds no stale write when fencing holds, and flags one that skipped the fence
-/// (written here by hand, as a store without the fence would have).
+/// (the mutation `skip_fence_check` on the store's fence).
 #[test]
 fn the_epochs_record_proves_no_write_committed_under_a_stale_epoch() {
     use crate::service::lease::pg::{audit_epochs, StaleWrite};
@@ -224,8 +224,12 @@ fn the_epochs_record_proves_no_write_committed_under_a_stale_epoch() {
     assert_eq!(audit.writes, 2, "the two writes under the lease, not the refused one");
     assert!(audit.stale.is_empty(), "{audit:?}");
 
-    // A write that skipped the fence after the takeover is what the audit exists to catch.
-    client.execute(super::schema::RECORD_WRITE_SQL, &[&model, &"replica-a", &first]).unwrap();
+    // A write that skips the fence after the takeover is what the audit exists to catch: the
+    // model checker's mutation `skip_fence_check`, on the store's own fence (the decision the
+    // store and the checker share, `model::Fence::admits`), lets it commit.
+    let unchecked = Fence { skip_check: true, ..Fence::new(model.clone(), "replica-a", first) };
+    s.set_fence(Some(unchecked)).unwrap();
+    s.set_status(&m[0], MachineStatus::Error, "stale, unfenced").unwrap();
     let audit = audit_epochs(&mut client, &model).unwrap();
     assert_eq!(audit.stale, vec![StaleWrite { epoch: first, holder: "replica-a".into(), superseded_by: second }]);
     // So is a write under an epoch by another holder than the epoch's.
@@ -345,7 +349,7 @@ fn the_store_actor_fences_exec_lazy_and_not_exec() {
     actix::System::new().block_on(async move {
         let store = crate::service::store::actor::Store::start_postgres(&url).unwrap();
         let ids = store.exec(|s| s.add_machines(1, None)).await.unwrap();
-        let fence = |epoch| Some(Fence { model_uuid: model.clone(), holder: "replica-a".into(), epoch });
+        let fence = |epoch| Some(Fence::new(model.clone(), "replica-a", epoch));
         store.set_fence(fence(7)).await.unwrap();
         let id = ids[0].clone();
         store.exec_lazy(move |s| s.set_status(&id, MachineStatus::Error, "under the lease")).await.unwrap();
