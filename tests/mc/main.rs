@@ -36,7 +36,8 @@ fn model_check_two_machines_two_zones_with_every_fault_once() {
     assert_clean(&McConfig::small(), 1_000);
 }
 
-/// The longer configurations (`long`, `listings-long`), for nightly-style runs: `MODEL_CHECK_LONG=1 cargo test --release
+/// The longer configurations (`long`, `listings-long`, `leases-long`, `harvest-all-long`), for
+/// nightly-style runs: `MODEL_CHECK_LONG=1 cargo test --release
 /// --features mc --test mc model_check_long -- --nocapture`. Skipped (and says so) otherwise.
 #[test]
 fn model_check_long_configuration_when_asked() {
@@ -44,7 +45,7 @@ fn model_check_long_configuration_when_asked() {
         eprintln!("skipped: set MODEL_CHECK_LONG=1 to explore the long configuration");
         return;
     }
-    for config in [McConfig::long(), McConfig::listings_long()] {
+    for config in [McConfig::long(), McConfig::listings_long(), McConfig::leases_long(), McConfig::harvest_all_long()] {
         let r = check(&config, 2);
         eprintln!("{}", report(&r));
         assert!(r.violations.is_empty(), "{}", report(&r));
@@ -174,4 +175,9 @@ fn model_check_finds_the_start_a_destruction_lets_through_when_starts_are_not_de
     assert!(found.actions.contains(&McAction::Destroy), "{found}");
     assert!(found.broken.iter().any(|b| b.contains("after the model's destruction, and called")), "{found}");
     replay_shows(&config, &found, "model destroyed at 8s but instance");
+}
+
+#[test]
+fn model_check_harvest_mode_all_with_the_grace_period() {
+    assert_clean(&McConfig::harvest_all(), 1_000);
 }

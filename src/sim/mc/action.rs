@@ -36,6 +36,12 @@ pub enum McAction {
     RecordFails(MachineId),
     /// The operator retries a machine in provisioning error (`retry-provisioning`).
     Retry(MachineId),
+    /// The grace period passes (harvest modes that harvest unknown instances): every instance
+    /// live now is older than it.
+    GracePasses,
+    /// The harvest policy's recheck timer fires (a plan spared young unknown instances): it
+    /// plans the unknown instances again.
+    Recheck,
     /// The operator destroys the model (`DestroyModel` to the coordinator): the model dying,
     /// the registry's targets, the lifecycle's and the harvest policy's decisions, the stops.
     Destroy,
@@ -94,6 +100,8 @@ impl fmt::Display for McAction {
             McAction::RecordFails(m) => write!(f, "the model refuses machine {m}'s record"),
             McAction::Retry(m) => write!(f, "the operator retries machine {m}"),
             McAction::Destroy => write!(f, "the operator destroys the model"),
+            McAction::GracePasses => write!(f, "the grace period passes"),
+            McAction::Recheck => write!(f, "the harvest policy's recheck timer fires"),
             McAction::LeaseMoves => write!(f, "the lease moves to another replica (a new epoch)"),
             McAction::Stale(a) => write!(f, "the stale leader: {a}"),
             McAction::StepsDown => write!(f, "the stale leader steps down"),

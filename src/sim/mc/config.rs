@@ -32,6 +32,10 @@ pub struct McConfig {
     pub record_failures: u8,
     /// Retries of a machine in provisioning error (`retry-provisioning`), at most.
     pub retries: u8,
+    /// The harvest mode: `destroyed` (the default) or `all` (unknown instances harvested too,
+    /// once older than the grace period); `none` and `unknown` release instances, which the
+    /// checker does not model.
+    pub harvest_mode: crate::model::HarvestMode,
     /// Destructions of the model (`destroy-model`), at most (0 or 1).
     pub destroys: u8,
     /// The service's protocol around the engine: a leader lease whose epoch fences the
@@ -74,6 +78,7 @@ impl McConfig {
             record_failures: 0,
             retries: 0,
             destroys: 0,
+            harvest_mode: crate::model::HarvestMode::Destroyed,
             service: false,
             lease_changes: 0,
             mutations: Mutations::default(),
@@ -156,6 +161,36 @@ impl McConfig {
             refusals: 0,
             deaths: 0,
             ..Self::small()
+        }
+    }
+
+    /// Harvest mode `all`: one machine, one zone, the grace period passing at any point; one
+    /// crash, one lost answer, one death, one periodic listing.
+    pub fn harvest_all() -> Self {
+        Self {
+            name: "harvest-all",
+            harvest_mode: crate::model::HarvestMode::All,
+            listings: 1,
+            crashes: 1,
+            lost_answers: 1,
+            ..Self::one_machine()
+        }
+    }
+
+    /// The nightly-style configuration of harvest mode `all` (`MODEL_CHECK_LONG=1`):
+    /// [`McConfig::harvest_all`] with the service's protocol and one change of leader instead
+    /// of the crash and the lost answer (a stale leader's late call lands for a machine removed
+    /// meanwhile: an unknown instance to harvest), depth first.
+    pub fn harvest_all_long() -> Self {
+        Self {
+            name: "harvest-all-long",
+            service: true,
+            lease_changes: 1,
+            crashes: 0,
+            lost_answers: 0,
+            max_depth: 300,
+            depth_first: true,
+            ..Self::harvest_all()
         }
     }
 

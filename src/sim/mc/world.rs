@@ -20,7 +20,7 @@ use super::config::McConfig;
 use crate::actors::coordinator::batch::{Answer, Ask, BatchRun, Effect, Next, Steps};
 use crate::actors::coordinator::followup::{self, AfterStartStep, Followup};
 use crate::actors::coordinator::BatchBook;
-use crate::actors::harvest::{HarvestBook, HarvestPlan};
+use crate::actors::harvest::{HarvestBook, HarvestPlan, UnknownInstance};
 use crate::actors::lifecycle::LifecycleBook;
 use crate::actors::registry::MachineBook;
 use crate::actors::workers::run::{StartAnswer, StartAsk, StartRun, StartSettings};
@@ -60,6 +60,8 @@ struct Instance {
     nonce: Option<String>,
     zone: Option<String>,
     live: bool,
+    /// Older than the harvest's grace period.
+    old: bool,
 }
 
 /// The cloud: instances, and the client tokens that made them.
@@ -78,8 +80,13 @@ impl Cloud {
         }
         self.made += 1;
         let id = InstanceId::new(format!("i-{}", self.made));
-        let instance =
-            Instance { machine: p.tags.machine.clone(), nonce: p.tags.start.clone(), zone: p.zone.clone(), live: true };
+        let instance = Instance {
+            machine: p.tags.machine.clone(),
+            nonce: p.tags.start.clone(),
+            zone: p.zone.clone(),
+            live: true,
+            old: false,
+        };
         self.instances.insert(id.clone(), instance);
         self.tokens.insert(p.client_token.clone(), id.clone());
         self.view(&id)
@@ -174,6 +181,8 @@ struct Provisioner {
     started: u32,
     /// Finished jobs on their way to the coordinator.
     done: Vec<JobOutcome>,
+    /// The harvest policy's recheck timer is armed (a plan spared young unknown instances).
+    recheck: bool,
     /// Stop jobs queued in the pool: the instances, and the dead machines to remove after.
     stops: Vec<(Vec<InstanceId>, Vec<MachineId>)>,
     /// The registry's periodic listing in flight: its number, and the cloud's answer as of
@@ -187,12 +196,8 @@ struct Provisioner {
 }
 
 impl Provisioner {
-    fn new(
-        inc: u32,
-        ids: impl IntoIterator<Item = MachineId>,
-        mutations: crate::config::Mutations,
-        fence: Option<Fence>,
-    ) -> Self {
+    fn new(inc: u32, ids: impl IntoIterator<Item = MachineId>, settings: &Settings, fence: Option<Fence>) -> Self {
+        let mutations = settings.mutations;
         let config = crate::config::ProvisionerConfig::default();
         let mut batches = BatchBook::new(config.backoff, config.workers).with_seed(u64::from(inc));
         // The model's watcher says every machine at first.
@@ -205,9 +210,10 @@ impl Provisioner {
             book: MachineBook::with_scope(Scope::Environ).with_mutations(mutations),
             lifecycle: LifecycleBook::default().with_mutations(mutations),
             zones: ZoneBook::new(u64::from(inc)),
-            harvest: HarvestBook::new(crate::model::HarvestMode::Destroyed),
+            harvest: HarvestBook::new(settings.harvest_mode),
             starts: BTreeMap::new(),
             started: 0,
+            recheck: false,
             done: Vec::new(),
             stops: Vec::new(),
             listing: None,
@@ -238,6 +244,7 @@ struct Settings {
     zones: Vec<String>,
     retry_count: u32,
     service: bool,
+    harvest_mode: crate::model::HarvestMode,
     mutations: crate::config::Mutations,
 }
 
@@ -274,16 +281,19 @@ impl World {
             ..Store::default()
         };
         let fence = config.service.then(|| fence_of(0, config.mutations));
+        let settings = Settings {
+            zones: config.zones.clone(),
+            retry_count: config.retry_count,
+            service: config.service,
+            harvest_mode: config.harvest_mode,
+            mutations: config.mutations,
+        };
+        let prov = Provisioner::new(0, ids, &settings, fence);
         Self {
-            settings: Settings {
-                zones: config.zones.clone(),
-                retry_count: config.retry_count,
-                service: config.service,
-                mutations: config.mutations,
-            },
+            settings,
             cloud: Cloud::default(),
             store,
-            prov: Provisioner::new(0, ids, config.mutations, fence),
+            prov,
             stale: None,
             late: BTreeMap::new(),
             budget: Budget {
@@ -326,6 +336,9 @@ impl World {
         }
         if self.budget.destroys > 0 && !self.store.dying {
             out.push(McAction::Destroy);
+        }
+        if self.settings.harvest_mode.harvests_unknown() && self.cloud.instances.values().any(|i| i.live && !i.old) {
+            out.push(McAction::GracePasses);
         }
         if self.budget.deaths > 0 {
             let may_die = self.store.machines.iter().take(usize::from(config.deaths));
@@ -386,6 +399,9 @@ impl World {
         }
         if !p.stops.is_empty() {
             out.push(McAction::Stop);
+        }
+        if p.recheck {
+            out.push(McAction::Recheck);
         }
         match &p.listing {
             None if self.budget.listings > 0 => out.push(McAction::List),
@@ -480,6 +496,16 @@ impl World {
                 self.stale = Some(stale);
             }
             McAction::Destroy => self.destroy(),
+            McAction::GracePasses => {
+                for i in self.cloud.instances.values_mut().filter(|i| i.live) {
+                    i.old = true;
+                }
+            }
+            McAction::Recheck => {
+                self.prov.recheck = false;
+                let plan = self.harvest_plan(Vec::new());
+                self.execute(plan);
+            }
             McAction::StepsDown => {
                 if let Some(stale) = self.stale.take() {
                     self.gone(stale);
@@ -533,7 +559,7 @@ impl World {
         let ids: Vec<MachineId> =
             self.store.machines.keys().filter(|id| !self.store.removed.contains(*id)).cloned().collect();
         let fence = self.settings.service.then(|| fence_of(inc, self.settings.mutations));
-        let next = Provisioner::new(inc, ids, self.settings.mutations, fence);
+        let next = Provisioner::new(inc, ids, &self.settings, fence);
         let old = std::mem::replace(&mut self.prov, next);
         if self.settings.service {
             self.store.lease = Some(lease_of(inc));
@@ -796,12 +822,30 @@ impl World {
     }
 
     /// The harvest policy's plan for dead machines (and unknown instances, in a mode that
-    /// harvests them), as its `plan_with_unknown`.
+    /// harvests them), as its `plan_with_unknown`: the registry's unknown instances (none while
+    /// its view is stale), each as old as the grace period once it has passed for it (time is
+    /// not modelled: `GracePasses`), and the recheck timer armed when the plan asks for one.
     fn harvest_plan(&mut self, dead: Vec<crate::model::DeadMachine>) -> HarvestPlan {
-        if self.prov.harvest.wants_unknown() {
-            self.unmodelled.push("a harvest of unknown instances".into());
+        let p = &mut self.prov;
+        if !p.harvest.wants_unknown() {
+            return p.harvest.plan(&dead, &[]);
         }
-        self.prov.harvest.plan(&dead, &[])
+        p.harvest.ask_sent();
+        let grace = crate::actors::harvest::HarvestSafety::default().grace;
+        let unknown: Vec<UnknownInstance> = p
+            .book
+            .unknown_instances()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|id| {
+                let old = self.cloud.instances.get(&id).is_some_and(|i| i.old);
+                UnknownInstance { id, age: if old { grace } else { std::time::Duration::ZERO } }
+            })
+            .collect();
+        let unknown = p.harvest.ask_answered(unknown);
+        let plan = p.harvest.plan(&dead, &unknown);
+        p.recheck |= plan.recheck_in.is_some();
+        plan
     }
 
     /// A harvest plan's work, as `coordinator::links::execute_plan`.
