@@ -36,20 +36,36 @@ fn model_check_two_machines_two_zones_with_every_fault_once() {
     assert_clean(&McConfig::small(), 1_000);
 }
 
-/// The longer configurations (`long`, `listings-long`, `leases-long`, `harvest-all-long`), for
-/// nightly-style runs: `MODEL_CHECK_LONG=1 cargo test --release
-/// --features mc --test mc model_check_long -- --nocapture`. Skipped (and says so) otherwise.
-#[test]
-fn model_check_long_configuration_when_asked() {
+/// A longer configuration, for nightly-style runs (`MODEL_CHECK_LONG=1 cargo test --release
+/// --features mc --test mc model_check_long -- --nocapture`): skipped (and says so) otherwise.
+fn long(config: McConfig) {
     if std::env::var_os("MODEL_CHECK_LONG").is_none() {
-        eprintln!("skipped: set MODEL_CHECK_LONG=1 to explore the long configuration");
+        eprintln!("skipped: set MODEL_CHECK_LONG=1 to explore configuration {:?}", config.name);
         return;
     }
-    for config in [McConfig::long(), McConfig::listings_long(), McConfig::leases_long(), McConfig::harvest_all_long()] {
-        let r = check(&config, 2);
-        eprintln!("{}", report(&r));
-        assert!(r.violations.is_empty(), "{}", report(&r));
-    }
+    let r = check(&config, 2);
+    eprintln!("{}", report(&r));
+    assert!(r.violations.is_empty(), "{}", report(&r));
+}
+
+#[test]
+fn model_check_long_two_machines_when_asked() {
+    long(McConfig::long());
+}
+
+#[test]
+fn model_check_long_listings_when_asked() {
+    long(McConfig::listings_long());
+}
+
+#[test]
+fn model_check_long_leases_when_asked() {
+    long(McConfig::leases_long());
+}
+
+#[test]
+fn model_check_long_harvest_all_when_asked() {
+    long(McConfig::harvest_all_long());
 }
 
 /// Mutation: after an ambiguous failure the next call takes a new client token. The checker

@@ -202,14 +202,12 @@ impl McConfig {
     }
 
     /// The nightly-style configuration of the service's protocol (`MODEL_CHECK_LONG=1`):
-    /// [`McConfig::leases`] with a crash as well, two changes of leader, two lost answers and
-    /// a failed listing, depth first.
+    /// [`McConfig::leases`] with a crash as well, a periodic listing and a failed listing,
+    /// depth first.
     pub fn leases_long() -> Self {
         Self {
             name: "leases-long",
             crashes: 1,
-            lease_changes: 2,
-            lost_answers: 2,
             listings: 1,
             listing_failures: 1,
             max_depth: 300,
