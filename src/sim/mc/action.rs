@@ -21,6 +21,9 @@ pub enum McAction {
     JobsDone,
     /// The pool carries out its first stop job.
     Stop,
+    /// The pool's first stop job calls the cloud, which stops the instances, and the answer is
+    /// lost: the pool retries the job later.
+    StopFails,
     /// The provisioner dies; a new one starts (the cloud and the store are kept).
     Crash,
     /// The model: a machine dies.
@@ -91,6 +94,7 @@ impl fmt::Display for McAction {
             McAction::Reply(m) => write!(f, "the cloud's answer reaches machine {m}'s start"),
             McAction::JobsDone => write!(f, "the finished jobs reach the coordinator"),
             McAction::Stop => write!(f, "the pool stops instances"),
+            McAction::StopFails => write!(f, "the pool's stop call takes effect and its answer is lost"),
             McAction::Crash => write!(f, "the provisioner crashes and restarts"),
             McAction::Die(m) => write!(f, "machine {m} dies"),
             McAction::BatchListingFails => write!(f, "the first refresh's cloud listing fails"),

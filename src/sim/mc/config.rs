@@ -36,6 +36,9 @@ pub struct McConfig {
     /// once older than the grace period); `none` and `unknown` release instances, which the
     /// checker does not model.
     pub harvest_mode: crate::model::HarvestMode,
+    /// Stop calls that take effect and lose their answer, at most: the pool retries the job
+    /// later (an at-least-once stop).
+    pub stop_failures: u8,
     /// Destructions of the model (`destroy-model`), at most (0 or 1).
     pub destroys: u8,
     /// The service's protocol around the engine: a leader lease whose epoch fences the
@@ -78,6 +81,7 @@ impl McConfig {
             record_failures: 0,
             retries: 0,
             destroys: 0,
+            stop_failures: 0,
             harvest_mode: crate::model::HarvestMode::Destroyed,
             service: false,
             lease_changes: 0,
@@ -149,10 +153,11 @@ impl McConfig {
     }
 
     /// The model's destruction: two machines in one zone, the model destroyed once at any
-    /// point, one crash and one lost answer.
+    /// point, one crash, one lost answer and one stop call that loses its answer.
     pub fn destroy() -> Self {
         Self {
             name: "destroy",
+            stop_failures: 1,
             machines: 2,
             zones: vec!["az1".into()],
             destroys: 1,
@@ -165,11 +170,13 @@ impl McConfig {
     }
 
     /// Harvest mode `all`: one machine, one zone, the grace period passing at any point; one
-    /// crash, one lost answer, one death, one periodic listing.
+    /// crash, one lost answer, one death, one periodic listing, one stop call that loses its
+    /// answer.
     pub fn harvest_all() -> Self {
         Self {
             name: "harvest-all",
             harvest_mode: crate::model::HarvestMode::All,
+            stop_failures: 1,
             listings: 1,
             crashes: 1,
             lost_answers: 1,

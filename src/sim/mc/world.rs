@@ -235,6 +235,7 @@ struct Budget {
     record_failures: u8,
     retries: u8,
     destroys: u8,
+    stop_failures: u8,
     lease_changes: u8,
 }
 
@@ -306,6 +307,7 @@ impl World {
                 record_failures: config.record_failures,
                 retries: config.retries,
                 destroys: config.destroys,
+                stop_failures: config.stop_failures,
                 lease_changes: config.lease_changes,
             },
             wrong_stops: Vec::new(),
@@ -399,6 +401,9 @@ impl World {
         }
         if !p.stops.is_empty() {
             out.push(McAction::Stop);
+            if self.budget.stop_failures > 0 {
+                out.push(McAction::StopFails);
+            }
         }
         if p.recheck {
             out.push(McAction::Recheck);
@@ -431,6 +436,7 @@ impl World {
                     | McAction::Retry(_)
                     | McAction::LeaseMoves
                     | McAction::Destroy
+                    | McAction::StopFails
             )
         })
     }
@@ -473,6 +479,16 @@ impl World {
                 }
                 self.cloud.stop(&instances);
                 self.prov.done.push(JobOutcome::Stopped { instances, machines });
+            }
+            McAction::StopFails => {
+                // At least once: the instances stopped, the job requeued with its next attempt.
+                self.budget.stop_failures -= 1;
+                let job = self.prov.stops.remove(0);
+                for id in &job.0 {
+                    self.check_stop(id);
+                }
+                self.cloud.stop(&job.0);
+                self.prov.stops.push(job);
             }
             McAction::Crash => {
                 self.budget.crashes -= 1;
