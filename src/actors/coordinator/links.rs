@@ -222,8 +222,7 @@ pub(super) fn forget(links: &Links, machines: Vec<MachineId>) {
 pub(super) async fn plan_sweep(links: Arc<Links>) -> Result<HarvestPlan, MailboxError> {
     let targets = links.sweep.send(SweepTargets).await?;
     let deaths = links.observe_destroy.send(ObserveDestroy { machines: targets }).await?;
-    let stop_now = deaths.stop_now.into_iter().filter(|d| d.instances().next().is_some()).collect();
-    links.plan_destroy.send(PlanDestroy { machines: stop_now }).await
+    links.plan_destroy.send(PlanDestroy { machines: deaths.into_sweep() }).await
 }
 
 /// Resets the status of this provisioner's machines with transient errors, for a retry;

@@ -47,6 +47,14 @@ pub struct Deaths {
     pub deferred: Vec<MachineId>,
 }
 
+impl Deaths {
+    /// What a dying model's sweep stops now: the machines to harvest now that still have an
+    /// instance (the others have nothing left to stop).
+    pub fn into_sweep(self) -> Vec<DeadMachine> {
+        self.stop_now.into_iter().filter(|d| d.instances().next().is_some()).collect()
+    }
+}
+
 /// What follows a finished start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AfterStart {

@@ -320,10 +320,12 @@ impl World {
     /// What may happen next, in a fixed order.
     pub fn actions(&self, config: &McConfig, out: &mut Vec<McAction>) {
         self.provisioner_actions(out);
-        if let Some(stale) = &self.stale {
-            // The stale leader's own steps, as if it were the provisioner.
+        if self.stale.is_some() {
+            // The stale leader's own steps, as if it were the provisioner (moved, not copied).
             let mut view = self.clone();
-            view.prov = stale.clone();
+            if let Some(stale) = view.stale.take() {
+                view.prov = stale;
+            }
             let mut steps = Vec::new();
             view.provisioner_actions(&mut steps);
             out.extend(steps.into_iter().map(|a| McAction::Stale(Box::new(a))));
@@ -474,20 +476,14 @@ impl World {
             }
             McAction::Stop => {
                 let (instances, machines) = self.prov.stops.remove(0);
-                for id in &instances {
-                    self.check_stop(id);
-                }
-                self.cloud.stop(&instances);
+                self.stop_on_cloud(&instances);
                 self.prov.done.push(JobOutcome::Stopped { instances, machines });
             }
             McAction::StopFails => {
                 // At least once: the instances stopped, the job requeued with its next attempt.
                 self.budget.stop_failures -= 1;
                 let job = self.prov.stops.remove(0);
-                for id in &job.0 {
-                    self.check_stop(id);
-                }
-                self.cloud.stop(&job.0);
+                self.stop_on_cloud(&job.0);
                 self.prov.stops.push(job);
             }
             McAction::Crash => {
@@ -613,8 +609,7 @@ impl World {
     fn sweep(&mut self) {
         let p = &mut self.prov;
         let targets = p.book.sweep_targets();
-        let deaths = p.lifecycle.on_destroy(&targets);
-        let stop_now: Vec<_> = deaths.stop_now.into_iter().filter(|d| d.instances().next().is_some()).collect();
+        let stop_now = p.lifecycle.on_destroy(&targets).into_sweep();
         let plan = p.harvest.plan_destroy(&stop_now);
         self.execute(plan);
     }
@@ -697,6 +692,14 @@ impl World {
             self.unmodelled.push(format!("hand-overs to resume: {resumes:?}"));
         }
         self.follow(followup::after_listing(self.prov.book.extra_instances()));
+    }
+
+    /// A stop call reaching the cloud: each instance's stop checked, then made.
+    fn stop_on_cloud(&mut self, instances: &[InstanceId]) {
+        for id in instances {
+            self.check_stop(id);
+        }
+        self.cloud.stop(instances);
     }
 
     /// A stop of `id`: wrong if it is the live instance of a live machine that records it.
