@@ -234,6 +234,11 @@ pub struct Mutations {
     /// to call the cloud, and what it makes is never stopped.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub start_through_destroy: bool,
+    /// A warning about a machine's recorded instance opens its hand-over even while another
+    /// instance of the machine is still there (the interrupted instance of a switch whose stop
+    /// a crash lost, an orphan being stopped): the registry reports no leftover.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub handover_ignores_leftovers: bool,
 }
 
 impl Mutations {

@@ -255,11 +255,12 @@ fn check_capacity(cloud: &CloudSnapshot, specs: &BTreeMap<String, MachineSpec>, 
 /// Spot hand-overs (issue 33): a top-level machine alive and not removed at the end whose instance the
 /// cloud warned of an interruption (`interrupt`) gets a start call (a replacement; it may fail)
 /// before the warning runs out, unless the instance was no longer live at the warning (a stop
-/// call of ours named it before, or the cloud terminated it), its start had not answered yet
-/// (no machine records it), the machine's every start failed (provisioning error, e.g. no zone
+/// call of ours named it before, or the cloud terminated it), the machine's every start failed (provisioning error, e.g. no zone
 /// left for the replacement), a restart while the warning ran lost the notice until after it
 /// ran out (the cloud hands a notice out again only after its visibility timeout), or the
-/// model was destroyed. (At most two live instances per
+/// model was destroyed. A warning about an instance whose start had not answered yet is held
+/// until the machine records it: the replacement's start call then comes after that start
+/// answered, whenever that is (if it answered at all). (At most two live instances per
 /// machine, two only while a warning runs, is checked by the fake cloud at every creation:
 /// `CloudSnapshot::duplicates`.)
 fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v: &mut Vec<String>) {
@@ -283,14 +284,14 @@ fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v
                 && !x.machine.instance_status.is_error()
                 && x.machine.status != MachineStatus::Error
         });
-        // Known to the provisioner when warned: the start that made it had answered by then (a
-        // warning for an instance whose start is still in flight finds no machine recording
-        // it; the instance is then lost as one taken without warning).
-        let known = cloud.calls.iter().any(|c| {
-            c.op == CloudOp::StartInstance
-                && c.instances.iter().any(|x| x.as_str() == i.instance)
-                && c.done_at.is_some_and(|d| d <= at)
-        });
+        // When the start that made it answered (`None`: it never did, its answer lost, or it
+        // was made after the warning, which then warned of nothing).
+        let answered = cloud
+            .calls
+            .iter()
+            .filter(|c| c.op == CloudOp::StartInstance && c.instances.iter().any(|x| x.as_str() == i.instance))
+            .filter(|c| c.at <= at)
+            .find_map(|c| c.done_at);
         // Taken away before the warning (terminated outside the provisioner): nothing warned.
         let terminated_before =
             s.timeline().iter().any(|(t, a)| *t <= at && matches!(a, Action::CloudTerminate(id) if *id == i.instance));
@@ -301,7 +302,7 @@ fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v
         let lost_to_restart = s.timeline().iter().any(|(t, a)| {
             matches!(a, Action::Restart) && *t >= at && *t < until && *t + crate::testing::NOTICE_VISIBILITY >= until
         });
-        if !known || terminated_before || lost_to_restart {
+        if terminated_before || lost_to_restart {
             continue;
         }
         let stopped_before = cloud.calls.iter().any(|c| {
@@ -311,22 +312,33 @@ fn check_handovers(s: &Scenario, cloud: &CloudSnapshot, model: &ModelSnapshot, v
             continue;
         }
         // A start for the machine, or (a replacement that reused a dead machine's instance, no
-        // start call) our stop of the interrupted instance, which follows the switch.
+        // start call) our stop of the interrupted instance, which follows the switch: before
+        // the warning ran out, or, for a warning that came before its start answered, after
+        // that answer.
+        let Some(answered) = answered else { continue };
+        let (from, by) = if answered <= at { (at, until) } else { (answered, Duration::MAX) };
         let replaced = cloud.calls.iter().any(|c| {
-            c.at >= at
-                && c.at < until
+            c.at >= from
+                && c.at < by
                 && match c.op {
                     CloudOp::StartInstance => c.machine.as_ref() == Some(m),
                     CloudOp::StopInstances => c.instances.iter().any(|x| x.as_str() == i.instance),
                     _ => false,
                 }
         });
-        if !replaced {
+        if !replaced && answered <= at {
             v.push(format!(
                 "machine {m}'s instance {} was warned of an interruption at {} and no replacement was started before the warning ran out at {}",
                 i.instance,
                 format_duration(at),
                 format_duration(until)
+            ));
+        } else if !replaced {
+            v.push(format!(
+                "machine {m}'s instance {} was warned of an interruption at {}, before its start answered at {}, and no replacement was started after",
+                i.instance,
+                format_duration(at),
+                format_duration(answered)
             ));
         }
     }

@@ -60,8 +60,8 @@ async fn the_fake_cloud_warns_then_terminates_and_redelivers_until_acknowledged(
 /// starts (never three), the model records the replacement once it is made (the switch), the
 /// interrupted instance is stopped once the replacement runs, and only then is the notice
 /// acknowledged; a spot machine's replacement is spot again, in another zone. A notice
-/// about an instance no machine of ours owns is looked at again at each delivery while its
-/// warning runs (its start may still be in flight), and acknowledged once it ran out.
+/// about an instance no machine of ours owns is held (its start may still be in flight) until
+/// two listings since it came show no machine owns it, then acknowledged.
 #[actix_rt::test(system = "provisioner::testing::PausedSystem")]
 async fn a_warning_starts_a_replacement_switches_to_it_stops_the_old_once_then_acknowledges() {
     let cloud = zoned_cloud(&["az1", "az2"]).with_interruptions();
@@ -119,9 +119,12 @@ async fn a_warning_starts_a_replacement_switches_to_it_stops_the_old_once_then_a
         let new = instance_of(&snap, m).unwrap();
         assert_eq!(cloud_now.state_of(&new), Some(InstanceState::Running), "running long before the deadline");
     }
-    // Nothing more once the warnings run out: no further start; the unknown instance's notice,
-    // looked at again at each delivery while its warning ran, is acknowledged once it ran out.
+    // Nothing more once the warnings run out: no further start; the unknown instance's notice
+    // is held (its start might not have answered yet) until two listings since it came show no
+    // machine owns it (the harness lists every hour), then acknowledged.
     h.run_for(Duration::from_secs(200)).await;
+    assert_eq!(names(cloud.unacknowledged_notices().await), ["i-50"], "held past its warning");
+    h.run_for(Duration::from_secs(2 * 3600)).await;
     assert!(cloud.unacknowledged_notices().await.is_empty());
     assert_eq!(starts_of(&h.cloud().await, "0"), 2);
     assert_eq!(starts_of(&h.cloud().await, "1"), 2);

@@ -25,9 +25,9 @@ use crate::actors::zones::PopulateZones;
 use crate::model::events::ProvisionerEvent;
 use crate::ports::InterruptionNotice;
 
-/// How long after a hand-over's switch its deferred warnings wait for the interrupted
-/// instance's stop at most.
-const STOP_OVERDUE: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long after the interrupted instance's warning ran out a hand-over's deferred warnings
+/// stop waiting for its stop (the cloud has taken it by then).
+const STOP_OVERDUE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How many times a replacement's model reads are tried while the warning runs.
 const REPLACE_READS: u32 = 6;
@@ -271,6 +271,10 @@ impl Coordinator {
                 NoticeDecision::Acknowledge(receipt) => acknowledge.push(receipt),
                 NoticeDecision::Later(notice) => later.push(notice),
                 replace @ NoticeDecision::Replace { .. } => self.begin_handover(replace, ctx),
+                NoticeDecision::StopFirst { machine, instance } => {
+                    tracing::info!(%machine, %instance, "hand-over: stopping the instance a switch before a restart left, before another hand-over");
+                    self.stop_interrupted(machine, instance, ctx);
+                }
                 NoticeDecision::Joined | NoticeDecision::Deferred => {}
             }
         }
@@ -320,30 +324,76 @@ impl Coordinator {
     /// before a crash (`adopt`) is adopted, not started again; a start that asks for spot
     /// first has the allocator avoid the interrupted instance's zone for the shape's spot
     /// starts (the capacity memory) where the machine allows another.
+    ///
+    /// The model is read first; the lifecycle is asked only if the hand-over is still
+    /// replacing once the reads are back (the machine may have died and been removed
+    /// meanwhile, its hand-over ended: the lifecycle, which has forgotten it, would take it for
+    /// a machine it never tracked and let a replacement start for a machine that is gone;
+    /// found by the model checker).
     fn start_replacement(&mut self, decision: NoticeDecision, attempt: u32, ctx: &mut Context<Self>) {
-        let retry = decision.clone();
+        let NoticeDecision::Replace { machine, interrupted, .. } = &decision else {
+            return;
+        };
+        if self.interruptions.is_none() {
+            return;
+        }
+        let how = if matches!(&decision, NoticeDecision::Replace { adopt: Some(_), .. }) {
+            "adopting the replacement a listing shows"
+        } else {
+            "starting a replacement"
+        };
+        tracing::info!(%machine, %interrupted, "hand-over: {how}");
+        let model = self.links.model.clone();
+        let id = machine.clone();
+        let reads = async move {
+            let info = model.provisioning_info(vec![id.clone()]).await.ok().and_then(|mut v| v.pop());
+            let group = model.distribution_groups(vec![id.clone()]).await.ok().and_then(|mut v| v.pop());
+            match (info, group) {
+                (Some(Ok(info)), Some(Ok(group))) => Ok((info, group)),
+                _ => Err(id),
+            }
+        };
+        self.spawn_counted(reads.into_actor(self), ctx, move |reads, act, ctx| match reads {
+            Ok((info, group)) => act.begin_replacement(decision, info, group, ctx),
+            Err(machine) if attempt + 1 < REPLACE_READS && act.handover_time_left(&machine, attempt) => {
+                let delay = std::time::Duration::from_secs(1 << attempt);
+                tracing::info!(%machine, ?delay, "cannot read the model for a replacement: trying again");
+                ctx.run_later(delay, move |act, ctx| act.start_replacement(decision, attempt + 1, ctx));
+            }
+            Err(machine) => {
+                tracing::warn!(%machine, "cannot read the model for a replacement of the interrupted instance");
+                act.end_handover(&machine, false, ctx);
+            }
+        });
+    }
+
+    /// The replacement's reads are back: if its hand-over is still replacing, the lifecycle is
+    /// asked (`BeginReplacement`) and the start queued; else nothing (the hand-over ended).
+    fn begin_replacement(
+        &mut self,
+        decision: NoticeDecision,
+        info: crate::model::ProvisioningInfo,
+        group: Vec<crate::model::MachineId>,
+        ctx: &mut Context<Self>,
+    ) {
         let NoticeDecision::Replace { machine, interrupted, avoid_zone, avoid_type, record, adopt } = decision else {
             return;
         };
+        if !self.handovers.replacing(&machine) {
+            tracing::info!(%machine, "hand-over ended before its replacement started (the machine is gone)");
+            return;
+        }
         let Some(links) = &self.interruptions else { return };
-        let how = if adopt.is_some() { "adopting the replacement a listing shows" } else { "starting a replacement" };
-        tracing::info!(%machine, %interrupted, "hand-over: {how}");
         let machine = *record;
         let begin = links.begin.clone();
         let short = links.short.clone();
         let short_type = links.short_type.clone();
         let replaces = interrupted;
-        let model = self.links.model.clone();
         let fut = async move {
-            // The model is read first: a read that fails leaves the lifecycle as it was, and the
-            // notice is looked at again at its next delivery.
             let id = machine.id.clone();
-            let info = model.provisioning_info(vec![id.clone()]).await.ok().and_then(|mut v| v.pop());
-            let group = model.distribution_groups(vec![id.clone()]).await.ok().and_then(|mut v| v.pop());
-            let (Some(Ok(info)), Some(Ok(group))) = (info, group) else { return Err((id, true)) };
             let begin = begin.send(crate::actors::lifecycle::BeginReplacement { machine: id.clone() });
             if !begin.await.unwrap_or(false) {
-                return Err((id, false));
+                return Err(id);
             }
             let spot = info.capacity.first() == crate::model::CapacityType::Spot;
             if let (true, Some(instance_type)) = (spot, avoid_type) {
@@ -359,21 +409,26 @@ impl Coordinator {
         };
         self.spawn_counted(fut.into_actor(self), ctx, move |job, act, ctx| match job {
             Ok(job) => super::links::perform(&act.links, super::batch::Effect::Start(Box::new(job))),
-            Err((machine, true)) if attempt + 1 < REPLACE_READS && act.handover_time_left(&machine, attempt) => {
-                let delay = std::time::Duration::from_secs(1 << attempt);
-                tracing::info!(%machine, ?delay, "cannot read the model for a replacement: trying again");
-                ctx.run_later(delay, move |act, ctx| act.start_replacement(retry, attempt + 1, ctx));
-            }
-            Err((machine, again)) => {
-                tracing::warn!(%machine, again, "cannot start a replacement for the interrupted instance");
-                let ended = act.handovers.end(&machine);
-                if again {
-                    act.release(ended.acknowledge);
-                } else {
-                    act.acknowledge(ended.acknowledge);
-                }
+            Err(machine) => {
+                tracing::warn!(%machine, "cannot start a replacement for the interrupted instance");
+                act.end_handover(&machine, true, ctx);
             }
         });
+    }
+
+    /// A hand-over ends without its switch: its notices acknowledged (`done`), or released to
+    /// be handed out again; the warnings deferred while it was on looked at again (found by
+    /// the model checker: dropped, they were held for ever and never acted on).
+    fn end_handover(&mut self, machine: &crate::model::MachineId, done: bool, ctx: &mut Context<Self>) {
+        let ended = self.handovers.end(machine);
+        if done {
+            self.acknowledge(ended.acknowledge);
+        } else {
+            self.release(ended.acknowledge);
+        }
+        if !ended.again.is_empty() {
+            self.replay(ended.again, ctx);
+        }
     }
 
     /// Whether the machine's hand-over is still on and its warning (if it said when) leaves
@@ -388,10 +443,10 @@ impl Coordinator {
     /// Before jobs' outcomes are followed: a hand-over's replacement that started is the switch
     /// (the registry and the lifecycle record it with the outcome; the model has it already);
     /// one that failed for good ends its hand-over.
-    fn handover_outcomes(&mut self, outcomes: &[crate::actors::workers::JobOutcome]) -> Vec<super::handover::Switch> {
-        let seen = self.handovers.on_outcomes(outcomes, self.epoch.elapsed());
-        self.acknowledge(seen.acknowledge);
-        seen.switches
+    fn handover_outcomes(&mut self, outcomes: &[crate::actors::workers::JobOutcome]) -> super::handover::OutcomesSeen {
+        let mut seen = self.handovers.on_outcomes(outcomes, self.epoch.elapsed());
+        self.acknowledge(std::mem::take(&mut seen.acknowledge));
+        seen
     }
 
     /// After the switch: the interrupted instance is stopped (as any stop: retried until done;
@@ -410,10 +465,13 @@ impl Coordinator {
             let receipts = self.handovers.end_switched(&s.machine);
             self.acknowledge(receipts);
             // Deferred warnings (about the replacement) are looked at again once the
-            // interrupted instance's stop is done (`Followup::StopsDone`), or after
-            // [`STOP_OVERDUE`] whatever it became: never a third live instance meanwhile.
+            // interrupted instance's stop is done (`Followup::StopsDone`), or once its own
+            // warning ran out (the cloud has taken it), whichever comes first: never a third
+            // live instance meanwhile. Without a warning (a repair, a drift replacement) they
+            // wait for the stop, retried until it is done.
+            let Some(lead) = s.lead else { continue };
             let machine = s.machine;
-            ctx.run_later(STOP_OVERDUE, move |act, ctx| {
+            ctx.run_later(lead + STOP_OVERDUE, move |act, ctx| {
                 let again = act.handovers.stop_overdue(&machine);
                 if !again.is_empty() {
                     act.replay(again, ctx);
@@ -843,6 +901,7 @@ impl Handler<Subscribe> for Coordinator {
 impl Handler<ViewRefreshed> for Coordinator {
     type Result = ();
     fn handle(&mut self, msg: ViewRefreshed, ctx: &mut Self::Context) {
+        self.handovers.listing_seen();
         if self.book.first_done() {
             // A hand-over's instances (the interrupted one, the replacement) are never extras.
             let mut msg = msg;
@@ -892,9 +951,12 @@ impl Handler<InterruptionsNoticed> for Coordinator {
 impl Handler<JobsDone> for Coordinator {
     type Result = ();
     fn handle(&mut self, msg: JobsDone, ctx: &mut Self::Context) {
-        let switches = self.handover_outcomes(&msg.0);
+        let seen = self.handover_outcomes(&msg.0);
         self.follow(on_jobs_done(msg.0), ctx);
-        self.after_switches(switches, ctx);
+        self.after_switches(seen.switches, ctx);
+        if !seen.again.is_empty() {
+            self.replay(seen.again, ctx);
+        }
         self.look_at_replacements(ctx);
     }
 }

@@ -45,6 +45,14 @@ pub struct NoticedInstance {
     /// machine, not being stopped): a replacement started before a crash, which a replacement
     /// adopts rather than starting a third instance.
     pub adoptable: Option<Box<crate::model::CloudInstance>>,
+    /// Another live instance of ours tagged for the machine, when this one is its recorded
+    /// instance: owned by no machine and not a replacement of this one (the interrupted
+    /// instance of a switch whose stop a crash lost, or an orphan or extra to stop). A warning
+    /// about this one waits for its stop (never a third live instance).
+    pub leftover: Option<InstanceId>,
+    /// Whether this instance was started to replace the machine's recorded instance (a
+    /// hand-over's replacement, not recorded yet: a hand-over resumed after a crash adopts it).
+    pub replaces_recorded: bool,
 }
 
 /// What to do about one notice.
@@ -73,10 +81,18 @@ pub enum NoticeDecision {
     Joined,
     /// About a machine's replacement while its hand-over is on: looked at again once it ends.
     Deferred,
-    /// About an instance no machine is known to own yet while its warning runs (a start still
-    /// in flight made it, or its record has not landed): looked at again after [`LOOK_AGAIN`]
-    /// (the notice's deadline already counted down by it), at most [`LOOKS`] times in all (then
-    /// acknowledged).
+    /// About a machine's recorded instance while another instance of the machine is still
+    /// there ([`NoticedInstance::leftover`]): that one is to be stopped first (`instance`), and
+    /// the notice is looked at again once its stop is done.
+    StopFirst {
+        /// The machine.
+        machine: MachineId,
+        /// The instance its recorded instance replaced.
+        instance: InstanceId,
+    },
+    /// About an instance no machine records yet (a start still in flight made it, or its
+    /// record has not landed, or the registry has not listed it since): held, and looked at
+    /// again after [`LOOK_AGAIN`]; see [`HandoverBook::on_notice`] for how long.
     Later(InterruptionNotice),
 }
 
@@ -147,6 +163,8 @@ pub struct OutcomesSeen {
     pub switches: Vec<Switch>,
     /// Receipts of hand-overs that ended, to acknowledge.
     pub acknowledge: Vec<String>,
+    /// Warnings deferred while those hand-overs were on, to look at again.
+    pub again: Vec<InterruptionNotice>,
 }
 
 /// What ending a hand-over leaves to do.
@@ -163,11 +181,15 @@ pub struct HandoverEnded {
 pub struct HandoverBook {
     on: BTreeMap<MachineId, Handover>,
     deferred: BTreeMap<MachineId, Vec<InterruptionNotice>>,
-    /// How often notices about instances no machine was known to own were looked at: an
-    /// unknown instance's (up to [`LOOKS`]), or one interrupted in a hand-over that ended
-    /// ([`LOOKS`] at once: a redelivery of its warning, the instance gone and forgotten, needs
-    /// no other look). Cleared when it grows past [`LOOKED_CAP`].
-    looked: BTreeMap<InstanceId, u32>,
+    /// Instances interrupted in a hand-over that ended: a redelivery of its warning, the
+    /// instance gone and forgotten, is acknowledged at once. Cleared when it grows past
+    /// [`LOOKED_CAP`].
+    ended: std::collections::BTreeSet<InstanceId>,
+    /// Notices held ([`NoticeDecision::Later`]), by instance: when each was first held, and
+    /// how many listings had been seen then.
+    held: BTreeMap<InstanceId, Held>,
+    /// Listings of the cloud the coordinator has seen ([`HandoverBook::listing_seen`]).
+    listings: u64,
     /// Machines whose hand-over ended with the interrupted instance's stop still under way:
     /// a warning about the machine's (new) instance waits for it (never three live instances).
     stopping: BTreeMap<MachineId, InstanceId>,
@@ -176,14 +198,25 @@ pub struct HandoverBook {
     orphans: std::collections::BTreeSet<InstanceId>,
 }
 
-/// How many instances [`HandoverBook`] remembers the looks at.
+/// How many instances [`HandoverBook`] remembers.
 const LOOKED_CAP: usize = 10_000;
 
-/// How many times a notice about an instance no machine is known to own is looked at.
-pub const LOOKS: u32 = 6;
-
-/// How long after a look such a notice is looked at again.
+/// How long after a look a held notice is looked at again.
 pub const LOOK_AGAIN: Duration = Duration::from_secs(5);
+
+/// Listings after which a notice about an instance no machine is known to own is
+/// acknowledged: the second listing since it was held was sent after it came, and shows no
+/// machine's instance by that id (not ours, or gone).
+pub const UNKNOWN_FOR_LISTINGS: u64 = 2;
+
+/// When a notice was first held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    /// On the coordinator's clock: the warning's deadline counts from here.
+    since: Duration,
+    /// Listings seen by then.
+    listings: u64,
+}
 
 impl HandoverBook {
     /// No hand-over.
@@ -193,6 +226,15 @@ impl HandoverBook {
 
     /// Decides on a notice received at `now`, given what the registry knows of its instance
     /// (`None`: not an instance of ours that a machine owns).
+    ///
+    /// A warning about an instance no machine records yet is held, never given up on a timer:
+    /// an instance tagged for a live machine that records none (its start has not answered,
+    /// or its record has not landed) is held until the machine records it (then it is handed
+    /// over, its deadline counted from when it first came) or is gone; one the registry does
+    /// not know at all, until it does, or until [`UNKNOWN_FOR_LISTINGS`] listings since it
+    /// was held show no machine's instance by that id. A start slower than any timer would
+    /// otherwise leave its machine's instance to be taken with no replacement (found by the
+    /// model checker).
     pub fn on_notice(
         &mut self,
         notice: InterruptionNotice,
@@ -200,8 +242,8 @@ impl HandoverBook {
         now: Duration,
     ) -> NoticeDecision {
         let Some(owner) = owner else {
-            let running = notice.kind == NoticeKind::Interruption && self.look_again(&notice);
-            return if running { Self::later(notice) } else { NoticeDecision::Acknowledge(notice.receipt) };
+            let hold = notice.kind == NoticeKind::Interruption && self.hold_unknown(&notice.instance, now);
+            return if hold { NoticeDecision::Later(notice) } else { self.acknowledged(notice) };
         };
         if let Some(h) = self.on.get_mut(&owner.machine) {
             if h.interrupted == notice.instance {
@@ -225,16 +267,29 @@ impl HandoverBook {
             self.deferred.entry(owner.machine).or_default().push(notice);
             return NoticeDecision::Deferred;
         }
-        // Tagged for a live machine that records no instance yet (its record has not landed):
-        // looked at again, as an unknown instance's.
-        let unrecorded = owner.alive && !owner.recorded && owner.record.instance.is_none();
-        if notice.kind == NoticeKind::Interruption && unrecorded && self.look_again(&notice) {
-            return Self::later(notice);
+        // Another instance of the machine is still there (a switch's whose stop a crash lost, an
+        // orphan's whose stop is under way): that one is stopped first, and the warning waits
+        // for it (never a third).
+        if let (NoticeKind::Interruption, true, true, Some(left)) =
+            (notice.kind, owner.alive, owner.recorded, owner.leftover.clone())
+        {
+            self.stopping.insert(owner.machine.clone(), left.clone());
+            self.deferred.entry(owner.machine.clone()).or_default().push(notice);
+            return NoticeDecision::StopFirst { machine: owner.machine, instance: left };
+        }
+        // Tagged for a live machine that records no instance yet (its start has not answered,
+        // or its record has not landed), or a replacement of its recorded instance that a
+        // hand-over has not recorded yet (a crash came between): held until it is recorded.
+        let unrecorded = owner.alive && !owner.recorded && (owner.record.instance.is_none() || owner.replaces_recorded);
+        if notice.kind == NoticeKind::Interruption && unrecorded && !self.ended(&notice.instance) {
+            self.hold(&notice.instance, now);
+            return NoticeDecision::Later(notice);
         }
         if notice.kind != NoticeKind::Interruption || !owner.alive || !owner.recorded {
-            return NoticeDecision::Acknowledge(notice.receipt);
+            return self.acknowledged(notice);
         }
-        let deadline = notice.deadline.map(|d| now + d);
+        let since = self.held.remove(&notice.instance).map_or(now, |h| h.since);
+        let deadline = notice.deadline.map(|d| since + d);
         self.open(owner, notice.instance, deadline, vec![notice.receipt], HandoverCause::Interruption)
     }
 
@@ -302,6 +357,11 @@ impl HandoverBook {
         }
         let instance = owner.record.instance.clone()?;
         Some(self.open(owner, instance, None, Vec::new(), cause))
+    }
+
+    /// Whether the machine's hand-over is on and its replacement not started yet.
+    pub fn replacing(&self, machine: &MachineId) -> bool {
+        self.on.get(machine).is_some_and(|h| h.phase == HandoverPhase::Replacing)
     }
 
     /// How many hand-overs of this cause are on.
@@ -417,7 +477,7 @@ impl HandoverBook {
     pub fn end(&mut self, machine: &MachineId) -> HandoverEnded {
         let acknowledge = match self.on.remove(machine) {
             Some(h) => {
-                self.look(&h.interrupted, LOOKS);
+                self.mark_ended(&h.interrupted);
                 h.receipts
             }
             None => Vec::new(),
@@ -431,7 +491,7 @@ impl HandoverBook {
     /// about the machine wait until [`HandoverBook::stopped`] (or [`HandoverBook::stop_overdue`]).
     pub fn end_switched(&mut self, machine: &MachineId) -> Vec<String> {
         let Some(h) = self.on.remove(machine) else { return Vec::new() };
-        self.look(&h.interrupted, LOOKS);
+        self.mark_ended(&h.interrupted);
         self.stopping.insert(machine.clone(), h.interrupted);
         h.receipts
     }
@@ -453,16 +513,43 @@ impl HandoverBook {
         self.deferred.remove(machine).unwrap_or_default()
     }
 
-    /// Whether a notice is to be looked at again: its warning runs past the next look, and its
-    /// instance was looked at fewer than [`LOOKS`] times (this look counted).
-    fn look_again(&mut self, notice: &InterruptionNotice) -> bool {
-        notice.deadline.is_some_and(|d| d > LOOK_AGAIN) && self.look(&notice.instance, 1) < LOOKS
+    /// A listing of the cloud reached the registry (`ViewRefreshed`): held notices about
+    /// instances it does not show as a machine's count it. (Only the listings since a notice
+    /// was held count: none is counted while none is held.)
+    pub fn listing_seen(&mut self) {
+        if !self.held.is_empty() {
+            self.listings += 1;
+        }
     }
 
-    /// A notice to look at again after [`LOOK_AGAIN`], its deadline counted down by it.
-    fn later(mut notice: InterruptionNotice) -> NoticeDecision {
-        notice.deadline = notice.deadline.map(|d| d.saturating_sub(LOOK_AGAIN));
-        NoticeDecision::Later(notice)
+    /// Whether a notice about an instance no machine is known to own is held: not one
+    /// interrupted in a hand-over that ended, and fewer than [`UNKNOWN_FOR_LISTINGS`] listings
+    /// seen since it was first held.
+    fn hold_unknown(&mut self, instance: &InstanceId, now: Duration) -> bool {
+        if self.ended(instance) {
+            return false;
+        }
+        let held = self.hold(instance, now);
+        self.listings < held.listings + UNKNOWN_FOR_LISTINGS
+    }
+
+    /// Holds a notice about `instance` (once: the first hold is kept).
+    fn hold(&mut self, instance: &InstanceId, now: Duration) -> Held {
+        if self.held.len() >= LOOKED_CAP {
+            self.held.clear();
+        }
+        *self.held.entry(instance.clone()).or_insert(Held { since: now, listings: self.listings })
+    }
+
+    /// A notice acknowledged: no longer held.
+    fn acknowledged(&mut self, notice: InterruptionNotice) -> NoticeDecision {
+        self.held.remove(&notice.instance);
+        NoticeDecision::Acknowledge(notice.receipt)
+    }
+
+    /// Whether `instance` was interrupted in a hand-over that ended.
+    fn ended(&self, instance: &InstanceId) -> bool {
+        self.ended.contains(instance)
     }
 
     /// What the pool's outcomes mean for the hand-overs at `now`: a replacement started is the
@@ -482,7 +569,9 @@ impl HandoverBook {
                     if let Some(orphan) = orphan {
                         self.orphaned(orphan);
                     }
-                    seen.acknowledge.extend(self.end(machine).acknowledge);
+                    let ended = self.end(machine);
+                    seen.acknowledge.extend(ended.acknowledge);
+                    seen.again.extend(ended.again);
                 }
                 _ => {}
             }
@@ -495,15 +584,12 @@ impl HandoverBook {
         self.on.get(machine)?.deadline.map(|d| d.saturating_sub(now))
     }
 
-    /// Counts `n` more looks at notices about `instance`: how many there were before.
-    fn look(&mut self, instance: &InstanceId, n: u32) -> u32 {
-        if self.looked.len() >= LOOKED_CAP {
-            self.looked.clear();
+    /// Marks `instance` interrupted in a hand-over that ended.
+    fn mark_ended(&mut self, instance: &InstanceId) {
+        if self.ended.len() >= LOOKED_CAP {
+            self.ended.clear();
         }
-        let looks = self.looked.entry(instance.clone()).or_default();
-        let before = *looks;
-        *looks = looks.saturating_add(n);
-        before
+        self.ended.insert(instance.clone());
     }
 
     /// The machine's hand-over, if one is on.
@@ -550,6 +636,8 @@ mod tests {
             state: Some(crate::model::InstanceState::Running),
             record: Box::new(crate::model::Machine::pending(machine)),
             adoptable: None,
+            leftover: None,
+            replaces_recorded: false,
         })
     }
 
@@ -578,32 +666,79 @@ mod tests {
     }
 
     #[test]
+    fn a_warning_about_a_replacement_whose_interrupted_instance_is_left_stops_that_one_first() {
+        let mut book = HandoverBook::new();
+        let m = MachineId::new("0");
+        let mut o = owner("0", true, true);
+        if let Some(o) = o.as_mut() {
+            o.leftover = Some(InstanceId::new("i-1"));
+        }
+        let w = notice("i-2", NoticeKind::Interruption, "r2");
+        let d = book.on_notice(w.clone(), o, T);
+        assert_eq!(d, NoticeDecision::StopFirst { machine: m.clone(), instance: InstanceId::new("i-1") });
+        assert!(book.busy(&m), "its stop is under way");
+        assert_eq!(book.stopped(&[InstanceId::new("i-1")]), vec![w.clone()], "looked at again once it is stopped");
+        assert!(matches!(book.on_notice(w, owner("0", true, true), T), NoticeDecision::Replace { .. }));
+    }
+
+    #[test]
+    fn a_warning_that_came_before_its_machines_record_is_handed_over_once_it_lands() {
+        let mut book = HandoverBook::new();
+        let n = notice("i-1", NoticeKind::Interruption, "r1");
+        // Before the start answered: the registry does not know the instance; then the listing
+        // shows it tagged for the machine, which records none yet.
+        assert_eq!(book.on_notice(n.clone(), None, T), NoticeDecision::Later(n.clone()));
+        book.listing_seen();
+        book.listing_seen();
+        let later = T + Duration::from_secs(90);
+        assert_eq!(book.on_notice(n.clone(), owner("0", false, true), later), NoticeDecision::Later(n.clone()));
+        // The record landed, long after: the hand-over opens, its deadline from when it came.
+        let d = book.on_notice(n, owner("0", true, true), later + Duration::from_secs(60));
+        assert!(matches!(d, NoticeDecision::Replace { .. }), "{d:?}");
+        assert_eq!(book.of(&MachineId::new("0")).unwrap().deadline, Some(T + Duration::from_secs(120)));
+    }
+
+    #[test]
     fn notices_with_nothing_to_do_are_acknowledged() {
         let mut book = HandoverBook::new();
         let ack = |r: &str| NoticeDecision::Acknowledge(r.into());
+        // An instance the registry does not know: held, however often it is looked at and
+        // whatever its warning says, until two listings since it came show no machine owns it.
         let unknown = notice("i-9", NoticeKind::Interruption, "a");
-        assert_eq!(book.on_notice(unknown.clone(), None, T), HandoverBook::later(unknown));
-        let mut expired = notice("i-9", NoticeKind::Interruption, "a2");
-        expired.deadline = Some(Duration::ZERO);
-        assert_eq!(
-            book.on_notice(expired, None, T),
-            ack("a2"),
-            "an unknown instance's notice once its warning ran out"
-        );
-        let again = notice("i-8", NoticeKind::Interruption, "a3");
-        for _ in 0..LOOKS {
-            assert_eq!(book.on_notice(again.clone(), None, T), HandoverBook::later(again.clone()));
+        let later = |n: &InterruptionNotice| NoticeDecision::Later(n.clone());
+        for _ in 0..20 {
+            assert_eq!(book.on_notice(unknown.clone(), None, T), later(&unknown));
         }
-        assert_eq!(book.on_notice(again, None, T), ack("a3"), "looked at LOOKS times, then acknowledged");
+        let mut expired = unknown.clone();
+        expired.deadline = Some(Duration::ZERO);
+        assert_eq!(book.on_notice(expired.clone(), None, T), later(&expired), "held past its warning");
+        book.listing_seen();
+        assert_eq!(
+            book.on_notice(unknown.clone(), None, T),
+            later(&unknown),
+            "one listing may have been sent before it"
+        );
+        // Held after the first listing: it counts from there.
+        let late = notice("i-8", NoticeKind::Interruption, "a3");
+        assert_eq!(book.on_notice(late.clone(), None, T), later(&late));
+        book.listing_seen();
+        assert_eq!(book.on_notice(unknown, None, T), ack("a"), "two listings since: not a machine's");
+        assert_eq!(book.on_notice(late.clone(), None, T), later(&late));
+        book.listing_seen();
+        assert_eq!(book.on_notice(late, None, T), ack("a3"));
         // Not the machine's recorded instance (it records another): nothing to hand over.
         let mut other = owner("0", false, true);
         if let Some(o) = other.as_mut() {
             o.record.instance = Some(InstanceId::new("i-0"));
         }
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "b"), other, T), ack("b"));
-        // Tagged for a machine that records none yet (its record has not landed): looked at again.
+        // Tagged for a machine that records none yet (its record has not landed): held, however
+        // many listings pass.
         let unrecorded = notice("i-7", NoticeKind::Interruption, "b2");
-        assert_eq!(book.on_notice(unrecorded.clone(), owner("0", false, true), T), HandoverBook::later(unrecorded));
+        for _ in 0..3 {
+            book.listing_seen();
+            assert_eq!(book.on_notice(unrecorded.clone(), owner("0", false, true), T), later(&unrecorded));
+        }
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Interruption, "c"), owner("0", true, false), T), ack("c"));
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Rebalance, "d"), owner("0", true, true), T), ack("d"));
         assert_eq!(book.on_notice(notice("i-1", NoticeKind::Terminating, "e"), owner("0", true, true), T), ack("e"));

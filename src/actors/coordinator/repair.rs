@@ -321,6 +321,8 @@ mod tests {
                 state: Some(crate::model::InstanceState::Stopped),
                 record: Box::new(record),
                 adoptable: None,
+                leftover: None,
+                replaces_recorded: false,
             },
             stopped_for: Duration::from_secs(60 * minutes),
             reason: "stopped",

@@ -15,3 +15,4 @@ mod tests;
 
 pub use actor::InterruptionPoller;
 pub use messages::{AcknowledgeNotices, CapacityShort, ImpairedInstances, ReleaseNotices, ReplacementStates};
+pub use state::NoticeBook;

@@ -1081,8 +1081,35 @@ impl MachineBook {
                 free.sort_by_key(|v| v.tags.replaces() != Some(id.as_str()));
                 free.first().map(|v| Box::new((*v).clone()))
             }),
+            leftover: self.leftover(m, id),
+            replaces_recorded: m
+                .instance
+                .as_ref()
+                .is_some_and(|r| view.and_then(|v| v.tags.replaces()) == Some(r.as_str())),
             machine,
         })
+    }
+
+    /// Another instance of ours tagged for the machine whose recorded instance is `id`, still
+    /// listed (not terminated), owned by no machine, and not a replacement of `id` (that one is
+    /// adopted by a hand-over): the interrupted instance of a switch whose stop a crash lost,
+    /// or an orphan or extra whose stop is decided or due. A hand-over of `id` waits for it to
+    /// go (never a third live instance).
+    fn leftover(&self, m: &Machine, id: &InstanceId) -> Option<InstanceId> {
+        if m.instance.as_ref() != Some(id) || self.mutations.handover_ignores_leftovers {
+            return None;
+        }
+        let slot = self.machines.get(&m.id)?;
+        slot.tagged()
+            .iter()
+            .find(|i| {
+                *i != id
+                    && self.owner(i).is_none()
+                    && self
+                        .view(i)
+                        .is_some_and(|v| v.state != InstanceState::Terminated && v.tags.replaces() != Some(id.as_str()))
+            })
+            .cloned()
     }
 
     /// Instances that were terminated (by us).

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::model::MachineId;
+use crate::model::{InstanceId, MachineId};
 
 /// What may happen next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +21,11 @@ pub enum McAction {
     JobsDone,
     /// The pool carries out its first stop job.
     Stop,
+    /// The pool carries out its first release job (harvest modes `none` and `unknown`): the
+    /// instances run on, no longer ours.
+    Release,
+    /// The operator changes the model's harvest mode (`ChangeHarvestMode`).
+    ChangeMode(crate::model::HarvestMode),
     /// The pool's first stop job calls the cloud, which stops the instances, and the answer is
     /// lost: the pool retries the job later.
     StopFails,
@@ -56,6 +61,23 @@ pub enum McAction {
     Stale(Box<McAction>),
     /// The stale leader steps down: its actors stop (its calls already sent stay on the wire).
     StepsDown,
+    /// The cloud warns that it takes this instance away (a spot interruption): a notice the
+    /// poller is handed until it is acknowledged.
+    Warn(InstanceId),
+    /// The cloud takes a warned instance (its warning ran out).
+    Reclaim(InstanceId),
+    /// The interruption poller hands the cloud's notices it does not hold yet to the
+    /// coordinator, which decides on each with what the registry knows of its instance.
+    Poll,
+    /// A hand-over's replacement is prepared, as the coordinator's `start_replacement`: the
+    /// model read, the lifecycle asked (`BeginReplacement`), the start queued ahead of others.
+    Replace(MachineId),
+    /// The coordinator's look-again timer fires: notices about instances no machine was known
+    /// to own are looked at again.
+    LookAgain,
+    /// The timer after a hand-over's switch fires: the machine's deferred warnings are looked
+    /// at again, whatever became of the interrupted instance's stop.
+    Overdue(MachineId),
     /// A start call of a provisioner that is gone (crashed, or stepped down) reaches the cloud,
     /// which makes or finds its instance by its token; the answer reaches no one.
     Late(u32, MachineId),
@@ -94,6 +116,8 @@ impl fmt::Display for McAction {
             McAction::Reply(m) => write!(f, "the cloud's answer reaches machine {m}'s start"),
             McAction::JobsDone => write!(f, "the finished jobs reach the coordinator"),
             McAction::Stop => write!(f, "the pool stops instances"),
+            McAction::Release => write!(f, "the pool releases instances"),
+            McAction::ChangeMode(m) => write!(f, "the operator sets the harvest mode to {m}"),
             McAction::StopFails => write!(f, "the pool's stop call takes effect and its answer is lost"),
             McAction::Crash => write!(f, "the provisioner crashes and restarts"),
             McAction::Die(m) => write!(f, "machine {m} dies"),
@@ -109,6 +133,12 @@ impl fmt::Display for McAction {
             McAction::LeaseMoves => write!(f, "the lease moves to another replica (a new epoch)"),
             McAction::Stale(a) => write!(f, "the stale leader: {a}"),
             McAction::StepsDown => write!(f, "the stale leader steps down"),
+            McAction::Warn(i) => write!(f, "the cloud warns that it takes instance {i} (an interruption)"),
+            McAction::Reclaim(i) => write!(f, "the cloud takes instance {i}"),
+            McAction::Poll => write!(f, "the poller hands the interruption notices to the coordinator"),
+            McAction::Replace(m) => write!(f, "machine {m}'s replacement is prepared and queued"),
+            McAction::LookAgain => write!(f, "the coordinator looks at notices again"),
+            McAction::Overdue(m) => write!(f, "machine {m}'s interrupted instance's stop is overdue"),
             McAction::Late(inc, m) => {
                 write!(f, "machine {m}'s start call of provisioner {inc} (gone) reaches the cloud late")
             }

@@ -32,15 +32,22 @@ pub struct McConfig {
     pub record_failures: u8,
     /// Retries of a machine in provisioning error (`retry-provisioning`), at most.
     pub retries: u8,
-    /// The harvest mode: `destroyed` (the default) or `all` (unknown instances harvested too,
-    /// once older than the grace period); `none` and `unknown` release instances, which the
-    /// checker does not model.
+    /// The harvest mode at first: `destroyed` (the default), `all` (unknown instances
+    /// harvested too, once older than the grace period), `unknown` (those, and dead machines'
+    /// instances released) or `none` (dead machines' instances released).
     pub harvest_mode: crate::model::HarvestMode,
+    /// A change of the harvest mode by the operator, to this mode, at any point (at most one).
+    pub mode_change: Option<crate::model::HarvestMode>,
     /// Stop calls that take effect and lose their answer, at most: the pool retries the job
     /// later (an at-least-once stop).
     pub stop_failures: u8,
     /// Destructions of the model (`destroy-model`), at most (0 or 1).
     pub destroys: u8,
+    /// Spot interruption warnings the cloud gives, at most (issue 33): the cloud warns that it
+    /// takes a live instance of ours, hands the notice to the provisioner's poller until it is
+    /// acknowledged, and may take the instance at any point after (time is not modelled). A
+    /// warned machine's instance is handed over to a replacement (`HandoverBook`).
+    pub interruptions: u8,
     /// The service's protocol around the engine: a leader lease whose epoch fences the
     /// provisioner's writes to the store (`model::Fence`), a start intent written (fenced)
     /// before each start call and repeated by a new incarnation before it runs, and start calls
@@ -81,8 +88,10 @@ impl McConfig {
             record_failures: 0,
             retries: 0,
             destroys: 0,
+            interruptions: 0,
             stop_failures: 0,
             harvest_mode: crate::model::HarvestMode::Destroyed,
+            mode_change: None,
             service: false,
             lease_changes: 0,
             mutations: Mutations::default(),
@@ -184,6 +193,23 @@ impl McConfig {
         }
     }
 
+    /// Harvest modes that release: one machine, one zone, mode `unknown` (dead machines'
+    /// instances released, unknown instances stopped once older than the grace period), changed
+    /// to `destroyed` at any point; one death, one crash, one lost answer, one periodic listing,
+    /// one stop call that loses its answer.
+    pub fn harvest_modes() -> Self {
+        Self {
+            name: "harvest-modes",
+            stop_failures: 1,
+            harvest_mode: crate::model::HarvestMode::Unknown,
+            mode_change: Some(crate::model::HarvestMode::Destroyed),
+            listings: 1,
+            crashes: 1,
+            lost_answers: 1,
+            ..Self::one_machine()
+        }
+    }
+
     /// The nightly-style configuration of harvest mode `all` (`MODEL_CHECK_LONG=1`):
     /// [`McConfig::harvest_all`] with the service's protocol and one change of leader instead
     /// of the crash and the lost answer (a stale leader's late call lands for a machine removed
@@ -198,6 +224,29 @@ impl McConfig {
             max_depth: 300,
             depth_first: true,
             ..Self::harvest_all()
+        }
+    }
+
+    /// Spot interruptions and their hand-overs (one machine, one zone): the cloud warns twice
+    /// (the machine's instance, then maybe its replacement, or the replacement before the
+    /// switch), may take each warned instance at any point; one crash (a hand-over under way
+    /// resumed from the listing, the notices handed out again) and one lost answer.
+    pub fn interruptions() -> Self {
+        Self { name: "interruptions", interruptions: 2, crashes: 1, lost_answers: 1, ..Self::one_machine() }
+    }
+
+    /// The nightly-style configuration of the hand-overs (`MODEL_CHECK_LONG=1`):
+    /// [`McConfig::interruptions`] with a periodic listing (a hand-over resumed from it, extras
+    /// judged beside a hand-over, held notices counted) and a stop call that loses its answer,
+    /// depth first.
+    pub fn interruptions_long() -> Self {
+        Self {
+            name: "interruptions-long",
+            listings: 1,
+            stop_failures: 1,
+            max_depth: 300,
+            depth_first: true,
+            ..Self::interruptions()
         }
     }
 

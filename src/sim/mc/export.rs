@@ -5,8 +5,11 @@
 //! path makes them, become its `[[cloud.faults]]` (a call that lands and loses its answer a
 //! `lost_response` fault, a refused call a zone-specific one), consumed by the fake cloud in
 //! the same order; a crash becomes a `restart` event and a death a `set_life` event, each at
-//! its step's position in the path (one second a step); a failed listing a `fail_next` of
-//! `all_instances` at its step, a destruction a `destroy_model` event at its step (starts then
+//! its step's position in the path (one second a step); a warning of an interruption an
+//! `interrupt` event at its step, its warning running until the path's cloud takes the instance
+//! (or past the path's end); a failed listing a `fail_next` of
+//! `all_instances` at its step, a change of the harvest mode a `set_harvest_mode` event at its
+//! step (the configuration's first mode `[provisioner] harvest_mode`), a destruction a `destroy_model` event at its step (starts then
 //! last the whole path, so that one begun before it is in flight at it), the model's refusals of records a `fail_next` of
 //! `set_instance_info` from the start, a retry a `retry_provisioning` event at its step; periodic listings come every second
 //! (`resync_interval`), and stops take long enough to be in flight at the next steps
@@ -78,6 +81,13 @@ pub fn to_scenario(config: &McConfig, cx: &Counterexample) -> Result<Replay, Sce
         notes.push(format!("a start waits {retry_delay}s before it calls again after a lost answer, across the crash"));
     }
     let _ = writeln!(toml, "\n[provisioner]\nretry_count = {}\nretry_delay = \"{retry_delay}s\"", config.retry_count);
+    if config.harvest_mode != crate::model::HarvestMode::default() {
+        let _ = writeln!(toml, "harvest_mode = {:?}", config.harvest_mode.as_str());
+    }
+    if cx.actions.contains(&McAction::GracePasses) {
+        notes.push("the grace period is one second, not the path's step at which it passes".into());
+        let _ = writeln!(toml, "harvest_grace = \"1s\"");
+    }
     let lists = cx.actions.iter().any(|a| matches!(a, McAction::List));
     if lists {
         notes.push("periodic listings come every second, not at the path's steps".into());
@@ -104,10 +114,17 @@ pub fn to_scenario(config: &McConfig, cx: &Counterexample) -> Result<Replay, Sce
     // Each machine's calls, in order: runs of one outcome become one fault each.
     for m in 0..config.machines {
         let id = m.to_string();
+        // The path's last step lands its call either way: an answer lost there changes nothing
+        // the path shows, and is replayed as a call that lands.
+        let last = cx.actions.len().saturating_sub(1);
         let calls: Vec<CallOutcome> = cx
             .actions
             .iter()
-            .filter_map(|a| match a {
+            .enumerate()
+            .filter_map(|(i, a)| match a {
+                McAction::Call(mid, CallOutcome::LosesAnswer) if mid.as_str() == id && i == last => {
+                    Some(CallOutcome::Lands)
+                }
                 McAction::Call(mid, outcome) if mid.as_str() == id => Some(*outcome),
                 _ => None,
             })
@@ -203,6 +220,21 @@ pub fn to_scenario(config: &McConfig, cx: &Counterexample) -> Result<Replay, Sce
             McAction::Destroy => {
                 notes.push(format!("step {at} (the model destroyed) is at {at}s"));
                 events.push((at, 1, "destroy_model = { force = false }".into()));
+            }
+            McAction::Warn(id) => {
+                // The warning runs until the path's cloud takes the instance, or past its end.
+                let taken = cx.actions[i..].iter().position(|b| matches!(b, McAction::Reclaim(r) if r == id));
+                let warning = taken.unwrap_or(cx.actions.len() - i + 60).max(1);
+                notes.push(format!("step {at} (instance {id} warned) is at {at}s, its warning {warning}s"));
+                events.push((
+                    at,
+                    1,
+                    format!("interrupt = {{ instance = {:?}, warning = \"{warning}s\" }}", id.as_str()),
+                ));
+            }
+            McAction::ChangeMode(mode) => {
+                notes.push(format!("step {at} (the harvest mode set to {mode}) is at {at}s"));
+                events.push((at, 1, format!("set_harvest_mode = {:?}", mode.as_str())));
             }
             McAction::Die(m) => {
                 notes.push(format!("step {at} (machine {m} dies) is at {at}s"));

@@ -17,6 +17,11 @@
 //! is the coordinator's `followup::on_jobs_done`; the checker answers their questions
 //! from the other cores as the actors' handlers do, one handler at a time.
 //!
+//! With warnings of spot interruptions (`McConfig::interruptions`), the cloud warns of its
+//! instances and takes warned ones at any point, the poller's `NoticeBook` and the
+//! coordinator's `HandoverBook` decide, and a hand-over's replacement, switch and stop run
+//! through the same cores.
+//!
 //! Properties (checked on every state, [`World::duplicates`] and its siblings): never two
 //! live instances of ours for one machine; never an instance of a live machine stopped; and, once nothing is left to happen
 //! but faults, every live machine has exactly one live instance and it is the one recorded,

@@ -19,8 +19,10 @@ use super::action::{CallOutcome, ListOutcome, McAction};
 use super::config::McConfig;
 use crate::actors::coordinator::batch::{Answer, Ask, BatchRun, Effect, Next, Steps};
 use crate::actors::coordinator::followup::{self, AfterStartStep, Followup};
+use crate::actors::coordinator::handover::{HandoverBook, NoticeDecision, Switch};
 use crate::actors::coordinator::BatchBook;
 use crate::actors::harvest::{HarvestBook, HarvestPlan, UnknownInstance};
+use crate::actors::interruptions::NoticeBook;
 use crate::actors::lifecycle::LifecycleBook;
 use crate::actors::registry::MachineBook;
 use crate::actors::workers::run::{StartAnswer, StartAsk, StartRun, StartSettings};
@@ -31,10 +33,17 @@ use crate::model::{
     CloudInstance, Fence, HeldLease, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine, MachineId,
     MachineStatus, ProvisioningInfo,
 };
-use crate::ports::{BrokerError, StartInstanceParams, StartedInstance};
+use crate::ports::{BrokerError, InterruptionNotice, NoticeKind, StartInstanceParams, StartedInstance};
 
 /// The model's uuid on every instance of ours.
 const UUID: &str = "mc-model";
+
+/// The provisioners' host tag (a hand-over's replacement nonce names it: the same for every
+/// incarnation).
+const HOST_TAG: &str = "mc";
+
+/// How long an interruption warning runs (EC2's two minutes).
+const WARNING: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The lease when incarnation `inc` leads (`service`): each incarnation is a new acquisition
 /// (a restart re-acquires after the expiry; a move is another replica's), at epoch `inc + 1`.
@@ -62,6 +71,10 @@ struct Instance {
     live: bool,
     /// Older than the harvest's grace period.
     old: bool,
+    /// The cloud warned it takes it.
+    warned: bool,
+    /// Released: left running, no longer ours (harvest modes `none` and `unknown`).
+    released: bool,
 }
 
 /// The cloud: instances, and the client tokens that made them.
@@ -70,6 +83,8 @@ struct Cloud {
     instances: BTreeMap<InstanceId, Instance>,
     tokens: BTreeMap<String, InstanceId>,
     made: u32,
+    /// Interruption notices not acknowledged, by receipt.
+    notices: BTreeMap<String, InstanceId>,
 }
 
 impl Cloud {
@@ -86,6 +101,8 @@ impl Cloud {
             zone: p.zone.clone(),
             live: true,
             old: false,
+            warned: false,
+            released: false,
         };
         self.instances.insert(id.clone(), instance);
         self.tokens.insert(p.client_token.clone(), id.clone());
@@ -94,22 +111,43 @@ impl Cloud {
 
     fn view(&self, id: &InstanceId) -> CloudInstance {
         let i = &self.instances[id];
-        let tags = InstanceTags { model: Some(UUID.into()), machine: i.machine.clone(), start: i.nonce.clone() };
+        let tags = if i.released {
+            InstanceTags::default()
+        } else {
+            InstanceTags { model: Some(UUID.into()), machine: i.machine.clone(), start: i.nonce.clone() }
+        };
         let state = if i.live { InstanceState::Running } else { InstanceState::Terminated };
         let mut out = CloudInstance::tagged(id.clone(), state, tags);
         out.zone = i.zone.clone();
         out
     }
 
+    /// The notices not acknowledged, as the cloud hands them out (each time with its whole
+    /// warning: time is not modelled).
+    fn notices(&self) -> Vec<InterruptionNotice> {
+        self.notices
+            .iter()
+            .map(|(receipt, instance)| InterruptionNotice {
+                instance: instance.clone(),
+                kind: NoticeKind::Interruption,
+                deadline: Some(WARNING),
+                receipt: receipt.clone(),
+            })
+            .collect()
+    }
+
+    /// The listing: every instance of ours (not released), terminated ones included.
     fn list(&self) -> Vec<CloudInstance> {
-        self.instances.keys().map(|id| self.view(id)).collect()
+        self.instances.iter().filter(|(_, i)| !i.released).map(|(id, _)| self.view(id)).collect()
     }
 
     /// Live instances of this machine's start `nonce`.
     fn of_start(&self, machine: &MachineId, nonce: &str) -> Vec<CloudInstance> {
         self.instances
             .iter()
-            .filter(|(_, i)| i.live && i.machine.as_ref() == Some(machine) && i.nonce.as_deref() == Some(nonce))
+            .filter(|(_, i)| {
+                i.live && !i.released && i.machine.as_ref() == Some(machine) && i.nonce.as_deref() == Some(nonce)
+            })
             .map(|(id, _)| self.view(id))
             .collect()
     }
@@ -122,10 +160,20 @@ impl Cloud {
         }
     }
 
+    /// Releases instances: they run on, no longer ours.
+    fn release(&mut self, ids: &[InstanceId]) {
+        for id in ids {
+            if let Some(i) = self.instances.get_mut(id) {
+                i.released = true;
+            }
+        }
+    }
+
+    /// Live instances of ours (not released) tagged for the machine.
     fn live_of(&self, machine: &MachineId) -> Vec<InstanceId> {
         self.instances
             .iter()
-            .filter(|(_, i)| i.live && i.machine.as_ref() == Some(machine))
+            .filter(|(_, i)| i.live && !i.released && i.machine.as_ref() == Some(machine))
             .map(|(id, _)| id.clone())
             .collect()
     }
@@ -139,6 +187,8 @@ struct Store {
     lease: Option<HeldLease>,
     /// The model is dying (destroyed).
     dying: bool,
+    /// The model's harvest mode (a new incarnation starts with it).
+    harvest_mode: crate::model::HarvestMode,
     /// Start intents by client token (`service::cloud::intents`): written before the call,
     /// dropped once it is settled.
     intents: BTreeMap<String, StartInstanceParams>,
@@ -183,8 +233,23 @@ struct Provisioner {
     done: Vec<JobOutcome>,
     /// The harvest policy's recheck timer is armed (a plan spared young unknown instances).
     recheck: bool,
+    /// Spot hand-overs (the coordinator's core for them).
+    handovers: HandoverBook,
+    /// The interruption poller's book: the notices it handed on and not acknowledged.
+    poller: NoticeBook,
+    /// Notices to look at again when the coordinator's look-again timer fires.
+    later: Vec<InterruptionNotice>,
+    /// Hand-overs whose replacement is being prepared, by machine.
+    replacing: BTreeMap<MachineId, NoticeDecision>,
+    /// Machines whose switch's stop-overdue timer is armed, with their interrupted instance:
+    /// the timer fires once the instance's warning ran out, which is when the cloud takes it.
+    overdue: BTreeMap<MachineId, InstanceId>,
+    /// Hand-overs a predecessor left under way were looked for (after the first batch).
+    resumed: bool,
     /// Stop jobs queued in the pool: the instances, and the dead machines to remove after.
     stops: Vec<(Vec<InstanceId>, Vec<MachineId>)>,
+    /// Release jobs queued in the pool: the instances, and the dead machines to remove after.
+    releases: Vec<(Vec<InstanceId>, Vec<MachineId>)>,
     /// The registry's periodic listing in flight: its number, and the cloud's answer as of
     /// when it was sent.
     listing: Option<(u64, Vec<CloudInstance>)>,
@@ -196,7 +261,13 @@ struct Provisioner {
 }
 
 impl Provisioner {
-    fn new(inc: u32, ids: impl IntoIterator<Item = MachineId>, settings: &Settings, fence: Option<Fence>) -> Self {
+    fn new(
+        inc: u32,
+        ids: impl IntoIterator<Item = MachineId>,
+        settings: &Settings,
+        mode: crate::model::HarvestMode,
+        fence: Option<Fence>,
+    ) -> Self {
         let mutations = settings.mutations;
         let config = crate::config::ProvisionerConfig::default();
         let mut batches = BatchBook::new(config.backoff, config.workers).with_seed(u64::from(inc));
@@ -210,12 +281,19 @@ impl Provisioner {
             book: MachineBook::with_scope(Scope::Environ).with_mutations(mutations),
             lifecycle: LifecycleBook::default().with_mutations(mutations),
             zones: ZoneBook::new(u64::from(inc)),
-            harvest: HarvestBook::new(settings.harvest_mode),
+            harvest: HarvestBook::new(mode),
+            handovers: HandoverBook::new(),
+            poller: NoticeBook::new(config.backoff),
+            later: Vec::new(),
+            replacing: BTreeMap::new(),
+            overdue: BTreeMap::new(),
+            resumed: false,
             starts: BTreeMap::new(),
             started: 0,
             recheck: false,
             done: Vec::new(),
             stops: Vec::new(),
+            releases: Vec::new(),
             listing: None,
             wire: BTreeMap::new(),
             replies: BTreeMap::new(),
@@ -237,6 +315,8 @@ struct Budget {
     destroys: u8,
     stop_failures: u8,
     lease_changes: u8,
+    interruptions: u8,
+    mode_changes: u8,
 }
 
 /// What the configuration fixes for the whole check.
@@ -245,7 +325,8 @@ struct Settings {
     zones: Vec<String>,
     retry_count: u32,
     service: bool,
-    harvest_mode: crate::model::HarvestMode,
+    /// The cloud warns of interruptions (the poller runs).
+    warns: bool,
     mutations: crate::config::Mutations,
 }
 
@@ -279,6 +360,7 @@ impl World {
         let store = Store {
             machines: ids.iter().map(|id| (id.clone(), Machine::pending(id.clone()))).collect(),
             lease: config.service.then(|| lease_of(0)),
+            harvest_mode: config.harvest_mode,
             ..Store::default()
         };
         let fence = config.service.then(|| fence_of(0, config.mutations));
@@ -286,10 +368,10 @@ impl World {
             zones: config.zones.clone(),
             retry_count: config.retry_count,
             service: config.service,
-            harvest_mode: config.harvest_mode,
+            warns: config.interruptions > 0,
             mutations: config.mutations,
         };
-        let prov = Provisioner::new(0, ids, &settings, fence);
+        let prov = Provisioner::new(0, ids, &settings, config.harvest_mode, fence);
         Self {
             settings,
             cloud: Cloud::default(),
@@ -309,6 +391,8 @@ impl World {
                 destroys: config.destroys,
                 stop_failures: config.stop_failures,
                 lease_changes: config.lease_changes,
+                interruptions: config.interruptions,
+                mode_changes: u8::from(config.mode_change.is_some()),
             },
             wrong_stops: Vec::new(),
             unmodelled: Vec::new(),
@@ -338,10 +422,21 @@ impl World {
         if self.budget.lease_changes > 0 {
             out.push(McAction::LeaseMoves);
         }
+        if let (Some(mode), true) = (config.mode_change, self.budget.mode_changes > 0) {
+            out.push(McAction::ChangeMode(mode));
+        }
         if self.budget.destroys > 0 && !self.store.dying {
             out.push(McAction::Destroy);
         }
-        if self.settings.harvest_mode.harvests_unknown() && self.cloud.instances.values().any(|i| i.live && !i.old) {
+        for (id, i) in &self.cloud.instances {
+            if i.live && i.machine.is_some() && !i.warned && self.budget.interruptions > 0 {
+                out.push(McAction::Warn(id.clone()));
+            }
+            if i.live && i.warned {
+                out.push(McAction::Reclaim(id.clone()));
+            }
+        }
+        if self.store.harvest_mode.harvests_unknown() && self.cloud.instances.values().any(|i| i.live && !i.old) {
             out.push(McAction::GracePasses);
         }
         if self.budget.deaths > 0 {
@@ -401,6 +496,9 @@ impl World {
         if !p.done.is_empty() {
             out.push(McAction::JobsDone);
         }
+        if !p.releases.is_empty() {
+            out.push(McAction::Release);
+        }
         if !p.stops.is_empty() {
             out.push(McAction::Stop);
             if self.budget.stop_failures > 0 {
@@ -410,6 +508,15 @@ impl World {
         if p.recheck {
             out.push(McAction::Recheck);
         }
+        if !p.poller.clone().on_answer(Ok(self.cloud.notices())).forward.is_empty() {
+            out.push(McAction::Poll);
+        }
+        out.extend(p.replacing.keys().map(|m| McAction::Replace(m.clone())));
+        if !p.later.is_empty() {
+            out.push(McAction::LookAgain);
+        }
+        let taken = |i: &InstanceId| self.cloud.instances.get(i).is_none_or(|i| !i.live);
+        out.extend(p.overdue.iter().filter(|(_, i)| taken(i)).map(|(m, _)| McAction::Overdue(m.clone())));
         match &p.listing {
             None if self.budget.listings > 0 => out.push(McAction::List),
             None => {}
@@ -423,6 +530,8 @@ impl World {
     }
 
     /// Nothing is left to happen but faults (crashes, deaths): the protocol has run its course.
+    /// The cloud's taking of a warned instance is not a fault but bound to happen (its warning
+    /// runs out).
     pub fn quiet(&self, config: &McConfig) -> bool {
         let mut next = Vec::new();
         self.actions(config, &mut next);
@@ -439,6 +548,8 @@ impl World {
                     | McAction::LeaseMoves
                     | McAction::Destroy
                     | McAction::StopFails
+                    | McAction::Warn(_)
+                    | McAction::ChangeMode(_)
             )
         })
     }
@@ -471,13 +582,66 @@ impl World {
                 self.answer_start(m, answer);
             }
             McAction::JobsDone => {
+                // As the coordinator's `JobsDone`: the hand-overs' switches first, then the
+                // follow-ups, then the switched hand-overs' interrupted instances stopped.
                 let outcomes = std::mem::take(&mut self.prov.done);
+                let seen = self.prov.handovers.on_outcomes(&outcomes, std::time::Duration::ZERO);
+                self.acknowledge(seen.acknowledge);
                 self.follow(followup::on_jobs_done(outcomes));
+                self.after_switches(seen.switches);
+                self.on_notices(seen.again);
+                let awaiting = self.prov.handovers.awaiting();
+                if !awaiting.is_empty() {
+                    self.unmodelled.push(format!("replacements not yet running: {awaiting:?}"));
+                }
+            }
+            McAction::Warn(id) => {
+                self.budget.interruptions -= 1;
+                let receipt = format!("n{}", self.budget.interruptions);
+                if let Some(i) = self.cloud.instances.get_mut(id) {
+                    i.warned = true;
+                    self.cloud.notices.insert(receipt, id.clone());
+                }
+            }
+            McAction::Reclaim(id) => {
+                if let Some(i) = self.cloud.instances.get_mut(id) {
+                    i.live = false;
+                }
+            }
+            McAction::Poll => {
+                let step = self.prov.poller.on_answer(Ok(self.cloud.notices()));
+                self.on_notices(step.forward);
+            }
+            McAction::Replace(m) => self.start_replacement(m),
+            McAction::LookAgain => {
+                let again = std::mem::take(&mut self.prov.later);
+                self.on_notices(again);
+            }
+            McAction::Overdue(m) => {
+                self.prov.overdue.remove(m);
+                let again = self.prov.handovers.stop_overdue(m);
+                self.on_notices(again);
             }
             McAction::Stop => {
                 let (instances, machines) = self.prov.stops.remove(0);
                 self.stop_on_cloud(&instances);
                 self.prov.done.push(JobOutcome::Stopped { instances, machines });
+            }
+            McAction::Release => {
+                let (instances, machines) = self.prov.releases.remove(0);
+                for id in &instances {
+                    self.check_stop(id);
+                }
+                self.cloud.release(&instances);
+                self.prov.done.push(JobOutcome::Released { instances, machines });
+            }
+            McAction::ChangeMode(mode) => {
+                // As the coordinator's `ChangeHarvestMode`: the model's mode, then the harvest
+                // policy's change and its follow-ups.
+                self.budget.mode_changes -= 1;
+                self.store.harvest_mode = *mode;
+                let change = self.prov.harvest.set_mode(*mode);
+                self.follow(followup::on_mode_change(change));
             }
             McAction::StopFails => {
                 // At least once: the instances stopped, the job requeued with its next attempt.
@@ -562,6 +726,123 @@ impl World {
         }
     }
 
+    /// Decides on notices, each with what the registry knows of its instance, as the
+    /// coordinator's `on_notices`.
+    fn on_notices(&mut self, notices: Vec<InterruptionNotice>) {
+        let mut acknowledge = Vec::new();
+        for notice in notices {
+            let owner = self.prov.book.noticed(&notice.instance);
+            match self.prov.handovers.on_notice(notice, owner, std::time::Duration::ZERO) {
+                NoticeDecision::Acknowledge(receipt) => acknowledge.push(receipt),
+                NoticeDecision::Later(notice) => self.prov.later.push(notice),
+                replace @ NoticeDecision::Replace { .. } => self.begin_handover(replace),
+                NoticeDecision::StopFirst { machine, instance } => self.stop_interrupted(machine, instance),
+                NoticeDecision::Joined | NoticeDecision::Deferred => {}
+            }
+        }
+        self.acknowledge(acknowledge);
+    }
+
+    /// A hand-over opened: its replacement to prepare (`McAction::Replace`).
+    fn begin_handover(&mut self, replace: NoticeDecision) {
+        if let NoticeDecision::Replace { machine, .. } = &replace {
+            self.prov.replacing.insert(machine.clone(), replace);
+        }
+    }
+
+    /// Prepares a hand-over's replacement, as the coordinator's `start_replacement` (the
+    /// model's reads fail only for a removed machine) and `begin_replacement` (nothing if the
+    /// hand-over is no longer replacing): the lifecycle asked, then the start queued with the interrupted
+    /// instance it replaces and the instance to adopt, if any; if the lifecycle refuses, the
+    /// hand-over ends and its notices are acknowledged.
+    fn start_replacement(&mut self, m: &MachineId) {
+        let Some(NoticeDecision::Replace { machine, interrupted, record, adopt, .. }) = self.prov.replacing.remove(m)
+        else {
+            return;
+        };
+        if self.store.live(&machine).is_none() {
+            // The model's reads fail (the machine is removed): the hand-over ends, its notices
+            // released to be handed out again (the retries of the reads are not modelled).
+            self.end_handover(&machine, false);
+            return;
+        }
+        if !self.prov.handovers.replacing(&machine) {
+            return;
+        }
+        if !self.prov.lifecycle.begin_replacement(&machine) {
+            self.end_handover(&machine, true);
+            return;
+        }
+        let info = std::sync::Arc::new(ProvisioningInfo::default());
+        let job = crate::actors::workers::StartJob {
+            machine: *record,
+            info,
+            group: Vec::new(),
+            adopt,
+            replaces: Some(interrupted),
+        };
+        self.enqueue_start(job);
+    }
+
+    /// A hand-over ends without its switch, as the coordinator's `end_handover`: its notices
+    /// acknowledged (`done`) or released, its deferred warnings looked at again.
+    fn end_handover(&mut self, machine: &MachineId, done: bool) {
+        let ended = self.prov.handovers.end(machine);
+        if done {
+            self.acknowledge(ended.acknowledge);
+        } else {
+            self.prov.poller.acknowledged(&ended.acknowledge);
+        }
+        self.on_notices(ended.again);
+    }
+
+    /// After the switches: each interrupted instance stopped if its machine is still alive,
+    /// the hand-over ended (its notices acknowledged), the stop-overdue timer armed, as the
+    /// coordinator's `after_switches`.
+    fn after_switches(&mut self, switches: Vec<Switch>) {
+        for s in switches {
+            let receipts = self.prov.handovers.end_switched(&s.machine);
+            self.acknowledge(receipts);
+            if s.lead.is_some() {
+                self.prov.overdue.insert(s.machine.clone(), s.interrupted.clone());
+            }
+            self.stop_interrupted(s.machine, s.interrupted);
+        }
+    }
+
+    /// A hand-over's interrupted instance stopped if its machine is still alive, as the
+    /// coordinator's `stop_interrupted`.
+    fn stop_interrupted(&mut self, machine: MachineId, interrupted: InstanceId) {
+        let alive = self.prov.book.noticed(&interrupted).is_some_and(|o| o.alive);
+        if alive {
+            let stop =
+                Followup::PlanStops { instances: vec![interrupted], remove_after: Vec::new(), machine: Some(machine) };
+            self.follow(vec![stop]);
+        }
+    }
+
+    /// After the first batch of an incarnation: the hand-overs a predecessor left under way
+    /// are resumed, as the coordinator's `resume_handovers_once`.
+    fn resume_handovers_once(&mut self) {
+        if self.prov.resumed || !self.settings.warns {
+            return;
+        }
+        self.prov.resumed = true;
+        for owner in self.prov.book.resumable_handovers() {
+            if let Some(replace) = self.prov.handovers.resume(owner, false) {
+                self.begin_handover(replace);
+            }
+        }
+    }
+
+    /// Notices acknowledged: out of the poller's book and the cloud's queue.
+    fn acknowledge(&mut self, receipts: Vec<String>) {
+        self.prov.poller.acknowledged(&receipts);
+        for r in &receipts {
+            self.cloud.notices.remove(r);
+        }
+    }
+
     /// A new incarnation of the provisioner in place of the current one, which it answers. With
     /// the service, the lease passes to it at a new epoch, and it repeats every start intent
     /// by its token before it runs (`IntentBroker::resume`): the cloud makes or finds each
@@ -571,7 +852,7 @@ impl World {
         let ids: Vec<MachineId> =
             self.store.machines.keys().filter(|id| !self.store.removed.contains(*id)).cloned().collect();
         let fence = self.settings.service.then(|| fence_of(inc, self.settings.mutations));
-        let next = Provisioner::new(inc, ids, &self.settings, fence);
+        let next = Provisioner::new(inc, ids, &self.settings, self.store.harvest_mode, fence);
         let old = std::mem::replace(&mut self.prov, next);
         if self.settings.service {
             self.store.lease = Some(lease_of(inc));
@@ -676,6 +957,7 @@ impl World {
             return;
         }
         book.load_listing(listing, number);
+        self.prov.handovers.listing_seen();
         for (id, status, _) in book.status_changes() {
             if !self.admits(|| format!("machine {id}'s instance status")) {
                 continue;
@@ -687,11 +969,18 @@ impl World {
         if !self.prov.batches.first_done() {
             return;
         }
-        let resumes = self.prov.book.resumable_handovers();
-        if !resumes.is_empty() {
-            self.unmodelled.push(format!("hand-overs to resume: {resumes:?}"));
+        // As the coordinator's `ViewRefreshed`: a hand-over's instances are never extras; the
+        // hand-overs the listing shows under way are resumed.
+        let mut extras = self.prov.book.extra_instances();
+        extras.retain(|(m, i)| !self.prov.handovers.spares(m, i));
+        self.follow(followup::after_listing(extras));
+        if self.settings.warns {
+            for owner in self.prov.book.resumable_handovers() {
+                if let Some(replace) = self.prov.handovers.resume(owner, false) {
+                    self.begin_handover(replace);
+                }
+            }
         }
-        self.follow(followup::after_listing(self.prov.book.extra_instances()));
     }
 
     /// A stop call reaching the cloud: each instance's stop checked, then made.
@@ -702,7 +991,8 @@ impl World {
         self.cloud.stop(instances);
     }
 
-    /// A stop of `id`: wrong if it is the live instance of a live machine that records it.
+    /// A stop (or release) of `id`: wrong if it is the live instance of a live machine that
+    /// records it.
     fn check_stop(&mut self, id: &InstanceId) {
         let Some(machine) = self.cloud.instances.get(id).and_then(|i| i.machine.clone()) else { return };
         let alive = !self.store.dying && self.store.live(&machine).is_some_and(|m| m.life == Life::Alive);
@@ -746,6 +1036,7 @@ impl World {
             Next::Done(outcome) => {
                 let next = self.prov.batches.batch_done(outcome);
                 self.follow(next);
+                self.resume_handovers_once();
             }
         }
     }
@@ -874,7 +1165,7 @@ impl World {
             self.prov.stops.push((plan.stop, plan.remove_after_stop));
         }
         if !plan.release.is_empty() {
-            self.unmodelled.push(format!("a release of {:?}", plan.release));
+            self.prov.releases.push((plan.release, plan.remove_after_release));
         }
         self.forget(plan.remove_now);
     }
@@ -938,11 +1229,24 @@ impl World {
                         self.execute(plan);
                     }
                 }
-                Followup::Forget(machines) => self.forget(machines),
+                Followup::Forget(machines) => {
+                    // As the coordinator's `end_handovers`: their hand-overs end, their notices
+                    // acknowledged.
+                    let mut acknowledge = Vec::new();
+                    for m in &machines {
+                        let ended = self.prov.handovers.end(m);
+                        acknowledge.extend(ended.acknowledge);
+                        acknowledge.extend(ended.again.into_iter().map(|n| n.receipt));
+                    }
+                    self.acknowledge(acknowledge);
+                    self.forget(machines)
+                }
                 Followup::SweepDyingModel => self.sweep(),
                 Followup::Populate(placements) => self.prov.zones.populate(&placements),
                 Followup::InstancesGone(ids) => self.prov.book.instances_gone(&ids),
                 Followup::StopsDone(instances) => {
+                    let again = self.prov.handovers.stopped(&instances);
+                    self.on_notices(again);
                     let machines = self.prov.harvest.stops_done(&instances);
                     self.follow(followup::removed(machines));
                 }
@@ -956,7 +1260,12 @@ impl World {
         let p = &mut self.prov;
         p.started += 1;
         let machine = job.machine.id.clone();
-        let nonce = format!("p{}:{}", p.inc, p.started);
+        // As the pool's `dispatch`: a hand-over's replacement has the nonce that names the
+        // instance it replaces, the same for every incarnation.
+        let nonce = match &job.replaces {
+            Some(replaces) => InstanceTags::replacement_nonce(HOST_TAG, replaces),
+            None => format!("p{}:{}", p.inc, p.started),
+        };
         let settings = StartSettings {
             retry: crate::config::RetryStrategy::new(self.settings.retry_count, std::time::Duration::ZERO),
             backoff: crate::config::ProvisionerConfig::default().backoff,
@@ -1111,7 +1420,13 @@ impl World {
         let machines: BTreeSet<&MachineId> = self.cloud.instances.values().filter_map(|i| i.machine.as_ref()).collect();
         for m in machines {
             let live = self.cloud.live_of(m);
-            if live.len() > 1 {
+            // A marked hand-over: two live instances, one started to replace the other.
+            let replaces = |a: &InstanceId, b: &InstanceId| {
+                let nonce = self.cloud.instances[a].nonce.clone();
+                InstanceTags { start: nonce, ..InstanceTags::default() }.replaces() == Some(b.as_str())
+            };
+            let handover = live.len() == 2 && (replaces(&live[0], &live[1]) || replaces(&live[1], &live[0]));
+            if live.len() > 1 && !handover {
                 let ids: Vec<String> = live.iter().map(ToString::to_string).collect();
                 out.push(format!("machine {m} has {} live instances: {}", live.len(), ids.join(", ")));
             }
@@ -1164,6 +1479,11 @@ impl World {
             } else if !live.is_empty() {
                 out.push(format!("dead machine {id} still has live instances {live:?}"));
             }
+        }
+        // Every interruption notice acted on is acknowledged (one held for ever is handed out
+        // again only to the next provisioner).
+        if !self.cloud.notices.is_empty() {
+            out.push(format!("interruption notices never acknowledged: {:?}", self.cloud.notices));
         }
         out
     }
