@@ -15,4 +15,5 @@ mod tests;
 
 pub use actor::InterruptionPoller;
 pub use messages::{AcknowledgeNotices, CapacityShort, ImpairedInstances, ReleaseNotices, ReplacementStates};
+#[cfg(feature = "mc")]
 pub use state::NoticeBook;
