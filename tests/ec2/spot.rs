@@ -163,7 +163,13 @@ async fn a_warned_spot_instance_is_handed_over_to_a_replacement_before_it_goes()
     let broker = moto.broker_with(uuid, |c| c.interruption_queue = Some(moto.queue_url(HANDOVER_QUEUE))).await;
     assert!(broker.supports_interruptions());
     let model = FakeModel::with_machines(vec![wanting("0", CapacityPreference::PreferSpot)]);
-    let handle = run(uuid, &broker, &model, HarvestMode::Destroyed);
+    // A listing every 2 s: a notice about an instance no machine of this model owns (another
+    // test's, on the shared queue) is acknowledged once two listings since it came show that.
+    let config = provisioner::ProvisionerConfig {
+        resync_interval: Duration::from_secs(2),
+        ..super::config(uuid, HarvestMode::Destroyed)
+    };
+    let handle = super::run_with(config, &broker, &model);
     let snap = until(&model, super::all_provisioned(&["0".to_owned()])).await;
     let interrupted = super::recorded(&snap, "0");
     assert_eq!(capacity_by_machine(&broker).await["0"], [CapacityType::Spot]);
@@ -233,8 +239,9 @@ async fn a_warned_spot_instance_is_handed_over_to_a_replacement_before_it_goes()
     }
     assert!(settled, "machine 0 ends with its replacement alone: {last:?}");
 
-    // Every message is deleted (the warning once acted on; other tests' notices, not ours, at
-    // once), while the provisioner still reads the queue.
+    // Every message is deleted (the warning once acted on; other tests' notices, not ours,
+    // once two listings since they came show no machine of ours owns them), while the
+    // provisioner still reads the queue.
     let mut depth = u64::MAX;
     for _ in 0..150 {
         depth = moto.queue_depth(HANDOVER_QUEUE).await;

@@ -87,7 +87,7 @@ pub enum NoticeDecision {
     StopFirst {
         /// The machine.
         machine: MachineId,
-        /// The instance its recorded instance replaced.
+        /// The other instance, to stop first.
         instance: InstanceId,
     },
     /// About an instance no machine records yet (a start still in flight made it, or its
