@@ -1082,10 +1082,7 @@ impl MachineBook {
                 free.first().map(|v| Box::new((*v).clone()))
             }),
             leftover: self.leftover(m, id),
-            replaces_recorded: m
-                .instance
-                .as_ref()
-                .is_some_and(|r| view.and_then(|v| v.tags.replaces()) == Some(r.as_str())),
+            replaces_recorded: self.replaces_recorded(m, id),
             machine,
         })
     }
