@@ -70,6 +70,10 @@ pub enum ServeError {
     /// The database failed (exit 1).
     #[error("{0}")]
     Store(#[from] StoreError),
+    /// The starts a previous run left in flight could not all be settled (exit 1): the
+    /// provisioner does not run with a client token of the previous run unsettled.
+    #[error("{0}; the provisioner does not run until it is: start the service again once the cloud answers")]
+    Resume(#[from] crate::service::cloud::intents::ResumeError),
     /// The models directory cannot be read or written (exit 1).
     #[error("{0}")]
     Models(#[source] Box<dyn std::error::Error + Send + Sync>),

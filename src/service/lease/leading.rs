@@ -63,6 +63,10 @@ impl CountsRefresh {
 pub(crate) struct Leading {
     epoch: Option<i64>,
     running: Option<Provisioners>,
+    /// The epoch led whose provisioners could not start (its fence could not be set, or the
+    /// starts an earlier leader left in flight could not be settled): the probe fails, so the
+    /// lease steps down rather than holding the model without acting.
+    not_acting: Option<i64>,
     /// The gauges' counts to refresh after other replicas' changes.
     counts: CountsRefresh,
     /// The store, to re-read every machine id after a notification that covers them all
@@ -83,6 +87,7 @@ impl Leading {
         Self {
             epoch: None,
             running: None,
+            not_acting: None,
             counts: CountsRefresh::default(),
             store,
             model_uuid: None,
@@ -135,6 +140,30 @@ pub(crate) struct Started(pub i64, pub Provisioners);
 #[rtype(result = "Option<Provisioners>")]
 pub(crate) struct Current;
 
+/// The provisioners of this epoch could not be started: the replica does not act.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct NotActing(pub i64);
+
+/// What the lease's probe of this replica's work finds.
+#[derive(Message)]
+#[rtype(result = "Acting")]
+pub(crate) struct Probe;
+
+/// What this replica does for its model, as the lease's probe sees it.
+#[derive(Clone)]
+pub(crate) enum Acting {
+    /// It does not lead.
+    Following,
+    /// It leads, and its provisioners are being started (the fence set, the starts left in
+    /// flight settled).
+    Starting,
+    /// It leads, and its provisioners run.
+    Running(Provisioners),
+    /// It leads, but its provisioners could not start: it should step down.
+    NotActing,
+}
+
 impl Handler<Lead> for Leading {
     type Result = ();
     fn handle(&mut self, m: Lead, _ctx: &mut Self::Context) {
@@ -142,6 +171,28 @@ impl Handler<Lead> for Leading {
             p.stop();
         }
         self.epoch = Some(m.0);
+        self.not_acting = None;
+    }
+}
+
+impl Handler<NotActing> for Leading {
+    type Result = ();
+    fn handle(&mut self, NotActing(epoch): NotActing, _ctx: &mut Self::Context) {
+        if self.epoch == Some(epoch) {
+            self.not_acting = Some(epoch);
+        }
+    }
+}
+
+impl Handler<Probe> for Leading {
+    type Result = MessageResult<Probe>;
+    fn handle(&mut self, _m: Probe, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(match (&self.epoch, &self.running) {
+            (None, _) => Acting::Following,
+            (Some(_), Some(p)) => Acting::Running(p.clone()),
+            (Some(e), None) if self.not_acting == Some(*e) => Acting::NotActing,
+            (Some(_), None) => Acting::Starting,
+        })
     }
 }
 
@@ -149,6 +200,7 @@ impl Handler<Follow> for Leading {
     type Result = ();
     fn handle(&mut self, _m: Follow, _ctx: &mut Self::Context) {
         self.epoch = None;
+        self.not_acting = None;
         if let Some(p) = self.running.take() {
             tracing::warn!("no longer the leader: the provisioner is stopped (in-flight cloud calls abandoned)");
             p.stop();
@@ -265,6 +317,31 @@ mod tests {
         assert!(super::from_elsewhere(&notice(42), None), "no session known: heard");
         let resync = Changed { payload: String::new(), resync: true, sender: 0 };
         assert!(super::from_elsewhere(&resync, Some(0)), "a reconnection");
+    }
+
+    /// A leader whose provisioners could not start at its epoch answers its probe "not
+    /// acting" (so the lease steps it down); an older epoch's word does not count, and a new
+    /// epoch or following clears it.
+    #[test]
+    fn a_leader_that_cannot_start_its_provisioners_fails_its_probe() {
+        use super::{Acting, Follow, Lead, Leading, NotActing, Probe};
+        use actix::Actor;
+        crate::service::cloud::on_a_fresh_store("leading-not-acting", |store| async move {
+            let leading = Leading::new(store).start();
+            let probe = || async { leading.send(Probe).await.unwrap() };
+            assert!(matches!(probe().await, Acting::Following));
+            leading.send(Lead(3)).await.unwrap();
+            assert!(matches!(probe().await, Acting::Starting), "resuming: progressing");
+            leading.send(NotActing(2)).await.unwrap();
+            assert!(matches!(probe().await, Acting::Starting), "an older epoch's failure does not count");
+            leading.send(NotActing(3)).await.unwrap();
+            assert!(matches!(probe().await, Acting::NotActing));
+            leading.send(Lead(4)).await.unwrap();
+            assert!(matches!(probe().await, Acting::Starting), "a new epoch tries again");
+            leading.send(NotActing(4)).await.unwrap();
+            leading.send(Follow).await.unwrap();
+            assert!(matches!(probe().await, Acting::Following), "stepped down: nothing to probe");
+        });
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use crate::config::ProvisionerConfig;
+use crate::service::cloud::intents::ResumeError;
 use crate::service::cloud::sim::SimCloud;
 use crate::service::error::ServeError;
 use crate::service::metrics::{MeteredBroker, Metrics};
@@ -26,10 +27,11 @@ pub(crate) enum PendingStarts {
 }
 
 impl PendingStarts {
-    /// Repeats them: how many.
-    pub(crate) async fn resume(&self) -> Result<usize, StoreError> {
+    /// Repeats them: how many. The provisioner runs only once this answers `Ok` (every start
+    /// left in flight settled).
+    pub(crate) async fn resume(&self) -> Result<usize, ResumeError> {
         match self {
-            PendingStarts::Sim(sim) => sim.resume().await,
+            PendingStarts::Sim(sim) => Ok(sim.resume().await?),
             PendingStarts::Intents(intents) => intents.resume().await,
         }
     }

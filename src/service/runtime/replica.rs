@@ -140,7 +140,7 @@ impl ReplicaHooks {
 #[cfg(feature = "postgres")]
 impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
     fn lead(&mut self, epoch: i64, t: crate::service::lease::Transition) {
-        use crate::service::lease::leading::{Lead, Provisioners, Started};
+        use crate::service::lease::leading::{Lead, NotActing, Provisioners, Started};
         self.models_led.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.leading.do_send(Lead(epoch));
         self.announce("leader", Some(epoch), t.why.name());
@@ -157,23 +157,31 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
                 // this epoch.
                 if let Err(e) = store.set_fence(Some(fence.clone())).await {
                     tracing::error!(error = %e, "cannot set the leader's fence: not acting");
+                    leading.do_send(NotActing(epoch));
                     return;
                 }
                 if let Some(p) = &pending {
                     if let Err(e) = p.set_fence(fence).await {
                         tracing::error!(error = %e, "cannot set the leader's fence on the cloud's store: not acting");
+                        leading.do_send(NotActing(epoch));
                         return;
                     }
                 }
                 // The starts an earlier leader left in flight (their client tokens were written,
                 // fenced, before the cloud call): landed now, once.
+                // Every one settled before the provisioner runs (its starts draw new tokens): a
+                // leader that cannot settle them does not act, and steps down (its probe fails).
                 if let Some(pending) = &pending {
                     match pending.resume().await {
                         Ok(n) if n > 0 => {
                             tracing::info!(instances = n, epoch, "resuming starts an earlier leader left pending")
                         }
                         Ok(_) => {}
-                        Err(e) => tracing::warn!(error = %e, "cannot resume pending starts"),
+                        Err(e) => {
+                            tracing::error!(error = %e, epoch, "not acting: stepping down");
+                            leading.do_send(NotActing(epoch));
+                            return;
+                        }
                     }
                 }
                 let started = start_provisioners(&opts, config, &broker, &store, &metrics, &events, limiter.as_ref())
@@ -202,19 +210,21 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
     }
 
     fn probe(&mut self) -> Option<futures::future::LocalBoxFuture<'static, bool>> {
-        use crate::service::lease::leading::Current;
+        use crate::service::lease::leading::{Acting, Probe};
         // A real read (a round trip to the database), queued behind the store's other work: it
         // answers only if the store's thread is free and the database answers. Then the
         // provisioner, if it runs: its pool answers a question on the model's arbiter.
         let store = self.store.read(|s| s.model_life().map(|_| ()));
-        let leading = self.leading.send(Current);
+        let leading = self.leading.send(Probe);
         Some(Box::pin(async move {
             if store.await.is_err() {
                 return false;
             }
             match leading.await {
-                Ok(Some(p)) => p.handle.pool().await.is_ok(),
-                Ok(None) => true,
+                Ok(Acting::Running(p)) => p.handle.pool().await.is_ok(),
+                Ok(Acting::Starting | Acting::Following) => true,
+                // Its provisioners could not start at this epoch: not progressing.
+                Ok(Acting::NotActing) => false,
                 Err(_) => false,
             }
         }))

@@ -226,7 +226,8 @@ pub(crate) async fn start_model(
         }
     };
     // Replicas: the leader resumes them, at each epoch it leads (its writes fenced); a lone
-    // service now, before its provisioner starts.
+    // service now, before its provisioner starts, and it does not start if one cannot be
+    // settled (`ServeError::Resume`).
     if let (Some(pending), false) = (&pending, matches!(opts.store.url(), StoreUrl::Postgres(_))) {
         let resumed = pending.resume().await?;
         if resumed > 0 {

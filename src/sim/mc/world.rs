@@ -846,7 +846,9 @@ impl World {
     /// A new incarnation of the provisioner in place of the current one, which it answers. With
     /// the service, the lease passes to it at a new epoch, and it repeats every start intent
     /// by its token before it runs (`IntentBroker::resume`): the cloud makes or finds each
-    /// instance (the repeat lands), and the intents settled are dropped.
+    /// instance (the repeat lands), and the intents settled are dropped. A repeat that cannot be
+    /// settled stops the incarnation before it runs (`ResumeError::Unsettled`): the same, here,
+    /// as a repeat that lands later, before the next incarnation runs.
     fn next_incarnation(&mut self) -> Provisioner {
         let inc = self.prov.inc + 1;
         let ids: Vec<MachineId> =

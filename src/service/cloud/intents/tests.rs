@@ -98,6 +98,45 @@ fn an_unsettled_start_is_repeated_by_its_token_after_a_restart() {
     });
 }
 
+/// A repeat that fails ambiguously is made again with the same token until it settles; one
+/// that keeps failing ambiguously is `Unsettled` after `REPEAT_ATTEMPTS` calls, and its intent
+/// stays for the next resume (the provisioner does not run meanwhile). A definite refusal
+/// settles it.
+#[test]
+fn a_repeat_that_fails_ambiguously_is_made_again_and_never_left_behind() {
+    crate::service::cloud::on_a_fresh_store("intents-repeat-again", |store| async move {
+        for (m, t) in [("1", "tok-1"), ("2", "tok-2")] {
+            let text = serde_json::to_string(&params(m, t)).unwrap();
+            let machine = MachineId::new(m);
+            store.exec(move |s| s.put_start_intent(t, &machine, &text)).await.unwrap();
+        }
+        let lost = || Err(BrokerError::transient("connection reset before the answer"));
+        // Machine 1's repeat is lost twice, then answered; machine 2's is lost every time.
+        let cloud = Arc::new(Scripted::default());
+        cloud.answers.lock().unwrap().extend([lost(), lost(), started("i-1"), lost(), lost(), lost()]);
+        let broker = IntentBroker::new(cloud.clone(), store.clone()).with_repeat_pause(Duration::from_millis(5));
+        match broker.resume().await {
+            Err(ResumeError::Unsettled { machine, token, attempts, source }) => {
+                assert_eq!((machine.as_str(), token.as_str(), attempts), ("2", "tok-2", REPEAT_ATTEMPTS));
+                assert!(source.is_ambiguous());
+            }
+            other => panic!("machine 2's start cannot be settled: {other:?}"),
+        }
+        let tokens: Vec<String> = cloud.calls.lock().unwrap().iter().map(|p| p.client_token.clone()).collect();
+        assert_eq!(tokens, ["tok-1", "tok-1", "tok-1", "tok-2", "tok-2", "tok-2"], "each repeat by its own token");
+        let left = store.exec(|s| s.start_intents()).await.unwrap();
+        assert_eq!(left.len(), 1, "machine 1's is settled, machine 2's stays: {left:?}");
+        assert!(left[0].contains("tok-2"));
+
+        // The cloud answers again: refused, which settles it too.
+        let cloud = Arc::new(Scripted::default());
+        cloud.answers.lock().unwrap().push_back(Err(BrokerError::zone_specific("no capacity in az1")));
+        let broker = IntentBroker::new(cloud.clone(), store.clone());
+        assert_eq!(broker.resume().await.unwrap(), 1);
+        assert!(store.exec(|s| s.start_intents()).await.unwrap().is_empty());
+    });
+}
+
 /// The intent is written before the call, fenced: a replica that lost the lease cannot
 /// write it, and then makes no call at all (nothing reached the cloud: a definite failure).
 #[cfg(feature = "postgres")]
