@@ -239,6 +239,10 @@ pub struct Mutations {
     /// a crash lost, an orphan being stopped): the registry reports no leftover.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub handover_ignores_leftovers: bool,
+    /// The pool replays a batched start call that failed ambiguously under a new client token
+    /// instead of the intent's own (the first call may have made the batch's instances).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub batch_replay_new_token: bool,
 }
 
 impl Mutations {

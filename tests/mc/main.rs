@@ -41,6 +41,57 @@ fn model_check_spot_interruptions_and_their_hand_overs() {
     assert_clean(&McConfig::interruptions(), 1_000);
 }
 
+#[test]
+fn model_check_batched_starts_replayed_by_their_token() {
+    assert_clean(&McConfig::batched(), 1_000);
+}
+
+/// The batched configuration does batch: some path closes a batch that carries both machines
+/// in one call (a search of its own, breadth first, a few thousand states).
+#[test]
+fn model_check_batched_configuration_reaches_a_call_of_two_machines() {
+    use provisioner::sim::mc::World;
+    let config = McConfig::batched();
+    let mut seen = std::collections::HashSet::new();
+    let mut frontier = vec![World::new(&config)];
+    for _depth in 0..30 {
+        let mut next = Vec::new();
+        for w in frontier {
+            let mut actions = Vec::new();
+            w.actions(&config, &mut actions);
+            for a in actions {
+                if let McAction::BatchCall(b, _) = &a {
+                    if w.batch_members(*b).len() == 2 {
+                        return;
+                    }
+                }
+                let mut n = w.clone();
+                n.step(&a);
+                if seen.insert(format!("{n:?}")) {
+                    next.push(n);
+                }
+            }
+        }
+        frontier = next;
+    }
+    panic!("no call carries two machines within 30 steps");
+}
+
+/// Mutation: the pool replays a batched call that failed ambiguously under a new client token.
+/// The call whose answer was lost made the batch's instances, the replay makes them again:
+/// every member has two.
+#[test]
+fn model_check_finds_the_duplicates_a_batch_replayed_under_a_new_token_makes() {
+    let mutations = Mutations { batch_replay_new_token: true, ..Mutations::default() };
+    let (config, found) = find(McConfig { mutations, ..McConfig::batched() }, "one live instance per machine");
+    assert!(
+        found.actions.iter().any(|a| matches!(a, McAction::BatchCall(_, CallOutcome::LosesAnswer))),
+        "the counterexample loses a batch's answer: {found}"
+    );
+    assert!(found.broken.iter().any(|b| b.contains("has 2 live instances")), "{found}");
+    replay_shows(&config, &found, "two live instances");
+}
+
 /// A longer configuration, for nightly-style runs (`MODEL_CHECK_LONG=1 cargo test --release
 /// --features mc --test mc model_check_long -- --nocapture`): skipped (and says so) otherwise.
 fn long(config: McConfig) {

@@ -46,7 +46,7 @@ impl WorkerPool {
         let requeues = WorkCount::new();
         let batch_size = deps.batch.as_ref().map_or(1, |b| b.size);
         Self {
-            batches: BatchBook::new(batch_size),
+            batches: BatchBook::new(batch_size).with_mutations(deps.mutations),
             book: PoolBook::new(size).with_batches(batch_size),
             max,
             deps: Arc::new(deps),

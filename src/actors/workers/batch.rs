@@ -108,18 +108,25 @@ pub enum Answer<R> {
 
 /// The open batches and the intents in flight. `R` is whatever answers a waiting member (a
 /// oneshot sender in the shell).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct BatchBook<R> {
     size: usize,
     next: u64,
     open: Vec<Open<R>>,
     flying: BTreeMap<u64, Flying<R>>,
+    /// Code broken on purpose (`batch_replay_new_token`): tests and the model checker only.
+    mutations: crate::config::Mutations,
 }
 
 impl<R> BatchBook<R> {
     /// An empty book whose calls carry at most `size` machines (at least one).
     pub fn new(size: usize) -> Self {
-        Self { size: size.max(1), next: 0, open: Vec::new(), flying: BTreeMap::new() }
+        Self { size: size.max(1), next: 0, open: Vec::new(), flying: BTreeMap::new(), mutations: Default::default() }
+    }
+
+    /// The same, with code broken on purpose.
+    pub fn with_mutations(self, mutations: crate::config::Mutations) -> Self {
+        Self { mutations, ..self }
     }
 
     /// A start reached its cloud call: it joins the open batch of its shape that has room, or
@@ -178,7 +185,12 @@ impl<R> BatchBook<R> {
 
     /// The intent of a batch waiting for its replay: the very call made before.
     pub fn replay(&self, batch: u64) -> Option<BatchStartParams> {
-        self.flying.get(&batch).map(|f| f.params.clone())
+        let f = self.flying.get(&batch)?;
+        let mut params = f.params.clone();
+        if self.mutations.batch_replay_new_token && f.replays > 0 {
+            params.client_token = format!("{}~{}", params.client_token, f.replays);
+        }
+        Some(params)
     }
 
     /// The cloud answered a batch's call.
@@ -227,6 +239,13 @@ impl<R> BatchBook<R> {
         let Some(f) = self.flying.remove(&batch) else { return Answer::Unknown };
         let maybe_made = f.ambiguous;
         Answer::Deliver(f.replies.into_iter().map(|r| (r, Reply { result: Err(err.clone()), maybe_made })).collect())
+    }
+
+    /// The machines of open batch `batch`, in the order they joined (empty if it is not open).
+    #[cfg(feature = "mc")]
+    pub(crate) fn open_members(&self, batch: u64) -> Vec<crate::model::MachineId> {
+        let open = self.open.iter().find(|o| o.id == batch);
+        open.map(|o| o.members.iter().map(|(p, _)| p.machine.clone()).collect()).unwrap_or_default()
     }
 
     /// Batches still taking members.

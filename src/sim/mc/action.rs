@@ -17,6 +17,12 @@ pub enum McAction {
     Call(MachineId, CallOutcome),
     /// An answer of the cloud reaches its start.
     Reply(MachineId),
+    /// The pool's batch (`McConfig::batch_size`) gets its start token: it takes no more
+    /// members (the first time) and its call, or the replay of that call, reaches the cloud.
+    BatchCall(u64, CallOutcome),
+    /// The cloud's answer to a batch's call reaches the pool, which hands each member its
+    /// answer or replays the call.
+    BatchReply(u64),
     /// The pool's finished jobs reach the coordinator.
     JobsDone,
     /// The pool carries out its first stop job.
@@ -33,6 +39,8 @@ pub enum McAction {
     Crash,
     /// The model: a machine dies.
     Die(MachineId),
+    /// The model: a machine is added (`McConfig::adds`).
+    Add(MachineId),
     /// The coordinator's first refresh after a start lists the cloud, and the listing fails.
     BatchListingFails,
     /// The registry's periodic listing is sent: the cloud answers as of now (the answer may
@@ -114,6 +122,14 @@ impl fmt::Display for McAction {
             }
             McAction::Call(m, CallOutcome::Refused) => write!(f, "machine {m}'s start call is refused (no capacity)"),
             McAction::Reply(m) => write!(f, "the cloud's answer reaches machine {m}'s start"),
+            McAction::BatchCall(b, CallOutcome::Lands) => write!(f, "batch {b}'s start call lands"),
+            McAction::BatchCall(b, CallOutcome::LosesAnswer) => {
+                write!(f, "batch {b}'s start call lands and its answer is lost")
+            }
+            McAction::BatchCall(b, CallOutcome::Refused) => {
+                write!(f, "batch {b}'s start call is refused (no capacity)")
+            }
+            McAction::BatchReply(b) => write!(f, "the cloud's answer to batch {b} reaches the pool"),
             McAction::JobsDone => write!(f, "the finished jobs reach the coordinator"),
             McAction::Stop => write!(f, "the pool stops instances"),
             McAction::Release => write!(f, "the pool releases instances"),
@@ -121,6 +137,7 @@ impl fmt::Display for McAction {
             McAction::StopFails => write!(f, "the pool's stop call takes effect and its answer is lost"),
             McAction::Crash => write!(f, "the provisioner crashes and restarts"),
             McAction::Die(m) => write!(f, "machine {m} dies"),
+            McAction::Add(m) => write!(f, "machine {m} is added"),
             McAction::BatchListingFails => write!(f, "the first refresh's cloud listing fails"),
             McAction::List => write!(f, "the registry's periodic listing is sent"),
             McAction::Listed(ListOutcome::Answers) => write!(f, "the periodic listing's answer reaches the registry"),

@@ -24,6 +24,9 @@ pub struct McConfig {
     pub refusals: u8,
     /// Machines that may die (each at most once), in id order: `1` lets machine 0 die.
     pub deaths: u8,
+    /// The last machines (of `machines`), this many, are not in the model at first: the model
+    /// adds each at any point (`add_machine`).
+    pub adds: u8,
     /// Periodic listings of the registry, at most (each may lag: sent, then answered later).
     pub listings: u8,
     /// Listings that fail (the first refresh's or a periodic one), at most.
@@ -59,6 +62,11 @@ pub struct McConfig {
     /// down (its clock or its pauses beyond the lease's timing assumptions: the fence is what
     /// keeps its writes out).
     pub lease_changes: u8,
+    /// Batched starts (`ProvisionerConfig::batch_starts`, the engine alone): starts of one zone
+    /// and shape share one cloud call of at most this many machines, which the pool's batcher
+    /// (`workers::batch::BatchBook`) closes, replays after an ambiguous failure and answers
+    /// member by member. `0` or `1`: one call per machine.
+    pub batch_size: usize,
     /// Code broken on purpose (none: the code as shipped).
     pub mutations: Mutations,
     /// The longest path explored (a bound on the search, not on the protocol: a path deeper
@@ -83,6 +91,7 @@ impl McConfig {
             lost_answers: 1,
             refusals: 1,
             deaths: 1,
+            adds: 0,
             listings: 0,
             listing_failures: 0,
             record_failures: 0,
@@ -94,6 +103,7 @@ impl McConfig {
             mode_change: None,
             service: false,
             lease_changes: 0,
+            batch_size: 0,
             mutations: Mutations::default(),
             max_depth: 200,
             depth_first: false,
@@ -233,6 +243,13 @@ impl McConfig {
     /// resumed from the listing, the notices handed out again) and one lost answer.
     pub fn interruptions() -> Self {
         Self { name: "interruptions", interruptions: 2, crashes: 1, lost_answers: 1, ..Self::one_machine() }
+    }
+
+    /// Batched starts (the pool's batcher): two machines in one zone share a call of two, the
+    /// second added at any point, with one crash, one lost answer (the call replayed by its
+    /// token), one refusal and one death.
+    pub fn batched() -> Self {
+        Self { name: "batched", zones: vec!["az1".into()], batch_size: 2, adds: 1, ..Self::small() }
     }
 
     /// The nightly-style configuration of the hand-overs (`MODEL_CHECK_LONG=1`):

@@ -5,7 +5,9 @@
 //! path makes them, become its `[[cloud.faults]]` (a call that lands and loses its answer a
 //! `lost_response` fault, a refused call a zone-specific one), consumed by the fake cloud in
 //! the same order; a crash becomes a `restart` event and a death a `set_life` event, each at
-//! its step's position in the path (one second a step); a warning of an interruption an
+//! its step's position in the path (one second a step), an added machine an `add_machine`
+//! event at its step, a batched call's faults its members' (a lost answer the first member's, a
+//! refusal every member's); a warning of an interruption an
 //! `interrupt` event at its step, its warning running until the path's cloud takes the instance
 //! (or past the path's end); a failed listing a `fail_next` of
 //! `all_instances` at its step, a change of the harvest mode a `set_harvest_mode` event at its
@@ -81,6 +83,11 @@ pub fn to_scenario(config: &McConfig, cx: &Counterexample) -> Result<Replay, Sce
         notes.push(format!("a start waits {retry_delay}s before it calls again after a lost answer, across the crash"));
     }
     let _ = writeln!(toml, "\n[provisioner]\nretry_count = {}\nretry_delay = \"{retry_delay}s\"", config.retry_count);
+    if config.batch_size > 1 {
+        let _ = writeln!(toml, "batch_starts = true\nbatch_size = {}", config.batch_size);
+        notes
+            .push("the simulator's pool closes a batch when its start token is granted: its batches may differ".into());
+    }
     if config.harvest_mode != crate::model::HarvestMode::default() {
         let _ = writeln!(toml, "harvest_mode = {:?}", config.harvest_mode.as_str());
     }
@@ -111,24 +118,34 @@ pub fn to_scenario(config: &McConfig, cx: &Counterexample) -> Result<Replay, Sce
         // A retry meets the stops of the path still in flight, as in the path.
         let _ = writeln!(toml, "stop_latency = \"{}s\"", cx.actions.len());
     }
-    // Each machine's calls, in order: runs of one outcome become one fault each.
+    // Each machine's calls, in order: a single call its own; a batched call one for each
+    // member (its answer lost: the first member's fault loses the whole call's answer, as in
+    // the fake cloud; refused: every member's). The path's last step lands its call either
+    // way: an answer lost there changes nothing the path shows, and is replayed as a call
+    // that lands.
+    let last = cx.actions.len().saturating_sub(1);
+    let mut per_machine: std::collections::BTreeMap<String, Vec<CallOutcome>> = Default::default();
+    let mut walk = World::new(config);
+    for (i, a) in cx.actions.iter().enumerate() {
+        let landed = |o: CallOutcome| if i == last && o == CallOutcome::LosesAnswer { CallOutcome::Lands } else { o };
+        match a {
+            McAction::Call(m, outcome) => per_machine.entry(m.to_string()).or_default().push(landed(*outcome)),
+            McAction::BatchCall(b, outcome) => {
+                for (k, m) in walk.batch_members(*b).iter().enumerate() {
+                    let own = match landed(*outcome) {
+                        CallOutcome::LosesAnswer if k > 0 => CallOutcome::Lands,
+                        o => o,
+                    };
+                    per_machine.entry(m.to_string()).or_default().push(own);
+                }
+            }
+            _ => {}
+        }
+        walk.step(a);
+    }
     for m in 0..config.machines {
         let id = m.to_string();
-        // The path's last step lands its call either way: an answer lost there changes nothing
-        // the path shows, and is replayed as a call that lands.
-        let last = cx.actions.len().saturating_sub(1);
-        let calls: Vec<CallOutcome> = cx
-            .actions
-            .iter()
-            .enumerate()
-            .filter_map(|(i, a)| match a {
-                McAction::Call(mid, CallOutcome::LosesAnswer) if mid.as_str() == id && i == last => {
-                    Some(CallOutcome::Lands)
-                }
-                McAction::Call(mid, outcome) if mid.as_str() == id => Some(*outcome),
-                _ => None,
-            })
-            .collect();
+        let calls = per_machine.remove(&id).unwrap_or_default();
         let mut runs: Vec<(CallOutcome, u32)> = Vec::new();
         for c in calls {
             match runs.last_mut() {
@@ -159,7 +176,7 @@ pub fn to_scenario(config: &McConfig, cx: &Counterexample) -> Result<Replay, Sce
             }
         }
     }
-    for m in 0..config.machines {
+    for m in 0..config.machines.saturating_sub(config.adds) {
         let _ = writeln!(toml, "\n[[machines]]\nid = \"{m}\"");
     }
     // The records that succeed before the path's first refusal of one, and whether each failed
@@ -235,6 +252,10 @@ pub fn to_scenario(config: &McConfig, cx: &Counterexample) -> Result<Replay, Sce
             McAction::ChangeMode(mode) => {
                 notes.push(format!("step {at} (the harvest mode set to {mode}) is at {at}s"));
                 events.push((at, 1, format!("set_harvest_mode = {:?}", mode.as_str())));
+            }
+            McAction::Add(m) => {
+                notes.push(format!("step {at} (machine {m} added) is at {at}s"));
+                events.push((at, 1, format!("add_machine = {{ id = {:?} }}", m.as_str())));
             }
             McAction::Die(m) => {
                 notes.push(format!("step {at} (machine {m} dies) is at {at}s"));

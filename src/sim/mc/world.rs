@@ -25,6 +25,7 @@ use crate::actors::harvest::{HarvestBook, HarvestPlan, UnknownInstance};
 use crate::actors::interruptions::NoticeBook;
 use crate::actors::lifecycle::LifecycleBook;
 use crate::actors::registry::MachineBook;
+use crate::actors::workers::batch::{self as pool_batch, BatchBook as PoolBatches};
 use crate::actors::workers::run::{StartAnswer, StartAsk, StartRun, StartSettings};
 use crate::actors::workers::JobOutcome;
 use crate::actors::zones::ZoneBook;
@@ -33,7 +34,9 @@ use crate::model::{
     CloudInstance, Fence, HeldLease, InstanceId, InstanceState, InstanceStatus, InstanceTags, Life, Machine, MachineId,
     MachineStatus, ProvisioningInfo,
 };
-use crate::ports::{BrokerError, InterruptionNotice, NoticeKind, StartInstanceParams, StartedInstance};
+use crate::ports::{
+    BatchStartParams, BatchStarted, BrokerError, InterruptionNotice, NoticeKind, StartInstanceParams, StartedInstance,
+};
 
 /// The model's uuid on every instance of ours.
 const UUID: &str = "mc-model";
@@ -82,6 +85,8 @@ struct Instance {
 struct Cloud {
     instances: BTreeMap<InstanceId, Instance>,
     tokens: BTreeMap<String, InstanceId>,
+    /// Batched calls' client tokens and the instances each made, in launch order.
+    batch_tokens: BTreeMap<String, Vec<InstanceId>>,
     made: u32,
     /// Interruption notices not acknowledged, by receipt.
     notices: BTreeMap<String, InstanceId>,
@@ -107,6 +112,32 @@ impl Cloud {
         self.instances.insert(id.clone(), instance);
         self.tokens.insert(p.client_token.clone(), id.clone());
         self.view(&id)
+    }
+
+    /// A batched start call: the instances its token made before, or one new instance per
+    /// member, in launch order, each tagged for its machine and start.
+    fn start_batch(&mut self, p: &BatchStartParams) -> Vec<CloudInstance> {
+        if let Some(ids) = self.batch_tokens.get(&p.client_token).cloned() {
+            return ids.iter().map(|id| self.view(id)).collect();
+        }
+        let mut ids = Vec::new();
+        for member in &p.members {
+            self.made += 1;
+            let id = InstanceId::new(format!("i-{}", self.made));
+            let instance = Instance {
+                machine: member.tags.machine.clone(),
+                nonce: member.tags.start.clone(),
+                zone: p.zone.clone(),
+                live: true,
+                old: false,
+                warned: false,
+                released: false,
+            };
+            self.instances.insert(id.clone(), instance);
+            ids.push(id);
+        }
+        self.batch_tokens.insert(p.client_token.clone(), ids.clone());
+        ids.iter().map(|id| self.view(id)).collect()
     }
 
     fn view(&self, id: &InstanceId) -> CloudInstance {
@@ -258,6 +289,13 @@ struct Provisioner {
     /// The cloud's answers on their way to their starts, with the call's client token
     /// (`service`: the intent to drop once it settles).
     replies: BTreeMap<MachineId, (Option<String>, StartAnswer)>,
+    /// The pool's batcher (`batch_size`): open batches, and the intents in flight, each
+    /// member answered by machine.
+    pool: PoolBatches<MachineId>,
+    /// Batches waiting for their start token: whether the call is a replay.
+    awaiting: BTreeMap<u64, bool>,
+    /// The cloud's answers to batches' calls, on their way to the pool.
+    batch_replies: BTreeMap<u64, Result<BatchStarted, BrokerError>>,
 }
 
 impl Provisioner {
@@ -297,6 +335,9 @@ impl Provisioner {
             listing: None,
             wire: BTreeMap::new(),
             replies: BTreeMap::new(),
+            pool: PoolBatches::new(settings.batch_size).with_mutations(mutations),
+            awaiting: BTreeMap::new(),
+            batch_replies: BTreeMap::new(),
         }
     }
 }
@@ -327,6 +368,8 @@ struct Settings {
     service: bool,
     /// The cloud warns of interruptions (the poller runs).
     warns: bool,
+    /// Starts' calls join batches of at most this many (more than one: batching on).
+    batch_size: usize,
     mutations: crate::config::Mutations,
 }
 
@@ -356,7 +399,8 @@ pub struct World {
 impl World {
     /// The initial state: `config.machines` pending machines, an empty cloud.
     pub fn new(config: &McConfig) -> Self {
-        let ids: Vec<MachineId> = (0..config.machines).map(|i| MachineId::new(i.to_string())).collect();
+        let first = config.machines.saturating_sub(config.adds);
+        let ids: Vec<MachineId> = (0..first).map(|i| MachineId::new(i.to_string())).collect();
         let store = Store {
             machines: ids.iter().map(|id| (id.clone(), Machine::pending(id.clone()))).collect(),
             lease: config.service.then(|| lease_of(0)),
@@ -369,6 +413,7 @@ impl World {
             retry_count: config.retry_count,
             service: config.service,
             warns: config.interruptions > 0,
+            batch_size: config.batch_size,
             mutations: config.mutations,
         };
         let prov = Provisioner::new(0, ids, &settings, config.harvest_mode, fence);
@@ -439,6 +484,15 @@ impl World {
         if self.store.harvest_mode.harvests_unknown() && self.cloud.instances.values().any(|i| i.live && !i.old) {
             out.push(McAction::GracePasses);
         }
+        // The model's adds (refused once it is dying).
+        if !self.store.dying {
+            for i in config.machines.saturating_sub(config.adds)..config.machines {
+                let id = MachineId::new(i.to_string());
+                if !self.store.machines.contains_key(&id) {
+                    out.push(McAction::Add(id));
+                }
+            }
+        }
         if self.budget.deaths > 0 {
             let may_die = self.store.machines.iter().take(usize::from(config.deaths));
             for (id, m) in may_die {
@@ -478,7 +532,7 @@ impl World {
         for (m, r) in &p.starts {
             match &r.ask {
                 // The engine alone: the call reaches the cloud as it is made.
-                Some(StartAsk::Call(params)) if !self.settings.service => call(m, params, out),
+                Some(StartAsk::Call(params)) if !self.settings.service && !self.batched() => call(m, params, out),
                 Some(StartAsk::Record(_)) => {
                     out.push(McAction::Start(m.clone()));
                     if self.budget.record_failures > 0 {
@@ -492,6 +546,17 @@ impl World {
         for (m, params) in &p.wire {
             call(m, params, out);
         }
+        for (b, replay) in &p.awaiting {
+            out.push(McAction::BatchCall(*b, CallOutcome::Lands));
+            if self.budget.lost > 0 {
+                out.push(McAction::BatchCall(*b, CallOutcome::LosesAnswer));
+            }
+            // A replay's refusal tells nothing new the first call's did not (not modelled).
+            if self.budget.refusals > 0 && !replay {
+                out.push(McAction::BatchCall(*b, CallOutcome::Refused));
+            }
+        }
+        out.extend(p.batch_replies.keys().map(|b| McAction::BatchReply(*b)));
         out.extend(p.replies.keys().map(|m| McAction::Reply(m.clone())));
         if !p.done.is_empty() {
             out.push(McAction::JobsDone);
@@ -540,6 +605,7 @@ impl World {
                 a,
                 McAction::Crash
                     | McAction::Die(_)
+                    | McAction::Add(_)
                     | McAction::BatchListingFails
                     | McAction::List
                     | McAction::Listed(ListOutcome::Fails)
@@ -570,6 +636,8 @@ impl World {
             McAction::Batch => self.batch_step(),
             McAction::Start(m) => self.start_step(m),
             McAction::Call(m, outcome) => self.call(m, *outcome),
+            McAction::BatchCall(b, outcome) => self.batch_call(*b, *outcome),
+            McAction::BatchReply(b) => self.batch_reply(*b),
             McAction::Reply(m) => {
                 let Some((token, answer)) = self.prov.replies.remove(m) else { return };
                 // The intent broker drops a settled start's intent (a write of the provisioner's
@@ -691,6 +759,12 @@ impl World {
                 if let Some(params) = self.late.remove(&(*inc, m.clone())) {
                     self.cloud.start(&params);
                 }
+            }
+            McAction::Add(m) => {
+                // The model's watcher tells the provisioner (not a stale leader: its watch is
+                // over with its lease).
+                self.store.machines.insert(m.clone(), Machine::pending(m.clone()));
+                self.prov.batches.notify(vec![m.clone()]);
             }
             McAction::Die(m) => {
                 self.budget.deaths -= 1;
@@ -1259,6 +1333,7 @@ impl World {
     // ---- the pool and its starts
 
     fn enqueue_start(&mut self, job: crate::actors::workers::StartJob) {
+        let batched = self.batched();
         let p = &mut self.prov;
         p.started += 1;
         let machine = job.machine.id.clone();
@@ -1273,7 +1348,7 @@ impl World {
             backoff: crate::config::ProvisionerConfig::default().backoff,
             supports_zones: false,
             claim: false,
-            batched: false,
+            batched,
             spot_max_price: None,
             model_uuid: UUID.into(),
             mutations: self.settings.mutations,
@@ -1307,6 +1382,16 @@ impl World {
                     }
                 }
                 StartAnswer::Done
+            }
+            // Batched: the call joins the open batch of its shape, or opens one (which then
+            // waits for its start token); the start waits for its member's answer.
+            StartAsk::Call(params) if self.batched() => {
+                self.check_call(m);
+                let joined = self.prov.pool.join(*params, m.clone());
+                if joined.opened {
+                    self.prov.awaiting.insert(joined.batch, false);
+                }
+                return;
             }
             // The service: the intent written (fenced) before the call, then the call sent.
             StartAsk::Call(params) if self.settings.service => {
@@ -1402,6 +1487,64 @@ impl World {
         };
         let token = self.settings.service.then(|| params.client_token.clone());
         self.prov.replies.insert(m.clone(), (token, answer));
+    }
+
+    /// Whether starts' calls are batched (the engine alone: the service's intent broker makes
+    /// one call per machine).
+    fn batched(&self) -> bool {
+        self.settings.batch_size > 1 && !self.settings.service
+    }
+
+    /// A batch's start token is granted, as the pool's `await_token`: the batch closed (its
+    /// intent recorded) or its intent replayed, and the call made, reaching the cloud as it is
+    /// made (the engine alone); its answer goes back to the pool (`McAction::BatchReply`).
+    fn batch_call(&mut self, b: u64, outcome: CallOutcome) {
+        let Some(replay) = self.prov.awaiting.remove(&b) else { return };
+        let params = if replay { self.prov.pool.replay(b) } else { self.prov.pool.close(b) };
+        let Some(params) = params else { return };
+        let answer = match outcome {
+            CallOutcome::Lands => Ok(self
+                .cloud
+                .start_batch(&params)
+                .into_iter()
+                .map(|instance| Ok(StartedInstance { instance, display_name: String::new() }))
+                .collect()),
+            CallOutcome::LosesAnswer => {
+                self.budget.lost -= 1;
+                self.cloud.start_batch(&params);
+                Err(BrokerError::transient("the batched start call timed out (its answer was lost)"))
+            }
+            CallOutcome::Refused => {
+                self.budget.refusals -= 1;
+                Err(BrokerError::zone_specific("InsufficientInstanceCapacity: no capacity in the zone"))
+            }
+        };
+        self.prov.batch_replies.insert(b, answer);
+    }
+
+    /// The cloud's answer to a batch reaches the pool (`BatchBook::answered`): each member
+    /// hears its own answer, or the call is replayed (the backoff is over at once: time is not
+    /// modelled).
+    fn batch_reply(&mut self, b: u64) {
+        let Some(result) = self.prov.batch_replies.remove(&b) else { return };
+        match self.prov.pool.answered(b, result) {
+            pool_batch::Answer::Deliver(replies) => {
+                for (m, reply) in replies {
+                    let answer = StartAnswer::Called { result: reply.result, maybe_made: reply.maybe_made };
+                    self.answer_start(&m, answer);
+                }
+            }
+            pool_batch::Answer::Replay { .. } => {
+                self.prov.awaiting.insert(b, true);
+            }
+            pool_batch::Answer::Unknown => {}
+        }
+    }
+
+    /// The machines of batch `b` waiting for its call, in launch order (the export's faults).
+    pub fn batch_members(&self, b: u64) -> Vec<MachineId> {
+        let closed = self.prov.pool.replay(b).map(|p| p.members.into_iter().map(|m| m.machine).collect());
+        closed.unwrap_or_else(|| self.prov.pool.open_members(b))
     }
 
     /// Whether the provisioner has loaded a listing since it started.
