@@ -159,9 +159,9 @@ pub(crate) enum Acting {
     /// flight settled).
     Starting,
     /// It leads, and its provisioners run.
-    Running(Provisioners),
+    Running(Box<Provisioners>),
     /// It leads, but its provisioners could not start: it should step down.
-    NotActing,
+    Stuck,
 }
 
 impl Handler<Lead> for Leading {
@@ -189,8 +189,8 @@ impl Handler<Probe> for Leading {
     fn handle(&mut self, _m: Probe, _ctx: &mut Self::Context) -> Self::Result {
         MessageResult(match (&self.epoch, &self.running) {
             (None, _) => Acting::Following,
-            (Some(_), Some(p)) => Acting::Running(p.clone()),
-            (Some(e), None) if self.not_acting == Some(*e) => Acting::NotActing,
+            (Some(_), Some(p)) => Acting::Running(Box::new(p.clone())),
+            (Some(e), None) if self.not_acting == Some(*e) => Acting::Stuck,
             (Some(_), None) => Acting::Starting,
         })
     }
@@ -335,7 +335,7 @@ mod tests {
             leading.send(NotActing(2)).await.unwrap();
             assert!(matches!(probe().await, Acting::Starting), "an older epoch's failure does not count");
             leading.send(NotActing(3)).await.unwrap();
-            assert!(matches!(probe().await, Acting::NotActing));
+            assert!(matches!(probe().await, Acting::Stuck));
             leading.send(Lead(4)).await.unwrap();
             assert!(matches!(probe().await, Acting::Starting), "a new epoch tries again");
             leading.send(NotActing(4)).await.unwrap();

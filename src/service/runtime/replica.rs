@@ -224,7 +224,7 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
                 Ok(Acting::Running(p)) => p.handle.pool().await.is_ok(),
                 Ok(Acting::Starting | Acting::Following) => true,
                 // Its provisioners could not start at this epoch: not progressing.
-                Ok(Acting::NotActing) => false,
+                Ok(Acting::Stuck) => false,
                 Err(_) => false,
             }
         }))
