@@ -11,7 +11,7 @@ use crate::service::cloud::sim::SimCloud;
 use crate::service::error::ServeError;
 use crate::service::metrics::{MeteredBroker, Metrics};
 use crate::service::settings::{BrokerKind, ServeSettings};
-use crate::service::store::{Store, StoreError};
+use crate::service::store::Store;
 
 use super::StoreModel;
 
@@ -40,7 +40,10 @@ impl PendingStarts {
     /// (the simulated cloud on PostgreSQL: [`Store::companion`]); the intents' store is the
     /// model's, fenced with it.
     #[cfg(feature = "postgres")]
-    pub(super) async fn set_fence(&self, fence: crate::service::store::Fence) -> Result<(), StoreError> {
+    pub(super) async fn set_fence(
+        &self,
+        fence: crate::service::store::Fence,
+    ) -> Result<(), crate::service::store::StoreError> {
         match self {
             PendingStarts::Sim(sim) => sim.set_fence(fence).await,
             PendingStarts::Intents(_) => Ok(()),
