@@ -424,7 +424,18 @@ impl LxdDaemon {
     /// Freezes the daemon (SIGSTOP): it stops answering, as a hung host would; its containers
     /// keep running.
     pub fn freeze(&self) -> Result<(), String> {
-        self.signal("STOP")
+        self.signal("STOP")?;
+        // SIGSTOP reaches the daemon's threads asynchronously: frozen once its state says so
+        // (a bounded wait: 5 s).
+        let pid = self.pid();
+        for _ in 0..250 {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T')) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(format!("{} (pid {pid}) was sent SIGSTOP and is not stopped after 5 s", self.name))
     }
 
     /// Resumes a frozen daemon (SIGCONT).
