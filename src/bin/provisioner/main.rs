@@ -265,6 +265,10 @@ enum Bench {
     /// created and started directly through LXD's API at the same concurrency: both times and
     /// their ratio (feature `serve`; without --lxd-endpoint, a daemon of its own).
     Lxd(cli::BenchLxdArgs),
+    /// What a model costs a service: N models of M machines each through the API, the
+    /// service's memory and threads before and after, adding a model's latency, and the CPU
+    /// and wake-ups of an idle service (feature `serve`).
+    Models(cli::BenchModelsArgs),
 }
 
 /// A positive, finite rate.
@@ -335,6 +339,7 @@ fn main() -> ExitCode {
         }
         Command::Bench { which: Bench::Serve(args) } => cli::run_bench(args),
         Command::Bench { which: Bench::Lxd(args) } => cli::run_bench_lxd(args),
+        Command::Bench { which: Bench::Models(args) } => cli::run_bench_models(args),
         Command::Completions { shell } => cli::shell::run_completions(command(), shell),
         Command::Man => cli::shell::run_man(command()),
         Command::Simulate { file, seed, json } => on_scenario(&file, |scenario| {

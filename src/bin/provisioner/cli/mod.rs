@@ -15,6 +15,8 @@ use provisioner::service::settings::parse_duration;
 #[cfg(feature = "serve")]
 mod bench_lxd;
 #[cfg(feature = "serve")]
+mod bench_models;
+#[cfg(feature = "serve")]
 mod client;
 #[cfg(feature = "serve")]
 mod serve;
@@ -387,6 +389,33 @@ pub struct BenchServeArgs {
     pub json: bool,
 }
 
+/// `provisioner bench models`.
+#[derive(Args, Debug)]
+pub struct BenchModelsArgs {
+    /// Models in all (`default` and the ones added).
+    #[arg(long, default_value_t = 1000)]
+    pub models: usize,
+    /// Machines added to each model.
+    #[arg(long, default_value_t = 2)]
+    pub machines: usize,
+    /// Concurrent clients adding the machines.
+    #[arg(long, default_value_t = 4)]
+    pub clients: usize,
+    /// Seconds of nothing to do measured at the end.
+    #[arg(long, default_value_t = 10)]
+    pub idle: u64,
+    /// Seconds every machine has to start in.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// The store the measured service runs on: `sqlite` (a fresh data directory) or the URL of
+    /// an empty PostgreSQL database (a build with the `postgres` feature).
+    #[arg(long, default_value = "sqlite", value_name = "sqlite|postgres://...")]
+    pub store: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// `provisioner bench lxd`.
 #[derive(Args, Debug)]
 pub struct BenchLxdArgs {
@@ -465,6 +494,19 @@ pub fn run_bench(args: BenchServeArgs) -> ExitCode {
     {
         let _ = args;
         no_service("bench serve")
+    }
+}
+
+/// Runs `bench models`.
+pub fn run_bench_models(args: BenchModelsArgs) -> ExitCode {
+    #[cfg(feature = "serve")]
+    {
+        bench_models::bench(args)
+    }
+    #[cfg(not(feature = "serve"))]
+    {
+        let _ = args;
+        no_service("bench models")
     }
 }
 

@@ -1,0 +1,225 @@
+//! `provisioner bench models` (issue 36): what a model costs a service. One service on
+//! loopback (the simulated cloud), `--models` models of `--machines` machines each, added
+//! through the API; measured from outside, in the service's `/proc` entries: its resident
+//! memory and threads before the models and after them (the cost of one model is the
+//! difference over their number), how long adding a model takes, how long until every
+//! machine is started, and, once every model is idle, how much CPU and how many wake-ups of
+//! its threads the service spends in `--idle` seconds of nothing to do.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use provisioner::service::wire::{AddMachines, StatusView};
+use serde::Serialize;
+
+use super::client::{Client, Failure};
+use super::serve::{percentile, start_service};
+use super::{BenchModelsArgs, Conn};
+
+/// What `bench models` measured.
+#[derive(Debug, Serialize)]
+struct ModelsReport {
+    store: String,
+    models: usize,
+    machines_per_model: usize,
+    /// Adding a model through the API (`POST /v1/models`), each.
+    add_model_p50_ms: f64,
+    add_model_p99_ms: f64,
+    add_model_max_ms: f64,
+    /// From the first machine add to every machine of every model started.
+    all_started_s: f64,
+    /// The service alone (its `default` model), then with every model, idle.
+    rss_before_mib: f64,
+    rss_after_mib: f64,
+    peak_rss_mib: f64,
+    threads_before: usize,
+    threads_after: usize,
+    /// The difference, over the models added.
+    rss_per_model_kib: f64,
+    threads_per_model: f64,
+    /// In `--idle` seconds with nothing to do: the service's CPU time and its threads'
+    /// context switches (each a wake-up), per second.
+    idle_s: f64,
+    idle_cpu_ms_per_s: f64,
+    idle_wakeups_per_s: f64,
+}
+
+/// One `/proc/PID/status` field, as a number (`VmRSS:  1234 kB` gives 1234).
+fn status_field(pid: u32, field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line[field.len()..].trim().trim_end_matches("kB").trim().parse().ok()
+}
+
+/// The process's CPU time (user and system), in clock ticks (`/proc/PID/stat`, fields 14
+/// and 15).
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command may hold spaces: the fields counted after its closing parenthesis.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Every thread's context switches so far (voluntary and not): each is a wake-up.
+fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .map(|s| {
+            s.lines()
+                .filter(|l| l.starts_with("voluntary_ctxt_switches:") || l.starts_with("nonvoluntary_ctxt_switches:"))
+                .filter_map(|l| l.split(':').nth(1)?.trim().parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// Runs the benchmark and prints its report.
+pub fn bench(args: BenchModelsArgs) -> std::process::ExitCode {
+    match bench_inner(&args) {
+        Ok(r) => {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+            } else {
+                println!(
+                    "{} models × {} machines on {}: adding a model p50 {:.1} ms, p99 {:.1} ms; all started in {:.1} s",
+                    r.models, r.machines_per_model, r.store, r.add_model_p50_ms, r.add_model_p99_ms, r.all_started_s
+                );
+                println!(
+                    "service: {:.0} MiB and {} threads alone, {:.0} MiB (peak {:.0}) and {} threads with the models: \
+                     {:.0} KiB and {:.3} threads a model",
+                    r.rss_before_mib,
+                    r.threads_before,
+                    r.rss_after_mib,
+                    r.peak_rss_mib,
+                    r.threads_after,
+                    r.rss_per_model_kib,
+                    r.threads_per_model
+                );
+                println!(
+                    "idle for {:.0} s: {:.1} ms of CPU and {:.0} wake-ups a second",
+                    r.idle_s, r.idle_cpu_ms_per_s, r.idle_wakeups_per_s
+                );
+            }
+            std::process::ExitCode::SUCCESS
+        }
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            std::process::ExitCode::from(f.code)
+        }
+    }
+}
+
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+fn bench_inner(args: &BenchModelsArgs) -> Result<ModelsReport, Failure> {
+    let usage = |m: &str| Failure { code: 2, message: m.into() };
+    if args.models == 0 || args.clients == 0 {
+        return Err(usage("--models and --clients must be positive"));
+    }
+    let dir = std::env::temp_dir().join(format!("provisioner-bench-models-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let flags = ["--sim-start-latency", "0s", "--store", &args.store];
+    let flags: Vec<OsString> = flags.into_iter().map(OsString::from).collect();
+    let (service, url) = start_service(&dir, &flags, "is --store right?")?;
+    let pid = service.0.id();
+    let conn = |model: &str| Conn {
+        server: Some(url.clone()),
+        token: None,
+        data_dir: Some(dir.clone()),
+        ca_cert: None,
+        model: Some(model.to_owned()),
+    };
+    let settle = || std::thread::sleep(Duration::from_secs(2));
+    settle();
+    let rss = || status_field(pid, "VmRSS:").unwrap_or(0.0) / 1024.0;
+    let threads = || status_field(pid, "Threads:").unwrap_or(0.0) as usize;
+    let (rss_before_mib, threads_before) = (rss(), threads());
+
+    // The models, one after another (each timed), `default` among them.
+    let names: Vec<String> =
+        std::iter::once("default".to_owned()).chain((1..args.models).map(|i| format!("m{i:04}"))).collect();
+    let admin = Client::from_conn(&conn("default"))?;
+    let mut adds = Vec::with_capacity(names.len());
+    for name in &names[1..] {
+        let t = std::time::Instant::now();
+        admin.send_only("POST", "/v1/models", &serde_json::json!({ "name": name }))?;
+        adds.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    adds.sort_by(f64::total_cmp);
+
+    // Their machines, by `--clients` clients, then every model polled until all are started.
+    let began = std::time::Instant::now();
+    let clients = args.clients.min(names.len());
+    let failures: Vec<Failure> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..clients)
+            .map(|k| {
+                let (names, conn) = (&names, &conn);
+                s.spawn(move || -> Result<(), Failure> {
+                    for name in names.iter().skip(k).step_by(clients) {
+                        let client = Client::from_conn(&conn(name))?;
+                        if args.machines > 0 {
+                            let body = AddMachines::plain(args.machines, None);
+                            client.send_only("POST", "/v1/machines", &body)?;
+                        }
+                    }
+                    for name in names.iter().skip(k).step_by(clients) {
+                        let client = Client::from_conn(&conn(name))?;
+                        loop {
+                            let s: StatusView = client.get("/v1/status")?;
+                            let started = s.machines_by_status.get("started").copied().unwrap_or(0);
+                            if started + s.machines_in_error >= s.machines {
+                                break;
+                            }
+                            if began.elapsed() > Duration::from_secs(args.timeout) {
+                                return Err(Failure { code: 1, message: format!("model {name} not started in time") });
+                            }
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok().and_then(Result::err)).collect()
+    });
+    if let Some(f) = failures.into_iter().next() {
+        return Err(f);
+    }
+    let all_started_s = began.elapsed().as_secs_f64();
+
+    // Idle: nothing asked of it for a while, then a window measured.
+    settle();
+    let (rss_after_mib, threads_after) = (rss(), threads());
+    let (cpu0, switches0) = (cpu_ticks(pid).unwrap_or(0), context_switches(pid));
+    let window = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(args.idle));
+    let idle_s = window.elapsed().as_secs_f64();
+    let (cpu1, switches1) = (cpu_ticks(pid).unwrap_or(0), context_switches(pid));
+    let peak_rss_mib = status_field(pid, "VmHWM:").unwrap_or(0.0) / 1024.0;
+    drop(service);
+    let _ = std::fs::remove_dir_all(&dir);
+    // Clock ticks are 1/100 s on Linux (`USER_HZ`).
+    let idle_cpu_ms_per_s = (cpu1.saturating_sub(cpu0)) as f64 * 10.0 / idle_s;
+    let added = (names.len() - 1).max(1) as f64;
+    Ok(ModelsReport {
+        store: if args.store == "sqlite" { "sqlite".into() } else { "postgres".into() },
+        models: names.len(),
+        machines_per_model: args.machines,
+        add_model_p50_ms: percentile(&adds, 0.50),
+        add_model_p99_ms: percentile(&adds, 0.99),
+        add_model_max_ms: adds.last().copied().unwrap_or(0.0),
+        all_started_s,
+        rss_before_mib,
+        rss_after_mib,
+        peak_rss_mib,
+        threads_before,
+        threads_after,
+        rss_per_model_kib: (rss_after_mib - rss_before_mib) * 1024.0 / added,
+        threads_per_model: (threads_after as f64 - threads_before as f64) / added,
+        idle_s,
+        idle_cpu_ms_per_s,
+        idle_wakeups_per_s: switches1.saturating_sub(switches0) as f64 / idle_s,
+    })
+}
