@@ -34,6 +34,10 @@ pub async fn serve(opts: ServeSettings) -> Result<(), ServeError> {
         None => None,
     };
     let started = Instant::now();
+    // The threads every store runs on, made with the first store.
+    if let Err(running) = crate::service::store::configure_threads(opts.store.threads()) {
+        tracing::warn!(running, wanted = opts.store.threads(), "the store threads run already: their number is kept");
+    }
     let dir = opts.data_dir();
     std::fs::create_dir_all(dir).map_err(data_dir_io(dir, FileOp::CreateDir, dir))?;
     let OpenedStore { store, token, token_sha256 } = open_store(&opts, dir, tls.as_ref()).await?;

@@ -40,6 +40,9 @@ pub enum SettingsError {
     /// `resync` is zero.
     #[error("config: resync must be positive")]
     ZeroResync,
+    /// `[store] threads` is out of range.
+    #[error("config: store.threads must be between 1 and 256, got {0}")]
+    StoreThreads(u16),
     /// `[audit] files` is zero.
     #[error("config: audit.files must be at least 1, got 0")]
     NoAuditFiles,

@@ -246,6 +246,9 @@ impl ServeSettings {
         if self.resync.is_zero() {
             return Err(SettingsError::ZeroResync);
         }
+        if let Some(n @ (0 | 257..)) = self.store.threads {
+            return Err(SettingsError::StoreThreads(n));
+        }
         if self.audit.files == Some(0) {
             return Err(SettingsError::NoAuditFiles);
         }

@@ -20,12 +20,22 @@ pub struct StoreSection {
           value_parser = StoreUrl::from_str)]
     #[serde(deserialize_with = "optional_from_str")]
     pub url: Option<StoreUrl>,
+    /// The threads every model's store runs on, together (1 to 256) [default: 8]. Each store is
+    /// pinned to one of them; a model costs no thread of its own.
+    #[arg(id = "store-threads", long = "store-threads", env = "PROVISIONER_STORE_THREADS", value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: Option<u16>,
 }
 
 impl StoreSection {
     /// The store to use.
     pub fn url(&self) -> StoreUrl {
         self.url.clone().unwrap_or_default()
+    }
+
+    /// The threads the stores run on.
+    pub fn threads(&self) -> usize {
+        self.threads.map_or(crate::service::store::DEFAULT_STORE_THREADS, usize::from)
     }
 }
 

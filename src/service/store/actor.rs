@@ -1,16 +1,17 @@
-//! The store actor: owns the backend (SQLite or PostgreSQL) on its own thread, and notifies
-//! watchers.
+//! The store: owns the backend (SQLite or PostgreSQL) on its lane's thread (`lanes`), runs
+//! its units of work in group commits, and notifies watchers.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use actix::prelude::*;
+use actix::{MailboxError, Recipient};
 
 use super::backend::{Fence, StoreBackend};
 use super::errors::StoreError;
-use super::messages::{Apply, CountsChanged, Exec, SetFence, Watch, WatchCounts, WatchRetries};
+use super::lanes::Lane;
+use super::messages::{CountsChanged, Work};
 use super::sqlite::StoreCore;
 use super::writes::{Write, Written};
 use crate::{MachinesChanged, RetryTick};
@@ -39,7 +40,7 @@ struct Group {
 /// Where a write-behind unit's answer goes.
 type DeferredReply = futures::channel::oneshot::Sender<Result<Written, StoreError>>;
 
-/// Owns the backend (one `SyncArbiter` thread: both backends' calls block) and the watchers.
+/// Owns the backend (on its lane's thread: both backends' calls block) and the watchers.
 ///
 /// Group commit: while more units of work wait in its mailbox (`waiting`, counted by the
 /// clients), the actor runs them in one open transaction, each in a savepoint of its own (a
@@ -49,7 +50,7 @@ type DeferredReply = futures::channel::oneshot::Sender<Result<Written, StoreErro
 /// group changed. A unit of work that finds nothing written in its group yet (a read) is
 /// answered at once: it saw only committed data. A durable write joins a lazy group only if
 /// the backend can make it durable (PostgreSQL); else (SQLite) that group commits first. A
-/// backend without group commits would run each alone. A write-behind unit ([`Apply`]: the
+/// backend without group commits would run each alone. A write-behind unit ([`Write`]: the
 /// provisioner's hot writes as data) joins the open group (opening a lazy one) and, if the
 /// backend queues it ([`StoreBackend::defer`]: PostgreSQL), costs no round trip of its own:
 /// its statements go with the group's commit and its answer comes from
@@ -59,9 +60,9 @@ pub(crate) struct StoreActor {
     watchers: Vec<Recipient<MachinesChanged>>,
     retry_watchers: Vec<Recipient<RetryTick>>,
     count_watchers: Vec<Recipient<CountsChanged>>,
-    /// Operations run (every `Exec`), shared with the clients.
+    /// Operations run (every unit of work), shared with the clients.
     operations: Arc<AtomicU64>,
-    /// `Exec` messages sent and not yet handled, shared with the clients.
+    /// Units of work sent and not yet run, shared with the clients.
     waiting: Arc<AtomicUsize>,
     /// Group commits made, shared with the clients.
     commits: Arc<AtomicU64>,
@@ -71,15 +72,12 @@ pub(crate) struct StoreActor {
     group: Group,
 }
 
-impl Actor for StoreActor {
-    type Context = SyncContext<Self>;
-
-    fn stopped(&mut self, _ctx: &mut Self::Context) {
+impl StoreActor {
+    /// Its last handle is gone: the open group commits (the backend closes when dropped).
+    pub(super) fn close(&mut self) {
         self.finish_group();
     }
-}
 
-impl StoreActor {
     fn over(core: Result<Box<dyn StoreBackend>, StoreError>, shared: &Shared) -> Self {
         Self {
             core,
@@ -187,22 +185,25 @@ impl StoreActor {
     }
 }
 
-impl<T: Send + 'static> Handler<Exec<T>> for StoreActor {
-    type Result = ();
-    fn handle(&mut self, msg: Exec<T>, _ctx: &mut Self::Context) {
+impl StoreActor {
+    /// One unit of work (`Store::send`): a read, or a write answered once its group commits.
+    fn exec<T: Send + 'static>(
+        &mut self,
+        work: Work<T>,
+        durable: bool,
+        fenced: bool,
+        reply: futures::channel::oneshot::Sender<Result<T, StoreError>>,
+    ) {
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         self.operations.fetch_add(1, Ordering::Relaxed);
-        let Exec { work, durable, fenced, reply } = msg;
         self.run(work, durable, fenced, reply);
     }
-}
 
-impl Handler<Apply> for StoreActor {
-    type Result = ();
-    fn handle(&mut self, msg: Apply, _ctx: &mut Self::Context) {
+    /// One write-behind unit (`Store::write_behind`): queued in the open group if the backend
+    /// queues such writes, else run as any unit of work.
+    fn apply(&mut self, write: Write, reply: DeferredReply) {
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         self.operations.fetch_add(1, Ordering::Relaxed);
-        let Apply { write, reply } = msg;
         let write = match self.defer(write) {
             None => {
                 self.group.deferred.push(reply);
@@ -247,7 +248,7 @@ impl StoreActor {
     /// without group commits.
     fn run<T: Send + 'static>(
         &mut self,
-        work: super::messages::Work<T>,
+        work: Work<T>,
         durable: bool,
         fenced: bool,
         reply: futures::channel::oneshot::Sender<Result<T, StoreError>>,
@@ -325,56 +326,50 @@ impl StoreActor {
     }
 }
 
-impl Handler<SetFence> for StoreActor {
-    type Result = Result<(), StoreError>;
-    fn handle(&mut self, msg: SetFence, _ctx: &mut Self::Context) -> Self::Result {
+impl StoreActor {
+    /// Sets (or clears) the leader's fence, after the open group commits.
+    fn set_fence(&mut self, fence: Option<Fence>) -> Result<(), StoreError> {
         self.finish_group();
         match self.core.as_mut() {
-            Ok(core) => core.set_fence(msg.0),
+            Ok(core) => core.set_fence(fence),
             Err(e) => Err(e.clone()),
         }
     }
-}
 
-impl Handler<Watch> for StoreActor {
-    type Result = ();
-    fn handle(&mut self, msg: Watch, _ctx: &mut Self::Context) {
+    /// A machine watcher: every machine now, then the ids that change.
+    fn watch(&mut self, to: Recipient<MachinesChanged>) {
         self.finish_group();
         match self.core.as_mut().map_err(|e| e.clone()).and_then(|c| c.machine_ids()) {
             Ok(ids) => {
-                msg.0.do_send(MachinesChanged { ids });
-                self.watchers.push(msg.0);
+                to.do_send(MachinesChanged { ids });
+                self.watchers.push(to);
             }
             Err(e) => tracing::error!(error = %e, "cannot list machines for a new watcher"),
         }
     }
-}
 
-impl Handler<WatchCounts> for StoreActor {
-    type Result = ();
-    fn handle(&mut self, msg: WatchCounts, _ctx: &mut Self::Context) {
+    /// A watcher of the gauges' counts: the current ones now, then each change.
+    fn watch_counts(&mut self, to: Recipient<CountsChanged>) {
         self.finish_group();
         if let Ok(core) = &self.core {
-            msg.0.do_send(CountsChanged(core.counts().clone()));
+            to.do_send(CountsChanged(core.counts().clone()));
         }
-        self.count_watchers.push(msg.0);
+        self.count_watchers.push(to);
     }
-}
 
-impl Handler<WatchRetries> for StoreActor {
-    type Result = ();
-    fn handle(&mut self, msg: WatchRetries, _ctx: &mut Self::Context) {
+    /// A transient-retry watcher.
+    fn watch_retries(&mut self, to: Recipient<RetryTick>) {
         self.finish_group();
-        self.retry_watchers.push(msg.0);
+        self.retry_watchers.push(to);
     }
 }
 
 /// The counters the store's clients and its actor share.
 #[derive(Clone)]
 struct Shared {
-    /// Operations run (every `Exec`).
+    /// Operations run (every unit of work).
     operations: Arc<AtomicU64>,
-    /// `Exec` messages sent and not yet handled (the actor's group commits end when none is).
+    /// Units of work sent and not yet run (the actor's group commits end when none is).
     waiting: Arc<AtomicUsize>,
     /// Group commits made.
     commits: Arc<AtomicU64>,
@@ -396,7 +391,7 @@ impl Default for Shared {
 /// A handle on the running store. Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Store {
-    addr: Addr<StoreActor>,
+    lane: Lane,
     shared: Shared,
     /// How its backend is opened, for a backend a second connection can share the database
     /// with ([`Store::companion`]; `None`: SQLite, whose writers take turns anyway).
@@ -417,18 +412,17 @@ impl Store {
         let path: PathBuf = path.to_owned();
         let shared = Shared::default();
         let theirs = shared.clone();
-        let addr = SyncArbiter::start(1, move || {
+        let lane = Lane::open(move || {
             let core = StoreCore::open_checked_before(&path);
             if let Err(e) = &core {
                 tracing::error!(error = %e, "cannot open the database");
             }
             StoreActor::over(core.map(|c| Box::new(c) as Box<dyn StoreBackend>), &theirs)
         });
-        Ok(Self { addr, shared, reopen: None })
+        Ok(Self { lane, shared, reopen: None })
     }
 
-    /// Starts the store's thread over a backend that `open` makes there (called again if the
-    /// thread's actor restarts). For a backend that connects lazily (PostgreSQL), `open` does
+    /// Starts the store on a lane over a backend that `open` makes there. For a backend that connects lazily (PostgreSQL), `open` does
     /// not fail on an unreachable server: its operations answer [`StoreError::Unavailable`]
     /// until it reconnects.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -442,17 +436,17 @@ impl Store {
         let shared = Shared::default();
         let theirs = shared.clone();
         let opener = open.clone();
-        let addr = SyncArbiter::start(1, move || {
+        let lane = Lane::open(move || {
             let core = opener();
             if let Err(e) = &core {
                 tracing::error!(error = %e, "cannot open the database");
             }
             StoreActor::over(core, &theirs)
         });
-        Self { addr, shared, reopen: Some(open) }
+        Self { lane, shared, reopen: Some(open) }
     }
 
-    /// A second store over the same database on a connection and a thread of its own, if the
+    /// A second store over the same database on a connection of its own (on the next lane), if the
     /// backend allows one (PostgreSQL; `None` for SQLite): its units of work commit in groups
     /// of their own, beside this store's. The simulated cloud's writes go there, so that the
     /// server runs them on a second backend process, in parallel with the provisioner's.
@@ -479,8 +473,11 @@ impl Store {
         &self,
         fence: Option<Fence>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        let req = self.addr.send(SetFence(fence));
-        async move { req.await.map_err(StoreError::Stopped)? }
+        let (reply, answer) = futures::channel::oneshot::channel();
+        self.lane.run(move |s| {
+            let _ = reply.send(s.set_fence(fence));
+        });
+        async move { answer.await.map_err(|_| StoreError::Stopped(MailboxError::Closed))? }
     }
 
     /// How many operations the store has run (reads and writes alike).
@@ -504,20 +501,20 @@ impl Store {
 
     /// Subscribes to the gauges' counts: the current ones now, then each change.
     pub(crate) fn watch_counts(&self, to: Recipient<CountsChanged>) {
-        self.addr.do_send(WatchCounts(to));
+        self.lane.run(move |s| s.watch_counts(to));
     }
 
     /// Sends one unit of work to the store's thread; its answer comes after its group commits.
     fn send<T: Send + 'static>(
         &self,
-        work: super::messages::Work<T>,
+        work: Work<T>,
         durable: bool,
         fenced: bool,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static {
         let (reply, answer) = futures::channel::oneshot::channel();
-        // Counted before it is sent: the actor keeps its group open while any is on its way.
+        // Counted before it is sent: the store keeps its group open while any is on its way.
         self.shared.waiting.fetch_add(1, Ordering::AcqRel);
-        self.addr.do_send(Exec { work, durable, fenced, reply });
+        self.lane.run(move |s| s.exec(work, durable, fenced, reply));
         // A dropped answer: the store's thread stopped (or its mailbox was closed).
         async move { answer.await.map_err(|_| StoreError::Stopped(MailboxError::Closed))? }
     }
@@ -564,7 +561,7 @@ impl Store {
     ) -> impl Future<Output = Result<Written, StoreError>> + Send + 'static {
         let (reply, answer) = futures::channel::oneshot::channel();
         self.shared.waiting.fetch_add(1, Ordering::AcqRel);
-        self.addr.do_send(Apply { write, reply });
+        self.lane.run(move |s| s.apply(write, reply));
         async move { answer.await.map_err(|_| StoreError::Stopped(MailboxError::Closed))? }
     }
 
@@ -587,11 +584,11 @@ impl Store {
 
     /// Subscribes a machine watcher (it hears every machine at once).
     pub(crate) fn watch(&self, to: Recipient<MachinesChanged>) {
-        self.addr.do_send(Watch(to));
+        self.lane.run(move |s| s.watch(to));
     }
 
     /// Subscribes a transient-retry watcher.
     pub(crate) fn watch_retries(&self, to: Recipient<RetryTick>) {
-        self.addr.do_send(WatchRetries(to));
+        self.lane.run(move |s| s.watch_retries(to));
     }
 }

@@ -12,10 +12,11 @@
 //!   tokens and start intents.
 //! - `postgres/`: `PgStore` (feature `postgres`), likewise, over one connection with
 //!   versioned migrations, the leader's fence and change notifications.
-//! - `actor.rs` and `messages.rs`: [`StoreActor`] owns one backend on a `SyncArbiter` thread of
-//!   its own (database calls block) and groups the units of work it is sent into group
-//!   commits; [`Store`] is the cheap, cloneable client every other part of the service talks
-//!   to. The actor also plays the model's machine watcher: after each committed change it
+//! - `actor.rs` and `messages.rs`: [`StoreActor`] owns one backend on its lane's thread
+//!   (database calls block) and groups the units of work it is sent into group commits;
+//!   [`Store`] is the cheap, cloneable client every other part of the service talks to.
+//!   `lanes.rs`: the threads the stores run on, a fixed set shared by every store of the
+//!   process (each store pinned to one), so that an idle model costs no thread. The store also plays the model's machine watcher: after each committed change it
 //!   sends `MachinesChanged` (and `RetryTick` after a retry) to its watchers, as Juju's model
 //!   does.
 //! - `behaviour.rs` (tests): the behaviour suite, written once against `&mut dyn StoreBackend`
@@ -26,6 +27,7 @@ mod backend;
 #[cfg(test)]
 mod behaviour;
 mod errors;
+mod lanes;
 mod messages;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -38,6 +40,7 @@ pub(crate) use actor::Store;
 pub(crate) use backend::Fence;
 pub(crate) use backend::StoreBackend;
 pub(crate) use errors::StoreError;
+pub(crate) use lanes::{configure as configure_threads, DEFAULT_LANES as DEFAULT_STORE_THREADS};
 pub(crate) use messages::CountsChanged;
 #[cfg(feature = "postgres")]
 pub(crate) use postgres::MIGRATION_LOCK;

@@ -1,0 +1,184 @@
+//! The threads the stores run on (issue 36): a fixed set of lanes, each one thread serving the
+//! stores pinned to it, their units of work in the order they arrive. A store's backend blocks
+//! (SQLite, and the PostgreSQL client on its own small runtime), so it needs a thread; a thread
+//! of its own made every model, idle or not, cost one. A store is pinned to one lane for its
+//! life, so its units of work run one at a time and in order, as on a thread of its own; its
+//! group commit may stay open while other stores' work runs on the lane (each store has its
+//! own connection and its own transaction).
+//!
+//! The lanes are the process's, made on first use ([`LANES`], a once-cell: nothing in them is
+//! shared but the channels); their number is [`DEFAULT_LANES`] unless [`configure`] set
+//! another first (`serve --store-threads`). Stores are spread over them in turn. A store's
+//! state (its backend and group) is owned by its lane's thread, and reached only by the jobs
+//! sent to it: no lock guards it. A job that panics loses its store (logged; its later work
+//! answers [`StoreError::Stopped`](super::StoreError::Stopped)), not the lane.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
+
+use super::actor::StoreActor;
+
+/// How many lanes there are unless configured: enough for the disks' and the database's
+/// parallelism, few enough that a thousand models cost a handful of threads.
+pub(crate) const DEFAULT_LANES: usize = 8;
+
+/// The most lanes one may configure.
+pub(crate) const MAX_LANES: usize = 256;
+
+/// Work for the store `id` on a lane.
+type Job = Box<dyn FnOnce(&mut StoreActor) + Send>;
+
+/// What a lane's thread is sent.
+enum Envelope {
+    /// A new store: made on the lane's thread (its backend opened there).
+    Open { id: u64, make: Box<dyn FnOnce() -> StoreActor + Send> },
+    /// A job for a store.
+    Run { id: u64, job: Job },
+    /// The store's last handle is gone: its open group commits, its backend closes.
+    Close { id: u64 },
+}
+
+/// The lanes: one channel to each thread.
+struct Lanes {
+    senders: Vec<mpsc::Sender<Envelope>>,
+    /// The next lane a store is pinned to.
+    next: AtomicUsize,
+    /// The next store id.
+    ids: AtomicU64,
+}
+
+/// The process's lanes, made on first use.
+static LANES: OnceLock<Lanes> = OnceLock::new();
+
+/// The number of lanes to make (0: [`DEFAULT_LANES`]), read when they are made.
+static CONFIGURED: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the number of lanes, before the first store starts: `Ok(())`, or `Err(n)` with the
+/// number the lanes already run with if they were made before with another.
+pub(crate) fn configure(lanes: usize) -> Result<(), usize> {
+    let lanes = lanes.clamp(1, MAX_LANES);
+    CONFIGURED.store(lanes, Ordering::SeqCst);
+    match LANES.get() {
+        Some(made) if made.senders.len() != lanes => Err(made.senders.len()),
+        _ => Ok(()),
+    }
+}
+
+/// How many lanes run (or will run).
+pub(crate) fn count() -> usize {
+    LANES.get().map_or_else(wanted, |l| l.senders.len())
+}
+
+fn wanted() -> usize {
+    match CONFIGURED.load(Ordering::SeqCst) {
+        0 => DEFAULT_LANES,
+        n => n,
+    }
+}
+
+fn lanes() -> &'static Lanes {
+    LANES.get_or_init(|| {
+        let senders = (0..wanted())
+            .map(|i| {
+                let (tx, rx) = mpsc::channel();
+                std::thread::Builder::new()
+                    .name(format!("store-{i}"))
+                    .spawn(move || serve(rx))
+                    .expect("cannot start a store thread");
+                tx
+            })
+            .collect();
+        Lanes { senders, next: AtomicUsize::new(0), ids: AtomicU64::new(0) }
+    })
+}
+
+/// A lane's thread: its stores, each reached only by the jobs sent for it.
+fn serve(rx: mpsc::Receiver<Envelope>) {
+    let mut stores: BTreeMap<u64, StoreActor> = BTreeMap::new();
+    for envelope in rx {
+        match envelope {
+            Envelope::Open { id, make } => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(make)) {
+                Ok(store) => {
+                    stores.insert(id, store);
+                }
+                Err(_) => tracing::error!(store = id, "opening a store panicked: it is not running"),
+            },
+            Envelope::Run { id, job } => {
+                // A store gone (closed, or lost to a panic): the job is dropped, and with it
+                // its reply, which answers `Stopped`.
+                let Some(store) = stores.get_mut(&id) else { continue };
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(store))).is_err() {
+                    tracing::error!(store = id, "a unit of work panicked: the store is stopped");
+                    stores.remove(&id);
+                }
+            }
+            Envelope::Close { id } => {
+                if let Some(mut store) = stores.remove(&id) {
+                    store.close();
+                }
+            }
+        }
+    }
+}
+
+/// A handle on one store on its lane. Cheap to clone; the store closes when the last clone is
+/// dropped.
+#[derive(Clone)]
+pub(crate) struct Lane {
+    id: u64,
+    tx: mpsc::Sender<Envelope>,
+    _open: Arc<Opened>,
+}
+
+/// Closes its store when dropped (the last handle gone).
+struct Opened {
+    id: u64,
+    tx: mpsc::Sender<Envelope>,
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Envelope::Close { id: self.id });
+    }
+}
+
+impl Lane {
+    /// Starts a store on the next lane: `make` builds it on the lane's thread.
+    pub(crate) fn open(make: impl FnOnce() -> StoreActor + Send + 'static) -> Self {
+        let lanes = lanes();
+        let id = lanes.ids.fetch_add(1, Ordering::Relaxed);
+        let tx = lanes.senders[lanes.next.fetch_add(1, Ordering::Relaxed) % lanes.senders.len()].clone();
+        let _ = tx.send(Envelope::Open { id, make: Box::new(make) });
+        Self { id, tx: tx.clone(), _open: Arc::new(Opened { id, tx }) }
+    }
+
+    /// Runs `job` on the store, after the work sent before it. Dropped (unrun) if the store is
+    /// gone.
+    pub(crate) fn run(&self, job: impl FnOnce(&mut StoreActor) + Send + 'static) {
+        let _ = self.tx.send(Envelope::Run { id: self.id, job: Box::new(job) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Many stores share the lanes: the lanes are all the threads there are, however many
+    /// stores run.
+    #[test]
+    fn a_hundred_stores_run_on_the_lanes() {
+        let dir = std::env::temp_dir().join(format!("provisioner-lanes-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        actix_rt::System::new().block_on(async move {
+            let stores: Vec<_> =
+                (0..100).map(|i| super::super::Store::start(&dir.join(format!("{i}.db"))).unwrap()).collect();
+            let uuids = futures::future::join_all(stores.iter().map(|s| s.read(|b| b.model_uuid()))).await;
+            let uuids: std::collections::BTreeSet<String> = uuids.into_iter().map(Result::unwrap).collect();
+            assert_eq!(uuids.len(), 100, "each store is its own database");
+            assert!(count() <= MAX_LANES);
+        });
+    }
+}
