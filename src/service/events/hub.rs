@@ -115,12 +115,15 @@ pub(crate) struct EventHub {
     pub(super) dropped: Arc<AtomicU64>,
     /// How long frames may wait with none taken before the client is dropped.
     idle: Duration,
+    /// The heartbeat's and the idle check's timers, armed while a stream is open (an idle
+    /// model with no client wakes for nothing: issue 36).
+    timers: Option<(SpawnHandle, SpawnHandle)>,
 }
 
 impl EventHub {
     /// No stream yet; a client none of whose waiting frames is taken for `idle` is dropped.
     pub(crate) fn new(idle: Duration) -> Self {
-        Self { streams: BTreeMap::new(), next: 0, closed: false, dropped: Arc::default(), idle }
+        Self { streams: BTreeMap::new(), next: 0, closed: false, dropped: Arc::default(), idle, timers: None }
     }
 
     /// The count of clients dropped for falling behind, as it grows.
@@ -155,15 +158,39 @@ impl EventHub {
     }
 }
 
-impl Actor for EventHub {
-    type Context = Context<Self>;
-    fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.run_interval(HEARTBEAT, |hub, _ctx| hub.broadcast(": keep-alive\n\n"));
+impl EventHub {
+    /// Arms the heartbeat and the idle check, if they are not: a stream opened.
+    fn arm(&mut self, ctx: &mut Context<Self>) {
+        if self.timers.is_some() {
+            return;
+        }
+        let heartbeat = ctx.run_interval(HEARTBEAT, |hub, ctx| {
+            hub.broadcast(": keep-alive\n\n");
+            hub.disarm_if_unused(ctx);
+        });
         // Checked four times per limit, at least every second (a client is found idle within
         // one check of the limit).
         let every = (self.idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
-        ctx.run_interval(every, |hub, _ctx| hub.drop_idle());
+        let check = ctx.run_interval(every, |hub, ctx| {
+            hub.drop_idle();
+            hub.disarm_if_unused(ctx);
+        });
+        self.timers = Some((heartbeat, check));
     }
+
+    /// Cancels the timers once no stream is left (the idle check drops closed ones).
+    fn disarm_if_unused(&mut self, ctx: &mut Context<Self>) {
+        if self.streams.is_empty() {
+            if let Some((heartbeat, check)) = self.timers.take() {
+                ctx.cancel_future(heartbeat);
+                ctx.cancel_future(check);
+            }
+        }
+    }
+}
+
+impl Actor for EventHub {
+    type Context = Context<Self>;
 }
 
 /// Opens a stream: it gets every event from now on (unless it falls too far behind, or the
@@ -172,6 +199,20 @@ impl Actor for EventHub {
 #[rtype(result = "EventStream")]
 pub(crate) struct OpenStream(pub Option<Ticket>);
 
+/// Whether the hub's timers are armed (tests).
+#[cfg(test)]
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub(super) struct Armed;
+
+#[cfg(test)]
+impl Handler<Armed> for EventHub {
+    type Result = bool;
+    fn handle(&mut self, _msg: Armed, _ctx: &mut Self::Context) -> bool {
+        self.timers.is_some()
+    }
+}
+
 /// Ends every stream (shutdown).
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -179,7 +220,7 @@ pub(crate) struct CloseStreams;
 
 impl Handler<OpenStream> for EventHub {
     type Result = MessageResult<OpenStream>;
-    fn handle(&mut self, OpenStream(ticket): OpenStream, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, OpenStream(ticket): OpenStream, ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = unbounded();
         let queued = Arc::new(AtomicUsize::new(0));
         let stream = EventStream::new(rx, queued.clone(), ticket);
@@ -191,15 +232,17 @@ impl Handler<OpenStream> for EventHub {
         client.send(": connected\n\n");
         self.next += 1;
         self.streams.insert(self.next, client);
+        self.arm(ctx);
         MessageResult(stream)
     }
 }
 
 impl Handler<CloseStreams> for EventHub {
     type Result = ();
-    fn handle(&mut self, _msg: CloseStreams, _ctx: &mut Self::Context) {
+    fn handle(&mut self, _msg: CloseStreams, ctx: &mut Self::Context) {
         self.closed = true;
         self.streams.clear();
+        self.disarm_if_unused(ctx);
     }
 }
 

@@ -74,6 +74,26 @@ async fn a_client_that_takes_no_waiting_frame_for_the_idle_limit_is_dropped_with
     );
 }
 
+/// A hub with no stream holds no timer (an idle model wakes for nothing); a stream arms the
+/// heartbeat and the idle check, and they are cancelled once its client is gone.
+#[actix_rt::test]
+async fn a_hub_without_streams_holds_no_timer() {
+    use super::hub::{Armed, OpenStream};
+    tokio::time::pause();
+    let hub = EventHub::new(Duration::from_secs(4)).start();
+    assert!(!hub.send(Armed).await.unwrap(), "no stream: no timer");
+    let stream = hub.send(OpenStream(None)).await.unwrap();
+    assert!(hub.send(Armed).await.unwrap(), "a stream: the heartbeat and the idle check");
+    tokio::time::advance(Duration::from_secs(3)).await;
+    assert!(hub.send(Armed).await.unwrap(), "still open");
+    drop(stream);
+    for _ in 0..3 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        tokio::task::yield_now().await;
+    }
+    assert!(!hub.send(Armed).await.unwrap(), "its client gone: the timers are cancelled");
+}
+
 /// Keeps the ids of the tickets let go.
 #[derive(Default)]
 struct Sink(Vec<u64>);
