@@ -404,6 +404,13 @@ pub trait Broker: Send + Sync + 'static {
     fn supports_zones(&self) -> bool {
         false
     }
+    /// Whether the cloud's zones may change while the provisioner runs (the zone allocator
+    /// then lists them again every resync period). A cloud whose zones are fixed by its
+    /// configuration (the service's simulated cloud) says no: an idle model's allocator then
+    /// holds no timer.
+    fn zones_change(&self) -> bool {
+        true
+    }
     /// The cloud's zones, with availability.
     fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
         Box::pin(async { Err(BrokerError::NotSupported("availability_zones")) })
@@ -495,6 +502,7 @@ macro_rules! forward_broker {
             -> $crate::ports::BrokerFuture<Vec<$crate::model::CloudInstance>> { self.$inner.instances_of_start(machine, nonce) }
     };
     (@ $inner:ident supports_zones) => { fn supports_zones(&self) -> bool { self.$inner.supports_zones() } };
+    (@ $inner:ident zones_change) => { fn zones_change(&self) -> bool { self.$inner.zones_change() } };
     (@ $inner:ident availability_zones) => {
         fn availability_zones(&self) -> $crate::ports::BrokerFuture<Vec<$crate::ports::AvailabilityZone>> {
             self.$inner.availability_zones()

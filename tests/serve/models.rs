@@ -722,3 +722,76 @@ fn a_scoped_token_ends_with_its_model_and_is_not_a_later_models_of_the_same_name
     let (code, body) = http_as(&s, &new, "GET", "/v1/models/team-a/machines", None);
     assert_eq!(code, 200, "{body}");
 }
+
+/// The service's threads, from `/proc/PID/status`.
+fn threads_of(s: &Server) -> usize {
+    let pid = s.child.as_ref().unwrap().id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("Threads:")).unwrap();
+    line["Threads:".len()..].trim().parse().unwrap()
+}
+
+/// Every model's machines started (`count` each), asked by 4 clients at once.
+fn all_models_started(s: &Server, names: &[String], count: u64) -> bool {
+    let token = s.token();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|k| {
+                let token = &token;
+                scope.spawn(move || {
+                    names.iter().skip(k).step_by(4).all(|name| {
+                        let (code, body) = http_as(s, token, "GET", &format!("/v1/models/{name}/status"), None);
+                        let v: Value = serde_json::from_str(&body).unwrap_or_default();
+                        code == 200
+                            && v["machines"].as_u64() == Some(count)
+                            && v["machines_by_status"]["started"].as_u64() == Some(count)
+                    })
+                })
+            })
+            .collect();
+        handles.into_iter().all(|h| h.join().unwrap())
+    })
+}
+
+/// Issue 36: a thousand models on one replica (SQLite), each with two machines, all
+/// provisioned; the service runs them on a fixed set of threads (under 64, however many
+/// models), and a restart brings every model back with its machines. `MANY_MODELS` sets the
+/// number (default 1,000).
+#[test]
+fn a_thousand_models_provision_on_a_few_threads_and_a_restart_brings_them_all_back() {
+    let n: usize = std::env::var("MANY_MODELS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let dir = temp_dir("models-thousand");
+    let mut s = Server::start(&dir, &["--sim-start-latency", "0s"]);
+    let alone = threads_of(&s);
+    let names: Vec<String> = std::iter::once("default".to_owned()).chain((1..n).map(|i| format!("m{i:04}"))).collect();
+    let token = s.token();
+    // Added by 4 clients at once, then two machines each.
+    std::thread::scope(|scope| {
+        for k in 0..4 {
+            let (names, token, s) = (&names, &token, &s);
+            scope.spawn(move || {
+                for name in names[1..].iter().skip(k).step_by(4) {
+                    let (code, body) =
+                        http_as(s, token, "POST", "/v1/models", Some(&format!("{{\"name\":\"{name}\"}}")));
+                    assert_eq!(code, 201, "{name}: {body}");
+                }
+                for name in names.iter().skip(k).step_by(4) {
+                    let path = format!("/v1/models/{name}/machines");
+                    let (code, body) = http_as(s, token, "POST", &path, Some("{\"count\":2}"));
+                    assert!(code == 200 || code == 201, "{name}: {code} {body}");
+                }
+            });
+        }
+    });
+    eventually(Duration::from_secs(300), "every model's two machines started", || all_models_started(&s, &names, 2));
+    let threads = threads_of(&s);
+    eprintln!("{n} models: {alone} threads alone, {threads} with the models");
+    assert!(threads < 64, "{threads} threads for {n} models");
+    let listed = http(&s, "GET", "/v1/models", None).1;
+    assert_eq!(serde_json::from_str::<Value>(&listed).unwrap().as_array().map(Vec::len), Some(n));
+
+    assert!(s.terminate().success());
+    let s = Server::start_on(&dir.join("data"), &dir, &["--sim-start-latency", "0s"]);
+    eventually(Duration::from_secs(300), "every model back with its machines", || all_models_started(&s, &names, 2));
+    assert!(threads_of(&s) < 64);
+}

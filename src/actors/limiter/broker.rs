@@ -121,5 +121,5 @@ impl Broker for LimitedBroker {
     fn release_instances(&self, ids: Vec<InstanceId>) -> BrokerFuture<()> {
         self.gated(ApiClass::Stop, move |b| b.release_instances(ids))
     }
-    crate::forward_broker!(inner: pace_follow_ups, batches_starts, supports_zones, supports_interruptions, interruption_notices, acknowledge_notices, impaired_instances, current_image, capacity_short);
+    crate::forward_broker!(inner: pace_follow_ups, batches_starts, supports_zones, zones_change, supports_interruptions, interruption_notices, acknowledge_notices, impaired_instances, current_image, capacity_short);
 }

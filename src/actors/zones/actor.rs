@@ -35,7 +35,8 @@ impl ZoneAllocator {
     }
 
     fn schedule_refresh(&self, ctx: &mut Context<Self>) {
-        if !self.broker.supports_zones() {
+        // Zones that cannot change are not asked for again: no timer.
+        if !self.broker.supports_zones() || !self.broker.zones_change() {
             return;
         }
         ctx.run_later(self.refresh_interval, |act, ctx| {

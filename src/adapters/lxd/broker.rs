@@ -49,7 +49,7 @@ impl Broker for OnHost {
         params.placement = Some(format!("{HOST_PLACEMENT}{}", self.host));
         self.inner.start_instance(params)
     }
-    crate::forward_broker!(inner: pace_follow_ups, stop_instances, all_instances, supports_zones, availability_zones, retag_instance, release_instances, supports_interruptions, interruption_notices, acknowledge_notices, impaired_instances, current_image, capacity_short);
+    crate::forward_broker!(inner: pace_follow_ups, stop_instances, all_instances, supports_zones, zones_change, availability_zones, retag_instance, release_instances, supports_interruptions, interruption_notices, acknowledge_notices, impaired_instances, current_image, capacity_short);
 }
 
 /// What the broker learnt of the daemon when it connected.

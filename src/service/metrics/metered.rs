@@ -170,5 +170,5 @@ impl Broker for MeteredBroker {
         let call = self.changing(self.meter("release_instances", self.inner.release_instances(ids.clone())));
         self.removing(&ids, call)
     }
-    crate::forward_broker!(inner: pace_follow_ups, supports_zones, supports_interruptions, interruption_notices, acknowledge_notices, impaired_instances, current_image, capacity_short);
+    crate::forward_broker!(inner: pace_follow_ups, supports_zones, zones_change, supports_interruptions, interruption_notices, acknowledge_notices, impaired_instances, current_image, capacity_short);
 }

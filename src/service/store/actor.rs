@@ -78,6 +78,16 @@ impl StoreActor {
         self.finish_group();
     }
 
+    /// It has been idle a while (no work since its lane's last sweep): the backend gives back
+    /// what it keeps only to go faster. Not while a group is open or work is on its way.
+    pub(super) fn shed_memory(&mut self) {
+        if self.group.durable.is_none() && self.waiting.load(Ordering::Acquire) == 0 {
+            if let Ok(core) = self.core.as_mut() {
+                core.shed_memory();
+            }
+        }
+    }
+
     fn over(core: Result<Box<dyn StoreBackend>, StoreError>, shared: &Shared) -> Self {
         Self {
             core,

@@ -12,6 +12,12 @@
 //! state (its backend and group) is owned by its lane's thread, and reached only by the jobs
 //! sent to it: no lock guards it. A job that panics loses its store (logged; its later work
 //! answers [`StoreError::Stopped`](super::StoreError::Stopped)), not the lane.
+//!
+//! An idle store gives back the memory it keeps only to go faster (SQLite's prepared
+//! statements and page cache: most of what an idle model costs): a lane sweeps its stores every
+//! [`SWEEP_PERIOD`] (at its next job, or after waiting that long for one), and sheds the memory
+//! of each store that ran nothing since the sweep before. A busy store keeps its
+//! statements; an idle one prepares them again on its next work.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -26,6 +32,10 @@ pub(crate) const DEFAULT_LANES: usize = 8;
 
 /// The most lanes one may configure.
 pub(crate) const MAX_LANES: usize = 256;
+
+/// How often a lane sweeps its idle stores (read on the lane's own thread, which waits at most
+/// this long for a job: not a timer of any actor).
+const SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Work for the store `id` on a lane.
 type Job = Box<dyn FnOnce(&mut StoreActor) + Send>;
@@ -89,32 +99,60 @@ fn lanes() -> &'static Lanes {
     })
 }
 
+/// One store on its lane: the store, and the lane's job count when it last ran one.
+struct Pinned {
+    store: StoreActor,
+    last_job: u64,
+}
+
 /// A lane's thread: its stores, each reached only by the jobs sent for it.
 fn serve(rx: mpsc::Receiver<Envelope>) {
-    let mut stores: BTreeMap<u64, StoreActor> = BTreeMap::new();
-    for envelope in rx {
+    let mut stores: BTreeMap<u64, Pinned> = BTreeMap::new();
+    // Jobs run, and the count and the time at the last sweep (tokio's clock: outside a runtime,
+    // the system's monotonic one).
+    let (mut jobs, mut swept, mut last_sweep) = (0u64, 0u64, tokio::time::Instant::now());
+    loop {
+        let received = rx.recv_timeout(SWEEP_PERIOD);
+        if last_sweep.elapsed() >= SWEEP_PERIOD {
+            sweep(&mut stores, swept);
+            (swept, last_sweep) = (jobs, tokio::time::Instant::now());
+        }
+        let envelope = match received {
+            Ok(e) => e,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        };
         match envelope {
             Envelope::Open { id, make } => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(make)) {
                 Ok(store) => {
-                    stores.insert(id, store);
+                    stores.insert(id, Pinned { store, last_job: jobs });
                 }
                 Err(_) => tracing::error!(store = id, "opening a store panicked: it is not running"),
             },
             Envelope::Run { id, job } => {
                 // A store gone (closed, or lost to a panic): the job is dropped, and with it
                 // its reply, which answers `Stopped`.
-                let Some(store) = stores.get_mut(&id) else { continue };
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(store))).is_err() {
+                let Some(pinned) = stores.get_mut(&id) else { continue };
+                jobs += 1;
+                pinned.last_job = jobs;
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut pinned.store))).is_err() {
                     tracing::error!(store = id, "a unit of work panicked: the store is stopped");
                     stores.remove(&id);
                 }
             }
             Envelope::Close { id } => {
-                if let Some(mut store) = stores.remove(&id) {
-                    store.close();
+                if let Some(mut pinned) = stores.remove(&id) {
+                    pinned.store.close();
                 }
             }
         }
+    }
+}
+
+/// Sheds the memory of the stores that ran no job since the sweep at job count `swept`.
+fn sweep(stores: &mut BTreeMap<u64, Pinned>, swept: u64) {
+    for pinned in stores.values_mut().filter(|p| p.last_job <= swept) {
+        pinned.store.shed_memory();
     }
 }
 
@@ -158,7 +196,6 @@ impl Lane {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
 
     /// Many stores share the lanes: the lanes are all the threads there are, however many
     /// stores run.

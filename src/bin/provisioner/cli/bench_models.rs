@@ -28,13 +28,15 @@ struct ModelsReport {
     add_model_max_ms: f64,
     /// From the first machine add to every machine of every model started.
     all_started_s: f64,
-    /// The service alone (its `default` model), then with every model, idle.
+    /// The service alone (its `default` model), then with every model just started, then
+    /// after the idle window.
     rss_before_mib: f64,
     rss_after_mib: f64,
+    rss_idle_mib: f64,
     peak_rss_mib: f64,
     threads_before: usize,
     threads_after: usize,
-    /// The difference, over the models added.
+    /// The difference (idle), over the models added.
     rss_per_model_kib: f64,
     threads_per_model: f64,
     /// In `--idle` seconds with nothing to do: the service's CPU time and its threads'
@@ -88,12 +90,13 @@ pub fn bench(args: BenchModelsArgs) -> std::process::ExitCode {
                     r.models, r.machines_per_model, r.store, r.add_model_p50_ms, r.add_model_p99_ms, r.all_started_s
                 );
                 println!(
-                    "service: {:.0} MiB and {} threads alone, {:.0} MiB (peak {:.0}) and {} threads with the models: \
-                     {:.0} KiB and {:.3} threads a model",
+                    "service: {:.0} MiB and {} threads alone, {:.0} MiB (peak {:.0}, {:.0} once idle) and {} threads \
+                     with the models: {:.0} KiB and {:.3} threads a model",
                     r.rss_before_mib,
                     r.threads_before,
                     r.rss_after_mib,
                     r.peak_rss_mib,
+                    r.rss_idle_mib,
                     r.threads_after,
                     r.rss_per_model_kib,
                     r.threads_per_model
@@ -198,6 +201,7 @@ fn bench_inner(args: &BenchModelsArgs) -> Result<ModelsReport, Failure> {
     let idle_s = window.elapsed().as_secs_f64();
     let (cpu1, switches1) = (cpu_ticks(pid).unwrap_or(0), context_switches(pid));
     let peak_rss_mib = status_field(pid, "VmHWM:").unwrap_or(0.0) / 1024.0;
+    let rss_idle_mib = rss();
     drop(service);
     let _ = std::fs::remove_dir_all(&dir);
     // Clock ticks are 1/100 s on Linux (`USER_HZ`).
@@ -213,10 +217,11 @@ fn bench_inner(args: &BenchModelsArgs) -> Result<ModelsReport, Failure> {
         all_started_s,
         rss_before_mib,
         rss_after_mib,
+        rss_idle_mib,
         peak_rss_mib,
         threads_before,
         threads_after,
-        rss_per_model_kib: (rss_after_mib - rss_before_mib) * 1024.0 / added,
+        rss_per_model_kib: (rss_idle_mib - rss_before_mib) * 1024.0 / added,
         threads_per_model: (threads_after as f64 - threads_before as f64) / added,
         idle_s,
         idle_cpu_ms_per_s,

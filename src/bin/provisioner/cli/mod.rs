@@ -401,8 +401,9 @@ pub struct BenchModelsArgs {
     /// Concurrent clients adding the machines.
     #[arg(long, default_value_t = 4)]
     pub clients: usize,
-    /// Seconds of nothing to do measured at the end.
-    #[arg(long, default_value_t = 10)]
+    /// Seconds of nothing to do measured at the end (idle stores shed their caches after
+    /// 10 to 20 s).
+    #[arg(long, default_value_t = 25)]
     pub idle: u64,
     /// Seconds every machine has to start in.
     #[arg(long, default_value_t = 600)]

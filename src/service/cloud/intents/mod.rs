@@ -174,7 +174,7 @@ impl Broker for IntentBroker {
         }
         .boxed()
     }
-    crate::forward_broker!(inner: pace_follow_ups, stop_instances, all_instances, instances_of_start, supports_zones, availability_zones, derive_availability_zones, retag_instance, release_instances, supports_interruptions, interruption_notices, acknowledge_notices, impaired_instances, current_image, capacity_short);
+    crate::forward_broker!(inner: pace_follow_ups, stop_instances, all_instances, instances_of_start, supports_zones, zones_change, availability_zones, derive_availability_zones, retag_instance, release_instances, supports_interruptions, interruption_notices, acknowledge_notices, impaired_instances, current_image, capacity_short);
 }
 
 #[cfg(test)]

@@ -405,6 +405,11 @@ impl Broker for SimCloud {
         !self.settings.known_zones().is_empty()
     }
 
+    /// Its zones are its settings: they never change while it runs.
+    fn zones_change(&self) -> bool {
+        false
+    }
+
     fn availability_zones(&self) -> BrokerFuture<Vec<AvailabilityZone>> {
         let mut zones: Vec<AvailabilityZone> = self.settings.zones.iter().map(AvailabilityZone::available).collect();
         zones.extend(

@@ -158,6 +158,13 @@ impl StoreBackend for StoreCore {
     }
 
     /// Remembers damage an operation ran into: from then on [`StoreBackend::check_readable`] fails.
+    fn shed_memory(&mut self) {
+        // Prepared again on their next use; the page cache refilled from the file.
+        self.conn.flush_prepared_statement_cache();
+        if let Err(e) = self.conn.execute_batch("PRAGMA shrink_memory") {
+            tracing::debug!(error = %e, "cannot shrink the database's memory");
+        }
+    }
     fn note_damage(&mut self, e: &StoreError) {
         if matches!(e, StoreError::Damaged { .. }) && self.damaged.is_none() {
             self.damaged = Some(e.clone());
