@@ -350,3 +350,17 @@ fn the_spot_price_cap_comes_from_the_file() {
     let e = with_file("bad-spot.toml", "spot_max_price = -2.0\n", &[]).unwrap_err().to_string();
     assert!(e.contains("spot_max_price") || e.contains("invalid price"), "{e}");
 }
+
+/// `--store-threads` / `[store] threads`: 8 unless set, 1 to 256, a bad value named.
+#[test]
+fn the_store_threads_are_eight_unless_set_within_range() {
+    assert_eq!(load(&[]).unwrap().store.threads(), 8);
+    assert_eq!(load(&["--store-threads", "2"]).unwrap().store.threads(), 2);
+    assert_eq!(with_file("threads.toml", "[store]\nthreads = 32\n", &[]).unwrap().store.threads(), 32);
+    for bad in ["0", "257", "many"] {
+        let e = Cli::command().try_get_matches_from(["serve", "--store-threads", bad]).unwrap_err();
+        assert!(e.to_string().contains("--store-threads"), "{bad}: {e}");
+    }
+    let e = with_file("threads0.toml", "[store]\nthreads = 0\n", &[]).unwrap_err();
+    assert!(e.to_string().contains("store.threads must be between 1 and 256, got 0"), "{e}");
+}
