@@ -38,7 +38,7 @@ pub use sections::{
     DEFAULT_MAX_STREAMS_PER_TOKEN, DEFAULT_STREAM_IDLE_TIMEOUT,
 };
 pub use sim::{SimSection, DEFAULT_SIM_CONTAINER_INIT_DELAY, DEFAULT_SIM_START_LATENCY, DEFAULT_SIM_ZONES};
-pub use store::{StoreSection, StoreUrl};
+pub use store::{StoreSection, StoreUrl, DEFAULT_STORE_THREADS};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -8,6 +8,11 @@ use serde::Deserialize;
 
 use super::parse::optional_from_str;
 
+/// How many threads every model's store runs on, together, unless `[store] threads` says:
+/// enough for the disks' and the database's parallelism, few enough that a thousand models
+/// cost a handful of threads.
+pub const DEFAULT_STORE_THREADS: usize = 8;
+
 /// Where the service keeps the model, its API token's hash, its settings and the simulated
 /// cloud (`[store]` in the config file, `--store`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Args, Deserialize)]
@@ -35,7 +40,7 @@ impl StoreSection {
 
     /// The threads the stores run on.
     pub fn threads(&self) -> usize {
-        self.threads.map_or(crate::service::store::DEFAULT_STORE_THREADS, usize::from)
+        self.threads.map_or(DEFAULT_STORE_THREADS, usize::from)
     }
 }
 

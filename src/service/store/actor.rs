@@ -10,7 +10,7 @@ use actix::{MailboxError, Recipient};
 
 use super::backend::{Fence, StoreBackend};
 use super::errors::StoreError;
-use super::lanes::Lane;
+use super::lanes::{Lane, LaneStore};
 use super::messages::{CountsChanged, Work};
 use super::sqlite::StoreCore;
 use super::writes::{Write, Written};
@@ -72,22 +72,24 @@ pub(crate) struct StoreActor {
     group: Group,
 }
 
-impl StoreActor {
+impl LaneStore for StoreActor {
     /// Its last handle is gone: the open group commits (the backend closes when dropped).
-    pub(super) fn close(&mut self) {
+    fn close(&mut self) {
         self.finish_group();
     }
 
     /// It has been idle a while (no work since its lane's last sweep): the backend gives back
     /// what it keeps only to go faster. Not while a group is open or work is on its way.
-    pub(super) fn shed_memory(&mut self) {
+    fn shed_memory(&mut self) {
         if self.group.durable.is_none() && self.waiting.load(Ordering::Acquire) == 0 {
             if let Ok(core) = self.core.as_mut() {
                 core.shed_memory();
             }
         }
     }
+}
 
+impl StoreActor {
     fn over(core: Result<Box<dyn StoreBackend>, StoreError>, shared: &Shared) -> Self {
         Self {
             core,
@@ -427,7 +429,8 @@ impl Store {
             if let Err(e) = &core {
                 tracing::error!(error = %e, "cannot open the database");
             }
-            StoreActor::over(core.map(|c| Box::new(c) as Box<dyn StoreBackend>), &theirs)
+            Box::new(StoreActor::over(core.map(|c| Box::new(c) as Box<dyn StoreBackend>), &theirs))
+                as Box<dyn LaneStore>
         });
         Ok(Self { lane, shared, reopen: None })
     }
@@ -451,7 +454,7 @@ impl Store {
             if let Err(e) = &core {
                 tracing::error!(error = %e, "cannot open the database");
             }
-            StoreActor::over(core, &theirs)
+            Box::new(StoreActor::over(core, &theirs)) as Box<dyn LaneStore>
         });
         Self { lane, shared, reopen: Some(open) }
     }
@@ -484,10 +487,19 @@ impl Store {
         fence: Option<Fence>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         let (reply, answer) = futures::channel::oneshot::channel();
-        self.lane.run(move |s| {
+        self.on_store(move |s| {
             let _ = reply.send(s.set_fence(fence));
         });
         async move { answer.await.map_err(|_| StoreError::Stopped(MailboxError::Closed))? }
+    }
+
+    /// Runs `job` on the store actor on its lane, after the work sent before it.
+    fn on_store(&self, job: impl FnOnce(&mut StoreActor) + Send + 'static) {
+        self.lane.run(move |s| {
+            if let Some(store) = (s as &mut dyn std::any::Any).downcast_mut::<StoreActor>() {
+                job(store);
+            }
+        });
     }
 
     /// How many operations the store has run (reads and writes alike).
@@ -511,7 +523,7 @@ impl Store {
 
     /// Subscribes to the gauges' counts: the current ones now, then each change.
     pub(crate) fn watch_counts(&self, to: Recipient<CountsChanged>) {
-        self.lane.run(move |s| s.watch_counts(to));
+        self.on_store(move |s| s.watch_counts(to));
     }
 
     /// Sends one unit of work to the store's thread; its answer comes after its group commits.
@@ -524,7 +536,7 @@ impl Store {
         let (reply, answer) = futures::channel::oneshot::channel();
         // Counted before it is sent: the store keeps its group open while any is on its way.
         self.shared.waiting.fetch_add(1, Ordering::AcqRel);
-        self.lane.run(move |s| s.exec(work, durable, fenced, reply));
+        self.on_store(move |s| s.exec(work, durable, fenced, reply));
         // A dropped answer: the store's thread stopped (or its mailbox was closed).
         async move { answer.await.map_err(|_| StoreError::Stopped(MailboxError::Closed))? }
     }
@@ -571,7 +583,7 @@ impl Store {
     ) -> impl Future<Output = Result<Written, StoreError>> + Send + 'static {
         let (reply, answer) = futures::channel::oneshot::channel();
         self.shared.waiting.fetch_add(1, Ordering::AcqRel);
-        self.lane.run(move |s| s.apply(write, reply));
+        self.on_store(move |s| s.apply(write, reply));
         async move { answer.await.map_err(|_| StoreError::Stopped(MailboxError::Closed))? }
     }
 
@@ -594,11 +606,11 @@ impl Store {
 
     /// Subscribes a machine watcher (it hears every machine at once).
     pub(crate) fn watch(&self, to: Recipient<MachinesChanged>) {
-        self.lane.run(move |s| s.watch(to));
+        self.on_store(move |s| s.watch(to));
     }
 
     /// Subscribes a transient-retry watcher.
     pub(crate) fn watch_retries(&self, to: Recipient<RetryTick>) {
-        self.lane.run(move |s| s.watch_retries(to));
+        self.on_store(move |s| s.watch_retries(to));
     }
 }

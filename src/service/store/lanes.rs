@@ -24,11 +24,17 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 
-use super::actor::StoreActor;
+/// How many lanes there are unless configured: `[store] threads`' default.
+pub(crate) const DEFAULT_LANES: usize = crate::service::settings::DEFAULT_STORE_THREADS;
 
-/// How many lanes there are unless configured: enough for the disks' and the database's
-/// parallelism, few enough that a thousand models cost a handful of threads.
-pub(crate) const DEFAULT_LANES: usize = 8;
+/// What a lane runs: a store (the store actor; a test's stand-in), reached by the jobs sent
+/// for it.
+pub(crate) trait LaneStore: std::any::Any + Send {
+    /// Its last handle is gone.
+    fn close(&mut self);
+    /// It has been idle since the lane's last sweep.
+    fn shed_memory(&mut self);
+}
 
 /// The most lanes one may configure.
 pub(crate) const MAX_LANES: usize = 256;
@@ -38,12 +44,12 @@ pub(crate) const MAX_LANES: usize = 256;
 const SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Work for the store `id` on a lane.
-type Job = Box<dyn FnOnce(&mut StoreActor) + Send>;
+type Job = Box<dyn FnOnce(&mut dyn LaneStore) + Send>;
 
 /// What a lane's thread is sent.
 enum Envelope {
     /// A new store: made on the lane's thread (its backend opened there).
-    Open { id: u64, make: Box<dyn FnOnce() -> StoreActor + Send> },
+    Open { id: u64, make: Box<dyn FnOnce() -> Box<dyn LaneStore> + Send> },
     /// A job for a store.
     Run { id: u64, job: Job },
     /// The store's last handle is gone: its open group commits, its backend closes.
@@ -101,7 +107,7 @@ fn lanes() -> &'static Lanes {
 
 /// One store on its lane: the store, and the lane's job count when it last ran one.
 struct Pinned {
-    store: StoreActor,
+    store: Box<dyn LaneStore>,
     last_job: u64,
 }
 
@@ -135,7 +141,7 @@ fn serve(rx: mpsc::Receiver<Envelope>) {
                 let Some(pinned) = stores.get_mut(&id) else { continue };
                 jobs += 1;
                 pinned.last_job = jobs;
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut pinned.store))).is_err() {
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(pinned.store.as_mut()))).is_err() {
                     tracing::error!(store = id, "a unit of work panicked: the store is stopped");
                     stores.remove(&id);
                 }
@@ -179,7 +185,7 @@ impl Drop for Opened {
 
 impl Lane {
     /// Starts a store on the next lane: `make` builds it on the lane's thread.
-    pub(crate) fn open(make: impl FnOnce() -> StoreActor + Send + 'static) -> Self {
+    pub(crate) fn open(make: impl FnOnce() -> Box<dyn LaneStore> + Send + 'static) -> Self {
         let lanes = lanes();
         let id = lanes.ids.fetch_add(1, Ordering::Relaxed);
         let tx = lanes.senders[lanes.next.fetch_add(1, Ordering::Relaxed) % lanes.senders.len()].clone();
@@ -189,29 +195,51 @@ impl Lane {
 
     /// Runs `job` on the store, after the work sent before it. Dropped (unrun) if the store is
     /// gone.
-    pub(crate) fn run(&self, job: impl FnOnce(&mut StoreActor) + Send + 'static) {
+    pub(crate) fn run(&self, job: impl FnOnce(&mut dyn LaneStore) + Send + 'static) {
         let _ = self.tx.send(Envelope::Run { id: self.id, job: Box::new(job) });
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
-    /// Many stores share the lanes: the lanes are all the threads there are, however many
-    /// stores run.
+    /// A stand-in store: the jobs it ran, in order.
+    struct Log(futures::channel::mpsc::UnboundedSender<(u64, u32)>, u64);
+    impl LaneStore for Log {
+        fn close(&mut self) {}
+        fn shed_memory(&mut self) {}
+    }
+
+    /// A hundred stores share the lanes: the lanes are all the threads there are, however many
+    /// stores run, and each store's jobs run in the order they were sent.
     #[test]
-    fn a_hundred_stores_run_on_the_lanes() {
-        let dir = std::env::temp_dir().join(format!("provisioner-lanes-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        actix_rt::System::new().block_on(async move {
-            let stores: Vec<_> =
-                (0..100).map(|i| super::super::Store::start(&dir.join(format!("{i}.db"))).unwrap()).collect();
-            let uuids = futures::future::join_all(stores.iter().map(|s| s.read(|b| b.model_uuid()))).await;
-            let uuids: std::collections::BTreeSet<String> = uuids.into_iter().map(Result::unwrap).collect();
-            assert_eq!(uuids.len(), 100, "each store is its own database");
-            let threads = std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0);
-            assert!(threads < 100, "{threads} threads for 100 stores");
-        });
+    fn a_hundred_stores_run_on_the_lanes_their_jobs_in_order() {
+        use futures::StreamExt;
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let lanes: Vec<Lane> = (0..100)
+            .map(|i| {
+                let tx = tx.clone();
+                Lane::open(move || Box::new(Log(tx, i)))
+            })
+            .collect();
+        drop(tx);
+        for n in 0..10 {
+            for lane in &lanes {
+                lane.run(move |s| {
+                    let log = (s as &mut dyn std::any::Any).downcast_mut::<Log>().unwrap();
+                    log.0.unbounded_send((log.1, n)).unwrap();
+                });
+            }
+        }
+        let threads = std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0);
+        assert!(threads < 100, "{threads} threads for 100 stores");
+        drop(lanes);
+        let ran: Vec<(u64, u32)> = futures::executor::block_on(rx.collect());
+        assert_eq!(ran.len(), 1000);
+        for store in 0..100 {
+            let order: Vec<u32> = ran.iter().filter(|(s, _)| *s == store).map(|(_, n)| *n).collect();
+            assert_eq!(order, (0..10).collect::<Vec<_>>(), "store {store}'s jobs in order");
+        }
     }
 }

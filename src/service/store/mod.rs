@@ -40,7 +40,7 @@ pub(crate) use actor::Store;
 pub(crate) use backend::Fence;
 pub(crate) use backend::StoreBackend;
 pub(crate) use errors::StoreError;
-pub(crate) use lanes::{configure as configure_threads, DEFAULT_LANES as DEFAULT_STORE_THREADS};
+pub(crate) use lanes::configure as configure_threads;
 pub(crate) use messages::CountsChanged;
 #[cfg(feature = "postgres")]
 pub(crate) use postgres::MIGRATION_LOCK;

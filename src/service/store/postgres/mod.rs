@@ -8,8 +8,8 @@
 //! set-based statements; `backend.rs` [`StoreBackend`](super::StoreBackend) for [`PgStore`]. Each file sees the
 //! others' items by name (no file imports one that imports it).
 //!
-//! The connection: the store runs each unit of work synchronously on a dedicated thread
-//! (`SyncArbiter`), one transaction at a time, so it blocks on its statements as the `postgres`
+//! The connection: the store runs each unit of work synchronously on its lane's thread
+//! (`store::lanes`), one transaction at a time, so it blocks on its statements as the `postgres`
 //! crate does; but it speaks through `tokio-postgres` on a runtime of its own (`client.rs`) so
 //! that statements which do not need each other's answers go out together, answered in one
 //! round trip: a group's `BEGIN`, savepoints and releases with the next statement, a machine's
