@@ -406,7 +406,8 @@ impl Inner {
         Ok(())
     }
 
-    /// Stops and deletes `name` if it is ours; gone already is success; another's is left.
+    /// Stops and deletes `name` if it is ours; gone already is success; another's is left; an
+    /// operation that holds it is waited out (up to the operation timeout).
     async fn remove(&self, name: &str) -> Result<(), CallError> {
         let Some(found) = self.instance(name).await? else { return Ok(()) };
         let tags = tags_of(found.get("config").unwrap_or(&Value::Null));
@@ -420,9 +421,17 @@ impl Inner {
                 other => other?,
             }
         }
-        match self.operate(Method::DELETE, &self.instance_path(name, ""), None).await {
-            Err(e) if not_found(&e) => Ok(()),
-            other => other.map(|_| ()),
+        // An operation that holds the instance (a create a frozen member finishes late) is
+        // waited out, as for a change of state.
+        let began = actix_rt::time::Instant::now();
+        loop {
+            match self.operate(Method::DELETE, &self.instance_path(name, ""), None).await {
+                Err(e) if not_found(&e) => return Ok(()),
+                Err(e) if busy(&e) && began.elapsed() < self.config.operation_timeout => {
+                    actix_rt::time::sleep(BUSY_RETRY).await;
+                }
+                other => return other.map(|_| ()),
+            }
         }
     }
 

@@ -4,7 +4,8 @@
 //! memory and threads before the models and after them (the cost of one model is the
 //! difference over their number), how long adding a model takes, how long until every
 //! machine is started, and, once every model is idle, how much CPU and how many wake-ups of
-//! its threads the service spends in `--idle` seconds of nothing to do.
+//! its threads the service spends in `--idle` seconds of nothing to do. With `--compare`: the
+//! same machines as one model and as `--models` models, side by side ([`compare`]).
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -80,6 +81,15 @@ fn context_switches(pid: u32) -> u64 {
 
 /// Runs the benchmark and prints its report.
 pub fn bench(args: BenchModelsArgs) -> std::process::ExitCode {
+    if args.compare {
+        return match compare(&args) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(f) => {
+                eprintln!("error: {}", f.message);
+                std::process::ExitCode::from(f.code)
+            }
+        };
+    }
     match bench_inner(&args) {
         Ok(r) => {
             if args.json {
@@ -227,4 +237,134 @@ fn bench_inner(args: &BenchModelsArgs) -> Result<ModelsReport, Failure> {
         idle_cpu_ms_per_s,
         idle_wakeups_per_s: switches1.saturating_sub(switches0) as f64 / idle_s,
     })
+}
+
+/// What `bench models --compare` measured: the same machines as one model and as many.
+#[derive(Debug, Serialize)]
+struct CompareReport {
+    store: String,
+    models: usize,
+    machines_per_model: usize,
+    clients: usize,
+    /// One model of `models × machines` machines: from the first add to all started.
+    one_model_s: f64,
+    one_model_peak_rss_mib: f64,
+    /// `models` models of `machines` machines each: the same.
+    many_models_s: f64,
+    many_models_peak_rss_mib: f64,
+    /// `many_models_s / one_model_s`.
+    ratio: f64,
+}
+
+/// `--compare`: the same machines (`--models × --machines`) added through the API as one
+/// model, then as `--models` models, each on a fresh service, by the same `--clients` clients
+/// in requests of at most 1,000 machines; the seconds from the first add to every machine
+/// started, and their ratio.
+pub(super) fn compare(args: &BenchModelsArgs) -> Result<(), Failure> {
+    if args.models == 0 || args.clients == 0 || args.machines == 0 {
+        return Err(Failure { code: 2, message: "--models, --machines and --clients must be positive".into() });
+    }
+    let total = args.models * args.machines;
+    let (one_model_s, one_model_peak_rss_mib) = spread(args, 1, total)?;
+    let (many_models_s, many_models_peak_rss_mib) = spread(args, args.models, args.machines)?;
+    let r = CompareReport {
+        store: if args.store == "sqlite" { "sqlite".into() } else { "postgres".into() },
+        models: args.models,
+        machines_per_model: args.machines,
+        clients: args.clients,
+        one_model_s,
+        one_model_peak_rss_mib,
+        many_models_s,
+        many_models_peak_rss_mib,
+        ratio: many_models_s / one_model_s,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+    } else {
+        println!(
+            "{total} machines on {}, {} clients: 1 model {:.1} s (peak {:.0} MiB), {} models of {} {:.1} s (peak {:.0} MiB): {:.2}×",
+            r.store,
+            r.clients,
+            r.one_model_s,
+            r.one_model_peak_rss_mib,
+            r.models,
+            r.machines_per_model,
+            r.many_models_s,
+            r.many_models_peak_rss_mib,
+            r.ratio
+        );
+    }
+    Ok(())
+}
+
+/// One run of [`compare`]: a fresh service with `models` models, `per_model` machines added to
+/// each; the seconds from the first add to all started, and the service's peak memory.
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+fn spread(args: &BenchModelsArgs, models: usize, per_model: usize) -> Result<(f64, f64), Failure> {
+    let dir = std::env::temp_dir().join(format!("provisioner-bench-spread-{}-{models}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let flags = ["--sim-start-latency", "0s", "--store", &args.store];
+    let flags: Vec<OsString> = flags.into_iter().map(OsString::from).collect();
+    let (service, url) = start_service(&dir, &flags, "is --store right?")?;
+    let conn = |model: &str| Conn {
+        server: Some(url.clone()),
+        token: None,
+        data_dir: Some(dir.clone()),
+        ca_cert: None,
+        model: Some(model.to_owned()),
+    };
+    let names: Vec<String> =
+        std::iter::once("default".to_owned()).chain((1..models).map(|i| format!("m{i:04}"))).collect();
+    let admin = Client::from_conn(&conn("default"))?;
+    for name in &names[1..] {
+        admin.send_only("POST", "/v1/models", &serde_json::json!({ "name": name }))?;
+    }
+    // The requests: each model's machines in requests of at most 1,000, dealt to the clients.
+    let requests: Vec<(&str, usize)> = names
+        .iter()
+        .flat_map(|n| {
+            let full = per_model / 1000;
+            let rest = per_model % 1000;
+            std::iter::repeat_n((n.as_str(), 1000), full).chain((rest > 0).then_some((n.as_str(), rest)))
+        })
+        .collect();
+    let clients = args.clients;
+    let began = std::time::Instant::now();
+    let failures: Vec<Failure> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..clients)
+            .map(|k| {
+                let (requests, names, conn) = (&requests, &names, &conn);
+                s.spawn(move || -> Result<(), Failure> {
+                    for (name, count) in requests.iter().skip(k).step_by(clients) {
+                        let client = Client::from_conn(&conn(name))?;
+                        client.send_only("POST", "/v1/machines", &AddMachines::plain(*count, None))?;
+                    }
+                    for name in names.iter().skip(k).step_by(clients) {
+                        let client = Client::from_conn(&conn(name))?;
+                        loop {
+                            let s: StatusView = client.get("/v1/status")?;
+                            let started = s.machines_by_status.get("started").copied().unwrap_or(0);
+                            if s.machines >= per_model && started + s.machines_in_error >= s.machines {
+                                break;
+                            }
+                            if began.elapsed() > Duration::from_secs(args.timeout) {
+                                return Err(Failure { code: 1, message: format!("model {name} not started in time") });
+                            }
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok().and_then(Result::err)).collect()
+    });
+    if let Some(f) = failures.into_iter().next() {
+        return Err(f);
+    }
+    let seconds = began.elapsed().as_secs_f64();
+    let peak = status_field(service.0.id(), "VmHWM:").unwrap_or(0.0) / 1024.0;
+    drop(service);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((seconds, peak))
 }

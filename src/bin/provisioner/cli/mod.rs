@@ -408,6 +408,12 @@ pub struct BenchModelsArgs {
     /// Seconds every machine has to start in.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
+    /// Instead: the same `--models × --machines` machines added through the API as one model,
+    /// then as `--models` models (each on a fresh service, by the same `--clients` clients in
+    /// requests of at most 1,000), the seconds until all are started and their ratio (SQLite:
+    /// PostgreSQL would need two empty databases).
+    #[arg(long)]
+    pub compare: bool,
     /// The store the measured service runs on: `sqlite` (a fresh data directory) or the URL of
     /// an empty PostgreSQL database (a build with the `postgres` feature).
     #[arg(long, default_value = "sqlite", value_name = "sqlite|postgres://...")]
