@@ -72,7 +72,7 @@ pub(crate) async fn add_application(
 #[utoipa::path(get, path = "/v1/applications", tag = "applications", operation_id = "list_applications",
     responses((status = 200, description = "Every application", body = Vec<ApplicationView>)))]
 pub(crate) async fn list_applications(_: Authorized, st: State) -> Result<HttpResponse> {
-    let apps = st.store.exec(|s| s.applications()).await?;
+    let apps = st.store.read(|s| s.applications()).await?;
     Ok(HttpResponse::Ok().json(apps.iter().map(application_view).collect::<Vec<_>>()))
 }
 

@@ -25,7 +25,7 @@ const IMAGE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
         most 5 s old (its age in seconds in the `Age` header)", body = Vec<DriftView>)))]
 pub(super) async fn list_drift(_: Authorized, st: State) -> Result<HttpResponse> {
     let (list, age) = super::instances::listing(&st).await?;
-    let mut machines = st.store.exec(|s| s.list_machines()).await?;
+    let mut machines = st.store.read(|s| s.list_machines()).await?;
     machines.sort_by(|a, b| a.machine.id.cmp(&b.machine.id));
     let catalogue = crate::model::instance_types::shipped();
     // The image a start uses today: the configuration (EC2) or one call (LXD's alias), bounded.

@@ -322,7 +322,7 @@ pub(super) fn cloud(st: &State) -> CloudShape {
 pub(crate) async fn list_machines(_: Authorized, st: State, req: HttpRequest) -> Result<HttpResponse> {
     let filter = MachineQuery::from_query_string(req.query_string())?.check(&cloud(&st))?;
     let health = health_here(&st).await;
-    let mut machines = st.store.exec(|s| s.list_machines()).await?;
+    let mut machines = st.store.read(|s| s.list_machines()).await?;
     if filter.wants_unhealthy() {
         machines.retain(|m| health.as_ref().is_some_and(|h| h.unhealthy.iter().any(|u| u.machine == m.machine.id)));
     }
@@ -397,7 +397,7 @@ pub(crate) fn machine_id_of_path(raw: &str) -> Result<MachineId> {
 pub(crate) async fn show_machine(_: Authorized, st: State, req: HttpRequest) -> Result<HttpResponse> {
     let id = machine_id_of_path(req.match_info().get("id").unwrap_or_default())?;
     let wanted = id.clone();
-    let m = st.store.exec(move |s| s.machine(&wanted)).await?.ok_or(StoreError::NotFound(id))?;
+    let m = st.store.read(move |s| s.machine(&wanted)).await?.ok_or(StoreError::NotFound(id))?;
     let mut d = detail(&m);
     d.machine = with_health(d.machine, health_here(&st).await.as_ref());
     Ok(HttpResponse::Ok().json(d))

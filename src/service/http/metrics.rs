@@ -47,7 +47,7 @@ async fn metrics(st: State) -> Result<HttpResponse> {
     };
     let harvest_mode = match &running {
         Some(p) => p.handle.harvest_mode().await?.to_string(),
-        None => st.store.exec(|s| s.settings()).await?.harvest_mode.unwrap_or_default().to_string(),
+        None => st.store.read(|s| s.settings()).await?.harvest_mode.unwrap_or_default().to_string(),
     };
     let mut g = Gauges {
         workers: pool.size as u64,

@@ -29,7 +29,7 @@ async fn live_facts(l: &Listed) -> (Option<u64>, String, Option<String>, Option<
     let Some(st) = &l.state else {
         return (None, l.entry.life.as_str().to_owned(), None, None);
     };
-    let counts = st.store.exec(|s| Ok(s.counts().clone())).await.ok();
+    let counts = st.store.read(|s| Ok(s.counts().clone())).await.ok();
     let machines = counts.as_ref().map(|c| c.machines_by_status.values().sum());
     let life = match (l.entry.life, &counts) {
         (ModelLife::Alive, Some(c)) if !c.model_life.is_empty() => c.model_life.clone(),
@@ -169,7 +169,7 @@ pub(crate) async fn destroy_model(
         match host.state(&name).await {
             Ok(st) => {
                 // Its own `destroy-model` may have come first: the engine is at it already.
-                if st.store.exec(|s| s.model_life()).await? == crate::model::Life::Alive {
+                if st.store.read(|s| s.model_life()).await? == crate::model::Life::Alive {
                     destroy_running(&st, force).await?;
                 }
             }

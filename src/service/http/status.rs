@@ -16,8 +16,8 @@ use super::wire::{StatusView, TransitionView};
 pub(super) async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
     // No table is read whole: the counts the store keeps as it writes (and refreshes after other
     // replicas' commits), the partial index of machines in error, the model's life.
-    let model = st.store.exec(|s| Ok((s.counts().clone(), s.machines_in_error()?, s.model_life()?)));
-    let cloud = st.cloud_store.as_ref().map(|c| c.exec(|s| Ok(s.counts().instances_by_state.clone())));
+    let model = st.store.read(|s| Ok((s.counts().clone(), s.machines_in_error()?, s.model_life()?)));
+    let cloud = st.cloud_store.as_ref().map(|c| c.read(|s| Ok(s.counts().instances_by_state.clone())));
     let ((counts, in_error, life), cloud) = match cloud {
         Some(cloud) => {
             let (model, cloud) = futures::join!(model, cloud);
@@ -43,7 +43,7 @@ pub(super) async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
     let (pool, harvest_mode, idle) = match &running {
         Some(p) => (p.handle.pool().await?, p.handle.harvest_mode().await?.to_string(), p.handle.is_idle().await),
         None => {
-            let settings = st.store.exec(|s| s.settings()).await?;
+            let settings = st.store.read(|s| s.settings()).await?;
             let pool = crate::snapshots::PoolStatus {
                 size: settings.workers.unwrap_or(crate::config::DEFAULT_WORKERS),
                 in_flight: 0,

@@ -89,7 +89,7 @@ pub(crate) async fn create_token(
         (status = 403, description = "The token is read-only: only admin tokens manage tokens", body = ErrorBody),
     ))]
 pub(crate) async fn list_tokens(_: AdminOnly, host: Host) -> Result<HttpResponse> {
-    let tokens = host.shared().service_store.exec(|s| s.tokens()).await?;
+    let tokens = host.shared().service_store.read(|s| s.tokens()).await?;
     Ok(HttpResponse::Ok().json(tokens.into_iter().map(view).collect::<Vec<_>>()))
 }
 
