@@ -98,20 +98,26 @@ impl Cloud {
         if let Some(id) = self.tokens.get(&p.client_token).cloned() {
             return self.view(&id);
         }
+        let id = self.make(&p.tags, &p.zone);
+        self.tokens.insert(p.client_token.clone(), id.clone());
+        self.view(&id)
+    }
+
+    /// A new live instance, tagged for its machine and start.
+    fn make(&mut self, tags: &InstanceTags, zone: &Option<String>) -> InstanceId {
         self.made += 1;
         let id = InstanceId::new(format!("i-{}", self.made));
         let instance = Instance {
-            machine: p.tags.machine.clone(),
-            nonce: p.tags.start.clone(),
-            zone: p.zone.clone(),
+            machine: tags.machine.clone(),
+            nonce: tags.start.clone(),
+            zone: zone.clone(),
             live: true,
             old: false,
             warned: false,
             released: false,
         };
         self.instances.insert(id.clone(), instance);
-        self.tokens.insert(p.client_token.clone(), id.clone());
-        self.view(&id)
+        id
     }
 
     /// A batched start call: the instances its token made before, or one new instance per
@@ -120,22 +126,7 @@ impl Cloud {
         if let Some(ids) = self.batch_tokens.get(&p.client_token).cloned() {
             return ids.iter().map(|id| self.view(id)).collect();
         }
-        let mut ids = Vec::new();
-        for member in &p.members {
-            self.made += 1;
-            let id = InstanceId::new(format!("i-{}", self.made));
-            let instance = Instance {
-                machine: member.tags.machine.clone(),
-                nonce: member.tags.start.clone(),
-                zone: p.zone.clone(),
-                live: true,
-                old: false,
-                warned: false,
-                released: false,
-            };
-            self.instances.insert(id.clone(), instance);
-            ids.push(id);
-        }
+        let ids: Vec<InstanceId> = p.members.iter().map(|member| self.make(&member.tags, &p.zone)).collect();
         self.batch_tokens.insert(p.client_token.clone(), ids.clone());
         ids.iter().map(|id| self.view(id)).collect()
     }

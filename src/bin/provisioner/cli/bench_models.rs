@@ -8,13 +8,14 @@
 //! same machines as one model and as `--models` models, side by side ([`compare`]).
 
 use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use provisioner::service::wire::{AddMachines, StatusView};
 use serde::Serialize;
 
 use super::client::{Client, Failure};
-use super::serve::{percentile, start_service};
+use super::serve::{percentile, start_service, Service};
 use super::{BenchModelsArgs, Conn};
 
 /// What `bench models` measured.
@@ -131,19 +132,9 @@ fn bench_inner(args: &BenchModelsArgs) -> Result<ModelsReport, Failure> {
     if args.models == 0 || args.clients == 0 {
         return Err(usage("--models and --clients must be positive"));
     }
-    let dir = std::env::temp_dir().join(format!("provisioner-bench-models-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let flags = ["--sim-start-latency", "0s", "--store", &args.store];
-    let flags: Vec<OsString> = flags.into_iter().map(OsString::from).collect();
-    let (service, url) = start_service(&dir, &flags, "is --store right?")?;
+    let (service, url, dir) = fresh_service(args, "models")?;
     let pid = service.0.id();
-    let conn = |model: &str| Conn {
-        server: Some(url.clone()),
-        token: None,
-        data_dir: Some(dir.clone()),
-        ca_cert: None,
-        model: Some(model.to_owned()),
-    };
+    let conn = |model: &str| conn_to(&url, &dir, model);
     let settle = || std::thread::sleep(Duration::from_secs(2));
     settle();
     let rss = || status_field(pid, "VmRSS:").unwrap_or(0.0) / 1024.0;
@@ -151,8 +142,7 @@ fn bench_inner(args: &BenchModelsArgs) -> Result<ModelsReport, Failure> {
     let (rss_before_mib, threads_before) = (rss(), threads());
 
     // The models, one after another (each timed), `default` among them.
-    let names: Vec<String> =
-        std::iter::once("default".to_owned()).chain((1..args.models).map(|i| format!("m{i:04}"))).collect();
+    let names = model_names(args.models);
     let admin = Client::from_conn(&conn("default"))?;
     let mut adds = Vec::with_capacity(names.len());
     for name in &names[1..] {
@@ -163,44 +153,7 @@ fn bench_inner(args: &BenchModelsArgs) -> Result<ModelsReport, Failure> {
     adds.sort_by(f64::total_cmp);
 
     // Their machines, by `--clients` clients, then every model polled until all are started.
-    let began = std::time::Instant::now();
-    let clients = args.clients.min(names.len());
-    let failures: Vec<Failure> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..clients)
-            .map(|k| {
-                let (names, conn) = (&names, &conn);
-                s.spawn(move || -> Result<(), Failure> {
-                    for name in names.iter().skip(k).step_by(clients) {
-                        let client = Client::from_conn(&conn(name))?;
-                        if args.machines > 0 {
-                            let body = AddMachines::plain(args.machines, None);
-                            client.send_only("POST", "/v1/machines", &body)?;
-                        }
-                    }
-                    for name in names.iter().skip(k).step_by(clients) {
-                        let client = Client::from_conn(&conn(name))?;
-                        loop {
-                            let s: StatusView = client.get("/v1/status")?;
-                            let started = s.machines_by_status.get("started").copied().unwrap_or(0);
-                            if started + s.machines_in_error >= s.machines {
-                                break;
-                            }
-                            if began.elapsed() > Duration::from_secs(args.timeout) {
-                                return Err(Failure { code: 1, message: format!("model {name} not started in time") });
-                            }
-                            std::thread::sleep(Duration::from_millis(50));
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        handles.into_iter().filter_map(|h| h.join().ok().and_then(Result::err)).collect()
-    });
-    if let Some(f) = failures.into_iter().next() {
-        return Err(f);
-    }
-    let all_started_s = began.elapsed().as_secs_f64();
+    let all_started_s = add_and_wait(args, &names, args.machines, &conn)?;
 
     // Idle: nothing asked of it for a while, then a window measured.
     settle();
@@ -301,57 +254,73 @@ pub(super) fn compare(args: &BenchModelsArgs) -> Result<(), Failure> {
 /// each; the seconds from the first add to all started, and the service's peak memory.
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
 fn spread(args: &BenchModelsArgs, models: usize, per_model: usize) -> Result<(f64, f64), Failure> {
-    let dir = std::env::temp_dir().join(format!("provisioner-bench-spread-{}-{models}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let flags = ["--sim-start-latency", "0s", "--store", &args.store];
-    let flags: Vec<OsString> = flags.into_iter().map(OsString::from).collect();
-    let (service, url) = start_service(&dir, &flags, "is --store right?")?;
-    let conn = |model: &str| Conn {
-        server: Some(url.clone()),
-        token: None,
-        data_dir: Some(dir.clone()),
-        ca_cert: None,
-        model: Some(model.to_owned()),
-    };
-    let names: Vec<String> =
-        std::iter::once("default".to_owned()).chain((1..models).map(|i| format!("m{i:04}"))).collect();
+    let (service, url, dir) = fresh_service(args, &format!("spread-{models}"))?;
+    let conn = |model: &str| conn_to(&url, &dir, model);
+    let names = model_names(models);
     let admin = Client::from_conn(&conn("default"))?;
     for name in &names[1..] {
         admin.send_only("POST", "/v1/models", &serde_json::json!({ "name": name }))?;
     }
-    // The requests: each model's machines in requests of at most 1,000, dealt to the clients.
+    let seconds = add_and_wait(args, &names, per_model, &conn)?;
+    let peak = status_field(service.0.id(), "VmHWM:").unwrap_or(0.0) / 1024.0;
+    drop(service);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((seconds, peak))
+}
+
+/// Waits until the model `name` (its `client`) has `machines` machines, all started (or in
+/// error), for at most `timeout` seconds from `began`.
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+fn wait_started(
+    client: &Client,
+    name: &str,
+    machines: usize,
+    began: std::time::Instant,
+    timeout: u64,
+) -> Result<(), Failure> {
+    loop {
+        let s: StatusView = client.get("/v1/status")?;
+        let started = s.machines_by_status.get("started").copied().unwrap_or(0);
+        if s.machines >= machines && started + s.machines_in_error >= s.machines {
+            return Ok(());
+        }
+        if began.elapsed() > Duration::from_secs(timeout) {
+            return Err(Failure { code: 1, message: format!("model {name} not started in time") });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Adds `per_model` machines to each model of `names` through the API, in requests of at most
+/// 1,000 dealt round-robin to `--clients` clients (`conn` names each model's connection), then
+/// waits until every model's machines are started: the seconds from the first add.
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+fn add_and_wait(
+    args: &BenchModelsArgs,
+    names: &[String],
+    per_model: usize,
+    conn: &(dyn Fn(&str) -> Conn + Sync),
+) -> Result<f64, Failure> {
     let requests: Vec<(&str, usize)> = names
         .iter()
         .flat_map(|n| {
-            let full = per_model / 1000;
-            let rest = per_model % 1000;
+            let (full, rest) = (per_model / 1000, per_model % 1000);
             std::iter::repeat_n((n.as_str(), 1000), full).chain((rest > 0).then_some((n.as_str(), rest)))
         })
         .collect();
-    let clients = args.clients;
+    let clients = args.clients.min(names.len()).max(1);
     let began = std::time::Instant::now();
     let failures: Vec<Failure> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..clients)
             .map(|k| {
-                let (requests, names, conn) = (&requests, &names, &conn);
+                let requests = &requests;
                 s.spawn(move || -> Result<(), Failure> {
                     for (name, count) in requests.iter().skip(k).step_by(clients) {
                         let client = Client::from_conn(&conn(name))?;
                         client.send_only("POST", "/v1/machines", &AddMachines::plain(*count, None))?;
                     }
                     for name in names.iter().skip(k).step_by(clients) {
-                        let client = Client::from_conn(&conn(name))?;
-                        loop {
-                            let s: StatusView = client.get("/v1/status")?;
-                            let started = s.machines_by_status.get("started").copied().unwrap_or(0);
-                            if s.machines >= per_model && started + s.machines_in_error >= s.machines {
-                                break;
-                            }
-                            if began.elapsed() > Duration::from_secs(args.timeout) {
-                                return Err(Failure { code: 1, message: format!("model {name} not started in time") });
-                            }
-                            std::thread::sleep(Duration::from_millis(100));
-                        }
+                        wait_started(&Client::from_conn(&conn(name))?, name, per_model, began, args.timeout)?;
                     }
                     Ok(())
                 })
@@ -359,12 +328,35 @@ fn spread(args: &BenchModelsArgs, models: usize, per_model: usize) -> Result<(f6
             .collect();
         handles.into_iter().filter_map(|h| h.join().ok().and_then(Result::err)).collect()
     });
-    if let Some(f) = failures.into_iter().next() {
-        return Err(f);
+    match failures.into_iter().next() {
+        Some(f) => Err(f),
+        None => Ok(began.elapsed().as_secs_f64()),
     }
-    let seconds = began.elapsed().as_secs_f64();
-    let peak = status_field(service.0.id(), "VmHWM:").unwrap_or(0.0) / 1024.0;
-    drop(service);
+}
+
+/// A service on a fresh data directory (`tag` names it), the simulated cloud at zero latency,
+/// on `--store`: the service, its URL and its directory.
+fn fresh_service(args: &BenchModelsArgs, tag: &str) -> Result<(Service, String, PathBuf), Failure> {
+    let dir = std::env::temp_dir().join(format!("provisioner-bench-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    Ok((seconds, peak))
+    let flags = ["--sim-start-latency", "0s", "--store", &args.store];
+    let flags: Vec<OsString> = flags.into_iter().map(OsString::from).collect();
+    let (service, url) = start_service(&dir, &flags, "is --store right?")?;
+    Ok((service, url, dir))
+}
+
+/// The connection to `model` of the service at `url` (its token in `dir`).
+fn conn_to(url: &str, dir: &Path, model: &str) -> Conn {
+    Conn {
+        server: Some(url.to_owned()),
+        token: None,
+        data_dir: Some(dir.to_owned()),
+        ca_cert: None,
+        model: Some(model.to_owned()),
+    }
+}
+
+/// `default`, then `m0001` ... for `models` models in all.
+fn model_names(models: usize) -> Vec<String> {
+    std::iter::once("default".to_owned()).chain((1..models).map(|i| format!("m{i:04}"))).collect()
 }
