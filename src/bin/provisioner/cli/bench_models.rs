@@ -132,7 +132,7 @@ fn bench_inner(args: &BenchModelsArgs) -> Result<ModelsReport, Failure> {
     if args.models == 0 || args.clients == 0 {
         return Err(usage("--models and --clients must be positive"));
     }
-    let (service, url, dir) = fresh_service(args, "models")?;
+    let (service, url, dir) = fresh_service(&args.store, "models")?;
     let pid = service.0.id();
     let conn = |model: &str| conn_to(&url, &dir, model);
     let settle = || std::thread::sleep(Duration::from_secs(2));
@@ -254,7 +254,8 @@ pub(super) fn compare(args: &BenchModelsArgs) -> Result<(), Failure> {
 /// each; the seconds from the first add to all started, and the service's peak memory.
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
 fn spread(args: &BenchModelsArgs, models: usize, per_model: usize) -> Result<(f64, f64), Failure> {
-    let (service, url, dir) = fresh_service(args, &format!("spread-{models}"))?;
+    let store = Scratch::new(&args.store, &format!("spread{models}"))?;
+    let (service, url, dir) = fresh_service(&store.url, &format!("spread-{models}"))?;
     let conn = |model: &str| conn_to(&url, &dir, model);
     let names = model_names(models);
     let admin = Client::from_conn(&conn("default"))?;
@@ -335,11 +336,11 @@ fn add_and_wait(
 }
 
 /// A service on a fresh data directory (`tag` names it), the simulated cloud at zero latency,
-/// on `--store`: the service, its URL and its directory.
-fn fresh_service(args: &BenchModelsArgs, tag: &str) -> Result<(Service, String, PathBuf), Failure> {
+/// on `store`: the service, its URL and its directory.
+fn fresh_service(store: &str, tag: &str) -> Result<(Service, String, PathBuf), Failure> {
     let dir = std::env::temp_dir().join(format!("provisioner-bench-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let flags = ["--sim-start-latency", "0s", "--store", &args.store];
+    let flags = ["--sim-start-latency", "0s", "--store", store];
     let flags: Vec<OsString> = flags.into_iter().map(OsString::from).collect();
     let (service, url) = start_service(&dir, &flags, "is --store right?")?;
     Ok((service, url, dir))
@@ -359,4 +360,55 @@ fn conn_to(url: &str, dir: &Path, model: &str) -> Conn {
 /// `default`, then `m0001` ... for `models` models in all.
 fn model_names(models: usize) -> Vec<String> {
     std::iter::once("default".to_owned()).chain((1..models).map(|i| format!("m{i:04}"))).collect()
+}
+
+/// The store of one run of [`compare`]: SQLite's fresh data directory, or on PostgreSQL a
+/// database of its own beside the one `--store` names (created on its server, dropped when the
+/// run is over), so that both runs start empty.
+struct Scratch {
+    url: String,
+    #[cfg(feature = "postgres")]
+    created: Option<(String, String)>,
+}
+
+impl Scratch {
+    fn new(store: &str, tag: &str) -> Result<Self, Failure> {
+        if store == "sqlite" {
+            return Ok(Self {
+                url: store.to_owned(),
+                #[cfg(feature = "postgres")]
+                created: None,
+            });
+        }
+        #[cfg(feature = "postgres")]
+        {
+            let (base, query) = store.split_once('?').map_or((store, ""), |(b, q)| (b, q));
+            let (server, db) =
+                base.rsplit_once('/').ok_or_else(|| Failure::usage("--store: no database in the URL"))?;
+            let name = format!("{db}_{tag}_{}", std::process::id());
+            let mut admin = ::postgres::Client::connect(store, ::postgres::NoTls)
+                .map_err(|e| Failure::runtime(format!("cannot connect to --store: {e}")))?;
+            admin
+                .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\"; CREATE DATABASE \"{name}\""))
+                .map_err(|e| Failure::runtime(format!("cannot create the run's database {name}: {e}")))?;
+            let url = if query.is_empty() { format!("{server}/{name}") } else { format!("{server}/{name}?{query}") };
+            Ok(Self { url, created: Some((store.to_owned(), name)) })
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            let _ = tag;
+            Err(Failure::usage("--store: this build has no PostgreSQL store: build with `--features postgres`"))
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some((store, name)) = &self.created {
+            if let Ok(mut admin) = ::postgres::Client::connect(store, ::postgres::NoTls) {
+                let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"));
+            }
+        }
+    }
 }

@@ -31,10 +31,10 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn usage(message: impl Into<String>) -> Self {
+    pub(super) fn usage(message: impl Into<String>) -> Self {
         Self { code: 2, message: message.into() }
     }
-    fn runtime(message: impl Into<String>) -> Self {
+    pub(super) fn runtime(message: impl Into<String>) -> Self {
         Self { code: 1, message: message.into() }
     }
 }

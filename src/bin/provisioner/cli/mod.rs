@@ -410,8 +410,9 @@ pub struct BenchModelsArgs {
     pub timeout: u64,
     /// Instead: the same `--models × --machines` machines added through the API as one model,
     /// then as `--models` models (each on a fresh service, by the same `--clients` clients in
-    /// requests of at most 1,000), the seconds until all are started and their ratio (SQLite:
-    /// PostgreSQL would need two empty databases).
+    /// requests of at most 1,000), the seconds until all are started and their ratio. On
+    /// PostgreSQL each run gets a database of its own beside the one `--store` names, created
+    /// and dropped on its server (the URL's user must be allowed to).
     #[arg(long)]
     pub compare: bool,
     /// The store the measured service runs on: `sqlite` (a fresh data directory) or the URL of
