@@ -132,7 +132,8 @@ fn bench_inner(args: &BenchModelsArgs) -> Result<ModelsReport, Failure> {
     if args.models == 0 || args.clients == 0 {
         return Err(usage("--models and --clients must be positive"));
     }
-    let (service, url, dir) = fresh_service(&args.store, "models")?;
+    let store = Scratch::new(&args.store, "models")?;
+    let (service, url, dir) = fresh_service(&store.url, "models")?;
     let pid = service.0.id();
     let conn = |model: &str| conn_to(&url, &dir, model);
     let settle = || std::thread::sleep(Duration::from_secs(2));
@@ -151,6 +152,7 @@ fn bench_inner(args: &BenchModelsArgs) -> Result<ModelsReport, Failure> {
         adds.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     adds.sort_by(f64::total_cmp);
+    wait_led(&admin, &args.store, names.len(), args.timeout)?;
 
     // Their machines, by `--clients` clients, then every model polled until all are started.
     let all_started_s = add_and_wait(args, &names, args.machines, &conn)?;
@@ -262,6 +264,7 @@ fn spread(args: &BenchModelsArgs, models: usize, per_model: usize) -> Result<(f6
     for name in &names[1..] {
         admin.send_only("POST", "/v1/models", &serde_json::json!({ "name": name }))?;
     }
+    wait_led(&admin, &args.store, names.len(), args.timeout)?;
     let seconds = add_and_wait(args, &names, per_model, &conn)?;
     let peak = status_field(service.0.id(), "VmHWM:").unwrap_or(0.0) / 1024.0;
     drop(service);
@@ -362,9 +365,9 @@ fn model_names(models: usize) -> Vec<String> {
     std::iter::once("default".to_owned()).chain((1..models).map(|i| format!("m{i:04}"))).collect()
 }
 
-/// The store of one run of [`compare`]: SQLite's fresh data directory, or on PostgreSQL a
-/// database of its own beside the one `--store` names (created on its server, dropped when the
-/// run is over), so that both runs start empty.
+/// The store of one run: SQLite's fresh data directory, or on PostgreSQL a database of its own
+/// beside the one `--store` names (created on its server, dropped when the run is over), so
+/// that every run starts empty and `--store`'s database is left as it was.
 struct Scratch {
     url: String,
     #[cfg(feature = "postgres")]
@@ -388,9 +391,13 @@ impl Scratch {
             let name = format!("{db}_{tag}_{}", std::process::id());
             let mut admin = ::postgres::Client::connect(store, ::postgres::NoTls)
                 .map_err(|e| Failure::runtime(format!("cannot connect to --store: {e}")))?;
-            admin
-                .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\"; CREATE DATABASE \"{name}\""))
-                .map_err(|e| Failure::runtime(format!("cannot create the run's database {name}: {e}")))?;
+            // One statement each: neither runs inside a transaction.
+            for sql in [format!("DROP DATABASE IF EXISTS \"{name}\""), format!("CREATE DATABASE \"{name}\"")] {
+                admin.batch_execute(&sql).map_err(|e| {
+                    let why = e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_owned());
+                    Failure::runtime(format!("cannot create the run's database {name}: {why}"))
+                })?;
+            }
             let url = if query.is_empty() { format!("{server}/{name}") } else { format!("{server}/{name}?{query}") };
             Ok(Self { url, created: Some((store.to_owned(), name)) })
         }
@@ -411,4 +418,22 @@ impl Drop for Scratch {
             }
         }
     }
+}
+
+/// On PostgreSQL, waits until the service lists `models` models, each with a leader (a new
+/// model's lease is taken after its add answers, and its API answers 503 until then). On
+/// SQLite the service runs every model at once, and has no leader to show.
+#[allow(clippy::disallowed_methods)]
+fn wait_led(admin: &Client, store: &str, models: usize, timeout: u64) -> Result<(), Failure> {
+    if store == "sqlite" {
+        return Ok(());
+    }
+    for _ in 0..timeout * 10 {
+        let listed: Vec<serde_json::Value> = admin.get("/v1/models")?;
+        if listed.len() >= models && listed.iter().all(|m| !m["leader"].is_null()) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(Failure::runtime(format!("the {models} models were not all led within {timeout} s")))
 }

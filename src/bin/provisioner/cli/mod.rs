@@ -410,13 +410,12 @@ pub struct BenchModelsArgs {
     pub timeout: u64,
     /// Instead: the same `--models × --machines` machines added through the API as one model,
     /// then as `--models` models (each on a fresh service, by the same `--clients` clients in
-    /// requests of at most 1,000), the seconds until all are started and their ratio. On
-    /// PostgreSQL each run gets a database of its own beside the one `--store` names, created
-    /// and dropped on its server (the URL's user must be allowed to).
+    /// requests of at most 1,000), the seconds until all are started and their ratio.
     #[arg(long)]
     pub compare: bool,
     /// The store the measured service runs on: `sqlite` (a fresh data directory) or the URL of
-    /// an empty PostgreSQL database (a build with the `postgres` feature).
+    /// a PostgreSQL database (a build with the `postgres` feature), beside which each run makes
+    /// a database of its own, dropped after it (the URL's user must be allowed to).
     #[arg(long, default_value = "sqlite", value_name = "sqlite|postgres://...")]
     pub store: String,
     /// Print JSON.
