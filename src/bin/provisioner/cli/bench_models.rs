@@ -82,8 +82,9 @@ fn context_switches(pid: u32) -> u64 {
 
 /// Runs the benchmark and prints its report.
 pub fn bench(args: BenchModelsArgs) -> std::process::ExitCode {
-    if args.compare {
-        return match compare(&args) {
+    if args.compare || args.fairness {
+        let run = if args.fairness { fairness(&args) } else { compare(&args) };
+        return match run {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(f) => {
                 eprintln!("error: {}", f.message);
@@ -436,4 +437,91 @@ fn wait_led(admin: &Client, store: &str, models: usize, timeout: u64) -> Result<
         std::thread::sleep(Duration::from_millis(100));
     }
     Err(Failure::runtime(format!("the {models} models were not all led within {timeout} s")))
+}
+
+/// What `bench models --fairness` measured: a quiet model's single adds while a busy model
+/// provisions many machines.
+#[derive(Debug, Serialize)]
+struct FairnessReport {
+    store: String,
+    busy_machines: usize,
+    /// The busy model's machines, all started, after this long.
+    busy_s: f64,
+    /// The quiet model's adds (one machine each, one every 100 ms while the busy model
+    /// provisions): from each add's request to its machine started.
+    quiet_adds: usize,
+    quiet_p50_ms: f64,
+    quiet_p99_ms: f64,
+    quiet_max_ms: f64,
+}
+
+/// `--fairness`: model `default` adds `--machines` machines (requests of 1,000 by `--clients`
+/// clients) while model `quiet` adds one machine every 100 ms, each waited for until it is
+/// started; the quiet adds' latency from request to started (p50, p99, max).
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+pub(super) fn fairness(args: &BenchModelsArgs) -> Result<(), Failure> {
+    if args.machines == 0 || args.clients == 0 {
+        return Err(Failure::usage("--machines and --clients must be positive"));
+    }
+    let store = Scratch::new(&args.store, "fairness")?;
+    let (service, url, dir) = fresh_service(&store.url, "fairness")?;
+    let conn = |model: &str| conn_to(&url, &dir, model);
+    let admin = Client::from_conn(&conn("default"))?;
+    admin.send_only("POST", "/v1/models", &serde_json::json!({ "name": "quiet" }))?;
+    wait_led(&admin, &args.store, 2, args.timeout)?;
+    let busy_done = std::sync::atomic::AtomicBool::new(false);
+    let (busy, quiet) = std::thread::scope(|s| {
+        let busy = s.spawn(|| {
+            let r = add_and_wait(args, &["default".to_owned()], args.machines, &conn);
+            busy_done.store(true, std::sync::atomic::Ordering::SeqCst);
+            r
+        });
+        let quiet = s.spawn(|| -> Result<Vec<f64>, Failure> {
+            let client = Client::from_conn(&conn("quiet"))?;
+            let mut took = Vec::new();
+            while !busy_done.load(std::sync::atomic::Ordering::SeqCst) {
+                let t = std::time::Instant::now();
+                let added: serde_json::Value = client.send("POST", "/v1/machines", &AddMachines::plain(1, None))?;
+                let id = added["ids"][0].as_str().unwrap_or_default().to_owned();
+                loop {
+                    let m: serde_json::Value = client.get(&format!("/v1/machines/{id}"))?;
+                    if m["status"] == "started" || m["status"] == "error" {
+                        break;
+                    }
+                    if t.elapsed() > Duration::from_secs(args.timeout) {
+                        return Err(Failure::runtime(format!("the quiet model's machine {id} not started in time")));
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                took.push(t.elapsed().as_secs_f64() * 1000.0);
+                std::thread::sleep(Duration::from_millis(100).saturating_sub(t.elapsed()));
+            }
+            Ok(took)
+        });
+        (busy.join(), quiet.join())
+    });
+    let busy_s = busy.map_err(|_| Failure::runtime("the busy model's clients panicked"))??;
+    let mut quiet = quiet.map_err(|_| Failure::runtime("the quiet model's client panicked"))??;
+    drop(service);
+    let _ = std::fs::remove_dir_all(&dir);
+    quiet.sort_by(f64::total_cmp);
+    let r = FairnessReport {
+        store: if args.store == "sqlite" { "sqlite".into() } else { "postgres".into() },
+        busy_machines: args.machines,
+        busy_s,
+        quiet_adds: quiet.len(),
+        quiet_p50_ms: percentile(&quiet, 0.50),
+        quiet_p99_ms: percentile(&quiet, 0.99),
+        quiet_max_ms: quiet.last().copied().unwrap_or(0.0),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+    } else {
+        println!(
+            "while one model provisioned {} machines on {} ({:.1} s), another's {} single adds were started in \
+             p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            r.busy_machines, r.store, r.busy_s, r.quiet_adds, r.quiet_p50_ms, r.quiet_p99_ms, r.quiet_max_ms
+        );
+    }
+    Ok(())
 }
