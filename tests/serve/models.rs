@@ -795,3 +795,45 @@ fn a_thousand_models_provision_on_a_few_threads_and_a_restart_brings_them_all_ba
     eventually(Duration::from_secs(300), "every model back with its machines", || all_models_started(&s, &names, 2));
     assert!(threads_of(&s) < 64);
 }
+
+/// Issue 36, fairness (checked loosely; `bench models --fairness` measures it): while one model
+/// provisions 20,000 machines, another model's single adds are each started within 5 s (they
+/// take milliseconds on a quiet machine: the bound is for a loaded CI host).
+#[test]
+fn a_busy_model_does_not_starve_a_quiet_one() {
+    let dir = temp_dir("models-fair");
+    let s = Server::start(&dir, &["--sim-start-latency", "0s"]);
+    let token = s.token();
+    let (code, body) = http_as(&s, &token, "POST", "/v1/models", Some("{\"name\":\"quiet\"}"));
+    assert_eq!(code, 201, "{body}");
+    let busy_done = std::sync::atomic::AtomicBool::new(false);
+    let waits: Vec<Duration> = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for _ in 0..20 {
+                let (code, body) = http_as(&s, &token, "POST", "/v1/machines", Some("{\"count\":1000}"));
+                assert_eq!(code, 201, "{body}");
+            }
+            eventually(Duration::from_secs(120), "the busy model's machines", || {
+                all_models_started(&s, &["default".to_owned()], 20_000)
+            });
+            busy_done.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        let mut waits = Vec::new();
+        while !busy_done.load(std::sync::atomic::Ordering::SeqCst) || waits.is_empty() {
+            let t = std::time::Instant::now();
+            let (code, body) = http_as(&s, &token, "POST", "/v1/models/quiet/machines", Some("{\"count\":1}"));
+            assert_eq!(code, 201, "{body}");
+            let id = serde_json::from_str::<Value>(&body).unwrap()["ids"][0].as_str().unwrap().to_owned();
+            eventually(Duration::from_secs(30), "the quiet model's machine", || {
+                let (_, m) = http_as(&s, &token, "GET", &format!("/v1/models/quiet/machines/{id}"), None);
+                serde_json::from_str::<Value>(&m).is_ok_and(|m| m["status"] == "started")
+            });
+            waits.push(t.elapsed());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        waits
+    });
+    let worst = waits.iter().max().unwrap();
+    eprintln!("{} quiet adds beside 20,000 busy machines: the slowest started in {worst:?}", waits.len());
+    assert!(*worst < Duration::from_secs(5), "{waits:?}");
+}
