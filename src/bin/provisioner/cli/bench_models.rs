@@ -174,7 +174,7 @@ fn bench_inner(args: &BenchModelsArgs) -> Result<ModelsReport, Failure> {
     let idle_cpu_ms_per_s = (cpu1.saturating_sub(cpu0)) as f64 * 10.0 / idle_s;
     let added = (names.len() - 1).max(1) as f64;
     Ok(ModelsReport {
-        store: if args.store == "sqlite" { "sqlite".into() } else { "postgres".into() },
+        store: store_name(&args.store),
         models: names.len(),
         machines_per_model: args.machines,
         add_model_p50_ms: percentile(&adds, 0.50),
@@ -224,7 +224,7 @@ pub(super) fn compare(args: &BenchModelsArgs) -> Result<(), Failure> {
     let (one_model_s, one_model_peak_rss_mib) = spread(args, 1, total)?;
     let (many_models_s, many_models_peak_rss_mib) = spread(args, args.models, args.machines)?;
     let r = CompareReport {
-        store: if args.store == "sqlite" { "sqlite".into() } else { "postgres".into() },
+        store: store_name(&args.store),
         models: args.models,
         machines_per_model: args.machines,
         clients: args.clients,
@@ -506,7 +506,7 @@ pub(super) fn fairness(args: &BenchModelsArgs) -> Result<(), Failure> {
     let _ = std::fs::remove_dir_all(&dir);
     quiet.sort_by(f64::total_cmp);
     let r = FairnessReport {
-        store: if args.store == "sqlite" { "sqlite".into() } else { "postgres".into() },
+        store: store_name(&args.store),
         busy_machines: args.machines,
         busy_s,
         quiet_adds: quiet.len(),
@@ -524,4 +524,9 @@ pub(super) fn fairness(args: &BenchModelsArgs) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// The store a report names: `sqlite`, or `postgres` (never the URL, which may hold a password).
+fn store_name(store: &str) -> String {
+    if store == "sqlite" { "sqlite" } else { "postgres" }.to_owned()
 }
