@@ -67,7 +67,7 @@ impl StartModel for ModelStarter {
         Box::pin(async move {
             let store = match store {
                 Some(s) => s,
-                None => open_model_store(&shared.opts, opts, name, new).await?,
+                None => open_model_store(shared, opts, name, new).await?,
             };
             start_model(shared, name, opts, account, store).await
         })
@@ -83,7 +83,7 @@ impl StartModel for ModelStarter {
 /// PostgreSQL with the connections' `search_path` set to the model's schema (created first).
 #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
 pub(crate) async fn open_model_store(
-    service: &ServeSettings,
+    shared: &Shared,
     opts: &ServeSettings,
     name: &str,
     new: bool,
@@ -121,11 +121,11 @@ pub(crate) async fn open_model_store(
             })
         }
         #[cfg(feature = "postgres")]
-        StoreUrl::Postgres(url) => {
+        StoreUrl::Postgres(_) => {
             let schema = super::schema_name(name);
             // The schema is created over the service's URL (the model's sets a search_path
             // to a schema that may not exist yet).
-            let StoreUrl::Postgres(service_url) = service.store.url() else {
+            let StoreUrl::Postgres(service_url) = shared.opts.store.url() else {
                 return Err(ServeError::StoreUrl("the model's store is PostgreSQL, the service's is not".into()));
             };
             super::location::pg_schema(
@@ -135,7 +135,10 @@ pub(crate) async fn open_model_store(
             )
             .await
             .map_err(|e| ServeError::StoreUrl(e.to_string()))?;
-            let store = Store::start_postgres(&url).map_err(|e| ServeError::StoreUrl(e.to_string()))?;
+            // On the service's pool of connections (one per store thread), its schema set on
+            // them as it borrows one.
+            let store =
+                shared.service_store.start_postgres_beside(&schema).map_err(|e| ServeError::StoreUrl(e.to_string()))?;
             store.exec(|s| s.model_uuid()).await?;
             Ok(store)
         }

@@ -75,7 +75,16 @@ pub(crate) struct StoreActor {
 impl LaneStore for StoreActor {
     /// Its last handle is gone: the open group commits (the backend closes when dropped).
     fn close(&mut self) {
+        self.end_turn();
+    }
+
+    /// Its lane serves another store next: its open group commits, and a connection it
+    /// borrowed from the lane goes back.
+    fn end_turn(&mut self) {
         self.finish_group();
+        if let Ok(core) = self.core.as_mut() {
+            core.release_connection();
+        }
     }
 
     /// It has been idle a while (no work since its lane's last sweep): the backend gives back
@@ -408,6 +417,10 @@ pub(crate) struct Store {
     /// How its backend is opened, for a backend a second connection can share the database
     /// with ([`Store::companion`]; `None`: SQLite, whose writers take turns anyway).
     reopen: Option<Opener>,
+    /// On PostgreSQL: the URL and the pool of connections its stores borrow (one per lane), for
+    /// the other models' stores beside it ([`Store::start_postgres_beside`]).
+    #[cfg(feature = "postgres")]
+    pg: Option<(Arc<str>, u64)>,
 }
 
 /// Opens a store's backend on its thread.
@@ -432,7 +445,13 @@ impl Store {
             Box::new(StoreActor::over(core.map(|c| Box::new(c) as Box<dyn StoreBackend>), &theirs))
                 as Box<dyn LaneStore>
         });
-        Ok(Self { lane, shared, reopen: None })
+        Ok(Self {
+            lane,
+            shared,
+            reopen: None,
+            #[cfg(feature = "postgres")]
+            pg: None,
+        })
     }
 
     /// Starts the store on a lane over a backend that `open` makes there. For a backend that connects lazily (PostgreSQL), `open` does
@@ -456,7 +475,13 @@ impl Store {
             }
             Box::new(StoreActor::over(core, &theirs)) as Box<dyn LaneStore>
         });
-        Self { lane, shared, reopen: Some(open) }
+        Self {
+            lane,
+            shared,
+            reopen: Some(open),
+            #[cfg(feature = "postgres")]
+            pg: None,
+        }
     }
 
     /// A second store over the same database on a connection of its own (on the next lane), if the
@@ -464,17 +489,41 @@ impl Store {
     /// of their own, beside this store's. The simulated cloud's writes go there, so that the
     /// server runs them on a second backend process, in parallel with the provisioner's.
     pub(crate) fn companion(&self) -> Option<Store> {
-        self.reopen.clone().map(Self::start_opener)
+        self.reopen.clone().map(|open| Self {
+            #[cfg(feature = "postgres")]
+            pg: self.pg.clone(),
+            ..Self::start_opener(open)
+        })
     }
 
     /// Opens the PostgreSQL store at `url` (feature `postgres`): the URL is parsed now (a bad
-    /// one is an error now); the server is reached from the store's thread, with backoff.
+    /// one is an error now); the server is reached from the store's lane, with backoff. The
+    /// store starts a pool of connections (one per lane, borrowed in turn by the pool's stores
+    /// there: see `postgres::pool`), which the stores opened beside it share
+    /// ([`Store::start_postgres_beside`]).
     #[cfg(feature = "postgres")]
     pub(crate) fn start_postgres(url: &str) -> Result<Self, StoreError> {
+        Self::start_pooled(url, super::postgres::new_pool(), None)
+    }
+
+    /// Opens the store of the model in `schema` beside this PostgreSQL store: over the same
+    /// URL, on the same pool of connections.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn start_postgres_beside(&self, schema: &str) -> Result<Self, StoreError> {
+        let Some((url, pool)) = &self.pg else {
+            return Err(StoreError::Refused("a model's PostgreSQL store beside one that is not".into()));
+        };
+        Self::start_pooled(url, *pool, Some(schema.to_owned()))
+    }
+
+    #[cfg(feature = "postgres")]
+    fn start_pooled(url: &str, pool: u64, schema: Option<String>) -> Result<Self, StoreError> {
         let (config, tls) = super::PgStore::store_config(url)?;
-        Ok(Self::start_with(move || {
-            Ok(Box::new(super::PgStore::new(config.clone(), tls.clone())) as Box<dyn StoreBackend>)
-        }))
+        let store = Self::start_with(move || {
+            Ok(Box::new(super::PgStore::pooled(config.clone(), tls.clone(), pool, schema.clone()))
+                as Box<dyn StoreBackend>)
+        });
+        Ok(Self { pg: Some((url.into(), pool)), ..store })
     }
 
     /// Sets (`Some`) or clears (`None`) the leader's fence: every later write of

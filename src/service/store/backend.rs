@@ -76,6 +76,9 @@ pub(crate) trait StoreBackend: Send {
     /// The store has been idle a while: gives back the memory it keeps only to go faster (its
     /// prepared statements, its page cache), outside a group. Nothing by default.
     fn shed_memory(&mut self) {}
+    /// Its lane ends its turn (no group is open): a connection it borrowed from its lane goes
+    /// back (PostgreSQL's pooled stores). Nothing by default.
+    fn release_connection(&mut self) {}
 
     // ---- group commit (the store actor's) ------------------------------------------------------
 

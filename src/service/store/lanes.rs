@@ -34,6 +34,9 @@ pub(crate) trait LaneStore: std::any::Any + Send {
     fn close(&mut self);
     /// It has been idle since the lane's last sweep.
     fn shed_memory(&mut self);
+    /// Its lane serves another store next (or stops): what it keeps open between units of
+    /// work (a group commit, a connection it borrowed from the lane) is closed or given back.
+    fn end_turn(&mut self);
 }
 
 /// The most lanes one may configure.
@@ -105,52 +108,150 @@ fn lanes() -> &'static Lanes {
     })
 }
 
-/// One store on its lane: the store, and the lane's job count when it last ran one.
+/// The most units of work one store runs in a turn before the lane serves the next store that
+/// has work (its turn then ends, its group committed, as at the end of any turn).
+const MAX_TURN: usize = 128;
+
+/// What waits on a store's queue.
+enum Item {
+    Job(Job),
+    /// Its last handle is gone (after the work sent before).
+    Close,
+}
+
+/// One store on its lane: the store, its queue, and the lane's job count when it last ran one.
 struct Pinned {
     store: Box<dyn LaneStore>,
     last_job: u64,
+    queue: std::collections::VecDeque<Item>,
+    /// It is in the lane's ring of stores with work.
+    ready: bool,
 }
 
-/// A lane's thread: its stores, each reached only by the jobs sent for it.
+/// A lane: its stores, the ring of those with work, and the store whose turn it is.
+struct LaneThread {
+    stores: BTreeMap<u64, Pinned>,
+    ready: std::collections::VecDeque<u64>,
+    /// The store that ran last (its turn not ended yet: it may hold its group open, or a
+    /// connection it borrowed).
+    current: Option<u64>,
+    /// Jobs run.
+    jobs: u64,
+}
+
+/// A lane's thread: its stores, each reached only by the jobs sent for it. The lane takes in
+/// what arrives, store by store, and serves the stores with work in turns (round robin): a
+/// store's turn runs its queued work, and what arrives for it meanwhile, up to [`MAX_TURN`]
+/// units; before another store runs, the last one's turn ends ([`LaneStore::end_turn`]). So a
+/// busy store's units run back to back (its group commits stay large) and a quiet store waits
+/// for at most one turn of each busy store on its lane.
 fn serve(rx: mpsc::Receiver<Envelope>) {
-    let mut stores: BTreeMap<u64, Pinned> = BTreeMap::new();
-    // Jobs run, and the count and the time at the last sweep (tokio's clock: outside a runtime,
-    // the system's monotonic one).
-    let (mut jobs, mut swept, mut last_sweep) = (0u64, 0u64, tokio::time::Instant::now());
+    let mut lane = LaneThread { stores: BTreeMap::new(), ready: Default::default(), current: None, jobs: 0 };
+    // The job count and the time at the last sweep (tokio's clock: outside a runtime, the
+    // system's monotonic one).
+    let (mut swept, mut last_sweep) = (0u64, tokio::time::Instant::now());
     loop {
-        let received = rx.recv_timeout(SWEEP_PERIOD);
-        if last_sweep.elapsed() >= SWEEP_PERIOD {
-            sweep(&mut stores, swept);
-            (swept, last_sweep) = (jobs, tokio::time::Instant::now());
+        if lane.ready.is_empty() {
+            let received = rx.recv_timeout(SWEEP_PERIOD);
+            if last_sweep.elapsed() >= SWEEP_PERIOD {
+                sweep(&mut lane.stores, swept);
+                (swept, last_sweep) = (lane.jobs, tokio::time::Instant::now());
+            }
+            match received {
+                Ok(e) => lane.take(e),
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    lane.end_turn();
+                    return;
+                }
+            }
         }
-        let envelope = match received {
-            Ok(e) => e,
-            Err(mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        while let Ok(e) = rx.try_recv() {
+            lane.take(e);
+        }
+        if let Some(id) = lane.ready.pop_front() {
+            lane.turn(id, &rx);
+        }
+    }
+}
+
+impl LaneThread {
+    /// Takes in what arrived: a store opened, or an item on its queue.
+    fn take(&mut self, envelope: Envelope) {
+        let (id, item) = match envelope {
+            Envelope::Open { id, make } => {
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(make)) {
+                    Ok(store) => {
+                        let pinned = Pinned { store, last_job: self.jobs, queue: Default::default(), ready: false };
+                        self.stores.insert(id, pinned);
+                    }
+                    Err(_) => tracing::error!(store = id, "opening a store panicked: it is not running"),
+                }
+                return;
+            }
+            Envelope::Run { id, job } => (id, Item::Job(job)),
+            Envelope::Close { id } => (id, Item::Close),
         };
-        match envelope {
-            Envelope::Open { id, make } => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(make)) {
-                Ok(store) => {
-                    stores.insert(id, Pinned { store, last_job: jobs });
+        // A store gone (lost to a panic): the job is dropped, and with it its reply, which
+        // answers `Stopped`.
+        let Some(pinned) = self.stores.get_mut(&id) else { return };
+        pinned.queue.push_back(item);
+        if !std::mem::replace(&mut pinned.ready, true) {
+            self.ready.push_back(id);
+        }
+    }
+
+    /// Ends the turn of the store that ran last, if it is still there.
+    fn end_turn(&mut self) {
+        let Some(id) = self.current.take() else { return };
+        let Some(pinned) = self.stores.get_mut(&id) else { return };
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pinned.store.end_turn())).is_err() {
+            tracing::error!(store = id, "ending a store's turn panicked: the store is stopped");
+            self.stores.remove(&id);
+        }
+    }
+
+    /// Store `id`'s turn: its queued work, and what arrives for it meanwhile, up to [`MAX_TURN`]
+    /// units.
+    fn turn(&mut self, id: u64, rx: &mpsc::Receiver<Envelope>) {
+        if self.current != Some(id) {
+            self.end_turn();
+            self.current = Some(id);
+        }
+        if let Some(pinned) = self.stores.get_mut(&id) {
+            pinned.ready = false;
+        }
+        for _ in 0..MAX_TURN {
+            let Some(pinned) = self.stores.get_mut(&id) else { return };
+            let Some(item) = pinned.queue.pop_front() else { return };
+            match item {
+                Item::Job(job) => {
+                    self.jobs += 1;
+                    pinned.last_job = self.jobs;
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(pinned.store.as_mut()))).is_err() {
+                        tracing::error!(store = id, "a unit of work panicked: the store is stopped");
+                        self.stores.remove(&id);
+                        self.current = None;
+                        return;
+                    }
                 }
-                Err(_) => tracing::error!(store = id, "opening a store panicked: it is not running"),
-            },
-            Envelope::Run { id, job } => {
-                // A store gone (closed, or lost to a panic): the job is dropped, and with it
-                // its reply, which answers `Stopped`.
-                let Some(pinned) = stores.get_mut(&id) else { continue };
-                jobs += 1;
-                pinned.last_job = jobs;
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(pinned.store.as_mut()))).is_err() {
-                    tracing::error!(store = id, "a unit of work panicked: the store is stopped");
-                    stores.remove(&id);
+                Item::Close => {
+                    if let Some(mut pinned) = self.stores.remove(&id) {
+                        pinned.store.close();
+                    }
+                    self.current = None;
+                    return;
                 }
             }
-            Envelope::Close { id } => {
-                if let Some(mut pinned) = stores.remove(&id) {
-                    pinned.store.close();
-                }
+            // What arrived meanwhile joins the queues: this store's next work continues its turn.
+            while let Ok(e) = rx.try_recv() {
+                self.take(e);
             }
+        }
+        // Its turn is up with work left: it waits for the others' turns.
+        if let Some(pinned) = self.stores.get_mut(&id).filter(|p| !p.queue.is_empty() && !p.ready) {
+            pinned.ready = true;
+            self.ready.push_back(id);
         }
     }
 }
@@ -160,6 +261,12 @@ fn sweep(stores: &mut BTreeMap<u64, Pinned>, swept: u64) {
     for pinned in stores.values_mut().filter(|p| p.last_job <= swept) {
         pinned.store.shed_memory();
     }
+}
+
+/// How many lanes run (made now if they were not: tests).
+#[cfg(test)]
+pub(crate) fn count() -> usize {
+    lanes().senders.len()
 }
 
 /// A handle on one store on its lane. Cheap to clone; the store closes when the last clone is
@@ -209,6 +316,7 @@ mod tests {
     impl LaneStore for Log {
         fn close(&mut self) {}
         fn shed_memory(&mut self) {}
+        fn end_turn(&mut self) {}
     }
 
     /// A hundred stores share the lanes: the lanes are all the threads there are, however many

@@ -131,7 +131,7 @@ impl StoreBackend for PgStore {
         Ok(StoreCounts { machines_by_status, machines_by_life, instances_by_state, model_life })
     }
     fn refresh_counts(&mut self, resync: bool, senders: &[i32]) -> Result<(), StoreError> {
-        let own = self.client.as_ref().map(|c| c.pid);
+        let own = self.last_pid;
         if resync || senders.iter().any(|p| Some(*p) != own) {
             self.client()?; // the open group's savepoints sent first
             self.book.counts = self.recount()?;
@@ -140,14 +140,16 @@ impl StoreBackend for PgStore {
         Ok(())
     }
     fn session_pid(&self) -> Option<i32> {
-        self.client.as_ref().map(|c| c.pid)
+        self.last_pid
+    }
+    fn release_connection(&mut self) {
+        self.release();
     }
     fn note_damage(&mut self, e: &StoreError) {
         // A lost connection is not damage: drop it, the next operation reconnects.
         if let StoreError::Postgres { source, .. } = e {
             if source.connection_lost {
                 self.client = None;
-                self.session_durable = None;
             }
         }
     }

@@ -200,6 +200,12 @@ impl PgClient {
         self.round_trips
     }
 
+    /// Whether nothing is queued on the connection, nor a queued statement's failure unread:
+    /// what a connection handed to another store must be (see `pool`).
+    pub(super) fn is_idle(&self) -> bool {
+        self.queued.is_empty() && self.queued_failed.is_none()
+    }
+
     /// Whether the connection is known to be gone (or was given up on: a call timed out).
     pub(super) fn is_closed(&self) -> bool {
         self.abandoned || self.client.is_closed()

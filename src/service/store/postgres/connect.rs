@@ -5,11 +5,12 @@
 use super::client::{CallError, ConnectError, PgClient};
 use super::conn::{check_fence, pg, Run};
 use super::deferred::INDEX_PLANS_SQL;
+use super::pool::{self, Dialer};
 use super::rows::{meta_get, meta_set};
 use super::schema::{MIGRATIONS, RECORD_WRITE_SQL};
 use super::{
-    Conn, GroupRun, PgStore, Tx, CALL_SLACK, FIRST_BACKOFF, IDLE_IN_TRANSACTION, MAX_BACKOFF, MIGRATION_DEADLINE,
-    MIGRATION_LOCK, PG_SCHEMA_VERSION, STATEMENT_DEADLINE,
+    Conn, GroupRun, PgStore, Source, Tx, CALL_SLACK, IDLE_IN_TRANSACTION, MIGRATION_DEADLINE, MIGRATION_LOCK,
+    PG_SCHEMA_VERSION, STATEMENT_DEADLINE,
 };
 use crate::model::Life;
 use crate::service::store::backend::{Fence, StoreBackend};
@@ -19,6 +20,17 @@ use postgres::Config;
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::time::Instant;
+
+impl Drop for PgStore {
+    /// A store of a pool gives its lane's connection back, and leaves the lane's slot (the last
+    /// one's going closes the connection).
+    fn drop(&mut self) {
+        if let Source::Pooled { pool, .. } = self.source {
+            self.release();
+            pool::leave(pool);
+        }
+    }
+}
 
 impl PgStore {
     /// Parses a `postgres://` URL (or a key=value connection string): the blocking client's
@@ -70,25 +82,57 @@ impl PgStore {
         Ok((config, tls))
     }
 
-    /// A store that connects at its first operation (over TLS as `tls` says).
+    /// A store that connects at its first operation (over TLS as `tls` says), on a connection
+    /// of its own (tests: a store of a pool shares its lane's, see [`PgStore::pooled`]).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn new(config: tokio_postgres::Config, tls: crate::service::pgtls::PgTls) -> Self {
+        Self::over(config, tls, Source::Own(Dialer::default()))
+    }
+
+    /// A store of `pool`, made on the lane's thread it runs on: it borrows that lane's connection
+    /// of the pool for its turns (see `pool`), the session's `search_path` set to `schema`
+    /// (`None`: the URL's own). `config` is the pool's (the service's URL).
+    pub(crate) fn pooled(
+        config: tokio_postgres::Config,
+        tls: crate::service::pgtls::PgTls,
+        pool: u64,
+        schema: Option<String>,
+    ) -> Self {
+        pool::join(pool);
+        Self::over(config, tls, Source::Pooled { pool, schema })
+    }
+
+    fn over(config: tokio_postgres::Config, tls: crate::service::pgtls::PgTls, source: Source) -> Self {
         Self {
             config,
             tls,
             client: None,
+            source,
+            attached: None,
+            last_pid: None,
             model_uuid: None,
             book: Book { counts_changed: true, ..Book::default() },
             fence: None,
             fenced: false,
             durable: true,
-            session_durable: None,
-            backoff: FIRST_BACKOFF,
-            next_attempt: None,
-            last_failure: None,
             created: false,
             group: None,
             deferred_results: Vec::new(),
         }
+    }
+
+    /// Gives its lane's connection back (a store of a pool, at the end of its turn), if no
+    /// group's transaction is open on it; one that is open is closed instead (the server rolls
+    /// it back). A store of its own keeps its connection.
+    pub(super) fn release(&mut self) {
+        let Source::Pooled { pool, .. } = &self.source else { return };
+        let Some(conn) = self.client.take() else { return };
+        if let Some(group) = self.group.as_mut().filter(|g| g.begun) {
+            let e = StoreError::Unavailable("the connection was given up with a group commit's transaction".into());
+            group.broken.get_or_insert(e);
+            return;
+        }
+        pool::give_back(*pool, conn);
     }
 
     /// Connects now (tests and start-up): the store, or why not.
@@ -136,126 +180,75 @@ impl PgStore {
         self.client.as_mut().ok_or_else(|| StoreError::Unavailable("no connection".into()))
     }
 
-    /// The connection, made now if there is none (and the backoff allows an attempt). Not
-    /// while a group's transaction is begun: it went with the connection it was on.
+    /// The connection, made (or borrowed from the lane) now if the store holds none, and the
+    /// store set up on it: its `search_path`, and on a connection it has not used before, its
+    /// schema's migrations, its model and its counts. Not while a group's transaction is begun:
+    /// it went with the connection it was on.
     pub(super) fn connection(&mut self) -> Result<&mut Conn, StoreError> {
         if self.client.as_ref().is_some_and(|c| c.client.is_closed()) {
             self.client = None;
-            self.session_durable = None;
         }
         if self.client.is_none() {
             if let Some(group) = self.group.as_mut().filter(|g| g.begun) {
                 let e = StoreError::Unavailable("the connection was lost with a group commit's transaction".into());
                 return Err(group.broken.get_or_insert(e).clone());
             }
-            self.connect()?;
+            let (config, tls) = (&self.config, &self.tls);
+            let dial = || dial(config, tls);
+            let conn = match &mut self.source {
+                Source::Own(dialer) => dialer.dial(dial)?,
+                Source::Pooled { pool, .. } => pool::borrow(*pool, dial)?,
+            };
+            self.last_pid = Some(conn.pid);
+            self.client = Some(conn);
         }
+        self.settle().inspect_err(|e| self.note_damage(e))?;
         let want = self.durable;
         let Some(client) = self.client.as_mut() else {
             return Err(StoreError::Unavailable("no connection".into()));
         };
-        if self.session_durable != Some(want) {
+        if client.durable != Some(want) {
             let sql = if want { "SET synchronous_commit TO on" } else { "SET synchronous_commit TO off" };
             client.client.batch_execute(sql).map_err(pg("setting synchronous_commit"))?;
-            self.session_durable = Some(want);
+            client.durable = Some(want);
         }
         Ok(client)
     }
 
-    pub(super) fn connect(&mut self) -> Result<(), StoreError> {
-        let now = Instant::now();
-        if let Some(at) = self.next_attempt.filter(|at| now < *at) {
-            let why = self.last_failure.clone().unwrap_or_default();
-            return Err(StoreError::Unavailable(format!("{why} (next attempt in {} ms)", (at - now).as_millis())));
-        }
-        match self.open_client() {
-            Ok(client) => {
-                if self.last_failure.take().is_some() {
-                    tracing::info!("the database is reachable again");
-                }
-                self.client = Some(client);
-                self.session_durable = None;
-                self.backoff = FIRST_BACKOFF;
-                self.next_attempt = None;
-                // Other writers may have changed anything while we were away.
-                self.book.counts = self.recount()?;
-                self.book.counts_changed = true;
-                Ok(())
-            }
-            Err(StoreError::Postgres { context, source }) if source.connection_lost => {
-                let why = format!("{context}: {}", source.message);
-                tracing::warn!(error = %why, retry_in_ms = self.backoff.as_millis() as u64, "cannot reach the database; retrying with backoff");
-                self.last_failure = Some(why.clone());
-                self.next_attempt = Some(now + self.backoff);
-                self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-                Err(StoreError::Unavailable(why))
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Connects, applies the migrations this database lacks, and reads (or draws) the model.
-    pub(super) fn open_client(&mut self) -> Result<Conn, StoreError> {
-        let deadline = self.config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(5));
-        let mut client = PgClient::connect(&self.config, &self.tls, deadline, MIGRATION_DEADLINE + CALL_SLACK)
-            .map_err(|e| match e {
-                ConnectError::Postgres(e) => pg("connecting to the database")(e),
-                other => StoreError::Postgres {
-                    context: "connecting to the database",
-                    source: PgFailure { code: None, message: other.to_string(), connection_lost: true },
-                },
-            })?;
-        // The session's planner settings go with its first statement.
-        client.queue(INDEX_PLANS_SQL);
-        let pid: i32 = client
-            .query_one("SELECT pg_backend_pid()", &[])
-            .and_then(|r| r.try_get(0).map_err(CallError::from))
-            .map_err(pg("reading the session's process id"))?;
-        let mut conn = Conn { client, statements: HashMap::new(), pid };
-        let ctx = "migrating the schema";
-        let mut tx = conn.transaction().map_err(pg(ctx))?;
-        tx.batch_execute(&format!(
-            "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}",
-            ms = MIGRATION_DEADLINE.as_millis()
-        ))
-        .map_err(pg(ctx))?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).map_err(pg(ctx))?;
-        tx.batch_execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, \
-             applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-        )
-        .map_err(pg(ctx))?;
-        let found: i64 = tx
-            .query_one("SELECT COALESCE(max(version), 0) FROM schema_migrations", &[])
-            .and_then(|r| r.try_get(0).map_err(CallError::from))
-            .map_err(pg(ctx))?;
-        if found > PG_SCHEMA_VERSION {
-            return Err(StoreError::TooNew { found, supported: PG_SCHEMA_VERSION });
-        }
-        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
-            tx.batch_execute(sql).map_err(pg(ctx))?;
-            tx.execute("INSERT INTO schema_migrations (version) VALUES ($1)", &[version]).map_err(pg(ctx))?;
-        }
-        let uuid = match meta_get(&mut tx, "model_uuid").map_err(pg("reading the model uuid"))? {
-            Some(u) => u,
-            None if found > 0 => {
-                return Err(StoreError::Damaged {
-                    context: "reading the model uuid",
-                    message: "the database has a schema but no model uuid".into(),
-                })
-            }
-            None => {
-                let u = random_uuid();
-                meta_set(&mut tx, "model_uuid", &u).map_err(pg("writing the model uuid"))?;
-                meta_set(&mut tx, "model_life", Life::Alive.as_str()).map_err(pg("writing the model life"))?;
-                self.created = true;
-                u
-            }
+    /// Sets the store up on the connection it holds: the session's `search_path` to its schema
+    /// (by a statement of its own, outside any transaction: see `pool`), and on a connection it
+    /// has not used before, its schema migrated, its model read and its counts made afresh
+    /// (other writers may have changed anything while it was away).
+    fn settle(&mut self) -> Result<(), StoreError> {
+        let schema = match &self.source {
+            Source::Pooled { schema, .. } => schema.as_deref(),
+            Source::Own(_) => None,
         };
-        tx.commit().map_err(pg(ctx))?;
-        conn.client.set_deadline(STATEMENT_DEADLINE + CALL_SLACK);
+        let Some(conn) = self.client.as_mut() else {
+            return Err(StoreError::Unavailable("no connection".into()));
+        };
+        if conn.search_path.as_deref() != schema {
+            let set = match schema {
+                Some(schema) => {
+                    let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
+                    conn.query_one("SELECT set_config('search_path', $1, false)", &[&quoted]).map(drop)
+                }
+                None => conn.client.batch_execute("SET search_path TO DEFAULT"),
+            };
+            set.map_err(pg("setting the model's schema"))?;
+            conn.search_path = schema.map(str::to_owned);
+        }
+        if self.attached == Some(conn.generation) {
+            return Ok(());
+        }
+        let generation = conn.generation;
+        let (uuid, created) = migrate(conn)?;
+        self.created |= created;
         self.model_uuid = Some(uuid);
-        Ok(conn)
+        self.book.counts = self.recount()?;
+        self.book.counts_changed = true;
+        self.attached = Some(generation);
+        Ok(())
     }
 
     pub(super) fn uuid(&self) -> String {
@@ -337,4 +330,86 @@ impl PgStore {
             done: false,
         })
     }
+}
+
+/// Connects with `config` (within its connect timeout, start-up included): a connection on which
+/// no store is set up yet.
+fn dial(config: &tokio_postgres::Config, tls: &crate::service::pgtls::PgTls) -> Result<Conn, StoreError> {
+    let deadline = config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(5));
+    let mut client =
+        PgClient::connect(config, tls, deadline, STATEMENT_DEADLINE + CALL_SLACK).map_err(|e| match e {
+            ConnectError::Postgres(e) => pg("connecting to the database")(e),
+            other => StoreError::Postgres {
+                context: "connecting to the database",
+                source: PgFailure { code: None, message: other.to_string(), connection_lost: true },
+            },
+        })?;
+    // The session's planner settings go with its first statement.
+    client.queue(INDEX_PLANS_SQL);
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .and_then(|r| r.try_get(0).map_err(CallError::from))
+        .map_err(pg("reading the session's process id"))?;
+    Ok(Conn {
+        client,
+        statements: HashMap::new(),
+        pid,
+        generation: pool::next_generation(),
+        search_path: None,
+        durable: None,
+    })
+}
+
+/// Applies the migrations the schema on `conn`'s `search_path` lacks (under the migration lock,
+/// within [`MIGRATION_DEADLINE`]), and reads its model's uuid, or draws one on an empty schema:
+/// the uuid, and whether it was drawn here.
+fn migrate(conn: &mut Conn) -> Result<(String, bool), StoreError> {
+    conn.client.set_deadline(MIGRATION_DEADLINE + CALL_SLACK);
+    let migrated = migrate_within(conn);
+    conn.client.set_deadline(STATEMENT_DEADLINE + CALL_SLACK);
+    migrated
+}
+
+fn migrate_within(conn: &mut Conn) -> Result<(String, bool), StoreError> {
+    let ctx = "migrating the schema";
+    let mut tx = conn.transaction().map_err(pg(ctx))?;
+    tx.batch_execute(&format!(
+        "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}",
+        ms = MIGRATION_DEADLINE.as_millis()
+    ))
+    .map_err(pg(ctx))?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).map_err(pg(ctx))?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, \
+         applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+    )
+    .map_err(pg(ctx))?;
+    let found: i64 = tx
+        .query_one("SELECT COALESCE(max(version), 0) FROM schema_migrations", &[])
+        .and_then(|r| r.try_get(0).map_err(CallError::from))
+        .map_err(pg(ctx))?;
+    if found > PG_SCHEMA_VERSION {
+        return Err(StoreError::TooNew { found, supported: PG_SCHEMA_VERSION });
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
+        tx.batch_execute(sql).map_err(pg(ctx))?;
+        tx.execute("INSERT INTO schema_migrations (version) VALUES ($1)", &[version]).map_err(pg(ctx))?;
+    }
+    let (uuid, created) = match meta_get(&mut tx, "model_uuid").map_err(pg("reading the model uuid"))? {
+        Some(u) => (u, false),
+        None if found > 0 => {
+            return Err(StoreError::Damaged {
+                context: "reading the model uuid",
+                message: "the database has a schema but no model uuid".into(),
+            })
+        }
+        None => {
+            let u = random_uuid();
+            meta_set(&mut tx, "model_uuid", &u).map_err(pg("writing the model uuid"))?;
+            meta_set(&mut tx, "model_life", Life::Alive.as_str()).map_err(pg("writing the model life"))?;
+            (u, true)
+        }
+    };
+    tx.commit().map_err(pg(ctx))?;
+    Ok((uuid, created))
 }

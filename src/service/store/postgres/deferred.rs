@@ -299,7 +299,7 @@ impl PgStore {
         let uuid = self.uuid();
         let fence = self.fence.clone();
         self.connection()?;
-        let Self { client, group, session_durable, .. } = self;
+        let Self { client, group, .. } = self;
         let (Some(conn), Some(group)) = (client.as_mut(), group.as_mut()) else {
             return Err(StoreError::Unavailable("no connection".into()));
         };
@@ -358,7 +358,7 @@ impl PgStore {
                 .map_err(|e| group.broken.get_or_insert(pg(ctx)(e)).clone())?;
             piped.push(Piped { statement, params, rows: true });
         }
-        let durability = match (*session_durable == Some(group.durable), group.durable) {
+        let durability = match (conn.durable == Some(group.durable), group.durable) {
             (true, _) => "",
             (false, true) => "SET LOCAL synchronous_commit TO on; ",
             (false, false) => "SET LOCAL synchronous_commit TO off; ",

@@ -134,7 +134,7 @@ pub(super) fn commit_group(store: &mut PgStore) -> Result<(), StoreError> {
             run.execute(RECORD_WRITES_SQL, &[&f.model_uuid, &f.holder, &f.epoch, &group.fenced_writes])
                 .map_err(pg("recording the writes' epoch"))?;
         }
-        if store.session_durable != Some(group.durable) {
+        if conn.durable != Some(group.durable) {
             conn.client.queue(if group.durable {
                 "SET LOCAL synchronous_commit TO on"
             } else {

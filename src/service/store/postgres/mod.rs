@@ -52,6 +52,7 @@ mod deferred;
 mod group;
 #[cfg(test)]
 mod group_tests;
+mod pool;
 mod rows;
 mod schema;
 #[cfg(test)]
@@ -69,6 +70,7 @@ use super::errors::StoreError;
 use super::records::{Book, BookMark};
 use super::writes::{Write, Written};
 
+pub(crate) use self::pool::new_pool;
 pub(crate) use self::schema::EPOCH_TABLES_SQL;
 
 /// The newest schema version this build knows (rows of `schema_migrations`).
@@ -133,12 +135,20 @@ pub(crate) struct Notice {
     pub all: bool,
 }
 
-/// The connection and the statements prepared on it.
+/// The connection and the statements prepared on it (a store's own, or its lane's, which the
+/// stores of its pool borrow in turn: see `pool`).
 struct Conn {
     client: PgClient,
     statements: HashMap<String, Statement>,
     /// The session's backend process id (what its notifications carry).
     pid: i32,
+    /// Which connection this is (a store sets itself up again on each new one).
+    generation: u64,
+    /// The schema the session's `search_path` was last set to by a borrower (`None`: the
+    /// session's own, the URL's).
+    search_path: Option<String>,
+    /// The session's `synchronous_commit` (`None`: not set on this connection yet).
+    durable: Option<bool>,
 }
 
 /// A write's transaction on a [`Conn`]: a transaction of its own (`BEGIN` ... `COMMIT`, rolled
@@ -209,13 +219,32 @@ struct PgGroup {
     deferred: Vec<Write>,
 }
 
-/// The store over PostgreSQL. One connection, (re)made on demand with backoff.
+/// Where a store's connection comes from.
+#[derive(Debug)]
+enum Source {
+    /// A connection of its own, (re)made on demand with backoff (tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Own(pool::Dialer),
+    /// Its lane's connection of the pool `pool` (see `pool`), borrowed for a turn, the
+    /// session's `search_path` set to `schema` (`None`: the URL's own).
+    Pooled { pool: u64, schema: Option<String> },
+}
+
+/// The store over PostgreSQL. One connection at a time: its own, (re)made on demand with
+/// backoff, or its lane's, borrowed for a turn (see `pool`).
 pub(crate) struct PgStore {
     /// What it connects with (within the configured connect timeout, start-up included).
     config: tokio_postgres::Config,
     /// The URL's TLS settings (`sslmode`, `sslrootcert`).
     tls: crate::service::pgtls::PgTls,
+    /// The connection it holds now.
     client: Option<Conn>,
+    source: Source,
+    /// The connection (its generation) this store last set itself up on: its schema migrated,
+    /// its model read and its counts made.
+    attached: Option<u64>,
+    /// The session it last wrote on (what its change notices carry).
+    last_pid: Option<i32>,
     /// The model's uuid, read at the first connection (it never changes).
     model_uuid: Option<String>,
     book: Book,
@@ -225,13 +254,6 @@ pub(crate) struct PgStore {
     fenced: bool,
     /// Whether commits wait for the server's disk (`synchronous_commit`).
     durable: bool,
-    /// The session's `synchronous_commit` (`None`: not set on this connection yet).
-    session_durable: Option<bool>,
-    /// Connection backoff: the next wait, and when the next attempt may be made.
-    backoff: Duration,
-    next_attempt: Option<Instant>,
-    /// Why the last attempt failed.
-    last_failure: Option<String>,
     /// This store created the model (applied the first migration on an empty database).
     created: bool,
     /// The group commit open, if one is.

@@ -524,3 +524,65 @@ fn the_store_and_the_lease_honour_sslmode_and_sslrootcert() {
     assert_eq!(ssl(plain.url()).unwrap(), "false");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The stores of one pool (a replica's models, each in a schema of its own) share their lanes'
+/// connections: forty models, written to at once, each see only their own machines and model,
+/// and the database sees at most one connection per lane; when the stores are gone, so are the
+/// connections.
+#[test]
+fn the_models_of_a_pool_share_one_connection_per_lane_each_in_its_own_schema() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    const MODELS: usize = 40;
+    let mut admin = raw(&url);
+    for i in 0..MODELS {
+        admin.batch_execute(&format!("CREATE SCHEMA m{i}")).unwrap();
+    }
+    let sessions = move |admin: &mut postgres::Client| -> i64 {
+        admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND application_name = 'provisioner'",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    let lanes = crate::service::store::lanes::count() as i64;
+    let at_work = url.clone();
+    let (seen, uuids, busy) = actix::System::new().block_on(async move {
+        use crate::service::store::actor::Store;
+        let base = Store::start_postgres(&url).unwrap();
+        let base_uuid = base.exec(|s| s.model_uuid()).await.unwrap();
+        let models: Vec<Store> = (0..MODELS).map(|i| base.start_postgres_beside(&format!("m{i}")).unwrap()).collect();
+        // Every model's adds at once, in two rounds: the lanes serve them in turns.
+        for _ in 0..2 {
+            let adds = models.iter().enumerate().map(|(i, m)| m.exec(move |s| s.add_machines(i + 1, None)));
+            for added in futures::future::join_all(adds).await {
+                added.unwrap();
+            }
+        }
+        let counts = models.iter().map(|m| m.read(|s| s.machine_ids().map(|ids| ids.len())));
+        let seen: Vec<usize> = futures::future::join_all(counts).await.into_iter().map(Result::unwrap).collect();
+        // (The blocking client on a thread of its own: not on the runtime's.)
+        let busy = std::thread::spawn(move || sessions(&mut raw(&at_work))).join().unwrap();
+        let uuids = models.iter().map(|m| m.read(|s| s.model_uuid()));
+        let mut uuids: Vec<String> = futures::future::join_all(uuids).await.into_iter().map(Result::unwrap).collect();
+        uuids.push(base_uuid);
+        (seen, uuids, busy)
+    });
+    assert!((1..=lanes).contains(&busy), "{busy} connections for {} stores on {lanes} lanes", MODELS + 1);
+    assert_eq!(seen, (0..MODELS).map(|i| 2 * (i + 1)).collect::<Vec<_>>(), "each model its own machines");
+    let distinct: std::collections::BTreeSet<&String> = uuids.iter().collect();
+    assert_eq!(distinct.len(), MODELS + 1, "each schema its own model");
+    // The stores are dropped with their system: their connections close.
+    let mut open = sessions(&mut admin);
+    for _ in 0..100 {
+        if open == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        open = sessions(&mut admin);
+    }
+    assert_eq!(open, 0, "the pool's connections close with its last store");
+}
