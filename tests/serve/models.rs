@@ -784,7 +784,10 @@ fn a_thousand_models_on_postgres_share_a_few_connections_and_a_restart_brings_th
             .unwrap()
             .get(0);
         most = most.max(open);
-        assert!(open <= 4 + 5, "{open} connections to the database: at most 4 store threads and 5 of the replica's own");
+        assert!(
+            open <= 4 + 5,
+            "{open} connections to the database: at most 4 store threads and 5 of the replica's own"
+        );
     });
     eprintln!("at most {most} connections seen");
 }

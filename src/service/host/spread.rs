@@ -124,7 +124,15 @@ impl Handler<Round> for SpreadActor {
                         Some(m) => m,
                         None => members.insert(Members::connect(&url, timings.retry(), &replica)?),
                     };
-                    m.view(timings.lease(), &keys)
+                    let (before, began) = (m.statements(), tokio::time::Instant::now());
+                    let view = m.view(timings.lease(), &keys);
+                    tracing::debug!(
+                        models = keys.len(),
+                        statements = m.statements() - before,
+                        ms = began.elapsed().as_millis() as u64,
+                        "spread: read the replicas and the leases"
+                    );
+                    view
                 })();
                 if result.is_err() {
                     members = None;

@@ -30,6 +30,14 @@ const HEARTBEAT_SQL: &str = "INSERT INTO public.provisioner_replicas (replica, e
 /// The live replicas, in id order.
 const LIVE_SQL: &str = "SELECT replica FROM public.provisioner_replicas WHERE expires_at > now() ORDER BY replica";
 
+/// Which of the schemas `$1` have a lease table yet.
+const TABLES_SQL: &str = "SELECT n.nspname FROM pg_catalog.pg_class c \
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+    WHERE c.relname = 'leader_lease' AND c.relkind IN ('r', 'p') AND n.nspname = ANY($1)";
+
+/// The most models whose lease rows one statement of [`Members::view`] reads.
+const VIEW_CHUNK: usize = 500;
+
 /// A clean stop: `$1` the replica.
 const LEAVE_SQL: &str = "DELETE FROM public.provisioner_replicas WHERE replica = $1";
 
@@ -58,6 +66,8 @@ pub(crate) struct MembersView {
 pub(crate) struct Members {
     client: Client,
     replica: String,
+    /// Statements sent by [`Members::view`] so far.
+    statements: u64,
 }
 
 impl std::fmt::Debug for Members {
@@ -76,30 +86,73 @@ impl Members {
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&crate::service::store::MIGRATION_LOCK])?;
         tx.batch_execute(MEMBERS_TABLE_SQL)?;
         tx.commit()?;
-        Ok(Self { client, replica: replica.to_owned() })
+        Ok(Self { client, replica: replica.to_owned(), statements: 0 })
     }
 
-    /// Heartbeats for `lease`, then reads the live replicas and every model's lease row.
+    /// Heartbeats for `lease`, then reads the live replicas and every model's lease row: a
+    /// bounded number of statements however many models there are (issue 36): the heartbeat,
+    /// the live replicas, which schemas have a lease table yet, and the rows of those in one
+    /// statement per [`VIEW_CHUNK`] models. Should one of those statements fail on a model
+    /// whose schema went meanwhile (a model destroyed), its models are read one by one.
     pub(crate) fn view(&mut self, lease: Duration, models: &[ModelLease]) -> Result<MembersView, LeaseSqlError> {
         let ms = i64::try_from(lease.as_millis()).map_err(|_| LeaseSqlError::Duration(lease))?;
+        self.statements += 3;
         self.client.execute(HEARTBEAT_SQL, &[&self.replica, &ms])?;
         let live = self.client.query(LIVE_SQL, &[])?.iter().map(|r| r.get(0)).collect();
-        let mut leases = BTreeMap::new();
-        for m in models {
-            // The schema is a checked model name with `-` as `_` (or `public`): no quoting issue.
-            let sql = format!(
-                "SELECT holder, epoch, expires_at > now() FROM \"{}\".leader_lease WHERE model_uuid = $1",
-                m.schema
-            );
-            let row = match self.client.query_opt(sql.as_str(), &[&m.uuid]) {
-                Ok(row) => row.map(|r| LeaseRow { holder: r.get(0), epoch: r.get(1), live: r.get(2) }),
-                // A model just added: its lease connection has not created the table yet.
-                Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => None,
+        let schemas: Vec<&str> = models.iter().map(|m| m.schema.as_str()).collect();
+        let with_table: BTreeSet<String> =
+            self.client.query(TABLES_SQL, &[&schemas])?.iter().map(|r| r.get(0)).collect();
+        let mut leases: BTreeMap<String, Option<LeaseRow>> = models.iter().map(|m| (m.name.clone(), None)).collect();
+        let readable: Vec<&ModelLease> = models.iter().filter(|m| with_table.contains(&m.schema)).collect();
+        for chunk in readable.chunks(VIEW_CHUNK) {
+            let rows = match self.read_chunk(chunk) {
+                Ok(rows) => rows,
+                Err(e) if e.code().is_some() => {
+                    let mut rows = Vec::new();
+                    for m in chunk {
+                        rows.extend(self.read_chunk(std::slice::from_ref(m)).or_else(|e| match e.code() {
+                            Some(&SqlState::UNDEFINED_TABLE) | Some(&SqlState::INVALID_SCHEMA_NAME) => Ok(Vec::new()),
+                            _ => Err(e),
+                        })?);
+                    }
+                    rows
+                }
                 Err(e) => return Err(e.into()),
             };
-            leases.insert(m.name.clone(), row);
+            for (i, row) in rows {
+                leases.insert(chunk[i].name.clone(), Some(row));
+            }
         }
         Ok(MembersView { live, leases })
+    }
+
+    /// The lease rows of `chunk`'s models, in one statement: each found, by its place in `chunk`.
+    fn read_chunk(&mut self, chunk: &[&ModelLease]) -> Result<Vec<(usize, LeaseRow)>, postgres::Error> {
+        use std::fmt::Write;
+        let mut sql = String::with_capacity(chunk.len() * 120);
+        let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::with_capacity(chunk.len());
+        for (i, m) in chunk.iter().enumerate() {
+            // The schema is a checked model name with `-` as `_` (or `public`); quoted anyway.
+            let _ = write!(
+                sql,
+                "{}SELECT {i}::int, holder, epoch, expires_at > now() FROM \"{}\".leader_lease WHERE model_uuid = ${}",
+                if i == 0 { "" } else { " UNION ALL " },
+                m.schema.replace('"', "\"\""),
+                i + 1
+            );
+            params.push(&m.uuid);
+        }
+        self.statements += 1;
+        let rows = self.client.query(sql.as_str(), &params)?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<_, i32>(0) as usize, LeaseRow { holder: r.get(1), epoch: r.get(2), live: r.get(3) }))
+            .collect())
+    }
+
+    /// The statements [`Members::view`] sent so far.
+    pub(crate) fn statements(&self) -> u64 {
+        self.statements
     }
 
     /// A clean stop: this replica is no longer counted.
@@ -152,5 +205,42 @@ mod tests {
         .unwrap();
         let v = a.view(LEASE, &[model]).unwrap();
         assert_eq!(v.live, BTreeSet::from(["a".to_owned()]));
+    }
+
+    /// Issue 36: a round reads a thousand models' leases in a few statements (not one per
+    /// model); a model without a lease table yet, or whose schema is gone, reads as never taken.
+    #[test]
+    fn a_view_of_a_thousand_models_takes_a_few_statements() {
+        let pg = crate::testing::postgres::cluster();
+        let url = crate::testing::postgres::fresh_db(&pg);
+        let mut c = Client::connect(&url, postgres::NoTls).unwrap();
+        let mut setup = String::new();
+        let models: Vec<ModelLease> = (0..1000)
+            .map(|i| ModelLease { name: format!("m{i}"), schema: format!("s{i}"), uuid: format!("u{i}") })
+            .collect();
+        for (i, m) in models.iter().enumerate().filter(|(i, _)| i % 10 != 3) {
+            setup.push_str(&format!(
+                "CREATE SCHEMA {s}; CREATE TABLE {s}.leader_lease (model_uuid TEXT PRIMARY KEY, holder TEXT NOT NULL, \
+                 epoch BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL);",
+                s = m.schema
+            ));
+            if i % 7 == 0 {
+                setup.push_str(&format!(
+                    "INSERT INTO {}.leader_lease VALUES ('{}', 'b', {i}, now() + interval '1 minute');",
+                    m.schema, m.uuid
+                ));
+            }
+        }
+        c.batch_execute(&setup).unwrap();
+        let mut a = Members::connect(&url, TIMEOUT, "a").unwrap();
+        let before = a.statements();
+        let v = a.view(LEASE, &models).unwrap();
+        let sent = a.statements() - before;
+        assert!(sent <= 5, "{sent} statements for a view of 1,000 models");
+        for (i, m) in models.iter().enumerate() {
+            let want =
+                (i % 10 != 3 && i % 7 == 0).then(|| LeaseRow { holder: "b".into(), epoch: i as i64, live: true });
+            assert_eq!(v.leases[&m.name], want, "{}", m.name);
+        }
     }
 }

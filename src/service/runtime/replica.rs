@@ -211,10 +211,11 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
 
     fn probe(&mut self) -> Option<futures::future::LocalBoxFuture<'static, bool>> {
         use crate::service::lease::leading::{Acting, Probe};
-        // A real read (a round trip to the database), queued behind the store's other work: it
-        // answers only if the store's thread is free and the database answers. Then the
-        // provisioner, if it runs: its pool answers a question on the model's arbiter.
-        let store = self.store.read(|s| s.model_life().map(|_| ()));
+        // Queued behind the store's other work: it answers only if the store's lane is free and
+        // the database answers (its connection answered a moment ago, or answers a query now:
+        // `check_alive`). Then the provisioner, if it runs: its pool answers a question on the
+        // model's arbiter.
+        let store = self.store.read(|s| s.check_alive());
         let leading = self.leading.send(Probe);
         Some(Box::pin(async move {
             if store.await.is_err() {

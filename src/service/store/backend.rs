@@ -139,6 +139,13 @@ pub(crate) trait StoreBackend: Send {
     }
     /// Whether the store can be read now (`/healthz`, `/readyz`).
     fn check_readable(&mut self) -> Result<(), StoreError>;
+    /// Whether the store answers now (a leader's lease probe, every lease retry): by default a
+    /// read of the model's life; a backend whose connection answered a moment ago may say so
+    /// without asking the database again (PostgreSQL: a lane's models share one connection,
+    /// so a round of probes costs a query per lane, not one per model).
+    fn check_alive(&mut self) -> Result<(), StoreError> {
+        self.model_life().map(|_| ())
+    }
 
     // ---- the model ---------------------------------------------------------------------------
 

@@ -27,6 +27,10 @@ use crate::service::token::{token_id, Scope, TokenRecord};
 use postgres::types::ToSql;
 use tokio::time::Instant;
 
+/// How recently the store's connection must have answered for [`StoreBackend::check_alive`] to
+/// take that as its answer.
+const ALIVE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl StoreBackend for PgStore {
     fn kind(&self) -> &'static str {
         "postgres"
@@ -162,6 +166,14 @@ impl StoreBackend for PgStore {
             self.note_damage(e);
         }
         r?.map(|_| ()).ok_or_else(|| StoreError::Refused("the database has no model uuid".into()))
+    }
+
+    fn check_alive(&mut self) -> Result<(), StoreError> {
+        let conn = self.client()?;
+        if conn.client.answered_within(ALIVE_WITHIN) {
+            return Ok(());
+        }
+        conn.query_one("SELECT 1", &[]).map(drop).map_err(pg("asking the database"))
     }
 
     fn model_uuid(&mut self) -> Result<String, StoreError> {

@@ -67,6 +67,8 @@ pub(super) struct PgClient {
     deadline: Duration,
     /// A call timed out: the connection is given up (see [`PgClient::is_closed`]).
     abandoned: bool,
+    /// When the server last answered a call.
+    answered: Option<tokio::time::Instant>,
 }
 
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
@@ -138,6 +140,7 @@ impl PgClient {
             round_trips: 0,
             deadline: calls,
             abandoned: false,
+            answered: None,
         })
     }
 
@@ -160,12 +163,17 @@ impl PgClient {
         runtime: &tokio::runtime::Runtime,
         deadline: Duration,
         abandoned: &mut bool,
+        answered: &mut Option<tokio::time::Instant>,
         call: impl std::future::Future<Output = T>,
     ) -> Result<T, CallError> {
         if *abandoned {
             return Err(CallError::TimedOut(deadline));
         }
-        runtime.block_on(async { tokio::time::timeout(deadline, call).await }).map_err(|_| {
+        let within = runtime.block_on(async { tokio::time::timeout(deadline, call).await });
+        if within.is_ok() {
+            *answered = Some(tokio::time::Instant::now());
+        }
+        within.map_err(|_| {
             *abandoned = true;
             tracing::warn!(
                 deadline_ms = deadline.as_millis() as u64,
@@ -206,6 +214,11 @@ impl PgClient {
         self.queued.is_empty() && self.queued_failed.is_none()
     }
 
+    /// Whether the server answered a call on the connection within `within`.
+    pub(super) fn answered_within(&self, within: Duration) -> bool {
+        self.answered.is_some_and(|at| at.elapsed() < within)
+    }
+
     /// Whether the connection is known to be gone (or was given up on: a call timed out).
     pub(super) fn is_closed(&self) -> bool {
         self.abandoned || self.client.is_closed()
@@ -217,11 +230,11 @@ impl PgClient {
         &'a mut self,
         request: impl FnOnce(&'a Client) -> LocalBoxFuture<'a, Result<T, Error>>,
     ) -> Result<T, CallError> {
-        let Self { runtime, client, queued, queued_failed, round_trips, deadline, abandoned } = self;
+        let Self { runtime, client, queued, queued_failed, round_trips, deadline, abandoned, answered } = self;
         *round_trips += 1;
         let queued = std::mem::take(queued);
         let client: &'a Client = client;
-        let (before, answer) = Self::bounded(runtime, *deadline, abandoned, async {
+        let (before, answer) = Self::bounded(runtime, *deadline, abandoned, answered, async {
             if queued.is_empty() {
                 (Ok(()), request(client).await)
             } else {
@@ -271,8 +284,8 @@ impl PgClient {
         if sql.is_empty() {
             let queued = std::mem::take(&mut self.queued);
             self.round_trips += 1;
-            let Self { runtime, client, deadline, abandoned, .. } = self;
-            return Self::bounded(runtime, *deadline, abandoned, client.batch_execute(&queued))?
+            let Self { runtime, client, deadline, abandoned, answered, .. } = self;
+            return Self::bounded(runtime, *deadline, abandoned, answered, client.batch_execute(&queued))?
                 .inspect_err(|e| self.queued_failed = Some(e.to_string()))
                 .map_err(CallError::from);
         }
