@@ -38,6 +38,9 @@ struct ModelsReport {
     peak_rss_mib: f64,
     threads_before: usize,
     threads_after: usize,
+    /// The service's sessions on the database once idle (PostgreSQL only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    db_sessions: Option<usize>,
     /// The difference (idle), over the models added.
     rss_per_model_kib: f64,
     threads_per_model: f64,
@@ -117,6 +120,9 @@ pub fn bench(args: BenchModelsArgs) -> std::process::ExitCode {
                     "idle for {:.0} s: {:.1} ms of CPU and {:.0} wake-ups a second",
                     r.idle_s, r.idle_cpu_ms_per_s, r.idle_wakeups_per_s
                 );
+                if let Some(n) = r.db_sessions {
+                    println!("database sessions of the service: {n}");
+                }
             }
             std::process::ExitCode::SUCCESS
         }
@@ -161,6 +167,7 @@ fn bench_inner(args: &BenchModelsArgs) -> Result<ModelsReport, Failure> {
     // Idle: nothing asked of it for a while, then a window measured.
     settle();
     let (rss_after_mib, threads_after) = (rss(), threads());
+    let db_sessions = store.sessions();
     let (cpu0, switches0) = (cpu_ticks(pid).unwrap_or(0), context_switches(pid));
     let window = std::time::Instant::now();
     std::thread::sleep(Duration::from_secs(args.idle));
@@ -187,6 +194,7 @@ fn bench_inner(args: &BenchModelsArgs) -> Result<ModelsReport, Failure> {
         peak_rss_mib,
         threads_before,
         threads_after,
+        db_sessions,
         rss_per_model_kib: (rss_idle_mib - rss_before_mib) * 1024.0 / added,
         threads_per_model: (threads_after as f64 - threads_before as f64) / added,
         idle_s,
@@ -376,6 +384,24 @@ struct Scratch {
 }
 
 impl Scratch {
+    /// The service's sessions on the run's database now (PostgreSQL; `None` on SQLite, or if
+    /// they cannot be counted).
+    fn sessions(&self) -> Option<usize> {
+        #[cfg(feature = "postgres")]
+        if self.created.is_some() {
+            let mut c = ::postgres::Client::connect(&self.url, ::postgres::NoTls).ok()?;
+            let row = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                     AND application_name LIKE 'provisioner%'",
+                    &[],
+                )
+                .ok()?;
+            return usize::try_from(row.get::<_, i64>(0)).ok();
+        }
+        None
+    }
+
     fn new(store: &str, tag: &str) -> Result<Self, Failure> {
         if store == "sqlite" {
             return Ok(Self {

@@ -119,6 +119,10 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// (`docs/performance.md`, "the fifth pass", step 6).
 const MAX_GROUP: usize = 128;
 const MAX_GROUP_TIME: Duration = Duration::from_millis(10);
+/// The most schemas whose prepared statements a shared connection keeps aside (about twenty
+/// statements each, their plans in the server's session): the stores of a lane beyond these,
+/// least recently served first, prepare theirs again at their next turn.
+const PREPARED_SCHEMAS: usize = 64;
 /// Ids per notification at most (a payload must stay under 8000 bytes).
 const MAX_NOTIFIED_IDS: usize = 200;
 
@@ -147,6 +151,13 @@ struct Conn {
     /// The schema the session's `search_path` was last set to by a borrower (`None`: the
     /// session's own, the URL's).
     search_path: Option<String>,
+    /// The statements prepared for the other schemas the connection served, each set with
+    /// when it was last put aside (`statements` are the current schema's: a statement
+    /// prepared under one `search_path` and run under another is parsed and planned again by
+    /// the server, each time the path changes; see `pool`). At most [`PREPARED_SCHEMAS`].
+    aside: HashMap<Option<String>, (u64, HashMap<String, Statement>)>,
+    /// Schema switches made (the order of `aside`).
+    switches: u64,
     /// The session's `synchronous_commit` (`None`: not set on this connection yet).
     durable: Option<bool>,
 }

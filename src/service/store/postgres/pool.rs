@@ -9,9 +9,11 @@
 //! that is, is closed instead: the next borrower dials a new one). Each model lives in a schema
 //! of its own; the borrower sets the session's `search_path` to its schema when the connection
 //! last served another one, by a statement of its own outside any transaction (a `SET` in a
-//! transaction would be undone by its rollback). The statements prepared on the connection are
-//! shared by its stores: PostgreSQL parses a prepared statement again when the `search_path`
-//! changed since it was planned, so each store's statements see its own tables.
+//! transaction would be undone by its rollback). The statements are prepared per schema: one
+//! prepared under another `search_path` would be parsed and planned again by the server at
+//! each change of path (it sees the new path's tables), which with a lane's stores taking turns
+//! made planning a third of the server's time (issue 36's profile); so a connection keeps each
+//! schema's prepared statements, the last few dozen schemas' at most (`PREPARED_SCHEMAS`).
 //!
 //! The slots live in a thread-local map on the lane's thread, keyed by pool: reached only
 //! from that thread, one store at a time, as a lane runs one unit of work at a time. A store

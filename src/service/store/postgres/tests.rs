@@ -586,3 +586,40 @@ fn the_models_of_a_pool_share_one_connection_per_lane_each_in_its_own_schema() {
     }
     assert_eq!(open, 0, "the pool's connections close with its last store");
 }
+
+/// When PostgreSQL refuses one more connection (SQLSTATE 53300, `max_connections` reached), a
+/// store's operation says so and what to change, waits out its backoff, and connects once a
+/// connection is free.
+#[test]
+fn a_server_that_refuses_more_connections_is_named_with_what_to_change() {
+    let pg = TempPostgres::start("too-many").unwrap();
+    let url = pg.url().to_owned();
+    let mut held = Vec::new();
+    loop {
+        match postgres::Client::connect(&url, postgres::NoTls) {
+            Ok(c) => held.push(c),
+            Err(e) => {
+                assert_eq!(e.code().map(|c| c.code()), Some("53300"), "{e}");
+                break;
+            }
+        }
+        assert!(held.len() < 1000, "the server took a thousand connections");
+    }
+    let (config, tls) = PgStore::store_config(&url).unwrap();
+    let mut store = PgStore::pooled(config, tls, super::new_pool(), None);
+    let refused = store.model_uuid();
+    let Err(StoreError::Unavailable(why)) = &refused else { panic!("{refused:?}") };
+    for part in ["53300", "max_connections", "--store-threads"] {
+        assert!(why.contains(part), "{why:?} names {part}");
+    }
+    drop(held.pop());
+    let mut connected = store.model_uuid();
+    for _ in 0..50 {
+        if connected.is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        connected = store.model_uuid();
+    }
+    assert!(connected.is_ok(), "{connected:?}");
+}
