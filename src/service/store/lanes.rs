@@ -2,9 +2,13 @@
 //! stores pinned to it, their units of work in the order they arrive. A store's backend blocks
 //! (SQLite, and the PostgreSQL client on its own small runtime), so it needs a thread; a thread
 //! of its own made every model, idle or not, cost one. A store is pinned to one lane for its
-//! life, so its units of work run one at a time and in order, as on a thread of its own; its
-//! group commit may stay open while other stores' work runs on the lane (each store has its
-//! own connection and its own transaction).
+//! life, so its units of work run one at a time and in order, as on a thread of its own. A lane
+//! serves its stores with work in turns (round robin, up to [`MAX_TURN`] units each): a busy
+//! store's units run back to back, so its group commits stay large, and a quiet store waits for
+//! at most one turn of each busy store on its lane. Before another store runs, the last one's
+//! turn ends ([`LaneStore::end_turn`]): its open group commits, and a connection it borrowed
+//! from the lane goes back (PostgreSQL's stores share one connection per lane:
+//! `postgres::pool`).
 //!
 //! The lanes are the process's, made on first use ([`LANES`], a once-cell: nothing in them is
 //! shared but the channels); their number is [`DEFAULT_LANES`] unless [`configure`] set
@@ -274,6 +278,9 @@ pub(crate) fn count() -> usize {
 #[derive(Clone)]
 pub(crate) struct Lane {
     id: u64,
+    /// Which lane it is on.
+    #[cfg_attr(not(test), allow(dead_code))]
+    lane: usize,
     tx: mpsc::Sender<Envelope>,
     _open: Arc<Opened>,
 }
@@ -295,9 +302,10 @@ impl Lane {
     pub(crate) fn open(make: impl FnOnce() -> Box<dyn LaneStore> + Send + 'static) -> Self {
         let lanes = lanes();
         let id = lanes.ids.fetch_add(1, Ordering::Relaxed);
-        let tx = lanes.senders[lanes.next.fetch_add(1, Ordering::Relaxed) % lanes.senders.len()].clone();
+        let lane = lanes.next.fetch_add(1, Ordering::Relaxed) % lanes.senders.len();
+        let tx = lanes.senders[lane].clone();
         let _ = tx.send(Envelope::Open { id, make: Box::new(make) });
-        Self { id, tx: tx.clone(), _open: Arc::new(Opened { id, tx }) }
+        Self { id, lane, tx: tx.clone(), _open: Arc::new(Opened { id, tx }) }
     }
 
     /// Runs `job` on the store, after the work sent before it. Dropped (unrun) if the store is
@@ -317,6 +325,71 @@ mod tests {
         fn close(&mut self) {}
         fn shed_memory(&mut self) {}
         fn end_turn(&mut self) {}
+    }
+
+    /// A stand-in store that logs its jobs and the ends of its turns (its closing ends one),
+    /// all stores to one log.
+    struct Turns(std::sync::mpsc::Sender<(u64, Option<u32>)>, u64);
+    impl LaneStore for Turns {
+        fn close(&mut self) {
+            self.end_turn();
+        }
+        fn shed_memory(&mut self) {}
+        fn end_turn(&mut self) {
+            let _ = self.0.send((self.1, None));
+        }
+    }
+
+    /// On one lane, a store's turn ends before another store's job runs (what lets stores
+    /// share a connection), each store's jobs run in order, and a store whose work arrived
+    /// together runs it in one turn.
+    #[test]
+    fn a_stores_turn_ends_before_another_store_runs() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Every store on the same lane: as many stores as lanes apart.
+        let n = count();
+        let stores: Vec<Lane> = (0..3 * n as u64)
+            .map(|i| {
+                let tx = tx.clone();
+                Lane::open(move || Box::new(Turns(tx, i)))
+            })
+            .collect();
+        // (Other tests open stores meanwhile: those on the first one's lane.)
+        let ours: Vec<(u64, &Lane)> = (0u64..).zip(&stores).filter(|(_, l)| l.lane == stores[0].lane).take(3).collect();
+        assert!(ours.len() >= 2, "stores on one lane");
+        for round in 0..20u32 {
+            for (_, lane) in &ours {
+                lane.run(move |s| {
+                    let t = (s as &mut dyn std::any::Any).downcast_mut::<Turns>().unwrap();
+                    let _ = t.0.send((t.1, Some(round)));
+                });
+            }
+        }
+        let ids: Vec<u64> = ours.iter().map(|(i, _)| *i).collect();
+        drop(tx);
+        drop(stores);
+        let log: Vec<(u64, Option<u32>)> = rx.iter().collect();
+        let jobs: Vec<&(u64, Option<u32>)> = log.iter().filter(|(s, j)| j.is_some() && ids.contains(s)).collect();
+        assert_eq!(jobs.len(), 20 * ids.len());
+        // Between two jobs of different stores, the first store's turn ended.
+        let mut running: Option<u64> = None;
+        for (store, job) in log.iter().filter(|(s, _)| ids.contains(s)) {
+            match job {
+                Some(_) => {
+                    assert!(
+                        running.is_none() || running == Some(*store),
+                        "{store} ran inside {running:?}'s turn: {log:?}"
+                    );
+                    running = Some(*store);
+                }
+                None if running == Some(*store) => running = None,
+                None => {}
+            }
+        }
+        for id in ids {
+            let order: Vec<u32> = log.iter().filter(|(s, _)| *s == id).filter_map(|(_, j)| *j).collect();
+            assert_eq!(order, (0..20).collect::<Vec<_>>(), "store {id}'s jobs in order");
+        }
     }
 
     /// A hundred stores share the lanes: the lanes are all the threads there are, however many
