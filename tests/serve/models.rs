@@ -842,10 +842,34 @@ fn many_models(dir: &std::path::Path, store: &[&str], mut check: impl FnMut(&Ser
 #[test]
 fn a_busy_model_does_not_starve_a_quiet_one() {
     let dir = temp_dir("models-fair");
-    let s = Server::start(&dir, &["--sim-start-latency", "0s"]);
+    busy_and_quiet(&dir, &[]);
+}
+
+/// The same on PostgreSQL: the quiet model's store shares a connection with the busy one's
+/// when they are on the same store thread (`--store-threads 1` here: always), and waits for at
+/// most one turn of it.
+#[cfg(feature = "postgres")]
+#[test]
+fn on_postgres_a_busy_model_does_not_starve_a_quiet_one() {
+    let (_pg, url, dir) = fresh_postgres("models-fair-pg");
+    busy_and_quiet(&dir, &["--store", &url, "--store-threads", "1"]);
+}
+
+/// A busy model (`default`, 20,000 machines) and a quiet one (single adds every 50 ms), on the
+/// store `store` names (extra `serve` arguments): each quiet add started within 5 s.
+fn busy_and_quiet(dir: &std::path::Path, store: &[&str]) {
+    let args: Vec<&str> = ["--sim-start-latency", "0s"].iter().copied().chain(store.iter().copied()).collect();
+    let s = Server::start(dir, &args);
     let token = s.token();
     let (code, body) = http_as(&s, &token, "POST", "/v1/models", Some("{\"name\":\"quiet\"}"));
     assert_eq!(code, 201, "{body}");
+    if !store.is_empty() {
+        // On PostgreSQL: both models led before the clock starts.
+        eventually(Duration::from_secs(60), "both models led", || {
+            serde_json::from_str::<Value>(&http(&s, "GET", "/v1/status", None).1)
+                .is_ok_and(|v| v["models_led"].as_u64() == Some(2))
+        });
+    }
     let busy_done = std::sync::atomic::AtomicBool::new(false);
     let waits: Vec<Duration> = std::thread::scope(|scope| {
         scope.spawn(|| {
