@@ -52,6 +52,9 @@ pub(crate) struct LeaseConfig {
     /// Whether the models' leaders are spread over the replicas: the lease is asked for only
     /// once the spread's driver allows it ([`SpreadOrder`]); otherwise at once and every retry.
     pub spread: bool,
+    /// The replica's beat, which every model's lease ticks on (`None`: ticks a retry apart,
+    /// from its own start): see `LeaseBook::with_beat`.
+    pub beat: Option<Instant>,
 }
 
 pub(crate) use super::state::LeaseStatus;
@@ -94,8 +97,12 @@ impl LeaseActor {
     }
 
     fn new(config: LeaseConfig, hooks: Box<dyn RoleHooks>, sql: LeaseSql) -> Self {
+        let book = if config.spread { LeaseBook::spread(config.timings) } else { LeaseBook::new(config.timings) };
         LeaseActor {
-            book: if config.spread { LeaseBook::spread(config.timings) } else { LeaseBook::new(config.timings) },
+            book: match config.beat {
+                Some(origin) => book.with_beat(origin),
+                None => book,
+            },
             replica: config.replica,
             key: LeaseKey { model_uuid: config.model_uuid, schema: config.schema },
             sql,

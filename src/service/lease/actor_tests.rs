@@ -47,6 +47,7 @@ fn replica(pg: &TempPostgres, id: &'static str, events: &UnboundedSender<Event>)
         replica: id.into(),
         timings: timings(),
         spread: false,
+        beat: None,
     };
     LeaseActor::start(config, Box::new(Hooks(id, events.clone()))).unwrap()
 }
@@ -167,6 +168,7 @@ fn one_lease_thread_and_one_listener_serve_every_model_of_a_replica() {
         let start = |id: &'static str| {
             let sql = LeaseSql::start(url.clone(), id.into(), timings().retry(), timings().lease()).unwrap();
             let arbiter = actix_rt::Arbiter::new().handle();
+            let beat = actix_rt::time::Instant::now();
             MODELS
                 .iter()
                 .map(|(name, schema, uuid)| {
@@ -177,6 +179,8 @@ fn one_lease_thread_and_one_listener_serve_every_model_of_a_replica() {
                         replica: id.into(),
                         timings: timings(),
                         spread: false,
+                        // The replica's models tick together, as in the service.
+                        beat: Some(beat),
                     };
                     LeaseActor::start_on(&arbiter, config, Box::new(ModelHooks(id, name, tx.clone())), sql.clone())
                 })

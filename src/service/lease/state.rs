@@ -161,6 +161,11 @@ pub(crate) struct LeaseBook {
     stalled: bool,
     transitions: u64,
     last: Option<Transition>,
+    /// The replica's beat, if its leases tick together (issue 36): each tick falls on
+    /// `beat + k × retry`, the same instants for every model of the replica, so that their
+    /// renewals reach the lease thread together and commit in a few statements, not in one
+    /// round each.
+    beat: Option<Instant>,
 }
 
 impl LeaseBook {
@@ -181,7 +186,13 @@ impl LeaseBook {
             stalled: false,
             transitions: 0,
             last: None,
+            beat: None,
         }
+    }
+
+    /// The same book, its ticks on the replica's beat from `origin` (see `beat`).
+    pub(crate) fn with_beat(self, origin: Instant) -> Self {
+        Self { beat: Some(origin), ..self }
     }
 
     /// A follower that tries to acquire only once allowed ([`LeaseBook::allow`]): the spread
@@ -311,10 +322,17 @@ impl LeaseBook {
             && self.progress_at.is_some_and(|t| now.saturating_duration_since(t) >= self.timings.renew_deadline())
     }
 
-    /// When the shell calls [`LeaseBook::tick`] next: after one retry, or at the acting
-    /// deadline if that comes first.
+    /// When the shell calls [`LeaseBook::tick`] next: after one retry (at the replica's next
+    /// beat, if it has one: within one retry), or at the acting deadline if that comes first.
     pub(crate) fn next_tick(&self, now: Instant) -> Instant {
-        let retry = now + self.timings.retry();
+        let period = self.timings.retry();
+        let retry = match self.beat.filter(|origin| now >= *origin && !period.is_zero()) {
+            Some(origin) => {
+                let beats = (now - origin).as_nanos() / period.as_nanos() + 1;
+                origin + Duration::from_nanos(u64::try_from(beats * period.as_nanos()).unwrap_or(u64::MAX))
+            }
+            None => now + period,
+        };
         self.acting_deadline().map_or(retry, |d| d.min(retry).max(now))
     }
 

@@ -357,3 +357,25 @@ fn a_book_that_is_never_probed_never_stalls() {
     }
     assert!(b.may_act(now + ms(5)) && !b.stalled());
 }
+
+/// Issue 36: with the replica's beat, a model's lease ticks on `beat + k × retry` whenever it
+/// started, so every model of the replica renews at the same instants (their renewals commit
+/// together); never more than one retry after now, and no later than the acting deadline.
+#[test]
+fn on_the_replicas_beat_every_lease_ticks_at_the_same_instants() {
+    let origin = Instant::now();
+    let (a, b) = (book().with_beat(origin), book().with_beat(origin));
+    // Started 0.3 s and 1.7 s after the beat: both tick at its next instant, 2 s.
+    assert_eq!(a.next_tick(origin + ms(300)), origin + secs(2));
+    assert_eq!(b.next_tick(origin + ms(1700)), origin + secs(2));
+    // A tick on the beat waits a whole retry for the next.
+    assert_eq!(a.next_tick(origin + secs(4)), origin + secs(6));
+    assert_eq!(a.next_tick(origin + ms(4001)), origin + secs(6));
+    // Without a beat: a retry from now.
+    assert_eq!(book().next_tick(origin + ms(300)), origin + ms(2300));
+    // A leader's acting deadline still comes first when it is nearer.
+    let t0 = origin + ms(1900);
+    let l = leader(t0).with_beat(origin);
+    let next = l.next_tick(t0 + ms(5));
+    assert!(next <= origin + secs(4) && next > t0, "{:?}", next - origin);
+}

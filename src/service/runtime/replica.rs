@@ -86,6 +86,7 @@ pub(super) fn start_replica(
             replica,
             timings,
             spread: true,
+            beat: Some(links.beat),
         };
         let lease = LeaseActor::start_on(&links.arbiter, config, Box::new(hooks), links.sql);
         return Ok(Some(super::handles::ModelReplica { lease, leading, models_led: shared.models_led.clone() }));

@@ -54,6 +54,8 @@ pub(crate) struct ReplicaLinks {
     pub(super) sql: crate::service::lease::sql::LeaseSql,
     pub(super) notices: actix::Addr<crate::service::lease::listen::NoticeHub>,
     pub(super) arbiter: actix_rt::ArbiterHandle,
+    /// The beat every model's lease ticks on (their renewals go to `sql` together).
+    pub(super) beat: tokio::time::Instant,
 }
 
 #[cfg(feature = "postgres")]
@@ -75,7 +77,7 @@ impl ReplicaLinks {
         let notices = crate::service::lease::listen::NoticeHub::start_listening(url.to_owned(), timings.retry())
             .map_err(|e| crate::service::error::ServeError::StoreUrl(format!("cannot start the LISTEN thread: {e}")))?;
         let arbiter = actix_rt::Arbiter::new().handle();
-        Ok(Self { sql, notices, arbiter })
+        Ok(Self { sql, notices, arbiter, beat: tokio::time::Instant::now() })
     }
 }
 
