@@ -169,7 +169,9 @@ impl StoreBackend for PgStore {
     }
 
     fn check_alive(&mut self) -> Result<(), StoreError> {
-        let conn = self.client()?;
+        // Its connection, as it is: no model's statement runs here, so the session's
+        // `search_path` (a round trip to set) does not matter.
+        let conn = self.held_connection()?;
         if conn.client.answered_within(ALIVE_WITHIN) {
             return Ok(());
         }

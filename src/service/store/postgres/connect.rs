@@ -185,6 +185,23 @@ impl PgStore {
     /// schema's migrations, its model and its counts. Not while a group's transaction is begun:
     /// it went with the connection it was on.
     pub(super) fn connection(&mut self) -> Result<&mut Conn, StoreError> {
+        self.held_connection()?;
+        self.settle().inspect_err(|e| self.note_damage(e))?;
+        let want = self.durable;
+        let Some(client) = self.client.as_mut() else {
+            return Err(StoreError::Unavailable("no connection".into()));
+        };
+        if client.durable != Some(want) {
+            let sql = if want { "SET synchronous_commit TO on" } else { "SET synchronous_commit TO off" };
+            client.client.batch_execute(sql).map_err(pg("setting synchronous_commit"))?;
+            client.durable = Some(want);
+        }
+        Ok(client)
+    }
+
+    /// The connection the store holds, made (or borrowed from the lane) now if it holds none,
+    /// as it is: not set up for the store (see [`PgStore::connection`]).
+    pub(super) fn held_connection(&mut self) -> Result<&mut Conn, StoreError> {
         if self.client.as_ref().is_some_and(|c| c.client.is_closed()) {
             self.client = None;
         }
@@ -202,17 +219,7 @@ impl PgStore {
             self.last_pid = Some(conn.pid);
             self.client = Some(conn);
         }
-        self.settle().inspect_err(|e| self.note_damage(e))?;
-        let want = self.durable;
-        let Some(client) = self.client.as_mut() else {
-            return Err(StoreError::Unavailable("no connection".into()));
-        };
-        if client.durable != Some(want) {
-            let sql = if want { "SET synchronous_commit TO on" } else { "SET synchronous_commit TO off" };
-            client.client.batch_execute(sql).map_err(pg("setting synchronous_commit"))?;
-            client.durable = Some(want);
-        }
-        Ok(client)
+        self.client.as_mut().ok_or_else(|| StoreError::Unavailable("no connection".into()))
     }
 
     /// Sets the store up on the connection it holds: the session's `search_path` to its schema
