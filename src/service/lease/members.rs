@@ -38,6 +38,9 @@ const TABLES_SQL: &str = "SELECT n.nspname FROM pg_catalog.pg_class c \
 /// The most models whose lease rows one statement of [`Members::view`] reads.
 const VIEW_CHUNK: usize = 500;
 
+/// The most statements of [`Members::view`] kept prepared (a round of 10,000 models is 20).
+const MAX_PREPARED_VIEWS: usize = 64;
+
 /// A clean stop: `$1` the replica.
 const LEAVE_SQL: &str = "DELETE FROM public.provisioner_replicas WHERE replica = $1";
 
@@ -68,6 +71,9 @@ pub(crate) struct Members {
     replica: String,
     /// Statements sent by [`Members::view`] so far.
     statements: u64,
+    /// The lease rows' statements prepared (by their text: the same models read the same way
+    /// each round, so the server plans each once, not every round).
+    prepared: std::collections::HashMap<String, postgres::Statement>,
 }
 
 impl std::fmt::Debug for Members {
@@ -86,7 +92,7 @@ impl Members {
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&crate::service::store::MIGRATION_LOCK])?;
         tx.batch_execute(MEMBERS_TABLE_SQL)?;
         tx.commit()?;
-        Ok(Self { client, replica: replica.to_owned(), statements: 0 })
+        Ok(Self { client, replica: replica.to_owned(), statements: 0, prepared: Default::default() })
     }
 
     /// Heartbeats for `lease`, then reads the live replicas and every model's lease row: a
@@ -143,7 +149,19 @@ impl Members {
             params.push(&m.uuid);
         }
         self.statements += 1;
-        let rows = self.client.query(sql.as_str(), &params)?;
+        let statement = match self.prepared.get(&sql) {
+            Some(st) => st.clone(),
+            None => {
+                // The models changed: the texts of the rounds before are not asked again.
+                if self.prepared.len() >= MAX_PREPARED_VIEWS {
+                    self.prepared.clear();
+                }
+                let st = self.client.prepare(&sql)?;
+                self.prepared.insert(sql, st.clone());
+                st
+            }
+        };
+        let rows = self.client.query(&statement, &params)?;
         Ok(rows
             .iter()
             .map(|r| (r.get::<_, i32>(0) as usize, LeaseRow { holder: r.get(1), epoch: r.get(2), live: r.get(3) }))
