@@ -1,15 +1,16 @@
 //! The PostgreSQL backend (feature `postgres`): the same operations as the SQLite core, over one
-//! connection owned by the store's thread ([`PgClient`]).
+//! connection at a time ([`PgClient`]): its lane's, shared by a replica's stores in turns.
 //!
-//! The layout: the types here ([`PgStore`], its connection, a write's transaction, an open group
-//! commit); `client.rs` the connection's client; `connect.rs` (re)connecting and migrating;
+//! The layout: the types here ([`PgStore`], a write's transaction, an open group commit);
+//! `pool.rs` its connection and where it comes from (its own, or its lane's, shared by a
+//! replica's stores); `client.rs` the connection's client; `connect.rs` (re)connecting and migrating;
 //! `schema.rs` the migrations; `conn.rs` running statements; `rows.rs` rows, reads and the writes
 //! several operations share; `group.rs` group commits; `deferred.rs` write-behind units as
 //! set-based statements; `backend.rs` [`StoreBackend`](super::StoreBackend) for [`PgStore`]. Each file sees the
 //! others' items by name (no file imports one that imports it).
 //!
 //! The connection: the store runs each unit of work synchronously on its lane's thread
-//! (`store::lanes`), one transaction at a time, so it blocks on its statements as the `postgres`
+//! (`store::lanes`), on the lane's connection of its pool (`pool.rs`), one transaction at a time, so it blocks on its statements as the `postgres`
 //! crate does; but it speaks through `tokio-postgres` on a runtime of its own (`client.rs`) so
 //! that statements which do not need each other's answers go out together, answered in one
 //! round trip: a group's `BEGIN`, savepoints and releases with the next statement, a machine's
@@ -71,6 +72,7 @@ use super::records::{Book, BookMark};
 use super::writes::{Write, Written};
 
 pub(crate) use self::pool::new_pool;
+use self::pool::{Conn, Source};
 pub(crate) use self::schema::EPOCH_TABLES_SQL;
 
 /// The newest schema version this build knows (rows of `schema_migrations`).
@@ -102,10 +104,6 @@ pub(super) const CALL_SLACK: Duration = Duration::from_secs(1);
 /// The deadline of the schema's migrations, at each connection (they may rewrite tables).
 const MIGRATION_DEADLINE: Duration = Duration::from_secs(120);
 
-/// The longest wait between two connection attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// The first wait after a failed attempt.
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// The most units of work one group commit holds, and the longest it takes them in after its
 /// transaction began: each unit costs round trips to the server (a SQLite one costs
 /// microseconds), and the first unit's answer waits for the last; a unit that is long by
@@ -137,29 +135,6 @@ pub(crate) struct Notice {
     pub ids: Vec<String>,
     /// Too many ids for one payload: re-read every machine.
     pub all: bool,
-}
-
-/// The connection and the statements prepared on it (a store's own, or its lane's, which the
-/// stores of its pool borrow in turn: see `pool`).
-struct Conn {
-    client: PgClient,
-    statements: HashMap<String, Statement>,
-    /// The session's backend process id (what its notifications carry).
-    pid: i32,
-    /// Which connection this is (a store sets itself up again on each new one).
-    generation: u64,
-    /// The schema the session's `search_path` was last set to by a borrower (`None`: the
-    /// session's own, the URL's).
-    search_path: Option<String>,
-    /// The statements prepared for the other schemas the connection served, each set with
-    /// when it was last put aside (`statements` are the current schema's: a statement
-    /// prepared under one `search_path` and run under another is parsed and planned again by
-    /// the server, each time the path changes; see `pool`). At most [`PREPARED_SCHEMAS`].
-    aside: HashMap<Option<String>, (u64, HashMap<String, Statement>)>,
-    /// Schema switches made (the order of `aside`).
-    switches: u64,
-    /// The session's `synchronous_commit` (`None`: not set on this connection yet).
-    durable: Option<bool>,
 }
 
 /// A write's transaction on a [`Conn`]: a transaction of its own (`BEGIN` ... `COMMIT`, rolled
@@ -228,17 +203,6 @@ struct PgGroup {
     member_fenced_writes: i64,
     /// The write-behind units queued for the commit ([`StoreBackend::defer`](super::StoreBackend::defer)).
     deferred: Vec<Write>,
-}
-
-/// Where a store's connection comes from.
-#[derive(Debug)]
-enum Source {
-    /// A connection of its own, (re)made on demand with backoff (tests).
-    #[cfg_attr(not(test), allow(dead_code))]
-    Own(pool::Dialer),
-    /// Its lane's connection of the pool `pool` (see `pool`), borrowed for a turn, the
-    /// session's `search_path` set to `schema` (`None`: the URL's own).
-    Pooled { pool: u64, schema: Option<String> },
 }
 
 /// The store over PostgreSQL. One connection at a time: its own, (re)made on demand with

@@ -29,8 +29,50 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Conn, FIRST_BACKOFF, MAX_BACKOFF};
+use postgres::Statement;
+use std::collections::HashMap;
+
+use super::client::PgClient;
 use crate::service::store::errors::StoreError;
+
+/// The longest wait between two connection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// The first wait after a failed attempt.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The connection and the statements prepared on it (a store's own, or its lane's, which the
+/// stores of its pool borrow in turn: see `pool`).
+pub(super) struct Conn {
+    pub(super) client: PgClient,
+    pub(super) statements: HashMap<String, Statement>,
+    /// The session's backend process id (what its notifications carry).
+    pub(super) pid: i32,
+    /// Which connection this is (a store sets itself up again on each new one).
+    pub(super) generation: u64,
+    /// The schema the session's `search_path` was last set to by a borrower (`None`: the
+    /// session's own, the URL's).
+    pub(super) search_path: Option<String>,
+    /// The statements prepared for the other schemas the connection served, each set with
+    /// when it was last put aside (`statements` are the current schema's: a statement
+    /// prepared under one `search_path` and run under another is parsed and planned again by
+    /// the server, each time the path changes; see `pool`). At most `PREPARED_SCHEMAS`.
+    pub(super) aside: HashMap<Option<String>, (u64, HashMap<String, Statement>)>,
+    /// Schema switches made (the order of `aside`).
+    pub(super) switches: u64,
+    /// The session's `synchronous_commit` (`None`: not set on this connection yet).
+    pub(super) durable: Option<bool>,
+}
+
+/// Where a store's connection comes from.
+#[derive(Debug)]
+pub(super) enum Source {
+    /// A connection of its own, (re)made on demand with backoff (tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Own(Dialer),
+    /// Its lane's connection of the pool `pool` (see `pool`), borrowed for a turn, the
+    /// session's `search_path` set to `schema` (`None`: the URL's own).
+    Pooled { pool: u64, schema: Option<String> },
+}
 
 /// The SQLSTATE of PostgreSQL's refusal of one more connection (`too_many_connections`).
 pub(super) const TOO_MANY_CONNECTIONS: &str = "53300";
