@@ -213,10 +213,11 @@ impl crate::service::lease::actor::RoleHooks for ReplicaHooks {
     fn probe(&mut self) -> Option<futures::future::LocalBoxFuture<'static, bool>> {
         use crate::service::lease::leading::{Acting, Probe};
         // Queued behind the store's other work: it answers only if the store's lane is free and
-        // the database answers (its connection answered a moment ago, or answers a query now:
-        // `check_alive`). Then the provisioner, if it runs: its pool answers a question on the
+        // the database answers (its lane's connection answered a moment ago, or answers a query
+        // now; a store whose last work failed on the database must read its model again:
+        // `Store::probe`). Then the provisioner, if it runs: its pool answers a question on the
         // model's arbiter.
-        let store = self.store.read(|s| s.check_alive());
+        let store = self.store.probe();
         let leading = self.leading.send(Probe);
         Some(Box::pin(async move {
             if store.await.is_err() {

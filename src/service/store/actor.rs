@@ -70,6 +70,9 @@ pub(crate) struct StoreActor {
     session: Arc<AtomicI64>,
     /// The group commit open, if one is.
     group: Group,
+    /// Its last unit of work failed on the database (or its last group did not commit), and
+    /// none succeeded since: a probe then reads the model itself ([`Store::probe`]).
+    troubled: bool,
 }
 
 impl LaneStore for StoreActor {
@@ -110,6 +113,19 @@ impl StoreActor {
             commits: shared.commits.clone(),
             session: shared.session.clone(),
             group: Group::default(),
+            troubled: false,
+        }
+    }
+
+    /// Notes how a unit of work (or a group's commit) went on the database: a failure there
+    /// makes the store troubled, a success makes it well.
+    fn note_outcome(&mut self, failure: Option<&StoreError>) {
+        match failure {
+            None => self.troubled = false,
+            Some(StoreError::Postgres { .. } | StoreError::Unavailable(_) | StoreError::Sqlite { .. }) => {
+                self.troubled = true
+            }
+            Some(_) => {}
         }
     }
 
@@ -153,6 +169,7 @@ impl StoreActor {
         if committed.is_ok() {
             self.commits.fetch_add(1, Ordering::Relaxed);
         }
+        self.note_outcome(committed.as_ref().err());
         self.publish();
         let failure = committed.err();
         if let Some(e) = &failure {
@@ -322,7 +339,10 @@ impl StoreActor {
         if let Err(e) = &result {
             core.note_damage(e);
         }
+        let failure = result.as_ref().err().cloned();
         let ended = core.end_member(result.is_ok());
+        self.note_outcome(failure.as_ref());
+        let Ok(core) = self.core.as_mut() else { return };
         let written = core.group_has_written();
         let answer: Answer = Box::new(move |failure: Option<&StoreError>| {
             let _ = reply.send(match (failure, result) {
@@ -348,6 +368,17 @@ impl StoreActor {
 }
 
 impl StoreActor {
+    /// A probe of the store (a leader's lease asks it every retry): a read of the model itself
+    /// when the store is troubled (its last work failed on the database), else only whether the
+    /// backend answers ([`StoreBackend::check_alive`]: on PostgreSQL, its lane's connection
+    /// answered a moment ago, or answers now).
+    fn probe(&mut self, reply: futures::channel::oneshot::Sender<Result<(), StoreError>>) {
+        let troubled = self.troubled;
+        let work: Work<()> =
+            Box::new(move |s: &mut dyn StoreBackend| if troubled { s.model_life().map(drop) } else { s.check_alive() });
+        self.exec(work, false, false, reply);
+    }
+
     /// Sets (or clears) the leader's fence, after the open group commits.
     fn set_fence(&mut self, fence: Option<Fence>) -> Result<(), StoreError> {
         self.finish_group();
@@ -651,6 +682,16 @@ impl Store {
                 other => Err(StoreError::Refused(format!("the store answered {other:?} for an add"))),
             }
         }
+    }
+
+    /// Probes the store (see `StoreActor::probe`): `Ok` once it answered well, after the work
+    /// sent before it.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn probe(&self) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        let (reply, answer) = futures::channel::oneshot::channel();
+        self.shared.waiting.fetch_add(1, Ordering::AcqRel);
+        self.on_store(move |s| s.probe(reply));
+        async move { answer.await.map_err(|_| StoreError::Stopped(MailboxError::Closed))? }
     }
 
     /// Subscribes a machine watcher (it hears every machine at once).

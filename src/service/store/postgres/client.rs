@@ -67,7 +67,7 @@ pub(super) struct PgClient {
     deadline: Duration,
     /// A call timed out: the connection is given up (see [`PgClient::is_closed`]).
     abandoned: bool,
-    /// When the server last answered a call.
+    /// When the server last answered a call well (no error).
     answered: Option<tokio::time::Instant>,
 }
 
@@ -163,17 +163,12 @@ impl PgClient {
         runtime: &tokio::runtime::Runtime,
         deadline: Duration,
         abandoned: &mut bool,
-        answered: &mut Option<tokio::time::Instant>,
         call: impl std::future::Future<Output = T>,
     ) -> Result<T, CallError> {
         if *abandoned {
             return Err(CallError::TimedOut(deadline));
         }
-        let within = runtime.block_on(async { tokio::time::timeout(deadline, call).await });
-        if within.is_ok() {
-            *answered = Some(tokio::time::Instant::now());
-        }
-        within.map_err(|_| {
+        runtime.block_on(async { tokio::time::timeout(deadline, call).await }).map_err(|_| {
             *abandoned = true;
             tracing::warn!(
                 deadline_ms = deadline.as_millis() as u64,
@@ -214,7 +209,7 @@ impl PgClient {
         self.queued.is_empty() && self.queued_failed.is_none()
     }
 
-    /// Whether the server answered a call on the connection within `within`.
+    /// Whether the server answered a call on the connection well (no error) within `within`.
     pub(super) fn answered_within(&self, within: Duration) -> bool {
         self.answered.is_some_and(|at| at.elapsed() < within)
     }
@@ -234,7 +229,7 @@ impl PgClient {
         *round_trips += 1;
         let queued = std::mem::take(queued);
         let client: &'a Client = client;
-        let (before, answer) = Self::bounded(runtime, *deadline, abandoned, answered, async {
+        let (before, answer) = Self::bounded(runtime, *deadline, abandoned, async {
             if queued.is_empty() {
                 (Ok(()), request(client).await)
             } else {
@@ -246,7 +241,9 @@ impl PgClient {
             *queued_failed = Some(e.to_string());
             return Err(e.into());
         }
-        Ok(answer?)
+        let answer = answer?;
+        *answered = Some(tokio::time::Instant::now());
+        Ok(answer)
     }
 
     /// Sends the queued statements now (nothing if none is).
@@ -284,10 +281,18 @@ impl PgClient {
         if sql.is_empty() {
             let queued = std::mem::take(&mut self.queued);
             self.round_trips += 1;
-            let Self { runtime, client, deadline, abandoned, answered, .. } = self;
-            return Self::bounded(runtime, *deadline, abandoned, answered, client.batch_execute(&queued))?
-                .inspect_err(|e| self.queued_failed = Some(e.to_string()))
-                .map_err(CallError::from);
+            let Self { runtime, client, deadline, abandoned, .. } = self;
+            let done = Self::bounded(runtime, *deadline, abandoned, client.batch_execute(&queued))?;
+            return match done {
+                Ok(()) => {
+                    self.answered = Some(tokio::time::Instant::now());
+                    Ok(())
+                }
+                Err(e) => {
+                    self.queued_failed = Some(e.to_string());
+                    Err(e.into())
+                }
+            };
         }
         self.pipelined(|c| Box::pin(c.batch_execute(sql)))
     }
