@@ -623,3 +623,34 @@ fn a_server_that_refuses_more_connections_is_named_with_what_to_change() {
     }
     assert!(connected.is_ok(), "{connected:?}");
 }
+
+/// A connection shared by the stores of a pool keeps each schema's statements prepared: two
+/// models taking turns on one session each read through a statement of their own (one
+/// prepared under another `search_path` would be parsed and planned again at each turn), and
+/// each sees its own machines.
+#[test]
+fn a_shared_connection_keeps_each_schemas_statements_prepared() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    raw(&url).batch_execute("CREATE SCHEMA s_a; CREATE SCHEMA s_b").unwrap();
+    let (config, tls) = PgStore::store_config(&url).unwrap();
+    let pool = super::new_pool();
+    // Both on this thread: the same lane's slot.
+    let mut a = PgStore::pooled(config.clone(), tls.clone(), pool, Some("s_a".into()));
+    let mut b = PgStore::pooled(config, tls, pool, Some("s_b".into()));
+    a.add_machines(1, None).unwrap();
+    a.release();
+    b.add_machines(2, None).unwrap();
+    b.release();
+    for _ in 0..10 {
+        assert_eq!(a.machine_ids().unwrap().len(), 1);
+        a.release();
+        assert_eq!(b.machine_ids().unwrap().len(), 2);
+        b.release();
+    }
+    assert_eq!(a.session_pid(), b.session_pid(), "one session served both");
+    let prepared = a.on_session(
+        "SELECT count(*) FROM pg_prepared_statements WHERE statement = 'SELECT id FROM machines ORDER BY seq'",
+    );
+    assert_eq!(prepared[0][0].as_deref(), Some("2"), "one prepared statement a schema");
+}
