@@ -339,11 +339,12 @@ impl StoreActor {
         if let Err(e) = &result {
             core.note_damage(e);
         }
-        let failure = result.as_ref().err().cloned();
         let ended = core.end_member(result.is_ok());
-        self.note_outcome(failure.as_ref());
-        let Ok(core) = self.core.as_mut() else { return };
         let written = core.group_has_written();
+        if let Err(e) = &ended {
+            core.note_damage(e);
+        }
+        self.note_outcome(result.as_ref().err());
         let answer: Answer = Box::new(move |failure: Option<&StoreError>| {
             let _ = reply.send(match (failure, result) {
                 (Some(e), Ok(_)) => Err(e.clone()),
@@ -352,7 +353,6 @@ impl StoreActor {
         });
         match ended {
             Err(e) => {
-                core.note_damage(&e);
                 self.group.answers.push(answer);
                 self.abort_group(&e);
                 return;

@@ -10,7 +10,7 @@ use super::rows::{meta_get, meta_set};
 use super::schema::{MIGRATIONS, RECORD_WRITE_SQL};
 use super::{
     Conn, GroupRun, PgStore, Source, Tx, CALL_SLACK, IDLE_IN_TRANSACTION, MIGRATION_DEADLINE, MIGRATION_LOCK,
-    PG_SCHEMA_VERSION, PREPARED_SCHEMAS, STATEMENT_DEADLINE,
+    PG_SCHEMA_VERSION, STATEMENT_DEADLINE,
 };
 use crate::model::Life;
 use crate::service::store::backend::{Fence, StoreBackend};
@@ -367,27 +367,6 @@ fn dial(config: &tokio_postgres::Config, tls: &crate::service::pgtls::PgTls) -> 
         switches: 0,
         durable: None,
     })
-}
-
-impl Conn {
-    /// The session's `search_path` is now `schema`'s: the statements prepared under it (if
-    /// kept) become the current ones, the last schema's are put aside; past
-    /// [`PREPARED_SCHEMAS`], the set put aside longest ago is dropped (its statements closed
-    /// on the server).
-    fn switch_statements(&mut self, schema: Option<String>) {
-        self.switches += 1;
-        let mine = self.aside.remove(&schema).map(|(_, s)| s).unwrap_or_default();
-        let theirs = std::mem::replace(&mut self.statements, mine);
-        let left = std::mem::replace(&mut self.search_path, schema);
-        if !theirs.is_empty() {
-            self.aside.insert(left, (self.switches, theirs));
-        }
-        if self.aside.len() > PREPARED_SCHEMAS {
-            if let Some(oldest) = self.aside.iter().min_by_key(|(_, (at, _))| *at).map(|(k, _)| k.clone()) {
-                self.aside.remove(&oldest);
-            }
-        }
-    }
 }
 
 /// Applies the migrations the schema on `conn`'s `search_path` lacks (under the migration lock,

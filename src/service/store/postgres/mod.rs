@@ -117,10 +117,6 @@ const MIGRATION_DEADLINE: Duration = Duration::from_secs(120);
 /// (`docs/performance.md`, "the fifth pass", step 6).
 const MAX_GROUP: usize = 128;
 const MAX_GROUP_TIME: Duration = Duration::from_millis(10);
-/// The most schemas whose prepared statements a shared connection keeps aside (about twenty
-/// statements each, their plans in the server's session): the stores of a lane beyond these,
-/// least recently served first, prepare theirs again at their next turn.
-const PREPARED_SCHEMAS: usize = 64;
 /// Ids per notification at most (a payload must stay under 8000 bytes).
 const MAX_NOTIFIED_IDS: usize = 200;
 

@@ -55,12 +55,38 @@ pub(super) struct Conn {
     /// The statements prepared for the other schemas the connection served, each set with
     /// when it was last put aside (`statements` are the current schema's: a statement
     /// prepared under one `search_path` and run under another is parsed and planned again by
-    /// the server, each time the path changes; see `pool`). At most `PREPARED_SCHEMAS`.
+    /// the server, each time the path changes; see `pool`). At most [`PREPARED_SCHEMAS`].
     pub(super) aside: HashMap<Option<String>, (u64, HashMap<String, Statement>)>,
     /// Schema switches made (the order of `aside`).
     pub(super) switches: u64,
     /// The session's `synchronous_commit` (`None`: not set on this connection yet).
     pub(super) durable: Option<bool>,
+}
+
+/// The most schemas whose prepared statements a shared connection keeps aside (about twenty
+/// statements each, their plans in the server's session): the stores of a lane beyond these,
+/// least recently served first, prepare theirs again at their next turn.
+const PREPARED_SCHEMAS: usize = 64;
+
+impl Conn {
+    /// The session's `search_path` is now `schema`'s: the statements prepared under it (if
+    /// kept) become the current ones, the last schema's are put aside; past
+    /// [`PREPARED_SCHEMAS`], the set put aside longest ago is dropped (its statements closed
+    /// on the server).
+    pub(super) fn switch_statements(&mut self, schema: Option<String>) {
+        self.switches += 1;
+        let mine = self.aside.remove(&schema).map(|(_, s)| s).unwrap_or_default();
+        let theirs = std::mem::replace(&mut self.statements, mine);
+        let left = std::mem::replace(&mut self.search_path, schema);
+        if !theirs.is_empty() {
+            self.aside.insert(left, (self.switches, theirs));
+        }
+        if self.aside.len() > PREPARED_SCHEMAS {
+            if let Some(oldest) = self.aside.iter().min_by_key(|(_, (at, _))| *at).map(|(k, _)| k.clone()) {
+                self.aside.remove(&oldest);
+            }
+        }
+    }
 }
 
 /// Where a store's connection comes from.
