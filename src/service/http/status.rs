@@ -14,17 +14,26 @@ use super::wire::{StatusView, TransitionView};
 #[utoipa::path(get, path = "/v1/status", tag = "service", operation_id = "status",
     responses((status = 200, description = "The model, its machines, the cloud and the pool", body = StatusView)))]
 pub(super) async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
-    // No table is read whole: the counts the store keeps as it writes (and refreshes after other
-    // replicas' commits), the partial index of machines in error, the model's life.
-    let model = st.store.read(|s| Ok((s.counts().clone(), s.machines_in_error()?, s.model_life()?)));
-    let cloud = st.cloud_store.as_ref().map(|c| c.read(|s| Ok(s.counts().instances_by_state.clone())));
-    let ((counts, in_error, life), cloud) = match cloud {
-        Some(cloud) => {
-            let (model, cloud) = futures::join!(model, cloud);
-            (model?, Some(cloud?))
+    // No table is read whole, and nothing waits for the store's lane: the counts its last
+    // commit published (it keeps them as it writes, and refreshes them after other replicas'
+    // commits), the machines in error among them, the model's life. A store that has not opened
+    // its backend yet has published none: read through it once.
+    let published = |store: &crate::service::store::Store| {
+        let store = store.clone();
+        async move {
+            match store.counts() {
+                // (Reading the model's life opens the backend, which counts.)
+                c if c.model_life.is_empty() => store.read(|s| s.model_life().map(|_| s.counts().clone())).await,
+                c => Ok(c),
+            }
         }
-        None => (model.await?, None),
     };
+    let counts = published(&st.store).await?;
+    let cloud = match &st.cloud_store {
+        Some(c) => Some(published(c).await?.instances_by_state),
+        None => None,
+    };
+    let (life, in_error) = (counts.model_life.clone(), counts.machines_in_error);
     let (instances, instances_error) = if st.broker_name == "sim" {
         // The simulated cloud is in the database: its instances are counted as it writes them.
         let by_state = cloud.as_ref().unwrap_or(&counts.instances_by_state);
@@ -56,7 +65,7 @@ pub(super) async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
         counts.machines_by_status.iter().map(|(status, n)| (status.clone(), *n as usize)).collect();
     let view = StatusView {
         model_uuid: st.model_uuid.clone(),
-        model_life: life.to_string(),
+        model_life: life,
         broker: st.broker_name.clone(),
         zones: st.zones.clone(),
         harvest_mode,

@@ -12,6 +12,7 @@ use super::backend::{Fence, StoreBackend};
 use super::errors::StoreError;
 use super::lanes::{Lane, LaneStore};
 use super::messages::{CountsChanged, Work};
+use super::records::StoreCounts;
 use super::sqlite::StoreCore;
 use super::writes::{Write, Written};
 use crate::{MachinesChanged, RetryTick};
@@ -68,6 +69,9 @@ pub(crate) struct StoreActor {
     commits: Arc<AtomicU64>,
     /// The database session it writes on (-1: none), shared with the clients.
     session: Arc<AtomicI64>,
+    /// Where it publishes its counts after each commit that changed them, for the clients'
+    /// [`Store::counts`].
+    counts: Arc<tokio::sync::watch::Sender<StoreCounts>>,
     /// The group commit open, if one is.
     group: Group,
     /// Its last unit of work failed on the database (or its last group did not commit), and
@@ -103,6 +107,9 @@ impl LaneStore for StoreActor {
 
 impl StoreActor {
     fn over(core: Result<Box<dyn StoreBackend>, StoreError>, shared: &Shared) -> Self {
+        if let Ok(core) = &core {
+            shared.counts.send_replace(core.counts().clone());
+        }
         Self {
             core,
             watchers: Vec::new(),
@@ -112,6 +119,7 @@ impl StoreActor {
             waiting: shared.waiting.clone(),
             commits: shared.commits.clone(),
             session: shared.session.clone(),
+            counts: shared.counts.clone(),
             group: Group::default(),
             troubled: false,
         }
@@ -147,6 +155,7 @@ impl StoreActor {
             }
         }
         if let Some(counts) = core.take_counts() {
+            self.counts.send_replace(counts.clone());
             self.count_watchers.retain(|w| w.connected());
             for w in &self.count_watchers {
                 w.do_send(CountsChanged(counts.clone()));
@@ -427,6 +436,8 @@ struct Shared {
     commits: Arc<AtomicU64>,
     /// The database session the store writes on, as of its last commit (-1: none).
     session: Arc<AtomicI64>,
+    /// The counts as of the last commit that changed them (published by the actor).
+    counts: Arc<tokio::sync::watch::Sender<StoreCounts>>,
 }
 
 impl Default for Shared {
@@ -436,6 +447,7 @@ impl Default for Shared {
             waiting: Arc::default(),
             commits: Arc::default(),
             session: Arc::new(AtomicI64::new(-1)),
+            counts: Arc::new(tokio::sync::watch::Sender::new(StoreCounts::default())),
         }
     }
 }
@@ -599,6 +611,15 @@ impl Store {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn session_pid(&self) -> Option<i32> {
         i32::try_from(self.shared.session.load(Ordering::Relaxed)).ok().filter(|pid| *pid >= 0)
+    }
+
+    /// The counts as of the store's last commit that changed them (its machines by status and
+    /// life, those in error, the simulated cloud's instances, the model's life), as published
+    /// after that commit and before its units of work were answered: read here, on the
+    /// caller's thread, without waiting for the store's lane (`GET /v1/status` never queues
+    /// behind the provisioner's writes). Empty until the store has first opened its backend.
+    pub(crate) fn counts(&self) -> StoreCounts {
+        self.shared.counts.borrow().clone()
     }
 
     /// Subscribes to the gauges' counts: the current ones now, then each change.

@@ -410,9 +410,13 @@ impl Write {
                 Ok(Written::Done)
             }
             Write::StartedInstance { id, info } => s.record_started_instance(id, info).map(|()| Written::Done),
-            Write::RunningInstance { client_token, zone, tags } => s
+            Write::NewInstance { client_token, zone, tags, running: true } => s
                 .create_running_instance(client_token, zone.as_deref(), tags)
                 .map(|(record, new)| Written::Instance(record, new)),
+            Write::NewInstance { client_token, zone, tags, running: false } => s
+                .create_instance(client_token, zone.as_deref(), tags)
+                .map(|(record, new)| Written::Instance(record, new)),
+            Write::LandInstance { id } => s.land_instance(id).map(Written::Landed),
             Write::AddMachines { count, spec } => s.add_new_machines(*count, spec).map(Written::Added),
         }
     }

@@ -165,6 +165,7 @@ fn counts_kept_as_writes_commit_match_a_full_recount(s: &mut dyn StoreBackend) {
     let mut rng = rand::rngs::SmallRng::seed_from_u64(12);
     let statuses = [MachineStatus::Pending, MachineStatus::Started, MachineStatus::Error, MachineStatus::Stopped];
     let mut instances: Vec<InstanceId> = Vec::new();
+    let mut most_in_error = 0;
     for step in 0..2_000 {
         let machine = MachineId::new(rng.random_range(0..40u32).to_string());
         // Errors (unknown machines, refusals) are part of the test: they must count nothing.
@@ -197,14 +198,17 @@ fn counts_kept_as_writes_commit_match_a_full_recount(s: &mut dyn StoreBackend) {
                 s.terminate_instances(&[id.clone(), id, InstanceId::new("i-gone")])
             }
             9 if step > 1_500 => s.destroy_model().map(drop),
-            _ => s.set_instance_status(&machine, &InstanceStatus::provisioning(), "starting"),
+            _ if rng.random_bool(0.5) => s.set_instance_status(&machine, &InstanceStatus::provisioning(), "starting"),
+            _ => s.set_instance_status(&machine, &InstanceStatus::provisioning_error(), "no capacity"),
         };
         let recount = s.recount().unwrap();
         assert_eq!(s.counts(), &recount, "after step {step}");
+        most_in_error = most_in_error.max(recount.machines_in_error);
     }
     assert!(s.counts().machines_by_status.values().sum::<u64>() > 0);
     assert!(s.counts().instances_by_state.get("terminated").copied().unwrap_or(0) > 0);
     assert_eq!(s.counts().model_life, "dying");
+    assert!(most_in_error >= 3, "machines in error were counted: at most {most_in_error}");
 }
 
 /// An application's machines are its distribution group; removing it takes them to dead, all

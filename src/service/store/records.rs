@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::errors::StoreError;
 use crate::model::{
-    CapacityPreference, CapacityType, CloudInstance, Constraints, HarvestMode, InstanceId, InstanceState, InstanceTags,
-    Life, Machine, MachineId, MachineStatus,
+    CapacityPreference, CapacityType, CloudInstance, Constraints, HarvestMode, InstanceId, InstanceState,
+    InstanceStatus, InstanceTags, Life, Machine, MachineId, MachineStatus,
 };
 use crate::service::token::{Scope, TokenRecord};
 
@@ -29,6 +29,15 @@ pub(crate) struct StoreCounts {
     pub instances_by_state: BTreeMap<String, u64>,
     /// The model's life.
     pub model_life: String,
+    /// Machines in error: status `error`, or instance status `provisioning error` (a failed
+    /// start waiting for its retry), each machine once.
+    pub machines_in_error: u64,
+}
+
+/// Whether a machine with this status and instance status is in error (as `machines_in_error`
+/// counts it).
+pub(super) fn in_error(status: &str, instance_status: &str) -> bool {
+    status == MachineStatus::Error.as_str() || instance_status == InstanceStatus::provisioning_error().as_str()
 }
 
 /// Adds `delta` to one count; a count that reaches 0 goes (as a recount would not have it).
@@ -94,10 +103,28 @@ impl Book {
         self.counts_changed = true;
     }
 
-    /// A machine removed for good.
-    pub(super) fn removed(&mut self, status: &str, life: &str) {
+    /// A machine removed for good: `instance_status` its last, for the machines in error.
+    pub(super) fn removed(&mut self, status: &str, life: &str, instance_status: &str) {
         self.counts.machine_moved(Some((status, life)), None);
+        self.count_error(in_error(status, instance_status), false);
         self.counts_changed = true;
+    }
+
+    /// Counts a machine's write of its status or instance status (after it committed): `was`
+    /// its status and instance status before, `status` and `instance_status` what the write
+    /// set (`None`: left as they were).
+    pub(super) fn count_error_of(&mut self, was: (&str, &str), status: Option<&str>, instance_status: Option<&str>) {
+        let now = in_error(status.unwrap_or(was.0), instance_status.unwrap_or(was.1));
+        self.count_error(in_error(was.0, was.1), now);
+    }
+
+    /// A machine went into error (`was` false, `now` true) or out of it.
+    fn count_error(&mut self, was: bool, now: bool) {
+        if was != now {
+            let n = &mut self.counts.machines_in_error;
+            *n = if now { n.saturating_add(1) } else { n.saturating_sub(1) };
+            self.counts_changed = true;
+        }
     }
 
     /// An instance created (`from` = `None`) or moved between states.

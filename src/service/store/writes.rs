@@ -1,5 +1,6 @@
 //! Write-behind units of work: the provisioner's and the simulated cloud's hot writes (a
-//! machine's status, its instance status, a start's record, a start's instance) and an
+//! machine's status, its instance status, a start's record, a start's instance and its
+//! landing) and an
 //! operator's add of machines (durable, not fenced), given to the
 //! store as *data* ([`Write`]) instead of a closure, so that a backend may queue their
 //! statements in its group commit without waiting for each answer (PostgreSQL sends them all
@@ -12,7 +13,7 @@
 //! the same store calls the closures made before. No actix here.
 
 use super::records::{InstanceRecord, NewMachine};
-use crate::model::{InstanceStatus, InstanceTags, MachineId, MachineStatus};
+use crate::model::{InstanceId, InstanceStatus, InstanceTags, MachineId, MachineStatus};
 use crate::ports::ProvisionedInstance;
 
 /// One write-behind unit of work.
@@ -47,15 +48,24 @@ pub(crate) enum Write {
         /// What the start made.
         info: ProvisionedInstance,
     },
-    /// The simulated cloud's instance for a start with no latency to wait
-    /// ([`StoreBackend::create_running_instance`](super::StoreBackend::create_running_instance)).
-    RunningInstance {
-        /// The start's client token (the key: a repeat gets the instance it made).
+    /// The simulated cloud's instance for a start: created running when the start has no
+    /// latency to wait ([`StoreBackend::create_running_instance`](super::StoreBackend::create_running_instance)),
+    /// else pending ([`StoreBackend::create_instance`](super::StoreBackend::create_instance)),
+    /// to be landed later ([`Write::LandInstance`]).
+    NewInstance {
+        /// The start's client token (the key: a repeat gets the instance it made, as it is).
         client_token: String,
         /// The zone asked for.
         zone: Option<String>,
         /// Its tags.
         tags: InstanceTags,
+        /// Created running (`true`) or pending.
+        running: bool,
+    },
+    /// The simulated cloud's pending instance comes up ([`StoreBackend::land_instance`](super::StoreBackend::land_instance)).
+    LandInstance {
+        /// The instance.
+        id: InstanceId,
     },
     /// An operator's add of machines ([`StoreBackend::add_new_machines`](super::StoreBackend::add_new_machines)): acknowledged only
     /// once on disk, and not the provisioner's (never fenced).
@@ -76,6 +86,8 @@ pub(crate) enum Written {
     Instance(InstanceRecord, bool),
     /// The machines added, in order.
     Added(Vec<MachineId>),
+    /// The instance landed, as it is now (`None`: there is no such instance).
+    Landed(Option<InstanceRecord>),
 }
 
 impl Write {

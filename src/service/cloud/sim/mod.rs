@@ -329,50 +329,44 @@ impl Broker for SimCloud {
             let capacity = params.capacity;
             let token = token_key(&cloud.model_uuid, picked.as_ref().map_or(&params.client_token, |(_, t)| t));
             let instance_type = picked.map(|(t, _)| t);
-            // Without a start latency to wait (or for a repeated token's instance), the instance
-            // is created and landed by one unit of work: one store round trip, not two.
-            // `landed`: `Some(landed)` when landed by that unit (`None` in it: the record as it is).
-            let (record, new, landed, params) = if latency.is_zero() {
-                // A write-behind unit: the store may send it with its group's commit. A
-                // repeated token's instance is landed by a second unit (a crash's leftover).
-                let write = Write::RunningInstance {
-                    client_token: token,
-                    zone: params.zone.clone(),
-                    tags: params.tags.clone(),
-                };
-                match store.write_behind(write).await.map_err(cloud_error)? {
-                    Written::Instance(record, new) => (record, new, new.then_some(None), params),
-                    Written::Done | Written::Added(_) => {
-                        return Err(BrokerError::transient(
-                            "simulated cloud: the store answered no instance for a start",
-                        ))
-                    }
+            // Both of a start's writes are write-behind units, which the store may send with its
+            // group's commit (PostgreSQL: a group of them costs a round trip or two, however
+            // many starts it holds; one at a time, a start cost about ten round trips, and a
+            // database 20 ms away held a model to 6 starts a second). Without a start latency to
+            // wait, the instance is created running by the one unit; else it is created pending
+            // and landed by a second unit once the latency has passed. A repeated token's
+            // instance (a crash's leftover) is answered as it is, and landed by a second unit if
+            // the repeat is the same start.
+            let running = latency.is_zero();
+            let write = Write::NewInstance {
+                client_token: token,
+                zone: params.zone.clone(),
+                tags: params.tags.clone(),
+                running,
+            };
+            let (record, new) = match store.write_behind(write).await.map_err(cloud_error)? {
+                Written::Instance(record, new) => (record, new),
+                other => {
+                    return Err(BrokerError::transient(format!(
+                        "simulated cloud: the store answered {other:?} for a start"
+                    )))
                 }
-            } else {
-                store
-                    .exec_lazy(move |s| {
-                        let (record, new) = s.create_instance(&token, params.zone.as_deref(), &params.tags)?;
-                        let landed = match new {
-                            true => None,
-                            false if repeated_start(&params, &record.instance).is_ok() => {
-                                Some(s.land_instance(&record.instance.id)?)
-                            }
-                            false => None,
-                        };
-                        Ok((record, new, landed, params))
-                    })
-                    .await
-                    .map_err(cloud_error)?
             };
             repeated_start(&params, &record.instance)?;
-            let landed = match landed {
-                Some(landed) => landed,
-                None => {
-                    if new {
-                        actix_rt::time::sleep(latency).await;
+            let landed = if new && running {
+                None
+            } else {
+                if new {
+                    actix_rt::time::sleep(latency).await;
+                }
+                let write = Write::LandInstance { id: record.instance.id.clone() };
+                match store.write_behind(write).await.map_err(cloud_error)? {
+                    Written::Landed(landed) => landed,
+                    other => {
+                        return Err(BrokerError::transient(format!(
+                            "simulated cloud: the store answered {other:?} for a landing"
+                        )))
                     }
-                    let id = record.instance.id.clone();
-                    store.exec_lazy(move |s| s.land_instance(&id)).await.map_err(cloud_error)?
                 }
             };
             let instance = CloudInstance {

@@ -132,7 +132,17 @@ impl StoreBackend for PgStore {
         let instances_by_state = group("SELECT state, count(*) FROM instances GROUP BY state")?;
         let life = meta_get(client, "model_life").map_err(pg("reading the model life"))?;
         let model_life = life.and_then(|l| l.parse::<Life>().ok()).unwrap_or(Life::Alive).to_string();
-        Ok(StoreCounts { machines_by_status, machines_by_life, instances_by_state, model_life })
+        let in_error: i64 = client
+            .query_one("SELECT count(*) FROM machine_errors", &[])
+            .and_then(|r| r.try_get(0).map_err(CallError::from))
+            .map_err(pg("counting machines in error"))?;
+        Ok(StoreCounts {
+            machines_by_status,
+            machines_by_life,
+            instances_by_state,
+            model_life,
+            machines_in_error: in_error as u64,
+        })
     }
     fn refresh_counts(&mut self, resync: bool, senders: &[i32]) -> Result<(), StoreError> {
         let own = self.last_pid;
@@ -236,7 +246,10 @@ impl StoreBackend for PgStore {
              transient = CASE WHEN $2 = 'pending' THEN false ELSE transient END WHERE id = $1",
             &[&id.as_str(), &status.as_str(), &message],
         )?;
-        self.book.count_machine(before, Some(status.as_str()), None);
+        if let Some((was, life, instance_status)) = before {
+            self.book.count_error_of((&was, &instance_status), Some(status.as_str()), None);
+            self.book.count_machine(Some((was, life)), Some(status.as_str()), None);
+        }
         Ok(())
     }
     fn set_instance_status(
@@ -245,13 +258,16 @@ impl StoreBackend for PgStore {
         status: &InstanceStatus,
         message: &str,
     ) -> Result<(), StoreError> {
-        self.update_machine(
+        let before = self.update_machine(
             id,
             "writing an instance status",
             "UPDATE machines SET instance_status = $2, instance_status_message = $3 WHERE id = $1",
             &[&id.as_str(), &status.as_str(), &message],
-        )
-        .map(|_| ())
+        )?;
+        if let Some((was, _, instance_status)) = before {
+            self.book.count_error_of((&was, &instance_status), None, Some(status.as_str()));
+        }
+        Ok(())
     }
     fn record_started_instance(&mut self, id: &MachineId, info: &ProvisionedInstance) -> Result<(), StoreError> {
         self.record_instance(id, info, true)
@@ -269,7 +285,8 @@ impl StoreBackend for PgStore {
         let ctx = "taking a machine to dead";
         let uuid = self.uuid();
         let mut tx = self.begin(ctx)?;
-        let before = Self::status_life_in(&mut tx, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
+        let (status, life, _) = Self::status_life_in(&mut tx, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
+        let before = (status, life);
         if before.1 == Life::Dead.as_str() {
             return Ok(()); // nothing to write (the transaction rolls back)
         }
@@ -284,14 +301,15 @@ impl StoreBackend for PgStore {
         let ctx = "removing a machine";
         let uuid = self.uuid();
         let mut tx = self.begin(ctx)?;
-        let (status, life) = Self::status_life_in(&mut tx, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
+        let (status, life, instance_status) =
+            Self::status_life_in(&mut tx, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
         if life != Life::Dead.as_str() {
             return Err(StoreError::Refused(format!("machine {id} is not dead")));
         }
         tx.execute("DELETE FROM machines WHERE id = $1", &[&id.as_str()]).map_err(pg(ctx))?;
         notify(&mut tx, &uuid, "machines", std::slice::from_ref(id))?;
         tx.commit().map_err(pg(ctx))?;
-        self.book.removed(&status, &life);
+        self.book.removed(&status, &life, &instance_status);
         Ok(())
     }
     fn destroy_model(&mut self) -> Result<Vec<Machine>, StoreError> {
@@ -324,7 +342,7 @@ impl StoreBackend for PgStore {
             if !seen.insert(id) {
                 continue;
             }
-            let Some((status, life)) = Self::status_life_in(&mut tx, id)? else {
+            let Some((status, life, _)) = Self::status_life_in(&mut tx, id)? else {
                 return Err(StoreError::NotFound(id.clone()));
             };
             if life == "dead" && !force {
@@ -552,7 +570,7 @@ impl StoreBackend for PgStore {
             None => {
                 return Err(StoreError::Invalid { field: "host", message: format!("machine {host} does not exist") })
             }
-            Some((_, life)) if life != Life::Alive.as_str() => {
+            Some((_, life, _)) if life != Life::Alive.as_str() => {
                 return Err(StoreError::Invalid {
                     field: "host",
                     message: format!("machine {host} is {life}: containers need an alive host"),

@@ -3,7 +3,9 @@
 
 use super::client::Piped;
 use super::conn::{pg, prepared, Param, Run};
-use super::rows::{add_many_params, instance_from_row, notice_payload, ADD_MANY_SQL, INSTANCE_COLUMNS, NOTIFY_SQL};
+use super::rows::{
+    add_many_params, instance_from_row, notice_payload, Was, ADD_MANY_SQL, INSTANCE_COLUMNS, NOTIFY_SQL,
+};
 use super::schema::RECORD_WRITES_SQL;
 use super::{PgStore, CHANGES_CHANNEL, MAX_NOTIFIED_IDS};
 use crate::model::{InstanceState, MachineId, MachineStatus};
@@ -30,7 +32,7 @@ use std::collections::HashMap;
 /// execution for its arrays instead cost a quarter of the server's time
 /// (`docs/performance.md`).
 pub(super) const LOCK_MACHINES_SQL: &str =
-    "SELECT id, status, life FROM machines WHERE id = ANY($1::text[]) ORDER BY seq FOR UPDATE";
+    "SELECT id, status, life, instance_status FROM machines WHERE id = ANY($1::text[]) ORDER BY seq FOR UPDATE";
 
 /// The planner settings of the store's session (set when it connects): a row is found through
 /// an index where there is one, never by a scan of the table or a hash of it, whatever the
@@ -83,22 +85,32 @@ pub(super) const SET_STARTED_SQL: &str = concat!(
 pub(super) const LOCK_TOKENS_SQL: &str =
     "SELECT count(pg_advisory_xact_lock(hashtext(t))) FROM (SELECT t FROM unnest($1::text[]) AS t ORDER BY t) AS s";
 
-/// [`Write::RunningInstance`] units: the instances of the tokens that have none, inserted
-/// running with ids drawn from the counter in `meta` (bumped once, by their number), in the
-/// order given: tokens, zones, models, machines, starts; `$6` the state. Answers each new
+/// [`Write::NewInstance`] units: the instances of the tokens that have none, inserted with
+/// ids drawn from the counter in `meta` (bumped once, by their number), in the order given:
+/// tokens, zones, models, machines, starts, states (running or pending). Answers each new
 /// instance's token and id (a token that had one is read after the commit).
 pub(super) const INSERT_INSTANCES_SQL: &str = "WITH v AS (\
-     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY \
-     AS v(token, zone, model, machine, start, n) \
+     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) WITH ORDINALITY \
+     AS v(token, zone, model, machine, start, state, n) \
      WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.client_token = v.token)), \
      c AS (INSERT INTO meta (key, value) SELECT 'next_instance', count(*)::text FROM v HAVING count(*) > 0 \
      ON CONFLICT (key) DO UPDATE SET value = ((meta.value)::bigint + (EXCLUDED.value)::bigint)::text \
      RETURNING (value)::bigint - (SELECT count(*) FROM v) AS first) \
      INSERT INTO instances (seq, id, state, zone, model, machine, start, client_token) \
      SELECT first + r, 'i-' || lpad(to_hex(first + r + 1), greatest(8, length(to_hex(first + r + 1))), '0'), \
-     $6, w.zone, w.model, w.machine, w.start, w.token \
+     w.state, w.zone, w.model, w.machine, w.start, w.token \
      FROM c, (SELECT v.*, row_number() OVER (ORDER BY n) - 1 AS r FROM v) AS w \
      RETURNING client_token, id";
+
+/// [`Write::LandInstance`] units: the pending ones of the instances `$1` become running; answers
+/// each instance there is as it was before ([`INSTANCE_COLUMNS`]) and whether it was landed
+/// (its state then `running`).
+pub(super) const LAND_INSTANCES_SQL: &str = concat!(
+    "WITH u AS (UPDATE instances SET state = 'running' WHERE id = ANY($1::text[]) AND state = 'pending' \
+     RETURNING id) SELECT ",
+    "id, state, zone, model, machine, start, client_token",
+    ", EXISTS (SELECT 1 FROM u WHERE u.id = i.id) FROM instances i WHERE id = ANY($1::text[])"
+);
 
 /// The fence's check ([`check_fence`](super::conn::check_fence)) and [`RECORD_WRITES_SQL`] as one
 /// statement, for a group
@@ -121,20 +133,34 @@ pub(super) enum Role {
     Updated(usize),
     /// A run's new instances (their tokens and ids).
     Inserted(usize),
+    /// A run's instances landed (each as it was, and whether it was landed).
+    Landed(usize),
     /// The group's adds (the first seq drawn).
     Added,
     /// Nothing to read (a lock, a notice, the epochs' record).
     Other,
 }
 
-/// The key a unit writes under: a machine, or a client token (none for an add: its machines
-/// are new).
-pub(super) fn write_key(w: &Write) -> Option<(bool, &str)> {
+/// The key a unit writes under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Key<'a> {
+    /// A machine.
+    Machine(&'a str),
+    /// A start's client token.
+    Token(&'a str),
+    /// An instance.
+    Instance(&'a str),
+}
+
+/// The key a unit writes under: a machine, a client token or an instance (none for an add: its
+/// machines are new).
+pub(super) fn write_key(w: &Write) -> Option<Key<'_>> {
     match w {
         Write::MachineStatus { id, .. } | Write::InstanceStatus { id, .. } | Write::StartedInstance { id, .. } => {
-            Some((false, id.as_str()))
+            Some(Key::Machine(id.as_str()))
         }
-        Write::RunningInstance { client_token, .. } => Some((true, client_token.as_str())),
+        Write::NewInstance { client_token, .. } => Some(Key::Token(client_token.as_str())),
+        Write::LandInstance { id } => Some(Key::Instance(id.as_str())),
         Write::AddMachines { .. } => None,
     }
 }
@@ -179,8 +205,9 @@ pub(super) fn deferred_statements<'a>(
         let (mut t_ids, mut t_instance, mut t_zone, mut t_nonce, mut t_name, mut t_status) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut t_capacity: Vec<Option<&str>> = Vec::new();
-        let (mut tokens, mut zones, mut models, mut machines, mut starts) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut tokens, mut zones, mut models, mut machines, mut starts, mut states) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut landing: Vec<&str> = Vec::new();
         for w in units {
             match w {
                 Write::MachineStatus { id, status, message } => {
@@ -206,13 +233,15 @@ pub(super) fn deferred_statements<'a>(
                     t_status.push(info.status.as_str());
                     t_capacity.push(info.capacity_type.map(crate::model::CapacityType::as_str));
                 }
-                Write::RunningInstance { client_token, zone, tags } => {
+                Write::NewInstance { client_token, zone, tags, running } => {
                     tokens.push(client_token.as_str());
                     zones.push(zone.as_deref());
                     models.push(tags.model.as_deref());
                     machines.push(tags.machine.as_ref().map(MachineId::as_str));
                     starts.push(tags.start.as_deref());
+                    states.push(new_state(*running).as_str());
                 }
+                Write::LandInstance { id } => landing.push(id.as_str()),
                 // All of a group's adds are made by one statement ([`ADD_MANY_SQL`]).
                 Write::AddMachines { .. } => {}
             }
@@ -254,9 +283,12 @@ pub(super) fn deferred_statements<'a>(
                 Box::new(models),
                 Box::new(machines),
                 Box::new(starts),
-                Box::new(InstanceState::Running.as_str()),
+                Box::new(states),
             ];
             out.push((INSERT_INSTANCES_SQL, p, Role::Inserted(run)));
+        }
+        if !landing.is_empty() {
+            out.push((LAND_INSTANCES_SQL, vec![Box::new(landing)], Role::Landed(run)));
         }
     }
     for payload in payloads {
@@ -277,10 +309,19 @@ pub(super) fn deferred_notices(uuid: &str, writes: &[Write]) -> Vec<String> {
                 seen.insert(id.as_str()).then(|| id.clone())
             }
             // An add's statement sends its own notices.
-            Write::RunningInstance { .. } | Write::AddMachines { .. } => None,
+            Write::NewInstance { .. } | Write::LandInstance { .. } | Write::AddMachines { .. } => None,
         })
         .collect();
     ids.chunks(MAX_NOTIFIED_IDS).map(|c| notice_payload(uuid, "machines", c)).collect()
+}
+
+/// The state a [`Write::NewInstance`] creates its instance in.
+fn new_state(running: bool) -> InstanceState {
+    if running {
+        InstanceState::Running
+    } else {
+        InstanceState::Pending
+    }
 }
 
 impl PgStore {
@@ -415,9 +456,10 @@ impl PgStore {
         }
         // Committed: each unit's answer from its run's statements'.
         let runs_count = run_of.last().map_or(0, |r| r + 1);
-        let mut before: Vec<HashMap<String, (String, String)>> = vec![HashMap::new(); runs_count];
+        let mut before: Vec<HashMap<String, Was>> = vec![HashMap::new(); runs_count];
         let mut updated: Vec<std::collections::HashSet<String>> = vec![Default::default(); runs_count];
         let mut inserted: Vec<HashMap<String, String>> = vec![HashMap::new(); runs_count];
+        let mut landed: Vec<HashMap<String, (InstanceRecord, bool)>> = vec![HashMap::new(); runs_count];
         let mut added_first: Option<i64> = None;
         for (role, answer) in roles.into_iter().zip(answers) {
             let rows = match answer {
@@ -433,13 +475,21 @@ impl PgStore {
             let mut take = |r: &Row| -> Result<(), StoreError> {
                 match role {
                     Role::Locked(run) => {
-                        before[run].insert(read(r, 0)?, (read(r, 1)?, read(r, 2)?));
+                        before[run].insert(read(r, 0)?, (read(r, 1)?, read(r, 2)?, read(r, 3)?));
                     }
                     Role::Updated(run) => {
                         updated[run].insert(read(r, 0)?);
                     }
                     Role::Inserted(run) => {
                         inserted[run].insert(read(r, 0)?, read(r, 1)?);
+                    }
+                    Role::Landed(run) => {
+                        let mut record = instance_from_row(r)?;
+                        let moved: bool = r.try_get(7).map_err(pg(ctx))?;
+                        if moved {
+                            record.instance.state = InstanceState::Running;
+                        }
+                        landed[run].insert(record.instance.id.as_str().to_owned(), (record, moved));
                     }
                     Role::Added => added_first = Some(r.try_get::<_, i64>(0).map_err(pg(ctx))?),
                     Role::Fence | Role::Other => {}
@@ -466,11 +516,11 @@ impl PgStore {
                     }
                     None => Err(StoreError::ModelDying),
                 },
-                Write::RunningInstance { client_token, zone, tags } => match inserted[*run].remove(client_token) {
+                Write::NewInstance { client_token, zone, tags, running } => match inserted[*run].remove(client_token) {
                     Some(id) => {
-                        self.book.instance_moved(None, InstanceState::Running.as_str());
-                        let record =
-                            InstanceRecord::created(id, InstanceState::Running, zone.as_deref(), tags, client_token);
+                        let state = new_state(*running);
+                        self.book.instance_moved(None, state.as_str());
+                        let record = InstanceRecord::created(id, state, zone.as_deref(), tags, client_token);
                         Ok(Written::Instance(record, true))
                     }
                     None => {
@@ -479,17 +529,34 @@ impl PgStore {
                         Ok(Written::Done)
                     }
                 },
+                Write::LandInstance { id } => match landed[*run].remove(id.as_str()) {
+                    Some((record, moved)) => {
+                        if moved {
+                            self.book
+                                .instance_moved(Some(InstanceState::Pending.as_str()), InstanceState::Running.as_str());
+                        }
+                        Ok(Written::Landed(Some(record)))
+                    }
+                    None => Ok(Written::Landed(None)),
+                },
                 Write::MachineStatus { id, .. }
                 | Write::InstanceStatus { id, .. }
                 | Write::StartedInstance { id, .. } => {
                     match (before[*run].remove(id.as_str()), updated[*run].contains(id.as_str())) {
-                        (Some(was), true) => {
+                        (Some((was, life, instance_status)), true) => {
+                            let was_error = (was.as_str(), instance_status.as_str());
                             match w {
                                 Write::MachineStatus { status, .. } => {
-                                    self.book.count_machine(Some(was), Some(status.as_str()), None)
+                                    self.book.count_error_of(was_error, Some(status.as_str()), None);
+                                    self.book.count_machine(Some((was, life)), Some(status.as_str()), None)
                                 }
-                                Write::StartedInstance { .. } => {
-                                    self.book.count_machine(Some(was), Some(MachineStatus::Started.as_str()), None)
+                                Write::InstanceStatus { status, .. } => {
+                                    self.book.count_error_of(was_error, None, Some(status.as_str()))
+                                }
+                                Write::StartedInstance { info, .. } => {
+                                    let started = MachineStatus::Started.as_str();
+                                    self.book.count_error_of(was_error, Some(started), Some(info.status.as_str()));
+                                    self.book.count_machine(Some((was, life)), Some(started), None)
                                 }
                                 _ => {}
                             }
@@ -502,7 +569,7 @@ impl PgStore {
             results.push(result);
         }
         for i in look_up {
-            let Write::RunningInstance { client_token, .. } = &writes[i] else { continue };
+            let Write::NewInstance { client_token, .. } = &writes[i] else { continue };
             let sql = format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE client_token = $1");
             results[i] = self
                 .client()

@@ -318,8 +318,18 @@ fn write_behind_units_commit_in_one_round_trip_and_a_failing_one_fails_alone() {
                 message: String::new(),
                 failed_attempt: None,
             },
-            Write::RunningInstance { client_token: "t0".into(), zone: Some("az1".into()), tags: tags(&m[3]) },
-            Write::RunningInstance { client_token: "t0".into(), zone: Some("az1".into()), tags: tags(&m[3]) },
+            Write::NewInstance {
+                client_token: "t0".into(),
+                zone: Some("az1".into()),
+                tags: tags(&m[3]),
+                running: true,
+            },
+            Write::NewInstance {
+                client_token: "t0".into(),
+                zone: Some("az1".into()),
+                tags: tags(&m[3]),
+                running: true,
+            },
         ],
     );
     assert!(first.iter().all(Result::is_ok), "{first:?}");
@@ -330,8 +340,18 @@ fn write_behind_units_commit_in_one_round_trip_and_a_failing_one_fails_alone() {
             failed(&m[1], "bang"),
             Write::StartedInstance { id: m[2].clone(), info: started(2) },
             Write::MachineStatus { id: MachineId::new("99"), status: MachineStatus::Started, message: String::new() },
-            Write::RunningInstance { client_token: "t1".into(), zone: Some("az1".into()), tags: tags(&m[2]) },
-            Write::RunningInstance { client_token: "t1".into(), zone: Some("az1".into()), tags: tags(&m[2]) },
+            Write::NewInstance {
+                client_token: "t1".into(),
+                zone: Some("az1".into()),
+                tags: tags(&m[2]),
+                running: true,
+            },
+            Write::NewInstance {
+                client_token: "t1".into(),
+                zone: Some("az1".into()),
+                tags: tags(&m[2]),
+                running: true,
+            },
         ],
     );
     assert_eq!(s.round_trips() - before, 2, "one for the group and its commit, one to read the repeated token's");
@@ -358,7 +378,7 @@ fn write_behind_units_commit_in_one_round_trip_and_a_failing_one_fails_alone() {
     for w in [
         failed(&m[1], "again"),
         Write::MachineStatus { id: m[0].clone(), status: MachineStatus::Error, message: "bad\0byte".into() },
-        Write::RunningInstance { client_token: "t2".into(), zone: None, tags: tags(&m[0]) },
+        Write::NewInstance { client_token: "t2".into(), zone: None, tags: tags(&m[0]), running: true },
         Write::StartedInstance { id: m[0].clone(), info: started(9) },
     ] {
         assert!(s.defer(w).is_none());
@@ -378,6 +398,103 @@ fn write_behind_units_commit_in_one_round_trip_and_a_failing_one_fails_alone() {
     let instances = s.all_instances().unwrap();
     assert_eq!(instances.len(), 3, "one instance per token, none twice: {instances:?}");
     assert_eq!(s.counts().instances_by_state.get("running"), Some(&3));
+    assert_eq!(s.recount().unwrap(), s.counts().clone(), "the counts kept match a recount");
+}
+
+/// The simulated cloud's two writes of a start with a latency (an instance created pending,
+/// later landed) are write-behind units too: a group of them is one round trip, a repeated
+/// token gets its instance as it is, an unknown instance lands as none, and the counts (the
+/// instances by state, and the machines in error the same group's units move) match a recount.
+#[test]
+fn pending_instances_and_their_landings_commit_in_one_round_trip() {
+    use super::{Write, Written};
+    use crate::model::{CloudInstance, InstanceId, InstanceState};
+    let (_pg, _url, mut s) = opened();
+    let m = s.add_machines(3, None).unwrap();
+    let model = s.model_uuid().unwrap();
+    let tags = |machine: &MachineId| InstanceTags {
+        model: Some(model.clone()),
+        machine: Some(machine.clone()),
+        start: Some("n".into()),
+    };
+    let new = |token: &str, machine: &MachineId| Write::NewInstance {
+        client_token: token.into(),
+        zone: Some("az2".into()),
+        tags: tags(machine),
+        running: false,
+    };
+    let in_error = |id: &MachineId| Write::InstanceStatus {
+        id: id.clone(),
+        status: InstanceStatus::provisioning_error(),
+        message: "no capacity".into(),
+        failed_attempt: Some("no capacity".into()),
+    };
+    let group = |s: &mut PgStore, writes: Vec<Write>| -> Vec<Result<Written, StoreError>> {
+        assert!(s.begin_group(false).unwrap());
+        s.set_fenced(true);
+        for w in writes {
+            assert!(s.defer(w).is_none(), "PostgreSQL queues write-behind units");
+        }
+        s.commit_group().unwrap();
+        s.take_deferred()
+    };
+    let answers = group(&mut s, vec![new("t0", &m[0]), new("t1", &m[1]), in_error(&m[2]), in_error(&m[1])]);
+    let instance = |a: &Result<Written, StoreError>| match a {
+        Ok(Written::Instance(r, true)) => r.clone(),
+        other => panic!("{other:?}"),
+    };
+    let (a, b) = (instance(&answers[0]), instance(&answers[1]));
+    assert_eq!((a.instance.state, a.instance.zone.as_deref()), (InstanceState::Pending, Some("az2")));
+    assert_eq!(s.counts().instances_by_state.get("pending"), Some(&2));
+    assert_eq!(s.counts().machines_in_error, 2);
+    assert_eq!(s.recount().unwrap(), s.counts().clone(), "the counts kept match a recount");
+
+    // Warm: the statements prepared.
+    let warm = vec![
+        Write::LandInstance { id: InstanceId::new("i-none") },
+        Write::MachineStatus { id: m[0].clone(), status: MachineStatus::Pending, message: String::new() },
+        Write::InstanceStatus {
+            id: m[0].clone(),
+            status: InstanceStatus::empty(),
+            message: String::new(),
+            failed_attempt: None,
+        },
+    ];
+    assert!(group(&mut s, warm).iter().all(Result::is_ok));
+    let before = s.round_trips();
+    let answers = group(
+        &mut s,
+        vec![
+            Write::LandInstance { id: a.instance.id.clone() },
+            Write::LandInstance { id: InstanceId::new("i-gone") },
+            // The same instance again: a second run, which finds it running already.
+            Write::LandInstance { id: a.instance.id.clone() },
+            Write::InstanceStatus {
+                id: m[2].clone(),
+                status: InstanceStatus::running(),
+                message: String::new(),
+                failed_attempt: None,
+            },
+            Write::MachineStatus { id: m[1].clone(), status: MachineStatus::Error, message: "x".into() },
+        ],
+    );
+    assert_eq!(s.round_trips() - before, 1, "the group and its commit in one round trip");
+    let landed = |a: &Result<Written, StoreError>| match a {
+        Ok(Written::Landed(r)) => r.clone(),
+        other => panic!("{other:?}"),
+    };
+    let running = CloudInstance { state: InstanceState::Running, ..a.instance.clone() };
+    assert_eq!(landed(&answers[0]).map(|r| r.instance), Some(running.clone()));
+    assert_eq!(landed(&answers[1]), None);
+    assert_eq!(landed(&answers[2]).map(|r| r.instance), Some(running));
+    assert_eq!(s.instance(&b.instance.id).unwrap().unwrap().instance.state, InstanceState::Pending, "only those named");
+    let counts = s.counts().clone();
+    assert_eq!(counts.instances_by_state.get("pending"), Some(&1));
+    assert_eq!(counts.instances_by_state.get("running"), Some(&1));
+    assert_eq!(counts.machines_in_error, 1, "out of error, and in error twice over: {counts:?}");
+    assert_eq!(s.recount().unwrap(), counts, "the counts kept match a recount");
+    // A repeated token: its instance as it is, nothing new.
+    assert_eq!(group(&mut s, vec![new("t1", &m[1])]), vec![Ok(Written::Instance(b, false))]);
     assert_eq!(s.recount().unwrap(), s.counts().clone(), "the counts kept match a recount");
 }
 
@@ -424,8 +541,8 @@ fn the_store_actor_fences_write_behind_units() {
 #[test]
 fn the_set_based_statements_plan_index_look_ups_on_a_small_table() {
     use super::deferred::{
-        INDEX_PLANS_SQL, INSERT_INSTANCES_SQL, LOCK_MACHINES_SQL, SET_INSTANCE_STATUSES_SQL, SET_STARTED_SQL,
-        SET_STATUSES_SQL,
+        INDEX_PLANS_SQL, INSERT_INSTANCES_SQL, LAND_INSTANCES_SQL, LOCK_MACHINES_SQL, SET_INSTANCE_STATUSES_SQL,
+        SET_STARTED_SQL, SET_STATUSES_SQL,
     };
     let (_pg, url, mut s) = opened();
     s.add_machines(3, None).unwrap();
@@ -454,9 +571,10 @@ fn the_set_based_statements_plan_index_look_ups_on_a_small_table() {
         (
             "instances",
             INSERT_INSTANCES_SQL,
-            "text[], text[], text[], text[], text[], text",
-            format!("{texts}, {texts}, {texts}, {ids}, {texts}, 'running'"),
+            "text[], text[], text[], text[], text[], text[]",
+            format!("{texts}, {texts}, {texts}, {ids}, {texts}, ARRAY['running', 'pending']"),
         ),
+        ("landings", LAND_INSTANCES_SQL, "text[]", texts.to_owned()),
     ];
     for (i, (what, sql, types, args)) in cases.iter().enumerate() {
         tx.batch_execute(&format!("PREPARE p{i} ({types}) AS {sql}")).unwrap();

@@ -16,8 +16,12 @@ use crate::service::token::TokenRecord;
 use postgres::Row;
 use std::collections::HashMap;
 
-/// A machine's status and life, its row locked: `$1` its id.
-pub(super) const STATUS_LIFE_SQL: &str = "SELECT status, life FROM machines WHERE id = $1 FOR UPDATE";
+/// A machine's status, life and instance status (the counts' before), its row locked: `$1` its
+/// id.
+pub(super) const STATUS_LIFE_SQL: &str = "SELECT status, life, instance_status FROM machines WHERE id = $1 FOR UPDATE";
+
+/// A machine's status, life and instance status before a write (what the counts need).
+pub(super) type Was = (String, String, String);
 
 /// A machine's whole record; its first seven columns are [`LEAN_MACHINE_SQL`]'s.
 pub(super) const MACHINE_COLUMNS: &str =
@@ -303,11 +307,11 @@ pub(super) fn token_from_row(r: &Row, ctx: &'static str) -> Result<TokenRecord, 
 }
 
 impl PgStore {
-    pub(super) fn status_life_in(tx: &mut Tx<'_>, id: &MachineId) -> Result<Option<(String, String)>, StoreError> {
+    pub(super) fn status_life_in(tx: &mut Tx<'_>, id: &MachineId) -> Result<Option<Was>, StoreError> {
         Ok(tx
             .query_opt(STATUS_LIFE_SQL, &[&id.as_str()])
             .map_err(pg("reading a machine"))?
-            .map(|r| (r.get(0), r.get(1))))
+            .map(|r| (r.get(0), r.get(1), r.get(2))))
     }
 
     /// Creates an instance in `state` (pending, or running for a start with no latency to wait),
@@ -381,7 +385,10 @@ impl PgStore {
                 &info.capacity_type.map(crate::model::CapacityType::as_str),
             ],
         )?;
-        self.book.count_machine(before, Some(MachineStatus::Started.as_str()), None);
+        if let Some((status, life, instance_status)) = before {
+            self.book.count_error_of((&status, &instance_status), Some("started"), Some(info.status.as_str()));
+            self.book.count_machine(Some((status, life)), Some(MachineStatus::Started.as_str()), None);
+        }
         Ok(())
     }
 
@@ -392,7 +399,7 @@ impl PgStore {
         ctx: &'static str,
         sql: &str,
         params: &[&(dyn postgres::types::ToSql + Sync)],
-    ) -> Result<Option<(String, String)>, StoreError> {
+    ) -> Result<Option<Was>, StoreError> {
         let payload = notice_payload(&self.uuid(), "machines", std::slice::from_ref(id));
         let mut tx = self.begin(ctx)?;
         // The row read (and locked), written and notified in one round trip: if no row was
@@ -406,7 +413,8 @@ impl PgStore {
             ])
             .map_err(pg(ctx))?;
         let mut replies = replies.into_iter();
-        let before = replies.next().map(Reply::into_rows).unwrap_or_default().first().map(|r| (r.get(0), r.get(1)));
+        let before =
+            replies.next().map(Reply::into_rows).unwrap_or_default().first().map(|r| (r.get(0), r.get(1), r.get(2)));
         if replies.next().is_none_or(|n| n.count() == 0) {
             return Err(StoreError::NotFound(id.clone()));
         }

@@ -144,6 +144,7 @@ impl StoreBackend for StoreCore {
             machines_by_life: group("SELECT life, count(*) FROM machines GROUP BY life")?,
             instances_by_state: group("SELECT state, count(*) FROM instances GROUP BY state")?,
             model_life: self.model_life()?.to_string(),
+            machines_in_error: self.machines_in_error()?,
         })
     }
 
@@ -335,7 +336,7 @@ impl StoreBackend for StoreCore {
              transient = CASE WHEN ?2 = 'pending' THEN 0 ELSE transient END, changed_at = ?4 WHERE id = ?1",
             &[&id.as_str(), &status.as_str(), &message, &stamp.as_ref()],
         )?;
-        self.count_machine(before, Some(status.as_str()), None);
+        self.count_machine(before, Some(status.as_str()), None, None);
         Ok(())
     }
 
@@ -346,13 +347,18 @@ impl StoreBackend for StoreCore {
         status: &InstanceStatus,
         message: &str,
     ) -> Result<(), StoreError> {
+        let before = self.status_life(id)?;
         let stamp = self.stamp();
         self.update_machine(
             id,
             "writing an instance status",
             "UPDATE machines SET instance_status = ?2, instance_status_message = ?3, changed_at = ?4 WHERE id = ?1",
             &[&id.as_str(), &status.as_str(), &message, &stamp.as_ref()],
-        )
+        )?;
+        if let Some((was, _, instance_status)) = before {
+            self.book.count_error_of((&was, &instance_status), None, Some(status.as_str()));
+        }
+        Ok(())
     }
 
     /// Counts one start attempt of a machine and keeps its outcome: `error` is the failed
@@ -379,7 +385,7 @@ impl StoreBackend for StoreCore {
                 &[&id.as_str()],
             )?;
             let was = (before.machine.status.as_str().to_owned(), before.machine.life.as_str().to_owned());
-            self.count_machine(Some(was), None, Some(Life::Dead.as_str()));
+            self.book.count_machine(Some(was), None, Some(Life::Dead.as_str()));
             self.book.changed.insert(id.clone());
         }
         Ok(())
@@ -392,7 +398,7 @@ impl StoreBackend for StoreCore {
             return Err(StoreError::Refused(format!("machine {id} is not dead")));
         }
         self.update_machine(id, "removing a machine", "DELETE FROM machines WHERE id = ?1", &[&id.as_str()])?;
-        self.book.removed(m.machine.status.as_str(), m.machine.life.as_str());
+        self.book.removed(m.machine.status.as_str(), m.machine.life.as_str(), m.machine.instance_status.as_str());
         Ok(())
     }
 
@@ -450,7 +456,7 @@ impl StoreBackend for StoreCore {
         }
         tx.commit().map_err(StoreError::sql("removing machines"))?;
         for before in moved {
-            self.count_machine(Some(before), None, Some(Life::Dead.as_str()));
+            self.book.count_machine(Some(before), None, Some(Life::Dead.as_str()));
         }
         self.book.changed.extend(ids.iter().cloned());
         Ok(())
@@ -638,7 +644,7 @@ impl StoreBackend for StoreCore {
         tx.commit().map_err(StoreError::sql(ctx))?;
         let mut ids = Vec::with_capacity(moved.len());
         for (id, status, life) in moved {
-            self.count_machine(Some((status, life)), None, Some(Life::Dead.as_str()));
+            self.book.count_machine(Some((status, life)), None, Some(Life::Dead.as_str()));
             ids.push(MachineId::from(id));
         }
         self.book.changed.extend(ids.iter().cloned());

@@ -63,7 +63,7 @@ impl StoreCore {
                 &info.capacity_type.map(crate::model::CapacityType::as_str),
             ],
         )?;
-        self.count_machine(before, Some(MachineStatus::Started.as_str()), None);
+        self.count_machine(before, Some(MachineStatus::Started.as_str()), None, Some(info.status.as_str()));
         Ok(())
     }
 

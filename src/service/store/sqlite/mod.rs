@@ -203,16 +203,28 @@ impl StoreCore {
         Ok(core)
     }
 
-    /// A machine's status and life, if it exists.
-    fn status_life(&self, id: &MachineId) -> Result<Option<(String, String)>, StoreError> {
+    /// A machine's status, life and instance status (what the counts need of it before a
+    /// write), if it exists.
+    fn status_life(&self, id: &MachineId) -> Result<Option<(String, String, String)>, StoreError> {
         self.conn
-            .prepare_cached("SELECT status, life FROM machines WHERE id = ?1")
-            .and_then(|mut s| s.query_row([id.as_str()], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+            .prepare_cached("SELECT status, life, instance_status FROM machines WHERE id = ?1")
+            .and_then(|mut s| s.query_row([id.as_str()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).optional())
             .map_err(StoreError::sql("reading a machine"))
     }
 
-    fn count_machine(&mut self, before: Option<(String, String)>, status: Option<&str>, life: Option<&str>) {
-        self.book.count_machine(before, status, life);
+    /// Counts a write of a machine's status (`status`, with the instance status it set, if it
+    /// set one) and life, with `before` as read by [`StoreCore::status_life`].
+    fn count_machine(
+        &mut self,
+        before: Option<(String, String, String)>,
+        status: Option<&str>,
+        life: Option<&str>,
+        instance_status: Option<&str>,
+    ) {
+        if let Some((was, was_life, was_instance)) = before {
+            self.book.count_error_of((&was, &was_instance), status, instance_status);
+            self.book.count_machine(Some((was, was_life)), status, life);
+        }
     }
 
     #[cfg(test)]
