@@ -36,6 +36,9 @@ mod machines;
 mod metrics;
 /// Constraints, placement, `machine show`, list filters and pages, applications (issue 14).
 mod model;
+/// A database that is not next door (issue 36): PostgreSQL 20 ms away behind a delaying proxy.
+#[cfg(feature = "postgres")]
+mod far;
 /// Many models per service (issue 18).
 mod models;
 /// The service on PostgreSQL (issue 15): `--store postgres://...`.
