@@ -22,6 +22,9 @@ mod data_dir;
 mod ec2;
 /// The event stream, and its limits: revocation, caps (issue 30).
 mod events;
+/// A database that is not next door (issue 36): PostgreSQL 20 ms away behind a delaying proxy.
+#[cfg(feature = "postgres")]
+mod far;
 /// Replicas on PostgreSQL with one fenced leader (issue 15): fail-over under faults.
 #[cfg(feature = "postgres")]
 mod ha;
@@ -36,9 +39,6 @@ mod machines;
 mod metrics;
 /// Constraints, placement, `machine show`, list filters and pages, applications (issue 14).
 mod model;
-/// A database that is not next door (issue 36): PostgreSQL 20 ms away behind a delaying proxy.
-#[cfg(feature = "postgres")]
-mod far;
 /// Many models per service (issue 18).
 mod models;
 /// The service on PostgreSQL (issue 15): `--store postgres://...`.

@@ -471,10 +471,12 @@ fn wait_led(admin: &Client, store: &str, models: usize, timeout: u64) -> Result<
 struct FairnessReport {
     store: String,
     busy_machines: usize,
+    /// How many clients added to the quiet model at once.
+    quiet_clients: usize,
     /// The busy model's machines, all started, after this long.
     busy_s: f64,
-    /// The quiet model's adds (one machine each, one every 100 ms while the busy model
-    /// provisions): from each add's request to its machine started.
+    /// The quiet model's adds (one machine each, one every 100 ms by each of its clients while
+    /// the busy model provisions): from each add's request to its machine started.
     quiet_adds: usize,
     quiet_p50_ms: f64,
     quiet_p99_ms: f64,
@@ -482,12 +484,13 @@ struct FairnessReport {
 }
 
 /// `--fairness`: model `default` adds `--machines` machines (requests of 1,000 by `--clients`
-/// clients) while model `quiet` adds one machine every 100 ms, each waited for until it is
-/// started; the quiet adds' latency from request to started (p50, p99, max).
+/// clients) while each of model `quiet`'s `--quiet-clients` clients adds one machine every
+/// 100 ms, each waited for until it is started; the quiet adds' latency from request to
+/// started (p50, p99, max).
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
 pub(super) fn fairness(args: &BenchModelsArgs) -> Result<(), Failure> {
-    if args.machines == 0 || args.clients == 0 {
-        return Err(Failure::usage("--machines and --clients must be positive"));
+    if args.machines == 0 || args.clients == 0 || args.quiet_clients == 0 {
+        return Err(Failure::usage("--machines, --clients and --quiet-clients must be positive"));
     }
     let store = Scratch::new(&args.store, "fairness")?;
     let (service, url, dir) = fresh_service(&store.url, "fairness")?;
@@ -502,38 +505,51 @@ pub(super) fn fairness(args: &BenchModelsArgs) -> Result<(), Failure> {
             busy_done.store(true, std::sync::atomic::Ordering::SeqCst);
             r
         });
-        let quiet = s.spawn(|| -> Result<Vec<f64>, Failure> {
-            let client = Client::from_conn(&conn("quiet"))?;
-            let mut took = Vec::new();
-            while !busy_done.load(std::sync::atomic::Ordering::SeqCst) {
-                let t = std::time::Instant::now();
-                let added: serde_json::Value = client.send("POST", "/v1/machines", &AddMachines::plain(1, None))?;
-                let id = added["ids"][0].as_str().unwrap_or_default().to_owned();
-                loop {
-                    let m: serde_json::Value = client.get(&format!("/v1/machines/{id}"))?;
-                    if m["status"] == "started" || m["status"] == "error" {
-                        break;
+        let quiet: Vec<_> = (0..args.quiet_clients)
+            .map(|_| {
+                s.spawn(|| -> Result<Vec<f64>, Failure> {
+                    let client = Client::from_conn(&conn("quiet"))?;
+                    let mut took = Vec::new();
+                    while !busy_done.load(std::sync::atomic::Ordering::SeqCst) {
+                        let t = std::time::Instant::now();
+                        let added: serde_json::Value =
+                            client.send("POST", "/v1/machines", &AddMachines::plain(1, None))?;
+                        let id = added["ids"][0].as_str().unwrap_or_default().to_owned();
+                        loop {
+                            let m: serde_json::Value = client.get(&format!("/v1/machines/{id}"))?;
+                            if m["status"] == "started" || m["status"] == "error" {
+                                break;
+                            }
+                            if t.elapsed() > Duration::from_secs(args.timeout) {
+                                return Err(Failure::runtime(format!(
+                                    "the quiet model's machine {id} not started in time"
+                                )));
+                            }
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        took.push(t.elapsed().as_secs_f64() * 1000.0);
+                        std::thread::sleep(Duration::from_millis(100).saturating_sub(t.elapsed()));
                     }
-                    if t.elapsed() > Duration::from_secs(args.timeout) {
-                        return Err(Failure::runtime(format!("the quiet model's machine {id} not started in time")));
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                took.push(t.elapsed().as_secs_f64() * 1000.0);
-                std::thread::sleep(Duration::from_millis(100).saturating_sub(t.elapsed()));
-            }
-            Ok(took)
-        });
-        (busy.join(), quiet.join())
+                    Ok(took)
+                })
+            })
+            .collect();
+        let quiet: Vec<_> = quiet.into_iter().map(|q| q.join()).collect();
+        (busy.join(), quiet)
     });
     let busy_s = busy.map_err(|_| Failure::runtime("the busy model's clients panicked"))??;
-    let mut quiet = quiet.map_err(|_| Failure::runtime("the quiet model's client panicked"))??;
+    let mut took: Vec<f64> = Vec::new();
+    for q in quiet {
+        took.extend(q.map_err(|_| Failure::runtime("a quiet model's client panicked"))??);
+    }
+    let mut quiet = took;
     drop(service);
     let _ = std::fs::remove_dir_all(&dir);
     quiet.sort_by(f64::total_cmp);
     let r = FairnessReport {
         store: store_name(&args.store),
         busy_machines: args.machines,
+        quiet_clients: args.quiet_clients,
         busy_s,
         quiet_adds: quiet.len(),
         quiet_p50_ms: percentile(&quiet, 0.50),
@@ -544,9 +560,16 @@ pub(super) fn fairness(args: &BenchModelsArgs) -> Result<(), Failure> {
         println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
     } else {
         println!(
-            "while one model provisioned {} machines on {} ({:.1} s), another's {} single adds were started in \
-             p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
-            r.busy_machines, r.store, r.busy_s, r.quiet_adds, r.quiet_p50_ms, r.quiet_p99_ms, r.quiet_max_ms
+            "while one model provisioned {} machines on {} ({:.1} s), another's {} single adds ({} clients) were \
+             started in p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            r.busy_machines,
+            r.store,
+            r.busy_s,
+            r.quiet_adds,
+            r.quiet_clients,
+            r.quiet_p50_ms,
+            r.quiet_p99_ms,
+            r.quiet_max_ms
         );
     }
     Ok(())

@@ -413,11 +413,15 @@ pub struct BenchModelsArgs {
     /// requests of at most 1,000), the seconds until all are started and their ratio.
     #[arg(long)]
     pub compare: bool,
-    /// Instead: model `default` adds `--machines` machines while another model adds one
-    /// machine every 100 ms; how long each of those takes from its request to started (p50,
-    /// p99, max): what a busy model costs an idle one.
+    /// Instead: model `default` adds `--machines` machines while another model's
+    /// `--quiet-clients` clients each add one machine every 100 ms; how long each of those
+    /// takes from its request to started (p50, p99, max): what a busy model costs an idle one.
     #[arg(long, conflicts_with = "compare")]
     pub fairness: bool,
+    /// With `--fairness`: how many clients add to the quiet model at once, each one machine at
+    /// a time every 100 ms (more clients, more samples for the p99).
+    #[arg(long, default_value_t = 4, requires = "fairness")]
+    pub quiet_clients: usize,
     /// The store the measured service runs on: `sqlite` (a fresh data directory) or the URL of
     /// a PostgreSQL database (a build with the `postgres` feature), beside which each run makes
     /// a database of its own, dropped after it (the URL's user must be allowed to).
