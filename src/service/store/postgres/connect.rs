@@ -205,6 +205,11 @@ impl PgStore {
         if self.client.as_ref().is_some_and(|c| c.client.is_closed()) {
             self.client = None;
         }
+        // A connection held across an idle while (a store's own) is checked as a borrowed one
+        // is (`pool::still_there`), outside a transaction only.
+        if self.group.as_ref().is_none_or(|g| !g.begun) {
+            self.client = self.client.take().and_then(pool::still_there);
+        }
         if self.client.is_none() {
             if let Some(group) = self.group.as_mut().filter(|g| g.begun) {
                 let e = StoreError::Unavailable("the connection was lost with a group commit's transaction".into());

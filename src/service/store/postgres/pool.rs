@@ -39,6 +39,12 @@ use crate::service::store::errors::StoreError;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The first wait after a failed attempt.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// How long a connection may go without an answer before it is checked (an empty statement,
+/// one round trip) before a store runs on it: the server may have ended the session meanwhile
+/// (a restart, an administrator), and the client learns of it only at its next call, so the
+/// unit of work that made that call would fail for nothing (seen after a restart of the
+/// server: an operator's add through a replica whose connection had been idle since).
+pub(super) const CHECK_AFTER: Duration = Duration::from_secs(2);
 
 /// The connection and the statements prepared on it (a store's own, or its lane's, which the
 /// stores of its pool borrow in turn: see `pool`).
@@ -218,11 +224,27 @@ pub(super) fn leave(pool: u64) {
 pub(super) fn borrow(pool: u64, dial: impl FnOnce() -> Result<Conn, StoreError>) -> Result<Conn, StoreError> {
     SLOTS.with_borrow_mut(|slots| {
         let slot = slots.entry(pool).or_default();
-        match slot.conn.take().filter(|c| !c.client.is_closed()) {
+        match slot.conn.take().filter(|c| !c.client.is_closed()).and_then(still_there) {
             Some(conn) => Ok(conn),
             None => slot.dialer.dial(dial),
         }
     })
+}
+
+/// `conn` if it is still there: it answered within [`CHECK_AFTER`], or it has statements
+/// queued or a transaction open (it is in use: not checked), or it answers an empty statement
+/// now. `None`: it is gone (closed here), and the caller dials a new one.
+pub(super) fn still_there(mut conn: Conn) -> Option<Conn> {
+    if conn.client.answered_within(CHECK_AFTER) || !conn.client.is_idle() {
+        return Some(conn);
+    }
+    match conn.client.batch_execute("") {
+        Ok(()) => Some(conn),
+        Err(e) => {
+            tracing::info!(error = %e, pid = conn.pid, "a database connection idle for a while is gone: connecting again");
+            None
+        }
+    }
 }
 
 /// Gives `conn` back to `pool`'s slot on this lane: only a connection outside any transaction,

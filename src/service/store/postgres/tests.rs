@@ -654,3 +654,30 @@ fn a_shared_connection_keeps_each_schemas_statements_prepared() {
     );
     assert_eq!(prepared[0][0].as_deref(), Some("2"), "one prepared statement a schema");
 }
+
+/// A connection the server ended while it sat idle (a restart, `pg_terminate_backend`) is
+/// found gone before a store runs a unit of work on it, and replaced: the unit succeeds (it
+/// failed with "terminating connection due to administrator command" before, the first call
+/// after a restart through a replica that had been idle since). Pooled and own connections alike.
+#[test]
+fn a_connection_ended_while_idle_is_replaced_before_a_unit_runs_on_it() {
+    let pg = cluster();
+    let url = fresh_db(&pg);
+    let (config, tls) = PgStore::store_config(&url).unwrap();
+    let mut pooled = PgStore::pooled(config, tls, super::new_pool(), None);
+    let mut own = PgStore::open(&url).unwrap();
+    pooled.add_machines(1, None).unwrap();
+    pooled.release();
+    own.add_machines(1, None).unwrap();
+    let pids = [pooled.session_pid().unwrap(), own.session_pid().unwrap()];
+    let mut admin = raw(&url);
+    for pid in pids {
+        admin.query_one("SELECT pg_terminate_backend($1)", &[&pid]).unwrap();
+    }
+    std::thread::sleep(super::pool::CHECK_AFTER + Duration::from_millis(100));
+    assert_eq!(pooled.add_machines(1, None).map(|ids| ids.len()), Ok(1), "the pooled store's add");
+    assert_eq!(own.add_machines(1, None).map(|ids| ids.len()), Ok(1), "the store's own connection's add");
+    assert_ne!(pooled.session_pid(), Some(pids[0]), "a new session");
+    assert_ne!(own.session_pid(), Some(pids[1]), "a new session");
+    assert_eq!(own.machine_ids().unwrap().len(), 4, "both stores write the one database");
+}
