@@ -69,6 +69,11 @@ pub mod sim;
 pub mod testing;
 
 pub use actors::coordinator::{DestroyError, DestroySummary, MachinesChanged, RetryTick};
+
+/// The `tracing` target of the spans meant for traces (issue 37): a machine's life from the
+/// request that added it to the cloud calls that started it. The service exports them as
+/// OpenTelemetry traces when asked (feature `otel`); its logs never show them.
+pub const TRACE_TARGET: &str = "provisioner::trace";
 pub use actors::wiring::{
     start, start_containers, start_sharing, ContainersHandle, ProvisionerError, ProvisionerHandle, SharedLimiter,
 };

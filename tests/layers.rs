@@ -28,13 +28,14 @@ const CRATE_LAYERS: &[(&str, u8)] = &[
 /// The service's layers, bottom first (ARCHITECTURE.md, "Service layers"). Paths relative to
 /// `src/service/`; longest prefix wins.
 const SERVICE_LAYERS: &[(&str, u8)] = &[
-    // base: settings, tokens, TLS, connections, the audit log.
+    // base: settings, tokens, TLS, connections, the audit log, trace export.
     ("settings/", 1),
     ("token.rs", 1),
     ("tls.rs", 1),
     ("pgconnect.rs", 1),
     ("pgtls.rs", 1),
     ("audit/", 1),
+    ("telemetry/", 1),
     // state: the store and the lease.
     ("store/", 2),
     ("lease/", 2),

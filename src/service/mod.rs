@@ -11,7 +11,8 @@
 //!    file, defaults; built with the binary even without the service, so that `serve --help`
 //!    works in every build), `token` (plain API tokens), [`tls`] (rustls configurations of
 //!    `serve` and of the client), `pgconnect` and `pgtls` (connections to PostgreSQL within a
-//!    deadline, and TLS to it), `audit` (the audit log of change requests);
+//!    deadline, and TLS to it), `audit` (the audit log of change requests), `telemetry`
+//!    (the spans exported as OpenTelemetry traces, feature `otel`);
 //! 2. state: `store` (the database, SQLite or PostgreSQL, owned by a store actor on its own
 //!    thread, and the model's machine watcher) and `lease` (the leader lease of replicas);
 //! 3. parts: `metrics`, `events` (the event streams and their gate), `cloud` (the brokers of
@@ -58,6 +59,8 @@ pub(crate) mod serve;
 pub mod settings;
 #[cfg(feature = "serve")]
 pub(crate) mod store;
+#[cfg(feature = "otel")]
+pub mod telemetry;
 #[cfg(feature = "serve")]
 pub mod tls;
 #[cfg(feature = "serve")]

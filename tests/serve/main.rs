@@ -52,3 +52,6 @@ mod support;
 mod tls;
 /// Scoped API tokens and the audit log (issue 16).
 mod tokens;
+/// The service's spans as OpenTelemetry traces (issue 37).
+#[cfg(feature = "otel")]
+mod traces;

@@ -345,19 +345,26 @@ fn parse_rate(s: &str) -> Result<f64, String> {
 }
 
 /// Logs to stderr, as text or JSON lines, one line per event whatever its values carry
-/// (`oneline`); `PROVISIONER_LOG` overrides `default` (`off`, or `info` for `serve`).
-fn init_logging(default: &str, json: bool) {
+/// (`oneline`); `PROVISIONER_LOG` overrides `default` (`off`, or `info` for `serve`). The spans
+/// meant for traces (target `provisioner::TRACE_TARGET`) are never logged: they go to `traces`,
+/// the trace export `serve` installs when asked (feature `otel`, `cli::traces`).
+fn init_logging(default: &str, json: bool, traces: Option<cli::TraceLayer>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_env("PROVISIONER_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = if json {
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+        .add_directive(format!("{}=off", provisioner::TRACE_TARGET).parse().expect("a directive"));
+    let fmt = tracing_subscriber::fmt::layer();
+    let fmt = if json {
         // JSON escapes every value: one line per event as it is.
-        builder.with_writer(std::io::stderr).json().with_current_span(true).try_init()
+        fmt.with_writer(std::io::stderr).json().with_current_span(true).with_filter(filter).boxed()
     } else {
         // Text: one line per event whatever a value carries (no log line forged by a request).
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        builder.with_writer(oneline::OneLine { ansi }).with_ansi(ansi).try_init()
+        fmt.with_writer(oneline::OneLine { ansi }).with_ansi(ansi).with_filter(filter).boxed()
     };
+    let _ = tracing_subscriber::registry().with(traces).with(fmt).try_init();
 }
 
 /// Loads a scenario and runs `command` on it; bad input is one line on stderr and exit code 2.
@@ -385,12 +392,15 @@ fn main() -> ExitCode {
     // The matches are kept: `serve` layers its config file under the flags given in them.
     let matches = command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut command()).exit());
-    init_logging(
-        if matches!(cli.command, Command::Serve(_)) { "info" } else { "off" },
-        cli.log_format == LogFormat::Json,
-    );
+    let json_logs = cli.log_format == LogFormat::Json;
+    // `serve` starts its logging once its settings are read (they may ask for a trace export).
+    if !matches!(cli.command, Command::Serve(_)) {
+        init_logging("off", json_logs, None);
+    }
     match cli.command {
-        Command::Serve(_) => cli::run_serve(matches.subcommand_matches("serve").unwrap_or(&matches)),
+        Command::Serve(_) => cli::run_serve(matches.subcommand_matches("serve").unwrap_or(&matches), |traces| {
+            init_logging("info", json_logs, traces)
+        }),
         Command::Machine { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Machine(cmd)),
         Command::Instance { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Instance(cmd)),
         Command::Application { cmd, conn } => cli::run_client(conn, cli::ClientCmd::Application(cmd)),

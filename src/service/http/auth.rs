@@ -107,6 +107,12 @@ async fn check_token(req: HttpRequest) -> Result<Caller> {
             caller
         }
     };
+    // The request's span (`routes`) names who asked, by the token's id, and for which model.
+    let span = tracing::Span::current();
+    span.record("token", caller.id.as_str());
+    if let Some(model) = target_model(&req) {
+        span.record("model", model);
+    }
     caller.scope.may(req.method().as_str()).map_err(|why| ApiError::new(403, why))?;
     // A model-scoped token: its model's routes only (the service's own routes check it in
     // their handlers: a list shows its model alone, management is refused).

@@ -58,6 +58,8 @@ async fn metrics(st: State) -> Result<HttpResponse> {
         uptime_seconds: st.started.elapsed().as_secs_f64(),
         store_operations: st.store.operations(),
         event_streams_dropped: st.events_dropped.load(std::sync::atomic::Ordering::Relaxed),
+        #[cfg(feature = "otel")]
+        trace_spans_dropped: crate::service::telemetry::spans_dropped(),
         ..Gauges::default()
     };
     let classes = match &running {

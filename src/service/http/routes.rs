@@ -205,65 +205,84 @@ pub(crate) fn app(
             // request is with the handler.
             let asked = change.then(|| (req.method().to_string(), req.path().to_owned()));
             let peer = req.peer_addr().map(|a| a.ip());
+            // The request's span (a trace's root, or a child of the caller's `traceparent`):
+            // its model and token id (never the token) are recorded once the token is checked
+            // (`auth`), its route and status once answered.
+            let span = tracing::info_span!(
+                target: crate::TRACE_TARGET,
+                "http request",
+                http.request.method = %req.method(),
+                url.path = %req.path(),
+                http.route = tracing::field::Empty,
+                model = tracing::field::Empty,
+                token = tracing::field::Empty,
+                http.response.status_code = tracing::field::Empty,
+            );
             // Routed now; its handler runs only when the call is awaited.
             let call = srv.call(req);
             let host = metrics_host.clone();
             let audit = audit.clone();
-            async move {
-                let unheard = |status: u16, result: String| {
-                    asked.clone().map(|(method, path)| AuditLine {
-                        time: crate::service::audit::now_rfc3339(),
-                        // The caller is known only to the handler: not named.
-                        token: None,
-                        method,
-                        path,
-                        status,
-                        what: None,
-                        result,
-                    })
-                };
-                // No unaudited change: none goes ahead while its line could not be written.
-                if change {
-                    if let Err(e) = audit.ready().await {
-                        let e = ApiError::new(
-                            503,
-                            format!("{e}: no change is accepted until it can be (reads keep working)"),
-                        );
+            let answered = span.clone();
+            tracing::Instrument::instrument(
+                async move {
+                    let unheard = |status: u16, result: String| {
+                        asked.clone().map(|(method, path)| AuditLine {
+                            time: crate::service::audit::now_rfc3339(),
+                            // The caller is known only to the handler: not named.
+                            token: None,
+                            method,
+                            path,
+                            status,
+                            what: None,
+                            result,
+                        })
+                    };
+                    // No unaudited change: none goes ahead while its line could not be written.
+                    if change {
+                        if let Err(e) = audit.ready().await {
+                            let e = ApiError::new(
+                                503,
+                                format!("{e}: no change is accepted until it can be (reads keep working)"),
+                            );
+                            if let Some(line) = unheard(503, e.message.clone()) {
+                                let _ = audit.record(line).await;
+                            }
+                            http_done(&host, method, "unmatched".to_owned(), 503, began);
+                            return Err(e.into());
+                        }
+                    }
+                    // Bounded: a store that cannot answer (the database unreachable, a call stuck)
+                    // makes a 503, never a caller that hangs.
+                    let Ok(res) = actix_rt::time::timeout(deadline, call).await else {
+                        let e = no_answer_within(deadline, change);
                         if let Some(line) = unheard(503, e.message.clone()) {
                             let _ = audit.record(line).await;
                         }
                         http_done(&host, method, "unmatched".to_owned(), 503, began);
                         return Err(e.into());
-                    }
-                }
-                // Bounded: a store that cannot answer (the database unreachable, a call stuck)
-                // makes a 503, never a caller that hangs.
-                let Ok(res) = actix_rt::time::timeout(deadline, call).await else {
-                    let e = no_answer_within(deadline, change);
-                    if let Some(line) = unheard(503, e.message.clone()) {
-                        let _ = audit.record(line).await;
-                    }
-                    http_done(&host, method, "unmatched".to_owned(), 503, began);
-                    return Err(e.into());
-                };
-                let res = res?;
-                if change {
-                    // Written before the answer leaves: an answered change is in the log. A
-                    // request refused for want of a valid token changed nothing: its line is
-                    // written at a bounded rate (an unauthenticated caller cannot fill the disk).
-                    let line = audit_line(&res);
-                    if res.status() == StatusCode::UNAUTHORIZED {
-                        if !audit.refused(peer, line, Instant::now()).await {
-                            host.shared().metrics.do_send(crate::service::metrics::AuditSuppressed);
+                    };
+                    let res = res?;
+                    if change {
+                        // Written before the answer leaves: an answered change is in the log. A
+                        // request refused for want of a valid token changed nothing: its line is
+                        // written at a bounded rate (an unauthenticated caller cannot fill the disk).
+                        let line = audit_line(&res);
+                        if res.status() == StatusCode::UNAUTHORIZED {
+                            if !audit.refused(peer, line, Instant::now()).await {
+                                host.shared().metrics.do_send(crate::service::metrics::AuditSuppressed);
+                            }
+                        } else {
+                            let _ = audit.record(line).await;
                         }
-                    } else {
-                        let _ = audit.record(line).await;
                     }
-                }
-                let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_owned());
-                http_done(&host, method, route, res.status().as_u16(), began);
-                Ok(res)
-            }
+                    let route = res.request().match_pattern().unwrap_or_else(|| "unmatched".to_owned());
+                    answered.record("http.route", route.as_str());
+                    answered.record("http.response.status_code", res.status().as_u16());
+                    http_done(&host, method, route, res.status().as_u16(), began);
+                    Ok(res)
+                },
+                span,
+            )
         })
 }
 

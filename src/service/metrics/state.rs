@@ -97,6 +97,8 @@ pub(crate) struct Gauges {
     pub store_operations: u64,
     /// Event-stream clients dropped for falling behind.
     pub event_streams_dropped: u64,
+    /// Finished spans the trace export dropped because its queue was full (issue 37).
+    pub trace_spans_dropped: u64,
     /// The cloud's instances by zone ([`NO_ZONE`] for none) and capacity type (`spot`,
     /// `on-demand`), from [`CapacityBook::counts`].
     pub instances_by_capacity: BTreeMap<(String, &'static str), u64>,
@@ -145,6 +147,7 @@ pub(crate) struct MetricsBook {
     uptime: Gauge<f64, AtomicU64>,
     store_operations: Counter,
     streams_dropped: Counter,
+    spans_dropped: Counter,
     /// HTTP requests per route (for tests and `http_count`).
     http_counts: BTreeMap<String, u64>,
     /// Handles on the series the hot paths bump (see [`Handles`]).
@@ -307,6 +310,11 @@ impl Default for MetricsBook {
             "Event-stream clients dropped because they fell too far behind",
             Counter::default()
         );
+        let spans_dropped = reg!(
+            "provisioner_trace_spans_dropped",
+            "Finished spans the trace export dropped because its queue was full (0 with export off)",
+            Counter::default()
+        );
         Self {
             registry: r,
             http,
@@ -343,6 +351,7 @@ impl Default for MetricsBook {
             uptime,
             store_operations,
             streams_dropped,
+            spans_dropped,
             http_counts: BTreeMap::new(),
             handles: Handles::default(),
         }
@@ -532,6 +541,7 @@ impl MetricsBook {
         self.uptime.set(g.uptime_seconds);
         catch_up(&self.store_operations, g.store_operations);
         catch_up(&self.streams_dropped, g.event_streams_dropped);
+        catch_up(&self.spans_dropped, g.trace_spans_dropped);
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.registry);

@@ -169,6 +169,12 @@ pub struct ServeSettings {
     #[arg(long, env = "PROVISIONER_INSECURE_HTTP", value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub insecure_http: Option<bool>,
+    /// Export the service's spans as OpenTelemetry traces (OTLP over HTTP, protobuf) to this
+    /// collector: a base URL (`/v1/traces` is added) or the whole traces URL. Else the standard
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`; none: no export. A
+    /// build with the `otel` feature.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
     /// Create a new model where the data directory has none it can use: a database that is
     /// empty or missing next to an old run's WAL or token (the old model's instances in the
     /// cloud are no longer managed). Refused where a database is there. Without it, a new model
@@ -191,6 +197,7 @@ impl Default for ServeSettings {
             resync: DEFAULT_RESYNC_INTERVAL,
             harvest_grace: crate::config::DEFAULT_HARVEST_GRACE,
             spot_max_price: None,
+            otlp_endpoint: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             request_deadline: DEFAULT_REQUEST_DEADLINE,
             events: EventsSettings::default(),

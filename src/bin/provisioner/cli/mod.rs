@@ -21,6 +21,8 @@ mod client;
 #[cfg(feature = "serve")]
 mod serve;
 pub mod shell;
+#[cfg(feature = "serve")]
+mod traces;
 
 /// Where the service is and how to authenticate.
 #[derive(Args, Debug, Clone)]
@@ -463,16 +465,21 @@ fn no_service(what: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// The layer of the trace export, if `serve` installs one (feature `otel`).
+pub type TraceLayer = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+
 /// Runs `serve` with the settings its arguments (`matches`, the `serve` subcommand's) and
-/// config file give.
-pub fn run_serve(matches: &ArgMatches) -> ExitCode {
+/// config file give; `logging` starts the logging once they are read, with the trace export
+/// they ask for.
+pub fn run_serve(matches: &ArgMatches, logging: impl FnOnce(Option<TraceLayer>)) -> ExitCode {
     #[cfg(feature = "serve")]
     {
-        serve::run(matches)
+        serve::run(matches, logging)
     }
     #[cfg(not(feature = "serve"))]
     {
         let _ = matches;
+        logging(None);
         no_service("serve")
     }
 }

@@ -15,15 +15,33 @@ use super::client::{Client, Failure};
 use super::{BenchServeArgs, Conn};
 
 /// Runs the service until SIGTERM.
-pub fn run(matches: &ArgMatches) -> ExitCode {
+pub fn run(matches: &ArgMatches, logging: impl FnOnce(Option<super::TraceLayer>)) -> ExitCode {
     let opts = match ServeSettings::load(matches) {
         Ok(o) => o,
         Err(e) => {
+            logging(None);
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
-    match actix_rt::System::new().block_on(provisioner::service::serve(opts)) {
+    let traces = match super::traces::start(opts.otlp_endpoint.as_deref()) {
+        Ok(traces) => traces,
+        Err(e) => {
+            logging(None);
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (layer, traces) = traces.unzip();
+    logging(layer);
+    if let Some(t) = &traces {
+        tracing::info!(url = t.url(), "exporting traces (OTLP over HTTP)");
+    }
+    let served = actix_rt::System::new().block_on(provisioner::service::serve(opts));
+    if let Some(t) = traces {
+        t.shutdown();
+    }
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
