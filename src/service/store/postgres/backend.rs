@@ -4,6 +4,7 @@
 use super::client::{CallError, Reply};
 use super::conn::{pg, Run};
 use super::group;
+use super::pool::Conn;
 use super::rows::{
     add_many_params, constraints_from_row, instance_from_row, lean_machine_from_row, life_in, machine_from_row,
     meta_get, meta_set, next_counter, notify, token_from_row, ADD_MANY_SQL, INSTANCE_COLUMNS, LEAN_MACHINE_SQL,
@@ -132,17 +133,8 @@ impl StoreBackend for PgStore {
         let instances_by_state = group("SELECT state, count(*) FROM instances GROUP BY state")?;
         let life = meta_get(client, "model_life").map_err(pg("reading the model life"))?;
         let model_life = life.and_then(|l| l.parse::<Life>().ok()).unwrap_or(Life::Alive).to_string();
-        let in_error: i64 = client
-            .query_one("SELECT count(*) FROM machine_errors", &[])
-            .and_then(|r| r.try_get(0).map_err(CallError::from))
-            .map_err(pg("counting machines in error"))?;
-        Ok(StoreCounts {
-            machines_by_status,
-            machines_by_life,
-            instances_by_state,
-            model_life,
-            machines_in_error: in_error as u64,
-        })
+        let machines_in_error = count_in_error(client)?;
+        Ok(StoreCounts { machines_by_status, machines_by_life, instances_by_state, model_life, machines_in_error })
     }
     fn refresh_counts(&mut self, resync: bool, senders: &[i32]) -> Result<(), StoreError> {
         let own = self.last_pid;
@@ -645,13 +637,7 @@ impl StoreBackend for PgStore {
         Ok(ids.into_iter().filter(|c| c.container_of().is_some_and(|(h, _)| &h == host)).collect())
     }
     fn machines_in_error(&mut self) -> Result<u64, StoreError> {
-        let ctx = "counting machines in error";
-        let n: i64 = self
-            .client()?
-            .query_one("SELECT count(*) FROM machine_errors", &[])
-            .and_then(|r| r.try_get(0).map_err(CallError::from))
-            .map_err(pg(ctx))?;
-        Ok(n as u64)
+        count_in_error(self.client()?)
     }
     fn live_manual_machines(&mut self) -> Result<Vec<MachineId>, StoreError> {
         self.query_ids(
@@ -859,4 +845,13 @@ impl StoreBackend for PgStore {
         tx.commit().map_err(pg(ctx))?;
         token_from_row(&row.ok_or_else(|| StoreError::NoToken(id.to_owned()))?, ctx)
     }
+}
+
+/// The machines in error (the rows of `machine_errors`, kept by triggers), on `conn` as it is.
+fn count_in_error(conn: &mut Conn) -> Result<u64, StoreError> {
+    let n: i64 = conn
+        .query_one("SELECT count(*) FROM machine_errors", &[])
+        .and_then(|r| r.try_get(0).map_err(CallError::from))
+        .map_err(pg("counting machines in error"))?;
+    Ok(n as u64)
 }

@@ -282,28 +282,16 @@ fn started(n: u32) -> ProvisionedInstance {
 #[test]
 fn write_behind_units_commit_in_one_round_trip_and_a_failing_one_fails_alone() {
     use super::{Write, Written};
+    let group = fenced_group;
     let (_pg, _url, mut s) = opened();
     let m = s.add_machines(4, None).unwrap();
     let model = s.model_uuid().unwrap();
-    let tags = |machine: &MachineId| InstanceTags {
-        model: Some(model.clone()),
-        machine: Some(machine.clone()),
-        start: Some("n".into()),
-    };
+    let tags = |machine: &MachineId| start_tags(&model, machine);
     let failed = |id: &MachineId, error: &str| Write::InstanceStatus {
         id: id.clone(),
         status: InstanceStatus::provisioning(),
         message: error.into(),
         failed_attempt: Some(error.into()),
-    };
-    let group = |s: &mut PgStore, writes: Vec<Write>| -> Vec<Result<Written, StoreError>> {
-        assert!(s.begin_group(false).unwrap());
-        s.set_fenced(true);
-        for w in writes {
-            assert!(s.defer(w).is_none(), "PostgreSQL queues write-behind units");
-        }
-        s.commit_group().unwrap();
-        s.take_deferred()
     };
     // Warm: the statements prepared, the session's settings made.
     let first = group(
@@ -408,15 +396,12 @@ fn write_behind_units_commit_in_one_round_trip_and_a_failing_one_fails_alone() {
 #[test]
 fn pending_instances_and_their_landings_commit_in_one_round_trip() {
     use super::{Write, Written};
+    let group = fenced_group;
     use crate::model::{CloudInstance, InstanceId, InstanceState};
     let (_pg, _url, mut s) = opened();
     let m = s.add_machines(3, None).unwrap();
     let model = s.model_uuid().unwrap();
-    let tags = |machine: &MachineId| InstanceTags {
-        model: Some(model.clone()),
-        machine: Some(machine.clone()),
-        start: Some("n".into()),
-    };
+    let tags = |machine: &MachineId| start_tags(&model, machine);
     let new = |token: &str, machine: &MachineId| Write::NewInstance {
         client_token: token.into(),
         zone: Some("az2".into()),
@@ -428,15 +413,6 @@ fn pending_instances_and_their_landings_commit_in_one_round_trip() {
         status: InstanceStatus::provisioning_error(),
         message: "no capacity".into(),
         failed_attempt: Some("no capacity".into()),
-    };
-    let group = |s: &mut PgStore, writes: Vec<Write>| -> Vec<Result<Written, StoreError>> {
-        assert!(s.begin_group(false).unwrap());
-        s.set_fenced(true);
-        for w in writes {
-            assert!(s.defer(w).is_none(), "PostgreSQL queues write-behind units");
-        }
-        s.commit_group().unwrap();
-        s.take_deferred()
     };
     let answers = group(&mut s, vec![new("t0", &m[0]), new("t1", &m[1]), in_error(&m[2]), in_error(&m[1])]);
     let instance = |a: &Result<Written, StoreError>| match a {
@@ -532,6 +508,22 @@ fn the_store_actor_fences_write_behind_units() {
         .unwrap()
         .get(0);
     assert_eq!(writes, 2, "both writes recorded under their epoch");
+}
+
+/// A start's tags: `model`'s, for `machine`.
+fn start_tags(model: &str, machine: &MachineId) -> InstanceTags {
+    InstanceTags { model: Some(model.to_owned()), machine: Some(machine.clone()), start: Some("n".into()) }
+}
+
+/// `writes` queued in a lazy, fenced group and committed: their answers.
+fn fenced_group(s: &mut PgStore, writes: Vec<super::Write>) -> Vec<Result<super::Written, StoreError>> {
+    assert!(s.begin_group(false).unwrap());
+    s.set_fenced(true);
+    for w in writes {
+        assert!(s.defer(w).is_none(), "PostgreSQL queues write-behind units");
+    }
+    s.commit_group().unwrap();
+    s.take_deferred()
 }
 
 /// The write-behind units' set-based statements are planned as index look-ups whatever the
