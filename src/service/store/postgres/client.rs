@@ -214,6 +214,19 @@ impl PgClient {
         self.answered.is_some_and(|at| at.elapsed() < within)
     }
 
+    /// Lets the connection read what the server sent while no call waited on it (a session the
+    /// server ended says so at once: `FATAL`, then the socket closes), with no round trip: the
+    /// runtime polls its sockets once (a yield wakes only after that poll) and the connection's
+    /// task runs. [`PgClient::is_closed`] then tells whether the session is gone.
+    pub(super) fn drive(&mut self) {
+        if !self.abandoned {
+            self.runtime.block_on(async {
+                tokio::task::yield_now().await;
+                tokio::task::yield_now().await;
+            });
+        }
+    }
+
     /// Whether the connection is known to be gone (or was given up on: a call timed out).
     pub(super) fn is_closed(&self) -> bool {
         self.abandoned || self.client.is_closed()

@@ -39,12 +39,17 @@ use crate::service::store::errors::StoreError;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The first wait after a failed attempt.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-/// How long a connection may go without an answer before it is checked (an empty statement,
-/// one round trip) before a store runs on it: the server may have ended the session meanwhile
-/// (a restart, an administrator), and the client learns of it only at its next call, so the
-/// unit of work that made that call would fail for nothing (seen after a restart of the
-/// server: an operator's add through a replica whose connection had been idle since).
+/// How long a connection may go without an answer before it is checked before a store runs on
+/// it: the server may have ended the session meanwhile (a restart, an administrator), and the
+/// client learns of it only when it next reads, so the unit of work that made that call would
+/// fail for nothing (seen after a restart of the server: an operator's add through a replica
+/// whose connection had been idle since). Past [`QUIET_AFTER`] the connection reads what the
+/// server sent meanwhile (no round trip: a session the server ended said so at once); past
+/// `CHECK_AFTER` it is also asked an empty statement (one round trip: a server that went away
+/// without a word).
 pub(super) const CHECK_AFTER: Duration = Duration::from_secs(2);
+/// See [`CHECK_AFTER`]: a connection that answered more recently than this is taken as it is.
+pub(super) const QUIET_AFTER: Duration = Duration::from_millis(100);
 
 /// The connection and the statements prepared on it (a store's own, or its lane's, which the
 /// stores of its pool borrow in turn: see `pool`).
@@ -231,11 +236,23 @@ pub(super) fn borrow(pool: u64, dial: impl FnOnce() -> Result<Conn, StoreError>)
     })
 }
 
-/// `conn` if it is still there: it answered within [`CHECK_AFTER`], or it has statements
-/// queued or a transaction open (it is in use: not checked), or it answers an empty statement
-/// now. `None`: it is gone (closed here), and the caller dials a new one.
+/// `conn` if it is still there: it answered within [`QUIET_AFTER`], or it has statements
+/// queued or a transaction open (it is in use: not checked), or the server has not ended it
+/// (what it sent meanwhile is read) and it answered within [`CHECK_AFTER`] or answers an empty
+/// statement now. `None`: it is gone (closed here), and the caller dials a new one.
 pub(super) fn still_there(mut conn: Conn) -> Option<Conn> {
-    if conn.client.answered_within(CHECK_AFTER) || !conn.client.is_idle() {
+    if conn.client.answered_within(QUIET_AFTER) || !conn.client.is_idle() {
+        return Some(conn);
+    }
+    conn.client.drive();
+    if conn.client.is_closed() {
+        tracing::info!(
+            pid = conn.pid,
+            "a database connection idle for a while was ended by the server: connecting again"
+        );
+        return None;
+    }
+    if conn.client.answered_within(CHECK_AFTER) {
         return Some(conn);
     }
     match conn.client.batch_execute("") {
