@@ -287,6 +287,13 @@ fn write_behind_units_commit_in_one_round_trip_and_a_failing_one_fails_alone() {
     let m = s.add_machines(4, None).unwrap();
     let model = s.model_uuid().unwrap();
     let tags = |machine: &MachineId| start_tags(&model, machine);
+    // A start with no latency: its instance created running, in zone az1.
+    let running = |token: &str, machine: &MachineId| Write::NewInstance {
+        client_token: token.into(),
+        zone: Some("az1".into()),
+        tags: tags(machine),
+        running: true,
+    };
     let failed = |id: &MachineId, error: &str| Write::InstanceStatus {
         id: id.clone(),
         status: InstanceStatus::provisioning(),
@@ -306,18 +313,8 @@ fn write_behind_units_commit_in_one_round_trip_and_a_failing_one_fails_alone() {
                 message: String::new(),
                 failed_attempt: None,
             },
-            Write::NewInstance {
-                client_token: "t0".into(),
-                zone: Some("az1".into()),
-                tags: tags(&m[3]),
-                running: true,
-            },
-            Write::NewInstance {
-                client_token: "t0".into(),
-                zone: Some("az1".into()),
-                tags: tags(&m[3]),
-                running: true,
-            },
+            running("t0", &m[3]),
+            running("t0", &m[3]),
         ],
     );
     assert!(first.iter().all(Result::is_ok), "{first:?}");
@@ -328,18 +325,8 @@ fn write_behind_units_commit_in_one_round_trip_and_a_failing_one_fails_alone() {
             failed(&m[1], "bang"),
             Write::StartedInstance { id: m[2].clone(), info: started(2) },
             Write::MachineStatus { id: MachineId::new("99"), status: MachineStatus::Started, message: String::new() },
-            Write::NewInstance {
-                client_token: "t1".into(),
-                zone: Some("az1".into()),
-                tags: tags(&m[2]),
-                running: true,
-            },
-            Write::NewInstance {
-                client_token: "t1".into(),
-                zone: Some("az1".into()),
-                tags: tags(&m[2]),
-                running: true,
-            },
+            running("t1", &m[2]),
+            running("t1", &m[2]),
         ],
     );
     assert_eq!(s.round_trips() - before, 2, "one for the group and its commit, one to read the repeated token's");
