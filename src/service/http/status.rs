@@ -16,21 +16,10 @@ use super::wire::{StatusView, TransitionView};
 pub(super) async fn status(_: Authorized, st: State) -> Result<HttpResponse> {
     // No table is read whole, and nothing waits for the store's lane: the counts its last
     // commit published (it keeps them as it writes, and refreshes them after other replicas'
-    // commits), the machines in error among them, the model's life. A store that has not opened
-    // its backend yet has published none: read through it once.
-    let published = |store: &crate::service::store::Store| {
-        let store = store.clone();
-        async move {
-            match store.counts() {
-                // (Reading the model's life opens the backend, which counts.)
-                c if c.model_life.is_empty() => store.read(|s| s.model_life().map(|_| s.counts().clone())).await,
-                c => Ok(c),
-            }
-        }
-    };
-    let counts = published(&st.store).await?;
+    // commits), the machines in error among them, the model's life.
+    let counts = st.store.published_counts().await?;
     let cloud = match &st.cloud_store {
-        Some(c) => Some(published(c).await?.instances_by_state),
+        Some(c) => Some(c.published_counts().await?.instances_by_state),
         None => None,
     };
     let (life, in_error) = (counts.model_life.clone(), counts.machines_in_error);

@@ -622,6 +622,20 @@ impl Store {
         self.shared.counts.borrow().clone()
     }
 
+    /// [`Store::counts`], or, for a store that has published none yet (its backend not opened:
+    /// PostgreSQL connects on first use), the counts read through the store once (reading the
+    /// model's life opens the backend, which counts).
+    pub(crate) fn published_counts(&self) -> impl Future<Output = Result<StoreCounts, StoreError>> + Send + 'static {
+        let published = self.counts();
+        let read = published.model_life.is_empty().then(|| self.read(|s| s.model_life().map(|_| s.counts().clone())));
+        async move {
+            match read {
+                Some(read) => read.await,
+                None => Ok(published),
+            }
+        }
+    }
+
     /// Subscribes to the gauges' counts: the current ones now, then each change.
     pub(crate) fn watch_counts(&self, to: Recipient<CountsChanged>) {
         self.on_store(move |s| s.watch_counts(to));
