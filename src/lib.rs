@@ -67,13 +67,10 @@ pub mod service;
 pub mod sim;
 #[cfg(feature = "test-util")]
 pub mod testing;
+pub mod trace;
 
 pub use actors::coordinator::{DestroyError, DestroySummary, MachinesChanged, RetryTick};
 
-/// The `tracing` target of the spans meant for traces (issue 37): a machine's life from the
-/// request that added it to the cloud calls that started it. The service exports them as
-/// OpenTelemetry traces when asked (feature `otel`); its logs never show them.
-pub const TRACE_TARGET: &str = "provisioner::trace";
 pub use actors::wiring::{
     start, start_containers, start_sharing, ContainersHandle, ProvisionerError, ProvisionerHandle, SharedLimiter,
 };
@@ -82,6 +79,8 @@ pub use model::{
     CloudInstance, Constraints, HarvestMode, InstanceId, Life, Machine, MachineId, MachineStatus, ProvisionerEvent,
 };
 pub use ports::{Broker, BrokerError, ModelApi, ModelError};
+/// The `tracing` target of the spans meant for traces (issue 37): see [`trace`].
+pub use trace::TRACE_TARGET;
 
 /// What the lazy container provisioners are built from: the host preparation an embedder
 /// plugs in, the broker and provisioner factories, and the supervisors' stages.

@@ -15,6 +15,7 @@ use std::path::Path;
 /// Longest prefix wins; paths are relative to `src/`.
 const CRATE_LAYERS: &[(&str, u8)] = &[
     ("model/", 1),
+    ("trace.rs", 1),
     ("actors/messages.rs", 1),
     ("config/", 2),
     ("ports/", 2),

@@ -486,6 +486,14 @@ pub struct ProvisioningInfo {
     /// `prefer-spot`.
     #[serde(default, skip_serializing_if = "crate::model::CapacityPreference::is_default")]
     pub capacity: crate::model::CapacityPreference,
+    /// The trace context (W3C `traceparent`) of the request that added it (issue 37), when
+    /// that request was traced: its start's spans join that trace, on whichever replica starts
+    /// it. See [`crate::trace`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_parent: Option<String>,
+    /// For a container, its host's trace context: the container's start is linked to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_trace_parent: Option<String>,
 }
 
 /// What a machine asks of the allocator.

@@ -63,7 +63,7 @@ async fn start_params_carry_constraints_placement_volumes_and_tags() {
         placement: Some("foo=bar".into()),
         volumes: vec![VolumeParams { tag: "volume-0".into(), size_mb: 1024, provider: "static".into() }],
         tags: [("hello".to_string(), "world".to_string())].into(),
-        capacity: Default::default(),
+        ..ProvisioningInfo::default()
     };
     let h = Harness::new(test_config(), zoneless_cloud(), FakeModel::with_machines(vec![m.clone()]));
     h.until_model(Duration::from_secs(10), |s| instance_of(s, "0").is_some()).await;

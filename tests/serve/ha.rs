@@ -130,7 +130,7 @@ impl Drop for Proxy {
     }
 }
 
-struct Cluster {
+pub(crate) struct Cluster {
     pg: TempPostgres,
     url: String,
     base: PathBuf,
@@ -152,7 +152,7 @@ impl Cluster {
 
     /// `n` replicas with `extra` arguments each; `proxied`: each reaches the database through a
     /// [`Proxy`] of its own.
-    fn start_with(name: &str, n: usize, proxied: bool, extra: &[&str]) -> Cluster {
+    pub(crate) fn start_with(name: &str, n: usize, proxied: bool, extra: &[&str]) -> Cluster {
         let pg = TempPostgres::start(name).expect("a PostgreSQL cluster");
         let url = pg.url().to_owned();
         let base = temp_dir(name);
@@ -221,7 +221,7 @@ impl Cluster {
     }
 
     /// A client command through replica `i`, with the API token.
-    fn cli(&self, i: usize, args: &[&str]) -> Output {
+    pub(crate) fn cli(&self, i: usize, args: &[&str]) -> Output {
         let s = self.replicas[i].as_ref().unwrap();
         bin().args(args).arg("--server").arg(&s.url).arg("--data-dir").arg(&self.token_dir).output().unwrap()
     }
@@ -239,7 +239,7 @@ impl Cluster {
     }
 
     /// The replica that says it leads, at an epoch above `after`, within `limit`.
-    fn leader(&self, after: i64, limit: Duration) -> (usize, i64) {
+    pub(crate) fn leader(&self, after: i64, limit: Duration) -> (usize, i64) {
         let found = poll(limit, Duration::from_millis(50), || {
             self.alive().find_map(|(i, _)| {
                 let s = self.status(i)?;
@@ -250,13 +250,13 @@ impl Cluster {
         found.unwrap_or_else(|| panic!("no leader above epoch {after} within {limit:?}"))
     }
 
-    fn follower(&self, leader: usize, k: usize) -> usize {
+    pub(crate) fn follower(&self, leader: usize, k: usize) -> usize {
         let others: Vec<usize> = self.alive().map(|(i, _)| i).filter(|i| *i != leader).collect();
         others[k % others.len()]
     }
 
     /// Adds `n` machines through replica `i` (no wait): the acknowledged ids.
-    fn add(&self, i: usize, n: usize) -> Vec<String> {
+    pub(crate) fn add(&self, i: usize, n: usize) -> Vec<String> {
         let out = self.cli(i, &["machine", "add", "-n", &n.to_string(), "--json"]);
         assert!(out.status.success(), "add through replica {i}: {}", String::from_utf8_lossy(&out.stderr));
         ids_of(&serde_json::from_slice(&out.stdout).unwrap())

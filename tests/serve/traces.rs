@@ -55,6 +55,23 @@ impl Receiver {
     fn named(&self, name: &str) -> Vec<Value> {
         self.spans.lock().unwrap().iter().filter(|s| s["name"] == name).cloned().collect()
     }
+
+    /// The spans of trace `trace` received so far.
+    fn in_trace(&self, trace: &Value) -> Vec<Value> {
+        self.spans.lock().unwrap().iter().filter(|s| s["trace"] == *trace).cloned().collect()
+    }
+}
+
+/// The one span of `spans` named `name` whose parent is `parent` (and, if given, whose
+/// attribute `key` is `value`); a panic naming what is missing otherwise.
+fn child<'a>(spans: &'a [Value], name: &str, parent: &Value, attr: Option<(&str, &str)>) -> &'a Value {
+    let found: Vec<&Value> = spans
+        .iter()
+        .filter(|s| s["name"] == name && s["parent"] == parent["span"])
+        .filter(|s| attr.is_none_or(|(k, v)| s["attributes"][k] == v))
+        .collect();
+    assert_eq!(found.len(), 1, "one {name} {attr:?} under {}: {spans:#?}", parent["name"]);
+    found[0]
 }
 
 impl Drop for Receiver {
@@ -130,4 +147,71 @@ fn a_bad_otlp_endpoint_is_refused_at_start_naming_it() {
     let (code, err) = serve_output(&dir.join("data"), &["--otlp-endpoint", "collector:4318"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("collector:4318") && err.contains("--otlp-endpoint"), "{err}");
+}
+
+/// A machine added through a follower and started by the leader, on PostgreSQL, is one trace:
+/// the follower's request and its store commit, then the leader's pick of it in a coordinator
+/// batch (a child of the request, through the trace context stored with the machine), the
+/// start, its zone decision, its cloud call and the instance's record with its commit, every
+/// parent link intact, each span naming the replica that made it.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_machine_added_through_a_follower_is_one_trace_to_the_leaders_cloud_call() {
+    let receiver = Receiver::start();
+    let url = receiver.url();
+    let c = crate::ha::Cluster::start_with(
+        "traces-ha",
+        2,
+        false,
+        &["--otlp-endpoint", &url, "--sim-start-latency", "200ms", "--sim-zones", "az1,az2"],
+    );
+    let (leader, _) = c.leader(0, Duration::from_secs(30));
+    let follower = c.follower(leader, 0);
+    let id = c.add(follower, 1).pop().unwrap();
+    let (leader_id, follower_id) = (format!("replica-{leader}"), format!("replica-{follower}"));
+    let spans = poll(Duration::from_secs(60), Duration::from_millis(100), || {
+        let named = receiver.named("start");
+        let start = named.iter().find(|s| s["attributes"]["machine"] == id.as_str())?;
+        let spans = receiver.in_trace(&start["trace"]);
+        // Complete once the request and the record's commit are in.
+        let done = spans.iter().any(|s| s["name"] == "http request")
+            && spans.iter().any(|s| s["name"] == "store commit" && s["attributes"]["write"] == "instance record");
+        done.then_some(spans)
+    })
+    .unwrap_or_else(|| panic!("no complete trace of machine {id}: {:#?}", receiver.spans.lock().unwrap()));
+
+    let roots: Vec<&Value> = spans.iter().filter(|s| s["parent"] == "").collect();
+    assert_eq!(roots.len(), 1, "one root: {spans:#?}");
+    let request = roots[0];
+    assert_eq!(
+        (&request["name"], &request["attributes"]["http.route"], &request["instance"]),
+        (&Value::from("http request"), &Value::from("/v1/machines"), &Value::from(follower_id.as_str())),
+        "the root is the follower's request"
+    );
+    let ids: Vec<&Value> = spans.iter().map(|s| &s["span"]).collect();
+    for s in &spans {
+        assert!(s["parent"] == "" || ids.contains(&&s["parent"]), "a parent outside the trace: {s}");
+    }
+    let commit = child(&spans, "store commit", request, Some(("write", "machines added")));
+    assert_eq!(commit["instance"], follower_id.as_str());
+    let picked = child(&spans, "coordinator batch", request, Some(("machine", &id)));
+    let start = child(&spans, "start", picked, None);
+    for s in [picked, start] {
+        assert_eq!(s["instance"], leader_id.as_str(), "the leader's: {s}");
+    }
+    assert_eq!(start["attributes"]["outcome"], "started");
+    let zone = child(&spans, "zone decision", start, None);
+    assert!(["az1", "az2"].contains(&zone["attributes"]["zone"].as_str().unwrap_or("")), "{zone}");
+    let call = child(&spans, "cloud call", start, Some(("cloud.operation", "start_instance")));
+    assert_eq!(call["attributes"]["outcome"], "ok", "{call}");
+    assert_eq!(call["attributes"]["zone"], zone["attributes"]["zone"]);
+    let instance = &call["attributes"]["instance"];
+    assert_eq!(&start["attributes"]["instance"], instance);
+    let record = child(&spans, "record instance", start, Some(("instance", instance.as_str().unwrap())));
+    let recorded = child(&spans, "store commit", record, Some(("write", "instance record")));
+    assert_eq!(recorded["instance"], leader_id.as_str());
+    let at = |s: &Value| s["start"].as_u64().unwrap();
+    assert!(at(request) <= at(commit) && at(commit) <= at(picked), "in time order");
+    assert!(at(picked) <= at(start) && at(start) <= at(zone) && at(zone) <= at(call) && at(call) <= at(record));
+    assert!(spans.iter().all(|s| s["end"].as_u64() >= s["start"].as_u64()));
 }

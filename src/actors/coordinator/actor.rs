@@ -405,7 +405,14 @@ impl Coordinator {
                 let _ = short.send(crate::actors::zones::RememberCapacity { shape, zone }).await;
             }
             let (info, replaces) = (std::sync::Arc::new(info), Some(replaces));
-            Ok(crate::actors::workers::StartJob { machine, info, group, adopt, replaces })
+            Ok(crate::actors::workers::StartJob {
+                machine,
+                info,
+                group,
+                adopt,
+                replaces,
+                trace: crate::trace::Carried::none(),
+            })
         };
         self.spawn_counted(fut.into_actor(self), ctx, move |job, act, ctx| match job {
             Ok(job) => super::links::perform(&act.links, super::batch::Effect::Start(Box::new(job))),

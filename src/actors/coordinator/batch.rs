@@ -25,6 +25,7 @@ use crate::actors::registry::{Refreshed, RegistryError};
 use crate::actors::workers::StartJob;
 use crate::model::{CloudInstance, DeadMachine, InstanceId, Life, Machine, MachineId, ProvisioningInfo};
 use crate::ports::{BrokerError, ModelError};
+use crate::trace::Carried;
 
 /// What a batch starts from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -485,8 +486,14 @@ impl BatchRun {
                     let empty = Arc::new(ProvisioningInfo::default());
                     for machine in adopters {
                         let adopt = self.adopt.remove(&machine.id).map(Box::new);
-                        let job =
-                            StartJob { machine, info: Arc::clone(&empty), group: Vec::new(), adopt, replaces: None };
+                        let job = StartJob {
+                            machine,
+                            info: Arc::clone(&empty),
+                            group: Vec::new(),
+                            adopt,
+                            replaces: None,
+                            trace: Carried::none(),
+                        };
                         effects.push(Effect::Start(Box::new(job)));
                     }
                     if rest.is_empty() {
@@ -555,7 +562,7 @@ fn prepare(
     match (info, group) {
         (Ok(info), Ok(group)) => {
             let info = StartJob::shared_info(info, empty);
-            Ok(Box::new(StartJob { machine, info, group, adopt: None, replaces: None }))
+            Ok(Box::new(StartJob { machine, info, group, adopt: None, replaces: None, trace: Carried::none() }))
         }
         (Err(source), _) => Err(StartInfoError::ProvisioningInfo { machine: machine.id, source }),
         (_, Err(source)) => Err(StartInfoError::DistributionGroups { machine: machine.id, source }),

@@ -18,7 +18,7 @@ use crate::actors::lifecycle::{
 use crate::actors::registry::{
     ForgetMachines, InstancesGone, PrepareDestroy, RecordInstances, Refresh, StopsPlanned, SweepTargets,
 };
-use crate::actors::workers::{Enqueue, Job, ReleaseJob, ResizePool, StopJob};
+use crate::actors::workers::{Enqueue, Job, ReleaseJob, ResizePool, StartJob, StopJob};
 use crate::actors::zones::{PopulateZones, RefreshZones, ReleaseMachine};
 use crate::model::{InstanceId, InstanceStatus, MachineId, MachineStatus};
 use crate::ports::ModelApi;
@@ -125,10 +125,18 @@ pub struct InterruptionLinks {
 }
 
 pub(super) async fn run_batch(links: Arc<Links>, start: BatchStart) -> Result<BatchOutcome, BatchError> {
+    let machines = start.ids.len();
     let (mut run, mut steps) = BatchRun::new(start);
     loop {
+        let picked = steps.effects.iter().filter(|e| matches!(e, Effect::Start(_))).count();
         for effect in steps.effects {
-            perform(&links, effect);
+            match effect {
+                Effect::Start(mut job) => {
+                    job.trace = picked_span(&job, machines, picked);
+                    perform(&links, Effect::Start(job));
+                }
+                effect => perform(&links, effect),
+            }
         }
         let ask = match steps.next {
             Next::Done(outcome) => return Ok(outcome),
@@ -137,6 +145,24 @@ pub(super) async fn run_batch(links: Arc<Links>, start: BatchStart) -> Result<Ba
         let answer = ask_links(&links, ask).await?;
         steps = run.answer(answer)?;
     }
+}
+
+/// The span a start is picked under (issue 37), in its machine's trace: a child of the request
+/// that added the machine (the trace context stored with it), linked to its host's for a
+/// container; it names the batch (`machines` looked at, `picked` of them started together)
+/// and ends when a worker takes the job. Disabled unless traces are exported.
+fn picked_span(job: &StartJob, machines: usize, picked: usize) -> crate::trace::Carried {
+    let span = tracing::info_span!(
+        target: crate::trace::TRACE_TARGET,
+        parent: None,
+        "coordinator batch",
+        machine = %job.machine.id,
+        batch.machines = machines,
+        batch.starts = picked,
+    );
+    crate::trace::continue_from(&span, job.info.trace_parent.as_deref());
+    crate::trace::link_to(&span, job.info.host_trace_parent.as_deref());
+    crate::trace::Carried(span)
 }
 
 /// Asks what the planner asks.

@@ -75,7 +75,10 @@ impl LimitedBroker {
         let inner = self.inner.clone();
         let gate = self.gate.clone();
         Box::pin(async move {
-            let epoch = gate.token(class).await;
+            // The wait, in the trace of the call (issue 37; disabled unless exported).
+            let waiting =
+                tracing::info_span!(target: crate::trace::TRACE_TARGET, "rate limit wait", api.class = ?class);
+            let epoch = tracing::Instrument::instrument(gate.token(class), waiting).await;
             let res = call(&*inner).await;
             gate.report(class, epoch, &res);
             res

@@ -80,20 +80,27 @@ impl WorkerPool {
     fn dispatch(&mut self, ctx: &mut Context<Self>) {
         while let Some(job) = self.book.take_next() {
             match job {
-                Job::Start(start) => {
+                Job::Start(mut start) => {
                     let nonce = match &start.replaces {
                         Some(replaces) => crate::model::InstanceTags::replacement_nonce(&self.deps.host_tag, replaces),
                         None => self.nonce(),
                     };
                     // One span per machine operation: every line the start logs carries it.
                     let span = tracing::info_span!("start", machine = %start.machine.id);
+                    // And the start in its machine's trace (issue 37): a child of the span it was
+                    // picked under, which ends here (its time is the job's wait for a worker).
+                    let picked = std::mem::take(&mut start.trace);
+                    let traced = super::start::start_span(&picked.0, &start.machine.id, &nonce);
+                    drop(picked);
                     let batch = self.deps.batch.as_ref().map(|_| ctx.address().recipient());
                     // Boxed before it is wrapped: the start's future is large (several KiB), and
                     // every wrapper would move it whole; a box moves as a pointer.
                     let (freed, slot) = self.slot(ctx);
                     let start = Box::pin(run_start(self.deps.clone(), *start, nonce, self.rng.random(), batch, freed));
-                    let fut = start.instrument(span);
+                    let ended = traced.clone();
+                    let fut = start.instrument(traced).instrument(span);
                     ctx.spawn(fut.into_actor(self).map(move |outcome, act, ctx| {
+                        super::start::record_start_outcome(&ended, &outcome);
                         act.book.start_ended(slot.as_deref());
                         act.report(outcome, ctx);
                         act.dispatch(ctx);
@@ -101,7 +108,10 @@ impl WorkerPool {
                 }
                 Job::Stop(stop) => {
                     let span = tracing::info_span!("stop", instances = ?stop.instances, machines = ?stop.machines);
-                    let call = self.deps.broker.stop_instances(stop.instances.clone()).instrument(span);
+                    let traced = super::start::cloud_span("stop", "stop_instances", &stop.instances, &stop.machines);
+                    let call =
+                        super::start::traced_call(self.deps.broker.stop_instances(stop.instances.clone()), traced)
+                            .instrument(span);
                     let done =
                         JobOutcome::Stopped { instances: stop.instances.clone(), machines: stop.machines.clone() };
                     self.spawn_cloud_job(call, done, ctx, move |source| {
@@ -111,7 +121,12 @@ impl WorkerPool {
                     });
                 }
                 Job::Release(release) => {
-                    let call = self.deps.broker.release_instances(release.instances.clone());
+                    let traced =
+                        super::start::cloud_span("release", "release_instances", &release.instances, &release.machines);
+                    let call = super::start::traced_call(
+                        self.deps.broker.release_instances(release.instances.clone()),
+                        traced,
+                    );
                     let done = JobOutcome::Released {
                         instances: release.instances.clone(),
                         machines: release.machines.clone(),
@@ -282,6 +297,7 @@ impl Handler<JoinBatch> for WorkerPool {
             rx.await.unwrap_or_else(|_| Reply {
                 result: Err(BrokerError::transient("the worker pool stopped before the batch answered")),
                 maybe_made: true,
+                with: std::sync::Arc::from([]),
             })
         })
     }

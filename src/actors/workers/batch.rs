@@ -73,6 +73,13 @@ struct Flying<R> {
     ambiguous: bool,
 }
 
+impl<R> Flying<R> {
+    /// The machines of its call, in order.
+    fn members(&self) -> std::sync::Arc<[crate::model::MachineId]> {
+        self.params.members.iter().map(|m| m.machine.clone()).collect()
+    }
+}
+
 /// What [`BatchBook::join`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Joined {
@@ -90,6 +97,9 @@ pub struct Reply {
     /// The call may have made its instance although it failed (ambiguous failures, replays
     /// used up): look for it by its tags before a new call.
     pub maybe_made: bool,
+    /// The machines the call was made for (this one among them), in the order they joined:
+    /// a trace shows whom a start was batched with.
+    pub with: std::sync::Arc<[crate::model::MachineId]>,
 }
 
 /// What the shell does with a batch's answer.
@@ -201,6 +211,7 @@ impl<R> BatchBook<R> {
                 let Some(f) = self.flying.remove(&batch) else { return Answer::Unknown };
                 let n = f.replies.len();
                 let launched = started.iter().filter(|r| r.is_ok()).count();
+                let with = f.members();
                 let mut started = started.into_iter();
                 let out = f
                     .replies
@@ -214,7 +225,7 @@ impl<R> BatchBook<R> {
                         // A member's own ambiguous failure (its instance made but not
                         // tagged, say) may have made its instance: it looks before a new call.
                         let maybe_made = result.as_ref().err().is_some_and(BrokerError::is_ambiguous);
-                        (reply, Reply { result, maybe_made })
+                        (reply, Reply { result, maybe_made, with: with.clone() })
                     })
                     .collect();
                 return Answer::Deliver(out);
@@ -237,8 +248,9 @@ impl<R> BatchBook<R> {
             return Answer::Replay { attempt: flying.throttled - 1 };
         }
         let Some(f) = self.flying.remove(&batch) else { return Answer::Unknown };
-        let maybe_made = f.ambiguous;
-        Answer::Deliver(f.replies.into_iter().map(|r| (r, Reply { result: Err(err.clone()), maybe_made })).collect())
+        let (maybe_made, with) = (f.ambiguous, f.members());
+        let reply = |r| (r, Reply { result: Err(err.clone()), maybe_made, with: with.clone() });
+        Answer::Deliver(f.replies.into_iter().map(reply).collect())
     }
 
     /// The machines of open batch `batch`, in the order they joined (empty if it is not open).

@@ -8,6 +8,8 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use actix::Recipient;
+use tracing::field::Empty;
+use tracing::{Instrument, Span};
 
 use super::messages::JoinBatch;
 use super::run::{StartAnswer, StartAsk, StartRun, StartSettings};
@@ -19,6 +21,7 @@ use crate::actors::zones::{ChooseZone, MarkZoneFailed, ReleaseMachine, ReleaseRe
 use crate::config::{Backoff, RetryStrategy};
 use crate::model::{InstanceStatus, MachineId, MachineStatus};
 use crate::ports::{Broker, BrokerError, ModelApi, ModelFuture, StartInstanceParams};
+use crate::trace::TRACE_TARGET;
 
 /// What batched starts need (batching on, on a broker that batches natively).
 pub struct BatchDeps {
@@ -202,11 +205,17 @@ async fn start_or_adopt(
             }
             // The run asks only while it holds them (an answer without them derives nothing).
             StartAsk::DeriveZones => match run.first_call_params() {
-                Some(params) => StartAnswer::Zones(deps.broker.derive_availability_zones(params).await),
+                Some(params) => {
+                    let span = call_span("derive_availability_zones", None);
+                    let zones = deps.broker.derive_availability_zones(params).instrument(span.clone()).await;
+                    record_outcome(&span, zones.as_ref().err());
+                    StartAnswer::Zones(zones)
+                }
                 None => StartAnswer::Zones(Ok(Vec::new())),
             },
             StartAsk::Sleep(delay) => {
-                actix_rt::time::sleep(delay).await;
+                let span = tracing::info_span!(target: TRACE_TARGET, "retry wait", wait_ms = delay.as_millis() as u64);
+                actix_rt::time::sleep(delay).instrument(span).await;
                 StartAnswer::Done
             }
             StartAsk::ClaimReusable { constraints, derived } => match &deps.claim {
@@ -218,22 +227,41 @@ async fn start_or_adopt(
                 StartAnswer::StateOf(deps.state_of.send(ask).await)
             }
             StartAsk::Retag { instance, tags } => {
-                StartAnswer::Retagged(deps.broker.retag_instance(instance, tags).await)
+                let span = call_span("retag_instance", None);
+                span.record("instance", instance.as_str());
+                let retagged = deps.broker.retag_instance(instance, tags).instrument(span.clone()).await;
+                record_outcome(&span, retagged.as_ref().err());
+                StartAnswer::Retagged(retagged)
             }
             StartAsk::ChooseZone(request) => {
-                StartAnswer::Zone(deps.choose.send(ChooseZone { machine: machine.clone(), request }).await)
+                let span = tracing::info_span!(target: TRACE_TARGET, "zone decision", zone = Empty, outcome = Empty);
+                let chosen =
+                    deps.choose.send(ChooseZone { machine: machine.clone(), request }).instrument(span.clone()).await;
+                match &chosen {
+                    Ok(Ok(Some(zone))) => span.record("zone", zone.as_str()),
+                    Ok(Ok(None)) => span.record("outcome", "no zones"),
+                    Ok(Err(e)) => span.record("outcome", tracing::field::display(e)),
+                    Err(_) => span.record("outcome", "allocator unavailable"),
+                };
+                StartAnswer::Zone(chosen)
             }
             StartAsk::Call(params) => {
+                let span = call_span("start_instance", params.zone.as_deref());
                 // Boxed: a batched call is rare, and a future awaited in place makes every
                 // start's future as large as its largest path.
                 let (result, maybe_made) = match &batch {
-                    Some(join) => Box::pin(call_in_batch(join.clone(), *params)).await,
+                    Some(join) => Box::pin(call_in_batch(join.clone(), *params, &span)).instrument(span.clone()).await,
                     None => {
-                        let result = deps.broker.start_instance(*params).await;
+                        let result = deps.broker.start_instance(*params).instrument(span.clone()).await;
                         let ambiguous = result.as_ref().err().is_some_and(BrokerError::is_ambiguous);
                         (result, ambiguous)
                     }
                 };
+                match &result {
+                    Ok(started) => span.record("instance", started.instance.id.as_str()),
+                    Err(e) => span.record("error", tracing::field::display(e)),
+                };
+                record_outcome(&span, result.as_ref().err());
                 StartAnswer::Called { result, maybe_made }
             }
             StartAsk::MarkZoneFailed { zone, shape } => {
@@ -255,7 +283,10 @@ async fn start_or_adopt(
                 StartAnswer::Done
             }
             StartAsk::LookForOwn(nonce) => {
-                StartAnswer::Found(deps.broker.instances_of_start(machine.clone(), nonce).await)
+                let span = call_span("instances_of_start", None);
+                let found = deps.broker.instances_of_start(machine.clone(), nonce).instrument(span.clone()).await;
+                record_outcome(&span, found.as_ref().err());
+                StartAnswer::Found(found)
             }
             StartAsk::FreeWorker => {
                 deps.free_worker();
@@ -264,7 +295,13 @@ async fn start_or_adopt(
             StartAsk::Record(info) => {
                 // The record follows the start's status writes.
                 deps.settle().await;
-                StartAnswer::Recorded(deps.model.set_instance_info(machine.clone(), info).await)
+                let span = tracing::info_span!(target: TRACE_TARGET, "record instance", instance = %info.instance, error = Empty);
+                let recorded =
+                    async { deps.model.set_instance_info(machine.clone(), info).await }.instrument(span.clone()).await;
+                if let Err(e) = &recorded {
+                    span.record("error", tracing::field::display(e));
+                }
+                StartAnswer::Recorded(recorded)
             }
         };
         ask = run.answer(answer);
@@ -276,10 +313,112 @@ async fn start_or_adopt(
 async fn call_in_batch(
     join: Recipient<JoinBatch>,
     params: StartInstanceParams,
+    span: &Span,
 ) -> (Result<crate::ports::StartedInstance, BrokerError>, bool) {
     match join.send(JoinBatch(params)).await {
-        Ok(reply) => (reply.result, reply.maybe_made),
+        Ok(reply) => {
+            if !span.is_disabled() {
+                let with: Vec<&str> = reply.with.iter().map(|m| m.as_str()).collect();
+                span.record("batch.with", with.join(","));
+            }
+            (reply.result, reply.maybe_made)
+        }
         // The pool is gone (the provisioner stopping): the call may have gone out.
         Err(e) => (Err(BrokerError::transient(format!("worker pool unavailable: {e}"))), true),
+    }
+}
+
+/// A start's span in its machine's trace (issue 37): a child of `picked` (the coordinator's
+/// pick, itself a child of the request that added the machine), or a root. Its outcome is
+/// recorded when the start ends ([`record_start_outcome`]).
+pub(super) fn start_span(picked: &Span, machine: &MachineId, nonce: &str) -> Span {
+    tracing::info_span!(target: TRACE_TARGET, parent: picked, "start", machine = %machine, nonce, outcome = Empty, instance = Empty)
+}
+
+/// Records how a start ended on its span.
+pub(super) fn record_start_outcome(span: &Span, outcome: &JobOutcome) {
+    if span.is_disabled() {
+        return;
+    }
+    match outcome {
+        JobOutcome::Started { instance, .. } => {
+            span.record("outcome", "started");
+            span.record("instance", instance.id.as_str())
+        }
+        JobOutcome::StartFailed { error, .. } => span.record("outcome", tracing::field::display(error)),
+        JobOutcome::StartAbandoned { .. } => span.record("outcome", "abandoned"),
+        JobOutcome::Stopped { .. } | JobOutcome::Released { .. } => span.record("outcome", "done"),
+    };
+}
+
+/// A cloud call's span (issue 37): the call, its zone, and once answered its outcome.
+fn call_span(operation: &'static str, zone: Option<&str>) -> Span {
+    tracing::info_span!(
+        target: TRACE_TARGET,
+        "cloud call",
+        cloud.operation = operation,
+        zone,
+        outcome = Empty,
+        error.kind = Empty,
+        error = Empty,
+        instance = Empty,
+        batch.with = Empty,
+    )
+}
+
+/// A stop's or a release's span: its instances and machines (a root: a machine's stop is not
+/// part of the trace of its start).
+pub(super) fn cloud_span(
+    name: &'static str,
+    operation: &'static str,
+    instances: &[crate::model::InstanceId],
+    machines: &[MachineId],
+) -> Span {
+    tracing::info_span!(
+        target: TRACE_TARGET,
+        parent: None,
+        "cloud call",
+        otel.name = name,
+        cloud.operation = operation,
+        instances = ?instances,
+        machines = ?machines,
+        outcome = Empty,
+        error.kind = Empty,
+        error = Empty,
+    )
+}
+
+/// `call` in `span`, its outcome recorded on it.
+pub(super) async fn traced_call(
+    call: impl std::future::Future<Output = Result<(), BrokerError>>,
+    span: Span,
+) -> Result<(), BrokerError> {
+    let result = call.instrument(span.clone()).await;
+    if let Err(e) = &result {
+        span.record("error", tracing::field::display(e));
+    }
+    record_outcome(&span, result.as_ref().err());
+    result
+}
+
+/// Records a cloud call's outcome on its span: `ok`, or what the provisioner does about the
+/// failure: `throttled` (waits and calls again), `failed over` (another zone), `ambiguous`
+/// (may have taken effect: retried with the same client token, or looked for), `ambiguous,
+/// failed over` (a zone that did not answer), `failed`.
+fn record_outcome(span: &Span, error: Option<&BrokerError>) {
+    if span.is_disabled() {
+        return;
+    }
+    let outcome = match error {
+        None => "ok",
+        Some(BrokerError::Throttled { .. }) => "throttled",
+        Some(BrokerError::ZoneSpecific { .. }) => "failed over",
+        Some(BrokerError::Transient { .. }) => "ambiguous",
+        Some(BrokerError::ZoneUnreachable { .. }) => "ambiguous, failed over",
+        Some(BrokerError::ZoneIndependent { .. } | BrokerError::NotSupported(_)) => "failed",
+    };
+    span.record("outcome", outcome);
+    if let Some(e) = error {
+        span.record("error.kind", e.kind());
     }
 }

@@ -30,6 +30,9 @@ pub struct StartJob {
     /// seeded nonces repeat after a restart, and that start's client token would answer the
     /// interrupted instance itself).
     pub replaces: Option<crate::model::InstanceId>,
+    /// The span the coordinator picked it under (issue 37), the start's parent: disabled
+    /// unless traces are exported.
+    pub trace: crate::trace::Carried,
 }
 
 impl StartJob {

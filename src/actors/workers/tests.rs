@@ -13,6 +13,7 @@ fn start(id: &str) -> Job {
         group: Vec::new(),
         adopt: None,
         replaces: None,
+        trace: crate::trace::Carried::none(),
     }))
 }
 
@@ -609,7 +610,13 @@ mod batching {
         book.close(j.batch);
         assert!(matches!(book.answered(j.batch, Err(BrokerError::transient("lost"))), Answer::Replay { .. }));
         let replies = delivered(book.answered(j.batch, Ok(vec![started("i-1", "0")])));
-        assert_eq!(replies, vec![("0", Reply { result: started("i-1", "0"), maybe_made: false })]);
+        assert_eq!(
+            replies,
+            vec![(
+                "0",
+                Reply { result: started("i-1", "0"), maybe_made: false, with: vec![MachineId::new("0")].into() }
+            )]
+        );
     }
 
     #[test]
@@ -795,6 +802,7 @@ mod start_run {
             group: Vec::new(),
             adopt: None,
             replaces: None,
+            trace: crate::trace::Carried::none(),
         }
     }
 

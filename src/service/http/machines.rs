@@ -141,7 +141,7 @@ pub(crate) fn new_machine_with(
             Some(parsed.to_string())
         }
     };
-    Ok(NewMachine { constraints, placement, application: None, capacity })
+    Ok(NewMachine { constraints, placement, application: None, capacity, trace_parent: None })
 }
 
 /// Checks a `zones=` constraint against the cloud's zones, and keeps each zone once, in the
@@ -462,7 +462,10 @@ pub(super) async fn add_machines(
     let AddMachines { count, zones, constraints, placement, capacity, .. } = body;
     // Constraints (zones among them), placement and capacity, checked against the cloud.
     let cloud = CloudShape { zones: st.zones.clone(), subnets: st.subnets.clone() };
-    let spec = new_machine_with(&cloud, zones, constraints, placement, capacity.as_deref())?;
+    let mut spec = new_machine_with(&cloud, zones, constraints, placement, capacity.as_deref())?;
+    // Stored with the machines (issue 37): their starts join this request's trace, on
+    // whichever replica leads (`None` unless traces are exported).
+    spec.trace_parent = crate::trace::context_of(&tracing::Span::current());
     let added = st.store.add_machines(count, spec).await?;
     st.metrics.do_send(crate::service::metrics::MachinesPending(added.clone()));
     let ids = names(&added);

@@ -218,6 +218,7 @@ pub(crate) fn app(
                 token = tracing::field::Empty,
                 http.response.status_code = tracing::field::Empty,
             );
+            crate::trace::continue_from(&span, req.headers().get("traceparent").and_then(|v| v.to_str().ok()));
             // Routed now; its handler runs only when the call is awaited.
             let call = srv.call(req);
             let host = metrics_host.clone();

@@ -696,10 +696,14 @@ impl Store {
         &self,
         write: Write,
     ) -> impl Future<Output = Result<Written, StoreError>> + Send + 'static {
+        // Its span in the trace of the work that asked for it (issue 37): from now to its
+        // group's commit (disabled unless traces are exported).
+        let span = tracing::info_span!(target: crate::trace::TRACE_TARGET, "store commit", write = write.name());
         let (reply, answer) = futures::channel::oneshot::channel();
         self.shared.waiting.fetch_add(1, Ordering::AcqRel);
         self.on_store(move |s| s.apply(write, reply));
-        async move { answer.await.map_err(|_| StoreError::Stopped(MailboxError::Closed))? }
+        let answer = async move { answer.await.map_err(|_| StoreError::Stopped(MailboxError::Closed))? };
+        tracing::Instrument::instrument(answer, span)
     }
 
     /// Adds `count` machines as `spec` says ([`StoreBackend::add_new_machines`]), as a

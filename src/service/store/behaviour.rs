@@ -607,7 +607,30 @@ on_both_backends!(
     machines_are_read_together_in_request_order,
     capacity_preferences_and_what_a_machine_got_round_trip,
     constraints_are_replaced_on_live_machines_only,
+    a_machines_trace_context_is_read_with_its_provisioning_info,
 );
+
+/// Traces (issue 37): the trace context of the request that added machines is kept with each
+/// and read with its provisioning info (one by one and many at once); a container's info
+/// carries its host's; machines added untraced have none.
+fn a_machines_trace_context_is_read_with_its_provisioning_info(s: &mut dyn StoreBackend) {
+    use super::records::NewMachine;
+    let traced = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let spec = NewMachine { trace_parent: Some(traced.into()), ..NewMachine::default() };
+    let hosts = s.add_new_machines(2, &spec).unwrap();
+    let plain = s.add_new_machines(1, &NewMachine::default()).unwrap();
+    let containers = s.add_containers(&hosts[1], "lxd", 1).unwrap();
+    let plain_containers = s.add_containers(&plain[0], "lxd", 1).unwrap();
+    let ids = [hosts.clone(), plain.clone(), containers.clone(), plain_containers.clone()].concat();
+    let expected = [(Some(traced), None), (Some(traced), None), (None, None), (None, Some(traced)), (None, None)];
+    let got = |p: &crate::model::ProvisioningInfo| (p.trace_parent.clone(), p.host_trace_parent.clone());
+    let many: Vec<_> = s.provisioning_info(&ids).unwrap().iter().map(|p| got(p.as_ref().unwrap())).collect();
+    let expected: Vec<_> = expected.iter().map(|(t, h)| (t.map(str::to_owned), h.map(str::to_owned))).collect();
+    assert_eq!(many, expected);
+    for (id, want) in ids.iter().zip(&expected) {
+        assert_eq!(&s.provisioning_info(std::slice::from_ref(id)).unwrap()[0].as_ref().map(got).unwrap(), want, "{id}");
+    }
+}
 
 /// Capacity (issue 33): a machine's preference is kept (`on-demand` by default), read with its
 /// provisioning info, and inherited by an application's units; what its instance runs on is

@@ -287,6 +287,8 @@ pub(crate) struct NewMachine {
     pub application: Option<String>,
     /// Their capacity preference (issue 33).
     pub capacity: CapacityPreference,
+    /// The trace context of the request that adds them (issue 37; `None`: not traced).
+    pub trace_parent: Option<String>,
 }
 
 /// A constraint set as the columns of its `constraints` row (lists comma-joined, sizes as

@@ -102,4 +102,16 @@ impl Write {
     pub(crate) fn durable(&self) -> bool {
         matches!(self, Write::AddMachines { .. })
     }
+
+    /// What it writes, in a word (its span's `write`).
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Write::MachineStatus { .. } => "machine status",
+            Write::InstanceStatus { .. } => "instance status",
+            Write::StartedInstance { .. } => "instance record",
+            Write::NewInstance { .. } => "cloud instance",
+            Write::LandInstance { .. } => "cloud instance landing",
+            Write::AddMachines { .. } => "machines added",
+        }
+    }
 }

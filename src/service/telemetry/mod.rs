@@ -104,8 +104,9 @@ impl Traces {
     }
 }
 
-/// The layer that exports the spans to `url` (see the module), and its handle.
-pub fn layer<S>(url: &str) -> Result<(impl Layer<S> + Send + Sync, Traces), TelemetryError>
+/// The layer that exports the spans to `url` (see the module), and its handle. `instance`
+/// (a replica's id) is the resource's `service.instance.id`: which replica made a span.
+pub fn layer<S>(url: &str, instance: Option<&str>) -> Result<(impl Layer<S> + Send + Sync, Traces), TelemetryError>
 where
     S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
 {
@@ -114,9 +115,14 @@ where
         .map_err(TelemetryError::Thread)?;
     // `OTEL_SERVICE_NAME` (and `OTEL_RESOURCE_ATTRIBUTES`) as the SDK reads them; else ours.
     let resource = match std::env::var("OTEL_SERVICE_NAME").ok().filter(|n| !n.is_empty()) {
-        Some(_) => Resource::builder().build(),
-        None => Resource::builder().with_service_name("provisioner").build(),
+        Some(_) => Resource::builder(),
+        None => Resource::builder().with_service_name("provisioner"),
     };
+    let resource = match instance {
+        Some(id) => resource.with_attribute(opentelemetry::KeyValue::new("service.instance.id", id.to_owned())),
+        None => resource,
+    }
+    .build();
     let provider = SdkTracerProvider::builder().with_span_processor(processor).with_resource(resource).build();
     let tracer = provider.tracer("provisioner");
     let layer = tracing_opentelemetry::layer()

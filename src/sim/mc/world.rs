@@ -845,6 +845,7 @@ impl World {
             group: Vec::new(),
             adopt,
             replaces: Some(interrupted),
+            trace: crate::trace::Carried::none(),
         };
         self.enqueue_start(job);
     }

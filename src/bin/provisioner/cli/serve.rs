@@ -24,7 +24,7 @@ pub fn run(matches: &ArgMatches, logging: impl FnOnce(Option<super::TraceLayer>)
             return ExitCode::from(2);
         }
     };
-    let traces = match super::traces::start(opts.otlp_endpoint.as_deref()) {
+    let traces = match super::traces::start(opts.otlp_endpoint.as_deref(), opts.lease.replica_id.as_deref()) {
         Ok(traces) => traces,
         Err(e) => {
             logging(None);

@@ -29,14 +29,17 @@ impl Traces {
 
 /// Starts the export if `flag` or the environment asks for it: its layer (for the logging) and
 /// its handle; `None` if none asks. An error is a sentence for the operator.
+///
+/// `replica`, the replica's id when one is given, names the service instance
+/// (`service.instance.id`).
 #[cfg(feature = "otel")]
-pub(super) fn start(flag: Option<&str>) -> Result<Option<(TraceLayer, Traces)>, String> {
+pub(super) fn start(flag: Option<&str>, replica: Option<&str>) -> Result<Option<(TraceLayer, Traces)>, String> {
     use provisioner::service::telemetry;
     use tracing_subscriber::Layer;
     let Some(url) = telemetry::traces_url(flag, |k| std::env::var(k).ok()).map_err(|e| e.to_string())? else {
         return Ok(None);
     };
-    let (layer, inner) = telemetry::layer::<tracing_subscriber::Registry>(&url).map_err(|e| e.to_string())?;
+    let (layer, inner) = telemetry::layer::<tracing_subscriber::Registry>(&url, replica).map_err(|e| e.to_string())?;
     // The spans meant for traces, and only those.
     let only = tracing_subscriber::filter::Targets::new().with_target(provisioner::TRACE_TARGET, tracing::Level::TRACE);
     Ok(Some((layer.with_filter(only).boxed(), Traces { inner })))
@@ -45,7 +48,7 @@ pub(super) fn start(flag: Option<&str>) -> Result<Option<(TraceLayer, Traces)>, 
 /// Without the `otel` feature: `--otlp-endpoint` is refused, naming the build that has it; the
 /// standard variables (set for other programs, maybe) are noted and left alone.
 #[cfg(not(feature = "otel"))]
-pub(super) fn start(flag: Option<&str>) -> Result<Option<(TraceLayer, Traces)>, String> {
+pub(super) fn start(flag: Option<&str>, _replica: Option<&str>) -> Result<Option<(TraceLayer, Traces)>, String> {
     if flag.is_some_and(|f| !f.trim().is_empty()) {
         return Err("--otlp-endpoint needs a build with trace export: cargo build --release --features otel".into());
     }

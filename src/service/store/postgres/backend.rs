@@ -213,6 +213,8 @@ impl StoreBackend for PgStore {
                 constraints: constraints_from_row(r, 1)?,
                 placement: r.try_get(9).map_err(pg("reading a machine"))?,
                 capacity: super::rows::capacity_from(r, 10)?,
+                trace_parent: r.try_get(11).map_err(pg("reading a machine"))?,
+                host_trace_parent: r.try_get(12).map_err(pg("reading a machine"))?,
                 ..ProvisioningInfo::default()
             })
         })

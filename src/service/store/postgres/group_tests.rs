@@ -756,8 +756,11 @@ fn the_set_based_writes_stamp_their_rows_without_calling_the_trigger() {
         &[&vec!["2"], &vec!["i-1"], &vec![Some("az1")], &vec!["n"], &vec!["name"], &vec!["running"], &vec![none]],
     )
     .unwrap();
-    tx.query(ADD_MANY_SQL, &[&vec![2i64], &vec![none], &vec![none], &CHANGES_CHANNEL, &model, &200i64, &vec![none]])
-        .unwrap();
+    tx.query(
+        ADD_MANY_SQL,
+        &[&vec![2i64], &vec![none], &vec![none], &CHANGES_CHANNEL, &model, &200i64, &vec![none], &vec![none]],
+    )
+    .unwrap();
     assert_eq!(calls(&mut tx), before, "the set-based writes and the adds call no stamping function");
     for id in ["0", "1", "2", "3", "4"] {
         let at = stamp(&mut tx, id).unwrap();

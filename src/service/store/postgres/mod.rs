@@ -76,7 +76,7 @@ use self::pool::{Conn, Source};
 pub(crate) use self::schema::EPOCH_TABLES_SQL;
 
 /// The newest schema version this build knows (rows of `schema_migrations`).
-pub const PG_SCHEMA_VERSION: i64 = 11;
+pub const PG_SCHEMA_VERSION: i64 = 12;
 
 /// The channel of change notifications.
 pub(crate) const CHANGES_CHANNEL: &str = "provisioner_changes";

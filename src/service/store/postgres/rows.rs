@@ -130,7 +130,8 @@ pub(super) const LEAN_MACHINE_SQL: &str =
 pub(super) const MACHINE_APPLICATION_SQL: &str = "SELECT id, application FROM machines WHERE id = ANY($1)";
 pub(super) const MACHINE_PROVISIONING_SQL: &str =
     "SELECT m.id, COALESCE(c.zones, m.zones), c.arch, c.cores, c.mem_mb, \
-     c.root_disk_mb, c.instance_type, c.spaces, c.tags, m.placement, m.capacity \
+     c.root_disk_mb, c.instance_type, c.spaces, c.tags, m.placement, m.capacity, m.trace_parent, \
+     (SELECT h.trace_parent FROM machines h WHERE h.id = substring(m.id from '^(.*)/[^/]+/[^/]+$')) \
      FROM machines m LEFT JOIN constraints c ON c.id = m.constraints_id WHERE m.id = ANY($1)";
 
 pub(super) fn instance_from_row(r: &Row) -> Result<InstanceRecord, StoreError> {
@@ -196,20 +197,23 @@ pub(super) const INSERT_NEW_INSTANCE_SQL: &str = "WITH c AS (\
 /// units, or one add alone), each in order: the model's life read and locked (as
 /// [`life_in`]: nothing is added unless it is alive), the ids drawn from the counter at once
 /// and the rows inserted; `$1` counts, `$2` placements, `$3` applications; the machines'
-/// notices sent (`$4` channel, `$5` model uuid, at most `$6` ids a notice). Answers the first
+/// notices sent (`$4` channel, `$5` model uuid, at most `$6` ids a notice); `$7` capacities,
+/// `$8` trace contexts (issue 37). Answers the first
 /// seq drawn (the adds' machines follow it, in order), or no row if the model is not alive
 /// (nothing added). Its parameters: [`add_many_params`].
 pub(super) const ADD_MANY_SQL: &str = concat!(
     "WITH life AS (SELECT value FROM meta WHERE key = 'model_life' FOR SHARE), \
-     v AS (SELECT n, count, placement, application, capacity, sum(count) OVER (ORDER BY n) - count AS skip \
-     FROM unnest($1::bigint[], $2::text[], $3::text[], $7::text[]) \
-     WITH ORDINALITY AS v(count, placement, application, capacity, n)), \
+     v AS (SELECT n, count, placement, application, capacity, trace_parent, \
+     sum(count) OVER (ORDER BY n) - count AS skip \
+     FROM unnest($1::bigint[], $2::text[], $3::text[], $7::text[], $8::text[]) \
+     WITH ORDINALITY AS v(count, placement, application, capacity, trace_parent, n)), \
      c AS (INSERT INTO meta (key, value) SELECT 'next_machine', sum(count)::text FROM v \
      HAVING COALESCE((SELECT value FROM life), 'alive') = 'alive' \
      ON CONFLICT (key) DO UPDATE SET value = ((meta.value)::bigint + (EXCLUDED.value)::bigint)::text \
      RETURNING (value)::bigint - (SELECT sum(count) FROM v)::bigint AS first), \
-     ins AS (INSERT INTO machines (seq, id, placement, application, capacity, changed_at) \
-     SELECT c.first + v.skip + g.k, (c.first + v.skip + g.k)::text, v.placement, v.application, v.capacity, ",
+     ins AS (INSERT INTO machines (seq, id, placement, application, capacity, trace_parent, changed_at) \
+     SELECT c.first + v.skip + g.k, (c.first + v.skip + g.k)::text, v.placement, v.application, v.capacity, \
+     v.trace_parent, ",
     stamp_sql!(),
     " \
      FROM c, v, generate_series(0::bigint, v.count - 1) AS g(k) ORDER BY 1 RETURNING seq), \
@@ -226,12 +230,13 @@ pub(super) fn add_many_params<'a>(
     uuid: &'a str,
 ) -> Vec<Param<'a>> {
     let (mut counts, mut placements, mut applications) = (Vec::new(), Vec::new(), Vec::new());
-    let mut capacities = Vec::new();
+    let (mut capacities, mut traces) = (Vec::new(), Vec::new());
     for (count, spec) in adds {
         counts.push(count as i64);
         placements.push(spec.placement.as_deref());
         applications.push(spec.application.as_deref());
         capacities.push(capacity_column(spec.capacity));
+        traces.push(spec.trace_parent.as_deref());
     }
     vec![
         Box::new(counts),
@@ -241,6 +246,7 @@ pub(super) fn add_many_params<'a>(
         Box::new(uuid),
         Box::new(MAX_NOTIFIED_IDS as i64),
         Box::new(capacities),
+        Box::new(traces),
     ]
 }
 
@@ -451,9 +457,17 @@ impl PgStore {
         let first = next_counters(tx, "next_machine", count as i64).map_err(pg("allocating machine ids"))?;
         let last = first + count as i64 - 1;
         tx.execute(
-            "INSERT INTO machines (seq, id, constraints_id, placement, application, capacity) \
-             SELECT g.n, g.n::text, $3, $4, $5, $6 FROM generate_series($1::bigint, $2::bigint) AS g(n) ORDER BY g.n",
-            &[&first, &last, &constraint, &spec.placement, &spec.application, &capacity_column(spec.capacity)],
+            "INSERT INTO machines (seq, id, constraints_id, placement, application, capacity, trace_parent) \
+             SELECT g.n, g.n::text, $3, $4, $5, $6, $7 FROM generate_series($1::bigint, $2::bigint) AS g(n) ORDER BY g.n",
+            &[
+                &first,
+                &last,
+                &constraint,
+                &spec.placement,
+                &spec.application,
+                &capacity_column(spec.capacity),
+                &spec.trace_parent,
+            ],
         )
         .map_err(pg("adding machines"))?;
         Ok((first..=last).map(|n| MachineId::from(n.to_string())).collect())

@@ -97,6 +97,7 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
     (9, SCHEMA_V9),
     (10, SCHEMA_V10),
     (11, SCHEMA_V11),
+    (12, SCHEMA_V12),
 ];
 
 /// The epochs' record, created by migration 3 (and by the lease where missing, so that the
@@ -183,6 +184,10 @@ ALTER TABLE machines ADD COLUMN IF NOT EXISTS capacity TEXT;
 ALTER TABLE machines ADD COLUMN IF NOT EXISTS capacity_type TEXT;
 ALTER TABLE applications ADD COLUMN IF NOT EXISTS capacity TEXT;
 ";
+
+/// Version 12 (issue 37): the trace context (W3C `traceparent`) of the request that added a
+/// machine (`NULL`: not traced), read with its provisioning info.
+pub(super) const SCHEMA_V12: &str = "ALTER TABLE machines ADD COLUMN IF NOT EXISTS trace_parent TEXT;";
 
 /// Version 7: the model a token is scoped to (`NULL`: every model).
 pub(super) const SCHEMA_V7: &str = "ALTER TABLE api_tokens ADD COLUMN IF NOT EXISTS model TEXT;";

@@ -281,14 +281,21 @@ impl StoreBackend for StoreCore {
                 placement: r.get(8)?,
                 capacity: super::rows::capacity_from(r.get(9)?)
                     .map_err(|e| rusqlite::Error::FromSqlConversionFailure(9, rusqlite::types::Type::Text, e.into()))?,
+                trace_parent: r.get(10)?,
+                host_trace_parent: r.get(11)?,
                 ..ProvisioningInfo::default()
             })
         };
+        // A container's start is linked to its host's trace (issue 37).
+        let host = id.container_of().map(|(host, _)| host);
         self.conn
             .prepare_cached(&format!(
-                "SELECT {CONSTRAINT_COLUMNS}, m.placement, m.capacity FROM {MACHINE_FROM} WHERE m.id = ?1"
+                "SELECT {CONSTRAINT_COLUMNS}, m.placement, m.capacity, m.trace_parent, \
+                 (SELECT h.trace_parent FROM machines h WHERE h.id = ?2) FROM {MACHINE_FROM} WHERE m.id = ?1"
             ))
-            .and_then(|mut s| s.query_row([id.as_str()], read).optional())
+            .and_then(|mut s| {
+                s.query_row(rusqlite::params![id.as_str(), host.as_ref().map(MachineId::as_str)], read).optional()
+            })
             .map_err(StoreError::sql("reading a machine"))
     }
 

@@ -101,8 +101,8 @@ impl StoreCore {
         let added = tx
             .prepare_cached(
                 "WITH RECURSIVE n(seq) AS (SELECT ?1 UNION ALL SELECT seq + 1 FROM n WHERE seq + 1 < ?2) \
-                 INSERT INTO machines (seq, id, constraints_id, placement, application, changed_at, capacity) \
-                 SELECT seq, CAST(seq AS TEXT), ?3, ?4, ?5, ?6, ?7 FROM n",
+                 INSERT INTO machines (seq, id, constraints_id, placement, application, changed_at, capacity, \
+                 trace_parent) SELECT seq, CAST(seq AS TEXT), ?3, ?4, ?5, ?6, ?7, ?8 FROM n",
             )
             .and_then(|mut st| {
                 let capacity = super::rows::capacity_column(spec.capacity);
@@ -113,7 +113,8 @@ impl StoreCore {
                     spec.placement,
                     spec.application,
                     stamp,
-                    capacity
+                    capacity,
+                    spec.trace_parent
                 ])
             })
             .map_err(StoreError::sql("adding machines"))?;

@@ -26,7 +26,7 @@ use rusqlite::{Connection, OptionalExtension};
 use self::rows::{meta_get, meta_set, now_stamp};
 use self::schema::{
     add_machine_columns_v3, upgrade_capacity, upgrade_constraints_v2, upgrade_manual_machines, upgrade_start_attempts,
-    upgrade_token_models, SCHEMA,
+    upgrade_token_models, upgrade_trace_parent, SCHEMA,
 };
 use super::backend::StoreBackend;
 use super::errors::StoreError;
@@ -50,7 +50,9 @@ pub(crate) const DB_FILE: &str = "provisioner.db";
 /// Version 7 added `api_tokens.model_uuid` (that model's uuid: the token is valid for it only).
 /// Version 8 added `machines.capacity`, `machines.capacity_type` and `applications.capacity`
 /// (capacity preferences and what a machine got, issue 33; `NULL`: on-demand, not known).
-pub(crate) const SCHEMA_VERSION: i64 = 8;
+/// Version 9 added `machines.trace_parent` (the trace context of the request that added a
+/// machine, issue 37).
+pub(crate) const SCHEMA_VERSION: i64 = 9;
 
 /// The store's core. One per database; every method is one statement or one transaction.
 pub(crate) struct StoreCore {
@@ -177,6 +179,7 @@ impl StoreCore {
         upgrade_start_attempts(&tx)?;
         upgrade_token_models(&tx)?;
         upgrade_capacity(&tx)?;
+        upgrade_trace_parent(&tx)?;
         if meta_get(&tx, "model_uuid").map_err(StoreError::sql("reading the model uuid"))?.is_none() {
             if tables > 0 {
                 // Never a new model in place of one whose identity was lost.

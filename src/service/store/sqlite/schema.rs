@@ -66,6 +66,12 @@ pub(super) fn upgrade_capacity(tx: &Transaction<'_>) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Schema step of version 9 (issue 37): the trace context (W3C `traceparent`) of the request
+/// that added a machine (`NULL`: not traced).
+pub(super) fn upgrade_trace_parent(tx: &Transaction<'_>) -> Result<(), StoreError> {
+    add_missing_machine_columns(tx, &[("trace_parent", "ALTER TABLE machines ADD COLUMN trace_parent TEXT")])
+}
+
 /// The columns of version 3's `constraints` table, whole constraint sets: the table
 /// [`SCHEMA`] creates and the one [`UPGRADE_CONSTRAINTS_V2`] rebuilds a version-2 table as.
 macro_rules! constraints_columns {
