@@ -383,3 +383,65 @@ fn token_create_refuses_two_different_models() {
     assert!(err.contains("\"team-a\"") && err.contains("\"team-b\"") && err.contains("--for-model"), "{err}");
     assert!(out.stdout.is_empty());
 }
+
+/// `simulate --trace FILE` (issue 37): on a cloud that throttles its starts, a throttled
+/// machine's trace shows its retries as spans: under its start (a child of the coordinator's
+/// pick, the trace's root), each throttled cloud call, the wait before the next, and the call
+/// that starts it, then the record; timed by the virtual clock (virtual 0 as
+/// 2026-01-01T00:00:00Z); the same file from the same seed; a trace file that cannot be
+/// written is refused before the run.
+#[test]
+fn simulate_writes_a_throttled_starts_retries_as_spans_from_virtual_time() {
+    let scenario = write(
+        "throttled.toml",
+        "name = \"throttled\"\nseed = 3\nuntil = \"2m\"\n[provisioner]\nworkers = 4\nretry_delay = \"1s\"\n\
+         [cloud]\nzones = [\"az1\", \"az2\"]\nstart_latency = \"500ms\"\n\
+         [cloud.rate_limit]\nstart_burst = 1\nstart_per_second = 1.0\nstop_burst = 5\nstop_per_second = 5.0\n\
+         [[machines]]\nid = \"0\"\n[[machines]]\nid = \"1\"\n[[machines]]\nid = \"2\"\n",
+    );
+    let trace = scenario.with_file_name("throttled.trace.json");
+    let run = || {
+        let out = simulate(&scenario, &["--json", "--trace", trace.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        std::fs::read(&trace).unwrap()
+    };
+    let first = run();
+    assert_eq!(first, run(), "the same scenario and seed write the same file");
+    let doc: serde_json::Value = serde_json::from_slice(&first).unwrap();
+    let spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"].as_array().unwrap();
+    let attr = |s: &serde_json::Value, k: &str| -> String {
+        let found = s["attributes"].as_array().unwrap().iter().find(|a| a["key"] == k);
+        found.map(|a| a["value"].as_object().unwrap().values().next().unwrap().as_str().unwrap().to_owned()).unwrap_or_default()
+    };
+    let children = |parent: &serde_json::Value| -> Vec<&serde_json::Value> {
+        spans.iter().filter(|s| s["parentSpanId"] == parent["spanId"]).collect()
+    };
+    let at = |s: &serde_json::Value, k: &str| -> u128 { s[k].as_str().unwrap().parse().unwrap() };
+    let starts: Vec<_> = spans.iter().filter(|s| s["name"] == "start").collect();
+    assert_eq!(starts.len(), 3, "a start a machine");
+    let mut throttled_starts = 0;
+    for start in starts {
+        let picked = spans.iter().find(|s| s["spanId"] == start["parentSpanId"]).expect("the start's parent");
+        assert_eq!((&picked["name"], &picked["parentSpanId"]), (&"coordinator batch".into(), &"".into()));
+        assert_eq!(attr(picked, "machine"), attr(start, "machine"));
+        assert_eq!(attr(start, "outcome"), "started");
+        assert!(at(start, "startTimeUnixNano") >= 1_767_225_600_000_000_000, "virtual time from 2026-01-01");
+        let steps = children(start);
+        let calls: Vec<_> = steps.iter().filter(|s| attr(s, "cloud.operation") == "start_instance").collect();
+        let throttled = calls.iter().filter(|c| attr(c, "outcome") == "throttled").count();
+        let waits = steps.iter().filter(|s| s["name"] == "retry wait").count();
+        assert_eq!(attr(calls.last().unwrap(), "outcome"), "ok", "the last call starts it");
+        assert_eq!(calls.len(), throttled + 1, "every other call was throttled");
+        assert_eq!(waits, throttled, "a wait after each throttled call");
+        let record = steps.iter().find(|s| s["name"] == "record instance").expect("the record");
+        assert_eq!(attr(record, "instance"), attr(start, "instance"));
+        assert!(at(record, "startTimeUnixNano") >= at(calls.last().unwrap(), "endTimeUnixNano"));
+        throttled_starts += usize::from(throttled > 0);
+    }
+    assert_eq!(throttled_starts, 2, "one start a second: two of three were throttled at first");
+    // A trace file that cannot be written: exit 2, before the run (no report).
+    let out = simulate(&scenario, &["--json", "--trace", "/nonexistent-dir/t.json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-dir/t.json"));
+}

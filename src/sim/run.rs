@@ -251,6 +251,8 @@ impl World {
 
 async fn drive(s: &Scenario, seed: u64) -> Report {
     let epoch = Instant::now();
+    // Virtual time 0 for `simulate --trace` (issue 37).
+    tracing::info!(target: crate::trace::TRACE_TARGET, "simulation starts");
     let cloud = if s.cloud.zones.is_empty() && s.cloud.unavailable_zones.is_empty() {
         FakeCloud::new(SIM_MODEL_UUID)
     } else {

@@ -75,9 +75,12 @@ impl LimitedBroker {
         let inner = self.inner.clone();
         let gate = self.gate.clone();
         Box::pin(async move {
-            // The wait, in the trace of the call (issue 37; disabled unless exported).
-            let waiting =
-                tracing::info_span!(target: crate::trace::TRACE_TARGET, "rate limit wait", api.class = ?class);
+            // The wait, in the trace of the call it holds up (issue 37; disabled unless exported;
+            // none for a call outside any trace, a listing's).
+            let waiting = match tracing::Span::current() {
+                current if current.is_none() => current,
+                _ => tracing::info_span!(target: crate::trace::TRACE_TARGET, "rate limit wait", api.class = ?class),
+            };
             let epoch = tracing::Instrument::instrument(gate.token(class), waiting).await;
             let res = call(&*inner).await;
             gate.report(class, epoch, &res);

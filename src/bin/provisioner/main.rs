@@ -146,6 +146,11 @@ enum Command {
         /// Print the JSON report instead of the summary.
         #[arg(long)]
         json: bool,
+        /// Also write the run's spans (each machine's start, its zone decision, cloud calls,
+        /// retries and record) to FILE as OTLP JSON, timed by the virtual clock, for a trace
+        /// viewer.
+        #[arg(long, value_name = "FILE")]
+        trace: Option<PathBuf>,
     },
     /// Print what the provisioner would do next from a scenario's initial state, without
     /// doing it (events are not applied).
@@ -393,9 +398,20 @@ fn main() -> ExitCode {
     let matches = command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut command()).exit());
     let json_logs = cli.log_format == LogFormat::Json;
-    // `serve` starts its logging once its settings are read (they may ask for a trace export).
-    if !matches!(cli.command, Command::Serve(_)) {
-        init_logging("off", json_logs, None);
+    // `serve` starts its logging once its settings are read (they may ask for a trace export);
+    // `simulate --trace` records the trace target's spans to a file.
+    let mut trace_file = None;
+    match &cli.command {
+        Command::Serve(_) => {}
+        Command::Simulate { trace: Some(_), .. } => {
+            use tracing_subscriber::Layer;
+            let (layer, file) = cli::trace_file::layer();
+            let only = tracing_subscriber::filter::Targets::new()
+                .with_target(provisioner::TRACE_TARGET, tracing::Level::TRACE);
+            init_logging("off", json_logs, Some(layer.with_filter(only).boxed()));
+            trace_file = Some(file);
+        }
+        _ => init_logging("off", json_logs, None),
     }
     match cli.command {
         Command::Serve(_) => cli::run_serve(matches.subcommand_matches("serve").unwrap_or(&matches), |traces| {
@@ -417,8 +433,24 @@ fn main() -> ExitCode {
         Command::Bench { which: Bench::Models(args) } => cli::run_bench_models(args),
         Command::Completions { shell } => cli::shell::run_completions(command(), shell),
         Command::Man => cli::shell::run_man(command()),
-        Command::Simulate { file, seed, json } => on_scenario(&file, |scenario| {
+        Command::Simulate { file, seed, json, trace } => on_scenario(&file, |scenario| {
+            // The trace file is made before the run: a path that cannot be written is refused
+            // before any work.
+            let out = match trace.as_deref().map(|path| std::fs::File::create(path).map(|f| (path, f))).transpose() {
+                Ok(out) => out,
+                Err(e) => {
+                    eprintln!("error: cannot write the trace file {}: {e}", trace.unwrap_or_default().display());
+                    return ExitCode::from(2);
+                }
+            };
             let report = sim::run(&scenario, seed);
+            if let (Some((path, f)), Some(spans)) = (out, &trace_file) {
+                let doc = spans.document(scenario.name.as_deref().unwrap_or_default(), seed.unwrap_or(scenario.seed));
+                if let Err(e) = serde_json::to_writer(std::io::BufWriter::new(f), &doc) {
+                    eprintln!("error: cannot write the trace file {}: {e}", path.display());
+                    return ExitCode::from(2);
+                }
+            }
             print_json_or_human(json, || report.to_json(), || report.to_human());
             if report.violations.is_empty() {
                 ExitCode::SUCCESS

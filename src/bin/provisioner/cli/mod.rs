@@ -21,6 +21,7 @@ mod client;
 #[cfg(feature = "serve")]
 mod serve;
 pub mod shell;
+pub mod trace_file;
 #[cfg(feature = "serve")]
 mod traces;
 
