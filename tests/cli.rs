@@ -411,7 +411,9 @@ fn simulate_writes_a_throttled_starts_retries_as_spans_from_virtual_time() {
     let spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"].as_array().unwrap();
     let attr = |s: &serde_json::Value, k: &str| -> String {
         let found = s["attributes"].as_array().unwrap().iter().find(|a| a["key"] == k);
-        found.map(|a| a["value"].as_object().unwrap().values().next().unwrap().as_str().unwrap().to_owned()).unwrap_or_default()
+        found
+            .map(|a| a["value"].as_object().unwrap().values().next().unwrap().as_str().unwrap().to_owned())
+            .unwrap_or_default()
     };
     let children = |parent: &serde_json::Value| -> Vec<&serde_json::Value> {
         spans.iter().filter(|s| s["parentSpanId"] == parent["spanId"]).collect()

@@ -214,4 +214,24 @@ fn a_machine_added_through_a_follower_is_one_trace_to_the_leaders_cloud_call() {
     assert!(at(request) <= at(commit) && at(commit) <= at(picked), "in time order");
     assert!(at(picked) <= at(start) && at(start) <= at(zone) && at(zone) <= at(call) && at(call) <= at(record));
     assert!(spans.iter().all(|s| s["end"].as_u64() >= s["start"].as_u64()));
+
+    // The operator guide's picture of one trace is drawn from this trace by the project's own
+    // script (`UPDATE_TRACE_PICTURE=1` writes it to docs/): it draws every span, and both replicas.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = temp_dir("traces-picture");
+    let lines: Vec<String> = spans.iter().map(Value::to_string).collect();
+    std::fs::write(dir.join("trace.jsonl"), lines.join("\n")).unwrap();
+    let svg = dir.join("trace.svg");
+    let drawn = Command::new(root.join(".ci/trace-picture")).arg(dir.join("trace.jsonl")).arg(&svg).output().unwrap();
+    assert!(drawn.status.success(), "{}", String::from_utf8_lossy(&drawn.stderr));
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(picture.matches("<rect x=\"").count() - 2, spans.len(), "a bar a span (besides the two keys)");
+    for name in ["http request", "store commit", "coordinator batch", "zone decision", "cloud call", "record instance"]
+    {
+        assert!(picture.contains(name), "{name} drawn");
+    }
+    assert!(picture.contains(&leader_id) && picture.contains(&follower_id));
+    if std::env::var_os("UPDATE_TRACE_PICTURE").is_some() {
+        std::fs::copy(&svg, root.join("docs/trace-across-replicas.svg")).unwrap();
+    }
 }

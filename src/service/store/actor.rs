@@ -696,14 +696,22 @@ impl Store {
         &self,
         write: Write,
     ) -> impl Future<Output = Result<Written, StoreError>> + Send + 'static {
-        // Its span in the trace of the work that asked for it (issue 37): from now to its
-        // group's commit (disabled unless traces are exported).
+        // Its span in the trace of the work that asked for it (issue 37; disabled unless traces
+        // are exported): from now to its group's commit.
         let span = tracing::info_span!(target: crate::trace::TRACE_TARGET, "store commit", write = write.name());
         let (reply, answer) = futures::channel::oneshot::channel();
         self.shared.waiting.fetch_add(1, Ordering::AcqRel);
         self.on_store(move |s| s.apply(write, reply));
         let answer = async move { answer.await.map_err(|_| StoreError::Stopped(MailboxError::Closed))? };
-        tracing::Instrument::instrument(answer, span)
+        if span.is_disabled() {
+            return futures::future::Either::Left(answer);
+        }
+        // Traced: the answer is taken as it comes, so that the span ends at the commit even
+        // when the writer awaits it later (a start's "starting" status, sent without waiting).
+        let taken = actix_rt::spawn(tracing::Instrument::instrument(answer, span));
+        futures::future::Either::Right(async move {
+            taken.await.unwrap_or_else(|_| Err(StoreError::Stopped(MailboxError::Closed)))
+        })
     }
 
     /// Adds `count` machines as `spec` says ([`StoreBackend::add_new_machines`]), as a
