@@ -131,7 +131,8 @@ pub(super) const MACHINE_APPLICATION_SQL: &str = "SELECT id, application FROM ma
 pub(super) const MACHINE_PROVISIONING_SQL: &str =
     "SELECT m.id, COALESCE(c.zones, m.zones), c.arch, c.cores, c.mem_mb, \
      c.root_disk_mb, c.instance_type, c.spaces, c.tags, m.placement, m.capacity, m.trace_parent, \
-     (SELECT h.trace_parent FROM machines h WHERE h.id = substring(m.id from '^(.*)/[^/]+/[^/]+$')) \
+     CASE WHEN strpos(m.id, '/') > 0 THEN \
+     (SELECT h.trace_parent FROM machines h WHERE h.id = substring(m.id from '^(.*)/[^/]+/[^/]+$')) END \
      FROM machines m LEFT JOIN constraints c ON c.id = m.constraints_id WHERE m.id = ANY($1)";
 
 pub(super) fn instance_from_row(r: &Row) -> Result<InstanceRecord, StoreError> {

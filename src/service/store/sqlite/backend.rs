@@ -286,17 +286,29 @@ impl StoreBackend for StoreCore {
                 ..ProvisioningInfo::default()
             })
         };
-        // A container's start is linked to its host's trace (issue 37).
-        let host = id.container_of().map(|(host, _)| host);
-        self.conn
-            .prepare_cached(&format!(
-                "SELECT {CONSTRAINT_COLUMNS}, m.placement, m.capacity, m.trace_parent, \
-                 (SELECT h.trace_parent FROM machines h WHERE h.id = ?2) FROM {MACHINE_FROM} WHERE m.id = ?1"
-            ))
-            .and_then(|mut s| {
-                s.query_row(rusqlite::params![id.as_str(), host.as_ref().map(MachineId::as_str)], read).optional()
-            })
-            .map_err(StoreError::sql("reading a machine"))
+        // A container's start is linked to its host's trace (issue 37): its host's context is
+        // read with it (a top-level machine's statement reads none: no second look-up).
+        let conn = &self.conn;
+        let read_as = |sql: &str, params: &[&dyn rusqlite::ToSql]| {
+            conn.prepare_cached(sql).and_then(|mut s| s.query_row(params, read).optional())
+        };
+        match id.container_of() {
+            None => read_as(
+                &format!(
+                    "SELECT {CONSTRAINT_COLUMNS}, m.placement, m.capacity, m.trace_parent, NULL \
+                     FROM {MACHINE_FROM} WHERE m.id = ?1"
+                ),
+                &[&id.as_str()],
+            ),
+            Some((host, _)) => read_as(
+                &format!(
+                    "SELECT {CONSTRAINT_COLUMNS}, m.placement, m.capacity, m.trace_parent, \
+                     (SELECT h.trace_parent FROM machines h WHERE h.id = ?2) FROM {MACHINE_FROM} WHERE m.id = ?1"
+                ),
+                &[&id.as_str(), &host.as_str()],
+            ),
+        }
+        .map_err(StoreError::sql("reading a machine"))
     }
 
     /// The application whose unit a machine hosts (`Some(None)`: none; `None`: no such
