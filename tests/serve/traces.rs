@@ -235,3 +235,39 @@ fn a_machine_added_through_a_follower_is_one_trace_to_the_leaders_cloud_call() {
         std::fs::copy(&svg, root.join("docs/trace-across-replicas.svg")).unwrap();
     }
 }
+
+/// A container's start is linked to its host's: the container's pick (a trace of its own, as
+/// containers added with `--container` store no context) carries a link to the request that
+/// added its host, read from the host's stored trace context.
+#[test]
+fn a_containers_pick_is_linked_to_the_request_that_added_its_host() {
+    let receiver = Receiver::start();
+    let dir = temp_dir("traces-containers");
+    let s = Server::start(
+        &dir,
+        &["--otlp-endpoint", &receiver.url(), "--sim-start-latency", "50ms", "--sim-container-init-delay", "100ms"],
+    );
+    assert_eq!(ids_of(&s.json(&["machine", "add", "--wait", "--json"])), ["0"]);
+    let ids = ids_of(&s.json(&["machine", "add", "--container", "lxd", "--host", "0", "--json"]));
+    assert_eq!(ids, ["0/lxd/0"]);
+    let found = poll(Duration::from_secs(30), Duration::from_millis(100), || {
+        let picks = receiver.named("coordinator batch");
+        let host = picks.iter().find(|p| p["attributes"]["machine"] == "0")?.clone();
+        let container = picks.iter().find(|p| p["attributes"]["machine"] == "0/lxd/0")?.clone();
+        let request = receiver.named("http request").into_iter().find(|r| r["span"] == host["parent"])?;
+        Some((host, container, request))
+    });
+    let (host, container, request) =
+        found.unwrap_or_else(|| panic!("no picks of 0 and 0/lxd/0: {:#?}", receiver.spans.lock().unwrap()));
+    assert_eq!(
+        (&request["attributes"]["http.route"], &host["trace"]),
+        (&Value::from("/v1/machines"), &request["trace"])
+    );
+    assert_eq!(container["parent"], "", "the container's own trace");
+    assert_ne!(container["trace"], host["trace"]);
+    assert_eq!(
+        container["links"],
+        serde_json::json!([{ "trace": request["trace"], "span": request["span"] }]),
+        "linked to its host's request"
+    );
+}
