@@ -21,12 +21,6 @@ pub const TRACE_TARGET: &str = "provisioner::trace";
 #[derive(Debug, Clone)]
 pub struct Carried(pub tracing::Span);
 
-impl Default for Carried {
-    fn default() -> Self {
-        Self::none()
-    }
-}
-
 impl PartialEq for Carried {
     fn eq(&self, _: &Self) -> bool {
         true

@@ -150,7 +150,8 @@ pub(super) async fn run_batch(links: Arc<Links>, start: BatchStart) -> Result<Ba
 /// The span a start is picked under (issue 37), in its machine's trace: a child of the request
 /// that added the machine (the trace context stored with it), linked to its host's for a
 /// container; it names the batch (`machines` looked at, `picked` of them started together)
-/// and ends when a worker takes the job. Disabled unless traces are exported.
+/// and is the parent of the worker's `start` span (the gap before it is the wait for a
+/// worker). Disabled unless traces are exported.
 fn picked_span(job: &StartJob, machines: usize, picked: usize) -> crate::trace::Carried {
     let span = tracing::info_span!(
         target: crate::trace::TRACE_TARGET,

@@ -80,7 +80,7 @@ impl WorkerPool {
     fn dispatch(&mut self, ctx: &mut Context<Self>) {
         while let Some(job) = self.book.take_next() {
             match job {
-                Job::Start(mut start) => {
+                Job::Start(start) => {
                     let nonce = match &start.replaces {
                         Some(replaces) => crate::model::InstanceTags::replacement_nonce(&self.deps.host_tag, replaces),
                         None => self.nonce(),
@@ -88,10 +88,8 @@ impl WorkerPool {
                     // One span per machine operation: every line the start logs carries it.
                     let span = tracing::info_span!("start", machine = %start.machine.id);
                     // And the start in its machine's trace (issue 37): a child of the span it was
-                    // picked under, which ends here (its time is the job's wait for a worker).
-                    let picked = std::mem::take(&mut start.trace);
-                    let traced = super::start::start_span(&picked.0, &start.machine.id, &nonce);
-                    drop(picked);
+                    // picked under (which stays open while the start runs).
+                    let traced = super::start::start_span(&start.trace.0, &start.machine.id, &nonce);
                     let batch = self.deps.batch.as_ref().map(|_| ctx.address().recipient());
                     // Boxed before it is wrapped: the start's future is large (several KiB), and
                     // every wrapper would move it whole; a box moves as a pointer.

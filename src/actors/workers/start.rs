@@ -207,9 +207,7 @@ async fn start_or_adopt(
             StartAsk::DeriveZones => match run.first_call_params() {
                 Some(params) => {
                     let span = call_span("derive_availability_zones", None);
-                    let zones = deps.broker.derive_availability_zones(params).instrument(span.clone()).await;
-                    record_outcome(&span, zones.as_ref().err());
-                    StartAnswer::Zones(zones)
+                    StartAnswer::Zones(traced_call(deps.broker.derive_availability_zones(params), span).await)
                 }
                 None => StartAnswer::Zones(Ok(Vec::new())),
             },
@@ -229,9 +227,7 @@ async fn start_or_adopt(
             StartAsk::Retag { instance, tags } => {
                 let span = call_span("retag_instance", None);
                 span.record("instance", instance.as_str());
-                let retagged = deps.broker.retag_instance(instance, tags).instrument(span.clone()).await;
-                record_outcome(&span, retagged.as_ref().err());
-                StartAnswer::Retagged(retagged)
+                StartAnswer::Retagged(traced_call(deps.broker.retag_instance(instance, tags), span).await)
             }
             StartAsk::ChooseZone(request) => {
                 let span = tracing::info_span!(target: TRACE_TARGET, "zone decision", zone = Empty, outcome = Empty);
@@ -257,11 +253,10 @@ async fn start_or_adopt(
                         (result, ambiguous)
                     }
                 };
-                match &result {
-                    Ok(started) => span.record("instance", started.instance.id.as_str()),
-                    Err(e) => span.record("error", tracing::field::display(e)),
-                };
-                record_outcome(&span, result.as_ref().err());
+                if let Ok(started) = &result {
+                    span.record("instance", started.instance.id.as_str());
+                }
+                record_call(&span, result.as_ref().err());
                 StartAnswer::Called { result, maybe_made }
             }
             StartAsk::MarkZoneFailed { zone, shape } => {
@@ -284,9 +279,7 @@ async fn start_or_adopt(
             }
             StartAsk::LookForOwn(nonce) => {
                 let span = call_span("instances_of_start", None);
-                let found = deps.broker.instances_of_start(machine.clone(), nonce).instrument(span.clone()).await;
-                record_outcome(&span, found.as_ref().err());
-                StartAnswer::Found(found)
+                StartAnswer::Found(traced_call(deps.broker.instances_of_start(machine.clone(), nonce), span).await)
             }
             StartAsk::FreeWorker => {
                 deps.free_worker();
@@ -388,17 +381,22 @@ pub(super) fn cloud_span(
     )
 }
 
-/// `call` in `span`, its outcome recorded on it.
-pub(super) async fn traced_call(
-    call: impl std::future::Future<Output = Result<(), BrokerError>>,
+/// `call` in `span`, its outcome (and error) recorded on it.
+pub(super) async fn traced_call<T>(
+    call: impl std::future::Future<Output = Result<T, BrokerError>>,
     span: Span,
-) -> Result<(), BrokerError> {
+) -> Result<T, BrokerError> {
     let result = call.instrument(span.clone()).await;
-    if let Err(e) = &result {
+    record_call(&span, result.as_ref().err());
+    result
+}
+
+/// Records a cloud call's outcome and error on its span ([`record_outcome`]).
+fn record_call(span: &Span, error: Option<&BrokerError>) {
+    if let Some(e) = error {
         span.record("error", tracing::field::display(e));
     }
-    record_outcome(&span, result.as_ref().err());
-    result
+    record_outcome(span, error);
 }
 
 /// Records a cloud call's outcome on its span: `ok`, or what the provisioner does about the
